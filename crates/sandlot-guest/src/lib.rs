@@ -1,0 +1,1 @@
+//! The in-sandbox agent and the host-side client of the guest protocol.
