@@ -1,1 +1,88 @@
-//! The sandbox runtime.
+//! The sandbox runtime: the [`Backend`] trait and the Linux namespace backend.
+//!
+//! A backend turns a [`SandboxSpec`] into a running sandbox whose PID 1 is the guest
+//! agent, listening on a Unix socket on the host, and tears it down leaving nothing
+//! behind. See `docs/ARCHITECTURE.md` for the flow and `docs/threat-model.md` for the
+//! security decisions.
+
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+
+use sandlot_proto::spec::{SandboxSpec, SpecError};
+
+pub mod cgroup;
+pub mod hostimage;
+pub mod init;
+pub mod mounts;
+pub mod namespace;
+pub mod plan;
+pub mod seccomp;
+pub mod security;
+mod sys;
+
+pub use namespace::{NamespaceBackend, RuntimeConfig};
+
+/// Errors of the runtime.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("invalid sandbox spec: {0}")]
+    Spec(#[from] SpecError),
+    #[error("the namespace backend needs root")]
+    NotRoot,
+    #[error("invalid sandbox id {0:?}: use 1 to 64 letters, digits, '-' or '_'")]
+    BadId(String),
+    #[error("sandbox {0} already exists")]
+    Exists(String),
+    #[error("no free {0}")]
+    Exhausted(&'static str),
+    #[error(transparent)]
+    Cgroup(#[from] cgroup::CgroupError),
+    #[error(transparent)]
+    Mount(#[from] mounts::MountError),
+    #[error("sandbox init failed: {0}")]
+    Init(String),
+    #[error("processes of sandbox {0} did not die")]
+    Stuck(String),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Per-create options that are not part of the spec.
+#[derive(Debug, Default)]
+pub struct CreateOptions {
+    /// Read end of a pipe: when every write end is closed, the sandbox ends. Used by
+    /// `sandlot run`, whose sandbox must not outlive it. The daemon passes none, so
+    /// its sandboxes survive a daemon restart.
+    pub lifeline: Option<OwnedFd>,
+    /// Where the sandbox's init writes diagnostics (default: nowhere).
+    pub stderr: Option<OwnedFd>,
+}
+
+/// A running sandbox, as the host sees it.
+#[derive(Debug)]
+pub struct SandboxInstance {
+    pub id: String,
+    /// Host pid of the sandbox's PID 1 (the agent).
+    pub pid: i32,
+    pub pidfd: OwnedFd,
+    /// The agent's socket.
+    pub socket: PathBuf,
+    pub cgroup: cgroup::Cgroup,
+    /// Runtime directory on the host.
+    pub dir: PathBuf,
+    /// Host uid of root in the sandbox.
+    pub id_base: u32,
+}
+
+/// A way to run sandboxes: the namespace backend today; gVisor or microVMs later.
+pub trait Backend: Send + Sync {
+    fn name(&self) -> &'static str;
+    /// Builds and starts a sandbox; its agent is listening when this returns.
+    fn create(&self, id: &str, spec: &SandboxSpec, opts: CreateOptions) -> Result<SandboxInstance, RuntimeError>;
+    /// Kills everything in the sandbox and removes every trace of it on the host.
+    fn terminate(&self, sb: &SandboxInstance) -> Result<(), RuntimeError>;
+}

@@ -1,0 +1,428 @@
+//! Resource limits and accounting with cgroups, v1 or v2, chosen at runtime.
+//!
+//! A sandbox gets one cgroup per hierarchy (v2: one directory; v1: one per controller:
+//! memory, pids, cpu, cpuacct, freezer) named `<parent>/<sandbox id>`.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    #[error("no usable cgroup hierarchy: {0}")]
+    Unavailable(String),
+    #[error("create cgroup {path}: {source}")]
+    Create { path: PathBuf, source: io::Error },
+    #[error("write {value:?} to {path}: {source}")]
+    Write {
+        path: PathBuf,
+        value: String,
+        source: io::Error,
+    },
+    #[error("remove cgroup {path}: {source}")]
+    Remove { path: PathBuf, source: io::Error },
+}
+
+/// The v1 controllers Sandlot uses.
+pub const V1_CONTROLLERS: &[&str] = &["memory", "pids", "cpu", "cpuacct", "freezer"];
+
+/// Where the cgroup hierarchies are mounted on this host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CgroupLayout {
+    /// The unified hierarchy with the memory, pids and cpu controllers available.
+    V2 { root: PathBuf },
+    /// Legacy hierarchies: controller name -> mount point.
+    V1 { controllers: Vec<(String, PathBuf)> },
+}
+
+impl CgroupLayout {
+    /// Reads `/proc/self/mountinfo` to find the hierarchies. Prefers v2 when its
+    /// root offers the memory controller; otherwise uses the v1 controllers.
+    pub fn detect() -> Result<CgroupLayout, CgroupError> {
+        let mi = fs::read_to_string("/proc/self/mountinfo")
+            .map_err(|e| CgroupError::Unavailable(format!("read /proc/self/mountinfo: {e}")))?;
+        Self::from_mountinfo(&mi, |p| fs::read_to_string(p).ok())
+    }
+
+    /// Pure detection over a mountinfo text; `read` reads a file (injected for tests).
+    pub fn from_mountinfo(
+        mountinfo: &str,
+        read: impl Fn(&Path) -> Option<String>,
+    ) -> Result<CgroupLayout, CgroupError> {
+        let mut v1: Vec<(String, PathBuf)> = Vec::new();
+        let mut v2: Option<PathBuf> = None;
+        for line in mountinfo.lines() {
+            let Some((pre, post)) = line.split_once(" - ") else {
+                continue;
+            };
+            let pre: Vec<&str> = pre.split(' ').collect();
+            let post: Vec<&str> = post.split(' ').collect();
+            if pre.len() < 5 || post.len() < 3 {
+                continue;
+            }
+            let mount_point = PathBuf::from(pre[4]);
+            match post[0] {
+                "cgroup2" => {
+                    let controllers = read(&mount_point.join("cgroup.controllers")).unwrap_or_default();
+                    let has = |c: &str| controllers.split_whitespace().any(|x| x == c);
+                    if has("memory") && has("pids") && v2.is_none() {
+                        v2 = Some(mount_point);
+                    }
+                }
+                "cgroup" => {
+                    for opt in post[2].split(',') {
+                        if V1_CONTROLLERS.contains(&opt) && !v1.iter().any(|(c, _)| c == opt) {
+                            v1.push((opt.to_string(), mount_point.clone()));
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        if let Some(root) = v2 {
+            return Ok(CgroupLayout::V2 { root });
+        }
+        for needed in ["memory", "pids"] {
+            if !v1.iter().any(|(c, _)| c == needed) {
+                return Err(CgroupError::Unavailable(format!(
+                    "neither a cgroup v2 hierarchy with the memory and pids controllers nor a v1 {needed} hierarchy is mounted"
+                )));
+            }
+        }
+        Ok(CgroupLayout::V1 { controllers: v1 })
+    }
+
+    pub fn version(&self) -> u8 {
+        match self {
+            CgroupLayout::V2 { .. } => 2,
+            CgroupLayout::V1 { .. } => 1,
+        }
+    }
+}
+
+/// Limits written into a sandbox's cgroup.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct CgroupLimits {
+    pub memory_bytes: u64,
+    pub pids: u32,
+    pub cpus: Option<f64>,
+}
+
+/// The files to write, as (controller, file, value): the plan, separate from I/O.
+pub fn limit_writes(layout: &CgroupLayout, l: &CgroupLimits) -> Vec<(&'static str, &'static str, String)> {
+    const PERIOD: u64 = 100_000;
+    let quota = l.cpus.map(|c| ((c * PERIOD as f64).round() as u64).max(1000));
+    match layout {
+        CgroupLayout::V2 { .. } => {
+            let mut w = vec![
+                ("", "memory.max", l.memory_bytes.to_string()),
+                ("", "memory.swap.max", "0".to_string()),
+                ("", "pids.max", l.pids.to_string()),
+            ];
+            if let Some(q) = quota {
+                w.push(("", "cpu.max", format!("{q} {PERIOD}")));
+            }
+            w
+        }
+        CgroupLayout::V1 { .. } => {
+            let mut w = vec![
+                ("memory", "memory.limit_in_bytes", l.memory_bytes.to_string()),
+                ("memory", "memory.memsw.limit_in_bytes", l.memory_bytes.to_string()),
+                ("pids", "pids.max", l.pids.to_string()),
+            ];
+            if let Some(q) = quota {
+                w.push(("cpu", "cpu.cfs_period_us", PERIOD.to_string()));
+                w.push(("cpu", "cpu.cfs_quota_us", q.to_string()));
+            }
+            w
+        }
+    }
+}
+
+/// Resource usage read from cgroup accounting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Usage {
+    pub cpu_usec: u64,
+    pub memory_bytes: u64,
+    pub memory_peak_bytes: u64,
+    pub pids: u64,
+    pub oom_kills: u64,
+}
+
+/// One sandbox's cgroup(s).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cgroup {
+    /// v2: one directory. v1: (controller, directory) per controller.
+    pub dirs: Vec<(String, PathBuf)>,
+    pub version: u8,
+}
+
+fn write_file(path: PathBuf, value: &str) -> Result<(), CgroupError> {
+    fs::write(&path, value).map_err(|source| CgroupError::Write {
+        path,
+        value: value.to_string(),
+        source,
+    })
+}
+
+impl Cgroup {
+    /// The directories a sandbox named `name` gets under `parent` (no I/O).
+    pub fn plan(layout: &CgroupLayout, parent: &str, name: &str) -> Cgroup {
+        match layout {
+            CgroupLayout::V2 { root } => Cgroup {
+                dirs: vec![(String::new(), root.join(parent).join(name))],
+                version: 2,
+            },
+            CgroupLayout::V1 { controllers } => Cgroup {
+                dirs: controllers
+                    .iter()
+                    .map(|(c, mp)| (c.clone(), mp.join(parent).join(name)))
+                    .collect(),
+                version: 1,
+            },
+        }
+    }
+
+    /// Creates the directories (and the parent, enabling v2 controllers on the way)
+    /// and writes the limits. On failure, whatever was created is removed.
+    pub fn create(layout: &CgroupLayout, parent: &str, name: &str, limits: &CgroupLimits) -> Result<Cgroup, CgroupError> {
+        let cg = Cgroup::plan(layout, parent, name);
+        let r = (|| {
+            if let CgroupLayout::V2 { root } = layout {
+                ensure_v2_parent(root, parent)?;
+            }
+            for (_, d) in &cg.dirs {
+                match fs::create_dir(d) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                        fs::create_dir_all(d).map_err(|source| CgroupError::Create { path: d.clone(), source })?
+                    }
+                    Err(source) => return Err(CgroupError::Create { path: d.clone(), source }),
+                }
+            }
+            for (ctrl, file, value) in limit_writes(layout, limits) {
+                let Some(dir) = cg.dir_of(ctrl) else { continue };
+                let path = dir.join(file);
+                // memsw exists only with swap accounting; absent is fine.
+                if file == "memory.memsw.limit_in_bytes" && !path.exists() {
+                    continue;
+                }
+                if file == "memory.swap.max" && !path.exists() {
+                    continue;
+                }
+                write_file(path, &value)?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = r {
+            let _ = cg.remove(Duration::from_millis(100));
+            return Err(e);
+        }
+        Ok(cg)
+    }
+
+    fn dir_of(&self, ctrl: &str) -> Option<&Path> {
+        self.dirs
+            .iter()
+            .find(|(c, _)| self.version == 2 || c == ctrl)
+            .map(|(_, d)| d.as_path())
+    }
+
+    /// Moves process `pid` (0 = the caller) into every hierarchy.
+    pub fn attach(&self, pid: i32) -> Result<(), CgroupError> {
+        for (_, d) in &self.dirs {
+            write_file(d.join("cgroup.procs"), &pid.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// Processes currently in the cgroup.
+    pub fn pids(&self) -> Vec<i32> {
+        let Some((_, d)) = self.dirs.iter().find(|(c, _)| self.version == 2 || c == "pids" || c == "memory") else {
+            return Vec::new();
+        };
+        fs::read_to_string(d.join("cgroup.procs"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    }
+
+    /// Kills every process in the cgroup (v2: `cgroup.kill`; v1: freeze, SIGKILL each
+    /// pid, thaw) and waits up to `wait` for it to empty.
+    pub fn kill_all(&self, wait: Duration) -> bool {
+        if self.version == 2 {
+            if let Some(d) = self.dir_of("") {
+                let _ = fs::write(d.join("cgroup.kill"), "1");
+            }
+        } else {
+            let freezer = self.dir_of("freezer").map(|d| d.join("freezer.state"));
+            if let Some(f) = &freezer {
+                let _ = fs::write(f, "FROZEN");
+            }
+            for pid in self.pids() {
+                let _ = crate::sys::kill(pid, libc::SIGKILL);
+            }
+            if let Some(f) = &freezer {
+                let _ = fs::write(f, "THAWED");
+            }
+        }
+        let deadline = Instant::now() + wait;
+        loop {
+            if self.pids().is_empty() {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            for pid in self.pids() {
+                let _ = crate::sys::kill(pid, libc::SIGKILL);
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
+    /// Removes the directories, retrying while the kernel still tears processes down.
+    pub fn remove(&self, wait: Duration) -> Result<(), CgroupError> {
+        let deadline = Instant::now() + wait;
+        for (_, d) in &self.dirs {
+            loop {
+                match fs::remove_dir(d) {
+                    Ok(()) => break,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => break,
+                    Err(e) if e.raw_os_error() == Some(libc::EBUSY) && Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_micros(200));
+                    }
+                    Err(source) => return Err(CgroupError::Remove { path: d.clone(), source }),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes the parent directories if no other sandbox uses them.
+    pub fn remove_parent_if_empty(&self) {
+        for (_, d) in &self.dirs {
+            if let Some(p) = d.parent() {
+                let _ = fs::remove_dir(p);
+            }
+        }
+    }
+
+    pub fn exists(&self) -> bool {
+        self.dirs.iter().any(|(_, d)| d.exists())
+    }
+
+    /// Reads accounting. Missing files read as zero.
+    pub fn usage(&self) -> Usage {
+        let read = |ctrl: &str, file: &str| -> Option<String> {
+            self.dir_of(ctrl).and_then(|d| fs::read_to_string(d.join(file)).ok())
+        };
+        let num = |s: Option<String>| s.and_then(|s| s.trim().parse::<u64>().ok()).unwrap_or(0);
+        let key = |s: Option<String>, k: &str| -> u64 {
+            s.and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix(k).and_then(|v| v.trim().parse().ok()))
+            })
+            .unwrap_or(0)
+        };
+        if self.version == 2 {
+            Usage {
+                cpu_usec: key(read("", "cpu.stat"), "usage_usec "),
+                memory_bytes: num(read("", "memory.current")),
+                memory_peak_bytes: num(read("", "memory.peak")),
+                pids: num(read("", "pids.current")),
+                oom_kills: key(read("", "memory.events"), "oom_kill "),
+            }
+        } else {
+            Usage {
+                cpu_usec: num(read("cpuacct", "cpuacct.usage")) / 1000,
+                memory_bytes: num(read("memory", "memory.usage_in_bytes")),
+                memory_peak_bytes: num(read("memory", "memory.max_usage_in_bytes")),
+                pids: num(read("pids", "pids.current")),
+                oom_kills: key(read("memory", "memory.oom_control"), "oom_kill "),
+            }
+        }
+    }
+}
+
+/// Creates `root/parent` and enables the controllers Sandlot needs on the way down.
+fn ensure_v2_parent(root: &Path, parent: &str) -> Result<(), CgroupError> {
+    let mut dir = root.to_path_buf();
+    let enable = |d: &Path| {
+        // Best effort: a controller may already be enabled or unavailable at this level.
+        for c in ["+memory", "+pids", "+cpu"] {
+            let _ = fs::write(d.join("cgroup.subtree_control"), c);
+        }
+    };
+    enable(&dir);
+    for comp in Path::new(parent).components() {
+        dir.push(comp);
+        match fs::create_dir(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(source) => return Err(CgroupError::Create { path: dir.clone(), source }),
+        }
+        enable(&dir);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HYBRID: &str = "\
+35 24 0:30 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+36 35 0:31 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+37 35 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+38 35 0:33 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
+39 35 0:34 / /sys/fs/cgroup/cpu,cpuacct rw,relatime - cgroup cgroup rw,cpu,cpuacct
+40 35 0:35 / /sys/fs/cgroup/freezer rw,relatime - cgroup cgroup rw,freezer
+";
+
+    #[test]
+    fn hybrid_host_uses_v1_when_v2_has_no_controllers() {
+        let l = CgroupLayout::from_mountinfo(HYBRID, |_| Some("hugetlb\n".into())).unwrap();
+        let CgroupLayout::V1 { controllers } = &l else { panic!("{l:?}") };
+        let find = |c: &str| controllers.iter().find(|(n, _)| n == c).map(|(_, p)| p.clone());
+        assert_eq!(find("memory"), Some(PathBuf::from("/sys/fs/cgroup/memory")));
+        assert_eq!(find("cpu"), Some(PathBuf::from("/sys/fs/cgroup/cpu,cpuacct")));
+        assert_eq!(find("cpuacct"), Some(PathBuf::from("/sys/fs/cgroup/cpu,cpuacct")));
+    }
+
+    #[test]
+    fn unified_host_uses_v2() {
+        let mi = "30 24 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
+        let l = CgroupLayout::from_mountinfo(mi, |_| Some("cpuset cpu io memory pids\n".into())).unwrap();
+        assert_eq!(l, CgroupLayout::V2 { root: "/sys/fs/cgroup".into() });
+    }
+
+    #[test]
+    fn nothing_usable_is_an_error() {
+        let e = CgroupLayout::from_mountinfo("", |_| None).unwrap_err();
+        assert!(e.to_string().contains("no usable cgroup"), "{e}");
+    }
+
+    #[test]
+    fn limits_map_to_files() {
+        let l = CgroupLimits { memory_bytes: 1 << 20, pids: 64, cpus: Some(0.5) };
+        let v2 = limit_writes(&CgroupLayout::V2 { root: "/x".into() }, &l);
+        assert!(v2.contains(&("", "cpu.max", "50000 100000".into())));
+        assert!(v2.contains(&("", "memory.max", "1048576".into())));
+        let v1 = limit_writes(&CgroupLayout::V1 { controllers: vec![] }, &l);
+        assert!(v1.contains(&("cpu", "cpu.cfs_quota_us", "50000".into())));
+        assert!(v1.contains(&("pids", "pids.max", "64".into())));
+    }
+
+    #[test]
+    fn plan_names_one_dir_per_hierarchy() {
+        let l = CgroupLayout::from_mountinfo(HYBRID, |_| None).unwrap();
+        let cg = Cgroup::plan(&l, "sandlot", "sb1");
+        assert_eq!(cg.version, 1);
+        assert!(cg.dirs.iter().any(|(c, d)| c == "pids" && d == Path::new("/sys/fs/cgroup/pids/sandlot/sb1")));
+    }
+}

@@ -1,0 +1,584 @@
+//! The sandbox's filesystem: a mount plan computed as data from the spec and host
+//! facts ([`plan_mounts`], pure, unit-tested), then applied in one place inside the
+//! sandbox's mount namespace ([`apply`]).
+//!
+//! Paths in the plan are inside the sandbox (`/etc/passwd`). [`apply`] resolves each of
+//! them under the new root with `openat2(RESOLVE_IN_ROOT)`, so symlinks in a
+//! user-supplied rootfs cannot redirect a mount or a write outside it.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::hostimage::{self, HostEntry, HostFacts};
+use crate::sys;
+
+/// The writable root filesystem.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RootFs {
+    /// A size-limited tmpfs (the `host` image: everything else is bound into it).
+    Tmpfs { size: u64 },
+    /// An overlay of a read-only host directory under a size-limited tmpfs upper layer.
+    Overlay { lower: PathBuf, size: u64 },
+}
+
+/// How a path is created when it does not exist yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Kind {
+    Dir,
+    File,
+}
+
+/// One step of building the sandbox filesystem. Paths are inside the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MountOp {
+    Dir { path: String, mode: u32, uid: u32, gid: u32 },
+    Symlink { path: String, target: String },
+    File { path: String, contents: String, mode: u32 },
+    /// Bind a host path. `required: false` skips it when the host path is gone.
+    Bind { source: PathBuf, path: String, readonly: bool, kind: Kind, required: bool },
+    Tmpfs { path: String, size: u64, mode: u32, noexec: bool },
+    Proc { path: String },
+    /// sysfs, read-only. Skipped when the kernel refuses it.
+    Sysfs { path: String },
+    Devpts { path: String },
+    /// Cover a file with `/dev/null` (if the file exists).
+    MaskFile { path: String },
+    /// Cover a directory with an empty read-only tmpfs (if it exists).
+    MaskDir { path: String },
+    /// Make an existing mount point read-only (bind it onto itself first).
+    ReadOnly { path: String },
+}
+
+/// The whole filesystem of a sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MountPlan {
+    pub root: RootFs,
+    pub ops: Vec<MountOp>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum MountError {
+    #[error("mount source {path} does not exist on the host")]
+    MissingSource { path: PathBuf },
+    #[error("{op} {path}: {source}")]
+    Apply {
+        op: &'static str,
+        path: String,
+        source: io::Error,
+    },
+}
+
+fn apply_err(op: &'static str, path: impl Into<String>) -> impl FnOnce(io::Error) -> MountError {
+    let path = path.into();
+    move |source| MountError::Apply { op, path, source }
+}
+
+/// Inputs of the plan besides the spec.
+#[derive(Debug, Clone)]
+pub struct PlanInput<'a> {
+    pub spec: &'a sandlot_proto::spec::SandboxSpec,
+    pub hostname: &'a str,
+    pub host: &'a HostFacts,
+}
+
+/// `/proc` files that leak host information or allow host actions, masked like runc.
+pub const PROC_MASKED_FILES: &[&str] = &[
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/proc/sysrq-trigger",
+];
+pub const PROC_MASKED_DIRS: &[&str] = &["/proc/acpi", "/proc/scsi"];
+pub const PROC_READONLY: &[&str] = &["/proc/sys", "/proc/irq", "/proc/bus", "/proc/fs"];
+pub const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
+
+/// Computes the mount plan. Checks host paths of bind mounts and the rootfs (they
+/// must exist) but changes nothing.
+pub fn plan_mounts(inp: &PlanInput<'_>) -> Result<MountPlan, MountError> {
+    let spec = inp.spec;
+    let disk = spec.resources.disk.bytes();
+    let mut ops = Vec::new();
+    let root = match &spec.rootfs {
+        Some(dir) => {
+            let p = PathBuf::from(dir);
+            if !p.is_dir() {
+                return Err(MountError::MissingSource { path: p });
+            }
+            RootFs::Overlay { lower: p, size: disk }
+        }
+        None => RootFs::Tmpfs { size: disk },
+    };
+    let host_image = matches!(root, RootFs::Tmpfs { .. });
+    if host_image {
+        for (name, kind) in &inp.host.top_level {
+            let path = format!("/{name}");
+            match kind {
+                HostEntry::Symlink(t) => ops.push(MountOp::Symlink { path, target: t.clone() }),
+                HostEntry::Dir => ops.push(MountOp::Bind {
+                    source: PathBuf::from(&path),
+                    path,
+                    readonly: true,
+                    kind: Kind::Dir,
+                    required: true,
+                }),
+                HostEntry::File => {}
+            }
+        }
+        ops.push(MountOp::Dir { path: "/etc".into(), mode: 0o755, uid: 0, gid: 0 });
+        for (name, contents, mode) in hostimage::synthesized_etc(inp.hostname) {
+            ops.push(MountOp::File { path: format!("/etc/{name}"), contents, mode });
+        }
+        ops.push(MountOp::Symlink { path: "/etc/mtab".into(), target: "../proc/self/mounts".into() });
+        for (name, kind) in &inp.host.etc {
+            let path = format!("/etc/{name}");
+            match kind {
+                HostEntry::Symlink(t) => ops.push(MountOp::Symlink { path, target: t.clone() }),
+                HostEntry::Dir | HostEntry::File => ops.push(MountOp::Bind {
+                    source: PathBuf::from(&path),
+                    path,
+                    readonly: true,
+                    kind: if *kind == HostEntry::Dir { Kind::Dir } else { Kind::File },
+                    required: false,
+                }),
+            }
+        }
+        for (path, mode, uid) in [
+            ("/tmp", 0o1777, 0),
+            ("/var", 0o755, 0),
+            ("/var/tmp", 0o1777, 0),
+            ("/root", 0o700, 0),
+            ("/home", 0o755, 0),
+            ("/home/user", 0o755, sandlot_proto::spec::USER_UID),
+            ("/run", 0o755, 0),
+            ("/opt", 0o755, 0),
+            ("/mnt", 0o755, 0),
+        ] {
+            ops.push(MountOp::Dir { path: path.into(), mode, uid, gid: uid });
+        }
+    } else {
+        // A rootfs directory brings its own /etc; only identity files are written.
+        for name in ["hostname", "hosts"] {
+            if let Some((_, contents, mode)) =
+                hostimage::synthesized_etc(inp.hostname).into_iter().find(|f| f.0 == name)
+            {
+                ops.push(MountOp::File { path: format!("/etc/{name}"), contents, mode });
+            }
+        }
+        ops.push(MountOp::Dir { path: "/tmp".into(), mode: 0o1777, uid: 0, gid: 0 });
+    }
+
+    // /dev: a small tmpfs with the harmless devices bound from the host.
+    ops.push(MountOp::Tmpfs { path: "/dev".into(), size: 1 << 20, mode: 0o755, noexec: true });
+    for d in DEVICES {
+        ops.push(MountOp::Bind {
+            source: PathBuf::from(format!("/dev/{d}")),
+            path: format!("/dev/{d}"),
+            readonly: false,
+            kind: Kind::File,
+            required: true,
+        });
+    }
+    for (path, target) in [
+        ("/dev/fd", "/proc/self/fd"),
+        ("/dev/stdin", "/proc/self/fd/0"),
+        ("/dev/stdout", "/proc/self/fd/1"),
+        ("/dev/stderr", "/proc/self/fd/2"),
+        ("/dev/ptmx", "pts/ptmx"),
+        ("/dev/core", "/proc/kcore"),
+    ] {
+        ops.push(MountOp::Symlink { path: path.into(), target: target.into() });
+    }
+    ops.push(MountOp::Devpts { path: "/dev/pts".into() });
+    let shm = (spec.resources.memory.bytes() / 2).min(64 << 20);
+    ops.push(MountOp::Tmpfs { path: "/dev/shm".into(), size: shm, mode: 0o1777, noexec: false });
+
+    // /proc, with what runc masks.
+    ops.push(MountOp::Proc { path: "/proc".into() });
+    for f in PROC_MASKED_FILES {
+        ops.push(MountOp::MaskFile { path: (*f).into() });
+    }
+    for d in PROC_MASKED_DIRS {
+        ops.push(MountOp::MaskDir { path: (*d).into() });
+    }
+    for d in PROC_READONLY {
+        ops.push(MountOp::ReadOnly { path: (*d).into() });
+    }
+    ops.push(MountOp::Sysfs { path: "/sys".into() });
+    ops.push(MountOp::MaskDir { path: "/sys/firmware".into() });
+
+    // The spec's own mounts come last so they can cover image paths.
+    for m in &spec.mounts {
+        match m {
+            sandlot_proto::spec::MountSpec::Bind { source, target, readonly } => {
+                let src = PathBuf::from(source);
+                let md = std::fs::metadata(&src).map_err(|_| MountError::MissingSource { path: src.clone() })?;
+                ops.push(MountOp::Bind {
+                    source: src,
+                    path: sandlot_proto::spec::normalize_sandbox_path(target),
+                    readonly: *readonly,
+                    kind: if md.is_dir() { Kind::Dir } else { Kind::File },
+                    required: true,
+                });
+            }
+            sandlot_proto::spec::MountSpec::Tmpfs { target, size } => ops.push(MountOp::Tmpfs {
+                path: sandlot_proto::spec::normalize_sandbox_path(target),
+                size: size.bytes(),
+                mode: 0o1777,
+                noexec: false,
+            }),
+        }
+    }
+    Ok(MountPlan { root, ops })
+}
+
+/// Names of the overlay's working directories inside the root tmpfs.
+const OVL_LOWER: &str = ".sandlot-lower";
+const OVL_UPPER: &str = ".sandlot-upper";
+const OVL_WORK: &str = ".sandlot-work";
+
+/// Result of mounting the root, for diagnostics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RootInfo {
+    /// The lower layer is idmapped (its root-owned files appear owned by root inside).
+    pub idmapped: bool,
+}
+
+/// Mounts the root filesystem at `at` (a directory in the current mount namespace).
+/// `idmapped_lower` is a detached, idmapped copy of the overlay's lower directory.
+pub fn mount_root(root: &RootFs, at: &Path, idmapped_lower: Option<OwnedFd>) -> Result<RootInfo, MountError> {
+    let at_c = sys::cstr(at).map_err(apply_err("mount root", at.display().to_string()))?;
+    let tmpfs_opts = |size: u64| CString::new(format!("size={size},mode=0755")).expect("no NUL");
+    let flags = libc::MS_NOSUID | libc::MS_NODEV;
+    match root {
+        RootFs::Tmpfs { size } => {
+            sys::mount(Some(c"sandlot"), &at_c, Some(c"tmpfs"), flags, Some(&tmpfs_opts(*size)))
+                .map_err(apply_err("mount tmpfs root at", at.display().to_string()))?;
+            Ok(RootInfo { idmapped: false })
+        }
+        RootFs::Overlay { lower, size } => {
+            sys::mount(Some(c"sandlot"), &at_c, Some(c"tmpfs"), flags, Some(&tmpfs_opts(*size)))
+                .map_err(apply_err("mount overlay scratch at", at.display().to_string()))?;
+            for d in [OVL_LOWER, OVL_UPPER, OVL_WORK] {
+                std::fs::create_dir(at.join(d)).map_err(apply_err("mkdir", d))?;
+            }
+            let lower_at = sys::cstr(&at.join(OVL_LOWER)).map_err(apply_err("lower", OVL_LOWER))?;
+            let mut idmapped = false;
+            if let Some(fd) = idmapped_lower {
+                idmapped = sys::move_mount_to(fd.as_fd(), &lower_at).is_ok();
+            }
+            if !idmapped {
+                let src = sys::cstr(lower).map_err(apply_err("lower", lower.display().to_string()))?;
+                sys::mount(Some(&src), &lower_at, None, libc::MS_BIND | libc::MS_REC, None)
+                    .map_err(apply_err("bind rootfs", lower.display().to_string()))?;
+            }
+            let opts = format!(
+                "lowerdir={0}/{OVL_LOWER},upperdir={0}/{OVL_UPPER},workdir={0}/{OVL_WORK},userxattr",
+                at.display()
+            );
+            let opts_c = CString::new(opts).expect("no NUL");
+            sys::mount(Some(c"overlay"), &at_c, Some(c"overlay"), flags, Some(&opts_c))
+                .map_err(apply_err("mount overlay at", at.display().to_string()))?;
+            Ok(RootInfo { idmapped })
+        }
+    }
+}
+
+/// Resolves `path` under `root` (RESOLVE_IN_ROOT), creating missing components.
+fn ensure(root: BorrowedFd<'_>, path: &str, kind: Kind) -> io::Result<OwnedFd> {
+    let comps: Vec<&str> = path.split('/').filter(|c| !c.is_empty()).collect();
+    let mut cur = sys::open_in_root(root, c".")?;
+    let mut prefix = String::new();
+    for (i, c) in comps.iter().enumerate() {
+        prefix.push('/');
+        prefix.push_str(c);
+        let pc = CString::new(prefix.as_str()).map_err(|_| io::ErrorKind::InvalidInput)?;
+        match sys::open_in_root(root, &pc) {
+            Ok(fd) => cur = fd,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                let name = CString::new(*c).map_err(|_| io::ErrorKind::InvalidInput)?;
+                if i + 1 == comps.len() && kind == Kind::File {
+                    sys::touchat(cur.as_fd(), &name, 0o644)?;
+                } else {
+                    match sys::mkdirat(cur.as_fd(), &name, 0o755) {
+                        Ok(()) => {}
+                        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                cur = sys::open_in_root(root, &pc)?;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(cur)
+}
+
+/// Splits `/a/b/c` into (parent fd, "c").
+fn parent_and_name(root: BorrowedFd<'_>, path: &str) -> io::Result<(OwnedFd, CString)> {
+    let p = Path::new(path);
+    let parent = p.parent().and_then(|p| p.to_str()).unwrap_or("/");
+    let name = p
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or(io::ErrorKind::InvalidInput)?;
+    let pfd = ensure(root, parent, Kind::Dir)?;
+    Ok((pfd, CString::new(name).map_err(|_| io::ErrorKind::InvalidInput)?))
+}
+
+fn exists_in_root(root: BorrowedFd<'_>, path: &str) -> bool {
+    CString::new(path)
+        .ok()
+        .map(|c| sys::open_in_root(root, &c).is_ok())
+        .unwrap_or(false)
+}
+
+fn remount_readonly(root: BorrowedFd<'_>, path: &str, recursive: bool) -> io::Result<()> {
+    let c = CString::new(path).map_err(|_| io::ErrorKind::InvalidInput)?;
+    let fd = sys::open_in_root(root, &c)?;
+    sys::mount_setattr(
+        Some(fd.as_fd()),
+        c"",
+        recursive,
+        sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV,
+        None,
+    )
+}
+
+/// Applies `ops` under the root mounted at `root_dir`. Runs as root of the sandbox's
+/// user namespace, in its own mount namespace, before `pivot_root`.
+pub fn apply(root_dir: &Path, ops: &[MountOp]) -> Result<(), MountError> {
+    let rc = sys::cstr(root_dir).map_err(apply_err("open root", root_dir.display().to_string()))?;
+    let root = sys::open_path(&rc, false).map_err(apply_err("open root", root_dir.display().to_string()))?;
+    let r = root.as_fd();
+    for op in ops {
+        match op {
+            MountOp::Dir { path, mode, uid, gid } => {
+                let fd = ensure(r, path, Kind::Dir).map_err(apply_err("mkdir", path))?;
+                let p = sys::fd_path(fd.as_fd());
+                std::fs::set_permissions(
+                    std::str::from_utf8(p.as_bytes()).unwrap_or_default(),
+                    std::os::unix::fs::PermissionsExt::from_mode(*mode),
+                )
+                .map_err(apply_err("chmod", path))?;
+                if *uid != 0 || *gid != 0 {
+                    sys::lchown(&p, *uid, *gid).map_err(apply_err("chown", path))?;
+                }
+            }
+            MountOp::Symlink { path, target } => {
+                let (pfd, name) = parent_and_name(r, path).map_err(apply_err("symlink", path))?;
+                let t = CString::new(target.as_str()).map_err(|_| MountError::Apply {
+                    op: "symlink",
+                    path: path.clone(),
+                    source: io::ErrorKind::InvalidInput.into(),
+                })?;
+                // SAFETY: valid C strings and an fd we own.
+                let rc = unsafe { libc::symlinkat(t.as_ptr(), pfd.as_raw_fd(), name.as_ptr()) };
+                if rc != 0 {
+                    let e = io::Error::last_os_error();
+                    if e.raw_os_error() != Some(libc::EEXIST) {
+                        return Err(MountError::Apply { op: "symlink", path: path.clone(), source: e });
+                    }
+                }
+            }
+            MountOp::File { path, contents, mode } => {
+                let (pfd, name) = parent_and_name(r, path).map_err(apply_err("write", path))?;
+                write_at(pfd.as_fd(), &name, contents.as_bytes(), *mode).map_err(apply_err("write", path))?;
+            }
+            MountOp::Bind { source, path, readonly, kind, required } => {
+                let sc = sys::cstr(source).map_err(apply_err("bind", path))?;
+                let src = match sys::open_path(&sc, false) {
+                    Ok(fd) => fd,
+                    Err(_) if !required => continue,
+                    Err(e) => {
+                        return Err(MountError::Apply {
+                            op: "open bind source",
+                            path: source.display().to_string(),
+                            source: e,
+                        })
+                    }
+                };
+                let tgt = ensure(r, path, *kind).map_err(apply_err("create bind target", path))?;
+                sys::mount(
+                    Some(&sys::fd_path(src.as_fd())),
+                    &sys::fd_path(tgt.as_fd()),
+                    None,
+                    libc::MS_BIND | libc::MS_REC,
+                    None,
+                )
+                .map_err(apply_err("bind", path))?;
+                if *readonly {
+                    remount_readonly(r, path, true).map_err(apply_err("make read-only", path))?;
+                }
+            }
+            MountOp::Tmpfs { path, size, mode, noexec } => {
+                let tgt = ensure(r, path, Kind::Dir).map_err(apply_err("create tmpfs target", path))?;
+                let mut flags = libc::MS_NOSUID | libc::MS_NODEV;
+                if *noexec {
+                    flags |= libc::MS_NOEXEC;
+                }
+                let opts = CString::new(format!("size={size},mode={mode:o}")).expect("no NUL");
+                sys::mount(Some(c"tmpfs"), &sys::fd_path(tgt.as_fd()), Some(c"tmpfs"), flags, Some(&opts))
+                    .map_err(apply_err("mount tmpfs", path))?;
+            }
+            MountOp::Proc { path } => {
+                let tgt = ensure(r, path, Kind::Dir).map_err(apply_err("create proc target", path))?;
+                let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+                sys::mount(Some(c"proc"), &sys::fd_path(tgt.as_fd()), Some(c"proc"), flags, None)
+                    .map_err(apply_err("mount proc", path))?;
+            }
+            MountOp::Sysfs { path } => {
+                let tgt = ensure(r, path, Kind::Dir).map_err(apply_err("create sysfs target", path))?;
+                let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC | libc::MS_RDONLY;
+                // Refused when the host's sysfs is not fully visible; /sys then stays empty.
+                let _ = sys::mount(Some(c"sysfs"), &sys::fd_path(tgt.as_fd()), Some(c"sysfs"), flags, None);
+            }
+            MountOp::Devpts { path } => {
+                let tgt = ensure(r, path, Kind::Dir).map_err(apply_err("create devpts target", path))?;
+                let flags = libc::MS_NOSUID | libc::MS_NOEXEC;
+                sys::mount(
+                    Some(c"devpts"),
+                    &sys::fd_path(tgt.as_fd()),
+                    Some(c"devpts"),
+                    flags,
+                    Some(c"newinstance,ptmxmode=0666,mode=0620"),
+                )
+                .map_err(apply_err("mount devpts", path))?;
+            }
+            MountOp::MaskFile { path } => {
+                if !exists_in_root(r, path) {
+                    continue;
+                }
+                let tgt = ensure(r, path, Kind::File).map_err(apply_err("mask", path))?;
+                let null = sys::open_in_root(r, c"/dev/null").map_err(apply_err("open", "/dev/null"))?;
+                sys::mount(Some(&sys::fd_path(null.as_fd())), &sys::fd_path(tgt.as_fd()), None, libc::MS_BIND, None)
+                    .map_err(apply_err("mask", path))?;
+            }
+            MountOp::MaskDir { path } => {
+                if !exists_in_root(r, path) {
+                    continue;
+                }
+                let tgt = ensure(r, path, Kind::Dir).map_err(apply_err("mask", path))?;
+                let flags = libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+                sys::mount(Some(c"tmpfs"), &sys::fd_path(tgt.as_fd()), Some(c"tmpfs"), flags, Some(c"size=0"))
+                    .map_err(apply_err("mask", path))?;
+            }
+            MountOp::ReadOnly { path } => {
+                if !exists_in_root(r, path) {
+                    continue;
+                }
+                let tgt = ensure(r, path, Kind::Dir).map_err(apply_err("read-only", path))?;
+                let p = sys::fd_path(tgt.as_fd());
+                sys::mount(Some(&p), &p, None, libc::MS_BIND | libc::MS_REC, None)
+                    .map_err(apply_err("read-only bind", path))?;
+                remount_readonly(r, path, true).map_err(apply_err("read-only", path))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn write_at(dir: BorrowedFd<'_>, name: &CString, data: &[u8], mode: u32) -> io::Result<()> {
+    // SAFETY: valid dir fd and C string; the fd is wrapped right away.
+    let fd = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+            mode as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fresh fd.
+    let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    sys::write_all_fd(fd.as_fd(), data)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sandlot_proto::spec::{MountSpec, SandboxSpec};
+
+    fn facts() -> HostFacts {
+        HostFacts {
+            top_level: vec![
+                ("usr".into(), HostEntry::Dir),
+                ("bin".into(), HostEntry::Symlink("usr/bin".into())),
+            ],
+            etc: vec![
+                ("ld.so.cache".into(), HostEntry::File),
+                ("os-release".into(), HostEntry::Symlink("../usr/lib/os-release".into())),
+            ],
+        }
+    }
+
+    fn plan(spec: &SandboxSpec) -> MountPlan {
+        plan_mounts(&PlanInput { spec, hostname: "sb", host: &facts() }).unwrap()
+    }
+
+    #[test]
+    fn host_image_binds_usr_readonly_and_synthesizes_etc() {
+        let p = plan(&SandboxSpec::default());
+        assert!(matches!(p.root, RootFs::Tmpfs { size } if size == 1 << 30));
+        assert!(p.ops.contains(&MountOp::Bind {
+            source: "/usr".into(),
+            path: "/usr".into(),
+            readonly: true,
+            kind: Kind::Dir,
+            required: true
+        }));
+        assert!(p.ops.contains(&MountOp::Symlink { path: "/bin".into(), target: "usr/bin".into() }));
+        assert!(p.ops.iter().any(|o| matches!(o, MountOp::File { path, .. } if path == "/etc/passwd")));
+        // Never the host's secrets.
+        for o in &p.ops {
+            if let MountOp::Bind { source, .. } = o {
+                let s = source.to_string_lossy();
+                assert!(!s.starts_with("/etc/shadow") && !s.starts_with("/root") && !s.starts_with("/home") && !s.starts_with("/var"), "{s}");
+            }
+        }
+    }
+
+    #[test]
+    fn proc_is_masked_after_it_is_mounted() {
+        let p = plan(&SandboxSpec::default());
+        let pos = |want: &MountOp| p.ops.iter().position(|o| o == want).unwrap();
+        let proc_at = pos(&MountOp::Proc { path: "/proc".into() });
+        assert!(pos(&MountOp::MaskFile { path: "/proc/kcore".into() }) > proc_at);
+        assert!(pos(&MountOp::ReadOnly { path: "/proc/sys".into() }) > proc_at);
+        let dev = pos(&MountOp::Tmpfs { path: "/dev".into(), size: 1 << 20, mode: 0o755, noexec: true });
+        assert!(dev < proc_at, "/dev/null must exist before masks use it");
+    }
+
+    #[test]
+    fn spec_mounts_come_last_and_missing_sources_fail() {
+        let mut spec = SandboxSpec::default();
+        spec.mounts.push(MountSpec::Tmpfs { target: "/scratch/".into(), size: sandlot_proto::units::ByteSize::mib(8) });
+        spec.mounts.push(MountSpec::Bind { source: "/tmp".into(), target: "/data".into(), readonly: false });
+        let p = plan(&spec);
+        let n = p.ops.len();
+        assert!(matches!(&p.ops[n - 2], MountOp::Tmpfs { path, size, .. } if path == "/scratch" && *size == 8 << 20));
+        assert!(matches!(&p.ops[n - 1], MountOp::Bind { path, readonly: false, .. } if path == "/data"));
+
+        spec.mounts.push(MountSpec::Bind { source: "/definitely/not/here".into(), target: "/x".into(), readonly: true });
+        let e = plan_mounts(&PlanInput { spec: &spec, hostname: "sb", host: &facts() }).unwrap_err();
+        assert!(e.to_string().contains("/definitely/not/here"), "{e}");
+    }
+
+    #[test]
+    fn rootfs_dir_uses_an_overlay_and_must_exist() {
+        let spec = SandboxSpec { rootfs: Some("/tmp".into()), ..Default::default() };
+        let p = plan(&spec);
+        assert!(matches!(&p.root, RootFs::Overlay { lower, .. } if lower == Path::new("/tmp")));
+        assert!(!p.ops.iter().any(|o| matches!(o, MountOp::Bind { path, .. } if path == "/usr")));
+        let spec = SandboxSpec { rootfs: Some("/no/such/rootfs".into()), ..Default::default() };
+        assert!(plan_mounts(&PlanInput { spec: &spec, hostname: "sb", host: &facts() }).is_err());
+    }
+}

@@ -1,0 +1,341 @@
+//! The namespace backend, host side: allocates ids, creates the cgroup, runs the
+//! `__init` helper, and tears everything down.
+
+use std::fs;
+use std::io::{self, BufRead, BufReader, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use sandlot_proto::spec::SandboxSpec;
+
+use crate::cgroup::{Cgroup, CgroupLayout, CgroupLimits};
+use crate::hostimage::{self, HostFacts};
+use crate::mounts::{self, PlanInput};
+use crate::plan::{fds, AgentSetup, InitStatus, SandboxPlan, ID_RANGE};
+use crate::{sys, Backend, CreateOptions, RuntimeError, SandboxInstance};
+
+/// Operator settings of the namespace backend.
+#[derive(Debug, Clone)]
+pub struct RuntimeConfig {
+    /// Runtime state: agent sockets, locks. Default `/run/sandlot`.
+    pub run_dir: PathBuf,
+    /// Parent cgroup of all sandboxes, relative to each hierarchy's root.
+    pub cgroup_parent: String,
+    /// The `sandlot` binary, exec'd as `sandlot __init`.
+    pub init_exe: PathBuf,
+    /// First host uid/gid handed to sandboxes; each gets [`ID_RANGE`] ids.
+    pub id_base: u32,
+    /// Number of id ranges, i.e. the maximum number of concurrent sandboxes.
+    pub id_slots: u32,
+}
+
+impl RuntimeConfig {
+    /// Defaults for a host: `/run/sandlot`, cgroup `sandlot`, ids from 2^20.
+    pub fn new(init_exe: PathBuf) -> RuntimeConfig {
+        RuntimeConfig {
+            run_dir: PathBuf::from("/run/sandlot"),
+            cgroup_parent: "sandlot".into(),
+            init_exe,
+            id_base: 1 << 20,
+            id_slots: 8192,
+        }
+    }
+}
+
+/// The Linux namespace backend.
+pub struct NamespaceBackend {
+    cfg: RuntimeConfig,
+    layout: CgroupLayout,
+    host: HostFacts,
+}
+
+fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> RuntimeError {
+    let what = what.into();
+    move |source| RuntimeError::Io { what, source }
+}
+
+impl NamespaceBackend {
+    /// Checks the host (root, cgroups), creates the run directories, and makes the
+    /// calling process a child subreaper so that sandbox PID 1s are re-parented to it.
+    pub fn new(cfg: RuntimeConfig) -> Result<NamespaceBackend, RuntimeError> {
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err(RuntimeError::NotRoot);
+        }
+        let layout = CgroupLayout::detect()?;
+        for d in ["", "sandboxes", "slots", "root"] {
+            let p = cfg.run_dir.join(d);
+            fs::create_dir_all(&p).map_err(io_err(format!("create {}", p.display())))?;
+        }
+        fs::set_permissions(&cfg.run_dir, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .map_err(io_err("chmod run dir"))?;
+        sys::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0).map_err(io_err("become child subreaper"))?;
+        Ok(NamespaceBackend {
+            host: HostFacts::probe(Path::new("/")),
+            cfg,
+            layout,
+        })
+    }
+
+    pub fn config(&self) -> &RuntimeConfig {
+        &self.cfg
+    }
+
+    pub fn cgroup_layout(&self) -> &CgroupLayout {
+        &self.layout
+    }
+
+    fn sandbox_dir(&self, id: &str) -> PathBuf {
+        self.cfg.run_dir.join("sandboxes").join(id)
+    }
+
+    /// Takes the first free id range; the returned lock is held until the sandbox's
+    /// PID 1 exits (it inherits the descriptor).
+    fn take_slot(&self) -> Result<(u32, OwnedFd), RuntimeError> {
+        let dir = self.cfg.run_dir.join("slots");
+        // Start at a pseudo-random slot so concurrent creators rarely collide.
+        let start = (std::process::id() ^ Instant::now().elapsed().subsec_nanos()) % self.cfg.id_slots;
+        for i in 0..self.cfg.id_slots {
+            let slot = (start + i) % self.cfg.id_slots;
+            let f = fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(dir.join(slot.to_string()))
+                .map_err(io_err("open slot lock"))?;
+            let fd = OwnedFd::from(f);
+            if sys::try_flock_exclusive(fd.as_fd()).map_err(io_err("lock slot"))? {
+                return Ok((slot, fd));
+            }
+        }
+        Err(RuntimeError::Exhausted("id ranges (sandbox slots)"))
+    }
+
+    fn plan(&self, id: &str, spec: &SandboxSpec, id_base: u32, lifeline: bool, cg: &Cgroup) -> Result<SandboxPlan, RuntimeError> {
+        let hostname = spec.hostname.clone().unwrap_or_else(|| format!("sandlot-{}", &id[..id.len().min(12)]));
+        let mounts = mounts::plan_mounts(&PlanInput { spec, hostname: &hostname, host: &self.host })?;
+        let mut env = hostimage::base_env(&hostname);
+        for (k, v) in &spec.env {
+            env.retain(|(ek, _)| ek != k);
+            env.push((k.clone(), v.clone()));
+        }
+        Ok(SandboxPlan {
+            id: id.to_string(),
+            hostname,
+            id_base,
+            mounts,
+            cgroup_dirs: cg.dirs.iter().map(|(_, d)| d.clone()).collect(),
+            root_dir: self.cfg.run_dir.join("root"),
+            socket_path: self.sandbox_dir(id).join("agent.sock"),
+            agent: AgentSetup {
+                env,
+                default_user: spec.user.clone(),
+                default_cwd: spec.workdir.clone(),
+            },
+            lifeline,
+        })
+    }
+
+    fn spawn_init(&self, plan: &SandboxPlan, slot: &OwnedFd, alive: &OwnedFd, opts: &mut CreateOptions) -> Result<i32, RuntimeError> {
+        let plan_json = serde_json::to_vec(plan).expect("plan serializes");
+        let (plan_r, plan_w) = sys::pipe().map_err(io_err("pipe"))?;
+        let (status_r, status_w) = sys::pipe().map_err(io_err("pipe"))?;
+        let lifeline = opts.lifeline.take();
+        // (source, target) pairs; a fixed array so that the pre-exec hook allocates nothing.
+        let inherit: [(RawFd, RawFd); 3] = [
+            (slot.as_raw_fd(), fds::SLOT_LOCK),
+            (alive.as_raw_fd(), fds::ALIVE_LOCK),
+            (lifeline.as_ref().map_or(-1, |l| l.as_raw_fd()), fds::LIFELINE),
+        ];
+        let mut cmd = Command::new(&self.cfg.init_exe);
+        cmd.arg("__init")
+            .env_clear()
+            .stdin(Stdio::from(plan_r))
+            .stdout(Stdio::from(status_w));
+        match opts.stderr.take() {
+            Some(fd) => cmd.stderr(Stdio::from(fd)),
+            None => cmd.stderr(Stdio::null()),
+        };
+        // SAFETY: the closure only calls dup2 and fcntl, which are async-signal-safe,
+        // and allocates nothing. Sources are first copied above the targets' range so
+        // that one dup2 cannot clobber a source needed by another.
+        unsafe {
+            cmd.pre_exec(move || {
+                let mut moved = [-1; 3];
+                for (i, (src, _)) in inherit.iter().enumerate() {
+                    if *src >= 0 {
+                        moved[i] = libc::fcntl(*src, libc::F_DUPFD_CLOEXEC, 100);
+                        if moved[i] < 0 {
+                            return Err(io::Error::last_os_error());
+                        }
+                    }
+                }
+                for (i, (_, dst)) in inherit.iter().enumerate() {
+                    if moved[i] >= 0 && libc::dup2(moved[i], *dst) < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().map_err(io_err(format!("spawn {} __init", self.cfg.init_exe.display())))?;
+        drop(cmd);
+        drop(lifeline);
+        {
+            let mut w = fs::File::from(plan_w);
+            w.write_all(&plan_json).map_err(io_err("send plan"))?;
+        }
+        let mut pid = None;
+        let mut err = None;
+        let mut ready = false;
+        for line in BufReader::new(fs::File::from(status_r)).lines() {
+            let Ok(line) = line else { break };
+            match serde_json::from_str::<InitStatus>(&line) {
+                Ok(InitStatus::Pid { pid: p }) => pid = Some(p),
+                Ok(InitStatus::Ready { .. }) => {
+                    ready = true;
+                    break;
+                }
+                Ok(InitStatus::Error { message }) => {
+                    err = Some(message);
+                    break;
+                }
+                Err(_) => {}
+            }
+        }
+        let _ = child.wait();
+        match (ready, pid, err) {
+            (true, Some(pid), _) => Ok(pid),
+            (_, pid, e) => {
+                if let Some(p) = pid {
+                    let _ = sys::kill(p, libc::SIGKILL);
+                    let _ = sys::waitpid(p);
+                }
+                Err(RuntimeError::Init(e.unwrap_or_else(|| "sandbox init exited without reporting".into())))
+            }
+        }
+    }
+
+    /// Removes leftovers of sandboxes whose PID 1 is gone (e.g. after a crash of the
+    /// process that owned them). Returns the ids cleaned up.
+    pub fn sweep(&self) -> Vec<String> {
+        let mut cleaned = Vec::new();
+        let Ok(rd) = fs::read_dir(self.cfg.run_dir.join("sandboxes")) else {
+            return cleaned;
+        };
+        for e in rd.flatten() {
+            let id = e.file_name().to_string_lossy().into_owned();
+            let Ok(f) = fs::File::open(e.path().join("alive")) else {
+                let _ = fs::remove_dir_all(e.path());
+                continue;
+            };
+            if matches!(sys::try_flock_exclusive(f.as_fd()), Ok(true)) {
+                let cg = Cgroup::plan(&self.layout, &self.cfg.cgroup_parent, &id);
+                cg.kill_all(Duration::from_secs(2));
+                let _ = cg.remove(Duration::from_secs(2));
+                let _ = fs::remove_dir_all(e.path());
+                cleaned.push(id);
+            }
+        }
+        cleaned
+    }
+}
+
+impl Backend for NamespaceBackend {
+    fn name(&self) -> &'static str {
+        "namespace"
+    }
+
+    fn create(&self, id: &str, spec: &SandboxSpec, mut opts: CreateOptions) -> Result<SandboxInstance, RuntimeError> {
+        spec.validate()?;
+        if id.is_empty() || id.len() > 64 || !id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
+            return Err(RuntimeError::BadId(id.to_string()));
+        }
+        let dir = self.sandbox_dir(id);
+        fs::create_dir(&dir).map_err(|e| {
+            if e.kind() == io::ErrorKind::AlreadyExists {
+                RuntimeError::Exists(id.to_string())
+            } else {
+                RuntimeError::Io { what: format!("create {}", dir.display()), source: e }
+            }
+        })?;
+        let mut cgroup: Option<Cgroup> = None;
+        let r = (|| {
+            let alive = OwnedFd::from(fs::File::create(dir.join("alive")).map_err(io_err("create alive lock"))?);
+            sys::try_flock_exclusive(alive.as_fd()).map_err(io_err("lock alive"))?;
+            let (slot, slot_fd) = self.take_slot()?;
+            let id_base = self.cfg.id_base + slot * ID_RANGE;
+            let limits = CgroupLimits {
+                memory_bytes: spec.resources.memory.bytes(),
+                pids: spec.resources.pids,
+                cpus: spec.resources.cpus,
+            };
+            let cg = Cgroup::create(&self.layout, &self.cfg.cgroup_parent, id, &limits)?;
+            cgroup = Some(cg.clone());
+            let plan = self.plan(id, spec, id_base, opts.lifeline.is_some(), &cg)?;
+            let pid = self.spawn_init(&plan, &slot_fd, &alive, &mut opts)?;
+            let pidfd = sys::pidfd_open(pid).map_err(io_err("pidfd_open"))?;
+            Ok(SandboxInstance {
+                id: id.to_string(),
+                pid,
+                pidfd,
+                socket: plan.socket_path.clone(),
+                cgroup: cg,
+                dir: dir.clone(),
+                id_base,
+            })
+        })();
+        if r.is_err() {
+            if let Some(cg) = cgroup {
+                cg.kill_all(Duration::from_secs(2));
+                let _ = cg.remove(Duration::from_secs(2));
+            }
+            let _ = fs::remove_dir_all(&dir);
+        }
+        r
+    }
+
+    fn terminate(&self, sb: &SandboxInstance) -> Result<(), RuntimeError> {
+        // Killing PID 1 kills the whole pid namespace; its mount namespace (root,
+        // writable layer, every mount) goes with its last process.
+        let _ = sys::pidfd_send_signal(sb.pidfd.as_fd(), libc::SIGKILL);
+        wait_exit(sb, Duration::from_secs(10));
+        if !sb.cgroup.kill_all(Duration::from_secs(5)) {
+            return Err(RuntimeError::Stuck(sb.id.clone()));
+        }
+        sb.cgroup.remove(Duration::from_secs(5))?;
+        // The shared parent goes too once the last sandbox is gone (EBUSY otherwise).
+        sb.cgroup.remove_parent_if_empty();
+        let _ = fs::remove_dir_all(&sb.dir);
+        Ok(())
+    }
+}
+
+/// Waits for PID 1 to exit: reaps it when we are its (subreaper) parent, otherwise
+/// polls its pidfd. Returns the wait status when we reaped it.
+pub fn wait_exit(sb: &SandboxInstance, timeout: Duration) -> Option<i32> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match sys::try_waitpid(sb.pid) {
+            Ok(Some(st)) => return Some(st),
+            Ok(None) => {}
+            // Not our child (e.g. adopted after a restart): watch the pidfd instead.
+            Err(_) => {
+                let mut pfd = libc::pollfd { fd: sb.pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+                let left = deadline.saturating_duration_since(Instant::now()).as_millis() as i32;
+                // SAFETY: one valid pollfd.
+                unsafe { libc::poll(&mut pfd, 1, left) };
+                return None;
+            }
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        let mut pfd = libc::pollfd { fd: sb.pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd; a short timeout bounds the loop.
+        unsafe { libc::poll(&mut pfd, 1, 50) };
+    }
+}

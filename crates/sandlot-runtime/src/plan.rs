@@ -1,0 +1,62 @@
+//! The sandbox plan: everything the in-sandbox init needs, computed on the host from the
+//! spec, serialized to the `sandlot __init` helper, and applied there.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::mounts::MountPlan;
+
+/// Width of each sandbox's uid/gid range: ids 0..65535 inside.
+pub const ID_RANGE: u32 = 65536;
+
+/// Defaults of the processes the agent starts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentSetup {
+    pub env: Vec<(String, String)>,
+    pub default_user: String,
+    pub default_cwd: Option<String>,
+}
+
+/// What the `__init` helper does, as data.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxPlan {
+    pub id: String,
+    pub hostname: String,
+    /// First host uid/gid of the sandbox's range (inside 0 maps here).
+    pub id_base: u32,
+    pub mounts: MountPlan,
+    /// Directories of the sandbox's cgroup(s) (`cgroup.procs` in each is joined).
+    pub cgroup_dirs: Vec<PathBuf>,
+    /// Mount point for the new root, in the helper's own mount namespace.
+    pub root_dir: PathBuf,
+    /// Where the agent listens, on the host.
+    pub socket_path: PathBuf,
+    pub agent: AgentSetup,
+    /// Fd 3 is a pipe whose write end the supervisor holds; the sandbox ends on EOF.
+    pub lifeline: bool,
+}
+
+/// Descriptor numbers in the `__init` helper.
+pub mod fds {
+    /// The plan, as JSON, until end of file.
+    pub const PLAN: i32 = 0;
+    /// Status lines (JSON) to the host.
+    pub const STATUS: i32 = 1;
+    /// Optional lifeline pipe.
+    pub const LIFELINE: i32 = 3;
+    /// flock of the sandbox's uid range slot, held for the sandbox's lifetime.
+    pub const SLOT_LOCK: i32 = 4;
+    /// flock of the sandbox's run directory, held for the sandbox's lifetime.
+    pub const ALIVE_LOCK: i32 = 5;
+}
+
+/// Status lines written by the helper (`pid`, once) and by the sandbox's PID 1
+/// (`ready` or `error`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InitStatus {
+    Pid { pid: i32 },
+    Ready { idmapped_root: bool, landlock_abi: u32 },
+    Error { message: String },
+}

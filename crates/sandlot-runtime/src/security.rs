@@ -1,0 +1,216 @@
+//! Capabilities and landlock: the process-level confinement applied after the mounts.
+//!
+//! Capabilities here are those of the sandbox's user namespace; they already give no
+//! power over the host. The bounding set is still cut to Docker's default minus
+//! `NET_RAW`, so that root in the sandbox cannot mount, trace the agent, or use raw
+//! sockets, whatever the user namespace would allow.
+
+use std::io;
+
+/// Capabilities kept in the bounding set (numbers from `linux/capability.h`).
+pub const KEPT_CAPS: &[(u32, &str, &str)] = &[
+    (0, "CHOWN", "package managers and tar chown files"),
+    (1, "DAC_OVERRIDE", "root reads and writes files of other users in the sandbox"),
+    (3, "FOWNER", "chmod and utime on files root does not own"),
+    (4, "FSETID", "keep setgid bits when root edits files"),
+    (5, "KILL", "root signals processes of other users in the sandbox"),
+    (6, "SETGID", "drop to another group (su, the agent's exec as user)"),
+    (7, "SETUID", "drop to another user"),
+    (8, "SETPCAP", "drop capabilities further"),
+    (10, "NET_BIND_SERVICE", "servers on ports below 1024"),
+    (18, "SYS_CHROOT", "build tools that chroot"),
+    (27, "MKNOD", "mknod of fifos by root (device nodes stay refused by the kernel and landlock)"),
+    (29, "AUDIT_WRITE", "login-style tools write audit records"),
+    (31, "SETFCAP", "package installs that set file capabilities"),
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum SecurityError {
+    #[error("drop capability {cap} from the bounding set: {source}")]
+    Bounding { cap: u32, source: io::Error },
+    #[error("set process capabilities: {0}")]
+    Capset(#[source] io::Error),
+    #[error("landlock {op}: {source}")]
+    Landlock { op: &'static str, source: io::Error },
+    #[error("set process attribute {what}: {source}")]
+    Prctl { what: &'static str, source: io::Error },
+}
+
+fn last_cap() -> u32 {
+    std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(40)
+}
+
+/// The bitmask of [`KEPT_CAPS`].
+pub fn kept_mask() -> u64 {
+    KEPT_CAPS.iter().fold(0u64, |m, (c, _, _)| m | (1 << c))
+}
+
+/// Drops every capability outside [`KEPT_CAPS`] from the bounding set, clears the
+/// ambient set, and limits the permitted, effective and inheritable sets.
+pub fn drop_capabilities() -> Result<(), SecurityError> {
+    let keep = kept_mask();
+    for cap in 0..=last_cap() {
+        if keep & (1 << cap) != 0 {
+            continue;
+        }
+        match crate::sys::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0) {
+            Ok(_) => {}
+            // Capabilities the kernel does not know about are fine.
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+            Err(source) => return Err(SecurityError::Bounding { cap, source }),
+        }
+    }
+    crate::sys::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong, 0)
+        .map_err(|source| SecurityError::Prctl {
+            what: "clear ambient capabilities",
+            source,
+        })?;
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    let hdr = Header {
+        version: 0x2008_0522, // _LINUX_CAPABILITY_VERSION_3
+        pid: 0,
+    };
+    let lo = keep as u32;
+    let hi = (keep >> 32) as u32;
+    let data = [
+        Data {
+            effective: lo,
+            permitted: lo,
+            inheritable: 0,
+        },
+        Data {
+            effective: hi,
+            permitted: hi,
+            inheritable: 0,
+        },
+    ];
+    // SAFETY: header and two data structs are laid out as the v3 capset ABI expects
+    // and live for the duration of the call.
+    let r = unsafe { libc::syscall(libc::SYS_capset, &hdr as *const Header, data.as_ptr()) };
+    if r != 0 {
+        return Err(SecurityError::Capset(io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// Makes the calling process non-dumpable, so that processes in the sandbox (which
+/// lack `CAP_SYS_PTRACE`) cannot trace the agent or read its `/proc/1/fd`.
+pub fn set_non_dumpable() -> Result<(), SecurityError> {
+    crate::sys::prctl(libc::PR_SET_DUMPABLE, 0, 0).map_err(|source| SecurityError::Prctl {
+        what: "non-dumpable",
+        source,
+    })?;
+    Ok(())
+}
+
+const LANDLOCK_CREATE_RULESET_VERSION: u32 = 1;
+const ACCESS_FS_MAKE_CHAR: u64 = 1 << 6;
+const ACCESS_FS_MAKE_BLOCK: u64 = 1 << 11;
+const SCOPE_ABSTRACT_UNIX_SOCKET: u64 = 1 << 0;
+const SCOPE_SIGNAL: u64 = 1 << 1;
+
+/// What landlock enforced, for logs and tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LandlockStatus {
+    pub abi: u32,
+    pub device_nodes_refused: bool,
+    pub signals_scoped: bool,
+    pub abstract_sockets_scoped: bool,
+}
+
+/// Applies the landlock policy: no device nodes anywhere, and (ABI 6, Linux 6.12+)
+/// signals and abstract Unix sockets scoped to the sandbox. Everything else about
+/// files is already enforced by the mount table. Kernels without landlock get a
+/// status with `abi == 0`.
+pub fn apply_landlock() -> Result<LandlockStatus, SecurityError> {
+    // SAFETY: a null attribute with size 0 and the VERSION flag queries the ABI.
+    let abi = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<u8>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    if abi < 1 {
+        return Ok(LandlockStatus::default());
+    }
+    let abi = abi as u32;
+    #[repr(C)]
+    struct Attr {
+        handled_access_fs: u64,
+        handled_access_net: u64,
+        scoped: u64,
+    }
+    let scoped = if abi >= 6 {
+        SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL
+    } else {
+        0
+    };
+    let attr = Attr {
+        handled_access_fs: ACCESS_FS_MAKE_CHAR | ACCESS_FS_MAKE_BLOCK,
+        handled_access_net: 0,
+        scoped,
+    };
+    // Older ABIs do not know the `scoped` field: pass the shorter struct.
+    let size = if abi >= 6 {
+        std::mem::size_of::<Attr>()
+    } else if abi >= 4 {
+        16
+    } else {
+        8
+    };
+    // SAFETY: `attr` is a valid ruleset attribute of at least `size` bytes.
+    let fd = unsafe { libc::syscall(libc::SYS_landlock_create_ruleset, &attr as *const Attr, size, 0u32) };
+    if fd < 0 {
+        return Err(SecurityError::Landlock {
+            op: "create ruleset",
+            source: io::Error::last_os_error(),
+        });
+    }
+    // SAFETY: fresh fd from the kernel, owned here.
+    let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) };
+    use std::os::fd::AsRawFd;
+    // SAFETY: restrict_self takes the ruleset fd and flags only.
+    let r = unsafe { libc::syscall(libc::SYS_landlock_restrict_self, fd.as_raw_fd(), 0u32) };
+    if r != 0 {
+        return Err(SecurityError::Landlock {
+            op: "restrict self",
+            source: io::Error::last_os_error(),
+        });
+    }
+    Ok(LandlockStatus {
+        abi,
+        device_nodes_refused: true,
+        signals_scoped: scoped != 0,
+        abstract_sockets_scoped: scoped != 0,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kept_caps_exclude_the_dangerous_ones() {
+        let m = kept_mask();
+        for (cap, name) in [(21, "SYS_ADMIN"), (13, "NET_RAW"), (19, "SYS_PTRACE"), (16, "SYS_MODULE"), (12, "NET_ADMIN")] {
+            assert_eq!(m & (1 << cap), 0, "{name} must be dropped");
+        }
+        assert_ne!(m & (1 << 7), 0, "SETUID is needed to exec as another user");
+    }
+}

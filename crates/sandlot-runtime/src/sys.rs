@@ -1,0 +1,487 @@
+//! Typed wrappers over the Linux syscalls the namespace backend needs.
+//!
+//! Every function owns or borrows its file descriptors through `OwnedFd`/`BorrowedFd`
+//! and turns `-1` into `io::Error`. This is the only module of the crate that calls
+//! `libc` directly.
+
+use std::ffi::{CStr, CString};
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
+    if r == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+fn cvt_long(r: libc::c_long) -> io::Result<libc::c_long> {
+    if r == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+pub fn cstr(p: &Path) -> io::Result<CString> {
+    CString::new(p.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))
+}
+
+/// `mount(2)`. `fstype` and `data` are optional.
+pub fn mount(
+    source: Option<&CStr>,
+    target: &CStr,
+    fstype: Option<&CStr>,
+    flags: libc::c_ulong,
+    data: Option<&CStr>,
+) -> io::Result<()> {
+    let p = |o: Option<&CStr>| o.map_or(std::ptr::null(), |c| c.as_ptr());
+    // SAFETY: all pointers are either null or point to NUL-terminated strings that
+    // outlive the call; the kernel copies them.
+    cvt(unsafe {
+        libc::mount(
+            p(source),
+            target.as_ptr(),
+            p(fstype),
+            flags,
+            p(data).cast(),
+        )
+    })?;
+    Ok(())
+}
+
+pub fn umount2(target: &CStr, flags: libc::c_int) -> io::Result<()> {
+    // SAFETY: target is a valid C string.
+    cvt(unsafe { libc::umount2(target.as_ptr(), flags) })?;
+    Ok(())
+}
+
+/// `pivot_root(".", ".")` followed by a lazy unmount of the old root, which the
+/// kernel stacks under the new one: the trick runc uses to avoid a put_old dir.
+pub fn pivot_root_here() -> io::Result<()> {
+    let dot = c".";
+    // SAFETY: both arguments are valid C strings; the syscall has no other inputs.
+    cvt_long(unsafe { libc::syscall(libc::SYS_pivot_root, dot.as_ptr(), dot.as_ptr()) })?;
+    umount2(dot, libc::MNT_DETACH)?;
+    Ok(())
+}
+
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+pub const MOUNT_ATTR_RDONLY: u64 = 0x1;
+pub const MOUNT_ATTR_NOSUID: u64 = 0x2;
+pub const MOUNT_ATTR_NODEV: u64 = 0x4;
+pub const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
+
+/// `mount_setattr(2)` on the mount at `dirfd`/`path` (recursively if `recursive`).
+pub fn mount_setattr(
+    dirfd: Option<BorrowedFd<'_>>,
+    path: &CStr,
+    recursive: bool,
+    set: u64,
+    userns: Option<BorrowedFd<'_>>,
+) -> io::Result<()> {
+    let mut attr = MountAttr {
+        attr_set: set,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: userns.map_or(0, |f| f.as_raw_fd() as u64),
+    };
+    let mut flags = 0;
+    if recursive {
+        flags |= libc::AT_RECURSIVE as libc::c_uint;
+    }
+    if path.is_empty() {
+        flags |= libc::AT_EMPTY_PATH as libc::c_uint;
+    }
+    let fd = dirfd.map_or(libc::AT_FDCWD, |f| f.as_raw_fd());
+    // SAFETY: `attr` is a properly laid out `struct mount_attr` that lives for the
+    // call; `path` is a valid C string.
+    cvt_long(unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            fd,
+            path.as_ptr(),
+            flags,
+            &mut attr as *mut MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    })?;
+    Ok(())
+}
+
+/// `open_tree(path, OPEN_TREE_CLONE | AT_RECURSIVE | OPEN_TREE_CLOEXEC)`: a detached copy
+/// of the mount tree at `path`.
+pub fn open_tree_clone(path: &CStr) -> io::Result<OwnedFd> {
+    const OPEN_TREE_CLONE: libc::c_uint = 1;
+    let flags = OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | libc::AT_RECURSIVE as libc::c_uint;
+    // SAFETY: path is a valid C string; the returned fd is owned by us.
+    let fd = cvt_long(unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, path.as_ptr(), flags) })?;
+    // SAFETY: the kernel returned a fresh fd that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// `move_mount(fd, "", AT_FDCWD, target, MOVE_MOUNT_F_EMPTY_PATH)`: attach a detached tree.
+pub fn move_mount_to(fd: BorrowedFd<'_>, target: &CStr) -> io::Result<()> {
+    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 4;
+    // SAFETY: both strings are valid; fd is borrowed for the duration of the call.
+    cvt_long(unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            target.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    })?;
+    Ok(())
+}
+
+pub fn unshare(flags: libc::c_int) -> io::Result<()> {
+    // SAFETY: unshare has no pointer arguments.
+    cvt(unsafe { libc::unshare(flags) })?;
+    Ok(())
+}
+
+pub enum Fork {
+    Child,
+    Parent(libc::pid_t),
+}
+
+/// `fork(2)`. Only call from a single-threaded process (the `__init` helper is one).
+pub fn fork() -> io::Result<Fork> {
+    // SAFETY: callers guarantee the process is single-threaded, so the child may use
+    // any function, including the allocator.
+    let pid = cvt(unsafe { libc::fork() })?;
+    Ok(if pid == 0 { Fork::Child } else { Fork::Parent(pid) })
+}
+
+/// Exits immediately without running destructors or atexit handlers (for forked children).
+pub fn exit_now(code: i32) -> ! {
+    // SAFETY: _exit never returns and takes no pointers.
+    unsafe { libc::_exit(code) }
+}
+
+pub fn waitpid(pid: libc::pid_t) -> io::Result<libc::c_int> {
+    let mut status = 0;
+    loop {
+        // SAFETY: status is a valid out-pointer.
+        match cvt(unsafe { libc::waitpid(pid, &mut status, 0) }) {
+            Ok(_) => return Ok(status),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Non-blocking wait for a child; `Ok(None)` if it is still running.
+pub fn try_waitpid(pid: libc::pid_t) -> io::Result<Option<libc::c_int>> {
+    let mut status = 0;
+    // SAFETY: status is a valid out-pointer.
+    let r = cvt(unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) })?;
+    Ok(if r == 0 { None } else { Some(status) })
+}
+
+pub fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
+    // SAFETY: no pointers; the returned fd is new and owned by us.
+    let fd = cvt_long(unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) })?;
+    // SAFETY: fresh fd from the kernel.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+pub fn pidfd_send_signal(pidfd: BorrowedFd<'_>, sig: libc::c_int) -> io::Result<()> {
+    // SAFETY: null siginfo is allowed; fd borrowed for the call.
+    cvt_long(unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            sig,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    })?;
+    Ok(())
+}
+
+pub fn kill(pid: libc::pid_t, sig: libc::c_int) -> io::Result<()> {
+    // SAFETY: no pointers.
+    cvt(unsafe { libc::kill(pid, sig) })?;
+    Ok(())
+}
+
+pub fn prctl(op: libc::c_int, a: libc::c_ulong, b: libc::c_ulong) -> io::Result<libc::c_int> {
+    // SAFETY: the prctl operations used by this crate take integer arguments only.
+    cvt(unsafe { libc::prctl(op, a, b, 0 as libc::c_ulong, 0 as libc::c_ulong) })
+}
+
+pub fn sethostname(name: &str) -> io::Result<()> {
+    // SAFETY: pointer and length describe `name`'s bytes.
+    cvt(unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) })?;
+    Ok(())
+}
+
+pub fn setresuid(uid: u32) -> io::Result<()> {
+    // SAFETY: no pointers.
+    cvt(unsafe { libc::setresuid(uid, uid, uid) })?;
+    Ok(())
+}
+
+pub fn setresgid(gid: u32) -> io::Result<()> {
+    // SAFETY: no pointers.
+    cvt(unsafe { libc::setresgid(gid, gid, gid) })?;
+    Ok(())
+}
+
+pub fn setgroups_empty() -> io::Result<()> {
+    // SAFETY: a zero-length list with a null pointer is valid.
+    cvt(unsafe { libc::setgroups(0, std::ptr::null()) })?;
+    Ok(())
+}
+
+pub fn chdir(p: &CStr) -> io::Result<()> {
+    // SAFETY: valid C string.
+    cvt(unsafe { libc::chdir(p.as_ptr()) })?;
+    Ok(())
+}
+
+pub fn lchown(p: &CStr, uid: u32, gid: u32) -> io::Result<()> {
+    // SAFETY: valid C string.
+    cvt(unsafe { libc::lchown(p.as_ptr(), uid, gid) })?;
+    Ok(())
+}
+
+pub fn umask(mask: libc::mode_t) {
+    // SAFETY: umask cannot fail.
+    unsafe { libc::umask(mask) };
+}
+
+pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: fds is a valid 2-element out array.
+    cvt(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
+    // SAFETY: both fds are fresh and owned by us.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+pub fn socketpair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: fds is a valid 2-element out array.
+    cvt(unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    })?;
+    // SAFETY: fresh fds owned by us.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Sends one byte and, optionally, one file descriptor over a Unix socket.
+pub fn send_with_fd(sock: BorrowedFd<'_>, byte: u8, fd: Option<BorrowedFd<'_>>) -> io::Result<()> {
+    let mut b = [byte];
+    let mut iov = libc::iovec {
+        iov_base: b.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    // Space for one fd in a control message.
+    let mut cbuf = [0u64; 4];
+    // SAFETY: msghdr is plain old data; zeroed is a valid initial state.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if let Some(fd) = fd {
+        // SAFETY: CMSG_SPACE is a pure computation.
+        let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        msg.msg_controllen = space;
+        // SAFETY: msg_control points to a buffer of at least `space` bytes (32 >= 24),
+        // so the first header and its data fit.
+        unsafe {
+            let cmsg = libc::CMSG_FIRSTHDR(&msg);
+            (*cmsg).cmsg_level = libc::SOL_SOCKET;
+            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+            (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as usize;
+            std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>(), fd.as_raw_fd());
+        }
+    }
+    // SAFETY: msg and everything it points to live for the call.
+    let r = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Receives one byte and an optional file descriptor. `Ok(None)` at end of stream.
+pub fn recv_with_fd(sock: BorrowedFd<'_>) -> io::Result<Option<(u8, Option<OwnedFd>)>> {
+    let mut b = [0u8];
+    let mut iov = libc::iovec {
+        iov_base: b.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    let mut cbuf = [0u64; 4];
+    // SAFETY: zeroed msghdr is valid.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&cbuf);
+    let n = loop {
+        // SAFETY: msg points to live buffers.
+        let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        break n;
+    };
+    if n == 0 {
+        return Ok(None);
+    }
+    let mut got = None;
+    // SAFETY: we walk the control messages the kernel filled in, within msg_controllen.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                let fd = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>());
+                got = Some(OwnedFd::from_raw_fd(fd));
+            }
+            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        }
+    }
+    Ok(Some((b[0], got)))
+}
+
+pub fn write_all_fd(fd: BorrowedFd<'_>, mut buf: &[u8]) -> io::Result<()> {
+    while !buf.is_empty() {
+        // SAFETY: buf is valid for buf.len() bytes.
+        let n = unsafe { libc::write(fd.as_raw_fd(), buf.as_ptr().cast(), buf.len()) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        buf = &buf[n as usize..];
+    }
+    Ok(())
+}
+
+/// Takes an exclusive `flock` without blocking. `Ok(false)` if someone else holds it.
+pub fn try_flock_exclusive(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    // SAFETY: no pointers.
+    match cvt(unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }) {
+        Ok(_) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Brings the loopback interface up in the current network namespace.
+pub fn loopback_up() -> io::Result<()> {
+    // SAFETY: socket() has no pointer args; the fd is wrapped immediately.
+    let s = cvt(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: fresh fd, owned here.
+    let sock = unsafe { OwnedFd::from_raw_fd(s) };
+    // SAFETY: ifreq is plain old data.
+    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (i, b) in b"lo\0".iter().enumerate() {
+        ifr.ifr_name[i] = *b as libc::c_char;
+    }
+    // SAFETY: ifr is a valid ifreq for the duration of both ioctls.
+    unsafe {
+        cvt(libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut ifr))?;
+        ifr.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+        cvt(libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &ifr))?;
+    }
+    Ok(())
+}
+
+/// Opens a path with `O_PATH | O_CLOEXEC` (and `O_NOFOLLOW` if asked).
+pub fn open_path(p: &CStr, nofollow: bool) -> io::Result<OwnedFd> {
+    let mut flags = libc::O_PATH | libc::O_CLOEXEC;
+    if nofollow {
+        flags |= libc::O_NOFOLLOW;
+    }
+    // SAFETY: valid C string; fd wrapped immediately.
+    let fd = cvt(unsafe { libc::open(p.as_ptr(), flags) })?;
+    // SAFETY: fresh fd.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `openat2(dirfd, path, O_PATH|O_CLOEXEC, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)`: resolves
+/// `path` as if `dirfd` were `/`, so symlinks in an untrusted rootfs cannot escape it.
+pub fn open_in_root(root: BorrowedFd<'_>, path: &CStr) -> io::Result<OwnedFd> {
+    #[repr(C)]
+    struct OpenHow {
+        flags: u64,
+        mode: u64,
+        resolve: u64,
+    }
+    const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
+    const RESOLVE_IN_ROOT: u64 = 0x10;
+    let how = OpenHow {
+        flags: (libc::O_PATH | libc::O_CLOEXEC) as u64,
+        mode: 0,
+        resolve: RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS,
+    };
+    // SAFETY: `how` is a valid open_how; path is a valid C string.
+    let fd = cvt_long(unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            root.as_raw_fd(),
+            path.as_ptr(),
+            &how as *const OpenHow,
+            std::mem::size_of::<OpenHow>(),
+        )
+    })?;
+    // SAFETY: fresh fd.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// `mkdirat` relative to an fd.
+pub fn mkdirat(dir: BorrowedFd<'_>, name: &CStr, mode: libc::mode_t) -> io::Result<()> {
+    // SAFETY: valid fd and C string.
+    cvt(unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), mode) })?;
+    Ok(())
+}
+
+/// Creates an empty regular file relative to an fd (no-op if it exists).
+pub fn touchat(dir: BorrowedFd<'_>, name: &CStr, mode: libc::mode_t) -> io::Result<()> {
+    // SAFETY: valid fd and C string; the returned fd is closed right away.
+    let fd = cvt(unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+            mode as libc::c_uint,
+        )
+    })?;
+    // SAFETY: fresh fd.
+    drop(unsafe { OwnedFd::from_raw_fd(fd) });
+    Ok(())
+}
+
+/// `/proc/self/fd/N`: a path that refers to an open `O_PATH` descriptor.
+pub fn fd_path(fd: BorrowedFd<'_>) -> CString {
+    CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).expect("no NUL")
+}
+

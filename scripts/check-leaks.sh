@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Fails if anything a sandbox or a test creates is still on the machine.
+set -u
+bad=0
+report() { echo "leak: $1" >&2; bad=1; }
+procs=$(ps -eo pid=,args= | grep -E 'sandlot (__init|run|serve)' | grep -v grep || true)
+[ -n "$procs" ] && report "processes: $procs"
+m=$(grep -E 'sandlot' /proc/mounts || true)
+[ -n "$m" ] && report "mounts: $m"
+cg=$(find /sys/fs/cgroup -mindepth 2 -maxdepth 3 -type d -path '*sandlot*' ! -name sandlot 2>/dev/null || true)
+[ -n "$cg" ] && report "cgroups: $cg"
+if [ -d /run/sandlot/sandboxes ]; then
+  sb=$(ls -A /run/sandlot/sandboxes)
+  [ -n "$sb" ] && report "sandbox run dirs: $sb"
+fi
+ns=$(ip netns list 2>/dev/null || true)
+[ -n "$ns" ] && report "network namespaces: $ns"
+v=$(ip -o link show type veth 2>/dev/null || true)
+[ -n "$v" ] && report "veth devices: $v"
+if [ $bad = 0 ]; then echo "check-leaks: nothing left behind"; fi
+exit $bad

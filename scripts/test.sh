@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The whole test suite: unit, privileged integration and end-to-end tests.
+# Runs as root (CI does). Leaves nothing behind; fails if anything leaked.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+bash scripts/setup.sh
+export RUST_BACKTRACE=1
+cargo build --workspace --all-targets
+cargo nextest run --workspace --no-fail-fast "$@"
+bash scripts/check-leaks.sh
