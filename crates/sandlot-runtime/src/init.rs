@@ -42,6 +42,24 @@ fn status(s: &InitStatus) {
     let _ = sys::write_all_fd(fd, &line);
 }
 
+/// Per-phase timing for `SandboxPlan::trace`.
+struct Trace {
+    on: bool,
+    start: std::time::Instant,
+    who: &'static str,
+}
+
+impl Trace {
+    fn new(on: bool, who: &'static str) -> Trace {
+        Trace { on, start: std::time::Instant::now(), who }
+    }
+    fn mark(&self, what: &str) {
+        if self.on {
+            eprintln!("sandlot-init {} +{:>7.3} ms {what}", self.who, self.start.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+}
+
 fn fail(stage: &str, e: impl std::fmt::Display) -> ! {
     status(&InitStatus::Error {
         message: format!("{stage}: {e}"),
@@ -69,11 +87,13 @@ pub fn main(agent: AgentMain) -> ! {
 }
 
 fn helper(plan: &SandboxPlan, agent: AgentMain) -> io::Result<()> {
+    let tr = Trace::new(plan.trace, "helper");
     // Everything this process and its descendants do is accounted to the sandbox.
     for d in &plan.cgroup_dirs {
         std::fs::write(d.join("cgroup.procs"), "0")
             .map_err(|e| io::Error::new(e.kind(), format!("join cgroup {}: {e}", d.display())))?;
     }
+    tr.mark("cgroup joined");
     // Best effort: the agent should be the OOM killer's last choice. Hosts without
     // CAP_SYS_RESOURCE refuse; the agent is small either way.
     let _ = std::fs::write("/proc/self/oom_score_adj", "-999");
@@ -83,6 +103,7 @@ fn helper(plan: &SandboxPlan, agent: AgentMain) -> io::Result<()> {
         .map_err(|e| io::Error::new(e.kind(), format!("bind {}: {e}", plan.socket_path.display())))?;
     std::fs::set_permissions(&plan.socket_path, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
 
+    tr.mark("socket bound");
     let (mine, theirs) = sys::socketpair()?;
     let (pid_r, pid_w) = sys::pipe()?;
     let stage1 = match sys::fork()? {
@@ -109,6 +130,7 @@ fn helper(plan: &SandboxPlan, agent: AgentMain) -> io::Result<()> {
     let map = format!("0 {} {}\n", plan.id_base, ID_RANGE);
     std::fs::write(format!("/proc/{stage1}/uid_map"), &map)?;
     std::fs::write(format!("/proc/{stage1}/gid_map"), &map)?;
+    tr.mark("ids mapped");
 
     // 2. An idmapped copy of the rootfs, so that its root-owned files are owned by the
     //    sandbox's root. Kernels or filesystems without idmapped mounts fall back to a
@@ -128,6 +150,7 @@ fn helper(plan: &SandboxPlan, agent: AgentMain) -> io::Result<()> {
         .trim()
         .parse()
         .map_err(|_| io::Error::other(format!("stage1 failed (wait status {st:#x})")))?;
+    tr.mark("pid 1 forked");
     status(&InitStatus::Pid { pid });
     Ok(())
 }
@@ -191,22 +214,27 @@ fn set_cloexec(fd: i32) {
 }
 
 fn pid1(plan: &SandboxPlan, idmapped: Option<OwnedFd>, listener: UnixListener, agent: AgentMain) -> io::Result<()> {
+    let tr = Trace::new(plan.trace, "pid1  ");
     // Our mounts must never propagate back to the host.
     sys::mount(None, c"/", None, libc::MS_REC | libc::MS_PRIVATE, None)?;
     let root = mounts::mount_root(&plan.mounts.root, &plan.root_dir, idmapped).map_err(io::Error::other)?;
+    tr.mark("root mounted");
     mounts::apply(&plan.root_dir, &plan.mounts.ops).map_err(io::Error::other)?;
+    tr.mark("mount plan applied");
     sys::sethostname(&plan.hostname)?;
     sys::loopback_up()?;
     sys::chdir(&sys::cstr(&plan.root_dir)?)?;
     sys::pivot_root_here()?;
     sys::chdir(c"/")?;
     sys::umask(0o022);
+    tr.mark("pivoted");
 
     security::set_non_dumpable().map_err(io::Error::other)?;
     security::drop_capabilities().map_err(io::Error::other)?;
     let ll = security::apply_landlock().map_err(io::Error::other)?;
     let prog = seccomp::compile(&seccomp::default_policy()).map_err(io::Error::other)?;
     seccomp::install(&prog).map_err(io::Error::other)?;
+    tr.mark("confined (caps, landlock, seccomp)");
 
     // Descriptors inherited from the host stay open (the locks are held by this
     // process for the sandbox's lifetime) but must not leak into user processes.

@@ -41,6 +41,8 @@ pub enum RuntimeError {
     Mount(#[from] mounts::MountError),
     #[error("sandbox init failed: {0}")]
     Init(String),
+    #[error("sandbox {0} is gone")]
+    Gone(String),
     #[error("processes of sandbox {0} did not die")]
     Stuck(String),
     #[error("{what}: {source}")]

@@ -291,33 +291,28 @@ pub fn mount_root(root: &RootFs, at: &Path, idmapped_lower: Option<OwnedFd>) -> 
 }
 
 /// Resolves `path` under `root` (RESOLVE_IN_ROOT), creating missing components.
+/// Tries the whole path first; only missing suffixes are walked.
 fn ensure(root: BorrowedFd<'_>, path: &str, kind: Kind) -> io::Result<OwnedFd> {
-    let comps: Vec<&str> = path.split('/').filter(|c| !c.is_empty()).collect();
-    let mut cur = sys::open_in_root(root, c".")?;
-    let mut prefix = String::new();
-    for (i, c) in comps.iter().enumerate() {
-        prefix.push('/');
-        prefix.push_str(c);
-        let pc = CString::new(prefix.as_str()).map_err(|_| io::ErrorKind::InvalidInput)?;
-        match sys::open_in_root(root, &pc) {
-            Ok(fd) => cur = fd,
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
-                let name = CString::new(*c).map_err(|_| io::ErrorKind::InvalidInput)?;
-                if i + 1 == comps.len() && kind == Kind::File {
-                    sys::touchat(cur.as_fd(), &name, 0o644)?;
-                } else {
-                    match sys::mkdirat(cur.as_fd(), &name, 0o755) {
-                        Ok(()) => {}
-                        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
-                        Err(e) => return Err(e),
-                    }
-                }
-                cur = sys::open_in_root(root, &pc)?;
-            }
-            Err(e) => return Err(e),
-        }
+    let trimmed = path.trim_end_matches('/');
+    let c = CString::new(if trimmed.is_empty() { "/" } else { trimmed }).map_err(|_| io::ErrorKind::InvalidInput)?;
+    match sys::open_in_root(root, &c) {
+        Ok(fd) => return Ok(fd),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) && !trimmed.is_empty() => {}
+        Err(e) => return Err(e),
     }
-    Ok(cur)
+    let (parent, name) = trimmed.rsplit_once('/').unwrap_or(("", trimmed));
+    let pfd = ensure(root, if parent.is_empty() { "/" } else { parent }, Kind::Dir)?;
+    let cname = CString::new(name).map_err(|_| io::ErrorKind::InvalidInput)?;
+    let made = match kind {
+        Kind::File => sys::touchat(pfd.as_fd(), &cname, 0o644),
+        Kind::Dir => sys::mkdirat(pfd.as_fd(), &cname, 0o755),
+    };
+    match made {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
+        Err(e) => return Err(e),
+    }
+    sys::open_in_root(root, &c)
 }
 
 /// Splits `/a/b/c` into (parent fd, "c").
@@ -368,7 +363,7 @@ pub fn apply(root_dir: &Path, ops: &[MountOp]) -> Result<(), MountError> {
                 )
                 .map_err(apply_err("chmod", path))?;
                 if *uid != 0 || *gid != 0 {
-                    sys::lchown(&p, *uid, *gid).map_err(apply_err("chown", path))?;
+                    sys::fchown_fd(fd.as_fd(), *uid, *gid).map_err(apply_err("chown", path))?;
                 }
             }
             MountOp::Symlink { path, target } => {

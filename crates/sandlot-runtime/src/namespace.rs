@@ -136,6 +136,7 @@ impl NamespaceBackend {
                 default_cwd: spec.workdir.clone(),
             },
             lifeline,
+            trace: std::env::var_os("SANDLOT_TRACE_INIT").is_some_and(|v| v == "1"),
         })
     }
 
@@ -217,6 +218,46 @@ impl NamespaceBackend {
                 Err(RuntimeError::Init(e.unwrap_or_else(|| "sandbox init exited without reporting".into())))
             }
         }
+    }
+
+    /// Re-attaches to a sandbox created earlier (by this or a previous process, e.g.
+    /// before a daemon restart), given the host pid of its PID 1 as recorded then.
+    /// Fails if that sandbox is gone or `pid` is no longer its PID 1.
+    pub fn adopt(&self, id: &str, pid: i32) -> Result<SandboxInstance, RuntimeError> {
+        let dir = self.sandbox_dir(id);
+        let gone = || RuntimeError::Gone(id.to_string());
+        let alive = fs::File::open(dir.join("alive")).map_err(|_| gone())?;
+        // Somebody (its PID 1) must hold the alive lock.
+        if sys::try_flock_exclusive(alive.as_fd()).map_err(io_err("probe alive lock"))? {
+            return Err(gone());
+        }
+        let pidfd = sys::pidfd_open(pid).map_err(|_| gone())?;
+        let cgroup = Cgroup::plan(&self.layout, &self.cfg.cgroup_parent, id);
+        // The pid must still be the sandbox's PID 1, not a recycled pid.
+        let own = fs::read_to_string(format!("/proc/{pid}/cgroup")).map_err(|_| gone())?;
+        if !own.contains(&format!("/{}/{id}", self.cfg.cgroup_parent)) {
+            return Err(gone());
+        }
+        let id_base = fs::read_to_string(format!("/proc/{pid}/uid_map"))
+            .ok()
+            .and_then(|m| m.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+            .ok_or_else(gone)?;
+        Ok(SandboxInstance {
+            id: id.to_string(),
+            pid,
+            pidfd,
+            socket: dir.join("agent.sock"),
+            cgroup,
+            dir,
+            id_base,
+        })
+    }
+
+    /// Ids of sandboxes that have a run directory (alive or not).
+    pub fn list_ids(&self) -> Vec<String> {
+        fs::read_dir(self.cfg.run_dir.join("sandboxes"))
+            .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default()
     }
 
     /// Removes leftovers of sandboxes whose PID 1 is gone (e.g. after a crash of the

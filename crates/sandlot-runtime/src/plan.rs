@@ -35,6 +35,9 @@ pub struct SandboxPlan {
     pub agent: AgentSetup,
     /// Fd 3 is a pipe whose write end the supervisor holds; the sandbox ends on EOF.
     pub lifeline: bool,
+    /// Write per-phase timings to stderr (host env `SANDLOT_TRACE_INIT=1`), for profiling.
+    #[serde(default)]
+    pub trace: bool,
 }
 
 /// Descriptor numbers in the `__init` helper.

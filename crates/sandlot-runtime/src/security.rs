@@ -150,6 +150,11 @@ pub fn apply_landlock() -> Result<LandlockStatus, SecurityError> {
         return Ok(LandlockStatus::default());
     }
     let abi = abi as u32;
+    // restrict_self needs no_new_privs once CAP_SYS_ADMIN is gone.
+    crate::sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0).map_err(|source| SecurityError::Prctl {
+        what: "no_new_privs",
+        source,
+    })?;
     #[repr(C)]
     struct Attr {
         handled_access_fs: u64,

@@ -255,9 +255,10 @@ pub fn chdir(p: &CStr) -> io::Result<()> {
     Ok(())
 }
 
-pub fn lchown(p: &CStr, uid: u32, gid: u32) -> io::Result<()> {
-    // SAFETY: valid C string.
-    cvt(unsafe { libc::lchown(p.as_ptr(), uid, gid) })?;
+/// Changes the owner of what an (`O_PATH`) fd refers to.
+pub fn fchown_fd(fd: BorrowedFd<'_>, uid: u32, gid: u32) -> io::Result<()> {
+    // SAFETY: valid fd; the empty path with AT_EMPTY_PATH names the fd itself.
+    cvt(unsafe { libc::fchownat(fd.as_raw_fd(), c"".as_ptr(), uid, gid, libc::AT_EMPTY_PATH) })?;
     Ok(())
 }
 
