@@ -1,1 +1,69 @@
 //! The in-sandbox agent and the host-side client of the guest protocol.
+//!
+//! * [`run_agent`] serves the protocol as PID 1 of a sandbox (or as an ordinary
+//!   process, for tests): processes with optional terminals, output retention and
+//!   re-attach, stdin, signals, timeouts, file operations and watches.
+//! * [`client::GuestClient`] speaks it from the host, over any byte stream.
+//!
+//! The wire format is specified in `docs/protocol.md`; its types are in
+//! [`sandlot_proto::guest`] (re-exported as [`proto`]).
+
+mod agent;
+pub mod client;
+mod wire;
+
+pub use sandlot_proto::guest as proto;
+
+use std::os::fd::OwnedFd;
+
+/// How the agent runs processes.
+#[derive(Debug)]
+pub struct AgentConfig {
+    /// Base environment of every process; exec requests override and add. `HOME`,
+    /// `USER`, `LOGNAME` (from the user) and `PATH` are set when absent from both.
+    pub env: Vec<(String, String)>,
+    /// `root`, `user`, `UID[:GID]` or a name in the sandbox's `/etc/passwd`.
+    pub default_user: String,
+    /// Default working directory. Absent: the user's home from `/etc/passwd` if it
+    /// exists, else `/`.
+    pub default_cwd: Option<String>,
+    /// Read end of a pipe: on EOF or HUP the agent kills every process and returns.
+    pub lifeline: Option<OwnedFd>,
+    /// Bytes of recent output kept per stream for re-attach (at least 64 KiB). It is
+    /// also how far a process may run ahead of its slowest attached reader.
+    pub output_retention: usize,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        AgentConfig {
+            env: Vec::new(),
+            default_user: "root".to_string(),
+            default_cwd: None,
+            lifeline: None,
+            output_retention: 1 << 20,
+        }
+    }
+}
+
+/// Serves forever on `listener` (already bound and listening).
+///
+/// Returns only on a fatal error of the listener, on a `shutdown` request or when
+/// the lifeline closes, after killing every process it started.
+///
+/// As PID 1 of a pid namespace it reaps every child, orphans included. Otherwise it
+/// makes its process a child subreaper and reaps only the processes it started and
+/// orphaned zombies of the sessions it created, so it never steals the exit status of
+/// another child of its host process (tests may run several agents in one process).
+/// It creates a single-threaded runtime on the calling thread.
+pub fn run_agent(
+    listener: std::os::unix::net::UnixListener,
+    config: AgentConfig,
+) -> std::io::Result<()> {
+    agent::run(listener, config)
+}
+
+/// `sandlot-guest VERSION`, as announced in the handshake.
+pub(crate) fn software() -> String {
+    concat!("sandlot-guest ", env!("CARGO_PKG_VERSION")).to_string()
+}

@@ -1,0 +1,681 @@
+//! File operations, done by the agent itself on behalf of a sandbox user.
+//!
+//! Acting as the user: around every path lookup the agent's thread switches its
+//! filesystem uid and gid (`setfsuid`/`setfsgid`) and its supplementary groups to the
+//! user's. The kernel then checks permissions exactly as for the user and drops the
+//! agent's file capabilities meanwhile; files and directories created are owned by
+//! the user. Reads and writes of an already open file need no switch (the open file
+//! carries its credentials).
+
+use std::ffi::OsString;
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use bytes::BytesMut;
+use sandlot_proto::guest::{
+    stream, DirEntry, ErrorBody, ErrorCode, FileKind, FileStat, ListDirRequest, MkdirRequest,
+    ReadFileRequest, RemoveRequest, RenameRequest, Reply, StatRequest, WriteFileRequest,
+    DATA_CHUNK,
+};
+
+use super::users::{resolve_user_here, User};
+use super::{Agent, Chan};
+
+/// Switches the calling thread's filesystem credentials.
+pub(crate) struct FsCreds {
+    /// The agent runs as root (otherwise it can only act as itself).
+    enabled: bool,
+    saved_groups: Vec<libc::gid_t>,
+}
+
+/// Sets this thread's supplementary groups only. (glibc's `setgroups` changes every
+/// thread of the process, which would be wrong for an agent embedded in a test
+/// process and needless otherwise.)
+fn set_thread_groups(groups: &[libc::gid_t]) -> io::Result<()> {
+    // SAFETY: the kernel reads `groups.len()` gids from a pointer valid for the call.
+    let r = unsafe { libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+struct Restore<'a> {
+    saved_groups: &'a [libc::gid_t],
+    uid: nix::unistd::Uid,
+    gid: nix::unistd::Gid,
+}
+
+impl Drop for Restore<'_> {
+    fn drop(&mut self) {
+        nix::unistd::setfsuid(self.uid);
+        nix::unistd::setfsgid(self.gid);
+        let _ = set_thread_groups(self.saved_groups);
+    }
+}
+
+impl FsCreds {
+    pub fn new() -> FsCreds {
+        let enabled = nix::unistd::geteuid().is_root();
+        let saved_groups = nix::unistd::getgroups()
+            .map(|g| g.into_iter().map(|g| g.as_raw()).collect())
+            .unwrap_or_default();
+        FsCreds {
+            enabled,
+            saved_groups,
+        }
+    }
+
+    /// Runs `f` with the filesystem identity of `user`.
+    pub fn run<T>(&self, user: &User, f: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
+        let me = nix::unistd::geteuid().as_raw();
+        if !self.enabled {
+            if user.uid != me {
+                return Err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!(
+                        "cannot act as uid {}: the agent is not running as root",
+                        user.uid
+                    ),
+                ));
+            }
+            return f();
+        }
+        if user.uid == 0 && user.gid == 0 {
+            return f();
+        }
+        set_thread_groups(&user.groups)?;
+        let gid = nix::unistd::setfsgid(nix::unistd::Gid::from_raw(user.gid));
+        let uid = nix::unistd::setfsuid(nix::unistd::Uid::from_raw(user.uid));
+        let _restore = Restore {
+            saved_groups: &self.saved_groups,
+            uid,
+            gid,
+        };
+        f()
+    }
+}
+
+/// The error code for an I/O error.
+pub(crate) fn code_of(e: &io::Error) -> ErrorCode {
+    match e.raw_os_error() {
+        Some(libc::ENOTDIR) => return ErrorCode::NotADirectory,
+        Some(libc::EISDIR) => return ErrorCode::IsADirectory,
+        Some(libc::ENOTEMPTY) => return ErrorCode::DirectoryNotEmpty,
+        Some(libc::EEXIST) => return ErrorCode::AlreadyExists,
+        Some(libc::ENOENT) => return ErrorCode::NotFound,
+        Some(libc::EACCES) | Some(libc::EPERM) => return ErrorCode::PermissionDenied,
+        _ => {}
+    }
+    match e.kind() {
+        io::ErrorKind::NotFound => ErrorCode::NotFound,
+        io::ErrorKind::PermissionDenied => ErrorCode::PermissionDenied,
+        io::ErrorKind::AlreadyExists => ErrorCode::AlreadyExists,
+        io::ErrorKind::InvalidInput => ErrorCode::BadRequest,
+        _ => ErrorCode::Io,
+    }
+}
+
+fn fail(op: &str, path: &str, e: io::Error) -> ErrorBody {
+    ErrorBody::new(code_of(&e), format!("{op} {path}: {e}"))
+}
+
+fn check_path(op: &str, p: &str) -> Result<(), ErrorBody> {
+    if !p.starts_with('/') {
+        return Err(ErrorBody::new(
+            ErrorCode::BadRequest,
+            format!("{op}: path {p:?} must be absolute"),
+        ));
+    }
+    if p.contains('\0') {
+        return Err(ErrorBody::new(
+            ErrorCode::BadRequest,
+            format!("{op}: path {p:?} contains a NUL byte"),
+        ));
+    }
+    Ok(())
+}
+
+pub(crate) fn stat_of(path: &Path, m: &std::fs::Metadata) -> FileStat {
+    let ft = m.file_type();
+    let kind = if ft.is_symlink() {
+        FileKind::Symlink
+    } else if ft.is_dir() {
+        FileKind::Dir
+    } else if ft.is_file() {
+        FileKind::File
+    } else {
+        FileKind::Other
+    };
+    FileStat {
+        path: path.to_string_lossy().into_owned(),
+        kind,
+        size: m.size(),
+        mode: m.mode() & 0o7777,
+        uid: m.uid(),
+        gid: m.gid(),
+        mtime: m.mtime(),
+        mtime_nsec: m.mtime_nsec() as u32,
+        symlink_target: if ft.is_symlink() {
+            std::fs::read_link(path)
+                .ok()
+                .map(|t| t.to_string_lossy().into_owned())
+        } else {
+            None
+        },
+    }
+}
+
+/// A file being streamed to a client.
+pub(crate) struct ReadStream {
+    file: File,
+    remaining: Option<u64>,
+    pub credit: u64,
+}
+
+/// A file being received from a client.
+pub(crate) struct WriteStream {
+    file: Option<File>,
+    /// Temporary file renamed over `dest` at EOF (None when appending).
+    temp: Option<PathBuf>,
+    dest: PathBuf,
+    display: String,
+    user: User,
+    bytes: u64,
+    /// Credit granted and not yet used.
+    pub credit: u64,
+}
+
+impl Drop for WriteStream {
+    fn drop(&mut self) {
+        // Cancelled, failed or the connection went away: leave nothing half-written.
+        if let Some(t) = self.temp.take() {
+            let _ = std::fs::remove_file(t);
+        }
+    }
+}
+
+/// A directory tree being listed.
+pub(crate) struct ListStream {
+    stack: Vec<DirFrame>,
+    max_depth: u32,
+    user: User,
+    pending: BytesMut,
+    pub credit: u64,
+}
+
+struct DirFrame {
+    dir: PathBuf,
+    names: Vec<OsString>,
+    next: usize,
+    depth: u32,
+}
+
+fn sorted_names(dir: &Path) -> io::Result<Vec<OsString>> {
+    let mut names = Vec::new();
+    for e in std::fs::read_dir(dir)? {
+        names.push(e?.file_name());
+    }
+    names.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+    Ok(names)
+}
+
+fn user_for(agent: &Agent, op: &str, spec: Option<&str>) -> Result<User, ErrorBody> {
+    let spec = spec.unwrap_or(&agent.settings.default_user);
+    resolve_user_here(spec)
+        .map_err(|m| ErrorBody::new(ErrorCode::InvalidUser, format!("{op}: {m}")))
+}
+
+/// Name of the temporary file a write goes to before its rename.
+fn temp_name(dest: &Path, n: u64) -> PathBuf {
+    let name = dest
+        .file_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    dest.with_file_name(format!(".{name}.sandlot-{}-{n}.tmp", std::process::id()))
+}
+
+impl Agent {
+    pub fn stat(&mut self, r: &StatRequest) -> Result<FileStat, ErrorBody> {
+        check_path("stat", &r.path)?;
+        let user = user_for(self, "stat", r.user.as_deref())?;
+        let p = Path::new(&r.path);
+        self.fs
+            .run(&user, || {
+                let m = if r.follow {
+                    std::fs::metadata(p)?
+                } else {
+                    std::fs::symlink_metadata(p)?
+                };
+                Ok(stat_of(p, &m))
+            })
+            .map_err(|e| fail("stat", &r.path, e))
+    }
+
+    pub fn mkdir(&mut self, r: &MkdirRequest) -> Result<(), ErrorBody> {
+        check_path("mkdir", &r.path)?;
+        let user = user_for(self, "mkdir", r.user.as_deref())?;
+        let mode = r.mode.unwrap_or(0o755);
+        if mode > 0o7777 {
+            return Err(ErrorBody::new(
+                ErrorCode::BadRequest,
+                format!("mkdir: mode {mode:o} is not a permission mode"),
+            ));
+        }
+        self.fs
+            .run(&user, || {
+                let mut b = std::fs::DirBuilder::new();
+                b.recursive(r.parents);
+                std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o755);
+                b.create(&r.path)?;
+                if r.mode.is_some() {
+                    std::fs::set_permissions(&r.path, std::fs::Permissions::from_mode(mode))?;
+                }
+                Ok(())
+            })
+            .map_err(|e| fail("mkdir", &r.path, e))
+    }
+
+    pub fn remove(&mut self, r: &RemoveRequest) -> Result<(), ErrorBody> {
+        check_path("remove", &r.path)?;
+        if Path::new(&r.path).parent().is_none() {
+            return Err(ErrorBody::new(
+                ErrorCode::BadRequest,
+                "remove: refusing to remove /",
+            ));
+        }
+        let user = user_for(self, "remove", r.user.as_deref())?;
+        self.fs
+            .run(&user, || {
+                let m = std::fs::symlink_metadata(&r.path)?;
+                if m.is_dir() {
+                    if r.recursive {
+                        std::fs::remove_dir_all(&r.path)
+                    } else {
+                        std::fs::remove_dir(&r.path)
+                    }
+                } else {
+                    std::fs::remove_file(&r.path)
+                }
+            })
+            .map_err(|e| fail("remove", &r.path, e))
+    }
+
+    pub fn rename(&mut self, r: &RenameRequest) -> Result<(), ErrorBody> {
+        check_path("rename", &r.from)?;
+        check_path("rename", &r.to)?;
+        let user = user_for(self, "rename", r.user.as_deref())?;
+        self.fs
+            .run(&user, || {
+                if r.overwrite {
+                    std::fs::rename(&r.from, &r.to)
+                } else {
+                    nix::fcntl::renameat2(
+                        nix::fcntl::AT_FDCWD,
+                        r.from.as_str(),
+                        nix::fcntl::AT_FDCWD,
+                        r.to.as_str(),
+                        nix::fcntl::RenameFlags::RENAME_NOREPLACE,
+                    )
+                    .map_err(io::Error::from)
+                }
+            })
+            .map_err(|e| fail("rename", &format!("{} -> {}", r.from, r.to), e))
+    }
+
+    /// Opens a file for reading; the stream starts once the client grants credit.
+    pub fn open_read(&mut self, r: &ReadFileRequest) -> Result<(FileStat, ReadStream), ErrorBody> {
+        check_path("read_file", &r.path)?;
+        let user = user_for(self, "read_file", r.user.as_deref())?;
+        let (file, stat) = self
+            .fs
+            .run(&user, || {
+                let mut f = File::open(&r.path)?;
+                let m = f.metadata()?;
+                if m.is_dir() {
+                    return Err(io::Error::from_raw_os_error(libc::EISDIR));
+                }
+                if r.offset > 0 {
+                    f.seek(SeekFrom::Start(r.offset))?;
+                }
+                Ok((f, stat_of(Path::new(&r.path), &m)))
+            })
+            .map_err(|e| fail("read_file", &r.path, e))?;
+        Ok((
+            stat,
+            ReadStream {
+                file,
+                remaining: r.length,
+                credit: 0,
+            },
+        ))
+    }
+
+    pub fn pump_read(&mut self, conn_id: u64, chan: u32) {
+        let Agent { conns, scratch, .. } = self;
+        let Some(conn) = conns.get_mut(&conn_id) else {
+            return;
+        };
+        let Some(Chan::Read(rs)) = conn.chans.get_mut(&chan) else {
+            return;
+        };
+        loop {
+            if rs.remaining == Some(0) {
+                break;
+            }
+            if rs.credit == 0 {
+                return;
+            }
+            let room = conn.out.room();
+            if room == 0 {
+                conn.out.block(chan);
+                return;
+            }
+            let mut n = (rs.credit as usize).min(DATA_CHUNK).min(room);
+            if let Some(rem) = rs.remaining {
+                n = n.min(rem as usize);
+            }
+            match rs.file.read(&mut scratch[..n]) {
+                Ok(0) => break,
+                Ok(n) => {
+                    conn.out.data(chan, stream::OUTPUT, &scratch[..n]);
+                    rs.credit -= n as u64;
+                    if let Some(rem) = &mut rs.remaining {
+                        *rem -= n as u64;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    conn.chans.remove(&chan);
+                    conn.out
+                        .error(chan, ErrorBody::new(code_of(&e), format!("read_file: {e}")));
+                    return;
+                }
+            }
+        }
+        conn.chans.remove(&chan);
+        conn.out.eof(chan, stream::OUTPUT);
+        conn.out.end(chan);
+    }
+
+    /// Opens the destination of a write (creating parents) as the user.
+    pub fn open_write(&mut self, r: &WriteFileRequest) -> Result<WriteStream, ErrorBody> {
+        check_path("write_file", &r.path)?;
+        if let Some(m) = r.mode {
+            if m > 0o7777 {
+                return Err(ErrorBody::new(
+                    ErrorCode::BadRequest,
+                    format!("write_file: mode {m:o} is not a permission mode"),
+                ));
+            }
+        }
+        let user = user_for(self, "write_file", r.user.as_deref())?;
+        let seq = self.next_proc + self.next_conn * 1_000_003 + rand_seed();
+        let acting_root = user.uid == 0;
+        self.fs
+            .run(&user, || {
+                let mut dest = PathBuf::from(&r.path);
+                if r.create_parents {
+                    if let Some(parent) = dest.parent() {
+                        let mut b = std::fs::DirBuilder::new();
+                        b.recursive(true);
+                        b.create(parent)?;
+                    }
+                }
+                // Writing through a symlink writes its target.
+                if let Ok(m) = std::fs::symlink_metadata(&dest) {
+                    if m.file_type().is_symlink() {
+                        dest = std::fs::canonicalize(&dest)?;
+                    }
+                }
+                let existing = std::fs::metadata(&dest).ok();
+                if existing.as_ref().is_some_and(|m| m.is_dir()) {
+                    return Err(io::Error::from_raw_os_error(libc::EISDIR));
+                }
+                let mode = r
+                    .mode
+                    .or(existing.as_ref().map(|m| m.mode() & 0o7777))
+                    .unwrap_or(0o644);
+                if r.append {
+                    let f = OpenOptions::new()
+                        .append(true)
+                        .create(true)
+                        .mode(mode)
+                        .open(&dest)?;
+                    if r.mode.is_some() {
+                        f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+                    }
+                    return Ok(WriteStream {
+                        file: Some(f),
+                        temp: None,
+                        display: r.path.clone(),
+                        dest,
+                        user: user.clone(),
+                        bytes: 0,
+                        credit: 0,
+                    });
+                }
+                let mut attempt = 0;
+                let (f, temp) = loop {
+                    let t = temp_name(&dest, seq + attempt);
+                    match OpenOptions::new()
+                        .write(true)
+                        .create_new(true)
+                        .mode(0o600)
+                        .open(&t)
+                    {
+                        Ok(f) => break (f, t),
+                        Err(e) if e.kind() == io::ErrorKind::AlreadyExists && attempt < 16 => {
+                            attempt += 1
+                        }
+                        Err(e) => return Err(e),
+                    }
+                };
+                let ws = WriteStream {
+                    file: Some(f),
+                    temp: Some(temp),
+                    display: r.path.clone(),
+                    dest,
+                    user: user.clone(),
+                    bytes: 0,
+                    credit: 0,
+                };
+                let f = ws.file.as_ref().expect("just opened");
+                f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+                if acting_root {
+                    if let Some(m) = &existing {
+                        // Root rewriting someone's file keeps it theirs.
+                        std::os::unix::fs::fchown(f, Some(m.uid()), Some(m.gid()))?;
+                    }
+                }
+                Ok(ws)
+            })
+            .map_err(|e| fail("write_file", &r.path, e))
+    }
+
+    /// DATA for a write. Returns Err on a credit violation (protocol error).
+    pub fn write_data(&mut self, conn_id: u64, chan: u32, data: &[u8]) -> Result<(), String> {
+        let Some(conn) = self.conns.get_mut(&conn_id) else {
+            return Ok(());
+        };
+        let Some(Chan::Write(ws)) = conn.chans.get_mut(&chan) else {
+            return Ok(());
+        };
+        let n = data.len() as u64;
+        if n > ws.credit {
+            return Err(format!(
+                "{n} bytes of file data exceed the granted credit of {}",
+                ws.credit
+            ));
+        }
+        ws.credit -= n;
+        let f = ws.file.as_mut().expect("open while the channel exists");
+        match f.write_all(data) {
+            Ok(()) => {
+                ws.bytes += n;
+                ws.credit += n;
+                conn.out.window(chan, stream::INPUT, n as u32);
+            }
+            Err(e) => {
+                let msg = format!("write_file {}: {e}", ws.display);
+                conn.chans.remove(&chan);
+                conn.out.error(chan, ErrorBody::new(code_of(&e), msg));
+            }
+        }
+        Ok(())
+    }
+
+    /// EOF of a write: put the file in place.
+    pub fn write_eof(&mut self, conn_id: u64, chan: u32) {
+        let Agent { conns, fs, .. } = self;
+        let Some(conn) = conns.get_mut(&conn_id) else {
+            return;
+        };
+        let Some(Chan::Write(mut ws)) = conn.chans.remove(&chan) else {
+            return;
+        };
+        let file = ws.file.take().expect("open until EOF");
+        drop(file);
+        let res = match ws.temp.clone() {
+            Some(t) => fs
+                .run(&ws.user, || std::fs::rename(&t, &ws.dest))
+                .map(|()| {
+                    ws.temp = None;
+                }),
+            None => Ok(()),
+        };
+        match res {
+            Ok(()) => {
+                conn.out.reply(chan, &Reply::Written { bytes: ws.bytes });
+                conn.out.end(chan);
+            }
+            Err(e) => conn.out.error(chan, fail("write_file", &ws.display, e)),
+        }
+    }
+
+    /// Starts a listing (the root must be a directory the user can read).
+    pub fn open_list(&mut self, r: &ListDirRequest) -> Result<(FileStat, ListStream), ErrorBody> {
+        check_path("list_dir", &r.path)?;
+        if r.depth == 0 {
+            return Err(ErrorBody::new(
+                ErrorCode::BadRequest,
+                "list_dir: depth must be at least 1",
+            ));
+        }
+        let user = user_for(self, "list_dir", r.user.as_deref())?;
+        let root = PathBuf::from(&r.path);
+        let (stat, names) = self
+            .fs
+            .run(&user, || {
+                let m = std::fs::metadata(&root)?;
+                if !m.is_dir() {
+                    return Err(io::Error::from_raw_os_error(libc::ENOTDIR));
+                }
+                Ok((stat_of(&root, &m), sorted_names(&root)?))
+            })
+            .map_err(|e| fail("list_dir", &r.path, e))?;
+        Ok((
+            stat,
+            ListStream {
+                stack: vec![DirFrame {
+                    dir: root,
+                    names,
+                    next: 0,
+                    depth: 1,
+                }],
+                max_depth: r.depth,
+                user,
+                pending: BytesMut::new(),
+                credit: 0,
+            },
+        ))
+    }
+
+    pub fn pump_list(&mut self, conn_id: u64, chan: u32) {
+        let Agent { conns, fs, .. } = self;
+        let Some(conn) = conns.get_mut(&conn_id) else {
+            return;
+        };
+        let Some(Chan::List(ls)) = conn.chans.get_mut(&chan) else {
+            return;
+        };
+        loop {
+            // Send what is pending, within credit.
+            while !ls.pending.is_empty() && ls.credit > 0 {
+                let room = conn.out.room();
+                if room == 0 {
+                    conn.out.block(chan);
+                    return;
+                }
+                let n = ls
+                    .pending
+                    .len()
+                    .min(ls.credit as usize)
+                    .min(DATA_CHUNK)
+                    .min(room);
+                let chunk = ls.pending.split_to(n);
+                conn.out.data(chan, stream::OUTPUT, &chunk);
+                ls.credit -= n as u64;
+            }
+            if !ls.pending.is_empty() {
+                return;
+            }
+            if ls.stack.is_empty() {
+                conn.chans.remove(&chan);
+                conn.out.eof(chan, stream::OUTPUT);
+                conn.out.end(chan);
+                return;
+            }
+            // Generate the next batch of records, as the user.
+            let user = ls.user.clone();
+            let _ = fs.run(&user, || {
+                while ls.pending.len() < DATA_CHUNK {
+                    let Some(top) = ls.stack.last_mut() else {
+                        break;
+                    };
+                    if top.next >= top.names.len() {
+                        ls.stack.pop();
+                        continue;
+                    }
+                    let path = top.dir.join(&top.names[top.next]);
+                    top.next += 1;
+                    let depth = top.depth;
+                    let Ok(m) = std::fs::symlink_metadata(&path) else {
+                        continue; // vanished meanwhile
+                    };
+                    let mut entry = DirEntry {
+                        stat: stat_of(&path, &m),
+                        depth,
+                        error: None,
+                    };
+                    if m.is_dir() && depth < ls.max_depth {
+                        match sorted_names(&path) {
+                            Ok(names) => ls.stack.push(DirFrame {
+                                dir: path,
+                                names,
+                                next: 0,
+                                depth: depth + 1,
+                            }),
+                            Err(e) => entry.error = Some(e.to_string()),
+                        }
+                    }
+                    let mut line = serde_json::to_vec(&entry).map_err(io::Error::other)?;
+                    line.push(b'\n');
+                    ls.pending.extend_from_slice(&line);
+                }
+                Ok(())
+            });
+        }
+    }
+}
+
+fn rand_seed() -> u64 {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos() as u64)
+        .unwrap_or(0)
+}

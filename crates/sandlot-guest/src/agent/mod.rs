@@ -1,0 +1,394 @@
+//! The agent: one single-threaded event loop serving every connection, process and
+//! file operation of a sandbox.
+//!
+//! All state lives in [`Agent`], shared by the loop's tasks as `Rc<RefCell<_>>` and
+//! never borrowed across an `.await`. Tasks exist only to wait for I/O (a socket, a
+//! pipe, inotify, a timer, SIGCHLD); everything they learn is handed to synchronous
+//! `Agent` methods that update state and queue frames ("pump").
+
+mod conn;
+mod files;
+mod process;
+mod ring;
+mod users;
+mod watch;
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::rc::Rc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use sandlot_proto::guest::{ErrorBody, FrameKind, Reply, HEADER_LEN};
+use tokio::io::unix::AsyncFd;
+use tokio::sync::Notify;
+use tokio::task::{JoinHandle, LocalSet};
+
+use crate::wire;
+use crate::AgentConfig;
+
+pub(crate) use files::FsCreds;
+pub(crate) use process::Proc;
+
+/// Credit the agent grants a channel for a process's stdin.
+pub(crate) const STDIN_WINDOW: u32 = 256 * 1024;
+/// Credit the agent grants a write_file channel.
+pub(crate) const WRITE_WINDOW: u32 = 512 * 1024;
+/// Queued outgoing bytes per connection above which no more DATA is queued and no
+/// more frames are read from the peer until the writer catches up.
+pub(crate) const OUT_HIGH: usize = 512 * 1024;
+pub(crate) const MAX_CHANNELS_PER_CONN: usize = 4096;
+pub(crate) const MAX_PROCESSES: usize = 16_384;
+/// Finished processes whose exit nobody has collected yet are kept (with their
+/// retained output) up to these limits, oldest dropped first.
+pub(crate) const MAX_FINISHED: usize = 1024;
+pub(crate) const MAX_FINISHED_BYTES: usize = 64 << 20;
+/// After a process exits, how long output still in flight (a terminal's buffer, a
+/// descendant holding the pipe) may delay its exit report.
+pub(crate) const LINGER: Duration = Duration::from_millis(100);
+/// Smallest accepted output retention: below one chunk, a slow client could stall.
+pub(crate) const MIN_RETENTION: usize = 64 * 1024;
+
+/// A queued-output buffer of one connection.
+pub(crate) struct OutBuf {
+    pub buf: BytesMut,
+    /// Bytes handed to the writer and not yet written.
+    pub inflight: usize,
+    pub writer: Rc<Notify>,
+    /// Channels that had DATA to send while the buffer was full, in order.
+    pub blocked: VecDeque<u32>,
+}
+
+impl OutBuf {
+    fn new() -> Self {
+        OutBuf {
+            buf: BytesMut::with_capacity(4096),
+            inflight: 0,
+            writer: Rc::new(Notify::new()),
+            blocked: VecDeque::new(),
+        }
+    }
+
+    pub fn full(&self) -> bool {
+        self.buf.len() + self.inflight >= OUT_HIGH
+    }
+
+    pub fn block(&mut self, chan: u32) {
+        if !self.blocked.contains(&chan) {
+            self.blocked.push_back(chan);
+        }
+    }
+
+    pub fn reply(&mut self, chan: u32, r: &Reply) {
+        if let Err(e) = wire::put_json(&mut self.buf, FrameKind::Reply, chan, "reply", r) {
+            let body = ErrorBody::new(sandlot_proto::guest::ErrorCode::Io, e.to_string());
+            wire::put_json(
+                &mut self.buf,
+                FrameKind::Reply,
+                chan,
+                "reply",
+                &Reply::Error(body),
+            )
+            .expect("small error reply encodes");
+        }
+        self.writer.notify_one();
+    }
+
+    pub fn error(&mut self, chan: u32, body: ErrorBody) {
+        self.reply(chan, &Reply::Error(body));
+        self.end(chan);
+    }
+
+    pub fn end(&mut self, chan: u32) {
+        wire::put_frame(&mut self.buf, FrameKind::End, chan, &[]);
+        self.writer.notify_one();
+    }
+
+    pub fn data(&mut self, chan: u32, stream: u8, data: &[u8]) {
+        wire::put_data(&mut self.buf, chan, stream, data);
+        self.writer.notify_one();
+    }
+
+    pub fn eof(&mut self, chan: u32, stream: u8) {
+        wire::put_eof(&mut self.buf, chan, stream);
+        self.writer.notify_one();
+    }
+
+    pub fn window(&mut self, chan: u32, stream: u8, n: u32) {
+        wire::put_window(&mut self.buf, chan, stream, n);
+        self.writer.notify_one();
+    }
+
+    pub fn goaway(&mut self, body: &ErrorBody) {
+        let _ = wire::put_json(&mut self.buf, FrameKind::GoAway, 0, "goaway", body);
+        self.writer.notify_one();
+    }
+
+    /// Free space for DATA payload before the buffer counts as full (at least a header).
+    pub fn room(&self) -> usize {
+        OUT_HIGH.saturating_sub(self.buf.len() + self.inflight + HEADER_LEN + 1)
+    }
+}
+
+/// One connection.
+pub(crate) struct Conn {
+    pub out: OutBuf,
+    pub chans: HashMap<u32, Chan>,
+    /// Wakes the reader when the connection may read again or must close.
+    pub reader: Rc<Notify>,
+    /// GOAWAY queued or the peer is gone: read nothing more, close after flushing.
+    pub closing: bool,
+    /// Hello exchanged.
+    pub ready: bool,
+}
+
+/// What a channel is doing.
+pub(crate) enum Chan {
+    Proc(process::ProcSub),
+    Read(files::ReadStream),
+    Write(files::WriteStream),
+    List(files::ListStream),
+    Watch(watch::WatchStream),
+}
+
+pub(crate) struct Settings {
+    pub env: Vec<(String, String)>,
+    pub default_user: String,
+    pub default_cwd: Option<String>,
+    pub retention: usize,
+}
+
+pub(crate) struct Agent {
+    pub settings: Settings,
+    /// The agent is PID 1 of its pid namespace (reaps everything).
+    pub pid1: bool,
+    pub procs: BTreeMap<u64, Proc>,
+    pub by_pid: HashMap<i32, u64>,
+    /// Sessions of processes started (for orphan reaping when not PID 1).
+    pub sessions: HashSet<i32>,
+    pub session_order: VecDeque<i32>,
+    pub conns: HashMap<u64, Conn>,
+    pub next_conn: u64,
+    pub next_proc: u64,
+    pub finished: VecDeque<u64>,
+    pub scratch: Box<[u8]>,
+    pub fs: FsCreds,
+    pub shutdown: Rc<Notify>,
+    pub shutting_down: bool,
+    /// Weak self-reference for spawning tasks from synchronous methods.
+    pub me: std::rc::Weak<RefCell<Agent>>,
+}
+
+pub(crate) type Shared = Rc<RefCell<Agent>>;
+
+impl Agent {
+    fn new(config: &AgentConfig, pid1: bool) -> Agent {
+        Agent {
+            settings: Settings {
+                env: config.env.clone(),
+                default_user: config.default_user.clone(),
+                default_cwd: config.default_cwd.clone(),
+                retention: config.output_retention.max(MIN_RETENTION),
+            },
+            pid1,
+            procs: BTreeMap::new(),
+            by_pid: HashMap::new(),
+            sessions: HashSet::new(),
+            session_order: VecDeque::new(),
+            conns: HashMap::new(),
+            next_conn: 1,
+            next_proc: 1,
+            finished: VecDeque::new(),
+            scratch: vec![0u8; sandlot_proto::guest::DATA_CHUNK].into_boxed_slice(),
+            fs: FsCreds::new(),
+            shutdown: Rc::new(Notify::new()),
+            shutting_down: false,
+            me: std::rc::Weak::new(),
+        }
+    }
+
+    pub fn shared(&self) -> Shared {
+        self.me
+            .upgrade()
+            .expect("agent alive while its methods run")
+    }
+
+    /// Starts the shutdown sequence (the main loop kills everything and returns).
+    pub fn begin_shutdown(&mut self) {
+        if !self.shutting_down {
+            self.shutting_down = true;
+            self.shutdown.notify_one();
+        }
+    }
+
+    /// Runs `f` for each channel blocked on `conn`'s full buffer, in order, until the
+    /// buffer fills again.
+    pub fn pump_blocked(&mut self, conn: u64) {
+        loop {
+            let chan = match self.conns.get_mut(&conn) {
+                Some(c) if !c.out.full() => match c.out.blocked.pop_front() {
+                    Some(ch) => ch,
+                    None => return,
+                },
+                _ => return,
+            };
+            self.pump(conn, chan);
+        }
+    }
+
+    /// Sends whatever a channel can send now.
+    pub fn pump(&mut self, conn: u64, chan: u32) {
+        let kind = match self.conns.get(&conn).and_then(|c| c.chans.get(&chan)) {
+            Some(Chan::Proc(_)) => 0,
+            Some(Chan::Read(_)) => 1,
+            Some(Chan::List(_)) => 2,
+            Some(Chan::Watch(_)) => 3,
+            Some(Chan::Write(_)) | None => return,
+        };
+        match kind {
+            0 => self.pump_sub(conn, chan),
+            1 => self.pump_read(conn, chan),
+            2 => self.pump_list(conn, chan),
+            _ => self.pump_watch(conn, chan),
+        }
+    }
+}
+
+/// An fd registered with the reactor.
+pub(crate) type Afd = Rc<AsyncFd<OwnedFd>>;
+
+/// Types that own the descriptor they expose, so registering them is sound.
+pub(crate) trait OwnsFd: AsRawFd {}
+impl OwnsFd for OwnedFd {}
+impl OwnsFd for watch::InotifyFd {}
+
+/// Registers an owned descriptor with the reactor.
+pub(crate) fn register<T: OwnsFd>(t: T, interest: tokio::io::Interest) -> io::Result<AsyncFd<T>> {
+    // SAFETY: `T` owns its descriptor: it stays open, refers to the same file and is
+    // returned unchanged by as_raw_fd for as long as the AsyncFd holds it.
+    unsafe { AsyncFd::register_with_interest(t, interest) }.map_err(io::Error::from)
+}
+
+pub(crate) fn set_nonblocking(fd: &OwnedFd) -> io::Result<()> {
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+    let flags = fcntl(fd, FcntlArg::F_GETFL)?;
+    let flags = OFlag::from_bits_retain(flags) | OFlag::O_NONBLOCK;
+    fcntl(fd, FcntlArg::F_SETFL(flags))?;
+    Ok(())
+}
+
+pub(crate) fn spawn_task<F: std::future::Future<Output = ()> + 'static>(f: F) -> JoinHandle<()> {
+    tokio::task::spawn_local(f)
+}
+
+/// Entry point behind [`crate::run_agent`].
+pub(crate) fn run(
+    listener: std::os::unix::net::UnixListener,
+    config: AgentConfig,
+) -> io::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .build()?;
+    let local = LocalSet::new();
+    local.block_on(&rt, main_loop(listener, config))
+}
+
+async fn main_loop(
+    listener: std::os::unix::net::UnixListener,
+    config: AgentConfig,
+) -> io::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+
+    // A peer that vanishes must not kill the agent with SIGPIPE.
+    // SAFETY: setting a signal's disposition to SIG_IGN installs no handler code.
+    unsafe {
+        nix::sys::signal::signal(
+            nix::sys::signal::Signal::SIGPIPE,
+            nix::sys::signal::SigHandler::SigIgn,
+        )
+    }
+    .map_err(io::Error::from)?;
+    let pid1 = nix::unistd::getpid().as_raw() == 1;
+    if !pid1 {
+        // Orphans of our processes come back to us instead of the host's init.
+        nix::sys::prctl::set_child_subreaper(true).map_err(io::Error::from)?;
+    }
+    let mut sigchld = signal(SignalKind::child())?;
+    listener.set_nonblocking(true)?;
+    let listener = tokio::net::UnixListener::from_std(listener)?;
+
+    let agent: Shared = Rc::new(RefCell::new(Agent::new(&config, pid1)));
+    agent.borrow_mut().me = Rc::downgrade(&agent);
+    let shutdown = agent.borrow().shutdown.clone();
+
+    let lifeline = match config.lifeline {
+        Some(fd) => Some(process::watch_lifeline(agent.clone(), fd)?),
+        None => None,
+    };
+    // Children that exited before the signal stream existed (none normally).
+    agent.borrow_mut().reap();
+
+    loop {
+        tokio::select! {
+            biased;
+            _ = shutdown.notified() => break,
+            _ = sigchld.recv() => agent.borrow_mut().reap(),
+            r = listener.accept() => match r {
+                Ok((stream, _)) => {
+                    let (rd, wr) = stream.into_split();
+                    spawn_task(conn::serve(agent.clone(), rd, wr));
+                }
+                Err(e) => match e.raw_os_error() {
+                    Some(libc::EMFILE) | Some(libc::ENFILE) | Some(libc::ENOBUFS)
+                    | Some(libc::ENOMEM) => {
+                        eprintln!("sandlot-guest: accept: {e}; retrying");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    Some(libc::EBADF) | Some(libc::EINVAL) | Some(libc::ENOTSOCK) => {
+                        agent.borrow_mut().kill_everything();
+                        return Err(io::Error::new(e.kind(), format!("accepting connections: {e}")));
+                    }
+                    _ => {}
+                },
+            },
+        }
+    }
+    if let Some(l) = lifeline {
+        l.abort();
+    }
+    agent.borrow_mut().kill_everything();
+    // Let connections flush their last replies (the shutdown acknowledgement), briefly.
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(500);
+    loop {
+        {
+            let mut a = agent.borrow_mut();
+            let mut pending = false;
+            for c in a.conns.values_mut() {
+                if !c.closing {
+                    c.out.goaway(&ErrorBody::new(
+                        sandlot_proto::guest::ErrorCode::ShuttingDown,
+                        "the agent is shutting down",
+                    ));
+                    c.closing = true;
+                    c.reader.notify_one();
+                }
+                pending |= !c.out.buf.is_empty() || c.out.inflight > 0;
+            }
+            if !pending || tokio::time::Instant::now() >= deadline {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    Ok(())
+}
+
+impl AsRawFd for watch::InotifyFd {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsFd;
+        self.0.as_fd().as_raw_fd()
+    }
+}

@@ -1,0 +1,1400 @@
+//! Processes: planning an exec (user, environment, working directory, program),
+//! spawning it (fork/exec with a pre-exec setup), streaming its output through
+//! retention rings with per-subscriber credit, feeding its stdin, reaping it.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsFd, FromRawFd, IntoRawFd, OwnedFd};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::rc::Rc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use nix::errno::Errno;
+use nix::sys::signal::{SigSet, SigmaskHow};
+use nix::unistd::Pid;
+use sandlot_proto::guest::{
+    stream, ErrorBody, ErrorCode, ExecRequest, ExitStatus, ProcessId, ProcessInfo, PtySize, Reply,
+    StreamInfo, DATA_CHUNK,
+};
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+
+use super::ring::OutputRing;
+use super::users::{resolve_user_here, User};
+use super::{
+    set_nonblocking, spawn_task, Afd, Agent, Chan, Shared, LINGER, MAX_FINISHED,
+    MAX_FINISHED_BYTES, MAX_PROCESSES,
+};
+
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// Bytes read from one pipe before yielding to other tasks.
+const READ_BUDGET: usize = 256 * 1024;
+
+nix::ioctl_write_ptr_bad!(ioctl_set_winsize, libc::TIOCSWINSZ, libc::winsize);
+nix::ioctl_write_int_bad!(ioctl_set_ctty, libc::TIOCSCTTY);
+
+/// One output stream (stdout or stderr) of a process.
+pub(crate) struct OutStream {
+    pub ring: OutputRing,
+    pub fd: Option<Afd>,
+    /// No process holds the write end anymore (or there never was one).
+    pub eof: bool,
+    /// Wakes the pipe task when subscribers made room.
+    pub room: Rc<Notify>,
+    /// Stream offset when the process exited (after draining what it wrote).
+    pub end_at_exit: Option<u64>,
+    pub task: Option<JoinHandle<()>>,
+    /// Terminal output: readiness after exit does not prove the buffer is drained.
+    pub tty: bool,
+}
+
+impl OutStream {
+    fn closed(limit: usize) -> OutStream {
+        OutStream {
+            ring: OutputRing::new(limit),
+            fd: None,
+            eof: true,
+            room: Rc::new(Notify::new()),
+            end_at_exit: None,
+            task: None,
+            tty: false,
+        }
+    }
+}
+
+/// The write side of a process's stdin.
+pub(crate) struct StdinPipe {
+    pub fd: Afd,
+    /// Chunks waiting to be written, with the channel to credit when they are.
+    pub queue: VecDeque<(u64, u32, Bytes)>,
+    pub eof_requested: bool,
+    pub wake: Rc<Notify>,
+    pub task: Option<JoinHandle<()>>,
+    pub tty: bool,
+}
+
+pub(crate) struct Proc {
+    pub id: u64,
+    pub pid: i32,
+    pub argv: Vec<String>,
+    pub tag: Option<String>,
+    pub uid: u32,
+    pub gid: u32,
+    pub started_at_ms: u64,
+    /// stdout, stderr.
+    pub streams: [OutStream; 2],
+    pub stdin: Option<StdinPipe>,
+    pub master: Option<Afd>,
+    pub status: Option<ExitStatus>,
+    pub timed_out: bool,
+    pub linger_expired: bool,
+    /// (connection, channel) of every subscriber.
+    pub subs: Vec<(u64, u32)>,
+    /// Its exit status reached a client.
+    pub delivered: bool,
+    pub timeout_task: Option<JoinHandle<()>>,
+}
+
+impl Proc {
+    fn running(&self) -> bool {
+        self.status.is_none()
+    }
+
+    pub fn info(&self) -> ProcessInfo {
+        let si = |s: &OutStream| StreamInfo {
+            retained_from: s.ring.start(),
+            produced: s.ring.end(),
+            eof: s.eof,
+        };
+        ProcessInfo {
+            id: ProcessId(self.id),
+            pid: self.pid,
+            argv: self.argv.clone(),
+            tag: self.tag.clone(),
+            uid: self.uid,
+            gid: self.gid,
+            pty: self.master.is_some(),
+            started_at_ms: self.started_at_ms,
+            exit: self.status,
+            stdout: si(&self.streams[0]),
+            stderr: si(&self.streams[1]),
+            stdin_open: self.stdin.as_ref().is_some_and(|s| !s.eof_requested),
+            attached: self.subs.len() as u32,
+        }
+    }
+
+    fn retained(&self) -> usize {
+        self.streams[0].ring.retained() + self.streams[1].ring.retained()
+    }
+}
+
+/// A channel streaming a process's output.
+pub(crate) struct ProcSub {
+    pub proc: u64,
+    /// Credit granted by the client for stdout, stderr.
+    pub credit: [u64; 2],
+    /// Next offset to send, per stream.
+    pub cursor: [u64; 2],
+    pub eof_sent: [bool; 2],
+    pub exit_sent: bool,
+    /// Stdin credit granted to the client and not yet used.
+    pub stdin_credit: u64,
+    pub stdin_eof: bool,
+}
+
+/// Everything decided before forking.
+pub(crate) struct ExecPlan {
+    pub program: PathBuf,
+    pub argv: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub user: User,
+    pub cwd: String,
+    pub pty: Option<PtySize>,
+    pub stdin: bool,
+}
+
+fn err(code: ErrorCode, msg: impl Into<String>) -> ErrorBody {
+    ErrorBody::new(code, msg)
+}
+
+/// Resolves user, environment, working directory and program of `req`.
+pub(crate) fn plan_exec(
+    req: &ExecRequest,
+    base_env: &[(String, String)],
+    default_user: &str,
+    default_cwd: Option<&str>,
+) -> Result<ExecPlan, ErrorBody> {
+    req.validate()
+        .map_err(|m| err(ErrorCode::BadRequest, format!("exec: {m}")))?;
+    let user_spec = req.user.as_deref().unwrap_or(default_user);
+    let user = resolve_user_here(user_spec).map_err(|m| err(ErrorCode::InvalidUser, m))?;
+
+    let mut env = BTreeMap::new();
+    env.insert("PATH".to_string(), DEFAULT_PATH.to_string());
+    env.insert(
+        "HOME".to_string(),
+        user.home.clone().unwrap_or_else(|| "/".to_string()),
+    );
+    env.insert("USER".to_string(), user.login_name());
+    env.insert("LOGNAME".to_string(), user.login_name());
+    if req.pty.is_some() {
+        env.insert("TERM".to_string(), "xterm-256color".to_string());
+    }
+    for (k, v) in base_env {
+        env.insert(k.clone(), v.clone());
+    }
+    for (k, v) in &req.env {
+        env.insert(k.clone(), v.clone());
+    }
+
+    let cwd = match req.cwd.as_deref().or(default_cwd) {
+        Some(c) => {
+            match std::fs::metadata(c) {
+                Ok(m) if m.is_dir() => {}
+                Ok(_) => {
+                    return Err(err(
+                        ErrorCode::NotADirectory,
+                        format!("exec: cwd {c}: not a directory"),
+                    ))
+                }
+                Err(e) => {
+                    return Err(err(
+                        super::files::code_of(&e),
+                        format!("exec: cwd {c}: {e}"),
+                    ))
+                }
+            }
+            c.to_string()
+        }
+        None => match &user.home {
+            Some(h) if Path::new(h).is_dir() => h.clone(),
+            _ => "/".to_string(),
+        },
+    };
+
+    let program = resolve_program(&req.argv[0], env.get("PATH").map(String::as_str), &cwd)?;
+    Ok(ExecPlan {
+        program,
+        argv: req.argv.clone(),
+        env,
+        user,
+        cwd,
+        pty: req.pty,
+        stdin: req.stdin,
+    })
+}
+
+/// Finds `name` in `path` the way execvp would, so that "not found" is reported with
+/// the name instead of a bare errno.
+fn resolve_program(name: &str, path: Option<&str>, cwd: &str) -> Result<PathBuf, ErrorBody> {
+    if name.contains('/') {
+        return Ok(PathBuf::from(name));
+    }
+    let path = path.unwrap_or(DEFAULT_PATH);
+    let mut denied = false;
+    for dir in path.split(':') {
+        let dir = if dir.is_empty() { "." } else { dir };
+        let mut cand = PathBuf::from(dir);
+        if cand.is_relative() {
+            cand = Path::new(cwd).join(cand);
+        }
+        cand.push(name);
+        if let Ok(m) = std::fs::metadata(&cand) {
+            if m.is_file() {
+                if m.permissions().mode() & 0o111 != 0 {
+                    return Ok(cand);
+                }
+                denied = true;
+            }
+        }
+    }
+    if denied {
+        Err(err(
+            ErrorCode::PermissionDenied,
+            format!("exec: {name}: found in PATH but not executable"),
+        ))
+    } else {
+        Err(err(
+            ErrorCode::NotFound,
+            format!("exec: {name}: command not found (PATH={path})"),
+        ))
+    }
+}
+
+/// What the child does between fork and exec. Everything is prepared before the
+/// fork: `apply` only makes system calls (no allocation, async-signal-safe).
+struct ChildSetup {
+    uid: libc::uid_t,
+    gid: libc::gid_t,
+    groups: Vec<nix::unistd::Gid>,
+    switch_user: bool,
+    cwd: CString,
+    tty: bool,
+}
+
+impl ChildSetup {
+    fn apply(&self) -> io::Result<()> {
+        // Default dispositions and an empty mask: the agent's choices (SIGPIPE
+        // ignored, signals blocked by a runtime) must not leak into programs.
+        // The raw system call also reaches the real-time signals glibc reserves for
+        // itself (32, 33), which its wrappers refuse to touch. An all-zero kernel
+        // sigaction is SIG_DFL with no flags and an empty mask, whatever the layout.
+        let dfl = [0u64; 8];
+        for sig in 1..=64 {
+            if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+                continue;
+            }
+            // SAFETY: rt_sigaction reads one kernel sigaction (at most 64 bytes on any
+            // architecture) from a valid pointer and writes nothing (old is null).
+            unsafe {
+                libc::syscall(
+                    libc::SYS_rt_sigaction,
+                    sig,
+                    dfl.as_ptr(),
+                    std::ptr::null_mut::<u64>(),
+                    8usize,
+                );
+            }
+        }
+        nix::sys::signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)?;
+        nix::unistd::setsid()?;
+        if self.tty {
+            // SAFETY: TIOCSCTTY takes an integer argument; fd 0 is the terminal's
+            // slave side, installed by the spawner before this runs.
+            unsafe { ioctl_set_ctty(0, 0) }?;
+        }
+        // The agent runs with a protective OOM score; its programs must not.
+        if let Ok(fd) = nix::fcntl::open(
+            c"/proc/self/oom_score_adj",
+            nix::fcntl::OFlag::O_WRONLY | nix::fcntl::OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::empty(),
+        ) {
+            let _ = nix::unistd::write(&fd, b"0");
+        }
+        if self.switch_user {
+            nix::unistd::setgroups(&self.groups)?;
+            nix::unistd::setgid(nix::unistd::Gid::from_raw(self.gid))?;
+            nix::unistd::setuid(nix::unistd::Uid::from_raw(self.uid))?;
+        }
+        nix::unistd::chdir(self.cwd.as_c_str())?;
+        // Belt and braces: nothing the agent (or its host process) opened survives
+        // exec, even an fd someone forgot to mark close-on-exec.
+        // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets flags on fds >= 3.
+        unsafe {
+            libc::syscall(
+                libc::SYS_close_range,
+                3u32,
+                u32::MAX,
+                libc::CLOSE_RANGE_CLOEXEC,
+            );
+        }
+        Ok(())
+    }
+}
+
+/// The spawned child and the agent's ends of its stdio.
+pub(crate) struct Spawned {
+    pub pid: i32,
+    pub stdout: OwnedFd,
+    pub stderr: Option<OwnedFd>,
+    pub stdin: Option<OwnedFd>,
+    pub tty: bool,
+}
+
+fn open_pty(size: PtySize) -> io::Result<(OwnedFd, OwnedFd)> {
+    use nix::fcntl::OFlag;
+    let master = nix::pty::posix_openpt(OFlag::O_RDWR | OFlag::O_NOCTTY | OFlag::O_CLOEXEC)?;
+    nix::pty::grantpt(&master)?;
+    nix::pty::unlockpt(&master)?;
+    let name = nix::pty::ptsname_r(&master)?;
+    // SAFETY: into_raw_fd hands over sole ownership of a valid, open descriptor.
+    let master = unsafe { OwnedFd::from_raw_fd(master.into_raw_fd()) };
+    let slave = nix::fcntl::open(
+        name.as_str(),
+        OFlag::O_RDWR | OFlag::O_NOCTTY | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )?;
+    set_winsize(&master, size)?;
+    Ok((master, slave))
+}
+
+pub(crate) fn set_winsize(master: &impl AsFd, size: PtySize) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let ws = libc::winsize {
+        ws_row: size.rows,
+        ws_col: size.cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCSWINSZ reads one winsize from the pointer, which is valid for the
+    // duration of the call; the fd is an open terminal master.
+    unsafe { ioctl_set_winsize(master.as_fd().as_raw_fd(), &ws) }?;
+    Ok(())
+}
+
+/// Forks and execs `plan`. Blocks only until the child has exec'd (or failed to).
+pub(crate) fn spawn(plan: &ExecPlan) -> Result<Spawned, ErrorBody> {
+    let me_root = nix::unistd::geteuid().is_root();
+    let same_ids = plan.user.uid == nix::unistd::getuid().as_raw()
+        && plan.user.gid == nix::unistd::getgid().as_raw();
+    if !me_root && !same_ids {
+        return Err(err(
+            ErrorCode::PermissionDenied,
+            format!(
+                "exec: cannot switch to uid {} gid {}: the agent is not running as root",
+                plan.user.uid, plan.user.gid
+            ),
+        ));
+    }
+    let setup = ChildSetup {
+        uid: plan.user.uid,
+        gid: plan.user.gid,
+        groups: plan
+            .user
+            .groups
+            .iter()
+            .map(|&g| nix::unistd::Gid::from_raw(g))
+            .collect(),
+        switch_user: me_root,
+        cwd: CString::new(plan.cwd.clone())
+            .map_err(|_| err(ErrorCode::BadRequest, "exec: cwd contains a NUL byte"))?,
+        tty: plan.pty.is_some(),
+    };
+    let mut cmd = Command::new(&plan.program);
+    cmd.arg0(&plan.argv[0])
+        .args(&plan.argv[1..])
+        .env_clear()
+        .envs(&plan.env);
+    let io_err = |what: &str, e: io::Error| {
+        err(
+            ErrorCode::SpawnFailed,
+            format!("exec {:?}: {what}: {e}", plan.argv[0]),
+        )
+    };
+    let mut master = None;
+    match plan.pty {
+        Some(size) => {
+            let (m, s) = open_pty(size).map_err(|e| io_err("opening a terminal", e))?;
+            let dup = |s: &OwnedFd| s.try_clone().map_err(|e| io_err("dup", e));
+            cmd.stdin(Stdio::from(dup(&s)?))
+                .stdout(Stdio::from(dup(&s)?))
+                .stderr(Stdio::from(s));
+            master = Some(m);
+        }
+        None => {
+            cmd.stdin(if plan.stdin {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        }
+    }
+    // SAFETY: the closure runs in the forked child before exec; it only makes system
+    // calls on data prepared before the fork (no allocation, no locks).
+    unsafe {
+        cmd.pre_exec(move || setup.apply());
+    }
+    let mut child = cmd.spawn().map_err(|e| {
+        let code = match e.kind() {
+            io::ErrorKind::NotFound => ErrorCode::NotFound,
+            io::ErrorKind::PermissionDenied => ErrorCode::PermissionDenied,
+            _ => ErrorCode::SpawnFailed,
+        };
+        err(
+            code,
+            format!(
+                "exec {:?} as uid {} in {}: {e}",
+                plan.argv[0], plan.user.uid, plan.cwd
+            ),
+        )
+    })?;
+    // Close the agent's copies of the child's ends now.
+    drop(cmd);
+    let pid = child.id() as i32;
+    let out = match master {
+        Some(m) => Spawned {
+            pid,
+            stdout: m,
+            stderr: None,
+            stdin: None,
+            tty: true,
+        },
+        None => Spawned {
+            pid,
+            stdout: child.stdout.take().expect("piped").into(),
+            stderr: Some(child.stderr.take().expect("piped").into()),
+            stdin: child.stdin.take().map(Into::into),
+            tty: false,
+        },
+    };
+    Ok(out)
+}
+
+/// Raw wait status of one child, decoded. `None`: nothing (more) to reap.
+fn wait_nohang(pid: i32) -> Option<(i32, ExitStatus)> {
+    loop {
+        let mut status: libc::c_int = 0;
+        // SAFETY: waitpid writes one int through a pointer valid for the call.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if r > 0 {
+            let es = if libc::WIFEXITED(status) {
+                ExitStatus {
+                    code: Some(libc::WEXITSTATUS(status)),
+                    ..ExitStatus::default()
+                }
+            } else if libc::WIFSIGNALED(status) {
+                ExitStatus {
+                    signal: Some(libc::WTERMSIG(status)),
+                    core_dumped: libc::WCOREDUMP(status),
+                    ..ExitStatus::default()
+                }
+            } else {
+                continue;
+            };
+            return Some((r, es));
+        }
+        if r == 0 {
+            return None;
+        }
+        if Errno::last() == Errno::EINTR {
+            continue;
+        }
+        return None;
+    }
+}
+
+/// Fields after the command name of /proc/PID/stat: (state, ppid, pgrp, session).
+fn proc_stat(pid: i32) -> Option<(char, i32, i32, i32)> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &s[s.rfind(')')? + 2..];
+    let mut f = rest.split(' ');
+    let state = f.next()?.chars().next()?;
+    let ppid = f.next()?.parse().ok()?;
+    let pgrp = f.next()?.parse().ok()?;
+    let session = f.next()?.parse().ok()?;
+    Some((state, ppid, pgrp, session))
+}
+
+fn all_pids() -> Vec<i32> {
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    rd.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
+/// SIGKILLs the process group `pgid` and every process in session `sid`
+/// (descendants that made their own process group included).
+fn kill_tree(sid: i32) {
+    let _ = nix::sys::signal::killpg(Pid::from_raw(sid), nix::sys::signal::Signal::SIGKILL);
+    for pid in all_pids() {
+        if let Some((_, _, _, s)) = proc_stat(pid) {
+            if s == sid {
+                let _ =
+                    nix::sys::signal::kill(Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+            }
+        }
+    }
+}
+
+/// Direct children of this process (all threads), from /proc.
+fn my_children() -> Vec<i32> {
+    let mut out = Vec::new();
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return out;
+    };
+    for t in tasks.flatten() {
+        if let Ok(s) = std::fs::read_to_string(t.path().join("children")) {
+            out.extend(s.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
+        }
+    }
+    out
+}
+
+pub(crate) fn watch_lifeline(agent: Shared, fd: OwnedFd) -> io::Result<JoinHandle<()>> {
+    use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+    fcntl(&fd, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC))?;
+    set_nonblocking(&fd)?;
+    let afd = super::register(fd, tokio::io::Interest::READABLE)?;
+    Ok(spawn_task(async move {
+        let mut buf = [0u8; 64];
+        loop {
+            let Ok(mut g) = afd.readable().await else {
+                break;
+            };
+            match g.try_io(|f| nix::unistd::read(f.get_ref(), &mut buf).map_err(io::Error::from)) {
+                Ok(Ok(0)) | Ok(Err(_)) => break,
+                Ok(Ok(_)) | Err(_) => continue,
+            }
+        }
+        agent.borrow_mut().begin_shutdown();
+    }))
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Outcome of reading a pipe as far as allowed.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum ReadOutcome {
+    Eof,
+    NoRoom,
+    /// Read the per-wakeup budget; yield before continuing.
+    Budget,
+}
+
+impl Agent {
+    /// Plans, spawns and registers a process. Returns its id.
+    pub fn exec(&mut self, req: &ExecRequest) -> Result<u64, ErrorBody> {
+        if self.shutting_down {
+            return Err(err(
+                ErrorCode::ShuttingDown,
+                "exec: the agent is shutting down",
+            ));
+        }
+        if self.procs.len() >= MAX_PROCESSES {
+            return Err(err(
+                ErrorCode::Limit,
+                format!("exec: {MAX_PROCESSES} processes are tracked already"),
+            ));
+        }
+        let plan = plan_exec(
+            req,
+            &self.settings.env,
+            &self.settings.default_user,
+            self.settings.default_cwd.as_deref(),
+        )?;
+        let sp = spawn(&plan)?;
+        let reg = |fd: OwnedFd| -> io::Result<Afd> {
+            set_nonblocking(&fd)?;
+            Ok(Rc::new(super::register(
+                fd,
+                tokio::io::Interest::READABLE | tokio::io::Interest::WRITABLE,
+            )?))
+        };
+        let id = self.next_proc;
+        self.next_proc += 1;
+        let limit = self.settings.retention;
+        let registered = (|| -> io::Result<_> {
+            let out = reg(sp.stdout)?;
+            let errfd = sp.stderr.map(reg).transpose()?;
+            let inp = if sp.tty {
+                // A terminal always has an input side.
+                Some(out.clone())
+            } else {
+                sp.stdin.map(reg).transpose()?
+            };
+            Ok((out, errfd, inp))
+        })();
+        let (out, errfd, inp) = match registered {
+            Ok(v) => v,
+            Err(e) => {
+                // The child runs but cannot be served: do not leave it behind.
+                kill_tree(sp.pid);
+                self.by_pid.insert(sp.pid, 0);
+                return Err(err(
+                    ErrorCode::SpawnFailed,
+                    format!("exec {:?}: registering its pipes: {e}", plan.argv[0]),
+                ));
+            }
+        };
+        let mk_stream = |fd: Option<Afd>, tty: bool| match fd {
+            Some(fd) => OutStream {
+                ring: OutputRing::new(limit),
+                fd: Some(fd),
+                eof: false,
+                room: Rc::new(Notify::new()),
+                end_at_exit: None,
+                task: None,
+                tty,
+            },
+            None => OutStream::closed(limit),
+        };
+        let mut p = Proc {
+            id,
+            pid: sp.pid,
+            argv: plan.argv.clone(),
+            tag: req.tag.clone(),
+            uid: plan.user.uid,
+            gid: plan.user.gid,
+            started_at_ms: now_ms(),
+            streams: [
+                mk_stream(Some(out.clone()), sp.tty),
+                mk_stream(errfd, false),
+            ],
+            stdin: inp.map(|fd| StdinPipe {
+                fd,
+                queue: VecDeque::new(),
+                eof_requested: false,
+                wake: Rc::new(Notify::new()),
+                task: None,
+                tty: sp.tty,
+            }),
+            master: sp.tty.then(|| out.clone()),
+            status: None,
+            timed_out: false,
+            linger_expired: false,
+            subs: Vec::new(),
+            delivered: false,
+            timeout_task: None,
+        };
+        let shared = self.shared();
+        for i in 0..2 {
+            if let Some(fd) = p.streams[i].fd.clone() {
+                let room = p.streams[i].room.clone();
+                p.streams[i].task = Some(spawn_task(pipe_task(shared.clone(), id, i, fd, room)));
+            }
+        }
+        if let Some(si) = &mut p.stdin {
+            si.task = Some(spawn_task(stdin_task(
+                shared.clone(),
+                id,
+                si.fd.clone(),
+                si.wake.clone(),
+            )));
+        }
+        if let Some(t) = req.timeout {
+            let a = shared.clone();
+            p.timeout_task = Some(spawn_task(async move {
+                tokio::time::sleep(t.0).await;
+                a.borrow_mut().on_timeout(id);
+            }));
+        }
+        self.by_pid.insert(sp.pid, id);
+        if !self.pid1 && self.sessions.insert(sp.pid) {
+            self.session_order.push_back(sp.pid);
+            while self.session_order.len() > 4096 {
+                if let Some(old) = self.session_order.pop_front() {
+                    if !self.by_pid.contains_key(&old) {
+                        self.sessions.remove(&old);
+                    } else {
+                        self.session_order.push_back(old);
+                        break;
+                    }
+                }
+            }
+        }
+        self.procs.insert(id, p);
+        Ok(id)
+    }
+
+    /// Subscribes channel `chan` of `conn` to process `id` from the given offsets
+    /// (None: from the current end). Returns the actual start offsets.
+    pub fn subscribe(
+        &mut self,
+        conn: u64,
+        chan: u32,
+        id: u64,
+        from: [Option<u64>; 2],
+    ) -> Option<([u64; 2], bool)> {
+        let p = self.procs.get_mut(&id)?;
+        let mut cursor = [0u64; 2];
+        for i in 0..2 {
+            let r = &p.streams[i].ring;
+            cursor[i] = from[i].unwrap_or(r.end()).clamp(r.start(), r.end());
+        }
+        p.subs.push((conn, chan));
+        let stdin_open = p.stdin.as_ref().is_some_and(|s| !s.eof_requested);
+        let c = self.conns.get_mut(&conn)?;
+        c.chans.insert(
+            chan,
+            Chan::Proc(ProcSub {
+                proc: id,
+                credit: [0; 2],
+                cursor,
+                eof_sent: [false; 2],
+                exit_sent: false,
+                stdin_credit: 0,
+                stdin_eof: false,
+            }),
+        );
+        Some((cursor, stdin_open))
+    }
+
+    /// Grants the initial stdin credit to a freshly subscribed channel.
+    pub fn grant_stdin(&mut self, conn: u64, chan: u32, n: u32) {
+        if let Some(c) = self.conns.get_mut(&conn) {
+            if let Some(Chan::Proc(sub)) = c.chans.get_mut(&chan) {
+                sub.stdin_credit += u64::from(n);
+                c.out.window(chan, stream::INPUT, n);
+            }
+        }
+    }
+
+    /// Removes a subscriber (cancel, connection gone, channel finished).
+    pub fn unsubscribe(&mut self, conn: u64, chan: u32, proc: u64) {
+        if let Some(p) = self.procs.get_mut(&proc) {
+            p.subs.retain(|&s| s != (conn, chan));
+            for s in &p.streams {
+                s.room.notify_one();
+            }
+        }
+        self.maybe_collect(proc);
+    }
+
+    /// Bytes the pipe task of stream `i` may read now; None when it should stop.
+    pub fn room(&self, id: u64, i: usize) -> Option<usize> {
+        let p = self.procs.get(&id)?;
+        let st = &p.streams[i];
+        if st.eof || st.fd.is_none() {
+            return None;
+        }
+        let mut min: Option<u64> = None;
+        for (conn, chan) in &p.subs {
+            if let Some(Chan::Proc(sub)) = self.conns.get(conn).and_then(|c| c.chans.get(chan)) {
+                min = Some(min.map_or(sub.cursor[i], |m| m.min(sub.cursor[i])));
+            }
+        }
+        Some(match min {
+            // Nobody is streaming: keep the most recent output, never block.
+            None => DATA_CHUNK,
+            Some(m) => (st.ring.limit() as u64).saturating_sub(st.ring.end() - m) as usize,
+        })
+    }
+
+    /// Reads stream `i` of process `id` while there is room, up to a budget.
+    /// `Err(WouldBlock)` when the pipe is empty (so readiness gets cleared).
+    pub fn read_output(&mut self, id: u64, i: usize) -> io::Result<ReadOutcome> {
+        let mut total = 0usize;
+        let mut would_block = false;
+        let outcome = loop {
+            let room = match self.room(id, i) {
+                None => break ReadOutcome::Eof,
+                Some(0) => break ReadOutcome::NoRoom,
+                Some(r) => r,
+            };
+            let Some(p) = self.procs.get_mut(&id) else {
+                break ReadOutcome::Eof;
+            };
+            let st = &mut p.streams[i];
+            let fd = st.fd.clone().expect("room() checked the fd");
+            let n = room.min(self.scratch.len());
+            match nix::unistd::read(fd.get_ref(), &mut self.scratch[..n]) {
+                Ok(0) => {
+                    st.eof = true;
+                    break ReadOutcome::Eof;
+                }
+                Ok(n) => {
+                    st.ring.push(Bytes::copy_from_slice(&self.scratch[..n]));
+                    total += n;
+                    self.pump_subs(id);
+                    if total >= READ_BUDGET {
+                        break ReadOutcome::Budget;
+                    }
+                }
+                Err(Errno::EAGAIN) => {
+                    would_block = true;
+                    break ReadOutcome::NoRoom;
+                }
+                Err(Errno::EINTR) => continue,
+                Err(e) => {
+                    // EIO: the terminal's last slave closed. Anything else: the stream
+                    // is unusable; either way it has ended.
+                    if e != Errno::EIO {
+                        eprintln!("sandlot-guest: reading output of process {id}: {e}");
+                    }
+                    st.eof = true;
+                    break ReadOutcome::Eof;
+                }
+            }
+        };
+        if let Some(p) = self.procs.get_mut(&id) {
+            let st = &mut p.streams[i];
+            if outcome == ReadOutcome::Eof {
+                st.eof = true;
+                st.fd = None;
+            }
+            if p.status.is_some() && st.end_at_exit.is_none() {
+                let drained = outcome == ReadOutcome::Eof
+                    || (would_block && !st.tty)
+                    || (p.linger_expired && outcome != ReadOutcome::NoRoom)
+                    || (p.linger_expired && would_block);
+                if drained {
+                    st.end_at_exit = Some(st.ring.end());
+                }
+            }
+        }
+        self.pump_subs(id);
+        if outcome == ReadOutcome::Eof {
+            self.maybe_collect(id);
+        }
+        if would_block {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        Ok(outcome)
+    }
+
+    pub fn pump_subs(&mut self, id: u64) {
+        let subs = match self.procs.get(&id) {
+            Some(p) => p.subs.clone(),
+            None => return,
+        };
+        for (conn, chan) in subs {
+            self.pump_sub(conn, chan);
+        }
+    }
+
+    /// Sends a subscriber what it may receive: output within credit, then the exit
+    /// report, EOFs and END.
+    pub fn pump_sub(&mut self, conn_id: u64, chan: u32) {
+        let Agent { conns, procs, .. } = self;
+        let Some(conn) = conns.get_mut(&conn_id) else {
+            return;
+        };
+        let Some(Chan::Proc(sub)) = conn.chans.get_mut(&chan) else {
+            return;
+        };
+        let pid = sub.proc;
+        let Some(p) = procs.get_mut(&pid) else {
+            conn.chans.remove(&chan);
+            conn.out.error(
+                chan,
+                err(
+                    ErrorCode::NoSuchProcess,
+                    format!("process {pid} was dropped (too many finished processes retained)"),
+                ),
+            );
+            return;
+        };
+        let mut advanced = false;
+        for i in 0..2 {
+            let ring = &p.streams[i].ring;
+            while sub.cursor[i] < ring.end() && sub.credit[i] > 0 {
+                let room = conn.out.room();
+                if room == 0 {
+                    conn.out.block(chan);
+                    if advanced {
+                        p.streams.iter().for_each(|s| s.room.notify_one());
+                    }
+                    return;
+                }
+                let max = (sub.credit[i] as usize).min(DATA_CHUNK).min(room);
+                let chunk = ring.slice_from(sub.cursor[i], max);
+                conn.out.data(chan, i as u8 + 1, &chunk);
+                sub.credit[i] -= chunk.len() as u64;
+                sub.cursor[i] += chunk.len() as u64;
+                advanced = true;
+            }
+        }
+        if advanced {
+            p.streams.iter().for_each(|s| s.room.notify_one());
+        }
+        if !sub.exit_sent {
+            if let (Some(status), Some(e0), Some(e1)) =
+                (p.status, p.streams[0].end_at_exit, p.streams[1].end_at_exit)
+            {
+                if sub.cursor[0] >= e0 && sub.cursor[1] >= e1 {
+                    conn.out.reply(
+                        chan,
+                        &Reply::Exit {
+                            status,
+                            stdout_end: e0,
+                            stderr_end: e1,
+                        },
+                    );
+                    sub.exit_sent = true;
+                    p.delivered = true;
+                }
+            }
+        }
+        for i in 0..2 {
+            let st = &p.streams[i];
+            if !sub.eof_sent[i] && st.eof && sub.cursor[i] == st.ring.end() {
+                conn.out.eof(chan, i as u8 + 1);
+                sub.eof_sent[i] = true;
+            }
+        }
+        if sub.exit_sent && sub.eof_sent == [true, true] {
+            conn.out.end(chan);
+            conn.chans.remove(&chan);
+            self.unsubscribe(conn_id, chan, pid);
+        }
+    }
+
+    /// Called for each reaped child.
+    fn on_reaped(&mut self, pid: i32, mut status: ExitStatus) {
+        let Some(id) = self.by_pid.remove(&pid) else {
+            return;
+        };
+        let Some(p) = self.procs.get_mut(&id) else {
+            return;
+        };
+        status.timed_out = p.timed_out;
+        p.status = Some(status);
+        if let Some(t) = p.timeout_task.take() {
+            t.abort();
+        }
+        let mut pending = false;
+        for st in &mut p.streams {
+            if st.eof {
+                st.end_at_exit = Some(st.ring.end());
+            } else {
+                pending = true;
+            }
+        }
+        if pending {
+            // Take what the process wrote before exiting; the rest of the wait is
+            // bounded by LINGER.
+            for i in 0..2 {
+                let pending = self
+                    .procs
+                    .get(&id)
+                    .is_some_and(|p| p.streams[i].end_at_exit.is_none());
+                if pending {
+                    let _ = self.read_output(id, i);
+                }
+            }
+            let shared = self.shared();
+            spawn_task(async move {
+                tokio::time::sleep(LINGER).await;
+                shared.borrow_mut().on_linger(id);
+            });
+        }
+        self.finished.push_back(id);
+        self.evict_finished();
+        self.pump_subs(id);
+        self.maybe_collect(id);
+    }
+
+    fn on_linger(&mut self, id: u64) {
+        let mut fix = [false; 2];
+        if let Some(p) = self.procs.get_mut(&id) {
+            p.linger_expired = true;
+        } else {
+            return;
+        }
+        for (i, f) in fix.iter_mut().enumerate() {
+            *f = self.room(id, i) != Some(0);
+        }
+        if let Some(p) = self.procs.get_mut(&id) {
+            for (i, st) in p.streams.iter_mut().enumerate() {
+                if st.end_at_exit.is_none() && fix[i] {
+                    st.end_at_exit = Some(st.ring.end());
+                }
+            }
+        }
+        self.pump_subs(id);
+    }
+
+    fn on_timeout(&mut self, id: u64) {
+        if let Some(p) = self.procs.get_mut(&id) {
+            if p.running() {
+                p.timed_out = true;
+                kill_tree(p.pid);
+            }
+        }
+    }
+
+    /// Drops finished processes nobody collected, oldest first, beyond the limits.
+    fn evict_finished(&mut self) {
+        let mut bytes: usize = self
+            .finished
+            .iter()
+            .filter_map(|id| self.procs.get(id))
+            .map(Proc::retained)
+            .sum();
+        let mut n = self.finished.len();
+        let mut kept = VecDeque::new();
+        while n > MAX_FINISHED || bytes > MAX_FINISHED_BYTES {
+            let Some(id) = self.finished.pop_front() else {
+                break;
+            };
+            n -= 1;
+            match self.procs.get(&id) {
+                Some(p) if p.subs.is_empty() => {
+                    bytes -= p.retained();
+                    self.remove_proc(id);
+                }
+                Some(_) => kept.push_back(id),
+                None => {}
+            }
+        }
+        while let Some(id) = kept.pop_back() {
+            self.finished.push_front(id);
+        }
+    }
+
+    /// Forgets a process once everything about it has been delivered.
+    pub fn maybe_collect(&mut self, id: u64) {
+        let done = match self.procs.get(&id) {
+            Some(p) => {
+                p.status.is_some()
+                    && p.delivered
+                    && p.subs.is_empty()
+                    && p.streams.iter().all(|s| s.eof)
+            }
+            None => false,
+        };
+        if done {
+            self.remove_proc(id);
+        }
+    }
+
+    fn remove_proc(&mut self, id: u64) {
+        if let Some(mut p) = self.procs.remove(&id) {
+            for st in &mut p.streams {
+                if let Some(t) = st.task.take() {
+                    t.abort();
+                }
+            }
+            if let Some(si) = &mut p.stdin {
+                if let Some(t) = si.task.take() {
+                    t.abort();
+                }
+            }
+            if let Some(t) = p.timeout_task.take() {
+                t.abort();
+            }
+            if p.status.is_none() {
+                self.by_pid.remove(&p.pid);
+            }
+            self.finished.retain(|&f| f != id);
+        }
+    }
+
+    /// Reaps exited children (SIGCHLD).
+    pub fn reap(&mut self) {
+        if self.pid1 {
+            while let Some((pid, st)) = wait_nohang(-1) {
+                self.on_reaped(pid, st);
+            }
+            return;
+        }
+        let known: Vec<i32> = self.by_pid.keys().copied().collect();
+        for pid in known {
+            if let Some((pid, st)) = wait_nohang(pid) {
+                self.on_reaped(pid, st);
+            }
+        }
+        // Orphans re-parented to us (we are a subreaper): only zombies of sessions we
+        // started, so that other children of a host process are never touched.
+        for pid in my_children() {
+            if self.by_pid.contains_key(&pid) {
+                continue;
+            }
+            if let Some(('Z', _, _, sid)) = proc_stat(pid) {
+                if self.sessions.contains(&sid) {
+                    let _ = wait_nohang(pid);
+                }
+            }
+        }
+    }
+
+    pub fn signal(&mut self, id: u64, sig: i32) -> Result<(), ErrorBody> {
+        let p = self.procs.get(&id).ok_or_else(|| no_such(id))?;
+        if !(1..=64).contains(&sig) {
+            return Err(err(
+                ErrorCode::BadRequest,
+                format!("signal: {sig} is not a signal number (1..=64)"),
+            ));
+        }
+        if !p.running() {
+            return Err(err(
+                ErrorCode::ProcessExited,
+                format!("signal: process {id} has exited"),
+            ));
+        }
+        // SAFETY: kill(2) with a negative pid signals a process group; no memory is
+        // involved. (nix's Signal cannot name real-time signals.)
+        let r = unsafe { libc::kill(-p.pid, sig) };
+        if r != 0 {
+            let e = io::Error::last_os_error();
+            return Err(err(
+                ErrorCode::Io,
+                format!("signal {sig} to process group {}: {e}", p.pid),
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn resize(&mut self, id: u64, size: PtySize) -> Result<(), ErrorBody> {
+        let p = self.procs.get(&id).ok_or_else(|| no_such(id))?;
+        if size.rows == 0 || size.cols == 0 {
+            return Err(err(
+                ErrorCode::BadRequest,
+                "resize: rows and cols must be positive",
+            ));
+        }
+        let Some(m) = &p.master else {
+            return Err(err(
+                ErrorCode::BadRequest,
+                format!("resize: process {id} has no terminal"),
+            ));
+        };
+        if !p.running() {
+            return Err(err(
+                ErrorCode::ProcessExited,
+                format!("resize: process {id} has exited"),
+            ));
+        }
+        set_winsize(m.get_ref(), size)
+            .map_err(|e| err(ErrorCode::Io, format!("resize process {id}: {e}")))
+    }
+
+    /// Queues stdin bytes from a subscriber. Returns false on a credit violation.
+    pub fn stdin_data(&mut self, conn: u64, chan: u32, data: Bytes) -> Result<(), String> {
+        let Agent { conns, procs, .. } = self;
+        let Some(c) = conns.get_mut(&conn) else {
+            return Ok(());
+        };
+        let Some(Chan::Proc(sub)) = c.chans.get_mut(&chan) else {
+            return Ok(());
+        };
+        if sub.stdin_eof {
+            return Err("DATA on stream 0 after EOF".into());
+        }
+        let n = data.len() as u64;
+        if n > sub.stdin_credit {
+            return Err(format!(
+                "{n} bytes of stdin exceed the granted credit of {}",
+                sub.stdin_credit
+            ));
+        }
+        sub.stdin_credit -= n;
+        match procs.get_mut(&sub.proc).and_then(|p| p.stdin.as_mut()) {
+            Some(si) if !si.eof_requested => {
+                si.queue.push_back((conn, chan, data));
+                si.wake.notify_one();
+            }
+            _ => {
+                // Stdin is closed: discard, but give the credit back so that the
+                // writer does not hang.
+                sub.stdin_credit += n;
+                c.out.window(chan, stream::INPUT, n as u32);
+            }
+        }
+        Ok(())
+    }
+
+    pub fn stdin_eof(&mut self, conn: u64, chan: u32) -> Result<(), String> {
+        let Agent { conns, procs, .. } = self;
+        let Some(Chan::Proc(sub)) = conns.get_mut(&conn).and_then(|c| c.chans.get_mut(&chan))
+        else {
+            return Ok(());
+        };
+        if sub.stdin_eof {
+            return Err("second EOF on stream 0".into());
+        }
+        sub.stdin_eof = true;
+        if let Some(si) = procs.get_mut(&sub.proc).and_then(|p| p.stdin.as_mut()) {
+            si.eof_requested = true;
+            si.wake.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Writes queued stdin until the pipe is full (`Err(WouldBlock)`) or the queue is
+    /// empty; credits the sending channels for what was written.
+    fn write_stdin(&mut self, id: u64) -> io::Result<()> {
+        loop {
+            let Some(si) = self.procs.get_mut(&id).and_then(|p| p.stdin.as_mut()) else {
+                return Ok(());
+            };
+            let Some((conn, chan, data)) = si.queue.front_mut() else {
+                return Ok(());
+            };
+            let (conn, chan) = (*conn, *chan);
+            let n = match nix::unistd::write(si.fd.get_ref(), data) {
+                Ok(n) => n,
+                Err(Errno::EINTR) => continue,
+                Err(Errno::EAGAIN) => return Err(io::ErrorKind::WouldBlock.into()),
+                Err(e) => return Err(e.into()),
+            };
+            bytes::Buf::advance(data, n);
+            if data.is_empty() {
+                si.queue.pop_front();
+            }
+            self.credit_stdin(conn, chan, n as u32);
+        }
+    }
+
+    fn credit_stdin(&mut self, conn: u64, chan: u32, n: u32) {
+        if n == 0 {
+            return;
+        }
+        if let Some(c) = self.conns.get_mut(&conn) {
+            if let Some(Chan::Proc(sub)) = c.chans.get_mut(&chan) {
+                if !sub.stdin_eof {
+                    sub.stdin_credit += u64::from(n);
+                    c.out.window(chan, stream::INPUT, n);
+                }
+            }
+        }
+    }
+
+    /// Closes stdin: on error, or once EOF was requested and the queue drained.
+    fn close_stdin(&mut self, id: u64, broken: bool) {
+        let Some(p) = self.procs.get_mut(&id) else {
+            return;
+        };
+        let Some(mut si) = p.stdin.take() else {
+            return;
+        };
+        if si.tty && !broken {
+            // A terminal has no half-close: send the EOF character instead.
+            let _ = nix::unistd::write(si.fd.get_ref(), b"\x04");
+        }
+        si.task = None;
+        let queued: Vec<(u64, u32, usize)> = si
+            .queue
+            .drain(..)
+            .map(|(c, ch, d)| (c, ch, d.len()))
+            .collect();
+        for (c, ch, n) in queued {
+            self.credit_stdin(c, ch, n as u32);
+        }
+    }
+
+    /// Kills every process (shutdown, lifeline lost) and reaps what it can.
+    pub fn kill_everything(&mut self) {
+        self.shutting_down = true;
+        if self.pid1 {
+            // From PID 1 this reaches every other process of the namespace.
+            let _ = nix::sys::signal::kill(Pid::from_raw(-1), nix::sys::signal::Signal::SIGKILL);
+        }
+        let sids: Vec<i32> = self
+            .procs
+            .values()
+            .map(|p| p.pid)
+            .chain(self.sessions.iter().copied())
+            .collect();
+        for sid in &sids {
+            kill_tree(*sid);
+        }
+        // Reap: our children die promptly after SIGKILL (unless stuck in the kernel,
+        // which the bounded wait tolerates).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        loop {
+            self.reap();
+            let alive = if self.pid1 {
+                !my_children().is_empty()
+            } else {
+                !self.by_pid.is_empty()
+                    || my_children().into_iter().any(|c| {
+                        proc_stat(c).is_some_and(|(_, _, _, s)| self.sessions.contains(&s))
+                    })
+            };
+            if !alive || std::time::Instant::now() >= deadline {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let ids: Vec<u64> = self.procs.keys().copied().collect();
+        for id in ids {
+            self.remove_proc(id);
+        }
+    }
+
+    pub fn list_processes(&self) -> Vec<ProcessInfo> {
+        self.procs.values().map(Proc::info).collect()
+    }
+}
+
+pub(crate) fn no_such(id: u64) -> ErrorBody {
+    err(
+        ErrorCode::NoSuchProcess,
+        format!("no process {id} (never started, or already collected)"),
+    )
+}
+
+async fn pipe_task(agent: Shared, id: u64, i: usize, fd: Afd, room: Rc<Notify>) {
+    loop {
+        loop {
+            match agent.borrow().room(id, i) {
+                None => return,
+                Some(0) => {}
+                Some(_) => break,
+            }
+            room.notified().await;
+        }
+        let Ok(mut g) = fd.readable().await else {
+            return;
+        };
+        match g.try_io(|_| agent.borrow_mut().read_output(id, i)) {
+            Ok(Ok(ReadOutcome::Eof)) => return,
+            Ok(Ok(ReadOutcome::Budget)) => tokio::task::yield_now().await,
+            Ok(Ok(ReadOutcome::NoRoom)) | Err(_) => {}
+            Ok(Err(_)) => return,
+        }
+    }
+}
+
+async fn stdin_task(agent: Shared, id: u64, fd: Afd, wake: Rc<Notify>) {
+    loop {
+        let (has_data, eof) = match agent.borrow().procs.get(&id).and_then(|p| p.stdin.as_ref()) {
+            Some(si) => (!si.queue.is_empty(), si.eof_requested),
+            None => return,
+        };
+        if !has_data {
+            if eof {
+                agent.borrow_mut().close_stdin(id, false);
+                return;
+            }
+            wake.notified().await;
+            continue;
+        }
+        let Ok(mut g) = fd.writable().await else {
+            agent.borrow_mut().close_stdin(id, true);
+            return;
+        };
+        match g.try_io(|_| agent.borrow_mut().write_stdin(id)) {
+            Ok(Ok(())) | Err(_) => {}
+            Ok(Err(_)) => {
+                // EPIPE: the process closed its stdin or exited.
+                agent.borrow_mut().close_stdin(id, true);
+                return;
+            }
+        }
+    }
+}

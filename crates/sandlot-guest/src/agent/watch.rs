@@ -1,0 +1,344 @@
+//! Filesystem watches: inotify, optionally recursive, streamed as NDJSON
+//! [`WatchEvent`] records with byte credit like any other output.
+//!
+//! Back-pressure: while a client does not consume events, the agent stops reading
+//! the inotify descriptor; the kernel queue then overflows and the client receives
+//! one `overflow` record instead of the agent buffering without bound.
+
+use std::collections::HashMap;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+use bytes::BytesMut;
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, InotifyEvent, WatchDescriptor};
+use sandlot_proto::guest::{
+    stream, ErrorBody, ErrorCode, WatchEvent, WatchEventKind, WatchRequest, DATA_CHUNK,
+};
+use tokio::io::unix::AsyncFd;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+
+use super::users::{resolve_user_here, User};
+use super::{spawn_task, Agent, Chan, Shared};
+
+/// Inotify wrapped for the reactor.
+pub(crate) struct InotifyFd(pub Inotify);
+
+/// A channel streaming the events of one watch.
+pub(crate) struct WatchStream {
+    fd: Rc<AsyncFd<InotifyFd>>,
+    wds: HashMap<WatchDescriptor, PathBuf>,
+    root: PathBuf,
+    recursive: bool,
+    user: User,
+    pending: BytesMut,
+    pub credit: u64,
+    /// The watched root is gone: finish after sending what is pending.
+    finished: bool,
+    /// Wakes the reader task when pending drained below the threshold.
+    room: Rc<Notify>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl Drop for WatchStream {
+    fn drop(&mut self) {
+        if let Some(t) = self.task.take() {
+            t.abort();
+        }
+    }
+}
+
+fn mask() -> AddWatchFlags {
+    AddWatchFlags::IN_CREATE
+        | AddWatchFlags::IN_MODIFY
+        | AddWatchFlags::IN_ATTRIB
+        | AddWatchFlags::IN_DELETE
+        | AddWatchFlags::IN_MOVED_FROM
+        | AddWatchFlags::IN_MOVED_TO
+        | AddWatchFlags::IN_DELETE_SELF
+        | AddWatchFlags::IN_MOVE_SELF
+        | AddWatchFlags::IN_DONT_FOLLOW
+        | AddWatchFlags::from_bits_retain(libc::IN_EXCL_UNLINK)
+}
+
+/// Adds watches on `dir` and, when `recursive`, every directory below it. With
+/// `report`, records a `create` event for every entry found (for directories that
+/// appeared before their watch was in place).
+fn add_tree(
+    ino: &Inotify,
+    wds: &mut HashMap<WatchDescriptor, PathBuf>,
+    dir: &Path,
+    recursive: bool,
+    report: Option<&mut Vec<WatchEvent>>,
+) -> io::Result<()> {
+    let wd = ino.add_watch(dir, mask())?;
+    wds.insert(wd, dir.to_path_buf());
+    if !recursive {
+        return Ok(());
+    }
+    let mut report = report;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let p = e.path();
+            let is_dir = e.file_type().map(|t| t.is_dir()).unwrap_or(false);
+            if let Some(r) = report.as_deref_mut() {
+                r.push(event(WatchEventKind::Create, &p, None, is_dir));
+            }
+            if is_dir {
+                if let Ok(wd) = ino.add_watch(&p, mask()) {
+                    wds.insert(wd, p.clone());
+                    stack.push(p);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn event(kind: WatchEventKind, path: &Path, from: Option<&Path>, dir: bool) -> WatchEvent {
+    WatchEvent {
+        kind,
+        path: Some(path.to_string_lossy().into_owned()),
+        from: from.map(|f| f.to_string_lossy().into_owned()),
+        dir,
+    }
+}
+
+impl Agent {
+    /// Sets up a watch for channel `chan` of `conn`.
+    pub fn open_watch(&mut self, conn: u64, chan: u32, r: &WatchRequest) -> Result<(), ErrorBody> {
+        if !r.path.starts_with('/') || r.path.contains('\0') {
+            return Err(ErrorBody::new(
+                ErrorCode::BadRequest,
+                format!("watch: path {:?} must be absolute", r.path),
+            ));
+        }
+        let spec = r.user.as_deref().unwrap_or(&self.settings.default_user);
+        let user = resolve_user_here(spec)
+            .map_err(|m| ErrorBody::new(ErrorCode::InvalidUser, format!("watch: {m}")))?;
+        let root = PathBuf::from(&r.path);
+        let ino = Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK)
+            .map_err(|e| ErrorBody::new(ErrorCode::Io, format!("watch: inotify_init: {e}")))?;
+        let mut wds = HashMap::new();
+        let recursive = r.recursive;
+        self.fs
+            .run(&user, || {
+                let m = std::fs::metadata(&root)?;
+                add_tree(&ino, &mut wds, &root, recursive && m.is_dir(), None)
+            })
+            .map_err(|e| {
+                ErrorBody::new(super::files::code_of(&e), format!("watch {}: {e}", r.path))
+            })?;
+        let fd = Rc::new(
+            super::register(InotifyFd(ino), tokio::io::Interest::READABLE)
+                .map_err(|e| ErrorBody::new(ErrorCode::Io, format!("watch: {e}")))?,
+        );
+        let room = Rc::new(Notify::new());
+        let task = spawn_task(watch_task(
+            self.shared(),
+            conn,
+            chan,
+            fd.clone(),
+            room.clone(),
+        ));
+        let c = self
+            .conns
+            .get_mut(&conn)
+            .expect("request came from this connection");
+        c.chans.insert(
+            chan,
+            Chan::Watch(WatchStream {
+                fd,
+                wds,
+                root,
+                recursive,
+                user,
+                pending: BytesMut::new(),
+                credit: 0,
+                finished: false,
+                room,
+                task: Some(task),
+            }),
+        );
+        Ok(())
+    }
+
+    /// Turns a batch of inotify events into records.
+    fn on_watch_events(&mut self, conn: u64, chan: u32, evs: Vec<InotifyEvent>) {
+        let Agent { conns, fs, .. } = self;
+        let Some(Chan::Watch(ws)) = conns.get_mut(&conn).and_then(|c| c.chans.get_mut(&chan))
+        else {
+            return;
+        };
+        let mut out: Vec<WatchEvent> = Vec::new();
+        // Pending MOVED_FROM by cookie, resolved within the batch.
+        let mut moved_from: Vec<(u32, PathBuf, bool)> = Vec::new();
+        for ev in evs {
+            let m = ev.mask;
+            if m.contains(AddWatchFlags::IN_Q_OVERFLOW) {
+                out.push(WatchEvent {
+                    kind: WatchEventKind::Overflow,
+                    path: None,
+                    from: None,
+                    dir: false,
+                });
+                continue;
+            }
+            let Some(base) = ws.wds.get(&ev.wd).cloned() else {
+                continue;
+            };
+            if m.contains(AddWatchFlags::IN_IGNORED) {
+                ws.wds.remove(&ev.wd);
+                if base == ws.root {
+                    ws.finished = true;
+                }
+                continue;
+            }
+            let is_dir = m.contains(AddWatchFlags::IN_ISDIR);
+            let path = match &ev.name {
+                Some(n) => base.join(n),
+                None => base.clone(),
+            };
+            if m.intersects(AddWatchFlags::IN_DELETE_SELF | AddWatchFlags::IN_MOVE_SELF) {
+                if base == ws.root {
+                    out.push(event(WatchEventKind::Delete, &ws.root, None, is_dir));
+                    ws.finished = true;
+                }
+                continue;
+            }
+            if m.contains(AddWatchFlags::IN_CREATE) {
+                out.push(event(WatchEventKind::Create, &path, None, is_dir));
+                if is_dir && ws.recursive {
+                    let (ino, wds) = (&ws.fd.get_ref().0, &mut ws.wds);
+                    let _ = fs.run(&ws.user, || add_tree(ino, wds, &path, true, Some(&mut out)));
+                }
+            } else if m.intersects(AddWatchFlags::IN_MODIFY | AddWatchFlags::IN_ATTRIB) {
+                out.push(event(WatchEventKind::Modify, &path, None, is_dir));
+            } else if m.contains(AddWatchFlags::IN_DELETE) {
+                out.push(event(WatchEventKind::Delete, &path, None, is_dir));
+            } else if m.contains(AddWatchFlags::IN_MOVED_FROM) {
+                moved_from.push((ev.cookie, path, is_dir));
+            } else if m.contains(AddWatchFlags::IN_MOVED_TO) {
+                if let Some(pos) = moved_from.iter().position(|(c, _, _)| *c == ev.cookie) {
+                    let (_, from, _) = moved_from.remove(pos);
+                    if is_dir {
+                        // Watches below the moved directory keep working; fix paths.
+                        for p in ws.wds.values_mut() {
+                            if let Ok(rest) = p.strip_prefix(&from) {
+                                *p = path.join(rest);
+                            }
+                        }
+                    }
+                    out.push(event(WatchEventKind::Rename, &path, Some(&from), is_dir));
+                } else {
+                    out.push(event(WatchEventKind::Create, &path, None, is_dir));
+                    if is_dir && ws.recursive {
+                        let (ino, wds) = (&ws.fd.get_ref().0, &mut ws.wds);
+                        let _ =
+                            fs.run(&ws.user, || add_tree(ino, wds, &path, true, Some(&mut out)));
+                    }
+                }
+            }
+        }
+        // Moved out of the tree: a deletion as far as the watch can tell.
+        for (_, from, is_dir) in moved_from {
+            if is_dir {
+                let gone: Vec<WatchDescriptor> = ws
+                    .wds
+                    .iter()
+                    .filter(|(_, p)| p.starts_with(&from))
+                    .map(|(wd, _)| *wd)
+                    .collect();
+                for wd in gone {
+                    let _ = ws.fd.get_ref().0.rm_watch(wd);
+                    ws.wds.remove(&wd);
+                }
+            }
+            out.push(event(WatchEventKind::Delete, &from, None, is_dir));
+        }
+        for e in out {
+            if let Ok(mut line) = serde_json::to_vec(&e) {
+                line.push(b'\n');
+                ws.pending.extend_from_slice(&line);
+            }
+        }
+        self.pump_watch(conn, chan);
+    }
+
+    pub fn pump_watch(&mut self, conn_id: u64, chan: u32) {
+        let Some(conn) = self.conns.get_mut(&conn_id) else {
+            return;
+        };
+        let Some(Chan::Watch(ws)) = conn.chans.get_mut(&chan) else {
+            return;
+        };
+        while !ws.pending.is_empty() && ws.credit > 0 {
+            let room = conn.out.room();
+            if room == 0 {
+                conn.out.block(chan);
+                return;
+            }
+            let n = ws
+                .pending
+                .len()
+                .min(ws.credit as usize)
+                .min(DATA_CHUNK)
+                .min(room);
+            let chunk = ws.pending.split_to(n);
+            conn.out.data(chan, stream::OUTPUT, &chunk);
+            ws.credit -= n as u64;
+        }
+        if ws.pending.len() < DATA_CHUNK {
+            ws.room.notify_one();
+        }
+        if ws.finished && ws.pending.is_empty() {
+            conn.chans.remove(&chan);
+            conn.out.eof(chan, stream::OUTPUT);
+            conn.out.end(chan);
+        }
+    }
+
+    /// Whether the watch task may read more events (None: the watch is gone).
+    fn watch_room(&self, conn: u64, chan: u32) -> Option<bool> {
+        match self.conns.get(&conn)?.chans.get(&chan)? {
+            Chan::Watch(ws) => Some(!ws.finished && ws.pending.len() < DATA_CHUNK),
+            _ => None,
+        }
+    }
+}
+
+async fn watch_task(
+    agent: Shared,
+    conn: u64,
+    chan: u32,
+    fd: Rc<AsyncFd<InotifyFd>>,
+    room: Rc<Notify>,
+) {
+    loop {
+        loop {
+            match agent.borrow().watch_room(conn, chan) {
+                None => return,
+                Some(true) => break,
+                Some(false) => {}
+            }
+            room.notified().await;
+        }
+        let Ok(mut g) = fd.readable().await else {
+            return;
+        };
+        let res = g.try_io(|f| f.get_ref().0.read_events().map_err(io::Error::from));
+        match res {
+            Ok(Ok(evs)) => agent.borrow_mut().on_watch_events(conn, chan, evs),
+            Ok(Err(e)) => {
+                eprintln!("sandlot-guest: reading inotify events: {e}");
+                return;
+            }
+            Err(_would_block) => {}
+        }
+    }
+}
