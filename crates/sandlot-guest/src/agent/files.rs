@@ -21,7 +21,7 @@ use sandlot_proto::guest::{
     DATA_CHUNK,
 };
 
-use super::users::{resolve_user_here, User};
+use super::users::User;
 use super::{Agent, Chan};
 
 /// Switches the calling thread's filesystem credentials.
@@ -223,9 +223,11 @@ fn sorted_names(dir: &Path) -> io::Result<Vec<OsString>> {
     Ok(names)
 }
 
-fn user_for(agent: &Agent, op: &str, spec: Option<&str>) -> Result<User, ErrorBody> {
-    let spec = spec.unwrap_or(&agent.settings.default_user);
-    resolve_user_here(spec)
+pub(crate) fn user_for(agent: &mut Agent, op: &str, spec: Option<&str>) -> Result<User, ErrorBody> {
+    let spec = spec.unwrap_or(&agent.settings.default_user).to_string();
+    agent
+        .users
+        .resolve(&spec)
         .map_err(|m| ErrorBody::new(ErrorCode::InvalidUser, format!("{op}: {m}")))
 }
 

@@ -10,6 +10,7 @@ mod conn;
 mod files;
 mod process;
 mod ring;
+mod spawn;
 mod users;
 mod watch;
 
@@ -174,6 +175,11 @@ pub(crate) struct Agent {
     pub next_proc: u64,
     pub finished: VecDeque<u64>,
     pub scratch: Box<[u8]>,
+    /// Stack of the child between clone and exec.
+    pub stack: Box<[u8]>,
+    pub users: users::UserDb,
+    /// The agent's oom_score_adj is not 0: children reset theirs.
+    pub reset_oom: bool,
     pub fs: FsCreds,
     pub shutdown: Rc<Notify>,
     pub shutting_down: bool,
@@ -202,6 +208,11 @@ impl Agent {
             next_proc: 1,
             finished: VecDeque::new(),
             scratch: vec![0u8; sandlot_proto::guest::DATA_CHUNK].into_boxed_slice(),
+            stack: vec![0u8; spawn::CHILD_STACK].into_boxed_slice(),
+            users: users::UserDb::default(),
+            reset_oom: std::fs::read_to_string("/proc/self/oom_score_adj")
+                .map(|s| s.trim() != "0")
+                .unwrap_or(true),
             fs: FsCreds::new(),
             shutdown: Rc::new(Notify::new()),
             shutting_down: false,

@@ -3,19 +3,15 @@
 //! retention rings with per-subscriber credit, feeding its stdin, reaping it.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsFd, FromRawFd, IntoRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::rc::Rc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use nix::errno::Errno;
-use nix::sys::signal::{SigSet, SigmaskHow};
 use nix::unistd::Pid;
 use sandlot_proto::guest::{
     stream, ErrorBody, ErrorCode, ExecRequest, ExitStatus, ProcessId, ProcessInfo, PtySize, Reply,
@@ -25,7 +21,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use super::ring::OutputRing;
-use super::users::{resolve_user_here, User};
+use super::users::{User, UserDb};
 use super::{
     set_nonblocking, spawn_task, Afd, Agent, Chan, Shared, LINGER, MAX_FINISHED,
     MAX_FINISHED_BYTES, MAX_PROCESSES,
@@ -36,7 +32,6 @@ const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/s
 const READ_BUDGET: usize = 256 * 1024;
 
 nix::ioctl_write_ptr_bad!(ioctl_set_winsize, libc::TIOCSWINSZ, libc::winsize);
-nix::ioctl_write_int_bad!(ioctl_set_ctty, libc::TIOCSCTTY);
 
 /// One output stream (stdout or stderr) of a process.
 pub(crate) struct OutStream {
@@ -168,11 +163,14 @@ pub(crate) fn plan_exec(
     base_env: &[(String, String)],
     default_user: &str,
     default_cwd: Option<&str>,
+    users: &mut UserDb,
 ) -> Result<ExecPlan, ErrorBody> {
     req.validate()
         .map_err(|m| err(ErrorCode::BadRequest, format!("exec: {m}")))?;
     let user_spec = req.user.as_deref().unwrap_or(default_user);
-    let user = resolve_user_here(user_spec).map_err(|m| err(ErrorCode::InvalidUser, m))?;
+    let user = users
+        .resolve(user_spec)
+        .map_err(|m| err(ErrorCode::InvalidUser, m))?;
 
     let mut env = BTreeMap::new();
     env.insert("PATH".to_string(), DEFAULT_PATH.to_string());
@@ -266,103 +264,6 @@ fn resolve_program(name: &str, path: Option<&str>, cwd: &str) -> Result<PathBuf,
     }
 }
 
-/// What the child does between fork and exec. Everything is prepared before the
-/// fork: `apply` only makes system calls (no allocation, async-signal-safe).
-struct ChildSetup {
-    uid: libc::uid_t,
-    gid: libc::gid_t,
-    groups: Vec<nix::unistd::Gid>,
-    switch_user: bool,
-    cwd: CString,
-    tty: bool,
-}
-
-impl ChildSetup {
-    fn apply(&self) -> io::Result<()> {
-        // Default dispositions and an empty mask: the agent's choices (SIGPIPE
-        // ignored, signals blocked by a runtime) must not leak into programs.
-        // The raw system call also reaches the real-time signals glibc reserves for
-        // itself (32, 33), which its wrappers refuse to touch. An all-zero kernel
-        // sigaction is SIG_DFL with no flags and an empty mask, whatever the layout.
-        let dfl = [0u64; 8];
-        for sig in 1..=64 {
-            if sig == libc::SIGKILL || sig == libc::SIGSTOP {
-                continue;
-            }
-            // SAFETY: rt_sigaction reads one kernel sigaction (at most 64 bytes on any
-            // architecture) from a valid pointer and writes nothing (old is null).
-            unsafe {
-                libc::syscall(
-                    libc::SYS_rt_sigaction,
-                    sig,
-                    dfl.as_ptr(),
-                    std::ptr::null_mut::<u64>(),
-                    8usize,
-                );
-            }
-        }
-        nix::sys::signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)?;
-        nix::unistd::setsid()?;
-        if self.tty {
-            // SAFETY: TIOCSCTTY takes an integer argument; fd 0 is the terminal's
-            // slave side, installed by the spawner before this runs.
-            unsafe { ioctl_set_ctty(0, 0) }?;
-        }
-        // The agent runs with a protective OOM score; its programs must not.
-        if let Ok(fd) = nix::fcntl::open(
-            c"/proc/self/oom_score_adj",
-            nix::fcntl::OFlag::O_WRONLY | nix::fcntl::OFlag::O_CLOEXEC,
-            nix::sys::stat::Mode::empty(),
-        ) {
-            let _ = nix::unistd::write(&fd, b"0");
-        }
-        if self.switch_user {
-            nix::unistd::setgroups(&self.groups)?;
-            nix::unistd::setgid(nix::unistd::Gid::from_raw(self.gid))?;
-            nix::unistd::setuid(nix::unistd::Uid::from_raw(self.uid))?;
-        }
-        nix::unistd::chdir(self.cwd.as_c_str())?;
-        // Belt and braces: nothing the agent (or its host process) opened survives
-        // exec, even an fd someone forgot to mark close-on-exec.
-        // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets flags on fds >= 3.
-        unsafe {
-            libc::syscall(
-                libc::SYS_close_range,
-                3u32,
-                u32::MAX,
-                libc::CLOSE_RANGE_CLOEXEC,
-            );
-        }
-        Ok(())
-    }
-}
-
-/// The spawned child and the agent's ends of its stdio.
-pub(crate) struct Spawned {
-    pub pid: i32,
-    pub stdout: OwnedFd,
-    pub stderr: Option<OwnedFd>,
-    pub stdin: Option<OwnedFd>,
-    pub tty: bool,
-}
-
-fn open_pty(size: PtySize) -> io::Result<(OwnedFd, OwnedFd)> {
-    use nix::fcntl::OFlag;
-    let master = nix::pty::posix_openpt(OFlag::O_RDWR | OFlag::O_NOCTTY | OFlag::O_CLOEXEC)?;
-    nix::pty::grantpt(&master)?;
-    nix::pty::unlockpt(&master)?;
-    let name = nix::pty::ptsname_r(&master)?;
-    // SAFETY: into_raw_fd hands over sole ownership of a valid, open descriptor.
-    let master = unsafe { OwnedFd::from_raw_fd(master.into_raw_fd()) };
-    let slave = nix::fcntl::open(
-        name.as_str(),
-        OFlag::O_RDWR | OFlag::O_NOCTTY | OFlag::O_CLOEXEC,
-        nix::sys::stat::Mode::empty(),
-    )?;
-    set_winsize(&master, size)?;
-    Ok((master, slave))
-}
-
 pub(crate) fn set_winsize(master: &impl AsFd, size: PtySize) -> io::Result<()> {
     use std::os::fd::AsRawFd;
     let ws = libc::winsize {
@@ -375,106 +276,6 @@ pub(crate) fn set_winsize(master: &impl AsFd, size: PtySize) -> io::Result<()> {
     // duration of the call; the fd is an open terminal master.
     unsafe { ioctl_set_winsize(master.as_fd().as_raw_fd(), &ws) }?;
     Ok(())
-}
-
-/// Forks and execs `plan`. Blocks only until the child has exec'd (or failed to).
-pub(crate) fn spawn(plan: &ExecPlan) -> Result<Spawned, ErrorBody> {
-    let me_root = nix::unistd::geteuid().is_root();
-    let same_ids = plan.user.uid == nix::unistd::getuid().as_raw()
-        && plan.user.gid == nix::unistd::getgid().as_raw();
-    if !me_root && !same_ids {
-        return Err(err(
-            ErrorCode::PermissionDenied,
-            format!(
-                "exec: cannot switch to uid {} gid {}: the agent is not running as root",
-                plan.user.uid, plan.user.gid
-            ),
-        ));
-    }
-    let setup = ChildSetup {
-        uid: plan.user.uid,
-        gid: plan.user.gid,
-        groups: plan
-            .user
-            .groups
-            .iter()
-            .map(|&g| nix::unistd::Gid::from_raw(g))
-            .collect(),
-        switch_user: me_root,
-        cwd: CString::new(plan.cwd.clone())
-            .map_err(|_| err(ErrorCode::BadRequest, "exec: cwd contains a NUL byte"))?,
-        tty: plan.pty.is_some(),
-    };
-    let mut cmd = Command::new(&plan.program);
-    cmd.arg0(&plan.argv[0])
-        .args(&plan.argv[1..])
-        .env_clear()
-        .envs(&plan.env);
-    let io_err = |what: &str, e: io::Error| {
-        err(
-            ErrorCode::SpawnFailed,
-            format!("exec {:?}: {what}: {e}", plan.argv[0]),
-        )
-    };
-    let mut master = None;
-    match plan.pty {
-        Some(size) => {
-            let (m, s) = open_pty(size).map_err(|e| io_err("opening a terminal", e))?;
-            let dup = |s: &OwnedFd| s.try_clone().map_err(|e| io_err("dup", e));
-            cmd.stdin(Stdio::from(dup(&s)?))
-                .stdout(Stdio::from(dup(&s)?))
-                .stderr(Stdio::from(s));
-            master = Some(m);
-        }
-        None => {
-            cmd.stdin(if plan.stdin {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        }
-    }
-    // SAFETY: the closure runs in the forked child before exec; it only makes system
-    // calls on data prepared before the fork (no allocation, no locks).
-    unsafe {
-        cmd.pre_exec(move || setup.apply());
-    }
-    let mut child = cmd.spawn().map_err(|e| {
-        let code = match e.kind() {
-            io::ErrorKind::NotFound => ErrorCode::NotFound,
-            io::ErrorKind::PermissionDenied => ErrorCode::PermissionDenied,
-            _ => ErrorCode::SpawnFailed,
-        };
-        err(
-            code,
-            format!(
-                "exec {:?} as uid {} in {}: {e}",
-                plan.argv[0], plan.user.uid, plan.cwd
-            ),
-        )
-    })?;
-    // Close the agent's copies of the child's ends now.
-    drop(cmd);
-    let pid = child.id() as i32;
-    let out = match master {
-        Some(m) => Spawned {
-            pid,
-            stdout: m,
-            stderr: None,
-            stdin: None,
-            tty: true,
-        },
-        None => Spawned {
-            pid,
-            stdout: child.stdout.take().expect("piped").into(),
-            stderr: Some(child.stderr.take().expect("piped").into()),
-            stdin: child.stdin.take().map(Into::into),
-            tty: false,
-        },
-    };
-    Ok(out)
 }
 
 /// Raw wait status of one child, decoded. `None`: nothing (more) to reap.
@@ -614,8 +415,9 @@ impl Agent {
             &self.settings.env,
             &self.settings.default_user,
             self.settings.default_cwd.as_deref(),
+            &mut self.users,
         )?;
-        let sp = spawn(&plan)?;
+        let sp = super::spawn::spawn(&plan, &mut self.stack, self.reset_oom)?;
         let reg = |fd: OwnedFd| -> io::Result<Afd> {
             set_nonblocking(&fd)?;
             Ok(Rc::new(super::register(

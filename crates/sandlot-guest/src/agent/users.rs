@@ -130,11 +130,40 @@ pub(crate) fn resolve_user(spec: &str, passwd: &str, group: &str) -> Result<User
     })
 }
 
-/// Resolves against the files of the running system (the sandbox's root).
-pub(crate) fn resolve_user_here(spec: &str) -> Result<User, String> {
-    let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
-    let group = std::fs::read_to_string("/etc/group").unwrap_or_default();
-    resolve_user(spec, &passwd, &group)
+/// `/etc/passwd` and `/etc/group` of the running system (the sandbox's root),
+/// re-read only when they change.
+#[derive(Default)]
+pub(crate) struct UserDb {
+    passwd: CachedFile,
+    group: CachedFile,
+}
+
+#[derive(Default)]
+struct CachedFile {
+    /// (inode, mtime, mtime nanoseconds, size) of the cached text.
+    key: Option<(u64, i64, i64, u64)>,
+    text: String,
+}
+
+impl CachedFile {
+    fn refresh(&mut self, path: &str) {
+        use std::os::unix::fs::MetadataExt;
+        let key = std::fs::metadata(path)
+            .ok()
+            .map(|m| (m.ino(), m.mtime(), m.mtime_nsec(), m.size()));
+        if key.is_none() || key != self.key {
+            self.text = std::fs::read_to_string(path).unwrap_or_default();
+            self.key = key;
+        }
+    }
+}
+
+impl UserDb {
+    pub fn resolve(&mut self, spec: &str) -> Result<User, String> {
+        self.passwd.refresh("/etc/passwd");
+        self.group.refresh("/etc/group");
+        resolve_user(spec, &self.passwd.text, &self.group.text)
+    }
 }
 
 #[cfg(test)]

@@ -19,7 +19,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
-use super::users::{resolve_user_here, User};
+use super::users::User;
 use super::{spawn_task, Agent, Chan, Shared};
 
 /// Inotify wrapped for the reactor.
@@ -118,9 +118,7 @@ impl Agent {
                 format!("watch: path {:?} must be absolute", r.path),
             ));
         }
-        let spec = r.user.as_deref().unwrap_or(&self.settings.default_user);
-        let user = resolve_user_here(spec)
-            .map_err(|m| ErrorBody::new(ErrorCode::InvalidUser, format!("watch: {m}")))?;
+        let user = super::files::user_for(self, "watch", r.user.as_deref())?;
         let root = PathBuf::from(&r.path);
         let ino = Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK)
             .map_err(|e| ErrorBody::new(ErrorCode::Io, format!("watch: inotify_init: {e}")))?;

@@ -217,6 +217,22 @@ impl Watch {
     }
 }
 
+macro_rules! debug_by_channel {
+    ($($t:ty => $name:literal),*) => {$(
+        impl std::fmt::Debug for $t {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct($name).finish_non_exhaustive()
+            }
+        }
+    )*};
+}
+debug_by_channel!(
+    FileDownload => "FileDownload",
+    FileUpload => "FileUpload",
+    DirListing => "DirListing",
+    Watch => "Watch"
+);
+
 impl GuestClient {
     /// Opens a file for streaming.
     pub async fn read_file(&self, req: ReadFileRequest) -> Result<FileDownload, ClientError> {

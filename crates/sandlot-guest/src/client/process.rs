@@ -254,6 +254,12 @@ pub struct ProcessStdin {
     sink: InputSink,
 }
 
+impl std::fmt::Debug for ProcessStdin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProcessStdin").finish_non_exhaustive()
+    }
+}
+
 impl ProcessStdin {
     /// Writes all of `data`, waiting for flow-control credit.
     pub async fn write(&mut self, data: &[u8]) -> Result<(), ClientError> {

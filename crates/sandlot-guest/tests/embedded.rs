@@ -1,0 +1,194 @@
+//! `run_agent` embedded in a host process (as the runtime calls it), and as PID 1 of
+//! a pid namespace. Own test binary: the embedded agent makes this process a child
+//! subreaper, which must not affect other test binaries.
+
+mod common;
+
+use std::os::unix::net::UnixListener;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{sh, TempDir};
+use sandlot_guest::client::{GuestClient, ProcessEvent};
+use sandlot_guest::{run_agent, AgentConfig};
+
+async fn connect(path: &Path) -> GuestClient {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match GuestClient::connect(path).await {
+            Ok(c) => return c,
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(5)).await
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
+fn gone(pid: i32) -> bool {
+    !Path::new(&format!("/proc/{pid}")).exists()
+}
+
+async fn wait_gone(pid: i32) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !gone(pid) {
+        assert!(Instant::now() < deadline, "process {pid} still exists");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn embedded_agent_never_steals_its_hosts_children() {
+    let dir = TempDir::new("embedded");
+    let sock = dir.join("a.sock");
+    // A child of the host process, unrelated to the agent.
+    let mut mine = Command::new("sh")
+        .args(["-c", "sleep 0.3; exit 5"])
+        .spawn()
+        .unwrap();
+    let listener = UnixListener::bind(&sock).unwrap();
+    let agent = std::thread::spawn(move || run_agent(listener, AgentConfig::default()));
+    let c = connect(&sock).await;
+    // Processes, orphans and plenty of SIGCHLDs while the host's child is alive.
+    let mut orphans = Vec::new();
+    for _ in 0..10 {
+        let o = c
+            .exec(sh("sleep 0.1 & echo $!"))
+            .await
+            .unwrap()
+            .output()
+            .await
+            .unwrap();
+        assert!(o.status.success());
+        orphans.push(
+            String::from_utf8(o.stdout)
+                .unwrap()
+                .trim()
+                .parse::<i32>()
+                .unwrap(),
+        );
+    }
+    // The host reaps its own child with its own status.
+    let st = tokio::task::spawn_blocking(move || mine.wait().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        st.code(),
+        Some(5),
+        "the agent stole or changed the host's child status"
+    );
+    // The orphans were adopted and reaped by the agent (no zombies left).
+    for pid in orphans {
+        wait_gone(pid).await;
+    }
+    c.shutdown().await.unwrap();
+    let r = tokio::task::spawn_blocking(move || agent.join().unwrap())
+        .await
+        .unwrap();
+    assert!(r.is_ok(), "{r:?}");
+}
+
+#[tokio::test]
+async fn closing_the_lifeline_kills_everything_and_returns() {
+    let dir = TempDir::new("lifeline");
+    let sock = dir.join("a.sock");
+    let (rd, wr) = nix::unistd::pipe().unwrap();
+    let listener = UnixListener::bind(&sock).unwrap();
+    let cfg = AgentConfig {
+        lifeline: Some(rd),
+        ..AgentConfig::default()
+    };
+    let agent = std::thread::spawn(move || run_agent(listener, cfg));
+    let c = connect(&sock).await;
+    let mut p = c.exec(sh("echo up; sleep 100")).await.unwrap();
+    let pid = p.pid();
+    assert_eq!(
+        p.next_event().await.unwrap(),
+        Some(ProcessEvent::Stdout(bytes::Bytes::from_static(b"up\n")))
+    );
+    drop(wr);
+    let r = tokio::task::spawn_blocking(move || agent.join().unwrap())
+        .await
+        .unwrap();
+    assert!(r.is_ok(), "{r:?}");
+    wait_gone(pid).await;
+    // The connection is closed with a reason.
+    let e = c.ping().await.unwrap_err();
+    assert!(e.to_string().contains("closed"), "{e}");
+}
+
+#[tokio::test]
+async fn as_pid1_of_a_pid_namespace_it_reaps_everything() {
+    if !nix::unistd::geteuid().is_root()
+        || Command::new("unshare").arg("--version").output().is_err()
+    {
+        eprintln!(
+            "SKIPPED as_pid1_of_a_pid_namespace_it_reaps_everything: needs root and unshare(1)"
+        );
+        return;
+    }
+    let dir = TempDir::new("pid1");
+    let sock = dir.join("a.sock");
+    let mut ns = Command::new("unshare")
+        .args(["--pid", "--fork", "--mount-proc", "--kill-child"])
+        .arg(env!("CARGO_BIN_EXE_sandlot-guest-agent"))
+        .arg("--listen")
+        .arg(&sock)
+        .spawn()
+        .unwrap();
+    let c = connect(&sock).await;
+    let o = c
+        .exec(sh("echo $PPID"))
+        .await
+        .unwrap()
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(
+        String::from_utf8(o.stdout).unwrap(),
+        "1\n",
+        "the agent is PID 1"
+    );
+    // Double-forked daemons escape every session the agent made; as PID 1 it still
+    // reaps them.
+    for _ in 0..5 {
+        let o = c
+            .exec(sh("setsid sh -c 'sleep 0.1 &' ; (sleep 0.1 &) ; echo ok"))
+            .await
+            .unwrap()
+            .output()
+            .await
+            .unwrap();
+        assert!(o.status.success());
+    }
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let o = c
+        .exec(sh(
+            "for f in /proc/[0-9]*/stat; do cut -d' ' -f1-3 $f; done",
+        ))
+        .await
+        .unwrap()
+        .output()
+        .await
+        .unwrap();
+    let table = String::from_utf8(o.stdout).unwrap();
+    assert!(
+        !table.lines().any(|l| l.split(' ').nth(2) == Some("Z")),
+        "zombies in the namespace:\n{table}"
+    );
+    // Processes started detached are killed at shutdown, with the namespace.
+    let mut req = sh("sleep 100");
+    req.detached = true;
+    c.exec(req).await.unwrap();
+    c.shutdown().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let st = loop {
+        if let Some(s) = ns.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "agent (PID 1) did not exit");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(st.success(), "{st:?}");
+}
