@@ -356,3 +356,52 @@ async fn many_connections_at_once_and_reconnects() {
     c.ping().await.unwrap();
     a.finish(&c).await;
 }
+
+/// The exchange of docs/protocol.md §9, byte for byte where the document is exact.
+#[tokio::test]
+async fn documented_example_exchange() {
+    let a = TestAgent::start();
+    let mut r = Raw::connect(&a);
+    r.send(&hello_with(1, 1));
+    r.expect_hello();
+    let req = br#"{"op":"exec","argv":["echo","hi"]}"#;
+    let mut bytes = frame(FrameKind::Request, 1, req);
+    assert_eq!(&bytes[..9], &[0, 0, 0, 0x27, 2, 0, 0, 0, 1]);
+    bytes.extend_from_slice(&[0, 0, 0, 0x0a, 6, 0, 0, 0, 1, 1, 0, 4, 0, 0]);
+    bytes.extend_from_slice(&[0, 0, 0, 0x0a, 6, 0, 0, 0, 1, 2, 0, 4, 0, 0]);
+    r.send(&bytes);
+    let mut seen = Vec::new();
+    loop {
+        let (k, ch, p) = r.read().expect("frames until END");
+        assert_eq!(ch, 1);
+        match k {
+            FrameKind::Reply => {
+                let v: serde_json::Value = serde_json::from_slice(&p).unwrap();
+                seen.push(v["type"].as_str().unwrap().to_string());
+                if v["type"] == "exit" {
+                    assert_eq!(v["status"]["code"], 0);
+                    assert_eq!(v["stdout_end"], 3);
+                    assert_eq!(v["stderr_end"], 0);
+                }
+            }
+            FrameKind::Data => {
+                assert_eq!(p, b"\x01hi\n");
+                seen.push("data".into());
+            }
+            FrameKind::Eof => seen.push(format!("eof{}", p[0])),
+            FrameKind::End => {
+                assert!(p.is_empty());
+                break;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(seen[0], "started");
+    let pos = |s: &str| seen.iter().position(|x| x == s).unwrap();
+    assert!(pos("data") < pos("exit"), "{seen:?}");
+    assert!(pos("data") < pos("eof1"), "{seen:?}");
+    assert!(seen.contains(&"eof2".to_string()));
+    drop(r);
+    let c = a.client().await;
+    a.finish(&c).await;
+}

@@ -100,6 +100,8 @@ async fn read_loop<R: AsyncRead + Unpin>(agent: &Shared, id: u64, rd: R, wake: &
 
 async fn write_loop<W: AsyncWrite + Unpin>(agent: Shared, id: u64, mut wr: W, wake: Rc<Notify>) {
     loop {
+        // Let every task that is ready queue its frames first: one write for all.
+        tokio::task::yield_now().await;
         let next = {
             let mut a = agent.borrow_mut();
             let Some(c) = a.conns.get_mut(&id) else {
@@ -165,19 +167,28 @@ impl Agent {
                 c.reader.notify_one();
             }
         }
+        self.drop_channels(id);
+    }
+
+    /// Ends every operation of a connection: its processes keep running, file
+    /// operations stop (their drop cleans up temporary files and watches).
+    fn drop_channels(&mut self, id: u64) {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        let chans: Vec<(u32, Chan)> = c.chans.drain().collect();
+        c.out.blocked.clear();
+        for (chan, ch) in chans {
+            if let Chan::Proc(sub) = ch {
+                self.unsubscribe(id, chan, sub.proc);
+            }
+        }
     }
 
     /// Forgets a connection: its processes keep running, its operations stop.
     pub fn drop_conn(&mut self, id: u64) {
-        let Some(c) = self.conns.remove(&id) else {
-            return;
-        };
-        for (chan, ch) in c.chans {
-            if let Chan::Proc(sub) = ch {
-                self.unsubscribe(id, chan, sub.proc);
-            }
-            // Other channel kinds clean up when dropped (temp files, watches).
-        }
+        self.drop_channels(id);
+        self.conns.remove(&id);
     }
 
     /// Handles one frame. `Err`: a protocol violation that closes the connection.

@@ -60,6 +60,8 @@ pub(crate) struct OutBuf {
     pub writer: Rc<Notify>,
     /// Channels that had DATA to send while the buffer was full, in order.
     pub blocked: VecDeque<u32>,
+    /// GOAWAY is queued: nothing may follow it.
+    pub sealed: bool,
 }
 
 impl OutBuf {
@@ -69,6 +71,7 @@ impl OutBuf {
             inflight: 0,
             writer: Rc::new(Notify::new()),
             blocked: VecDeque::new(),
+            sealed: false,
         }
     }
 
@@ -83,6 +86,9 @@ impl OutBuf {
     }
 
     pub fn reply(&mut self, chan: u32, r: &Reply) {
+        if self.sealed {
+            return;
+        }
         if let Err(e) = wire::put_json(&mut self.buf, FrameKind::Reply, chan, "reply", r) {
             let body = ErrorBody::new(sandlot_proto::guest::ErrorCode::Io, e.to_string());
             wire::put_json(
@@ -103,27 +109,43 @@ impl OutBuf {
     }
 
     pub fn end(&mut self, chan: u32) {
+        if self.sealed {
+            return;
+        }
         wire::put_frame(&mut self.buf, FrameKind::End, chan, &[]);
         self.writer.notify_one();
     }
 
     pub fn data(&mut self, chan: u32, stream: u8, data: &[u8]) {
+        if self.sealed {
+            return;
+        }
         wire::put_data(&mut self.buf, chan, stream, data);
         self.writer.notify_one();
     }
 
     pub fn eof(&mut self, chan: u32, stream: u8) {
+        if self.sealed {
+            return;
+        }
         wire::put_eof(&mut self.buf, chan, stream);
         self.writer.notify_one();
     }
 
     pub fn window(&mut self, chan: u32, stream: u8, n: u32) {
+        if self.sealed {
+            return;
+        }
         wire::put_window(&mut self.buf, chan, stream, n);
         self.writer.notify_one();
     }
 
     pub fn goaway(&mut self, body: &ErrorBody) {
+        if self.sealed {
+            return;
+        }
         let _ = wire::put_json(&mut self.buf, FrameKind::GoAway, 0, "goaway", body);
+        self.sealed = true;
         self.writer.notify_one();
     }
 
@@ -377,15 +399,17 @@ async fn main_loop(
         {
             let mut a = agent.borrow_mut();
             let mut pending = false;
-            for c in a.conns.values_mut() {
-                if !c.closing {
-                    c.out.goaway(&ErrorBody::new(
+            let ids: Vec<u64> = a.conns.keys().copied().collect();
+            for id in ids {
+                a.close_conn(
+                    id,
+                    &ErrorBody::new(
                         sandlot_proto::guest::ErrorCode::ShuttingDown,
                         "the agent is shutting down",
-                    ));
-                    c.closing = true;
-                    c.reader.notify_one();
-                }
+                    ),
+                );
+            }
+            for c in a.conns.values() {
                 pending |= !c.out.buf.is_empty() || c.out.inflight > 0;
             }
             if !pending || tokio::time::Instant::now() >= deadline {

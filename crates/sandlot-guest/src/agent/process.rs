@@ -921,6 +921,35 @@ impl Agent {
         }
         // Orphans re-parented to us (we are a subreaper): only zombies of sessions we
         // started, so that other children of a host process are never touched.
+        // Peek at zombies without reaping them (WNOWAIT); the common case costs one
+        // system call.
+        use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
+        let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+        loop {
+            let pid = match waitid(Id::All, flags) {
+                Ok(WaitStatus::StillAlive) | Err(Errno::ECHILD) => return,
+                Ok(st) => match st.pid() {
+                    Some(p) => p.as_raw(),
+                    None => return,
+                },
+                // A status nix cannot decode: look at the children one by one.
+                Err(_) => break,
+            };
+            if self.by_pid.contains_key(&pid) {
+                if let Some((pid, st)) = wait_nohang(pid) {
+                    self.on_reaped(pid, st);
+                }
+                continue;
+            }
+            match proc_stat(pid) {
+                Some((_, _, _, sid)) if self.sessions.contains(&sid) => {
+                    let _ = wait_nohang(pid);
+                }
+                // Not ours (a host process's child): it hides the zombies behind
+                // it from waitid, so scan.
+                _ => break,
+            }
+        }
         for pid in my_children() {
             if self.by_pid.contains_key(&pid) {
                 continue;
