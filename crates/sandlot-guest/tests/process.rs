@@ -492,3 +492,117 @@ async fn list_processes_shows_running_ones() {
     assert_eq!(info.attached, 1);
     a.finish(&c).await;
 }
+
+#[tokio::test]
+async fn exit_is_not_held_back_by_descendants_holding_the_output() {
+    let a = TestAgent::start();
+    let c = a.client().await;
+    let started = std::time::Instant::now();
+    let mut p = c.exec(sh("sleep 3 & echo done")).await.unwrap();
+    a.track(&p);
+    let mut out = Vec::new();
+    let st = loop {
+        match p.next_event().await.unwrap().unwrap() {
+            ProcessEvent::Stdout(b) => out.extend_from_slice(&b),
+            ProcessEvent::Stderr(_) => {}
+            ProcessEvent::Exit(s) => break s,
+        }
+    };
+    assert!(st.success());
+    assert_eq!(out, b"done\n", "output written before exit precedes it");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "exit waited for the background child: {:?}",
+        started.elapsed()
+    );
+    drop(p);
+    a.finish(&c).await;
+}
+
+#[tokio::test]
+async fn spawn_failures_name_the_failing_step() {
+    if !root() {
+        eprintln!("SKIPPED spawn_failures_name_the_failing_step: needs root");
+        return;
+    }
+    let a = TestAgent::start();
+    let c = a.client().await;
+    let private = a.dir.join("private");
+    std::fs::create_dir(&private).unwrap();
+    std::fs::set_permissions(
+        &private,
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    let mut req = ExecRequest::new(["/bin/true"]);
+    req.user = Some("1000".into());
+    req.cwd = Some(private.to_string_lossy().into_owned());
+    let e = c.exec(req).await.unwrap_err();
+    let m = e.to_string();
+    assert!(
+        m.contains("changing to directory") && m.contains("uid 1000") && m.contains("denied"),
+        "{m}"
+    );
+    let noexec = a.dir.join("noexec");
+    std::fs::write(&noexec, b"#!/bin/sh\n").unwrap();
+    let e = c
+        .exec(ExecRequest::new([noexec.to_str().unwrap()]))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::PermissionDenied), "{e}");
+    assert!(e.to_string().contains("noexec"), "{e}");
+    let junk = a.dir.join("junk");
+    std::fs::write(&junk, b"\x7fELF not really").unwrap();
+    std::fs::set_permissions(&junk, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let e = c
+        .exec(ExecRequest::new([junk.to_str().unwrap()]))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::SpawnFailed), "{e}");
+    assert!(e.to_string().contains("format"), "{e}");
+    // The agent is fine afterwards and left no zombie of the failed children.
+    let o = run(&a, &c, ExecRequest::new(["true"])).await;
+    assert!(o.status.success());
+    let zombies: Vec<i32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&p| matches!(common::proc_stat(p), Some(('Z', ppid, _)) if ppid == a.pid()))
+        .collect();
+    assert!(zombies.is_empty(), "{zombies:?}");
+    a.finish(&c).await;
+}
+
+#[tokio::test]
+async fn stdin_is_shared_with_attached_clients_and_pty_eof_works() {
+    let a = TestAgent::start();
+    let c1 = a.client().await;
+    let mut req = ExecRequest::new(["cat"]);
+    req.stdin = true;
+    let p1 = c1.exec(req).await.unwrap();
+    a.track(&p1);
+    let c2 = a.client().await;
+    let mut p2 = c2.attach(p1.id(), None).await.unwrap();
+    p2.write_stdin(b"from-2\n").await.unwrap();
+    match p2.next_event().await.unwrap().unwrap() {
+        ProcessEvent::Stdout(b) => assert_eq!(&b[..], b"from-2\n"),
+        other => panic!("{other:?}"),
+    }
+    p2.close_stdin();
+    assert!(p2.wait().await.unwrap().success());
+    drop(p1);
+
+    // On a terminal, closing stdin sends ^D: cat sees end of input.
+    let mut req = ExecRequest::new(["cat"]);
+    req.pty = Some(PtySize { rows: 24, cols: 80 });
+    let mut p = c2.exec(req).await.unwrap();
+    a.track(&p);
+    p.write_stdin(b"line\n").await.unwrap();
+    p.close_stdin();
+    let st = tokio::time::timeout(Duration::from_secs(10), p.wait())
+        .await
+        .expect("cat exits after ^D")
+        .unwrap();
+    assert!(st.success());
+    a.finish(&c2).await;
+}
