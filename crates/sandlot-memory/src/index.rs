@@ -1,0 +1,880 @@
+//! The search index: one SQLite file (FTS5 for BM25, vectors as blobs) plus an in-memory
+//! vector matrix for exact nearest-neighbour scans.
+//!
+//! The index is a cache of the store's files: every row can be rebuilt from them. Vectors are
+//! keyed by (chunk content hash, model id), so moving a file or reverting to content seen before
+//! embeds nothing, and vectors of another model are simply absent until re-embedded.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+
+use rusqlite::{params, Connection, OptionalExtension};
+
+use crate::chunk::Chunk;
+
+/// Errors from the index database.
+#[derive(Debug, thiserror::Error)]
+pub enum IndexError {
+    #[error("open index {path}: {source}")]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("index {op}: {source}")]
+    Sql {
+        op: String,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("index schema version {found} in {path} is not {expected}; run reindex")]
+    Schema {
+        path: PathBuf,
+        found: String,
+        expected: &'static str,
+    },
+}
+
+fn sql(op: impl Into<String>) -> impl FnOnce(rusqlite::Error) -> IndexError {
+    let op = op.into();
+    move |source| IndexError::Sql { op, source }
+}
+
+const SCHEMA_VERSION: &str = "1";
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS files(
+    path TEXT PRIMARY KEY,
+    hash TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    mtime_ns INTEGER NOT NULL,
+    mem_id TEXT NOT NULL,
+    title TEXT NOT NULL,
+    kind TEXT,
+    folder TEXT NOT NULL,
+    tags TEXT NOT NULL,
+    relations TEXT NOT NULL,
+    valid_from INTEGER,
+    valid_to INTEGER,
+    error TEXT
+);
+CREATE INDEX IF NOT EXISTS files_mem_id ON files(mem_id);
+CREATE TABLE IF NOT EXISTS chunks(
+    id INTEGER PRIMARY KEY,
+    path TEXT NOT NULL,
+    ord INTEGER NOT NULL,
+    line INTEGER NOT NULL,
+    end_line INTEGER NOT NULL,
+    hash TEXT NOT NULL,
+    text TEXT NOT NULL,
+    titled INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS chunks_path ON chunks(path);
+CREATE INDEX IF NOT EXISTS chunks_hash ON chunks(hash);
+CREATE VIRTUAL TABLE IF NOT EXISTS chunks_fts USING fts5(title, body, tags, tokenize = 'porter unicode61');
+CREATE TABLE IF NOT EXISTS vectors(
+    hash TEXT NOT NULL,
+    model TEXT NOT NULL,
+    vec BLOB NOT NULL,
+    PRIMARY KEY(hash, model)
+) WITHOUT ROWID;
+";
+
+/// What the index knows about one file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FileRow {
+    pub path: String,
+    pub hash: String,
+    pub size: u64,
+    pub mtime_ns: i64,
+    pub mem_id: String,
+    pub title: String,
+    pub kind: Option<String>,
+    pub folder: String,
+    pub tags: Vec<String>,
+    pub relations: Vec<String>,
+    pub valid_from: Option<i64>,
+    pub valid_to: Option<i64>,
+    /// Why the file's front matter could not be used (it is indexed as plain text then).
+    pub error: Option<String>,
+}
+
+/// A chunk row as stored.
+#[derive(Debug, Clone)]
+pub struct ChunkRow {
+    pub id: i64,
+    pub path: String,
+    pub line: usize,
+    pub end_line: usize,
+    pub hash: String,
+    pub text: String,
+}
+
+/// Metadata filters shared by both retrievers.
+#[derive(Debug, Clone, Default)]
+pub struct Filter {
+    pub tags: Vec<String>,
+    pub kind: Option<String>,
+    pub folder: Option<String>,
+    /// Only memories valid at this UNIX time.
+    pub valid_at: Option<i64>,
+}
+
+impl Filter {
+    fn is_selective(&self) -> bool {
+        !self.tags.is_empty() || self.kind.is_some() || self.folder.is_some()
+    }
+
+    /// SQL condition over `files f` and its parameters.
+    fn where_sql(&self) -> (String, Vec<rusqlite::types::Value>) {
+        use rusqlite::types::Value;
+        let mut conds = vec!["1".to_string()];
+        let mut ps = Vec::new();
+        for t in &self.tags {
+            conds.push("EXISTS (SELECT 1 FROM json_each(f.tags) WHERE json_each.value = ?)".into());
+            ps.push(Value::Text(t.clone()));
+        }
+        if let Some(k) = &self.kind {
+            conds.push("f.kind = ?".into());
+            ps.push(Value::Text(k.clone()));
+        }
+        if let Some(d) = &self.folder {
+            let d = d.trim_matches('/');
+            conds.push("(f.folder = ? OR f.folder LIKE ? ESCAPE '\\')".into());
+            ps.push(Value::Text(d.to_string()));
+            let esc = d
+                .replace('\\', "\\\\")
+                .replace('%', "\\%")
+                .replace('_', "\\_");
+            ps.push(Value::Text(format!("{esc}/%")));
+        }
+        if let Some(t) = self.valid_at {
+            conds.push("(f.valid_from IS NULL OR f.valid_from <= ?)".into());
+            conds.push("(f.valid_to IS NULL OR f.valid_to > ?)".into());
+            ps.push(Value::Integer(t));
+            ps.push(Value::Integer(t));
+        }
+        (conds.join(" AND "), ps)
+    }
+}
+
+/// Which chunks a search may return.
+#[derive(Debug, Clone)]
+pub enum ChunkFilter {
+    All,
+    Include(HashSet<i64>),
+    Exclude(HashSet<i64>),
+}
+
+impl ChunkFilter {
+    #[inline]
+    pub fn admits(&self, id: i64) -> bool {
+        match self {
+            ChunkFilter::All => true,
+            ChunkFilter::Include(s) => s.contains(&id),
+            ChunkFilter::Exclude(s) => !s.contains(&id),
+        }
+    }
+
+    fn rejected_len(&self) -> usize {
+        match self {
+            ChunkFilter::Exclude(s) => s.len(),
+            _ => 0,
+        }
+    }
+}
+
+/// The in-memory matrix of the active model's chunk vectors.
+#[derive(Default)]
+struct VectorCache {
+    loaded: bool,
+    dim: usize,
+    ids: Vec<i64>,
+    data: Vec<f32>,
+    pos: HashMap<i64, usize>,
+}
+
+impl VectorCache {
+    fn insert(&mut self, id: i64, v: &[f32]) {
+        if let Some(&p) = self.pos.get(&id) {
+            self.data[p * self.dim..(p + 1) * self.dim].copy_from_slice(v);
+            return;
+        }
+        self.pos.insert(id, self.ids.len());
+        self.ids.push(id);
+        self.data.extend_from_slice(v);
+    }
+
+    fn remove(&mut self, id: i64) {
+        let Some(p) = self.pos.remove(&id) else {
+            return;
+        };
+        let last = self.ids.len() - 1;
+        if p != last {
+            let moved = self.ids[last];
+            self.ids[p] = moved;
+            self.pos.insert(moved, p);
+            let (head, tail) = self.data.split_at_mut(last * self.dim);
+            head[p * self.dim..(p + 1) * self.dim].copy_from_slice(&tail[..self.dim]);
+        }
+        self.ids.pop();
+        self.data.truncate(last * self.dim);
+    }
+}
+
+/// The index of one store.
+pub struct Index {
+    conn: Connection,
+    path: PathBuf,
+    model: String,
+    dim: usize,
+    cache: VectorCache,
+}
+
+fn blob_of(v: &[f32]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(v.len() * 4);
+    for x in v {
+        b.extend_from_slice(&x.to_le_bytes());
+    }
+    b
+}
+
+fn vec_of(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+impl Index {
+    /// Opens (creating if needed) the index file at `path` for vectors of `model` (`dim` wide).
+    pub fn open(path: &Path, model: &str, dim: usize) -> Result<Index, IndexError> {
+        let open_err = |source| IndexError::Open {
+            path: path.to_path_buf(),
+            source,
+        };
+        let conn = Connection::open(path).map_err(open_err)?;
+        conn.execute_batch(
+            "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA busy_timeout = 5000;",
+        )
+        .map_err(open_err)?;
+        conn.execute_batch(SCHEMA).map_err(open_err)?;
+        let found: Option<String> = conn
+            .query_row("SELECT value FROM meta WHERE key = 'schema'", [], |r| {
+                r.get(0)
+            })
+            .optional()
+            .map_err(open_err)?;
+        match found {
+            None => {
+                conn.execute(
+                    "INSERT INTO meta(key, value) VALUES ('schema', ?1)",
+                    [SCHEMA_VERSION],
+                )
+                .map_err(open_err)?;
+            }
+            Some(v) if v == SCHEMA_VERSION => {}
+            Some(v) => {
+                return Err(IndexError::Schema {
+                    path: path.to_path_buf(),
+                    found: v,
+                    expected: SCHEMA_VERSION,
+                })
+            }
+        }
+        Ok(Index {
+            conn,
+            path: path.to_path_buf(),
+            model: model.to_string(),
+            dim,
+            cache: VectorCache {
+                dim,
+                ..Default::default()
+            },
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn model(&self) -> &str {
+        &self.model
+    }
+
+    pub fn file(&self, path: &str) -> Result<Option<FileRow>, IndexError> {
+        self.conn
+            .query_row(
+                "SELECT path, hash, size, mtime_ns, mem_id, title, kind, folder, tags, relations,
+                        valid_from, valid_to, error FROM files WHERE path = ?1",
+                [path],
+                file_row,
+            )
+            .optional()
+            .map_err(sql(format!("read file row {path}")))
+    }
+
+    pub fn files(&self) -> Result<Vec<FileRow>, IndexError> {
+        let mut st = self
+            .conn
+            .prepare_cached(
+                "SELECT path, hash, size, mtime_ns, mem_id, title, kind, folder, tags, relations,
+                        valid_from, valid_to, error FROM files ORDER BY path",
+            )
+            .map_err(sql("list files"))?;
+        let rows = st.query_map([], file_row).map_err(sql("list files"))?;
+        rows.collect::<Result<Vec<_>, _>>()
+            .map_err(sql("list files"))
+    }
+
+    /// The path of the memory with front matter id (or derived id) `id`.
+    pub fn path_of_id(&self, id: &str) -> Result<Option<String>, IndexError> {
+        self.conn
+            .query_row(
+                "SELECT path FROM files WHERE mem_id = ?1 ORDER BY path LIMIT 1",
+                [id],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(sql(format!("look up id {id}")))
+    }
+
+    /// Which of `hashes` have no stored vector of the active model.
+    pub fn missing_vectors(&self, hashes: &[&str]) -> Result<HashSet<String>, IndexError> {
+        let mut st = self
+            .conn
+            .prepare_cached("SELECT 1 FROM vectors WHERE hash = ?1 AND model = ?2")
+            .map_err(sql("look up vectors"))?;
+        let mut missing = HashSet::new();
+        for h in hashes {
+            let found = st
+                .exists(params![h, self.model])
+                .map_err(sql("look up vectors"))?;
+            if !found {
+                missing.insert(h.to_string());
+            }
+        }
+        Ok(missing)
+    }
+
+    /// Replaces everything indexed for `row.path` with `chunks`; `new_vectors` holds vectors
+    /// (hash → vector) for chunk hashes that had none.
+    pub fn put_file(
+        &mut self,
+        row: &FileRow,
+        chunks: &[Chunk],
+        new_vectors: &HashMap<String, Vec<f32>>,
+    ) -> Result<(), IndexError> {
+        let op = format!("index {}", row.path);
+        let tx = self.conn.transaction().map_err(sql(op.clone()))?;
+        let removed = delete_file_rows(&tx, &row.path).map_err(sql(op.clone()))?;
+        tx.execute(
+            "INSERT INTO files(path, hash, size, mtime_ns, mem_id, title, kind, folder, tags,
+                               relations, valid_from, valid_to, error)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+            params![
+                row.path,
+                row.hash,
+                row.size as i64,
+                row.mtime_ns,
+                row.mem_id,
+                row.title,
+                row.kind,
+                row.folder,
+                serde_json::to_string(&row.tags).unwrap_or_else(|_| "[]".into()),
+                serde_json::to_string(&row.relations).unwrap_or_else(|_| "[]".into()),
+                row.valid_from,
+                row.valid_to,
+                row.error,
+            ],
+        )
+        .map_err(sql(op.clone()))?;
+        for (h, v) in new_vectors {
+            tx.execute(
+                "INSERT OR REPLACE INTO vectors(hash, model, vec) VALUES (?1, ?2, ?3)",
+                params![h, self.model, blob_of(v)],
+            )
+            .map_err(sql(op.clone()))?;
+        }
+        let tags = row.tags.join(" ");
+        let mut inserted = Vec::with_capacity(chunks.len());
+        {
+            let mut ins = tx
+                .prepare_cached(
+                    "INSERT INTO chunks(path, ord, line, end_line, hash, text, titled)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                )
+                .map_err(sql(op.clone()))?;
+            let mut fts = tx
+                .prepare_cached(
+                    "INSERT INTO chunks_fts(rowid, title, body, tags) VALUES (?1, ?2, ?3, ?4)",
+                )
+                .map_err(sql(op.clone()))?;
+            let mut getv = tx
+                .prepare_cached("SELECT vec FROM vectors WHERE hash = ?1 AND model = ?2")
+                .map_err(sql(op.clone()))?;
+            for (ord, c) in chunks.iter().enumerate() {
+                ins.execute(params![
+                    row.path,
+                    ord as i64,
+                    c.line as i64,
+                    c.end_line as i64,
+                    c.hash,
+                    c.text,
+                    c.embed_text != c.text
+                ])
+                .map_err(sql(op.clone()))?;
+                let id = tx.last_insert_rowid();
+                fts.execute(params![id, row.title, c.text, tags])
+                    .map_err(sql(op.clone()))?;
+                let v: Option<Vec<u8>> = match new_vectors.get(&c.hash) {
+                    Some(v) => Some(blob_of(v)),
+                    None => getv
+                        .query_row(params![c.hash, self.model], |r| r.get(0))
+                        .optional()
+                        .map_err(sql(op.clone()))?,
+                };
+                inserted.push((id, v));
+            }
+        }
+        tx.commit().map_err(sql(op))?;
+        if self.cache.loaded {
+            for id in removed {
+                self.cache.remove(id);
+            }
+            for (id, v) in inserted {
+                if let Some(b) = v {
+                    let v = vec_of(&b);
+                    if v.len() == self.dim {
+                        self.cache.insert(id, &v);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Updates only the stat fields of an unchanged file (after a touch or checkout).
+    pub fn touch_file(&mut self, path: &str, size: u64, mtime_ns: i64) -> Result<(), IndexError> {
+        self.conn
+            .execute(
+                "UPDATE files SET size = ?2, mtime_ns = ?3 WHERE path = ?1",
+                params![path, size as i64, mtime_ns],
+            )
+            .map_err(sql(format!("update stat of {path}")))?;
+        Ok(())
+    }
+
+    /// Removes every row of `path` (its vectors stay until [`Index::gc_vectors`]).
+    pub fn remove_file(&mut self, path: &str) -> Result<(), IndexError> {
+        let op = format!("remove {path} from index");
+        let tx = self.conn.transaction().map_err(sql(op.clone()))?;
+        let removed = delete_file_rows(&tx, path).map_err(sql(op.clone()))?;
+        tx.commit().map_err(sql(op))?;
+        if self.cache.loaded {
+            for id in removed {
+                self.cache.remove(id);
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes vectors whose content hash no chunk references any more.
+    pub fn gc_vectors(&mut self) -> Result<usize, IndexError> {
+        self.conn
+            .execute(
+                "DELETE FROM vectors WHERE hash NOT IN (SELECT hash FROM chunks)",
+                [],
+            )
+            .map_err(sql("collect unreferenced vectors"))
+    }
+
+    /// Chunks with no vector of the active model (after a model change), at most `limit`:
+    /// (content hash, text to embed).
+    pub fn chunks_without_vectors(
+        &self,
+        limit: usize,
+    ) -> Result<Vec<(String, String)>, IndexError> {
+        let mut st = self
+            .conn
+            .prepare_cached(
+                "SELECT c.hash, CASE WHEN c.titled THEN f.title || char(10) || c.text ELSE c.text END
+                 FROM chunks c JOIN files f ON f.path = c.path
+                 WHERE NOT EXISTS (SELECT 1 FROM vectors v WHERE v.hash = c.hash AND v.model = ?1)
+                 GROUP BY c.hash LIMIT ?2",
+            )
+            .map_err(sql("list chunks without vectors"))?;
+        let rows = st
+            .query_map(params![self.model, limit as i64], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+            })
+            .map_err(sql("list chunks without vectors"))?;
+        rows.collect::<Result<Vec<_>, _>>()
+            .map_err(sql("list chunks without vectors"))
+    }
+
+    /// Stores vectors for existing chunks (background re-embedding).
+    pub fn put_vectors(&mut self, vectors: &HashMap<String, Vec<f32>>) -> Result<(), IndexError> {
+        let tx = self.conn.transaction().map_err(sql("store vectors"))?;
+        let mut ids = Vec::new();
+        {
+            let mut put = tx
+                .prepare_cached(
+                    "INSERT OR REPLACE INTO vectors(hash, model, vec) VALUES (?1, ?2, ?3)",
+                )
+                .map_err(sql("store vectors"))?;
+            let mut q = tx
+                .prepare_cached("SELECT id FROM chunks WHERE hash = ?1")
+                .map_err(sql("store vectors"))?;
+            for (h, v) in vectors {
+                put.execute(params![h, self.model, blob_of(v)])
+                    .map_err(sql("store vectors"))?;
+                let rows = q
+                    .query_map([h], |r| r.get::<_, i64>(0))
+                    .map_err(sql("store vectors"))?;
+                for id in rows {
+                    ids.push((id.map_err(sql("store vectors"))?, h.clone()));
+                }
+            }
+        }
+        tx.commit().map_err(sql("store vectors"))?;
+        if self.cache.loaded {
+            for (id, h) in ids {
+                self.cache.insert(id, &vectors[&h]);
+            }
+        }
+        Ok(())
+    }
+
+    /// Counts: (files, chunks, chunks with a vector of the active model).
+    pub fn counts(&self) -> Result<(usize, usize, usize), IndexError> {
+        self.conn
+            .query_row(
+                "SELECT (SELECT count(*) FROM files), (SELECT count(*) FROM chunks),
+                        (SELECT count(*) FROM chunks c WHERE EXISTS
+                            (SELECT 1 FROM vectors v WHERE v.hash = c.hash AND v.model = ?1))",
+                [&self.model],
+                |r| {
+                    Ok((
+                        r.get::<_, i64>(0)? as usize,
+                        r.get::<_, i64>(1)? as usize,
+                        r.get::<_, i64>(2)? as usize,
+                    ))
+                },
+            )
+            .map_err(sql("count rows"))
+    }
+
+    /// Drops every row (the files are the truth; a rebuild follows).
+    pub fn clear(&mut self, keep_vectors: bool) -> Result<(), IndexError> {
+        let mut batch =
+            String::from("DELETE FROM files; DELETE FROM chunks; DELETE FROM chunks_fts;");
+        if !keep_vectors {
+            batch.push_str("DELETE FROM vectors;");
+        }
+        self.conn
+            .execute_batch(&batch)
+            .map_err(sql("clear index"))?;
+        self.cache = VectorCache {
+            dim: self.dim,
+            ..Default::default()
+        };
+        Ok(())
+    }
+
+    pub fn begin_bulk(&self) -> Result<(), IndexError> {
+        self.conn
+            .execute_batch("BEGIN")
+            .map_err(sql("begin bulk load"))
+    }
+
+    pub fn end_bulk(&self) -> Result<(), IndexError> {
+        self.conn
+            .execute_batch("COMMIT")
+            .map_err(sql("commit bulk load"))
+    }
+
+    fn ensure_cache(&mut self) -> Result<(), IndexError> {
+        if self.cache.loaded {
+            return Ok(());
+        }
+        let mut cache = VectorCache {
+            dim: self.dim,
+            loaded: true,
+            ..Default::default()
+        };
+        let mut st = self
+            .conn
+            .prepare(
+                "SELECT c.id, v.vec FROM chunks c JOIN vectors v ON v.hash = c.hash AND v.model = ?1",
+            )
+            .map_err(sql("load vectors"))?;
+        let mut rows = st.query([&self.model]).map_err(sql("load vectors"))?;
+        while let Some(r) = rows.next().map_err(sql("load vectors"))? {
+            let id: i64 = r.get(0).map_err(sql("load vectors"))?;
+            let b = r.get_ref(1).map_err(sql("load vectors"))?;
+            let b = b.as_blob().map_err(|e| IndexError::Sql {
+                op: "load vectors".into(),
+                source: rusqlite::Error::FromSqlConversionFailure(
+                    1,
+                    rusqlite::types::Type::Blob,
+                    Box::new(e),
+                ),
+            })?;
+            if b.len() == self.dim * 4 {
+                cache.insert(id, &vec_of(b));
+            }
+        }
+        drop(rows);
+        drop(st);
+        self.cache = cache;
+        Ok(())
+    }
+
+    /// The chunk ids `filter` admits (`Include`) or rejects (`Exclude`), whichever set is
+    /// expected to be smaller: metadata filters admit few, validity alone rejects few.
+    pub fn chunk_filter(&self, filter: &Filter) -> Result<ChunkFilter, IndexError> {
+        if !filter.is_selective() && filter.valid_at.is_none() {
+            return Ok(ChunkFilter::All);
+        }
+        let (cond, ps) = filter.where_sql();
+        let include = filter.is_selective();
+        let q = if include {
+            format!("SELECT c.id FROM files f CROSS JOIN chunks c ON c.path = f.path WHERE {cond}")
+        } else {
+            format!("SELECT c.id FROM files f CROSS JOIN chunks c ON c.path = f.path WHERE NOT ({cond})")
+        };
+        let mut st = self.conn.prepare_cached(&q).map_err(sql("filter chunks"))?;
+        let rows = st
+            .query_map(rusqlite::params_from_iter(ps), |r| r.get::<_, i64>(0))
+            .map_err(sql("filter chunks"))?;
+        let set = rows
+            .collect::<Result<HashSet<_>, _>>()
+            .map_err(sql("filter chunks"))?;
+        Ok(if include {
+            ChunkFilter::Include(set)
+        } else {
+            ChunkFilter::Exclude(set)
+        })
+    }
+
+    /// Exact nearest neighbours of unit vector `q`: (chunk id, cosine), best first.
+    pub fn vector_search(
+        &mut self,
+        q: &[f32],
+        k: usize,
+        filter: &ChunkFilter,
+    ) -> Result<Vec<(i64, f32)>, IndexError> {
+        self.ensure_cache()?;
+        let dim = self.dim;
+        if q.len() != dim {
+            return Ok(Vec::new());
+        }
+        // Keep the k best in a small sorted buffer; most rows are rejected by one comparison.
+        let mut best: Vec<(i64, f32)> = Vec::with_capacity(k + 1);
+        let mut floor = f32::NEG_INFINITY;
+        for (i, row) in self.cache.data.chunks_exact(dim).enumerate() {
+            let s = crate::embed::dot(q, row);
+            if best.len() >= k && s <= floor {
+                continue;
+            }
+            let id = self.cache.ids[i];
+            if !filter.admits(id) {
+                continue;
+            }
+            let at = best.partition_point(|e| e.1 > s || (e.1 == s && e.0 < id));
+            best.insert(at, (id, s));
+            if best.len() > k {
+                best.pop();
+            }
+            if best.len() >= k {
+                floor = best[best.len() - 1].1;
+            }
+        }
+        Ok(best)
+    }
+
+    /// BM25 over title, body and tags: (chunk id, bm25 score where lower is better), best first.
+    pub fn text_search(
+        &self,
+        fts_query: &str,
+        k: usize,
+        filter: &Filter,
+        chunks: &ChunkFilter,
+    ) -> Result<Vec<(i64, f64)>, IndexError> {
+        if fts_query.is_empty() || k == 0 {
+            return Ok(Vec::new());
+        }
+        let op = || format!("full-text search {fts_query:?}");
+        if filter.is_selective() {
+            // Few chunks qualify: let SQLite join and filter.
+            let (cond, ps) = filter.where_sql();
+            let q = format!(
+                "SELECT chunks_fts.rowid, bm25(chunks_fts, 2.0, 1.0, 1.5) AS s FROM chunks_fts
+                 JOIN chunks c ON c.id = chunks_fts.rowid JOIN files f ON f.path = c.path
+                 WHERE chunks_fts MATCH ? AND {cond} ORDER BY s LIMIT ?"
+            );
+            let mut all = vec![rusqlite::types::Value::Text(fts_query.to_string())];
+            all.extend(ps);
+            all.push(rusqlite::types::Value::Integer(k as i64));
+            let mut st = self.conn.prepare_cached(&q).map_err(sql(op()))?;
+            let rows = st
+                .query_map(rusqlite::params_from_iter(all), |r| {
+                    Ok((r.get::<_, i64>(0)?, r.get::<_, f64>(1)?))
+                })
+                .map_err(sql(op()))?;
+            return rows.collect::<Result<Vec<_>, _>>().map_err(sql(op()));
+        }
+        // Otherwise rank in FTS alone and drop the few rejected chunks afterwards, fetching
+        // more when too many were dropped.
+        let mut st = self
+            .conn
+            .prepare_cached(
+                "SELECT rowid, bm25(chunks_fts, 2.0, 1.0, 1.5) AS s FROM chunks_fts
+                 WHERE chunks_fts MATCH ?1 ORDER BY s LIMIT ?2",
+            )
+            .map_err(sql(op()))?;
+        let mut fetch = k + chunks.rejected_len().min(4 * k);
+        loop {
+            let rows = st
+                .query_map(params![fts_query, fetch as i64], |r| {
+                    Ok((r.get::<_, i64>(0)?, r.get::<_, f64>(1)?))
+                })
+                .map_err(sql(op()))?;
+            let got = rows.collect::<Result<Vec<_>, _>>().map_err(sql(op()))?;
+            let exhausted = got.len() < fetch;
+            let mut kept: Vec<(i64, f64)> = got
+                .into_iter()
+                .filter(|(id, _)| chunks.admits(*id))
+                .collect();
+            if kept.len() >= k || exhausted {
+                kept.truncate(k);
+                return Ok(kept);
+            }
+            fetch *= 4;
+        }
+    }
+
+    /// For each of `candidates`, how many of `terms` (single FTS5 terms, tokenised and stemmed
+    /// like the index) it contains.
+    pub fn matched_terms(
+        &self,
+        terms: &[String],
+        candidates: &[i64],
+    ) -> Result<HashMap<i64, usize>, IndexError> {
+        let mut counts: HashMap<i64, usize> = candidates.iter().map(|&id| (id, 0)).collect();
+        if candidates.is_empty() {
+            return Ok(counts);
+        }
+        let ids = candidates
+            .iter()
+            .map(|i| i.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        let q =
+            format!("SELECT rowid FROM chunks_fts WHERE chunks_fts MATCH ?1 AND rowid IN ({ids})");
+        let mut st = self.conn.prepare(&q).map_err(sql("count matched terms"))?;
+        for t in terms {
+            let quoted = format!("\"{}\"", t.replace('"', "\"\""));
+            let rows = st
+                .query_map([quoted], |r| r.get::<_, i64>(0))
+                .map_err(sql(format!("count matches of {t:?}")))?;
+            for id in rows {
+                let id = id.map_err(sql(format!("count matches of {t:?}")))?;
+                if let Some(c) = counts.get_mut(&id) {
+                    *c += 1;
+                }
+            }
+        }
+        Ok(counts)
+    }
+
+    pub fn chunk(&self, id: i64) -> Result<Option<ChunkRow>, IndexError> {
+        self.conn
+            .query_row(
+                "SELECT id, path, line, end_line, hash, text FROM chunks WHERE id = ?1",
+                [id],
+                |r| {
+                    Ok(ChunkRow {
+                        id: r.get(0)?,
+                        path: r.get(1)?,
+                        line: r.get::<_, i64>(2)? as usize,
+                        end_line: r.get::<_, i64>(3)? as usize,
+                        hash: r.get(4)?,
+                        text: r.get(5)?,
+                    })
+                },
+            )
+            .optional()
+            .map_err(sql(format!("read chunk {id}")))
+    }
+
+    /// All chunks of `path`, in order.
+    pub fn chunks_of(&self, path: &str) -> Result<Vec<ChunkRow>, IndexError> {
+        let mut st = self
+            .conn
+            .prepare_cached(
+                "SELECT id, path, line, end_line, hash, text FROM chunks WHERE path = ?1 ORDER BY ord",
+            )
+            .map_err(sql(format!("read chunks of {path}")))?;
+        let rows = st
+            .query_map([path], |r| {
+                Ok(ChunkRow {
+                    id: r.get(0)?,
+                    path: r.get(1)?,
+                    line: r.get::<_, i64>(2)? as usize,
+                    end_line: r.get::<_, i64>(3)? as usize,
+                    hash: r.get(4)?,
+                    text: r.get(5)?,
+                })
+            })
+            .map_err(sql(format!("read chunks of {path}")))?;
+        rows.collect::<Result<Vec<_>, _>>()
+            .map_err(sql(format!("read chunks of {path}")))
+    }
+
+    /// Number of stored vectors (all models).
+    pub fn vector_rows(&self) -> Result<usize, IndexError> {
+        self.conn
+            .query_row("SELECT count(*) FROM vectors", [], |r| r.get::<_, i64>(0))
+            .map(|n| n as usize)
+            .map_err(sql("count vectors"))
+    }
+}
+
+fn delete_file_rows(tx: &rusqlite::Transaction<'_>, path: &str) -> rusqlite::Result<Vec<i64>> {
+    let ids: Vec<i64> = {
+        let mut st = tx.prepare_cached("SELECT id FROM chunks WHERE path = ?1")?;
+        let rows = st.query_map([path], |r| r.get(0))?;
+        rows.collect::<Result<_, _>>()?
+    };
+    {
+        let mut del = tx.prepare_cached("DELETE FROM chunks_fts WHERE rowid = ?1")?;
+        for id in &ids {
+            del.execute([id])?;
+        }
+    }
+    tx.execute("DELETE FROM chunks WHERE path = ?1", [path])?;
+    tx.execute("DELETE FROM files WHERE path = ?1", [path])?;
+    Ok(ids)
+}
+
+fn file_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<FileRow> {
+    let tags: String = r.get(8)?;
+    let rels: String = r.get(9)?;
+    Ok(FileRow {
+        path: r.get(0)?,
+        hash: r.get(1)?,
+        size: r.get::<_, i64>(2)? as u64,
+        mtime_ns: r.get(3)?,
+        mem_id: r.get(4)?,
+        title: r.get(5)?,
+        kind: r.get(6)?,
+        folder: r.get(7)?,
+        tags: serde_json::from_str(&tags).unwrap_or_default(),
+        relations: serde_json::from_str(&rels).unwrap_or_default(),
+        valid_from: r.get(10)?,
+        valid_to: r.get(11)?,
+        error: r.get(12)?,
+    })
+}
