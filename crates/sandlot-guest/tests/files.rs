@@ -90,6 +90,24 @@ async fn write_read_stat_with_parents_and_modes() {
     assert_eq!(e.code(), Some(ErrorCode::IsADirectory), "{e}");
     let e = c.stat(StatRequest::new("relative/path")).await.unwrap_err();
     assert_eq!(e.code(), Some(ErrorCode::BadRequest), "{e}");
+    // A FIFO without a writer must not stall the (single-threaded) agent.
+    let fifo = a.dir.join("fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let fifo = fifo.to_string_lossy().into_owned();
+    let e = tokio::time::timeout(Duration::from_secs(5), c.read_file_to_vec(&fifo))
+        .await
+        .expect("no hang on a FIFO")
+        .unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::BadRequest), "{e}");
+    assert!(e.to_string().contains("not a regular file"), "{e}");
+    let mut w = WriteFileRequest::new(&fifo);
+    w.append = true;
+    let e = tokio::time::timeout(Duration::from_secs(5), c.write_file_from(w, b"x"))
+        .await
+        .expect("no hang on a FIFO")
+        .unwrap_err();
+    assert!(e.code().is_some(), "{e}");
+    c.ping().await.unwrap();
     a.finish(&c).await;
 }
 

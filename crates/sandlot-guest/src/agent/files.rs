@@ -169,6 +169,19 @@ pub(crate) fn stat_of(path: &Path, m: &std::fs::Metadata) -> FileStat {
     }
 }
 
+/// Reads and writes stream regular files only: devices, FIFOs and sockets could
+/// block the agent (which serves everything from one thread) indefinitely.
+fn not_regular(m: &std::fs::Metadata) -> io::Result<()> {
+    if m.is_file() {
+        Ok(())
+    } else {
+        Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a regular file (devices, FIFOs and sockets cannot be streamed)",
+        ))
+    }
+}
+
 /// A file being streamed to a client.
 pub(crate) struct ReadStream {
     file: File,
@@ -335,11 +348,16 @@ impl Agent {
         let (file, stat) = self
             .fs
             .run(&user, || {
-                let mut f = File::open(&r.path)?;
+                // Non-blocking open: a FIFO without a writer must not stall the agent.
+                let mut f = OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_NONBLOCK)
+                    .open(&r.path)?;
                 let m = f.metadata()?;
                 if m.is_dir() {
                     return Err(io::Error::from_raw_os_error(libc::EISDIR));
                 }
+                not_regular(&m)?;
                 if r.offset > 0 {
                     f.seek(SeekFrom::Start(r.offset))?;
                 }
@@ -434,8 +452,11 @@ impl Agent {
                     }
                 }
                 let existing = std::fs::metadata(&dest).ok();
-                if existing.as_ref().is_some_and(|m| m.is_dir()) {
-                    return Err(io::Error::from_raw_os_error(libc::EISDIR));
+                if let Some(m) = &existing {
+                    if m.is_dir() {
+                        return Err(io::Error::from_raw_os_error(libc::EISDIR));
+                    }
+                    not_regular(m)?;
                 }
                 let mode = r
                     .mode
@@ -446,7 +467,9 @@ impl Agent {
                         .append(true)
                         .create(true)
                         .mode(mode)
+                        .custom_flags(libc::O_NONBLOCK)
                         .open(&dest)?;
+                    not_regular(&f.metadata()?)?;
                     if r.mode.is_some() {
                         f.set_permissions(std::fs::Permissions::from_mode(mode))?;
                     }

@@ -9,8 +9,10 @@
 mod conn;
 mod files;
 mod process;
+mod reap;
 mod ring;
 mod spawn;
+mod stdin;
 mod users;
 mod watch;
 

@@ -12,7 +12,6 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use nix::errno::Errno;
-use nix::unistd::Pid;
 use sandlot_proto::guest::{
     stream, ErrorBody, ErrorCode, ExecRequest, ExitStatus, ProcessId, ProcessInfo, PtySize, Reply,
     StreamInfo, DATA_CHUNK,
@@ -20,7 +19,9 @@ use sandlot_proto::guest::{
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
+use super::reap::kill_tree;
 use super::ring::OutputRing;
+use super::stdin::{stdin_task, StdinPipe};
 use super::users::{User, UserDb};
 use super::{
     set_nonblocking, spawn_task, Afd, Agent, Chan, Shared, LINGER, MAX_FINISHED,
@@ -60,17 +61,6 @@ impl OutStream {
             tty: false,
         }
     }
-}
-
-/// The write side of a process's stdin.
-pub(crate) struct StdinPipe {
-    pub fd: Afd,
-    /// Chunks waiting to be written, with the channel to credit when they are.
-    pub queue: VecDeque<(u64, u32, Bytes)>,
-    pub eof_requested: bool,
-    pub wake: Rc<Notify>,
-    pub task: Option<JoinHandle<()>>,
-    pub tty: bool,
 }
 
 pub(crate) struct Proc {
@@ -143,6 +133,7 @@ pub(crate) struct ProcSub {
 }
 
 /// Everything decided before forking.
+#[derive(Debug)]
 pub(crate) struct ExecPlan {
     pub program: PathBuf,
     pub argv: Vec<String>,
@@ -276,87 +267,6 @@ pub(crate) fn set_winsize(master: &impl AsFd, size: PtySize) -> io::Result<()> {
     // duration of the call; the fd is an open terminal master.
     unsafe { ioctl_set_winsize(master.as_fd().as_raw_fd(), &ws) }?;
     Ok(())
-}
-
-/// Raw wait status of one child, decoded. `None`: nothing (more) to reap.
-fn wait_nohang(pid: i32) -> Option<(i32, ExitStatus)> {
-    loop {
-        let mut status: libc::c_int = 0;
-        // SAFETY: waitpid writes one int through a pointer valid for the call.
-        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-        if r > 0 {
-            let es = if libc::WIFEXITED(status) {
-                ExitStatus {
-                    code: Some(libc::WEXITSTATUS(status)),
-                    ..ExitStatus::default()
-                }
-            } else if libc::WIFSIGNALED(status) {
-                ExitStatus {
-                    signal: Some(libc::WTERMSIG(status)),
-                    core_dumped: libc::WCOREDUMP(status),
-                    ..ExitStatus::default()
-                }
-            } else {
-                continue;
-            };
-            return Some((r, es));
-        }
-        if r == 0 {
-            return None;
-        }
-        if Errno::last() == Errno::EINTR {
-            continue;
-        }
-        return None;
-    }
-}
-
-/// Fields after the command name of /proc/PID/stat: (state, ppid, pgrp, session).
-fn proc_stat(pid: i32) -> Option<(char, i32, i32, i32)> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &s[s.rfind(')')? + 2..];
-    let mut f = rest.split(' ');
-    let state = f.next()?.chars().next()?;
-    let ppid = f.next()?.parse().ok()?;
-    let pgrp = f.next()?.parse().ok()?;
-    let session = f.next()?.parse().ok()?;
-    Some((state, ppid, pgrp, session))
-}
-
-fn all_pids() -> Vec<i32> {
-    let Ok(rd) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    rd.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .collect()
-}
-
-/// SIGKILLs the process group `pgid` and every process in session `sid`
-/// (descendants that made their own process group included).
-fn kill_tree(sid: i32) {
-    let _ = nix::sys::signal::killpg(Pid::from_raw(sid), nix::sys::signal::Signal::SIGKILL);
-    for pid in all_pids() {
-        if let Some((_, _, _, s)) = proc_stat(pid) {
-            if s == sid {
-                let _ =
-                    nix::sys::signal::kill(Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
-            }
-        }
-    }
-}
-
-/// Direct children of this process (all threads), from /proc.
-fn my_children() -> Vec<i32> {
-    let mut out = Vec::new();
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return out;
-    };
-    for t in tasks.flatten() {
-        if let Ok(s) = std::fs::read_to_string(t.path().join("children")) {
-            out.extend(s.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
-        }
-    }
-    out
 }
 
 pub(crate) fn watch_lifeline(agent: Shared, fd: OwnedFd) -> io::Result<JoinHandle<()>> {
@@ -765,7 +675,7 @@ impl Agent {
     }
 
     /// Called for each reaped child.
-    fn on_reaped(&mut self, pid: i32, mut status: ExitStatus) {
+    pub(super) fn on_reaped(&mut self, pid: i32, mut status: ExitStatus) {
         let Some(id) = self.by_pid.remove(&pid) else {
             return;
         };
@@ -883,7 +793,7 @@ impl Agent {
         }
     }
 
-    fn remove_proc(&mut self, id: u64) {
+    pub(super) fn remove_proc(&mut self, id: u64) {
         if let Some(mut p) = self.procs.remove(&id) {
             for st in &mut p.streams {
                 if let Some(t) = st.task.take() {
@@ -902,63 +812,6 @@ impl Agent {
                 self.by_pid.remove(&p.pid);
             }
             self.finished.retain(|&f| f != id);
-        }
-    }
-
-    /// Reaps exited children (SIGCHLD).
-    pub fn reap(&mut self) {
-        if self.pid1 {
-            while let Some((pid, st)) = wait_nohang(-1) {
-                self.on_reaped(pid, st);
-            }
-            return;
-        }
-        let known: Vec<i32> = self.by_pid.keys().copied().collect();
-        for pid in known {
-            if let Some((pid, st)) = wait_nohang(pid) {
-                self.on_reaped(pid, st);
-            }
-        }
-        // Orphans re-parented to us (we are a subreaper): only zombies of sessions we
-        // started, so that other children of a host process are never touched.
-        // Peek at zombies without reaping them (WNOWAIT); the common case costs one
-        // system call.
-        use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
-        let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
-        loop {
-            let pid = match waitid(Id::All, flags) {
-                Ok(WaitStatus::StillAlive) | Err(Errno::ECHILD) => return,
-                Ok(st) => match st.pid() {
-                    Some(p) => p.as_raw(),
-                    None => return,
-                },
-                // A status nix cannot decode: look at the children one by one.
-                Err(_) => break,
-            };
-            if self.by_pid.contains_key(&pid) {
-                if let Some((pid, st)) = wait_nohang(pid) {
-                    self.on_reaped(pid, st);
-                }
-                continue;
-            }
-            match proc_stat(pid) {
-                Some((_, _, _, sid)) if self.sessions.contains(&sid) => {
-                    let _ = wait_nohang(pid);
-                }
-                // Not ours (a host process's child): it hides the zombies behind
-                // it from waitid, so scan.
-                _ => break,
-            }
-        }
-        for pid in my_children() {
-            if self.by_pid.contains_key(&pid) {
-                continue;
-            }
-            if let Some(('Z', _, _, sid)) = proc_stat(pid) {
-                if self.sessions.contains(&sid) {
-                    let _ = wait_nohang(pid);
-                }
-            }
         }
     }
 
@@ -1013,160 +866,6 @@ impl Agent {
             .map_err(|e| err(ErrorCode::Io, format!("resize process {id}: {e}")))
     }
 
-    /// Queues stdin bytes from a subscriber. Returns false on a credit violation.
-    pub fn stdin_data(&mut self, conn: u64, chan: u32, data: Bytes) -> Result<(), String> {
-        let Agent { conns, procs, .. } = self;
-        let Some(c) = conns.get_mut(&conn) else {
-            return Ok(());
-        };
-        let Some(Chan::Proc(sub)) = c.chans.get_mut(&chan) else {
-            return Ok(());
-        };
-        if sub.stdin_eof {
-            return Err("DATA on stream 0 after EOF".into());
-        }
-        let n = data.len() as u64;
-        if n > sub.stdin_credit {
-            return Err(format!(
-                "{n} bytes of stdin exceed the granted credit of {}",
-                sub.stdin_credit
-            ));
-        }
-        sub.stdin_credit -= n;
-        match procs.get_mut(&sub.proc).and_then(|p| p.stdin.as_mut()) {
-            Some(si) if !si.eof_requested => {
-                si.queue.push_back((conn, chan, data));
-                si.wake.notify_one();
-            }
-            _ => {
-                // Stdin is closed: discard, but give the credit back so that the
-                // writer does not hang.
-                sub.stdin_credit += n;
-                c.out.window(chan, stream::INPUT, n as u32);
-            }
-        }
-        Ok(())
-    }
-
-    pub fn stdin_eof(&mut self, conn: u64, chan: u32) -> Result<(), String> {
-        let Agent { conns, procs, .. } = self;
-        let Some(Chan::Proc(sub)) = conns.get_mut(&conn).and_then(|c| c.chans.get_mut(&chan))
-        else {
-            return Ok(());
-        };
-        if sub.stdin_eof {
-            return Err("second EOF on stream 0".into());
-        }
-        sub.stdin_eof = true;
-        if let Some(si) = procs.get_mut(&sub.proc).and_then(|p| p.stdin.as_mut()) {
-            si.eof_requested = true;
-            si.wake.notify_one();
-        }
-        Ok(())
-    }
-
-    /// Writes queued stdin until the pipe is full (`Err(WouldBlock)`) or the queue is
-    /// empty; credits the sending channels for what was written.
-    fn write_stdin(&mut self, id: u64) -> io::Result<()> {
-        loop {
-            let Some(si) = self.procs.get_mut(&id).and_then(|p| p.stdin.as_mut()) else {
-                return Ok(());
-            };
-            let Some((conn, chan, data)) = si.queue.front_mut() else {
-                return Ok(());
-            };
-            let (conn, chan) = (*conn, *chan);
-            let n = match nix::unistd::write(si.fd.get_ref(), data) {
-                Ok(n) => n,
-                Err(Errno::EINTR) => continue,
-                Err(Errno::EAGAIN) => return Err(io::ErrorKind::WouldBlock.into()),
-                Err(e) => return Err(e.into()),
-            };
-            bytes::Buf::advance(data, n);
-            if data.is_empty() {
-                si.queue.pop_front();
-            }
-            self.credit_stdin(conn, chan, n as u32);
-        }
-    }
-
-    fn credit_stdin(&mut self, conn: u64, chan: u32, n: u32) {
-        if n == 0 {
-            return;
-        }
-        if let Some(c) = self.conns.get_mut(&conn) {
-            if let Some(Chan::Proc(sub)) = c.chans.get_mut(&chan) {
-                if !sub.stdin_eof {
-                    sub.stdin_credit += u64::from(n);
-                    c.out.window(chan, stream::INPUT, n);
-                }
-            }
-        }
-    }
-
-    /// Closes stdin: on error, or once EOF was requested and the queue drained.
-    fn close_stdin(&mut self, id: u64, broken: bool) {
-        let Some(p) = self.procs.get_mut(&id) else {
-            return;
-        };
-        let Some(mut si) = p.stdin.take() else {
-            return;
-        };
-        if si.tty && !broken {
-            // A terminal has no half-close: send the EOF character instead.
-            let _ = nix::unistd::write(si.fd.get_ref(), b"\x04");
-        }
-        si.task = None;
-        let queued: Vec<(u64, u32, usize)> = si
-            .queue
-            .drain(..)
-            .map(|(c, ch, d)| (c, ch, d.len()))
-            .collect();
-        for (c, ch, n) in queued {
-            self.credit_stdin(c, ch, n as u32);
-        }
-    }
-
-    /// Kills every process (shutdown, lifeline lost) and reaps what it can.
-    pub fn kill_everything(&mut self) {
-        self.shutting_down = true;
-        if self.pid1 {
-            // From PID 1 this reaches every other process of the namespace.
-            let _ = nix::sys::signal::kill(Pid::from_raw(-1), nix::sys::signal::Signal::SIGKILL);
-        }
-        let sids: Vec<i32> = self
-            .procs
-            .values()
-            .map(|p| p.pid)
-            .chain(self.sessions.iter().copied())
-            .collect();
-        for sid in &sids {
-            kill_tree(*sid);
-        }
-        // Reap: our children die promptly after SIGKILL (unless stuck in the kernel,
-        // which the bounded wait tolerates).
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
-        loop {
-            self.reap();
-            let alive = if self.pid1 {
-                !my_children().is_empty()
-            } else {
-                !self.by_pid.is_empty()
-                    || my_children().into_iter().any(|c| {
-                        proc_stat(c).is_some_and(|(_, _, _, s)| self.sessions.contains(&s))
-                    })
-            };
-            if !alive || std::time::Instant::now() >= deadline {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-        let ids: Vec<u64> = self.procs.keys().copied().collect();
-        for id in ids {
-            self.remove_proc(id);
-        }
-    }
-
     pub fn list_processes(&self) -> Vec<ProcessInfo> {
         self.procs.values().map(Proc::info).collect()
     }
@@ -1201,31 +900,66 @@ async fn pipe_task(agent: Shared, id: u64, i: usize, fd: Afd, room: Rc<Notify>) 
     }
 }
 
-async fn stdin_task(agent: Shared, id: u64, fd: Afd, wake: Rc<Notify>) {
-    loop {
-        let (has_data, eof) = match agent.borrow().procs.get(&id).and_then(|p| p.stdin.as_ref()) {
-            Some(si) => (!si.queue.is_empty(), si.eof_requested),
-            None => return,
-        };
-        if !has_data {
-            if eof {
-                agent.borrow_mut().close_stdin(id, false);
-                return;
-            }
-            wake.notified().await;
-            continue;
-        }
-        let Ok(mut g) = fd.writable().await else {
-            agent.borrow_mut().close_stdin(id, true);
-            return;
-        };
-        match g.try_io(|_| agent.borrow_mut().write_stdin(id)) {
-            Ok(Ok(())) | Err(_) => {}
-            Ok(Err(_)) => {
-                // EPIPE: the process closed its stdin or exited.
-                agent.borrow_mut().close_stdin(id, true);
-                return;
-            }
-        }
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(req: &ExecRequest, base: &[(&str, &str)]) -> Result<ExecPlan, ErrorBody> {
+        let base: Vec<(String, String)> = base
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        plan_exec(req, &base, "root", None, &mut UserDb::default())
+    }
+
+    #[test]
+    fn environment_precedence_and_defaults() {
+        let mut req = ExecRequest::new(["sh", "-c", "true"]);
+        req.env.insert("B".into(), "request".into());
+        req.env.insert("HOME".into(), "/elsewhere".into());
+        req.pty = Some(PtySize::default());
+        req.cwd = Some("/".into());
+        let p = plan(
+            &req,
+            &[("A", "base"), ("B", "base"), ("PATH", "/bin:/usr/bin")],
+        )
+        .unwrap();
+        assert_eq!(p.env["A"], "base");
+        assert_eq!(p.env["B"], "request");
+        assert_eq!(p.env["HOME"], "/elsewhere");
+        assert_eq!(p.env["PATH"], "/bin:/usr/bin");
+        assert_eq!(p.env["USER"], "root");
+        assert_eq!(p.env["LOGNAME"], "root");
+        assert_eq!(p.env["TERM"], "xterm-256color");
+        assert!(p.program.ends_with("sh") && p.program.is_absolute());
+        assert_eq!(p.argv[0], "sh", "argv[0] stays as given");
+        assert_eq!(p.cwd, "/");
+        let no_pty = plan(&ExecRequest::new(["/bin/true"]), &[]).unwrap();
+        assert!(!no_pty.env.contains_key("TERM"));
+        assert!(no_pty.env["PATH"].contains("/usr/bin"));
+    }
+
+    #[test]
+    fn program_and_cwd_errors_name_what_is_wrong() {
+        let e = plan(&ExecRequest::new(["surely-not-a-program"]), &[]).unwrap_err();
+        assert_eq!(e.code, ErrorCode::NotFound);
+        assert!(
+            e.message
+                .contains("surely-not-a-program: command not found"),
+            "{}",
+            e.message
+        );
+        let mut req = ExecRequest::new(["true"]);
+        req.cwd = Some("/surely/not/here".into());
+        let e = plan(&req, &[]).unwrap_err();
+        assert_eq!(e.code, ErrorCode::NotFound);
+        assert!(e.message.contains("cwd /surely/not/here"), "{}", e.message);
+        req.cwd = Some("/etc/passwd".into());
+        assert_eq!(plan(&req, &[]).unwrap_err().code, ErrorCode::NotADirectory);
+        let mut req = ExecRequest::new(["true"]);
+        req.user = Some("surely-not-a-user".into());
+        assert_eq!(plan(&req, &[]).unwrap_err().code, ErrorCode::InvalidUser);
+        let e = plan(&ExecRequest::new(Vec::<String>::new()), &[]).unwrap_err();
+        assert_eq!(e.code, ErrorCode::BadRequest);
     }
 }
