@@ -3,9 +3,15 @@
 //! Run: `cargo bench -p sandlot-guest --bench guest` (release build; the agent runs
 //! as a child process on a Unix socket, the client in this process).
 //!
+//! On a machine busy with other work, scheduling delays dominate the latencies;
+//! give the benchmark (and the agent it starts) real-time priority instead:
+//! `cargo bench -p sandlot-guest --bench guest --no-run`, then run the printed
+//! executable as `chrt -f 20 /path/to/guest-HASH --bench`.
+//!
 //! * exec round trip of `/bin/true` (request -> started -> exit received) vs a plain
-//!   fork/exec/wait of `/bin/true` from this process;
+//!   fork/exec/wait of `/bin/true` from this process (std's posix_spawn path);
 //! * protocol round trip (ping);
+//! * parent-side CPU per exec: the agent's vs this process's for the plain spawn;
 //! * stdout throughput through the agent vs reading a pipe directly;
 //! * idle agent memory (private, anonymous).
 

@@ -234,3 +234,48 @@ async fn detached_output_is_retained_up_to_the_limit_and_never_blocks() {
     assert!(got.ends_with(b"\0tail-marker\n"));
     a.finish(&c).await;
 }
+
+#[tokio::test]
+async fn stdin_is_flow_controlled_when_the_process_does_not_read() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    let a = TestAgent::start();
+    let c = a.client().await;
+    let fifo = a.dir.join("go");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let mut req = sh(&format!("read x < {}; wc -c", fifo.display()));
+    req.stdin = true;
+    let mut p = c.exec(req).await.unwrap();
+    a.track(&p);
+    let mut stdin = p.take_stdin().unwrap();
+    let total: u64 = 20 << 20;
+    let accepted = Arc::new(AtomicU64::new(0));
+    let acc = accepted.clone();
+    let writer = tokio::spawn(async move {
+        let chunk = vec![b'x'; 64 * 1024];
+        let mut sent = 0;
+        while sent < total {
+            stdin.write(&chunk).await.unwrap();
+            sent += chunk.len() as u64;
+            acc.store(sent, Ordering::SeqCst);
+        }
+        stdin.close();
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let early = accepted.load(Ordering::SeqCst);
+    // Agent credit (256 KiB) + the pipe (64 KiB) + one chunk in flight.
+    assert!(
+        early <= (256 + 64 + 64 + 64) * 1024,
+        "the client sent {early} bytes to a process that reads nothing"
+    );
+    assert!(!writer.is_finished());
+    std::fs::write(&fifo, b"go\n").unwrap();
+    writer.await.unwrap();
+    let o = p.output().await.unwrap();
+    assert!(o.status.success());
+    assert_eq!(
+        String::from_utf8(o.stdout).unwrap().trim(),
+        total.to_string()
+    );
+    a.finish(&c).await;
+}

@@ -128,7 +128,7 @@ async fn write_loop<W: AsyncWrite + Unpin>(agent: Shared, id: u64, mut wr: W, wa
                 if e.kind() != std::io::ErrorKind::BrokenPipe
                     && e.kind() != std::io::ErrorKind::ConnectionReset
                 {
-                    eprintln!("sandlot-guest: writing to connection {id}: {e}");
+                    super::log!("writing to connection {id}: {e}");
                 }
                 c.closing = true;
                 c.out.buf.clear();

@@ -291,6 +291,16 @@ impl Agent {
     }
 }
 
+/// Writes a diagnostic line to stderr, ignoring failures: the agent is PID 1 and
+/// must not die because its stderr is closed or broken (`eprintln!` would panic).
+macro_rules! log {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), "sandlot-guest: {}", format_args!($($arg)*));
+    }};
+}
+pub(crate) use log;
+
 /// An fd registered with the reactor.
 pub(crate) type Afd = Rc<AsyncFd<OwnedFd>>;
 
@@ -370,7 +380,7 @@ async fn main_loop(
         tokio::select! {
             biased;
             _ = shutdown.notified() => break,
-            _ = sigchld.recv() => agent.borrow_mut().reap(),
+            Some(()) = sigchld.recv() => agent.borrow_mut().reap(),
             r = listener.accept() => match r {
                 Ok((stream, _)) => {
                     let (rd, wr) = stream.into_split();
@@ -379,7 +389,7 @@ async fn main_loop(
                 Err(e) => match e.raw_os_error() {
                     Some(libc::EMFILE) | Some(libc::ENFILE) | Some(libc::ENOBUFS)
                     | Some(libc::ENOMEM) => {
-                        eprintln!("sandlot-guest: accept: {e}; retrying");
+                        log!("accept: {e}; retrying");
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
                     Some(libc::EBADF) | Some(libc::EINVAL) | Some(libc::ENOTSOCK) => {

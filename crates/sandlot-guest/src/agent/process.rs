@@ -554,7 +554,7 @@ impl Agent {
                     // EIO: the terminal's last slave closed. Anything else: the stream
                     // is unusable; either way it has ended.
                     if e != Errno::EIO {
-                        eprintln!("sandlot-guest: reading output of process {id}: {e}");
+                        super::log!("reading output of process {id}: {e}");
                     }
                     st.eof = true;
                     break ReadOutcome::Eof;

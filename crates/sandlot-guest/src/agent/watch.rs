@@ -333,7 +333,7 @@ async fn watch_task(
         match res {
             Ok(Ok(evs)) => agent.borrow_mut().on_watch_events(conn, chan, evs),
             Ok(Err(e)) => {
-                eprintln!("sandlot-guest: reading inotify events: {e}");
+                super::log!("reading inotify events: {e}");
                 return;
             }
             Err(_would_block) => {}
