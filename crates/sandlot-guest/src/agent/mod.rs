@@ -202,7 +202,7 @@ pub(crate) struct Agent {
     /// Stack of the child between clone and exec.
     pub stack: Box<[u8]>,
     pub users: users::UserDb,
-    /// The agent's oom_score_adj is not 0: children reset theirs.
+    /// Children reset their oom_score_adj to 0 (the agent's is protective).
     pub reset_oom: bool,
     pub fs: FsCreds,
     pub shutdown: Rc<Notify>,
@@ -234,9 +234,8 @@ impl Agent {
             scratch: vec![0u8; sandlot_proto::guest::DATA_CHUNK].into_boxed_slice(),
             stack: vec![0u8; spawn::CHILD_STACK].into_boxed_slice(),
             users: users::UserDb::default(),
-            reset_oom: std::fs::read_to_string("/proc/self/oom_score_adj")
-                .map(|s| s.trim() != "0")
-                .unwrap_or(true),
+            // Always: the runtime may adjust the agent's score after it started.
+            reset_oom: true,
             fs: FsCreds::new(),
             shutdown: Rc::new(Notify::new()),
             shutting_down: false,

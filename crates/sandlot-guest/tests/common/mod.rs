@@ -62,9 +62,23 @@ impl TestAgent {
     }
 
     pub fn start_with(args: &[&str]) -> TestAgent {
+        TestAgent::start_wrapped(&[], args)
+    }
+
+    /// Starts the agent through `wrapper` (a command that execs its arguments).
+    pub fn start_wrapped(wrapper: &[&str], args: &[&str]) -> TestAgent {
         let dir = TempDir::new("agent");
         let socket = dir.join("agent.sock");
-        let child = Command::new(env!("CARGO_BIN_EXE_sandlot-guest-agent"))
+        let bin = env!("CARGO_BIN_EXE_sandlot-guest-agent");
+        let mut cmd = match wrapper.split_first() {
+            Some((w, rest)) => {
+                let mut c = Command::new(w);
+                c.args(rest).arg(bin);
+                c
+            }
+            None => Command::new(bin),
+        };
+        let child = cmd
             .arg("--listen")
             .arg(&socket)
             .args(args)
