@@ -436,7 +436,10 @@ impl SandboxSpec {
                 ));
             }
             if v.contains('\0') {
-                return Err(SpecError::new(format!("env.{k}"), "value contains a NUL byte"));
+                return Err(SpecError::new(
+                    format!("env.{k}"),
+                    "value contains a NUL byte",
+                ));
             }
         }
         if let Some(w) = &self.workdir {
@@ -520,7 +523,10 @@ mod tests {
     use super::*;
 
     fn field_of(json: &str) -> String {
-        SandboxSpec::from_json(json).unwrap_err().field().to_string()
+        SandboxSpec::from_json(json)
+            .unwrap_err()
+            .field()
+            .to_string()
     }
 
     #[test]
@@ -542,9 +548,8 @@ mod tests {
 
     #[test]
     fn mount_targets_must_be_absolute_and_not_escape() {
-        let j = |t: &str| {
-            format!(r#"{{"mounts":[{{"type":"bind","source":"/tmp","target":"{t}"}}]}}"#)
-        };
+        let j =
+            |t: &str| format!(r#"{{"mounts":[{{"type":"bind","source":"/tmp","target":"{t}"}}]}}"#);
         assert_eq!(field_of(&j("relative/x")), "mounts[0].target");
         assert_eq!(field_of(&j("/a/../../etc")), "mounts[0].target");
         assert_eq!(field_of(&j("/proc")), "mounts[0].target");
@@ -558,8 +563,14 @@ mod tests {
 
     #[test]
     fn absurd_limits_are_refused() {
-        assert_eq!(field_of(r#"{"resources":{"memory":0}}"#), "resources.memory");
-        assert_eq!(field_of(r#"{"resources":{"memory":"4T"}}"#), "resources.memory");
+        assert_eq!(
+            field_of(r#"{"resources":{"memory":0}}"#),
+            "resources.memory"
+        );
+        assert_eq!(
+            field_of(r#"{"resources":{"memory":"4T"}}"#),
+            "resources.memory"
+        );
         assert_eq!(field_of(r#"{"resources":{"pids":0}}"#), "resources.pids");
         assert_eq!(field_of(r#"{"resources":{"cpus":0}}"#), "resources.cpus");
         assert_eq!(field_of(r#"{"resources":{"disk":"1K"}}"#), "resources.disk");
@@ -581,7 +592,13 @@ mod tests {
     #[test]
     fn users_parse() {
         assert_eq!(parse_user("root"), Some(UserIds { uid: 0, gid: 0 }));
-        assert_eq!(parse_user("user"), Some(UserIds { uid: 1000, gid: 1000 }));
+        assert_eq!(
+            parse_user("user"),
+            Some(UserIds {
+                uid: 1000,
+                gid: 1000
+            })
+        );
         assert_eq!(parse_user("5:6"), Some(UserIds { uid: 5, gid: 6 }));
         assert_eq!(parse_user("70000"), None);
         assert_eq!(parse_user("x"), None);

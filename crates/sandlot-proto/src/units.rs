@@ -15,7 +15,9 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 pub enum UnitError {
     #[error("invalid size {0:?}: expected a number of bytes or a number with a unit K, M, G or T (e.g. 512M)")]
     Size(String),
-    #[error("invalid duration {0:?}: expected seconds or a number with a unit ms, s, m or h (e.g. 30s)")]
+    #[error(
+        "invalid duration {0:?}: expected seconds or a number with a unit ms, s, m or h (e.g. 30s)"
+    )]
     Duration(String),
 }
 
@@ -77,7 +79,12 @@ impl FromStr for ByteSize {
 impl fmt::Display for ByteSize {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let b = self.0;
-        for (unit, m) in [("T", 1u64 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)] {
+        for (unit, m) in [
+            ("T", 1u64 << 40),
+            ("G", 1 << 30),
+            ("M", 1 << 20),
+            ("K", 1 << 10),
+        ] {
             if b >= m && b % m == 0 {
                 return write!(f, "{}{}", b / m, unit);
             }
@@ -213,7 +220,10 @@ mod tests {
     fn durations_parse_with_units() {
         assert_eq!("30s".parse::<Seconds>().unwrap(), Seconds::secs(30));
         assert_eq!("5m".parse::<Seconds>().unwrap(), Seconds::secs(300));
-        assert_eq!("250ms".parse::<Seconds>().unwrap().0, Duration::from_millis(250));
+        assert_eq!(
+            "250ms".parse::<Seconds>().unwrap().0,
+            Duration::from_millis(250)
+        );
         assert_eq!("7".parse::<Seconds>().unwrap(), Seconds::secs(7));
         for bad in ["", "s", "3 weeks", "-5s"] {
             assert!(bad.parse::<Seconds>().is_err(), "{bad} should be refused");

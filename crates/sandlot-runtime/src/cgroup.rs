@@ -66,7 +66,8 @@ impl CgroupLayout {
             let mount_point = PathBuf::from(pre[4]);
             match post[0] {
                 "cgroup2" => {
-                    let controllers = read(&mount_point.join("cgroup.controllers")).unwrap_or_default();
+                    let controllers =
+                        read(&mount_point.join("cgroup.controllers")).unwrap_or_default();
                     let has = |c: &str| controllers.split_whitespace().any(|x| x == c);
                     if has("memory") && has("pids") && v2.is_none() {
                         v2 = Some(mount_point);
@@ -112,9 +113,14 @@ pub struct CgroupLimits {
 }
 
 /// The files to write, as (controller, file, value): the plan, separate from I/O.
-pub fn limit_writes(layout: &CgroupLayout, l: &CgroupLimits) -> Vec<(&'static str, &'static str, String)> {
+pub fn limit_writes(
+    layout: &CgroupLayout,
+    l: &CgroupLimits,
+) -> Vec<(&'static str, &'static str, String)> {
     const PERIOD: u64 = 100_000;
-    let quota = l.cpus.map(|c| ((c * PERIOD as f64).round() as u64).max(1000));
+    let quota = l
+        .cpus
+        .map(|c| ((c * PERIOD as f64).round() as u64).max(1000));
     match layout {
         CgroupLayout::V2 { .. } => {
             let mut w = vec![
@@ -129,8 +135,16 @@ pub fn limit_writes(layout: &CgroupLayout, l: &CgroupLimits) -> Vec<(&'static st
         }
         CgroupLayout::V1 { .. } => {
             let mut w = vec![
-                ("memory", "memory.limit_in_bytes", l.memory_bytes.to_string()),
-                ("memory", "memory.memsw.limit_in_bytes", l.memory_bytes.to_string()),
+                (
+                    "memory",
+                    "memory.limit_in_bytes",
+                    l.memory_bytes.to_string(),
+                ),
+                (
+                    "memory",
+                    "memory.memsw.limit_in_bytes",
+                    l.memory_bytes.to_string(),
+                ),
                 ("pids", "pids.max", l.pids.to_string()),
             ];
             if let Some(q) = quota {
@@ -188,7 +202,12 @@ impl Cgroup {
 
     /// Creates the directories (and the parent, enabling v2 controllers on the way)
     /// and writes the limits. On failure, whatever was created is removed.
-    pub fn create(layout: &CgroupLayout, parent: &str, name: &str, limits: &CgroupLimits) -> Result<Cgroup, CgroupError> {
+    pub fn create(
+        layout: &CgroupLayout,
+        parent: &str,
+        name: &str,
+        limits: &CgroupLimits,
+    ) -> Result<Cgroup, CgroupError> {
         let cg = Cgroup::plan(layout, parent, name);
         let r = (|| {
             if let CgroupLayout::V2 { root } = layout {
@@ -197,10 +216,17 @@ impl Cgroup {
             for (_, d) in &cg.dirs {
                 match fs::create_dir(d) {
                     Ok(()) => {}
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                        fs::create_dir_all(d).map_err(|source| CgroupError::Create { path: d.clone(), source })?
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => fs::create_dir_all(d)
+                        .map_err(|source| CgroupError::Create {
+                            path: d.clone(),
+                            source,
+                        })?,
+                    Err(source) => {
+                        return Err(CgroupError::Create {
+                            path: d.clone(),
+                            source,
+                        })
                     }
-                    Err(source) => return Err(CgroupError::Create { path: d.clone(), source }),
                 }
             }
             for (ctrl, file, value) in limit_writes(layout, limits) {
@@ -241,7 +267,11 @@ impl Cgroup {
 
     /// Processes currently in the cgroup.
     pub fn pids(&self) -> Vec<i32> {
-        let Some((_, d)) = self.dirs.iter().find(|(c, _)| self.version == 2 || c == "pids" || c == "memory") else {
+        let Some((_, d)) = self
+            .dirs
+            .iter()
+            .find(|(c, _)| self.version == 2 || c == "pids" || c == "memory")
+        else {
             return Vec::new();
         };
         fs::read_to_string(d.join("cgroup.procs"))
@@ -293,10 +323,17 @@ impl Cgroup {
                 match fs::remove_dir(d) {
                     Ok(()) => break,
                     Err(e) if e.kind() == io::ErrorKind::NotFound => break,
-                    Err(e) if e.raw_os_error() == Some(libc::EBUSY) && Instant::now() < deadline => {
+                    Err(e)
+                        if e.raw_os_error() == Some(libc::EBUSY) && Instant::now() < deadline =>
+                    {
                         std::thread::sleep(Duration::from_micros(200));
                     }
-                    Err(source) => return Err(CgroupError::Remove { path: d.clone(), source }),
+                    Err(source) => {
+                        return Err(CgroupError::Remove {
+                            path: d.clone(),
+                            source,
+                        })
+                    }
                 }
             }
         }
@@ -319,7 +356,8 @@ impl Cgroup {
     /// Reads accounting. Missing files read as zero.
     pub fn usage(&self) -> Usage {
         let read = |ctrl: &str, file: &str| -> Option<String> {
-            self.dir_of(ctrl).and_then(|d| fs::read_to_string(d.join(file)).ok())
+            self.dir_of(ctrl)
+                .and_then(|d| fs::read_to_string(d.join(file)).ok())
         };
         let num = |s: Option<String>| s.and_then(|s| s.trim().parse::<u64>().ok()).unwrap_or(0);
         let key = |s: Option<String>, k: &str| -> u64 {
@@ -364,7 +402,12 @@ fn ensure_v2_parent(root: &Path, parent: &str) -> Result<(), CgroupError> {
         match fs::create_dir(&dir) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(source) => return Err(CgroupError::Create { path: dir.clone(), source }),
+            Err(source) => {
+                return Err(CgroupError::Create {
+                    path: dir.clone(),
+                    source,
+                })
+            }
         }
         enable(&dir);
     }
@@ -387,18 +430,37 @@ mod tests {
     #[test]
     fn hybrid_host_uses_v1_when_v2_has_no_controllers() {
         let l = CgroupLayout::from_mountinfo(HYBRID, |_| Some("hugetlb\n".into())).unwrap();
-        let CgroupLayout::V1 { controllers } = &l else { panic!("{l:?}") };
-        let find = |c: &str| controllers.iter().find(|(n, _)| n == c).map(|(_, p)| p.clone());
+        let CgroupLayout::V1 { controllers } = &l else {
+            panic!("{l:?}")
+        };
+        let find = |c: &str| {
+            controllers
+                .iter()
+                .find(|(n, _)| n == c)
+                .map(|(_, p)| p.clone())
+        };
         assert_eq!(find("memory"), Some(PathBuf::from("/sys/fs/cgroup/memory")));
-        assert_eq!(find("cpu"), Some(PathBuf::from("/sys/fs/cgroup/cpu,cpuacct")));
-        assert_eq!(find("cpuacct"), Some(PathBuf::from("/sys/fs/cgroup/cpu,cpuacct")));
+        assert_eq!(
+            find("cpu"),
+            Some(PathBuf::from("/sys/fs/cgroup/cpu,cpuacct"))
+        );
+        assert_eq!(
+            find("cpuacct"),
+            Some(PathBuf::from("/sys/fs/cgroup/cpu,cpuacct"))
+        );
     }
 
     #[test]
     fn unified_host_uses_v2() {
         let mi = "30 24 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
-        let l = CgroupLayout::from_mountinfo(mi, |_| Some("cpuset cpu io memory pids\n".into())).unwrap();
-        assert_eq!(l, CgroupLayout::V2 { root: "/sys/fs/cgroup".into() });
+        let l = CgroupLayout::from_mountinfo(mi, |_| Some("cpuset cpu io memory pids\n".into()))
+            .unwrap();
+        assert_eq!(
+            l,
+            CgroupLayout::V2 {
+                root: "/sys/fs/cgroup".into()
+            }
+        );
     }
 
     #[test]
@@ -409,11 +471,20 @@ mod tests {
 
     #[test]
     fn limits_map_to_files() {
-        let l = CgroupLimits { memory_bytes: 1 << 20, pids: 64, cpus: Some(0.5) };
+        let l = CgroupLimits {
+            memory_bytes: 1 << 20,
+            pids: 64,
+            cpus: Some(0.5),
+        };
         let v2 = limit_writes(&CgroupLayout::V2 { root: "/x".into() }, &l);
         assert!(v2.contains(&("", "cpu.max", "50000 100000".into())));
         assert!(v2.contains(&("", "memory.max", "1048576".into())));
-        let v1 = limit_writes(&CgroupLayout::V1 { controllers: vec![] }, &l);
+        let v1 = limit_writes(
+            &CgroupLayout::V1 {
+                controllers: vec![],
+            },
+            &l,
+        );
         assert!(v1.contains(&("cpu", "cpu.cfs_quota_us", "50000".into())));
         assert!(v1.contains(&("pids", "pids.max", "64".into())));
     }
@@ -423,6 +494,9 @@ mod tests {
         let l = CgroupLayout::from_mountinfo(HYBRID, |_| None).unwrap();
         let cg = Cgroup::plan(&l, "sandlot", "sb1");
         assert_eq!(cg.version, 1);
-        assert!(cg.dirs.iter().any(|(c, d)| c == "pids" && d == Path::new("/sys/fs/cgroup/pids/sandlot/sb1")));
+        assert!(cg
+            .dirs
+            .iter()
+            .any(|(c, d)| c == "pids" && d == Path::new("/sys/fs/cgroup/pids/sandlot/sb1")));
     }
 }

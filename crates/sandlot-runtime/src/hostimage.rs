@@ -172,7 +172,14 @@ mod tests {
 
     #[test]
     fn allow_list_excludes_secrets() {
-        for bad in ["shadow", "gshadow", "ssh", "sudoers", "ssl/private", "machine-id"] {
+        for bad in [
+            "shadow",
+            "gshadow",
+            "ssh",
+            "sudoers",
+            "ssl/private",
+            "machine-id",
+        ] {
             assert!(!ETC_ALLOW.contains(&bad), "{bad} must never be exposed");
         }
     }
@@ -187,7 +194,9 @@ mod tests {
         std::os::unix::fs::symlink("usr/bin", d.join("bin")).unwrap();
         let f = HostFacts::probe(&d);
         assert!(f.top_level.contains(&("usr".into(), HostEntry::Dir)));
-        assert!(f.top_level.contains(&("bin".into(), HostEntry::Symlink("usr/bin".into()))));
+        assert!(f
+            .top_level
+            .contains(&("bin".into(), HostEntry::Symlink("usr/bin".into()))));
         assert!(f.etc.contains(&("ld.so.cache".into(), HostEntry::File)));
         assert!(f.etc.contains(&("python3.11".into(), HostEntry::Dir)));
         assert!(!f.etc.iter().any(|(n, _)| n == "shadow"));

@@ -51,11 +51,19 @@ struct Trace {
 
 impl Trace {
     fn new(on: bool, who: &'static str) -> Trace {
-        Trace { on, start: std::time::Instant::now(), who }
+        Trace {
+            on,
+            start: std::time::Instant::now(),
+            who,
+        }
     }
     fn mark(&self, what: &str) {
         if self.on {
-            eprintln!("sandlot-init {} +{:>7.3} ms {what}", self.who, self.start.elapsed().as_secs_f64() * 1e3);
+            eprintln!(
+                "sandlot-init {} +{:>7.3} ms {what}",
+                self.who,
+                self.start.elapsed().as_secs_f64() * 1e3
+            );
         }
     }
 }
@@ -99,9 +107,16 @@ fn helper(plan: &SandboxPlan, agent: AgentMain) -> io::Result<()> {
     let _ = std::fs::write("/proc/self/oom_score_adj", "-999");
 
     let _ = std::fs::remove_file(&plan.socket_path);
-    let listener = UnixListener::bind(&plan.socket_path)
-        .map_err(|e| io::Error::new(e.kind(), format!("bind {}: {e}", plan.socket_path.display())))?;
-    std::fs::set_permissions(&plan.socket_path, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+    let listener = UnixListener::bind(&plan.socket_path).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("bind {}: {e}", plan.socket_path.display()),
+        )
+    })?;
+    std::fs::set_permissions(
+        &plan.socket_path,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )?;
 
     tr.mark("socket bound");
     let (mine, theirs) = sys::socketpair()?;
@@ -125,7 +140,11 @@ fn helper(plan: &SandboxPlan, agent: AgentMain) -> io::Result<()> {
     // 1. stage1 has a user namespace: map its ids.
     match sys::recv_with_fd(mine.as_fd())? {
         Some((b'u', _)) => {}
-        _ => return Err(io::Error::other("stage1 died before creating its user namespace")),
+        _ => {
+            return Err(io::Error::other(
+                "stage1 died before creating its user namespace",
+            ))
+        }
     }
     let map = format!("0 {} {}\n", plan.id_base, ID_RANGE);
     std::fs::write(format!("/proc/{stage1}/uid_map"), &map)?;
@@ -213,11 +232,17 @@ fn set_cloexec(fd: i32) {
     unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
 }
 
-fn pid1(plan: &SandboxPlan, idmapped: Option<OwnedFd>, listener: UnixListener, agent: AgentMain) -> io::Result<()> {
+fn pid1(
+    plan: &SandboxPlan,
+    idmapped: Option<OwnedFd>,
+    listener: UnixListener,
+    agent: AgentMain,
+) -> io::Result<()> {
     let tr = Trace::new(plan.trace, "pid1  ");
     // Our mounts must never propagate back to the host.
     sys::mount(None, c"/", None, libc::MS_REC | libc::MS_PRIVATE, None)?;
-    let root = mounts::mount_root(&plan.mounts.root, &plan.root_dir, idmapped).map_err(io::Error::other)?;
+    let root = mounts::mount_root(&plan.mounts.root, &plan.root_dir, idmapped)
+        .map_err(io::Error::other)?;
     tr.mark("root mounted");
     mounts::apply(&plan.root_dir, &plan.mounts.ops).map_err(io::Error::other)?;
     tr.mark("mount plan applied");
@@ -238,7 +263,12 @@ fn pid1(plan: &SandboxPlan, idmapped: Option<OwnedFd>, listener: UnixListener, a
 
     // Descriptors inherited from the host stay open (the locks are held by this
     // process for the sandbox's lifetime) but must not leak into user processes.
-    for fd in [fds::LIFELINE, fds::SLOT_LOCK, fds::ALIVE_LOCK, listener.as_raw_fd()] {
+    for fd in [
+        fds::LIFELINE,
+        fds::SLOT_LOCK,
+        fds::ALIVE_LOCK,
+        listener.as_raw_fd(),
+    ] {
         set_cloexec(fd);
     }
     let lifeline = if plan.lifeline {

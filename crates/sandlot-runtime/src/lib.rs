@@ -84,7 +84,12 @@ pub struct SandboxInstance {
 pub trait Backend: Send + Sync {
     fn name(&self) -> &'static str;
     /// Builds and starts a sandbox; its agent is listening when this returns.
-    fn create(&self, id: &str, spec: &SandboxSpec, opts: CreateOptions) -> Result<SandboxInstance, RuntimeError>;
+    fn create(
+        &self,
+        id: &str,
+        spec: &SandboxSpec,
+        opts: CreateOptions,
+    ) -> Result<SandboxInstance, RuntimeError>;
     /// Kills everything in the sandbox and removes every trace of it on the host.
     fn terminate(&self, sb: &SandboxInstance) -> Result<(), RuntimeError>;
 }

@@ -35,22 +35,57 @@ pub enum Kind {
 /// One step of building the sandbox filesystem. Paths are inside the sandbox.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum MountOp {
-    Dir { path: String, mode: u32, uid: u32, gid: u32 },
-    Symlink { path: String, target: String },
-    File { path: String, contents: String, mode: u32 },
+    Dir {
+        path: String,
+        mode: u32,
+        uid: u32,
+        gid: u32,
+    },
+    Symlink {
+        path: String,
+        target: String,
+    },
+    File {
+        path: String,
+        contents: String,
+        mode: u32,
+    },
     /// Bind a host path. `required: false` skips it when the host path is gone.
-    Bind { source: PathBuf, path: String, readonly: bool, kind: Kind, required: bool },
-    Tmpfs { path: String, size: u64, mode: u32, noexec: bool },
-    Proc { path: String },
+    Bind {
+        source: PathBuf,
+        path: String,
+        readonly: bool,
+        kind: Kind,
+        required: bool,
+    },
+    Tmpfs {
+        path: String,
+        size: u64,
+        mode: u32,
+        noexec: bool,
+    },
+    Proc {
+        path: String,
+    },
     /// sysfs, read-only. Skipped when the kernel refuses it.
-    Sysfs { path: String },
-    Devpts { path: String },
+    Sysfs {
+        path: String,
+    },
+    Devpts {
+        path: String,
+    },
     /// Cover a file with `/dev/null` (if the file exists).
-    MaskFile { path: String },
+    MaskFile {
+        path: String,
+    },
     /// Cover a directory with an empty read-only tmpfs (if it exists).
-    MaskDir { path: String },
+    MaskDir {
+        path: String,
+    },
     /// Make an existing mount point read-only (bind it onto itself first).
-    ReadOnly { path: String },
+    ReadOnly {
+        path: String,
+    },
 }
 
 /// The whole filesystem of a sandbox.
@@ -64,6 +99,8 @@ pub struct MountPlan {
 pub enum MountError {
     #[error("mount source {path} does not exist on the host")]
     MissingSource { path: PathBuf },
+    #[error("rootfs {path} is not a directory on the host")]
+    MissingRootfs { path: PathBuf },
     #[error("{op} {path}: {source}")]
     Apply {
         op: &'static str,
@@ -109,9 +146,12 @@ pub fn plan_mounts(inp: &PlanInput<'_>) -> Result<MountPlan, MountError> {
         Some(dir) => {
             let p = PathBuf::from(dir);
             if !p.is_dir() {
-                return Err(MountError::MissingSource { path: p });
+                return Err(MountError::MissingRootfs { path: p });
             }
-            RootFs::Overlay { lower: p, size: disk }
+            RootFs::Overlay {
+                lower: p,
+                size: disk,
+            }
         }
         None => RootFs::Tmpfs { size: disk },
     };
@@ -120,7 +160,10 @@ pub fn plan_mounts(inp: &PlanInput<'_>) -> Result<MountPlan, MountError> {
         for (name, kind) in &inp.host.top_level {
             let path = format!("/{name}");
             match kind {
-                HostEntry::Symlink(t) => ops.push(MountOp::Symlink { path, target: t.clone() }),
+                HostEntry::Symlink(t) => ops.push(MountOp::Symlink {
+                    path,
+                    target: t.clone(),
+                }),
                 HostEntry::Dir => ops.push(MountOp::Bind {
                     source: PathBuf::from(&path),
                     path,
@@ -131,20 +174,39 @@ pub fn plan_mounts(inp: &PlanInput<'_>) -> Result<MountPlan, MountError> {
                 HostEntry::File => {}
             }
         }
-        ops.push(MountOp::Dir { path: "/etc".into(), mode: 0o755, uid: 0, gid: 0 });
+        ops.push(MountOp::Dir {
+            path: "/etc".into(),
+            mode: 0o755,
+            uid: 0,
+            gid: 0,
+        });
         for (name, contents, mode) in hostimage::synthesized_etc(inp.hostname) {
-            ops.push(MountOp::File { path: format!("/etc/{name}"), contents, mode });
+            ops.push(MountOp::File {
+                path: format!("/etc/{name}"),
+                contents,
+                mode,
+            });
         }
-        ops.push(MountOp::Symlink { path: "/etc/mtab".into(), target: "../proc/self/mounts".into() });
+        ops.push(MountOp::Symlink {
+            path: "/etc/mtab".into(),
+            target: "../proc/self/mounts".into(),
+        });
         for (name, kind) in &inp.host.etc {
             let path = format!("/etc/{name}");
             match kind {
-                HostEntry::Symlink(t) => ops.push(MountOp::Symlink { path, target: t.clone() }),
+                HostEntry::Symlink(t) => ops.push(MountOp::Symlink {
+                    path,
+                    target: t.clone(),
+                }),
                 HostEntry::Dir | HostEntry::File => ops.push(MountOp::Bind {
                     source: PathBuf::from(&path),
                     path,
                     readonly: true,
-                    kind: if *kind == HostEntry::Dir { Kind::Dir } else { Kind::File },
+                    kind: if *kind == HostEntry::Dir {
+                        Kind::Dir
+                    } else {
+                        Kind::File
+                    },
                     required: false,
                 }),
             }
@@ -160,22 +222,42 @@ pub fn plan_mounts(inp: &PlanInput<'_>) -> Result<MountPlan, MountError> {
             ("/opt", 0o755, 0),
             ("/mnt", 0o755, 0),
         ] {
-            ops.push(MountOp::Dir { path: path.into(), mode, uid, gid: uid });
+            ops.push(MountOp::Dir {
+                path: path.into(),
+                mode,
+                uid,
+                gid: uid,
+            });
         }
     } else {
         // A rootfs directory brings its own /etc; only identity files are written.
         for name in ["hostname", "hosts"] {
-            if let Some((_, contents, mode)) =
-                hostimage::synthesized_etc(inp.hostname).into_iter().find(|f| f.0 == name)
+            if let Some((_, contents, mode)) = hostimage::synthesized_etc(inp.hostname)
+                .into_iter()
+                .find(|f| f.0 == name)
             {
-                ops.push(MountOp::File { path: format!("/etc/{name}"), contents, mode });
+                ops.push(MountOp::File {
+                    path: format!("/etc/{name}"),
+                    contents,
+                    mode,
+                });
             }
         }
-        ops.push(MountOp::Dir { path: "/tmp".into(), mode: 0o1777, uid: 0, gid: 0 });
+        ops.push(MountOp::Dir {
+            path: "/tmp".into(),
+            mode: 0o1777,
+            uid: 0,
+            gid: 0,
+        });
     }
 
     // /dev: a small tmpfs with the harmless devices bound from the host.
-    ops.push(MountOp::Tmpfs { path: "/dev".into(), size: 1 << 20, mode: 0o755, noexec: true });
+    ops.push(MountOp::Tmpfs {
+        path: "/dev".into(),
+        size: 1 << 20,
+        mode: 0o755,
+        noexec: true,
+    });
     for d in DEVICES {
         ops.push(MountOp::Bind {
             source: PathBuf::from(format!("/dev/{d}")),
@@ -193,14 +275,26 @@ pub fn plan_mounts(inp: &PlanInput<'_>) -> Result<MountPlan, MountError> {
         ("/dev/ptmx", "pts/ptmx"),
         ("/dev/core", "/proc/kcore"),
     ] {
-        ops.push(MountOp::Symlink { path: path.into(), target: target.into() });
+        ops.push(MountOp::Symlink {
+            path: path.into(),
+            target: target.into(),
+        });
     }
-    ops.push(MountOp::Devpts { path: "/dev/pts".into() });
+    ops.push(MountOp::Devpts {
+        path: "/dev/pts".into(),
+    });
     let shm = (spec.resources.memory.bytes() / 2).min(64 << 20);
-    ops.push(MountOp::Tmpfs { path: "/dev/shm".into(), size: shm, mode: 0o1777, noexec: false });
+    ops.push(MountOp::Tmpfs {
+        path: "/dev/shm".into(),
+        size: shm,
+        mode: 0o1777,
+        noexec: false,
+    });
 
     // /proc, with what runc masks.
-    ops.push(MountOp::Proc { path: "/proc".into() });
+    ops.push(MountOp::Proc {
+        path: "/proc".into(),
+    });
     for f in PROC_MASKED_FILES {
         ops.push(MountOp::MaskFile { path: (*f).into() });
     }
@@ -210,15 +304,24 @@ pub fn plan_mounts(inp: &PlanInput<'_>) -> Result<MountPlan, MountError> {
     for d in PROC_READONLY {
         ops.push(MountOp::ReadOnly { path: (*d).into() });
     }
-    ops.push(MountOp::Sysfs { path: "/sys".into() });
-    ops.push(MountOp::MaskDir { path: "/sys/firmware".into() });
+    ops.push(MountOp::Sysfs {
+        path: "/sys".into(),
+    });
+    ops.push(MountOp::MaskDir {
+        path: "/sys/firmware".into(),
+    });
 
     // The spec's own mounts come last so they can cover image paths.
     for m in &spec.mounts {
         match m {
-            sandlot_proto::spec::MountSpec::Bind { source, target, readonly } => {
+            sandlot_proto::spec::MountSpec::Bind {
+                source,
+                target,
+                readonly,
+            } => {
                 let src = PathBuf::from(source);
-                let md = std::fs::metadata(&src).map_err(|_| MountError::MissingSource { path: src.clone() })?;
+                let md = std::fs::metadata(&src)
+                    .map_err(|_| MountError::MissingSource { path: src.clone() })?;
                 ops.push(MountOp::Bind {
                     source: src,
                     path: sandlot_proto::spec::normalize_sandbox_path(target),
@@ -252,19 +355,38 @@ pub struct RootInfo {
 
 /// Mounts the root filesystem at `at` (a directory in the current mount namespace).
 /// `idmapped_lower` is a detached, idmapped copy of the overlay's lower directory.
-pub fn mount_root(root: &RootFs, at: &Path, idmapped_lower: Option<OwnedFd>) -> Result<RootInfo, MountError> {
+pub fn mount_root(
+    root: &RootFs,
+    at: &Path,
+    idmapped_lower: Option<OwnedFd>,
+) -> Result<RootInfo, MountError> {
     let at_c = sys::cstr(at).map_err(apply_err("mount root", at.display().to_string()))?;
     let tmpfs_opts = |size: u64| CString::new(format!("size={size},mode=0755")).expect("no NUL");
     let flags = libc::MS_NOSUID | libc::MS_NODEV;
     match root {
         RootFs::Tmpfs { size } => {
-            sys::mount(Some(c"sandlot"), &at_c, Some(c"tmpfs"), flags, Some(&tmpfs_opts(*size)))
-                .map_err(apply_err("mount tmpfs root at", at.display().to_string()))?;
+            sys::mount(
+                Some(c"sandlot"),
+                &at_c,
+                Some(c"tmpfs"),
+                flags,
+                Some(&tmpfs_opts(*size)),
+            )
+            .map_err(apply_err("mount tmpfs root at", at.display().to_string()))?;
             Ok(RootInfo { idmapped: false })
         }
         RootFs::Overlay { lower, size } => {
-            sys::mount(Some(c"sandlot"), &at_c, Some(c"tmpfs"), flags, Some(&tmpfs_opts(*size)))
-                .map_err(apply_err("mount overlay scratch at", at.display().to_string()))?;
+            sys::mount(
+                Some(c"sandlot"),
+                &at_c,
+                Some(c"tmpfs"),
+                flags,
+                Some(&tmpfs_opts(*size)),
+            )
+            .map_err(apply_err(
+                "mount overlay scratch at",
+                at.display().to_string(),
+            ))?;
             for d in [OVL_LOWER, OVL_UPPER, OVL_WORK] {
                 std::fs::create_dir(at.join(d)).map_err(apply_err("mkdir", d))?;
             }
@@ -274,17 +396,30 @@ pub fn mount_root(root: &RootFs, at: &Path, idmapped_lower: Option<OwnedFd>) -> 
                 idmapped = sys::move_mount_to(fd.as_fd(), &lower_at).is_ok();
             }
             if !idmapped {
-                let src = sys::cstr(lower).map_err(apply_err("lower", lower.display().to_string()))?;
-                sys::mount(Some(&src), &lower_at, None, libc::MS_BIND | libc::MS_REC, None)
-                    .map_err(apply_err("bind rootfs", lower.display().to_string()))?;
+                let src =
+                    sys::cstr(lower).map_err(apply_err("lower", lower.display().to_string()))?;
+                sys::mount(
+                    Some(&src),
+                    &lower_at,
+                    None,
+                    libc::MS_BIND | libc::MS_REC,
+                    None,
+                )
+                .map_err(apply_err("bind rootfs", lower.display().to_string()))?;
             }
             let opts = format!(
                 "lowerdir={0}/{OVL_LOWER},upperdir={0}/{OVL_UPPER},workdir={0}/{OVL_WORK},userxattr",
                 at.display()
             );
             let opts_c = CString::new(opts).expect("no NUL");
-            sys::mount(Some(c"overlay"), &at_c, Some(c"overlay"), flags, Some(&opts_c))
-                .map_err(apply_err("mount overlay at", at.display().to_string()))?;
+            sys::mount(
+                Some(c"overlay"),
+                &at_c,
+                Some(c"overlay"),
+                flags,
+                Some(&opts_c),
+            )
+            .map_err(apply_err("mount overlay at", at.display().to_string()))?;
             Ok(RootInfo { idmapped })
         }
     }
@@ -294,14 +429,19 @@ pub fn mount_root(root: &RootFs, at: &Path, idmapped_lower: Option<OwnedFd>) -> 
 /// Tries the whole path first; only missing suffixes are walked.
 fn ensure(root: BorrowedFd<'_>, path: &str, kind: Kind) -> io::Result<OwnedFd> {
     let trimmed = path.trim_end_matches('/');
-    let c = CString::new(if trimmed.is_empty() { "/" } else { trimmed }).map_err(|_| io::ErrorKind::InvalidInput)?;
+    let c = CString::new(if trimmed.is_empty() { "/" } else { trimmed })
+        .map_err(|_| io::ErrorKind::InvalidInput)?;
     match sys::open_in_root(root, &c) {
         Ok(fd) => return Ok(fd),
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) && !trimmed.is_empty() => {}
         Err(e) => return Err(e),
     }
     let (parent, name) = trimmed.rsplit_once('/').unwrap_or(("", trimmed));
-    let pfd = ensure(root, if parent.is_empty() { "/" } else { parent }, Kind::Dir)?;
+    let pfd = ensure(
+        root,
+        if parent.is_empty() { "/" } else { parent },
+        Kind::Dir,
+    )?;
     let cname = CString::new(name).map_err(|_| io::ErrorKind::InvalidInput)?;
     let made = match kind {
         Kind::File => sys::touchat(pfd.as_fd(), &cname, 0o644),
@@ -324,7 +464,10 @@ fn parent_and_name(root: BorrowedFd<'_>, path: &str) -> io::Result<(OwnedFd, CSt
         .and_then(|n| n.to_str())
         .ok_or(io::ErrorKind::InvalidInput)?;
     let pfd = ensure(root, parent, Kind::Dir)?;
-    Ok((pfd, CString::new(name).map_err(|_| io::ErrorKind::InvalidInput)?))
+    Ok((
+        pfd,
+        CString::new(name).map_err(|_| io::ErrorKind::InvalidInput)?,
+    ))
 }
 
 fn exists_in_root(root: BorrowedFd<'_>, path: &str) -> bool {
@@ -350,11 +493,17 @@ fn remount_readonly(root: BorrowedFd<'_>, path: &str, recursive: bool) -> io::Re
 /// user namespace, in its own mount namespace, before `pivot_root`.
 pub fn apply(root_dir: &Path, ops: &[MountOp]) -> Result<(), MountError> {
     let rc = sys::cstr(root_dir).map_err(apply_err("open root", root_dir.display().to_string()))?;
-    let root = sys::open_path(&rc, false).map_err(apply_err("open root", root_dir.display().to_string()))?;
+    let root = sys::open_path(&rc, false)
+        .map_err(apply_err("open root", root_dir.display().to_string()))?;
     let r = root.as_fd();
     for op in ops {
         match op {
-            MountOp::Dir { path, mode, uid, gid } => {
+            MountOp::Dir {
+                path,
+                mode,
+                uid,
+                gid,
+            } => {
                 let fd = ensure(r, path, Kind::Dir).map_err(apply_err("mkdir", path))?;
                 let p = sys::fd_path(fd.as_fd());
                 std::fs::set_permissions(
@@ -378,15 +527,30 @@ pub fn apply(root_dir: &Path, ops: &[MountOp]) -> Result<(), MountError> {
                 if rc != 0 {
                     let e = io::Error::last_os_error();
                     if e.raw_os_error() != Some(libc::EEXIST) {
-                        return Err(MountError::Apply { op: "symlink", path: path.clone(), source: e });
+                        return Err(MountError::Apply {
+                            op: "symlink",
+                            path: path.clone(),
+                            source: e,
+                        });
                     }
                 }
             }
-            MountOp::File { path, contents, mode } => {
+            MountOp::File {
+                path,
+                contents,
+                mode,
+            } => {
                 let (pfd, name) = parent_and_name(r, path).map_err(apply_err("write", path))?;
-                write_at(pfd.as_fd(), &name, contents.as_bytes(), *mode).map_err(apply_err("write", path))?;
+                write_at(pfd.as_fd(), &name, contents.as_bytes(), *mode)
+                    .map_err(apply_err("write", path))?;
             }
-            MountOp::Bind { source, path, readonly, kind, required } => {
+            MountOp::Bind {
+                source,
+                path,
+                readonly,
+                kind,
+                required,
+            } => {
                 let sc = sys::cstr(source).map_err(apply_err("bind", path))?;
                 let src = match sys::open_path(&sc, false) {
                     Ok(fd) => fd,
@@ -412,30 +576,57 @@ pub fn apply(root_dir: &Path, ops: &[MountOp]) -> Result<(), MountError> {
                     remount_readonly(r, path, true).map_err(apply_err("make read-only", path))?;
                 }
             }
-            MountOp::Tmpfs { path, size, mode, noexec } => {
-                let tgt = ensure(r, path, Kind::Dir).map_err(apply_err("create tmpfs target", path))?;
+            MountOp::Tmpfs {
+                path,
+                size,
+                mode,
+                noexec,
+            } => {
+                let tgt =
+                    ensure(r, path, Kind::Dir).map_err(apply_err("create tmpfs target", path))?;
                 let mut flags = libc::MS_NOSUID | libc::MS_NODEV;
                 if *noexec {
                     flags |= libc::MS_NOEXEC;
                 }
                 let opts = CString::new(format!("size={size},mode={mode:o}")).expect("no NUL");
-                sys::mount(Some(c"tmpfs"), &sys::fd_path(tgt.as_fd()), Some(c"tmpfs"), flags, Some(&opts))
-                    .map_err(apply_err("mount tmpfs", path))?;
+                sys::mount(
+                    Some(c"tmpfs"),
+                    &sys::fd_path(tgt.as_fd()),
+                    Some(c"tmpfs"),
+                    flags,
+                    Some(&opts),
+                )
+                .map_err(apply_err("mount tmpfs", path))?;
             }
             MountOp::Proc { path } => {
-                let tgt = ensure(r, path, Kind::Dir).map_err(apply_err("create proc target", path))?;
+                let tgt =
+                    ensure(r, path, Kind::Dir).map_err(apply_err("create proc target", path))?;
                 let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
-                sys::mount(Some(c"proc"), &sys::fd_path(tgt.as_fd()), Some(c"proc"), flags, None)
-                    .map_err(apply_err("mount proc", path))?;
+                sys::mount(
+                    Some(c"proc"),
+                    &sys::fd_path(tgt.as_fd()),
+                    Some(c"proc"),
+                    flags,
+                    None,
+                )
+                .map_err(apply_err("mount proc", path))?;
             }
             MountOp::Sysfs { path } => {
-                let tgt = ensure(r, path, Kind::Dir).map_err(apply_err("create sysfs target", path))?;
+                let tgt =
+                    ensure(r, path, Kind::Dir).map_err(apply_err("create sysfs target", path))?;
                 let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC | libc::MS_RDONLY;
                 // Refused when the host's sysfs is not fully visible; /sys then stays empty.
-                let _ = sys::mount(Some(c"sysfs"), &sys::fd_path(tgt.as_fd()), Some(c"sysfs"), flags, None);
+                let _ = sys::mount(
+                    Some(c"sysfs"),
+                    &sys::fd_path(tgt.as_fd()),
+                    Some(c"sysfs"),
+                    flags,
+                    None,
+                );
             }
             MountOp::Devpts { path } => {
-                let tgt = ensure(r, path, Kind::Dir).map_err(apply_err("create devpts target", path))?;
+                let tgt =
+                    ensure(r, path, Kind::Dir).map_err(apply_err("create devpts target", path))?;
                 let flags = libc::MS_NOSUID | libc::MS_NOEXEC;
                 sys::mount(
                     Some(c"devpts"),
@@ -451,9 +642,16 @@ pub fn apply(root_dir: &Path, ops: &[MountOp]) -> Result<(), MountError> {
                     continue;
                 }
                 let tgt = ensure(r, path, Kind::File).map_err(apply_err("mask", path))?;
-                let null = sys::open_in_root(r, c"/dev/null").map_err(apply_err("open", "/dev/null"))?;
-                sys::mount(Some(&sys::fd_path(null.as_fd())), &sys::fd_path(tgt.as_fd()), None, libc::MS_BIND, None)
-                    .map_err(apply_err("mask", path))?;
+                let null =
+                    sys::open_in_root(r, c"/dev/null").map_err(apply_err("open", "/dev/null"))?;
+                sys::mount(
+                    Some(&sys::fd_path(null.as_fd())),
+                    &sys::fd_path(tgt.as_fd()),
+                    None,
+                    libc::MS_BIND,
+                    None,
+                )
+                .map_err(apply_err("mask", path))?;
             }
             MountOp::MaskDir { path } => {
                 if !exists_in_root(r, path) {
@@ -461,8 +659,14 @@ pub fn apply(root_dir: &Path, ops: &[MountOp]) -> Result<(), MountError> {
                 }
                 let tgt = ensure(r, path, Kind::Dir).map_err(apply_err("mask", path))?;
                 let flags = libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
-                sys::mount(Some(c"tmpfs"), &sys::fd_path(tgt.as_fd()), Some(c"tmpfs"), flags, Some(c"size=0"))
-                    .map_err(apply_err("mask", path))?;
+                sys::mount(
+                    Some(c"tmpfs"),
+                    &sys::fd_path(tgt.as_fd()),
+                    Some(c"tmpfs"),
+                    flags,
+                    Some(c"size=0"),
+                )
+                .map_err(apply_err("mask", path))?;
             }
             MountOp::ReadOnly { path } => {
                 if !exists_in_root(r, path) {
@@ -510,13 +714,21 @@ mod tests {
             ],
             etc: vec![
                 ("ld.so.cache".into(), HostEntry::File),
-                ("os-release".into(), HostEntry::Symlink("../usr/lib/os-release".into())),
+                (
+                    "os-release".into(),
+                    HostEntry::Symlink("../usr/lib/os-release".into()),
+                ),
             ],
         }
     }
 
     fn plan(spec: &SandboxSpec) -> MountPlan {
-        plan_mounts(&PlanInput { spec, hostname: "sb", host: &facts() }).unwrap()
+        plan_mounts(&PlanInput {
+            spec,
+            hostname: "sb",
+            host: &facts(),
+        })
+        .unwrap()
     }
 
     #[test]
@@ -530,13 +742,25 @@ mod tests {
             kind: Kind::Dir,
             required: true
         }));
-        assert!(p.ops.contains(&MountOp::Symlink { path: "/bin".into(), target: "usr/bin".into() }));
-        assert!(p.ops.iter().any(|o| matches!(o, MountOp::File { path, .. } if path == "/etc/passwd")));
+        assert!(p.ops.contains(&MountOp::Symlink {
+            path: "/bin".into(),
+            target: "usr/bin".into()
+        }));
+        assert!(p
+            .ops
+            .iter()
+            .any(|o| matches!(o, MountOp::File { path, .. } if path == "/etc/passwd")));
         // Never the host's secrets.
         for o in &p.ops {
             if let MountOp::Bind { source, .. } = o {
                 let s = source.to_string_lossy();
-                assert!(!s.starts_with("/etc/shadow") && !s.starts_with("/root") && !s.starts_with("/home") && !s.starts_with("/var"), "{s}");
+                assert!(
+                    !s.starts_with("/etc/shadow")
+                        && !s.starts_with("/root")
+                        && !s.starts_with("/home")
+                        && !s.starts_with("/var"),
+                    "{s}"
+                );
             }
         }
     }
@@ -545,35 +769,84 @@ mod tests {
     fn proc_is_masked_after_it_is_mounted() {
         let p = plan(&SandboxSpec::default());
         let pos = |want: &MountOp| p.ops.iter().position(|o| o == want).unwrap();
-        let proc_at = pos(&MountOp::Proc { path: "/proc".into() });
-        assert!(pos(&MountOp::MaskFile { path: "/proc/kcore".into() }) > proc_at);
-        assert!(pos(&MountOp::ReadOnly { path: "/proc/sys".into() }) > proc_at);
-        let dev = pos(&MountOp::Tmpfs { path: "/dev".into(), size: 1 << 20, mode: 0o755, noexec: true });
+        let proc_at = pos(&MountOp::Proc {
+            path: "/proc".into(),
+        });
+        assert!(
+            pos(&MountOp::MaskFile {
+                path: "/proc/kcore".into()
+            }) > proc_at
+        );
+        assert!(
+            pos(&MountOp::ReadOnly {
+                path: "/proc/sys".into()
+            }) > proc_at
+        );
+        let dev = pos(&MountOp::Tmpfs {
+            path: "/dev".into(),
+            size: 1 << 20,
+            mode: 0o755,
+            noexec: true,
+        });
         assert!(dev < proc_at, "/dev/null must exist before masks use it");
     }
 
     #[test]
     fn spec_mounts_come_last_and_missing_sources_fail() {
         let mut spec = SandboxSpec::default();
-        spec.mounts.push(MountSpec::Tmpfs { target: "/scratch/".into(), size: sandlot_proto::units::ByteSize::mib(8) });
-        spec.mounts.push(MountSpec::Bind { source: "/tmp".into(), target: "/data".into(), readonly: false });
+        spec.mounts.push(MountSpec::Tmpfs {
+            target: "/scratch/".into(),
+            size: sandlot_proto::units::ByteSize::mib(8),
+        });
+        spec.mounts.push(MountSpec::Bind {
+            source: "/tmp".into(),
+            target: "/data".into(),
+            readonly: false,
+        });
         let p = plan(&spec);
         let n = p.ops.len();
-        assert!(matches!(&p.ops[n - 2], MountOp::Tmpfs { path, size, .. } if path == "/scratch" && *size == 8 << 20));
-        assert!(matches!(&p.ops[n - 1], MountOp::Bind { path, readonly: false, .. } if path == "/data"));
+        assert!(
+            matches!(&p.ops[n - 2], MountOp::Tmpfs { path, size, .. } if path == "/scratch" && *size == 8 << 20)
+        );
+        assert!(
+            matches!(&p.ops[n - 1], MountOp::Bind { path, readonly: false, .. } if path == "/data")
+        );
 
-        spec.mounts.push(MountSpec::Bind { source: "/definitely/not/here".into(), target: "/x".into(), readonly: true });
-        let e = plan_mounts(&PlanInput { spec: &spec, hostname: "sb", host: &facts() }).unwrap_err();
+        spec.mounts.push(MountSpec::Bind {
+            source: "/definitely/not/here".into(),
+            target: "/x".into(),
+            readonly: true,
+        });
+        let e = plan_mounts(&PlanInput {
+            spec: &spec,
+            hostname: "sb",
+            host: &facts(),
+        })
+        .unwrap_err();
         assert!(e.to_string().contains("/definitely/not/here"), "{e}");
     }
 
     #[test]
     fn rootfs_dir_uses_an_overlay_and_must_exist() {
-        let spec = SandboxSpec { rootfs: Some("/tmp".into()), ..Default::default() };
+        let spec = SandboxSpec {
+            rootfs: Some("/tmp".into()),
+            ..Default::default()
+        };
         let p = plan(&spec);
         assert!(matches!(&p.root, RootFs::Overlay { lower, .. } if lower == Path::new("/tmp")));
-        assert!(!p.ops.iter().any(|o| matches!(o, MountOp::Bind { path, .. } if path == "/usr")));
-        let spec = SandboxSpec { rootfs: Some("/no/such/rootfs".into()), ..Default::default() };
-        assert!(plan_mounts(&PlanInput { spec: &spec, hostname: "sb", host: &facts() }).is_err());
+        assert!(!p
+            .ops
+            .iter()
+            .any(|o| matches!(o, MountOp::Bind { path, .. } if path == "/usr")));
+        let spec = SandboxSpec {
+            rootfs: Some("/no/such/rootfs".into()),
+            ..Default::default()
+        };
+        assert!(plan_mounts(&PlanInput {
+            spec: &spec,
+            hostname: "sb",
+            host: &facts()
+        })
+        .is_err());
     }
 }

@@ -70,8 +70,11 @@ impl NamespaceBackend {
             let p = cfg.run_dir.join(d);
             fs::create_dir_all(&p).map_err(io_err(format!("create {}", p.display())))?;
         }
-        fs::set_permissions(&cfg.run_dir, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-            .map_err(io_err("chmod run dir"))?;
+        fs::set_permissions(
+            &cfg.run_dir,
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .map_err(io_err("chmod run dir"))?;
         sys::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0).map_err(io_err("become child subreaper"))?;
         Ok(NamespaceBackend {
             host: HostFacts::probe(Path::new("/")),
@@ -97,7 +100,8 @@ impl NamespaceBackend {
     fn take_slot(&self) -> Result<(u32, OwnedFd), RuntimeError> {
         let dir = self.cfg.run_dir.join("slots");
         // Start at a pseudo-random slot so concurrent creators rarely collide.
-        let start = (std::process::id() ^ Instant::now().elapsed().subsec_nanos()) % self.cfg.id_slots;
+        let start =
+            (std::process::id() ^ Instant::now().elapsed().subsec_nanos()) % self.cfg.id_slots;
         for i in 0..self.cfg.id_slots {
             let slot = (start + i) % self.cfg.id_slots;
             let f = fs::OpenOptions::new()
@@ -114,9 +118,23 @@ impl NamespaceBackend {
         Err(RuntimeError::Exhausted("id ranges (sandbox slots)"))
     }
 
-    fn plan(&self, id: &str, spec: &SandboxSpec, id_base: u32, lifeline: bool, cg: &Cgroup) -> Result<SandboxPlan, RuntimeError> {
-        let hostname = spec.hostname.clone().unwrap_or_else(|| format!("sandlot-{}", &id[..id.len().min(12)]));
-        let mounts = mounts::plan_mounts(&PlanInput { spec, hostname: &hostname, host: &self.host })?;
+    fn plan(
+        &self,
+        id: &str,
+        spec: &SandboxSpec,
+        id_base: u32,
+        lifeline: bool,
+        cg: &Cgroup,
+    ) -> Result<SandboxPlan, RuntimeError> {
+        let hostname = spec
+            .hostname
+            .clone()
+            .unwrap_or_else(|| format!("sandlot-{}", &id[..id.len().min(12)]));
+        let mounts = mounts::plan_mounts(&PlanInput {
+            spec,
+            hostname: &hostname,
+            host: &self.host,
+        })?;
         let mut env = hostimage::base_env(&hostname);
         for (k, v) in &spec.env {
             env.retain(|(ek, _)| ek != k);
@@ -140,7 +158,13 @@ impl NamespaceBackend {
         })
     }
 
-    fn spawn_init(&self, plan: &SandboxPlan, slot: &OwnedFd, alive: &OwnedFd, opts: &mut CreateOptions) -> Result<i32, RuntimeError> {
+    fn spawn_init(
+        &self,
+        plan: &SandboxPlan,
+        slot: &OwnedFd,
+        alive: &OwnedFd,
+        opts: &mut CreateOptions,
+    ) -> Result<i32, RuntimeError> {
         let plan_json = serde_json::to_vec(plan).expect("plan serializes");
         let (plan_r, plan_w) = sys::pipe().map_err(io_err("pipe"))?;
         let (status_r, status_w) = sys::pipe().map_err(io_err("pipe"))?;
@@ -149,7 +173,10 @@ impl NamespaceBackend {
         let inherit: [(RawFd, RawFd); 3] = [
             (slot.as_raw_fd(), fds::SLOT_LOCK),
             (alive.as_raw_fd(), fds::ALIVE_LOCK),
-            (lifeline.as_ref().map_or(-1, |l| l.as_raw_fd()), fds::LIFELINE),
+            (
+                lifeline.as_ref().map_or(-1, |l| l.as_raw_fd()),
+                fds::LIFELINE,
+            ),
         ];
         let mut cmd = Command::new(&self.cfg.init_exe);
         cmd.arg("__init")
@@ -182,7 +209,10 @@ impl NamespaceBackend {
                 Ok(())
             });
         }
-        let mut child = cmd.spawn().map_err(io_err(format!("spawn {} __init", self.cfg.init_exe.display())))?;
+        let mut child = cmd.spawn().map_err(io_err(format!(
+            "spawn {} __init",
+            self.cfg.init_exe.display()
+        )))?;
         drop(cmd);
         drop(lifeline);
         {
@@ -215,7 +245,9 @@ impl NamespaceBackend {
                     let _ = sys::kill(p, libc::SIGKILL);
                     let _ = sys::waitpid(p);
                 }
-                Err(RuntimeError::Init(e.unwrap_or_else(|| "sandbox init exited without reporting".into())))
+                Err(RuntimeError::Init(e.unwrap_or_else(|| {
+                    "sandbox init exited without reporting".into()
+                })))
             }
         }
     }
@@ -256,7 +288,11 @@ impl NamespaceBackend {
     /// Ids of sandboxes that have a run directory (alive or not).
     pub fn list_ids(&self) -> Vec<String> {
         fs::read_dir(self.cfg.run_dir.join("sandboxes"))
-            .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
             .unwrap_or_default()
     }
 
@@ -290,9 +326,19 @@ impl Backend for NamespaceBackend {
         "namespace"
     }
 
-    fn create(&self, id: &str, spec: &SandboxSpec, mut opts: CreateOptions) -> Result<SandboxInstance, RuntimeError> {
+    fn create(
+        &self,
+        id: &str,
+        spec: &SandboxSpec,
+        mut opts: CreateOptions,
+    ) -> Result<SandboxInstance, RuntimeError> {
         spec.validate()?;
-        if id.is_empty() || id.len() > 64 || !id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
+        if id.is_empty()
+            || id.len() > 64
+            || !id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
             return Err(RuntimeError::BadId(id.to_string()));
         }
         let dir = self.sandbox_dir(id);
@@ -300,12 +346,17 @@ impl Backend for NamespaceBackend {
             if e.kind() == io::ErrorKind::AlreadyExists {
                 RuntimeError::Exists(id.to_string())
             } else {
-                RuntimeError::Io { what: format!("create {}", dir.display()), source: e }
+                RuntimeError::Io {
+                    what: format!("create {}", dir.display()),
+                    source: e,
+                }
             }
         })?;
         let mut cgroup: Option<Cgroup> = None;
         let r = (|| {
-            let alive = OwnedFd::from(fs::File::create(dir.join("alive")).map_err(io_err("create alive lock"))?);
+            let alive = OwnedFd::from(
+                fs::File::create(dir.join("alive")).map_err(io_err("create alive lock"))?,
+            );
             sys::try_flock_exclusive(alive.as_fd()).map_err(io_err("lock alive"))?;
             let (slot, slot_fd) = self.take_slot()?;
             let id_base = self.cfg.id_base + slot * ID_RANGE;
@@ -365,8 +416,14 @@ pub fn wait_exit(sb: &SandboxInstance, timeout: Duration) -> Option<i32> {
             Ok(None) => {}
             // Not our child (e.g. adopted after a restart): watch the pidfd instead.
             Err(_) => {
-                let mut pfd = libc::pollfd { fd: sb.pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-                let left = deadline.saturating_duration_since(Instant::now()).as_millis() as i32;
+                let mut pfd = libc::pollfd {
+                    fd: sb.pidfd.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                let left = deadline
+                    .saturating_duration_since(Instant::now())
+                    .as_millis() as i32;
                 // SAFETY: one valid pollfd.
                 unsafe { libc::poll(&mut pfd, 1, left) };
                 return None;
@@ -375,7 +432,11 @@ pub fn wait_exit(sb: &SandboxInstance, timeout: Duration) -> Option<i32> {
         if Instant::now() >= deadline {
             return None;
         }
-        let mut pfd = libc::pollfd { fd: sb.pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        let mut pfd = libc::pollfd {
+            fd: sb.pidfd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
         // SAFETY: one valid pollfd; a short timeout bounds the loop.
         unsafe { libc::poll(&mut pfd, 1, 50) };
     }

@@ -59,7 +59,14 @@ pub mod fds {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum InitStatus {
-    Pid { pid: i32 },
-    Ready { idmapped_root: bool, landlock_abi: u32 },
-    Error { message: String },
+    Pid {
+        pid: i32,
+    },
+    Ready {
+        idmapped_root: bool,
+        landlock_abi: u32,
+    },
+    Error {
+        message: String,
+    },
 }

@@ -117,46 +117,126 @@ macro_rules! deny {
 }
 
 macro_rules! paste_nr {
-    (kexec_load) => { libc::SYS_kexec_load };
-    (kexec_file_load) => { libc::SYS_kexec_file_load };
-    (init_module) => { libc::SYS_init_module };
-    (finit_module) => { libc::SYS_finit_module };
-    (delete_module) => { libc::SYS_delete_module };
-    (reboot) => { libc::SYS_reboot };
-    (swapon) => { libc::SYS_swapon };
-    (swapoff) => { libc::SYS_swapoff };
-    (syslog) => { libc::SYS_syslog };
-    (acct) => { libc::SYS_acct };
-    (bpf) => { libc::SYS_bpf };
-    (perf_event_open) => { libc::SYS_perf_event_open };
-    (userfaultfd) => { libc::SYS_userfaultfd };
-    (io_uring_setup) => { libc::SYS_io_uring_setup };
-    (io_uring_enter) => { libc::SYS_io_uring_enter };
-    (io_uring_register) => { libc::SYS_io_uring_register };
-    (open_by_handle_at) => { libc::SYS_open_by_handle_at };
-    (name_to_handle_at) => { libc::SYS_name_to_handle_at };
-    (add_key) => { libc::SYS_add_key };
-    (request_key) => { libc::SYS_request_key };
-    (keyctl) => { libc::SYS_keyctl };
-    (mount) => { libc::SYS_mount };
-    (umount2) => { libc::SYS_umount2 };
-    (pivot_root) => { libc::SYS_pivot_root };
-    (move_mount) => { libc::SYS_move_mount };
-    (open_tree) => { libc::SYS_open_tree };
-    (fsopen) => { libc::SYS_fsopen };
-    (fsconfig) => { libc::SYS_fsconfig };
-    (fsmount) => { libc::SYS_fsmount };
-    (fspick) => { libc::SYS_fspick };
-    (mount_setattr) => { libc::SYS_mount_setattr };
-    (setns) => { libc::SYS_setns };
-    (settimeofday) => { libc::SYS_settimeofday };
-    (clock_settime) => { libc::SYS_clock_settime };
-    (quotactl) => { libc::SYS_quotactl };
-    (fanotify_init) => { libc::SYS_fanotify_init };
-    (vhangup) => { libc::SYS_vhangup };
-    (move_pages) => { libc::SYS_move_pages };
-    (migrate_pages) => { libc::SYS_migrate_pages };
-    (lookup_dcookie) => { libc::SYS_lookup_dcookie };
+    (kexec_load) => {
+        libc::SYS_kexec_load
+    };
+    (kexec_file_load) => {
+        libc::SYS_kexec_file_load
+    };
+    (init_module) => {
+        libc::SYS_init_module
+    };
+    (finit_module) => {
+        libc::SYS_finit_module
+    };
+    (delete_module) => {
+        libc::SYS_delete_module
+    };
+    (reboot) => {
+        libc::SYS_reboot
+    };
+    (swapon) => {
+        libc::SYS_swapon
+    };
+    (swapoff) => {
+        libc::SYS_swapoff
+    };
+    (syslog) => {
+        libc::SYS_syslog
+    };
+    (acct) => {
+        libc::SYS_acct
+    };
+    (bpf) => {
+        libc::SYS_bpf
+    };
+    (perf_event_open) => {
+        libc::SYS_perf_event_open
+    };
+    (userfaultfd) => {
+        libc::SYS_userfaultfd
+    };
+    (io_uring_setup) => {
+        libc::SYS_io_uring_setup
+    };
+    (io_uring_enter) => {
+        libc::SYS_io_uring_enter
+    };
+    (io_uring_register) => {
+        libc::SYS_io_uring_register
+    };
+    (open_by_handle_at) => {
+        libc::SYS_open_by_handle_at
+    };
+    (name_to_handle_at) => {
+        libc::SYS_name_to_handle_at
+    };
+    (add_key) => {
+        libc::SYS_add_key
+    };
+    (request_key) => {
+        libc::SYS_request_key
+    };
+    (keyctl) => {
+        libc::SYS_keyctl
+    };
+    (mount) => {
+        libc::SYS_mount
+    };
+    (umount2) => {
+        libc::SYS_umount2
+    };
+    (pivot_root) => {
+        libc::SYS_pivot_root
+    };
+    (move_mount) => {
+        libc::SYS_move_mount
+    };
+    (open_tree) => {
+        libc::SYS_open_tree
+    };
+    (fsopen) => {
+        libc::SYS_fsopen
+    };
+    (fsconfig) => {
+        libc::SYS_fsconfig
+    };
+    (fsmount) => {
+        libc::SYS_fsmount
+    };
+    (fspick) => {
+        libc::SYS_fspick
+    };
+    (mount_setattr) => {
+        libc::SYS_mount_setattr
+    };
+    (setns) => {
+        libc::SYS_setns
+    };
+    (settimeofday) => {
+        libc::SYS_settimeofday
+    };
+    (clock_settime) => {
+        libc::SYS_clock_settime
+    };
+    (quotactl) => {
+        libc::SYS_quotactl
+    };
+    (fanotify_init) => {
+        libc::SYS_fanotify_init
+    };
+    (vhangup) => {
+        libc::SYS_vhangup
+    };
+    (move_pages) => {
+        libc::SYS_move_pages
+    };
+    (migrate_pages) => {
+        libc::SYS_migrate_pages
+    };
+    (lookup_dcookie) => {
+        libc::SYS_lookup_dcookie
+    };
 }
 
 /// The default policy: Docker's deny decisions that still matter inside a user
@@ -168,24 +248,45 @@ pub fn default_policy() -> Vec<Rule> {
         deny!(init_module, "loads kernel code"),
         deny!(finit_module, "loads kernel code"),
         deny!(delete_module, "unloads kernel code"),
-        deny!(reboot, "reboots the host (or the pid namespace: not the sandbox's call to make)"),
+        deny!(
+            reboot,
+            "reboots the host (or the pid namespace: not the sandbox's call to make)"
+        ),
         deny!(swapon, "changes host swap"),
         deny!(swapoff, "changes host swap"),
         deny!(syslog, "reads the kernel log, which leaks host addresses"),
         deny!(acct, "switches host process accounting"),
-        deny!(bpf, "loads programs into the kernel; a large attack surface"),
-        deny!(perf_event_open, "observes the host and has a long CVE history"),
+        deny!(
+            bpf,
+            "loads programs into the kernel; a large attack surface"
+        ),
+        deny!(
+            perf_event_open,
+            "observes the host and has a long CVE history"
+        ),
         deny!(userfaultfd, "a classic primitive for kernel race exploits"),
-        deny!(io_uring_setup, "bypasses seccomp for the operations it performs; large attack surface"),
+        deny!(
+            io_uring_setup,
+            "bypasses seccomp for the operations it performs; large attack surface"
+        ),
         deny!(io_uring_enter, "see io_uring_setup"),
         deny!(io_uring_register, "see io_uring_setup"),
-        deny!(open_by_handle_at, "opens files by handle, escaping mount confinement (the 'shocker' escape)"),
+        deny!(
+            open_by_handle_at,
+            "opens files by handle, escaping mount confinement (the 'shocker' escape)"
+        ),
         deny!(name_to_handle_at, "companion of open_by_handle_at"),
         deny!(add_key, "kernel keyrings are not namespaced"),
         deny!(request_key, "kernel keyrings are not namespaced"),
         deny!(keyctl, "kernel keyrings are not namespaced"),
-        deny!(mount, "the sandbox's mounts are declared at construction, never changed from inside"),
-        deny!(umount2, "unmounting could reveal what masks cover (e.g. /proc paths)"),
+        deny!(
+            mount,
+            "the sandbox's mounts are declared at construction, never changed from inside"
+        ),
+        deny!(
+            umount2,
+            "unmounting could reveal what masks cover (e.g. /proc paths)"
+        ),
         deny!(pivot_root, "see mount"),
         deny!(move_mount, "see mount (new mount API)"),
         deny!(open_tree, "see mount (new mount API)"),
@@ -193,7 +294,10 @@ pub fn default_policy() -> Vec<Rule> {
         deny!(fsconfig, "see mount (new mount API)"),
         deny!(fsmount, "see mount (new mount API)"),
         deny!(fspick, "see mount (new mount API)"),
-        deny!(mount_setattr, "could clear read-only flags on the sandbox's mounts"),
+        deny!(
+            mount_setattr,
+            "could clear read-only flags on the sandbox's mounts"
+        ),
         deny!(setns, "joining other namespaces"),
         deny!(settimeofday, "the clock is the host's"),
         deny!(clock_settime, "the clock is the host's"),
@@ -201,7 +305,10 @@ pub fn default_policy() -> Vec<Rule> {
         deny!(fanotify_init, "filesystem-wide monitoring"),
         deny!(vhangup, "terminal hang-up of the host's terminals"),
         deny!(move_pages, "moves other processes' pages across NUMA nodes"),
-        deny!(migrate_pages, "moves other processes' pages across NUMA nodes"),
+        deny!(
+            migrate_pages,
+            "moves other processes' pages across NUMA nodes"
+        ),
         deny!(lookup_dcookie, "kernel profiling interface"),
     ];
     rules.push(Rule {
@@ -302,7 +409,9 @@ pub fn compile(rules: &[Rule]) -> Result<Vec<Insn>, SeccompError> {
     }
     p.push(ret(Action::Allow));
     if p.len() > 4096 {
-        return Err(SeccompError::Compile("filter longer than 4096 instructions".into()));
+        return Err(SeccompError::Compile(
+            "filter longer than 4096 instructions".into(),
+        ));
     }
     Ok(p)
 }
@@ -375,8 +484,18 @@ mod tests {
     #[test]
     fn allows_ordinary_syscalls() {
         let p = prog();
-        for nr in [libc::SYS_read, libc::SYS_write, libc::SYS_openat, libc::SYS_execve, libc::SYS_ptrace] {
-            assert_eq!(run(&p, AUDIT_ARCH, nr as u32, [0; 6]), SECCOMP_RET_ALLOW, "nr {nr}");
+        for nr in [
+            libc::SYS_read,
+            libc::SYS_write,
+            libc::SYS_openat,
+            libc::SYS_execve,
+            libc::SYS_ptrace,
+        ] {
+            assert_eq!(
+                run(&p, AUDIT_ARCH, nr as u32, [0; 6]),
+                SECCOMP_RET_ALLOW,
+                "nr {nr}"
+            );
         }
     }
 
@@ -402,18 +521,47 @@ mod tests {
     fn refuses_namespace_flags_only() {
         let p = prog();
         let unshare = libc::SYS_unshare as u32;
-        assert_eq!(run(&p, AUDIT_ARCH, unshare, [libc::CLONE_NEWUSER as u64, 0, 0, 0, 0, 0]), DENY);
-        assert_eq!(run(&p, AUDIT_ARCH, unshare, [libc::CLONE_NEWNET as u64, 0, 0, 0, 0, 0]), DENY);
+        assert_eq!(
+            run(
+                &p,
+                AUDIT_ARCH,
+                unshare,
+                [libc::CLONE_NEWUSER as u64, 0, 0, 0, 0, 0]
+            ),
+            DENY
+        );
+        assert_eq!(
+            run(
+                &p,
+                AUDIT_ARCH,
+                unshare,
+                [libc::CLONE_NEWNET as u64, 0, 0, 0, 0, 0]
+            ),
+            DENY
+        );
         // CLONE_FILES alone is harmless.
         assert_eq!(
-            run(&p, AUDIT_ARCH, unshare, [libc::CLONE_FILES as u64, 0, 0, 0, 0, 0]),
+            run(
+                &p,
+                AUDIT_ARCH,
+                unshare,
+                [libc::CLONE_FILES as u64, 0, 0, 0, 0, 0]
+            ),
             SECCOMP_RET_ALLOW
         );
         let clone = libc::SYS_clone as u32;
         let thread = (libc::CLONE_VM | libc::CLONE_THREAD | libc::CLONE_SIGHAND) as u64;
-        assert_eq!(run(&p, AUDIT_ARCH, clone, [thread, 0, 0, 0, 0, 0]), SECCOMP_RET_ALLOW);
         assert_eq!(
-            run(&p, AUDIT_ARCH, clone, [thread | libc::CLONE_NEWUSER as u64, 0, 0, 0, 0, 0]),
+            run(&p, AUDIT_ARCH, clone, [thread, 0, 0, 0, 0, 0]),
+            SECCOMP_RET_ALLOW
+        );
+        assert_eq!(
+            run(
+                &p,
+                AUDIT_ARCH,
+                clone,
+                [thread | libc::CLONE_NEWUSER as u64, 0, 0, 0, 0, 0]
+            ),
             DENY
         );
         assert_eq!(
@@ -426,9 +574,17 @@ mod tests {
     fn refuses_tiocsti_but_not_other_ioctls() {
         let p = prog();
         let ioctl = libc::SYS_ioctl as u32;
-        assert_eq!(run(&p, AUDIT_ARCH, ioctl, [0, libc::TIOCSTI as u64, 0, 0, 0, 0]), DENY);
         assert_eq!(
-            run(&p, AUDIT_ARCH, ioctl, [0, libc::TIOCGWINSZ as u64, 0, 0, 0, 0]),
+            run(&p, AUDIT_ARCH, ioctl, [0, libc::TIOCSTI as u64, 0, 0, 0, 0]),
+            DENY
+        );
+        assert_eq!(
+            run(
+                &p,
+                AUDIT_ARCH,
+                ioctl,
+                [0, libc::TIOCGWINSZ as u64, 0, 0, 0, 0]
+            ),
             SECCOMP_RET_ALLOW
         );
     }

@@ -10,16 +10,32 @@ use std::io;
 /// Capabilities kept in the bounding set (numbers from `linux/capability.h`).
 pub const KEPT_CAPS: &[(u32, &str, &str)] = &[
     (0, "CHOWN", "package managers and tar chown files"),
-    (1, "DAC_OVERRIDE", "root reads and writes files of other users in the sandbox"),
+    (
+        1,
+        "DAC_OVERRIDE",
+        "root reads and writes files of other users in the sandbox",
+    ),
     (3, "FOWNER", "chmod and utime on files root does not own"),
     (4, "FSETID", "keep setgid bits when root edits files"),
-    (5, "KILL", "root signals processes of other users in the sandbox"),
-    (6, "SETGID", "drop to another group (su, the agent's exec as user)"),
+    (
+        5,
+        "KILL",
+        "root signals processes of other users in the sandbox",
+    ),
+    (
+        6,
+        "SETGID",
+        "drop to another group (su, the agent's exec as user)",
+    ),
     (7, "SETUID", "drop to another user"),
     (8, "SETPCAP", "drop capabilities further"),
     (10, "NET_BIND_SERVICE", "servers on ports below 1024"),
     (18, "SYS_CHROOT", "build tools that chroot"),
-    (27, "MKNOD", "mknod of fifos by root (device nodes stay refused by the kernel and landlock)"),
+    (
+        27,
+        "MKNOD",
+        "mknod of fifos by root (device nodes stay refused by the kernel and landlock)",
+    ),
     (29, "AUDIT_WRITE", "login-style tools write audit records"),
     (31, "SETFCAP", "package installs that set file capabilities"),
 ];
@@ -33,7 +49,10 @@ pub enum SecurityError {
     #[error("landlock {op}: {source}")]
     Landlock { op: &'static str, source: io::Error },
     #[error("set process attribute {what}: {source}")]
-    Prctl { what: &'static str, source: io::Error },
+    Prctl {
+        what: &'static str,
+        source: io::Error,
+    },
 }
 
 fn last_cap() -> u32 {
@@ -63,11 +82,15 @@ pub fn drop_capabilities() -> Result<(), SecurityError> {
             Err(source) => return Err(SecurityError::Bounding { cap, source }),
         }
     }
-    crate::sys::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong, 0)
-        .map_err(|source| SecurityError::Prctl {
-            what: "clear ambient capabilities",
-            source,
-        })?;
+    crate::sys::prctl(
+        libc::PR_CAP_AMBIENT,
+        libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+        0,
+    )
+    .map_err(|source| SecurityError::Prctl {
+        what: "clear ambient capabilities",
+        source,
+    })?;
     #[repr(C)]
     struct Header {
         version: u32,
@@ -180,7 +203,14 @@ pub fn apply_landlock() -> Result<LandlockStatus, SecurityError> {
         8
     };
     // SAFETY: `attr` is a valid ruleset attribute of at least `size` bytes.
-    let fd = unsafe { libc::syscall(libc::SYS_landlock_create_ruleset, &attr as *const Attr, size, 0u32) };
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            &attr as *const Attr,
+            size,
+            0u32,
+        )
+    };
     if fd < 0 {
         return Err(SecurityError::Landlock {
             op: "create ruleset",
@@ -213,7 +243,13 @@ mod tests {
     #[test]
     fn kept_caps_exclude_the_dangerous_ones() {
         let m = kept_mask();
-        for (cap, name) in [(21, "SYS_ADMIN"), (13, "NET_RAW"), (19, "SYS_PTRACE"), (16, "SYS_MODULE"), (12, "NET_ADMIN")] {
+        for (cap, name) in [
+            (21, "SYS_ADMIN"),
+            (13, "NET_RAW"),
+            (19, "SYS_PTRACE"),
+            (16, "SYS_MODULE"),
+            (12, "NET_ADMIN"),
+        ] {
             assert_eq!(m & (1 << cap), 0, "{name} must be dropped");
         }
         assert_ne!(m & (1 << 7), 0, "SETUID is needed to exec as another user");

@@ -42,15 +42,7 @@ pub fn mount(
     let p = |o: Option<&CStr>| o.map_or(std::ptr::null(), |c| c.as_ptr());
     // SAFETY: all pointers are either null or point to NUL-terminated strings that
     // outlive the call; the kernel copies them.
-    cvt(unsafe {
-        libc::mount(
-            p(source),
-            target.as_ptr(),
-            p(fstype),
-            flags,
-            p(data).cast(),
-        )
-    })?;
+    cvt(unsafe { libc::mount(p(source), target.as_ptr(), p(fstype), flags, p(data).cast()) })?;
     Ok(())
 }
 
@@ -124,9 +116,12 @@ pub fn mount_setattr(
 /// of the mount tree at `path`.
 pub fn open_tree_clone(path: &CStr) -> io::Result<OwnedFd> {
     const OPEN_TREE_CLONE: libc::c_uint = 1;
-    let flags = OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | libc::AT_RECURSIVE as libc::c_uint;
+    let flags =
+        OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | libc::AT_RECURSIVE as libc::c_uint;
     // SAFETY: path is a valid C string; the returned fd is owned by us.
-    let fd = cvt_long(unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, path.as_ptr(), flags) })?;
+    let fd = cvt_long(unsafe {
+        libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, path.as_ptr(), flags)
+    })?;
     // SAFETY: the kernel returned a fresh fd that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
@@ -164,7 +159,11 @@ pub fn fork() -> io::Result<Fork> {
     // SAFETY: callers guarantee the process is single-threaded, so the child may use
     // any function, including the allocator.
     let pid = cvt(unsafe { libc::fork() })?;
-    Ok(if pid == 0 { Fork::Child } else { Fork::Parent(pid) })
+    Ok(if pid == 0 {
+        Fork::Child
+    } else {
+        Fork::Parent(pid)
+    })
 }
 
 /// Exits immediately without running destructors or atexit handlers (for forked children).
@@ -485,4 +484,3 @@ pub fn touchat(dir: BorrowedFd<'_>, name: &CStr, mode: libc::mode_t) -> io::Resu
 pub fn fd_path(fd: BorrowedFd<'_>) -> CString {
     CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).expect("no NUL")
 }
-

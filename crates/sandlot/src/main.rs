@@ -1,8 +1,16 @@
 //! The `sandlot` binary: CLI and (later) the daemon.
+//!
+//! Exit codes: the command's own for `run`; 125 when Sandlot itself fails (bad input,
+//! runtime error); 126/127 when the command cannot be started / is not found.
 
 use clap::{Parser, Subcommand};
 
+mod api_cmd;
+mod bench;
+#[cfg(feature = "memory")]
 mod memory_cmd;
+mod run;
+mod run_session;
 mod vfs_cmd;
 
 #[derive(Debug, Parser)]
@@ -14,23 +22,55 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Cmd {
+    /// Run one command in a fresh sandbox, without a daemon.
+    Run(run::RunArgs),
+    /// Measure Sandlot against its peers (see docs/benchmarks.md).
+    Bench(bench::BenchArgs),
+    /// Daemon and API client commands (serve, create, ls, exec, ...).
+    #[command(flatten)]
+    Api(api_cmd::ApiCommand),
     /// Virtual read-only filesystems over document collections.
     Vfs(vfs_cmd::VfsArgs),
     /// Semantic memory stores: Markdown files in git with offline search.
+    #[cfg(feature = "memory")]
     Memory(memory_cmd::MemoryArgs),
 }
 
+/// Exit code when Sandlot itself fails, as opposed to the command it runs.
+pub const EXIT_SANDLOT_ERROR: i32 = 125;
+
 fn main() {
-    let cli = Cli::parse();
+    // The sandbox init helper is exec'd by the runtime with a fixed argv.
+    if std::env::args_os().nth(1).is_some_and(|a| a == "__init") {
+        sandlot_runtime::init::main(run::agent_main);
+    }
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand) {
+                e.exit();
+            }
+            // One line, like every other error of ours.
+            let text = e.render().to_string();
+            let first = text.lines().next().unwrap_or("invalid arguments");
+            eprintln!("sandlot: {} (see --help)", first.trim_start_matches("error: "));
+            std::process::exit(EXIT_SANDLOT_ERROR);
+        }
+    };
     let res = match cli.cmd {
+        Cmd::Run(a) => run::run(a),
+        Cmd::Bench(a) => bench::run(a),
+        Cmd::Api(a) => api_cmd::run(a),
         Cmd::Vfs(a) => vfs_cmd::run(a),
+        #[cfg(feature = "memory")]
         Cmd::Memory(a) => memory_cmd::run(a),
     };
     match res {
         Ok(code) => std::process::exit(code),
         Err(e) => {
             eprintln!("sandlot: {e:#}");
-            std::process::exit(1);
+            std::process::exit(EXIT_SANDLOT_ERROR);
         }
     }
 }

@@ -1,0 +1,280 @@
+//! Privileged end-to-end tests of `sandlot run`: isolation and security boundaries.
+//! Each test runs the real binary as root and asserts the sandbox left nothing behind.
+
+mod common;
+
+use common::*;
+
+#[test]
+fn host_processes_are_invisible() {
+    let marker = format!("sandlot-marker-{}", std::process::id());
+    // `$0` of the shell is the marker, so it shows in the host's /proc/*/cmdline.
+    let mut host = std::process::Command::new("/bin/sh")
+        .args(["-c", "sleep 30", &marker])
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert!(
+        !host_processes_matching(&marker).is_empty(),
+        "the marker process must be visible on the host"
+    );
+    let id = unique_id("procs");
+    let (code, out, err) = sh(
+        &id,
+        &[],
+        "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done",
+    );
+    host.kill().unwrap();
+    host.wait().unwrap();
+    assert_eq!(code, 0, "{err}");
+    assert!(!out.contains(&marker), "a host process is visible:\n{out}");
+    let n = out.lines().filter(|l| !l.trim().is_empty()).count();
+    assert!(
+        n <= 4,
+        "only the agent and the command should be visible, saw {n}:\n{out}"
+    );
+}
+
+#[test]
+fn host_files_outside_mounts_are_unreachable() {
+    let secret_dir = std::env::temp_dir().join(format!("sandlot-secret-{}", std::process::id()));
+    std::fs::create_dir_all(&secret_dir).unwrap();
+    std::fs::write(secret_dir.join("secret"), "hunter2").unwrap();
+    let id = unique_id("files");
+    let script = format!(
+        "cat {0}/secret; echo rc=$?; ls /root | wc -l; cat /etc/shadow; echo shadow=$?; \
+         ls /home; touch /usr/sandlot-probe; echo usr=$?; touch /etc/ld.so.cache; echo etc=$?; \
+         echo ok > /tmp/x && cat /tmp/x",
+        secret_dir.display()
+    );
+    let (code, out, err) = sh(&id, &[], &script);
+    std::fs::remove_dir_all(&secret_dir).unwrap();
+    assert_eq!(code, 0, "{err}");
+    assert!(!out.contains("hunter2"), "host file leaked: {out}");
+    assert!(out.contains("rc=1"), "{out}");
+    assert!(
+        out.contains("shadow=1"),
+        "/etc/shadow must not exist: {out}"
+    );
+    assert!(out.contains("usr=1"), "/usr must be read-only: {out}");
+    assert!(
+        out.contains("etc=1"),
+        "bound /etc files must be read-only: {out}"
+    );
+    assert!(
+        out.lines().any(|l| l == "user"),
+        "only the sandbox's own home: {out}"
+    );
+    assert!(
+        out.trim_end().ends_with("ok"),
+        "/tmp must be writable: {out}"
+    );
+    assert!(err.contains("Read-only file system"), "{err}");
+    assert!(!std::path::Path::new("/usr/sandlot-probe").exists());
+}
+
+/// Python snippet that calls a raw syscall and prints its errno name.
+fn syscall_errno(nr: i64, args: &str) -> String {
+    format!(
+        "import ctypes, errno\nlibc = ctypes.CDLL(None, use_errno=True)\nr = libc.syscall({nr}, {args})\n\
+         print('ok' if r == 0 else errno.errorcode[ctypes.get_errno()])\n"
+    )
+}
+
+#[test]
+fn privileged_operations_are_refused() {
+    let id = unique_id("privops");
+    let checks = [
+        ("init_module", syscall_errno(libc::SYS_init_module, "0, 0, 0")),
+        ("finit_module", syscall_errno(libc::SYS_finit_module, "0, 0, 0")),
+        ("kexec_load", syscall_errno(libc::SYS_kexec_load, "0, 0, 0, 0")),
+        ("bpf", syscall_errno(libc::SYS_bpf, "0, 0, 0")),
+        ("unshare_user", syscall_errno(libc::SYS_unshare, &libc::CLONE_NEWUSER.to_string())),
+        ("mount", "import ctypes, errno\nlibc = ctypes.CDLL(None, use_errno=True)\nr = libc.mount(b'none', b'/mnt', b'tmpfs', 0, None)\nprint('ok' if r == 0 else errno.errorcode[ctypes.get_errno()])\n".to_string()),
+        ("raw_socket", "import socket\ntry:\n    socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)\n    print('ok')\nexcept PermissionError:\n    print('EPERM')\n".to_string()),
+        ("packet_socket", "import socket\ntry:\n    socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)\n    print('ok')\nexcept PermissionError:\n    print('EPERM')\n".to_string()),
+        // PTRACE_ATTACH (16) to the agent: it is non-dumpable and CAP_SYS_PTRACE is gone.
+        ("ptrace_agent", syscall_errno(libc::SYS_ptrace, "16, 1, 0, 0")),
+        ("keyctl", syscall_errno(libc::SYS_keyctl, "0, 0, 0, 0")),
+    ];
+    let mut script = String::new();
+    for (name, py) in &checks {
+        script.push_str(&format!(
+            "printf '{name}='; python3 -c \"$(cat <<'EOF'\n{py}EOF\n)\"\n"
+        ));
+    }
+    let (code, out, err) = sh(&id, &[], &script);
+    assert_eq!(code, 0, "{out}\n{err}");
+    for (name, _) in &checks {
+        let line = out
+            .lines()
+            .find(|l| l.starts_with(&format!("{name}=")))
+            .unwrap_or_else(|| panic!("no result for {name}:\n{out}\n{err}"));
+        let v = line.split_once('=').unwrap().1;
+        assert!(
+            v == "EPERM" || v == "EACCES",
+            "{name} must be refused, got {v}"
+        );
+    }
+    // The mount(8) command fails too.
+    let (code, _, _) = sh(&unique_id("mountcmd"), &[], "mount -t tmpfs none /mnt");
+    assert_ne!(code, 0);
+}
+
+#[test]
+fn ptrace_of_host_processes_is_impossible() {
+    // Host pids do not exist in the sandbox's pid namespace.
+    let target = std::process::id();
+    let id = unique_id("ptrace");
+    let py = syscall_errno(libc::SYS_ptrace, &format!("16, {target}, 0, 0"));
+    let (code, out, err) = sh(
+        &id,
+        &[],
+        &format!("python3 -c \"$(cat <<'EOF'\n{py}EOF\n)\""),
+    );
+    assert_eq!(code, 0, "{err}");
+    let v = out.trim();
+    assert!(
+        v == "ESRCH" || v == "EPERM",
+        "attaching to host pid {target} gave {v}"
+    );
+}
+
+#[test]
+fn hostname_and_network_are_the_sandboxes_own() {
+    let id = unique_id("uts");
+    let (code, out, err) = sh(
+        &id,
+        &["--hostname", "agent-box"],
+        "hostname; cat /etc/hostname; ls /sys/class/net; cat /proc/net/route | wc -l",
+    );
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "agent-box");
+    assert_eq!(lines[1], "agent-box");
+    assert_eq!(lines[2], "lo", "only loopback: {out}");
+    assert_eq!(lines[3], "1", "no routes (header line only): {out}");
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    assert_ne!(host.trim(), "agent-box");
+}
+
+#[test]
+fn files_on_rw_mounts_belong_to_the_mapped_uid() {
+    let dir = std::env::temp_dir().join(format!("sandlot-rw-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // The sandbox's root maps to an unprivileged host uid, which needs write access.
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let id = unique_id("uidmap");
+    let mount = format!("{}:/data:rw", dir.display());
+    let (code, _, err) = sh(
+        &id,
+        &["--mount", &mount],
+        "id -u; echo hi > /data/made-inside",
+    );
+    assert_eq!(code, 0, "{err}");
+    let md = std::fs::metadata(dir.join("made-inside")).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    assert!(
+        md.uid() >= 1 << 20,
+        "owned by host uid {}, expected the mapped range",
+        md.uid()
+    );
+    assert_ne!(md.uid(), 0);
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    // A read-only mount refuses writes.
+    let ro = std::env::temp_dir().join(format!("sandlot-ro-{}", std::process::id()));
+    std::fs::create_dir_all(&ro).unwrap();
+    let mount = format!("{}:/data:ro", ro.display());
+    let (code, _, err) = sh(&unique_id("romount"), &["--mount", &mount], "touch /data/x");
+    assert_ne!(code, 0);
+    assert!(err.contains("Read-only"), "{err}");
+    std::fs::remove_dir_all(&ro).unwrap();
+}
+
+#[test]
+fn bad_input_gets_one_clear_line() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["--memory", "0", "--", "true"], "resources.memory"),
+        (&["--memory", "lots", "--", "true"], "lots"),
+        (
+            &["--mount", "/nonexistent-src:/x", "--", "true"],
+            "/nonexistent-src",
+        ),
+        (
+            &["--mount", "/tmp:../etc", "--", "true"],
+            "mounts[0].target",
+        ),
+        (&["--env", "1BAD=x", "--", "true"], "env.1BAD"),
+        (&["--rootfs", "/no/such/dir", "--", "true"], "/no/such/dir"),
+        (&["--pids", "0", "--", "true"], "resources.pids"),
+    ];
+    for (args, needle) in cases {
+        let id = unique_id("bad");
+        let o = run(&id, args);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(125), "{args:?}: {err}");
+        assert!(
+            err.contains(needle),
+            "{args:?}: error should name {needle}: {err}"
+        );
+        assert_eq!(
+            err.trim_end().lines().count(),
+            1,
+            "{args:?}: one line: {err}"
+        );
+    }
+    // A command that does not exist.
+    let o = run(&unique_id("noexec"), &["--", "/no/such/program"]);
+    assert_eq!(o.status.code(), Some(127), "{}", stderr(&o));
+    assert!(stderr(&o).contains("/no/such/program"), "{}", stderr(&o));
+}
+
+#[test]
+fn rootfs_directory_is_an_idmapped_overlay() {
+    // A minimal rootfs: a few host programs and the libraries they load (no download).
+    let rfs = std::env::temp_dir().join(format!("sandlot-rootfs-{}", std::process::id()));
+    std::fs::create_dir_all(rfs.join("etc")).unwrap();
+    std::fs::create_dir_all(rfs.join("bin")).unwrap();
+    let mut files: Vec<String> = Vec::new();
+    for prog in ["/bin/sh", "/bin/cat", "/usr/bin/stat"] {
+        let real = std::fs::canonicalize(prog).unwrap();
+        std::fs::copy(
+            &real,
+            rfs.join("bin")
+                .join(std::path::Path::new(prog).file_name().unwrap()),
+        )
+        .unwrap();
+        let ldd = std::process::Command::new("ldd")
+            .arg(&real)
+            .output()
+            .unwrap();
+        for tok in String::from_utf8_lossy(&ldd.stdout).split_whitespace() {
+            if tok.starts_with('/') {
+                files.push(tok.to_string());
+            }
+        }
+    }
+    for f in files {
+        let dst = rfs.join(f.trim_start_matches('/'));
+        std::fs::create_dir_all(dst.parent().unwrap()).unwrap();
+        std::fs::copy(std::fs::canonicalize(&f).unwrap(), &dst).unwrap();
+    }
+    std::fs::create_dir_all(rfs.join("usr")).unwrap();
+    std::fs::write(rfs.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n").unwrap();
+    let id = unique_id("rootfs");
+    let (code, out, err) = sh(
+        &id,
+        &["--rootfs", rfs.to_str().unwrap()],
+        "stat -c %U /etc/passwd; echo changed > /etc/passwd; cat /etc/passwd; echo new > /usr/newfile; cat /usr/newfile; cat /etc/hostname",
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("root\nchanged\nnew\nsandlot-"), "{out}");
+    // The rootfs on the host is untouched.
+    assert_eq!(
+        std::fs::read_to_string(rfs.join("etc/passwd")).unwrap(),
+        "root:x:0:0:root:/root:/bin/sh\n"
+    );
+    assert!(!rfs.join("usr/newfile").exists());
+    std::fs::remove_dir_all(&rfs).unwrap();
+}

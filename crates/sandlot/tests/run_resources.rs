@@ -1,0 +1,211 @@
+//! Privileged end-to-end tests of `sandlot run`: resource limits, lifetime, streams,
+//! exit codes, signals and the PTY.
+
+mod common;
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+#[test]
+fn memory_bomb_is_contained() {
+    let id = unique_id("membomb");
+    let t = Instant::now();
+    let (code, _out, err) = sh(
+        &id,
+        &["--memory", "64M"],
+        "python3 -c 'x = []\nwhile True: x.append(bytearray(16 << 20))'",
+    );
+    // Killed by the OOM killer (SIGKILL) inside the sandbox: 128 + 9.
+    assert_eq!(code, 137, "{err}");
+    assert!(t.elapsed() < Duration::from_secs(60));
+    // The host is fine: we are still here, and a new sandbox works.
+    let (code, out, _) = sh(&unique_id("after"), &[], "echo alive");
+    assert_eq!((code, out.as_str()), (0, "alive\n"));
+}
+
+#[test]
+fn fork_bomb_stops_at_pids_limit() {
+    let id = unique_id("forkbomb");
+    // Fork until the kernel refuses, report how many children we got.
+    let py = "import os, time\nn = 0\nkids = []\ntry:\n    while n < 1000:\n        pid = os.fork()\n        if pid == 0:\n            time.sleep(30)\n            os._exit(0)\n        kids.append(pid)\n        n += 1\nexcept OSError as e:\n    print('refused', e.errno)\nprint('forked', n)\nfor k in kids: os.kill(k, 9)\n";
+    let (code, out, err) = sh(
+        &id,
+        &["--pids", "32"],
+        &format!("python3 -c \"$(cat <<'EOF'\n{py}EOF\n)\""),
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("refused 11"),
+        "fork must fail with EAGAIN: {out}"
+    );
+    let n: u32 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("forked "))
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap();
+    assert!(n < 32, "forked {n} processes with a limit of 32");
+}
+
+#[test]
+fn cpu_limit_holds() {
+    // Two busy threads for 2 s of wall time under a quota of 0.5 CPU.
+    let id = unique_id("cpu");
+    let py = "import time, threading\ndef spin(end):\n    while time.monotonic() < end: pass\nend = time.monotonic() + 2.0\nt0 = time.process_time()\nts = [threading.Thread(target=spin, args=(end,)) for _ in range(2)]\n[t.start() for t in ts]\n[t.join() for t in ts]\nprint(time.process_time() - t0)\n";
+    let (code, out, err) = sh(
+        &id,
+        &["--cpus", "0.5"],
+        &format!("python3 -c \"$(cat <<'EOF'\n{py}EOF\n)\""),
+    );
+    assert_eq!(code, 0, "{err}");
+    let cpu: f64 = out.trim().parse().unwrap();
+    // Unlimited, this would be close to 2 (GIL) or 4 CPU-seconds; the quota allows 1.
+    assert!(cpu < 1.3, "used {cpu} CPU-seconds in 2 s with --cpus 0.5");
+    assert!(cpu > 0.4, "the quota should still let it run: {cpu}");
+}
+
+#[test]
+fn writable_layer_size_limit_holds() {
+    let id = unique_id("disk");
+    let (code, out, err) = sh(
+        &id,
+        &["--disk", "16M"],
+        "dd if=/dev/zero of=/tmp/big bs=1M count=64 2>&1; echo rc=$?; du -m /tmp/big | cut -f1",
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("No space left on device"), "{out}");
+    assert!(!out.contains("rc=0"), "{out}");
+    let used: u64 = out.lines().last().unwrap().trim().parse().unwrap();
+    assert!(used <= 16, "wrote {used} MiB into a 16 MiB layer");
+}
+
+#[test]
+fn lifetime_timeout_kills_everything() {
+    let id = unique_id("lifetime");
+    let t = Instant::now();
+    let o = run(
+        &id,
+        &[
+            "--timeout",
+            "2s",
+            "--",
+            "/bin/sh",
+            "-c",
+            "sleep 100 & sleep 100 & sleep 100",
+        ],
+    );
+    let took = t.elapsed();
+    assert_eq!(o.status.code(), Some(137), "{}", stderr(&o));
+    assert!(stderr(&o).contains("lifetime"), "{}", stderr(&o));
+    assert!(
+        took >= Duration::from_secs(2) && took < Duration::from_secs(15),
+        "{took:?}"
+    );
+    // run() already asserted no cgroup/run dir; no sleeper survived either.
+    assert!(host_processes_matching("sleep 100").is_empty());
+}
+
+#[test]
+fn hundred_megabytes_of_stdout_arrive_intact() {
+    let id = unique_id("bigout");
+    let gen = "yes 'sandlot streams every byte 0123456789' | head -c 100000000";
+    let o = run(&id, &["--", "/bin/sh", "-c", gen]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let expected = Command::new("/bin/sh")
+        .args(["-c", gen])
+        .output()
+        .unwrap()
+        .stdout;
+    assert_eq!(o.stdout.len(), 100_000_000);
+    assert!(
+        o.stdout == expected,
+        "stdout differs from the expected bytes"
+    );
+}
+
+#[test]
+fn stdin_round_trips() {
+    let id = unique_id("stdin");
+    let data: Vec<u8> = (0..8_000_000u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 24) as u8)
+        .collect();
+    let o = run_with_stdin(&id, &["--", "cat"], &data);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(o.stdout.len(), data.len());
+    assert!(o.stdout == data);
+}
+
+#[test]
+fn exit_codes_and_signals_propagate() {
+    assert_eq!(sh(&unique_id("exit3"), &[], "exit 3").0, 3);
+    assert_eq!(sh(&unique_id("kill9"), &[], "kill -9 $$").0, 137);
+    assert_eq!(sh(&unique_id("term"), &[], "kill -TERM $$").0, 143);
+    let (code, out, _) = sh(
+        &unique_id("env"),
+        &["--env", "GREETING=hi there", "--workdir", "/tmp"],
+        "echo \"$GREETING\"; pwd",
+    );
+    assert_eq!((code, out.as_str()), (0, "hi there\n/tmp\n"));
+    let (code, out, _) = sh(
+        &unique_id("user"),
+        &["--user", "user"],
+        "id -u; echo $HOME; pwd",
+    );
+    assert_eq!((code, out.as_str()), (0, "1000\n/home/user\n/home/user\n"));
+}
+
+#[test]
+fn signals_to_the_cli_are_forwarded() {
+    require_root();
+    let id = unique_id("fwd");
+    let mut child = Command::new(sandlot())
+        .args([
+            "run",
+            "--id",
+            &id,
+            "--",
+            "/bin/sh",
+            "-c",
+            "trap 'echo got-term; exit 7' TERM; echo ready; while :; do sleep 0.1; done",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = child.stdout.take().unwrap();
+    let mut buf = [0u8; 6];
+    out.read_exact(&mut buf).unwrap();
+    assert_eq!(&buf, b"ready\n");
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).unwrap();
+    let st = child.wait().unwrap();
+    assert_eq!(rest, "got-term\n");
+    assert_eq!(st.code(), Some(7));
+    assert_no_leftovers(&id);
+}
+
+#[test]
+fn pty_session_sees_a_terminal_and_its_size() {
+    require_root();
+    let id = unique_id("pty");
+    // script(1) gives the CLI a real terminal of 40x100.
+    let cmd = format!(
+        "stty rows 40 cols 100; {} run --id {id} -t -- /bin/sh -c 'test -t 0 && echo is-a-tty; stty size'",
+        sandlot().display()
+    );
+    let o = Command::new("script")
+        .args(["-qec", &cmd, "/dev/null"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("script(1) from bsdutils");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{out}");
+    assert!(out.contains("is-a-tty"), "{out}");
+    assert!(out.contains("40 100"), "{out}");
+    assert_no_leftovers(&id);
+}
