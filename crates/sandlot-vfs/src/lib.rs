@@ -1,0 +1,37 @@
+//! Sandlot virtual filesystem: named, versioned collections of documents that
+//! agents browse with ordinary shell commands, answered in-process from an
+//! immutable manifest, a content store and a trigram index, or through a
+//! read-only FUSE mount.
+//!
+//! The daemon-facing API:
+//! ```no_run
+//! use sandlot_vfs::{Store, Source, IngestOptions, Principal, Limits};
+//! let store = Store::open("/var/lib/sandlot/vfs")?;
+//! store.create("docs", Source::parse("./site", Default::default())?, IngestOptions::default())?;
+//! let coll = store.collection("docs")?;
+//! let mut session = coll.open_session(Principal::new("alice", ["eng"]), Limits::default())?;
+//! let out = session.run("grep -rn 'rate limit' / | head")?;
+//! println!("{}", String::from_utf8_lossy(&out.stdout));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+pub mod acl;
+pub mod audit;
+pub mod blob;
+#[cfg(feature = "fuse")]
+pub mod fuse;
+pub mod glob;
+pub mod index;
+pub mod ingest;
+pub mod manifest;
+pub mod shell;
+pub mod store;
+
+pub use acl::{Acl, AclPolicy, AclRule, Principal};
+pub use audit::{AuditError, AuditFilter, AuditLog, AuditRecord, AuditSink};
+pub use ingest::{IngestError, IngestOptions, IngestReport, S3Options, Source};
+pub use manifest::{DocEntry, Manifest};
+pub use shell::{Limits, Output, Session, SessionError};
+pub use store::{
+    Collection, CollectionConfig, CollectionInfo, IngestMode, Store, StoreError, Version, View,
+};

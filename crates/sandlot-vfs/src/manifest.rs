@@ -1,0 +1,418 @@
+//! The immutable per-version manifest (documents and their metadata) and the
+//! path tree built from it, pruned per principal.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::{Deserialize, Serialize};
+
+use crate::acl::{Acl, Principal};
+
+/// Errors from validating document paths and building trees.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    /// A path is empty, absolute, has `.`/`..`/empty components, or a NUL byte.
+    #[error("invalid document path {path:?}: {reason}")]
+    InvalidPath { path: String, reason: &'static str },
+    /// A path is both a document and a directory of other documents.
+    #[error("document path {path:?} is also a directory of other documents")]
+    FileDirConflict { path: String },
+    /// The same path appears twice.
+    #[error("duplicate document path {path:?}")]
+    Duplicate { path: String },
+}
+
+/// One document of a collection version.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DocEntry {
+    /// Relative path, `/`-separated, no leading slash.
+    pub path: String,
+    /// Content hash (BLAKE3, hex) in the collection's content store.
+    pub hash: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// Modification time, seconds since the Unix epoch.
+    pub mtime: i64,
+    /// Who may read it.
+    pub acl: Acl,
+    /// Source metadata (e.g. JSONL chunk metadata, S3 ETag).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, serde_json::Value>,
+    /// Source fingerprint used to skip unchanged documents on re-ingest.
+    pub source_tag: String,
+}
+
+/// The immutable manifest of one collection version.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    /// Collection name.
+    pub collection: String,
+    /// Version number, starting at 1.
+    pub version: u64,
+    /// Creation time, seconds since the Unix epoch.
+    pub created: i64,
+    /// Human-readable source description (`git:/src`, `s3://b/p`, ...).
+    pub source: String,
+    /// Documents sorted by path.
+    pub docs: Vec<DocEntry>,
+}
+
+/// Check that a document path is relative and normalized.
+pub fn validate_path(path: &str) -> Result<(), ManifestError> {
+    let bad = |reason| {
+        Err(ManifestError::InvalidPath {
+            path: path.to_string(),
+            reason,
+        })
+    };
+    if path.is_empty() {
+        return bad("empty path");
+    }
+    if path.starts_with('/') {
+        return bad("absolute path");
+    }
+    if path.contains('\0') {
+        return bad("contains a NUL byte");
+    }
+    for comp in path.split('/') {
+        match comp {
+            "" => return bad("empty path component"),
+            "." | ".." => return bad("`.` or `..` component"),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Index of a node in a [`Tree`]. The root is node 0.
+pub type NodeId = u32;
+
+/// Node payload.
+#[derive(Debug, Clone)]
+pub enum NodeKind {
+    /// Directory with children sorted by name (byte order).
+    Dir {
+        children: Vec<NodeId>,
+        mtime: i64,
+        subdirs: u32,
+    },
+    /// Document, indexing into the manifest's `docs`.
+    File { doc: u32 },
+}
+
+/// One node of the path tree.
+#[derive(Debug, Clone)]
+pub struct Node {
+    /// File name (empty for the root).
+    pub name: Box<str>,
+    /// Parent (the root is its own parent).
+    pub parent: NodeId,
+    /// Payload.
+    pub kind: NodeKind,
+}
+
+/// A path tree over a subset of a manifest's documents.
+#[derive(Debug, Clone)]
+pub struct Tree {
+    nodes: Vec<Node>,
+    visible_docs: usize,
+}
+
+/// The root node id.
+pub const ROOT: NodeId = 0;
+
+impl Tree {
+    /// Build the tree of the documents `principal` may read. Directories exist
+    /// only as prefixes of visible documents, so pruned ones vanish entirely.
+    pub fn for_principal(
+        manifest: &Manifest,
+        principal: &Principal,
+    ) -> Result<Tree, ManifestError> {
+        Tree::build(manifest, |d| d.acl.allows(principal))
+    }
+
+    /// Build the tree of documents that pass `keep`.
+    pub fn build(
+        manifest: &Manifest,
+        keep: impl Fn(&DocEntry) -> bool,
+    ) -> Result<Tree, ManifestError> {
+        let mut nodes = vec![Node {
+            name: "".into(),
+            parent: ROOT,
+            kind: NodeKind::Dir {
+                children: Vec::new(),
+                mtime: 0,
+                subdirs: 0,
+            },
+        }];
+        let mut dirs: HashMap<&str, NodeId> = HashMap::new();
+        let mut visible = 0;
+        for (i, doc) in manifest.docs.iter().enumerate() {
+            if !keep(doc) {
+                continue;
+            }
+            visible += 1;
+            let mut parent = ROOT;
+            let mut start = 0;
+            let path = doc.path.as_str();
+            // Walk/create each directory prefix.
+            while let Some(off) = path[start..].find('/') {
+                let prefix = &path[..start + off];
+                let name = &path[start..start + off];
+                parent = match dirs.get(prefix) {
+                    Some(&id) => id,
+                    None => {
+                        let id = nodes.len() as NodeId;
+                        nodes.push(Node {
+                            name: name.into(),
+                            parent,
+                            kind: NodeKind::Dir {
+                                children: Vec::new(),
+                                mtime: 0,
+                                subdirs: 0,
+                            },
+                        });
+                        match &mut nodes[parent as usize].kind {
+                            NodeKind::Dir {
+                                children, subdirs, ..
+                            } => {
+                                children.push(id);
+                                *subdirs += 1;
+                            }
+                            NodeKind::File { .. } => {
+                                return Err(ManifestError::FileDirConflict {
+                                    path: path[..start - 1].to_string(),
+                                })
+                            }
+                        }
+                        dirs.insert(prefix, id);
+                        id
+                    }
+                };
+                start += off + 1;
+            }
+            if dirs.contains_key(path) {
+                return Err(ManifestError::FileDirConflict {
+                    path: path.to_string(),
+                });
+            }
+            let id = nodes.len() as NodeId;
+            nodes.push(Node {
+                name: path[start..].into(),
+                parent,
+                kind: NodeKind::File { doc: i as u32 },
+            });
+            match &mut nodes[parent as usize].kind {
+                NodeKind::Dir { children, .. } => children.push(id),
+                NodeKind::File { .. } => {
+                    return Err(ManifestError::FileDirConflict {
+                        path: path[..start - 1].to_string(),
+                    })
+                }
+            }
+            // Propagate mtime to ancestors.
+            let mut p = parent;
+            loop {
+                if let NodeKind::Dir { mtime, .. } = &mut nodes[p as usize].kind {
+                    if *mtime < doc.mtime {
+                        *mtime = doc.mtime;
+                    }
+                }
+                if p == ROOT {
+                    break;
+                }
+                p = nodes[p as usize].parent;
+            }
+        }
+        // A file whose path equals a directory created later.
+        for (i, doc) in manifest.docs.iter().enumerate() {
+            if keep(doc) && dirs.contains_key(doc.path.as_str()) {
+                let _ = i;
+                return Err(ManifestError::FileDirConflict {
+                    path: doc.path.clone(),
+                });
+            }
+        }
+        // Sort children by name bytes; detect duplicates.
+        let names: Vec<Box<str>> = nodes.iter().map(|n| n.name.clone()).collect();
+        for node in &mut nodes {
+            if let NodeKind::Dir { children, .. } = &mut node.kind {
+                children.sort_by(|a, b| {
+                    names[*a as usize]
+                        .as_bytes()
+                        .cmp(names[*b as usize].as_bytes())
+                });
+                for w in children.windows(2) {
+                    if names[w[0] as usize] == names[w[1] as usize] {
+                        return Err(ManifestError::Duplicate {
+                            path: names[w[0] as usize].to_string(),
+                        });
+                    }
+                }
+            }
+        }
+        Ok(Tree {
+            nodes,
+            visible_docs: visible,
+        })
+    }
+
+    /// Number of visible documents.
+    pub fn doc_count(&self) -> usize {
+        self.visible_docs
+    }
+
+    /// A node by id.
+    pub fn node(&self, id: NodeId) -> &Node {
+        &self.nodes[id as usize]
+    }
+
+    /// Number of nodes (directories and files).
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Always false: the root exists.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// Whether `id` is a directory.
+    pub fn is_dir(&self, id: NodeId) -> bool {
+        matches!(self.nodes[id as usize].kind, NodeKind::Dir { .. })
+    }
+
+    /// Children of a directory (empty for files), sorted by name.
+    pub fn children(&self, id: NodeId) -> &[NodeId] {
+        match &self.nodes[id as usize].kind {
+            NodeKind::Dir { children, .. } => children,
+            NodeKind::File { .. } => &[],
+        }
+    }
+
+    /// Look up a child by exact name.
+    pub fn child(&self, dir: NodeId, name: &str) -> Option<NodeId> {
+        let ch = self.children(dir);
+        ch.binary_search_by(|c| self.nodes[*c as usize].name.as_bytes().cmp(name.as_bytes()))
+            .ok()
+            .map(|i| ch[i])
+    }
+
+    /// The document index of a file node.
+    pub fn doc(&self, id: NodeId) -> Option<u32> {
+        match self.nodes[id as usize].kind {
+            NodeKind::File { doc } => Some(doc),
+            NodeKind::Dir { .. } => None,
+        }
+    }
+
+    /// Absolute path of a node (`/` for the root).
+    pub fn path(&self, id: NodeId) -> String {
+        if id == ROOT {
+            return "/".into();
+        }
+        let mut parts = Vec::new();
+        let mut cur = id;
+        while cur != ROOT {
+            parts.push(&*self.nodes[cur as usize].name);
+            cur = self.nodes[cur as usize].parent;
+        }
+        let mut s = String::new();
+        for p in parts.iter().rev() {
+            s.push('/');
+            s.push_str(p);
+        }
+        s
+    }
+
+    /// Resolve an absolute, `/`-separated path (`.` and `..` allowed).
+    pub fn lookup(&self, path: &str) -> Option<NodeId> {
+        let mut cur = ROOT;
+        for comp in path.split('/') {
+            match comp {
+                "" | "." => {}
+                ".." => cur = self.nodes[cur as usize].parent,
+                name => cur = self.child(cur, name)?,
+            }
+        }
+        Some(cur)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn doc(path: &str, acl: Acl) -> DocEntry {
+        DocEntry {
+            path: path.into(),
+            hash: String::new(),
+            size: 1,
+            mtime: 5,
+            acl,
+            metadata: BTreeMap::new(),
+            source_tag: String::new(),
+        }
+    }
+
+    fn manifest(docs: Vec<DocEntry>) -> Manifest {
+        Manifest {
+            collection: "c".into(),
+            version: 1,
+            created: 0,
+            source: "t".into(),
+            docs,
+        }
+    }
+
+    #[test]
+    fn builds_sorted_tree() {
+        let m = manifest(vec![
+            doc("b/z.md", Acl::public()),
+            doc("a.md", Acl::public()),
+            doc("b/a.md", Acl::public()),
+            doc("B.md", Acl::public()),
+        ]);
+        let t = Tree::build(&m, |_| true).unwrap();
+        let names: Vec<&str> = t.children(ROOT).iter().map(|c| &*t.node(*c).name).collect();
+        assert_eq!(names, ["B.md", "a.md", "b"]);
+        let b = t.lookup("/b").unwrap();
+        assert!(t.is_dir(b));
+        assert_eq!(t.path(t.lookup("/b/../b/z.md").unwrap()), "/b/z.md");
+        assert_eq!(t.lookup("/nope"), None);
+    }
+
+    #[test]
+    fn prunes_invisible_dirs() {
+        let m = manifest(vec![
+            doc("pub/a.md", Acl::public()),
+            doc("secret/x.md", Acl::groups(["hr"])),
+            doc("mixed/ok.md", Acl::public()),
+            doc("mixed/no.md", Acl::groups(["hr"])),
+        ]);
+        let t = Tree::for_principal(&m, &Principal::anonymous()).unwrap();
+        assert_eq!(t.lookup("/secret"), None);
+        assert_eq!(t.lookup("/mixed/no.md"), None);
+        assert!(t.lookup("/mixed/ok.md").is_some());
+        assert_eq!(t.doc_count(), 2);
+    }
+
+    #[test]
+    fn rejects_conflicts_and_bad_paths() {
+        let m = manifest(vec![doc("a", Acl::public()), doc("a/b", Acl::public())]);
+        assert!(matches!(
+            Tree::build(&m, |_| true),
+            Err(ManifestError::FileDirConflict { .. })
+        ));
+        let m = manifest(vec![doc("a/b", Acl::public()), doc("a", Acl::public())]);
+        assert!(matches!(
+            Tree::build(&m, |_| true),
+            Err(ManifestError::FileDirConflict { .. })
+        ));
+        assert!(validate_path("a/../b").is_err());
+        assert!(validate_path("/a").is_err());
+        assert!(validate_path("a//b").is_err());
+        assert!(validate_path("a/b.md").is_ok());
+    }
+}
