@@ -41,6 +41,26 @@ impl Acl {
         }
     }
 
+    /// Parse `public`, `none`, or a comma list of `public` and `group:NAME`
+    /// (a bare `NAME` is a group too).
+    pub fn parse(spec: &str) -> Result<Acl, String> {
+        let mut acl = Acl::default();
+        for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            match part {
+                "public" => acl.public = true,
+                "none" | "private" => {}
+                g => {
+                    let name = g.strip_prefix("group:").unwrap_or(g);
+                    if name.is_empty() || name.contains(char::is_whitespace) {
+                        return Err(format!("invalid ACL entry {part:?} in {spec:?}: expected public, none or group:NAME"));
+                    }
+                    acl.groups.push(name.to_string());
+                }
+            }
+        }
+        Ok(acl.normalized())
+    }
+
     /// Sorted, deduplicated form.
     pub fn normalized(mut self) -> Self {
         self.groups.sort();
@@ -121,6 +141,22 @@ pub struct AclRule {
     pub acl: Acl,
 }
 
+impl AclRule {
+    /// Parse `GLOB=ACL`, e.g. `internal/**=group:eng` or `press/*=public`.
+    pub fn parse(spec: &str) -> Result<AclRule, String> {
+        let (pattern, acl) = spec.rsplit_once('=').ok_or_else(|| {
+            format!("invalid ACL rule {spec:?}: expected GLOB=ACL, e.g. 'internal/**=group:eng'")
+        })?;
+        if pattern.is_empty() {
+            return Err(format!("invalid ACL rule {spec:?}: empty pattern"));
+        }
+        Ok(AclRule {
+            pattern: pattern.to_string(),
+            acl: Acl::parse(acl)?,
+        })
+    }
+}
+
 /// How ingest assigns ACLs: a default, then rules in order (the last match wins),
 /// then an ACL carried by the source itself (JSONL metadata) overrides both.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -193,6 +229,17 @@ mod tests {
         assert_eq!(p.acl_for("readme.md"), Acl::public());
         assert_eq!(p.acl_for("internal/a.md"), Acl::groups(["eng"]));
         assert_eq!(p.acl_for("internal/hr/pay.md"), Acl::groups(["hr"]));
+    }
+
+    #[test]
+    fn parses_specs() {
+        assert_eq!(Acl::parse("public").unwrap(), Acl::public());
+        assert_eq!(Acl::parse("group:b, a").unwrap(), Acl::groups(["a", "b"]));
+        assert_eq!(Acl::parse("none").unwrap(), Acl::default());
+        assert!(Acl::parse("group:").is_err());
+        let r = AclRule::parse("hr/**=group:hr").unwrap();
+        assert_eq!(r.pattern, "hr/**");
+        assert!(AclRule::parse("nope").is_err());
     }
 
     #[test]

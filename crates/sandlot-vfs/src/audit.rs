@@ -168,6 +168,20 @@ impl AuditSink for AuditLog {
     }
 }
 
+/// Render milliseconds since the epoch as `YYYY-MM-DDTHH:MM:SS.mmmZ`.
+pub fn format_utc(ts_ms: u64) -> String {
+    let secs = (ts_ms / 1000) as i64;
+    let (y, m, d) = crate::shell::civil_from_days(secs.div_euclid(86_400));
+    let s = secs.rem_euclid(86_400);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
+        s / 3600,
+        s % 3600 / 60,
+        s % 60,
+        ts_ms % 1000
+    )
+}
+
 /// Milliseconds since the Unix epoch.
 pub(crate) fn now_ms() -> u64 {
     std::time::SystemTime::now()

@@ -28,8 +28,8 @@ pub mod shell;
 pub mod store;
 
 pub use acl::{Acl, AclPolicy, AclRule, Principal};
-pub use audit::{AuditError, AuditFilter, AuditLog, AuditRecord, AuditSink};
-pub use ingest::{IngestError, IngestOptions, IngestReport, S3Options, Source};
+pub use audit::{format_utc, AuditError, AuditFilter, AuditLog, AuditRecord, AuditSink};
+pub use ingest::{IngestError, IngestOptions, IngestReport, S3Credentials, S3Options, Source};
 pub use manifest::{DocEntry, Manifest};
 pub use shell::{Limits, Output, Session, SessionError};
 pub use store::{

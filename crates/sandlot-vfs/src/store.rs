@@ -636,7 +636,7 @@ impl Store {
         let mut report = applied.report;
         let new_cfg = CollectionConfig {
             name: name.to_string(),
-            source: source.clone(),
+            source: source.without_secrets(),
             options: options.clone(),
             created: old_cfg.as_ref().map(|c| c.created).unwrap_or_else(now_secs),
         };

@@ -68,6 +68,28 @@ pub struct S3Options {
     /// Permit plain `http://` endpoints.
     #[serde(default)]
     pub allow_http: bool,
+    /// Explicit credentials (otherwise `AWS_*` environment variables). Never persisted.
+    #[serde(skip)]
+    pub credentials: Option<S3Credentials>,
+}
+
+/// Static S3 credentials.
+#[derive(Clone, PartialEq, Eq)]
+pub struct S3Credentials {
+    /// Access key id.
+    pub access_key_id: String,
+    /// Secret access key.
+    pub secret_access_key: String,
+    /// Optional session token.
+    pub session_token: Option<String>,
+}
+
+impl std::fmt::Debug for S3Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("S3Credentials")
+            .field("access_key_id", &self.access_key_id)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Where a collection's documents come from.
@@ -137,6 +159,15 @@ impl Source {
             ));
         }
         Ok(Source::Dir { path: abs(spec)? })
+    }
+
+    /// The same source with any explicit credentials removed (for persisting).
+    pub fn without_secrets(&self) -> Source {
+        let mut s = self.clone();
+        if let Source::S3 { options, .. } = &mut s {
+            options.credentials = None;
+        }
+        s
     }
 
     /// Human-readable form, round-trippable through [`Source::parse`].
@@ -341,7 +372,8 @@ pub(crate) fn run(
                 let mut doc = old.clone();
                 doc.acl = e.acl.clone().unwrap_or_else(|| opts.acl.acl_for(&e.path));
                 doc.metadata = e.metadata.clone();
-                doc.mtime = e.mtime;
+                // Same content: keep the recorded time (a rewritten export file
+                // or re-uploaded object must not look like a change).
                 if doc == *old {
                     report.unchanged += 1;
                 } else {

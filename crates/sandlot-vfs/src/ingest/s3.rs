@@ -46,10 +46,23 @@ impl S3Reader {
         if let Some(ep) = &opts.endpoint {
             b = b.with_endpoint(ep);
         }
-        match (env("AWS_ACCESS_KEY_ID"), env("AWS_SECRET_ACCESS_KEY")) {
+        let explicit = opts.credentials.clone();
+        let (id, secret, token) = match explicit {
+            Some(c) => (
+                Some(c.access_key_id),
+                Some(c.secret_access_key),
+                c.session_token,
+            ),
+            None => (
+                env("AWS_ACCESS_KEY_ID"),
+                env("AWS_SECRET_ACCESS_KEY"),
+                env("AWS_SESSION_TOKEN"),
+            ),
+        };
+        match (id, secret) {
             (Some(id), Some(secret)) => {
                 b = b.with_access_key_id(id).with_secret_access_key(secret);
-                if let Some(tok) = env("AWS_SESSION_TOKEN") {
+                if let Some(tok) = token {
                     b = b.with_token(tok);
                 }
             }
@@ -92,6 +105,7 @@ impl SourceReader for S3Reader {
         });
         let mut entries = Vec::new();
         let mut skipped = Vec::new();
+        let mut metas_sizes: Vec<(String, u64)> = Vec::new();
         for m in metas {
             let m = m.map_err(|e| IngestError::S3 {
                 op: "list",
@@ -100,6 +114,7 @@ impl SourceReader for S3Reader {
                 reason: e.to_string(),
             })?;
             let key = m.location.to_string();
+            metas_sizes.push((key.clone(), m.size));
             let rel = if self.prefix.is_empty() {
                 key.as_str()
             } else {
@@ -144,6 +159,34 @@ impl SourceReader for S3Reader {
             });
         }
         entries.sort_by(|a, b| a.path.cmp(&b.path));
+        // object_store drops the trailing '/' of directory-marker keys
+        // ("dir/"), so an empty object that cannot be read back under the
+        // normalized name is a marker, not a document.
+        let zero: Vec<String> = metas_sizes
+            .iter()
+            .filter(|(_, size)| *size == 0)
+            .map(|(k, _)| k.clone())
+            .collect();
+        let mut markers = std::collections::HashSet::new();
+        for key in zero {
+            let loc = ObjPath::from(key.as_str());
+            let res = self.rt.block_on(self.store.head(&loc));
+            match res {
+                Ok(_) => {}
+                Err(object_store::Error::NotFound { .. }) => {
+                    markers.insert(key);
+                }
+                Err(e) => {
+                    return Err(IngestError::S3 {
+                        op: "head",
+                        bucket: self.bucket.clone(),
+                        key,
+                        reason: e.to_string(),
+                    })
+                }
+            }
+        }
+        entries.retain(|e| !markers.contains(&e.locator));
         Ok(Listing { entries, skipped })
     }
 

@@ -1616,6 +1616,17 @@ pub(crate) fn write_denied(ctx: &mut Ctx, prog: &str, args: &[String]) -> Result
                     Some(n) if ctx.tree().is_dir(n) && !recursive => {
                         format!("rm: cannot remove {}: Is a directory", quote(f))
                     }
+                    Some(n) if ctx.tree().is_dir(n) => {
+                        // GNU rm -r reports every file it fails to unlink, depth first;
+                        // directories left non-empty are not reported.
+                        let mut files = Vec::new();
+                        collect_files(ctx.tree(), n, f.trim_end_matches('/'), &mut files);
+                        for p in files {
+                            ctx.errln(&format!("rm: cannot remove {}: {ro}", quote(&p)))?;
+                        }
+                        status = 1;
+                        continue;
+                    }
                     Some(_) => format!("rm: cannot remove {}: {ro}", quote(f)),
                 }
             }
@@ -1639,6 +1650,22 @@ pub(crate) fn write_denied(ctx: &mut Ctx, prog: &str, args: &[String]) -> Result
         status = 1;
     }
     Ok(status)
+}
+
+fn collect_files(
+    tree: &crate::manifest::Tree,
+    dir: crate::manifest::NodeId,
+    path: &str,
+    out: &mut Vec<String>,
+) {
+    for &c in tree.children(dir) {
+        let p = format!("{path}/{}", tree.node(c).name);
+        if tree.is_dir(c) {
+            collect_files(tree, c, &p, out);
+        } else {
+            out.push(p);
+        }
+    }
 }
 
 macro_rules! denied {

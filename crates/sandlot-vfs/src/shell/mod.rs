@@ -24,6 +24,8 @@ use crate::store::View;
 
 pub use parse::SyntaxError;
 
+pub(crate) use cmd_files::civil_from_days;
+
 /// Per-session limits.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
