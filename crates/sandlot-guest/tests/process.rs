@@ -633,3 +633,69 @@ async fn children_get_a_normal_oom_score() {
     assert_eq!(String::from_utf8(o.stdout).unwrap(), "0\n");
     a.finish(&c).await;
 }
+
+/// A pids cgroup (v1) holding the agent, removed on drop.
+struct PidsCgroup(std::path::PathBuf);
+
+impl PidsCgroup {
+    fn new(max: u32) -> Option<PidsCgroup> {
+        let root = std::path::Path::new("/sys/fs/cgroup/pids");
+        if !root.join("cgroup.procs").exists() {
+            return None;
+        }
+        let dir = root.join(format!("sandlot-guest-test-{}", std::process::id()));
+        std::fs::create_dir(&dir).ok()?;
+        let cg = PidsCgroup(dir);
+        std::fs::write(cg.0.join("pids.max"), max.to_string()).ok()?;
+        Some(cg)
+    }
+}
+
+impl Drop for PidsCgroup {
+    fn drop(&mut self) {
+        // Move anything left back to the root, then remove the group.
+        if let Ok(procs) = std::fs::read_to_string(self.0.join("cgroup.procs")) {
+            for p in procs.lines() {
+                let _ = std::fs::write("/sys/fs/cgroup/pids/cgroup.procs", p);
+            }
+        }
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+#[tokio::test]
+async fn process_limit_is_a_clear_error() {
+    if !root() {
+        eprintln!("SKIPPED process_limit_is_a_clear_error: needs root");
+        return;
+    }
+    let Some(cg) = PidsCgroup::new(4) else {
+        eprintln!("SKIPPED process_limit_is_a_clear_error: no writable cgroup v1 pids hierarchy");
+        return;
+    };
+    let a = TestAgent::start();
+    let c = a.client().await;
+    std::fs::write(cg.0.join("cgroup.procs"), a.pid().to_string()).unwrap();
+    // The agent counts as one; start sleepers until the limit bites.
+    let mut held = Vec::new();
+    let err = loop {
+        match c.exec(ExecRequest::new(["sleep", "30"])).await {
+            Ok(p) => {
+                a.track(&p);
+                held.push(p);
+                assert!(held.len() < 10, "the pids limit was not enforced");
+            }
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(err.code(), Some(ErrorCode::Limit), "{err}");
+    assert!(err.to_string().contains("process limit"), "{err}");
+    // Freeing a slot makes exec work again.
+    held.pop().unwrap().signal(9).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let o = run(&a, &c, ExecRequest::new(["true"])).await;
+    assert!(o.status.success());
+    drop(held);
+    a.finish(&c).await;
+    drop(cg);
+}

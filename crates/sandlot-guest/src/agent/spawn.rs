@@ -387,7 +387,16 @@ pub(crate) fn spawn(
         None,
     );
     drop(child_fds);
-    let pid = res.map_err(|e| io_err("clone", e.into()))?.as_raw();
+    let pid = match res {
+        Ok(pid) => pid.as_raw(),
+        Err(Errno::EAGAIN) => {
+            return Err(err(
+                ErrorCode::Limit,
+                format!("exec {name:?}: the process limit is reached (clone: EAGAIN)"),
+            ))
+        }
+        Err(e) => return Err(io_err("clone", e.into())),
+    };
 
     // The child has exec'd, or failed and exited, writing why. Read through a
     // volatile pointer: the write happened in another task.
