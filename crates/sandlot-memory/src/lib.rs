@@ -12,15 +12,17 @@ pub mod embed;
 mod git;
 pub mod index;
 pub mod memory_tool;
+pub mod search;
 pub mod store;
 pub mod watch;
 
 pub use doc::{Document, FrontMatter};
 pub use embed::{EmbedError, Embedder, HttpEmbedder, MiniLmEmbedder};
 pub use git::{Author, Commit, GitError};
+pub use search::{Related, SearchHit, SearchMode, SearchQuery, Validity};
 pub use store::{
-    FileStatus, Freshness, Memory, MemoryPatch, NewMemory, Related, SearchHit, SearchMode,
-    SearchQuery, Store, StoreError, SyncReport, Validity, WriteOutcome,
+    FileStatus, Freshness, Memory, MemoryPatch, NewMemory, Store, StoreError, SyncReport,
+    WriteOutcome,
 };
 pub use watch::{watch, WatchError, WatchOptions, Watcher};
 
