@@ -268,6 +268,17 @@ const COMMANDS: &[&str] = &[
     "(cd docs; ls) ; ls -d docs",
     "{ echo a; echo b; } | wc -l",
     "type ls cd",
+    // early-closing readers (SIGPIPE semantics)
+    // (GNU's stderr after the reader exits is timing-dependent, so only
+    // commands without late diagnostics are compared here.)
+    "grep -rn rate docs/api | head -3",
+    "grep -rn rate src | head -n 2; echo $?",
+    "cat docs/long.md | head -c 10",
+    "seq 100 | head -n5 | tail -1",
+    "{ echo a; echo b; echo c; } | head -1",
+    "ls nope docs | head -1",
+    "find . -type f | head",
+    "for f in docs/*; do echo $f; done | head -2",
 ];
 
 fn differential(base: &Path) {

@@ -16,6 +16,9 @@ pub(crate) enum Abort {
     Timeout,
     OutputFull,
     PipeLimit,
+    /// The reader of a pipe stopped reading (`| head`): the writer ends quietly,
+    /// as a real process would on SIGPIPE.
+    BrokenPipe,
     StepLimit,
     Exit(i32),
     Break(u32),
@@ -51,6 +54,49 @@ pub(crate) struct Exec<'v> {
     stderr: Vec<u8>,
     truncated: bool,
     pipes: Vec<Vec<u8>>,
+    /// Per pipe: how much the reader will consume at most (lines or bytes).
+    /// With the newlines already written to that pipe.
+    pipe_caps: Vec<Option<(PipeCap, usize)>>,
+}
+
+/// What a pipe's reader (`head -n N` / `head -c N`) will consume at most.
+#[derive(Debug, Clone, Copy)]
+enum PipeCap {
+    Lines(usize),
+    Bytes(usize),
+}
+
+/// If `cmd` is a plain `head` reading stdin, how much of it it reads.
+fn head_cap(cmd: &Command) -> Option<PipeCap> {
+    let Command::Simple {
+        words,
+        redirs,
+        assigns,
+        ..
+    } = cmd
+    else {
+        return None;
+    };
+    if !redirs.is_empty() || !assigns.is_empty() {
+        return None;
+    }
+    let args: Vec<&str> = words
+        .iter()
+        .map(|w| w.as_keyword())
+        .collect::<Option<Vec<_>>>()?;
+    if args.first() != Some(&"head") {
+        return None;
+    }
+    let num = |s: &str| s.parse::<usize>().ok();
+    match &args[1..] {
+        [] => Some(PipeCap::Lines(10)),
+        [n] if n.starts_with('-') && n.len() > 1 => num(&n[1..]).map(PipeCap::Lines),
+        ["-n", n] => num(n).map(PipeCap::Lines),
+        [n] if n.starts_with("-n") => num(&n[2..]).map(PipeCap::Lines),
+        ["-c", n] => num(n).map(PipeCap::Bytes),
+        [n] if n.starts_with("-c") => num(&n[2..]).map(PipeCap::Bytes),
+        _ => None,
+    }
 }
 
 /// The context a command runs in.
@@ -68,6 +114,13 @@ pub(crate) struct Ctx<'a, 'v> {
 
 const STDIO_BUFSIZ: usize = 4096;
 
+/// `head -n 0`/`-c 0` still reads nothing; any positive cap stops the writer once met.
+fn cap_reached(cap: PipeCap) -> bool {
+    match cap {
+        PipeCap::Lines(n) | PipeCap::Bytes(n) => n > 0,
+    }
+}
+
 impl Exec<'_> {
     fn write(&mut self, sink: Sink, data: &[u8]) -> Result<(), Abort> {
         match sink {
@@ -76,7 +129,34 @@ impl Exec<'_> {
                 if self.pipes[i].len() + data.len() > self.limits.max_pipe_bytes {
                     return Err(Abort::PipeLimit);
                 }
+                let before = self.pipes[i].len();
                 self.pipes[i].extend_from_slice(data);
+                if let Some(Some((cap, seen))) = self.pipe_caps.get_mut(i) {
+                    if !cap_reached(*cap) {
+                        return Ok(());
+                    }
+                    let buf = &mut self.pipes[i];
+                    let cut = match *cap {
+                        PipeCap::Bytes(n) => (buf.len() >= n).then_some(n),
+                        PipeCap::Lines(n) => {
+                            let mut cut = None;
+                            for (k, b) in data.iter().enumerate() {
+                                if *b == b'\n' {
+                                    *seen += 1;
+                                    if *seen == n {
+                                        cut = Some(before + k + 1);
+                                        break;
+                                    }
+                                }
+                            }
+                            cut
+                        }
+                    };
+                    if let Some(c) = cut {
+                        buf.truncate(c);
+                        return Err(Abort::BrokenPipe);
+                    }
+                }
                 Ok(())
             }
             Sink::Stdout | Sink::Stderr => {
@@ -228,7 +308,7 @@ fn command_fn(name: &str) -> Option<CmdFn> {
         "grep" => super::grep::grep,
         "egrep" => super::grep::egrep,
         "fgrep" => super::grep::fgrep,
-        "rg" => super::grep::rg,
+        "rg" => super::rg::rg,
         "sort" => super::cmd_text::sort,
         "uniq" => super::cmd_text::uniq,
         "cut" => super::cmd_text::cut,
@@ -238,17 +318,17 @@ fn command_fn(name: &str) -> Option<CmdFn> {
         "xargs" => super::cmd_text::xargs,
         "seq" => super::cmd_text::seq,
         "printf" => super::cmd_text::printf,
-        "touch" => super::cmd_text::touch,
-        "mkdir" => super::cmd_text::mkdir,
-        "rm" => super::cmd_text::rm,
-        "rmdir" => super::cmd_text::rmdir,
-        "cp" => super::cmd_text::cp,
-        "mv" => super::cmd_text::mv,
-        "ln" => super::cmd_text::ln,
-        "chmod" => super::cmd_text::chmod,
-        "chown" => super::cmd_text::chown,
-        "truncate" => super::cmd_text::truncate,
-        "tee" => super::cmd_text::tee,
+        "touch" => super::cmd_write::touch,
+        "mkdir" => super::cmd_write::mkdir,
+        "rm" => super::cmd_write::rm,
+        "rmdir" => super::cmd_write::rmdir,
+        "cp" => super::cmd_write::cp,
+        "mv" => super::cmd_write::mv,
+        "ln" => super::cmd_write::ln,
+        "chmod" => super::cmd_write::chmod,
+        "chown" => super::cmd_write::chown,
+        "truncate" => super::cmd_write::truncate,
+        "tee" => super::cmd_write::tee,
         _ => return None,
     })
 }
@@ -276,6 +356,7 @@ pub(crate) fn run_line(
         stderr: Vec::new(),
         truncated: false,
         pipes: Vec::new(),
+        pipe_caps: Vec::new(),
     };
     let status = match parse::parse(line) {
         Err(e) => {
@@ -293,6 +374,7 @@ pub(crate) fn run_line(
                 Ok(s) => s,
                 Err(Abort::Exit(s)) => s,
                 Err(Abort::Break(_)) | Err(Abort::Continue(_)) => ex.st.last_status,
+                Err(Abort::BrokenPipe) => 141,
                 Err(Abort::Timeout) => {
                     let secs = limits.max_run_time.as_secs_f64();
                     ex.stderr.extend_from_slice(
@@ -386,6 +468,8 @@ impl Exec<'_> {
                     io.out
                 } else {
                     self.pipes.push(Vec::new());
+                    self.pipe_caps
+                        .push(head_cap(&p.cmds[i + 1]).map(|c| (c, 0)));
                     Sink::Pipe(self.pipes.len() - 1)
                 };
                 let sub = IoCtx {
@@ -402,12 +486,14 @@ impl Exec<'_> {
                 status = match r {
                     Ok(s) | Err(Abort::Exit(s)) => s,
                     Err(Abort::Break(_)) | Err(Abort::Continue(_)) => 0,
+                    Err(Abort::BrokenPipe) => 141,
                     Err(e) => return Err(e),
                 };
                 if let Sink::Pipe(idx) = out {
                     input = Some(std::mem::take(&mut self.pipes[idx]));
                     if idx + 1 == self.pipes.len() {
                         self.pipes.pop();
+                        self.pipe_caps.pop();
                     }
                 }
                 input_file = false;

@@ -3,12 +3,14 @@
 
 mod cmd_files;
 mod cmd_text;
+mod cmd_write;
 mod exec;
 mod find;
 mod getopt;
 mod grep;
 mod parse;
 mod regex_posix;
+mod rg;
 mod vpath;
 
 use std::sync::atomic::{AtomicU64, Ordering};
