@@ -329,8 +329,8 @@ fn main() {
         };
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {p50} | {p95} | {ratio} |",
-            r.name,
+            "| `{}` | {} | {} | {p50} | {p95} | {ratio} |",
+            r.name.replace('|', "\\|"),
             ms(r.v50),
             ms(r.v95)
         );
