@@ -225,28 +225,42 @@ impl NamespaceBackend {
         for line in BufReader::new(fs::File::from(status_r)).lines() {
             let Ok(line) = line else { break };
             match serde_json::from_str::<InitStatus>(&line) {
+                // The helper's `pid` line and PID 1's `ready` line race: wait for both.
                 Ok(InitStatus::Pid { pid: p }) => pid = Some(p),
-                Ok(InitStatus::Ready { .. }) => {
-                    ready = true;
-                    break;
-                }
+                Ok(InitStatus::Ready { .. }) => ready = true,
                 Ok(InitStatus::Error { message }) => {
                     err = Some(message);
                     break;
                 }
                 Err(_) => {}
             }
+            if ready && pid.is_some() {
+                break;
+            }
         }
-        let _ = child.wait();
+        let helper = child
+            .wait()
+            .map(|s| s.to_string())
+            .unwrap_or_else(|e| e.to_string());
         match (ready, pid, err) {
             (true, Some(pid), _) => Ok(pid),
             (_, pid, e) => {
+                let mut fate = String::from("never started");
                 if let Some(p) = pid {
-                    let _ = sys::kill(p, libc::SIGKILL);
-                    let _ = sys::waitpid(p);
+                    // Reap PID 1 (ours, as subreaper) and say how it ended.
+                    fate = match sys::try_waitpid(p) {
+                        Ok(Some(st)) => describe_wait(st),
+                        _ => {
+                            let _ = sys::kill(p, libc::SIGKILL);
+                            let _ = sys::waitpid(p);
+                            "killed after reporting nothing".into()
+                        }
+                    };
                 }
                 Err(RuntimeError::Init(e.unwrap_or_else(|| {
-                    "sandbox init exited without reporting".into()
+                    format!(
+                        "sandbox init exited without reporting (pid 1: {fate}; helper: {helper})"
+                    )
                 })))
             }
         }
@@ -296,6 +310,36 @@ impl NamespaceBackend {
             .unwrap_or_default()
     }
 
+    /// Creates `sandboxes/<id>/` holding a locked `alive` file: built under a hidden
+    /// temporary name, locked, then renamed into place (failing if the id exists).
+    fn publish_sandbox_dir(&self, id: &str) -> Result<OwnedFd, RuntimeError> {
+        let base = self.cfg.run_dir.join("sandboxes");
+        let tmp = base.join(format!(".new-{id}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&tmp);
+        fs::create_dir(&tmp).map_err(io_err(format!("create {}", tmp.display())))?;
+        let publish = || -> Result<OwnedFd, RuntimeError> {
+            let alive = OwnedFd::from(
+                fs::File::create(tmp.join("alive")).map_err(io_err("create alive lock"))?,
+            );
+            sys::try_flock_exclusive(alive.as_fd()).map_err(io_err("lock alive"))?;
+            match sys::rename_noreplace(&tmp, &base.join(id)) {
+                Ok(()) => Ok(alive),
+                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+                    Err(RuntimeError::Exists(id.to_string()))
+                }
+                Err(e) => Err(RuntimeError::Io {
+                    what: format!("publish sandbox dir {id}"),
+                    source: e,
+                }),
+            }
+        };
+        let r = publish();
+        if r.is_err() {
+            let _ = fs::remove_dir_all(&tmp);
+        }
+        r
+    }
+
     /// Removes leftovers of sandboxes whose PID 1 is gone (e.g. after a crash of the
     /// process that owned them). Returns the ids cleaned up.
     pub fn sweep(&self) -> Vec<String> {
@@ -306,9 +350,24 @@ impl NamespaceBackend {
         for e in rd.flatten() {
             let id = e.file_name().to_string_lossy().into_owned();
             let Ok(f) = fs::File::open(e.path().join("alive")) else {
-                let _ = fs::remove_dir_all(e.path());
+                // A temporary dir being published has its lock file within
+                // microseconds; one without it after a minute is debris.
+                let old = e
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|t| t.elapsed().ok());
+                if old.is_some_and(|d| d > Duration::from_secs(60)) {
+                    let _ = fs::remove_dir_all(e.path());
+                }
                 continue;
             };
+            if id.starts_with('.') {
+                if matches!(sys::try_flock_exclusive(f.as_fd()), Ok(true)) {
+                    let _ = fs::remove_dir_all(e.path());
+                }
+                continue;
+            }
             if matches!(sys::try_flock_exclusive(f.as_fd()), Ok(true)) {
                 let cg = Cgroup::plan(&self.layout, &self.cfg.cgroup_parent, &id);
                 cg.kill_all(Duration::from_secs(2));
@@ -342,22 +401,11 @@ impl Backend for NamespaceBackend {
             return Err(RuntimeError::BadId(id.to_string()));
         }
         let dir = self.sandbox_dir(id);
-        fs::create_dir(&dir).map_err(|e| {
-            if e.kind() == io::ErrorKind::AlreadyExists {
-                RuntimeError::Exists(id.to_string())
-            } else {
-                RuntimeError::Io {
-                    what: format!("create {}", dir.display()),
-                    source: e,
-                }
-            }
-        })?;
+        // The run directory appears atomically with its alive lock already held, so a
+        // concurrent `sweep` (another CLI, the daemon) never mistakes it for a dead one.
+        let alive = self.publish_sandbox_dir(id)?;
         let mut cgroup: Option<Cgroup> = None;
         let r = (|| {
-            let alive = OwnedFd::from(
-                fs::File::create(dir.join("alive")).map_err(io_err("create alive lock"))?,
-            );
-            sys::try_flock_exclusive(alive.as_fd()).map_err(io_err("lock alive"))?;
             let (slot, slot_fd) = self.take_slot()?;
             let id_base = self.cfg.id_base + slot * ID_RANGE;
             let limits = CgroupLimits {
@@ -403,6 +451,15 @@ impl Backend for NamespaceBackend {
         sb.cgroup.remove_parent_if_empty();
         let _ = fs::remove_dir_all(&sb.dir);
         Ok(())
+    }
+}
+
+/// "exit code N" or "killed by signal N" for a wait status.
+fn describe_wait(st: i32) -> String {
+    if libc::WIFSIGNALED(st) {
+        format!("killed by signal {}", libc::WTERMSIG(st))
+    } else {
+        format!("exit code {}", libc::WEXITSTATUS(st))
     }
 }
 

@@ -143,6 +143,22 @@ pub fn move_mount_to(fd: BorrowedFd<'_>, target: &CStr) -> io::Result<()> {
     Ok(())
 }
 
+/// `renameat2(RENAME_NOREPLACE)`: fails with `EEXIST` instead of replacing `to`.
+pub fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
+    let (f, t) = (cstr(from)?, cstr(to)?);
+    // SAFETY: valid C strings; AT_FDCWD-relative absolute paths.
+    cvt(unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            f.as_ptr(),
+            libc::AT_FDCWD,
+            t.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    })?;
+    Ok(())
+}
+
 pub fn unshare(flags: libc::c_int) -> io::Result<()> {
     // SAFETY: unshare has no pointer arguments.
     cvt(unsafe { libc::unshare(flags) })?;

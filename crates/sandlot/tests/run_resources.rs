@@ -209,3 +209,37 @@ fn pty_session_sees_a_terminal_and_its_size() {
     assert!(out.contains("40 100"), "{out}");
     assert_no_leftovers(&id);
 }
+
+/// Regression (issue 2): PID 1's `ready` line could reach the host before the helper's
+/// `pid` line, and about one create in sixty failed with "exited without reporting".
+#[test]
+fn issue2_create_survives_the_ready_pid_race() {
+    for i in 0..80 {
+        let id = unique_id("race");
+        let o = run(&id, &["--", "/bin/true"]);
+        assert_eq!(o.status.code(), Some(0), "iteration {i}: {}", stderr(&o));
+    }
+}
+
+/// Concurrent creators must not sweep each other's fresh sandboxes.
+#[test]
+fn concurrent_runs_do_not_interfere() {
+    let handles: Vec<_> = (0..8)
+        .map(|t| {
+            std::thread::spawn(move || {
+                for i in 0..10 {
+                    let id = unique_id(&format!("conc{t}"));
+                    let (code, out, err) = sh(&id, &[], "echo $((6*7))");
+                    assert_eq!(
+                        (code, out.as_str()),
+                        (0, "42\n"),
+                        "thread {t} iteration {i}: {err}"
+                    );
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+}
