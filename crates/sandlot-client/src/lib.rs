@@ -1,0 +1,645 @@
+//! Typed async client of the Sandlot HTTP API v1, over the daemon's Unix socket
+//! or TCP (with a bearer token). Used by the `sandlot` CLI.
+//!
+//! ```no_run
+//! # async fn f() -> Result<(), sandlot_client::Error> {
+//! use sandlot_client::{Client, CreateSandbox};
+//! let c = Client::from_env()?;
+//! let sb = c.create_sandbox(&CreateSandbox::default()).await?;
+//! let out = c.run(&sb.id, &["echo", "hi"]).await?;
+//! assert_eq!(out.stdout, b"hi\n");
+//! c.delete_sandbox(&sb.id).await?;
+//! # Ok(()) }
+//! ```
+
+pub mod api;
+mod conn;
+pub mod stream;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use bytes::Bytes;
+use http::{Method, StatusCode};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+pub use api::*;
+pub use conn::Target;
+pub use stream::{ByteStream, OutputStream, WsSession};
+
+/// Default daemon address: the operator's Unix socket.
+pub const DEFAULT_HOST: &str = "unix:///run/sandlot/sandlot.sock";
+
+/// Errors of the client.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The daemon answered with an error.
+    #[error("{}{} ({} {})", .body.message, .body.field.as_ref().map(|_| "").unwrap_or(""), .status.as_u16(), .body.code)]
+    Api {
+        status: StatusCode,
+        body: ApiErrorBody,
+    },
+    #[error("invalid SANDLOT_HOST {0:?}: use unix:///path.sock, /path.sock, http://HOST:PORT or HOST:PORT")]
+    BadHost(String),
+    #[error("cannot reach the daemon at {target}: {message}")]
+    Connect { target: String, message: String },
+    #[error("talking to the daemon: {0}")]
+    Transport(String),
+    #[error("unexpected answer from the daemon: {0}")]
+    Decode(String),
+}
+
+impl Error {
+    /// The API error code (`not_found`, `quota_exceeded`, ...), for API errors.
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            Error::Api { body, .. } => Some(&body.code),
+            _ => None,
+        }
+    }
+
+    pub fn status(&self) -> Option<StatusCode> {
+        match self {
+            Error::Api { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+}
+
+/// A sandbox to create: the spec (as JSON, e.g. `{"resources": {"memory": "1G"}}`)
+/// plus the daemon-level fields.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct CreateSandbox {
+    /// Spec fields (image, rootfs, mounts, env, workdir, user, hostname, resources,
+    /// timeout, network), merged at the top level of the request.
+    #[serde(flatten)]
+    pub spec: serde_json::Map<String, serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub tags: BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
+    /// Seconds or a duration string.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idle_timeout: Option<serde_json::Value>,
+}
+
+/// Filter of [`Client::list_sandboxes`].
+#[derive(Debug, Clone, Default)]
+pub struct ListFilter {
+    /// e.g. `["running"]`, `["all"]`; empty: live sandboxes.
+    pub states: Vec<String>,
+    /// `(key, Some(value))` or `(key, None)` for "has the tag".
+    pub tags: Vec<(String, Option<String>)>,
+    pub name: Option<String>,
+}
+
+/// Collected result of [`Client::run`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunOutput {
+    pub exit: ProcessExit,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+}
+
+/// A client. Cheap to clone; every request opens its own connection.
+#[derive(Debug, Clone)]
+pub struct Client {
+    target: Target,
+    token: Option<String>,
+    tenant: Option<String>,
+}
+
+fn enc(s: &str) -> String {
+    let mut o = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~/".contains(&b) {
+            o.push(b as char);
+        } else {
+            o.push_str(&format!("%{b:02X}"));
+        }
+    }
+    o
+}
+
+impl Client {
+    /// A client of the daemon at `host` (see [`Target::parse`]).
+    pub fn new(host: &str, token: Option<String>) -> Result<Client, Error> {
+        Ok(Client {
+            target: Target::parse(host)?,
+            token: token.filter(|t| !t.is_empty()),
+            tenant: None,
+        })
+    }
+
+    /// From `SANDLOT_HOST` (default: the operator socket) and `SANDLOT_TOKEN`.
+    pub fn from_env() -> Result<Client, Error> {
+        let host = std::env::var("SANDLOT_HOST").unwrap_or_else(|_| DEFAULT_HOST.to_string());
+        Client::new(&host, std::env::var("SANDLOT_TOKEN").ok())
+    }
+
+    /// On the operator socket: act as this tenant (header `x-sandlot-tenant`).
+    pub fn with_tenant(mut self, tenant: Option<String>) -> Client {
+        self.tenant = tenant;
+        self
+    }
+
+    pub fn target(&self) -> &Target {
+        &self.target
+    }
+
+    fn headers(&self) -> Vec<(&'static str, String)> {
+        let mut h = Vec::new();
+        if let Some(t) = &self.token {
+            h.push(("authorization", format!("Bearer {t}")));
+        }
+        if let Some(t) = &self.tenant {
+            h.push(("x-sandlot-tenant", t.clone()));
+        }
+        h
+    }
+
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        ctype: Option<&str>,
+        body: conn::ReqBody,
+    ) -> Result<http::Response<hyper::body::Incoming>, Error> {
+        let resp = conn::request(&self.target, method, path, &self.headers(), ctype, body).await?;
+        if resp.status().is_success() {
+            return Ok(resp);
+        }
+        Err(stream::error_of(resp).await)
+    }
+
+    async fn json<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&impl Serialize>,
+    ) -> Result<T, Error> {
+        let b = match body {
+            Some(b) => conn::full(serde_json::to_vec(b).map_err(|e| Error::Decode(e.to_string()))?),
+            None => conn::empty(),
+        };
+        let resp = self
+            .send(method, path, body.map(|_| "application/json"), b)
+            .await?;
+        let bytes = stream::collect(resp).await?;
+        serde_json::from_slice(&bytes).map_err(|e| Error::Decode(format!("{path}: {e}")))
+    }
+
+    async fn no_content(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&impl Serialize>,
+    ) -> Result<(), Error> {
+        let b = match body {
+            Some(b) => conn::full(serde_json::to_vec(b).map_err(|e| Error::Decode(e.to_string()))?),
+            None => conn::empty(),
+        };
+        let resp = self
+            .send(method, path, body.map(|_| "application/json"), b)
+            .await?;
+        stream::collect(resp).await.map(|_| ())
+    }
+
+    pub async fn health(&self) -> Result<Health, Error> {
+        self.json(Method::GET, "/v1/health", None::<&()>).await
+    }
+
+    pub async fn metrics(&self) -> Result<String, Error> {
+        let resp = self
+            .send(Method::GET, "/metrics", None, conn::empty())
+            .await?;
+        let b = stream::collect(resp).await?;
+        Ok(String::from_utf8_lossy(&b).into_owned())
+    }
+
+    // ---- sandboxes ----
+
+    pub async fn create_sandbox(&self, req: &CreateSandbox) -> Result<Sandbox, Error> {
+        self.json(Method::POST, "/v1/sandboxes", Some(req)).await
+    }
+
+    pub async fn list_sandboxes(&self, f: &ListFilter) -> Result<Vec<Sandbox>, Error> {
+        let mut q = Vec::new();
+        if !f.states.is_empty() {
+            q.push(format!("state={}", enc(&f.states.join(","))));
+        }
+        for (k, v) in &f.tags {
+            match v {
+                Some(v) => q.push(format!("tag={}", enc(&format!("{k}={v}")))),
+                None => q.push(format!("tag={}", enc(k))),
+            }
+        }
+        if let Some(n) = &f.name {
+            q.push(format!("name={}", enc(n)));
+        }
+        let path = if q.is_empty() {
+            "/v1/sandboxes".to_string()
+        } else {
+            format!("/v1/sandboxes?{}", q.join("&"))
+        };
+        let l: SandboxList = self.json(Method::GET, &path, None::<&()>).await?;
+        Ok(l.sandboxes)
+    }
+
+    pub async fn get_sandbox(&self, id: &str) -> Result<Sandbox, Error> {
+        self.json(
+            Method::GET,
+            &format!("/v1/sandboxes/{}", enc(id)),
+            None::<&()>,
+        )
+        .await
+    }
+
+    /// Stops and removes a sandbox (idempotent); returns its final record.
+    pub async fn delete_sandbox(&self, id: &str) -> Result<Sandbox, Error> {
+        self.json(
+            Method::DELETE,
+            &format!("/v1/sandboxes/{}", enc(id)),
+            None::<&()>,
+        )
+        .await
+    }
+
+    /// The sandbox now ends `timeout` from now (seconds or `"10m"`).
+    pub async fn set_timeout(
+        &self,
+        id: &str,
+        timeout: serde_json::Value,
+    ) -> Result<Sandbox, Error> {
+        self.json(
+            Method::POST,
+            &format!("/v1/sandboxes/{}/timeout", enc(id)),
+            Some(&SetTimeout { timeout }),
+        )
+        .await
+    }
+
+    pub async fn events(&self, id: &str) -> Result<Vec<SandboxEvent>, Error> {
+        let l: EventList = self
+            .json(
+                Method::GET,
+                &format!("/v1/sandboxes/{}/events", enc(id)),
+                None::<&()>,
+            )
+            .await?;
+        Ok(l.events)
+    }
+
+    // ---- processes ----
+
+    /// Starts a process; read its output with [`Client::output`].
+    pub async fn exec(&self, id: &str, req: &ExecBody) -> Result<ProcessView, Error> {
+        self.json(
+            Method::POST,
+            &format!("/v1/sandboxes/{}/exec", enc(id)),
+            Some(req),
+        )
+        .await
+    }
+
+    /// Starts a process and streams its output (lossless, from the start).
+    pub async fn exec_stream(
+        &self,
+        id: &str,
+        req: &ExecBody,
+    ) -> Result<(ProcessView, OutputStream), Error> {
+        let body = conn::full(serde_json::to_vec(req).map_err(|e| Error::Decode(e.to_string()))?);
+        let resp = self
+            .send(
+                Method::POST,
+                &format!("/v1/sandboxes/{}/exec?stream=ndjson", enc(id)),
+                Some("application/json"),
+                body,
+            )
+            .await?;
+        let mut s = OutputStream::new(resp);
+        match s.next_event().await? {
+            Some(StreamEvent::Started { process }) => Ok((process, s)),
+            other => Err(Error::Decode(format!(
+                "expected a started line, got {other:?}"
+            ))),
+        }
+    }
+
+    /// Runs a command to completion and collects its output.
+    pub async fn run(&self, id: &str, argv: &[&str]) -> Result<RunOutput, Error> {
+        let req = ExecBody {
+            argv: argv.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        };
+        let (_, mut s) = self.exec_stream(id, &req).await?;
+        s.collect().await
+    }
+
+    /// Output of process `pid` from byte offsets (0, 0 = from the start).
+    pub async fn output(
+        &self,
+        id: &str,
+        pid: u64,
+        stdout_from: u64,
+        stderr_from: u64,
+    ) -> Result<OutputStream, Error> {
+        let resp = self
+            .send(
+                Method::GET,
+                &format!("/v1/sandboxes/{}/processes/{pid}/output?stdout_from={stdout_from}&stderr_from={stderr_from}", enc(id)),
+                None,
+                conn::empty(),
+            )
+            .await?;
+        Ok(OutputStream::new(resp))
+    }
+
+    pub async fn list_processes(&self, id: &str) -> Result<Vec<ProcessView>, Error> {
+        let l: ProcessList = self
+            .json(
+                Method::GET,
+                &format!("/v1/sandboxes/{}/processes", enc(id)),
+                None::<&()>,
+            )
+            .await?;
+        Ok(l.processes)
+    }
+
+    pub async fn process(&self, id: &str, pid: u64) -> Result<ProcessView, Error> {
+        self.json(
+            Method::GET,
+            &format!("/v1/sandboxes/{}/processes/{pid}", enc(id)),
+            None::<&()>,
+        )
+        .await
+    }
+
+    /// Waits up to `timeout_secs` for the process to exit.
+    pub async fn wait(&self, id: &str, pid: u64, timeout_secs: f64) -> Result<WaitResult, Error> {
+        self.json(
+            Method::GET,
+            &format!(
+                "/v1/sandboxes/{}/processes/{pid}/wait?timeout={timeout_secs}",
+                enc(id)
+            ),
+            None::<&()>,
+        )
+        .await
+    }
+
+    pub async fn write_stdin(
+        &self,
+        id: &str,
+        pid: u64,
+        data: Vec<u8>,
+        close: bool,
+    ) -> Result<(), Error> {
+        let resp = self
+            .send(
+                Method::POST,
+                &format!(
+                    "/v1/sandboxes/{}/processes/{pid}/stdin?close={close}",
+                    enc(id)
+                ),
+                Some("application/octet-stream"),
+                conn::full(data),
+            )
+            .await?;
+        stream::collect(resp).await.map(|_| ())
+    }
+
+    pub async fn close_stdin(&self, id: &str, pid: u64) -> Result<(), Error> {
+        self.no_content(
+            Method::POST,
+            &format!("/v1/sandboxes/{}/processes/{pid}/stdin/close", enc(id)),
+            None::<&()>,
+        )
+        .await
+    }
+
+    /// Sends a signal (a name like `TERM` or a number).
+    pub async fn signal(&self, id: &str, pid: u64, signal: &str) -> Result<(), Error> {
+        let v = match signal.parse::<i64>() {
+            Ok(n) => serde_json::Value::from(n),
+            Err(_) => serde_json::Value::from(signal),
+        };
+        self.no_content(
+            Method::POST,
+            &format!("/v1/sandboxes/{}/processes/{pid}/signal", enc(id)),
+            Some(&SignalBody { signal: v }),
+        )
+        .await
+    }
+
+    pub async fn resize(&self, id: &str, pid: u64, rows: u16, cols: u16) -> Result<(), Error> {
+        self.no_content(
+            Method::POST,
+            &format!("/v1/sandboxes/{}/processes/{pid}/resize", enc(id)),
+            Some(&ResizeBody { rows, cols }),
+        )
+        .await
+    }
+
+    /// Starts a process over a WebSocket (stdin, resize and signals in band).
+    pub async fn exec_ws(&self, id: &str, req: &ExecBody) -> Result<WsSession, Error> {
+        let mut ws = stream::ws_connect(
+            &self.target,
+            &format!("/v1/sandboxes/{}/exec/ws", enc(id)),
+            &self.headers(),
+        )
+        .await?;
+        ws.send_json(req).await?;
+        Ok(ws)
+    }
+
+    /// Attaches to a process over a WebSocket from the given offsets.
+    pub async fn attach_ws(
+        &self,
+        id: &str,
+        pid: u64,
+        stdout_from: u64,
+        stderr_from: u64,
+    ) -> Result<WsSession, Error> {
+        stream::ws_connect(
+            &self.target,
+            &format!("/v1/sandboxes/{}/processes/{pid}/ws?stdout_from={stdout_from}&stderr_from={stderr_from}", enc(id)),
+            &self.headers(),
+        )
+        .await
+    }
+
+    // ---- files ----
+
+    pub async fn read_file(&self, id: &str, path: &str) -> Result<ByteStream, Error> {
+        let resp = self
+            .send(
+                Method::GET,
+                &format!("/v1/sandboxes/{}/files?path={}", enc(id), enc(path)),
+                None,
+                conn::empty(),
+            )
+            .await?;
+        Ok(ByteStream::new(resp))
+    }
+
+    /// Writes a file from a stream of chunks (parents are created).
+    pub async fn write_file<S>(
+        &self,
+        id: &str,
+        path: &str,
+        mode: Option<u32>,
+        body: S,
+    ) -> Result<WriteResult, Error>
+    where
+        S: futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send + Sync + 'static,
+    {
+        let mut p = format!("/v1/sandboxes/{}/files?path={}", enc(id), enc(path));
+        if let Some(m) = mode {
+            p.push_str(&format!("&mode={m:o}"));
+        }
+        let resp = self
+            .send(
+                Method::PUT,
+                &p,
+                Some("application/octet-stream"),
+                conn::streaming(body),
+            )
+            .await?;
+        let b = stream::collect(resp).await?;
+        serde_json::from_slice(&b).map_err(|e| Error::Decode(e.to_string()))
+    }
+
+    pub async fn write_file_bytes(
+        &self,
+        id: &str,
+        path: &str,
+        data: Vec<u8>,
+    ) -> Result<WriteResult, Error> {
+        let s = futures_util::stream::iter(vec![Ok(Bytes::from(data))]);
+        self.write_file(id, path, None, s).await
+    }
+
+    pub async fn stat(&self, id: &str, path: &str) -> Result<FileInfo, Error> {
+        self.json(
+            Method::GET,
+            &format!("/v1/sandboxes/{}/files/stat?path={}", enc(id), enc(path)),
+            None::<&()>,
+        )
+        .await
+    }
+
+    pub async fn list_dir(&self, id: &str, path: &str, depth: u32) -> Result<DirListing, Error> {
+        self.json(
+            Method::GET,
+            &format!(
+                "/v1/sandboxes/{}/files/list?path={}&depth={depth}",
+                enc(id),
+                enc(path)
+            ),
+            None::<&()>,
+        )
+        .await
+    }
+
+    pub async fn mkdir(&self, id: &str, path: &str, parents: bool) -> Result<(), Error> {
+        let b = MkdirBody {
+            path: path.into(),
+            parents,
+            mode: None,
+        };
+        self.no_content(
+            Method::POST,
+            &format!("/v1/sandboxes/{}/files/mkdir", enc(id)),
+            Some(&b),
+        )
+        .await
+    }
+
+    pub async fn remove(&self, id: &str, path: &str, recursive: bool) -> Result<(), Error> {
+        self.no_content(
+            Method::DELETE,
+            &format!(
+                "/v1/sandboxes/{}/files?path={}&recursive={recursive}",
+                enc(id),
+                enc(path)
+            ),
+            None::<&()>,
+        )
+        .await
+    }
+
+    pub async fn rename(&self, id: &str, from: &str, to: &str) -> Result<(), Error> {
+        let b = RenameBody {
+            from: from.into(),
+            to: to.into(),
+            overwrite: true,
+        };
+        self.no_content(
+            Method::POST,
+            &format!("/v1/sandboxes/{}/files/rename", enc(id)),
+            Some(&b),
+        )
+        .await
+    }
+
+    /// A tar archive of a directory.
+    pub async fn tar_download(&self, id: &str, path: &str) -> Result<ByteStream, Error> {
+        let resp = self
+            .send(
+                Method::GET,
+                &format!("/v1/sandboxes/{}/files/tar?path={}", enc(id), enc(path)),
+                None,
+                conn::empty(),
+            )
+            .await?;
+        Ok(ByteStream::new(resp))
+    }
+
+    /// Extracts a tar archive into a directory (created).
+    pub async fn tar_upload<S>(&self, id: &str, path: &str, body: S) -> Result<TarResult, Error>
+    where
+        S: futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send + Sync + 'static,
+    {
+        let resp = self
+            .send(
+                Method::PUT,
+                &format!("/v1/sandboxes/{}/files/tar?path={}", enc(id), enc(path)),
+                Some("application/x-tar"),
+                conn::streaming(body),
+            )
+            .await?;
+        let b = stream::collect(resp).await?;
+        serde_json::from_slice(&b).map_err(|e| Error::Decode(e.to_string()))
+    }
+
+    /// A watch stream of filesystem events.
+    pub async fn watch(
+        &self,
+        id: &str,
+        path: &str,
+        recursive: bool,
+    ) -> Result<stream::WatchStream, Error> {
+        let resp = self
+            .send(
+                Method::GET,
+                &format!(
+                    "/v1/sandboxes/{}/files/watch?path={}&recursive={recursive}",
+                    enc(id),
+                    enc(path)
+                ),
+                None,
+                conn::empty(),
+            )
+            .await?;
+        Ok(stream::WatchStream::new(resp))
+    }
+}
+
+/// Where the socket of a local daemon is by default.
+pub fn default_socket() -> PathBuf {
+    PathBuf::from("/run/sandlot/sandlot.sock")
+}

@@ -1,0 +1,297 @@
+//! Operator configuration: a TOML file, tolerant (unknown keys are reported as
+//! warnings, not errors), overridden by command-line flags.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use sandlot_proto::units::{ByteSize, Seconds};
+use serde::Deserialize;
+
+/// Errors loading the configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("read config {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("config {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("config: {0}")]
+    Invalid(String),
+}
+
+/// Resource quotas of one tenant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(default)]
+pub struct Quota {
+    /// Sandboxes alive at once (creating, running or stopping).
+    pub max_sandboxes: u32,
+    /// Sum of the memory limits of the live sandboxes.
+    pub max_memory: ByteSize,
+}
+
+impl Default for Quota {
+    fn default() -> Self {
+        Quota {
+            max_sandboxes: 100,
+            max_memory: ByteSize(64 << 30),
+        }
+    }
+}
+
+/// Timeouts and size limits the daemon enforces.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct Limits {
+    /// Lifetime of a sandbox that does not ask for one.
+    pub default_timeout: Seconds,
+    /// Longest lifetime a sandbox may have, counted from its creation (extensions
+    /// included).
+    pub max_timeout: Seconds,
+    /// Idle timeout of a sandbox that does not ask for one (absent: none).
+    pub default_idle_timeout: Option<Seconds>,
+    /// Largest JSON request body.
+    pub max_request_body: ByteSize,
+    /// Largest file upload (0: unlimited).
+    pub max_upload: ByteSize,
+    /// How long the output of a process started without `background` waits for a
+    /// reader (with back-pressure) before it is drained into the re-attach buffer.
+    pub exec_grace: Seconds,
+    /// How long the output of a finished process stays re-attachable.
+    pub finished_retention: Seconds,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            default_timeout: Seconds::secs(300),
+            max_timeout: Seconds::secs(24 * 3600),
+            default_idle_timeout: None,
+            max_request_body: ByteSize(1 << 20),
+            max_upload: ByteSize(0),
+            exec_grace: Seconds::secs(30),
+            finished_retention: Seconds::secs(60),
+        }
+    }
+}
+
+/// Where the namespace runtime keeps its state. Defaults match `sandlot run`, so
+/// both share the uid-range slots (sandboxes never share host ids).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct RuntimeSection {
+    pub run_dir: PathBuf,
+    pub cgroup_parent: String,
+}
+
+impl Default for RuntimeSection {
+    fn default() -> Self {
+        RuntimeSection {
+            run_dir: PathBuf::from("/run/sandlot"),
+            cgroup_parent: "sandlot".to_string(),
+        }
+    }
+}
+
+/// The whole operator configuration.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct ServerConfig {
+    pub data_dir: PathBuf,
+    /// Unix socket (root only, no token needed).
+    pub socket: PathBuf,
+    /// Optional TCP address; every request there needs a bearer token.
+    pub listen: Option<SocketAddr>,
+    /// Prefix of the ids of this daemon's sandboxes. On start the daemon reclaims
+    /// runtime leftovers with this prefix only, so a `sandlot run` next to it (or a
+    /// second daemon with another prefix) is never touched.
+    pub id_prefix: String,
+    pub limits: Limits,
+    /// Quotas of tenants not listed under `tenants`.
+    pub quotas: Quota,
+    pub tenants: BTreeMap<String, Quota>,
+    pub runtime: RuntimeSection,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            data_dir: PathBuf::from("/var/lib/sandlot"),
+            socket: PathBuf::from("/run/sandlot/sandlot.sock"),
+            listen: None,
+            id_prefix: "sb-".to_string(),
+            limits: Limits::default(),
+            quotas: Quota::default(),
+            tenants: BTreeMap::new(),
+            runtime: RuntimeSection::default(),
+        }
+    }
+}
+
+impl ServerConfig {
+    /// Parses TOML text. Unknown keys are returned as warnings (dotted paths).
+    pub fn from_toml(text: &str, path: &Path) -> Result<(ServerConfig, Vec<String>), ConfigError> {
+        let mut unknown = Vec::new();
+        let de = toml::Deserializer::parse(text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        let cfg: ServerConfig = serde_ignored::deserialize(de, |p| unknown.push(p.to_string()))
+            .map_err(|e| ConfigError::Parse {
+                path: path.to_path_buf(),
+                message: e.to_string(),
+            })?;
+        let warnings = unknown
+            .into_iter()
+            .map(|k| format!("config {}: unknown key {k:?} ignored", path.display()))
+            .collect();
+        cfg.validate()?;
+        Ok((cfg, warnings))
+    }
+
+    /// Reads a TOML file.
+    pub fn load(path: &Path) -> Result<(ServerConfig, Vec<String>), ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        ServerConfig::from_toml(&text, path)
+    }
+
+    /// Checks values serde cannot.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(m));
+        if self.limits.default_timeout.0.is_zero()
+            || self.limits.default_timeout > self.limits.max_timeout
+        {
+            return bad(format!(
+                "limits.default_timeout {} must be positive and at most limits.max_timeout {}",
+                fmt_secs(self.limits.default_timeout.0),
+                fmt_secs(self.limits.max_timeout.0)
+            ));
+        }
+        if self.limits.exec_grace.0.is_zero() {
+            return bad("limits.exec_grace must be positive".into());
+        }
+        if self.limits.max_request_body.0 < 4096 {
+            return bad("limits.max_request_body must be at least 4K".into());
+        }
+        let p = &self.id_prefix;
+        if p.is_empty()
+            || p.len() > 24
+            || !p
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            return bad(format!(
+                "id_prefix {p:?}: use 1 to 24 letters, digits, '-' or '_'"
+            ));
+        }
+        for name in self.tenants.keys() {
+            if !valid_tenant(name) {
+                return bad(format!("tenants.{name}: {}", TENANT_RULE));
+            }
+        }
+        Ok(())
+    }
+
+    /// The quota of `tenant`.
+    pub fn quota(&self, tenant: &str) -> Quota {
+        self.tenants.get(tenant).copied().unwrap_or(self.quotas)
+    }
+
+    pub fn db_path(&self) -> PathBuf {
+        self.data_dir.join("sandlot.db")
+    }
+}
+
+/// What a tenant name may be.
+pub const TENANT_RULE: &str = "tenant names are 1 to 64 letters, digits, '-', '_' or '.'";
+
+pub fn valid_tenant(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+}
+
+/// `90s`, `5m`, `2h` (whole units when exact).
+pub fn fmt_secs(d: Duration) -> String {
+    let s = d.as_secs();
+    if d.subsec_nanos() != 0 {
+        return format!("{:.3}s", d.as_secs_f64());
+    }
+    if s >= 3600 && s % 3600 == 0 {
+        format!("{}h", s / 3600)
+    } else if s >= 60 && s % 60 == 0 {
+        format!("{}m", s / 60)
+    } else {
+        format!("{s}s")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_keys_warn_and_known_keys_apply() {
+        let text = r#"
+data_dir = "/srv/sandlot"
+listen = "127.0.0.1:7071"
+colour = "blue"
+[limits]
+default_timeout = "10m"
+max_timeout = "2h"
+exec_grace = "5s"
+typo_key = 1
+[quotas]
+max_sandboxes = 7
+max_memory = "2G"
+[tenants.acme]
+max_sandboxes = 3
+"#;
+        let (c, w) = ServerConfig::from_toml(text, Path::new("x.toml")).unwrap();
+        assert_eq!(c.data_dir, PathBuf::from("/srv/sandlot"));
+        assert_eq!(c.listen, Some("127.0.0.1:7071".parse().unwrap()));
+        assert_eq!(c.limits.default_timeout, Seconds::secs(600));
+        assert_eq!(c.limits.max_timeout, Seconds::secs(7200));
+        assert_eq!(c.quota("other").max_sandboxes, 7);
+        assert_eq!(c.quota("other").max_memory, ByteSize(2 << 30));
+        assert_eq!(c.quota("acme").max_sandboxes, 3);
+        // Fields a tenant leaves out take the built-in default.
+        assert_eq!(c.quota("acme").max_memory, Quota::default().max_memory);
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(w.iter().any(|m| m.contains("colour")), "{w:?}");
+        assert!(w.iter().any(|m| m.contains("limits.typo_key")), "{w:?}");
+    }
+
+    #[test]
+    fn bad_values_are_errors() {
+        let e = ServerConfig::from_toml("[limits]\ndefault_timeout = \"30h\"\n", Path::new("c"))
+            .unwrap_err();
+        assert!(e.to_string().contains("default_timeout"), "{e}");
+        let e = ServerConfig::from_toml("listen = 5\n", Path::new("c")).unwrap_err();
+        assert!(e.to_string().contains("listen"), "{e}");
+        let e = ServerConfig::from_toml("id_prefix = \"a/b\"\n", Path::new("c")).unwrap_err();
+        assert!(e.to_string().contains("id_prefix"), "{e}");
+        let e = ServerConfig::from_toml("[tenants.\"a b\"]\n", Path::new("c")).unwrap_err();
+        assert!(e.to_string().contains("tenant"), "{e}");
+    }
+
+    #[test]
+    fn defaults() {
+        let (c, w) = ServerConfig::from_toml("", Path::new("c")).unwrap();
+        assert!(w.is_empty());
+        assert_eq!(c, ServerConfig::default());
+        assert_eq!(c.limits.default_timeout, Seconds::secs(300));
+        assert_eq!(fmt_secs(Duration::from_secs(300)), "5m");
+        assert_eq!(fmt_secs(Duration::from_secs(7200)), "2h");
+        assert_eq!(fmt_secs(Duration::from_secs(61)), "61s");
+    }
+}

@@ -1,0 +1,178 @@
+//! The one error shape of the API: `{"error": {"code", "message", "request_id"}}`
+//! (plus `field` for validation errors), rendered by the request middleware so
+//! that every error, including the router's own, carries the request id.
+
+use std::sync::Arc;
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use sandlot_guest::client::{ClientError, ErrorCode as GuestCode};
+
+/// An API error. 5xx errors keep their details in `internal` (logged, never sent).
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+    pub field: Option<String>,
+    pub internal: Option<String>,
+}
+
+pub use sandlot_client::api::{ApiErrorBody, ErrorEnvelope};
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+            field: None,
+            internal: None,
+        }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message)
+    }
+
+    /// A validation error naming `field`; the message starts with the field.
+    pub fn invalid(field: impl Into<String>, problem: impl std::fmt::Display) -> ApiError {
+        let field = field.into();
+        let mut e = ApiError::bad_request(format!("{field}: {problem}"));
+        e.field = Some(field);
+        e
+    }
+
+    pub fn not_found(what: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::NOT_FOUND, "not_found", what)
+    }
+
+    pub fn conflict(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::CONFLICT, "conflict", message)
+    }
+
+    pub fn unauthorized(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
+    }
+
+    pub fn too_large(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", message)
+    }
+
+    pub fn quota(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::TOO_MANY_REQUESTS, "quota_exceeded", message)
+    }
+
+    pub fn unavailable(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
+    }
+
+    /// An opaque 500: `detail` goes to the log only.
+    pub fn internal(detail: impl std::fmt::Display) -> ApiError {
+        let mut e = ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "internal error",
+        );
+        e.internal = Some(detail.to_string());
+        e
+    }
+
+    pub fn body(&self, request_id: &str) -> ErrorEnvelope {
+        ErrorEnvelope {
+            error: ApiErrorBody {
+                code: self.code.to_string(),
+                message: self.message.clone(),
+                request_id: request_id.to_string(),
+                field: self.field.clone(),
+            },
+        }
+    }
+
+    /// The error of a guest operation on `what` (a path, a process).
+    pub fn from_guest(e: ClientError, what: &str) -> ApiError {
+        let code = e.code();
+        let msg = e.to_string();
+        let s = |status, c| ApiError::new(status, c, format!("{what}: {msg}"));
+        match code {
+            Some(GuestCode::NotFound) => s(StatusCode::NOT_FOUND, "not_found"),
+            Some(GuestCode::NoSuchProcess) => s(StatusCode::NOT_FOUND, "not_found"),
+            Some(GuestCode::PermissionDenied) => s(StatusCode::FORBIDDEN, "permission_denied"),
+            Some(GuestCode::AlreadyExists) => s(StatusCode::CONFLICT, "already_exists"),
+            Some(GuestCode::NotADirectory) => s(StatusCode::CONFLICT, "not_a_directory"),
+            Some(GuestCode::IsADirectory) => s(StatusCode::CONFLICT, "is_a_directory"),
+            Some(GuestCode::DirectoryNotEmpty) => s(StatusCode::CONFLICT, "directory_not_empty"),
+            Some(GuestCode::ProcessExited) => s(StatusCode::CONFLICT, "process_exited"),
+            Some(GuestCode::BadRequest) => s(StatusCode::BAD_REQUEST, "bad_request"),
+            Some(GuestCode::InvalidUser) => s(StatusCode::BAD_REQUEST, "invalid_user"),
+            Some(GuestCode::SpawnFailed) => s(StatusCode::BAD_REQUEST, "spawn_failed"),
+            Some(GuestCode::Limit) => s(StatusCode::TOO_MANY_REQUESTS, "limit"),
+            Some(GuestCode::ShuttingDown) => s(StatusCode::CONFLICT, "conflict"),
+            Some(GuestCode::Io) if msg.contains("No space left") || msg.contains("ENOSPC") => {
+                ApiError::new(
+                    StatusCode::INSUFFICIENT_STORAGE,
+                    "no_space",
+                    format!("{what}: the sandbox's disk is full"),
+                )
+            }
+            Some(GuestCode::Io) => s(StatusCode::UNPROCESSABLE_ENTITY, "io"),
+            _ => match e {
+                ClientError::Closed(_) | ClientError::Connect { .. } => ApiError::conflict(
+                    format!("{what}: the sandbox is not reachable (it is stopping or has stopped)"),
+                ),
+                other => ApiError::internal(format!("{what}: {other}")),
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {}: {}",
+            self.status.as_u16(),
+            self.code,
+            self.message
+        )
+    }
+}
+
+/// Marker put in the response extensions; the middleware renders the body.
+#[derive(Debug, Clone)]
+pub struct PendingError(pub Arc<ApiError>);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut r = self.status.into_response();
+        r.extensions_mut().insert(PendingError(Arc::new(self)));
+        r
+    }
+}
+
+/// The default error for a status produced outside the handlers (unknown route,
+/// wrong method, body limits of the framework).
+pub fn for_status(status: StatusCode) -> ApiError {
+    match status {
+        StatusCode::NOT_FOUND => ApiError::not_found("no such route"),
+        StatusCode::METHOD_NOT_ALLOWED => ApiError::new(
+            status,
+            "method_not_allowed",
+            "method not allowed on this route",
+        ),
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::too_large("request body too large"),
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => ApiError::new(
+            status,
+            "unsupported_media_type",
+            "expected Content-Type: application/json",
+        ),
+        s if s.is_server_error() => ApiError::internal(format!("status {s} without details")),
+        s => ApiError::new(
+            s,
+            "bad_request",
+            s.canonical_reason().unwrap_or("bad request"),
+        ),
+    }
+}
+
+pub type ApiResult<T> = Result<T, ApiError>;

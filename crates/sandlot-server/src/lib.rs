@@ -1,0 +1,163 @@
+//! The Sandlot daemon (`sandlot serve`): the HTTP API v1 over a Unix socket
+//! (operator) and optionally TCP (bearer tokens, one tenant each); SQLite state;
+//! one owner task per sandbox enforcing lifetime and idle timeouts; usage
+//! metering and Prometheus metrics; reconciliation after a restart.
+//!
+//! See `docs/api.md` for the API and `api/openapi.json` for its schema.
+
+pub mod auth;
+pub mod config;
+pub mod error;
+pub mod metrics;
+pub mod openapi;
+pub mod process;
+pub mod routes;
+pub mod sandbox;
+pub mod state;
+pub mod store;
+pub mod tarstream;
+pub mod timefmt;
+
+use std::future::IntoFuture;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use sandlot_runtime::{NamespaceBackend, RuntimeConfig};
+
+pub use config::ServerConfig;
+
+use crate::auth::Transport;
+use crate::state::AppState;
+use crate::store::Store;
+
+/// Errors starting or running the daemon.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("{what} {path}: {source}")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("another sandlot daemon uses the data directory {0}")]
+    Locked(PathBuf),
+    #[error("socket {0} is in use by a running daemon")]
+    SocketInUse(PathBuf),
+    #[error(transparent)]
+    Store(#[from] store::StoreError),
+    #[error(transparent)]
+    Runtime(#[from] sandlot_runtime::RuntimeError),
+}
+
+fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> ServerError + 'a {
+    move |source| ServerError::Io {
+        what,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Takes an exclusive lock on `data_dir/daemon.lock` for the life of the process.
+fn lock_data_dir(dir: &Path) -> Result<std::fs::File, ServerError> {
+    let p = dir.join("daemon.lock");
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&p)
+        .map_err(io("open", &p))?;
+    if rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
+        return Err(ServerError::Locked(dir.to_path_buf()));
+    }
+    Ok(f)
+}
+
+/// Binds the operator socket: root-only (mode 0600); a stale socket file left by
+/// a killed daemon is replaced, a live one is an error.
+fn bind_socket(path: &Path) -> Result<tokio::net::UnixListener, ServerError> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(io("create", parent))?;
+    }
+    if path.exists() {
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(ServerError::SocketInUse(path.to_path_buf()));
+        }
+        std::fs::remove_file(path).map_err(io("remove stale socket", path))?;
+    }
+    let l = tokio::net::UnixListener::bind(path).map_err(io("bind", path))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(io("chmod", path))?;
+    Ok(l)
+}
+
+/// Runs the daemon until `shutdown` resolves. Sandboxes keep running across a
+/// stop and are re-adopted by the next start.
+pub async fn serve(
+    cfg: ServerConfig,
+    init_exe: PathBuf,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), ServerError> {
+    std::fs::create_dir_all(&cfg.data_dir).map_err(io("create", &cfg.data_dir))?;
+    std::fs::set_permissions(&cfg.data_dir, std::fs::Permissions::from_mode(0o700))
+        .map_err(io("chmod", &cfg.data_dir))?;
+    let _lock = lock_data_dir(&cfg.data_dir)?;
+    let store = Store::open(&cfg.db_path())?;
+    let mut rc = RuntimeConfig::new(init_exe);
+    rc.run_dir = cfg.runtime.run_dir.clone();
+    rc.cgroup_parent = cfg.runtime.cgroup_parent.clone();
+    let runtime = NamespaceBackend::new(rc)?;
+    let unix = bind_socket(&cfg.socket)?;
+    let tcp = match cfg.listen {
+        Some(a) => {
+            Some(
+                tokio::net::TcpListener::bind(a)
+                    .await
+                    .map_err(|source| ServerError::Io {
+                        what: "listen on",
+                        path: PathBuf::from(a.to_string()),
+                        source,
+                    })?,
+            )
+        }
+        None => None,
+    };
+    let state = Arc::new(AppState::new(cfg, store, runtime));
+    let rep = sandbox::reconcile(&state).await?;
+    tracing::info!(
+        adopted = rep.adopted.len(),
+        lost = rep.lost.len(),
+        orphans_killed = rep.orphans.len(),
+        swept = rep.swept.len(),
+        "reconciled sandboxes"
+    );
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let wait_stop = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    tracing::info!(socket = %state.cfg.socket.display(), listen = ?state.cfg.listen, "sandlot daemon listening");
+    let unix_app = routes::router(state.clone(), Transport::Unix);
+    let unix_srv = axum::serve(unix, unix_app).with_graceful_shutdown(wait_stop(stop_rx.clone()));
+    let res = match tcp {
+        Some(t) => {
+            let app = routes::router(state.clone(), Transport::Tcp);
+            let tcp_srv = axum::serve(t, app).with_graceful_shutdown(wait_stop(stop_rx.clone()));
+            let (a, b) = tokio::join!(unix_srv.into_future(), tcp_srv.into_future());
+            a.and(b)
+        }
+        None => unix_srv.await,
+    };
+    state.set_shutting_down();
+    let _ = std::fs::remove_file(&state.cfg.socket);
+    res.map_err(io("serve on", &state.cfg.socket))?;
+    tracing::info!(
+        live = state.live_ids().len(),
+        "daemon stopped; live sandboxes keep running"
+    );
+    Ok(())
+}

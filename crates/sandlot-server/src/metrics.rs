@@ -1,0 +1,173 @@
+//! Prometheus text-format metrics, kept with atomics (no registry crate).
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// Upper bounds (seconds) of the create latency histogram.
+const CREATE_BUCKETS: &[f64] = &[
+    0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+];
+
+#[derive(Default)]
+pub struct Metrics {
+    pub live_sandboxes: AtomicI64,
+    pub sandboxes_created: AtomicU64,
+    pub exec_total: AtomicU64,
+    pub requests_total: AtomicU64,
+    create_buckets: [AtomicU64; 11],
+    create_count: AtomicU64,
+    create_sum_us: AtomicU64,
+    errors: Mutex<BTreeMap<&'static str, u64>>,
+    stopped: Mutex<BTreeMap<&'static str, u64>>,
+}
+
+impl Metrics {
+    pub fn observe_create(&self, d: Duration) {
+        let s = d.as_secs_f64();
+        for (i, b) in CREATE_BUCKETS.iter().enumerate() {
+            if s <= *b {
+                self.create_buckets[i].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.create_count.fetch_add(1, Ordering::Relaxed);
+        self.create_sum_us
+            .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    pub fn error(&self, code: &'static str) {
+        *self
+            .errors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(code)
+            .or_default() += 1;
+    }
+
+    pub fn stopped(&self, reason: &'static str) {
+        *self
+            .stopped
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(reason)
+            .or_default() += 1;
+    }
+
+    /// The exposition text.
+    pub fn render(&self) -> String {
+        let mut o = String::new();
+        let g = |o: &mut String, name: &str, help: &str, kind: &str, v: String| {
+            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
+        };
+        g(
+            &mut o,
+            "sandlot_sandboxes_live",
+            "Sandboxes currently alive (creating, running or stopping).",
+            "gauge",
+            self.live_sandboxes.load(Ordering::Relaxed).to_string(),
+        );
+        g(
+            &mut o,
+            "sandlot_sandboxes_created_total",
+            "Sandboxes created successfully.",
+            "counter",
+            self.sandboxes_created.load(Ordering::Relaxed).to_string(),
+        );
+        g(
+            &mut o,
+            "sandlot_exec_total",
+            "Processes started through the API.",
+            "counter",
+            self.exec_total.load(Ordering::Relaxed).to_string(),
+        );
+        g(
+            &mut o,
+            "sandlot_http_requests_total",
+            "HTTP requests served.",
+            "counter",
+            self.requests_total.load(Ordering::Relaxed).to_string(),
+        );
+        let _ = writeln!(o, "# HELP sandlot_sandbox_create_seconds Time to create a sandbox (runtime create and agent connection).");
+        let _ = writeln!(o, "# TYPE sandlot_sandbox_create_seconds histogram");
+        for (i, b) in CREATE_BUCKETS.iter().enumerate() {
+            let _ = writeln!(
+                o,
+                "sandlot_sandbox_create_seconds_bucket{{le=\"{b}\"}} {}",
+                self.create_buckets[i].load(Ordering::Relaxed)
+            );
+        }
+        let n = self.create_count.load(Ordering::Relaxed);
+        let _ = writeln!(
+            o,
+            "sandlot_sandbox_create_seconds_bucket{{le=\"+Inf\"}} {n}"
+        );
+        let _ = writeln!(
+            o,
+            "sandlot_sandbox_create_seconds_sum {}",
+            self.create_sum_us.load(Ordering::Relaxed) as f64 / 1e6
+        );
+        let _ = writeln!(o, "sandlot_sandbox_create_seconds_count {n}");
+        let _ = writeln!(
+            o,
+            "# HELP sandlot_http_errors_total Error responses by error code."
+        );
+        let _ = writeln!(o, "# TYPE sandlot_http_errors_total counter");
+        for (code, v) in self.errors.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            let _ = writeln!(o, "sandlot_http_errors_total{{code=\"{code}\"}} {v}");
+        }
+        let _ = writeln!(
+            o,
+            "# HELP sandlot_sandboxes_stopped_total Sandboxes stopped, by reason."
+        );
+        let _ = writeln!(o, "# TYPE sandlot_sandboxes_stopped_total counter");
+        for (r, v) in self
+            .stopped
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            let _ = writeln!(o, "sandlot_sandboxes_stopped_total{{reason=\"{r}\"}} {v}");
+        }
+        o
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_prometheus_text() {
+        let m = Metrics::default();
+        m.observe_create(Duration::from_millis(3));
+        m.observe_create(Duration::from_millis(30));
+        m.error("not_found");
+        m.error("not_found");
+        m.exec_total.fetch_add(3, Ordering::Relaxed);
+        let t = m.render();
+        assert!(
+            t.contains("sandlot_sandbox_create_seconds_bucket{le=\"0.005\"} 1\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("sandlot_sandbox_create_seconds_bucket{le=\"0.05\"} 2\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("sandlot_sandbox_create_seconds_count 2\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("sandlot_http_errors_total{code=\"not_found\"} 2\n"),
+            "{t}"
+        );
+        assert!(t.contains("sandlot_exec_total 3\n"), "{t}");
+        // Every sample line is `name{labels} value`.
+        for l in t.lines().filter(|l| !l.starts_with('#')) {
+            let v = l.rsplit(' ').next().unwrap();
+            assert!(v.parse::<f64>().is_ok(), "{l}");
+        }
+    }
+}

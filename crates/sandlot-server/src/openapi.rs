@@ -1,0 +1,157 @@
+//! The OpenAPI document, generated from the handlers and types. Served at
+//! `/v1/openapi.json` and committed as `api/openapi.json` (a test keeps them equal).
+
+use std::collections::BTreeMap;
+
+use utoipa::{OpenApi, ToSchema};
+
+use crate::routes::{exec, files, sandboxes};
+
+/// A bind mount or a tmpfs (the `type` field selects).
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct MountDoc {
+    /// `bind` or `tmpfs`.
+    #[schema(example = "bind")]
+    r#type: String,
+    /// bind: absolute host path.
+    source: Option<String>,
+    /// Absolute path in the sandbox.
+    target: String,
+    /// bind: read-only (default true).
+    readonly: Option<bool>,
+    /// tmpfs: size (default 64M).
+    #[schema(example = "64M")]
+    size: Option<String>,
+}
+
+/// Resource limits.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct ResourcesDoc {
+    /// CPU quota in cores (`0.5`). Absent: none.
+    cpus: Option<f64>,
+    /// Memory limit, bytes or `"512M"` (default 512M).
+    #[schema(example = "512M")]
+    memory: Option<String>,
+    /// Processes and threads (default 512).
+    pids: Option<u32>,
+    /// Size of the writable layer (default 1G).
+    #[schema(example = "1G")]
+    disk: Option<String>,
+}
+
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct NetworkDoc {
+    /// `none` (loopback only).
+    mode: Option<String>,
+}
+
+/// `POST /v1/sandboxes`: the sandbox spec (every field optional) plus `name`,
+/// `tags`, `metadata` and `idle_timeout`. Unknown fields are refused.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct CreateSandboxDoc {
+    /// `host` (built in, the default).
+    #[schema(example = "host")]
+    image: Option<String>,
+    /// A host directory used as the root filesystem (read-only lower layer).
+    rootfs: Option<String>,
+    mounts: Option<Vec<MountDoc>>,
+    env: Option<BTreeMap<String, String>>,
+    workdir: Option<String>,
+    /// `root` (default), `user`, or `UID[:GID]`.
+    user: Option<String>,
+    hostname: Option<String>,
+    resources: Option<ResourcesDoc>,
+    /// Lifetime: seconds or `"10m"` (default: the operator's, 5m).
+    #[schema(example = "10m")]
+    timeout: Option<String>,
+    network: Option<NetworkDoc>,
+    /// Unique among the tenant's live sandboxes; usable instead of the id.
+    name: Option<String>,
+    tags: Option<BTreeMap<String, String>>,
+    metadata: Option<BTreeMap<String, String>>,
+    /// Stop after this long without exec or file activity: seconds or `"2m"`.
+    #[schema(example = "2m")]
+    idle_timeout: Option<String>,
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "Sandlot API", version = "1", description = "Secure, ephemeral sandboxes for AI agents. Errors are `{\"error\": {\"code\", \"message\", \"request_id\"}}`. Over TCP every request needs `Authorization: Bearer TOKEN`; the Unix socket is the operator's. See docs/api.md."),
+    paths(
+        sandboxes::health, sandboxes::create, sandboxes::list, sandboxes::get_one, sandboxes::delete,
+        sandboxes::set_timeout, sandboxes::events,
+        exec::start, exec::start_ws, exec::list, exec::get_one, exec::output, exec::attach_ws, exec::stdin,
+        exec::stdin_close, exec::signal, exec::resize, exec::wait,
+        files::read, files::write, files::remove, files::stat, files::list, files::mkdir, files::rename,
+        files::watch, files::tar_download, files::tar_upload,
+    ),
+    components(schemas(CreateSandboxDoc, MountDoc, ResourcesDoc, NetworkDoc)),
+    tags((name = "sandboxes"), (name = "processes"), (name = "files"), (name = "system")),
+    modifiers(&Security),
+)]
+struct ApiDoc;
+
+struct Security;
+
+impl utoipa::Modify for Security {
+    fn modify(&self, api: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        let c = api.components.get_or_insert_with(Default::default);
+        c.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+        api.security = Some(vec![utoipa::openapi::security::SecurityRequirement::new(
+            "bearer",
+            Vec::<String>::new(),
+        )]);
+    }
+}
+
+/// The document as pretty JSON (stable key order), with a final newline.
+pub fn json() -> String {
+    let mut s = ApiDoc::openapi()
+        .to_pretty_json()
+        .expect("the OpenAPI document serializes");
+    s.push('\n');
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn create_doc_lists_exactly_the_accepted_keys() {
+        let doc: serde_json::Value = serde_json::from_str(&json()).unwrap();
+        let props = doc["components"]["schemas"]["CreateSandboxDoc"]["properties"]
+            .as_object()
+            .unwrap();
+        let mut documented: Vec<&str> = props.keys().map(String::as_str).collect();
+        documented.sort();
+        let mut accepted: Vec<&str> = [sandboxes::SPEC_KEYS, sandboxes::EXTRA_KEYS].concat();
+        accepted.sort();
+        assert_eq!(documented, accepted);
+        // And the spec keys are exactly the spec's fields.
+        let mut spec = sandlot_proto::spec::SandboxSpec::default();
+        spec.rootfs = Some("/x".into());
+        spec.workdir = Some("/w".into());
+        spec.hostname = Some("h".into());
+        spec.timeout = Some(sandlot_proto::units::Seconds::secs(1));
+        spec.env.insert("A".into(), "b".into());
+        spec.mounts.push(sandlot_proto::spec::MountSpec::Tmpfs {
+            target: "/t".into(),
+            size: sandlot_proto::units::ByteSize(1 << 20),
+        });
+        let v = serde_json::to_value(&spec).unwrap();
+        let mut fields: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        fields.sort();
+        let mut keys = sandboxes::SPEC_KEYS.to_vec();
+        keys.sort();
+        assert_eq!(fields, keys);
+    }
+}

@@ -1,0 +1,378 @@
+//! Processes started through the API. Each has a supervisor task that holds the
+//! agent's exec channel (and so the process's stdin), records the exit status, and
+//! hands the output, with back-pressure, to the first reader from offset 0:
+//!
+//! * parked (default): output is read ahead into a small buffer; beyond it the
+//!   process blocks, as on a pipe, until a reader arrives or `exec_grace` passes;
+//! * streaming: events go to that reader through a bounded channel;
+//! * draining (`background`, after the grace, or when the reader went away): output
+//!   is read and dropped here; the agent keeps the most recent output for
+//!   re-attach, which readers from other offsets use (their own agent channel).
+//!
+//! After the exit, a draining supervisor keeps its channel (without reading) for
+//! `finished_retention`, so the agent keeps the output re-attachable that long.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use sandlot_client::api::{ProcessExit, ProcessView};
+use sandlot_guest::client::{Process, ProcessEvent, ProcessStdin};
+use tokio::sync::{mpsc, oneshot, watch, Mutex as AsyncMutex};
+use tokio::time::Instant;
+
+use crate::sandbox::Counters;
+use crate::timefmt::rfc3339;
+
+/// Bytes of output a parked supervisor reads ahead.
+const PARK_BUDGET: usize = 256 * 1024;
+/// Finished processes remembered per sandbox.
+const MAX_FINISHED: usize = 1000;
+
+/// One item of a process's output as the API streams it.
+#[derive(Debug, Clone)]
+pub enum OutEvent {
+    Stdout(u64, Bytes),
+    Stderr(u64, Bytes),
+    Exit(ProcessExit),
+}
+
+enum SupCmd {
+    /// Stream from offset 0: accepted when nothing was dropped yet and nobody else
+    /// streams.
+    Subscribe {
+        tx: mpsc::Sender<OutEvent>,
+        reply: oneshot::Sender<bool>,
+    },
+}
+
+/// What the daemon knows of a process.
+pub struct ProcEntry {
+    pub id: u64,
+    pub pid: i32,
+    pub argv: Vec<String>,
+    pub tag: Option<String>,
+    pub pty: bool,
+    pub background: bool,
+    pub started_at_ms: i64,
+    pub stdin: AsyncMutex<Option<ProcessStdin>>,
+    stdin_open: AtomicBool,
+    exit: watch::Receiver<Option<ProcessExit>>,
+    cmd: mpsc::Sender<SupCmd>,
+}
+
+impl ProcEntry {
+    pub fn exit(&self) -> Option<ProcessExit> {
+        *self.exit.borrow()
+    }
+
+    /// Waits for the exit status (None if the supervisor ended without one, e.g. the
+    /// sandbox went away).
+    pub async fn wait(&self) -> Option<ProcessExit> {
+        let mut rx = self.exit.clone();
+        let r = rx.wait_for(|e| e.is_some()).await.map(|v| *v);
+        match r {
+            Ok(v) => v,
+            Err(_) => *rx.borrow(),
+        }
+    }
+
+    pub fn view(&self) -> ProcessView {
+        let exit = self.exit();
+        ProcessView {
+            id: self.id,
+            pid: self.pid,
+            argv: self.argv.clone(),
+            tag: self.tag.clone(),
+            pty: self.pty,
+            stdin: self.stdin_open.load(Ordering::Relaxed) && exit.is_none(),
+            background: self.background,
+            started_at: rfc3339(self.started_at_ms),
+            state: if exit.is_some() { "exited" } else { "running" }.to_string(),
+            exit,
+        }
+    }
+
+    pub fn mark_stdin_closed(&self) {
+        self.stdin_open.store(false, Ordering::Relaxed);
+    }
+
+    /// Subscribes from offset 0 if the supervisor still has all output.
+    pub async fn subscribe_from_start(&self, capacity: usize) -> Option<mpsc::Receiver<OutEvent>> {
+        let (tx, rx) = mpsc::channel(capacity);
+        let (reply, ok) = oneshot::channel();
+        self.cmd.send(SupCmd::Subscribe { tx, reply }).await.ok()?;
+        ok.await.ok()?.then_some(rx)
+    }
+}
+
+/// The processes of one sandbox.
+#[derive(Default)]
+pub struct ProcTable {
+    procs: BTreeMap<u64, Arc<ProcEntry>>,
+}
+
+impl ProcTable {
+    pub fn get(&self, id: u64) -> Option<Arc<ProcEntry>> {
+        self.procs.get(&id).cloned()
+    }
+
+    pub fn all(&self) -> Vec<Arc<ProcEntry>> {
+        self.procs.values().cloned().collect()
+    }
+
+    fn insert(&mut self, e: Arc<ProcEntry>) {
+        self.procs.insert(e.id, e);
+        let finished: Vec<u64> = self
+            .procs
+            .values()
+            .filter(|p| p.exit().is_some())
+            .map(|p| p.id)
+            .collect();
+        if finished.len() > MAX_FINISHED {
+            for id in &finished[..finished.len() - MAX_FINISHED] {
+                self.procs.remove(id);
+            }
+        }
+    }
+}
+
+/// Settings of supervisors.
+#[derive(Debug, Clone, Copy)]
+pub struct SupervisorSettings {
+    pub grace: Duration,
+    pub retention: Duration,
+}
+
+/// Registers a freshly started process and spawns its supervisor.
+pub fn supervise(
+    table: &std::sync::Mutex<ProcTable>,
+    mut p: Process,
+    argv: Vec<String>,
+    tag: Option<String>,
+    background: bool,
+    counters: Arc<Counters>,
+    settings: SupervisorSettings,
+    span: tracing::Span,
+) -> Arc<ProcEntry> {
+    let stdin = p.take_stdin();
+    let (exit_tx, exit_rx) = watch::channel(None);
+    let (cmd_tx, cmd_rx) = mpsc::channel(4);
+    let entry = Arc::new(ProcEntry {
+        id: p.id().0,
+        pid: p.pid(),
+        argv,
+        tag,
+        pty: p.is_pty(),
+        background,
+        started_at_ms: crate::store::now_ms(),
+        stdin_open: AtomicBool::new(stdin.is_some()),
+        stdin: AsyncMutex::new(stdin),
+        exit: exit_rx,
+        cmd: cmd_tx,
+    });
+    table
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(entry.clone());
+    let sup = Supervisor {
+        p,
+        cmd: cmd_rx,
+        exit_tx,
+        counters,
+        settings,
+        mode: if background {
+            Mode::Draining
+        } else {
+            Mode::Parked
+        },
+        buf: VecDeque::new(),
+        buf_bytes: 0,
+        dropped_any: false,
+    };
+    tokio::spawn(tracing::Instrument::instrument(sup.run(), span));
+    entry
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Parked,
+    Streaming,
+    Draining,
+}
+
+struct Supervisor {
+    p: Process,
+    cmd: mpsc::Receiver<SupCmd>,
+    exit_tx: watch::Sender<Option<ProcessExit>>,
+    counters: Arc<Counters>,
+    settings: SupervisorSettings,
+    mode: Mode,
+    buf: VecDeque<OutEvent>,
+    buf_bytes: usize,
+    dropped_any: bool,
+}
+
+impl Supervisor {
+    async fn run(mut self) {
+        let grace_end = Instant::now() + self.settings.grace;
+        let mut consumer: Option<mpsc::Sender<OutEvent>> = None;
+        let mut ended = false;
+        let mut cmd_open = true;
+        loop {
+            let exited = self.exit_tx.borrow().is_some();
+            // A draining supervisor stops reading at the exit so that the agent keeps
+            // the process (and its output) for re-attach.
+            let can_read = !ended
+                && match self.mode {
+                    Mode::Parked => self.buf_bytes < PARK_BUDGET,
+                    Mode::Streaming => true,
+                    Mode::Draining => !exited,
+                };
+            if ended || (self.mode == Mode::Draining && exited) {
+                break;
+            }
+            tokio::select! {
+                biased;
+                c = self.cmd.recv(), if cmd_open => match c {
+                    Some(SupCmd::Subscribe { tx, reply }) => {
+                        if consumer.is_none() && !self.dropped_any && self.mode != Mode::Draining {
+                            let mut ok = true;
+                            while let Some(ev) = self.buf.pop_front() {
+                                if tx.send(ev).await.is_err() {
+                                    ok = false;
+                                    break;
+                                }
+                            }
+                            self.buf_bytes = 0;
+                            if ok {
+                                consumer = Some(tx);
+                                self.mode = Mode::Streaming;
+                            } else {
+                                self.dropped_any = true;
+                                self.mode = Mode::Draining;
+                            }
+                            let _ = reply.send(true);
+                        } else {
+                            let _ = reply.send(false);
+                        }
+                    }
+                    None => cmd_open = false,
+                },
+                ev = self.p.next_event(), if can_read => match ev {
+                    Ok(Some(ev)) => {
+                        let ev = self.convert(ev);
+                        match self.mode {
+                            Mode::Parked => {
+                                self.buf_bytes += ev_len(&ev);
+                                self.buf.push_back(ev);
+                            }
+                            Mode::Streaming => {
+                                let tx = consumer.as_ref().expect("streaming has a consumer");
+                                if tx.send(ev).await.is_err() {
+                                    consumer = None;
+                                    self.dropped_any = true;
+                                    self.mode = Mode::Draining;
+                                }
+                            }
+                            Mode::Draining => self.dropped_any = true,
+                        }
+                    }
+                    Ok(None) => ended = true,
+                    Err(e) => {
+                        tracing::debug!(process = self.p.id().0, "process stream ended: {e}");
+                        ended = true;
+                    }
+                },
+                _ = tokio::time::sleep_until(grace_end), if self.mode == Mode::Parked => {
+                    self.mode = Mode::Draining;
+                    self.buf.clear();
+                    self.buf_bytes = 0;
+                    self.dropped_any = true;
+                },
+                _ = async { consumer.as_ref().expect("checked").closed().await }, if consumer.is_some() => {
+                    consumer = None;
+                    self.dropped_any = true;
+                    self.mode = Mode::Draining;
+                },
+            }
+        }
+        drop(consumer);
+        // Keep what is retained available for a while: in the agent (our channel
+        // holds the process) or in our buffer (a parked reader may still come).
+        let until = Instant::now() + self.settings.retention;
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep_until(until) => break,
+                c = self.cmd.recv() => match c {
+                    Some(SupCmd::Subscribe { tx, reply }) => {
+                        if !self.dropped_any && !self.buf.is_empty() {
+                            let _ = reply.send(true);
+                            for ev in self.buf.drain(..) {
+                                if tx.send(ev).await.is_err() {
+                                    break;
+                                }
+                            }
+                            self.dropped_any = true;
+                        } else {
+                            let _ = reply.send(false);
+                        }
+                    }
+                    None => break,
+                },
+            }
+        }
+    }
+
+    fn convert(&mut self, ev: ProcessEvent) -> OutEvent {
+        let (so, se) = self.p.offsets();
+        match ev {
+            ProcessEvent::Stdout(b) => {
+                self.counters.add_stdout(b.len());
+                OutEvent::Stdout(so - b.len() as u64, b)
+            }
+            ProcessEvent::Stderr(b) => {
+                self.counters.add_stderr(b.len());
+                OutEvent::Stderr(se - b.len() as u64, b)
+            }
+            ProcessEvent::Exit(st) => {
+                let x = ProcessExit {
+                    code: st.code,
+                    signal: st.signal,
+                    core_dumped: st.core_dumped,
+                    timed_out: st.timed_out,
+                    stdout_end: so,
+                    stderr_end: se,
+                };
+                let _ = self.exit_tx.send(Some(x));
+                OutEvent::Exit(x)
+            }
+        }
+    }
+}
+
+fn ev_len(e: &OutEvent) -> usize {
+    match e {
+        OutEvent::Stdout(_, b) | OutEvent::Stderr(_, b) => b.len(),
+        OutEvent::Exit(_) => 64,
+    }
+}
+
+/// Converts an attached process's events (a reader from an arbitrary offset).
+pub fn convert_attached(p: &Process, ev: ProcessEvent) -> OutEvent {
+    let (so, se) = p.offsets();
+    match ev {
+        ProcessEvent::Stdout(b) => OutEvent::Stdout(so - b.len() as u64, b),
+        ProcessEvent::Stderr(b) => OutEvent::Stderr(se - b.len() as u64, b),
+        ProcessEvent::Exit(st) => OutEvent::Exit(ProcessExit {
+            code: st.code,
+            signal: st.signal,
+            core_dumped: st.core_dumped,
+            timed_out: st.timed_out,
+            stdout_end: so,
+            stderr_end: se,
+        }),
+    }
+}

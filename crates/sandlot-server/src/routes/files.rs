@@ -1,0 +1,678 @@
+//! Files of a sandbox: streamed read and write (parents created), stat, list,
+//! mkdir, remove, rename, watch, and tar download/upload of a directory.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Extension, Path, RawQuery, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::Response;
+use axum::Json;
+use futures_util::StreamExt;
+use sandlot_client::api::{
+    DirEntry as ApiDirEntry, DirListing, FileInfo, MkdirBody, RenameBody, TarResult, WatchEvent,
+    WriteResult,
+};
+use sandlot_guest::client::{
+    FileKind, FileStat, ListDirRequest, MkdirRequest, ReadFileRequest, RemoveRequest,
+    RenameRequest, StatRequest, WatchEventKind, WatchRequest, WriteFileRequest,
+};
+use sandlot_proto::spec::{check_sandbox_path, normalize_sandbox_path};
+use serde_json::Value;
+
+use super::exec::parse_bool;
+use super::stream::{channel_body, line};
+use super::{json_status, live, JsonBody, RequestId};
+use crate::auth::Principal;
+use crate::error::{ApiError, ApiResult};
+use crate::sandbox::SandboxHandle;
+use crate::state::AppState;
+use crate::tarstream::{self, EntryKind, TarReader};
+use crate::timefmt::rfc3339;
+
+/// Entries a listing returns at most.
+const MAX_LIST: usize = 100_000;
+
+/// Query parameters as a map; unknown names are refused.
+fn query(q: Option<&str>, allowed: &[&str]) -> ApiResult<HashMap<String, String>> {
+    let mut m = HashMap::new();
+    for (k, v) in form_urlencoded::parse(q.unwrap_or_default().as_bytes()) {
+        if !allowed.contains(&k.as_ref()) {
+            return Err(ApiError::invalid(
+                k.as_ref(),
+                format!("unknown query parameter, expected {}", allowed.join(", ")),
+            ));
+        }
+        m.insert(k.into_owned(), v.into_owned());
+    }
+    Ok(m)
+}
+
+fn sandbox_path(field: &str, p: Option<&String>) -> ApiResult<String> {
+    let p = p.ok_or_else(|| ApiError::invalid(field, "required"))?;
+    check_sandbox_path(field, p)
+        .map_err(|e| ApiError::invalid(field, crate::sandbox::spec_problem(&e)))?;
+    Ok(normalize_sandbox_path(p))
+}
+
+fn num(m: &HashMap<String, String>, k: &str) -> ApiResult<Option<u64>> {
+    m.get(k)
+        .map(|v| {
+            v.parse::<u64>()
+                .map_err(|_| ApiError::invalid(k, format!("{v:?} is not a number")))
+        })
+        .transpose()
+}
+
+fn flag(m: &HashMap<String, String>, k: &str) -> ApiResult<bool> {
+    m.get(k)
+        .map(|v| parse_bool(k, v))
+        .transpose()
+        .map(|b| b.unwrap_or(false))
+}
+
+/// Permission bits: a number, or an octal string (`"0755"`, `"755"`).
+fn parse_mode(field: &str, v: &Value) -> ApiResult<u32> {
+    let m = match v {
+        Value::Number(n) => n.as_u64().and_then(|n| u32::try_from(n).ok()),
+        Value::String(s) => u32::from_str_radix(s.trim_start_matches("0o"), 8).ok(),
+        _ => None,
+    };
+    match m {
+        Some(m) if m <= 0o7777 => Ok(m),
+        _ => Err(ApiError::invalid(
+            field,
+            format!("{v} is not a mode (e.g. \"0644\")"),
+        )),
+    }
+}
+
+pub fn file_info(s: &FileStat) -> FileInfo {
+    FileInfo {
+        path: s.path.clone(),
+        kind: match s.kind {
+            FileKind::File => "file",
+            FileKind::Dir => "dir",
+            FileKind::Symlink => "symlink",
+            FileKind::Other => "other",
+        }
+        .into(),
+        size: s.size,
+        mode: s.mode,
+        uid: s.uid,
+        gid: s.gid,
+        mtime: rfc3339(s.mtime * 1000 + i64::from(s.mtime_nsec / 1_000_000)),
+        symlink_target: s.symlink_target.clone(),
+    }
+}
+
+fn guest_err(path: &str) -> impl FnOnce(sandlot_guest::client::ClientError) -> ApiError + '_ {
+    move |e| ApiError::from_guest(e, path)
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files", tag = "files",
+    params(("id" = String, Path), ("path" = String, Query), ("offset" = Option<u64>, Query), ("length" = Option<u64>, Query)),
+    responses((status = 200, description = "The file's bytes, streamed", content_type = "application/octet-stream", body = Vec<u8>),
+        (status = 404, body = crate::error::ErrorEnvelope), (status = 409, description = "a directory", body = crate::error::ErrorEnvelope)))]
+pub async fn read(
+    State(state): State<Arc<AppState>>,
+    p: Principal,
+    Path(id): Path<String>,
+    RawQuery(q): RawQuery,
+    Extension(rid): Extension<RequestId>,
+) -> ApiResult<Response> {
+    let m = query(q.as_deref(), &["path", "offset", "length"])?;
+    let path = sandbox_path("path", m.get("path"))?;
+    let h = live(&state, &p, &id)?;
+    let guard = h.active();
+    let mut dl = h
+        .guest
+        .read_file(ReadFileRequest {
+            path: path.clone(),
+            offset: num(&m, "offset")?.unwrap_or(0),
+            length: num(&m, "length")?,
+            user: None,
+        })
+        .await
+        .map_err(guest_err(&path))?;
+    let size = dl.stat().size;
+    let (tx, mut resp) = channel_body("application/octet-stream");
+    resp.headers_mut()
+        .insert("x-sandlot-file-size", HeaderValue::from(size));
+    let counters = h.counters.clone();
+    tokio::spawn(async move {
+        let _guard = guard;
+        loop {
+            match dl.chunk().await {
+                Ok(Some(c)) => {
+                    counters
+                        .file_out
+                        .fetch_add(c.len() as u64, Ordering::Relaxed);
+                    if tx.send(c).await.is_err() {
+                        return;
+                    }
+                }
+                Ok(None) => return,
+                Err(e) => {
+                    // The status line is gone; cut the body so the client sees a
+                    // truncated transfer rather than a short file.
+                    tracing::warn!(request_id = rid.0, "file download failed mid-way: {e}");
+                    return;
+                }
+            }
+        }
+    });
+    // A chunked body that ends early is reported to the client as an incomplete
+    // message only if the sender errors; signal that with a trailer-less abort.
+    Ok(resp)
+}
+
+#[utoipa::path(put, path = "/v1/sandboxes/{id}/files", tag = "files",
+    params(("id" = String, Path), ("path" = String, Query), ("mode" = Option<String>, Query, description = "Octal, e.g. 0644"),
+        ("append" = Option<bool>, Query)),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream"),
+    responses((status = 201, body = WriteResult), (status = 413, body = crate::error::ErrorEnvelope), (status = 507, body = crate::error::ErrorEnvelope)))]
+pub async fn write(
+    State(state): State<Arc<AppState>>,
+    p: Principal,
+    Path(id): Path<String>,
+    RawQuery(q): RawQuery,
+    body: Body,
+) -> ApiResult<Response> {
+    let m = query(q.as_deref(), &["path", "mode", "append"])?;
+    let path = sandbox_path("path", m.get("path"))?;
+    let mode = m
+        .get("mode")
+        .map(|v| parse_mode("mode", &Value::String(v.clone())))
+        .transpose()?;
+    let append = flag(&m, "append")?;
+    let h = live(&state, &p, &id)?;
+    let _guard = h.active();
+    let n = upload(&state, &h, &path, mode, append, body.into_data_stream()).await?;
+    Ok(json_status(
+        StatusCode::CREATED,
+        &WriteResult { path, bytes: n },
+    ))
+}
+
+async fn upload<S, E>(
+    state: &AppState,
+    h: &Arc<SandboxHandle>,
+    path: &str,
+    mode: Option<u32>,
+    append: bool,
+    mut s: S,
+) -> ApiResult<u64>
+where
+    S: futures_util::Stream<Item = Result<bytes::Bytes, E>> + Unpin,
+    E: std::fmt::Display,
+{
+    let max = state.cfg.limits.max_upload.bytes();
+    let mut up = h
+        .guest
+        .write_file(WriteFileRequest {
+            path: path.to_string(),
+            mode,
+            append,
+            create_parents: true,
+            user: None,
+        })
+        .await
+        .map_err(guest_err(path))?;
+    let mut total = 0u64;
+    while let Some(chunk) = s.next().await {
+        let chunk =
+            chunk.map_err(|e| ApiError::bad_request(format!("reading the request body: {e}")))?;
+        total += chunk.len() as u64;
+        if max > 0 && total > max {
+            // Dropping the unfinished upload discards it.
+            return Err(ApiError::too_large(format!(
+                "upload larger than {} (limits.max_upload)",
+                sandlot_proto::units::ByteSize(max)
+            )));
+        }
+        up.write(&chunk).await.map_err(guest_err(path))?;
+        h.counters
+            .file_in
+            .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+    }
+    up.finish().await.map_err(guest_err(path))
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files/stat", tag = "files",
+    params(("id" = String, Path), ("path" = String, Query), ("follow" = Option<bool>, Query, description = "Follow a final symlink")),
+    responses((status = 200, body = FileInfo), (status = 404, body = crate::error::ErrorEnvelope)))]
+pub async fn stat(
+    State(state): State<Arc<AppState>>,
+    p: Principal,
+    Path(id): Path<String>,
+    RawQuery(q): RawQuery,
+) -> ApiResult<Json<FileInfo>> {
+    let m = query(q.as_deref(), &["path", "follow"])?;
+    let path = sandbox_path("path", m.get("path"))?;
+    let h = live(&state, &p, &id)?;
+    h.touch();
+    let s = h
+        .guest
+        .stat(StatRequest {
+            path: path.clone(),
+            follow: flag(&m, "follow")?,
+            user: None,
+        })
+        .await
+        .map_err(guest_err(&path))?;
+    Ok(Json(file_info(&s)))
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files/list", tag = "files",
+    params(("id" = String, Path), ("path" = String, Query), ("depth" = Option<u32>, Query, description = "1 (default): entries only")),
+    responses((status = 200, body = DirListing), (status = 404, body = crate::error::ErrorEnvelope)))]
+pub async fn list(
+    State(state): State<Arc<AppState>>,
+    p: Principal,
+    Path(id): Path<String>,
+    RawQuery(q): RawQuery,
+) -> ApiResult<Json<DirListing>> {
+    let m = query(q.as_deref(), &["path", "depth"])?;
+    let path = sandbox_path("path", m.get("path"))?;
+    let depth = num(&m, "depth")?.unwrap_or(1);
+    if depth == 0 || depth > 64 {
+        return Err(ApiError::invalid("depth", "must be between 1 and 64"));
+    }
+    let h = live(&state, &p, &id)?;
+    h.touch();
+    let mut l = h
+        .guest
+        .list_dir_stream(ListDirRequest {
+            path: path.clone(),
+            depth: depth as u32,
+            user: None,
+        })
+        .await
+        .map_err(guest_err(&path))?;
+    let mut entries = Vec::new();
+    let mut truncated = false;
+    while let Some(e) = l.next_entry().await.map_err(guest_err(&path))? {
+        if entries.len() >= MAX_LIST {
+            truncated = true;
+            break;
+        }
+        entries.push(ApiDirEntry {
+            info: file_info(&e.stat),
+            depth: e.depth,
+            error: e.error,
+        });
+    }
+    Ok(Json(DirListing {
+        path,
+        entries,
+        truncated,
+    }))
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/files/mkdir", tag = "files",
+    params(("id" = String, Path)), request_body = MkdirBody,
+    responses((status = 204), (status = 409, body = crate::error::ErrorEnvelope)))]
+pub async fn mkdir(
+    State(state): State<Arc<AppState>>,
+    p: Principal,
+    Path(id): Path<String>,
+    JsonBody(b): JsonBody<MkdirBody>,
+) -> ApiResult<StatusCode> {
+    let path = sandbox_path("path", Some(&b.path))?;
+    let mode = b.mode.as_ref().map(|v| parse_mode("mode", v)).transpose()?;
+    let h = live(&state, &p, &id)?;
+    h.touch();
+    h.guest
+        .mkdir(MkdirRequest {
+            path: path.clone(),
+            parents: b.parents,
+            mode,
+            user: None,
+        })
+        .await
+        .map_err(guest_err(&path))?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}/files", tag = "files",
+    params(("id" = String, Path), ("path" = String, Query), ("recursive" = Option<bool>, Query)),
+    responses((status = 204), (status = 404, body = crate::error::ErrorEnvelope), (status = 409, body = crate::error::ErrorEnvelope)))]
+pub async fn remove(
+    State(state): State<Arc<AppState>>,
+    p: Principal,
+    Path(id): Path<String>,
+    RawQuery(q): RawQuery,
+) -> ApiResult<StatusCode> {
+    let m = query(q.as_deref(), &["path", "recursive"])?;
+    let path = sandbox_path("path", m.get("path"))?;
+    if path == "/" {
+        return Err(ApiError::invalid("path", "refusing to remove /"));
+    }
+    let h = live(&state, &p, &id)?;
+    h.touch();
+    h.guest
+        .remove(RemoveRequest {
+            path: path.clone(),
+            recursive: flag(&m, "recursive")?,
+            user: None,
+        })
+        .await
+        .map_err(guest_err(&path))?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/files/rename", tag = "files",
+    params(("id" = String, Path)), request_body = RenameBody,
+    responses((status = 204), (status = 404, body = crate::error::ErrorEnvelope), (status = 409, body = crate::error::ErrorEnvelope)))]
+pub async fn rename(
+    State(state): State<Arc<AppState>>,
+    p: Principal,
+    Path(id): Path<String>,
+    JsonBody(b): JsonBody<RenameBody>,
+) -> ApiResult<StatusCode> {
+    let from = sandbox_path("from", Some(&b.from))?;
+    let to = sandbox_path("to", Some(&b.to))?;
+    let h = live(&state, &p, &id)?;
+    h.touch();
+    h.guest
+        .rename(RenameRequest {
+            from: from.clone(),
+            to,
+            overwrite: b.overwrite,
+            user: None,
+        })
+        .await
+        .map_err(guest_err(&from))?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files/watch", tag = "files",
+    params(("id" = String, Path), ("path" = String, Query), ("recursive" = Option<bool>, Query)),
+    responses((status = 200, description = "NDJSON stream of WatchEvent", content_type = "application/x-ndjson", body = WatchEvent),
+        (status = 404, body = crate::error::ErrorEnvelope)))]
+pub async fn watch(
+    State(state): State<Arc<AppState>>,
+    p: Principal,
+    Path(id): Path<String>,
+    RawQuery(q): RawQuery,
+) -> ApiResult<Response> {
+    let m = query(q.as_deref(), &["path", "recursive"])?;
+    let path = sandbox_path("path", m.get("path"))?;
+    let h = live(&state, &p, &id)?;
+    let guard = h.active();
+    let mut w = h
+        .guest
+        .watch(WatchRequest {
+            path: path.clone(),
+            recursive: flag(&m, "recursive")?,
+            user: None,
+        })
+        .await
+        .map_err(guest_err(&path))?;
+    let (tx, resp) = channel_body("application/x-ndjson");
+    tokio::spawn(async move {
+        let _guard = guard;
+        while let Ok(Some(e)) = w.next_event().await {
+            let ev = WatchEvent {
+                kind: match e.kind {
+                    WatchEventKind::Create => "create",
+                    WatchEventKind::Modify => "modify",
+                    WatchEventKind::Delete => "delete",
+                    WatchEventKind::Rename => "rename",
+                    WatchEventKind::Overflow => "overflow",
+                }
+                .into(),
+                path: e.path,
+                from: e.from,
+                dir: e.dir,
+            };
+            if tx.send(line(&ev)).await.is_err() {
+                return;
+            }
+        }
+    });
+    Ok(resp)
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files/tar", tag = "files",
+    params(("id" = String, Path), ("path" = String, Query, description = "Directory to archive")),
+    responses((status = 200, description = "A tar archive (ustar + PAX) of the directory, streamed", content_type = "application/x-tar", body = Vec<u8>),
+        (status = 404, body = crate::error::ErrorEnvelope)))]
+pub async fn tar_download(
+    State(state): State<Arc<AppState>>,
+    p: Principal,
+    Path(id): Path<String>,
+    RawQuery(q): RawQuery,
+    Extension(rid): Extension<RequestId>,
+) -> ApiResult<Response> {
+    let m = query(q.as_deref(), &["path"])?;
+    let root = sandbox_path("path", m.get("path"))?;
+    let h = live(&state, &p, &id)?;
+    let guard = h.active();
+    let st = h
+        .guest
+        .stat(StatRequest {
+            path: root.clone(),
+            follow: true,
+            user: None,
+        })
+        .await
+        .map_err(guest_err(&root))?;
+    if st.kind != FileKind::Dir {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "not_a_directory",
+            format!("{root} is not a directory"),
+        ));
+    }
+    let mut listing = h
+        .guest
+        .list_dir_stream(ListDirRequest {
+            path: root.clone(),
+            depth: 64,
+            user: None,
+        })
+        .await
+        .map_err(guest_err(&root))?;
+    let (tx, mut resp) = channel_body("application/x-tar");
+    let name = root
+        .rsplit('/')
+        .find(|s| !s.is_empty())
+        .unwrap_or("root")
+        .to_string();
+    if let Ok(v) = HeaderValue::from_str(&format!("attachment; filename=\"{name}.tar\"")) {
+        resp.headers_mut().insert(header::CONTENT_DISPOSITION, v);
+    }
+    tokio::spawn(async move {
+        let _guard = guard;
+        let res: Result<(), String> = async {
+            let prefix = if root == "/" {
+                "/".to_string()
+            } else {
+                format!("{root}/")
+            };
+            while let Some(e) = listing.next_entry().await.map_err(|e| e.to_string())? {
+                let rel = match e.stat.path.strip_prefix(&prefix) {
+                    Some(r) if !r.is_empty() => r.to_string(),
+                    _ => continue,
+                };
+                let s = &e.stat;
+                let mtime = s.mtime.max(0) as u64;
+                let kind = match s.kind {
+                    FileKind::Dir => EntryKind::Dir,
+                    FileKind::File => EntryKind::File,
+                    FileKind::Symlink => {
+                        EntryKind::Symlink(s.symlink_target.clone().unwrap_or_default())
+                    }
+                    FileKind::Other => continue,
+                };
+                let size = if kind == EntryKind::File { s.size } else { 0 };
+                send(
+                    &tx,
+                    tarstream::header(&rel, &kind, size, s.mode & 0o7777, mtime).into(),
+                )
+                .await?;
+                if kind != EntryKind::File {
+                    continue;
+                }
+                // Exactly `size` bytes: a file that changed meanwhile is cut or
+                // zero-padded so that the archive stays well-formed.
+                let mut sent = 0u64;
+                match h
+                    .guest
+                    .read_file(ReadFileRequest {
+                        path: s.path.clone(),
+                        offset: 0,
+                        length: Some(size),
+                        user: None,
+                    })
+                    .await
+                {
+                    Ok(mut dl) => {
+                        while let Some(c) = dl.chunk().await.map_err(|e| e.to_string())? {
+                            let take = (size - sent).min(c.len() as u64) as usize;
+                            if take == 0 {
+                                break;
+                            }
+                            sent += take as u64;
+                            h.counters
+                                .file_out
+                                .fetch_add(take as u64, Ordering::Relaxed);
+                            send(&tx, c.slice(..take)).await?;
+                        }
+                    }
+                    Err(err) => {
+                        tracing::warn!(request_id = rid.0, "tar: {}: {err}; zero-filled", s.path)
+                    }
+                }
+                while sent < size {
+                    let n = (size - sent).min(64 * 1024);
+                    send(&tx, bytes::Bytes::from(vec![0u8; n as usize])).await?;
+                    sent += n;
+                }
+                send(&tx, bytes::Bytes::from(vec![0u8; tarstream::padding(size)])).await?;
+            }
+            send(&tx, bytes::Bytes::copy_from_slice(&tarstream::trailer())).await
+        }
+        .await;
+        if let Err(e) = res {
+            tracing::warn!(request_id = rid.0, "tar download ended early: {e}");
+        }
+    });
+    Ok(resp)
+}
+
+async fn send(tx: &tokio::sync::mpsc::Sender<bytes::Bytes>, b: bytes::Bytes) -> Result<(), String> {
+    if b.is_empty() {
+        return Ok(());
+    }
+    tx.send(b)
+        .await
+        .map_err(|_| "the client went away".to_string())
+}
+
+#[utoipa::path(put, path = "/v1/sandboxes/{id}/files/tar", tag = "files",
+    params(("id" = String, Path), ("path" = String, Query, description = "Directory to extract into (created)")),
+    request_body(content = Vec<u8>, content_type = "application/x-tar"),
+    responses((status = 201, body = TarResult), (status = 400, body = crate::error::ErrorEnvelope), (status = 413, body = crate::error::ErrorEnvelope)))]
+pub async fn tar_upload(
+    State(state): State<Arc<AppState>>,
+    p: Principal,
+    Path(id): Path<String>,
+    RawQuery(q): RawQuery,
+    body: Body,
+) -> ApiResult<Response> {
+    let m = query(q.as_deref(), &["path"])?;
+    let root = sandbox_path("path", m.get("path"))?;
+    let h = live(&state, &p, &id)?;
+    let _guard = h.active();
+    h.guest
+        .mkdir(MkdirRequest {
+            path: root.clone(),
+            parents: true,
+            mode: None,
+            user: None,
+        })
+        .await
+        .map_err(guest_err(&root))?;
+    let mut r = TarReader::new(body.into_data_stream());
+    let mut res = TarResult {
+        path: root.clone(),
+        files: 0,
+        dirs: 0,
+        bytes: 0,
+        skipped: Vec::new(),
+    };
+    let max = state.cfg.limits.max_upload.bytes();
+    loop {
+        let e = match r.next_entry().await {
+            Ok(Some(e)) => e,
+            Ok(None) => break,
+            Err(e) => return Err(ApiError::invalid("body", e)),
+        };
+        let Some(rel) = e.path else { continue };
+        let target = if root == "/" {
+            format!("/{rel}")
+        } else {
+            format!("{root}/{rel}")
+        };
+        match e.kind {
+            EntryKind::Dir => {
+                h.guest
+                    .mkdir(MkdirRequest {
+                        path: target.clone(),
+                        parents: true,
+                        mode: Some(e.mode),
+                        user: None,
+                    })
+                    .await
+                    .map_err(guest_err(&target))?;
+                res.dirs += 1;
+            }
+            EntryKind::File => {
+                let mut up = h
+                    .guest
+                    .write_file(WriteFileRequest {
+                        path: target.clone(),
+                        mode: Some(e.mode),
+                        append: false,
+                        create_parents: true,
+                        user: None,
+                    })
+                    .await
+                    .map_err(guest_err(&target))?;
+                loop {
+                    match r.next_data().await {
+                        Ok(Some(c)) => {
+                            res.bytes += c.len() as u64;
+                            if max > 0 && res.bytes > max {
+                                return Err(ApiError::too_large(
+                                    "archive content larger than limits.max_upload",
+                                ));
+                            }
+                            up.write(&c).await.map_err(guest_err(&target))?;
+                            h.counters
+                                .file_in
+                                .fetch_add(c.len() as u64, Ordering::Relaxed);
+                        }
+                        Ok(None) => break,
+                        Err(err) => return Err(ApiError::invalid("body", err)),
+                    }
+                }
+                up.finish().await.map_err(guest_err(&target))?;
+                res.files += 1;
+            }
+            EntryKind::Symlink(t) => res
+                .skipped
+                .push(format!("{rel}: symbolic link to {t} (not supported)")),
+            EntryKind::Other(c) => res
+                .skipped
+                .push(format!("{rel}: entry type {c:?} (not supported)")),
+        }
+        h.touch();
+    }
+    Ok(json_status(StatusCode::CREATED, &res))
+}

@@ -1,0 +1,301 @@
+//! The HTTP API v1: router, request context (request ids, error rendering,
+//! metrics), and strict body extractors. Handlers are thin: they validate, look
+//! the sandbox up for the caller, and call the sandbox, process or guest layer.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{DefaultBodyLimit, FromRequest, Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use bytes::Bytes;
+use serde::de::DeserializeOwned;
+use tracing::Instrument;
+
+use crate::auth::{Principal, Transport};
+use crate::error::{for_status, ApiError, ApiResult, PendingError};
+use crate::sandbox::SandboxHandle;
+use crate::state::AppState;
+use crate::store::SandboxRecord;
+
+pub mod exec;
+pub mod files;
+pub mod sandboxes;
+pub mod stream;
+
+/// The id of the current request.
+#[derive(Debug, Clone)]
+pub struct RequestId(pub String);
+
+/// Builds the router for one listener.
+pub fn router(state: Arc<AppState>, transport: Transport) -> Router {
+    let sb = "/v1/sandboxes/{id}";
+    Router::new()
+        .route("/v1/health", get(sandboxes::health))
+        .route("/v1/openapi.json", get(openapi_json))
+        .route("/metrics", get(metrics))
+        .route(
+            "/v1/sandboxes",
+            post(sandboxes::create).get(sandboxes::list),
+        )
+        .route(sb, get(sandboxes::get_one).delete(sandboxes::delete))
+        .route(&format!("{sb}/timeout"), post(sandboxes::set_timeout))
+        .route(&format!("{sb}/events"), get(sandboxes::events))
+        .route(&format!("{sb}/exec"), post(exec::start))
+        .route(&format!("{sb}/exec/ws"), get(exec::start_ws))
+        .route(&format!("{sb}/processes"), get(exec::list))
+        .route(&format!("{sb}/processes/{{pid}}"), get(exec::get_one))
+        .route(&format!("{sb}/processes/{{pid}}/output"), get(exec::output))
+        .route(&format!("{sb}/processes/{{pid}}/ws"), get(exec::attach_ws))
+        .route(&format!("{sb}/processes/{{pid}}/stdin"), post(exec::stdin))
+        .route(
+            &format!("{sb}/processes/{{pid}}/stdin/close"),
+            post(exec::stdin_close),
+        )
+        .route(
+            &format!("{sb}/processes/{{pid}}/signal"),
+            post(exec::signal),
+        )
+        .route(
+            &format!("{sb}/processes/{{pid}}/resize"),
+            post(exec::resize),
+        )
+        .route(&format!("{sb}/processes/{{pid}}/wait"), get(exec::wait))
+        .route(
+            &format!("{sb}/files"),
+            get(files::read).put(files::write).delete(files::remove),
+        )
+        .route(&format!("{sb}/files/stat"), get(files::stat))
+        .route(&format!("{sb}/files/list"), get(files::list))
+        .route(&format!("{sb}/files/mkdir"), post(files::mkdir))
+        .route(&format!("{sb}/files/rename"), post(files::rename))
+        .route(&format!("{sb}/files/watch"), get(files::watch))
+        .route(
+            &format!("{sb}/files/tar"),
+            get(files::tar_download).put(files::tar_upload),
+        )
+        .fallback(fallback)
+        .layer(DefaultBodyLimit::disable())
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            request_context,
+        ))
+        .layer(axum::Extension(transport))
+        .with_state(state)
+}
+
+async fn fallback() -> ApiError {
+    ApiError::not_found("no such route")
+}
+
+async fn openapi_json() -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        crate::openapi::json(),
+    )
+        .into_response()
+}
+
+async fn metrics(State(state): State<Arc<AppState>>, _p: Principal) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.metrics.render(),
+    )
+        .into_response()
+}
+
+fn request_id() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+    static PREFIX: OnceLock<String> = OnceLock::new();
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let p = PREFIX.get_or_init(|| crate::auth::random_hex(4));
+    format!("req_{p}{:08x}", SEQ.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Gives every request an id (header `x-request-id`, log span), renders errors in
+/// the API's JSON shape, logs 5xx details, and counts errors by code.
+async fn request_context(
+    State(state): State<Arc<AppState>>,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    let rid = request_id();
+    req.extensions_mut().insert(RequestId(rid.clone()));
+    let span = tracing::info_span!("request", request_id = %rid, method = %req.method(), path = %req.uri().path());
+    let mut resp = next.run(req).instrument(span.clone()).await;
+    state
+        .metrics
+        .requests_total
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let pending = resp.extensions_mut().remove::<PendingError>();
+    let status = resp.status();
+    let err = match pending {
+        Some(PendingError(e)) => Some((*e).clone()),
+        None if status.is_client_error() || status.is_server_error() => {
+            let is_json = resp
+                .headers()
+                .get(header::CONTENT_TYPE)
+                .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+            (!is_json).then(|| for_status(status))
+        }
+        None => None,
+    };
+    if let Some(e) = err {
+        state.metrics.error(e.code);
+        span.in_scope(|| {
+            if e.status.is_server_error() {
+                tracing::error!(
+                    status = e.status.as_u16(),
+                    code = e.code,
+                    detail = e.internal.as_deref().unwrap_or(""),
+                    "{}",
+                    e.message
+                );
+            } else {
+                tracing::debug!(status = e.status.as_u16(), code = e.code, "{}", e.message);
+            }
+        });
+        let body = serde_json::to_vec(&e.body(&rid)).expect("error bodies serialize");
+        let mut r = (e.status, [(header::CONTENT_TYPE, "application/json")], body).into_response();
+        for h in [header::RETRY_AFTER, header::ALLOW] {
+            if let Some(v) = resp.headers().get(&h) {
+                r.headers_mut().insert(h, v.clone());
+            }
+        }
+        resp = r;
+    }
+    if let Ok(v) = HeaderValue::from_str(&rid) {
+        resp.headers_mut().insert("x-request-id", v);
+    }
+    resp
+}
+
+/// A strict JSON body: size-limited (413), parsed with the path of the offending
+/// field in errors (400).
+pub struct JsonBody<T>(pub T);
+
+impl<T: DeserializeOwned> FromRequest<Arc<AppState>> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &Arc<AppState>) -> Result<Self, Self::Rejection> {
+        let bytes =
+            read_limited(req.into_body(), state.cfg.limits.max_request_body.bytes()).await?;
+        parse_json(&bytes).map(JsonBody)
+    }
+}
+
+/// Reads a whole body, failing with 413 past `limit` bytes.
+pub async fn read_limited(body: Body, limit: u64) -> ApiResult<Bytes> {
+    let limited = http_body_util::Limited::new(body, limit as usize);
+    match http_body_util::BodyExt::collect(limited).await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ApiError::too_large(format!(
+            "request body larger than {} (limits.max_request_body)",
+            sandlot_proto::units::ByteSize(limit)
+        ))),
+        Err(e) => Err(ApiError::bad_request(format!(
+            "reading the request body: {e}"
+        ))),
+    }
+}
+
+/// Parses JSON strictly; errors name the field (`resources.memory`, `argv`).
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> ApiResult<T> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::bad_request(
+            "the request body must be a JSON object",
+        ));
+    }
+    let de = &mut serde_json::Deserializer::from_slice(bytes);
+    serde_path_to_error::deserialize(de).map_err(de_error)
+}
+
+/// Deserializes a JSON value strictly, naming the field on errors.
+pub fn from_value<T: DeserializeOwned>(v: serde_json::Value) -> ApiResult<T> {
+    serde_path_to_error::deserialize(v).map_err(de_error)
+}
+
+fn de_error(e: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
+    let path = e.path().to_string();
+    let inner = e.into_inner();
+    let msg = inner.to_string();
+    // Strip serde's " at line 1 column 12" suffix; keep the message.
+    let msg = match msg.rfind(" at line ") {
+        Some(i) => msg[..i].to_string(),
+        None => msg,
+    };
+    if inner.is_syntax() || inner.is_eof() {
+        return ApiError::bad_request(format!("invalid JSON: {msg}"));
+    }
+    let field = match unknown_field(&msg) {
+        Some(f) if path == "." => f.to_string(),
+        Some(f) => format!("{path}.{f}"),
+        None if path == "." => "body".to_string(),
+        None => path,
+    };
+    ApiError::invalid(field, msg)
+}
+
+fn unknown_field(msg: &str) -> Option<&str> {
+    let rest = msg.strip_prefix("unknown field `")?;
+    rest.split('`').next()
+}
+
+/// The sandbox record `id` (or, failing that, the live sandbox named `id`), if
+/// the caller may see it. Others' sandboxes are "not found", never "forbidden".
+pub fn lookup(state: &AppState, p: &Principal, id: &str) -> ApiResult<SandboxRecord> {
+    let not_found = || ApiError::not_found(format!("no sandbox {id}"));
+    if let Some(r) = state.store.get_sandbox(id).map_err(ApiError::internal)? {
+        return if p.sees(&r.tenant) {
+            Ok(r)
+        } else {
+            Err(not_found())
+        };
+    }
+    let f = crate::store::SandboxFilter {
+        tenant: p.scope.clone(),
+        name: Some(id.to_string()),
+        limit: 2,
+        ..Default::default()
+    };
+    let mut found = state.store.list_sandboxes(&f).map_err(ApiError::internal)?;
+    match found.len() {
+        1 => Ok(found.remove(0)),
+        0 => Err(not_found()),
+        _ => Err(ApiError::conflict(format!(
+            "several sandboxes are named {id}: use the id"
+        ))),
+    }
+}
+
+/// The live sandbox `id` for the caller: 404 if unknown to them, 409 if stopped.
+pub fn live(state: &AppState, p: &Principal, id: &str) -> ApiResult<Arc<SandboxHandle>> {
+    if let Some(h) = state.handle(id) {
+        if p.sees(&h.tenant) {
+            h.check_running()?;
+            return Ok(h);
+        }
+        return Err(ApiError::not_found(format!("no sandbox {id}")));
+    }
+    let rec = lookup(state, p, id)?;
+    match state.handle(&rec.id) {
+        Some(h) => {
+            h.check_running()?;
+            Ok(h)
+        }
+        None => Err(ApiError::conflict(format!(
+            "sandbox {} is {}",
+            rec.id,
+            rec.state.as_str()
+        ))),
+    }
+}
+
+/// A JSON response with a status.
+pub fn json_status<T: serde::Serialize>(status: StatusCode, v: &T) -> Response {
+    (status, axum::Json(v)).into_response()
+}

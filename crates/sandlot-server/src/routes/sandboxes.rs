@@ -1,0 +1,496 @@
+//! `/v1/sandboxes`: create, list, inspect, delete, extend the lifetime, events.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::StatusCode;
+use axum::response::Response;
+use axum::Json;
+use sandlot_client::api::{
+    EventList, Health, Sandbox, SandboxEvent, SandboxExit, SandboxList, SandboxState as ApiState,
+    SetTimeout, Usage,
+};
+use sandlot_proto::spec::SandboxSpec;
+use serde_json::Value;
+
+use super::{from_value, json_status, live, lookup, parse_json, read_limited, JsonBody};
+use crate::auth::Principal;
+use crate::config::fmt_secs;
+use crate::error::{ApiError, ApiResult};
+use crate::sandbox::{self, spec_problem, CreateParams};
+use crate::state::AppState;
+use crate::store::{now_ms, EndReason, SandboxFilter, SandboxRecord, SandboxState};
+use crate::timefmt::rfc3339;
+
+/// Top-level keys of the create body that are the sandbox spec.
+pub const SPEC_KEYS: &[&str] = &[
+    "image",
+    "rootfs",
+    "mounts",
+    "env",
+    "workdir",
+    "user",
+    "hostname",
+    "resources",
+    "timeout",
+    "network",
+];
+/// Top-level keys of the create body that are not part of the spec.
+pub const EXTRA_KEYS: &[&str] = &["name", "tags", "metadata", "idle_timeout"];
+
+const MAX_TAGS: usize = 64;
+const MAX_METADATA_BYTES: usize = 16 * 1024;
+
+#[utoipa::path(get, path = "/v1/health", tag = "system",
+    responses((status = 200, body = Health), (status = 401, body = crate::error::ErrorEnvelope)))]
+pub async fn health(p: Principal) -> Json<Health> {
+    Json(Health {
+        status: "ok".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        tenant: p.scope.unwrap_or_else(|| "*".into()),
+    })
+}
+
+/// A duration given as seconds (number) or a string with a unit (`"10m"`).
+pub fn parse_duration(field: &str, v: &Value) -> ApiResult<Duration> {
+    let d = match v {
+        Value::Number(n) => match n.as_f64() {
+            Some(f) if f.is_finite() && f >= 0.0 && f < 1e12 => Duration::from_secs_f64(f),
+            _ => {
+                return Err(ApiError::invalid(
+                    field,
+                    format!("{n} is not a valid number of seconds"),
+                ))
+            }
+        },
+        Value::String(s) => s
+            .parse::<sandlot_proto::units::Seconds>()
+            .map_err(|e| ApiError::invalid(field, e))?
+            .duration(),
+        other => {
+            return Err(ApiError::invalid(
+                field,
+                format!("expected seconds or a duration string like \"5m\", got {other}"),
+            ))
+        }
+    };
+    if d.is_zero() {
+        return Err(ApiError::invalid(field, "must be positive"));
+    }
+    Ok(d)
+}
+
+fn check_label(field: &str, k: &str, max: usize) -> ApiResult<()> {
+    let ok = !k.is_empty()
+        && k.len() <= max
+        && k.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./:".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(
+            field,
+            format!("{k:?}: use 1 to {max} letters, digits, '-', '_', '.', '/' or ':'"),
+        ))
+    }
+}
+
+fn string_map(field: &str, v: Value) -> ApiResult<BTreeMap<String, String>> {
+    match v {
+        Value::Null => Ok(BTreeMap::new()),
+        Value::Object(m) => m
+            .into_iter()
+            .map(|(k, v)| match v {
+                Value::String(s) => Ok((k, s)),
+                other => Err(ApiError::invalid(
+                    format!("{field}.{k}"),
+                    format!("values are strings, got {other}"),
+                )),
+            })
+            .collect(),
+        other => Err(ApiError::invalid(
+            field,
+            format!("expected an object of strings, got {other}"),
+        )),
+    }
+}
+
+/// Validates a create body into parameters.
+pub fn parse_create(state: &AppState, tenant: String, body: Value) -> ApiResult<CreateParams> {
+    let Value::Object(mut obj) = body else {
+        return Err(ApiError::bad_request(
+            "the request body must be a JSON object",
+        ));
+    };
+    for k in obj.keys() {
+        if !SPEC_KEYS.contains(&k.as_str()) && !EXTRA_KEYS.contains(&k.as_str()) {
+            return Err(ApiError::invalid(
+                k.clone(),
+                format!(
+                    "unknown field, expected one of {}",
+                    [SPEC_KEYS, EXTRA_KEYS].concat().join(", ")
+                ),
+            ));
+        }
+    }
+    let name = match obj.remove("name") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(n)) => {
+            let ok = !n.is_empty()
+                && n.len() <= 64
+                && n.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+                && !n.starts_with(&state.cfg.id_prefix);
+            if !ok {
+                return Err(ApiError::invalid(
+                    "name",
+                    format!(
+                        "{n:?}: use 1 to 64 letters, digits, '-', '_' or '.', not starting with the id prefix {:?}",
+                        state.cfg.id_prefix
+                    ),
+                ));
+            }
+            Some(n)
+        }
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "name",
+                format!("expected a string, got {other}"),
+            ))
+        }
+    };
+    let tags = string_map("tags", obj.remove("tags").unwrap_or(Value::Null))?;
+    if tags.len() > MAX_TAGS {
+        return Err(ApiError::invalid(
+            "tags",
+            format!("at most {MAX_TAGS} tags"),
+        ));
+    }
+    for (k, v) in &tags {
+        check_label("tags", k, 64)?;
+        if v.len() > 256 {
+            return Err(ApiError::invalid(
+                format!("tags.{k}"),
+                "values are at most 256 bytes",
+            ));
+        }
+    }
+    let metadata = string_map("metadata", obj.remove("metadata").unwrap_or(Value::Null))?;
+    let size: usize = metadata.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if size > MAX_METADATA_BYTES {
+        return Err(ApiError::invalid(
+            "metadata",
+            format!("at most {MAX_METADATA_BYTES} bytes in all"),
+        ));
+    }
+    let limits = &state.cfg.limits;
+    let idle_timeout = match obj.remove("idle_timeout") {
+        None => limits.default_idle_timeout.map(|s| s.duration()),
+        Some(Value::Null) => None,
+        Some(v) => Some(parse_duration("idle_timeout", &v)?),
+    };
+    let spec: SandboxSpec = from_value(Value::Object(obj))?;
+    spec.validate()
+        .map_err(|e| ApiError::invalid(e.field(), spec_problem(&e)))?;
+    let timeout = spec
+        .timeout
+        .map(|t| t.duration())
+        .unwrap_or(limits.default_timeout.duration());
+    let max = limits.max_timeout.duration();
+    if timeout > max {
+        return Err(ApiError::invalid(
+            "timeout",
+            format!(
+                "{} exceeds the operator's maximum lifetime of {}",
+                fmt_secs(timeout),
+                fmt_secs(max)
+            ),
+        ));
+    }
+    if let Some(i) = idle_timeout {
+        if i > max {
+            return Err(ApiError::invalid(
+                "idle_timeout",
+                format!(
+                    "{} exceeds the operator's maximum lifetime of {}",
+                    fmt_secs(i),
+                    fmt_secs(max)
+                ),
+            ));
+        }
+    }
+    Ok(CreateParams {
+        tenant,
+        name,
+        spec,
+        tags,
+        metadata,
+        timeout,
+        idle_timeout,
+    })
+}
+
+fn api_state(s: SandboxState) -> ApiState {
+    match s {
+        SandboxState::Creating => ApiState::Creating,
+        SandboxState::Running => ApiState::Running,
+        SandboxState::Stopping => ApiState::Stopping,
+        SandboxState::Stopped => ApiState::Stopped,
+    }
+}
+
+/// The API view of a record, with live usage when the sandbox runs.
+pub fn view(state: &AppState, rec: &SandboxRecord) -> Sandbox {
+    let handle = state.handle(&rec.id);
+    let (usage, mem_now, expires) = match &handle {
+        Some(h) => {
+            let (u, m) = h.usage();
+            (u, m, h.expires_at_ms())
+        }
+        None => (rec.usage, 0, rec.expires_at),
+    };
+    let state_now = match &handle {
+        Some(h) if h.is_stopping() => SandboxState::Stopping,
+        _ => rec.state,
+    };
+    let wall_ms = match rec.started_at {
+        Some(s) => rec.ended_at.unwrap_or_else(now_ms) - s,
+        None => 0,
+    };
+    Sandbox {
+        id: rec.id.clone(),
+        name: rec.name.clone(),
+        tenant: rec.tenant.clone(),
+        state: api_state(state_now),
+        spec: rec.spec.clone(),
+        tags: rec.tags.clone(),
+        metadata: rec.metadata.clone(),
+        created_at: rfc3339(rec.created_at),
+        started_at: rec.started_at.map(rfc3339),
+        ended_at: rec.ended_at.map(rfc3339),
+        expires_at: rfc3339(expires),
+        idle_timeout: rec.idle_timeout_ms.map(|ms| ms as f64 / 1000.0),
+        end_reason: rec.end_reason.map(|r| r.as_str().to_string()),
+        exit: (rec.exit_code.is_some() || rec.exit_signal.is_some()).then_some(SandboxExit {
+            code: rec.exit_code,
+            signal: rec.exit_signal,
+        }),
+        error: rec.error.clone(),
+        usage: Usage {
+            cpu_seconds: usage.cpu_usec as f64 / 1e6,
+            memory_bytes: mem_now,
+            memory_peak_bytes: usage.memory_peak_bytes,
+            wall_seconds: wall_ms.max(0) as f64 / 1000.0,
+            exec_count: usage.exec_count,
+            stdin_bytes: usage.stdin_bytes,
+            stdout_bytes: usage.stdout_bytes,
+            stderr_bytes: usage.stderr_bytes,
+            file_bytes_in: usage.file_bytes_in,
+            file_bytes_out: usage.file_bytes_out,
+        },
+    }
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes",
+    request_body(content = crate::openapi::CreateSandboxDoc, description = "The sandbox spec plus name, tags, metadata and idle_timeout"),
+    responses((status = 201, body = Sandbox), (status = 400, body = crate::error::ErrorEnvelope),
+        (status = 409, description = "name taken", body = crate::error::ErrorEnvelope),
+        (status = 413, body = crate::error::ErrorEnvelope), (status = 429, description = "quota", body = crate::error::ErrorEnvelope)))]
+pub async fn create(
+    State(state): State<Arc<AppState>>,
+    p: Principal,
+    body: Body,
+) -> ApiResult<Response> {
+    let bytes = read_limited(body, state.cfg.limits.max_request_body.bytes()).await?;
+    let v: Value = parse_json(&bytes)?;
+    let params = parse_create(&state, p.tenant.clone(), v)?;
+    let rec = sandbox::create(&state, params).await?;
+    Ok(json_status(StatusCode::CREATED, &view(&state, &rec)))
+}
+
+/// Parses `state=running,stopped&tag=k=v&tag=k&name=x&limit=10`.
+pub fn parse_list_query(q: Option<&str>, tenant: Option<String>) -> ApiResult<SandboxFilter> {
+    let mut f = SandboxFilter {
+        tenant,
+        ..Default::default()
+    };
+    for (k, v) in form_urlencoded::parse(q.unwrap_or("").as_bytes()) {
+        match k.as_ref() {
+            "state" => {
+                for s in v.split(',').filter(|s| !s.is_empty()) {
+                    if s == "all" {
+                        f.states = vec![
+                            SandboxState::Creating,
+                            SandboxState::Running,
+                            SandboxState::Stopping,
+                            SandboxState::Stopped,
+                        ];
+                        continue;
+                    }
+                    if s == "live" {
+                        f.states.extend([
+                            SandboxState::Creating,
+                            SandboxState::Running,
+                            SandboxState::Stopping,
+                        ]);
+                        continue;
+                    }
+                    let st = SandboxState::parse(s).ok_or_else(|| {
+                        ApiError::invalid(
+                            "state",
+                            format!(
+                                "{s:?}: expected creating, running, stopping, stopped, live or all"
+                            ),
+                        )
+                    })?;
+                    f.states.push(st);
+                }
+            }
+            "tag" => match v.split_once('=') {
+                Some((k, v)) => f.tags.push((k.to_string(), Some(v.to_string()))),
+                None => f.tags.push((v.to_string(), None)),
+            },
+            "name" => f.name = Some(v.into_owned()),
+            "limit" => {
+                f.limit = v
+                    .parse()
+                    .map_err(|_| ApiError::invalid("limit", format!("{v:?} is not a number")))?
+            }
+            other => {
+                return Err(ApiError::invalid(
+                    other,
+                    "unknown query parameter, expected state, tag, name or limit",
+                ))
+            }
+        }
+    }
+    Ok(f)
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes",
+    params(("state" = Option<String>, Query, description = "Comma-separated states, `live` (default) or `all`"),
+        ("tag" = Option<String>, Query, description = "`KEY=VALUE` or `KEY`; repeatable, all must match"),
+        ("name" = Option<String>, Query), ("limit" = Option<usize>, Query)),
+    responses((status = 200, body = SandboxList), (status = 400, body = crate::error::ErrorEnvelope)))]
+pub async fn list(
+    State(state): State<Arc<AppState>>,
+    p: Principal,
+    RawQuery(q): RawQuery,
+) -> ApiResult<Json<SandboxList>> {
+    let f = parse_list_query(q.as_deref(), p.scope.clone())?;
+    let recs = state.store.list_sandboxes(&f).map_err(ApiError::internal)?;
+    Ok(Json(SandboxList {
+        sandboxes: recs.iter().map(|r| view(&state, r)).collect(),
+    }))
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes/{id}", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id or name")),
+    responses((status = 200, body = Sandbox), (status = 404, body = crate::error::ErrorEnvelope)))]
+pub async fn get_one(
+    State(state): State<Arc<AppState>>,
+    p: Principal,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Sandbox>> {
+    let rec = lookup(&state, &p, &id)?;
+    Ok(Json(view(&state, &rec)))
+}
+
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id or name")),
+    responses((status = 200, description = "Stopped (idempotent)", body = Sandbox), (status = 404, body = crate::error::ErrorEnvelope)))]
+pub async fn delete(
+    State(state): State<Arc<AppState>>,
+    p: Principal,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Sandbox>> {
+    let rec = lookup(&state, &p, &id)?;
+    if let Some(h) = state.handle(&rec.id) {
+        h.request_stop(EndReason::Deleted);
+        h.stopped().await;
+    }
+    let rec = lookup(&state, &p, &rec.id)?;
+    Ok(Json(view(&state, &rec)))
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/timeout", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id or name")),
+    request_body = SetTimeout,
+    responses((status = 200, body = Sandbox), (status = 400, body = crate::error::ErrorEnvelope),
+        (status = 404, body = crate::error::ErrorEnvelope), (status = 409, body = crate::error::ErrorEnvelope)))]
+pub async fn set_timeout(
+    State(state): State<Arc<AppState>>,
+    p: Principal,
+    Path(id): Path<String>,
+    JsonBody(b): JsonBody<SetTimeout>,
+) -> ApiResult<Json<Sandbox>> {
+    let d = parse_duration("timeout", &b.timeout)?;
+    let h = live(&state, &p, &id)?;
+    let rec = lookup(&state, &p, &h.id)?;
+    let at = now_ms() + d.as_millis() as i64;
+    let max = state.cfg.limits.max_timeout.duration();
+    let latest = rec.created_at + max.as_millis() as i64;
+    if at > latest {
+        return Err(ApiError::invalid(
+            "timeout",
+            format!(
+                "the sandbox would live past the operator's maximum lifetime of {} (until {})",
+                fmt_secs(max),
+                rfc3339(latest)
+            ),
+        ));
+    }
+    state
+        .store
+        .set_expiry(&h.id, at)
+        .map_err(ApiError::internal)?;
+    h.set_expiry(at);
+    h.touch();
+    Ok(Json(view(&state, &rec)))
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/events", tag = "sandboxes",
+    params(("id" = String, Path), ("after" = Option<i64>, Query, description = "Only events after this sequence number")),
+    responses((status = 200, body = EventList), (status = 404, body = crate::error::ErrorEnvelope)))]
+pub async fn events(
+    State(state): State<Arc<AppState>>,
+    p: Principal,
+    Path(id): Path<String>,
+    RawQuery(q): RawQuery,
+) -> ApiResult<Json<EventList>> {
+    let rec = lookup(&state, &p, &id)?;
+    let mut after = 0i64;
+    for (k, v) in form_urlencoded::parse(q.unwrap_or_default().as_bytes()) {
+        match k.as_ref() {
+            "after" => {
+                after = v
+                    .parse()
+                    .map_err(|_| ApiError::invalid("after", "not a number"))?
+            }
+            other => {
+                return Err(ApiError::invalid(
+                    other,
+                    "unknown query parameter, expected after",
+                ))
+            }
+        }
+    }
+    let ev = state
+        .store
+        .events(&rec.id, after, 1000)
+        .map_err(ApiError::internal)?;
+    Ok(Json(EventList {
+        events: ev
+            .into_iter()
+            .map(|e| SandboxEvent {
+                seq: e.seq,
+                at: rfc3339(e.at),
+                kind: e.kind,
+                message: e.message,
+            })
+            .collect(),
+    }))
+}

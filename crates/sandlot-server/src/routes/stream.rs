@@ -1,0 +1,121 @@
+//! Streaming bodies: NDJSON lines of process output (with offsets, base64 data)
+//! and of file watches, with back-pressure from the HTTP connection to the agent.
+
+use std::convert::Infallible;
+
+use axum::body::Body;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use base64::Engine;
+use bytes::Bytes;
+use sandlot_client::api::StreamEvent;
+use sandlot_guest::client::Process;
+use serde::Serialize;
+use tokio::sync::mpsc;
+
+use crate::error::ApiError;
+use crate::process::{convert_attached, OutEvent};
+use crate::sandbox::ActiveGuard;
+
+/// Where a reader's output comes from.
+pub enum Source {
+    /// The process's supervisor (from offset 0, lossless).
+    Sup(mpsc::Receiver<OutEvent>),
+    /// The reader's own agent channel (any offset within what is retained).
+    Attached(Box<Process>),
+}
+
+impl Source {
+    pub async fn next(&mut self) -> Result<Option<OutEvent>, ApiError> {
+        match self {
+            Source::Sup(rx) => Ok(rx.recv().await),
+            Source::Attached(p) => match p.next_event().await {
+                Ok(Some(ev)) => Ok(Some(convert_attached(p, ev))),
+                Ok(None) => Ok(None),
+                Err(e) => Err(ApiError::from_guest(e, &format!("process {}", p.id()))),
+            },
+        }
+    }
+}
+
+/// The NDJSON (and WebSocket text) form of an output event.
+pub fn event_json(ev: &OutEvent) -> StreamEvent {
+    let b64 = |b: &Bytes| base64::engine::general_purpose::STANDARD.encode(b);
+    match ev {
+        OutEvent::Stdout(o, b) => StreamEvent::Stdout {
+            offset: *o,
+            data: b64(b),
+        },
+        OutEvent::Stderr(o, b) => StreamEvent::Stderr {
+            offset: *o,
+            data: b64(b),
+        },
+        OutEvent::Exit(x) => StreamEvent::Exit { exit: *x },
+    }
+}
+
+pub fn line<T: Serialize>(v: &T) -> Bytes {
+    let mut s = serde_json::to_vec(v).expect("stream events serialize");
+    s.push(b'\n');
+    Bytes::from(s)
+}
+
+/// A streaming response fed by a channel (capacity bounds what is buffered).
+pub fn channel_body(content_type: &'static str) -> (mpsc::Sender<Bytes>, Response) {
+    let (tx, rx) = mpsc::channel::<Bytes>(4);
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|b| (Ok::<_, Infallible>(b), rx))
+    });
+    let resp = (
+        [
+            (header::CONTENT_TYPE, content_type),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        Body::from_stream(stream),
+    )
+        .into_response();
+    (tx, resp)
+}
+
+/// Streams a process's output as NDJSON: `first`, then output and exit lines; a
+/// failure mid-stream becomes an `error` line with the request id.
+pub fn ndjson_output(
+    first: StreamEvent,
+    mut src: Source,
+    guard: ActiveGuard,
+    request_id: String,
+) -> Response {
+    let (tx, resp) = channel_body("application/x-ndjson");
+    tokio::spawn(async move {
+        let _guard = guard;
+        if tx.send(line(&first)).await.is_err() {
+            return;
+        }
+        loop {
+            match src.next().await {
+                Ok(Some(ev)) => {
+                    if tx.send(line(&event_json(&ev))).await.is_err() {
+                        return;
+                    }
+                }
+                Ok(None) => return,
+                Err(e) => {
+                    if e.status.is_server_error() {
+                        tracing::error!(
+                            request_id,
+                            detail = e.internal.as_deref().unwrap_or(""),
+                            "output stream failed"
+                        );
+                    }
+                    let _ = tx
+                        .send(line(&StreamEvent::Error {
+                            error: e.body(&request_id).error,
+                        }))
+                        .await;
+                    return;
+                }
+            }
+        }
+    });
+    resp
+}

@@ -1,0 +1,582 @@
+//! Sandboxes owned by the daemon: creation (quota admission, runtime, agent
+//! connection), one owner task per sandbox (lifetime and idle timeouts, PID 1
+//! exit, usage sampling, teardown), and reconciliation after a restart.
+
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use sandlot_guest::client::GuestClient;
+use sandlot_proto::spec::SandboxSpec;
+use sandlot_runtime::cgroup::Cgroup;
+use sandlot_runtime::{Backend, CreateOptions, RuntimeError, SandboxInstance};
+use tokio::io::unix::AsyncFd;
+use tokio::sync::{watch, Notify};
+use tracing::Instrument;
+
+use crate::error::{ApiError, ApiResult};
+use crate::process::ProcTable;
+use crate::state::AppState;
+use crate::store::{now_ms, Admission, EndReason, SandboxRecord, SandboxState, UsageRecord};
+
+/// How often a live sandbox's cgroup accounting is sampled and saved.
+const USAGE_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Byte and call counters of one sandbox.
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub exec: AtomicU64,
+    pub stdin: AtomicU64,
+    pub stdout: AtomicU64,
+    pub stderr: AtomicU64,
+    pub file_in: AtomicU64,
+    pub file_out: AtomicU64,
+}
+
+impl Counters {
+    pub fn add_stdout(&self, n: usize) {
+        self.stdout.fetch_add(n as u64, Ordering::Relaxed);
+    }
+    pub fn add_stderr(&self, n: usize) {
+        self.stderr.fetch_add(n as u64, Ordering::Relaxed);
+    }
+    fn from_usage(u: &UsageRecord) -> Counters {
+        Counters {
+            exec: AtomicU64::new(u.exec_count),
+            stdin: AtomicU64::new(u.stdin_bytes),
+            stdout: AtomicU64::new(u.stdout_bytes),
+            stderr: AtomicU64::new(u.stderr_bytes),
+            file_in: AtomicU64::new(u.file_bytes_in),
+            file_out: AtomicU64::new(u.file_bytes_out),
+        }
+    }
+}
+
+/// A live sandbox.
+pub struct SandboxHandle {
+    pub id: String,
+    pub tenant: String,
+    pub guest: GuestClient,
+    pub inst: SandboxInstance,
+    pub counters: Arc<Counters>,
+    pub procs: Mutex<ProcTable>,
+    pub span: tracing::Span,
+    expires_at_ms: AtomicI64,
+    idle_timeout_ms: Option<i64>,
+    last_activity_ms: AtomicI64,
+    active_streams: AtomicUsize,
+    stopping: AtomicBool,
+    stop_reason: Mutex<Option<EndReason>>,
+    wake: Notify,
+    stopped: watch::Sender<bool>,
+    cpu_usec: AtomicU64,
+    memory_bytes: AtomicU64,
+    memory_peak: AtomicU64,
+}
+
+/// Keeps a sandbox from going idle while a stream is open.
+pub struct ActiveGuard(Arc<SandboxHandle>);
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        self.0.touch();
+        self.0.active_streams.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl SandboxHandle {
+    fn new(inst: SandboxInstance, guest: GuestClient, rec: &SandboxRecord) -> SandboxHandle {
+        SandboxHandle {
+            span: tracing::info_span!(parent: None, "sandbox", sandbox_id = %rec.id, tenant = %rec.tenant),
+            id: rec.id.clone(),
+            tenant: rec.tenant.clone(),
+            guest,
+            inst,
+            counters: Arc::new(Counters::from_usage(&rec.usage)),
+            procs: Mutex::new(ProcTable::default()),
+            expires_at_ms: AtomicI64::new(rec.expires_at),
+            idle_timeout_ms: rec.idle_timeout_ms,
+            last_activity_ms: AtomicI64::new(now_ms()),
+            active_streams: AtomicUsize::new(0),
+            stopping: AtomicBool::new(false),
+            stop_reason: Mutex::new(None),
+            wake: Notify::new(),
+            stopped: watch::channel(false).0,
+            cpu_usec: AtomicU64::new(rec.usage.cpu_usec),
+            memory_bytes: AtomicU64::new(0),
+            memory_peak: AtomicU64::new(rec.usage.memory_peak_bytes),
+        }
+    }
+
+    /// Records exec or file activity (resets the idle timer).
+    pub fn touch(&self) {
+        self.last_activity_ms.store(now_ms(), Ordering::Relaxed);
+    }
+
+    /// Marks a stream open until the guard drops.
+    pub fn active(self: &Arc<Self>) -> ActiveGuard {
+        self.active_streams.fetch_add(1, Ordering::Relaxed);
+        self.touch();
+        ActiveGuard(self.clone())
+    }
+
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::Relaxed)
+    }
+
+    /// Fails with 409 unless the sandbox accepts work.
+    pub fn check_running(&self) -> ApiResult<()> {
+        if self.is_stopping() {
+            return Err(ApiError::conflict(format!(
+                "sandbox {} is stopping",
+                self.id
+            )));
+        }
+        Ok(())
+    }
+
+    pub fn expires_at_ms(&self) -> i64 {
+        self.expires_at_ms.load(Ordering::Relaxed)
+    }
+
+    pub fn set_expiry(&self, at_ms: i64) {
+        self.expires_at_ms.store(at_ms, Ordering::Relaxed);
+        self.wake.notify_one();
+    }
+
+    /// Asks the owner to stop the sandbox (the first reason wins).
+    pub fn request_stop(&self, reason: EndReason) {
+        let mut r = self.stop_reason.lock().unwrap_or_else(|e| e.into_inner());
+        if r.is_none() {
+            *r = Some(reason);
+        }
+        drop(r);
+        self.stopping.store(true, Ordering::Relaxed);
+        self.wake.notify_one();
+    }
+
+    /// Waits until the owner has torn the sandbox down.
+    pub async fn stopped(&self) {
+        let mut rx = self.stopped.subscribe();
+        let _ = rx.wait_for(|s| *s).await;
+    }
+
+    /// Usage now: the counters, and cgroup accounting sampled now.
+    pub fn usage(&self) -> (UsageRecord, u64) {
+        self.sample();
+        let c = &self.counters;
+        let u = UsageRecord {
+            cpu_usec: self.cpu_usec.load(Ordering::Relaxed),
+            memory_peak_bytes: self.memory_peak.load(Ordering::Relaxed),
+            exec_count: c.exec.load(Ordering::Relaxed),
+            stdin_bytes: c.stdin.load(Ordering::Relaxed),
+            stdout_bytes: c.stdout.load(Ordering::Relaxed),
+            stderr_bytes: c.stderr.load(Ordering::Relaxed),
+            file_bytes_in: c.file_in.load(Ordering::Relaxed),
+            file_bytes_out: c.file_out.load(Ordering::Relaxed),
+        };
+        (u, self.memory_bytes.load(Ordering::Relaxed))
+    }
+
+    fn sample(&self) {
+        if !self.inst.cgroup.exists() {
+            return;
+        }
+        let u = self.inst.cgroup.usage();
+        self.cpu_usec.fetch_max(u.cpu_usec, Ordering::Relaxed);
+        self.memory_bytes.store(u.memory_bytes, Ordering::Relaxed);
+        self.memory_peak
+            .fetch_max(u.memory_peak_bytes.max(u.memory_bytes), Ordering::Relaxed);
+    }
+}
+
+/// What a create request asks for, validated.
+pub struct CreateParams {
+    pub tenant: String,
+    pub name: Option<String>,
+    pub spec: SandboxSpec,
+    pub tags: std::collections::BTreeMap<String, String>,
+    pub metadata: std::collections::BTreeMap<String, String>,
+    pub timeout: Duration,
+    pub idle_timeout: Option<Duration>,
+}
+
+/// A random id with the daemon's prefix: 16 hex digits.
+pub fn new_id(prefix: &str) -> String {
+    format!("{prefix}{}", crate::auth::random_hex(8))
+}
+
+/// Creates a sandbox: admission, runtime, agent connection, owner task.
+pub async fn create(state: &Arc<AppState>, p: CreateParams) -> ApiResult<SandboxRecord> {
+    let t0 = Instant::now();
+    let id = new_id(&state.cfg.id_prefix);
+    let now = now_ms();
+    let rec = SandboxRecord {
+        id: id.clone(),
+        tenant: p.tenant.clone(),
+        name: p.name.clone(),
+        spec: serde_json::to_value(&p.spec).map_err(ApiError::internal)?,
+        tags: p.tags,
+        metadata: p.metadata,
+        state: SandboxState::Creating,
+        end_reason: None,
+        exit_code: None,
+        exit_signal: None,
+        error: None,
+        pid: None,
+        memory_bytes: p.spec.resources.memory.bytes(),
+        created_at: now,
+        started_at: None,
+        ended_at: None,
+        expires_at: now + p.timeout.as_millis() as i64,
+        idle_timeout_ms: p.idle_timeout.map(|d| d.as_millis() as i64),
+        usage: UsageRecord::default(),
+    };
+    if state.is_shutting_down() {
+        return Err(ApiError::unavailable("the daemon is shutting down"));
+    }
+    let quota = state.cfg.quota(&p.tenant);
+    let admission = state
+        .store
+        .admit_sandbox(&rec, quota.max_sandboxes, quota.max_memory.bytes())
+        .map_err(ApiError::internal)?;
+    match admission {
+        Admission::Admitted => {}
+        Admission::TooManySandboxes(n) => {
+            return Err(ApiError::quota(format!(
+                "tenant {} has {n} live sandboxes, its quota is {}",
+                p.tenant, quota.max_sandboxes
+            )))
+        }
+        Admission::TooMuchMemory { used } => return Err(ApiError::quota(format!(
+            "tenant {}: {} of memory in live sandboxes plus {} requested exceeds the quota of {}",
+            p.tenant,
+            sandlot_proto::units::ByteSize(used),
+            p.spec.resources.memory,
+            quota.max_memory
+        ))),
+        Admission::NameTaken => {
+            return Err(ApiError::conflict(format!(
+                "a live sandbox named {:?} already exists",
+                p.name.unwrap_or_default()
+            )))
+        }
+    }
+    state.metrics.live_sandboxes.fetch_add(1, Ordering::Relaxed);
+    let span = tracing::info_span!("sandbox", sandbox_id = %id, tenant = %p.tenant);
+    let rt = state.runtime.clone();
+    let spec = p.spec.clone();
+    let cid = id.clone();
+    let created =
+        tokio::task::spawn_blocking(move || rt.create(&cid, &spec, CreateOptions::default()))
+            .await
+            .map_err(ApiError::internal)?;
+    let inst = match created {
+        Ok(i) => i,
+        Err(e) => {
+            let api = create_error(&e);
+            span.in_scope(|| tracing::warn!("create failed: {e}"));
+            let shown = if api.status.is_server_error() {
+                "the runtime failed to create the sandbox".to_string()
+            } else {
+                api.message.clone()
+            };
+            let _ = state.store.mark_stopped(
+                &id,
+                EndReason::CreateFailed,
+                (None, None),
+                Some(&shown),
+                now_ms(),
+            );
+            state.metrics.live_sandboxes.fetch_sub(1, Ordering::Relaxed);
+            state.metrics.stopped(EndReason::CreateFailed.as_str());
+            return Err(api);
+        }
+    };
+    // Record the pid before anything else can fail, so a crash from here on leaves
+    // a record that the next start re-adopts or cleans.
+    if let Err(e) = state.store.mark_running(&id, inst.pid, now_ms()) {
+        teardown_failed(state, inst, &id, "record the sandbox").await;
+        return Err(ApiError::internal(e));
+    }
+    let guest = match GuestClient::connect(&inst.socket).await {
+        Ok(g) => g,
+        Err(e) => {
+            span.in_scope(|| tracing::error!("connect to the agent: {e}"));
+            teardown_failed(state, inst, &id, "connect to the agent").await;
+            return Err(ApiError::internal(format!(
+                "connect to the agent of {id}: {e}"
+            )));
+        }
+    };
+    let mut rec = rec;
+    rec.state = SandboxState::Running;
+    rec.pid = Some(inst.pid);
+    rec.started_at = Some(now_ms());
+    let h = Arc::new(SandboxHandle::new(inst, guest, &rec));
+    state.register(h.clone());
+    tokio::spawn(own(state.clone(), h.clone(), false).instrument(h.span.clone()));
+    state
+        .metrics
+        .sandboxes_created
+        .fetch_add(1, Ordering::Relaxed);
+    state.metrics.observe_create(t0.elapsed());
+    span.in_scope(|| {
+        tracing::info!(
+            elapsed_ms = t0.elapsed().as_secs_f64() * 1e3,
+            "sandbox created"
+        )
+    });
+    Ok(rec)
+}
+
+async fn teardown_failed(state: &Arc<AppState>, inst: SandboxInstance, id: &str, what: &str) {
+    let rt = state.runtime.clone();
+    let _ = tokio::task::spawn_blocking(move || rt.terminate(&inst)).await;
+    let _ = state.store.mark_stopped(
+        id,
+        EndReason::CreateFailed,
+        (None, None),
+        Some(&format!("could not {what}")),
+        now_ms(),
+    );
+    state.metrics.live_sandboxes.fetch_sub(1, Ordering::Relaxed);
+    state.metrics.stopped(EndReason::CreateFailed.as_str());
+}
+
+/// Maps a runtime create error to the API: the caller's mistakes are 400 naming
+/// the field; exhaustion is 503; the rest is an opaque 500.
+fn create_error(e: &RuntimeError) -> ApiError {
+    match e {
+        RuntimeError::Spec(s) => ApiError::invalid(s.field(), spec_problem(s)),
+        RuntimeError::Mount(m) => {
+            let msg = m.to_string();
+            let field = if msg.contains("rootfs") {
+                "rootfs"
+            } else {
+                "mounts"
+            };
+            ApiError::invalid(field, msg)
+        }
+        RuntimeError::Exhausted(what) => {
+            ApiError::unavailable(format!("no free {what} on this host"))
+        }
+        other => ApiError::internal(other),
+    }
+}
+
+pub fn spec_problem(e: &sandlot_proto::spec::SpecError) -> String {
+    let s = e.to_string();
+    let prefix = format!("{}: ", e.field());
+    s.strip_prefix(&prefix).map(str::to_string).unwrap_or(s)
+}
+
+/// The owner task: waits for a stop request, a timeout or the exit of PID 1, then
+/// tears the sandbox down and records the outcome.
+pub async fn own(state: Arc<AppState>, h: Arc<SandboxHandle>, adopted: bool) {
+    let pidfd = h.inst.pidfd.try_clone().ok().and_then(|fd| {
+        // SAFETY: the AsyncFd owns `fd` (a duplicate of the pidfd), so the
+        // descriptor stays open and unchanged for as long as it is registered.
+        unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }.ok()
+    });
+    if pidfd.is_none() {
+        tracing::warn!("cannot watch the sandbox's PID 1; relying on timeouts");
+    }
+    let mut last_save = Instant::now();
+    let (reason, pid1_exited) = loop {
+        if let Some(r) = *h.stop_reason.lock().unwrap_or_else(|e| e.into_inner()) {
+            break (r, false);
+        }
+        let now = now_ms();
+        let exp = h.expires_at_ms();
+        if now >= exp {
+            break (EndReason::Timeout, false);
+        }
+        let idle_deadline = h.idle_timeout_ms.map(|i| {
+            if h.active_streams.load(Ordering::Relaxed) > 0 {
+                now + i
+            } else {
+                h.last_activity_ms.load(Ordering::Relaxed) + i
+            }
+        });
+        if idle_deadline.is_some_and(|d| now >= d) {
+            break (EndReason::IdleTimeout, false);
+        }
+        let next = [
+            Some(exp),
+            idle_deadline,
+            Some(now + USAGE_INTERVAL.as_millis() as i64),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(exp);
+        let sleep = Duration::from_millis((next - now).max(1) as u64);
+        tokio::select! {
+            r = async {
+                match &pidfd {
+                    Some(fd) => fd.readable().await.map(|_| ()),
+                    None => std::future::pending().await,
+                }
+            } => {
+                let _ = r;
+                break (EndReason::Exited, true);
+            }
+            _ = h.wake.notified() => {}
+            _ = tokio::time::sleep(sleep) => {
+                if last_save.elapsed() >= USAGE_INTERVAL {
+                    last_save = Instant::now();
+                    let (u, _) = h.usage();
+                    if let Err(e) = state.store.save_usage(&h.id, &u) {
+                        tracing::warn!("save usage: {e}");
+                    }
+                }
+            }
+        }
+    };
+    h.request_stop(reason);
+    tracing::info!(reason = reason.as_str(), adopted, "stopping sandbox");
+    if let Err(e) = state.store.mark_stopping(&h.id, reason) {
+        tracing::error!("record stopping: {e}");
+    }
+    let (usage, _) = h.usage();
+    let h2 = h.clone();
+    let rt = state.runtime.clone();
+    let res = tokio::task::spawn_blocking(move || {
+        let status = if pid1_exited {
+            sandlot_runtime::namespace::wait_exit(&h2.inst, Duration::from_millis(200))
+        } else {
+            None
+        };
+        (status, rt.terminate(&h2.inst))
+    })
+    .await;
+    let (status, term) = match res {
+        Ok(v) => v,
+        Err(e) => (None, Err(RuntimeError::Init(format!("teardown task: {e}")))),
+    };
+    let exit = match status {
+        Some(st) if libc::WIFEXITED(st) => (Some(libc::WEXITSTATUS(st)), None),
+        Some(st) if libc::WIFSIGNALED(st) => (None, Some(libc::WTERMSIG(st))),
+        _ => (None, None),
+    };
+    let mut error = None;
+    if let Err(e) = &term {
+        tracing::error!("tear down: {e}");
+        error = Some("teardown failed; the operator has details in the daemon log");
+    }
+    if reason == EndReason::Exited {
+        tracing::warn!(code = ?exit.0, signal = ?exit.1, "the sandbox's PID 1 exited on its own");
+    }
+    if let Err(e) = state.store.save_usage(&h.id, &usage) {
+        tracing::error!("save usage: {e}");
+    }
+    if let Err(e) = state
+        .store
+        .mark_stopped(&h.id, reason, exit, error, now_ms())
+    {
+        tracing::error!("record stopped: {e}");
+    }
+    state.unregister(&h.id);
+    state.metrics.live_sandboxes.fetch_sub(1, Ordering::Relaxed);
+    state.metrics.stopped(reason.as_str());
+    let _ = h.stopped.send(true);
+    tracing::info!(reason = reason.as_str(), "sandbox stopped");
+}
+
+/// On start: re-adopts sandboxes whose PID 1 survived, records the others as lost,
+/// and removes every leftover of this daemon's sandboxes from the host.
+pub async fn reconcile(state: &Arc<AppState>) -> Result<ReconcileReport, crate::store::StoreError> {
+    let mut report = ReconcileReport::default();
+    for rec in state.store.unfinished()? {
+        let span = tracing::info_span!("sandbox", sandbox_id = %rec.id, tenant = %rec.tenant);
+        let adopted = match rec.pid {
+            Some(pid) => {
+                let rt = state.runtime.clone();
+                let id = rec.id.clone();
+                tokio::task::spawn_blocking(move || rt.adopt(&id, pid))
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+            }
+            None => None,
+        };
+        let Some(inst) = adopted else {
+            span.in_scope(|| {
+                tracing::warn!("sandbox died while the daemon was down: recorded as lost")
+            });
+            state.store.mark_stopped(
+                &rec.id,
+                EndReason::Lost,
+                (None, None),
+                Some("the sandbox ended while the daemon was not running"),
+                now_ms(),
+            )?;
+            state.metrics.stopped(EndReason::Lost.as_str());
+            report.lost.push(rec.id.clone());
+            continue;
+        };
+        let guest = match GuestClient::connect(&inst.socket).await {
+            Ok(g) => g,
+            Err(e) => {
+                span.in_scope(|| {
+                    tracing::warn!("adopted sandbox's agent does not answer ({e}): terminating")
+                });
+                let rt = state.runtime.clone();
+                let _ = tokio::task::spawn_blocking(move || rt.terminate(&inst)).await;
+                state.store.mark_stopped(
+                    &rec.id,
+                    EndReason::Lost,
+                    (None, None),
+                    Some("the sandbox's agent did not answer after a daemon restart"),
+                    now_ms(),
+                )?;
+                report.lost.push(rec.id.clone());
+                continue;
+            }
+        };
+        let h = Arc::new(SandboxHandle::new(inst, guest, &rec));
+        state.register(h.clone());
+        state.metrics.live_sandboxes.fetch_add(1, Ordering::Relaxed);
+        if rec.state == SandboxState::Stopping || rec.state == SandboxState::Creating {
+            h.request_stop(rec.end_reason.unwrap_or(EndReason::Deleted));
+        }
+        span.in_scope(|| tracing::info!(pid = h.inst.pid, "re-adopted sandbox"));
+        tokio::spawn(own(state.clone(), h.clone(), true).instrument(h.span.clone()));
+        report.adopted.push(rec.id.clone());
+    }
+    // Leftovers of this daemon's sandboxes that no record claims (e.g. the daemon
+    // died between the runtime's create and recording the pid): kill and remove.
+    let rt = state.runtime.clone();
+    let prefix = state.cfg.id_prefix.clone();
+    let live: Vec<String> = state.live_ids();
+    let parent = state.cfg.runtime.cgroup_parent.clone();
+    let orphans = tokio::task::spawn_blocking(move || {
+        let mut killed = Vec::new();
+        for id in rt.list_ids() {
+            if !id.starts_with(&prefix) || live.contains(&id) {
+                continue;
+            }
+            let cg = Cgroup::plan(rt.cgroup_layout(), &parent, &id);
+            cg.kill_all(Duration::from_secs(5));
+            killed.push(id);
+        }
+        // PID 1 of each is dead now; sweep removes their cgroups and run dirs.
+        let swept = rt.sweep();
+        (killed, swept)
+    })
+    .await
+    .unwrap_or_default();
+    report.orphans = orphans.0;
+    report.swept = orphans.1;
+    Ok(report)
+}
+
+/// What reconciliation did.
+#[derive(Debug, Default)]
+pub struct ReconcileReport {
+    pub adopted: Vec<String>,
+    pub lost: Vec<String>,
+    pub orphans: Vec<String>,
+    pub swept: Vec<String>,
+}

@@ -1,0 +1,74 @@
+//! State shared by every request: configuration, database, runtime, live sandboxes.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use sandlot_runtime::NamespaceBackend;
+
+use crate::config::ServerConfig;
+use crate::metrics::Metrics;
+use crate::process::SupervisorSettings;
+use crate::sandbox::SandboxHandle;
+use crate::store::Store;
+
+pub struct AppState {
+    pub cfg: Arc<ServerConfig>,
+    pub store: Arc<Store>,
+    pub runtime: Arc<NamespaceBackend>,
+    pub metrics: Metrics,
+    live: Mutex<HashMap<String, Arc<SandboxHandle>>>,
+    shutting_down: AtomicBool,
+}
+
+impl AppState {
+    pub fn new(cfg: ServerConfig, store: Store, runtime: NamespaceBackend) -> AppState {
+        AppState {
+            cfg: Arc::new(cfg),
+            store: Arc::new(store),
+            runtime: Arc::new(runtime),
+            metrics: Metrics::default(),
+            live: Mutex::new(HashMap::new()),
+            shutting_down: AtomicBool::new(false),
+        }
+    }
+
+    fn live(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<SandboxHandle>>> {
+        self.live.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn register(&self, h: Arc<SandboxHandle>) {
+        self.live().insert(h.id.clone(), h);
+    }
+
+    pub fn unregister(&self, id: &str) {
+        self.live().remove(id);
+    }
+
+    pub fn handle(&self, id: &str) -> Option<Arc<SandboxHandle>> {
+        self.live().get(id).cloned()
+    }
+
+    pub fn live_ids(&self) -> Vec<String> {
+        self.live().keys().cloned().collect()
+    }
+
+    pub fn all_live(&self) -> Vec<Arc<SandboxHandle>> {
+        self.live().values().cloned().collect()
+    }
+
+    pub fn supervisor_settings(&self) -> SupervisorSettings {
+        SupervisorSettings {
+            grace: self.cfg.limits.exec_grace.duration(),
+            retention: self.cfg.limits.finished_retention.duration(),
+        }
+    }
+
+    pub fn set_shutting_down(&self) {
+        self.shutting_down.store(true, Ordering::Relaxed);
+    }
+
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::Relaxed)
+    }
+}

@@ -1,0 +1,875 @@
+//! SQLite state: tokens, sandboxes (spec, tags, state, exit, pid for re-adoption),
+//! events and usage. One connection behind a mutex; every statement is short.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Mutex, MutexGuard};
+
+use rusqlite::{params, Connection, OptionalExtension, Row};
+use serde::{Deserialize, Serialize};
+
+/// Errors of the store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("open database {path}: {source}")]
+    Open {
+        path: String,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("database {op}: {source}")]
+    Sql {
+        op: &'static str,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("database {op}: corrupt value: {message}")]
+    Corrupt { op: &'static str, message: String },
+}
+
+fn sql(op: &'static str) -> impl FnOnce(rusqlite::Error) -> StoreError {
+    move |source| StoreError::Sql { op, source }
+}
+
+/// Lifecycle state of a sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SandboxState {
+    Creating,
+    Running,
+    Stopping,
+    Stopped,
+}
+
+impl SandboxState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SandboxState::Creating => "creating",
+            SandboxState::Running => "running",
+            SandboxState::Stopping => "stopping",
+            SandboxState::Stopped => "stopped",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<SandboxState> {
+        Some(match s {
+            "creating" => SandboxState::Creating,
+            "running" => SandboxState::Running,
+            "stopping" => SandboxState::Stopping,
+            "stopped" => SandboxState::Stopped,
+            _ => return None,
+        })
+    }
+
+    pub fn live(self) -> bool {
+        self != SandboxState::Stopped
+    }
+}
+
+/// Why a sandbox stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EndReason {
+    /// Deleted through the API.
+    Deleted,
+    /// Its lifetime ran out.
+    Timeout,
+    /// No exec or file activity for its idle timeout.
+    IdleTimeout,
+    /// Its PID 1 (the guest agent) exited on its own (e.g. killed by the OOM killer).
+    Exited,
+    /// The runtime failed to create it.
+    CreateFailed,
+    /// It died while the daemon was not running.
+    Lost,
+    /// The daemon shut down and was configured to stop its sandboxes.
+    Shutdown,
+}
+
+impl EndReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EndReason::Deleted => "deleted",
+            EndReason::Timeout => "timeout",
+            EndReason::IdleTimeout => "idle_timeout",
+            EndReason::Exited => "exited",
+            EndReason::CreateFailed => "create_failed",
+            EndReason::Lost => "lost",
+            EndReason::Shutdown => "shutdown",
+        }
+    }
+
+    fn parse(s: &str) -> Option<EndReason> {
+        Some(match s {
+            "deleted" => EndReason::Deleted,
+            "timeout" => EndReason::Timeout,
+            "idle_timeout" => EndReason::IdleTimeout,
+            "exited" => EndReason::Exited,
+            "create_failed" => EndReason::CreateFailed,
+            "lost" => EndReason::Lost,
+            "shutdown" => EndReason::Shutdown,
+            _ => return None,
+        })
+    }
+}
+
+/// Metered usage of one sandbox.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsageRecord {
+    pub cpu_usec: u64,
+    pub memory_peak_bytes: u64,
+    pub exec_count: u64,
+    pub stdin_bytes: u64,
+    pub stdout_bytes: u64,
+    pub stderr_bytes: u64,
+    pub file_bytes_in: u64,
+    pub file_bytes_out: u64,
+}
+
+/// One sandbox row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SandboxRecord {
+    pub id: String,
+    pub tenant: String,
+    pub name: Option<String>,
+    /// The spec as JSON (as accepted, normalized by serde).
+    pub spec: serde_json::Value,
+    pub tags: BTreeMap<String, String>,
+    pub metadata: BTreeMap<String, String>,
+    pub state: SandboxState,
+    pub end_reason: Option<EndReason>,
+    /// Wait status details of PID 1 when it exited on its own.
+    pub exit_code: Option<i32>,
+    pub exit_signal: Option<i32>,
+    /// Failure message shown to the client (never internal details).
+    pub error: Option<String>,
+    /// Host pid of PID 1, for re-adoption after a restart.
+    pub pid: Option<i32>,
+    pub memory_bytes: u64,
+    /// Milliseconds since the Unix epoch.
+    pub created_at: i64,
+    pub started_at: Option<i64>,
+    pub ended_at: Option<i64>,
+    pub expires_at: i64,
+    pub idle_timeout_ms: Option<i64>,
+    pub usage: UsageRecord,
+}
+
+/// An event of a sandbox's life.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventRecord {
+    pub seq: i64,
+    pub sandbox_id: String,
+    pub at: i64,
+    pub kind: String,
+    pub message: String,
+}
+
+/// A token as listed (never its secret).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenRecord {
+    pub id: String,
+    pub tenant: String,
+    pub name: Option<String>,
+    pub created_at: i64,
+    pub last_used_at: Option<i64>,
+    pub revoked_at: Option<i64>,
+}
+
+/// Filter of a sandbox listing.
+#[derive(Debug, Clone, Default)]
+pub struct SandboxFilter {
+    /// None: every tenant (admin).
+    pub tenant: Option<String>,
+    /// Empty: the live states.
+    pub states: Vec<SandboxState>,
+    /// Every (key, value) must match; a None value means "has the key".
+    pub tags: Vec<(String, Option<String>)>,
+    pub name: Option<String>,
+    pub limit: usize,
+}
+
+const SCHEMA: &str = r#"
+CREATE TABLE IF NOT EXISTS tokens (
+    id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    name TEXT,
+    hash TEXT NOT NULL UNIQUE,
+    created_at INTEGER NOT NULL,
+    last_used_at INTEGER,
+    revoked_at INTEGER
+);
+CREATE TABLE IF NOT EXISTS sandboxes (
+    id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    name TEXT,
+    spec TEXT NOT NULL,
+    tags TEXT NOT NULL,
+    metadata TEXT NOT NULL,
+    state TEXT NOT NULL,
+    end_reason TEXT,
+    exit_code INTEGER,
+    exit_signal INTEGER,
+    error TEXT,
+    pid INTEGER,
+    memory_bytes INTEGER NOT NULL,
+    created_at INTEGER NOT NULL,
+    started_at INTEGER,
+    ended_at INTEGER,
+    expires_at INTEGER NOT NULL,
+    idle_timeout_ms INTEGER
+);
+CREATE INDEX IF NOT EXISTS sandboxes_tenant_state ON sandboxes (tenant, state);
+CREATE UNIQUE INDEX IF NOT EXISTS sandboxes_live_name ON sandboxes (tenant, name)
+    WHERE name IS NOT NULL AND state != 'stopped';
+CREATE TABLE IF NOT EXISTS usage (
+    sandbox_id TEXT PRIMARY KEY REFERENCES sandboxes (id),
+    cpu_usec INTEGER NOT NULL DEFAULT 0,
+    memory_peak_bytes INTEGER NOT NULL DEFAULT 0,
+    exec_count INTEGER NOT NULL DEFAULT 0,
+    stdin_bytes INTEGER NOT NULL DEFAULT 0,
+    stdout_bytes INTEGER NOT NULL DEFAULT 0,
+    stderr_bytes INTEGER NOT NULL DEFAULT 0,
+    file_bytes_in INTEGER NOT NULL DEFAULT 0,
+    file_bytes_out INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS events (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    sandbox_id TEXT NOT NULL,
+    at INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    message TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_sandbox ON events (sandbox_id, seq);
+"#;
+
+/// The database.
+pub struct Store {
+    conn: Mutex<Connection>,
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+const SANDBOX_COLS: &str = "s.id, s.tenant, s.name, s.spec, s.tags, s.metadata, s.state, s.end_reason, \
+    s.exit_code, s.exit_signal, s.error, s.pid, s.memory_bytes, s.created_at, s.started_at, s.ended_at, \
+    s.expires_at, s.idle_timeout_ms, u.cpu_usec, u.memory_peak_bytes, u.exec_count, u.stdin_bytes, \
+    u.stdout_bytes, u.stderr_bytes, u.file_bytes_in, u.file_bytes_out";
+
+fn corrupt(op: &'static str, m: impl Into<String>) -> StoreError {
+    StoreError::Corrupt {
+        op,
+        message: m.into(),
+    }
+}
+
+fn sandbox_from_row(r: &Row<'_>) -> rusqlite::Result<Result<SandboxRecord, StoreError>> {
+    let spec: String = r.get(3)?;
+    let tags: String = r.get(4)?;
+    let metadata: String = r.get(5)?;
+    let state: String = r.get(6)?;
+    let end: Option<String> = r.get(7)?;
+    let u =
+        |i: usize| -> rusqlite::Result<u64> { Ok(r.get::<_, Option<i64>>(i)?.unwrap_or(0) as u64) };
+    let usage = UsageRecord {
+        cpu_usec: u(18)?,
+        memory_peak_bytes: u(19)?,
+        exec_count: u(20)?,
+        stdin_bytes: u(21)?,
+        stdout_bytes: u(22)?,
+        stderr_bytes: u(23)?,
+        file_bytes_in: u(24)?,
+        file_bytes_out: u(25)?,
+    };
+    let id: String = r.get(0)?;
+    let parsed = (|| {
+        Ok(SandboxRecord {
+            spec: serde_json::from_str(&spec)
+                .map_err(|e| corrupt("read sandbox", format!("{id}.spec: {e}")))?,
+            tags: serde_json::from_str(&tags)
+                .map_err(|e| corrupt("read sandbox", format!("{id}.tags: {e}")))?,
+            metadata: serde_json::from_str(&metadata)
+                .map_err(|e| corrupt("read sandbox", format!("{id}.metadata: {e}")))?,
+            state: SandboxState::parse(&state)
+                .ok_or_else(|| corrupt("read sandbox", format!("{id}.state {state:?}")))?,
+            end_reason: match end {
+                None => None,
+                Some(e) => Some(
+                    EndReason::parse(&e)
+                        .ok_or_else(|| corrupt("read sandbox", format!("{id}.end_reason {e:?}")))?,
+                ),
+            },
+            id: id.clone(),
+            tenant: r.get(1).map_err(sql("read sandbox"))?,
+            name: r.get(2).map_err(sql("read sandbox"))?,
+            exit_code: r.get(8).map_err(sql("read sandbox"))?,
+            exit_signal: r.get(9).map_err(sql("read sandbox"))?,
+            error: r.get(10).map_err(sql("read sandbox"))?,
+            pid: r.get(11).map_err(sql("read sandbox"))?,
+            memory_bytes: r.get::<_, i64>(12).map_err(sql("read sandbox"))? as u64,
+            created_at: r.get(13).map_err(sql("read sandbox"))?,
+            started_at: r.get(14).map_err(sql("read sandbox"))?,
+            ended_at: r.get(15).map_err(sql("read sandbox"))?,
+            expires_at: r.get(16).map_err(sql("read sandbox"))?,
+            idle_timeout_ms: r.get(17).map_err(sql("read sandbox"))?,
+            usage,
+        })
+    })();
+    Ok(parsed)
+}
+
+/// The result of an admission attempt.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Admission {
+    Admitted,
+    /// The tenant already has this many live sandboxes.
+    TooManySandboxes(u32),
+    /// Memory of the live sandboxes plus the new one would exceed the quota.
+    TooMuchMemory {
+        used: u64,
+    },
+    /// A live sandbox of the tenant already has this name.
+    NameTaken,
+}
+
+impl Store {
+    /// Opens (creating if needed) the database at `path`.
+    pub fn open(path: &Path) -> Result<Store, StoreError> {
+        let open_err = |source| StoreError::Open {
+            path: path.display().to_string(),
+            source,
+        };
+        let conn = Connection::open(path).map_err(open_err)?;
+        Store::init(conn).map_err(|e| match e {
+            StoreError::Sql { source, .. } => open_err(source),
+            e => e,
+        })
+    }
+
+    /// An in-memory database (tests).
+    pub fn in_memory() -> Result<Store, StoreError> {
+        Store::init(Connection::open_in_memory().map_err(sql("open"))?)
+    }
+
+    fn init(conn: Connection) -> Result<Store, StoreError> {
+        conn.busy_timeout(std::time::Duration::from_secs(5))
+            .map_err(sql("set busy timeout"))?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(sql("enable WAL"))?;
+        conn.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(sql("set synchronous"))?;
+        conn.pragma_update(None, "foreign_keys", "ON")
+            .map_err(sql("enable foreign keys"))?;
+        conn.execute_batch(SCHEMA).map_err(sql("create schema"))?;
+        Ok(Store {
+            conn: Mutex::new(conn),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Connection> {
+        self.conn.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    // ---- tokens ----
+
+    /// Stores a token (its sha256 hash only).
+    pub fn insert_token(&self, t: &TokenRecord, hash: &str) -> Result<(), StoreError> {
+        self.lock()
+            .execute(
+                "INSERT INTO tokens (id, tenant, name, hash, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![t.id, t.tenant, t.name, hash, t.created_at],
+            )
+            .map_err(sql("insert token"))?;
+        Ok(())
+    }
+
+    /// The tenant of a valid (not revoked) token with this hash. Records its use.
+    pub fn tenant_of_token(&self, hash: &str) -> Result<Option<String>, StoreError> {
+        let c = self.lock();
+        let row: Option<(String, String, Option<i64>)> = c
+            .query_row(
+                "SELECT id, tenant, last_used_at FROM tokens WHERE hash = ?1 AND revoked_at IS NULL",
+                [hash],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .optional()
+            .map_err(sql("look up token"))?;
+        let Some((id, tenant, last)) = row else {
+            return Ok(None);
+        };
+        let now = now_ms();
+        // Coarse, so that hot paths do not write on every request.
+        if last.is_none_or(|l| now - l > 60_000) {
+            c.execute(
+                "UPDATE tokens SET last_used_at = ?1 WHERE id = ?2",
+                params![now, id],
+            )
+            .map_err(sql("record token use"))?;
+        }
+        Ok(Some(tenant))
+    }
+
+    pub fn list_tokens(&self) -> Result<Vec<TokenRecord>, StoreError> {
+        let c = self.lock();
+        let mut st = c
+            .prepare("SELECT id, tenant, name, created_at, last_used_at, revoked_at FROM tokens ORDER BY created_at, id")
+            .map_err(sql("list tokens"))?;
+        let rows = st
+            .query_map([], |r| {
+                Ok(TokenRecord {
+                    id: r.get(0)?,
+                    tenant: r.get(1)?,
+                    name: r.get(2)?,
+                    created_at: r.get(3)?,
+                    last_used_at: r.get(4)?,
+                    revoked_at: r.get(5)?,
+                })
+            })
+            .map_err(sql("list tokens"))?;
+        rows.collect::<Result<_, _>>().map_err(sql("list tokens"))
+    }
+
+    /// Revokes a token by id. Returns false if there is no such live token.
+    pub fn revoke_token(&self, id: &str) -> Result<bool, StoreError> {
+        let n = self
+            .lock()
+            .execute(
+                "UPDATE tokens SET revoked_at = ?1 WHERE id = ?2 AND revoked_at IS NULL",
+                params![now_ms(), id],
+            )
+            .map_err(sql("revoke token"))?;
+        Ok(n == 1)
+    }
+
+    // ---- sandboxes ----
+
+    /// Inserts a new sandbox in state `creating` if the tenant's quota admits it,
+    /// atomically with the quota check.
+    pub fn admit_sandbox(
+        &self,
+        rec: &SandboxRecord,
+        max_sandboxes: u32,
+        max_memory: u64,
+    ) -> Result<Admission, StoreError> {
+        let mut c = self.lock();
+        let tx = c.transaction().map_err(sql("admit sandbox"))?;
+        let (count, mem): (i64, i64) = tx
+            .query_row(
+                "SELECT COUNT(*), COALESCE(SUM(memory_bytes), 0) FROM sandboxes WHERE tenant = ?1 AND state != 'stopped'",
+                [&rec.tenant],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .map_err(sql("admit sandbox"))?;
+        if count as u64 >= u64::from(max_sandboxes) {
+            return Ok(Admission::TooManySandboxes(count as u32));
+        }
+        if (mem as u64).saturating_add(rec.memory_bytes) > max_memory {
+            return Ok(Admission::TooMuchMemory { used: mem as u64 });
+        }
+        if let Some(n) = &rec.name {
+            let taken: bool = tx
+                .query_row(
+                    "SELECT EXISTS (SELECT 1 FROM sandboxes WHERE tenant = ?1 AND name = ?2 AND state != 'stopped')",
+                    params![rec.tenant, n],
+                    |r| r.get(0),
+                )
+                .map_err(sql("admit sandbox"))?;
+            if taken {
+                return Ok(Admission::NameTaken);
+            }
+        }
+        tx.execute(
+            "INSERT INTO sandboxes (id, tenant, name, spec, tags, metadata, state, memory_bytes, created_at, expires_at, idle_timeout_ms)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+            params![
+                rec.id,
+                rec.tenant,
+                rec.name,
+                rec.spec.to_string(),
+                map_json(&rec.tags),
+                map_json(&rec.metadata),
+                rec.state.as_str(),
+                rec.memory_bytes as i64,
+                rec.created_at,
+                rec.expires_at,
+                rec.idle_timeout_ms
+            ],
+        )
+        .map_err(sql("insert sandbox"))?;
+        tx.execute("INSERT INTO usage (sandbox_id) VALUES (?1)", [&rec.id])
+            .map_err(sql("insert usage"))?;
+        tx.execute(
+            "INSERT INTO events (sandbox_id, at, kind, message) VALUES (?1, ?2, 'created', '')",
+            params![rec.id, rec.created_at],
+        )
+        .map_err(sql("insert event"))?;
+        tx.commit().map_err(sql("admit sandbox"))?;
+        Ok(Admission::Admitted)
+    }
+
+    pub fn get_sandbox(&self, id: &str) -> Result<Option<SandboxRecord>, StoreError> {
+        let c = self.lock();
+        let q = format!("SELECT {SANDBOX_COLS} FROM sandboxes s LEFT JOIN usage u ON u.sandbox_id = s.id WHERE s.id = ?1");
+        let r = c
+            .query_row(&q, [id], sandbox_from_row)
+            .optional()
+            .map_err(sql("read sandbox"))?;
+        r.transpose()
+    }
+
+    /// Sandboxes matching `f`, newest first.
+    pub fn list_sandboxes(&self, f: &SandboxFilter) -> Result<Vec<SandboxRecord>, StoreError> {
+        let c = self.lock();
+        let states: Vec<&str> = if f.states.is_empty() {
+            vec!["creating", "running", "stopping"]
+        } else {
+            f.states.iter().map(|s| s.as_str()).collect()
+        };
+        let placeholders = (0..states.len())
+            .map(|i| format!("?{}", i + 3))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let q = format!(
+            "SELECT {SANDBOX_COLS} FROM sandboxes s LEFT JOIN usage u ON u.sandbox_id = s.id
+             WHERE (?1 IS NULL OR s.tenant = ?1) AND (?2 IS NULL OR s.name = ?2) AND s.state IN ({placeholders})
+             ORDER BY s.created_at DESC, s.id"
+        );
+        let mut st = c.prepare(&q).map_err(sql("list sandboxes"))?;
+        let mut args: Vec<&dyn rusqlite::ToSql> = vec![&f.tenant, &f.name];
+        for s in &states {
+            args.push(s);
+        }
+        let rows = st
+            .query_map(args.as_slice(), sandbox_from_row)
+            .map_err(sql("list sandboxes"))?;
+        let mut out = Vec::new();
+        for r in rows {
+            let rec = r.map_err(sql("list sandboxes"))??;
+            let tags_ok = f.tags.iter().all(|(k, v)| match (rec.tags.get(k), v) {
+                (Some(have), Some(want)) => have == want,
+                (Some(_), None) => true,
+                (None, _) => false,
+            });
+            if tags_ok {
+                out.push(rec);
+                if f.limit > 0 && out.len() >= f.limit {
+                    break;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Records that the sandbox runs, with the host pid of its PID 1.
+    pub fn mark_running(&self, id: &str, pid: i32, at: i64) -> Result<(), StoreError> {
+        let c = self.lock();
+        c.execute(
+            "UPDATE sandboxes SET state = 'running', pid = ?2, started_at = ?3 WHERE id = ?1",
+            params![id, pid, at],
+        )
+        .map_err(sql("mark sandbox running"))?;
+        c.execute(
+            "INSERT INTO events (sandbox_id, at, kind, message) VALUES (?1, ?2, 'started', ?3)",
+            params![id, at, format!("pid {pid}")],
+        )
+        .map_err(sql("insert event"))?;
+        Ok(())
+    }
+
+    pub fn mark_stopping(&self, id: &str, reason: EndReason) -> Result<(), StoreError> {
+        let c = self.lock();
+        c.execute(
+            "UPDATE sandboxes SET state = 'stopping', end_reason = COALESCE(end_reason, ?2) WHERE id = ?1 AND state != 'stopped'",
+            params![id, reason.as_str()],
+        )
+        .map_err(sql("mark sandbox stopping"))?;
+        Ok(())
+    }
+
+    /// Final state. Keeps the first recorded reason.
+    pub fn mark_stopped(
+        &self,
+        id: &str,
+        reason: EndReason,
+        exit: (Option<i32>, Option<i32>),
+        error: Option<&str>,
+        at: i64,
+    ) -> Result<(), StoreError> {
+        let c = self.lock();
+        c.execute(
+            "UPDATE sandboxes SET state = 'stopped', end_reason = COALESCE(end_reason, ?2), exit_code = ?3,
+             exit_signal = ?4, error = COALESCE(error, ?5), ended_at = ?6 WHERE id = ?1",
+            params![id, reason.as_str(), exit.0, exit.1, error, at],
+        )
+        .map_err(sql("mark sandbox stopped"))?;
+        let msg = match error {
+            Some(e) => format!("{}: {e}", reason.as_str()),
+            None => reason.as_str().to_string(),
+        };
+        c.execute(
+            "INSERT INTO events (sandbox_id, at, kind, message) VALUES (?1, ?2, 'stopped', ?3)",
+            params![id, at, msg],
+        )
+        .map_err(sql("insert event"))?;
+        Ok(())
+    }
+
+    pub fn set_expiry(&self, id: &str, expires_at: i64) -> Result<(), StoreError> {
+        let c = self.lock();
+        c.execute(
+            "UPDATE sandboxes SET expires_at = ?2 WHERE id = ?1",
+            params![id, expires_at],
+        )
+        .map_err(sql("set expiry"))?;
+        c.execute(
+            "INSERT INTO events (sandbox_id, at, kind, message) VALUES (?1, ?2, 'timeout_set', ?3)",
+            params![id, now_ms(), format!("expires at {expires_at}")],
+        )
+        .map_err(sql("insert event"))?;
+        Ok(())
+    }
+
+    /// Overwrites the usage counters (they only grow; the caller holds totals).
+    pub fn save_usage(&self, id: &str, u: &UsageRecord) -> Result<(), StoreError> {
+        self.lock()
+            .execute(
+                "UPDATE usage SET cpu_usec = MAX(cpu_usec, ?2), memory_peak_bytes = MAX(memory_peak_bytes, ?3),
+                 exec_count = MAX(exec_count, ?4), stdin_bytes = MAX(stdin_bytes, ?5), stdout_bytes = MAX(stdout_bytes, ?6),
+                 stderr_bytes = MAX(stderr_bytes, ?7), file_bytes_in = MAX(file_bytes_in, ?8),
+                 file_bytes_out = MAX(file_bytes_out, ?9) WHERE sandbox_id = ?1",
+                params![
+                    id,
+                    u.cpu_usec as i64,
+                    u.memory_peak_bytes as i64,
+                    u.exec_count as i64,
+                    u.stdin_bytes as i64,
+                    u.stdout_bytes as i64,
+                    u.stderr_bytes as i64,
+                    u.file_bytes_in as i64,
+                    u.file_bytes_out as i64
+                ],
+            )
+            .map_err(sql("save usage"))?;
+        Ok(())
+    }
+
+    pub fn add_event(&self, id: &str, kind: &str, message: &str) -> Result<(), StoreError> {
+        self.lock()
+            .execute(
+                "INSERT INTO events (sandbox_id, at, kind, message) VALUES (?1, ?2, ?3, ?4)",
+                params![id, now_ms(), kind, message],
+            )
+            .map_err(sql("insert event"))?;
+        Ok(())
+    }
+
+    pub fn events(
+        &self,
+        id: &str,
+        after: i64,
+        limit: usize,
+    ) -> Result<Vec<EventRecord>, StoreError> {
+        let c = self.lock();
+        let mut st = c
+            .prepare("SELECT seq, sandbox_id, at, kind, message FROM events WHERE sandbox_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3")
+            .map_err(sql("list events"))?;
+        let rows = st
+            .query_map(params![id, after, limit as i64], |r| {
+                Ok(EventRecord {
+                    seq: r.get(0)?,
+                    sandbox_id: r.get(1)?,
+                    at: r.get(2)?,
+                    kind: r.get(3)?,
+                    message: r.get(4)?,
+                })
+            })
+            .map_err(sql("list events"))?;
+        rows.collect::<Result<_, _>>().map_err(sql("list events"))
+    }
+
+    /// Sandboxes not yet stopped (for reconciliation on start).
+    pub fn unfinished(&self) -> Result<Vec<SandboxRecord>, StoreError> {
+        self.list_sandboxes(&SandboxFilter::default())
+    }
+}
+
+fn map_json(m: &BTreeMap<String, String>) -> String {
+    serde_json::to_string(m).expect("string maps serialize")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(id: &str, tenant: &str, mem: u64) -> SandboxRecord {
+        SandboxRecord {
+            id: id.into(),
+            tenant: tenant.into(),
+            name: None,
+            spec: serde_json::json!({"image": "host"}),
+            tags: BTreeMap::from([("user".to_string(), "u1".to_string())]),
+            metadata: BTreeMap::new(),
+            state: SandboxState::Creating,
+            end_reason: None,
+            exit_code: None,
+            exit_signal: None,
+            error: None,
+            pid: None,
+            memory_bytes: mem,
+            created_at: now_ms(),
+            started_at: None,
+            ended_at: None,
+            expires_at: now_ms() + 1000,
+            idle_timeout_ms: None,
+            usage: UsageRecord::default(),
+        }
+    }
+
+    #[test]
+    fn quotas_are_checked_atomically_with_insert() {
+        let s = Store::in_memory().unwrap();
+        assert_eq!(
+            s.admit_sandbox(&rec("a", "t", 100), 2, 250).unwrap(),
+            Admission::Admitted
+        );
+        assert_eq!(
+            s.admit_sandbox(&rec("b", "t", 100), 2, 250).unwrap(),
+            Admission::Admitted
+        );
+        assert_eq!(
+            s.admit_sandbox(&rec("c", "t", 10), 2, 250).unwrap(),
+            Admission::TooManySandboxes(2)
+        );
+        assert_eq!(
+            s.admit_sandbox(&rec("c", "t", 100), 3, 250).unwrap(),
+            Admission::TooMuchMemory { used: 200 }
+        );
+        // Another tenant has its own budget.
+        assert_eq!(
+            s.admit_sandbox(&rec("d", "u", 100), 2, 250).unwrap(),
+            Admission::Admitted
+        );
+        // Stopped sandboxes do not count.
+        s.mark_stopped("a", EndReason::Deleted, (None, None), None, now_ms())
+            .unwrap();
+        assert_eq!(
+            s.admit_sandbox(&rec("c", "t", 100), 2, 250).unwrap(),
+            Admission::Admitted
+        );
+    }
+
+    #[test]
+    fn lifecycle_and_filters() {
+        let s = Store::in_memory().unwrap();
+        let mut r = rec("a", "t", 1);
+        r.name = Some("web".into());
+        s.admit_sandbox(&r, 10, 100).unwrap();
+        let mut r2 = rec("b", "t", 1);
+        r2.name = Some("web".into());
+        assert_eq!(s.admit_sandbox(&r2, 10, 100).unwrap(), Admission::NameTaken);
+        s.mark_running("a", 42, now_ms()).unwrap();
+        let got = s.get_sandbox("a").unwrap().unwrap();
+        assert_eq!(got.state, SandboxState::Running);
+        assert_eq!(got.pid, Some(42));
+        let f = |tenant: Option<&str>,
+                 tags: Vec<(&str, Option<&str>)>,
+                 states: Vec<SandboxState>| SandboxFilter {
+            tenant: tenant.map(String::from),
+            states,
+            tags: tags
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.map(String::from)))
+                .collect(),
+            name: None,
+            limit: 0,
+        };
+        assert_eq!(
+            s.list_sandboxes(&f(Some("t"), vec![], vec![]))
+                .unwrap()
+                .len(),
+            1
+        );
+        assert_eq!(
+            s.list_sandboxes(&f(Some("x"), vec![], vec![]))
+                .unwrap()
+                .len(),
+            0
+        );
+        assert_eq!(
+            s.list_sandboxes(&f(None, vec![("user", Some("u1"))], vec![]))
+                .unwrap()
+                .len(),
+            1
+        );
+        assert_eq!(
+            s.list_sandboxes(&f(None, vec![("user", Some("u2"))], vec![]))
+                .unwrap()
+                .len(),
+            0
+        );
+        assert_eq!(
+            s.list_sandboxes(&f(None, vec![("user", None)], vec![]))
+                .unwrap()
+                .len(),
+            1
+        );
+        s.save_usage(
+            "a",
+            &UsageRecord {
+                cpu_usec: 5,
+                stdout_bytes: 7,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        s.mark_stopping("a", EndReason::Timeout).unwrap();
+        s.mark_stopped("a", EndReason::Deleted, (Some(0), None), None, now_ms())
+            .unwrap();
+        let got = s.get_sandbox("a").unwrap().unwrap();
+        assert_eq!(got.state, SandboxState::Stopped);
+        // The first reason wins.
+        assert_eq!(got.end_reason, Some(EndReason::Timeout));
+        assert_eq!(got.usage.cpu_usec, 5);
+        assert_eq!(got.usage.stdout_bytes, 7);
+        assert!(s
+            .list_sandboxes(&f(Some("t"), vec![], vec![]))
+            .unwrap()
+            .is_empty());
+        assert_eq!(
+            s.list_sandboxes(&f(Some("t"), vec![], vec![SandboxState::Stopped]))
+                .unwrap()
+                .len(),
+            1
+        );
+        let ev = s.events("a", 0, 100).unwrap();
+        let kinds: Vec<&str> = ev.iter().map(|e| e.kind.as_str()).collect();
+        assert_eq!(kinds, ["created", "started", "stopped"]);
+        // The name is free again once stopped.
+        assert_eq!(s.admit_sandbox(&r2, 10, 100).unwrap(), Admission::Admitted);
+    }
+
+    #[test]
+    fn tokens_are_found_by_hash_and_revocable() {
+        let s = Store::in_memory().unwrap();
+        let t = TokenRecord {
+            id: "tok1".into(),
+            tenant: "acme".into(),
+            name: Some("ci".into()),
+            created_at: now_ms(),
+            last_used_at: None,
+            revoked_at: None,
+        };
+        s.insert_token(&t, "h1").unwrap();
+        assert_eq!(s.tenant_of_token("h1").unwrap().as_deref(), Some("acme"));
+        assert_eq!(s.tenant_of_token("h2").unwrap(), None);
+        assert!(s.list_tokens().unwrap()[0].last_used_at.is_some());
+        assert!(s.revoke_token("tok1").unwrap());
+        assert!(!s.revoke_token("tok1").unwrap());
+        assert_eq!(s.tenant_of_token("h1").unwrap(), None);
+    }
+}

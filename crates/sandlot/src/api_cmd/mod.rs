@@ -1,0 +1,250 @@
+//! `sandlot serve`, `sandlot token ...` and the API client commands (`create`, `ls`,
+//! `inspect`, `exec`, `shell`, `cp`, `logs`, `rm`, `timeout`), plus `completions`
+//! and `bench-api`.
+//!
+//! Exit codes: 0 on success; for `exec` and `shell`, the command's own code (128 +
+//! signal when killed, 124 when its timeout expired); 126 when the command could not
+//! be started, 127 when it was not found; 125 when Sandlot itself failed (the
+//! daemon refused the request, or could not be reached); 2 for usage errors.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use sandlot_server::ServerConfig;
+
+mod bench_api;
+mod client_cmds;
+mod render;
+
+/// The daemon and the API client commands.
+#[derive(Debug, clap::Subcommand)]
+pub enum ApiCommand {
+    /// Run the daemon: the HTTP API on a Unix socket (and optionally TCP).
+    Serve(ServeArgs),
+    /// Manage API tokens (each belongs to a tenant). Works on the daemon's database.
+    #[command(subcommand)]
+    Token(TokenCmd),
+    /// Create a sandbox and print its id.
+    Create(client_cmds::CreateArgs),
+    /// List sandboxes.
+    Ls(client_cmds::LsArgs),
+    /// Show a sandbox.
+    Inspect(client_cmds::InspectArgs),
+    /// Run a command in a sandbox, streaming its output; exits with its code.
+    Exec(client_cmds::ExecArgs),
+    /// An interactive shell (PTY) in a sandbox.
+    Shell(client_cmds::ShellArgs),
+    /// Copy files or directories: `cp LOCAL SB:/path` or `cp SB:/path LOCAL`.
+    Cp(client_cmds::CpArgs),
+    /// Output of a process, from the start or an offset (re-attach).
+    Logs(client_cmds::LogsArgs),
+    /// Stop and remove sandboxes.
+    Rm(client_cmds::RmArgs),
+    /// Set a sandbox's remaining lifetime (e.g. `sandlot timeout SB 30m`).
+    Timeout(client_cmds::TimeoutArgs),
+    /// Print a shell completion script.
+    Completions(CompletionsArgs),
+    /// Benchmark the API: create, exec /bin/true, wait, delete (see docs/benchmarks-api.md).
+    BenchApi(bench_api::BenchApiArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// Data directory (SQLite database).
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Operator configuration (TOML; unknown keys warn).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Also listen on TCP (every request needs a bearer token), e.g. 127.0.0.1:7070.
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<std::net::SocketAddr>,
+    /// The operator's Unix socket (root only).
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// Prefix of this daemon's sandbox ids (default sb-).
+    #[arg(long, hide = true)]
+    pub id_prefix: Option<String>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum TokenCmd {
+    /// Create a token for a tenant; prints the secret once.
+    Create {
+        #[arg(long)]
+        tenant: String,
+        /// A label for listings.
+        #[arg(long)]
+        name: Option<String>,
+        #[arg(long, value_name = "DIR", default_value = "/var/lib/sandlot")]
+        data_dir: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List tokens (never their secrets).
+    List {
+        #[arg(long, value_name = "DIR", default_value = "/var/lib/sandlot")]
+        data_dir: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke a token by id.
+    Revoke {
+        id: String,
+        #[arg(long, value_name = "DIR", default_value = "/var/lib/sandlot")]
+        data_dir: PathBuf,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+pub struct CompletionsArgs {
+    pub shell: clap_complete::Shell,
+}
+
+pub fn run(cmd: ApiCommand) -> anyhow::Result<i32> {
+    match cmd {
+        ApiCommand::Serve(a) => serve(a),
+        ApiCommand::Token(t) => token(t),
+        ApiCommand::Completions(a) => {
+            let mut cmd = <crate::Cli as clap::CommandFactory>::command();
+            clap_complete::generate(a.shell, &mut cmd, "sandlot", &mut std::io::stdout());
+            Ok(0)
+        }
+        ApiCommand::BenchApi(a) => bench_api::run(a),
+        other => client_cmds::run(other),
+    }
+}
+
+fn serve(a: ServeArgs) -> anyhow::Result<i32> {
+    init_logging();
+    let (mut cfg, warnings) = match &a.config {
+        Some(p) => ServerConfig::load(p)?,
+        None => (ServerConfig::default(), Vec::new()),
+    };
+    for w in warnings {
+        tracing::warn!("{w}");
+    }
+    if let Some(d) = a.data_dir {
+        cfg.data_dir = d;
+    }
+    if let Some(s) = a.socket {
+        cfg.socket = s;
+    }
+    if let Some(l) = a.listen {
+        cfg.listen = Some(l);
+    }
+    if let Some(p) = a.id_prefix {
+        cfg.id_prefix = p;
+    }
+    cfg.validate()?;
+    let exe = std::env::current_exe().context("find the sandlot binary")?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("start the async runtime")?;
+    rt.block_on(async move {
+        let shutdown = async {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    .expect("SIGTERM handler");
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            tracing::info!("shutting down (sandboxes keep running)");
+        };
+        sandlot_server::serve(cfg, exe, shutdown).await
+    })?;
+    Ok(0)
+}
+
+fn init_logging() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("SANDLOT_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    use std::io::IsTerminal;
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+fn token(t: TokenCmd) -> anyhow::Result<i32> {
+    use sandlot_server::store::Store;
+    let open = |d: &PathBuf| -> anyhow::Result<Store> {
+        std::fs::create_dir_all(d).with_context(|| format!("create {}", d.display()))?;
+        Ok(Store::open(&d.join("sandlot.db"))?)
+    };
+    match t {
+        TokenCmd::Create {
+            tenant,
+            name,
+            data_dir,
+            json,
+        } => {
+            if !sandlot_server::config::valid_tenant(&tenant) {
+                anyhow::bail!(
+                    "--tenant {tenant:?}: {}",
+                    sandlot_server::config::TENANT_RULE
+                );
+            }
+            let store = open(&data_dir)?;
+            let (rec, secret, hash) = sandlot_server::auth::new_token(&tenant, name);
+            store.insert_token(&rec, &hash)?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"id": rec.id, "tenant": rec.tenant, "name": rec.name, "token": secret})
+                );
+            } else {
+                println!("{secret}");
+                eprintln!(
+                    "token {} for tenant {} (shown once; store it now)",
+                    rec.id, rec.tenant
+                );
+            }
+            Ok(0)
+        }
+        TokenCmd::List { data_dir, json } => {
+            let store = open(&data_dir)?;
+            let toks = store.list_tokens()?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&toks)?);
+            } else {
+                let rows: Vec<Vec<String>> = toks
+                    .iter()
+                    .map(|t| {
+                        vec![
+                            t.id.clone(),
+                            t.tenant.clone(),
+                            t.name.clone().unwrap_or_default(),
+                            sandlot_server::timefmt::rfc3339(t.created_at),
+                            t.last_used_at
+                                .map(sandlot_server::timefmt::rfc3339)
+                                .unwrap_or_else(|| "-".into()),
+                            if t.revoked_at.is_some() {
+                                "revoked"
+                            } else {
+                                "active"
+                            }
+                            .into(),
+                        ]
+                    })
+                    .collect();
+                render::table(
+                    &["ID", "TENANT", "NAME", "CREATED", "LAST USED", "STATUS"],
+                    &rows,
+                );
+            }
+            Ok(0)
+        }
+        TokenCmd::Revoke { id, data_dir } => {
+            let store = open(&data_dir)?;
+            if !store.revoke_token(&id)? {
+                anyhow::bail!("no active token {id}");
+            }
+            eprintln!("revoked {id}");
+            Ok(0)
+        }
+    }
+}

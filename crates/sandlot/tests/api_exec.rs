@@ -1,0 +1,185 @@
+//! Processes through the API: NDJSON and WebSocket streams, stdin, signals, wait,
+//! background processes and re-attach from an offset, 100 concurrent streams.
+
+mod api_support;
+
+use std::time::Duration;
+
+use api_support::{rt, Daemon};
+use sandlot_client::stream::Output;
+use sandlot_client::{CreateSandbox, ExecBody, StreamEvent};
+use serde_json::json;
+
+fn argv(a: &[&str]) -> ExecBody {
+    ExecBody {
+        argv: a.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn stdin_signals_wait_and_reattach() {
+    let d = Daemon::start(None);
+    let c = d.client();
+    rt().block_on(async {
+        let sb = c.create_sandbox(&CreateSandbox::default()).await.unwrap();
+        let id = sb.id.as_str();
+        // Stdin over HTTP, output read afterwards from the start (held for us).
+        let mut cat = argv(&["cat"]);
+        cat.stdin = true;
+        let p = c.exec(id, &cat).await.unwrap();
+        assert!(p.stdin);
+        c.write_stdin(id, p.id, b"hello ".to_vec(), false)
+            .await
+            .unwrap();
+        c.write_stdin(id, p.id, b"world".to_vec(), true)
+            .await
+            .unwrap();
+        let out = c
+            .output(id, p.id, 0, 0)
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        assert_eq!(
+            (out.stdout.as_slice(), out.exit.code),
+            (&b"hello world"[..], Some(0))
+        );
+        let e = c
+            .write_stdin(id, p.id, b"x".to_vec(), false)
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Some("conflict"));
+        // Wait with a timeout, then a signal.
+        let p = c.exec(id, &argv(&["sleep", "60"])).await.unwrap();
+        let w = c.wait(id, p.id, 0.3).await.unwrap();
+        assert!(!w.exited);
+        c.signal(id, p.id, "TERM").await.unwrap();
+        let w = c.wait(id, p.id, 10.0).await.unwrap();
+        assert_eq!(w.exit.unwrap().signal, Some(15));
+        assert_eq!(c.process(id, p.id).await.unwrap().state, "exited");
+        // A background process: output is kept for re-attach from any offset.
+        let mut bg = argv(&[
+            "sh",
+            "-c",
+            "for i in 1 2 3 4 5; do echo line$i; done; sleep 30",
+        ]);
+        bg.background = true;
+        let p = c.exec(id, &bg).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let mut s = c.output(id, p.id, 0, 0).await.unwrap();
+        match s.next_event().await.unwrap().unwrap() {
+            StreamEvent::Attached { stdout_from, .. } => assert_eq!(stdout_from, 0),
+            other => panic!("{other:?}"),
+        }
+        let mut got = Vec::new();
+        while got.len() < 30 {
+            match s.next().await.unwrap().unwrap() {
+                Output::Stdout(_, b) => got.extend(b),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(got, b"line1\nline2\nline3\nline4\nline5\n");
+        drop(s); // The client goes away; re-attach from an offset.
+        let mut s = c.output(id, p.id, 12, 0).await.unwrap();
+        match s.next_event().await.unwrap().unwrap() {
+            StreamEvent::Attached { stdout_from, .. } => assert_eq!(stdout_from, 12),
+            other => panic!("{other:?}"),
+        }
+        match s.next().await.unwrap().unwrap() {
+            Output::Stdout(off, b) => {
+                assert_eq!(off, 12);
+                assert_eq!(b, b"line3\nline4\nline5\n");
+            }
+            other => panic!("{other:?}"),
+        }
+        drop(s);
+        let procs = c.list_processes(id).await.unwrap();
+        assert!(
+            procs.iter().any(|x| x.id == p.id && x.state == "running"),
+            "{procs:?}"
+        );
+        c.signal(id, p.id, "KILL").await.unwrap();
+        assert_eq!(
+            c.wait(id, p.id, 10.0).await.unwrap().exit.unwrap().signal,
+            Some(9)
+        );
+        // WebSocket: a PTY shell with stdin, resize and exit.
+        let mut body = argv(&["sh"]);
+        body.pty = Some(sandlot_client::PtySize { rows: 24, cols: 80 });
+        body.stdin = true;
+        let mut ws = c.exec_ws(id, &body).await.unwrap();
+        assert!(matches!(
+            ws.next_event().await.unwrap(),
+            Some(StreamEvent::Started { .. })
+        ));
+        ws.resize(33, 101).await.unwrap();
+        ws.write_stdin(b"stty size; exit 4\n").await.unwrap();
+        let mut out = Vec::new();
+        let code = loop {
+            match tokio::time::timeout(Duration::from_secs(10), ws.next())
+                .await
+                .unwrap()
+                .unwrap()
+            {
+                Some(Output::Stdout(_, b)) => out.extend(b),
+                Some(Output::Exit(x)) => break x.code,
+                Some(Output::Stderr(..)) => {}
+                None => panic!("ended without exit: {}", String::from_utf8_lossy(&out)),
+            }
+        };
+        assert_eq!(code, Some(4));
+        assert!(
+            String::from_utf8_lossy(&out).contains("33 101"),
+            "{}",
+            String::from_utf8_lossy(&out)
+        );
+    });
+}
+
+#[test]
+fn hundred_concurrent_exec_streams_lose_nothing() {
+    let d = Daemon::start(None);
+    let c = d.client();
+    rt().block_on(async {
+        let sb = c
+            .create_sandbox(&CreateSandbox {
+                spec: serde_json::from_value(json!({"resources": {"memory": "1G", "pids": 2048}}))
+                    .unwrap(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let tasks: Vec<_> = (0..100)
+            .map(|i| {
+                let c = c.clone();
+                let id = sb.id.clone();
+                tokio::spawn(async move {
+                    // 256 KiB of stdout (and a little stderr) per process, with a
+                    // per-process pattern so crossed streams would show.
+                    let script = format!(
+                        "yes {i:03}-abcdefghijklmnopqrstuvwxyz | head -c 262144; echo done{i} >&2"
+                    );
+                    let body = argv(&["sh", "-c", &script]);
+                    let (_, mut s) = c.exec_stream(&id, &body).await?;
+                    let out = s.collect().await?;
+                    Ok::<_, sandlot_client::Error>((i, out))
+                })
+            })
+            .collect();
+        for t in tasks {
+            let (i, out) = t.await.unwrap().unwrap();
+            assert_eq!(out.exit.code, Some(0));
+            assert_eq!(out.stdout.len(), 262144, "process {i}");
+            let line = format!("{i:03}-abcdefghijklmnopqrstuvwxyz\n");
+            let expect: Vec<u8> = line.bytes().cycle().take(262144).collect();
+            assert!(out.stdout == expect, "process {i}: output differs");
+            assert_eq!(out.stderr, format!("done{i}\n").into_bytes());
+            assert_eq!(out.exit.stdout_end, 262144);
+        }
+        let s = c.get_sandbox(&sb.id).await.unwrap();
+        assert_eq!(s.usage.exec_count, 100);
+        assert!(s.usage.stdout_bytes >= 100 * 262144);
+    });
+}

@@ -1,0 +1,129 @@
+//! Restart safety: the daemon is killed with SIGKILL while creating sandboxes under
+//! load; on restart every record is accounted for, surviving sandboxes are
+//! re-adopted and still run commands, and nothing leaks.
+
+mod api_support;
+
+use std::time::Duration;
+
+use api_support::{rt, Daemon};
+use sandlot_client::{CreateSandbox, ListFilter, SandboxState};
+
+#[test]
+fn sigkill_mid_load_loses_nothing_and_leaks_nothing() {
+    let mut d = Daemon::start(None);
+    let c = d.client();
+    let r = rt();
+    let survivors: Vec<String> = r.block_on(async {
+        let mut v = Vec::new();
+        for _ in 0..4 {
+            v.push(
+                c.create_sandbox(&CreateSandbox::default())
+                    .await
+                    .unwrap()
+                    .id,
+            );
+        }
+        // A background process in one survivor, with output to re-attach to later.
+        let mut bg = sandlot_client::ExecBody {
+            argv: vec![
+                "sh".into(),
+                "-c".into(),
+                "echo before-restart; sleep 600".into(),
+            ],
+            ..Default::default()
+        };
+        bg.background = true;
+        c.exec(&v[0], &bg).await.unwrap();
+        v
+    });
+    // Load: creates in flight when the daemon dies.
+    let load: Vec<_> = (0..8)
+        .map(|_| {
+            let c = c.clone();
+            r.spawn(async move {
+                let mut n = 0;
+                while c.create_sandbox(&CreateSandbox::default()).await.is_ok() {
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(400));
+    d.kill9();
+    let created: i32 = r.block_on(async {
+        let mut t = 0;
+        for l in load {
+            t += l.await.unwrap();
+        }
+        t
+    });
+    assert!(created > 0, "the load created nothing before the kill");
+    d.spawn();
+    let c = d.client();
+    r.block_on(async {
+        let all = c
+            .list_sandboxes(&ListFilter {
+                states: vec!["all".into()],
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        // Every sandbox the clients were told about has a record.
+        for id in &survivors {
+            let s = all
+                .iter()
+                .find(|s| &s.id == id)
+                .unwrap_or_else(|| panic!("lost record of {id}"));
+            assert_eq!(s.state, SandboxState::Running, "{s:?}");
+        }
+        assert!(
+            all.len() >= survivors.len() + created as usize,
+            "{} records, {} created",
+            all.len(),
+            survivors.len() + created as usize
+        );
+        // Every record is settled: running (re-adopted) or stopped with a reason.
+        for s in &all {
+            assert!(
+                s.state == SandboxState::Running
+                    || (s.state == SandboxState::Stopped && s.end_reason.is_some()),
+                "{s:?}"
+            );
+        }
+        // Running ones work; stopped ones left nothing on the host.
+        for s in all.iter().filter(|s| s.state == SandboxState::Running) {
+            let out = c.run(&s.id, &["echo", "alive"]).await.unwrap();
+            assert_eq!(out.stdout, b"alive\n", "{}", s.id);
+        }
+        let left = d.leftovers();
+        for s in all.iter().filter(|s| s.state == SandboxState::Stopped) {
+            assert!(
+                !left.iter().any(|l| l.ends_with(&s.id)),
+                "{} is stopped but left {left:?}",
+                s.id
+            );
+        }
+        // Output of a process started before the restart is re-attachable.
+        let procs = c.list_processes(&survivors[0]).await.unwrap();
+        let p = procs
+            .iter()
+            .find(|p| p.state == "running")
+            .expect("the background process survived");
+        let mut s = c.output(&survivors[0], p.id, 0, 0).await.unwrap();
+        match s.next().await.unwrap().unwrap() {
+            sandlot_client::stream::Output::Stdout(_, b) => assert_eq!(b, b"before-restart\n"),
+            other => panic!("{other:?}"),
+        }
+    });
+    // A second SIGKILL with nothing in flight, then an orderly end.
+    d.kill9();
+    d.spawn();
+    let n = r
+        .block_on(d.client().list_sandboxes(&ListFilter::default()))
+        .unwrap()
+        .len();
+    assert!(n >= survivors.len());
+    d.shutdown();
+}

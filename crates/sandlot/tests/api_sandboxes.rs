@@ -1,0 +1,474 @@
+//! The API through a real daemon: sandbox lifecycle, validation of every field,
+//! error shapes, quotas, timeouts and idle timeouts, metrics, and the CLI.
+
+mod api_support;
+
+use std::time::Duration;
+
+use api_support::{eventually, rt, Daemon};
+use sandlot_client::{CreateSandbox, ExecBody, ListFilter, SandboxState};
+use serde_json::json;
+
+fn body(v: serde_json::Value) -> CreateSandbox {
+    let serde_json::Value::Object(m) = v else {
+        panic!()
+    };
+    let mut b = CreateSandbox::default();
+    b.spec = m;
+    b
+}
+
+#[test]
+fn lifecycle_filters_and_errors() {
+    let d = Daemon::start(None);
+    let c = d.client();
+    rt().block_on(async {
+        let mut req = body(json!({"resources": {"memory": "256M"}, "timeout": "2m"}));
+        req.name = Some("alpha".into());
+        req.tags.insert("user".into(), "u1".into());
+        req.metadata.insert("purpose".into(), "test".into());
+        let sb = c.create_sandbox(&req).await.unwrap();
+        assert_eq!(sb.state, SandboxState::Running);
+        assert!(sb.id.starts_with(&d.prefix));
+        assert_eq!(sb.spec["resources"]["memory"], json!(256 << 20));
+        // By id and by name.
+        assert_eq!(c.get_sandbox(&sb.id).await.unwrap().id, sb.id);
+        assert_eq!(c.get_sandbox("alpha").await.unwrap().id, sb.id);
+        // A second live sandbox may not take the name.
+        let e = c.create_sandbox(&req).await.unwrap_err();
+        assert_eq!(
+            (e.status().unwrap().as_u16(), e.code()),
+            (409, Some("conflict"))
+        );
+        // Filters.
+        let mut other = CreateSandbox::default();
+        other.tags.insert("user".into(), "u2".into());
+        let sb2 = c.create_sandbox(&other).await.unwrap();
+        let f = |tags: Vec<(&str, Option<&str>)>| ListFilter {
+            tags: tags
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.map(String::from)))
+                .collect(),
+            ..Default::default()
+        };
+        let l = c
+            .list_sandboxes(&f(vec![("user", Some("u1"))]))
+            .await
+            .unwrap();
+        assert_eq!(
+            l.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(),
+            vec![sb.id.as_str()]
+        );
+        assert_eq!(
+            c.list_sandboxes(&f(vec![("user", None)]))
+                .await
+                .unwrap()
+                .len(),
+            2
+        );
+        // Exec and its metering.
+        let out = c
+            .run(&sb.id, &["sh", "-c", "echo hi; echo err >&2; exit 3"])
+            .await
+            .unwrap();
+        assert_eq!(
+            (out.stdout.as_slice(), out.stderr.as_slice(), out.exit.code),
+            (&b"hi\n"[..], &b"err\n"[..], Some(3))
+        );
+        let got = c.get_sandbox(&sb.id).await.unwrap();
+        assert_eq!(got.usage.exec_count, 1);
+        assert_eq!((got.usage.stdout_bytes, got.usage.stderr_bytes), (3, 4));
+        assert!(got.usage.memory_peak_bytes > 0 && got.usage.cpu_seconds >= 0.0);
+        // Delete; then it is stopped, listed only with state=stopped, refuses work (409).
+        let del = c.delete_sandbox(&sb.id).await.unwrap();
+        assert_eq!(
+            (del.state, del.end_reason.as_deref()),
+            (SandboxState::Stopped, Some("deleted"))
+        );
+        assert!(del.usage.wall_seconds > 0.0);
+        let live: Vec<String> = c
+            .list_sandboxes(&ListFilter::default())
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|s| s.id)
+            .collect();
+        assert_eq!(live, vec![sb2.id.clone()]);
+        let stopped = c
+            .list_sandboxes(&ListFilter {
+                states: vec!["stopped".into()],
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert!(stopped.iter().any(|s| s.id == sb.id));
+        let e = c.run(&sb.id, &["true"]).await.unwrap_err();
+        assert_eq!(
+            (e.status().unwrap().as_u16(), e.code()),
+            (409, Some("conflict"))
+        );
+        // Idempotent delete; unknown ids are 404 in the one error shape.
+        assert_eq!(
+            c.delete_sandbox(&sb.id).await.unwrap().state,
+            SandboxState::Stopped
+        );
+        let e = c.get_sandbox("sb-nope").await.unwrap_err();
+        match &e {
+            sandlot_client::Error::Api { status, body } => {
+                assert_eq!(status.as_u16(), 404);
+                assert_eq!(body.code, "not_found");
+                assert!(body.request_id.starts_with("req_"), "{body:?}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // Events record the life.
+        let ev: Vec<String> = c
+            .events(&sb.id)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| e.kind)
+            .collect();
+        assert_eq!(ev, ["created", "started", "stopped"]);
+        // A command that does not exist.
+        let e = c
+            .exec(
+                &sb2.id,
+                &ExecBody {
+                    argv: vec!["/nonexistent".into()],
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Some("spawn_failed"), "{e}");
+        // Metrics.
+        let m = c.metrics().await.unwrap();
+        assert!(m.contains("sandlot_sandboxes_live 1\n"), "{m}");
+        assert!(
+            m.contains("sandlot_sandbox_create_seconds_count 2\n"),
+            "{m}"
+        );
+        assert!(
+            m.contains("sandlot_http_errors_total{code=\"not_found\"}"),
+            "{m}"
+        );
+        assert!(m.contains("sandlot_exec_total 1\n"), "{m}");
+    });
+}
+
+/// Raw HTTP over the socket, to send bodies the typed client would not.
+fn raw(d: &Daemon, method: &str, path: &str, body: &str) -> (u16, serde_json::Value) {
+    use std::io::{Read, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(&d.socket).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status: u16 = out[9..12].parse().unwrap();
+    let b = out.split("\r\n\r\n").nth(1).unwrap_or("");
+    // Chunked or not: find the JSON object.
+    let j = b
+        .find('{')
+        .map(|i| &b[i..b.rfind('}').unwrap() + 1])
+        .unwrap_or("null");
+    (
+        status,
+        serde_json::from_str(j).unwrap_or(serde_json::Value::Null),
+    )
+}
+
+#[test]
+fn bad_bodies_name_each_field() {
+    let d = Daemon::start(Some("[limits]\nmax_timeout = \"1h\"\n"));
+    let cases: &[(&str, &str)] = &[
+        (r#"{"imagee": "host"}"#, "imagee"),
+        (r#"{"image": "ubuntu"}"#, "image"),
+        (r#"{"rootfs": "rel/dir"}"#, "rootfs"),
+        (
+            r#"{"mounts": [{"type": "bind", "source": "/tmp", "target": "rel"}]}"#,
+            "mounts[0].target",
+        ),
+        (
+            r#"{"mounts": [{"type": "bind", "source": "tmp", "target": "/x"}]}"#,
+            "mounts[0].source",
+        ),
+        (
+            r#"{"mounts": [{"type": "bind", "source": "/nonexistent-sandlot-src", "target": "/x"}]}"#,
+            "mounts",
+        ),
+        (
+            r#"{"mounts": [{"type": "nfs", "target": "/x"}]}"#,
+            "mounts[0]",
+        ),
+        (r#"{"env": {"1X": "a"}}"#, "env.1X"),
+        (r#"{"env": {"A": 5}}"#, "env.A"),
+        (r#"{"workdir": "tmp"}"#, "workdir"),
+        (r#"{"user": "nobody!"}"#, "user"),
+        (r#"{"hostname": "bad host"}"#, "hostname"),
+        (r#"{"resources": {"memory": "1K"}}"#, "resources.memory"),
+        (r#"{"resources": {"memory": "lots"}}"#, "resources.memory"),
+        (r#"{"resources": {"cpus": 0}}"#, "resources.cpus"),
+        (r#"{"resources": {"pids": 1}}"#, "resources.pids"),
+        (r#"{"resources": {"disk": "1K"}}"#, "resources.disk"),
+        (r#"{"resources": {"mem": "1G"}}"#, "resources.mem"),
+        (r#"{"timeout": 0}"#, "timeout"),
+        (r#"{"timeout": "2h"}"#, "timeout"),
+        (r#"{"network": {"mode": "host"}}"#, "network.mode"),
+        (r#"{"name": "bad name"}"#, "name"),
+        (r#"{"name": 5}"#, "name"),
+        (r#"{"tags": {"k": 1}}"#, "tags.k"),
+        (r#"{"tags": {"bad key": "v"}}"#, "tags"),
+        (r#"{"metadata": []}"#, "metadata"),
+        (r#"{"idle_timeout": "soon"}"#, "idle_timeout"),
+        (r#"{"idle_timeout": "2h"}"#, "idle_timeout"),
+    ];
+    for (b, field) in cases {
+        let (st, v) = raw(&d, "POST", "/v1/sandboxes", b);
+        assert_eq!(st, 400, "{b}: {v}");
+        assert_eq!(v["error"]["code"], "bad_request", "{b}: {v}");
+        assert_eq!(v["error"]["field"], *field, "{b}: {v}");
+        assert!(
+            v["error"]["message"].as_str().unwrap().starts_with(field),
+            "{b}: {v}"
+        );
+        assert!(
+            v["error"]["request_id"]
+                .as_str()
+                .unwrap()
+                .starts_with("req_"),
+            "{b}: {v}"
+        );
+    }
+    let (st, v) = raw(&d, "POST", "/v1/sandboxes", "{not json");
+    assert_eq!(
+        (st, v["error"]["code"].as_str()),
+        (400, Some("bad_request")),
+        "{v}"
+    );
+    let big = format!(r#"{{"metadata": {{"a": "{}"}}}}"#, "x".repeat(2 << 20));
+    let (st, v) = raw(&d, "POST", "/v1/sandboxes", &big);
+    assert_eq!(
+        (st, v["error"]["code"].as_str()),
+        (413, Some("payload_too_large")),
+        "{v}"
+    );
+    let (st, v) = raw(&d, "GET", "/v1/nothing", "");
+    assert_eq!(
+        (st, v["error"]["code"].as_str()),
+        (404, Some("not_found")),
+        "{v}"
+    );
+    let (st, v) = raw(&d, "PATCH", "/v1/sandboxes", "");
+    assert_eq!(
+        (st, v["error"]["code"].as_str()),
+        (405, Some("method_not_allowed")),
+        "{v}"
+    );
+    // Exec bodies are strict too, on a live sandbox.
+    let c = d.client();
+    let sb = rt()
+        .block_on(c.create_sandbox(&CreateSandbox::default()))
+        .unwrap();
+    let p = format!("/v1/sandboxes/{}/exec", sb.id);
+    for (b, field) in [
+        (r#"{"argv": []}"#, "argv"),
+        (r#"{"argv": ["ls"], "bogus": 1}"#, "bogus"),
+        (r#"{"argv": ["ls"], "cwd": "rel"}"#, "cwd"),
+        (r#"{"argv": ["ls"], "pty": {"rows": 0, "cols": 80}}"#, "pty"),
+        (r#"{"argv": ["ls"], "timeout": "x"}"#, "timeout"),
+        (r#"{"argv": "ls"}"#, "argv"),
+    ] {
+        let (st, v) = raw(&d, "POST", &p, b);
+        assert_eq!(st, 400, "{b}: {v}");
+        assert_eq!(v["error"]["field"], field, "{b}: {v}");
+    }
+    let (st, v) = raw(
+        &d,
+        "POST",
+        &format!("/v1/sandboxes/{}/timeout", sb.id),
+        r#"{"timeout": "5h"}"#,
+    );
+    assert_eq!(
+        (st, v["error"]["field"].as_str()),
+        (400, Some("timeout")),
+        "{v}"
+    );
+}
+
+#[test]
+fn quotas_answer_429() {
+    let d = Daemon::start(Some(
+        "[quotas]\nmax_sandboxes = 2\nmax_memory = \"1G\"\n[tenants.big]\nmax_sandboxes = 3\n",
+    ));
+    let c = d.client();
+    rt().block_on(async {
+        let m = |mem: &str| body(json!({"resources": {"memory": mem}}));
+        c.create_sandbox(&m("512M")).await.unwrap();
+        let e = c.create_sandbox(&m("600M")).await.unwrap_err();
+        assert_eq!(
+            (e.status().unwrap().as_u16(), e.code()),
+            (429, Some("quota_exceeded")),
+            "{e}"
+        );
+        c.create_sandbox(&m("256M")).await.unwrap();
+        let e = c.create_sandbox(&m("64M")).await.unwrap_err();
+        assert_eq!(e.code(), Some("quota_exceeded"));
+        assert!(e.to_string().contains("quota is 2"), "{e}");
+        // Another tenant has its own quota.
+        let big = d.client().with_tenant(Some("big".into()));
+        for _ in 0..3 {
+            big.create_sandbox(&m("64M")).await.unwrap();
+        }
+        assert_eq!(
+            big.create_sandbox(&m("64M")).await.unwrap_err().code(),
+            Some("quota_exceeded")
+        );
+    });
+}
+
+#[test]
+fn lifetime_and_idle_timeouts_are_enforced() {
+    let d = Daemon::start(None);
+    let c = d.client();
+    rt().block_on(async {
+        let short = c
+            .create_sandbox(&body(json!({"timeout": "2s"})))
+            .await
+            .unwrap();
+        let extended = c
+            .create_sandbox(&body(json!({"timeout": "2s"})))
+            .await
+            .unwrap();
+        let ext = c.set_timeout(&extended.id, json!("30s")).await.unwrap();
+        assert!(ext.expires_at > extended.expires_at);
+        let mut idle_req = CreateSandbox::default();
+        idle_req.idle_timeout = Some(json!(2));
+        let idle = c.create_sandbox(&idle_req).await.unwrap();
+        let busy = c.create_sandbox(&idle_req).await.unwrap();
+        // Activity keeps `busy` alive past its idle timeout.
+        for _ in 0..6 {
+            c.run(&busy.id, &["true"]).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(700)).await;
+        }
+        let s = c.get_sandbox(&busy.id).await.unwrap();
+        assert_eq!(s.state, SandboxState::Running, "{s:?}");
+        for (id, reason) in [
+            (&short.id, "timeout"),
+            (&idle.id, "idle_timeout"),
+            (&busy.id, "idle_timeout"),
+        ] {
+            eventually(15, &format!("{id} to stop ({reason})"), || async {
+                c.get_sandbox(id).await.unwrap().state == SandboxState::Stopped
+            })
+            .await;
+            let s = c.get_sandbox(id).await.unwrap();
+            assert_eq!(s.end_reason.as_deref(), Some(reason), "{s:?}");
+        }
+        assert_eq!(
+            c.get_sandbox(&extended.id).await.unwrap().state,
+            SandboxState::Running
+        );
+    });
+    // The torn-down sandboxes left nothing (checked again at shutdown).
+    let left: Vec<String> = d
+        .leftovers()
+        .into_iter()
+        .filter(|l| !l.contains(&d.prefix) || l.is_empty())
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+#[test]
+fn cli_commands_and_exit_codes() {
+    let d = Daemon::start(None);
+    let (code, id, err) = d.cli(&[
+        "create", "--name", "cli1", "--tag", "team=a", "--memory", "128M",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let id = id.trim().to_string();
+    let (code, out, _) = d.cli(&["ls"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains(&id) && out.contains("team=a") && out.starts_with("ID"),
+        "{out}"
+    );
+    let (code, out, _) = d.cli(&["ls", "--json"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v[0]["id"], id.as_str());
+    let (code, out, _) = d.cli(&[
+        "exec",
+        "cli1",
+        "--",
+        "sh",
+        "-c",
+        "echo out; echo err >&2; exit 7",
+    ]);
+    assert_eq!((code, out.as_str()), (7, "out\n"));
+    let (code, _, err) = d.cli(&["exec", &id, "--", "/no/such/program"]);
+    assert_eq!(code, 127, "{err}");
+    let (code, _, _) = d.cli(&["exec", &id, "--", "sh", "-c", "kill -TERM $$"]);
+    assert_eq!(code, 128 + 15);
+    let (code, _, _) = d.cli(&["exec", "--timeout", "1s", &id, "--", "sleep", "30"]);
+    assert_eq!(code, 124);
+    // Files both ways.
+    let local = d.dir.join("in.txt");
+    std::fs::write(&local, b"payload\n").unwrap();
+    let (code, _, err) = d.cli(&[
+        "cp",
+        local.to_str().unwrap(),
+        &format!("{id}:/home/user/x/in.txt"),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let back = d.dir.join("back.txt");
+    let (code, _, err) = d.cli(&[
+        "cp",
+        &format!("{id}:/home/user/x/in.txt"),
+        back.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(std::fs::read(&back).unwrap(), b"payload\n");
+    // Directories go as tar.
+    let tree = d.dir.join("tree");
+    std::fs::create_dir_all(tree.join("a/b")).unwrap();
+    std::fs::write(tree.join("a/b/f"), b"deep").unwrap();
+    let (code, _, err) = d.cli(&["cp", tree.to_str().unwrap(), &format!("{id}:/srv/tree")]);
+    assert_eq!(code, 0, "{err}");
+    let out_tree = d.dir.join("tree-back");
+    let (code, _, err) = d.cli(&["cp", &format!("{id}:/srv/tree"), out_tree.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(std::fs::read(out_tree.join("a/b/f")).unwrap(), b"deep");
+    // Background process and logs.
+    let (code, pid, err) = d.cli(&["exec", "-d", &id, "--", "sh", "-c", "echo bg-output"]);
+    assert_eq!(code, 0, "{err}");
+    std::thread::sleep(Duration::from_millis(300));
+    let (code, out, err) = d.cli(&["logs", &id, pid.trim()]);
+    assert_eq!((code, out.as_str()), (0, "bg-output\n"), "{err}");
+    let (code, out, _) = d.cli(&["timeout", &id, "10m"]);
+    assert!(code == 0 && out.contains("expires at"), "{out}");
+    let (code, out, _) = d.cli(&["inspect", &id]);
+    assert!(
+        code == 0 && out.contains("state:") && out.contains("running"),
+        "{out}"
+    );
+    // Errors: one line, exit 125.
+    let (code, _, err) = d.cli(&["inspect", "nope"]);
+    assert_eq!(code, 125);
+    assert!(
+        err.starts_with("sandlot: no sandbox nope (not_found, request req_"),
+        "{err}"
+    );
+    let (code, out, _) = d.cli(&["rm", &id]);
+    assert_eq!((code, out.trim()), (0, id.as_str()));
+    let (code, out, _) = d.cli(&["completions", "bash"]);
+    assert!(
+        code == 0 && out.contains("_sandlot"),
+        "{}",
+        &out[..out.len().min(200)]
+    );
+}

@@ -1,0 +1,272 @@
+//! Shared helpers of the API end-to-end tests: a real `sandlot serve` on a temporary
+//! data directory, socket and TCP port, with its own sandbox id prefix, torn down
+//! (every sandbox deleted, leftovers asserted absent) when dropped.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use sandlot_client::{Client, ListFilter};
+
+pub fn sandlot() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_sandlot"))
+}
+
+pub fn require_root() {
+    assert!(
+        rustix::process::geteuid().is_root(),
+        "privileged test: run as root (the daemon creates namespaces, cgroups and mounts); CI runs as root"
+    );
+}
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// A running daemon.
+pub struct Daemon {
+    pub child: Option<Child>,
+    pub dir: PathBuf,
+    pub socket: PathBuf,
+    pub port: u16,
+    pub prefix: String,
+    pub config: Option<PathBuf>,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Daemon {
+    /// Starts a daemon with an optional TOML configuration.
+    pub fn start(config: Option<&str>) -> Daemon {
+        require_root();
+        let n = SEQ.fetch_add(1, Ordering::Relaxed);
+        let prefix = format!("t{}x{n}-", std::process::id());
+        let dir = std::env::temp_dir().join(format!("sandlot-api-test-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = config.map(|c| {
+            let p = dir.join("sandlot.toml");
+            std::fs::write(&p, c).unwrap();
+            p
+        });
+        let mut d = Daemon {
+            child: None,
+            socket: dir.join("api.sock"),
+            dir,
+            port: free_port(),
+            prefix,
+            config,
+        };
+        d.spawn();
+        d
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.join("data")
+    }
+
+    /// (Re)starts the process on the same data directory, socket, port and prefix.
+    pub fn spawn(&mut self) {
+        let mut cmd = Command::new(sandlot());
+        cmd.arg("serve")
+            .arg("--data-dir")
+            .arg(self.data_dir())
+            .arg("--socket")
+            .arg(&self.socket)
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{}", self.port))
+            .arg("--id-prefix")
+            .arg(&self.prefix)
+            .env("SANDLOT_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(self.dir.join("daemon.log"))
+                    .unwrap(),
+            ));
+        if let Some(c) = &self.config {
+            cmd.arg("--config").arg(c);
+        }
+        let child = cmd.spawn().expect("spawn sandlot serve");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if std::os::unix::net::UnixStream::connect(&self.socket).is_ok()
+                && std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok()
+            {
+                return;
+            }
+            if let Some(st) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("sandlot serve exited with {st}; log:\n{}", self.log());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the daemon did not start; log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("daemon.log")).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().unwrap().id() as i32
+    }
+
+    /// The operator's client (Unix socket).
+    pub fn client(&self) -> Client {
+        Client::new(&format!("unix://{}", self.socket.display()), None).unwrap()
+    }
+
+    /// A tenant's client over TCP.
+    pub fn tcp(&self, token: Option<&str>) -> Client {
+        Client::new(
+            &format!("127.0.0.1:{}", self.port),
+            token.map(str::to_string),
+        )
+        .unwrap()
+    }
+
+    /// `sandlot token create --tenant T`: the secret.
+    pub fn token(&self, tenant: &str) -> String {
+        let o = Command::new(sandlot())
+            .args(["token", "create", "--tenant", tenant, "--data-dir"])
+            .arg(self.data_dir())
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8(o.stdout).unwrap().trim().to_string()
+    }
+
+    /// `sandlot ARGS` against this daemon's socket: (code, stdout, stderr).
+    pub fn cli(&self, args: &[&str]) -> (i32, String, String) {
+        let o = Command::new(sandlot())
+            .args(args)
+            .env("SANDLOT_HOST", format!("unix://{}", self.socket.display()))
+            .env_remove("SANDLOT_TOKEN")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        (
+            o.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    }
+
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn terminate(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = rustix::process::kill_process(
+                rustix::process::Pid::from_raw(c.id() as i32).unwrap(),
+                rustix::process::Signal::TERM,
+            );
+            let _ = c.wait();
+        }
+    }
+
+    /// Run dirs and cgroups of this daemon's sandboxes still on the host.
+    pub fn leftovers(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut scan = |dir: &Path| {
+            if let Ok(rd) = std::fs::read_dir(dir) {
+                for e in rd.flatten() {
+                    let n = e.file_name().to_string_lossy().into_owned();
+                    if n.starts_with(&self.prefix) {
+                        out.push(e.path().display().to_string());
+                    }
+                }
+            }
+        };
+        scan(Path::new("/run/sandlot/sandboxes"));
+        if let Ok(rd) = std::fs::read_dir("/sys/fs/cgroup") {
+            for e in rd.flatten() {
+                scan(&e.path().join("sandlot"));
+            }
+        }
+        scan(Path::new("/sys/fs/cgroup/sandlot"));
+        out
+    }
+
+    /// Deletes every sandbox, stops the daemon and checks nothing is left.
+    pub fn shutdown(&mut self) {
+        if self.child.is_some() {
+            let c = self.client();
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                if let Ok(list) = c.list_sandboxes(&ListFilter::default()).await {
+                    for s in list {
+                        let _ = c.delete_sandbox(&s.id).await;
+                    }
+                }
+            });
+            self.terminate();
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self.leftovers().is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let left = self.leftovers();
+        let _ = std::fs::remove_dir_all(&self.dir);
+        assert!(left.is_empty(), "leftovers after the test: {left:?}");
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("daemon log:\n{}", self.log());
+        }
+        if self.child.is_some() || self.dir.exists() {
+            if std::thread::panicking() {
+                // Clean up without asserting again.
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.shutdown()));
+            } else {
+                self.shutdown();
+            }
+        }
+    }
+}
+
+pub fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Waits until `f` is true or panics after `secs`.
+pub async fn eventually<F, Fut>(secs: u64, what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !f().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -1,0 +1,131 @@
+//! Tenant isolation over TCP: tokens, 401 without one, and another tenant's
+//! sandbox is 404 for every operation (never 403).
+
+mod api_support;
+
+use api_support::{rt, Daemon};
+use sandlot_client::{CreateSandbox, ExecBody, ListFilter};
+
+#[test]
+fn tenants_see_and_touch_only_their_own_sandboxes() {
+    let d = Daemon::start(None);
+    let ta = d.token("alpha");
+    let tb = d.token("beta");
+    let a = d.tcp(Some(&ta));
+    let b = d.tcp(Some(&tb));
+    rt().block_on(async {
+        assert_eq!(a.health().await.unwrap().tenant, "alpha");
+        let sa = a.create_sandbox(&CreateSandbox::default()).await.unwrap();
+        assert_eq!(sa.tenant, "alpha");
+        let sb = b
+            .create_sandbox(&CreateSandbox {
+                name: Some("bee".into()),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        // Listings are per tenant.
+        let la = a.list_sandboxes(&ListFilter::default()).await.unwrap();
+        assert_eq!(
+            la.iter().map(|s| s.id.clone()).collect::<Vec<_>>(),
+            vec![sa.id.clone()]
+        );
+        let lb = b
+            .list_sandboxes(&ListFilter {
+                states: vec!["all".into()],
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            lb.iter().map(|s| s.id.clone()).collect::<Vec<_>>(),
+            vec![sb.id.clone()]
+        );
+        // Every route on the other tenant's sandbox is 404 not_found.
+        let id = &sb.id;
+        let not_found = |e: sandlot_client::Error| {
+            assert_eq!(
+                (e.status().map(|s| s.as_u16()), e.code()),
+                (Some(404), Some("not_found")),
+                "{e}"
+            );
+        };
+        not_found(a.get_sandbox(id).await.unwrap_err());
+        not_found(a.get_sandbox("bee").await.unwrap_err());
+        not_found(
+            a.exec(
+                id,
+                &ExecBody {
+                    argv: vec!["true".into()],
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap_err(),
+        );
+        not_found(a.read_file(id, "/etc/hostname").await.err().unwrap());
+        not_found(
+            a.write_file_bytes(id, "/tmp/x", b"x".to_vec())
+                .await
+                .unwrap_err(),
+        );
+        not_found(a.stat(id, "/").await.unwrap_err());
+        not_found(a.list_dir(id, "/", 1).await.unwrap_err());
+        not_found(a.set_timeout(id, serde_json::json!(60)).await.unwrap_err());
+        not_found(a.list_processes(id).await.unwrap_err());
+        not_found(a.events(id).await.unwrap_err());
+        not_found(a.delete_sandbox(id).await.unwrap_err());
+        not_found(a.attach_ws(id, 1, 0, 0).await.err().unwrap());
+        // ... and it is untouched.
+        assert_eq!(
+            b.get_sandbox(id).await.unwrap().state,
+            sandlot_client::SandboxState::Running
+        );
+        // The operator (Unix socket) sees both.
+        let all = d
+            .client()
+            .list_sandboxes(&ListFilter::default())
+            .await
+            .unwrap();
+        assert_eq!(all.len(), 2);
+        // No token, a bad token, a revoked token: 401.
+        let e = d
+            .tcp(None)
+            .list_sandboxes(&ListFilter::default())
+            .await
+            .unwrap_err();
+        assert_eq!(
+            (e.status().unwrap().as_u16(), e.code()),
+            (401, Some("unauthorized"))
+        );
+        let e = d.tcp(Some("sl_bogus")).health().await.unwrap_err();
+        assert_eq!(e.code(), Some("unauthorized"));
+    });
+    let list = std::process::Command::new(api_support::sandlot())
+        .args(["token", "list", "--json", "--data-dir"])
+        .arg(d.data_dir())
+        .output()
+        .unwrap();
+    let toks: serde_json::Value = serde_json::from_slice(&list.stdout).unwrap();
+    let beta_id = toks
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["tenant"] == "beta")
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        !String::from_utf8_lossy(&list.stdout).contains(&tb),
+        "token list must not show secrets"
+    );
+    let o = std::process::Command::new(api_support::sandlot())
+        .args(["token", "revoke", &beta_id, "--data-dir"])
+        .arg(d.data_dir())
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    let e = rt().block_on(b.health()).unwrap_err();
+    assert_eq!(e.code(), Some("unauthorized"));
+}
