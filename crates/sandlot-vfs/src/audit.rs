@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, thiserror::Error)]
 pub enum AuditError {
     /// I/O on the log file failed.
-    #[error("{op} audit log {path}: {source}")]
+    #[error("{op} audit log {path}")]
     Io {
         op: &'static str,
         path: PathBuf,

@@ -8,14 +8,14 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, thiserror::Error)]
 pub enum BlobError {
     /// Reading a blob failed (missing or unreadable).
-    #[error("read blob {hash} at {path}: {source}")]
+    #[error("read blob {hash} at {path}")]
     Read {
         hash: String,
         path: PathBuf,
         source: io::Error,
     },
     /// Writing a blob failed.
-    #[error("write blob {hash} at {path}: {source}")]
+    #[error("write blob {hash} at {path}")]
     Write {
         hash: String,
         path: PathBuf,

@@ -26,15 +26,19 @@ pub enum FuseError {
     #[error("mount point {path}: {reason}")]
     MountPoint { path: PathBuf, reason: String },
     /// The kernel mount failed (no /dev/fuse, no fusermount3, not permitted).
-    #[error("mount {collection} on {path}: {source}")]
+    #[error("mount {collection} on {path}")]
     Mount {
         collection: String,
         path: PathBuf,
         source: io::Error,
     },
     /// Unmounting failed.
-    #[error("unmount {path}: {source}")]
-    Unmount { path: PathBuf, source: io::Error },
+    #[error("unmount {path}")]
+    Unmount {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
 }
 
 /// Mount options.

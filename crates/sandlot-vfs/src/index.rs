@@ -14,7 +14,7 @@ use regex_syntax::hir::{Class, Hir, HirKind};
 #[derive(Debug, thiserror::Error)]
 pub enum IndexError {
     /// I/O on the index file failed.
-    #[error("{op} search index {path}: {source}")]
+    #[error("{op} search index {path}")]
     Io {
         op: &'static str,
         path: PathBuf,

@@ -35,3 +35,17 @@ pub use shell::{Limits, Output, Session, SessionError};
 pub use store::{
     Collection, CollectionConfig, CollectionInfo, IngestMode, Store, StoreError, Version, View,
 };
+
+#[cfg(test)]
+mod tests {
+    fn send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn daemon_facing_types_are_send_and_sync() {
+        send_sync::<crate::Store>();
+        send_sync::<crate::Collection>();
+        send_sync::<crate::View>();
+        send_sync::<crate::Session>();
+        send_sync::<crate::AuditLog>();
+    }
+}

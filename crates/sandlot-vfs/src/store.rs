@@ -44,7 +44,7 @@ pub enum StoreError {
     #[error("collection {name:?} has no version {version}")]
     NoSuchVersion { name: String, version: u64 },
     /// Filesystem I/O failed.
-    #[error("{op} {path}: {source}")]
+    #[error("{op} {path}")]
     Io {
         op: &'static str,
         path: PathBuf,
@@ -54,8 +54,12 @@ pub enum StoreError {
     #[error("corrupt {path}: {reason}")]
     Corrupt { path: PathBuf, reason: String },
     /// Ingest failed; the collection is unchanged.
-    #[error("ingest into {name:?}: {source}")]
-    Ingest { name: String, source: IngestError },
+    #[error("ingest into {name:?}")]
+    Ingest {
+        name: String,
+        #[source]
+        source: IngestError,
+    },
     /// Index load/save failed.
     #[error(transparent)]
     Index(#[from] IndexError),

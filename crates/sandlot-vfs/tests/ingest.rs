@@ -117,7 +117,7 @@ fn bad_input_is_rejected_and_leaves_nothing_behind() {
         )
         .unwrap_err();
     assert!(
-        err.to_string().contains("/nonexistent/sandlot-vfs"),
+        common::chain(&err).contains("/nonexistent/sandlot-vfs"),
         "{err}"
     );
     assert!(
@@ -222,8 +222,8 @@ fn git_work_tree_ingests_tracked_files_only() {
             },
             IngestOptions::default(),
         )
-        .unwrap_err()
-        .to_string();
+        .unwrap_err();
+    let e = common::chain(&e);
     assert!(
         e.contains("git ls-files") && e.contains("not a git repository"),
         "{e}"
@@ -392,7 +392,7 @@ fn s3_bucket_via_moto() {
     let bad = Source::parse("s3://no-such-bucket/x", opts).unwrap();
     let e = store
         .create("s3b", bad, IngestOptions::default())
-        .unwrap_err()
-        .to_string();
+        .unwrap_err();
+    let e = common::chain(&e);
     assert!(e.contains("no-such-bucket"), "{e}");
 }

@@ -23,8 +23,12 @@ pub enum IngestError {
     #[error("invalid source {spec:?}: {reason}")]
     BadSpec { spec: String, reason: String },
     /// Reading the source failed.
-    #[error("read {what}: {source}")]
-    Io { what: String, source: io::Error },
+    #[error("read {what}")]
+    Io {
+        what: String,
+        #[source]
+        source: io::Error,
+    },
     /// `git` failed or is not a work tree.
     #[error("git ls-files in {dir}: {reason}")]
     Git { dir: PathBuf, reason: String },

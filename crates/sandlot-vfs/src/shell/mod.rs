@@ -88,8 +88,12 @@ pub enum SessionError {
         limit: usize,
     },
     /// The audit record could not be written; the output is withheld.
-    #[error("session {session}: {source}")]
-    Audit { session: String, source: AuditError },
+    #[error("session {session}")]
+    Audit {
+        session: String,
+        #[source]
+        source: AuditError,
+    },
 }
 
 /// Mutable shell state carried between command lines of a session.

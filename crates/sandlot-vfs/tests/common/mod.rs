@@ -360,3 +360,15 @@ pub fn require_tool(tool: &str) {
         "required tool `{tool}` is not installed; run scripts/setup.d/30-vfs.sh"
     );
 }
+
+/// Render an error with its whole source chain, as the CLI does.
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
