@@ -1,8 +1,374 @@
-//! `sandlot vfs ...`: owned by the sandlot-vfs work (issue 7).
+//! `sandlot vfs ...`: virtual read-only filesystems over document collections.
+
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::Subcommand;
+use sandlot_vfs::{
+    format_utc, Acl, AclPolicy, AclRule, AuditFilter, IngestOptions, IngestReport, Limits,
+    Principal, S3Options, Source, Store,
+};
 
 #[derive(Debug, clap::Args)]
-pub struct VfsArgs {}
+pub struct VfsArgs {
+    /// Sandlot data directory; collections live in its `vfs/` subdirectory.
+    #[arg(
+        long,
+        global = true,
+        env = "SANDLOT_DATA_DIR",
+        default_value = "/var/lib/sandlot"
+    )]
+    data_dir: PathBuf,
+    #[command(subcommand)]
+    cmd: VfsCmd,
+}
 
-pub fn run(_args: VfsArgs) -> anyhow::Result<i32> {
-    anyhow::bail!("sandlot vfs is not available in this build")
+#[derive(Debug, clap::Args)]
+struct SourceArgs {
+    /// Source: DIR, git:DIR, s3://bucket/prefix or jsonl:FILE.
+    #[arg(long = "from")]
+    from: Option<String>,
+    /// S3 endpoint URL for S3-compatible stores.
+    #[arg(long)]
+    s3_endpoint: Option<String>,
+    /// S3 region (default: AWS_REGION, else us-east-1).
+    #[arg(long)]
+    s3_region: Option<String>,
+    /// Allow a plain-http S3 endpoint.
+    #[arg(long)]
+    s3_allow_http: bool,
+    /// ACL for documents no rule matches: public, none, or group:NAME[,group:NAME...].
+    #[arg(long, default_value = "public")]
+    default_acl: String,
+    /// ACL rule GLOB=ACL (repeatable; the last matching rule wins), e.g. 'internal/**=group:eng'.
+    #[arg(long = "acl")]
+    acl: Vec<String>,
+}
+
+#[derive(Debug, clap::Args)]
+struct PrincipalArgs {
+    /// Principal name (recorded in the audit log). Without it, the operator sees everything.
+    #[arg(long)]
+    principal: Option<String>,
+    /// Group the principal belongs to (repeatable).
+    #[arg(long = "group")]
+    groups: Vec<String>,
+}
+
+#[derive(Debug, Subcommand)]
+enum VfsCmd {
+    /// Create a collection from a source.
+    Create {
+        name: String,
+        #[command(flatten)]
+        source: SourceArgs,
+        /// Print the ingest report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Re-ingest a collection (from its stored source unless --from is given); only changes are fetched.
+    Update {
+        name: String,
+        #[command(flatten)]
+        source: SourceArgs,
+        /// Print the ingest report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List collections.
+    Ls {
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run a command line in a virtual shell session (or read command lines from stdin).
+    Sh {
+        name: String,
+        /// The command line, e.g. 'grep -rn "rate limit" / | head'. Omit to read lines from stdin.
+        command: Option<String>,
+        #[command(flatten)]
+        principal: PrincipalArgs,
+        /// Collection version (default: the latest).
+        #[arg(long)]
+        version: Option<u64>,
+        /// Output limit per command line, in bytes.
+        #[arg(long, default_value_t = 1 << 20)]
+        max_output: usize,
+        /// Time limit per command line, in seconds.
+        #[arg(long, default_value_t = 10.0)]
+        timeout: f64,
+    },
+    /// Remove a collection and its content.
+    Rm { name: String },
+    /// Mount a collection read-only with FUSE (foreground; Ctrl-C or umount to stop).
+    Mount {
+        name: String,
+        dir: PathBuf,
+        #[command(flatten)]
+        principal: PrincipalArgs,
+        /// Let other users access the mount.
+        #[arg(long)]
+        allow_other: bool,
+    },
+    /// Show the audit log of session commands.
+    Log {
+        /// Only this collection.
+        name: Option<String>,
+        /// Only this principal.
+        #[arg(long)]
+        principal: Option<String>,
+        /// Only the last N records.
+        #[arg(long)]
+        last: Option<usize>,
+        /// JSON lines output.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn open_store(data_dir: &std::path::Path) -> anyhow::Result<Store> {
+    Store::open(data_dir.join("vfs"))
+        .with_context(|| format!("open the vfs store in {}", data_dir.display()))
+}
+
+fn ingest_options(a: &SourceArgs) -> anyhow::Result<IngestOptions> {
+    let default = Acl::parse(&a.default_acl).map_err(anyhow::Error::msg)?;
+    let rules = a
+        .acl
+        .iter()
+        .map(|r| AclRule::parse(r).map_err(anyhow::Error::msg))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(IngestOptions {
+        acl: AclPolicy { default, rules },
+    })
+}
+
+fn source_of(a: &SourceArgs) -> anyhow::Result<Option<Source>> {
+    let Some(spec) = &a.from else { return Ok(None) };
+    let s3 = S3Options {
+        endpoint: a.s3_endpoint.clone(),
+        region: a.s3_region.clone(),
+        allow_http: a.s3_allow_http,
+        credentials: None,
+    };
+    Ok(Some(Source::parse(spec, s3)?))
+}
+
+fn principal_of(p: &PrincipalArgs) -> Principal {
+    match &p.principal {
+        Some(name) => Principal::new(name.clone(), p.groups.clone()),
+        None if !p.groups.is_empty() => Principal::new("cli", p.groups.clone()),
+        None => Principal::operator(),
+    }
+}
+
+fn print_report(r: &IngestReport, json: bool) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(r)?);
+        return Ok(());
+    }
+    if r.changed {
+        println!(
+            "{} v{}: {} documents, {} bytes ({} added, {} updated, {} removed, {} unchanged; fetched {} documents, {} bytes)",
+            r.collection, r.version, r.documents, r.bytes, r.added, r.updated, r.removed, r.unchanged, r.fetched, r.bytes_fetched
+        );
+    } else {
+        println!(
+            "{} v{}: unchanged ({} documents)",
+            r.collection, r.version, r.documents
+        );
+    }
+    for s in &r.skipped {
+        eprintln!("sandlot: skipped {s}");
+    }
+    Ok(())
+}
+
+pub fn run(args: VfsArgs) -> anyhow::Result<i32> {
+    let store = open_store(&args.data_dir)?;
+    match args.cmd {
+        VfsCmd::Create { name, source, json } => {
+            let opts = ingest_options(&source)?;
+            let Some(src) = source_of(&source)? else {
+                bail!("--from is required to create a collection")
+            };
+            let r = store.create(&name, src, opts)?;
+            print_report(&r, json)?;
+            Ok(0)
+        }
+        VfsCmd::Update { name, source, json } => {
+            let src = source_of(&source)?;
+            let acl_given = source.default_acl != "public" || !source.acl.is_empty();
+            let opts = if acl_given {
+                Some(ingest_options(&source)?)
+            } else {
+                None
+            };
+            let r = store.update(&name, src, opts)?;
+            print_report(&r, json)?;
+            Ok(0)
+        }
+        VfsCmd::Ls { json } => {
+            let list = store.list()?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&list)?);
+            } else {
+                println!(
+                    "{:<24} {:>7} {:>9} {:>12}  {:<24} SOURCE",
+                    "NAME", "VERSION", "DOCS", "BYTES", "UPDATED"
+                );
+                for c in list {
+                    println!(
+                        "{:<24} {:>7} {:>9} {:>12}  {:<24} {}",
+                        c.name,
+                        c.version,
+                        c.documents,
+                        c.bytes,
+                        format_utc(c.updated.max(0) as u64 * 1000),
+                        c.source
+                    );
+                }
+            }
+            Ok(0)
+        }
+        VfsCmd::Sh {
+            name,
+            command,
+            principal,
+            version,
+            max_output,
+            timeout,
+        } => {
+            if !(timeout > 0.0 && timeout.is_finite()) {
+                bail!("--timeout must be a positive number of seconds, got {timeout}");
+            }
+            let coll = store.collection(&name)?;
+            let limits = Limits {
+                max_output_bytes: max_output,
+                max_run_time: Duration::from_secs_f64(timeout),
+                ..Limits::default()
+            };
+            let p = principal_of(&principal);
+            let mut session = match version {
+                Some(v) => coll.open_session_at(v, p, limits)?,
+                None => coll.open_session(p, limits)?,
+            };
+            let mut run_one = |line: &str| -> anyhow::Result<i32> {
+                let out = session.run(line)?;
+                let mut so = std::io::stdout().lock();
+                so.write_all(&out.stdout)?;
+                so.flush()?;
+                let mut se = std::io::stderr().lock();
+                se.write_all(&out.stderr)?;
+                Ok(out.exit_code)
+            };
+            match command {
+                Some(c) => run_one(&c),
+                None => {
+                    let mut last = 0;
+                    for line in std::io::stdin().lock().lines() {
+                        let line = line.context("read a command line from stdin")?;
+                        if line.trim().is_empty() {
+                            continue;
+                        }
+                        last = run_one(&line)?;
+                    }
+                    Ok(last)
+                }
+            }
+        }
+        VfsCmd::Rm { name } => {
+            store.remove(&name)?;
+            println!("removed {name}");
+            Ok(0)
+        }
+        VfsCmd::Mount {
+            name,
+            dir,
+            principal,
+            allow_other,
+        } => mount(&store, &name, &dir, &principal_of(&principal), allow_other),
+        VfsCmd::Log {
+            name,
+            principal,
+            last,
+            json,
+        } => {
+            let recs = store.audit_log().read(&AuditFilter {
+                collection: name,
+                principal,
+                last,
+            })?;
+            for r in recs {
+                if json {
+                    println!("{}", serde_json::to_string(&r)?);
+                } else {
+                    println!(
+                        "{} {} {}@v{} exit={} out={} err={}{} {:.3}ms {}",
+                        format_utc(r.ts_ms),
+                        r.principal,
+                        r.collection,
+                        r.version,
+                        r.exit_code,
+                        r.stdout_bytes,
+                        r.stderr_bytes,
+                        if r.truncated { " truncated" } else { "" },
+                        r.duration_us as f64 / 1000.0,
+                        r.command
+                    );
+                }
+            }
+            Ok(0)
+        }
+    }
+}
+
+fn mount(
+    store: &Store,
+    name: &str,
+    dir: &std::path::Path,
+    p: &Principal,
+    allow_other: bool,
+) -> anyhow::Result<i32> {
+    use sandlot_vfs::fuse;
+    let coll = store.collection(name)?;
+    let view = coll.view(p)?;
+    // Block SIGINT/SIGTERM in every thread, then wait for them here.
+    // SAFETY: sigset operations on a local, zero-initialised sigset_t; pthread_sigmask
+    // only changes this thread's mask (inherited by the FUSE thread spawned below).
+    let set = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    };
+    let m = fuse::mount(view.clone(), dir, &fuse::MountOptions { allow_other })?;
+    eprintln!(
+        "sandlot: mounted {name} v{} for {} at {} ({} documents); Ctrl-C or `umount {}` to stop",
+        view.version(),
+        p.name,
+        dir.display(),
+        view.tree().doc_count(),
+        dir.display()
+    );
+    loop {
+        if !m.is_alive() {
+            break;
+        }
+        let ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 200_000_000,
+        };
+        // SAFETY: `set` is a valid signal set; a null siginfo pointer is allowed.
+        let sig = unsafe { libc::sigtimedwait(&set, std::ptr::null_mut(), &ts) };
+        if sig > 0 {
+            break;
+        }
+    }
+    m.unmount()?;
+    Ok(0)
 }
