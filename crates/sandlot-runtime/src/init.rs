@@ -4,18 +4,18 @@
 //! runs as host root. The process tree it builds:
 //!
 //! ```text
-//! helper (host root, host namespaces)      joins the cgroup, binds the agent socket,
-//!  |                                        writes the uid/gid maps, idmaps the rootfs
-//!  +- stage1 (new user namespace)           becomes root of that namespace, unshares
-//!      |                                    mount, pid, uts, ipc, net and cgroup namespaces
-//!      +- PID 1 (new pid namespace)         mounts the root, pivots, confines itself and
-//!                                           serves the guest protocol
+//! helper (host root, host namespaces)   joins the cgroup, binds the agent socket,
+//!  |                                     clones PID 1, writes its uid/gid maps,
+//!  |                                     idmaps the rootfs
+//!  +- PID 1 (new user, mount, pid, uts,  becomes root of its user namespace, mounts
+//!     ipc, net, cgroup namespaces)       the root, pivots, confines itself and
+//!                                        serves the guest protocol
 //! ```
 //!
-//! The helper and stage1 exit once PID 1 is running; PID 1 is re-parented to the host
-//! process, which is a child subreaper.
+//! The helper exits once PID 1 is running; PID 1 is re-parented to the host process,
+//! which is a child subreaper.
 
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixListener;
 use std::path::Path;
@@ -120,62 +120,51 @@ fn helper(plan: &SandboxPlan, agent: AgentMain) -> io::Result<()> {
 
     tr.mark("socket bound");
     let (mine, theirs) = sys::socketpair()?;
-    let (pid_r, pid_w) = sys::pipe()?;
-    let stage1 = match sys::fork()? {
+    // PID 1 is created directly in its new namespaces: the user namespace first, the
+    // others owned by it (clone(2) orders them so).
+    let pid = match sys::clone_into_namespaces(
+        libc::CLONE_NEWUSER
+            | libc::CLONE_NEWNS
+            | libc::CLONE_NEWUTS
+            | libc::CLONE_NEWIPC
+            | libc::CLONE_NEWNET
+            | libc::CLONE_NEWCGROUP
+            | libc::CLONE_NEWPID,
+    )? {
         sys::Fork::Child => {
             drop(mine);
-            drop(pid_r);
-            let r = stage1(plan, theirs.as_fd(), pid_w, listener, agent);
-            if let Err(e) = r {
-                fail("stage1", e);
+            if let Err(e) = become_pid1(plan, theirs.as_fd(), listener, agent) {
+                fail("sandbox init", e);
             }
             sys::exit_now(0);
         }
         sys::Fork::Parent(pid) => pid,
     };
     drop(theirs);
-    drop(pid_w);
     drop(listener);
+    tr.mark("pid 1 cloned");
 
-    // 1. stage1 has a user namespace: map its ids.
-    match sys::recv_with_fd(mine.as_fd())? {
-        Some((b'u', _)) => {}
-        _ => {
-            return Err(io::Error::other(
-                "stage1 died before creating its user namespace",
-            ))
-        }
-    }
+    // Map its ids: 0..65535 inside are the slot's range on the host.
     let map = format!("0 {} {}\n", plan.id_base, ID_RANGE);
-    std::fs::write(format!("/proc/{stage1}/uid_map"), &map)?;
-    std::fs::write(format!("/proc/{stage1}/gid_map"), &map)?;
+    std::fs::write(format!("/proc/{pid}/uid_map"), &map)?;
+    std::fs::write(format!("/proc/{pid}/gid_map"), &map)?;
     tr.mark("ids mapped");
 
-    // 2. An idmapped copy of the rootfs, so that its root-owned files are owned by the
-    //    sandbox's root. Kernels or filesystems without idmapped mounts fall back to a
-    //    plain bind (the files then appear as nobody).
+    // An idmapped copy of the rootfs, so that its root-owned files are owned by the
+    // sandbox's root. Kernels or filesystems without idmapped mounts fall back to a
+    // plain bind (the files then appear as nobody).
     let idmapped = match &plan.mounts.root {
-        mounts::RootFs::Overlay { lower, .. } => idmap_tree(lower, stage1).ok(),
+        mounts::RootFs::Overlay { lower, .. } => idmap_tree(lower, pid).ok(),
         mounts::RootFs::Tmpfs { .. } => None,
     };
     sys::send_with_fd(mine.as_fd(), b'g', idmapped.as_ref().map(|f| f.as_fd()))?;
     drop(idmapped);
-
-    // 3. stage1 reports the host pid of PID 1, then exits.
-    let mut pid_buf = String::new();
-    std::fs::File::from(pid_r).read_to_string(&mut pid_buf)?;
-    let st = sys::waitpid(stage1)?;
-    let pid: i32 = pid_buf
-        .trim()
-        .parse()
-        .map_err(|_| io::Error::other(format!("stage1 failed (wait status {st:#x})")))?;
-    tr.mark("pid 1 forked");
     status(&InitStatus::Pid { pid });
     Ok(())
 }
 
-fn idmap_tree(lower: &Path, stage1: i32) -> io::Result<OwnedFd> {
-    let userns = std::fs::File::open(format!("/proc/{stage1}/ns/user"))?;
+fn idmap_tree(lower: &Path, pid1: i32) -> io::Result<OwnedFd> {
+    let userns = std::fs::File::open(format!("/proc/{pid1}/ns/user"))?;
     let tree = sys::open_tree_clone(&sys::cstr(lower)?)?;
     sys::mount_setattr(
         Some(tree.as_fd()),
@@ -187,15 +176,14 @@ fn idmap_tree(lower: &Path, stage1: i32) -> io::Result<OwnedFd> {
     Ok(tree)
 }
 
-fn stage1(
+/// In the new namespaces: wait for the id maps, become root of the user namespace,
+/// then build the sandbox as its PID 1.
+fn become_pid1(
     plan: &SandboxPlan,
     sock: BorrowedFd<'_>,
-    pid_w: OwnedFd,
     listener: UnixListener,
     agent: AgentMain,
 ) -> io::Result<()> {
-    sys::unshare(libc::CLONE_NEWUSER)?;
-    sys::send_with_fd(sock, b'u', None)?;
     let idmapped = match sys::recv_with_fd(sock)? {
         Some((b'g', fd)) => fd,
         _ => return Err(io::Error::other("helper died before mapping ids")),
@@ -203,28 +191,7 @@ fn stage1(
     sys::setresgid(0)?;
     sys::setgroups_empty()?;
     sys::setresuid(0)?;
-    sys::unshare(
-        libc::CLONE_NEWNS
-            | libc::CLONE_NEWUTS
-            | libc::CLONE_NEWIPC
-            | libc::CLONE_NEWNET
-            | libc::CLONE_NEWCGROUP
-            | libc::CLONE_NEWPID,
-    )?;
-    match sys::fork()? {
-        sys::Fork::Child => {
-            drop(pid_w);
-            if let Err(e) = pid1(plan, idmapped, listener, agent) {
-                fail("sandbox init", e);
-            }
-            sys::exit_now(0);
-        }
-        sys::Fork::Parent(pid) => {
-            let mut w = std::fs::File::from(pid_w);
-            w.write_all(pid.to_string().as_bytes())?;
-            Ok(())
-        }
-    }
+    pid1(plan, idmapped, listener, agent)
 }
 
 fn set_cloexec(fd: i32) {

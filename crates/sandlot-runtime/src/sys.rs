@@ -159,26 +159,31 @@ pub fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
     Ok(())
 }
 
-pub fn unshare(flags: libc::c_int) -> io::Result<()> {
-    // SAFETY: unshare has no pointer arguments.
-    cvt(unsafe { libc::unshare(flags) })?;
-    Ok(())
-}
-
 pub enum Fork {
     Child,
     Parent(libc::pid_t),
 }
 
-/// `fork(2)`. Only call from a single-threaded process (the `__init` helper is one).
-pub fn fork() -> io::Result<Fork> {
-    // SAFETY: callers guarantee the process is single-threaded, so the child may use
-    // any function, including the allocator.
-    let pid = cvt(unsafe { libc::fork() })?;
+/// `clone(flags | SIGCHLD)` with fork semantics (no shared memory, no new stack):
+/// the child starts in the new namespaces `flags` asks for. Only call from a
+/// single-threaded process.
+pub fn clone_into_namespaces(flags: libc::c_int) -> io::Result<Fork> {
+    // SAFETY: without CLONE_VM the child gets a copy of the address space, exactly as
+    // with fork(2); the caller is single-threaded, so no lock is held by another thread.
+    let pid = cvt_long(unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            (flags | libc::SIGCHLD) as libc::c_ulong,
+            0usize,
+            0usize,
+            0usize,
+            0usize,
+        )
+    })?;
     Ok(if pid == 0 {
         Fork::Child
     } else {
-        Fork::Parent(pid)
+        Fork::Parent(pid as libc::pid_t)
     })
 }
 
