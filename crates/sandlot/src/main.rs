@@ -14,7 +14,11 @@ mod run_session;
 mod vfs_cmd;
 
 #[derive(Debug, Parser)]
-#[command(name = "sandlot", version, about = "Secure, ephemeral sandboxes for AI agents")]
+#[command(
+    name = "sandlot",
+    version,
+    about = "Secure, ephemeral sandboxes for AI agents"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -48,13 +52,21 @@ fn main() {
         Ok(c) => c,
         Err(e) => {
             use clap::error::ErrorKind;
-            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand) {
+            if matches!(
+                e.kind(),
+                ErrorKind::DisplayHelp
+                    | ErrorKind::DisplayVersion
+                    | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            ) {
                 e.exit();
             }
             // One line, like every other error of ours.
             let text = e.render().to_string();
             let first = text.lines().next().unwrap_or("invalid arguments");
-            eprintln!("sandlot: {} (see --help)", first.trim_start_matches("error: "));
+            eprintln!(
+                "sandlot: {} (see --help)",
+                first.trim_start_matches("error: ")
+            );
             std::process::exit(EXIT_SANDLOT_ERROR);
         }
     };
