@@ -85,7 +85,7 @@ impl fmt::Display for ByteSize {
             ("M", 1 << 20),
             ("K", 1 << 10),
         ] {
-            if b >= m && b % m == 0 {
+            if b >= m && b.is_multiple_of(m) {
                 return write!(f, "{}{}", b / m, unit);
             }
         }
@@ -149,7 +149,7 @@ impl FromStr for Seconds {
             _ => return Err(err()),
         };
         let v = f * mult;
-        if !v.is_finite() || v < 0.0 || v > 1e12 {
+        if !v.is_finite() || !(0.0..=1e12).contains(&v) {
             return Err(err());
         }
         Ok(Seconds(Duration::from_secs_f64(v)))
@@ -189,7 +189,7 @@ impl<'de> Deserialize<'de> for Seconds {
         }
         match Raw::deserialize(d)? {
             Raw::N(n) => Ok(Seconds::secs(n)),
-            Raw::F(f) if f.is_finite() && f >= 0.0 && f < 1e12 => {
+            Raw::F(f) if f.is_finite() && (0.0..1e12).contains(&f) => {
                 Ok(Seconds(Duration::from_secs_f64(f)))
             }
             Raw::F(f) => Err(serde::de::Error::custom(format!("invalid duration {f}"))),

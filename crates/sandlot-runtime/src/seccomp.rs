@@ -445,7 +445,7 @@ mod tests {
 
     /// A tiny classic-BPF interpreter, enough to run our filters in unit tests.
     fn run(prog: &[Insn], arch: u32, nr: u32, args: [u64; 6]) -> u32 {
-        let mut data = vec![0u8; 64];
+        let mut data = [0u8; 64];
         data[0..4].copy_from_slice(&nr.to_le_bytes());
         data[4..8].copy_from_slice(&arch.to_le_bytes());
         for (i, a) in args.iter().enumerate() {
@@ -571,6 +571,8 @@ mod tests {
     }
 
     #[test]
+    // The ioctl numbers' type differs between architectures.
+    #[allow(clippy::unnecessary_cast)]
     fn refuses_tiocsti_but_not_other_ioctls() {
         let p = prog();
         let ioctl = libc::SYS_ioctl as u32;
