@@ -93,7 +93,12 @@ impl ApiError {
     pub fn from_guest(e: ClientError, what: &str) -> ApiError {
         let code = e.code();
         let msg = e.to_string();
-        let s = |status, c| ApiError::new(status, c, format!("{what}: {msg}"));
+        let full = if msg.starts_with(what) {
+            msg.clone()
+        } else {
+            format!("{what}: {msg}")
+        };
+        let s = |status, c| ApiError::new(status, c, full.clone());
         match code {
             Some(GuestCode::NotFound) => s(StatusCode::NOT_FOUND, "not_found"),
             Some(GuestCode::NoSuchProcess) => s(StatusCode::NOT_FOUND, "not_found"),

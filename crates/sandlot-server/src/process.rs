@@ -1,16 +1,16 @@
 //! Processes started through the API. Each has a supervisor task that holds the
-//! agent's exec channel (and so the process's stdin), records the exit status, and
-//! hands the output, with back-pressure, to the first reader from offset 0:
+//! agent's exec channel and hands the output, with back-pressure, to the first
+//! reader from offset 0:
 //!
 //! * parked (default): output is read ahead into a small buffer; beyond it the
 //!   process blocks, as on a pipe, until a reader arrives or `exec_grace` passes;
 //! * streaming: events go to that reader through a bounded channel;
-//! * draining (`background`, after the grace, or when the reader went away): output
-//!   is read and dropped here; the agent keeps the most recent output for
-//!   re-attach, which readers from other offsets use (their own agent channel).
-//!
-//! After the exit, a draining supervisor keeps its channel (without reading) for
-//! `finished_retention`, so the agent keeps the output re-attachable that long.
+//! * released (`background`, after the grace, or when the reader went away): the
+//!   supervisor lets go of its channel, so the agent never blocks the process and
+//!   keeps its most recent output, and its exit status, for re-attach from any
+//!   offset (readers then use their own agent channels). The exit status is then
+//!   learnt by the sandbox's exit poller ([`poll_exits`]). A process whose stdin is
+//!   still open keeps its channel (stdin lives on it) and is drained instead.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -60,6 +60,9 @@ pub struct ProcEntry {
     pub stdin: AsyncMutex<Option<ProcessStdin>>,
     stdin_open: AtomicBool,
     exit: watch::Receiver<Option<ProcessExit>>,
+    exit_tx: watch::Sender<Option<ProcessExit>>,
+    /// No supervisor channel: the exit poller watches it.
+    released: AtomicBool,
     cmd: mpsc::Sender<SupCmd>,
 }
 
@@ -93,6 +96,22 @@ impl ProcEntry {
             state: if exit.is_some() { "exited" } else { "running" }.to_string(),
             exit,
         }
+    }
+
+    /// Records the exit status (the first one wins).
+    pub fn set_exit(&self, x: ProcessExit) {
+        self.exit_tx.send_if_modified(|e| {
+            if e.is_none() {
+                *e = Some(x);
+                true
+            } else {
+                false
+            }
+        });
+    }
+
+    pub fn is_released(&self) -> bool {
+        self.released.load(Ordering::Relaxed)
     }
 
     pub fn mark_stdin_closed(&self) {
@@ -156,6 +175,7 @@ pub fn supervise(
     counters: Arc<Counters>,
     settings: SupervisorSettings,
     span: tracing::Span,
+    wake_poller: Arc<tokio::sync::Notify>,
 ) -> Arc<ProcEntry> {
     let stdin = p.take_stdin();
     let (exit_tx, exit_rx) = watch::channel(None);
@@ -171,6 +191,8 @@ pub fn supervise(
         stdin_open: AtomicBool::new(stdin.is_some()),
         stdin: AsyncMutex::new(stdin),
         exit: exit_rx,
+        exit_tx,
+        released: AtomicBool::new(false),
         cmd: cmd_tx,
     });
     table
@@ -178,9 +200,9 @@ pub fn supervise(
         .unwrap_or_else(|e| e.into_inner())
         .insert(entry.clone());
     let sup = Supervisor {
-        p,
+        p: Some(p),
+        entry: entry.clone(),
         cmd: cmd_rx,
-        exit_tx,
         counters,
         settings,
         mode: if background {
@@ -190,7 +212,8 @@ pub fn supervise(
         },
         buf: VecDeque::new(),
         buf_bytes: 0,
-        dropped_any: false,
+        dropped_any: background,
+        wake_poller,
     };
     tokio::spawn(tracing::Instrument::instrument(sup.run(), span));
     entry
@@ -204,9 +227,10 @@ enum Mode {
 }
 
 struct Supervisor {
-    p: Process,
+    p: Option<Process>,
+    entry: Arc<ProcEntry>,
     cmd: mpsc::Receiver<SupCmd>,
-    exit_tx: watch::Sender<Option<ProcessExit>>,
+    wake_poller: Arc<tokio::sync::Notify>,
     counters: Arc<Counters>,
     settings: SupervisorSettings,
     mode: Mode,
@@ -216,27 +240,49 @@ struct Supervisor {
 }
 
 impl Supervisor {
+    fn stdin_open(&self) -> bool {
+        self.entry.stdin_open.load(Ordering::Relaxed) && self.entry.exit().is_none()
+    }
+
+    /// Lets go of the agent channel: the agent keeps the output and the exit status
+    /// for re-attach, and the exit poller reports the exit.
+    fn release(&mut self) {
+        // Events that already arrived (an exit the agent already delivered to us)
+        // are recorded first.
+        while let Some(p) = self.p.as_mut() {
+            match futures_util::FutureExt::now_or_never(p.next_event()) {
+                Some(Ok(Some(ev))) => {
+                    self.convert(ev);
+                }
+                _ => break,
+            }
+        }
+        self.p = None;
+        self.entry.released.store(true, Ordering::Relaxed);
+        self.wake_poller.notify_one();
+    }
+
     async fn run(mut self) {
         let grace_end = Instant::now() + self.settings.grace;
         let mut consumer: Option<mpsc::Sender<OutEvent>> = None;
         let mut ended = false;
-        let mut cmd_open = true;
         loop {
-            let exited = self.exit_tx.borrow().is_some();
-            // A draining supervisor stops reading at the exit so that the agent keeps
-            // the process (and its output) for re-attach.
-            let can_read = !ended
-                && match self.mode {
-                    Mode::Parked => self.buf_bytes < PARK_BUDGET,
-                    Mode::Streaming => true,
-                    Mode::Draining => !exited,
-                };
-            if ended || (self.mode == Mode::Draining && exited) {
+            if ended {
                 break;
             }
+            if self.mode == Mode::Draining && !self.stdin_open() {
+                if self.entry.exit().is_none() {
+                    self.release();
+                }
+                break;
+            }
+            let can_read = match self.mode {
+                Mode::Parked => self.buf_bytes < PARK_BUDGET,
+                Mode::Streaming | Mode::Draining => true,
+            };
             tokio::select! {
                 biased;
-                c = self.cmd.recv(), if cmd_open => match c {
+                c = self.cmd.recv() => match c {
                     Some(SupCmd::Subscribe { tx, reply }) => {
                         if consumer.is_none() && !self.dropped_any && self.mode != Mode::Draining {
                             let mut ok = true;
@@ -259,9 +305,9 @@ impl Supervisor {
                             let _ = reply.send(false);
                         }
                     }
-                    None => cmd_open = false,
+                    None => ended = true,
                 },
-                ev = self.p.next_event(), if can_read => match ev {
+                ev = async { self.p.as_mut().expect("held while reading").next_event().await }, if can_read => match ev {
                     Ok(Some(ev)) => {
                         let ev = self.convert(ev);
                         match self.mode {
@@ -277,12 +323,12 @@ impl Supervisor {
                                     self.mode = Mode::Draining;
                                 }
                             }
-                            Mode::Draining => self.dropped_any = true,
+                            Mode::Draining => {}
                         }
                     }
                     Ok(None) => ended = true,
                     Err(e) => {
-                        tracing::debug!(process = self.p.id().0, "process stream ended: {e}");
+                        tracing::debug!(process = self.entry.id, "process stream ended: {e}");
                         ended = true;
                     }
                 },
@@ -300,15 +346,18 @@ impl Supervisor {
             }
         }
         drop(consumer);
-        // Keep what is retained available for a while: in the agent (our channel
-        // holds the process) or in our buffer (a parked reader may still come).
+        if self.dropped_any || self.buf.is_empty() {
+            return;
+        }
+        // Everything (up to the exit) is in our buffer and nobody read it yet: keep
+        // it for a reader from offset 0 for a while.
         let until = Instant::now() + self.settings.retention;
         loop {
             tokio::select! {
                 _ = tokio::time::sleep_until(until) => break,
                 c = self.cmd.recv() => match c {
                     Some(SupCmd::Subscribe { tx, reply }) => {
-                        if !self.dropped_any && !self.buf.is_empty() {
+                        if !self.dropped_any {
                             let _ = reply.send(true);
                             for ev in self.buf.drain(..) {
                                 if tx.send(ev).await.is_err() {
@@ -327,7 +376,7 @@ impl Supervisor {
     }
 
     fn convert(&mut self, ev: ProcessEvent) -> OutEvent {
-        let (so, se) = self.p.offsets();
+        let (so, se) = self.p.as_ref().map(|p| p.offsets()).unwrap_or_default();
         match ev {
             ProcessEvent::Stdout(b) => {
                 self.counters.add_stdout(b.len());
@@ -346,7 +395,7 @@ impl Supervisor {
                     stdout_end: so,
                     stderr_end: se,
                 };
-                let _ = self.exit_tx.send(Some(x));
+                self.entry.set_exit(x);
                 OutEvent::Exit(x)
             }
         }
@@ -374,5 +423,53 @@ pub fn convert_attached(p: &Process, ev: ProcessEvent) -> OutEvent {
             stdout_end: so,
             stderr_end: se,
         }),
+    }
+}
+
+/// Reports the exit of released processes (no supervisor channel) by polling the
+/// agent's process list, which keeps undelivered exit statuses, every 200 ms while
+/// any is pending. Ends when `stop` resolves or the agent is gone.
+pub async fn poll_exits(
+    guest: sandlot_guest::client::GuestClient,
+    table: Arc<std::sync::Mutex<ProcTable>>,
+    wake: Arc<tokio::sync::Notify>,
+    stop: impl std::future::Future<Output = ()>,
+) {
+    tokio::pin!(stop);
+    loop {
+        let pending: Vec<Arc<ProcEntry>> = table
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .all()
+            .into_iter()
+            .filter(|e| e.is_released() && e.exit().is_none())
+            .collect();
+        if pending.is_empty() {
+            tokio::select! {
+                _ = wake.notified() => continue,
+                _ = &mut stop => return,
+            }
+        }
+        let Ok(list) = guest.list_processes().await else {
+            return;
+        };
+        for e in pending {
+            if let Some(x) = list.iter().find(|i| i.id.0 == e.id).and_then(|i| {
+                i.exit.map(|st| ProcessExit {
+                    code: st.code,
+                    signal: st.signal,
+                    core_dumped: st.core_dumped,
+                    timed_out: st.timed_out,
+                    stdout_end: i.stdout.produced,
+                    stderr_end: i.stderr.produced,
+                })
+            }) {
+                e.set_exit(x);
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(std::time::Duration::from_millis(200)) => {}
+            _ = &mut stop => return,
+        }
     }
 }

@@ -59,7 +59,8 @@ pub struct SandboxHandle {
     pub guest: GuestClient,
     pub inst: SandboxInstance,
     pub counters: Arc<Counters>,
-    pub procs: Mutex<ProcTable>,
+    pub procs: Arc<Mutex<ProcTable>>,
+    pub exit_poll: Arc<Notify>,
     pub span: tracing::Span,
     expires_at_ms: AtomicI64,
     idle_timeout_ms: Option<i64>,
@@ -93,7 +94,8 @@ impl SandboxHandle {
             guest,
             inst,
             counters: Arc::new(Counters::from_usage(&rec.usage)),
-            procs: Mutex::new(ProcTable::default()),
+            procs: Arc::new(Mutex::new(ProcTable::default())),
+            exit_poll: Arc::new(Notify::new()),
             expires_at_ms: AtomicI64::new(rec.expires_at),
             idle_timeout_ms: rec.idle_timeout_ms,
             last_activity_ms: AtomicI64::new(now_ms()),
@@ -248,13 +250,15 @@ pub async fn create(state: &Arc<AppState>, p: CreateParams) -> ApiResult<Sandbox
                 p.tenant, quota.max_sandboxes
             )))
         }
-        Admission::TooMuchMemory { used } => return Err(ApiError::quota(format!(
+        Admission::TooMuchMemory { used } => {
+            return Err(ApiError::quota(format!(
             "tenant {}: {} of memory in live sandboxes plus {} requested exceeds the quota of {}",
             p.tenant,
             sandlot_proto::units::ByteSize(used),
             p.spec.resources.memory,
             quota.max_memory
-        ))),
+        )))
+        }
         Admission::NameTaken => {
             return Err(ApiError::conflict(format!(
                 "a live sandbox named {:?} already exists",
@@ -381,6 +385,18 @@ pub async fn own(state: Arc<AppState>, h: Arc<SandboxHandle>, adopted: bool) {
     });
     if pidfd.is_none() {
         tracing::warn!("cannot watch the sandbox's PID 1; relying on timeouts");
+    }
+    {
+        let hp = h.clone();
+        tokio::spawn(
+            crate::process::poll_exits(
+                h.guest.clone(),
+                h.procs.clone(),
+                h.exit_poll.clone(),
+                async move { hp.stopped().await },
+            )
+            .instrument(h.span.clone()),
+        );
     }
     let mut last_save = Instant::now();
     let (reason, pid1_exited) = loop {

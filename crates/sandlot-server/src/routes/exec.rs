@@ -53,7 +53,9 @@ fn guest_request(b: &ExecBody) -> ApiResult<ExecRequest> {
         }),
         timeout,
         stdin: b.stdin,
-        detached: false,
+        // Background output never waits for a reader; with stdin the daemon keeps
+        // the channel (stdin lives on it) and drains.
+        detached: b.background && !b.stdin,
         tag: b.tag.clone(),
     };
     req.validate().map_err(|m| match m.split_once(": ") {
@@ -77,10 +79,18 @@ async fn start_process(
     let req = guest_request(b)?;
     h.touch();
     let p = h.guest.exec(req).await.map_err(|e| {
-        ApiError::from_guest(
-            e,
-            &format!("exec {:?}", b.argv.first().cloned().unwrap_or_default()),
-        )
+        use sandlot_guest::client::ErrorCode as C;
+        match e.code() {
+            // The command itself could not be run: the caller's problem (400), not a
+            // missing API resource.
+            Some(C::NotFound | C::PermissionDenied | C::SpawnFailed) => {
+                ApiError::new(StatusCode::BAD_REQUEST, "spawn_failed", e.to_string())
+            }
+            _ => ApiError::from_guest(
+                e,
+                &format!("exec {:?}", b.argv.first().cloned().unwrap_or_default()),
+            ),
+        }
     })?;
     h.counters.exec.fetch_add(1, Ordering::Relaxed);
     state.metrics.exec_total.fetch_add(1, Ordering::Relaxed);
@@ -95,6 +105,7 @@ async fn start_process(
         h.counters.clone(),
         state.supervisor_settings(),
         span,
+        h.exit_poll.clone(),
     ))
 }
 
@@ -294,7 +305,7 @@ async fn open_output(
                     stdout_from: o,
                     stderr_from: e,
                 },
-                Source::Attached(Box::new(proc_)),
+                Source::Attached(Box::new(proc_), entry.clone()),
             ))
         }
         Err(err) => {
@@ -407,9 +418,9 @@ pub async fn attach_ws(
     let (first, src) = open_output(&h, pid, from).await?;
     let entry = h.procs.lock().unwrap_or_else(|e| e.into_inner()).get(pid);
     let (src, stdin) = match (src, entry) {
-        (Source::Attached(mut pr), None) => {
+        (Source::Attached(mut pr, e), None) => {
             let s = pr.take_stdin();
-            (Source::Attached(pr), StdinTarget::Own(s))
+            (Source::Attached(pr, e), StdinTarget::Own(s))
         }
         (src, Some(e)) => (src, StdinTarget::Entry(e)),
         (src, None) => (src, StdinTarget::Own(None)),

@@ -233,6 +233,7 @@ fn de_error(e: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
     }
     let field = match unknown_field(&msg) {
         Some(f) if path == "." => f.to_string(),
+        Some(f) if path == f || path.ends_with(&format!(".{f}")) => path,
         Some(f) => format!("{path}.{f}"),
         None if path == "." => "body".to_string(),
         None => path,

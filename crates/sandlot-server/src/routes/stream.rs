@@ -21,16 +21,26 @@ use crate::sandbox::ActiveGuard;
 pub enum Source {
     /// The process's supervisor (from offset 0, lossless).
     Sup(mpsc::Receiver<OutEvent>),
-    /// The reader's own agent channel (any offset within what is retained).
-    Attached(Box<Process>),
+    /// The reader's own agent channel (any offset within what is retained), and the
+    /// daemon's record of the process (to record an exit seen here).
+    Attached(
+        Box<Process>,
+        Option<std::sync::Arc<crate::process::ProcEntry>>,
+    ),
 }
 
 impl Source {
     pub async fn next(&mut self) -> Result<Option<OutEvent>, ApiError> {
         match self {
             Source::Sup(rx) => Ok(rx.recv().await),
-            Source::Attached(p) => match p.next_event().await {
-                Ok(Some(ev)) => Ok(Some(convert_attached(p, ev))),
+            Source::Attached(p, entry) => match p.next_event().await {
+                Ok(Some(ev)) => {
+                    let ev = convert_attached(p, ev);
+                    if let (OutEvent::Exit(x), Some(e)) = (&ev, entry) {
+                        e.set_exit(*x);
+                    }
+                    Ok(Some(ev))
+                }
                 Ok(None) => Ok(None),
                 Err(e) => Err(ApiError::from_guest(e, &format!("process {}", p.id()))),
             },
