@@ -226,9 +226,9 @@ pub fn fmt_secs(d: Duration) -> String {
     if d.subsec_nanos() != 0 {
         return format!("{:.3}s", d.as_secs_f64());
     }
-    if s >= 3600 && s % 3600 == 0 {
+    if s >= 3600 && s.is_multiple_of(3600) {
         format!("{}h", s / 3600)
-    } else if s >= 60 && s % 60 == 0 {
+    } else if s >= 60 && s.is_multiple_of(60) {
         format!("{}m", s / 60)
     } else {
         format!("{s}s")

@@ -166,6 +166,7 @@ pub struct SupervisorSettings {
 }
 
 /// Registers a freshly started process and spawns its supervisor.
+#[allow(clippy::too_many_arguments)]
 pub fn supervise(
     table: &std::sync::Mutex<ProcTable>,
     mut p: Process,

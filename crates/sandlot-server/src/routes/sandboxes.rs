@@ -58,7 +58,7 @@ pub async fn health(p: Principal) -> Json<Health> {
 pub fn parse_duration(field: &str, v: &Value) -> ApiResult<Duration> {
     let d = match v {
         Value::Number(n) => match n.as_f64() {
-            Some(f) if f.is_finite() && f >= 0.0 && f < 1e12 => Duration::from_secs_f64(f),
+            Some(f) if f.is_finite() && (0.0..1e12).contains(&f) => Duration::from_secs_f64(f),
             _ => {
                 return Err(ApiError::invalid(
                     field,
