@@ -511,10 +511,8 @@ async fn ws_session(
             h2.touch();
             match m {
                 Message::Binary(b) => {
-                    if write_stdin(&h2, &mut stdin, &b).await.is_err() {
-                        // Stdin closed: keep reading control messages.
-                        continue;
-                    }
+                    // A closed stdin is not an error: keep reading control messages.
+                    let _ = write_stdin(&h2, &mut stdin, &b).await;
                 }
                 Message::Text(t) => match serde_json::from_str::<WsControl>(t.as_str()) {
                     Ok(WsControl::StdinClose) => close_stdin(&mut stdin).await,
