@@ -157,19 +157,17 @@ fn runtime(n: usize, json: Option<PathBuf>) -> anyhow::Result<i32> {
     drop(lib);
 
     eprintln!("measuring {n} iterations each ...");
-    let mut rows = Vec::new();
-    rows.push(summarize(
-        "bwrap /bin/true",
-        time_command(n, bwrap_command)?,
-    ));
-    rows.push(summarize(
-        "sandlot run /bin/true (CLI)",
-        time_command(n, || sandlot_run(&exe))?,
-    ));
-    rows.push(summarize(
-        "sandlot runtime, in-process",
-        crate::run::bench_in_process(n)?,
-    ));
+    let rows = vec![
+        summarize("bwrap /bin/true", time_command(n, bwrap_command)?),
+        summarize(
+            "sandlot run /bin/true (CLI)",
+            time_command(n, || sandlot_run(&exe))?,
+        ),
+        summarize(
+            "sandlot runtime, in-process",
+            crate::run::bench_in_process(n)?,
+        ),
+    ];
     print_table(&rows, "bwrap /bin/true");
     if let Some(p) = json {
         std::fs::write(&p, serde_json::to_vec_pretty(&rows)?)

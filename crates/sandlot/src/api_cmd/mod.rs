@@ -17,6 +17,8 @@ mod client_cmds;
 mod render;
 
 /// The daemon and the API client commands.
+// Parsed once per process: boxing the large variants would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, clap::Subcommand)]
 pub enum ApiCommand {
     /// Run the daemon: the HTTP API on a Unix socket (and optionally TCP).
@@ -25,7 +27,7 @@ pub enum ApiCommand {
     #[command(subcommand)]
     Token(TokenCmd),
     /// Create a sandbox and print its id.
-    Create(client_cmds::CreateArgs),
+    Create(Box<client_cmds::CreateArgs>),
     /// List sandboxes.
     Ls(client_cmds::LsArgs),
     /// Show a sandbox.
