@@ -137,11 +137,13 @@ mod tests {
         accepted.sort();
         assert_eq!(documented, accepted);
         // And the spec keys are exactly the spec's fields.
-        let mut spec = sandlot_proto::spec::SandboxSpec::default();
-        spec.rootfs = Some("/x".into());
-        spec.workdir = Some("/w".into());
-        spec.hostname = Some("h".into());
-        spec.timeout = Some(sandlot_proto::units::Seconds::secs(1));
+        let mut spec = sandlot_proto::spec::SandboxSpec {
+            rootfs: Some("/x".into()),
+            workdir: Some("/w".into()),
+            hostname: Some("h".into()),
+            timeout: Some(sandlot_proto::units::Seconds::secs(1)),
+            ..Default::default()
+        };
         spec.env.insert("A".into(), "b".into());
         spec.mounts.push(sandlot_proto::spec::MountSpec::Tmpfs {
             target: "/t".into(),

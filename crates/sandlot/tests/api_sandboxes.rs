@@ -10,12 +10,13 @@ use sandlot_client::{CreateSandbox, ExecBody, ListFilter, SandboxState};
 use serde_json::json;
 
 fn body(v: serde_json::Value) -> CreateSandbox {
-    let serde_json::Value::Object(m) = v else {
-        panic!()
+    let serde_json::Value::Object(spec) = v else {
+        panic!("a JSON object")
     };
-    let mut b = CreateSandbox::default();
-    b.spec = m;
-    b
+    CreateSandbox {
+        spec,
+        ..Default::default()
+    }
 }
 
 #[test]
@@ -347,8 +348,10 @@ fn lifetime_and_idle_timeouts_are_enforced() {
             .unwrap();
         let ext = c.set_timeout(&extended.id, json!("30s")).await.unwrap();
         assert!(ext.expires_at > extended.expires_at);
-        let mut idle_req = CreateSandbox::default();
-        idle_req.idle_timeout = Some(json!(2));
+        let idle_req = CreateSandbox {
+            idle_timeout: Some(json!(2)),
+            ..Default::default()
+        };
         let idle = c.create_sandbox(&idle_req).await.unwrap();
         let busy = c.create_sandbox(&idle_req).await.unwrap();
         // Activity keeps `busy` alive past its idle timeout.

@@ -9,7 +9,7 @@ use axum::body::Body;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Extension, Path, RawQuery, State};
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::Json;
 use futures_util::{SinkExt, StreamExt};
 use sandlot_client::api::{
@@ -23,7 +23,7 @@ use sandlot_proto::units::Seconds;
 use serde_json::Value;
 
 use super::sandboxes::parse_duration;
-use super::stream::{event_json, line, ndjson_output, Source};
+use super::stream::{event_json, ndjson_output, Source};
 use super::{json_status, live, parse_json, JsonBody, RequestId};
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
@@ -821,14 +821,4 @@ pub async fn wait(
         exited: exit.is_some(),
         exit,
     }))
-}
-
-/// NDJSON lines for tests and the contract document.
-pub fn example_line(ev: &StreamEvent) -> bytes::Bytes {
-    line(ev)
-}
-
-#[allow(dead_code)]
-fn _assert_send(r: Response) -> impl IntoResponse {
-    r
 }

@@ -228,7 +228,7 @@ pub fn run(cmd: ApiCommand) -> anyhow::Result<i32> {
         .build()?;
     let r = rt.block_on(async move {
         match cmd {
-            ApiCommand::Create(a) => create(a).await,
+            ApiCommand::Create(a) => create(*a).await,
             ApiCommand::Ls(a) => ls(a).await,
             ApiCommand::Inspect(a) => inspect(a).await,
             ApiCommand::Exec(a) => exec(a).await,
