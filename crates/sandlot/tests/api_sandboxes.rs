@@ -259,6 +259,9 @@ fn bad_bodies_name_each_field() {
         (413, Some("payload_too_large")),
         "{v}"
     );
+    let (st, v) = raw(&d, "GET", "/v1/openapi.json", "");
+    assert_eq!(st, 200);
+    assert!(v["paths"]["/v1/sandboxes"].is_object(), "{v}");
     let (st, v) = raw(&d, "GET", "/v1/nothing", "");
     assert_eq!(
         (st, v["error"]["code"].as_str()),

@@ -9,6 +9,9 @@ use sandlot_client::{CreateSandbox, ExecBody, ListFilter};
 #[test]
 fn tenants_see_and_touch_only_their_own_sandboxes() {
     let d = Daemon::start(None);
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&d.socket).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "the operator socket must be root-only");
     let ta = d.token("alpha");
     let tb = d.token("beta");
     let a = d.tcp(Some(&ta));
