@@ -11,7 +11,7 @@ use std::ffi::OsString;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use bytes::BytesMut;
@@ -323,20 +323,17 @@ impl Agent {
         check_path("rename", &r.from)?;
         check_path("rename", &r.to)?;
         let user = user_for(self, "rename", r.user.as_deref())?;
+        let (from, to) = (Path::new(&r.from), Path::new(&r.to));
+        let seed = rand_seed();
         self.fs
-            .run(&user, || {
-                if r.overwrite {
-                    std::fs::rename(&r.from, &r.to)
-                } else {
-                    nix::fcntl::renameat2(
-                        nix::fcntl::AT_FDCWD,
-                        r.from.as_str(),
-                        nix::fcntl::AT_FDCWD,
-                        r.to.as_str(),
-                        nix::fcntl::RenameFlags::RENAME_NOREPLACE,
-                    )
-                    .map_err(io::Error::from)
+            .run(&user, || match rename_in_place(from, to, r.overwrite) {
+                // Another filesystem, or a reparenting that landlock refuses (a
+                // ruleset that does not grant LANDLOCK_ACCESS_FS_REFER answers EXDEV
+                // to every rename across directories): copy, then swap in.
+                Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
+                    move_by_copy(from, to, r.overwrite, user.uid == 0, seed)
                 }
+                other => other,
             })
             .map_err(|e| fail("rename", &format!("{} -> {}", r.from, r.to), e))
     }
@@ -703,4 +700,127 @@ fn rand_seed() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.subsec_nanos() as u64)
         .unwrap_or(0)
+}
+
+/// `rename(2)`, or `renameat2(RENAME_NOREPLACE)` when `overwrite` is false.
+fn rename_in_place(from: &Path, to: &Path, overwrite: bool) -> io::Result<()> {
+    if overwrite {
+        std::fs::rename(from, to)
+    } else {
+        nix::fcntl::renameat2(
+            nix::fcntl::AT_FDCWD,
+            from,
+            nix::fcntl::AT_FDCWD,
+            to,
+            nix::fcntl::RenameFlags::RENAME_NOREPLACE,
+        )
+        .map_err(io::Error::from)
+    }
+}
+
+/// A rename that `rename(2)` refused with `EXDEV`, done the way `mv` does it, with
+/// the same outcome as a rename: the tree is copied (contents, modes, times, and
+/// owners when acting as root; symlinks as symlinks) to a temporary name next to
+/// `to`, swapped in with a rename inside that directory (atomic, `RENAME_NOREPLACE`
+/// unless `overwrite`), and only then is `from` removed. On failure the copy is
+/// removed and `from` is untouched. Hard links inside a moved tree become copies.
+fn move_by_copy(from: &Path, to: &Path, overwrite: bool, as_root: bool, seed: u64) -> io::Result<()> {
+    let src = std::fs::symlink_metadata(from)?;
+    // The checks rename(2) makes against an existing destination.
+    match std::fs::symlink_metadata(to) {
+        Ok(_) if !overwrite => return Err(io::Error::from_raw_os_error(libc::EEXIST)),
+        Ok(dst) if dst.is_dir() && !src.is_dir() => {
+            return Err(io::Error::from_raw_os_error(libc::EISDIR))
+        }
+        Ok(dst) if !dst.is_dir() && src.is_dir() => {
+            return Err(io::Error::from_raw_os_error(libc::ENOTDIR))
+        }
+        Ok(dst) if dst.is_dir() && std::fs::read_dir(to)?.next().is_some() => {
+            return Err(io::Error::from_raw_os_error(libc::ENOTEMPTY))
+        }
+        Ok(_) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    if src.is_dir() && to.starts_with(from) {
+        // rename(2) refuses to move a directory into itself.
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    let temp = temp_name(to, seed);
+    if let Err(e) = copy_tree(from, &temp, &src, as_root) {
+        let _ = remove_tree(&temp);
+        return Err(e);
+    }
+    if let Err(e) = rename_in_place(&temp, to, overwrite) {
+        let _ = remove_tree(&temp);
+        return Err(e);
+    }
+    remove_tree(from).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!(
+                "copied to {} but removing the source failed: {e}",
+                to.display()
+            ),
+        )
+    })
+}
+
+fn remove_tree(p: &Path) -> io::Result<()> {
+    match std::fs::symlink_metadata(p) {
+        Ok(m) if m.is_dir() => std::fs::remove_dir_all(p),
+        Ok(_) => std::fs::remove_file(p),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Copies `from` (whose `lstat` is `m`) to the new path `to`, recursively.
+fn copy_tree(from: &Path, to: &Path, m: &std::fs::Metadata, as_root: bool) -> io::Result<()> {
+    let ft = m.file_type();
+    if ft.is_symlink() {
+        std::os::unix::fs::symlink(std::fs::read_link(from)?, to)?;
+    } else if ft.is_dir() {
+        std::fs::DirBuilder::new().mode(0o700).create(to)?;
+        for name in sorted_names(from)? {
+            let (f, t) = (from.join(&name), to.join(&name));
+            copy_tree(&f, &t, &std::fs::symlink_metadata(&f)?, as_root)?;
+        }
+    } else if ft.is_file() {
+        let mut input = File::open(from)?;
+        let mut output = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(to)?;
+        io::copy(&mut input, &mut output)?;
+        output.sync_data()?;
+    } else if ft.is_fifo() {
+        nix::unistd::mkfifo(to, nix::sys::stat::Mode::from_bits_truncate(0o600))
+            .map_err(io::Error::from)?;
+    } else {
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!(
+                "{}: sockets and device nodes cannot be moved to another directory",
+                from.display()
+            ),
+        ));
+    }
+    if as_root {
+        std::os::unix::fs::lchown(to, Some(m.uid()), Some(m.gid()))?;
+    }
+    if !ft.is_symlink() {
+        // After the owner: chown clears set-id bits.
+        std::fs::set_permissions(to, std::fs::Permissions::from_mode(m.mode() & 0o7777))?;
+    }
+    let time = |s: i64, ns: i64| nix::sys::time::TimeSpec::new(s, ns);
+    nix::sys::stat::utimensat(
+        nix::fcntl::AT_FDCWD,
+        to,
+        &time(m.atime(), m.atime_nsec()),
+        &time(m.mtime(), m.mtime_nsec()),
+        nix::sys::stat::UtimensatFlags::NoFollowSymlink,
+    )
+    .map_err(io::Error::from)
 }
