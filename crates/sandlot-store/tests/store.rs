@@ -1,0 +1,141 @@
+//! Store round trips: directory → image → OCI archive → another store; digests
+//! are verified; snapshots commit an overlay-format directory; prune.
+
+use std::fs;
+use std::path::Path;
+
+use sandlot_store::{oci, ImageConfig, ImageName, ImageStore, StoreError};
+
+fn tree(dir: &Path) {
+    fs::create_dir_all(dir.join("etc")).unwrap();
+    fs::create_dir_all(dir.join("usr/bin")).unwrap();
+    fs::write(dir.join("etc/os-release"), "ID=test\n").unwrap();
+    fs::write(dir.join("usr/bin/tool"), vec![7u8; 100_000]).unwrap();
+    std::os::unix::fs::symlink("usr/bin", dir.join("bin")).unwrap();
+}
+
+fn cfg() -> ImageConfig {
+    ImageConfig {
+        env: vec!["PATH=/usr/bin:/bin".into(), "FOO=bar".into()],
+        workdir: Some("/work".into()),
+        user: None,
+        entrypoint: vec![],
+        cmd: vec!["/bin/sh".into()],
+    }
+}
+
+fn nop(_: oci::Progress) {}
+
+#[test]
+fn export_import_round_trip_keeps_the_id_and_verifies_digests() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    tree(&src);
+    let a = ImageStore::open(&t.path().join("a")).unwrap();
+    let name = ImageName::parse("test/base:1").unwrap();
+    let img = a.import_dir(&src, &cfg(), Some(&name)).unwrap();
+    assert_eq!(img.tags, ["test/base:1"]);
+    assert_eq!(img.config.env, cfg().env);
+    assert_eq!(a.resolve("test/base:1").unwrap().id, img.id);
+    assert_eq!(a.resolve(&img.id.hex()[..12]).unwrap().id, img.id);
+    assert!(matches!(a.resolve("nope"), Err(StoreError::NotFound(_))));
+
+    let archive = t.path().join("img.tar");
+    let f = fs::File::create(&archive).unwrap();
+    oci::export(&a, &img, &[name.clone()], f, &nop).unwrap();
+
+    let b = ImageStore::open(&t.path().join("b")).unwrap();
+    let got = oci::import(&b, &archive, None, &nop).unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(
+        got[0].id, img.id,
+        "the config bytes survive, so does the id"
+    );
+    assert_eq!(got[0].tags, ["test/base:1"]);
+    let dirs = b.layer_dirs(&got[0]);
+    assert_eq!(
+        fs::read_to_string(dirs[0].join("etc/os-release")).unwrap(),
+        "ID=test\n"
+    );
+    assert_eq!(
+        fs::read_link(dirs[0].join("bin")).unwrap(),
+        Path::new("usr/bin")
+    );
+
+    // Importing the same archive again reuses the layer.
+    let again = oci::import(
+        &b,
+        &archive,
+        Some(&ImageName::parse("other").unwrap()),
+        &nop,
+    )
+    .unwrap();
+    assert_eq!(again[0].id, img.id);
+    assert_eq!(b.resolve("other:latest").unwrap().tags.len(), 2);
+
+    // A corrupted blob is refused, naming the digest.
+    let layout = t.path().join("layout");
+    fs::create_dir(&layout).unwrap();
+    tar::Archive::new(fs::File::open(&archive).unwrap())
+        .unpack(&layout)
+        .unwrap();
+    let blob = layout.join("blobs/sha256").join(img.layers[0].blob.hex());
+    let mut bytes = fs::read(&blob).unwrap();
+    let n = bytes.len();
+    bytes[n / 3] ^= 0xff;
+    fs::write(&blob, bytes).unwrap();
+    fs::remove_file(layout.join("manifest.json")).unwrap();
+    let c = ImageStore::open(&t.path().join("c")).unwrap();
+    let e = oci::import(&c, &layout, None, &nop).unwrap_err();
+    assert!(matches!(e, StoreError::DigestMismatch { .. }), "{e}");
+    assert!(
+        e.to_string().contains(&img.layers[0].blob.to_string()),
+        "{e}"
+    );
+}
+
+#[test]
+fn commit_diff_rm_and_prune() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    tree(&src);
+    let s = ImageStore::open(&t.path().join("s")).unwrap();
+    let base = s
+        .import_dir(&src, &cfg(), Some(&ImageName::parse("base").unwrap()))
+        .unwrap();
+
+    // An overlay upper: one new file, one changed, one deleted (whiteout).
+    let upper = t.path().join("upper");
+    fs::create_dir_all(upper.join("etc")).unwrap();
+    fs::write(upper.join("etc/os-release"), "ID=changed\n").unwrap();
+    fs::write(upper.join("new.txt"), "hello").unwrap();
+    sandlot_store::layer::make_whiteout(&upper.join("bin")).unwrap();
+    let snap = s
+        .commit(&base, &upper, &base.config, "snapshot", "snapshot", None)
+        .unwrap();
+    assert_eq!(snap.parent, Some(base.id));
+    assert_eq!(snap.layers.len(), 2);
+    let d = s.diff(&base, &snap).unwrap();
+    assert_eq!(d.added, ["/new.txt"]);
+    assert_eq!(d.changed, ["/etc/os-release"]);
+    assert_eq!(d.removed, ["/bin"]);
+
+    // A leased image cannot be removed; released, it can; prune frees its layer.
+    s.lease("sb-1", &snap.id).unwrap();
+    let e = s.remove(&snap.id.to_string()).unwrap_err();
+    assert!(e.to_string().contains("sb-1"), "{e}");
+    assert!(s.prune().unwrap().layers.is_empty());
+    s.release("sb-1").unwrap();
+    s.remove(&snap.id.to_string()).unwrap();
+    let rep = s.prune().unwrap();
+    assert_eq!(rep.layers, [snap.layers[1].diff_id]);
+    assert!(!s.layer_dir(&snap.layers[1].diff_id).exists());
+    assert!(
+        s.layer_dir(&base.layers[0].diff_id).exists(),
+        "base layers stay"
+    );
+    // Removing by name removes the last tag and the image.
+    s.remove("base").unwrap();
+    assert!(s.list().unwrap().is_empty());
+    assert_eq!(s.prune().unwrap().layers.len(), 1);
+}
