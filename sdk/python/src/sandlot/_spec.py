@@ -1,0 +1,195 @@
+"""Request bodies and query strings, shared by the sync and async API. Pure: no I/O."""
+
+from __future__ import annotations
+
+import copy
+from datetime import timedelta
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+
+Duration = Union[int, float, str, timedelta]
+Size = Union[int, str]
+
+_UNSET: Any = object()
+
+
+def duration(v: Duration) -> Union[int, float, str]:
+    """Seconds (number), a string with a unit (``"10m"``), or a timedelta."""
+    if isinstance(v, timedelta):
+        return v.total_seconds()
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        raise TypeError(f"a duration is seconds, a string like '10m' or a timedelta, not {v!r}")
+    return v
+
+
+def mode_str(mode: Union[int, str]) -> str:
+    """A file mode for the API: ``0o644`` → ``"0644"``; strings pass through."""
+    if isinstance(mode, bool):
+        raise TypeError(f"a file mode is an int like 0o644 or a string like '0644', not {mode!r}")
+    if isinstance(mode, int):
+        return format(mode, "04o")
+    return mode
+
+
+def create_body(
+    *,
+    image: Optional[str] = None,
+    rootfs: Optional[str] = None,
+    env: Optional[Mapping[str, str]] = None,
+    workdir: Optional[str] = None,
+    user: Optional[str] = None,
+    hostname: Optional[str] = None,
+    resources: Optional[Mapping[str, Any]] = None,
+    cpus: Optional[float] = None,
+    memory: Optional[Size] = None,
+    pids: Optional[int] = None,
+    disk: Optional[Size] = None,
+    timeout: Optional[Duration] = None,
+    idle_timeout: Optional[Duration] = None,
+    mounts: Optional[Sequence[Mapping[str, Any]]] = None,
+    network: Any = None,
+    volumes: Any = None,
+    secrets: Any = None,
+    name: Optional[str] = None,
+    tags: Optional[Mapping[str, str]] = None,
+    metadata: Optional[Mapping[str, str]] = None,
+    spec: Optional[Mapping[str, Any]] = None,
+) -> Dict[str, Any]:
+    """The ``POST /v1/sandboxes`` body. ``spec`` is the base (any field the API
+    knows, including ones newer than this SDK); explicit arguments override it;
+    ``cpus``/``memory``/``pids``/``disk`` are merged into ``resources``. Values are
+    passed as the API takes them; the daemon validates and names a bad field."""
+    body: Dict[str, Any] = copy.deepcopy(dict(spec)) if spec else {}
+    plain = {
+        "image": image,
+        "rootfs": rootfs,
+        "workdir": workdir,
+        "user": user,
+        "hostname": hostname,
+        "network": network,
+        "volumes": volumes,
+        "secrets": secrets,
+        "name": name,
+    }
+    for k, v in plain.items():
+        if v is not None:
+            body[k] = v
+    if env is not None:
+        body["env"] = dict(env)
+    if tags is not None:
+        body["tags"] = dict(tags)
+    if metadata is not None:
+        body["metadata"] = dict(metadata)
+    if mounts is not None:
+        body["mounts"] = [dict(m) for m in mounts]
+    if timeout is not None:
+        body["timeout"] = duration(timeout)
+    if idle_timeout is not None:
+        body["idle_timeout"] = duration(idle_timeout)
+    res: Dict[str, Any] = dict(body.get("resources") or {})
+    if resources is not None:
+        res.update(resources)
+    for k, v in (("cpus", cpus), ("memory", memory), ("pids", pids), ("disk", disk)):
+        if v is not None:
+            res[k] = v
+    if res:
+        body["resources"] = res
+    return body
+
+
+def argv_of(args: Tuple[Any, ...]) -> List[str]:
+    """``exec("ls", "-l")`` or ``exec(["ls", "-l"])``."""
+    if len(args) == 1 and isinstance(args[0], (list, tuple)):
+        args = tuple(args[0])
+    if not args:
+        raise ValueError("exec: give the command, e.g. exec('python3', '-c', 'print(1)')")
+    out = []
+    for a in args:
+        if not isinstance(a, str):
+            raise TypeError(f"exec: arguments are strings, got {a!r}")
+        out.append(a)
+    return out
+
+
+def shell_argv(cmd: Union[str, Sequence[str]]) -> List[str]:
+    """``run("echo hi")`` runs through ``/bin/sh -c``; a list is the argv itself."""
+    if isinstance(cmd, str):
+        return ["/bin/sh", "-c", cmd]
+    return argv_of((list(cmd),))
+
+
+def pty_size(pty: Any) -> Optional[Dict[str, int]]:
+    if pty is None or pty is False:
+        return None
+    if pty is True:
+        return {"rows": 24, "cols": 80}
+    if isinstance(pty, (tuple, list)) and len(pty) == 2:
+        return {"rows": int(pty[0]), "cols": int(pty[1])}
+    if isinstance(pty, Mapping):
+        return {"rows": int(pty["rows"]), "cols": int(pty["cols"])}
+    raise TypeError(f"pty is True, (rows, cols) or {{'rows': R, 'cols': C}}, not {pty!r}")
+
+
+def exec_body(
+    argv: List[str],
+    *,
+    env: Optional[Mapping[str, str]] = None,
+    cwd: Optional[str] = None,
+    user: Optional[str] = None,
+    pty: Any = None,
+    timeout: Optional[Duration] = None,
+    stdin: bool = False,
+    tag: Optional[str] = None,
+    background: bool = False,
+) -> Dict[str, Any]:
+    body: Dict[str, Any] = {"argv": argv}
+    if env:
+        body["env"] = dict(env)
+    if cwd is not None:
+        body["cwd"] = cwd
+    if user is not None:
+        body["user"] = user
+    size = pty_size(pty)
+    if size is not None:
+        body["pty"] = size
+    if timeout is not None:
+        body["timeout"] = duration(timeout)
+    if stdin:
+        body["stdin"] = True
+    if tag is not None:
+        body["tag"] = tag
+    if background:
+        body["background"] = True
+    return body
+
+
+def list_params(
+    tags: Union[Mapping[str, Optional[str]], Iterable[str], None],
+    state: Union[str, Iterable[str], None],
+    name: Optional[str],
+    limit: Optional[int],
+) -> List[Tuple[str, str]]:
+    """Query of ``GET /v1/sandboxes``: ``tags={"user": "u1", "team": None}`` means
+    tag user=u1 and "has the tag team"; a list of keys means "has these tags"."""
+    q: List[Tuple[str, str]] = []
+    if state is not None:
+        q.append(("state", state if isinstance(state, str) else ",".join(state)))
+    if tags is not None:
+        if isinstance(tags, Mapping):
+            for k, v in tags.items():
+                q.append(("tag", k if v is None else f"{k}={v}"))
+        else:
+            for k in tags:
+                q.append(("tag", k))
+    if name is not None:
+        q.append(("name", name))
+    if limit is not None:
+        q.append(("limit", str(limit)))
+    return q
+
+
+def stdin_bytes(data: Union[bytes, bytearray, memoryview, str]) -> bytes:
+    if isinstance(data, str):
+        return data.encode("utf-8")
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return bytes(data)
+    raise TypeError(f"stdin data is bytes or str, not {type(data).__name__}")

@@ -1,0 +1,253 @@
+"""Typed exceptions. Every error the daemon answers maps to one class by its
+``code`` (falling back to its HTTP status); each carries the ``request_id`` to
+find the daemon's log lines, and validation errors the ``field`` they name."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Dict, Optional, Type
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .models import RunResult
+
+
+class SandlotError(Exception):
+    """Base class of every exception raised by this package."""
+
+
+class ConnectError(SandlotError, ConnectionError):
+    """The daemon could not be reached (socket missing, connection refused, ...)."""
+
+
+class APIError(SandlotError):
+    """An error answered by the daemon.
+
+    Attributes: ``status`` (HTTP status), ``code`` (the API's error code, e.g.
+    ``not_found``), ``message``, ``request_id`` and, for validation errors,
+    ``field`` (e.g. ``resources.memory``)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int,
+        code: str,
+        request_id: Optional[str] = None,
+        field: Optional[str] = None,
+    ) -> None:
+        self.message = message
+        self.status = status
+        self.code = code
+        self.request_id = request_id
+        self.field = field
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        rid = f", request {self.request_id}" if self.request_id else ""
+        return f"{self.message} ({self.code}, HTTP {self.status}{rid})"
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(message={self.message!r}, status={self.status}, "
+            f"code={self.code!r}, request_id={self.request_id!r}, field={self.field!r})"
+        )
+
+
+class BadRequestError(APIError):
+    """400: the request is malformed or invalid."""
+
+
+class InvalidSpecError(BadRequestError):
+    """400 naming a ``field``: a sandbox spec, exec body, path or query failed validation."""
+
+
+class SpawnError(BadRequestError):
+    """400 ``spawn_failed``: the command could not be started (not found, not executable)."""
+
+
+class InvalidUserError(BadRequestError):
+    """400 ``invalid_user``: no such user in the sandbox."""
+
+
+class AuthError(APIError):
+    """401: no, bad or revoked token."""
+
+
+class PermissionDeniedError(APIError):
+    """403: a file operation the sandbox user may not do."""
+
+
+class NotFoundError(APIError):
+    """404: no such sandbox (for this caller), process, file or route."""
+
+
+class MethodNotAllowedError(APIError):
+    """405."""
+
+
+class ConflictError(APIError):
+    """409: wrong state (sandbox stopped, name taken, stdin closed, ...)."""
+
+
+class AlreadyExistsError(ConflictError):
+    """409 ``already_exists``."""
+
+
+class NotADirectoryError_(ConflictError):
+    """409 ``not_a_directory``."""
+
+
+class IsADirectoryError_(ConflictError):
+    """409 ``is_a_directory``."""
+
+
+class DirectoryNotEmptyError(ConflictError):
+    """409 ``directory_not_empty``."""
+
+
+class ProcessExitedError(ConflictError):
+    """409 ``process_exited``."""
+
+
+class GoneError(APIError):
+    """410: the process exited and its output is no longer retained."""
+
+
+class PayloadTooLargeError(APIError):
+    """413: request body or upload over the operator's limit."""
+
+
+class QuotaExceededError(APIError):
+    """429: the tenant's quota (live sandboxes, memory) or a sandbox limit."""
+
+
+class InternalError(APIError):
+    """500: opaque; the daemon's log has details under the request id."""
+
+
+class UnavailableError(APIError):
+    """503: no capacity, or the daemon is shutting down."""
+
+
+class NoSpaceError(APIError):
+    """507: the sandbox's disk (writable layer) is full."""
+
+
+class ProtocolError(SandlotError):
+    """The daemon answered something this SDK does not understand."""
+
+
+class StreamError(APIError):
+    """An ``error`` line ended an output or watch stream."""
+
+
+class ProcessTimeoutError(SandlotError, TimeoutError):
+    """``Process.wait(timeout=...)`` expired; the process still runs."""
+
+
+class CommandError(SandlotError):
+    """``run(..., check=True)``: the command failed. ``result`` holds its output."""
+
+    def __init__(self, result: "RunResult") -> None:
+        self.result = result
+        super().__init__(self._describe(result))
+
+    @staticmethod
+    def _describe(r: "RunResult") -> str:
+        if r.exit.timed_out:
+            what = "timed out"
+        elif r.exit.signal is not None:
+            what = f"was killed by signal {r.exit.signal}"
+        else:
+            what = f"exited with code {r.exit_code}"
+        tail = r.stderr.strip().splitlines()[-3:] if r.stderr else []
+        more = (": " + " | ".join(tail)) if tail else ""
+        return f"command {list(r.argv)!r} {what}{more}"
+
+    @property
+    def exit_code(self) -> int:
+        return self.result.exit_code
+
+    @property
+    def stdout(self) -> str:
+        return self.result.stdout
+
+    @property
+    def stderr(self) -> str:
+        return self.result.stderr
+
+
+class CommandTimeoutError(CommandError, TimeoutError):
+    """``run(..., check=True, timeout=...)``: the command ran out of time and was killed."""
+
+
+_BY_CODE: Dict[str, Type[APIError]] = {
+    "spawn_failed": SpawnError,
+    "invalid_user": InvalidUserError,
+    "unauthorized": AuthError,
+    "permission_denied": PermissionDeniedError,
+    "not_found": NotFoundError,
+    "method_not_allowed": MethodNotAllowedError,
+    "conflict": ConflictError,
+    "already_exists": AlreadyExistsError,
+    "not_a_directory": NotADirectoryError_,
+    "is_a_directory": IsADirectoryError_,
+    "directory_not_empty": DirectoryNotEmptyError,
+    "process_exited": ProcessExitedError,
+    "gone": GoneError,
+    "payload_too_large": PayloadTooLargeError,
+    "quota_exceeded": QuotaExceededError,
+    "limit": QuotaExceededError,
+    "internal": InternalError,
+    "unavailable": UnavailableError,
+    "no_space": NoSpaceError,
+}
+
+_BY_STATUS: Dict[int, Type[APIError]] = {
+    400: BadRequestError,
+    401: AuthError,
+    403: PermissionDeniedError,
+    404: NotFoundError,
+    405: MethodNotAllowedError,
+    409: ConflictError,
+    410: GoneError,
+    413: PayloadTooLargeError,
+    429: QuotaExceededError,
+    500: InternalError,
+    503: UnavailableError,
+    507: NoSpaceError,
+}
+
+
+def error_class(status: int, code: str, field: Optional[str]) -> Type[APIError]:
+    """The exception class for an API error."""
+    if code == "bad_request":
+        return InvalidSpecError if field else BadRequestError
+    cls = _BY_CODE.get(code) or _BY_STATUS.get(status)
+    if cls is None:
+        cls = InternalError if status >= 500 else APIError
+    return cls
+
+
+def from_body(status: int, body: Any, request_id: Optional[str], fallback: str) -> APIError:
+    """Builds the exception for an error response (``body`` parsed JSON or None)."""
+    err = body.get("error") if isinstance(body, dict) else None
+    if isinstance(err, dict):
+        code = str(err.get("code") or "unknown")
+        message = str(err.get("message") or fallback)
+        field = err.get("field")
+        rid = err.get("request_id") or request_id
+    else:
+        code, message, field, rid = "unknown", fallback, None, request_id
+    cls = error_class(status, code, field)
+    return cls(message, status=status, code=code, request_id=rid, field=field)
+
+
+def from_stream_error(err: Dict[str, Any]) -> StreamError:
+    """The exception for an ``{"type": "error"}`` line of a stream."""
+    return StreamError(
+        str(err.get("message") or "stream error"),
+        status=0,
+        code=str(err.get("code") or "unknown"),
+        request_id=err.get("request_id"),
+        field=err.get("field"),
+    )

@@ -1,0 +1,343 @@
+"""Typed views of the API's objects. Each keeps the full JSON it was built from
+in ``raw`` (responses may gain fields; unknown ones are kept there, never refused)."""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Dict, List, Optional, Sequence
+
+
+def parse_time(s: Optional[str]) -> Optional[datetime]:
+    """An RFC 3339 timestamp of the API (``2026-11-30T00:12:47.123Z``) as an aware datetime."""
+    if not s:
+        return None
+    try:
+        return datetime.fromisoformat(s.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Metered usage of a sandbox."""
+
+    cpu_seconds: float = 0.0
+    memory_bytes: int = 0
+    memory_peak_bytes: int = 0
+    wall_seconds: float = 0.0
+    exec_count: int = 0
+    stdin_bytes: int = 0
+    stdout_bytes: int = 0
+    stderr_bytes: int = 0
+    file_bytes_in: int = 0
+    file_bytes_out: int = 0
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, d: Optional[Dict[str, Any]]) -> "Usage":
+        d = d or {}
+        return cls(
+            cpu_seconds=float(d.get("cpu_seconds", 0.0)),
+            memory_bytes=int(d.get("memory_bytes", 0)),
+            memory_peak_bytes=int(d.get("memory_peak_bytes", 0)),
+            wall_seconds=float(d.get("wall_seconds", 0.0)),
+            exec_count=int(d.get("exec_count", 0)),
+            stdin_bytes=int(d.get("stdin_bytes", 0)),
+            stdout_bytes=int(d.get("stdout_bytes", 0)),
+            stderr_bytes=int(d.get("stderr_bytes", 0)),
+            file_bytes_in=int(d.get("file_bytes_in", 0)),
+            file_bytes_out=int(d.get("file_bytes_out", 0)),
+            raw=dict(d),
+        )
+
+
+@dataclass(frozen=True)
+class SandboxInfo:
+    """A sandbox as the daemon reports it (``GET /v1/sandboxes/{id}``)."""
+
+    id: str
+    name: Optional[str]
+    tenant: str
+    state: str
+    spec: Dict[str, Any]
+    tags: Dict[str, str]
+    metadata: Dict[str, str]
+    created_at: Optional[datetime]
+    started_at: Optional[datetime]
+    ended_at: Optional[datetime]
+    expires_at: Optional[datetime]
+    idle_timeout: Optional[float]
+    end_reason: Optional[str]
+    exit_code: Optional[int]
+    exit_signal: Optional[int]
+    error: Optional[str]
+    usage: Usage
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def running(self) -> bool:
+        return self.state == "running"
+
+    @property
+    def stopped(self) -> bool:
+        return self.state == "stopped"
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "SandboxInfo":
+        ex = d.get("exit") or {}
+        return cls(
+            id=d["id"],
+            name=d.get("name"),
+            tenant=d.get("tenant", ""),
+            state=d.get("state", ""),
+            spec=d.get("spec") or {},
+            tags=d.get("tags") or {},
+            metadata=d.get("metadata") or {},
+            created_at=parse_time(d.get("created_at")),
+            started_at=parse_time(d.get("started_at")),
+            ended_at=parse_time(d.get("ended_at")),
+            expires_at=parse_time(d.get("expires_at")),
+            idle_timeout=d.get("idle_timeout"),
+            end_reason=d.get("end_reason"),
+            exit_code=ex.get("code"),
+            exit_signal=ex.get("signal"),
+            error=d.get("error"),
+            usage=Usage.from_json(d.get("usage")),
+            raw=d,
+        )
+
+
+@dataclass(frozen=True)
+class ExitStatus:
+    """How a process ended. ``returncode`` follows ``subprocess``: the exit code, or
+    ``-N`` when signal N killed it."""
+
+    code: Optional[int]
+    signal: Optional[int]
+    core_dumped: bool = False
+    timed_out: bool = False
+    stdout_end: int = 0
+    stderr_end: int = 0
+
+    @property
+    def returncode(self) -> int:
+        if self.code is not None:
+            return self.code
+        if self.signal is not None:
+            return -self.signal
+        return -1
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "ExitStatus":
+        return cls(
+            code=d.get("code"),
+            signal=d.get("signal"),
+            core_dumped=bool(d.get("core_dumped", False)),
+            timed_out=bool(d.get("timed_out", False)),
+            stdout_end=int(d.get("stdout_end", 0)),
+            stderr_end=int(d.get("stderr_end", 0)),
+        )
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """A process in a sandbox. ``id`` is the API's handle (not the pid)."""
+
+    id: int
+    pid: int
+    argv: List[str]
+    tag: Optional[str]
+    pty: bool
+    stdin: bool
+    background: bool
+    started_at: Optional[datetime]
+    state: str
+    exit: Optional[ExitStatus]
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "ProcessInfo":
+        ex = d.get("exit")
+        return cls(
+            id=int(d["id"]),
+            pid=int(d.get("pid", 0)),
+            argv=list(d.get("argv") or []),
+            tag=d.get("tag"),
+            pty=bool(d.get("pty", False)),
+            stdin=bool(d.get("stdin", False)),
+            background=bool(d.get("background", False)),
+            started_at=parse_time(d.get("started_at")),
+            state=d.get("state", ""),
+            exit=ExitStatus.from_json(ex) if ex else None,
+            raw=d,
+        )
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """The outcome of ``Sandbox.run``: decoded output (UTF-8, invalid bytes
+    replaced), the exact bytes, and the exit status."""
+
+    argv: Sequence[str]
+    stdout_bytes: bytes
+    stderr_bytes: bytes
+    exit: ExitStatus
+
+    @property
+    def stdout(self) -> str:
+        return self.stdout_bytes.decode("utf-8", errors="replace")
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_bytes.decode("utf-8", errors="replace")
+
+    @property
+    def exit_code(self) -> int:
+        return self.exit.returncode
+
+    @property
+    def returncode(self) -> int:
+        return self.exit.returncode
+
+    @property
+    def ok(self) -> bool:
+        return self.exit.returncode == 0
+
+    def __repr__(self) -> str:
+        return (
+            f"RunResult(exit_code={self.exit_code}, stdout={_short(self.stdout)!r}, "
+            f"stderr={_short(self.stderr)!r})"
+        )
+
+
+def _short(s: str, n: int = 200) -> str:
+    return s if len(s) <= n else s[:n] + "..."
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    """``stat`` of a path in a sandbox (and listing entries: ``depth``, ``error``)."""
+
+    path: str
+    kind: str
+    size: int
+    mode: int
+    uid: int
+    gid: int
+    mtime: Optional[datetime]
+    symlink_target: Optional[str] = None
+    depth: int = 0
+    error: Optional[str] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def name(self) -> str:
+        return self.path.rstrip("/").rsplit("/", 1)[-1]
+
+    @property
+    def is_file(self) -> bool:
+        return self.kind == "file"
+
+    @property
+    def is_dir(self) -> bool:
+        return self.kind == "dir"
+
+    @property
+    def is_symlink(self) -> bool:
+        return self.kind == "symlink"
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "FileInfo":
+        return cls(
+            path=d["path"],
+            kind=d.get("kind", ""),
+            size=int(d.get("size", 0)),
+            mode=int(d.get("mode", 0)),
+            uid=int(d.get("uid", 0)),
+            gid=int(d.get("gid", 0)),
+            mtime=parse_time(d.get("mtime")),
+            symlink_target=d.get("symlink_target"),
+            depth=int(d.get("depth", 0)),
+            error=d.get("error"),
+            raw=d,
+        )
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    """A filesystem change: ``kind`` is create, modify, delete, rename or overflow."""
+
+    kind: str
+    path: Optional[str]
+    from_path: Optional[str] = None
+    dir: bool = False
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "WatchEvent":
+        return cls(
+            kind=d.get("kind", ""),
+            path=d.get("path"),
+            from_path=d.get("from"),
+            dir=bool(d.get("dir", False)),
+            raw=d,
+        )
+
+
+@dataclass(frozen=True)
+class TarResult:
+    """What an uploaded directory (tar) became."""
+
+    path: str
+    files: int
+    dirs: int
+    bytes: int
+    skipped: List[str]
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "TarResult":
+        return cls(
+            path=d.get("path", ""),
+            files=int(d.get("files", 0)),
+            dirs=int(d.get("dirs", 0)),
+            bytes=int(d.get("bytes", 0)),
+            skipped=list(d.get("skipped") or []),
+        )
+
+
+@dataclass(frozen=True)
+class SandboxEvent:
+    """A lifecycle event: created, started, timeout_set, stopped."""
+
+    seq: int
+    at: Optional[datetime]
+    kind: str
+    message: str
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "SandboxEvent":
+        return cls(
+            seq=int(d.get("seq", 0)),
+            at=parse_time(d.get("at")),
+            kind=d.get("kind", ""),
+            message=d.get("message", ""),
+        )
+
+
+@dataclass(frozen=True)
+class OutputChunk:
+    """A piece of a process's output, in arrival order: ``stream`` is ``stdout`` or ``stderr``."""
+
+    stream: str
+    data: bytes
+    offset: int
+
+
+def decode_chunk(line: Dict[str, Any]) -> OutputChunk:
+    return OutputChunk(
+        stream=line["type"],
+        data=base64.b64decode(line.get("data") or ""),
+        offset=int(line.get("offset", 0)),
+    )

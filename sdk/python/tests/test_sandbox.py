@@ -1,0 +1,389 @@
+"""The sync API end to end: lifecycle, processes, errors, tenants, timeouts."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+
+import sandlot
+from sandlot import Sandbox
+
+
+def wait_until(pred, timeout: float = 15.0, what: str = "condition"):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+# --- lifecycle -----------------------------------------------------------------
+
+
+def test_context_manager_runs_code_and_terminates(daemon, acme):  # type: ignore[no-untyped-def]
+    with Sandbox.create(client=acme, memory="256M", timeout=60, tags={"user": "u1"}, metadata={"k": "v"}) as sb:
+        assert sb.state == "running"
+        assert sb.info.tenant == "acme"
+        assert sb.tags == {"user": "u1"} and sb.metadata == {"k": "v"}
+        assert sb.id.startswith(daemon.prefix)
+        assert daemon.run_dir_exists(sb.id)
+        r = sb.run("python3 -c 'print(6*7)'")
+        assert (r.stdout, r.stderr, r.exit_code) == ("42\n", "", 0)
+        sid = sb.id
+    # Terminated on exit, every trace gone from the host, the record kept.
+    assert not daemon.run_dir_exists(sid)
+    again = Sandbox.connect(sid, client=acme)
+    assert again.state == "stopped" and again.info.end_reason == "deleted"
+    assert sid not in [s.id for s in Sandbox.list(client=acme)]
+    assert sid in [s.id for s in Sandbox.list(client=acme, state="all")]
+
+
+def test_context_manager_terminates_on_exception(daemon, acme):  # type: ignore[no-untyped-def]
+    with pytest.raises(RuntimeError, match="boom"):
+        with Sandbox.create(client=acme, timeout=60) as sb:
+            sid = sb.id
+            raise RuntimeError("boom")
+    assert Sandbox.connect(sid, client=acme).state == "stopped"
+    assert not daemon.run_dir_exists(sid)
+
+
+def test_spec_fields_reach_the_sandbox(acme):  # type: ignore[no-untyped-def]
+    with Sandbox.create(
+        client=acme,
+        env={"GREETING": "hello"},
+        workdir="/tmp",
+        user="user",
+        hostname="box1",
+        cpus=0.5,
+        memory="300M",
+        pids=128,
+        disk="64M",
+        timeout=timedelta(minutes=2),
+        name="spec-check",
+        spec={"mounts": [{"type": "tmpfs", "target": "/scratch", "size": "8M"}]},
+    ) as sb:
+        r = sb.run("echo $GREETING; pwd; id -u; hostname; df -k /scratch | tail -1")
+        lines = r.stdout.splitlines()
+        assert lines[:4] == ["hello", "/tmp", "1000", "box1"], r
+        assert " 8192 " in lines[4], lines[4]
+        spec = sb.info.spec
+        assert spec["resources"]["memory"] == 300 * 1024 * 1024
+        assert spec["resources"]["cpus"] == 0.5 and spec["resources"]["pids"] == 128
+        assert sb.name == "spec-check"
+        assert Sandbox.connect("spec-check", client=acme).id == sb.id
+
+
+def test_list_filters_by_tag_and_state(acme):  # type: ignore[no-untyped-def]
+    with Sandbox.create(client=acme, tags={"team": "a", "run": "list1"}) as a, Sandbox.create(
+        client=acme, tags={"team": "b", "run": "list1"}
+    ) as b:
+        ids = lambda **kw: {s.id for s in Sandbox.list(client=acme, **kw)}  # noqa: E731
+        assert ids(tags={"run": "list1"}) == {a.id, b.id}
+        assert ids(tags={"run": "list1", "team": "a"}) == {a.id}
+        assert ids(tags={"team": None, "run": "list1"}) == {a.id, b.id}
+        assert ids(tags=["run"]) >= {a.id, b.id}
+        b.terminate()
+        assert ids(tags={"run": "list1"}) == {a.id}
+        assert ids(tags={"run": "list1"}, state="stopped") == {b.id}
+        assert ids(tags={"run": "list1"}, state=["running", "stopped"]) == {a.id, b.id}
+        assert b.terminate().state == "stopped"  # idempotent
+
+
+def test_refresh_usage_and_events(sb):  # type: ignore[no-untyped-def]
+    sb.run("head -c 1000 /dev/zero")
+    sb.files.write("/tmp/u", b"12345")
+    u = sb.usage()
+    assert u.exec_count >= 1
+    assert u.stdout_bytes >= 1000
+    assert u.file_bytes_in >= 5
+    assert u.memory_peak_bytes > 0
+    info = sb.refresh()
+    assert info.state == "running" and info.started_at is not None
+    kinds = [e.kind for e in sb.events()]
+    assert kinds[:2] == ["created", "started"], kinds
+
+
+def test_set_timeout_extends_and_lifetime_ends_it(daemon, acme):  # type: ignore[no-untyped-def]
+    with Sandbox.create(client=acme, timeout=60) as sb:
+        before = sb.info.expires_at
+        info = sb.set_timeout("10m")
+        assert info.expires_at is not None and before is not None
+        assert (info.expires_at - before).total_seconds() > 500
+        with pytest.raises(sandlot.InvalidSpecError) as e:
+            sb.set_timeout("2h")  # past the operator's max_timeout (1h)
+        assert e.value.field == "timeout"
+        assert "maximum lifetime" in e.value.message
+    # A short lifetime: the daemon ends it.
+    sb = Sandbox.create(client=acme, timeout=1)
+    info = wait_until(lambda: (lambda i: i if i.state == "stopped" else None)(sb.refresh()), what="lifetime end")
+    assert info.end_reason == "timeout"
+    assert not daemon.run_dir_exists(sb.id)
+
+
+def test_idle_timeout(acme):  # type: ignore[no-untyped-def]
+    sb = Sandbox.create(client=acme, idle_timeout=1)
+    try:
+        info = wait_until(lambda: (lambda i: i if i.state == "stopped" else None)(sb.refresh()), what="idle end")
+        assert info.end_reason == "idle_timeout"
+    finally:
+        sb.terminate()
+
+
+# --- processes -------------------------------------------------------------------
+
+
+def test_exec_streams_output_before_exit(sb):  # type: ignore[no-untyped-def]
+    # The process prints a line, then blocks on stdin: the line must arrive while it runs.
+    p = sb.exec("sh", "-c", "echo first; read x; echo second:$x; echo oops >&2; exit 3", stdin=True)
+    lines = iter(p.stdout)
+    assert next(lines) == "first\n"
+    assert p.returncode is None
+    p.stdin.write("go\n")
+    p.stdin.close()
+    assert next(lines) == "second:go\n"
+    assert p.wait() == 3 and p.returncode == 3
+    assert list(lines) == []
+    assert p.stderr.read() == "oops\n"
+    assert p.exit is not None and p.exit.code == 3 and not p.exit.timed_out
+
+
+def test_binary_output_is_exact_and_large(sb):  # type: ignore[no-untyped-def]
+    p = sb.exec("python3", "-c", "import sys; sys.stdout.buffer.write(bytes(range(256)) * 8192)")
+    data = p.stdout.read_bytes()
+    assert p.wait() == 0
+    assert data == bytes(range(256)) * 8192  # 2 MiB, every byte
+
+
+def test_stdin_streams_large_input(sb):  # type: ignore[no-untyped-def]
+    blob = os.urandom(3 * 1024 * 1024 + 17)
+    p = sb.exec("sha256sum", stdin=True)
+    for i in range(0, len(blob), 1 << 20):
+        p.stdin.write(blob[i : i + (1 << 20)])
+    p.stdin.close()
+    assert p.wait() == 0
+    assert p.stdout.read().split()[0] == hashlib.sha256(blob).hexdigest()
+    with pytest.raises(ValueError):
+        p.stdin.write(b"late")
+
+
+def test_stdin_data_argument(sb):  # type: ignore[no-untyped-def]
+    assert sb.run("tr a-z A-Z", stdin="hello\n").stdout == "HELLO\n"
+    assert sb.run(["wc", "-c"], stdin=b"\x00" * 1000).stdout.strip() == "1000"
+
+
+def test_exit_codes_signals_and_check(sb):  # type: ignore[no-untyped-def]
+    assert sb.run("exit 7").exit_code == 7
+    assert sb.run("true").ok
+    r = sb.run("kill -9 $$")
+    assert r.exit_code == -9 and r.exit.signal == 9
+    with pytest.raises(sandlot.CommandError) as e:
+        sb.run("echo out; echo bad >&2; exit 2", check=True)
+    assert e.value.exit_code == 2
+    assert e.value.stdout == "out\n" and e.value.stderr == "bad\n"
+    assert "exited with code 2" in str(e.value) and "bad" in str(e.value)
+
+
+def test_exec_timeout(sb):  # type: ignore[no-untyped-def]
+    r = sb.run("sleep 30", timeout=0.5)
+    assert r.exit.timed_out and r.exit_code != 0
+    with pytest.raises(sandlot.CommandTimeoutError) as e:
+        sb.run("sleep 30", timeout="500ms", check=True)
+    assert isinstance(e.value, TimeoutError) and "timed out" in str(e.value)
+
+
+def test_wait_timeout_signal_and_kill(sb):  # type: ignore[no-untyped-def]
+    p = sb.exec("sleep", "60")
+    with pytest.raises(sandlot.ProcessTimeoutError):
+        p.wait(timeout=0.2)
+    assert p.poll() is None
+    p.terminate()
+    assert p.wait(timeout=10) == -15
+    q = sb.exec("sh", "-c", "trap '' TERM; sleep 60")
+    q.signal("SIGTERM")
+    with pytest.raises(sandlot.ProcessTimeoutError):
+        q.wait(timeout=0.3)
+    q.kill()
+    assert q.wait(timeout=10) == -9
+
+
+def test_pty(sb):  # type: ignore[no-untyped-def]
+    p = sb.exec("sh", "-c", "tty; stty size", pty=(30, 100))
+    out = p.stdout.read()
+    assert p.wait() == 0
+    assert "/dev/pts/" in out and "30 100" in out, out
+    # Resize a running PTY process.
+    p = sb.exec("sh", "-c", "read x; stty size", pty=True, stdin=True)
+    p.resize(50, 132)
+    p.stdin.write("\n")
+    out = p.stdout.read()
+    assert p.wait() == 0 and "50 132" in out, out
+
+
+def test_callbacks_and_merged_output(sb):  # type: ignore[no-untyped-def]
+    got = {"stdout": [], "stderr": []}
+    p = sb.exec(
+        "sh",
+        "-c",
+        "echo a; sleep 0.1; echo b >&2; sleep 0.1; echo c",
+        on_stdout=got["stdout"].append,
+        on_stderr=got["stderr"].append,
+    )
+    assert p.wait() == 0
+    p.result()  # both streams drained
+    assert "".join(got["stdout"]) == "a\nc\n" and "".join(got["stderr"]) == "b\n"
+    q = sb.exec("sh", "-c", "echo a; sleep 0.1; echo b >&2; sleep 0.1; echo c")
+    chunks = [(c.stream, c.data) for c in q.iter_output()]
+    assert chunks == [("stdout", b"a\n"), ("stderr", b"b\n"), ("stdout", b"c\n")]
+    assert q.returncode == 0
+
+
+def test_background_process_and_reattach(sb):  # type: ignore[no-untyped-def]
+    p = sb.exec("sh", "-c", "echo start; sleep 2; echo end", background=True, tag="job-1")
+    assert p.info.background and p.info.tag == "job-1"
+    assert p.id in [i.id for i in sb.processes()]
+    # A reader that leaves early...
+    first = sb.process(p.id)
+    assert next(iter(first.stdout)) == "start\n"
+    first.close()
+    # ...and one that re-attaches from an offset: only what follows it.
+    tail = sb.process(p.id, stdout_from=len("start\n"))
+    assert tail.wait(timeout=20) == 0
+    assert tail.stdout.read() == "end\n"
+    assert sb.process(p.id).poll() == 0
+
+
+def test_many_concurrent_processes(sb):  # type: ignore[no-untyped-def]
+    results = {}
+
+    def one(i: int) -> None:
+        results[i] = sb.run(f"seq 1 {1000 + i}").stdout
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i in range(12):
+        assert results[i] == "".join(f"{n}\n" for n in range(1, 1001 + i))
+
+
+# --- errors ----------------------------------------------------------------------
+
+
+def test_invalid_spec_names_the_field(acme):  # type: ignore[no-untyped-def]
+    with pytest.raises(sandlot.InvalidSpecError) as e:
+        Sandbox.create(client=acme, memory="1K")
+    assert e.value.field == "resources.memory" and e.value.status == 400
+    assert e.value.code == "bad_request" and e.value.request_id.startswith("req_")
+    assert "resources.memory" in str(e.value) and e.value.request_id in str(e.value)
+    with pytest.raises(sandlot.InvalidSpecError) as e:
+        Sandbox.create(client=acme, spec={"bogus": 1})
+    assert e.value.field == "bogus"
+    with pytest.raises(sandlot.InvalidSpecError) as e:
+        Sandbox.create(client=acme, mounts=[{"type": "tmpfs", "target": "relative"}])
+    assert e.value.field.startswith("mounts[0]")
+    with pytest.raises(sandlot.InvalidSpecError) as e:
+        Sandbox.create(client=acme, tags={"bad key!": "x"})
+    assert e.value.field.startswith("tags")
+    with pytest.raises(sandlot.InvalidSpecError) as e:
+        Sandbox.create(client=acme, timeout="2h")
+    assert e.value.field == "timeout"
+    # Fields other engineers are adding pass through untouched: today the API refuses them by name.
+    with pytest.raises(sandlot.InvalidSpecError) as e:
+        Sandbox.create(client=acme, volumes=[{"name": "v"}])
+    assert e.value.field == "volumes"
+    assert isinstance(e.value, sandlot.BadRequestError) and isinstance(e.value, sandlot.APIError)
+
+
+def test_not_found_and_conflict(acme, sb):  # type: ignore[no-untyped-def]
+    with pytest.raises(sandlot.NotFoundError) as e:
+        Sandbox.connect("no-such-sandbox", client=acme)
+    assert e.value.status == 404 and "no-such-sandbox" in e.value.message and e.value.request_id
+    with pytest.raises(sandlot.NotFoundError):
+        sb.process(999999)
+    with pytest.raises(sandlot.SpawnError) as e:
+        sb.exec("/no/such/binary")
+    assert e.value.code == "spawn_failed"
+    with pytest.raises(sandlot.InvalidUserError):
+        sb.exec("true", user="nobody-here")
+    with Sandbox.create(client=acme, name="taken-name") as a:
+        with pytest.raises(sandlot.ConflictError) as e:
+            Sandbox.create(client=acme, name="taken-name")
+        assert e.value.status == 409
+        a.terminate()
+        with pytest.raises(sandlot.ConflictError) as e:
+            a.run("true")
+        assert "stopped" in e.value.message
+    p = sb.exec("true")
+    p.wait()
+    with pytest.raises(sandlot.ConflictError):
+        sb._client.request("POST", f"/v1/sandboxes/{sb.id}/processes/{p.id}/stdin", content=b"x")
+
+
+def test_auth(daemon, tokens):  # type: ignore[no-untyped-def]
+    for token in ("", "sl_" + "0" * 48, "not-a-token"):
+        with sandlot.Client(daemon.tcp_url, token=token) as c:
+            with pytest.raises(sandlot.AuthError) as e:
+                Sandbox.list(client=c)
+            assert e.value.status == 401 and e.value.code == "unauthorized"
+    with sandlot.Client(daemon.tcp_url, token=tokens["acme"]) as c:
+        assert c.health()["tenant"] == "acme"
+
+
+def test_env_configuration(daemon, tokens, monkeypatch):  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("SANDLOT_URL", f"127.0.0.1:{daemon.port}")
+    monkeypatch.setenv("SANDLOT_TOKEN", tokens["other"])
+    sandlot.configure()
+    try:
+        assert sandlot.default_client().health()["tenant"] == "other"
+        with Sandbox.create() as sb:
+            assert sb.info.tenant == "other"
+        # Explicit arguments win over the environment.
+        sandlot.configure(daemon.unix_url, "")
+        assert sandlot.default_client().health()["tenant"] == "*"
+    finally:
+        sandlot.configure()
+    with sandlot.Client(f"unix://{daemon.dir}/missing.sock") as c:
+        with pytest.raises(sandlot.ConnectError) as e:
+            c.health()
+        assert "missing.sock" in str(e.value)
+    with pytest.raises(ValueError):
+        sandlot.Client("ftp://x")
+
+
+def test_tenant_isolation(acme, other, operator):  # type: ignore[no-untyped-def]
+    with Sandbox.create(client=acme, name="iso", tags={"iso": "1"}) as mine:
+        for ref in (mine.id, "iso"):
+            with pytest.raises(sandlot.NotFoundError):
+                Sandbox.connect(ref, client=other)
+        assert mine.id not in [s.id for s in Sandbox.list(client=other, state="all")]
+        foreign = Sandbox(mine.info, other)  # a handle forged with another tenant's client
+        with pytest.raises(sandlot.NotFoundError):
+            foreign.run("true")
+        with pytest.raises(sandlot.NotFoundError):
+            foreign.files.read("/etc/hostname")
+        with pytest.raises(sandlot.NotFoundError):
+            foreign.terminate()
+        assert Sandbox.connect(mine.id, client=acme).state == "running"
+        # The operator sees every tenant's sandboxes, and can act as one.
+        assert mine.id in [s.id for s in Sandbox.list(client=operator, tags={"iso": "1"})]
+        with sandlot.Client(operator.url, token="", tenant="other") as as_other:
+            assert Sandbox.list(client=as_other, tags={"iso": "1"}) == []
+
+
+def test_quota_exceeded(daemon, tokens):  # type: ignore[no-untyped-def]
+    with sandlot.Client(daemon.tcp_url, tokens["tiny"]) as tiny:
+        with Sandbox.create(client=tiny):
+            with pytest.raises(sandlot.QuotaExceededError) as e:
+                Sandbox.create(client=tiny)
+            assert e.value.status == 429 and e.value.code == "quota_exceeded"
+        with pytest.raises(sandlot.QuotaExceededError):
+            Sandbox.create(client=tiny, memory="2G")
