@@ -699,3 +699,61 @@ async fn process_limit_is_a_clear_error() {
     a.finish(&c).await;
     drop(cg);
 }
+
+/// `configure` replaces the defaults of later processes: base environment, default
+/// user and working directory; a bad user or a relative directory changes nothing.
+#[tokio::test]
+async fn configure_sets_defaults_of_later_processes() {
+    use sandlot_proto::guest::ConfigureRequest;
+    let a = TestAgent::start();
+    let c = a.client().await;
+    c.configure(ConfigureRequest {
+        env: vec![("GREETING".into(), "hello".into())],
+        default_user: "root".into(),
+        default_cwd: Some("/tmp".into()),
+    })
+    .await
+    .unwrap();
+    let o = run(&a, &c, sh("echo $GREETING; pwd")).await;
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "hello\n/tmp\n");
+    // A request's own env and cwd still win.
+    let mut req = sh("echo $GREETING; pwd");
+    req.env.insert("GREETING".into(), "request".into());
+    req.cwd = Some("/".into());
+    let o = run(&a, &c, req).await;
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "request\n/\n");
+
+    let e = c
+        .configure(ConfigureRequest {
+            env: vec![],
+            default_user: "no-such-user-here".into(),
+            default_cwd: None,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::InvalidUser), "{e}");
+    let e = c
+        .configure(ConfigureRequest {
+            env: vec![],
+            default_user: "root".into(),
+            default_cwd: Some("tmp".into()),
+        })
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("default_cwd"), "{e}");
+    // Nothing changed by the refused calls.
+    let o = run(&a, &c, sh("echo $GREETING; pwd")).await;
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "hello\n/tmp\n");
+    if root() {
+        c.configure(ConfigureRequest {
+            env: vec![],
+            default_user: "65534:65534".into(),
+            default_cwd: None,
+        })
+        .await
+        .unwrap();
+        let o = run(&a, &c, sh("id -u; echo ${GREETING:-unset}")).await;
+        assert_eq!(String::from_utf8_lossy(&o.stdout), "65534\nunset\n");
+    }
+    a.finish(&c).await;
+}

@@ -685,6 +685,24 @@ pub enum Request {
     Remove(RemoveRequest),
     Rename(RenameRequest),
     Watch(WatchRequest),
+    /// Replace the defaults of processes started from now on (base environment,
+    /// default user and working directory). Lets a host hand a pre-started sandbox
+    /// to a caller with the caller's settings.
+    Configure(ConfigureRequest),
+}
+
+/// New process defaults; see [`Request::Configure`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigureRequest {
+    /// Base environment of every process (replaces the previous one).
+    #[serde(default)]
+    pub env: Vec<(String, String)>,
+    /// `root`, `UID[:GID]` or a name in the sandbox's `/etc/passwd`.
+    pub default_user: String,
+    /// Absent: the user's home if it exists, else `/`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_cwd: Option<String>,
 }
 
 impl Request {
@@ -706,6 +724,7 @@ impl Request {
             Request::Remove(_) => "remove",
             Request::Rename(_) => "rename",
             Request::Watch(_) => "watch",
+            Request::Configure(_) => "configure",
         }
     }
 }

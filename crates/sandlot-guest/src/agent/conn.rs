@@ -459,6 +459,9 @@ impl Agent {
                 c.chans.insert(chan, Chan::List(ls));
                 self.pump_list(conn, chan);
             }),
+            Request::Configure(c) => self
+                .configure(c)
+                .and_then(|()| self.reply_end(conn, chan, Reply::Ok)),
             Request::Watch(r) => self.open_watch(conn, chan, &r).map(|()| {
                 self.out(conn).reply(chan, &Reply::Watching);
             }),

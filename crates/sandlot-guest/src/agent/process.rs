@@ -13,7 +13,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use nix::errno::Errno;
 use sandlot_proto::guest::{
-    stream, ErrorBody, ErrorCode, ExecRequest, ExitStatus, ProcessId, ProcessInfo, PtySize, Reply,
+    stream, ConfigureRequest, ErrorBody, ErrorCode, ExecRequest, ExitStatus, ProcessId, ProcessInfo, PtySize, Reply,
     StreamInfo, DATA_CHUNK,
 };
 use tokio::sync::Notify;
@@ -306,6 +306,37 @@ pub(crate) enum ReadOutcome {
 }
 
 impl Agent {
+    /// Replaces the defaults of processes started from now on. The user must
+    /// resolve (in the sandbox's `/etc/passwd` or as `UID[:GID]`) and the working
+    /// directory, if given, must be an absolute path; nothing changes otherwise.
+    pub fn configure(&mut self, c: ConfigureRequest) -> Result<(), ErrorBody> {
+        self.users
+            .resolve(&c.default_user)
+            .map_err(|m| err(ErrorCode::InvalidUser, format!("configure: {m}")))?;
+        if let Some(cwd) = &c.default_cwd {
+            if !cwd.starts_with('/') {
+                return Err(err(
+                    ErrorCode::BadRequest,
+                    format!("configure: default_cwd {cwd:?} is not an absolute path"),
+                ));
+            }
+        }
+        if let Some((k, _)) = c
+            .env
+            .iter()
+            .find(|(k, _)| k.is_empty() || k.contains('=') || k.contains('\0'))
+        {
+            return Err(err(
+                ErrorCode::BadRequest,
+                format!("configure: invalid environment variable name {k:?}"),
+            ));
+        }
+        self.settings.env = c.env;
+        self.settings.default_user = c.default_user;
+        self.settings.default_cwd = c.default_cwd;
+        Ok(())
+    }
+
     /// Plans, spawns and registers a process. Returns its id.
     pub fn exec(&mut self, req: &ExecRequest) -> Result<u64, ErrorBody> {
         if self.shutting_down {

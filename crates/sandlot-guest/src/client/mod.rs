@@ -31,8 +31,8 @@ pub use sandlot_proto::guest::{
 };
 
 use sandlot_proto::guest::{
-    parse_data, parse_eof, parse_window, stream, FrameKind, Reply, Request, ResizeRequest,
-    SignalRequest,
+    parse_data, parse_eof, parse_window, stream, ConfigureRequest, FrameKind, Reply, Request,
+    ResizeRequest, SignalRequest,
 };
 
 use crate::wire::{self, Frame, FrameReader};
@@ -661,6 +661,12 @@ impl GuestClient {
             Reply::Ok => Ok(()),
             other => Err(unexpected(op, &other)),
         }
+    }
+
+    /// Replaces the defaults (environment, user, working directory) of processes
+    /// started from now on.
+    pub async fn configure(&self, c: ConfigureRequest) -> Result<(), ClientError> {
+        self.call_ok(Request::Configure(c)).await
     }
 
     /// Checks that the agent answers.

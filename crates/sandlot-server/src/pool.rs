@@ -1,0 +1,402 @@
+//! Warm pools: sandboxes started ahead of time, per spec shape, so that a create
+//! request only claims one.
+//!
+//! A *shape* is everything about a sandbox that is fixed once its PID 1 runs: image
+//! or rootfs, mounts, hostname, resources, network. The rest of a request (base
+//! environment, default user and working directory, lifetime, name, tags) is applied
+//! at claim time: the daemon sends the agent a `configure` request and starts the
+//! owner task with the caller's timeouts. A request whose shape equals a pool's
+//! claims from it; anything else is created cold.
+//!
+//! Guarantees:
+//! * a pooled sandbox is handed out at most once (it leaves the queue under a lock)
+//!   and, once claimed, is the caller's alone and torn down like any other;
+//! * an unclaimed pooled sandbox has no database record: if the daemon dies, the
+//!   next start's reconcile removes it as an orphan of this daemon's id prefix;
+//! * the pool refills in the background, one sandbox at a time per pool, so
+//!   refilling never takes more than one core away from requests; failures back off.
+
+use std::collections::VecDeque;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use sandlot_guest::client::GuestClient;
+use sandlot_proto::guest::ConfigureRequest;
+use sandlot_proto::spec::SandboxSpec;
+use sandlot_runtime::{Backend, CreateOptions, SandboxInstance};
+use serde::Deserialize;
+use tokio::sync::Notify;
+
+use crate::state::AppState;
+
+/// One pool in the operator's configuration (`[[pools]]`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct PoolConfig {
+    /// Name shown in metrics (default: `pool<index>`).
+    pub name: Option<String>,
+    /// Sandboxes kept ready.
+    pub size: usize,
+    /// The shape, in the same schema as the create request body's spec fields.
+    /// `env`, `workdir`, `user` and `timeout` are ignored here: requests set them.
+    pub spec: SandboxSpec,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            name: None,
+            size: 1,
+            spec: SandboxSpec::default(),
+        }
+    }
+}
+
+/// Largest pool size accepted (each ready sandbox holds a uid range slot).
+pub const MAX_POOL_SIZE: usize = 1024;
+
+/// The part of a spec a pooled sandbox is made of, as comparable data.
+pub fn shape(spec: &SandboxSpec) -> serde_json::Value {
+    let mut s = spec.clone();
+    s.env.clear();
+    s.workdir = None;
+    s.user = SandboxSpec::default().user;
+    s.timeout = None;
+    serde_json::to_value(&s).unwrap_or(serde_json::Value::Null)
+}
+
+/// A ready sandbox waiting in a pool.
+pub struct Warm {
+    pub id: String,
+    pub inst: SandboxInstance,
+    pub guest: GuestClient,
+    born: Instant,
+}
+
+/// One pool: a queue of ready sandboxes of one shape.
+pub struct Pool {
+    pub name: String,
+    shape: serde_json::Value,
+    spec: SandboxSpec,
+    target: usize,
+    ready: Mutex<VecDeque<Warm>>,
+    wake: Notify,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    failures: AtomicU64,
+    /// Microseconds sandboxes waited in the pool before being claimed (sum).
+    waited_us: AtomicU64,
+}
+
+impl Pool {
+    fn queue(&self) -> std::sync::MutexGuard<'_, VecDeque<Warm>> {
+        self.ready.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn ready_len(&self) -> usize {
+        self.queue().len()
+    }
+}
+
+/// Every pool of the daemon.
+#[derive(Default)]
+pub struct Pools {
+    pools: Vec<Arc<Pool>>,
+}
+
+impl Pools {
+    /// Pools from the configuration; a size of 0 disables a pool.
+    pub fn new(cfgs: &[PoolConfig]) -> Pools {
+        let pools = cfgs
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.size > 0)
+            .map(|(i, c)| {
+                let mut spec = c.spec.clone();
+                // The shape decides; the template's per-request fields do not matter.
+                spec.env.clear();
+                spec.workdir = None;
+                spec.user = SandboxSpec::default().user;
+                spec.timeout = None;
+                Arc::new(Pool {
+                    name: c.name.clone().unwrap_or_else(|| format!("pool{i}")),
+                    shape: shape(&spec),
+                    spec,
+                    target: c.size.min(MAX_POOL_SIZE),
+                    ready: Mutex::new(VecDeque::new()),
+                    wake: Notify::new(),
+                    hits: AtomicU64::new(0),
+                    misses: AtomicU64::new(0),
+                    failures: AtomicU64::new(0),
+                    waited_us: AtomicU64::new(0),
+                })
+            })
+            .collect();
+        Pools { pools }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pools.is_empty()
+    }
+
+    /// The pool serving `spec`'s shape, if any.
+    pub fn for_spec(&self, spec: &SandboxSpec) -> Option<Arc<Pool>> {
+        if self.pools.is_empty() {
+            return None;
+        }
+        let s = shape(spec);
+        self.pools.iter().find(|p| p.shape == s).cloned()
+    }
+
+    /// Takes a ready sandbox of `spec`'s shape, counting a hit or (for a pooled
+    /// shape with an empty queue) a miss. The refill task is woken either way.
+    pub fn take(&self, spec: &SandboxSpec) -> Option<(Arc<Pool>, Warm)> {
+        let pool = self.for_spec(spec)?;
+        let w = pool.queue().pop_front();
+        pool.wake.notify_one();
+        match w {
+            Some(w) => {
+                pool.hits.fetch_add(1, Ordering::Relaxed);
+                pool.waited_us
+                    .fetch_add(w.born.elapsed().as_micros() as u64, Ordering::Relaxed);
+                Some((pool, w))
+            }
+            None => {
+                pool.misses.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+
+    /// Returns an untouched sandbox (its claim was refused, e.g. by a quota).
+    pub fn put_back(&self, pool: &Arc<Pool>, w: Warm) {
+        pool.hits.fetch_sub(1, Ordering::Relaxed);
+        pool.queue().push_front(w);
+    }
+
+    /// Starts one refill task per pool.
+    pub fn start(state: &Arc<AppState>) {
+        for p in &state.pools.pools {
+            tokio::spawn(refill(state.clone(), p.clone()));
+        }
+    }
+
+    /// Tears down every ready sandbox (daemon shutdown). Refill tasks stop on
+    /// their own once the daemon is shutting down.
+    pub async fn drain(state: &Arc<AppState>) {
+        for p in &state.pools.pools {
+            p.wake.notify_one();
+            let all: Vec<Warm> = p.queue().drain(..).collect();
+            for w in all {
+                discard(state, w).await;
+            }
+        }
+    }
+
+    /// Prometheus text for the pools.
+    pub fn render(&self, o: &mut String) {
+        if self.pools.is_empty() {
+            return;
+        }
+        let metrics: [(&str, &str, &str, fn(&Pool) -> u64); 5] = [
+            (
+                "sandlot_pool_ready",
+                "Sandboxes ready in a warm pool.",
+                "gauge",
+                |p| p.ready_len() as u64,
+            ),
+            (
+                "sandlot_pool_target",
+                "Configured size of a warm pool.",
+                "gauge",
+                |p| p.target as u64,
+            ),
+            (
+                "sandlot_pool_hits_total",
+                "Creates served from a warm pool.",
+                "counter",
+                |p| p.hits.load(Ordering::Relaxed),
+            ),
+            (
+                "sandlot_pool_misses_total",
+                "Creates of a pooled shape that found the pool empty.",
+                "counter",
+                |p| p.misses.load(Ordering::Relaxed),
+            ),
+            (
+                "sandlot_pool_refill_failures_total",
+                "Failed attempts to start a pooled sandbox.",
+                "counter",
+                |p| p.failures.load(Ordering::Relaxed),
+            ),
+        ];
+        for (name, help, kind, f) in metrics {
+            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            for p in &self.pools {
+                let _ = writeln!(o, "{name}{{pool=\"{}\"}} {}", p.name, f(p));
+            }
+        }
+    }
+}
+
+/// Hands a claimed sandbox the request's process defaults.
+pub async fn configure(w: &Warm, spec: &SandboxSpec) -> Result<(), String> {
+    w.guest
+        .configure(ConfigureRequest {
+            env: spec
+                .env
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            default_user: spec.user.clone(),
+            default_cwd: spec.workdir.clone(),
+        })
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// Terminates a pooled sandbox that will not be used.
+pub async fn discard(state: &Arc<AppState>, w: Warm) {
+    let rt = state.runtime.clone();
+    let id = w.id.clone();
+    drop(w.guest);
+    let inst = w.inst;
+    match tokio::task::spawn_blocking(move || rt.terminate(&inst)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!(sandbox_id = %id, "tear down pooled sandbox: {e}"),
+        Err(e) => tracing::warn!(sandbox_id = %id, "tear down pooled sandbox: {e}"),
+    }
+}
+
+/// Starts one sandbox of the pool's shape.
+async fn start_one(state: &Arc<AppState>, pool: &Pool) -> Result<Warm, String> {
+    let id = crate::sandbox::new_id(&state.cfg.id_prefix);
+    let rt = state.runtime.clone();
+    let spec = pool.spec.clone();
+    let cid = id.clone();
+    let inst = tokio::task::spawn_blocking(move || rt.create(&cid, &spec, CreateOptions::default()))
+        .await
+        .map_err(|e| format!("create task: {e}"))?
+        .map_err(|e| format!("create {id}: {e}"))?;
+    match GuestClient::connect(&inst.socket).await {
+        Ok(guest) => Ok(Warm {
+            id,
+            inst,
+            guest,
+            born: Instant::now(),
+        }),
+        Err(e) => {
+            let rt = state.runtime.clone();
+            let _ = tokio::task::spawn_blocking(move || rt.terminate(&inst)).await;
+            Err(format!("connect to the agent of {id}: {e}"))
+        }
+    }
+}
+
+/// Keeps `pool` at its target size until the daemon shuts down.
+async fn refill(state: Arc<AppState>, pool: Arc<Pool>) {
+    let mut backoff = Duration::from_millis(250);
+    loop {
+        if state.is_shutting_down() {
+            return;
+        }
+        if pool.ready_len() >= pool.target {
+            // Woken by every claim; the timeout re-checks the shutdown flag.
+            let _ = tokio::time::timeout(Duration::from_secs(1), pool.wake.notified()).await;
+            continue;
+        }
+        match start_one(&state, &pool).await {
+            Ok(w) => {
+                backoff = Duration::from_millis(250);
+                if state.is_shutting_down() {
+                    discard(&state, w).await;
+                    return;
+                }
+                pool.queue().push_back(w);
+            }
+            Err(e) => {
+                pool.failures.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(pool = %pool.name, "refill: {e}; retrying in {backoff:?}");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(30));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(json: &str) -> SandboxSpec {
+        SandboxSpec::from_json(json).unwrap()
+    }
+
+    #[test]
+    fn per_request_fields_do_not_change_the_shape() {
+        let base = spec("{}");
+        let custom = spec(
+            r#"{"env":{"A":"1"},"workdir":"/tmp","user":"1000","timeout":"10m"}"#,
+        );
+        assert_eq!(shape(&base), shape(&custom));
+    }
+
+    #[test]
+    fn fixed_fields_change_the_shape() {
+        let base = shape(&spec("{}"));
+        for other in [
+            r#"{"hostname":"x"}"#,
+            r#"{"resources":{"memory":"256M"}}"#,
+            r#"{"mounts":[{"type":"tmpfs","target":"/data"}]}"#,
+        ] {
+            assert_ne!(base, shape(&spec(other)), "{other}");
+        }
+    }
+
+    #[test]
+    fn requests_find_the_pool_of_their_shape_only() {
+        let pools = Pools::new(&[
+            PoolConfig {
+                name: Some("small".into()),
+                size: 2,
+                spec: spec(r#"{"resources":{"memory":"128M"},"env":{"IGNORED":"1"}}"#),
+            },
+            PoolConfig {
+                name: None,
+                size: 0,
+                spec: spec("{}"),
+            },
+            PoolConfig {
+                name: None,
+                size: 3,
+                spec: spec(r#"{"hostname":"web"}"#),
+            },
+        ]);
+        assert_eq!(pools.pools.len(), 2, "a size-0 pool is disabled");
+        let p = pools
+            .for_spec(&spec(r#"{"resources":{"memory":"128M"},"user":"1000"}"#))
+            .unwrap();
+        assert_eq!(p.name, "small");
+        assert_eq!(
+            pools.for_spec(&spec(r#"{"hostname":"web"}"#)).unwrap().name,
+            "pool2"
+        );
+        assert!(pools.for_spec(&spec("{}")).is_none());
+        // An empty pooled shape is a miss, an unpooled one is neither.
+        assert!(pools.take(&spec(r#"{"hostname":"web"}"#)).is_none());
+        assert!(pools.take(&spec("{}")).is_none());
+        let mut text = String::new();
+        pools.render(&mut text);
+        assert!(
+            text.contains("sandlot_pool_misses_total{pool=\"pool2\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("sandlot_pool_misses_total{pool=\"small\"} 0"),
+            "{text}"
+        );
+        assert!(text.contains("sandlot_pool_target{pool=\"pool2\"} 3"), "{text}");
+    }
+}

@@ -1,0 +1,195 @@
+//! Warm pools (issue 6) through a real daemon: a create of a pooled shape claims a
+//! pre-started sandbox, which takes the request's environment, user and working
+//! directory, is handed out once only, and is torn down like any other; the pool
+//! refills; unclaimed sandboxes leave nothing behind on shutdown or after a
+//! `kill -9` of the daemon.
+
+mod api_support;
+
+use std::collections::BTreeSet;
+
+use api_support::{eventually, rt, Daemon};
+use sandlot_client::{Client, CreateSandbox};
+use serde_json::json;
+
+const POOL: &str = r#"
+[quotas]
+max_sandboxes = 6
+
+[[pools]]
+name = "default"
+size = 2
+
+[[pools]]
+name = "small"
+size = 1
+spec = { resources = { memory = "128M" }, hostname = "pooled" }
+"#;
+
+fn body(v: serde_json::Value) -> CreateSandbox {
+    let serde_json::Value::Object(spec) = v else {
+        panic!("a JSON object")
+    };
+    CreateSandbox {
+        spec,
+        ..Default::default()
+    }
+}
+
+/// The value of a metric line `name{pool="pool"} V`.
+async fn pool_metric(c: &Client, name: &str, pool: &str) -> Option<u64> {
+    let text = c.metrics().await.ok()?;
+    let key = format!("{name}{{pool=\"{pool}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&key))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+async fn wait_ready(c: &Client, pool: &str, n: u64) {
+    eventually(30, &format!("pool {pool} to hold {n} ready"), || async {
+        pool_metric(c, "sandlot_pool_ready", pool).await == Some(n)
+    })
+    .await;
+}
+
+#[test]
+fn issue6_pool_claims_are_single_use_and_take_request_defaults() {
+    let d = Daemon::start(Some(POOL));
+    let c = d.client();
+    rt().block_on(async {
+        wait_ready(&c, "default", 2).await;
+        wait_ready(&c, "small", 1).await;
+
+        // A claim runs with the request's env, workdir and user, not the pool's.
+        let sb = c
+            .create_sandbox(&body(json!({
+                "env": {"GREETING": "from-request"},
+                "workdir": "/tmp",
+                "user": "65534:65534",
+                "timeout": "2m",
+            })))
+            .await
+            .unwrap();
+        assert!(sb.id.starts_with(&d.prefix), "{}", sb.id);
+        let out = c
+            .run(&sb.id, &["sh", "-c", "echo $GREETING; pwd; id -u"])
+            .await
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "from-request\n/tmp\n65534\n"
+        );
+        assert_eq!(
+            pool_metric(&c, "sandlot_pool_hits_total", "default").await,
+            Some(1)
+        );
+        // The other pool's shape (hostname, memory) is served by that pool.
+        let small = c
+            .create_sandbox(&body(
+                json!({"resources": {"memory": "128M"}, "hostname": "pooled"}),
+            ))
+            .await
+            .unwrap();
+        let out = c.run(&small.id, &["hostname"]).await.unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "pooled\n");
+        assert_eq!(
+            pool_metric(&c, "sandlot_pool_hits_total", "small").await,
+            Some(1)
+        );
+
+        // Concurrent claims beyond the pool's size: every sandbox is distinct and
+        // sees only its own files (none is handed out twice).
+        let creates = (0..4).map(|_| {
+            let c = c.clone();
+            async move { c.create_sandbox(&CreateSandbox::default()).await }
+        });
+        let created: Vec<_> = futures_util::future::join_all(creates)
+            .await
+            .into_iter()
+            .map(|r| r.unwrap())
+            .collect();
+        let ids: BTreeSet<_> = created
+            .iter()
+            .map(|s| s.id.clone())
+            .chain([sb.id.clone(), small.id.clone()])
+            .collect();
+        assert_eq!(ids.len(), 6, "ids: {ids:?}");
+        for s in &created {
+            c.run(&s.id, &["sh", "-c", &format!("echo {} > /tmp/owner", s.id)])
+                .await
+                .unwrap();
+        }
+        for s in &created {
+            let out = c.run(&s.id, &["cat", "/tmp/owner"]).await.unwrap();
+            assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), s.id);
+        }
+        // The quota counts claimed sandboxes: a seventh is refused, and the pooled
+        // sandbox it would have claimed stays in the pool.
+        wait_ready(&c, "default", 2).await;
+        let e = c
+            .create_sandbox(&CreateSandbox::default())
+            .await
+            .unwrap_err();
+        assert_eq!(e.status().map(|s| s.as_u16()), Some(429), "{e}");
+        assert_eq!(
+            pool_metric(&c, "sandlot_pool_ready", "default").await,
+            Some(2)
+        );
+        let misses = pool_metric(&c, "sandlot_pool_misses_total", "default")
+            .await
+            .unwrap();
+        let hits = pool_metric(&c, "sandlot_pool_hits_total", "default")
+            .await
+            .unwrap();
+        assert_eq!(hits + misses, 5, "hits {hits} misses {misses}");
+
+        // A deleted pooled sandbox is gone for good; the pool refills with new ones.
+        c.delete_sandbox(&sb.id).await.unwrap();
+        let again = c.create_sandbox(&CreateSandbox::default()).await.unwrap();
+        assert_ne!(again.id, sb.id);
+        let out = c.run(&again.id, &["sh", "-c", "echo $GREETING; id -u"]).await;
+        assert_eq!(String::from_utf8_lossy(&out.unwrap().stdout), "\n0\n");
+    });
+    // Shutdown deletes the claimed sandboxes, stops the daemon (which tears down
+    // the unclaimed ones) and asserts nothing of this daemon is left.
+    drop(d);
+}
+
+#[test]
+fn issue6_unclaimed_pool_sandboxes_are_swept_after_kill9() {
+    let mut d = Daemon::start(Some(POOL));
+    let c = d.client();
+    let before: Vec<String> = rt().block_on(async {
+        wait_ready(&c, "default", 2).await;
+        wait_ready(&c, "small", 1).await;
+        d.leftovers()
+    });
+    let run_dirs = |l: &[String]| -> BTreeSet<String> {
+        l.iter()
+            .filter(|p| p.starts_with("/run/sandlot/sandboxes/"))
+            .cloned()
+            .collect()
+    };
+    let old = run_dirs(&before);
+    assert_eq!(old.len(), 3, "three pooled sandboxes: {before:?}");
+    d.kill9();
+    // They outlive the daemon (nobody claimed them; no record exists)...
+    assert_eq!(run_dirs(&d.leftovers()), old);
+    d.spawn();
+    let c = d.client();
+    rt().block_on(async {
+        wait_ready(&c, "default", 2).await;
+        wait_ready(&c, "small", 1).await;
+        // ...and the restarted daemon removed them and started fresh ones.
+        let now = run_dirs(&d.leftovers());
+        assert_eq!(now.len(), 3, "{now:?}");
+        assert!(now.is_disjoint(&old), "old {old:?} now {now:?}");
+        // Nothing shows up as a sandbox of any tenant.
+        let listed = c
+            .list_sandboxes(&sandlot_client::ListFilter::default())
+            .await
+            .unwrap();
+        assert!(listed.is_empty(), "{listed:?}");
+    });
+    drop(d);
+}
