@@ -7,4 +7,5 @@ bash scripts/setup.sh
 export RUST_BACKTRACE=1
 cargo build --workspace --all-targets
 cargo nextest run --workspace --no-fail-fast "$@"
+SANDLOT_BIN="${CARGO_TARGET_DIR:-target}/debug/sandlot" .venv/bin/python -m pytest -q -p no:cacheprovider sdk/python/tests
 bash scripts/check-leaks.sh
