@@ -258,6 +258,13 @@ def test_background_process_and_reattach(sb):  # type: ignore[no-untyped-def]
     assert tail.wait(timeout=20) == 0
     assert tail.stdout.read() == "end\n"
     assert sb.process(p.id).poll() == 0
+    # Once a reader has received the exit, the agent no longer retains the output:
+    # a re-attach from an offset is 410, while wait() still gets the exit status.
+    gone = sb.process(p.id, stdout_from=1)
+    assert gone.wait(timeout=20) == 0
+    with pytest.raises(sandlot.GoneError) as e:
+        gone.stdout.read()
+    assert e.value.status == 410 and e.value.code == "gone"
 
 
 def test_many_concurrent_processes(sb):  # type: ignore[no-untyped-def]

@@ -337,6 +337,8 @@ class AsyncProcess:
 
     async def wait(self, timeout: Optional[float] = None) -> int:
         """Waits for the exit; returns the return code (``-N``: killed by signal N)."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
         self._ensure_reader()
         try:
             await asyncio.wait_for(self._exited.wait(), timeout)
@@ -344,6 +346,18 @@ class AsyncProcess:
             raise errors.ProcessTimeoutError(
                 f"process {self.info.id} ({self.info.argv!r}) still runs after {timeout}s"
             ) from None
+        if self._exit is None and isinstance(self._error, errors.GoneError):
+            # Its output is no longer retained; the exit status still is.
+            while True:
+                left = 3600.0 if deadline is None else max(0.0, deadline - loop.time())
+                r = await self._client.json(
+                    "GET", f"{self._base}/wait", params={"timeout": f"{max(left, 0.001):.3f}"}, timeout=left + 30
+                )
+                if r.get("exited") and r.get("exit"):
+                    self._exit = ExitStatus.from_json(r["exit"])
+                    break
+                if deadline is not None and loop.time() >= deadline:
+                    raise errors.ProcessTimeoutError(f"process {self.info.id} ({self.info.argv!r}) still runs")
         if self._exit is None:
             raise self._error or errors.SandlotError(f"process {self.info.id}: no exit status")
         return self._exit.returncode

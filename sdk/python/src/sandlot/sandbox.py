@@ -367,14 +367,29 @@ class Process:
     def wait(self, timeout: Optional[float] = None) -> int:
         """Waits for the exit and returns the return code. Raises
         ``ProcessTimeoutError`` if ``timeout`` seconds pass first (it keeps running)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         self._ensure_reader()
         if not self._exited.wait(timeout):
             raise errors.ProcessTimeoutError(
                 f"process {self.info.id} ({self.info.argv!r}) still runs after {timeout}s"
             )
+        if self._exit is None and isinstance(self._error, errors.GoneError):
+            # Its output is no longer retained; the exit status still is.
+            self._exit = self._wait_api(deadline)
         if self._exit is None:
             raise self._error or errors.SandlotError(f"process {self.info.id}: no exit status")
         return self._exit.returncode
+
+    def _wait_api(self, deadline: Optional[float]) -> ExitStatus:
+        while True:
+            left = 3600.0 if deadline is None else max(0.0, deadline - time.monotonic())
+            r = self._client.json(
+                "GET", f"{self._base}/wait", params={"timeout": f"{max(left, 0.001):.3f}"}, timeout=left + 30
+            )
+            if r.get("exited") and r.get("exit"):
+                return ExitStatus.from_json(r["exit"])
+            if deadline is not None and time.monotonic() >= deadline:
+                raise errors.ProcessTimeoutError(f"process {self.info.id} ({self.info.argv!r}) still runs")
 
     def poll(self) -> Optional[int]:
         """The return code if it has exited, else None (never blocks)."""
