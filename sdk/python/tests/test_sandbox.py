@@ -394,3 +394,16 @@ def test_quota_exceeded(daemon, tokens):  # type: ignore[no-untyped-def]
             assert e.value.status == 429 and e.value.code == "quota_exceeded"
         with pytest.raises(sandlot.QuotaExceededError):
             Sandbox.create(client=tiny, memory="2G")
+
+
+def test_process_of_a_terminated_sandbox_fails_clearly(acme):  # type: ignore[no-untyped-def]
+    sb = Sandbox.create(client=acme)
+    p = sb.exec("sleep", "60")
+    Sandbox.connect(sb.id, client=acme).terminate()
+    with pytest.raises(sandlot.SandlotError) as e:
+        p.wait(timeout=30)
+    assert not isinstance(e.value, sandlot.ProcessTimeoutError)
+    with pytest.raises(sandlot.SandlotError):
+        p.stdout.read()
+    with pytest.raises(sandlot.ConflictError):
+        sb.exec("true")

@@ -258,7 +258,14 @@ class AsyncProcess:
                             lines = None
                             if self._stack is not None:
                                 await self._stack.aclose()
-                    break
+                    if self._exited.is_set() or self._closing:
+                        break
+                    # The stream ended without the exit (a proxy or the daemon went
+                    # away): re-attach from our offsets; a stopped sandbox answers 409.
+                    attempts += 1
+                    if attempts > _RECONNECTS:
+                        break
+                    await asyncio.sleep(0.1 * attempts)
                 except (httpx.TransportError, errors.SandlotError) as e:
                     if isinstance(e, errors.APIError) or self._closing or self._exited.is_set():
                         raise
@@ -773,10 +780,9 @@ class AsyncSandbox:
             args, env=env, cwd=cwd, user=user, pty=pty, timeout=timeout, stdin=want_stdin, tag=tag, background=background
         )
         path = f"/v1/sandboxes/{self.id}/exec"
-        cb = {"on_stdout": on_stdout, "on_stderr": on_stderr}
         if background:
             info = ProcessInfo.from_json(await self._client.json("POST", path, json=body))
-            proc = AsyncProcess(self, info, **cb)
+            proc = AsyncProcess(self, info, on_stdout=on_stdout, on_stderr=on_stderr)
             if on_stdout or on_stderr:
                 proc._ensure_reader()
         else:
@@ -790,7 +796,7 @@ class AsyncSandbox:
             except BaseException:
                 await stack.aclose()
                 raise
-            proc = AsyncProcess(self, ProcessInfo.from_json(first["process"]), **cb)
+            proc = AsyncProcess(self, ProcessInfo.from_json(first["process"]), on_stdout=on_stdout, on_stderr=on_stderr)
             proc._start_reader(lines, stack)
         if want_stdin and stdin is not True:
             assert proc.stdin is not None
@@ -836,5 +842,5 @@ async def _first_line(lines: AsyncIterator[str]) -> Dict[str, Any]:
             raise errors.from_stream_error(ev.get("error") or {})
         if ev.get("type") != "started" or "process" not in ev:
             raise errors.ProtocolError(f"expected a 'started' line, got {line[:200]!r}")
-        return ev
+        return dict(ev)
     raise errors.ProtocolError("the exec stream ended before its 'started' line")

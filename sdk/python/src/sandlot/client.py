@@ -182,7 +182,7 @@ class Client(_Base):
 
     def health(self) -> Dict[str, Any]:
         """``GET /v1/health``: ``{"status", "version", "tenant"}``."""
-        return self.json("GET", "/v1/health")
+        return dict(self.json("GET", "/v1/health"))
 
     def get_sandbox(self, id_or_name: str) -> SandboxInfo:
         return SandboxInfo.from_json(self.json("GET", f"/v1/sandboxes/{id_or_name}"))
@@ -280,7 +280,7 @@ class AsyncClient(_Base):
             raise errors.SandlotError(f"{method} {path}: {type(e).__name__}: {e}") from e
 
     async def health(self) -> Dict[str, Any]:
-        return await self.json("GET", "/v1/health")
+        return dict(await self.json("GET", "/v1/health"))
 
     async def get_sandbox(self, id_or_name: str) -> SandboxInfo:
         return SandboxInfo.from_json(await self.json("GET", f"/v1/sandboxes/{id_or_name}"))

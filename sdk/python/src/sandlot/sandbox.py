@@ -290,7 +290,14 @@ class Process:
                             lines = None
                             if self._resp_ctx is not None:
                                 self._resp_ctx.close()
-                    break
+                    if self._exited.is_set() or self._closing:
+                        break
+                    # The stream ended without the exit (a proxy or the daemon went
+                    # away): re-attach from our offsets; a stopped sandbox answers 409.
+                    attempts += 1
+                    if attempts > _RECONNECTS:
+                        break
+                    time.sleep(0.1 * attempts)
                 except (httpx.TransportError, errors.SandlotError) as e:
                     if isinstance(e, errors.APIError) or self._closing or self._exited.is_set():
                         raise
@@ -837,10 +844,9 @@ class Sandbox:
             args, env=env, cwd=cwd, user=user, pty=pty, timeout=timeout, stdin=want_stdin, tag=tag, background=background
         )
         path = f"/v1/sandboxes/{self.id}/exec"
-        cb = {"on_stdout": on_stdout, "on_stderr": on_stderr}
         if background:
             info = ProcessInfo.from_json(self._client.json("POST", path, json=body))
-            proc = Process(self, info, **cb)
+            proc = Process(self, info, on_stdout=on_stdout, on_stderr=on_stderr)
             if on_stdout or on_stderr:
                 proc._ensure_reader()
         else:
@@ -852,7 +858,7 @@ class Sandbox:
             except BaseException:
                 stack.close()
                 raise
-            proc = Process(self, ProcessInfo.from_json(first["process"]), **cb)
+            proc = Process(self, ProcessInfo.from_json(first["process"]), on_stdout=on_stdout, on_stderr=on_stderr)
             proc._start_reader(lines, stack, resp)
         if want_stdin and stdin is not True:
             assert proc.stdin is not None
@@ -903,5 +909,5 @@ def _first_line(lines: Iterator[str]) -> Dict[str, Any]:
             raise errors.from_stream_error(ev.get("error") or {})
         if ev.get("type") != "started" or "process" not in ev:
             raise errors.ProtocolError(f"expected a 'started' line, got {line[:200]!r}")
-        return ev
+        return dict(ev)
     raise errors.ProtocolError("the exec stream ended before its 'started' line")
