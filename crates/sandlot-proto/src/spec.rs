@@ -19,7 +19,7 @@ pub enum SpecError {
 }
 
 impl SpecError {
-    fn new(field: impl Into<String>, problem: impl Into<String>) -> Self {
+    pub fn new(field: impl Into<String>, problem: impl Into<String>) -> Self {
         SpecError::Invalid {
             field: field.into(),
             problem: problem.into(),
@@ -218,20 +218,246 @@ impl MountSpec {
     }
 }
 
-/// How the sandbox reaches the network.
+/// How the sandbox reaches the network. See `docs/networking.md`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct NetworkSpec {
     #[serde(default)]
     pub mode: NetworkMode,
+    /// With `mode: allow`: the destinations the sandbox may reach; everything else
+    /// is refused. Must be empty in the other modes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow: Vec<AllowRule>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum NetworkMode {
     /// Loopback only.
     #[default]
     None,
+    /// Only the destinations listed in `allow` (names and CIDRs, TCP, DNS for the
+    /// allowed names).
+    Allow,
+    /// Outbound TCP to the internet, never the host, the daemon, other sandboxes,
+    /// link-local/metadata addresses, or private ranges the operator did not allow.
+    Open,
+}
+
+impl NetworkMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NetworkMode::None => "none",
+            NetworkMode::Allow => "allow",
+            NetworkMode::Open => "open",
+        }
+    }
+}
+
+/// One allowed destination: exactly one of `domain` or `cidr`, and optionally the
+/// TCP ports (absent or empty: any port).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AllowRule {
+    /// `api.example.com` (exactly that name) or `*.example.com` (any name below
+    /// `example.com`, not `example.com` itself). Lowercase, no trailing dot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub domain: Option<String>,
+    /// `203.0.113.0/24` or `2001:db8::/32` (host bits zero); a bare address is a /32
+    /// (/128).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cidr: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<u16>,
+}
+
+impl AllowRule {
+    /// An allow rule for a domain on any port.
+    pub fn domain(d: &str) -> AllowRule {
+        AllowRule {
+            domain: Some(d.to_string()),
+            cidr: None,
+            ports: Vec::new(),
+        }
+    }
+}
+
+/// Most allow rules in one spec.
+pub const MAX_ALLOW_RULES: usize = 256;
+/// Most ports in one allow rule.
+pub const MAX_RULE_PORTS: usize = 64;
+
+/// A parsed network prefix: address and prefix length, host bits zero.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Cidr {
+    pub addr: std::net::IpAddr,
+    pub len: u8,
+}
+
+impl Cidr {
+    /// Parses `a.b.c.d/n`, `x::y/n`, or a bare address. Host bits must be zero.
+    pub fn parse(s: &str) -> Result<Cidr, String> {
+        let (a, l) = match s.split_once('/') {
+            Some((a, l)) => (a, Some(l)),
+            None => (s, None),
+        };
+        let addr: std::net::IpAddr = a
+            .parse()
+            .map_err(|_| format!("{s:?} is not an IP address or CIDR"))?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let len = match l {
+            None => max,
+            Some(l) => l
+                .parse::<u8>()
+                .ok()
+                .filter(|n| *n <= max)
+                .ok_or_else(|| format!("{s:?}: prefix length must be 0..={max}"))?,
+        };
+        let c = Cidr { addr, len };
+        if c.network() != addr {
+            return Err(format!(
+                "{s:?} has host bits set (did you mean {}/{len}?)",
+                c.network()
+            ));
+        }
+        Ok(c)
+    }
+
+    fn mask_bits(&self) -> u128 {
+        let width = if self.addr.is_ipv4() { 32 } else { 128 };
+        if self.len == 0 {
+            0
+        } else {
+            (u128::MAX << (width - self.len as u32)) & (u128::MAX >> (128 - width))
+        }
+    }
+
+    fn bits(a: std::net::IpAddr) -> u128 {
+        match a {
+            std::net::IpAddr::V4(v) => u32::from(v) as u128,
+            std::net::IpAddr::V6(v) => u128::from(v),
+        }
+    }
+
+    /// The address with its host bits cleared.
+    pub fn network(&self) -> std::net::IpAddr {
+        let b = Cidr::bits(self.addr) & self.mask_bits();
+        match self.addr {
+            std::net::IpAddr::V4(_) => std::net::IpAddr::V4((b as u32).into()),
+            std::net::IpAddr::V6(_) => std::net::IpAddr::V6(b.into()),
+        }
+    }
+
+    /// Whether `ip` is inside this prefix (an IPv4-mapped IPv6 address counts as IPv4).
+    pub fn contains(&self, ip: std::net::IpAddr) -> bool {
+        let ip = match ip {
+            std::net::IpAddr::V6(v) => v.to_ipv4_mapped().map(std::net::IpAddr::V4).unwrap_or(ip),
+            v4 => v4,
+        };
+        if ip.is_ipv4() != self.addr.is_ipv4() {
+            return false;
+        }
+        Cidr::bits(ip) & self.mask_bits() == Cidr::bits(self.addr)
+    }
+}
+
+impl std::fmt::Display for Cidr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.addr, self.len)
+    }
+}
+
+/// Checks a domain pattern: `name.tld` or `*.name.tld`. Returns the problem.
+pub fn check_domain_pattern(d: &str) -> Result<(), String> {
+    let (wild, name) = match d.strip_prefix("*.") {
+        Some(rest) => (true, rest),
+        None => (false, d),
+    };
+    if name.is_empty() || name.len() > 253 {
+        return Err(format!("{d:?} must be 1 to 253 characters"));
+    }
+    if name.contains('*') {
+        return Err(format!(
+            "{d:?}: '*' is only allowed as the whole first label (\"*.example.com\")"
+        ));
+    }
+    let labels: Vec<&str> = name.split('.').collect();
+    for l in &labels {
+        if l.is_empty() || l.len() > 63 {
+            return Err(format!(
+                "{d:?}: labels are 1 to 63 characters (no empty label, no trailing dot)"
+            ));
+        }
+        if !l
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+        {
+            return Err(format!(
+                "{d:?}: use lowercase letters, digits, '-' and '_' in names"
+            ));
+        }
+        if l.starts_with('-') || l.ends_with('-') {
+            return Err(format!("{d:?}: a label may not start or end with '-'"));
+        }
+    }
+    if wild && labels.len() < 2 {
+        return Err(format!(
+            "{d:?}: a wildcard needs at least two labels after \"*.\" (\"*.example.com\", not \"*.com\")"
+        ));
+    }
+    Ok(())
+}
+
+impl NetworkSpec {
+    /// Checks the network section; errors name `network.allow[i].domain` and so on.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        if self.mode != NetworkMode::Allow && !self.allow.is_empty() {
+            return Err(SpecError::new(
+                "network.allow",
+                format!(
+                    "allow rules need mode \"allow\" (mode is {:?})",
+                    self.mode.as_str()
+                ),
+            ));
+        }
+        if self.allow.len() > MAX_ALLOW_RULES {
+            return Err(SpecError::new(
+                "network.allow",
+                format!("at most {MAX_ALLOW_RULES} rules"),
+            ));
+        }
+        for (i, r) in self.allow.iter().enumerate() {
+            let f = |k: &str| format!("network.allow[{i}]{k}");
+            match (&r.domain, &r.cidr) {
+                (Some(_), Some(_)) => {
+                    return Err(SpecError::new(
+                        f(""),
+                        "give either domain or cidr, not both",
+                    ))
+                }
+                (None, None) => return Err(SpecError::new(f(""), "give a domain or a cidr")),
+                (Some(d), None) => {
+                    check_domain_pattern(d).map_err(|p| SpecError::new(f(".domain"), p))?
+                }
+                (None, Some(c)) => {
+                    Cidr::parse(c).map_err(|p| SpecError::new(f(".cidr"), p))?;
+                }
+            }
+            if r.ports.len() > MAX_RULE_PORTS {
+                return Err(SpecError::new(
+                    f(".ports"),
+                    format!("at most {MAX_RULE_PORTS} ports"),
+                ));
+            }
+            if let Some(j) = r.ports.iter().position(|p| *p == 0) {
+                return Err(SpecError::new(
+                    format!("network.allow[{i}].ports[{j}]"),
+                    "port 0 is not a port (1..65535)",
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Paths in the sandbox that a mount may not cover: the runtime owns them.
@@ -503,6 +729,7 @@ impl SandboxSpec {
                 ),
             ));
         }
+        self.network.validate()?;
         if let Some(t) = self.timeout {
             if t.0.is_zero() || t.0.as_secs() > limits::MAX_TIMEOUT_SECS {
                 return Err(SpecError::new(
@@ -587,6 +814,81 @@ mod tests {
         assert_eq!(field_of(r#"{"workdir":"tmp"}"#), "workdir");
         assert_eq!(field_of(r#"{"image":"ubuntu"}"#), "image");
         assert_eq!(field_of(r#"{"rootfs":"rel/dir"}"#), "rootfs");
+    }
+
+    #[test]
+    fn network_rules_are_checked_and_named() {
+        let j = |rules: &str| format!(r#"{{"network":{{"mode":"allow","allow":[{rules}]}}}}"#);
+        let ok = j(
+            r#"{"domain":"api.example.com","ports":[443]},{"domain":"*.example.com"},{"cidr":"203.0.113.0/24","ports":[22,80]},{"cidr":"2001:db8::/32"},{"cidr":"10.0.0.1"}"#,
+        );
+        let s = SandboxSpec::from_json(&ok).unwrap();
+        assert_eq!(s.network.mode, NetworkMode::Allow);
+        assert_eq!(s.network.allow.len(), 5);
+        let bad = |r: &str| {
+            field_of(&j(&format!(
+                r#"{{"domain":"a.test"}},{{"cidr":"10.0.0.0/8"}},{r}"#
+            )))
+        };
+        assert_eq!(bad(r#"{"domain":"*.com"}"#), "network.allow[2].domain");
+        assert_eq!(bad(r#"{"domain":"a.*.com"}"#), "network.allow[2].domain");
+        assert_eq!(
+            bad(r#"{"domain":"API.example.com"}"#),
+            "network.allow[2].domain"
+        );
+        assert_eq!(
+            bad(r#"{"domain":"example.com."}"#),
+            "network.allow[2].domain"
+        );
+        assert_eq!(
+            bad(r#"{"domain":"-a.example.com"}"#),
+            "network.allow[2].domain"
+        );
+        assert_eq!(
+            bad(r#"{"domain":"exa mple.com"}"#),
+            "network.allow[2].domain"
+        );
+        assert_eq!(bad(r#"{"cidr":"10.0.0.1/8"}"#), "network.allow[2].cidr");
+        assert_eq!(bad(r#"{"cidr":"10.0.0.0/33"}"#), "network.allow[2].cidr");
+        assert_eq!(bad(r#"{"cidr":"example.com"}"#), "network.allow[2].cidr");
+        assert_eq!(
+            bad(r#"{"domain":"a.b","cidr":"10.0.0.0/8"}"#),
+            "network.allow[2]"
+        );
+        assert_eq!(bad(r#"{"ports":[80]}"#), "network.allow[2]");
+        assert_eq!(
+            bad(r#"{"domain":"a.b","ports":[80,0]}"#),
+            "network.allow[2].ports[1]"
+        );
+        // Unknown keys and modes are refused by serde.
+        assert_eq!(bad(r#"{"host":"a.b"}"#), "spec");
+        assert_eq!(field_of(r#"{"network":{"mode":"everything"}}"#), "spec");
+        // Rules only with mode allow.
+        assert_eq!(
+            field_of(r#"{"network":{"mode":"open","allow":[{"domain":"a.b"}]}}"#),
+            "network.allow"
+        );
+        assert!(SandboxSpec::from_json(r#"{"network":{"mode":"open"}}"#).is_ok());
+        assert!(SandboxSpec::from_json(r#"{"network":{"mode":"allow"}}"#).is_ok());
+    }
+
+    #[test]
+    fn cidrs_contain_what_they_should() {
+        let c = Cidr::parse("10.1.0.0/16").unwrap();
+        assert!(c.contains("10.1.255.3".parse().unwrap()));
+        assert!(!c.contains("10.2.0.1".parse().unwrap()));
+        assert!(c.contains("::ffff:10.1.2.3".parse().unwrap()));
+        assert!(!c.contains("2001:db8::1".parse().unwrap()));
+        let all = Cidr::parse("0.0.0.0/0").unwrap();
+        assert!(all.contains("8.8.8.8".parse().unwrap()));
+        let v6 = Cidr::parse("fd00:ec2::254").unwrap();
+        assert_eq!(v6.len, 128);
+        assert!(v6.contains("fd00:ec2::254".parse().unwrap()));
+        assert!(!v6.contains("fd00:ec2::253".parse().unwrap()));
+        assert_eq!(
+            Cidr::parse("10.1.0.0/16").unwrap().to_string(),
+            "10.1.0.0/16"
+        );
     }
 
     #[test]

@@ -120,6 +120,22 @@ fn helper(plan: &SandboxPlan, agent: AgentMain) -> io::Result<()> {
 
     tr.mark("socket bound");
     let (mine, theirs) = sys::socketpair()?;
+    // A prepared network namespace is joined here, as host root, so that PID 1
+    // inherits it and its new user namespace does not own it.
+    let mut netns_flag = libc::CLONE_NEWNET;
+    if plan.netns {
+        // SAFETY: the host passed the prepared network namespace as fd 6; we own it.
+        let ns = unsafe { OwnedFd::from_raw_fd(fds::NETNS) };
+        sys::setns_net(ns.as_fd()).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("join the prepared network namespace: {e}"),
+            )
+        })?;
+        drop(ns);
+        netns_flag = 0;
+        tr.mark("netns joined");
+    }
     // PID 1 is created directly in its new namespaces: the user namespace first, the
     // others owned by it (clone(2) orders them so).
     let pid = match sys::clone_into_namespaces(
@@ -127,7 +143,7 @@ fn helper(plan: &SandboxPlan, agent: AgentMain) -> io::Result<()> {
             | libc::CLONE_NEWNS
             | libc::CLONE_NEWUTS
             | libc::CLONE_NEWIPC
-            | libc::CLONE_NEWNET
+            | netns_flag
             | libc::CLONE_NEWCGROUP
             | libc::CLONE_NEWPID,
     )? {
@@ -214,7 +230,10 @@ fn pid1(
     mounts::apply(&plan.root_dir, &plan.mounts.ops).map_err(io::Error::other)?;
     tr.mark("mount plan applied");
     sys::sethostname(&plan.hostname)?;
-    sys::loopback_up()?;
+    if !plan.netns {
+        // A prepared namespace is not ours to configure (its `lo` is already up).
+        sys::loopback_up()?;
+    }
     sys::chdir(&sys::cstr(&plan.root_dir)?)?;
     sys::pivot_root_here()?;
     sys::chdir(c"/")?;

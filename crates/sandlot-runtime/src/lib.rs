@@ -62,6 +62,16 @@ pub struct CreateOptions {
     pub lifeline: Option<OwnedFd>,
     /// Where the sandbox's init writes diagnostics (default: nowhere).
     pub stderr: Option<OwnedFd>,
+    /// A network namespace prepared by the caller (an open `/proc/PID/ns/net` or
+    /// `/run/netns/NAME`). When set, PID 1 joins it instead of getting a fresh one,
+    /// so the sandbox's user namespace does not own its network namespace and root
+    /// inside has no `CAP_NET_ADMIN` over it: it cannot change addresses, routes or
+    /// rules. The caller brings `lo` up and sets what else it needs. Required for a
+    /// spec whose network mode is not `none`.
+    pub netns: Option<OwnedFd>,
+    /// The nameserver written to the `host` image's `/etc/resolv.conf` (with
+    /// `netns`).
+    pub nameserver: Option<std::net::IpAddr>,
 }
 
 /// A running sandbox, as the host sees it.

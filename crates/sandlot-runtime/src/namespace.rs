@@ -125,16 +125,26 @@ impl NamespaceBackend {
         id_base: u32,
         lifeline: bool,
         cg: &Cgroup,
+        opts: &CreateOptions,
     ) -> Result<SandboxPlan, RuntimeError> {
         let hostname = spec
             .hostname
             .clone()
             .unwrap_or_else(|| format!("sandlot-{}", &id[..id.len().min(12)]));
-        let mounts = mounts::plan_mounts(&PlanInput {
+        let mut mounts = mounts::plan_mounts(&PlanInput {
             spec,
             hostname: &hostname,
             host: &self.host,
         })?;
+        if let Some(ns) = opts.nameserver {
+            for op in &mut mounts.ops {
+                if let mounts::MountOp::File { path, contents, .. } = op {
+                    if path == "/etc/resolv.conf" {
+                        *contents = format!("nameserver {ns}\noptions ndots:0\n");
+                    }
+                }
+            }
+        }
         let mut env = hostimage::base_env(&hostname);
         for (k, v) in &spec.env {
             env.retain(|(ek, _)| ek != k);
@@ -154,6 +164,7 @@ impl NamespaceBackend {
                 default_cwd: spec.workdir.clone(),
             },
             lifeline,
+            netns: opts.netns.is_some(),
             trace: std::env::var_os("SANDLOT_TRACE_INIT").is_some_and(|v| v == "1"),
         })
     }
@@ -170,13 +181,15 @@ impl NamespaceBackend {
         let (status_r, status_w) = sys::pipe().map_err(io_err("pipe"))?;
         let lifeline = opts.lifeline.take();
         // (source, target) pairs; a fixed array so that the pre-exec hook allocates nothing.
-        let inherit: [(RawFd, RawFd); 3] = [
+        let netns = opts.netns.take();
+        let inherit: [(RawFd, RawFd); 4] = [
             (slot.as_raw_fd(), fds::SLOT_LOCK),
             (alive.as_raw_fd(), fds::ALIVE_LOCK),
             (
                 lifeline.as_ref().map_or(-1, |l| l.as_raw_fd()),
                 fds::LIFELINE,
             ),
+            (netns.as_ref().map_or(-1, |n| n.as_raw_fd()), fds::NETNS),
         ];
         let mut cmd = Command::new(&self.cfg.init_exe);
         cmd.arg("__init")
@@ -192,7 +205,7 @@ impl NamespaceBackend {
         // that one dup2 cannot clobber a source needed by another.
         unsafe {
             cmd.pre_exec(move || {
-                let mut moved = [-1; 3];
+                let mut moved = [-1; 4];
                 for (i, (src, _)) in inherit.iter().enumerate() {
                     if *src >= 0 {
                         moved[i] = libc::fcntl(*src, libc::F_DUPFD_CLOEXEC, 100);
@@ -215,6 +228,7 @@ impl NamespaceBackend {
         )))?;
         drop(cmd);
         drop(lifeline);
+        drop(netns);
         {
             let mut w = fs::File::from(plan_w);
             w.write_all(&plan_json).map_err(io_err("send plan"))?;
@@ -392,6 +406,15 @@ impl Backend for NamespaceBackend {
         mut opts: CreateOptions,
     ) -> Result<SandboxInstance, RuntimeError> {
         spec.validate()?;
+        if spec.network.mode != sandlot_proto::spec::NetworkMode::None && opts.netns.is_none() {
+            return Err(RuntimeError::Spec(sandlot_proto::spec::SpecError::Invalid {
+                field: "network.mode".into(),
+                problem: format!(
+                    "mode {:?} needs the daemon's network slots (sandlot serve); sandlot run supports \"none\"",
+                    spec.network.mode.as_str()
+                ),
+            }));
+        }
         if id.is_empty()
             || id.len() > 64
             || !id
@@ -415,7 +438,7 @@ impl Backend for NamespaceBackend {
             };
             let cg = Cgroup::create(&self.layout, &self.cfg.cgroup_parent, id, &limits)?;
             cgroup = Some(cg.clone());
-            let plan = self.plan(id, spec, id_base, opts.lifeline.is_some(), &cg)?;
+            let plan = self.plan(id, spec, id_base, opts.lifeline.is_some(), &cg, &opts)?;
             let pid = self.spawn_init(&plan, &slot_fd, &alive, &mut opts)?;
             let pidfd = sys::pidfd_open(pid).map_err(io_err("pidfd_open"))?;
             Ok(SandboxInstance {

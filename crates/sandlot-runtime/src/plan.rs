@@ -35,6 +35,9 @@ pub struct SandboxPlan {
     pub agent: AgentSetup,
     /// Fd 3 is a pipe whose write end the supervisor holds; the sandbox ends on EOF.
     pub lifeline: bool,
+    /// Fd 6 is a prepared network namespace to join instead of creating one.
+    #[serde(default)]
+    pub netns: bool,
     /// Write per-phase timings to stderr (host env `SANDLOT_TRACE_INIT=1`), for profiling.
     #[serde(default)]
     pub trace: bool,
@@ -52,6 +55,8 @@ pub mod fds {
     pub const SLOT_LOCK: i32 = 4;
     /// flock of the sandbox's run directory, held for the sandbox's lifetime.
     pub const ALIVE_LOCK: i32 = 5;
+    /// Optional prepared network namespace (`SandboxPlan::netns`).
+    pub const NETNS: i32 = 6;
 }
 
 /// Status lines written by the helper (`pid`, once) and by the sandbox's PID 1

@@ -416,6 +416,13 @@ pub fn try_flock_exclusive(fd: BorrowedFd<'_>) -> io::Result<bool> {
     }
 }
 
+/// `setns(fd, CLONE_NEWNET)`: moves the calling thread into a network namespace.
+pub fn setns_net(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: no pointers; the kernel checks that fd is a network namespace.
+    cvt(unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) })?;
+    Ok(())
+}
+
 /// Brings the loopback interface up in the current network namespace.
 pub fn loopback_up() -> io::Result<()> {
     // SAFETY: socket() has no pointer args; the fd is wrapped immediately.

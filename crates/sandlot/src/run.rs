@@ -220,7 +220,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
             &spec,
             CreateOptions {
                 lifeline: Some(life_r),
-                stderr: None,
+                ..Default::default()
             },
         )
         .with_context(|| format!("create sandbox {id}"))?;

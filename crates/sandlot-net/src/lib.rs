@@ -1,0 +1,623 @@
+//! Network egress for Sandlot sandboxes, enforced outside the sandbox.
+//!
+//! A sandbox with network mode `allow` or `open` runs in a network namespace that
+//! the daemon built (a *slot*, see [`slots`]) and that the sandbox's user namespace
+//! does not own, so root inside cannot change its addresses, routes or rules. The
+//! only ways out of a slot are the daemon's DNS resolver ([`resolver`]) and its
+//! transparent TCP proxy ([`proxy`]); the nftables table of the daemon ([`nft`])
+//! redirects DNS and TCP to them and drops everything else. Both check the
+//! sandbox's [`policy::Policy`] on every query and connection and report each to
+//! an [`AuditSink`]. See `docs/networking.md`.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use sandlot_proto::spec::{Cidr, NetworkMode, NetworkSpec, SpecError};
+use serde::{Deserialize, Serialize};
+
+pub mod dns;
+pub mod nft;
+pub mod policy;
+pub mod proxy;
+pub mod resolver;
+pub mod slots;
+pub mod sniff;
+
+use policy::{Ceiling, Policy};
+use slots::{AddressPlan, Slot, SlotPool};
+
+/// Errors of the network layer.
+#[derive(Debug, thiserror::Error)]
+pub enum NetError {
+    #[error("{cmd}: {message}")]
+    Command { cmd: String, message: String },
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("network config: {0}")]
+    Config(String),
+    #[error("no free network slot addresses (network.subnet is full)")]
+    Exhausted,
+    #[error("the network service is stopping")]
+    Stopping,
+    #[error("sandbox {0} has no network slot")]
+    NotAttached(String),
+}
+
+/// Operator settings (`[network]` in the daemon's TOML).
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(default)]
+pub struct NetConfig {
+    /// Network of sandboxes whose create request has no `network`.
+    pub default: NetworkSpec,
+    /// The most a sandbox may ask for: `none`, `allow` or `open`.
+    pub ceiling: NetworkMode,
+    /// Resolvers the daemon forwards allowed queries to (`IP:PORT`). Empty: the
+    /// `nameserver` lines of the host's `/etc/resolv.conf`.
+    pub upstream_dns: Vec<SocketAddr>,
+    /// Private ranges (10/8, 172.16/12, 192.168/16, 100.64/10, fc00::/7, ...) that
+    /// sandboxes may reach when their policy allows. Link-local, metadata, loopback,
+    /// the host's own addresses and other sandboxes are never reachable.
+    pub allow_private: Vec<String>,
+    /// IPv4 subnet the slots' /30s are carved from.
+    pub subnet: String,
+    /// Slots kept built ahead of time.
+    pub pool_size: usize,
+}
+
+impl Default for NetConfig {
+    fn default() -> Self {
+        NetConfig {
+            default: NetworkSpec::default(),
+            ceiling: NetworkMode::Open,
+            upstream_dns: Vec::new(),
+            allow_private: Vec::new(),
+            subnet: "100.96.0.0/16".into(),
+            pool_size: 4,
+        }
+    }
+}
+
+impl NetConfig {
+    /// Checks values serde cannot; errors name the key.
+    pub fn validate(&self) -> Result<(), NetError> {
+        self.default
+            .validate()
+            .map_err(|e| NetError::Config(format!("network.default.{e}")))?;
+        if self.default.mode > self.ceiling {
+            return Err(NetError::Config(format!(
+                "network.default mode {:?} is above network.ceiling {:?}",
+                self.default.mode.as_str(),
+                self.ceiling.as_str()
+            )));
+        }
+        for (i, c) in self.allow_private.iter().enumerate() {
+            Cidr::parse(c)
+                .map_err(|e| NetError::Config(format!("network.allow_private[{i}]: {e}")))?;
+        }
+        let s = Cidr::parse(&self.subnet)
+            .map_err(|e| NetError::Config(format!("network.subnet: {e}")))?;
+        AddressPlan::new(s)?;
+        if self.pool_size > 256 {
+            return Err(NetError::Config("network.pool_size: at most 256".into()));
+        }
+        Ok(())
+    }
+
+    fn upstreams(&self) -> Vec<SocketAddr> {
+        if !self.upstream_dns.is_empty() {
+            return self.upstream_dns.clone();
+        }
+        std::fs::read_to_string("/etc/resolv.conf")
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("nameserver"))
+            .filter_map(|a| a.trim().parse::<IpAddr>().ok())
+            .filter(|a| !a.is_loopback())
+            .map(|a| SocketAddr::new(a, 53))
+            .collect()
+    }
+}
+
+/// What a sandbox's egress attempt was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    Dns,
+    Tcp,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Decision {
+    Allowed,
+    Denied,
+    /// Allowed by policy but it failed (upstream unreachable, refused, timed out).
+    Failed,
+}
+
+impl Decision {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Decision::Allowed => "allowed",
+            Decision::Denied => "denied",
+            Decision::Failed => "failed",
+        }
+    }
+}
+
+impl EventKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventKind::Dns => "dns",
+            EventKind::Tcp => "tcp",
+        }
+    }
+}
+
+/// One DNS query or TCP connection attempt of a sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditEvent {
+    pub sandbox: String,
+    /// Milliseconds since the Unix epoch.
+    pub at_ms: i64,
+    pub kind: EventKind,
+    /// The name asked (DNS) or presented (TLS SNI, HTTP Host).
+    pub name: Option<String>,
+    /// Destination address (TCP: the one the sandbox dialled, or the one the proxy
+    /// connected to when allowed).
+    pub addr: Option<IpAddr>,
+    pub port: Option<u16>,
+    pub decision: Decision,
+    /// Why (`no rule allows denied.test:443`, `qtype TXT`, ...).
+    pub reason: String,
+    /// Bytes from the sandbox / to the sandbox.
+    pub bytes_out: u64,
+    pub bytes_in: u64,
+}
+
+/// Where audit events go (the daemon writes them to SQLite).
+pub trait AuditSink: Send + Sync {
+    fn record(&self, ev: AuditEvent);
+}
+
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// A sandbox with a slot.
+pub struct Attached {
+    pub sandbox: String,
+    pub slot: Slot,
+    spec: RwLock<NetworkSpec>,
+    policy: RwLock<Arc<Policy>>,
+    /// Bumped on every policy change; open connections re-check themselves.
+    pub generation: tokio::sync::watch::Sender<u64>,
+}
+
+impl Attached {
+    pub fn policy(&self) -> Arc<Policy> {
+        self.policy
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+    pub fn spec(&self) -> NetworkSpec {
+        self.spec.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// What a sandbox's runtime needs to use its slot.
+pub struct Attachment {
+    pub netns: OwnedFd,
+    pub nameserver: IpAddr,
+    pub slot: Slot,
+}
+
+/// The host's own addresses (cached briefly): never a destination.
+pub struct LocalAddrs {
+    cache: RwLock<(Instant, Vec<IpAddr>)>,
+}
+
+impl LocalAddrs {
+    fn new() -> LocalAddrs {
+        LocalAddrs {
+            cache: RwLock::new((Instant::now() - Duration::from_secs(60), Vec::new())),
+        }
+    }
+
+    /// Local IPv4 addresses from `/proc/net/fib_trie` (entries `/32 host LOCAL`).
+    pub fn parse_fib_trie(text: &str) -> Vec<IpAddr> {
+        let mut out = Vec::new();
+        let mut last: Option<IpAddr> = None;
+        for l in text.lines() {
+            let t = l.trim_start_matches([' ', '|', '+', '-']);
+            if let Ok(a) = t.trim().parse::<IpAddr>() {
+                last = Some(a);
+            } else if l.contains("/32 host LOCAL") {
+                if let Some(a) = last {
+                    if !out.contains(&a) {
+                        out.push(a);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    pub fn get(&self) -> Vec<IpAddr> {
+        {
+            let c = self.cache.read().unwrap_or_else(|e| e.into_inner());
+            if c.0.elapsed() < Duration::from_secs(1) {
+                return c.1.clone();
+            }
+        }
+        let v = LocalAddrs::parse_fib_trie(
+            &std::fs::read_to_string("/proc/net/fib_trie").unwrap_or_default(),
+        );
+        *self.cache.write().unwrap_or_else(|e| e.into_inner()) = (Instant::now(), v.clone());
+        v
+    }
+}
+
+/// State shared by the resolver and the proxy.
+pub struct Shared {
+    by_addr: RwLock<HashMap<Ipv4Addr, Arc<Attached>>>,
+    pub ceiling: Ceiling,
+    pub locals: LocalAddrs,
+    pub upstream: Vec<SocketAddr>,
+    pub audit: Arc<dyn AuditSink>,
+}
+
+impl Shared {
+    /// The sandbox a packet from `ip` belongs to.
+    pub fn sandbox_at(&self, ip: IpAddr) -> Option<Arc<Attached>> {
+        let IpAddr::V4(v4) = ip else { return None };
+        self.by_addr
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&v4)
+            .cloned()
+    }
+
+    pub fn record(&self, ev: AuditEvent) {
+        tracing::debug!(
+            sandbox = %ev.sandbox,
+            kind = ev.kind.as_str(),
+            name = ev.name.as_deref().unwrap_or(""),
+            addr = ?ev.addr,
+            port = ?ev.port,
+            decision = ev.decision.as_str(),
+            "egress: {}",
+            ev.reason
+        );
+        self.audit.record(ev);
+    }
+}
+
+/// Names derived from the daemon's id prefix: slot names (`sn` + 6 hex digits of a
+/// hash of the prefix) and the nftables table (`sandlot_<that>`).
+pub fn slot_prefix(id_prefix: &str) -> String {
+    // FNV-1a: stable across builds and platforms.
+    let mut h: u32 = 0x811c9dc5;
+    for b in id_prefix.bytes() {
+        h ^= b as u32;
+        h = h.wrapping_mul(0x01000193);
+    }
+    format!("sn{:06x}", h & 0xffffff)
+}
+
+/// The network service of one daemon.
+pub struct NetService {
+    cfg: NetConfig,
+    prefix: String,
+    table: nft::TableSpec,
+    pool: SlotPool,
+    shared: Arc<Shared>,
+    by_id: RwLock<HashMap<String, Arc<Attached>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// A sandbox that survived a daemon restart, with its slot.
+#[derive(Debug, Clone)]
+pub struct Survivor {
+    pub sandbox: String,
+    pub slot: Slot,
+    pub spec: NetworkSpec,
+}
+
+impl NetService {
+    /// Binds the resolver and proxy, writes the nftables table (keeping the slots
+    /// of `survivors`), deletes every other leftover slot of this prefix, and starts
+    /// filling the pool. Call from a Tokio runtime.
+    pub async fn start(
+        cfg: NetConfig,
+        id_prefix: &str,
+        audit: Arc<dyn AuditSink>,
+        survivors: Vec<Survivor>,
+    ) -> Result<NetService, NetError> {
+        cfg.validate()?;
+        let prefix = slot_prefix(id_prefix);
+        let subnet = Cidr::parse(&cfg.subnet).map_err(NetError::Config)?;
+        let plan = AddressPlan::new(subnet)?;
+        let allow_private = cfg
+            .allow_private
+            .iter()
+            .filter_map(|c| Cidr::parse(c).ok())
+            .collect();
+        let upstream = cfg.upstreams();
+        if upstream.is_empty() {
+            tracing::warn!("no upstream DNS (network.upstream_dns, /etc/resolv.conf): sandboxes cannot resolve names");
+        }
+        let shared = Arc::new(Shared {
+            by_addr: RwLock::new(HashMap::new()),
+            ceiling: Ceiling::new(subnet, allow_private),
+            locals: LocalAddrs::new(),
+            upstream,
+            audit,
+        });
+        let io = |what: &str| {
+            let what = what.to_string();
+            move |source| NetError::Io { what, source }
+        };
+        let proxy_l = tokio::net::TcpListener::bind("0.0.0.0:0")
+            .await
+            .map_err(io("bind the egress proxy"))?;
+        let proxy_port = proxy_l.local_addr().map_err(io("proxy address"))?.port();
+        let (dns_udp, dns_tcp) = resolver::bind().await?;
+        let dns_port = dns_udp.local_addr().map_err(io("resolver address"))?.port();
+        let table = nft::TableSpec {
+            table: format!("sandlot_{prefix}"),
+            if_prefix: prefix.clone(),
+            proxy_port,
+            dns_port,
+        };
+        let keep: Vec<(String, Ipv4Addr)> = survivors
+            .iter()
+            .map(|s| (s.slot.name.clone(), s.slot.sandbox_ip))
+            .collect();
+        let nftc = nft::Nft::default();
+        let tcmds = table.create(&keep);
+        tokio::task::spawn_blocking(move || nftc.apply(&tcmds))
+            .await
+            .map_err(|e| NetError::Config(e.to_string()))??;
+        let kept_slots: Vec<Slot> = survivors.iter().map(|s| s.slot.clone()).collect();
+        let pool = {
+            let (p, t, n, k) = (prefix.clone(), table.clone(), cfg.pool_size, kept_slots);
+            tokio::task::spawn_blocking(move || SlotPool::start(&p, plan, n, t, &k))
+                .await
+                .map_err(|e| NetError::Config(e.to_string()))?
+        };
+        let svc = NetService {
+            tasks: vec![
+                tokio::spawn(proxy::serve(proxy_l, shared.clone())),
+                tokio::spawn(resolver::serve_udp(dns_udp, shared.clone())),
+                tokio::spawn(resolver::serve_tcp(dns_tcp, shared.clone())),
+            ],
+            cfg,
+            prefix,
+            table,
+            pool,
+            shared,
+            by_id: RwLock::new(HashMap::new()),
+        };
+        for s in survivors {
+            svc.register(&s.sandbox, s.slot, &s.spec);
+        }
+        tracing::info!(
+            prefix = %svc.prefix,
+            proxy_port,
+            dns_port,
+            "network egress service started"
+        );
+        Ok(svc)
+    }
+
+    pub fn config(&self) -> &NetConfig {
+        &self.cfg
+    }
+
+    /// Slot and table name prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    pub fn table(&self) -> &nft::TableSpec {
+        &self.table
+    }
+
+    pub fn pool(&self) -> &SlotPool {
+        &self.pool
+    }
+
+    /// Checks a spec against the operator's ceiling; errors name the field.
+    pub fn check(&self, spec: &NetworkSpec) -> Result<(), SpecError> {
+        spec.validate()?;
+        if spec.mode > self.cfg.ceiling {
+            return Err(SpecError::new(
+                "network.mode",
+                format!(
+                    "mode {:?} is above the operator's ceiling {:?}",
+                    spec.mode.as_str(),
+                    self.cfg.ceiling.as_str()
+                ),
+            ));
+        }
+        for (i, r) in spec.allow.iter().enumerate() {
+            if let Some(c) = r.cidr.as_deref().and_then(|c| Cidr::parse(c).ok()) {
+                if let Some(why) = self.shared.ceiling.denies(c.addr, &[]) {
+                    return Err(SpecError::new(
+                        format!("network.allow[{i}].cidr"),
+                        format!("{c} is off limits: {why}"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn register(&self, id: &str, slot: Slot, spec: &NetworkSpec) -> Arc<Attached> {
+        let a = Arc::new(Attached {
+            sandbox: id.to_string(),
+            slot: slot.clone(),
+            spec: RwLock::new(spec.clone()),
+            policy: RwLock::new(Arc::new(Policy::compile(spec))),
+            generation: tokio::sync::watch::channel(0).0,
+        });
+        self.shared
+            .by_addr
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(slot.sandbox_ip, a.clone());
+        self.by_id
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id.to_string(), a.clone());
+        a
+    }
+
+    /// Claims a slot for sandbox `id` (blocking: builds one if the pool is empty).
+    pub fn attach(&self, id: &str, spec: &NetworkSpec) -> Result<Attachment, NetError> {
+        let slot = self.pool.claim()?;
+        let netns = match slots::open_netns(&slot.name) {
+            Ok(f) => f,
+            Err(e) => {
+                self.pool.release(slot);
+                return Err(e);
+            }
+        };
+        self.register(id, slot.clone(), spec);
+        Ok(Attachment {
+            netns,
+            nameserver: IpAddr::V4(slot.host_ip),
+            slot,
+        })
+    }
+
+    /// The sandbox's current network spec.
+    pub fn spec(&self, id: &str) -> Option<NetworkSpec> {
+        self.attached(id).map(|a| a.spec())
+    }
+
+    pub fn attached(&self, id: &str) -> Option<Arc<Attached>> {
+        self.by_id
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+            .cloned()
+    }
+
+    /// Replaces a running sandbox's policy: new queries and connections see it at
+    /// once, and open connections it no longer allows are cut.
+    pub fn set_policy(&self, id: &str, spec: &NetworkSpec) -> Result<(), NetError> {
+        let a = self
+            .attached(id)
+            .ok_or_else(|| NetError::NotAttached(id.to_string()))?;
+        *a.spec.write().unwrap_or_else(|e| e.into_inner()) = spec.clone();
+        *a.policy.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(Policy::compile(spec));
+        a.generation.send_modify(|g| *g += 1);
+        Ok(())
+    }
+
+    /// Releases the sandbox's slot (torn down in the background).
+    pub fn detach(&self, id: &str) {
+        let a = self
+            .by_id
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(id);
+        if let Some(a) = a {
+            self.shared
+                .by_addr
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&a.slot.sandbox_ip);
+            a.generation.send_modify(|g| *g += 1);
+            self.pool.release(a.slot.clone());
+        }
+    }
+
+    /// Stops the service: deletes the pool's unclaimed slots, waits for teardowns,
+    /// and removes the nftables table unless sandboxes still hold slots (their
+    /// rules must keep holding while the daemon is down).
+    pub fn shutdown(&self, timeout: Duration) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        self.pool.stop(timeout);
+        let live = self.by_id.read().unwrap_or_else(|e| e.into_inner()).len();
+        if live == 0 {
+            if let Err(e) = nft::Nft::default().apply(&self.table.delete()) {
+                tracing::warn!("delete nftables table {}: {e}", self.table.table);
+            }
+        } else {
+            tracing::info!(
+                live,
+                "network slots of live sandboxes and their rules are kept"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefixes_are_short_stable_and_distinct() {
+        let a = slot_prefix("sb-");
+        assert_eq!(a, slot_prefix("sb-"));
+        assert_ne!(a, slot_prefix("sc-"));
+        assert_eq!(a.len(), 8);
+        assert!(a.len() + 6 <= 15);
+    }
+
+    #[test]
+    fn fib_trie_local_addresses() {
+        let t = "Main:\n  +-- 0.0.0.0/0 3 0 5\n     |-- 10.99.0.0\n        /16 link UNICAST\n     |-- 10.99.0.1\n        /32 host LOCAL\nLocal:\n     |-- 127.0.0.1\n        /32 host LOCAL\n     |-- 10.99.0.1\n        /32 host LOCAL\n";
+        assert_eq!(
+            LocalAddrs::parse_fib_trie(t),
+            vec![
+                "10.99.0.1".parse::<IpAddr>().unwrap(),
+                "127.0.0.1".parse().unwrap()
+            ]
+        );
+    }
+
+    #[test]
+    fn config_is_checked() {
+        assert!(NetConfig::default().validate().is_ok());
+        let c = NetConfig {
+            ceiling: NetworkMode::None,
+            default: NetworkSpec {
+                mode: NetworkMode::Open,
+                allow: vec![],
+            },
+            ..Default::default()
+        };
+        assert!(c.validate().unwrap_err().to_string().contains("ceiling"));
+        let c = NetConfig {
+            allow_private: vec!["10.0.0.1/8".into()],
+            ..Default::default()
+        };
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("allow_private[0]"));
+        let c = NetConfig {
+            subnet: "fd00::/64".into(),
+            ..Default::default()
+        };
+        assert!(c.validate().is_err());
+    }
+}

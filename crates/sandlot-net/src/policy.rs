@@ -1,0 +1,290 @@
+//! Policy decisions, pure: which names the resolver answers, which destinations the
+//! proxy connects to, and which addresses are off limits whatever the policy says.
+
+use std::net::IpAddr;
+
+use sandlot_proto::spec::{Cidr, NetworkMode, NetworkSpec};
+
+/// A sandbox's network policy, compiled from its [`NetworkSpec`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    pub mode: NetworkMode,
+    domains: Vec<DomainRule>,
+    cidrs: Vec<(Cidr, Vec<u16>)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct DomainRule {
+    /// Lowercase name without the `*.`.
+    name: String,
+    wildcard: bool,
+    ports: Vec<u16>,
+}
+
+impl DomainRule {
+    fn matches(&self, name: &str) -> bool {
+        if self.wildcard {
+            name.len() > self.name.len() + 1
+                && name.ends_with(&self.name)
+                && name.as_bytes()[name.len() - self.name.len() - 1] == b'.'
+        } else {
+            name == self.name
+        }
+    }
+}
+
+fn port_ok(ports: &[u16], port: u16) -> bool {
+    ports.is_empty() || ports.contains(&port)
+}
+
+/// Lowercases a DNS name and strips one trailing dot.
+pub fn normalize_name(name: &str) -> String {
+    let n = name.strip_suffix('.').unwrap_or(name);
+    n.to_ascii_lowercase()
+}
+
+impl Policy {
+    /// Compiles a spec that passed [`NetworkSpec::validate`].
+    pub fn compile(spec: &NetworkSpec) -> Policy {
+        let mut domains = Vec::new();
+        let mut cidrs = Vec::new();
+        for r in &spec.allow {
+            if let Some(d) = &r.domain {
+                let (wildcard, name) = match d.strip_prefix("*.") {
+                    Some(n) => (true, n),
+                    None => (false, d.as_str()),
+                };
+                domains.push(DomainRule {
+                    name: normalize_name(name),
+                    wildcard,
+                    ports: r.ports.clone(),
+                });
+            }
+            if let Some(c) = r.cidr.as_deref().and_then(|c| Cidr::parse(c).ok()) {
+                cidrs.push((c, r.ports.clone()));
+            }
+        }
+        Policy {
+            mode: spec.mode,
+            domains,
+            cidrs,
+        }
+    }
+
+    /// Whether the resolver answers queries for `name` (any record type).
+    pub fn resolves(&self, name: &str) -> bool {
+        match self.mode {
+            NetworkMode::None => false,
+            NetworkMode::Open => true,
+            NetworkMode::Allow => {
+                let n = normalize_name(name);
+                self.domains.iter().any(|d| d.matches(&n))
+            }
+        }
+    }
+
+    /// Whether a TCP connection to `name:port` (name taken from SNI or Host) is allowed.
+    pub fn allows_name(&self, name: &str, port: u16) -> bool {
+        match self.mode {
+            NetworkMode::None => false,
+            NetworkMode::Open => true,
+            NetworkMode::Allow => {
+                let n = normalize_name(name);
+                self.domains
+                    .iter()
+                    .any(|d| d.matches(&n) && port_ok(&d.ports, port))
+            }
+        }
+    }
+
+    /// Whether a CIDR rule allows a TCP connection to `ip:port` (open mode: any
+    /// address; the off-limits check is separate).
+    pub fn allows_addr(&self, ip: IpAddr, port: u16) -> bool {
+        match self.mode {
+            NetworkMode::None => false,
+            NetworkMode::Open => true,
+            NetworkMode::Allow => self
+                .cidrs
+                .iter()
+                .any(|(c, ports)| c.contains(ip) && port_ok(ports, port)),
+        }
+    }
+
+    /// Whether name rules exist (the proxy must then look at SNI or Host).
+    pub fn has_names(&self) -> bool {
+        !self.domains.is_empty()
+    }
+}
+
+/// Addresses no sandbox may reach, whatever its policy (the operator's ceiling).
+#[derive(Debug, Clone)]
+pub struct Ceiling {
+    /// Never reachable: loopback, link-local and metadata, multicast, unspecified,
+    /// the slot subnet (other sandboxes).
+    always: Vec<Cidr>,
+    /// Private ranges: reachable only when inside `allow_private`.
+    private: Vec<Cidr>,
+    allow_private: Vec<Cidr>,
+}
+
+fn cidrs(list: &[&str]) -> Vec<Cidr> {
+    list.iter()
+        .map(|c| Cidr::parse(c).expect("built-in CIDR"))
+        .collect()
+}
+
+/// Ranges no sandbox ever reaches.
+pub const ALWAYS_DENIED: &[&str] = &[
+    "0.0.0.0/8",
+    "127.0.0.0/8",
+    "169.254.0.0/16",
+    "224.0.0.0/4",
+    "240.0.0.0/4",
+    "::/128",
+    "::1/128",
+    "fe80::/10",
+    "ff00::/8",
+    "fd00:ec2::254/128",
+];
+
+/// Private ranges, reachable only when the operator lists them in `allow_private`.
+pub const PRIVATE: &[&str] = &[
+    "10.0.0.0/8",
+    "172.16.0.0/12",
+    "192.168.0.0/16",
+    "100.64.0.0/10",
+    "192.0.0.0/24",
+    "198.18.0.0/15",
+    "fc00::/7",
+];
+
+impl Ceiling {
+    pub fn new(slot_subnet: Cidr, allow_private: Vec<Cidr>) -> Ceiling {
+        let mut always = cidrs(ALWAYS_DENIED);
+        always.push(slot_subnet);
+        Ceiling {
+            always,
+            private: cidrs(PRIVATE),
+            allow_private,
+        }
+    }
+
+    /// Why `ip` is off limits, or `None`. `local` are the host's own addresses (the
+    /// daemon listens on some of them).
+    pub fn denies(&self, ip: IpAddr, local: &[IpAddr]) -> Option<&'static str> {
+        let ip = match ip {
+            IpAddr::V6(v) => v.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
+            v => v,
+        };
+        if ip.is_ipv6() {
+            return Some("IPv6 is not routed for sandboxes");
+        }
+        if local.contains(&ip) {
+            return Some("the host itself");
+        }
+        if self.always.iter().any(|c| c.contains(ip)) {
+            return Some("loopback, link-local, metadata, multicast or another sandbox");
+        }
+        if self.private.iter().any(|c| c.contains(ip))
+            && !self.allow_private.iter().any(|c| c.contains(ip))
+        {
+            return Some("a private range the operator did not allow");
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sandlot_proto::spec::AllowRule;
+
+    fn spec(rules: Vec<AllowRule>) -> NetworkSpec {
+        NetworkSpec {
+            mode: NetworkMode::Allow,
+            allow: rules,
+        }
+    }
+
+    #[test]
+    fn exact_names_match_only_themselves() {
+        let p = Policy::compile(&spec(vec![AllowRule::domain("allowed.test")]));
+        assert!(p.resolves("allowed.test"));
+        assert!(p.resolves("ALLOWED.test."));
+        assert!(!p.resolves("x.allowed.test"));
+        assert!(!p.resolves("notallowed.test"));
+        assert!(!p.resolves("allowed.test.evil"));
+        assert!(p.allows_name("allowed.test", 443));
+    }
+
+    #[test]
+    fn wildcards_match_subdomains_not_the_apex_or_lookalikes() {
+        let p = Policy::compile(&spec(vec![AllowRule::domain("*.wild.test")]));
+        assert!(p.resolves("a.wild.test"));
+        assert!(p.resolves("b.a.wild.test"));
+        assert!(!p.resolves("wild.test"));
+        assert!(!p.resolves("notwild.test"));
+        assert!(!p.resolves("a.wild.test.evil"));
+        assert!(!p.resolves("awild.test"));
+    }
+
+    #[test]
+    fn ports_restrict_connections_not_dns() {
+        let mut r = AllowRule::domain("api.test");
+        r.ports = vec![443];
+        let p = Policy::compile(&spec(vec![r]));
+        assert!(p.resolves("api.test"));
+        assert!(p.allows_name("api.test", 443));
+        assert!(!p.allows_name("api.test", 80));
+    }
+
+    #[test]
+    fn cidr_rules_match_addresses_and_ports() {
+        let r = AllowRule {
+            domain: None,
+            cidr: Some("203.0.113.0/24".into()),
+            ports: vec![22],
+        };
+        let p = Policy::compile(&spec(vec![r]));
+        assert!(p.allows_addr("203.0.113.9".parse().unwrap(), 22));
+        assert!(!p.allows_addr("203.0.113.9".parse().unwrap(), 80));
+        assert!(!p.allows_addr("203.0.114.9".parse().unwrap(), 22));
+        assert!(!p.has_names());
+        assert!(!p.resolves("anything.test"));
+    }
+
+    #[test]
+    fn modes_none_and_open() {
+        let none = Policy::compile(&NetworkSpec::default());
+        assert!(!none.resolves("a.test") && !none.allows_name("a.test", 80));
+        let open = Policy::compile(&NetworkSpec {
+            mode: NetworkMode::Open,
+            allow: vec![],
+        });
+        assert!(open.resolves("a.test") && open.allows_addr("8.8.8.8".parse().unwrap(), 53));
+    }
+
+    #[test]
+    fn the_ceiling_holds_whatever_the_policy() {
+        let c = Ceiling::new(
+            Cidr::parse("100.96.0.0/16").unwrap(),
+            vec![Cidr::parse("10.99.0.0/16").unwrap()],
+        );
+        let local: Vec<IpAddr> = vec!["10.99.0.1".parse().unwrap()];
+        let d = |s: &str| c.denies(s.parse().unwrap(), &local);
+        assert!(d("169.254.169.254").is_some());
+        assert!(d("127.0.0.1").is_some());
+        assert!(d("::ffff:127.0.0.1").is_some());
+        assert!(d("fd00:ec2::254").is_some());
+        assert!(d("100.96.0.6").is_some(), "another sandbox");
+        assert!(d("10.99.0.1").is_some(), "the host");
+        assert!(d("192.168.1.1").is_some(), "private, not allowed");
+        assert!(d("10.1.2.3").is_some(), "private, not allowed");
+        assert!(
+            d("10.99.1.10").is_none(),
+            "private, allowed by the operator"
+        );
+        assert!(d("203.0.113.7").is_none());
+        assert!(d("2001:db8::1").is_some(), "IPv6");
+    }
+}

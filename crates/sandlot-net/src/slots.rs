@@ -1,0 +1,552 @@
+//! Network slots: a network namespace with a veth pair, addresses, a default route
+//! and its nftables set element, built ahead of time by a background thread so that
+//! creating a sandbox only claims one. Teardown is asynchronous (a worker deletes
+//! the namespace, which takes the veth with it) and names are never reused within
+//! a daemon's life.
+
+use std::collections::{BTreeSet, VecDeque};
+use std::net::Ipv4Addr;
+use std::os::fd::OwnedFd;
+use std::process::Command;
+use std::sync::{mpsc, Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use sandlot_proto::spec::Cidr;
+use serde::{Deserialize, Serialize};
+
+use crate::nft::{Nft, TableSpec};
+use crate::NetError;
+
+/// Where `ip netns` keeps its named namespaces.
+pub const NETNS_DIR: &str = "/run/netns";
+
+/// Name of the veth end inside the sandbox.
+pub const INNER_IF: &str = "eth0";
+
+/// One slot: namespace `name`, host-side veth `name`, a /30 of the slot subnet.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Slot {
+    pub name: String,
+    pub index: u32,
+    pub host_ip: Ipv4Addr,
+    pub sandbox_ip: Ipv4Addr,
+}
+
+/// Address plan of the slot subnet: slot `i` owns the /30 at `base + 4i`.
+#[derive(Debug, Clone, Copy)]
+pub struct AddressPlan {
+    base: u32,
+    slots: u32,
+}
+
+impl AddressPlan {
+    pub fn new(subnet: Cidr) -> Result<AddressPlan, NetError> {
+        let std::net::IpAddr::V4(a) = subnet.addr else {
+            return Err(NetError::Config("network.subnet must be IPv4".into()));
+        };
+        if subnet.len > 28 {
+            return Err(NetError::Config(format!(
+                "network.subnet {subnet} is too small (at most /28)"
+            )));
+        }
+        Ok(AddressPlan {
+            base: u32::from(a),
+            slots: 1 << ((32 - subnet.len as u32) - 2),
+        })
+    }
+
+    pub fn capacity(&self) -> u32 {
+        self.slots
+    }
+
+    /// (host side, sandbox side) of slot `i`.
+    pub fn addrs(&self, i: u32) -> (Ipv4Addr, Ipv4Addr) {
+        let n = self.base + 4 * i;
+        (Ipv4Addr::from(n + 1), Ipv4Addr::from(n + 2))
+    }
+}
+
+/// The `ip` invocations that build `slot`, in order (pure).
+pub fn build_commands(slot: &Slot) -> Vec<Vec<String>> {
+    let n = &slot.name;
+    let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    vec![
+        s(&["netns", "add", n]),
+        s(&[
+            "link", "add", n, "type", "veth", "peer", "name", INNER_IF, "netns", n,
+        ]),
+        s(&["addr", "add", &format!("{}/30", slot.host_ip), "dev", n]),
+        s(&["link", "set", n, "up"]),
+        s(&[
+            "-n",
+            n,
+            "addr",
+            "add",
+            &format!("{}/30", slot.sandbox_ip),
+            "dev",
+            INNER_IF,
+        ]),
+        s(&["-n", n, "link", "set", INNER_IF, "up"]),
+        s(&["-n", n, "link", "set", "lo", "up"]),
+        s(&[
+            "-n",
+            n,
+            "route",
+            "add",
+            "default",
+            "via",
+            &slot.host_ip.to_string(),
+        ]),
+    ]
+}
+
+/// Sysctls set inside each slot's namespace: binding ports below 1024 needs no
+/// capability (the sandbox's root has none over this namespace), and IPv6 is off.
+pub const SLOT_SYSCTLS: &[(&str, &str)] = &[
+    ("net/ipv4/ip_unprivileged_port_start", "0"),
+    ("net/ipv6/conf/all/disable_ipv6", "1"),
+    ("net/ipv6/conf/default/disable_ipv6", "1"),
+];
+
+fn ip(args: &[String]) -> Result<(), NetError> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| NetError::Command {
+            cmd: format!("ip {}", args.join(" ")),
+            message: e.to_string(),
+        })?;
+    if !out.status.success() {
+        return Err(NetError::Command {
+            cmd: format!("ip {}", args.join(" ")),
+            message: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// Opens a slot's namespace (the fd a sandbox's init joins).
+pub fn open_netns(name: &str) -> Result<OwnedFd, NetError> {
+    let p = format!("{NETNS_DIR}/{name}");
+    std::fs::File::open(&p)
+        .map(OwnedFd::from)
+        .map_err(|e| NetError::Io {
+            what: format!("open {p}"),
+            source: e,
+        })
+}
+
+/// Writes sysctls inside namespace `name` from a short-lived thread that joins it.
+fn set_sysctls(name: &str) -> Result<(), NetError> {
+    let ns = open_netns(name)?;
+    std::thread::scope(|s| {
+        s.spawn(|| -> Result<(), NetError> {
+            rustix::thread::move_into_link_name_space(
+                std::os::fd::AsFd::as_fd(&ns),
+                Some(rustix::thread::LinkNameSpaceType::Network),
+            )
+            .map_err(|e| NetError::Io {
+                what: format!("join netns {name}"),
+                source: e.into(),
+            })?;
+            for (k, v) in SLOT_SYSCTLS {
+                let p = format!("/proc/sys/{k}");
+                if let Err(e) = std::fs::write(&p, v) {
+                    // IPv6 may be compiled out; then there is nothing to disable.
+                    if !k.contains("ipv6") {
+                        return Err(NetError::Io {
+                            what: format!("write {p} in netns {name}"),
+                            source: e,
+                        });
+                    }
+                }
+            }
+            Ok(())
+        })
+        .join()
+        .unwrap_or_else(|_| Err(NetError::Config("sysctl thread panicked".into())))
+    })
+}
+
+/// Names of slot namespaces and host links starting with `prefix`.
+pub fn existing(prefix: &str) -> (Vec<String>, Vec<String>) {
+    let ns = std::fs::read_dir(NETNS_DIR)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(prefix))
+                .collect()
+        })
+        .unwrap_or_default();
+    let links = std::fs::read_dir("/sys/class/net")
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(prefix))
+                .collect()
+        })
+        .unwrap_or_default();
+    (ns, links)
+}
+
+struct PoolState {
+    ready: VecDeque<Slot>,
+    /// Indices of slots that exist (ready, claimed, or being torn down).
+    used: BTreeSet<u32>,
+    next_index: u32,
+    counter: u32,
+    stopping: bool,
+    /// Slots being built or torn down right now.
+    busy: usize,
+    last_error: Option<String>,
+}
+
+struct PoolInner {
+    prefix: String,
+    plan: AddressPlan,
+    target: usize,
+    table: TableSpec,
+    nft: Nft,
+    state: Mutex<PoolState>,
+    cv: Condvar,
+    teardown: Mutex<Option<mpsc::Sender<Slot>>>,
+}
+
+/// The pool of pre-built slots.
+#[derive(Clone)]
+pub struct SlotPool {
+    inner: Arc<PoolInner>,
+}
+
+impl SlotPool {
+    /// Starts the builder and teardown threads. `keep` are slots of sandboxes that
+    /// survived a daemon restart; every other slot with `prefix` is deleted.
+    pub fn start(
+        prefix: &str,
+        plan: AddressPlan,
+        target: usize,
+        table: TableSpec,
+        keep: &[Slot],
+    ) -> SlotPool {
+        let (ns, links) = existing(prefix);
+        let max_seen = ns
+            .iter()
+            .chain(links.iter())
+            .filter_map(|n| u32::from_str_radix(&n[prefix.len()..], 16).ok())
+            .max();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs() as u32)
+            .unwrap_or(0);
+        // Past every name still around, and past names of a previous run (time-based).
+        let counter = max_seen.map_or(0, |m| m + 1).max((now & 0xffff) << 8) & 0xffffff;
+        let (tx, rx) = mpsc::channel::<Slot>();
+        let inner = Arc::new(PoolInner {
+            prefix: prefix.to_string(),
+            plan,
+            target,
+            table,
+            nft: Nft::default(),
+            state: Mutex::new(PoolState {
+                ready: VecDeque::new(),
+                used: keep.iter().map(|s| s.index).collect(),
+                next_index: 0,
+                counter,
+                stopping: false,
+                busy: 0,
+                last_error: None,
+            }),
+            cv: Condvar::new(),
+            teardown: Mutex::new(Some(tx)),
+        });
+        let pool = SlotPool { inner };
+        // Leftovers no sandbox claims.
+        let kept: BTreeSet<&str> = keep.iter().map(|s| s.name.as_str()).collect();
+        for n in ns.iter().filter(|n| !kept.contains(n.as_str())) {
+            tracing::info!(netns = %n, "deleting a leftover network slot");
+            let _ = ip(&["netns".into(), "del".into(), n.clone()]);
+        }
+        for l in links.iter().filter(|l| !kept.contains(l.as_str())) {
+            if !ns.contains(l) {
+                let _ = ip(&["link".into(), "del".into(), l.clone()]);
+            }
+        }
+        {
+            let p = pool.clone();
+            std::thread::Builder::new()
+                .name("net-teardown".into())
+                .spawn(move || {
+                    for slot in rx {
+                        p.destroy(&slot);
+                        let mut st = p.lock();
+                        st.used.remove(&slot.index);
+                        st.busy -= 1;
+                        p.inner.cv.notify_all();
+                    }
+                })
+                .expect("spawn teardown thread");
+        }
+        if target > 0 {
+            let p = pool.clone();
+            std::thread::Builder::new()
+                .name("net-pool".into())
+                .spawn(move || p.fill())
+                .expect("spawn pool thread");
+        }
+        pool
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, PoolState> {
+        self.inner.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Reserves a name and an index.
+    fn reserve(&self, st: &mut PoolState) -> Result<Slot, NetError> {
+        let cap = self.inner.plan.capacity();
+        let mut idx = None;
+        for k in 0..cap {
+            let i = (st.next_index + k) % cap;
+            if !st.used.contains(&i) {
+                idx = Some(i);
+                break;
+            }
+        }
+        let index = idx.ok_or(NetError::Exhausted)?;
+        st.next_index = (index + 1) % cap;
+        st.used.insert(index);
+        let name = format!("{}{:06x}", self.inner.prefix, st.counter);
+        st.counter = (st.counter + 1) & 0xffffff;
+        let (host_ip, sandbox_ip) = self.inner.plan.addrs(index);
+        st.busy += 1;
+        Ok(Slot {
+            name,
+            index,
+            host_ip,
+            sandbox_ip,
+        })
+    }
+
+    /// Builds a slot; on failure removes what was built.
+    fn build(&self, slot: &Slot) -> Result<(), NetError> {
+        let r = (|| {
+            for c in build_commands(slot) {
+                ip(&c)?;
+            }
+            set_sysctls(&slot.name)?;
+            self.inner.nft.apply(
+                &self
+                    .inner
+                    .table
+                    .add_slots(&[(slot.name.clone(), slot.sandbox_ip)]),
+            )
+        })();
+        if r.is_err() {
+            let _ = ip(&["netns".into(), "del".into(), slot.name.clone()]);
+        }
+        r
+    }
+
+    fn destroy(&self, slot: &Slot) {
+        let _ = self.inner.nft.apply(
+            &self
+                .inner
+                .table
+                .delete_slots(&[(slot.name.clone(), slot.sandbox_ip)]),
+        );
+        // Deleting the namespace destroys the veth pair with it (asynchronously in
+        // the kernel, without the synchronous cost of `ip link del`).
+        if let Err(e) = ip(&["netns".into(), "del".into(), slot.name.clone()]) {
+            tracing::warn!(netns = %slot.name, "delete network slot: {e}");
+        }
+    }
+
+    fn fill(&self) {
+        loop {
+            let slot = {
+                let mut st = self.lock();
+                while !st.stopping && st.ready.len() >= self.inner.target {
+                    st = self.inner.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+                }
+                if st.stopping {
+                    return;
+                }
+                match self.reserve(&mut st) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        st.last_error = Some(e.to_string());
+                        drop(st);
+                        std::thread::sleep(Duration::from_secs(1));
+                        continue;
+                    }
+                }
+            };
+            let r = self.build(&slot);
+            let mut st = self.lock();
+            st.busy -= 1;
+            match r {
+                Ok(()) => {
+                    st.last_error = None;
+                    st.ready.push_back(slot);
+                }
+                Err(e) => {
+                    tracing::warn!("build network slot {}: {e}", slot.name);
+                    st.used.remove(&slot.index);
+                    st.last_error = Some(e.to_string());
+                    drop(st);
+                    std::thread::sleep(Duration::from_secs(1));
+                    continue;
+                }
+            }
+            self.inner.cv.notify_all();
+        }
+    }
+
+    /// Takes a ready slot, or builds one now if the pool is empty.
+    pub fn claim(&self) -> Result<Slot, NetError> {
+        let slot = {
+            let mut st = self.lock();
+            if st.stopping {
+                return Err(NetError::Stopping);
+            }
+            if let Some(s) = st.ready.pop_front() {
+                self.inner.cv.notify_all();
+                return Ok(s);
+            }
+            self.reserve(&mut st)?
+        };
+        let r = self.build(&slot);
+        let mut st = self.lock();
+        st.busy -= 1;
+        if r.is_err() {
+            st.used.remove(&slot.index);
+        }
+        self.inner.cv.notify_all();
+        r.map(|()| slot)
+    }
+
+    /// Hands a slot to the teardown worker.
+    pub fn release(&self, slot: Slot) {
+        self.lock().busy += 1;
+        let tx = self
+            .inner
+            .teardown
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        match tx {
+            Some(tx) => {
+                if let Err(mpsc::SendError(slot)) = tx.send(slot) {
+                    self.destroy(&slot);
+                    self.lock().busy -= 1;
+                }
+            }
+            None => {
+                self.destroy(&slot);
+                self.lock().busy -= 1;
+            }
+        }
+    }
+
+    /// Number of ready slots.
+    pub fn ready(&self) -> usize {
+        self.lock().ready.len()
+    }
+
+    /// Waits until `n` slots are ready (or `timeout` passes).
+    pub fn wait_ready(&self, n: usize, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.lock();
+        while st.ready.len() < n {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            st = self
+                .inner
+                .cv
+                .wait_timeout(st, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        true
+    }
+
+    /// Stops building, deletes the ready slots and waits (bounded) for pending
+    /// teardowns.
+    pub fn stop(&self, timeout: Duration) {
+        let ready: Vec<Slot> = {
+            let mut st = self.lock();
+            st.stopping = true;
+            self.inner.cv.notify_all();
+            st.ready.drain(..).collect()
+        };
+        for s in ready {
+            self.release(s);
+        }
+        let deadline = Instant::now() + timeout;
+        let mut st = self.lock();
+        while st.busy > 0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                tracing::warn!(
+                    pending = st.busy,
+                    "network slots still being built or torn down"
+                );
+                break;
+            }
+            st = self
+                .inner
+                .cv
+                .wait_timeout(st, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    pub fn last_error(&self) -> Option<String> {
+        self.lock().last_error.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_are_disjoint_slash_30s() {
+        let p = AddressPlan::new(Cidr::parse("100.96.0.0/16").unwrap()).unwrap();
+        assert_eq!(p.capacity(), 16384);
+        assert_eq!(
+            p.addrs(0),
+            (Ipv4Addr::new(100, 96, 0, 1), Ipv4Addr::new(100, 96, 0, 2))
+        );
+        assert_eq!(
+            p.addrs(1),
+            (Ipv4Addr::new(100, 96, 0, 5), Ipv4Addr::new(100, 96, 0, 6))
+        );
+        assert_eq!(p.addrs(16383).1, Ipv4Addr::new(100, 96, 255, 254));
+        assert!(AddressPlan::new(Cidr::parse("10.0.0.0/30").unwrap()).is_err());
+        assert!(AddressPlan::new(Cidr::parse("fd00::/64").unwrap()).is_err());
+    }
+
+    #[test]
+    fn build_commands_create_the_namespace_first_and_route_last() {
+        let s = Slot {
+            name: "snab12cd00000a".into(),
+            index: 2,
+            host_ip: Ipv4Addr::new(100, 96, 0, 9),
+            sandbox_ip: Ipv4Addr::new(100, 96, 0, 10),
+        };
+        let c = build_commands(&s);
+        assert_eq!(c[0], ["netns", "add", "snab12cd00000a"]);
+        assert!(c[1].contains(&"veth".to_string()));
+        assert!(c
+            .iter()
+            .any(|a| a.join(" ") == "addr add 100.96.0.9/30 dev snab12cd00000a"));
+        assert_eq!(
+            c.last().unwrap().join(" "),
+            "-n snab12cd00000a route add default via 100.96.0.9"
+        );
+        assert!(s.name.len() <= 15, "interface names are at most 15 bytes");
+    }
+}
