@@ -319,6 +319,9 @@ def test_not_found_and_conflict(acme, sb):  # type: ignore[no-untyped-def]
     with pytest.raises(sandlot.SpawnError) as e:
         sb.exec("/no/such/binary")
     assert e.value.code == "spawn_failed"
+    with pytest.raises(sandlot.SpawnError) as e:
+        sb.exec("ls -l /tmp")  # a command line given to exec: the error says what to do
+    assert "run('ls -l /tmp')" in str(e.value) and "exec('ls', '-l', '/tmp')" in str(e.value)
     with pytest.raises(sandlot.InvalidUserError):
         sb.exec("true", user="nobody-here")
     with Sandbox.create(client=acme, name="taken-name") as a:

@@ -793,6 +793,10 @@ class AsyncSandbox:
                 )
                 lines = resp.aiter_lines()
                 first = await _first_line(lines)
+            except errors.SpawnError as e:
+                await stack.aclose()
+                _hint_shell(e, args)
+                raise
             except BaseException:
                 await stack.aclose()
                 raise
@@ -844,3 +848,9 @@ async def _first_line(lines: AsyncIterator[str]) -> Dict[str, Any]:
             raise errors.ProtocolError(f"expected a 'started' line, got {line[:200]!r}")
         return dict(ev)
     raise errors.ProtocolError("the exec stream ended before its 'started' line")
+
+
+def _hint_shell(e: errors.SpawnError, argv: List[str]) -> None:
+    """``exec("ls -l")`` looks for a program named "ls -l": say how to run a command line."""
+    if len(argv) == 1 and " " in argv[0]:
+        e.message += f" (exec takes the argv: exec({', '.join(repr(a) for a in argv[0].split())}); for a shell command line use run({argv[0]!r}))"

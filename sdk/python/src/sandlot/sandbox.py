@@ -855,6 +855,10 @@ class Sandbox:
                 resp = stack.enter_context(self._client.stream("POST", path, params={"stream": "ndjson"}, json=body))
                 lines = resp.iter_lines()
                 first = _first_line(lines)
+            except errors.SpawnError as e:
+                stack.close()
+                _hint_shell(e, args)
+                raise
             except BaseException:
                 stack.close()
                 raise
@@ -911,3 +915,9 @@ def _first_line(lines: Iterator[str]) -> Dict[str, Any]:
             raise errors.ProtocolError(f"expected a 'started' line, got {line[:200]!r}")
         return dict(ev)
     raise errors.ProtocolError("the exec stream ended before its 'started' line")
+
+
+def _hint_shell(e: errors.SpawnError, argv: List[str]) -> None:
+    """``exec("ls -l")`` looks for a program named "ls -l": say how to run a command line."""
+    if len(argv) == 1 and " " in argv[0]:
+        e.message += f" (exec takes the argv: exec({', '.join(repr(a) for a in argv[0].split())}); for a shell command line use run({argv[0]!r}))"
