@@ -724,7 +724,13 @@ fn rename_in_place(from: &Path, to: &Path, overwrite: bool) -> io::Result<()> {
 /// `to`, swapped in with a rename inside that directory (atomic, `RENAME_NOREPLACE`
 /// unless `overwrite`), and only then is `from` removed. On failure the copy is
 /// removed and `from` is untouched. Hard links inside a moved tree become copies.
-fn move_by_copy(from: &Path, to: &Path, overwrite: bool, as_root: bool, seed: u64) -> io::Result<()> {
+fn move_by_copy(
+    from: &Path,
+    to: &Path,
+    overwrite: bool,
+    as_root: bool,
+    seed: u64,
+) -> io::Result<()> {
     let src = std::fs::symlink_metadata(from)?;
     // The checks rename(2) makes against an existing destination.
     match std::fs::symlink_metadata(to) {
