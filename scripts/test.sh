@@ -8,4 +8,5 @@ export RUST_BACKTRACE=1
 cargo build --workspace --all-targets
 cargo nextest run --workspace --no-fail-fast "$@"
 SANDLOT_BIN="${CARGO_TARGET_DIR:-target}/debug/sandlot" .venv/bin/python -m pytest -q -p no:cacheprovider sdk/python/tests
+bash tests/e2b/run.sh
 bash scripts/check-leaks.sh

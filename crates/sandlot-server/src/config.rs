@@ -115,6 +115,8 @@ pub struct ServerConfig {
     pub quotas: Quota,
     pub tenants: BTreeMap<String, Quota>,
     pub runtime: RuntimeSection,
+    /// The E2B-compatible front door (`[e2b]`): listener and templates.
+    pub e2b: crate::e2b::E2bConfig,
 }
 
 impl Default for ServerConfig {
@@ -128,6 +130,7 @@ impl Default for ServerConfig {
             quotas: Quota::default(),
             tenants: BTreeMap::new(),
             runtime: RuntimeSection::default(),
+            e2b: crate::e2b::E2bConfig::default(),
         }
     }
 }
@@ -190,6 +193,9 @@ impl ServerConfig {
             return bad(format!(
                 "id_prefix {p:?}: use 1 to 24 letters, digits, '-' or '_'"
             ));
+        }
+        if let Err(m) = self.e2b.check() {
+            return bad(m);
         }
         for name in self.tenants.keys() {
             if !valid_tenant(name) {

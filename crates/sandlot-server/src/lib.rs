@@ -7,6 +7,7 @@
 
 pub mod auth;
 pub mod config;
+pub mod e2b;
 pub mod error;
 pub mod metrics;
 pub mod openapi;
@@ -123,6 +124,13 @@ pub async fn serve(
         }
         None => None,
     };
+    let e2b_listener = e2b::bind(&cfg.e2b)
+        .await
+        .map_err(|source| ServerError::Io {
+            what: "listen (e2b) on",
+            path: PathBuf::from(format!("{:?}", cfg.e2b.listen)),
+            source,
+        })?;
     let state = Arc::new(AppState::new(cfg, store, runtime));
     let rep = sandbox::reconcile(&state).await?;
     tracing::info!(
@@ -141,6 +149,17 @@ pub async fn serve(
         let _ = rx.wait_for(|s| *s).await;
     };
     tracing::info!(socket = %state.cfg.socket.display(), listen = ?state.cfg.listen, "sandlot daemon listening");
+    let e2b_task = match e2b_listener {
+        Some(l) => {
+            let front = e2b::E2b::new(state.clone(), state.cfg.e2b.clone())
+                .map_err(io("create the e2b key in", &state.cfg.data_dir))?;
+            tracing::info!(listen = ?state.cfg.e2b.listen, "E2B-compatible API listening");
+            let srv = axum::serve(l, e2b::router(front))
+                .with_graceful_shutdown(wait_stop(stop_rx.clone()));
+            Some(tokio::spawn(srv.into_future()))
+        }
+        None => None,
+    };
     let unix_app = routes::router(state.clone(), Transport::Unix);
     let unix_srv = axum::serve(unix, unix_app).with_graceful_shutdown(wait_stop(stop_rx.clone()));
     let res = match tcp {
@@ -152,6 +171,9 @@ pub async fn serve(
         }
         None => unix_srv.await,
     };
+    if let Some(t) = e2b_task {
+        let _ = t.await;
+    }
     state.set_shutting_down();
     let _ = std::fs::remove_file(&state.cfg.socket);
     res.map_err(io("serve on", &state.cfg.socket))?;

@@ -71,7 +71,7 @@ fn pid_of(s: &str) -> ApiResult<u64> {
 }
 
 /// Starts a process through the agent and its supervisor.
-async fn start_process(
+pub(crate) async fn start_process(
     state: &Arc<AppState>,
     h: &Arc<SandboxHandle>,
     b: &ExecBody,
@@ -271,7 +271,7 @@ fn parse_offsets(q: Option<&str>) -> ApiResult<(u64, u64)> {
 }
 
 /// Opens a reader of process `pid` from the given offsets.
-async fn open_output(
+pub(crate) async fn open_output(
     h: &Arc<SandboxHandle>,
     pid: u64,
     from: (u64, u64),

@@ -61,6 +61,10 @@ pub struct ServeArgs {
     /// Also listen on TCP (every request needs a bearer token), e.g. 127.0.0.1:7070.
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<std::net::SocketAddr>,
+    /// Also serve the E2B-compatible API (REST and envd) here, e.g. 127.0.0.1:49983
+    /// (see docs/e2b-compat.md).
+    #[arg(long, value_name = "ADDR")]
+    pub e2b_listen: Option<std::net::SocketAddr>,
     /// The operator's Unix socket (root only).
     #[arg(long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
@@ -134,6 +138,9 @@ fn serve(a: ServeArgs) -> anyhow::Result<i32> {
     }
     if let Some(l) = a.listen {
         cfg.listen = Some(l);
+    }
+    if let Some(l) = a.e2b_listen {
+        cfg.e2b.listen = Some(l);
     }
     if let Some(p) = a.id_prefix {
         cfg.id_prefix = p;

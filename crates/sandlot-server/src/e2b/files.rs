@@ -1,0 +1,904 @@
+//! envd's `filesystem.Filesystem` service, its polled watchers, and the plain
+//! HTTP `GET`/`POST /files` transfers, over the guest agent's file operations
+//! (streamed both ways, parents created, as the user the request names).
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use axum::body::Body;
+use axum::extract::{RawQuery, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures_util::StreamExt;
+use sandlot_guest::client::{
+    FileKind, FileStat, ListDirRequest, MkdirRequest, ReadFileRequest, RemoveRequest,
+    RenameRequest, StatRequest, WatchEvent, WatchEventKind, WatchRequest, WriteFileRequest,
+};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::connect::{self, Code, ConnectError};
+use super::envd::{access, request_message, Ctx};
+use super::multipart;
+use super::E2b;
+use crate::error::ApiError;
+use crate::timefmt::rfc3339;
+
+/// Events a polled watcher keeps between polls (older ones are dropped).
+const MAX_PENDING_EVENTS: usize = 10_000;
+/// Entries a listing returns at most.
+const MAX_LIST: usize = 100_000;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+struct FsRequest {
+    path: String,
+    depth: Option<u32>,
+    source: String,
+    destination: String,
+    recursive: bool,
+    #[serde(alias = "include_entry")]
+    include_entry: bool,
+    #[serde(alias = "allow_network_mounts")]
+    allow_network_mounts: bool,
+    #[serde(alias = "watcher_id")]
+    watcher_id: String,
+}
+
+fn guest_err(what: &str) -> impl FnOnce(sandlot_guest::client::ClientError) -> ConnectError + '_ {
+    move |e| ConnectError::from(ApiError::from_guest(e, what))
+}
+
+/// A user id as envd shows owners: the names Sandlot's images define, else the number.
+fn user_name(uid: u32) -> String {
+    match uid {
+        0 => "root".into(),
+        1000 => "user".into(),
+        65534 => "nobody".into(),
+        n => n.to_string(),
+    }
+}
+
+fn group_name(gid: u32) -> String {
+    match gid {
+        0 => "root".into(),
+        1000 => "user".into(),
+        65534 => "nogroup".into(),
+        n => n.to_string(),
+    }
+}
+
+/// Go's `FileMode.String()` of the entry ("drwxr-xr-x", "-rw-r--r--", "Lrwxrwxrwx").
+fn permissions(kind: FileKind, mode: u32) -> String {
+    let mut s = String::with_capacity(10);
+    s.push(match kind {
+        FileKind::Dir => 'd',
+        FileKind::Symlink => 'L',
+        _ => '-',
+    });
+    for (i, c) in "rwxrwxrwx".chars().enumerate() {
+        s.push(if mode & (1 << (8 - i)) != 0 { c } else { '-' });
+    }
+    s
+}
+
+fn base_name(path: &str) -> String {
+    match path.trim_end_matches('/').rsplit('/').next() {
+        Some("") | None => "/".into(),
+        Some(n) => n.to_string(),
+    }
+}
+
+/// `EntryInfo` of a stat (proto3 JSON: `size` is an int64, so a string).
+pub fn entry_info(st: &FileStat) -> Value {
+    let kind = match st.kind {
+        FileKind::File => "FILE_TYPE_FILE",
+        FileKind::Dir => "FILE_TYPE_DIRECTORY",
+        FileKind::Symlink => "FILE_TYPE_SYMLINK",
+        FileKind::Other => "FILE_TYPE_UNSPECIFIED",
+    };
+    let ms = st.mtime * 1000 + i64::from(st.mtime_nsec / 1_000_000);
+    let mut v = json!({
+        "name": base_name(&st.path),
+        "type": kind,
+        "path": st.path,
+        "size": st.size.to_string(),
+        "mode": st.mode & 0o777,
+        "permissions": permissions(st.kind, st.mode),
+        "owner": user_name(st.uid),
+        "group": group_name(st.gid),
+        "modifiedTime": rfc3339(ms),
+    });
+    if st.kind == FileKind::Symlink {
+        v["isSymlink"] = json!(true);
+    }
+    if let Some(t) = &st.symlink_target {
+        v["symlinkTarget"] = json!(t);
+    }
+    v
+}
+
+/// Whether a path is the agent's temporary file of an upload in progress
+/// (`.NAME.sandlot-PID-N.tmp`, renamed over NAME when complete).
+fn is_upload_temp(path: &str) -> bool {
+    let name = base_name(path);
+    let Some(rest) = name.strip_prefix('.').and_then(|n| n.strip_suffix(".tmp")) else {
+        return false;
+    };
+    let Some((_, tail)) = rest.rsplit_once(".sandlot-") else {
+        return false;
+    };
+    let mut it = tail.split('-');
+    matches!((it.next(), it.next(), it.next()), (Some(a), Some(b), None)
+        if !a.is_empty() && !b.is_empty() && a.bytes().chain(b.bytes()).all(|c| c.is_ascii_digit()))
+}
+
+/// The `FilesystemEvent`s of a watch event, named relative to the watched
+/// directory; a rename is envd's RENAME of the old name and CREATE of the new.
+/// Uploads (written to a hidden temporary file, then renamed into place) show
+/// as envd's direct write would: CREATE and WRITE of the file.
+pub fn fs_events(root: &str, e: &WatchEvent) -> Vec<Value> {
+    let rel = |p: &str| {
+        let r = p
+            .strip_prefix(root)
+            .map(|r| r.trim_start_matches('/'))
+            .unwrap_or(p);
+        if r.is_empty() {
+            base_name(p)
+        } else {
+            r.to_string()
+        }
+    };
+    let ev = |name: String, t: &str| json!({"name": name, "type": t});
+    let Some(path) = e.path.as_deref() else {
+        return Vec::new();
+    };
+    if e.kind == WatchEventKind::Rename && e.from.as_deref().is_some_and(is_upload_temp) {
+        return vec![
+            ev(rel(path), "EVENT_TYPE_CREATE"),
+            ev(rel(path), "EVENT_TYPE_WRITE"),
+        ];
+    }
+    if is_upload_temp(path) {
+        return Vec::new();
+    }
+    match e.kind {
+        WatchEventKind::Create => vec![ev(rel(path), "EVENT_TYPE_CREATE")],
+        WatchEventKind::Modify => vec![ev(rel(path), "EVENT_TYPE_WRITE")],
+        WatchEventKind::Delete => vec![ev(rel(path), "EVENT_TYPE_REMOVE")],
+        WatchEventKind::Rename => {
+            let mut v = Vec::new();
+            if let Some(from) = e.from.as_deref() {
+                v.push(ev(rel(from), "EVENT_TYPE_RENAME"));
+            }
+            v.push(ev(rel(path), "EVENT_TYPE_CREATE"));
+            v
+        }
+        WatchEventKind::Overflow => Vec::new(),
+    }
+}
+
+async fn stat(ctx: &Ctx, path: &str) -> Result<FileStat, ConnectError> {
+    ctx.h
+        .guest
+        .stat(StatRequest {
+            user: ctx.user.clone(),
+            ..StatRequest::new(path)
+        })
+        .await
+        .map_err(guest_err(path))
+}
+
+/// Unary methods and the watch stream of `filesystem.Filesystem`.
+pub async fn call(
+    ctx: Ctx,
+    method: &str,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, ConnectError> {
+    let streaming = method == "WatchDir";
+    let msg = request_message(&ctx, body, streaming).await?;
+    let r: FsRequest = connect::parse_message(&msg)?;
+    let ok = |v: Value| Ok(connect::unary_ok(&v));
+    match method {
+        "Stat" => {
+            let p = ctx.path(&r.path)?;
+            ok(json!({"entry": entry_info(&stat(&ctx, &p).await?)}))
+        }
+        "MakeDir" => {
+            let p = ctx.path(&r.path)?;
+            match stat(&ctx, &p).await {
+                Ok(st) => {
+                    return Err(ConnectError::new(
+                        Code::AlreadyExists,
+                        format!(
+                            "{p} already exists ({})",
+                            if st.kind == FileKind::Dir {
+                                "a directory"
+                            } else {
+                                "not a directory"
+                            }
+                        ),
+                    ))
+                }
+                Err(e) if e.code == Code::NotFound => {}
+                Err(e) => return Err(e),
+            }
+            ctx.h
+                .guest
+                .mkdir(MkdirRequest {
+                    user: ctx.user.clone(),
+                    ..MkdirRequest::new(&p, true)
+                })
+                .await
+                .map_err(guest_err(&p))?;
+            ok(json!({"entry": entry_info(&stat(&ctx, &p).await?)}))
+        }
+        "Move" => {
+            let from = ctx.path(&r.source)?;
+            let to = ctx.path(&r.destination)?;
+            ctx.h
+                .guest
+                .rename(RenameRequest {
+                    user: ctx.user.clone(),
+                    ..RenameRequest::new(&from, &to)
+                })
+                .await
+                .map_err(guest_err(&from))?;
+            ok(json!({"entry": entry_info(&stat(&ctx, &to).await?)}))
+        }
+        "Remove" => {
+            let p = ctx.path(&r.path)?;
+            ctx.h
+                .guest
+                .remove(RemoveRequest {
+                    user: ctx.user.clone(),
+                    ..RemoveRequest::new(&p, true)
+                })
+                .await
+                .map_err(guest_err(&p))?;
+            ok(json!({}))
+        }
+        "ListDir" => {
+            let p = ctx.path(&r.path)?;
+            let depth = r.depth.unwrap_or(1).max(1);
+            let mut listing = ctx
+                .h
+                .guest
+                .list_dir_stream(ListDirRequest {
+                    user: ctx.user.clone(),
+                    ..ListDirRequest::new(&p, depth)
+                })
+                .await
+                .map_err(guest_err(&p))?;
+            if listing.stat().kind != FileKind::Dir {
+                return Err(ConnectError::invalid(format!("{p} is not a directory")));
+            }
+            let mut entries = Vec::new();
+            while let Some(e) = listing.next_entry().await.map_err(guest_err(&p))? {
+                if entries.len() >= MAX_LIST {
+                    break;
+                }
+                entries.push(entry_info(&e.stat));
+            }
+            ok(json!({ "entries": entries }))
+        }
+        "WatchDir" => watch_stream(ctx, r, headers).await,
+        "CreateWatcher" => {
+            let p = ctx.path(&r.path)?;
+            check_watch(&r)?;
+            let id = ctx.e2b.watchers.create(&ctx, &p, r.recursive).await?;
+            ok(json!({ "watcherId": id }))
+        }
+        "GetWatcherEvents" => {
+            let events = ctx.e2b.watchers.drain(&ctx.h.id, &r.watcher_id)?;
+            ok(json!({ "events": events }))
+        }
+        "RemoveWatcher" => {
+            ctx.e2b.watchers.remove(&ctx.h.id, &r.watcher_id)?;
+            ok(json!({}))
+        }
+        other => Err(ConnectError::new(
+            Code::Unimplemented,
+            format!("filesystem.Filesystem/{other} is not a method of envd"),
+        )),
+    }
+}
+
+fn check_watch(r: &FsRequest) -> Result<(), ConnectError> {
+    if r.include_entry {
+        return Err(ConnectError::new(
+            Code::Unimplemented,
+            "include_entry: entry info in watch events is not supported by Sandlot",
+        ));
+    }
+    if r.allow_network_mounts {
+        return Err(ConnectError::new(
+            Code::Unimplemented,
+            "allow_network_mounts: not supported by Sandlot",
+        ));
+    }
+    Ok(())
+}
+
+async fn open_watch(
+    ctx: &Ctx,
+    path: &str,
+    recursive: bool,
+) -> Result<sandlot_guest::client::Watch, ConnectError> {
+    let st = stat(ctx, path).await?;
+    if st.kind != FileKind::Dir {
+        return Err(ConnectError::invalid(format!("{path} is not a directory")));
+    }
+    ctx.h
+        .guest
+        .watch(WatchRequest {
+            user: ctx.user.clone(),
+            ..WatchRequest::new(path, recursive)
+        })
+        .await
+        .map_err(guest_err(path))
+}
+
+async fn watch_stream(
+    ctx: Ctx,
+    r: FsRequest,
+    headers: &HeaderMap,
+) -> Result<Response, ConnectError> {
+    let p = ctx.path(&r.path)?;
+    check_watch(&r)?;
+    let mut w = open_watch(&ctx, &p, r.recursive).await?;
+    let (tx, resp) = connect::stream_response();
+    let guard = ctx.h.active();
+    let period =
+        connect::keepalive_interval(headers).unwrap_or(std::time::Duration::from_secs(3600));
+    tokio::spawn(async move {
+        let _guard = guard;
+        if !tx.send(&json!({"start": {}})).await {
+            return;
+        }
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        loop {
+            tokio::select! {
+                e = w.next_event() => match e {
+                    Ok(Some(e)) => {
+                        for ev in fs_events(&p, &e) {
+                            if !tx.send(&json!({"filesystem": ev})).await {
+                                return;
+                            }
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        tx.end(Some(ConnectError::from(ApiError::from_guest(e, &p)))).await;
+                        return;
+                    }
+                },
+                _ = tick.tick() => {
+                    if !tx.send(&json!({"keepalive": {}})).await {
+                        return;
+                    }
+                }
+                _ = tx.closed() => return,
+            }
+        }
+        tx.end(None).await;
+    });
+    Ok(resp)
+}
+
+struct Watcher {
+    sandbox: String,
+    events: Arc<Mutex<Vec<Value>>>,
+    task: tokio::task::AbortHandle,
+}
+
+/// Watchers polled with `GetWatcherEvents` (the sync SDK's `watch_dir`).
+#[derive(Default)]
+pub struct Watchers {
+    m: Mutex<HashMap<String, Watcher>>,
+}
+
+impl Watchers {
+    async fn create(&self, ctx: &Ctx, path: &str, recursive: bool) -> Result<String, ConnectError> {
+        let mut w = open_watch(ctx, path, recursive).await?;
+        let events: Arc<Mutex<Vec<Value>>> = Arc::default();
+        let ev = events.clone();
+        let guard = ctx.h.active();
+        let root = path.to_string();
+        let task = tokio::spawn(async move {
+            let _guard = guard;
+            while let Ok(Some(e)) = w.next_event().await {
+                let mut q = ev.lock().unwrap_or_else(|e| e.into_inner());
+                q.extend(fs_events(&root, &e));
+                if q.len() > MAX_PENDING_EVENTS {
+                    let n = q.len() - MAX_PENDING_EVENTS;
+                    q.drain(..n);
+                }
+            }
+        });
+        let id = format!("w-{}", crate::auth::random_hex(8));
+        let app = ctx.e2b.app.clone();
+        let mut m = self.m.lock().unwrap_or_else(|e| e.into_inner());
+        // Watchers of sandboxes that are gone are forgotten.
+        m.retain(|_, w| {
+            let live = app.handle(&w.sandbox).is_some();
+            if !live {
+                w.task.abort();
+            }
+            live
+        });
+        m.insert(
+            id.clone(),
+            Watcher {
+                sandbox: ctx.h.id.clone(),
+                events,
+                task: task.abort_handle(),
+            },
+        );
+        Ok(id)
+    }
+
+    fn drain(&self, sandbox: &str, id: &str) -> Result<Vec<Value>, ConnectError> {
+        let m = self.m.lock().unwrap_or_else(|e| e.into_inner());
+        let w = m
+            .get(id)
+            .filter(|w| w.sandbox == sandbox)
+            .ok_or_else(|| ConnectError::not_found(format!("watcher {id} not found")))?;
+        let out = std::mem::take(&mut *w.events.lock().unwrap_or_else(|e| e.into_inner()));
+        Ok(out)
+    }
+
+    fn remove(&self, sandbox: &str, id: &str) -> Result<(), ConnectError> {
+        let mut m = self.m.lock().unwrap_or_else(|e| e.into_inner());
+        match m.get(id) {
+            Some(w) if w.sandbox == sandbox => {
+                w.task.abort();
+                m.remove(id);
+                Ok(())
+            }
+            _ => Err(ConnectError::not_found(format!("watcher {id} not found"))),
+        }
+    }
+}
+
+/// An error of the `/files` routes: `{"code": N, "message"}` as envd answers.
+fn http_error(status: StatusCode, message: impl Into<String>) -> Response {
+    (
+        status,
+        Json(json!({"code": status.as_u16(), "message": message.into()})),
+    )
+        .into_response()
+}
+
+fn http_api_error(e: ConnectError) -> Response {
+    let status = match e.code {
+        Code::NotFound => StatusCode::NOT_FOUND,
+        Code::InvalidArgument | Code::FailedPrecondition | Code::AlreadyExists => {
+            StatusCode::BAD_REQUEST
+        }
+        Code::PermissionDenied => StatusCode::FORBIDDEN,
+        Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+        Code::ResourceExhausted if e.message.contains("disk is full") => {
+            StatusCode::INSUFFICIENT_STORAGE
+        }
+        Code::ResourceExhausted => StatusCode::PAYLOAD_TOO_LARGE,
+        Code::Unimplemented => StatusCode::NOT_IMPLEMENTED,
+        Code::Unavailable => StatusCode::BAD_GATEWAY,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    http_error(status, e.message)
+}
+
+/// `path` and `username` of a `/files` request.
+fn file_query(q: Option<&str>) -> (Option<String>, Option<String>) {
+    let (mut path, mut user) = (None, None);
+    for (k, v) in form_urlencoded::parse(q.unwrap_or_default().as_bytes()) {
+        match k.as_ref() {
+            "path" => path = Some(v.into_owned()),
+            "username" if !v.is_empty() => user = Some(v.into_owned()),
+            _ => {}
+        }
+    }
+    (path, user)
+}
+
+fn for_user(mut ctx: Ctx, user: Option<String>) -> Ctx {
+    if let Some(u) = user {
+        ctx.effective_user = u.clone();
+        ctx.user = Some(u);
+    }
+    ctx
+}
+
+/// `GET /files?path=&username=`: the file's bytes, streamed.
+pub async fn download(
+    State(e2b): State<Arc<E2b>>,
+    RawQuery(q): RawQuery,
+    headers: HeaderMap,
+) -> Response {
+    let ctx = match access(&e2b, &headers) {
+        Ok(c) => c,
+        Err(e) => return e.into_response(),
+    };
+    let (path, user) = file_query(q.as_deref());
+    let ctx = for_user(ctx, user);
+    let Some(path) = path else {
+        return http_error(StatusCode::BAD_REQUEST, "path is required");
+    };
+    let path = match ctx.path(&path) {
+        Ok(p) => p,
+        Err(e) => return http_api_error(e),
+    };
+    let dl = ctx
+        .h
+        .guest
+        .read_file(ReadFileRequest {
+            user: ctx.user.clone(),
+            ..ReadFileRequest::new(&path)
+        })
+        .await
+        .map_err(guest_err(&path));
+    let mut dl = match dl {
+        Ok(d) => d,
+        Err(e) => return http_api_error(e),
+    };
+    if dl.stat().kind == FileKind::Dir {
+        return http_error(StatusCode::BAD_REQUEST, format!("{path} is a directory"));
+    }
+    let guard = ctx.h.active();
+    let counters = ctx.h.counters.clone();
+    let stream = async_stream(move |tx| async move {
+        let _guard = guard;
+        loop {
+            match dl.chunk().await {
+                Ok(Some(c)) => {
+                    counters
+                        .file_out
+                        .fetch_add(c.len() as u64, Ordering::Relaxed);
+                    if tx.send(Ok(c)).await.is_err() {
+                        return;
+                    }
+                }
+                Ok(None) => return,
+                Err(e) => {
+                    // Cut the body: the client sees a truncated transfer, not a short file.
+                    let _ = tx.send(Err(std::io::Error::other(e.to_string()))).await;
+                    return;
+                }
+            }
+        }
+    });
+    let mut resp = Body::from_stream(stream).into_response();
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    if let Ok(v) = HeaderValue::from_str(&format!(
+        "attachment; filename=\"{}\"",
+        base_name(&path).replace(['"', '\\', '\r', '\n'], "_")
+    )) {
+        h.insert(header::CONTENT_DISPOSITION, v);
+    }
+    resp
+}
+
+/// A body stream fed by a task.
+fn async_stream<F, Fut>(
+    f: F,
+) -> impl futures_util::Stream<Item = Result<bytes::Bytes, std::io::Error>>
+where
+    F: FnOnce(tokio::sync::mpsc::Sender<Result<bytes::Bytes, std::io::Error>>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tokio::spawn(f(tx));
+    futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (b, rx)) })
+}
+
+/// One file being written.
+struct Upload {
+    path: String,
+    up: sandlot_guest::client::FileUpload,
+}
+
+async fn open_upload(ctx: &Ctx, path: &str) -> Result<Upload, ConnectError> {
+    let up = ctx
+        .h
+        .guest
+        .write_file(WriteFileRequest {
+            create_parents: true,
+            user: ctx.user.clone(),
+            ..WriteFileRequest::new(path)
+        })
+        .await
+        .map_err(guest_err(path))?;
+    Ok(Upload {
+        path: path.to_string(),
+        up,
+    })
+}
+
+impl Upload {
+    async fn write(&mut self, ctx: &Ctx, total: &mut u64, data: &[u8]) -> Result<(), ConnectError> {
+        let max = ctx.e2b.app.cfg.limits.max_upload.bytes();
+        *total += data.len() as u64;
+        if max > 0 && *total > max {
+            return Err(ConnectError::new(
+                Code::ResourceExhausted,
+                format!(
+                    "upload larger than {} (limits.max_upload)",
+                    sandlot_proto::units::ByteSize(max)
+                ),
+            ));
+        }
+        self.up.write(data).await.map_err(guest_err(&self.path))?;
+        ctx.h
+            .counters
+            .file_in
+            .fetch_add(data.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    async fn finish(self) -> Result<Value, ConnectError> {
+        let path = self.path;
+        self.up.finish().await.map_err(guest_err(&path))?;
+        Ok(json!({"name": base_name(&path), "type": "file", "path": path}))
+    }
+}
+
+/// `POST /files?path=&username=`: `multipart/form-data` (one part per file,
+/// named by `path` for a single file or by each part's file name) or a raw
+/// `application/octet-stream` body. Parents are created; each file appears
+/// whole when complete. Answers the written files.
+pub async fn upload(
+    State(e2b): State<Arc<E2b>>,
+    RawQuery(q): RawQuery,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let ctx = match access(&e2b, &headers) {
+        Ok(c) => c,
+        Err(e) => return e.into_response(),
+    };
+    let (path, user) = file_query(q.as_deref());
+    let ctx = for_user(ctx, user);
+    if let Some(enc) = headers
+        .get(header::CONTENT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+    {
+        if !enc.eq_ignore_ascii_case("identity") {
+            return http_error(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "Content-Encoding {enc:?} is not supported: upload uncompressed (gzip=False)"
+                ),
+            );
+        }
+    }
+    if headers
+        .keys()
+        .any(|k| k.as_str().starts_with("x-metadata-"))
+    {
+        return http_error(
+            StatusCode::BAD_REQUEST,
+            "file metadata (X-Metadata-*) is not supported by Sandlot",
+        );
+    }
+    let _guard = ctx.h.active();
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("application/octet-stream")
+        .to_string();
+    let r = match multipart::boundary(&ct) {
+        Some(b) => upload_multipart(&ctx, path, &b, body).await,
+        None => upload_raw(&ctx, path, body).await,
+    };
+    match r {
+        Ok(written) => (StatusCode::OK, Json(Value::Array(written))).into_response(),
+        Err(e) => http_api_error(e),
+    }
+}
+
+async fn upload_raw(
+    ctx: &Ctx,
+    path: Option<String>,
+    body: Body,
+) -> Result<Vec<Value>, ConnectError> {
+    let path =
+        path.ok_or_else(|| ConnectError::invalid("path is required for an octet-stream upload"))?;
+    let path = ctx.path(&path)?;
+    let mut up = open_upload(ctx, &path).await?;
+    let mut total = 0;
+    let mut s = body.into_data_stream();
+    while let Some(chunk) = s.next().await {
+        let chunk =
+            chunk.map_err(|e| ConnectError::invalid(format!("reading the request body: {e}")))?;
+        up.write(ctx, &mut total, &chunk).await?;
+    }
+    Ok(vec![up.finish().await?])
+}
+
+async fn upload_multipart(
+    ctx: &Ctx,
+    path: Option<String>,
+    boundary: &str,
+    body: Body,
+) -> Result<Vec<Value>, ConnectError> {
+    let mut r = multipart::Reader::new(boundary);
+    let mut s = body.into_data_stream();
+    let mut cur: Option<Upload> = None;
+    let mut written = Vec::new();
+    let mut total = 0u64;
+    let mut parts = 0usize;
+    loop {
+        while let Some(ev) = r.next_event().map_err(ConnectError::invalid)? {
+            match ev {
+                multipart::Event::Part { filename, .. } => {
+                    parts += 1;
+                    // With `path`, the SDK sends exactly one file; otherwise each part
+                    // names its file.
+                    let target = match (&path, filename) {
+                        (Some(p), _) if parts == 1 => p.clone(),
+                        (_, Some(f)) if !f.is_empty() => f,
+                        _ => {
+                            return Err(ConnectError::invalid(
+                                "each multipart part needs a file name (or give ?path= for a single file)",
+                            ))
+                        }
+                    };
+                    let target = ctx.path(&target)?;
+                    cur = Some(open_upload(ctx, &target).await?);
+                }
+                multipart::Event::Data(d) => {
+                    if let Some(u) = cur.as_mut() {
+                        u.write(ctx, &mut total, &d).await?;
+                    }
+                }
+                multipart::Event::PartEnd => {
+                    if let Some(u) = cur.take() {
+                        written.push(u.finish().await?);
+                    }
+                }
+                multipart::Event::End => {}
+            }
+        }
+        if r.is_done() {
+            break;
+        }
+        match s.next().await {
+            Some(chunk) => {
+                let chunk = chunk
+                    .map_err(|e| ConnectError::invalid(format!("reading the request body: {e}")))?;
+                r.push(&chunk);
+            }
+            None => {
+                return Err(ConnectError::invalid(
+                    "the multipart body ended before its closing boundary",
+                ))
+            }
+        }
+    }
+    if written.is_empty() {
+        return Err(ConnectError::invalid("the multipart body holds no file"));
+    }
+    Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn st(path: &str, kind: FileKind, mode: u32) -> FileStat {
+        FileStat {
+            path: path.into(),
+            kind,
+            size: 12,
+            mode,
+            uid: 1000,
+            gid: 1000,
+            mtime: 1_764_470_061,
+            mtime_nsec: 250_000_000,
+            symlink_target: None,
+        }
+    }
+
+    #[test]
+    fn entry_info_is_envd_json() {
+        let v = entry_info(&st("/home/user/a.txt", FileKind::File, 0o644));
+        assert_eq!(v["name"], "a.txt");
+        assert_eq!(v["type"], "FILE_TYPE_FILE");
+        assert_eq!(v["size"], "12");
+        assert_eq!(v["mode"], 0o644);
+        assert_eq!(v["permissions"], "-rw-r--r--");
+        assert_eq!(v["owner"], "user");
+        assert_eq!(v["group"], "user");
+        assert!(v["modifiedTime"].as_str().unwrap().ends_with(".250Z"));
+        assert!(v.get("isSymlink").is_none());
+        let d = entry_info(&st("/", FileKind::Dir, 0o755));
+        assert_eq!(d["name"], "/");
+        assert_eq!(d["permissions"], "drwxr-xr-x");
+        let mut l = st("/tmp/l", FileKind::Symlink, 0o777);
+        l.symlink_target = Some("/etc".into());
+        let l = entry_info(&l);
+        assert_eq!(l["isSymlink"], true);
+        assert_eq!(l["symlinkTarget"], "/etc");
+        assert_eq!(l["permissions"], "Lrwxrwxrwx");
+    }
+
+    #[test]
+    fn watch_events_are_relative_and_renames_split() {
+        let e = |kind, path: &str, from: Option<&str>| WatchEvent {
+            kind,
+            path: Some(path.into()),
+            from: from.map(String::from),
+            dir: false,
+        };
+        assert_eq!(
+            fs_events("/w", &e(WatchEventKind::Create, "/w/a", None)),
+            vec![json!({"name": "a", "type": "EVENT_TYPE_CREATE"})]
+        );
+        assert_eq!(
+            fs_events("/w", &e(WatchEventKind::Modify, "/w/d/b", None)),
+            vec![json!({"name": "d/b", "type": "EVENT_TYPE_WRITE"})]
+        );
+        assert_eq!(
+            fs_events("/w", &e(WatchEventKind::Delete, "/w/a", None)),
+            vec![json!({"name": "a", "type": "EVENT_TYPE_REMOVE"})]
+        );
+        assert_eq!(
+            fs_events("/w", &e(WatchEventKind::Rename, "/w/b", Some("/w/a"))),
+            vec![
+                json!({"name": "a", "type": "EVENT_TYPE_RENAME"}),
+                json!({"name": "b", "type": "EVENT_TYPE_CREATE"})
+            ]
+        );
+        let tmp = "/w/.f.txt.sandlot-1-99566379.tmp";
+        assert!(is_upload_temp(tmp));
+        assert!(!is_upload_temp("/w/.f.txt.tmp"));
+        assert!(!is_upload_temp("/w/f.sandlot-1-2.tmp"));
+        assert!(fs_events("/w", &e(WatchEventKind::Create, tmp, None)).is_empty());
+        assert!(fs_events("/w", &e(WatchEventKind::Modify, tmp, None)).is_empty());
+        assert_eq!(
+            fs_events("/w", &e(WatchEventKind::Rename, "/w/f.txt", Some(tmp))),
+            vec![
+                json!({"name": "f.txt", "type": "EVENT_TYPE_CREATE"}),
+                json!({"name": "f.txt", "type": "EVENT_TYPE_WRITE"})
+            ]
+        );
+        let o = WatchEvent {
+            kind: WatchEventKind::Overflow,
+            path: None,
+            from: None,
+            dir: false,
+        };
+        assert!(fs_events("/w", &o).is_empty());
+    }
+
+    #[test]
+    fn fs_requests_parse_both_field_spellings() {
+        let r: FsRequest = connect::parse_message(br#"{"path":"/a","depth":3}"#).unwrap();
+        assert_eq!((r.path.as_str(), r.depth), ("/a", Some(3)));
+        let r: FsRequest = connect::parse_message(br#"{"watcherId":"w-1"}"#).unwrap();
+        assert_eq!(r.watcher_id, "w-1");
+        let r: FsRequest =
+            connect::parse_message(br#"{"watcher_id":"w-2","include_entry":true}"#).unwrap();
+        assert_eq!(r.watcher_id, "w-2");
+        assert!(r.include_entry);
+        let r: FsRequest = connect::parse_message(br#"{"source":"a","destination":"b"}"#).unwrap();
+        assert_eq!((r.source.as_str(), r.destination.as_str()), ("a", "b"));
+    }
+
+    #[test]
+    fn file_queries() {
+        assert_eq!(
+            file_query(Some("path=%2Ftmp%2Fa%20b&username=root")),
+            (Some("/tmp/a b".into()), Some("root".into()))
+        );
+        assert_eq!(file_query(Some("username=")), (None, None));
+    }
+}

@@ -1,0 +1,655 @@
+//! E2B's REST API (the control plane): create, list, inspect, kill, timeouts,
+//! connect, metrics and logs, over the native sandbox code paths. Errors are
+//! E2B's `{"code": STATUS, "message"}`, which the SDK turns into its typed
+//! exceptions; what Sandlot does not have (pause and resume, snapshots, forks,
+//! templates builds, volumes, network updates) answers 501 with a message naming
+//! the call.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Path, RawQuery, Request, State};
+use axum::http::{HeaderMap, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{json, Map, Value};
+
+use super::{E2b, CLIENT_ID, DEFAULT_TEMPLATE, ENVD_VERSION, TEMPLATE_TAG};
+use crate::auth::Principal;
+use crate::error::ApiError;
+use crate::routes::sandboxes::{self as native, view};
+use crate::routes::{lookup, read_limited, JsonBody};
+use crate::store::{SandboxFilter, SandboxRecord, SandboxState};
+use crate::timefmt::rfc3339;
+
+/// An error in E2B's REST shape.
+#[derive(Debug)]
+pub struct RestError {
+    pub status: StatusCode,
+    pub message: String,
+}
+
+impl RestError {
+    pub fn new(status: StatusCode, message: impl Into<String>) -> RestError {
+        RestError {
+            status,
+            message: message.into(),
+        }
+    }
+    fn bad(message: impl Into<String>) -> RestError {
+        RestError::new(StatusCode::BAD_REQUEST, message)
+    }
+    fn not_found(id: &str) -> RestError {
+        RestError::new(StatusCode::NOT_FOUND, format!("sandbox {id} was not found"))
+    }
+}
+
+impl From<ApiError> for RestError {
+    fn from(e: ApiError) -> RestError {
+        if e.status.is_server_error() {
+            tracing::error!(
+                code = e.code,
+                detail = e.internal.as_deref().unwrap_or(""),
+                "e2b api call failed: {}",
+                e.message
+            );
+        }
+        // A quota is E2B's rate limit / concurrency limit: 429.
+        RestError::new(e.status, e.message)
+    }
+}
+
+impl IntoResponse for RestError {
+    fn into_response(self) -> Response {
+        (
+            self.status,
+            Json(json!({"code": self.status.as_u16(), "message": self.message})),
+        )
+            .into_response()
+    }
+}
+
+type RestResult<T> = Result<T, RestError>;
+
+/// The caller: `X-API-Key` (or `Authorization: Bearer`) is a Sandlot token.
+pub fn principal(e2b: &E2b, headers: &HeaderMap) -> RestResult<Principal> {
+    let key = headers
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .map(|s| s.trim().to_string())
+        .or_else(|| {
+            headers
+                .get(axum::http::header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .map(|s| s.trim().to_string())
+        });
+    let Some(key) = key.filter(|k| !k.is_empty()) else {
+        return Err(RestError::new(
+            StatusCode::UNAUTHORIZED,
+            "an API key is required (X-API-Key: a Sandlot token from `sandlot token create`)",
+        ));
+    };
+    let tenant = e2b
+        .app
+        .store
+        .tenant_of_token(&crate::auth::hash_token(&key))
+        .map_err(ApiError::internal)?
+        .ok_or_else(|| RestError::new(StatusCode::UNAUTHORIZED, "invalid or revoked API key"))?;
+    Ok(Principal {
+        scope: Some(tenant.clone()),
+        tenant,
+    })
+}
+
+/// The REST API's routes (the E2B router adds `/health` and the fallback).
+pub fn routes() -> Router<Arc<E2b>> {
+    Router::new()
+        .route("/sandboxes", post(create).get(list))
+        .route("/v2/sandboxes", post(create).get(list))
+        .route("/sandboxes/{id}", get(get_one).delete(kill))
+        .route("/sandboxes/{id}/timeout", post(set_timeout))
+        .route("/sandboxes/{id}/connect", post(connect))
+        .route("/v2/sandboxes/{id}/connect", post(connect))
+        .route("/sandboxes/{id}/refreshes", post(refresh))
+        .route("/sandboxes/{id}/metrics", get(metrics))
+        .route("/sandboxes/{id}/logs", get(logs_v1))
+        .route("/v2/sandboxes/{id}/logs", get(logs_v2))
+}
+
+/// Everything else E2B's API has (pause, resume, snapshots, forks, templates,
+/// volumes, network, teams...): a clear 501, never a hang.
+pub async fn unsupported(req: Request) -> RestError {
+    let (m, p) = (req.method().clone(), req.uri().path().to_string());
+    let what = if p.ends_with("/pause") {
+        "pausing sandboxes"
+    } else if p.ends_with("/resume") {
+        "resuming sandboxes"
+    } else if p.contains("/snapshots") {
+        "snapshots"
+    } else if p.ends_with("/fork") {
+        "forking sandboxes"
+    } else if p.ends_with("/network") {
+        "changing a sandbox's network"
+    } else if p.starts_with("/templates")
+        || p.starts_with("/v2/templates")
+        || p.starts_with("/v3/templates")
+    {
+        "templates (Sandlot images are configured by the operator: [e2b.templates])"
+    } else if p.starts_with("/volumes") {
+        "volumes"
+    } else if m == Method::GET && p == "/sandboxes/metrics" {
+        "metrics of several sandboxes at once (ask per sandbox)"
+    } else {
+        "this call"
+    };
+    RestError::new(
+        StatusCode::NOT_IMPLEMENTED,
+        format!("{what} is not supported by Sandlot's E2B compatibility ({m} {p})"),
+    )
+}
+
+fn template_of(rec: &SandboxRecord) -> String {
+    rec.tags.get(TEMPLATE_TAG).cloned().unwrap_or_else(|| {
+        rec.spec
+            .get("image")
+            .and_then(Value::as_str)
+            .unwrap_or("host")
+            .to_string()
+    })
+}
+
+/// `Sandbox` (create and connect answers).
+fn created_json(e2b: &E2b, rec: &SandboxRecord) -> Value {
+    json!({
+        "templateID": template_of(rec),
+        "sandboxID": rec.id,
+        "clientID": CLIENT_ID,
+        "alias": template_of(rec),
+        "envdVersion": ENVD_VERSION,
+        "envdAccessToken": e2b.access_token(&rec.id),
+        "trafficAccessToken": null,
+        "domain": null,
+    })
+}
+
+/// `ListedSandbox` (and the base of `SandboxDetail`).
+fn listed_json(e2b: &E2b, rec: &SandboxRecord) -> Value {
+    let v = view(&e2b.app, rec);
+    let res = &rec.spec["resources"];
+    let cpus = res["cpus"]
+        .as_f64()
+        .map(|c| c.ceil().max(1.0) as u64)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u64));
+    let mb = |k: &str| res[k].as_u64().unwrap_or(0) >> 20;
+    let state = match rec.state {
+        SandboxState::Stopped => "killed",
+        _ => "running",
+    };
+    json!({
+        "templateID": template_of(rec),
+        "alias": template_of(rec),
+        "sandboxID": rec.id,
+        "clientID": CLIENT_ID,
+        "startedAt": v.started_at.unwrap_or(v.created_at),
+        "endAt": v.ended_at.unwrap_or(v.expires_at),
+        "cpuCount": cpus,
+        "memoryMB": mb("memory"),
+        "diskSizeMB": mb("disk"),
+        "state": state,
+        "envdVersion": ENVD_VERSION,
+        "metadata": rec.metadata,
+    })
+}
+
+/// The caller's live sandbox `id` (E2B: a stopped sandbox is "not found").
+fn live_record(e2b: &E2b, p: &Principal, id: &str) -> RestResult<SandboxRecord> {
+    let rec = lookup(&e2b.app, p, id).map_err(|_| RestError::not_found(id))?;
+    if rec.state == SandboxState::Stopped || e2b.app.handle(&rec.id).is_none() {
+        return Err(RestError::not_found(id));
+    }
+    Ok(rec)
+}
+
+/// Fields of E2B's `NewSandbox`/`NewSandboxV2` that Sandlot cannot honour when set.
+fn refuse_unsupported(body: &Map<String, Value>) -> RestResult<()> {
+    let set = |k: &str| body.get(k).is_some_and(|v| !v.is_null());
+    let truthy = |k: &str| match body.get(k) {
+        Some(Value::Bool(b)) => *b,
+        Some(Value::Object(o)) => o
+            .get("enabled")
+            .and_then(Value::as_bool)
+            .unwrap_or(!o.is_empty()),
+        _ => false,
+    };
+    if truthy("autoPause") || truthy("autoResume") {
+        return Err(RestError::bad(
+            "autoPause/autoResume: pausing sandboxes is not supported by Sandlot",
+        ));
+    }
+    if set("mcp") {
+        return Err(RestError::bad(
+            "mcp: the MCP gateway is not supported by Sandlot",
+        ));
+    }
+    if body
+        .get("volumeMounts")
+        .and_then(Value::as_array)
+        .is_some_and(|a| !a.is_empty())
+    {
+        return Err(RestError::bad(
+            "volumeMounts: E2B volumes are not supported by Sandlot",
+        ));
+    }
+    if body
+        .get("iam")
+        .and_then(Value::as_object)
+        .is_some_and(|o| !o.is_empty())
+    {
+        return Err(RestError::bad(
+            "iam: workload identity is not supported by Sandlot",
+        ));
+    }
+    if body.get("allow_internet_access") == Some(&Value::Bool(true))
+        || body
+            .get("network")
+            .and_then(Value::as_object)
+            .is_some_and(|o| {
+                o.iter()
+                    .any(|(_, v)| !v.is_null() && v != &json!([]) && v != &json!({}))
+            })
+    {
+        return Err(RestError::bad(
+            "allow_internet_access/network: Sandlot sandboxes have no network (loopback only)",
+        ));
+    }
+    Ok(())
+}
+
+/// Turns an E2B create body into the native create body.
+pub fn native_body(e2b: &E2b, body: &Map<String, Value>) -> RestResult<(String, Value)> {
+    let template = match body.get("templateID") {
+        Some(Value::String(s)) if !s.is_empty() => s.clone(),
+        None | Some(Value::Null) => DEFAULT_TEMPLATE.to_string(),
+        Some(other) => {
+            return Err(RestError::bad(format!(
+                "templateID: expected a string, got {other}"
+            )))
+        }
+    };
+    // `name:tag` and `team/name` forms select the same operator template name.
+    let key = template.rsplit('/').next().unwrap_or(&template);
+    let key = key.split(':').next().unwrap_or(key);
+    let Some(Value::Object(tpl)) = e2b
+        .cfg
+        .templates
+        .get(key)
+        .or_else(|| e2b.cfg.templates.get(&template))
+    else {
+        let known: Vec<&str> = e2b.cfg.templates.keys().map(String::as_str).collect();
+        return Err(RestError::new(
+            StatusCode::NOT_FOUND,
+            format!(
+                "template {template:?} was not found (this server has: {})",
+                known.join(", ")
+            ),
+        ));
+    };
+    refuse_unsupported(body)?;
+    let mut out = tpl.clone();
+    if let Some(envs) = body.get("envVars").filter(|v| !v.is_null()) {
+        let Value::Object(envs) = envs else {
+            return Err(RestError::bad("envVars: expected an object of strings"));
+        };
+        let mut env = match out.remove("env") {
+            Some(Value::Object(m)) => m,
+            _ => Map::new(),
+        };
+        for (k, v) in envs {
+            env.insert(k.clone(), v.clone());
+        }
+        out.insert("env".into(), Value::Object(env));
+    }
+    if let Some(t) = body.get("timeout").filter(|v| !v.is_null()) {
+        out.insert("timeout".into(), t.clone());
+    }
+    if let Some(m) = body.get("metadata").filter(|v| !v.is_null()) {
+        out.insert("metadata".into(), m.clone());
+    }
+    out.insert("tags".into(), json!({ TEMPLATE_TAG: template }));
+    Ok((template, Value::Object(out)))
+}
+
+async fn create(
+    State(e2b): State<Arc<E2b>>,
+    headers: HeaderMap,
+    body: Body,
+) -> RestResult<Response> {
+    let p = principal(&e2b, &headers)?;
+    let bytes = read_limited(body, e2b.app.cfg.limits.max_request_body.bytes()).await?;
+    let v: Value = serde_json::from_slice(&bytes)
+        .map_err(|e| RestError::bad(format!("invalid JSON body: {e}")))?;
+    let Value::Object(obj) = v else {
+        return Err(RestError::bad("the request body must be a JSON object"));
+    };
+    let (_, native) = native_body(&e2b, &obj)?;
+    let params = native::parse_create(&e2b.app, p.tenant.clone(), native)?;
+    let rec = crate::sandbox::create(&e2b.app, params).await?;
+    Ok((StatusCode::CREATED, Json(created_json(&e2b, &rec))).into_response())
+}
+
+/// `metadata=k%3Dv%26k2%3Dv2` (a URL-encoded query string of URL-encoded pairs).
+fn metadata_filter(v: &str) -> Vec<(String, String)> {
+    form_urlencoded::parse(v.as_bytes())
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect()
+}
+
+async fn list(
+    State(e2b): State<Arc<E2b>>,
+    headers: HeaderMap,
+    RawQuery(q): RawQuery,
+) -> RestResult<Json<Value>> {
+    let p = principal(&e2b, &headers)?;
+    let mut meta = Vec::new();
+    let mut limit = usize::MAX;
+    let mut template = None;
+    let mut running = true;
+    let mut asc = false;
+    for (k, v) in form_urlencoded::parse(q.unwrap_or_default().as_bytes()) {
+        match k.as_ref() {
+            "metadata" | "query" => meta.extend(metadata_filter(&v)),
+            "limit" => {
+                limit = v
+                    .parse()
+                    .map_err(|_| RestError::bad(format!("limit: {v:?} is not a number")))?
+            }
+            "template" => template = Some(v.into_owned()),
+            // No paused sandboxes exist here: asking only for those lists nothing.
+            "state" => running = v.split(',').any(|s| s == "running"),
+            "order" => asc = v == "asc",
+            // One page holds everything: there is never a next token.
+            "nextToken" | "startedAfter" => {}
+            _ => {}
+        }
+    }
+    if !running {
+        return Ok(Json(json!([])));
+    }
+    let f = SandboxFilter {
+        tenant: p.scope.clone(),
+        states: vec![SandboxState::Creating, SandboxState::Running],
+        tags: template
+            .map(|t| vec![(TEMPLATE_TAG.to_string(), Some(t))])
+            .unwrap_or_default(),
+        name: None,
+        limit: 10_000,
+    };
+    let mut recs = e2b
+        .app
+        .store
+        .list_sandboxes(&f)
+        .map_err(ApiError::internal)?;
+    recs.retain(|r| {
+        e2b.app.handle(&r.id).is_some_and(|h| !h.is_stopping())
+            && meta.iter().all(|(k, v)| r.metadata.get(k) == Some(v))
+    });
+    if asc {
+        recs.reverse();
+    }
+    recs.truncate(limit);
+    Ok(Json(Value::Array(
+        recs.iter().map(|r| listed_json(&e2b, r)).collect(),
+    )))
+}
+
+async fn get_one(
+    State(e2b): State<Arc<E2b>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> RestResult<Json<Value>> {
+    let p = principal(&e2b, &headers)?;
+    let rec = live_record(&e2b, &p, &id)?;
+    let mut v = listed_json(&e2b, &rec);
+    v["envdAccessToken"] = json!(e2b.access_token(&rec.id));
+    v["domain"] = Value::Null;
+    v["allowInternetAccess"] = json!(false);
+    v["lifecycle"] = json!({"onTimeout": "kill", "autoResume": false});
+    Ok(Json(v))
+}
+
+async fn kill(
+    State(e2b): State<Arc<E2b>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> RestResult<StatusCode> {
+    let p = principal(&e2b, &headers)?;
+    let rec = live_record(&e2b, &p, &id)?;
+    let _ = native::delete(State(e2b.app.clone()), p, Path(rec.id)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+fn timeout_secs(body: &Value, field: &str) -> RestResult<Option<u64>> {
+    match body.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match v
+            .as_u64()
+            .or_else(|| v.as_f64().filter(|f| *f >= 0.0).map(|f| f.ceil() as u64))
+        {
+            Some(n) => Ok(Some(n)),
+            None => Err(RestError::bad(format!(
+                "{field}: expected seconds, got {v}"
+            ))),
+        },
+    }
+}
+
+async fn json_body(e2b: &E2b, body: Body) -> RestResult<Value> {
+    let bytes = read_limited(body, e2b.app.cfg.limits.max_request_body.bytes()).await?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(json!({}));
+    }
+    serde_json::from_slice(&bytes).map_err(|e| RestError::bad(format!("invalid JSON body: {e}")))
+}
+
+/// Sets the remaining lifetime through the native handler (same limits).
+async fn apply_timeout(e2b: &E2b, p: &Principal, id: &str, secs: u64) -> RestResult<()> {
+    if secs == 0 {
+        // E2B: a zero timeout ends the sandbox now.
+        let _ = native::delete(State(e2b.app.clone()), p.clone(), Path(id.to_string())).await?;
+        return Ok(());
+    }
+    let _ = native::set_timeout(
+        State(e2b.app.clone()),
+        p.clone(),
+        Path(id.to_string()),
+        JsonBody(sandlot_client::api::SetTimeout {
+            timeout: json!(secs),
+        }),
+    )
+    .await?;
+    Ok(())
+}
+
+async fn set_timeout(
+    State(e2b): State<Arc<E2b>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Body,
+) -> RestResult<StatusCode> {
+    let p = principal(&e2b, &headers)?;
+    let rec = live_record(&e2b, &p, &id)?;
+    let b = json_body(&e2b, body).await?;
+    let secs = timeout_secs(&b, "timeout")?
+        .ok_or_else(|| RestError::bad("timeout: required (seconds)"))?;
+    apply_timeout(&e2b, &p, &rec.id, secs).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Extends the lifetime to `secs` from now unless it already ends later.
+async fn extend(e2b: &E2b, p: &Principal, rec: &SandboxRecord, secs: u64) -> RestResult<()> {
+    let Some(h) = e2b.app.handle(&rec.id) else {
+        return Err(RestError::not_found(&rec.id));
+    };
+    let wanted = crate::store::now_ms() + (secs as i64) * 1000;
+    if wanted > h.expires_at_ms() {
+        apply_timeout(e2b, p, &rec.id, secs).await?;
+    }
+    Ok(())
+}
+
+async fn connect(
+    State(e2b): State<Arc<E2b>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Body,
+) -> RestResult<Json<Value>> {
+    let p = principal(&e2b, &headers)?;
+    let rec = live_record(&e2b, &p, &id)?;
+    let b = json_body(&e2b, body).await?;
+    if let Some(secs) = timeout_secs(&b, "timeout")? {
+        extend(&e2b, &p, &rec, secs).await?;
+    }
+    Ok(Json(created_json(&e2b, &rec)))
+}
+
+async fn refresh(
+    State(e2b): State<Arc<E2b>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Body,
+) -> RestResult<StatusCode> {
+    let p = principal(&e2b, &headers)?;
+    let rec = live_record(&e2b, &p, &id)?;
+    let b = json_body(&e2b, body).await?;
+    let secs = timeout_secs(&b, "duration")?.unwrap_or(60);
+    extend(&e2b, &p, &rec, secs).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// One sample, now: CPU is the average since the sandbox started; disk use is
+/// not measured (0).
+async fn metrics(
+    State(e2b): State<Arc<E2b>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> RestResult<Json<Value>> {
+    let p = principal(&e2b, &headers)?;
+    let rec = live_record(&e2b, &p, &id)?;
+    let v = view(&e2b.app, &rec);
+    let l = listed_json(&e2b, &rec);
+    let cpus = l["cpuCount"].as_u64().unwrap_or(1).max(1) as f64;
+    let pct = if v.usage.wall_seconds > 0.0 {
+        (v.usage.cpu_seconds / v.usage.wall_seconds / cpus * 100.0).clamp(0.0, 100.0)
+    } else {
+        0.0
+    };
+    let now = crate::store::now_ms();
+    let res = &rec.spec["resources"];
+    Ok(Json(json!([{
+        "timestamp": rfc3339(now),
+        "timestampUnix": now / 1000,
+        "cpuCount": l["cpuCount"],
+        "cpuUsedPct": pct,
+        "memUsed": v.usage.memory_bytes,
+        "memTotal": res["memory"].as_u64().unwrap_or(0),
+        "memCache": 0,
+        "diskUsed": 0,
+        "diskTotal": res["disk"].as_u64().unwrap_or(0),
+    }])))
+}
+
+/// The sandbox's lifecycle events as log lines.
+fn log_entries(e2b: &E2b, id: &str) -> RestResult<Vec<(String, String)>> {
+    let ev = e2b
+        .app
+        .store
+        .events(id, 0, 1000)
+        .map_err(ApiError::internal)?;
+    Ok(ev
+        .into_iter()
+        .map(|e| (rfc3339(e.at), format!("{}: {}", e.kind, e.message)))
+        .collect())
+}
+
+async fn logs_v1(
+    State(e2b): State<Arc<E2b>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> RestResult<Json<Value>> {
+    let p = principal(&e2b, &headers)?;
+    let rec = lookup(&e2b.app, &p, &id).map_err(|_| RestError::not_found(&id))?;
+    let l = log_entries(&e2b, &rec.id)?;
+    Ok(Json(json!({
+        "logs": l.iter().map(|(t, m)| json!({"timestamp": t, "line": m})).collect::<Vec<_>>(),
+        "logEntries": l.iter().map(|(t, m)| json!({"timestamp": t, "message": m, "level": "info", "fields": {}})).collect::<Vec<_>>(),
+    })))
+}
+
+async fn logs_v2(
+    State(e2b): State<Arc<E2b>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> RestResult<Json<Value>> {
+    let p = principal(&e2b, &headers)?;
+    let rec = lookup(&e2b.app, &p, &id).map_err(|_| RestError::not_found(&id))?;
+    let l = log_entries(&e2b, &rec.id)?;
+    Ok(Json(json!({
+        "logs": l.iter().map(|(t, m)| json!({"timestamp": t, "message": m, "level": "info", "fields": {}})).collect::<Vec<_>>(),
+    })))
+}
+
+/// Metadata keys and values as they come (for unit tests of the mapping).
+pub fn metadata_pairs(q: &str) -> BTreeMap<String, String> {
+    metadata_filter(q).into_iter().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unsupported_create_fields_are_refused_by_name() {
+        let m = |v: Value| refuse_unsupported(v.as_object().unwrap()).map_err(|e| e.message);
+        assert!(m(json!({"templateID": "base", "metadata": {}, "envVars": {}})).is_ok());
+        assert!(
+            m(json!({"autoPause": false, "allow_internet_access": false, "volumeMounts": []}))
+                .is_ok()
+        );
+        assert!(m(json!({"autoPause": true}))
+            .unwrap_err()
+            .contains("autoPause"));
+        assert!(m(json!({"autoResume": {"enabled": true}}))
+            .unwrap_err()
+            .contains("autoResume"));
+        assert!(m(json!({"mcp": {"x": 1}})).unwrap_err().contains("mcp"));
+        assert!(m(json!({"volumeMounts": [{"name": "v", "path": "/v"}]}))
+            .unwrap_err()
+            .contains("volumeMounts"));
+        assert!(m(json!({"allow_internet_access": true}))
+            .unwrap_err()
+            .contains("network"));
+        assert!(m(json!({"network": {"allowOut": ["1.1.1.1"]}}))
+            .unwrap_err()
+            .contains("network"));
+    }
+
+    #[test]
+    fn metadata_query_decodes_twice_encoded_pairs() {
+        // The SDK quotes keys and values, urlencodes the pairs, then httpx
+        // encodes the whole value as one query parameter.
+        let m = metadata_pairs("user=alice%20b&team=a%26b");
+        assert_eq!(m["user"], "alice b");
+        assert_eq!(m["team"], "a&b");
+    }
+
+    #[test]
+    fn rest_errors_have_e2b_shape() {
+        let r = RestError::new(StatusCode::NOT_IMPLEMENTED, "nope").into_response();
+        assert_eq!(r.status(), StatusCode::NOT_IMPLEMENTED);
+        let e: RestError = ApiError::quota("too many").into();
+        assert_eq!(e.status, StatusCode::TOO_MANY_REQUESTS);
+    }
+}

@@ -1,0 +1,129 @@
+"""Sandbox lifecycle through E2B's REST API, and that it is Sandlot's sandbox."""
+
+import datetime
+
+import httpx
+import pytest
+from e2b import (
+    AuthenticationException,
+    Sandbox,
+    SandboxException,
+    SandboxNotFoundException,
+    SandboxQuery,
+)
+
+
+def test_create_with_metadata_envs_and_timeout(server):
+    sb = Sandbox.create(metadata={"owner": "alice", "run": "1"}, envs={"GREETING": "hello"}, timeout=90)
+    try:
+        info = sb.get_info()
+        assert info.sandbox_id == sb.sandbox_id
+        assert info.template_id == "base"
+        assert info.metadata == {"owner": "alice", "run": "1"}
+        lifetime = (info.end_at - info.started_at).total_seconds()
+        assert 85 <= lifetime <= 95, lifetime
+        assert info.memory_mb > 0 and info.cpu_count >= 1
+        assert sb.commands.run("echo $GREETING").stdout == "hello\n"
+        assert sb.is_running()
+    finally:
+        assert sb.kill() is True
+
+
+def test_is_the_same_sandbox_in_the_native_api(server, sbx):
+    listed = server.native("GET", "/v1/sandboxes", server.key)["sandboxes"]
+    mine = [s for s in listed if s["id"] == sbx.sandbox_id]
+    assert len(mine) == 1, listed
+    assert mine[0]["tenant"] == "e2b-a"
+    assert mine[0]["tags"]["e2b.template"] == "base"
+    assert mine[0]["spec"]["user"] == "user"
+    # A process started through E2B is a process of the native API too.
+    h = sbx.commands.run("sleep 30", background=True)
+    procs = server.native("GET", f"/v1/sandboxes/{sbx.sandbox_id}/processes", server.key)["processes"]
+    assert any(p["pid"] == h.pid and p["state"] == "running" for p in procs), procs
+    assert h.kill()
+    # ...and one the native API creates is reachable through E2B.
+    native = server.native("POST", "/v1/sandboxes", server.key, {"user": "user", "timeout": 60})
+    try:
+        other = Sandbox.connect(native["id"])
+        assert other.commands.run("id -un").stdout == "user\n"
+    finally:
+        server.native("DELETE", f"/v1/sandboxes/{native['id']}", server.key)
+
+
+def test_list_get_info_connect_set_timeout_kill(server):
+    a = Sandbox.create(metadata={"suite": "list", "n": "a"}, timeout=60)
+    b = Sandbox.create(metadata={"suite": "list", "n": "b"}, timeout=60)
+    try:
+        ids = {s.sandbox_id for s in Sandbox.list(query=SandboxQuery(metadata={"suite": "list"})).next_items()}
+        assert ids == {a.sandbox_id, b.sandbox_id}
+        only_a = Sandbox.list(query=SandboxQuery(metadata={"n": "a"})).next_items()
+        assert [s.sandbox_id for s in only_a] == [a.sandbox_id]
+        before = a.get_info().end_at
+        a.set_timeout(300)
+        after = Sandbox.get_info(a.sandbox_id).end_at
+        assert after - before > datetime.timedelta(seconds=200)
+        again = Sandbox.connect(a.sandbox_id)
+        assert again.commands.run("echo connected").stdout == "connected\n"
+        assert Sandbox.kill(b.sandbox_id) is True
+        assert Sandbox.kill(b.sandbox_id) is False
+        with pytest.raises(SandboxNotFoundException):
+            Sandbox.get_info(b.sandbox_id)
+        assert not b.is_running()
+        ids = {s.sandbox_id for s in Sandbox.list().next_items()}
+        assert a.sandbox_id in ids and b.sandbox_id not in ids
+    finally:
+        a.kill()
+        b.kill()
+
+
+def test_metrics(server, sbx):
+    sbx.commands.run("head -c 1000000 /dev/zero | md5sum")
+    m = sbx.get_metrics()
+    assert len(m) == 1
+    assert m[0].mem_total > 0 and m[0].mem_used > 0
+    assert 0 <= m[0].cpu_used_pct <= 100
+
+
+def test_bad_api_key_is_an_authentication_error(server):
+    with pytest.raises(AuthenticationException):
+        Sandbox.create(api_key="sl_" + "0" * 48)
+    with pytest.raises(AuthenticationException):
+        Sandbox.list(api_key="not-a-token").next_items()
+
+
+def test_tenants_do_not_see_each_other(server, sbx):
+    assert sbx.sandbox_id not in {s.sandbox_id for s in Sandbox.list(api_key=server.key_b).next_items()}
+    with pytest.raises(SandboxNotFoundException):
+        Sandbox.get_info(sbx.sandbox_id, api_key=server.key_b)
+    with pytest.raises(SandboxNotFoundException):
+        Sandbox.connect(sbx.sandbox_id, api_key=server.key_b)
+    assert Sandbox.kill(sbx.sandbox_id, api_key=server.key_b) is False
+    assert sbx.is_running()
+
+
+def test_envd_needs_the_sandboxs_access_token(server, sbx):
+    headers = {"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "49983"}
+    r = httpx.get(server.url + "/health", headers=headers)
+    assert r.status_code == 401
+    r = httpx.get(server.url + "/health", headers={**headers, "X-Access-Token": "0" * 64})
+    assert r.status_code == 401
+    r = httpx.post(
+        server.url + "/process.Process/List",
+        headers={**headers, "Content-Type": "application/json"},
+        content=b"{}",
+    )
+    assert r.status_code == 401
+
+
+def test_unsupported_calls_fail_with_typed_errors_not_hangs(server, sbx):
+    with pytest.raises(SandboxException, match="not supported"):
+        sbx.pause()
+    with pytest.raises(SandboxException, match="not supported"):
+        sbx.create_snapshot()
+    with pytest.raises(SandboxException, match="not found"):
+        Sandbox.create(template="no-such-template")
+    with pytest.raises(SandboxException, match="no network"):
+        Sandbox.create(allow_internet_access=True)
+    with pytest.raises(SandboxException, match="not supported"):
+        Sandbox.create(lifecycle={"on_timeout": "pause", "auto_resume": True})
+    assert sbx.is_running()
