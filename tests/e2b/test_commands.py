@@ -94,3 +94,21 @@ def test_pty_create_input_resize(sbx):
     out = b"".join(chunks).decode(errors="replace")
     assert "42" in out
     assert "33 101" in out
+
+
+def test_stream_input(sbx):
+    h = sbx.commands.run("wc -c", background=True, stdin=True)
+    sbx.commands.stream_input(h.pid, (chunk for chunk in [b"abc", "def", b"\n" * 4]))
+    sbx.commands.close_stdin(h.pid)
+    assert h.wait().stdout.strip() == "10"
+
+
+def test_killed_sandbox_is_not_running(server):
+    from e2b import Sandbox, SandboxNotRunningException
+
+    sb = Sandbox.create(timeout=30)
+    sb.kill()
+    with pytest.raises(SandboxNotRunningException):
+        sb.commands.run("true")
+    with pytest.raises(SandboxNotRunningException):
+        sb.files.read("/etc/hostname")

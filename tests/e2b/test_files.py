@@ -90,3 +90,21 @@ def test_watch_dir_polled(sbx):
     assert ("new.txt", FilesystemEventType.WRITE) in seen, seen
     assert ("new.txt", FilesystemEventType.RENAME) in seen, seen
     assert ("moved.txt", FilesystemEventType.REMOVE) in seen, seen
+
+
+def test_streamed_upload_of_a_file_object(sbx):
+    import io
+
+    data = os.urandom(2 * 1024 * 1024)
+    info = sbx.files.write("/tmp/streamed.bin", io.BytesIO(data))
+    assert info.path == "/tmp/streamed.bin"
+    assert bytes(sbx.files.read("/tmp/streamed.bin", format="bytes")) == data
+    assert sbx.commands.run("stat -c %s /tmp/streamed.bin").stdout.strip() == str(len(data))
+
+
+def test_gzip_uploads_are_refused_with_a_typed_error(sbx):
+    from e2b import InvalidArgumentException
+
+    with pytest.raises(InvalidArgumentException, match="gzip"):
+        sbx.files.write("/tmp/z.txt", "zipped?", gzip=True)
+    assert not sbx.files.exists("/tmp/z.txt")

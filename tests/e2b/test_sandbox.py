@@ -76,6 +76,14 @@ def test_list_get_info_connect_set_timeout_kill(server):
         b.kill()
 
 
+def test_zero_timeout_ends_the_sandbox(server):
+    sb = Sandbox.create(timeout=60)
+    sb.set_timeout(0)
+    assert not sb.is_running()
+    with pytest.raises(SandboxNotFoundException):
+        sb.get_info()
+
+
 def test_metrics(server, sbx):
     sbx.commands.run("head -c 1000000 /dev/zero | md5sum")
     m = sbx.get_metrics()
