@@ -112,3 +112,14 @@ def test_killed_sandbox_is_not_running(server):
         sb.commands.run("true")
     with pytest.raises(SandboxNotRunningException):
         sb.files.read("/etc/hostname")
+
+
+def test_bad_cwd_and_unknown_user_are_errors_not_hangs(sbx):
+    from e2b import InvalidArgumentException
+
+    with pytest.raises(InvalidArgumentException):
+        sbx.commands.run("pwd", cwd="/no/such/dir", timeout=10)
+    with pytest.raises(InvalidArgumentException):
+        sbx.commands.run("id", user="no-such-user", timeout=10)
+    with pytest.raises(InvalidArgumentException):
+        sbx.files.read("/etc/hostname", user="no-such-user")
