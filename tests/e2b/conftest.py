@@ -75,9 +75,17 @@ class Server:
             return json.loads(r.read() or b"null")
 
     def start(self):
+        # Operator configuration: a tenant with a quota of one sandbox, and a second
+        # E2B template next to the built-in `base`.
+        config = self.tmp / "sandlot.toml"
+        config.write_text(
+            "[tenants.e2b-q]\nmax_sandboxes = 1\n"
+            "[e2b.templates.rooty]\nimage = \"host\"\nuser = \"root\"\nenv = { FROM_TEMPLATE = \"yes\" }\n"
+        )
         self.proc = subprocess.Popen(
             [
                 sandlot_bin(), "serve",
+                "--config", str(config),
                 "--data-dir", str(self.data_dir),
                 "--socket", str(self.socket),
                 "--id-prefix", self.prefix,
@@ -126,6 +134,7 @@ def server():
     srv.data_dir.mkdir(mode=0o700)
     srv.key = srv.token("e2b-a")
     srv.key_b = srv.token("e2b-b")
+    srv.key_q = srv.token("e2b-q")
     srv.start()
     os.environ["E2B_API_URL"] = srv.url
     os.environ["E2B_SANDBOX_URL"] = srv.url
@@ -134,7 +143,7 @@ def server():
     try:
         yield srv
     finally:
-        srv.stop([srv.key, srv.key_b])
+        srv.stop([srv.key, srv.key_b, srv.key_q])
         leftovers = [p.name for p in Path("/run/sandlot/sandboxes").glob(srv.prefix + "*")]
         shutil.rmtree(tmp, ignore_errors=True)
         assert not leftovers, f"sandboxes left behind: {leftovers}"

@@ -6,6 +6,7 @@ import httpx
 import pytest
 from e2b import (
     AuthenticationException,
+    RateLimitException,
     Sandbox,
     SandboxException,
     SandboxNotFoundException,
@@ -135,3 +136,25 @@ def test_unsupported_calls_fail_with_typed_errors_not_hangs(server, sbx):
     with pytest.raises(SandboxException, match="not supported"):
         Sandbox.create(lifecycle={"on_timeout": "pause", "auto_resume": True})
     assert sbx.is_running()
+
+
+def test_operator_templates(server):
+    sb = Sandbox.create(template="rooty", envs={"EXTRA": "1"}, timeout=30)
+    try:
+        assert sb.get_info().template_id == "rooty"
+        r = sb.commands.run("id -un; pwd; echo $FROM_TEMPLATE$EXTRA")
+        assert r.stdout == "root\n/root\nyes1\n"
+        assert sb.commands.run("id -un", user="user").stdout == "user\n"
+    finally:
+        sb.kill()
+
+
+def test_quota_is_a_rate_limit_error(server):
+    first = Sandbox.create(api_key=server.key_q, timeout=30)
+    try:
+        with pytest.raises(RateLimitException):
+            Sandbox.create(api_key=server.key_q, timeout=30)
+    finally:
+        first.kill()
+    # The slot is free again once the first one is gone.
+    Sandbox.create(api_key=server.key_q, timeout=30).kill()
