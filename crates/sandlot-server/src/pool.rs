@@ -25,7 +25,8 @@ use std::time::{Duration, Instant};
 use sandlot_guest::client::GuestClient;
 use sandlot_proto::guest::ConfigureRequest;
 use sandlot_proto::spec::SandboxSpec;
-use sandlot_runtime::{Backend, CreateOptions, SandboxInstance};
+use sandlot_runtime::mounts::ImageRoot;
+use sandlot_runtime::{Backend, SandboxInstance};
 use serde::Deserialize;
 use tokio::sync::Notify;
 
@@ -72,6 +73,8 @@ pub struct Warm {
     pub id: String,
     pub inst: SandboxInstance,
     pub guest: GuestClient,
+    /// The image it was started from (its config feeds the claim's defaults).
+    image: Option<ImageRoot>,
     born: Instant,
 }
 
@@ -241,55 +244,80 @@ impl Pools {
     }
 }
 
-/// Hands a claimed sandbox the request's process defaults.
+/// Hands a claimed sandbox the request's process defaults, computed exactly as
+/// the runtime computes them for a cold start of `spec`.
 pub async fn configure(w: &Warm, spec: &SandboxSpec) -> Result<(), String> {
+    let hostname = sandlot_runtime::namespace::sandbox_hostname(&w.id, spec);
+    let setup = sandlot_runtime::namespace::agent_setup(
+        &hostname,
+        spec,
+        w.image.as_ref(),
+        &sandlot_runtime::Secrets::default(),
+    );
     w.guest
         .configure(ConfigureRequest {
-            env: spec
-                .env
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
-            default_user: spec.user.clone(),
-            default_cwd: spec.workdir.clone(),
+            env: setup.env,
+            default_user: setup.default_user,
+            default_cwd: setup.default_cwd,
         })
         .await
         .map_err(|e| e.to_string())
 }
 
+/// Why a spec cannot be a pool's shape, if it cannot: volumes and secrets belong to
+/// a tenant, and a pooled sandbox has none until it is claimed.
+pub fn unpoolable(spec: &SandboxSpec) -> Option<&'static str> {
+    if !spec.volumes.is_empty() {
+        Some("volumes belong to a tenant; a pool cannot mount them ahead of a claim")
+    } else if !spec.secrets.is_empty() {
+        Some("secrets belong to a tenant; a pool cannot inject them ahead of a claim")
+    } else {
+        None
+    }
+}
+
 /// Terminates a pooled sandbox that will not be used.
 pub async fn discard(state: &Arc<AppState>, w: Warm) {
-    let rt = state.runtime.clone();
-    let id = w.id.clone();
     drop(w.guest);
-    let inst = w.inst;
+    discard_instance(state, &w.id, w.inst).await;
+}
+
+async fn discard_instance(state: &Arc<AppState>, id: &str, inst: SandboxInstance) {
+    let rt = state.runtime.clone();
     match tokio::task::spawn_blocking(move || rt.terminate(&inst)).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => tracing::warn!(sandbox_id = %id, "tear down pooled sandbox: {e}"),
         Err(e) => tracing::warn!(sandbox_id = %id, "tear down pooled sandbox: {e}"),
     }
+    state.images.release(id);
+    crate::network::release(state, id);
 }
 
 /// Starts one sandbox of the pool's shape.
 async fn start_one(state: &Arc<AppState>, pool: &Pool) -> Result<Warm, String> {
     let id = crate::sandbox::new_id(&state.cfg.id_prefix);
-    let rt = state.runtime.clone();
-    let spec = pool.spec.clone();
-    let cid = id.clone();
-    let inst = tokio::task::spawn_blocking(move || rt.create(&cid, &spec, CreateOptions::default()))
-        .await
-        .map_err(|e| format!("create task: {e}"))?
-        .map_err(|e| format!("create {id}: {e}"))?;
+    let (st, spec, cid) = (state.clone(), pool.spec.clone(), id.clone());
+    // Pooled sandboxes belong to no tenant until claimed; their shapes have no
+    // volumes or secrets (checked with the configuration).
+    let (inst, image) = tokio::task::spawn_blocking(move || {
+        crate::sandbox::start_instance(&st, &cid, "", &spec)
+    })
+    .await
+    .map_err(|e| format!("create task: {e}"))?
+    .map_err(|e| match e {
+        Ok(rt) => format!("create {id}: {rt}"),
+        Err(api) => format!("create {id}: {}", api.message),
+    })?;
     match GuestClient::connect(&inst.socket).await {
         Ok(guest) => Ok(Warm {
             id,
             inst,
             guest,
+            image,
             born: Instant::now(),
         }),
         Err(e) => {
-            let rt = state.runtime.clone();
-            let _ = tokio::task::spawn_blocking(move || rt.terminate(&inst)).await;
+            discard_instance(state, &id, inst).await;
             Err(format!("connect to the agent of {id}: {e}"))
         }
     }

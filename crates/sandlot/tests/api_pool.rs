@@ -72,12 +72,16 @@ fn issue6_pool_claims_are_single_use_and_take_request_defaults() {
             .unwrap();
         assert!(sb.id.starts_with(&d.prefix), "{}", sb.id);
         let out = c
-            .run(&sb.id, &["sh", "-c", "echo $GREETING; pwd; id -u"])
+            .run(&sb.id, &["sh", "-c", "echo $GREETING; pwd; id -u; echo $LANG $HOSTNAME"])
             .await
             .unwrap();
+        // The base environment is what a cold start would have (LANG, HOSTNAME).
         assert_eq!(
             String::from_utf8_lossy(&out.stdout),
-            "from-request\n/tmp\n65534\n"
+            format!(
+                "from-request\n/tmp\n65534\nC.UTF-8 sandlot-{}\n",
+                &sb.id[..12.min(sb.id.len())]
+            )
         );
         assert_eq!(
             pool_metric(&c, "sandlot_pool_hits_total", "default").await,

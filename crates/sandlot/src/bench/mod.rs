@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use serde::Serialize;
 
+pub mod platform;
+
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
     #[command(subcommand)]
@@ -16,6 +18,11 @@ pub struct BenchArgs {
 
 #[derive(Debug, clap::Subcommand)]
 pub enum BenchWhat {
+    /// The platform benchmark through a real daemon and its API: time to
+    /// interactive (sequential, bursts), exec round trip and throughput, density,
+    /// churn with a leak check; bubblewrap and crun in the same run. See
+    /// docs/benchmarks.md.
+    Platform(platform::PlatformArgs),
     /// Create a sandbox, run /bin/true in it, tear it down; n times, against bubblewrap.
     Runtime {
         /// Iterations per contender.
@@ -105,7 +112,7 @@ fn time_command(n: usize, mut make: impl FnMut() -> Command) -> anyhow::Result<V
 
 /// The bubblewrap command doing the closest equivalent work: new namespaces (user,
 /// pid, net, ipc, uts, cgroup), read-only /usr, fresh /proc, /dev and /tmp.
-pub fn bwrap_command() -> Command {
+pub fn bwrap_command(argv: &[&str]) -> Command {
     let mut c = Command::new("bwrap");
     c.args([
         "--unshare-all",
@@ -131,14 +138,15 @@ pub fn bwrap_command() -> Command {
         "/dev",
         "--tmpfs",
         "/tmp",
-        "/bin/true",
     ]);
+    c.args(argv);
     c
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<i32> {
     match args.what {
         BenchWhat::Runtime { n, json } => runtime(n, json),
+        BenchWhat::Platform(a) => platform::run(a),
     }
 }
 
@@ -151,14 +159,14 @@ fn runtime(n: usize, json: Option<PathBuf>) -> anyhow::Result<i32> {
         "bubblewrap (Debian package bubblewrap) is the benchmark's peer; run scripts/setup.sh",
     )?;
     // Warm up page caches for every contender.
-    time_command(5, bwrap_command)?;
+    time_command(5, || bwrap_command(&["/bin/true"]))?;
     time_command(5, || sandlot_run(&exe))?;
     let lib = crate::run::bench_in_process(5)?;
     drop(lib);
 
     eprintln!("measuring {n} iterations each ...");
     let rows = vec![
-        summarize("bwrap /bin/true", time_command(n, bwrap_command)?),
+        summarize("bwrap /bin/true", time_command(n, || bwrap_command(&["/bin/true"]))?),
         summarize(
             "sandlot run /bin/true (CLI)",
             time_command(n, || sandlot_run(&exe))?,

@@ -1,0 +1,848 @@
+//! `sandlot bench platform`: the issue-6 harness. Everything goes through a real
+//! daemon and its HTTP API (Unix socket), with bubblewrap and crun doing the
+//! closest equivalent work in the same run:
+//!
+//! * time to interactive (create, then the first byte of `echo`'s output), n
+//!   sequential and bursts of concurrent creates, with network `none` and `allow`;
+//! * exec round trip on a live sandbox and exec throughput;
+//! * density: idle sandboxes up to a count, host memory each, start and teardown time;
+//! * churn: create/exec/delete cycles for a while, then a leak check.
+//!
+//! Prints Markdown tables, writes `results.json` (summaries and raw samples) and,
+//! when matplotlib is available, `latency.png` (scripts/bench_plot.py).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use sandlot_client::stream::Output;
+use sandlot_client::{Client, CreateSandbox, ExecBody};
+use serde::Serialize;
+use serde_json::json;
+
+use super::{summarize, Summary};
+
+#[derive(Debug, clap::Args)]
+pub struct PlatformArgs {
+    /// Sequential time-to-interactive iterations (per network mode).
+    #[arg(long, default_value_t = 200)]
+    pub n: usize,
+    /// Burst sizes (concurrent creates), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "10,100")]
+    pub bursts: Vec<usize>,
+    /// Warm pool size of the private daemon (0: no pool, every create is cold).
+    #[arg(long, default_value_t = 16)]
+    pub pool: usize,
+    /// Sequential execs on one live sandbox.
+    #[arg(long, default_value_t = 1000)]
+    pub exec_n: usize,
+    /// Idle sandboxes for the density run (0 skips it).
+    #[arg(long, default_value_t = 1000)]
+    pub density: usize,
+    /// Seconds of create/exec/delete churn (0 skips it).
+    #[arg(long, default_value_t = 60)]
+    pub churn_secs: u64,
+    /// Concurrent workers in the churn and density runs.
+    #[arg(long, default_value_t = 8)]
+    pub concurrency: usize,
+    /// Sections to run (default all): tti, burst, exec, density, churn, peers.
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<String>,
+    /// Directory for results.json and latency.png.
+    #[arg(long, default_value = "bench-out")]
+    pub out: PathBuf,
+}
+
+/// One measured row: a summary, the raw samples (ms) and optional extras.
+#[derive(Debug, Serialize)]
+struct Row {
+    section: &'static str,
+    #[serde(flatten)]
+    summary: Summary,
+    samples_ms: Vec<f64>,
+}
+
+#[derive(Debug, Default, Serialize)]
+struct Results {
+    machine: String,
+    rows: Vec<Row>,
+    exec_per_sec: Option<f64>,
+    density: Option<Density>,
+    churn: Option<Churn>,
+    notes: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct Density {
+    sandboxes: usize,
+    network: String,
+    start_secs: f64,
+    teardown_secs: f64,
+    host_mib_per_sandbox: f64,
+}
+
+#[derive(Debug, Serialize)]
+struct Churn {
+    secs: f64,
+    cycles: u64,
+    cycles_per_sec: f64,
+    errors: u64,
+    leaked: Vec<String>,
+}
+
+/// The private daemon: temporary data dir and socket, its own id prefix, a warm
+/// pool of the benchmark's shape, quotas out of the way.
+struct Daemon {
+    child: Child,
+    dir: PathBuf,
+    prefix: String,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(pid) = rustix::process::Pid::from_raw(self.child.id() as i32) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        }
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn start_daemon(pool: usize) -> anyhow::Result<(Daemon, Client)> {
+    let dir = std::env::temp_dir().join(format!("sandlot-bench-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    let sock = dir.join("api.sock");
+    let prefix = format!("bp{}-", std::process::id());
+    let cfg = dir.join("sandlot.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[quotas]\nmax_sandboxes = 100000\nmax_memory = {}\n\n\
+             [[pools]]\nname = \"bench\"\nsize = {pool}\n",
+            1u64 << 50
+        ),
+    )?;
+    let log = std::fs::File::create(dir.join("daemon.log"))?;
+    let child = Command::new(std::env::current_exe()?)
+        .args(["serve", "--data-dir"])
+        .arg(dir.join("data"))
+        .arg("--socket")
+        .arg(&sock)
+        .arg("--config")
+        .arg(&cfg)
+        .args(["--id-prefix", &prefix])
+        .env("SANDLOT_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .context("start sandlot serve")?;
+    let mut d = Daemon { child, dir, prefix };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::os::unix::net::UnixStream::connect(&sock).is_err() {
+        if let Some(st) = d.child.try_wait()? {
+            bail!(
+                "the daemon exited with {st}: {}",
+                std::fs::read_to_string(d.dir.join("daemon.log")).unwrap_or_default()
+            );
+        }
+        if Instant::now() > deadline {
+            bail!("the daemon did not start within 20 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let c = Client::new(&format!("unix://{}", sock.display()), None)?;
+    Ok((d, c))
+}
+
+/// The network part of a create body: `none`, or an `allow` policy naming one
+/// domain of the test world (nothing is contacted; only the set-up cost counts).
+fn network(mode: &str) -> serde_json::Value {
+    match mode {
+        "allow" => json!({"mode": "allow", "allow": [{"domain": "bench.test", "ports": [443]}]}),
+        _ => json!({"mode": "none"}),
+    }
+}
+
+fn create_body(mode: &str) -> CreateSandbox {
+    let serde_json::Value::Object(spec) = json!({"network": network(mode), "timeout": "30m"})
+    else {
+        unreachable!("a JSON object")
+    };
+    CreateSandbox {
+        spec,
+        ..Default::default()
+    }
+}
+
+fn argv(a: &[&str]) -> ExecBody {
+    ExecBody {
+        argv: a.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+/// Create, exec `echo hi`, first output byte: the time to interactive. Returns
+/// the latency and the sandbox id (deleted by the caller, off the clock).
+async fn tti(c: &Client, mode: &str) -> anyhow::Result<(Duration, String)> {
+    let t = Instant::now();
+    let sb = c.create_sandbox(&create_body(mode)).await?;
+    let (_, mut s) = c.exec_stream(&sb.id, &argv(&["echo", "hi"])).await?;
+    loop {
+        match s.next().await? {
+            Some(Output::Stdout(_, d)) if !d.is_empty() => break,
+            Some(Output::Exit(e)) => bail!("echo exited with {e:?} before any output"),
+            Some(_) => continue,
+            None => bail!("the output stream ended before any output"),
+        }
+    }
+    let d = t.elapsed();
+    // Drain to the exit so the process is finished before the delete.
+    while let Some(o) = s.next().await? {
+        if matches!(o, Output::Exit(_)) {
+            break;
+        }
+    }
+    Ok((d, sb.id))
+}
+
+fn ms(v: &[Duration]) -> Vec<f64> {
+    v.iter().map(|d| d.as_secs_f64() * 1e3).collect()
+}
+
+fn row(section: &'static str, name: &str, v: Vec<Duration>) -> Row {
+    Row {
+        section,
+        samples_ms: ms(&v),
+        summary: summarize(name, v),
+    }
+}
+
+/// Waits until the pool is back at its size (so that runs start alike).
+async fn wait_pool(c: &Client, size: usize) {
+    if size == 0 {
+        return;
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while Instant::now() < deadline {
+        if let Ok(t) = c.metrics().await {
+            let ready = t
+                .lines()
+                .find_map(|l| l.strip_prefix("sandlot_pool_ready{pool=\"bench\"} "))
+                .and_then(|v| v.trim().parse::<usize>().ok());
+            if ready == Some(size) {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!("warning: the warm pool did not refill to {size} within 120 s");
+}
+
+async fn sequential(c: &Client, mode: &str, n: usize, pool: usize) -> anyhow::Result<Vec<Duration>> {
+    let mut v = Vec::with_capacity(n);
+    wait_pool(c, pool).await;
+    for _ in 0..n {
+        // Back to back; the pool refills while the previous sandbox is deleted.
+        let (d, id) = tti(c, mode).await?;
+        v.push(d);
+        c.delete_sandbox(&id).await?;
+    }
+    Ok(v)
+}
+
+async fn burst(c: &Client, mode: &str, k: usize) -> anyhow::Result<(Vec<Duration>, Duration)> {
+    let t = Instant::now();
+    let tasks: Vec<_> = (0..k)
+        .map(|_| {
+            let c = c.clone();
+            let mode = mode.to_string();
+            tokio::spawn(async move { tti(&c, &mode).await })
+        })
+        .collect();
+    let mut lat = Vec::with_capacity(k);
+    let mut ids = Vec::with_capacity(k);
+    let mut first_err = None;
+    for t in tasks {
+        match t.await? {
+            Ok((d, id)) => {
+                lat.push(d);
+                ids.push(id);
+            }
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    let wall = t.elapsed();
+    delete_all(c, ids).await;
+    if let Some(e) = first_err {
+        return Err(e.context("a burst create failed"));
+    }
+    Ok((lat, wall))
+}
+
+async fn delete_all(c: &Client, ids: Vec<String>) {
+    let tasks: Vec<_> = ids
+        .into_iter()
+        .map(|id| {
+            let c = c.clone();
+            tokio::spawn(async move {
+                if let Err(e) = c.delete_sandbox(&id).await {
+                    eprintln!("warning: delete {id}: {e}");
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        let _ = t.await;
+    }
+}
+
+/// Host memory in use (MemTotal - MemAvailable), bytes.
+fn host_mem_used() -> u64 {
+    let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let field = |name: &str| -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+            * 1024
+    };
+    field("MemTotal:").saturating_sub(field("MemAvailable:"))
+}
+
+/// Starts `n` idle sandboxes with `conc` workers, measures, tears all down.
+async fn density(c: &Client, n: usize, conc: usize, mode: &str) -> anyhow::Result<Density> {
+    // Let the page cache and the pool settle before the baseline.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = host_mem_used();
+    let t = Instant::now();
+    let next = Arc::new(AtomicU64::new(0));
+    let workers: Vec<_> = (0..conc.max(1))
+        .map(|_| {
+            let c = c.clone();
+            let next = next.clone();
+            let mode = mode.to_string();
+            tokio::spawn(async move {
+                let mut ids = Vec::new();
+                while (next.fetch_add(1, Ordering::Relaxed) as usize) < n {
+                    match c.create_sandbox(&create_body(&mode)).await {
+                        Ok(sb) => ids.push(sb.id),
+                        Err(e) => return (ids, Some(e)),
+                    }
+                }
+                (ids, None)
+            })
+        })
+        .collect();
+    let mut ids = Vec::with_capacity(n);
+    let mut err = None;
+    for w in workers {
+        let (mut v, e) = w.await?;
+        ids.append(&mut v);
+        if let Some(e) = e {
+            err.get_or_insert(e);
+        }
+    }
+    let start_secs = t.elapsed().as_secs_f64();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = host_mem_used();
+    let started = ids.len();
+    let t = Instant::now();
+    delete_all(c, ids).await;
+    let teardown_secs = t.elapsed().as_secs_f64();
+    if let Some(e) = err {
+        bail!("density: {started} of {n} sandboxes started, then: {e}");
+    }
+    Ok(Density {
+        sandboxes: n,
+        network: mode.to_string(),
+        start_secs,
+        teardown_secs,
+        host_mib_per_sandbox: after.saturating_sub(before) as f64 / n as f64 / (1 << 20) as f64,
+    })
+}
+
+/// Host objects a sandbox can leave behind, by this daemon's id prefix: run
+/// directories and cgroups; plus the host's network namespaces and interfaces,
+/// compared by count before and after.
+fn host_objects(prefix: &str) -> (Vec<String>, usize, usize) {
+    let mut left = Vec::new();
+    let mut scan = |dir: &Path| {
+        if let Ok(rd) = std::fs::read_dir(dir) {
+            for e in rd.flatten() {
+                if e.file_name().to_string_lossy().starts_with(prefix) {
+                    left.push(e.path().display().to_string());
+                }
+            }
+        }
+    };
+    scan(Path::new("/run/sandlot/sandboxes"));
+    if let Ok(rd) = std::fs::read_dir("/sys/fs/cgroup") {
+        for e in rd.flatten() {
+            scan(&e.path().join("sandlot"));
+        }
+    }
+    scan(Path::new("/sys/fs/cgroup/sandlot"));
+    let count = |p: &str| std::fs::read_dir(p).map(|r| r.count()).unwrap_or(0);
+    (left, count("/run/netns"), count("/sys/class/net"))
+}
+
+async fn churn(c: &Client, secs: u64, conc: usize) -> anyhow::Result<(u64, u64, f64)> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let cycles = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let t = Instant::now();
+    let workers: Vec<_> = (0..conc.max(1))
+        .map(|_| {
+            let (c, stop, cycles, errors) =
+                (c.clone(), stop.clone(), cycles.clone(), errors.clone());
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let r = async {
+                        let (_, id) = tti(&c, "none").await?;
+                        c.delete_sandbox(&id).await?;
+                        anyhow::Ok(())
+                    }
+                    .await;
+                    match r {
+                        Ok(()) => cycles.fetch_add(1, Ordering::Relaxed),
+                        Err(e) => {
+                            if errors.fetch_add(1, Ordering::Relaxed) < 3 {
+                                eprintln!("churn error: {e:#}");
+                            }
+                            0
+                        }
+                    };
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(secs)).await;
+    stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        let _ = w.await;
+    }
+    Ok((
+        cycles.load(Ordering::Relaxed),
+        errors.load(Ordering::Relaxed),
+        t.elapsed().as_secs_f64(),
+    ))
+}
+
+// ---- peers ----
+
+/// Runs `cmd` (which prints `hi`) and returns the time to its first output byte.
+fn first_byte(mut cmd: Command) -> anyhow::Result<Duration> {
+    use std::io::Read;
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let t = Instant::now();
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("run {:?}", cmd.get_program()))?;
+    let mut out = child.stdout.take().expect("piped");
+    let mut b = [0u8; 8];
+    let n = out.read(&mut b)?;
+    let d = t.elapsed();
+    let st = child.wait()?;
+    if n == 0 || !st.success() {
+        let mut e = String::new();
+        if let Some(mut se) = child.stderr.take() {
+            let _ = se.read_to_string(&mut e);
+        }
+        bail!("{:?} failed ({st}): {}", cmd.get_program(), e.trim());
+    }
+    Ok(d)
+}
+
+fn bwrap_echo() -> Command {
+    super::bwrap_command(&["/bin/echo", "hi"])
+}
+
+/// A crun bundle: read-only root with the host's /usr, /bin, /lib, /lib64 bound,
+/// fresh namespaces, the default resources. Debian's crun refuses this host's
+/// hybrid cgroup layout, so each run is wrapped in `unshare -m` with the empty v2
+/// hierarchy unmounted; the wrapper's own cost is measured separately.
+struct CrunBundle {
+    dir: PathBuf,
+}
+
+impl CrunBundle {
+    fn new() -> anyhow::Result<CrunBundle> {
+        let dir = std::env::temp_dir().join(format!("sandlot-bench-crun-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("rootfs"))?;
+        let st = Command::new("crun")
+            .arg("spec")
+            .current_dir(&dir)
+            .status()
+            .context("crun spec (Debian package crun)")?;
+        if !st.success() {
+            bail!("crun spec failed");
+        }
+        let p = dir.join("config.json");
+        let mut cfg: serde_json::Value = serde_json::from_slice(&std::fs::read(&p)?)?;
+        cfg["process"]["args"] = json!(["/bin/echo", "hi"]);
+        cfg["process"]["terminal"] = json!(false);
+        cfg["root"] = json!({"path": "rootfs", "readonly": true});
+        let mounts = cfg["mounts"].as_array_mut().context("crun spec mounts")?;
+        for d in ["usr", "bin", "lib", "lib64"] {
+            if Path::new("/").join(d).exists() {
+                std::fs::create_dir_all(dir.join("rootfs").join(d))?;
+                mounts.push(json!({"destination": format!("/{d}"), "type": "bind",
+                    "source": format!("/{d}"), "options": ["rbind", "ro"]}));
+            }
+        }
+        std::fs::write(&p, serde_json::to_vec_pretty(&cfg)?)?;
+        Ok(CrunBundle { dir })
+    }
+
+    fn command(&self, n: usize) -> Command {
+        let mut c = Command::new("unshare");
+        c.args(["-m", "--propagation", "slave", "sh", "-c"]).arg(format!(
+            "umount -l /sys/fs/cgroup/unified 2>/dev/null; exec crun run --bundle {} bench-{}-{n}",
+            self.dir.display(),
+            std::process::id()
+        ));
+        c
+    }
+
+    fn wrapper_only() -> Command {
+        let mut c = Command::new("unshare");
+        c.args(["-m", "--propagation", "slave", "sh", "-c"])
+            .arg("umount -l /sys/fs/cgroup/unified 2>/dev/null; exec echo hi");
+        c
+    }
+}
+
+impl Drop for CrunBundle {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn peer_seq(n: usize, mut make: impl FnMut(usize) -> Command) -> anyhow::Result<Vec<Duration>> {
+    (0..n).map(|i| first_byte(make(i))).collect()
+}
+
+fn peer_burst(k: usize, make: impl Fn(usize) -> Command + Sync) -> anyhow::Result<Vec<Duration>> {
+    std::thread::scope(|s| {
+        let make = &make;
+        let hs: Vec<_> = (0..k)
+            .map(|i| s.spawn(move || first_byte(make(i))))
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("peer thread"))
+            .collect()
+    })
+}
+
+// ---- driver ----
+
+fn wants(only: &[String], s: &str) -> bool {
+    only.is_empty() || only.iter().any(|o| o == s)
+}
+
+pub fn run(a: PlatformArgs) -> anyhow::Result<i32> {
+    if !rustix::process::geteuid().is_root() {
+        bail!("sandlot bench platform needs root (it runs a daemon that creates namespaces)");
+    }
+    for s in &a.only {
+        if !["tti", "burst", "exec", "density", "churn", "peers"].contains(&s.as_str()) {
+            bail!("--only: unknown section {s:?} (tti, burst, exec, density, churn, peers)");
+        }
+    }
+    if a.n == 0 {
+        bail!("--n must be at least 1");
+    }
+    std::fs::create_dir_all(&a.out).with_context(|| format!("create {}", a.out.display()))?;
+    let mut res = Results {
+        machine: machine(),
+        ..Default::default()
+    };
+    let (daemon, c) = start_daemon(a.pool)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let (before_left, netns0, links0) = host_objects(&daemon.prefix);
+    let _ = before_left;
+    let outcome = rt.block_on(async {
+        // Warm up: page cache, the daemon's first connections.
+        wait_pool(&c, a.pool).await;
+        for _ in 0..5 {
+            let (_, id) = tti(&c, "none").await?;
+            c.delete_sandbox(&id).await?;
+        }
+        let mut modes = vec!["none"];
+        match tti(&c, "allow").await {
+            Ok((_, id)) => {
+                c.delete_sandbox(&id).await?;
+                modes.push("allow");
+            }
+            Err(e) => res.notes.push(format!(
+                "network allow policy not measured: the daemon refused it ({e:#})"
+            )),
+        }
+        if wants(&a.only, "tti") {
+            for m in &modes {
+                eprintln!("time to interactive, {} sequential, network {m} ...", a.n);
+                let v = sequential(&c, m, a.n, a.pool).await?;
+                res.rows.push(row("tti", &format!("sandlot sequential ({m})"), v));
+            }
+        }
+        if wants(&a.only, "burst") {
+            for m in &modes {
+                for &k in &a.bursts {
+                    wait_pool(&c, a.pool).await;
+                    eprintln!("burst of {k}, network {m} ...");
+                    let (v, wall) = burst(&c, m, k).await?;
+                    res.notes.push(format!(
+                        "burst of {k} ({m}): all interactive after {:.0} ms",
+                        wall.as_secs_f64() * 1e3
+                    ));
+                    res.rows
+                        .push(row("burst", &format!("sandlot burst {k} ({m})"), v));
+                }
+            }
+        }
+        if wants(&a.only, "exec") {
+            eprintln!("exec round trip, {} each ...", a.exec_n);
+            let sb = c.create_sandbox(&create_body("none")).await?;
+            for (name, cmd) in [("exec /bin/true", ["/bin/true", ""]), ("exec echo", ["echo", "hi"])] {
+                let args: Vec<&str> = cmd.iter().copied().filter(|s| !s.is_empty()).collect();
+                let mut v = Vec::with_capacity(a.exec_n);
+                for _ in 0..a.exec_n {
+                    let t = Instant::now();
+                    let out = c.run(&sb.id, &args).await?;
+                    v.push(t.elapsed());
+                    if out.exit.code != Some(0) {
+                        bail!("{name} exited with {:?}", out.exit);
+                    }
+                }
+                res.rows.push(row("exec", &format!("sandlot {name}"), v));
+            }
+            // Throughput: 8 clients running /bin/true for 3 s.
+            let stop = Instant::now() + Duration::from_secs(3);
+            let done = Arc::new(AtomicU64::new(0));
+            let t = Instant::now();
+            let ws: Vec<_> = (0..8)
+                .map(|_| {
+                    let (c, id, done) = (c.clone(), sb.id.clone(), done.clone());
+                    tokio::spawn(async move {
+                        while Instant::now() < stop {
+                            if c.run(&id, &["/bin/true"]).await.is_ok() {
+                                done.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    })
+                })
+                .collect();
+            for w in ws {
+                let _ = w.await;
+            }
+            res.exec_per_sec = Some(done.load(Ordering::Relaxed) as f64 / t.elapsed().as_secs_f64());
+            c.delete_sandbox(&sb.id).await?;
+        }
+        if wants(&a.only, "density") && a.density > 0 {
+            let m = modes.last().copied().unwrap_or("none");
+            eprintln!("density: {} idle sandboxes, network {m} ...", a.density);
+            res.density = Some(density(&c, a.density, a.concurrency, m).await?);
+        }
+        if wants(&a.only, "churn") && a.churn_secs > 0 {
+            eprintln!("churn: {} s with {} workers ...", a.churn_secs, a.concurrency);
+            let (cycles, errors, secs) = churn(&c, a.churn_secs, a.concurrency).await?;
+            res.churn = Some(Churn {
+                secs,
+                cycles,
+                cycles_per_sec: cycles as f64 / secs,
+                errors,
+                leaked: Vec::new(),
+            });
+        }
+        anyhow::Ok(())
+    });
+    // Stop the daemon (it tears its pool down), then look for leftovers.
+    let prefix = daemon.prefix.clone();
+    drop(daemon);
+    outcome?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (mut left, mut netns1, mut links1) = host_objects(&prefix);
+    while (!left.is_empty() || netns1 > netns0 || links1 > links0) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+        (left, netns1, links1) = host_objects(&prefix);
+    }
+    if netns1 > netns0 {
+        left.push(format!("{} network namespaces more than before", netns1 - netns0));
+    }
+    if links1 > links0 {
+        left.push(format!("{} network interfaces more than before", links1 - links0));
+    }
+    if let Some(ch) = &mut res.churn {
+        ch.leaked = left.clone();
+    }
+
+    if wants(&a.only, "peers") {
+        eprintln!("peers: bubblewrap and crun, {} sequential and bursts ...", a.n);
+        peers(&a, &mut res)?;
+    }
+    print_report(&res);
+    let json_path = a.out.join("results.json");
+    std::fs::write(&json_path, serde_json::to_vec_pretty(&res)?)?;
+    eprintln!("wrote {}", json_path.display());
+    plot(&json_path, &a.out.join("latency.png"));
+    if !left.is_empty() {
+        eprintln!("LEAK: left behind after the run: {left:?}");
+        return Ok(1);
+    }
+    Ok(0)
+}
+
+fn peers(a: &PlatformArgs, res: &mut Results) -> anyhow::Result<()> {
+    // Warm the page cache.
+    peer_seq(5, |_| bwrap_echo())?;
+    res.rows.push(row(
+        "tti",
+        "bwrap sequential",
+        peer_seq(a.n, |_| bwrap_echo())?,
+    ));
+    let crun = match CrunBundle::new() {
+        Ok(b) => {
+            peer_seq(5, |i| b.command(i))?;
+            Some(b)
+        }
+        Err(e) => {
+            res.notes.push(format!("crun not measured: {e:#}"));
+            None
+        }
+    };
+    if let Some(b) = &crun {
+        res.rows.push(row("tti", "crun sequential", peer_seq(a.n, |i| b.command(i))?));
+        res.rows.push(row(
+            "tti",
+            "crun's unshare wrapper alone",
+            peer_seq(a.n, |_| CrunBundle::wrapper_only())?,
+        ));
+    }
+    if wants(&a.only, "burst") || a.only.is_empty() || wants(&a.only, "peers") {
+        for &k in &a.bursts {
+            res.rows
+                .push(row("burst", &format!("bwrap burst {k}"), peer_burst(k, |_| bwrap_echo())?));
+            if let Some(b) = &crun {
+                let base = 1_000_000 + k * 1000;
+                res.rows.push(row(
+                    "burst",
+                    &format!("crun burst {k}"),
+                    peer_burst(k, |i| b.command(base + i))?,
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn machine() -> String {
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!(
+        "{cpus} cpus, kernel {}, load average at start {}",
+        kernel.trim(),
+        load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+    )
+}
+
+fn print_report(res: &Results) {
+    println!("machine: {}\n", res.machine);
+    for section in ["tti", "burst", "exec"] {
+        let rows: Vec<&Row> = res.rows.iter().filter(|r| r.section == section).collect();
+        if rows.is_empty() {
+            continue;
+        }
+        let base = rows
+            .iter()
+            .find(|r| r.summary.name.starts_with("bwrap"))
+            .map(|r| r.summary.p50_ms);
+        println!("| {section} | n | p50 ms | p95 ms | p99 ms | max ms | p50 / bwrap |");
+        println!("|---|---|---|---|---|---|---|");
+        for r in rows {
+            let s = &r.summary;
+            // Bursts compare with the peer's burst of the same size.
+            let base = if section == "burst" {
+                let k = s.name.split_whitespace().nth(2).unwrap_or("");
+                res.rows
+                    .iter()
+                    .find(|x| x.summary.name == format!("bwrap burst {k}"))
+                    .map(|x| x.summary.p50_ms)
+            } else {
+                base
+            };
+            let ratio = base.map_or("-".to_string(), |b| format!("{:.2}", s.p50_ms / b));
+            println!(
+                "| {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {ratio} |",
+                s.name, s.n, s.p50_ms, s.p95_ms, s.p99_ms, s.max_ms
+            );
+        }
+        println!();
+    }
+    if let Some(x) = res.exec_per_sec {
+        println!("exec throughput on one sandbox (8 clients, /bin/true): {x:.0} per second\n");
+    }
+    if let Some(d) = &res.density {
+        println!(
+            "density: {} idle sandboxes (network {}) started in {:.2} s, torn down in {:.2} s, {:.2} MiB of host memory each\n",
+            d.sandboxes, d.network, d.start_secs, d.teardown_secs, d.host_mib_per_sandbox
+        );
+    }
+    if let Some(c) = &res.churn {
+        println!(
+            "churn: {} create/exec/delete cycles in {:.1} s = {:.1} per second, {} errors, leftovers: {}\n",
+            c.cycles,
+            c.secs,
+            c.cycles_per_sec,
+            c.errors,
+            if c.leaked.is_empty() { "none".to_string() } else { format!("{:?}", c.leaked) }
+        );
+    }
+    for n in &res.notes {
+        println!("note: {n}");
+    }
+}
+
+/// Draws the latency distributions with matplotlib, if present.
+fn plot(json: &Path, png: &Path) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/bench_plot.py");
+    // Debian's interpreter has python3-matplotlib; a `python3` earlier in PATH (a
+    // virtualenv, pyenv) may not.
+    let py = ["/usr/bin/python3", "python3"]
+        .into_iter()
+        .find(|p| {
+            Command::new(p)
+                .args(["-c", "import matplotlib"])
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+        .unwrap_or("python3");
+    let st = Command::new(py)
+        .arg(&script)
+        .arg(json)
+        .arg(png)
+        .status();
+    match st {
+        Ok(s) if s.success() => eprintln!("wrote {}", png.display()),
+        Ok(s) => eprintln!(
+            "warning: no plot ({} exited with {s}); `apt-get install python3-matplotlib` or run scripts/bench.sh",
+            script.display()
+        ),
+        Err(e) => eprintln!("warning: no plot: python3: {e}"),
+    }
+}
