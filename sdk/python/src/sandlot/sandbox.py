@@ -52,51 +52,19 @@ _CHUNK = 256 * 1024
 _RECONNECTS = 3
 
 
-class _Pipe:
-    """Output of one stream, fed by the reader thread, consumed by the user."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._chunks: Deque[Any] = collections.deque()
-        self._closed = False
-        self._error: Optional[BaseException] = None
-
-    def feed(self, b: Any) -> None:
-        with self._cond:
-            self._chunks.append(b)
-            self._cond.notify_all()
-
-    def close(self, error: Optional[BaseException] = None) -> None:
-        with self._cond:
-            self._closed = True
-            self._error = error
-            self._cond.notify_all()
-
-    def read_chunk(self) -> Any:
-        with self._cond:
-            while not self._chunks and not self._closed:
-                self._cond.wait()
-            if self._chunks:
-                return self._chunks.popleft()
-            if self._error is not None:
-                raise self._error
-            return None
-
-
 class OutputStream:
     """A process's stdout or stderr. Iterating yields text lines (with their
     ``\\n``); ``iter_bytes()`` yields raw chunks; ``read()``/``read_bytes()`` read
-    to the end. Output not consumed is buffered in this process."""
+    to the end. Output not consumed yet is buffered in this process."""
 
-    def __init__(self, pipe: _Pipe, start: Callable[[], None], name: str) -> None:
-        self._pipe = pipe
-        self._start = start
+    def __init__(self, proc: "Process", name: str) -> None:
+        self._proc = proc
         self.name = name
 
     def iter_bytes(self) -> Iterator[bytes]:
-        self._start()
+        self._proc._choose("split")
         while True:
-            b = self._pipe.read_chunk()
+            b = self._proc._take(self.name)
             if b is None:
                 return
             yield b
@@ -140,6 +108,8 @@ class Stdin:
         b = _spec.stdin_bytes(data)
         if self.closed:
             raise ValueError("write to a closed stdin")
+        # While this blocks, the process's output must keep flowing.
+        self._proc._ensure_background()
         self._proc._client.request("POST", f"{self._proc._base}/stdin", content=b)
         return len(b)
 
@@ -157,9 +127,10 @@ class Stdin:
 
 
 class Process:
-    """A process in a sandbox. Its output is read by a background thread as soon
-    as it is needed (for a foreground exec: at once), so the process never blocks
-    on a full pipe; ``stdout``/``stderr`` hand it out, ``wait()`` returns the exit."""
+    """A process in a sandbox. Its output stream is read by whichever thread needs
+    it (iterating ``stdout``/``stderr``, ``wait()``), without a hand-off; a
+    background thread takes over whenever something must not stall it (stdin
+    writes, callbacks, ``wait(timeout=...)``). Output not consumed yet is buffered."""
 
     def __init__(
         self,
@@ -176,24 +147,32 @@ class Process:
         self._base = f"/v1/sandboxes/{sandbox.id}/processes/{info.id}"
         self._callbacks = {"stdout": on_stdout, "stderr": on_stderr}
         self._decoders = {k: codecs.getincrementaldecoder("utf-8")("replace") for k in ("stdout", "stderr")}
-        self._pipes = {"stdout": _Pipe(), "stderr": _Pipe()}
-        self._merged = _Pipe()
+        # Everything below is guarded by _cv.
+        self._cv = threading.Condition()
+        self._bufs: Dict[str, Deque[Any]] = {
+            "stdout": collections.deque(),
+            "stderr": collections.deque(),
+            "merged": collections.deque(),
+        }
         # Output is read either per stream (stdout/stderr) or merged (iter_output);
-        # until the first reader chooses, it waits here in arrival order.
+        # until the first reader chooses, it waits in arrival order.
         self._mode: Optional[str] = None
         self._pending: List[OutputChunk] = []
-        self._mode_lock = threading.Lock()
         self._offsets = {"stdout": from_offsets[0], "stderr": from_offsets[1]}
         self._exit: Optional[ExitStatus] = info.exit
-        self._exited = threading.Event()
-        self._done = threading.Event()
+        self._exit_seen = info.exit is not None
+        self._ended = False
         self._error: Optional[BaseException] = None
-        self._lock = threading.Lock()
-        self._thread: Optional[threading.Thread] = None
+        self._reading = False
+        self._bg: Optional[threading.Thread] = None
         self._closing = False
-        self._resp_ctx: Optional[contextlib.ExitStack] = None
+        self._lines: Optional[Iterator[str]] = None
+        self._stack: Optional[contextlib.ExitStack] = None
         self._resp: Optional[httpx.Response] = None
+        self._attempts = 0
         self.stdin: Optional[Stdin] = Stdin(self) if info.stdin else None
+        if on_stdout is not None or on_stderr is not None:
+            self._ensure_background()
 
     def __repr__(self) -> str:
         return f"<Process {self.info.id} pid={self.info.pid} argv={self.info.argv!r} returncode={self.returncode}>"
@@ -208,18 +187,29 @@ class Process:
 
     @property
     def stdout(self) -> OutputStream:
-        return OutputStream(self._pipes["stdout"], self._start_split, "stdout")
+        return OutputStream(self, "stdout")
 
     @property
     def stderr(self) -> OutputStream:
-        return OutputStream(self._pipes["stderr"], self._start_split, "stderr")
+        return OutputStream(self, "stderr")
 
-    def _start_split(self) -> None:
-        self._choose("split")
-        self._ensure_reader()
+    @property
+    def exit(self) -> Optional[ExitStatus]:
+        return self._exit
+
+    @property
+    def returncode(self) -> Optional[int]:
+        """The exit code (``-N`` if killed by signal N); None while it runs."""
+        return self._exit.returncode if self._exit_seen and self._exit is not None else None
+
+    # --- the output stream ----------------------------------------------------
+
+    def _adopt(self, lines: Iterator[str], stack: contextlib.ExitStack, resp: httpx.Response) -> None:
+        """Takes over an already open exec stream (its ``started`` line consumed)."""
+        self._lines, self._stack, self._resp = lines, stack, resp
 
     def _choose(self, mode: str) -> None:
-        with self._mode_lock:
+        with self._cv:
             if self._mode is None:
                 self._mode = mode
                 for c in self._pending:
@@ -232,129 +222,172 @@ class Process:
 
     def _route(self, c: OutputChunk) -> None:
         if self._mode == "split":
-            self._pipes[c.stream].feed(c.data)
+            self._bufs[c.stream].append(c.data)
         else:
-            self._merged.feed(c)
+            self._bufs["merged"].append(c)
 
-    @property
-    def exit(self) -> Optional[ExitStatus]:
-        return self._exit
+    def _take(self, buf: str) -> Any:
+        """The next chunk of ``buf``, None at its end; raises the stream's error."""
+        q = self._bufs[buf]
+        self._pump_until(lambda: bool(q))
+        with self._cv:
+            if q:
+                return q.popleft()
+            if self._error is not None:
+                raise self._error
+            return None
 
-    @property
-    def returncode(self) -> Optional[int]:
-        """The exit code (``-N`` if killed by signal N); None while it runs."""
-        return self._exit.returncode if self._exit else None
+    def _pump_until(self, pred: Callable[[], bool], timeout: Optional[float] = None) -> bool:
+        """Reads the stream (here, or by waiting for the thread reading it) until
+        ``pred()`` holds or the stream ended. False if ``timeout`` passed first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cv:
+            while not pred() and not self._ended:
+                if not self._reading and self._bg is None and deadline is None:
+                    self._reading = True
+                    self._cv.release()
+                    try:
+                        self._step()
+                    finally:
+                        self._cv.acquire()
+                        self._reading = False
+                        self._cv.notify_all()
+                    continue
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cv.wait(left)
+            return True
 
-    # --- output reader -------------------------------------------------------
-
-    def _start_reader(
-        self,
-        lines: Optional[Iterator[str]],
-        ctx: Optional[contextlib.ExitStack],
-        resp: Optional[httpx.Response] = None,
-    ) -> None:
-        with self._lock:
-            if self._thread is not None:
+    def _ensure_background(self) -> None:
+        with self._cv:
+            if self._bg is not None or self._ended:
                 return
-            self._resp_ctx = ctx
-            self._resp = resp
-            self._thread = threading.Thread(
-                target=self._run_reader, args=(lines,), name=f"sandlot-output-{self.info.id}", daemon=True
-            )
-            self._thread.start()
+            self._bg = threading.Thread(target=self._background, name=f"sandlot-output-{self.info.id}", daemon=True)
+            self._bg.start()
 
-    def _ensure_reader(self) -> None:
-        if self._thread is None:
-            self._start_reader(None, None)
-
-    def _run_reader(self, lines: Optional[Iterator[str]]) -> None:
-        err: Optional[BaseException] = None
-        try:
-            attempts = 0
-            while True:
+    def _background(self) -> None:
+        with self._cv:
+            while not self._ended:
+                if self._reading:  # a consumer is mid-line: it notifies when done
+                    self._cv.wait()
+                    continue
+                self._reading = True
+                self._cv.release()
                 try:
-                    if lines is None:
-                        with self._client.stream(
-                            "GET",
-                            f"{self._base}/output",
-                            params={"stdout_from": self._offsets["stdout"], "stderr_from": self._offsets["stderr"]},
-                        ) as resp:
-                            self._resp = resp
-                            if self._closing:
-                                break
-                            self._consume(resp.iter_lines())
-                    else:
-                        try:
-                            self._consume(lines)
-                        finally:
-                            lines = None
-                            if self._resp_ctx is not None:
-                                self._resp_ctx.close()
-                    if self._exited.is_set() or self._closing:
-                        break
-                    # The stream ended without the exit (a proxy or the daemon went
-                    # away): re-attach from our offsets; a stopped sandbox answers 409.
-                    attempts += 1
-                    if attempts > _RECONNECTS:
-                        break
-                    time.sleep(0.1 * attempts)
-                except (httpx.TransportError, errors.SandlotError) as e:
-                    if isinstance(e, errors.APIError) or self._closing or self._exited.is_set():
-                        raise
-                    attempts += 1
-                    if attempts > _RECONNECTS:
-                        raise
-                    time.sleep(0.1 * attempts)  # the connection broke: re-attach from our offsets
-        except BaseException as e:  # noqa: BLE001 - handed to the consumer
-            err = e if not self._closing else None
-        finally:
-            if err is None and not self._exited.is_set() and not self._closing:
-                err = errors.SandlotError(
-                    f"the output stream of process {self.info.id} ended before it exited (was the sandbox stopped?)"
-                )
-            self._error = err
-            for name, pipe in self._pipes.items():
-                self._flush_callback(name)
-                pipe.close(err if not self._exited.is_set() else None)
-            self._merged.close(err if not self._exited.is_set() else None)
-            self._done.set()
-            self._exited.set()
+                    self._step()
+                finally:
+                    self._cv.acquire()
+                    self._reading = False
+                    self._cv.notify_all()
 
-    def _consume(self, lines: Iterable[str]) -> None:
-        for line in lines:
-            if self._closing:
+    def _step(self) -> None:
+        """Reads and dispatches one line (opening or re-opening the stream as
+        needed); marks the stream ended at its end or on an error. Called by one
+        thread at a time, without the lock."""
+        try:
+            if self._lines is None:
+                self._open()
+            assert self._lines is not None
+            try:
+                line = next(self._lines)
+            except StopIteration:
+                self._close_source()
+                if self._exit_seen or self._closing:
+                    self._finish(None)
+                else:
+                    # Ended without the exit (a proxy or the daemon went away):
+                    # re-attach from our offsets; a stopped sandbox answers 409.
+                    self._retry(None)
                 return
-            if not line:
-                continue
-            ev = json.loads(line)
-            kind = ev.get("type")
-            if kind in ("stdout", "stderr"):
-                self._deliver(decode_chunk(ev))
-            elif kind == "exit":
+            if line:
+                self._dispatch(json.loads(line))
+        except (httpx.TransportError, httpx.StreamError, errors.SandlotError) as e:
+            self._close_source()
+            if self._closing:
+                self._finish(None)
+            elif isinstance(e, errors.APIError) or self._exit_seen:
+                self._finish(e)
+            else:
+                self._retry(e)
+        except BaseException as e:
+            self._close_source()
+            self._finish(e)
+            raise
+
+    def _open(self) -> None:
+        stack = contextlib.ExitStack()
+        try:
+            resp = stack.enter_context(
+                self._client.stream(
+                    "GET",
+                    f"{self._base}/output",
+                    params={"stdout_from": self._offsets["stdout"], "stderr_from": self._offsets["stderr"]},
+                )
+            )
+        except BaseException:
+            stack.close()
+            raise
+        self._lines, self._stack, self._resp = resp.iter_lines(), stack, resp
+
+    def _close_source(self) -> None:
+        stack, self._stack, self._lines, self._resp = self._stack, None, None, None
+        if stack is not None:
+            with contextlib.suppress(Exception):
+                stack.close()
+
+    def _retry(self, e: Optional[BaseException]) -> None:
+        self._attempts += 1
+        if self._attempts > _RECONNECTS:
+            self._finish(e)
+        else:
+            time.sleep(0.1 * self._attempts)
+
+    def _finish(self, e: Optional[BaseException]) -> None:
+        if e is None and not self._exit_seen and not self._closing:
+            e = errors.SandlotError(
+                f"the output stream of process {self.info.id} ended before it exited (was the sandbox stopped?)"
+            )
+        for name in ("stdout", "stderr"):
+            self._flush_callback(name)
+        with self._cv:
+            self._error = None if self._closing else e
+            self._ended = True
+            self._cv.notify_all()
+
+    def _dispatch(self, ev: Dict[str, Any]) -> None:
+        kind = ev.get("type")
+        if kind in ("stdout", "stderr"):
+            self._deliver(decode_chunk(ev))
+        elif kind == "exit":
+            with self._cv:
                 self._exit = ExitStatus.from_json(ev.get("exit") or {})
-                self._exited.set()
-            elif kind == "error":
-                raise errors.from_stream_error(ev.get("error") or {})
-            elif kind == "attached":
+                self._exit_seen = True
+                self._cv.notify_all()
+        elif kind == "error":
+            raise errors.from_stream_error(ev.get("error") or {})
+        elif kind == "attached":
+            with self._cv:
                 self._offsets["stdout"] = max(self._offsets["stdout"], int(ev.get("stdout_from", 0)))
                 self._offsets["stderr"] = max(self._offsets["stderr"], int(ev.get("stderr_from", 0)))
-            elif kind == "started" and "process" in ev:
-                self.info = ProcessInfo.from_json(ev["process"])
+        elif kind == "started" and "process" in ev:
+            self.info = ProcessInfo.from_json(ev["process"])
 
     def _deliver(self, c: OutputChunk) -> None:
-        seen = self._offsets[c.stream]
-        data = c.data
-        if c.offset + len(data) <= seen:
-            return  # already delivered before a re-attach
-        if c.offset < seen:
-            data = data[seen - c.offset :]
-        self._offsets[c.stream] = c.offset + len(c.data)
-        chunk = OutputChunk(stream=c.stream, data=data, offset=c.offset + len(c.data) - len(data))
-        with self._mode_lock:
+        with self._cv:
+            seen = self._offsets[c.stream]
+            data = c.data
+            if c.offset + len(data) <= seen:
+                return  # already delivered before a re-attach
+            if c.offset < seen:
+                data = data[seen - c.offset :]
+            self._offsets[c.stream] = c.offset + len(c.data)
+            chunk = OutputChunk(stream=c.stream, data=data, offset=c.offset + len(c.data) - len(data))
             if self._mode is None:
                 self._pending.append(chunk)
             else:
                 self._route(chunk)
+            self._cv.notify_all()
         cb = self._callbacks[c.stream]
         if cb is not None:
             text = self._decoders[c.stream].decode(data)
@@ -375,15 +408,17 @@ class Process:
         """Waits for the exit and returns the return code. Raises
         ``ProcessTimeoutError`` if ``timeout`` seconds pass first (it keeps running)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        self._ensure_reader()
-        if not self._exited.wait(timeout):
+        if timeout is not None:
+            self._ensure_background()
+        if not self._pump_until(lambda: self._exit_seen, timeout):
             raise errors.ProcessTimeoutError(
                 f"process {self.info.id} ({self.info.argv!r}) still runs after {timeout}s"
             )
-        if self._exit is None and isinstance(self._error, errors.GoneError):
+        if not self._exit_seen and isinstance(self._error, errors.GoneError):
             # Its output is no longer retained; the exit status still is.
             self._exit = self._wait_api(deadline)
-        if self._exit is None:
+            self._exit_seen = True
+        if not self._exit_seen or self._exit is None:
             raise self._error or errors.SandlotError(f"process {self.info.id}: no exit status")
         return self._exit.returncode
 
@@ -400,12 +435,11 @@ class Process:
 
     def poll(self) -> Optional[int]:
         """The return code if it has exited, else None (never blocks)."""
-        if self._exit is None and self._thread is None:
-            info = ProcessInfo.from_json(self._client.json("GET", self._base))
-            self.info = info
-            if info.exit is not None:
-                self._exit = info.exit
-        return self.returncode
+        if self._exit_seen:
+            return self.returncode
+        info = ProcessInfo.from_json(self._client.json("GET", self._base))
+        self.info = info
+        return info.exit.returncode if info.exit is not None else None
 
     def refresh(self) -> ProcessInfo:
         self.info = ProcessInfo.from_json(self._client.json("GET", self._base))
@@ -428,9 +462,8 @@ class Process:
     def iter_output(self) -> Iterator[OutputChunk]:
         """Stdout and stderr chunks in arrival order (instead of ``stdout``/``stderr``)."""
         self._choose("merged")
-        self._ensure_reader()
         while True:
-            c = self._merged.read_chunk()
+            c = self._take("merged")
             if c is None:
                 return
             yield c
@@ -446,12 +479,18 @@ class Process:
     def close(self) -> None:
         """Stops reading its output and closes the connection (the process keeps
         running; re-attach with ``Sandbox.process(id)``)."""
-        self._closing = True
-        resp = self._resp
+        with self._cv:
+            self._closing = True
+            resp = self._resp
+            reading = self._reading
         if resp is not None:
             _interrupt(resp)
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=5)
+        if not reading:
+            self._close_source()
+            self._finish(None)
+        bg = self._bg
+        if bg is not None and bg is not threading.current_thread():
+            bg.join(timeout=5)
 
 
 def _interrupt(resp: httpx.Response) -> None:
@@ -847,8 +886,6 @@ class Sandbox:
         if background:
             info = ProcessInfo.from_json(self._client.json("POST", path, json=body))
             proc = Process(self, info, on_stdout=on_stdout, on_stderr=on_stderr)
-            if on_stdout or on_stderr:
-                proc._ensure_reader()
         else:
             stack = contextlib.ExitStack()
             try:
@@ -862,8 +899,11 @@ class Sandbox:
             except BaseException:
                 stack.close()
                 raise
-            proc = Process(self, ProcessInfo.from_json(first["process"]), on_stdout=on_stdout, on_stderr=on_stderr)
-            proc._start_reader(lines, stack, resp)
+            proc = Process(self, ProcessInfo.from_json(first["process"]))
+            proc._adopt(lines, stack, resp)
+            proc._callbacks = {"stdout": on_stdout, "stderr": on_stderr}
+            if on_stdout is not None or on_stderr is not None:
+                proc._ensure_background()
         if want_stdin and stdin is not True:
             assert proc.stdin is not None
             proc.stdin.write(stdin)  # type: ignore[arg-type]
