@@ -157,8 +157,8 @@ def main() -> None:
             for _, f in runs:
                 f()
         res = {"sdk": [], "raw": []}  # type: ignore[var-annotated]
-        for _ in range(a.n):
-            for name, f in runs:
+        for i in range(a.n):
+            for name, f in runs if i % 2 == 0 else runs[::-1]:  # each goes first half the time
                 res[name].append(f())
         table(f"create -> first output, n={a.n} sequential each, alternating ({client.url})", res)
         # The same without the create: exec -> first output in one running sandbox.
@@ -167,9 +167,13 @@ def main() -> None:
             ex = {"sdk": [], "raw": []}  # type: ignore[var-annotated]
             for _ in range(a.warmup):
                 exec_sdk(sb), exec_raw(http, sb.id)
-            for _ in range(a.n):
-                ex["sdk"].append(exec_sdk(sb))
-                ex["raw"].append(exec_raw(http, sb.id))
+            for i in range(a.n):
+                if i % 2 == 0:
+                    ex["sdk"].append(exec_sdk(sb))
+                    ex["raw"].append(exec_raw(http, sb.id))
+                else:
+                    ex["raw"].append(exec_raw(http, sb.id))
+                    ex["sdk"].append(exec_sdk(sb))
         finally:
             sb.terminate()
         table(f"exec -> first output in a running sandbox, n={a.n} each, alternating", ex)

@@ -28,6 +28,15 @@ import sandlot
 REPO = Path(__file__).resolve().parents[3]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # A SIGTERM (a CI timeout, `timeout pytest`) runs the teardown like ^C does, so
+    # the daemon's sandboxes are deleted instead of outliving the run.
+    def on_term(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_term)
+
+
 def sandlot_bin() -> str:
     b = os.environ.get("SANDLOT_BIN") or str(REPO / "target" / "debug" / "sandlot")
     if not os.access(b, os.X_OK):
@@ -135,6 +144,9 @@ def _start() -> Daemon:
         stdout=subprocess.DEVNULL,
         stderr=log,
         env={**os.environ, "SANDLOT_LOG": "info"},
+        # Its own session: a signal to the test's process group (^C, `timeout`)
+        # must not stop it before the teardown has deleted its sandboxes.
+        start_new_session=True,
     )
     log.close()
     daemon = Daemon(bin=b, dir=d, socket=sock, port=port, prefix=prefix, proc=proc)

@@ -174,6 +174,17 @@ def test_stdin_streams_large_input(sb):  # type: ignore[no-untyped-def]
         p.stdin.write(b"late")
 
 
+def test_stdin_echoed_back_does_not_deadlock(sb):  # type: ignore[no-untyped-def]
+    # cat writes back everything while we are still writing and not reading:
+    # its output must keep flowing, or both sides would block.
+    blob = os.urandom(6 * 1024 * 1024)
+    p = sb.exec("cat", stdin=True)
+    p.stdin.write(blob)
+    p.stdin.close()
+    assert p.stdout.read_bytes() == blob
+    assert p.wait(timeout=30) == 0
+
+
 def test_stdin_data_argument(sb):  # type: ignore[no-untyped-def]
     assert sb.run("tr a-z A-Z", stdin="hello\n").stdout == "HELLO\n"
     assert sb.run(["wc", "-c"], stdin=b"\x00" * 1000).stdout.strip() == "1000"
