@@ -151,7 +151,7 @@ pub async fn serve(
     tracing::info!(socket = %state.cfg.socket.display(), listen = ?state.cfg.listen, "sandlot daemon listening");
     let e2b_task = match e2b_listener {
         Some(l) => {
-            let front = e2b::E2b::new(state.clone(), state.cfg.e2b.clone())
+            let front = e2b::E2b::new(state.clone(), state.cfg.e2b.clone(), stop_rx.clone())
                 .map_err(io("create the e2b key in", &state.cfg.data_dir))?;
             tracing::info!(listen = ?state.cfg.e2b.listen, "E2B-compatible API listening");
             let srv = axum::serve(l, e2b::router(front))

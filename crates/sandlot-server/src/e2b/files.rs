@@ -354,7 +354,9 @@ async fn watch_stream(
     let guard = ctx.h.active();
     let period =
         connect::keepalive_interval(headers).unwrap_or(std::time::Duration::from_secs(3600));
+    let stop = ctx.e2b.stopping();
     tokio::spawn(async move {
+        tokio::pin!(stop);
         let _guard = guard;
         if !tx.send(&json!({"start": {}})).await {
             return;
@@ -382,6 +384,10 @@ async fn watch_stream(
                     }
                 }
                 _ = tx.closed() => return,
+                _ = &mut stop => {
+                    tx.end(Some(E2b::shutdown_error())).await;
+                    return;
+                }
             }
         }
         tx.end(None).await;

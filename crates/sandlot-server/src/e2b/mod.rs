@@ -117,11 +117,19 @@ pub struct E2b {
     users: Mutex<HashMap<String, String>>,
     pub procs: process::ProcMeta,
     pub watchers: files::Watchers,
+    /// Becomes true when the daemon stops: open streams end so that the
+    /// listener's graceful shutdown completes.
+    stop: tokio::sync::watch::Receiver<bool>,
 }
 
 impl E2b {
-    /// Loads (or creates) the token key under the data directory.
-    pub fn new(app: Arc<AppState>, cfg: E2bConfig) -> std::io::Result<Arc<E2b>> {
+    /// Loads (or creates) the token key under the data directory. `stop` turns
+    /// true when the daemon shuts down.
+    pub fn new(
+        app: Arc<AppState>,
+        cfg: E2bConfig,
+        stop: tokio::sync::watch::Receiver<bool>,
+    ) -> std::io::Result<Arc<E2b>> {
         use std::io::Write;
         use std::os::unix::fs::OpenOptionsExt;
         let path = app.cfg.data_dir.join("e2b.key");
@@ -146,7 +154,24 @@ impl E2b {
             users: Mutex::new(HashMap::new()),
             procs: process::ProcMeta::default(),
             watchers: files::Watchers::default(),
+            stop,
         }))
+    }
+
+    /// Resolves when the daemon shuts down.
+    pub fn stopping(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut rx = self.stop.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    }
+
+    /// The error that ends a stream when the daemon shuts down.
+    pub fn shutdown_error() -> connect::ConnectError {
+        connect::ConnectError::new(
+            connect::Code::Unavailable,
+            "the Sandlot daemon is shutting down; the sandbox keeps running (reconnect when it is back)",
+        )
     }
 
     /// The envd access token of a sandbox (`X-Access-Token`): a keyed hash of its

@@ -435,12 +435,13 @@ async fn start(ctx: Ctx, req: StartRequest, headers: &HeaderMap) -> Result<Respo
     let keepalive = connect::keepalive_interval(headers);
     let h = ctx.h.clone();
     let (pid, is_pty) = (entry.pid, entry.pty);
+    let stop = ctx.e2b.stopping();
     tokio::spawn(async move {
         let _guard = h.active();
         if !tx.send(&start_event(pid)).await {
             return;
         }
-        pump(tx, Source::Sup(rx), is_pty, keepalive, &h.id).await;
+        pump(tx, Source::Sup(rx), is_pty, keepalive, &h.id, stop).await;
     });
     Ok(resp)
 }
@@ -456,12 +457,13 @@ async fn attach(
     let keepalive = connect::keepalive_interval(headers);
     let h = ctx.h.clone();
     let (pid, is_pty) = (f.pid(), f.pty());
+    let stop = ctx.e2b.stopping();
     tokio::spawn(async move {
         let _guard = h.active();
         if !tx.send(&start_event(pid)).await {
             return;
         }
-        pump(tx, src, is_pty, keepalive, &h.id).await;
+        pump(tx, src, is_pty, keepalive, &h.id, stop).await;
     });
     Ok(resp)
 }
@@ -473,7 +475,9 @@ async fn pump(
     pty: bool,
     keepalive: Option<Duration>,
     sandbox: &str,
+    stop: impl std::future::Future<Output = ()>,
 ) {
+    tokio::pin!(stop);
     let mut end: Option<Value> = None;
     let mut drain_until = tokio::time::Instant::now();
     let period = keepalive.unwrap_or(Duration::from_secs(3600));
@@ -508,6 +512,10 @@ async fn pump(
                 }
             }
             _ = tx.closed() => return,
+            _ = &mut stop => {
+                tx.end(Some(super::E2b::shutdown_error())).await;
+                return;
+            }
         }
     }
     match end {
