@@ -9,5 +9,6 @@ bash scripts/setup.sh
 if ! /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-matplotlib >/dev/null
 fi
-cargo build --release -p sandlot
+# The embedding model (default feature `memory`) plays no part in these paths.
+cargo build --release -p sandlot --no-default-features
 exec target/release/sandlot bench platform --out bench-out "$@"

@@ -58,14 +58,22 @@ impl Default for PoolConfig {
 /// Largest pool size accepted (each ready sandbox holds a uid range slot).
 pub const MAX_POOL_SIZE: usize = 1024;
 
-/// The part of a spec a pooled sandbox is made of, as comparable data.
+/// The part of a spec a pooled sandbox is made of, as comparable data. The
+/// network counts by mode only: a claim replaces the pooled sandbox's policy with
+/// the request's (the rules live on the host, not in the sandbox).
 pub fn shape(spec: &SandboxSpec) -> serde_json::Value {
+    serde_json::to_value(template(spec)).unwrap_or(serde_json::Value::Null)
+}
+
+/// `spec` without the fields a claim sets.
+fn template(spec: &SandboxSpec) -> SandboxSpec {
     let mut s = spec.clone();
     s.env.clear();
     s.workdir = None;
     s.user = SandboxSpec::default().user;
     s.timeout = None;
-    serde_json::to_value(&s).unwrap_or(serde_json::Value::Null)
+    s.network.allow.clear();
+    s
 }
 
 /// A ready sandbox waiting in a pool.
@@ -117,12 +125,8 @@ impl Pools {
             .enumerate()
             .filter(|(_, c)| c.size > 0)
             .map(|(i, c)| {
-                let mut spec = c.spec.clone();
                 // The shape decides; the template's per-request fields do not matter.
-                spec.env.clear();
-                spec.workdir = None;
-                spec.user = SandboxSpec::default().user;
-                spec.timeout = None;
+                let spec = template(&c.spec);
                 Arc::new(Pool {
                     name: c.name.clone().unwrap_or_else(|| format!("pool{i}")),
                     shape: shape(&spec),
@@ -244,9 +248,17 @@ impl Pools {
     }
 }
 
-/// Hands a claimed sandbox the request's process defaults, computed exactly as
-/// the runtime computes them for a cold start of `spec`.
-pub async fn configure(w: &Warm, spec: &SandboxSpec) -> Result<(), String> {
+/// Hands a claimed sandbox to a request: its network policy (for a mode with a
+/// network slot) and its process defaults, computed exactly as the runtime computes
+/// them for a cold start of `spec`.
+pub async fn configure(state: &Arc<AppState>, w: &Warm, spec: &SandboxSpec) -> Result<(), String> {
+    if spec.network.mode != sandlot_proto::spec::NetworkMode::None {
+        let (st, id, net) = (state.clone(), w.id.clone(), spec.network.clone());
+        tokio::task::spawn_blocking(move || crate::network::update(&st, &id, &net))
+            .await
+            .map_err(|e| format!("network policy task: {e}"))?
+            .map_err(|e| format!("set the network policy: {}", e.message))?;
+    }
     let hostname = sandlot_runtime::namespace::sandbox_hostname(&w.id, spec);
     let setup = sandlot_runtime::namespace::agent_setup(
         &hostname,
@@ -369,6 +381,11 @@ mod tests {
             r#"{"env":{"A":"1"},"workdir":"/tmp","user":"1000","timeout":"10m"}"#,
         );
         assert_eq!(shape(&base), shape(&custom));
+        // An allow policy's rules are set at claim; its mode is part of the shape.
+        let a = spec(r#"{"network":{"mode":"allow","allow":[{"domain":"a.test"}]}}"#);
+        let b = spec(r#"{"network":{"mode":"allow","allow":[{"cidr":"192.0.2.0/24"}]}}"#);
+        assert_eq!(shape(&a), shape(&b));
+        assert_ne!(shape(&a), shape(&base));
     }
 
     #[test]

@@ -24,6 +24,11 @@ size = 2
 name = "small"
 size = 1
 spec = { resources = { memory = "128M" }, hostname = "pooled" }
+
+[[pools]]
+name = "net"
+size = 1
+spec = { network = { mode = "allow" } }
 "#;
 
 fn body(v: serde_json::Value) -> CreateSandbox {
@@ -101,6 +106,22 @@ fn issue6_pool_claims_are_single_use_and_take_request_defaults() {
             Some(1)
         );
 
+        // A pooled network slot takes the request's allow rules at claim.
+        wait_ready(&c, "net", 1).await;
+        let net = c
+            .create_sandbox(&body(json!({"network": {"mode": "allow",
+                "allow": [{"domain": "pooled.test", "ports": [443]}]}})))
+            .await
+            .unwrap();
+        assert_eq!(
+            pool_metric(&c, "sandlot_pool_hits_total", "net").await,
+            Some(1)
+        );
+        let policy = c.get_network(&net.id).await.unwrap();
+        assert_eq!(policy["mode"], "allow", "{policy}");
+        assert_eq!(policy["allow"][0]["domain"], "pooled.test", "{policy}");
+        c.delete_sandbox(&net.id).await.unwrap();
+
         // Concurrent claims beyond the pool's size: every sandbox is distinct and
         // sees only its own files (none is handed out twice).
         let creates = (0..4).map(|_| {
@@ -166,6 +187,7 @@ fn issue6_unclaimed_pool_sandboxes_are_swept_after_kill9() {
     let before: Vec<String> = rt().block_on(async {
         wait_ready(&c, "default", 2).await;
         wait_ready(&c, "small", 1).await;
+        wait_ready(&c, "net", 1).await;
         d.leftovers()
     });
     let run_dirs = |l: &[String]| -> BTreeSet<String> {
@@ -175,7 +197,7 @@ fn issue6_unclaimed_pool_sandboxes_are_swept_after_kill9() {
             .collect()
     };
     let old = run_dirs(&before);
-    assert_eq!(old.len(), 3, "three pooled sandboxes: {before:?}");
+    assert_eq!(old.len(), 4, "four pooled sandboxes: {before:?}");
     d.kill9();
     // They outlive the daemon (nobody claimed them; no record exists)...
     assert_eq!(run_dirs(&d.leftovers()), old);
@@ -184,9 +206,10 @@ fn issue6_unclaimed_pool_sandboxes_are_swept_after_kill9() {
     rt().block_on(async {
         wait_ready(&c, "default", 2).await;
         wait_ready(&c, "small", 1).await;
+        wait_ready(&c, "net", 1).await;
         // ...and the restarted daemon removed them and started fresh ones.
         let now = run_dirs(&d.leftovers());
-        assert_eq!(now.len(), 3, "{now:?}");
+        assert_eq!(now.len(), 4, "{now:?}");
         assert!(now.is_disjoint(&old), "old {old:?} now {now:?}");
         // Nothing shows up as a sandbox of any tenant.
         let listed = c
