@@ -7,6 +7,7 @@ import collections
 import contextlib
 import json
 import os
+import queue
 import tarfile
 import tempfile
 import threading
@@ -50,6 +51,40 @@ Callback = Callable[[str], Any]
 
 _CHUNK = 256 * 1024
 _RECONNECTS = 3
+
+
+class _Readers:
+    """Daemon threads that read output streams in the background, reused (no
+    thread start per process); one more is started when none is idle."""
+
+    thread_name = "sandlot-output"
+
+    def __init__(self) -> None:
+        self._q: "queue.SimpleQueue[Callable[[], None]]" = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+
+    def submit(self, fn: Callable[[], None]) -> None:
+        with self._lock:
+            spawn = self._idle == 0
+            if not spawn:
+                self._idle -= 1
+        self._q.put(fn)
+        if spawn:
+            threading.Thread(target=self._work, name=self.thread_name, daemon=True).start()
+
+    def _work(self) -> None:
+        while True:
+            fn = self._q.get()
+            try:
+                fn()
+            except BaseException:  # noqa: BLE001 - the process records its own errors
+                pass
+            with self._lock:
+                self._idle += 1
+
+
+_READERS = _Readers()
 
 
 class OutputStream:
@@ -164,7 +199,8 @@ class Process:
         self._ended = False
         self._error: Optional[BaseException] = None
         self._reading = False
-        self._bg: Optional[threading.Thread] = None
+        self._bg = False
+        self._bg_done = threading.Event()
         self._closing = False
         self._lines: Optional[Iterator[str]] = None
         self._stack: Optional[contextlib.ExitStack] = None
@@ -243,7 +279,7 @@ class Process:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cv:
             while not pred() and not self._ended:
-                if not self._reading and self._bg is None and deadline is None:
+                if not self._reading and not self._bg and deadline is None:
                     self._reading = True
                     self._cv.release()
                     try:
@@ -261,25 +297,28 @@ class Process:
 
     def _ensure_background(self) -> None:
         with self._cv:
-            if self._bg is not None or self._ended:
+            if self._bg or self._ended:
                 return
-            self._bg = threading.Thread(target=self._background, name=f"sandlot-output-{self.info.id}", daemon=True)
-            self._bg.start()
+            self._bg = True
+        _READERS.submit(self._background)
 
     def _background(self) -> None:
-        with self._cv:
-            while not self._ended:
-                if self._reading:  # a consumer is mid-line: it notifies when done
-                    self._cv.wait()
-                    continue
-                self._reading = True
-                self._cv.release()
-                try:
-                    self._step()
-                finally:
-                    self._cv.acquire()
-                    self._reading = False
-                    self._cv.notify_all()
+        try:
+            with self._cv:
+                while not self._ended:
+                    if self._reading:  # a consumer is mid-line: it notifies when done
+                        self._cv.wait()
+                        continue
+                    self._reading = True
+                    self._cv.release()
+                    try:
+                        self._step()
+                    finally:
+                        self._cv.acquire()
+                        self._reading = False
+                        self._cv.notify_all()
+        finally:
+            self._bg_done.set()
 
     def _step(self) -> None:
         """Reads and dispatches one line (opening or re-opening the stream as
@@ -420,6 +459,10 @@ class Process:
             self._exit_seen = True
         if not self._exit_seen or self._exit is None:
             raise self._error or errors.SandlotError(f"process {self.info.id}: no exit status")
+        if not self._ended:
+            # Read the rest (output of descendants, the end of the stream) in the
+            # background, so the connection goes back to the pool once it ends.
+            self._ensure_background()
         return self._exit.returncode
 
     def _wait_api(self, deadline: Optional[float]) -> ExitStatus:
@@ -488,9 +531,8 @@ class Process:
         if not reading:
             self._close_source()
             self._finish(None)
-        bg = self._bg
-        if bg is not None and bg is not threading.current_thread():
-            bg.join(timeout=5)
+        if self._bg and threading.current_thread().name != _READERS.thread_name:
+            self._bg_done.wait(timeout=5)
 
 
 def _interrupt(resp: httpx.Response) -> None:
