@@ -55,8 +55,15 @@ def test_exists_info_rename_remove_make_dir(sbx):
     assert moved.path == "/tmp/x/y/g.txt"
     assert not sbx.files.exists("/tmp/x/f.txt")
     assert sbx.files.read("/tmp/x/y/g.txt") == "abc"
+    # Like envd: a rename creates the destination's parents.
+    sbx.files.rename("/tmp/x/y/g.txt", "/tmp/x/new/deeper/g.txt")
+    assert sbx.files.read("/tmp/x/new/deeper/g.txt") == "abc"
     sbx.files.remove("/tmp/x")
     assert not sbx.files.exists("/tmp/x")
+    # ...and removing what is not there succeeds, as with envd.
+    sbx.files.remove("/tmp/x")
+    with pytest.raises(FileNotFoundException):
+        sbx.files.rename("/tmp/x", "/tmp/elsewhere")
 
 
 def test_missing_files_and_users(sbx):

@@ -239,6 +239,24 @@ pub async fn call(
         "Move" => {
             let from = ctx.path(&r.source)?;
             let to = ctx.path(&r.destination)?;
+            // envd creates the destination's parent directories.
+            let parent = to.rsplit_once('/').map(|(d, _)| d).unwrap_or("");
+            if !parent.is_empty() {
+                match ctx
+                    .h
+                    .guest
+                    .mkdir(MkdirRequest {
+                        user: ctx.user.clone(),
+                        ..MkdirRequest::new(parent, true)
+                    })
+                    .await
+                    .map_err(guest_err(parent))
+                {
+                    Ok(()) => {}
+                    Err(e) if e.code == Code::AlreadyExists => {}
+                    Err(e) => return Err(e),
+                }
+            }
             ctx.h
                 .guest
                 .rename(RenameRequest {
@@ -251,15 +269,20 @@ pub async fn call(
         }
         "Remove" => {
             let p = ctx.path(&r.path)?;
-            ctx.h
+            let r = ctx
+                .h
                 .guest
                 .remove(RemoveRequest {
                     user: ctx.user.clone(),
                     ..RemoveRequest::new(&p, true)
                 })
                 .await
-                .map_err(guest_err(&p))?;
-            ok(json!({}))
+                .map_err(guest_err(&p));
+            match r {
+                // Like envd (`os.RemoveAll`), removing what is not there succeeds.
+                Err(e) if e.code != Code::NotFound => Err(e),
+                _ => ok(json!({})),
+            }
         }
         "ListDir" => {
             let p = ctx.path(&r.path)?;
