@@ -349,6 +349,11 @@ class Process:
                 self._finish(e)
             else:
                 self._retry(e)
+        except (KeyboardInterrupt, SystemExit):
+            # Interrupted mid-read: the connection is unusable, the process is
+            # not; the next read re-attaches from the offsets received.
+            self._close_source()
+            raise
         except BaseException as e:
             self._close_source()
             self._finish(e)
