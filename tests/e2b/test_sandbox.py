@@ -158,3 +158,25 @@ def test_quota_is_a_rate_limit_error(server):
         first.kill()
     # The slot is free again once the first one is gone.
     Sandbox.create(api_key=server.key_q, timeout=30).kill()
+
+
+def test_rest_logs_and_v1_routes(server):
+    h = {"X-API-Key": server.key}
+    r = httpx.post(server.url + "/sandboxes", headers=h, json={"templateID": "base", "timeout": 30})
+    assert r.status_code == 201, r.text
+    sid = r.json()["sandboxID"]
+    assert r.json()["envdVersion"] and r.json()["envdAccessToken"]
+    try:
+        listed = httpx.get(server.url + "/sandboxes", headers=h).json()
+        assert sid in {s["sandboxID"] for s in listed}
+        logs = httpx.get(server.url + f"/sandboxes/{sid}/logs", headers=h).json()
+        assert any("created" in line["line"] for line in logs["logs"]), logs
+        v2 = httpx.get(server.url + f"/v2/sandboxes/{sid}/logs", headers=h).json()
+        assert v2["logs"] and v2["logs"][0]["level"] == "info"
+        r = httpx.post(server.url + f"/sandboxes/{sid}/refreshes", headers=h, json={"duration": 120})
+        assert r.status_code == 204
+        r = httpx.post(server.url + f"/sandboxes/{sid}/pause", headers=h)
+        assert r.status_code == 501 and r.json()["code"] == 501
+    finally:
+        assert httpx.delete(server.url + f"/sandboxes/{sid}", headers=h).status_code == 204
+    assert httpx.delete(server.url + f"/sandboxes/{sid}", headers=h).status_code == 404
