@@ -64,6 +64,15 @@ def _raise_for(resp: httpx.Response, body: bytes) -> None:
     raise errors.from_body(resp.status_code, parsed, resp.headers.get("x-request-id"), fallback)
 
 
+# Errors of a request sent on a pooled connection the server closed meanwhile.
+_STALE = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+
+
+def _replayable(method: str, content: Any) -> bool:
+    """Safe to send again: idempotent, and the body (if any) is in memory."""
+    return method in ("GET", "HEAD", "DELETE", "PUT") and (content is None or isinstance(content, bytes))
+
+
 def _connect_error(where: str, e: Exception) -> errors.ConnectError:
     return errors.ConnectError(
         f"cannot reach the Sandlot daemon at {where}: {e} "
@@ -130,9 +139,18 @@ class Client(_Base):
     ) -> httpx.Response:
         """One request; raises the typed error for a non-2xx answer."""
         try:
-            resp = self._http.request(
-                method, path, params=params, json=json, content=content, headers=headers, timeout=timeout
-            )
+            try:
+                resp = self._http.request(
+                    method, path, params=params, json=json, content=content, headers=headers, timeout=timeout
+                )
+            except _STALE as e:
+                if not _replayable(method, content):
+                    raise
+                # A pooled keep-alive connection the daemon had just closed: once more.
+                del e
+                resp = self._http.request(
+                    method, path, params=params, json=json, content=content, headers=headers, timeout=timeout
+                )
         except httpx.TransportError as e:
             if isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout)):
                 raise _connect_error(self.url, e) from e
@@ -230,9 +248,17 @@ class AsyncClient(_Base):
         timeout: Any = httpx.USE_CLIENT_DEFAULT,
     ) -> httpx.Response:
         try:
-            resp = await self._http.request(
-                method, path, params=params, json=json, content=content, headers=headers, timeout=timeout
-            )
+            try:
+                resp = await self._http.request(
+                    method, path, params=params, json=json, content=content, headers=headers, timeout=timeout
+                )
+            except _STALE as e:
+                if not _replayable(method, content):
+                    raise
+                del e
+                resp = await self._http.request(
+                    method, path, params=params, json=json, content=content, headers=headers, timeout=timeout
+                )
         except httpx.TransportError as e:
             if isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout)):
                 raise _connect_error(self.url, e) from e
