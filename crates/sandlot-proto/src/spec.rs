@@ -85,6 +85,76 @@ pub struct SandboxSpec {
     pub timeout: Option<Seconds>,
     #[serde(default)]
     pub network: NetworkSpec,
+    /// Named volumes of the daemon, mounted at create.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<VolumeMount>,
+    /// Named secrets of the daemon, injected at create as variables or files.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<SecretRef>,
+}
+
+/// A named volume mounted into a sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeMount {
+    pub name: String,
+    /// Absolute path in the sandbox.
+    pub target: String,
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+/// A named secret injected into a sandbox: exactly one of `env` (a variable name)
+/// or `path` (a file under `/run/secrets/`, mode 0400).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecretRef {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+}
+
+impl std::fmt::Debug for SecretRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SecretRef")
+            .field("name", &self.name)
+            .field("env", &self.env)
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+/// Names of volumes and secrets: 1 to 64 letters, digits, '-', '_' or '.', not
+/// starting with '.' or '-'.
+pub fn valid_object_name(n: &str) -> bool {
+    !n.is_empty()
+        && n.len() <= 64
+        && n.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+        && !n.starts_with(['.', '-'])
+}
+
+/// Where secret files go in a sandbox.
+pub const SECRETS_DIR: &str = "/run/secrets";
+
+/// Image references: `host`, a name (`team/app:1.0`, `127.0.0.1:5000/app`), or an
+/// id (`sha256:...`). Resolved against the image store by the daemon or CLI.
+fn check_image_ref(r: &str) -> Result<(), SpecError> {
+    let ok = !r.is_empty()
+        && r.len() <= 255
+        && r.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-/:@".contains(&b))
+        && !r.starts_with(['/', ':', '.', '-']);
+    if ok {
+        Ok(())
+    } else {
+        Err(SpecError::new(
+            "image",
+            format!("{r:?} is not an image reference (NAME[:TAG] or sha256:ID)"),
+        ))
+    }
 }
 
 fn default_image() -> String {
@@ -108,6 +178,8 @@ impl Default for SandboxSpec {
             resources: Resources::default(),
             timeout: None,
             network: NetworkSpec::default(),
+            volumes: Vec::new(),
+            secrets: Vec::new(),
         }
     }
 }
@@ -567,6 +639,87 @@ pub fn parse_user(s: &str) -> Option<UserIds> {
 }
 
 impl SandboxSpec {
+    fn validate_volumes_and_secrets(&self) -> Result<(), SpecError> {
+        if self.volumes.len() > limits::MAX_MOUNTS {
+            return Err(SpecError::new(
+                "volumes",
+                format!("at most {} volumes", limits::MAX_MOUNTS),
+            ));
+        }
+        let mut targets: std::collections::BTreeSet<String> = self
+            .mounts
+            .iter()
+            .map(|m| normalize_sandbox_path(m.target()))
+            .collect();
+        for (i, v) in self.volumes.iter().enumerate() {
+            if !valid_object_name(&v.name) {
+                return Err(SpecError::new(
+                    format!("volumes[{i}].name"),
+                    format!("{:?}: use 1 to 64 letters, digits, '-', '_' or '.'", v.name),
+                ));
+            }
+            let f = format!("volumes[{i}].target");
+            check_sandbox_path(&f, &v.target)?;
+            let t = normalize_sandbox_path(&v.target);
+            if RESERVED_TARGETS.contains(&t.as_str()) || t == SECRETS_DIR {
+                return Err(SpecError::new(
+                    f,
+                    format!("{t:?} is managed by the runtime and cannot be a mount target"),
+                ));
+            }
+            if !targets.insert(t.clone()) {
+                return Err(SpecError::new(f, format!("{t:?} is mounted twice")));
+            }
+        }
+        if self.secrets.len() > 256 {
+            return Err(SpecError::new("secrets", "at most 256 secrets"));
+        }
+        let mut paths = std::collections::BTreeSet::new();
+        for (i, s) in self.secrets.iter().enumerate() {
+            if !valid_object_name(&s.name) {
+                return Err(SpecError::new(
+                    format!("secrets[{i}].name"),
+                    format!("{:?}: use 1 to 64 letters, digits, '-', '_' or '.'", s.name),
+                ));
+            }
+            match (&s.env, &s.path) {
+                (Some(e), None) => {
+                    if !check_env_name(e) {
+                        return Err(SpecError::new(
+                            format!("secrets[{i}].env"),
+                            format!("{e:?}: variable names are letters, digits and '_', not starting with a digit"),
+                        ));
+                    }
+                }
+                (None, Some(p)) => {
+                    let f = format!("secrets[{i}].path");
+                    check_sandbox_path(&f, p)?;
+                    let n = normalize_sandbox_path(p);
+                    let inside = n
+                        .strip_prefix(SECRETS_DIR)
+                        .and_then(|r| r.strip_prefix('/'))
+                        .is_some_and(|r| !r.is_empty() && !r.contains('/'));
+                    if !inside {
+                        return Err(SpecError::new(
+                            f,
+                            format!("{p:?}: secret files go directly under {SECRETS_DIR}/"),
+                        ));
+                    }
+                    if !paths.insert(n.clone()) {
+                        return Err(SpecError::new(f, format!("{n:?} is used twice")));
+                    }
+                }
+                _ => {
+                    return Err(SpecError::new(
+                        format!("secrets[{i}]"),
+                        "give exactly one of env or path",
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Parses a spec from JSON, strictly.
     pub fn from_json(s: &str) -> Result<SandboxSpec, SpecError> {
         let spec: SandboxSpec =
@@ -588,14 +741,9 @@ impl SandboxSpec {
             return Err(SpecError::new("image", "must not be empty"));
         }
         if self.image != HOST_IMAGE {
-            return Err(SpecError::new(
-                "image",
-                format!(
-                    "unknown image {:?}: the built-in image is {HOST_IMAGE:?}, or pass a rootfs directory",
-                    self.image
-                ),
-            ));
+            check_image_ref(&self.image)?;
         }
+        self.validate_volumes_and_secrets()?;
         if let Some(r) = &self.rootfs {
             if !r.starts_with('/') {
                 return Err(SpecError::new(
@@ -812,7 +960,8 @@ mod tests {
         assert_eq!(field_of(r#"{"env":{"1X":"a"}}"#), "env.1X");
         assert_eq!(field_of(r#"{"user":"nobody!"}"#), "user");
         assert_eq!(field_of(r#"{"workdir":"tmp"}"#), "workdir");
-        assert_eq!(field_of(r#"{"image":"ubuntu"}"#), "image");
+        assert_eq!(field_of(r#"{"image":"bad image"}"#), "image");
+        assert!(SandboxSpec::from_json(r#"{"image":"team/app:1.0"}"#).is_ok());
         assert_eq!(field_of(r#"{"rootfs":"rel/dir"}"#), "rootfs");
     }
 
@@ -928,5 +1077,45 @@ mod tests {
     fn normalize_paths() {
         assert_eq!(normalize_sandbox_path("//a//b/"), "/a/b");
         assert_eq!(normalize_sandbox_path("/"), "/");
+    }
+
+    #[test]
+    fn volumes_and_secrets_are_checked() {
+        assert!(SandboxSpec::from_json(
+            r#"{"volumes":[{"name":"data","target":"/data","read_only":true}],
+                "secrets":[{"name":"tok","env":"TOKEN"},{"name":"key","path":"/run/secrets/key"}]}"#
+        )
+        .is_ok());
+        assert_eq!(
+            field_of(r#"{"volumes":[{"name":"../x","target":"/d"}]}"#),
+            "volumes[0].name"
+        );
+        assert_eq!(
+            field_of(r#"{"volumes":[{"name":"v","target":"/proc"}]}"#),
+            "volumes[0].target"
+        );
+        assert_eq!(
+            field_of(
+                r#"{"mounts":[{"type":"tmpfs","target":"/d"}],"volumes":[{"name":"v","target":"/d/"}]}"#
+            ),
+            "volumes[0].target"
+        );
+        assert_eq!(field_of(r#"{"secrets":[{"name":"s"}]}"#), "secrets[0]");
+        assert_eq!(
+            field_of(r#"{"secrets":[{"name":"s","env":"A","path":"/run/secrets/a"}]}"#),
+            "secrets[0]"
+        );
+        assert_eq!(
+            field_of(r#"{"secrets":[{"name":"s","path":"/etc/passwd"}]}"#),
+            "secrets[0].path"
+        );
+        assert_eq!(
+            field_of(r#"{"secrets":[{"name":"s","env":"1A"}]}"#),
+            "secrets[0].env"
+        );
+        assert_eq!(
+            field_of(r#"{"volumes":[{"name":"v","target":"/d","mode":"rw"}]}"#),
+            "spec"
+        );
     }
 }

@@ -257,6 +257,55 @@ impl Cgroup {
             .map(|(_, d)| d.as_path())
     }
 
+    /// Freezes (or thaws) every process of the cgroup and, when freezing, waits
+    /// until the kernel reports it frozen (v2 `cgroup.freeze` and `cgroup.events`;
+    /// v1 `freezer.state`), at most `wait`.
+    pub fn freeze(&self, frozen: bool, wait: Duration) -> Result<(), CgroupError> {
+        let (file, value, done): (PathBuf, &str, Box<dyn Fn() -> bool>) = if self.version == 2 {
+            let d = self
+                .dir_of("")
+                .ok_or_else(|| CgroupError::Unavailable("no cgroup directory".into()))?
+                .to_path_buf();
+            let ev = d.join("cgroup.events");
+            let want = if frozen { "frozen 1" } else { "frozen 0" };
+            (
+                d.join("cgroup.freeze"),
+                if frozen { "1" } else { "0" },
+                Box::new(move || {
+                    fs::read_to_string(&ev).is_ok_and(|s| s.lines().any(|l| l.trim() == want))
+                }),
+            )
+        } else {
+            let f = self
+                .dir_of("freezer")
+                .ok_or_else(|| CgroupError::Unavailable("no freezer hierarchy".into()))?
+                .join("freezer.state");
+            let want = if frozen { "FROZEN" } else { "THAWED" };
+            let g = f.clone();
+            (
+                f,
+                want,
+                Box::new(move || fs::read_to_string(&g).is_ok_and(|s| s.trim() == want)),
+            )
+        };
+        write_file(file.clone(), value)?;
+        let deadline = Instant::now() + wait;
+        while !done() {
+            if Instant::now() >= deadline {
+                if frozen {
+                    let _ = self.freeze(false, Duration::from_millis(0));
+                }
+                return Err(CgroupError::Write {
+                    path: file,
+                    value: value.to_string(),
+                    source: io::Error::new(io::ErrorKind::TimedOut, "the cgroup did not settle"),
+                });
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        Ok(())
+    }
+
     /// Moves process `pid` (0 = the caller) into every hierarchy.
     pub fn attach(&self, pid: i32) -> Result<(), CgroupError> {
         for (_, d) in &self.dirs {

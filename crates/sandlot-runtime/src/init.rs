@@ -171,10 +171,16 @@ fn helper(plan: &SandboxPlan, agent: AgentMain) -> io::Result<()> {
     // plain bind (the files then appear as nobody).
     let idmapped = match &plan.mounts.root {
         mounts::RootFs::Overlay { lower, .. } => idmap_tree(lower, pid).ok(),
-        mounts::RootFs::Tmpfs { .. } => None,
+        mounts::RootFs::Tmpfs { .. } | mounts::RootFs::Layers { .. } => None,
     };
     sys::send_with_fd(mine.as_fd(), b'g', idmapped.as_ref().map(|f| f.as_fd()))?;
     drop(idmapped);
+    // Image layers, the writable layer directory and volumes, each idmapped the same
+    // way (a failed idmap is sent as no descriptor: PID 1 binds the plain path).
+    for src in plan.mounts.idmap_sources() {
+        let tree = idmap_tree(&src, pid).ok();
+        sys::send_with_fd(mine.as_fd(), b'm', tree.as_ref().map(|f| f.as_fd()))?;
+    }
     status(&InitStatus::Pid { pid });
     Ok(())
 }
@@ -204,10 +210,17 @@ fn become_pid1(
         Some((b'g', fd)) => fd,
         _ => return Err(io::Error::other("helper died before mapping ids")),
     };
+    let mut trees = Vec::new();
+    for _ in plan.mounts.idmap_sources() {
+        match sys::recv_with_fd(sock)? {
+            Some((b'm', fd)) => trees.push(fd),
+            _ => return Err(io::Error::other("helper died while idmapping layers")),
+        }
+    }
     sys::setresgid(0)?;
     sys::setgroups_empty()?;
     sys::setresuid(0)?;
-    pid1(plan, idmapped, listener, agent)
+    pid1(plan, idmapped, trees, listener, agent)
 }
 
 fn set_cloexec(fd: i32) {
@@ -218,16 +231,21 @@ fn set_cloexec(fd: i32) {
 fn pid1(
     plan: &SandboxPlan,
     idmapped: Option<OwnedFd>,
+    mut trees: Vec<Option<OwnedFd>>,
     listener: UnixListener,
     agent: AgentMain,
 ) -> io::Result<()> {
     let tr = Trace::new(plan.trace, "pid1  ");
     // Our mounts must never propagate back to the host.
     sys::mount(None, c"/", None, libc::MS_REC | libc::MS_PRIVATE, None)?;
-    let root = mounts::mount_root(&plan.mounts.root, &plan.root_dir, idmapped)
-        .map_err(io::Error::other)?;
+    let root = match &plan.mounts.root {
+        r @ mounts::RootFs::Layers { .. } => mounts::mount_layers(r, &plan.root_dir, &mut trees),
+        r => mounts::mount_root(r, &plan.root_dir, idmapped),
+    }
+    .map_err(io::Error::other)?;
     tr.mark("root mounted");
-    mounts::apply(&plan.root_dir, &plan.mounts.ops).map_err(io::Error::other)?;
+    mounts::apply_with_trees(&plan.root_dir, &plan.mounts.ops, &mut trees)
+        .map_err(io::Error::other)?;
     tr.mark("mount plan applied");
     sys::sethostname(&plan.hostname)?;
     if !plan.netns {

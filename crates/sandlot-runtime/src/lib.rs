@@ -72,6 +72,35 @@ pub struct CreateOptions {
     /// The nameserver written to the `host` image's `/etc/resolv.conf` (with
     /// `netns`).
     pub nameserver: Option<std::net::IpAddr>,
+    /// A store image resolved by the caller (layer directories, writable layer,
+    /// config), used when the spec names an image other than `host`.
+    pub image: Option<mounts::ImageRoot>,
+    /// Named volumes: host directories bound with the identity idmap.
+    pub volumes: Vec<mounts::SharedDir>,
+    /// Secret values to inject (environment variables and files under
+    /// `/run/secrets`). Its `Debug` output names them without their values.
+    pub secrets: Secrets,
+}
+
+/// Secret values for a sandbox, redacted in `Debug` output.
+#[derive(Default, Clone)]
+pub struct Secrets {
+    /// (variable, value)
+    pub env: Vec<(String, String)>,
+    /// (path under `/run/secrets`, contents)
+    pub files: Vec<(String, String)>,
+}
+
+impl std::fmt::Debug for Secrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Secrets")
+            .field("env", &self.env.iter().map(|(k, _)| k).collect::<Vec<_>>())
+            .field(
+                "files",
+                &self.files.iter().map(|(p, _)| p).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
 }
 
 /// A running sandbox, as the host sees it.

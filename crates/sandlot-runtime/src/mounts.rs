@@ -23,6 +23,42 @@ pub enum RootFs {
     Tmpfs { size: u64 },
     /// An overlay of a read-only host directory under a size-limited tmpfs upper layer.
     Overlay { lower: PathBuf, size: u64 },
+    /// An image from the store: an overlay of its layer directories (top first),
+    /// each idmapped, under a writable layer that is either a size-limited tmpfs
+    /// inside the sandbox or, with `rw`, the `upper/` and `work/` directories of a
+    /// host directory the caller prepared (idmapped too, so the caller can read the
+    /// writable layer with in-sandbox ownership, e.g. to snapshot it).
+    Layers {
+        lowers: Vec<PathBuf>,
+        rw: Option<PathBuf>,
+        size: u64,
+    },
+}
+
+/// An image resolved by the caller (the daemon or the CLI, from the image store)
+/// for [`crate::CreateOptions::image`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ImageRoot {
+    /// Overlay lower directories, **top first**; each in overlay format (whiteouts
+    /// are character devices 0:0, opaque directories carry `user.overlay.opaque`).
+    pub layers: Vec<PathBuf>,
+    /// Host directory holding `upper/` and `work/` for the writable layer.
+    pub rw: Option<PathBuf>,
+    /// The image config's environment (`KEY=VALUE`), under the spec's.
+    pub env: Vec<String>,
+    /// The image config's working directory, unless the spec gives one.
+    pub workdir: Option<String>,
+    /// The image config's user, unless the spec names one other than `root`.
+    pub user: Option<String>,
+}
+
+/// A host directory bound with the identity idmap of the sandbox (files owned by
+/// uid N on disk are owned by uid N inside, in every sandbox): named volumes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SharedDir {
+    pub source: PathBuf,
+    pub target: String,
+    pub readonly: bool,
 }
 
 /// How a path is created when it does not exist yet.
@@ -86,6 +122,15 @@ pub enum MountOp {
     ReadOnly {
         path: String,
     },
+    /// Bind a host directory through an idmapped mount the helper prepared
+    /// (`SandboxPlan::idmap_sources`, entry `index`); a plain bind if the kernel
+    /// refused the idmap.
+    IdmappedBind {
+        index: usize,
+        source: PathBuf,
+        path: String,
+        readonly: bool,
+    },
 }
 
 /// The whole filesystem of a sandbox.
@@ -120,6 +165,13 @@ pub struct PlanInput<'a> {
     pub spec: &'a sandlot_proto::spec::SandboxSpec,
     pub hostname: &'a str,
     pub host: &'a HostFacts,
+    /// A store image instead of `host` or `spec.rootfs`.
+    pub image: Option<&'a ImageRoot>,
+    /// Named volumes, bound idmapped after the spec's mounts.
+    pub shared: &'a [SharedDir],
+    /// Files under `/run/secrets` (path, contents), on a tmpfs of their own (never
+    /// in the writable layer, so never in a snapshot), mode 0400.
+    pub secret_files: &'a [(String, String)],
 }
 
 /// `/proc` files that leak host information or allow host actions, masked like runc.
@@ -142,8 +194,25 @@ pub fn plan_mounts(inp: &PlanInput<'_>) -> Result<MountPlan, MountError> {
     let spec = inp.spec;
     let disk = spec.resources.disk.bytes();
     let mut ops = Vec::new();
-    let root = match &spec.rootfs {
-        Some(dir) => {
+    let root = match (&spec.rootfs, inp.image) {
+        (_, Some(img)) => {
+            if img.layers.is_empty() {
+                return Err(MountError::MissingRootfs {
+                    path: PathBuf::from("<image with no layers>"),
+                });
+            }
+            for l in img.layers.iter().chain(img.rw.iter()) {
+                if !l.is_dir() {
+                    return Err(MountError::MissingRootfs { path: l.clone() });
+                }
+            }
+            RootFs::Layers {
+                lowers: img.layers.clone(),
+                rw: img.rw.clone(),
+                size: disk,
+            }
+        }
+        (Some(dir), None) => {
             let p = PathBuf::from(dir);
             if !p.is_dir() {
                 return Err(MountError::MissingRootfs { path: p });
@@ -153,7 +222,7 @@ pub fn plan_mounts(inp: &PlanInput<'_>) -> Result<MountPlan, MountError> {
                 size: disk,
             }
         }
-        None => RootFs::Tmpfs { size: disk },
+        (None, None) => RootFs::Tmpfs { size: disk },
     };
     let host_image = matches!(root, RootFs::Tmpfs { .. });
     if host_image {
@@ -338,7 +407,65 @@ pub fn plan_mounts(inp: &PlanInput<'_>) -> Result<MountPlan, MountError> {
             }),
         }
     }
+    let base = idmapped_layer_count(&root);
+    for (i, v) in inp.shared.iter().enumerate() {
+        if !v.source.is_dir() {
+            return Err(MountError::MissingSource {
+                path: v.source.clone(),
+            });
+        }
+        ops.push(MountOp::IdmappedBind {
+            index: base + i,
+            source: v.source.clone(),
+            path: sandlot_proto::spec::normalize_sandbox_path(&v.target),
+            readonly: v.readonly,
+        });
+    }
+    if !inp.secret_files.is_empty() {
+        ops.push(MountOp::Tmpfs {
+            path: SECRETS_DIR.into(),
+            size: 1 << 20,
+            mode: 0o755,
+            noexec: true,
+        });
+        for (path, contents) in inp.secret_files {
+            ops.push(MountOp::File {
+                path: path.clone(),
+                contents: contents.clone(),
+                mode: 0o400,
+            });
+        }
+    }
     Ok(MountPlan { root, ops })
+}
+
+/// Where secret files live in a sandbox (a tmpfs of their own).
+pub const SECRETS_DIR: &str = "/run/secrets";
+
+/// How many idmapped trees the root filesystem needs (lowers, then the rw dir).
+fn idmapped_layer_count(root: &RootFs) -> usize {
+    match root {
+        RootFs::Layers { lowers, rw, .. } => lowers.len() + usize::from(rw.is_some()),
+        _ => 0,
+    }
+}
+
+impl MountPlan {
+    /// Host directories the helper idmaps into the sandbox's user namespace, in
+    /// order: image layers (top first), the writable layer directory, volumes.
+    pub fn idmap_sources(&self) -> Vec<PathBuf> {
+        let mut v = Vec::new();
+        if let RootFs::Layers { lowers, rw, .. } = &self.root {
+            v.extend(lowers.iter().cloned());
+            v.extend(rw.iter().cloned());
+        }
+        for op in &self.ops {
+            if let MountOp::IdmappedBind { source, .. } = op {
+                v.push(source.clone());
+            }
+        }
+        v
+    }
 }
 
 /// Names of the overlay's working directories inside the root tmpfs.
@@ -422,7 +549,99 @@ pub fn mount_root(
             .map_err(apply_err("mount overlay at", at.display().to_string()))?;
             Ok(RootInfo { idmapped })
         }
+        RootFs::Layers { .. } => Err(MountError::Apply {
+            op: "mount layered root",
+            path: at.display().to_string(),
+            source: io::Error::other("use mount_layers"),
+        }),
     }
+}
+
+/// Moves an idmapped tree onto `at`, or binds `source` there if there is none.
+/// Returns whether the idmapped tree was used.
+fn attach_tree(tree: Option<OwnedFd>, source: &Path, at: &Path) -> Result<bool, MountError> {
+    let at_c = sys::cstr(at).map_err(apply_err("mount point", at.display().to_string()))?;
+    if let Some(fd) = tree {
+        if sys::move_mount_to(fd.as_fd(), &at_c).is_ok() {
+            return Ok(true);
+        }
+    }
+    let src = sys::cstr(source).map_err(apply_err("bind", source.display().to_string()))?;
+    sys::mount(Some(&src), &at_c, None, libc::MS_BIND | libc::MS_REC, None)
+        .map_err(apply_err("bind", source.display().to_string()))?;
+    Ok(false)
+}
+
+/// Mounts an image root ([`RootFs::Layers`]) at `at`. `trees` are the idmapped
+/// trees of [`MountPlan::idmap_sources`], in order; the ones used are taken.
+pub fn mount_layers(
+    root: &RootFs,
+    at: &Path,
+    trees: &mut [Option<OwnedFd>],
+) -> Result<RootInfo, MountError> {
+    let RootFs::Layers { lowers, rw, size } = root else {
+        return mount_root(root, at, None);
+    };
+    let at_c = sys::cstr(at).map_err(apply_err("mount root", at.display().to_string()))?;
+    let flags = libc::MS_NOSUID | libc::MS_NODEV;
+    // The scratch tmpfs holds the layer mount points (and the writable layer when
+    // it lives inside the sandbox).
+    let scratch = if rw.is_some() { 1 << 20 } else { *size };
+    let opts = CString::new(format!("size={scratch},mode=0755")).expect("no NUL");
+    sys::mount(Some(c"sandlot"), &at_c, Some(c"tmpfs"), flags, Some(&opts)).map_err(apply_err(
+        "mount overlay scratch at",
+        at.display().to_string(),
+    ))?;
+    let mut idmapped = true;
+    let mut lowerdirs = Vec::new();
+    for (i, l) in lowers.iter().enumerate() {
+        let name = format!(".sandlot-l{i}");
+        let p = at.join(&name);
+        std::fs::create_dir(&p).map_err(apply_err("mkdir", name.clone()))?;
+        idmapped &= attach_tree(trees.get_mut(i).and_then(Option::take), l, &p)?;
+        lowerdirs.push(p.display().to_string());
+    }
+    let (upper, work) = match rw {
+        Some(dir) => {
+            let p = at.join(".sandlot-rw");
+            std::fs::create_dir(&p).map_err(apply_err("mkdir", ".sandlot-rw"))?;
+            let tree = trees.get_mut(lowers.len()).and_then(Option::take);
+            if !attach_tree(tree, dir, &p)? {
+                return Err(MountError::Apply {
+                    op: "idmap the writable layer",
+                    path: dir.display().to_string(),
+                    source: io::Error::other("the kernel refused an idmapped mount"),
+                });
+            }
+            (p.join("upper"), p.join("work"))
+        }
+        None => {
+            for d in [OVL_UPPER, OVL_WORK] {
+                std::fs::create_dir(at.join(d)).map_err(apply_err("mkdir", d))?;
+            }
+            (at.join(OVL_UPPER), at.join(OVL_WORK))
+        }
+    };
+    let opts = format!(
+        "lowerdir={},upperdir={},workdir={},userxattr",
+        lowerdirs.join(":"),
+        upper.display(),
+        work.display()
+    );
+    let opts_c = CString::new(opts).map_err(|_| MountError::Apply {
+        op: "overlay options",
+        path: at.display().to_string(),
+        source: io::ErrorKind::InvalidInput.into(),
+    })?;
+    sys::mount(
+        Some(c"overlay"),
+        &at_c,
+        Some(c"overlay"),
+        flags,
+        Some(&opts_c),
+    )
+    .map_err(apply_err("mount overlay at", at.display().to_string()))?;
+    Ok(RootInfo { idmapped })
 }
 
 /// Resolves `path` under `root` (RESOLVE_IN_ROOT), creating missing components.
@@ -492,6 +711,15 @@ fn remount_readonly(root: BorrowedFd<'_>, path: &str, recursive: bool) -> io::Re
 /// Applies `ops` under the root mounted at `root_dir`. Runs as root of the sandbox's
 /// user namespace, in its own mount namespace, before `pivot_root`.
 pub fn apply(root_dir: &Path, ops: &[MountOp]) -> Result<(), MountError> {
+    apply_with_trees(root_dir, ops, &mut [])
+}
+
+/// [`apply`], with the idmapped trees [`MountOp::IdmappedBind`] refers to.
+pub fn apply_with_trees(
+    root_dir: &Path,
+    ops: &[MountOp],
+    trees: &mut [Option<OwnedFd>],
+) -> Result<(), MountError> {
     let rc = sys::cstr(root_dir).map_err(apply_err("open root", root_dir.display().to_string()))?;
     let root = sys::open_path(&rc, false)
         .map_err(apply_err("open root", root_dir.display().to_string()))?;
@@ -668,6 +896,34 @@ pub fn apply(root_dir: &Path, ops: &[MountOp]) -> Result<(), MountError> {
                 )
                 .map_err(apply_err("mask", path))?;
             }
+            MountOp::IdmappedBind {
+                index,
+                source,
+                path,
+                readonly,
+            } => {
+                let tgt =
+                    ensure(r, path, Kind::Dir).map_err(apply_err("create volume target", path))?;
+                let tree = trees.get_mut(*index).and_then(Option::take);
+                let moved =
+                    tree.is_some_and(|t| sys::move_mount_onto(t.as_fd(), tgt.as_fd()).is_ok());
+                if !moved {
+                    // No idmapped tree: a plain bind (files then show as nobody).
+                    let sc = sys::cstr(source).map_err(apply_err("bind", path))?;
+                    let src = sys::open_path(&sc, false).map_err(apply_err("open volume", path))?;
+                    sys::mount(
+                        Some(&sys::fd_path(src.as_fd())),
+                        &sys::fd_path(tgt.as_fd()),
+                        None,
+                        libc::MS_BIND | libc::MS_REC,
+                        None,
+                    )
+                    .map_err(apply_err("bind", path))?;
+                }
+                if *readonly {
+                    remount_readonly(r, path, true).map_err(apply_err("make read-only", path))?;
+                }
+            }
             MountOp::ReadOnly { path } => {
                 if !exists_in_root(r, path) {
                     continue;
@@ -727,6 +983,9 @@ mod tests {
             spec,
             hostname: "sb",
             host: &facts(),
+            image: None,
+            shared: &[],
+            secret_files: &[],
         })
         .unwrap()
     }
@@ -821,6 +1080,9 @@ mod tests {
             spec: &spec,
             hostname: "sb",
             host: &facts(),
+            image: None,
+            shared: &[],
+            secret_files: &[],
         })
         .unwrap_err();
         assert!(e.to_string().contains("/definitely/not/here"), "{e}");
@@ -845,8 +1107,75 @@ mod tests {
         assert!(plan_mounts(&PlanInput {
             spec: &spec,
             hostname: "sb",
-            host: &facts()
+            host: &facts(),
+            image: None,
+            shared: &[],
+            secret_files: &[],
         })
         .is_err());
+    }
+
+    #[test]
+    fn image_layers_volumes_and_secrets_are_planned_in_idmap_order() {
+        let t = std::env::temp_dir();
+        let img = ImageRoot {
+            layers: vec![t.clone(), PathBuf::from("/")],
+            rw: Some(t.clone()),
+            ..Default::default()
+        };
+        let shared = [SharedDir {
+            source: t.clone(),
+            target: "/data/".into(),
+            readonly: true,
+        }];
+        let secrets = [("/run/secrets/token".to_string(), "s3cret".to_string())];
+        let spec = SandboxSpec::default();
+        let p = plan_mounts(&PlanInput {
+            spec: &spec,
+            hostname: "sb",
+            host: &facts(),
+            image: Some(&img),
+            shared: &shared,
+            secret_files: &secrets,
+        })
+        .unwrap();
+        assert!(matches!(&p.root, RootFs::Layers { lowers, rw: Some(_), .. } if lowers.len() == 2));
+        // Layers, then rw, then volumes: the volume is tree 3.
+        assert_eq!(
+            p.idmap_sources(),
+            vec![t.clone(), PathBuf::from("/"), t.clone(), t.clone()]
+        );
+        assert!(p.ops.contains(&MountOp::IdmappedBind {
+            index: 3,
+            source: t.clone(),
+            path: "/data".into(),
+            readonly: true
+        }));
+        // No host binds of /usr for an image; secrets on their own tmpfs, 0400.
+        assert!(!p
+            .ops
+            .iter()
+            .any(|o| matches!(o, MountOp::Bind { path, .. } if path == "/usr")));
+        let tmpfs = p
+            .ops
+            .iter()
+            .position(|o| matches!(o, MountOp::Tmpfs { path, .. } if path == SECRETS_DIR))
+            .unwrap();
+        let file = p.ops.iter().position(|o| matches!(o, MountOp::File { path, mode: 0o400, .. } if path == "/run/secrets/token")).unwrap();
+        assert!(tmpfs < file);
+        let missing = ImageRoot {
+            layers: vec![PathBuf::from("/no/such/layer")],
+            ..Default::default()
+        };
+        let e = plan_mounts(&PlanInput {
+            spec: &spec,
+            hostname: "sb",
+            host: &facts(),
+            image: Some(&missing),
+            shared: &[],
+            secret_files: &[],
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("/no/such/layer"), "{e}");
     }
 }

@@ -127,14 +127,14 @@ impl NamespaceBackend {
         cg: &Cgroup,
         opts: &CreateOptions,
     ) -> Result<SandboxPlan, RuntimeError> {
-        let hostname = spec
-            .hostname
-            .clone()
-            .unwrap_or_else(|| format!("sandlot-{}", &id[..id.len().min(12)]));
+        let hostname = sandbox_hostname(id, spec);
         let mut mounts = mounts::plan_mounts(&PlanInput {
             spec,
             hostname: &hostname,
             host: &self.host,
+            image: opts.image.as_ref(),
+            shared: &opts.volumes,
+            secret_files: &opts.secrets.files,
         })?;
         if let Some(ns) = opts.nameserver {
             for op in &mut mounts.ops {
@@ -145,24 +145,15 @@ impl NamespaceBackend {
                 }
             }
         }
-        let mut env = hostimage::base_env(&hostname);
-        for (k, v) in &spec.env {
-            env.retain(|(ek, _)| ek != k);
-            env.push((k.clone(), v.clone()));
-        }
         Ok(SandboxPlan {
             id: id.to_string(),
-            hostname,
             id_base,
             mounts,
             cgroup_dirs: cg.dirs.iter().map(|(_, d)| d.clone()).collect(),
             root_dir: self.cfg.run_dir.join("root"),
             socket_path: self.sandbox_dir(id).join("agent.sock"),
-            agent: AgentSetup {
-                env,
-                default_user: spec.user.clone(),
-                default_cwd: spec.workdir.clone(),
-            },
+            agent: agent_setup(&hostname, spec, opts.image.as_ref(), &opts.secrets),
+            hostname,
             lifeline,
             netns: opts.netns.is_some(),
             trace: std::env::var_os("SANDLOT_TRACE_INIT").is_some_and(|v| v == "1"),
@@ -198,6 +189,8 @@ impl NamespaceBackend {
             .stdout(Stdio::from(status_w));
         match opts.stderr.take() {
             Some(fd) => cmd.stderr(Stdio::from(fd)),
+            // Phase timings go to the caller's stderr when asked for.
+            None if plan.trace => cmd.stderr(Stdio::inherit()),
             None => cmd.stderr(Stdio::null()),
         };
         // SAFETY: the closure only calls dup2 and fcntl, which are async-signal-safe,
@@ -394,6 +387,57 @@ impl NamespaceBackend {
     }
 }
 
+/// The sandbox's hostname: the spec's, or `sandlot-` and the start of its id.
+pub fn sandbox_hostname(id: &str, spec: &SandboxSpec) -> String {
+    spec.hostname
+        .clone()
+        .unwrap_or_else(|| format!("sandlot-{}", &id[..id.len().min(12)]))
+}
+
+/// Defaults of the agent's processes. Environment: the base (`PATH`, `LANG`,
+/// `HOSTNAME`), then the image's, the spec's, then secrets (later wins). User: the
+/// spec's, or the image's when the spec says `root` (the default). Working
+/// directory: the spec's, else the image's. Also what a daemon sends a pooled
+/// sandbox's agent (`configure`) when it hands the sandbox to a request.
+pub fn agent_setup(
+    hostname: &str,
+    spec: &SandboxSpec,
+    image: Option<&mounts::ImageRoot>,
+    secrets: &crate::Secrets,
+) -> AgentSetup {
+    let mut env = hostimage::base_env(hostname);
+    let mut set = |k: &str, v: &str| {
+        env.retain(|(ek, _)| ek != k);
+        env.push((k.to_string(), v.to_string()));
+    };
+    if let Some(img) = image {
+        for kv in &img.env {
+            if let Some((k, v)) = kv.split_once('=') {
+                set(k, v);
+            }
+        }
+    }
+    for (k, v) in &spec.env {
+        set(k, v);
+    }
+    for (k, v) in &secrets.env {
+        set(k, v);
+    }
+    let default_user = match image.and_then(|i| i.user.clone()) {
+        Some(u) if spec.user == "root" => u,
+        _ => spec.user.clone(),
+    };
+    let default_cwd = spec
+        .workdir
+        .clone()
+        .or_else(|| image.and_then(|i| i.workdir.clone()));
+    AgentSetup {
+        env,
+        default_user,
+        default_cwd,
+    }
+}
+
 impl Backend for NamespaceBackend {
     fn name(&self) -> &'static str {
         "namespace"
@@ -406,6 +450,17 @@ impl Backend for NamespaceBackend {
         mut opts: CreateOptions,
     ) -> Result<SandboxInstance, RuntimeError> {
         spec.validate()?;
+        if spec.image != sandlot_proto::spec::HOST_IMAGE && opts.image.is_none() {
+            return Err(RuntimeError::Spec(
+                sandlot_proto::spec::SpecError::Invalid {
+                    field: "image".into(),
+                    problem: format!(
+                        "image {:?} must be resolved from an image store before create",
+                        spec.image
+                    ),
+                },
+            ));
+        }
         if spec.network.mode != sandlot_proto::spec::NetworkMode::None && opts.netns.is_none() {
             return Err(RuntimeError::Spec(sandlot_proto::spec::SpecError::Invalid {
                 field: "network.mode".into(),

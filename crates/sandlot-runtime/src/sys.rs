@@ -143,6 +143,25 @@ pub fn move_mount_to(fd: BorrowedFd<'_>, target: &CStr) -> io::Result<()> {
     Ok(())
 }
 
+/// `move_mount(fd, "", to, "", F_EMPTY_PATH | T_EMPTY_PATH)`: attach a detached tree
+/// onto the directory `to` (an `O_PATH` descriptor, e.g. resolved in the new root).
+pub fn move_mount_onto(fd: BorrowedFd<'_>, to: BorrowedFd<'_>) -> io::Result<()> {
+    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 4;
+    const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
+    // SAFETY: empty C strings; both descriptors are borrowed for the call.
+    cvt_long(unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            to.as_raw_fd(),
+            c"".as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
+        )
+    })?;
+    Ok(())
+}
+
 /// `renameat2(RENAME_NOREPLACE)`: fails with `EEXIST` instead of replacing `to`.
 pub fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
     let (f, t) = (cstr(from)?, cstr(to)?);
