@@ -208,6 +208,50 @@ impl Client {
         stream::collect(resp).await.map(|_| ())
     }
 
+    // ---- images, volumes, secrets (untyped: see docs/api.md) ----
+
+    /// A JSON request to any API path (`method`: `GET`, `POST`, `DELETE`...).
+    /// Returns the answer's JSON (`null` for an empty body).
+    pub async fn call_json(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&serde_json::Value>,
+    ) -> Result<serde_json::Value, Error> {
+        let m = Method::from_bytes(method.as_bytes())
+            .map_err(|e| Error::Transport(format!("method {method}: {e}")))?;
+        let b = match body {
+            Some(b) => conn::full(serde_json::to_vec(b).map_err(|e| Error::Decode(e.to_string()))?),
+            None => conn::empty(),
+        };
+        let resp = self
+            .send(m, path, body.map(|_| "application/json"), b)
+            .await?;
+        let bytes = stream::collect(resp).await?;
+        if bytes.is_empty() {
+            return Ok(serde_json::Value::Null);
+        }
+        serde_json::from_slice(&bytes).map_err(|e| Error::Decode(format!("{path}: {e}")))
+    }
+
+    /// Uploads a byte stream (POST, `application/x-tar`), JSON answer.
+    pub async fn upload<S>(&self, path: &str, body: S) -> Result<serde_json::Value, Error>
+    where
+        S: futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send + Sync + 'static,
+    {
+        let resp = self
+            .send(Method::POST, path, Some("application/x-tar"), conn::streaming(body))
+            .await?;
+        let b = stream::collect(resp).await?;
+        serde_json::from_slice(&b).map_err(|e| Error::Decode(e.to_string()))
+    }
+
+    /// Downloads a byte stream (GET).
+    pub async fn download(&self, path: &str) -> Result<ByteStream, Error> {
+        let resp = self.send(Method::GET, path, None, conn::empty()).await?;
+        Ok(ByteStream::new(resp))
+    }
+
     pub async fn health(&self) -> Result<Health, Error> {
         self.json(Method::GET, "/v1/health", None::<&()>).await
     }

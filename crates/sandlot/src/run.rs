@@ -17,9 +17,12 @@ pub struct RunArgs {
     /// Use this directory as the root filesystem (read-only lower layer).
     #[arg(long, value_name = "DIR", conflicts_with = "image")]
     pub rootfs: Option<PathBuf>,
-    /// Image to run (built in: host).
+    /// Image to run (built in: host; others from the image store under --data-dir).
     #[arg(long)]
     pub image: Option<String>,
+    /// The daemon's data directory, whose image store `--image` is resolved in.
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/sandlot")]
+    pub data_dir: PathBuf,
     /// Memory limit, e.g. 512M.
     #[arg(long, value_parser = parse_size)]
     pub memory: Option<ByteSize>,
@@ -220,6 +223,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
             &spec,
             CreateOptions {
                 lifeline: Some(life_r),
+                image: local_image(&a.data_dir, &spec)?,
                 ..Default::default()
             },
         )
@@ -283,4 +287,25 @@ pub fn exit_code(code: Option<i32>, signal: Option<i32>) -> i32 {
         (None, Some(s)) => 128 + s,
         (None, None) => EXIT_SANDLOT_ERROR,
     }
+}
+
+/// Resolves a store image for `sandlot run` (its writable layer is a tmpfs inside
+/// the sandbox; snapshots are the daemon's).
+fn local_image(
+    data_dir: &std::path::Path,
+    spec: &SandboxSpec,
+) -> anyhow::Result<Option<sandlot_runtime::mounts::ImageRoot>> {
+    if spec.image == sandlot_proto::spec::HOST_IMAGE {
+        return Ok(None);
+    }
+    let store = sandlot_store::ImageStore::open(&data_dir.join("images"))
+        .with_context(|| format!("open the image store in {}", data_dir.display()))?;
+    let img = store.resolve(&spec.image)?;
+    Ok(Some(sandlot_runtime::mounts::ImageRoot {
+        layers: store.layer_dirs(&img),
+        rw: None,
+        env: img.config.env.clone(),
+        workdir: img.config.workdir.clone(),
+        user: img.config.user.clone(),
+    }))
 }

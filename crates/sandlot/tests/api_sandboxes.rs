@@ -201,7 +201,7 @@ fn bad_bodies_name_each_field() {
         ),
         (
             r#"{"mounts": [{"type": "bind", "source": "/nonexistent-sandlot-src", "target": "/x"}]}"#,
-            "mounts",
+            "mounts[0].source",
         ),
         (
             r#"{"mounts": [{"type": "nfs", "target": "/x"}]}"#,

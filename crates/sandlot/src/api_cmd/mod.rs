@@ -12,8 +12,9 @@ use std::path::PathBuf;
 use anyhow::Context;
 use sandlot_server::ServerConfig;
 
-mod bench_api;
 mod client_cmds;
+mod image_cmd;
+mod net_cmd;
 mod render;
 
 /// The daemon and the API client commands.
@@ -44,10 +45,20 @@ pub enum ApiCommand {
     Rm(client_cmds::RmArgs),
     /// Set a sandbox's remaining lifetime (e.g. `sandlot timeout SB 30m`).
     Timeout(client_cmds::TimeoutArgs),
+    /// Images: ls, inspect, rm, prune, import, export, diff, snapshot.
+    #[command(subcommand)]
+    Image(image_cmd::ImageCmd),
+    /// Named persistent volumes.
+    #[command(subcommand)]
+    Volume(image_cmd::VolumeCmd),
+    /// Named secrets (values are never shown).
+    #[command(subcommand)]
+    Secret(image_cmd::SecretCmd),
+    /// A sandbox's network policy and egress audit log (`net log ID`).
+    #[command(subcommand)]
+    Net(net_cmd::NetCmd),
     /// Print a shell completion script.
     Completions(CompletionsArgs),
-    /// Benchmark the API: create, exec /bin/true, wait, delete (see docs/benchmarks-api.md).
-    BenchApi(bench_api::BenchApiArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -116,7 +127,9 @@ pub fn run(cmd: ApiCommand) -> anyhow::Result<i32> {
             clap_complete::generate(a.shell, &mut cmd, "sandlot", &mut std::io::stdout());
             Ok(0)
         }
-        ApiCommand::BenchApi(a) => bench_api::run(a),
+        ApiCommand::Image(c) => image_cmd::run_image(c),
+        ApiCommand::Volume(c) => image_cmd::run_volume(c),
+        ApiCommand::Secret(c) => image_cmd::run_secret(c),
         other => client_cmds::run(other),
     }
 }
@@ -256,4 +269,12 @@ fn token(t: TokenCmd) -> anyhow::Result<i32> {
             Ok(0)
         }
     }
+}
+
+/// Nanoseconds of the clock, for unique temporary names.
+pub(crate) fn nanos() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
 }

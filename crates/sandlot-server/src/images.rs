@@ -1,0 +1,677 @@
+//! Images, volumes and secrets in the daemon: resolving a spec's image to layer
+//! directories, the per-sandbox writable layer (a size-limited tmpfs on the host,
+//! idmapped into the sandbox, so that it can be snapshotted), snapshots (freeze,
+//! commit, thaw), named volumes, secrets, and the host-mount policy.
+//!
+//! Data directory layout (besides the daemon's `sandlot.db`):
+//!
+//! ```text
+//! images/                     the image store (crate sandlot-store)
+//! rw/<sandbox id>/            writable layer: tmpfs with upper/ and work/
+//! volumes/<tenant>/<name>/    meta.json, data/ (and disk.img when size-limited)
+//! secrets/<tenant>/<name>     the value, mode 0600 (directory 0700)
+//! ```
+
+use std::fs;
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use sandlot_proto::spec::{valid_object_name, MountSpec, SandboxSpec, HOST_IMAGE};
+use sandlot_runtime::mounts::{ImageRoot, SharedDir};
+use sandlot_runtime::{CreateOptions, Secrets};
+use sandlot_store::{Digest, ImageInfo, ImageName, ImageStore, StoreError};
+use serde::{Deserialize, Serialize};
+
+use crate::error::ApiError;
+
+/// The daemon's images, volumes and secrets.
+pub struct Images {
+    pub store: ImageStore,
+    data_dir: PathBuf,
+    allowed_host_paths: Vec<PathBuf>,
+}
+
+/// Maps store errors to the API.
+pub fn store_error(e: StoreError) -> ApiError {
+    match &e {
+        StoreError::NotFound(_) => ApiError::not_found(e.to_string()),
+        StoreError::Ambiguous(_) | StoreError::BadName(_) => ApiError::bad_request(e.to_string()),
+        StoreError::InUse { .. } => ApiError::conflict(e.to_string()),
+        StoreError::DigestMismatch { .. } | StoreError::Invalid { .. } | StoreError::Layer(_) => {
+            ApiError::bad_request(e.to_string())
+        }
+        _ => ApiError::internal(e),
+    }
+}
+
+/// A named volume.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Volume {
+    pub name: String,
+    pub tenant: String,
+    /// Bytes; absent: limited only by the data directory's filesystem.
+    pub size_limit: Option<u64>,
+    /// Milliseconds since the epoch.
+    pub created_at: i64,
+}
+
+/// A secret's metadata (never its value).
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct SecretInfo {
+    pub name: String,
+    pub tenant: String,
+    pub created_at: i64,
+}
+
+fn now_ms() -> i64 {
+    crate::store::now_ms()
+}
+
+/// Directory name of a tenant's volumes and secrets.
+fn tenant_dir(tenant: &str) -> String {
+    if crate::config::valid_tenant(tenant) && !tenant.starts_with('.') {
+        tenant.to_string()
+    } else {
+        "_".to_string()
+    }
+}
+
+fn io_api(what: &str) -> impl FnOnce(io::Error) -> ApiError + '_ {
+    move |e| ApiError::internal(format!("{what}: {e}"))
+}
+
+impl Images {
+    pub fn open(data_dir: &Path, allowed_host_paths: Vec<PathBuf>) -> Result<Images, StoreError> {
+        let store = ImageStore::open(&data_dir.join("images"))?;
+        for d in ["rw", "volumes", "secrets"] {
+            let p = data_dir.join(d);
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&p)
+                .map_err(|source| StoreError::Io {
+                    op: "create",
+                    path: p.display().to_string(),
+                    source,
+                })?;
+            let _ = fs::set_permissions(&p, fs::Permissions::from_mode(0o700));
+        }
+        Ok(Images {
+            store,
+            data_dir: data_dir.to_path_buf(),
+            allowed_host_paths,
+        })
+    }
+
+    fn rw_dir(&self, id: &str) -> PathBuf {
+        self.data_dir.join("rw").join(id)
+    }
+
+    /// Host paths of a spec (bind sources, rootfs) must lie under an allowed path.
+    pub fn check_host_paths(&self, spec: &SandboxSpec) -> Result<(), ApiError> {
+        let allowed = |p: &str| {
+            let p = Path::new(p);
+            // Lexical check on a normalized absolute path (validate refused `..`),
+            // then the real path, so a symlink cannot lead outside.
+            let real = fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+            self.allowed_host_paths
+                .iter()
+                .any(|a| p.starts_with(a) && real.starts_with(a))
+        };
+        for (i, m) in spec.mounts.iter().enumerate() {
+            if let MountSpec::Bind { source, .. } = m {
+                if !allowed(source) {
+                    return Err(ApiError::invalid(
+                        format!("mounts[{i}].source"),
+                        format!(
+                            "{source:?} is not under a host path the operator allows (mounts.allowed_host_paths: {})",
+                            self.allowed_list()
+                        ),
+                    ));
+                }
+            }
+        }
+        if let Some(r) = &spec.rootfs {
+            if !allowed(r) {
+                return Err(ApiError::invalid(
+                    "rootfs",
+                    format!(
+                        "{r:?} is not under a host path the operator allows (mounts.allowed_host_paths: {})",
+                        self.allowed_list()
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// What can be checked before admission: host paths against the policy, and
+    /// that the image, volumes and secrets exist (400 naming the field).
+    pub fn precheck(&self, tenant: &str, spec: &SandboxSpec) -> Result<(), ApiError> {
+        self.check_host_paths(spec)?;
+        if spec.image != HOST_IMAGE {
+            if let Err(e) = self.store.resolve(&spec.image) {
+                return Err(match e {
+                    StoreError::NotFound(_) | StoreError::BadName(_) | StoreError::Ambiguous(_) => {
+                        ApiError::invalid("image", e.to_string())
+                    }
+                    e => store_error(e),
+                });
+            }
+        }
+        for (i, v) in spec.volumes.iter().enumerate() {
+            if !self.volume_dir(tenant, &v.name).join("meta.json").is_file() {
+                return Err(ApiError::invalid(
+                    format!("volumes[{i}].name"),
+                    format!("no volume {:?}", v.name),
+                ));
+            }
+        }
+        for (i, s) in spec.secrets.iter().enumerate() {
+            if !self.secret_path(tenant, &s.name).is_file() {
+                return Err(ApiError::invalid(
+                    format!("secrets[{i}].name"),
+                    format!("no secret {:?}", s.name),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn allowed_list(&self) -> String {
+        if self.allowed_host_paths.is_empty() {
+            "none".into()
+        } else {
+            self.allowed_host_paths
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
+    }
+
+    /// Resolves the spec's image, volumes and secrets into runtime options, and
+    /// prepares the writable layer. Undone by [`release`](Self::release).
+    pub fn prepare(
+        &self,
+        id: &str,
+        tenant: &str,
+        spec: &SandboxSpec,
+    ) -> Result<CreateOptions, ApiError> {
+        let mut opts = CreateOptions::default();
+        let r = (|| {
+            for (i, v) in spec.volumes.iter().enumerate() {
+                let vol = self.volume_dir(tenant, &v.name);
+                if !vol.join("meta.json").is_file() {
+                    return Err(ApiError::invalid(
+                        format!("volumes[{i}].name"),
+                        format!("no volume {:?}", v.name),
+                    ));
+                }
+                self.ensure_volume_mounted(&vol)?;
+                opts.volumes.push(SharedDir {
+                    source: vol.join("data"),
+                    target: v.target.clone(),
+                    readonly: v.read_only,
+                });
+            }
+            let mut secrets = Secrets::default();
+            for (i, s) in spec.secrets.iter().enumerate() {
+                let value = self.secret_value(tenant, &s.name).map_err(|_| {
+                    ApiError::invalid(
+                        format!("secrets[{i}].name"),
+                        format!("no secret {:?}", s.name),
+                    )
+                })?;
+                if let Some(e) = &s.env {
+                    secrets.env.push((e.clone(), value));
+                } else if let Some(p) = &s.path {
+                    secrets
+                        .files
+                        .push((sandlot_proto::spec::normalize_sandbox_path(p), value));
+                }
+            }
+            opts.secrets = secrets;
+            if spec.image != HOST_IMAGE {
+                let img = self.store.resolve(&spec.image).map_err(|e| match e {
+                    StoreError::NotFound(_) | StoreError::BadName(_) | StoreError::Ambiguous(_) => {
+                        ApiError::invalid("image", e.to_string())
+                    }
+                    e => store_error(e),
+                })?;
+                self.store.lease(id, &img.id).map_err(store_error)?;
+                let rw = self.rw_dir(id);
+                mount_rw(&rw, spec.resources.disk.bytes())?;
+                opts.image = Some(ImageRoot {
+                    layers: self.store.layer_dirs(&img),
+                    rw: Some(rw),
+                    env: img.config.env.clone(),
+                    workdir: img.config.workdir.clone(),
+                    user: img.config.user.clone(),
+                });
+            }
+            Ok(())
+        })();
+        if let Err(e) = r {
+            self.release(id);
+            return Err(e);
+        }
+        Ok(opts)
+    }
+
+    /// Removes a sandbox's writable layer and lease (after it is terminated).
+    pub fn release(&self, id: &str) {
+        let rw = self.rw_dir(id);
+        if rw.exists() {
+            if let Err(e) = unmount_rw(&rw) {
+                tracing::warn!(sandbox_id = id, "remove the writable layer: {e}");
+            }
+        }
+        if let Err(e) = self.store.release(id) {
+            tracing::warn!(sandbox_id = id, "release image lease: {e}");
+        }
+    }
+
+    /// After a restart: releases writable layers and leases of sandboxes that are
+    /// gone (`live`: the ids re-adopted).
+    pub fn reconcile(&self, live: &[String]) {
+        if let Ok(rd) = fs::read_dir(self.data_dir.join("rw")) {
+            for e in rd.flatten() {
+                let id = e.file_name().to_string_lossy().into_owned();
+                if !live.contains(&id) {
+                    self.release(&id);
+                }
+            }
+        }
+        if let Ok(leases) = self.store.leases() {
+            for (holder, _) in leases {
+                if !live.contains(&holder) {
+                    let _ = self.store.release(&holder);
+                }
+            }
+        }
+        // Size-limited volumes whose filesystem is not mounted (host reboot).
+        if let Ok(rd) = fs::read_dir(self.data_dir.join("volumes")) {
+            for t in rd.flatten() {
+                for v in fs::read_dir(t.path()).into_iter().flatten().flatten() {
+                    if let Err(e) = self.ensure_volume_mounted(&v.path()) {
+                        tracing::warn!(volume = %v.path().display(), "mount volume: {}", e.message);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Turns a running sandbox's writable layer into a new image whose parent is
+    /// the sandbox's image. The cgroup is frozen while the layer is read.
+    pub fn snapshot(
+        &self,
+        id: &str,
+        cgroup: &sandlot_runtime::cgroup::Cgroup,
+        tag: Option<&ImageName>,
+    ) -> Result<(ImageInfo, Duration), ApiError> {
+        let base = self
+            .store
+            .leases()
+            .map_err(store_error)?
+            .into_iter()
+            .find(|(h, _)| h == id)
+            .map(|(_, d)| d)
+            .ok_or_else(|| {
+                ApiError::conflict(format!(
+                    "sandbox {id} runs the host image or a rootfs directory: only sandboxes created from a store image can be snapshotted"
+                ))
+            })?;
+        let base = self.store.get(&base).map_err(store_error)?;
+        let upper = self.rw_dir(id).join("upper");
+        let t0 = Instant::now();
+        cgroup
+            .freeze(true, Duration::from_secs(5))
+            .map_err(|e| ApiError::internal(format!("freeze sandbox {id}: {e}")))?;
+        let res = self.store.commit(
+            &base,
+            &upper,
+            &base.config,
+            &format!("snapshot of sandbox {id}"),
+            "snapshot",
+            tag,
+        );
+        let thawed = cgroup.freeze(false, Duration::from_secs(5));
+        let took = t0.elapsed();
+        let img = res.map_err(store_error)?;
+        thawed.map_err(|e| ApiError::internal(format!("thaw sandbox {id}: {e}")))?;
+        Ok((img, took))
+    }
+
+    // ---- volumes ----
+
+    fn volume_dir(&self, tenant: &str, name: &str) -> PathBuf {
+        self.data_dir
+            .join("volumes")
+            .join(tenant_dir(tenant))
+            .join(name)
+    }
+
+    pub fn create_volume(
+        &self,
+        tenant: &str,
+        name: &str,
+        size_limit: Option<u64>,
+    ) -> Result<Volume, ApiError> {
+        if !valid_object_name(name) {
+            return Err(ApiError::invalid(
+                "name",
+                format!("{name:?}: use 1 to 64 letters, digits, '-', '_' or '.'"),
+            ));
+        }
+        if let Some(s) = size_limit {
+            if s < 8 << 20 {
+                return Err(ApiError::invalid("size_limit", "at least 8M"));
+            }
+        }
+        let dir = self.volume_dir(tenant, name);
+        if dir.exists() {
+            return Err(ApiError::conflict(format!("volume {name} exists")));
+        }
+        let parent = dir.parent().expect("has parent");
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(parent)
+            .map_err(io_api("create volume directory"))?;
+        let tmp = parent.join(format!(".new-{name}"));
+        let _ = fs::remove_dir_all(&tmp);
+        fs::create_dir(&tmp).map_err(io_api("create volume"))?;
+        let vol = Volume {
+            name: name.to_string(),
+            tenant: tenant.to_string(),
+            size_limit,
+            created_at: now_ms(),
+        };
+        let r = (|| {
+            fs::DirBuilder::new()
+                .mode(0o755)
+                .create(tmp.join("data"))
+                .map_err(io_api("create volume data"))?;
+            if let Some(size) = size_limit {
+                // A filesystem of exactly that size, in a sparse file: the limit is
+                // the filesystem's (ENOSPC), for every sandbox sharing the volume.
+                let img = tmp.join("disk.img");
+                let f = fs::File::create(&img).map_err(io_api("create volume image"))?;
+                f.set_len(size).map_err(io_api("size volume image"))?;
+                drop(f);
+                run_tool(
+                    Command::new("mkfs.ext4")
+                        .args(["-q", "-F", "-m", "0", "-E", "root_owner=0:0"])
+                        .arg(&img),
+                    "mkfs.ext4",
+                )?;
+            }
+            let meta = serde_json::to_vec(&vol).expect("json");
+            fs::write(tmp.join("meta.json"), meta).map_err(io_api("write volume metadata"))?;
+            fs::rename(&tmp, &dir).map_err(io_api("publish volume"))?;
+            self.ensure_volume_mounted(&dir)
+        })();
+        if let Err(e) = r {
+            let _ = fs::remove_dir_all(&tmp);
+            return Err(e);
+        }
+        Ok(vol)
+    }
+
+    /// Mounts a size-limited volume's filesystem on its `data/` if it is not.
+    fn ensure_volume_mounted(&self, dir: &Path) -> Result<(), ApiError> {
+        let img = dir.join("disk.img");
+        if !img.is_file() {
+            return Ok(());
+        }
+        let data = dir.join("data");
+        if is_mount_point(&data) {
+            return Ok(());
+        }
+        run_tool(
+            Command::new("mount")
+                .args(["-o", "loop,nosuid,nodev", "-t", "ext4"])
+                .arg(&img)
+                .arg(&data),
+            "mount",
+        )
+    }
+
+    pub fn list_volumes(&self, scope: Option<&str>) -> Vec<Volume> {
+        let mut out = Vec::new();
+        let base = self.data_dir.join("volumes");
+        let tenants: Vec<PathBuf> = match scope {
+            Some(t) => vec![base.join(tenant_dir(t))],
+            None => fs::read_dir(&base)
+                .map(|rd| rd.flatten().map(|e| e.path()).collect())
+                .unwrap_or_default(),
+        };
+        for t in tenants {
+            for e in fs::read_dir(&t).into_iter().flatten().flatten() {
+                if let Ok(b) = fs::read(e.path().join("meta.json")) {
+                    if let Ok(v) = serde_json::from_slice::<Volume>(&b) {
+                        out.push(v);
+                    }
+                }
+            }
+        }
+        out.sort_by(|a, b| (&a.tenant, &a.name).cmp(&(&b.tenant, &b.name)));
+        out
+    }
+
+    pub fn get_volume(&self, tenant: &str, name: &str) -> Option<Volume> {
+        let b = fs::read(self.volume_dir(tenant, name).join("meta.json")).ok()?;
+        serde_json::from_slice(&b).ok()
+    }
+
+    /// Removes a volume and its data. `users`: live sandboxes that mount it.
+    pub fn remove_volume(
+        &self,
+        tenant: &str,
+        name: &str,
+        users: &[String],
+    ) -> Result<Volume, ApiError> {
+        let v = self
+            .get_volume(tenant, name)
+            .ok_or_else(|| ApiError::not_found(format!("no volume {name}")))?;
+        if !users.is_empty() {
+            return Err(ApiError::conflict(format!(
+                "volume {name} is in use by {}",
+                users.join(", ")
+            )));
+        }
+        let dir = self.volume_dir(tenant, name);
+        let data = dir.join("data");
+        if is_mount_point(&data) {
+            run_tool(Command::new("umount").arg(&data), "umount")?;
+        }
+        fs::remove_dir_all(&dir).map_err(io_api("remove volume"))?;
+        Ok(v)
+    }
+
+    // ---- secrets ----
+
+    fn secret_path(&self, tenant: &str, name: &str) -> PathBuf {
+        self.data_dir
+            .join("secrets")
+            .join(tenant_dir(tenant))
+            .join(name)
+    }
+
+    pub fn create_secret(
+        &self,
+        tenant: &str,
+        name: &str,
+        value: &str,
+    ) -> Result<SecretInfo, ApiError> {
+        if !valid_object_name(name) {
+            return Err(ApiError::invalid(
+                "name",
+                format!("{name:?}: use 1 to 64 letters, digits, '-', '_' or '.'"),
+            ));
+        }
+        if value.len() > 64 << 10 {
+            return Err(ApiError::invalid("value", "at most 64K"));
+        }
+        if value.contains('\0') {
+            return Err(ApiError::invalid("value", "contains a NUL byte"));
+        }
+        let p = self.secret_path(tenant, name);
+        let parent = p.parent().expect("has parent");
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(parent)
+            .map_err(io_api("create secrets directory"))?;
+        if p.exists() {
+            return Err(ApiError::conflict(format!(
+                "secret {name} exists: delete it first"
+            )));
+        }
+        let tmp = parent.join(format!(".new-{name}"));
+        {
+            use std::io::Write;
+            let mut f = fs::OpenOptions::new()
+                .create(true)
+                .truncate(true)
+                .write(true)
+                .mode(0o600)
+                .open(&tmp)
+                .map_err(io_api("write secret"))?;
+            f.write_all(value.as_bytes())
+                .map_err(io_api("write secret"))?;
+            f.sync_all().map_err(io_api("write secret"))?;
+        }
+        fs::rename(&tmp, &p).map_err(io_api("store secret"))?;
+        Ok(SecretInfo {
+            name: name.to_string(),
+            tenant: tenant.to_string(),
+            created_at: now_ms(),
+        })
+    }
+
+    fn secret_value(&self, tenant: &str, name: &str) -> io::Result<String> {
+        fs::read_to_string(self.secret_path(tenant, name))
+    }
+
+    pub fn list_secrets(&self, scope: Option<&str>) -> Vec<SecretInfo> {
+        let base = self.data_dir.join("secrets");
+        let dirs: Vec<(String, PathBuf)> = match scope {
+            Some(t) => vec![(t.to_string(), base.join(tenant_dir(t)))],
+            None => fs::read_dir(&base)
+                .map(|rd| {
+                    rd.flatten()
+                        .map(|e| (e.file_name().to_string_lossy().into_owned(), e.path()))
+                        .collect()
+                })
+                .unwrap_or_default(),
+        };
+        let mut out = Vec::new();
+        for (tenant, d) in dirs {
+            for e in fs::read_dir(&d).into_iter().flatten().flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name.starts_with('.') {
+                    continue;
+                }
+                let created_at = e
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                    .map(|d| d.as_millis() as i64)
+                    .unwrap_or(0);
+                out.push(SecretInfo {
+                    name,
+                    tenant: tenant.clone(),
+                    created_at,
+                });
+            }
+        }
+        out.sort_by(|a, b| (&a.tenant, &a.name).cmp(&(&b.tenant, &b.name)));
+        out
+    }
+
+    pub fn remove_secret(&self, tenant: &str, name: &str) -> Result<(), ApiError> {
+        if !valid_object_name(name) {
+            return Err(ApiError::not_found(format!("no secret {name}")));
+        }
+        fs::remove_file(self.secret_path(tenant, name))
+            .map_err(|_| ApiError::not_found(format!("no secret {name}")))
+    }
+
+    /// Image id a sandbox was created from (its lease).
+    pub fn image_of(&self, id: &str) -> Option<Digest> {
+        self.store
+            .leases()
+            .ok()?
+            .into_iter()
+            .find(|(h, _)| h == id)
+            .map(|(_, d)| d)
+    }
+}
+
+fn is_mount_point(p: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (fs::metadata(p), p.parent().map(fs::metadata)) {
+        (Ok(a), Some(Ok(b))) => a.dev() != b.dev(),
+        _ => false,
+    }
+}
+
+fn run_tool(cmd: &mut Command, what: &str) -> Result<(), ApiError> {
+    let out = cmd
+        .output()
+        .map_err(|e| ApiError::internal(format!("run {what}: {e}")))?;
+    if !out.status.success() {
+        return Err(ApiError::internal(format!(
+            "{what} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(())
+}
+
+/// Mounts the writable layer of a sandbox: a tmpfs of `size` bytes (charged to
+/// the memory cgroup of whoever writes to it: the sandbox) holding `upper/` and
+/// `work/`.
+fn mount_rw(dir: &Path, size: u64) -> Result<(), ApiError> {
+    use rustix::mount::{mount, MountFlags};
+    fs::DirBuilder::new()
+        .mode(0o700)
+        .create(dir)
+        .map_err(io_api("create writable layer"))?;
+    let opts = std::ffi::CString::new(format!("size={size},mode=0755")).expect("no NUL");
+    mount(
+        "sandlot-rw",
+        dir,
+        "tmpfs",
+        MountFlags::NOSUID | MountFlags::NODEV,
+        Some(opts.as_c_str()),
+    )
+    .map_err(|e| {
+        ApiError::internal(format!(
+            "mount the writable layer at {}: {e}",
+            dir.display()
+        ))
+    })?;
+    for d in ["upper", "work"] {
+        fs::DirBuilder::new()
+            .mode(0o755)
+            .create(dir.join(d))
+            .map_err(io_api("create writable layer"))?;
+    }
+    Ok(())
+}
+
+fn unmount_rw(dir: &Path) -> io::Result<()> {
+    use rustix::mount::{unmount, UnmountFlags};
+    if is_mount_point(dir) {
+        unmount(dir, UnmountFlags::DETACH).map_err(io::Error::from)?;
+    }
+    fs::remove_dir_all(dir)
+}

@@ -1,0 +1,563 @@
+//! `sandlot image`, `sandlot volume` and `sandlot secret`: images, snapshots,
+//! volumes and secrets through the daemon's API.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use bytes::Bytes;
+use serde_json::{json, Value};
+
+use super::client_cmds::Conn;
+use super::render::{human_bytes, table};
+use crate::EXIT_SANDLOT_ERROR;
+
+#[derive(Debug, clap::Subcommand)]
+pub enum ImageCmd {
+    /// List images.
+    Ls {
+        #[command(flatten)]
+        conn: Conn,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show an image (JSON).
+    Inspect {
+        #[command(flatten)]
+        conn: Conn,
+        image: String,
+    },
+    /// Remove images (a name removes that tag; the image goes with its last tag).
+    Rm {
+        #[command(flatten)]
+        conn: Conn,
+        #[arg(required = true)]
+        images: Vec<String>,
+    },
+    /// Remove layers no image or live sandbox uses.
+    Prune {
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Import an OCI layout (tar or directory), a `docker save` tar, or a root
+    /// filesystem directory (made into a one-layer image).
+    Import {
+        #[command(flatten)]
+        conn: Conn,
+        path: PathBuf,
+        /// Name the image NAME[:TAG].
+        #[arg(long)]
+        tag: Option<String>,
+    },
+    /// Export an image as a tar that is both an OCI layout and a `docker save` archive.
+    Export {
+        #[command(flatten)]
+        conn: Conn,
+        image: String,
+        /// Output file (`-`: stdout).
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Name recorded in the archive (default: the image's tags).
+        #[arg(long)]
+        tag: Option<String>,
+    },
+    /// Files added, changed and removed from image A to image B.
+    Diff {
+        #[command(flatten)]
+        conn: Conn,
+        a: String,
+        b: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Snapshot a running sandbox's filesystem into a new image.
+    Snapshot {
+        #[command(flatten)]
+        conn: Conn,
+        sandbox: String,
+        #[arg(long)]
+        tag: Option<String>,
+    },
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum VolumeCmd {
+    /// Create a named volume.
+    Create {
+        #[command(flatten)]
+        conn: Conn,
+        name: String,
+        /// Size limit, e.g. 1G (the volume is then a filesystem of that size).
+        #[arg(long)]
+        size: Option<String>,
+    },
+    /// List volumes.
+    Ls {
+        #[command(flatten)]
+        conn: Conn,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove volumes and their data.
+    Rm {
+        #[command(flatten)]
+        conn: Conn,
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum SecretCmd {
+    /// Create a secret; the value is read from stdin (never from the command line).
+    Create {
+        #[command(flatten)]
+        conn: Conn,
+        name: String,
+        /// Read the value from this file instead of stdin.
+        #[arg(long)]
+        from_file: Option<PathBuf>,
+    },
+    /// List secrets (names only).
+    Ls {
+        #[command(flatten)]
+        conn: Conn,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete secrets.
+    Rm {
+        #[command(flatten)]
+        conn: Conn,
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
+}
+
+fn enc(s: &str) -> String {
+    form_urlencoded::byte_serialize(s.as_bytes()).collect()
+}
+
+fn path_enc(s: &str) -> String {
+    // Image names keep their '/' and ':' in the path; everything else is escaped.
+    s.split('/')
+        .map(enc)
+        .collect::<Vec<_>>()
+        .join("/")
+        .replace("%3A", ":")
+}
+
+fn short(id: &str) -> String {
+    id.trim_start_matches("sha256:").chars().take(12).collect()
+}
+
+fn print_json(v: &Value) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
+}
+
+fn report(e: &anyhow::Error) -> i32 {
+    match e.downcast_ref::<sandlot_client::Error>() {
+        Some(sandlot_client::Error::Api { body, .. }) => {
+            eprintln!(
+                "sandlot: {} ({}, request {})",
+                body.message, body.code, body.request_id
+            )
+        }
+        _ => eprintln!("sandlot: {e:#}"),
+    }
+    EXIT_SANDLOT_ERROR
+}
+
+fn block_on(f: impl std::future::Future<Output = anyhow::Result<i32>>) -> anyhow::Result<i32> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    match rt.block_on(f) {
+        Ok(c) => Ok(c),
+        Err(e) => Ok(report(&e)),
+    }
+}
+
+pub fn run_image(cmd: ImageCmd) -> anyhow::Result<i32> {
+    block_on(image(cmd))
+}
+
+pub fn run_volume(cmd: VolumeCmd) -> anyhow::Result<i32> {
+    block_on(volume(cmd))
+}
+
+pub fn run_secret(cmd: SecretCmd) -> anyhow::Result<i32> {
+    block_on(secret(cmd))
+}
+
+/// A tar of `dir` (an OCI layout) in a temporary file.
+fn tar_dir(dir: &Path) -> anyhow::Result<std::fs::File> {
+    let mut f = tempfile_in_tmp()?;
+    {
+        let mut b = tar::Builder::new(&mut f);
+        b.follow_symlinks(false);
+        b.append_dir_all(".", dir)
+            .with_context(|| format!("pack {}", dir.display()))?;
+        b.finish()?;
+    }
+    use std::io::Seek;
+    f.rewind()?;
+    Ok(f)
+}
+
+fn tempfile_in_tmp() -> anyhow::Result<std::fs::File> {
+    let p = std::env::temp_dir().join(format!(
+        "sandlot-image-{}-{}",
+        std::process::id(),
+        crate::api_cmd::nanos()
+    ));
+    let f = std::fs::OpenOptions::new()
+        .create_new(true)
+        .read(true)
+        .write(true)
+        .open(&p)
+        .with_context(|| format!("create {}", p.display()))?;
+    let _ = std::fs::remove_file(&p);
+    Ok(f)
+}
+
+/// A root filesystem directory as a one-layer image archive, built in a temporary
+/// image store.
+fn rootfs_archive(dir: &Path, tag: Option<&str>) -> anyhow::Result<std::fs::File> {
+    let tmp = std::env::temp_dir().join(format!(
+        "sandlot-import-{}-{}",
+        std::process::id(),
+        crate::api_cmd::nanos()
+    ));
+    let r = (|| -> anyhow::Result<std::fs::File> {
+        let store = sandlot_store::ImageStore::open(&tmp)?;
+        let name = tag.map(sandlot_store::ImageName::parse).transpose()?;
+        let img = store.import_dir(dir, &sandlot_store::ImageConfig::default(), name.as_ref())?;
+        let mut f = tempfile_in_tmp()?;
+        sandlot_store::oci::export(&store, &img, name.as_slice(), &mut f, &|_| {})?;
+        use std::io::Seek;
+        f.rewind()?;
+        Ok(f)
+    })();
+    let _ = std::fs::remove_dir_all(&tmp);
+    r
+}
+
+async fn image(cmd: ImageCmd) -> anyhow::Result<i32> {
+    match cmd {
+        ImageCmd::Ls { conn, json } => {
+            let v = conn.client()?.call_json("GET", "/v1/images", None).await?;
+            if json {
+                print_json(&v)?;
+                return Ok(0);
+            }
+            let mut rows = Vec::new();
+            for i in v["images"].as_array().into_iter().flatten() {
+                let tags: Vec<&str> = i["tags"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(Value::as_str)
+                    .collect();
+                rows.push(vec![
+                    short(i["id"].as_str().unwrap_or_default()),
+                    if tags.is_empty() {
+                        "<none>".into()
+                    } else {
+                        tags.join(",")
+                    },
+                    i["layers"].as_array().map_or(0, Vec::len).to_string(),
+                    human_bytes(i["size"].as_u64().unwrap_or(0)),
+                    i["source"].as_str().unwrap_or_default().to_string(),
+                    i["parent"].as_str().map(short).unwrap_or_default(),
+                    i["created_at"].as_str().unwrap_or_default().to_string(),
+                ]);
+            }
+            table(
+                &[
+                    "ID", "TAGS", "LAYERS", "SIZE", "SOURCE", "PARENT", "CREATED",
+                ],
+                &rows,
+            );
+        }
+        ImageCmd::Inspect { conn, image } => {
+            let v = conn
+                .client()?
+                .call_json("GET", &format!("/v1/images/{}", path_enc(&image)), None)
+                .await?;
+            print_json(&v)?;
+        }
+        ImageCmd::Rm { conn, images } => {
+            let c = conn.client()?;
+            let mut code = 0;
+            for i in images {
+                match c
+                    .call_json("DELETE", &format!("/v1/images/{}", path_enc(&i)), None)
+                    .await
+                {
+                    Ok(v) => println!("{}", v["id"].as_str().unwrap_or_default()),
+                    Err(e) => code = report(&e.into()),
+                }
+            }
+            return Ok(code);
+        }
+        ImageCmd::Prune { conn } => {
+            let v = conn
+                .client()?
+                .call_json("POST", "/v1/images/prune", None)
+                .await?;
+            println!(
+                "removed {} layers and {} blobs, {} freed",
+                v["layers_removed"],
+                v["blobs_removed"],
+                human_bytes(v["bytes_freed"].as_u64().unwrap_or(0))
+            );
+        }
+        ImageCmd::Import { conn, path, tag } => {
+            let file = if path.is_dir() {
+                if path.join("index.json").is_file() || path.join("manifest.json").is_file() {
+                    tar_dir(&path)?
+                } else {
+                    rootfs_archive(&path, tag.as_deref())?
+                }
+            } else {
+                std::fs::File::open(&path).with_context(|| format!("open {}", path.display()))?
+            };
+            let size = file.metadata().map(|m| m.len()).unwrap_or(0);
+            let bar = progress_bar(size, &format!("upload {}", path.display()));
+            let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(8);
+            let b2 = bar.clone();
+            std::thread::spawn(move || {
+                let mut f = file;
+                let mut buf = vec![0u8; 256 << 10];
+                loop {
+                    match f.read(&mut buf) {
+                        Ok(0) => break,
+                        Ok(n) => {
+                            b2.inc(n as u64);
+                            if tx
+                                .blocking_send(Ok(Bytes::copy_from_slice(&buf[..n])))
+                                .is_err()
+                            {
+                                break;
+                            }
+                        }
+                        Err(e) => {
+                            let _ = tx.blocking_send(Err(e));
+                            break;
+                        }
+                    }
+                }
+            });
+            let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+                rx.recv().await.map(|i| (i, rx))
+            });
+            let mut p = "/v1/images/import".to_string();
+            if let Some(t) = &tag {
+                p.push_str(&format!("?tag={}", enc(t)));
+            }
+            let v = conn.client()?.upload(&p, stream).await;
+            bar.finish_and_clear();
+            let v = v?;
+            for i in v["images"].as_array().into_iter().flatten() {
+                println!("{}", i["id"].as_str().unwrap_or_default());
+            }
+        }
+        ImageCmd::Export {
+            conn,
+            image,
+            output,
+            tag,
+        } => {
+            let mut p = format!("/v1/images/export?ref={}", enc(&image));
+            if let Some(t) = &tag {
+                p.push_str(&format!("&tag={}", enc(t)));
+            }
+            let mut s = conn.client()?.download(&p).await?;
+            let mut out: Box<dyn Write> = if output == Path::new("-") {
+                Box::new(std::io::stdout().lock())
+            } else {
+                Box::new(std::io::BufWriter::new(
+                    std::fs::File::create(&output)
+                        .with_context(|| format!("create {}", output.display()))?,
+                ))
+            };
+            let bar = progress_bar(0, &format!("export {image}"));
+            while let Some(c) = s.chunk().await? {
+                bar.inc(c.len() as u64);
+                out.write_all(&c)?;
+            }
+            out.flush()?;
+            bar.finish_and_clear();
+        }
+        ImageCmd::Diff { conn, a, b, json } => {
+            let v = conn
+                .client()?
+                .call_json(
+                    "GET",
+                    &format!("/v1/images/diff?a={}&b={}", enc(&a), enc(&b)),
+                    None,
+                )
+                .await?;
+            if json {
+                print_json(&v)?;
+                return Ok(0);
+            }
+            for (k, sign) in [("added", "A"), ("changed", "C"), ("removed", "D")] {
+                for p in v[k].as_array().into_iter().flatten() {
+                    println!("{sign} {}", p.as_str().unwrap_or_default());
+                }
+            }
+        }
+        ImageCmd::Snapshot { conn, sandbox, tag } => {
+            let body = json!({ "tag": tag });
+            let v = conn
+                .client()?
+                .call_json(
+                    "POST",
+                    &format!("/v1/sandboxes/{}/snapshot", enc(&sandbox)),
+                    Some(&body),
+                )
+                .await?;
+            println!("{}", v["id"].as_str().unwrap_or_default());
+        }
+    }
+    Ok(0)
+}
+
+fn progress_bar(len: u64, what: &str) -> indicatif::ProgressBar {
+    let b = if len > 0 {
+        indicatif::ProgressBar::new(len)
+    } else {
+        indicatif::ProgressBar::no_length()
+    };
+    if let Ok(s) = indicatif::ProgressStyle::with_template(
+        "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}",
+    ) {
+        b.set_style(s.progress_chars("=> "));
+    }
+    b.set_message(what.to_string());
+    b.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+    b
+}
+
+async fn volume(cmd: VolumeCmd) -> anyhow::Result<i32> {
+    match cmd {
+        VolumeCmd::Create { conn, name, size } => {
+            let mut body = json!({ "name": name });
+            if let Some(s) = size {
+                body["size_limit"] = json!(s);
+            }
+            let v = conn
+                .client()?
+                .call_json("POST", "/v1/volumes", Some(&body))
+                .await?;
+            println!("{}", v["name"].as_str().unwrap_or_default());
+        }
+        VolumeCmd::Ls { conn, json } => {
+            let v = conn.client()?.call_json("GET", "/v1/volumes", None).await?;
+            if json {
+                print_json(&v)?;
+                return Ok(0);
+            }
+            let rows: Vec<Vec<String>> = v["volumes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|x| {
+                    vec![
+                        x["name"].as_str().unwrap_or_default().to_string(),
+                        x["tenant"].as_str().unwrap_or_default().to_string(),
+                        x["size_limit"]
+                            .as_u64()
+                            .map(human_bytes)
+                            .unwrap_or_else(|| "-".into()),
+                    ]
+                })
+                .collect();
+            table(&["NAME", "TENANT", "SIZE LIMIT"], &rows);
+        }
+        VolumeCmd::Rm { conn, names } => {
+            let c = conn.client()?;
+            let mut code = 0;
+            for n in names {
+                match c
+                    .call_json("DELETE", &format!("/v1/volumes/{}", enc(&n)), None)
+                    .await
+                {
+                    Ok(_) => println!("{n}"),
+                    Err(e) => code = report(&e.into()),
+                }
+            }
+            return Ok(code);
+        }
+    }
+    Ok(0)
+}
+
+async fn secret(cmd: SecretCmd) -> anyhow::Result<i32> {
+    match cmd {
+        SecretCmd::Create {
+            conn,
+            name,
+            from_file,
+        } => {
+            let mut value = String::new();
+            match from_file {
+                Some(p) => {
+                    value = std::fs::read_to_string(&p)
+                        .with_context(|| format!("read {}", p.display()))?
+                }
+                None => {
+                    std::io::stdin()
+                        .read_to_string(&mut value)
+                        .context("read the value from stdin")?;
+                }
+            }
+            if value.is_empty() {
+                bail!("empty secret value (pipe it on stdin or use --from-file)");
+            }
+            let body = json!({ "name": name, "value": value });
+            let v = conn
+                .client()?
+                .call_json("POST", "/v1/secrets", Some(&body))
+                .await?;
+            println!("{}", v["name"].as_str().unwrap_or_default());
+        }
+        SecretCmd::Ls { conn, json } => {
+            let v = conn.client()?.call_json("GET", "/v1/secrets", None).await?;
+            if json {
+                print_json(&v)?;
+                return Ok(0);
+            }
+            let rows: Vec<Vec<String>> = v["secrets"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|x| {
+                    vec![
+                        x["name"].as_str().unwrap_or_default().to_string(),
+                        x["tenant"].as_str().unwrap_or_default().to_string(),
+                    ]
+                })
+                .collect();
+            table(&["NAME", "TENANT"], &rows);
+        }
+        SecretCmd::Rm { conn, names } => {
+            let c = conn.client()?;
+            let mut code = 0;
+            for n in names {
+                match c
+                    .call_json("DELETE", &format!("/v1/secrets/{}", enc(&n)), None)
+                    .await
+                {
+                    Ok(_) => println!("{n}"),
+                    Err(e) => code = report(&e.into()),
+                }
+            }
+            return Ok(code);
+        }
+    }
+    Ok(0)
+}

@@ -1,0 +1,185 @@
+//! Images end to end through the daemon: import an OCI archive (built by the image
+//! store, exported, imported through `sandlot image import`), run it (layers
+//! stacked and idmapped, image config applied), snapshot twice, diff, start from
+//! each snapshot, export a snapshot, remove and prune. Needs root.
+
+mod api_support;
+mod img_support;
+
+use api_support::{rt, Daemon};
+use serde_json::{json, Value};
+
+async fn run(c: &sandlot_client::Client, id: &str, cmd: &str) -> (i32, String, String) {
+    let o = c.run(id, &["/bin/sh", "-c", cmd]).await.unwrap();
+    (
+        o.exit.code.unwrap_or(-1),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+async fn create(c: &sandlot_client::Client, body: Value) -> String {
+    let v = c
+        .call_json("POST", "/v1/sandboxes", Some(&body))
+        .await
+        .unwrap();
+    v["id"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn import_run_snapshot_diff_and_start_from_snapshots() {
+    let mut d = Daemon::start(None);
+    let tmp = d.dir.join("work");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let archive = img_support::base_archive(&tmp, "test/base:1", 2);
+
+    let (code, out, err) = d.cli(&["image", "import", archive.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    let base_id = out.trim().to_string();
+    assert!(base_id.starts_with("sha256:"), "{out}");
+    let (code, out, _) = d.cli(&["image", "ls"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("test/base:1"), "{out}");
+
+    let c = d.client();
+    let rt = rt();
+    rt.block_on(async {
+        let img = c.call_json("GET", "/v1/images/test/base:1", None).await.unwrap();
+        assert_eq!(img["id"], base_id.as_str());
+        assert_eq!(img["layers"].as_array().unwrap().len(), 3);
+
+        // An unknown image is the caller's mistake, naming the field.
+        let e = c
+            .call_json("POST", "/v1/sandboxes", Some(&json!({"image": "no/such:image"})))
+            .await
+            .unwrap_err();
+        assert_eq!(e.status().unwrap().as_u16(), 400, "{e}");
+        assert!(e.to_string().contains("no/such"), "{e}");
+
+        let a = create(&c, json!({"image": "test/base:1", "env": {"FROM_SPEC": "1"}})).await;
+        // Image files are owned by root inside (idmapped layers), the image's
+        // config applies under the spec's, every layer is visible.
+        let (code, out, err) = run(&c, &a, "stat -c %u:%g /usr/bin/sh; id -u; pwd; echo $FROM_IMAGE $FROM_SPEC; cat /etc/os-release; cat /opt/layers/0 /opt/layers/1").await;
+        assert_eq!(code, 0, "{err}");
+        assert_eq!(out, "0:0\n0\n/opt\nyes 1\nID=sandlot-test\nlayer 0\nlayer 1\n");
+
+        // Change the filesystem: add 1 MB, modify a file, delete a lower file.
+        let (code, _, err) = run(&c, &a, "mkdir -p /data && dd if=/dev/zero of=/data/blob bs=1024 count=1024 2>/dev/null && echo ID=changed > /etc/os-release && rm /opt/layers/0").await;
+        assert_eq!(code, 0, "{err}");
+        let s1 = c
+            .call_json("POST", &format!("/v1/sandboxes/{a}/snapshot"), Some(&json!({"tag": "test/snap:1"})))
+            .await
+            .unwrap();
+        assert_eq!(s1["parent"], base_id.as_str());
+        assert_eq!(s1["source"], "snapshot");
+        assert!(s1["frozen_ms"].as_f64().unwrap() > 0.0);
+        assert_eq!(s1["layers"].as_array().unwrap().len(), 4);
+        // The sandbox keeps running after the thaw.
+        assert_eq!(run(&c, &a, "echo alive").await.1, "alive\n");
+
+        let diff = c
+            .call_json("GET", &format!("/v1/images/diff?a={}&b=test/snap:1", base_id), None)
+            .await
+            .unwrap();
+        let has = |k: &str, p: &str| diff[k].as_array().unwrap().iter().any(|x| x == p);
+        assert!(has("added", "/data/blob"), "{diff}");
+        assert!(has("changed", "/etc/os-release"), "{diff}");
+        assert!(has("removed", "/opt/layers/0"), "{diff}");
+        assert!(!has("changed", "/usr/bin/sh"), "{diff}");
+
+        // Change again and snapshot again; diff the two snapshots.
+        assert_eq!(run(&c, &a, "echo two > /data/second && rm /data/blob").await.0, 0);
+        let s2 = c
+            .call_json("POST", &format!("/v1/sandboxes/{a}/snapshot"), None)
+            .await
+            .unwrap();
+        let s2_id = s2["id"].as_str().unwrap().to_string();
+        let diff = c
+            .call_json("GET", &format!("/v1/images/diff?a=test/snap:1&b={s2_id}"), None)
+            .await
+            .unwrap();
+        assert_eq!(diff["added"], json!(["/data/second"]), "{diff}");
+        assert_eq!(diff["removed"], json!(["/data/blob"]), "{diff}");
+        let (code, out, _) = d.cli(&["image", "diff", "test/snap:1", &s2_id]);
+        assert_eq!(code, 0);
+        assert!(out.contains("A /data/second") && out.contains("D /data/blob"), "{out}");
+
+        // New sandboxes start from each snapshot.
+        let b = create(&c, json!({"image": "test/snap:1"})).await;
+        let (code, out, _) = run(&c, &b, "wc -c < /data/blob; cat /etc/os-release; ls /opt/layers").await;
+        assert_eq!(code, 0);
+        assert_eq!(out, "1048576\nID=changed\n1\n");
+        let b2 = create(&c, json!({"image": s2_id.clone()})).await;
+        let (_, out, _) = run(&c, &b2, "cat /data/second; ls /data").await;
+        assert_eq!(out, "two\nsecond\n");
+
+        // An image in use cannot be removed.
+        let e = c.call_json("DELETE", "/v1/images/test/snap:1", None).await.unwrap_err();
+        assert_eq!(e.status().unwrap().as_u16(), 409, "{e}");
+        for id in [&a, &b, &b2] {
+            c.delete_sandbox(id).await.unwrap();
+        }
+    });
+
+    // Export the snapshot and import it under another name: same id.
+    let out_tar = tmp.join("snap.tar");
+    let (code, _, err) = d.cli(&[
+        "image",
+        "export",
+        "test/snap:1",
+        "-o",
+        out_tar.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = d.cli(&[
+        "image",
+        "import",
+        out_tar.to_str().unwrap(),
+        "--tag",
+        "test/copy",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let snap_id = rt
+        .block_on(c.call_json("GET", "/v1/images/test/snap:1", None))
+        .unwrap()["id"]
+        .clone();
+    assert_eq!(out.trim(), snap_id.as_str().unwrap());
+
+    // Writable layers are gone with their sandboxes.
+    let rw = d.data_dir().join("rw");
+    rt.block_on(api_support::eventually(
+        10,
+        "writable layers removed",
+        || {
+            let rw = rw.clone();
+            async move {
+                std::fs::read_dir(&rw)
+                    .map(|r| r.count() == 0)
+                    .unwrap_or(true)
+            }
+        },
+    ));
+
+    // Remove the snapshots; prune frees their layers but not the base's.
+    for r in ["test/snap:1", "test/copy", &s2_id_of(&rt, &c)] {
+        let (code, _, err) = d.cli(&["image", "rm", r]);
+        assert_eq!(code, 0, "{r}: {err}");
+    }
+    let (code, out, err) = d.cli(&["image", "prune"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("removed 2 layers"), "{out}");
+    let left = rt.block_on(c.call_json("GET", "/v1/images", None)).unwrap();
+    assert_eq!(left["images"].as_array().unwrap().len(), 1, "{left}");
+    d.shutdown();
+}
+
+fn s2_id_of(rt: &tokio::runtime::Runtime, c: &sandlot_client::Client) -> String {
+    let l = rt.block_on(c.call_json("GET", "/v1/images", None)).unwrap();
+    l["images"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["tags"].as_array().unwrap().is_empty())
+        .map(|i| i["id"].as_str().unwrap().to_string())
+        .expect("the untagged snapshot")
+}
