@@ -331,18 +331,23 @@ impl Images {
         cgroup
             .freeze(true, Duration::from_secs(5))
             .map_err(|e| ApiError::internal(format!("freeze sandbox {id}: {e}")))?;
-        let res = self.store.commit(
-            &base,
-            &upper,
-            &base.config,
-            &format!("snapshot of sandbox {id}"),
-            "snapshot",
-            tag,
-        );
+        // Only reading the writable layer needs the sandbox frozen; storing and
+        // unpacking the layer happen after the thaw.
+        let packed = self.store.pack_dir(&upper);
         let thawed = cgroup.freeze(false, Duration::from_secs(5));
         let took = t0.elapsed();
-        let img = res.map_err(store_error)?;
         thawed.map_err(|e| ApiError::internal(format!("thaw sandbox {id}: {e}")))?;
+        let img = self
+            .store
+            .commit_packed(
+                &base,
+                packed.map_err(store_error)?,
+                &base.config,
+                &format!("snapshot of sandbox {id}"),
+                "snapshot",
+                tag,
+            )
+            .map_err(store_error)?;
         Ok((img, took))
     }
 

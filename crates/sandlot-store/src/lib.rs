@@ -147,6 +147,15 @@ pub struct ImageInfo {
     pub size: u64,
 }
 
+/// A directory packed into a staged layer blob, not yet stored.
+#[derive(Debug)]
+pub struct PackedLayer {
+    staged: PathBuf,
+    file: fs::File,
+    pub diff_id: Digest,
+    pub size: u64,
+}
+
 /// What `prune` removed.
 #[derive(Debug, Default, Clone, PartialEq, Eq, Serialize)]
 pub struct PruneReport {
@@ -200,6 +209,10 @@ impl ImageStore {
             .map_err(sql("set busy timeout"))?;
         c.pragma_update(None, "journal_mode", "WAL")
             .map_err(sql("enable WAL"))?;
+        // WAL with NORMAL stays consistent on power loss (it may lose the last
+        // transactions, e.g. a lease) and saves an fsync per commit.
+        c.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(sql("set synchronous"))?;
         c.execute_batch(SCHEMA).map_err(sql("create schema"))?;
         Ok(ImageStore {
             root: root.to_path_buf(),
@@ -398,6 +411,14 @@ impl ImageStore {
     /// Packs a directory in overlay format (a sandbox's writable layer, or any
     /// directory tree) into a new layer: blob, diff id, unpacked copy.
     pub fn layer_from_dir(&self, dir: &Path) -> Result<LayerInfo, StoreError> {
+        let packed = self.pack_dir(dir)?;
+        self.finish_layer(packed)
+    }
+
+    /// First half of [`layer_from_dir`](Self::layer_from_dir): reads `dir` into a
+    /// staged blob (the only part that needs `dir` to hold still, e.g. a frozen
+    /// sandbox's writable layer).
+    pub fn pack_dir(&self, dir: &Path) -> Result<PackedLayer, StoreError> {
         let tmp_blob = self.tmp_path("blob");
         let f = fs::File::create(&tmp_blob).map_err(io_at("create", &tmp_blob))?;
         let w = HashingWriter::new(BufWriter::new(f));
@@ -409,10 +430,28 @@ impl ImageStore {
             }
         };
         let (bw, diff_id, size) = w.finish();
-        bw.into_inner()
+        let file = bw
+            .into_inner()
             .map_err(|e| e.into_error())
-            .and_then(|f| f.sync_all())
             .map_err(io_at("write", &tmp_blob))?;
+        Ok(PackedLayer {
+            staged: tmp_blob,
+            file,
+            diff_id,
+            size,
+        })
+    }
+
+    /// Second half: makes a packed directory a stored, unpacked layer.
+    pub fn finish_layer(&self, p: PackedLayer) -> Result<LayerInfo, StoreError> {
+        let PackedLayer {
+            staged: tmp_blob,
+            file,
+            diff_id,
+            size,
+        } = p;
+        file.sync_all().map_err(io_at("write", &tmp_blob))?;
+        drop(file);
         let bp = self.blob_path(&diff_id);
         if bp.exists() {
             let _ = fs::remove_file(&tmp_blob);
@@ -929,7 +968,22 @@ impl ImageStore {
         source: &str,
         tag: Option<&ImageName>,
     ) -> Result<ImageInfo, StoreError> {
-        let l = self.layer_from_dir(upper)?;
+        let packed = self.pack_dir(upper)?;
+        self.commit_packed(base, packed, config, comment, source, tag)
+    }
+
+    /// [`commit`](Self::commit) of a layer packed earlier with
+    /// [`pack_dir`](Self::pack_dir).
+    pub fn commit_packed(
+        &self,
+        base: &ImageInfo,
+        packed: PackedLayer,
+        config: &ImageConfig,
+        comment: &str,
+        source: &str,
+        tag: Option<&ImageName>,
+    ) -> Result<ImageInfo, StoreError> {
+        let l = self.finish_layer(packed)?;
         let mut layers = base.layers.clone();
         layers.push(l);
         self.add_image(&layers, config, comment, Some(base.id), source, tag)

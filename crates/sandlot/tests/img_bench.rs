@@ -55,7 +55,7 @@ fn bench_images() {
     let c = d.client();
     let rt = rt();
     rt.block_on(async {
-        let n = 15;
+        let n: usize = 15;
         let (mut host, mut image) = (Vec::new(), Vec::new());
         for i in 0..n * 2 {
             let body = if i % 2 == 0 { json!({}) } else { json!({"image": "bench/five"}) };
@@ -71,9 +71,9 @@ fn bench_images() {
         let sb = c.call_json("POST", "/v1/sandboxes", Some(&json!({"image": "bench/big"}))).await.unwrap();
         let id = sb["id"].as_str().unwrap().to_string();
         let (mut frozen, mut round) = (Vec::new(), Vec::new());
-        for i in 0..n {
+        for i in 1..=n {
             let o = c
-                .run(&id, &["/bin/sh", "-c", &format!("dd if=/dev/urandom of=/diff{i} bs=1024 count=1024 2>/dev/null; rm -f /diff{}", i.saturating_sub(1))])
+                .run(&id, &["/bin/sh", "-c", &format!("dd if=/dev/urandom of=/diff{i} bs=1024 count=1024 2>/dev/null; rm -f /diff{}", i - 1)])
                 .await
                 .unwrap();
             assert_eq!(o.exit.code, Some(0));
