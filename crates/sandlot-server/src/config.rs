@@ -117,6 +117,17 @@ pub struct ServerConfig {
     pub runtime: RuntimeSection,
     /// The E2B-compatible front door (`[e2b]`): listener and templates.
     pub e2b: crate::e2b::E2bConfig,
+    /// Host paths API clients may mount (`[mounts]`).
+    pub mounts: MountsSection,
+}
+
+/// Host directory mounts through the API.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct MountsSection {
+    /// Absolute host paths under which `bind` mount sources and `rootfs`
+    /// directories may lie. Empty (the default): API clients may mount none.
+    pub allowed_host_paths: Vec<PathBuf>,
 }
 
 impl Default for ServerConfig {
@@ -131,6 +142,7 @@ impl Default for ServerConfig {
             tenants: BTreeMap::new(),
             runtime: RuntimeSection::default(),
             e2b: crate::e2b::E2bConfig::default(),
+            mounts: MountsSection::default(),
         }
     }
 }
@@ -196,6 +208,14 @@ impl ServerConfig {
         }
         if let Err(m) = self.e2b.check() {
             return bad(m);
+        }
+        for p in &self.mounts.allowed_host_paths {
+            if !p.is_absolute() || p.components().any(|c| c == std::path::Component::ParentDir) {
+                return bad(format!(
+                    "mounts.allowed_host_paths: {} must be an absolute path without '..'",
+                    p.display()
+                ));
+            }
         }
         for name in self.tenants.keys() {
             if !valid_tenant(name) {

@@ -9,6 +9,7 @@ pub mod auth;
 pub mod config;
 pub mod e2b;
 pub mod error;
+pub mod images;
 pub mod metrics;
 pub mod openapi;
 pub mod process;
@@ -50,6 +51,8 @@ pub enum ServerError {
     Store(#[from] store::StoreError),
     #[error(transparent)]
     Runtime(#[from] sandlot_runtime::RuntimeError),
+    #[error(transparent)]
+    Images(sandlot_store::StoreError),
 }
 
 fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> ServerError + 'a {
@@ -131,7 +134,9 @@ pub async fn serve(
             path: PathBuf::from(format!("{:?}", cfg.e2b.listen)),
             source,
         })?;
-    let state = Arc::new(AppState::new(cfg, store, runtime));
+    let images = images::Images::open(&cfg.data_dir, cfg.mounts.allowed_host_paths.clone())
+        .map_err(ServerError::Images)?;
+    let state = Arc::new(AppState::new(cfg, store, runtime, images));
     let rep = sandbox::reconcile(&state).await?;
     tracing::info!(
         adopted = rep.adopted.len(),

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use utoipa::{OpenApi, ToSchema};
 
-use crate::routes::{exec, files, sandboxes};
+use crate::routes::{exec, files, images, sandboxes, secrets, volumes};
 
 /// A bind mount or a tmpfs (the `type` field selects).
 #[derive(ToSchema)]
@@ -69,6 +69,10 @@ pub struct CreateSandboxDoc {
     #[schema(example = "10m")]
     timeout: Option<String>,
     network: Option<NetworkDoc>,
+    /// Named volumes: `[{"name", "target", "read_only"}]`.
+    volumes: Option<Vec<VolumeMountDoc>>,
+    /// Named secrets: `[{"name", "env"}]` or `[{"name", "path": "/run/secrets/x"}]`.
+    secrets: Option<Vec<SecretRefDoc>>,
     /// Unique among the tenant's live sandboxes; usable instead of the id.
     name: Option<String>,
     tags: Option<BTreeMap<String, String>>,
@@ -76,6 +80,28 @@ pub struct CreateSandboxDoc {
     /// Stop after this long without exec or file activity: seconds or `"2m"`.
     #[schema(example = "2m")]
     idle_timeout: Option<String>,
+}
+
+/// A named volume mounted at create.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct VolumeMountDoc {
+    name: String,
+    /// Absolute path in the sandbox.
+    target: String,
+    /// Default false.
+    read_only: Option<bool>,
+}
+
+/// A named secret injected at create: exactly one of `env` or `path`.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct SecretRefDoc {
+    name: String,
+    /// Environment variable name.
+    env: Option<String>,
+    /// File directly under `/run/secrets/` (mode 0400).
+    path: Option<String>,
 }
 
 #[derive(OpenApi)]
@@ -88,9 +114,17 @@ pub struct CreateSandboxDoc {
         exec::stdin_close, exec::signal, exec::resize, exec::wait,
         files::read, files::write, files::remove, files::stat, files::list, files::mkdir, files::rename,
         files::watch, files::tar_download, files::tar_upload,
+        images::list, images::inspect, images::remove, images::prune, images::import,
+        images::export, images::diff, images::snapshot,
+        volumes::create, volumes::list, volumes::get_one, volumes::remove,
+        secrets::create, secrets::list, secrets::remove,
     ),
-    components(schemas(CreateSandboxDoc, MountDoc, ResourcesDoc, NetworkDoc)),
-    tags((name = "sandboxes"), (name = "processes"), (name = "files"), (name = "system")),
+    components(schemas(CreateSandboxDoc, MountDoc, ResourcesDoc, NetworkDoc,
+        VolumeMountDoc, SecretRefDoc, images::ImageView, images::LayerView, images::ImageList,
+        images::PruneView, images::DiffView, images::SnapshotBody, volumes::CreateVolume,
+        volumes::VolumeList, crate::images::Volume, secrets::CreateSecret, secrets::SecretList,
+        crate::images::SecretInfo)),
+    tags((name = "sandboxes"), (name = "processes"), (name = "files"), (name = "images"), (name = "volumes"), (name = "secrets"), (name = "system")),
     modifiers(&Security),
 )]
 struct ApiDoc;
@@ -145,6 +179,16 @@ mod tests {
             ..Default::default()
         };
         spec.env.insert("A".into(), "b".into());
+        spec.volumes.push(sandlot_proto::spec::VolumeMount {
+            name: "v".into(),
+            target: "/v".into(),
+            read_only: false,
+        });
+        spec.secrets.push(sandlot_proto::spec::SecretRef {
+            name: "s".into(),
+            env: Some("S".into()),
+            path: None,
+        });
         spec.mounts.push(sandlot_proto::spec::MountSpec::Tmpfs {
             target: "/t".into(),
             size: sandlot_proto::units::ByteSize(1 << 20),

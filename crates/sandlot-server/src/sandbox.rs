@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use sandlot_guest::client::GuestClient;
 use sandlot_proto::spec::SandboxSpec;
 use sandlot_runtime::cgroup::Cgroup;
-use sandlot_runtime::{Backend, CreateOptions, RuntimeError, SandboxInstance};
+use sandlot_runtime::{Backend, RuntimeError, SandboxInstance};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::{watch, Notify};
 use tracing::Instrument;
@@ -211,6 +211,9 @@ pub fn new_id(prefix: &str) -> String {
 /// Creates a sandbox: admission, runtime, agent connection, owner task.
 pub async fn create(state: &Arc<AppState>, p: CreateParams) -> ApiResult<SandboxRecord> {
     let t0 = Instant::now();
+    // Host paths only under the operator's allowed list (`sandlot run` is not
+    // restricted: it runs as the local root user); image, volumes, secrets exist.
+    state.images.precheck(&p.tenant, &p.spec)?;
     let id = new_id(&state.cfg.id_prefix);
     let now = now_ms();
     let rec = SandboxRecord {
@@ -269,16 +272,32 @@ pub async fn create(state: &Arc<AppState>, p: CreateParams) -> ApiResult<Sandbox
     state.metrics.live_sandboxes.fetch_add(1, Ordering::Relaxed);
     let span = tracing::info_span!("sandbox", sandbox_id = %id, tenant = %p.tenant);
     let rt = state.runtime.clone();
+    let images = state.images.clone();
     let spec = p.spec.clone();
     let cid = id.clone();
-    let created =
-        tokio::task::spawn_blocking(move || rt.create(&cid, &spec, CreateOptions::default()))
-            .await
-            .map_err(ApiError::internal)?;
+    let tenant = p.tenant.clone();
+    // Image, volumes and secrets are resolved (and the writable layer mounted)
+    // off the async threads; failures are recorded like runtime failures.
+    let created = tokio::task::spawn_blocking(move || {
+        let opts = images.prepare(&cid, &tenant, &spec).map_err(Err)?;
+        rt.create(&cid, &spec, opts).map_err(|e| {
+            images.release(&cid);
+            Ok(e)
+        })
+    })
+    .await
+    .map_err(ApiError::internal)?;
     let inst = match created {
         Ok(i) => i,
         Err(e) => {
-            let api = create_error(&e);
+            let api = match &e {
+                Ok(e) => create_error(e),
+                Err(api) => api.clone(),
+            };
+            let e = match e {
+                Ok(e) => e.to_string(),
+                Err(api) => api.message,
+            };
             span.in_scope(|| tracing::warn!("create failed: {e}"));
             let shown = if api.status.is_server_error() {
                 "the runtime failed to create the sandbox".to_string()
@@ -337,6 +356,7 @@ pub async fn create(state: &Arc<AppState>, p: CreateParams) -> ApiResult<Sandbox
 async fn teardown_failed(state: &Arc<AppState>, inst: SandboxInstance, id: &str, what: &str) {
     let rt = state.runtime.clone();
     let _ = tokio::task::spawn_blocking(move || rt.terminate(&inst)).await;
+    state.images.release(id);
     let _ = state.store.mark_stopped(
         id,
         EndReason::CreateFailed,
@@ -458,13 +478,16 @@ pub async fn own(state: Arc<AppState>, h: Arc<SandboxHandle>, adopted: bool) {
     let (usage, _) = h.usage();
     let h2 = h.clone();
     let rt = state.runtime.clone();
+    let images = state.images.clone();
     let res = tokio::task::spawn_blocking(move || {
         let status = if pid1_exited {
             sandlot_runtime::namespace::wait_exit(&h2.inst, Duration::from_millis(200))
         } else {
             None
         };
-        (status, rt.terminate(&h2.inst))
+        let term = rt.terminate(&h2.inst);
+        images.release(&h2.id);
+        (status, term)
     })
     .await;
     let (status, term) = match res {
@@ -585,6 +608,9 @@ pub async fn reconcile(state: &Arc<AppState>) -> Result<ReconcileReport, crate::
     .unwrap_or_default();
     report.orphans = orphans.0;
     report.swept = orphans.1;
+    let images = state.images.clone();
+    let live = state.live_ids();
+    let _ = tokio::task::spawn_blocking(move || images.reconcile(&live)).await;
     Ok(report)
 }
 

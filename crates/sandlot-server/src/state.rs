@@ -17,13 +17,21 @@ pub struct AppState {
     pub store: Arc<Store>,
     pub runtime: Arc<NamespaceBackend>,
     pub metrics: Metrics,
+    /// Images, volumes, secrets (see `images.rs`).
+    pub images: Arc<crate::images::Images>,
     live: Mutex<HashMap<String, Arc<SandboxHandle>>>,
     shutting_down: AtomicBool,
 }
 
 impl AppState {
-    pub fn new(cfg: ServerConfig, store: Store, runtime: NamespaceBackend) -> AppState {
+    pub fn new(
+        cfg: ServerConfig,
+        store: Store,
+        runtime: NamespaceBackend,
+        images: crate::images::Images,
+    ) -> AppState {
         AppState {
+            images: Arc::new(images),
             cfg: Arc::new(cfg),
             store: Arc::new(store),
             runtime: Arc::new(runtime),

@@ -23,8 +23,11 @@ use crate::store::SandboxRecord;
 
 pub mod exec;
 pub mod files;
+pub mod images;
 pub mod sandboxes;
+pub mod secrets;
 pub mod stream;
+pub mod volumes;
 
 /// The id of the current request.
 #[derive(Debug, Clone)]
@@ -77,6 +80,7 @@ pub fn router(state: Arc<AppState>, transport: Transport) -> Router {
             &format!("{sb}/files/tar"),
             get(files::tar_download).put(files::tar_upload),
         )
+        .merge(images_router())
         .fallback(fallback)
         .layer(DefaultBodyLimit::disable())
         .layer(middleware::from_fn_with_state(
@@ -85,6 +89,29 @@ pub fn router(state: Arc<AppState>, transport: Transport) -> Router {
         ))
         .layer(axum::Extension(transport))
         .with_state(state)
+}
+
+/// Images, snapshots, volumes and secrets (`images.rs`, `volumes.rs`, `secrets.rs`).
+fn images_router() -> Router<Arc<AppState>> {
+    use axum::routing::delete;
+    Router::new()
+        .route("/v1/images", get(images::list))
+        .route("/v1/images/prune", post(images::prune))
+        .route("/v1/images/import", post(images::import))
+        .route("/v1/images/export", get(images::export))
+        .route("/v1/images/diff", get(images::diff))
+        .route(
+            "/v1/images/{*reference}",
+            get(images::inspect).delete(images::remove),
+        )
+        .route("/v1/sandboxes/{id}/snapshot", post(images::snapshot))
+        .route("/v1/volumes", post(volumes::create).get(volumes::list))
+        .route(
+            "/v1/volumes/{name}",
+            get(volumes::get_one).delete(volumes::remove),
+        )
+        .route("/v1/secrets", post(secrets::create).get(secrets::list))
+        .route("/v1/secrets/{name}", delete(secrets::remove))
 }
 
 async fn fallback() -> ApiError {

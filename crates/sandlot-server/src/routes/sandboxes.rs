@@ -37,6 +37,8 @@ pub const SPEC_KEYS: &[&str] = &[
     "resources",
     "timeout",
     "network",
+    "volumes",
+    "secrets",
 ];
 /// Top-level keys of the create body that are not part of the spec.
 pub const EXTRA_KEYS: &[&str] = &["name", "tags", "metadata", "idle_timeout"];
