@@ -17,5 +17,15 @@ ns=$(ip netns list 2>/dev/null || true)
 [ -n "$ns" ] && report "network namespaces: $ns"
 v=$(ip -o link show type veth 2>/dev/null || true)
 [ -n "$v" ] && report "veth devices: $v"
+# Network slots (sandlot-net): namespaces and host veths are named sn<6 hex><6 hex>,
+# nftables tables sandlot_sn<6 hex>; the world of the net tests uses tw<pid>x<n>-*.
+sn=$(ls -A /run/netns 2>/dev/null | grep -E '^(sn[0-9a-f]{12}|tw[0-9]+x[0-9]+-)' || true)
+[ -n "$sn" ] && report "sandlot network slots: $sn"
+sl=$(ls -A /sys/class/net 2>/dev/null | grep -E '^sn[0-9a-f]{12}$' || true)
+[ -n "$sl" ] && report "sandlot slot links: $sl"
+if command -v nft >/dev/null 2>&1; then
+  nt=$(nft list tables 2>/dev/null | grep -E 'sandlot_sn[0-9a-f]{6}' || true)
+  [ -n "$nt" ] && report "sandlot nftables tables: $nt"
+fi
 if [ $bad = 0 ]; then echo "check-leaks: nothing left behind"; fi
 exit $bad

@@ -13,7 +13,7 @@ need_root() {
 need_root
 
 # Debian packages: the comparison peers of the benchmark, and tools the tests use.
-apt_pkgs=(bubblewrap hyperfine crun iproute2 python3 python3-venv ca-certificates)
+apt_pkgs=(bubblewrap hyperfine crun iproute2 nftables openssl curl python3 python3-venv ca-certificates)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

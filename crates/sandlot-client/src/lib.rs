@@ -14,6 +14,7 @@
 
 pub mod api;
 mod conn;
+pub mod network;
 pub mod stream;
 
 use std::collections::BTreeMap;
@@ -25,6 +26,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 pub use api::*;
+pub use network::{NetLog, NetLogEntry};
 pub use conn::Target;
 pub use stream::{ByteStream, OutputStream, WsSession};
 

@@ -119,6 +119,11 @@ pub struct ServerConfig {
     pub e2b: crate::e2b::E2bConfig,
     /// Host paths API clients may mount (`[mounts]`).
     pub mounts: MountsSection,
+    /// Network egress: default and ceiling, upstream DNS, private ranges, slot
+    /// subnet and pool (`[network]`, see `docs/networking.md`).
+    pub network: sandlot_net::NetConfig,
+    /// The E2B-compatible front door (`[e2b]`): listener and templates.
+    pub e2b: crate::e2b::E2bConfig,
 }
 
 /// Host directory mounts through the API.
@@ -143,6 +148,8 @@ impl Default for ServerConfig {
             runtime: RuntimeSection::default(),
             e2b: crate::e2b::E2bConfig::default(),
             mounts: MountsSection::default(),
+            network: sandlot_net::NetConfig::default(),
+            e2b: crate::e2b::E2bConfig::default(),
         }
     }
 }
@@ -229,6 +236,12 @@ impl ServerConfig {
     pub fn quota(&self, tenant: &str) -> Quota {
         self.tenants.get(tenant).copied().unwrap_or(self.quotas)
     }
+        self.network
+            .validate()
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        if let Err(m) = self.e2b.check() {
+            return bad(m);
+        }
 
     pub fn db_path(&self) -> PathBuf {
         self.data_dir.join("sandlot.db")

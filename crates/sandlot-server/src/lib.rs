@@ -11,6 +11,7 @@ pub mod e2b;
 pub mod error;
 pub mod images;
 pub mod metrics;
+pub mod network;
 pub mod openapi;
 pub mod process;
 pub mod routes;
@@ -145,6 +146,7 @@ pub async fn serve(
         swept = rep.swept.len(),
         "reconciled sandboxes"
     );
+    network::start(&state).await;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         shutdown.await;
@@ -180,6 +182,7 @@ pub async fn serve(
         let _ = t.await;
     }
     state.set_shutting_down();
+    network::shutdown(&state).await;
     let _ = std::fs::remove_file(&state.cfg.socket);
     res.map_err(io("serve on", &state.cfg.socket))?;
     tracing::info!(

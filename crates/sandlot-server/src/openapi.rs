@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use utoipa::{OpenApi, ToSchema};
 
-use crate::routes::{exec, files, images, sandboxes, secrets, volumes};
+use crate::routes::{exec, files, images, network, sandboxes, secrets, volumes};
 
 /// A bind mount or a tmpfs (the `type` field selects).
 #[derive(ToSchema)]
@@ -41,11 +41,31 @@ pub struct ResourcesDoc {
     disk: Option<String>,
 }
 
+/// Network egress policy (see docs/networking.md). Unknown fields are refused.
 #[derive(ToSchema)]
 #[allow(dead_code)]
 pub struct NetworkDoc {
-    /// `none` (loopback only).
+    /// `none` (loopback only, the default unless the operator sets another),
+    /// `allow` (only the `allow` rules), or `open` (the internet, never the host,
+    /// other sandboxes, link-local/metadata or unallowed private ranges).
+    #[schema(example = "allow")]
     mode: Option<String>,
+    /// With `allow`: the destinations the sandbox may reach.
+    allow: Option<Vec<AllowRuleDoc>>,
+}
+
+/// One allowed destination: exactly one of `domain` or `cidr`.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct AllowRuleDoc {
+    /// `api.example.com`, or `*.example.com` (names below it, not itself).
+    #[schema(example = "api.example.com")]
+    domain: Option<String>,
+    /// `203.0.113.0/24` (TCP to these addresses).
+    cidr: Option<String>,
+    /// TCP ports (absent or empty: any).
+    #[schema(example = json!([443]))]
+    ports: Option<Vec<u16>>,
 }
 
 /// `POST /v1/sandboxes`: the sandbox spec (every field optional) plus `name`,
@@ -114,17 +134,18 @@ pub struct SecretRefDoc {
         exec::stdin_close, exec::signal, exec::resize, exec::wait,
         files::read, files::write, files::remove, files::stat, files::list, files::mkdir, files::rename,
         files::watch, files::tar_download, files::tar_upload,
+        network::get_policy, network::put_policy, network::get_log,
         images::list, images::inspect, images::remove, images::prune, images::import,
         images::export, images::diff, images::snapshot,
         volumes::create, volumes::list, volumes::get_one, volumes::remove,
         secrets::create, secrets::list, secrets::remove,
     ),
-    components(schemas(CreateSandboxDoc, MountDoc, ResourcesDoc, NetworkDoc,
+    components(schemas(CreateSandboxDoc, MountDoc, ResourcesDoc, NetworkDoc, AllowRuleDoc, sandlot_client::NetLog, sandlot_client::NetLogEntry,
         VolumeMountDoc, SecretRefDoc, images::ImageView, images::LayerView, images::ImageList,
         images::PruneView, images::DiffView, images::SnapshotBody, volumes::CreateVolume,
         volumes::VolumeList, crate::images::Volume, secrets::CreateSecret, secrets::SecretList,
         crate::images::SecretInfo)),
-    tags((name = "sandboxes"), (name = "processes"), (name = "files"), (name = "images"), (name = "volumes"), (name = "secrets"), (name = "system")),
+    tags((name = "sandboxes"), (name = "processes"), (name = "files"), (name = "network"), (name = "images"), (name = "volumes"), (name = "secrets"), (name = "system")),
     modifiers(&Security),
 )]
 struct ApiDoc;

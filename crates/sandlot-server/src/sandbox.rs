@@ -276,12 +276,19 @@ pub async fn create(state: &Arc<AppState>, p: CreateParams) -> ApiResult<Sandbox
     let spec = p.spec.clone();
     let cid = id.clone();
     let tenant = p.tenant.clone();
-    // Image, volumes and secrets are resolved (and the writable layer mounted)
-    // off the async threads; failures are recorded like runtime failures.
+    let st = state.clone();
+    // Image, volumes, secrets and the network slot are resolved (and the writable
+    // layer mounted) off the async threads; failures are recorded like runtime
+    // failures.
     let created = tokio::task::spawn_blocking(move || {
-        let opts = images.prepare(&cid, &tenant, &spec).map_err(Err)?;
+        let mut opts = images.prepare(&cid, &tenant, &spec).map_err(Err)?;
+        if let Err(e) = crate::network::prepare(&st, &cid, &spec, &mut opts) {
+            images.release(&cid);
+            return Err(Err(e));
+        }
         rt.create(&cid, &spec, opts).map_err(|e| {
             images.release(&cid);
+            crate::network::release(&st, &cid);
             Ok(e)
         })
     })
@@ -357,6 +364,7 @@ async fn teardown_failed(state: &Arc<AppState>, inst: SandboxInstance, id: &str,
     let rt = state.runtime.clone();
     let _ = tokio::task::spawn_blocking(move || rt.terminate(&inst)).await;
     state.images.release(id);
+    crate::network::release(state, id);
     let _ = state.store.mark_stopped(
         id,
         EndReason::CreateFailed,
@@ -479,6 +487,7 @@ pub async fn own(state: Arc<AppState>, h: Arc<SandboxHandle>, adopted: bool) {
     let h2 = h.clone();
     let rt = state.runtime.clone();
     let images = state.images.clone();
+    let st = state.clone();
     let res = tokio::task::spawn_blocking(move || {
         let status = if pid1_exited {
             sandlot_runtime::namespace::wait_exit(&h2.inst, Duration::from_millis(200))
@@ -487,6 +496,7 @@ pub async fn own(state: Arc<AppState>, h: Arc<SandboxHandle>, adopted: bool) {
         };
         let term = rt.terminate(&h2.inst);
         images.release(&h2.id);
+        crate::network::release(&st, &h2.id);
         (status, term)
     })
     .await;

@@ -22,6 +22,8 @@ pub struct AppState {
     live: Mutex<HashMap<String, Arc<SandboxHandle>>>,
     shutting_down: AtomicBool,
 }
+    /// Network egress service (see `network.rs`), set once at start.
+    pub net: crate::network::NetSlot,
 
 impl AppState {
     pub fn new(
@@ -41,6 +43,7 @@ impl AppState {
         }
     }
 
+            net: std::sync::OnceLock::new(),
     fn live(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<SandboxHandle>>> {
         self.live.lock().unwrap_or_else(|e| e.into_inner())
     }

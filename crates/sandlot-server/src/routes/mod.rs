@@ -24,6 +24,7 @@ use crate::store::SandboxRecord;
 pub mod exec;
 pub mod files;
 pub mod images;
+pub mod network;
 pub mod sandboxes;
 pub mod secrets;
 pub mod stream;
@@ -81,6 +82,7 @@ pub fn router(state: Arc<AppState>, transport: Transport) -> Router {
             get(files::tar_download).put(files::tar_upload),
         )
         .merge(images_router())
+        .merge(network_router())
         .fallback(fallback)
         .layer(DefaultBodyLimit::disable())
         .layer(middleware::from_fn_with_state(
@@ -89,6 +91,16 @@ pub fn router(state: Arc<AppState>, transport: Transport) -> Router {
         ))
         .layer(axum::Extension(transport))
         .with_state(state)
+}
+
+/// Network policy and egress audit log (`network.rs`).
+fn network_router() -> Router<Arc<AppState>> {
+    Router::new()
+        .route(
+            "/v1/sandboxes/{id}/network",
+            get(network::get_policy).put(network::put_policy),
+        )
+        .route("/v1/sandboxes/{id}/network/log", get(network::get_log))
 }
 
 /// Images, snapshots, volumes and secrets (`images.rs`, `volumes.rs`, `secrets.rs`).

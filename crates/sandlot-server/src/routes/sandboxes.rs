@@ -194,9 +194,11 @@ pub fn parse_create(state: &AppState, tenant: String, body: Value) -> ApiResult<
         Some(Value::Null) => None,
         Some(v) => Some(parse_duration("idle_timeout", &v)?),
     };
-    let spec: SandboxSpec = from_value(Value::Object(obj))?;
+    let network_given = obj.contains_key("network");
+    let mut spec: SandboxSpec = from_value(Value::Object(obj))?;
     spec.validate()
         .map_err(|e| ApiError::invalid(e.field(), spec_problem(&e)))?;
+    crate::network::admit(state, &mut spec, network_given)?;
     let timeout = spec
         .timeout
         .map(|t| t.duration())

