@@ -382,6 +382,13 @@ impl SlotPool {
             };
             let r = self.build(&slot);
             let mut st = self.lock();
+            if r.is_ok() && st.stopping {
+                // Built while the pool was stopping: it goes straight to teardown,
+                // still counted busy until the worker has deleted it.
+                drop(st);
+                self.send(slot);
+                return;
+            }
             st.busy -= 1;
             match r {
                 Ok(()) => {
@@ -427,6 +434,11 @@ impl SlotPool {
     /// Hands a slot to the teardown worker.
     pub fn release(&self, slot: Slot) {
         self.lock().busy += 1;
+        self.send(slot);
+    }
+
+    /// Sends a slot already counted busy to the teardown worker.
+    fn send(&self, slot: Slot) {
         let tx = self
             .inner
             .teardown
@@ -438,11 +450,13 @@ impl SlotPool {
                 if let Err(mpsc::SendError(slot)) = tx.send(slot) {
                     self.destroy(&slot);
                     self.lock().busy -= 1;
+                    self.inner.cv.notify_all();
                 }
             }
             None => {
                 self.destroy(&slot);
                 self.lock().busy -= 1;
+                self.inner.cv.notify_all();
             }
         }
     }

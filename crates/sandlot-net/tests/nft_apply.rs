@@ -42,10 +42,12 @@ fn table_applies_changes_and_deletes_in_a_private_netns() {
             dns_port: 40002,
         };
         let a = ("sntest01000001".to_string(), Ipv4Addr::new(100, 96, 0, 2));
-        nft.apply(&t.create(std::slice::from_ref(&a))).expect("create table");
+        nft.apply(&t.create(std::slice::from_ref(&a)))
+            .expect("create table");
         // Re-creating replaces it (idempotent), with another slot set.
         nft.apply(&t.create(&[])).expect("re-create table");
-        nft.apply(&t.add_slots(std::slice::from_ref(&a))).expect("add slot");
+        nft.apply(&t.add_slots(std::slice::from_ref(&a)))
+            .expect("add slot");
         let listing = std::process::Command::new("nft")
             .args(["list", "table", "inet", "sandlot_sntest01"])
             .output()

@@ -355,3 +355,53 @@ fn none_has_no_route_and_open_stays_off_the_host_and_neighbours() {
     d.stop(&rt);
     assert_clean(&world, &d);
 }
+
+#[test]
+fn a_restarted_daemon_keeps_the_slots_and_policies_of_its_sandboxes() {
+    let world = World::new();
+    let mut d = NetDaemon::start(&world, "");
+    let rt = rt();
+    let id = rt.block_on(async {
+        let c = d.client();
+        let id = create(
+            &c,
+            json!({"mode": "allow", "allow": [{"domain": "allowed.test"}]}),
+            &world,
+        )
+        .await;
+        let (code, body) = curl(&c, &id, "http://allowed.test/").await;
+        assert_eq!(
+            (code, server_of(&body)),
+            (0, Some("allowed.test")),
+            "{body}"
+        );
+        id
+    });
+    let before = d.slot_namespaces();
+    assert!(
+        before.len() >= 2,
+        "the claimed slot and the pool: {before:?}"
+    );
+    d.kill9();
+    // While the daemon is down the rules still hold (fail closed): nothing leaks.
+    let mut d = NetDaemon::start(&world, "");
+    rt.block_on(async {
+        let c = d.client();
+        let (code, body) = curl(&c, &id, "http://allowed.test/").await;
+        assert_eq!(
+            (code, server_of(&body)),
+            (0, Some("allowed.test")),
+            "after restart: {body}"
+        );
+        let (code, _) = curl(&c, &id, &format!("http://{}/", addr_of("denied.test"))).await;
+        assert_ne!(code, 0, "still denied after restart");
+        let p = c.get_network(&id).await.unwrap();
+        assert_eq!(p["allow"][0]["domain"], "allowed.test");
+    });
+    // Unclaimed slots of the killed daemon were deleted; the sandbox's was kept.
+    let after = d.slot_namespaces();
+    let kept: Vec<_> = before.iter().filter(|n| after.contains(n)).collect();
+    assert_eq!(kept.len(), 1, "before {before:?}, after {after:?}");
+    d.stop(&rt);
+    assert_clean(&world, &d);
+}

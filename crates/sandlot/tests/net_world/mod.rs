@@ -298,7 +298,8 @@ impl NetDaemon {
         std::fs::write(
             &config,
             format!(
-                "[network]\nupstream_dns = [\"{DNS_ADDR}:53\"]\nallow_private = [\"10.99.1.0/24\"]\npool_size = 2\n{extra_config}"
+                "[network]\nupstream_dns = [\"{DNS_ADDR}:53\"]\nallow_private = [\"10.99.1.0/24\"]\n{}{extra_config}",
+                if extra_config.contains("pool_size") { "" } else { "pool_size = 2\n" }
             ),
         )
         .unwrap();
@@ -398,6 +399,14 @@ impl NetDaemon {
                     .collect()
             })
             .unwrap_or_default()
+    }
+
+    /// Kills the daemon (SIGKILL): its sandboxes, slots and table stay.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
     }
 
     /// Deletes every sandbox and stops the daemon (SIGTERM, graceful).
