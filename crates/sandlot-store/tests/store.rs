@@ -42,7 +42,7 @@ fn export_import_round_trip_keeps_the_id_and_verifies_digests() {
 
     let archive = t.path().join("img.tar");
     let f = fs::File::create(&archive).unwrap();
-    oci::export(&a, &img, &[name.clone()], f, &nop).unwrap();
+    oci::export(&a, &img, std::slice::from_ref(&name), f, &nop).unwrap();
 
     let b = ImageStore::open(&t.path().join("b")).unwrap();
     let got = oci::import(&b, &archive, None, &nop).unwrap();

@@ -6,7 +6,7 @@ mod api_support;
 mod img_support;
 
 use api_support::{rt, Daemon};
-use serde_json::{json, Value};
+use serde_json::json;
 
 async fn sh(c: &sandlot_client::Client, id: &str, cmd: &str) -> (i32, String, String) {
     let o = c.run(id, &["/bin/sh", "-c", cmd]).await.unwrap();
@@ -252,20 +252,28 @@ fn secrets_are_injected_and_never_leak() {
     let log = d.log();
     assert!(log.contains("sandbox created"), "the log is being written");
     assert!(!log.contains(&value), "the daemon log shows the secret");
-    // Databases (and their WAL files), image layers and blobs: nothing.
+    // Everything else in the data directory (the SQLite databases with their WAL
+    // files, image layers and blobs, writable layers, volumes): nothing.
     let mut hits = Vec::new();
-    for sub in ["images"] {
-        grep_tree(&d.data_dir().join(sub), value.as_bytes(), &mut hits);
-    }
+    let mut dbs = 0;
     for e in std::fs::read_dir(d.data_dir()).unwrap().flatten() {
         let n = e.file_name().to_string_lossy().into_owned();
-        if n.starts_with("sandlot.db") {
+        if n == "secrets" {
+            continue;
+        }
+        if e.path().is_dir() {
+            grep_tree(&e.path(), value.as_bytes(), &mut hits);
+        } else {
+            dbs += usize::from(n.starts_with("sandlot.db"));
             let b = std::fs::read(e.path()).unwrap();
             if b.windows(value.len()).any(|w| w == value.as_bytes()) {
                 hits.push(n);
             }
         }
     }
+    assert!(dbs >= 1, "the daemon database was scanned");
+    let images_db = d.data_dir().join("images/images.db");
+    assert!(images_db.exists(), "the image database was scanned");
     assert!(hits.is_empty(), "the secret is stored in {hits:?}");
     d.spawn();
     d.shutdown();
@@ -278,6 +286,3 @@ fn rand_suffix() -> String {
         .subsec_nanos();
     format!("{t:08x}")
 }
-
-#[allow(dead_code)]
-fn _unused(_: Value) {}
