@@ -41,6 +41,34 @@ fn import_run_snapshot_diff_and_start_from_snapshots() {
     assert_eq!(code, 0);
     assert!(out.contains("test/base:1"), "{out}");
 
+    // `sandlot run --image` resolves the image in the data directory's store
+    // itself; its writable layer is a size-limited tmpfs inside the sandbox.
+    let o = std::process::Command::new(api_support::sandlot())
+        .args(["run", "--data-dir"])
+        .arg(d.data_dir())
+        .args(["--image", "test/base:1", "--disk", "4M", "--", "/bin/sh", "-c"])
+        .arg("cat /opt/layers/1; stat -c %u /usr/bin/cat; echo x > /opt/new && cat /opt/new; dd if=/dev/zero of=/opt/big bs=1M count=8 2>/dev/null || echo full")
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "layer 1\n0\nx\nfull\n",
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let o = std::process::Command::new(api_support::sandlot())
+        .args(["run", "--data-dir"])
+        .arg(d.data_dir())
+        .args(["--image", "no/such", "--", "/bin/true"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("no image no/such"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+
     let c = d.client();
     let rt = rt();
     rt.block_on(async {
