@@ -22,6 +22,13 @@ fn volumes_persist_and_host_mounts_follow_the_policy() {
     let base = std::env::temp_dir().join(format!("sandlot-img-allowed-{}", std::process::id()));
     let allowed = base.join("allowed");
     let outside = base.join("outside");
+    struct RemoveOnDrop(std::path::PathBuf);
+    impl Drop for RemoveOnDrop {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _cleanup = RemoveOnDrop(base.clone());
     std::fs::create_dir_all(&allowed).unwrap();
     std::fs::create_dir_all(&outside).unwrap();
     std::fs::write(allowed.join("hello"), "from the host\n").unwrap();
