@@ -383,7 +383,12 @@ fn a_restarted_daemon_keeps_the_slots_and_policies_of_its_sandboxes() {
         "the claimed slot and the pool: {before:?}"
     );
     d.kill9();
-    // While the daemon is down the rules still hold (fail closed): nothing leaks.
+    // While the daemon is down its table stays (fail closed: slots reach nothing).
+    assert!(
+        world.host_tables().contains("sandlot_sn"),
+        "{}",
+        world.host_tables()
+    );
     let mut d = NetDaemon::start(&world, "");
     rt.block_on(async {
         let c = d.client();
