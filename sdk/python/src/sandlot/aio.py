@@ -739,6 +739,12 @@ class AsyncSandbox:
         r = await self._client.json("GET", f"/v1/sandboxes/{self.id}/events", params={"after": after})
         return [SandboxEvent.from_json(e) for e in r.get("events", [])]
 
+    async def snapshot_filesystem(self, tag: Optional[str] = None) -> Dict[str, Any]:
+        """See :meth:`sandlot.Sandbox.snapshot_filesystem`."""
+        return await self._client.json(
+            "POST", f"/v1/sandboxes/{self.id}/snapshot", json={"tag": tag} if tag else {}
+        )
+
     async def set_timeout(self, timeout: _spec.Duration) -> SandboxInfo:
         d = await self._client.json(
             "POST", f"/v1/sandboxes/{self.id}/timeout", json={"timeout": _spec.duration(timeout)}
