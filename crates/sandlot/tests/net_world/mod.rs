@@ -445,6 +445,16 @@ impl Drop for NetDaemon {
         if std::thread::panicking() {
             eprintln!("daemon log:\n{}", self.log());
         }
+        if self.child.is_some() {
+            // A failed test: delete its sandboxes (they would outlive the daemon)
+            // and stop the daemon gracefully.
+            if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                self.stop(&rt);
+            }
+        }
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
