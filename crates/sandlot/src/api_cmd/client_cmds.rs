@@ -85,6 +85,8 @@ pub struct CreateArgs {
     /// A JSON create body (spec plus name, tags, ...); flags override it.
     #[arg(long, value_name = "FILE")]
     pub spec: Option<PathBuf>,
+    #[command(flatten)]
+    pub network: super::net_cmd::PolicyFlags,
     /// Print the sandbox as JSON.
     #[arg(long)]
     pub json: bool,
@@ -95,8 +97,6 @@ pub struct LsArgs {
     #[command(flatten)]
     pub conn: Conn,
     /// States to show (comma-separated): creating, running, stopping, stopped.
-    #[command(flatten)]
-    pub network: super::net_cmd::PolicyFlags,
     #[arg(long)]
     pub state: Option<String>,
     /// Include stopped sandboxes.
@@ -239,6 +239,7 @@ pub fn run(cmd: ApiCommand) -> anyhow::Result<i32> {
             ApiCommand::Logs(a) => logs(a).await,
             ApiCommand::Rm(a) => rm(a).await,
             ApiCommand::Timeout(a) => timeout(a).await,
+            ApiCommand::Net(n) => super::net_cmd::run(n).await,
             _ => unreachable!("dispatched in api_cmd::run"),
         }
     });
@@ -249,7 +250,6 @@ pub fn run(cmd: ApiCommand) -> anyhow::Result<i32> {
         Err(e) => Ok(report(&e)),
     }
 }
-            ApiCommand::Net(n) => super::net_cmd::run(n).await,
 
 fn num_or_str(s: &str) -> Value {
     match s.parse::<f64>() {
