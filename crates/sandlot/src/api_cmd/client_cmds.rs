@@ -371,6 +371,9 @@ fn create_body(a: &CreateArgs) -> anyhow::Result<CreateSandbox> {
             set(s, k, Value::from(v.clone()));
         }
     }
+    if let Some(n) = a.network.to_value()? {
+        set(s, "network", n);
+    }
     if let Some(r) = &a.rootfs {
         let abs = if r.is_absolute() {
             r.clone()
@@ -381,9 +384,6 @@ fn create_body(a: &CreateArgs) -> anyhow::Result<CreateSandbox> {
     }
     Ok(body)
 }
-    if let Some(n) = a.network.to_value()? {
-        set(s, "network", n);
-    }
 
 async fn create(a: CreateArgs) -> anyhow::Result<i32> {
     let c = a.conn.client()?;
