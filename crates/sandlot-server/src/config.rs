@@ -122,8 +122,6 @@ pub struct ServerConfig {
     /// Network egress: default and ceiling, upstream DNS, private ranges, slot
     /// subnet and pool (`[network]`, see `docs/networking.md`).
     pub network: sandlot_net::NetConfig,
-    /// The E2B-compatible front door (`[e2b]`): listener and templates.
-    pub e2b: crate::e2b::E2bConfig,
 }
 
 /// Host directory mounts through the API.
@@ -149,7 +147,6 @@ impl Default for ServerConfig {
             e2b: crate::e2b::E2bConfig::default(),
             mounts: MountsSection::default(),
             network: sandlot_net::NetConfig::default(),
-            e2b: crate::e2b::E2bConfig::default(),
         }
     }
 }
@@ -224,6 +221,9 @@ impl ServerConfig {
                 ));
             }
         }
+        self.network
+            .validate()
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         for name in self.tenants.keys() {
             if !valid_tenant(name) {
                 return bad(format!("tenants.{name}: {}", TENANT_RULE));
@@ -236,12 +236,6 @@ impl ServerConfig {
     pub fn quota(&self, tenant: &str) -> Quota {
         self.tenants.get(tenant).copied().unwrap_or(self.quotas)
     }
-        self.network
-            .validate()
-            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
-        if let Err(m) = self.e2b.check() {
-            return bad(m);
-        }
 
     pub fn db_path(&self) -> PathBuf {
         self.data_dir.join("sandlot.db")

@@ -21,9 +21,9 @@ pub struct AppState {
     pub images: Arc<crate::images::Images>,
     live: Mutex<HashMap<String, Arc<SandboxHandle>>>,
     shutting_down: AtomicBool,
-}
     /// Network egress service (see `network.rs`), set once at start.
     pub net: crate::network::NetSlot,
+}
 
 impl AppState {
     pub fn new(
@@ -40,10 +40,10 @@ impl AppState {
             metrics: Metrics::default(),
             live: Mutex::new(HashMap::new()),
             shutting_down: AtomicBool::new(false),
+            net: std::sync::OnceLock::new(),
         }
     }
 
-            net: std::sync::OnceLock::new(),
     fn live(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<SandboxHandle>>> {
         self.live.lock().unwrap_or_else(|e| e.into_inner())
     }
