@@ -26,8 +26,8 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 pub use api::*;
-pub use network::{NetLog, NetLogEntry};
 pub use conn::Target;
+pub use network::{NetLog, NetLogEntry};
 pub use stream::{ByteStream, OutputStream, WsSession};
 
 /// Default daemon address: the operator's Unix socket.
@@ -42,7 +42,7 @@ pub enum Error {
         status: StatusCode,
         body: ApiErrorBody,
     },
-    #[error("invalid SANDLOT_HOST {0:?}: use unix:///path.sock, /path.sock, http://HOST:PORT or HOST:PORT")]
+    #[error("invalid daemon address {0:?} (SANDLOT_URL): use unix:///path.sock, /path.sock, http://HOST:PORT or HOST:PORT")]
     BadHost(String),
     #[error("cannot reach the daemon at {target}: {message}")]
     Connect { target: String, message: String },
@@ -136,9 +136,12 @@ impl Client {
         })
     }
 
-    /// From `SANDLOT_HOST` (default: the operator socket) and `SANDLOT_TOKEN`.
+    /// From `SANDLOT_URL` (default: the operator socket; `SANDLOT_HOST`, its old
+    /// name, is still read) and `SANDLOT_TOKEN`, like the Python SDK.
     pub fn from_env() -> Result<Client, Error> {
-        let host = std::env::var("SANDLOT_HOST").unwrap_or_else(|_| DEFAULT_HOST.to_string());
+        let host = std::env::var("SANDLOT_URL")
+            .or_else(|_| std::env::var("SANDLOT_HOST"))
+            .unwrap_or_else(|_| DEFAULT_HOST.to_string());
         Client::new(&host, std::env::var("SANDLOT_TOKEN").ok())
     }
 
@@ -242,7 +245,12 @@ impl Client {
         S: futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send + Sync + 'static,
     {
         let resp = self
-            .send(Method::POST, path, Some("application/x-tar"), conn::streaming(body))
+            .send(
+                Method::POST,
+                path,
+                Some("application/x-tar"),
+                conn::streaming(body),
+            )
             .await?;
         let b = stream::collect(resp).await?;
         serde_json::from_slice(&b).map_err(|e| Error::Decode(e.to_string()))

@@ -143,6 +143,8 @@ pub fn set_non_dumpable() -> Result<(), SecurityError> {
 const LANDLOCK_CREATE_RULESET_VERSION: u32 = 1;
 const ACCESS_FS_MAKE_CHAR: u64 = 1 << 6;
 const ACCESS_FS_MAKE_BLOCK: u64 = 1 << 11;
+const ACCESS_FS_REFER: u64 = 1 << 13;
+const RULE_PATH_BENEATH: u32 = 1;
 const SCOPE_ABSTRACT_UNIX_SOCKET: u64 = 1 << 0;
 const SCOPE_SIGNAL: u64 = 1 << 1;
 
@@ -155,7 +157,8 @@ pub struct LandlockStatus {
     pub abstract_sockets_scoped: bool,
 }
 
-/// Applies the landlock policy: no device nodes anywhere, and (ABI 6, Linux 6.12+)
+/// Applies the landlock policy: no device nodes anywhere (files may still be moved
+/// and linked across directories), and (ABI 6, Linux 6.12+)
 /// signals and abstract Unix sockets scoped to the sandbox. Everything else about
 /// files is already enforced by the mount table. Kernels without landlock get a
 /// status with `abi == 0`.
@@ -173,6 +176,16 @@ pub fn apply_landlock() -> Result<LandlockStatus, SecurityError> {
         return Ok(LandlockStatus::default());
     }
     let abi = abi as u32;
+    if abi < 2 {
+        // ABI 1 cannot grant LANDLOCK_ACCESS_FS_REFER: any ruleset there refuses
+        // every rename or link across directories (EXDEV), which breaks ordinary
+        // programs. The device-node rule is defence in depth only (the kernel
+        // refuses device nodes in a user namespace anyway), so skip landlock.
+        return Ok(LandlockStatus {
+            abi,
+            ..Default::default()
+        });
+    }
     // restrict_self needs no_new_privs once CAP_SYS_ADMIN is gone.
     crate::sys::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0).map_err(|source| SecurityError::Prctl {
         what: "no_new_privs",
@@ -189,8 +202,10 @@ pub fn apply_landlock() -> Result<LandlockStatus, SecurityError> {
     } else {
         0
     };
+    // REFER is handled so that it can be granted below: a ruleset that handles
+    // any file access but does not grant REFER refuses cross-directory renames.
     let attr = Attr {
-        handled_access_fs: ACCESS_FS_MAKE_CHAR | ACCESS_FS_MAKE_BLOCK,
+        handled_access_fs: ACCESS_FS_MAKE_CHAR | ACCESS_FS_MAKE_BLOCK | ACCESS_FS_REFER,
         handled_access_net: 0,
         scoped,
     };
@@ -220,6 +235,38 @@ pub fn apply_landlock() -> Result<LandlockStatus, SecurityError> {
     // SAFETY: fresh fd from the kernel, owned here.
     let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) };
     use std::os::fd::AsRawFd;
+    // Renames and links may move files between any directories: REFER beneath /.
+    #[repr(C, packed)]
+    struct PathBeneath {
+        allowed_access: u64,
+        parent_fd: i32,
+    }
+    let root = std::fs::File::open("/").map_err(|source| SecurityError::Landlock {
+        op: "open / for the refer rule",
+        source,
+    })?;
+    let rule = PathBeneath {
+        allowed_access: ACCESS_FS_REFER,
+        parent_fd: root.as_raw_fd(),
+    };
+    // SAFETY: `rule` is a valid landlock_path_beneath_attr (packed, 12 bytes) whose
+    // parent_fd stays open (`root`) for the duration of the call.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_add_rule,
+            fd.as_raw_fd(),
+            RULE_PATH_BENEATH,
+            &rule as *const PathBeneath,
+            0u32,
+        )
+    };
+    if r != 0 {
+        return Err(SecurityError::Landlock {
+            op: "add the refer rule",
+            source: io::Error::last_os_error(),
+        });
+    }
+    drop(root);
     // SAFETY: restrict_self takes the ruleset fd and flags only.
     let r = unsafe { libc::syscall(libc::SYS_landlock_restrict_self, fd.as_raw_fd(), 0u32) };
     if r != 0 {

@@ -115,13 +115,15 @@ pub struct ServerConfig {
     pub quotas: Quota,
     pub tenants: BTreeMap<String, Quota>,
     pub runtime: RuntimeSection,
-    /// The E2B-compatible front door (`[e2b]`): listener and templates.
-    pub e2b: crate::e2b::E2bConfig,
+    /// Warm pools (`[[pools]]`): sandboxes started ahead of time per shape.
+    pub pools: Vec<crate::pool::PoolConfig>,
     /// Host paths API clients may mount (`[mounts]`).
     pub mounts: MountsSection,
     /// Network egress: default and ceiling, upstream DNS, private ranges, slot
     /// subnet and pool (`[network]`, see `docs/networking.md`).
     pub network: sandlot_net::NetConfig,
+    /// The E2B-compatible front door (`[e2b]`): listener and templates.
+    pub e2b: crate::e2b::E2bConfig,
 }
 
 /// Host directory mounts through the API.
@@ -144,9 +146,10 @@ impl Default for ServerConfig {
             quotas: Quota::default(),
             tenants: BTreeMap::new(),
             runtime: RuntimeSection::default(),
-            e2b: crate::e2b::E2bConfig::default(),
+            pools: Vec::new(),
             mounts: MountsSection::default(),
             network: sandlot_net::NetConfig::default(),
+            e2b: crate::e2b::E2bConfig::default(),
         }
     }
 }
@@ -210,8 +213,20 @@ impl ServerConfig {
                 "id_prefix {p:?}: use 1 to 24 letters, digits, '-' or '_'"
             ));
         }
-        if let Err(m) = self.e2b.check() {
-            return bad(m);
+        for (i, p) in self.pools.iter().enumerate() {
+            if p.size > crate::pool::MAX_POOL_SIZE {
+                return bad(format!(
+                    "pools[{i}].size {} is over the maximum of {}",
+                    p.size,
+                    crate::pool::MAX_POOL_SIZE
+                ));
+            }
+            if let Err(e) = p.spec.validate() {
+                return bad(format!("pools[{i}].spec.{e}"));
+            }
+            if let Some(why) = crate::pool::unpoolable(&p.spec) {
+                return bad(format!("pools[{i}].spec: {why}"));
+            }
         }
         for p in &self.mounts.allowed_host_paths {
             if !p.is_absolute() || p.components().any(|c| c == std::path::Component::ParentDir) {
@@ -224,6 +239,9 @@ impl ServerConfig {
         self.network
             .validate()
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        if let Err(m) = self.e2b.check() {
+            return bad(m);
+        }
         for name in self.tenants.keys() {
             if !valid_tenant(name) {
                 return bad(format!("tenants.{name}: {}", TENANT_RULE));

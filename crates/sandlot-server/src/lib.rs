@@ -13,6 +13,7 @@ pub mod images;
 pub mod metrics;
 pub mod network;
 pub mod openapi;
+pub mod pool;
 pub mod process;
 pub mod routes;
 pub mod sandbox;
@@ -97,6 +98,9 @@ fn bind_socket(path: &Path) -> Result<tokio::net::UnixListener, ServerError> {
     Ok(l)
 }
 
+/// How long a stopping daemon waits for open requests and streams.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Runs the daemon until `shutdown` resolves. Sandboxes keep running across a
 /// stop and are re-adopted by the next start.
 pub async fn serve(
@@ -128,6 +132,8 @@ pub async fn serve(
         }
         None => None,
     };
+    let images = images::Images::open(&cfg.data_dir, cfg.mounts.allowed_host_paths.clone())
+        .map_err(ServerError::Images)?;
     let e2b_listener = e2b::bind(&cfg.e2b)
         .await
         .map_err(|source| ServerError::Io {
@@ -135,8 +141,6 @@ pub async fn serve(
             path: PathBuf::from(format!("{:?}", cfg.e2b.listen)),
             source,
         })?;
-    let images = images::Images::open(&cfg.data_dir, cfg.mounts.allowed_host_paths.clone())
-        .map_err(ServerError::Images)?;
     let state = Arc::new(AppState::new(cfg, store, runtime, images));
     let rep = sandbox::reconcile(&state).await?;
     tracing::info!(
@@ -147,6 +151,7 @@ pub async fn serve(
         "reconciled sandboxes"
     );
     network::start(&state).await;
+    pool::Pools::start(&state);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         shutdown.await;
@@ -169,19 +174,41 @@ pub async fn serve(
     };
     let unix_app = routes::router(state.clone(), Transport::Unix);
     let unix_srv = axum::serve(unix, unix_app).with_graceful_shutdown(wait_stop(stop_rx.clone()));
-    let res = match tcp {
-        Some(t) => {
-            let app = routes::router(state.clone(), Transport::Tcp);
-            let tcp_srv = axum::serve(t, app).with_graceful_shutdown(wait_stop(stop_rx.clone()));
-            let (a, b) = tokio::join!(unix_srv.into_future(), tcp_srv.into_future());
-            a.and(b)
+    let servers = async {
+        match tcp {
+            Some(t) => {
+                let app = routes::router(state.clone(), Transport::Tcp);
+                let tcp_srv =
+                    axum::serve(t, app).with_graceful_shutdown(wait_stop(stop_rx.clone()));
+                let (a, b) = tokio::join!(unix_srv.into_future(), tcp_srv.into_future());
+                a.and(b)
+            }
+            None => unix_srv.await,
         }
-        None => unix_srv.await,
+    };
+    // Graceful shutdown waits for open requests, and an output stream or a
+    // WebSocket can stay open for as long as its process runs: after a grace
+    // period the remaining connections are dropped (clients see the stream end
+    // and can re-attach to the next daemon; sandboxes keep running).
+    let grace = {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        }
+    };
+    let res = tokio::select! {
+        r = servers => r,
+        () = grace => {
+            tracing::warn!("open connections did not finish within {SHUTDOWN_GRACE:?} of the stop signal; closing them");
+            Ok(())
+        }
     };
     if let Some(t) = e2b_task {
         let _ = t.await;
     }
     state.set_shutting_down();
+    pool::Pools::drain(&state).await;
     network::shutdown(&state).await;
     let _ = std::fs::remove_file(&state.cfg.socket);
     res.map_err(io("serve on", &state.cfg.socket))?;

@@ -207,7 +207,9 @@ impl Pools {
         if self.pools.is_empty() {
             return;
         }
-        let metrics: [(&str, &str, &str, fn(&Pool) -> u64); 5] = [
+        /// Name, help, type and value of one per-pool metric.
+        type PoolMetric = (&'static str, &'static str, &'static str, fn(&Pool) -> u64);
+        let metrics: [PoolMetric; 5] = [
             (
                 "sandlot_pool_ready",
                 "Sandboxes ready in a warm pool.",
@@ -311,15 +313,14 @@ async fn start_one(state: &Arc<AppState>, pool: &Pool) -> Result<Warm, String> {
     let (st, spec, cid) = (state.clone(), pool.spec.clone(), id.clone());
     // Pooled sandboxes belong to no tenant until claimed; their shapes have no
     // volumes or secrets (checked with the configuration).
-    let (inst, image) = tokio::task::spawn_blocking(move || {
-        crate::sandbox::start_instance(&st, &cid, "", &spec)
-    })
-    .await
-    .map_err(|e| format!("create task: {e}"))?
-    .map_err(|e| match e {
-        Ok(rt) => format!("create {id}: {rt}"),
-        Err(api) => format!("create {id}: {}", api.message),
-    })?;
+    let (inst, image) =
+        tokio::task::spawn_blocking(move || crate::sandbox::start_instance(&st, &cid, "", &spec))
+            .await
+            .map_err(|e| format!("create task: {e}"))?
+            .map_err(|e| match e {
+                Ok(rt) => format!("create {id}: {rt}"),
+                Err(api) => format!("create {id}: {}", api.message),
+            })?;
     match GuestClient::connect(&inst.socket).await {
         Ok(guest) => Ok(Warm {
             id,
@@ -377,9 +378,7 @@ mod tests {
     #[test]
     fn per_request_fields_do_not_change_the_shape() {
         let base = spec("{}");
-        let custom = spec(
-            r#"{"env":{"A":"1"},"workdir":"/tmp","user":"1000","timeout":"10m"}"#,
-        );
+        let custom = spec(r#"{"env":{"A":"1"},"workdir":"/tmp","user":"1000","timeout":"10m"}"#);
         assert_eq!(shape(&base), shape(&custom));
         // An allow policy's rules are set at claim; its mode is part of the shape.
         let a = spec(r#"{"network":{"mode":"allow","allow":[{"domain":"a.test"}]}}"#);
@@ -442,6 +441,9 @@ mod tests {
             text.contains("sandlot_pool_misses_total{pool=\"small\"} 0"),
             "{text}"
         );
-        assert!(text.contains("sandlot_pool_target{pool=\"pool2\"} 3"), "{text}");
+        assert!(
+            text.contains("sandlot_pool_target{pool=\"pool2\"} 3"),
+            "{text}"
+        );
     }
 }

@@ -211,10 +211,18 @@ pub fn new_id(prefix: &str) -> String {
 /// Creates a sandbox: admission, runtime, agent connection, owner task.
 pub async fn create(state: &Arc<AppState>, p: CreateParams) -> ApiResult<SandboxRecord> {
     let t0 = Instant::now();
+    if state.is_shutting_down() {
+        return Err(ApiError::unavailable("the daemon is shutting down"));
+    }
     // Host paths only under the operator's allowed list (`sandlot run` is not
-    // restricted: it runs as the local root user); image, volumes, secrets exist.
+    // restricted: it runs as the local root user).
     state.images.precheck(&p.tenant, &p.spec)?;
-    let id = new_id(&state.cfg.id_prefix);
+    // A ready sandbox of this shape, if a warm pool has one: it keeps its id.
+    let warm = state.pools.take(&p.spec);
+    let id = match &warm {
+        Some((_, w)) => w.id.clone(),
+        None => new_id(&state.cfg.id_prefix),
+    };
     let now = now_ms();
     let rec = SandboxRecord {
         id: id.clone(),
@@ -237,14 +245,27 @@ pub async fn create(state: &Arc<AppState>, p: CreateParams) -> ApiResult<Sandbox
         idle_timeout_ms: p.idle_timeout.map(|d| d.as_millis() as i64),
         usage: UsageRecord::default(),
     };
-    if state.is_shutting_down() {
-        return Err(ApiError::unavailable("the daemon is shutting down"));
-    }
     let quota = state.cfg.quota(&p.tenant);
     let admission = state
         .store
-        .admit_sandbox(&rec, quota.max_sandboxes, quota.max_memory.bytes())
-        .map_err(ApiError::internal)?;
+        .admit_sandbox(&rec, quota.max_sandboxes, quota.max_memory.bytes());
+    let admission = match admission {
+        Ok(a) => a,
+        Err(e) => {
+            if let Some((pool, w)) = warm {
+                state.pools.put_back(&pool, w);
+            }
+            return Err(ApiError::internal(e));
+        }
+    };
+    let warm = match warm {
+        Some((_, w)) if admission == Admission::Admitted => Some(w),
+        Some((pool, w)) => {
+            state.pools.put_back(&pool, w);
+            None
+        }
+        None => None,
+    };
     match admission {
         Admission::Admitted => {}
         Admission::TooManySandboxes(n) => {
@@ -271,57 +292,24 @@ pub async fn create(state: &Arc<AppState>, p: CreateParams) -> ApiResult<Sandbox
     }
     state.metrics.live_sandboxes.fetch_add(1, Ordering::Relaxed);
     let span = tracing::info_span!("sandbox", sandbox_id = %id, tenant = %p.tenant);
-    let rt = state.runtime.clone();
-    let images = state.images.clone();
-    let spec = p.spec.clone();
-    let cid = id.clone();
-    let tenant = p.tenant.clone();
-    let st = state.clone();
-    // Image, volumes, secrets and the network slot are resolved (and the writable
-    // layer mounted) off the async threads; failures are recorded like runtime
-    // failures.
-    let created = tokio::task::spawn_blocking(move || {
-        let mut opts = images.prepare(&cid, &tenant, &spec).map_err(Err)?;
-        if let Err(e) = crate::network::prepare(&st, &cid, &spec, &mut opts) {
-            images.release(&cid);
-            return Err(Err(e));
+    // A pooled sandbox only needs the request's process defaults; if that fails
+    // (its agent died while it waited), it is discarded and the create goes cold.
+    let mut claimed = None;
+    if let Some(w) = warm {
+        match crate::pool::configure(state, &w, &p.spec).await {
+            Ok(()) => claimed = Some((w.inst, w.guest)),
+            Err(e) => {
+                span.in_scope(|| tracing::warn!("pooled sandbox unusable, creating cold: {e}"));
+                crate::pool::discard(state, w).await;
+            }
         }
-        rt.create(&cid, &spec, opts).map_err(|e| {
-            images.release(&cid);
-            crate::network::release(&st, &cid);
-            Ok(e)
-        })
-    })
-    .await
-    .map_err(ApiError::internal)?;
-    let inst = match created {
-        Ok(i) => i,
-        Err(e) => {
-            let api = match &e {
-                Ok(e) => create_error(e),
-                Err(api) => api.clone(),
-            };
-            let e = match e {
-                Ok(e) => e.to_string(),
-                Err(api) => api.message,
-            };
-            span.in_scope(|| tracing::warn!("create failed: {e}"));
-            let shown = if api.status.is_server_error() {
-                "the runtime failed to create the sandbox".to_string()
-            } else {
-                api.message.clone()
-            };
-            let _ = state.store.mark_stopped(
-                &id,
-                EndReason::CreateFailed,
-                (None, None),
-                Some(&shown),
-                now_ms(),
-            );
-            state.metrics.live_sandboxes.fetch_sub(1, Ordering::Relaxed);
-            state.metrics.stopped(EndReason::CreateFailed.as_str());
-            return Err(api);
-        }
+    }
+    let (inst, guest) = match claimed {
+        Some(c) => (c.0, Some(c.1)),
+        None => (
+            cold_create(state, &id, &p.tenant, &p.spec, &span).await?,
+            None,
+        ),
     };
     // Record the pid before anything else can fail, so a crash from here on leaves
     // a record that the next start re-adopts or cleans.
@@ -329,15 +317,18 @@ pub async fn create(state: &Arc<AppState>, p: CreateParams) -> ApiResult<Sandbox
         teardown_failed(state, inst, &id, "record the sandbox").await;
         return Err(ApiError::internal(e));
     }
-    let guest = match GuestClient::connect(&inst.socket).await {
-        Ok(g) => g,
-        Err(e) => {
-            span.in_scope(|| tracing::error!("connect to the agent: {e}"));
-            teardown_failed(state, inst, &id, "connect to the agent").await;
-            return Err(ApiError::internal(format!(
-                "connect to the agent of {id}: {e}"
-            )));
-        }
+    let guest = match guest {
+        Some(g) => g,
+        None => match GuestClient::connect(&inst.socket).await {
+            Ok(g) => g,
+            Err(e) => {
+                span.in_scope(|| tracing::error!("connect to the agent: {e}"));
+                teardown_failed(state, inst, &id, "connect to the agent").await;
+                return Err(ApiError::internal(format!(
+                    "connect to the agent of {id}: {e}"
+                )));
+            }
+        },
     };
     let mut rec = rec;
     rec.state = SandboxState::Running;
@@ -358,6 +349,86 @@ pub async fn create(state: &Arc<AppState>, p: CreateParams) -> ApiResult<Sandbox
         )
     });
     Ok(rec)
+}
+
+/// Starts a sandbox on the runtime (no pool). On failure the record is closed as
+/// `create_failed` and the error mapped for the API.
+async fn cold_create(
+    state: &Arc<AppState>,
+    id: &str,
+    tenant: &str,
+    spec: &SandboxSpec,
+    span: &tracing::Span,
+) -> ApiResult<SandboxInstance> {
+    let (spec, cid, tenant, st) = (
+        spec.clone(),
+        id.to_string(),
+        tenant.to_string(),
+        state.clone(),
+    );
+    // Image, volumes and secrets are resolved (and the writable layer mounted)
+    // off the async threads; failures are recorded like runtime failures.
+    let created = tokio::task::spawn_blocking(move || start_instance(&st, &cid, &tenant, &spec))
+        .await
+        .map_err(ApiError::internal)?;
+    match created {
+        Ok((i, _)) => Ok(i),
+        Err(e) => {
+            let api = match &e {
+                Ok(e) => create_error(e),
+                Err(api) => api.clone(),
+            };
+            let e = match e {
+                Ok(e) => e.to_string(),
+                Err(api) => api.message,
+            };
+            span.in_scope(|| tracing::warn!("create failed: {e}"));
+            let shown = if api.status.is_server_error() {
+                "the runtime failed to create the sandbox".to_string()
+            } else {
+                api.message.clone()
+            };
+            let _ = state.store.mark_stopped(
+                id,
+                EndReason::CreateFailed,
+                (None, None),
+                Some(&shown),
+                now_ms(),
+            );
+            state.metrics.live_sandboxes.fetch_sub(1, Ordering::Relaxed);
+            state.metrics.stopped(EndReason::CreateFailed.as_str());
+            Err(api)
+        }
+    }
+}
+
+/// A failure of [`start_instance`]: the runtime's, or one already mapped for the
+/// API (a bad image, volume, secret or network policy).
+pub type StartError = Result<RuntimeError, ApiError>;
+
+/// Resolves `spec`'s image, volumes, secrets and network slot and starts the
+/// sandbox on the runtime. Blocking. On failure everything prepared is released.
+/// Also returns the resolved image (a pool needs it to configure a claim).
+pub fn start_instance(
+    state: &Arc<AppState>,
+    id: &str,
+    tenant: &str,
+    spec: &SandboxSpec,
+) -> Result<(SandboxInstance, Option<sandlot_runtime::mounts::ImageRoot>), StartError> {
+    let mut opts = state.images.prepare(id, tenant, spec).map_err(Err)?;
+    if let Err(e) = crate::network::prepare(state, id, spec, &mut opts) {
+        state.images.release(id);
+        return Err(Err(e));
+    }
+    let image = opts.image.clone();
+    match state.runtime.create(id, spec, opts) {
+        Ok(i) => Ok((i, image)),
+        Err(e) => {
+            state.images.release(id);
+            crate::network::release(state, id);
+            Err(Ok(e))
+        }
+    }
 }
 
 async fn teardown_failed(state: &Arc<AppState>, inst: SandboxInstance, id: &str, what: &str) {

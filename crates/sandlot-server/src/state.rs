@@ -17,6 +17,7 @@ pub struct AppState {
     pub store: Arc<Store>,
     pub runtime: Arc<NamespaceBackend>,
     pub metrics: Metrics,
+    pub pools: crate::pool::Pools,
     /// Images, volumes, secrets (see `images.rs`).
     pub images: Arc<crate::images::Images>,
     live: Mutex<HashMap<String, Arc<SandboxHandle>>>,
@@ -32,7 +33,9 @@ impl AppState {
         runtime: NamespaceBackend,
         images: crate::images::Images,
     ) -> AppState {
+        let pools = crate::pool::Pools::new(&cfg.pools);
         AppState {
+            pools,
             images: Arc::new(images),
             cfg: Arc::new(cfg),
             store: Arc::new(store),

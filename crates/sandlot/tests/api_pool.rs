@@ -77,7 +77,14 @@ fn issue6_pool_claims_are_single_use_and_take_request_defaults() {
             .unwrap();
         assert!(sb.id.starts_with(&d.prefix), "{}", sb.id);
         let out = c
-            .run(&sb.id, &["sh", "-c", "echo $GREETING; pwd; id -u; echo $LANG $HOSTNAME"])
+            .run(
+                &sb.id,
+                &[
+                    "sh",
+                    "-c",
+                    "echo $GREETING; pwd; id -u; echo $LANG $HOSTNAME",
+                ],
+            )
             .await
             .unwrap();
         // The base environment is what a cold start would have (LANG, HOSTNAME).
@@ -172,7 +179,9 @@ fn issue6_pool_claims_are_single_use_and_take_request_defaults() {
         c.delete_sandbox(&sb.id).await.unwrap();
         let again = c.create_sandbox(&CreateSandbox::default()).await.unwrap();
         assert_ne!(again.id, sb.id);
-        let out = c.run(&again.id, &["sh", "-c", "echo $GREETING; id -u"]).await;
+        let out = c
+            .run(&again.id, &["sh", "-c", "echo $GREETING; id -u"])
+            .await;
         assert_eq!(String::from_utf8_lossy(&out.unwrap().stdout), "\n0\n");
     });
     // Shutdown deletes the claimed sandboxes, stops the daemon (which tears down

@@ -127,3 +127,61 @@ fn sigkill_mid_load_loses_nothing_and_leaks_nothing() {
     assert!(n >= survivors.len());
     d.shutdown();
 }
+
+/// SIGTERM stops the daemon even while a client streams the output of a process
+/// that keeps running: open streams end after the shutdown grace period, and the
+/// sandbox survives for the next daemon.
+#[test]
+fn sigterm_with_an_open_output_stream_stops_the_daemon() {
+    let mut d = Daemon::start(None);
+    let c = d.client();
+    let r = rt();
+    let (id, reader) = r.block_on(async {
+        let sb = c.create_sandbox(&CreateSandbox::default()).await.unwrap();
+        let body = sandlot_client::ExecBody {
+            argv: vec!["sh".into(), "-c".into(), "echo started; sleep 600".into()],
+            ..Default::default()
+        };
+        let (_, mut s) = c.exec_stream(&sb.id, &body).await.unwrap();
+        // The stream is open and producing before the stop signal.
+        match s.next().await.unwrap() {
+            Some(sandlot_client::stream::Output::Stdout(_, d)) => assert_eq!(d, b"started\n"),
+            other => panic!("expected the first output, got {other:?}"),
+        }
+        let reader = tokio::spawn(async move {
+            // Ends (with an error or end of stream) when the daemon drops it.
+            while let Ok(Some(_)) = s.next().await {}
+        });
+        (sb.id, reader)
+    });
+    let pid = rustix::process::Pid::from_raw(d.pid()).unwrap();
+    let t = std::time::Instant::now();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let mut child = d.child.take().unwrap();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "the daemon did not stop within 20 s of SIGTERM with a stream open"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "daemon exit: {status}");
+    r.block_on(async {
+        tokio::time::timeout(Duration::from_secs(5), reader)
+            .await
+            .expect("the client's stream ended")
+            .unwrap();
+    });
+    // The sandbox outlived the daemon and is adopted by the next one.
+    d.spawn();
+    let c = d.client();
+    r.block_on(async {
+        let sb = c.get_sandbox(&id).await.unwrap();
+        assert_eq!(sb.state, SandboxState::Running);
+        let out = c.run(&id, &["echo", "still here"]).await.unwrap();
+        assert_eq!(out.stdout, b"still here\n");
+    });
+}

@@ -278,3 +278,30 @@ fn rootfs_directory_is_an_idmapped_overlay() {
     assert!(!rfs.join("usr/newfile").exists());
     std::fs::remove_dir_all(&rfs).unwrap();
 }
+
+/// Programs in a sandbox can rename and hard-link files across directories (pip,
+/// git, write-temp-then-rename): the landlock ruleset grants REFER. Device nodes
+/// stay refused.
+#[test]
+fn issue3_rename_across_directories_works_for_sandboxed_code() {
+    let id = unique_id("rename");
+    let script = r#"python3 - <<'EOF'
+import os
+os.makedirs('/tmp/a/deep'); os.makedirs('/tmp/b')
+open('/tmp/a/deep/f', 'w').write('moved')
+os.rename('/tmp/a/deep/f', '/tmp/b/g')
+print(open('/tmp/b/g').read())
+os.rename('/tmp/a/deep', '/tmp/b/deep')
+os.link('/tmp/b/g', '/tmp/a/h')
+print(os.stat('/tmp/a/h').st_nlink)
+try:
+    os.mknod('/tmp/dev', 0o600 | 0o020000, os.makedev(1, 3))
+    print('mknod ok')
+except PermissionError:
+    print('mknod refused')
+EOF"#;
+    let (code, out, err) = sh(&id, &[], script);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert_eq!(out, "moved\n2\nmknod refused\n", "{err}");
+    assert_no_leftovers(&id);
+}

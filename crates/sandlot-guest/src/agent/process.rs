@@ -13,8 +13,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use nix::errno::Errno;
 use sandlot_proto::guest::{
-    stream, ConfigureRequest, ErrorBody, ErrorCode, ExecRequest, ExitStatus, ProcessId, ProcessInfo, PtySize, Reply,
-    StreamInfo, DATA_CHUNK,
+    stream, ConfigureRequest, ErrorBody, ErrorCode, ExecRequest, ExitStatus, ProcessId,
+    ProcessInfo, PtySize, Reply, StreamInfo, DATA_CHUNK,
 };
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;

@@ -139,10 +139,11 @@ async fn openapi_json() -> Response {
 }
 
 async fn metrics(State(state): State<Arc<AppState>>, _p: Principal) -> Response {
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        state.metrics.render(),
-    )
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], {
+        let mut text = state.metrics.render();
+        state.pools.render(&mut text);
+        text
+    })
         .into_response()
 }
 

@@ -17,7 +17,7 @@ use crate::EXIT_SANDLOT_ERROR;
 #[derive(Debug, Clone, clap::Args)]
 pub struct Conn {
     /// Daemon address: unix:///path.sock, /path.sock or HOST:PORT.
-    #[arg(long, env = "SANDLOT_HOST", default_value = sandlot_client::DEFAULT_HOST, global = true)]
+    #[arg(long, env = "SANDLOT_URL", default_value = sandlot_client::DEFAULT_HOST, global = true)]
     pub host: String,
     /// Bearer token (required over TCP).
     #[arg(long, env = "SANDLOT_TOKEN", hide_env_values = true, global = true)]
@@ -29,7 +29,17 @@ pub struct Conn {
 
 impl Conn {
     pub fn client(&self) -> anyhow::Result<Client> {
-        Ok(Client::new(&self.host, self.token.clone())?.with_tenant(self.tenant.clone()))
+        // `SANDLOT_HOST` is the old name of `SANDLOT_URL`; still honoured.
+        let host = match std::env::var("SANDLOT_HOST") {
+            Ok(h)
+                if self.host == sandlot_client::DEFAULT_HOST
+                    && std::env::var_os("SANDLOT_URL").is_none() =>
+            {
+                h
+            }
+            _ => self.host.clone(),
+        };
+        Ok(Client::new(&host, self.token.clone())?.with_tenant(self.tenant.clone()))
     }
 }
 

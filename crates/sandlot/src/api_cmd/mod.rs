@@ -1,6 +1,6 @@
 //! `sandlot serve`, `sandlot token ...` and the API client commands (`create`, `ls`,
-//! `inspect`, `exec`, `shell`, `cp`, `logs`, `rm`, `timeout`), plus `completions`
-//! and `bench-api`.
+//! `inspect`, `exec`, `shell`, `cp`, `logs`, `rm`, `timeout`), plus `completions`.
+//! The API benchmark is `sandlot bench platform` (`crate::bench`).
 //!
 //! Exit codes: 0 on success; for `exec` and `shell`, the command's own code (128 +
 //! signal when killed, 124 when its timeout expired); 126 when the command could not
@@ -82,6 +82,11 @@ pub struct ServeArgs {
     /// Prefix of this daemon's sandbox ids (default sb-).
     #[arg(long, hide = true)]
     pub id_prefix: Option<String>,
+    /// Keep N sandboxes of the default shape (no spec fields but env, workdir, user,
+    /// timeout) started ahead of time, so that creating one only claims it. Other
+    /// shapes: `[[pools]]` in the config file.
+    #[arg(long, value_name = "N")]
+    pub pool_size: Option<usize>,
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -157,6 +162,15 @@ fn serve(a: ServeArgs) -> anyhow::Result<i32> {
     }
     if let Some(p) = a.id_prefix {
         cfg.id_prefix = p;
+    }
+    if let Some(n) = a.pool_size {
+        let default_shape = sandlot_proto::spec::SandboxSpec::default();
+        cfg.pools.retain(|p| p.spec != default_shape);
+        cfg.pools.push(sandlot_server::pool::PoolConfig {
+            name: Some("default".into()),
+            size: n,
+            spec: default_shape,
+        });
     }
     cfg.validate()?;
     let exe = std::env::current_exe().context("find the sandlot binary")?;

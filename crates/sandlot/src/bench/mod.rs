@@ -131,14 +131,7 @@ pub fn bwrap_command(argv: &[&str]) -> Command {
             c.args(["--symlink", t, l]);
         }
     }
-    c.args([
-        "--proc",
-        "/proc",
-        "--dev",
-        "/dev",
-        "--tmpfs",
-        "/tmp",
-    ]);
+    c.args(["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]);
     c.args(argv);
     c
 }
@@ -166,7 +159,10 @@ fn runtime(n: usize, json: Option<PathBuf>) -> anyhow::Result<i32> {
 
     eprintln!("measuring {n} iterations each ...");
     let rows = vec![
-        summarize("bwrap /bin/true", time_command(n, || bwrap_command(&["/bin/true"]))?),
+        summarize(
+            "bwrap /bin/true",
+            time_command(n, || bwrap_command(&["/bin/true"]))?,
+        ),
         summarize(
             "sandlot run /bin/true (CLI)",
             time_command(n, || sandlot_run(&exe))?,

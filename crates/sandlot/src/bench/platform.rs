@@ -243,7 +243,12 @@ async fn wait_pool(c: &Client, size: usize) {
     eprintln!("warning: the warm pool did not refill to {size} within 120 s");
 }
 
-async fn sequential(c: &Client, mode: &str, n: usize, pool: usize) -> anyhow::Result<Vec<Duration>> {
+async fn sequential(
+    c: &Client,
+    mode: &str,
+    n: usize,
+    pool: usize,
+) -> anyhow::Result<Vec<Duration>> {
     let mut v = Vec::with_capacity(n);
     wait_pool(c, pool).await;
     for _ in 0..n {
@@ -507,7 +512,8 @@ impl CrunBundle {
 
     fn command(&self, n: usize) -> Command {
         let mut c = Command::new("unshare");
-        c.args(["-m", "--propagation", "slave", "sh", "-c"]).arg(format!(
+        c.args(["-m", "--propagation", "slave", "sh", "-c"])
+            .arg(format!(
             "umount -l /sys/fs/cgroup/unified 2>/dev/null; exec crun run --bundle {} bench-{}-{n}",
             self.dir.display(),
             std::process::id()
@@ -596,7 +602,8 @@ pub fn run(a: PlatformArgs) -> anyhow::Result<i32> {
             for m in &modes {
                 eprintln!("time to interactive, {} sequential, network {m} ...", a.n);
                 let v = sequential(&c, m, a.n, a.pool).await?;
-                res.rows.push(row("tti", &format!("sandlot sequential ({m})"), v));
+                res.rows
+                    .push(row("tti", &format!("sandlot sequential ({m})"), v));
             }
         }
         if wants(&a.only, "burst") {
@@ -617,7 +624,10 @@ pub fn run(a: PlatformArgs) -> anyhow::Result<i32> {
         if wants(&a.only, "exec") {
             eprintln!("exec round trip, {} each ...", a.exec_n);
             let sb = c.create_sandbox(&create_body("none")).await?;
-            for (name, cmd) in [("exec /bin/true", ["/bin/true", ""]), ("exec echo", ["echo", "hi"])] {
+            for (name, cmd) in [
+                ("exec /bin/true", ["/bin/true", ""]),
+                ("exec echo", ["echo", "hi"]),
+            ] {
                 let args: Vec<&str> = cmd.iter().copied().filter(|s| !s.is_empty()).collect();
                 let mut v = Vec::with_capacity(a.exec_n);
                 for _ in 0..a.exec_n {
@@ -649,7 +659,8 @@ pub fn run(a: PlatformArgs) -> anyhow::Result<i32> {
             for w in ws {
                 let _ = w.await;
             }
-            res.exec_per_sec = Some(done.load(Ordering::Relaxed) as f64 / t.elapsed().as_secs_f64());
+            res.exec_per_sec =
+                Some(done.load(Ordering::Relaxed) as f64 / t.elapsed().as_secs_f64());
             c.delete_sandbox(&sb.id).await?;
         }
         if wants(&a.only, "density") && a.density > 0 {
@@ -658,7 +669,10 @@ pub fn run(a: PlatformArgs) -> anyhow::Result<i32> {
             res.density = Some(density(&c, a.density, a.concurrency, m).await?);
         }
         if wants(&a.only, "churn") && a.churn_secs > 0 {
-            eprintln!("churn: {} s with {} workers ...", a.churn_secs, a.concurrency);
+            eprintln!(
+                "churn: {} s with {} workers ...",
+                a.churn_secs, a.concurrency
+            );
             let (cycles, errors, secs) = churn(&c, a.churn_secs, a.concurrency).await?;
             res.churn = Some(Churn {
                 secs,
@@ -681,17 +695,26 @@ pub fn run(a: PlatformArgs) -> anyhow::Result<i32> {
         (left, netns1, links1) = host_objects(&prefix);
     }
     if netns1 > netns0 {
-        left.push(format!("{} network namespaces more than before", netns1 - netns0));
+        left.push(format!(
+            "{} network namespaces more than before",
+            netns1 - netns0
+        ));
     }
     if links1 > links0 {
-        left.push(format!("{} network interfaces more than before", links1 - links0));
+        left.push(format!(
+            "{} network interfaces more than before",
+            links1 - links0
+        ));
     }
     if let Some(ch) = &mut res.churn {
         ch.leaked = left.clone();
     }
 
     if wants(&a.only, "peers") {
-        eprintln!("peers: bubblewrap and crun, {} sequential and bursts ...", a.n);
+        eprintln!(
+            "peers: bubblewrap and crun, {} sequential and bursts ...",
+            a.n
+        );
         peers(&a, &mut res)?;
     }
     print_report(&res);
@@ -725,7 +748,11 @@ fn peers(a: &PlatformArgs, res: &mut Results) -> anyhow::Result<()> {
         }
     };
     if let Some(b) = &crun {
-        res.rows.push(row("tti", "crun sequential", peer_seq(a.n, |i| b.command(i))?));
+        res.rows.push(row(
+            "tti",
+            "crun sequential",
+            peer_seq(a.n, |i| b.command(i))?,
+        ));
         res.rows.push(row(
             "tti",
             "crun's unshare wrapper alone",
@@ -734,8 +761,11 @@ fn peers(a: &PlatformArgs, res: &mut Results) -> anyhow::Result<()> {
     }
     if wants(&a.only, "burst") || a.only.is_empty() || wants(&a.only, "peers") {
         for &k in &a.bursts {
-            res.rows
-                .push(row("burst", &format!("bwrap burst {k}"), peer_burst(k, |_| bwrap_echo())?));
+            res.rows.push(row(
+                "burst",
+                &format!("bwrap burst {k}"),
+                peer_burst(k, |_| bwrap_echo())?,
+            ));
             if let Some(b) = &crun {
                 let base = 1_000_000 + k * 1000;
                 res.rows.push(row(
@@ -756,7 +786,10 @@ fn machine() -> String {
     format!(
         "{cpus} cpus, kernel {}, load average at start {}",
         kernel.trim(),
-        load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+        load.split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
     )
 }
 
@@ -832,11 +865,7 @@ fn plot(json: &Path, png: &Path) {
                 .is_ok_and(|s| s.success())
         })
         .unwrap_or("python3");
-    let st = Command::new(py)
-        .arg(&script)
-        .arg(json)
-        .arg(png)
-        .status();
+    let st = Command::new(py).arg(&script).arg(json).arg(png).status();
     match st {
         Ok(s) if s.success() => eprintln!("wrote {}", png.display()),
         Ok(s) => eprintln!(

@@ -155,7 +155,7 @@ impl Daemon {
     pub fn cli(&self, args: &[&str]) -> (i32, String, String) {
         let o = Command::new(sandlot())
             .args(args)
-            .env("SANDLOT_HOST", format!("unix://{}", self.socket.display()))
+            .env("SANDLOT_URL", format!("unix://{}", self.socket.display()))
             .env_remove("SANDLOT_TOKEN")
             .stdin(Stdio::null())
             .output()
