@@ -125,6 +125,29 @@ fn ip(args: &[String]) -> Result<(), NetError> {
     Ok(())
 }
 
+/// Deletes a named network namespace as `ip netns del` does (detach its bind
+/// mount under `/run/netns`, remove the file), without a process per slot: at
+/// teardown of hundreds of slots the `ip` processes were most of the time. The
+/// kernel frees the namespace, and the veth pair in it, once nothing holds it.
+pub fn delete_netns(name: &str) -> Result<(), NetError> {
+    let p = format!("{NETNS_DIR}/{name}");
+    let io = |what: &str, source: std::io::Error| NetError::Io {
+        what: format!("{what} {p}"),
+        source,
+    };
+    match rustix::mount::unmount(p.as_str(), rustix::mount::UnmountFlags::DETACH) {
+        Ok(()) => {}
+        // Not mounted (a half-built slot): removing the file is all that is left.
+        Err(rustix::io::Errno::INVAL) | Err(rustix::io::Errno::NOENT) => {}
+        Err(e) => return Err(io("unmount", e.into())),
+    }
+    match std::fs::remove_file(&p) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(io("remove", e)),
+    }
+}
+
 /// Opens a slot's namespace (the fd a sandbox's init joins).
 pub fn open_netns(name: &str) -> Result<OwnedFd, NetError> {
     let p = format!("{NETNS_DIR}/{name}");
@@ -264,7 +287,9 @@ impl SlotPool {
         let kept: BTreeSet<&str> = keep.iter().map(|s| s.name.as_str()).collect();
         for n in ns.iter().filter(|n| !kept.contains(n.as_str())) {
             tracing::info!(netns = %n, "deleting a leftover network slot");
-            let _ = ip(&["netns".into(), "del".into(), n.clone()]);
+            if let Err(e) = delete_netns(n) {
+                tracing::warn!(netns = %n, "delete a leftover network slot: {e}");
+            }
         }
         for l in links.iter().filter(|l| !kept.contains(l.as_str())) {
             if !ns.contains(l) {
@@ -276,11 +301,18 @@ impl SlotPool {
             std::thread::Builder::new()
                 .name("net-teardown".into())
                 .spawn(move || {
-                    for slot in rx {
-                        p.destroy(&slot);
+                    // Whatever queued up meanwhile is torn down as one batch: one
+                    // nft transaction for all of its rules (a process per slot was
+                    // most of the cost of tearing down hundreds of sandboxes).
+                    while let Ok(first) = rx.recv() {
+                        let mut batch = vec![first];
+                        batch.extend(rx.try_iter().take(511));
+                        p.destroy_batch(&batch);
                         let mut st = p.lock();
-                        st.used.remove(&slot.index);
-                        st.busy -= 1;
+                        for slot in &batch {
+                            st.used.remove(&slot.index);
+                        }
+                        st.busy -= batch.len();
                         p.inner.cv.notify_all();
                     }
                 })
@@ -341,21 +373,48 @@ impl SlotPool {
             )
         })();
         if r.is_err() {
-            let _ = ip(&["netns".into(), "del".into(), slot.name.clone()]);
+            let _ = delete_netns(&slot.name);
         }
         r
     }
 
     fn destroy(&self, slot: &Slot) {
-        let _ = self.inner.nft.apply(
-            &self
-                .inner
-                .table
-                .delete_slots(&[(slot.name.clone(), slot.sandbox_ip)]),
-        );
+        self.destroy_batch(std::slice::from_ref(slot));
+    }
+
+    /// Removes the rules of `slots` in one nft transaction, then their namespaces.
+    fn destroy_batch(&self, slots: &[Slot]) {
+        let entries: Vec<_> = slots
+            .iter()
+            .map(|s| (s.name.clone(), s.sandbox_ip))
+            .collect();
+        if self
+            .inner
+            .nft
+            .apply(&self.inner.table.delete_slots(&entries))
+            .is_err()
+        {
+            // One missing element fails the whole transaction (e.g. a slot whose
+            // build failed half-way): fall back to one transaction per slot.
+            for e in &entries {
+                if let Err(err) = self
+                    .inner
+                    .nft
+                    .apply(&self.inner.table.delete_slots(std::slice::from_ref(e)))
+                {
+                    tracing::debug!(netns = %e.0, "delete the rules of a network slot: {err}");
+                }
+            }
+        }
+        for slot in slots {
+            self.delete_namespace(slot);
+        }
+    }
+
+    fn delete_namespace(&self, slot: &Slot) {
         // Deleting the namespace destroys the veth pair with it (asynchronously in
         // the kernel, without the synchronous cost of `ip link del`).
-        if let Err(e) = ip(&["netns".into(), "del".into(), slot.name.clone()]) {
+        if let Err(e) = delete_netns(&slot.name) {
             tracing::warn!(netns = %slot.name, "delete network slot: {e}");
         }
     }

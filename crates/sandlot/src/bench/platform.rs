@@ -33,7 +33,8 @@ pub struct PlatformArgs {
     /// Burst sizes (concurrent creates), comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "10,100")]
     pub bursts: Vec<usize>,
-    /// Warm pool size of the private daemon (0: no pool, every create is cold).
+    /// Warm pool size of the private daemon, per network mode (`none` and `allow`;
+    /// 0: no pools, every create is cold).
     #[arg(long, default_value_t = 16)]
     pub pool: usize,
     /// Sequential execs on one live sandbox.
@@ -122,7 +123,9 @@ fn start_daemon(pool: usize) -> anyhow::Result<(Daemon, Client)> {
         &cfg,
         format!(
             "[quotas]\nmax_sandboxes = 100000\nmax_memory = {}\n\n\
-             [[pools]]\nname = \"bench\"\nsize = {pool}\n",
+             [[pools]]\nname = \"bench\"\nsize = {pool}\n\n\
+             [[pools]]\nname = \"bench-allow\"\nsize = {pool}\n\
+             spec = {{ network = {{ mode = \"allow\" }} }}\n",
             1u64 << 50
         ),
     )?;
@@ -230,11 +233,14 @@ async fn wait_pool(c: &Client, size: usize) {
     let deadline = Instant::now() + Duration::from_secs(120);
     while Instant::now() < deadline {
         if let Ok(t) = c.metrics().await {
-            let ready = t
-                .lines()
-                .find_map(|l| l.strip_prefix("sandlot_pool_ready{pool=\"bench\"} "))
-                .and_then(|v| v.trim().parse::<usize>().ok());
-            if ready == Some(size) {
+            let ready = |pool: &str| {
+                t.lines()
+                    .find_map(|l| {
+                        l.strip_prefix(&format!("sandlot_pool_ready{{pool=\"{pool}\"}} "))
+                    })
+                    .and_then(|v| v.trim().parse::<usize>().ok())
+            };
+            if ready("bench") == Some(size) && ready("bench-allow") == Some(size) {
                 return;
             }
         }
