@@ -86,6 +86,20 @@ impl Default for Limits {
 pub struct RuntimeSection {
     pub run_dir: PathBuf,
     pub cgroup_parent: String,
+    /// Cold creates (and pool refills) running at once; more wait their turn.
+    /// Started together, creates share the CPUs and all finish late; admitted a
+    /// few at a time, the first ones are ready early. 0: twice the CPU count.
+    pub max_concurrent_creates: usize,
+}
+
+impl RuntimeSection {
+    /// The effective limit of concurrent cold creates.
+    pub fn create_concurrency(&self) -> usize {
+        match self.max_concurrent_creates {
+            0 => 2 * std::thread::available_parallelism().map_or(2, |n| n.get()),
+            n => n,
+        }
+    }
 }
 
 impl Default for RuntimeSection {
@@ -93,6 +107,7 @@ impl Default for RuntimeSection {
         RuntimeSection {
             run_dir: PathBuf::from("/run/sandlot"),
             cgroup_parent: "sandlot".to_string(),
+            max_concurrent_creates: 0,
         }
     }
 }

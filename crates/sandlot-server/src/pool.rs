@@ -313,14 +313,22 @@ async fn start_one(state: &Arc<AppState>, pool: &Pool) -> Result<Warm, String> {
     let (st, spec, cid) = (state.clone(), pool.spec.clone(), id.clone());
     // Pooled sandboxes belong to no tenant until claimed; their shapes have no
     // volumes or secrets (checked with the configuration).
-    let (inst, image) =
+    // Refills queue behind requests' cold creates for the same permits.
+    let permit = state
+        .create_slots
+        .acquire()
+        .await
+        .map_err(|e| format!("create permit: {e}"))?;
+    let started =
         tokio::task::spawn_blocking(move || crate::sandbox::start_instance(&st, &cid, "", &spec))
-            .await
-            .map_err(|e| format!("create task: {e}"))?
-            .map_err(|e| match e {
-                Ok(rt) => format!("create {id}: {rt}"),
-                Err(api) => format!("create {id}: {}", api.message),
-            })?;
+            .await;
+    drop(permit);
+    let (inst, image) = started
+        .map_err(|e| format!("create task: {e}"))?
+        .map_err(|e| match e {
+            Ok(rt) => format!("create {id}: {rt}"),
+            Err(api) => format!("create {id}: {}", api.message),
+        })?;
     match GuestClient::connect(&inst.socket).await {
         Ok(guest) => Ok(Warm {
             id,

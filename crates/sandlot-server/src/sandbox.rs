@@ -368,9 +368,15 @@ async fn cold_create(
     );
     // Image, volumes and secrets are resolved (and the writable layer mounted)
     // off the async threads; failures are recorded like runtime failures.
+    let permit = state
+        .create_slots
+        .acquire()
+        .await
+        .map_err(ApiError::internal)?;
     let created = tokio::task::spawn_blocking(move || start_instance(&st, &cid, &tenant, &spec))
         .await
         .map_err(ApiError::internal)?;
+    drop(permit);
     match created {
         Ok((i, _)) => Ok(i),
         Err(e) => {

@@ -18,6 +18,8 @@ pub struct AppState {
     pub runtime: Arc<NamespaceBackend>,
     pub metrics: Metrics,
     pub pools: crate::pool::Pools,
+    /// Admission of cold creates (`runtime.max_concurrent_creates`).
+    pub create_slots: tokio::sync::Semaphore,
     /// Images, volumes, secrets (see `images.rs`).
     pub images: Arc<crate::images::Images>,
     live: Mutex<HashMap<String, Arc<SandboxHandle>>>,
@@ -34,8 +36,10 @@ impl AppState {
         images: crate::images::Images,
     ) -> AppState {
         let pools = crate::pool::Pools::new(&cfg.pools);
+        let create_slots = tokio::sync::Semaphore::new(cfg.runtime.create_concurrency());
         AppState {
             pools,
+            create_slots,
             images: Arc::new(images),
             cfg: Arc::new(cfg),
             store: Arc::new(store),
