@@ -217,7 +217,9 @@ pub async fn create(state: &Arc<AppState>, p: CreateParams) -> ApiResult<Sandbox
     // Host paths only under the operator's allowed list (`sandlot run` is not
     // restricted: it runs as the local root user).
     state.images.precheck(&p.tenant, &p.spec)?;
+    let spec_json = serde_json::to_value(&p.spec).map_err(ApiError::internal)?;
     // A ready sandbox of this shape, if a warm pool has one: it keeps its id.
+    // From here on it is either claimed or handed back (never dropped).
     let warm = state.pools.take(&p.spec);
     let id = match &warm {
         Some((_, w)) => w.id.clone(),
@@ -228,7 +230,7 @@ pub async fn create(state: &Arc<AppState>, p: CreateParams) -> ApiResult<Sandbox
         id: id.clone(),
         tenant: p.tenant.clone(),
         name: p.name.clone(),
-        spec: serde_json::to_value(&p.spec).map_err(ApiError::internal)?,
+        spec: spec_json,
         tags: p.tags,
         metadata: p.metadata,
         state: SandboxState::Creating,
