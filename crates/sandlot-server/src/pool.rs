@@ -99,6 +99,8 @@ pub struct Pool {
     failures: AtomicU64,
     /// Microseconds sandboxes waited in the pool before being claimed (sum).
     waited_us: AtomicU64,
+    /// A refill is starting a sandbox right now.
+    filling: std::sync::atomic::AtomicBool,
 }
 
 impl Pool {
@@ -138,6 +140,7 @@ impl Pools {
                     misses: AtomicU64::new(0),
                     failures: AtomicU64::new(0),
                     waited_us: AtomicU64::new(0),
+                    filling: std::sync::atomic::AtomicBool::new(false),
                 })
             })
             .collect();
@@ -193,8 +196,14 @@ impl Pools {
     /// Tears down every ready sandbox (daemon shutdown). Refill tasks stop on
     /// their own once the daemon is shutting down.
     pub async fn drain(state: &Arc<AppState>) {
+        // A refill in flight finishes its sandbox and, seeing the shutdown, tears
+        // it down itself: wait for it (bounded), so nothing outlives the daemon.
+        let deadline = Instant::now() + Duration::from_secs(30);
         for p in &state.pools.pools {
             p.wake.notify_one();
+            while p.filling.load(Ordering::SeqCst) && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
             let all: Vec<Warm> = p.queue().drain(..).collect();
             for w in all {
                 discard(state, w).await;
@@ -348,24 +357,33 @@ async fn start_one(state: &Arc<AppState>, pool: &Pool) -> Result<Warm, String> {
 async fn refill(state: Arc<AppState>, pool: Arc<Pool>) {
     let mut backoff = Duration::from_millis(250);
     loop {
+        // Marked before the shutdown check, so that `drain` either sees this
+        // refill in flight or this loop sees the shutdown.
+        pool.filling.store(true, Ordering::SeqCst);
         if state.is_shutting_down() {
+            pool.filling.store(false, Ordering::SeqCst);
             return;
         }
         if pool.ready_len() >= pool.target {
+            pool.filling.store(false, Ordering::SeqCst);
             // Woken by every claim; the timeout re-checks the shutdown flag.
             let _ = tokio::time::timeout(Duration::from_secs(1), pool.wake.notified()).await;
             continue;
         }
-        match start_one(&state, &pool).await {
+        let started = start_one(&state, &pool).await;
+        match started {
             Ok(w) => {
                 backoff = Duration::from_millis(250);
                 if state.is_shutting_down() {
                     discard(&state, w).await;
+                    pool.filling.store(false, Ordering::SeqCst);
                     return;
                 }
                 pool.queue().push_back(w);
+                pool.filling.store(false, Ordering::SeqCst);
             }
             Err(e) => {
+                pool.filling.store(false, Ordering::SeqCst);
                 pool.failures.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(pool = %pool.name, "refill: {e}; retrying in {backoff:?}");
                 tokio::time::sleep(backoff).await;

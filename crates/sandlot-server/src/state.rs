@@ -83,10 +83,10 @@ impl AppState {
     }
 
     pub fn set_shutting_down(&self) {
-        self.shutting_down.store(true, Ordering::Relaxed);
+        self.shutting_down.store(true, Ordering::SeqCst);
     }
 
     pub fn is_shutting_down(&self) -> bool {
-        self.shutting_down.load(Ordering::Relaxed)
+        self.shutting_down.load(Ordering::SeqCst)
     }
 }
