@@ -356,21 +356,24 @@ impl NamespaceBackend {
         };
         for e in rd.flatten() {
             let id = e.file_name().to_string_lossy().into_owned();
+            // A temporary dir being published gets its lock file, then its lock,
+            // within microseconds of its creation; one older than a minute is
+            // debris. (Judging a young one by its lock alone races with the
+            // publisher between creating the file and locking it.)
+            let old = e
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|d| d > Duration::from_secs(60));
             let Ok(f) = fs::File::open(e.path().join("alive")) else {
-                // A temporary dir being published has its lock file within
-                // microseconds; one without it after a minute is debris.
-                let old = e
-                    .metadata()
-                    .and_then(|m| m.modified())
-                    .ok()
-                    .and_then(|t| t.elapsed().ok());
-                if old.is_some_and(|d| d > Duration::from_secs(60)) {
+                if old {
                     let _ = fs::remove_dir_all(e.path());
                 }
                 continue;
             };
             if id.starts_with('.') {
-                if matches!(sys::try_flock_exclusive(f.as_fd()), Ok(true)) {
+                if old && matches!(sys::try_flock_exclusive(f.as_fd()), Ok(true)) {
                     let _ = fs::remove_dir_all(e.path());
                 }
                 continue;
@@ -574,5 +577,33 @@ pub fn wait_exit(sb: &SandboxInstance, timeout: Duration) -> Option<i32> {
         };
         // SAFETY: one valid pollfd; a short timeout bounds the loop.
         unsafe { libc::poll(&mut pfd, 1, 50) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Regression (a `concurrent_runs_do_not_interfere` failure in CI): `sweep`
+    /// removed a run directory another process was publishing, between the
+    /// creation of its `alive` file and its lock. A young temporary directory is
+    /// never swept, even unlocked; a minute-old one is. Needs root (CI is root).
+    #[test]
+    fn issue2_sweep_leaves_a_directory_being_published() {
+        let run = std::env::temp_dir().join(format!("sandlot-sweep-{}", std::process::id()));
+        let mut cfg = RuntimeConfig::new(PathBuf::from("/bin/false"));
+        cfg.run_dir = run.clone();
+        cfg.cgroup_parent = format!("sandlot-sweep-test-{}", std::process::id());
+        let b = NamespaceBackend::new(cfg).expect("needs root: CI runs as root");
+        let tmp = run.join("sandboxes").join(".new-x-1");
+        fs::create_dir_all(&tmp).unwrap();
+        fs::File::create(tmp.join("alive")).unwrap();
+        assert!(b.sweep().is_empty());
+        assert!(tmp.exists(), "a directory being published was swept");
+        let old = std::time::SystemTime::now() - Duration::from_secs(120);
+        fs::File::open(&tmp).unwrap().set_modified(old).unwrap();
+        b.sweep();
+        assert!(!tmp.exists(), "minute-old debris was not swept");
+        fs::remove_dir_all(&run).unwrap();
     }
 }
