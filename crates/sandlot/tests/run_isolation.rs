@@ -4,13 +4,20 @@
 mod common;
 
 use common::*;
+use std::os::unix::process::CommandExt;
 
 #[test]
 fn host_processes_are_invisible() {
     let marker = format!("sandlot-marker-{}", std::process::id());
     // `$0` of the shell is the marker, so it shows in the host's /proc/*/cmdline.
+    // In its own process group with no inherited stdio: the shell's `sleep` child
+    // is killed with it and holds none of the test's descriptors.
     let mut host = std::process::Command::new("/bin/sh")
         .args(["-c", "sleep 30", &marker])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .process_group(0)
         .spawn()
         .unwrap();
     std::thread::sleep(std::time::Duration::from_millis(50));
@@ -24,7 +31,8 @@ fn host_processes_are_invisible() {
         &[],
         "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done",
     );
-    host.kill().unwrap();
+    let pgid = rustix::process::Pid::from_raw(host.id() as i32).unwrap();
+    rustix::process::kill_process_group(pgid, rustix::process::Signal::KILL).unwrap();
     host.wait().unwrap();
     assert_eq!(code, 0, "{err}");
     assert!(!out.contains(&marker), "a host process is visible:\n{out}");
