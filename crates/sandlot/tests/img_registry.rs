@@ -451,3 +451,116 @@ fn issue5_registry_push_pull_token_auth_and_tampering() {
     d.shutdown();
     std::fs::remove_dir_all(&work).unwrap();
 }
+
+/// Benchmark (ignored by default; `cargo test -p sandlot --no-default-features
+/// --test img_registry -- --ignored --nocapture`): push and pull of a ~50 MB image
+/// (incompressible layer) through the token-auth loopback registry, 3 rounds,
+/// medians; the peer is importing the same image from a local archive.
+#[test]
+#[ignore]
+fn issue5_registry_throughput_bench() {
+    api_support::require_root();
+    let work = std::env::temp_dir().join(format!("sandlot-registry-bench-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).unwrap();
+    for args in [
+        vec![
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=bench",
+            "-keyout",
+            "key.pem",
+            "-out",
+            "cert.pem",
+        ],
+        vec![
+            "x509", "-outform", "DER", "-in", "cert.pem", "-out", "cert.der",
+        ],
+    ] {
+        let ok = Command::new("openssl")
+            .args(&args)
+            .current_dir(&work)
+            .stderr(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(ok.success());
+    }
+    let tokens = TokenServer::start(&work);
+    let reg = Registry::start(&work, tokens.port);
+    let host = format!("127.0.0.1:{}", reg.port);
+    let auth_file = work.join("docker-config.json");
+    std::fs::write(
+        &auth_file,
+        json!({"auths": {host.clone(): {"auth": base64::engine::general_purpose::STANDARD.encode(format!("{USER}:{PASSWORD}"))}}}).to_string(),
+    )
+    .unwrap();
+    let d = Daemon::start(Some(&format!(
+        "[images]\ninsecure_registries = [\"{host}\"]\nauth_file = \"{}\"\n",
+        auth_file.display()
+    )));
+    let tmp = d.dir.join("work");
+    std::fs::create_dir_all(tmp.join("big/opt")).unwrap();
+    let mut data = vec![0u8; 50 << 20];
+    std::fs::File::open("/dev/urandom")
+        .unwrap()
+        .read_exact(&mut data)
+        .unwrap();
+    std::fs::write(tmp.join("big/opt/blob"), &data).unwrap();
+    let root = tmp.join("rootfs");
+    img_support::mini_rootfs(&root);
+    let archive = tmp.join("big.tar");
+    img_support::archive_of(
+        &tmp,
+        &[root, tmp.join("big")],
+        &Default::default(),
+        "bench/big:1",
+        &archive,
+    );
+    let size = std::fs::metadata(&archive).unwrap().len() as f64 / 1e6;
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        v[v.len() / 2]
+    };
+    let (mut imp, mut push, mut pull) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..3 {
+        let t = Instant::now();
+        let (code, _, err) = d.cli(&["image", "import", archive.to_str().unwrap()]);
+        assert_eq!(code, 0, "{err}");
+        imp.push(t.elapsed().as_secs_f64());
+        // A new repository each round: the registry links no blob there yet, so
+        // every push uploads the whole image.
+        let remote = format!("{host}/bench/big{round}:1");
+        let t = Instant::now();
+        let (code, _, err) = d.cli(&["image", "push", "bench/big:1", &remote]);
+        assert_eq!(code, 0, "{err}");
+        push.push(t.elapsed().as_secs_f64());
+        assert_eq!(d.cli(&["image", "rm", "bench/big:1"]).0, 0);
+        assert_eq!(d.cli(&["image", "prune"]).0, 0);
+        let t = Instant::now();
+        let (code, _, err) = d.cli(&["image", "pull", &remote, "--tag", "bench/pulled:1"]);
+        assert_eq!(code, 0, "{err}");
+        pull.push(t.elapsed().as_secs_f64());
+        assert_eq!(d.cli(&["image", "rm", "bench/pulled:1"]).0, 0);
+        assert_eq!(d.cli(&["image", "prune"]).0, 0);
+    }
+    let (mi, mp, ml) = (median(imp), median(pull), median(push));
+    eprintln!(
+        "issue5 registry bench: image {size:.1} MB, 3 rounds, medians: import from archive (peer) {mi:.3}s ({:.0} MB/s); \
+         push {ml:.3}s ({:.0} MB/s); pull {mp:.3}s ({:.0} MB/s); pull/import {:.2}, push/import {:.2}",
+        size / mi,
+        size / ml,
+        size / mp,
+        mp / mi,
+        ml / mi
+    );
+    drop(d);
+    drop(reg);
+    drop(tokens);
+    std::fs::remove_dir_all(&work).unwrap();
+}

@@ -226,6 +226,13 @@ pub async fn import(
             }
         }
     }
+    // tokio's File hands writes to a blocking thread: without a flush the last
+    // chunk may not have reached the file when it is read back.
+    if failed.is_none() {
+        if let Err(e) = tokio::io::AsyncWriteExt::flush(&mut f).await {
+            failed = Some(ApiError::internal(format!("stage upload: {e}")));
+        }
+    }
     drop(f);
     if let Some(e) = failed {
         let _ = tokio::fs::remove_file(&tmp).await;
@@ -667,6 +674,13 @@ pub async fn build(
                 failed = Some(ApiError::bad_request(format!("reading the context: {e}")));
                 break;
             }
+        }
+    }
+    // tokio's File hands writes to a blocking thread: without a flush the last
+    // chunk may not have reached the file when it is read back.
+    if failed.is_none() {
+        if let Err(e) = tokio::io::AsyncWriteExt::flush(&mut f).await {
+            failed = Some(ApiError::internal(format!("stage upload: {e}")));
         }
     }
     drop(f);

@@ -258,7 +258,6 @@ pub(crate) async fn follow_progress(
             handle(v, &multi)?;
         }
     }
-    drop(handle);
     done.ok_or_else(|| anyhow::anyhow!("the daemon ended the {verb} stream without a result"))
 }
 

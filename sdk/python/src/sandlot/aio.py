@@ -34,6 +34,7 @@ import httpx
 from . import _spec, errors
 from ._tarsafe import extract_tar
 from .client import AsyncClient, default_async_client
+from .image import Image
 from .models import (
     ExitStatus,
     FileInfo,
@@ -636,7 +637,7 @@ class AsyncSandbox:
     @classmethod
     async def create(
         cls,
-        image: Optional[str] = None,
+        image: Union[str, "Image", None] = None,
         *,
         env: Optional[Mapping[str, str]] = None,
         workdir: Optional[str] = None,
@@ -661,6 +662,10 @@ class AsyncSandbox:
         client: Optional[AsyncClient] = None,
     ) -> "AsyncSandbox":
         """Creates a sandbox (see ``Sandbox.create`` for the arguments)."""
+        c = client or default_async_client()
+        if isinstance(image, Image):
+            # Built (or pulled) through the API on first use; cached afterwards.
+            image = await image.abuild(client=c)
         body = _spec.create_body(
             image=image,
             rootfs=rootfs,
@@ -684,7 +689,6 @@ class AsyncSandbox:
             metadata=metadata,
             spec=spec,
         )
-        c = client or default_async_client()
         return cls(SandboxInfo.from_json(await c.json("POST", "/v1/sandboxes", json=body)), c)
 
     @classmethod
@@ -741,9 +745,10 @@ class AsyncSandbox:
 
     async def snapshot_filesystem(self, tag: Optional[str] = None) -> Dict[str, Any]:
         """See :meth:`sandlot.Sandbox.snapshot_filesystem`."""
-        return await self._client.json(
+        snap: Dict[str, Any] = await self._client.json(
             "POST", f"/v1/sandboxes/{self.id}/snapshot", json={"tag": tag} if tag else {}
         )
+        return snap
 
     async def set_timeout(self, timeout: _spec.Duration) -> SandboxInfo:
         d = await self._client.json(

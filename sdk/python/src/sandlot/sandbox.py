@@ -32,6 +32,7 @@ import httpx
 from . import _spec, errors
 from ._tarsafe import extract_tar
 from .client import Client, default_client
+from .image import Image
 from .models import (
     ExitStatus,
     FileInfo,
@@ -770,7 +771,7 @@ class Sandbox:
     @classmethod
     def create(
         cls,
-        image: Optional[str] = None,
+        image: Union[str, "Image", None] = None,
         *,
         env: Optional[Mapping[str, str]] = None,
         workdir: Optional[str] = None,
@@ -798,6 +799,10 @@ class Sandbox:
         and passed as the API takes it (sizes: bytes or ``"512M"``; durations:
         seconds, ``"10m"`` or a timedelta); ``spec`` is a dict of any further API
         fields. A bad value raises ``InvalidSpecError`` naming the field."""
+        c = client or default_client()
+        if isinstance(image, Image):
+            # Built (or pulled) through the API on first use; cached afterwards.
+            image = image.build(client=c)
         body = _spec.create_body(
             image=image,
             rootfs=rootfs,
@@ -821,7 +826,6 @@ class Sandbox:
             metadata=metadata,
             spec=spec,
         )
-        c = client or default_client()
         return cls(SandboxInfo.from_json(c.json("POST", "/v1/sandboxes", json=body)), c)
 
     @classmethod
@@ -895,7 +899,10 @@ class Sandbox:
         it (``id``, ``tags``, ``parent``, ``layers``, ``frozen_ms``...). New sandboxes
         start from it with ``image=snap["id"]`` (or the tag). Only sandboxes created
         from a store image can be snapshotted."""
-        return self._client.json("POST", f"/v1/sandboxes/{self.id}/snapshot", json={"tag": tag} if tag else {})
+        snap: Dict[str, Any] = self._client.json(
+            "POST", f"/v1/sandboxes/{self.id}/snapshot", json={"tag": tag} if tag else {}
+        )
+        return snap
 
     def terminate(self) -> SandboxInfo:
         """Stops it: kills everything, removes every trace on the host. Idempotent."""
