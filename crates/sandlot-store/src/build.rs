@@ -769,7 +769,7 @@ pip_install = "numpy"
             s.steps[0],
             (
                 "Dockerfile line 3".into(),
-                Step::Run("echo a    && echo b".into())
+                Step::Run("echo a  && echo b".into())
             )
         );
         assert_eq!(
