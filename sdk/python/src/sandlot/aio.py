@@ -12,6 +12,7 @@ import json
 import os
 import tarfile
 import tempfile
+import uuid
 from typing import (
     IO,
     Any,
@@ -659,6 +660,7 @@ class AsyncSandbox:
         tags: Optional[Mapping[str, str]] = None,
         metadata: Optional[Mapping[str, str]] = None,
         spec: Optional[Mapping[str, Any]] = None,
+        idempotency_key: Optional[str] = None,
         client: Optional[AsyncClient] = None,
     ) -> "AsyncSandbox":
         """Creates a sandbox (see ``Sandbox.create`` for the arguments)."""
@@ -689,7 +691,11 @@ class AsyncSandbox:
             metadata=metadata,
             spec=spec,
         )
-        return cls(SandboxInfo.from_json(await c.json("POST", "/v1/sandboxes", json=body)), c)
+        # The key makes a retry of a create whose answer was lost (a dropped
+        # connection) return the same sandbox instead of making a second one.
+        key = idempotency_key or uuid.uuid4().hex
+        info = await c.json("POST", "/v1/sandboxes", json=body, headers={"Idempotency-Key": key})
+        return cls(SandboxInfo.from_json(info), c)
 
     @classmethod
     async def connect(cls, id_or_name: str, *, client: Optional[AsyncClient] = None) -> "AsyncSandbox":

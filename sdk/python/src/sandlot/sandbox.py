@@ -12,6 +12,7 @@ import tarfile
 import tempfile
 import threading
 import time
+import uuid
 from typing import (
     IO,
     Any,
@@ -793,12 +794,15 @@ class Sandbox:
         tags: Optional[Mapping[str, str]] = None,
         metadata: Optional[Mapping[str, str]] = None,
         spec: Optional[Mapping[str, Any]] = None,
+        idempotency_key: Optional[str] = None,
         client: Optional[Client] = None,
     ) -> "Sandbox":
         """Creates a sandbox and returns once it runs. Every argument is optional
         and passed as the API takes it (sizes: bytes or ``"512M"``; durations:
         seconds, ``"10m"`` or a timedelta); ``spec`` is a dict of any further API
-        fields. A bad value raises ``InvalidSpecError`` naming the field."""
+        fields. A bad value raises ``InvalidSpecError`` naming the field.
+        ``idempotency_key`` (default: a fresh random one) makes the create safe
+        to retry: the daemon answers a repeat with the sandbox the first made."""
         c = client or default_client()
         if isinstance(image, Image):
             # Built (or pulled) through the API on first use; cached afterwards.
@@ -826,7 +830,11 @@ class Sandbox:
             metadata=metadata,
             spec=spec,
         )
-        return cls(SandboxInfo.from_json(c.json("POST", "/v1/sandboxes", json=body)), c)
+        # The key makes a retry of a create whose answer was lost (a dropped
+        # connection) return the same sandbox instead of making a second one.
+        key = idempotency_key or uuid.uuid4().hex
+        info = c.json("POST", "/v1/sandboxes", json=body, headers={"Idempotency-Key": key})
+        return cls(SandboxInfo.from_json(info), c)
 
     @classmethod
     def connect(cls, id_or_name: str, *, client: Optional[Client] = None) -> "Sandbox":
