@@ -97,7 +97,14 @@ pub fn take_spec(ctx: &Path, name: &str, network: bool) -> Result<BuildSpec, Api
 fn host_debian_mirror() -> Option<String> {
     let mut files = vec![Path::new("/etc/apt/sources.list").to_path_buf()];
     if let Ok(rd) = fs::read_dir("/etc/apt/sources.list.d") {
-        let mut v: Vec<_> = rd.flatten().map(|e| e.path()).collect();
+        let mut v: Vec<_> = rd
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.extension()
+                    .is_some_and(|x| x == "list" || x == "sources")
+            })
+            .collect();
         v.sort();
         files.extend(v);
     }
