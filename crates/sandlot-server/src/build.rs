@@ -100,10 +100,7 @@ fn host_debian_mirror() -> Option<String> {
         let mut v: Vec<_> = rd
             .flatten()
             .map(|e| e.path())
-            .filter(|p| {
-                p.extension()
-                    .is_some_and(|x| x == "list" || x == "sources")
-            })
+            .filter(|p| p.extension().is_some_and(|x| x == "list" || x == "sources"))
             .collect();
         v.sort();
         files.extend(v);
