@@ -267,6 +267,18 @@ impl ServerConfig {
                     crate::pool::MAX_POOL_SIZE
                 ));
             }
+            if let Some(m) = p.max_size {
+                if m < p.size || m > crate::pool::MAX_POOL_SIZE {
+                    return bad(format!(
+                        "pools[{i}].max_size {m} must be between size ({}) and {}",
+                        p.size,
+                        crate::pool::MAX_POOL_SIZE
+                    ));
+                }
+            }
+            if p.shrink_after.duration().is_zero() {
+                return bad(format!("pools[{i}].shrink_after must be more than 0s"));
+            }
             if let Err(e) = p.spec.validate() {
                 return bad(format!("pools[{i}].spec.{e}"));
             }
