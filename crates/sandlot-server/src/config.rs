@@ -150,6 +150,25 @@ pub struct ServerConfig {
     pub network: sandlot_net::NetConfig,
     /// The E2B-compatible front door (`[e2b]`): listener and templates.
     pub e2b: crate::e2b::E2bConfig,
+    /// Registries and builds (`[images]`, see `docs/images.md`).
+    pub images: ImagesSection,
+}
+
+/// Image registries and builds (`[images]`).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct ImagesSection {
+    /// `host[:port]` registries reached over plain HTTP (e.g. a loopback test
+    /// registry). Every other registry is HTTPS with verified certificates.
+    pub insecure_registries: Vec<String>,
+    /// A docker-style `config.json` (`auths.<host>.auth`) with registry
+    /// credentials; API requests may also carry their own.
+    pub auth_file: Option<PathBuf>,
+    /// The registry of references that name none (none by default: a pull must
+    /// name its registry host).
+    pub default_registry: Option<String>,
+    /// Extra CA certificates (PEM) trusted for registries, besides the host's.
+    pub ca_file: Option<PathBuf>,
 }
 
 /// Host directory mounts through the API.
@@ -176,6 +195,7 @@ impl Default for ServerConfig {
             mounts: MountsSection::default(),
             network: sandlot_net::NetConfig::default(),
             e2b: crate::e2b::E2bConfig::default(),
+            images: ImagesSection::default(),
         }
     }
 }
