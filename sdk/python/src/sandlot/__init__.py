@@ -54,6 +54,7 @@ from .models import (
     Usage,
     WatchEvent,
 )
+from .memory import AsyncMemoryStore, MemoryStore
 from .sandbox import Files, OutputStream, Process, Sandbox, Stdin, Watch
 
 __all__ = [
@@ -71,6 +72,8 @@ __all__ = [
     "AsyncOutputStream",
     "AsyncStdin",
     "AsyncWatch",
+    "MemoryStore",
+    "AsyncMemoryStore",
     "Client",
     "AsyncClient",
     "configure",
