@@ -90,6 +90,15 @@ pub struct RuntimeSection {
     /// Started together, creates share the CPUs and all finish late; admitted a
     /// few at a time, the first ones are ready early. 0: twice the CPU count.
     pub max_concurrent_creates: usize,
+    /// Remount the cgroup2 hierarchy with `favordynmods` at start (a host-wide
+    /// kernel setting): attaching a sandbox to its cgroups then no longer waits
+    /// for an RCU grace period under the global cgroup lock, which is what
+    /// serializes concurrent creates. Costs slightly slower fork/exit host-wide.
+    pub cgroup_favordynmods: bool,
+    /// Fork each sandbox's init helper from one fork server (`sandlot __zygote`)
+    /// instead of exec'ing the binary per create: PID 1s share the binary's relocated
+    /// pages (less memory per sandbox) and creates skip an exec.
+    pub fork_server: bool,
 }
 
 impl RuntimeSection {
@@ -108,6 +117,8 @@ impl Default for RuntimeSection {
             run_dir: PathBuf::from("/run/sandlot"),
             cgroup_parent: "sandlot".to_string(),
             max_concurrent_creates: 0,
+            cgroup_favordynmods: true,
+            fork_server: true,
         }
     }
 }
@@ -235,6 +246,18 @@ impl ServerConfig {
                     p.size,
                     crate::pool::MAX_POOL_SIZE
                 ));
+            }
+            if let Some(m) = p.max_size {
+                if m < p.size || m > crate::pool::MAX_POOL_SIZE {
+                    return bad(format!(
+                        "pools[{i}].max_size {m} must be between size ({}) and {}",
+                        p.size,
+                        crate::pool::MAX_POOL_SIZE
+                    ));
+                }
+            }
+            if p.shrink_after.duration().is_zero() {
+                return bad(format!("pools[{i}].shrink_after must be more than 0s"));
             }
             if let Err(e) = p.spec.validate() {
                 return bad(format!("pools[{i}].spec.{e}"));

@@ -13,6 +13,7 @@ mod memory_cmd;
 mod memory_remote;
 mod run;
 mod run_session;
+mod spec_flags;
 mod vfs_cmd;
 
 #[derive(Debug, Parser)]
@@ -49,6 +50,10 @@ fn main() {
     // The sandbox init helper is exec'd by the runtime with a fixed argv.
     if std::env::args_os().nth(1).is_some_and(|a| a == "__init") {
         sandlot_runtime::init::main(run::agent_main);
+    }
+    // The daemon's fork server, which forks those helpers (see sandlot_runtime::zygote).
+    if std::env::args_os().nth(1).is_some_and(|a| a == "__zygote") {
+        sandlot_runtime::zygote::main(run::agent_main);
     }
     let cli = match Cli::try_parse() {
         Ok(c) => c,
