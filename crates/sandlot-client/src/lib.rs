@@ -112,6 +112,7 @@ pub struct Client {
     target: Target,
     token: Option<String>,
     tenant: Option<String>,
+    agent: Option<String>,
 }
 
 fn enc(s: &str) -> String {
@@ -133,6 +134,7 @@ impl Client {
             target: Target::parse(host)?,
             token: token.filter(|t| !t.is_empty()),
             tenant: None,
+            agent: None,
         })
     }
 
@@ -151,6 +153,12 @@ impl Client {
         self
     }
 
+    /// Memory store writes: attribute commits to this agent (header `x-sandlot-agent`).
+    pub fn with_agent(mut self, agent: Option<String>) -> Client {
+        self.agent = agent;
+        self
+    }
+
     pub fn target(&self) -> &Target {
         &self.target
     }
@@ -162,6 +170,9 @@ impl Client {
         }
         if let Some(t) = &self.tenant {
             h.push(("x-sandlot-tenant", t.clone()));
+        }
+        if let Some(a) = &self.agent {
+            h.push(("x-sandlot-agent", a.clone()));
         }
         h
     }

@@ -21,7 +21,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sandlot_memory::{
-    Author, Embedder, MiniLmEmbedder, NewMemory, SearchMode, SearchQuery, Store, WatchOptions,
+    Author, Embedder, MiniLmEmbedder, NewMemory, SearchMode, SearchQuery, Store, VectorScan,
+    WatchOptions,
 };
 
 fn data_dir() -> PathBuf {
@@ -317,8 +318,13 @@ fn bench_search(model: Arc<dyn Embedder>) {
     let rounds = 5;
     let (mut hybrid, mut bm25, mut vector, mut embed) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..rounds {
+    let (mut old_hybrid, mut old_vector) = (Vec::new(), Vec::new());
+    // Agreement of the int8 scan (exact rerank) with the exact f32 scan: the same memories in
+    // the same order, per query.
+    let (mut same_top10, mut same_vec50, mut compared) = (0usize, 0usize, 0usize);
+    for round in 0..rounds {
         for q in QUERIES {
+            store.set_vector_scan(VectorScan::Quantized);
             let t = Instant::now();
             let hits = store.search(&SearchQuery::new(*q)).unwrap();
             hybrid.push(ms(t.elapsed()));
@@ -330,12 +336,30 @@ fn bench_search(model: Arc<dyn Embedder>) {
             bm25.push(ms(t.elapsed()));
             let mut v = SearchQuery::new(*q);
             v.mode = SearchMode::Vector;
+            v.limit = 50;
             let t = Instant::now();
-            store.search(&v).unwrap();
+            let vhits = store.search(&v).unwrap();
             vector.push(ms(t.elapsed()));
             let t = Instant::now();
             model.embed(&[q]).unwrap();
             embed.push(ms(t.elapsed()));
+            // Peer: the old path, an exact single-threaded f32 scan of every row.
+            store.set_vector_scan(VectorScan::Exact);
+            let t = Instant::now();
+            let old = store.search(&SearchQuery::new(*q)).unwrap();
+            old_hybrid.push(ms(t.elapsed()));
+            let t = Instant::now();
+            let old_v = store.search(&v).unwrap();
+            old_vector.push(ms(t.elapsed()));
+            store.set_vector_scan(VectorScan::Quantized);
+            if round == 0 {
+                let paths = |h: &[sandlot_memory::SearchHit]| {
+                    h.iter().map(|h| h.path.clone()).collect::<Vec<_>>()
+                };
+                compared += 1;
+                same_top10 += usize::from(paths(&hits) == paths(&old));
+                same_vec50 += usize::from(paths(&vhits) == paths(&old_v));
+            }
         }
     }
     println!(
@@ -344,17 +368,31 @@ fn bench_search(model: Arc<dyn Embedder>) {
     );
     println!("| mode | n | p50 | p95 | max |\n|---|---|---|---|---|");
     let (h50, _) = row(
-        "hybrid (query embedding + BM25 + exact vector scan + RRF)",
+        "hybrid (query embedding ‖ BM25, then int8 scan on all cores + exact rerank, RRF)",
         &mut hybrid,
     );
+    let (o50, _) = row(
+        "peer: hybrid with the old exact single-threaded f32 scan",
+        &mut old_hybrid,
+    );
     let (b50, _) = row("peer: BM25 only", &mut bm25);
-    let (v50, _) = row("peer: vector only (incl. query embedding)", &mut vector);
+    let (v50, _) = row(
+        "peer: vector only, int8 scan (incl. query embedding)",
+        &mut vector,
+    );
+    let (ov50, _) = row("peer: vector only, old exact f32 scan", &mut old_vector);
     let (e50, _) = row("peer: query embedding alone", &mut embed);
     println!(
-        "\nhybrid p50 {h50:.1} ms (target <= 20 ms); ratios to hybrid p50: BM25 {:.2}, vector {:.2}, embedding {:.2}; one-off vector matrix load {load:.0} ms",
+        "\nhybrid p50 {h50:.1} ms (target <= 20 ms), {:.2}x the old path's {o50:.1} ms; vector-only {:.2}x the old; \
+         ratios to hybrid p50: BM25 {:.2}, vector {:.2}, embedding {:.2}; one-off vector matrix load {load:.0} ms",
+        h50 / o50,
+        v50 / ov50,
         b50 / h50,
         v50 / h50,
         e50 / h50
+    );
+    println!(
+        "same results as the exact scan: hybrid top-10 {same_top10}/{compared} queries, vector top-50 {same_vec50}/{compared} queries"
     );
 }
 

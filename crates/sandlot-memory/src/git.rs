@@ -83,6 +83,17 @@ impl Git {
         // Deterministic, non-interactive, independent of the operator's git config quirks.
         cmd.args(["-c", "core.quotepath=off", "-c", "color.ui=false"]);
         cmd.args(["-c", "commit.gpgsign=false", "-c", "core.autocrlf=false"]);
+        // Never run code from the repository: a store may be mounted into untrusted sandboxes,
+        // so hooks, an fsmonitor command and external diff/pager programs are switched off
+        // whatever `.git/config` says.
+        cmd.args([
+            "-c",
+            "core.hooksPath=/dev/null",
+            "-c",
+            "core.fsmonitor=false",
+        ]);
+        cmd.args(["-c", "core.pager=cat", "-c", "diff.noprefix=false"]);
+        cmd.arg("--no-pager");
         cmd.args(args);
         cmd.env("GIT_TERMINAL_PROMPT", "0");
         cmd.env_remove("GIT_DIR");
@@ -142,7 +153,14 @@ impl Git {
         let mut add = vec!["add", "--all", "--"];
         add.extend_from_slice(paths);
         self.run(&add, None)?;
-        let mut diff = vec!["diff", "--cached", "--quiet", "--"];
+        let mut diff = vec![
+            "diff",
+            "--no-ext-diff",
+            "--no-textconv",
+            "--cached",
+            "--quiet",
+            "--",
+        ];
         diff.extend_from_slice(paths);
         if self.run(&diff, None).is_ok() {
             return Ok(None);
@@ -205,7 +223,7 @@ impl Git {
         to: Option<&str>,
         path: Option<&str>,
     ) -> Result<String, GitError> {
-        let mut args = vec!["diff", "--no-ext-diff", from];
+        let mut args = vec!["diff", "--no-ext-diff", "--no-textconv", from];
         if let Some(t) = to {
             args.push(t);
         }

@@ -185,43 +185,218 @@ impl ChunkFilter {
     }
 }
 
-/// The in-memory matrix of the active model's chunk vectors.
+/// The in-memory matrix of the active model's chunk vectors: f32 rows (exact scores) and an
+/// int8 copy with one scale per row (the scan reads a quarter of the memory).
 #[derive(Default)]
 struct VectorCache {
     loaded: bool,
     dim: usize,
     ids: Vec<i64>,
     data: Vec<f32>,
+    /// Row-major int8 quantisation of `data`: `q8[i] * scale[row] ~= data[i]`.
+    q8: Vec<i8>,
+    scale: Vec<f32>,
     pos: HashMap<i64, usize>,
+}
+
+/// Symmetric int8 quantisation of `v` into `out`; returns the scale.
+pub(crate) fn quantize(v: &[f32], out: &mut [i8]) -> f32 {
+    let max = v.iter().fold(0f32, |m, x| m.max(x.abs()));
+    if max == 0.0 || !max.is_finite() {
+        out.iter_mut().for_each(|o| *o = 0);
+        return 0.0;
+    }
+    let inv = 127.0 / max;
+    for (o, x) in out.iter_mut().zip(v) {
+        *o = (x * inv).round().clamp(-127.0, 127.0) as i8;
+    }
+    max / 127.0
+}
+
+/// Integer dot product of two int8 vectors (vectorised by the compiler: widening
+/// multiply-add into 32-bit lanes).
+#[inline]
+pub(crate) fn dot_i8(a: &[i8], b: &[i8]) -> i32 {
+    let mut acc = [0i32; 16];
+    let ca = a.chunks_exact(16);
+    let cb = b.chunks_exact(16);
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for k in 0..16 {
+            acc[k] += i32::from(x[k]) * i32::from(y[k]);
+        }
+    }
+    let mut s: i32 = acc.iter().sum();
+    for (x, y) in ra.iter().zip(rb) {
+        s += i32::from(*x) * i32::from(*y);
+    }
+    s
+}
+
+/// The `cap` best (approximate score, row) of rows `first..` in `q8` (int8 rows of `dim`)
+/// that `admit` accepts, best first.
+fn scan_q8(
+    q: &[i8],
+    q8: &[i8],
+    scale: &[f32],
+    first: usize,
+    dim: usize,
+    cap: usize,
+    admit: &dyn Fn(usize) -> bool,
+) -> Vec<(f32, usize)> {
+    // A small sorted buffer: most rows are rejected by one comparison with its floor.
+    let mut best: Vec<(f32, usize)> = Vec::with_capacity(cap + 1);
+    let mut floor = f32::NEG_INFINITY;
+    for (i, row) in q8.chunks_exact(dim).enumerate() {
+        let r = first + i;
+        let s = dot_i8(q, row) as f32 * scale[r];
+        if s <= floor || !admit(r) {
+            continue;
+        }
+        let at = best.partition_point(|e| e.0 >= s);
+        best.insert(at, (s, r));
+        if best.len() > cap {
+            best.pop();
+            floor = best[cap - 1].0;
+        }
+    }
+    best
 }
 
 impl VectorCache {
     fn insert(&mut self, id: i64, v: &[f32]) {
+        let dim = self.dim;
         if let Some(&p) = self.pos.get(&id) {
-            self.data[p * self.dim..(p + 1) * self.dim].copy_from_slice(v);
+            self.data[p * dim..(p + 1) * dim].copy_from_slice(v);
+            self.scale[p] = quantize(v, &mut self.q8[p * dim..(p + 1) * dim]);
             return;
         }
         self.pos.insert(id, self.ids.len());
         self.ids.push(id);
         self.data.extend_from_slice(v);
+        let at = self.q8.len();
+        self.q8.resize(at + dim, 0);
+        let s = quantize(v, &mut self.q8[at..]);
+        self.scale.push(s);
     }
 
     fn remove(&mut self, id: i64) {
         let Some(p) = self.pos.remove(&id) else {
             return;
         };
+        let dim = self.dim;
         let last = self.ids.len() - 1;
         if p != last {
             let moved = self.ids[last];
             self.ids[p] = moved;
             self.pos.insert(moved, p);
-            let (head, tail) = self.data.split_at_mut(last * self.dim);
-            head[p * self.dim..(p + 1) * self.dim].copy_from_slice(&tail[..self.dim]);
+            let (head, tail) = self.data.split_at_mut(last * dim);
+            head[p * dim..(p + 1) * dim].copy_from_slice(&tail[..dim]);
+            let (head, tail) = self.q8.split_at_mut(last * dim);
+            head[p * dim..(p + 1) * dim].copy_from_slice(&tail[..dim]);
+            self.scale[p] = self.scale[last];
         }
         self.ids.pop();
-        self.data.truncate(last * self.dim);
+        self.data.truncate(last * dim);
+        self.q8.truncate(last * dim);
+        self.scale.pop();
+    }
+
+    /// Exact top `k` (id, cosine) of unit vector `q` among admitted rows: an int8 scan
+    /// (split over `threads`) keeps `RERANK_FACTOR * k` candidates, which are then rescored
+    /// exactly in f32.
+    fn search(&self, q: &[f32], k: usize, filter: &ChunkFilter, threads: usize) -> Vec<(i64, f32)> {
+        let dim = self.dim;
+        let rows = self.ids.len();
+        if rows == 0 || k == 0 {
+            return Vec::new();
+        }
+        let mut qq = vec![0i8; dim];
+        quantize(q, &mut qq);
+        let cap = (k * RERANK_FACTOR).max(RERANK_MIN);
+        let admit = |r: usize| filter.admits(self.ids[r]);
+        let parts = if rows >= PARALLEL_MIN_ROWS {
+            threads.max(1)
+        } else {
+            1
+        };
+        let per = rows.div_ceil(parts);
+        let mut cands: Vec<(f32, usize)> = if parts == 1 {
+            scan_q8(&qq, &self.q8, &self.scale, 0, dim, cap, &admit)
+        } else {
+            std::thread::scope(|s| {
+                let handles: Vec<_> = (0..parts)
+                    .map(|p| {
+                        let (lo, hi) = (p * per, ((p + 1) * per).min(rows));
+                        let (qq, q8, scale, admit) = (&qq, &self.q8, &self.scale, &admit);
+                        s.spawn(move || {
+                            scan_q8(qq, &q8[lo * dim..hi * dim], scale, lo, dim, cap, admit)
+                        })
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .flat_map(|h| h.join().unwrap_or_default())
+                    .collect()
+            })
+        };
+        // Exact rerank of the candidates.
+        let mut out: Vec<(i64, f32)> = cands
+            .drain(..)
+            .map(|(_, r)| {
+                (
+                    self.ids[r],
+                    crate::embed::dot(q, &self.data[r * dim..(r + 1) * dim]),
+                )
+            })
+            .collect();
+        out.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        out.truncate(k);
+        out
+    }
+
+    /// Exact top `k` by a single-threaded f32 scan of every row (the path before the int8
+    /// scan; kept as the benchmark peer and the tests' reference).
+    fn search_exact(&self, q: &[f32], k: usize, filter: &ChunkFilter) -> Vec<(i64, f32)> {
+        let mut best: Vec<(i64, f32)> = Vec::with_capacity(k + 1);
+        let mut floor = f32::NEG_INFINITY;
+        for (i, row) in self.data.chunks_exact(self.dim).enumerate() {
+            let s = crate::embed::dot(q, row);
+            if best.len() >= k && s <= floor {
+                continue;
+            }
+            let id = self.ids[i];
+            if !filter.admits(id) {
+                continue;
+            }
+            let at = best.partition_point(|e| e.1 > s || (e.1 == s && e.0 < id));
+            best.insert(at, (id, s));
+            if best.len() > k {
+                best.pop();
+            }
+            if best.len() >= k {
+                floor = best[best.len() - 1].1;
+            }
+        }
+        best
     }
 }
+
+/// How the vector retriever scans the matrix.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum VectorScan {
+    /// int8 scan over all cores, exact f32 rerank of the best candidates (the default).
+    #[default]
+    Quantized,
+    /// Single-threaded exact f32 scan of every row (the benchmark's peer).
+    Exact,
+}
+
+/// Candidates kept by the int8 scan per requested neighbour, rescored exactly.
+const RERANK_FACTOR: usize = 4;
+const RERANK_MIN: usize = 200;
+/// Below this many rows the scan runs on the calling thread alone.
+const PARALLEL_MIN_ROWS: usize = 16_384;
 
 /// The index of one store.
 pub struct Index {
@@ -230,6 +405,7 @@ pub struct Index {
     model: String,
     dim: usize,
     cache: VectorCache,
+    scan: VectorScan,
 }
 
 fn blob_of(v: &[f32]) -> Vec<u8> {
@@ -291,6 +467,7 @@ impl Index {
                 dim,
                 ..Default::default()
             },
+            scan: VectorScan::default(),
         })
     }
 
@@ -642,7 +819,12 @@ impl Index {
         let q = if include {
             format!("SELECT c.id FROM files f CROSS JOIN chunks c ON c.path = f.path WHERE {cond}")
         } else {
-            format!("SELECT c.id FROM files f CROSS JOIN chunks c ON c.path = f.path WHERE NOT ({cond})")
+            // Validity alone: only files with a bound can fail it, so the scan touches those
+            // files' chunks, not every chunk of the store.
+            format!(
+                "SELECT c.id FROM files f CROSS JOIN chunks c ON c.path = f.path
+                 WHERE (f.valid_from IS NOT NULL OR f.valid_to IS NOT NULL) AND NOT ({cond})"
+            )
         };
         let mut st = self.conn.prepare_cached(&q).map_err(sql("filter chunks"))?;
         let rows = st
@@ -666,32 +848,22 @@ impl Index {
         filter: &ChunkFilter,
     ) -> Result<Vec<(i64, f32)>, IndexError> {
         self.ensure_cache()?;
-        let dim = self.dim;
-        if q.len() != dim {
+        if q.len() != self.dim {
             return Ok(Vec::new());
         }
-        // Keep the k best in a small sorted buffer; most rows are rejected by one comparison.
-        let mut best: Vec<(i64, f32)> = Vec::with_capacity(k + 1);
-        let mut floor = f32::NEG_INFINITY;
-        for (i, row) in self.cache.data.chunks_exact(dim).enumerate() {
-            let s = crate::embed::dot(q, row);
-            if best.len() >= k && s <= floor {
-                continue;
-            }
-            let id = self.cache.ids[i];
-            if !filter.admits(id) {
-                continue;
-            }
-            let at = best.partition_point(|e| e.1 > s || (e.1 == s && e.0 < id));
-            best.insert(at, (id, s));
-            if best.len() > k {
-                best.pop();
-            }
-            if best.len() >= k {
-                floor = best[best.len() - 1].1;
-            }
-        }
-        Ok(best)
+        let threads = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+            .min(4);
+        Ok(match self.scan {
+            VectorScan::Quantized => self.cache.search(q, k, filter, threads),
+            VectorScan::Exact => self.cache.search_exact(q, k, filter),
+        })
+    }
+
+    /// Selects how vector search scans the matrix.
+    pub fn set_vector_scan(&mut self, scan: VectorScan) {
+        self.scan = scan;
     }
 
     /// BM25 over title, body and tags: (chunk id, bm25 score where lower is better), best first.
@@ -877,4 +1049,88 @@ fn file_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<FileRow> {
         valid_to: r.get(11)?,
         error: r.get(12)?,
     })
+}
+
+#[cfg(test)]
+mod scan_tests {
+    use super::*;
+
+    fn unit(seed: &mut u64, dim: usize) -> Vec<f32> {
+        let mut v: Vec<f32> = (0..dim)
+            .map(|_| {
+                *seed ^= *seed << 13;
+                *seed ^= *seed >> 7;
+                *seed ^= *seed << 17;
+                (*seed % 2001) as f32 / 1000.0 - 1.0
+            })
+            .collect();
+        let n = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+        v.iter_mut().for_each(|x| *x /= n);
+        v
+    }
+
+    #[test]
+    fn issue8_quantized_scan_returns_the_exact_neighbours() {
+        let (dim, rows) = (384, 20_000);
+        let mut seed = 7u64;
+        let mut cache = VectorCache {
+            dim,
+            loaded: true,
+            ..Default::default()
+        };
+        for id in 0..rows as i64 {
+            cache.insert(id * 3, &unit(&mut seed, dim));
+        }
+        // Some removals and an overwrite keep the int8 copy in step with the f32 rows.
+        for id in (0..300).map(|i| i * 9) {
+            cache.remove(id);
+        }
+        cache.insert(3, &unit(&mut seed, dim));
+        assert_eq!(cache.q8.len(), cache.data.len());
+        assert_eq!(cache.scale.len(), cache.ids.len());
+        let excluded: HashSet<i64> = (0..2000).map(|i| i * 6).collect();
+        for (qi, filter) in [
+            ChunkFilter::All,
+            ChunkFilter::Exclude(excluded.clone()),
+            ChunkFilter::Include(excluded),
+        ]
+        .iter()
+        .enumerate()
+        {
+            for _ in 0..10 {
+                // Queries near a stored row make the top of the list tight.
+                let base = cache.data[(qi * 977) * dim..(qi * 977 + 1) * dim].to_vec();
+                let noise = unit(&mut seed, dim);
+                let q: Vec<f32> = base.iter().zip(&noise).map(|(a, b)| a + 0.5 * b).collect();
+                let n = q.iter().map(|x| x * x).sum::<f32>().sqrt();
+                let q: Vec<f32> = q.iter().map(|x| x / n).collect();
+                for threads in [1, 2, 3] {
+                    let got = cache.search(&q, 50, filter, threads);
+                    let want = cache.search_exact(&q, 50, filter);
+                    let ids = |v: &[(i64, f32)]| v.iter().map(|e| e.0).collect::<Vec<_>>();
+                    assert_eq!(ids(&got), ids(&want), "threads {threads}");
+                    for (g, w) in got.iter().zip(&want) {
+                        assert!((g.1 - w.1).abs() < 1e-6, "scores are exact: {g:?} {w:?}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn issue8_int8_dot_matches_integer_arithmetic() {
+        let a: Vec<i8> = (0..390).map(|i| ((i * 37) % 255 - 127) as i8).collect();
+        let b: Vec<i8> = (0..390).map(|i| ((i * 91) % 255 - 127) as i8).collect();
+        let want: i32 = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| i32::from(*x) * i32::from(*y))
+            .sum();
+        assert_eq!(dot_i8(&a, &b), want);
+        let mut q = [0i8; 4];
+        let s = quantize(&[0.5, -0.25, 0.0, 0.125], &mut q);
+        assert_eq!(q, [127, -64, 0, 32]);
+        assert!((s - 0.5 / 127.0).abs() < 1e-9);
+        assert_eq!(quantize(&[0.0; 4], &mut q), 0.0);
+    }
 }

@@ -19,6 +19,7 @@ pub mod watch;
 pub use doc::{Document, FrontMatter};
 pub use embed::{EmbedError, Embedder, HttpEmbedder, MiniLmEmbedder};
 pub use git::{Author, Commit, GitError};
+pub use index::VectorScan;
 pub use search::{Related, SearchHit, SearchMode, SearchQuery, Validity};
 pub use store::{
     FileStatus, Freshness, Memory, MemoryPatch, NewMemory, Store, StoreError, SyncReport,

@@ -303,6 +303,12 @@ fn view(store: &Store, path: &str, range: Option<(i64, i64)>) -> ToolOutput {
         Ok(t) => t,
         Err(e) => return e,
     };
+    if let Target::Rel(r) = &t {
+        // Never through a symbolic link (one planted by a sandbox could lead out of the store).
+        if store.guard(r).is_err() {
+            return missing();
+        }
+    }
     let abs = match &t {
         Target::Root => store.root().to_path_buf(),
         Target::Rel(r) => store.root().join(r),
@@ -372,7 +378,7 @@ fn list_dir(dir: &Path, shown: &str, depth: usize, out: &mut Vec<String>) {
         let size = if is_dir {
             dir_size(&p)
         } else {
-            std::fs::metadata(&p).map(|m| m.len()).unwrap_or(0)
+            std::fs::symlink_metadata(&p).map(|m| m.len()).unwrap_or(0)
         };
         out.push(format!("{}\t{child}", human_size(size)));
         if is_dir && depth < 2 {

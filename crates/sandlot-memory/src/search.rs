@@ -159,40 +159,50 @@ impl Store {
         };
         // Candidates per retriever: enough that de-duplicating per file still fills `limit`.
         let k = (limit * 5).max(50);
-        let qvec = if q.mode != SearchMode::Bm25 {
-            Some(
-                self.embedder
-                    .embed(&[q.text.as_str()])?
-                    .pop()
-                    .unwrap_or_default(),
-            )
-        } else {
-            None
-        };
         let fq = fts_query(&q.text);
-        let mut idx = lock(&self.index);
-        let admitted = idx.chunk_filter(&filter)?;
         let terms: Vec<String> = fq
             .split(" OR ")
             .map(|t| t.trim_matches('"').to_string())
             .filter(|t| !t.is_empty())
             .collect();
-        let mut text_hits = if q.mode != SearchMode::Vector {
-            idx.text_search(&fq, k, &filter, &admitted)?
-        } else {
-            Vec::new()
-        };
-        if q.mode == SearchMode::Hybrid {
-            // Minimum-should-match for the lexical list: a chunk sharing one word with a long
-            // natural-language query is not a keyword match, and in rank fusion such noise
-            // would crowd out the semantic matches.
-            let need = min_should_match(terms.len());
-            if need > 1 {
-                let ids: Vec<i64> = text_hits.iter().map(|(id, _)| *id).collect();
-                let counts = idx.matched_terms(&terms, &ids)?;
-                text_hits.retain(|(id, _)| counts.get(id).copied().unwrap_or(0) >= need);
-            }
-        }
+        // The query is embedded on a second thread while BM25 runs on this one.
+        let embedder = &self.embedder;
+        let (qvec, mut idx, text_hits, admitted) = std::thread::scope(|s| -> Result<_> {
+            let emb = (q.mode != SearchMode::Bm25)
+                .then(|| s.spawn(|| embedder.embed(&[q.text.as_str()])));
+            let lexical = (|| -> Result<_> {
+                let idx = lock(&self.index);
+                let admitted = idx.chunk_filter(&filter)?;
+                let mut text_hits = if q.mode != SearchMode::Vector {
+                    idx.text_search(&fq, k, &filter, &admitted)?
+                } else {
+                    Vec::new()
+                };
+                if q.mode == SearchMode::Hybrid {
+                    // Minimum-should-match for the lexical list: a chunk sharing one word with
+                    // a long natural-language query is not a keyword match, and in rank fusion
+                    // such noise would crowd out the semantic matches.
+                    let need = min_should_match(terms.len());
+                    if need > 1 {
+                        let ids: Vec<i64> = text_hits.iter().map(|(id, _)| *id).collect();
+                        let counts = idx.matched_terms(&terms, &ids)?;
+                        text_hits.retain(|(id, _)| counts.get(id).copied().unwrap_or(0) >= need);
+                    }
+                }
+                Ok((idx, text_hits, admitted))
+            })();
+            let qvec = match emb {
+                Some(h) => Some(
+                    h.join()
+                        .map_err(|_| StoreError::Invalid("the query embedder panicked".into()))??
+                        .pop()
+                        .unwrap_or_default(),
+                ),
+                None => None,
+            };
+            let (idx, text_hits, admitted) = lexical?;
+            Ok((qvec, idx, text_hits, admitted))
+        })?;
         let vec_hits = match &qvec {
             Some(v) => idx.vector_search(v, k, &admitted)?,
             None => Vec::new(),

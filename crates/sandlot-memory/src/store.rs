@@ -322,24 +322,56 @@ impl Store {
         &self.embedder
     }
 
+    /// Selects how vector search scans the matrix (the int8 scan by default; the exact
+    /// single-threaded f32 scan is the benchmark's peer).
+    pub fn set_vector_scan(&self, scan: crate::index::VectorScan) {
+        lock(&self.index).set_vector_scan(scan);
+    }
+
     fn abs(&self, rel: &str) -> PathBuf {
         self.root.join(rel)
+    }
+
+    /// Refuses a store-relative path with a symbolic link in it: a store can be mounted into
+    /// a sandbox, and a link planted there must not point the daemon at host files.
+    pub(crate) fn guard(&self, rel: &str) -> Result<()> {
+        let mut p = self.root.clone();
+        for c in rel.split('/').filter(|c| !c.is_empty()) {
+            p.push(c);
+            match std::fs::symlink_metadata(&p) {
+                Ok(m) if m.file_type().is_symlink() => {
+                    return Err(StoreError::BadPath {
+                        path: rel.to_string(),
+                        reason: "a path component is a symbolic link",
+                    })
+                }
+                Ok(_) => {}
+                // Does not exist (yet): nothing below it can be a link.
+                Err(_) => break,
+            }
+        }
+        Ok(())
+    }
+
+    /// A regular file, reached without symbolic links.
+    fn is_plain_file(&self, rel: &str) -> bool {
+        self.guard(rel).is_ok() && self.abs(rel).is_file()
     }
 
     /// Resolves a key (store-relative path or memory id) to a path that exists.
     pub fn resolve(&self, key: &str) -> Result<String> {
         let k = key.trim().trim_start_matches("./");
         if let Ok(p) = validate_rel_path(k) {
-            if self.abs(&p).is_file() {
+            if self.is_plain_file(&p) {
                 return Ok(p);
             }
             let with_md = format!("{p}.md");
-            if !p.ends_with(".md") && self.abs(&with_md).is_file() {
+            if !p.ends_with(".md") && self.is_plain_file(&with_md) {
                 return Ok(with_md);
             }
         }
         if let Some(p) = lock(&self.index).path_of_id(k)? {
-            if self.abs(&p).is_file() {
+            if self.is_plain_file(&p) {
                 return Ok(p);
             }
         }
@@ -350,6 +382,7 @@ impl Store {
     }
 
     fn read_text(&self, rel: &str) -> Result<String> {
+        self.guard(rel)?;
         let bytes = std::fs::read(self.abs(rel)).map_err(|source| StoreError::Io {
             op: "read",
             path: rel.to_string(),
@@ -370,7 +403,7 @@ impl Store {
     /// Reads a file's raw text by store-relative path (any file, front matter or not).
     pub fn read_file(&self, path: &str) -> Result<String> {
         let p = validate_rel_path(path)?;
-        if !self.abs(&p).is_file() {
+        if !self.is_plain_file(&p) {
             return Err(StoreError::NotFound {
                 key: path.to_string(),
                 root: self.root.clone(),
@@ -551,6 +584,7 @@ impl Store {
     ) -> Result<WriteOutcome> {
         let _w = lock(&self.writes);
         let path = validate_rel_path(path)?;
+        self.guard(&path)?;
         if self.abs(&path).is_dir() {
             return Err(StoreError::Exists { path });
         }
@@ -576,6 +610,8 @@ impl Store {
         if self.abs(&to_p).exists() {
             return Err(StoreError::Exists { path: to_p });
         }
+        self.guard(&from_p)?;
+        self.guard(&to_p)?;
         let src = self.abs(&from_p);
         let dst = self.abs(&to_p);
         if let Some(parent) = dst.parent() {
@@ -622,6 +658,7 @@ impl Store {
         } else {
             self.resolve(key)?
         };
+        self.guard(&path)?;
         let abs = self.abs(&path);
         let id = self
             .get(&path)
@@ -741,6 +778,9 @@ impl Store {
                 }
             }
         };
+        for (rel, _) in files {
+            self.guard(rel)?;
+        }
         for (rel, text) in files {
             let abs = self.abs(rel);
             previous.push((abs.clone(), std::fs::read(&abs).ok()));
@@ -954,11 +994,11 @@ impl Store {
         let mut report = SyncReport::default();
         for p in paths {
             let abs = self.abs(p);
-            if abs.is_dir() {
+            if self.guard(p).is_ok() && abs.is_dir() {
                 // A moved or removed folder: fall back to a full reconcile.
                 return self.sync();
             }
-            if abs.is_file() {
+            if self.is_plain_file(p) {
                 self.sync_one(p, &mut report)?;
             } else {
                 let mut idx = lock(&self.index);

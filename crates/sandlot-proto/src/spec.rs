@@ -240,6 +240,24 @@ pub enum MountSpec {
         #[serde(default = "default_tmpfs_size")]
         size: ByteSize,
     },
+    /// A memory store of the sandbox's tenant (daemon only): its files, read-write unless
+    /// `readonly`; its git and index directories are always read-only inside.
+    Memory {
+        store: String,
+        target: String,
+        #[serde(default)]
+        readonly: bool,
+    },
+}
+
+/// Memory store names: 1 to 64 letters, digits, '-', '_' or '.', not starting with '.'.
+pub fn valid_memory_store_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && !name.starts_with('.')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
 }
 
 fn yes() -> bool {
@@ -252,7 +270,9 @@ fn default_tmpfs_size() -> ByteSize {
 impl MountSpec {
     pub fn target(&self) -> &str {
         match self {
-            MountSpec::Bind { target, .. } | MountSpec::Tmpfs { target, .. } => target,
+            MountSpec::Bind { target, .. }
+            | MountSpec::Tmpfs { target, .. }
+            | MountSpec::Memory { target, .. } => target,
         }
     }
 
@@ -785,6 +805,17 @@ impl SandboxSpec {
                         return Err(SpecError::new(f, "contains a NUL byte"));
                     }
                 }
+                MountSpec::Memory { store, .. } => {
+                    if !valid_memory_store_name(store) {
+                        return Err(SpecError::new(
+                            format!("mounts[{i}].store"),
+                            format!(
+                                "{store:?}: store names are 1 to 64 letters, digits, '-', '_' \
+                                 or '.', not starting with '.'"
+                            ),
+                        ));
+                    }
+                }
                 MountSpec::Tmpfs { size, .. } => {
                     if size.0 < limits::MIN_DISK.0 || size.0 > limits::MAX_DISK.0 {
                         return Err(SpecError::new(
@@ -902,6 +933,45 @@ mod tests {
             .unwrap_err()
             .field()
             .to_string()
+    }
+
+    #[test]
+    fn issue8_memory_mounts_are_strict_and_name_the_field() {
+        let s = SandboxSpec::from_json(
+            r#"{"mounts": [{"type": "memory", "store": "notes", "target": "/memories"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            s.mounts[0],
+            MountSpec::Memory {
+                store: "notes".into(),
+                target: "/memories".into(),
+                readonly: false
+            }
+        );
+        assert_eq!(
+            field_of(r#"{"mounts": [{"type": "memory", "store": ".git", "target": "/m"}]}"#),
+            "mounts[0].store"
+        );
+        assert_eq!(
+            field_of(r#"{"mounts": [{"type": "memory", "store": "a/b", "target": "/m"}]}"#),
+            "mounts[0].store"
+        );
+        assert_eq!(
+            field_of(r#"{"mounts": [{"type": "memory", "store": "n", "target": "rel"}]}"#),
+            "mounts[0].target"
+        );
+        let unknown = SandboxSpec::from_json(
+            r#"{"mounts": [{"type": "memory", "store": "n", "target": "/m", "source": "/x"}]}"#,
+        )
+        .unwrap_err();
+        assert!(unknown.to_string().contains("source"), "{unknown}");
+        assert!(
+            SandboxSpec::from_json(r#"{"mounts": [{"type": "memory", "target": "/m"}]}"#)
+                .unwrap_err()
+                .to_string()
+                .contains("store")
+        );
     }
 
     #[test]

@@ -405,6 +405,9 @@ pub fn plan_mounts(inp: &PlanInput<'_>) -> Result<MountPlan, MountError> {
                 mode: 0o1777,
                 noexec: false,
             }),
+            // Resolved by the daemon into `shared` directories (the store's work tree and its
+            // read-only git and index directories); nothing to do here.
+            sandlot_proto::spec::MountSpec::Memory { .. } => {}
         }
     }
     let base = idmapped_layer_count(&root);

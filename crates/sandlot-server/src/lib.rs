@@ -11,6 +11,7 @@ pub mod config;
 pub mod e2b;
 pub mod error;
 pub mod images;
+pub mod memory;
 pub mod metrics;
 pub mod network;
 pub mod openapi;

@@ -5,20 +5,23 @@ use std::collections::BTreeMap;
 
 use utoipa::{OpenApi, ToSchema};
 
-use crate::routes::{exec, files, images, network, sandboxes, secrets, volumes};
+use crate::routes::{exec, files, images, memory, network, sandboxes, secrets, volumes};
 
-/// A bind mount or a tmpfs (the `type` field selects).
+/// A bind mount, a tmpfs or a memory store (the `type` field selects).
 #[derive(ToSchema)]
 #[allow(dead_code)]
 pub struct MountDoc {
-    /// `bind` or `tmpfs`.
+    /// `bind`, `tmpfs` or `memory`.
     #[schema(example = "bind")]
     r#type: String,
+    /// memory: the name of one of the tenant's memory stores (mounted read-write unless
+    /// `readonly`; its `.git` and `.sandlot` are read-only inside).
+    store: Option<String>,
     /// bind: absolute host path.
     source: Option<String>,
     /// Absolute path in the sandbox.
     target: String,
-    /// bind: read-only (default true).
+    /// bind: read-only (default true); memory: read-only (default false).
     readonly: Option<bool>,
     /// tmpfs: size (default 64M).
     #[schema(example = "64M")]
@@ -139,14 +142,19 @@ pub struct SecretRefDoc {
         images::export, images::diff, images::snapshot, images::pull, images::push, images::build,
         volumes::create, volumes::list, volumes::get_one, volumes::remove,
         secrets::create, secrets::list, secrets::remove,
+        memory::list, memory::create, memory::info, memory::delete, memory::add, memory::get_one,
+        memory::edit, memory::remove, memory::move_memory, memory::search, memory::log,
+        memory::diff, memory::revert, memory::status, memory::reindex, memory::tool,
     ),
     components(schemas(CreateSandboxDoc, MountDoc, ResourcesDoc, NetworkDoc, AllowRuleDoc, sandlot_client::NetLog, sandlot_client::NetLogEntry,
         VolumeMountDoc, SecretRefDoc, images::ImageView, images::LayerView, images::ImageList,
         images::PruneView, images::DiffView, images::SnapshotBody, images::PullBody,
         images::PushBody, images::RegistryAuthBody, images::ProgressLine, volumes::CreateVolume,
         volumes::VolumeList, crate::images::Volume, secrets::CreateSecret, secrets::SecretList,
-        crate::images::SecretInfo)),
-    tags((name = "sandboxes"), (name = "processes"), (name = "files"), (name = "network"), (name = "images"), (name = "volumes"), (name = "secrets"), (name = "system")),
+        crate::images::SecretInfo, memory::CreateMemoryStore, memory::MemoryStoreDoc,
+        memory::NewMemoryDoc, memory::MemoryPatchDoc, memory::SearchDoc, memory::WriteOutcomeDoc,
+        memory::ToolOutputDoc, memory::MoveBody, memory::RevertBody, memory::ReindexBody)),
+    tags((name = "sandboxes"), (name = "processes"), (name = "files"), (name = "network"), (name = "images"), (name = "volumes"), (name = "secrets"), (name = "memory"), (name = "system")),
     modifiers(&Security),
 )]
 struct ApiDoc;

@@ -531,6 +531,10 @@ pub fn start_instance(
     spec: &SandboxSpec,
 ) -> Result<(SandboxInstance, Option<sandlot_runtime::mounts::ImageRoot>), StartError> {
     let mut opts = state.images.prepare(id, tenant, spec).map_err(Err)?;
+    if let Err(e) = crate::memory::add_mounts(&state.memory, tenant, spec, &mut opts) {
+        state.images.release(id);
+        return Err(Err(e));
+    }
     if let Err(e) = crate::network::prepare(state, id, spec, &mut opts) {
         state.images.release(id);
         return Err(Err(e));

@@ -26,6 +26,8 @@ pub struct AppState {
     shutting_down: AtomicBool,
     /// Network egress service (see `network.rs`), set once at start.
     pub net: crate::network::NetSlot,
+    /// Memory stores (`memory.rs`).
+    pub memory: Arc<crate::memory::Memories>,
 }
 
 impl AppState {
@@ -40,6 +42,7 @@ impl AppState {
         AppState {
             pools,
             create_slots,
+            memory: Arc::new(crate::memory::Memories::new(&cfg.data_dir)),
             images: Arc::new(images),
             cfg: Arc::new(cfg),
             store: Arc::new(store),

@@ -9,6 +9,8 @@ mod api_cmd;
 mod bench;
 #[cfg(feature = "memory")]
 mod memory_cmd;
+#[cfg(feature = "memory")]
+mod memory_remote;
 mod run;
 mod run_session;
 mod spec_flags;

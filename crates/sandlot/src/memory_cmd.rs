@@ -53,6 +53,8 @@ pub struct MemoryArgs {
     /// Vector dimension of the endpoint's model (with --embedder http).
     #[arg(long, global = true, env = "SANDLOT_EMBED_DIM")]
     embed_dim: Option<usize>,
+    #[command(flatten)]
+    remote: crate::memory_remote::RemoteArgs,
     #[command(subcommand)]
     cmd: MemoryCmd,
 }
@@ -66,14 +68,14 @@ enum EmbedderKind {
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
-enum ModeArg {
+pub(crate) enum ModeArg {
     Hybrid,
     Bm25,
     Vector,
 }
 
 #[derive(Debug, Subcommand)]
-enum MemoryCmd {
+pub(crate) enum MemoryCmd {
     /// Create a store (git init + index) in --store.
     Init,
     /// Add a memory (or supersede one with --supersedes).
@@ -202,6 +204,10 @@ enum MemoryCmd {
     Watch,
     /// Run one Anthropic memory tool command given as JSON (`-` reads standard input).
     Tool { input: String },
+    /// With --remote: list the tenant's memory stores in the daemon.
+    Stores,
+    /// With --remote: delete the store and its history from the daemon.
+    DeleteStore,
 }
 
 fn embedder(a: &MemoryArgs) -> anyhow::Result<Arc<dyn Embedder>> {
@@ -247,12 +253,35 @@ fn print_json<T: serde::Serialize>(v: &T) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn parse_at(s: &str) -> anyhow::Result<i64> {
+pub(crate) fn parse_at(s: &str) -> anyhow::Result<i64> {
     sandlot_memory::doc::parse_time(s)
         .with_context(|| format!("--at {s:?} is not RFC 3339 or YYYY-MM-DD"))
 }
 
 pub fn run(args: MemoryArgs) -> anyhow::Result<i32> {
+    if let Some(name) = &args.remote.remote {
+        let body = match &args.cmd {
+            MemoryCmd::Add {
+                body, body_file, ..
+            }
+            | MemoryCmd::Edit {
+                body, body_file, ..
+            } => read_body(body.clone(), body_file.clone())?,
+            MemoryCmd::Tool { input } if input == "-" => {
+                let mut s = String::new();
+                std::io::stdin().read_to_string(&mut s)?;
+                Some(s)
+            }
+            MemoryCmd::Tool { input } => Some(input.clone()),
+            _ => None,
+        };
+        return crate::memory_remote::run(&args.remote, name, &args.cmd, body, args.json);
+    }
+    if matches!(args.cmd, MemoryCmd::Stores | MemoryCmd::DeleteStore) {
+        bail!(
+            "`stores` and `delete-store` manage a daemon's stores: add --remote NAME (and --host)"
+        );
+    }
     let author = Author::new(args.author.clone(), args.email.clone());
     let json = args.json;
     let open = || -> anyhow::Result<Store> {
@@ -557,6 +586,7 @@ pub fn run(args: MemoryArgs) -> anyhow::Result<i32> {
                 std::thread::park();
             }
         }
+        MemoryCmd::Stores | MemoryCmd::DeleteStore => unreachable!("refused above"),
         MemoryCmd::Tool { input } => {
             let text = if input == "-" {
                 let mut s = String::new();

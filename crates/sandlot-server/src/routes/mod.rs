@@ -24,6 +24,7 @@ use crate::store::SandboxRecord;
 pub mod exec;
 pub mod files;
 pub mod images;
+pub mod memory;
 pub mod network;
 pub mod sandboxes;
 pub mod secrets;
@@ -83,6 +84,7 @@ pub fn router(state: Arc<AppState>, transport: Transport) -> Router {
         )
         .merge(images_router())
         .merge(network_router())
+        .merge(memory::router())
         .fallback(fallback)
         .layer(DefaultBodyLimit::disable())
         .layer(middleware::from_fn_with_state(

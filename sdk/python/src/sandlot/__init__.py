@@ -55,6 +55,7 @@ from .models import (
     WatchEvent,
 )
 from .image import BuildError, Image
+from .memory import AsyncMemoryStore, MemoryStore
 from .sandbox import Files, OutputStream, Process, Sandbox, Stdin, Watch
 
 __all__ = [
@@ -74,6 +75,8 @@ __all__ = [
     "AsyncOutputStream",
     "AsyncStdin",
     "AsyncWatch",
+    "MemoryStore",
+    "AsyncMemoryStore",
     "Client",
     "AsyncClient",
     "configure",

@@ -1,0 +1,459 @@
+//! Memory stores through the daemon (`/v1/memory/...`), with the real all-MiniLM-L6-v2
+//! embedder (run `bash scripts/setup.d/40-memory.sh` first): every operation over TCP as a
+//! tenant, the memory tool endpoint, tenant isolation (another tenant gets 404), the CLI's
+//! `--remote` mode, and a store mounted read-write into a sandbox whose writes the watcher
+//! indexes (while `.git` and `.sandlot` stay read-only and symbolic links lead nowhere).
+#![cfg(feature = "memory")]
+
+mod api_support;
+
+use std::time::{Duration, Instant};
+
+use api_support::{rt, Daemon};
+use serde_json::{json, Value};
+
+fn model_installed() {
+    let dir = std::env::var_os("SANDLOT_MODEL_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
+                .join(".cache/sandlot/models/all-MiniLM-L6-v2")
+        });
+    assert!(
+        dir.join("model.safetensors").is_file(),
+        "the embedding model is missing at {}: run `bash scripts/setup.d/40-memory.sh`",
+        dir.display()
+    );
+}
+
+fn code(e: &sandlot_client::Error) -> (Option<u16>, Option<&str>) {
+    (e.status().map(|s| s.as_u16()), e.code())
+}
+
+fn paths(hits: &Value) -> Vec<String> {
+    hits["hits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["path"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn issue8_memory_api_end_to_end_and_tenant_isolation() {
+    model_installed();
+    let d = Daemon::start(None);
+    let ta = d.token("alpha");
+    let tb = d.token("beta");
+    let a = d.tcp(Some(&ta));
+    let agent = d.tcp(Some(&ta)).with_agent(Some("planner".into()));
+    let b = d.tcp(Some(&tb));
+    rt().block_on(async {
+        // Stores.
+        let s = a
+            .call_json("POST", "/v1/memory", Some(&json!({"name": "notes"})))
+            .await
+            .unwrap();
+        assert_eq!((s["name"].as_str(), s["tenant"].as_str()), (Some("notes"), Some("alpha")));
+        assert_eq!(s["model"], "all-MiniLM-L6-v2");
+        let e = a
+            .call_json("POST", "/v1/memory", Some(&json!({"name": "notes"})))
+            .await
+            .unwrap_err();
+        assert_eq!(code(&e), (Some(409), Some("conflict")), "{e}");
+        let e = a
+            .call_json("POST", "/v1/memory", Some(&json!({"name": "../x"})))
+            .await
+            .unwrap_err();
+        assert_eq!(code(&e).0, Some(400), "{e}");
+        let e = a
+            .call_json("POST", "/v1/memory", Some(&json!({"name": "n", "size": 1})))
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("size"), "{e}");
+
+        // Writes: commits by the agent named in the request (or the tenant), searchable at once.
+        let base = "/v1/memory/notes";
+        let w = agent
+            .call_json(
+                "POST",
+                &format!("{base}/memories"),
+                Some(&json!({"title": "Office move", "folder": "facts", "tags": ["office"],
+                    "body": "The team relocated from Dock Street to the riverside building in March."})),
+            )
+            .await
+            .unwrap();
+        assert_eq!(w["path"], "facts/office-move.md");
+        assert!(w["commit"].as_str().is_some_and(|c| c.len() >= 40), "{w}");
+        a.call_json(
+            "POST",
+            &format!("{base}/memories"),
+            Some(&json!({"title": "Ann Lee", "folder": "people", "links": ["facts/office-move"],
+                "body": "Ann runs customer success and tracks churn of enterprise accounts."})),
+        )
+        .await
+        .unwrap();
+        let e = a
+            .call_json(
+                "POST",
+                &format!("{base}/memories"),
+                Some(&json!({"title": "x", "colour": "red"})),
+            )
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("colour"), "the unknown field is named: {e}");
+        // Semantic search: no shared keyword with the memory.
+        let hits = a
+            .call_json(
+                "POST",
+                &format!("{base}/search"),
+                Some(&json!({"text": "which colleague looks after clients leaving us", "limit": 1})),
+            )
+            .await
+            .unwrap();
+        assert_eq!(paths(&hits), vec!["people/ann-lee.md"], "{hits}");
+        // Filters and expand.
+        let hits = a
+            .call_json(
+                "POST",
+                &format!("{base}/search"),
+                Some(&json!({"text": "customer success", "expand": true, "mode": "bm25"})),
+            )
+            .await
+            .unwrap();
+        assert_eq!(hits["hits"][0]["related"][0]["path"], "facts/office-move.md", "{hits}");
+        let hits = a
+            .call_json(
+                "POST",
+                &format!("{base}/search"),
+                Some(&json!({"text": "building", "tags": ["office"]})),
+            )
+            .await
+            .unwrap();
+        assert_eq!(paths(&hits), vec!["facts/office-move.md"]);
+        let e = a
+            .call_json("POST", &format!("{base}/search"), Some(&json!({"text": "x", "mode": "fuzzy"})))
+            .await
+            .unwrap_err();
+        assert_eq!(code(&e).0, Some(400), "{e}");
+
+        // get / edit / move / log / diff / revert / status / reindex.
+        let m = a
+            .call_json("GET", &format!("{base}/memories/facts/office-move"), None)
+            .await
+            .unwrap();
+        assert_eq!(m["title"], "Office move");
+        a.call_json(
+            "PATCH",
+            &format!("{base}/memories/facts/office-move.md"),
+            Some(&json!({"body": "The team relocated to the riverside building in April.", "add_tags": ["moved"]})),
+        )
+        .await
+        .unwrap();
+        let mv = a
+            .call_json(
+                "POST",
+                &format!("{base}/move"),
+                Some(&json!({"from": "facts/office-move.md", "to": "facts/hq.md"})),
+            )
+            .await
+            .unwrap();
+        assert_eq!(mv["path"], "facts/hq.md");
+        let log = a
+            .call_json("GET", &format!("{base}/log?key=facts/hq.md&limit=10"), None)
+            .await
+            .unwrap();
+        let commits = log["commits"].as_array().unwrap();
+        assert_eq!(commits.len(), 3, "add, edit, move (renames followed): {log}");
+        assert_eq!(commits[2]["author"], "planner");
+        assert_eq!(commits[2]["email"], "planner@alpha.sandlot");
+        assert_eq!(commits[0]["author"], "alpha");
+        let first = commits[2]["rev"].as_str().unwrap().to_string();
+        let old = a
+            .call_json("GET", &format!("{base}/memories/facts/office-move.md?rev={first}"), None)
+            .await
+            .unwrap();
+        assert!(old["text"].as_str().unwrap().contains("Dock Street"), "{old}");
+        let diff = a
+            .call_json("GET", &format!("{base}/diff?from={first}&key=facts/hq.md"), None)
+            .await
+            .unwrap();
+        assert!(diff["diff"].as_str().unwrap().contains("+The team relocated to the riverside building in April."), "{diff}");
+        a.call_json(
+            "POST",
+            &format!("{base}/revert"),
+            Some(&json!({"key": "facts/hq.md", "to": first})),
+        )
+        .await
+        .unwrap();
+        let m = a.call_json("GET", &format!("{base}/memories/facts/hq.md"), None).await.unwrap();
+        assert!(m["body"].as_str().unwrap().contains("Dock Street"), "{m}");
+        let e = a
+            .call_json("POST", &format!("{base}/revert"), Some(&json!({"key": "facts/hq.md"})))
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("to"), "{e}");
+        let st = a.call_json("GET", &format!("{base}/status?all=true"), None).await.unwrap();
+        assert_eq!(st["indexed_files"], 2, "{st}");
+        assert!(st["files"].as_array().unwrap().iter().all(|f| f["index"] == "fresh"), "{st}");
+        let r = a.call_json("POST", &format!("{base}/reindex"), None).await.unwrap();
+        assert_eq!(r["texts_embedded"], 0, "reindex keeps vectors: {r}");
+
+        // The Anthropic memory tool, verbatim tool inputs.
+        let tool = |input: Value| {
+            let agent = agent.clone();
+            async move {
+                agent
+                    .call_json("POST", "/v1/memory/notes/tool", Some(&input))
+                    .await
+                    .unwrap()
+            }
+        };
+        let out = tool(json!({"command": "create", "path": "/memories/todo.md", "file_text": "- call the zyxel vendor\n"})).await;
+        assert_eq!(out, json!({"text": "File created successfully at: /memories/todo.md", "is_error": false}));
+        let out = tool(json!({"command": "str_replace", "path": "/memories/todo.md", "old_str": "zyxel", "new_str": "quorvex"})).await;
+        assert_eq!(out["is_error"], false, "{out}");
+        let out = tool(json!({"command": "insert", "path": "/memories/todo.md", "insert_line": 1, "insert_text": "- renew the lease\n"})).await;
+        assert_eq!(out["is_error"], false, "{out}");
+        let out = tool(json!({"command": "view", "path": "/memories/todo.md"})).await;
+        assert!(out["text"].as_str().unwrap().contains("quorvex") && out["text"].as_str().unwrap().contains("renew"), "{out}");
+        let hits = a
+            .call_json("POST", &format!("{base}/search"), Some(&json!({"text": "quorvex"})))
+            .await
+            .unwrap();
+        assert_eq!(paths(&hits), vec!["todo.md"]);
+        let out = tool(json!({"command": "rename", "old_path": "/memories/todo.md", "new_path": "/memories/tasks/todo.md"})).await;
+        assert_eq!(out["text"], "Successfully renamed /memories/todo.md to /memories/tasks/todo.md");
+        let out = tool(json!({"command": "view", "path": "/memories/../etc/passwd"})).await;
+        assert_eq!(out["is_error"], true, "{out}");
+        let out = tool(json!({"command": "delete", "path": "/memories/tasks/todo.md"})).await;
+        assert_eq!(out["is_error"], false, "{out}");
+        let hits = a
+            .call_json("POST", &format!("{base}/search"), Some(&json!({"text": "quorvex", "mode": "bm25"})))
+            .await
+            .unwrap();
+        assert_eq!(paths(&hits), Vec::<String>::new());
+        let log = a.call_json("GET", &format!("{base}/log?limit=1"), None).await.unwrap();
+        assert_eq!(log["commits"][0]["message"], "memory: delete /memories/tasks/todo.md");
+        assert_eq!(log["commits"][0]["author"], "planner");
+        let e = d
+            .tcp(Some(&ta))
+            .with_agent(Some("bad\u{7f}".into()))
+            .call_json("POST", "/v1/memory/notes/tool", Some(&json!({"command": "view", "path": "/memories"})))
+            .await
+            .unwrap_err();
+        assert_eq!(code(&e).0, Some(400), "{e}");
+
+        // Another tenant: 404 for every route of alpha's store, its own list is empty, and it
+        // may have a store of the same name that shares nothing.
+        let not_found = |e: sandlot_client::Error| {
+            assert_eq!(code(&e), (Some(404), Some("not_found")), "{e}");
+        };
+        not_found(b.call_json("GET", base, None).await.unwrap_err());
+        not_found(b.call_json("GET", &format!("{base}/memories/people/ann-lee.md"), None).await.unwrap_err());
+        not_found(b.call_json("POST", &format!("{base}/search"), Some(&json!({"text": "churn"}))).await.unwrap_err());
+        not_found(b.call_json("POST", &format!("{base}/tool"), Some(&json!({"command": "view", "path": "/memories"}))).await.unwrap_err());
+        not_found(b.call_json("GET", &format!("{base}/log"), None).await.unwrap_err());
+        not_found(b.call_json("DELETE", base, None).await.unwrap_err());
+        let l = b.call_json("GET", "/v1/memory", None).await.unwrap();
+        assert_eq!(l, json!({"stores": []}));
+        b.call_json("POST", "/v1/memory", Some(&json!({"name": "notes"}))).await.unwrap();
+        let hits = b
+            .call_json("POST", &format!("{base}/search"), Some(&json!({"text": "churn"})))
+            .await
+            .unwrap();
+        assert_eq!(paths(&hits), Vec::<String>::new());
+        let l = a.call_json("GET", "/v1/memory", None).await.unwrap();
+        assert_eq!(l, json!({"stores": [{"name": "notes", "tenant": "alpha"}]}));
+        // Unknown memory, unknown store.
+        not_found(a.call_json("GET", &format!("{base}/memories/nope"), None).await.unwrap_err());
+        not_found(a.call_json("GET", "/v1/memory/other", None).await.unwrap_err());
+        // Delete.
+        b.call_json("DELETE", base, None).await.unwrap();
+        not_found(b.call_json("GET", base, None).await.unwrap_err());
+        a.call_json("GET", base, None).await.unwrap();
+    });
+}
+
+#[test]
+fn issue8_cli_remote_mode_against_the_daemon() {
+    model_installed();
+    let d = Daemon::start(None);
+    let run = |args: &[&str]| {
+        let mut all = vec!["memory", "--remote", "cli", "--tenant", "gamma"];
+        all.extend_from_slice(args);
+        let (rc, out, err) = d.cli(&all);
+        assert_eq!(rc, 0, "sandlot {all:?}: {err}");
+        out
+    };
+    assert!(run(&["init"]).contains("created memory store cli"));
+    let out = run(&[
+        "--agent",
+        "cli-bot",
+        "add",
+        "--title",
+        "Quarterly churn",
+        "--folder",
+        "reports",
+        "--body",
+        "Enterprise churn fell to four percent after the onboarding revamp.",
+    ]);
+    assert!(out.contains("added reports/quarterly-churn.md"), "{out}");
+    let out = run(&["search", "how many big customers did we lose"]);
+    assert!(out.starts_with("reports/quarterly-churn.md:"), "{out}");
+    let out = run(&["--json", "search", "onboarding", "--mode", "bm25"]);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["hits"][0]["path"], "reports/quarterly-churn.md");
+    let out = run(&["edit", "reports/quarterly-churn.md", "--add-tag", "q3"]);
+    assert!(out.contains("edited reports/quarterly-churn.md"), "{out}");
+    let out = run(&["get", "reports/quarterly-churn"]);
+    assert!(out.contains("tags:") && out.contains("q3"), "{out}");
+    let out = run(&["log"]);
+    assert!(
+        out.contains("cli-bot") && out.contains("add reports/quarterly-churn.md"),
+        "{out}"
+    );
+    let out = run(&["status"]);
+    assert!(out.contains("index fresh"), "{out}");
+    let out = run(&["tool", r#"{"command": "view", "path": "/memories"}"#]);
+    assert!(out.contains("reports"), "{out}");
+    let out = run(&["stores"]);
+    assert_eq!(out.trim(), "cli");
+    // Errors are reported with the daemon's message and a failing exit code.
+    let (rc, _, err) = d.cli(&[
+        "memory", "--remote", "cli", "--tenant", "gamma", "get", "nope",
+    ]);
+    assert_ne!(rc, 0);
+    assert!(err.contains("nope"), "{err}");
+    let (rc, _, err) = d.cli(&["memory", "--remote", "cli", "--tenant", "delta", "log"]);
+    assert_ne!(rc, 0);
+    assert!(err.contains("no memory store cli"), "another tenant: {err}");
+    let (rc, _, err) = d.cli(&["memory", "--remote", "cli", "--tenant", "gamma", "watch"]);
+    assert_ne!(rc, 0);
+    assert!(err.contains("local only"), "{err}");
+    let out = run(&["delete-store"]);
+    assert!(out.contains("deleted memory store cli"), "{out}");
+}
+
+#[test]
+fn issue8_store_mounted_into_a_sandbox_is_indexed_and_guarded() {
+    model_installed();
+    let d = Daemon::start(None);
+    let ta = d.token("alpha");
+    let a = d.tcp(Some(&ta));
+    rt().block_on(async {
+        a.call_json("POST", "/v1/memory", Some(&json!({"name": "shared"}))).await.unwrap();
+        a.call_json(
+            "POST",
+            "/v1/memory/shared/memories",
+            Some(&json!({"title": "Seed", "body": "A memory written through the API."})),
+        )
+        .await
+        .unwrap();
+        // Unknown store: 400 naming the field.
+        let e = a
+            .call_json(
+                "POST",
+                "/v1/sandboxes",
+                Some(&json!({"mounts": [{"type": "memory", "store": "nope", "target": "/memories"}]})),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(code(&e).0, Some(400), "{e}");
+        assert!(e.to_string().contains("mounts[0].store"), "{e}");
+        let sb = a
+            .call_json(
+                "POST",
+                "/v1/sandboxes",
+                Some(&json!({"mounts": [{"type": "memory", "store": "shared", "target": "/memories"}]})),
+            )
+            .await
+            .unwrap();
+        let id = sb["id"].as_str().unwrap().to_string();
+        let sh = |script: &str| {
+            let a = a.clone();
+            let id = id.clone();
+            let script = script.to_string();
+            async move { a.run(&id, &["sh", "-c", &script]).await.unwrap() }
+        };
+        // The sandbox sees the store's files and writes a new memory.
+        let o = sh("cat /memories/seed.md").await;
+        assert!(String::from_utf8_lossy(&o.stdout).contains("written through the API"));
+        let t = Instant::now();
+        let o = sh("mkdir -p /memories/agent && printf '# Sandbox note\\nThe vexillology club meets on Thursdays.\\n' > /memories/agent/note.md").await;
+        assert_eq!(o.exit.code, Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+        let mut found = None;
+        while t.elapsed() < Duration::from_secs(10) {
+            let hits = a
+                .call_json(
+                    "POST",
+                    "/v1/memory/shared/search",
+                    Some(&json!({"text": "vexillology", "mode": "bm25"})),
+                )
+                .await
+                .unwrap();
+            if paths(&hits) == vec!["agent/note.md"] {
+                found = Some(t.elapsed());
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let found = found.expect("the sandbox's write never became searchable");
+        eprintln!("sandbox write searchable after {found:?} (target 1 s)");
+        // Semantically too (the watcher embeds it).
+        let hits = a
+            .call_json(
+                "POST",
+                "/v1/memory/shared/search",
+                Some(&json!({"text": "a society for the study of flags", "mode": "vector", "limit": 1})),
+            )
+            .await
+            .unwrap();
+        assert_eq!(paths(&hits), vec!["agent/note.md"], "{hits}");
+        // The history, hooks, config and index are read-only inside.
+        for target in [
+            "/memories/.git/hooks/post-commit",
+            "/memories/.git/config",
+            "/memories/.sandlot/index.sqlite",
+            "/memories/.sandlot/x",
+        ] {
+            let o = sh(&format!("echo 'touch /tmp/pwned' >> {target}")).await;
+            assert_ne!(o.exit.code, Some(0), "{target} must not be writable from the sandbox");
+        }
+        let o = sh("rm -rf /memories/.git").await;
+        assert_ne!(o.exit.code, Some(0));
+        // A symbolic link planted in the store leads nowhere.
+        let o = sh("ln -s /etc/shadow /memories/leak.md && ln -s /etc /memories/etc").await;
+        assert_eq!(o.exit.code, Some(0));
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        for key in ["leak.md", "etc/shadow", "etc/passwd"] {
+            let e = a
+                .call_json("GET", &format!("/v1/memory/shared/memories/{key}"), None)
+                .await
+                .unwrap_err();
+            assert!(matches!(code(&e).0, Some(400 | 404)), "{key}: {e}");
+        }
+        let out = a
+            .call_json(
+                "POST",
+                "/v1/memory/shared/tool",
+                Some(&json!({"command": "view", "path": "/memories/etc"})),
+            )
+            .await
+            .unwrap();
+        assert_eq!(out["is_error"], true, "{out}");
+        let hits = a
+            .call_json("POST", "/v1/memory/shared/search", Some(&json!({"text": "root", "mode": "bm25"})))
+            .await
+            .unwrap();
+        assert!(paths(&hits).iter().all(|p| !p.starts_with("etc") && p != "leak.md"), "{hits}");
+        // A store in use cannot be deleted.
+        let e = a.call_json("DELETE", "/v1/memory/shared", None).await.unwrap_err();
+        assert_eq!(code(&e).0, Some(409), "{e}");
+        a.delete_sandbox(&id).await.unwrap();
+        // The commit by the daemon records what the sandbox wrote (the store stays a clean
+        // git repository with no hook run: nothing created /tmp/pwned on the host).
+        assert!(!std::path::Path::new("/tmp/pwned").exists());
+        a.call_json("DELETE", "/v1/memory/shared", None).await.unwrap();
+    });
+}
