@@ -139,6 +139,8 @@ pub struct ServerConfig {
     pub network: sandlot_net::NetConfig,
     /// The E2B-compatible front door (`[e2b]`): listener and templates.
     pub e2b: crate::e2b::E2bConfig,
+    /// Inbound traffic: where published TCP ports may listen (`[ports]`).
+    pub ports: crate::ports::PortsConfig,
 }
 
 /// Host directory mounts through the API.
@@ -165,6 +167,7 @@ impl Default for ServerConfig {
             mounts: MountsSection::default(),
             network: sandlot_net::NetConfig::default(),
             e2b: crate::e2b::E2bConfig::default(),
+            ports: crate::ports::PortsConfig::default(),
         }
     }
 }
@@ -255,6 +258,9 @@ impl ServerConfig {
             .validate()
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         if let Err(m) = self.e2b.check() {
+            return bad(m);
+        }
+        if let Err(m) = self.ports.check() {
             return bad(m);
         }
         for name in self.tenants.keys() {

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use utoipa::{OpenApi, ToSchema};
 
-use crate::routes::{exec, files, images, network, sandboxes, secrets, volumes};
+use crate::routes::{exec, files, images, network, ports, sandboxes, secrets, volumes};
 
 /// A bind mount or a tmpfs (the `type` field selects).
 #[derive(ToSchema)]
@@ -135,17 +135,19 @@ pub struct SecretRefDoc {
         files::read, files::write, files::remove, files::stat, files::list, files::mkdir, files::rename,
         files::watch, files::tar_download, files::tar_upload,
         network::get_policy, network::put_policy, network::get_log,
+        ports::proxy, ports::publish, ports::list, ports::unpublish,
         images::list, images::inspect, images::remove, images::prune, images::import,
         images::export, images::diff, images::snapshot,
         volumes::create, volumes::list, volumes::get_one, volumes::remove,
         secrets::create, secrets::list, secrets::remove,
     ),
     components(schemas(CreateSandboxDoc, MountDoc, ResourcesDoc, NetworkDoc, AllowRuleDoc, sandlot_client::NetLog, sandlot_client::NetLogEntry,
+        sandlot_client::PublishPort, sandlot_client::PublishedPort, sandlot_client::PortList,
         VolumeMountDoc, SecretRefDoc, images::ImageView, images::LayerView, images::ImageList,
         images::PruneView, images::DiffView, images::SnapshotBody, volumes::CreateVolume,
         volumes::VolumeList, crate::images::Volume, secrets::CreateSecret, secrets::SecretList,
         crate::images::SecretInfo)),
-    tags((name = "sandboxes"), (name = "processes"), (name = "files"), (name = "network"), (name = "images"), (name = "volumes"), (name = "secrets"), (name = "system")),
+    tags((name = "sandboxes"), (name = "processes"), (name = "files"), (name = "network"), (name = "ports"), (name = "images"), (name = "volumes"), (name = "secrets"), (name = "system")),
     modifiers(&Security),
 )]
 struct ApiDoc;

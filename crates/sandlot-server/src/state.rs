@@ -26,6 +26,8 @@ pub struct AppState {
     shutting_down: AtomicBool,
     /// Network egress service (see `network.rs`), set once at start.
     pub net: crate::network::NetSlot,
+    /// Sandbox ports published on the host (see `ports.rs`).
+    pub published: crate::ports::Published,
 }
 
 impl AppState {
@@ -48,6 +50,7 @@ impl AppState {
             live: Mutex::new(HashMap::new()),
             shutting_down: AtomicBool::new(false),
             net: std::sync::OnceLock::new(),
+            published: crate::ports::Published::default(),
         }
     }
 

@@ -47,6 +47,7 @@ from .models import (
     FileInfo,
     OutputChunk,
     ProcessInfo,
+    PublishedPort,
     RunResult,
     SandboxEvent,
     SandboxInfo,
@@ -54,6 +55,7 @@ from .models import (
     Usage,
     WatchEvent,
 )
+from .ports import AsyncPort, AsyncPorts, Port, Ports
 from .sandbox import Files, OutputStream, Process, Sandbox, Stdin, Watch
 
 __all__ = [
@@ -65,6 +67,11 @@ __all__ = [
     "OutputStream",
     "Stdin",
     "Watch",
+    "Ports",
+    "Port",
+    "AsyncPorts",
+    "AsyncPort",
+    "PublishedPort",
     "AsyncSandbox",
     "AsyncProcess",
     "AsyncFiles",
