@@ -392,4 +392,3 @@ fn issue4_cli_publishes_lists_and_unpublishes() {
     assert!(!listening("127.0.0.1:47222"));
     rt().block_on(c.delete_sandbox(&id)).unwrap();
 }
-

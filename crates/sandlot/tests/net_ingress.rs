@@ -42,7 +42,11 @@ fn get_in_ns(ns: &str, addr: &str, path: &str) -> (u16, Vec<u8>) {
         )
         .unwrap();
         let mut s = std::net::TcpStream::connect(&addr).unwrap();
-        write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
         let (status, _, mut rest) = read_head(&mut s);
         s.read_to_end(&mut rest).unwrap();
         (status, rest)
@@ -58,7 +62,11 @@ fn issue4_proxy_and_published_ports_work_in_modes_allow_and_open() {
     let rt = rt();
     let c = d.client();
     rt.block_on(async {
-        let allow = create(&c, json!({"mode": "allow", "allow": [{"domain": "allowed.test"}]})).await;
+        let allow = create(
+            &c,
+            json!({"mode": "allow", "allow": [{"domain": "allowed.test"}]}),
+        )
+        .await;
         let open = create(&c, json!({"mode": "open"})).await;
         start_app(&c, &allow, "127.0.0.1", 8000).await;
         start_app(&c, &open, "0.0.0.0", 8080).await;
@@ -76,7 +84,10 @@ fn issue4_proxy_and_published_ports_work_in_modes_allow_and_open() {
                 .await
                 .unwrap();
             let j: Value = serde_json::from_slice(r.body()).unwrap();
-            assert_eq!((j["len"].clone(), j["crc32"].clone()), (json!(body.len()), json!(crc32(&body))));
+            assert_eq!(
+                (j["len"].clone(), j["crc32"].clone()),
+                (json!(body.len()), json!(crc32(&body)))
+            );
             let e = c
                 .proxy_request(id, port + 1, "GET", "/", vec![])
                 .await
@@ -93,13 +104,20 @@ fn issue4_proxy_and_published_ports_work_in_modes_allow_and_open() {
         // A published port of the allow sandbox, on the loopback of the daemon's
         // (the world's host) namespace.
         let p = c
-            .publish_port(&allow, &PublishPort { port: 8000, ..Default::default() })
+            .publish_port(
+                &allow,
+                &PublishPort {
+                    port: 8000,
+                    ..Default::default()
+                },
+            )
             .await
             .unwrap();
         let host_ns = world.host_ns.clone();
-        let (status, body) = tokio::task::spawn_blocking(move || get_in_ns(&host_ns, &p.address, "/pub"))
-            .await
-            .unwrap();
+        let (status, body) =
+            tokio::task::spawn_blocking(move || get_in_ns(&host_ns, &p.address, "/pub"))
+                .await
+                .unwrap();
         assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
         assert!(String::from_utf8_lossy(&body).contains("\"/pub\""));
     });
