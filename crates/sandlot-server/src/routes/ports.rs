@@ -4,7 +4,7 @@
 //! host (`POST`/`GET /ports`, `DELETE /ports/{port}`). See `crate::ports`.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use axum::body::Body;
@@ -131,10 +131,21 @@ fn wants_upgrade(h: &HeaderMap) -> bool {
         })
 }
 
-fn counted(body: Body, n: Arc<AtomicU64>) -> Body {
+/// Counts the data bytes of a body into one of the proxy's metrics as they pass.
+fn counted<B>(body: B, state: Arc<AppState>, to_sandbox: bool) -> Body
+where
+    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<axum::BoxError>,
+{
     Body::new(body.map_frame(move |f| {
         if let Some(d) = f.data_ref() {
-            n.fetch_add(d.len() as u64, Ordering::Relaxed);
+            let m = &state.metrics.ports;
+            let c = if to_sandbox {
+                &m.bytes_to_sandbox
+            } else {
+                &m.bytes_from_sandbox
+            };
+            c.fetch_add(d.len() as u64, Ordering::Relaxed);
         }
         f
     }))
@@ -210,12 +221,11 @@ pub async fn proxy(
         headers.insert("x-forwarded-prefix", v);
     }
 
-    let to_sb = Arc::new(AtomicU64::new(0));
     let mut up_req = axum::http::Request::builder()
         .method(parts.method)
         .uri(&target)
         .version(Version::HTTP_11)
-        .body(counted(body, to_sb.clone()))
+        .body(counted(body, state.clone(), true))
         .map_err(|e| ApiError::invalid("path", format!("cannot forward {target:?}: {e}")))?;
     *up_req.headers_mut() = headers;
 
@@ -239,13 +249,10 @@ pub async fn proxy(
         }
         .in_current_span(),
     );
-    let resp = sender.send_request(up_req).await;
-    state
-        .metrics
-        .ports
-        .bytes_to_sandbox
-        .fetch_add(to_sb.load(Ordering::Relaxed), Ordering::Relaxed);
-    let mut resp = resp.map_err(|e| bad_gateway(&h.id, port, &e))?;
+    let mut resp = sender
+        .send_request(up_req)
+        .await
+        .map_err(|e| bad_gateway(&h.id, port, &e))?;
 
     if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
         let Some(client_upgrade) = client_upgrade else {
@@ -292,16 +299,7 @@ pub async fn proxy(
     strip_hop_by_hop(&mut rp.headers, false);
     rp.extensions.clear();
     rp.extensions.insert(Proxied);
-    let st = state.clone();
-    let body = Body::new(body.map_frame(move |f| {
-        if let Some(d) = f.data_ref() {
-            st.metrics
-                .ports
-                .bytes_from_sandbox
-                .fetch_add(d.len() as u64, Ordering::Relaxed);
-        }
-        f
-    }));
+    let body = counted(body, state.clone(), false);
     Ok(Response::from_parts(rp, body))
 }
 
