@@ -55,10 +55,13 @@ from .models import (
     Usage,
     WatchEvent,
 )
+from .image import BuildError, Image
 from .ports import AsyncPort, AsyncPorts, Port, Ports
 from .sandbox import Files, OutputStream, Process, Sandbox, Stdin, Watch
 
 __all__ = [
+    "BuildError",
+    "Image",
     "__version__",
     "DEFAULT_URL",
     "Sandbox",
