@@ -15,6 +15,7 @@
 pub mod api;
 mod conn;
 pub mod network;
+pub mod ports;
 pub mod stream;
 
 use std::collections::BTreeMap;
@@ -28,6 +29,7 @@ use serde::Serialize;
 pub use api::*;
 pub use conn::Target;
 pub use network::{NetLog, NetLogEntry};
+pub use ports::{PortList, PublishPort, PublishedPort};
 pub use stream::{ByteStream, OutputStream, WsSession};
 
 /// Default daemon address: the operator's Unix socket.

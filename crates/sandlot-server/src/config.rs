@@ -150,6 +150,8 @@ pub struct ServerConfig {
     pub network: sandlot_net::NetConfig,
     /// The E2B-compatible front door (`[e2b]`): listener and templates.
     pub e2b: crate::e2b::E2bConfig,
+    /// Inbound traffic: where published TCP ports may listen (`[ports]`).
+    pub ports: crate::ports::PortsConfig,
     /// Registries and builds (`[images]`, see `docs/images.md`).
     pub images: ImagesSection,
 }
@@ -195,6 +197,7 @@ impl Default for ServerConfig {
             mounts: MountsSection::default(),
             network: sandlot_net::NetConfig::default(),
             e2b: crate::e2b::E2bConfig::default(),
+            ports: crate::ports::PortsConfig::default(),
             images: ImagesSection::default(),
         }
     }
@@ -298,6 +301,9 @@ impl ServerConfig {
             .validate()
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         if let Err(m) = self.e2b.check() {
+            return bad(m);
+        }
+        if let Err(m) = self.ports.check() {
             return bad(m);
         }
         for name in self.tenants.keys() {

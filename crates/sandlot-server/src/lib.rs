@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod network;
 pub mod openapi;
 pub mod pool;
+pub mod ports;
 pub mod process;
 pub mod routes;
 pub mod sandbox;
@@ -172,6 +173,7 @@ pub async fn serve(
         "reconciled sandboxes"
     );
     network::start(&state).await;
+    ports::restore(&state).await;
     pool::Pools::start(&state);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
@@ -198,7 +200,8 @@ pub async fn serve(
     let servers = async {
         match tcp {
             Some(t) => {
-                let app = routes::router(state.clone(), Transport::Tcp);
+                let app = routes::router(state.clone(), Transport::Tcp)
+                    .into_make_service_with_connect_info::<std::net::SocketAddr>();
                 let tcp_srv =
                     axum::serve(t, app).with_graceful_shutdown(wait_stop(stop_rx.clone()));
                 let (a, b) = tokio::join!(unix_srv.into_future(), tcp_srv.into_future());

@@ -22,6 +22,82 @@ pub struct Metrics {
     create_sum_us: AtomicU64,
     errors: Mutex<BTreeMap<&'static str, u64>>,
     stopped: Mutex<BTreeMap<&'static str, u64>>,
+    /// Inbound traffic: the HTTP/WebSocket proxy and published TCP ports.
+    pub ports: PortMetrics,
+}
+
+/// Counters of inbound traffic to sandboxes (`ports.rs`, `routes/ports.rs`).
+#[derive(Default)]
+pub struct PortMetrics {
+    /// HTTP requests proxied to a sandbox port (WebSocket upgrades included).
+    pub http_requests: AtomicU64,
+    /// WebSocket (and other HTTP upgrade) tunnels opened.
+    pub upgrades: AtomicU64,
+    /// Connections accepted on published TCP ports.
+    pub tcp_connections: AtomicU64,
+    /// Dials of a sandbox port that failed (nothing listening, timeout).
+    pub dial_failures: AtomicU64,
+    /// Body and tunnel bytes sent to sandboxes.
+    pub bytes_to_sandbox: AtomicU64,
+    /// Body and tunnel bytes received from sandboxes.
+    pub bytes_from_sandbox: AtomicU64,
+    /// Ports published on the host now.
+    pub published: AtomicI64,
+}
+
+impl PortMetrics {
+    fn render(&self, o: &mut String) {
+        let c = |o: &mut String, name: &str, help: &str, kind: &str, v: String| {
+            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
+        };
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed).to_string();
+        c(
+            o,
+            "sandlot_port_http_requests_total",
+            "HTTP requests proxied to sandbox ports.",
+            "counter",
+            l(&self.http_requests),
+        );
+        c(
+            o,
+            "sandlot_port_upgrades_total",
+            "WebSocket (HTTP upgrade) tunnels to sandbox ports.",
+            "counter",
+            l(&self.upgrades),
+        );
+        c(
+            o,
+            "sandlot_port_tcp_connections_total",
+            "Connections accepted on published TCP ports.",
+            "counter",
+            l(&self.tcp_connections),
+        );
+        c(
+            o,
+            "sandlot_port_dial_failures_total",
+            "Failed dials of a sandbox port (nothing listening, timeout).",
+            "counter",
+            l(&self.dial_failures),
+        );
+        let _ = writeln!(o, "# HELP sandlot_port_bytes_total Bytes proxied to (in) and from (out) sandbox ports.\n# TYPE sandlot_port_bytes_total counter");
+        let _ = writeln!(
+            o,
+            "sandlot_port_bytes_total{{direction=\"in\"}} {}",
+            l(&self.bytes_to_sandbox)
+        );
+        let _ = writeln!(
+            o,
+            "sandlot_port_bytes_total{{direction=\"out\"}} {}",
+            l(&self.bytes_from_sandbox)
+        );
+        c(
+            o,
+            "sandlot_ports_published",
+            "Sandbox ports published on the host now.",
+            "gauge",
+            self.published.load(Ordering::Relaxed).to_string(),
+        );
+    }
 }
 
 impl Metrics {
@@ -130,6 +206,7 @@ impl Metrics {
         {
             let _ = writeln!(o, "sandlot_sandboxes_stopped_total{{reason=\"{r}\"}} {v}");
         }
+        self.ports.render(&mut o);
         o
     }
 }
@@ -164,6 +241,12 @@ mod tests {
             "{t}"
         );
         assert!(t.contains("sandlot_exec_total 3\n"), "{t}");
+        m.ports.bytes_to_sandbox.fetch_add(5, Ordering::Relaxed);
+        let t = m.render();
+        assert!(
+            t.contains("sandlot_port_bytes_total{direction=\"in\"} 5\n"),
+            "{t}"
+        );
         // Every sample line is `name{labels} value`.
         for l in t.lines().filter(|l| !l.starts_with('#')) {
             let v = l.rsplit(' ').next().unwrap();

@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 
 use utoipa::{OpenApi, ToSchema};
 
-use crate::routes::{exec, files, images, memory, network, sandboxes, secrets, volumes};
+use crate::routes::{
+    exec, files, images, memory, network, ports, sandboxes, secrets, volumes,
+};
 
 /// A bind mount, a tmpfs or a memory store (the `type` field selects).
 #[derive(ToSchema)]
@@ -138,6 +140,7 @@ pub struct SecretRefDoc {
         files::read, files::write, files::remove, files::stat, files::list, files::mkdir, files::rename,
         files::watch, files::tar_download, files::tar_upload,
         network::get_policy, network::put_policy, network::get_log,
+        ports::proxy, ports::publish, ports::list, ports::unpublish,
         images::list, images::inspect, images::remove, images::prune, images::import,
         images::export, images::diff, images::snapshot, images::pull, images::push, images::build,
         volumes::create, volumes::list, volumes::get_one, volumes::remove,
@@ -147,6 +150,7 @@ pub struct SecretRefDoc {
         memory::diff, memory::revert, memory::status, memory::reindex, memory::tool,
     ),
     components(schemas(CreateSandboxDoc, MountDoc, ResourcesDoc, NetworkDoc, AllowRuleDoc, sandlot_client::NetLog, sandlot_client::NetLogEntry,
+        sandlot_client::PublishPort, sandlot_client::PublishedPort, sandlot_client::PortList,
         VolumeMountDoc, SecretRefDoc, images::ImageView, images::LayerView, images::ImageList,
         images::PruneView, images::DiffView, images::SnapshotBody, images::PullBody,
         images::PushBody, images::RegistryAuthBody, images::ProgressLine, volumes::CreateVolume,
@@ -154,7 +158,7 @@ pub struct SecretRefDoc {
         crate::images::SecretInfo, memory::CreateMemoryStore, memory::MemoryStoreDoc,
         memory::NewMemoryDoc, memory::MemoryPatchDoc, memory::SearchDoc, memory::WriteOutcomeDoc,
         memory::ToolOutputDoc, memory::MoveBody, memory::RevertBody, memory::ReindexBody)),
-    tags((name = "sandboxes"), (name = "processes"), (name = "files"), (name = "network"), (name = "images"), (name = "volumes"), (name = "secrets"), (name = "memory"), (name = "system")),
+    tags((name = "sandboxes"), (name = "processes"), (name = "files"), (name = "network"), (name = "ports"), (name = "images"), (name = "volumes"), (name = "secrets"), (name = "memory"), (name = "system")),
     modifiers(&Security),
 )]
 struct ApiDoc;

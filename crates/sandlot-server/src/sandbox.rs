@@ -159,6 +159,11 @@ impl SandboxHandle {
         self.wake.notify_one();
     }
 
+    /// Becomes true once the owner has torn the sandbox down.
+    pub fn stopped_signal(&self) -> watch::Receiver<bool> {
+        self.stopped.subscribe()
+    }
+
     /// Waits until the owner has torn the sandbox down.
     pub async fn stopped(&self) {
         let mut rx = self.stopped.subscribe();
@@ -673,6 +678,7 @@ pub async fn own(state: Arc<AppState>, h: Arc<SandboxHandle>, adopted: bool) {
     if let Err(e) = state.store.mark_stopping(&h.id, reason) {
         tracing::error!("record stopping: {e}");
     }
+    crate::ports::close_sandbox(&state, &h.id).await;
     let (usage, _) = h.usage();
     let h2 = h.clone();
     let rt = state.runtime.clone();

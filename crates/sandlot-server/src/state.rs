@@ -28,6 +28,8 @@ pub struct AppState {
     pub net: crate::network::NetSlot,
     /// Memory stores (`memory.rs`).
     pub memory: Arc<crate::memory::Memories>,
+    /// Sandbox ports published on the host (see `ports.rs`).
+    pub published: crate::ports::Published,
 }
 
 impl AppState {
@@ -51,6 +53,7 @@ impl AppState {
             live: Mutex::new(HashMap::new()),
             shutting_down: AtomicBool::new(false),
             net: std::sync::OnceLock::new(),
+            published: crate::ports::Published::default(),
         }
     }
 

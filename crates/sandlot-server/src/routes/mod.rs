@@ -26,6 +26,7 @@ pub mod files;
 pub mod images;
 pub mod memory;
 pub mod network;
+pub mod ports;
 pub mod sandboxes;
 pub mod secrets;
 pub mod stream;
@@ -85,6 +86,7 @@ pub fn router(state: Arc<AppState>, transport: Transport) -> Router {
         .merge(images_router())
         .merge(network_router())
         .merge(memory::router())
+        .merge(ports_router())
         .fallback(fallback)
         .layer(DefaultBodyLimit::disable())
         .layer(middleware::from_fn_with_state(
@@ -103,6 +105,20 @@ fn network_router() -> Router<Arc<AppState>> {
             get(network::get_policy).put(network::put_policy),
         )
         .route("/v1/sandboxes/{id}/network/log", get(network::get_log))
+}
+
+/// Inbound: the HTTP/WebSocket proxy and published TCP ports (`ports.rs`).
+fn ports_router() -> Router<Arc<AppState>> {
+    use axum::routing::any;
+    let p = "/v1/sandboxes/{id}/ports";
+    Router::new()
+        .route(p, get(ports::list).post(ports::publish))
+        .route(
+            &format!("{p}/{{port}}"),
+            axum::routing::delete(ports::unpublish).fallback(ports::add_slash),
+        )
+        .route(&format!("{p}/{{port}}/"), any(ports::proxy))
+        .route(&format!("{p}/{{port}}/{{*path}}"), any(ports::proxy))
 }
 
 /// Images, snapshots, volumes and secrets (`images.rs`, `volumes.rs`, `secrets.rs`).
@@ -179,7 +195,10 @@ async fn request_context(
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let pending = resp.extensions_mut().remove::<PendingError>();
     let status = resp.status();
+    let proxied = resp.extensions().get::<ports::Proxied>().is_some();
     let err = match pending {
+        // The proxied application's own answer, whatever its status.
+        None if proxied => None,
         Some(PendingError(e)) => Some((*e).clone()),
         None if status.is_client_error() || status.is_server_error() => {
             let is_json = resp

@@ -220,6 +220,7 @@ pub fn run(cmd: ApiCommand) -> anyhow::Result<i32> {
             ApiCommand::Rm(a) => rm(a).await,
             ApiCommand::Timeout(a) => timeout(a).await,
             ApiCommand::Net(n) => super::net_cmd::run(n).await,
+            ApiCommand::Port(c) => super::port_cmd::run(c).await,
             _ => unreachable!("dispatched in api_cmd::run"),
         }
     });

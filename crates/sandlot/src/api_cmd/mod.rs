@@ -15,6 +15,7 @@ use sandlot_server::ServerConfig;
 mod client_cmds;
 mod image_cmd;
 mod net_cmd;
+mod port_cmd;
 mod render;
 
 /// The daemon and the API client commands.
@@ -57,6 +58,9 @@ pub enum ApiCommand {
     /// A sandbox's network policy and egress audit log (`net log ID`).
     #[command(subcommand)]
     Net(net_cmd::NetCmd),
+    /// Inbound: the proxy URL of a sandbox port, and TCP ports published on the host.
+    #[command(subcommand)]
+    Port(port_cmd::PortCmd),
     /// Print a shell completion script.
     Completions(CompletionsArgs),
 }

@@ -47,6 +47,7 @@ from .models import (
     FileInfo,
     OutputChunk,
     ProcessInfo,
+    PublishedPort,
     RunResult,
     SandboxEvent,
     SandboxInfo,
@@ -56,6 +57,7 @@ from .models import (
 )
 from .image import BuildError, Image
 from .memory import AsyncMemoryStore, MemoryStore
+from .ports import AsyncPort, AsyncPorts, Port, Ports
 from .sandbox import Files, OutputStream, Process, Sandbox, Stdin, Watch
 
 __all__ = [
@@ -69,6 +71,11 @@ __all__ = [
     "OutputStream",
     "Stdin",
     "Watch",
+    "Ports",
+    "Port",
+    "AsyncPorts",
+    "AsyncPort",
+    "PublishedPort",
     "AsyncSandbox",
     "AsyncProcess",
     "AsyncFiles",

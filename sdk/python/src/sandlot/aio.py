@@ -36,6 +36,7 @@ from . import _spec, errors
 from ._tarsafe import extract_tar
 from .client import AsyncClient, default_async_client
 from .image import Image
+from .ports import AsyncPorts
 from .models import (
     ExitStatus,
     FileInfo,
@@ -631,6 +632,8 @@ class AsyncSandbox:
         self._client = client
         self.id = info.id
         self.files = AsyncFiles(self)
+        #: Inbound traffic: ``ports[8000].url`` (the proxy), ``await ports.publish(8000)``.
+        self.ports = AsyncPorts(client, info.id)
 
     def __repr__(self) -> str:
         return f"<AsyncSandbox {self.id} name={self._info.name!r} state={self._info.state!r}>"

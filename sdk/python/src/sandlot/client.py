@@ -88,16 +88,28 @@ class _Base:
     url: str
     token: Optional[str]
     tenant: Optional[str]
+    #: The HTTP base of requests (``http://sandlot`` on a Unix socket).
+    base_url: str
+    #: The Unix socket, or None over TCP.
+    uds: Optional[str]
 
     def _setup(self, url: Optional[str], token: Optional[str], tenant: Optional[str]) -> Tuple[str, Optional[str]]:
         base, uds = resolve_url(url)
         self.url = f"unix://{uds}" if uds else base
         self.token = token if token is not None else (os.environ.get("SANDLOT_TOKEN") or None)
         self.tenant = tenant
+        self.base_url = base
+        self.uds = uds
         return base, uds
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(url={self.url!r}, tenant={self.tenant!r})"
+
+    def auth_headers(self) -> Dict[str, str]:
+        """The headers that authenticate a request to the daemon (for other HTTP clients)."""
+        h = _headers(self.token, self.tenant)
+        h.pop("user-agent", None)
+        return h
 
 
 class Client(_Base):

@@ -341,3 +341,27 @@ def decode_chunk(line: Dict[str, Any]) -> OutputChunk:
         data=base64.b64decode(line.get("data") or ""),
         offset=int(line.get("offset", 0)),
     )
+
+
+@dataclass(frozen=True)
+class PublishedPort:
+    """A sandbox port published on the daemon's host (``sb.ports.publish(8000)``):
+    connect to ``host``:``host_port`` (``address``) to reach ``port`` in the sandbox."""
+
+    port: int
+    host: str
+    host_port: int
+    address: str
+    created_at: Optional[datetime] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "PublishedPort":
+        return cls(
+            port=int(d.get("port", 0)),
+            host=str(d.get("host", "")),
+            host_port=int(d.get("host_port", 0)),
+            address=str(d.get("address", "")),
+            created_at=parse_time(d.get("created_at")),
+            raw=dict(d),
+        )

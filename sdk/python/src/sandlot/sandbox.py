@@ -34,6 +34,7 @@ from . import _spec, errors
 from ._tarsafe import extract_tar
 from .client import Client, default_client
 from .image import Image
+from .ports import Ports
 from .models import (
     ExitStatus,
     FileInfo,
@@ -763,6 +764,8 @@ class Sandbox:
         self._client = client
         self.id = info.id
         self.files = Files(self)
+        #: Inbound traffic: ``ports[8000].url`` (the proxy), ``ports.publish(8000)``.
+        self.ports = Ports(client, info.id)
 
     def __repr__(self) -> str:
         return f"<Sandbox {self.id} name={self._info.name!r} state={self._info.state!r}>"
