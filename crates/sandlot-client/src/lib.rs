@@ -16,6 +16,7 @@ pub mod api;
 mod conn;
 pub mod network;
 pub mod stream;
+pub mod vfs;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -21,6 +21,7 @@ pub mod state;
 pub mod store;
 pub mod tarstream;
 pub mod timefmt;
+pub mod vfs;
 
 use std::future::IntoFuture;
 use std::os::unix::fs::PermissionsExt;
@@ -152,6 +153,8 @@ pub async fn serve(
     );
     network::start(&state).await;
     pool::Pools::start(&state);
+    state.vfs.sweep_uploads();
+    routes::vfs::start_sweeper(&state);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         shutdown.await;

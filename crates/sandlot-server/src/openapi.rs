@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use utoipa::{OpenApi, ToSchema};
 
-use crate::routes::{exec, files, images, network, sandboxes, secrets, volumes};
+use crate::routes::{exec, files, images, network, sandboxes, secrets, vfs, volumes};
 
 /// A bind mount or a tmpfs (the `type` field selects).
 #[derive(ToSchema)]
@@ -139,13 +139,22 @@ pub struct SecretRefDoc {
         images::export, images::diff, images::snapshot,
         volumes::create, volumes::list, volumes::get_one, volumes::remove,
         secrets::create, secrets::list, secrets::remove,
+        vfs::create, vfs::list, vfs::get_one, vfs::remove, vfs::ingest, vfs::open_session,
+        vfs::get_session, vfs::close_session, vfs::run, vfs::audit,
     ),
     components(schemas(CreateSandboxDoc, MountDoc, ResourcesDoc, NetworkDoc, AllowRuleDoc, sandlot_client::NetLog, sandlot_client::NetLogEntry,
         VolumeMountDoc, SecretRefDoc, images::ImageView, images::LayerView, images::ImageList,
         images::PruneView, images::DiffView, images::SnapshotBody, volumes::CreateVolume,
         volumes::VolumeList, crate::images::Volume, secrets::CreateSecret, secrets::SecretList,
-        crate::images::SecretInfo)),
-    tags((name = "sandboxes"), (name = "processes"), (name = "files"), (name = "network"), (name = "images"), (name = "volumes"), (name = "secrets"), (name = "system")),
+        crate::images::SecretInfo, sandlot_client::vfs::VfsSource, sandlot_client::vfs::VfsAcl,
+        sandlot_client::vfs::VfsAclRule, sandlot_client::vfs::CreateCollection,
+        sandlot_client::vfs::IngestCollection, sandlot_client::vfs::CollectionView,
+        sandlot_client::vfs::CollectionList, sandlot_client::vfs::IngestResult,
+        sandlot_client::vfs::IngestAnswer, sandlot_client::vfs::OpenSession,
+        sandlot_client::vfs::SessionLimits, sandlot_client::vfs::VfsSession,
+        sandlot_client::vfs::RunCommand, sandlot_client::vfs::RunResult,
+        sandlot_client::vfs::AuditEntry, sandlot_client::vfs::AuditList)),
+    tags((name = "sandboxes"), (name = "processes"), (name = "files"), (name = "network"), (name = "images"), (name = "volumes"), (name = "secrets"), (name = "vfs"), (name = "system")),
     modifiers(&Security),
 )]
 struct ApiDoc;

@@ -26,6 +26,8 @@ pub struct AppState {
     shutting_down: AtomicBool,
     /// Network egress service (see `network.rs`), set once at start.
     pub net: crate::network::NetSlot,
+    /// Virtual filesystem collections and sessions (see `vfs.rs`).
+    pub vfs: crate::vfs::VfsService,
 }
 
 impl AppState {
@@ -37,7 +39,9 @@ impl AppState {
     ) -> AppState {
         let pools = crate::pool::Pools::new(&cfg.pools);
         let create_slots = tokio::sync::Semaphore::new(cfg.runtime.create_concurrency());
+        let vfs = crate::vfs::VfsService::new(&cfg.data_dir, cfg.vfs.clone());
         AppState {
+            vfs,
             pools,
             create_slots,
             images: Arc::new(images),

@@ -11,6 +11,7 @@ The asyncio twin is ``AsyncSandbox``. Connection: ``SANDLOT_URL`` (default
 """
 
 from .aio import AsyncFiles, AsyncOutputStream, AsyncProcess, AsyncSandbox, AsyncStdin, AsyncWatch
+from .collection import AsyncCollection, AsyncShellSession, Collection, ShellSession
 from .client import DEFAULT_URL, AsyncClient, Client, __version__, configure, default_async_client, default_client
 from .errors import (
     AlreadyExistsError,
@@ -23,6 +24,7 @@ from .errors import (
     ConnectError,
     DirectoryNotEmptyError,
     GoneError,
+    IngestError,
     InternalError,
     InvalidSpecError,
     InvalidUserError,
@@ -43,13 +45,18 @@ from .errors import (
     UnavailableError,
 )
 from .models import (
+    AuditRecord,
+    CollectionInfo,
     ExitStatus,
     FileInfo,
     OutputChunk,
     ProcessInfo,
+    IngestReport,
     RunResult,
     SandboxEvent,
     SandboxInfo,
+    ShellResult,
+    ShellSessionInfo,
     TarResult,
     Usage,
     WatchEvent,
@@ -71,6 +78,16 @@ __all__ = [
     "AsyncOutputStream",
     "AsyncStdin",
     "AsyncWatch",
+    "Collection",
+    "ShellSession",
+    "AsyncCollection",
+    "AsyncShellSession",
+    "CollectionInfo",
+    "IngestReport",
+    "ShellResult",
+    "ShellSessionInfo",
+    "AuditRecord",
+    "IngestError",
     "Client",
     "AsyncClient",
     "configure",
