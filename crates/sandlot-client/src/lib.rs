@@ -281,6 +281,33 @@ impl Client {
         self.json(Method::POST, "/v1/sandboxes", Some(req)).await
     }
 
+    /// [`Client::create_sandbox`] with an `Idempotency-Key`: safe to retry after a
+    /// lost answer. A repeat with the same key and request gets the sandbox the
+    /// first one made (for 24 h); the same key with another request is refused.
+    pub async fn create_sandbox_with_key(
+        &self,
+        req: &CreateSandbox,
+        key: &str,
+    ) -> Result<Sandbox, Error> {
+        let mut h = self.headers();
+        h.push(("idempotency-key", key.to_string()));
+        let b = conn::full(serde_json::to_vec(req).map_err(|e| Error::Decode(e.to_string()))?);
+        let resp = conn::request(
+            &self.target,
+            Method::POST,
+            "/v1/sandboxes",
+            &h,
+            Some("application/json"),
+            b,
+        )
+        .await?;
+        if !resp.status().is_success() {
+            return Err(stream::error_of(resp).await);
+        }
+        let bytes = stream::collect(resp).await?;
+        serde_json::from_slice(&bytes).map_err(|e| Error::Decode(format!("/v1/sandboxes: {e}")))
+    }
+
     pub async fn list_sandboxes(&self, f: &ListFilter) -> Result<Vec<Sandbox>, Error> {
         let mut q = Vec::new();
         if !f.states.is_empty() {

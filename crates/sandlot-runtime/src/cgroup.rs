@@ -104,6 +104,80 @@ impl CgroupLayout {
     }
 }
 
+/// The outcome of [`favor_dynamic_modifications`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FavorDynmods {
+    /// The unified hierarchy at this path already had `favordynmods`.
+    AlreadyOn(PathBuf),
+    /// It was remounted with `favordynmods` now.
+    Enabled(PathBuf),
+    /// No cgroup v2 mount: the option exists only there (v1-only host).
+    NoUnifiedHierarchy,
+}
+
+/// What to do to turn `favordynmods` on: the cgroup2 mount point, and the mount
+/// data to remount it with (its current superblock options plus `favordynmods`),
+/// or `None` when the option is already set. `None` overall: no cgroup2 mount.
+///
+/// Every attach of a process to a cgroup (writing `cgroup.procs`, in each v1
+/// hierarchy) takes the kernel's global threadgroup rwsem for writing; by default
+/// that waits for an RCU grace period while holding `cgroup_mutex`, so concurrent
+/// sandbox creates queue behind each other's grace periods. With `favordynmods`
+/// (a flag of the cgroup2 root; the rwsem it switches is shared by every
+/// hierarchy, v1 included) the attach no longer waits, at the price of slightly
+/// slower fork and exit. The remount must repeat the superblock options because a cgroup2
+/// reconfigure sets every flag from the new option list.
+pub fn favordynmods_plan(mountinfo: &str) -> Option<(PathBuf, Option<String>)> {
+    for line in mountinfo.lines() {
+        let Some((pre, post)) = line.split_once(" - ") else {
+            continue;
+        };
+        let pre: Vec<&str> = pre.split(' ').collect();
+        let post: Vec<&str> = post.split(' ').collect();
+        if pre.len() < 5 || post.len() < 3 || post[0] != "cgroup2" {
+            continue;
+        }
+        let mount_point = PathBuf::from(pre[4]);
+        let opts: Vec<&str> = post[2]
+            .split(',')
+            .filter(|o| !o.is_empty() && *o != "rw" && *o != "ro")
+            .collect();
+        if opts.contains(&"favordynmods") {
+            return Some((mount_point, None));
+        }
+        let mut data = opts.join(",");
+        if !data.is_empty() {
+            data.push(',');
+        }
+        data.push_str("favordynmods");
+        return Some((mount_point, Some(data)));
+    }
+    None
+}
+
+/// Turns the cgroup root flag `favordynmods` on (see [`favordynmods_plan`]). A
+/// host-wide setting: the daemon applies it at start unless the operator opts out.
+pub fn favor_dynamic_modifications() -> Result<FavorDynmods, CgroupError> {
+    let mi = fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| CgroupError::Unavailable(format!("read /proc/self/mountinfo: {e}")))?;
+    let Some((mount_point, data)) = favordynmods_plan(&mi) else {
+        return Ok(FavorDynmods::NoUnifiedHierarchy);
+    };
+    let Some(data) = data else {
+        return Ok(FavorDynmods::AlreadyOn(mount_point));
+    };
+    let remount = |source: io::Error| CgroupError::Write {
+        path: mount_point.clone(),
+        value: format!("remount,{data}"),
+        source,
+    };
+    let target = crate::sys::cstr(&mount_point).map_err(remount)?;
+    let cdata = std::ffi::CString::new(data.clone())
+        .map_err(|_| remount(io::Error::from(io::ErrorKind::InvalidInput)))?;
+    crate::sys::mount(None, &target, None, libc::MS_REMOUNT, Some(&cdata)).map_err(remount)?;
+    Ok(FavorDynmods::Enabled(mount_point))
+}
+
 /// Limits written into a sandbox's cgroup.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct CgroupLimits {
@@ -475,6 +549,36 @@ mod tests {
 39 35 0:34 / /sys/fs/cgroup/cpu,cpuacct rw,relatime - cgroup cgroup rw,cpu,cpuacct
 40 35 0:35 / /sys/fs/cgroup/freezer rw,relatime - cgroup cgroup rw,freezer
 ";
+
+    #[test]
+    fn favordynmods_remount_keeps_the_superblock_options() {
+        assert_eq!(
+            favordynmods_plan(HYBRID),
+            Some((
+                PathBuf::from("/sys/fs/cgroup/unified"),
+                Some("favordynmods".to_string())
+            ))
+        );
+        let unified = "30 24 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate,memory_recursiveprot\n";
+        assert_eq!(
+            favordynmods_plan(unified),
+            Some((
+                PathBuf::from("/sys/fs/cgroup"),
+                Some("nsdelegate,memory_recursiveprot,favordynmods".to_string())
+            ))
+        );
+        let on = "30 24 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw,favordynmods\n";
+        assert_eq!(
+            favordynmods_plan(on),
+            Some((PathBuf::from("/sys/fs/cgroup"), None))
+        );
+        let v1_only = HYBRID
+            .lines()
+            .filter(|l| !l.contains("cgroup2"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert_eq!(favordynmods_plan(&v1_only), None);
+    }
 
     #[test]
     fn hybrid_host_uses_v1_when_v2_has_no_controllers() {

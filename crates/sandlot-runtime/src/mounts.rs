@@ -779,8 +779,10 @@ pub fn apply_with_trees(
                 kind,
                 required,
             } => {
+                // A detached copy of the source tree, made read-only before it is
+                // attached: three syscalls and no /proc/self/fd path lookups.
                 let sc = sys::cstr(source).map_err(apply_err("bind", path))?;
-                let src = match sys::open_path(&sc, false) {
+                let tree = match sys::open_tree_clone(&sc) {
                     Ok(fd) => fd,
                     Err(_) if !required => continue,
                     Err(e) => {
@@ -791,18 +793,18 @@ pub fn apply_with_trees(
                         })
                     }
                 };
-                let tgt = ensure(r, path, *kind).map_err(apply_err("create bind target", path))?;
-                sys::mount(
-                    Some(&sys::fd_path(src.as_fd())),
-                    &sys::fd_path(tgt.as_fd()),
-                    None,
-                    libc::MS_BIND | libc::MS_REC,
-                    None,
-                )
-                .map_err(apply_err("bind", path))?;
                 if *readonly {
-                    remount_readonly(r, path, true).map_err(apply_err("make read-only", path))?;
+                    sys::mount_setattr(
+                        Some(tree.as_fd()),
+                        c"",
+                        true,
+                        sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV,
+                        None,
+                    )
+                    .map_err(apply_err("make read-only", path))?;
                 }
+                let tgt = ensure(r, path, *kind).map_err(apply_err("create bind target", path))?;
+                sys::move_mount_onto(tree.as_fd(), tgt.as_fd()).map_err(apply_err("bind", path))?;
             }
             MountOp::Tmpfs {
                 path,

@@ -347,6 +347,13 @@ impl NamespaceBackend {
         r
     }
 
+    /// Run directories and cgroups still on the host of sandboxes whose id starts
+    /// with `prefix` (after a clean stop there must be none): the leak check of
+    /// tests and benchmarks.
+    pub fn host_traces(&self, prefix: &str) -> Vec<PathBuf> {
+        host_traces(&self.cfg.run_dir, &self.cfg.cgroup_parent, prefix)
+    }
+
     /// Removes leftovers of sandboxes whose PID 1 is gone (e.g. after a crash of the
     /// process that owned them). Returns the ids cleaned up.
     pub fn sweep(&self) -> Vec<String> {
@@ -578,6 +585,30 @@ pub fn wait_exit(sb: &SandboxInstance, timeout: Duration) -> Option<i32> {
         // SAFETY: one valid pollfd; a short timeout bounds the loop.
         unsafe { libc::poll(&mut pfd, 1, 50) };
     }
+}
+
+/// [`NamespaceBackend::host_traces`] without a backend: run directories under
+/// `run_dir/sandboxes` and cgroups `<hierarchy>/<cgroup_parent>/<id>` (v1 and v2).
+pub fn host_traces(run_dir: &Path, cgroup_parent: &str, prefix: &str) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut scan = |dir: &Path| {
+        if let Ok(rd) = fs::read_dir(dir) {
+            out.extend(
+                rd.flatten()
+                    .filter(|e| e.file_name().to_string_lossy().starts_with(prefix))
+                    .map(|e| e.path()),
+            );
+        }
+    };
+    scan(&run_dir.join("sandboxes"));
+    let cg = Path::new("/sys/fs/cgroup");
+    if let Ok(rd) = fs::read_dir(cg) {
+        for e in rd.flatten() {
+            scan(&e.path().join(cgroup_parent));
+        }
+    }
+    scan(&cg.join(cgroup_parent));
+    out
 }
 
 #[cfg(test)]

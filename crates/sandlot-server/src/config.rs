@@ -90,6 +90,11 @@ pub struct RuntimeSection {
     /// Started together, creates share the CPUs and all finish late; admitted a
     /// few at a time, the first ones are ready early. 0: twice the CPU count.
     pub max_concurrent_creates: usize,
+    /// Remount the cgroup2 hierarchy with `favordynmods` at start (a host-wide
+    /// kernel setting): attaching a sandbox to its cgroups then no longer waits
+    /// for an RCU grace period under the global cgroup lock, which is what
+    /// serializes concurrent creates. Costs slightly slower fork/exit host-wide.
+    pub cgroup_favordynmods: bool,
 }
 
 impl RuntimeSection {
@@ -108,6 +113,7 @@ impl Default for RuntimeSection {
             run_dir: PathBuf::from("/run/sandlot"),
             cgroup_parent: "sandlot".to_string(),
             max_concurrent_creates: 0,
+            cgroup_favordynmods: true,
         }
     }
 }

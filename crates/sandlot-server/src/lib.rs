@@ -118,6 +118,20 @@ pub async fn serve(
     rc.run_dir = cfg.runtime.run_dir.clone();
     rc.cgroup_parent = cfg.runtime.cgroup_parent.clone();
     let runtime = NamespaceBackend::new(rc)?;
+    if cfg.runtime.cgroup_favordynmods {
+        use sandlot_runtime::cgroup::{favor_dynamic_modifications, FavorDynmods};
+        match favor_dynamic_modifications() {
+            Ok(FavorDynmods::Enabled(p)) => tracing::info!(
+                mount = %p.display(),
+                "remounted the cgroup2 hierarchy with favordynmods (runtime.cgroup_favordynmods)"
+            ),
+            Ok(FavorDynmods::AlreadyOn(_)) => {}
+            Ok(FavorDynmods::NoUnifiedHierarchy) => tracing::info!(
+                "no cgroup2 mount: favordynmods is not available, cgroup attaches wait for RCU"
+            ),
+            Err(e) => tracing::warn!("runtime.cgroup_favordynmods: {e}"),
+        }
+    }
     let unix = bind_socket(&cfg.socket)?;
     let tcp = match cfg.listen {
         Some(a) => {
@@ -144,6 +158,10 @@ pub async fn serve(
         })?;
     let state = Arc::new(AppState::new(cfg, store, runtime, images));
     let rep = sandbox::reconcile(&state).await?;
+    // No create runs yet: keys of creates a crash interrupted are free again.
+    if let Err(e) = state.store.release_unbound_idempotency_keys() {
+        tracing::warn!("release idempotency keys of interrupted creates: {e}");
+    }
     tracing::info!(
         adopted = rep.adopted.len(),
         lost = rep.lost.len(),

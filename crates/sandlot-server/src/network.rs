@@ -227,8 +227,28 @@ pub fn current(state: &AppState, id: &str, created: &serde_json::Value) -> Netwo
     serde_json::from_value(created["network"].clone()).unwrap_or_default()
 }
 
-/// Replaces a running sandbox's policy.
+/// Replaces a running sandbox's policy (`PUT .../network`), recorded as an event.
 pub fn update(state: &AppState, id: &str, n: &NetworkSpec) -> ApiResult<()> {
+    apply_policy(state, id, n)?;
+    let _ = state.store.add_event(
+        id,
+        "network",
+        &format!(
+            "network policy changed: mode {}, {} rules",
+            n.mode.as_str(),
+            n.allow.len()
+        ),
+    );
+    Ok(())
+}
+
+/// Gives a pooled sandbox, just claimed, the policy of the create request: for
+/// the caller this is the policy it was created with, not a change (no event).
+pub fn set_at_claim(state: &AppState, id: &str, n: &NetworkSpec) -> ApiResult<()> {
+    apply_policy(state, id, n)
+}
+
+fn apply_policy(state: &AppState, id: &str, n: &NetworkSpec) -> ApiResult<()> {
     check(state, n)?;
     let svc = match state.net.get() {
         Some(Ok(s)) => Some(s.clone()),
@@ -266,15 +286,6 @@ pub fn update(state: &AppState, id: &str, n: &NetworkSpec) -> ApiResult<()> {
             params![id, serde_json::to_string(n).unwrap_or_default()],
         )
         .map_err(ApiError::internal)?;
-    let _ = state.store.add_event(
-        id,
-        "network",
-        &format!(
-            "network policy changed: mode {}, {} rules",
-            n.mode.as_str(),
-            n.allow.len()
-        ),
-    );
     Ok(())
 }
 

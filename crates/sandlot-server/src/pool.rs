@@ -265,7 +265,7 @@ impl Pools {
 pub async fn configure(state: &Arc<AppState>, w: &Warm, spec: &SandboxSpec) -> Result<(), String> {
     if spec.network.mode != sandlot_proto::spec::NetworkMode::None {
         let (st, id, net) = (state.clone(), w.id.clone(), spec.network.clone());
-        tokio::task::spawn_blocking(move || crate::network::update(&st, &id, &net))
+        tokio::task::spawn_blocking(move || crate::network::set_at_claim(&st, &id, &net))
             .await
             .map_err(|e| format!("network policy task: {e}"))?
             .map_err(|e| format!("set the network policy: {}", e.message))?;

@@ -30,6 +30,10 @@ use crate::timefmt::rfc3339;
 const PARK_BUDGET: usize = 256 * 1024;
 /// Finished processes remembered per sandbox.
 const MAX_FINISHED: usize = 1000;
+/// Bytes of the most recent output a supervisor keeps, so that a reader can
+/// re-attach at any offset inside them after the exit reached the supervisor (the
+/// agent forgets a process once its exit is delivered).
+const TAIL_BUDGET: usize = 256 * 1024;
 
 /// One item of a process's output as the API streams it.
 #[derive(Debug, Clone)]
@@ -43,6 +47,13 @@ enum SupCmd {
     /// Stream from offset 0: accepted when nothing was dropped yet and nobody else
     /// streams.
     Subscribe {
+        tx: mpsc::Sender<OutEvent>,
+        reply: oneshot::Sender<bool>,
+    },
+    /// After the exit: replay the retained tail from these (stdout, stderr)
+    /// offsets, if it still covers them.
+    Replay {
+        from: (u64, u64),
         tx: mpsc::Sender<OutEvent>,
         reply: oneshot::Sender<bool>,
     },
@@ -124,6 +135,86 @@ impl ProcEntry {
         let (reply, ok) = oneshot::channel();
         self.cmd.send(SupCmd::Subscribe { tx, reply }).await.ok()?;
         ok.await.ok()?.then_some(rx)
+    }
+
+    /// After the exit reached the supervisor: the output from the given offsets (up
+    /// to the exit), if the supervisor still holds it.
+    pub async fn replay_from(
+        &self,
+        from: (u64, u64),
+        capacity: usize,
+    ) -> Option<mpsc::Receiver<OutEvent>> {
+        let (tx, rx) = mpsc::channel(capacity);
+        let (reply, ok) = oneshot::channel();
+        self.cmd
+            .send(SupCmd::Replay { from, tx, reply })
+            .await
+            .ok()?;
+        ok.await.ok()?.then_some(rx)
+    }
+}
+
+/// The most recent output of a process, bounded by [`TAIL_BUDGET`].
+#[derive(Default)]
+struct Tail {
+    events: VecDeque<OutEvent>,
+    bytes: usize,
+    /// Per stream, the first offset still held.
+    start: (u64, u64),
+}
+
+impl Tail {
+    fn push(&mut self, ev: &OutEvent) {
+        if matches!(ev, OutEvent::Exit(_)) {
+            return;
+        }
+        self.bytes += ev_len(ev);
+        self.events.push_back(ev.clone());
+        while self.bytes > TAIL_BUDGET {
+            match self.events.pop_front() {
+                Some(OutEvent::Stdout(o, b)) => {
+                    self.bytes -= b.len();
+                    self.start.0 = o + b.len() as u64;
+                }
+                Some(OutEvent::Stderr(o, b)) => {
+                    self.bytes -= b.len();
+                    self.start.1 = o + b.len() as u64;
+                }
+                _ => break,
+            }
+        }
+    }
+
+    /// The held events from `from` on (the first chunk of each stream cut at the
+    /// offset), or `None` when output before `from` has been dropped already.
+    fn from(&self, from: (u64, u64)) -> Option<Vec<OutEvent>> {
+        if from.0 < self.start.0 || from.1 < self.start.1 {
+            return None;
+        }
+        let cut = |off: u64, b: &Bytes, at: u64| -> Option<(u64, Bytes)> {
+            let end = off + b.len() as u64;
+            if end <= at {
+                None
+            } else if off >= at {
+                Some((off, b.clone()))
+            } else {
+                Some((at, b.slice((at - off) as usize..)))
+            }
+        };
+        Some(
+            self.events
+                .iter()
+                .filter_map(|ev| match ev {
+                    OutEvent::Stdout(o, b) => {
+                        cut(*o, b, from.0).map(|(o, b)| OutEvent::Stdout(o, b))
+                    }
+                    OutEvent::Stderr(o, b) => {
+                        cut(*o, b, from.1).map(|(o, b)| OutEvent::Stderr(o, b))
+                    }
+                    OutEvent::Exit(_) => None,
+                })
+                .collect(),
+        )
     }
 }
 
@@ -213,6 +304,7 @@ pub fn supervise(
         },
         buf: VecDeque::new(),
         buf_bytes: 0,
+        tail: Tail::default(),
         dropped_any: background,
         wake_poller,
     };
@@ -237,6 +329,8 @@ struct Supervisor {
     mode: Mode,
     buf: VecDeque<OutEvent>,
     buf_bytes: usize,
+    /// The latest output, whatever the mode (for re-attach after the exit).
+    tail: Tail,
     dropped_any: bool,
 }
 
@@ -306,6 +400,10 @@ impl Supervisor {
                             let _ = reply.send(false);
                         }
                     }
+                    Some(SupCmd::Replay { reply, .. }) => {
+                        // Before the exit, readers at an offset use the agent.
+                        let _ = reply.send(false);
+                    }
                     None => ended = true,
                 },
                 ev = async { self.p.as_mut().expect("held while reading").next_event().await }, if can_read => match ev {
@@ -347,32 +445,36 @@ impl Supervisor {
             }
         }
         drop(consumer);
-        if self.dropped_any || self.buf.is_empty() {
+        // The exit came through our channel, so the agent has forgotten the process:
+        // keep its latest output for re-attach (from offset 0 too, when nobody read
+        // it yet) for a while. A released process is the agent's to replay.
+        if self.p.is_none() || self.entry.exit().is_none() {
             return;
         }
-        // Everything (up to the exit) is in our buffer and nobody read it yet: keep
-        // it for a reader from offset 0 for a while.
         let until = Instant::now() + self.settings.retention;
         loop {
-            tokio::select! {
+            let (from, tx, reply) = tokio::select! {
                 _ = tokio::time::sleep_until(until) => break,
                 c = self.cmd.recv() => match c {
-                    Some(SupCmd::Subscribe { tx, reply }) => {
-                        if !self.dropped_any {
-                            let _ = reply.send(true);
-                            for ev in self.buf.drain(..) {
-                                if tx.send(ev).await.is_err() {
-                                    break;
-                                }
-                            }
-                            self.dropped_any = true;
-                        } else {
-                            let _ = reply.send(false);
-                        }
-                    }
+                    Some(SupCmd::Subscribe { tx, reply }) => ((0, 0), tx, reply),
+                    Some(SupCmd::Replay { from, tx, reply }) => (from, tx, reply),
                     None => break,
                 },
-            }
+            };
+            let Some(events) = self.tail.from(from) else {
+                let _ = reply.send(false);
+                continue;
+            };
+            let exit = self.entry.exit();
+            let _ = reply.send(true);
+            // A slow reader must not hold up the others: each gets its own task.
+            tokio::spawn(async move {
+                for ev in events.into_iter().chain(exit.map(OutEvent::Exit)) {
+                    if tx.send(ev).await.is_err() {
+                        break;
+                    }
+                }
+            });
         }
     }
 
@@ -381,11 +483,15 @@ impl Supervisor {
         match ev {
             ProcessEvent::Stdout(b) => {
                 self.counters.add_stdout(b.len());
-                OutEvent::Stdout(so - b.len() as u64, b)
+                let ev = OutEvent::Stdout(so - b.len() as u64, b);
+                self.tail.push(&ev);
+                ev
             }
             ProcessEvent::Stderr(b) => {
                 self.counters.add_stderr(b.len());
-                OutEvent::Stderr(se - b.len() as u64, b)
+                let ev = OutEvent::Stderr(se - b.len() as u64, b);
+                self.tail.push(&ev);
+                ev
             }
             ProcessEvent::Exit(st) => {
                 let x = ProcessExit {
@@ -472,5 +578,45 @@ pub async fn poll_exits(
             _ = tokio::time::sleep(std::time::Duration::from_millis(200)) => {}
             _ = &mut stop => return,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn out(ev: &OutEvent) -> (char, u64, Vec<u8>) {
+        match ev {
+            OutEvent::Stdout(o, b) => ('o', *o, b.to_vec()),
+            OutEvent::Stderr(o, b) => ('e', *o, b.to_vec()),
+            OutEvent::Exit(_) => ('x', 0, vec![]),
+        }
+    }
+
+    #[test]
+    fn tail_replays_from_any_held_offset_and_cuts_the_first_chunk() {
+        let mut t = Tail::default();
+        t.push(&OutEvent::Stdout(0, Bytes::from_static(b"hello")));
+        t.push(&OutEvent::Stderr(0, Bytes::from_static(b"err")));
+        t.push(&OutEvent::Stdout(5, Bytes::from_static(b"world")));
+        let got: Vec<_> = t.from((3, 3)).unwrap().iter().map(out).collect();
+        assert_eq!(
+            got,
+            vec![('o', 3, b"lo".to_vec()), ('o', 5, b"world".to_vec())]
+        );
+        assert_eq!(t.from((10, 3)).unwrap().len(), 0);
+    }
+
+    #[test]
+    fn tail_forgets_the_oldest_output_beyond_its_budget() {
+        let mut t = Tail::default();
+        let chunk = Bytes::from(vec![b'x'; 64 * 1024]);
+        for i in 0..5u64 {
+            t.push(&OutEvent::Stdout(i * 65536, chunk.clone()));
+        }
+        assert!(t.bytes <= TAIL_BUDGET);
+        assert_eq!(t.start, (65536, 0));
+        assert!(t.from((0, 0)).is_none());
+        assert_eq!(t.from((65536, 0)).unwrap().len(), 4);
     }
 }

@@ -17,7 +17,9 @@ use tracing::Instrument;
 use crate::error::{ApiError, ApiResult};
 use crate::process::ProcTable;
 use crate::state::AppState;
-use crate::store::{now_ms, Admission, EndReason, SandboxRecord, SandboxState, UsageRecord};
+use crate::store::{
+    now_ms, Admission, EndReason, KeyReservation, SandboxRecord, SandboxState, UsageRecord,
+};
 
 /// How often a live sandbox's cgroup accounting is sampled and saved.
 const USAGE_INTERVAL: Duration = Duration::from_secs(5);
@@ -351,6 +353,111 @@ pub async fn create(state: &Arc<AppState>, p: CreateParams) -> ApiResult<Sandbox
         )
     });
     Ok(rec)
+}
+
+/// An `Idempotency-Key` of a create, with the hash of the request it came with.
+#[derive(Debug, Clone)]
+pub struct IdempotencyKey {
+    pub key: String,
+    pub request_hash: String,
+}
+
+impl IdempotencyKey {
+    /// Checks the header value: 1 to 255 visible ASCII characters.
+    pub fn parse(value: &[u8], request: &serde_json::Value) -> ApiResult<IdempotencyKey> {
+        let ok = !value.is_empty()
+            && value.len() <= 255
+            && value.iter().all(|b| (0x21..=0x7e).contains(b));
+        if !ok {
+            return Err(ApiError::invalid(
+                "Idempotency-Key",
+                "use 1 to 255 visible ASCII characters (a UUID is typical)",
+            ));
+        }
+        use sha2::Digest;
+        Ok(IdempotencyKey {
+            key: String::from_utf8_lossy(value).into_owned(),
+            request_hash: crate::auth::hex(&sha2::Sha256::digest(request.to_string().as_bytes())),
+        })
+    }
+}
+
+/// How long a create with a key waits for another create with the same key.
+const IDEMPOTENT_WAIT: Duration = Duration::from_secs(120);
+
+/// [`create`] with an optional idempotency key: a repeated request with the same
+/// key and body gets the sandbox the first one made (`true`: replayed) instead of
+/// a second sandbox; the same key with another body is refused. A failed create
+/// forgets its key, so a retry tries again. The create runs in its own task: a
+/// client that goes away mid-create does not cancel it (its retry finds it).
+pub async fn create_idempotent(
+    state: &Arc<AppState>,
+    p: CreateParams,
+    key: Option<IdempotencyKey>,
+) -> ApiResult<(SandboxRecord, bool)> {
+    let Some(key) = key else {
+        let st = state.clone();
+        return tokio::spawn(async move { create(&st, p).await })
+            .await
+            .map_err(ApiError::internal)?
+            .map(|r| (r, false));
+    };
+    let deadline = Instant::now() + IDEMPOTENT_WAIT;
+    loop {
+        let found = state
+            .store
+            .reserve_idempotency_key(&p.tenant, &key.key, &key.request_hash, now_ms())
+            .map_err(ApiError::internal)?;
+        let KeyReservation::Taken {
+            request_hash,
+            sandbox_id,
+        } = found
+        else {
+            break;
+        };
+        if request_hash != key.request_hash {
+            return Err(ApiError::new(
+                axum::http::StatusCode::UNPROCESSABLE_ENTITY,
+                "idempotency_mismatch",
+                format!(
+                    "Idempotency-Key {:?} was used for a create with a different body",
+                    key.key
+                ),
+            ));
+        }
+        if let Some(id) = sandbox_id {
+            match state.store.get_sandbox(&id).map_err(ApiError::internal)? {
+                Some(rec) if rec.tenant == p.tenant => return Ok((rec, true)),
+                // Its record is gone: the key is stale.
+                _ => {
+                    let _ = state.store.release_idempotency_key(&p.tenant, &key.key);
+                    continue;
+                }
+            }
+        }
+        if Instant::now() >= deadline {
+            return Err(ApiError::conflict(format!(
+                "a create with Idempotency-Key {:?} is still running",
+                key.key
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let st = state.clone();
+    tokio::spawn(async move {
+        let tenant = p.tenant.clone();
+        let r = create(&st, p).await;
+        let kept = match &r {
+            Ok(rec) => st.store.bind_idempotency_key(&tenant, &key.key, &rec.id),
+            Err(_) => st.store.release_idempotency_key(&tenant, &key.key),
+        };
+        if let Err(e) = kept {
+            tracing::warn!("idempotency key {:?}: {e}", key.key);
+        }
+        r.map(|r| (r, false))
+    })
+    .await
+    .map_err(ApiError::internal)?
 }
 
 /// Starts a sandbox on the runtime (no pool). On failure the record is closed as

@@ -241,7 +241,31 @@ CREATE TABLE IF NOT EXISTS events (
     message TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS events_sandbox ON events (sandbox_id, seq);
+CREATE TABLE IF NOT EXISTS idempotency_keys (
+    tenant TEXT NOT NULL,
+    key TEXT NOT NULL,
+    request_hash TEXT NOT NULL,
+    sandbox_id TEXT,
+    created_at INTEGER NOT NULL,
+    PRIMARY KEY (tenant, key)
+);
 "#;
+
+/// How long an `Idempotency-Key` of a create is remembered.
+pub const IDEMPOTENCY_TTL_MS: i64 = 24 * 3600 * 1000;
+
+/// What [`Store::reserve_idempotency_key`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyReservation {
+    /// The key is now ours: create, then bind or release it.
+    Reserved,
+    /// Somebody used it already: the request they sent (its hash) and the sandbox
+    /// it made (None while that create is still running).
+    Taken {
+        request_hash: String,
+        sandbox_id: Option<String>,
+    },
+}
 
 /// The database.
 pub struct Store {
@@ -690,6 +714,82 @@ impl Store {
             })
             .map_err(sql("list events"))?;
         rows.collect::<Result<_, _>>().map_err(sql("list events"))
+    }
+
+    // ---- idempotency keys of creates ----
+
+    /// Takes `key` of `tenant` for a create whose request hashes to `hash`, unless
+    /// a create already took it. Keys older than [`IDEMPOTENCY_TTL_MS`] are
+    /// forgotten first.
+    pub fn reserve_idempotency_key(
+        &self,
+        tenant: &str,
+        key: &str,
+        hash: &str,
+        now: i64,
+    ) -> Result<KeyReservation, StoreError> {
+        let mut c = self.lock();
+        let tx = c.transaction().map_err(sql("reserve idempotency key"))?;
+        tx.execute(
+            "DELETE FROM idempotency_keys WHERE created_at < ?1",
+            [now - IDEMPOTENCY_TTL_MS],
+        )
+        .map_err(sql("expire idempotency keys"))?;
+        let found = tx
+            .query_row(
+                "SELECT request_hash, sandbox_id FROM idempotency_keys WHERE tenant = ?1 AND key = ?2",
+                params![tenant, key],
+                |r| Ok((r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?)),
+            )
+            .optional()
+            .map_err(sql("reserve idempotency key"))?;
+        if let Some((request_hash, sandbox_id)) = found {
+            return Ok(KeyReservation::Taken {
+                request_hash,
+                sandbox_id,
+            });
+        }
+        tx.execute(
+            "INSERT INTO idempotency_keys (tenant, key, request_hash, created_at) VALUES (?1, ?2, ?3, ?4)",
+            params![tenant, key, hash, now],
+        )
+        .map_err(sql("reserve idempotency key"))?;
+        tx.commit().map_err(sql("reserve idempotency key"))?;
+        Ok(KeyReservation::Reserved)
+    }
+
+    /// Records the sandbox a reserved key's create made.
+    pub fn bind_idempotency_key(
+        &self,
+        tenant: &str,
+        key: &str,
+        id: &str,
+    ) -> Result<(), StoreError> {
+        self.lock()
+            .execute(
+                "UPDATE idempotency_keys SET sandbox_id = ?3 WHERE tenant = ?1 AND key = ?2",
+                params![tenant, key, id],
+            )
+            .map_err(sql("bind idempotency key"))?;
+        Ok(())
+    }
+
+    /// Forgets a key (its create failed: a retry tries again).
+    pub fn release_idempotency_key(&self, tenant: &str, key: &str) -> Result<(), StoreError> {
+        self.lock()
+            .execute(
+                "DELETE FROM idempotency_keys WHERE tenant = ?1 AND key = ?2",
+                params![tenant, key],
+            )
+            .map_err(sql("release idempotency key"))?;
+        Ok(())
+    }
+
+    /// Forgets keys whose create never finished (on start: no create is running).
+    pub fn release_unbound_idempotency_keys(&self) -> Result<usize, StoreError> {
+        self.lock()
+            .execute("DELETE FROM idempotency_keys WHERE sandbox_id IS NULL", [])
+            .map_err(sql("release unbound idempotency keys"))
     }
 
     /// Sandboxes not yet stopped (for reconciliation on start).

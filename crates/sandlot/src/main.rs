@@ -11,6 +11,7 @@ mod bench;
 mod memory_cmd;
 mod run;
 mod run_session;
+mod spec_flags;
 mod vfs_cmd;
 
 #[derive(Debug, Parser)]

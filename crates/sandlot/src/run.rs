@@ -4,57 +4,21 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use sandlot_proto::spec::{MountSpec, SandboxSpec};
-use sandlot_proto::units::{ByteSize, Seconds};
+use sandlot_proto::spec::SandboxSpec;
 use sandlot_runtime::init::AgentStart;
 use sandlot_runtime::{Backend, CreateOptions, NamespaceBackend, RuntimeConfig, SandboxInstance};
 
+use crate::spec_flags::{read_object, SpecFlags};
 use crate::EXIT_SANDLOT_ERROR;
 
 #[derive(Debug, clap::Args)]
 #[command(trailing_var_arg = true)]
 pub struct RunArgs {
-    /// Use this directory as the root filesystem (read-only lower layer).
-    #[arg(long, value_name = "DIR", conflicts_with = "image")]
-    pub rootfs: Option<PathBuf>,
-    /// Image to run (built in: host; others from the image store under --data-dir).
-    #[arg(long)]
-    pub image: Option<String>,
+    #[command(flatten)]
+    pub spec_flags: SpecFlags,
     /// The daemon's data directory, whose image store `--image` is resolved in.
     #[arg(long, value_name = "DIR", default_value = "/var/lib/sandlot")]
     pub data_dir: PathBuf,
-    /// Memory limit, e.g. 512M.
-    #[arg(long, value_parser = parse_size)]
-    pub memory: Option<ByteSize>,
-    /// CPU quota in cores, e.g. 0.5.
-    #[arg(long)]
-    pub cpus: Option<f64>,
-    /// Maximum number of processes and threads.
-    #[arg(long)]
-    pub pids: Option<u32>,
-    /// Size limit of the writable layer, e.g. 1G.
-    #[arg(long, value_parser = parse_size)]
-    pub disk: Option<ByteSize>,
-    /// Lifetime: everything is killed after this long, e.g. 30s.
-    #[arg(long, value_parser = parse_duration)]
-    pub timeout: Option<Seconds>,
-    /// Bind a host path: SRC:DST[:ro|rw] (default ro). Repeatable.
-    #[arg(long = "mount", value_name = "SRC:DST[:ro|rw]")]
-    pub mounts: Vec<String>,
-    /// A fresh tmpfs: DST[:SIZE]. Repeatable.
-    #[arg(long = "tmpfs", value_name = "DST[:SIZE]")]
-    pub tmpfs: Vec<String>,
-    /// Environment variable K=V. Repeatable.
-    #[arg(short, long = "env", value_name = "K=V")]
-    pub env: Vec<String>,
-    /// Working directory of the command.
-    #[arg(short, long)]
-    pub workdir: Option<String>,
-    /// User: root, user, or UID[:GID].
-    #[arg(short, long)]
-    pub user: Option<String>,
-    #[arg(long)]
-    pub hostname: Option<String>,
     /// Allocate a pseudo-terminal (interactive programs).
     #[arg(short = 't', long)]
     pub tty: bool,
@@ -69,93 +33,23 @@ pub struct RunArgs {
     pub command: Vec<String>,
 }
 
-fn parse_size(s: &str) -> Result<ByteSize, String> {
-    s.parse()
-        .map_err(|e: sandlot_proto::units::UnitError| e.to_string())
-}
-
-fn parse_duration(s: &str) -> Result<Seconds, String> {
-    s.parse()
-        .map_err(|e: sandlot_proto::units::UnitError| e.to_string())
-}
-
 /// Builds the spec from `--spec` and the flags.
 pub fn build_spec(a: &RunArgs) -> anyhow::Result<SandboxSpec> {
-    let mut spec = match &a.spec {
-        Some(p) => {
-            let s =
-                std::fs::read_to_string(p).with_context(|| format!("read spec {}", p.display()))?;
-            serde_json::from_str(&s).map_err(|e| anyhow::anyhow!("spec {}: {e}", p.display()))?
-        }
-        None => SandboxSpec::default(),
+    let mut obj = match &a.spec {
+        Some(p) => read_object(p)?,
+        None => serde_json::Map::new(),
     };
-    if let Some(r) = &a.rootfs {
-        let abs = if r.is_absolute() {
-            r.clone()
-        } else {
-            std::env::current_dir()?.join(r)
-        };
-        spec.rootfs = Some(abs.to_string_lossy().into_owned());
-    }
-    if let Some(i) = &a.image {
-        spec.image = i.clone();
-    }
-    if let Some(m) = a.memory {
-        spec.resources.memory = m;
-    }
-    if let Some(c) = a.cpus {
-        spec.resources.cpus = Some(c);
-    }
-    if let Some(p) = a.pids {
-        spec.resources.pids = p;
-    }
-    if let Some(d) = a.disk {
-        spec.resources.disk = d;
-    }
-    if let Some(t) = a.timeout {
-        spec.timeout = Some(t);
-    }
-    for m in &a.mounts {
-        let mut m = MountSpec::parse_bind(m)?;
-        if let MountSpec::Bind { source, .. } = &mut m {
-            let p = PathBuf::from(&*source);
-            if p.is_relative() {
-                *source = std::env::current_dir()?
-                    .join(p)
-                    .to_string_lossy()
-                    .into_owned();
-            }
-        }
-        spec.mounts.push(m);
-    }
-    for t in &a.tmpfs {
-        let (target, size) = match t.split_once(':') {
-            Some((d, s)) => (
-                d,
-                parse_size(s).map_err(|e| anyhow::anyhow!("--tmpfs {t}: {e}"))?,
-            ),
-            None => (t.as_str(), ByteSize::mib(64)),
-        };
-        spec.mounts.push(MountSpec::Tmpfs {
-            target: target.to_string(),
-            size,
-        });
-    }
-    for kv in &a.env {
-        let Some((k, v)) = kv.split_once('=') else {
-            bail!("--env {kv:?}: expected K=V");
-        };
-        spec.env.insert(k.to_string(), v.to_string());
-    }
-    if let Some(w) = &a.workdir {
-        spec.workdir = Some(w.clone());
-    }
-    if let Some(u) = &a.user {
-        spec.user = u.clone();
-    }
-    if let Some(h) = &a.hostname {
-        spec.hostname = Some(h.clone());
-    }
+    a.spec_flags.apply(&mut obj)?;
+    let spec: SandboxSpec =
+        serde_json::from_value(serde_json::Value::Object(obj)).map_err(|e| {
+            anyhow::anyhow!(
+                "spec{}: {e}",
+                a.spec
+                    .as_ref()
+                    .map(|p| format!(" {}", p.display()))
+                    .unwrap_or_default()
+            )
+        })?;
     spec.validate()?;
     Ok(spec)
 }

@@ -172,7 +172,7 @@ pub async fn session(
                 drop(_raw);
                 eprintln!(
                     "sandlot: sandbox lifetime of {} exceeded; everything in it was killed",
-                    a.timeout.map(|t| t.to_string()).unwrap_or_default()
+                    a.spec_flags.timeout.map(|t| t.to_string()).unwrap_or_default()
                 );
                 return Ok(EXIT_KILLED);
             }

@@ -183,3 +183,90 @@ fn hundred_concurrent_exec_streams_lose_nothing() {
         assert!(s.usage.stdout_bytes >= 100 * 262144);
     });
 }
+
+/// SDK request: a reader that lost its connection after the exit was delivered can
+/// re-attach at the offset it had reached (not only at 0), within what the daemon
+/// keeps; beyond that, 410.
+#[test]
+fn issue3_reattach_at_an_offset_after_the_exit_was_delivered() {
+    let d = Daemon::start(None);
+    let c = d.client();
+    rt().block_on(async {
+        let sb = c.create_sandbox(&CreateSandbox::default()).await.unwrap();
+        let id = sb.id.as_str();
+        let p = c
+            .exec(
+                id,
+                &argv(&["sh", "-c", "printf hello; printf world >&2; exit 3"]),
+            )
+            .await
+            .unwrap();
+        let all = c
+            .output(id, p.id, 0, 0)
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        assert_eq!(
+            (&all.stdout[..], &all.stderr[..], all.exit.code),
+            (&b"hello"[..], &b"world"[..], Some(3))
+        );
+        // The exit reached the first reader: resume mid-stream.
+        let again = c
+            .output(id, p.id, 3, 1)
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        assert_eq!(
+            (&again.stdout[..], &again.stderr[..], again.exit.code),
+            (&b"lo"[..], &b"orld"[..], Some(3))
+        );
+        // And from the start, twice (replays do not consume).
+        for _ in 0..2 {
+            let whole = c
+                .output(id, p.id, 0, 0)
+                .await
+                .unwrap()
+                .collect()
+                .await
+                .unwrap();
+            assert_eq!(&whole.stdout[..], b"hello");
+        }
+        // More output than the daemon keeps: the start is gone, the end is not.
+        let big = c
+            .exec(
+                id,
+                &argv(&["sh", "-c", "head -c 409600 /dev/zero | tr '\\0' x"]),
+            )
+            .await
+            .unwrap();
+        let out = c
+            .output(id, big.id, 0, 0)
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        assert_eq!(out.stdout.len(), 409_600);
+        let e = c
+            .output(id, big.id, 0, 0)
+            .await
+            .err()
+            .expect("the start is dropped");
+        assert_eq!(e.code(), Some("gone"), "{e}");
+        let end = c
+            .output(id, big.id, 409_590, 0)
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        assert_eq!(
+            (&end.stdout[..], end.exit.code),
+            (&b"xxxxxxxxxx"[..], Some(0))
+        );
+    });
+}

@@ -127,6 +127,12 @@ fn issue6_pool_claims_are_single_use_and_take_request_defaults() {
         let policy = c.get_network(&net.id).await.unwrap();
         assert_eq!(policy["mode"], "allow", "{policy}");
         assert_eq!(policy["allow"][0]["domain"], "pooled.test", "{policy}");
+        // For the caller that is the policy it was created with, not a change.
+        let events = c.events(&net.id).await.unwrap();
+        assert!(
+            !events.iter().any(|e| e.kind == "network"),
+            "a claim is not a policy change: {events:?}"
+        );
         c.delete_sandbox(&net.id).await.unwrap();
 
         // Concurrent claims beyond the pool's size: every sandbox is distinct and

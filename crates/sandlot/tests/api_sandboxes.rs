@@ -479,3 +479,54 @@ fn cli_commands_and_exit_codes() {
         &out[..out.len().min(200)]
     );
 }
+
+/// SDK request: a create whose answer was lost can be retried with the same
+/// `Idempotency-Key` without making a second sandbox.
+#[test]
+fn issue3_idempotency_key_makes_create_retry_safe() {
+    let d = Daemon::start(Some("[quotas]\nmax_sandboxes = 2\n"));
+    let c = d.client();
+    rt().block_on(async {
+        let req = body(json!({"tags": {"run": "a"}}));
+        // Concurrent first tries and a later retry: one sandbox.
+        let (a, b) = tokio::join!(
+            c.create_sandbox_with_key(&req, "key-1"),
+            c.create_sandbox_with_key(&req, "key-1")
+        );
+        let (a, b) = (a.unwrap(), b.unwrap());
+        assert_eq!(a.id, b.id);
+        let again = c.create_sandbox_with_key(&req, "key-1").await.unwrap();
+        assert_eq!(again.id, a.id);
+        let live = c.list_sandboxes(&ListFilter::default()).await.unwrap();
+        assert_eq!(live.len(), 1, "{live:?}");
+        // The same key with another body is refused; a bad key names the header.
+        let e = c
+            .create_sandbox_with_key(&body(json!({"tags": {"run": "b"}})), "key-1")
+            .await
+            .unwrap_err();
+        assert_eq!(
+            (e.status().map(|s| s.as_u16()), e.code()),
+            (Some(422), Some("idempotency_mismatch")),
+            "{e}"
+        );
+        let e = c
+            .create_sandbox_with_key(&req, "has space")
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("Idempotency-Key"), "{e}");
+        // A failed create forgets its key: the retry tries again.
+        c.create_sandbox(&CreateSandbox::default()).await.unwrap();
+        let other = body(json!({"tags": {"run": "c"}}));
+        let e = c
+            .create_sandbox_with_key(&other, "key-2")
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Some("quota_exceeded"), "{e}");
+        c.delete_sandbox(&a.id).await.unwrap();
+        let made = c.create_sandbox_with_key(&other, "key-2").await.unwrap();
+        assert_ne!(made.id, a.id);
+        // A deleted sandbox's key still answers with it (no second create).
+        let replay = c.create_sandbox_with_key(&req, "key-1").await.unwrap();
+        assert_eq!((&replay.id, replay.state), (&a.id, SandboxState::Stopped));
+    });
+}

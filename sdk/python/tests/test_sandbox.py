@@ -11,7 +11,7 @@ from datetime import timedelta
 import pytest
 
 import sandlot
-from sandlot import Sandbox
+from sandlot import Sandbox, SandlotError
 
 
 def wait_until(pred, timeout: float = 15.0, what: str = "condition"):  # type: ignore[no-untyped-def]
@@ -53,6 +53,20 @@ def test_context_manager_terminates_on_exception(daemon, acme):  # type: ignore[
             raise RuntimeError("boom")
     assert Sandbox.connect(sid, client=acme).state == "stopped"
     assert not daemon.run_dir_exists(sid)
+
+
+def test_issue3_create_with_the_same_idempotency_key_returns_the_same_sandbox(acme):  # type: ignore[no-untyped-def]
+    key = "retry-" + os.urandom(6).hex()
+    with Sandbox.create(client=acme, timeout=60, tags={"k": key}, idempotency_key=key) as first:
+        again = Sandbox.create(client=acme, timeout=60, tags={"k": key}, idempotency_key=key)
+        assert again.id == first.id
+        assert [s.id for s in Sandbox.list(client=acme, tags={"k": key})] == [first.id]
+        with pytest.raises(SandlotError) as ei:
+            Sandbox.create(client=acme, timeout=60, tags={"k": "other"}, idempotency_key=key)
+        assert ei.value.code == "idempotency_mismatch"
+    # Without a key given, each call is a new sandbox (a fresh key per call).
+    with Sandbox.create(client=acme, timeout=60) as a, Sandbox.create(client=acme, timeout=60) as b:
+        assert a.id != b.id
 
 
 def test_spec_fields_reach_the_sandbox(acme):  # type: ignore[no-untyped-def]

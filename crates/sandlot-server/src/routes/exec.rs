@@ -309,7 +309,19 @@ pub(crate) async fn open_output(
             ))
         }
         Err(err) => {
-            if entry.as_ref().is_some_and(|e| e.exit().is_some()) {
+            if let Some(e) = entry.as_ref().filter(|e| e.exit().is_some()) {
+                // The agent forgot it (its exit was delivered): the supervisor may
+                // still hold the output from these offsets.
+                if let Some(rx) = e.replay_from(from, READER_CAPACITY).await {
+                    return Ok((
+                        StreamEvent::Attached {
+                            id: pid,
+                            stdout_from: from.0,
+                            stderr_from: from.1,
+                        },
+                        Source::Sup(rx),
+                    ));
+                }
                 return Err(ApiError::new(
                     StatusCode::GONE,
                     "gone",

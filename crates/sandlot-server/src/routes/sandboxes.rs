@@ -299,20 +299,34 @@ pub fn view(state: &AppState, rec: &SandboxRecord) -> Sandbox {
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes",
+    params(("Idempotency-Key" = Option<String>, Header, description = "Retry-safe create: a repeated request with the same key and body (within 24 h) answers with the sandbox the first one made, header `Idempotent-Replayed: true`, instead of making a second")),
     request_body(content = crate::openapi::CreateSandboxDoc, description = "The sandbox spec plus name, tags, metadata and idle_timeout"),
     responses((status = 201, body = Sandbox), (status = 400, body = crate::error::ErrorEnvelope),
-        (status = 409, description = "name taken", body = crate::error::ErrorEnvelope),
+        (status = 409, description = "name taken, or a create with the same Idempotency-Key still running", body = crate::error::ErrorEnvelope),
+        (status = 422, description = "Idempotency-Key reused with another body", body = crate::error::ErrorEnvelope),
         (status = 413, body = crate::error::ErrorEnvelope), (status = 429, description = "quota", body = crate::error::ErrorEnvelope)))]
 pub async fn create(
     State(state): State<Arc<AppState>>,
     p: Principal,
+    headers: axum::http::HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
     let bytes = read_limited(body, state.cfg.limits.max_request_body.bytes()).await?;
     let v: Value = parse_json(&bytes)?;
+    let key = headers
+        .get("idempotency-key")
+        .map(|k| sandbox::IdempotencyKey::parse(k.as_bytes(), &v))
+        .transpose()?;
     let params = parse_create(&state, p.tenant.clone(), v)?;
-    let rec = sandbox::create(&state, params).await?;
-    Ok(json_status(StatusCode::CREATED, &view(&state, &rec)))
+    let (rec, replayed) = sandbox::create_idempotent(&state, params, key).await?;
+    let mut resp = json_status(StatusCode::CREATED, &view(&state, &rec));
+    if replayed {
+        resp.headers_mut().insert(
+            "idempotent-replayed",
+            axum::http::HeaderValue::from_static("true"),
+        );
+    }
+    Ok(resp)
 }
 
 /// Parses `state=running,stopped&tag=k=v&tag=k&name=x&limit=10`.

@@ -7,10 +7,11 @@ use anyhow::{bail, Context};
 use bytes::Bytes;
 use sandlot_client::stream::Output;
 use sandlot_client::{Client, CreateSandbox, ExecBody, ListFilter, PtySize, Sandbox};
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use super::render::{human_bytes, human_secs, table};
 use super::ApiCommand;
+use crate::spec_flags::key_value as kv;
 use crate::EXIT_SANDLOT_ERROR;
 
 /// Where the daemon is and who we are.
@@ -43,12 +44,6 @@ impl Conn {
     }
 }
 
-fn kv(s: &str, what: &str) -> anyhow::Result<(String, String)> {
-    s.split_once('=')
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .with_context(|| format!("{what} {s:?}: expected KEY=VALUE"))
-}
-
 #[derive(Debug, clap::Args)]
 pub struct CreateArgs {
     #[command(flatten)]
@@ -62,36 +57,11 @@ pub struct CreateArgs {
     /// Metadata KEY=VALUE. Repeatable.
     #[arg(long = "meta", value_name = "K=V")]
     pub meta: Vec<String>,
-    /// Lifetime, e.g. 10m (default: the daemon's).
-    #[arg(long)]
-    pub timeout: Option<String>,
     /// Stop after this long without exec or file activity, e.g. 2m.
     #[arg(long)]
     pub idle_timeout: Option<String>,
-    #[arg(long)]
-    pub memory: Option<String>,
-    #[arg(long)]
-    pub cpus: Option<f64>,
-    #[arg(long)]
-    pub pids: Option<u32>,
-    #[arg(long)]
-    pub disk: Option<String>,
-    /// Bind a host path SRC:DST[:ro|rw]. Repeatable.
-    #[arg(long = "mount", value_name = "SRC:DST[:ro|rw]")]
-    pub mounts: Vec<String>,
-    /// Environment variable K=V. Repeatable.
-    #[arg(short, long = "env", value_name = "K=V")]
-    pub env: Vec<String>,
-    #[arg(short, long)]
-    pub workdir: Option<String>,
-    #[arg(short, long)]
-    pub user: Option<String>,
-    #[arg(long)]
-    pub hostname: Option<String>,
-    #[arg(long, value_name = "DIR")]
-    pub rootfs: Option<PathBuf>,
-    #[arg(long)]
-    pub image: Option<String>,
+    #[command(flatten)]
+    pub spec_flags: crate::spec_flags::SpecFlags,
     /// A JSON create body (spec plus name, tags, ...); flags override it.
     #[arg(long, value_name = "FILE")]
     pub spec: Option<PathBuf>,
@@ -271,12 +241,7 @@ fn num_or_str(s: &str) -> Value {
 fn create_body(a: &CreateArgs) -> anyhow::Result<CreateSandbox> {
     let mut body = CreateSandbox::default();
     if let Some(p) = &a.spec {
-        let text = std::fs::read_to_string(p).with_context(|| format!("read {}", p.display()))?;
-        let v: Value =
-            serde_json::from_str(&text).with_context(|| format!("{}: not JSON", p.display()))?;
-        let Value::Object(mut m) = v else {
-            bail!("{}: expected a JSON object", p.display())
-        };
+        let mut m = crate::spec_flags::read_object(p)?;
         if let Some(Value::String(n)) = m.remove("name") {
             body.name = Some(n);
         }
@@ -297,10 +262,6 @@ fn create_body(a: &CreateArgs) -> anyhow::Result<CreateSandbox> {
         }
         body.spec = m;
     }
-    let s = &mut body.spec;
-    let set = |s: &mut Map<String, Value>, k: &str, v: Value| {
-        s.insert(k.to_string(), v);
-    };
     if a.name.is_some() {
         body.name = a.name.clone();
     }
@@ -312,85 +273,12 @@ fn create_body(a: &CreateArgs) -> anyhow::Result<CreateSandbox> {
         let (k, v) = kv(t, "--meta")?;
         body.metadata.insert(k, v);
     }
-    if let Some(t) = &a.timeout {
-        set(s, "timeout", num_or_str(t));
-    }
     if let Some(t) = &a.idle_timeout {
         body.idle_timeout = Some(num_or_str(t));
     }
-    let mut res = match s.remove("resources") {
-        Some(Value::Object(m)) => m,
-        _ => Map::new(),
-    };
-    if let Some(m) = &a.memory {
-        res.insert("memory".into(), Value::from(m.clone()));
-    }
-    if let Some(c) = a.cpus {
-        res.insert("cpus".into(), Value::from(c));
-    }
-    if let Some(p) = a.pids {
-        res.insert("pids".into(), Value::from(p));
-    }
-    if let Some(d) = &a.disk {
-        res.insert("disk".into(), Value::from(d.clone()));
-    }
-    if !res.is_empty() {
-        set(s, "resources", Value::Object(res));
-    }
-    if !a.mounts.is_empty() {
-        let mut ms = match s.remove("mounts") {
-            Some(Value::Array(v)) => v,
-            _ => Vec::new(),
-        };
-        for m in &a.mounts {
-            let spec = sandlot_proto::spec::MountSpec::parse_bind(m)?;
-            let mut v = serde_json::to_value(&spec)?;
-            if let Some(src) = v.get_mut("source") {
-                let p = PathBuf::from(src.as_str().unwrap_or_default());
-                if p.is_relative() {
-                    *src = Value::from(
-                        std::env::current_dir()?
-                            .join(p)
-                            .to_string_lossy()
-                            .into_owned(),
-                    );
-                }
-            }
-            ms.push(v);
-        }
-        set(s, "mounts", Value::Array(ms));
-    }
-    if !a.env.is_empty() {
-        let mut env = match s.remove("env") {
-            Some(Value::Object(m)) => m,
-            _ => Map::new(),
-        };
-        for e in &a.env {
-            let (k, v) = kv(e, "--env")?;
-            env.insert(k, Value::from(v));
-        }
-        set(s, "env", Value::Object(env));
-    }
-    for (k, v) in [
-        ("workdir", &a.workdir),
-        ("user", &a.user),
-        ("hostname", &a.hostname),
-        ("image", &a.image),
-    ] {
-        if let Some(v) = v {
-            set(s, k, Value::from(v.clone()));
-        }
-    }
+    a.spec_flags.apply(&mut body.spec)?;
     if let Some(n) = a.network.to_value()? {
-        set(s, "network", n);
-    }
-    if let Some(r) = &a.rootfs {
-        let abs = if r.is_absolute() {
-            r.clone()
-        } else {
-            std::env::current_dir()?.join(r)
-        };
-        set(s, "rootfs", Value::from(abs.to_string_lossy().into_owned()));
+        body.spec.insert("network".into(), n);
     }
     Ok(body)
 }

@@ -384,23 +384,13 @@ async fn density(c: &Client, n: usize, conc: usize, mode: &str) -> anyhow::Resul
 /// directories and cgroups; plus the host's network namespaces and interfaces,
 /// compared by count before and after.
 fn host_objects(prefix: &str) -> (Vec<String>, usize, usize) {
-    let mut left = Vec::new();
-    let mut scan = |dir: &Path| {
-        if let Ok(rd) = std::fs::read_dir(dir) {
-            for e in rd.flatten() {
-                if e.file_name().to_string_lossy().starts_with(prefix) {
-                    left.push(e.path().display().to_string());
-                }
-            }
-        }
-    };
-    scan(Path::new("/run/sandlot/sandboxes"));
-    if let Ok(rd) = std::fs::read_dir("/sys/fs/cgroup") {
-        for e in rd.flatten() {
-            scan(&e.path().join("sandlot"));
-        }
-    }
-    scan(Path::new("/sys/fs/cgroup/sandlot"));
+    // The private daemon runs with the runtime's default run dir and cgroup parent.
+    let defaults = sandlot_runtime::RuntimeConfig::new(PathBuf::new());
+    let left =
+        sandlot_runtime::namespace::host_traces(&defaults.run_dir, &defaults.cgroup_parent, prefix)
+            .into_iter()
+            .map(|p| p.display().to_string())
+            .collect();
     let count = |p: &str| std::fs::read_dir(p).map(|r| r.count()).unwrap_or(0);
     (left, count("/run/netns"), count("/sys/class/net"))
 }

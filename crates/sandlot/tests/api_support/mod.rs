@@ -4,7 +4,7 @@
 
 #![allow(dead_code)]
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -186,25 +186,15 @@ impl Daemon {
 
     /// Run dirs and cgroups of this daemon's sandboxes still on the host.
     pub fn leftovers(&self) -> Vec<String> {
-        let mut out = Vec::new();
-        let mut scan = |dir: &Path| {
-            if let Ok(rd) = std::fs::read_dir(dir) {
-                for e in rd.flatten() {
-                    let n = e.file_name().to_string_lossy().into_owned();
-                    if n.starts_with(&self.prefix) {
-                        out.push(e.path().display().to_string());
-                    }
-                }
-            }
-        };
-        scan(Path::new("/run/sandlot/sandboxes"));
-        if let Ok(rd) = std::fs::read_dir("/sys/fs/cgroup") {
-            for e in rd.flatten() {
-                scan(&e.path().join("sandlot"));
-            }
-        }
-        scan(Path::new("/sys/fs/cgroup/sandlot"));
-        out
+        let defaults = sandlot_runtime::RuntimeConfig::new(PathBuf::new());
+        sandlot_runtime::namespace::host_traces(
+            &defaults.run_dir,
+            &defaults.cgroup_parent,
+            &self.prefix,
+        )
+        .into_iter()
+        .map(|p| p.display().to_string())
+        .collect()
     }
 
     /// Deletes every sandbox, stops the daemon and checks nothing is left.

@@ -12,6 +12,7 @@ import json
 import os
 import tarfile
 import tempfile
+import uuid
 from typing import (
     IO,
     Any,
@@ -658,6 +659,7 @@ class AsyncSandbox:
         tags: Optional[Mapping[str, str]] = None,
         metadata: Optional[Mapping[str, str]] = None,
         spec: Optional[Mapping[str, Any]] = None,
+        idempotency_key: Optional[str] = None,
         client: Optional[AsyncClient] = None,
     ) -> "AsyncSandbox":
         """Creates a sandbox (see ``Sandbox.create`` for the arguments)."""
@@ -685,7 +687,11 @@ class AsyncSandbox:
             spec=spec,
         )
         c = client or default_async_client()
-        return cls(SandboxInfo.from_json(await c.json("POST", "/v1/sandboxes", json=body)), c)
+        # The key makes a retry of a create whose answer was lost (a dropped
+        # connection) return the same sandbox instead of making a second one.
+        key = idempotency_key or uuid.uuid4().hex
+        info = await c.json("POST", "/v1/sandboxes", json=body, headers={"Idempotency-Key": key})
+        return cls(SandboxInfo.from_json(info), c)
 
     @classmethod
     async def connect(cls, id_or_name: str, *, client: Optional[AsyncClient] = None) -> "AsyncSandbox":
@@ -741,9 +747,10 @@ class AsyncSandbox:
 
     async def snapshot_filesystem(self, tag: Optional[str] = None) -> Dict[str, Any]:
         """See :meth:`sandlot.Sandbox.snapshot_filesystem`."""
-        return await self._client.json(
+        snap: Dict[str, Any] = await self._client.json(
             "POST", f"/v1/sandboxes/{self.id}/snapshot", json={"tag": tag} if tag else {}
         )
+        return snap
 
     async def set_timeout(self, timeout: _spec.Duration) -> SandboxInfo:
         d = await self._client.json(

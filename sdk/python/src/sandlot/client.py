@@ -68,9 +68,13 @@ def _raise_for(resp: httpx.Response, body: bytes) -> None:
 _STALE = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 
 
-def _replayable(method: str, content: Any) -> bool:
-    """Safe to send again: idempotent, and the body (if any) is in memory."""
-    return method in ("GET", "HEAD", "DELETE", "PUT") and (content is None or isinstance(content, bytes))
+def _replayable(method: str, content: Any, headers: Optional[Dict[str, str]] = None) -> bool:
+    """Safe to send again: idempotent (or carrying an ``Idempotency-Key``), and
+    the body (if any) is in memory."""
+    keyed = headers is not None and "Idempotency-Key" in headers
+    return (method in ("GET", "HEAD", "DELETE", "PUT") or keyed) and (
+        content is None or isinstance(content, bytes)
+    )
 
 
 def _connect_error(where: str, e: Exception) -> errors.ConnectError:
@@ -144,7 +148,7 @@ class Client(_Base):
                     method, path, params=params, json=json, content=content, headers=headers, timeout=timeout
                 )
             except _STALE as e:
-                if not _replayable(method, content):
+                if not _replayable(method, content, headers):
                     raise
                 # A pooled keep-alive connection the daemon had just closed: once more.
                 del e
@@ -253,7 +257,7 @@ class AsyncClient(_Base):
                     method, path, params=params, json=json, content=content, headers=headers, timeout=timeout
                 )
             except _STALE as e:
-                if not _replayable(method, content):
+                if not _replayable(method, content, headers):
                     raise
                 del e
                 resp = await self._http.request(

@@ -12,6 +12,7 @@ import tarfile
 import tempfile
 import threading
 import time
+import uuid
 from typing import (
     IO,
     Any,
@@ -792,12 +793,15 @@ class Sandbox:
         tags: Optional[Mapping[str, str]] = None,
         metadata: Optional[Mapping[str, str]] = None,
         spec: Optional[Mapping[str, Any]] = None,
+        idempotency_key: Optional[str] = None,
         client: Optional[Client] = None,
     ) -> "Sandbox":
         """Creates a sandbox and returns once it runs. Every argument is optional
         and passed as the API takes it (sizes: bytes or ``"512M"``; durations:
         seconds, ``"10m"`` or a timedelta); ``spec`` is a dict of any further API
-        fields. A bad value raises ``InvalidSpecError`` naming the field."""
+        fields. A bad value raises ``InvalidSpecError`` naming the field.
+        ``idempotency_key`` (default: a fresh random one) makes the create safe
+        to retry: the daemon answers a repeat with the sandbox the first made."""
         body = _spec.create_body(
             image=image,
             rootfs=rootfs,
@@ -822,7 +826,11 @@ class Sandbox:
             spec=spec,
         )
         c = client or default_client()
-        return cls(SandboxInfo.from_json(c.json("POST", "/v1/sandboxes", json=body)), c)
+        # The key makes a retry of a create whose answer was lost (a dropped
+        # connection) return the same sandbox instead of making a second one.
+        key = idempotency_key or uuid.uuid4().hex
+        info = c.json("POST", "/v1/sandboxes", json=body, headers={"Idempotency-Key": key})
+        return cls(SandboxInfo.from_json(info), c)
 
     @classmethod
     def connect(cls, id_or_name: str, *, client: Optional[Client] = None) -> "Sandbox":
@@ -895,7 +903,10 @@ class Sandbox:
         it (``id``, ``tags``, ``parent``, ``layers``, ``frozen_ms``...). New sandboxes
         start from it with ``image=snap["id"]`` (or the tag). Only sandboxes created
         from a store image can be snapshotted."""
-        return self._client.json("POST", f"/v1/sandboxes/{self.id}/snapshot", json={"tag": tag} if tag else {})
+        snap: Dict[str, Any] = self._client.json(
+            "POST", f"/v1/sandboxes/{self.id}/snapshot", json={"tag": tag} if tag else {}
+        )
+        return snap
 
     def terminate(self) -> SandboxInfo:
         """Stops it: kills everything, removes every trace on the host. Idempotent."""
