@@ -208,9 +208,9 @@ fn print_report(r: &IngestReport, json: bool) -> anyhow::Result<()> {
 }
 
 pub fn run(args: VfsArgs) -> anyhow::Result<i32> {
-    if let VfsCmd::Mount { .. } = args.cmd {
-        // A FUSE mount is of this host's store.
-    } else if !args.local {
+    // A FUSE mount is always of this host's store.
+    let is_mount = matches!(args.cmd, VfsCmd::Mount { .. });
+    if !is_mount && !args.local {
         let client = args.conn.client()?;
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
