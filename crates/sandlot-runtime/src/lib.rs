@@ -19,6 +19,7 @@ pub mod plan;
 pub mod seccomp;
 pub mod security;
 mod sys;
+pub mod zygote;
 
 pub use namespace::{NamespaceBackend, RuntimeConfig};
 

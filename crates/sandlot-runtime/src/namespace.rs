@@ -30,6 +30,10 @@ pub struct RuntimeConfig {
     pub id_base: u32,
     /// Number of id ranges, i.e. the maximum number of concurrent sandboxes.
     pub id_slots: u32,
+    /// Fork each sandbox's `__init` helper from one `sandlot __zygote` process (see
+    /// [`crate::zygote`]) instead of exec'ing the binary per create. For long-lived
+    /// hosts (the daemon); falls back to exec if the fork server cannot be used.
+    pub fork_server: bool,
 }
 
 impl RuntimeConfig {
@@ -41,6 +45,7 @@ impl RuntimeConfig {
             init_exe,
             id_base: 1 << 20,
             id_slots: 8192,
+            fork_server: false,
         }
     }
 }
@@ -50,6 +55,8 @@ pub struct NamespaceBackend {
     cfg: RuntimeConfig,
     layout: CgroupLayout,
     host: HostFacts,
+    /// The fork server, started on first use (`RuntimeConfig::fork_server`).
+    zygote: std::sync::Mutex<Option<crate::zygote::Zygote>>,
 }
 
 fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> RuntimeError {
@@ -80,6 +87,7 @@ impl NamespaceBackend {
             host: HostFacts::probe(Path::new("/")),
             cfg,
             layout,
+            zygote: std::sync::Mutex::new(None),
         })
     }
 
@@ -182,44 +190,64 @@ impl NamespaceBackend {
             ),
             (netns.as_ref().map_or(-1, |n| n.as_raw_fd()), fds::NETNS),
         ];
-        let mut cmd = Command::new(&self.cfg.init_exe);
-        cmd.arg("__init")
-            .env_clear()
-            .stdin(Stdio::from(plan_r))
-            .stdout(Stdio::from(status_w));
-        match opts.stderr.take() {
-            Some(fd) => cmd.stderr(Stdio::from(fd)),
-            // Phase timings go to the caller's stderr when asked for.
-            None if plan.trace => cmd.stderr(Stdio::inherit()),
-            None => cmd.stderr(Stdio::null()),
+        let stderr = match opts.stderr.take() {
+            Some(fd) => Some(fd),
+            None if plan.trace => sys::dup_above(io::stderr().as_fd(), 3).ok(),
+            None => None,
         };
-        // SAFETY: the closure only calls dup2 and fcntl, which are async-signal-safe,
-        // and allocates nothing. Sources are first copied above the targets' range so
-        // that one dup2 cannot clobber a source needed by another.
-        unsafe {
-            cmd.pre_exec(move || {
-                let mut moved = [-1; 4];
-                for (i, (src, _)) in inherit.iter().enumerate() {
-                    if *src >= 0 {
-                        moved[i] = libc::fcntl(*src, libc::F_DUPFD_CLOEXEC, 100);
-                        if moved[i] < 0 {
+        let forked = if self.cfg.fork_server {
+            self.fork_helper(
+                &plan_r,
+                &status_w,
+                stderr.as_ref(),
+                slot,
+                alive,
+                &lifeline,
+                &netns,
+            )
+        } else {
+            None
+        };
+        let mut child = None;
+        if forked.is_none() {
+            let mut cmd = Command::new(&self.cfg.init_exe);
+            cmd.arg("__init")
+                .env_clear()
+                .stdin(Stdio::from(plan_r))
+                .stdout(Stdio::from(status_w));
+            match stderr {
+                Some(fd) => cmd.stderr(Stdio::from(fd)),
+                None => cmd.stderr(Stdio::null()),
+            };
+            // SAFETY: the closure only calls dup2 and fcntl, which are async-signal-safe,
+            // and allocates nothing. Sources are first copied above the targets' range so
+            // that one dup2 cannot clobber a source needed by another.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let mut moved = [-1; 4];
+                    for (i, (src, _)) in inherit.iter().enumerate() {
+                        if *src >= 0 {
+                            moved[i] = libc::fcntl(*src, libc::F_DUPFD_CLOEXEC, 100);
+                            if moved[i] < 0 {
+                                return Err(io::Error::last_os_error());
+                            }
+                        }
+                    }
+                    for (i, (_, dst)) in inherit.iter().enumerate() {
+                        if moved[i] >= 0 && libc::dup2(moved[i], *dst) < 0 {
                             return Err(io::Error::last_os_error());
                         }
                     }
-                }
-                for (i, (_, dst)) in inherit.iter().enumerate() {
-                    if moved[i] >= 0 && libc::dup2(moved[i], *dst) < 0 {
-                        return Err(io::Error::last_os_error());
-                    }
-                }
-                Ok(())
-            });
+                    Ok(())
+                });
+            }
+            child = Some(cmd.spawn().map_err(io_err(format!(
+                "spawn {} __init",
+                self.cfg.init_exe.display()
+            )))?);
+        } else {
+            drop((plan_r, status_w, stderr));
         }
-        let mut child = cmd.spawn().map_err(io_err(format!(
-            "spawn {} __init",
-            self.cfg.init_exe.display()
-        )))?;
-        drop(cmd);
         drop(lifeline);
         drop(netns);
         {
@@ -245,10 +273,14 @@ impl NamespaceBackend {
                 break;
             }
         }
-        let helper = child
-            .wait()
-            .map(|s| s.to_string())
-            .unwrap_or_else(|e| e.to_string());
+        let helper = match (child.as_mut(), forked) {
+            (Some(c), _) => c
+                .wait()
+                .map(|s| s.to_string())
+                .unwrap_or_else(|e| e.to_string()),
+            (None, Some(p)) => format!("pid {p}, forked by the fork server"),
+            (None, None) => "never started".into(),
+        };
         match (ready, pid, err) {
             (true, Some(pid), _) => Ok(pid),
             (_, pid, e) => {
@@ -271,6 +303,50 @@ impl NamespaceBackend {
                 })))
             }
         }
+    }
+
+    /// Forks the `__init` helper from the fork server (started on first use, and
+    /// once more if it died). `None`: no fork server; the caller execs instead.
+    #[allow(clippy::too_many_arguments)]
+    fn fork_helper(
+        &self,
+        plan_r: &OwnedFd,
+        status_w: &OwnedFd,
+        stderr: Option<&OwnedFd>,
+        slot: &OwnedFd,
+        alive: &OwnedFd,
+        lifeline: &Option<OwnedFd>,
+        netns: &Option<OwnedFd>,
+    ) -> Option<i32> {
+        let null = fs::File::options().write(true).open("/dev/null").ok()?;
+        let f = crate::zygote::HelperFds {
+            plan: plan_r.as_fd(),
+            status: status_w.as_fd(),
+            stderr: stderr.map_or(null.as_fd(), |s| s.as_fd()),
+            slot: slot.as_fd(),
+            alive: alive.as_fd(),
+            lifeline: lifeline.as_ref().map(|l| l.as_fd()),
+            netns: netns.as_ref().map(|n| n.as_fd()),
+        };
+        let mut z = self.zygote.lock().unwrap_or_else(|e| e.into_inner());
+        for _ in 0..2 {
+            if z.is_none() {
+                *z = Some(crate::zygote::Zygote::start(&self.cfg.init_exe).ok()?);
+            }
+            match z.as_ref().map(|z| z.spawn(&f)) {
+                Some(Ok(pid)) => return Some(pid),
+                // A dead fork server is replaced once; other errors: exec instead.
+                Some(Err(e))
+                    if e.kind() == io::ErrorKind::BrokenPipe
+                        || e.raw_os_error() == Some(libc::ECONNRESET)
+                        || e.raw_os_error() == Some(libc::EPIPE) =>
+                {
+                    *z = None;
+                }
+                _ => return None,
+            }
+        }
+        None
     }
 
     /// Re-attaches to a sandbox created earlier (by this or a previous process, e.g.

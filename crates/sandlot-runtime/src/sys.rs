@@ -531,3 +531,148 @@ pub fn touchat(dir: BorrowedFd<'_>, name: &CStr, mode: libc::mode_t) -> io::Resu
 pub fn fd_path(fd: BorrowedFd<'_>) -> CString {
     CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).expect("no NUL")
 }
+
+/// Most descriptors one [`send_fds`] message carries.
+pub const MAX_PASSED_FDS: usize = 8;
+
+/// Sends `payload` and the descriptors `fds` (at most [`MAX_PASSED_FDS`]) as one
+/// message over a Unix socket.
+pub fn send_fds(sock: BorrowedFd<'_>, payload: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    if fds.len() > MAX_PASSED_FDS || payload.is_empty() {
+        return Err(io::ErrorKind::InvalidInput.into());
+    }
+    let mut iov = libc::iovec {
+        iov_base: payload.as_ptr() as *mut libc::c_void,
+        iov_len: payload.len(),
+    };
+    // Room for MAX_PASSED_FDS descriptors in one control message (8-byte aligned).
+    let mut cbuf = [0u64; 8];
+    // SAFETY: msghdr is plain old data; zeroed is a valid initial state.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    if !fds.is_empty() {
+        let data = std::mem::size_of_val(fds) as u32;
+        // SAFETY: CMSG_SPACE is a pure computation.
+        let space = unsafe { libc::CMSG_SPACE(data) } as usize;
+        debug_assert!(space <= std::mem::size_of_val(&cbuf));
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        msg.msg_controllen = space;
+        // SAFETY: msg_control points to a buffer of at least `space` bytes (64 >= 16 +
+        // 8 * 4), so the header and its data fit; the kernel only reads iov_base.
+        unsafe {
+            let cmsg = libc::CMSG_FIRSTHDR(&msg);
+            (*cmsg).cmsg_level = libc::SOL_SOCKET;
+            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+            (*cmsg).cmsg_len = libc::CMSG_LEN(data) as usize;
+            let dst = libc::CMSG_DATA(cmsg).cast::<RawFd>();
+            for (i, fd) in fds.iter().enumerate() {
+                std::ptr::write_unaligned(dst.add(i), fd.as_raw_fd());
+            }
+        }
+    }
+    loop {
+        // SAFETY: msg and everything it points to live for the call.
+        let r = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+        if r >= 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// Receives one message into `buf` with the descriptors it carries (close-on-exec).
+/// `Ok(None)` at end of stream.
+pub fn recv_fds(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<Option<(usize, Vec<OwnedFd>)>> {
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    let mut cbuf = [0u64; 8];
+    // SAFETY: zeroed msghdr is valid.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&cbuf);
+    let n = loop {
+        // SAFETY: msg points to live buffers.
+        let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        break n as usize;
+    };
+    let mut got = Vec::new();
+    // SAFETY: we walk the control messages the kernel filled in, within
+    // msg_controllen; each SCM_RIGHTS entry is a fresh descriptor now ours.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                let count =
+                    ((*cmsg).cmsg_len - libc::CMSG_LEN(0) as usize) / std::mem::size_of::<RawFd>();
+                let src = libc::CMSG_DATA(cmsg).cast::<RawFd>();
+                for i in 0..count {
+                    got.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(src.add(i))));
+                }
+            }
+            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        }
+    }
+    if n == 0 && got.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some((n, got)))
+}
+
+/// `fork(2)`. Only call from a single-threaded process.
+pub fn fork() -> io::Result<Fork> {
+    // SAFETY: the caller is single-threaded, so the child's copy of the address space
+    // holds no lock another thread owned.
+    let pid = cvt(unsafe { libc::fork() })?;
+    Ok(if pid == 0 {
+        Fork::Child
+    } else {
+        Fork::Parent(pid)
+    })
+}
+
+/// `dup2(from, to)` without close-on-exec on `to`.
+pub fn dup2(from: RawFd, to: RawFd) -> io::Result<()> {
+    // SAFETY: no pointers; the kernel validates both numbers.
+    cvt(unsafe { libc::dup2(from, to) })?;
+    Ok(())
+}
+
+/// `fcntl(F_DUPFD_CLOEXEC, min)`: a copy of `fd` numbered at least `min`.
+pub fn dup_above(fd: BorrowedFd<'_>, min: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: no pointers; the returned fd is new and owned by us.
+    let n = cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, min) })?;
+    // SAFETY: fresh fd from the kernel.
+    Ok(unsafe { OwnedFd::from_raw_fd(n) })
+}
+
+/// Closes every descriptor numbered `first..=last`.
+pub fn close_range(first: u32, last: u32) -> io::Result<()> {
+    // SAFETY: no pointers; the caller no longer uses any descriptor in the range.
+    cvt_long(unsafe { libc::syscall(libc::SYS_close_range, first, last, 0u32) })?;
+    Ok(())
+}
+
+/// Sets the disposition of `sig` to ignore (`ignore`) or the default.
+pub fn set_signal_ignored(sig: libc::c_int, ignore: bool) -> io::Result<()> {
+    let h = if ignore { libc::SIG_IGN } else { libc::SIG_DFL };
+    // SAFETY: SIG_IGN and SIG_DFL are valid dispositions; no handler code runs.
+    if unsafe { libc::signal(sig, h) } == libc::SIG_ERR {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}

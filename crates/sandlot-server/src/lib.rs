@@ -117,6 +117,7 @@ pub async fn serve(
     let mut rc = RuntimeConfig::new(init_exe);
     rc.run_dir = cfg.runtime.run_dir.clone();
     rc.cgroup_parent = cfg.runtime.cgroup_parent.clone();
+    rc.fork_server = cfg.runtime.fork_server;
     let runtime = NamespaceBackend::new(rc)?;
     if cfg.runtime.cgroup_favordynmods {
         use sandlot_runtime::cgroup::{favor_dynamic_modifications, FavorDynmods};

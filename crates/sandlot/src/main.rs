@@ -49,6 +49,10 @@ fn main() {
     if std::env::args_os().nth(1).is_some_and(|a| a == "__init") {
         sandlot_runtime::init::main(run::agent_main);
     }
+    // The daemon's fork server, which forks those helpers (see sandlot_runtime::zygote).
+    if std::env::args_os().nth(1).is_some_and(|a| a == "__zygote") {
+        sandlot_runtime::zygote::main(run::agent_main);
+    }
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {

@@ -1,0 +1,198 @@
+//! The fork server: one `sandlot __zygote` process, exec'd once by a long-lived host
+//! process (the daemon), forks a fresh `__init` helper for each sandbox instead of the
+//! host exec'ing the `sandlot` binary every time.
+//!
+//! Why: exec'ing a large position-independent binary makes the dynamic loader write
+//! every relocated pointer of its read-only-after-relocation data, about 0.7 MiB of
+//! private memory in each sandbox's PID 1 and ~1 ms of work per create. Forked from a
+//! process that did that once, the pages stay shared (they are never written again).
+//!
+//! The zygote is single-threaded, holds nothing but its socket to the host, and exits
+//! when the host closes it (host exit or crash included). Per create, the host sends
+//! one message: a flags byte and the helper's descriptors (see [`HelperFds`]); the
+//! zygote forks, the child puts them where `sandlot __init` expects them
+//! ([`crate::plan::fds`]) and runs [`crate::init::main`]; the zygote answers with the
+//! child's pid. Children are reaped by the kernel (`SIGCHLD` ignored); a sandbox's
+//! PID 1, orphaned when its helper exits, is re-parented to the host, the subreaper.
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+use crate::init::AgentMain;
+use crate::plan::fds;
+use crate::sys;
+
+const HAS_LIFELINE: u8 = 1;
+const HAS_NETNS: u8 = 2;
+
+/// The descriptors of one `__init` helper.
+pub struct HelperFds<'a> {
+    pub plan: BorrowedFd<'a>,
+    pub status: BorrowedFd<'a>,
+    pub stderr: BorrowedFd<'a>,
+    pub slot: BorrowedFd<'a>,
+    pub alive: BorrowedFd<'a>,
+    pub lifeline: Option<BorrowedFd<'a>>,
+    pub netns: Option<BorrowedFd<'a>>,
+}
+
+/// The host's handle on its fork server.
+pub struct Zygote {
+    /// `None` only while dropping.
+    sock: Option<OwnedFd>,
+    child: Child,
+}
+
+impl Zygote {
+    /// Starts `exe __zygote`.
+    pub fn start(exe: &Path) -> io::Result<Zygote> {
+        let (mine, theirs) = sys::socketpair()?;
+        let child = Command::new(exe)
+            .arg("__zygote")
+            .env_clear()
+            .stdin(Stdio::from(theirs))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        Ok(Zygote {
+            sock: Some(mine),
+            child,
+        })
+    }
+
+    /// Has it fork a helper with these descriptors; returns the helper's pid.
+    pub fn spawn(&self, f: &HelperFds<'_>) -> io::Result<i32> {
+        let mut flags = 0;
+        let mut list = vec![f.plan, f.status, f.stderr, f.slot, f.alive];
+        if let Some(l) = f.lifeline {
+            flags |= HAS_LIFELINE;
+            list.push(l);
+        }
+        if let Some(n) = f.netns {
+            flags |= HAS_NETNS;
+            list.push(n);
+        }
+        let sock = self.sock.as_ref().expect("open until dropped").as_fd();
+        sys::send_fds(sock, &[flags], &list)?;
+        let mut buf = [0u8; 512];
+        let Some((n, _)) = sys::recv_fds(sock, &mut buf)? else {
+            return Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "the fork server exited",
+            ));
+        };
+        match buf[..n].split_first() {
+            Some((b'p', pid)) if pid.len() == 4 => {
+                Ok(i32::from_le_bytes(pid.try_into().expect("4 bytes")))
+            }
+            Some((b'e', msg)) => Err(io::Error::other(format!(
+                "fork server: {}",
+                String::from_utf8_lossy(msg)
+            ))),
+            _ => Err(io::Error::other("fork server: malformed answer")),
+        }
+    }
+}
+
+impl Drop for Zygote {
+    fn drop(&mut self) {
+        // Closing our end makes it exit; reap it (unless the host reaped it already).
+        drop(self.sock.take());
+        let _ = self.child.wait();
+    }
+}
+
+/// Entry point of `sandlot __zygote`: fd 0 is the host's socket. Never returns.
+pub fn main(agent: AgentMain) -> ! {
+    // SAFETY: the host passed its socket as fd 0; nothing else owns it.
+    let sock = unsafe { OwnedFd::from_raw_fd(0) };
+    if sys::set_signal_ignored(libc::SIGCHLD, true).is_err() {
+        sys::exit_now(1);
+    }
+    loop {
+        let mut buf = [0u8; 4];
+        let (n, fds) = match sys::recv_fds(sock.as_fd(), &mut buf) {
+            Ok(Some(m)) => m,
+            // The host is gone.
+            Ok(None) | Err(_) => sys::exit_now(0),
+        };
+        let answer = match fork_helper(&buf[..n], fds, agent) {
+            Ok(pid) => [&[b'p'][..], &pid.to_le_bytes()].concat(),
+            Err(e) => [&[b'e'][..], e.to_string().as_bytes()].concat(),
+        };
+        if sys::send_fds(sock.as_fd(), &answer, &[]).is_err() {
+            sys::exit_now(0);
+        }
+    }
+}
+
+/// Where each received descriptor goes in the helper.
+fn targets(flags: u8) -> Vec<i32> {
+    let mut t = vec![fds::PLAN, fds::STATUS, 2, fds::SLOT_LOCK, fds::ALIVE_LOCK];
+    if flags & HAS_LIFELINE != 0 {
+        t.push(fds::LIFELINE);
+    }
+    if flags & HAS_NETNS != 0 {
+        t.push(fds::NETNS);
+    }
+    t
+}
+
+fn fork_helper(msg: &[u8], received: Vec<OwnedFd>, agent: AgentMain) -> io::Result<i32> {
+    let [flags] = msg else {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "bad request"));
+    };
+    let targets = targets(*flags);
+    if received.len() != targets.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "expected {} descriptors, got {}",
+                targets.len(),
+                received.len()
+            ),
+        ));
+    }
+    match sys::fork()? {
+        sys::Fork::Child => {
+            if become_helper(&received, &targets).is_err() {
+                sys::exit_now(1);
+            }
+            crate::init::main(agent)
+        }
+        sys::Fork::Parent(pid) => Ok(pid),
+    }
+}
+
+/// In the forked child: the descriptors at their numbers, nothing else open, the
+/// signal dispositions of a fresh exec.
+fn become_helper(received: &[OwnedFd], targets: &[i32]) -> io::Result<()> {
+    sys::set_signal_ignored(libc::SIGCHLD, false)?;
+    // First out of the way (received numbers may collide with targets), then in place.
+    let moved: Vec<OwnedFd> = received
+        .iter()
+        .map(|f| sys::dup_above(f.as_fd(), 100))
+        .collect::<io::Result<_>>()?;
+    sys::close_range(3, 99)?;
+    for (m, t) in moved.iter().zip(targets) {
+        sys::dup2(std::os::fd::AsRawFd::as_raw_fd(m), *t)?;
+    }
+    sys::close_range(100, u32::MAX)?;
+    // Closed just above (the received ones by the first close_range).
+    std::mem::forget(moved);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptors_land_where_init_expects_them() {
+        assert_eq!(targets(0), vec![0, 1, 2, 4, 5]);
+        assert_eq!(targets(HAS_LIFELINE | HAS_NETNS), vec![0, 1, 2, 4, 5, 3, 6]);
+        assert_eq!(targets(HAS_NETNS), vec![0, 1, 2, 4, 5, 6]);
+    }
+}
