@@ -125,7 +125,7 @@ def main() -> None:
         root = work / "docs"
         nbytes, doc = corpus(root, a.docs, a.mb)
         proc, url, tmp = spawn(a.spawn, work)
-        client = sandlot.Client(url, "")
+        client = sandlot.Client(url, "", timeout=3600.0)  # a large ingest is one request
         t0 = time.perf_counter()
         col = sandlot.Collection.create("bench", from_dir=root, client=client)
         ingest_s = time.perf_counter() - t0
