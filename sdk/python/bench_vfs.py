@@ -119,6 +119,7 @@ def main() -> None:
     a = ap.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="sandlot-vfs-corpus-"))
+    work.chmod(0o755)  # sandboxes read the bind-mounted corpus as an unprivileged user
     proc: Optional["subprocess.Popen[bytes]"] = None
     tmp = None
     try:
@@ -195,6 +196,12 @@ def main() -> None:
         if a.out:
             with open(a.out, "a") as f:
                 f.write(text)
+    except BaseException:
+        if tmp:
+            log = Path(tmp) / "daemon.log"
+            if log.exists():
+                print("daemon log (last lines):\n" + "\n".join(log.read_text().splitlines()[-30:]), file=sys.stderr)
+        raise
     finally:
         if proc is not None:
             proc.terminate()
