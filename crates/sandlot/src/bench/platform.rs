@@ -49,6 +49,10 @@ pub struct PlatformArgs {
     /// Concurrent workers in the churn and density runs.
     #[arg(long, default_value_t = 8)]
     pub concurrency: usize,
+    /// The private daemon forks sandbox init helpers from its fork server
+    /// (`runtime.fork_server`); `false` measures the exec path.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub fork_server: bool,
     /// Sections to run (default all): tti, burst, exec, density, churn, peers.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
@@ -83,6 +87,8 @@ struct Density {
     start_secs: f64,
     teardown_secs: f64,
     host_mib_per_sandbox: f64,
+    /// Mean proportional set size of the sandboxes' PID 1s (the guest agent), KiB.
+    pid1_pss_kib: Option<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -112,7 +118,7 @@ impl Drop for Daemon {
     }
 }
 
-fn start_daemon(pool: usize) -> anyhow::Result<(Daemon, Client)> {
+fn start_daemon(pool: usize, fork_server: bool) -> anyhow::Result<(Daemon, Client)> {
     let dir = std::env::temp_dir().join(format!("sandlot-bench-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
@@ -122,7 +128,8 @@ fn start_daemon(pool: usize) -> anyhow::Result<(Daemon, Client)> {
     std::fs::write(
         &cfg,
         format!(
-            "[quotas]\nmax_sandboxes = 100000\nmax_memory = {}\n\n\
+            "[runtime]\nfork_server = {fork_server}\n\n\
+             [quotas]\nmax_sandboxes = 100000\nmax_memory = {}\n\n\
              [[pools]]\nname = \"bench\"\nsize = {pool}\n\n\
              [[pools]]\nname = \"bench-allow\"\nsize = {pool}\n\
              spec = {{ network = {{ mode = \"allow\" }} }}\n",
@@ -329,7 +336,13 @@ fn host_mem_used() -> u64 {
 }
 
 /// Starts `n` idle sandboxes with `conc` workers, measures, tears all down.
-async fn density(c: &Client, n: usize, conc: usize, mode: &str) -> anyhow::Result<Density> {
+async fn density(
+    c: &Client,
+    d: &Daemon,
+    n: usize,
+    conc: usize,
+    mode: &str,
+) -> anyhow::Result<Density> {
     // Let the page cache and the pool settle before the baseline.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let before = host_mem_used();
@@ -364,6 +377,7 @@ async fn density(c: &Client, n: usize, conc: usize, mode: &str) -> anyhow::Resul
     let start_secs = t.elapsed().as_secs_f64();
     tokio::time::sleep(Duration::from_millis(500)).await;
     let after = host_mem_used();
+    let pid1_pss_kib = pid1_pss_kib(d);
     let started = ids.len();
     let t = Instant::now();
     delete_all(c, ids).await;
@@ -377,7 +391,43 @@ async fn density(c: &Client, n: usize, conc: usize, mode: &str) -> anyhow::Resul
         start_secs,
         teardown_secs,
         host_mib_per_sandbox: after.saturating_sub(before) as f64 / n as f64 / (1 << 20) as f64,
+        pid1_pss_kib,
     })
+}
+
+/// Mean `Pss` of the daemon's sandbox PID 1s (its children in its sandboxes'
+/// cgroups), KiB: the agent's share of memory, which the fork server shrinks.
+fn pid1_pss_kib(d: &Daemon) -> Option<f64> {
+    let daemon = d.child.id().to_string();
+    let mut total = 0u64;
+    let mut n = 0u64;
+    for e in std::fs::read_dir("/proc").ok()?.flatten() {
+        let pid = e.file_name().to_string_lossy().into_owned();
+        if !pid.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+            continue;
+        };
+        let ppid = status.lines().find_map(|l| l.strip_prefix("PPid:"));
+        if ppid.map(str::trim) != Some(daemon.as_str()) {
+            continue;
+        }
+        let in_sandbox = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+            .is_ok_and(|c| c.contains(&format!("/{}", d.prefix)));
+        let pss = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("Pss:"))
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            });
+        if let (true, Some(kib)) = (in_sandbox, pss) {
+            total += kib;
+            n += 1;
+        }
+    }
+    (n > 0).then(|| total as f64 / n as f64)
 }
 
 /// Host objects a sandbox can leave behind, by this daemon's id prefix: run
@@ -570,7 +620,7 @@ pub fn run(a: PlatformArgs) -> anyhow::Result<i32> {
         machine: machine(),
         ..Default::default()
     };
-    let (daemon, c) = start_daemon(a.pool)?;
+    let (daemon, c) = start_daemon(a.pool, a.fork_server)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -662,7 +712,7 @@ pub fn run(a: PlatformArgs) -> anyhow::Result<i32> {
         if wants(&a.only, "density") && a.density > 0 {
             let m = modes.last().copied().unwrap_or("none");
             eprintln!("density: {} idle sandboxes, network {m} ...", a.density);
-            res.density = Some(density(&c, a.density, a.concurrency, m).await?);
+            res.density = Some(density(&c, &daemon, a.density, a.concurrency, m).await?);
         }
         if wants(&a.only, "churn") && a.churn_secs > 0 {
             eprintln!(
@@ -827,8 +877,14 @@ fn print_report(res: &Results) {
     }
     if let Some(d) = &res.density {
         println!(
-            "density: {} idle sandboxes (network {}) started in {:.2} s, torn down in {:.2} s, {:.2} MiB of host memory each\n",
-            d.sandboxes, d.network, d.start_secs, d.teardown_secs, d.host_mib_per_sandbox
+            "density: {} idle sandboxes (network {}) started in {:.2} s, torn down in {:.2} s, {:.2} MiB of host memory each; PID 1 (agent) Pss {}\n",
+            d.sandboxes,
+            d.network,
+            d.start_secs,
+            d.teardown_secs,
+            d.host_mib_per_sandbox,
+            d.pid1_pss_kib
+                .map_or("unknown".to_string(), |k| format!("{k:.0} KiB"))
         );
     }
     if let Some(c) = &res.churn {
