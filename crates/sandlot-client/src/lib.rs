@@ -257,6 +257,41 @@ impl Client {
         serde_json::from_slice(&b).map_err(|e| Error::Decode(e.to_string()))
     }
 
+    /// POSTs a JSON body and returns the answer as a byte stream (NDJSON progress
+    /// of pulls, pushes and builds).
+    pub async fn post_stream(
+        &self,
+        path: &str,
+        body: &serde_json::Value,
+    ) -> Result<ByteStream, Error> {
+        let b = conn::full(serde_json::to_vec(body).map_err(|e| Error::Decode(e.to_string()))?);
+        let resp = self
+            .send(Method::POST, path, Some("application/json"), b)
+            .await?;
+        Ok(ByteStream::new(resp))
+    }
+
+    /// POSTs a byte stream (`content_type`) and returns the answer as a byte stream.
+    pub async fn upload_stream<S>(
+        &self,
+        path: &str,
+        content_type: &str,
+        body: S,
+    ) -> Result<ByteStream, Error>
+    where
+        S: futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send + Sync + 'static,
+    {
+        let resp = self
+            .send(
+                Method::POST,
+                path,
+                Some(content_type),
+                conn::streaming(body),
+            )
+            .await?;
+        Ok(ByteStream::new(resp))
+    }
+
     /// Downloads a byte stream (GET).
     pub async fn download(&self, path: &str) -> Result<ByteStream, Error> {
         let resp = self.send(Method::GET, path, None, conn::empty()).await?;

@@ -152,6 +152,8 @@ pub struct ServerConfig {
     pub e2b: crate::e2b::E2bConfig,
     /// Virtual filesystem collections and shell sessions (`[vfs]`).
     pub vfs: VfsSection,
+    /// Registries and builds (`[images]`, see `docs/images.md`).
+    pub images: ImagesSection,
 }
 
 /// Virtual filesystem collections and sessions (`[vfs]`, see docs/vfs.md).
@@ -196,6 +198,23 @@ impl Default for VfsSection {
     }
 }
 
+/// Image registries and builds (`[images]`).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct ImagesSection {
+    /// `host[:port]` registries reached over plain HTTP (e.g. a loopback test
+    /// registry). Every other registry is HTTPS with verified certificates.
+    pub insecure_registries: Vec<String>,
+    /// A docker-style `config.json` (`auths.<host>.auth`) with registry
+    /// credentials; API requests may also carry their own.
+    pub auth_file: Option<PathBuf>,
+    /// The registry of references that name none (none by default: a pull must
+    /// name its registry host).
+    pub default_registry: Option<String>,
+    /// Extra CA certificates (PEM) trusted for registries, besides the host's.
+    pub ca_file: Option<PathBuf>,
+}
+
 /// Host directory mounts through the API.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(default)]
@@ -221,6 +240,7 @@ impl Default for ServerConfig {
             network: sandlot_net::NetConfig::default(),
             e2b: crate::e2b::E2bConfig::default(),
             vfs: VfsSection::default(),
+            images: ImagesSection::default(),
         }
     }
 }
@@ -291,6 +311,18 @@ impl ServerConfig {
                     p.size,
                     crate::pool::MAX_POOL_SIZE
                 ));
+            }
+            if let Some(m) = p.max_size {
+                if m < p.size || m > crate::pool::MAX_POOL_SIZE {
+                    return bad(format!(
+                        "pools[{i}].max_size {m} must be between size ({}) and {}",
+                        p.size,
+                        crate::pool::MAX_POOL_SIZE
+                    ));
+                }
+            }
+            if p.shrink_after.duration().is_zero() {
+                return bad(format!("pools[{i}].shrink_after must be more than 0s"));
             }
             if let Err(e) = p.spec.validate() {
                 return bad(format!("pools[{i}].spec.{e}"));

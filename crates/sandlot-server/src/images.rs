@@ -313,6 +313,25 @@ impl Images {
         cgroup: &sandlot_runtime::cgroup::Cgroup,
         tag: Option<&ImageName>,
     ) -> Result<(ImageInfo, Duration), ApiError> {
+        self.snapshot_as(
+            id,
+            cgroup,
+            tag,
+            &format!("snapshot of sandbox {id}"),
+            "snapshot",
+        )
+    }
+
+    /// [`snapshot`](Self::snapshot) recording `comment` and `source` (a build
+    /// step records its step).
+    pub fn snapshot_as(
+        &self,
+        id: &str,
+        cgroup: &sandlot_runtime::cgroup::Cgroup,
+        tag: Option<&ImageName>,
+        comment: &str,
+        source: &str,
+    ) -> Result<(ImageInfo, Duration), ApiError> {
         let base = self
             .store
             .leases()
@@ -343,8 +362,8 @@ impl Images {
                 &base,
                 packed.map_err(store_error)?,
                 &base.config,
-                &format!("snapshot of sandbox {id}"),
-                "snapshot",
+                comment,
+                source,
                 tag,
             )
             .map_err(store_error)?;

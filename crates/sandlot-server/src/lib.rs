@@ -6,6 +6,7 @@
 //! See `docs/api.md` for the API and `api/openapi.json` for its schema.
 
 pub mod auth;
+pub mod build;
 pub mod config;
 pub mod e2b;
 pub mod error;

@@ -40,6 +40,12 @@ pub struct PoolConfig {
     pub name: Option<String>,
     /// Sandboxes kept ready.
     pub size: usize,
+    /// Adaptive pools: each create that finds the pool empty raises its target by
+    /// one, up to this (default: `size`, a fixed pool). After `shrink_after` without
+    /// such a miss, the target falls back halfway to `size`, and again each period.
+    pub max_size: Option<usize>,
+    /// See `max_size` (default 60s).
+    pub shrink_after: sandlot_proto::units::Seconds,
     /// The shape, in the same schema as the create request body's spec fields.
     /// `env`, `workdir`, `user` and `timeout` are ignored here: requests set them.
     pub spec: SandboxSpec,
@@ -50,6 +56,8 @@ impl Default for PoolConfig {
         PoolConfig {
             name: None,
             size: 1,
+            max_size: None,
+            shrink_after: sandlot_proto::units::Seconds::secs(60),
             spec: SandboxSpec::default(),
         }
     }
@@ -76,6 +84,47 @@ fn template(spec: &SandboxSpec) -> SandboxSpec {
     s
 }
 
+/// How many sandboxes a pool keeps ready: `min` (the configured size), raised by
+/// misses up to `max`, falling back halfway to `min` after each `shrink_after`
+/// without a miss. Pure, for tests.
+#[derive(Debug, Clone)]
+pub struct Sizing {
+    min: usize,
+    max: usize,
+    shrink_after: Duration,
+    target: usize,
+    /// Last miss, or last shrink step.
+    since: Instant,
+}
+
+impl Sizing {
+    pub fn new(min: usize, max: usize, shrink_after: Duration, now: Instant) -> Sizing {
+        let max = max.max(min);
+        Sizing {
+            min,
+            max,
+            shrink_after,
+            target: min,
+            since: now,
+        }
+    }
+
+    /// A create found the pool empty.
+    pub fn on_miss(&mut self, now: Instant) {
+        self.target = (self.target + 1).min(self.max);
+        self.since = now;
+    }
+
+    /// The target at `now`, after any shrink steps due.
+    pub fn target(&mut self, now: Instant) -> usize {
+        while self.target > self.min && now.duration_since(self.since) >= self.shrink_after {
+            self.target -= (self.target - self.min).div_ceil(2);
+            self.since += self.shrink_after;
+        }
+        self.target
+    }
+}
+
 /// A ready sandbox waiting in a pool.
 pub struct Warm {
     pub id: String,
@@ -91,7 +140,8 @@ pub struct Pool {
     pub name: String,
     shape: serde_json::Value,
     spec: SandboxSpec,
-    target: usize,
+    sizing: Mutex<Sizing>,
+    max: usize,
     ready: Mutex<VecDeque<Warm>>,
     wake: Notify,
     hits: AtomicU64,
@@ -110,6 +160,15 @@ impl Pool {
 
     pub fn ready_len(&self) -> usize {
         self.queue().len()
+    }
+
+    fn sizing(&self) -> std::sync::MutexGuard<'_, Sizing> {
+        self.sizing.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sandboxes it keeps ready now.
+    pub fn target(&self) -> usize {
+        self.sizing().target(Instant::now())
     }
 }
 
@@ -133,7 +192,13 @@ impl Pools {
                     name: c.name.clone().unwrap_or_else(|| format!("pool{i}")),
                     shape: shape(&spec),
                     spec,
-                    target: c.size.min(MAX_POOL_SIZE),
+                    sizing: Mutex::new(Sizing::new(
+                        c.size.min(MAX_POOL_SIZE),
+                        c.max_size.unwrap_or(c.size).min(MAX_POOL_SIZE),
+                        c.shrink_after.duration(),
+                        Instant::now(),
+                    )),
+                    max: c.max_size.unwrap_or(c.size).max(c.size).min(MAX_POOL_SIZE),
                     ready: Mutex::new(VecDeque::new()),
                     wake: Notify::new(),
                     hits: AtomicU64::new(0),
@@ -175,6 +240,7 @@ impl Pools {
             }
             None => {
                 pool.misses.fetch_add(1, Ordering::Relaxed);
+                pool.sizing().on_miss(Instant::now());
                 None
             }
         }
@@ -218,7 +284,7 @@ impl Pools {
         }
         /// Name, help, type and value of one per-pool metric.
         type PoolMetric = (&'static str, &'static str, &'static str, fn(&Pool) -> u64);
-        let metrics: [PoolMetric; 5] = [
+        let metrics: [PoolMetric; 6] = [
             (
                 "sandlot_pool_ready",
                 "Sandboxes ready in a warm pool.",
@@ -227,9 +293,15 @@ impl Pools {
             ),
             (
                 "sandlot_pool_target",
-                "Configured size of a warm pool.",
+                "Sandboxes a warm pool keeps ready now (adaptive pools move between size and max_size).",
                 "gauge",
-                |p| p.target as u64,
+                |p| p.target() as u64,
+            ),
+            (
+                "sandlot_pool_max",
+                "Largest target of a warm pool (max_size).",
+                "gauge",
+                |p| p.max as u64,
             ),
             (
                 "sandlot_pool_hits_total",
@@ -364,7 +436,17 @@ async fn refill(state: Arc<AppState>, pool: Arc<Pool>) {
             pool.filling.store(false, Ordering::SeqCst);
             return;
         }
-        if pool.ready_len() >= pool.target {
+        let target = pool.target();
+        if pool.ready_len() > target {
+            // An adaptive pool shrinking: the longest-waiting sandboxes go first.
+            let extra = pool.queue().pop_front();
+            pool.filling.store(false, Ordering::SeqCst);
+            if let Some(w) = extra {
+                discard(&state, w).await;
+            }
+            continue;
+        }
+        if pool.ready_len() >= target {
             pool.filling.store(false, Ordering::SeqCst);
             // Woken by every claim; the timeout re-checks the shutdown flag.
             let _ = tokio::time::timeout(Duration::from_secs(1), pool.wake.notified()).await;
@@ -402,6 +484,29 @@ mod tests {
     }
 
     #[test]
+    fn adaptive_sizing_grows_with_misses_and_shrinks_halfway_when_idle() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs(60);
+        let mut z = Sizing::new(4, 10, s, t0);
+        assert_eq!(z.target(t0), 4);
+        for _ in 0..20 {
+            z.on_miss(t0);
+        }
+        assert_eq!(z.target(t0), 10, "capped at max");
+        assert_eq!(z.target(t0 + Duration::from_secs(59)), 10);
+        assert_eq!(z.target(t0 + s), 7, "halfway back: 10 - ceil(6/2)");
+        assert_eq!(z.target(t0 + 3 * s), 4, "7 -> 5 -> 4");
+        // A fixed pool never moves.
+        let mut f = Sizing::new(2, 2, s, t0);
+        f.on_miss(t0);
+        assert_eq!(f.target(t0 + 10 * s), 2);
+        // max below min means fixed.
+        let mut g = Sizing::new(3, 1, s, t0);
+        g.on_miss(t0);
+        assert_eq!(g.target(t0), 3);
+    }
+
+    #[test]
     fn per_request_fields_do_not_change_the_shape() {
         let base = spec("{}");
         let custom = spec(r#"{"env":{"A":"1"},"workdir":"/tmp","user":"1000","timeout":"10m"}"#);
@@ -432,16 +537,19 @@ mod tests {
                 name: Some("small".into()),
                 size: 2,
                 spec: spec(r#"{"resources":{"memory":"128M"},"env":{"IGNORED":"1"}}"#),
+                ..Default::default()
             },
             PoolConfig {
                 name: None,
                 size: 0,
                 spec: spec("{}"),
+                ..Default::default()
             },
             PoolConfig {
                 name: None,
                 size: 3,
                 spec: spec(r#"{"hostname":"web"}"#),
+                ..Default::default()
             },
         ]);
         assert_eq!(pools.pools.len(), 2, "a size-0 pool is disabled");

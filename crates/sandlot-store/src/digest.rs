@@ -117,6 +117,10 @@ impl<W: Write> HashingWriter<W> {
             count: 0,
         }
     }
+    /// Bytes written so far.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
     pub fn finish(self) -> (W, Digest, u64) {
         (
             self.inner,

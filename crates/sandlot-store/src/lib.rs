@@ -23,10 +23,12 @@ use std::sync::{Mutex, MutexGuard};
 use rusqlite::{params, Connection, OptionalExtension};
 use serde::{Deserialize, Serialize};
 
+pub mod build;
 pub mod digest;
 pub mod layer;
 pub mod oci;
 pub mod reference;
+pub mod registry;
 
 pub use digest::Digest;
 pub use layer::TreeDiff;
@@ -306,6 +308,18 @@ impl ImageStore {
             fs::rename(staged, &p).map_err(io_at("store blob", &p))?;
         }
         Ok((d, n))
+    }
+
+    /// Moves a staged file whose digest the caller computed while writing it
+    /// into the blob store (no second hashing pass).
+    pub(crate) fn adopt_blob(&self, staged: &Path, digest: &Digest) -> Result<(), StoreError> {
+        let p = self.blob_path(digest);
+        if p.exists() {
+            let _ = fs::remove_file(staged);
+        } else {
+            fs::rename(staged, &p).map_err(io_at("store blob", &p))?;
+        }
+        Ok(())
     }
 
     /// Unpacks a stored layer blob (gzip or plain tar), verifying its diff id when

@@ -114,7 +114,7 @@ pub fn parse_config(bytes: &[u8]) -> Result<ImageConfig, StoreError> {
     })
 }
 
-fn diff_ids_of(bytes: &[u8]) -> Result<Vec<Digest>, StoreError> {
+pub(crate) fn diff_ids_of(bytes: &[u8]) -> Result<Vec<Digest>, StoreError> {
     let raw: RawConfig =
         serde_json::from_slice(bytes).map_err(|e| invalid("config", e.to_string()))?;
     raw.rootfs

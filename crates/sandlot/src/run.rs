@@ -70,8 +70,14 @@ pub fn random_id() -> String {
 }
 
 fn backend() -> anyhow::Result<NamespaceBackend> {
+    backend_with(false)
+}
+
+fn backend_with(fork_server: bool) -> anyhow::Result<NamespaceBackend> {
     let exe = std::env::current_exe().context("find the sandlot binary")?;
-    let be = NamespaceBackend::new(RuntimeConfig::new(exe))?;
+    let mut cfg = RuntimeConfig::new(exe);
+    cfg.fork_server = fork_server;
+    let be = NamespaceBackend::new(cfg)?;
     // Leftovers of runs whose CLI was killed.
     be.sweep();
     Ok(be)
@@ -144,8 +150,8 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
 }
 
 /// Benchmark helper: create, exec `/bin/true`, wait, terminate; `n` times in-process.
-pub fn bench_in_process(n: usize) -> anyhow::Result<Vec<Duration>> {
-    let be = backend()?;
+pub fn bench_in_process(n: usize, fork_server: bool) -> anyhow::Result<Vec<Duration>> {
+    let be = backend_with(fork_server)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;

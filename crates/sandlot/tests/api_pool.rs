@@ -235,3 +235,55 @@ fn issue6_unclaimed_pool_sandboxes_are_swept_after_kill9() {
     });
     drop(d);
 }
+
+/// An adaptive pool (`max_size`) grows by one per create that found it empty, so
+/// that the next burst of the same size is all hits, and shrinks back toward its
+/// size once misses stop.
+#[test]
+fn issue6_adaptive_pool_grows_with_misses_and_shrinks_when_idle() {
+    let d = Daemon::start(Some(
+        "[[pools]]\nname = \"adaptive\"\nsize = 1\nmax_size = 4\nshrink_after = \"2s\"\n\
+         spec = { hostname = \"adaptive\" }\n",
+    ));
+    let c = d.client();
+    rt().block_on(async {
+        let shaped = || body(json!({"hostname": "adaptive"}));
+        wait_ready(&c, "adaptive", 1).await;
+        let burst = |c: Client| async move {
+            let creates = (0..4).map(|_| {
+                let c = c.clone();
+                async move { c.create_sandbox(&shaped()).await.unwrap() }
+            });
+            let made = futures_util::future::join_all(creates).await;
+            for sb in made {
+                c.delete_sandbox(&sb.id).await.unwrap();
+            }
+        };
+        burst(c.clone()).await;
+        assert_eq!(
+            pool_metric(&c, "sandlot_pool_misses_total", "adaptive").await,
+            Some(3)
+        );
+        assert_eq!(
+            pool_metric(&c, "sandlot_pool_target", "adaptive").await,
+            Some(4)
+        );
+        // Refilled to the grown target: the same burst again is all hits.
+        wait_ready(&c, "adaptive", 4).await;
+        burst(c.clone()).await;
+        assert_eq!(
+            pool_metric(&c, "sandlot_pool_hits_total", "adaptive").await,
+            Some(5)
+        );
+        assert_eq!(
+            pool_metric(&c, "sandlot_pool_misses_total", "adaptive").await,
+            Some(3)
+        );
+        // No misses for a while: back to its size, extra sandboxes torn down.
+        eventually(30, "the adaptive pool to shrink back to 1", || async {
+            pool_metric(&c, "sandlot_pool_target", "adaptive").await == Some(1)
+                && pool_metric(&c, "sandlot_pool_ready", "adaptive").await == Some(1)
+        })
+        .await;
+    });
+}

@@ -226,6 +226,13 @@ pub async fn import(
             }
         }
     }
+    // tokio's File hands writes to a blocking thread: without a flush the last
+    // chunk may not have reached the file when it is read back.
+    if failed.is_none() {
+        if let Err(e) = tokio::io::AsyncWriteExt::flush(&mut f).await {
+            failed = Some(ApiError::internal(format!("stage upload: {e}")));
+        }
+    }
     drop(f);
     if let Some(e) = failed {
         let _ = tokio::fs::remove_file(&tmp).await;
@@ -367,4 +374,362 @@ pub async fn snapshot(
     let mut v = view(&img);
     v.frozen_ms = Some(took.as_secs_f64() * 1e3);
     Ok(json_status(StatusCode::CREATED, &v))
+}
+
+// ---- registries: pull and push (NDJSON progress streams) ----
+
+/// Credentials for a registry (used for this request only, never stored or logged).
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RegistryAuthBody {
+    pub username: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for RegistryAuthBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RegistryAuthBody(<redacted>)")
+    }
+}
+
+/// `POST /v1/images/pull` body.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PullBody {
+    /// `HOST[:PORT]/PATH[:TAG]` or `HOST[:PORT]/PATH@sha256:...`.
+    pub reference: String,
+    /// Local name (default: the reference itself).
+    #[serde(default)]
+    pub tag: Option<String>,
+    /// Registry credentials (default: the daemon's `images.auth_file`, else anonymous).
+    #[serde(default)]
+    pub auth: Option<RegistryAuthBody>,
+}
+
+/// `POST /v1/images/{name}/push` body.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PushBody {
+    /// Where to: `HOST[:PORT]/PATH[:TAG]`.
+    pub reference: String,
+    #[serde(default)]
+    pub auth: Option<RegistryAuthBody>,
+}
+
+/// One line of a pull, push or build progress stream (`application/x-ndjson`).
+/// `type`: `manifest` (`digest`, `layers`), `layer` (`digest`, `status`: `start`
+/// with `size`, `progress` with `done`, `done` with `cached`), `log` (`line`, a
+/// build's output), `step` (a build step: `index`, `text`, `cached`), `done`
+/// (`image` for pulls and builds, `digest` of the manifest for pushes), `error`
+/// (`code`, `message`; the last line).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ProgressLine {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(flatten)]
+    #[schema(value_type = Object)]
+    pub fields: serde_json::Map<String, serde_json::Value>,
+}
+
+pub(crate) fn registry_config(state: &AppState) -> sandlot_store::registry::RegistryConfig {
+    let c = &state.cfg.images;
+    sandlot_store::registry::RegistryConfig {
+        insecure: c.insecure_registries.clone(),
+        auth_file: c.auth_file.clone(),
+        default_registry: c.default_registry.clone(),
+        ca_file: c.ca_file.clone(),
+    }
+}
+
+pub(crate) fn event_line(e: &sandlot_store::registry::Event) -> serde_json::Value {
+    use sandlot_store::oci::Progress;
+    use sandlot_store::registry::Event;
+    match e {
+        Event::Manifest { digest, layers } => {
+            serde_json::json!({"type": "manifest", "digest": digest.to_string(), "layers": layers})
+        }
+        Event::Layer(Progress::Start { layer, size }) => {
+            serde_json::json!({"type": "layer", "digest": layer.to_string(), "status": "start", "size": size})
+        }
+        Event::Layer(Progress::Advance { layer, done }) => {
+            serde_json::json!({"type": "layer", "digest": layer.to_string(), "status": "progress", "done": done})
+        }
+        Event::Layer(Progress::Done { layer, cached }) => {
+            serde_json::json!({"type": "layer", "digest": layer.to_string(), "status": "done", "cached": cached})
+        }
+    }
+}
+
+pub(crate) fn registry_error_line(e: &sandlot_store::registry::RegistryError) -> serde_json::Value {
+    use sandlot_store::registry::RegistryError as R;
+    let code = match e {
+        R::BadReference { .. } => "invalid_reference",
+        R::Unauthorized { .. } => "registry_unauthorized",
+        R::Store(sandlot_store::StoreError::DigestMismatch { .. }) => "digest_mismatch",
+        R::Manifest { .. } | R::NoPlatform { .. } => "bad_manifest",
+        R::Status { status: 404, .. } => "registry_not_found",
+        R::Transport { .. } | R::Status { .. } => "registry_unreachable",
+        _ => "internal",
+    };
+    serde_json::json!({"type": "error", "code": code, "message": e.to_string()})
+}
+
+/// Runs `work` on the blocking pool, streaming the JSON lines it sends.
+pub(crate) fn ndjson_stream(
+    work: impl FnOnce(&dyn Fn(serde_json::Value)) + Send + 'static,
+) -> Response {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<serde_json::Value>();
+    tokio::task::spawn_blocking(move || {
+        let send = |v: serde_json::Value| {
+            let _ = tx.send(v);
+        };
+        work(&send);
+    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|v| {
+            let mut line = serde_json::to_vec(&v).unwrap_or_default();
+            line.push(b'\n');
+            (Ok::<_, std::io::Error>(Bytes::from(line)), rx)
+        })
+    });
+    (
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        Body::from_stream(stream),
+    )
+        .into_response()
+}
+
+fn creds(a: Option<RegistryAuthBody>) -> Option<sandlot_store::registry::Credentials> {
+    a.map(|a| sandlot_store::registry::Credentials {
+        username: a.username,
+        password: a.password,
+    })
+}
+
+#[utoipa::path(post, path = "/v1/images/pull", tag = "images",
+    request_body = PullBody,
+    responses((status = 200, description = "NDJSON progress; the last line is `done` (with `image`) or `error`", content_type = "application/x-ndjson", body = ProgressLine),
+        (status = 400, description = "malformed reference or tag", body = crate::error::ErrorEnvelope)))]
+pub async fn pull(
+    State(state): State<Arc<AppState>>,
+    p: Principal,
+    body: Body,
+) -> ApiResult<Response> {
+    operator_only(&p, "pulling images")?;
+    let bytes = read_limited(body, state.cfg.limits.max_request_body.bytes()).await?;
+    let b: PullBody = parse_json(&bytes)?;
+    let cfg = registry_config(&state);
+    let reference =
+        sandlot_store::registry::Reference::parse(&b.reference, cfg.default_registry.as_deref())
+            .map_err(|e| ApiError::invalid("reference", e))?;
+    let tag = parse_tag("tag", b.tag.as_ref())?;
+    let creds = creds(b.auth);
+    tracing::info!(reference = %reference, "pull");
+    Ok(ndjson_stream(move |send| {
+        let t0 = std::time::Instant::now();
+        let r = sandlot_store::registry::pull(
+            &state.images.store,
+            &cfg,
+            &reference,
+            creds,
+            tag.as_ref(),
+            &|e| send(event_line(&e)),
+        );
+        match r {
+            Ok(img) => {
+                tracing::info!(reference = %reference, image = %img.id, secs = t0.elapsed().as_secs_f64(), "pulled");
+                send(serde_json::json!({"type": "done", "image": view(&img)}))
+            }
+            Err(e) => {
+                tracing::warn!(reference = %reference, "pull failed: {e}");
+                send(registry_error_line(&e))
+            }
+        }
+    }))
+}
+
+/// `POST /v1/images/{name}/push` (the only POST under an image reference).
+pub async fn post_on_image(
+    State(state): State<Arc<AppState>>,
+    p: Principal,
+    Path(rest): Path<String>,
+    body: Body,
+) -> ApiResult<Response> {
+    let Some(name) = rest.strip_suffix("/push") else {
+        return Err(ApiError::not_found(format!(
+            "no route POST /v1/images/{rest} (images take POST .../push)"
+        )));
+    };
+    push(state, p, name.to_string(), body).await
+}
+
+#[utoipa::path(post, path = "/v1/images/{reference}/push", tag = "images",
+    params(("reference" = String, Path, description = "The local image: NAME[:TAG] or id")),
+    request_body = PushBody,
+    responses((status = 200, description = "NDJSON progress; the last line is `done` (with the manifest `digest`) or `error`", content_type = "application/x-ndjson", body = ProgressLine),
+        (status = 400, body = crate::error::ErrorEnvelope), (status = 404, body = crate::error::ErrorEnvelope)))]
+pub async fn push(
+    state: Arc<AppState>,
+    p: Principal,
+    name: String,
+    body: Body,
+) -> ApiResult<Response> {
+    operator_only(&p, "pushing images")?;
+    let bytes = read_limited(body, state.cfg.limits.max_request_body.bytes()).await?;
+    let b: PushBody = parse_json(&bytes)?;
+    let cfg = registry_config(&state);
+    let reference =
+        sandlot_store::registry::Reference::parse(&b.reference, cfg.default_registry.as_deref())
+            .map_err(|e| ApiError::invalid("reference", e))?;
+    if reference.digest.is_some() {
+        return Err(ApiError::invalid(
+            "reference",
+            "push to a tag, not a digest",
+        ));
+    }
+    let st = state.clone();
+    let img = blocking(move || st.images.store.resolve(&name).map_err(store_error)).await?;
+    let creds = creds(b.auth);
+    tracing::info!(reference = %reference, image = %img.id, "push");
+    Ok(ndjson_stream(move |send| {
+        let r = sandlot_store::registry::push(
+            &state.images.store,
+            &cfg,
+            &img,
+            &reference,
+            creds,
+            &|e| send(event_line(&e)),
+        );
+        match r {
+            Ok(d) => send(
+                serde_json::json!({"type": "done", "digest": d.to_string(), "reference": reference.to_string(), "image": img.id.to_string()}),
+            ),
+            Err(e) => {
+                tracing::warn!(reference = %reference, "push failed: {e}");
+                send(registry_error_line(&e))
+            }
+        }
+    }))
+}
+
+// ---- builds ----
+
+#[utoipa::path(post, path = "/v1/images/build", tag = "images",
+    params(("file" = String, Query, description = "Path of the spec inside the context: `*.toml` is a Sandlot build spec, anything else the Dockerfile subset"),
+        ("tag" = Option<String>, Query, description = "Name the result NAME[:TAG]"),
+        ("network" = Option<bool>, Query, description = "Let run steps use the network (package helpers need it)")),
+    request_body(content = Vec<u8>, description = "The build context as a tar (holding the spec)", content_type = "application/x-tar"),
+    responses((status = 200, description = "NDJSON progress (`step`, `log`); the last line is `done` (with `image`) or `error`", content_type = "application/x-ndjson", body = ProgressLine),
+        (status = 400, description = "malformed spec, unsupported instruction, bad context", body = crate::error::ErrorEnvelope)))]
+pub async fn build(
+    State(state): State<Arc<AppState>>,
+    p: Principal,
+    RawQuery(q): RawQuery,
+    body: Body,
+) -> ApiResult<Response> {
+    operator_only(&p, "building images")?;
+    let q = query(q);
+    let file = q
+        .get("file")
+        .cloned()
+        .unwrap_or_else(|| "Dockerfile".to_string());
+    let tag = parse_tag("tag", q.get("tag"))?;
+    let network = match q.get("network").map(String::as_str) {
+        None | Some("false") | Some("0") => false,
+        Some("true") | Some("1") => true,
+        Some(o) => {
+            return Err(ApiError::invalid(
+                "network",
+                format!("{o:?}: expected true or false"),
+            ))
+        }
+    };
+    // Stage the context tar, extract it, read the spec: all before answering, so
+    // a bad spec or context is a plain 400.
+    let tmp = state.images.store.tmp_path("context-upload");
+    let mut f = tokio::fs::File::create(&tmp)
+        .await
+        .map_err(|e| ApiError::internal(format!("stage context: {e}")))?;
+    let mut stream = body.into_data_stream();
+    let limit = state.cfg.limits.max_upload.bytes();
+    let mut n = 0u64;
+    let mut failed = None;
+    while let Some(chunk) = stream.next().await {
+        match chunk {
+            Ok(c) => {
+                n += c.len() as u64;
+                if limit > 0 && n > limit {
+                    failed = Some(ApiError::invalid(
+                        "context",
+                        format!("larger than limits.max_upload ({limit} bytes)"),
+                    ));
+                    break;
+                }
+                if let Err(e) = tokio::io::AsyncWriteExt::write_all(&mut f, &c).await {
+                    failed = Some(ApiError::internal(format!("stage context: {e}")));
+                    break;
+                }
+            }
+            Err(e) => {
+                failed = Some(ApiError::bad_request(format!("reading the context: {e}")));
+                break;
+            }
+        }
+    }
+    // tokio's File hands writes to a blocking thread: without a flush the last
+    // chunk may not have reached the file when it is read back.
+    if failed.is_none() {
+        if let Err(e) = tokio::io::AsyncWriteExt::flush(&mut f).await {
+            failed = Some(ApiError::internal(format!("stage upload: {e}")));
+        }
+    }
+    drop(f);
+    if let Some(e) = failed {
+        let _ = tokio::fs::remove_file(&tmp).await;
+        return Err(e);
+    }
+    let ctx = state.images.store.tmp_path("context");
+    let (t2, c2) = (tmp.clone(), ctx.clone());
+    let spec = blocking(move || {
+        std::fs::create_dir(&c2).map_err(|e| ApiError::internal(format!("stage context: {e}")))?;
+        crate::build::extract_context(&t2, &c2)?;
+        crate::build::take_spec(&c2, &file, network)
+    })
+    .await;
+    let _ = tokio::fs::remove_file(&tmp).await;
+    let spec = match spec {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = tokio::fs::remove_dir_all(&ctx).await;
+            return Err(e);
+        }
+    };
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<serde_json::Value>();
+    let send: Arc<dyn Fn(serde_json::Value) + Send + Sync> = Arc::new(move |v| {
+        let _ = tx.send(v);
+    });
+    let tenant = p.tenant.clone();
+    tokio::spawn(async move {
+        let r = crate::build::run(state, tenant, spec, ctx.clone(), tag, send.clone()).await;
+        let _ = tokio::fs::remove_dir_all(&ctx).await;
+        match r {
+            Ok(img) => send(serde_json::json!({"type": "done", "image": view(&img)})),
+            Err(e) => {
+                tracing::warn!("build failed: {}", e.message);
+                send(serde_json::json!({"type": "error", "code": e.code, "message": e.message}))
+            }
+        }
+    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|v| {
+            let mut line = serde_json::to_vec(&v).unwrap_or_default();
+            line.push(b'\n');
+            (Ok::<_, std::io::Error>(Bytes::from(line)), rx)
+        })
+    });
+    Ok((
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        Body::from_stream(stream),
+    )
+        .into_response())
 }

@@ -128,9 +128,13 @@ fn images_router() -> Router<Arc<AppState>> {
         .route("/v1/images/import", post(images::import))
         .route("/v1/images/export", get(images::export))
         .route("/v1/images/diff", get(images::diff))
+        .route("/v1/images/pull", post(images::pull))
+        .route("/v1/images/build", post(images::build))
         .route(
             "/v1/images/{*reference}",
-            get(images::inspect).delete(images::remove),
+            get(images::inspect)
+                .delete(images::remove)
+                .post(images::post_on_image),
         )
         .route("/v1/sandboxes/{id}/snapshot", post(images::snapshot))
         .route("/v1/volumes", post(volumes::create).get(volumes::list))

@@ -70,6 +70,45 @@ pub enum ImageCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Pull an image from an OCI registry (HOST[:PORT]/PATH[:TAG] or @sha256:...).
+    Pull {
+        #[command(flatten)]
+        conn: Conn,
+        reference: String,
+        /// Local name (default: the reference).
+        #[arg(long)]
+        tag: Option<String>,
+        #[command(flatten)]
+        auth: RegistryAuthArgs,
+    },
+    /// Push a local image to an OCI registry under REFERENCE (HOST[:PORT]/PATH[:TAG]).
+    Push {
+        #[command(flatten)]
+        conn: Conn,
+        image: String,
+        reference: String,
+        #[command(flatten)]
+        auth: RegistryAuthArgs,
+    },
+    /// Build an image from a spec (TOML: from/run/copy/env/workdir/user/apt_install/
+    /// pip_install steps) or a Dockerfile (FROM, RUN, COPY, ENV, WORKDIR, USER);
+    /// every step is cached.
+    Build {
+        #[command(flatten)]
+        conn: Conn,
+        /// The spec: `*.toml` is a Sandlot build spec, anything else a Dockerfile.
+        #[arg(short = 'f', long = "file", default_value = "Dockerfile")]
+        file: PathBuf,
+        /// Name the result NAME[:TAG].
+        #[arg(long)]
+        tag: Option<String>,
+        /// Let run steps use the network (apt_install and pip_install need it).
+        #[arg(long)]
+        network: bool,
+        /// The build context (copy sources are relative to it).
+        #[arg(default_value = ".")]
+        context: PathBuf,
+    },
     /// Snapshot a running sandbox's filesystem into a new image.
     Snapshot {
         #[command(flatten)]
@@ -78,6 +117,148 @@ pub enum ImageCmd {
         #[arg(long)]
         tag: Option<String>,
     },
+}
+
+/// Registry credentials of `pull` and `push` (default: the daemon's
+/// `images.auth_file`, else anonymous).
+#[derive(Debug, clap::Args)]
+pub struct RegistryAuthArgs {
+    /// Registry user name (the password is read from stdin).
+    #[arg(long)]
+    username: Option<String>,
+    /// Read the password (or token) from stdin; requires --username.
+    #[arg(long, requires = "username")]
+    password_stdin: bool,
+}
+
+impl RegistryAuthArgs {
+    fn body(&self) -> anyhow::Result<Option<Value>> {
+        let Some(u) = &self.username else {
+            return Ok(None);
+        };
+        if !self.password_stdin {
+            bail!("--username needs --password-stdin (passwords are never taken from the command line)");
+        }
+        let mut p = String::new();
+        std::io::stdin()
+            .read_to_string(&mut p)
+            .context("read the password from stdin")?;
+        let p = p.trim_end_matches(['\n', '\r']).to_string();
+        if p.is_empty() {
+            bail!("empty password on stdin");
+        }
+        Ok(Some(json!({ "username": u, "password": p })))
+    }
+}
+
+/// A line above the bars (plain stderr when there are none: not a terminal).
+fn say(multi: &indicatif::MultiProgress, line: impl AsRef<str>) {
+    if multi.is_hidden() {
+        eprintln!("{}", line.as_ref());
+    } else {
+        let _ = multi.println(line.as_ref());
+    }
+}
+
+/// Renders a pull, push or build NDJSON progress stream: per-layer bars,
+/// build output. Returns the `done` line, or fails with the `error` line.
+pub(crate) async fn follow_progress(
+    mut s: sandlot_client::ByteStream,
+    verb: &str,
+) -> anyhow::Result<Value> {
+    use std::collections::HashMap;
+    let multi = indicatif::MultiProgress::with_draw_target(indicatif::ProgressDrawTarget::stderr());
+    let mut bars: HashMap<String, indicatif::ProgressBar> = HashMap::new();
+    let mut buf: Vec<u8> = Vec::new();
+    let mut done: Option<Value> = None;
+    let style = indicatif::ProgressStyle::with_template(
+        "{prefix} {msg:11} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}",
+    )
+    .map(|s| s.progress_chars("=> "))
+    .ok();
+    let mut handle = |v: Value, multi: &indicatif::MultiProgress| -> anyhow::Result<()> {
+        match v["type"].as_str().unwrap_or_default() {
+            "manifest" => {
+                say(
+                    multi,
+                    format!(
+                        "{verb} {} ({} layers)",
+                        v["digest"].as_str().unwrap_or_default(),
+                        v["layers"]
+                    ),
+                );
+            }
+            "layer" => {
+                let d = v["digest"].as_str().unwrap_or_default().to_string();
+                let bar = bars.entry(d.clone()).or_insert_with(|| {
+                    let b = multi.add(indicatif::ProgressBar::new(0));
+                    if let Some(s) = &style {
+                        b.set_style(s.clone());
+                    }
+                    b.set_prefix(short(&d));
+                    b
+                });
+                match v["status"].as_str().unwrap_or_default() {
+                    "start" => {
+                        bar.set_length(v["size"].as_u64().unwrap_or(0));
+                        bar.set_message(verb.to_string());
+                    }
+                    "progress" => bar.set_position(v["done"].as_u64().unwrap_or(0)),
+                    "done" => {
+                        if v["cached"].as_bool() == Some(true) {
+                            bar.finish_with_message("exists");
+                        } else {
+                            if let Some(l) = bar.length() {
+                                bar.set_position(l);
+                            }
+                            bar.finish_with_message("done");
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            "step" => {
+                say(
+                    multi,
+                    format!(
+                        "step {}: {}{}",
+                        v["index"],
+                        v["text"].as_str().unwrap_or_default(),
+                        if v["cached"].as_bool() == Some(true) {
+                            " (cached)"
+                        } else {
+                            ""
+                        }
+                    ),
+                );
+            }
+            "log" => {
+                say(multi, v["line"].as_str().unwrap_or_default().trim_end());
+            }
+            "error" => {
+                bail!(
+                    "{} ({})",
+                    v["message"].as_str().unwrap_or("failed"),
+                    v["code"].as_str().unwrap_or("error")
+                );
+            }
+            "done" => done = Some(v),
+            _ => {}
+        }
+        Ok(())
+    };
+    while let Some(c) = s.chunk().await? {
+        buf.extend_from_slice(&c);
+        while let Some(i) = buf.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=i).collect();
+            if line.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            let v: Value = serde_json::from_slice(&line).context("a progress line is not JSON")?;
+            handle(v, &multi)?;
+        }
+    }
+    done.ok_or_else(|| anyhow::anyhow!("the daemon ended the {verb} stream without a result"))
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -410,6 +591,87 @@ async fn image(cmd: ImageCmd) -> anyhow::Result<i32> {
                 }
             }
         }
+        ImageCmd::Pull {
+            conn,
+            reference,
+            tag,
+            auth,
+        } => {
+            let mut body = json!({ "reference": reference });
+            if let Some(t) = tag {
+                body["tag"] = json!(t);
+            }
+            if let Some(a) = auth.body()? {
+                body["auth"] = a;
+            }
+            let s = conn.client()?.post_stream("/v1/images/pull", &body).await?;
+            let v = follow_progress(s, "pull").await?;
+            println!("{}", v["image"]["id"].as_str().unwrap_or_default());
+        }
+        ImageCmd::Push {
+            conn,
+            image,
+            reference,
+            auth,
+        } => {
+            let mut body = json!({ "reference": reference });
+            if let Some(a) = auth.body()? {
+                body["auth"] = a;
+            }
+            let s = conn
+                .client()?
+                .post_stream(&format!("/v1/images/{}/push", path_enc(&image)), &body)
+                .await?;
+            let v = follow_progress(s, "push").await?;
+            println!("{}", v["digest"].as_str().unwrap_or_default());
+        }
+        ImageCmd::Build {
+            conn,
+            file,
+            tag,
+            network,
+            context,
+        } => {
+            if !context.is_dir() {
+                bail!("build context {} is not a directory", context.display());
+            }
+            let spec = std::fs::read(&file)
+                .with_context(|| format!("read the build spec {}", file.display()))?;
+            let base = file
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "Dockerfile".into());
+            let inner = format!(".sandlot-build/{base}");
+            let mut f = tempfile_in_tmp()?;
+            {
+                let mut b = tar::Builder::new(&mut f);
+                b.follow_symlinks(false);
+                b.append_dir_all(".", &context)
+                    .with_context(|| format!("pack the build context {}", context.display()))?;
+                let mut h = tar::Header::new_gnu();
+                h.set_size(spec.len() as u64);
+                h.set_mode(0o644);
+                h.set_entry_type(tar::EntryType::Regular);
+                b.append_data(&mut h, &inner, &spec[..])?;
+                b.finish()?;
+            }
+            use std::io::Seek;
+            f.rewind()?;
+            let stream = file_stream(f, None);
+            let mut p = format!("/v1/images/build?file={}", enc(&inner));
+            if let Some(t) = &tag {
+                p.push_str(&format!("&tag={}", enc(t)));
+            }
+            if network {
+                p.push_str("&network=true");
+            }
+            let s = conn
+                .client()?
+                .upload_stream(&p, "application/x-tar", stream)
+                .await?;
+            let v = follow_progress(s, "build").await?;
+            println!("{}", v["image"]["id"].as_str().unwrap_or_default());
+        }
         ImageCmd::Snapshot { conn, sandbox, tag } => {
             let body = json!({ "tag": tag });
             let v = conn
@@ -424,6 +686,38 @@ async fn image(cmd: ImageCmd) -> anyhow::Result<i32> {
         }
     }
     Ok(0)
+}
+
+/// A file as a body stream (read on a thread), advancing `bar` when given.
+fn file_stream(
+    mut f: std::fs::File,
+    bar: Option<indicatif::ProgressBar>,
+) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send + Sync + 'static {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(8);
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; 256 << 10];
+        loop {
+            match f.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    if let Some(b) = &bar {
+                        b.inc(n as u64);
+                    }
+                    if tx
+                        .blocking_send(Ok(Bytes::copy_from_slice(&buf[..n])))
+                        .is_err()
+                    {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    let _ = tx.blocking_send(Err(e));
+                    break;
+                }
+            }
+        }
+    });
+    futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|i| (i, rx)) })
 }
 
 fn progress_bar(len: u64, what: &str) -> indicatif::ProgressBar {

@@ -170,6 +170,7 @@ fn serve(a: ServeArgs) -> anyhow::Result<i32> {
             name: Some("default".into()),
             size: n,
             spec: default_shape,
+            ..Default::default()
         });
     }
     cfg.validate()?;

@@ -154,8 +154,8 @@ fn runtime(n: usize, json: Option<PathBuf>) -> anyhow::Result<i32> {
     // Warm up page caches for every contender.
     time_command(5, || bwrap_command(&["/bin/true"]))?;
     time_command(5, || sandlot_run(&exe))?;
-    let lib = crate::run::bench_in_process(5)?;
-    drop(lib);
+    drop(crate::run::bench_in_process(5, false)?);
+    drop(crate::run::bench_in_process(5, true)?);
 
     eprintln!("measuring {n} iterations each ...");
     let rows = vec![
@@ -169,7 +169,11 @@ fn runtime(n: usize, json: Option<PathBuf>) -> anyhow::Result<i32> {
         ),
         summarize(
             "sandlot runtime, in-process",
-            crate::run::bench_in_process(n)?,
+            crate::run::bench_in_process(n, false)?,
+        ),
+        summarize(
+            "sandlot runtime, fork server",
+            crate::run::bench_in_process(n, true)?,
         ),
     ];
     print_table(&rows, "bwrap /bin/true");

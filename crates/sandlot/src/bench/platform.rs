@@ -49,6 +49,10 @@ pub struct PlatformArgs {
     /// Concurrent workers in the churn and density runs.
     #[arg(long, default_value_t = 8)]
     pub concurrency: usize,
+    /// Adaptive pools: grow each pool up to this many on misses (`max_size`;
+    /// default: `--pool`, fixed pools).
+    #[arg(long)]
+    pub pool_max: Option<usize>,
     /// The private daemon forks sandbox init helpers from its fork server
     /// (`runtime.fork_server`); `false` measures the exec path.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
@@ -118,7 +122,11 @@ impl Drop for Daemon {
     }
 }
 
-fn start_daemon(pool: usize, fork_server: bool) -> anyhow::Result<(Daemon, Client)> {
+fn start_daemon(
+    pool: usize,
+    pool_max: usize,
+    fork_server: bool,
+) -> anyhow::Result<(Daemon, Client)> {
     let dir = std::env::temp_dir().join(format!("sandlot-bench-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
@@ -130,8 +138,8 @@ fn start_daemon(pool: usize, fork_server: bool) -> anyhow::Result<(Daemon, Clien
         format!(
             "[runtime]\nfork_server = {fork_server}\n\n\
              [quotas]\nmax_sandboxes = 100000\nmax_memory = {}\n\n\
-             [[pools]]\nname = \"bench\"\nsize = {pool}\n\n\
-             [[pools]]\nname = \"bench-allow\"\nsize = {pool}\n\
+             [[pools]]\nname = \"bench\"\nsize = {pool}\nmax_size = {pool_max}\n\n\
+             [[pools]]\nname = \"bench-allow\"\nsize = {pool}\nmax_size = {pool_max}\n\
              spec = {{ network = {{ mode = \"allow\" }} }}\n",
             1u64 << 50
         ),
@@ -232,7 +240,7 @@ fn row(section: &'static str, name: &str, v: Vec<Duration>) -> Row {
     }
 }
 
-/// Waits until the pool is back at its size (so that runs start alike).
+/// Waits until the pools are full (so that runs start alike).
 async fn wait_pool(c: &Client, size: usize) {
     if size == 0 {
         return;
@@ -240,14 +248,17 @@ async fn wait_pool(c: &Client, size: usize) {
     let deadline = Instant::now() + Duration::from_secs(120);
     while Instant::now() < deadline {
         if let Ok(t) = c.metrics().await {
-            let ready = |pool: &str| {
+            let metric = |name: &str, pool: &str| {
                 t.lines()
-                    .find_map(|l| {
-                        l.strip_prefix(&format!("sandlot_pool_ready{{pool=\"{pool}\"}} "))
-                    })
+                    .find_map(|l| l.strip_prefix(&format!("{name}{{pool=\"{pool}\"}} ")))
                     .and_then(|v| v.trim().parse::<usize>().ok())
             };
-            if ready("bench") == Some(size) && ready("bench-allow") == Some(size) {
+            // Full at its current target (an adaptive pool may have grown).
+            let full = |pool: &str| {
+                let ready = metric("sandlot_pool_ready", pool);
+                ready.is_some_and(|r| r >= size) && ready >= metric("sandlot_pool_target", pool)
+            };
+            if full("bench") && full("bench-allow") {
                 return;
             }
         }
@@ -620,7 +631,8 @@ pub fn run(a: PlatformArgs) -> anyhow::Result<i32> {
         machine: machine(),
         ..Default::default()
     };
-    let (daemon, c) = start_daemon(a.pool, a.fork_server)?;
+    let pool_max = a.pool_max.unwrap_or(a.pool).max(a.pool);
+    let (daemon, c) = start_daemon(a.pool, pool_max, a.fork_server)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

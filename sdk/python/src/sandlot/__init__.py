@@ -61,9 +61,12 @@ from .models import (
     Usage,
     WatchEvent,
 )
+from .image import BuildError, Image
 from .sandbox import Files, OutputStream, Process, Sandbox, Stdin, Watch
 
 __all__ = [
+    "BuildError",
+    "Image",
     "__version__",
     "DEFAULT_URL",
     "Sandbox",

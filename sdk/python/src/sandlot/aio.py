@@ -35,6 +35,7 @@ import httpx
 from . import _spec, errors
 from ._tarsafe import extract_tar
 from .client import AsyncClient, default_async_client
+from .image import Image
 from .models import (
     ExitStatus,
     FileInfo,
@@ -637,7 +638,7 @@ class AsyncSandbox:
     @classmethod
     async def create(
         cls,
-        image: Optional[str] = None,
+        image: Union[str, "Image", None] = None,
         *,
         env: Optional[Mapping[str, str]] = None,
         workdir: Optional[str] = None,
@@ -663,6 +664,10 @@ class AsyncSandbox:
         client: Optional[AsyncClient] = None,
     ) -> "AsyncSandbox":
         """Creates a sandbox (see ``Sandbox.create`` for the arguments)."""
+        c = client or default_async_client()
+        if isinstance(image, Image):
+            # Built (or pulled) through the API on first use; cached afterwards.
+            image = await image.abuild(client=c)
         body = _spec.create_body(
             image=image,
             rootfs=rootfs,
@@ -686,7 +691,6 @@ class AsyncSandbox:
             metadata=metadata,
             spec=spec,
         )
-        c = client or default_async_client()
         # The key makes a retry of a create whose answer was lost (a dropped
         # connection) return the same sandbox instead of making a second one.
         key = idempotency_key or uuid.uuid4().hex

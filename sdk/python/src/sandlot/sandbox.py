@@ -33,6 +33,7 @@ import httpx
 from . import _spec, errors
 from ._tarsafe import extract_tar
 from .client import Client, default_client
+from .image import Image
 from .models import (
     ExitStatus,
     FileInfo,
@@ -771,7 +772,7 @@ class Sandbox:
     @classmethod
     def create(
         cls,
-        image: Optional[str] = None,
+        image: Union[str, "Image", None] = None,
         *,
         env: Optional[Mapping[str, str]] = None,
         workdir: Optional[str] = None,
@@ -802,6 +803,10 @@ class Sandbox:
         fields. A bad value raises ``InvalidSpecError`` naming the field.
         ``idempotency_key`` (default: a fresh random one) makes the create safe
         to retry: the daemon answers a repeat with the sandbox the first made."""
+        c = client or default_client()
+        if isinstance(image, Image):
+            # Built (or pulled) through the API on first use; cached afterwards.
+            image = image.build(client=c)
         body = _spec.create_body(
             image=image,
             rootfs=rootfs,
@@ -825,7 +830,6 @@ class Sandbox:
             metadata=metadata,
             spec=spec,
         )
-        c = client or default_client()
         # The key makes a retry of a create whose answer was lost (a dropped
         # connection) return the same sandbox instead of making a second one.
         key = idempotency_key or uuid.uuid4().hex
