@@ -17,6 +17,7 @@ mod conn;
 pub mod network;
 pub mod ports;
 pub mod stream;
+pub mod vfs;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -152,8 +152,52 @@ pub struct ServerConfig {
     pub e2b: crate::e2b::E2bConfig,
     /// Inbound traffic: where published TCP ports may listen (`[ports]`).
     pub ports: crate::ports::PortsConfig,
+    /// Virtual filesystem collections and shell sessions (`[vfs]`).
+    pub vfs: VfsSection,
     /// Registries and builds (`[images]`, see `docs/images.md`).
     pub images: ImagesSection,
+}
+
+/// Virtual filesystem collections and sessions (`[vfs]`, see docs/vfs.md).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct VfsSection {
+    /// Bytes of stdout plus stderr one command line may return; the rest is cut.
+    pub max_output: ByteSize,
+    /// Command lines one session may run.
+    pub max_commands: u64,
+    /// Wall-clock budget of one command line.
+    pub command_timeout: Seconds,
+    /// A session unused for this long is closed.
+    pub session_idle_timeout: Seconds,
+    /// Open sessions per tenant.
+    pub max_sessions: usize,
+    /// Collections per tenant.
+    pub max_collections: usize,
+    /// Largest uploaded archive or JSONL export (bytes after decoding).
+    pub max_upload: ByteSize,
+    /// Absolute host paths under which API clients may name `dir`, `git` and
+    /// `jsonl` sources. Empty (the default): only uploads and S3.
+    pub allowed_source_paths: Vec<PathBuf>,
+    /// S3 endpoint URLs API clients may ingest from (exact match, e.g.
+    /// `http://127.0.0.1:9000`). Empty (the default): no S3 ingest through the API.
+    pub allowed_s3_endpoints: Vec<String>,
+}
+
+impl Default for VfsSection {
+    fn default() -> Self {
+        VfsSection {
+            max_output: ByteSize(1 << 20),
+            max_commands: 10_000,
+            command_timeout: Seconds::secs(10),
+            session_idle_timeout: Seconds::secs(15 * 60),
+            max_sessions: 256,
+            max_collections: 100,
+            max_upload: ByteSize(1 << 30),
+            allowed_source_paths: Vec::new(),
+            allowed_s3_endpoints: Vec::new(),
+        }
+    }
 }
 
 /// Image registries and builds (`[images]`).
@@ -198,6 +242,7 @@ impl Default for ServerConfig {
             network: sandlot_net::NetConfig::default(),
             e2b: crate::e2b::E2bConfig::default(),
             ports: crate::ports::PortsConfig::default(),
+            vfs: VfsSection::default(),
             images: ImagesSection::default(),
         }
     }
@@ -305,6 +350,27 @@ impl ServerConfig {
         }
         if let Err(m) = self.ports.check() {
             return bad(m);
+        }
+        if self.vfs.command_timeout.0.is_zero() || self.vfs.session_idle_timeout.0.is_zero() {
+            return bad("vfs.command_timeout and vfs.session_idle_timeout must be positive".into());
+        }
+        if self.vfs.max_output.0 == 0 || self.vfs.max_commands == 0 {
+            return bad("vfs.max_output and vfs.max_commands must be positive".into());
+        }
+        for p in &self.vfs.allowed_source_paths {
+            if !p.is_absolute() || p.components().any(|c| c == std::path::Component::ParentDir) {
+                return bad(format!(
+                    "vfs.allowed_source_paths: {} must be an absolute path without '..'",
+                    p.display()
+                ));
+            }
+        }
+        for (i, e) in self.vfs.allowed_s3_endpoints.iter().enumerate() {
+            if !(e.starts_with("http://") || e.starts_with("https://")) {
+                return bad(format!(
+                    "vfs.allowed_s3_endpoints[{i}]: {e:?} must be an http:// or https:// URL"
+                ));
+            }
         }
         for name in self.tenants.keys() {
             if !valid_tenant(name) {

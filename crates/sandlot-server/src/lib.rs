@@ -24,6 +24,7 @@ pub mod state;
 pub mod store;
 pub mod tarstream;
 pub mod timefmt;
+pub mod vfs;
 
 use std::future::IntoFuture;
 use std::os::unix::fs::PermissionsExt;
@@ -175,6 +176,8 @@ pub async fn serve(
     network::start(&state).await;
     ports::restore(&state).await;
     pool::Pools::start(&state);
+    state.vfs.sweep_uploads();
+    routes::vfs::start_sweeper(&state);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         shutdown.await;

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use utoipa::{OpenApi, ToSchema};
 
 use crate::routes::{
-    exec, files, images, memory, network, ports, sandboxes, secrets, volumes,
+    exec, files, images, memory, network, ports, sandboxes, secrets, vfs, volumes,
 };
 
 /// A bind mount, a tmpfs or a memory store (the `type` field selects).
@@ -148,6 +148,8 @@ pub struct SecretRefDoc {
         memory::list, memory::create, memory::info, memory::delete, memory::add, memory::get_one,
         memory::edit, memory::remove, memory::move_memory, memory::search, memory::log,
         memory::diff, memory::revert, memory::status, memory::reindex, memory::tool,
+        vfs::create, vfs::list, vfs::get_one, vfs::remove, vfs::ingest, vfs::open_session,
+        vfs::get_session, vfs::close_session, vfs::run, vfs::audit,
     ),
     components(schemas(CreateSandboxDoc, MountDoc, ResourcesDoc, NetworkDoc, AllowRuleDoc, sandlot_client::NetLog, sandlot_client::NetLogEntry,
         sandlot_client::PublishPort, sandlot_client::PublishedPort, sandlot_client::PortList,
@@ -157,8 +159,16 @@ pub struct SecretRefDoc {
         volumes::VolumeList, crate::images::Volume, secrets::CreateSecret, secrets::SecretList,
         crate::images::SecretInfo, memory::CreateMemoryStore, memory::MemoryStoreDoc,
         memory::NewMemoryDoc, memory::MemoryPatchDoc, memory::SearchDoc, memory::WriteOutcomeDoc,
-        memory::ToolOutputDoc, memory::MoveBody, memory::RevertBody, memory::ReindexBody)),
-    tags((name = "sandboxes"), (name = "processes"), (name = "files"), (name = "network"), (name = "ports"), (name = "images"), (name = "volumes"), (name = "secrets"), (name = "memory"), (name = "system")),
+        memory::ToolOutputDoc, memory::MoveBody, memory::RevertBody, memory::ReindexBody,
+        sandlot_client::vfs::VfsSource, sandlot_client::vfs::VfsAcl,
+        sandlot_client::vfs::VfsAclRule, sandlot_client::vfs::CreateCollection,
+        sandlot_client::vfs::IngestCollection, sandlot_client::vfs::CollectionView,
+        sandlot_client::vfs::CollectionList, sandlot_client::vfs::IngestResult,
+        sandlot_client::vfs::IngestAnswer, sandlot_client::vfs::OpenSession,
+        sandlot_client::vfs::SessionLimits, sandlot_client::vfs::VfsSession,
+        sandlot_client::vfs::RunCommand, sandlot_client::vfs::RunResult,
+        sandlot_client::vfs::AuditEntry, sandlot_client::vfs::AuditList)),
+    tags((name = "sandboxes"), (name = "processes"), (name = "files"), (name = "network"), (name = "ports"), (name = "images"), (name = "volumes"), (name = "secrets"), (name = "memory"), (name = "vfs"), (name = "system")),
     modifiers(&Security),
 )]
 struct ApiDoc;

@@ -30,6 +30,8 @@ pub struct AppState {
     pub memory: Arc<crate::memory::Memories>,
     /// Sandbox ports published on the host (see `ports.rs`).
     pub published: crate::ports::Published,
+    /// Virtual filesystem collections and sessions (see `vfs.rs`).
+    pub vfs: crate::vfs::VfsService,
 }
 
 impl AppState {
@@ -41,7 +43,9 @@ impl AppState {
     ) -> AppState {
         let pools = crate::pool::Pools::new(&cfg.pools);
         let create_slots = tokio::sync::Semaphore::new(cfg.runtime.create_concurrency());
+        let vfs = crate::vfs::VfsService::new(&cfg.data_dir, cfg.vfs.clone());
         AppState {
+            vfs,
             pools,
             create_slots,
             memory: Arc::new(crate::memory::Memories::new(&cfg.data_dir)),

@@ -161,6 +161,8 @@ pub struct Entry {
     pub kind: EntryKind,
     pub size: u64,
     pub mode: u32,
+    /// Modification time from the header, seconds since the epoch.
+    pub mtime: Option<u64>,
 }
 
 /// Reads a tar archive from a byte stream, entry by entry.
@@ -356,6 +358,7 @@ where
                 kind,
                 size: self.data_left,
                 mode,
+                mtime: h.mtime().ok(),
             }));
         }
     }

@@ -360,6 +360,7 @@ fn s3_bucket_via_moto() {
             secret_access_key: "testing".into(),
             session_token: None,
         }),
+        no_env_credentials: false,
     };
     let src = Source::parse("s3://kb-docs/site", opts.clone()).unwrap();
     let r = store

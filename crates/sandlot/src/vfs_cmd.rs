@@ -1,4 +1,11 @@
 //! `sandlot vfs ...`: virtual read-only filesystems over document collections.
+//!
+//! By default every subcommand talks to the daemon (`SANDLOT_URL`, the operator
+//! socket by default; `SANDLOT_TOKEN` over TCP): collections belong to the
+//! caller's tenant, `create --from DIR` uploads a tar archive of the directory,
+//! and `sh` runs in a daemon session (audited there). With `--local` they work on
+//! a data directory directly, without a daemon (the operator's offline tool; its
+//! collections are separate from the daemon's). `mount` is always local.
 
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
@@ -6,6 +13,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Subcommand;
+mod remote;
+
 use sandlot_vfs::{
     format_utc, Acl, AclPolicy, AclRule, AuditFilter, IngestOptions, IngestReport, Limits,
     Principal, S3Options, Source, Store,
@@ -13,7 +22,12 @@ use sandlot_vfs::{
 
 #[derive(Debug, clap::Args)]
 pub struct VfsArgs {
-    /// Sandlot data directory; collections live in its `vfs/` subdirectory.
+    /// Work on a data directory directly instead of through the daemon.
+    #[arg(long, global = true)]
+    local: bool,
+    #[command(flatten)]
+    conn: crate::api_cmd::client_cmds::Conn,
+    /// With --local: the data directory; collections live in its `vfs/` subdirectory.
     #[arg(
         long,
         global = true,
@@ -26,7 +40,7 @@ pub struct VfsArgs {
 }
 
 #[derive(Debug, clap::Args)]
-struct SourceArgs {
+pub(crate) struct SourceArgs {
     /// Source: DIR, git:DIR, s3://bucket/prefix or jsonl:FILE.
     #[arg(long = "from")]
     from: Option<String>,
@@ -45,10 +59,14 @@ struct SourceArgs {
     /// ACL rule GLOB=ACL (repeatable; the last matching rule wins), e.g. 'internal/**=group:eng'.
     #[arg(long = "acl")]
     acl: Vec<String>,
+    /// Through the daemon: --from names a path on the daemon's host (which the
+    /// operator must allow) instead of local files to upload.
+    #[arg(long)]
+    server_side: bool,
 }
 
 #[derive(Debug, clap::Args)]
-struct PrincipalArgs {
+pub(crate) struct PrincipalArgs {
     /// Principal name (recorded in the audit log). Without it, the operator sees everything.
     #[arg(long)]
     principal: Option<String>,
@@ -58,7 +76,7 @@ struct PrincipalArgs {
 }
 
 #[derive(Debug, Subcommand)]
-enum VfsCmd {
+pub(crate) enum VfsCmd {
     /// Create a collection from a source.
     Create {
         name: String,
@@ -93,12 +111,14 @@ enum VfsCmd {
         /// Collection version (default: the latest).
         #[arg(long)]
         version: Option<u64>,
-        /// Output limit per command line, in bytes.
-        #[arg(long, default_value_t = 1 << 20)]
-        max_output: usize,
-        /// Time limit per command line, in seconds.
-        #[arg(long, default_value_t = 10.0)]
-        timeout: f64,
+        /// With --local: output limit per command line, in bytes (default 1 MiB;
+        /// through the daemon the operator's `vfs.max_output` applies).
+        #[arg(long)]
+        max_output: Option<usize>,
+        /// With --local: time limit per command line, in seconds (default 10;
+        /// through the daemon the operator's `vfs.command_timeout` applies).
+        #[arg(long)]
+        timeout: Option<f64>,
     },
     /// Remove a collection and its content.
     Rm { name: String },
@@ -152,6 +172,7 @@ fn source_of(a: &SourceArgs) -> anyhow::Result<Option<Source>> {
         region: a.s3_region.clone(),
         allow_http: a.s3_allow_http,
         credentials: None,
+        no_env_credentials: false,
     };
     Ok(Some(Source::parse(spec, s3)?))
 }
@@ -187,6 +208,15 @@ fn print_report(r: &IngestReport, json: bool) -> anyhow::Result<()> {
 }
 
 pub fn run(args: VfsArgs) -> anyhow::Result<i32> {
+    // A FUSE mount is always of this host's store.
+    let is_mount = matches!(args.cmd, VfsCmd::Mount { .. });
+    if !is_mount && !args.local {
+        let client = args.conn.client()?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        return rt.block_on(remote::run(client, args.cmd));
+    }
     let store = open_store(&args.data_dir)?;
     match args.cmd {
         VfsCmd::Create { name, source, json } => {
@@ -241,6 +271,8 @@ pub fn run(args: VfsArgs) -> anyhow::Result<i32> {
             max_output,
             timeout,
         } => {
+            let max_output = max_output.unwrap_or(1 << 20);
+            let timeout = timeout.unwrap_or(10.0);
             if !(timeout > 0.0 && timeout.is_finite()) {
                 bail!("--timeout must be a positive number of seconds, got {timeout}");
             }

@@ -30,6 +30,7 @@ pub mod ports;
 pub mod sandboxes;
 pub mod secrets;
 pub mod stream;
+pub mod vfs;
 pub mod volumes;
 
 /// The id of the current request.
@@ -87,6 +88,7 @@ pub fn router(state: Arc<AppState>, transport: Transport) -> Router {
         .merge(network_router())
         .merge(memory::router())
         .merge(ports_router())
+        .merge(vfs_router())
         .fallback(fallback)
         .layer(DefaultBodyLimit::disable())
         .layer(middleware::from_fn_with_state(
@@ -119,6 +121,18 @@ fn ports_router() -> Router<Arc<AppState>> {
         )
         .route(&format!("{p}/{{port}}/"), any(ports::proxy))
         .route(&format!("{p}/{{port}}/{{*path}}"), any(ports::proxy))
+/// Virtual filesystem collections and shell sessions (`vfs.rs`).
+fn vfs_router() -> Router<Arc<AppState>> {
+    let c = "/v1/vfs/{collection}";
+    let s = "/v1/vfs/{collection}/sessions/{sid}";
+    Router::new()
+        .route("/v1/vfs", post(vfs::create).get(vfs::list))
+        .route(c, get(vfs::get_one).delete(vfs::remove))
+        .route(&format!("{c}/ingest"), post(vfs::ingest))
+        .route(&format!("{c}/audit"), get(vfs::audit))
+        .route(&format!("{c}/sessions"), post(vfs::open_session))
+        .route(s, get(vfs::get_session).delete(vfs::close_session))
+        .route(&format!("{s}/run"), post(vfs::run))
 }
 
 /// Images, snapshots, volumes and secrets (`images.rs`, `volumes.rs`, `secrets.rs`).

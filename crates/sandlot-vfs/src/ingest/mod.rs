@@ -75,6 +75,10 @@ pub struct S3Options {
     /// Explicit credentials (otherwise `AWS_*` environment variables). Never persisted.
     #[serde(skip)]
     pub credentials: Option<S3Credentials>,
+    /// Never read credentials from the environment: without explicit ones, requests
+    /// are unsigned. The daemon sets it so that API clients never borrow its own.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub no_env_credentials: bool,
 }
 
 /// Static S3 credentials.

@@ -53,6 +53,7 @@ impl S3Reader {
                 Some(c.secret_access_key),
                 c.session_token,
             ),
+            None if opts.no_env_credentials => (None, None, None),
             None => (
                 env("AWS_ACCESS_KEY_ID"),
                 env("AWS_SECRET_ACCESS_KEY"),

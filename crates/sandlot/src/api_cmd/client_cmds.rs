@@ -649,7 +649,7 @@ fn remote(s: &str) -> Option<(&str, &str)> {
 }
 
 /// Reads a local file as a stream of chunks (bounded memory).
-fn file_stream(
+pub(crate) fn file_stream(
     f: tokio::fs::File,
 ) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send + Sync + 'static {
     futures_util::stream::unfold(f, |mut f| async move {

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use sandlot_server::ServerConfig;
 
-mod client_cmds;
+pub(crate) mod client_cmds;
 mod image_cmd;
 mod net_cmd;
 mod port_cmd;

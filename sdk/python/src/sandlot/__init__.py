@@ -11,6 +11,7 @@ The asyncio twin is ``AsyncSandbox``. Connection: ``SANDLOT_URL`` (default
 """
 
 from .aio import AsyncFiles, AsyncOutputStream, AsyncProcess, AsyncSandbox, AsyncStdin, AsyncWatch
+from .collection import AsyncCollection, AsyncShellSession, Collection, ShellSession
 from .client import DEFAULT_URL, AsyncClient, Client, __version__, configure, default_async_client, default_client
 from .errors import (
     AlreadyExistsError,
@@ -23,6 +24,7 @@ from .errors import (
     ConnectError,
     DirectoryNotEmptyError,
     GoneError,
+    IngestError,
     InternalError,
     InvalidSpecError,
     InvalidUserError,
@@ -43,14 +45,19 @@ from .errors import (
     UnavailableError,
 )
 from .models import (
+    AuditRecord,
+    CollectionInfo,
     ExitStatus,
     FileInfo,
     OutputChunk,
     ProcessInfo,
     PublishedPort,
+    IngestReport,
     RunResult,
     SandboxEvent,
     SandboxInfo,
+    ShellResult,
+    ShellSessionInfo,
     TarResult,
     Usage,
     WatchEvent,
@@ -84,6 +91,16 @@ __all__ = [
     "AsyncWatch",
     "MemoryStore",
     "AsyncMemoryStore",
+    "Collection",
+    "ShellSession",
+    "AsyncCollection",
+    "AsyncShellSession",
+    "CollectionInfo",
+    "IngestReport",
+    "ShellResult",
+    "ShellSessionInfo",
+    "AuditRecord",
+    "IngestError",
     "Client",
     "AsyncClient",
     "configure",

@@ -132,6 +132,10 @@ class NoSpaceError(APIError):
     """507: the sandbox's disk (writable layer) is full."""
 
 
+class IngestError(APIError):
+    """Reading a collection's source failed (422 ``ingest_failed``); the collection is unchanged."""
+
+
 class ProtocolError(SandlotError):
     """The daemon answered something this SDK does not understand."""
 
@@ -200,6 +204,7 @@ _BY_CODE: Dict[str, Type[APIError]] = {
     "internal": InternalError,
     "unavailable": UnavailableError,
     "no_space": NoSpaceError,
+    "ingest_failed": IngestError,
 }
 
 _BY_STATUS: Dict[int, Type[APIError]] = {
@@ -210,6 +215,7 @@ _BY_STATUS: Dict[int, Type[APIError]] = {
     405: MethodNotAllowedError,
     409: ConflictError,
     410: GoneError,
+    422: IngestError,
     413: PayloadTooLargeError,
     429: QuotaExceededError,
     500: InternalError,

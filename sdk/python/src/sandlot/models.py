@@ -365,3 +365,174 @@ class PublishedPort:
             created_at=parse_time(d.get("created_at")),
             raw=dict(d),
         )
+
+
+@dataclass(frozen=True)
+class CollectionInfo:
+    """A document collection of the caller's tenant (``GET /v1/vfs/{name}``)."""
+
+    name: str
+    version: int
+    documents: int
+    bytes: int
+    source: str
+    created_at: Optional[datetime]
+    updated_at: Optional[datetime]
+    sessions: int
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "CollectionInfo":
+        return cls(
+            name=d["name"],
+            version=int(d.get("version", 0)),
+            documents=int(d.get("documents", 0)),
+            bytes=int(d.get("bytes", 0)),
+            source=str(d.get("source", "")),
+            created_at=parse_time(d.get("created_at")),
+            updated_at=parse_time(d.get("updated_at")),
+            sessions=int(d.get("sessions", 0)),
+            raw=dict(d),
+        )
+
+
+@dataclass(frozen=True)
+class IngestReport:
+    """What a create or re-ingest did. ``changed`` is False when nothing differed
+    from the previous version (no new version was published)."""
+
+    version: int
+    previous_version: Optional[int]
+    changed: bool
+    added: int
+    updated: int
+    removed: int
+    unchanged: int
+    fetched: int
+    bytes_fetched: int
+    documents: int
+    bytes: int
+    skipped: List[str]
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "IngestReport":
+        return cls(
+            version=int(d.get("version", 0)),
+            previous_version=d.get("previous_version"),
+            changed=bool(d.get("changed", False)),
+            added=int(d.get("added", 0)),
+            updated=int(d.get("updated", 0)),
+            removed=int(d.get("removed", 0)),
+            unchanged=int(d.get("unchanged", 0)),
+            fetched=int(d.get("fetched", 0)),
+            bytes_fetched=int(d.get("bytes_fetched", 0)),
+            documents=int(d.get("documents", 0)),
+            bytes=int(d.get("bytes", 0)),
+            skipped=list(d.get("skipped") or []),
+            raw=dict(d),
+        )
+
+
+@dataclass(frozen=True)
+class ShellResult:
+    """The result of one command line in a virtual shell session. ``truncated``:
+    output was cut at the session's limit. ``cwd``: the working directory after it."""
+
+    stdout: str
+    stderr: str
+    exit_code: int
+    truncated: bool
+    duration_ms: float
+    cwd: str
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "ShellResult":
+        return cls(
+            stdout=str(d.get("stdout", "")),
+            stderr=str(d.get("stderr", "")),
+            exit_code=int(d.get("exit_code", 0)),
+            truncated=bool(d.get("truncated", False)),
+            duration_ms=float(d.get("duration_ms", 0.0)),
+            cwd=str(d.get("cwd", "/")),
+            raw=dict(d),
+        )
+
+
+@dataclass(frozen=True)
+class ShellSessionInfo:
+    """A virtual shell session (``GET /v1/vfs/{collection}/sessions/{id}``)."""
+
+    id: str
+    collection: str
+    version: int
+    principal: str
+    groups: List[str]
+    all_access: bool
+    documents: int
+    cwd: str
+    commands_run: int
+    created_at: Optional[datetime]
+    last_used_at: Optional[datetime]
+    expires_at: Optional[datetime]
+    limits: Dict[str, Any]
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "ShellSessionInfo":
+        return cls(
+            id=d["id"],
+            collection=str(d.get("collection", "")),
+            version=int(d.get("version", 0)),
+            principal=str(d.get("principal", "")),
+            groups=list(d.get("groups") or []),
+            all_access=bool(d.get("all_access", False)),
+            documents=int(d.get("documents", 0)),
+            cwd=str(d.get("cwd", "/")),
+            commands_run=int(d.get("commands_run", 0)),
+            created_at=parse_time(d.get("created_at")),
+            last_used_at=parse_time(d.get("last_used_at")),
+            expires_at=parse_time(d.get("expires_at")),
+            limits=dict(d.get("limits") or {}),
+            raw=dict(d),
+        )
+
+
+@dataclass(frozen=True)
+class AuditRecord:
+    """One audited command line of a collection."""
+
+    at: Optional[datetime]
+    collection: str
+    version: int
+    session: str
+    principal: str
+    command: str
+    exit_code: int
+    stdout_bytes: int
+    stderr_bytes: int
+    truncated: bool
+    duration_ms: float
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "AuditRecord":
+        return cls(
+            at=parse_time(d.get("at")),
+            collection=str(d.get("collection", "")),
+            version=int(d.get("version", 0)),
+            session=str(d.get("session", "")),
+            principal=str(d.get("principal", "")),
+            command=str(d.get("command", "")),
+            exit_code=int(d.get("exit_code", 0)),
+            stdout_bytes=int(d.get("stdout_bytes", 0)),
+            stderr_bytes=int(d.get("stderr_bytes", 0)),
+            truncated=bool(d.get("truncated", False)),
+            duration_ms=float(d.get("duration_ms", 0.0)),
+            raw=dict(d),
+        )

@@ -1,0 +1,790 @@
+//! Virtual filesystem collections and shell sessions in the daemon.
+//!
+//! Each tenant has its own `sandlot_vfs::Store` (collections, content, audit log)
+//! under `data_dir/vfs/tenants/TENANT/`; another tenant's collections are simply
+//! not in its store, so they are "not found". Sessions live in memory: a session
+//! is closed on `DELETE`, when it has been idle for `vfs.session_idle_timeout`,
+//! when its collection is removed, and when the daemon stops.
+//!
+//! ```text
+//! data_dir/vfs/tenants/TENANT/collections/...   the tenant's store
+//! data_dir/vfs/tenants/TENANT/audit.jsonl       its audit log
+//! data_dir/vfs/uploads/TENANT/NAME[.jsonl]      an upload while it is ingested
+//! ```
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use sandlot_client::vfs::{
+    AuditEntry, CollectionView, IngestResult, SessionLimits, VfsAcl, VfsSession, VfsSource,
+};
+use sandlot_vfs::{
+    Acl, AclPolicy, AclRule, AuditFilter, IngestOptions, IngestReport, Limits, Principal,
+    S3Credentials, S3Options, Source, Store, StoreError,
+};
+
+use crate::config::VfsSection;
+use crate::error::{ApiError, ApiResult};
+use crate::timefmt::rfc3339;
+
+fn now_ms() -> u64 {
+    crate::store::now_ms().max(0) as u64
+}
+
+/// The error chain of `e`, one line.
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let m = c.to_string();
+        if !s.contains(&m) {
+            s.push_str(": ");
+            s.push_str(&m);
+        }
+        cur = c.source();
+    }
+    s
+}
+
+/// The API error of a store error.
+pub fn store_error(e: StoreError) -> ApiError {
+    match &e {
+        StoreError::InvalidName { .. } => ApiError::invalid("name", e.to_string()),
+        StoreError::NotFound { name } => ApiError::not_found(format!("no collection {name}")),
+        StoreError::NoSuchVersion { .. } => ApiError::not_found(e.to_string()),
+        StoreError::AlreadyExists { .. } => {
+            ApiError::new(StatusCode::CONFLICT, "already_exists", e.to_string())
+        }
+        StoreError::Ingest { source, .. } => {
+            use sandlot_vfs::IngestError as I;
+            let (status, code) = match source {
+                I::BadSpec { .. } | I::Jsonl { .. } | I::Manifest(_) => {
+                    (StatusCode::BAD_REQUEST, "bad_request")
+                }
+                I::S3Disabled => (StatusCode::BAD_REQUEST, "bad_request"),
+                _ => (StatusCode::UNPROCESSABLE_ENTITY, "ingest_failed"),
+            };
+            ApiError::new(status, code, chain(&e))
+        }
+        _ => ApiError::internal(chain(&e)),
+    }
+}
+
+/// One open shell session.
+pub struct SessionSlot {
+    pub id: String,
+    pub tenant: String,
+    pub collection: String,
+    pub principal: String,
+    pub groups: Vec<String>,
+    pub all_access: bool,
+    pub version: u64,
+    pub documents: usize,
+    pub created_ms: u64,
+    last_used_ms: AtomicU64,
+    /// The shell; `try_lock` so that a second concurrent run is refused, not queued.
+    pub shell: Mutex<sandlot_vfs::Session>,
+}
+
+impl SessionSlot {
+    pub fn last_used_ms(&self) -> u64 {
+        self.last_used_ms.load(Ordering::Relaxed)
+    }
+
+    pub fn touch(&self) {
+        self.last_used_ms.store(now_ms(), Ordering::Relaxed);
+    }
+}
+
+/// Collections and sessions of every tenant.
+pub struct VfsService {
+    root: PathBuf,
+    cfg: VfsSection,
+    stores: Mutex<HashMap<String, Arc<Store>>>,
+    sessions: Mutex<HashMap<String, Arc<SessionSlot>>>,
+    /// (tenant, collection) with an ingest or removal running.
+    busy: Mutex<HashSet<(String, String)>>,
+}
+
+/// Marks a collection busy until dropped.
+pub struct BusyGuard<'a> {
+    svc: &'a VfsService,
+    key: (String, String),
+}
+
+impl Drop for BusyGuard<'_> {
+    fn drop(&mut self) {
+        self.svc
+            .busy
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.key);
+    }
+}
+
+/// Validated ingest input.
+pub struct IngestPlan {
+    pub source: Option<Source>,
+    pub options: Option<IngestOptions>,
+    /// The upload staged for this ingest (removed afterwards).
+    pub staged: Option<PathBuf>,
+}
+
+impl VfsService {
+    pub fn new(data_dir: &Path, cfg: VfsSection) -> VfsService {
+        VfsService {
+            root: data_dir.join("vfs"),
+            cfg,
+            stores: Mutex::new(HashMap::new()),
+            sessions: Mutex::new(HashMap::new()),
+            busy: Mutex::new(HashSet::new()),
+        }
+    }
+
+    pub fn config(&self) -> &VfsSection {
+        &self.cfg
+    }
+
+    fn sessions(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<SessionSlot>>> {
+        self.sessions.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn check_tenant(tenant: &str) -> ApiResult<()> {
+        if crate::config::valid_tenant(tenant) && !tenant.starts_with('.') {
+            Ok(())
+        } else {
+            Err(ApiError::invalid(
+                "tenant",
+                "collections need a tenant name that does not start with '.'",
+            ))
+        }
+    }
+
+    /// The store of `tenant` (opened on first use).
+    pub fn store(&self, tenant: &str) -> ApiResult<Arc<Store>> {
+        Self::check_tenant(tenant)?;
+        let mut m = self.stores.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = m.get(tenant) {
+            return Ok(s.clone());
+        }
+        let s = Arc::new(Store::open(self.root.join("tenants").join(tenant)).map_err(store_error)?);
+        m.insert(tenant.to_string(), s.clone());
+        Ok(s)
+    }
+
+    /// Where an upload for `tenant`/`name` is staged (deterministic, so that a
+    /// re-upload of the same content is recognised as unchanged).
+    pub fn upload_path(&self, tenant: &str, name: &str, jsonl: bool) -> ApiResult<PathBuf> {
+        Self::check_tenant(tenant)?;
+        sandlot_vfs::store::validate_name(name).map_err(store_error)?;
+        let dir = self.root.join("uploads").join(tenant);
+        Ok(if jsonl {
+            dir.join(format!("{name}.jsonl"))
+        } else {
+            dir.join(name)
+        })
+    }
+
+    fn uploads_dir(&self) -> PathBuf {
+        self.root.join("uploads")
+    }
+
+    /// Marks `tenant`/`name` busy (409 if an ingest or removal is running).
+    pub fn begin(&self, tenant: &str, name: &str) -> ApiResult<BusyGuard<'_>> {
+        let key = (tenant.to_string(), name.to_string());
+        let mut b = self.busy.lock().unwrap_or_else(|e| e.into_inner());
+        if !b.insert(key.clone()) {
+            return Err(ApiError::conflict(format!(
+                "collection {name}: an ingest or removal is already running"
+            )));
+        }
+        Ok(BusyGuard { svc: self, key })
+    }
+
+    /// Turns the API's source into a store source, enforcing the operator's policy.
+    pub fn source(&self, s: &VfsSource) -> ApiResult<Source> {
+        let host_path = |path: &str| -> ApiResult<PathBuf> {
+            let field = "source.path";
+            let p = PathBuf::from(path);
+            if !p.is_absolute() || p.components().any(|c| c == std::path::Component::ParentDir) {
+                return Err(ApiError::invalid(
+                    field,
+                    format!("{path:?} must be an absolute path without '..'"),
+                ));
+            }
+            if self.cfg.allowed_source_paths.is_empty() {
+                return Err(ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    "forbidden",
+                    "source.path: the operator allows no daemon-side sources (vfs.allowed_source_paths); upload a tar archive or a JSONL export instead",
+                ));
+            }
+            let real = std::fs::canonicalize(&p)
+                .map_err(|e| ApiError::invalid(field, format!("{path}: {e}")))?;
+            let allowed = self.cfg.allowed_source_paths.iter().any(|a| {
+                std::fs::canonicalize(a)
+                    .map(|a| real.starts_with(&a))
+                    .unwrap_or(false)
+            });
+            if !allowed || real.starts_with(&self.root) {
+                return Err(ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    "forbidden",
+                    format!("source.path: {path} is not under a path the operator allows (vfs.allowed_source_paths)"),
+                ));
+            }
+            Ok(real)
+        };
+        Ok(match s {
+            VfsSource::Dir { path } => Source::Dir {
+                path: host_path(path)?,
+            },
+            VfsSource::Git { path } => Source::Git {
+                path: host_path(path)?,
+            },
+            VfsSource::Jsonl { path } => Source::Jsonl {
+                path: host_path(path)?,
+            },
+            VfsSource::S3 {
+                bucket,
+                prefix,
+                endpoint,
+                region,
+                access_key_id,
+                secret_access_key,
+                session_token,
+            } => {
+                let ep = endpoint.trim_end_matches('/');
+                if !self
+                    .cfg
+                    .allowed_s3_endpoints
+                    .iter()
+                    .any(|a| a.trim_end_matches('/') == ep)
+                {
+                    return Err(ApiError::new(
+                        StatusCode::FORBIDDEN,
+                        "forbidden",
+                        format!("source.endpoint: {endpoint} is not an S3 endpoint the operator allows (vfs.allowed_s3_endpoints)"),
+                    ));
+                }
+                if bucket.is_empty() {
+                    return Err(ApiError::invalid("source.bucket", "must not be empty"));
+                }
+                let credentials =
+                    match (access_key_id, secret_access_key) {
+                        (Some(id), Some(secret)) => Some(S3Credentials {
+                            access_key_id: id.clone(),
+                            secret_access_key: secret.clone(),
+                            session_token: session_token.clone(),
+                        }),
+                        (None, None) => None,
+                        _ => return Err(ApiError::invalid(
+                            "source.access_key_id",
+                            "give both access_key_id and secret_access_key, or neither (anonymous)",
+                        )),
+                    };
+                Source::S3 {
+                    bucket: bucket.clone(),
+                    prefix: prefix.trim_matches('/').to_string(),
+                    options: S3Options {
+                        endpoint: Some(ep.to_string()),
+                        region: region.clone(),
+                        allow_http: ep.starts_with("http://"),
+                        credentials,
+                        no_env_credentials: true,
+                    },
+                }
+            }
+        })
+    }
+
+    /// Turns the API's ACL policy into ingest options (400 naming the field).
+    pub fn options(acl: &VfsAcl) -> ApiResult<IngestOptions> {
+        let default = match &acl.default {
+            Some(d) => Acl::parse(d).map_err(|e| ApiError::invalid("acl.default", e))?,
+            None => Acl::public(),
+        };
+        let mut rules = Vec::with_capacity(acl.rules.len());
+        for (i, r) in acl.rules.iter().enumerate() {
+            if r.pattern.is_empty() {
+                return Err(ApiError::invalid(
+                    format!("acl.rules[{i}].pattern"),
+                    "must not be empty",
+                ));
+            }
+            rules.push(AclRule {
+                pattern: r.pattern.clone(),
+                acl: Acl::parse(&r.acl)
+                    .map_err(|e| ApiError::invalid(format!("acl.rules[{i}].acl"), e))?,
+            });
+        }
+        Ok(IngestOptions {
+            acl: AclPolicy { default, rules },
+        })
+    }
+
+    /// Runs an ingest (blocking). `create` fails on an existing collection.
+    pub fn ingest(
+        &self,
+        tenant: &str,
+        name: &str,
+        plan: IngestPlan,
+        create: bool,
+    ) -> ApiResult<(CollectionView, IngestResult)> {
+        let store = self.store(tenant)?;
+        let res = (|| {
+            if create {
+                if store.collection(name).is_ok() {
+                    return Err(store_error(StoreError::AlreadyExists { name: name.into() }));
+                }
+                if store.list().map_err(store_error)?.len() >= self.cfg.max_collections {
+                    return Err(ApiError::quota(format!(
+                        "tenant {tenant} has {} collections, the most allowed (vfs.max_collections)",
+                        self.cfg.max_collections
+                    )));
+                }
+            } else if plan.source.is_none() {
+                // The stored source of an uploaded collection is gone.
+                let c = store.collection(name).map_err(store_error)?;
+                let cfg = c.config().map_err(store_error)?;
+                if self.is_upload(&cfg.source) {
+                    return Err(ApiError::conflict(format!(
+                        "collection {name} was created from an upload: re-ingest it with a new upload"
+                    )));
+                }
+            }
+            let mode = if create {
+                sandlot_vfs::IngestMode::Create
+            } else {
+                sandlot_vfs::IngestMode::Update
+            };
+            let report = store
+                .ingest(name, plan.source.clone(), plan.options.clone(), mode)
+                .map_err(store_error)?;
+            Ok(report)
+        })();
+        if let Some(p) = &plan.staged {
+            let _ = if p.is_dir() {
+                std::fs::remove_dir_all(p)
+            } else {
+                std::fs::remove_file(p)
+            };
+        }
+        let report = res?;
+        Ok((self.view(tenant, name)?, ingest_result(report)))
+    }
+
+    fn is_upload(&self, s: &Source) -> bool {
+        match s {
+            Source::Dir { path } | Source::Jsonl { path } => path.starts_with(self.uploads_dir()),
+            _ => false,
+        }
+    }
+
+    fn describe(&self, s: &Source) -> String {
+        match s {
+            Source::Dir { .. } if self.is_upload(s) => "upload:tar".into(),
+            Source::Jsonl { .. } if self.is_upload(s) => "upload:jsonl".into(),
+            s => s.describe(),
+        }
+    }
+
+    /// The API view of a collection.
+    pub fn view(&self, tenant: &str, name: &str) -> ApiResult<CollectionView> {
+        let store = self.store(tenant)?;
+        let c = store.collection(name).map_err(store_error)?;
+        let info = c.info().map_err(store_error)?;
+        let cfg = c.config().map_err(store_error)?;
+        let now = now_ms();
+        let sessions = self
+            .sessions()
+            .values()
+            .filter(|s| s.tenant == tenant && s.collection == name && !self.expired(s, now))
+            .count();
+        Ok(CollectionView {
+            name: info.name,
+            version: info.version,
+            documents: info.documents,
+            bytes: info.bytes,
+            source: self.describe(&cfg.source),
+            created_at: rfc3339(cfg.created * 1000),
+            updated_at: rfc3339(info.updated * 1000),
+            sessions,
+        })
+    }
+
+    pub fn list(&self, tenant: &str) -> ApiResult<Vec<CollectionView>> {
+        let store = self.store(tenant)?;
+        let infos = store.list().map_err(store_error)?;
+        infos.iter().map(|i| self.view(tenant, &i.name)).collect()
+    }
+
+    /// Removes a collection and closes its sessions.
+    pub fn remove(&self, tenant: &str, name: &str) -> ApiResult<CollectionView> {
+        let view = self.view(tenant, name)?;
+        let _busy = self.begin(tenant, name)?;
+        self.sessions()
+            .retain(|_, s| !(s.tenant == tenant && s.collection == name));
+        self.store(tenant)?.remove(name).map_err(store_error)?;
+        Ok(view)
+    }
+
+    fn limits(&self) -> Limits {
+        Limits {
+            max_output_bytes: usize::try_from(self.cfg.max_output.0).unwrap_or(usize::MAX),
+            max_commands: self.cfg.max_commands,
+            max_run_time: self.cfg.command_timeout.0,
+            ..Limits::default()
+        }
+    }
+
+    /// Opens a session for `principal` with `groups` (blocking: builds the pruned view).
+    pub fn open_session(
+        &self,
+        tenant: &str,
+        collection: &str,
+        principal: &str,
+        groups: &[String],
+        all_access: bool,
+        version: Option<u64>,
+    ) -> ApiResult<Arc<SessionSlot>> {
+        check_principal(principal, groups)?;
+        let store = self.store(tenant)?;
+        let c = store.collection(collection).map_err(store_error)?;
+        self.sweep();
+        let open = self
+            .sessions()
+            .values()
+            .filter(|s| s.tenant == tenant)
+            .count();
+        if open >= self.cfg.max_sessions {
+            return Err(ApiError::quota(format!(
+                "tenant {tenant} has {open} open sessions, the most allowed (vfs.max_sessions)"
+            )));
+        }
+        let mut p = Principal::new(principal, groups.iter().cloned());
+        p.all_access = all_access;
+        let shell = match version {
+            Some(v) => c.open_session_at(v, p, self.limits()),
+            None => c.open_session(p, self.limits()),
+        }
+        .map_err(store_error)?;
+        let now = now_ms();
+        let mut groups: Vec<String> = groups.to_vec();
+        groups.sort();
+        groups.dedup();
+        let slot = Arc::new(SessionSlot {
+            id: format!("vs_{}", shell.id()),
+            tenant: tenant.to_string(),
+            collection: collection.to_string(),
+            principal: principal.to_string(),
+            groups,
+            all_access,
+            version: shell.view().version(),
+            documents: shell.view().tree().doc_count(),
+            created_ms: now,
+            last_used_ms: AtomicU64::new(now),
+            shell: Mutex::new(shell),
+        });
+        self.sessions().insert(slot.id.clone(), slot.clone());
+        Ok(slot)
+    }
+
+    fn idle(&self) -> Duration {
+        self.cfg.session_idle_timeout.0
+    }
+
+    fn expired(&self, s: &SessionSlot, now: u64) -> bool {
+        now.saturating_sub(s.last_used_ms()) >= self.idle().as_millis() as u64
+    }
+
+    /// The session `sid` of `tenant` on `collection` (404 otherwise, or once expired).
+    pub fn session(
+        &self,
+        tenant: &str,
+        collection: &str,
+        sid: &str,
+    ) -> ApiResult<Arc<SessionSlot>> {
+        let nf = || ApiError::not_found(format!("no session {sid} on collection {collection}"));
+        let mut m = self.sessions();
+        let s = m.get(sid).cloned().ok_or_else(nf)?;
+        if s.tenant != tenant || s.collection != collection {
+            return Err(nf());
+        }
+        if self.expired(&s, now_ms()) && s.shell.try_lock().is_ok() {
+            m.remove(sid);
+            return Err(ApiError::not_found(format!(
+                "session {sid} expired after {} idle",
+                crate::config::fmt_secs(self.idle())
+            )));
+        }
+        Ok(s)
+    }
+
+    /// Closes a session (404 if unknown).
+    pub fn close(&self, tenant: &str, collection: &str, sid: &str) -> ApiResult<()> {
+        self.session(tenant, collection, sid)?;
+        self.sessions().remove(sid);
+        Ok(())
+    }
+
+    /// Closes idle sessions; returns how many.
+    pub fn sweep(&self) -> usize {
+        let now = now_ms();
+        let mut m = self.sessions();
+        let before = m.len();
+        // A session running a command (locked) is not idle.
+        m.retain(|_, s| !(self.expired(s, now) && s.shell.try_lock().is_ok()));
+        before - m.len()
+    }
+
+    /// How often the sweeper runs.
+    pub fn sweep_interval(&self) -> Duration {
+        (self.idle() / 4).clamp(Duration::from_millis(250), Duration::from_secs(30))
+    }
+
+    /// The API view of a session.
+    pub fn session_view(&self, s: &SessionSlot) -> VfsSession {
+        let (cwd, commands_run) = match s.shell.try_lock() {
+            Ok(sh) => (sh.cwd().to_string(), sh.commands_run()),
+            Err(_) => ("(running)".to_string(), 0),
+        };
+        let last = s.last_used_ms();
+        VfsSession {
+            id: s.id.clone(),
+            collection: s.collection.clone(),
+            version: s.version,
+            principal: s.principal.clone(),
+            groups: s.groups.clone(),
+            all_access: s.all_access,
+            documents: s.documents,
+            cwd,
+            commands_run,
+            created_at: rfc3339(s.created_ms as i64),
+            last_used_at: rfc3339(last as i64),
+            expires_at: rfc3339((last + self.idle().as_millis() as u64) as i64),
+            limits: SessionLimits {
+                max_output_bytes: self.cfg.max_output.0,
+                max_commands: self.cfg.max_commands,
+                command_timeout_secs: self.cfg.command_timeout.0.as_secs_f64(),
+                idle_timeout_secs: self.idle().as_secs_f64(),
+            },
+        }
+    }
+
+    /// Audit records of a collection.
+    pub fn audit(
+        &self,
+        tenant: &str,
+        collection: &str,
+        principal: Option<String>,
+        last: Option<usize>,
+    ) -> ApiResult<Vec<AuditEntry>> {
+        let store = self.store(tenant)?;
+        // The collection must exist for the caller (another tenant's is 404).
+        store.collection(collection).map_err(store_error)?;
+        let recs = store
+            .audit_log()
+            .read(&AuditFilter {
+                collection: Some(collection.to_string()),
+                principal,
+                last,
+            })
+            .map_err(|e| ApiError::internal(chain(&e)))?;
+        Ok(recs
+            .into_iter()
+            .map(|r| AuditEntry {
+                at: rfc3339(r.ts_ms as i64),
+                collection: r.collection,
+                version: r.version,
+                session: format!("vs_{}", r.session),
+                principal: r.principal,
+                command: r.command,
+                exit_code: r.exit_code,
+                stdout_bytes: r.stdout_bytes,
+                stderr_bytes: r.stderr_bytes,
+                truncated: r.truncated,
+                duration_ms: r.duration_us as f64 / 1000.0,
+            })
+            .collect())
+    }
+
+    /// Removes uploads left staged by a daemon that died mid-ingest.
+    pub fn sweep_uploads(&self) {
+        let _ = std::fs::remove_dir_all(self.uploads_dir());
+    }
+}
+
+/// Checks a session's principal name and groups.
+pub fn check_principal(principal: &str, groups: &[String]) -> ApiResult<()> {
+    let ok = |s: &str| {
+        !s.is_empty()
+            && s.len() <= 128
+            && !s
+                .chars()
+                .any(|c| c.is_control() || c.is_whitespace() || c == ',')
+    };
+    if !ok(principal) {
+        return Err(ApiError::invalid(
+            "principal",
+            "1 to 128 characters without spaces, commas or control characters",
+        ));
+    }
+    for (i, g) in groups.iter().enumerate() {
+        if !ok(g) {
+            return Err(ApiError::invalid(
+                format!("groups[{i}]"),
+                "1 to 128 characters without spaces, commas or control characters",
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn ingest_result(r: IngestReport) -> IngestResult {
+    IngestResult {
+        version: r.version,
+        previous_version: r.previous_version,
+        changed: r.changed,
+        added: r.added,
+        updated: r.updated,
+        removed: r.removed,
+        unchanged: r.unchanged,
+        fetched: r.fetched,
+        bytes_fetched: r.bytes_fetched,
+        documents: r.documents,
+        bytes: r.bytes,
+        skipped: r.skipped,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn svc(dir: &Path, cfg: VfsSection) -> VfsService {
+        VfsService::new(dir, cfg)
+    }
+
+    #[test]
+    fn acl_policy_errors_name_the_field() {
+        let e = VfsService::options(&VfsAcl {
+            default: Some("group:a b".into()),
+            rules: vec![],
+        })
+        .unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("acl.default"), "{e}");
+        let e = VfsService::options(&VfsAcl {
+            default: None,
+            rules: vec![sandlot_client::vfs::VfsAclRule {
+                pattern: String::new(),
+                acl: "public".into(),
+            }],
+        })
+        .unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("acl.rules[0].pattern"), "{e}");
+        let o = VfsService::options(&VfsAcl {
+            default: Some("none".into()),
+            rules: vec![sandlot_client::vfs::VfsAclRule {
+                pattern: "internal/**".into(),
+                acl: "group:eng".into(),
+            }],
+        })
+        .unwrap();
+        assert!(!o.acl.default.public && o.acl.default.groups.is_empty());
+        assert_eq!(o.acl.rules[0].acl.groups, vec!["eng".to_string()]);
+    }
+
+    #[test]
+    fn issue7_daemon_side_sources_follow_the_operator_policy() {
+        let tmp = std::env::temp_dir().join(format!("vfs-svc-{}", std::process::id()));
+        let allowed = tmp.join("allowed");
+        let other = tmp.join("other");
+        std::fs::create_dir_all(&allowed).unwrap();
+        std::fs::create_dir_all(&other).unwrap();
+        let closed = svc(&tmp.join("data"), VfsSection::default());
+        let e = closed
+            .source(&VfsSource::Dir {
+                path: allowed.display().to_string(),
+            })
+            .unwrap_err();
+        assert_eq!(e.status, StatusCode::FORBIDDEN, "{e}");
+        let open = svc(
+            &tmp.join("data"),
+            VfsSection {
+                allowed_source_paths: vec![allowed.clone()],
+                allowed_s3_endpoints: vec!["http://127.0.0.1:9000".into()],
+                ..Default::default()
+            },
+        );
+        assert!(open
+            .source(&VfsSource::Dir {
+                path: allowed.display().to_string()
+            })
+            .is_ok());
+        let e = open
+            .source(&VfsSource::Dir {
+                path: other.display().to_string(),
+            })
+            .unwrap_err();
+        assert_eq!(e.status, StatusCode::FORBIDDEN, "{e}");
+        // `..` cannot climb out of an allowed path.
+        let e = open
+            .source(&VfsSource::Git {
+                path: format!("{}/../other", allowed.display()),
+            })
+            .unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("source.path"), "{e}");
+        // A symlink inside the allowed path to outside it is refused too.
+        std::os::unix::fs::symlink(&other, allowed.join("link")).unwrap();
+        let e = open
+            .source(&VfsSource::Dir {
+                path: allowed.join("link").display().to_string(),
+            })
+            .unwrap_err();
+        assert_eq!(e.status, StatusCode::FORBIDDEN, "{e}");
+        let s3 = |ep: &str| VfsSource::S3 {
+            bucket: "b".into(),
+            prefix: "p/".into(),
+            endpoint: ep.into(),
+            region: None,
+            access_key_id: None,
+            secret_access_key: None,
+            session_token: None,
+        };
+        assert_eq!(
+            open.source(&s3("http://10.0.0.1:9000")).unwrap_err().status,
+            StatusCode::FORBIDDEN
+        );
+        match open.source(&s3("http://127.0.0.1:9000/")).unwrap() {
+            Source::S3 {
+                options, prefix, ..
+            } => {
+                assert!(options.no_env_credentials && options.allow_http);
+                assert_eq!(prefix, "p");
+            }
+            s => panic!("{s:?}"),
+        }
+        std::fs::remove_dir_all(&tmp).unwrap();
+    }
+
+    #[test]
+    fn principals_are_checked() {
+        assert!(check_principal("alice", &["eng".into()]).is_ok());
+        assert_eq!(
+            check_principal("", &[]).unwrap_err().field.as_deref(),
+            Some("principal")
+        );
+        assert_eq!(
+            check_principal("a", &["ok".into(), "a,b".into()])
+                .unwrap_err()
+                .field
+                .as_deref(),
+            Some("groups[1]")
+        );
+    }
+}

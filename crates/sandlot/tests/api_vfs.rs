@@ -1,0 +1,576 @@
+//! Virtual filesystem collections and shell sessions through a real daemon:
+//! uploads and daemon-side sources, ACL pruning before a session starts, cwd kept
+//! across runs, limits, idle expiry, audit, re-ingest, tenant isolation, the CLI.
+
+mod api_support;
+
+use std::path::Path;
+use std::time::Duration;
+
+use api_support::{rt, Daemon};
+use bytes::Bytes;
+use sandlot_client::vfs::{
+    CreateCollection, IngestCollection, OpenSession, UploadFormat, VfsAcl, VfsAclRule, VfsSource,
+};
+use sandlot_client::Client;
+
+/// A tar archive of `files` (path, content), mtime fixed so re-uploads match.
+fn tar_of(files: &[(&str, &str)]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for (p, c) in files {
+        let mut h = tar::Header::new_ustar();
+        h.set_size(c.len() as u64);
+        h.set_mode(0o644);
+        h.set_mtime(1_700_000_000);
+        h.set_entry_type(tar::EntryType::Regular);
+        b.append_data(&mut h, p, c.as_bytes()).unwrap();
+    }
+    b.into_inner().unwrap()
+}
+
+fn body(
+    v: Vec<u8>,
+) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send + Sync {
+    futures_util::stream::iter(vec![Ok(Bytes::from(v))])
+}
+
+const SITE: &[(&str, &str)] = &[
+    (
+        "docs/guide.md",
+        "# Guide\nThe API has a rate limit of 10 requests.\nSee limits.\n",
+    ),
+    (
+        "docs/faq.md",
+        "Q: what is the rate limit?\nA: ten per second\n",
+    ),
+    (
+        "internal/secret.md",
+        "the rate limit bypass token is hunter2\n",
+    ),
+    ("README.md", "hello\n"),
+];
+
+fn acl() -> VfsAcl {
+    VfsAcl {
+        default: Some("public".into()),
+        rules: vec![VfsAclRule {
+            pattern: "internal/**".into(),
+            acl: "group:eng".into(),
+        }],
+    }
+}
+
+fn status(e: &sandlot_client::Error) -> (u16, String) {
+    (
+        e.status().map(|s| s.as_u16()).unwrap_or(0),
+        e.code().unwrap_or("").to_string(),
+    )
+}
+
+async fn open(c: &Client, coll: &str, who: &str, groups: &[&str]) -> String {
+    c.open_vfs_session(
+        coll,
+        &OpenSession {
+            principal: who.into(),
+            groups: groups.iter().map(|g| g.to_string()).collect(),
+            version: None,
+            all_access: false,
+        },
+    )
+    .await
+    .unwrap()
+    .id
+}
+
+#[test]
+fn issue7_vfs_sessions_prune_by_acl_keep_cwd_and_are_audited() {
+    let d = Daemon::start(Some(
+        "[vfs]\nmax_commands = 12\nmax_output = \"200\"\nsession_idle_timeout = \"4s\"\n",
+    ));
+    let c = d.client();
+    rt().block_on(async {
+        let a = c
+            .create_collection_upload("docs", UploadFormat::Tar, &acl(), body(tar_of(SITE)))
+            .await
+            .unwrap();
+        assert_eq!(a.collection.name, "docs");
+        assert_eq!(a.collection.documents, 4);
+        assert_eq!(a.collection.source, "upload:tar");
+        assert_eq!((a.ingest.version, a.ingest.added), (1, 4));
+        // The staged upload is gone once ingested.
+        assert!(!d.data_dir().join("vfs/uploads/default/docs").exists());
+        let l = c.list_collections().await.unwrap();
+        assert_eq!(l.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["docs"]);
+        // A second create of the same name is a conflict.
+        let e = c
+            .create_collection_upload("docs", UploadFormat::Tar, &acl(), body(tar_of(SITE)))
+            .await
+            .unwrap_err();
+        assert_eq!(status(&e), (409, "already_exists".into()), "{e}");
+
+        // alice (no groups) never sees internal/, by any path.
+        let s = open(&c, "docs", "alice", &[]).await;
+        let r = c.vfs_run("docs", &s, "ls /").await.unwrap();
+        assert_eq!((r.stdout.as_str(), r.exit_code), ("README.md\ndocs\n", 0));
+        let r = c.vfs_run("docs", &s, "cat /internal/secret.md").await.unwrap();
+        assert_eq!(r.exit_code, 1);
+        assert_eq!(
+            r.stderr,
+            "cat: /internal/secret.md: No such file or directory\n"
+        );
+        let r = c
+            .vfs_run("docs", &s, "grep -rn 'rate limit' / | head")
+            .await
+            .unwrap();
+        assert_eq!(
+            r.stdout,
+            "/docs/faq.md:1:Q: what is the rate limit?\n/docs/guide.md:2:The API has a rate limit of 10 requests.\n"
+        );
+        assert!(!r.truncated);
+        // cwd is kept across runs.
+        let r = c.vfs_run("docs", &s, "cd docs && pwd").await.unwrap();
+        assert_eq!(r.stdout, "/docs\n");
+        assert_eq!(r.cwd, "/docs");
+        let r = c.vfs_run("docs", &s, "ls").await.unwrap();
+        assert_eq!(r.stdout, "faq.md\nguide.md\n");
+        // Writes fail like on a read-only mount.
+        let r = c.vfs_run("docs", &s, "echo x > new.md").await.unwrap();
+        assert_eq!(r.exit_code, 1);
+        assert!(r.stderr.contains("Read-only file system"), "{}", r.stderr);
+        // Output is cut at vfs.max_output (200 bytes).
+        let r = c
+            .vfs_run("docs", &s, "cat guide.md faq.md guide.md faq.md guide.md")
+            .await
+            .unwrap();
+        assert!(r.truncated, "{r:?}");
+        assert!(r.stdout.len() <= 200, "{r:?}");
+        assert!(r.stdout.starts_with("# Guide\n"), "{r:?}");
+        let v = c.get_vfs_session("docs", &s).await.unwrap();
+        assert_eq!((v.cwd.as_str(), v.commands_run, v.documents), ("/docs", 7, 3));
+
+        // bob in eng sees the internal document.
+        let sb = open(&c, "docs", "bob", &["eng"]).await;
+        let r = c
+            .vfs_run("docs", &sb, "grep -rl hunter2 /")
+            .await
+            .unwrap();
+        assert_eq!(r.stdout, "/internal/secret.md\n");
+
+        // The audit log has every command with its principal.
+        let recs = c.vfs_audit("docs", None, None).await.unwrap();
+        assert_eq!(recs.len(), 8);
+        assert_eq!(recs[0].command, "ls /");
+        assert_eq!(recs[0].principal, "alice");
+        assert_eq!(recs[0].session, s);
+        assert_eq!(recs[7].principal, "bob");
+        let bob = c.vfs_audit("docs", Some("bob"), None).await.unwrap();
+        assert_eq!(bob.len(), 1);
+        assert_eq!(bob[0].stdout_bytes, 20);
+        let last = c.vfs_audit("docs", None, Some(2)).await.unwrap();
+        assert_eq!(last.len(), 2);
+
+        // The command limit (12) ends the session's runs with 429.
+        for _ in 0..5 {
+            c.vfs_run("docs", &s, "true").await.unwrap();
+        }
+        let e = c.vfs_run("docs", &s, "true").await.unwrap_err();
+        assert_eq!(status(&e), (429, "limit".into()), "{e}");
+
+        // Closing a session: later runs are 404.
+        let s2 = open(&c, "docs", "carol", &[]).await;
+        c.close_vfs_session("docs", &s2).await.unwrap();
+        let e = c.vfs_run("docs", &s2, "ls").await.unwrap_err();
+        assert_eq!(status(&e), (404, "not_found".into()));
+
+        // Re-ingest: the same upload changes nothing; an edit publishes v2, and a
+        // session opened before keeps browsing v1.
+        let old = open(&c, "docs", "dave", &[]).await;
+        let r = c
+            .ingest_collection_upload("docs", UploadFormat::Tar, None, body(tar_of(SITE)))
+            .await
+            .unwrap();
+        assert!(!r.ingest.changed, "{r:?}");
+        assert_eq!(r.ingest.version, 1);
+        // (keeps `old` from going idle on a slow machine)
+        c.vfs_run("docs", &old, "true").await.unwrap();
+        let mut edited = SITE.to_vec();
+        edited[3] = ("README.md", "hello again\n");
+        let r = c
+            .ingest_collection_upload("docs", UploadFormat::Tar, None, body(tar_of(&edited)))
+            .await
+            .unwrap();
+        assert!(r.ingest.changed);
+        assert_eq!((r.ingest.version, r.ingest.updated, r.ingest.unchanged), (2, 1, 3));
+        // The ACL policy carried over from the create.
+        assert_eq!(r.collection.documents, 4);
+        let fresh = open(&c, "docs", "erin", &[]).await;
+        assert_eq!(
+            c.vfs_run("docs", &fresh, "cat /README.md").await.unwrap().stdout,
+            "hello again\n"
+        );
+        assert_eq!(
+            c.vfs_run("docs", &old, "cat /README.md").await.unwrap().stdout,
+            "hello\n"
+        );
+        assert_eq!(
+            c.vfs_run("docs", &fresh, "ls /internal").await.unwrap().exit_code,
+            2
+        );
+        // An uploaded collection cannot be re-ingested from a stored source.
+        let e = c
+            .ingest_collection("docs", &IngestCollection::default())
+            .await
+            .unwrap_err();
+        assert_eq!(status(&e).0, 409, "{e}");
+
+        // Idle sessions expire (4 s here).
+        let idle = open(&c, "docs", "ida", &[]).await;
+        tokio::time::sleep(Duration::from_millis(4600)).await;
+        let e = c.vfs_run("docs", &idle, "ls").await.unwrap_err();
+        assert_eq!(status(&e), (404, "not_found".into()), "{e}");
+        assert_eq!(c.get_collection("docs").await.unwrap().sessions, 0);
+
+        // Removing the collection closes its sessions.
+        let last = open(&c, "docs", "lee", &[]).await;
+        c.delete_collection("docs").await.unwrap();
+        let e = c.vfs_run("docs", &last, "ls").await.unwrap_err();
+        assert_eq!(status(&e), (404, "not_found".into()));
+        assert!(c.list_collections().await.unwrap().is_empty());
+    });
+}
+
+#[test]
+fn issue7_vfs_collections_belong_to_their_tenant() {
+    let d = Daemon::start(None);
+    let ta = d.token("alpha");
+    let tb = d.token("beta");
+    let a = d.tcp(Some(&ta));
+    let b = d.tcp(Some(&tb));
+    rt().block_on(async {
+        a.create_collection_upload("kb", UploadFormat::Tar, &acl(), body(tar_of(SITE)))
+            .await
+            .unwrap();
+        let s = open(&a, "kb", "alice", &["eng"]).await;
+        let nf =
+            |e: sandlot_client::Error| assert_eq!(status(&e), (404, "not_found".into()), "{e}");
+        // beta cannot see, open, run in, audit, re-ingest or delete alpha's collection.
+        assert!(b.list_collections().await.unwrap().is_empty());
+        nf(b.get_collection("kb").await.unwrap_err());
+        nf(b.open_vfs_session(
+            "kb",
+            &OpenSession {
+                principal: "mallory".into(),
+                groups: vec!["eng".into()],
+                version: None,
+                all_access: false,
+            },
+        )
+        .await
+        .unwrap_err());
+        nf(b.vfs_run("kb", &s, "cat /internal/secret.md")
+            .await
+            .unwrap_err());
+        nf(b.get_vfs_session("kb", &s).await.unwrap_err());
+        nf(b.close_vfs_session("kb", &s).await.unwrap_err());
+        nf(b.vfs_audit("kb", None, None).await.unwrap_err());
+        nf(b.ingest_collection("kb", &IngestCollection::default())
+            .await
+            .unwrap_err());
+        nf(b.delete_collection("kb").await.unwrap_err());
+        // beta's own collection of the same name is a different one.
+        b.create_collection_upload(
+            "kb",
+            UploadFormat::Tar,
+            &VfsAcl::default(),
+            body(tar_of(&[("only-beta.txt", "b\n")])),
+        )
+        .await
+        .unwrap();
+        let sb = open(&b, "kb", "bea", &[]).await;
+        assert_eq!(
+            b.vfs_run("kb", &sb, "ls /").await.unwrap().stdout,
+            "only-beta.txt\n"
+        );
+        // alpha's session is untouched.
+        let r = a
+            .vfs_run("kb", &s, "cat /internal/secret.md")
+            .await
+            .unwrap();
+        assert_eq!(r.stdout, "the rate limit bypass token is hunter2\n");
+        // Through the operator socket, the tenant header selects whose collections.
+        let op = d.client().with_tenant(Some("beta".into()));
+        let l = op.list_collections().await.unwrap();
+        assert_eq!(l.len(), 1);
+        assert_eq!(l[0].documents, 1);
+        assert!(d.client().list_collections().await.unwrap().is_empty());
+    });
+}
+
+#[test]
+fn issue7_vfs_daemon_side_sources_jsonl_and_bad_input() {
+    let d0 = Daemon::start(None);
+    let src = d0.dir.join("site");
+    std::fs::create_dir_all(src.join("a")).unwrap();
+    std::fs::write(src.join("a/one.txt"), "one\n").unwrap();
+    std::fs::write(src.join("two.txt"), "two\n").unwrap();
+    let outside = d0.dir.join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    let c0 = d0.client();
+    rt().block_on(async {
+        // Without vfs.allowed_source_paths, host paths are refused.
+        let e = c0
+            .create_collection(&CreateCollection {
+                name: "site".into(),
+                source: VfsSource::Dir {
+                    path: src.display().to_string(),
+                },
+                acl: None,
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(status(&e), (403, "forbidden".into()), "{e}");
+        // S3 endpoints need allowing too.
+        let e = c0
+            .create_collection(&CreateCollection {
+                name: "s3".into(),
+                source: VfsSource::S3 {
+                    bucket: "b".into(),
+                    prefix: String::new(),
+                    endpoint: "http://127.0.0.1:1".into(),
+                    region: None,
+                    access_key_id: None,
+                    secret_access_key: None,
+                    session_token: None,
+                },
+                acl: None,
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(status(&e), (403, "forbidden".into()), "{e}");
+    });
+    drop(d0);
+
+    let root = std::env::temp_dir().join(format!("sandlot-vfs-src-{}", std::process::id()));
+    let site = root.join("site");
+    std::fs::create_dir_all(site.join("a")).unwrap();
+    std::fs::write(site.join("a/one.txt"), "one\n").unwrap();
+    std::fs::write(site.join("two.txt"), "two\n").unwrap();
+    let d = Daemon::start(Some(&format!(
+        "[vfs]\nallowed_source_paths = [\"{}\"]\n",
+        site.display()
+    )));
+    let c = d.client();
+    rt().block_on(async {
+        let a = c
+            .create_collection(&CreateCollection {
+                name: "site".into(),
+                source: VfsSource::Dir {
+                    path: site.display().to_string(),
+                },
+                acl: Some(VfsAcl {
+                    default: Some("none".into()),
+                    rules: vec![VfsAclRule {
+                        pattern: "a/**".into(),
+                        acl: "public".into(),
+                    }],
+                }),
+            })
+            .await
+            .unwrap();
+        assert_eq!(a.collection.documents, 2);
+        let s = open(&c, "site", "anyone", &[]).await;
+        let r = c.vfs_run("site", &s, "find / -type f").await.unwrap();
+        assert_eq!(r.stdout, "/a/one.txt\n");
+        // Re-ingest from the stored source picks up changes.
+        std::fs::write(site.join("a/three.txt"), "three\n").unwrap();
+        let r = c
+            .ingest_collection("site", &IngestCollection::default())
+            .await
+            .unwrap();
+        assert_eq!((r.ingest.version, r.ingest.added, r.ingest.fetched), (2, 1, 1));
+
+        // A JSONL chunk export upload: chunks are joined per document, and an
+        // ACL in a row's metadata applies.
+        let jsonl = concat!(
+            r#"{"path": "kb/a.md", "chunk": 1, "text": "second\n"}"#,
+            "\n",
+            r#"{"path": "kb/a.md", "chunk": 0, "text": "first\n"}"#,
+            "\n",
+            r#"{"path": "kb/private.md", "chunk": 0, "text": "p\n", "metadata": {"groups": ["hr"]}}"#,
+            "\n"
+        );
+        let a = c
+            .create_collection_upload(
+                "vec",
+                UploadFormat::Jsonl,
+                &VfsAcl::default(),
+                body(jsonl.as_bytes().to_vec()),
+            )
+            .await
+            .unwrap();
+        assert_eq!(a.collection.source, "upload:jsonl");
+        let s = open(&c, "vec", "x", &[]).await;
+        let r = c.vfs_run("vec", &s, "cat kb/a.md; ls kb").await.unwrap();
+        assert_eq!(r.stdout, "first\nsecond\na.md\n");
+
+        // Bad input: each error names the problem.
+        let raw = |m: &str, p: &str, b: &str| {
+            let (st, v) = raw(&d.socket, m, p, b);
+            (st, v["error"]["field"].as_str().unwrap_or("").to_string(), v)
+        };
+        let (st, f, v) = raw("POST", "/v1/vfs", r#"{"name": "x", "source": {"kind": "dir", "path": "/tmp"}, "acll": 1}"#);
+        assert_eq!((st, f.as_str()), (400, "acll"), "{v}");
+        let (st, f, v) = raw("POST", "/v1/vfs", r#"{"name": "x", "source": {"kind": "ftp"}}"#);
+        assert_eq!(st, 400, "{v}");
+        assert!(f.starts_with("source"), "{v}");
+        let (st, f, v) = raw(
+            "POST",
+            "/v1/vfs",
+            &format!(r#"{{"name": "../x", "source": {{"kind": "dir", "path": "{}"}}}}"#, site.display()),
+        );
+        assert_eq!((st, f.as_str()), (400, "name"), "{v}");
+        let (st, f, v) = raw(
+            "POST",
+            "/v1/vfs",
+            &format!(r#"{{"name": "y", "source": {{"kind": "dir", "path": "{}"}}, "acl": {{"rules": [{{"pattern": "x", "acl": "group:a b"}}]}}}}"#, site.display()),
+        );
+        assert_eq!((st, f.as_str()), (400, "acl.rules[0].acl"), "{v}");
+        let (st, f, v) = raw("POST", "/v1/vfs/site/sessions", r#"{"principal": ""}"#);
+        assert_eq!((st, f.as_str()), (400, "principal"), "{v}");
+        let (st, f, v) = raw("POST", "/v1/vfs/site/sessions", r#"{"principal": "a", "group": ["x"]}"#);
+        assert_eq!((st, f.as_str()), (400, "group"), "{v}");
+        let (st, _, v) = raw("POST", "/v1/vfs/site/sessions", r#"{"principal": "a", "version": 9}"#);
+        assert_eq!(st, 404, "{v}");
+        let (st, _, v) = raw("POST", "/v1/vfs/nope/sessions", r#"{"principal": "a"}"#);
+        assert_eq!(st, 404, "{v}");
+        let (st, f, v) = raw("POST", &format!("/v1/vfs/vec/sessions/{s}/run"), r#"{"cmd": "ls"}"#);
+        assert_eq!((st, f.as_str()), (400, "cmd"), "{v}");
+        // Not a tar archive.
+        let e = c
+            .create_collection_upload("junk", UploadFormat::Tar, &VfsAcl::default(), body(vec![7u8; 1024]))
+            .await
+            .unwrap_err();
+        assert_eq!(status(&e).0, 400, "{e}");
+        assert!(e.to_string().contains("tar stream"), "{e}");
+        assert!(c.get_collection("junk").await.is_err());
+        // A malformed JSONL row names its line, and nothing is created.
+        let e = c
+            .create_collection_upload("junk", UploadFormat::Jsonl, &VfsAcl::default(), body(b"{\"path\": \"a\", \"chunk\": 0, \"text\": \"x\"}\nnot json\n".to_vec()))
+            .await
+            .unwrap_err();
+        assert_eq!(status(&e).0, 400, "{e}");
+        assert!(e.to_string().contains(":2:"), "{e}");
+        assert!(c.get_collection("junk").await.is_err());
+        assert!(!d.data_dir().join("vfs/uploads/default/junk.jsonl").exists());
+    });
+    drop(d);
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+/// A raw request on the operator socket: (status, JSON body).
+fn raw(socket: &Path, method: &str, path: &str, body: &str) -> (u16, serde_json::Value) {
+    use std::io::{Read, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(socket).unwrap();
+    let _ = write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf);
+    let out = String::from_utf8_lossy(&buf).into_owned();
+    let status: u16 = out[9..12].parse().unwrap();
+    let b = out.split("\r\n\r\n").nth(1).unwrap_or("");
+    let j = b
+        .find('{')
+        .map(|i| &b[i..b.rfind('}').unwrap() + 1])
+        .unwrap_or("null");
+    (
+        status,
+        serde_json::from_str(j).unwrap_or(serde_json::Value::Null),
+    )
+}
+
+#[test]
+fn issue7_vfs_cli_goes_through_the_daemon() {
+    let d = Daemon::start(None);
+    let site = d.dir.join("site");
+    std::fs::create_dir_all(site.join("guides")).unwrap();
+    std::fs::create_dir_all(site.join("internal")).unwrap();
+    std::fs::write(site.join("guides/limits.md"), "the rate limit is 10/s\n").unwrap();
+    std::fs::write(site.join("internal/ops.md"), "rate limit override\n").unwrap();
+    let s = site.display().to_string();
+    let (code, out, err) = d.cli(&[
+        "vfs",
+        "create",
+        "docs",
+        "--from",
+        &s,
+        "--acl",
+        "internal/**=group:ops",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.starts_with("docs v1: 2 documents"), "{out}");
+    let (code, out, _) = d.cli(&["vfs", "ls"]);
+    assert_eq!(code, 0);
+    assert!(out.lines().nth(1).unwrap().starts_with("docs "), "{out}");
+    assert!(out.contains("upload:tar"), "{out}");
+    // Without a principal: the owner sees everything.
+    let (code, out, err) = d.cli(&["vfs", "sh", "docs", "grep -rn 'rate limit' / | head"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        out,
+        "/guides/limits.md:1:the rate limit is 10/s\n/internal/ops.md:1:rate limit override\n"
+    );
+    // As a principal: pruned; the exit status is the command line's.
+    let (code, out, err) = d.cli(&[
+        "vfs",
+        "sh",
+        "docs",
+        "cat /internal/ops.md",
+        "--principal",
+        "alice",
+    ]);
+    assert_eq!((code, out.as_str()), (1, ""));
+    assert_eq!(err, "cat: /internal/ops.md: No such file or directory\n");
+    // Limits are the operator's through the daemon.
+    let (code, _, err) = d.cli(&["vfs", "sh", "docs", "ls", "--timeout", "1"]);
+    assert_eq!(code, 125);
+    assert!(err.contains("--local"), "{err}");
+    // Re-upload after an edit: only the change is ingested.
+    std::fs::write(site.join("guides/new.md"), "new\n").unwrap();
+    let (code, out, err) = d.cli(&["vfs", "update", "docs", "--from", &s]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("v2: 3 documents") && out.contains("1 added"),
+        "{out}"
+    );
+    let (code, out, _) = d.cli(&["vfs", "log", "docs"]);
+    assert_eq!(code, 0);
+    assert_eq!(out.lines().count(), 2, "{out}");
+    assert!(out.contains(" alice docs@v1 exit=1 "), "{out}");
+    // The sessions were closed by the CLI.
+    let (_, out, _) = d.cli(&["vfs", "ls", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v[0]["sessions"], 0, "{out}");
+    let (code, out, _) = d.cli(&["vfs", "rm", "docs"]);
+    assert_eq!((code, out.as_str()), (0, "removed docs\n"));
+    let (code, _, err) = d.cli(&["vfs", "sh", "docs", "ls"]);
+    assert_eq!(code, 125);
+    assert!(err.contains("no collection docs"), "{err}");
+    // --local works on a data directory, apart from the daemon's collections.
+    let local = d.dir.join("local");
+    let (code, out, err) = d.cli(&[
+        "vfs",
+        "--local",
+        "--data-dir",
+        &local.display().to_string(),
+        "create",
+        "l",
+        "--from",
+        &s,
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    let (_, out, _) = d.cli(&["vfs", "ls", "--json"]);
+    assert_eq!(out.trim(), "[]");
+}
