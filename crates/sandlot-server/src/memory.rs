@@ -129,6 +129,7 @@ pub fn valid_agent_name(name: &str) -> bool {
         && !name.chars().any(|c| c.is_control() || c == '<' || c == '>')
 }
 
+#[cfg_attr(feature = "memory", allow(dead_code))]
 fn not_built() -> ApiError {
     ApiError::new(
         StatusCode::NOT_IMPLEMENTED,

@@ -121,6 +121,8 @@ fn ports_router() -> Router<Arc<AppState>> {
         )
         .route(&format!("{p}/{{port}}/"), any(ports::proxy))
         .route(&format!("{p}/{{port}}/{{*path}}"), any(ports::proxy))
+}
+
 /// Virtual filesystem collections and shell sessions (`vfs.rs`).
 fn vfs_router() -> Router<Arc<AppState>> {
     let c = "/v1/vfs/{collection}";
