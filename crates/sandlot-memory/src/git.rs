@@ -239,6 +239,15 @@ impl Git {
         self.run(&["show", &spec], None)
     }
 
+    /// Whether `ancestor` is `rev` or one of its ancestors.
+    pub(crate) fn is_ancestor(&self, ancestor: &str, rev: &str) -> Result<bool, GitError> {
+        match self.run(&["merge-base", "--is-ancestor", ancestor, rev], None) {
+            Ok(_) => Ok(true),
+            Err(GitError::Failed { .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Whether `path` exists at `rev`.
     pub(crate) fn exists_at(&self, rev: &str, path: &str) -> Result<bool, GitError> {
         let spec = format!("{rev}:{path}");

@@ -883,15 +883,32 @@ impl Store {
         })
     }
 
-    /// Restores one memory to its content at `rev` (deleting it if it did not exist then), as a
-    /// new commit.
+    /// Restores one memory to its content at `rev` (under its current name, following
+    /// renames; deleting it if it did not exist then), as a new commit.
     pub fn revert_memory(&self, key: &str, rev: &str, author: &Author) -> Result<WriteOutcome> {
         let _w = lock(&self.writes);
         let path = self.resolve_historic(key)?;
         let full = self.git.resolve(rev)?;
         let short: String = full.chars().take(12).collect();
-        let content = if self.git.exists_at(&full, &path)? {
-            Some(self.git.show(&full, &path)?)
+        // The memory may have had another name then: follow its renames back to `rev`.
+        let then = if self.git.exists_at(&full, &path)? {
+            Some(path.clone())
+        } else {
+            let mut found = None;
+            for c in self.git.log(Some(&path), 10_000)? {
+                if self.git.is_ancestor(&c.rev, &full)? {
+                    found = c
+                        .paths
+                        .first()
+                        .filter(|p| self.git.exists_at(&full, p).unwrap_or(false))
+                        .cloned();
+                    break;
+                }
+            }
+            found
+        };
+        let content = if let Some(old) = &then {
+            Some(self.git.show(&full, old)?)
         } else if self.abs(&path).exists() {
             None
         } else {

@@ -193,7 +193,16 @@ fn issue8_memory_api_end_to_end_and_tenant_isolation() {
             .await
             .unwrap_err();
         assert!(e.to_string().contains("to"), "{e}");
-        let st = a.call_json("GET", &format!("{base}/status?all=true"), None).await.unwrap();
+        // The store's watcher reconciles what the writes touched on disk in the
+        // background (write to searchable within 1 s is the target): wait for it.
+        let mut st = serde_json::Value::Null;
+        for _ in 0..50 {
+            st = a.call_json("GET", &format!("{base}/status?all=true"), None).await.unwrap();
+            if st["indexed_files"] == 2 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
         assert_eq!(st["indexed_files"], 2, "{st}");
         assert!(st["files"].as_array().unwrap().iter().all(|f| f["index"] == "fresh"), "{st}");
         let r = a.call_json("POST", &format!("{base}/reindex"), None).await.unwrap();
@@ -221,7 +230,9 @@ fn issue8_memory_api_end_to_end_and_tenant_isolation() {
             .call_json("POST", &format!("{base}/search"), Some(&json!({"text": "quorvex"})))
             .await
             .unwrap();
-        assert_eq!(paths(&hits), vec!["todo.md"]);
+        // Hybrid search also returns semantic neighbours; the one memory with the word
+        // ranks first.
+        assert_eq!(paths(&hits).first().map(String::as_str), Some("todo.md"), "{hits}");
         let out = tool(json!({"command": "rename", "old_path": "/memories/todo.md", "new_path": "/memories/tasks/todo.md"})).await;
         assert_eq!(out["text"], "Successfully renamed /memories/todo.md to /memories/tasks/todo.md");
         let out = tool(json!({"command": "view", "path": "/memories/../etc/passwd"})).await;
@@ -234,11 +245,11 @@ fn issue8_memory_api_end_to_end_and_tenant_isolation() {
             .unwrap();
         assert_eq!(paths(&hits), Vec::<String>::new());
         let log = a.call_json("GET", &format!("{base}/log?limit=1"), None).await.unwrap();
-        assert_eq!(log["commits"][0]["message"], "memory: delete /memories/tasks/todo.md");
+        assert_eq!(log["commits"][0]["message"], "remove tasks/todo.md");
         assert_eq!(log["commits"][0]["author"], "planner");
         let e = d
             .tcp(Some(&ta))
-            .with_agent(Some("bad\u{7f}".into()))
+            .with_agent(Some("bad <agent>".into()))
             .call_json("POST", "/v1/memory/notes/tool", Some(&json!({"command": "view", "path": "/memories"})))
             .await
             .unwrap_err();
