@@ -203,6 +203,13 @@ async fn request_context(
 ) -> Response {
     let rid = request_id();
     req.extensions_mut().insert(RequestId(rid.clone()));
+    // An error may be answered before the request body was read (an upload refused
+    // up front): the connection then cannot carry another request, so say so.
+    let has_body = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .is_some_and(|v| v.as_bytes() != b"0")
+        || req.headers().contains_key(header::TRANSFER_ENCODING);
     let span = tracing::info_span!("request", request_id = %rid, method = %req.method(), path = %req.uri().path());
     let mut resp = next.run(req).instrument(span.clone()).await;
     state
@@ -246,6 +253,10 @@ async fn request_context(
             if let Some(v) = resp.headers().get(&h) {
                 r.headers_mut().insert(h, v.clone());
             }
+        }
+        if has_body {
+            r.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         resp = r;
     }
