@@ -331,82 +331,18 @@ pub fn socketpair() -> io::Result<(OwnedFd, OwnedFd)> {
 
 /// Sends one byte and, optionally, one file descriptor over a Unix socket.
 pub fn send_with_fd(sock: BorrowedFd<'_>, byte: u8, fd: Option<BorrowedFd<'_>>) -> io::Result<()> {
-    let mut b = [byte];
-    let mut iov = libc::iovec {
-        iov_base: b.as_mut_ptr().cast(),
-        iov_len: 1,
-    };
-    // Space for one fd in a control message.
-    let mut cbuf = [0u64; 4];
-    // SAFETY: msghdr is plain old data; zeroed is a valid initial state.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    if let Some(fd) = fd {
-        // SAFETY: CMSG_SPACE is a pure computation.
-        let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
-        msg.msg_control = cbuf.as_mut_ptr().cast();
-        msg.msg_controllen = space;
-        // SAFETY: msg_control points to a buffer of at least `space` bytes (32 >= 24),
-        // so the first header and its data fit.
-        unsafe {
-            let cmsg = libc::CMSG_FIRSTHDR(&msg);
-            (*cmsg).cmsg_level = libc::SOL_SOCKET;
-            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-            (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as usize;
-            std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>(), fd.as_raw_fd());
-        }
+    match fd {
+        Some(fd) => send_fds(sock, &[byte], &[fd]),
+        None => send_fds(sock, &[byte], &[]),
     }
-    // SAFETY: msg and everything it points to live for the call.
-    let r = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 /// Receives one byte and an optional file descriptor. `Ok(None)` at end of stream.
 pub fn recv_with_fd(sock: BorrowedFd<'_>) -> io::Result<Option<(u8, Option<OwnedFd>)>> {
     let mut b = [0u8];
-    let mut iov = libc::iovec {
-        iov_base: b.as_mut_ptr().cast(),
-        iov_len: 1,
-    };
-    let mut cbuf = [0u64; 4];
-    // SAFETY: zeroed msghdr is valid.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cbuf.as_mut_ptr().cast();
-    msg.msg_controllen = std::mem::size_of_val(&cbuf);
-    let n = loop {
-        // SAFETY: msg points to live buffers.
-        let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        break n;
-    };
-    if n == 0 {
-        return Ok(None);
-    }
-    let mut got = None;
-    // SAFETY: we walk the control messages the kernel filled in, within msg_controllen.
-    unsafe {
-        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
-        while !cmsg.is_null() {
-            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
-                let fd = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>());
-                got = Some(OwnedFd::from_raw_fd(fd));
-            }
-            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
-        }
-    }
-    Ok(Some((b[0], got)))
+    Ok(recv_fds(sock, &mut b)?
+        .filter(|(n, _)| *n > 0)
+        .map(|(_, fds)| (b[0], fds.into_iter().next())))
 }
 
 pub fn write_all_fd(fd: BorrowedFd<'_>, mut buf: &[u8]) -> io::Result<()> {
