@@ -207,37 +207,7 @@ pub async fn import(
     let q = query(q);
     let tag = parse_tag("tag", q.get("tag"))?;
     let tmp = state.images.store.tmp_path("upload");
-    let mut f = tokio::fs::File::create(&tmp)
-        .await
-        .map_err(|e| ApiError::internal(format!("stage upload: {e}")))?;
-    let mut stream = body.into_data_stream();
-    let mut failed = None;
-    while let Some(chunk) = stream.next().await {
-        match chunk {
-            Ok(c) => {
-                if let Err(e) = tokio::io::AsyncWriteExt::write_all(&mut f, &c).await {
-                    failed = Some(ApiError::internal(format!("stage upload: {e}")));
-                    break;
-                }
-            }
-            Err(e) => {
-                failed = Some(ApiError::bad_request(format!("reading the upload: {e}")));
-                break;
-            }
-        }
-    }
-    // tokio's File hands writes to a blocking thread: without a flush the last
-    // chunk may not have reached the file when it is read back.
-    if failed.is_none() {
-        if let Err(e) = tokio::io::AsyncWriteExt::flush(&mut f).await {
-            failed = Some(ApiError::internal(format!("stage upload: {e}")));
-        }
-    }
-    drop(f);
-    if let Some(e) = failed {
-        let _ = tokio::fs::remove_file(&tmp).await;
-        return Err(e);
-    }
+    stage_body(body, &tmp, 0, "upload").await?;
     let st = state.clone();
     let t2 = tmp.clone();
     let r = blocking(move || {
@@ -647,47 +617,7 @@ pub async fn build(
     // Stage the context tar, extract it, read the spec: all before answering, so
     // a bad spec or context is a plain 400.
     let tmp = state.images.store.tmp_path("context-upload");
-    let mut f = tokio::fs::File::create(&tmp)
-        .await
-        .map_err(|e| ApiError::internal(format!("stage context: {e}")))?;
-    let mut stream = body.into_data_stream();
-    let limit = state.cfg.limits.max_upload.bytes();
-    let mut n = 0u64;
-    let mut failed = None;
-    while let Some(chunk) = stream.next().await {
-        match chunk {
-            Ok(c) => {
-                n += c.len() as u64;
-                if limit > 0 && n > limit {
-                    failed = Some(ApiError::invalid(
-                        "context",
-                        format!("larger than limits.max_upload ({limit} bytes)"),
-                    ));
-                    break;
-                }
-                if let Err(e) = tokio::io::AsyncWriteExt::write_all(&mut f, &c).await {
-                    failed = Some(ApiError::internal(format!("stage context: {e}")));
-                    break;
-                }
-            }
-            Err(e) => {
-                failed = Some(ApiError::bad_request(format!("reading the context: {e}")));
-                break;
-            }
-        }
-    }
-    // tokio's File hands writes to a blocking thread: without a flush the last
-    // chunk may not have reached the file when it is read back.
-    if failed.is_none() {
-        if let Err(e) = tokio::io::AsyncWriteExt::flush(&mut f).await {
-            failed = Some(ApiError::internal(format!("stage upload: {e}")));
-        }
-    }
-    drop(f);
-    if let Some(e) = failed {
-        let _ = tokio::fs::remove_file(&tmp).await;
-        return Err(e);
-    }
+    stage_body(body, &tmp, state.cfg.limits.max_upload.bytes(), "context").await?;
     let ctx = state.images.store.tmp_path("context");
     let (t2, c2) = (tmp.clone(), ctx.clone());
     let spec = blocking(move || {
@@ -732,4 +662,52 @@ pub async fn build(
         Body::from_stream(stream),
     )
         .into_response())
+}
+
+/// Streams a request body into the file `tmp` (removed again on failure).
+/// `limit` > 0 caps its size; `what` names it in errors (`upload`, `context`).
+async fn stage_body(body: Body, tmp: &std::path::Path, limit: u64, what: &str) -> ApiResult<()> {
+    let mut f = tokio::fs::File::create(tmp)
+        .await
+        .map_err(|e| ApiError::internal(format!("stage {what}: {e}")))?;
+    let mut stream = body.into_data_stream();
+    let mut n = 0u64;
+    let mut failed = None;
+    while let Some(chunk) = stream.next().await {
+        match chunk {
+            Ok(c) => {
+                n += c.len() as u64;
+                if limit > 0 && n > limit {
+                    failed = Some(ApiError::invalid(
+                        what,
+                        format!("larger than limits.max_upload ({limit} bytes)"),
+                    ));
+                    break;
+                }
+                if let Err(e) = tokio::io::AsyncWriteExt::write_all(&mut f, &c).await {
+                    failed = Some(ApiError::internal(format!("stage {what}: {e}")));
+                    break;
+                }
+            }
+            Err(e) => {
+                failed = Some(ApiError::bad_request(format!("reading the {what}: {e}")));
+                break;
+            }
+        }
+    }
+    // tokio's File hands writes to a blocking thread: without a flush the last
+    // chunk may not have reached the file when it is read back.
+    if failed.is_none() {
+        if let Err(e) = tokio::io::AsyncWriteExt::flush(&mut f).await {
+            failed = Some(ApiError::internal(format!("stage {what}: {e}")));
+        }
+    }
+    drop(f);
+    match failed {
+        Some(e) => {
+            let _ = tokio::fs::remove_file(tmp).await;
+            Err(e)
+        }
+        None => Ok(()),
+    }
 }
