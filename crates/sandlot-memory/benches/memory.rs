@@ -12,9 +12,14 @@
 //! Wikipedia sample in gensim's test data (10,000 distinct section texts repeated ten times,
 //! see `build_100k`), embedded with the real model once and cached under
 //! $SANDLOT_BENCH_DIR (default ~/.cache/sandlot/bench/memory-100k); queries are embedded with
-//! the real model on every search. Peers: BM25 alone, vector alone, query embedding alone.
+//! the real model on every search. Peers: BM25 alone, vector alone, query embedding alone, and
+//! the previous path (candle's generic BERT for the query embedding, exact single-threaded f32
+//! scan) through a second handle on the same store, in the same rounds.
 //!
 //! Needs `bash scripts/setup.d/40-memory.sh` first.
+
+#[path = "../tests/reference/candle_bert.rs"]
+mod candle_bert;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -54,6 +59,54 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
+}
+
+/// CPU time of the whole process (all threads, user + system) from /proc/self/stat, in clock
+/// ticks of 10 ms: too coarse for one call, but the mean over many calls is an unbiased estimate,
+/// and unlike wall time it does not grow with the time a loaded machine makes threads wait.
+fn cpu_now() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the parenthesised command name: state is field 3, utime 14, stime 15.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .map(|v| v.parse().unwrap_or(0))
+        .collect();
+    Duration::from_millis(10 * f.iter().sum::<u64>())
+}
+
+/// Wall and CPU milliseconds of repeated calls.
+#[derive(Default)]
+struct Samples {
+    wall: Vec<f64>,
+    cpu: Vec<f64>,
+}
+
+impl Samples {
+    fn measure<T>(&mut self, f: impl FnOnce() -> T) -> T {
+        let (t, c) = (Instant::now(), cpu_now());
+        let out = f();
+        self.wall.push(ms(t.elapsed()));
+        self.cpu.push(ms(cpu_now().saturating_sub(c)));
+        out
+    }
+
+    /// A table row (wall p50, p95, max; mean CPU) and (wall p50, mean CPU).
+    fn row(&mut self, name: &str) -> (f64, f64) {
+        let c50 = self.cpu.iter().sum::<f64>() / self.cpu.len().max(1) as f64;
+        let (p50, p95, max) = (
+            pct(&mut self.wall, 0.5),
+            pct(&mut self.wall, 0.95),
+            pct(&mut self.wall, 1.0),
+        );
+        println!(
+            "| {name} | {} | {p50:.1} | {p95:.1} | {max:.1} | {c50:.1} |",
+            self.wall.len()
+        );
+        (p50, c50)
+    }
 }
 
 struct TempDir(PathBuf);
@@ -306,93 +359,97 @@ fn bench_search(model: Arc<dyn Embedder>) {
         .unwrap_or_else(|| home().join(".cache/sandlot/bench/memory-100k"));
     let store = build_100k(&model, &dir);
     let (nf, nc, nv) = store.counts().unwrap();
+    // The previous path, as the peer: a second handle on the same index whose query embedder
+    // is candle's BERT and whose vector scan is the exact single-threaded f32 scan.
+    let previous_model: Arc<dyn Embedder> = Arc::new(candle_bert::CandleBert::load(
+        &sandlot_memory::embed::default_model_dir(),
+    ));
+    let previous = Store::open_unsynced(&dir, previous_model.clone()).unwrap();
+    previous.set_vector_scan(VectorScan::Exact);
     // The first vector search loads the matrix into memory (once per process; the daemon keeps it).
     let t = Instant::now();
     let mut q = SearchQuery::new("warm up");
     q.mode = SearchMode::Vector;
     store.search(&q).unwrap();
     let load = ms(t.elapsed());
+    previous.search(&q).unwrap();
     for q in QUERIES.iter().take(5) {
         store.search(&SearchQuery::new(*q)).unwrap();
+        previous.search(&SearchQuery::new(*q)).unwrap();
     }
     let rounds = 5;
-    let (mut hybrid, mut bm25, mut vector, mut embed) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let (mut old_hybrid, mut old_vector) = (Vec::new(), Vec::new());
-    // Agreement of the int8 scan (exact rerank) with the exact f32 scan: the same memories in
-    // the same order, per query.
-    let (mut same_top10, mut same_vec50, mut compared) = (0usize, 0usize, 0usize);
+    let (mut hybrid, mut bm25, mut vector, mut embed) = Default::default();
+    let (mut old_hybrid, mut old_vector, mut old_embed) = Default::default();
+    let (hybrid, bm25, vector, embed): (&mut Samples, &mut Samples, &mut Samples, &mut Samples) =
+        (&mut hybrid, &mut bm25, &mut vector, &mut embed);
+    let (old_hybrid, old_vector, old_embed): (&mut Samples, &mut Samples, &mut Samples) =
+        (&mut old_hybrid, &mut old_vector, &mut old_embed);
+    // Agreement of the int8 scan (exact rerank) with the exact f32 scan for the same query
+    // vector: the same memories in the same order, per query. And of the whole new path with
+    // the previous one.
+    let (mut same_top10, mut same_vec50, mut same_prev, mut compared) = (0, 0, 0, 0);
     for round in 0..rounds {
         for q in QUERIES {
-            store.set_vector_scan(VectorScan::Quantized);
-            let t = Instant::now();
-            let hits = store.search(&SearchQuery::new(*q)).unwrap();
-            hybrid.push(ms(t.elapsed()));
+            let hits = hybrid.measure(|| store.search(&SearchQuery::new(*q)).unwrap());
             assert_eq!(hits.len(), 10);
             let mut b = SearchQuery::new(*q);
             b.mode = SearchMode::Bm25;
-            let t = Instant::now();
-            store.search(&b).unwrap();
-            bm25.push(ms(t.elapsed()));
+            bm25.measure(|| store.search(&b).unwrap());
             let mut v = SearchQuery::new(*q);
             v.mode = SearchMode::Vector;
             v.limit = 50;
-            let t = Instant::now();
-            let vhits = store.search(&v).unwrap();
-            vector.push(ms(t.elapsed()));
-            let t = Instant::now();
-            model.embed(&[q]).unwrap();
-            embed.push(ms(t.elapsed()));
-            // Peer: the old path, an exact single-threaded f32 scan of every row.
-            store.set_vector_scan(VectorScan::Exact);
-            let t = Instant::now();
-            let old = store.search(&SearchQuery::new(*q)).unwrap();
-            old_hybrid.push(ms(t.elapsed()));
-            let t = Instant::now();
-            let old_v = store.search(&v).unwrap();
-            old_vector.push(ms(t.elapsed()));
-            store.set_vector_scan(VectorScan::Quantized);
+            let vhits = vector.measure(|| store.search(&v).unwrap());
+            embed.measure(|| model.embed(&[q]).unwrap());
+            let old = old_hybrid.measure(|| previous.search(&SearchQuery::new(*q)).unwrap());
+            old_vector.measure(|| previous.search(&v).unwrap());
+            old_embed.measure(|| previous_model.embed(&[q]).unwrap());
             if round == 0 {
                 let paths = |h: &[sandlot_memory::SearchHit]| {
                     h.iter().map(|h| h.path.clone()).collect::<Vec<_>>()
                 };
+                store.set_vector_scan(VectorScan::Exact);
+                let exact = store.search(&SearchQuery::new(*q)).unwrap();
+                let exact_v = store.search(&v).unwrap();
+                store.set_vector_scan(VectorScan::Quantized);
                 compared += 1;
-                same_top10 += usize::from(paths(&hits) == paths(&old));
-                same_vec50 += usize::from(paths(&vhits) == paths(&old_v));
+                same_top10 += usize::from(paths(&hits) == paths(&exact));
+                same_vec50 += usize::from(paths(&vhits) == paths(&exact_v));
+                same_prev += usize::from(paths(&hits) == paths(&old));
             }
         }
     }
     println!(
         "### Search over {nc} chunks ({nf} files, {nv} vectors; ms per query, {} queries)\n",
-        hybrid.len()
+        hybrid.wall.len()
     );
-    println!("| mode | n | p50 | p95 | max |\n|---|---|---|---|---|");
-    let (h50, _) = row(
-        "hybrid (query embedding ‖ BM25, then int8 scan on all cores + exact rerank, RRF)",
-        &mut hybrid,
+    println!("| mode | n | p50 | p95 | max | mean CPU (all threads) |\n|---|---|---|---|---|---|");
+    let (h50, hc) = hybrid.row(
+        "hybrid (query embedding ‖ BM25, then int8 AVX2 scan on all cores + exact rerank, RRF)",
     );
-    let (o50, _) = row(
-        "peer: hybrid with the old exact single-threaded f32 scan",
-        &mut old_hybrid,
+    let (o50, oc) = old_hybrid.row(
+        "peer: previous path, hybrid (candle BERT query embedding, exact single-threaded f32 scan)",
     );
-    let (b50, _) = row("peer: BM25 only", &mut bm25);
-    let (v50, _) = row(
-        "peer: vector only, int8 scan (incl. query embedding)",
-        &mut vector,
-    );
-    let (ov50, _) = row("peer: vector only, old exact f32 scan", &mut old_vector);
-    let (e50, _) = row("peer: query embedding alone", &mut embed);
+    let (_, bc) = bm25.row("peer: BM25 only");
+    let (v50, vc) = vector.row("vector only, incl. query embedding");
+    let (ov50, ovc) = old_vector.row("peer: previous path, vector only");
+    let (e50, ec) = embed.row("query embedding alone");
+    let (oe50, oec) = old_embed.row("peer: previous path, query embedding alone (candle BERT)");
     println!(
-        "\nhybrid p50 {h50:.1} ms (target <= 20 ms), {:.2}x the old path's {o50:.1} ms; vector-only {:.2}x the old; \
-         ratios to hybrid p50: BM25 {:.2}, vector {:.2}, embedding {:.2}; one-off vector matrix load {load:.0} ms",
+        "\nhybrid p50 {h50:.1} ms (target <= 20 ms), {:.2}x the previous path's {o50:.1} ms (CPU {:.2}x); \
+         vector-only {:.2}x (CPU {:.2}x); query embedding {:.2}x (CPU {:.2}x); \
+         mean CPU per hybrid query {hc:.1} ms, of which BM25 alone {bc:.1}, embedding alone {ec:.1}, \
+         vector-only minus embedding (filter, scan, rerank, fetch) {:.1}; one-off vector matrix load {load:.0} ms",
         h50 / o50,
+        hc / oc,
         v50 / ov50,
-        b50 / h50,
-        v50 / h50,
-        e50 / h50
+        vc / ovc,
+        e50 / oe50,
+        ec / oec,
+        vc - ec,
     );
     println!(
-        "same results as the exact scan: hybrid top-10 {same_top10}/{compared} queries, vector top-50 {same_vec50}/{compared} queries"
+        "same results as the exact f32 scan (same query vector): hybrid top-10 {same_top10}/{compared} queries, \
+         vector top-50 {same_vec50}/{compared} queries; hybrid top-10 same as the previous path: {same_prev}/{compared}"
     );
 }
 

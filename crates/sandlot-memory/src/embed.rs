@@ -4,10 +4,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use candle_core::{DType, Device, Tensor};
-use candle_nn::VarBuilder;
-use candle_transformers::models::bert::{BertModel, Config as BertConfig};
-use tokenizers::{PaddingParams, PaddingStrategy, Tokenizer, TruncationParams};
+use tokenizers::{Tokenizer, TruncationParams};
+
+use crate::minilm::{BertShape, MiniLm};
 
 /// Env var overriding the model directory.
 pub const MODEL_DIR_ENV: &str = "SANDLOT_MODEL_DIR";
@@ -62,12 +61,12 @@ pub fn default_model_dir() -> PathBuf {
     home.join(".cache/sandlot/models/all-MiniLM-L6-v2")
 }
 
-/// all-MiniLM-L6-v2 run on the CPU with candle: mean pooling over the attention mask, then L2
-/// normalisation, 384 dimensions — the sentence-transformers semantics of that model.
+/// all-MiniLM-L6-v2 run on the CPU (a direct forward pass, see [`crate::minilm`]): mean pooling
+/// over each text's tokens, then L2 normalisation, 384 dimensions — the sentence-transformers
+/// semantics of that model.
 pub struct MiniLmEmbedder {
-    model: BertModel,
+    model: MiniLm,
     tokenizer: Tokenizer,
-    device: Device,
     calls: AtomicU64,
 }
 
@@ -88,37 +87,30 @@ impl MiniLmEmbedder {
         };
         let config_text = std::fs::read_to_string(dir.join("config.json"))
             .map_err(|e| load_err(format!("read config.json: {e}")))?;
-        let config: BertConfig = serde_json::from_str(&config_text)
+        let config: BertShape = serde_json::from_str(&config_text)
             .map_err(|e| load_err(format!("parse config.json: {e}")))?;
-        let mut tokenizer = Tokenizer::from_file(dir.join("tokenizer.json"))
-            .map_err(|e| load_err(format!("load tokenizer.json: {e}")))?;
-        tokenizer
-            .with_truncation(Some(TruncationParams {
-                max_length: MINILM_MAX_TOKENS,
-                ..Default::default()
-            }))
-            .map_err(|e| load_err(format!("configure truncation: {e}")))?;
-        tokenizer.with_padding(Some(PaddingParams {
-            strategy: PaddingStrategy::BatchLongest,
-            ..Default::default()
-        }));
-        let device = Device::Cpu;
-        let weights = std::fs::read(dir.join("model.safetensors"))
-            .map_err(|e| load_err(format!("read model.safetensors: {e}")))?;
-        let vb = VarBuilder::from_buffered_safetensors(weights, DType::F32, &device)
-            .map_err(|e| load_err(format!("parse model.safetensors: {e}")))?;
-        let model = BertModel::load(vb, &config)
-            .map_err(|e| load_err(format!("build BERT from model.safetensors: {e}")))?;
         if config.hidden_size != 384 {
             return Err(load_err(format!(
                 "expected hidden_size 384 for all-MiniLM-L6-v2, config.json says {}",
                 config.hidden_size
             )));
         }
+        let mut tokenizer = Tokenizer::from_file(dir.join("tokenizer.json"))
+            .map_err(|e| load_err(format!("load tokenizer.json: {e}")))?;
+        tokenizer
+            .with_truncation(Some(TruncationParams {
+                max_length: MINILM_MAX_TOKENS.min(config.max_position_embeddings),
+                ..Default::default()
+            }))
+            .map_err(|e| load_err(format!("configure truncation: {e}")))?;
+        // Every text is encoded at its own length: the forward pass needs no padding.
+        tokenizer.with_padding(None);
+        let weights = std::fs::read(dir.join("model.safetensors"))
+            .map_err(|e| load_err(format!("read model.safetensors: {e}")))?;
+        let model = MiniLm::from_safetensors(&weights, &config).map_err(load_err)?;
         Ok(MiniLmEmbedder {
             model,
             tokenizer,
-            device,
             calls: AtomicU64::new(0),
         })
     }
@@ -133,33 +125,23 @@ impl MiniLmEmbedder {
         self.calls.load(Ordering::Relaxed)
     }
 
-    fn embed_batch(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, candle_core::Error> {
-        let enc = self
-            .tokenizer
-            .encode_batch(texts.to_vec(), true)
-            .map_err(|e| candle_core::Error::Msg(format!("tokenize: {e}")))?;
-        let n = enc.len();
-        let len = enc.first().map(|e| e.get_ids().len()).unwrap_or(0);
-        let mut ids = Vec::with_capacity(n * len);
-        let mut mask = Vec::with_capacity(n * len);
-        for e in &enc {
-            ids.extend(e.get_ids().iter().copied());
-            mask.extend(e.get_attention_mask().iter().copied());
-        }
-        let ids = Tensor::from_vec(ids, (n, len), &self.device)?;
-        let mask = Tensor::from_vec(mask, (n, len), &self.device)?;
-        let types = ids.zeros_like()?;
-        let hidden = self.model.forward(&ids, &types, Some(&mask))?; // (n, len, 384)
-        let maskf = mask.to_dtype(DType::F32)?.unsqueeze(2)?; // (n, len, 1)
-        let summed = hidden.broadcast_mul(&maskf)?.sum(1)?; // (n, 384)
-        let counts = maskf.sum(1)?.clamp(1e-9, f64::MAX)?; // (n, 1)
-        let mean = summed.broadcast_div(&counts)?;
-        let norm = mean.sqr()?.sum_keepdim(1)?.sqrt()?.clamp(1e-12, f64::MAX)?;
-        mean.broadcast_div(&norm)?.to_vec2::<f32>()
+    fn embed_batch(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, String> {
+        let encodings = if let [text] = texts {
+            vec![self
+                .tokenizer
+                .encode(*text, true)
+                .map_err(|e| format!("tokenize: {e}"))?]
+        } else {
+            self.tokenizer
+                .encode_batch(texts.to_vec(), true)
+                .map_err(|e| format!("tokenize: {e}"))?
+        };
+        let ids: Vec<&[u32]> = encodings.iter().map(|e| e.get_ids()).collect();
+        self.model.embed(&ids).map_err(|e| e.to_string())
     }
 }
 
-/// Texts per forward pass; texts are grouped by length so padding stays small.
+/// Texts per forward pass (sorted by length; bounds the activations' memory).
 const MINILM_BATCH: usize = 32;
 
 impl Embedder for MiniLmEmbedder {
@@ -168,7 +150,7 @@ impl Embedder for MiniLmEmbedder {
     }
 
     fn dim(&self) -> usize {
-        384
+        self.model.hidden()
     }
 
     fn embed(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
@@ -183,7 +165,7 @@ impl Embedder for MiniLmEmbedder {
                 .map_err(|e| EmbedError::Inference {
                     model: MINILM_MODEL_ID.to_string(),
                     count: texts.len(),
-                    reason: e.to_string(),
+                    reason: e,
                 })?;
             for (&i, v) in group.iter().zip(vecs) {
                 out[i] = v;
@@ -320,24 +302,10 @@ pub fn normalize(mut v: Vec<f32>) -> Vec<f32> {
     v
 }
 
-/// Dot product (cosine similarity for unit vectors).
+/// Dot product (cosine similarity for unit vectors); AVX2 + FMA where the CPU has them.
 #[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    // Eight independent accumulators let the compiler vectorise without fast-math.
-    let mut acc = [0f32; 8];
-    let ca = a.chunks_exact(8);
-    let cb = b.chunks_exact(8);
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for k in 0..8 {
-            acc[k] += x[k] * y[k];
-        }
-    }
-    let mut s: f32 = acc.iter().sum();
-    for (x, y) in ra.iter().zip(rb) {
-        s += x * y;
-    }
-    s
+    crate::kernels::dot(a, b)
 }
 
 /// A deterministic bag-of-words hashing embedder. For unit tests only: it has no semantics

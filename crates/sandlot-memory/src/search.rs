@@ -209,26 +209,28 @@ impl Store {
         };
         // Reciprocal rank fusion over memories: each retriever ranks files by their best chunk,
         // so a memory found by both lists gains from both even when different chunks matched.
-        let mut chunks: HashMap<i64, crate::index::ChunkRow> = HashMap::new();
-        let mut per_file = |ids: &mut dyn Iterator<Item = (i64, Option<f32>)>| -> Result<Vec<(String, i64, Option<f32>)>> {
+        // Both candidate lists' chunks in one query.
+        let mut ids: Vec<i64> = text_hits
+            .iter()
+            .map(|(id, _)| *id)
+            .chain(vec_hits.iter().map(|(id, _)| *id))
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let chunks = idx.chunks_by_id(&ids)?;
+        let per_file = |ids: &mut dyn Iterator<Item = (i64, Option<f32>)>| {
             let mut seen = HashSet::new();
             let mut out = Vec::new();
             for (id, sim) in ids {
-                let c = match chunks.get(&id) {
-                    Some(c) => c,
-                    None => match idx.chunk(id)? {
-                        Some(c) => chunks.entry(id).or_insert(c),
-                        None => continue,
-                    },
-                };
-                if seen.insert(c.path.clone()) {
+                let Some(c) = chunks.get(&id) else { continue };
+                if seen.insert(c.path.as_str()) {
                     out.push((c.path.clone(), id, sim));
                 }
             }
-            Ok(out)
+            out
         };
-        let text_files = per_file(&mut text_hits.iter().map(|(id, _)| (*id, None)))?;
-        let vec_files = per_file(&mut vec_hits.iter().map(|(id, s)| (*id, Some(*s))))?;
+        let text_files = per_file(&mut text_hits.iter().map(|(id, _)| (*id, None)));
+        let vec_files = per_file(&mut vec_hits.iter().map(|(id, s)| (*id, Some(*s))));
         #[derive(Default)]
         struct Fused {
             score: f64,

@@ -12,41 +12,11 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use common::*;
 use sandlot_memory::embed::dot;
 use sandlot_memory::{Embedder, SearchMode, SearchQuery, Store};
-
-fn data_dir() -> PathBuf {
-    let d = std::env::var_os("SANDLOT_MEMORY_DATA_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").expect("HOME")).join(".cache/sandlot/data/lee")
-        });
-    for f in ["lee.cor", "lee_background.cor", "similarities0-1.txt"] {
-        assert!(
-            d.join(f).is_file(),
-            "{} is missing: run `bash scripts/setup.d/40-memory.sh` (it extracts the Lee corpus from the gensim wheel)",
-            d.join(f).display()
-        );
-    }
-    d
-}
-
-fn read_lines(p: PathBuf) -> Vec<String> {
-    // The Lee files are Latin-1 in places: decode leniently.
-    let bytes = std::fs::read(&p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()));
-    let text = match String::from_utf8(bytes) {
-        Ok(t) => t,
-        Err(e) => e.into_bytes().iter().map(|&b| b as char).collect(),
-    };
-    text.lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(str::to_string)
-        .collect()
-}
 
 fn pearson(x: &[f64], y: &[f64]) -> f64 {
     let n = x.len() as f64;
@@ -113,40 +83,6 @@ fn lee_similarity_correlates_with_human_ratings() {
         "Spearman {s:.3} dropped below its measured level (0.51)"
     );
 }
-
-/// (index of the story in lee_background.cor, paraphrased query).
-const PARAPHRASES: &[(usize, &str)] = &[
-    (0, "residents told to leave as gales push a wildfire towards a small southern tablelands town"),
-    (10, "crews reconnecting electricity after a violent tempest cut supply to many households"),
-    (20, "South American president asks lenders to pay retirees and employees to calm unrest"),
-    (30, "heterosexual transmission of the virus in the top end is double the countrywide figure"),
-    (40, "crews brace for shifting gusts as blazes encircle the harbour city"),
-    (50, "militant from the Arabian peninsula captured while comrades hold out in a medical facility"),
-    (60, "Jewish state stops the Palestinian chairman attending the Nativity celebrations"),
-    (70, "state leader takes the blame after a psychiatric patient who murdered a teen escaped abroad"),
-    (80, "African nation warned it may be expelled from the group of former British colonies over land seizures"),
-    (90, "campaigners demand the viceroy step down over how he handled molestation complaints at a church boarding school"),
-    (100, "inquest finds an Indigenous youth who took his own life in juvenile jail should never have been locked up"),
-    (110, "Islamist militants switch strategy to hit infrastructure instead of civilians"),
-    (120, "airline engineers threaten escalating strikes unless the carrier accepts independent adjudication of their pay fight"),
-    (130, "ailing ex-strongman of Jakarta recovering after receiving breathing assistance"),
-    (140, "al-Qaeda chief admits on recorded footage that he orchestrated the 2001 hijackings"),
-    (150, "finance employees walk off the job at major lenders to coincide with shareholder meetings"),
-    (160, "first criminal charge laid over the hijackings, against a man who took aviation classes"),
-    (170, "American central bank lowers borrowing costs to the lowest level in four decades"),
-    (180, "Pacific island agrees to take more refugees in return for millions in assistance"),
-    (190, "man imprisoned for felling protected tropical trees in a heritage listed area"),
-    (200, "footage recovered in Afghanistan shows the Saudi exile knew about the plot beforehand"),
-    (210, "Indian police charge a man who trained as an aviator down under and confessed to plotting strikes"),
-    (220, "militant group threatens Palestinian Authority officials if its spiritual leader is hurt"),
-    (230, "Swiss adventure guides deny blame for the flash flood deaths of tourists in a gorge"),
-    (240, "slow vote tallying in the Pacific nation's poll amid fears of ballot fraud"),
-    (250, "Israeli jets and helicopters bomb Palestinian territories and strike near the leader's headquarters"),
-    (260, "travel agency chain collapses leaving hundreds out of work"),
-    (270, "tycoons ask Canberra to curb the national carrier's market power to help revive a failed airline"),
-    (280, "environmental party secures another upper house seat, unseating a long serving senator"),
-    (290, "another bovine spongiform encephalopathy case found in Japanese cattle"),
-];
 
 fn recall_at_10(store: &Store, mode: SearchMode) -> (f64, Vec<usize>) {
     let mut found = 0;
