@@ -35,7 +35,7 @@ impl Dense {
     fn forward(&self, x: &[f32]) -> candle_core::Result<Vec<f32>> {
         let m = x.len() / self.n_in;
         if m <= SMALL_ROWS {
-            return Ok(self.forward_small(x, m));
+            return Ok(self.rows(x, 0..self.n_out()));
         }
         let cpu = Device::Cpu;
         let xt = Tensor::from_slice(x, (m, self.n_in), &cpu)?;
@@ -79,35 +79,40 @@ fn attention_gemm(
 }
 
 impl Dense {
-    /// The small-matrix path. The product is bound by reading the weights from memory, so with
-    /// a second core the weight rows are split in two halves, one per thread (each core streams
-    /// its half): every weight is still read exactly once.
-    fn forward_small(&self, x: &[f32], m: usize) -> Vec<f32> {
-        let (k, n) = (self.n_in, self.n_out());
-        let mut out = vec![0f32; m * n];
-        let half = n / 2 / 4 * 4;
-        if *CORES < 2 || half == 0 {
-            kernels::linear(x, k, &self.w, &self.b, &mut out);
-            return out;
-        }
-        let (w0, w1) = self.w.split_at(half * k);
-        let (b0, b1) = self.b.split_at(half);
-        let mut hi = vec![0f32; m * (n - half)];
-        let mut lo = vec![0f32; m * half];
-        std::thread::scope(|s| {
-            s.spawn(|| kernels::linear(x, k, w1, b1, &mut hi));
-            kernels::linear(x, k, w0, b0, &mut lo);
-        });
-        for ((row, l), h) in out
-            .chunks_exact_mut(n)
-            .zip(lo.chunks_exact(half))
-            .zip(hi.chunks_exact(n - half))
-        {
-            row[..half].copy_from_slice(l);
-            row[half..].copy_from_slice(h);
-        }
+    /// Outputs `range` (weight rows) of the small-matrix product for the `m` rows of `x`:
+    /// `m × range.len()`.
+    fn rows(&self, x: &[f32], range: std::ops::Range<usize>) -> Vec<f32> {
+        let k = self.n_in;
+        let m = x.len() / k;
+        let mut out = vec![0f32; m * range.len()];
+        kernels::linear(
+            x,
+            k,
+            &self.w[range.start * k..range.end * k],
+            &self.b[range.clone()],
+            &mut out,
+        );
         out
     }
+
+    /// Where the weight rows are split between the calling thread and the helper.
+    fn split(&self) -> usize {
+        self.n_out() / 2 / 4 * 4
+    }
+}
+
+/// Interleaves the row halves `lo` (`m × half`) and `hi` into one `m × n` matrix.
+fn merge(lo: &[f32], hi: &[f32], half: usize, n: usize) -> Vec<f32> {
+    let mut out = vec![0f32; lo.len() + hi.len()];
+    for ((row, l), h) in out
+        .chunks_exact_mut(n)
+        .zip(lo.chunks_exact(half))
+        .zip(hi.chunks_exact(n - half))
+    {
+        row[..half].copy_from_slice(l);
+        row[half..].copy_from_slice(h);
+    }
+    out
 }
 
 /// Cores available to this process.
@@ -255,6 +260,48 @@ impl MiniLm {
     /// Sentence embeddings of token sequences (special tokens included, token type 0): mean of
     /// the last hidden states over each sequence's tokens, L2-normalised.
     pub(crate) fn embed(&self, seqs: &[&[u32]]) -> candle_core::Result<Vec<Vec<f32>>> {
+        let total: usize = seqs.iter().map(|s| s.len()).sum();
+        if total > SMALL_ROWS || *CORES < 2 {
+            return self.encode(seqs, &mut |d: &Dense, x: &[f32]| d.forward(x));
+        }
+        // A short input (a search query): the products are bound by reading the weights from
+        // memory, so a helper thread, started once per call, computes the upper half of every
+        // projection's weight rows while this thread does the lower half (each core streams
+        // half the weights; every weight is still read once).
+        std::thread::scope(|s| {
+            let (jobs, job_rx) = std::sync::mpsc::channel::<(&Dense, Vec<f32>)>();
+            let (done_tx, done) = std::sync::mpsc::channel::<Vec<f32>>();
+            s.spawn(move || {
+                for (d, x) in job_rx {
+                    if done_tx.send(d.rows(&x, d.split()..d.n_out())).is_err() {
+                        break;
+                    }
+                }
+            });
+            let out = self.encode(seqs, &mut |d: &Dense, x: &[f32]| {
+                let half = d.split();
+                if half == 0 {
+                    return Ok(d.rows(x, 0..d.n_out()));
+                }
+                jobs.send((d, x.to_vec()))
+                    .map_err(|_| candle_core::Error::Msg("projection helper stopped".into()))?;
+                let lo = d.rows(x, 0..half);
+                let hi = done
+                    .recv()
+                    .map_err(|_| candle_core::Error::Msg("projection helper stopped".into()))?;
+                Ok(merge(&lo, &hi, half, d.n_out()))
+            });
+            drop(jobs);
+            out
+        })
+    }
+
+    /// The encoder, with `project` computing each dense layer's product plus bias.
+    fn encode<'a>(
+        &'a self,
+        seqs: &[&[u32]],
+        project: &mut dyn FnMut(&'a Dense, &[f32]) -> candle_core::Result<Vec<f32>>,
+    ) -> candle_core::Result<Vec<Vec<f32>>> {
         let h = self.hidden;
         let total: usize = seqs.iter().map(|s| s.len()).sum();
         let mut x = vec![0f32; total * h];
@@ -287,7 +334,7 @@ impl MiniLm {
         kernels::layer_norm(&mut x, &self.emb_norm.gamma, &self.emb_norm.beta, self.eps);
         let mut ctx = vec![0f32; total * h];
         for layer in &self.layers {
-            let qkv = layer.qkv.forward(&x)?;
+            let qkv = project(&layer.qkv, &x)?;
             let mut at = 0;
             for s in seqs {
                 let n = s.len();
@@ -302,7 +349,7 @@ impl MiniLm {
                 }
                 at += n;
             }
-            let mut a = layer.attn_out.forward(&ctx)?;
+            let mut a = project(&layer.attn_out, &ctx)?;
             for (v, r) in a.iter_mut().zip(&x) {
                 *v += r;
             }
@@ -312,9 +359,9 @@ impl MiniLm {
                 &layer.attn_norm.beta,
                 self.eps,
             );
-            let mut f = layer.ffn_in.forward(&a)?;
+            let mut f = project(&layer.ffn_in, &a)?;
             kernels::gelu(&mut f);
-            let mut o = layer.ffn_out.forward(&f)?;
+            let mut o = project(&layer.ffn_out, &f)?;
             for (v, r) in o.iter_mut().zip(&a) {
                 *v += r;
             }
