@@ -115,6 +115,9 @@ fn merge(lo: &[f32], hi: &[f32], half: usize, n: usize) -> Vec<f32> {
     out
 }
 
+/// Computes one dense layer's product plus bias for the encoder.
+type Projection<'w, 'c> = dyn FnMut(&'w Dense, &[f32]) -> candle_core::Result<Vec<f32>> + 'c;
+
 /// Cores available to this process.
 static CORES: std::sync::LazyLock<usize> = std::sync::LazyLock::new(|| {
     std::thread::available_parallelism()
@@ -174,7 +177,9 @@ impl MiniLm {
                 shape.hidden_act
             ));
         }
-        if shape.num_attention_heads == 0 || shape.hidden_size % shape.num_attention_heads != 0 {
+        if shape.num_attention_heads == 0
+            || !shape.hidden_size.is_multiple_of(shape.num_attention_heads)
+        {
             return Err(format!(
                 "hidden_size {} is not a multiple of num_attention_heads {}",
                 shape.hidden_size, shape.num_attention_heads
@@ -300,7 +305,7 @@ impl MiniLm {
     fn encode<'a>(
         &'a self,
         seqs: &[&[u32]],
-        project: &mut dyn FnMut(&'a Dense, &[f32]) -> candle_core::Result<Vec<f32>>,
+        project: &mut Projection<'a, '_>,
     ) -> candle_core::Result<Vec<Vec<f32>>> {
         let h = self.hidden;
         let total: usize = seqs.iter().map(|s| s.len()).sum();
