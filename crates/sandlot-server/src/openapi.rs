@@ -166,6 +166,7 @@ pub struct SecretRefDoc {
         sandlot_client::vfs::CollectionList, sandlot_client::vfs::IngestResult,
         sandlot_client::vfs::IngestAnswer, sandlot_client::vfs::OpenSession,
         sandlot_client::vfs::SessionLimits, sandlot_client::vfs::VfsSession,
+        sandlot_client::vfs::VfsScratch,
         sandlot_client::vfs::RunCommand, sandlot_client::vfs::RunResult,
         sandlot_client::vfs::AuditEntry, sandlot_client::vfs::AuditList)),
     tags((name = "sandboxes"), (name = "processes"), (name = "files"), (name = "network"), (name = "ports"), (name = "images"), (name = "volumes"), (name = "secrets"), (name = "memory"), (name = "vfs"), (name = "system")),
