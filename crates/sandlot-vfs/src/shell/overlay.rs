@@ -198,8 +198,8 @@ impl<'a> Fs<'a> {
     /// File name of a node (empty for the root).
     pub(crate) fn name(&self, n: NodeId) -> &'a str {
         match self.entry(n) {
-            Some(e) => &*e.name,
-            None if self.is_base(n) => &*self.tree().node(n).name,
+            Some(e) => &e.name,
+            None if self.is_base(n) => &self.tree().node(n).name,
             None => "",
         }
     }
