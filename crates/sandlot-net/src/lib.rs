@@ -23,6 +23,7 @@ pub mod nft;
 pub mod policy;
 pub mod proxy;
 pub mod resolver;
+pub mod rtnl;
 pub mod slots;
 pub mod sniff;
 
@@ -48,6 +49,8 @@ pub enum NetError {
     Stopping,
     #[error("sandbox {0} has no network slot")]
     NotAttached(String),
+    #[error(transparent)]
+    Netlink(#[from] rtnl::RtnlError),
 }
 
 /// Operator settings (`[network]` in the daemon's TOML).

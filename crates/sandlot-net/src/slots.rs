@@ -7,7 +7,6 @@
 use std::collections::{BTreeSet, VecDeque};
 use std::net::Ipv4Addr;
 use std::os::fd::OwnedFd;
-use std::process::Command;
 use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -15,6 +14,7 @@ use sandlot_proto::spec::Cidr;
 use serde::{Deserialize, Serialize};
 
 use crate::nft::{Nft, TableSpec};
+use crate::rtnl::{Rtnl, LOOPBACK_INDEX};
 use crate::NetError;
 
 /// Where `ip netns` keeps its named namespaces.
@@ -66,38 +66,173 @@ impl AddressPlan {
     }
 }
 
-/// The `ip` invocations that build `slot`, in order (pure).
-pub fn build_commands(slot: &Slot) -> Vec<Vec<String>> {
+/// Which end of a slot a step acts on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The host's network namespace (the daemon's).
+    Host,
+    /// The slot's own namespace.
+    Slot,
+}
+
+/// One step of building a slot once its namespace exists (planned as data by
+/// [`build_plan`], applied in order by the pool over rtnetlink).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SlotStep {
+    /// The veth pair: `host` in the host, `peer` inside the slot.
+    Veth {
+        host: String,
+        peer: String,
+    },
+    Address {
+        side: Side,
+        dev: String,
+        addr: Ipv4Addr,
+        prefix: u8,
+    },
+    Up {
+        side: Side,
+        dev: String,
+    },
+    /// Inside the slot: the default route through the host end.
+    DefaultRoute {
+        via: Ipv4Addr,
+    },
+}
+
+/// The steps that wire `slot` up after its namespace is created (pure).
+pub fn build_plan(slot: &Slot) -> Vec<SlotStep> {
     let n = &slot.name;
-    let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
     vec![
-        s(&["netns", "add", n]),
-        s(&[
-            "link", "add", n, "type", "veth", "peer", "name", INNER_IF, "netns", n,
-        ]),
-        s(&["addr", "add", &format!("{}/30", slot.host_ip), "dev", n]),
-        s(&["link", "set", n, "up"]),
-        s(&[
-            "-n",
-            n,
-            "addr",
-            "add",
-            &format!("{}/30", slot.sandbox_ip),
-            "dev",
-            INNER_IF,
-        ]),
-        s(&["-n", n, "link", "set", INNER_IF, "up"]),
-        s(&["-n", n, "link", "set", "lo", "up"]),
-        s(&[
-            "-n",
-            n,
-            "route",
-            "add",
-            "default",
-            "via",
-            &slot.host_ip.to_string(),
-        ]),
+        SlotStep::Veth {
+            host: n.clone(),
+            peer: INNER_IF.into(),
+        },
+        SlotStep::Address {
+            side: Side::Host,
+            dev: n.clone(),
+            addr: slot.host_ip,
+            prefix: 30,
+        },
+        SlotStep::Up {
+            side: Side::Host,
+            dev: n.clone(),
+        },
+        SlotStep::Address {
+            side: Side::Slot,
+            dev: INNER_IF.into(),
+            addr: slot.sandbox_ip,
+            prefix: 30,
+        },
+        SlotStep::Up {
+            side: Side::Slot,
+            dev: INNER_IF.into(),
+        },
+        SlotStep::Up {
+            side: Side::Slot,
+            dev: "lo".into(),
+        },
+        SlotStep::DefaultRoute { via: slot.host_ip },
     ]
+}
+
+/// Applies `steps` with a netlink socket in the host and one inside the slot.
+fn apply_plan(
+    steps: &[SlotStep],
+    host: &mut Rtnl,
+    inside: &mut Rtnl,
+    slot_ns: std::os::fd::BorrowedFd<'_>,
+) -> Result<(), NetError> {
+    for step in steps {
+        match step {
+            SlotStep::Veth { host: h, peer } => host.create_veth(h, peer, slot_ns)?,
+            SlotStep::Address {
+                side,
+                dev,
+                addr,
+                prefix,
+            } => {
+                let s = if *side == Side::Host {
+                    &mut *host
+                } else {
+                    &mut *inside
+                };
+                let i = s.link_index(dev)?;
+                s.add_addr(i, *addr, *prefix)?;
+            }
+            SlotStep::Up { side, dev } => {
+                let s = if *side == Side::Host {
+                    &mut *host
+                } else {
+                    &mut *inside
+                };
+                let i = if dev == "lo" {
+                    LOOPBACK_INDEX
+                } else {
+                    s.link_index(dev)?
+                };
+                s.set_up(i)?;
+            }
+            SlotStep::DefaultRoute { via } => inside.add_default_route(*via)?,
+        }
+    }
+    Ok(())
+}
+
+/// Makes `/run/netns` a shared mount point, as `ip netns add` does, so that the
+/// namespaces bound under it (and their later removal) propagate to mount
+/// namespaces copied from the host's.
+fn prepare_netns_dir() -> Result<(), NetError> {
+    use rustix::mount::{mount_bind_recursive, mount_change, MountPropagationFlags as P};
+    let io = |what: &str, e: rustix::io::Errno| NetError::Io {
+        what: format!("{what} {NETNS_DIR}"),
+        source: e.into(),
+    };
+    std::fs::create_dir_all(NETNS_DIR).map_err(|e| NetError::Io {
+        what: format!("create {NETNS_DIR}"),
+        source: e,
+    })?;
+    match mount_change(NETNS_DIR, P::SHARED | P::REC) {
+        Ok(()) => Ok(()),
+        // Not a mount point yet: bind it onto itself first.
+        Err(rustix::io::Errno::INVAL) => {
+            mount_bind_recursive(NETNS_DIR, NETNS_DIR).map_err(|e| io("bind", e))?;
+            mount_change(NETNS_DIR, P::SHARED | P::REC).map_err(|e| io("make shared", e))
+        }
+        Err(e) => Err(io("make shared", e)),
+    }
+}
+
+/// Creates the named namespace `/run/netns/NAME` (what `ip netns add` does, in a
+/// thread of this process), sets the slot sysctls in it, and returns a netlink
+/// socket inside it.
+fn create_namespace(name: &str) -> Result<Rtnl, NetError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = format!("{NETNS_DIR}/{name}");
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o000)
+        .open(&path)
+        .map_err(|e| NetError::Io {
+            what: format!("create {path}"),
+            source: e,
+        })?;
+    sandlot_runtime::netns::in_new_network_namespace(|| -> Result<Rtnl, NetError> {
+        rustix::mount::mount_bind("/proc/thread-self/ns/net", path.as_str()).map_err(|e| {
+            NetError::Io {
+                what: format!("bind the new network namespace at {path}"),
+                source: e.into(),
+            }
+        })?;
+        write_sysctls(name)?;
+        Ok(Rtnl::open()?)
+    })
+    .map_err(|e| NetError::Io {
+        what: format!("create network namespace {name}"),
+        source: e,
+    })?
 }
 
 /// Sysctls set inside each slot's namespace: binding ports below 1024 needs no
@@ -107,23 +242,6 @@ pub const SLOT_SYSCTLS: &[(&str, &str)] = &[
     ("net/ipv6/conf/all/disable_ipv6", "1"),
     ("net/ipv6/conf/default/disable_ipv6", "1"),
 ];
-
-fn ip(args: &[String]) -> Result<(), NetError> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| NetError::Command {
-            cmd: format!("ip {}", args.join(" ")),
-            message: e.to_string(),
-        })?;
-    if !out.status.success() {
-        return Err(NetError::Command {
-            cmd: format!("ip {}", args.join(" ")),
-            message: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        });
-    }
-    Ok(())
-}
 
 /// Deletes a named network namespace as `ip netns del` does (detach its bind
 /// mount under `/run/netns`, remove the file), without a process per slot: at
@@ -159,36 +277,21 @@ pub fn open_netns(name: &str) -> Result<OwnedFd, NetError> {
         })
 }
 
-/// Writes sysctls inside namespace `name` from a short-lived thread that joins it.
-fn set_sysctls(name: &str) -> Result<(), NetError> {
-    let ns = open_netns(name)?;
-    std::thread::scope(|s| {
-        s.spawn(|| -> Result<(), NetError> {
-            rustix::thread::move_into_link_name_space(
-                std::os::fd::AsFd::as_fd(&ns),
-                Some(rustix::thread::LinkNameSpaceType::Network),
-            )
-            .map_err(|e| NetError::Io {
-                what: format!("join netns {name}"),
-                source: e.into(),
-            })?;
-            for (k, v) in SLOT_SYSCTLS {
-                let p = format!("/proc/sys/{k}");
-                if let Err(e) = std::fs::write(&p, v) {
-                    // IPv6 may be compiled out; then there is nothing to disable.
-                    if !k.contains("ipv6") {
-                        return Err(NetError::Io {
-                            what: format!("write {p} in netns {name}"),
-                            source: e,
-                        });
-                    }
-                }
+/// Writes the slot sysctls; the calling thread is inside the slot's namespace.
+fn write_sysctls(name: &str) -> Result<(), NetError> {
+    for (k, v) in SLOT_SYSCTLS {
+        let p = format!("/proc/sys/{k}");
+        if let Err(e) = std::fs::write(&p, v) {
+            // IPv6 may be compiled out; then there is nothing to disable.
+            if !k.contains("ipv6") {
+                return Err(NetError::Io {
+                    what: format!("write {p} in netns {name}"),
+                    source: e,
+                });
             }
-            Ok(())
-        })
-        .join()
-        .unwrap_or_else(|_| Err(NetError::Config("sysctl thread panicked".into())))
-    })
+        }
+    }
+    Ok(())
 }
 
 /// Names of slot namespaces and host links starting with `prefix`.
@@ -291,9 +394,23 @@ impl SlotPool {
                 tracing::warn!(netns = %n, "delete a leftover network slot: {e}");
             }
         }
-        for l in links.iter().filter(|l| !kept.contains(l.as_str())) {
-            if !ns.contains(l) {
-                let _ = ip(&["link".into(), "del".into(), l.clone()]);
+        if let Err(e) = prepare_netns_dir() {
+            tracing::warn!("{e}");
+        }
+        let stray: Vec<&String> = links
+            .iter()
+            .filter(|l| !kept.contains(l.as_str()) && !ns.contains(l))
+            .collect();
+        if !stray.is_empty() {
+            match Rtnl::open() {
+                Ok(mut rt) => {
+                    for l in stray {
+                        if let Err(e) = rt.delete_link(l) {
+                            tracing::warn!(link = %l, "delete a leftover slot interface: {e}");
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!("delete leftover slot interfaces: {e}"),
             }
         }
         {
@@ -361,10 +478,15 @@ impl SlotPool {
     /// Builds a slot; on failure removes what was built.
     fn build(&self, slot: &Slot) -> Result<(), NetError> {
         let r = (|| {
-            for c in build_commands(slot) {
-                ip(&c)?;
-            }
-            set_sysctls(&slot.name)?;
+            let mut inside = create_namespace(&slot.name)?;
+            let ns = open_netns(&slot.name)?;
+            let mut host = Rtnl::open()?;
+            apply_plan(
+                &build_plan(slot),
+                &mut host,
+                &mut inside,
+                std::os::fd::AsFd::as_fd(&ns),
+            )?;
             self.inner.nft.apply(
                 &self
                     .inner
@@ -603,23 +725,43 @@ mod tests {
     }
 
     #[test]
-    fn build_commands_create_the_namespace_first_and_route_last() {
+    fn build_plan_wires_the_veth_first_and_routes_last() {
         let s = Slot {
             name: "snab12cd00000a".into(),
             index: 2,
             host_ip: Ipv4Addr::new(100, 96, 0, 9),
             sandbox_ip: Ipv4Addr::new(100, 96, 0, 10),
         };
-        let c = build_commands(&s);
-        assert_eq!(c[0], ["netns", "add", "snab12cd00000a"]);
-        assert!(c[1].contains(&"veth".to_string()));
-        assert!(c
-            .iter()
-            .any(|a| a.join(" ") == "addr add 100.96.0.9/30 dev snab12cd00000a"));
+        let p = build_plan(&s);
         assert_eq!(
-            c.last().unwrap().join(" "),
-            "-n snab12cd00000a route add default via 100.96.0.9"
+            p[0],
+            SlotStep::Veth {
+                host: s.name.clone(),
+                peer: "eth0".into()
+            }
         );
+        assert!(p.contains(&SlotStep::Address {
+            side: Side::Host,
+            dev: s.name.clone(),
+            addr: s.host_ip,
+            prefix: 30
+        }));
+        assert!(p.contains(&SlotStep::Address {
+            side: Side::Slot,
+            dev: "eth0".into(),
+            addr: s.sandbox_ip,
+            prefix: 30
+        }));
+        // Both ends and the slot's loopback come up before the route is added.
+        let route = p.len() - 1;
+        assert_eq!(p[route], SlotStep::DefaultRoute { via: s.host_ip });
+        for dev in [s.name.as_str(), "eth0", "lo"] {
+            let up = p
+                .iter()
+                .position(|x| matches!(x, SlotStep::Up { dev: d, .. } if d == dev))
+                .unwrap();
+            assert!(up < route);
+        }
         assert!(s.name.len() <= 15, "interface names are at most 15 bytes");
     }
 }

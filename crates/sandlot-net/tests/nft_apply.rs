@@ -11,17 +11,7 @@ fn in_private_netns<T: Send>(f: impl FnOnce() -> T + Send) -> T {
         rustix::process::geteuid().is_root(),
         "privileged test: run as root (creates a network namespace)"
     );
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            // SAFETY: only the network namespace of this one thread changes; nothing
-            // in the process depends on this thread's network namespace.
-            unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNET) }
-                .expect("unshare a network namespace");
-            f()
-        })
-        .join()
-        .unwrap()
-    })
+    sandlot_runtime::netns::in_new_network_namespace(f).expect("a private network namespace")
 }
 
 #[test]

@@ -15,6 +15,7 @@ pub mod hostimage;
 pub mod init;
 pub mod mounts;
 pub mod namespace;
+pub mod netns;
 pub mod plan;
 pub mod seccomp;
 pub mod security;

@@ -206,6 +206,14 @@ pub fn clone_into_namespaces(flags: libc::c_int) -> io::Result<Fork> {
     })
 }
 
+/// `unshare(CLONE_NEWNET)`: moves the calling thread alone into a new network namespace.
+pub fn unshare_network() -> io::Result<()> {
+    // SAFETY: CLONE_NEWNET changes only the calling thread's network namespace. Unlike
+    // CLONE_FILES or CLONE_FS it does not split state other threads share, so no other
+    // thread can observe a changed descriptor table or working directory.
+    cvt(unsafe { libc::unshare(libc::CLONE_NEWNET) }).map(|_| ())
+}
+
 /// Exits immediately without running destructors or atexit handlers (for forked children).
 pub fn exit_now(code: i32) -> ! {
     // SAFETY: _exit never returns and takes no pointers.

@@ -193,13 +193,16 @@ pub async fn serve(
             let front = e2b::E2b::new(state.clone(), state.cfg.e2b.clone(), stop_rx.clone())
                 .map_err(io("create the e2b key in", &state.cfg.data_dir))?;
             tracing::info!(listen = ?state.cfg.e2b.listen, "E2B-compatible API listening");
-            let srv = axum::serve(l, e2b::router(front))
+            let srv = axum::serve(l, e2b::router(front).into_make_service())
                 .with_graceful_shutdown(wait_stop(stop_rx.clone()));
             Some(tokio::spawn(srv.into_future()))
         }
         None => None,
     };
-    let unix_app = routes::router(state.clone(), Transport::Unix);
+    // `into_make_service`: each connection gets a clone of the router (one `Arc`).
+    // Serving a `Router` directly re-walks every route (`with_state`) per connection,
+    // and most clients open one connection per request.
+    let unix_app = routes::router(state.clone(), Transport::Unix).into_make_service();
     let unix_srv = axum::serve(unix, unix_app).with_graceful_shutdown(wait_stop(stop_rx.clone()));
     let servers = async {
         match tcp {

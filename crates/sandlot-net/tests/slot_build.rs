@@ -1,0 +1,160 @@
+//! Privileged: a network slot built over rtnetlink (no `ip` processes) is wired the
+//! way sandboxes need it, and releasing it leaves nothing. The host side of the slot
+//! lives in a private network namespace of this test, never the host's.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsFd;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use sandlot_net::nft::{Nft, TableSpec};
+use sandlot_net::slots::{open_netns, AddressPlan, SlotPool, NETNS_DIR};
+use sandlot_proto::spec::Cidr;
+
+fn in_private_netns<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    assert!(
+        rustix::process::geteuid().is_root(),
+        "privileged test: run as root (creates network namespaces)"
+    );
+    sandlot_runtime::netns::in_new_network_namespace(f).expect("a private network namespace")
+}
+
+/// Runs `f` on a thread inside the named slot namespace.
+fn in_slot<T: Send>(name: &str, f: impl FnOnce() -> T + Send) -> T {
+    let ns = open_netns(name).unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            rustix::thread::move_into_link_name_space(
+                ns.as_fd(),
+                Some(rustix::thread::LinkNameSpaceType::Network),
+            )
+            .unwrap();
+            f()
+        })
+        .join()
+        .unwrap()
+    })
+}
+
+fn ip(args: &[&str]) -> String {
+    let out = Command::new("ip").args(args).output().expect("run ip");
+    assert!(
+        out.status.success(),
+        "ip {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Removes this test's slot namespaces even when an assertion fails half-way.
+struct Cleanup;
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let (ns, _) = sandlot_net::slots::existing("snslt01");
+        for n in ns {
+            let _ = sandlot_net::slots::delete_netns(&n);
+        }
+    }
+}
+
+#[test]
+fn issue6_slot_is_wired_over_netlink_and_release_leaves_nothing() {
+    let _cleanup = Cleanup;
+    in_private_netns(|| {
+        let nft = Nft::default();
+        let t = TableSpec {
+            table: "sandlot_snslt01".into(),
+            if_prefix: "snslt01".into(),
+            proxy_port: 40011,
+            dns_port: 40012,
+        };
+        nft.apply(&t.create(&[])).expect("create the nft table");
+        let plan = AddressPlan::new(Cidr::parse("100.97.0.0/24").unwrap()).unwrap();
+        // Target 0: no builder thread, so the claim builds on this thread (in the
+        // private namespace, which plays the host).
+        let pool = SlotPool::start("snslt01", plan, 0, t.clone(), &[]);
+        let slot = pool.claim().expect("build a slot");
+        assert!(std::path::Path::new(&format!("{NETNS_DIR}/{}", slot.name)).exists());
+
+        let host = ip(&["-4", "-o", "addr", "show", "dev", &slot.name]);
+        assert!(
+            host.contains(&format!("inet {}/30", slot.host_ip)),
+            "{host}"
+        );
+        let link = ip(&["-o", "link", "show", "dev", &slot.name]);
+        assert!(link.contains(",UP"), "host end is up: {link}");
+        let inside = ip(&["-n", &slot.name, "-4", "-o", "addr", "show", "dev", "eth0"]);
+        assert!(
+            inside.contains(&format!("inet {}/30", slot.sandbox_ip)),
+            "{inside}"
+        );
+        let lo = ip(&["-n", &slot.name, "-o", "link", "show", "dev", "lo"]);
+        assert!(lo.contains(",UP"), "loopback is up: {lo}");
+        let route = ip(&["-n", &slot.name, "-4", "route", "show", "default"]);
+        assert!(
+            route.contains(&format!("default via {} dev eth0", slot.host_ip)),
+            "{route}"
+        );
+        let sysctl = in_slot(&slot.name, || {
+            std::fs::read_to_string("/proc/sys/net/ipv4/ip_unprivileged_port_start").unwrap()
+        });
+        assert_eq!(sysctl.trim(), "0");
+
+        // Traffic flows: a connection from inside the slot to any address goes through
+        // the veth and the default route, and the table redirects it to the egress
+        // proxy's port on the host end (here a plain listener).
+        let l = TcpListener::bind(SocketAddr::from((slot.host_ip, t.proxy_port))).unwrap();
+        let port = 443;
+        let server = std::thread::spawn(move || {
+            let (mut c, peer) = l.accept().unwrap();
+            c.write_all(b"pong").unwrap();
+            peer
+        });
+        let got = in_slot(&slot.name, || {
+            let mut c = TcpStream::connect_timeout(
+                &SocketAddr::from((slot.host_ip, port)),
+                Duration::from_secs(5),
+            )
+            .expect("connect from inside the slot");
+            let mut b = String::new();
+            c.read_to_string(&mut b).unwrap();
+            b
+        });
+        assert_eq!(got, "pong");
+        let peer = server.join().unwrap();
+        assert_eq!(peer.ip(), std::net::IpAddr::V4(slot.sandbox_ip));
+
+        // The nft set holds the slot while it lives.
+        let listing = Command::new("nft")
+            .args(["list", "table", "inet", "sandlot_snslt01"])
+            .output()
+            .unwrap();
+        assert!(String::from_utf8_lossy(&listing.stdout).contains(&slot.name));
+
+        let name = slot.name.clone();
+        pool.release(slot);
+        pool.stop(Duration::from_secs(10));
+        assert!(!std::path::Path::new(&format!("{NETNS_DIR}/{name}")).exists());
+        // The kernel destroys the namespace, and the veth with it, asynchronously.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let link_exists = || {
+            Command::new("ip")
+                .args(["link", "show", "dev", &name])
+                .output()
+                .unwrap()
+                .status
+                .success()
+        };
+        while link_exists() {
+            assert!(Instant::now() < deadline, "veth {name} outlived its slot");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let listing = Command::new("nft")
+            .args(["list", "table", "inet", "sandlot_snslt01"])
+            .output()
+            .unwrap();
+        assert!(!String::from_utf8_lossy(&listing.stdout).contains(&name));
+        nft.apply(&t.delete()).expect("delete the nft table");
+    })
+}
