@@ -1,11 +1,14 @@
 //! Wire types shared by every Sandlot component.
 //!
+//! * [`api`]: the request and response bodies of the HTTP API v1 (with the `openapi`
+//!   feature, their OpenAPI schemas).
 //! * [`spec`]: the sandbox spec, as accepted by `sandlot run`, the HTTP API and spec files.
 //! * [`guest`]: the framed, versioned protocol spoken between the host and the in-sandbox agent.
 //! * [`units`]: byte sizes and durations as humans write them (`512M`, `30s`).
 //!
 //! This crate does no I/O.
 
+pub mod api;
 pub mod guest;
 pub mod spec;
 pub mod units;

@@ -14,7 +14,7 @@ use std::path::{Component, Path};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sandlot_client::api::ExecBody;
+use sandlot_proto::api::ExecBody;
 use sandlot_proto::spec::{NetworkMode, SandboxSpec};
 use sandlot_store::build::{self, BuildSpec, Step};
 use sandlot_store::{ImageConfig, ImageInfo, ImageName};

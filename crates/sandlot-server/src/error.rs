@@ -18,7 +18,7 @@ pub struct ApiError {
     pub internal: Option<String>,
 }
 
-pub use sandlot_client::api::{ApiErrorBody, ErrorEnvelope};
+pub use sandlot_proto::api::{ApiErrorBody, ErrorEnvelope};
 
 impl ApiError {
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {

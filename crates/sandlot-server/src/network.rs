@@ -8,8 +8,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use rusqlite::{params, OptionalExtension};
-use sandlot_client::NetLogEntry;
 use sandlot_net::{AuditEvent, AuditSink, NetService, Survivor};
+use sandlot_proto::api::network::NetLogEntry;
 use sandlot_proto::spec::{NetworkMode, NetworkSpec, SandboxSpec};
 use sandlot_runtime::CreateOptions;
 

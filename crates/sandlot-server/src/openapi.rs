@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use sandlot_proto::api::{network as net_api, ports as ports_api, vfs as vfs_api};
 use utoipa::{OpenApi, ToSchema};
 
 use crate::routes::{
@@ -164,8 +165,8 @@ pub struct SecretRefDoc {
         vfs::create, vfs::list, vfs::get_one, vfs::remove, vfs::ingest, vfs::open_session,
         vfs::get_session, vfs::close_session, vfs::run, vfs::audit,
     ),
-    components(schemas(CreateSandboxDoc, MountDoc, ResourcesDoc, NetworkDoc, AllowRuleDoc, sandlot_client::NetLog, sandlot_client::NetLogEntry,
-        sandlot_client::PublishPort, sandlot_client::PublishedPort, sandlot_client::PortList,
+    components(schemas(CreateSandboxDoc, MountDoc, ResourcesDoc, NetworkDoc, AllowRuleDoc, net_api::NetLog, net_api::NetLogEntry,
+        ports_api::PublishPort, ports_api::PublishedPort, ports_api::PortList,
         VolumeMountDoc, SecretRefDoc, images::ImageView, images::LayerView, images::ImageList,
         images::PruneView, images::DiffView, images::SnapshotBody, images::PullBody,
         images::PushBody, images::RegistryAuthBody, images::ProgressLine, volumes::CreateVolume,
@@ -173,14 +174,11 @@ pub struct SecretRefDoc {
         crate::images::SecretInfo, memory::CreateMemoryStore, memory::MemoryStoreDoc,
         memory::NewMemoryDoc, memory::MemoryPatchDoc, memory::SearchDoc, memory::WriteOutcomeDoc,
         memory::ToolOutputDoc, memory::MoveBody, memory::RevertBody, memory::ReindexBody,
-        sandlot_client::vfs::VfsSource, sandlot_client::vfs::VfsAcl,
-        sandlot_client::vfs::VfsAclRule, sandlot_client::vfs::CreateCollection,
-        sandlot_client::vfs::IngestCollection, sandlot_client::vfs::CollectionView,
-        sandlot_client::vfs::CollectionList, sandlot_client::vfs::IngestResult,
-        sandlot_client::vfs::IngestAnswer, sandlot_client::vfs::OpenSession,
-        sandlot_client::vfs::SessionLimits, sandlot_client::vfs::VfsSession,
-        sandlot_client::vfs::RunCommand, sandlot_client::vfs::RunResult,
-        sandlot_client::vfs::AuditEntry, sandlot_client::vfs::AuditList)),
+        vfs_api::VfsSource, vfs_api::VfsAcl, vfs_api::VfsAclRule, vfs_api::CreateCollection,
+        vfs_api::IngestCollection, vfs_api::CollectionView, vfs_api::CollectionList,
+        vfs_api::IngestResult, vfs_api::IngestAnswer, vfs_api::OpenSession,
+        vfs_api::SessionLimits, vfs_api::VfsSession, vfs_api::RunCommand, vfs_api::RunResult,
+        vfs_api::AuditEntry, vfs_api::AuditList)),
     tags((name = "sandboxes"), (name = "processes"), (name = "files"), (name = "network"), (name = "ports"), (name = "images"), (name = "volumes"), (name = "secrets"), (name = "memory"), (name = "vfs"), (name = "system")),
     modifiers(&Security),
 )]

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rusqlite::params;
-use sandlot_client::{PublishPort, PublishedPort};
+use sandlot_proto::api::ports::{PublishPort, PublishedPort};
 use serde::Deserialize;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;

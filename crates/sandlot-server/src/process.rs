@@ -18,8 +18,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use sandlot_client::api::{ProcessExit, ProcessView};
 use sandlot_guest::client::{Process, ProcessEvent, ProcessStdin};
+use sandlot_proto::api::{ProcessExit, ProcessView};
 use tokio::sync::{mpsc, oneshot, watch, Mutex as AsyncMutex};
 use tokio::time::Instant;
 

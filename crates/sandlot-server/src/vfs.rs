@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::http::StatusCode;
-use sandlot_client::vfs::{
+use sandlot_proto::api::vfs::{
     AuditEntry, CollectionView, IngestResult, SessionLimits, VfsAcl, VfsSession, VfsSource,
 };
 use sandlot_vfs::{
@@ -680,7 +680,7 @@ mod tests {
         assert_eq!(e.field.as_deref(), Some("acl.default"), "{e}");
         let e = VfsService::options(&VfsAcl {
             default: None,
-            rules: vec![sandlot_client::vfs::VfsAclRule {
+            rules: vec![sandlot_proto::api::vfs::VfsAclRule {
                 pattern: String::new(),
                 acl: "public".into(),
             }],
@@ -689,7 +689,7 @@ mod tests {
         assert_eq!(e.field.as_deref(), Some("acl.rules[0].pattern"), "{e}");
         let o = VfsService::options(&VfsAcl {
             default: Some("none".into()),
-            rules: vec![sandlot_client::vfs::VfsAclRule {
+            rules: vec![sandlot_proto::api::vfs::VfsAclRule {
                 pattern: "internal/**".into(),
                 acl: "group:eng".into(),
             }],

@@ -13,8 +13,8 @@ use axum::body::Body;
 use axum::http::HeaderMap;
 use axum::response::Response;
 use futures_util::StreamExt;
-use sandlot_client::api::{ExecBody, ProcessExit, PtySize};
 use sandlot_guest::client::{ProcessId, ProcessInfo};
+use sandlot_proto::api::{ExecBody, ProcessExit, PtySize};
 use serde::Deserialize;
 use serde_json::{json, Value};
 

@@ -465,7 +465,7 @@ async fn apply_timeout(e2b: &E2b, p: &Principal, id: &str, secs: u64) -> RestRes
         State(e2b.app.clone()),
         p.clone(),
         Path(id.to_string()),
-        JsonBody(sandlot_client::api::SetTimeout {
+        JsonBody(sandlot_proto::api::SetTimeout {
             timeout: json!(secs),
         }),
     )

@@ -12,12 +12,12 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use axum::Json;
 use futures_util::{SinkExt, StreamExt};
-use sandlot_client::api::{
-    ExecBody, ProcessExit, ProcessList, ProcessView, ResizeBody, SignalBody, StreamEvent,
-    WaitResult,
-};
 use sandlot_guest::client::{
     AttachRequest, ExecRequest, ProcessId, ProcessInfo, ProcessStdin, PtySize,
+};
+use sandlot_proto::api::{
+    ExecBody, ProcessExit, ProcessList, ProcessView, ResizeBody, SignalBody, StreamEvent,
+    WaitResult,
 };
 use sandlot_proto::units::Seconds;
 use serde_json::Value;

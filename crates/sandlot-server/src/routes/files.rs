@@ -11,13 +11,13 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::Response;
 use axum::Json;
 use futures_util::StreamExt;
-use sandlot_client::api::{
-    DirEntry as ApiDirEntry, DirListing, FileInfo, MkdirBody, RenameBody, TarResult, WatchEvent,
-    WriteResult,
-};
 use sandlot_guest::client::{
     FileKind, FileStat, ListDirRequest, MkdirRequest, ReadFileRequest, RemoveRequest,
     RenameRequest, StatRequest, WatchEventKind, WatchRequest, WriteFileRequest,
+};
+use sandlot_proto::api::{
+    DirEntry as ApiDirEntry, DirListing, FileInfo, MkdirBody, RenameBody, TarResult, WatchEvent,
+    WriteResult,
 };
 use sandlot_proto::spec::{check_sandbox_path, normalize_sandbox_path};
 use serde_json::Value;

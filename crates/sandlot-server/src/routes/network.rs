@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use axum::extract::{Path, Query, State};
 use axum::Json;
-use sandlot_client::NetLog;
+use sandlot_proto::api::network::NetLog;
 use sandlot_proto::spec::NetworkSpec;
 use serde::Deserialize;
 

@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use http_body_util::BodyExt;
 use hyper_util::rt::TokioIo;
-use sandlot_client::{PortList, PublishPort, PublishedPort};
+use sandlot_proto::api::ports::{PortList, PublishPort, PublishedPort};
 use tracing::Instrument;
 
 use crate::auth::Principal;

@@ -9,7 +9,7 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 use axum::Json;
-use sandlot_client::api::{
+use sandlot_proto::api::{
     EventList, Health, Sandbox, SandboxEvent, SandboxExit, SandboxList, SandboxState as ApiState,
     SetTimeout, Usage,
 };

@@ -8,8 +8,8 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use bytes::Bytes;
-use sandlot_client::api::StreamEvent;
 use sandlot_guest::client::Process;
+use sandlot_proto::api::StreamEvent;
 use serde::Serialize;
 use tokio::sync::mpsc;
 

@@ -10,7 +10,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::Response;
 use axum::Json;
 use futures_util::StreamExt;
-use sandlot_client::vfs::{
+use sandlot_proto::api::vfs::{
     AuditList, CollectionList, CollectionView, CreateCollection, IngestAnswer, IngestCollection,
     OpenSession, RunCommand, RunResult, VfsAcl, VfsAclRule, VfsSession,
 };
@@ -251,7 +251,7 @@ async fn staged_plan(
 
 fn answer(
     status: StatusCode,
-    (collection, mut ingest): (CollectionView, sandlot_client::vfs::IngestResult),
+    (collection, mut ingest): (CollectionView, sandlot_proto::api::vfs::IngestResult),
     skipped: Vec<String>,
 ) -> Response {
     ingest.skipped.extend(skipped);
