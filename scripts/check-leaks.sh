@@ -3,7 +3,7 @@
 set -u
 bad=0
 report() { echo "leak: $1" >&2; bad=1; }
-procs=$(ps -eo pid=,args= | grep -E 'sandlot (__init|__zygote|run|serve)' | grep -v grep || true)
+procs=$(ps -eo pid=,args= | grep -E 'sandlot (__init|__zygote|__vfs-serve|run|serve)' | grep -v grep || true)
 [ -n "$procs" ] && report "processes: $procs"
 m=$(grep -E 'sandlot' /proc/mounts || true)
 [ -n "$m" ] && report "mounts: $m"

@@ -248,6 +248,52 @@ pub enum MountSpec {
         #[serde(default)]
         readonly: bool,
     },
+    /// A virtual filesystem collection of the sandbox's tenant (daemon only), read-only:
+    /// the view of `principal` (default: `anonymous`, who sees public documents only),
+    /// served over FUSE. The version is pinned when the sandbox is created (the head
+    /// unless `version` names one) and kept for the sandbox's life.
+    Collection {
+        collection: String,
+        target: String,
+        /// Who the documents are pruned for, as in a shell session (`principal`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        principal: Option<String>,
+        /// Groups of the principal: it sees public documents and those of these groups.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        groups: Vec<String>,
+        /// See every document regardless of ACLs (the tenant's own view).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        all_access: bool,
+        /// Collection version; the daemon fills in the head when absent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        version: Option<u64>,
+    },
+}
+
+/// Most collection mounts in one spec (each is served by a helper process).
+pub const MAX_COLLECTION_MOUNTS: usize = 8;
+
+/// The principal a collection mount is pruned for when the spec names none.
+pub const ANONYMOUS_PRINCIPAL: &str = "anonymous";
+
+/// Collection names: 1 to 64 letters, digits, '.', '_' or '-', not starting with '.'.
+pub fn valid_collection_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// Principal and group names of a collection mount: 1 to 128 characters without
+/// spaces, commas or control characters (the vfs session API's rule).
+pub fn valid_principal_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 128
+        && !name
+            .chars()
+            .any(|c| c.is_control() || c.is_whitespace() || c == ',')
 }
 
 /// Memory store names: 1 to 64 letters, digits, '-', '_' or '.', not starting with '.'.
@@ -272,8 +318,73 @@ impl MountSpec {
         match self {
             MountSpec::Bind { target, .. }
             | MountSpec::Tmpfs { target, .. }
-            | MountSpec::Memory { target, .. } => target,
+            | MountSpec::Memory { target, .. }
+            | MountSpec::Collection { target, .. } => target,
         }
+    }
+
+    /// Parses the CLI form `collection:NAME:DST[:OPTION,...]`, options being
+    /// `principal=NAME`, `group=NAME` (repeatable), `version=N` and `all-access`.
+    /// `None` when `s` is not of that form (it does not start with `collection:`).
+    pub fn parse_collection(s: &str) -> Option<Result<MountSpec, SpecError>> {
+        let rest = s.strip_prefix("collection:")?;
+        let usage = || {
+            SpecError::new(
+                "mount",
+                format!(
+                    "{s:?}: expected collection:NAME:DST[:principal=NAME,group=NAME,version=N,all-access]"
+                ),
+            )
+        };
+        let mut parts = rest.splitn(3, ':');
+        let (Some(name), Some(target)) = (parts.next(), parts.next()) else {
+            return Some(Err(usage()));
+        };
+        if name.is_empty() || target.is_empty() {
+            return Some(Err(usage()));
+        }
+        let mut m = MountSpec::Collection {
+            collection: name.to_string(),
+            target: target.to_string(),
+            principal: None,
+            groups: Vec::new(),
+            all_access: false,
+            version: None,
+        };
+        let MountSpec::Collection {
+            principal,
+            groups,
+            all_access,
+            version,
+            ..
+        } = &mut m
+        else {
+            unreachable!("just built a collection mount")
+        };
+        for opt in parts
+            .next()
+            .unwrap_or("")
+            .split(',')
+            .filter(|o| !o.is_empty())
+        {
+            let bad = |why: &str| SpecError::new("mount", format!("{s:?}: option {opt:?}: {why}"));
+            match opt.split_once('=') {
+                Some(("principal", v)) if principal.is_none() => *principal = Some(v.to_string()),
+                Some(("principal", _)) => return Some(Err(bad("given twice"))),
+                Some(("group", v)) => groups.push(v.to_string()),
+                Some(("version", v)) => match v.parse::<u64>() {
+                    Ok(n) => *version = Some(n),
+                    Err(_) => return Some(Err(bad("a version is a positive integer"))),
+                },
+                None if opt == "all-access" => *all_access = true,
+                _ => {
+                    return Some(Err(bad(
+                        "expected principal=NAME, group=NAME, version=N or all-access",
+                    )))
+                }
+            }
+        }
+        Some(Ok(m))
     }
 
     /// Parses the CLI form `SRC:DST[:ro|rw]` (default `ro`).
@@ -658,6 +769,56 @@ pub fn parse_user(s: &str) -> Option<UserIds> {
     Some(UserIds { uid, gid })
 }
 
+/// Checks what serde cannot of `mounts[i]`, a collection mount; the daemon checks that
+/// the collection (and version) exists for the tenant.
+fn check_collection_mount(
+    i: usize,
+    collection: &str,
+    principal: Option<&str>,
+    groups: &[String],
+    version: Option<u64>,
+) -> Result<(), SpecError> {
+    if !valid_collection_name(collection) {
+        return Err(SpecError::new(
+            format!("mounts[{i}].collection"),
+            format!(
+                "{collection:?}: collection names are 1 to 64 letters, digits, '.', '_' or '-', \
+                 not starting with '.'"
+            ),
+        ));
+    }
+    const RULE: &str = "1 to 128 characters without spaces, commas or control characters";
+    if let Some(p) = principal {
+        if !valid_principal_name(p) {
+            return Err(SpecError::new(
+                format!("mounts[{i}].principal"),
+                format!("{p:?}: {RULE}"),
+            ));
+        }
+    }
+    if groups.len() > 256 {
+        return Err(SpecError::new(
+            format!("mounts[{i}].groups"),
+            "at most 256 groups",
+        ));
+    }
+    for (j, g) in groups.iter().enumerate() {
+        if !valid_principal_name(g) {
+            return Err(SpecError::new(
+                format!("mounts[{i}].groups[{j}]"),
+                format!("{g:?}: {RULE}"),
+            ));
+        }
+    }
+    if version == Some(0) {
+        return Err(SpecError::new(
+            format!("mounts[{i}].version"),
+            "versions start at 1",
+        ));
+    }
+    Ok(())
+}
+
 impl SandboxSpec {
     fn validate_volumes_and_secrets(&self) -> Result<(), SpecError> {
         if self.volumes.len() > limits::MAX_MOUNTS {
@@ -816,6 +977,13 @@ impl SandboxSpec {
                         ));
                     }
                 }
+                MountSpec::Collection {
+                    collection,
+                    principal,
+                    groups,
+                    version,
+                    ..
+                } => check_collection_mount(i, collection, principal.as_deref(), groups, *version)?,
                 MountSpec::Tmpfs { size, .. } => {
                     if size.0 < limits::MIN_DISK.0 || size.0 > limits::MAX_DISK.0 {
                         return Err(SpecError::new(
@@ -829,6 +997,17 @@ impl SandboxSpec {
                     }
                 }
             }
+        }
+        let collections = self
+            .mounts
+            .iter()
+            .filter(|m| matches!(m, MountSpec::Collection { .. }))
+            .count();
+        if collections > MAX_COLLECTION_MOUNTS {
+            return Err(SpecError::new(
+                "mounts",
+                format!("at most {MAX_COLLECTION_MOUNTS} collection mounts (each is served by a process of its own)"),
+            ));
         }
         if self.env.len() > limits::MAX_ENV {
             return Err(SpecError::new("env", "too many variables"));
@@ -933,6 +1112,153 @@ mod tests {
             .unwrap_err()
             .field()
             .to_string()
+    }
+
+    #[test]
+    fn issue7_collection_mounts_are_strict_and_name_the_field() {
+        let s = SandboxSpec::from_json(
+            r#"{"mounts": [{"type": "collection", "collection": "docs", "target": "/docs"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            s.mounts[0],
+            MountSpec::Collection {
+                collection: "docs".into(),
+                target: "/docs".into(),
+                principal: None,
+                groups: vec![],
+                all_access: false,
+                version: None,
+            }
+        );
+        let full = SandboxSpec::from_json(
+            r#"{"mounts": [{"type": "collection", "collection": "docs", "target": "/d",
+                "principal": "alice", "groups": ["eng", "ops"], "version": 3}]}"#,
+        )
+        .unwrap();
+        // What is absent stays absent when the spec is written back.
+        let back = serde_json::to_value(&s.mounts[0]).unwrap();
+        assert_eq!(
+            back,
+            serde_json::json!({"type": "collection", "collection": "docs", "target": "/docs"})
+        );
+        assert!(
+            matches!(&full.mounts[0], MountSpec::Collection { version: Some(3), groups, .. } if groups.len() == 2)
+        );
+        let j = |m: &str| format!(r#"{{"mounts": [{{"type": "tmpfs", "target": "/t"}}, {m}]}}"#);
+        let c = |extra: &str| {
+            j(&format!(
+                r#"{{"type": "collection", "collection": "docs", "target": "/d"{extra}}}"#
+            ))
+        };
+        assert_eq!(
+            field_of(&j(
+                r#"{"type": "collection", "collection": ".hidden", "target": "/d"}"#
+            )),
+            "mounts[1].collection"
+        );
+        assert_eq!(
+            field_of(&j(
+                r#"{"type": "collection", "collection": "a/b", "target": "/d"}"#
+            )),
+            "mounts[1].collection"
+        );
+        assert_eq!(
+            field_of(&j(
+                r#"{"type": "collection", "collection": "docs", "target": "d"}"#
+            )),
+            "mounts[1].target"
+        );
+        assert_eq!(
+            field_of(&c(r#", "principal": "a b""#)),
+            "mounts[1].principal"
+        );
+        assert_eq!(field_of(&c(r#", "principal": """#)), "mounts[1].principal");
+        assert_eq!(
+            field_of(&c(r#", "groups": ["eng", "x,y"]"#)),
+            "mounts[1].groups[1]"
+        );
+        assert_eq!(field_of(&c(r#", "version": 0"#)), "mounts[1].version");
+        // Unknown and missing fields are refused by serde, naming them.
+        let e = SandboxSpec::from_json(&c(r#", "readonly": false"#)).unwrap_err();
+        assert!(e.to_string().contains("readonly"), "{e}");
+        let e = SandboxSpec::from_json(r#"{"mounts": [{"type": "collection", "target": "/d"}]}"#)
+            .unwrap_err();
+        assert!(e.to_string().contains("collection"), "{e}");
+        // A target mounted twice, whatever the kinds.
+        assert_eq!(
+            field_of(
+                r#"{"mounts": [{"type": "tmpfs", "target": "/d"},
+                {"type": "collection", "collection": "docs", "target": "/d/"}]}"#
+            ),
+            "mounts[1].target"
+        );
+        let many: Vec<String> = (0..=MAX_COLLECTION_MOUNTS)
+            .map(|i| {
+                format!(r#"{{"type": "collection", "collection": "c{i}", "target": "/c{i}"}}"#)
+            })
+            .collect();
+        assert_eq!(
+            field_of(&format!(r#"{{"mounts": [{}]}}"#, many.join(","))),
+            "mounts"
+        );
+    }
+
+    #[test]
+    fn issue7_collection_mount_cli_form() {
+        assert!(MountSpec::parse_collection("/src:/dst").is_none());
+        let m = MountSpec::parse_collection("collection:docs:/docs")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            m,
+            MountSpec::Collection {
+                collection: "docs".into(),
+                target: "/docs".into(),
+                principal: None,
+                groups: vec![],
+                all_access: false,
+                version: None
+            }
+        );
+        let m = MountSpec::parse_collection(
+            "collection:docs:/d:principal=alice,group=eng,group=ops,version=2",
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            m,
+            MountSpec::Collection {
+                collection: "docs".into(),
+                target: "/d".into(),
+                principal: Some("alice".into()),
+                groups: vec!["eng".into(), "ops".into()],
+                all_access: false,
+                version: Some(2)
+            }
+        );
+        let m = MountSpec::parse_collection("collection:docs:/d:all-access")
+            .unwrap()
+            .unwrap();
+        assert!(matches!(
+            m,
+            MountSpec::Collection {
+                all_access: true,
+                ..
+            }
+        ));
+        for bad in [
+            "collection:docs",
+            "collection::/d",
+            "collection:docs:",
+            "collection:docs:/d:version=x",
+            "collection:docs:/d:colour=red",
+            "collection:docs:/d:principal=a,principal=b",
+        ] {
+            let e = MountSpec::parse_collection(bad).unwrap().unwrap_err();
+            assert_eq!(e.field(), "mount", "{bad}");
+            assert!(e.to_string().contains(bad), "{e}");
+        }
     }
 
     #[test]

@@ -176,9 +176,23 @@ fn helper(plan: &SandboxPlan, agent: AgentMain) -> io::Result<()> {
     sys::send_with_fd(mine.as_fd(), b'g', idmapped.as_ref().map(|f| f.as_fd()))?;
     drop(idmapped);
     // Image layers, the writable layer directory and volumes, each idmapped the same
-    // way (a failed idmap is sent as no descriptor: PID 1 binds the plain path).
-    for src in plan.mounts.idmap_sources() {
-        let tree = idmap_tree(&src, pid).ok();
+    // way (a failed idmap is sent as no descriptor: PID 1 binds the plain path). A
+    // volume whose filesystem refuses idmaps (a FUSE collection mount) is sent as a
+    // plain copy of its tree instead: PID 1, root of its own user namespace only,
+    // could not reach it by path under the daemon's root-only data directory.
+    let sources = plan.mounts.idmap_sources();
+    let volumes = plan
+        .mounts
+        .ops
+        .iter()
+        .filter(|op| matches!(op, mounts::MountOp::IdmappedBind { .. }))
+        .count();
+    let first_volume = sources.len().saturating_sub(volumes);
+    for (i, src) in sources.iter().enumerate() {
+        let mut tree = idmap_tree(src, pid).ok();
+        if tree.is_none() && i >= first_volume {
+            tree = sys::cstr(src).and_then(|c| sys::open_tree_clone(&c)).ok();
+        }
         sys::send_with_fd(mine.as_fd(), b'm', tree.as_ref().map(|f| f.as_fd()))?;
     }
     status(&InitStatus::Pid { pid });

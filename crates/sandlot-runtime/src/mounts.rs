@@ -408,6 +408,8 @@ pub fn plan_mounts(inp: &PlanInput<'_>) -> Result<MountPlan, MountError> {
             // Resolved by the daemon into `shared` directories (the store's work tree and its
             // read-only git and index directories); nothing to do here.
             sandlot_proto::spec::MountSpec::Memory { .. } => {}
+            // Served over FUSE by the daemon at a host directory it passes in `shared`.
+            sandlot_proto::spec::MountSpec::Collection { .. } => {}
         }
     }
     let base = idmapped_layer_count(&root);

@@ -7,6 +7,7 @@
 
 pub mod auth;
 pub mod build;
+pub mod collection_mount;
 pub mod config;
 pub mod e2b;
 pub mod error;

@@ -10,16 +10,29 @@ use crate::routes::{
     exec, files, images, memory, network, ports, sandboxes, secrets, vfs, volumes,
 };
 
-/// A bind mount, a tmpfs or a memory store (the `type` field selects).
+/// A bind mount, a tmpfs, a memory store or a collection (the `type` field selects).
 #[derive(ToSchema)]
 #[allow(dead_code)]
 pub struct MountDoc {
-    /// `bind`, `tmpfs` or `memory`.
+    /// `bind`, `tmpfs`, `memory` or `collection`.
     #[schema(example = "bind")]
     r#type: String,
     /// memory: the name of one of the tenant's memory stores (mounted read-write unless
     /// `readonly`; its `.git` and `.sandlot` are read-only inside).
     store: Option<String>,
+    /// collection: the name of one of the tenant's vfs collections, mounted read-only
+    /// (FUSE): the principal's ACL-pruned view, at a version pinned for the sandbox's life.
+    /// 400 naming `mounts[i].collection` if the tenant has no such collection.
+    collection: Option<String>,
+    /// collection: who documents are pruned for (default `anonymous`: public documents only).
+    principal: Option<String>,
+    /// collection: the principal's groups (it sees public documents and those of its groups).
+    groups: Option<Vec<String>>,
+    /// collection: every document regardless of ACLs (default false).
+    all_access: Option<bool>,
+    /// collection: the version to mount (default: the head at create; the sandbox's
+    /// record shows the version pinned).
+    version: Option<u64>,
     /// bind: absolute host path.
     source: Option<String>,
     /// Absolute path in the sandbox.

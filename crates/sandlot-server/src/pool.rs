@@ -366,6 +366,14 @@ pub fn unpoolable(spec: &SandboxSpec) -> Option<&'static str> {
         Some("volumes belong to a tenant; a pool cannot mount them ahead of a claim")
     } else if !spec.secrets.is_empty() {
         Some("secrets belong to a tenant; a pool cannot inject them ahead of a claim")
+    } else if spec.mounts.iter().any(|m| {
+        matches!(
+            m,
+            sandlot_proto::spec::MountSpec::Memory { .. }
+                | sandlot_proto::spec::MountSpec::Collection { .. }
+        )
+    }) {
+        Some("memory store and collection mounts belong to a tenant; a pool cannot mount them ahead of a claim")
     } else {
         None
     }
@@ -504,6 +512,16 @@ mod tests {
         let mut g = Sizing::new(3, 1, s, t0);
         g.on_miss(t0);
         assert_eq!(g.target(t0), 3);
+    }
+
+    #[test]
+    fn issue7_tenant_mounts_are_not_poolable() {
+        assert!(unpoolable(&spec("{}")).is_none());
+        assert!(unpoolable(&spec(r#"{"mounts":[{"type":"tmpfs","target":"/t"}]}"#)).is_none());
+        let c = spec(r#"{"mounts":[{"type":"collection","collection":"docs","target":"/d"}]}"#);
+        assert!(unpoolable(&c).unwrap().contains("collection"));
+        let m = spec(r#"{"mounts":[{"type":"memory","store":"notes","target":"/m"}]}"#);
+        assert!(unpoolable(&m).unwrap().contains("memory"));
     }
 
     #[test]

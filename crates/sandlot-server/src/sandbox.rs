@@ -224,6 +224,16 @@ pub async fn create(state: &Arc<AppState>, p: CreateParams) -> ApiResult<Sandbox
     // Host paths only under the operator's allowed list (`sandlot run` is not
     // restricted: it runs as the local root user).
     state.images.precheck(&p.tenant, &p.spec)?;
+    // Collections are resolved and their versions pinned into the recorded spec.
+    let mut p = p;
+    if crate::collection_mount::has_collection_mounts(&p.spec) {
+        let (st, tenant, mut spec) = (state.clone(), p.tenant.clone(), p.spec.clone());
+        p.spec = tokio::task::spawn_blocking(move || {
+            crate::collection_mount::pin(&st.vfs, &tenant, &mut spec).map(|()| spec)
+        })
+        .await
+        .map_err(ApiError::internal)??;
+    }
     let spec_json = serde_json::to_value(&p.spec).map_err(ApiError::internal)?;
     // A ready sandbox of this shape, if a warm pool has one: it keeps its id.
     // From here on it is either claimed or handed back (never dropped).
@@ -544,12 +554,24 @@ pub fn start_instance(
         state.images.release(id);
         return Err(Err(e));
     }
+    if let Err(e) = state
+        .collection_mounts
+        .prepare(&state.vfs, id, tenant, spec, &mut opts)
+    {
+        state.images.release(id);
+        crate::network::release(state, id);
+        return Err(Err(e));
+    }
     let image = opts.image.clone();
     match state.runtime.create(id, spec, opts) {
-        Ok(i) => Ok((i, image)),
+        Ok(i) => {
+            state.collection_mounts.attach(id, &i.cgroup);
+            Ok((i, image))
+        }
         Err(e) => {
             state.images.release(id);
             crate::network::release(state, id);
+            state.collection_mounts.release(id);
             Err(Ok(e))
         }
     }
@@ -560,6 +582,9 @@ async fn teardown_failed(state: &Arc<AppState>, inst: SandboxInstance, id: &str,
     let _ = tokio::task::spawn_blocking(move || rt.terminate(&inst)).await;
     state.images.release(id);
     crate::network::release(state, id);
+    let st = state.clone();
+    let cid = id.to_string();
+    let _ = tokio::task::spawn_blocking(move || st.collection_mounts.release(&cid)).await;
     let _ = state.store.mark_stopped(
         id,
         EndReason::CreateFailed,
@@ -693,6 +718,7 @@ pub async fn own(state: Arc<AppState>, h: Arc<SandboxHandle>, adopted: bool) {
         let term = rt.terminate(&h2.inst);
         images.release(&h2.id);
         crate::network::release(&st, &h2.id);
+        st.collection_mounts.release(&h2.id);
         (status, term)
     })
     .await;
@@ -769,6 +795,7 @@ pub async fn reconcile(state: &Arc<AppState>) -> Result<ReconcileReport, crate::
                 });
                 let rt = state.runtime.clone();
                 let _ = tokio::task::spawn_blocking(move || rt.terminate(&inst)).await;
+                // Its collection mounts go with the reconcile below (it is not live).
                 state.store.mark_stopped(
                     &rec.id,
                     EndReason::Lost,
@@ -789,6 +816,21 @@ pub async fn reconcile(state: &Arc<AppState>) -> Result<ReconcileReport, crate::
         span.in_scope(|| tracing::info!(pid = h.inst.pid, "re-adopted sandbox"));
         tokio::spawn(own(state.clone(), h.clone(), true).instrument(h.span.clone()));
         report.adopted.push(rec.id.clone());
+    }
+    // Collection mounts: the re-adopted sandboxes' helpers keep serving; everything
+    // else (helpers, mounts, directories) goes, before the cgroups are swept.
+    let st = state.clone();
+    let live = state.live_ids();
+    let mounts = tokio::task::spawn_blocking(move || st.collection_mounts.reconcile(&live))
+        .await
+        .unwrap_or_default();
+    if mounts.kept > 0 || !mounts.removed.is_empty() || !mounts.dead.is_empty() {
+        tracing::info!(
+            kept = mounts.kept,
+            removed = mounts.removed.len(),
+            dead = mounts.dead.len(),
+            "reconciled collection mounts"
+        );
     }
     // Leftovers of this daemon's sandboxes that no record claims (e.g. the daemon
     // died between the runtime's create and recording the pid): kill and remove.

@@ -32,6 +32,8 @@ pub struct AppState {
     pub published: crate::ports::Published,
     /// Virtual filesystem collections and sessions (see `vfs.rs`).
     pub vfs: crate::vfs::VfsService,
+    /// Collections mounted into sandboxes (see `collection_mount.rs`).
+    pub collection_mounts: crate::collection_mount::CollectionMounts,
 }
 
 impl AppState {
@@ -44,8 +46,13 @@ impl AppState {
         let pools = crate::pool::Pools::new(&cfg.pools);
         let create_slots = tokio::sync::Semaphore::new(cfg.runtime.create_concurrency());
         let vfs = crate::vfs::VfsService::new(&cfg.data_dir, cfg.vfs.clone());
+        let collection_mounts = crate::collection_mount::CollectionMounts::new(
+            &cfg.data_dir,
+            runtime.config().init_exe.clone(),
+        );
         AppState {
             vfs,
+            collection_mounts,
             pools,
             create_slots,
             memory: Arc::new(crate::memory::Memories::new(&cfg.data_dir)),

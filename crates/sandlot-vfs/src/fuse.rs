@@ -48,13 +48,19 @@ pub struct MountOptions {
     pub allow_other: bool,
 }
 
+/// Most files open at once through one mount; past it `open` fails with EMFILE.
+/// Each open file holds one descriptor of its stored blob, nothing more: content
+/// is read in place, a request at a time, so a reader cannot make the server
+/// buffer documents.
+pub const MAX_OPEN_FILES: usize = 4096;
+
 const TTL: Duration = Duration::from_secs(60);
 const DIR_SIZE: u64 = 4096;
 
 /// The filesystem served over FUSE.
 pub struct VfsFs {
     view: Arc<View>,
-    open: Mutex<HashMap<u64, Arc<Vec<u8>>>>,
+    open: Mutex<HashMap<u64, Arc<std::fs::File>>>,
     next_fh: AtomicU64,
 }
 
@@ -166,13 +172,17 @@ impl Filesystem for VfsFs {
         if self.view.tree().is_dir(n) {
             return reply.error(Errno::EISDIR);
         }
-        match self.view.read(n) {
-            Ok(data) => {
+        let Some(path) = self.view.blob_path(n) else {
+            return reply.error(Errno::EIO);
+        };
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        if open.len() >= MAX_OPEN_FILES {
+            return reply.error(Errno::EMFILE);
+        }
+        match std::fs::File::open(&path) {
+            Ok(f) => {
                 let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-                self.open
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(fh, Arc::new(data));
+                open.insert(fh, Arc::new(f));
                 reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE);
             }
             Err(_) => reply.error(Errno::EIO),
@@ -190,22 +200,28 @@ impl Filesystem for VfsFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let cached = self
+        let file = self
             .open
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(&fh.0)
             .cloned();
-        let data = match cached {
-            Some(d) => d,
-            None => match self.valid(ino).map(|n| self.view.read(n)) {
-                Some(Ok(d)) => Arc::new(d),
-                _ => return reply.error(Errno::EIO),
+        let file = match file {
+            Some(f) => f,
+            // A handle we never gave out (the kernel only uses ours): open in place.
+            None => match self
+                .valid(ino)
+                .and_then(|n| self.view.blob_path(n))
+                .and_then(|p| std::fs::File::open(p).ok())
+            {
+                Some(f) => Arc::new(f),
+                None => return reply.error(Errno::EIO),
             },
         };
-        let start = (offset as usize).min(data.len());
-        let end = start.saturating_add(size as usize).min(data.len());
-        reply.data(&data[start..end]);
+        match read_range(&file, offset, size as usize) {
+            Ok(buf) => reply.data(&buf),
+            Err(_) => reply.error(Errno::EIO),
+        }
     }
 
     fn release(
@@ -295,6 +311,23 @@ impl Filesystem for VfsFs {
         }
         reply.ok();
     }
+}
+
+/// Up to `size` bytes at `offset` (fewer at the end of the file).
+fn read_range(file: &std::fs::File, offset: u64, size: usize) -> io::Result<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0u8; size];
+    let mut got = 0;
+    while got < size {
+        match file.read_at(&mut buf[got..], offset + got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    buf.truncate(got);
+    Ok(buf)
 }
 
 /// A live mount; unmounted on [`Mount::unmount`] or drop.

@@ -160,6 +160,12 @@ impl View {
         }
     }
 
+    /// The stored file holding exactly the content of a file node (None for a
+    /// directory). Readers that serve byte ranges (the FUSE mount) read it in place.
+    pub fn blob_path(&self, node: NodeId) -> Option<PathBuf> {
+        self.doc(node).map(|d| self.blobs.path_of(&d.hash, ""))
+    }
+
     /// Whether the file node may match `q` (always true when `cands` is None).
     pub(crate) fn is_candidate(&self, node: NodeId, cands: &Option<Vec<bool>>) -> bool {
         match (cands, self.tree.doc(node)) {

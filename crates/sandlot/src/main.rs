@@ -55,6 +55,13 @@ fn main() {
     if std::env::args_os().nth(1).is_some_and(|a| a == "__zygote") {
         sandlot_runtime::zygote::main(run::agent_main);
     }
+    // The daemon's server of one collection mount (see sandlot_server::collection_mount).
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == sandlot_server::collection_mount::SERVE_ARG)
+    {
+        sandlot_server::collection_mount::serve_main();
+    }
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {

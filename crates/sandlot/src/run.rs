@@ -51,6 +51,16 @@ pub fn build_spec(a: &RunArgs) -> anyhow::Result<SandboxSpec> {
             )
         })?;
     spec.validate()?;
+    if let Some(i) = spec
+        .mounts
+        .iter()
+        .position(|m| matches!(m, sandlot_proto::spec::MountSpec::Collection { .. }))
+    {
+        anyhow::bail!(
+            "mounts[{i}]: collection mounts are served by the daemon: use `sandlot create` \
+             (or the API) instead of `sandlot run`"
+        );
+    }
     Ok(spec)
 }
 

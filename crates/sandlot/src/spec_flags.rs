@@ -32,7 +32,9 @@ pub struct SpecFlags {
     /// Lifetime: everything is killed after this long, e.g. 10m.
     #[arg(long, value_parser = parse_duration)]
     pub timeout: Option<Seconds>,
-    /// Bind a host path: SRC:DST[:ro|rw] (default ro). Repeatable.
+    /// Bind a host path: SRC:DST[:ro|rw] (default ro); or, with a daemon, mount a
+    /// collection read-only: collection:NAME:DST[:principal=P,group=G,version=N,all-access].
+    /// Repeatable.
     #[arg(long = "mount", value_name = "SRC:DST[:ro|rw]")]
     pub mounts: Vec<String>,
     /// A fresh tmpfs: DST[:SIZE] (default 64M). Repeatable.
@@ -126,6 +128,10 @@ impl SpecFlags {
             spec.insert("timeout".into(), serde_json::to_value(t)?);
         }
         for m in &self.mounts {
+            if let Some(c) = MountSpec::parse_collection(m) {
+                array(spec, "mounts").push(serde_json::to_value(&c?)?);
+                continue;
+            }
             let mut m = MountSpec::parse_bind(m)?;
             if let MountSpec::Bind { source, .. } = &mut m {
                 *source = absolute(std::path::Path::new(source.as_str()))?;
@@ -204,6 +210,33 @@ mod tests {
         assert_eq!(s.env.get("KEEP").map(String::as_str), Some("1"));
         assert_eq!(s.mounts.len(), 2);
         assert_eq!(s.user, "user");
+    }
+
+    #[test]
+    fn issue7_collection_mounts_are_a_mount_form() {
+        let f = SpecFlags {
+            mounts: vec![
+                "collection:docs:/docs:principal=alice,group=eng".into(),
+                "/srv:/data".into(),
+            ],
+            ..Default::default()
+        };
+        let mut spec = Map::new();
+        f.apply(&mut spec).unwrap();
+        assert_eq!(
+            spec["mounts"][0],
+            serde_json::json!({"type": "collection", "collection": "docs", "target": "/docs",
+                "principal": "alice", "groups": ["eng"]})
+        );
+        assert_eq!(spec["mounts"][1]["type"], "bind");
+        let s: SandboxSpec = serde_json::from_value(Value::Object(spec)).unwrap();
+        s.validate().unwrap();
+        let bad = SpecFlags {
+            mounts: vec!["collection:docs:/d:group".into()],
+            ..Default::default()
+        };
+        let e = bad.apply(&mut Map::new()).unwrap_err().to_string();
+        assert!(e.contains("collection:docs:/d:group"), "{e}");
     }
 
     #[test]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from pathlib import Path
 
@@ -194,5 +195,71 @@ def test_issue7_scratch_session_is_private_and_bounded(acme: sandlot.Client, tmp
         assert ei.value.field == "scratch_max_bytes"
         with pytest.raises(ValueError):
             col.session("x", scratch=0)
+    finally:
+        col.delete()
+
+
+def _fuse_mounts_under(d: Path) -> list:
+    d = d.resolve()
+    out = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            pre, _, post = line.partition(" - ")
+            mp = pre.split(" ")[4]
+            if post.startswith("fuse") and Path(mp).is_relative_to(d):
+                out.append(mp)
+    return out
+
+
+def test_issue7_collection_mounted_into_a_sandbox(
+    acme: sandlot.Client, other: sandlot.Client, daemon: object, tmp_path: Path
+) -> None:
+    if not os.path.exists("/dev/fuse"):
+        pytest.skip("SKIPPED: /dev/fuse is missing on this machine; collection mounts need the fuse module")
+    n = name()
+    col = Collection.create(n, from_dir=site(tmp_path), acl={"internal/**": "group:eng"}, client=acme)
+    mounts_dir = daemon.data_dir / "vfs-mounts"  # type: ignore[attr-defined]
+    try:
+        assert col.mount("/docs") == {"type": "collection", "collection": n, "target": "/docs"}
+        assert sandlot.collection_mount(n, "/e", principal="bob", groups=["eng"], version=1) == {
+            "type": "collection",
+            "collection": n,
+            "target": "/e",
+            "principal": "bob",
+            "groups": ["eng"],
+            "version": 1,
+        }
+        with pytest.raises(TypeError):
+            col.mount("/docs", groups="eng")
+        mounts = [col.mount("/docs"), col.mount("/eng", principal="bob", groups=["eng"])]
+        with sandlot.Sandbox.create(client=acme, timeout=120, mounts=mounts) as sb:
+            # The version is pinned in the sandbox's spec.
+            assert [m["version"] for m in sb.info.spec["mounts"]] == [1, 1]
+            assert sb.run("ls /docs").stdout == "README.md\ndocs\n"
+            assert sb.run("grep -rn 'rate limit' /docs | sort").stdout == (
+                "/docs/docs/faq.md:1:Q: what is the rate limit?\n"
+                "/docs/docs/guide.md:2:The API has a rate limit of 10 requests.\n"
+            )
+            r = sb.run("cat /docs/internal/secret.md")
+            assert r.exit_code != 0 and "No such file or directory" in r.stderr
+            assert sb.run("cat /eng/internal/secret.md").stdout == "rate limit bypass: hunter2\n"
+            walk = "import os; print(sorted(os.path.join(r, f) for r, _, fs in os.walk('/docs') for f in fs))"
+            assert sb.run(["python3", "-c", walk]).stdout == (
+                "['/docs/README.md', '/docs/docs/faq.md', '/docs/docs/guide.md']\n"
+            )
+            r = sb.run("echo x > /docs/README.md")
+            assert r.exit_code != 0 and "Read-only file system" in r.stderr
+            # A collection a sandbox mounts cannot be removed.
+            with pytest.raises(sandlot.ConflictError):
+                col.delete()
+            assert len(_fuse_mounts_under(mounts_dir / sb.id)) == 2
+            sid = sb.id
+        # Terminated with the block: its mounts and their directory are gone.
+        assert _fuse_mounts_under(mounts_dir / sid) == []
+        assert not (mounts_dir / sid).exists()
+        # Another tenant cannot mount it: for them it does not exist.
+        with pytest.raises(sandlot.InvalidSpecError) as ei:
+            sandlot.Sandbox.create(client=other, timeout=60, mounts=[col.mount("/docs")])
+        assert ei.value.field == "mounts[0].collection"
     finally:
         col.delete()

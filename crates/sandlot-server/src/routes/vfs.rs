@@ -424,14 +424,22 @@ pub async fn get_one(
 }
 
 #[utoipa::path(delete, path = "/v1/vfs/{collection}", tag = "vfs",
-    description = "Remove a collection, its versions and content; its open sessions are closed.",
+    description = "Remove a collection, its versions and content; its open sessions are closed. Refused (409) while a live sandbox mounts it.",
     params(("collection" = String, Path)),
-    responses((status = 200, body = CollectionView), (status = 404, body = crate::error::ErrorEnvelope)))]
+    responses((status = 200, body = CollectionView), (status = 404, body = crate::error::ErrorEnvelope),
+        (status = 409, description = "a live sandbox mounts it, or an ingest is running", body = crate::error::ErrorEnvelope)))]
 pub async fn remove(
     State(state): State<Arc<AppState>>,
     p: Principal,
     Path(name): Path<String>,
 ) -> ApiResult<Json<CollectionView>> {
+    let users = crate::collection_mount::mounted_by(&state, &p.tenant, &name);
+    if !users.is_empty() {
+        return Err(ApiError::conflict(format!(
+            "collection {name} is mounted by sandbox {}: delete it first",
+            users.join(", ")
+        )));
+    }
     let st = state.clone();
     blocking(move || st.vfs.remove(&p.tenant, &name))
         .await

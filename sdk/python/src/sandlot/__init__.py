@@ -12,6 +12,7 @@ The asyncio twin is ``AsyncSandbox``. Connection: ``SANDLOT_URL`` (default
 
 from .aio import AsyncFiles, AsyncOutputStream, AsyncProcess, AsyncSandbox, AsyncStdin, AsyncWatch
 from .collection import AsyncCollection, AsyncShellSession, Collection, ShellSession
+from ._spec import collection_mount
 from .client import DEFAULT_URL, AsyncClient, Client, __version__, configure, default_async_client, default_client
 from .errors import (
     AlreadyExistsError,
@@ -68,6 +69,7 @@ from .ports import AsyncPort, AsyncPorts, Port, Ports
 from .sandbox import Files, OutputStream, Process, Sandbox, Stdin, Watch
 
 __all__ = [
+    "collection_mount",
     "BuildError",
     "Image",
     "__version__",

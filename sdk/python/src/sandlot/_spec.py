@@ -96,6 +96,33 @@ def create_body(
     return body
 
 
+def collection_mount(
+    collection: str,
+    target: str,
+    *,
+    principal: Optional[str] = None,
+    groups: Sequence[str] = (),
+    all_access: bool = False,
+    version: Optional[int] = None,
+) -> Dict[str, Any]:
+    """A ``mounts`` entry that mounts a collection of the caller's tenant read-only at
+    ``target``: what ``principal`` (default ``anonymous``: public documents only) with
+    ``groups`` may read, at ``version`` (default: the head when the sandbox is created;
+    it is kept for the sandbox's life)."""
+    if isinstance(groups, str):
+        raise TypeError("groups= is a list of group names, not a string")
+    m: Dict[str, Any] = {"type": "collection", "collection": collection, "target": target}
+    if principal is not None:
+        m["principal"] = principal
+    if groups:
+        m["groups"] = list(groups)
+    if all_access:
+        m["all_access"] = True
+    if version is not None:
+        m["version"] = version
+    return m
+
+
 def argv_of(args: Tuple[Any, ...]) -> List[str]:
     """``exec("ls", "-l")`` or ``exec(["ls", "-l"])``."""
     if len(args) == 1 and isinstance(args[0], (list, tuple)):

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 from urllib.parse import quote
 
+from ._spec import collection_mount
 from .client import AsyncClient, Client, default_async_client, default_client
 from .models import AuditRecord, CollectionInfo, IngestReport, ShellResult, ShellSessionInfo
 
@@ -313,8 +314,26 @@ class Collection:
         return self.last_ingest
 
     def delete(self) -> None:
-        """Removes the collection; its open sessions are closed."""
+        """Removes the collection; its open sessions are closed (409 while a sandbox
+        mounts it)."""
         self.client.request("DELETE", self._path)
+
+    def mount(
+        self,
+        target: str,
+        *,
+        principal: Optional[str] = None,
+        groups: Sequence[str] = (),
+        all_access: bool = False,
+        version: Optional[int] = None,
+    ) -> Dict[str, Any]:
+        """A ``mounts`` entry for ``Sandbox.create(mounts=[...])``: this collection,
+        read-only at ``target``, as ``principal`` with ``groups`` sees it (default
+        ``anonymous``: public documents only). Real tools (``grep -r``, ``rg``,
+        ``find``, ``os.walk``) work on it; the version is pinned at create."""
+        return collection_mount(
+            self.name, target, principal=principal, groups=groups, all_access=all_access, version=version
+        )
 
     def session(
         self,
@@ -489,6 +508,20 @@ class AsyncCollection:
 
     async def delete(self) -> None:
         await self.client.request("DELETE", self._path)
+
+    def mount(
+        self,
+        target: str,
+        *,
+        principal: Optional[str] = None,
+        groups: Sequence[str] = (),
+        all_access: bool = False,
+        version: Optional[int] = None,
+    ) -> Dict[str, Any]:
+        """See :meth:`Collection.mount`."""
+        return collection_mount(
+            self.name, target, principal=principal, groups=groups, all_access=all_access, version=version
+        )
 
     async def session(
         self,
