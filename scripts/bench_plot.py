@@ -2,7 +2,7 @@
 """Plots the latency distributions of `sandlot bench platform` (results.json -> PNG).
 
 Usage: bench_plot.py results.json latency.png
-One panel per section (time to interactive, bursts, exec); each contender's
+One panel per section (time to interactive, cycle, bursts, exec); each contender's
 samples as an empirical CDF on a log time axis, so medians and tails compare at
 a glance.
 """
@@ -23,6 +23,7 @@ def main() -> int:
         res = json.load(f)
     sections = [
         ("tti", "time to interactive, sequential"),
+        ("cycle", "create + exec /bin/true + delete, sequential"),
         ("burst", "time to interactive, concurrent bursts"),
         ("exec", "exec round trip on a live sandbox"),
     ]

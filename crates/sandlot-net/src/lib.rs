@@ -19,6 +19,7 @@ use sandlot_proto::spec::{Cidr, NetworkMode, NetworkSpec, SpecError};
 use serde::{Deserialize, Serialize};
 
 pub mod dns;
+pub mod nfnl;
 pub mod nft;
 pub mod policy;
 pub mod proxy;
@@ -50,7 +51,7 @@ pub enum NetError {
     #[error("sandbox {0} has no network slot")]
     NotAttached(String),
     #[error(transparent)]
-    Netlink(#[from] rtnl::RtnlError),
+    Netlink(#[from] rtnl::NetlinkError),
 }
 
 /// Operator settings (`[network]` in the daemon's TOML).

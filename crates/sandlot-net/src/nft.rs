@@ -35,7 +35,8 @@ pub struct TableSpec {
 }
 
 const FAMILY: &str = "inet";
-const SLOT_SET: &str = "slots";
+/// The set of `(host veth . sandbox address)` pairs allowed to send.
+pub const SLOT_SET: &str = "slots";
 
 fn m(op: &str, left: Value, right: Value) -> Value {
     json!({"match": {"op": op, "left": left, "right": right}})

@@ -15,9 +15,9 @@ use std::time::Duration;
 use rustix::net::netlink::SocketAddrNetlink;
 use rustix::net::{AddressFamily, RecvFlags, SendFlags, SocketFlags, SocketType};
 
-/// Errors of rtnetlink requests.
+/// Errors of netlink requests (rtnetlink and nf_tables).
 #[derive(Debug, thiserror::Error)]
-pub enum RtnlError {
+pub enum NetlinkError {
     #[error("open a netlink socket: {0}")]
     Open(#[source] std::io::Error),
     #[error("{op}: {source}")]
@@ -39,28 +39,28 @@ pub enum RtnlError {
     NoSuchLink { op: String, name: String },
 }
 
-impl RtnlError {
+impl NetlinkError {
     /// The errno of a kernel refusal.
     pub fn errno(&self) -> Option<i32> {
         match self {
-            RtnlError::Refused { source, .. } => source.raw_os_error(),
+            NetlinkError::Refused { source, .. } => source.raw_os_error(),
             _ => None,
         }
     }
 }
 
 // Message types and flags (linux/netlink.h, linux/rtnetlink.h).
-const NLMSG_ERROR: u16 = 2;
+pub(crate) const NLMSG_ERROR: u16 = 2;
 const NLMSG_DONE: u16 = 3;
 const RTM_NEWLINK: u16 = 16;
 const RTM_DELLINK: u16 = 17;
 const RTM_GETLINK: u16 = 18;
 const RTM_NEWADDR: u16 = 20;
 const RTM_NEWROUTE: u16 = 24;
-const NLM_F_REQUEST: u16 = 0x1;
-const NLM_F_ACK: u16 = 0x4;
+pub(crate) const NLM_F_REQUEST: u16 = 0x1;
+pub(crate) const NLM_F_ACK: u16 = 0x4;
 const NLM_F_EXCL: u16 = 0x200;
-const NLM_F_CREATE: u16 = 0x400;
+pub(crate) const NLM_F_CREATE: u16 = 0x400;
 // Attributes (linux/if_link.h, linux/veth.h, linux/if_addr.h, linux/rtnetlink.h).
 const IFLA_IFNAME: u16 = 3;
 const IFLA_LINKINFO: u16 = 18;
@@ -78,16 +78,16 @@ const RT_TABLE_MAIN: u8 = 254;
 const RTPROT_BOOT: u8 = 3;
 const RT_SCOPE_UNIVERSE: u8 = 0;
 const RTN_UNICAST: u8 = 1;
-const NLMSG_HDRLEN: usize = 16;
+pub(crate) const NLMSG_HDRLEN: usize = 16;
 /// The loopback device is always interface 1 of a network namespace.
 pub const LOOPBACK_INDEX: u32 = 1;
 
 /// One request's body after the header: builds attributes, aligned to 4 bytes.
 #[derive(Default)]
-struct Body(Vec<u8>);
+pub(crate) struct Body(pub(crate) Vec<u8>);
 
 impl Body {
-    fn bytes(&mut self, b: &[u8]) -> &mut Self {
+    pub(crate) fn bytes(&mut self, b: &[u8]) -> &mut Self {
         self.0.extend_from_slice(b);
         self
     }
@@ -96,7 +96,7 @@ impl Body {
             self.0.push(0);
         }
     }
-    fn attr(&mut self, kind: u16, data: &[u8]) -> &mut Self {
+    pub(crate) fn attr(&mut self, kind: u16, data: &[u8]) -> &mut Self {
         let len = (4 + data.len()) as u16;
         self.0.extend_from_slice(&len.to_ne_bytes());
         self.0.extend_from_slice(&kind.to_ne_bytes());
@@ -105,13 +105,13 @@ impl Body {
         self
     }
     /// A string attribute, NUL-terminated as the kernel's `nla_strscpy` accepts.
-    fn attr_str(&mut self, kind: u16, s: &str) -> &mut Self {
+    pub(crate) fn attr_str(&mut self, kind: u16, s: &str) -> &mut Self {
         let mut v = s.as_bytes().to_vec();
         v.push(0);
         self.attr(kind, &v)
     }
     /// A nested attribute: `f` writes its members.
-    fn nest(&mut self, kind: u16, f: impl FnOnce(&mut Body)) -> &mut Self {
+    pub(crate) fn nest(&mut self, kind: u16, f: impl FnOnce(&mut Body)) -> &mut Self {
         let start = self.0.len();
         self.0.extend_from_slice(&[0, 0]);
         self.0.extend_from_slice(&kind.to_ne_bytes());
@@ -270,68 +270,71 @@ fn parse_replies(buf: &[u8], seq: u32) -> Option<Vec<Reply>> {
     Some(out)
 }
 
-/// A `NETLINK_ROUTE` socket in the network namespace of the thread that opened it.
-pub struct Rtnl {
+/// A netlink socket of one protocol, in the network namespace of the thread that
+/// opened it; one request at a time.
+pub(crate) struct Socket {
     fd: OwnedFd,
     seq: u32,
 }
 
-impl Rtnl {
-    pub fn open() -> Result<Rtnl, RtnlError> {
+impl Socket {
+    /// `protocol` `None` is `NETLINK_ROUTE` (protocol 0).
+    pub(crate) fn open(protocol: Option<rustix::net::Protocol>) -> Result<Socket, NetlinkError> {
         let fd = rustix::net::socket_with(
             AddressFamily::NETLINK,
             SocketType::RAW,
             SocketFlags::CLOEXEC,
-            None, // NETLINK_ROUTE is protocol 0
+            protocol,
         )
-        .map_err(|e| RtnlError::Open(e.into()))?;
+        .map_err(|e| NetlinkError::Open(e.into()))?;
         // A kernel that never answers must not hang a pool thread.
         rustix::net::sockopt::set_socket_timeout(
             &fd,
             rustix::net::sockopt::Timeout::Recv,
             Some(Duration::from_secs(10)),
         )
-        .map_err(|e| RtnlError::Open(e.into()))?;
-        Ok(Rtnl { fd, seq: 0 })
+        .map_err(|e| NetlinkError::Open(e.into()))?;
+        Ok(Socket { fd, seq: 0 })
     }
 
-    /// Sends one request and waits for its acknowledgement; returns the index of a
-    /// link answer if one came first.
-    fn request(
+    /// A fresh sequence number for the next request.
+    pub(crate) fn next_seq(&mut self) -> u32 {
+        self.seq = self.seq.wrapping_add(1);
+        self.seq
+    }
+
+    /// Sends `msg` (one datagram: a request, or a batch of them) and waits for the
+    /// acknowledgement of sequence number `seq`; returns the index of a link answer
+    /// if one came first.
+    pub(crate) fn transact(
         &mut self,
         op: &str,
-        make: impl FnOnce(u32) -> Vec<u8>,
-    ) -> Result<Option<u32>, RtnlError> {
-        self.seq = self.seq.wrapping_add(1);
-        let seq = self.seq;
-        let msg = make(seq);
+        msg: &[u8],
+        seq: u32,
+    ) -> Result<Option<u32>, NetlinkError> {
+        let io = |e: rustix::io::Errno| NetlinkError::Io {
+            op: op.to_string(),
+            source: e.into(),
+        };
         rustix::net::sendto(
             &self.fd,
-            &msg,
+            msg,
             SendFlags::empty(),
             &SocketAddrNetlink::new(0, 0),
         )
-        .map_err(|e| RtnlError::Io {
-            op: op.to_string(),
-            source: e.into(),
-        })?;
+        .map_err(io)?;
         let mut buf = vec![0u8; 16 * 1024];
         let mut link = None;
         loop {
             let (n, _) =
-                rustix::net::recv(&self.fd, &mut buf[..], RecvFlags::empty()).map_err(|e| {
-                    RtnlError::Io {
-                        op: op.to_string(),
-                        source: e.into(),
-                    }
-                })?;
+                rustix::net::recv(&self.fd, &mut buf[..], RecvFlags::empty()).map_err(io)?;
             let replies = parse_replies(&buf[..n], seq)
-                .ok_or_else(|| RtnlError::Malformed { op: op.to_string() })?;
+                .ok_or_else(|| NetlinkError::Malformed { op: op.to_string() })?;
             for r in replies {
                 match r {
                     Reply::Ack => return Ok(link),
                     Reply::Errno(e) => {
-                        return Err(RtnlError::Refused {
+                        return Err(NetlinkError::Refused {
                             op: op.to_string(),
                             source: std::io::Error::from_raw_os_error(e),
                         })
@@ -342,6 +345,30 @@ impl Rtnl {
             }
         }
     }
+}
+
+/// A `NETLINK_ROUTE` socket in the network namespace of the thread that opened it.
+pub struct Rtnl {
+    sock: Socket,
+}
+
+impl Rtnl {
+    pub fn open() -> Result<Rtnl, NetlinkError> {
+        Ok(Rtnl {
+            sock: Socket::open(None)?,
+        })
+    }
+
+    /// Sends one request and waits for its acknowledgement.
+    fn request(
+        &mut self,
+        op: &str,
+        make: impl FnOnce(u32) -> Vec<u8>,
+    ) -> Result<Option<u32>, NetlinkError> {
+        let seq = self.sock.next_seq();
+        let msg = make(seq);
+        self.sock.transact(op, &msg, seq)
+    }
 
     /// Creates veth `name` here, its peer `peer` in the namespace `peer_ns`.
     pub fn create_veth(
@@ -349,7 +376,7 @@ impl Rtnl {
         name: &str,
         peer: &str,
         peer_ns: BorrowedFd<'_>,
-    ) -> Result<(), RtnlError> {
+    ) -> Result<(), NetlinkError> {
         use std::os::fd::AsRawFd;
         let fd = peer_ns.as_fd().as_raw_fd();
         self.request(&format!("create veth {name} (peer {peer})"), |s| {
@@ -359,12 +386,12 @@ impl Rtnl {
     }
 
     /// The index of interface `name`.
-    pub fn link_index(&mut self, name: &str) -> Result<u32, RtnlError> {
+    pub fn link_index(&mut self, name: &str) -> Result<u32, NetlinkError> {
         let op = format!("look up interface {name}");
         match self.request(&op, |s| get_link_msg(s, name)) {
             Ok(Some(i)) => Ok(i),
-            Ok(None) => Err(RtnlError::Malformed { op }),
-            Err(e) if e.errno() == Some(libc_enodev()) => Err(RtnlError::NoSuchLink {
+            Ok(None) => Err(NetlinkError::Malformed { op }),
+            Err(e) if e.errno() == Some(libc_enodev()) => Err(NetlinkError::NoSuchLink {
                 op,
                 name: name.to_string(),
             }),
@@ -373,21 +400,21 @@ impl Rtnl {
     }
 
     /// Deletes interface `name` (a veth takes its peer with it).
-    pub fn delete_link(&mut self, name: &str) -> Result<(), RtnlError> {
+    pub fn delete_link(&mut self, name: &str) -> Result<(), NetlinkError> {
         self.request(&format!("delete interface {name}"), |s| {
             delete_link_msg(s, name)
         })
         .map(|_| ())
     }
 
-    pub fn set_up(&mut self, index: u32) -> Result<(), RtnlError> {
+    pub fn set_up(&mut self, index: u32) -> Result<(), NetlinkError> {
         self.request(&format!("set interface {index} up"), |s| {
             set_up_msg(s, index)
         })
         .map(|_| ())
     }
 
-    pub fn add_addr(&mut self, index: u32, addr: Ipv4Addr, prefix: u8) -> Result<(), RtnlError> {
+    pub fn add_addr(&mut self, index: u32, addr: Ipv4Addr, prefix: u8) -> Result<(), NetlinkError> {
         self.request(
             &format!("add address {addr}/{prefix} to interface {index}"),
             |s| add_addr_msg(s, index, addr, prefix),
@@ -395,7 +422,7 @@ impl Rtnl {
         .map(|_| ())
     }
 
-    pub fn add_default_route(&mut self, gateway: Ipv4Addr) -> Result<(), RtnlError> {
+    pub fn add_default_route(&mut self, gateway: Ipv4Addr) -> Result<(), NetlinkError> {
         self.request(&format!("add default route via {gateway}"), |s| {
             add_default_route_msg(s, gateway)
         })

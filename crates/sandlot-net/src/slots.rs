@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use sandlot_proto::spec::Cidr;
 use serde::{Deserialize, Serialize};
 
-use crate::nft::{Nft, TableSpec};
+use crate::nfnl::SetElements;
+use crate::nft::{TableSpec, SLOT_SET};
 use crate::rtnl::{Rtnl, LOOPBACK_INDEX};
 use crate::NetError;
 
@@ -332,7 +333,6 @@ struct PoolInner {
     plan: AddressPlan,
     target: usize,
     table: TableSpec,
-    nft: Nft,
     state: Mutex<PoolState>,
     cv: Condvar,
     teardown: Mutex<Option<mpsc::Sender<Slot>>>,
@@ -372,7 +372,6 @@ impl SlotPool {
             plan,
             target,
             table,
-            nft: Nft::default(),
             state: Mutex::new(PoolState {
                 ready: VecDeque::new(),
                 used: keep.iter().map(|s| s.index).collect(),
@@ -419,7 +418,7 @@ impl SlotPool {
                 .name("net-teardown".into())
                 .spawn(move || {
                     // Whatever queued up meanwhile is torn down as one batch: one
-                    // nft transaction for all of its rules (a process per slot was
+                    // nf_tables transaction for all of its set elements (a process per slot was
                     // most of the cost of tearing down hundreds of sandboxes).
                     while let Ok(first) = rx.recv() {
                         let mut batch = vec![first];
@@ -487,12 +486,9 @@ impl SlotPool {
                 &mut inside,
                 std::os::fd::AsFd::as_fd(&ns),
             )?;
-            self.inner.nft.apply(
-                &self
-                    .inner
-                    .table
-                    .add_slots(&[(slot.name.clone(), slot.sandbox_ip)]),
-            )
+            SetElements::open(&self.inner.table.table, SLOT_SET)?
+                .add(&[(slot.name.clone(), slot.sandbox_ip)])?;
+            Ok(())
         })();
         if r.is_err() {
             let _ = delete_netns(&slot.name);
@@ -504,29 +500,26 @@ impl SlotPool {
         self.destroy_batch(std::slice::from_ref(slot));
     }
 
-    /// Removes the rules of `slots` in one nft transaction, then their namespaces.
+    /// Removes the set elements of `slots` in one nf_tables transaction, then their
+    /// namespaces.
     fn destroy_batch(&self, slots: &[Slot]) {
         let entries: Vec<_> = slots
             .iter()
             .map(|s| (s.name.clone(), s.sandbox_ip))
             .collect();
-        if self
-            .inner
-            .nft
-            .apply(&self.inner.table.delete_slots(&entries))
-            .is_err()
-        {
-            // One missing element fails the whole transaction (e.g. a slot whose
-            // build failed half-way): fall back to one transaction per slot.
-            for e in &entries {
-                if let Err(err) = self
-                    .inner
-                    .nft
-                    .apply(&self.inner.table.delete_slots(std::slice::from_ref(e)))
-                {
-                    tracing::debug!(netns = %e.0, "delete the rules of a network slot: {err}");
+        match SetElements::open(&self.inner.table.table, SLOT_SET) {
+            Ok(mut set) => {
+                if set.delete(&entries).is_err() {
+                    // One missing element fails the whole transaction (e.g. a slot
+                    // whose build failed half-way): fall back to one per slot.
+                    for e in &entries {
+                        if let Err(err) = set.delete(std::slice::from_ref(e)) {
+                            tracing::debug!(netns = %e.0, "delete the rules of a network slot: {err}");
+                        }
+                    }
                 }
             }
+            Err(e) => tracing::warn!("delete the rules of network slots: {e}"),
         }
         for slot in slots {
             self.delete_namespace(slot);

@@ -182,6 +182,13 @@ pub struct VfsSection {
     /// S3 endpoint URLs API clients may ingest from (exact match, e.g.
     /// `http://127.0.0.1:9000`). Empty (the default): no S3 ingest through the API.
     pub allowed_s3_endpoints: Vec<String>,
+    /// Size of a session's copy-on-write scratch area when the client asks for
+    /// one without naming a size.
+    pub scratch_default_size: ByteSize,
+    /// Largest scratch area a client may ask for (memory per session).
+    pub scratch_max_size: ByteSize,
+    /// Files and directories one scratch area may hold.
+    pub scratch_max_entries: u64,
 }
 
 impl Default for VfsSection {
@@ -196,6 +203,9 @@ impl Default for VfsSection {
             max_upload: ByteSize(1 << 30),
             allowed_source_paths: Vec::new(),
             allowed_s3_endpoints: Vec::new(),
+            scratch_default_size: ByteSize(16 << 20),
+            scratch_max_size: ByteSize(64 << 20),
+            scratch_max_entries: 10_000,
         }
     }
 }
@@ -357,6 +367,12 @@ impl ServerConfig {
         if self.vfs.max_output.0 == 0 || self.vfs.max_commands == 0 {
             return bad("vfs.max_output and vfs.max_commands must be positive".into());
         }
+        if self.vfs.scratch_default_size.0 > self.vfs.scratch_max_size.0 {
+            return bad(format!(
+                "vfs.scratch_default_size ({} bytes) exceeds vfs.scratch_max_size ({} bytes)",
+                self.vfs.scratch_default_size.0, self.vfs.scratch_max_size.0
+            ));
+        }
         for p in &self.vfs.allowed_source_paths {
             if !p.is_absolute() || p.components().any(|c| c == std::path::Component::ParentDir) {
                 return bad(format!(
@@ -474,5 +490,27 @@ max_sandboxes = 3
         assert_eq!(fmt_secs(Duration::from_secs(300)), "5m");
         assert_eq!(fmt_secs(Duration::from_secs(7200)), "2h");
         assert_eq!(fmt_secs(Duration::from_secs(61)), "61s");
+    }
+
+    #[test]
+    fn issue7_scratch_limits_parse_and_are_checked() {
+        let (c, w) = ServerConfig::from_toml(
+            "[vfs]\nscratch_default_size = \"1M\"\nscratch_max_size = \"8M\"\nscratch_max_entries = 50\nscratch_typo = 1\n",
+            Path::new("c"),
+        )
+        .unwrap();
+        assert_eq!(c.vfs.scratch_default_size, ByteSize(1 << 20));
+        assert_eq!(c.vfs.scratch_max_size, ByteSize(8 << 20));
+        assert_eq!(c.vfs.scratch_max_entries, 50);
+        assert!(
+            w.len() == 1 && w[0].contains("vfs.scratch_typo"),
+            "an unknown key warns: {w:?}"
+        );
+        let e = ServerConfig::from_toml(
+            "[vfs]\nscratch_default_size = \"9M\"\nscratch_max_size = \"8M\"\n",
+            Path::new("c"),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("vfs.scratch_default_size"), "{e}");
     }
 }

@@ -20,11 +20,12 @@ use std::time::Duration;
 
 use axum::http::StatusCode;
 use sandlot_proto::api::vfs::{
-    AuditEntry, CollectionView, IngestResult, SessionLimits, VfsAcl, VfsSession, VfsSource,
+    AuditEntry, CollectionView, IngestResult, SessionLimits, VfsAcl, VfsScratch, VfsSession,
+    VfsSource,
 };
 use sandlot_vfs::{
     Acl, AclPolicy, AclRule, AuditFilter, IngestOptions, IngestReport, Limits, Principal,
-    S3Credentials, S3Options, Source, Store, StoreError,
+    S3Credentials, S3Options, ScratchLimits, Source, Store, StoreError,
 };
 
 use crate::config::VfsSection;
@@ -442,6 +443,32 @@ impl VfsService {
         }
     }
 
+    /// The scratch area a session request asks for, within the operator's
+    /// limits (`vfs.scratch_*`); 400 naming the field otherwise.
+    pub fn scratch_limits(
+        &self,
+        scratch: bool,
+        max_bytes: Option<u64>,
+    ) -> ApiResult<Option<ScratchLimits>> {
+        let max = self.cfg.scratch_max_size.0;
+        match (scratch, max_bytes) {
+            (false, None) => Ok(None),
+            (false, Some(_)) => Err(ApiError::invalid(
+                "scratch_max_bytes",
+                "needs \"scratch\": true",
+            )),
+            (true, Some(0)) => Err(ApiError::invalid("scratch_max_bytes", "must be positive")),
+            (true, Some(b)) if b > max => Err(ApiError::invalid(
+                "scratch_max_bytes",
+                format!("{b} exceeds the operator's maximum of {max} bytes (vfs.scratch_max_size)"),
+            )),
+            (true, b) => Ok(Some(ScratchLimits {
+                max_bytes: b.unwrap_or(self.cfg.scratch_default_size.0.min(max)),
+                max_entries: self.cfg.scratch_max_entries,
+            })),
+        }
+    }
+
     /// Opens a session for `principal` with `groups` (blocking: builds the pruned view).
     pub fn open_session(
         &self,
@@ -451,6 +478,23 @@ impl VfsService {
         groups: &[String],
         all_access: bool,
         version: Option<u64>,
+    ) -> ApiResult<Arc<SessionSlot>> {
+        self.open_session_with(
+            tenant, collection, principal, groups, all_access, version, None,
+        )
+    }
+
+    /// Opens a session, with a copy-on-write scratch area if `scratch` is given.
+    #[allow(clippy::too_many_arguments)]
+    pub fn open_session_with(
+        &self,
+        tenant: &str,
+        collection: &str,
+        principal: &str,
+        groups: &[String],
+        all_access: bool,
+        version: Option<u64>,
+        scratch: Option<ScratchLimits>,
     ) -> ApiResult<Arc<SessionSlot>> {
         check_principal(principal, groups)?;
         let store = self.store(tenant)?;
@@ -473,6 +517,10 @@ impl VfsService {
             None => c.open_session(p, self.limits()),
         }
         .map_err(store_error)?;
+        let shell = match scratch {
+            Some(l) => shell.with_scratch(l),
+            None => shell,
+        };
         let now = now_ms();
         let mut groups: Vec<String> = groups.to_vec();
         groups.sort();
@@ -549,9 +597,18 @@ impl VfsService {
 
     /// The API view of a session.
     pub fn session_view(&self, s: &SessionSlot) -> VfsSession {
-        let (cwd, commands_run) = match s.shell.try_lock() {
-            Ok(sh) => (sh.cwd().to_string(), sh.commands_run()),
-            Err(_) => ("(running)".to_string(), 0),
+        let (cwd, commands_run, scratch) = match s.shell.try_lock() {
+            Ok(sh) => (
+                sh.cwd().to_string(),
+                sh.commands_run(),
+                sh.scratch_usage().map(|u| VfsScratch {
+                    used_bytes: u.bytes,
+                    entries: u.entries,
+                    max_bytes: u.limits.max_bytes,
+                    max_entries: u.limits.max_entries,
+                }),
+            ),
+            Err(_) => ("(running)".to_string(), 0, None),
         };
         let last = s.last_used_ms();
         VfsSession {
@@ -573,6 +630,7 @@ impl VfsService {
                 command_timeout_secs: self.cfg.command_timeout.0.as_secs_f64(),
                 idle_timeout_secs: self.idle().as_secs_f64(),
             },
+            scratch,
         }
     }
 
@@ -770,6 +828,39 @@ mod tests {
             s => panic!("{s:?}"),
         }
         std::fs::remove_dir_all(&tmp).unwrap();
+    }
+
+    #[test]
+    fn issue7_scratch_requests_stay_within_the_operator_limits() {
+        let v = svc(
+            Path::new("/nonexistent"),
+            VfsSection {
+                scratch_default_size: sandlot_proto::units::ByteSize(1000),
+                scratch_max_size: sandlot_proto::units::ByteSize(5000),
+                scratch_max_entries: 7,
+                ..Default::default()
+            },
+        );
+        assert_eq!(v.scratch_limits(false, None).unwrap(), None);
+        assert_eq!(
+            v.scratch_limits(true, None).unwrap(),
+            Some(ScratchLimits {
+                max_bytes: 1000,
+                max_entries: 7
+            })
+        );
+        assert_eq!(
+            v.scratch_limits(true, Some(5000))
+                .unwrap()
+                .unwrap()
+                .max_bytes,
+            5000
+        );
+        for (scratch, bytes) in [(true, Some(5001)), (true, Some(0)), (false, Some(10))] {
+            let e = v.scratch_limits(scratch, bytes).unwrap_err();
+            assert_eq!(e.field.as_deref(), Some("scratch_max_bytes"), "{e}");
+            assert_eq!(e.status, StatusCode::BAD_REQUEST, "{e}");
+        }
     }
 
     #[test]

@@ -31,7 +31,7 @@ pub use acl::{Acl, AclPolicy, AclRule, Principal};
 pub use audit::{format_utc, AuditError, AuditFilter, AuditLog, AuditRecord, AuditSink};
 pub use ingest::{IngestError, IngestOptions, IngestReport, S3Credentials, S3Options, Source};
 pub use manifest::{DocEntry, Manifest};
-pub use shell::{Limits, Output, Session, SessionError};
+pub use shell::{Limits, Output, ScratchLimits, ScratchUsage, Session, SessionError};
 pub use store::{
     Collection, CollectionConfig, CollectionInfo, IngestMode, Store, StoreError, Version, View,
 };

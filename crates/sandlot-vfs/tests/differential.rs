@@ -6,8 +6,8 @@ mod common;
 
 use std::path::Path;
 
-use common::{fixture_files, real_bash, require_tool, write_sorted, TempDir};
-use sandlot_vfs::{IngestOptions, Limits, Principal, Source, Store};
+use common::{fixture_files, real_bash, real_bash_rw, require_tool, write_sorted, TempDir};
+use sandlot_vfs::{Collection, IngestOptions, Limits, Principal, ScratchLimits, Source, Store};
 
 const COMMANDS: &[&str] = &[
     // ls
@@ -281,6 +281,193 @@ const COMMANDS: &[&str] = &[
     "for f in docs/*; do echo $f; done | head -2",
 ];
 
+/// Sequences of command lines run in one session with a scratch area, and with
+/// real bash on a writable copy of the tree, compared line by line. Readers are
+/// ones whose output does not depend on directory order on disk (new entries
+/// land anywhere in a real directory; the virtual shell keeps names sorted),
+/// and every path is relative (the real side runs in the copy).
+const WRITE_CASES: &[&[&str]] = &[
+    &[
+        "echo hello > new.txt",
+        "cat new.txt",
+        "ls",
+        "echo more >> new.txt; cat new.txt",
+        "wc -l new.txt",
+        "printf '%s\n' b a > f && sort f && cat f",
+    ],
+    &[
+        "echo hi >> docs/latin1.txt",
+        "tail -2 docs/latin1.txt",
+        "grep -c hi docs/latin1.txt",
+        "grep -rn '^hi$' . | sort",
+        "echo 'zebra unique' > docs/long.md",
+        "grep -rn zebra . | sort",
+        "grep -c 'rate limit' docs/long.md",
+        "grep -rl 'long document' .; echo $?",
+        "wc docs/long.md",
+    ],
+    &[
+        "mkdir newdir",
+        "mkdir newdir",
+        "mkdir -p a/b/c && ls -R a",
+        "mkdir -p docs/long.md/x",
+        "mkdir nope/x",
+        "mkdir docs/long.md/x",
+        "mkdir -v q",
+        "mkdir -pv r/s",
+        "mkdir",
+        "mkdir -p newdir ./q/ && ls -d */",
+        "mkdir ''",
+        "mkdir --bogus",
+    ],
+    &[
+        "rm docs/latin1.txt",
+        "ls docs",
+        "cat docs/latin1.txt",
+        "rm docs/latin1.txt",
+        "rm -f docs/latin1.txt; echo $?",
+        "rm docs",
+        "rm -d docs",
+        "grep -rl 'rate again' .; echo $?",
+        "rm docs/long.md/",
+        "rm -r nope docs/api",
+        "find docs | sort",
+        "rm",
+        "rm -f",
+        "rm -r .",
+        "rm -r docs/..",
+        "rm ''",
+    ],
+    &[
+        "rm -r docs/api",
+        "ls docs",
+        "grep -rl rate docs | sort",
+        "rmdir docs/guides",
+        "rm -r deep && ls",
+        "find . -type d | sort",
+        "tree docs",
+    ],
+    &[
+        "rmdir docs",
+        "rmdir nope",
+        "rmdir docs/long.md",
+        "mkdir -p e/f/g && rmdir -p e/f/g && ls",
+        "rmdir .",
+        "mkdir k && rmdir -v k",
+        "rmdir",
+    ],
+    &[
+        "cp docs/latin1.txt copy.txt && cat copy.txt",
+        "cp docs/latin1.txt docs/latin1.txt",
+        "cp docs newdocs",
+        "cp -r docs/api apicopy && find apicopy | sort",
+        "cat docs/api/* | wc -c; cat apicopy/* | wc -c",
+        "cp -r docs/api apicopy && find apicopy | sort",
+        "cp nope x",
+        "cp docs/long.md nope/x",
+        "cp docs/long.md docs/latin1.txt/x",
+        "cp empty.txt docs/latin1.txt src && ls src",
+        "cp empty.txt docs/latin1.txt missingdir",
+        "cp empty.txt docs/latin1.txt empty.txt",
+        "cp docs/long.md empty.txt && wc -l empty.txt",
+        "cp -r docs src/lib && ls src/lib/docs",
+        "cp -r docs empty.txt",
+        "mkdir -p z/long.md && cp docs/long.md z",
+        "cp -n docs/latin1.txt copy.txt; cat copy.txt",
+        "cp -T docs/long.md t1 && wc -c t1",
+        "cp -t src docs/long.md && ls src",
+        "cp -t nope docs/long.md",
+        "cp",
+        "cp docs/long.md",
+        "cp docs/long.md newname/",
+        "cp -z a b",
+    ],
+    &[
+        "mv docs/latin1.txt moved.txt && ls docs && cat moved.txt",
+        "mv moved.txt docs/long.md && wc -l docs/long.md",
+        "mv docs/api src && ls src && find src/api | sort",
+        "mv docs docs/guides",
+        "mv src src",
+        "mv nope x",
+        "mv empty.txt nope/x",
+        "mv notes Notes2 && ls Notes2",
+        "mv deep/a/b deep/a/b/c",
+        "mkdir -p t/docs && mv docs t && find t | sort",
+        "mkdir -p u/src/x && mv src u",
+        "mkdir -p v/empty.txt && mv empty.txt v",
+        "mv v/empty.txt g.txt && mv empty.txt g.txt && find g.txt",
+        "mv t/docs/long.md t",
+        "mv t/docs t/docs",
+        "mv g.txt nosuchdir/ && find nosuchdir",
+        "mv -v t/long.md t2.md",
+        "mv -n t2.md 'with space/file name.md'; ls",
+        "mv . x",
+        "mv",
+        "mv x",
+    ],
+    &[
+        "echo x | tee t1 t2 > /dev/null; cat t1 t2",
+        "echo y | tee -a t1; cat t1",
+        "echo z | tee docs nope/x",
+        "seq 3 | tee -a docs/long.md | wc -l; tail -4 docs/long.md",
+        "ls docs | tee listing.txt | wc -l; cat listing.txt",
+    ],
+    &[
+        "touch newfile && ls newfile && wc -c newfile",
+        "touch nope/x",
+        "touch docs/long.md/x",
+        "touch -c ghost; ls ghost",
+        "touch",
+        "touch empty.txt docs && ls",
+        "touch docs/long.md/",
+        "touch ghost/",
+        "touch -d bogus x",
+        "touch -d @0 old && touch -t 202001020304.05 old2 && ls -t old old2 docs/long.md",
+        "touch -r old docs/long.md && ls -t old2 docs/long.md",
+    ],
+    &[
+        "echo x > docs",
+        "echo x > nope/y",
+        "echo x > docs/long.md/y",
+        "echo x > newdir/",
+        "echo x > ''",
+        "cat docs/latin1.txt > out && cat out",
+        "cat out >> out",
+        "cat out > out; wc -c out",
+        "sort -r docs/latin1.txt > sorted && cat sorted",
+        "for i in 1 2 3; do echo line $i >> loop.txt; done; cat loop.txt",
+        "{ echo a; echo b; } > grp.txt; cat grp.txt",
+        "(cd docs && echo inner > inner.txt); cat docs/inner.txt",
+        "ls nope 2> e.txt; cat e.txt",
+        "ls nope docs/api > both.txt 2>&1; cat both.txt",
+        "grep -r inner . | sort",
+        "wc -l < loop.txt",
+    ],
+    &[
+        "truncate -s 5 docs/latin1.txt && cat docs/latin1.txt",
+        "truncate -s +3 empty.txt && wc -c empty.txt",
+        "truncate -s 2K fresh && wc -c fresh",
+        "truncate -c -s 1 nofile; ls nofile",
+        "truncate",
+        "truncate -s 1",
+        "truncate -s x docs/long.md",
+    ],
+    &[
+        "mkdir -p w/x && cd w/x && touch y && ls && cd .. && ls",
+        "touch .dotfile newglob.md && echo *.md && echo .d*",
+        "cd docs && rm long.md && ls long.md",
+        "mkdir d1 && cd d1 && rm -r ../d1; ls",
+        "sort -r docs/latin1.txt -o s.txt && cat s.txt",
+        "sort -o docs/latin1.txt docs/latin1.txt && cat docs/latin1.txt",
+        "sort -o nope/x docs/latin1.txt",
+        "uniq docs/latin1.txt u.txt && cat u.txt",
+        "uniq docs/latin1.txt nope/u.txt",
+        "find docs/api -name '*.md' -delete; find docs/api | sort",
+        "find docs -type d -delete",
+        "mkdir -p e1/e2 && find e1 -delete; ls e1",
+    ],
+];
+
 fn differential(base: &Path) {
     for t in ["bash", "grep", "find", "tree", "sort", "xargs"] {
         require_tool(t);
@@ -319,12 +506,29 @@ fn differential(base: &Path) {
             ));
         }
     }
+    failures.extend(write_differential(base, &coll, &files));
+    // Nothing a scratch session did reached the collection or another session.
+    let mut s = coll
+        .open_session(Principal::operator(), Limits::default())
+        .unwrap();
+    for cmd in [
+        "find . | sort",
+        "cat docs/long.md | wc -c",
+        "ls -a docs",
+        "grep -c rate docs/latin1.txt",
+    ] {
+        let v = s.run(cmd).unwrap();
+        let (out, err, code) = real_bash(&root, cmd);
+        if (v.stdout.as_slice(), v.stderr.as_slice(), v.exit_code) != (&out[..], &err[..], code) {
+            failures.push(format!("### after the scratch sessions: {cmd}"));
+        }
+    }
     // The real side must not have modified the tree (all writes are refused virtually).
     assert!(
         failures.is_empty(),
         "{} of {} commands differ:\n{}",
         failures.len(),
-        COMMANDS.len(),
+        COMMANDS.len() + WRITE_CASES.iter().map(|c| c.len()).sum::<usize>(),
         failures.join("\n")
     );
 }
@@ -337,4 +541,43 @@ fn virtual_shell_matches_gnu_tools_byte_for_byte() {
         "/dev/shm (tmpfs) is required for a controllable directory order"
     );
     differential(shm);
+}
+
+/// Run every [`WRITE_CASES`] sequence in a fresh scratch session and in real
+/// bash on a fresh writable copy of the tree; the differences.
+fn write_differential(
+    base: &Path,
+    coll: &Collection,
+    files: &std::collections::BTreeMap<String, Vec<u8>>,
+) -> Vec<String> {
+    let mut failures = Vec::new();
+    for case in WRITE_CASES {
+        let copy = TempDir::new(base, "rw");
+        let root = copy.path.join("root");
+        std::fs::create_dir(&root).unwrap();
+        write_sorted(&root, files, 1_700_000_000);
+        let mut s = coll
+            .open_session(Principal::operator(), Limits::default())
+            .unwrap()
+            .with_scratch(ScratchLimits::default());
+        for line in *case {
+            let v = s.run(line).unwrap();
+            // Each real line is a new bash at the root: so is each virtual one
+            // (the files persist, the working directory does not).
+            s.run("cd /").unwrap();
+            let (out, err, code) = real_bash_rw(&root, line);
+            if v.stdout != out || v.stderr != err || v.exit_code != code {
+                failures.push(format!(
+                    "### [scratch, after {:?}] {line}\n--- virtual (exit {}):\n{}{}--- real (exit {code}):\n{}{}",
+                    &case[..case.iter().position(|l| l == line).unwrap_or(0)],
+                    v.exit_code,
+                    String::from_utf8_lossy(&v.stdout),
+                    String::from_utf8_lossy(&v.stderr),
+                    String::from_utf8_lossy(&out),
+                    String::from_utf8_lossy(&err),
+                ));
+            }
+        }
+    }
+    failures
 }

@@ -17,7 +17,7 @@ mod remote;
 
 use sandlot_vfs::{
     format_utc, Acl, AclPolicy, AclRule, AuditFilter, IngestOptions, IngestReport, Limits,
-    Principal, S3Options, Source, Store,
+    Principal, S3Options, ScratchLimits, Source, Store,
 };
 
 #[derive(Debug, clap::Args)]
@@ -75,6 +75,37 @@ pub(crate) struct PrincipalArgs {
     groups: Vec<String>,
 }
 
+/// A copy-on-write scratch area for the session's writes.
+#[derive(Debug, clap::Args)]
+pub(crate) struct ScratchArgs {
+    /// Give the session a private, in-memory copy-on-write scratch area: `>`,
+    /// `mkdir`, `rm`, `cp`, `mv`, `tee`, ... then work (on an overlay that is
+    /// gone when the command ends) instead of failing with "Read-only file system".
+    #[arg(long)]
+    scratch: bool,
+    /// Size of the scratch area, e.g. 4M (implies --scratch; default 16M, or the
+    /// daemon's `vfs.scratch_default_size`).
+    #[arg(long, value_parser = crate::spec_flags::parse_size)]
+    scratch_size: Option<sandlot_proto::units::ByteSize>,
+}
+
+impl ScratchArgs {
+    /// The library limits for a local session (None: no scratch area).
+    fn local_limits(&self) -> anyhow::Result<Option<ScratchLimits>> {
+        if !self.scratch && self.scratch_size.is_none() {
+            return Ok(None);
+        }
+        let mut l = ScratchLimits::default();
+        if let Some(b) = self.scratch_size {
+            if b.0 == 0 {
+                bail!("--scratch-size must be positive");
+            }
+            l.max_bytes = b.0;
+        }
+        Ok(Some(l))
+    }
+}
+
 #[derive(Debug, Subcommand)]
 pub(crate) enum VfsCmd {
     /// Create a collection from a source.
@@ -119,6 +150,8 @@ pub(crate) enum VfsCmd {
         /// through the daemon the operator's `vfs.command_timeout` applies).
         #[arg(long)]
         timeout: Option<f64>,
+        #[command(flatten)]
+        scratch: ScratchArgs,
     },
     /// Remove a collection and its content.
     Rm { name: String },
@@ -270,7 +303,9 @@ pub fn run(args: VfsArgs) -> anyhow::Result<i32> {
             version,
             max_output,
             timeout,
+            scratch,
         } => {
+            let scratch = scratch.local_limits()?;
             let max_output = max_output.unwrap_or(1 << 20);
             let timeout = timeout.unwrap_or(10.0);
             if !(timeout > 0.0 && timeout.is_finite()) {
@@ -287,6 +322,9 @@ pub fn run(args: VfsArgs) -> anyhow::Result<i32> {
                 Some(v) => coll.open_session_at(v, p, limits)?,
                 None => coll.open_session(p, limits)?,
             };
+            if let Some(l) = scratch {
+                session = session.with_scratch(l);
+            }
             let mut run_one = |line: &str| -> anyhow::Result<i32> {
                 let out = session.run(line)?;
                 let mut so = std::io::stdout().lock();

@@ -75,6 +75,7 @@ async fn open(c: &Client, coll: &str, who: &str, groups: &[&str]) -> String {
             groups: groups.iter().map(|g| g.to_string()).collect(),
             version: None,
             all_access: false,
+            ..OpenSession::default()
         },
     )
     .await
@@ -263,6 +264,7 @@ fn issue7_vfs_collections_belong_to_their_tenant() {
                 groups: vec!["eng".into()],
                 version: None,
                 all_access: false,
+                ..OpenSession::default()
             },
         )
         .await
@@ -573,4 +575,206 @@ fn issue7_vfs_cli_goes_through_the_daemon() {
     assert_eq!(code, 0, "{out}{err}");
     let (_, out, _) = d.cli(&["vfs", "ls", "--json"]);
     assert_eq!(out.trim(), "[]");
+}
+
+#[test]
+fn issue7_scratch_writes_are_private_to_their_session_and_freed_on_close() {
+    let d = Daemon::start(Some(
+        "[vfs]\nscratch_default_size = \"1K\"\nscratch_max_size = \"4K\"\n",
+    ));
+    let c = d.client();
+    rt().block_on(async {
+        c.create_collection_upload("docs", UploadFormat::Tar, &acl(), body(tar_of(SITE)))
+            .await
+            .unwrap();
+        let scratch = |max: Option<u64>| OpenSession {
+            principal: "alice".into(),
+            scratch: true,
+            scratch_max_bytes: max,
+            ..OpenSession::default()
+        };
+        let a = c.open_vfs_session("docs", &scratch(None)).await.unwrap();
+        let sc = a.scratch.clone().expect("a scratch area");
+        assert_eq!((sc.used_bytes, sc.max_bytes), (0, 1024));
+        let b = open(&c, "docs", "bob", &[]).await;
+
+        // Session A writes, renames, removes; its reads see the merged view.
+        let r = c
+            .vfs_run(
+                "docs",
+                &a.id,
+                "mkdir /notes && echo 'rate limit dr''aft' > /notes/a.md && mv /docs/faq.md /notes/ && rm /README.md && ls / /notes",
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            (r.stdout.as_str(), r.stderr.as_str(), r.exit_code),
+            ("/:\ndocs\nnotes\n\n/notes:\na.md\nfaq.md\n", "", 0)
+        );
+        let r = c
+            .vfs_run("docs", &a.id, "grep -rl 'rate limit' /")
+            .await
+            .unwrap();
+        assert_eq!(r.stdout, "/docs/guide.md\n/notes/a.md\n/notes/faq.md\n");
+        // A pruned document's name is simply free: nothing of it shows.
+        let r = c
+            .vfs_run(
+                "docs",
+                &a.id,
+                "mkdir /internal && touch /internal/secret.md && wc -c /internal/secret.md && grep -r hunter2 /",
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            (r.stdout.as_str(), r.exit_code),
+            ("0 /internal/secret.md\n", 1)
+        );
+        let v = c.get_vfs_session("docs", &a.id).await.unwrap();
+        let sc = v.scratch.expect("a scratch area");
+        assert_eq!(sc.used_bytes, "rate limit draft\n".len() as u64);
+        assert_eq!(sc.entries, 4, "{sc:?}");
+        // The size limit is the GNU ENOSPC error.
+        let r = c
+            .vfs_run("docs", &a.id, "seq 1000 > /big; wc -c < /big")
+            .await
+            .unwrap();
+        assert_eq!(r.stderr, "seq: write error: No space left on device\n");
+        assert_eq!(
+            r.stdout,
+            format!("{}\n", 1024 - "rate limit draft\n".len())
+        );
+
+        // Session B (and so the collection) sees none of it, and cannot write.
+        let r = c.vfs_run("docs", &b, "ls / /docs").await.unwrap();
+        assert_eq!(
+            r.stdout,
+            "/:\nREADME.md\ndocs\n\n/docs:\nfaq.md\nguide.md\n"
+        );
+        let r = c.vfs_run("docs", &b, "touch /x").await.unwrap();
+        assert_eq!(
+            (r.stderr.as_str(), r.exit_code),
+            ("touch: cannot touch '/x': Read-only file system\n", 1)
+        );
+
+        // Closed: the scratch area is gone; a new session starts from the collection.
+        c.close_vfs_session("docs", &a.id).await.unwrap();
+        let e = c.vfs_run("docs", &a.id, "ls /notes").await.unwrap_err();
+        assert_eq!(status(&e).0, 404, "{e}");
+        let a2 = c
+            .open_vfs_session("docs", &scratch(Some(4096)))
+            .await
+            .unwrap();
+        assert_eq!(a2.scratch.as_ref().map(|s| s.max_bytes), Some(4096));
+        let r = c
+            .vfs_run("docs", &a2.id, "ls /; cat /notes/a.md")
+            .await
+            .unwrap();
+        assert_eq!(r.stdout, "README.md\ndocs\n");
+        assert_eq!(r.stderr, "cat: /notes/a.md: No such file or directory\n");
+        // Nothing of the scratch area ever reached the daemon's disk (the
+        // command lines in the audit log spell the content differently).
+        let leaked: Vec<_> = walk_files(&d.data_dir())
+            .into_iter()
+            .filter(|p| {
+                std::fs::read(p).is_ok_and(|b| b.windows(16).any(|w| w == b"rate limit draft"))
+            })
+            .collect();
+        assert!(leaked.is_empty(), "scratch content on disk: {leaked:?}");
+
+        // Over the operator's maximum, or a size without scratch: 400 naming the field.
+        for req in [
+            scratch(Some(4097)),
+            OpenSession {
+                principal: "x".into(),
+                scratch_max_bytes: Some(10),
+                ..OpenSession::default()
+            },
+        ] {
+            let e = c.open_vfs_session("docs", &req).await.unwrap_err();
+            assert_eq!(status(&e).0, 400, "{e}");
+            assert!(e.to_string().contains("scratch_max_bytes"), "{e}");
+        }
+    });
+
+    // The CLI through the daemon: a scratch area lives as long as one `sh`.
+    let (code, out, err) = d.cli(&[
+        "vfs",
+        "sh",
+        "docs",
+        "--scratch",
+        "echo hi > /n.md && cat /n.md && rm /docs/guide.md && ls /docs",
+    ]);
+    assert_eq!((code, out.as_str(), err.as_str()), (0, "hi\nfaq.md\n", ""));
+    let (code, out, err) = d.cli(&["vfs", "sh", "docs", "cat /n.md; ls /docs"]);
+    assert_eq!((code, out.as_str()), (0, "faq.md\nguide.md\n"));
+    assert_eq!(err, "cat: /n.md: No such file or directory\n");
+    let (code, _, err) = d.cli(&["vfs", "sh", "docs", "--scratch-size", "10", "seq 100 > /s"]);
+    assert_eq!(
+        (code, err.as_str()),
+        (1, "seq: write error: No space left on device\n")
+    );
+    let (code, _, err) = d.cli(&["vfs", "sh", "docs", "--scratch-size", "1M", "ls"]);
+    assert_eq!(code, 125);
+    assert!(err.contains("scratch_max_bytes"), "{err}");
+    // And with --local, on a data directory.
+    let site = d.dir.join("site-scratch");
+    std::fs::create_dir_all(site.join("a")).unwrap();
+    std::fs::write(site.join("a/x.md"), "x\n").unwrap();
+    let local = d.dir.join("local-scratch").display().to_string();
+    let (code, out, err) = d.cli(&[
+        "vfs",
+        "--local",
+        "--data-dir",
+        &local,
+        "create",
+        "l",
+        "--from",
+        &site.display().to_string(),
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    let (code, out, err) = d.cli(&[
+        "vfs",
+        "--local",
+        "--data-dir",
+        &local,
+        "sh",
+        "l",
+        "--scratch",
+        "mv /a/x.md /y.md && cp -r /a /b && find / | sort",
+    ]);
+    assert_eq!(
+        (code, out.as_str(), err.as_str()),
+        (0, "/\n/a\n/b\n/y.md\n", "")
+    );
+    let (code, out, err) = d.cli(&[
+        "vfs",
+        "--local",
+        "--data-dir",
+        &local,
+        "sh",
+        "l",
+        "touch /z",
+    ]);
+    assert_eq!((code, out.as_str()), (1, ""));
+    assert_eq!(err, "touch: cannot touch '/z': Read-only file system\n");
+}
+
+/// Every regular file under `dir`.
+fn walk_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
 }

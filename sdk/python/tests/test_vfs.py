@@ -159,3 +159,40 @@ async def test_issue7_async_twin(aacme: sandlot.AsyncClient, tmp_path: Path) -> 
         assert not rep.changed
     finally:
         await col.delete()
+
+
+def test_issue7_scratch_session_is_private_and_bounded(acme: sandlot.Client, tmp_path: Path) -> None:
+    n = name()
+    col = Collection.create(n, from_dir=site(tmp_path), acl={"internal/**": "group:eng"}, client=acme)
+    try:
+        with col.session("alice", scratch=True) as a, col.session("bob") as b:
+            assert a.info.scratch is not None and a.info.scratch["used_bytes"] == 0
+            assert b.info.scratch is None
+            r = a.run("mkdir -p /notes && echo 'rate limit: 5/s' > /notes/todo.md && rm /docs/faq.md && ls /")
+            assert (r.stdout, r.stderr, r.exit_code) == ("README.md\ndocs\nnotes\n", "", 0)
+            # grep sees the new file and no longer the removed one.
+            assert a.run("grep -rl 'rate limit' / | sort").stdout == "/docs/guide.md\n/notes/todo.md\n"
+            # A pruned name is just free: writing it creates a scratch file, revealing nothing.
+            r = a.run("mkdir /internal && echo mine > /internal/secret.md && cat /internal/secret.md")
+            assert (r.stdout, r.exit_code) == ("mine\n", 0)
+            assert a.run("grep -r hunter2 /").exit_code == 1
+            assert a.refresh().scratch["used_bytes"] == len("rate limit: 5/s\n") + len("mine\n")
+            # Another session and the collection are untouched.
+            assert b.run("ls /; cat /docs/faq.md").stdout == "README.md\ndocs\nQ: what is the rate limit?\n"
+            r = b.run("echo x > /x")
+            assert r.exit_code == 1 and r.stderr.endswith("/x: Read-only file system\n")
+        with col.session("carol", scratch=64) as c:
+            assert c.info.scratch["max_bytes"] == 64
+            r = c.run("seq 100 > /big; wc -c < /big")
+            assert (r.stdout, r.stderr, r.exit_code) == ("64\n", "seq: write error: No space left on device\n", 0)
+            assert c.run("ls /").stdout == "README.md\nbig\ndocs\n"
+        # A new session starts from the collection again.
+        with col.session("alice", scratch=True) as a2:
+            assert a2.run("ls /").stdout == "README.md\ndocs\n"
+        with pytest.raises(sandlot.InvalidSpecError) as ei:
+            col.session("x", scratch=1 << 40)
+        assert ei.value.field == "scratch_max_bytes"
+        with pytest.raises(ValueError):
+            col.session("x", scratch=0)
+    finally:
+        col.delete()

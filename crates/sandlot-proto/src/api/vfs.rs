@@ -157,6 +157,18 @@ pub struct OpenSession {
     /// See every document regardless of ACLs (the collection's owner browsing it).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub all_access: bool,
+    /// Give the session a private copy-on-write scratch area: `>`, `>>`,
+    /// `mkdir`, `touch`, `rm`, `cp`, `mv`, `tee`, ... then change an in-memory
+    /// overlay of its tree (never the collection or other sessions), freed
+    /// when the session closes or expires. Without it writes fail with
+    /// "Read-only file system".
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub scratch: bool,
+    /// Bytes of file content the scratch area may hold (default and maximum:
+    /// the operator's `vfs.scratch_default_size` / `vfs.scratch_max_size`);
+    /// past it writes fail with "No space left on device". Needs `scratch`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scratch_max_bytes: Option<u64>,
 }
 
 /// Limits of a session (from the operator's `[vfs]` configuration).
@@ -171,6 +183,20 @@ pub struct SessionLimits {
     pub command_timeout_secs: f64,
     /// Seconds without a command after which the session is closed.
     pub idle_timeout_secs: f64,
+}
+
+/// A session's copy-on-write scratch area.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct VfsScratch {
+    /// Bytes of file content it holds (files created, copied or modified).
+    pub used_bytes: u64,
+    /// Files and directories created in it.
+    pub entries: u64,
+    /// Its size limit in bytes.
+    pub max_bytes: u64,
+    /// Files and directories it may hold.
+    pub max_entries: u64,
 }
 
 /// A shell session.
@@ -194,6 +220,10 @@ pub struct VfsSession {
     /// When the session closes unless used before.
     pub expires_at: String,
     pub limits: SessionLimits,
+    /// The scratch area, if the session was opened with `scratch: true`
+    /// (null while a command line is running).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scratch: Option<VfsScratch>,
 }
 
 /// `POST /v1/vfs/{collection}/sessions/{sid}/run`.

@@ -439,7 +439,7 @@ pub async fn remove(
 }
 
 #[utoipa::path(post, path = "/v1/vfs/{collection}/sessions", tag = "vfs",
-    description = "Open a shell session for a principal. Documents the principal may not read are pruned from its tree before the session starts: it cannot list, read or grep them by any path.",
+    description = "Open a shell session for a principal. Documents the principal may not read are pruned from its tree before the session starts: it cannot list, read or grep them by any path. With `scratch: true` the session gets a private, in-memory copy-on-write scratch area that writes go to (freed when the session closes or expires); `scratch_max_bytes` above the operator's `vfs.scratch_max_size` is a 400.",
     params(("collection" = String, Path)),
     request_body = OpenSession,
     responses((status = 201, body = VfsSession), (status = 404, body = crate::error::ErrorEnvelope),
@@ -452,13 +452,15 @@ pub async fn open_session(
 ) -> ApiResult<Response> {
     let st = state.clone();
     let v = blocking(move || {
-        let s = st.vfs.open_session(
+        let scratch = st.vfs.scratch_limits(b.scratch, b.scratch_max_bytes)?;
+        let s = st.vfs.open_session_with(
             &p.tenant,
             &name,
             &b.principal,
             &b.groups,
             b.all_access,
             b.version,
+            scratch,
         )?;
         Ok(st.vfs.session_view(&s))
     })
@@ -491,7 +493,7 @@ pub async fn close_session(
 }
 
 #[utoipa::path(post, path = "/v1/vfs/{collection}/sessions/{sid}/run", tag = "vfs",
-    description = "Run one command line. The working directory and variables carry over to the next run. Writes fail with `Read-only file system`. A command line that ends badly is still a 200 with its exit code; 429 once the session has run `vfs.max_commands` command lines.",
+    description = "Run one command line. The working directory and variables carry over to the next run. Writes fail with `Read-only file system`, unless the session has a scratch area (then they change only that session's overlay; past its size, `No space left on device`). A command line that ends badly is still a 200 with its exit code; 429 once the session has run `vfs.max_commands` command lines.",
     params(("collection" = String, Path), ("sid" = String, Path)),
     request_body = RunCommand,
     responses((status = 200, body = RunResult), (status = 404, body = crate::error::ErrorEnvelope),

@@ -31,32 +31,7 @@ pub(crate) struct VStat {
 pub(crate) const DIR_SIZE: u64 = 4096;
 
 pub(crate) fn vstat(ctx: &Ctx, n: NodeId) -> VStat {
-    let view = ctx.view();
-    vstat_view(view, n)
-}
-
-pub(crate) fn vstat_view(view: &crate::store::View, n: NodeId) -> VStat {
-    let tree = view.tree();
-    match &tree.node(n).kind {
-        crate::manifest::NodeKind::Dir { mtime, subdirs, .. } => VStat {
-            is_dir: true,
-            size: DIR_SIZE,
-            mtime: *mtime,
-            nlink: 2 + u64::from(*subdirs),
-            blocks: 8,
-        },
-        crate::manifest::NodeKind::File { .. } => {
-            let d = view.doc(n);
-            let size = d.map(|d| d.size).unwrap_or(0);
-            VStat {
-                is_dir: false,
-                size,
-                mtime: d.map(|d| d.mtime).unwrap_or(0),
-                nlink: 1,
-                blocks: size.div_ceil(4096) * 8,
-            }
-        }
-    }
+    ctx.fs().stat(n)
 }
 
 // ---------------------------------------------------------------- dates
@@ -202,14 +177,14 @@ fn ls_sort(ctx: &Ctx, o: &LsOpts, v: &mut [LsEntry]) {
         }
     });
     if o.dirs_first {
-        v.sort_by_key(|e| !ctx.tree().is_dir(e.node));
+        v.sort_by_key(|e| !ctx.fs().is_dir(e.node));
     }
 }
 
 fn ls_print(ctx: &mut Ctx, o: &LsOpts, entries: &[LsEntry], total: bool) -> Result<(), Abort> {
     let now = now_secs();
     let suffix = |ctx: &Ctx, e: &LsEntry| {
-        if (o.classify || o.slash) && ctx.tree().is_dir(e.node) {
+        if (o.classify || o.slash) && ctx.fs().is_dir(e.node) {
             "/"
         } else {
             ""
@@ -275,7 +250,7 @@ fn ls_print(ctx: &mut Ctx, o: &LsOpts, entries: &[LsEntry], total: bool) -> Resu
 }
 
 fn ls_dir_entries(ctx: &Ctx, o: &LsOpts, dir: NodeId) -> Vec<LsEntry> {
-    let tree = ctx.tree();
+    let tree = ctx.fs();
     let mut v = Vec::new();
     if o.all {
         v.push(LsEntry {
@@ -284,11 +259,11 @@ fn ls_dir_entries(ctx: &Ctx, o: &LsOpts, dir: NodeId) -> Vec<LsEntry> {
         });
         v.push(LsEntry {
             name: "..".into(),
-            node: tree.node(dir).parent,
+            node: tree.parent(dir),
         });
     }
     for &c in tree.children(dir) {
-        let name = tree.node(c).name.to_string();
+        let name = tree.name(c).to_string();
         if name.starts_with('.') && !o.all && !o.almost {
             continue;
         }
@@ -318,7 +293,7 @@ fn ls_dir(
     ls_print(ctx, o, &entries, true)?;
     if o.recursive {
         for e in &entries {
-            if e.name == "." || e.name == ".." || !ctx.tree().is_dir(e.node) {
+            if e.name == "." || e.name == ".." || !ctx.fs().is_dir(e.node) {
                 continue;
             }
             let sub = if label.ends_with('/') {
@@ -391,7 +366,7 @@ pub(crate) fn ls(ctx: &mut Ctx, args: &[String]) -> Result<i32, Abort> {
     for op in &operands {
         match ctx.resolve(op) {
             Ok(n) => {
-                if ctx.tree().is_dir(n) && !o.dir_only {
+                if ctx.fs().is_dir(n) && !o.dir_only {
                     dirs.push(LsEntry {
                         name: op.clone(),
                         node: n,
@@ -506,6 +481,15 @@ pub(crate) fn cat(ctx: &mut Ctx, args: &[String]) -> Result<i32, Abort> {
         let data = if f == "-" {
             ctx.take_stdin()
         } else {
+            let same = ctx
+                .resolve(f)
+                .ok()
+                .filter(|n| ctx.out_file() == Some(*n) && ctx.fs().size(*n) > 0);
+            if same.is_some() {
+                ctx.errln(&format!("cat: {}: input file is output file", quotef(f)))?;
+                status = 1;
+                continue;
+            }
             match ctx.read_path(f) {
                 Ok(d) => d,
                 Err(e) => {
@@ -783,7 +767,7 @@ fn head_or_tail(ctx: &mut Ctx, args: &[String], is_head: bool) -> Result<i32, Ab
             Ok(ctx.take_stdin())
         } else {
             match ctx.resolve(f) {
-                Ok(n) if ctx.tree().is_dir(n) => Err(None),
+                Ok(n) if ctx.fs().is_dir(n) => Err(None),
                 Ok(n) => ctx.read(n).map_err(Some),
                 Err(e) => {
                     ctx.errln(&format!(
@@ -941,7 +925,7 @@ pub(crate) fn wc(ctx: &mut Ctx, args: &[String]) -> Result<i32, Abort> {
             inputs.push(In::Data(ctx.take_stdin(), regular));
         } else {
             match ctx.resolve(f) {
-                Ok(n) if ctx.tree().is_dir(n) => inputs.push(In::Dir),
+                Ok(n) if ctx.fs().is_dir(n) => inputs.push(In::Dir),
                 Ok(n) => match ctx.read(n) {
                     Ok(d) => inputs.push(In::Data(d, true)),
                     Err(e) => inputs.push(In::Missing(e)),
@@ -1059,14 +1043,14 @@ fn tree_walk(
     if o.max_depth.is_some_and(|m| depth > m) {
         return Ok(());
     }
-    let tree = ctx.tree();
+    let tree = ctx.fs();
     let mopts = crate::glob::MatchOptions::default();
     let mut kids: Vec<NodeId> = tree
         .children(dir)
         .iter()
         .copied()
         .filter(|&c| {
-            let n = &*tree.node(c).name;
+            let n = tree.name(c);
             let is_dir = tree.is_dir(c);
             (o.all || !n.starts_with('.'))
                 && (!o.dirs_only || is_dir)
@@ -1082,8 +1066,8 @@ fn tree_walk(
     let mut subs = Vec::new();
     for (i, c) in kids.into_iter().enumerate() {
         let last = i + 1 == n;
-        let name = ctx.tree().node(c).name.to_string();
-        let is_dir = ctx.tree().is_dir(c);
+        let name = ctx.fs().name(c).to_string();
+        let is_dir = ctx.fs().is_dir(c);
         let child_path = format!("{path}/{name}");
         let shown = if o.full { child_path.clone() } else { name };
         out.clear();
@@ -1154,7 +1138,7 @@ pub(crate) fn tree(ctx: &mut Ctx, args: &[String]) -> Result<i32, Abort> {
     let mut status = 0;
     for r in &roots {
         match ctx.resolve(r) {
-            Ok(n) if ctx.tree().is_dir(n) => {
+            Ok(n) if ctx.fs().is_dir(n) => {
                 let shown = if o.classify && !r.ends_with('/') {
                     format!("{r}/")
                 } else {

@@ -363,6 +363,7 @@ pub(crate) fn sort(ctx: &mut Ctx, args: &[String]) -> Result<i32, Abort> {
     let mut g = KeyFlags::default();
     let (mut stable, mut unique) = (false, false);
     let mut sep = None;
+    let mut out_file = None;
     let mut key_specs = Vec::new();
     for (k, v) in &opts {
         let v = v.clone().unwrap_or_default();
@@ -389,6 +390,7 @@ pub(crate) fn sort(ctx: &mut Ctx, args: &[String]) -> Result<i32, Abort> {
                 }
                 sep = Some(v.as_bytes()[0]);
             }
+            "o" if ctx.fs().writable() => out_file = Some(v),
             "o" => {
                 ctx.errln(&format!(
                     "sort: open failed: {}: Read-only file system",
@@ -472,6 +474,17 @@ pub(crate) fn sort(ctx: &mut Ctx, args: &[String]) -> Result<i32, Abort> {
         out.push(b'\n');
         prev = Some(l);
     }
+    if let Some(f) = out_file {
+        // `-o` is opened after every input is read, so `sort -o f f` works.
+        return match super::cmd_write::write_file(ctx, &f, &out) {
+            Ok(()) => Ok(0),
+            Err((opened, e)) => {
+                let what = if opened { "write" } else { "open" };
+                ctx.errln(&format!("sort: {what} failed: {}: {}", quotef(&f), e.msg()))?;
+                Ok(2)
+            }
+        };
+    }
     ctx.out(&out)?;
     Ok(0)
 }
@@ -521,9 +534,12 @@ pub(crate) fn uniq(ctx: &mut Ctx, args: &[String]) -> Result<i32, Abort> {
         ))?;
         return Ok(1);
     }
-    if let Some(out) = files.get(1) {
-        ctx.errln(&format!("uniq: {}: Read-only file system", quotef(out)))?;
-        return Ok(1);
+    let out_file = files.get(1).cloned();
+    if let Some(out) = &out_file {
+        if !ctx.fs().writable() {
+            ctx.errln(&format!("uniq: {}: Read-only file system", quotef(out)))?;
+            return Ok(1);
+        }
     }
     let data = match files.first().filter(|f| *f != "-") {
         None => ctx.take_stdin(),
@@ -582,6 +598,15 @@ pub(crate) fn uniq(ctx: &mut Ctx, args: &[String]) -> Result<i32, Abort> {
             }
         }
         i = j;
+    }
+    if let Some(f) = out_file {
+        return match super::cmd_write::write_file(ctx, &f, &out) {
+            Ok(()) => Ok(0),
+            Err((_, e)) => {
+                ctx.errln(&format!("uniq: {}: {}", quotef(&f), e.msg()))?;
+                Ok(1)
+            }
+        };
     }
     ctx.out(&out)?;
     Ok(0)
@@ -1470,16 +1495,14 @@ fn eval_test(ctx: &Ctx, a: &[&str]) -> Result<bool, String> {
         [s] => Ok(!s.is_empty()),
         [op, x] => {
             let node = ctx.resolve(x).ok();
-            let tree = ctx.tree();
+            let tree = ctx.fs();
             Ok(match *op {
                 "-n" => !x.is_empty(),
                 "-z" => x.is_empty(),
                 "-e" | "-a" => node.is_some(),
                 "-f" => node.is_some_and(|n| !tree.is_dir(n)),
                 "-d" => node.is_some_and(|n| tree.is_dir(n)),
-                "-s" => node.is_some_and(|n| {
-                    tree.is_dir(n) || ctx.view().doc(n).is_some_and(|d| d.size > 0)
-                }),
+                "-s" => node.is_some_and(|n| tree.is_dir(n) || tree.size(n) > 0),
                 "-r" => node.is_some(),
                 "-w" => false,
                 "-x" => node.is_some_and(|n| tree.is_dir(n)),

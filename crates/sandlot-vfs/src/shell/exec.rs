@@ -3,11 +3,12 @@
 
 use std::time::Instant;
 
+use super::overlay::{self, Fs, Scratch};
 use super::parse::{self, AndOr, Command, Conn, List, Pipeline, Redir, RedirOp, Seg, Word};
 use super::vpath::{self, FsErr};
 use super::{Limits, Output, ShellState};
 use crate::glob::{MatchOptions, Pattern};
-use crate::manifest::{NodeId, Tree, ROOT};
+use crate::manifest::{NodeId, ROOT};
 use crate::store::View;
 
 /// Why execution stopped early.
@@ -20,6 +21,9 @@ pub(crate) enum Abort {
     /// as a real process would on SIGPIPE.
     BrokenPipe,
     StepLimit,
+    /// A write to a scratch file hit the scratch area's size limit (ENOSPC);
+    /// the command that wrote ends with GNU's write-error diagnostic.
+    NoSpace,
     Exit(i32),
     Break(u32),
     Continue(u32),
@@ -32,6 +36,8 @@ pub(crate) enum Sink {
     Stderr,
     Pipe(usize),
     Null,
+    /// A file in the session's scratch area (opened by a redirection).
+    File(NodeId),
 }
 
 /// The I/O a command inherits.
@@ -46,6 +52,8 @@ struct IoCtx {
 
 pub(crate) struct Exec<'v> {
     pub view: &'v View,
+    /// The session's scratch area, if it has one (writes go there).
+    pub scratch: Option<&'v mut Scratch>,
     pub st: ShellState,
     limits: &'v Limits,
     deadline: Instant,
@@ -125,6 +133,15 @@ impl Exec<'_> {
     fn write(&mut self, sink: Sink, data: &[u8]) -> Result<(), Abort> {
         match sink {
             Sink::Null => Ok(()),
+            Sink::File(id) => match self.scratch.as_deref_mut() {
+                Some(sc) => match sc.write(self.view, id, data, true) {
+                    Ok(()) => Ok(()),
+                    Err(FsErr::NoSpace) => Err(Abort::NoSpace),
+                    // Removed while open: the bytes go to an unlinked file.
+                    Err(_) => Ok(()),
+                },
+                None => Ok(()),
+            },
             Sink::Pipe(i) => {
                 if self.pipes[i].len() + data.len() > self.limits.max_pipe_bytes {
                     return Err(Abort::PipeLimit);
@@ -244,8 +261,23 @@ impl Ctx<'_, '_> {
         self.stdin.take().unwrap_or_default()
     }
 
-    pub fn tree(&self) -> &Tree {
-        self.ex.view.tree()
+    /// The session's files: its tree merged with its scratch area.
+    pub fn fs(&self) -> Fs<'_> {
+        self.ex.fs()
+    }
+
+    /// The view and the scratch area, when the session has one.
+    pub fn scratch(&mut self) -> Option<(&View, &mut Scratch)> {
+        let view = self.ex.view;
+        self.ex.scratch.as_deref_mut().map(|s| (view, s))
+    }
+
+    /// The scratch file standard output goes to, if any.
+    pub fn out_file(&self) -> Option<NodeId> {
+        match self.out {
+            Sink::File(n) => Some(n),
+            _ => None,
+        }
     }
 
     pub fn view(&self) -> &View {
@@ -257,18 +289,12 @@ impl Ctx<'_, '_> {
     }
 
     pub fn resolve(&self, path: &str) -> Result<NodeId, FsErr> {
-        vpath::resolve(self.tree(), self.ex.st.cwd, path)
+        vpath::resolve(&self.fs(), self.ex.st.cwd, path)
     }
 
     /// Read a file node's content.
     pub fn read(&self, node: NodeId) -> Result<Vec<u8>, FsErr> {
-        if self.tree().is_dir(node) {
-            return Err(FsErr::IsDir);
-        }
-        self.ex
-            .view
-            .read(node)
-            .map_err(|e| FsErr::Io(e.to_string()))
+        self.fs().read(node)
     }
 
     /// Open a path for reading: resolve, refuse directories, read.
@@ -341,6 +367,7 @@ const BUILTINS: [&str; 14] = [
 /// Run a command line to completion.
 pub(crate) fn run_line(
     view: &View,
+    scratch: Option<&mut Scratch>,
     st: &mut ShellState,
     limits: &Limits,
     line: &str,
@@ -348,6 +375,7 @@ pub(crate) fn run_line(
 ) -> Output {
     let mut ex = Exec {
         view,
+        scratch,
         st: st.clone(),
         limits,
         deadline: start + limits.max_run_time,
@@ -373,6 +401,7 @@ pub(crate) fn run_line(
             match ex.run_list(&list, &io) {
                 Ok(s) => s,
                 Err(Abort::Exit(s)) => s,
+                Err(Abort::NoSpace) => 1,
                 Err(Abort::Break(_)) | Err(Abort::Continue(_)) => ex.st.last_status,
                 Err(Abort::BrokenPipe) => 141,
                 Err(Abort::Timeout) => {
@@ -427,6 +456,10 @@ pub(crate) fn run_line(
 }
 
 impl Exec<'_> {
+    pub(crate) fn fs(&self) -> Fs<'_> {
+        Fs::new(self.view, self.scratch.as_deref())
+    }
+
     fn run_list(&mut self, list: &List, io: &IoCtx) -> Result<i32, Abort> {
         let mut status = self.st.last_status;
         let mut io = io.clone();
@@ -557,13 +590,8 @@ impl Exec<'_> {
                         io.stdin_file = false;
                         continue;
                     }
-                    let res = vpath::resolve(self.view.tree(), self.st.cwd, t).and_then(|n| {
-                        if self.view.tree().is_dir(n) {
-                            Err(FsErr::IsDir)
-                        } else {
-                            self.view.read(n).map_err(|e| FsErr::Io(e.to_string()))
-                        }
-                    });
+                    let fs = self.fs();
+                    let res = vpath::resolve(&fs, self.st.cwd, t).and_then(|n| fs.read(n));
                     match res {
                         Ok(d) => {
                             io.stdin = Some(d);
@@ -611,21 +639,18 @@ impl Exec<'_> {
                         "/dev/stdout" => io.out,
                         "/dev/stderr" => io.err,
                         _ => {
-                            let tree = self.view.tree();
-                            let why = match vpath::resolve(tree, self.st.cwd, t) {
-                                Ok(n) if tree.is_dir(n) => "Is a directory",
-                                Ok(_) => "Read-only file system",
-                                Err(FsErr::NotDir) => "Not a directory",
-                                Err(_) if !vpath::parent_exists(tree, self.st.cwd, t) => {
-                                    "No such file or directory"
+                            let append = matches!(r.op, RedirOp::Append | RedirOp::AppendErr);
+                            match self.open_for_writing(t, append) {
+                                Ok(n) => Sink::File(n),
+                                Err(why) => {
+                                    self.write(
+                                        io.err,
+                                        format!("bash: line {line}: {t}: {}\n", why.msg())
+                                            .as_bytes(),
+                                    )?;
+                                    return Ok(Err(1));
                                 }
-                                Err(_) => "Read-only file system",
-                            };
-                            self.write(
-                                io.err,
-                                format!("bash: line {line}: {t}: {why}\n").as_bytes(),
-                            )?;
-                            return Ok(Err(1));
+                            }
                         }
                     };
                     match r.op {
@@ -643,6 +668,26 @@ impl Exec<'_> {
             }
         }
         Ok(Ok(io))
+    }
+
+    /// Open `t` for a `>` (truncate) or `>>` (append) redirection: create it in
+    /// the scratch area if needed. Without one, fail as on a read-only mount.
+    fn open_for_writing(&mut self, t: &str, append: bool) -> Result<NodeId, FsErr> {
+        let cwd = self.st.cwd;
+        let fs = self.fs();
+        let tg = overlay::target(&fs, cwd, t)?;
+        if tg.slash || tg.node.is_some_and(|n| fs.is_dir(n)) {
+            return Err(FsErr::IsDir);
+        }
+        let view = self.view;
+        let Some(sc) = self.scratch.as_deref_mut() else {
+            return Err(FsErr::ReadOnly);
+        };
+        match tg.node {
+            Some(n) if append => Ok(n),
+            Some(n) => sc.write(view, n, &[], false).map(|()| n),
+            None => sc.create_file(view, tg.dir, &tg.name),
+        }
     }
 
     fn run_command(&mut self, cmd: &Command, io: &IoCtx, used: &mut bool) -> Result<i32, Abort> {
@@ -804,8 +849,9 @@ impl Exec<'_> {
         let is_builtin = BUILTINS.contains(&name);
         if f.is_none() && !is_builtin {
             let msg = if name.contains('/') {
-                match vpath::resolve(self.view.tree(), self.st.cwd, name) {
-                    Ok(n) if self.view.tree().is_dir(n) => {
+                let fs = self.fs();
+                match vpath::resolve(&fs, self.st.cwd, name) {
+                    Ok(n) if fs.is_dir(n) => {
                         self.write(
                             io.err,
                             format!("bash: line {line}: {name}: Is a directory\n").as_bytes(),
@@ -844,6 +890,15 @@ impl Exec<'_> {
         // Flush what the command wrote even if it stopped early.
         let flushed = ctx.flush();
         *used = ctx.stdin_used;
+        if matches!(res, Err(Abort::NoSpace)) || matches!(flushed, Err(Abort::NoSpace)) {
+            let (msg, status) = no_space(name, line, f.is_none());
+            match self.write(io.err, msg.as_bytes()) {
+                // Standard error is the full file too: the message is lost, as with GNU.
+                Ok(()) | Err(Abort::NoSpace) => {}
+                Err(e) => return Err(e),
+            }
+            return Ok(status);
+        }
         let status = res?;
         flushed?;
         Ok(status)
@@ -943,7 +998,7 @@ impl Exec<'_> {
 
     /// Pathname expansion against the view, bash semantics (dotglob off, globskipdots).
     fn glob(&self, pat: &[(char, bool)]) -> Vec<String> {
-        let tree = self.view.tree();
+        let tree = self.fs();
         let mut comps: Vec<&[(char, bool)]> = Vec::new();
         let mut start = 0;
         for i in 0..=pat.len() {
@@ -996,7 +1051,7 @@ impl Exec<'_> {
                     Some(lit) => {
                         let child = match lit.as_str() {
                             "." => Some(*node),
-                            ".." => Some(tree.node(*node).parent),
+                            ".." => Some(tree.parent(*node)),
                             name => tree.child(*node, name),
                         };
                         if let Some(c) = child {
@@ -1007,7 +1062,7 @@ impl Exec<'_> {
                     }
                     None => {
                         for &c in tree.children(*node) {
-                            let name = &*tree.node(c).name;
+                            let name = tree.name(c);
                             if p.matches(name, opts) {
                                 let mut s = format!("{prefix}{name}");
                                 sep(&mut s);
@@ -1025,6 +1080,24 @@ impl Exec<'_> {
         let mut out: Vec<String> = cands.into_iter().map(|(s, _)| s).collect();
         out.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
         out
+    }
+}
+
+/// GNU's diagnostic when standard output hits ENOSPC, and the exit status.
+fn no_space(prog: &str, line: usize, builtin: bool) -> (String, i32) {
+    const E: &str = "No space left on device";
+    match prog {
+        _ if builtin || prog == "printf" => {
+            (format!("bash: line {line}: {prog}: write error: {E}\n"), 1)
+        }
+        "head" | "tail" => (format!("{prog}: error writing 'standard output': {E}\n"), 1),
+        "tee" => (format!("tee: 'standard output': {E}\n"), 1),
+        "sort" => (
+            format!("sort: write failed: 'standard output': {E}\nsort: write error\n"),
+            2,
+        ),
+        "grep" | "egrep" | "fgrep" | "ls" | "rg" => (format!("{prog}: write error: {E}\n"), 2),
+        _ => (format!("{prog}: write error: {E}\n"), 1),
     }
 }
 
@@ -1143,8 +1216,8 @@ fn cd(ctx: &mut Ctx, args: &[String]) -> Result<i32, Abort> {
         return Ok(0);
     }
     match ctx.resolve(&target) {
-        Ok(n) if ctx.tree().is_dir(n) => {
-            let new = ctx.tree().path(n);
+        Ok(n) if ctx.fs().is_dir(n) => {
+            let new = ctx.fs().path(n);
             let old = std::mem::replace(&mut ctx.ex.st.pwd, new.clone());
             ctx.ex.st.oldpwd = Some(old);
             ctx.ex.st.cwd = n;

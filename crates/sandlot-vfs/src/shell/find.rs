@@ -50,6 +50,18 @@ enum Expr {
 }
 
 impl Expr {
+    /// Whether `-delete` appears anywhere (it implies `-depth`).
+    fn has_delete(&self) -> bool {
+        match self {
+            Expr::Delete => true,
+            Expr::Not(e) => e.has_delete(),
+            Expr::And(a, b) | Expr::Or(a, b) | Expr::Comma(a, b) => {
+                a.has_delete() || b.has_delete()
+            }
+            _ => false,
+        }
+    }
+
     fn has_action(&self) -> bool {
         match self {
             Expr::Print
@@ -432,7 +444,7 @@ impl Walker {
                 },
             ),
             Expr::Type(ts) => {
-                let c = if ctx.tree().is_dir(v.node) { 'd' } else { 'f' };
+                let c = if ctx.fs().is_dir(v.node) { 'd' } else { 'f' };
                 ts.contains(&c)
             }
             Expr::Size(cmp, unit) => {
@@ -441,8 +453,8 @@ impl Walker {
                 cmp.test(size.div_ceil(*unit))
             }
             Expr::Empty => {
-                if ctx.tree().is_dir(v.node) {
-                    ctx.tree().children(v.node).is_empty()
+                if ctx.fs().is_dir(v.node) {
+                    ctx.fs().children(v.node).is_empty()
                 } else {
                     vstat(ctx, v.node).size == 0
                 }
@@ -473,6 +485,31 @@ impl Walker {
             Expr::Quit => {
                 self.quit = true;
                 true
+            }
+            Expr::Delete if ctx.fs().writable() => {
+                // GNU find never deletes the starting point ".".
+                if v.path == "." {
+                    return Ok(true);
+                }
+                let fs = ctx.fs();
+                let why = if fs.is_dir(v.node) && !fs.children(v.node).is_empty() {
+                    Some(super::vpath::FsErr::NotEmpty)
+                } else {
+                    super::cmd_write::with_scratch(ctx, |view, sc| sc.remove(view, v.node)).err()
+                };
+                match why {
+                    None => true,
+                    Some(e) => {
+                        ctx.flush()?;
+                        ctx.errln(&format!(
+                            "find: cannot delete {}: {}",
+                            lquote(v.path),
+                            e.msg()
+                        ))?;
+                        self.status = 1;
+                        false
+                    }
+                }
             }
             Expr::Delete => {
                 ctx.flush()?;
@@ -536,14 +573,14 @@ impl Walker {
         if !self.depth_first && in_range {
             self.eval(ctx, e, &v, &mut prune)?;
         }
-        let descend = ctx.tree().is_dir(node) && !prune && self.maxdepth.is_none_or(|m| depth < m);
+        let descend = ctx.fs().is_dir(node) && !prune && self.maxdepth.is_none_or(|m| depth < m);
         if descend {
-            let kids: Vec<NodeId> = ctx.tree().children(node).to_vec();
+            let kids: Vec<NodeId> = ctx.fs().children(node).to_vec();
             for c in kids {
                 if self.quit {
                     break;
                 }
-                let name = ctx.tree().node(c).name.to_string();
+                let name = ctx.fs().name(c).to_string();
                 let child = if path.ends_with('/') {
                     format!("{path}{name}")
                 } else {
@@ -615,7 +652,7 @@ pub(crate) fn find(ctx: &mut Ctx, args: &[String]) -> Result<i32, Abort> {
     let mut w = Walker {
         maxdepth: p.maxdepth,
         mindepth: p.mindepth,
-        depth_first: p.depth_first || matches!(expr, Expr::Delete),
+        depth_first: p.depth_first || expr.has_delete(),
         quit: false,
         status: 0,
         batches: Vec::new(),

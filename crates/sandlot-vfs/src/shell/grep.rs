@@ -731,7 +731,7 @@ fn grep_main(ctx: &mut Ctx, args: &[String]) -> Result<i32, Abort> {
     let searches_dir = recursive
         && operands
             .iter()
-            .any(|o| o != "-" && ctx.resolve(o).is_ok_and(|n| ctx.tree().is_dir(n)));
+            .any(|o| o != "-" && ctx.resolve(o).is_ok_and(|n| ctx.fs().is_dir(n)));
     p.with_name = force_name.unwrap_or(operands.len() > 1 || searches_dir);
     let cands = ctx
         .view()
@@ -755,7 +755,7 @@ fn grep_main(ctx: &mut Ctx, args: &[String]) -> Result<i32, Abort> {
             }
             continue;
         }
-        let is_dir = ctx.resolve(op).is_ok_and(|n| ctx.tree().is_dir(n));
+        let is_dir = ctx.resolve(op).is_ok_and(|n| ctx.fs().is_dir(n));
         let searched = file_included(&filters, op) || (recursive && is_dir);
         if !searched {
             continue;
@@ -767,7 +767,7 @@ fn grep_main(ctx: &mut Ctx, args: &[String]) -> Result<i32, Abort> {
                 }
                 error = true;
             }
-            Ok(n) if ctx.tree().is_dir(n) => {
+            Ok(n) if ctx.fs().is_dir(n) => {
                 if !recursive {
                     if !no_messages {
                         ctx.flush()?;
@@ -834,7 +834,7 @@ struct GrepRun<'a> {
 
 impl GrepRun<'_> {
     fn cands_ok(&self, ctx: &Ctx, n: NodeId) -> bool {
-        ctx.view().is_candidate(n, self.cands)
+        ctx.fs().is_candidate(n, self.cands)
     }
 
     /// Output for a file known to have no selected line.
@@ -922,10 +922,10 @@ impl GrepRun<'_> {
         filters: &[Filter],
         exclude_dirs: &[Pattern],
     ) -> Result<bool, Abort> {
-        let kids: Vec<NodeId> = ctx.tree().children(dir).to_vec();
+        let kids: Vec<NodeId> = ctx.fs().children(dir).to_vec();
         for c in kids {
             ctx.check()?;
-            let name = ctx.tree().node(c).name.to_string();
+            let name = ctx.fs().name(c).to_string();
             let path = if base.is_empty() {
                 name.clone()
             } else if base.ends_with('/') {
@@ -933,7 +933,7 @@ impl GrepRun<'_> {
             } else {
                 format!("{base}/{name}")
             };
-            if ctx.tree().is_dir(c) {
+            if ctx.fs().is_dir(c) {
                 if exclude_dirs
                     .iter()
                     .any(|p| p.matches(&name, MatchOptions::default()))

@@ -1,6 +1,7 @@
 //! Virtual shell sessions: bash-compatible command lines answered from a
 //! collection view in-process, without a container.
 
+mod cmd_copy;
 mod cmd_files;
 mod cmd_text;
 mod cmd_write;
@@ -8,6 +9,7 @@ mod exec;
 mod find;
 mod getopt;
 mod grep;
+mod overlay;
 mod parse;
 mod regex_posix;
 mod rg;
@@ -24,6 +26,7 @@ use crate::audit::{now_ms, AuditError, AuditRecord, AuditSink};
 use crate::manifest::{NodeId, ROOT};
 use crate::store::View;
 
+pub use overlay::{ScratchLimits, ScratchUsage};
 pub use parse::SyntaxError;
 
 pub(crate) use cmd_files::civil_from_days;
@@ -116,6 +119,8 @@ pub struct Session {
     audit: Arc<dyn AuditSink>,
     state: ShellState,
     commands: u64,
+    /// The copy-on-write scratch area, if the session has one.
+    scratch: Option<overlay::Scratch>,
 }
 
 impl std::fmt::Debug for Session {
@@ -166,7 +171,23 @@ impl Session {
                 last_status: 0,
             },
             commands: 0,
+            scratch: None,
         }
+    }
+
+    /// Give the session a copy-on-write scratch area: writes (`>`, `mkdir`,
+    /// `rm`, `cp`, `mv`, `tee`, ...) then change a private, in-memory overlay of
+    /// its tree instead of failing with "Read-only file system". Nothing ever
+    /// changes the collection or other sessions; the overlay is freed with the
+    /// session. Replaces any scratch area the session had.
+    pub fn with_scratch(mut self, limits: ScratchLimits) -> Session {
+        self.scratch = Some(overlay::Scratch::new(self.view.tree().len(), limits));
+        self
+    }
+
+    /// What the scratch area holds (None without one).
+    pub fn scratch_usage(&self) -> Option<ScratchUsage> {
+        self.scratch.as_ref().map(|s| s.usage())
     }
 
     /// Session id (recorded in the audit log).
@@ -218,6 +239,7 @@ impl Session {
         let start = Instant::now();
         let mut out = exec::run_line(
             &self.view,
+            self.scratch.as_mut(),
             &mut self.state,
             &self.limits,
             command_line,

@@ -177,7 +177,7 @@ impl RgRun<'_> {
             return Ok(false);
         }
         if let Some(node) = n {
-            if !ctx.view().is_candidate(node, self.cands) {
+            if !ctx.fs().is_candidate(node, self.cands) {
                 if p.list == Some(false) {
                     ctx.outs(&format!("{name}\n"))?;
                     self.any = true;
@@ -258,10 +258,10 @@ impl RgRun<'_> {
         if self.max_depth.is_some_and(|m| depth >= m) {
             return Ok(false);
         }
-        let kids: Vec<NodeId> = ctx.tree().children(dir).to_vec();
+        let kids: Vec<NodeId> = ctx.fs().children(dir).to_vec();
         for c in kids {
             ctx.check()?;
-            let name = ctx.tree().node(c).name.to_string();
+            let name = ctx.fs().name(c).to_string();
             if name.starts_with('.') && !self.hidden {
                 continue;
             }
@@ -277,7 +277,7 @@ impl RgRun<'_> {
             } else {
                 format!("{rel}/{name}")
             };
-            let is_dir = ctx.tree().is_dir(c);
+            let is_dir = ctx.fs().is_dir(c);
             if !rg_included(self.globs, &relp, &name, is_dir) {
                 continue;
             }
@@ -460,10 +460,8 @@ pub(crate) fn rg(ctx: &mut Ctx, args: &[String]) -> Result<i32, Abort> {
             return Ok(2);
         }
     };
-    let single_file = operands.len() == 1
-        && ctx
-            .resolve(&operands[0])
-            .is_ok_and(|n| !ctx.tree().is_dir(n));
+    let single_file =
+        operands.len() == 1 && ctx.resolve(&operands[0]).is_ok_and(|n| !ctx.fs().is_dir(n));
     p.with_name = force_name.unwrap_or(!single_file);
     let implicit = operands.is_empty();
     if implicit {
@@ -503,7 +501,7 @@ pub(crate) fn rg(ctx: &mut Ctx, args: &[String]) -> Result<i32, Abort> {
                 ))?;
                 error = true;
             }
-            Ok(n) if ctx.tree().is_dir(n) => {
+            Ok(n) if ctx.fs().is_dir(n) => {
                 let base = if implicit { String::new() } else { op.clone() };
                 if run.walk(ctx, n, &base, "", 0)? {
                     return Ok(0);

@@ -1,7 +1,8 @@
 //! Path resolution on a view with POSIX error semantics, and GNU-style
 //! quoting of file names in diagnostics.
 
-use crate::manifest::{NodeId, Tree, ROOT};
+use super::overlay::Dirs;
+use crate::manifest::{NodeId, ROOT};
 
 /// Why a path could not be used (the `strerror` text GNU tools print).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -9,6 +10,13 @@ pub(crate) enum FsErr {
     NotFound,
     NotDir,
     IsDir,
+    Exists,
+    NotEmpty,
+    NoSpace,
+    NameTooLong,
+    Busy,
+    ReadOnly,
+    Invalid,
     Io(String),
 }
 
@@ -18,13 +26,24 @@ impl FsErr {
             FsErr::NotFound => "No such file or directory",
             FsErr::NotDir => "Not a directory",
             FsErr::IsDir => "Is a directory",
+            FsErr::Exists => "File exists",
+            FsErr::NotEmpty => "Directory not empty",
+            FsErr::NoSpace => "No space left on device",
+            FsErr::NameTooLong => "File name too long",
+            FsErr::Busy => "Device or resource busy",
+            FsErr::ReadOnly => "Read-only file system",
+            FsErr::Invalid => "Invalid argument",
             FsErr::Io(_) => "Input/output error",
         }
     }
 }
 
 /// Resolve `path` relative to `cwd`.
-pub(crate) fn resolve(tree: &Tree, cwd: NodeId, path: &str) -> Result<NodeId, FsErr> {
+pub(crate) fn resolve<D: Dirs + ?Sized>(
+    tree: &D,
+    cwd: NodeId,
+    path: &str,
+) -> Result<NodeId, FsErr> {
     if path.is_empty() {
         return Err(FsErr::NotFound);
     }
@@ -40,7 +59,7 @@ pub(crate) fn resolve(tree: &Tree, cwd: NodeId, path: &str) -> Result<NodeId, Fs
                     return Err(FsErr::NotDir);
                 }
                 if comp == ".." {
-                    cur = tree.node(cur).parent;
+                    cur = tree.parent(cur);
                 }
             }
             name => {
@@ -58,7 +77,7 @@ pub(crate) fn resolve(tree: &Tree, cwd: NodeId, path: &str) -> Result<NodeId, Fs
 }
 
 /// Whether the parent directory of `path` exists (for write errors).
-pub(crate) fn parent_exists(tree: &Tree, cwd: NodeId, path: &str) -> bool {
+pub(crate) fn parent_exists<D: Dirs + ?Sized>(tree: &D, cwd: NodeId, path: &str) -> bool {
     let trimmed = path.trim_end_matches('/');
     match trimmed.rfind('/') {
         None => true,
@@ -143,7 +162,7 @@ pub(crate) fn quote(s: &str) -> String {
 mod tests {
     use super::*;
     use crate::acl::Acl;
-    use crate::manifest::{DocEntry, Manifest};
+    use crate::manifest::{DocEntry, Manifest, Tree};
 
     fn tree() -> Tree {
         let doc = |p: &str| DocEntry {

@@ -346,6 +346,24 @@ pub fn real_bash(dir: &Path, cmd: &str) -> (Vec<u8>, Vec<u8>, i32) {
     (out.stdout, out.stderr, out.status.code().unwrap_or(-1))
 }
 
+/// Run `cmd` with real bash and GNU tools in `dir`, writable (for the scratch
+/// area differential tests; every command there uses relative paths only).
+pub fn real_bash_rw(dir: &Path, cmd: &str) -> (Vec<u8>, Vec<u8>, i32) {
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(cmd)
+        .current_dir(dir)
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin")
+        .env("LC_ALL", "C.UTF-8")
+        .env("TZ", "UTC")
+        .env("HOME", "/")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    (out.stdout, out.stderr, out.status.code().unwrap_or(-1))
+}
+
 /// Fail loudly if a required tool is missing (the set-up script installs them).
 pub fn require_tool(tool: &str) {
     let ok = Command::new("sh")

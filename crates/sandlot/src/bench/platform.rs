@@ -57,7 +57,9 @@ pub struct PlatformArgs {
     /// (`runtime.fork_server`); `false` measures the exec path.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub fork_server: bool,
-    /// Sections to run (default all): tti, burst, exec, density, churn, peers.
+    /// Sections to run (default all): tti, cycle, burst, exec, density, churn, peers.
+    /// `cycle` is create + exec `/bin/true` + delete, all timed (issue 3's measure;
+    /// run it with `--pool 0` for the cold figure).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Directory for results.json and latency.png.
@@ -280,6 +282,24 @@ async fn sequential(
         let (d, id) = tti(c, mode).await?;
         v.push(d);
         c.delete_sandbox(&id).await?;
+    }
+    Ok(v)
+}
+
+/// Issue 3's API cycle, all on the clock: create, exec `/bin/true`, read its exit,
+/// delete; back to back.
+async fn cycles(c: &Client, mode: &str, n: usize, pool: usize) -> anyhow::Result<Vec<Duration>> {
+    let mut v = Vec::with_capacity(n);
+    wait_pool(c, pool).await;
+    for _ in 0..n {
+        let t = Instant::now();
+        let sb = c.create_sandbox(&create_body(mode)).await?;
+        let out = c.run(&sb.id, &["/bin/true"]).await?;
+        c.delete_sandbox(&sb.id).await?;
+        v.push(t.elapsed());
+        if out.exit.code != Some(0) {
+            bail!("/bin/true exited with {:?}", out.exit);
+        }
     }
     Ok(v)
 }
@@ -619,8 +639,8 @@ pub fn run(a: PlatformArgs) -> anyhow::Result<i32> {
         bail!("sandlot bench platform needs root (it runs a daemon that creates namespaces)");
     }
     for s in &a.only {
-        if !["tti", "burst", "exec", "density", "churn", "peers"].contains(&s.as_str()) {
-            bail!("--only: unknown section {s:?} (tti, burst, exec, density, churn, peers)");
+        if !["tti", "cycle", "burst", "exec", "density", "churn", "peers"].contains(&s.as_str()) {
+            bail!("--only: unknown section {s:?} (tti, cycle, burst, exec, density, churn, peers)");
         }
     }
     if a.n == 0 {
@@ -662,6 +682,20 @@ pub fn run(a: PlatformArgs) -> anyhow::Result<i32> {
                 let v = sequential(&c, m, a.n, a.pool).await?;
                 res.rows
                     .push(row("tti", &format!("sandlot sequential ({m})"), v));
+            }
+        }
+        if wants(&a.only, "cycle") {
+            for m in &modes {
+                eprintln!(
+                    "create + exec /bin/true + delete, {} sequential, network {m} ...",
+                    a.n
+                );
+                let v = cycles(&c, m, a.n, a.pool).await?;
+                res.rows.push(row(
+                    "cycle",
+                    &format!("sandlot create+exec+delete ({m})"),
+                    v,
+                ));
             }
         }
         if wants(&a.only, "burst") {
@@ -853,7 +887,7 @@ fn machine() -> String {
 
 fn print_report(res: &Results) {
     println!("machine: {}\n", res.machine);
-    for section in ["tti", "burst", "exec"] {
+    for section in ["tti", "cycle", "burst", "exec"] {
         let rows: Vec<&Row> = res.rows.iter().filter(|r| r.section == section).collect();
         if rows.is_empty() {
             continue;
@@ -867,12 +901,18 @@ fn print_report(res: &Results) {
         for r in rows {
             let s = &r.summary;
             // Bursts compare with the peer's burst of the same size.
-            let base = if section == "burst" {
-                let k = s.name.split_whitespace().nth(2).unwrap_or("");
+            let peer = |name: &str| {
                 res.rows
                     .iter()
-                    .find(|x| x.summary.name == format!("bwrap burst {k}"))
+                    .find(|x| x.summary.name == name)
                     .map(|x| x.summary.p50_ms)
+            };
+            let base = if section == "burst" {
+                let k = s.name.split_whitespace().nth(2).unwrap_or("");
+                peer(&format!("bwrap burst {k}"))
+            } else if section == "cycle" {
+                // Bubblewrap's whole run (start, echo, exit) is its cycle.
+                peer("bwrap sequential")
             } else {
                 base
             };

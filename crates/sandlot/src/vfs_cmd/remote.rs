@@ -11,7 +11,7 @@ use sandlot_client::vfs::{
 };
 use sandlot_client::Client;
 
-use super::{PrincipalArgs, SourceArgs, VfsCmd};
+use super::{PrincipalArgs, ScratchArgs, SourceArgs, VfsCmd};
 
 /// What `--from` means through the daemon.
 #[derive(Debug, PartialEq)]
@@ -282,26 +282,29 @@ fn print_list(list: &[CollectionView]) {
     }
 }
 
-fn session_req(p: &PrincipalArgs, version: Option<u64>) -> OpenSession {
+fn session_req(p: &PrincipalArgs, version: Option<u64>, scratch: &ScratchArgs) -> OpenSession {
+    let base = OpenSession {
+        version,
+        scratch: scratch.scratch || scratch.scratch_size.is_some(),
+        scratch_max_bytes: scratch.scratch_size.map(|b| b.0),
+        ..OpenSession::default()
+    };
     match &p.principal {
         Some(name) => OpenSession {
             principal: name.clone(),
             groups: p.groups.clone(),
-            version,
-            all_access: false,
+            ..base
         },
         None if !p.groups.is_empty() => OpenSession {
             principal: "cli".into(),
             groups: p.groups.clone(),
-            version,
-            all_access: false,
+            ..base
         },
         // The collection's owner, seeing everything.
         None => OpenSession {
             principal: "cli".into(),
-            groups: Vec::new(),
-            version,
             all_access: true,
+            ..base
         },
     }
 }
@@ -350,12 +353,13 @@ pub(super) async fn run(c: Client, cmd: VfsCmd) -> anyhow::Result<i32> {
             version,
             max_output,
             timeout,
+            scratch,
         } => {
             if max_output.is_some() || timeout.is_some() {
                 bail!("--max-output and --timeout are for --local: through the daemon, the operator's [vfs] limits apply");
             }
             let s = c
-                .open_vfs_session(&name, &session_req(&principal, version))
+                .open_vfs_session(&name, &session_req(&principal, version, &scratch))
                 .await?;
             let res = shell(&c, &name, &s.id, command).await;
             // Close even after an error; the daemon's idle expiry is the backstop.

@@ -125,7 +125,11 @@ def _prepare(
 
 
 def _session_body(
-    principal: str, groups: Sequence[str], version: Optional[int], all_access: bool
+    principal: str,
+    groups: Sequence[str],
+    version: Optional[int],
+    all_access: bool,
+    scratch: Union[bool, int] = False,
 ) -> Dict[str, Any]:
     if isinstance(groups, str):
         raise TypeError("groups= is a list of group names, not a string")
@@ -134,6 +138,13 @@ def _session_body(
         body["version"] = version
     if all_access:
         body["all_access"] = True
+    if scratch is True:
+        body["scratch"] = True
+    elif scratch is not False and scratch is not None:
+        if not isinstance(scratch, int) or scratch <= 0:
+            raise ValueError(f"scratch= is True or a positive size in bytes, got {scratch!r}")
+        body["scratch"] = True
+        body["scratch_max_bytes"] = scratch
     return body
 
 
@@ -312,11 +323,20 @@ class Collection:
         groups: Sequence[str] = (),
         version: Optional[int] = None,
         all_access: bool = False,
+        scratch: Union[bool, int] = False,
     ) -> ShellSession:
         """Opens a shell session for ``principal`` (who sees public documents and
-        those of ``groups``). Use it as a context manager to close it."""
+        those of ``groups``). Use it as a context manager to close it.
+
+        ``scratch=True`` (or a size in bytes) gives the session a private,
+        in-memory copy-on-write scratch area: ``>``, ``mkdir``, ``rm``, ``cp``,
+        ``mv``, ``tee``... then change only this session's view, and it is gone
+        when the session closes. Without it writes fail with "Read-only file
+        system"."""
         d = self.client.json(
-            "POST", f"{self._path}/sessions", json=_session_body(principal, groups, version, all_access)
+            "POST",
+            f"{self._path}/sessions",
+            json=_session_body(principal, groups, version, all_access, scratch),
         )
         return ShellSession(self, ShellSessionInfo.from_json(d))
 
@@ -477,9 +497,12 @@ class AsyncCollection:
         groups: Sequence[str] = (),
         version: Optional[int] = None,
         all_access: bool = False,
+        scratch: Union[bool, int] = False,
     ) -> AsyncShellSession:
         d = await self.client.json(
-            "POST", f"{self._path}/sessions", json=_session_body(principal, groups, version, all_access)
+            "POST",
+            f"{self._path}/sessions",
+            json=_session_body(principal, groups, version, all_access, scratch),
         )
         return AsyncShellSession(self, ShellSessionInfo.from_json(d))
 

@@ -481,6 +481,9 @@ class ShellSessionInfo:
     last_used_at: Optional[datetime]
     expires_at: Optional[datetime]
     limits: Dict[str, Any]
+    #: The copy-on-write scratch area (``used_bytes``, ``entries``,
+    #: ``max_bytes``, ``max_entries``), or None without one.
+    scratch: Optional[Dict[str, Any]] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -499,6 +502,7 @@ class ShellSessionInfo:
             last_used_at=parse_time(d.get("last_used_at")),
             expires_at=parse_time(d.get("expires_at")),
             limits=dict(d.get("limits") or {}),
+            scratch=dict(d["scratch"]) if d.get("scratch") else None,
             raw=dict(d),
         )
 
