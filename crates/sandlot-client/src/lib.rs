@@ -118,7 +118,9 @@ pub struct Client {
     agent: Option<String>,
 }
 
-fn enc(s: &str) -> String {
+/// Percent-encodes `s` for a URL path or query value: everything but ASCII letters,
+/// digits and `-_.~/` (`/` is kept: memory keys and file paths are paths).
+pub fn encode_path(s: &str) -> String {
     let mut o = String::with_capacity(s.len());
     for b in s.bytes() {
         if b.is_ascii_alphanumeric() || b"-_.~/".contains(&b) {
@@ -129,6 +131,8 @@ fn enc(s: &str) -> String {
     }
     o
 }
+
+use encode_path as enc;
 
 impl Client {
     /// A client of the daemon at `host` (see [`Target::parse`]).
@@ -631,13 +635,17 @@ impl Client {
         if let Some(m) = mode {
             p.push_str(&format!("&mode={m:o}"));
         }
+        self.put_stream(&p, "application/octet-stream", body).await
+    }
+
+    /// PUTs a streamed body and decodes the JSON answer.
+    async fn put_stream<S, T>(&self, path: &str, content_type: &str, body: S) -> Result<T, Error>
+    where
+        S: futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send + Sync + 'static,
+        T: DeserializeOwned,
+    {
         let resp = self
-            .send(
-                Method::PUT,
-                &p,
-                Some("application/octet-stream"),
-                conn::streaming(body),
-            )
+            .send(Method::PUT, path, Some(content_type), conn::streaming(body))
             .await?;
         let b = stream::collect(resp).await?;
         serde_json::from_slice(&b).map_err(|e| Error::Decode(e.to_string()))
@@ -734,16 +742,8 @@ impl Client {
     where
         S: futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send + Sync + 'static,
     {
-        let resp = self
-            .send(
-                Method::PUT,
-                &format!("/v1/sandboxes/{}/files/tar?path={}", enc(id), enc(path)),
-                Some("application/x-tar"),
-                conn::streaming(body),
-            )
-            .await?;
-        let b = stream::collect(resp).await?;
-        serde_json::from_slice(&b).map_err(|e| Error::Decode(e.to_string()))
+        let p = format!("/v1/sandboxes/{}/files/tar?path={}", enc(id), enc(path));
+        self.put_stream(&p, "application/x-tar", body).await
     }
 
     /// A watch stream of filesystem events.

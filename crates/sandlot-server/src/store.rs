@@ -31,40 +31,8 @@ fn sql(op: &'static str) -> impl FnOnce(rusqlite::Error) -> StoreError {
     move |source| StoreError::Sql { op, source }
 }
 
-/// Lifecycle state of a sandbox.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum SandboxState {
-    Creating,
-    Running,
-    Stopping,
-    Stopped,
-}
-
-impl SandboxState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SandboxState::Creating => "creating",
-            SandboxState::Running => "running",
-            SandboxState::Stopping => "stopping",
-            SandboxState::Stopped => "stopped",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<SandboxState> {
-        Some(match s {
-            "creating" => SandboxState::Creating,
-            "running" => SandboxState::Running,
-            "stopping" => SandboxState::Stopping,
-            "stopped" => SandboxState::Stopped,
-            _ => return None,
-        })
-    }
-
-    pub fn live(self) -> bool {
-        self != SandboxState::Stopped
-    }
-}
+/// Lifecycle state of a sandbox (the API's type, stored as its `as_str`).
+pub use sandlot_proto::api::SandboxState;
 
 /// Why a sandbox stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

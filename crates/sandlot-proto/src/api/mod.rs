@@ -38,6 +38,22 @@ impl SandboxState {
             SandboxState::Stopped => "stopped",
         }
     }
+
+    /// The state named by [`SandboxState::as_str`].
+    pub fn parse(s: &str) -> Option<SandboxState> {
+        Some(match s {
+            "creating" => SandboxState::Creating,
+            "running" => SandboxState::Running,
+            "stopping" => SandboxState::Stopping,
+            "stopped" => SandboxState::Stopped,
+            _ => return None,
+        })
+    }
+
+    /// Not stopped yet.
+    pub fn live(self) -> bool {
+        self != SandboxState::Stopped
+    }
 }
 
 /// Metered usage of a sandbox (cgroup accounting and stream byte counts).

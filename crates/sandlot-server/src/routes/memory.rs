@@ -5,7 +5,8 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{FromRequestParts, Path, Query};
+use axum::http::request::Parts;
 use axum::http::HeaderMap;
 use axum::response::Response;
 use serde::Deserialize;
@@ -42,16 +43,41 @@ fn writer(p: &Principal, headers: &HeaderMap) -> ApiResult<Writer> {
     })
 }
 
-async fn run(
-    state: &AppState,
-    p: &Principal,
-    headers: &HeaderMap,
-    store: Option<&str>,
-    op: MemoryOp,
-) -> ApiResult<Response> {
-    let w = writer(p, headers)?;
-    let (status, v) = state.memory.run(&p.tenant, store, op, w).await?;
-    Ok(json_status(status, &v))
+/// The caller of a memory route, extracted before the path, query and body: the daemon,
+/// who calls (authentication fails first) and the request headers. Every handler turns
+/// its request into a [`MemoryOp`] and hands it to [`MemoryCall::run`].
+pub struct MemoryCall {
+    state: Arc<AppState>,
+    principal: Principal,
+    headers: HeaderMap,
+}
+
+impl FromRequestParts<Arc<AppState>> for MemoryCall {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &Arc<AppState>,
+    ) -> Result<Self, Self::Rejection> {
+        let principal = Principal::from_request_parts(parts, state).await?;
+        Ok(MemoryCall {
+            state: state.clone(),
+            principal,
+            headers: parts.headers.clone(),
+        })
+    }
+}
+
+impl MemoryCall {
+    /// Applies `op` to the caller's tenant's store `store` (`None`: the tenant's stores), as
+    /// the tenant or the agent of `X-Sandlot-Agent` (checked here, after the body), and
+    /// answers its status and JSON.
+    async fn run(self, store: Option<&str>, op: MemoryOp) -> ApiResult<Response> {
+        let p = &self.principal;
+        let w = writer(p, &self.headers)?;
+        let (status, v) = self.state.memory.run(&p.tenant, store, op, w).await?;
+        Ok(json_status(status, &v))
+    }
 }
 
 /// `POST /v1/memory`.
@@ -222,54 +248,38 @@ type Err404 = crate::error::ErrorEnvelope;
 #[utoipa::path(get, path = "/v1/memory", tag = "memory",
     responses((status = 200, description = "`{\"stores\": [...]}`", body = Object),
         (status = 501, description = "built without the memory feature", body = Err404)))]
-pub async fn list(
-    State(state): State<Arc<AppState>>,
-    p: Principal,
-    headers: HeaderMap,
-) -> ApiResult<Response> {
-    run(&state, &p, &headers, None, MemoryOp::List).await
+pub async fn list(call: MemoryCall) -> ApiResult<Response> {
+    call.run(None, MemoryOp::List).await
 }
 
 #[utoipa::path(post, path = "/v1/memory", tag = "memory", request_body = CreateMemoryStore,
     responses((status = 201, body = MemoryStoreDoc), (status = 409, body = Err404),
         (status = 503, description = "the embedding model is not installed", body = Err404)))]
 pub async fn create(
-    State(state): State<Arc<AppState>>,
-    p: Principal,
-    headers: HeaderMap,
+    call: MemoryCall,
     JsonBody(b): JsonBody<CreateMemoryStore>,
 ) -> ApiResult<Response> {
-    run(&state, &p, &headers, Some(&b.name), MemoryOp::Init).await
+    call.run(Some(&b.name), MemoryOp::Init).await
 }
 
 #[utoipa::path(get, path = "/v1/memory/{store}", tag = "memory", params(("store" = String, Path)),
     responses((status = 200, body = MemoryStoreDoc), (status = 404, body = Err404)))]
-pub async fn info(
-    State(state): State<Arc<AppState>>,
-    p: Principal,
-    headers: HeaderMap,
-    Path(store): Path<String>,
-) -> ApiResult<Response> {
-    run(&state, &p, &headers, Some(&store), MemoryOp::Info).await
+pub async fn info(call: MemoryCall, Path(store): Path<String>) -> ApiResult<Response> {
+    call.run(Some(&store), MemoryOp::Info).await
 }
 
 #[utoipa::path(delete, path = "/v1/memory/{store}", tag = "memory", params(("store" = String, Path)),
     responses((status = 200, body = Object), (status = 404, body = Err404),
         (status = 409, description = "a live sandbox mounts it", body = Err404)))]
-pub async fn delete(
-    State(state): State<Arc<AppState>>,
-    p: Principal,
-    headers: HeaderMap,
-    Path(store): Path<String>,
-) -> ApiResult<Response> {
-    let users = mounted_by(&state, &p.tenant, &store);
+pub async fn delete(call: MemoryCall, Path(store): Path<String>) -> ApiResult<Response> {
+    let users = mounted_by(&call.state, &call.principal.tenant, &store);
     if !users.is_empty() {
         return Err(ApiError::conflict(format!(
             "memory store {store} is mounted by sandbox {}",
             users.join(", ")
         )));
     }
-    run(&state, &p, &headers, Some(&store), MemoryOp::Delete).await
+    call.run(Some(&store), MemoryOp::Delete).await
 }
 
 /// Live sandboxes of `tenant` whose spec mounts memory store `name`.
@@ -297,13 +307,11 @@ fn mounted_by(state: &AppState, tenant: &str, name: &str) -> Vec<String> {
     request_body = NewMemoryDoc,
     responses((status = 201, body = WriteOutcomeDoc), (status = 400, body = Err404), (status = 409, body = Err404)))]
 pub async fn add(
-    State(state): State<Arc<AppState>>,
-    p: Principal,
-    headers: HeaderMap,
+    call: MemoryCall,
     Path(store): Path<String>,
     JsonBody(b): JsonBody<Value>,
 ) -> ApiResult<Response> {
-    run(&state, &p, &headers, Some(&store), MemoryOp::Add(b)).await
+    call.run(Some(&store), MemoryOp::Add(b)).await
 }
 
 #[utoipa::path(get, path = "/v1/memory/{store}/memories/{key}", tag = "memory",
@@ -311,55 +319,40 @@ pub async fn add(
     responses((status = 200, description = "the memory (front matter fields, body, text); with `rev`: `{path, rev, text}`", body = Object),
         (status = 404, body = Err404)))]
 pub async fn get_one(
-    State(state): State<Arc<AppState>>,
-    p: Principal,
-    headers: HeaderMap,
+    call: MemoryCall,
     Path((store, key)): Path<(String, String)>,
     Query(q): Query<GetParams>,
 ) -> ApiResult<Response> {
     let op = MemoryOp::Get { key, rev: q.rev };
-    run(&state, &p, &headers, Some(&store), op).await
+    call.run(Some(&store), op).await
 }
 
 #[utoipa::path(patch, path = "/v1/memory/{store}/memories/{key}", tag = "memory",
     params(("store" = String, Path), ("key" = String, Path)), request_body = MemoryPatchDoc,
     responses((status = 200, body = WriteOutcomeDoc), (status = 404, body = Err404)))]
 pub async fn edit(
-    State(state): State<Arc<AppState>>,
-    p: Principal,
-    headers: HeaderMap,
+    call: MemoryCall,
     Path((store, key)): Path<(String, String)>,
     JsonBody(patch): JsonBody<Value>,
 ) -> ApiResult<Response> {
-    run(
-        &state,
-        &p,
-        &headers,
-        Some(&store),
-        MemoryOp::Edit { key, patch },
-    )
-    .await
+    call.run(Some(&store), MemoryOp::Edit { key, patch }).await
 }
 
 #[utoipa::path(delete, path = "/v1/memory/{store}/memories/{key}", tag = "memory",
     params(("store" = String, Path), ("key" = String, Path)),
     responses((status = 200, body = WriteOutcomeDoc), (status = 404, body = Err404)))]
 pub async fn remove(
-    State(state): State<Arc<AppState>>,
-    p: Principal,
-    headers: HeaderMap,
+    call: MemoryCall,
     Path((store, key)): Path<(String, String)>,
 ) -> ApiResult<Response> {
-    run(&state, &p, &headers, Some(&store), MemoryOp::Remove { key }).await
+    call.run(Some(&store), MemoryOp::Remove { key }).await
 }
 
 #[utoipa::path(post, path = "/v1/memory/{store}/move", tag = "memory",
     params(("store" = String, Path)), request_body = MoveBody,
     responses((status = 200, body = WriteOutcomeDoc), (status = 404, body = Err404), (status = 409, body = Err404)))]
 pub async fn move_memory(
-    State(state): State<Arc<AppState>>,
-    p: Principal,
-    headers: HeaderMap,
+    call: MemoryCall,
     Path(store): Path<String>,
     JsonBody(b): JsonBody<MoveBody>,
 ) -> ApiResult<Response> {
@@ -367,29 +360,25 @@ pub async fn move_memory(
         from: b.from,
         to: b.to,
     };
-    run(&state, &p, &headers, Some(&store), op).await
+    call.run(Some(&store), op).await
 }
 
 #[utoipa::path(post, path = "/v1/memory/{store}/search", tag = "memory",
     params(("store" = String, Path)), request_body = SearchDoc,
     responses((status = 200, description = "`{\"hits\": [{path, id, title, line, chunk_lines, score, snippet, bm25_rank, vector_rank, similarity, related}]}`", body = Object)))]
 pub async fn search(
-    State(state): State<Arc<AppState>>,
-    p: Principal,
-    headers: HeaderMap,
+    call: MemoryCall,
     Path(store): Path<String>,
     JsonBody(b): JsonBody<Value>,
 ) -> ApiResult<Response> {
-    run(&state, &p, &headers, Some(&store), MemoryOp::Search(b)).await
+    call.run(Some(&store), MemoryOp::Search(b)).await
 }
 
 #[utoipa::path(get, path = "/v1/memory/{store}/log", tag = "memory",
     params(("store" = String, Path), LogParams),
     responses((status = 200, description = "`{\"commits\": [{rev, author, email, time, message, paths}]}`", body = Object)))]
 pub async fn log(
-    State(state): State<Arc<AppState>>,
-    p: Principal,
-    headers: HeaderMap,
+    call: MemoryCall,
     Path(store): Path<String>,
     Query(q): Query<LogParams>,
 ) -> ApiResult<Response> {
@@ -397,16 +386,14 @@ pub async fn log(
         key: q.key,
         limit: q.limit.unwrap_or(20).clamp(1, 10_000),
     };
-    run(&state, &p, &headers, Some(&store), op).await
+    call.run(Some(&store), op).await
 }
 
 #[utoipa::path(get, path = "/v1/memory/{store}/diff", tag = "memory",
     params(("store" = String, Path), DiffParams),
     responses((status = 200, description = "`{\"diff\": \"unified diff\"}`", body = Object)))]
 pub async fn diff(
-    State(state): State<Arc<AppState>>,
-    p: Principal,
-    headers: HeaderMap,
+    call: MemoryCall,
     Path(store): Path<String>,
     Query(q): Query<DiffParams>,
 ) -> ApiResult<Response> {
@@ -415,16 +402,14 @@ pub async fn diff(
         to: q.to,
         key: q.key,
     };
-    run(&state, &p, &headers, Some(&store), op).await
+    call.run(Some(&store), op).await
 }
 
 #[utoipa::path(post, path = "/v1/memory/{store}/revert", tag = "memory",
     params(("store" = String, Path)), request_body = RevertBody,
     responses((status = 200, body = WriteOutcomeDoc), (status = 400, body = Err404)))]
 pub async fn revert(
-    State(state): State<Arc<AppState>>,
-    p: Principal,
-    headers: HeaderMap,
+    call: MemoryCall,
     Path(store): Path<String>,
     JsonBody(b): JsonBody<RevertBody>,
 ) -> ApiResult<Response> {
@@ -447,36 +432,26 @@ pub async fn revert(
             ))
         }
     };
-    run(&state, &p, &headers, Some(&store), op).await
+    call.run(Some(&store), op).await
 }
 
 #[utoipa::path(get, path = "/v1/memory/{store}/status", tag = "memory",
     params(("store" = String, Path), StatusParams),
     responses((status = 200, description = "`{files: [{path, index, missing_vectors, git, error}], indexed_files, chunks, vectors}`", body = Object)))]
 pub async fn status(
-    State(state): State<Arc<AppState>>,
-    p: Principal,
-    headers: HeaderMap,
+    call: MemoryCall,
     Path(store): Path<String>,
     Query(q): Query<StatusParams>,
 ) -> ApiResult<Response> {
-    run(
-        &state,
-        &p,
-        &headers,
-        Some(&store),
-        MemoryOp::Status { all: q.all },
-    )
-    .await
+    call.run(Some(&store), MemoryOp::Status { all: q.all })
+        .await
 }
 
 #[utoipa::path(post, path = "/v1/memory/{store}/reindex", tag = "memory",
     params(("store" = String, Path)), request_body(content = Option<ReindexBody>),
     responses((status = 200, description = "`{indexed, removed, unchanged, skipped, texts_embedded}`", body = Object)))]
 pub async fn reindex(
-    State(state): State<Arc<AppState>>,
-    p: Principal,
-    headers: HeaderMap,
+    call: MemoryCall,
     Path(store): Path<String>,
     body: axum::body::Bytes,
 ) -> ApiResult<Response> {
@@ -486,7 +461,7 @@ pub async fn reindex(
         super::parse_json(&body)?
     };
     let op = MemoryOp::Reindex { fresh: b.fresh };
-    run(&state, &p, &headers, Some(&store), op).await
+    call.run(Some(&store), op).await
 }
 
 #[utoipa::path(post, path = "/v1/memory/{store}/tool", tag = "memory",
@@ -494,9 +469,7 @@ pub async fn reindex(
     request_body(content = Object, description = "the input of one Anthropic memory tool call (`memory_20250818`): `{\"command\": \"view\"|\"create\"|\"str_replace\"|\"insert\"|\"delete\"|\"rename\", ...}` over `/memories`, forwarded verbatim"),
     responses((status = 200, description = "the tool result; `is_error` marks a failed command (still HTTP 200)", body = ToolOutputDoc)))]
 pub async fn tool(
-    State(state): State<Arc<AppState>>,
-    p: Principal,
-    headers: HeaderMap,
+    call: MemoryCall,
     Path(store): Path<String>,
     JsonBody(b): JsonBody<Value>,
 ) -> ApiResult<Response> {
@@ -506,7 +479,7 @@ pub async fn tool(
             "a memory tool call is a JSON object",
         ));
     }
-    run(&state, &p, &headers, Some(&store), MemoryOp::Tool(b)).await
+    call.run(Some(&store), MemoryOp::Tool(b)).await
 }
 
 /// Routes of this module.

@@ -10,8 +10,7 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use axum::Json;
 use sandlot_proto::api::{
-    EventList, Health, Sandbox, SandboxEvent, SandboxExit, SandboxList, SandboxState as ApiState,
-    SetTimeout, Usage,
+    EventList, Health, Sandbox, SandboxEvent, SandboxExit, SandboxList, SetTimeout, Usage,
 };
 use sandlot_proto::spec::SandboxSpec;
 use serde_json::Value;
@@ -237,15 +236,6 @@ pub fn parse_create(state: &AppState, tenant: String, body: Value) -> ApiResult<
     })
 }
 
-fn api_state(s: SandboxState) -> ApiState {
-    match s {
-        SandboxState::Creating => ApiState::Creating,
-        SandboxState::Running => ApiState::Running,
-        SandboxState::Stopping => ApiState::Stopping,
-        SandboxState::Stopped => ApiState::Stopped,
-    }
-}
-
 /// The API view of a record, with live usage when the sandbox runs.
 pub fn view(state: &AppState, rec: &SandboxRecord) -> Sandbox {
     let handle = state.handle(&rec.id);
@@ -268,7 +258,7 @@ pub fn view(state: &AppState, rec: &SandboxRecord) -> Sandbox {
         id: rec.id.clone(),
         name: rec.name.clone(),
         tenant: rec.tenant.clone(),
-        state: api_state(state_now),
+        state: state_now,
         spec: rec.spec.clone(),
         tags: rec.tags.clone(),
         metadata: rec.metadata.clone(),
