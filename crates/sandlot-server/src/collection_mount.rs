@@ -30,7 +30,7 @@ use std::collections::HashMap;
 use std::io::{BufRead, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use sandlot_proto::spec::{normalize_sandbox_path, MountSpec, SandboxSpec, ANONYMOUS_PRINCIPAL};
@@ -82,6 +82,9 @@ pub fn pin(vfs: &crate::vfs::VfsService, tenant: &str, spec: &mut SandboxSpec) -
         let MountSpec::Collection {
             collection,
             version,
+            principal,
+            groups,
+            all_access,
             ..
         } = m
         else {
@@ -103,20 +106,24 @@ pub fn pin(vfs: &crate::vfs::VfsService, tenant: &str, spec: &mut SandboxSpec) -
         })?;
         let head = coll.head().map_err(crate::vfs::store_error)?;
         let head = head.manifest.version;
-        match *version {
-            None => *version = Some(head),
-            Some(v) => {
-                coll.version(v).map_err(|e| match e {
-                    StoreError::NoSuchVersion { .. } => ApiError::invalid(
-                        format!("mounts[{i}].version"),
-                        format!(
-                            "collection {collection:?} has no version {v} (its head is {head})"
-                        ),
-                    ),
-                    e => crate::vfs::store_error(e),
-                })?;
-            }
-        }
+        let v = version.unwrap_or(head);
+        coll.version(v).map_err(|e| match e {
+            StoreError::NoSuchVersion { .. } => ApiError::invalid(
+                format!("mounts[{i}].version"),
+                format!("collection {collection:?} has no version {v} (its head is {head})"),
+            ),
+            e => crate::vfs::store_error(e),
+        })?;
+        *version = Some(v);
+        // The view the helper will serve, resolved here (and cached for the next
+        // create): its errors fail the create, while the helper loads its own copy
+        // after it has mounted, in parallel with the sandbox's start.
+        let mut p = sandlot_vfs::Principal::new(
+            principal.as_deref().unwrap_or(ANONYMOUS_PRINCIPAL),
+            groups.iter().cloned(),
+        );
+        p.all_access = *all_access;
+        coll.view_at(&p, Some(v)).map_err(crate::vfs::store_error)?;
     }
     Ok(())
 }
@@ -253,8 +260,13 @@ impl CollectionMounts {
         let planned = plan(&self.root, &store_dir, id, spec).map_err(ApiError::internal)?;
         let res = (|| {
             self.make_dirs(id)?;
+            // All helpers start at once; then each is waited for.
+            let mut waits = Vec::with_capacity(planned.len());
             for p in &planned {
-                self.start(id, p)?;
+                waits.push(self.start(id, p)?);
+            }
+            for (p, rx) in planned.iter().zip(waits) {
+                await_ready(p, rx)?;
             }
             Ok(())
         })();
@@ -293,15 +305,9 @@ impl CollectionMounts {
             .map_err(|e| err("create", &dir, e))
     }
 
-    /// Starts the helper of one mount and waits until it serves.
-    fn start(&self, id: &str, p: &PlannedMount) -> ApiResult<()> {
-        let field = format!("mounts[{}]", p.index);
-        let fail = |what: String| {
-            ApiError::internal(format!(
-                "{field}: serve collection {:?}: {what}",
-                p.request.collection
-            ))
-        };
+    /// Starts the helper of one mount; [`await_ready`] waits until it serves.
+    fn start(&self, id: &str, p: &PlannedMount) -> ApiResult<ReadyLine> {
+        let fail = |what: String| serve_error(p, what);
         std::fs::create_dir(&p.mountpoint)
             .map_err(|e| fail(format!("create {}: {e}", p.mountpoint.display())))?;
         let log = std::fs::File::create(p.mountpoint.with_extension("log"))
@@ -342,24 +348,7 @@ impl CollectionMounts {
                 .read_line(&mut line);
             let _ = tx.send(r.map(|_| line));
         });
-        match rx.recv_timeout(READY_TIMEOUT) {
-            Ok(Ok(line)) => match line.trim_end() {
-                "ready" => Ok(()),
-                "" => Err(fail(format!(
-                    "the helper exited without mounting; see {}",
-                    p.mountpoint.with_extension("log").display()
-                ))),
-                l => match l.strip_prefix("error: ") {
-                    Some(msg) => Err(fail(msg.to_string())),
-                    None => Err(fail(format!("unexpected answer {l:?}"))),
-                },
-            },
-            Ok(Err(e)) => Err(fail(format!("read its answer: {e}"))),
-            Err(_) => Err(fail(format!(
-                "not mounted after {}s",
-                READY_TIMEOUT.as_secs()
-            ))),
-        }
+        Ok(rx)
     }
 
     /// Moves the helpers of sandbox `id` into its cgroup (their memory and CPU count
@@ -450,6 +439,40 @@ impl CollectionMounts {
             }
         }
         rep
+    }
+}
+
+/// The first line a helper answers, once read.
+type ReadyLine = std::sync::mpsc::Receiver<std::io::Result<String>>;
+
+fn serve_error(p: &PlannedMount, what: String) -> ApiError {
+    ApiError::internal(format!(
+        "mounts[{}]: serve collection {:?}: {what}",
+        p.index, p.request.collection
+    ))
+}
+
+/// Waits (blocking on the helper's answer, no polling) until the helper of `p`
+/// has mounted, or fails.
+fn await_ready(p: &PlannedMount, rx: ReadyLine) -> ApiResult<()> {
+    let fail = |what: String| serve_error(p, what);
+    match rx.recv_timeout(READY_TIMEOUT) {
+        Ok(Ok(line)) => match line.trim_end() {
+            "ready" => Ok(()),
+            "" => Err(fail(format!(
+                "the helper exited without mounting; see {}",
+                p.mountpoint.with_extension("log").display()
+            ))),
+            l => match l.strip_prefix("error: ") {
+                Some(msg) => Err(fail(msg.to_string())),
+                None => Err(fail(format!("unexpected answer {l:?}"))),
+            },
+        },
+        Ok(Err(e)) => Err(fail(format!("read its answer: {e}"))),
+        Err(_) => Err(fail(format!(
+            "not mounted after {}s",
+            READY_TIMEOUT.as_secs()
+        ))),
     }
 }
 
@@ -620,9 +643,11 @@ fn remove_dir(dir: &Path) {
 // ---- the helper process ----
 
 /// Entry point of `sandlot __vfs-serve MOUNTPOINT`: reads a [`ServeRequest`] on
-/// standard input, mounts the view on MOUNTPOINT, answers `ready` (or `error: ...`)
-/// on standard output, and serves until it is unmounted or receives SIGTERM, SIGINT
-/// or SIGHUP (then it unmounts). Never returns.
+/// standard input, mounts on MOUNTPOINT, confines itself (see [`confine`]), answers
+/// `ready` (or `error: ...`) on standard output, then loads the view (requests that
+/// arrive meanwhile wait for it) and serves until it is unmounted or receives
+/// SIGTERM, SIGINT or SIGHUP. It then exits without unmounting (it no longer may):
+/// the daemon unmounts. Never returns.
 pub fn serve_main() -> ! {
     let code = match serve() {
         Ok(()) => 0,
@@ -638,6 +663,7 @@ pub fn serve_main() -> ! {
 }
 
 fn serve() -> Result<(), String> {
+    let t0 = Instant::now();
     // It outlives the daemon: it must hold none of the daemon's descriptors (a
     // listening socket, the data directory's lock) should one lack close-on-exec.
     // SAFETY: nothing in this process owns a descriptor above 2 yet; close_range
@@ -654,43 +680,75 @@ fn serve() -> Result<(), String> {
         .map_err(|e| format!("read the request: {e}"))?;
     let req: ServeRequest =
         serde_json::from_slice(&input).map_err(|e| format!("bad request: {e}"))?;
-    let store = sandlot_vfs::Store::open(&req.store).map_err(|e| crate::vfs::chain(&e))?;
-    let coll = store
-        .collection(&req.collection)
-        .map_err(|e| crate::vfs::chain(&e))?;
-    let mut principal = sandlot_vfs::Principal::new(&req.principal, req.groups.iter().cloned());
-    principal.all_access = req.all_access;
-    let view = coll
-        .view_at(&principal, Some(req.version))
-        .map_err(|e| crate::vfs::chain(&e))?;
-    // Signals are taken synchronously below; block them before the serving thread
-    // starts so that it inherits the mask.
+    // One plain path component (Landlock grants reads beneath this directory).
+    let mut comps = Path::new(&req.collection).components();
+    if !matches!(
+        (comps.next(), comps.next()),
+        (Some(std::path::Component::Normal(_)), None)
+    ) {
+        return Err(format!("bad collection name {:?}", req.collection));
+    }
+    let collection_dir = req.store.join("collections").join(&req.collection);
+    // Signals are taken synchronously below; block them before the serving threads
+    // start so that they inherit the mask.
     let signals = block_stop_signals();
-    let mount = sandlot_vfs::fuse::mount(
-        view,
+    // Mount first and answer: the daemon builds the sandbox while the view loads
+    // (the daemon has resolved the same view when it pinned the version).
+    let slot = sandlot_vfs::fuse::ViewSlot::new();
+    let pending = sandlot_vfs::fuse::mount_slot(
+        &req.collection,
+        slot.clone(),
         &mountpoint,
         &sandlot_vfs::fuse::MountOptions { allow_other: true },
     )
     .map_err(|e| crate::vfs::chain(&e))?;
+    // Opened before confinement, which forbids opening it.
+    let null = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/null")
+        .map_err(|e| format!("open /dev/null: {e}"))?;
+    let confined = confine(&collection_dir)?;
+    // The serving threads start confined (credentials are per thread; new
+    // threads copy them).
+    let mount = pending.serve().map_err(|e| crate::vfs::chain(&e))?;
+    let mounted_ms = t0.elapsed().as_secs_f64() * 1000.0;
     {
         let mut out = std::io::stdout();
         writeln!(out, "ready").map_err(|e| format!("answer: {e}"))?;
         out.flush().map_err(|e| format!("answer: {e}"))?;
     }
     // The daemon stops reading; later writes must not fail on a closed pipe.
-    if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
-        let _ = rustix::stdio::dup2_stdout(&null);
-    }
+    let _ = rustix::stdio::dup2_stdout(&null);
+    drop(null);
     eprintln!(
-        "serving collection {} version {} for {} at {}",
-        req.collection,
-        req.version,
-        req.principal,
+        "mounted {} in {mounted_ms:.1} ms; {confined}",
         mountpoint.display()
     );
+    let mut principal = sandlot_vfs::Principal::new(&req.principal, req.groups.iter().cloned());
+    principal.all_access = req.all_access;
+    match sandlot_vfs::View::load_unindexed(&req.store, &req.collection, req.version, &principal) {
+        Ok(view) => {
+            eprintln!(
+                "serving collection {} version {} for {} at {} (view loaded in {:.1} ms)",
+                req.collection,
+                req.version,
+                req.principal,
+                mountpoint.display(),
+                t0.elapsed().as_secs_f64() * 1000.0 - mounted_ms
+            );
+            slot.fill(Ok(Arc::new(view)));
+        }
+        Err(e) => {
+            // Every request fails with EIO; the daemon validated this view when it
+            // pinned the version, so only a disk error or a race gets here.
+            let e = crate::vfs::chain(&e);
+            eprintln!("load the view: {e}: every request fails with EIO");
+            slot.fill(Err(e));
+        }
+    }
     loop {
         if let Some(sig) = wait_signal(&signals, Duration::from_millis(500)) {
-            eprintln!("signal {sig}: unmounting");
+            eprintln!("signal {sig}: exiting (the daemon unmounts)");
             break;
         }
         if !mount.is_alive() {
@@ -698,7 +756,200 @@ fn serve() -> Result<(), String> {
             break;
         }
     }
-    mount.unmount().map_err(|e| crate::vfs::chain(&e))
+    // No unmount (the capability is gone): the session ends with the process.
+    std::mem::forget(mount);
+    Ok(())
+}
+
+/// What [`confine`] applied, for the helper's log.
+struct Confinement {
+    landlock: Option<i64>,
+}
+
+impl std::fmt::Display for Confinement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "confined: no capabilities (bounding, ambient, effective, permitted and inheritable sets empty), no_new_privs")?;
+        match self.landlock {
+            Some(abi) => write!(
+                f,
+                ", landlock ABI {abi} (the filesystem: read-only, the collection's directory only)"
+            ),
+            None => write!(f, ", landlock unavailable on this kernel"),
+        }
+    }
+}
+
+/// Drops what the helper does not need once its mount is up, for itself and the
+/// threads it starts afterwards (credentials are per thread: call it while the
+/// process has one thread). It keeps uid 0 (it reads the daemon's root-owned store
+/// as their owner) but loses every capability, may not gain privileges on exec, and
+/// under Landlock may open nothing but files and directories under
+/// `collection_dir`, read-only (nor bind or connect TCP sockets, where the kernel
+/// can restrict those). Descriptors already open (`/dev/fuse`, the log, the
+/// standard streams) stay usable.
+fn confine(collection_dir: &Path) -> Result<Confinement, String> {
+    use rustix::thread::{
+        clear_ambient_capability_set, remove_capability_from_bounding_set, set_capabilities,
+        set_no_new_privs, CapabilitySet, CapabilitySets,
+    };
+    set_no_new_privs(true).map_err(|e| format!("set no_new_privs: {e}"))?;
+    let landlock = landlock_read_only(collection_dir)?;
+    // The bounding set, one capability at a time, up to the kernel's last (EINVAL).
+    for cap in 0..64u32 {
+        match remove_capability_from_bounding_set(CapabilitySet::from_bits_retain(1u64 << cap)) {
+            Ok(()) => {}
+            Err(rustix::io::Errno::INVAL) => break,
+            Err(e) => return Err(format!("drop capability {cap} from the bounding set: {e}")),
+        }
+    }
+    clear_ambient_capability_set().map_err(|e| format!("clear the ambient capabilities: {e}"))?;
+    set_capabilities(
+        None,
+        CapabilitySets {
+            effective: CapabilitySet::empty(),
+            permitted: CapabilitySet::empty(),
+            inheritable: CapabilitySet::empty(),
+        },
+    )
+    .map_err(|e| format!("drop capabilities: {e}"))?;
+    Ok(Confinement { landlock })
+}
+
+/// Landlock rights (`linux/landlock.h`).
+mod landlock {
+    pub const CREATE_RULESET_VERSION: u32 = 1;
+    pub const RULE_PATH_BENEATH: u32 = 1;
+    pub const ACCESS_FS_READ_FILE: u64 = 1 << 2;
+    pub const ACCESS_FS_READ_DIR: u64 = 1 << 3;
+    /// Every filesystem right of ABI 1 (execute .. make_sym).
+    pub const ACCESS_FS_V1: u64 = (1 << 13) - 1;
+    pub const ACCESS_FS_REFER: u64 = 1 << 13;
+    pub const ACCESS_FS_TRUNCATE: u64 = 1 << 14;
+    pub const ACCESS_FS_IOCTL_DEV: u64 = 1 << 15;
+    pub const ACCESS_NET_BIND_TCP: u64 = 1 << 0;
+    pub const ACCESS_NET_CONNECT_TCP: u64 = 1 << 1;
+    pub const SCOPE_ABSTRACT_UNIX_SOCKET: u64 = 1 << 0;
+    pub const SCOPE_SIGNAL: u64 = 1 << 1;
+
+    #[repr(C)]
+    #[derive(Default)]
+    pub struct RulesetAttr {
+        pub handled_access_fs: u64,
+        pub handled_access_net: u64,
+        pub scoped: u64,
+    }
+
+    #[repr(C, packed)]
+    pub struct PathBeneathAttr {
+        pub allowed_access: u64,
+        pub parent_fd: i32,
+    }
+
+    /// The ruleset for ABI `abi` and how many bytes of it that ABI reads.
+    pub fn ruleset(abi: i64) -> (RulesetAttr, usize) {
+        let mut fs = ACCESS_FS_V1;
+        if abi >= 2 {
+            fs |= ACCESS_FS_REFER;
+        }
+        if abi >= 3 {
+            fs |= ACCESS_FS_TRUNCATE;
+        }
+        if abi >= 5 {
+            fs |= ACCESS_FS_IOCTL_DEV;
+        }
+        let mut attr = RulesetAttr {
+            handled_access_fs: fs,
+            ..Default::default()
+        };
+        let mut size = 8;
+        if abi >= 4 {
+            attr.handled_access_net = ACCESS_NET_BIND_TCP | ACCESS_NET_CONNECT_TCP;
+            size = 16;
+        }
+        if abi >= 6 {
+            attr.scoped = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL;
+            size = 24;
+        }
+        (attr, size)
+    }
+}
+
+/// Restricts this thread (and threads and children it starts) to reading files
+/// and directories under `dir`. The ABI version, or None where the kernel has no
+/// Landlock (it is then not an error: capabilities are dropped all the same).
+fn landlock_read_only(dir: &Path) -> Result<Option<i64>, String> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    // SAFETY: a null attribute with size 0 and the VERSION flag only queries the ABI.
+    let abi = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<landlock::RulesetAttr>(),
+            0usize,
+            landlock::CREATE_RULESET_VERSION,
+        )
+    };
+    if abi < 1 {
+        let e = std::io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ENOSYS) | Some(libc::EOPNOTSUPP) => Ok(None),
+            _ => Err(format!("query landlock: {e}")),
+        };
+    }
+    let (attr, size) = landlock::ruleset(abi);
+    // SAFETY: `attr` is a valid ruleset attribute of at least `size` bytes.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            &attr as *const landlock::RulesetAttr,
+            size,
+            0u32,
+        )
+    };
+    if fd < 0 {
+        return Err(format!(
+            "create a landlock ruleset: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    // SAFETY: the kernel just returned this descriptor; nothing else owns it.
+    let ruleset = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    let parent = rustix::fs::open(
+        dir,
+        rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .map_err(|e| format!("open {}: {e}", dir.display()))?;
+    let rule = landlock::PathBeneathAttr {
+        allowed_access: landlock::ACCESS_FS_READ_FILE | landlock::ACCESS_FS_READ_DIR,
+        parent_fd: parent.as_raw_fd(),
+    };
+    // SAFETY: `ruleset` and `parent` are open descriptors; `rule` is a valid
+    // path-beneath attribute for the duration of the call.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_add_rule,
+            ruleset.as_raw_fd(),
+            landlock::RULE_PATH_BENEATH,
+            &rule as *const landlock::PathBeneathAttr,
+            0u32,
+        )
+    };
+    if r != 0 {
+        return Err(format!(
+            "add the landlock rule for {}: {}",
+            dir.display(),
+            std::io::Error::last_os_error()
+        ));
+    }
+    // SAFETY: `ruleset` is an open ruleset descriptor; no_new_privs is set.
+    let r = unsafe { libc::syscall(libc::SYS_landlock_restrict_self, ruleset.as_raw_fd(), 0u32) };
+    if r != 0 {
+        return Err(format!(
+            "apply landlock: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(Some(abi))
 }
 
 /// SIGTERM, SIGINT and SIGHUP, blocked in this thread (and the threads it starts).

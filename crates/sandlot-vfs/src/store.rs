@@ -127,9 +127,58 @@ pub struct View {
     version: Arc<Version>,
     tree: Tree,
     blobs: BlobStore,
+    /// False for a view loaded without its search index ([`View::load_unindexed`]):
+    /// every document is then a candidate.
+    indexed: bool,
 }
 
 impl View {
+    /// The view of `version` of collection `name` in the store at `store_root` for
+    /// `principal`, loaded for a reader that only browses and reads (the FUSE mount
+    /// helper): the manifest alone, without the trigram index (every document is a
+    /// search candidate, so searches stay correct, only slower), and without opening
+    /// the store for writing. Nothing is cached.
+    pub fn load_unindexed(
+        store_root: &Path,
+        name: &str,
+        version: u64,
+        principal: &Principal,
+    ) -> Result<View, StoreError> {
+        validate_name(name)?;
+        let dir = store_root.join("collections").join(name);
+        let mp = dir.join("versions").join(format!("{version}.json"));
+        let data = fs::read(&mp).map_err(|e| {
+            if e.kind() == io::ErrorKind::NotFound {
+                StoreError::NoSuchVersion {
+                    name: name.to_string(),
+                    version,
+                }
+            } else {
+                StoreError::Io {
+                    op: "read",
+                    path: mp.clone(),
+                    source: e,
+                }
+            }
+        })?;
+        let manifest: Manifest =
+            serde_json::from_slice(&data).map_err(|e| StoreError::Corrupt {
+                path: mp,
+                reason: e.to_string(),
+            })?;
+        let tree = Tree::for_principal(&manifest, principal)?;
+        Ok(View {
+            collection: name.to_string(),
+            version: Arc::new(Version {
+                manifest,
+                index: SearchIndex::build(&[]),
+            }),
+            tree,
+            blobs: BlobStore::new(dir.join("blobs")),
+            indexed: false,
+        })
+    }
+
     /// Collection name.
     pub fn collection(&self) -> &str {
         &self.collection
@@ -177,6 +226,9 @@ impl View {
 
     /// Candidate documents for a trigram query.
     pub(crate) fn candidates(&self, q: &Query) -> Option<Vec<bool>> {
+        if !self.indexed {
+            return None;
+        }
         self.version.index.candidates(q)
     }
 }
@@ -308,6 +360,7 @@ impl Collection {
             version: ver,
             tree,
             blobs: self.blobs.clone(),
+            indexed: true,
         });
         let mut views = self.views.lock().unwrap_or_else(|p| p.into_inner());
         if views.len() >= MAX_CACHED_VIEWS {

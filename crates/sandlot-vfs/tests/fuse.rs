@@ -233,3 +233,85 @@ fn dropping_the_mount_unmounts() {
     .unwrap_err();
     assert!(e.to_string().contains("not a directory"), "{e}");
 }
+
+#[test]
+fn a_mount_made_before_its_view_serves_only_that_view_once_loaded() {
+    use sandlot_vfs::fuse::{mount_slot, ViewSlot};
+    use sandlot_vfs::{StoreError, View};
+    use std::sync::Arc;
+    if !fuse_available() {
+        return;
+    }
+    let src = TempDir::new(Path::new("/tmp"), "fuse-slot-src");
+    std::fs::create_dir_all(src.path.join("src")).unwrap();
+    std::fs::write(src.path.join("a.txt"), b"hello\n").unwrap();
+    std::fs::write(src.path.join("src/secret.txt"), b"eng only\n").unwrap();
+    let sd = TempDir::new(Path::new("/tmp"), "fuse-slot-store");
+    let store = Store::open(&sd.path).unwrap();
+    let policy = AclPolicy {
+        default: Acl::public(),
+        rules: vec![AclRule {
+            pattern: "src/**".into(),
+            acl: Acl::groups(["eng"]),
+        }],
+    };
+    store
+        .create(
+            "s",
+            Source::Dir {
+                path: src.path.clone(),
+            },
+            IngestOptions { acl: policy },
+        )
+        .unwrap();
+    // The view loaded without the index has the same pruned tree as the store's.
+    let anon = Principal::anonymous();
+    let unindexed = View::load_unindexed(&sd.path, "s", 1, &anon).unwrap();
+    let cached = store.collection("s").unwrap().view(&anon).unwrap();
+    assert_eq!(unindexed.tree().len(), cached.tree().len());
+    assert!(matches!(
+        View::load_unindexed(&sd.path, "s", 9, &anon),
+        Err(StoreError::NoSuchVersion { version: 9, .. })
+    ));
+    assert!(View::load_unindexed(&sd.path, "../s", 1, &anon).is_err());
+
+    // Requests made before the view is supplied wait for it, then see only it.
+    let mp = TempDir::new(Path::new("/tmp"), "fuse-slot-mnt");
+    let slot = ViewSlot::new();
+    let m = mount_slot("s", slot.clone(), &mp.path, &MountOptions::default())
+        .unwrap()
+        .serve()
+        .unwrap();
+    let dir = mp.path.clone();
+    let reader = std::thread::spawn(move || {
+        let mut names: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        (names, std::fs::read(dir.join("a.txt")).unwrap())
+    });
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(
+        !reader.is_finished(),
+        "a request was answered before the view existed"
+    );
+    slot.fill(Ok(Arc::new(unindexed)));
+    let (names, a) = reader.join().unwrap();
+    assert_eq!(names, vec!["a.txt".to_string()]);
+    assert_eq!(a, b"hello\n");
+    assert!(std::fs::metadata(mp.path.join("src/secret.txt")).is_err());
+    m.unmount().unwrap();
+
+    // A view that could not be loaded: every request fails with EIO.
+    let slot = ViewSlot::new();
+    slot.fill(Err("no view".into()));
+    let m = mount_slot("s", slot, &mp.path, &MountOptions::default())
+        .unwrap()
+        .serve()
+        .unwrap();
+    let e = std::fs::read_dir(&mp.path).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    m.unmount().unwrap();
+    assert!(!is_mounted(&mp.path));
+}

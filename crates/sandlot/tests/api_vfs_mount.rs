@@ -349,6 +349,53 @@ fn issue7_collection_mount_serves_the_pruned_view_to_real_tools_read_only() {
             let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
             assert!(cg.contains(&id), "helper {pid} is not in the sandbox's cgroup: {cg}");
         }
+        // Once mounted, every thread of each helper (the request threads too) has
+        // no capability left in any set and may not regain one; where the kernel
+        // has Landlock, the helper says it restricted itself to its collection.
+        // SAFETY: a null attribute, size 0 and LANDLOCK_CREATE_RULESET_VERSION only
+        // query the ABI version.
+        let landlock = unsafe {
+            libc::syscall(
+                libc::SYS_landlock_create_ruleset,
+                std::ptr::null::<u8>(),
+                0usize,
+                1u32,
+            )
+        } >= 1;
+        for (pid, mp) in &helpers {
+            let tasks: Vec<_> = std::fs::read_dir(format!("/proc/{pid}/task"))
+                .unwrap()
+                .flatten()
+                .collect();
+            assert!(tasks.len() >= 2, "helper {pid}: no request threads");
+            for t in tasks {
+                let status = std::fs::read_to_string(t.path().join("status")).unwrap();
+                let field = |k: &str| {
+                    status
+                        .lines()
+                        .find_map(|l| l.strip_prefix(k))
+                        .unwrap_or_else(|| panic!("no {k} in {status}"))
+                        .trim()
+                        .to_string()
+                };
+                for k in ["CapInh:", "CapPrm:", "CapEff:", "CapBnd:", "CapAmb:"] {
+                    assert_eq!(
+                        field(k),
+                        "0000000000000000",
+                        "helper {pid} thread {:?}: {k}",
+                        t.file_name()
+                    );
+                }
+                assert_eq!(field("NoNewPrivs:"), "1", "helper {pid}");
+            }
+            let log = std::fs::read_to_string(mp.with_extension("log")).unwrap();
+            assert!(log.contains("confined: no capabilities"), "{log}");
+            if landlock {
+                assert!(log.contains("landlock ABI"), "{log}");
+            } else {
+                eprintln!("SKIPPED (landlock part only): this kernel has no Landlock LSM enabled");
+            }
+        }
 
         // A re-ingest publishes version 2; the sandbox keeps seeing version 1, a new
         // sandbox gets version 2.
