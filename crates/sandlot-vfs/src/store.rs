@@ -171,7 +171,8 @@ impl View {
             collection: name.to_string(),
             version: Arc::new(Version {
                 manifest,
-                index: SearchIndex::build(&[]),
+                // Empty, and free: `build` would allocate its 16M-entry tables.
+                index: SearchIndex::default(),
             }),
             tree,
             blobs: BlobStore::new(dir.join("blobs")),
