@@ -12,9 +12,10 @@ use std::time::{Duration, Instant};
 use sandlot_proto::spec::SandboxSpec;
 
 use crate::cgroup::{Cgroup, CgroupLayout, CgroupLimits};
+use crate::cgroup_stock::CgroupStock;
 use crate::hostimage::{self, HostFacts};
 use crate::mounts::{self, PlanInput};
-use crate::plan::{fds, AgentSetup, InitStatus, SandboxPlan, ID_RANGE};
+use crate::plan::{fds, AgentSetup, InitStatus, SandboxPlan, Trace, ID_RANGE};
 use crate::{sys, Backend, CreateOptions, RuntimeError, SandboxInstance};
 
 /// Operator settings of the namespace backend.
@@ -34,6 +35,10 @@ pub struct RuntimeConfig {
     /// [`crate::zygote`]) instead of exec'ing the binary per create. For long-lived
     /// hosts (the daemon); falls back to exec if the fork server cannot be used.
     pub fork_server: bool,
+    /// Empty cgroups kept made ahead of time (cgroup v1; see
+    /// [`crate::cgroup_stock`]), so a create renames one instead of a `mkdir` per
+    /// hierarchy. 0: none. For long-lived hosts (the daemon).
+    pub cgroup_stock: usize,
 }
 
 impl RuntimeConfig {
@@ -46,6 +51,7 @@ impl RuntimeConfig {
             id_base: 1 << 20,
             id_slots: 8192,
             fork_server: false,
+            cgroup_stock: 0,
         }
     }
 }
@@ -57,6 +63,8 @@ pub struct NamespaceBackend {
     host: HostFacts,
     /// The fork server, started on first use (`RuntimeConfig::fork_server`).
     zygote: std::sync::Mutex<Option<crate::zygote::Zygote>>,
+    /// Cgroups made ahead of time (`RuntimeConfig::cgroup_stock`).
+    stock: std::sync::Mutex<Option<CgroupStock>>,
 }
 
 fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> RuntimeError {
@@ -83,16 +91,36 @@ impl NamespaceBackend {
         )
         .map_err(io_err("chmod run dir"))?;
         sys::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0).map_err(io_err("become child subreaper"))?;
+        // Stocked cgroups of a process that died (a daemon killed with -9).
+        crate::cgroup_stock::sweep_dead(&layout, &cfg.cgroup_parent);
+        let stock = CgroupStock::start(&layout, &cfg.cgroup_parent, cfg.cgroup_stock);
         Ok(NamespaceBackend {
             host: HostFacts::probe(Path::new("/")),
             cfg,
             layout,
             zygote: std::sync::Mutex::new(None),
+            stock: std::sync::Mutex::new(stock),
         })
     }
 
     pub fn config(&self) -> &RuntimeConfig {
         &self.cfg
+    }
+
+    /// Stops the cgroup stock and removes its unused cgroups (at shutdown; creates
+    /// go on without it).
+    pub fn release_stock(&self) {
+        let stock = self.stock.lock().unwrap_or_else(|e| e.into_inner()).take();
+        drop(stock);
+    }
+
+    /// Cgroups in stock right now.
+    pub fn stocked_cgroups(&self) -> usize {
+        self.stock
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map_or(0, |s| s.ready())
     }
 
     pub fn cgroup_layout(&self) -> &CgroupLayout {
@@ -164,7 +192,7 @@ impl NamespaceBackend {
             hostname,
             lifeline,
             netns: opts.netns.is_some(),
-            trace: std::env::var_os("SANDLOT_TRACE_INIT").is_some_and(|v| v == "1"),
+            trace: Trace::enabled(),
         })
     }
 
@@ -564,6 +592,7 @@ impl Backend for NamespaceBackend {
         {
             return Err(RuntimeError::BadId(id.to_string()));
         }
+        let tr = Trace::new(Trace::enabled(), "host  ");
         let dir = self.sandbox_dir(id);
         // The run directory appears atomically with its alive lock already held, so a
         // concurrent `sweep` (another CLI, the daemon) never mistakes it for a dead one.
@@ -577,10 +606,27 @@ impl Backend for NamespaceBackend {
                 pids: spec.resources.pids,
                 cpus: spec.resources.cpus,
             };
-            let cg = Cgroup::create(&self.layout, &self.cfg.cgroup_parent, id, &limits)?;
+            tr.mark("run directory and id range");
+            let stocked = self
+                .stock
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()
+                .and_then(|s| s.take(id, &limits));
+            let cg = match stocked {
+                Some(cg) => {
+                    // Renamed to the id already: removed like any on failure.
+                    cgroup = Some(Cgroup::plan(&self.layout, &self.cfg.cgroup_parent, id));
+                    cg?
+                }
+                None => Cgroup::create(&self.layout, &self.cfg.cgroup_parent, id, &limits)?,
+            };
             cgroup = Some(cg.clone());
+            tr.mark("cgroup created");
             let plan = self.plan(id, spec, id_base, opts.lifeline.is_some(), &cg, &opts)?;
+            tr.mark("planned");
             let pid = self.spawn_init(&plan, &slot_fd, &alive, &mut opts)?;
+            tr.mark("ready");
             let pidfd = sys::pidfd_open(pid).map_err(io_err("pidfd_open"))?;
             Ok(SandboxInstance {
                 id: id.to_string(),
@@ -605,15 +651,20 @@ impl Backend for NamespaceBackend {
     fn terminate(&self, sb: &SandboxInstance) -> Result<(), RuntimeError> {
         // Killing PID 1 kills the whole pid namespace; its mount namespace (root,
         // writable layer, every mount) goes with its last process.
+        let tr = Trace::new(Trace::enabled(), "stop  ");
         let _ = sys::pidfd_send_signal(sb.pidfd.as_fd(), libc::SIGKILL);
         wait_exit(sb, Duration::from_secs(10));
+        tr.mark("pid 1 gone");
         if !sb.cgroup.kill_all(Duration::from_secs(5)) {
             return Err(RuntimeError::Stuck(sb.id.clone()));
         }
+        tr.mark("cgroup empty");
         sb.cgroup.remove(Duration::from_secs(5))?;
         // The shared parent goes too once the last sandbox is gone (EBUSY otherwise).
         sb.cgroup.remove_parent_if_empty();
+        tr.mark("cgroup removed");
         let _ = fs::remove_dir_all(&sb.dir);
+        tr.mark("run directory removed");
         Ok(())
     }
 }
@@ -625,6 +676,15 @@ fn describe_wait(st: i32) -> String {
     } else {
         format!("exit code {}", libc::WEXITSTATUS(st))
     }
+}
+
+/// SIGKILLs the sandbox's PID 1 (its pid namespace dies with it) and waits up to
+/// `timeout` for it to exit; the wait status when we reaped it. [`Backend::terminate`]
+/// does this too, then removes the host's side; calling this first lets a caller
+/// learn that nothing runs any more before that clean-up.
+pub fn kill_pid1(sb: &SandboxInstance, timeout: Duration) -> Option<i32> {
+    let _ = sys::pidfd_send_signal(sb.pidfd.as_fd(), libc::SIGKILL);
+    wait_exit(sb, timeout)
 }
 
 /// Waits for PID 1 to exit: reaps it when we are its (subreaper) parent, otherwise

@@ -105,6 +105,8 @@ fn bind_socket(path: &Path) -> Result<tokio::net::UnixListener, ServerError> {
 
 /// How long a stopping daemon waits for open requests and streams.
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+/// How long a graceful shutdown waits for the host clean-ups of stopped sandboxes.
+const TEARDOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Runs the daemon until `shutdown` resolves. Sandboxes keep running across a
 /// stop and are re-adopted by the next start.
@@ -122,6 +124,7 @@ pub async fn serve(
     rc.run_dir = cfg.runtime.run_dir.clone();
     rc.cgroup_parent = cfg.runtime.cgroup_parent.clone();
     rc.fork_server = cfg.runtime.fork_server;
+    rc.cgroup_stock = cfg.runtime.cgroup_stock;
     let runtime = NamespaceBackend::new(rc)?;
     if cfg.runtime.cgroup_favordynmods {
         use sandlot_runtime::cgroup::{favor_dynamic_modifications, FavorDynmods};
@@ -240,7 +243,15 @@ pub async fn serve(
     }
     state.set_shutting_down();
     pool::Pools::drain(&state).await;
+    // Host clean-ups of sandboxes already recorded as stopped.
+    if !state.teardowns.wait_idle(TEARDOWN_WAIT).await {
+        tracing::warn!(
+            pending = state.teardowns.pending(),
+            "sandbox clean-ups still running after {TEARDOWN_WAIT:?}; the next start finishes them"
+        );
+    }
     network::shutdown(&state).await;
+    state.runtime.release_stock();
     let _ = std::fs::remove_file(&state.cfg.socket);
     res.map_err(io("serve on", &state.cfg.socket))?;
     tracing::info!(
