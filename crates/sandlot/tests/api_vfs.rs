@@ -7,32 +7,12 @@ mod api_support;
 use std::path::Path;
 use std::time::Duration;
 
+use api_support::vfs::{acl, body, tar_of};
 use api_support::{rt, Daemon};
-use bytes::Bytes;
 use sandlot_client::vfs::{
     CreateCollection, IngestCollection, OpenSession, UploadFormat, VfsAcl, VfsAclRule, VfsSource,
 };
 use sandlot_client::Client;
-
-/// A tar archive of `files` (path, content), mtime fixed so re-uploads match.
-fn tar_of(files: &[(&str, &str)]) -> Vec<u8> {
-    let mut b = tar::Builder::new(Vec::new());
-    for (p, c) in files {
-        let mut h = tar::Header::new_ustar();
-        h.set_size(c.len() as u64);
-        h.set_mode(0o644);
-        h.set_mtime(1_700_000_000);
-        h.set_entry_type(tar::EntryType::Regular);
-        b.append_data(&mut h, p, c.as_bytes()).unwrap();
-    }
-    b.into_inner().unwrap()
-}
-
-fn body(
-    v: Vec<u8>,
-) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send + Sync {
-    futures_util::stream::iter(vec![Ok(Bytes::from(v))])
-}
 
 const SITE: &[(&str, &str)] = &[
     (
@@ -49,16 +29,6 @@ const SITE: &[(&str, &str)] = &[
     ),
     ("README.md", "hello\n"),
 ];
-
-fn acl() -> VfsAcl {
-    VfsAcl {
-        default: Some("public".into()),
-        rules: vec![VfsAclRule {
-            pattern: "internal/**".into(),
-            acl: "group:eng".into(),
-        }],
-    }
-}
 
 fn status(e: &sandlot_client::Error) -> (u16, String) {
     (

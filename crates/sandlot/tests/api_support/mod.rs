@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 
 use sandlot_client::{Client, ListFilter};
 
+pub mod vfs;
+
 pub fn sandlot() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_sandlot"))
 }
