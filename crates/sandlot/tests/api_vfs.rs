@@ -387,7 +387,7 @@ fn issue7_vfs_daemon_side_sources_jsonl_and_bad_input() {
 
         // Bad input: each error names the problem.
         let raw = |m: &str, p: &str, b: &str| {
-            let (st, v) = raw(&d.socket, m, p, b);
+            let (st, v) = d.raw(m, p, b);
             (st, v["error"]["field"].as_str().unwrap_or("").to_string(), v)
         };
         let (st, f, v) = raw("POST", "/v1/vfs", r#"{"name": "x", "source": {"kind": "dir", "path": "/tmp"}, "acll": 1}"#);
@@ -437,30 +437,6 @@ fn issue7_vfs_daemon_side_sources_jsonl_and_bad_input() {
     });
     drop(d);
     std::fs::remove_dir_all(&root).unwrap();
-}
-
-/// A raw request on the operator socket: (status, JSON body).
-fn raw(socket: &Path, method: &str, path: &str, body: &str) -> (u16, serde_json::Value) {
-    use std::io::{Read, Write};
-    let mut s = std::os::unix::net::UnixStream::connect(socket).unwrap();
-    let _ = write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    let mut buf = Vec::new();
-    let _ = s.read_to_end(&mut buf);
-    let out = String::from_utf8_lossy(&buf).into_owned();
-    let status: u16 = out[9..12].parse().unwrap();
-    let b = out.split("\r\n\r\n").nth(1).unwrap_or("");
-    let j = b
-        .find('{')
-        .map(|i| &b[i..b.rfind('}').unwrap() + 1])
-        .unwrap_or("null");
-    (
-        status,
-        serde_json::from_str(j).unwrap_or(serde_json::Value::Null),
-    )
 }
 
 #[test]
