@@ -3,10 +3,19 @@
 # Runs as root (CI does). Leaves nothing behind; fails if anything leaked.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# Each phase's start, in seconds since the script began, so slow phases show in CI logs.
+phase() { echo "== test.sh: $1 (at ${SECONDS}s)" >&2; }
+phase "setup"
 bash scripts/setup.sh
 export RUST_BACKTRACE=1
+phase "build"
 cargo build --workspace --all-targets
+phase "cargo tests"
 cargo nextest run --workspace --no-fail-fast "$@"
+phase "Python SDK tests"
 SANDLOT_BIN="${CARGO_TARGET_DIR:-target}/debug/sandlot" .venv/bin/python -m pytest -q -p no:cacheprovider sdk/python/tests
+phase "E2B SDK tests"
 bash tests/e2b/run.sh
+phase "leak check"
 bash scripts/check-leaks.sh
+phase "done"

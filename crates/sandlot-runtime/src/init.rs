@@ -20,7 +20,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixListener;
 use std::path::Path;
 
-use crate::plan::{fds, AgentSetup, InitStatus, SandboxPlan, ID_RANGE};
+use crate::plan::{fds, AgentSetup, InitStatus, SandboxPlan, Trace, ID_RANGE};
 use crate::{mounts, seccomp, security, sys};
 
 /// What PID 1 hands to the agent once the sandbox is built.
@@ -40,32 +40,6 @@ fn status(s: &InitStatus) {
     let mut line = serde_json::to_vec(s).unwrap_or_default();
     line.push(b'\n');
     let _ = sys::write_all_fd(fd, &line);
-}
-
-/// Per-phase timing for `SandboxPlan::trace`.
-struct Trace {
-    on: bool,
-    start: std::time::Instant,
-    who: &'static str,
-}
-
-impl Trace {
-    fn new(on: bool, who: &'static str) -> Trace {
-        Trace {
-            on,
-            start: std::time::Instant::now(),
-            who,
-        }
-    }
-    fn mark(&self, what: &str) {
-        if self.on {
-            eprintln!(
-                "sandlot-init {} +{:>7.3} ms {what}",
-                self.who,
-                self.start.elapsed().as_secs_f64() * 1e3
-            );
-        }
-    }
 }
 
 fn fail(stage: &str, e: impl std::fmt::Display) -> ! {

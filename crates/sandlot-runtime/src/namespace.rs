@@ -14,7 +14,7 @@ use sandlot_proto::spec::SandboxSpec;
 use crate::cgroup::{Cgroup, CgroupLayout, CgroupLimits};
 use crate::hostimage::{self, HostFacts};
 use crate::mounts::{self, PlanInput};
-use crate::plan::{fds, AgentSetup, InitStatus, SandboxPlan, ID_RANGE};
+use crate::plan::{fds, AgentSetup, InitStatus, SandboxPlan, Trace, ID_RANGE};
 use crate::{sys, Backend, CreateOptions, RuntimeError, SandboxInstance};
 
 /// Operator settings of the namespace backend.
@@ -164,7 +164,7 @@ impl NamespaceBackend {
             hostname,
             lifeline,
             netns: opts.netns.is_some(),
-            trace: std::env::var_os("SANDLOT_TRACE_INIT").is_some_and(|v| v == "1"),
+            trace: Trace::enabled(),
         })
     }
 
@@ -564,6 +564,7 @@ impl Backend for NamespaceBackend {
         {
             return Err(RuntimeError::BadId(id.to_string()));
         }
+        let tr = Trace::new(Trace::enabled(), "host  ");
         let dir = self.sandbox_dir(id);
         // The run directory appears atomically with its alive lock already held, so a
         // concurrent `sweep` (another CLI, the daemon) never mistakes it for a dead one.
@@ -577,10 +578,14 @@ impl Backend for NamespaceBackend {
                 pids: spec.resources.pids,
                 cpus: spec.resources.cpus,
             };
+            tr.mark("run directory and id range");
             let cg = Cgroup::create(&self.layout, &self.cfg.cgroup_parent, id, &limits)?;
             cgroup = Some(cg.clone());
+            tr.mark("cgroup created");
             let plan = self.plan(id, spec, id_base, opts.lifeline.is_some(), &cg, &opts)?;
+            tr.mark("planned");
             let pid = self.spawn_init(&plan, &slot_fd, &alive, &mut opts)?;
+            tr.mark("ready");
             let pidfd = sys::pidfd_open(pid).map_err(io_err("pidfd_open"))?;
             Ok(SandboxInstance {
                 id: id.to_string(),
@@ -605,15 +610,20 @@ impl Backend for NamespaceBackend {
     fn terminate(&self, sb: &SandboxInstance) -> Result<(), RuntimeError> {
         // Killing PID 1 kills the whole pid namespace; its mount namespace (root,
         // writable layer, every mount) goes with its last process.
+        let tr = Trace::new(Trace::enabled(), "stop  ");
         let _ = sys::pidfd_send_signal(sb.pidfd.as_fd(), libc::SIGKILL);
         wait_exit(sb, Duration::from_secs(10));
+        tr.mark("pid 1 gone");
         if !sb.cgroup.kill_all(Duration::from_secs(5)) {
             return Err(RuntimeError::Stuck(sb.id.clone()));
         }
+        tr.mark("cgroup empty");
         sb.cgroup.remove(Duration::from_secs(5))?;
         // The shared parent goes too once the last sandbox is gone (EBUSY otherwise).
         sb.cgroup.remove_parent_if_empty();
+        tr.mark("cgroup removed");
         let _ = fs::remove_dir_all(&sb.dir);
+        tr.mark("run directory removed");
         Ok(())
     }
 }
@@ -625,6 +635,15 @@ fn describe_wait(st: i32) -> String {
     } else {
         format!("exit code {}", libc::WEXITSTATUS(st))
     }
+}
+
+/// SIGKILLs the sandbox's PID 1 (its pid namespace dies with it) and waits up to
+/// `timeout` for it to exit; the wait status when we reaped it. [`Backend::terminate`]
+/// does this too, then removes the host's side; calling this first lets a caller
+/// learn that nothing runs any more before that clean-up.
+pub fn kill_pid1(sb: &SandboxInstance, timeout: Duration) -> Option<i32> {
+    let _ = sys::pidfd_send_signal(sb.pidfd.as_fd(), libc::SIGKILL);
+    wait_exit(sb, timeout)
 }
 
 /// Waits for PID 1 to exit: reaps it when we are its (subreaper) parent, otherwise

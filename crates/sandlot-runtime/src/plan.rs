@@ -75,3 +75,36 @@ pub enum InitStatus {
         message: String,
     },
 }
+
+/// Per-phase timing printed to stderr when `SANDLOT_TRACE_INIT=1` (see
+/// `SandboxPlan::trace`): the helper, PID 1 and the host's create and terminate.
+pub(crate) struct Trace {
+    on: bool,
+    start: std::time::Instant,
+    who: &'static str,
+}
+
+impl Trace {
+    pub(crate) fn new(on: bool, who: &'static str) -> Trace {
+        Trace {
+            on,
+            start: std::time::Instant::now(),
+            who,
+        }
+    }
+
+    /// Whether `SANDLOT_TRACE_INIT=1` is set in this process's environment.
+    pub(crate) fn enabled() -> bool {
+        std::env::var_os("SANDLOT_TRACE_INIT").is_some_and(|v| v == "1")
+    }
+
+    pub(crate) fn mark(&self, what: &str) {
+        if self.on {
+            eprintln!(
+                "sandlot-init {} +{:>7.3} ms {what}",
+                self.who,
+                self.start.elapsed().as_secs_f64() * 1e3
+            );
+        }
+    }
+}

@@ -106,6 +106,8 @@ fn bind_socket(path: &Path) -> Result<tokio::net::UnixListener, ServerError> {
 
 /// How long a stopping daemon waits for open requests and streams.
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+/// How long a graceful shutdown waits for the host clean-ups of stopped sandboxes.
+const TEARDOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Runs the daemon until `shutdown` resolves. Sandboxes keep running across a
 /// stop and are re-adopted by the next start.
@@ -241,6 +243,13 @@ pub async fn serve(
     }
     state.set_shutting_down();
     pool::Pools::drain(&state).await;
+    // Host clean-ups of sandboxes already recorded as stopped.
+    if !state.teardowns.wait_idle(TEARDOWN_WAIT).await {
+        tracing::warn!(
+            pending = state.teardowns.pending(),
+            "sandbox clean-ups still running after {TEARDOWN_WAIT:?}; the next start finishes them"
+        );
+    }
     network::shutdown(&state).await;
     let _ = std::fs::remove_file(&state.cfg.socket);
     res.map_err(io("serve on", &state.cfg.socket))?;

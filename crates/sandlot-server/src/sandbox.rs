@@ -705,37 +705,24 @@ pub async fn own(state: Arc<AppState>, h: Arc<SandboxHandle>, adopted: bool) {
     }
     crate::ports::close_sandbox(&state, &h.id).await;
     let (usage, _) = h.usage();
+    // First the processes: once PID 1 is gone, its pid namespace is, so nothing of
+    // the sandbox runs any more and its record can be final. The caller of a delete
+    // waits for this much only.
     let h2 = h.clone();
-    let rt = state.runtime.clone();
-    let images = state.images.clone();
-    let st = state.clone();
-    let res = tokio::task::spawn_blocking(move || {
-        let status = if pid1_exited {
+    let status = tokio::task::spawn_blocking(move || {
+        if pid1_exited {
             sandlot_runtime::namespace::wait_exit(&h2.inst, Duration::from_millis(200))
         } else {
-            None
-        };
-        let term = rt.terminate(&h2.inst);
-        images.release(&h2.id);
-        crate::network::release(&st, &h2.id);
-        st.collection_mounts.release(&h2.id);
-        (status, term)
+            sandlot_runtime::namespace::kill_pid1(&h2.inst, Duration::from_secs(10))
+        }
     })
-    .await;
-    let (status, term) = match res {
-        Ok(v) => v,
-        Err(e) => (None, Err(RuntimeError::Init(format!("teardown task: {e}")))),
-    };
+    .await
+    .unwrap_or(None);
     let exit = match status {
         Some(st) if libc::WIFEXITED(st) => (Some(libc::WEXITSTATUS(st)), None),
         Some(st) if libc::WIFSIGNALED(st) => (None, Some(libc::WTERMSIG(st))),
         _ => (None, None),
     };
-    let mut error = None;
-    if let Err(e) = &term {
-        tracing::error!("tear down: {e}");
-        error = Some("teardown failed; the operator has details in the daemon log");
-    }
     if reason == EndReason::Exited {
         tracing::warn!(code = ?exit.0, signal = ?exit.1, "the sandbox's PID 1 exited on its own");
     }
@@ -744,15 +731,43 @@ pub async fn own(state: Arc<AppState>, h: Arc<SandboxHandle>, adopted: bool) {
     }
     if let Err(e) = state
         .store
-        .mark_stopped(&h.id, reason, exit, error, now_ms())
+        .mark_stopped(&h.id, reason, exit, None, now_ms())
     {
         tracing::error!("record stopped: {e}");
     }
+    // Then the host's side (cgroups, run directory, network slot, image and mount
+    // references), off the caller's path; a graceful shutdown waits for it, and the
+    // next start's reconcile finishes one a crash interrupted.
+    let cleanup = state.teardowns.begin();
     state.unregister(&h.id);
     state.metrics.live_sandboxes.fetch_sub(1, Ordering::Relaxed);
     state.metrics.stopped(reason.as_str());
     let _ = h.stopped.send(true);
     tracing::info!(reason = reason.as_str(), "sandbox stopped");
+    let h2 = h.clone();
+    let rt = state.runtime.clone();
+    let images = state.images.clone();
+    let st = state.clone();
+    let term = tokio::task::spawn_blocking(move || {
+        let term = rt.terminate(&h2.inst);
+        images.release(&h2.id);
+        crate::network::release(&st, &h2.id);
+        st.collection_mounts.release(&h2.id);
+        term
+    })
+    .await
+    .unwrap_or_else(|e| Err(RuntimeError::Init(format!("teardown task: {e}"))));
+    if let Err(e) = term {
+        tracing::error!("tear down: {e}");
+        if let Err(e) = state.store.record_teardown_error(
+            &h.id,
+            "teardown failed; the operator has details in the daemon log",
+        ) {
+            tracing::error!("record teardown error: {e}");
+        }
+    }
+    drop(cleanup);
+    tracing::debug!("sandbox cleaned up");
 }
 
 /// On start: re-adopts sandboxes whose PID 1 survived, records the others as lost,

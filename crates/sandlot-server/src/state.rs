@@ -34,6 +34,54 @@ pub struct AppState {
     pub vfs: crate::vfs::VfsService,
     /// Collections mounted into sandboxes (see `collection_mount.rs`).
     pub collection_mounts: crate::collection_mount::CollectionMounts,
+    /// Host clean-ups still running for sandboxes already recorded as stopped.
+    pub teardowns: Teardowns,
+}
+
+/// Counts the host clean-ups that run after a sandbox is recorded as stopped (its
+/// cgroups, run directory, network slot, image and mount references), so that a
+/// graceful shutdown can wait for them. One that a crash interrupts is finished by
+/// the next start's reconcile.
+#[derive(Default)]
+pub struct Teardowns {
+    pending: std::sync::atomic::AtomicUsize,
+    idle: tokio::sync::Notify,
+}
+
+/// One running clean-up; dropping it marks it done.
+pub struct TeardownGuard<'a>(&'a Teardowns);
+
+impl Teardowns {
+    pub fn begin(&self) -> TeardownGuard<'_> {
+        self.pending.fetch_add(1, Ordering::SeqCst);
+        TeardownGuard(self)
+    }
+
+    pub fn pending(&self) -> usize {
+        self.pending.load(Ordering::SeqCst)
+    }
+
+    /// Waits until no clean-up runs, for at most `timeout`; false if some still do.
+    pub async fn wait_idle(&self, timeout: std::time::Duration) -> bool {
+        let wait = async {
+            loop {
+                let idle = self.idle.notified();
+                if self.pending() == 0 {
+                    return;
+                }
+                idle.await;
+            }
+        };
+        tokio::time::timeout(timeout, wait).await.is_ok()
+    }
+}
+
+impl Drop for TeardownGuard<'_> {
+    fn drop(&mut self) {
+        if self.0.pending.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
 }
 
 impl AppState {
@@ -65,6 +113,7 @@ impl AppState {
             shutting_down: AtomicBool::new(false),
             net: std::sync::OnceLock::new(),
             published: crate::ports::Published::default(),
+            teardowns: Teardowns::default(),
         }
     }
 

@@ -611,6 +611,23 @@ impl Store {
         Ok(())
     }
 
+    /// Records that the host clean-up after a stop failed (the record is already
+    /// stopped; the error shows in the sandbox's view and events).
+    pub fn record_teardown_error(&self, id: &str, error: &str) -> Result<(), StoreError> {
+        let c = self.lock();
+        c.execute(
+            "UPDATE sandboxes SET error = COALESCE(error, ?2) WHERE id = ?1",
+            params![id, error],
+        )
+        .map_err(sql("record teardown error"))?;
+        c.execute(
+            "INSERT INTO events (sandbox_id, at, kind, message) VALUES (?1, ?2, 'teardown_failed', ?3)",
+            params![id, now_ms(), error],
+        )
+        .map_err(sql("insert event"))?;
+        Ok(())
+    }
+
     pub fn set_expiry(&self, id: &str, expires_at: i64) -> Result<(), StoreError> {
         let c = self.lock();
         c.execute(

@@ -1,0 +1,162 @@
+//! The cgroup v2 code on a real v2 hierarchy (root only).
+//!
+//! This host is hybrid: its controllers are bound to v1 hierarchies and the v2 one
+//! (`/sys/fs/cgroup/unified`) offers none of memory, pids or cpu, so sandboxes here
+//! run on v1. What v2 gives every cgroup without controllers still runs for real
+//! here: `cgroup.procs`, `cgroup.freeze` with `cgroup.events`, `cgroup.kill`,
+//! `cpu.stat` and removal; and a create on a hierarchy that lacks the memory
+//! controller must fail with a clear error and leave nothing behind. Limits on a
+//! v2 host with controllers are covered by the unit tests of `limit_writes`.
+
+use std::io::Read;
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use sandlot_runtime::cgroup::{Cgroup, CgroupError, CgroupLayout, CgroupLimits};
+
+/// The first cgroup2 mount point, if any.
+fn v2_mount() -> Option<PathBuf> {
+    let mi = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    mi.lines().find_map(|l| {
+        let (pre, post) = l.split_once(" - ")?;
+        if post.split(' ').next()? != "cgroup2" {
+            return None;
+        }
+        pre.split(' ').nth(4).map(PathBuf::from)
+    })
+}
+
+/// Kills the child and removes the test's cgroups however the test ends.
+struct Cleanup {
+    child: Option<Child>,
+    dirs: Vec<PathBuf>,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        if let Some(c) = self.child.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        for d in &self.dirs {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}
+
+fn output_len(p: &std::path::Path) -> u64 {
+    std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)
+}
+
+#[test]
+fn issue2_cgroup_v2_files_work_on_a_real_v2_hierarchy() {
+    if !is_root() {
+        eprintln!("SKIPPED issue2_cgroup_v2_files_work_on_a_real_v2_hierarchy: needs root");
+        return;
+    }
+    let Some(root) = v2_mount() else {
+        eprintln!(
+            "SKIPPED issue2_cgroup_v2_files_work_on_a_real_v2_hierarchy: \
+             no cgroup2 hierarchy is mounted on this host"
+        );
+        return;
+    };
+    let controllers = std::fs::read_to_string(root.join("cgroup.controllers")).unwrap();
+    let layout = CgroupLayout::V2 { root: root.clone() };
+    let parent = format!("sandlot-v2test-{}", std::process::id());
+    let parent_dir = root.join(&parent);
+    let mut guard = Cleanup {
+        child: None,
+        dirs: vec![root.join(&parent).join("cg"), parent_dir.clone()],
+    };
+
+    // 1. Without the memory controller a create fails, naming the file, and leaves
+    //    no cgroup of its own behind.
+    if !controllers.split_whitespace().any(|c| c == "memory") {
+        let limits = CgroupLimits {
+            memory_bytes: 64 << 20,
+            pids: 64,
+            cpus: None,
+        };
+        let e = Cgroup::create(&layout, &parent, "refused", &limits).unwrap_err();
+        let CgroupError::Write { path, .. } = &e else {
+            panic!("expected a write error, got {e}")
+        };
+        assert!(path.ends_with("refused/memory.max"), "{e}");
+        assert!(e.to_string().contains("memory.max"), "{e}");
+        assert!(!parent_dir.join("refused").exists());
+    }
+
+    // 2. The controller-free files, through the same code the runtime uses.
+    let cg = Cgroup::plan(&layout, &parent, "cg");
+    std::fs::create_dir_all(parent_dir.join("cg")).unwrap();
+    assert!(cg.exists());
+    let out = std::env::temp_dir().join(format!("sandlot-v2test-{}.out", std::process::id()));
+    let out_file = std::fs::File::create(&out).unwrap();
+    let child = Command::new("/bin/sh")
+        .args(["-c", "while :; do echo tick; done"])
+        .stdout(Stdio::from(out_file))
+        .spawn()
+        .unwrap();
+    let pid = child.id() as i32;
+    guard.child = Some(child);
+    cg.attach(pid).unwrap();
+    assert_eq!(cg.pids(), vec![pid]);
+    let own = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    assert!(
+        own.lines()
+            .any(|l| l.starts_with("0::") && l.ends_with(&format!("/{parent}/cg"))),
+        "{own}"
+    );
+
+    // Frozen: the loop makes no progress; thawed: it does again.
+    cg.freeze(true, Duration::from_secs(5)).unwrap();
+    let events = std::fs::read_to_string(parent_dir.join("cg/cgroup.events")).unwrap();
+    assert!(events.lines().any(|l| l == "frozen 1"), "{events}");
+    let before = output_len(&out);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        output_len(&out),
+        before,
+        "a frozen cgroup's process kept writing"
+    );
+    cg.freeze(false, Duration::from_secs(5)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while output_len(&out) == before && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        output_len(&out) > before,
+        "the thawed process did not run again"
+    );
+
+    // cpu.stat exists in every v2 cgroup: the busy loop has used CPU.
+    assert!(cg.usage().cpu_usec > 0, "{:?}", cg.usage());
+
+    // cgroup.kill ends everything in it.
+    assert!(cg.kill_all(Duration::from_secs(5)));
+    let mut child = guard.child.take().unwrap();
+    let st = child.wait().unwrap();
+    assert_eq!(st.signal(), Some(libc::SIGKILL), "{st:?}");
+    assert!(cg.pids().is_empty());
+
+    cg.remove(Duration::from_secs(5)).unwrap();
+    assert!(!cg.exists());
+    cg.remove_parent_if_empty();
+    assert!(!parent_dir.exists());
+    let mut s = String::new();
+    let _ = std::fs::File::open(&out).and_then(|mut f| f.read_to_string(&mut s));
+    assert!(s.starts_with("tick\n"));
+    let _ = std::fs::remove_file(&out);
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|ids| ids.split_whitespace().nth(1).map(|e| e == "0"))
+        .unwrap_or(false)
+}
