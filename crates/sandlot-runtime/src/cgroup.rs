@@ -282,6 +282,21 @@ impl Cgroup {
         name: &str,
         limits: &CgroupLimits,
     ) -> Result<Cgroup, CgroupError> {
+        let cg = Cgroup::make_dirs(layout, parent, name)?;
+        if let Err(e) = cg.write_limits(layout, limits) {
+            let _ = cg.remove(Duration::from_millis(100));
+            return Err(e);
+        }
+        Ok(cg)
+    }
+
+    /// Creates the directories (and the parent, enabling v2 controllers on the way),
+    /// without limits. On failure, whatever was created is removed.
+    pub fn make_dirs(
+        layout: &CgroupLayout,
+        parent: &str,
+        name: &str,
+    ) -> Result<Cgroup, CgroupError> {
         let cg = Cgroup::plan(layout, parent, name);
         let r = (|| {
             if let CgroupLayout::V2 { root } = layout {
@@ -303,18 +318,6 @@ impl Cgroup {
                     }
                 }
             }
-            for (ctrl, file, value) in limit_writes(layout, limits) {
-                let Some(dir) = cg.dir_of(ctrl) else { continue };
-                let path = dir.join(file);
-                // memsw exists only with swap accounting; absent is fine.
-                if file == "memory.memsw.limit_in_bytes" && !path.exists() {
-                    continue;
-                }
-                if file == "memory.swap.max" && !path.exists() {
-                    continue;
-                }
-                write_file(path, &value)?;
-            }
             Ok(())
         })();
         if let Err(e) = r {
@@ -322,6 +325,29 @@ impl Cgroup {
             return Err(e);
         }
         Ok(cg)
+    }
+
+    /// Writes `limits` into the cgroup's files (see [`limit_writes`]).
+    pub fn write_limits(
+        &self,
+        layout: &CgroupLayout,
+        limits: &CgroupLimits,
+    ) -> Result<(), CgroupError> {
+        for (ctrl, file, value) in limit_writes(layout, limits) {
+            let Some(dir) = self.dir_of(ctrl) else {
+                continue;
+            };
+            let path = dir.join(file);
+            // memsw exists only with swap accounting; absent is fine.
+            if file == "memory.memsw.limit_in_bytes" && !path.exists() {
+                continue;
+            }
+            if file == "memory.swap.max" && !path.exists() {
+                continue;
+            }
+            write_file(path, &value)?;
+        }
+        Ok(())
     }
 
     fn dir_of(&self, ctrl: &str) -> Option<&Path> {

@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use sandlot_proto::spec::{SandboxSpec, SpecError};
 
 pub mod cgroup;
+pub mod cgroup_stock;
 pub mod hostimage;
 pub mod init;
 pub mod mounts;

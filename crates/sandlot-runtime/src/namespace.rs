@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use sandlot_proto::spec::SandboxSpec;
 
 use crate::cgroup::{Cgroup, CgroupLayout, CgroupLimits};
+use crate::cgroup_stock::CgroupStock;
 use crate::hostimage::{self, HostFacts};
 use crate::mounts::{self, PlanInput};
 use crate::plan::{fds, AgentSetup, InitStatus, SandboxPlan, Trace, ID_RANGE};
@@ -34,6 +35,10 @@ pub struct RuntimeConfig {
     /// [`crate::zygote`]) instead of exec'ing the binary per create. For long-lived
     /// hosts (the daemon); falls back to exec if the fork server cannot be used.
     pub fork_server: bool,
+    /// Empty cgroups kept made ahead of time (cgroup v1; see
+    /// [`crate::cgroup_stock`]), so a create renames one instead of a `mkdir` per
+    /// hierarchy. 0: none. For long-lived hosts (the daemon).
+    pub cgroup_stock: usize,
 }
 
 impl RuntimeConfig {
@@ -46,6 +51,7 @@ impl RuntimeConfig {
             id_base: 1 << 20,
             id_slots: 8192,
             fork_server: false,
+            cgroup_stock: 0,
         }
     }
 }
@@ -57,6 +63,8 @@ pub struct NamespaceBackend {
     host: HostFacts,
     /// The fork server, started on first use (`RuntimeConfig::fork_server`).
     zygote: std::sync::Mutex<Option<crate::zygote::Zygote>>,
+    /// Cgroups made ahead of time (`RuntimeConfig::cgroup_stock`).
+    stock: std::sync::Mutex<Option<CgroupStock>>,
 }
 
 fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> RuntimeError {
@@ -83,16 +91,36 @@ impl NamespaceBackend {
         )
         .map_err(io_err("chmod run dir"))?;
         sys::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0).map_err(io_err("become child subreaper"))?;
+        // Stocked cgroups of a process that died (a daemon killed with -9).
+        crate::cgroup_stock::sweep_dead(&layout, &cfg.cgroup_parent);
+        let stock = CgroupStock::start(&layout, &cfg.cgroup_parent, cfg.cgroup_stock);
         Ok(NamespaceBackend {
             host: HostFacts::probe(Path::new("/")),
             cfg,
             layout,
             zygote: std::sync::Mutex::new(None),
+            stock: std::sync::Mutex::new(stock),
         })
     }
 
     pub fn config(&self) -> &RuntimeConfig {
         &self.cfg
+    }
+
+    /// Stops the cgroup stock and removes its unused cgroups (at shutdown; creates
+    /// go on without it).
+    pub fn release_stock(&self) {
+        let stock = self.stock.lock().unwrap_or_else(|e| e.into_inner()).take();
+        drop(stock);
+    }
+
+    /// Cgroups in stock right now.
+    pub fn stocked_cgroups(&self) -> usize {
+        self.stock
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map_or(0, |s| s.ready())
     }
 
     pub fn cgroup_layout(&self) -> &CgroupLayout {
@@ -579,7 +607,20 @@ impl Backend for NamespaceBackend {
                 cpus: spec.resources.cpus,
             };
             tr.mark("run directory and id range");
-            let cg = Cgroup::create(&self.layout, &self.cfg.cgroup_parent, id, &limits)?;
+            let stocked = self
+                .stock
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()
+                .and_then(|s| s.take(id, &limits));
+            let cg = match stocked {
+                Some(cg) => {
+                    // Renamed to the id already: removed like any on failure.
+                    cgroup = Some(Cgroup::plan(&self.layout, &self.cfg.cgroup_parent, id));
+                    cg?
+                }
+                None => Cgroup::create(&self.layout, &self.cfg.cgroup_parent, id, &limits)?,
+            };
             cgroup = Some(cg.clone());
             tr.mark("cgroup created");
             let plan = self.plan(id, spec, id_base, opts.lifeline.is_some(), &cg, &opts)?;

@@ -125,6 +125,7 @@ pub async fn serve(
     rc.run_dir = cfg.runtime.run_dir.clone();
     rc.cgroup_parent = cfg.runtime.cgroup_parent.clone();
     rc.fork_server = cfg.runtime.fork_server;
+    rc.cgroup_stock = cfg.runtime.cgroup_stock;
     let runtime = NamespaceBackend::new(rc)?;
     if cfg.runtime.cgroup_favordynmods {
         use sandlot_runtime::cgroup::{favor_dynamic_modifications, FavorDynmods};
@@ -251,6 +252,7 @@ pub async fn serve(
         );
     }
     network::shutdown(&state).await;
+    state.runtime.release_stock();
     let _ = std::fs::remove_file(&state.cfg.socket);
     res.map_err(io("serve on", &state.cfg.socket))?;
     tracing::info!(
