@@ -169,6 +169,18 @@ pub struct FileStatus {
     pub error: Option<String>,
 }
 
+impl FileStatus {
+    /// Whether a status listing shows the file without being asked for every file: its index
+    /// is not fresh, it has an uncommitted change, vectors are missing or its front matter
+    /// is bad.
+    pub fn needs_attention(&self) -> bool {
+        self.index != Freshness::Fresh
+            || self.git.is_some()
+            || self.missing_vectors > 0
+            || self.error.is_some()
+    }
+}
+
 /// What a [`Store::sync`] did.
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
 pub struct SyncReport {

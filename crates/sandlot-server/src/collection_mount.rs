@@ -178,28 +178,6 @@ pub fn has_collection_mounts(spec: &SandboxSpec) -> bool {
         .any(|m| matches!(m, MountSpec::Collection { .. }))
 }
 
-/// Live sandboxes of `tenant` that mount collection `name` (a collection they
-/// mount cannot be removed: its content is read in place).
-pub fn mounted_by(state: &crate::state::AppState, tenant: &str, name: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    for h in state.all_live() {
-        if h.tenant != tenant {
-            continue;
-        }
-        if let Ok(Some(rec)) = state.store.get_sandbox(&h.id) {
-            let uses = rec.spec["mounts"].as_array().is_some_and(|ms| {
-                ms.iter()
-                    .any(|m| m["type"] == "collection" && m["collection"] == name)
-            });
-            if uses {
-                out.push(h.id.clone());
-            }
-        }
-    }
-    out.sort();
-    out
-}
-
 /// The helpers and mounts of every sandbox.
 pub struct CollectionMounts {
     root: PathBuf,

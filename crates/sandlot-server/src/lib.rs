@@ -14,6 +14,7 @@ pub mod error;
 pub mod images;
 pub mod memory;
 pub mod metrics;
+pub mod mount_users;
 pub mod network;
 pub mod openapi;
 pub mod pool;

@@ -524,7 +524,7 @@ mod enabled {
                     match op {
                         MemoryOp::Add(body) => {
                             let b: AddBody = from_value(body)?;
-                            let f = NewMemory {
+                            let new = NewMemory {
                                 title: b.title,
                                 body: b.body,
                                 folder: b.folder,
@@ -536,7 +536,6 @@ mod enabled {
                                 valid_from: b.valid_from,
                                 valid_to: b.valid_to,
                             };
-                            let new = f;
                             let out = match b.supersedes {
                                 Some(old) => s.supersede(&old, new, &author),
                                 None => s.add(new, &author),
@@ -588,12 +587,7 @@ mod enabled {
                             let files = s.status().map_err(e)?;
                             let files: Vec<_> = files
                                 .into_iter()
-                                .filter(|f| {
-                                    all || f.index != sandlot_memory::Freshness::Fresh
-                                        || f.git.is_some()
-                                        || f.missing_vectors > 0
-                                        || f.error.is_some()
-                                })
+                                .filter(|f| all || f.needs_attention())
                                 .collect();
                             let (nf, nc, nv) = s.counts().map_err(e)?;
                             ok(serde_json::json!({

@@ -24,8 +24,8 @@ use sandlot_proto::api::vfs::{
     VfsSource,
 };
 use sandlot_vfs::{
-    Acl, AclPolicy, AclRule, AuditFilter, IngestOptions, IngestReport, Limits, Principal,
-    S3Credentials, S3Options, ScratchLimits, Source, Store, StoreError,
+    Acl, AclPolicy, AclRule, AuditFilter, AuditRecord, IngestOptions, IngestReport, Limits,
+    Principal, S3Credentials, S3Options, ScratchLimits, Source, Store, StoreError,
 };
 
 use crate::config::VfsSection;
@@ -653,22 +653,7 @@ impl VfsService {
                 last,
             })
             .map_err(|e| ApiError::internal(chain(&e)))?;
-        Ok(recs
-            .into_iter()
-            .map(|r| AuditEntry {
-                at: rfc3339(r.ts_ms as i64),
-                collection: r.collection,
-                version: r.version,
-                session: format!("vs_{}", r.session),
-                principal: r.principal,
-                command: r.command,
-                exit_code: r.exit_code,
-                stdout_bytes: r.stdout_bytes,
-                stderr_bytes: r.stderr_bytes,
-                truncated: r.truncated,
-                duration_ms: r.duration_us as f64 / 1000.0,
-            })
-            .collect())
+        Ok(recs.into_iter().map(audit_entry).collect())
     }
 
     /// Removes uploads left staged by a daemon that died mid-ingest.
@@ -703,7 +688,26 @@ pub fn check_principal(principal: &str, groups: &[String]) -> ApiResult<()> {
     Ok(())
 }
 
-fn ingest_result(r: IngestReport) -> IngestResult {
+/// The API's account of an audit record (the daemon's answer; `sandlot vfs --local log`
+/// prints it too).
+pub fn audit_entry(r: AuditRecord) -> AuditEntry {
+    AuditEntry {
+        at: rfc3339(r.ts_ms as i64),
+        collection: r.collection,
+        version: r.version,
+        session: format!("vs_{}", r.session),
+        principal: r.principal,
+        command: r.command,
+        exit_code: r.exit_code,
+        stdout_bytes: r.stdout_bytes,
+        stderr_bytes: r.stderr_bytes,
+        truncated: r.truncated,
+        duration_ms: r.duration_us as f64 / 1000.0,
+    }
+}
+
+/// The API's account of an ingest (the daemon's answer; `sandlot vfs --local` prints it too).
+pub fn ingest_result(r: IngestReport) -> IngestResult {
     IngestResult {
         version: r.version,
         previous_version: r.previous_version,

@@ -10,6 +10,8 @@ mod bench;
 #[cfg(feature = "memory")]
 mod memory_cmd;
 #[cfg(feature = "memory")]
+mod memory_output;
+#[cfg(feature = "memory")]
 mod memory_remote;
 mod run;
 mod run_session;

@@ -1,15 +1,18 @@
 //! `sandlot memory ...`: memory stores (Markdown in git) with offline hybrid search.
 
 use std::io::Read;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use clap::{Subcommand, ValueEnum};
 use sandlot_memory::{
-    memory_tool, Author, Embedder, Freshness, HttpEmbedder, MemoryPatch, MiniLmEmbedder, NewMemory,
+    memory_tool, Author, Embedder, HttpEmbedder, MemoryPatch, MiniLmEmbedder, NewMemory,
     SearchMode, SearchQuery, Store, Validity,
 };
+use serde_json::json;
+
+use crate::memory_output::{Origin, Printer};
 
 #[derive(Debug, clap::Args)]
 pub struct MemoryArgs {
@@ -248,325 +251,341 @@ fn read_body(body: Option<String>, file: Option<PathBuf>) -> anyhow::Result<Opti
     }
 }
 
-fn print_json<T: serde::Serialize>(v: &T) -> anyhow::Result<()> {
-    println!("{}", serde_json::to_string_pretty(v)?);
-    Ok(())
-}
-
 pub(crate) fn parse_at(s: &str) -> anyhow::Result<i64> {
     sandlot_memory::doc::parse_time(s)
         .with_context(|| format!("--at {s:?} is not RFC 3339 or YYYY-MM-DD"))
 }
 
-pub fn run(args: MemoryArgs) -> anyhow::Result<i32> {
-    if let Some(name) = &args.remote.remote {
-        let body = match &args.cmd {
+impl From<ModeArg> for SearchMode {
+    fn from(m: ModeArg) -> SearchMode {
+        match m {
+            ModeArg::Hybrid => SearchMode::Hybrid,
+            ModeArg::Bm25 => SearchMode::Bm25,
+            ModeArg::Vector => SearchMode::Vector,
+        }
+    }
+}
+
+/// A command with its arguments checked and its inputs read: what both modes carry out, on
+/// a store directory ([`run`]) or through the daemon ([`crate::memory_remote`]).
+#[derive(Debug)]
+pub(crate) enum Request {
+    Init,
+    Add {
+        new: NewMemory,
+        /// Key of the memory the new one supersedes.
+        supersedes: Option<String>,
+    },
+    Get {
+        key: String,
+        rev: Option<String>,
+    },
+    /// An empty patch (no field flags): an editor session, which only the local mode has.
+    Edit {
+        key: String,
+        patch: MemoryPatch,
+    },
+    Mv {
+        from: String,
+        to: String,
+    },
+    Rm {
+        key: String,
+    },
+    Search(SearchQuery),
+    Log {
+        key: Option<String>,
+        limit: usize,
+    },
+    Diff {
+        key: Option<String>,
+        from: String,
+        to: Option<String>,
+    },
+    RevertCommit {
+        commit: String,
+    },
+    RevertMemory {
+        key: String,
+        to: String,
+    },
+    Status {
+        all: bool,
+    },
+    Reindex {
+        fresh: bool,
+    },
+    Watch,
+    /// One memory tool call's input.
+    Tool(serde_json::Value),
+    Stores,
+    DeleteStore,
+}
+
+/// Whether `p` changes nothing (`edit` without field flags).
+pub(crate) fn patch_is_empty(p: &MemoryPatch) -> bool {
+    p.title.is_none()
+        && p.body.is_none()
+        && p.kind.is_none()
+        && p.tags.is_none()
+        && p.add_tags.is_empty()
+        && p.remove_tags.is_empty()
+        && p.links.is_none()
+        && p.add_links.is_empty()
+        && p.valid_from.is_none()
+        && p.valid_to.is_none()
+}
+
+impl MemoryCmd {
+    /// Reads the command's text input: the body of `add` and `edit` (`--body`, `-` for
+    /// standard input, or `--body-file`), the call of `tool` (`-` for standard input).
+    pub(crate) fn read_input(&self) -> anyhow::Result<Option<String>> {
+        match self {
             MemoryCmd::Add {
                 body, body_file, ..
             }
             | MemoryCmd::Edit {
                 body, body_file, ..
-            } => read_body(body.clone(), body_file.clone())?,
+            } => read_body(body.clone(), body_file.clone()),
             MemoryCmd::Tool { input } if input == "-" => {
                 let mut s = String::new();
                 std::io::stdin().read_to_string(&mut s)?;
-                Some(s)
+                Ok(Some(s))
             }
-            MemoryCmd::Tool { input } => Some(input.clone()),
-            _ => None,
-        };
-        return crate::memory_remote::run(&args.remote, name, &args.cmd, body, args.json);
+            MemoryCmd::Tool { input } => Ok(Some(input.clone())),
+            _ => Ok(None),
+        }
+    }
+
+    /// The request of this command, given its text input (see [`MemoryCmd::read_input`]).
+    pub(crate) fn request(&self, input: Option<String>) -> anyhow::Result<Request> {
+        Ok(match self {
+            MemoryCmd::Init => Request::Init,
+            MemoryCmd::Stores => Request::Stores,
+            MemoryCmd::DeleteStore => Request::DeleteStore,
+            MemoryCmd::Add {
+                title,
+                folder,
+                path,
+                id,
+                kind,
+                tags,
+                links,
+                valid_from,
+                valid_to,
+                supersedes,
+                ..
+            } => Request::Add {
+                new: NewMemory {
+                    title: title.clone(),
+                    body: input.unwrap_or_default(),
+                    folder: folder.clone(),
+                    path: path.clone(),
+                    id: id.clone(),
+                    kind: kind.clone(),
+                    tags: tags.clone(),
+                    links: links.clone(),
+                    valid_from: valid_from.clone(),
+                    valid_to: valid_to.clone(),
+                },
+                supersedes: supersedes.clone(),
+            },
+            MemoryCmd::Get { key, rev } => Request::Get {
+                key: key.clone(),
+                rev: rev.clone(),
+            },
+            MemoryCmd::Edit {
+                key,
+                title,
+                kind,
+                add_tags,
+                remove_tags,
+                links,
+                valid_from,
+                valid_to,
+                ..
+            } => Request::Edit {
+                key: key.clone(),
+                patch: MemoryPatch {
+                    title: title.clone(),
+                    body: input,
+                    kind: kind.clone(),
+                    add_tags: add_tags.clone(),
+                    remove_tags: remove_tags.clone(),
+                    add_links: links.clone(),
+                    valid_from: valid_from.clone(),
+                    valid_to: valid_to.clone(),
+                    ..Default::default()
+                },
+            },
+            MemoryCmd::Mv { from, to } => Request::Mv {
+                from: from.clone(),
+                to: to.clone(),
+            },
+            MemoryCmd::Rm { key } => Request::Rm { key: key.clone() },
+            MemoryCmd::Search {
+                query,
+                limit,
+                tags,
+                kind,
+                folder,
+                at,
+                all_time,
+                mode,
+                expand,
+            } => Request::Search(SearchQuery {
+                text: query.clone(),
+                limit: *limit,
+                tags: tags.clone(),
+                kind: kind.clone(),
+                folder: folder.clone(),
+                valid: match (at, all_time) {
+                    (Some(t), _) => Validity::At(parse_at(t)?),
+                    (None, true) => Validity::Any,
+                    (None, false) => Validity::Now,
+                },
+                mode: (*mode).into(),
+                expand: *expand,
+            }),
+            MemoryCmd::Log { key, limit } => Request::Log {
+                key: key.clone(),
+                limit: *limit,
+            },
+            MemoryCmd::Diff { key, from, to } => Request::Diff {
+                key: key.clone(),
+                from: from.clone(),
+                to: to.clone(),
+            },
+            MemoryCmd::Revert { key, commit, to } => match (key, commit, to) {
+                (None, Some(c), _) => Request::RevertCommit { commit: c.clone() },
+                (Some(k), None, Some(rev)) => Request::RevertMemory {
+                    key: k.clone(),
+                    to: rev.clone(),
+                },
+                _ => bail!(
+                    "use `revert --commit REV` (whole store) or `revert KEY --to REV` (one memory)"
+                ),
+            },
+            MemoryCmd::Status { all } => Request::Status { all: *all },
+            MemoryCmd::Reindex { fresh } => Request::Reindex { fresh: *fresh },
+            MemoryCmd::Watch => Request::Watch,
+            MemoryCmd::Tool { .. } => Request::Tool(
+                serde_json::from_str(&input.unwrap_or_default())
+                    .context("parse memory tool input as JSON")?,
+            ),
+        })
+    }
+}
+
+/// `init`'s answer with `--json`.
+#[derive(serde::Serialize)]
+struct Initialised<'a> {
+    store: &'a Path,
+}
+
+pub fn run(args: MemoryArgs) -> anyhow::Result<i32> {
+    let input = args.cmd.read_input()?;
+    if let Some(name) = &args.remote.remote {
+        return crate::memory_remote::run(&args.remote, name, &args.cmd, input, args.json);
     }
     if matches!(args.cmd, MemoryCmd::Stores | MemoryCmd::DeleteStore) {
         bail!(
             "`stores` and `delete-store` manage a daemon's stores: add --remote NAME (and --host)"
         );
     }
+    let req = args.cmd.request(input)?;
     let author = Author::new(args.author.clone(), args.email.clone());
-    let json = args.json;
+    let out = Printer {
+        cmd: &args.cmd,
+        json: args.json,
+        origin: Origin::Local,
+    };
     let open = || -> anyhow::Result<Store> {
         let e = embedder(&args)?;
         Store::open(&args.store, e)
             .with_context(|| format!("open memory store {}", args.store.display()))
     };
-    match &args.cmd {
-        MemoryCmd::Init => {
+    match req {
+        Request::Init => {
             let store = Store::init(&args.store, embedder(&args)?, &author)?;
-            if json {
-                print_json(&serde_json::json!({"store": store.root()}))?;
-            } else {
-                println!("initialised memory store {}", store.root().display());
-            }
+            let root = store.root();
+            out.print(&Initialised { store: root }, || {
+                Ok(json!({ "store": root.display().to_string() }))
+            })?;
         }
-        MemoryCmd::Add {
-            title,
-            body,
-            body_file,
-            folder,
-            path,
-            id,
-            kind,
-            tags,
-            links,
-            valid_from,
-            valid_to,
-            supersedes,
-        } => {
+        Request::Add { new, supersedes } => {
             let store = open()?;
-            let new = NewMemory {
-                title: title.clone(),
-                body: read_body(body.clone(), body_file.clone())?.unwrap_or_default(),
-                folder: folder.clone(),
-                path: path.clone(),
-                id: id.clone(),
-                kind: kind.clone(),
-                tags: tags.clone(),
-                links: links.clone(),
-                valid_from: valid_from.clone(),
-                valid_to: valid_to.clone(),
-            };
-            let out = match supersedes {
-                Some(old) => store.supersede(old, new, &author)?,
+            let o = match supersedes {
+                Some(old) => store.supersede(&old, new, &author)?,
                 None => store.add(new, &author)?,
             };
-            if json {
-                print_json(&out)?;
-            } else {
-                println!("added {} (id {})", out.path, out.id);
-            }
+            out.print_answer(&o)?;
         }
-        MemoryCmd::Get { key, rev } => {
-            let store = open()?;
-            match rev {
-                Some(r) => {
-                    let text = store.show(key, r)?;
-                    if json {
-                        print_json(&serde_json::json!({"key": key, "rev": r, "text": text}))?;
-                    } else {
-                        print!("{text}");
-                    }
-                }
-                None => {
-                    let m = store.get(key)?;
-                    if json {
-                        print_json(&m)?;
-                    } else {
-                        print!("{}", m.text);
-                    }
-                }
-            }
+        Request::Get { key, rev: Some(r) } => {
+            let text = open()?.show(&key, &r)?;
+            out.print_answer(&json!({"key": key, "rev": r, "text": text}))?;
         }
-        MemoryCmd::Edit {
-            key,
-            title,
-            body,
-            body_file,
-            kind,
-            add_tags,
-            remove_tags,
-            links,
-            valid_from,
-            valid_to,
-        } => {
+        Request::Get { key, rev: None } => out.print_answer(&open()?.get(&key)?)?,
+        Request::Edit { key, patch } => {
             let store = open()?;
-            let body = read_body(body.clone(), body_file.clone())?;
-            let no_flags = title.is_none()
-                && body.is_none()
-                && kind.is_none()
-                && add_tags.is_empty()
-                && remove_tags.is_empty()
-                && links.is_empty()
-                && valid_from.is_none()
-                && valid_to.is_none();
-            let out = if no_flags {
-                edit_in_editor(&store, key, &author)?
+            let o = if patch_is_empty(&patch) {
+                edit_in_editor(&store, &key, &author)?
             } else {
-                store.edit(
-                    key,
-                    MemoryPatch {
-                        title: title.clone(),
-                        body,
-                        kind: kind.clone(),
-                        add_tags: add_tags.clone(),
-                        remove_tags: remove_tags.clone(),
-                        add_links: links.clone(),
-                        valid_from: valid_from.clone(),
-                        valid_to: valid_to.clone(),
-                        ..Default::default()
-                    },
-                    &author,
-                )?
+                store.edit(&key, patch, &author)?
             };
-            if json {
-                print_json(&out)?;
-            } else if out.commit.is_some() {
-                println!("edited {}", out.path);
-            } else {
-                println!("no change to {}", out.path);
-            }
+            out.print_answer(&o)?;
         }
-        MemoryCmd::Mv { from, to } => {
-            let store = open()?;
-            let out = store.rename(from, to, &author)?;
-            if json {
-                print_json(&out)?;
-            } else {
-                println!("moved {from} -> {}", out.path);
-            }
+        Request::Mv { from, to } => out.print_answer(&open()?.rename(&from, &to, &author)?)?,
+        Request::Rm { key } => out.print_answer(&open()?.remove(&key, &author)?)?,
+        Request::Search(q) => {
+            let hits = open()?.search(&q)?;
+            out.print(&hits, || {
+                Ok(json!({ "hits": serde_json::to_value(&hits)? }))
+            })?;
         }
-        MemoryCmd::Rm { key } => {
-            let store = open()?;
-            let out = store.remove(key, &author)?;
-            if json {
-                print_json(&out)?;
-            } else {
-                println!("removed {}", out.path);
-            }
+        Request::Log { key, limit } => {
+            let commits = open()?.log(key.as_deref(), limit)?;
+            out.print(&commits, || {
+                Ok(json!({ "commits": serde_json::to_value(&commits)? }))
+            })?;
         }
-        MemoryCmd::Search {
-            query,
-            limit,
-            tags,
-            kind,
-            folder,
-            at,
-            all_time,
-            mode,
-            expand,
-        } => {
-            let store = open()?;
-            let valid = match (at, all_time) {
-                (Some(t), _) => Validity::At(parse_at(t)?),
-                (None, true) => Validity::Any,
-                (None, false) => Validity::Now,
-            };
-            let q = SearchQuery {
-                text: query.clone(),
-                limit: *limit,
-                tags: tags.clone(),
-                kind: kind.clone(),
-                folder: folder.clone(),
-                valid,
-                mode: match mode {
-                    ModeArg::Hybrid => SearchMode::Hybrid,
-                    ModeArg::Bm25 => SearchMode::Bm25,
-                    ModeArg::Vector => SearchMode::Vector,
-                },
-                expand: *expand,
-            };
-            let hits = store.search(&q)?;
-            if json {
-                print_json(&hits)?;
-            } else if hits.is_empty() {
-                println!("no matches");
-            } else {
-                for h in &hits {
-                    println!("{}:{}  {:.4}  {}", h.path, h.line, h.score, h.title);
-                    println!("    {}", h.snippet);
-                    for r in &h.related {
-                        println!("    -> {} ({})", r.path, r.title);
-                    }
-                }
-            }
+        Request::Diff { key, from, to } => {
+            let d = open()?.diff(&from, to.as_deref(), key.as_deref())?;
+            out.print_answer(&json!({"from": from, "to": to, "diff": d}))?;
         }
-        MemoryCmd::Log { key, limit } => {
-            let store = open()?;
-            let commits = store.log(key.as_deref(), *limit)?;
-            if json {
-                print_json(&commits)?;
-            } else {
-                for c in &commits {
-                    let short: String = c.rev.chars().take(12).collect();
-                    println!(
-                        "{short}  {}  {} <{}>  {}",
-                        c.time,
-                        c.author,
-                        c.email,
-                        c.message.lines().next().unwrap_or("")
-                    );
-                }
-            }
+        Request::RevertCommit { commit } => {
+            out.print_answer(&open()?.revert_commit(&commit, &author)?)?
         }
-        MemoryCmd::Diff { key, from, to } => {
-            let store = open()?;
-            let d = store.diff(from, to.as_deref(), key.as_deref())?;
-            if json {
-                print_json(&serde_json::json!({"from": from, "to": to, "diff": d}))?;
-            } else {
-                print!("{d}");
-            }
+        Request::RevertMemory { key, to } => {
+            out.print_answer(&open()?.revert_memory(&key, &to, &author)?)?
         }
-        MemoryCmd::Revert { key, commit, to } => {
-            let store = open()?;
-            let out = match (key, commit, to) {
-                (None, Some(c), _) => store.revert_commit(c, &author)?,
-                (Some(k), None, Some(rev)) => store.revert_memory(k, rev, &author)?,
-                _ => bail!(
-                    "use `revert --commit REV` (whole store) or `revert KEY --to REV` (one memory)"
-                ),
-            };
-            if json {
-                print_json(&out)?;
-            } else {
-                println!(
-                    "reverted: commit {}",
-                    out.commit.as_deref().unwrap_or("(none)")
-                );
-            }
-        }
-        MemoryCmd::Status { all } => {
+        Request::Status { all } => {
             let store = open_without_sync(&args)?;
             let st = store.status()?;
-            if json {
-                print_json(&st)?;
-            } else {
-                let mut shown = 0;
-                for s in &st {
-                    let interesting = s.index != Freshness::Fresh
-                        || s.git.is_some()
-                        || s.error.is_some()
-                        || s.missing_vectors > 0;
-                    if !*all && !interesting {
-                        continue;
-                    }
-                    shown += 1;
-                    let idx = serde_json::to_value(s.index)?
-                        .as_str()
-                        .unwrap_or("")
-                        .to_string();
-                    print!(
-                        "{:<10} {:<3} {}",
-                        idx,
-                        s.git.as_deref().unwrap_or(""),
-                        s.path
-                    );
-                    if s.missing_vectors > 0 {
-                        print!("  ({} chunks awaiting vectors)", s.missing_vectors);
-                    }
-                    if let Some(e) = &s.error {
-                        print!("  [{e}]");
-                    }
-                    println!();
-                }
+            // The daemon's answer: the files worth showing, and the index's counts.
+            out.print(&st, || {
+                let shown: Vec<_> = st.iter().filter(|f| all || f.needs_attention()).collect();
                 let (files, chunks, vectors) = store.counts()?;
-                if shown == 0 {
-                    println!("index fresh");
-                }
-                println!("{files} files, {chunks} chunks, {vectors} with vectors");
-            }
+                Ok(json!({
+                    "files": serde_json::to_value(shown)?,
+                    "indexed_files": files, "chunks": chunks, "vectors": vectors
+                }))
+            })?;
         }
-        MemoryCmd::Reindex { fresh } => {
+        Request::Reindex { fresh } => {
             let store = open()?;
             let r = store.reindex(!fresh)?;
             while store.embed_pending(256)? > 0 {}
-            if json {
-                print_json(&r)?;
-            } else {
+            out.print(&r, || {
                 let (files, chunks, vectors) = store.counts()?;
-                println!("reindexed {files} files, {chunks} chunks ({vectors} with vectors, {} texts embedded)", r.texts_embedded);
-            }
+                let mut v = serde_json::to_value(&r)?;
+                v["files"] = files.into();
+                v["chunks"] = chunks.into();
+                v["vectors"] = vectors.into();
+                Ok(v)
+            })?;
         }
-        MemoryCmd::Watch => {
+        Request::Watch => {
             let store = Arc::new(open()?);
             let _w = sandlot_memory::watch(
                 store.clone(),
@@ -586,25 +605,11 @@ pub fn run(args: MemoryArgs) -> anyhow::Result<i32> {
                 std::thread::park();
             }
         }
-        MemoryCmd::Stores | MemoryCmd::DeleteStore => unreachable!("refused above"),
-        MemoryCmd::Tool { input } => {
-            let text = if input == "-" {
-                let mut s = String::new();
-                std::io::stdin().read_to_string(&mut s)?;
-                s
-            } else {
-                input.clone()
-            };
-            let v: serde_json::Value =
-                serde_json::from_str(&text).context("parse memory tool input as JSON")?;
-            let store = open()?;
-            let out = memory_tool::execute_json(&store, &v, &author);
-            if json {
-                print_json(&out)?;
-            } else {
-                println!("{}", out.text);
-            }
-            return Ok(if out.is_error { 1 } else { 0 });
+        Request::Stores | Request::DeleteStore => unreachable!("refused above"),
+        Request::Tool(v) => {
+            let o = memory_tool::execute_json(&open()?, &v, &author);
+            out.print_answer(&o)?;
+            return Ok(if o.is_error { 1 } else { 0 });
         }
     }
     Ok(0)

@@ -1,11 +1,14 @@
 //! `sandlot memory --remote NAME ...`: the same commands against store NAME of a daemon
 //! (`/v1/memory/NAME/...`). Each command is first planned as a request (method, path, body),
-//! then sent; the answer is printed as JSON (`--json`) or in the local mode's format.
+//! then sent; the answer is printed as JSON (`--json`) or as text by the local mode's
+//! [`crate::memory_output::render`].
 
 use anyhow::{bail, Context};
+use sandlot_client::encode_path as seg;
 use serde_json::{json, Value};
 
-use crate::memory_cmd::{MemoryCmd, ModeArg};
+use crate::memory_cmd::{patch_is_empty, MemoryCmd, Request};
+use crate::memory_output::{Origin, Printer};
 
 /// One API request.
 #[derive(Debug, Clone, PartialEq)]
@@ -13,19 +16,6 @@ pub struct Planned {
     pub method: &'static str,
     pub path: String,
     pub body: Option<Value>,
-}
-
-/// Percent-encodes a path segment (keeping `/`, since memory keys are paths).
-fn seg(s: &str) -> String {
-    let mut o = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-_.~/".contains(&b) {
-            o.push(b as char);
-        } else {
-            o.push_str(&format!("%{b:02X}"));
-        }
-    }
-    o
 }
 
 fn query(pairs: &[(&str, Option<String>)]) -> String {
@@ -44,188 +34,91 @@ fn query(pairs: &[(&str, Option<String>)]) -> String {
     }
 }
 
-fn parse_time(s: &str) -> anyhow::Result<i64> {
-    crate::memory_cmd::parse_at(s)
+/// The JSON of `v` without null fields and empty lists: the fields the command sets.
+fn set_fields(v: &impl serde::Serialize) -> anyhow::Result<Value> {
+    let mut v = serde_json::to_value(v)?;
+    if let Some(o) = v.as_object_mut() {
+        o.retain(|_, f| !(f.is_null() || f.as_array().is_some_and(Vec::is_empty)));
+    }
+    Ok(v)
 }
 
-/// The request for `cmd` on store `store`.
-pub fn plan(store: &str, cmd: &MemoryCmd, body_text: Option<String>) -> anyhow::Result<Planned> {
+/// The request for `cmd` on store `store`, given its text input (the body of `add` and
+/// `edit`, the call of `tool`).
+pub fn plan(store: &str, cmd: &MemoryCmd, input: Option<String>) -> anyhow::Result<Planned> {
     let base = format!("/v1/memory/{}", seg(store));
     let p = |method, path: String, body| Planned { method, path, body };
-    Ok(match cmd {
-        MemoryCmd::Init => p("POST", "/v1/memory".into(), Some(json!({ "name": store }))),
-        MemoryCmd::Stores => p("GET", "/v1/memory".into(), None),
-        MemoryCmd::DeleteStore => p("DELETE", base, None),
-        MemoryCmd::Add {
-            title,
-            folder,
-            path,
-            id,
-            kind,
-            tags,
-            links,
-            valid_from,
-            valid_to,
-            supersedes,
-            ..
-        } => {
-            let mut b = json!({ "title": title, "body": body_text.unwrap_or_default() });
-            let opt = |b: &mut Value, k: &str, v: &Option<String>| {
-                if let Some(v) = v {
-                    b[k] = json!(v);
-                }
-            };
-            opt(&mut b, "folder", folder);
-            opt(&mut b, "path", path);
-            opt(&mut b, "id", id);
-            opt(&mut b, "type", kind);
-            opt(&mut b, "valid_from", valid_from);
-            opt(&mut b, "valid_to", valid_to);
-            opt(&mut b, "supersedes", supersedes);
-            if !tags.is_empty() {
-                b["tags"] = json!(tags);
-            }
-            if !links.is_empty() {
-                b["links"] = json!(links);
+    Ok(match cmd.request(input)? {
+        Request::Init => p("POST", "/v1/memory".into(), Some(json!({ "name": store }))),
+        Request::Stores => p("GET", "/v1/memory".into(), None),
+        Request::DeleteStore => p("DELETE", base, None),
+        Request::Add { new, supersedes } => {
+            let mut b = set_fields(&new)?;
+            if let Some(old) = supersedes {
+                b["supersedes"] = json!(old);
             }
             p("POST", format!("{base}/memories"), Some(b))
         }
-        MemoryCmd::Get { key, rev } => p(
+        Request::Get { key, rev } => p(
             "GET",
-            format!(
-                "{base}/memories/{}{}",
-                seg(key),
-                query(&[("rev", rev.clone())])
-            ),
+            format!("{base}/memories/{}{}", seg(&key), query(&[("rev", rev)])),
             None,
         ),
-        MemoryCmd::Edit {
-            key,
-            title,
-            kind,
-            add_tags,
-            remove_tags,
-            links,
-            valid_from,
-            valid_to,
-            ..
-        } => {
-            let mut b = json!({});
-            for (k, v) in [
-                ("title", title),
-                ("type", kind),
-                ("valid_from", valid_from),
-                ("valid_to", valid_to),
-            ] {
-                if let Some(v) = v {
-                    b[k] = json!(v);
-                }
-            }
-            if let Some(t) = body_text {
-                b["body"] = json!(t);
-            }
-            if !add_tags.is_empty() {
-                b["add_tags"] = json!(add_tags);
-            }
-            if !remove_tags.is_empty() {
-                b["remove_tags"] = json!(remove_tags);
-            }
-            if !links.is_empty() {
-                b["add_links"] = json!(links);
-            }
-            if b.as_object().is_some_and(|o| o.is_empty()) {
+        Request::Edit { key, patch } => {
+            if patch_is_empty(&patch) {
                 bail!("with --remote, `edit` needs at least one change flag (no editor session)");
             }
-            p("PATCH", format!("{base}/memories/{}", seg(key)), Some(b))
+            p(
+                "PATCH",
+                format!("{base}/memories/{}", seg(&key)),
+                Some(set_fields(&patch)?),
+            )
         }
-        MemoryCmd::Mv { from, to } => p(
+        Request::Mv { from, to } => p(
             "POST",
             format!("{base}/move"),
             Some(json!({ "from": from, "to": to })),
         ),
-        MemoryCmd::Rm { key } => p("DELETE", format!("{base}/memories/{}", seg(key)), None),
-        MemoryCmd::Search {
-            query: text,
-            limit,
-            tags,
-            kind,
-            folder,
-            at,
-            all_time,
-            mode,
-            expand,
-        } => {
-            let valid = match (at, all_time) {
-                (Some(t), _) => json!({ "at": parse_time(t)? }),
-                (None, true) => json!("any"),
-                (None, false) => json!("now"),
-            };
-            let mode = match mode {
-                ModeArg::Hybrid => "hybrid",
-                ModeArg::Bm25 => "bm25",
-                ModeArg::Vector => "vector",
-            };
-            let mut b = json!({
-                "text": text, "limit": limit, "valid": valid, "mode": mode, "expand": expand
-            });
-            if !tags.is_empty() {
-                b["tags"] = json!(tags);
-            }
-            if let Some(k) = kind {
-                b["type"] = json!(k);
-            }
-            if let Some(f) = folder {
-                b["folder"] = json!(f);
-            }
-            p("POST", format!("{base}/search"), Some(b))
-        }
-        MemoryCmd::Log { key, limit } => p(
+        Request::Rm { key } => p("DELETE", format!("{base}/memories/{}", seg(&key)), None),
+        Request::Search(q) => p("POST", format!("{base}/search"), Some(set_fields(&q)?)),
+        Request::Log { key, limit } => p(
             "GET",
             format!(
                 "{base}/log{}",
-                query(&[("key", key.clone()), ("limit", Some(limit.to_string()))])
+                query(&[("key", key), ("limit", Some(limit.to_string()))])
             ),
             None,
         ),
-        MemoryCmd::Diff { key, from, to } => p(
+        Request::Diff { key, from, to } => p(
             "GET",
             format!(
                 "{base}/diff{}",
-                query(&[
-                    ("key", key.clone()),
-                    ("from", Some(from.clone())),
-                    ("to", to.clone())
-                ])
+                query(&[("key", key), ("from", Some(from)), ("to", to)])
             ),
             None,
         ),
-        MemoryCmd::Revert { key, commit, to } => {
-            let b = match (key, commit, to) {
-                (None, Some(c), _) => json!({ "commit": c }),
-                (Some(k), None, Some(rev)) => json!({ "key": k, "to": rev }),
-                _ => bail!(
-                    "use `revert --commit REV` (whole store) or `revert KEY --to REV` (one memory)"
-                ),
-            };
-            p("POST", format!("{base}/revert"), Some(b))
-        }
-        MemoryCmd::Status { all } => p(
+        Request::RevertCommit { commit } => p(
+            "POST",
+            format!("{base}/revert"),
+            Some(json!({ "commit": commit })),
+        ),
+        Request::RevertMemory { key, to } => p(
+            "POST",
+            format!("{base}/revert"),
+            Some(json!({ "key": key, "to": to })),
+        ),
+        Request::Status { all } => p(
             "GET",
             format!("{base}/status{}", query(&[("all", Some(all.to_string()))])),
             None,
         ),
-        MemoryCmd::Reindex { fresh } => p(
+        Request::Reindex { fresh } => p(
             "POST",
             format!("{base}/reindex"),
             Some(json!({ "fresh": fresh })),
         ),
-        MemoryCmd::Tool { .. } => {
-            let text = body_text.unwrap_or_default();
-            let v: Value =
-                serde_json::from_str(&text).context("parse memory tool input as JSON")?;
-            p("POST", format!("{base}/tool"), Some(v))
-        }
-        MemoryCmd::Watch => {
+        Request::Tool(v) => p("POST", format!("{base}/tool"), Some(v)),
+        Request::Watch => {
             bail!("with --remote the daemon watches its stores itself; `watch` is local only")
         }
     })
@@ -261,10 +154,10 @@ pub fn run(
     conn: &RemoteArgs,
     store: &str,
     cmd: &MemoryCmd,
-    body_text: Option<String>,
+    input: Option<String>,
     json_out: bool,
 ) -> anyhow::Result<i32> {
-    let planned = plan(store, cmd, body_text)?;
+    let planned = plan(store, cmd, input)?;
     let client = sandlot_client::Client::new(&conn.host, conn.token.clone())?
         .with_tenant(conn.tenant.clone())
         .with_agent(conn.agent.clone());
@@ -275,120 +168,22 @@ pub fn run(
     let v = rt
         .block_on(client.call_json(planned.method, &planned.path, planned.body.as_ref()))
         .with_context(|| format!("memory store {store} on {}", conn.host))?;
-    if json_out {
-        println!("{}", serde_json::to_string_pretty(&v)?);
-        return Ok(tool_exit(cmd, &v));
-    }
-    render(store, cmd, &v);
-    Ok(tool_exit(cmd, &v))
-}
-
-fn tool_exit(cmd: &MemoryCmd, v: &Value) -> i32 {
-    match cmd {
+    let out = Printer {
+        cmd,
+        json: json_out,
+        origin: Origin::Remote(store),
+    };
+    out.print(&v, || Ok(v.clone()))?;
+    Ok(match cmd {
         MemoryCmd::Tool { .. } if v["is_error"] == json!(true) => 1,
         _ => 0,
-    }
-}
-
-fn s(v: &Value) -> &str {
-    v.as_str().unwrap_or("")
-}
-
-/// Human output, like the local mode's.
-fn render(store: &str, cmd: &MemoryCmd, v: &Value) {
-    match cmd {
-        MemoryCmd::Init => println!("created memory store {store}"),
-        MemoryCmd::Stores => {
-            for st in v["stores"].as_array().into_iter().flatten() {
-                println!("{}", s(&st["name"]));
-            }
-        }
-        MemoryCmd::DeleteStore => println!("deleted memory store {store}"),
-        MemoryCmd::Add { .. } => println!("added {} (id {})", s(&v["path"]), s(&v["id"])),
-        MemoryCmd::Get { .. } => print!("{}", s(&v["text"])),
-        MemoryCmd::Edit { .. } => {
-            if v["commit"].is_null() {
-                println!("no change to {}", s(&v["path"]));
-            } else {
-                println!("edited {}", s(&v["path"]));
-            }
-        }
-        MemoryCmd::Mv { from, .. } => println!("moved {from} -> {}", s(&v["path"])),
-        MemoryCmd::Rm { .. } => println!("removed {}", s(&v["path"])),
-        MemoryCmd::Search { .. } => {
-            let hits = v["hits"].as_array().cloned().unwrap_or_default();
-            if hits.is_empty() {
-                println!("no matches");
-            }
-            for h in &hits {
-                println!(
-                    "{}:{}  {:.4}  {}",
-                    s(&h["path"]),
-                    h["line"],
-                    h["score"].as_f64().unwrap_or(0.0),
-                    s(&h["title"])
-                );
-                println!("    {}", s(&h["snippet"]));
-                for r in h["related"].as_array().into_iter().flatten() {
-                    println!("    -> {} ({})", s(&r["path"]), s(&r["title"]));
-                }
-            }
-        }
-        MemoryCmd::Log { .. } => {
-            for c in v["commits"].as_array().into_iter().flatten() {
-                let short: String = s(&c["rev"]).chars().take(12).collect();
-                println!(
-                    "{short}  {}  {} <{}>  {}",
-                    s(&c["time"]),
-                    s(&c["author"]),
-                    s(&c["email"]),
-                    s(&c["message"]).lines().next().unwrap_or("")
-                );
-            }
-        }
-        MemoryCmd::Diff { .. } => print!("{}", s(&v["diff"])),
-        MemoryCmd::Revert { .. } => println!(
-            "reverted: commit {}",
-            v["commit"].as_str().unwrap_or("(none)")
-        ),
-        MemoryCmd::Status { .. } => {
-            let files = v["files"].as_array().cloned().unwrap_or_default();
-            for f in &files {
-                print!(
-                    "{:<10} {:<3} {}",
-                    s(&f["index"]),
-                    s(&f["git"]),
-                    s(&f["path"])
-                );
-                if f["missing_vectors"].as_u64().unwrap_or(0) > 0 {
-                    print!("  ({} chunks awaiting vectors)", f["missing_vectors"]);
-                }
-                if let Some(e) = f["error"].as_str() {
-                    print!("  [{e}]");
-                }
-                println!();
-            }
-            if files.is_empty() {
-                println!("index fresh");
-            }
-            println!(
-                "{} files, {} chunks, {} with vectors",
-                v["indexed_files"], v["chunks"], v["vectors"]
-            );
-        }
-        MemoryCmd::Reindex { .. } => println!(
-            "reindexed: {} files indexed, {} texts embedded",
-            v["indexed"].as_array().map(Vec::len).unwrap_or(0),
-            v["texts_embedded"]
-        ),
-        MemoryCmd::Tool { .. } => println!("{}", s(&v["text"])),
-        MemoryCmd::Watch => {}
-    }
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::memory_cmd::ModeArg;
 
     #[test]
     fn issue8_remote_commands_plan_requests() {
@@ -441,5 +236,79 @@ mod tests {
         .unwrap();
         assert_eq!(p.path, "/v1/memory/n/tool");
         assert!(plan("n", &tool, Some("not json".into())).is_err());
+    }
+
+    #[test]
+    fn writes_send_only_the_fields_given() {
+        let add = MemoryCmd::Add {
+            title: "Ann".into(),
+            body: None,
+            body_file: None,
+            folder: Some("people".into()),
+            path: None,
+            id: None,
+            kind: Some("person".into()),
+            tags: vec!["crm".into()],
+            links: vec![],
+            valid_from: None,
+            valid_to: Some(String::new()),
+            supersedes: Some("people/ann-old".into()),
+        };
+        let p = plan("n", &add, Some("likes tea".into())).unwrap();
+        assert_eq!(
+            (p.method, p.path.as_str()),
+            ("POST", "/v1/memory/n/memories")
+        );
+        assert_eq!(
+            p.body.unwrap(),
+            json!({"title": "Ann", "body": "likes tea", "folder": "people", "type": "person",
+                   "tags": ["crm"], "valid_to": "", "supersedes": "people/ann-old"})
+        );
+        let p = plan("n", &add, None).unwrap();
+        assert_eq!(p.body.unwrap()["body"], "");
+        let edit = |add_tags: Vec<String>| MemoryCmd::Edit {
+            key: "people/ann.md".into(),
+            title: None,
+            body: None,
+            body_file: None,
+            kind: None,
+            add_tags,
+            remove_tags: vec![],
+            links: vec!["acme".into()],
+            valid_from: None,
+            valid_to: None,
+        };
+        let p = plan("n", &edit(vec!["q3".into()]), Some("new body".into())).unwrap();
+        assert_eq!(
+            (p.method, p.path.as_str()),
+            ("PATCH", "/v1/memory/n/memories/people/ann.md")
+        );
+        assert_eq!(
+            p.body.unwrap(),
+            json!({"body": "new body", "add_tags": ["q3"], "add_links": ["acme"]})
+        );
+        let bare = MemoryCmd::Edit {
+            key: "k".into(),
+            title: None,
+            body: None,
+            body_file: None,
+            kind: None,
+            add_tags: vec![],
+            remove_tags: vec![],
+            links: vec![],
+            valid_from: None,
+            valid_to: None,
+        };
+        let e = plan("n", &bare, None).unwrap_err();
+        assert!(e.to_string().contains("at least one change flag"), "{e}");
+        let revert = MemoryCmd::Revert {
+            key: Some("k".into()),
+            commit: None,
+            to: Some("HEAD~2".into()),
+        };
+        assert_eq!(
+            plan("n", &revert, None).unwrap().body.unwrap(),
+            json!({"key": "k", "to": "HEAD~2"})
+        );
     }
 }

@@ -15,6 +15,7 @@ use anyhow::{bail, Context};
 use clap::Subcommand;
 mod remote;
 
+use sandlot_client::vfs::{AuditEntry, IngestResult};
 use sandlot_vfs::{
     format_utc, Acl, AclPolicy, AclRule, AuditFilter, IngestOptions, IngestReport, Limits,
     Principal, S3Options, ScratchLimits, Source, Store,
@@ -210,34 +211,86 @@ fn source_of(a: &SourceArgs) -> anyhow::Result<Option<Source>> {
     Ok(Some(Source::parse(spec, s3)?))
 }
 
+impl PrincipalArgs {
+    /// The principal's name and groups; `None`: the operator (the collection's owner),
+    /// who sees everything.
+    fn named(&self) -> Option<(String, Vec<String>)> {
+        match &self.principal {
+            Some(name) => Some((name.clone(), self.groups.clone())),
+            None if !self.groups.is_empty() => Some(("cli".into(), self.groups.clone())),
+            None => None,
+        }
+    }
+}
+
+impl SourceArgs {
+    /// Whether an ACL flag was given (`update` keeps the collection's policy otherwise).
+    fn acl_given(&self) -> bool {
+        self.default_acl != "public" || !self.acl.is_empty()
+    }
+}
+
 fn principal_of(p: &PrincipalArgs) -> Principal {
-    match &p.principal {
-        Some(name) => Principal::new(name.clone(), p.groups.clone()),
-        None if !p.groups.is_empty() => Principal::new("cli", p.groups.clone()),
+    match p.named() {
+        Some((name, groups)) => Principal::new(name, groups),
         None => Principal::operator(),
     }
 }
 
-fn print_report(r: &IngestReport, json: bool) -> anyhow::Result<()> {
-    if json {
-        println!("{}", serde_json::to_string_pretty(r)?);
-        return Ok(());
-    }
+/// The text of an ingest of `collection`: one line, and the skipped entries on standard
+/// error (the daemon's answer, or a local report converted to it).
+fn print_ingest(collection: &str, r: &IngestResult) {
     if r.changed {
         println!(
-            "{} v{}: {} documents, {} bytes ({} added, {} updated, {} removed, {} unchanged; fetched {} documents, {} bytes)",
-            r.collection, r.version, r.documents, r.bytes, r.added, r.updated, r.removed, r.unchanged, r.fetched, r.bytes_fetched
+            "{collection} v{}: {} documents, {} bytes ({} added, {} updated, {} removed, {} unchanged; fetched {} documents, {} bytes)",
+            r.version, r.documents, r.bytes, r.added, r.updated, r.removed, r.unchanged, r.fetched, r.bytes_fetched
         );
     } else {
         println!(
-            "{} v{}: unchanged ({} documents)",
-            r.collection, r.version, r.documents
+            "{collection} v{}: unchanged ({} documents)",
+            r.version, r.documents
         );
     }
     for s in &r.skipped {
         eprintln!("sandlot: skipped {s}");
     }
+}
+
+/// Prints a local ingest: pretty JSON of the library's report with `--json`, else its text.
+fn print_report(r: IngestReport, json: bool) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    } else {
+        let collection = r.collection.clone();
+        print_ingest(&collection, &sandlot_server::vfs::ingest_result(r));
+    }
     Ok(())
+}
+
+/// One line of `vfs log`.
+fn print_audit(r: &AuditEntry) {
+    println!(
+        "{} {} {}@v{} exit={} out={} err={}{} {:.3}ms {}",
+        r.at,
+        r.principal,
+        r.collection,
+        r.version,
+        r.exit_code,
+        r.stdout_bytes,
+        r.stderr_bytes,
+        if r.truncated { " truncated" } else { "" },
+        r.duration_ms,
+        r.command
+    );
+}
+
+/// Writes one command line's output (standard output flushed first); returns its exit code.
+fn print_run(stdout: &[u8], stderr: &[u8], exit_code: i32) -> anyhow::Result<i32> {
+    let mut so = std::io::stdout().lock();
+    so.write_all(stdout)?;
+    so.flush()?;
+    std::io::stderr().lock().write_all(stderr)?;
+    Ok(exit_code)
 }
 
 pub fn run(args: VfsArgs) -> anyhow::Result<i32> {
@@ -258,19 +311,18 @@ pub fn run(args: VfsArgs) -> anyhow::Result<i32> {
                 bail!("--from is required to create a collection")
             };
             let r = store.create(&name, src, opts)?;
-            print_report(&r, json)?;
+            print_report(r, json)?;
             Ok(0)
         }
         VfsCmd::Update { name, source, json } => {
             let src = source_of(&source)?;
-            let acl_given = source.default_acl != "public" || !source.acl.is_empty();
-            let opts = if acl_given {
+            let opts = if source.acl_given() {
                 Some(ingest_options(&source)?)
             } else {
                 None
             };
             let r = store.update(&name, src, opts)?;
-            print_report(&r, json)?;
+            print_report(r, json)?;
             Ok(0)
         }
         VfsCmd::Ls { json } => {
@@ -327,12 +379,7 @@ pub fn run(args: VfsArgs) -> anyhow::Result<i32> {
             }
             let mut run_one = |line: &str| -> anyhow::Result<i32> {
                 let out = session.run(line)?;
-                let mut so = std::io::stdout().lock();
-                so.write_all(&out.stdout)?;
-                so.flush()?;
-                let mut se = std::io::stderr().lock();
-                se.write_all(&out.stderr)?;
-                Ok(out.exit_code)
+                print_run(&out.stdout, &out.stderr, out.exit_code)
             };
             match command {
                 Some(c) => run_one(&c),
@@ -375,19 +422,7 @@ pub fn run(args: VfsArgs) -> anyhow::Result<i32> {
                 if json {
                     println!("{}", serde_json::to_string(&r)?);
                 } else {
-                    println!(
-                        "{} {} {}@v{} exit={} out={} err={}{} {:.3}ms {}",
-                        format_utc(r.ts_ms),
-                        r.principal,
-                        r.collection,
-                        r.version,
-                        r.exit_code,
-                        r.stdout_bytes,
-                        r.stderr_bytes,
-                        if r.truncated { " truncated" } else { "" },
-                        r.duration_us as f64 / 1000.0,
-                        r.command
-                    );
+                    print_audit(&sandlot_server::vfs::audit_entry(r));
                 }
             }
             Ok(0)

@@ -158,32 +158,6 @@ fn lifecycle_filters_and_errors() {
     });
 }
 
-/// Raw HTTP over the socket, to send bodies the typed client would not.
-fn raw(d: &Daemon, method: &str, path: &str, body: &str) -> (u16, serde_json::Value) {
-    use std::io::{Read, Write};
-    let mut s = std::os::unix::net::UnixStream::connect(&d.socket).unwrap();
-    // The daemon may answer (413) and close before the whole body is written.
-    let _ = write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    let mut buf = Vec::new();
-    let _ = s.read_to_end(&mut buf);
-    let out = String::from_utf8_lossy(&buf).into_owned();
-    let status: u16 = out[9..12].parse().unwrap();
-    let b = out.split("\r\n\r\n").nth(1).unwrap_or("");
-    // Chunked or not: find the JSON object.
-    let j = b
-        .find('{')
-        .map(|i| &b[i..b.rfind('}').unwrap() + 1])
-        .unwrap_or("null");
-    (
-        status,
-        serde_json::from_str(j).unwrap_or(serde_json::Value::Null),
-    )
-}
-
 #[test]
 fn bad_bodies_name_each_field() {
     let d = Daemon::start(Some("[limits]\nmax_timeout = \"1h\"\n"));
@@ -230,7 +204,7 @@ fn bad_bodies_name_each_field() {
         (r#"{"idle_timeout": "2h"}"#, "idle_timeout"),
     ];
     for (b, field) in cases {
-        let (st, v) = raw(&d, "POST", "/v1/sandboxes", b);
+        let (st, v) = d.raw("POST", "/v1/sandboxes", b);
         assert_eq!(st, 400, "{b}: {v}");
         assert_eq!(v["error"]["code"], "bad_request", "{b}: {v}");
         assert_eq!(v["error"]["field"], *field, "{b}: {v}");
@@ -246,29 +220,29 @@ fn bad_bodies_name_each_field() {
             "{b}: {v}"
         );
     }
-    let (st, v) = raw(&d, "POST", "/v1/sandboxes", "{not json");
+    let (st, v) = d.raw("POST", "/v1/sandboxes", "{not json");
     assert_eq!(
         (st, v["error"]["code"].as_str()),
         (400, Some("bad_request")),
         "{v}"
     );
     let big = format!(r#"{{"metadata": {{"a": "{}"}}}}"#, "x".repeat(2 << 20));
-    let (st, v) = raw(&d, "POST", "/v1/sandboxes", &big);
+    let (st, v) = d.raw("POST", "/v1/sandboxes", &big);
     assert_eq!(
         (st, v["error"]["code"].as_str()),
         (413, Some("payload_too_large")),
         "{v}"
     );
-    let (st, v) = raw(&d, "GET", "/v1/openapi.json", "");
+    let (st, v) = d.raw("GET", "/v1/openapi.json", "");
     assert_eq!(st, 200);
     assert!(v["paths"]["/v1/sandboxes"].is_object(), "{v}");
-    let (st, v) = raw(&d, "GET", "/v1/nothing", "");
+    let (st, v) = d.raw("GET", "/v1/nothing", "");
     assert_eq!(
         (st, v["error"]["code"].as_str()),
         (404, Some("not_found")),
         "{v}"
     );
-    let (st, v) = raw(&d, "PATCH", "/v1/sandboxes", "");
+    let (st, v) = d.raw("PATCH", "/v1/sandboxes", "");
     assert_eq!(
         (st, v["error"]["code"].as_str()),
         (405, Some("method_not_allowed")),
@@ -288,12 +262,11 @@ fn bad_bodies_name_each_field() {
         (r#"{"argv": ["ls"], "timeout": "x"}"#, "timeout"),
         (r#"{"argv": "ls"}"#, "argv"),
     ] {
-        let (st, v) = raw(&d, "POST", &p, b);
+        let (st, v) = d.raw("POST", &p, b);
         assert_eq!(st, 400, "{b}: {v}");
         assert_eq!(v["error"]["field"], field, "{b}: {v}");
     }
-    let (st, v) = raw(
-        &d,
+    let (st, v) = d.raw(
         "POST",
         &format!("/v1/sandboxes/{}/timeout", sb.id),
         r#"{"timeout": "5h"}"#,

@@ -7,32 +7,12 @@ mod api_support;
 use std::path::Path;
 use std::time::Duration;
 
+use api_support::vfs::{acl, body, tar_of};
 use api_support::{rt, Daemon};
-use bytes::Bytes;
 use sandlot_client::vfs::{
     CreateCollection, IngestCollection, OpenSession, UploadFormat, VfsAcl, VfsAclRule, VfsSource,
 };
 use sandlot_client::Client;
-
-/// A tar archive of `files` (path, content), mtime fixed so re-uploads match.
-fn tar_of(files: &[(&str, &str)]) -> Vec<u8> {
-    let mut b = tar::Builder::new(Vec::new());
-    for (p, c) in files {
-        let mut h = tar::Header::new_ustar();
-        h.set_size(c.len() as u64);
-        h.set_mode(0o644);
-        h.set_mtime(1_700_000_000);
-        h.set_entry_type(tar::EntryType::Regular);
-        b.append_data(&mut h, p, c.as_bytes()).unwrap();
-    }
-    b.into_inner().unwrap()
-}
-
-fn body(
-    v: Vec<u8>,
-) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send + Sync {
-    futures_util::stream::iter(vec![Ok(Bytes::from(v))])
-}
 
 const SITE: &[(&str, &str)] = &[
     (
@@ -49,16 +29,6 @@ const SITE: &[(&str, &str)] = &[
     ),
     ("README.md", "hello\n"),
 ];
-
-fn acl() -> VfsAcl {
-    VfsAcl {
-        default: Some("public".into()),
-        rules: vec![VfsAclRule {
-            pattern: "internal/**".into(),
-            acl: "group:eng".into(),
-        }],
-    }
-}
 
 fn status(e: &sandlot_client::Error) -> (u16, String) {
     (
@@ -417,7 +387,7 @@ fn issue7_vfs_daemon_side_sources_jsonl_and_bad_input() {
 
         // Bad input: each error names the problem.
         let raw = |m: &str, p: &str, b: &str| {
-            let (st, v) = raw(&d.socket, m, p, b);
+            let (st, v) = d.raw(m, p, b);
             (st, v["error"]["field"].as_str().unwrap_or("").to_string(), v)
         };
         let (st, f, v) = raw("POST", "/v1/vfs", r#"{"name": "x", "source": {"kind": "dir", "path": "/tmp"}, "acll": 1}"#);
@@ -467,30 +437,6 @@ fn issue7_vfs_daemon_side_sources_jsonl_and_bad_input() {
     });
     drop(d);
     std::fs::remove_dir_all(&root).unwrap();
-}
-
-/// A raw request on the operator socket: (status, JSON body).
-fn raw(socket: &Path, method: &str, path: &str, body: &str) -> (u16, serde_json::Value) {
-    use std::io::{Read, Write};
-    let mut s = std::os::unix::net::UnixStream::connect(socket).unwrap();
-    let _ = write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    let mut buf = Vec::new();
-    let _ = s.read_to_end(&mut buf);
-    let out = String::from_utf8_lossy(&buf).into_owned();
-    let status: u16 = out[9..12].parse().unwrap();
-    let b = out.split("\r\n\r\n").nth(1).unwrap_or("");
-    let j = b
-        .find('{')
-        .map(|i| &b[i..b.rfind('}').unwrap() + 1])
-        .unwrap_or("null");
-    (
-        status,
-        serde_json::from_str(j).unwrap_or(serde_json::Value::Null),
-    )
 }
 
 #[test]

@@ -9,9 +9,9 @@ mod api_support;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use api_support::vfs::{acl, body, tar_of};
 use api_support::{rt, Daemon};
-use bytes::Bytes;
-use sandlot_client::vfs::{UploadFormat, VfsAcl, VfsAclRule};
+use sandlot_client::vfs::UploadFormat;
 use sandlot_client::{Client, CreateSandbox};
 use serde_json::{json, Value};
 
@@ -33,35 +33,6 @@ const SITE: &[(&str, &str)] = &[
     ),
     ("internal/plans/q3.md", "raise the rate limit\n"),
 ];
-
-fn acl() -> VfsAcl {
-    VfsAcl {
-        default: Some("public".into()),
-        rules: vec![VfsAclRule {
-            pattern: "internal/**".into(),
-            acl: "group:eng".into(),
-        }],
-    }
-}
-
-fn tar_of(files: &[(&str, &str)]) -> Vec<u8> {
-    let mut b = tar::Builder::new(Vec::new());
-    for (p, c) in files {
-        let mut h = tar::Header::new_ustar();
-        h.set_size(c.len() as u64);
-        h.set_mode(0o644);
-        h.set_mtime(1_700_000_000);
-        h.set_entry_type(tar::EntryType::Regular);
-        b.append_data(&mut h, p, c.as_bytes()).unwrap();
-    }
-    b.into_inner().unwrap()
-}
-
-fn body(
-    v: Vec<u8>,
-) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send + Sync {
-    futures_util::stream::iter(vec![Ok(Bytes::from(v))])
-}
 
 fn fuse_available() -> bool {
     if !Path::new("/dev/fuse").exists() {

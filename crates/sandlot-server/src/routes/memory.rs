@@ -16,6 +16,7 @@ use super::{json_status, JsonBody};
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
 use crate::memory::{valid_agent_name, MemoryOp, Writer};
+use crate::mount_users::{live_sandboxes_mounting, MountedKind};
 use crate::state::AppState;
 
 /// Header naming the agent a write is attributed to (default: the tenant).
@@ -272,7 +273,12 @@ pub async fn info(call: MemoryCall, Path(store): Path<String>) -> ApiResult<Resp
     responses((status = 200, body = Object), (status = 404, body = Err404),
         (status = 409, description = "a live sandbox mounts it", body = Err404)))]
 pub async fn delete(call: MemoryCall, Path(store): Path<String>) -> ApiResult<Response> {
-    let users = mounted_by(&call.state, &call.principal.tenant, &store);
+    let users = live_sandboxes_mounting(
+        &call.state,
+        &call.principal.tenant,
+        MountedKind::Memory,
+        &store,
+    );
     if !users.is_empty() {
         return Err(ApiError::conflict(format!(
             "memory store {store} is mounted by sandbox {}",
@@ -280,26 +286,6 @@ pub async fn delete(call: MemoryCall, Path(store): Path<String>) -> ApiResult<Re
         )));
     }
     call.run(Some(&store), MemoryOp::Delete).await
-}
-
-/// Live sandboxes of `tenant` whose spec mounts memory store `name`.
-fn mounted_by(state: &AppState, tenant: &str, name: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    for h in state.all_live() {
-        if h.tenant != tenant {
-            continue;
-        }
-        if let Ok(Some(rec)) = state.store.get_sandbox(&h.id) {
-            let uses = rec.spec["mounts"].as_array().is_some_and(|ms| {
-                ms.iter()
-                    .any(|m| m["type"] == "memory" && m["store"] == name)
-            });
-            if uses {
-                out.push(h.id.clone());
-            }
-        }
-    }
-    out
 }
 
 #[utoipa::path(post, path = "/v1/memory/{store}/memories", tag = "memory",

@@ -433,7 +433,12 @@ pub async fn remove(
     p: Principal,
     Path(name): Path<String>,
 ) -> ApiResult<Json<CollectionView>> {
-    let users = crate::collection_mount::mounted_by(&state, &p.tenant, &name);
+    let users = crate::mount_users::live_sandboxes_mounting(
+        &state,
+        &p.tenant,
+        crate::mount_users::MountedKind::Collection,
+        &name,
+    );
     if !users.is_empty() {
         return Err(ApiError::conflict(format!(
             "collection {name} is mounted by sandbox {}: delete it first",

@@ -666,31 +666,38 @@ pub(crate) fn file_stream(
     })
 }
 
-/// A tar archive of a local directory, built in a thread and streamed.
-fn tar_stream(
-    dir: PathBuf,
-) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send + Sync + 'static {
+/// Writes into the channel of a [`tar_stream`].
+pub(crate) struct ChannelWriter(tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>);
+
+impl Write for ChannelWriter {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .blocking_send(Ok(Bytes::copy_from_slice(b)))
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "upload stopped"))?;
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A tar archive that `add` fills (symbolic links archived as links), built in a thread
+/// and streamed; an error ends the stream.
+pub(crate) fn tar_stream<F>(
+    add: F,
+) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send + Sync + 'static
+where
+    F: FnOnce(&mut tar::Builder<std::io::BufWriter<ChannelWriter>>) -> std::io::Result<()>
+        + Send
+        + 'static,
+{
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(4);
     std::thread::spawn(move || {
-        struct W(tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>);
-        impl Write for W {
-            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-                self.0
-                    .blocking_send(Ok(Bytes::copy_from_slice(b)))
-                    .map_err(|_| {
-                        std::io::Error::new(std::io::ErrorKind::BrokenPipe, "upload stopped")
-                    })?;
-                Ok(b.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        let mut b = tar::Builder::new(std::io::BufWriter::with_capacity(256 * 1024, W(tx.clone())));
+        let w = ChannelWriter(tx.clone());
+        let mut b = tar::Builder::new(std::io::BufWriter::with_capacity(256 * 1024, w));
         b.follow_symlinks(false);
-        let r = b
-            .append_dir_all(".", &dir)
-            .and_then(|_| b.into_inner().map(|_| ()));
+        let r = add(&mut b).and_then(|_| b.into_inner().map(|_| ()));
         if let Err(e) = r {
             let _ = tx.blocking_send(Err(e));
         }
@@ -707,8 +714,9 @@ async fn cp(a: CpArgs) -> anyhow::Result<i32> {
                 let f = tokio::fs::File::from_std(std::fs::File::open("/dev/stdin")?);
                 c.write_file(sb, path, None, file_stream(f)).await?;
             } else if local.is_dir() {
+                let dir = local.to_path_buf();
                 let r = c
-                    .tar_upload(sb, path, tar_stream(local.to_path_buf()))
+                    .tar_upload(sb, path, tar_stream(move |b| b.append_dir_all(".", &dir)))
                     .await?;
                 for s in &r.skipped {
                     eprintln!("sandlot: skipped {s}");

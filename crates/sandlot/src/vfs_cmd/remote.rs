@@ -1,6 +1,6 @@
 //! `sandlot vfs ...` through the daemon.
 
-use std::io::{BufRead, Write};
+use std::io::BufRead;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
@@ -11,7 +11,8 @@ use sandlot_client::vfs::{
 };
 use sandlot_client::Client;
 
-use super::{PrincipalArgs, ScratchArgs, SourceArgs, VfsCmd};
+use super::{print_audit, print_ingest, print_run, PrincipalArgs, ScratchArgs, SourceArgs, VfsCmd};
+use crate::api_cmd::client_cmds::{file_stream, tar_stream};
 
 /// What `--from` means through the daemon.
 #[derive(Debug, PartialEq)]
@@ -156,41 +157,18 @@ fn plan(a: &SourceArgs) -> anyhow::Result<Option<Plan>> {
 }
 
 /// A tar archive of `files` under `root`, built in a thread and streamed.
-fn tar_stream(
+fn tar_of_files(
     root: PathBuf,
     files: Vec<String>,
 ) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send + Sync + 'static {
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(4);
-    std::thread::spawn(move || {
-        struct W(tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>);
-        impl Write for W {
-            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-                self.0
-                    .blocking_send(Ok(Bytes::copy_from_slice(b)))
-                    .map_err(|_| {
-                        std::io::Error::new(std::io::ErrorKind::BrokenPipe, "upload stopped")
-                    })?;
-                Ok(b.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
+    tar_stream(move |b| {
+        for f in &files {
+            let p = root.join(f);
+            b.append_path_with_name(&p, f)
+                .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", p.display())))?;
         }
-        let mut b = tar::Builder::new(std::io::BufWriter::with_capacity(256 * 1024, W(tx.clone())));
-        b.follow_symlinks(false);
-        let r = (|| {
-            for f in &files {
-                let p = root.join(f);
-                b.append_path_with_name(&p, f)
-                    .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", p.display())))?;
-            }
-            b.into_inner().map(|_| ())
-        })();
-        if let Err(e) = r {
-            let _ = tx.blocking_send(Err(e));
-        }
-    });
-    futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|x| (x, rx)) })
+        Ok(())
+    })
 }
 
 async fn upload(
@@ -221,7 +199,7 @@ async fn upload(
             .await?
         }
         Plan::Tar { root, files } => {
-            let s = tar_stream(root, files);
+            let s = tar_of_files(root, files);
             if create {
                 c.create_collection_upload(name, UploadFormat::Tar, acl.unwrap_or(&empty), s)
                     .await?
@@ -234,7 +212,7 @@ async fn upload(
             let f = tokio::fs::File::open(&p)
                 .await
                 .with_context(|| format!("open {}", p.display()))?;
-            let s = crate::api_cmd::client_cmds::file_stream(f);
+            let s = file_stream(f);
             if create {
                 c.create_collection_upload(name, UploadFormat::Jsonl, acl.unwrap_or(&empty), s)
                     .await?
@@ -251,21 +229,7 @@ fn print_answer(a: &IngestAnswer, json: bool) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(a)?);
         return Ok(());
     }
-    let (c, r) = (&a.collection, &a.ingest);
-    if r.changed {
-        println!(
-            "{} v{}: {} documents, {} bytes ({} added, {} updated, {} removed, {} unchanged; fetched {} documents, {} bytes)",
-            c.name, r.version, r.documents, r.bytes, r.added, r.updated, r.removed, r.unchanged, r.fetched, r.bytes_fetched
-        );
-    } else {
-        println!(
-            "{} v{}: unchanged ({} documents)",
-            c.name, r.version, r.documents
-        );
-    }
-    for s in &r.skipped {
-        eprintln!("sandlot: skipped {s}");
-    }
+    print_ingest(&a.collection.name, &a.ingest);
     Ok(())
 }
 
@@ -289,15 +253,10 @@ fn session_req(p: &PrincipalArgs, version: Option<u64>, scratch: &ScratchArgs) -
         scratch_max_bytes: scratch.scratch_size.map(|b| b.0),
         ..OpenSession::default()
     };
-    match &p.principal {
-        Some(name) => OpenSession {
-            principal: name.clone(),
-            groups: p.groups.clone(),
-            ..base
-        },
-        None if !p.groups.is_empty() => OpenSession {
-            principal: "cli".into(),
-            groups: p.groups.clone(),
+    match p.named() {
+        Some((principal, groups)) => OpenSession {
+            principal,
+            groups,
             ..base
         },
         // The collection's owner, seeing everything.
@@ -321,8 +280,7 @@ pub(super) async fn run(c: Client, cmd: VfsCmd) -> anyhow::Result<i32> {
             Ok(0)
         }
         VfsCmd::Update { name, source, json } => {
-            let acl_given = source.default_acl != "public" || !source.acl.is_empty();
-            let acl = if acl_given {
+            let acl = if source.acl_given() {
                 Some(acl_of(&source)?)
             } else {
                 None
@@ -384,19 +342,7 @@ pub(super) async fn run(c: Client, cmd: VfsCmd) -> anyhow::Result<i32> {
                 if json {
                     println!("{}", serde_json::to_string(&r)?);
                 } else {
-                    println!(
-                        "{} {} {}@v{} exit={} out={} err={}{} {:.3}ms {}",
-                        r.at,
-                        r.principal,
-                        r.collection,
-                        r.version,
-                        r.exit_code,
-                        r.stdout_bytes,
-                        r.stderr_bytes,
-                        if r.truncated { " truncated" } else { "" },
-                        r.duration_ms,
-                        r.command
-                    );
+                    print_audit(&r);
                 }
             }
             Ok(0)
@@ -408,11 +354,7 @@ pub(super) async fn run(c: Client, cmd: VfsCmd) -> anyhow::Result<i32> {
 async fn shell(c: &Client, name: &str, sid: &str, command: Option<String>) -> anyhow::Result<i32> {
     let run_one = |line: String| async move {
         let out = c.vfs_run(name, sid, &line).await?;
-        let mut so = std::io::stdout().lock();
-        so.write_all(out.stdout.as_bytes())?;
-        so.flush()?;
-        std::io::stderr().lock().write_all(out.stderr.as_bytes())?;
-        anyhow::Ok(out.exit_code)
+        print_run(out.stdout.as_bytes(), out.stderr.as_bytes(), out.exit_code)
     };
     match command {
         Some(line) => run_one(line).await,

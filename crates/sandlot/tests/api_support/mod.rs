@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 
 use sandlot_client::{Client, ListFilter};
 
+pub mod vfs;
+
 pub fn sandlot() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_sandlot"))
 }
@@ -138,6 +140,33 @@ impl Daemon {
             token.map(str::to_string),
         )
         .unwrap()
+    }
+
+    /// A raw HTTP request on the operator socket, to send bodies the typed client would
+    /// not: (status, the JSON object of the body, or null).
+    pub fn raw(&self, method: &str, path: &str, body: &str) -> (u16, serde_json::Value) {
+        use std::io::{Read, Write};
+        let mut s = std::os::unix::net::UnixStream::connect(&self.socket).unwrap();
+        // The daemon may answer (413) and close before the whole body is written.
+        let _ = write!(
+            s,
+            "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let mut buf = Vec::new();
+        let _ = s.read_to_end(&mut buf);
+        let out = String::from_utf8_lossy(&buf).into_owned();
+        let status: u16 = out[9..12].parse().unwrap();
+        let b = out.split("\r\n\r\n").nth(1).unwrap_or("");
+        // Chunked or not: find the JSON object.
+        let j = b
+            .find('{')
+            .map(|i| &b[i..b.rfind('}').unwrap() + 1])
+            .unwrap_or("null");
+        (
+            status,
+            serde_json::from_str(j).unwrap_or(serde_json::Value::Null),
+        )
     }
 
     /// `sandlot token create --tenant T`: the secret.
