@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import uuid
 from pathlib import Path
 
@@ -254,7 +255,11 @@ def test_issue7_collection_mounted_into_a_sandbox(
                 col.delete()
             assert len(_fuse_mounts_under(mounts_dir / sb.id)) == 2
             sid = sb.id
-        # Terminated with the block: its mounts and their directory are gone.
+        # Terminated with the block: its mounts and their directory go right after
+        # (the host clean-up runs once the sandbox is recorded as stopped).
+        deadline = time.monotonic() + 10
+        while (mounts_dir / sid).exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
         assert _fuse_mounts_under(mounts_dir / sid) == []
         assert not (mounts_dir / sid).exists()
         # Another tenant cannot mount it: for them it does not exist.
