@@ -109,6 +109,21 @@ const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 /// How long a graceful shutdown waits for the host clean-ups of stopped sandboxes.
 const TEARDOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// Raises the soft limit of open files to the hard one: the daemon holds
+/// descriptors per sandbox (its PID 1's pidfd, the agent connection, mount
+/// helpers' pipes), and service managers often start it with a soft limit of
+/// 1,024, below a thousand sandboxes' worth.
+fn raise_open_file_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let mut l = getrlimit(Resource::Nofile);
+    if l.current < l.maximum {
+        l.current = l.maximum;
+        if let Err(e) = setrlimit(Resource::Nofile, l) {
+            tracing::warn!("raise the open-file limit: {e}");
+        }
+    }
+}
+
 /// Runs the daemon until `shutdown` resolves. Sandboxes keep running across a
 /// stop and are re-adopted by the next start.
 pub async fn serve(
@@ -120,6 +135,7 @@ pub async fn serve(
     std::fs::set_permissions(&cfg.data_dir, std::fs::Permissions::from_mode(0o700))
         .map_err(io("chmod", &cfg.data_dir))?;
     let _lock = lock_data_dir(&cfg.data_dir)?;
+    raise_open_file_limit();
     let store = Store::open(&cfg.db_path())?;
     let mut rc = RuntimeConfig::new(init_exe);
     rc.run_dir = cfg.runtime.run_dir.clone();

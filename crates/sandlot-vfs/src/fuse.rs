@@ -191,7 +191,10 @@ fn attr_of(view: &View, n: NodeId) -> FileAttr {
 
 /// The entries of directory `n`: ".", "..", then its children in sorted order.
 /// Offsets given to the kernel are 1-based positions in this list.
-fn dir_entries(view: &View, n: NodeId) -> Vec<(NodeId, FileType, &str)> {
+/// A directory's entries: (node, kind, name).
+type Listing<'a> = Vec<(NodeId, FileType, &'a str)>;
+
+fn dir_entries(view: &View, n: NodeId) -> Listing<'_> {
     let tree = view.tree();
     let mut entries: Vec<(NodeId, FileType, &str)> = Vec::with_capacity(tree.children(n).len() + 2);
     entries.push((n, FileType::Directory, "."));
@@ -237,6 +240,15 @@ impl VfsFs {
         let view = self.view()?;
         let n = valid(view, ino).ok_or(Errno::ENOENT)?;
         Ok((view, n))
+    }
+
+    /// The entries of directory `ino` (`.` and `..` first), for readdir(plus).
+    fn listing(&self, ino: INodeNo) -> Result<(&View, Listing<'_>), Errno> {
+        let (view, n) = self.node(ino)?;
+        if !view.tree().is_dir(n) {
+            return Err(Errno::ENOTDIR);
+        }
+        Ok((view, dir_entries(view, n)))
     }
 }
 
@@ -410,14 +422,10 @@ impl Filesystem for VfsFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let (view, n) = match self.node(ino) {
-            Ok(v) => v,
+        let entries = match self.listing(ino) {
+            Ok((_, e)) => e,
             Err(e) => return reply.error(e),
         };
-        if !view.tree().is_dir(n) {
-            return reply.error(Errno::ENOTDIR);
-        }
-        let entries = dir_entries(view, n);
         for (i, (c, kind, name)) in entries.iter().enumerate().skip(offset as usize) {
             if reply.add(ino_of(*c), (i + 1) as u64, *kind, name) {
                 break;
@@ -434,14 +442,10 @@ impl Filesystem for VfsFs {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let (view, n) = match self.node(ino) {
+        let (view, entries) = match self.listing(ino) {
             Ok(v) => v,
             Err(e) => return reply.error(e),
         };
-        if !view.tree().is_dir(n) {
-            return reply.error(Errno::ENOTDIR);
-        }
-        let entries = dir_entries(view, n);
         for (i, (c, _, name)) in entries.iter().enumerate().skip(offset as usize) {
             let attr = attr_of(view, *c);
             if reply.add(ino_of(*c), (i + 1) as u64, name, &TTL, &attr, Generation(0)) {

@@ -147,25 +147,7 @@ impl View {
         validate_name(name)?;
         let dir = store_root.join("collections").join(name);
         let mp = dir.join("versions").join(format!("{version}.json"));
-        let data = fs::read(&mp).map_err(|e| {
-            if e.kind() == io::ErrorKind::NotFound {
-                StoreError::NoSuchVersion {
-                    name: name.to_string(),
-                    version,
-                }
-            } else {
-                StoreError::Io {
-                    op: "read",
-                    path: mp.clone(),
-                    source: e,
-                }
-            }
-        })?;
-        let manifest: Manifest =
-            serde_json::from_slice(&data).map_err(|e| StoreError::Corrupt {
-                path: mp,
-                reason: e.to_string(),
-            })?;
+        let manifest = read_manifest(&mp, name, version)?;
         let tree = Tree::for_principal(&manifest, principal)?;
         Ok(View {
             collection: name.to_string(),
@@ -284,25 +266,7 @@ impl Collection {
 
     fn load_version(&self, v: u64) -> Result<Version, StoreError> {
         let mp = self.dir.join("versions").join(format!("{v}.json"));
-        let data = fs::read(&mp).map_err(|e| {
-            if e.kind() == io::ErrorKind::NotFound {
-                StoreError::NoSuchVersion {
-                    name: self.name.clone(),
-                    version: v,
-                }
-            } else {
-                StoreError::Io {
-                    op: "read",
-                    path: mp.clone(),
-                    source: e,
-                }
-            }
-        })?;
-        let manifest: Manifest =
-            serde_json::from_slice(&data).map_err(|e| StoreError::Corrupt {
-                path: mp.clone(),
-                reason: e.to_string(),
-            })?;
+        let manifest = read_manifest(&mp, &self.name, v)?;
         let index = SearchIndex::load(&self.dir.join("versions").join(format!("{v}.idx")))?;
         if index.doc_count() as usize != manifest.docs.len() {
             return Err(StoreError::Corrupt {
@@ -780,4 +744,26 @@ impl Store {
             .remove(name);
         fs::remove_dir_all(&tomb).map_err(io_err("remove", &tomb))
     }
+}
+
+/// Reads and parses the manifest of `name` at `version` from `mp`.
+fn read_manifest(mp: &Path, name: &str, version: u64) -> Result<Manifest, StoreError> {
+    let data = fs::read(mp).map_err(|e| {
+        if e.kind() == io::ErrorKind::NotFound {
+            StoreError::NoSuchVersion {
+                name: name.to_string(),
+                version,
+            }
+        } else {
+            StoreError::Io {
+                op: "read",
+                path: mp.to_path_buf(),
+                source: e,
+            }
+        }
+    })?;
+    serde_json::from_slice(&data).map_err(|e| StoreError::Corrupt {
+        path: mp.to_path_buf(),
+        reason: e.to_string(),
+    })
 }
