@@ -594,9 +594,18 @@ fn issue7_collection_mounts_survive_a_daemon_crash_and_leave_nothing_after() {
         assert!(Instant::now() < deadline, "helpers did not die");
         std::thread::sleep(Duration::from_millis(50));
     }
-    // Their host mounts are dead (ENOTCONN) until the daemon comes back.
+    // Their host mounts are dead until the daemon comes back: ENOTCONN, or
+    // ECONNABORTED when the kernel saw the connection aborted (the helper's request
+    // threads each hold a clone of the FUSE device; which error a dead connection
+    // gives depends on how its last descriptor went).
     let e = std::fs::read_dir(root.join(&orphaned).join("0")).unwrap_err();
-    assert_eq!(e.raw_os_error(), Some(libc::ENOTCONN), "{e}");
+    assert!(
+        matches!(
+            e.raw_os_error(),
+            Some(libc::ENOTCONN) | Some(libc::ECONNABORTED)
+        ),
+        "{e}"
+    );
 
     d.spawn();
     r.block_on(async {
@@ -616,7 +625,11 @@ fn issue7_collection_mounts_survive_a_daemon_crash_and_leave_nothing_after() {
         assert!(fuse_mounts_under(&root.join(&orphaned)).is_empty());
         let (code, _, err) = sh(&c, &orphaned, "ls /docs").await;
         assert_ne!(code, 0);
-        assert!(err.contains("Transport endpoint is not connected"), "{err}");
+        assert!(
+            err.contains("Transport endpoint is not connected")
+                || err.contains("Software caused connection abort"),
+            "{err}"
+        );
         assert!(d
             .log()
             .contains("helper serving this collection mount died"));
