@@ -6,6 +6,7 @@
 //! sockets, whatever the user namespace would allow.
 
 use std::io;
+use std::path::Path;
 
 /// Capabilities kept in the bounding set (numbers from `linux/capability.h`).
 pub const KEPT_CAPS: &[(u32, &str, &str)] = &[
@@ -281,6 +282,139 @@ pub fn apply_landlock() -> Result<LandlockStatus, SecurityError> {
         signals_scoped: scoped != 0,
         abstract_sockets_scoped: scoped != 0,
     })
+}
+
+/// Landlock rights of the read-only ruleset (`linux/landlock.h`).
+mod ruleset {
+    pub const CREATE_RULESET_VERSION: u32 = 1;
+    pub const RULE_PATH_BENEATH: u32 = 1;
+    pub const ACCESS_FS_READ_FILE: u64 = 1 << 2;
+    pub const ACCESS_FS_READ_DIR: u64 = 1 << 3;
+    /// Every filesystem right of ABI 1 (execute .. make_sym).
+    pub const ACCESS_FS_V1: u64 = (1 << 13) - 1;
+    pub const ACCESS_FS_REFER: u64 = 1 << 13;
+    pub const ACCESS_FS_TRUNCATE: u64 = 1 << 14;
+    pub const ACCESS_FS_IOCTL_DEV: u64 = 1 << 15;
+    pub const ACCESS_NET_BIND_TCP: u64 = 1 << 0;
+    pub const ACCESS_NET_CONNECT_TCP: u64 = 1 << 1;
+    pub const SCOPE_ABSTRACT_UNIX_SOCKET: u64 = 1 << 0;
+    pub const SCOPE_SIGNAL: u64 = 1 << 1;
+
+    #[repr(C)]
+    #[derive(Default)]
+    pub struct RulesetAttr {
+        pub handled_access_fs: u64,
+        pub handled_access_net: u64,
+        pub scoped: u64,
+    }
+
+    #[repr(C, packed)]
+    pub struct PathBeneathAttr {
+        pub allowed_access: u64,
+        pub parent_fd: i32,
+    }
+
+    /// The ruleset for ABI `abi` and how many bytes of it that ABI reads.
+    pub fn ruleset(abi: i64) -> (RulesetAttr, usize) {
+        let mut fs = ACCESS_FS_V1;
+        if abi >= 2 {
+            fs |= ACCESS_FS_REFER;
+        }
+        if abi >= 3 {
+            fs |= ACCESS_FS_TRUNCATE;
+        }
+        if abi >= 5 {
+            fs |= ACCESS_FS_IOCTL_DEV;
+        }
+        let mut attr = RulesetAttr {
+            handled_access_fs: fs,
+            ..Default::default()
+        };
+        let mut size = 8;
+        if abi >= 4 {
+            attr.handled_access_net = ACCESS_NET_BIND_TCP | ACCESS_NET_CONNECT_TCP;
+            size = 16;
+        }
+        if abi >= 6 {
+            attr.scoped = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL;
+            size = 24;
+        }
+        (attr, size)
+    }
+}
+
+/// Restricts the calling thread (and the threads and children it starts afterwards)
+/// to reading files and directories beneath `dir`; where the kernel can (ABI 4 and
+/// later) it may neither bind nor connect TCP sockets, and from ABI 6 abstract unix
+/// sockets and signals are scoped to it. `no_new_privs` must be set first. The ABI
+/// version, or `None` where the kernel has no Landlock (not an error: the caller's
+/// other confinement still applies). Used by the collection-mount helper.
+pub fn landlock_read_only_beneath(dir: &Path) -> Result<Option<i64>, SecurityError> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::unix::fs::OpenOptionsExt;
+    let ll = |op: &'static str| move |source: io::Error| SecurityError::Landlock { op, source };
+    // SAFETY: a null attribute with size 0 and the VERSION flag only queries the ABI.
+    let abi = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<ruleset::RulesetAttr>(),
+            0usize,
+            ruleset::CREATE_RULESET_VERSION,
+        )
+    };
+    if abi < 1 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ENOSYS) | Some(libc::EOPNOTSUPP) => Ok(None),
+            _ => Err(ll("query the ABI")(e)),
+        };
+    }
+    let (attr, size) = ruleset::ruleset(abi);
+    // SAFETY: `attr` is a valid ruleset attribute of at least `size` bytes.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            &attr as *const ruleset::RulesetAttr,
+            size,
+            0u32,
+        )
+    };
+    if fd < 0 {
+        return Err(ll("create a ruleset")(io::Error::last_os_error()));
+    }
+    // SAFETY: the kernel just returned this descriptor; nothing else owns it.
+    let ruleset = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    let parent = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_DIRECTORY)
+        .open(dir)
+        .map_err(ll("open the allowed directory"))?;
+    let rule = ruleset::PathBeneathAttr {
+        allowed_access: ruleset::ACCESS_FS_READ_FILE | ruleset::ACCESS_FS_READ_DIR,
+        parent_fd: parent.as_raw_fd(),
+    };
+    // SAFETY: `ruleset` and `parent` are open descriptors; `rule` is a valid
+    // path-beneath attribute for the duration of the call.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_add_rule,
+            ruleset.as_raw_fd(),
+            ruleset::RULE_PATH_BENEATH,
+            &rule as *const ruleset::PathBeneathAttr,
+            0u32,
+        )
+    };
+    if r != 0 {
+        return Err(ll("add the rule for the allowed directory")(
+            io::Error::last_os_error(),
+        ));
+    }
+    // SAFETY: `ruleset` is an open ruleset descriptor; no_new_privs is set.
+    let r = unsafe { libc::syscall(libc::SYS_landlock_restrict_self, ruleset.as_raw_fd(), 0u32) };
+    if r != 0 {
+        return Err(ll("restrict the thread")(io::Error::last_os_error()));
+    }
+    Ok(Some(abi))
 }
 
 #[cfg(test)]

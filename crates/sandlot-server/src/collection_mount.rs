@@ -773,7 +773,8 @@ fn confine(collection_dir: &Path) -> Result<Confinement, String> {
         set_no_new_privs, CapabilitySet, CapabilitySets,
     };
     set_no_new_privs(true).map_err(|e| format!("set no_new_privs: {e}"))?;
-    let landlock = landlock_read_only(collection_dir)?;
+    let landlock = sandlot_runtime::security::landlock_read_only_beneath(collection_dir)
+        .map_err(|e| e.to_string())?;
     // The bounding set, one capability at a time, up to the kernel's last (EINVAL).
     for cap in 0..64u32 {
         match remove_capability_from_bounding_set(CapabilitySet::from_bits_retain(1u64 << cap)) {
@@ -793,143 +794,6 @@ fn confine(collection_dir: &Path) -> Result<Confinement, String> {
     )
     .map_err(|e| format!("drop capabilities: {e}"))?;
     Ok(Confinement { landlock })
-}
-
-/// Landlock rights (`linux/landlock.h`).
-mod landlock {
-    pub const CREATE_RULESET_VERSION: u32 = 1;
-    pub const RULE_PATH_BENEATH: u32 = 1;
-    pub const ACCESS_FS_READ_FILE: u64 = 1 << 2;
-    pub const ACCESS_FS_READ_DIR: u64 = 1 << 3;
-    /// Every filesystem right of ABI 1 (execute .. make_sym).
-    pub const ACCESS_FS_V1: u64 = (1 << 13) - 1;
-    pub const ACCESS_FS_REFER: u64 = 1 << 13;
-    pub const ACCESS_FS_TRUNCATE: u64 = 1 << 14;
-    pub const ACCESS_FS_IOCTL_DEV: u64 = 1 << 15;
-    pub const ACCESS_NET_BIND_TCP: u64 = 1 << 0;
-    pub const ACCESS_NET_CONNECT_TCP: u64 = 1 << 1;
-    pub const SCOPE_ABSTRACT_UNIX_SOCKET: u64 = 1 << 0;
-    pub const SCOPE_SIGNAL: u64 = 1 << 1;
-
-    #[repr(C)]
-    #[derive(Default)]
-    pub struct RulesetAttr {
-        pub handled_access_fs: u64,
-        pub handled_access_net: u64,
-        pub scoped: u64,
-    }
-
-    #[repr(C, packed)]
-    pub struct PathBeneathAttr {
-        pub allowed_access: u64,
-        pub parent_fd: i32,
-    }
-
-    /// The ruleset for ABI `abi` and how many bytes of it that ABI reads.
-    pub fn ruleset(abi: i64) -> (RulesetAttr, usize) {
-        let mut fs = ACCESS_FS_V1;
-        if abi >= 2 {
-            fs |= ACCESS_FS_REFER;
-        }
-        if abi >= 3 {
-            fs |= ACCESS_FS_TRUNCATE;
-        }
-        if abi >= 5 {
-            fs |= ACCESS_FS_IOCTL_DEV;
-        }
-        let mut attr = RulesetAttr {
-            handled_access_fs: fs,
-            ..Default::default()
-        };
-        let mut size = 8;
-        if abi >= 4 {
-            attr.handled_access_net = ACCESS_NET_BIND_TCP | ACCESS_NET_CONNECT_TCP;
-            size = 16;
-        }
-        if abi >= 6 {
-            attr.scoped = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL;
-            size = 24;
-        }
-        (attr, size)
-    }
-}
-
-/// Restricts this thread (and threads and children it starts) to reading files
-/// and directories under `dir`. The ABI version, or None where the kernel has no
-/// Landlock (it is then not an error: capabilities are dropped all the same).
-fn landlock_read_only(dir: &Path) -> Result<Option<i64>, String> {
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-    // SAFETY: a null attribute with size 0 and the VERSION flag only queries the ABI.
-    let abi = unsafe {
-        libc::syscall(
-            libc::SYS_landlock_create_ruleset,
-            std::ptr::null::<landlock::RulesetAttr>(),
-            0usize,
-            landlock::CREATE_RULESET_VERSION,
-        )
-    };
-    if abi < 1 {
-        let e = std::io::Error::last_os_error();
-        return match e.raw_os_error() {
-            Some(libc::ENOSYS) | Some(libc::EOPNOTSUPP) => Ok(None),
-            _ => Err(format!("query landlock: {e}")),
-        };
-    }
-    let (attr, size) = landlock::ruleset(abi);
-    // SAFETY: `attr` is a valid ruleset attribute of at least `size` bytes.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_landlock_create_ruleset,
-            &attr as *const landlock::RulesetAttr,
-            size,
-            0u32,
-        )
-    };
-    if fd < 0 {
-        return Err(format!(
-            "create a landlock ruleset: {}",
-            std::io::Error::last_os_error()
-        ));
-    }
-    // SAFETY: the kernel just returned this descriptor; nothing else owns it.
-    let ruleset = unsafe { OwnedFd::from_raw_fd(fd as i32) };
-    let parent = rustix::fs::open(
-        dir,
-        rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
-        rustix::fs::Mode::empty(),
-    )
-    .map_err(|e| format!("open {}: {e}", dir.display()))?;
-    let rule = landlock::PathBeneathAttr {
-        allowed_access: landlock::ACCESS_FS_READ_FILE | landlock::ACCESS_FS_READ_DIR,
-        parent_fd: parent.as_raw_fd(),
-    };
-    // SAFETY: `ruleset` and `parent` are open descriptors; `rule` is a valid
-    // path-beneath attribute for the duration of the call.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_landlock_add_rule,
-            ruleset.as_raw_fd(),
-            landlock::RULE_PATH_BENEATH,
-            &rule as *const landlock::PathBeneathAttr,
-            0u32,
-        )
-    };
-    if r != 0 {
-        return Err(format!(
-            "add the landlock rule for {}: {}",
-            dir.display(),
-            std::io::Error::last_os_error()
-        ));
-    }
-    // SAFETY: `ruleset` is an open ruleset descriptor; no_new_privs is set.
-    let r = unsafe { libc::syscall(libc::SYS_landlock_restrict_self, ruleset.as_raw_fd(), 0u32) };
-    if r != 0 {
-        return Err(format!(
-            "apply landlock: {}",
-            std::io::Error::last_os_error()
-        ));
-    }
-    Ok(Some(abi))
 }
 
 /// SIGTERM, SIGINT and SIGHUP, blocked in this thread (and the threads it starts).
