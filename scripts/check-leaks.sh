@@ -9,6 +9,9 @@ m=$(grep -E 'sandlot' /proc/mounts || true)
 [ -n "$m" ] && report "mounts: $m"
 cg=$(find /sys/fs/cgroup -mindepth 2 -maxdepth 3 -type d -path '*sandlot*' ! -name sandlot 2>/dev/null || true)
 [ -n "$cg" ] && report "cgroups: $cg"
+# The shared parent goes with the last sandbox (and a daemon's cgroup stock).
+cgp=$(find /sys/fs/cgroup -mindepth 2 -maxdepth 2 -type d -name sandlot 2>/dev/null || true)
+[ -n "$cgp" ] && report "parent cgroups: $cgp"
 if [ -d /run/sandlot/sandboxes ]; then
   sb=$(ls -A /run/sandlot/sandboxes)
   [ -n "$sb" ] && report "sandbox run dirs: $sb"

@@ -145,9 +145,17 @@ impl Drop for CgroupStock {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+        let mut last = None;
         for name in self.shared.lock().drain(..) {
             let cg = Cgroup::plan(&self.shared.layout, &self.shared.parent, &name);
             let _ = cg.remove(Duration::from_millis(500));
+            last = Some(cg);
+        }
+        // The stock kept the parent busy after the last sandbox went (terminate's
+        // `remove_parent_if_empty` found it so): remove it now unless sandboxes
+        // still use it.
+        if let Some(cg) = last {
+            cg.remove_parent_if_empty();
         }
     }
 }

@@ -226,12 +226,19 @@ fn issue2_cgroup_stock_hands_out_fresh_renamed_cgroups_and_leaves_nothing() {
     // The stock refills behind the claim.
     wait_for("the stock to refill", || stock.ready() == 2);
 
-    // Stopping the stock removes what it still holds; the claimed one stays.
+    // Stopping the stock removes what it still holds; the claimed one stays, and so
+    // does the parent it is in.
     drop(stock);
     let left = children(&layout, &parent);
     assert_eq!(left.len(), hierarchies, "{left:?}");
     assert!(left.iter().all(|p| p.ends_with("sb-stocktest")), "{left:?}");
     cg.remove(Duration::from_secs(2)).unwrap();
+
+    // With no sandbox left, stopping a stock also removes the parent.
+    let stock = CgroupStock::start(&layout, &parent, 1).unwrap();
+    wait_for("one stocked cgroup", || stock.ready() == 1);
+    drop(stock);
+    assert!(!Cgroup::plan(&layout, &parent, "").exists());
 
     // Debris of a dead owner is swept; a live owner's is not.
     let dead = {

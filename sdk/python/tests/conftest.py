@@ -111,6 +111,14 @@ class Daemon:
     def run_dir_exists(self, sandbox_id: str) -> bool:
         return os.path.exists(f"/run/sandlot/sandboxes/{sandbox_id}")
 
+    def run_dir_gone(self, sandbox_id: str, timeout: float = 10.0) -> bool:
+        """Whether the sandbox's run directory is gone within `timeout`: the host
+        clean-up runs right after the sandbox is recorded stopped, off the request."""
+        deadline = time.monotonic() + timeout
+        while self.run_dir_exists(sandbox_id) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return not self.run_dir_exists(sandbox_id)
+
 
 def _start() -> Daemon:
     if os.geteuid() != 0:

@@ -20,7 +20,7 @@ async def test_async_context_manager_run_and_cleanup(daemon, aacme):  # type: ig
         assert sb.id in [s.id for s in await AsyncSandbox.list(client=aacme, tags={"a": "1"})]
         sid = sb.id
     assert (await AsyncSandbox.connect(sid, client=aacme)).state == "stopped"
-    assert not daemon.run_dir_exists(sid)
+    assert daemon.run_dir_gone(sid)
 
 
 async def test_async_streaming_stdin_and_exit(aacme):  # type: ignore[no-untyped-def]

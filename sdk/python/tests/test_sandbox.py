@@ -39,7 +39,7 @@ def test_context_manager_runs_code_and_terminates(daemon, acme):  # type: ignore
         assert (r.stdout, r.stderr, r.exit_code) == ("42\n", "", 0)
         sid = sb.id
     # Terminated on exit, every trace gone from the host, the record kept.
-    assert not daemon.run_dir_exists(sid)
+    assert daemon.run_dir_gone(sid)
     again = Sandbox.connect(sid, client=acme)
     assert again.state == "stopped" and again.info.end_reason == "deleted"
     assert sid not in [s.id for s in Sandbox.list(client=acme)]
@@ -52,7 +52,7 @@ def test_context_manager_terminates_on_exception(daemon, acme):  # type: ignore[
             sid = sb.id
             raise RuntimeError("boom")
     assert Sandbox.connect(sid, client=acme).state == "stopped"
-    assert not daemon.run_dir_exists(sid)
+    assert daemon.run_dir_gone(sid)
 
 
 def test_issue3_create_with_the_same_idempotency_key_returns_the_same_sandbox(acme):  # type: ignore[no-untyped-def]
@@ -139,7 +139,7 @@ def test_set_timeout_extends_and_lifetime_ends_it(daemon, acme):  # type: ignore
     sb = Sandbox.create(client=acme, timeout=1)
     info = wait_until(lambda: (lambda i: i if i.state == "stopped" else None)(sb.refresh()), what="lifetime end")
     assert info.end_reason == "timeout"
-    assert not daemon.run_dir_exists(sb.id)
+    assert daemon.run_dir_gone(sb.id)
 
 
 def test_idle_timeout(acme):  # type: ignore[no-untyped-def]
