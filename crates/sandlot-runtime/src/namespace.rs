@@ -192,18 +192,18 @@ impl NamespaceBackend {
             hostname,
             lifeline,
             netns: opts.netns.is_some(),
+            etc_view: false,
             trace: Trace::enabled(),
         })
     }
 
     fn spawn_init(
         &self,
-        plan: &SandboxPlan,
+        plan: &mut SandboxPlan,
         slot: &OwnedFd,
         alive: &OwnedFd,
         opts: &mut CreateOptions,
     ) -> Result<i32, RuntimeError> {
-        let plan_json = serde_json::to_vec(plan).expect("plan serializes");
         let (plan_r, plan_w) = sys::pipe().map_err(io_err("pipe"))?;
         let (status_r, status_w) = sys::pipe().map_err(io_err("pipe"))?;
         let lifeline = opts.lifeline.take();
@@ -236,6 +236,10 @@ impl NamespaceBackend {
         } else {
             None
         };
+        // Written after the fork: whether the helper holds the fork server's view.
+        plan.etc_view = forked.is_some_and(|(_, view)| view);
+        let plan_json = serde_json::to_vec(&*plan).expect("plan serializes");
+        let forked = forked.map(|(pid, _)| pid);
         let mut child = None;
         if forked.is_none() {
             let mut cmd = Command::new(&self.cfg.init_exe);
@@ -345,7 +349,7 @@ impl NamespaceBackend {
         alive: &OwnedFd,
         lifeline: &Option<OwnedFd>,
         netns: &Option<OwnedFd>,
-    ) -> Option<i32> {
+    ) -> Option<(i32, bool)> {
         let null = fs::File::options().write(true).open("/dev/null").ok()?;
         let f = crate::zygote::HelperFds {
             plan: plan_r.as_fd(),
@@ -359,7 +363,10 @@ impl NamespaceBackend {
         let mut z = self.zygote.lock().unwrap_or_else(|e| e.into_inner());
         for _ in 0..2 {
             if z.is_none() {
-                *z = Some(crate::zygote::Zygote::start(&self.cfg.init_exe).ok()?);
+                *z = Some(
+                    crate::zygote::Zygote::start(&self.cfg.init_exe, Some(&self.cfg.run_dir))
+                        .ok()?,
+                );
             }
             match z.as_ref().map(|z| z.spawn(&f)) {
                 Some(Ok(pid)) => return Some(pid),
@@ -623,9 +630,9 @@ impl Backend for NamespaceBackend {
             };
             cgroup = Some(cg.clone());
             tr.mark("cgroup created");
-            let plan = self.plan(id, spec, id_base, opts.lifeline.is_some(), &cg, &opts)?;
+            let mut plan = self.plan(id, spec, id_base, opts.lifeline.is_some(), &cg, &opts)?;
             tr.mark("planned");
-            let pid = self.spawn_init(&plan, &slot_fd, &alive, &mut opts)?;
+            let pid = self.spawn_init(&mut plan, &slot_fd, &alive, &mut opts)?;
             tr.mark("ready");
             let pidfd = sys::pidfd_open(pid).map_err(io_err("pidfd_open"))?;
             Ok(SandboxInstance {
