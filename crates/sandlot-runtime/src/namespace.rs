@@ -15,6 +15,7 @@ use crate::cgroup::{Cgroup, CgroupLayout, CgroupLimits};
 use crate::cgroup_stock::CgroupStock;
 use crate::hostimage::{self, HostFacts};
 use crate::mounts::{self, PlanInput};
+use crate::netns::NetnsStock;
 use crate::plan::{fds, AgentSetup, InitStatus, SandboxPlan, Trace, ID_RANGE};
 use crate::{sys, Backend, CreateOptions, RuntimeError, SandboxInstance};
 
@@ -39,6 +40,10 @@ pub struct RuntimeConfig {
     /// [`crate::cgroup_stock`]), so a create renames one instead of a `mkdir` per
     /// hierarchy. 0: none. For long-lived hosts (the daemon).
     pub cgroup_stock: usize,
+    /// Keep this many loopback-only network namespaces ready (see
+    /// [`crate::netns::NetnsStock`]) for sandboxes with network `none`, instead of
+    /// creating one with `CLONE_NEWNET` on the create path. 0: none kept.
+    pub netns_stock: usize,
 }
 
 impl RuntimeConfig {
@@ -52,6 +57,7 @@ impl RuntimeConfig {
             id_slots: 8192,
             fork_server: false,
             cgroup_stock: 0,
+            netns_stock: 0,
         }
     }
 }
@@ -65,6 +71,8 @@ pub struct NamespaceBackend {
     zygote: std::sync::Mutex<Option<crate::zygote::Zygote>>,
     /// Cgroups made ahead of time (`RuntimeConfig::cgroup_stock`).
     stock: std::sync::Mutex<Option<CgroupStock>>,
+    /// Network namespaces made ahead of time (`RuntimeConfig::netns_stock`).
+    netns_stock: std::sync::Mutex<Option<NetnsStock>>,
 }
 
 fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> RuntimeError {
@@ -94,12 +102,14 @@ impl NamespaceBackend {
         // Stocked cgroups of a process that died (a daemon killed with -9).
         crate::cgroup_stock::sweep_dead(&layout, &cfg.cgroup_parent);
         let stock = CgroupStock::start(&layout, &cfg.cgroup_parent, cfg.cgroup_stock);
+        let netns_stock = NetnsStock::start(cfg.netns_stock);
         Ok(NamespaceBackend {
             host: HostFacts::probe(Path::new("/")),
             cfg,
             layout,
             zygote: std::sync::Mutex::new(None),
             stock: std::sync::Mutex::new(stock),
+            netns_stock: std::sync::Mutex::new(netns_stock),
         })
     }
 
@@ -107,11 +117,26 @@ impl NamespaceBackend {
         &self.cfg
     }
 
-    /// Stops the cgroup stock and removes its unused cgroups (at shutdown; creates
-    /// go on without it).
+    /// Stops the cgroup and network namespace stocks and removes what they hold
+    /// (at shutdown; creates go on without them).
     pub fn release_stock(&self) {
         let stock = self.stock.lock().unwrap_or_else(|e| e.into_inner()).take();
         drop(stock);
+        let netns = self
+            .netns_stock
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        drop(netns);
+    }
+
+    /// Network namespaces in stock right now.
+    pub fn stocked_netns(&self) -> usize {
+        self.netns_stock
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map_or(0, |s| s.ready())
     }
 
     /// Cgroups in stock right now.
@@ -630,6 +655,16 @@ impl Backend for NamespaceBackend {
             };
             cgroup = Some(cg.clone());
             tr.mark("cgroup created");
+            if opts.netns.is_none() {
+                // Network `none` (checked above): a stocked loopback namespace if
+                // one is ready, else PID 1 gets a new one from CLONE_NEWNET.
+                opts.netns = self
+                    .netns_stock
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .as_ref()
+                    .and_then(|s| s.take());
+            }
             let mut plan = self.plan(id, spec, id_base, opts.lifeline.is_some(), &cg, &opts)?;
             tr.mark("planned");
             let pid = self.spawn_init(&mut plan, &slot_fd, &alive, &mut opts)?;
