@@ -257,6 +257,10 @@ impl NamespaceBackend {
                 alive,
                 &lifeline,
                 &netns,
+                plan.mounts
+                    .ops
+                    .iter()
+                    .any(|op| matches!(op, crate::mounts::MountOp::HostEtc { .. })),
             )
         } else {
             None
@@ -374,6 +378,7 @@ impl NamespaceBackend {
         alive: &OwnedFd,
         lifeline: &Option<OwnedFd>,
         netns: &Option<OwnedFd>,
+        wants_etc_view: bool,
     ) -> Option<(i32, bool)> {
         let null = fs::File::options().write(true).open("/dev/null").ok()?;
         let f = crate::zygote::HelperFds {
@@ -384,6 +389,7 @@ impl NamespaceBackend {
             alive: alive.as_fd(),
             lifeline: lifeline.as_ref().map(|l| l.as_fd()),
             netns: netns.as_ref().map(|n| n.as_fd()),
+            wants_etc_view,
         };
         let mut z = self.zygote.lock().unwrap_or_else(|e| e.into_inner());
         for _ in 0..2 {

@@ -27,6 +27,8 @@ use crate::sys;
 
 const HAS_LIFELINE: u8 = 1;
 const HAS_NETNS: u8 = 2;
+/// The sandbox uses the `host` image's `/etc` view: clone one for its helper.
+const WANTS_ETC_VIEW: u8 = 4;
 
 /// The descriptors of one `__init` helper.
 pub struct HelperFds<'a> {
@@ -37,6 +39,10 @@ pub struct HelperFds<'a> {
     pub alive: BorrowedFd<'a>,
     pub lifeline: Option<BorrowedFd<'a>>,
     pub netns: Option<BorrowedFd<'a>>,
+    /// Pass the fork server's `/etc` view, if it has one (the plan has a
+    /// [`crate::mounts::MountOp::HostEtc`]); a copy nobody attaches would cost
+    /// an unmount of the whole copy when it is closed.
+    pub wants_etc_view: bool,
 }
 
 /// The host's handle on its fork server.
@@ -81,6 +87,9 @@ impl Zygote {
         if let Some(n) = f.netns {
             flags |= HAS_NETNS;
             list.push(n);
+        }
+        if f.wants_etc_view {
+            flags |= WANTS_ETC_VIEW;
         }
         let sock = self.sock.as_ref().expect("open until dropped").as_fd();
         sys::send_fds(sock, &[flags], &list)?;
@@ -132,11 +141,15 @@ pub fn main(agent: AgentMain) -> ! {
             // The host is gone.
             Ok(None) | Err(_) => sys::exit_now(0),
         };
-        if view.as_ref().is_some_and(|v| !v.is_current()) {
+        let wants_view = buf[..n].first().is_some_and(|f| f & WANTS_ETC_VIEW != 0);
+        if wants_view && view.as_ref().is_some_and(|v| !v.is_current()) {
             // The host replaced a bound entry: rebuild (or fall back to binds).
             view = view_at.as_deref().and_then(|at| EtcView::build(at).ok());
         }
-        let tree = view.as_ref().and_then(|v| v.clone_tree().ok());
+        let tree = view
+            .as_ref()
+            .filter(|_| wants_view)
+            .and_then(|v| v.clone_tree().ok());
         let has_view = u8::from(tree.is_some());
         let answer = match fork_helper(&buf[..n], fds, tree, agent) {
             Ok(pid) => [&[b'p'][..], &pid.to_le_bytes(), &[has_view]].concat(),
