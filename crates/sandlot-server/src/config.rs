@@ -63,6 +63,9 @@ pub struct Limits {
     pub exec_grace: Seconds,
     /// How long the output of a finished process stays re-attachable.
     pub finished_retention: Seconds,
+    /// How long the record of a stopped sandbox (its spec, usage and events) is
+    /// kept after it ended; older ones are deleted hourly. 0: kept forever.
+    pub stopped_retention: Seconds,
 }
 
 impl Default for Limits {
@@ -75,6 +78,7 @@ impl Default for Limits {
             max_upload: ByteSize(0),
             exec_grace: Seconds::secs(30),
             finished_retention: Seconds::secs(60),
+            stopped_retention: Seconds::secs(7 * 24 * 3600),
         }
     }
 }

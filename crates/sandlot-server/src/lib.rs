@@ -200,6 +200,7 @@ pub async fn serve(
     pool::Pools::start(&state);
     state.vfs.sweep_uploads();
     routes::vfs::start_sweeper(&state);
+    start_record_pruner(&state);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         shutdown.await;
@@ -277,4 +278,28 @@ pub async fn serve(
         "daemon stopped; live sandboxes keep running"
     );
     Ok(())
+}
+
+/// Deletes the records of sandboxes stopped longer ago than
+/// `limits.stopped_retention`, at start and then hourly.
+fn start_record_pruner(state: &Arc<AppState>) {
+    let keep = state.cfg.limits.stopped_retention.0;
+    if keep.is_zero() {
+        return;
+    }
+    let st = state.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(3600));
+        loop {
+            tick.tick().await;
+            let cutoff = store::now_ms() - keep.as_millis() as i64;
+            let s = st.clone();
+            match tokio::task::spawn_blocking(move || s.store.prune_stopped(cutoff)).await {
+                Ok(Ok(0)) => {}
+                Ok(Ok(n)) => tracing::info!(records = n, "pruned stopped sandboxes"),
+                Ok(Err(e)) => tracing::warn!("prune stopped sandboxes: {e}"),
+                Err(e) => tracing::warn!("prune stopped sandboxes: {e}"),
+            }
+        }
+    });
 }

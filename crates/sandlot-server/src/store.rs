@@ -670,6 +670,35 @@ impl Store {
     }
 
     /// Overwrites the usage counters (they only grow; the caller holds totals).
+    /// Deletes the records (with their usage, events and idempotency keys) of
+    /// sandboxes that stopped before `ended_before` (ms since the epoch); returns how
+    /// many went. Live sandboxes are never touched.
+    pub fn prune_stopped(&self, ended_before: i64) -> Result<usize, StoreError> {
+        let mut c = self.lock();
+        let tx = c.transaction().map_err(sql("prune stopped sandboxes"))?;
+        let old = "SELECT id FROM sandboxes WHERE state = 'stopped' AND ended_at < ?1";
+        for table in ["usage", "events"] {
+            tx.execute(
+                &format!("DELETE FROM {table} WHERE sandbox_id IN ({old})"),
+                [ended_before],
+            )
+            .map_err(sql("prune stopped sandboxes"))?;
+        }
+        tx.execute(
+            &format!("DELETE FROM idempotency_keys WHERE sandbox_id IN ({old})"),
+            [ended_before],
+        )
+        .map_err(sql("prune stopped sandboxes"))?;
+        let n = tx
+            .execute(
+                "DELETE FROM sandboxes WHERE state = 'stopped' AND ended_at < ?1",
+                [ended_before],
+            )
+            .map_err(sql("prune stopped sandboxes"))?;
+        tx.commit().map_err(sql("prune stopped sandboxes"))?;
+        Ok(n)
+    }
+
     pub fn save_usage(&self, id: &str, u: &UsageRecord) -> Result<(), StoreError> {
         update_usage(&self.lock(), id, u)
     }
@@ -1008,5 +1037,38 @@ mod tests {
         assert!(s.revoke_token("tok1").unwrap());
         assert!(!s.revoke_token("tok1").unwrap());
         assert_eq!(s.tenant_of_token("h1").unwrap(), None);
+    }
+
+    #[test]
+    fn issue3_stopped_records_are_pruned_after_retention_and_live_ones_never() {
+        let s = Store::in_memory().unwrap();
+        for id in ["old", "new", "live"] {
+            assert_eq!(
+                s.admit_sandbox(&rec(id, "t", 1), 10, 100).unwrap(),
+                Admission::Admitted
+            );
+            s.mark_running(id, 1, 1).unwrap();
+        }
+        s.mark_stopped("old", EndReason::Deleted, (Some(0), None), None, 1_000)
+            .unwrap();
+        s.mark_stopped("new", EndReason::Deleted, (Some(0), None), None, 5_000)
+            .unwrap();
+        assert_eq!(s.prune_stopped(2_000).unwrap(), 1);
+        assert!(s.get_sandbox("old").unwrap().is_none());
+        assert!(s.events("old", 0, 100).unwrap().is_empty());
+        assert!(s.get_sandbox("new").unwrap().is_some());
+        assert!(!s.events("new", 0, 100).unwrap().is_empty());
+        // A live sandbox stays whatever the cutoff.
+        assert_eq!(s.prune_stopped(i64::MAX).unwrap(), 1);
+        assert!(s.get_sandbox("live").unwrap().is_some());
+        let leftover: i64 = s
+            .lock()
+            .query_row(
+                "SELECT COUNT(*) FROM usage WHERE sandbox_id != 'live'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(leftover, 0);
     }
 }
