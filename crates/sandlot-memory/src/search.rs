@@ -105,6 +105,19 @@ pub struct SearchHit {
     pub related: Vec<Related>,
 }
 
+/// How hybrid search computes its text side; both give the same results.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum TextSide {
+    /// Which query terms a BM25 candidate contains is read from the candidates' text with the
+    /// index's tokenizer re-done in Rust (one query), and the query embedder takes the second
+    /// core only once BM25 is done. The default.
+    #[default]
+    Tokenized,
+    /// One FTS query per query term, and the query embedder on both cores from the start,
+    /// competing with BM25 (the path before; the benchmark's peer).
+    PerTermFts,
+}
+
 /// Reciprocal rank fusion constant.
 pub const RRF_K: f64 = 60.0;
 /// Distinct query terms a chunk must contain to count as a lexical match in hybrid search:
@@ -165,11 +178,23 @@ impl Store {
             .map(|t| t.trim_matches('"').to_string())
             .filter(|t| !t.is_empty())
             .collect();
-        // The query is embedded on a second thread while BM25 runs on this one.
+        // The query is embedded on a second thread while BM25 runs on this one; the embedder
+        // takes the second core for itself only once BM25 is done (no two threads per core).
         let embedder = &self.embedder;
+        let lexical_done = std::sync::atomic::AtomicBool::new(false);
+        let per_term_fts = self.per_term_fts.load(std::sync::atomic::Ordering::Relaxed);
         let (qvec, mut idx, text_hits, admitted) = std::thread::scope(|s| -> Result<_> {
-            let emb = (q.mode != SearchMode::Bm25)
-                .then(|| s.spawn(|| embedder.embed(&[q.text.as_str()])));
+            let emb = (q.mode != SearchMode::Bm25).then(|| {
+                s.spawn(|| {
+                    if per_term_fts {
+                        embedder
+                            .embed(&[q.text.as_str()])
+                            .map(|mut v| v.pop().unwrap_or_default())
+                    } else {
+                        embedder.embed_query(q.text.as_str(), &lexical_done)
+                    }
+                })
+            });
             let lexical = (|| -> Result<_> {
                 let idx = lock(&self.index);
                 let admitted = idx.chunk_filter(&filter)?;
@@ -185,18 +210,22 @@ impl Store {
                     let need = min_should_match(terms.len());
                     if need > 1 {
                         let ids: Vec<i64> = text_hits.iter().map(|(id, _)| *id).collect();
-                        let counts = idx.matched_terms(&terms, &ids)?;
+                        let counts = if per_term_fts {
+                            idx.matched_terms_fts(&terms, &ids)?
+                        } else {
+                            idx.matched_terms(&terms, &ids)?
+                        };
                         text_hits.retain(|(id, _)| counts.get(id).copied().unwrap_or(0) >= need);
                     }
                 }
                 Ok((idx, text_hits, admitted))
             })();
+            // This thread's work is done: the embedder may use the second core now.
+            lexical_done.store(true, std::sync::atomic::Ordering::Release);
             let qvec = match emb {
                 Some(h) => Some(
                     h.join()
-                        .map_err(|_| StoreError::Invalid("the query embedder panicked".into()))??
-                        .pop()
-                        .unwrap_or_default(),
+                        .map_err(|_| StoreError::Invalid("the query embedder panicked".into()))??,
                 ),
                 None => None,
             };
