@@ -7,6 +7,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use rusqlite::{params, Connection, OptionalExtension};
 
@@ -403,8 +404,55 @@ pub struct Index {
     path: PathBuf,
     model: String,
     dim: usize,
-    cache: VectorCache,
+    /// Shared with [`VectorSearcher`]s: a scan runs without holding the index.
+    cache: Arc<RwLock<VectorCache>>,
     scan: VectorScan,
+}
+
+fn read(c: &RwLock<VectorCache>) -> RwLockReadGuard<'_, VectorCache> {
+    c.read().unwrap_or_else(|p| p.into_inner())
+}
+
+fn write(c: &RwLock<VectorCache>) -> RwLockWriteGuard<'_, VectorCache> {
+    c.write().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Vector search over the index's matrix without holding the index, so that a scan can run on
+/// one thread while another asks the index full-text queries. Writers to the index wait for a
+/// running scan.
+pub struct VectorSearcher {
+    cache: Arc<RwLock<VectorCache>>,
+    scan: VectorScan,
+    dim: usize,
+}
+
+impl VectorSearcher {
+    /// Exact nearest neighbours of unit vector `q`: (chunk id, cosine), best first; the int8
+    /// scan is split over `threads` (this one included).
+    pub fn search(
+        &self,
+        q: &[f32],
+        k: usize,
+        filter: &ChunkFilter,
+        threads: usize,
+    ) -> Vec<(i64, f32)> {
+        if q.len() != self.dim {
+            return Vec::new();
+        }
+        let c = read(&self.cache);
+        match self.scan {
+            VectorScan::Quantized => c.search(q, k, filter, threads),
+            VectorScan::Exact => c.search_exact(q, k, filter),
+        }
+    }
+}
+
+/// Threads a vector scan may use: the cores, at most 4.
+pub fn scan_threads() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .min(4)
 }
 
 fn blob_of(v: &[f32]) -> Vec<u8> {
@@ -465,10 +513,10 @@ impl Index {
             path: path.to_path_buf(),
             model: model.to_string(),
             dim,
-            cache: VectorCache {
+            cache: Arc::new(RwLock::new(VectorCache {
                 dim,
                 ..Default::default()
-            },
+            })),
             scan: VectorScan::default(),
         })
     }
@@ -617,15 +665,16 @@ impl Index {
             }
         }
         tx.commit().map_err(sql(op))?;
-        if self.cache.loaded {
+        let mut cache = write(&self.cache);
+        if cache.loaded {
             for id in removed {
-                self.cache.remove(id);
+                cache.remove(id);
             }
             for (id, v) in inserted {
                 if let Some(b) = v {
                     let v = vec_of(&b);
                     if v.len() == self.dim {
-                        self.cache.insert(id, &v);
+                        cache.insert(id, &v);
                     }
                 }
             }
@@ -650,9 +699,10 @@ impl Index {
         let tx = self.conn.transaction().map_err(sql(op.clone()))?;
         let removed = delete_file_rows(&tx, path).map_err(sql(op.clone()))?;
         tx.commit().map_err(sql(op))?;
-        if self.cache.loaded {
+        let mut cache = write(&self.cache);
+        if cache.loaded {
             for id in removed {
-                self.cache.remove(id);
+                cache.remove(id);
             }
         }
         Ok(())
@@ -717,9 +767,10 @@ impl Index {
             }
         }
         tx.commit().map_err(sql("store vectors"))?;
-        if self.cache.loaded {
+        let mut cache = write(&self.cache);
+        if cache.loaded {
             for (id, h) in ids {
-                self.cache.insert(id, &vectors[&h]);
+                cache.insert(id, &vectors[&h]);
             }
         }
         Ok(())
@@ -754,7 +805,7 @@ impl Index {
         self.conn
             .execute_batch(&batch)
             .map_err(sql("clear index"))?;
-        self.cache = VectorCache {
+        *write(&self.cache) = VectorCache {
             dim: self.dim,
             ..Default::default()
         };
@@ -774,7 +825,7 @@ impl Index {
     }
 
     fn ensure_cache(&mut self) -> Result<(), IndexError> {
-        if self.cache.loaded {
+        if read(&self.cache).loaded {
             return Ok(());
         }
         let mut cache = VectorCache {
@@ -806,7 +857,7 @@ impl Index {
         }
         drop(rows);
         drop(st);
-        self.cache = cache;
+        *write(&self.cache) = cache;
         Ok(())
     }
 
@@ -849,17 +900,16 @@ impl Index {
         k: usize,
         filter: &ChunkFilter,
     ) -> Result<Vec<(i64, f32)>, IndexError> {
+        Ok(self.vector_searcher()?.search(q, k, filter, scan_threads()))
+    }
+
+    /// A [`VectorSearcher`] over this index's matrix (loaded into memory first if needed).
+    pub fn vector_searcher(&mut self) -> Result<VectorSearcher, IndexError> {
         self.ensure_cache()?;
-        if q.len() != self.dim {
-            return Ok(Vec::new());
-        }
-        let threads = std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-            .min(4);
-        Ok(match self.scan {
-            VectorScan::Quantized => self.cache.search(q, k, filter, threads),
-            VectorScan::Exact => self.cache.search_exact(q, k, filter),
+        Ok(VectorSearcher {
+            cache: self.cache.clone(),
+            scan: self.scan,
+            dim: self.dim,
         })
     }
 

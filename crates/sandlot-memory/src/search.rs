@@ -2,9 +2,12 @@
 //! reciprocal rank fusion per memory, metadata and validity filters, link expansion.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use serde::Serialize;
 
+use crate::index::{ChunkFilter, VectorSearcher};
 use crate::store::{lock, Result, Store, StoreError};
 
 /// Validity filter of a search.
@@ -118,6 +121,9 @@ pub enum TextSide {
     PerTermFts,
 }
 
+/// Vector hits: (chunk id, cosine), best first.
+type Neighbours = Vec<(i64, f32)>;
+
 /// Reciprocal rank fusion constant.
 pub const RRF_K: f64 = 60.0;
 /// Distinct query terms a chunk must contain to count as a lexical match in hybrid search:
@@ -179,25 +185,44 @@ impl Store {
             .filter(|t| !t.is_empty())
             .collect();
         // The query is embedded on a second thread while BM25 runs on this one; the embedder
-        // takes the second core for itself only once BM25 is done (no two threads per core).
+        // takes the second core for itself only once BM25 is done (no two threads per core),
+        // and then scans the vector matrix on that thread, without waiting for BM25 (on one
+        // core while BM25 still runs, on all once it is done).
         let embedder = &self.embedder;
-        let lexical_done = std::sync::atomic::AtomicBool::new(false);
-        let per_term_fts = self.per_term_fts.load(std::sync::atomic::Ordering::Relaxed);
-        let (qvec, mut idx, text_hits, admitted) = std::thread::scope(|s| -> Result<_> {
+        let lexical_done = AtomicBool::new(false);
+        let per_term_fts = self.per_term_fts.load(Ordering::Relaxed);
+        let (embedded, lexical) = std::thread::scope(|s| {
+            // The matrix and the filter, handed over by this thread once it has them.
+            let (to_vector, from_lexical) =
+                std::sync::mpsc::channel::<(VectorSearcher, Arc<ChunkFilter>)>();
             let emb = (q.mode != SearchMode::Bm25).then(|| {
-                s.spawn(|| {
+                let lexical_done = &lexical_done;
+                s.spawn(move || -> Result<(Vec<f32>, Option<Neighbours>)> {
                     if per_term_fts {
-                        embedder
-                            .embed(&[q.text.as_str()])
-                            .map(|mut v| v.pop().unwrap_or_default())
-                    } else {
-                        embedder.embed_query(q.text.as_str(), &lexical_done)
+                        let v = embedder.embed(&[q.text.as_str()])?.pop();
+                        return Ok((v.unwrap_or_default(), None));
                     }
+                    let v = embedder.embed_query(q.text.as_str(), lexical_done)?;
+                    let Ok((searcher, admitted)) = from_lexical.recv() else {
+                        // The text side failed before the scan could start; it reports why.
+                        return Ok((v, None));
+                    };
+                    let threads = if lexical_done.load(Ordering::Acquire) {
+                        crate::index::scan_threads()
+                    } else {
+                        1
+                    };
+                    let hits = searcher.search(&v, k, &admitted, threads);
+                    Ok((v, Some(hits)))
                 })
             });
             let lexical = (|| -> Result<_> {
-                let idx = lock(&self.index);
-                let admitted = idx.chunk_filter(&filter)?;
+                let mut idx = lock(&self.index);
+                let admitted = Arc::new(idx.chunk_filter(&filter)?);
+                if emb.is_some() && !per_term_fts {
+                    // A send fails only if the embedding thread has ended (with an error).
+                    let _ = to_vector.send((idx.vector_searcher()?, admitted.clone()));
+                }
                 let mut text_hits = if q.mode != SearchMode::Vector {
                     idx.text_search(&fq, k, &filter, &admitted)?
                 } else {
@@ -220,21 +245,22 @@ impl Store {
                 }
                 Ok((idx, text_hits, admitted))
             })();
+            drop(to_vector);
             // This thread's work is done: the embedder may use the second core now.
-            lexical_done.store(true, std::sync::atomic::Ordering::Release);
-            let qvec = match emb {
-                Some(h) => Some(
-                    h.join()
-                        .map_err(|_| StoreError::Invalid("the query embedder panicked".into()))??,
-                ),
-                None => None,
-            };
-            let (idx, text_hits, admitted) = lexical?;
-            Ok((qvec, idx, text_hits, admitted))
-        })?;
-        let vec_hits = match &qvec {
-            Some(v) => idx.vector_search(v, k, &admitted)?,
+            lexical_done.store(true, Ordering::Release);
+            let embedded = emb.map(|h| {
+                h.join()
+                    .map_err(|_| StoreError::Invalid("the query embedder panicked".into()))
+            });
+            (embedded, lexical)
+        });
+        let (mut idx, text_hits, admitted) = lexical?;
+        let vec_hits = match embedded {
             None => Vec::new(),
+            Some(r) => match r?? {
+                (_, Some(hits)) => hits,
+                (v, None) => idx.vector_search(&v, k, &admitted)?,
+            },
         };
         // Reciprocal rank fusion over memories: each retriever ranks files by their best chunk,
         // so a memory found by both lists gains from both even when different chunks matched.
