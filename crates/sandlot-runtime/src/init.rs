@@ -232,7 +232,12 @@ fn pid1(
     }
     .map_err(io::Error::other)?;
     tr.mark("root mounted");
-    mounts::apply_with_trees(&plan.root_dir, &plan.mounts.ops, &mut trees)
+    let etc_view = plan.etc_view.then(|| {
+        // SAFETY: the fork server passed its /etc view as fd 7 (`plan.etc_view`); it
+        // is ours alone from here and closed once attached.
+        unsafe { OwnedFd::from_raw_fd(fds::ETC_VIEW) }
+    });
+    mounts::apply_with_trees(&plan.root_dir, &plan.mounts.ops, &mut trees, etc_view)
         .map_err(io::Error::other)?;
     tr.mark("mount plan applied");
     sys::sethostname(&plan.hostname)?;

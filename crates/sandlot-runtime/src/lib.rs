@@ -12,6 +12,7 @@ use sandlot_proto::spec::{SandboxSpec, SpecError};
 
 pub mod cgroup;
 pub mod cgroup_stock;
+pub mod etc_view;
 pub mod hostimage;
 pub mod init;
 pub mod mounts;

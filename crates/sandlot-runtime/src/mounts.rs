@@ -122,6 +122,14 @@ pub enum MountOp {
     ReadOnly {
         path: String,
     },
+    /// The `host` image's allow-listed host `/etc` entries. With the fork server's
+    /// prepared view (see [`crate::etc_view`]) the view is attached read-only once at
+    /// [`HOST_ETC_VIEW`] and each entry becomes a symlink into it, so that `/etc`
+    /// stays a writable directory of the sandbox; without one, each entry is bound
+    /// read-only on its own (a host entry that is gone is skipped either way).
+    HostEtc {
+        entries: Vec<(String, HostEntry)>,
+    },
     /// Bind a host directory through an idmapped mount the helper prepared
     /// (`SandboxPlan::idmap_sources`, entry `index`); a plain bind if the kernel
     /// refused the idmap.
@@ -260,24 +268,27 @@ pub fn plan_mounts(inp: &PlanInput<'_>) -> Result<MountPlan, MountError> {
             path: "/etc/mtab".into(),
             target: "../proc/self/mounts".into(),
         });
-        for (name, kind) in &inp.host.etc {
-            let path = format!("/etc/{name}");
-            match kind {
-                HostEntry::Symlink(t) => ops.push(MountOp::Symlink {
-                    path,
-                    target: t.clone(),
-                }),
-                HostEntry::Dir | HostEntry::File => ops.push(MountOp::Bind {
-                    source: PathBuf::from(&path),
-                    path,
-                    readonly: true,
-                    kind: if *kind == HostEntry::Dir {
-                        Kind::Dir
-                    } else {
-                        Kind::File
-                    },
-                    required: false,
-                }),
+        if view_stays_visible(inp) {
+            ops.push(MountOp::HostEtc {
+                entries: inp.host.etc.clone(),
+            });
+        } else {
+            // A spec mount would cover the view: bind each entry into /etc instead.
+            for (name, kind) in &inp.host.etc {
+                let path = format!("/etc/{name}");
+                match kind {
+                    HostEntry::Symlink(t) => ops.push(MountOp::Symlink {
+                        path,
+                        target: t.clone(),
+                    }),
+                    HostEntry::Dir | HostEntry::File => ops.push(MountOp::Bind {
+                        source: PathBuf::from(&path),
+                        path,
+                        readonly: true,
+                        kind: entry_kind(kind),
+                        required: false,
+                    }),
+                }
             }
         }
         for (path, mode, uid) in [
@@ -442,6 +453,30 @@ pub fn plan_mounts(inp: &PlanInput<'_>) -> Result<MountPlan, MountError> {
         }
     }
     Ok(MountPlan { root, ops })
+}
+
+/// Where the `host` image's prepared `/etc` view is attached in a sandbox (the
+/// `/run/host` convention of systemd-nspawn and Flatpak for what comes from the host).
+pub const HOST_ETC_VIEW: &str = "/run/host/etc";
+
+fn entry_kind(e: &HostEntry) -> Kind {
+    if *e == HostEntry::Dir {
+        Kind::Dir
+    } else {
+        Kind::File
+    }
+}
+
+/// Whether no mount the spec asks for covers [`HOST_ETC_VIEW`] (a tmpfs at `/run`
+/// would hide it and leave the `/etc` symlinks dangling).
+fn view_stays_visible(inp: &PlanInput<'_>) -> bool {
+    let covers = |target: &str| {
+        let t = sandlot_proto::spec::normalize_sandbox_path(target);
+        let t = t.trim_end_matches('/');
+        t.is_empty() || HOST_ETC_VIEW == t || HOST_ETC_VIEW.starts_with(&format!("{t}/"))
+    };
+    !inp.spec.mounts.iter().any(|m| covers(m.target()))
+        && !inp.shared.iter().any(|v| covers(&v.target))
 }
 
 /// Where secret files live in a sandbox (a tmpfs of their own).
@@ -713,17 +748,79 @@ fn remount_readonly(root: BorrowedFd<'_>, path: &str, recursive: bool) -> io::Re
     )
 }
 
+/// Creates the symlink `path` -> `target` under the root (an existing entry is kept).
+fn symlink_in(r: BorrowedFd<'_>, path: &str, target: &str) -> Result<(), MountError> {
+    let (pfd, name) = parent_and_name(r, path).map_err(apply_err("symlink", path))?;
+    let t = CString::new(target).map_err(|_| MountError::Apply {
+        op: "symlink",
+        path: path.to_string(),
+        source: io::ErrorKind::InvalidInput.into(),
+    })?;
+    // SAFETY: valid C strings and an fd we own.
+    let rc = unsafe { libc::symlinkat(t.as_ptr(), pfd.as_raw_fd(), name.as_ptr()) };
+    if rc != 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EEXIST) {
+            return Err(MountError::Apply {
+                op: "symlink",
+                path: path.to_string(),
+                source: e,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Binds host path `source` at `path` under the root. A detached copy of the source
+/// tree is made read-only before it is attached: three syscalls and no
+/// /proc/self/fd path lookups. A missing source is skipped unless `required`.
+pub(crate) fn bind_in(
+    r: BorrowedFd<'_>,
+    source: &Path,
+    path: &str,
+    readonly: bool,
+    kind: Kind,
+    required: bool,
+) -> Result<(), MountError> {
+    let sc = sys::cstr(source).map_err(apply_err("bind", path))?;
+    let tree = match sys::open_tree_clone(&sc) {
+        Ok(fd) => fd,
+        Err(_) if !required => return Ok(()),
+        Err(e) => {
+            return Err(MountError::Apply {
+                op: "open bind source",
+                path: source.display().to_string(),
+                source: e,
+            })
+        }
+    };
+    if readonly {
+        sys::mount_setattr(
+            Some(tree.as_fd()),
+            c"",
+            true,
+            sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV,
+            None,
+        )
+        .map_err(apply_err("make read-only", path))?;
+    }
+    let tgt = ensure(r, path, kind).map_err(apply_err("create bind target", path))?;
+    sys::move_mount_onto(tree.as_fd(), tgt.as_fd()).map_err(apply_err("bind", path))
+}
+
 /// Applies `ops` under the root mounted at `root_dir`. Runs as root of the sandbox's
 /// user namespace, in its own mount namespace, before `pivot_root`.
 pub fn apply(root_dir: &Path, ops: &[MountOp]) -> Result<(), MountError> {
-    apply_with_trees(root_dir, ops, &mut [])
+    apply_with_trees(root_dir, ops, &mut [], None)
 }
 
-/// [`apply`], with the idmapped trees [`MountOp::IdmappedBind`] refers to.
+/// [`apply`], with the idmapped trees [`MountOp::IdmappedBind`] refers to and the
+/// fork server's `/etc` view for [`MountOp::HostEtc`] (consumed; dropped if unused).
 pub fn apply_with_trees(
     root_dir: &Path,
     ops: &[MountOp],
     trees: &mut [Option<OwnedFd>],
+    mut etc_view: Option<OwnedFd>,
 ) -> Result<(), MountError> {
     let rc = sys::cstr(root_dir).map_err(apply_err("open root", root_dir.display().to_string()))?;
     let root = sys::open_path(&rc, false)
@@ -748,26 +845,7 @@ pub fn apply_with_trees(
                     sys::fchown_fd(fd.as_fd(), *uid, *gid).map_err(apply_err("chown", path))?;
                 }
             }
-            MountOp::Symlink { path, target } => {
-                let (pfd, name) = parent_and_name(r, path).map_err(apply_err("symlink", path))?;
-                let t = CString::new(target.as_str()).map_err(|_| MountError::Apply {
-                    op: "symlink",
-                    path: path.clone(),
-                    source: io::ErrorKind::InvalidInput.into(),
-                })?;
-                // SAFETY: valid C strings and an fd we own.
-                let rc = unsafe { libc::symlinkat(t.as_ptr(), pfd.as_raw_fd(), name.as_ptr()) };
-                if rc != 0 {
-                    let e = io::Error::last_os_error();
-                    if e.raw_os_error() != Some(libc::EEXIST) {
-                        return Err(MountError::Apply {
-                            op: "symlink",
-                            path: path.clone(),
-                            source: e,
-                        });
-                    }
-                }
-            }
+            MountOp::Symlink { path, target } => symlink_in(r, path, target)?,
             MountOp::File {
                 path,
                 contents,
@@ -783,33 +861,27 @@ pub fn apply_with_trees(
                 readonly,
                 kind,
                 required,
-            } => {
-                // A detached copy of the source tree, made read-only before it is
-                // attached: three syscalls and no /proc/self/fd path lookups.
-                let sc = sys::cstr(source).map_err(apply_err("bind", path))?;
-                let tree = match sys::open_tree_clone(&sc) {
-                    Ok(fd) => fd,
-                    Err(_) if !required => continue,
-                    Err(e) => {
-                        return Err(MountError::Apply {
-                            op: "open bind source",
-                            path: source.display().to_string(),
-                            source: e,
-                        })
+            } => bind_in(r, source, path, *readonly, *kind, *required)?,
+            MountOp::HostEtc { entries } => {
+                // The view is attached once; a failed attach falls back to binds.
+                let attached = match etc_view.take() {
+                    Some(tree) => {
+                        let tgt = ensure(r, HOST_ETC_VIEW, Kind::Dir)
+                            .map_err(apply_err("create view target", HOST_ETC_VIEW))?;
+                        sys::move_mount_onto(tree.as_fd(), tgt.as_fd()).is_ok()
                     }
+                    None => false,
                 };
-                if *readonly {
-                    sys::mount_setattr(
-                        Some(tree.as_fd()),
-                        c"",
-                        true,
-                        sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV,
-                        None,
-                    )
-                    .map_err(apply_err("make read-only", path))?;
+                for (name, kind) in entries {
+                    let path = format!("/etc/{name}");
+                    match kind {
+                        HostEntry::Symlink(t) => symlink_in(r, &path, t)?,
+                        _ if attached => symlink_in(r, &path, &format!("{HOST_ETC_VIEW}/{name}"))?,
+                        HostEntry::Dir | HostEntry::File => {
+                            bind_in(r, Path::new(&path), &path, true, entry_kind(kind), false)?
+                        }
+                    }
                 }
-                let tgt = ensure(r, path, *kind).map_err(apply_err("create bind target", path))?;
-                sys::move_mount_onto(tree.as_fd(), tgt.as_fd()).map_err(apply_err("bind", path))?;
             }
             MountOp::Tmpfs {
                 path,
@@ -1029,6 +1101,74 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn host_etc_is_one_op_unless_a_spec_mount_would_cover_the_view() {
+        let p = plan(&SandboxSpec::default());
+        let etc = |p: &MountPlan| {
+            p.ops
+                .iter()
+                .filter(|o| matches!(o, MountOp::HostEtc { .. }))
+                .count()
+        };
+        assert_eq!(etc(&p), 1);
+        assert!(p.ops.contains(&MountOp::HostEtc {
+            entries: facts().etc
+        }));
+        // No per-entry bind of /etc is planned next to it.
+        assert!(!p
+            .ops
+            .iter()
+            .any(|o| matches!(o, MountOp::Bind { path, .. } if path.starts_with("/etc"))));
+        for target in ["/run", "/run/", "/run/host", "/run/host/etc", "/"] {
+            let spec = SandboxSpec {
+                mounts: vec![MountSpec::Tmpfs {
+                    target: target.into(),
+                    size: sandlot_proto::units::ByteSize::mib(1),
+                }],
+                ..Default::default()
+            };
+            let p = plan(&spec);
+            assert_eq!(etc(&p), 0, "{target}");
+            assert!(p.ops.contains(&MountOp::Bind {
+                source: "/etc/ld.so.cache".into(),
+                path: "/etc/ld.so.cache".into(),
+                readonly: true,
+                kind: Kind::File,
+                required: false,
+            }));
+            assert!(p.ops.contains(&MountOp::Symlink {
+                path: "/etc/os-release".into(),
+                target: "../usr/lib/os-release".into(),
+            }));
+        }
+        // Mounts beside or inside the view leave it in place.
+        for target in ["/run/secrets2", "/runner", "/run/host/etc/x", "/etc"] {
+            let spec = SandboxSpec {
+                mounts: vec![MountSpec::Tmpfs {
+                    target: target.into(),
+                    size: sandlot_proto::units::ByteSize::mib(1),
+                }],
+                ..Default::default()
+            };
+            assert_eq!(etc(&plan(&spec)), 1, "{target}");
+        }
+        // A volume (or memory or collection mount) at /run covers it too.
+        let p = plan_mounts(&PlanInput {
+            spec: &SandboxSpec::default(),
+            hostname: "sb",
+            host: &facts(),
+            image: None,
+            shared: &[SharedDir {
+                source: "/".into(),
+                target: "/run".into(),
+                readonly: true,
+            }],
+            secret_files: &[],
+        })
+        .unwrap();
+        assert_eq!(etc(&p), 0);
     }
 
     #[test]

@@ -15,6 +15,7 @@ use crate::cgroup::{Cgroup, CgroupLayout, CgroupLimits};
 use crate::cgroup_stock::CgroupStock;
 use crate::hostimage::{self, HostFacts};
 use crate::mounts::{self, PlanInput};
+use crate::netns::NetnsStock;
 use crate::plan::{fds, AgentSetup, InitStatus, SandboxPlan, Trace, ID_RANGE};
 use crate::{sys, Backend, CreateOptions, RuntimeError, SandboxInstance};
 
@@ -39,6 +40,10 @@ pub struct RuntimeConfig {
     /// [`crate::cgroup_stock`]), so a create renames one instead of a `mkdir` per
     /// hierarchy. 0: none. For long-lived hosts (the daemon).
     pub cgroup_stock: usize,
+    /// Keep this many loopback-only network namespaces ready (see
+    /// [`crate::netns::NetnsStock`]) for sandboxes with network `none`, instead of
+    /// creating one with `CLONE_NEWNET` on the create path. 0: none kept.
+    pub netns_stock: usize,
 }
 
 impl RuntimeConfig {
@@ -52,6 +57,7 @@ impl RuntimeConfig {
             id_slots: 8192,
             fork_server: false,
             cgroup_stock: 0,
+            netns_stock: 0,
         }
     }
 }
@@ -65,6 +71,8 @@ pub struct NamespaceBackend {
     zygote: std::sync::Mutex<Option<crate::zygote::Zygote>>,
     /// Cgroups made ahead of time (`RuntimeConfig::cgroup_stock`).
     stock: std::sync::Mutex<Option<CgroupStock>>,
+    /// Network namespaces made ahead of time (`RuntimeConfig::netns_stock`).
+    netns_stock: std::sync::Mutex<Option<NetnsStock>>,
 }
 
 fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> RuntimeError {
@@ -94,12 +102,14 @@ impl NamespaceBackend {
         // Stocked cgroups of a process that died (a daemon killed with -9).
         crate::cgroup_stock::sweep_dead(&layout, &cfg.cgroup_parent);
         let stock = CgroupStock::start(&layout, &cfg.cgroup_parent, cfg.cgroup_stock);
+        let netns_stock = NetnsStock::start(cfg.netns_stock);
         Ok(NamespaceBackend {
             host: HostFacts::probe(Path::new("/")),
             cfg,
             layout,
             zygote: std::sync::Mutex::new(None),
             stock: std::sync::Mutex::new(stock),
+            netns_stock: std::sync::Mutex::new(netns_stock),
         })
     }
 
@@ -107,11 +117,26 @@ impl NamespaceBackend {
         &self.cfg
     }
 
-    /// Stops the cgroup stock and removes its unused cgroups (at shutdown; creates
-    /// go on without it).
+    /// Stops the cgroup and network namespace stocks and removes what they hold
+    /// (at shutdown; creates go on without them).
     pub fn release_stock(&self) {
         let stock = self.stock.lock().unwrap_or_else(|e| e.into_inner()).take();
         drop(stock);
+        let netns = self
+            .netns_stock
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        drop(netns);
+    }
+
+    /// Network namespaces in stock right now.
+    pub fn stocked_netns(&self) -> usize {
+        self.netns_stock
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map_or(0, |s| s.ready())
     }
 
     /// Cgroups in stock right now.
@@ -192,18 +217,18 @@ impl NamespaceBackend {
             hostname,
             lifeline,
             netns: opts.netns.is_some(),
+            etc_view: false,
             trace: Trace::enabled(),
         })
     }
 
     fn spawn_init(
         &self,
-        plan: &SandboxPlan,
+        plan: &mut SandboxPlan,
         slot: &OwnedFd,
         alive: &OwnedFd,
         opts: &mut CreateOptions,
     ) -> Result<i32, RuntimeError> {
-        let plan_json = serde_json::to_vec(plan).expect("plan serializes");
         let (plan_r, plan_w) = sys::pipe().map_err(io_err("pipe"))?;
         let (status_r, status_w) = sys::pipe().map_err(io_err("pipe"))?;
         let lifeline = opts.lifeline.take();
@@ -232,10 +257,18 @@ impl NamespaceBackend {
                 alive,
                 &lifeline,
                 &netns,
+                plan.mounts
+                    .ops
+                    .iter()
+                    .any(|op| matches!(op, crate::mounts::MountOp::HostEtc { .. })),
             )
         } else {
             None
         };
+        // Written after the fork: whether the helper holds the fork server's view.
+        plan.etc_view = forked.is_some_and(|(_, view)| view);
+        let plan_json = serde_json::to_vec(&*plan).expect("plan serializes");
+        let forked = forked.map(|(pid, _)| pid);
         let mut child = None;
         if forked.is_none() {
             let mut cmd = Command::new(&self.cfg.init_exe);
@@ -345,7 +378,8 @@ impl NamespaceBackend {
         alive: &OwnedFd,
         lifeline: &Option<OwnedFd>,
         netns: &Option<OwnedFd>,
-    ) -> Option<i32> {
+        wants_etc_view: bool,
+    ) -> Option<(i32, bool)> {
         let null = fs::File::options().write(true).open("/dev/null").ok()?;
         let f = crate::zygote::HelperFds {
             plan: plan_r.as_fd(),
@@ -355,11 +389,15 @@ impl NamespaceBackend {
             alive: alive.as_fd(),
             lifeline: lifeline.as_ref().map(|l| l.as_fd()),
             netns: netns.as_ref().map(|n| n.as_fd()),
+            wants_etc_view,
         };
         let mut z = self.zygote.lock().unwrap_or_else(|e| e.into_inner());
         for _ in 0..2 {
             if z.is_none() {
-                *z = Some(crate::zygote::Zygote::start(&self.cfg.init_exe).ok()?);
+                *z = Some(
+                    crate::zygote::Zygote::start(&self.cfg.init_exe, Some(&self.cfg.run_dir))
+                        .ok()?,
+                );
             }
             match z.as_ref().map(|z| z.spawn(&f)) {
                 Some(Ok(pid)) => return Some(pid),
@@ -623,9 +661,19 @@ impl Backend for NamespaceBackend {
             };
             cgroup = Some(cg.clone());
             tr.mark("cgroup created");
-            let plan = self.plan(id, spec, id_base, opts.lifeline.is_some(), &cg, &opts)?;
+            if opts.netns.is_none() {
+                // Network `none` (checked above): a stocked loopback namespace if
+                // one is ready, else PID 1 gets a new one from CLONE_NEWNET.
+                opts.netns = self
+                    .netns_stock
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .as_ref()
+                    .and_then(|s| s.take());
+            }
+            let mut plan = self.plan(id, spec, id_base, opts.lifeline.is_some(), &cg, &opts)?;
             tr.mark("planned");
-            let pid = self.spawn_init(&plan, &slot_fd, &alive, &mut opts)?;
+            let pid = self.spawn_init(&mut plan, &slot_fd, &alive, &mut opts)?;
             tr.mark("ready");
             let pidfd = sys::pidfd_open(pid).map_err(io_err("pidfd_open"))?;
             Ok(SandboxInstance {

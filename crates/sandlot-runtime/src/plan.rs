@@ -38,6 +38,10 @@ pub struct SandboxPlan {
     /// Fd 6 is a prepared network namespace to join instead of creating one.
     #[serde(default)]
     pub netns: bool,
+    /// Fd 7 is the fork server's prepared `/etc` view ([`crate::etc_view`]), for
+    /// [`crate::mounts::MountOp::HostEtc`].
+    #[serde(default)]
+    pub etc_view: bool,
     /// Write per-phase timings to stderr (host env `SANDLOT_TRACE_INIT=1`), for profiling.
     #[serde(default)]
     pub trace: bool,
@@ -57,6 +61,8 @@ pub mod fds {
     pub const ALIVE_LOCK: i32 = 5;
     /// Optional prepared network namespace (`SandboxPlan::netns`).
     pub const NETNS: i32 = 6;
+    /// Optional prepared `/etc` view (`SandboxPlan::etc_view`).
+    pub const ETC_VIEW: i32 = 7;
 }
 
 /// Status lines written by the helper (`pid`, once) and by the sandbox's PID 1

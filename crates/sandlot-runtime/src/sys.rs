@@ -214,6 +214,21 @@ pub fn unshare_network() -> io::Result<()> {
     cvt(unsafe { libc::unshare(libc::CLONE_NEWNET) }).map(|_| ())
 }
 
+/// `unshare(CLONE_NEWNS)`: moves the calling process into a copy of its mount namespace.
+/// Only for single-threaded processes (the fork server): the kernel refuses it when
+/// the filesystem context is shared with another thread.
+pub fn unshare_mount_ns() -> io::Result<()> {
+    // SAFETY: no pointers; changes only this process's mount namespace, root and cwd.
+    cvt(unsafe { libc::unshare(libc::CLONE_NEWNS) }).map(|_| ())
+}
+
+/// `setns(fd, CLONE_NEWNS)`: joins the mount namespace `fd` refers to (single-threaded
+/// callers only, as for [`unshare_mount_ns`]); root and cwd become that namespace's root.
+pub fn setns_mnt(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: no pointers; the kernel checks that fd is a mount namespace.
+    cvt(unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNS) }).map(|_| ())
+}
+
 /// Exits immediately without running destructors or atexit handlers (for forked children).
 pub fn exit_now(code: i32) -> ! {
     // SAFETY: _exit never returns and takes no pointers.

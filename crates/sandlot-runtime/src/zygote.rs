@@ -20,12 +20,15 @@ use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
+use crate::etc_view::EtcView;
 use crate::init::AgentMain;
 use crate::plan::fds;
 use crate::sys;
 
 const HAS_LIFELINE: u8 = 1;
 const HAS_NETNS: u8 = 2;
+/// The sandbox uses the `host` image's `/etc` view: clone one for its helper.
+const WANTS_ETC_VIEW: u8 = 4;
 
 /// The descriptors of one `__init` helper.
 pub struct HelperFds<'a> {
@@ -36,6 +39,10 @@ pub struct HelperFds<'a> {
     pub alive: BorrowedFd<'a>,
     pub lifeline: Option<BorrowedFd<'a>>,
     pub netns: Option<BorrowedFd<'a>>,
+    /// Pass the fork server's `/etc` view, if it has one (the plan has a
+    /// [`crate::mounts::MountOp::HostEtc`]); a copy nobody attaches would cost
+    /// an unmount of the whole copy when it is closed.
+    pub wants_etc_view: bool,
 }
 
 /// The host's handle on its fork server.
@@ -46,11 +53,17 @@ pub struct Zygote {
 }
 
 impl Zygote {
-    /// Starts `exe __zygote`.
-    pub fn start(exe: &Path) -> io::Result<Zygote> {
+    /// Starts `exe __zygote`. With `etc_view_at` (a directory, normally the run
+    /// directory), the fork server prepares the `host` image's `/etc` view over it
+    /// in a private mount namespace (see [`crate::etc_view`]).
+    pub fn start(exe: &Path, etc_view_at: Option<&Path>) -> io::Result<Zygote> {
         let (mine, theirs) = sys::socketpair()?;
-        let child = Command::new(exe)
-            .arg("__zygote")
+        let mut cmd = Command::new(exe);
+        cmd.arg("__zygote");
+        if let Some(at) = etc_view_at {
+            cmd.arg(at);
+        }
+        let child = cmd
             .env_clear()
             .stdin(Stdio::from(theirs))
             .stdout(Stdio::null())
@@ -62,8 +75,9 @@ impl Zygote {
         })
     }
 
-    /// Has it fork a helper with these descriptors; returns the helper's pid.
-    pub fn spawn(&self, f: &HelperFds<'_>) -> io::Result<i32> {
+    /// Has it fork a helper with these descriptors; returns the helper's pid and
+    /// whether the helper holds the `/etc` view at [`fds::ETC_VIEW`].
+    pub fn spawn(&self, f: &HelperFds<'_>) -> io::Result<(i32, bool)> {
         let mut flags = 0;
         let mut list = vec![f.plan, f.status, f.stderr, f.slot, f.alive];
         if let Some(l) = f.lifeline {
@@ -73,6 +87,9 @@ impl Zygote {
         if let Some(n) = f.netns {
             flags |= HAS_NETNS;
             list.push(n);
+        }
+        if f.wants_etc_view {
+            flags |= WANTS_ETC_VIEW;
         }
         let sock = self.sock.as_ref().expect("open until dropped").as_fd();
         sys::send_fds(sock, &[flags], &list)?;
@@ -84,9 +101,10 @@ impl Zygote {
             ));
         };
         match buf[..n].split_first() {
-            Some((b'p', pid)) if pid.len() == 4 => {
-                Ok(i32::from_le_bytes(pid.try_into().expect("4 bytes")))
-            }
+            Some((b'p', rest)) if rest.len() == 5 => Ok((
+                i32::from_le_bytes(rest[..4].try_into().expect("4 bytes")),
+                rest[4] == 1,
+            )),
             Some((b'e', msg)) => Err(io::Error::other(format!(
                 "fork server: {}",
                 String::from_utf8_lossy(msg)
@@ -104,13 +122,18 @@ impl Drop for Zygote {
     }
 }
 
-/// Entry point of `sandlot __zygote`: fd 0 is the host's socket. Never returns.
+/// Entry point of `sandlot __zygote [ETC_VIEW_DIR]`: fd 0 is the host's socket.
+/// Never returns.
 pub fn main(agent: AgentMain) -> ! {
     // SAFETY: the host passed its socket as fd 0; nothing else owns it.
     let sock = unsafe { OwnedFd::from_raw_fd(0) };
     if sys::set_signal_ignored(libc::SIGCHLD, true).is_err() {
         sys::exit_now(1);
     }
+    let view_at = std::env::args_os().nth(2).map(std::path::PathBuf::from);
+    // Without a view (an old kernel, no directory given) each sandbox binds the
+    // entries itself, as `sandlot run` does.
+    let mut view = view_at.as_deref().and_then(|at| EtcView::build(at).ok());
     loop {
         let mut buf = [0u8; 4];
         let (n, fds) = match sys::recv_fds(sock.as_fd(), &mut buf) {
@@ -118,8 +141,18 @@ pub fn main(agent: AgentMain) -> ! {
             // The host is gone.
             Ok(None) | Err(_) => sys::exit_now(0),
         };
-        let answer = match fork_helper(&buf[..n], fds, agent) {
-            Ok(pid) => [&[b'p'][..], &pid.to_le_bytes()].concat(),
+        let wants_view = buf[..n].first().is_some_and(|f| f & WANTS_ETC_VIEW != 0);
+        if wants_view && view.as_ref().is_some_and(|v| !v.is_current()) {
+            // The host replaced a bound entry: rebuild (or fall back to binds).
+            view = view_at.as_deref().and_then(|at| EtcView::build(at).ok());
+        }
+        let tree = view
+            .as_ref()
+            .filter(|_| wants_view)
+            .and_then(|v| v.clone_tree().ok());
+        let has_view = u8::from(tree.is_some());
+        let answer = match fork_helper(&buf[..n], fds, tree, agent) {
+            Ok(pid) => [&[b'p'][..], &pid.to_le_bytes(), &[has_view]].concat(),
             Err(e) => [&[b'e'][..], e.to_string().as_bytes()].concat(),
         };
         if sys::send_fds(sock.as_fd(), &answer, &[]).is_err() {
@@ -140,11 +173,16 @@ fn targets(flags: u8) -> Vec<i32> {
     t
 }
 
-fn fork_helper(msg: &[u8], received: Vec<OwnedFd>, agent: AgentMain) -> io::Result<i32> {
+fn fork_helper(
+    msg: &[u8],
+    mut received: Vec<OwnedFd>,
+    view: Option<OwnedFd>,
+    agent: AgentMain,
+) -> io::Result<i32> {
     let [flags] = msg else {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "bad request"));
     };
-    let targets = targets(*flags);
+    let mut targets = targets(*flags);
     if received.len() != targets.len() {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -154,6 +192,10 @@ fn fork_helper(msg: &[u8], received: Vec<OwnedFd>, agent: AgentMain) -> io::Resu
                 received.len()
             ),
         ));
+    }
+    if let Some(v) = view {
+        received.push(v);
+        targets.push(fds::ETC_VIEW);
     }
     match sys::fork()? {
         sys::Fork::Child => {

@@ -102,6 +102,10 @@ pub struct RuntimeSection {
     /// Empty cgroups made ahead of time by a background thread (cgroup v1 only):
     /// a cold create renames one instead of a `mkdir` in each hierarchy. 0: off.
     pub cgroup_stock: usize,
+    /// Loopback-only network namespaces made ahead of time by a background thread
+    /// for sandboxes with network `none`: a cold create joins one instead of
+    /// creating it (`CLONE_NEWNET`, the dearest namespace). 0: off.
+    pub netns_stock: usize,
 }
 
 impl RuntimeSection {
@@ -123,6 +127,7 @@ impl Default for RuntimeSection {
             cgroup_favordynmods: true,
             fork_server: true,
             cgroup_stock: 4,
+            netns_stock: 4,
         }
     }
 }

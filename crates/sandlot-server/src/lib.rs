@@ -142,6 +142,7 @@ pub async fn serve(
     rc.cgroup_parent = cfg.runtime.cgroup_parent.clone();
     rc.fork_server = cfg.runtime.fork_server;
     rc.cgroup_stock = cfg.runtime.cgroup_stock;
+    rc.netns_stock = cfg.runtime.netns_stock;
     let runtime = NamespaceBackend::new(rc)?;
     if cfg.runtime.cgroup_favordynmods {
         use sandlot_runtime::cgroup::{favor_dynamic_modifications, FavorDynmods};

@@ -726,12 +726,9 @@ pub async fn own(state: Arc<AppState>, h: Arc<SandboxHandle>, adopted: bool) {
     if reason == EndReason::Exited {
         tracing::warn!(code = ?exit.0, signal = ?exit.1, "the sandbox's PID 1 exited on its own");
     }
-    if let Err(e) = state.store.save_usage(&h.id, &usage) {
-        tracing::error!("save usage: {e}");
-    }
     if let Err(e) = state
         .store
-        .mark_stopped(&h.id, reason, exit, None, now_ms())
+        .mark_stopped_with_usage(&h.id, &usage, reason, exit, now_ms())
     {
         tracing::error!("record stopped: {e}");
     }

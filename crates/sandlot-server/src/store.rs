@@ -452,7 +452,10 @@ impl Store {
         let tx = c.transaction().map_err(sql("admit sandbox"))?;
         let (count, mem): (i64, i64) = tx
             .query_row(
-                "SELECT COUNT(*), COALESCE(SUM(memory_bytes), 0) FROM sandboxes WHERE tenant = ?1 AND state != 'stopped'",
+                // IN over the live states: three seeks of the (tenant, state) index,
+                // however many stopped records the tenant has.
+                "SELECT COUNT(*), COALESCE(SUM(memory_bytes), 0) FROM sandboxes
+                 WHERE tenant = ?1 AND state IN ('creating', 'running', 'stopping')",
                 [&rec.tenant],
                 |r| Ok((r.get(0)?, r.get(1)?)),
             )
@@ -466,7 +469,8 @@ impl Store {
         if let Some(n) = &rec.name {
             let taken: bool = tx
                 .query_row(
-                    "SELECT EXISTS (SELECT 1 FROM sandboxes WHERE tenant = ?1 AND name = ?2 AND state != 'stopped')",
+                    "SELECT EXISTS (SELECT 1 FROM sandboxes WHERE tenant = ?1 AND name = ?2
+                     AND state IN ('creating', 'running', 'stopping'))",
                     params![rec.tenant, n],
                     |r| r.get(0),
                 )
@@ -558,27 +562,25 @@ impl Store {
     }
 
     /// Records that the sandbox runs, with the host pid of its PID 1.
+    /// Records that the sandbox runs, with the host pid of its PID 1 (one commit).
     pub fn mark_running(&self, id: &str, pid: i32, at: i64) -> Result<(), StoreError> {
-        let c = self.lock();
-        c.execute(
+        let mut c = self.lock();
+        let tx = c.transaction().map_err(sql("mark sandbox running"))?;
+        tx.prepare_cached(
             "UPDATE sandboxes SET state = 'running', pid = ?2, started_at = ?3 WHERE id = ?1",
-            params![id, pid, at],
         )
+        .and_then(|mut st| st.execute(params![id, pid, at]))
         .map_err(sql("mark sandbox running"))?;
-        c.execute(
-            "INSERT INTO events (sandbox_id, at, kind, message) VALUES (?1, ?2, 'started', ?3)",
-            params![id, at, format!("pid {pid}")],
-        )
-        .map_err(sql("insert event"))?;
-        Ok(())
+        insert_event(&tx, id, at, "started", &format!("pid {pid}"))?;
+        tx.commit().map_err(sql("mark sandbox running"))
     }
 
     pub fn mark_stopping(&self, id: &str, reason: EndReason) -> Result<(), StoreError> {
         let c = self.lock();
-        c.execute(
+        c.prepare_cached(
             "UPDATE sandboxes SET state = 'stopping', end_reason = COALESCE(end_reason, ?2) WHERE id = ?1 AND state != 'stopped'",
-            params![id, reason.as_str()],
         )
+        .and_then(|mut st| st.execute(params![id, reason.as_str()]))
         .map_err(sql("mark sandbox stopping"))?;
         Ok(())
     }
@@ -592,23 +594,47 @@ impl Store {
         error: Option<&str>,
         at: i64,
     ) -> Result<(), StoreError> {
-        let c = self.lock();
-        c.execute(
+        self.finish(id, None, reason, exit, error, at)
+    }
+
+    /// [`Store::mark_stopped`] with the final usage, in one commit.
+    pub fn mark_stopped_with_usage(
+        &self,
+        id: &str,
+        usage: &UsageRecord,
+        reason: EndReason,
+        exit: (Option<i32>, Option<i32>),
+        at: i64,
+    ) -> Result<(), StoreError> {
+        self.finish(id, Some(usage), reason, exit, None, at)
+    }
+
+    fn finish(
+        &self,
+        id: &str,
+        usage: Option<&UsageRecord>,
+        reason: EndReason,
+        exit: (Option<i32>, Option<i32>),
+        error: Option<&str>,
+        at: i64,
+    ) -> Result<(), StoreError> {
+        let mut c = self.lock();
+        let tx = c.transaction().map_err(sql("mark sandbox stopped"))?;
+        if let Some(u) = usage {
+            update_usage(&tx, id, u)?;
+        }
+        tx.prepare_cached(
             "UPDATE sandboxes SET state = 'stopped', end_reason = COALESCE(end_reason, ?2), exit_code = ?3,
              exit_signal = ?4, error = COALESCE(error, ?5), ended_at = ?6 WHERE id = ?1",
-            params![id, reason.as_str(), exit.0, exit.1, error, at],
         )
+        .and_then(|mut st| st.execute(params![id, reason.as_str(), exit.0, exit.1, error, at]))
         .map_err(sql("mark sandbox stopped"))?;
         let msg = match error {
             Some(e) => format!("{}: {e}", reason.as_str()),
             None => reason.as_str().to_string(),
         };
-        c.execute(
-            "INSERT INTO events (sandbox_id, at, kind, message) VALUES (?1, ?2, 'stopped', ?3)",
-            params![id, at, msg],
-        )
-        .map_err(sql("insert event"))?;
-        Ok(())
+        insert_event(&tx, id, at, "stopped", &msg)?;
+        tx.commit().map_err(sql("mark sandbox stopped"))
     }
 
     /// Records that the host clean-up after a stop failed (the record is already
@@ -645,36 +671,11 @@ impl Store {
 
     /// Overwrites the usage counters (they only grow; the caller holds totals).
     pub fn save_usage(&self, id: &str, u: &UsageRecord) -> Result<(), StoreError> {
-        self.lock()
-            .execute(
-                "UPDATE usage SET cpu_usec = MAX(cpu_usec, ?2), memory_peak_bytes = MAX(memory_peak_bytes, ?3),
-                 exec_count = MAX(exec_count, ?4), stdin_bytes = MAX(stdin_bytes, ?5), stdout_bytes = MAX(stdout_bytes, ?6),
-                 stderr_bytes = MAX(stderr_bytes, ?7), file_bytes_in = MAX(file_bytes_in, ?8),
-                 file_bytes_out = MAX(file_bytes_out, ?9) WHERE sandbox_id = ?1",
-                params![
-                    id,
-                    u.cpu_usec as i64,
-                    u.memory_peak_bytes as i64,
-                    u.exec_count as i64,
-                    u.stdin_bytes as i64,
-                    u.stdout_bytes as i64,
-                    u.stderr_bytes as i64,
-                    u.file_bytes_in as i64,
-                    u.file_bytes_out as i64
-                ],
-            )
-            .map_err(sql("save usage"))?;
-        Ok(())
+        update_usage(&self.lock(), id, u)
     }
 
     pub fn add_event(&self, id: &str, kind: &str, message: &str) -> Result<(), StoreError> {
-        self.lock()
-            .execute(
-                "INSERT INTO events (sandbox_id, at, kind, message) VALUES (?1, ?2, ?3, ?4)",
-                params![id, now_ms(), kind, message],
-            )
-            .map_err(sql("insert event"))?;
-        Ok(())
+        insert_event(&self.lock(), id, now_ms(), kind, message)
     }
 
     pub fn events(
@@ -785,6 +786,44 @@ impl Store {
 
 fn map_json(m: &BTreeMap<String, String>) -> String {
     serde_json::to_string(m).expect("string maps serialize")
+}
+
+/// Raises the recorded usage of `id` to `u` (counters never go down).
+fn update_usage(c: &Connection, id: &str, u: &UsageRecord) -> Result<(), StoreError> {
+    c.prepare_cached(
+        "UPDATE usage SET cpu_usec = MAX(cpu_usec, ?2), memory_peak_bytes = MAX(memory_peak_bytes, ?3),
+         exec_count = MAX(exec_count, ?4), stdin_bytes = MAX(stdin_bytes, ?5), stdout_bytes = MAX(stdout_bytes, ?6),
+         stderr_bytes = MAX(stderr_bytes, ?7), file_bytes_in = MAX(file_bytes_in, ?8),
+         file_bytes_out = MAX(file_bytes_out, ?9) WHERE sandbox_id = ?1",
+    )
+    .and_then(|mut st| {
+        st.execute(params![
+            id,
+            u.cpu_usec as i64,
+            u.memory_peak_bytes as i64,
+            u.exec_count as i64,
+            u.stdin_bytes as i64,
+            u.stdout_bytes as i64,
+            u.stderr_bytes as i64,
+            u.file_bytes_in as i64,
+            u.file_bytes_out as i64
+        ])
+    })
+    .map_err(sql("save usage"))?;
+    Ok(())
+}
+
+fn insert_event(
+    c: &Connection,
+    id: &str,
+    at: i64,
+    kind: &str,
+    message: &str,
+) -> Result<(), StoreError> {
+    c.prepare_cached("INSERT INTO events (sandbox_id, at, kind, message) VALUES (?1, ?2, ?3, ?4)")
+        .and_then(|mut st| st.execute(params![id, at, kind, message]))
+        .map_err(sql("insert event"))?;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -913,13 +952,26 @@ mod tests {
         )
         .unwrap();
         s.mark_stopping("a", EndReason::Timeout).unwrap();
-        s.mark_stopped("a", EndReason::Deleted, (Some(0), None), None, now_ms())
-            .unwrap();
+        // The final usage and the stopped record go in together; counters never
+        // go down (stdout_bytes stays 7).
+        s.mark_stopped_with_usage(
+            "a",
+            &UsageRecord {
+                cpu_usec: 9,
+                stdout_bytes: 3,
+                ..Default::default()
+            },
+            EndReason::Deleted,
+            (Some(0), None),
+            now_ms(),
+        )
+        .unwrap();
         let got = s.get_sandbox("a").unwrap().unwrap();
         assert_eq!(got.state, SandboxState::Stopped);
+        assert_eq!(got.exit_code, Some(0));
         // The first reason wins.
         assert_eq!(got.end_reason, Some(EndReason::Timeout));
-        assert_eq!(got.usage.cpu_usec, 5);
+        assert_eq!(got.usage.cpu_usec, 9);
         assert_eq!(got.usage.stdout_bytes, 7);
         assert!(s
             .list_sandboxes(&f(Some("t"), vec![], vec![]))

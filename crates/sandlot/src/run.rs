@@ -86,11 +86,12 @@ fn backend() -> anyhow::Result<NamespaceBackend> {
 fn backend_with(fork_server: bool) -> anyhow::Result<NamespaceBackend> {
     let exe = std::env::current_exe().context("find the sandlot binary")?;
     let mut cfg = RuntimeConfig::new(exe);
-    // The daemon's settings (`runtime.fork_server`, `runtime.cgroup_stock`) for
-    // the benchmark's daemon-like contender.
+    // The daemon's settings (`runtime.fork_server`, `runtime.cgroup_stock`,
+    // `runtime.netns_stock`) for the benchmark's daemon-like contender.
     cfg.fork_server = fork_server;
     if fork_server {
         cfg.cgroup_stock = 4;
+        cfg.netns_stock = 4;
     }
     let be = NamespaceBackend::new(cfg)?;
     // Leftovers of runs whose CLI was killed.

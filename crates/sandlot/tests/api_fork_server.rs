@@ -113,3 +113,110 @@ fn issue6_forked_pid1_shares_the_binarys_relocated_pages() {
         );
     }
 }
+
+/// Runs `sh -c script` in sandbox `id`; returns (exit code, stdout, stderr).
+fn sh(d: &Daemon, id: &str, script: &str) -> (Option<i32>, String, String) {
+    rt().block_on(async {
+        let out = d
+            .client()
+            .run(id, &["/bin/sh", "-c", script])
+            .await
+            .unwrap();
+        (
+            out.exit.code,
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    })
+}
+
+fn create(d: &Daemon) -> String {
+    rt().block_on(async {
+        d.client()
+            .create_sandbox(&CreateSandbox::default())
+            .await
+            .unwrap()
+            .id
+    })
+}
+
+/// Issue 3: the `host` image's allow-listed `/etc` entries come from one prepared,
+/// read-only view that the fork server clones per sandbox (one mount instead of ~30
+/// binds); `/etc` itself stays writable, the view is fresh after the host replaces a
+/// bound file, and nothing of it is visible on the host.
+#[test]
+fn issue3_host_etc_comes_from_one_prepared_view() {
+    use std::os::unix::fs::MetadataExt;
+    let d = Daemon::start(None);
+    let id = create(&d);
+    let (code, out, err) = sh(
+        &d,
+        &id,
+        "readlink /etc/services; cat /etc/services | md5sum; \
+         awk '$5 ~ \"^/etc/\"' /proc/self/mountinfo | wc -l; \
+         awk '$5 ~ \"^/run/host/etc\"' /proc/self/mountinfo | wc -l; \
+         ls /etc/ssl/certs | grep -c . ; stat -L -c %i /etc/services; \
+         echo 127.0.0.2 extra >> /etc/hosts && echo x > /etc/new-file && cat /etc/new-file; \
+         touch /run/host/etc/intruder 2>&1; echo touch=$?",
+    );
+    assert_eq!(code, Some(0), "{out}{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "/run/host/etc/services", "{out}");
+    let host_sum = {
+        let o = std::process::Command::new("sh")
+            .args(["-c", "md5sum < /etc/services"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    assert_eq!(lines[1], host_sum.trim(), "same bytes as the host's");
+    assert_eq!(lines[2], "0", "no mount left directly under /etc: {out}");
+    let view_mounts: usize = lines[3].parse().unwrap();
+    assert!(view_mounts > 5, "the view holds the entries: {out}");
+    assert!(
+        lines[4].parse::<usize>().unwrap() > 10,
+        "CA certificates: {out}"
+    );
+    let host_ino = std::fs::metadata("/etc/services").unwrap().ino();
+    assert_eq!(lines[5], host_ino.to_string(), "{out}");
+    assert_eq!(lines[6], "x", "/etc is writable: {out}");
+    assert!(lines[7].contains("Read-only file system"), "{out}");
+    assert_eq!(lines[8], "touch=1", "{out}");
+
+    // Nothing of the view is mounted on the host.
+    let host_mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !host_mounts.contains(&d.dir.display().to_string()),
+        "{host_mounts}"
+    );
+
+    // The host replaces a bound file (as ldconfig or an upgrade does: a new inode
+    // renamed into place, same bytes here): the next sandbox sees the new one.
+    let tmp = std::path::Path::new("/etc/.services.sandlot-test");
+    std::fs::copy("/etc/services", tmp).unwrap();
+    std::fs::rename(tmp, "/etc/services").unwrap();
+    let new_ino = std::fs::metadata("/etc/services").unwrap().ino();
+    assert_ne!(new_ino, host_ino);
+    let id2 = create(&d);
+    let (code, out, err) = sh(&d, &id2, "stat -L -c %i /etc/services");
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(
+        out.trim(),
+        new_ino.to_string(),
+        "a stale view was handed out"
+    );
+    // The first sandbox keeps what it was given.
+    let (_, out, _) = sh(&d, &id, "stat -L -c %i /etc/services");
+    assert_eq!(out.trim(), host_ino.to_string());
+
+    // Without the fork server each sandbox binds the entries itself.
+    let exec = Daemon::start(Some("[runtime]\nfork_server = false\n"));
+    let id3 = create(&exec);
+    let (code, out, err) = sh(
+        &exec,
+        &id3,
+        "test -L /etc/services; echo link=$?; awk '$5 == \"/etc/services\"' /proc/self/mountinfo | wc -l",
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(out, "link=1\n1\n");
+}

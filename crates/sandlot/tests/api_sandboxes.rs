@@ -591,3 +591,55 @@ fn issue3_delete_returns_once_dead_and_cleanup_follows() {
     let left = d.leftovers();
     assert!(left.is_empty(), "left after a graceful stop: {left:?}");
 }
+
+/// Issue 3: a sandbox with network `none` joins a loopback-only network namespace
+/// the daemon made ahead of time (`runtime.netns_stock`) instead of creating one on
+/// the create path; it behaves as before: only `lo`, up, and a server may listen on
+/// a port below 1024, here even as the unprivileged user. With the stock off, PID 1
+/// creates its own namespace (`CLONE_NEWNET`).
+#[test]
+fn issue3_none_sandboxes_join_a_stocked_loopback_namespace() {
+    let probe = "cat /proc/sys/net/ipv4/ip_unprivileged_port_start; \
+                 tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '; \
+                 python3 -c 'import socket; s=socket.socket(); s.bind((\"127.0.0.1\", 80)); s.listen(); \
+                 c=socket.create_connection((\"127.0.0.1\", 80)); print(\"low port ok\")'";
+    let run = |d: &Daemon, user: &str| {
+        let c = d.client();
+        rt().block_on(async {
+            let sb = c.create_sandbox(&CreateSandbox::default()).await.unwrap();
+            let p = c
+                .exec(
+                    &sb.id,
+                    &ExecBody {
+                        argv: vec!["/bin/sh".into(), "-c".into(), probe.into()],
+                        user: Some(user.into()),
+                        ..Default::default()
+                    },
+                )
+                .await
+                .unwrap();
+            let out = c
+                .output(&sb.id, p.id, 0, 0)
+                .await
+                .unwrap()
+                .collect()
+                .await
+                .unwrap();
+            c.delete_sandbox(&sb.id).await.unwrap();
+            (
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            )
+        })
+    };
+    let d = Daemon::start(None);
+    let (out, err) = run(&d, "user");
+    assert_eq!(out, "0\nlo\nlow port ok\n", "{err}");
+    let (out, err) = run(&d, "root");
+    assert_eq!(out, "0\nlo\nlow port ok\n", "{err}");
+    drop(d);
+
+    let d = Daemon::start(Some("[runtime]\nnetns_stock = 0\n"));
+    let (out, err) = run(&d, "root");
+    assert_eq!(out, "1024\nlo\nlow port ok\n", "{err}");
+}
