@@ -21,6 +21,7 @@ in, not copied.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import shutil
@@ -31,7 +32,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, Iterator, List, Optional, Tuple
 
 import sandlot
 
@@ -103,6 +104,43 @@ def spawn(bin_: str, allowed: Path) -> Tuple["subprocess.Popen[bytes]", str, str
             time.sleep(0.02)
 
 
+@contextlib.contextmanager
+def bench_daemon(bin_: str, prefix: str) -> Iterator[Tuple[Path, "sandlot.Client"]]:
+    """A work directory that sandboxes may read and bind (it is the daemon's
+    `allowed_host_paths`) and a client of a private daemon started from `bin_`.
+    If the benchmark fails, the daemon log's last lines go to stderr; the daemon and
+    both directories are gone afterwards."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    work.chmod(0o755)  # sandboxes read the bind-mounted corpus as an unprivileged user
+    proc: Optional["subprocess.Popen[bytes]"] = None
+    tmp: Optional[str] = None
+    try:
+        proc, url, tmp = spawn(bin_, work)
+        yield work, sandlot.Client(url, "", timeout=3600.0)  # a large ingest is one request
+    except BaseException:
+        if tmp:
+            log = Path(tmp) / "daemon.log"
+            if log.exists():
+                print("daemon log (last lines):\n" + "\n".join(log.read_text().splitlines()[-30:]), file=sys.stderr)
+        raise
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=30)
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def emit(lines: List[str], out: Optional[str]) -> None:
+    """Prints the report and appends it to `out` if given."""
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if out:
+        with open(out, "a") as f:
+            f.write(text)
+
+
 def timed(f: Callable[[], object]) -> float:
     t0 = time.perf_counter()
     f()
@@ -118,15 +156,9 @@ def main() -> None:
     ap.add_argument("--out", help="append the Markdown table to this file")
     a = ap.parse_args()
 
-    work = Path(tempfile.mkdtemp(prefix="sandlot-vfs-corpus-"))
-    work.chmod(0o755)  # sandboxes read the bind-mounted corpus as an unprivileged user
-    proc: Optional["subprocess.Popen[bytes]"] = None
-    tmp = None
-    try:
+    with bench_daemon(a.spawn, "sandlot-vfs-corpus-") as (work, client):
         root = work / "docs"
         nbytes, doc = corpus(root, a.docs, a.mb)
-        proc, url, tmp = spawn(a.spawn, work)
-        client = sandlot.Client(url, "", timeout=3600.0)  # a large ingest is one request
         t0 = time.perf_counter()
         col = sandlot.Collection.create("bench", from_dir=root, client=client)
         ingest_s = time.perf_counter() - t0
@@ -191,24 +223,7 @@ def main() -> None:
                 f"| {name} | {statistics.median(vs):.2f} | {pct(vs, 0.95):.2f} | {statistics.median(ss):.2f} | "
                 f"{pct(ss, 0.95):.2f} | {statistics.median(ss) / statistics.median(vs):.1f}x |"
             )
-        text = "\n".join(out) + "\n"
-        print(text)
-        if a.out:
-            with open(a.out, "a") as f:
-                f.write(text)
-    except BaseException:
-        if tmp:
-            log = Path(tmp) / "daemon.log"
-            if log.exists():
-                print("daemon log (last lines):\n" + "\n".join(log.read_text().splitlines()[-30:]), file=sys.stderr)
-        raise
-    finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(timeout=30)
-        if tmp:
-            shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(work, ignore_errors=True)
+        emit(out, a.out)
 
 
 if __name__ == "__main__":

@@ -20,18 +20,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
-from typing import List, Optional
+from typing import List
 
 import sandlot
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_vfs import corpus, pct, spawn  # noqa: E402
+from bench_vfs import bench_daemon, corpus, emit, pct  # noqa: E402
 
 
 def timed_in_sandbox(sb: "sandlot.Sandbox", where: str, line: str) -> float:
@@ -56,15 +54,9 @@ def main() -> None:
     ap.add_argument("--out", help="append the Markdown table to this file")
     a = ap.parse_args()
 
-    work = Path(tempfile.mkdtemp(prefix="sandlot-vfs-mount-corpus-"))
-    work.chmod(0o755)  # the sandbox reads the bind-mounted corpus as a mapped uid
-    proc = None
-    tmp: Optional[str] = None
-    try:
+    with bench_daemon(a.spawn, "sandlot-vfs-mount-corpus-") as (work, client):
         root = work / "docs"
         nbytes, doc = corpus(root, a.docs, a.mb)
-        proc, url, tmp = spawn(a.spawn, work)
-        client = sandlot.Client(url, "", timeout=3600.0)
         t0 = time.perf_counter()
         col = sandlot.Collection.create("bench", from_dir=root, client=client)
         ingest_s = time.perf_counter() - t0
@@ -132,24 +124,7 @@ def main() -> None:
                 f"| {name} | {statistics.median(fs):.2f} | {pct(fs, 0.95):.2f} | {statistics.median(ps):.2f} | "
                 f"{pct(ps, 0.95):.2f} | {statistics.median(fs) / statistics.median(ps):.2f}x |"
             )
-        text = "\n".join(out) + "\n"
-        print(text)
-        if a.out:
-            with open(a.out, "a") as f:
-                f.write(text)
-    except BaseException:
-        if tmp:
-            log = Path(tmp) / "daemon.log"
-            if log.exists():
-                print("daemon log (last lines):\n" + "\n".join(log.read_text().splitlines()[-30:]), file=sys.stderr)
-        raise
-    finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(timeout=30)
-        if tmp:
-            shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(work, ignore_errors=True)
+        emit(out, a.out)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ use sandlot_proto::spec::{SandboxSpec, SpecError};
 pub mod cgroup;
 pub mod cgroup_stock;
 pub mod etc_view;
+pub mod helper_process;
 pub mod hostimage;
 pub mod init;
 pub mod mounts;

@@ -644,9 +644,9 @@ fn serve() -> Result<(), String> {
     let t0 = Instant::now();
     // It outlives the daemon: it must hold none of the daemon's descriptors (a
     // listening socket, the data directory's lock) should one lack close-on-exec.
-    // SAFETY: nothing in this process owns a descriptor above 2 yet; close_range
-    // only closes descriptors.
-    unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) };
+    // Nothing in this process owns a descriptor above 2 yet.
+    sandlot_runtime::helper_process::close_inherited_descriptors()
+        .map_err(|e| format!("close inherited descriptors: {e}"))?;
     let mountpoint = std::env::args_os()
         .nth(2)
         .map(PathBuf::from)
@@ -669,7 +669,8 @@ fn serve() -> Result<(), String> {
     let collection_dir = req.store.join("collections").join(&req.collection);
     // Signals are taken synchronously below; block them before the serving threads
     // start so that they inherit the mask.
-    let signals = block_stop_signals();
+    let signals = sandlot_runtime::helper_process::StopSignals::block()
+        .map_err(|e| format!("block stop signals: {e}"))?;
     // Mount first and answer: the daemon builds the sandbox while the view loads
     // (the daemon has resolved the same view when it pinned the version).
     let slot = sandlot_vfs::fuse::ViewSlot::new();
@@ -727,7 +728,7 @@ fn serve() -> Result<(), String> {
     // meanwhile wait in the kernel's queue.
     let mount = pending.serve().map_err(|e| crate::vfs::chain(&e))?;
     loop {
-        if let Some(sig) = wait_signal(&signals, Duration::from_millis(500)) {
+        if let Some(sig) = signals.wait(Duration::from_millis(500)) {
             eprintln!("signal {sig}: exiting (the daemon unmounts)");
             break;
         }
@@ -794,33 +795,6 @@ fn confine(collection_dir: &Path) -> Result<Confinement, String> {
     )
     .map_err(|e| format!("drop capabilities: {e}"))?;
     Ok(Confinement { landlock })
-}
-
-/// SIGTERM, SIGINT and SIGHUP, blocked in this thread (and the threads it starts).
-fn block_stop_signals() -> libc::sigset_t {
-    // SAFETY: sigset_t is plain data; sigemptyset initialises it before any use.
-    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `set` is a valid sigset_t owned by this frame; the signal numbers are
-    // valid; pthread_sigmask only reads `set` and changes this thread's mask.
-    unsafe {
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::sigaddset(&mut set, libc::SIGHUP);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-    }
-    set
-}
-
-/// A signal of `set` if one arrives within `timeout`.
-fn wait_signal(set: &libc::sigset_t, timeout: Duration) -> Option<i32> {
-    let ts = libc::timespec {
-        tv_sec: timeout.as_secs() as libc::time_t,
-        tv_nsec: timeout.subsec_nanos() as libc::c_long,
-    };
-    // SAFETY: `set` and `ts` are valid for the call; a null siginfo is allowed.
-    let r = unsafe { libc::sigtimedwait(set, std::ptr::null_mut(), &ts) };
-    (r > 0).then_some(r)
 }
 
 #[cfg(test)]
