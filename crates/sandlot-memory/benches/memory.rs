@@ -26,8 +26,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sandlot_memory::{
-    Author, Embedder, MiniLmEmbedder, NewMemory, SearchMode, SearchQuery, Store, VectorScan,
-    WatchOptions,
+    Author, Embedder, MiniLmEmbedder, NewMemory, SearchMode, SearchQuery, Store, TextSide,
+    VectorScan, WatchOptions,
 };
 
 fn data_dir() -> PathBuf {
@@ -366,6 +366,17 @@ fn bench_search(model: Arc<dyn Embedder>) {
     ));
     let previous = Store::open_unsynced(&dir, previous_model.clone()).unwrap();
     previous.set_vector_scan(VectorScan::Exact);
+    // The path before issue 8's second round, as a peer: same model and int8 scan, but one FTS
+    // query per query term for the matched terms, the query embedder on both cores while BM25
+    // runs, and its
+    // weights in f32 for the query too.
+    let f32_model: Arc<dyn Embedder> = Arc::new(
+        MiniLmEmbedder::load_default()
+            .unwrap_or_else(|e| panic!("{e}"))
+            .with_f32_queries(),
+    );
+    let per_term = Store::open_unsynced(&dir, f32_model).unwrap();
+    per_term.set_text_side(TextSide::PerTermFts);
     // The first vector search loads the matrix into memory (once per process; the daemon keeps it).
     let t = Instant::now();
     let mut q = SearchQuery::new("warm up");
@@ -373,13 +384,16 @@ fn bench_search(model: Arc<dyn Embedder>) {
     store.search(&q).unwrap();
     let load = ms(t.elapsed());
     previous.search(&q).unwrap();
+    per_term.search(&q).unwrap();
     for q in QUERIES.iter().take(5) {
         store.search(&SearchQuery::new(*q)).unwrap();
         previous.search(&SearchQuery::new(*q)).unwrap();
+        per_term.search(&SearchQuery::new(*q)).unwrap();
     }
     let rounds = 5;
     let (mut hybrid, mut bm25, mut vector, mut embed) = Default::default();
     let (mut old_hybrid, mut old_vector, mut old_embed) = Default::default();
+    let mut per_term_hybrid = Samples::default();
     let (hybrid, bm25, vector, embed): (&mut Samples, &mut Samples, &mut Samples, &mut Samples) =
         (&mut hybrid, &mut bm25, &mut vector, &mut embed);
     let (old_hybrid, old_vector, old_embed): (&mut Samples, &mut Samples, &mut Samples) =
@@ -388,10 +402,13 @@ fn bench_search(model: Arc<dyn Embedder>) {
     // vector: the same memories in the same order, per query. And of the whole new path with
     // the previous one.
     let (mut same_top10, mut same_vec50, mut same_prev, mut compared) = (0, 0, 0, 0);
+    let mut same_per_term = 0;
+    let mut sim_diff = 0f32;
     for round in 0..rounds {
         for q in QUERIES {
             let hits = hybrid.measure(|| store.search(&SearchQuery::new(*q)).unwrap());
             assert_eq!(hits.len(), 10);
+            let pt = per_term_hybrid.measure(|| per_term.search(&SearchQuery::new(*q)).unwrap());
             let mut b = SearchQuery::new(*q);
             b.mode = SearchMode::Bm25;
             bm25.measure(|| store.search(&b).unwrap());
@@ -415,6 +432,24 @@ fn bench_search(model: Arc<dyn Embedder>) {
                 same_top10 += usize::from(paths(&hits) == paths(&exact));
                 same_vec50 += usize::from(paths(&vhits) == paths(&exact_v));
                 same_prev += usize::from(paths(&hits) == paths(&old));
+                // Everything a hit reports but the similarity (path, line, snippet, ranks, fused
+                // score); the similarity differs by the 16-bit query weights only.
+                let full = |h: &[sandlot_memory::SearchHit]| {
+                    h.iter()
+                        .map(|h| {
+                            let s = h.similarity.unwrap_or(0.0);
+                            let mut h = h.clone();
+                            h.similarity = None;
+                            (serde_json::to_string(&h).unwrap(), s)
+                        })
+                        .collect::<Vec<_>>()
+                };
+                let (a, b) = (full(&hits), full(&pt));
+                same_per_term +=
+                    usize::from(a.len() == b.len() && a.iter().zip(&b).all(|(x, y)| x.0 == y.0));
+                for (x, y) in a.iter().zip(&b) {
+                    sim_diff = sim_diff.max((x.1 - y.1).abs());
+                }
             }
         }
     }
@@ -424,7 +459,10 @@ fn bench_search(model: Arc<dyn Embedder>) {
     );
     println!("| mode | n | p50 | p95 | max | mean CPU (all threads) |\n|---|---|---|---|---|---|");
     let (h50, hc) = hybrid.row(
-        "hybrid (query embedding ‖ BM25, then int8 AVX2 scan on all cores + exact rerank, RRF)",
+        "hybrid (query embedding ‖ BM25 + matched terms in Rust; int8 AVX2 scan on the embedding thread + exact rerank, RRF)",
+    );
+    let (t50, tc) = per_term_hybrid.row(
+        "peer: hybrid before this round (one FTS query per query term; f32 query embedding on both cores from the start)",
     );
     let (o50, oc) = old_hybrid.row(
         "peer: previous path, hybrid (candle BERT query embedding, exact single-threaded f32 scan)",
@@ -446,6 +484,13 @@ fn bench_search(model: Arc<dyn Embedder>) {
         e50 / oe50,
         ec / oec,
         vc - ec,
+    );
+    println!(
+        "hybrid p50 {:.2}x the per-term FTS peer's {t50:.1} ms (CPU {:.2}x, {hc:.1} against {tc:.1} ms); \
+         hits identical to it (paths, lines, snippets, ranks, fused scores): {same_per_term}/{compared} queries, \
+         largest difference of a hit's cosine similarity {sim_diff:.1e}",
+        h50 / t50,
+        hc / tc,
     );
     println!(
         "same results as the exact f32 scan (same query vector): hybrid top-10 {same_top10}/{compared} queries, \

@@ -7,6 +7,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use rusqlite::{params, Connection, OptionalExtension};
 
@@ -403,8 +404,55 @@ pub struct Index {
     path: PathBuf,
     model: String,
     dim: usize,
-    cache: VectorCache,
+    /// Shared with [`VectorSearcher`]s: a scan runs without holding the index.
+    cache: Arc<RwLock<VectorCache>>,
     scan: VectorScan,
+}
+
+fn read(c: &RwLock<VectorCache>) -> RwLockReadGuard<'_, VectorCache> {
+    c.read().unwrap_or_else(|p| p.into_inner())
+}
+
+fn write(c: &RwLock<VectorCache>) -> RwLockWriteGuard<'_, VectorCache> {
+    c.write().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Vector search over the index's matrix without holding the index, so that a scan can run on
+/// one thread while another asks the index full-text queries. Writers to the index wait for a
+/// running scan.
+pub struct VectorSearcher {
+    cache: Arc<RwLock<VectorCache>>,
+    scan: VectorScan,
+    dim: usize,
+}
+
+impl VectorSearcher {
+    /// Exact nearest neighbours of unit vector `q`: (chunk id, cosine), best first; the int8
+    /// scan is split over `threads` (this one included).
+    pub fn search(
+        &self,
+        q: &[f32],
+        k: usize,
+        filter: &ChunkFilter,
+        threads: usize,
+    ) -> Vec<(i64, f32)> {
+        if q.len() != self.dim {
+            return Vec::new();
+        }
+        let c = read(&self.cache);
+        match self.scan {
+            VectorScan::Quantized => c.search(q, k, filter, threads),
+            VectorScan::Exact => c.search_exact(q, k, filter),
+        }
+    }
+}
+
+/// Threads a vector scan may use: the cores, at most 4.
+pub fn scan_threads() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .min(4)
 }
 
 fn blob_of(v: &[f32]) -> Vec<u8> {
@@ -465,10 +513,10 @@ impl Index {
             path: path.to_path_buf(),
             model: model.to_string(),
             dim,
-            cache: VectorCache {
+            cache: Arc::new(RwLock::new(VectorCache {
                 dim,
                 ..Default::default()
-            },
+            })),
             scan: VectorScan::default(),
         })
     }
@@ -617,15 +665,16 @@ impl Index {
             }
         }
         tx.commit().map_err(sql(op))?;
-        if self.cache.loaded {
+        let mut cache = write(&self.cache);
+        if cache.loaded {
             for id in removed {
-                self.cache.remove(id);
+                cache.remove(id);
             }
             for (id, v) in inserted {
                 if let Some(b) = v {
                     let v = vec_of(&b);
                     if v.len() == self.dim {
-                        self.cache.insert(id, &v);
+                        cache.insert(id, &v);
                     }
                 }
             }
@@ -650,9 +699,10 @@ impl Index {
         let tx = self.conn.transaction().map_err(sql(op.clone()))?;
         let removed = delete_file_rows(&tx, path).map_err(sql(op.clone()))?;
         tx.commit().map_err(sql(op))?;
-        if self.cache.loaded {
+        let mut cache = write(&self.cache);
+        if cache.loaded {
             for id in removed {
-                self.cache.remove(id);
+                cache.remove(id);
             }
         }
         Ok(())
@@ -717,9 +767,10 @@ impl Index {
             }
         }
         tx.commit().map_err(sql("store vectors"))?;
-        if self.cache.loaded {
+        let mut cache = write(&self.cache);
+        if cache.loaded {
             for (id, h) in ids {
-                self.cache.insert(id, &vectors[&h]);
+                cache.insert(id, &vectors[&h]);
             }
         }
         Ok(())
@@ -754,7 +805,7 @@ impl Index {
         self.conn
             .execute_batch(&batch)
             .map_err(sql("clear index"))?;
-        self.cache = VectorCache {
+        *write(&self.cache) = VectorCache {
             dim: self.dim,
             ..Default::default()
         };
@@ -774,7 +825,7 @@ impl Index {
     }
 
     fn ensure_cache(&mut self) -> Result<(), IndexError> {
-        if self.cache.loaded {
+        if read(&self.cache).loaded {
             return Ok(());
         }
         let mut cache = VectorCache {
@@ -806,7 +857,7 @@ impl Index {
         }
         drop(rows);
         drop(st);
-        self.cache = cache;
+        *write(&self.cache) = cache;
         Ok(())
     }
 
@@ -849,17 +900,16 @@ impl Index {
         k: usize,
         filter: &ChunkFilter,
     ) -> Result<Vec<(i64, f32)>, IndexError> {
+        Ok(self.vector_searcher()?.search(q, k, filter, scan_threads()))
+    }
+
+    /// A [`VectorSearcher`] over this index's matrix (loaded into memory first if needed).
+    pub fn vector_searcher(&mut self) -> Result<VectorSearcher, IndexError> {
         self.ensure_cache()?;
-        if q.len() != self.dim {
-            return Ok(Vec::new());
-        }
-        let threads = std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-            .min(4);
-        Ok(match self.scan {
-            VectorScan::Quantized => self.cache.search(q, k, filter, threads),
-            VectorScan::Exact => self.cache.search_exact(q, k, filter),
+        Ok(VectorSearcher {
+            cache: self.cache.clone(),
+            scan: self.scan,
+            dim: self.dim,
         })
     }
 
@@ -930,8 +980,109 @@ impl Index {
     }
 
     /// For each of `candidates`, how many of `terms` (single FTS5 terms, tokenised and stemmed
-    /// like the index) it contains.
+    /// like the index) it contains: the FTS answer, computed from the candidates' indexed text
+    /// (title, body, tags) with the index's tokenizer re-done in Rust, in one query. Terms that
+    /// are not one token, and chunks whose text that tokenizer cannot vouch for (see
+    /// [`crate::fts_tokens`]), are asked of FTS itself ([`Index::matched_terms_fts`]).
     pub fn matched_terms(
+        &self,
+        terms: &[String],
+        candidates: &[i64],
+    ) -> Result<HashMap<i64, usize>, IndexError> {
+        let mut counts: HashMap<i64, usize> = candidates.iter().map(|&id| (id, 0)).collect();
+        if candidates.is_empty() || terms.is_empty() {
+            return Ok(counts);
+        }
+        // Each term as the index stores it; a term that is not one covered token goes to FTS.
+        let mut stems: Vec<Vec<u8>> = Vec::new();
+        let mut fts_terms: Vec<String> = Vec::new();
+        for t in terms {
+            match crate::fts_tokens::tokens(t) {
+                // Two terms with one stem ("state", "states") each count, as in FTS.
+                Ok(mut tok) if tok.len() == 1 => stems.push(tok.pop().unwrap_or_default()),
+                _ => fts_terms.push(t.clone()),
+            }
+        }
+        let mut fts_ids: Vec<i64> = Vec::new();
+        let op = || format!("read the text of {} chunks", candidates.len());
+        for part in candidates.chunks(500) {
+            let list = part
+                .iter()
+                .map(|i| i.to_string())
+                .collect::<Vec<_>>()
+                .join(",");
+            let mut st = self
+                .conn
+                .prepare(&format!(
+                    "SELECT c.id, c.text, f.title, f.tags FROM chunks c JOIN files f ON f.path = c.path
+                     WHERE c.id IN ({list})"
+                ))
+                .map_err(sql(op()))?;
+            let mut rows = st.query([]).map_err(sql(op()))?;
+            let mut seen: HashSet<i64> = HashSet::with_capacity(part.len());
+            while let Some(r) = rows.next().map_err(sql(op()))? {
+                let id: i64 = r.get(0).map_err(sql(op()))?;
+                seen.insert(id);
+                let text = r
+                    .get_ref(1)
+                    .and_then(|v| Ok(v.as_str()?))
+                    .map_err(sql(op()))?;
+                let title = r
+                    .get_ref(2)
+                    .and_then(|v| Ok(v.as_str()?))
+                    .map_err(sql(op()))?;
+                let tags = r
+                    .get_ref(3)
+                    .and_then(|v| Ok(v.as_str()?))
+                    .map_err(sql(op()))?;
+                let tags: Vec<String> = serde_json::from_str(tags).unwrap_or_default();
+                // Which of the terms occur.
+                let mut found = vec![false; stems.len()];
+                let mut mark = |tok: &[u8]| {
+                    for (f, s) in found.iter_mut().zip(&stems) {
+                        if s.as_slice() == tok {
+                            *f = true;
+                        }
+                    }
+                };
+                let covered = crate::fts_tokens::for_each_token(title, &mut mark)
+                    .and_then(|()| crate::fts_tokens::for_each_token(text, &mut mark))
+                    .and_then(|()| crate::fts_tokens::for_each_token(&tags.join(" "), &mut mark));
+                if covered.is_err() {
+                    fts_ids.push(id);
+                    continue;
+                }
+                if let Some(c) = counts.get_mut(&id) {
+                    *c += found.iter().filter(|f| **f).count();
+                }
+            }
+            // Candidates without a chunk row: FTS decides (it has no row for them either).
+            fts_ids.extend(part.iter().filter(|id| !seen.contains(id)));
+        }
+        // Terms the Rust tokenizer does not cover, for every candidate; all terms for the
+        // candidates whose text it does not cover.
+        let fts_set: HashSet<i64> = fts_ids.iter().copied().collect();
+        let covered: Vec<i64> = candidates
+            .iter()
+            .copied()
+            .filter(|id| !fts_set.contains(id))
+            .collect();
+        for (ts, ids) in [(fts_terms.as_slice(), &covered), (terms, &fts_ids)] {
+            if ts.is_empty() || ids.is_empty() {
+                continue;
+            }
+            for (id, n) in self.matched_terms_fts(ts, ids)? {
+                if let Some(c) = counts.get_mut(&id) {
+                    *c += n;
+                }
+            }
+        }
+        Ok(counts)
+    }
+
+    /// [`Index::matched_terms`] by one FTS query per term (the reference, and the fallback for
+    /// text the Rust tokenizer does not cover).
+    pub fn matched_terms_fts(
         &self,
         terms: &[String],
         candidates: &[i64],
@@ -1169,5 +1320,111 @@ mod scan_tests {
         assert_eq!(q, [127, -64, 0, 32]);
         assert!((s - 0.5 / 127.0).abs() < 1e-9);
         assert_eq!(quantize(&[0.0; 4], &mut q), 0.0);
+    }
+}
+
+#[cfg(test)]
+mod matched_terms_tests {
+    use super::*;
+
+    struct TempIndex(PathBuf);
+    impl Drop for TempIndex {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn file(path: &str, title: &str, tags: &[&str]) -> FileRow {
+        FileRow {
+            path: path.into(),
+            hash: format!("h-{path}"),
+            size: 1,
+            mtime_ns: 0,
+            mem_id: path.into(),
+            title: title.into(),
+            kind: None,
+            folder: String::new(),
+            tags: tags.iter().map(|t| t.to_string()).collect(),
+            relations: Vec::new(),
+            valid_from: None,
+            valid_to: None,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn issue8_matched_terms_equal_the_fts_answer() {
+        let dir = TempIndex(std::env::temp_dir().join(format!(
+            "sandlot-memory-matched-terms-{}",
+            std::process::id()
+        )));
+        std::fs::create_dir_all(&dir.0).unwrap();
+        let mut idx = Index::open(&dir.0.join("index.sqlite"), "test-model", 4).unwrap();
+        let files = [
+            // Stemming: "running"/"runs"/"run", "philosophies"/"philosophy".
+            (
+                "a.md",
+                "Running notes",
+                &["ops"][..],
+                "She runs the philosophies club.\nCafé owners.",
+            ),
+            // Case and diacritics: "CAFÉ", "Naïve", "résumé".
+            (
+                "b.md",
+                "CAFÉ",
+                &[][..],
+                "A naïve RÉSUMÉ of the state of things",
+            ),
+            // Terms only in the title or the tags.
+            (
+                "c.md",
+                "Philosophy of the state",
+                &["run", "naive"][..],
+                "nothing else here",
+            ),
+            // Beyond Latin-1: Greek capitals, a combining accent.
+            (
+                "d.md",
+                "Ωmega",
+                &[][..],
+                "the state runs on Ωmega; cafe\u{301} naive",
+            ),
+            (
+                "e.md",
+                "plain",
+                &["café"][..],
+                "unrelated words only; states, stating",
+            ),
+        ];
+        let mut ids = Vec::new();
+        for (path, title, tags, body) in files {
+            let chunks = crate::chunk::chunk_body(body, 1, None);
+            idx.put_file(&file(path, title, tags), &chunks, &HashMap::new())
+                .unwrap();
+            ids.extend(idx.chunks_of(path).unwrap().iter().map(|c| c.id));
+        }
+        ids.push(999_999); // no such chunk
+        let term_sets: &[&[&str]] = &[
+            &["run", "philosophy", "cafe", "state"],
+            &["running", "café", "naïve", "résumé"],
+            &["CAFE", "Naive", "states", "ops"],
+            &["ωmega", "cafe", "runs"],
+            &["zzz", "the", "of"],
+            &["state", "states", "stating"],
+        ];
+        let mut nonzero = 0;
+        for terms in term_sets {
+            let terms: Vec<String> = terms.iter().map(|t| t.to_string()).collect();
+            let got = idx.matched_terms(&terms, &ids).unwrap();
+            let want = idx.matched_terms_fts(&terms, &ids).unwrap();
+            assert_eq!(got, want, "terms {terms:?}");
+            nonzero += want.values().filter(|n| **n > 0).count();
+        }
+        assert!(nonzero > 10, "the cases match something: {nonzero}");
+        // Spot checks of what FTS treats as equal.
+        let got = idx
+            .matched_terms(&["running".into(), "café".into()], &ids[..2])
+            .unwrap();
+        assert_eq!(got[&ids[0]], 2, "runs ~ running, Café ~ café");
     }
 }

@@ -86,81 +86,271 @@ pub(crate) fn linear(x: &[f32], k: usize, w: &[f32], bias: &[f32], out: &mut [f3
     }
     impl WithSimd for Op<'_> {
         type Output = ();
-        // Indexing six equally long slices by one counter keeps the loop free of bounds checks.
-        #[allow(clippy::needless_range_loop)]
         #[inline(always)]
         fn with_simd<S: Simd>(self, simd: S) {
             let Op { x, k, w, bias, out } = self;
             let n = bias.len();
             let m = x.len() / k;
-            assert_eq!(w.len(), n * k, "weight matrix is {n} x {k}");
             assert_eq!(out.len(), m * n, "output is {m} x {n}");
-            let row = |t: usize| S::as_simd_f32s(&x[t * k..(t + 1) * k]);
-            let wrow = |o: usize| S::as_simd_f32s(&w[o * k..(o + 1) * k]);
-            let tail_dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(p, q)| p * q).sum::<f32>();
-            let zero = simd.splat_f32s(0.0);
-            let mut o = 0;
-            while o + 4 <= n {
-                let ws = [wrow(o), wrow(o + 1), wrow(o + 2), wrow(o + 3)];
-                let len = ws[0].0.len();
-                let (w0, w1, w2, w3) = (
-                    &ws[0].0[..len],
-                    &ws[1].0[..len],
-                    &ws[2].0[..len],
-                    &ws[3].0[..len],
-                );
-                let mut t = 0;
-                while t + 2 <= m {
-                    let (x0, x0t) = row(t);
-                    let (x1, x1t) = row(t + 1);
-                    let (x0, x1) = (&x0[..len], &x1[..len]);
-                    let mut acc = [zero; 8];
-                    for i in 0..len {
-                        let (p, q) = (x0[i], x1[i]);
-                        acc[0] = simd.mul_add_f32s(p, w0[i], acc[0]);
-                        acc[1] = simd.mul_add_f32s(p, w1[i], acc[1]);
-                        acc[2] = simd.mul_add_f32s(p, w2[i], acc[2]);
-                        acc[3] = simd.mul_add_f32s(p, w3[i], acc[3]);
-                        acc[4] = simd.mul_add_f32s(q, w0[i], acc[4]);
-                        acc[5] = simd.mul_add_f32s(q, w1[i], acc[5]);
-                        acc[6] = simd.mul_add_f32s(q, w2[i], acc[6]);
-                        acc[7] = simd.mul_add_f32s(q, w3[i], acc[7]);
-                    }
-                    for j in 0..4 {
-                        out[t * n + o + j] =
-                            simd.reduce_sum_f32s(acc[j]) + tail_dot(x0t, ws[j].1) + bias[o + j];
-                        out[(t + 1) * n + o + j] =
-                            simd.reduce_sum_f32s(acc[4 + j]) + tail_dot(x1t, ws[j].1) + bias[o + j];
-                    }
-                    t += 2;
-                }
-                if t < m {
-                    let (x0, x0t) = row(t);
-                    let x0 = &x0[..len];
-                    let mut acc = [zero; 4];
-                    for i in 0..len {
-                        let p = x0[i];
-                        acc[0] = simd.mul_add_f32s(p, w0[i], acc[0]);
-                        acc[1] = simd.mul_add_f32s(p, w1[i], acc[1]);
-                        acc[2] = simd.mul_add_f32s(p, w2[i], acc[2]);
-                        acc[3] = simd.mul_add_f32s(p, w3[i], acc[3]);
-                    }
-                    for j in 0..4 {
-                        out[t * n + o + j] =
-                            simd.reduce_sum_f32s(acc[j]) + tail_dot(x0t, ws[j].1) + bias[o + j];
-                    }
-                }
-                o += 4;
-            }
-            for o in o..n {
-                let wo = &w[o * k..(o + 1) * k];
-                for t in 0..m {
-                    out[t * n + o] = dot_lanes(simd, &x[t * k..(t + 1) * k], wo) + bias[o];
-                }
-            }
+            linear_lanes(simd, x, k, w, bias, out, n, 0);
         }
     }
     arch().dispatch(Op { x, k, w, bias, out })
+}
+
+/// Weights in 16 bits: a half-precision significand (11 bits) with a per-matrix exponent
+/// offset, so the encoding needs no subnormals for the weights' range. Two weights per `u32`:
+/// in each block of 16 weights, word `j` holds weight `j` in its upper half and weight `8 + j`
+/// in its lower half, so that a SIMD register of words widens to two registers of f32 with
+/// shifts and masks alone.
+pub(crate) struct PackedWeights {
+    pub(crate) words: Vec<u32>,
+    /// `2^offset`: the decoded bit pattern times this is the weight.
+    pub(crate) scale: f32,
+}
+
+const PACKED_MAG: u32 = 0x0fff_e000;
+const SIGN: u32 = 0x8000_0000;
+
+impl PackedWeights {
+    /// Packs `w` (a whole number of 16-weight blocks); `None` when it is not, or has a weight
+    /// that is not finite.
+    pub(crate) fn pack(w: &[f32]) -> Option<PackedWeights> {
+        if !w.len().is_multiple_of(16) || w.iter().any(|x| !x.is_finite()) {
+            return None;
+        }
+        let max = w.iter().fold(0f32, |m, x| m.max(x.abs()));
+        // Largest weight's binary exponent; the offset maps it to exponent field 30 (field 31
+        // stays free for a rounding carry).
+        let e = if max > 0.0 {
+            ((max.to_bits() >> 23) & 0xff) as i32 - 127
+        } else {
+            0
+        };
+        let offset = (e + 97).clamp(-126, 126);
+        let scale = f32::from_bits(((offset + 127) as u32) << 23);
+        let inv = f32::from_bits(((127 - offset) as u32) << 23);
+        let code = |x: f32| -> u32 {
+            let y = (x * inv).to_bits();
+            let mag = y & !SIGN;
+            // Round to nearest, ties to even, at bit 13.
+            let r = mag + 0x0fff + ((mag >> 13) & 1);
+            ((y & SIGN) >> 16) | (r >> 13)
+        };
+        let mut words = Vec::with_capacity(w.len() / 2);
+        for block in w.chunks_exact(16) {
+            for j in 0..8 {
+                words.push((code(block[j]) << 16) | code(block[8 + j]));
+            }
+        }
+        Some(PackedWeights { words, scale })
+    }
+
+    /// The weight in the upper half of `w`.
+    #[inline(always)]
+    fn upper(w: u32, scale: f32) -> f32 {
+        f32::from_bits(((w >> 3) & PACKED_MAG) | (w & SIGN)) * scale
+    }
+
+    /// The weight in the lower half of `w`.
+    #[inline(always)]
+    fn lower(w: u32, scale: f32) -> f32 {
+        f32::from_bits(((w << 13) & PACKED_MAG) | ((w << 16) & SIGN)) * scale
+    }
+
+    /// Every weight, decoded (tests).
+    #[cfg(test)]
+    pub(crate) fn unpack(&self) -> Vec<f32> {
+        let mut out = vec![0f32; self.words.len() * 2];
+        decode_scalar(&self.words, self.scale, &mut out);
+        out
+    }
+}
+
+#[cfg(test)]
+fn decode_scalar(words: &[u32], scale: f32, out: &mut [f32]) {
+    for (wb, ob) in words.chunks_exact(8).zip(out.chunks_exact_mut(16)) {
+        for j in 0..8 {
+            ob[j] = PackedWeights::upper(wb[j], scale);
+            ob[8 + j] = PackedWeights::lower(wb[j], scale);
+        }
+    }
+}
+
+/// Decodes packed weight words into `out` (twice as long), in SIMD lanes.
+#[inline(always)]
+fn decode_lanes<S: Simd>(simd: S, words: &[u32], scale: f32, out: &mut [f32]) {
+    let (mag, sign, sc) = (
+        simd.splat_u32s(PACKED_MAG),
+        simd.splat_u32s(SIGN),
+        simd.splat_f32s(scale),
+    );
+    let (s3, s13, s16) = (simd.splat_u32s(3), simd.splat_u32s(13), simd.splat_u32s(16));
+    for (wb, ob) in words.chunks_exact(8).zip(out.chunks_exact_mut(16)) {
+        let (upper, lower) = ob.split_at_mut(8);
+        let (wv, wt) = S::as_simd_u32s(wb);
+        let (uv, ut) = S::as_mut_simd_f32s(upper);
+        let (lv, lt) = S::as_mut_simd_f32s(lower);
+        for ((w, u), l) in wv.iter().zip(uv.iter_mut()).zip(lv.iter_mut()) {
+            let hi = simd.or_u32s(
+                simd.and_u32s(simd.wrapping_dyn_shr_u32s(*w, s3), mag),
+                simd.and_u32s(*w, sign),
+            );
+            *u = simd.mul_f32s(simd.transmute_f32s_u32s(hi), sc);
+            let lo = simd.or_u32s(
+                simd.and_u32s(simd.wrapping_dyn_shl_u32s(*w, s13), mag),
+                simd.and_u32s(simd.wrapping_dyn_shl_u32s(*w, s16), sign),
+            );
+            *l = simd.mul_f32s(simd.transmute_f32s_u32s(lo), sc);
+        }
+        for ((w, u), l) in wt.iter().zip(ut.iter_mut()).zip(lt.iter_mut()) {
+            *u = PackedWeights::upper(*w, scale);
+            *l = PackedWeights::lower(*w, scale);
+        }
+    }
+}
+
+/// [`linear`] with 16-bit weights (`w`: `bias.len()` rows of `k`, packed): blocks of rows are
+/// decoded into a buffer that stays in L2, then multiplied as f32. Reads half the memory of
+/// the f32 weights, which is what bounds a short query's forward pass.
+pub(crate) fn linear_packed(
+    x: &[f32],
+    k: usize,
+    w: &[u32],
+    scale: f32,
+    bias: &[f32],
+    out: &mut [f32],
+) {
+    struct Op<'a> {
+        x: &'a [f32],
+        k: usize,
+        w: &'a [u32],
+        scale: f32,
+        bias: &'a [f32],
+        out: &'a mut [f32],
+    }
+    impl WithSimd for Op<'_> {
+        type Output = ();
+        #[inline(always)]
+        fn with_simd<S: Simd>(self, simd: S) {
+            let Op {
+                x,
+                k,
+                w,
+                scale,
+                bias,
+                out,
+            } = self;
+            let n = bias.len();
+            let m = x.len() / k;
+            assert_eq!(w.len() * 2, n * k, "weight matrix is {n} x {k}");
+            assert_eq!(out.len(), m * n, "output is {m} x {n}");
+            // 16 rows at a time: 16 x 1536 x 4 bytes = 96 KiB at most.
+            const BLOCK: usize = 16;
+            let mut buf = vec![0f32; BLOCK * k];
+            let mut o = 0;
+            while o < n {
+                let rows = BLOCK.min(n - o);
+                let dec = &mut buf[..rows * k];
+                decode_lanes(simd, &w[o * k / 2..(o + rows) * k / 2], scale, dec);
+                linear_lanes(simd, x, k, dec, &bias[o..o + rows], out, n, o);
+                o += rows;
+            }
+        }
+    }
+    arch().dispatch(Op {
+        x,
+        k,
+        w,
+        scale,
+        bias,
+        out,
+    })
+}
+
+/// The product of [`linear`] for weight rows `w` (`bias.len()` of them), written to columns
+/// `col..col + bias.len()` of `out` (`m × n`).
+// Indexing six equally long slices by one counter keeps the loop free of bounds checks.
+#[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
+#[inline(always)]
+fn linear_lanes<S: Simd>(
+    simd: S,
+    x: &[f32],
+    k: usize,
+    w: &[f32],
+    bias: &[f32],
+    out: &mut [f32],
+    n: usize,
+    col: usize,
+) {
+    let rows = bias.len();
+    let m = x.len() / k;
+    assert_eq!(w.len(), rows * k, "weight matrix is {rows} x {k}");
+    assert!(col + rows <= n && out.len() == m * n, "output is {m} x {n}");
+    let row = |t: usize| S::as_simd_f32s(&x[t * k..(t + 1) * k]);
+    let wrow = |o: usize| S::as_simd_f32s(&w[o * k..(o + 1) * k]);
+    let tail_dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(p, q)| p * q).sum::<f32>();
+    let zero = simd.splat_f32s(0.0);
+    let mut o = 0;
+    while o + 4 <= rows {
+        let ws = [wrow(o), wrow(o + 1), wrow(o + 2), wrow(o + 3)];
+        let len = ws[0].0.len();
+        let (w0, w1, w2, w3) = (
+            &ws[0].0[..len],
+            &ws[1].0[..len],
+            &ws[2].0[..len],
+            &ws[3].0[..len],
+        );
+        let c = col + o;
+        let mut t = 0;
+        while t + 2 <= m {
+            let (x0, x0t) = row(t);
+            let (x1, x1t) = row(t + 1);
+            let (x0, x1) = (&x0[..len], &x1[..len]);
+            let mut acc = [zero; 8];
+            for i in 0..len {
+                let (p, q) = (x0[i], x1[i]);
+                acc[0] = simd.mul_add_f32s(p, w0[i], acc[0]);
+                acc[1] = simd.mul_add_f32s(p, w1[i], acc[1]);
+                acc[2] = simd.mul_add_f32s(p, w2[i], acc[2]);
+                acc[3] = simd.mul_add_f32s(p, w3[i], acc[3]);
+                acc[4] = simd.mul_add_f32s(q, w0[i], acc[4]);
+                acc[5] = simd.mul_add_f32s(q, w1[i], acc[5]);
+                acc[6] = simd.mul_add_f32s(q, w2[i], acc[6]);
+                acc[7] = simd.mul_add_f32s(q, w3[i], acc[7]);
+            }
+            for j in 0..4 {
+                out[t * n + c + j] =
+                    simd.reduce_sum_f32s(acc[j]) + tail_dot(x0t, ws[j].1) + bias[o + j];
+                out[(t + 1) * n + c + j] =
+                    simd.reduce_sum_f32s(acc[4 + j]) + tail_dot(x1t, ws[j].1) + bias[o + j];
+            }
+            t += 2;
+        }
+        if t < m {
+            let (x0, x0t) = row(t);
+            let x0 = &x0[..len];
+            let mut acc = [zero; 4];
+            for i in 0..len {
+                let p = x0[i];
+                acc[0] = simd.mul_add_f32s(p, w0[i], acc[0]);
+                acc[1] = simd.mul_add_f32s(p, w1[i], acc[1]);
+                acc[2] = simd.mul_add_f32s(p, w2[i], acc[2]);
+                acc[3] = simd.mul_add_f32s(p, w3[i], acc[3]);
+            }
+            for j in 0..4 {
+                out[t * n + c + j] =
+                    simd.reduce_sum_f32s(acc[j]) + tail_dot(x0t, ws[j].1) + bias[o + j];
+            }
+        }
+        o += 4;
+    }
+    for o in o..rows {
+        let wo = &w[o * k..(o + 1) * k];
+        for t in 0..m {
+            out[t * n + col + o] = dot_lanes(simd, &x[t * k..(t + 1) * k], wo) + bias[o];
+        }
+    }
 }
 
 /// Multi-head self-attention of one sequence without padding: `qkv` holds per token its query,
@@ -351,6 +541,48 @@ mod tests {
                 (*seed % 20001) as f32 / 10000.0 - 1.0
             })
             .collect()
+    }
+
+    #[test]
+    fn issue8_packed_weights_round_to_11_significant_bits() {
+        let mut seed = 11;
+        let mut w = noise(&mut seed, 1536 * 4);
+        // Magnitudes over many binades, zeros and signs.
+        for (i, x) in w.iter_mut().enumerate() {
+            *x *= [1.0, 0.3, 0.01, 1e-4, 2.5][i % 5];
+        }
+        w[5] = 0.0;
+        w[6] = -0.0;
+        let p = PackedWeights::pack(&w).unwrap();
+        assert_eq!(p.words.len(), w.len() / 2);
+        let back = p.unpack();
+        let max = w.iter().fold(0f32, |m, x| m.max(x.abs()));
+        for (x, y) in w.iter().zip(&back) {
+            // Relative error 2^-11 (half a unit in the 11th bit) for normal codes; absolute
+            // below 2^-30 of the largest.
+            let err = (x - y).abs();
+            assert!(err <= x.abs() / 2048.0 + max * 1e-9, "{x} decoded as {y}");
+            assert!(x.signum() == y.signum() || *x == 0.0);
+        }
+        assert_eq!(back[5], 0.0);
+        assert!(PackedWeights::pack(&w[..15]).is_none());
+        assert!(PackedWeights::pack(&[f32::NAN; 16]).is_none());
+    }
+
+    #[test]
+    fn issue8_packed_linear_equals_linear_over_the_decoded_weights() {
+        let mut seed = 5;
+        for (m, k, n) in [(1, 384, 1152), (7, 384, 384), (12, 1536, 384), (3, 16, 20)] {
+            let x = noise(&mut seed, m * k);
+            let w = noise(&mut seed, n * k);
+            let bias = noise(&mut seed, n);
+            let p = PackedWeights::pack(&w).unwrap();
+            let mut got = vec![0f32; m * n];
+            linear_packed(&x, k, &p.words, p.scale, &bias, &mut got);
+            let mut want = vec![0f32; m * n];
+            linear(&x, k, &p.unpack(), &bias, &mut want);
+            assert_eq!(got, want, "{m} x {k} x {n}");
+        }
     }
 
     #[test]

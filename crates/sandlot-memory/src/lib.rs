@@ -9,6 +9,7 @@
 pub mod chunk;
 pub mod doc;
 pub mod embed;
+mod fts_tokens;
 mod git;
 pub mod index;
 mod kernels;
@@ -22,7 +23,7 @@ pub use doc::{Document, FrontMatter};
 pub use embed::{EmbedError, Embedder, HttpEmbedder, MiniLmEmbedder};
 pub use git::{Author, Commit, GitError};
 pub use index::VectorScan;
-pub use search::{Related, SearchHit, SearchMode, SearchQuery, Validity};
+pub use search::{Related, SearchHit, SearchMode, SearchQuery, TextSide, Validity};
 pub use store::{
     FileStatus, Freshness, Memory, MemoryPatch, NewMemory, Store, StoreError, SyncReport,
     WriteOutcome,

@@ -2,9 +2,12 @@
 //! reciprocal rank fusion per memory, metadata and validity filters, link expansion.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use serde::Serialize;
 
+use crate::index::{ChunkFilter, VectorSearcher};
 use crate::store::{lock, Result, Store, StoreError};
 
 /// Validity filter of a search.
@@ -105,6 +108,22 @@ pub struct SearchHit {
     pub related: Vec<Related>,
 }
 
+/// How hybrid search computes its text side; both give the same results.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum TextSide {
+    /// Which query terms a BM25 candidate contains is read from the candidates' text with the
+    /// index's tokenizer re-done in Rust (one query), and the query embedder takes the second
+    /// core only once BM25 is done. The default.
+    #[default]
+    Tokenized,
+    /// One FTS query per query term, and the query embedder on both cores from the start,
+    /// competing with BM25 (the path before; the benchmark's peer).
+    PerTermFts,
+}
+
+/// Vector hits: (chunk id, cosine), best first.
+type Neighbours = Vec<(i64, f32)>;
+
 /// Reciprocal rank fusion constant.
 pub const RRF_K: f64 = 60.0;
 /// Distinct query terms a chunk must contain to count as a lexical match in hybrid search:
@@ -165,14 +184,45 @@ impl Store {
             .map(|t| t.trim_matches('"').to_string())
             .filter(|t| !t.is_empty())
             .collect();
-        // The query is embedded on a second thread while BM25 runs on this one.
+        // The query is embedded on a second thread while BM25 runs on this one; the embedder
+        // takes the second core for itself only once BM25 is done (no two threads per core),
+        // and then scans the vector matrix on that thread, without waiting for BM25 (on one
+        // core while BM25 still runs, on all once it is done).
         let embedder = &self.embedder;
-        let (qvec, mut idx, text_hits, admitted) = std::thread::scope(|s| -> Result<_> {
-            let emb = (q.mode != SearchMode::Bm25)
-                .then(|| s.spawn(|| embedder.embed(&[q.text.as_str()])));
+        let lexical_done = AtomicBool::new(false);
+        let per_term_fts = self.per_term_fts.load(Ordering::Relaxed);
+        let (embedded, lexical) = std::thread::scope(|s| {
+            // The matrix and the filter, handed over by this thread once it has them.
+            let (to_vector, from_lexical) =
+                std::sync::mpsc::channel::<(VectorSearcher, Arc<ChunkFilter>)>();
+            let emb = (q.mode != SearchMode::Bm25).then(|| {
+                let lexical_done = &lexical_done;
+                s.spawn(move || -> Result<(Vec<f32>, Option<Neighbours>)> {
+                    if per_term_fts {
+                        let v = embedder.embed(&[q.text.as_str()])?.pop();
+                        return Ok((v.unwrap_or_default(), None));
+                    }
+                    let v = embedder.embed_query(q.text.as_str(), lexical_done)?;
+                    let Ok((searcher, admitted)) = from_lexical.recv() else {
+                        // The text side failed before the scan could start; it reports why.
+                        return Ok((v, None));
+                    };
+                    let threads = if lexical_done.load(Ordering::Acquire) {
+                        crate::index::scan_threads()
+                    } else {
+                        1
+                    };
+                    let hits = searcher.search(&v, k, &admitted, threads);
+                    Ok((v, Some(hits)))
+                })
+            });
             let lexical = (|| -> Result<_> {
-                let idx = lock(&self.index);
-                let admitted = idx.chunk_filter(&filter)?;
+                let mut idx = lock(&self.index);
+                let admitted = Arc::new(idx.chunk_filter(&filter)?);
+                if emb.is_some() && !per_term_fts {
+                    // A send fails only if the embedding thread has ended (with an error).
+                    let _ = to_vector.send((idx.vector_searcher()?, admitted.clone()));
+                }
                 let mut text_hits = if q.mode != SearchMode::Vector {
                     idx.text_search(&fq, k, &filter, &admitted)?
                 } else {
@@ -185,27 +235,32 @@ impl Store {
                     let need = min_should_match(terms.len());
                     if need > 1 {
                         let ids: Vec<i64> = text_hits.iter().map(|(id, _)| *id).collect();
-                        let counts = idx.matched_terms(&terms, &ids)?;
+                        let counts = if per_term_fts {
+                            idx.matched_terms_fts(&terms, &ids)?
+                        } else {
+                            idx.matched_terms(&terms, &ids)?
+                        };
                         text_hits.retain(|(id, _)| counts.get(id).copied().unwrap_or(0) >= need);
                     }
                 }
                 Ok((idx, text_hits, admitted))
             })();
-            let qvec = match emb {
-                Some(h) => Some(
-                    h.join()
-                        .map_err(|_| StoreError::Invalid("the query embedder panicked".into()))??
-                        .pop()
-                        .unwrap_or_default(),
-                ),
-                None => None,
-            };
-            let (idx, text_hits, admitted) = lexical?;
-            Ok((qvec, idx, text_hits, admitted))
-        })?;
-        let vec_hits = match &qvec {
-            Some(v) => idx.vector_search(v, k, &admitted)?,
+            drop(to_vector);
+            // This thread's work is done: the embedder may use the second core now.
+            lexical_done.store(true, Ordering::Release);
+            let embedded = emb.map(|h| {
+                h.join()
+                    .map_err(|_| StoreError::Invalid("the query embedder panicked".into()))
+            });
+            (embedded, lexical)
+        });
+        let (mut idx, text_hits, admitted) = lexical?;
+        let vec_hits = match embedded {
             None => Vec::new(),
+            Some(r) => match r?? {
+                (_, Some(hits)) => hits,
+                (v, None) => idx.vector_search(&v, k, &admitted)?,
+            },
         };
         // Reciprocal rank fusion over memories: each retriever ranks files by their best chunk,
         // so a memory found by both lists gains from both even when different chunks matched.

@@ -205,6 +205,8 @@ pub struct Store {
     pub(crate) embedder: Arc<dyn Embedder>,
     /// Serialises writes (file + git commit + index) so commits never interleave.
     writes: Mutex<()>,
+    /// [`crate::search::TextSide::PerTermFts`] selected (the benchmark's peer).
+    pub(crate) per_term_fts: std::sync::atomic::AtomicBool,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -322,6 +324,7 @@ impl Store {
             index: Mutex::new(index),
             embedder,
             writes: Mutex::new(()),
+            per_term_fts: std::sync::atomic::AtomicBool::new(false),
         };
         Ok(store)
     }
@@ -338,6 +341,15 @@ impl Store {
     /// single-threaded f32 scan is the benchmark's peer).
     pub fn set_vector_scan(&self, scan: crate::index::VectorScan) {
         lock(&self.index).set_vector_scan(scan);
+    }
+
+    /// Selects how hybrid search computes its text side ([`crate::search::TextSide::Tokenized`]
+    /// by default; the previous path is the benchmark's peer).
+    pub fn set_text_side(&self, side: crate::search::TextSide) {
+        self.per_term_fts.store(
+            side == crate::search::TextSide::PerTermFts,
+            std::sync::atomic::Ordering::Relaxed,
+        );
     }
 
     fn abs(&self, rel: &str) -> PathBuf {
