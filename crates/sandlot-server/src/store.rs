@@ -358,6 +358,9 @@ impl Store {
         conn.pragma_update(None, "foreign_keys", "ON")
             .map_err(sql("enable foreign keys"))?;
         conn.execute_batch(SCHEMA).map_err(sql("create schema"))?;
+        // The create, exec and delete paths keep their statements prepared (parsing
+        // them was a third of the daemon's SQLite time per create).
+        conn.set_prepared_statement_cache_capacity(64);
         Ok(Store {
             conn: Mutex::new(conn),
         })
@@ -451,14 +454,13 @@ impl Store {
         let mut c = self.lock();
         let tx = c.transaction().map_err(sql("admit sandbox"))?;
         let (count, mem): (i64, i64) = tx
-            .query_row(
+            .prepare_cached(
                 // IN over the live states: three seeks of the (tenant, state) index,
                 // however many stopped records the tenant has.
                 "SELECT COUNT(*), COALESCE(SUM(memory_bytes), 0) FROM sandboxes
                  WHERE tenant = ?1 AND state IN ('creating', 'running', 'stopping')",
-                [&rec.tenant],
-                |r| Ok((r.get(0)?, r.get(1)?)),
             )
+            .and_then(|mut st| st.query_row([&rec.tenant], |r| Ok((r.get(0)?, r.get(1)?))))
             .map_err(sql("admit sandbox"))?;
         if count as u64 >= u64::from(max_sandboxes) {
             return Ok(Admission::TooManySandboxes(count as u32));
@@ -479,10 +481,12 @@ impl Store {
                 return Ok(Admission::NameTaken);
             }
         }
-        tx.execute(
+        tx.prepare_cached(
             "INSERT INTO sandboxes (id, tenant, name, spec, tags, metadata, state, memory_bytes, created_at, expires_at, idle_timeout_ms)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
-            params![
+        )
+        .and_then(|mut st| {
+            st.execute(params![
                 rec.id,
                 rec.tenant,
                 rec.name,
@@ -494,16 +498,13 @@ impl Store {
                 rec.created_at,
                 rec.expires_at,
                 rec.idle_timeout_ms
-            ],
-        )
+            ])
+        })
         .map_err(sql("insert sandbox"))?;
-        tx.execute("INSERT INTO usage (sandbox_id) VALUES (?1)", [&rec.id])
+        tx.prepare_cached("INSERT INTO usage (sandbox_id) VALUES (?1)")
+            .and_then(|mut st| st.execute([&rec.id]))
             .map_err(sql("insert usage"))?;
-        tx.execute(
-            "INSERT INTO events (sandbox_id, at, kind, message) VALUES (?1, ?2, 'created', '')",
-            params![rec.id, rec.created_at],
-        )
-        .map_err(sql("insert event"))?;
+        insert_event(&tx, &rec.id, rec.created_at, "created", "")?;
         tx.commit().map_err(sql("admit sandbox"))?;
         Ok(Admission::Admitted)
     }
@@ -512,8 +513,8 @@ impl Store {
         let c = self.lock();
         let q = format!("SELECT {SANDBOX_COLS} FROM sandboxes s LEFT JOIN usage u ON u.sandbox_id = s.id WHERE s.id = ?1");
         let r = c
-            .query_row(&q, [id], sandbox_from_row)
-            .optional()
+            .prepare_cached(&q)
+            .and_then(|mut st| st.query_row([id], sandbox_from_row).optional())
             .map_err(sql("read sandbox"))?;
         r.transpose()
     }
