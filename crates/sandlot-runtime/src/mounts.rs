@@ -122,13 +122,15 @@ pub enum MountOp {
     ReadOnly {
         path: String,
     },
-    /// The `host` image's allow-listed host `/etc` entries. With the fork server's
-    /// prepared view (see [`crate::etc_view`]) the view is attached read-only once at
-    /// [`HOST_ETC_VIEW`] and each entry becomes a symlink into it, so that `/etc`
-    /// stays a writable directory of the sandbox; without one, each entry is bound
-    /// read-only on its own (a host entry that is gone is skipped either way).
+    /// The `host` image's allow-listed host `/etc` entries. With `use_view` and the
+    /// fork server's prepared view (see [`crate::etc_view`]) the view is attached
+    /// read-only once at [`HOST_ETC_VIEW`] and each entry becomes a symlink into it,
+    /// so that `/etc` stays a writable directory of the sandbox; otherwise each entry
+    /// is bound read-only on its own (a host entry that is gone is skipped either
+    /// way). `use_view` is false when a spec mount would cover the view.
     HostEtc {
         entries: Vec<(String, HostEntry)>,
+        use_view: bool,
     },
     /// Bind a host directory through an idmapped mount the helper prepared
     /// (`SandboxPlan::idmap_sources`, entry `index`); a plain bind if the kernel
@@ -268,29 +270,10 @@ pub fn plan_mounts(inp: &PlanInput<'_>) -> Result<MountPlan, MountError> {
             path: "/etc/mtab".into(),
             target: "../proc/self/mounts".into(),
         });
-        if view_stays_visible(inp) {
-            ops.push(MountOp::HostEtc {
-                entries: inp.host.etc.clone(),
-            });
-        } else {
-            // A spec mount would cover the view: bind each entry into /etc instead.
-            for (name, kind) in &inp.host.etc {
-                let path = format!("/etc/{name}");
-                match kind {
-                    HostEntry::Symlink(t) => ops.push(MountOp::Symlink {
-                        path,
-                        target: t.clone(),
-                    }),
-                    HostEntry::Dir | HostEntry::File => ops.push(MountOp::Bind {
-                        source: PathBuf::from(&path),
-                        path,
-                        readonly: true,
-                        kind: entry_kind(kind),
-                        required: false,
-                    }),
-                }
-            }
-        }
+        ops.push(MountOp::HostEtc {
+            entries: inp.host.etc.clone(),
+            use_view: view_stays_visible(inp),
+        });
         for (path, mode, uid) in [
             ("/tmp", 0o1777, 0),
             ("/var", 0o755, 0),
@@ -862,9 +845,9 @@ pub fn apply_with_trees(
                 kind,
                 required,
             } => bind_in(r, source, path, *readonly, *kind, *required)?,
-            MountOp::HostEtc { entries } => {
+            MountOp::HostEtc { entries, use_view } => {
                 // The view is attached once; a failed attach falls back to binds.
-                let attached = match etc_view.take() {
+                let attached = match etc_view.take().filter(|_| *use_view) {
                     Some(tree) => {
                         let tgt = ensure(r, HOST_ETC_VIEW, Kind::Dir)
                             .map_err(apply_err("create view target", HOST_ETC_VIEW))?;
@@ -1105,54 +1088,37 @@ mod tests {
 
     #[test]
     fn host_etc_is_one_op_unless_a_spec_mount_would_cover_the_view() {
-        let p = plan(&SandboxSpec::default());
-        let etc = |p: &MountPlan| {
+        let etc = |p: &MountPlan| -> Vec<bool> {
             p.ops
                 .iter()
-                .filter(|o| matches!(o, MountOp::HostEtc { .. }))
-                .count()
+                .filter_map(|o| match o {
+                    MountOp::HostEtc { entries, use_view } => {
+                        assert_eq!(*entries, facts().etc);
+                        Some(*use_view)
+                    }
+                    _ => None,
+                })
+                .collect()
         };
-        assert_eq!(etc(&p), 1);
-        assert!(p.ops.contains(&MountOp::HostEtc {
-            entries: facts().etc
-        }));
-        // No per-entry bind of /etc is planned next to it.
-        assert!(!p
-            .ops
-            .iter()
-            .any(|o| matches!(o, MountOp::Bind { path, .. } if path.starts_with("/etc"))));
+        let p = plan(&SandboxSpec::default());
+        assert_eq!(etc(&p), [true]);
+        // No per-entry op for /etc is planned next to it.
+        assert!(!p.ops.iter().any(|o| matches!(o,
+            MountOp::Bind { path, .. } | MountOp::Symlink { path, .. }
+                if path.starts_with("/etc/") && path != "/etc/mtab")));
+        let with_tmpfs = |target: &str| SandboxSpec {
+            mounts: vec![MountSpec::Tmpfs {
+                target: target.into(),
+                size: sandlot_proto::units::ByteSize::mib(1),
+            }],
+            ..Default::default()
+        };
         for target in ["/run", "/run/", "/run/host", "/run/host/etc", "/"] {
-            let spec = SandboxSpec {
-                mounts: vec![MountSpec::Tmpfs {
-                    target: target.into(),
-                    size: sandlot_proto::units::ByteSize::mib(1),
-                }],
-                ..Default::default()
-            };
-            let p = plan(&spec);
-            assert_eq!(etc(&p), 0, "{target}");
-            assert!(p.ops.contains(&MountOp::Bind {
-                source: "/etc/ld.so.cache".into(),
-                path: "/etc/ld.so.cache".into(),
-                readonly: true,
-                kind: Kind::File,
-                required: false,
-            }));
-            assert!(p.ops.contains(&MountOp::Symlink {
-                path: "/etc/os-release".into(),
-                target: "../usr/lib/os-release".into(),
-            }));
+            assert_eq!(etc(&plan(&with_tmpfs(target))), [false], "{target}");
         }
-        // Mounts beside or inside the view leave it in place.
+        // Mounts beside or inside the view leave it in use.
         for target in ["/run/secrets2", "/runner", "/run/host/etc/x", "/etc"] {
-            let spec = SandboxSpec {
-                mounts: vec![MountSpec::Tmpfs {
-                    target: target.into(),
-                    size: sandlot_proto::units::ByteSize::mib(1),
-                }],
-                ..Default::default()
-            };
-            assert_eq!(etc(&plan(&spec)), 1, "{target}");
+            assert_eq!(etc(&plan(&with_tmpfs(target))), [true], "{target}");
         }
         // A volume (or memory or collection mount) at /run covers it too.
         let p = plan_mounts(&PlanInput {
@@ -1168,7 +1134,7 @@ mod tests {
             secret_files: &[],
         })
         .unwrap();
-        assert_eq!(etc(&p), 0);
+        assert_eq!(etc(&p), [false]);
     }
 
     #[test]

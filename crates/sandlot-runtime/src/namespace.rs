@@ -260,7 +260,7 @@ impl NamespaceBackend {
                 plan.mounts
                     .ops
                     .iter()
-                    .any(|op| matches!(op, crate::mounts::MountOp::HostEtc { .. })),
+                    .any(|op| matches!(op, crate::mounts::MountOp::HostEtc { use_view: true, .. })),
             )
         } else {
             None

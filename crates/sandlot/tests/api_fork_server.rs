@@ -209,6 +209,30 @@ fn issue3_host_etc_comes_from_one_prepared_view() {
     let (_, out, _) = sh(&d, &id, "stat -L -c %i /etc/services");
     assert_eq!(out.trim(), host_ino.to_string());
 
+    // A tmpfs over /run would hide the view: that sandbox binds the entries itself.
+    let covered = rt().block_on(async {
+        let serde_json::Value::Object(spec) =
+            serde_json::json!({"mounts": [{"type": "tmpfs", "target": "/run"}]})
+        else {
+            unreachable!()
+        };
+        d.client()
+            .create_sandbox(&CreateSandbox {
+                spec,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .id
+    });
+    let (code, out, err) = sh(
+        &d,
+        &covered,
+        "test -L /etc/services; echo link=$?; md5sum < /etc/services; ls /run",
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(out, format!("link=1\n{}\n", host_sum.trim()), "{out}");
+
     // Without the fork server each sandbox binds the entries itself.
     let exec = Daemon::start(Some("[runtime]\nfork_server = false\n"));
     let id3 = create(&exec);
