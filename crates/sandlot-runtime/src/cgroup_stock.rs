@@ -14,28 +14,19 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::cgroup::{Cgroup, CgroupError, CgroupLayout, CgroupLimits};
+use crate::stock::Stock;
 
 const PREFIX: &str = ".stock-";
 
 /// The stock and its refill thread.
 pub struct CgroupStock {
-    shared: Arc<Shared>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-struct Shared {
+    stock: Stock<String>,
     layout: CgroupLayout,
     parent: String,
-    want: usize,
-    ready: Mutex<Vec<String>>,
-    wake: Condvar,
-    stop: AtomicBool,
-    seq: AtomicU64,
 }
 
 /// `.stock-<pid>-<n>`: the owner's pid lets a later process tell debris from a
@@ -53,37 +44,28 @@ impl CgroupStock {
     /// Starts a stock of `want` cgroups under `parent`, or `None` where it cannot
     /// help (cgroup v2, or `want` 0).
     pub fn start(layout: &CgroupLayout, parent: &str, want: usize) -> Option<CgroupStock> {
-        if want == 0 || layout.version() != 1 {
+        if layout.version() != 1 {
             return None;
         }
-        let shared = Arc::new(Shared {
+        let (l, p) = (layout.clone(), parent.to_string());
+        let seq = AtomicU64::new(0);
+        let stock = Stock::start("cgroup-stock", want, move || {
+            let name = stock_name(seq.fetch_add(1, Ordering::Relaxed));
+            Cgroup::make_dirs(&l, &p, &name).ok().map(|_| name)
+        })?;
+        Some(CgroupStock {
+            stock,
             layout: layout.clone(),
             parent: parent.to_string(),
-            want,
-            ready: Mutex::new(Vec::new()),
-            wake: Condvar::new(),
-            stop: AtomicBool::new(false),
-            seq: AtomicU64::new(0),
-        });
-        let s = shared.clone();
-        let thread = std::thread::Builder::new()
-            .name("cgroup-stock".into())
-            .spawn(move || s.refill_loop())
-            .ok()?;
-        Some(CgroupStock {
-            shared,
-            thread: Some(thread),
         })
     }
 
     /// The sandbox `id`'s cgroup with `limits` written: a stocked one renamed, or
     /// `None` if the stock is empty or the rename failed (the caller creates one).
     pub fn take(&self, id: &str, limits: &CgroupLimits) -> Option<Result<Cgroup, CgroupError>> {
-        let name = self.shared.lock().pop();
-        self.shared.wake.notify_one();
-        let name = name?;
-        let from = Cgroup::plan(&self.shared.layout, &self.shared.parent, &name);
-        let to = Cgroup::plan(&self.shared.layout, &self.shared.parent, id);
+        let name = self.stock.take()?;
+        let from = Cgroup::plan(&self.layout, &self.parent, &name);
+        let to = Cgroup::plan(&self.layout, &self.parent, id);
         let mut renamed = 0;
         for ((_, a), (_, b)) in from.dirs.iter().zip(&to.dirs) {
             if fs::rename(a, b).is_err() {
@@ -99,55 +81,20 @@ impl CgroupStock {
             let _ = from.remove(Duration::from_millis(100));
             return None;
         }
-        Some(to.write_limits(&self.shared.layout, limits).map(|()| to))
+        Some(to.write_limits(&self.layout, limits).map(|()| to))
     }
 
     /// Stocked cgroups ready now.
     pub fn ready(&self) -> usize {
-        self.shared.lock().len()
-    }
-}
-
-impl Shared {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<String>> {
-        self.ready.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn refill_loop(&self) {
-        loop {
-            {
-                let mut ready = self.lock();
-                while ready.len() >= self.want && !self.stop.load(Ordering::SeqCst) {
-                    ready = self.wake.wait(ready).unwrap_or_else(|e| e.into_inner());
-                }
-            }
-            if self.stop.load(Ordering::SeqCst) {
-                return;
-            }
-            let name = stock_name(self.seq.fetch_add(1, Ordering::Relaxed));
-            match Cgroup::make_dirs(&self.layout, &self.parent, &name) {
-                Ok(_) => self.lock().push(name),
-                Err(_) => {
-                    // A host that refuses (cgroup limits, a read-only hierarchy) is
-                    // served by plain creates, which report the error themselves;
-                    // try again later.
-                    std::thread::sleep(Duration::from_secs(1));
-                }
-            }
-        }
+        self.stock.ready()
     }
 }
 
 impl Drop for CgroupStock {
     fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::SeqCst);
-        self.shared.wake.notify_all();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
         let mut last = None;
-        for name in self.shared.lock().drain(..) {
-            let cg = Cgroup::plan(&self.shared.layout, &self.shared.parent, &name);
+        for name in self.stock.stop() {
+            let cg = Cgroup::plan(&self.layout, &self.parent, &name);
             let _ = cg.remove(Duration::from_millis(500));
             last = Some(cg);
         }

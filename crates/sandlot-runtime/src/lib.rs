@@ -22,6 +22,7 @@ pub mod netns;
 pub mod plan;
 pub mod seccomp;
 pub mod security;
+mod stock;
 mod sys;
 pub mod zygote;
 

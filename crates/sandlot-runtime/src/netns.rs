@@ -5,9 +5,8 @@
 
 use std::io;
 use std::os::fd::{BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
+
+use crate::stock::Stock;
 
 /// Runs `f` on a fresh thread that has just moved into a new, empty network
 /// namespace (only a down `lo`), and returns what it returns. The namespace lives
@@ -72,87 +71,24 @@ pub fn loopback_namespace() -> io::Result<OwnedFd> {
 /// stock is visible on the host (no `/run/netns` name): the descriptors are its only
 /// references, so the namespaces go with the stock or the process.
 pub struct NetnsStock {
-    shared: Arc<Shared>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-struct Shared {
-    want: usize,
-    ready: Mutex<Vec<OwnedFd>>,
-    wake: Condvar,
-    stop: AtomicBool,
+    stock: Stock<OwnedFd>,
 }
 
 impl NetnsStock {
     /// Starts a stock of `want` namespaces, or `None` for `want` 0.
     pub fn start(want: usize) -> Option<NetnsStock> {
-        if want == 0 {
-            return None;
-        }
-        let shared = Arc::new(Shared {
-            want,
-            ready: Mutex::new(Vec::new()),
-            wake: Condvar::new(),
-            stop: AtomicBool::new(false),
-        });
-        let s = shared.clone();
-        let thread = std::thread::Builder::new()
-            .name("netns-stock".into())
-            .spawn(move || s.refill_loop())
-            .ok()?;
-        Some(NetnsStock {
-            shared,
-            thread: Some(thread),
-        })
+        let stock = Stock::start("netns-stock", want, || loopback_namespace().ok())?;
+        Some(NetnsStock { stock })
     }
 
     /// A stocked namespace, or `None` if the stock is empty right now.
     pub fn take(&self) -> Option<OwnedFd> {
-        let ns = self.shared.lock().pop();
-        self.shared.wake.notify_one();
-        ns
+        self.stock.take()
     }
 
     /// Namespaces ready now.
     pub fn ready(&self) -> usize {
-        self.shared.lock().len()
-    }
-}
-
-impl Shared {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<OwnedFd>> {
-        self.ready.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn refill_loop(&self) {
-        loop {
-            {
-                let mut ready = self.lock();
-                while ready.len() >= self.want && !self.stop.load(Ordering::SeqCst) {
-                    ready = self.wake.wait(ready).unwrap_or_else(|e| e.into_inner());
-                }
-            }
-            if self.stop.load(Ordering::SeqCst) {
-                return;
-            }
-            match loopback_namespace() {
-                Ok(ns) => self.lock().push(ns),
-                // A host that refuses is served by CLONE_NEWNET, which reports the
-                // error itself; try again later.
-                Err(_) => std::thread::sleep(Duration::from_secs(1)),
-            }
-        }
-    }
-}
-
-impl Drop for NetnsStock {
-    fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::SeqCst);
-        self.shared.wake.notify_all();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-        self.shared.lock().clear();
+        self.stock.ready()
     }
 }
 
