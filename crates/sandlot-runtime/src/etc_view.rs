@@ -82,15 +82,6 @@ impl EtcView {
         return_home(self.host_ns.as_fd());
         tree
     }
-
-    /// How many host entries the view holds.
-    pub fn len(&self) -> usize {
-        self.bound.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.bound.is_empty()
-    }
 }
 
 /// Joins the host's mount namespace again. A process left in the view's namespace
