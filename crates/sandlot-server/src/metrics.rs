@@ -211,9 +211,39 @@ impl Metrics {
     }
 }
 
+/// The runtime's stocks of cgroups and network namespaces made ahead of time
+/// (`runtime.cgroup_stock`, `runtime.netns_stock`): items ready now.
+pub fn render_stocks(o: &mut String, cgroups: usize, netns: usize) {
+    let _ = writeln!(
+        o,
+        "# HELP sandlot_runtime_stock_ready Items the runtime made ahead of time and has ready, by kind.\n\
+         # TYPE sandlot_runtime_stock_ready gauge\n\
+         sandlot_runtime_stock_ready{{kind=\"cgroup\"}} {cgroups}\n\
+         sandlot_runtime_stock_ready{{kind=\"netns\"}} {netns}"
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn renders_the_runtime_stocks() {
+        let mut t = String::new();
+        render_stocks(&mut t, 3, 4);
+        assert!(
+            t.contains("# TYPE sandlot_runtime_stock_ready gauge\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("sandlot_runtime_stock_ready{kind=\"cgroup\"} 3\n"),
+            "{t}"
+        );
+        assert!(
+            t.ends_with("sandlot_runtime_stock_ready{kind=\"netns\"} 4\n"),
+            "{t}"
+        );
+    }
 
     #[test]
     fn renders_prometheus_text() {

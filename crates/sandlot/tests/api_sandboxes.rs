@@ -632,7 +632,15 @@ fn issue3_none_sandboxes_join_a_stocked_loopback_namespace() {
             )
         })
     };
+    let stock_metric = |d: &Daemon, want: &'static str| {
+        let c = d.client();
+        rt().block_on(eventually(20, want, || {
+            let c = c.clone();
+            async move { c.metrics().await.is_ok_and(|t| t.contains(want)) }
+        }));
+    };
     let d = Daemon::start(None);
+    stock_metric(&d, "sandlot_runtime_stock_ready{kind=\"netns\"} 4\n");
     let (out, err) = run(&d, "user");
     assert_eq!(out, "0\nlo\nlow port ok\n", "{err}");
     let (out, err) = run(&d, "root");
@@ -640,6 +648,7 @@ fn issue3_none_sandboxes_join_a_stocked_loopback_namespace() {
     drop(d);
 
     let d = Daemon::start(Some("[runtime]\nnetns_stock = 0\n"));
+    stock_metric(&d, "sandlot_runtime_stock_ready{kind=\"netns\"} 0\n");
     let (out, err) = run(&d, "root");
     assert_eq!(out, "1024\nlo\nlow port ok\n", "{err}");
 }
