@@ -87,13 +87,19 @@ fn stdin_signals_wait_and_reattach() {
             StreamEvent::Attached { stdout_from, .. } => assert_eq!(stdout_from, 12),
             other => panic!("{other:?}"),
         }
-        match s.next().await.unwrap().unwrap() {
-            Output::Stdout(off, b) => {
-                assert_eq!(off, 12);
-                assert_eq!(b, b"line3\nline4\nline5\n");
+        // The rest arrives from offset 12 on, in as many chunks as the output was
+        // written in (one per `echo`, or fewer), each continuing where the last ended.
+        let mut rest = Vec::new();
+        while rest.len() < 18 {
+            match s.next().await.unwrap().unwrap() {
+                Output::Stdout(off, b) => {
+                    assert_eq!(off, 12 + rest.len() as u64, "offsets continue");
+                    rest.extend(b);
+                }
+                other => panic!("{other:?}"),
             }
-            other => panic!("{other:?}"),
         }
+        assert_eq!(rest, b"line3\nline4\nline5\n");
         drop(s);
         let procs = c.list_processes(id).await.unwrap();
         assert!(
