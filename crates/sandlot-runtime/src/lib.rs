@@ -20,6 +20,7 @@ pub mod mounts;
 pub mod namespace;
 pub mod netns;
 pub mod plan;
+pub mod run_dir;
 pub mod seccomp;
 pub mod security;
 mod stock;

@@ -17,6 +17,7 @@ use crate::hostimage::{self, HostFacts};
 use crate::mounts::{self, PlanInput};
 use crate::netns::NetnsStock;
 use crate::plan::{fds, AgentSetup, InitStatus, SandboxPlan, Trace, ID_RANGE};
+use crate::run_dir::{self, RunDirFs, RunDirLock};
 use crate::{sys, Backend, CreateOptions, RuntimeError, SandboxInstance};
 
 /// Operator settings of the namespace backend.
@@ -44,6 +45,9 @@ pub struct RuntimeConfig {
     /// [`crate::netns::NetnsStock`]) for sandboxes with network `none`, instead of
     /// creating one with `CLONE_NEWNET` on the create path. 0: none kept.
     pub netns_stock: usize,
+    /// Mount a tmpfs of the runtime's own on `run_dir/sandboxes` when that is on a
+    /// disk file system and no sandbox lives there (see [`crate::run_dir`]).
+    pub run_dir_tmpfs: bool,
 }
 
 impl RuntimeConfig {
@@ -58,6 +62,7 @@ impl RuntimeConfig {
             fork_server: false,
             cgroup_stock: 0,
             netns_stock: 0,
+            run_dir_tmpfs: false,
         }
     }
 }
@@ -73,6 +78,8 @@ pub struct NamespaceBackend {
     stock: std::sync::Mutex<Option<CgroupStock>>,
     /// Network namespaces made ahead of time (`RuntimeConfig::netns_stock`).
     netns_stock: std::sync::Mutex<Option<NetnsStock>>,
+    /// Where `run_dir/sandboxes` lives (settled in [`NamespaceBackend::new`]).
+    run_dir_fs: RunDirFs,
 }
 
 fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> RuntimeError {
@@ -101,16 +108,51 @@ impl NamespaceBackend {
         sys::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0).map_err(io_err("become child subreaper"))?;
         // Stocked cgroups of a process that died (a daemon killed with -9).
         crate::cgroup_stock::sweep_dead(&layout, &cfg.cgroup_parent);
-        let stock = CgroupStock::start(&layout, &cfg.cgroup_parent, cfg.cgroup_stock);
-        let netns_stock = NetnsStock::start(cfg.netns_stock);
-        Ok(NamespaceBackend {
+        let mut b = NamespaceBackend {
             host: HostFacts::probe(Path::new("/")),
             cfg,
             layout,
             zygote: std::sync::Mutex::new(None),
-            stock: std::sync::Mutex::new(stock),
-            netns_stock: std::sync::Mutex::new(netns_stock),
-        })
+            stock: std::sync::Mutex::new(None),
+            netns_stock: std::sync::Mutex::new(None),
+            run_dir_fs: RunDirFs::Memory,
+        };
+        b.run_dir_fs = b.settle_run_dir_fs()?;
+        let stock = CgroupStock::start(&b.layout, &b.cfg.cgroup_parent, b.cfg.cgroup_stock);
+        *b.stock.get_mut().unwrap_or_else(|e| e.into_inner()) = stock;
+        *b.netns_stock.get_mut().unwrap_or_else(|e| e.into_inner()) =
+            NetnsStock::start(b.cfg.netns_stock);
+        Ok(b)
+    }
+
+    /// Mounts a tmpfs on `run_dir/sandboxes` if wanted, needed and safe (see
+    /// [`crate::run_dir`]); says where it lives.
+    fn settle_run_dir_fs(&self) -> Result<RunDirFs, RuntimeError> {
+        let dir = self.cfg.run_dir.join("sandboxes");
+        let err = |what: &str| io_err(format!("{what} {}", dir.display()));
+        if run_dir::is_memory_fs(&dir).map_err(err("statfs"))? {
+            return Ok(RunDirFs::Memory);
+        }
+        if !self.cfg.run_dir_tmpfs {
+            return Ok(RunDirFs::Disk(run_dir::NOT_WANTED.into()));
+        }
+        let _lock = RunDirLock::take(&self.cfg.run_dir, true).map_err(err("lock the parent of"))?;
+        // Dead sandboxes' leftovers first: a mount would hide them from later sweeps.
+        self.sweep();
+        let facts = run_dir::facts(&dir).map_err(err("inspect"))?;
+        match run_dir::decide(&facts, true) {
+            run_dir::Decision::Keep(fs) => Ok(fs),
+            run_dir::Decision::Mount => {
+                run_dir::mount_tmpfs(&dir).map_err(err("mount a tmpfs on"))?;
+                Ok(RunDirFs::Mounted)
+            }
+        }
+    }
+
+    /// Where `run_dir/sandboxes` lives: a memory file system, one this process
+    /// mounted, or a disk (with the reason).
+    pub fn run_dir_fs(&self) -> &RunDirFs {
+        &self.run_dir_fs
     }
 
     pub fn config(&self) -> &RuntimeConfig {
@@ -634,7 +676,18 @@ impl Backend for NamespaceBackend {
         let dir = self.sandbox_dir(id);
         // The run directory appears atomically with its alive lock already held, so a
         // concurrent `sweep` (another CLI, the daemon) never mistakes it for a dead one.
-        let alive = self.publish_sandbox_dir(id)?;
+        let alive = {
+            // On a disk, a shared lock keeps another process from mounting a tmpfs
+            // over `sandboxes/` while this directory is being published.
+            let _publishing = match (&self.run_dir_fs, self.cfg.run_dir_tmpfs) {
+                (RunDirFs::Disk(_), true) => Some(
+                    RunDirLock::take(&self.cfg.run_dir, false)
+                        .map_err(io_err("lock the run dir"))?,
+                ),
+                _ => None,
+            };
+            self.publish_sandbox_dir(id)?
+        };
         let mut cgroup: Option<Cgroup> = None;
         let r = (|| {
             let (slot, slot_fd) = self.take_slot()?;

@@ -384,6 +384,28 @@ pub fn write_all_fd(fd: BorrowedFd<'_>, mut buf: &[u8]) -> io::Result<()> {
     Ok(())
 }
 
+/// `flock(fd, op)`, blocking (`LOCK_EX`, `LOCK_SH`) or releasing (`LOCK_UN`).
+pub fn flock(fd: BorrowedFd<'_>, op: libc::c_int) -> io::Result<()> {
+    loop {
+        // SAFETY: no pointers.
+        match cvt(unsafe { libc::flock(fd.as_raw_fd(), op) }) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            r => return r.map(drop),
+        }
+    }
+}
+
+/// The file system type (`f_type`, a `*_MAGIC` number) of the file system holding `p`.
+pub fn statfs_type(p: &CStr) -> io::Result<i64> {
+    let mut st = std::mem::MaybeUninit::<libc::statfs>::uninit();
+    // SAFETY: p is a valid C string; st points to writable memory of the struct's
+    // size, which the kernel fills on success.
+    cvt(unsafe { libc::statfs(p.as_ptr(), st.as_mut_ptr()) })?;
+    // SAFETY: statfs succeeded, so the struct is initialized.
+    #[allow(clippy::unnecessary_cast)] // f_type is i32 on some targets
+    Ok(unsafe { st.assume_init() }.f_type as i64)
+}
+
 /// Takes an exclusive `flock` without blocking. `Ok(false)` if someone else holds it.
 pub fn try_flock_exclusive(fd: BorrowedFd<'_>) -> io::Result<bool> {
     // SAFETY: no pointers.

@@ -110,6 +110,11 @@ pub struct RuntimeSection {
     /// for sandboxes with network `none`: a cold create joins one instead of
     /// creating it (`CLONE_NEWNET`, the dearest namespace). 0: off.
     pub netns_stock: usize,
+    /// Mount a small tmpfs of the daemon's own on `run_dir/sandboxes` when that is
+    /// on a disk file system (a `/run` that is not a tmpfs) and no sandbox lives
+    /// there: each create and delete then skips journalled disk metadata work. The
+    /// mount stays across restarts, like `/run`.
+    pub run_dir_tmpfs: bool,
 }
 
 impl RuntimeSection {
@@ -132,6 +137,7 @@ impl Default for RuntimeSection {
             fork_server: true,
             cgroup_stock: 4,
             netns_stock: 4,
+            run_dir_tmpfs: true,
         }
     }
 }

@@ -143,8 +143,9 @@ pub async fn serve(
     rc.fork_server = cfg.runtime.fork_server;
     rc.cgroup_stock = cfg.runtime.cgroup_stock;
     rc.netns_stock = cfg.runtime.netns_stock;
+    rc.run_dir_tmpfs = cfg.runtime.run_dir_tmpfs;
     let runtime = NamespaceBackend::new(rc)?;
-    warn_unless_tmpfs(&cfg.runtime.run_dir);
+    report_run_dir_fs(&cfg.runtime.run_dir, runtime.run_dir_fs());
     if cfg.runtime.cgroup_favordynmods {
         use sandlot_runtime::cgroup::{favor_dynamic_modifications, FavorDynmods};
         match favor_dynamic_modifications() {
@@ -281,22 +282,23 @@ pub async fn serve(
     Ok(())
 }
 
-/// Each sandbox creates and removes a directory, a lock file and a socket in the run
-/// directory. On a tmpfs (as `/run` is on most hosts) that is a few microseconds; on
-/// a disk filesystem it is journalled metadata work (0.6-0.8 ms per sandbox measured
-/// on an ext4 mounted with `discard`), so say so once at start.
-fn warn_unless_tmpfs(run_dir: &std::path::Path) {
-    const TMPFS_MAGIC: u32 = 0x0102_1994;
-    match rustix::fs::statfs(run_dir) {
-        Ok(st) if st.f_type as u32 == TMPFS_MAGIC => {}
-        Ok(_) => tracing::warn!(
-            run_dir = %run_dir.display(),
-            "the runtime directory is not on a tmpfs: every create and delete pays disk metadata work; \
-             set runtime.run_dir to a directory on a tmpfs (e.g. under /run where it is one, or /dev/shm)"
+/// Logs where the sandboxes' run directories live: a disk file system makes every
+/// create and delete pay journalled metadata work.
+fn report_run_dir_fs(run_dir: &std::path::Path, fs: &sandlot_runtime::run_dir::RunDirFs) {
+    use sandlot_runtime::run_dir::RunDirFs;
+    let dir = run_dir.join("sandboxes");
+    match fs {
+        RunDirFs::Memory => {}
+        RunDirFs::Mounted => tracing::info!(
+            dir = %dir.display(),
+            "mounted a tmpfs on the sandboxes' run directory, which was on a disk file system \
+             (runtime.run_dir_tmpfs); it stays mounted across restarts"
         ),
-        Err(e) => {
-            tracing::warn!(run_dir = %run_dir.display(), "statfs of the runtime directory: {e}")
-        }
+        RunDirFs::Disk(why) => tracing::warn!(
+            dir = %dir.display(),
+            "the sandboxes' run directory is on a disk file system: every create and delete pays \
+             disk metadata work; no tmpfs was mounted there: {why}"
+        ),
     }
 }
 

@@ -89,6 +89,8 @@ fn backend_with(fork_server: bool) -> anyhow::Result<NamespaceBackend> {
     // The daemon's settings (`runtime.fork_server`, `runtime.cgroup_stock`,
     // `runtime.netns_stock`) for the benchmark's daemon-like contender.
     cfg.fork_server = fork_server;
+    // As the daemon's default `runtime.run_dir_tmpfs`: both share the directory.
+    cfg.run_dir_tmpfs = true;
     if fork_server {
         cfg.cgroup_stock = 4;
         cfg.netns_stock = 4;
