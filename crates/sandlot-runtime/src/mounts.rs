@@ -697,21 +697,6 @@ fn ensure(root: BorrowedFd<'_>, path: &str, kind: Kind) -> io::Result<OwnedFd> {
     sys::open_in_root(root, &c)
 }
 
-/// Splits `/a/b/c` into (parent fd, "c").
-fn parent_and_name(root: BorrowedFd<'_>, path: &str) -> io::Result<(OwnedFd, CString)> {
-    let p = Path::new(path);
-    let parent = p.parent().and_then(|p| p.to_str()).unwrap_or("/");
-    let name = p
-        .file_name()
-        .and_then(|n| n.to_str())
-        .ok_or(io::ErrorKind::InvalidInput)?;
-    let pfd = ensure(root, parent, Kind::Dir)?;
-    Ok((
-        pfd,
-        CString::new(name).map_err(|_| io::ErrorKind::InvalidInput)?,
-    ))
-}
-
 fn exists_in_root(root: BorrowedFd<'_>, path: &str) -> bool {
     CString::new(path)
         .ok()
@@ -732,8 +717,13 @@ fn remount_readonly(root: BorrowedFd<'_>, path: &str, recursive: bool) -> io::Re
 }
 
 /// Creates the symlink `path` -> `target` under the root (an existing entry is kept).
-fn symlink_in(r: BorrowedFd<'_>, path: &str, target: &str) -> Result<(), MountError> {
-    let (pfd, name) = parent_and_name(r, path).map_err(apply_err("symlink", path))?;
+fn symlink_in(
+    r: BorrowedFd<'_>,
+    parents: &mut ParentDir,
+    path: &str,
+    target: &str,
+) -> Result<(), MountError> {
+    let (pfd, name) = parents.get(r, path).map_err(apply_err("symlink", path))?;
     let t = CString::new(target).map_err(|_| MountError::Apply {
         op: "symlink",
         path: path.to_string(),
@@ -750,6 +740,79 @@ fn symlink_in(r: BorrowedFd<'_>, path: &str, target: &str) -> Result<(), MountEr
                 source: e,
             });
         }
+    }
+    Ok(())
+}
+
+/// The parent directory of the last entry created, kept open for the next entry in
+/// the same directory (the `/etc` and `/dev` entries come in runs): one `openat2`
+/// per directory instead of one per entry. Every mount clears it, since a mount may
+/// cover the directory it holds.
+#[derive(Default)]
+struct ParentDir(Option<(String, OwnedFd)>);
+
+impl ParentDir {
+    /// The parent of `path` (resolved in the root, created if missing) and the name.
+    fn get(&mut self, root: BorrowedFd<'_>, path: &str) -> io::Result<(BorrowedFd<'_>, CString)> {
+        let p = Path::new(path);
+        let parent = p.parent().and_then(|p| p.to_str()).unwrap_or("/");
+        let name = p
+            .file_name()
+            .and_then(|n| n.to_str())
+            .ok_or(io::ErrorKind::InvalidInput)?;
+        let name = CString::new(name).map_err(|_| io::ErrorKind::InvalidInput)?;
+        if !matches!(&self.0, Some((cached, _)) if cached == parent) {
+            let fd = ensure(root, parent, Kind::Dir)?;
+            self.0 = Some((parent.to_string(), fd));
+        }
+        let (_, fd) = self.0.as_ref().expect("set above");
+        Ok((fd.as_fd(), name))
+    }
+
+    fn clear(&mut self) {
+        self.0 = None;
+    }
+}
+
+/// Creates directory `path` with `mode` and owner, or fixes the mode and owner of an
+/// existing one. The common case (a new directory in a directory already open) is
+/// `mkdirat`, `openat`, `fchmod` and maybe `fchown`; anything else (an existing
+/// symlink in an image, say) takes the general path through the root.
+fn dir_in(
+    r: BorrowedFd<'_>,
+    parents: &mut ParentDir,
+    path: &str,
+    mode: u32,
+    uid: u32,
+    gid: u32,
+) -> Result<(), MountError> {
+    let mut fast = || -> io::Result<()> {
+        let (pfd, name) = parents.get(r, path)?;
+        match sys::mkdirat(pfd, &name, 0o700) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
+            Err(e) => return Err(e),
+        }
+        // Refuses a symlink (ELOOP) or a non-directory (ENOTDIR): the general path.
+        let dir = sys::open_dir_nofollow(pfd, &name)?;
+        sys::fchmod(dir.as_fd(), mode)?;
+        if uid != 0 || gid != 0 {
+            sys::fchown_fd(dir.as_fd(), uid, gid)?;
+        }
+        Ok(())
+    };
+    if fast().is_ok() {
+        return Ok(());
+    }
+    let fd = ensure(r, path, Kind::Dir).map_err(apply_err("mkdir", path))?;
+    let p = sys::fd_path(fd.as_fd());
+    std::fs::set_permissions(
+        std::str::from_utf8(p.as_bytes()).unwrap_or_default(),
+        std::os::unix::fs::PermissionsExt::from_mode(mode),
+    )
+    .map_err(apply_err("chmod", path))?;
+    if uid != 0 || gid != 0 {
+        sys::fchown_fd(fd.as_fd(), uid, gid).map_err(apply_err("chown", path))?;
     }
     Ok(())
 }
@@ -809,33 +872,29 @@ pub fn apply_with_trees(
     let root = sys::open_path(&rc, false)
         .map_err(apply_err("open root", root_dir.display().to_string()))?;
     let r = root.as_fd();
+    let mut parents = ParentDir::default();
     for op in ops {
+        if !matches!(
+            op,
+            MountOp::Dir { .. } | MountOp::Symlink { .. } | MountOp::File { .. }
+        ) {
+            parents.clear();
+        }
         match op {
             MountOp::Dir {
                 path,
                 mode,
                 uid,
                 gid,
-            } => {
-                let fd = ensure(r, path, Kind::Dir).map_err(apply_err("mkdir", path))?;
-                let p = sys::fd_path(fd.as_fd());
-                std::fs::set_permissions(
-                    std::str::from_utf8(p.as_bytes()).unwrap_or_default(),
-                    std::os::unix::fs::PermissionsExt::from_mode(*mode),
-                )
-                .map_err(apply_err("chmod", path))?;
-                if *uid != 0 || *gid != 0 {
-                    sys::fchown_fd(fd.as_fd(), *uid, *gid).map_err(apply_err("chown", path))?;
-                }
-            }
-            MountOp::Symlink { path, target } => symlink_in(r, path, target)?,
+            } => dir_in(r, &mut parents, path, *mode, *uid, *gid)?,
+            MountOp::Symlink { path, target } => symlink_in(r, &mut parents, path, target)?,
             MountOp::File {
                 path,
                 contents,
                 mode,
             } => {
-                let (pfd, name) = parent_and_name(r, path).map_err(apply_err("write", path))?;
-                write_at(pfd.as_fd(), &name, contents.as_bytes(), *mode)
+                let (pfd, name) = parents.get(r, path).map_err(apply_err("write", path))?;
+                write_at(pfd, &name, contents.as_bytes(), *mode)
                     .map_err(apply_err("write", path))?;
             }
             MountOp::Bind {
@@ -858,9 +917,12 @@ pub fn apply_with_trees(
                 for (name, kind) in entries {
                     let path = format!("/etc/{name}");
                     match kind {
-                        HostEntry::Symlink(t) => symlink_in(r, &path, t)?,
-                        _ if attached => symlink_in(r, &path, &format!("{HOST_ETC_VIEW}/{name}"))?,
+                        HostEntry::Symlink(t) => symlink_in(r, &mut parents, &path, t)?,
+                        _ if attached => {
+                            symlink_in(r, &mut parents, &path, &format!("{HOST_ETC_VIEW}/{name}"))?
+                        }
                         HostEntry::Dir | HostEntry::File => {
+                            parents.clear();
                             bind_in(r, Path::new(&path), &path, true, entry_kind(kind), false)?
                         }
                     }

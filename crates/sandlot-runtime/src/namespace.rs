@@ -270,6 +270,7 @@ impl NamespaceBackend {
         slot: &OwnedFd,
         alive: &OwnedFd,
         opts: &mut CreateOptions,
+        tr: &Trace,
     ) -> Result<i32, RuntimeError> {
         let (plan_r, plan_w) = sys::pipe().map_err(io_err("pipe"))?;
         let (status_r, status_w) = sys::pipe().map_err(io_err("pipe"))?;
@@ -307,6 +308,7 @@ impl NamespaceBackend {
         } else {
             None
         };
+        tr.mark("helper started");
         // Written after the fork: whether the helper holds the fork server's view.
         plan.etc_view = forked.is_some_and(|(_, view)| view);
         let plan_json = serde_json::to_vec(&*plan).expect("plan serializes");
@@ -357,6 +359,7 @@ impl NamespaceBackend {
             let mut w = fs::File::from(plan_w);
             w.write_all(&plan_json).map_err(io_err("send plan"))?;
         }
+        tr.mark("plan sent");
         let mut pid = None;
         let mut err = None;
         let mut ready = false;
@@ -726,7 +729,7 @@ impl Backend for NamespaceBackend {
             }
             let mut plan = self.plan(id, spec, id_base, opts.lifeline.is_some(), &cg, &opts)?;
             tr.mark("planned");
-            let pid = self.spawn_init(&mut plan, &slot_fd, &alive, &mut opts)?;
+            let pid = self.spawn_init(&mut plan, &slot_fd, &alive, &mut opts, &tr)?;
             tr.mark("ready");
             let pidfd = sys::pidfd_open(pid).map_err(io_err("pidfd_open"))?;
             Ok(SandboxInstance {

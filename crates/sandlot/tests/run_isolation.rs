@@ -313,3 +313,61 @@ EOF"#;
     assert_eq!(out, "moved\n2\nmknod refused\n", "{err}");
     assert_no_leftovers(&id);
 }
+
+/// The directories the mount plan makes (`MountOp::Dir`) get their modes and owners,
+/// whether they are new (the `host` image), already there with another mode, or a
+/// symlink to another directory of the image (`--rootfs`).
+#[test]
+fn issue2_skeleton_directories_keep_their_modes_and_owners() {
+    let probe = "stat -c '%a %U %G %n' /etc /tmp /var/tmp /root /home/user /run";
+    let id = unique_id("skel");
+    let (code, out, err) = sh(&id, &[], probe);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        out,
+        "755 root root /etc\n1777 root root /tmp\n1777 root root /var/tmp\n\
+         700 root root /root\n755 user user /home/user\n755 root root /run\n"
+    );
+
+    // An image whose /tmp exists with mode 0700 and whose /var/tmp is a symlink.
+    let rfs = std::env::temp_dir().join(format!("sandlot-skel-{}", std::process::id()));
+    for d in ["bin", "etc", "usr", "var"] {
+        std::fs::create_dir_all(rfs.join(d)).unwrap();
+    }
+    std::fs::create_dir_all(rfs.join("tmp")).unwrap();
+    std::fs::set_permissions(
+        rfs.join("tmp"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink("../tmp", rfs.join("var/tmp")).unwrap();
+    let mut libs: Vec<String> = Vec::new();
+    for prog in ["/bin/sh", "/usr/bin/stat"] {
+        let real = std::fs::canonicalize(prog).unwrap();
+        let name = std::path::Path::new(prog).file_name().unwrap();
+        std::fs::copy(&real, rfs.join("bin").join(name)).unwrap();
+        let ldd = std::process::Command::new("ldd")
+            .arg(&real)
+            .output()
+            .unwrap();
+        for tok in String::from_utf8_lossy(&ldd.stdout).split_whitespace() {
+            if tok.starts_with('/') {
+                libs.push(tok.to_string());
+            }
+        }
+    }
+    for f in libs {
+        let dst = rfs.join(f.trim_start_matches('/'));
+        std::fs::create_dir_all(dst.parent().unwrap()).unwrap();
+        std::fs::copy(std::fs::canonicalize(&f).unwrap(), &dst).unwrap();
+    }
+    let id = unique_id("skelfs");
+    let (code, out, err) = sh(
+        &id,
+        &["--rootfs", rfs.to_str().unwrap()],
+        "stat -c '%a %n' /tmp; stat -L -c '%a %n' /var/tmp; test -L /var/tmp && echo link",
+    );
+    std::fs::remove_dir_all(&rfs).unwrap();
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out, "1777 /tmp\n1777 /var/tmp\nlink\n");
+}
