@@ -28,8 +28,10 @@ use crate::timefmt::rfc3339;
 
 /// Bytes of output a parked supervisor reads ahead.
 const PARK_BUDGET: usize = 256 * 1024;
-/// Finished processes remembered per sandbox.
+/// Finished processes remembered per sandbox (at least; see [`PRUNE_SLACK`]).
 const MAX_FINISHED: usize = 1000;
+/// Inserts between two scans for finished processes to forget.
+const PRUNE_SLACK: usize = 64;
 /// Bytes of the most recent output a supervisor keeps, so that a reader can
 /// re-attach at any offset inside them after the exit reached the supervisor (the
 /// agent forgets a process once its exit is delivered).
@@ -222,6 +224,10 @@ impl Tail {
 #[derive(Default)]
 pub struct ProcTable {
     procs: BTreeMap<u64, Arc<ProcEntry>>,
+    /// The table size at which the next prune runs (see [`ProcTable::insert`]).
+    prune_at: usize,
+    /// Scans for finished processes so far.
+    scans: u64,
 }
 
 impl ProcTable {
@@ -233,8 +239,16 @@ impl ProcTable {
         self.procs.values().cloned().collect()
     }
 
+    /// Adds a process. Finished processes beyond [`MAX_FINISHED`] are forgotten,
+    /// oldest first; the scan that finds them runs once per [`PRUNE_SLACK`] inserts
+    /// (not on every exec: with a thousand finished entries it cost about 0.1 ms of
+    /// daemon CPU per exec), so up to `MAX_FINISHED + PRUNE_SLACK` may be held.
     fn insert(&mut self, e: Arc<ProcEntry>) {
         self.procs.insert(e.id, e);
+        if self.procs.len() < self.prune_at.max(MAX_FINISHED + PRUNE_SLACK) {
+            return;
+        }
+        self.scans += 1;
         let finished: Vec<u64> = self
             .procs
             .values()
@@ -246,6 +260,7 @@ impl ProcTable {
                 self.procs.remove(id);
             }
         }
+        self.prune_at = self.procs.len() + PRUNE_SLACK;
     }
 }
 
@@ -591,6 +606,65 @@ mod tests {
             OutEvent::Stderr(o, b) => ('e', *o, b.to_vec()),
             OutEvent::Exit(_) => ('x', 0, vec![]),
         }
+    }
+
+    fn entry(id: u64, finished: bool) -> Arc<ProcEntry> {
+        let (exit_tx, exit) = watch::channel(finished.then_some(ProcessExit {
+            code: Some(0),
+            signal: None,
+            core_dumped: false,
+            timed_out: false,
+            stdout_end: 0,
+            stderr_end: 0,
+        }));
+        Arc::new(ProcEntry {
+            id,
+            pid: 1,
+            argv: vec!["true".into()],
+            tag: None,
+            pty: false,
+            background: false,
+            started_at_ms: 0,
+            stdin: AsyncMutex::new(None),
+            stdin_open: AtomicBool::new(false),
+            exit,
+            exit_tx,
+            released: AtomicBool::new(false),
+            cmd: mpsc::channel(1).0,
+        })
+    }
+
+    /// Regression (issue 6, exec round trip): every insert scanned the whole table.
+    /// Forgetting the oldest finished processes now happens in batches; running ones
+    /// are never forgotten and the newest finished ones are kept.
+    #[test]
+    fn issue6_finished_processes_are_forgotten_in_batches_oldest_first() {
+        let mut t = ProcTable::default();
+        // A long-running process first, then many short ones.
+        t.insert(entry(0, false));
+        let n = 3 * MAX_FINISHED as u64;
+        let mut sizes = Vec::new();
+        for id in 1..=n {
+            t.insert(entry(id, true));
+            sizes.push(t.procs.len());
+        }
+        let max = *sizes.iter().max().unwrap();
+        assert!(max <= 1 + MAX_FINISHED + PRUNE_SLACK, "held {max}");
+        assert!(
+            t.procs.len() > MAX_FINISHED,
+            "forgot too many: {}",
+            t.procs.len()
+        );
+        assert!(t.get(0).is_some(), "a running process was forgotten");
+        assert!(t.get(n).is_some() && t.get(n - MAX_FINISHED as u64 + 1).is_some());
+        assert!(t.get(1).is_none(), "the oldest finished process was kept");
+        // Scans are rare: one per PRUNE_SLACK inserts once the table is full.
+        let bound = (n as usize - MAX_FINISHED) / PRUNE_SLACK + 1;
+        assert!(
+            t.scans >= 1 && t.scans as usize <= bound,
+            "{} scans for {n} inserts (at most {bound})",
+            t.scans
+        );
     }
 
     #[test]
