@@ -150,6 +150,31 @@ pub struct MountPlan {
     pub ops: Vec<MountOp>,
 }
 
+impl MountPlan {
+    /// Whether the plan binds host paths other than the `host` image's own (its
+    /// top-level directories and `/dev` nodes): spec mounts, volumes, collection and
+    /// memory mounts. Those may be mounts the host made after the fork server
+    /// started, so such a sandbox is built in the host's mount namespace (see
+    /// [`crate::zygote`]).
+    pub fn binds_host_paths(&self) -> bool {
+        self.ops.iter().any(|op| match op {
+            MountOp::Bind { source, .. } => !is_host_image_source(source),
+            MountOp::IdmappedBind { .. } => true,
+            _ => false,
+        })
+    }
+}
+
+/// `/usr`, `/lib64`, ... or `/dev/null`, ...: what every `host` image sandbox binds.
+fn is_host_image_source(p: &Path) -> bool {
+    let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+    match p.parent().and_then(|d| d.to_str()) {
+        Some("/") => crate::hostimage::TOP_LEVEL.contains(&name),
+        Some("/dev") => true,
+        _ => false,
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum MountError {
     #[error("mount source {path} does not exist on the host")]
@@ -1197,6 +1222,50 @@ mod tests {
         })
         .unwrap();
         assert_eq!(etc(&p), [false]);
+    }
+
+    /// Only plans that bind host paths beyond the `host` image's own are built in
+    /// the host's mount namespace (the fork server works in a smaller copy).
+    #[test]
+    fn issue6_only_spec_mounts_and_volumes_need_the_hosts_mount_table() {
+        assert!(!plan(&SandboxSpec::default()).binds_host_paths());
+        let tmpfs = SandboxSpec {
+            mounts: vec![MountSpec::Tmpfs {
+                target: "/data".into(),
+                size: sandlot_proto::units::ByteSize::mib(1),
+            }],
+            ..Default::default()
+        };
+        assert!(!plan(&tmpfs).binds_host_paths());
+        for source in ["/tmp", "/usr/share", "/"] {
+            let bind = SandboxSpec {
+                mounts: vec![MountSpec::Bind {
+                    source: source.into(),
+                    target: "/data".into(),
+                    readonly: true,
+                }],
+                ..Default::default()
+            };
+            assert!(plan(&bind).binds_host_paths(), "{source}");
+        }
+        let volume = plan_mounts(&PlanInput {
+            spec: &SandboxSpec::default(),
+            hostname: "sb",
+            host: &facts(),
+            image: None,
+            shared: &[SharedDir {
+                source: "/usr".into(),
+                target: "/data".into(),
+                readonly: true,
+            }],
+            secret_files: &[],
+        })
+        .unwrap();
+        assert!(volume.binds_host_paths());
+        assert!(is_host_image_source(Path::new("/lib64")));
+        assert!(is_host_image_source(Path::new("/dev/null")));
+        assert!(!is_host_image_source(Path::new("/etc")));
+        assert!(!is_host_image_source(Path::new("/usr/lib")));
     }
 
     #[test]

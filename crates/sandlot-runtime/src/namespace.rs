@@ -304,6 +304,7 @@ impl NamespaceBackend {
                     .ops
                     .iter()
                     .any(|op| matches!(op, crate::mounts::MountOp::HostEtc { use_view: true, .. })),
+                plan.mounts.binds_host_paths(),
             )
         } else {
             None
@@ -424,6 +425,7 @@ impl NamespaceBackend {
         lifeline: &Option<OwnedFd>,
         netns: &Option<OwnedFd>,
         wants_etc_view: bool,
+        host_mounts: bool,
     ) -> Option<(i32, bool)> {
         let null = fs::File::options().write(true).open("/dev/null").ok()?;
         let f = crate::zygote::HelperFds {
@@ -435,13 +437,20 @@ impl NamespaceBackend {
             lifeline: lifeline.as_ref().map(|l| l.as_fd()),
             netns: netns.as_ref().map(|n| n.as_fd()),
             wants_etc_view,
+            host_mounts,
         };
         let mut z = self.zygote.lock().unwrap_or_else(|e| e.into_inner());
         for _ in 0..2 {
             if z.is_none() {
                 *z = Some(
-                    crate::zygote::Zygote::start(&self.cfg.init_exe, Some(&self.cfg.run_dir))
-                        .ok()?,
+                    // Its own mount namespace only when no tmpfs can appear later
+                    // over `run_dir/sandboxes` (where helpers bind agent sockets).
+                    crate::zygote::Zygote::start(
+                        &self.cfg.init_exe,
+                        Some(&self.cfg.run_dir),
+                        !matches!(self.run_dir_fs, RunDirFs::Disk(_)),
+                    )
+                    .ok()?,
                 );
             }
             match z.as_ref().map(|z| z.spawn(&f)) {

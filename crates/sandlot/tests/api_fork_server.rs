@@ -131,9 +131,20 @@ fn sh(d: &Daemon, id: &str, script: &str) -> (Option<i32>, String, String) {
 }
 
 fn create(d: &Daemon) -> String {
+    create_with(d, serde_json::json!({}))
+}
+
+/// Creates a sandbox with `spec` (a JSON object); returns its id.
+fn create_with(d: &Daemon, spec: serde_json::Value) -> String {
+    let serde_json::Value::Object(spec) = spec else {
+        panic!("a spec is a JSON object: {spec}")
+    };
     rt().block_on(async {
         d.client()
-            .create_sandbox(&CreateSandbox::default())
+            .create_sandbox(&CreateSandbox {
+                spec,
+                ..Default::default()
+            })
             .await
             .unwrap()
             .id
@@ -210,21 +221,10 @@ fn issue3_host_etc_comes_from_one_prepared_view() {
     assert_eq!(out.trim(), host_ino.to_string());
 
     // A tmpfs over /run would hide the view: that sandbox binds the entries itself.
-    let covered = rt().block_on(async {
-        let serde_json::Value::Object(spec) =
-            serde_json::json!({"mounts": [{"type": "tmpfs", "target": "/run"}]})
-        else {
-            unreachable!()
-        };
-        d.client()
-            .create_sandbox(&CreateSandbox {
-                spec,
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .id
-    });
+    let covered = create_with(
+        &d,
+        serde_json::json!({"mounts": [{"type": "tmpfs", "target": "/run"}]}),
+    );
     let (code, out, err) = sh(
         &d,
         &covered,
@@ -243,4 +243,121 @@ fn issue3_host_etc_comes_from_one_prepared_view() {
     );
     assert_eq!(code, Some(0), "{err}");
     assert_eq!(out, "link=1\n1\n");
+}
+
+/// Runs `mount ARGS...` on the host, panicking with its stderr on failure.
+fn host_mount(args: &[&str]) {
+    let o = std::process::Command::new("mount")
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "mount {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// Host mounts a test made, unmounted (and their directories removed) when dropped,
+/// also when the test fails.
+struct HostMounts(Vec<std::path::PathBuf>);
+
+impl HostMounts {
+    fn tmpfs(&mut self, at: &std::path::Path) {
+        std::fs::create_dir_all(at).unwrap();
+        host_mount(&[
+            "-t",
+            "tmpfs",
+            "-o",
+            "size=64k",
+            "sandlot-test",
+            at.to_str().unwrap(),
+        ]);
+        self.0.push(at.to_path_buf());
+    }
+}
+
+impl Drop for HostMounts {
+    fn drop(&mut self) {
+        for m in self.0.iter().rev() {
+            let _ = std::process::Command::new("umount").arg(m).status();
+            let _ = std::fs::remove_dir(m);
+        }
+    }
+}
+
+/// Mount points in the mount namespace of process `pid`.
+fn mount_points(pid: i32) -> Vec<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4).map(str::to_string))
+        .collect()
+}
+
+/// Issue 6 (density): every create copied the host's whole mount table, and the host
+/// holds one bind mount per network slot under /run/netns, so creates slowed down as
+/// `allow` sandboxes accumulated. The fork server works in a copy of the host's mount
+/// namespace without /run/netns; a sandbox that binds host paths is still built in
+/// the host's namespace, so it sees a mount the host made after the fork server
+/// started.
+#[test]
+fn issue6_fork_server_leaves_the_hosts_netns_mounts_behind() {
+    api_support::require_root();
+    let me = std::process::id() as i32;
+    // A mount under /run/netns, as a network slot leaves (`ip netns add` makes
+    // /run/netns a shared mount point of its own; sandlot-net does the same).
+    std::fs::create_dir_all("/run/netns").unwrap();
+    if !mount_points(me).iter().any(|m| m == "/run/netns") {
+        host_mount(&["--bind", "/run/netns", "/run/netns"]);
+    }
+    host_mount(&["--make-shared", "/run/netns"]);
+    let mut made = HostMounts(Vec::new());
+    let marker = std::path::PathBuf::from(format!("/run/netns/zt{me}-fork-server"));
+    made.tmpfs(&marker);
+    let late = std::env::temp_dir().join(format!("sandlot-late-{me}"));
+    std::fs::create_dir_all(&late).unwrap();
+
+    let d = Daemon::start(Some(&format!(
+        "[mounts]\nallowed_host_paths = [{:?}]\n",
+        late.display().to_string()
+    )));
+    let id = create(&d);
+    let zygote = children(d.pid())
+        .into_iter()
+        .find(|(_, c)| c.contains("__zygote"))
+        .map(|(p, _)| p)
+        .expect("the daemon's fork server");
+    let ns = |pid: i32| std::fs::read_link(format!("/proc/{pid}/ns/mnt")).unwrap();
+    assert_ne!(
+        ns(zygote),
+        ns(me),
+        "the fork server shares the host's mount namespace"
+    );
+    let own = mount_points(zygote);
+    assert!(!own.iter().any(|m| m.starts_with("/run/netns")), "{own:?}");
+    // Left behind in the fork server's namespace only: the host keeps its mounts.
+    assert!(
+        mount_points(me).contains(&marker.display().to_string()),
+        "the host lost {}",
+        marker.display()
+    );
+    let (code, out, err) = sh(&d, &id, "echo ok");
+    assert_eq!((code, out.as_str()), (Some(0), "ok\n"), "{err}");
+
+    // A host mount made after the fork server started, bound into a sandbox.
+    made.tmpfs(&late);
+    std::fs::write(late.join("hello"), "from a late mount").unwrap();
+    let id2 = create_with(
+        &d,
+        serde_json::json!({"mounts": [{"type": "bind", "source": late, "target": "/data"}]}),
+    );
+    let (code, out, err) = sh(&d, &id2, "cat /data/hello");
+    assert_eq!(
+        (code, out.as_str()),
+        (Some(0), "from a late mount"),
+        "{err}"
+    );
+    drop(d);
+    drop(made);
 }
