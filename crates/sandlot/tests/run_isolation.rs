@@ -240,34 +240,9 @@ fn bad_input_gets_one_clear_line() {
 
 #[test]
 fn rootfs_directory_is_an_idmapped_overlay() {
-    // A minimal rootfs: a few host programs and the libraries they load (no download).
     let rfs = std::env::temp_dir().join(format!("sandlot-rootfs-{}", std::process::id()));
+    minimal_rootfs(&rfs, &["/bin/sh", "/bin/cat", "/usr/bin/stat"]);
     std::fs::create_dir_all(rfs.join("etc")).unwrap();
-    std::fs::create_dir_all(rfs.join("bin")).unwrap();
-    let mut files: Vec<String> = Vec::new();
-    for prog in ["/bin/sh", "/bin/cat", "/usr/bin/stat"] {
-        let real = std::fs::canonicalize(prog).unwrap();
-        std::fs::copy(
-            &real,
-            rfs.join("bin")
-                .join(std::path::Path::new(prog).file_name().unwrap()),
-        )
-        .unwrap();
-        let ldd = std::process::Command::new("ldd")
-            .arg(&real)
-            .output()
-            .unwrap();
-        for tok in String::from_utf8_lossy(&ldd.stdout).split_whitespace() {
-            if tok.starts_with('/') {
-                files.push(tok.to_string());
-            }
-        }
-    }
-    for f in files {
-        let dst = rfs.join(f.trim_start_matches('/'));
-        std::fs::create_dir_all(dst.parent().unwrap()).unwrap();
-        std::fs::copy(std::fs::canonicalize(&f).unwrap(), &dst).unwrap();
-    }
     std::fs::create_dir_all(rfs.join("usr")).unwrap();
     std::fs::write(rfs.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n").unwrap();
     let id = unique_id("rootfs");
@@ -341,8 +316,24 @@ fn issue2_skeleton_directories_keep_their_modes_and_owners() {
     )
     .unwrap();
     std::os::unix::fs::symlink("../tmp", rfs.join("var/tmp")).unwrap();
+    minimal_rootfs(&rfs, &["/bin/sh", "/usr/bin/stat"]);
+    let id = unique_id("skelfs");
+    let (code, out, err) = sh(
+        &id,
+        &["--rootfs", rfs.to_str().unwrap()],
+        "stat -c '%a %n' /tmp; stat -L -c '%a %n' /var/tmp; test -L /var/tmp && echo link",
+    );
+    std::fs::remove_dir_all(&rfs).unwrap();
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out, "1777 /tmp\n1777 /var/tmp\nlink\n");
+}
+
+/// A minimal rootfs in `rfs`: host programs under `/bin` and the libraries they load
+/// (no download).
+fn minimal_rootfs(rfs: &std::path::Path, progs: &[&str]) {
+    std::fs::create_dir_all(rfs.join("bin")).unwrap();
     let mut libs: Vec<String> = Vec::new();
-    for prog in ["/bin/sh", "/usr/bin/stat"] {
+    for prog in progs {
         let real = std::fs::canonicalize(prog).unwrap();
         let name = std::path::Path::new(prog).file_name().unwrap();
         std::fs::copy(&real, rfs.join("bin").join(name)).unwrap();
@@ -361,13 +352,4 @@ fn issue2_skeleton_directories_keep_their_modes_and_owners() {
         std::fs::create_dir_all(dst.parent().unwrap()).unwrap();
         std::fs::copy(std::fs::canonicalize(&f).unwrap(), &dst).unwrap();
     }
-    let id = unique_id("skelfs");
-    let (code, out, err) = sh(
-        &id,
-        &["--rootfs", rfs.to_str().unwrap()],
-        "stat -c '%a %n' /tmp; stat -L -c '%a %n' /var/tmp; test -L /var/tmp && echo link",
-    );
-    std::fs::remove_dir_all(&rfs).unwrap();
-    assert_eq!(code, 0, "{err}");
-    assert_eq!(out, "1777 /tmp\n1777 /var/tmp\nlink\n");
 }
