@@ -10,6 +10,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
+/// The nice value of stock threads (the daemon's request threads run at 0).
+const STOCK_NICE: i32 = 10;
+
 pub(crate) struct Stock<T: Send + 'static> {
     shared: Arc<Shared<T>>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -48,19 +51,24 @@ impl<T: Send + 'static> Stock<T> {
         let s = shared.clone();
         let thread = std::thread::Builder::new()
             .name(name.into())
-            .spawn(move || loop {
-                {
-                    let mut ready = s.lock();
-                    while ready.len() >= s.want && !s.stop.load(Ordering::SeqCst) {
-                        ready = s.wake.wait(ready).unwrap_or_else(|e| e.into_inner());
+            .spawn(move || {
+                // Refilling is background work: requests come first (a burst of
+                // creates otherwise shares the CPUs with the refills it triggers).
+                let _ = crate::sys::nice_this_thread(STOCK_NICE);
+                loop {
+                    {
+                        let mut ready = s.lock();
+                        while ready.len() >= s.want && !s.stop.load(Ordering::SeqCst) {
+                            ready = s.wake.wait(ready).unwrap_or_else(|e| e.into_inner());
+                        }
                     }
-                }
-                if s.stop.load(Ordering::SeqCst) {
-                    return;
-                }
-                match make() {
-                    Some(item) => s.lock().push(item),
-                    None => std::thread::sleep(Duration::from_secs(1)),
+                    if s.stop.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    match make() {
+                        Some(item) => s.lock().push(item),
+                        None => std::thread::sleep(Duration::from_secs(1)),
+                    }
                 }
             })
             .ok()?;
@@ -110,6 +118,21 @@ mod tests {
             assert!(std::time::Instant::now() < deadline, "never reached {n}");
             std::thread::sleep(Duration::from_millis(1));
         }
+    }
+
+    /// Issue 6 (bursts): refills yield the CPU to the request threads.
+    #[test]
+    fn issue6_stock_threads_run_at_a_lower_priority_than_their_caller() {
+        // SAFETY: getpriority has no pointers; errno is not consulted (values are
+        // checked against the expected ones instead).
+        let nice = || unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
+        let caller = nice();
+        let mut s = Stock::start("test-nice", 1, move || Some(nice())).unwrap();
+        wait_ready(&s, 1);
+        let in_thread = s.take().unwrap();
+        drop(s.stop());
+        assert_eq!(in_thread, STOCK_NICE.max(caller), "caller at {caller}");
+        assert_eq!(nice(), caller, "the caller's own priority changed");
     }
 
     #[test]

@@ -384,6 +384,20 @@ pub fn write_all_fd(fd: BorrowedFd<'_>, mut buf: &[u8]) -> io::Result<()> {
     Ok(())
 }
 
+/// Lowers the calling thread's priority to nice value `nice` unless it already runs
+/// at that or lower (Linux nice values are per thread).
+pub fn nice_this_thread(nice: i32) -> io::Result<()> {
+    // SAFETY: no pointers; who = 0 is the calling thread. A -1 that is an error
+    // rather than a nice value only makes the set below run.
+    let now = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
+    if now >= nice {
+        return Ok(());
+    }
+    // SAFETY: as above.
+    cvt(unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) })?;
+    Ok(())
+}
+
 /// `flock(fd, op)`, blocking (`LOCK_EX`, `LOCK_SH`) or releasing (`LOCK_UN`).
 pub fn flock(fd: BorrowedFd<'_>, op: libc::c_int) -> io::Result<()> {
     loop {

@@ -151,6 +151,8 @@ pub struct Pool {
     waited_us: AtomicU64,
     /// A refill is starting a sandbox right now.
     filling: std::sync::atomic::AtomicBool,
+    /// When a request last claimed a sandbox (see [`refill_delay`]).
+    last_hit: Mutex<Option<Instant>>,
 }
 
 impl Pool {
@@ -169,6 +171,30 @@ impl Pool {
     /// Sandboxes it keeps ready now.
     pub fn target(&self) -> usize {
         self.sizing().target(Instant::now())
+    }
+
+    fn since_last_hit(&self) -> Option<Duration> {
+        self.last_hit
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .map(|t| t.elapsed())
+    }
+}
+
+/// Quiet time after the last claim before a refill starts.
+const REFILL_QUIET: Duration = Duration::from_millis(10);
+
+/// How long a refill waits before starting a sandbox: while claims keep coming (a
+/// burst), the CPUs serve them, not the refills they trigger; a cold create costs
+/// several claims' worth of CPU. A pool down to a quarter of its target refills at
+/// once.
+fn refill_delay(since_last_hit: Option<Duration>, ready: usize, target: usize) -> Duration {
+    if ready * 4 < target {
+        return Duration::ZERO;
+    }
+    match since_last_hit {
+        Some(d) if d < REFILL_QUIET => REFILL_QUIET - d,
+        _ => Duration::ZERO,
     }
 }
 
@@ -206,6 +232,7 @@ impl Pools {
                     failures: AtomicU64::new(0),
                     waited_us: AtomicU64::new(0),
                     filling: std::sync::atomic::AtomicBool::new(false),
+                    last_hit: Mutex::new(None),
                 })
             })
             .collect();
@@ -234,6 +261,7 @@ impl Pools {
         match w {
             Some(w) => {
                 pool.hits.fetch_add(1, Ordering::Relaxed);
+                *pool.last_hit.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
                 pool.waited_us
                     .fetch_add(w.born.elapsed().as_micros() as u64, Ordering::Relaxed);
                 Some((pool, w))
@@ -460,6 +488,12 @@ async fn refill(state: Arc<AppState>, pool: Arc<Pool>) {
             let _ = tokio::time::timeout(Duration::from_secs(1), pool.wake.notified()).await;
             continue;
         }
+        let wait = refill_delay(pool.since_last_hit(), pool.ready_len(), target);
+        if !wait.is_zero() {
+            pool.filling.store(false, Ordering::SeqCst);
+            tokio::time::sleep(wait).await;
+            continue;
+        }
         let started = start_one(&state, &pool).await;
         match started {
             Ok(w) => {
@@ -489,6 +523,21 @@ mod tests {
 
     fn spec(json: &str) -> SandboxSpec {
         SandboxSpec::from_json(json).unwrap()
+    }
+
+    /// Issue 6 (bursts): refills wait while claims keep coming, unless the pool is
+    /// down to a quarter of its target.
+    #[test]
+    fn issue6_refills_yield_to_a_burst_of_claims_until_the_pool_runs_low() {
+        let ms = Duration::from_millis;
+        assert_eq!(refill_delay(None, 10, 16), Duration::ZERO, "no claim yet");
+        assert_eq!(refill_delay(Some(ms(3)), 10, 16), ms(7));
+        assert_eq!(refill_delay(Some(ms(10)), 10, 16), Duration::ZERO);
+        assert_eq!(refill_delay(Some(ms(50)), 0, 16), Duration::ZERO);
+        // Low water: 3 of 16, 0 of 1 refill at once, however recent the claim.
+        assert_eq!(refill_delay(Some(ms(0)), 3, 16), Duration::ZERO);
+        assert_eq!(refill_delay(Some(ms(0)), 0, 1), Duration::ZERO);
+        assert_eq!(refill_delay(Some(ms(0)), 4, 16), ms(10));
     }
 
     #[test]
