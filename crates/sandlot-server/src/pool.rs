@@ -14,7 +14,10 @@
 //! * an unclaimed pooled sandbox has no database record: if the daemon dies, the
 //!   next start's reconcile removes it as an orphan of this daemon's id prefix;
 //! * the pool refills in the background, one sandbox at a time per pool, so
-//!   refilling never takes more than one core away from requests; failures back off.
+//!   refilling never takes more than one core away from requests; failures back off;
+//! * while claims keep coming (less than 10 ms apart) the refill waits, unless the
+//!   pool is down to a quarter of its target: a cold create costs several claims'
+//!   worth of CPU, and the requests come first.
 
 use std::collections::VecDeque;
 use std::fmt::Write;
