@@ -151,12 +151,16 @@ pub struct MountPlan {
 }
 
 impl MountPlan {
-    /// Whether the plan binds host paths other than the `host` image's own (its
-    /// top-level directories and `/dev` nodes): spec mounts, volumes, collection and
-    /// memory mounts. Those may be mounts the host made after the fork server
-    /// started, so such a sandbox is built in the host's mount namespace (see
-    /// [`crate::zygote`]).
-    pub fn binds_host_paths(&self) -> bool {
+    /// Whether the plan uses host paths that may be mounts the host made after the
+    /// fork server started: an image's writable layer (a tmpfs the daemon mounts
+    /// per sandbox), or binds of host paths other than the `host` image's own (its
+    /// top-level directories and `/dev` nodes): spec mounts, volumes, collection
+    /// and memory mounts. Such a sandbox is built in the host's mount namespace
+    /// (see [`crate::zygote`]).
+    pub fn needs_host_mounts(&self) -> bool {
+        if matches!(self.root, RootFs::Layers { rw: Some(_), .. }) {
+            return true;
+        }
         self.ops.iter().any(|op| match op {
             MountOp::Bind { source, .. } => !is_host_image_source(source),
             MountOp::IdmappedBind { .. } => true,
@@ -1227,8 +1231,8 @@ mod tests {
     /// Only plans that bind host paths beyond the `host` image's own are built in
     /// the host's mount namespace (the fork server works in a smaller copy).
     #[test]
-    fn issue6_only_spec_mounts_and_volumes_need_the_hosts_mount_table() {
-        assert!(!plan(&SandboxSpec::default()).binds_host_paths());
+    fn issue6_only_spec_mounts_volumes_and_writable_layers_need_the_hosts_mount_table() {
+        assert!(!plan(&SandboxSpec::default()).needs_host_mounts());
         let tmpfs = SandboxSpec {
             mounts: vec![MountSpec::Tmpfs {
                 target: "/data".into(),
@@ -1236,7 +1240,7 @@ mod tests {
             }],
             ..Default::default()
         };
-        assert!(!plan(&tmpfs).binds_host_paths());
+        assert!(!plan(&tmpfs).needs_host_mounts());
         for source in ["/tmp", "/usr/share", "/"] {
             let bind = SandboxSpec {
                 mounts: vec![MountSpec::Bind {
@@ -1246,7 +1250,7 @@ mod tests {
                 }],
                 ..Default::default()
             };
-            assert!(plan(&bind).binds_host_paths(), "{source}");
+            assert!(plan(&bind).needs_host_mounts(), "{source}");
         }
         let volume = plan_mounts(&PlanInput {
             spec: &SandboxSpec::default(),
@@ -1261,7 +1265,25 @@ mod tests {
             secret_files: &[],
         })
         .unwrap();
-        assert!(volume.binds_host_paths());
+        assert!(volume.needs_host_mounts());
+        // An image's writable layer is a tmpfs the daemon mounts per sandbox.
+        let image = |rw: Option<PathBuf>| {
+            plan_mounts(&PlanInput {
+                spec: &SandboxSpec::default(),
+                hostname: "sb",
+                host: &facts(),
+                image: Some(&ImageRoot {
+                    layers: vec![std::env::temp_dir()],
+                    rw,
+                    ..Default::default()
+                }),
+                shared: &[],
+                secret_files: &[],
+            })
+            .unwrap()
+        };
+        assert!(image(Some(std::env::temp_dir())).needs_host_mounts());
+        assert!(!image(None).needs_host_mounts());
         assert!(is_host_image_source(Path::new("/lib64")));
         assert!(is_host_image_source(Path::new("/dev/null")));
         assert!(!is_host_image_source(Path::new("/etc")));

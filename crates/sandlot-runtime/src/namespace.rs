@@ -304,7 +304,7 @@ impl NamespaceBackend {
                     .ops
                     .iter()
                     .any(|op| matches!(op, crate::mounts::MountOp::HostEtc { use_view: true, .. })),
-                plan.mounts.binds_host_paths(),
+                plan.mounts.needs_host_mounts(),
             )
         } else {
             None

@@ -23,9 +23,9 @@
 //! create). The fork server therefore works in a copy of the host's mount
 //! namespace, made when it starts, without `/run/netns` (a slave copy: our unmount
 //! does not reach the host, and on hosts whose mounts are shared, later host mounts
-//! still arrive). A sandbox whose plan binds host paths other than the `host`
-//! image's (spec mounts, volumes, collections: see
-//! [`crate::mounts::MountPlan::binds_host_paths`]) gets a helper in the host's own
+//! still arrive). A sandbox whose plan uses host paths that may be mounts made
+//! since (an image's writable layer, spec mounts, volumes, collections: see
+//! [`crate::mounts::MountPlan::needs_host_mounts`]) gets a helper in the host's own
 //! namespace, so a mount made on the host since the fork server started is seen.
 
 use std::io;
@@ -42,7 +42,7 @@ const HAS_LIFELINE: u8 = 1;
 const HAS_NETNS: u8 = 2;
 /// The sandbox uses the `host` image's `/etc` view: clone one for its helper.
 const WANTS_ETC_VIEW: u8 = 4;
-/// The plan binds host paths: run the helper in the host's mount namespace.
+/// The plan uses host mounts: run the helper in the host's mount namespace.
 const HOST_MOUNTS: u8 = 8;
 /// The argument that gives the fork server a mount namespace of its own.
 const OWN_MOUNT_NS: &str = "--own-mount-ns";
@@ -60,8 +60,9 @@ pub struct HelperFds<'a> {
     /// [`crate::mounts::MountOp::HostEtc`]); a copy nobody attaches would cost
     /// an unmount of the whole copy when it is closed.
     pub wants_etc_view: bool,
-    /// The plan binds host paths beyond the `host` image's: the helper joins the
-    /// host's mount namespace (see the module documentation).
+    /// The plan uses host mounts (an image's writable layer, binds of host paths
+    /// beyond the `host` image's): the helper joins the host's mount namespace (see
+    /// the module documentation).
     pub host_mounts: bool,
 }
 
