@@ -142,10 +142,12 @@ impl NamespaceBackend {
         let facts = run_dir::facts(&dir).map_err(err("inspect"))?;
         match run_dir::decide(&facts, true) {
             run_dir::Decision::Keep(fs) => Ok(fs),
-            run_dir::Decision::Mount => {
-                run_dir::mount_tmpfs(&dir).map_err(err("mount a tmpfs on"))?;
-                Ok(RunDirFs::Mounted)
-            }
+            // A host that refuses the mount (no CAP_SYS_ADMIN in its user namespace,
+            // say) keeps the disk: slower, not broken.
+            run_dir::Decision::Mount => Ok(match run_dir::mount_tmpfs(&dir) {
+                Ok(()) => RunDirFs::Mounted,
+                Err(e) => RunDirFs::Disk(format!("mounting a tmpfs there failed: {e}")),
+            }),
         }
     }
 
