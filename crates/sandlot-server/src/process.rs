@@ -47,17 +47,18 @@ pub enum OutEvent {
 
 enum SupCmd {
     /// Stream from offset 0: accepted when nothing was dropped yet and nobody else
-    /// streams.
+    /// streams. The supervisor makes the channel (room for `capacity` events more
+    /// than it parked), fills it with the parked events and hands it over.
     Subscribe {
-        tx: mpsc::Sender<OutEvent>,
-        reply: oneshot::Sender<bool>,
+        capacity: usize,
+        reply: oneshot::Sender<Option<mpsc::Receiver<OutEvent>>>,
     },
     /// After the exit: replay the retained tail from these (stdout, stderr)
     /// offsets, if it still covers them.
     Replay {
         from: (u64, u64),
-        tx: mpsc::Sender<OutEvent>,
-        reply: oneshot::Sender<bool>,
+        capacity: usize,
+        reply: oneshot::Sender<Option<mpsc::Receiver<OutEvent>>>,
     },
 }
 
@@ -133,10 +134,12 @@ impl ProcEntry {
 
     /// Subscribes from offset 0 if the supervisor still has all output.
     pub async fn subscribe_from_start(&self, capacity: usize) -> Option<mpsc::Receiver<OutEvent>> {
-        let (tx, rx) = mpsc::channel(capacity);
-        let (reply, ok) = oneshot::channel();
-        self.cmd.send(SupCmd::Subscribe { tx, reply }).await.ok()?;
-        ok.await.ok()?.then_some(rx)
+        let (reply, rx) = oneshot::channel();
+        self.cmd
+            .send(SupCmd::Subscribe { capacity, reply })
+            .await
+            .ok()?;
+        rx.await.ok()?
     }
 
     /// After the exit reached the supervisor: the output from the given offsets (up
@@ -146,13 +149,16 @@ impl ProcEntry {
         from: (u64, u64),
         capacity: usize,
     ) -> Option<mpsc::Receiver<OutEvent>> {
-        let (tx, rx) = mpsc::channel(capacity);
-        let (reply, ok) = oneshot::channel();
+        let (reply, rx) = oneshot::channel();
         self.cmd
-            .send(SupCmd::Replay { from, tx, reply })
+            .send(SupCmd::Replay {
+                from,
+                capacity,
+                reply,
+            })
             .await
             .ok()?;
-        ok.await.ok()?.then_some(rx)
+        rx.await.ok()?
     }
 }
 
@@ -393,31 +399,30 @@ impl Supervisor {
             tokio::select! {
                 biased;
                 c = self.cmd.recv() => match c {
-                    Some(SupCmd::Subscribe { tx, reply }) => {
+                    Some(SupCmd::Subscribe { capacity, reply }) => {
                         if consumer.is_none() && !self.dropped_any && self.mode != Mode::Draining {
-                            let mut ok = true;
-                            while let Some(ev) = self.buf.pop_front() {
-                                if tx.send(ev).await.is_err() {
-                                    ok = false;
-                                    break;
-                                }
+                            // The reader only gets the channel once this arm is done,
+                            // so the parked events must fit without waiting for it.
+                            let (tx, rx) = mpsc::channel(capacity.max(1) + self.buf.len());
+                            for ev in self.buf.drain(..) {
+                                tx.try_send(ev).expect("the channel has room for every parked event");
                             }
                             self.buf_bytes = 0;
-                            if ok {
+                            if reply.send(Some(rx)).is_ok() {
                                 consumer = Some(tx);
                                 self.mode = Mode::Streaming;
                             } else {
+                                // The reader gave up: what it was handed is lost.
                                 self.dropped_any = true;
                                 self.mode = Mode::Draining;
                             }
-                            let _ = reply.send(true);
                         } else {
-                            let _ = reply.send(false);
+                            let _ = reply.send(None);
                         }
                     }
                     Some(SupCmd::Replay { reply, .. }) => {
                         // Before the exit, readers at an offset use the agent.
-                        let _ = reply.send(false);
+                        let _ = reply.send(None);
                     }
                     None => ended = true,
                 },
@@ -468,28 +473,22 @@ impl Supervisor {
         }
         let until = Instant::now() + self.settings.retention;
         loop {
-            let (from, tx, reply) = tokio::select! {
+            let (from, capacity, reply) = tokio::select! {
                 _ = tokio::time::sleep_until(until) => break,
                 c = self.cmd.recv() => match c {
-                    Some(SupCmd::Subscribe { tx, reply }) => ((0, 0), tx, reply),
-                    Some(SupCmd::Replay { from, tx, reply }) => (from, tx, reply),
+                    Some(SupCmd::Subscribe { capacity, reply }) => ((0, 0), capacity, reply),
+                    Some(SupCmd::Replay { from, capacity, reply }) => (from, capacity, reply),
                     None => break,
                 },
             };
             let Some(events) = self.tail.from(from) else {
-                let _ = reply.send(false);
+                let _ = reply.send(None);
                 continue;
             };
-            let exit = self.entry.exit();
-            let _ = reply.send(true);
-            // A slow reader must not hold up the others: each gets its own task.
-            tokio::spawn(async move {
-                for ev in events.into_iter().chain(exit.map(OutEvent::Exit)) {
-                    if tx.send(ev).await.is_err() {
-                        break;
-                    }
-                }
-            });
+            let (tx, rx) = mpsc::channel(capacity.max(1));
+            if reply.send(Some(rx)).is_ok() {
+                replay(events, self.entry.exit(), tx);
+            }
         }
     }
 
@@ -522,6 +521,18 @@ impl Supervisor {
             }
         }
     }
+}
+
+/// Sends retained output and the exit to one reader. A slow reader must not hold
+/// up the others: each gets its own task.
+fn replay(events: Vec<OutEvent>, exit: Option<ProcessExit>, tx: mpsc::Sender<OutEvent>) {
+    tokio::spawn(async move {
+        for ev in events.into_iter().chain(exit.map(OutEvent::Exit)) {
+            if tx.send(ev).await.is_err() {
+                break;
+            }
+        }
+    });
 }
 
 fn ev_len(e: &OutEvent) -> usize {

@@ -5,7 +5,7 @@ mod api_support;
 
 use std::time::Duration;
 
-use api_support::{rt, Daemon};
+use api_support::{block_on_within, rt, Daemon};
 use sandlot_client::stream::Output;
 use sandlot_client::{CreateSandbox, ExecBody, StreamEvent};
 use serde_json::json;
@@ -197,7 +197,7 @@ fn hundred_concurrent_exec_streams_lose_nothing() {
 fn issue3_reattach_at_an_offset_after_the_exit_was_delivered() {
     let d = Daemon::start(None);
     let c = d.client();
-    rt().block_on(async {
+    block_on_within(120, "re-attaching at offsets", async {
         let sb = c.create_sandbox(&CreateSandbox::default()).await.unwrap();
         let id = sb.id.as_str();
         let p = c
@@ -274,5 +274,43 @@ fn issue3_reattach_at_an_offset_after_the_exit_was_delivered() {
             (&end.stdout[..], end.exit.code),
             (&b"xxxxxxxxxx"[..], Some(0))
         );
+    });
+}
+
+/// A reader that arrives after the process wrote many small pieces (more than a
+/// reader's channel holds) still gets them all. The supervisor used to push its
+/// parked events into the reader's channel before handing the channel over, and
+/// hung once they did not fit.
+#[test]
+fn issue3_a_late_reader_gets_output_parked_in_many_small_writes() {
+    let d = Daemon::start(None);
+    let c = d.client();
+    block_on_within(60, "a late reader of parked output", async {
+        let sb = c.create_sandbox(&CreateSandbox::default()).await.unwrap();
+        let id = sb.id.as_str();
+        let p = c
+            .exec(
+                id,
+                &argv(&[
+                    "sh",
+                    "-c",
+                    "for i in $(seq 40); do echo $i; sleep 0.005; done; sleep 1",
+                ]),
+            )
+            .await
+            .unwrap();
+        // Let every write be parked as its own piece, while the process still
+        // runs, before anyone reads.
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let out = c
+            .output(id, p.id, 0, 0)
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        let want: String = (1..=40).map(|i| format!("{i}\n")).collect();
+        assert_eq!(String::from_utf8_lossy(&out.stdout), want);
+        assert_eq!(out.exit.code, Some(0));
     });
 }

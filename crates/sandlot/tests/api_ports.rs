@@ -30,6 +30,39 @@ fn listening(addr: &str) -> bool {
     TcpStream::connect_timeout(&addr.parse().unwrap(), Duration::from_secs(2)).is_ok()
 }
 
+/// The host port ranges these tests publish in. They lie below the kernel's
+/// ephemeral range (32768 and up by default), so no listener that another test
+/// bound to port 0 can hold one of them.
+const PUBLISH_RANGE: (u16, u16) = (31100, 31199);
+const CLI_RANGE: (u16, u16) = (31200, 31299);
+
+/// A port of `range` on 127.0.0.1 that nothing listens on now, other than `not`.
+fn free_port(range: (u16, u16), not: &[u16]) -> u16 {
+    (range.0..=range.1)
+        .filter(|p| !not.contains(p))
+        .find(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok())
+        .expect("a free port in the test's range")
+}
+
+/// Listening TCP sockets on the host with a port in `range`.
+fn listeners_in(range: (u16, u16)) -> Vec<String> {
+    let ss = std::process::Command::new("ss")
+        .args(["-Htln"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&ss.stdout)
+        .lines()
+        .filter(|l| {
+            l.split_whitespace()
+                .nth(3)
+                .and_then(|local| local.rsplit(':').next())
+                .and_then(|p| p.parse::<u16>().ok())
+                .is_some_and(|p| (range.0..=range.1).contains(&p))
+        })
+        .map(str::to_string)
+        .collect()
+}
+
 #[test]
 fn issue4_http_and_websocket_proxy_reach_a_loopback_server_in_mode_none() {
     let d = Daemon::start(None);
@@ -228,9 +261,10 @@ fn issue4_http_and_websocket_proxy_reach_a_loopback_server_in_mode_none() {
 
 #[test]
 fn issue4_published_tcp_port_forwards_until_unpublished_or_deleted() {
-    let mut d = Daemon::start(Some(
-        "[ports]\nbind_addresses = [\"127.0.0.1\"]\nhost_port_min = 47100\nhost_port_max = 47199\nmax_published_per_tenant = 2\n",
-    ));
+    let (lo, hi) = PUBLISH_RANGE;
+    let mut d = Daemon::start(Some(&format!(
+        "[ports]\nbind_addresses = [\"127.0.0.1\"]\nhost_port_min = {lo}\nhost_port_max = {hi}\nmax_published_per_tenant = 2\n",
+    )));
     let ta = d.token("alpha");
     let tb = d.token("beta");
     let a = d.tcp(Some(&ta));
@@ -250,7 +284,7 @@ fn issue4_published_tcp_port_forwards_until_unpublished_or_deleted() {
         .unwrap();
     assert_eq!(p.port, 8000);
     assert_eq!(p.host, "127.0.0.1");
-    assert!((47100..=47199).contains(&p.host_port), "{p:?}");
+    assert!((lo..=hi).contains(&p.host_port), "{p:?}");
     assert_eq!(p.address, format!("127.0.0.1:{}", p.host_port));
     let r = get(&p.address);
     assert_eq!((r.status, r.json()["path"].clone()), (200, "/tcp".into()));
@@ -277,7 +311,7 @@ fn issue4_published_tcp_port_forwards_until_unpublished_or_deleted() {
     );
     let (s, m) = e(rt().block_on(a.publish_port(&id, &pubreq(8001, Some(8080), None))));
     assert!(
-        s == 400 && m.starts_with("host_port:") && m.contains("47100-47199"),
+        s == 400 && m.starts_with("host_port:") && m.contains(&format!("{lo}-{hi}")),
         "{s} {m}"
     );
     let (s, _) = e(rt().block_on(b.publish_port(&id, &pubreq(8001, None, None))));
@@ -292,10 +326,11 @@ fn issue4_published_tcp_port_forwards_until_unpublished_or_deleted() {
     );
     assert!(s == 400 && m.contains("hostport"), "{s} {m}");
     // A chosen host port; then the tenant's limit (2).
+    let chosen = free_port(PUBLISH_RANGE, &[p.host_port]);
     let p2 = rt()
-        .block_on(a.publish_port(&id, &pubreq(8002, Some(47150), None)))
+        .block_on(a.publish_port(&id, &pubreq(8002, Some(chosen.into()), None)))
         .unwrap();
-    assert_eq!(p2.host_port, 47150);
+    assert_eq!(p2.host_port, chosen);
     let (s, m) = e(rt().block_on(a.publish_port(&id, &pubreq(8003, None, None))));
     assert!(
         s == 429 && m.contains("max_published_per_tenant"),
@@ -339,44 +374,45 @@ fn issue4_published_tcp_port_forwards_until_unpublished_or_deleted() {
     assert!(rt().block_on(a.list_ports(&id)).unwrap().is_empty());
     // The tenant's budget is free again.
     let id2 = create(&a);
-    rt().block_on(a.publish_port(&id2, &pubreq(9000, Some(47100), None)))
+    let again = free_port(PUBLISH_RANGE, &[]);
+    rt().block_on(a.publish_port(&id2, &pubreq(9000, Some(again.into()), None)))
         .unwrap();
     rt().block_on(a.delete_sandbox(&id2)).unwrap();
-    assert!(!listening("127.0.0.1:47100"));
+    assert!(!listening(&format!("127.0.0.1:{again}")));
     // No process of the daemon's sandboxes, and no listener in the range, is left.
-    let ss = std::process::Command::new("ss")
-        .args(["-Htln"])
-        .output()
-        .unwrap();
-    let ss = String::from_utf8_lossy(&ss.stdout);
-    assert!(!ss.contains(":471"), "listeners left:\n{ss}");
+    let left = listeners_in(PUBLISH_RANGE);
+    assert!(left.is_empty(), "listeners left:\n{}", left.join("\n"));
 }
 
 #[test]
 fn issue4_cli_publishes_lists_and_unpublishes() {
-    let d = Daemon::start(Some(
-        "[ports]\nhost_port_min = 47200\nhost_port_max = 47299\n",
-    ));
+    let (lo, hi) = CLI_RANGE;
+    let d = Daemon::start(Some(&format!(
+        "[ports]\nhost_port_min = {lo}\nhost_port_max = {hi}\n"
+    )));
     let c = d.client();
     let id = create(&c);
     rt().block_on(start_app(&c, &id, "0.0.0.0", 8000));
-    let (code, out, err) = d.cli(&["port", "publish", &id, "8000", "--host-port", "47222"]);
+    let hp = free_port(CLI_RANGE, &[]);
+    let addr = format!("127.0.0.1:{hp}");
+    let (code, out, err) = d.cli(&[
+        "port",
+        "publish",
+        &id,
+        "8000",
+        "--host-port",
+        &hp.to_string(),
+    ]);
     assert_eq!(code, 0, "{err}");
-    assert!(out.contains("127.0.0.1:47222"), "{out}");
-    assert_eq!(
-        raw("127.0.0.1:47222", "GET /cli HTTP/1.1\r\nHost: x", b"").status,
-        200
-    );
+    assert!(out.contains(&addr), "{out}");
+    assert_eq!(raw(&addr, "GET /cli HTTP/1.1\r\nHost: x", b"").status, 200);
     let (code, out, _) = d.cli(&["port", "ls", &id]);
     assert_eq!(code, 0);
-    assert!(
-        out.contains("8000") && out.contains("127.0.0.1:47222"),
-        "{out}"
-    );
+    assert!(out.contains("8000") && out.contains(&addr), "{out}");
     let (code, out, _) = d.cli(&["port", "ls", &id, "--json"]);
     assert_eq!(code, 0);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(v[0]["host_port"], 47222);
+    assert_eq!(v[0]["host_port"], hp);
     let (code, out, err) = d.cli(&["port", "url", &id, "8000"]);
     assert_eq!(code, 0, "{err}");
     assert!(
@@ -389,6 +425,6 @@ fn issue4_cli_publishes_lists_and_unpublishes() {
     assert!(err.contains("port"), "{err}");
     let (code, _, err) = d.cli(&["port", "unpublish", &id, "8000"]);
     assert_eq!(code, 0, "{err}");
-    assert!(!listening("127.0.0.1:47222"));
+    assert!(!listening(&addr));
     rt().block_on(c.delete_sandbox(&id)).unwrap();
 }

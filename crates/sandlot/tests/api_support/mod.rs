@@ -289,3 +289,15 @@ where
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// Runs a test's body on a fresh runtime and fails it, naming `what`, if it takes
+/// longer than `secs` (a hang then fails with a message instead of running into
+/// the harness's timeout).
+pub fn block_on_within<F: std::future::Future>(secs: u64, what: &str, f: F) -> F::Output {
+    rt().block_on(async {
+        match tokio::time::timeout(Duration::from_secs(secs), f).await {
+            Ok(v) => v,
+            Err(_) => panic!("{what} did not finish within {secs} s"),
+        }
+    })
+}
