@@ -1,7 +1,16 @@
-//! Connections: Unix socket or TCP, one HTTP/1.1 connection per request.
+//! Connections: Unix socket or TCP, HTTP/1.1 with keep-alive. A client keeps the
+//! connections of its finished requests and sends its next requests on them
+//! (connecting and the daemon's accept cost about as much as a small request).
+//!
+//! A request is only ever sent on a kept connection that is idle (its previous
+//! answer was read to the end). If that connection turns out to be closed before
+//! the request was written, the request goes on a new connection; once written,
+//! it is never sent twice (a POST may not be repeated).
 
 use std::path::PathBuf;
 use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{Method, Request};
@@ -107,40 +116,269 @@ where
     BodyExt::boxed(StreamBody::new(s.map(|r| r.map(Frame::data))))
 }
 
-pub async fn request(
-    t: &Target,
-    method: Method,
-    path: &str,
-    headers: &[(&'static str, String)],
-    ctype: Option<&str>,
-    body: ReqBody,
-) -> Result<http::Response<hyper::body::Incoming>, Error> {
-    let io = dial(t).await?;
-    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
-        .await
-        .map_err(|e| Error::Transport(e.to_string()))?;
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    let mut b = Request::builder()
-        .method(method)
-        .uri(path)
-        .header("host", t.authority());
-    for (k, v) in headers {
-        b = b.header(*k, v);
+type Sender = hyper::client::conn::http1::SendRequest<ReqBody>;
+
+/// Connections kept per client (beyond them the oldest is closed).
+const MAX_KEPT: usize = 16;
+/// A connection unused for this long is closed rather than reused (servers close
+/// idle connections after a while; the daemon does not, proxies may).
+const KEEP_FOR: Duration = Duration::from_secs(15);
+
+/// A daemon and the connections to it that a client keeps. Clones share them.
+#[derive(Clone)]
+pub struct Conns {
+    target: Target,
+    kept: Arc<Mutex<Vec<(Sender, Instant)>>>,
+}
+
+impl std::fmt::Debug for Conns {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conns")
+            .field("target", &self.target)
+            .field("kept", &self.kept().len())
+            .finish()
     }
-    if let Some(c) = ctype {
-        b = b.header("content-type", c);
+}
+
+impl Conns {
+    pub fn new(target: Target) -> Conns {
+        Conns {
+            target,
+            kept: Arc::default(),
+        }
     }
-    let req = b.body(body).map_err(|e| Error::Transport(e.to_string()))?;
-    send.send_request(req)
-        .await
-        .map_err(|e| Error::Transport(e.to_string()))
+
+    pub fn target(&self) -> &Target {
+        &self.target
+    }
+
+    fn kept(&self) -> std::sync::MutexGuard<'_, Vec<(Sender, Instant)>> {
+        self.kept.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Open connections kept now.
+    pub fn kept_count(&self) -> usize {
+        let mut kept = self.kept();
+        kept.retain(|(s, _)| !s.is_closed());
+        kept.len()
+    }
+
+    /// The most recently used kept connection that is idle now. Closed and stale
+    /// ones are dropped; busy ones (an answer still streaming) stay.
+    fn take_idle(&self) -> Option<Sender> {
+        let mut kept = self.kept();
+        kept.retain(|(s, at)| !s.is_closed() && at.elapsed() < KEEP_FOR);
+        let i = kept.iter().rposition(|(s, _)| s.is_ready())?;
+        Some(kept.remove(i).0)
+    }
+
+    fn keep(&self, s: Sender) {
+        let mut kept = self.kept();
+        kept.push((s, Instant::now()));
+        if kept.len() > MAX_KEPT {
+            kept.remove(0);
+        }
+    }
+
+    async fn connect(&self) -> Result<Sender, Error> {
+        let io = dial(&self.target).await?;
+        let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+            .await
+            .map_err(|e| Error::Transport(e.to_string()))?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        Ok(send)
+    }
+
+    /// Sends a request on a kept idle connection or a new one; the connection is
+    /// kept for later requests once the answer's head arrived.
+    pub async fn request(
+        &self,
+        method: Method,
+        path: &str,
+        headers: &[(&'static str, String)],
+        ctype: Option<&str>,
+        body: ReqBody,
+    ) -> Result<http::Response<hyper::body::Incoming>, Error> {
+        let mut b = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", self.target.authority());
+        for (k, v) in headers {
+            b = b.header(*k, v);
+        }
+        if let Some(c) = ctype {
+            b = b.header("content-type", c);
+        }
+        let mut req = b.body(body).map_err(|e| Error::Transport(e.to_string()))?;
+        while let Some(mut s) = self.take_idle() {
+            match s.try_send_request(req).await {
+                Ok(resp) => {
+                    self.keep(s);
+                    return Ok(resp);
+                }
+                Err(mut e) => match e.take_message() {
+                    // Closed before the request was written: try another.
+                    Some(r) => req = r,
+                    None => return Err(Error::Transport(e.into_error().to_string())),
+                },
+            }
+        }
+        let mut s = self.connect().await?;
+        let resp = s
+            .send_request(req)
+            .await
+            .map_err(|e| Error::Transport(e.to_string()))?;
+        self.keep(s);
+        Ok(resp)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// How the test server answers: `Full` sends whole answers and keeps the
+    /// connection; `CloseAfterOne` closes it after the first answer (no
+    /// `Connection: close`); `HoldFirst` leaves the first answer's body unfinished.
+    #[derive(Clone, Copy, PartialEq)]
+    enum Serve {
+        Full,
+        CloseAfterOne,
+        HoldFirst,
+    }
+
+    /// A small HTTP/1.1 server on a Unix socket that counts its connections.
+    async fn server(mode: Serve) -> (Conns, Arc<AtomicUsize>, tempdir::Dir) {
+        let dir = tempdir::Dir::new();
+        let path = dir.0.join("s.sock");
+        let l = tokio::net::UnixListener::bind(&path).unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let n = accepted.clone();
+        tokio::spawn(async move {
+            loop {
+                let (mut c, _) = l.accept().await.unwrap();
+                let first_conn = n.fetch_add(1, Ordering::SeqCst) == 0;
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut answered = 0;
+                    loop {
+                        let mut b = [0u8; 1024];
+                        let k = c.read(&mut b).await.unwrap_or(0);
+                        if k == 0 {
+                            return;
+                        }
+                        buf.extend_from_slice(&b[..k]);
+                        while let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            buf.drain(..i + 4);
+                            answered += 1;
+                            if mode == Serve::HoldFirst && first_conn && answered == 1 {
+                                let _ = c
+                                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nok")
+                                    .await;
+                                tokio::time::sleep(Duration::from_secs(60)).await;
+                                return;
+                            }
+                            let _ = c
+                                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                                .await;
+                            if mode == Serve::CloseAfterOne {
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        (Conns::new(Target::Unix(path)), accepted, dir)
+    }
+
+    async fn get(c: &Conns) -> Vec<u8> {
+        let r = c
+            .request(Method::GET, "/x", &[], None, empty())
+            .await
+            .unwrap();
+        r.into_body().collect().await.unwrap().to_bytes().to_vec()
+    }
+
+    mod tempdir {
+        pub struct Dir(pub std::path::PathBuf);
+        impl Dir {
+            pub fn new() -> Dir {
+                let p = std::env::temp_dir().join(format!(
+                    "sandlot-conn-test-{}-{:?}",
+                    std::process::id(),
+                    std::thread::current().id()
+                ));
+                let _ = std::fs::remove_dir_all(&p);
+                std::fs::create_dir_all(&p).unwrap();
+                Dir(p)
+            }
+        }
+        impl Drop for Dir {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
+        }
+    }
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn issue6_sequential_requests_share_one_connection() {
+        rt().block_on(async {
+            let (c, accepted, _d) = server(Serve::Full).await;
+            for _ in 0..5 {
+                assert_eq!(get(&c).await, b"ok");
+            }
+            assert_eq!(accepted.load(Ordering::SeqCst), 1);
+            assert_eq!(c.kept_count(), 1);
+            // Clones share the kept connection.
+            assert_eq!(get(&c.clone()).await, b"ok");
+            assert_eq!(accepted.load(Ordering::SeqCst), 1);
+        });
+    }
+
+    #[test]
+    fn issue6_a_connection_the_server_closed_is_not_reused() {
+        rt().block_on(async {
+            let (c, accepted, _d) = server(Serve::CloseAfterOne).await;
+            for i in 1..=3 {
+                assert_eq!(get(&c).await, b"ok");
+                // The server's close reaches the kept connection.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                assert_eq!(accepted.load(Ordering::SeqCst), i);
+            }
+            assert_eq!(c.kept_count(), 0, "closed connections are dropped");
+        });
+    }
+
+    #[test]
+    fn issue6_a_connection_still_streaming_an_answer_is_not_reused() {
+        rt().block_on(async {
+            let (c, accepted, _d) = server(Serve::HoldFirst).await;
+            let held = c
+                .request(Method::GET, "/slow", &[], None, empty())
+                .await
+                .unwrap();
+            // The first answer's body is unfinished: the next request must not queue
+            // behind it.
+            let next = tokio::time::timeout(Duration::from_secs(5), get(&c))
+                .await
+                .expect("the second request did not wait for the first answer");
+            assert_eq!(next, b"ok");
+            assert_eq!(accepted.load(Ordering::SeqCst), 2);
+            drop(held);
+        });
+    }
 
     #[test]
     fn hosts_parse() {

@@ -109,10 +109,10 @@ pub struct RunOutput {
     pub stderr: Vec<u8>,
 }
 
-/// A client. Cheap to clone; every request opens its own connection.
+/// A client. Cheap to clone; clones share the connections kept for reuse.
 #[derive(Debug, Clone)]
 pub struct Client {
-    target: Target,
+    conns: conn::Conns,
     token: Option<String>,
     tenant: Option<String>,
     agent: Option<String>,
@@ -138,7 +138,7 @@ impl Client {
     /// A client of the daemon at `host` (see [`Target::parse`]).
     pub fn new(host: &str, token: Option<String>) -> Result<Client, Error> {
         Ok(Client {
-            target: Target::parse(host)?,
+            conns: conn::Conns::new(Target::parse(host)?),
             token: token.filter(|t| !t.is_empty()),
             tenant: None,
             agent: None,
@@ -167,7 +167,12 @@ impl Client {
     }
 
     pub fn target(&self) -> &Target {
-        &self.target
+        self.conns.target()
+    }
+
+    /// Connections this client (and its clones) keep open for reuse.
+    pub fn kept_connections(&self) -> usize {
+        self.conns.kept_count()
     }
 
     fn headers(&self) -> Vec<(&'static str, String)> {
@@ -191,7 +196,10 @@ impl Client {
         ctype: Option<&str>,
         body: conn::ReqBody,
     ) -> Result<http::Response<hyper::body::Incoming>, Error> {
-        let resp = conn::request(&self.target, method, path, &self.headers(), ctype, body).await?;
+        let resp = self
+            .conns
+            .request(method, path, &self.headers(), ctype, body)
+            .await?;
         if resp.status().is_success() {
             return Ok(resp);
         }
@@ -344,15 +352,16 @@ impl Client {
         let mut h = self.headers();
         h.push(("idempotency-key", key.to_string()));
         let b = conn::full(serde_json::to_vec(req).map_err(|e| Error::Decode(e.to_string()))?);
-        let resp = conn::request(
-            &self.target,
-            Method::POST,
-            "/v1/sandboxes",
-            &h,
-            Some("application/json"),
-            b,
-        )
-        .await?;
+        let resp = self
+            .conns
+            .request(
+                Method::POST,
+                "/v1/sandboxes",
+                &h,
+                Some("application/json"),
+                b,
+            )
+            .await?;
         if !resp.status().is_success() {
             return Err(stream::error_of(resp).await);
         }
@@ -581,7 +590,7 @@ impl Client {
     /// Starts a process over a WebSocket (stdin, resize and signals in band).
     pub async fn exec_ws(&self, id: &str, req: &ExecBody) -> Result<WsSession, Error> {
         let mut ws = stream::ws_connect(
-            &self.target,
+            self.target(),
             &format!("/v1/sandboxes/{}/exec/ws", enc(id)),
             &self.headers(),
         )
@@ -599,7 +608,7 @@ impl Client {
         stderr_from: u64,
     ) -> Result<WsSession, Error> {
         stream::ws_connect(
-            &self.target,
+            self.target(),
             &format!("/v1/sandboxes/{}/processes/{pid}/ws?stdout_from={stdout_from}&stderr_from={stderr_from}", enc(id)),
             &self.headers(),
         )

@@ -77,7 +77,7 @@ impl Client {
         } else {
             crate::conn::full(body)
         };
-        let resp = crate::conn::request(self.target(), m, &p, &self.headers(), None, b).await?;
+        let resp = self.conns.request(m, &p, &self.headers(), None, b).await?;
         let (parts, inc) = resp.into_parts();
         let bytes = http_body_util::BodyExt::collect(inc)
             .await
