@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeSet, VecDeque};
 use std::net::Ipv4Addr;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -85,6 +85,12 @@ pub enum SlotStep {
         host: String,
         peer: String,
     },
+    /// IPv6 off on the host end before it comes up: otherwise the kernel gives it
+    /// a link-local address and multicast and prefix routes, and every one of
+    /// those routes is added to (and removed from) a list that holds one per slot.
+    HostIpv6Off {
+        dev: String,
+    },
     Address {
         side: Side,
         dev: String,
@@ -109,6 +115,7 @@ pub fn build_plan(slot: &Slot) -> Vec<SlotStep> {
             host: n.clone(),
             peer: INNER_IF.into(),
         },
+        SlotStep::HostIpv6Off { dev: n.clone() },
         SlotStep::Address {
             side: Side::Host,
             dev: n.clone(),
@@ -137,16 +144,28 @@ pub fn build_plan(slot: &Slot) -> Vec<SlotStep> {
     ]
 }
 
-/// Applies `steps` with a netlink socket in the host and one inside the slot.
+/// Applies `steps` with a netlink socket in the host and one inside the slot;
+/// `host_conf` is the host's `/proc/sys/net/ipv6/conf` (`None`: no IPv6).
 fn apply_plan(
     steps: &[SlotStep],
     host: &mut Rtnl,
     inside: &mut Rtnl,
     slot_ns: std::os::fd::BorrowedFd<'_>,
+    host_conf: Option<std::os::fd::BorrowedFd<'_>>,
 ) -> Result<(), NetError> {
     for step in steps {
         match step {
             SlotStep::Veth { host: h, peer } => host.create_veth(h, peer, slot_ns)?,
+            SlotStep::HostIpv6Off { dev } => {
+                if let Some(conf) = host_conf {
+                    write_sysctl_at(conf, &format!("{dev}/disable_ipv6"), "1").map_err(|e| {
+                        NetError::Io {
+                            what: format!("turn IPv6 off on interface {dev}"),
+                            source: e,
+                        }
+                    })?;
+                }
+            }
             SlotStep::Address {
                 side,
                 dev,
@@ -227,7 +246,7 @@ fn create_namespace(name: &str) -> Result<Rtnl, NetError> {
                 source: e.into(),
             }
         })?;
-        write_sysctls(name)?;
+        write_slot_sysctls(name)?;
         Ok(Rtnl::open()?)
     })
     .map_err(|e| NetError::Io {
@@ -238,10 +257,15 @@ fn create_namespace(name: &str) -> Result<Rtnl, NetError> {
 
 /// Sysctls set inside each slot's namespace: binding ports below 1024 needs no
 /// capability (the sandbox's root has none over this namespace), and IPv6 is off.
+/// Paths are under `/proc/sys/net`. Writing `all/disable_ipv6` also sets
+/// `default` (the kernel copies it), so the veth end made later starts without
+/// IPv6.
+///
+/// Each lookup under `/proc/sys` compares against one entry per live network
+/// namespace with that name, so these are few and share one open `net` directory.
 pub const SLOT_SYSCTLS: &[(&str, &str)] = &[
-    ("net/ipv4/ip_unprivileged_port_start", "0"),
-    ("net/ipv6/conf/all/disable_ipv6", "1"),
-    ("net/ipv6/conf/default/disable_ipv6", "1"),
+    ("ipv4/ip_unprivileged_port_start", "0"),
+    ("ipv6/conf/all/disable_ipv6", "1"),
 ];
 
 /// Deletes a named network namespace as `ip netns del` does (detach its bind
@@ -279,19 +303,39 @@ pub fn open_netns(name: &str) -> Result<OwnedFd, NetError> {
 }
 
 /// Writes the slot sysctls; the calling thread is inside the slot's namespace.
-fn write_sysctls(name: &str) -> Result<(), NetError> {
+fn write_slot_sysctls(name: &str) -> Result<(), NetError> {
+    let net = open_dir("/proc/sys/net").map_err(|e| NetError::Io {
+        what: format!("open /proc/sys/net in netns {name}"),
+        source: e,
+    })?;
     for (k, v) in SLOT_SYSCTLS {
-        let p = format!("/proc/sys/{k}");
-        if let Err(e) = std::fs::write(&p, v) {
+        if let Err(e) = write_sysctl_at(net.as_fd(), k, v) {
             // IPv6 may be compiled out; then there is nothing to disable.
             if !k.contains("ipv6") {
                 return Err(NetError::Io {
-                    what: format!("write {p} in netns {name}"),
+                    what: format!("write /proc/sys/net/{k} in netns {name}"),
                     source: e,
                 });
             }
         }
     }
+    Ok(())
+}
+
+fn open_dir(path: &str) -> std::io::Result<OwnedFd> {
+    use rustix::fs::{open, Mode, OFlags};
+    Ok(open(
+        path,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?)
+}
+
+/// Writes `value` to the sysctl file `rel` under the directory `dir`.
+fn write_sysctl_at(dir: BorrowedFd<'_>, rel: &str, value: &str) -> std::io::Result<()> {
+    use rustix::fs::{openat, Mode, OFlags};
+    let fd = openat(dir, rel, OFlags::WRONLY | OFlags::CLOEXEC, Mode::empty())?;
+    rustix::io::write(&fd, value.as_bytes())?;
     Ok(())
 }
 
@@ -333,6 +377,9 @@ struct PoolInner {
     plan: AddressPlan,
     target: usize,
     table: TableSpec,
+    /// The host's `/proc/sys/net/ipv6/conf` (`None` without IPv6), opened once:
+    /// looking up its path per slot would cost as much as the write.
+    host_ipv6_conf: Option<OwnedFd>,
     state: Mutex<PoolState>,
     cv: Condvar,
     teardown: Mutex<Option<mpsc::Sender<Slot>>>,
@@ -372,6 +419,7 @@ impl SlotPool {
             plan,
             target,
             table,
+            host_ipv6_conf: open_dir("/proc/sys/net/ipv6/conf").ok(),
             state: Mutex::new(PoolState {
                 ready: VecDeque::new(),
                 used: keep.iter().map(|s| s.index).collect(),
@@ -484,7 +532,8 @@ impl SlotPool {
                 &build_plan(slot),
                 &mut host,
                 &mut inside,
-                std::os::fd::AsFd::as_fd(&ns),
+                ns.as_fd(),
+                self.inner.host_ipv6_conf.as_ref().map(|f| f.as_fd()),
             )?;
             SetElements::open(&self.inner.table.table, SLOT_SET)?
                 .add(&[(slot.name.clone(), slot.sandbox_ip)])?;
@@ -756,5 +805,28 @@ mod tests {
             assert!(up < route);
         }
         assert!(s.name.len() <= 15, "interface names are at most 15 bytes");
+        // IPv6 is off on the host end before it comes up (up is when the kernel
+        // would add its addresses and routes).
+        let off = p
+            .iter()
+            .position(|x| {
+                x == &SlotStep::HostIpv6Off {
+                    dev: s.name.clone(),
+                }
+            })
+            .expect("the host end's IPv6 is turned off");
+        let host_up = p
+            .iter()
+            .position(|x| {
+                matches!(
+                    x,
+                    SlotStep::Up {
+                        side: Side::Host,
+                        ..
+                    }
+                )
+            })
+            .unwrap();
+        assert!(0 < off && off < host_up, "{p:?}");
     }
 }

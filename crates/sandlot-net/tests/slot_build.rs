@@ -100,6 +100,31 @@ fn issue6_slot_is_wired_over_netlink_and_release_leaves_nothing() {
             std::fs::read_to_string("/proc/sys/net/ipv4/ip_unprivileged_port_start").unwrap()
         });
         assert_eq!(sysctl.trim(), "0");
+        // IPv6 is off on both ends of the veth: no addresses, no routes (issue 6:
+        // the host ends' IPv6 routes were a list walked once per slot).
+        if std::path::Path::new("/proc/sys/net/ipv6").exists() {
+            let read = |p: &str| std::fs::read_to_string(p).unwrap().trim().to_string();
+            let host_conf = format!("/proc/sys/net/ipv6/conf/{}/disable_ipv6", slot.name);
+            assert_eq!(read(&host_conf), "1", "{host_conf}");
+            let host6 = ip(&["-6", "-o", "addr", "show", "dev", &slot.name]);
+            assert_eq!(host6.trim(), "", "host end has IPv6 addresses");
+            let routes6 = ip(&["-6", "route", "show", "table", "all", "dev", &slot.name]);
+            assert_eq!(routes6.trim(), "", "host end has IPv6 routes");
+            let inside6 = in_slot(&slot.name, || {
+                [
+                    "all/disable_ipv6",
+                    "default/disable_ipv6",
+                    "eth0/disable_ipv6",
+                    "lo/disable_ipv6",
+                ]
+                .map(|k| read(&format!("/proc/sys/net/ipv6/conf/{k}")))
+            });
+            assert_eq!(inside6, ["1", "1", "1", "1"]);
+            let addrs6 = ip(&["-n", &slot.name, "-6", "-o", "addr"]);
+            assert_eq!(addrs6.trim(), "", "the slot has IPv6 addresses");
+        } else {
+            eprintln!("SKIPPED the IPv6 checks: this kernel has no IPv6");
+        }
 
         // Traffic flows: a connection from inside the slot to any address goes through
         // the veth and the default route, and the table redirects it to the egress
