@@ -236,8 +236,15 @@ pub async fn create(state: &Arc<AppState>, p: CreateParams) -> ApiResult<Sandbox
     }
     let spec_json = serde_json::to_value(&p.spec).map_err(ApiError::internal)?;
     // A ready sandbox of this shape, if a warm pool has one: it keeps its id.
-    // From here on it is either claimed or handed back (never dropped).
+    // From here on it is either claimed or handed back (never dropped). Claims
+    // take turns (see `AppState::claim_slots`); a cold create does not hold one.
+    let claim_permit = state
+        .claim_slots
+        .acquire()
+        .await
+        .map_err(ApiError::internal)?;
     let warm = state.pools.take(&p.spec);
+    let _claim_permit = warm.is_some().then_some(claim_permit);
     let id = match &warm {
         Some((_, w)) => w.id.clone(),
         None => new_id(&state.cfg.id_prefix),

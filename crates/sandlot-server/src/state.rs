@@ -20,6 +20,10 @@ pub struct AppState {
     pub pools: crate::pool::Pools,
     /// Admission of cold creates (`runtime.max_concurrent_creates`).
     pub create_slots: tokio::sync::Semaphore,
+    /// Pool claims in flight (as many as cold creates). A burst of claims is then
+    /// served first come, first served instead of all at once: the first callers
+    /// get their sandboxes early instead of all of them late.
+    pub claim_slots: tokio::sync::Semaphore,
     /// Images, volumes, secrets (see `images.rs`).
     pub images: Arc<crate::images::Images>,
     live: Mutex<HashMap<String, Arc<SandboxHandle>>>,
@@ -93,6 +97,7 @@ impl AppState {
     ) -> AppState {
         let pools = crate::pool::Pools::new(&cfg.pools);
         let create_slots = tokio::sync::Semaphore::new(cfg.runtime.create_concurrency());
+        let claim_slots = tokio::sync::Semaphore::new(cfg.runtime.create_concurrency());
         let vfs = crate::vfs::VfsService::new(&cfg.data_dir, cfg.vfs.clone());
         let collection_mounts = crate::collection_mount::CollectionMounts::new(
             &cfg.data_dir,
@@ -103,6 +108,7 @@ impl AppState {
             collection_mounts,
             pools,
             create_slots,
+            claim_slots,
             memory: Arc::new(crate::memory::Memories::new(&cfg.data_dir)),
             images: Arc::new(images),
             cfg: Arc::new(cfg),
