@@ -90,9 +90,10 @@ impl Default for Limits {
 pub struct RuntimeSection {
     pub run_dir: PathBuf,
     pub cgroup_parent: String,
-    /// Cold creates (and pool refills) running at once; more wait their turn.
-    /// Started together, creates share the CPUs and all finish late; admitted a
-    /// few at a time, the first ones are ready early. 0: twice the CPU count.
+    /// Cold creates (and pool refills) running at once, and as many pool claims;
+    /// more wait their turn, in arrival order. Started together, creates share the
+    /// CPUs and all finish late; admitted a few at a time, the first ones are ready
+    /// early. 0: twice the CPU count.
     pub max_concurrent_creates: usize,
     /// Remount the cgroup2 hierarchy with `favordynmods` at start (a host-wide
     /// kernel setting): attaching a sandbox to its cgroups then no longer waits

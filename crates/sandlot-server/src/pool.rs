@@ -135,6 +135,8 @@ pub struct Warm {
     pub guest: GuestClient,
     /// The image it was started from (its config feeds the claim's defaults).
     image: Option<ImageRoot>,
+    /// The process defaults its agent started with (the pool's spec).
+    setup: sandlot_runtime::plan::AgentSetup,
     born: Instant,
 }
 
@@ -380,6 +382,11 @@ pub async fn configure(state: &Arc<AppState>, w: &Warm, spec: &SandboxSpec) -> R
         w.image.as_ref(),
         &sandlot_runtime::Secrets::default(),
     );
+    if setup == w.setup {
+        // The request asks for the defaults the agent started with (no env, user
+        // or working directory of its own): no round trip needed.
+        return Ok(());
+    }
     w.guest
         .configure(ConfigureRequest {
             env: setup.env,
@@ -449,12 +456,21 @@ async fn start_one(state: &Arc<AppState>, pool: &Pool) -> Result<Warm, String> {
             Ok(rt) => format!("create {id}: {rt}"),
             Err(api) => format!("create {id}: {}", api.message),
         })?;
+    // What the runtime gave the agent (`NamespaceBackend::plan` computes it the
+    // same way from the same id, spec and image).
+    let setup = sandlot_runtime::namespace::agent_setup(
+        &sandlot_runtime::namespace::sandbox_hostname(&id, &pool.spec),
+        &pool.spec,
+        image.as_ref(),
+        &sandlot_runtime::Secrets::default(),
+    );
     match GuestClient::connect(&inst.socket).await {
         Ok(guest) => Ok(Warm {
             id,
             inst,
             guest,
             image,
+            setup,
             born: Instant::now(),
         }),
         Err(e) => {

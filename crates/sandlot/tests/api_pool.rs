@@ -185,10 +185,21 @@ fn issue6_pool_claims_are_single_use_and_take_request_defaults() {
         c.delete_sandbox(&sb.id).await.unwrap();
         let again = c.create_sandbox(&CreateSandbox::default()).await.unwrap();
         assert_ne!(again.id, sb.id);
+        // A claim that asks for the pool's own defaults skips the agent's
+        // `configure` (issue 6): it still has its own base environment.
         let out = c
-            .run(&again.id, &["sh", "-c", "echo $GREETING; id -u"])
+            .run(
+                &again.id,
+                &["sh", "-c", "echo $GREETING; id -u; echo $LANG $HOSTNAME"],
+            )
             .await;
-        assert_eq!(String::from_utf8_lossy(&out.unwrap().stdout), "\n0\n");
+        assert_eq!(
+            String::from_utf8_lossy(&out.unwrap().stdout),
+            format!(
+                "\n0\nC.UTF-8 sandlot-{}\n",
+                &again.id[..12.min(again.id.len())]
+            )
+        );
     });
     // Shutdown deletes the claimed sandboxes, stops the daemon (which tears down
     // the unclaimed ones) and asserts nothing of this daemon is left.
