@@ -5,7 +5,8 @@
 //! A request is only ever sent on a kept connection that is idle (its previous
 //! answer was read to the end). If that connection turns out to be closed before
 //! the request was written, the request goes on a new connection; once written,
-//! it is never sent twice (a POST may not be repeated).
+//! it is never sent twice (a POST may not be repeated). Connections are kept only
+//! under multi-thread runtimes (see `Conns::keep`).
 
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -173,6 +174,16 @@ impl Conns {
     }
 
     fn keep(&self, s: Sender) {
+        // A connection is driven by a task of the runtime that opened it. A
+        // current-thread runtime runs that task only inside its `block_on`, so a
+        // connection kept from one could hang a request made from another runtime:
+        // only multi-thread runtimes (which drive their tasks while they live, and
+        // close them when dropped) keep connections.
+        let drives_tasks = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() != tokio::runtime::RuntimeFlavor::CurrentThread);
+        if !drives_tasks {
+            return;
+        }
         let mut kept = self.kept();
         kept.push((s, Instant::now()));
         if kept.len() > MAX_KEPT {
@@ -326,10 +337,36 @@ mod tests {
     }
 
     fn rt() -> tokio::runtime::Runtime {
-        tokio::runtime::Builder::new_current_thread()
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
             .enable_all()
             .build()
             .unwrap()
+    }
+
+    #[test]
+    fn issue6_current_thread_runtimes_keep_no_connections() {
+        // The server runs on its own runtime throughout.
+        let srv = rt();
+        let (c, accepted, _d) = srv.block_on(server(Serve::Full));
+        let current = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        current.block_on(async {
+            for _ in 0..2 {
+                assert_eq!(get(&c).await, b"ok");
+            }
+        });
+        assert_eq!(c.kept_count(), 0);
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+        // `current` is alive but idle: a request from another runtime must not
+        // wait for it to drive a connection.
+        rt().block_on(async {
+            let r = tokio::time::timeout(Duration::from_secs(5), get(&c)).await;
+            assert_eq!(r.expect("the request did not hang"), b"ok");
+        });
+        drop(current);
     }
 
     #[test]
