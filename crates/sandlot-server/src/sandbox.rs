@@ -245,16 +245,6 @@ pub async fn create(state: &Arc<AppState>, p: CreateParams) -> ApiResult<Sandbox
         .map_err(ApiError::internal)?;
     let warm = state.pools.take(&p.spec);
     let _claim_permit = warm.is_some().then_some(claim_permit);
-    if let Some((_, w)) = &warm {
-        // The claimed sandbox's agent has been idle since it was made; waking an
-        // idle process costs a fraction of a millisecond on virtual machines. A
-        // ping now overlaps that with the admission, so the caller's first request
-        // finds the agent awake.
-        let g = w.guest.clone();
-        tokio::spawn(async move {
-            let _ = g.ping().await;
-        });
-    }
     let id = match &warm {
         Some((_, w)) => w.id.clone(),
         None => new_id(&state.cfg.id_prefix),
