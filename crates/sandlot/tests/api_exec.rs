@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use api_support::{block_on_within, rt, Daemon};
 use sandlot_client::stream::Output;
-use sandlot_client::{CreateSandbox, ExecBody, StreamEvent};
+use sandlot_client::{Client, CreateSandbox, ExecBody, RunOutput, StreamEvent};
 use serde_json::json;
 
 fn argv(a: &[&str]) -> ExecBody {
@@ -15,6 +15,16 @@ fn argv(a: &[&str]) -> ExecBody {
         argv: a.iter().map(|s| s.to_string()).collect(),
         ..Default::default()
     }
+}
+
+/// All output of process `pid` from the given (stdout, stderr) offsets, to its exit.
+async fn read_from(c: &Client, id: &str, pid: u64, from: (u64, u64)) -> RunOutput {
+    c.output(id, pid, from.0, from.1)
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap()
 }
 
 #[test]
@@ -35,13 +45,7 @@ fn stdin_signals_wait_and_reattach() {
         c.write_stdin(id, p.id, b"world".to_vec(), true)
             .await
             .unwrap();
-        let out = c
-            .output(id, p.id, 0, 0)
-            .await
-            .unwrap()
-            .collect()
-            .await
-            .unwrap();
+        let out = read_from(&c, id, p.id, (0, 0)).await;
         assert_eq!(
             (out.stdout.as_slice(), out.exit.code),
             (&b"hello world"[..], Some(0))
@@ -207,38 +211,20 @@ fn issue3_reattach_at_an_offset_after_the_exit_was_delivered() {
             )
             .await
             .unwrap();
-        let all = c
-            .output(id, p.id, 0, 0)
-            .await
-            .unwrap()
-            .collect()
-            .await
-            .unwrap();
+        let all = read_from(&c, id, p.id, (0, 0)).await;
         assert_eq!(
             (&all.stdout[..], &all.stderr[..], all.exit.code),
             (&b"hello"[..], &b"world"[..], Some(3))
         );
         // The exit reached the first reader: resume mid-stream.
-        let again = c
-            .output(id, p.id, 3, 1)
-            .await
-            .unwrap()
-            .collect()
-            .await
-            .unwrap();
+        let again = read_from(&c, id, p.id, (3, 1)).await;
         assert_eq!(
             (&again.stdout[..], &again.stderr[..], again.exit.code),
             (&b"lo"[..], &b"orld"[..], Some(3))
         );
         // And from the start, twice (replays do not consume).
         for _ in 0..2 {
-            let whole = c
-                .output(id, p.id, 0, 0)
-                .await
-                .unwrap()
-                .collect()
-                .await
-                .unwrap();
+            let whole = read_from(&c, id, p.id, (0, 0)).await;
             assert_eq!(&whole.stdout[..], b"hello");
         }
         // More output than the daemon keeps: the start is gone, the end is not.
@@ -249,13 +235,7 @@ fn issue3_reattach_at_an_offset_after_the_exit_was_delivered() {
             )
             .await
             .unwrap();
-        let out = c
-            .output(id, big.id, 0, 0)
-            .await
-            .unwrap()
-            .collect()
-            .await
-            .unwrap();
+        let out = read_from(&c, id, big.id, (0, 0)).await;
         assert_eq!(out.stdout.len(), 409_600);
         let e = c
             .output(id, big.id, 0, 0)
@@ -263,13 +243,7 @@ fn issue3_reattach_at_an_offset_after_the_exit_was_delivered() {
             .err()
             .expect("the start is dropped");
         assert_eq!(e.code(), Some("gone"), "{e}");
-        let end = c
-            .output(id, big.id, 409_590, 0)
-            .await
-            .unwrap()
-            .collect()
-            .await
-            .unwrap();
+        let end = read_from(&c, id, big.id, (409_590, 0)).await;
         assert_eq!(
             (&end.stdout[..], end.exit.code),
             (&b"xxxxxxxxxx"[..], Some(0))
@@ -302,13 +276,7 @@ fn issue3_a_late_reader_gets_output_parked_in_many_small_writes() {
         // Let every write be parked as its own piece, while the process still
         // runs, before anyone reads.
         tokio::time::sleep(Duration::from_millis(700)).await;
-        let out = c
-            .output(id, p.id, 0, 0)
-            .await
-            .unwrap()
-            .collect()
-            .await
-            .unwrap();
+        let out = read_from(&c, id, p.id, (0, 0)).await;
         let want: String = (1..=40).map(|i| format!("{i}\n")).collect();
         assert_eq!(String::from_utf8_lossy(&out.stdout), want);
         assert_eq!(out.exit.code, Some(0));
