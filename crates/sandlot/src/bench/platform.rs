@@ -276,6 +276,23 @@ fn row(section: &'static str, name: &str, v: Vec<Duration>) -> Row {
     }
 }
 
+/// A pool's value of a metric in a `/metrics` text.
+fn pool_metric(text: &str, name: &str, pool: &str) -> Option<usize> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}{{pool=\"{pool}\"}} ")))
+        .and_then(|v| v.trim().parse::<usize>().ok())
+}
+
+/// The hits and misses so far of the pool serving network `mode`.
+async fn pool_hits_misses(c: &Client, mode: &str) -> anyhow::Result<(usize, usize)> {
+    let t = c.metrics().await?;
+    let pool = if mode == "none" { "bench" } else { "bench-allow" };
+    Ok((
+        pool_metric(&t, "sandlot_pool_hits_total", pool).unwrap_or(0),
+        pool_metric(&t, "sandlot_pool_misses_total", pool).unwrap_or(0),
+    ))
+}
+
 /// Waits until the pools are full (so that runs start alike).
 async fn wait_pool(c: &Client, size: usize) {
     if size == 0 {
@@ -284,11 +301,7 @@ async fn wait_pool(c: &Client, size: usize) {
     let deadline = Instant::now() + Duration::from_secs(120);
     while Instant::now() < deadline {
         if let Ok(t) = c.metrics().await {
-            let metric = |name: &str, pool: &str| {
-                t.lines()
-                    .find_map(|l| l.strip_prefix(&format!("{name}{{pool=\"{pool}\"}} ")))
-                    .and_then(|v| v.trim().parse::<usize>().ok())
-            };
+            let metric = |name: &str, pool: &str| pool_metric(&t, name, pool);
             // Full at its current target (an adaptive pool may have grown).
             let full = |pool: &str| {
                 let ready = metric("sandlot_pool_ready", pool);
@@ -303,19 +316,24 @@ async fn wait_pool(c: &Client, size: usize) {
     eprintln!("warning: the warm pool did not refill to {size} within 120 s");
 }
 
+/// Times to interactive, their create calls, the second execs, and the pool's
+/// (hits, misses) meanwhile.
+type Sequential = (Vec<Duration>, Vec<Duration>, Vec<Duration>, (usize, usize));
+
 /// `n` times to interactive back to back, and the create calls' share of each.
 async fn sequential(
     c: &Client,
     mode: &str,
     n: usize,
     pool: usize,
-) -> anyhow::Result<(Vec<Duration>, Vec<Duration>, Vec<Duration>)> {
+) -> anyhow::Result<Sequential> {
     let (mut v, mut creates, mut seconds) = (
         Vec::with_capacity(n),
         Vec::with_capacity(n),
         Vec::with_capacity(n),
     );
     wait_pool(c, pool).await;
+    let (h0, m0) = pool_hits_misses(c, mode).await?;
     for _ in 0..n {
         // Back to back; the pool refills while the previous sandbox is deleted.
         let t = tti(c, mode, true).await?;
@@ -324,7 +342,8 @@ async fn sequential(
         seconds.extend(t.second_exec);
         c.delete_sandbox(&t.id).await?;
     }
-    Ok((v, creates, seconds))
+    let (h1, m1) = pool_hits_misses(c, mode).await?;
+    Ok((v, creates, seconds, (h1 - h0, m1 - m0)))
 }
 
 /// Issue 3's API cycle, all on the clock: create, exec `/bin/true`, read its exit,
@@ -720,7 +739,8 @@ pub fn run(a: PlatformArgs) -> anyhow::Result<i32> {
         if wants(&a.only, "tti") {
             for m in &modes {
                 eprintln!("time to interactive, {} sequential, network {m} ...", a.n);
-                let (v, creates, seconds) = sequential(&c, m, a.n, a.pool).await?;
+                let (v, creates, seconds, (hits, misses)) =
+                    sequential(&c, m, a.n, a.pool).await?;
                 let pct = |v: &[Duration], q: f64| {
                     let mut v = v.to_vec();
                     v.sort();
@@ -728,7 +748,7 @@ pub fn run(a: PlatformArgs) -> anyhow::Result<i32> {
                 };
                 let rest: Vec<Duration> = v.iter().zip(&creates).map(|(t, c)| *t - *c).collect();
                 res.notes.push(format!(
-                    "time to interactive ({m}): the create call p50 {:.2} ms (p99 {:.2}), exec to first output byte p50 {:.2} ms (p99 {:.2}); a second exec in the same sandbox (off the clock) {:.2} ms",
+                    "time to interactive ({m}): the create call p50 {:.2} ms (p99 {:.2}), exec to first output byte p50 {:.2} ms (p99 {:.2}); a second exec in the same sandbox (off the clock) {:.2} ms; pool hits {hits}, misses {misses}",
                     pct(&creates, 50.0),
                     pct(&creates, 99.0),
                     pct(&rest, 50.0),
