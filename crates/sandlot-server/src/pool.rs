@@ -14,7 +14,9 @@
 //! * an unclaimed pooled sandbox has no database record: if the daemon dies, the
 //!   next start's reconcile removes it as an orphan of this daemon's id prefix;
 //! * the pool refills in the background, one sandbox at a time per pool, so
-//!   refilling never takes more than one core away from requests; failures back off;
+//!   refilling takes at most one core away from requests, or as many at a time as
+//!   there are CPUs once the pool is down to a quarter of its target (the next
+//!   claims would otherwise miss and pay a cold create each); failures back off;
 //! * while claims keep coming (less than 10 ms apart) the refill waits, unless the
 //!   pool is down to a quarter of its target: a cold create costs several claims'
 //!   worth of CPU, and the requests come first.
@@ -154,7 +156,7 @@ pub struct Pool {
     failures: AtomicU64,
     /// Microseconds sandboxes waited in the pool before being claimed (sum).
     waited_us: AtomicU64,
-    /// A refill is starting a sandbox right now.
+    /// The refill task has sandboxes starting (or is about to check the shutdown).
     filling: std::sync::atomic::AtomicBool,
     /// When a request last claimed a sandbox (see [`refill_delay`]).
     last_hit: Mutex<Option<Instant>>,
@@ -480,58 +482,86 @@ async fn start_one(state: &Arc<AppState>, pool: &Pool) -> Result<Warm, String> {
     }
 }
 
+/// Refills in flight at once for one pool: one, so that refilling takes at most
+/// one core from requests; as many as there are CPUs once the pool is down to a
+/// quarter of its target, where the next claims would otherwise miss and each pay
+/// a cold create on the request path.
+fn refill_width(ready: usize, target: usize, cpus: usize) -> usize {
+    if ready * 4 < target {
+        cpus.max(1)
+    } else {
+        1
+    }
+}
+
 /// Keeps `pool` at its target size until the daemon shuts down.
 async fn refill(state: Arc<AppState>, pool: Arc<Pool>) {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut backoff = Duration::from_millis(250);
+    let mut retry_at: Option<Instant> = None;
+    let mut starting: tokio::task::JoinSet<Result<Warm, String>> = tokio::task::JoinSet::new();
     loop {
         // Marked before the shutdown check, so that `drain` either sees this
         // refill in flight or this loop sees the shutdown.
         pool.filling.store(true, Ordering::SeqCst);
         if state.is_shutting_down() {
+            // Starts in flight finish their sandboxes: tear them down.
+            while let Some(r) = starting.join_next().await {
+                if let Ok(Ok(w)) = r {
+                    discard(&state, w).await;
+                }
+            }
             pool.filling.store(false, Ordering::SeqCst);
             return;
         }
         let target = pool.target();
-        if pool.ready_len() > target {
+        let ready = pool.ready_len();
+        if ready > target {
             // An adaptive pool shrinking: the longest-waiting sandboxes go first.
             let extra = pool.queue().pop_front();
-            pool.filling.store(false, Ordering::SeqCst);
             if let Some(w) = extra {
                 discard(&state, w).await;
             }
             continue;
         }
-        if pool.ready_len() >= target {
-            pool.filling.store(false, Ordering::SeqCst);
-            // Woken by every claim; the timeout re-checks the shutdown flag.
-            let _ = tokio::time::timeout(Duration::from_secs(1), pool.wake.notified()).await;
-            continue;
+        // Woken by every claim; the timeout re-checks the shutdown flag.
+        let mut wait = Duration::from_secs(1);
+        if ready + starting.len() < target {
+            let backing_off = retry_at
+                .map(|t| t.saturating_duration_since(Instant::now()))
+                .filter(|d| !d.is_zero());
+            let delay = refill_delay(pool.since_last_hit(), ready, target);
+            if let Some(b) = backing_off {
+                wait = b;
+            } else if !delay.is_zero() {
+                wait = delay;
+            } else if starting.len() < refill_width(ready, target, cpus) {
+                let (st, p) = (state.clone(), pool.clone());
+                starting.spawn(async move { start_one(&st, &p).await });
+                continue;
+            }
         }
-        let wait = refill_delay(pool.since_last_hit(), pool.ready_len(), target);
-        if !wait.is_zero() {
-            pool.filling.store(false, Ordering::SeqCst);
-            tokio::time::sleep(wait).await;
-            continue;
-        }
-        let started = start_one(&state, &pool).await;
-        match started {
-            Ok(w) => {
-                backoff = Duration::from_millis(250);
-                if state.is_shutting_down() {
-                    discard(&state, w).await;
-                    pool.filling.store(false, Ordering::SeqCst);
-                    return;
+        pool.filling.store(!starting.is_empty(), Ordering::SeqCst);
+        tokio::select! {
+            Some(r) = starting.join_next(), if !starting.is_empty() => {
+                let started = r.unwrap_or_else(|e| Err(format!("create task: {e}")));
+                match started {
+                    Ok(w) if state.is_shutting_down() => discard(&state, w).await,
+                    Ok(w) => {
+                        backoff = Duration::from_millis(250);
+                        retry_at = None;
+                        pool.queue().push_back(w);
+                    }
+                    Err(e) => {
+                        pool.failures.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(pool = %pool.name, "refill: {e}; retrying in {backoff:?}");
+                        retry_at = Some(Instant::now() + backoff);
+                        backoff = (backoff * 2).min(Duration::from_secs(30));
+                    }
                 }
-                pool.queue().push_back(w);
-                pool.filling.store(false, Ordering::SeqCst);
             }
-            Err(e) => {
-                pool.filling.store(false, Ordering::SeqCst);
-                pool.failures.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(pool = %pool.name, "refill: {e}; retrying in {backoff:?}");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(30));
-            }
+            _ = pool.wake.notified() => {}
+            _ = tokio::time::sleep(wait) => {}
         }
     }
 }
@@ -557,6 +587,18 @@ mod tests {
         assert_eq!(refill_delay(Some(ms(0)), 3, 16), Duration::ZERO);
         assert_eq!(refill_delay(Some(ms(0)), 0, 1), Duration::ZERO);
         assert_eq!(refill_delay(Some(ms(0)), 4, 16), ms(10));
+    }
+
+    /// Issue 6 (an `allow` pool missed one claim in eight of a sequential run): a
+    /// pool down to a quarter of its target refills on every CPU, otherwise on one.
+    #[test]
+    fn issue6_a_pool_running_low_refills_on_every_cpu() {
+        assert_eq!(refill_width(16, 16, 2), 1);
+        assert_eq!(refill_width(4, 16, 2), 1, "a quarter is not yet low");
+        assert_eq!(refill_width(3, 16, 2), 2);
+        assert_eq!(refill_width(0, 16, 8), 8);
+        assert_eq!(refill_width(0, 1, 2), 2);
+        assert_eq!(refill_width(0, 16, 0), 1, "at least one");
     }
 
     #[test]

@@ -286,7 +286,11 @@ fn pool_metric(text: &str, name: &str, pool: &str) -> Option<usize> {
 /// The hits and misses so far of the pool serving network `mode`.
 async fn pool_hits_misses(c: &Client, mode: &str) -> anyhow::Result<(usize, usize)> {
     let t = c.metrics().await?;
-    let pool = if mode == "none" { "bench" } else { "bench-allow" };
+    let pool = if mode == "none" {
+        "bench"
+    } else {
+        "bench-allow"
+    };
     Ok((
         pool_metric(&t, "sandlot_pool_hits_total", pool).unwrap_or(0),
         pool_metric(&t, "sandlot_pool_misses_total", pool).unwrap_or(0),
@@ -321,12 +325,7 @@ async fn wait_pool(c: &Client, size: usize) {
 type Sequential = (Vec<Duration>, Vec<Duration>, Vec<Duration>, (usize, usize));
 
 /// `n` times to interactive back to back, and the create calls' share of each.
-async fn sequential(
-    c: &Client,
-    mode: &str,
-    n: usize,
-    pool: usize,
-) -> anyhow::Result<Sequential> {
+async fn sequential(c: &Client, mode: &str, n: usize, pool: usize) -> anyhow::Result<Sequential> {
     let (mut v, mut creates, mut seconds) = (
         Vec::with_capacity(n),
         Vec::with_capacity(n),
