@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::nfnl::SetElements;
 use crate::nft::{TableSpec, SLOT_SET};
-use crate::rtnl::{Rtnl, LOOPBACK_INDEX};
+use crate::rtnl::{NetlinkError, Rtnl, LOOPBACK_INDEX};
 use crate::NetError;
 
 /// Where `ip netns` keeps its named namespaces.
@@ -380,6 +380,12 @@ struct PoolInner {
     /// The host's `/proc/sys/net/ipv6/conf` (`None` without IPv6), opened once:
     /// looking up its path per slot would cost as much as the write.
     host_ipv6_conf: Option<OwnedFd>,
+    /// The `NETLINK_NETFILTER` socket for the slot set's elements, kept open across
+    /// builds and teardowns. When such a socket closes, the kernel flushes the
+    /// nf_tables destroy work (an RCU grace period, 8 ms on the CI machine) while
+    /// holding the table commit mutex, which creating any veth also takes: a socket
+    /// per operation stalled every slot build and the teardowns behind it.
+    set: Mutex<Option<SetElements>>,
     state: Mutex<PoolState>,
     cv: Condvar,
     teardown: Mutex<Option<mpsc::Sender<Slot>>>,
@@ -420,6 +426,7 @@ impl SlotPool {
             target,
             table,
             host_ipv6_conf: open_dir("/proc/sys/net/ipv6/conf").ok(),
+            set: Mutex::new(None),
             state: Mutex::new(PoolState {
                 ready: VecDeque::new(),
                 used: keep.iter().map(|s| s.index).collect(),
@@ -522,6 +529,24 @@ impl SlotPool {
         })
     }
 
+    /// Runs `f` on the slot set's kept socket, opening it first if needed. A
+    /// socket that failed other than by a kernel refusal is not reused.
+    fn with_set(
+        &self,
+        f: impl FnOnce(&mut SetElements) -> Result<(), NetlinkError>,
+    ) -> Result<(), NetlinkError> {
+        let mut kept = self.inner.set.lock().unwrap_or_else(|e| e.into_inner());
+        let set = match kept.as_mut() {
+            Some(s) => s,
+            None => kept.insert(SetElements::open(&self.inner.table.table, SLOT_SET)?),
+        };
+        let r = f(set);
+        if matches!(r, Err(ref e) if e.errno().is_none()) {
+            *kept = None;
+        }
+        r
+    }
+
     /// Builds a slot; on failure removes what was built.
     fn build(&self, slot: &Slot) -> Result<(), NetError> {
         let r = (|| {
@@ -535,8 +560,7 @@ impl SlotPool {
                 ns.as_fd(),
                 self.inner.host_ipv6_conf.as_ref().map(|f| f.as_fd()),
             )?;
-            SetElements::open(&self.inner.table.table, SLOT_SET)?
-                .add(&[(slot.name.clone(), slot.sandbox_ip)])?;
+            self.with_set(|set| set.add(&[(slot.name.clone(), slot.sandbox_ip)]))?;
             Ok(())
         })();
         if r.is_err() {
@@ -556,19 +580,16 @@ impl SlotPool {
             .iter()
             .map(|s| (s.name.clone(), s.sandbox_ip))
             .collect();
-        match SetElements::open(&self.inner.table.table, SLOT_SET) {
-            Ok(mut set) => {
-                if set.delete(&entries).is_err() {
-                    // One missing element fails the whole transaction (e.g. a slot
-                    // whose build failed half-way): fall back to one per slot.
-                    for e in &entries {
-                        if let Err(err) = set.delete(std::slice::from_ref(e)) {
-                            tracing::debug!(netns = %e.0, "delete the rules of a network slot: {err}");
-                        }
-                    }
+        let all = self.with_set(|set| set.delete(&entries));
+        if let Err(e) = all {
+            // One missing element fails the whole transaction (e.g. a slot whose
+            // build failed half-way): fall back to one per slot.
+            tracing::debug!("delete the rules of {} network slots: {e}", entries.len());
+            for e in &entries {
+                if let Err(err) = self.with_set(|set| set.delete(std::slice::from_ref(e))) {
+                    tracing::debug!(netns = %e.0, "delete the rules of a network slot: {err}");
                 }
             }
-            Err(e) => tracing::warn!("delete the rules of network slots: {e}"),
         }
         for slot in slots {
             self.delete_namespace(slot);
