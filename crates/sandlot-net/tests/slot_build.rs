@@ -47,11 +47,12 @@ fn ip(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// Removes this test's slot namespaces even when an assertion fails half-way.
-struct Cleanup;
+/// Removes the slot namespaces of a test's prefix even when an assertion fails
+/// half-way. Each test has its own prefix (the tests run at once).
+struct Cleanup(&'static str);
 impl Drop for Cleanup {
     fn drop(&mut self) {
-        let (ns, _) = sandlot_net::slots::existing("snslt01");
+        let (ns, _) = sandlot_net::slots::existing(self.0);
         for n in ns {
             let _ = sandlot_net::slots::delete_netns(&n);
         }
@@ -60,7 +61,7 @@ impl Drop for Cleanup {
 
 #[test]
 fn issue6_slot_is_wired_over_netlink_and_release_leaves_nothing() {
-    let _cleanup = Cleanup;
+    let _cleanup = Cleanup("snslt01");
     in_private_netns(|| {
         let nft = Nft::default();
         let t = TableSpec {
@@ -180,6 +181,84 @@ fn issue6_slot_is_wired_over_netlink_and_release_leaves_nothing() {
             .output()
             .unwrap();
         assert!(!String::from_utf8_lossy(&listing.stdout).contains(&name));
+        nft.apply(&t.delete()).expect("delete the nft table");
+    })
+}
+
+/// Inodes of the `NETLINK_NETFILTER` sockets this process holds, in the calling
+/// thread's network namespace.
+fn netfilter_sockets_held() -> Vec<u64> {
+    let held: std::collections::BTreeSet<u64> = std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter_map(|l| {
+            let l = l.to_string_lossy().into_owned();
+            l.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
+        })
+        .collect();
+    std::fs::read_to_string("/proc/thread-self/net/netlink")
+        .unwrap()
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let inode: u64 = f.last()?.parse().ok()?;
+            (f.get(1) == Some(&"12") && held.contains(&inode)).then_some(inode)
+        })
+        .collect()
+}
+
+/// Issue 6: closing a netfilter netlink socket makes the kernel wait for an RCU
+/// grace period under the nf_tables commit mutex, which every veth creation takes;
+/// a socket per set update stalled slot builds and teardowns (allow creates p99
+/// 25-30 ms). The pool keeps one socket for all of its set updates.
+#[test]
+fn issue6_slot_builds_and_teardowns_share_one_kept_netfilter_socket() {
+    let _cleanup = Cleanup("snslt02");
+    in_private_netns(|| {
+        let nft = Nft::default();
+        let t = TableSpec {
+            table: "sandlot_snslt02".into(),
+            if_prefix: "snslt02".into(),
+            proxy_port: 40013,
+            dns_port: 40014,
+        };
+        nft.apply(&t.create(&[])).expect("create the nft table");
+        assert_eq!(netfilter_sockets_held(), Vec::<u64>::new());
+        let plan = AddressPlan::new(Cidr::parse("100.97.1.0/24").unwrap()).unwrap();
+        let pool = SlotPool::start("snslt02", plan, 0, t.clone(), &[]);
+        let first = pool.claim().expect("build a slot");
+        let kept = netfilter_sockets_held();
+        assert_eq!(kept.len(), 1, "one netfilter socket stays open: {kept:?}");
+        let mut names = vec![first.name.clone()];
+        pool.release(first);
+        for _ in 0..3 {
+            let s = pool.claim().expect("build a slot");
+            names.push(s.name.clone());
+            pool.release(s);
+        }
+        // The teardown worker has deleted the released slots' set elements.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let listed = || {
+            let out = Command::new("nft")
+                .args(["list", "set", "inet", "sandlot_snslt02", "slots"])
+                .output()
+                .unwrap();
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        };
+        while names.iter().any(|n| listed().contains(n.as_str())) {
+            assert!(
+                Instant::now() < deadline,
+                "set elements outlived their slots"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(
+            netfilter_sockets_held(),
+            kept,
+            "builds and teardowns used the kept socket"
+        );
+        pool.stop(Duration::from_secs(10));
         nft.apply(&t.delete()).expect("delete the nft table");
     })
 }
