@@ -363,23 +363,30 @@ async fn cycles(c: &Client, mode: &str, n: usize, pool: usize) -> anyhow::Result
     Ok(v)
 }
 
-async fn burst(c: &Client, mode: &str, k: usize) -> anyhow::Result<(Vec<Duration>, Duration)> {
+/// `k` concurrent times to interactive: (each one, its create call, the wall time).
+async fn burst(
+    c: &Client,
+    mode: &str,
+    k: usize,
+) -> anyhow::Result<(Vec<Duration>, Vec<Duration>, Duration)> {
     let t = Instant::now();
     let tasks: Vec<_> = (0..k)
         .map(|_| {
             let c = c.clone();
             let mode = mode.to_string();
-            tokio::spawn(async move { tti(&c, &mode, false).await.map(|t| (t.total, t.id)) })
+            tokio::spawn(async move { tti(&c, &mode, false).await })
         })
         .collect();
     let mut lat = Vec::with_capacity(k);
+    let mut creates = Vec::with_capacity(k);
     let mut ids = Vec::with_capacity(k);
     let mut first_err = None;
     for t in tasks {
         match t.await? {
-            Ok((d, id)) => {
-                lat.push(d);
-                ids.push(id);
+            Ok(t) => {
+                lat.push(t.total);
+                creates.push(t.create);
+                ids.push(t.id);
             }
             Err(e) => {
                 first_err.get_or_insert(e);
@@ -391,7 +398,7 @@ async fn burst(c: &Client, mode: &str, k: usize) -> anyhow::Result<(Vec<Duration
     if let Some(e) = first_err {
         return Err(e.context("a burst create failed"));
     }
-    Ok((lat, wall))
+    Ok((lat, creates, wall))
 }
 
 async fn delete_all(c: &Client, ids: Vec<String>) {
@@ -777,10 +784,16 @@ pub fn run(a: PlatformArgs) -> anyhow::Result<i32> {
                 for &k in &a.bursts {
                     wait_pool(&c, a.pool).await;
                     eprintln!("burst of {k}, network {m} ...");
-                    let (v, wall) = burst(&c, m, k).await?;
+                    let (v, creates, wall) = burst(&c, m, k).await?;
+                    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+                    let mut sorted = creates.clone();
+                    sorted.sort();
                     res.notes.push(format!(
-                        "burst of {k} ({m}): all interactive after {:.0} ms",
-                        wall.as_secs_f64() * 1e3
+                        "burst of {k} ({m}): all interactive after {:.0} ms; create calls answered after {:.1} ms (first), {:.1} ms (p50), {:.1} ms (last)",
+                        ms(wall),
+                        ms(sorted[0]),
+                        ms(percentile(&sorted, 50.0)),
+                        ms(sorted[sorted.len() - 1]),
                     ));
                     res.rows
                         .push(row("burst", &format!("sandlot burst {k} ({m})"), v));
