@@ -584,7 +584,11 @@ impl SlotPool {
         if let Err(e) = all {
             // One missing element fails the whole transaction (e.g. a slot whose
             // build failed half-way): fall back to one per slot.
-            tracing::debug!("delete the rules of {} network slots: {e}", entries.len());
+            if e.errno().is_none() {
+                tracing::warn!("delete the rules of {} network slots: {e}", entries.len());
+            } else {
+                tracing::debug!("delete the rules of {} network slots: {e}", entries.len());
+            }
             for e in &entries {
                 if let Err(err) = self.with_set(|set| set.delete(std::slice::from_ref(e))) {
                     tracing::debug!(netns = %e.0, "delete the rules of a network slot: {err}");
