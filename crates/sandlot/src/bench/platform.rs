@@ -791,9 +791,9 @@ pub fn run(a: PlatformArgs) -> anyhow::Result<i32> {
                     res.notes.push(format!(
                         "burst of {k} ({m}): all interactive after {:.0} ms; create calls answered after {:.1} ms (first), {:.1} ms (p50), {:.1} ms (last)",
                         ms(wall),
-                        ms(sorted[0]),
+                        ms(percentile(&sorted, 0.0)),
                         ms(percentile(&sorted, 50.0)),
-                        ms(sorted[sorted.len() - 1]),
+                        ms(percentile(&sorted, 100.0)),
                     ));
                     res.rows
                         .push(row("burst", &format!("sandlot burst {k} ({m})"), v));
