@@ -59,22 +59,28 @@ impl Drop for Cleanup {
     }
 }
 
+/// A test's nft table (named after `prefix`, its ports `port` and `port + 1`) and a
+/// slot pool over `subnet` with target 0: no builder thread, so claims build on the
+/// calling thread, in the private namespace that plays the host.
+fn table_and_pool(prefix: &str, subnet: &str, port: u16) -> (Nft, TableSpec, SlotPool) {
+    let nft = Nft::default();
+    let t = TableSpec {
+        table: format!("sandlot_{prefix}"),
+        if_prefix: prefix.into(),
+        proxy_port: port,
+        dns_port: port + 1,
+    };
+    nft.apply(&t.create(&[])).expect("create the nft table");
+    let plan = AddressPlan::new(Cidr::parse(subnet).unwrap()).unwrap();
+    let pool = SlotPool::start(prefix, plan, 0, t.clone(), &[]);
+    (nft, t, pool)
+}
+
 #[test]
 fn issue6_slot_is_wired_over_netlink_and_release_leaves_nothing() {
     let _cleanup = Cleanup("snslt01");
     in_private_netns(|| {
-        let nft = Nft::default();
-        let t = TableSpec {
-            table: "sandlot_snslt01".into(),
-            if_prefix: "snslt01".into(),
-            proxy_port: 40011,
-            dns_port: 40012,
-        };
-        nft.apply(&t.create(&[])).expect("create the nft table");
-        let plan = AddressPlan::new(Cidr::parse("100.97.0.0/24").unwrap()).unwrap();
-        // Target 0: no builder thread, so the claim builds on this thread (in the
-        // private namespace, which plays the host).
-        let pool = SlotPool::start("snslt01", plan, 0, t.clone(), &[]);
+        let (nft, t, pool) = table_and_pool("snslt01", "100.97.0.0/24", 40011);
         let slot = pool.claim().expect("build a slot");
         assert!(std::path::Path::new(&format!("{NETNS_DIR}/{}", slot.name)).exists());
 
@@ -216,17 +222,8 @@ fn netfilter_sockets_held() -> Vec<u64> {
 fn issue6_slot_builds_and_teardowns_share_one_kept_netfilter_socket() {
     let _cleanup = Cleanup("snslt02");
     in_private_netns(|| {
-        let nft = Nft::default();
-        let t = TableSpec {
-            table: "sandlot_snslt02".into(),
-            if_prefix: "snslt02".into(),
-            proxy_port: 40013,
-            dns_port: 40014,
-        };
-        nft.apply(&t.create(&[])).expect("create the nft table");
+        let (nft, t, pool) = table_and_pool("snslt02", "100.97.1.0/24", 40013);
         assert_eq!(netfilter_sockets_held(), Vec::<u64>::new());
-        let plan = AddressPlan::new(Cidr::parse("100.97.1.0/24").unwrap()).unwrap();
-        let pool = SlotPool::start("snslt02", plan, 0, t.clone(), &[]);
         let first = pool.claim().expect("build a slot");
         let kept = netfilter_sockets_held();
         assert_eq!(kept.len(), 1, "one netfilter socket stays open: {kept:?}");
