@@ -264,6 +264,13 @@ async fn drain(s: &mut sandlot_client::stream::OutputStream) -> anyhow::Result<(
     Ok(())
 }
 
+/// Percentile `q` of unsorted samples, in milliseconds.
+fn pct_ms(v: &[Duration], q: f64) -> f64 {
+    let mut v = v.to_vec();
+    v.sort();
+    percentile(&v, q).as_secs_f64() * 1e3
+}
+
 fn ms(v: &[Duration]) -> Vec<f64> {
     v.iter().map(|d| d.as_secs_f64() * 1e3).collect()
 }
@@ -747,19 +754,14 @@ pub fn run(a: PlatformArgs) -> anyhow::Result<i32> {
                 eprintln!("time to interactive, {} sequential, network {m} ...", a.n);
                 let (v, creates, seconds, (hits, misses)) =
                     sequential(&c, m, a.n, a.pool).await?;
-                let pct = |v: &[Duration], q: f64| {
-                    let mut v = v.to_vec();
-                    v.sort();
-                    percentile(&v, q).as_secs_f64() * 1e3
-                };
                 let rest: Vec<Duration> = v.iter().zip(&creates).map(|(t, c)| *t - *c).collect();
                 res.notes.push(format!(
                     "time to interactive ({m}): the create call p50 {:.2} ms (p99 {:.2}), exec to first output byte p50 {:.2} ms (p99 {:.2}); a second exec in the same sandbox (off the clock) {:.2} ms; pool hits {hits}, misses {misses}",
-                    pct(&creates, 50.0),
-                    pct(&creates, 99.0),
-                    pct(&rest, 50.0),
-                    pct(&rest, 99.0),
-                    pct(&seconds, 50.0)
+                    pct_ms(&creates, 50.0),
+                    pct_ms(&creates, 99.0),
+                    pct_ms(&rest, 50.0),
+                    pct_ms(&rest, 99.0),
+                    pct_ms(&seconds, 50.0)
                 ));
                 res.rows
                     .push(row("tti", &format!("sandlot sequential ({m})"), v));
@@ -785,15 +787,12 @@ pub fn run(a: PlatformArgs) -> anyhow::Result<i32> {
                     wait_pool(&c, a.pool).await;
                     eprintln!("burst of {k}, network {m} ...");
                     let (v, creates, wall) = burst(&c, m, k).await?;
-                    let ms = |d: Duration| d.as_secs_f64() * 1e3;
-                    let mut sorted = creates.clone();
-                    sorted.sort();
                     res.notes.push(format!(
                         "burst of {k} ({m}): all interactive after {:.0} ms; create calls answered after {:.1} ms (first), {:.1} ms (p50), {:.1} ms (last)",
-                        ms(wall),
-                        ms(percentile(&sorted, 0.0)),
-                        ms(percentile(&sorted, 50.0)),
-                        ms(percentile(&sorted, 100.0)),
+                        wall.as_secs_f64() * 1e3,
+                        pct_ms(&creates, 0.0),
+                        pct_ms(&creates, 50.0),
+                        pct_ms(&creates, 100.0),
                     ));
                     res.rows
                         .push(row("burst", &format!("sandlot burst {k} ({m})"), v));
