@@ -211,6 +211,17 @@ impl Metrics {
     }
 }
 
+/// Sandboxes stopped whose host side (cgroups, run directory, network slot,
+/// references) is still being cleaned up off the request path.
+pub fn render_teardowns(o: &mut String, pending: usize) {
+    let _ = writeln!(
+        o,
+        "# HELP sandlot_teardowns_pending Stopped sandboxes whose host resources are still being released.\n\
+         # TYPE sandlot_teardowns_pending gauge\n\
+         sandlot_teardowns_pending {pending}"
+    );
+}
+
 /// The runtime's stocks of cgroups and network namespaces made ahead of time
 /// (`runtime.cgroup_stock`, `runtime.netns_stock`): items ready now.
 pub fn render_stocks(o: &mut String, cgroups: usize, netns: usize) {
@@ -226,6 +237,17 @@ pub fn render_stocks(o: &mut String, cgroups: usize, netns: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn renders_the_pending_teardowns() {
+        let mut t = String::new();
+        render_teardowns(&mut t, 7);
+        assert!(
+            t.contains("# TYPE sandlot_teardowns_pending gauge\n"),
+            "{t}"
+        );
+        assert!(t.ends_with("\nsandlot_teardowns_pending 7\n"), "{t}");
+    }
 
     #[test]
     fn renders_the_runtime_stocks() {

@@ -180,6 +180,7 @@ async fn metrics(State(state): State<Arc<AppState>>, _p: Principal) -> Response 
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], {
         let mut text = state.metrics.render();
         state.pools.render(&mut text);
+        crate::metrics::render_teardowns(&mut text, state.teardowns.pending());
         crate::metrics::render_stocks(
             &mut text,
             state.runtime.stocked_cgroups(),

@@ -304,12 +304,13 @@ async fn pool_hits_misses(c: &Client, mode: &str) -> anyhow::Result<(usize, usiz
     ))
 }
 
-/// Waits until the pools are full (so that runs start alike).
-async fn wait_pool(c: &Client, size: usize) {
-    if size == 0 {
-        return;
-    }
+/// Waits until the daemon and the machine have settled, so that runs start alike:
+/// the pools full, no teardown of an earlier run's sandboxes still pending (they
+/// run off the request path), and the CPUs quiet (stock refills, deferred network
+/// clean-up in the kernel). Warns and goes on after a deadline.
+async fn wait_settled(c: &Client, size: usize) {
     let deadline = Instant::now() + Duration::from_secs(120);
+    let mut settled = false;
     while Instant::now() < deadline {
         if let Ok(t) = c.metrics().await {
             let metric = |name: &str, pool: &str| pool_metric(&t, name, pool);
@@ -318,13 +319,80 @@ async fn wait_pool(c: &Client, size: usize) {
                 let ready = metric("sandlot_pool_ready", pool);
                 ready.is_some_and(|r| r >= size) && ready >= metric("sandlot_pool_target", pool)
             };
-            if full("bench") && full("bench-allow") {
-                return;
+            let pools = size == 0 || (full("bench") && full("bench-allow"));
+            let teardowns = gauge(&t, "sandlot_teardowns_pending") == Some(0);
+            if pools && teardowns {
+                settled = true;
+                break;
             }
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    eprintln!("warning: the warm pool did not refill to {size} within 120 s");
+    if !settled {
+        eprintln!("warning: the warm pools did not refill to {size}, or teardowns were still pending, after 120 s");
+        return;
+    }
+    let quiet_by = Instant::now() + Duration::from_secs(10);
+    loop {
+        let busy = cpu_busy(Duration::from_millis(100)).await;
+        if busy.is_none_or(|b| b < QUIET_CPU) {
+            return;
+        }
+        if Instant::now() > quiet_by {
+            eprintln!(
+                "warning: the CPUs stayed busy ({:.0} % over 100 ms) for 10 s before a run",
+                busy.unwrap_or(0.0) * 100.0
+            );
+            return;
+        }
+    }
+}
+
+/// A run starts once the CPUs are busy less than this share of a 100 ms window.
+const QUIET_CPU: f64 = 0.10;
+
+/// An unlabelled metric's value in a `/metrics` text.
+fn gauge(text: &str, name: &str) -> Option<usize> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.trim().parse::<usize>().ok())
+}
+
+/// The machine's CPUs' busy share over `window` (from `/proc/stat`; `None` if it
+/// cannot be read).
+async fn cpu_busy(window: Duration) -> Option<f64> {
+    let a = cpu_ticks()?;
+    tokio::time::sleep(window).await;
+    let b = cpu_ticks()?;
+    busy_share(a, b)
+}
+
+/// (busy, total) jiffies of all CPUs.
+fn cpu_ticks() -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string("/proc/stat").ok()?;
+    parse_cpu_ticks(&text)
+}
+
+/// (busy, total) from the aggregate `cpu` line of a `/proc/stat` text: idle and
+/// iowait (fields 4 and 5) are not busy; guest time is already counted in user.
+fn parse_cpu_ticks(text: &str) -> Option<(u64, u64)> {
+    let line = text.lines().find(|l| l.starts_with("cpu "))?;
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .take(8)
+        .map(|f| f.parse().ok())
+        .collect::<Option<_>>()?;
+    if v.len() < 5 {
+        return None;
+    }
+    let total: u64 = v.iter().sum();
+    Some((total - v[3] - v[4], total))
+}
+
+fn busy_share((busy0, total0): (u64, u64), (busy1, total1): (u64, u64)) -> Option<f64> {
+    let total = total1.checked_sub(total0).filter(|t| *t > 0)?;
+    Some(busy1.saturating_sub(busy0) as f64 / total as f64)
 }
 
 /// Times to interactive, their create calls, the second execs, and the pool's
@@ -338,7 +406,7 @@ async fn sequential(c: &Client, mode: &str, n: usize, pool: usize) -> anyhow::Re
         Vec::with_capacity(n),
         Vec::with_capacity(n),
     );
-    wait_pool(c, pool).await;
+    wait_settled(c, pool).await;
     let (h0, m0) = pool_hits_misses(c, mode).await?;
     for _ in 0..n {
         // Back to back; the pool refills while the previous sandbox is deleted.
@@ -356,7 +424,7 @@ async fn sequential(c: &Client, mode: &str, n: usize, pool: usize) -> anyhow::Re
 /// delete; back to back.
 async fn cycles(c: &Client, mode: &str, n: usize, pool: usize) -> anyhow::Result<Vec<Duration>> {
     let mut v = Vec::with_capacity(n);
-    wait_pool(c, pool).await;
+    wait_settled(c, pool).await;
     for _ in 0..n {
         let t = Instant::now();
         let sb = c.create_sandbox(&create_body(mode)).await?;
@@ -734,7 +802,7 @@ pub fn run(a: PlatformArgs) -> anyhow::Result<i32> {
     let _ = before_left;
     let outcome = rt.block_on(async {
         // Warm up: page cache, the daemon's first connections.
-        wait_pool(&c, a.pool).await;
+        wait_settled(&c, a.pool).await;
         for _ in 0..5 {
             let id = tti(&c, "none", false).await?.id;
             c.delete_sandbox(&id).await?;
@@ -784,7 +852,7 @@ pub fn run(a: PlatformArgs) -> anyhow::Result<i32> {
         if wants(&a.only, "burst") {
             for m in &modes {
                 for &k in &a.bursts {
-                    wait_pool(&c, a.pool).await;
+                    wait_settled(&c, a.pool).await;
                     eprintln!("burst of {k}, network {m} ...");
                     let (v, creates, wall) = burst(&c, m, k).await?;
                     res.notes.push(format!(
@@ -1063,5 +1131,35 @@ fn plot(json: &Path, png: &Path) {
             script.display()
         ),
         Err(e) => eprintln!("warning: no plot: python3: {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_ticks_leave_out_idle_and_iowait() {
+        let text = "cpu  100 5 50 1000 20 3 2 7 0 0\ncpu0 50 2 25 500 10 1 1 3 0 0\nintr 1\n";
+        // busy: user 100 + nice 5 + system 50 + irq 3 + softirq 2 + steal 7.
+        assert_eq!(parse_cpu_ticks(text), Some((167, 1187)));
+        assert_eq!(parse_cpu_ticks("intr 1\n"), None);
+        assert_eq!(parse_cpu_ticks("cpu  1 2 x 4 5\n"), None);
+    }
+
+    #[test]
+    fn busy_share_is_the_busy_part_of_the_window() {
+        assert_eq!(busy_share((100, 1000), (150, 1200)), Some(0.25));
+        // No time passed (or the counters went back): no share.
+        assert_eq!(busy_share((100, 1000), (100, 1000)), None);
+        assert_eq!(busy_share((100, 1000), (90, 900)), None);
+    }
+
+    #[test]
+    fn gauges_are_read_by_their_exact_name() {
+        let t = "sandlot_teardowns_pending 3\nsandlot_teardowns_pending_x 9\nsandlot_pool_ready{pool=\"bench\"} 4\n";
+        assert_eq!(gauge(t, "sandlot_teardowns_pending"), Some(3));
+        assert_eq!(gauge(t, "sandlot_pool_ready"), None);
+        assert_eq!(pool_metric(t, "sandlot_pool_ready", "bench"), Some(4));
     }
 }
