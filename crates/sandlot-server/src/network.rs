@@ -281,10 +281,8 @@ fn apply_policy(state: &AppState, id: &str, n: &NetworkSpec) -> ApiResult<()> {
     state
         .store
         .lock()
-        .execute(
-            "UPDATE net_slots SET spec = ?2 WHERE sandbox_id = ?1",
-            params![id, serde_json::to_string(n).unwrap_or_default()],
-        )
+        .prepare_cached("UPDATE net_slots SET spec = ?2 WHERE sandbox_id = ?1")
+        .and_then(|mut st| st.execute(params![id, serde_json::to_string(n).unwrap_or_default()]))
         .map_err(ApiError::internal)?;
     Ok(())
 }

@@ -371,10 +371,11 @@ impl Pools {
 /// them for a cold start of `spec`.
 pub async fn configure(state: &Arc<AppState>, w: &Warm, spec: &SandboxSpec) -> Result<(), String> {
     if spec.network.mode != sandlot_proto::spec::NetworkMode::None {
-        let (st, id, net) = (state.clone(), w.id.clone(), spec.network.clone());
-        tokio::task::spawn_blocking(move || crate::network::set_at_claim(&st, &id, &net))
-            .await
-            .map_err(|e| format!("network policy task: {e}"))?
+        // In memory plus one small SQLite update, like the admission before it: run
+        // on this task. A blocking-pool thread per claim made a burst of `allow`
+        // claims start dozens of threads, which crowded the sandboxes' own first
+        // execs off the CPUs (docs/benchmarks.md, session 10).
+        crate::network::set_at_claim(state, &w.id, &spec.network)
             .map_err(|e| format!("set the network policy: {}", e.message))?;
     }
     let hostname = sandlot_runtime::namespace::sandbox_hostname(&w.id, spec);
