@@ -32,6 +32,12 @@ pub struct AgentConfig {
     /// Bytes of recent output kept per stream for re-attach (at least 64 KiB). It is
     /// also how far a process may run ahead of its slowest attached reader.
     pub output_retention: usize,
+    /// The agent's own `oom_score_adj`, opened read-write by the runtime before the
+    /// agent became non-dumpable (after that neither the agent nor its children may
+    /// open it). With it, every process starts at 0 while the agent keeps its own
+    /// score. Without it, each child writes 0 to its own file, which only works
+    /// where the agent is dumpable.
+    pub oom_score_adj: Option<OwnedFd>,
 }
 
 impl Default for AgentConfig {
@@ -42,6 +48,7 @@ impl Default for AgentConfig {
             default_cwd: None,
             lifeline: None,
             output_retention: 1 << 20,
+            oom_score_adj: None,
         }
     }
 }

@@ -28,6 +28,10 @@ pub struct AgentStart {
     pub listener: UnixListener,
     pub setup: AgentSetup,
     pub lifeline: Option<OwnedFd>,
+    /// PID 1's own `oom_score_adj`, opened read-write while PID 1 still had the
+    /// host's ids (once it is the sandbox's root and non-dumpable it may not open
+    /// it): lets the agent start its processes at 0 and keep its own score.
+    pub oom_score_adj: Option<OwnedFd>,
 }
 
 /// The agent's entry point, supplied by the binary (keeps this crate free of the agent).
@@ -205,10 +209,18 @@ fn become_pid1(
             _ => return Err(io::Error::other("helper died while idmapping layers")),
         }
     }
+    // Still the host's ids here: the file is ours to open (best effort; without
+    // it the agent's children try to reset their own scores).
+    let oom_score_adj = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/proc/self/oom_score_adj")
+        .ok()
+        .map(OwnedFd::from);
     sys::setresgid(0)?;
     sys::setgroups_empty()?;
     sys::setresuid(0)?;
-    pid1(plan, idmapped, trees, listener, agent)
+    pid1(plan, idmapped, trees, listener, agent, oom_score_adj)
 }
 
 fn set_cloexec(fd: i32) {
@@ -222,6 +234,7 @@ fn pid1(
     mut trees: Vec<Option<OwnedFd>>,
     listener: UnixListener,
     agent: AgentMain,
+    oom_score_adj: Option<OwnedFd>,
 ) -> io::Result<()> {
     let tr = Trace::new(plan.trace, "pid1  ");
     // Our mounts must never propagate back to the host.
@@ -286,5 +299,6 @@ fn pid1(
         listener,
         setup: plan.agent.clone(),
         lifeline,
+        oom_score_adj,
     })
 }

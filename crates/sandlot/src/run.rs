@@ -108,6 +108,7 @@ pub fn agent_main(start: AgentStart) -> std::io::Result<()> {
         default_user: start.setup.default_user,
         default_cwd: start.setup.default_cwd,
         lifeline: start.lifeline,
+        oom_score_adj: start.oom_score_adj,
         ..Default::default()
     };
     sandlot_guest::run_agent(start.listener, cfg)

@@ -282,3 +282,54 @@ fn issue3_a_late_reader_gets_output_parked_in_many_small_writes() {
         assert_eq!(out.exit.code, Some(0));
     });
 }
+
+/// Sandboxed processes must not inherit the daemon's OOM score (a service manager
+/// often protects the daemon, e.g. systemd's `OOMScoreAdjust=-900`), and the agent
+/// keeps its own: a child of the agent may not open its own `oom_score_adj`, so the
+/// agent sets it up for the child at the clone. Raised here (lowering needs
+/// `CAP_SYS_RESOURCE`), through the fork server and a pool claim, as root, another
+/// user and on a terminal.
+#[test]
+fn processes_start_at_oom_score_0_whatever_the_daemon_runs_at() {
+    let d = Daemon::start_with_oom_score_adj(Some("[[pools]]\nname = \"p\"\nsize = 1\n"), 300);
+    let c = d.client();
+    rt().block_on(async {
+        let sb = c.create_sandbox(&CreateSandbox::default()).await.unwrap();
+        let id = sb.id.as_str();
+        let score = |o: RunOutput| {
+            assert_eq!(o.exit.code, Some(0), "{o:?}");
+            String::from_utf8_lossy(&o.stdout).trim().to_string()
+        };
+        // The agent is at 0 for the instant of each clone: read it from the shell
+        // until it is back (the shell's own children are not the agent's).
+        let agent_score = [
+            "sh",
+            "-c",
+            "for i in $(seq 200); do a=$(cat /proc/1/oom_score_adj); [ \"$a\" != 0 ] && break; sleep 0.01; done; echo $a",
+        ];
+        let agent = score(c.run(id, &agent_score).await.unwrap());
+        // The helper's -999 takes where the daemon has CAP_SYS_RESOURCE.
+        assert!(
+            agent == "300" || agent == "-999",
+            "the agent keeps its own score: {agent}"
+        );
+        assert_eq!(
+            score(
+                c.run(id, &["cat", "/proc/self/oom_score_adj"])
+                    .await
+                    .unwrap()
+            ),
+            "0"
+        );
+        let mut nobody = argv(&["cat", "/proc/self/oom_score_adj"]);
+        nobody.user = Some("nobody".into());
+        let (_, mut s) = c.exec_stream(id, &nobody).await.unwrap();
+        assert_eq!(score(s.collect().await.unwrap()), "0");
+        let mut tty = argv(&["cat", "/proc/self/oom_score_adj"]);
+        tty.pty = Some(sandlot_client::PtySize { rows: 24, cols: 80 });
+        let (_, mut s) = c.exec_stream(id, &tty).await.unwrap();
+        assert_eq!(score(s.collect().await.unwrap()), "0");
+        // And the agent's score is back after each child.
+        assert_eq!(score(c.run(id, &agent_score).await.unwrap()), agent);
+    });
+}

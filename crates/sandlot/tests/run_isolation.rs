@@ -353,3 +353,35 @@ fn minimal_rootfs(rfs: &std::path::Path, progs: &[&str]) {
         std::fs::copy(std::fs::canonicalize(&f).unwrap(), &dst).unwrap();
     }
 }
+
+/// `sandlot run` started at a raised OOM score: the command starts at 0 (it may
+/// not reset its own score: the agent is not dumpable), the agent keeps its own.
+#[test]
+fn commands_start_at_oom_score_0_whatever_sandlot_runs_at() {
+    require_root();
+    let id = unique_id("oom");
+    let o = std::process::Command::new("/bin/sh")
+        .args(["-c", r#"echo 300 > /proc/self/oom_score_adj && exec "$@""#, "sh"])
+        .arg(sandlot())
+        .args(["run", "--id", &id, "--", "/bin/sh", "-c"])
+        // The agent is at 0 for the instant of the clone: wait until it is back.
+        .arg(
+            "cat /proc/self/oom_score_adj; \
+             for i in $(seq 200); do a=$(cat /proc/1/oom_score_adj); [ \"$a\" != 0 ] && break; sleep 0.01; done; \
+             echo $a; sh -c 'cat /proc/self/oom_score_adj'",
+        )
+        .output()
+        .unwrap();
+    assert_no_leftovers(&id);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 3, "{out}");
+    assert_eq!(lines[0], "0", "the command's score: {out}");
+    // The helper's -999 takes where sandlot has CAP_SYS_RESOURCE.
+    assert!(
+        lines[1] == "300" || lines[1] == "-999",
+        "the agent keeps its own score: {out}"
+    );
+    assert_eq!(lines[2], "0", "a grandchild's score: {out}");
+}

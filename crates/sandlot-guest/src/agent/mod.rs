@@ -202,8 +202,8 @@ pub(crate) struct Agent {
     /// Stack of the child between clone and exec.
     pub stack: Box<[u8]>,
     pub users: users::UserDb,
-    /// Children reset their oom_score_adj to 0 (the agent's is protective).
-    pub reset_oom: bool,
+    /// How children start at an OOM score of 0 (the agent's is protective).
+    pub oom: spawn::ChildOomScore,
     pub fs: FsCreds,
     pub shutdown: Rc<Notify>,
     pub shutting_down: bool,
@@ -214,7 +214,7 @@ pub(crate) struct Agent {
 pub(crate) type Shared = Rc<RefCell<Agent>>;
 
 impl Agent {
-    fn new(config: &AgentConfig, pid1: bool) -> Agent {
+    fn new(config: &mut AgentConfig, pid1: bool) -> Agent {
         Agent {
             settings: Settings {
                 env: config.env.clone(),
@@ -234,8 +234,10 @@ impl Agent {
             scratch: vec![0u8; sandlot_proto::guest::DATA_CHUNK].into_boxed_slice(),
             stack: vec![0u8; spawn::CHILD_STACK].into_boxed_slice(),
             users: users::UserDb::default(),
-            // Always: the runtime may adjust the agent's score after it started.
-            reset_oom: true,
+            oom: match config.oom_score_adj.take() {
+                Some(fd) => spawn::ChildOomScore::Agent(std::fs::File::from(fd)),
+                None => spawn::ChildOomScore::Child,
+            },
             fs: FsCreds::new(),
             shutdown: Rc::new(Notify::new()),
             shutting_down: false,
@@ -342,7 +344,7 @@ pub(crate) fn run(
 
 async fn main_loop(
     listener: std::os::unix::net::UnixListener,
-    config: AgentConfig,
+    mut config: AgentConfig,
 ) -> io::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
 
@@ -364,7 +366,7 @@ async fn main_loop(
     listener.set_nonblocking(true)?;
     let listener = tokio::net::UnixListener::from_std(listener)?;
 
-    let agent: Shared = Rc::new(RefCell::new(Agent::new(&config, pid1)));
+    let agent: Shared = Rc::new(RefCell::new(Agent::new(&mut config, pid1)));
     agent.borrow_mut().me = Rc::downgrade(&agent);
     let shutdown = agent.borrow().shutdown.clone();
 

@@ -358,7 +358,7 @@ impl Agent {
             self.settings.default_cwd.as_deref(),
             &mut self.users,
         )?;
-        let sp = super::spawn::spawn(&plan, &mut self.stack, self.reset_oom)?;
+        let sp = super::spawn::spawn(&plan, &mut self.stack, &self.oom)?;
         let reg = |fd: OwnedFd| -> io::Result<Afd> {
             set_nonblocking(&fd)?;
             Ok(Rc::new(super::register(

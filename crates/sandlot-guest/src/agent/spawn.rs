@@ -17,6 +17,7 @@ use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::FileExt;
 
 use nix::errno::Errno;
 use sandlot_proto::guest::{ErrorBody, ErrorCode, PtySize};
@@ -68,7 +69,7 @@ struct ChildSpec {
     stdio: [RawFd; 3],
     /// Written by the child on failure (shared memory): step and errno.
     failure: *mut [u32; 2],
-    /// Reset `oom_score_adj` to 0 (the agent's is not 0).
+    /// Write 0 to the child's own `oom_score_adj` ([`ChildOomScore::Child`]).
     reset_oom: bool,
     tty: bool,
     switch_user: bool,
@@ -243,11 +244,73 @@ fn cstr(what: &str, s: &[u8]) -> Result<CString, ErrorBody> {
     })
 }
 
+/// How a child starts at an OOM score of 0 while the agent keeps its own
+/// (protective) score.
+pub(crate) enum ChildOomScore {
+    /// Through the agent's own `oom_score_adj`, opened before the agent became
+    /// non-dumpable: 0 while the child is cloned (it inherits the value), then the
+    /// agent's score again.
+    Agent(std::fs::File),
+    /// The child writes 0 to its own `/proc/self/oom_score_adj`. A non-dumpable
+    /// agent's children may not open that file, so this only works where the agent
+    /// is dumpable (an agent run as an ordinary process); a failure is ignored.
+    Child,
+}
+
+impl ChildOomScore {
+    /// Sets the agent's score to 0 until the returned guard is dropped, if it is
+    /// not 0 already and the agent holds its `oom_score_adj`.
+    fn zero_for_child(&self) -> Option<AgentScoreRestore<'_>> {
+        let ChildOomScore::Agent(file) = self else {
+            return None;
+        };
+        let mut buf = [0u8; 16];
+        let n = match file.read_at(&mut buf, 0) {
+            Ok(n) => n,
+            Err(e) => {
+                super::log!("read the agent's oom_score_adj: {e}");
+                return None;
+            }
+        };
+        let score = buf[..n].trim_ascii();
+        if score == b"0" {
+            return None;
+        }
+        if let Err(e) = file.write_at(b"0", 0) {
+            super::log!("set the agent's oom_score_adj to 0 for a child: {e}");
+            return None;
+        }
+        Some(AgentScoreRestore {
+            file,
+            score: score.to_vec(),
+        })
+    }
+}
+
+/// Puts the agent's own OOM score back when dropped. The kernel lets an unprivileged
+/// process lower its score back to the lowest one a privileged process gave it; if
+/// it still refuses, the agent stays at 0 (and its children need no more resets).
+struct AgentScoreRestore<'a> {
+    file: &'a std::fs::File,
+    score: Vec<u8>,
+}
+
+impl Drop for AgentScoreRestore<'_> {
+    fn drop(&mut self) {
+        if let Err(e) = self.file.write_at(&self.score, 0) {
+            super::log!(
+                "restore the agent's oom_score_adj to {}: {e}; it stays at 0",
+                String::from_utf8_lossy(&self.score)
+            );
+        }
+    }
+}
+
 /// Starts `plan`. `stack` is the child's stack (reused across spawns).
 pub(crate) fn spawn(
     plan: &ExecPlan,
     stack: &mut [u8],
-    reset_oom: bool,
+    oom: &ChildOomScore,
 ) -> Result<Spawned, ErrorBody> {
     let name = &plan.argv[0];
     let me_root = nix::unistd::geteuid().is_root();
@@ -346,7 +409,7 @@ pub(crate) fn spawn(
             child_fds[2].as_raw_fd(),
         ],
         failure: &mut failure,
-        reset_oom,
+        reset_oom: matches!(oom, ChildOomScore::Child),
         tty: plan.pty.is_some(),
         switch_user: me_root,
         uid: plan.user.uid,
@@ -370,6 +433,8 @@ pub(crate) fn spawn(
         // it points to live in this (suspended) stack frame until exec or exit.
         unsafe { spec.run() }
     });
+    // The child inherits the agent's OOM score at the clone.
+    let agent_score = oom.zero_for_child();
     // SAFETY: CLONE_VFORK suspends this thread until the child has exec'd or
     // exited, so the shared memory is not used concurrently; the child follows the
     // rules in the module documentation and never returns from the callback.
@@ -381,6 +446,7 @@ pub(crate) fn spawn(
             Some(libc::SIGCHLD),
         )
     };
+    drop(agent_score);
     let _ = nix::sys::signal::pthread_sigmask(
         nix::sys::signal::SigmaskHow::SIG_SETMASK,
         Some(&old),

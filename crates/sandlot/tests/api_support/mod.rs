@@ -34,6 +34,8 @@ pub struct Daemon {
     pub port: u16,
     pub prefix: String,
     pub config: Option<PathBuf>,
+    /// The daemon's own `oom_score_adj`, set before it starts (`None`: inherited).
+    pub oom_score_adj: Option<i32>,
 }
 
 fn free_port() -> u16 {
@@ -47,6 +49,16 @@ fn free_port() -> u16 {
 impl Daemon {
     /// Starts a daemon with an optional TOML configuration.
     pub fn start(config: Option<&str>) -> Daemon {
+        Daemon::start_with(config, None)
+    }
+
+    /// Starts a daemon whose process runs at `oom_score_adj` (raising it needs no
+    /// privilege; lowering it below 0 does).
+    pub fn start_with_oom_score_adj(config: Option<&str>, oom_score_adj: i32) -> Daemon {
+        Daemon::start_with(config, Some(oom_score_adj))
+    }
+
+    fn start_with(config: Option<&str>, oom_score_adj: Option<i32>) -> Daemon {
         require_root();
         let n = SEQ.fetch_add(1, Ordering::Relaxed);
         let prefix = format!("t{}x{n}-", std::process::id());
@@ -65,6 +77,7 @@ impl Daemon {
             port: free_port(),
             prefix,
             config,
+            oom_score_adj,
         };
         d.spawn();
         d
@@ -76,7 +89,17 @@ impl Daemon {
 
     /// (Re)starts the process on the same data directory, socket, port and prefix.
     pub fn spawn(&mut self) {
-        let mut cmd = Command::new(sandlot());
+        let mut cmd = match self.oom_score_adj {
+            // The shell sets its own score and execs the daemon (same pid).
+            Some(score) => {
+                let mut c = Command::new("/bin/sh");
+                c.args(["-c", r#"echo "$0" > /proc/self/oom_score_adj && exec "$@""#])
+                    .arg(score.to_string())
+                    .arg(sandlot());
+                c
+            }
+            None => Command::new(sandlot()),
+        };
         cmd.arg("serve")
             .arg("--data-dir")
             .arg(self.data_dir())
