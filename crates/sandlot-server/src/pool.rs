@@ -372,9 +372,8 @@ impl Pools {
 pub async fn configure(state: &Arc<AppState>, w: &Warm, spec: &SandboxSpec) -> Result<(), String> {
     if spec.network.mode != sandlot_proto::spec::NetworkMode::None {
         // In memory plus one small SQLite update, like the admission before it: run
-        // on this task. A blocking-pool thread per claim made a burst of `allow`
-        // claims start dozens of threads, which crowded the sandboxes' own first
-        // execs off the CPUs (docs/benchmarks.md, session 10).
+        // on this task rather than a blocking-pool thread (a burst of `allow`
+        // claims started dozens of them; docs/benchmarks.md, session 10).
         crate::network::set_at_claim(state, &w.id, &spec.network)
             .map_err(|e| format!("set the network policy: {}", e.message))?;
     }

@@ -287,8 +287,8 @@ fn issue3_a_late_reader_gets_output_parked_in_many_small_writes() {
 /// often protects the daemon, e.g. systemd's `OOMScoreAdjust=-900`), and the agent
 /// keeps its own: a child of the agent may not open its own `oom_score_adj`, so the
 /// agent sets it up for the child at the clone. Raised here (lowering needs
-/// `CAP_SYS_RESOURCE`), through the fork server and a pool claim, as root, another
-/// user and on a terminal.
+/// `CAP_SYS_RESOURCE`), through the fork server (and a pool claim once the pool is
+/// ready), as root, another user and on a terminal.
 #[test]
 fn processes_start_at_oom_score_0_whatever_the_daemon_runs_at() {
     let d = Daemon::start_with_oom_score_adj(Some("[[pools]]\nname = \"p\"\nsize = 1\n"), 300);
