@@ -285,9 +285,7 @@ fn row(section: &'static str, name: &str, v: Vec<Duration>) -> Row {
 
 /// A pool's value of a metric in a `/metrics` text.
 fn pool_metric(text: &str, name: &str, pool: &str) -> Option<usize> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name}{{pool=\"{pool}\"}} ")))
-        .and_then(|v| v.trim().parse::<usize>().ok())
+    metric_value(text, &format!("{name}{{pool=\"{pool}\"}}"))
 }
 
 /// The hits and misses so far of the pool serving network `mode`.
@@ -320,7 +318,7 @@ async fn wait_settled(c: &Client, size: usize) {
                 ready.is_some_and(|r| r >= size) && ready >= metric("sandlot_pool_target", pool)
             };
             let pools = size == 0 || (full("bench") && full("bench-allow"));
-            let teardowns = gauge(&t, "sandlot_teardowns_pending") == Some(0);
+            let teardowns = metric_value(&t, "sandlot_teardowns_pending") == Some(0);
             if pools && teardowns {
                 settled = true;
                 break;
@@ -351,8 +349,9 @@ async fn wait_settled(c: &Client, size: usize) {
 /// A run starts once the CPUs are busy less than this share of a 100 ms window.
 const QUIET_CPU: f64 = 0.10;
 
-/// An unlabelled metric's value in a `/metrics` text.
-fn gauge(text: &str, name: &str) -> Option<usize> {
+/// The value of one series (a name, with its labels if it has any) in a
+/// `/metrics` text.
+fn metric_value(text: &str, name: &str) -> Option<usize> {
     text.lines()
         .find_map(|l| l.strip_prefix(&format!("{name} ")))
         .and_then(|v| v.trim().parse::<usize>().ok())
@@ -1156,10 +1155,10 @@ mod tests {
     }
 
     #[test]
-    fn gauges_are_read_by_their_exact_name() {
+    fn metric_series_are_read_by_their_exact_name() {
         let t = "sandlot_teardowns_pending 3\nsandlot_teardowns_pending_x 9\nsandlot_pool_ready{pool=\"bench\"} 4\n";
-        assert_eq!(gauge(t, "sandlot_teardowns_pending"), Some(3));
-        assert_eq!(gauge(t, "sandlot_pool_ready"), None);
+        assert_eq!(metric_value(t, "sandlot_teardowns_pending"), Some(3));
+        assert_eq!(metric_value(t, "sandlot_pool_ready"), None);
         assert_eq!(pool_metric(t, "sandlot_pool_ready", "bench"), Some(4));
     }
 }
