@@ -512,7 +512,7 @@ impl Cgroup {
     pub fn usage(&self) -> Usage {
         let read = |ctrl: &str, file: &str| -> Option<String> {
             self.dir_of(ctrl)
-                .and_then(|d| fs::read_to_string(d.join(file)).ok())
+                .and_then(|d| read_counter_file(&d.join(file)).ok())
         };
         let num = |s: Option<String>| s.and_then(|s| s.trim().parse::<u64>().ok()).unwrap_or(0);
         let key = |s: Option<String>, k: &str| -> u64 {
@@ -540,6 +540,24 @@ impl Cgroup {
             }
         }
     }
+}
+
+/// Reads a small cgroup file (a counter, or a few `key value` lines) with one
+/// `read` into a stack buffer: API reads of a sandbox sample five of them, and
+/// `fs::read_to_string` would add a `statx` and a second `read` to each.
+///
+/// A cgroup file is generated whole on each read, so a read that leaves room in
+/// the buffer has reached its end; a fuller file is read on until its end.
+fn read_counter_file(path: &Path) -> io::Result<String> {
+    use std::io::Read;
+    let mut f = fs::File::open(path)?;
+    let mut buf = [0u8; 512];
+    let n = f.read(&mut buf)?;
+    let mut text = String::from_utf8_lossy(&buf[..n]).into_owned();
+    if n == buf.len() {
+        f.read_to_string(&mut text)?;
+    }
+    Ok(text)
 }
 
 /// Creates `root/parent` and enables the controllers Sandlot needs on the way down.
@@ -572,6 +590,31 @@ fn ensure_v2_parent(root: &Path, parent: &str) -> Result<(), CgroupError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counter_files_are_read_whole_whatever_their_size() {
+        let dir = std::env::temp_dir().join(format!("sandlot-cg-read-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let small = dir.join("memory.current");
+        fs::write(&small, "458752\n").unwrap();
+        assert_eq!(read_counter_file(&small).unwrap(), "458752\n");
+        // Longer than the one-read buffer, as v2 `cpu.stat` can grow.
+        let long: String = (0..100)
+            .map(|i| format!("key_{i} {}\n", i * 1000))
+            .collect();
+        assert!(long.len() > 512);
+        let big = dir.join("cpu.stat");
+        fs::write(&big, &long).unwrap();
+        assert_eq!(read_counter_file(&big).unwrap(), long);
+        let exact = dir.join("exact");
+        fs::write(&exact, "x".repeat(512)).unwrap();
+        assert_eq!(read_counter_file(&exact).unwrap(), "x".repeat(512));
+        assert_eq!(
+            read_counter_file(&dir.join("missing")).unwrap_err().kind(),
+            io::ErrorKind::NotFound
+        );
+        fs::remove_dir_all(&dir).unwrap();
+    }
 
     const HYBRID: &str = "\
 35 24 0:30 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755

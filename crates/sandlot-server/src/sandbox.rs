@@ -250,6 +250,8 @@ pub async fn create(state: &Arc<AppState>, p: CreateParams) -> ApiResult<Sandbox
         None => new_id(&state.cfg.id_prefix),
     };
     let now = now_ms();
+    // A claimed sandbox runs already: it is admitted as running, in one commit.
+    let warm_pid = warm.as_ref().map(|(_, w)| w.inst.pid);
     let rec = SandboxRecord {
         id: id.clone(),
         tenant: p.tenant.clone(),
@@ -257,15 +259,18 @@ pub async fn create(state: &Arc<AppState>, p: CreateParams) -> ApiResult<Sandbox
         spec: spec_json,
         tags: p.tags,
         metadata: p.metadata,
-        state: SandboxState::Creating,
+        state: match warm_pid {
+            Some(_) => SandboxState::Running,
+            None => SandboxState::Creating,
+        },
         end_reason: None,
         exit_code: None,
         exit_signal: None,
         error: None,
-        pid: None,
+        pid: warm_pid,
         memory_bytes: p.spec.resources.memory.bytes(),
         created_at: now,
-        started_at: None,
+        started_at: warm_pid.map(|_| now),
         ended_at: None,
         expires_at: now + p.timeout.as_millis() as i64,
         idle_timeout_ms: p.idle_timeout.map(|d| d.as_millis() as i64),
@@ -330,6 +335,7 @@ pub async fn create(state: &Arc<AppState>, p: CreateParams) -> ApiResult<Sandbox
             }
         }
     }
+    let from_pool = claimed.is_some();
     let (inst, guest) = match claimed {
         Some(c) => (c.0, Some(c.1)),
         None => (
@@ -338,11 +344,19 @@ pub async fn create(state: &Arc<AppState>, p: CreateParams) -> ApiResult<Sandbox
         ),
     };
     // Record the pid before anything else can fail, so a crash from here on leaves
-    // a record that the next start re-adopts or cleans.
-    if let Err(e) = state.store.mark_running(&id, inst.pid, now_ms()) {
-        teardown_failed(state, inst, &id, "record the sandbox").await;
-        return Err(ApiError::internal(e));
-    }
+    // a record that the next start re-adopts or cleans. A claim recorded it at its
+    // admission; a claim that fell back to a cold create has a new pid.
+    let started_at = match rec.started_at {
+        Some(at) if from_pool => at,
+        _ => {
+            let at = now_ms();
+            if let Err(e) = state.store.mark_running(&id, inst.pid, at) {
+                teardown_failed(state, inst, &id, "record the sandbox").await;
+                return Err(ApiError::internal(e));
+            }
+            at
+        }
+    };
     let guest = match guest {
         Some(g) => g,
         None => match GuestClient::connect(&inst.socket).await {
@@ -359,7 +373,7 @@ pub async fn create(state: &Arc<AppState>, p: CreateParams) -> ApiResult<Sandbox
     let mut rec = rec;
     rec.state = SandboxState::Running;
     rec.pid = Some(inst.pid);
-    rec.started_at = Some(now_ms());
+    rec.started_at = Some(started_at);
     let h = Arc::new(SandboxHandle::new(inst, guest, &rec));
     state.register(h.clone());
     tokio::spawn(own(state.clone(), h.clone(), false).instrument(h.span.clone()));

@@ -518,8 +518,12 @@ impl Store {
 
     // ---- sandboxes ----
 
-    /// Inserts a new sandbox in state `creating` if the tenant's quota admits it,
-    /// atomically with the quota check.
+    /// Inserts a new sandbox if the tenant's quota admits it, atomically with the
+    /// quota check. The record is stored as given: `creating` for a sandbox the
+    /// runtime has yet to start, or `running` (with its pid and start time, and the
+    /// "started" event in the same commit) for a claimed pooled sandbox, whose
+    /// processes already exist; that saves the claim a second commit
+    /// ([`Store::mark_running`]).
     pub fn admit_sandbox(
         &self,
         rec: &SandboxRecord,
@@ -557,8 +561,8 @@ impl Store {
             }
         }
         tx.prepare_cached(
-            "INSERT INTO sandboxes (id, tenant, name, spec, tags, metadata, state, memory_bytes, created_at, expires_at, idle_timeout_ms)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+            "INSERT INTO sandboxes (id, tenant, name, spec, tags, metadata, state, memory_bytes, created_at, expires_at, idle_timeout_ms, pid, started_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
         )
         .and_then(|mut st| {
             st.execute(params![
@@ -572,7 +576,9 @@ impl Store {
                 rec.memory_bytes as i64,
                 rec.created_at,
                 rec.expires_at,
-                rec.idle_timeout_ms
+                rec.idle_timeout_ms,
+                rec.pid,
+                rec.started_at
             ])
         })
         .map_err(sql("insert sandbox"))?;
@@ -580,6 +586,10 @@ impl Store {
             .and_then(|mut st| st.execute([&rec.id]))
             .map_err(sql("insert usage"))?;
         insert_event(&tx, &rec.id, rec.created_at, "created", "")?;
+        if let (SandboxState::Running, Some(pid)) = (rec.state, rec.pid) {
+            let at = rec.started_at.unwrap_or(rec.created_at);
+            insert_event(&tx, &rec.id, at, "started", &format!("pid {pid}"))?;
+        }
         tx.commit().map_err(sql("admit sandbox"))?;
         Ok(Admission::Admitted)
     }
@@ -637,7 +647,6 @@ impl Store {
         Ok(out)
     }
 
-    /// Records that the sandbox runs, with the host pid of its PID 1.
     /// Records that the sandbox runs, with the host pid of its PID 1 (one commit).
     pub fn mark_running(&self, id: &str, pid: i32, at: i64) -> Result<(), StoreError> {
         let mut c = self.lock();
@@ -1129,6 +1138,54 @@ mod tests {
         assert_eq!(kinds, ["created", "started", "stopped"]);
         // The name is free again once stopped.
         assert_eq!(s.admit_sandbox(&r2, 10, 100).unwrap(), Admission::Admitted);
+    }
+
+    #[test]
+    fn issue6_a_claimed_sandbox_is_admitted_running_in_one_commit() {
+        let s = Store::in_memory().unwrap();
+        let mut r = rec("warm", "t", 100);
+        r.state = SandboxState::Running;
+        r.pid = Some(4242);
+        r.started_at = Some(r.created_at + 1);
+        assert_eq!(s.admit_sandbox(&r, 10, 1000).unwrap(), Admission::Admitted);
+        let got = s.get_sandbox("warm").unwrap().unwrap();
+        assert_eq!(got.state, SandboxState::Running);
+        assert_eq!(got.pid, Some(4242));
+        assert_eq!(got.started_at, Some(r.created_at + 1));
+        let ev = s.events("warm", 0, 100).unwrap();
+        let got: Vec<(&str, &str, i64)> = ev
+            .iter()
+            .map(|e| (e.kind.as_str(), e.message.as_str(), e.at))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("created", "", r.created_at),
+                ("started", "pid 4242", r.created_at + 1)
+            ]
+        );
+        // It counts against the quota like any live sandbox.
+        assert_eq!(
+            s.admit_sandbox(&rec("next", "t", 950), 10, 1000).unwrap(),
+            Admission::TooMuchMemory { used: 100 }
+        );
+        // A sandbox the runtime has yet to start is admitted as creating, no pid.
+        assert_eq!(
+            s.admit_sandbox(&rec("cold", "t", 1), 10, 1000).unwrap(),
+            Admission::Admitted
+        );
+        let cold = s.get_sandbox("cold").unwrap().unwrap();
+        assert_eq!(
+            (cold.state, cold.pid, cold.started_at),
+            (SandboxState::Creating, None, None)
+        );
+        let kinds: Vec<String> = s
+            .events("cold", 0, 10)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.kind)
+            .collect();
+        assert_eq!(kinds, ["created"]);
     }
 
     #[test]

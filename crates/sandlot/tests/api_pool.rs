@@ -9,7 +9,7 @@ mod api_support;
 use std::collections::BTreeSet;
 
 use api_support::{eventually, rt, Daemon};
-use sandlot_client::{Client, CreateSandbox};
+use sandlot_client::{Client, CreateSandbox, SandboxState};
 use serde_json::json;
 
 const POOL: &str = r#"
@@ -99,6 +99,18 @@ fn issue6_pool_claims_are_single_use_and_take_request_defaults() {
             pool_metric(&c, "sandlot_pool_hits_total", "default").await,
             Some(1)
         );
+        // A claim is recorded running at its admission: the record has its start
+        // and the log reads like a cold create's.
+        assert_eq!(sb.state, SandboxState::Running);
+        assert!(sb.started_at.is_some(), "{sb:?}");
+        let kinds: Vec<String> = c
+            .events(&sb.id)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| e.kind)
+            .collect();
+        assert_eq!(kinds, ["created", "started"]);
         // The other pool's shape (hostname, memory) is served by that pool.
         let small = c
             .create_sandbox(&body(

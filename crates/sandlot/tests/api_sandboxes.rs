@@ -151,6 +151,21 @@ fn lifecycle_filters_and_errors() {
             "{m}"
         );
         assert!(m.contains("sandlot_exec_total 1\n"), "{m}");
+        // Delete by name: the live sandbox goes; the name then finds nothing.
+        let named = c
+            .create_sandbox(&CreateSandbox {
+                name: Some("beta".into()),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let del = c.delete_sandbox("beta").await.unwrap();
+        assert_eq!(
+            (del.id.as_str(), del.state, del.end_reason.as_deref()),
+            (named.id.as_str(), SandboxState::Stopped, Some("deleted"))
+        );
+        let e = c.delete_sandbox("beta").await.unwrap_err();
+        assert_eq!(e.status().map(|s| s.as_u16()), Some(404), "{e}");
     });
 }
 

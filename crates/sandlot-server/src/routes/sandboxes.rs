@@ -415,12 +415,21 @@ pub async fn delete(
     p: Principal,
     Path(id): Path<String>,
 ) -> ApiResult<Json<Sandbox>> {
-    let rec = lookup(&state, &p, &id)?;
-    if let Some(h) = state.handle(&rec.id) {
+    // A live sandbox is found in memory; the database is read once, for the
+    // final record.
+    let (id, h) = match state.handle(&id) {
+        Some(h) if p.sees(&h.tenant) => (id, Some(h)),
+        _ => {
+            let rec = lookup(&state, &p, &id)?;
+            let h = state.handle(&rec.id);
+            (rec.id, h)
+        }
+    };
+    if let Some(h) = h {
         h.request_stop(EndReason::Deleted);
         h.stopped().await;
     }
-    let rec = lookup(&state, &p, &rec.id)?;
+    let rec = lookup(&state, &p, &id)?;
     Ok(Json(view(&state, &rec)))
 }
 
