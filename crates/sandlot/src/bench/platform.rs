@@ -93,8 +93,30 @@ struct Density {
     start_secs: f64,
     teardown_secs: f64,
     host_mib_per_sandbox: f64,
+    /// The kernel's own accounts, KiB per sandbox (see [`MemBreakdown`]).
+    accounted_kib: MemBreakdown,
     /// Mean proportional set size of the sandboxes' PID 1s (the guest agent), KiB.
     pid1_pss_kib: Option<f64>,
+}
+
+/// Growth of `/proc/meminfo` accounts per sandbox, KiB. Unlike MemTotal -
+/// MemAvailable, which moves with the page cache and reclaimable memory of the
+/// whole host (0.32 to 1.02 MiB per sandbox for the same code in session 11), their
+/// sum counts what the sandboxes hold. Slab objects that earlier sections freed and
+/// these sandboxes reuse are not counted as growth, so a run right after others
+/// reads lower than one on a quiet host.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+struct MemBreakdown {
+    anon: f64,
+    slab: f64,
+    page_tables: f64,
+    kernel_stack: f64,
+}
+
+impl MemBreakdown {
+    fn total(&self) -> f64 {
+        self.anon + self.slab + self.page_tables + self.kernel_stack
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -492,9 +514,19 @@ async fn delete_all(c: &Client, ids: Vec<String>) {
     }
 }
 
-/// Host memory in use (MemTotal - MemAvailable), bytes.
-fn host_mem_used() -> u64 {
-    let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+/// The `/proc/meminfo` fields the density section reports, bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct MemSnapshot {
+    /// MemTotal - MemAvailable.
+    used: u64,
+    anon: u64,
+    slab: u64,
+    page_tables: u64,
+    kernel_stack: u64,
+}
+
+/// Reads [`MemSnapshot`] from `/proc/meminfo` text (missing fields read as 0).
+fn parse_meminfo(text: &str) -> MemSnapshot {
     let field = |name: &str| -> u64 {
         text.lines()
             .find_map(|l| l.strip_prefix(name))
@@ -503,7 +535,29 @@ fn host_mem_used() -> u64 {
             .unwrap_or(0)
             * 1024
     };
-    field("MemTotal:").saturating_sub(field("MemAvailable:"))
+    MemSnapshot {
+        used: field("MemTotal:").saturating_sub(field("MemAvailable:")),
+        anon: field("AnonPages:"),
+        slab: field("Slab:"),
+        page_tables: field("PageTables:"),
+        kernel_stack: field("KernelStack:"),
+    }
+}
+
+fn host_mem() -> MemSnapshot {
+    parse_meminfo(&std::fs::read_to_string("/proc/meminfo").unwrap_or_default())
+}
+
+/// Per-sandbox KiB of what the kernel itself accounts (process memory, slab, page
+/// tables, kernel stacks) between two snapshots, `n` sandboxes apart.
+fn accounted_kib_per_sandbox(before: &MemSnapshot, after: &MemSnapshot, n: usize) -> MemBreakdown {
+    let per = |a: u64, b: u64| (b as f64 - a as f64) / n.max(1) as f64 / 1024.0;
+    MemBreakdown {
+        anon: per(before.anon, after.anon),
+        slab: per(before.slab, after.slab),
+        page_tables: per(before.page_tables, after.page_tables),
+        kernel_stack: per(before.kernel_stack, after.kernel_stack),
+    }
 }
 
 /// Starts `n` idle sandboxes with `conc` workers, measures, tears all down.
@@ -516,7 +570,7 @@ async fn density(
 ) -> anyhow::Result<Density> {
     // Let the page cache and the pool settle before the baseline.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let before = host_mem_used();
+    let before = host_mem();
     let t = Instant::now();
     let next = Arc::new(AtomicU64::new(0));
     let workers: Vec<_> = (0..conc.max(1))
@@ -547,7 +601,7 @@ async fn density(
     }
     let start_secs = t.elapsed().as_secs_f64();
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let after = host_mem_used();
+    let after = host_mem();
     let pid1_pss_kib = pid1_pss_kib(d);
     let started = ids.len();
     let t = Instant::now();
@@ -561,7 +615,10 @@ async fn density(
         network: mode.to_string(),
         start_secs,
         teardown_secs,
-        host_mib_per_sandbox: after.saturating_sub(before) as f64 / n as f64 / (1 << 20) as f64,
+        host_mib_per_sandbox: after.used.saturating_sub(before.used) as f64
+            / n as f64
+            / (1 << 20) as f64,
+        accounted_kib: accounted_kib_per_sandbox(&before, &after, n),
         pid1_pss_kib,
     })
 }
@@ -1087,12 +1144,18 @@ fn print_report(res: &Results) {
     }
     if let Some(d) = &res.density {
         println!(
-            "density: {} idle sandboxes (network {}) started in {:.2} s, torn down in {:.2} s, {:.2} MiB of host memory each; PID 1 (agent) Pss {}\n",
+            "density: {} idle sandboxes (network {}) started in {:.2} s, torn down in {:.2} s, {:.2} MiB of host memory each (MemTotal - MemAvailable); \
+             accounted {:.0} KiB each (anon {:.0}, slab {:.0}, page tables {:.0}, kernel stacks {:.0}); PID 1 (agent) Pss {}\n",
             d.sandboxes,
             d.network,
             d.start_secs,
             d.teardown_secs,
             d.host_mib_per_sandbox,
+            d.accounted_kib.total(),
+            d.accounted_kib.anon,
+            d.accounted_kib.slab,
+            d.accounted_kib.page_tables,
+            d.accounted_kib.kernel_stack,
             d.pid1_pss_kib
                 .map_or("unknown".to_string(), |k| format!("{k:.0} KiB"))
         );
@@ -1157,6 +1220,40 @@ mod tests {
         // No time passed (or the counters went back): no share.
         assert_eq!(busy_share((100, 1000), (100, 1000)), None);
         assert_eq!(busy_share((100, 1000), (90, 900)), None);
+    }
+
+    #[test]
+    fn density_counts_the_kernels_accounts_per_sandbox() {
+        let before = parse_meminfo(
+            "MemTotal:       24000000 kB\nMemFree:  1 kB\nMemAvailable:   20000000 kB\n\
+             AnonPages:        100000 kB\nSlab:             200000 kB\n\
+             SReclaimable:      50000 kB\nKernelStack:       10000 kB\nPageTables:        20000 kB\n",
+        );
+        assert_eq!(before.used, 4_000_000 * 1024);
+        assert_eq!(before.anon, 100_000 * 1024);
+        // SReclaimable is not read as Slab, nor KernelStack as anything else.
+        assert_eq!(before.slab, 200_000 * 1024);
+        assert_eq!(before.kernel_stack, 10_000 * 1024);
+        let after = MemSnapshot {
+            used: before.used + 500 * (1 << 20),
+            anon: before.anon + 1000 * 200 * 1024,
+            slab: before.slab + 1000 * 600 * 1024,
+            page_tables: before.page_tables + 1000 * 80 * 1024,
+            kernel_stack: before.kernel_stack + 1000 * 16 * 1024,
+        };
+        let b = accounted_kib_per_sandbox(&before, &after, 1000);
+        assert_eq!(
+            (b.anon, b.slab, b.page_tables, b.kernel_stack),
+            (200.0, 600.0, 80.0, 16.0)
+        );
+        assert_eq!(b.total(), 896.0);
+        // Memory freed elsewhere meanwhile shows as negative growth, not a wrap.
+        let shrunk = MemSnapshot {
+            slab: before.slab - 1024 * 1000,
+            ..before
+        };
+        assert_eq!(accounted_kib_per_sandbox(&before, &shrunk, 1000).slab, -1.0);
+        assert_eq!(parse_meminfo(""), MemSnapshot::default());
     }
 
     #[test]
