@@ -366,34 +366,57 @@ impl Pools {
     }
 }
 
-/// Hands a claimed sandbox to a request: its network policy (for a mode with a
-/// network slot) and its process defaults, computed exactly as the runtime computes
-/// them for a cold start of `spec`.
-pub async fn configure(state: &Arc<AppState>, w: &Warm, spec: &SandboxSpec) -> Result<(), String> {
-    if spec.network.mode != sandlot_proto::spec::NetworkMode::None {
+/// What a claimed sandbox must change to become the request's: its network policy
+/// (for a mode with a network slot) and, when they differ from the ones its agent
+/// started with, its process defaults (computed exactly as the runtime computes
+/// them for a cold start of the request's spec). Planned before the admission: a
+/// claim with nothing to change is the request's sandbox as it stands, so it is
+/// admitted as running at once (`sandbox::create`).
+pub struct ClaimSetup {
+    network: Option<sandlot_proto::spec::NetworkSpec>,
+    agent: Option<sandlot_runtime::plan::AgentSetup>,
+}
+
+impl ClaimSetup {
+    pub fn plan(w: &Warm, spec: &SandboxSpec) -> ClaimSetup {
+        let network = (spec.network.mode != sandlot_proto::spec::NetworkMode::None)
+            .then(|| spec.network.clone());
+        let hostname = sandlot_runtime::namespace::sandbox_hostname(&w.id, spec);
+        let setup = sandlot_runtime::namespace::agent_setup(
+            &hostname,
+            spec,
+            w.image.as_ref(),
+            &sandlot_runtime::Secrets::default(),
+        );
+        // The same defaults as the agent's (no env, user or working directory of
+        // the request's own): no round trip needed.
+        let agent = (setup != w.setup).then_some(setup);
+        ClaimSetup { network, agent }
+    }
+
+    /// Nothing to change: the pooled sandbox is already what the request asks for.
+    pub fn is_empty(&self) -> bool {
+        self.network.is_none() && self.agent.is_none()
+    }
+}
+
+/// Applies `setup` to the claimed sandbox `w`.
+pub async fn configure(state: &Arc<AppState>, w: &Warm, setup: ClaimSetup) -> Result<(), String> {
+    if let Some(network) = &setup.network {
         // In memory plus one small SQLite update, like the admission before it: run
         // on this task rather than a blocking-pool thread (a burst of `allow`
         // claims started dozens of them; docs/benchmarks.md, session 10).
-        crate::network::set_at_claim(state, &w.id, &spec.network)
+        crate::network::set_at_claim(state, &w.id, network)
             .map_err(|e| format!("set the network policy: {}", e.message))?;
     }
-    let hostname = sandlot_runtime::namespace::sandbox_hostname(&w.id, spec);
-    let setup = sandlot_runtime::namespace::agent_setup(
-        &hostname,
-        spec,
-        w.image.as_ref(),
-        &sandlot_runtime::Secrets::default(),
-    );
-    if setup == w.setup {
-        // The request asks for the defaults the agent started with (no env, user
-        // or working directory of its own): no round trip needed.
+    let Some(agent) = setup.agent else {
         return Ok(());
-    }
+    };
     w.guest
         .configure(ConfigureRequest {
-            env: setup.env,
-            default_user: setup.default_user,
-            default_cwd: setup.default_cwd,
+            env: agent.env,
+            default_user: agent.default_user,
+            default_cwd: agent.default_cwd,
         })
         .await
         .map_err(|e| e.to_string())

@@ -15,6 +15,7 @@ use tokio::sync::{watch, Notify};
 use tracing::Instrument;
 
 use crate::error::{ApiError, ApiResult};
+use crate::pool::ClaimSetup;
 use crate::process::ProcTable;
 use crate::state::AppState;
 use crate::store::{
@@ -250,8 +251,16 @@ pub async fn create(state: &Arc<AppState>, p: CreateParams) -> ApiResult<Sandbox
         None => new_id(&state.cfg.id_prefix),
     };
     let now = now_ms();
-    // A claimed sandbox runs already: it is admitted as running, in one commit.
-    let warm_pid = warm.as_ref().map(|(_, w)| w.inst.pid);
+    // What a claimed sandbox must change for this request. With nothing to change it
+    // is the request's sandbox as it stands, and it runs already: it is admitted as
+    // running, in one commit. Otherwise it is recorded as running only once it has
+    // taken the request's settings, so a crash in between cannot leave a running
+    // record of a sandbox with the pool's.
+    let setup = warm.as_ref().map(|(_, w)| ClaimSetup::plan(w, &p.spec));
+    let warm_pid = match (&warm, &setup) {
+        (Some((_, w)), Some(s)) if s.is_empty() => Some(w.inst.pid),
+        _ => None,
+    };
     let rec = SandboxRecord {
         id: id.clone(),
         tenant: p.tenant.clone(),
@@ -323,11 +332,12 @@ pub async fn create(state: &Arc<AppState>, p: CreateParams) -> ApiResult<Sandbox
     }
     state.metrics.live_sandboxes.fetch_add(1, Ordering::Relaxed);
     let span = tracing::info_span!("sandbox", sandbox_id = %id, tenant = %p.tenant);
-    // A pooled sandbox only needs the request's process defaults; if that fails
-    // (its agent died while it waited), it is discarded and the create goes cold.
+    // A pooled sandbox only needs the request's network policy and process
+    // defaults; if setting them fails (its agent died while it waited), it is
+    // discarded and the create goes cold.
     let mut claimed = None;
-    if let Some(w) = warm {
-        match crate::pool::configure(state, &w, &p.spec).await {
+    if let (Some(w), Some(setup)) = (warm, setup) {
+        match crate::pool::configure(state, &w, setup).await {
             Ok(()) => claimed = Some((w.inst, w.guest)),
             Err(e) => {
                 span.in_scope(|| tracing::warn!("pooled sandbox unusable, creating cold: {e}"));
@@ -344,8 +354,8 @@ pub async fn create(state: &Arc<AppState>, p: CreateParams) -> ApiResult<Sandbox
         ),
     };
     // Record the pid before anything else can fail, so a crash from here on leaves
-    // a record that the next start re-adopts or cleans. A claim recorded it at its
-    // admission; a claim that fell back to a cold create has a new pid.
+    // a record that the next start re-adopts or cleans. A claim with nothing to
+    // change recorded it at its admission.
     let started_at = match rec.started_at {
         Some(at) if from_pool => at,
         _ => {

@@ -99,18 +99,11 @@ fn issue6_pool_claims_are_single_use_and_take_request_defaults() {
             pool_metric(&c, "sandlot_pool_hits_total", "default").await,
             Some(1)
         );
-        // A claim is recorded running at its admission: the record has its start
-        // and the log reads like a cold create's.
+        // A claim that takes the request's settings is recorded running once it
+        // has them; the record has its start and the log reads like a cold create's.
         assert_eq!(sb.state, SandboxState::Running);
         assert!(sb.started_at.is_some(), "{sb:?}");
-        let kinds: Vec<String> = c
-            .events(&sb.id)
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|e| e.kind)
-            .collect();
-        assert_eq!(kinds, ["created", "started"]);
+        assert_eq!(event_kinds(&c, &sb.id).await, ["created", "started"]);
         // The other pool's shape (hostname, memory) is served by that pool.
         let small = c
             .create_sandbox(&body(
@@ -120,6 +113,11 @@ fn issue6_pool_claims_are_single_use_and_take_request_defaults() {
             .unwrap();
         let out = c.run(&small.id, &["hostname"]).await.unwrap();
         assert_eq!(String::from_utf8_lossy(&out.stdout), "pooled\n");
+        // A claim with nothing to change is admitted running, in one commit: the
+        // same record and log.
+        assert_eq!(small.state, SandboxState::Running);
+        assert!(small.started_at.is_some(), "{small:?}");
+        assert_eq!(event_kinds(&c, &small.id).await, ["created", "started"]);
         assert_eq!(
             pool_metric(&c, "sandlot_pool_hits_total", "small").await,
             Some(1)
@@ -309,4 +307,13 @@ fn issue6_adaptive_pool_grows_with_misses_and_shrinks_when_idle() {
         })
         .await;
     });
+}
+
+async fn event_kinds(c: &Client, id: &str) -> Vec<String> {
+    c.events(id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.kind)
+        .collect()
 }
