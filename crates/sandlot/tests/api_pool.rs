@@ -8,7 +8,7 @@ mod api_support;
 
 use std::collections::BTreeSet;
 
-use api_support::{eventually, rt, Daemon};
+use api_support::{event_kinds, eventually, rt, Daemon};
 use sandlot_client::{Client, CreateSandbox, SandboxState};
 use serde_json::json;
 
@@ -307,13 +307,4 @@ fn issue6_adaptive_pool_grows_with_misses_and_shrinks_when_idle() {
         })
         .await;
     });
-}
-
-async fn event_kinds(c: &Client, id: &str) -> Vec<String> {
-    c.events(id)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|e| e.kind)
-        .collect()
 }

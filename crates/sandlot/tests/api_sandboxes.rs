@@ -5,7 +5,7 @@ mod api_support;
 
 use std::time::Duration;
 
-use api_support::{eventually, rt, Daemon};
+use api_support::{event_kinds, eventually, rt, Daemon};
 use sandlot_client::{CreateSandbox, ExecBody, ListFilter, SandboxState};
 use serde_json::json;
 
@@ -522,16 +522,6 @@ fn issue3_idempotency_key_makes_create_retry_safe() {
         let replay = c.create_sandbox_with_key(&req, "key-1").await.unwrap();
         assert_eq!((&replay.id, replay.state), (&a.id, SandboxState::Stopped));
     });
-}
-
-/// The kinds of sandbox `id`'s lifecycle events, in order.
-async fn event_kinds(c: &sandlot_client::Client, id: &str) -> Vec<String> {
-    c.events(id)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|e| e.kind)
-        .collect()
 }
 
 /// The processes of sandbox `id` still in its cgroups (empty once PID 1 and its

@@ -101,7 +101,7 @@ struct Density {
 
 /// Growth of `/proc/meminfo` accounts per sandbox, KiB. Unlike MemTotal -
 /// MemAvailable, which moves with the page cache and reclaimable memory of the
-/// whole host (0.32 to 1.02 MiB per sandbox for the same code in session 11), their
+/// whole host (0.32 to 1.10 MiB per sandbox for the same code in session 11), their
 /// sum counts what the sandboxes hold. Slab objects that earlier sections freed and
 /// these sandboxes reuse are not counted as growth, so a run right after others
 /// reads lower than one on a quiet host.

@@ -313,6 +313,16 @@ where
     }
 }
 
+/// The kinds of sandbox `id`'s lifecycle events, in order.
+pub async fn event_kinds(c: &Client, id: &str) -> Vec<String> {
+    c.events(id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.kind)
+        .collect()
+}
+
 /// Runs a test's body on a fresh runtime and fails it, naming `what`, if it takes
 /// longer than `secs` (a hang then fails with a message instead of running into
 /// the harness's timeout).
