@@ -379,6 +379,7 @@ impl Agent {
         let Some(Chan::Read(rs)) = conn.chans.get_mut(&chan) else {
             return;
         };
+        let scratch = scratch.get();
         loop {
             if rs.remaining == Some(0) {
                 break;

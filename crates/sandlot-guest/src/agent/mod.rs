@@ -185,6 +185,23 @@ pub(crate) struct Settings {
     pub retention: usize,
 }
 
+/// The buffer process output and file contents are read through, allocated at the
+/// first read. An idle sandbox (a pooled one, or one that never ran anything) then
+/// does not hold its 64 KiB: zeroed at the agent's start, they were about a quarter
+/// of the agent's private memory (docs/benchmarks.md, session 11).
+#[derive(Debug, Default)]
+pub(crate) struct Scratch(Vec<u8>);
+
+impl Scratch {
+    /// The buffer, [`sandlot_proto::guest::DATA_CHUNK`] bytes long.
+    pub fn get(&mut self) -> &mut [u8] {
+        if self.0.is_empty() {
+            self.0 = vec![0u8; sandlot_proto::guest::DATA_CHUNK];
+        }
+        &mut self.0
+    }
+}
+
 pub(crate) struct Agent {
     pub settings: Settings,
     /// The agent is PID 1 of its pid namespace (reaps everything).
@@ -198,7 +215,7 @@ pub(crate) struct Agent {
     pub next_conn: u64,
     pub next_proc: u64,
     pub finished: VecDeque<u64>,
-    pub scratch: Box<[u8]>,
+    pub scratch: Scratch,
     /// Stack of the child between clone and exec.
     pub stack: Box<[u8]>,
     pub users: users::UserDb,
@@ -231,7 +248,7 @@ impl Agent {
             next_conn: 1,
             next_proc: 1,
             finished: VecDeque::new(),
-            scratch: vec![0u8; sandlot_proto::guest::DATA_CHUNK].into_boxed_slice(),
+            scratch: Scratch::default(),
             stack: vec![0u8; spawn::CHILD_STACK].into_boxed_slice(),
             users: users::UserDb::default(),
             oom: match config.oom_score_adj.take() {
@@ -438,5 +455,30 @@ impl AsRawFd for watch::InotifyFd {
     fn as_raw_fd(&self) -> std::os::fd::RawFd {
         use std::os::fd::AsFd;
         self.0.as_fd().as_raw_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Scratch;
+    use sandlot_proto::guest::DATA_CHUNK;
+
+    #[test]
+    fn issue6_the_read_buffer_is_allocated_at_the_first_read() {
+        let mut s = Scratch::default();
+        // Nothing held before a read needs it.
+        assert_eq!(s.0.capacity(), 0);
+        let first = {
+            let b = s.get();
+            assert_eq!(b.len(), DATA_CHUNK);
+            b[DATA_CHUNK - 1] = 7;
+            b.as_ptr()
+        };
+        // Later reads reuse it.
+        let b = s.get();
+        assert_eq!(
+            (b.as_ptr(), b.len(), b[DATA_CHUNK - 1]),
+            (first, DATA_CHUNK, 7)
+        );
     }
 }

@@ -562,14 +562,15 @@ impl Agent {
             };
             let st = &mut p.streams[i];
             let fd = st.fd.clone().expect("room() checked the fd");
-            let n = room.min(self.scratch.len());
-            match nix::unistd::read(fd.get_ref(), &mut self.scratch[..n]) {
+            let buf = self.scratch.get();
+            let n = room.min(buf.len());
+            match nix::unistd::read(fd.get_ref(), &mut buf[..n]) {
                 Ok(0) => {
                     st.eof = true;
                     break ReadOutcome::Eof;
                 }
                 Ok(n) => {
-                    st.ring.push(Bytes::copy_from_slice(&self.scratch[..n]));
+                    st.ring.push(Bytes::copy_from_slice(&buf[..n]));
                     total += n;
                     self.pump_subs(id);
                     if total >= READ_BUDGET {
