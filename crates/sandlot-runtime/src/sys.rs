@@ -73,6 +73,7 @@ struct MountAttr {
 pub const MOUNT_ATTR_RDONLY: u64 = 0x1;
 pub const MOUNT_ATTR_NOSUID: u64 = 0x2;
 pub const MOUNT_ATTR_NODEV: u64 = 0x4;
+pub const MOUNT_ATTR_NOEXEC: u64 = 0x8;
 pub const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
 
 /// `mount_setattr(2)` on the mount at `dirfd`/`path` (recursively if `recursive`).
@@ -124,6 +125,29 @@ pub fn open_tree_clone(path: &CStr) -> io::Result<OwnedFd> {
     })?;
     // SAFETY: the kernel returned a fresh fd that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// `open_tree(fd, "", OPEN_TREE_CLONE | AT_EMPTY_PATH | OPEN_TREE_CLOEXEC)`: a
+/// detached bind of the directory `fd` refers to (not recursive: no mount below it
+/// comes along).
+pub fn open_tree_clone_fd(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    const OPEN_TREE_CLONE: libc::c_uint = 1;
+    let flags =
+        OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | libc::AT_EMPTY_PATH as libc::c_uint;
+    // SAFETY: fd is borrowed for the call; the path is an empty C string; the
+    // returned fd is owned by us.
+    let fd = cvt_long(unsafe {
+        libc::syscall(libc::SYS_open_tree, fd.as_raw_fd(), c"".as_ptr(), flags)
+    })?;
+    // SAFETY: the kernel returned a fresh fd that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// `unlinkat(dir, name, AT_REMOVEDIR)`: removes an empty directory.
+pub fn rmdirat(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
+    // SAFETY: valid fd and C string.
+    cvt(unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), libc::AT_REMOVEDIR) })?;
+    Ok(())
 }
 
 /// `move_mount(fd, "", AT_FDCWD, target, MOVE_MOUNT_F_EMPTY_PATH)`: attach a detached tree.

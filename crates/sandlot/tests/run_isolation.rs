@@ -328,6 +328,79 @@ fn issue2_skeleton_directories_keep_their_modes_and_owners() {
     assert_eq!(out, "1777 /tmp\n1777 /var/tmp\nlink\n");
 }
 
+/// The sandbox's own superblocks (distinct devices of its tmpfs, devpts, proc and
+/// sysfs mounts), from its `/proc/self/mountinfo`.
+fn own_superblocks(mountinfo: &str) -> Vec<(String, String)> {
+    let mut seen: Vec<(String, String)> = Vec::new();
+    for line in mountinfo.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let Some(dash) = f.iter().position(|x| *x == "-") else {
+            continue;
+        };
+        let (dev, fstype) = (f[2].to_string(), f[dash + 1].to_string());
+        if ["tmpfs", "devpts", "proc", "sysfs"].contains(&fstype.as_str())
+            && !seen.iter().any(|(d, _)| *d == dev)
+        {
+            seen.push((dev, fstype));
+        }
+    }
+    seen
+}
+
+/// Every superblock a sandbox mounts costs each memory cgroup on the host shrinker
+/// bookkeeping, so masks are binds of one removed empty directory and `/dev`,
+/// `/dev/shm` are directories of the root. They must still behave: the masked
+/// directory is empty and refuses new entries, `/dev/shm` is a sticky directory any
+/// user can write, and nothing of the mask source is left in `/dev`.
+#[test]
+fn issue6_masks_and_dev_make_no_superblocks_of_their_own() {
+    let script = "cat /proc/self/mountinfo; echo ===; \
+         ls -A /proc/acpi 2>&1 | wc -l; mkdir /proc/acpi/x 2>/dev/null && echo acpi-writable; \
+         ls -A /dev | tr '\\n' ' '; echo; stat -c '%a' /dev/shm; \
+         su_ok=$(cd /dev/shm && echo data > f && cat f); echo \"$su_ok\"";
+    let id = unique_id("sblocks");
+    let (code, out, err) = sh(&id, &["--user", "user"], script);
+    assert_eq!(code, 0, "{err}");
+    assert_no_leftovers(&id);
+    let (mountinfo, rest) = out.split_once("===\n").expect("marker");
+    let fstypes: Vec<String> = own_superblocks(mountinfo)
+        .into_iter()
+        .map(|(_, t)| t)
+        .collect();
+    let sysfs = usize::from(fstypes.iter().any(|t| t == "sysfs"));
+    assert_eq!(
+        fstypes.len(),
+        3 + sysfs,
+        "root, devpts, proc (and sysfs when the kernel allows it), got {fstypes:?}\n{mountinfo}"
+    );
+    let lines: Vec<&str> = rest.lines().collect();
+    assert_eq!(lines[0], "0", "a masked /proc/acpi must be empty: {rest}");
+    assert!(!rest.contains("acpi-writable"), "{rest}");
+    assert!(
+        !lines[1].contains("sandlot"),
+        "mask source left in /dev: {}",
+        lines[1]
+    );
+    assert!(
+        lines[1].contains("shm ") && lines[1].contains("pts "),
+        "{}",
+        lines[1]
+    );
+    assert_eq!(&lines[2..], ["1777", "data"], "{rest}");
+    if std::path::Path::new("/proc/acpi").is_dir() {
+        let acpi = mountinfo
+            .lines()
+            .find(|l| l.split_whitespace().nth(4) == Some("/proc/acpi"));
+        let opts = acpi
+            .and_then(|l| l.split_whitespace().nth(5))
+            .unwrap_or_default();
+        assert!(
+            opts.split(',').any(|o| o == "ro"),
+            "/proc/acpi must be masked read-only: {acpi:?}"
+        );
+    }
+}
+
 /// A minimal rootfs in `rfs`: host programs under `/bin` and the libraries they load
 /// (no download).
 fn minimal_rootfs(rfs: &std::path::Path, progs: &[&str]) {

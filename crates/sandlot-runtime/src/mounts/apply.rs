@@ -1,0 +1,661 @@
+//! Applying a [`super::MountPlan`]: the root filesystem ([`mount_root`],
+//! [`mount_layers`]) and the plan's operations ([`apply_with_trees`]), inside the
+//! sandbox's mount namespace. Every path is resolved under the new root with
+//! `openat2(RESOLVE_IN_ROOT)`.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::path::Path;
+
+use super::{apply_err, entry_kind, HostEntry, Kind, MountError, MountOp, RootFs, HOST_ETC_VIEW};
+use crate::sys;
+
+/// Names of the overlay's working directories inside the root tmpfs.
+const OVL_LOWER: &str = ".sandlot-lower";
+const OVL_UPPER: &str = ".sandlot-upper";
+const OVL_WORK: &str = ".sandlot-work";
+
+/// Result of mounting the root, for diagnostics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RootInfo {
+    /// The lower layer is idmapped (its root-owned files appear owned by root inside).
+    pub idmapped: bool,
+}
+
+/// Mounts the root filesystem at `at` (a directory in the current mount namespace).
+/// `idmapped_lower` is a detached, idmapped copy of the overlay's lower directory.
+pub fn mount_root(
+    root: &RootFs,
+    at: &Path,
+    idmapped_lower: Option<OwnedFd>,
+) -> Result<RootInfo, MountError> {
+    let at_c = sys::cstr(at).map_err(apply_err("mount root", at.display().to_string()))?;
+    let tmpfs_opts = |size: u64| CString::new(format!("size={size},mode=0755")).expect("no NUL");
+    let flags = libc::MS_NOSUID | libc::MS_NODEV;
+    match root {
+        RootFs::Tmpfs { size } => {
+            sys::mount(
+                Some(c"sandlot"),
+                &at_c,
+                Some(c"tmpfs"),
+                flags,
+                Some(&tmpfs_opts(*size)),
+            )
+            .map_err(apply_err("mount tmpfs root at", at.display().to_string()))?;
+            Ok(RootInfo { idmapped: false })
+        }
+        RootFs::Overlay { lower, size } => {
+            sys::mount(
+                Some(c"sandlot"),
+                &at_c,
+                Some(c"tmpfs"),
+                flags,
+                Some(&tmpfs_opts(*size)),
+            )
+            .map_err(apply_err(
+                "mount overlay scratch at",
+                at.display().to_string(),
+            ))?;
+            for d in [OVL_LOWER, OVL_UPPER, OVL_WORK] {
+                std::fs::create_dir(at.join(d)).map_err(apply_err("mkdir", d))?;
+            }
+            let lower_at = sys::cstr(&at.join(OVL_LOWER)).map_err(apply_err("lower", OVL_LOWER))?;
+            let mut idmapped = false;
+            if let Some(fd) = idmapped_lower {
+                idmapped = sys::move_mount_to(fd.as_fd(), &lower_at).is_ok();
+            }
+            if !idmapped {
+                let src =
+                    sys::cstr(lower).map_err(apply_err("lower", lower.display().to_string()))?;
+                sys::mount(
+                    Some(&src),
+                    &lower_at,
+                    None,
+                    libc::MS_BIND | libc::MS_REC,
+                    None,
+                )
+                .map_err(apply_err("bind rootfs", lower.display().to_string()))?;
+            }
+            let opts = format!(
+                "lowerdir={0}/{OVL_LOWER},upperdir={0}/{OVL_UPPER},workdir={0}/{OVL_WORK},userxattr",
+                at.display()
+            );
+            let opts_c = CString::new(opts).expect("no NUL");
+            sys::mount(
+                Some(c"overlay"),
+                &at_c,
+                Some(c"overlay"),
+                flags,
+                Some(&opts_c),
+            )
+            .map_err(apply_err("mount overlay at", at.display().to_string()))?;
+            Ok(RootInfo { idmapped })
+        }
+        RootFs::Layers { .. } => Err(MountError::Apply {
+            op: "mount layered root",
+            path: at.display().to_string(),
+            source: io::Error::other("use mount_layers"),
+        }),
+    }
+}
+
+/// Moves an idmapped tree onto `at`, or binds `source` there if there is none.
+/// Returns whether the idmapped tree was used.
+fn attach_tree(tree: Option<OwnedFd>, source: &Path, at: &Path) -> Result<bool, MountError> {
+    let at_c = sys::cstr(at).map_err(apply_err("mount point", at.display().to_string()))?;
+    if let Some(fd) = tree {
+        if sys::move_mount_to(fd.as_fd(), &at_c).is_ok() {
+            return Ok(true);
+        }
+    }
+    let src = sys::cstr(source).map_err(apply_err("bind", source.display().to_string()))?;
+    sys::mount(Some(&src), &at_c, None, libc::MS_BIND | libc::MS_REC, None)
+        .map_err(apply_err("bind", source.display().to_string()))?;
+    Ok(false)
+}
+
+/// Mounts an image root ([`RootFs::Layers`]) at `at`. `trees` are the idmapped
+/// trees of [`MountPlan::idmap_sources`], in order; the ones used are taken.
+pub fn mount_layers(
+    root: &RootFs,
+    at: &Path,
+    trees: &mut [Option<OwnedFd>],
+) -> Result<RootInfo, MountError> {
+    let RootFs::Layers { lowers, rw, size } = root else {
+        return mount_root(root, at, None);
+    };
+    let at_c = sys::cstr(at).map_err(apply_err("mount root", at.display().to_string()))?;
+    let flags = libc::MS_NOSUID | libc::MS_NODEV;
+    // The scratch tmpfs holds the layer mount points (and the writable layer when
+    // it lives inside the sandbox).
+    let scratch = if rw.is_some() { 1 << 20 } else { *size };
+    let opts = CString::new(format!("size={scratch},mode=0755")).expect("no NUL");
+    sys::mount(Some(c"sandlot"), &at_c, Some(c"tmpfs"), flags, Some(&opts)).map_err(apply_err(
+        "mount overlay scratch at",
+        at.display().to_string(),
+    ))?;
+    let mut idmapped = true;
+    let mut lowerdirs = Vec::new();
+    for (i, l) in lowers.iter().enumerate() {
+        let name = format!(".sandlot-l{i}");
+        let p = at.join(&name);
+        std::fs::create_dir(&p).map_err(apply_err("mkdir", name.clone()))?;
+        idmapped &= attach_tree(trees.get_mut(i).and_then(Option::take), l, &p)?;
+        lowerdirs.push(p.display().to_string());
+    }
+    let (upper, work) = match rw {
+        Some(dir) => {
+            let p = at.join(".sandlot-rw");
+            std::fs::create_dir(&p).map_err(apply_err("mkdir", ".sandlot-rw"))?;
+            let tree = trees.get_mut(lowers.len()).and_then(Option::take);
+            if !attach_tree(tree, dir, &p)? {
+                return Err(MountError::Apply {
+                    op: "idmap the writable layer",
+                    path: dir.display().to_string(),
+                    source: io::Error::other("the kernel refused an idmapped mount"),
+                });
+            }
+            (p.join("upper"), p.join("work"))
+        }
+        None => {
+            for d in [OVL_UPPER, OVL_WORK] {
+                std::fs::create_dir(at.join(d)).map_err(apply_err("mkdir", d))?;
+            }
+            (at.join(OVL_UPPER), at.join(OVL_WORK))
+        }
+    };
+    let opts = format!(
+        "lowerdir={},upperdir={},workdir={},userxattr",
+        lowerdirs.join(":"),
+        upper.display(),
+        work.display()
+    );
+    let opts_c = CString::new(opts).map_err(|_| MountError::Apply {
+        op: "overlay options",
+        path: at.display().to_string(),
+        source: io::ErrorKind::InvalidInput.into(),
+    })?;
+    sys::mount(
+        Some(c"overlay"),
+        &at_c,
+        Some(c"overlay"),
+        flags,
+        Some(&opts_c),
+    )
+    .map_err(apply_err("mount overlay at", at.display().to_string()))?;
+    Ok(RootInfo { idmapped })
+}
+
+/// Resolves `path` under `root` (RESOLVE_IN_ROOT), creating missing components.
+/// Tries the whole path first; only missing suffixes are walked.
+fn ensure(root: BorrowedFd<'_>, path: &str, kind: Kind) -> io::Result<OwnedFd> {
+    let trimmed = path.trim_end_matches('/');
+    let c = CString::new(if trimmed.is_empty() { "/" } else { trimmed })
+        .map_err(|_| io::ErrorKind::InvalidInput)?;
+    match sys::open_in_root(root, &c) {
+        Ok(fd) => return Ok(fd),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) && !trimmed.is_empty() => {}
+        Err(e) => return Err(e),
+    }
+    let (parent, name) = trimmed.rsplit_once('/').unwrap_or(("", trimmed));
+    let pfd = ensure(
+        root,
+        if parent.is_empty() { "/" } else { parent },
+        Kind::Dir,
+    )?;
+    let cname = CString::new(name).map_err(|_| io::ErrorKind::InvalidInput)?;
+    let made = match kind {
+        Kind::File => sys::touchat(pfd.as_fd(), &cname, 0o644),
+        Kind::Dir => sys::mkdirat(pfd.as_fd(), &cname, 0o755),
+    };
+    match made {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
+        Err(e) => return Err(e),
+    }
+    sys::open_in_root(root, &c)
+}
+
+fn exists_in_root(root: BorrowedFd<'_>, path: &str) -> bool {
+    CString::new(path)
+        .ok()
+        .map(|c| sys::open_in_root(root, &c).is_ok())
+        .unwrap_or(false)
+}
+
+fn remount_readonly(root: BorrowedFd<'_>, path: &str, recursive: bool) -> io::Result<()> {
+    let c = CString::new(path).map_err(|_| io::ErrorKind::InvalidInput)?;
+    let fd = sys::open_in_root(root, &c)?;
+    sys::mount_setattr(
+        Some(fd.as_fd()),
+        c"",
+        recursive,
+        sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV,
+        None,
+    )
+}
+
+/// Creates the symlink `path` -> `target` under the root (an existing entry is kept).
+fn symlink_in(
+    r: BorrowedFd<'_>,
+    parents: &mut ParentDir,
+    path: &str,
+    target: &str,
+) -> Result<(), MountError> {
+    let (pfd, name) = parents.get(r, path).map_err(apply_err("symlink", path))?;
+    let t = CString::new(target).map_err(|_| MountError::Apply {
+        op: "symlink",
+        path: path.to_string(),
+        source: io::ErrorKind::InvalidInput.into(),
+    })?;
+    // SAFETY: valid C strings and an fd we own.
+    let rc = unsafe { libc::symlinkat(t.as_ptr(), pfd.as_raw_fd(), name.as_ptr()) };
+    if rc != 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EEXIST) {
+            return Err(MountError::Apply {
+                op: "symlink",
+                path: path.to_string(),
+                source: e,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The parent directory of the last entry created, kept open for the next entry in
+/// the same directory (the `/etc` and `/dev` entries come in runs): one `openat2`
+/// per directory instead of one per entry. Every mount clears it, since a mount may
+/// cover the directory it holds.
+#[derive(Default)]
+struct ParentDir(Option<(String, OwnedFd)>);
+
+impl ParentDir {
+    /// The parent of `path` (resolved in the root, created if missing) and the name.
+    fn get(&mut self, root: BorrowedFd<'_>, path: &str) -> io::Result<(BorrowedFd<'_>, CString)> {
+        let p = Path::new(path);
+        let parent = p.parent().and_then(|p| p.to_str()).unwrap_or("/");
+        let name = p
+            .file_name()
+            .and_then(|n| n.to_str())
+            .ok_or(io::ErrorKind::InvalidInput)?;
+        let name = CString::new(name).map_err(|_| io::ErrorKind::InvalidInput)?;
+        if !matches!(&self.0, Some((cached, _)) if cached == parent) {
+            let fd = ensure(root, parent, Kind::Dir)?;
+            self.0 = Some((parent.to_string(), fd));
+        }
+        let (_, fd) = self.0.as_ref().expect("set above");
+        Ok((fd.as_fd(), name))
+    }
+
+    fn clear(&mut self) {
+        self.0 = None;
+    }
+}
+
+/// Creates directory `path` with `mode` and owner, or fixes the mode and owner of an
+/// existing one. The common case (a new directory in a directory already open) is
+/// `mkdirat`, `openat`, `fchmod` and maybe `fchown`; anything else (an existing
+/// symlink in an image, say) takes the general path through the root.
+fn dir_in(
+    r: BorrowedFd<'_>,
+    parents: &mut ParentDir,
+    path: &str,
+    mode: u32,
+    uid: u32,
+    gid: u32,
+) -> Result<(), MountError> {
+    let mut fast = || -> io::Result<()> {
+        let (pfd, name) = parents.get(r, path)?;
+        match sys::mkdirat(pfd, &name, 0o700) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
+            Err(e) => return Err(e),
+        }
+        // Refuses a symlink (ELOOP) or a non-directory (ENOTDIR): the general path.
+        let dir = sys::open_dir_nofollow(pfd, &name)?;
+        sys::fchmod(dir.as_fd(), mode)?;
+        if uid != 0 || gid != 0 {
+            sys::fchown_fd(dir.as_fd(), uid, gid)?;
+        }
+        Ok(())
+    };
+    if fast().is_ok() {
+        return Ok(());
+    }
+    let fd = ensure(r, path, Kind::Dir).map_err(apply_err("mkdir", path))?;
+    let p = sys::fd_path(fd.as_fd());
+    std::fs::set_permissions(
+        std::str::from_utf8(p.as_bytes()).unwrap_or_default(),
+        std::os::unix::fs::PermissionsExt::from_mode(mode),
+    )
+    .map_err(apply_err("chmod", path))?;
+    if uid != 0 || gid != 0 {
+        sys::fchown_fd(fd.as_fd(), uid, gid).map_err(apply_err("chown", path))?;
+    }
+    Ok(())
+}
+
+/// Binds host path `source` at `path` under the root. A detached copy of the source
+/// tree is made read-only before it is attached: three syscalls and no
+/// /proc/self/fd path lookups. A missing source is skipped unless `required`.
+pub(crate) fn bind_in(
+    r: BorrowedFd<'_>,
+    source: &Path,
+    path: &str,
+    readonly: bool,
+    kind: Kind,
+    required: bool,
+) -> Result<(), MountError> {
+    let sc = sys::cstr(source).map_err(apply_err("bind", path))?;
+    let tree = match sys::open_tree_clone(&sc) {
+        Ok(fd) => fd,
+        Err(_) if !required => return Ok(()),
+        Err(e) => {
+            return Err(MountError::Apply {
+                op: "open bind source",
+                path: source.display().to_string(),
+                source: e,
+            })
+        }
+    };
+    if readonly {
+        sys::mount_setattr(
+            Some(tree.as_fd()),
+            c"",
+            true,
+            sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV,
+            None,
+        )
+        .map_err(apply_err("make read-only", path))?;
+    }
+    let tgt = ensure(r, path, kind).map_err(apply_err("create bind target", path))?;
+    sys::move_mount_onto(tree.as_fd(), tgt.as_fd()).map_err(apply_err("bind", path))
+}
+
+/// Applies `ops` under the root mounted at `root_dir`. Runs as root of the sandbox's
+/// user namespace, in its own mount namespace, before `pivot_root`.
+pub fn apply(root_dir: &Path, ops: &[MountOp]) -> Result<(), MountError> {
+    apply_with_trees(root_dir, ops, &mut [], None)
+}
+
+/// [`apply`], with the idmapped trees [`MountOp::IdmappedBind`] refers to and the
+/// fork server's `/etc` view for [`MountOp::HostEtc`] (consumed; dropped if unused).
+pub fn apply_with_trees(
+    root_dir: &Path,
+    ops: &[MountOp],
+    trees: &mut [Option<OwnedFd>],
+    mut etc_view: Option<OwnedFd>,
+) -> Result<(), MountError> {
+    let rc = sys::cstr(root_dir).map_err(apply_err("open root", root_dir.display().to_string()))?;
+    let root = sys::open_path(&rc, false)
+        .map_err(apply_err("open root", root_dir.display().to_string()))?;
+    let r = root.as_fd();
+    let mut parents = ParentDir::default();
+    let mut empty = EmptyDir::default();
+    for op in ops {
+        if !matches!(
+            op,
+            MountOp::Dir { .. } | MountOp::Symlink { .. } | MountOp::File { .. }
+        ) {
+            parents.clear();
+        }
+        match op {
+            MountOp::Dir {
+                path,
+                mode,
+                uid,
+                gid,
+            } => dir_in(r, &mut parents, path, *mode, *uid, *gid)?,
+            MountOp::Symlink { path, target } => symlink_in(r, &mut parents, path, target)?,
+            MountOp::File {
+                path,
+                contents,
+                mode,
+            } => {
+                let (pfd, name) = parents.get(r, path).map_err(apply_err("write", path))?;
+                write_at(pfd, &name, contents.as_bytes(), *mode)
+                    .map_err(apply_err("write", path))?;
+            }
+            MountOp::Bind {
+                source,
+                path,
+                readonly,
+                kind,
+                required,
+            } => bind_in(r, source, path, *readonly, *kind, *required)?,
+            MountOp::HostEtc { entries, use_view } => {
+                // The view is attached once; a failed attach falls back to binds.
+                let attached = match etc_view.take().filter(|_| *use_view) {
+                    Some(tree) => {
+                        let tgt = ensure(r, HOST_ETC_VIEW, Kind::Dir)
+                            .map_err(apply_err("create view target", HOST_ETC_VIEW))?;
+                        sys::move_mount_onto(tree.as_fd(), tgt.as_fd()).is_ok()
+                    }
+                    None => false,
+                };
+                for (name, kind) in entries {
+                    let path = format!("/etc/{name}");
+                    match kind {
+                        HostEntry::Symlink(t) => symlink_in(r, &mut parents, &path, t)?,
+                        _ if attached => {
+                            symlink_in(r, &mut parents, &path, &format!("{HOST_ETC_VIEW}/{name}"))?
+                        }
+                        HostEntry::Dir | HostEntry::File => {
+                            parents.clear();
+                            bind_in(r, Path::new(&path), &path, true, entry_kind(kind), false)?
+                        }
+                    }
+                }
+            }
+            MountOp::Tmpfs {
+                path,
+                size,
+                mode,
+                noexec,
+            } => {
+                let tgt =
+                    ensure(r, path, Kind::Dir).map_err(apply_err("create tmpfs target", path))?;
+                let mut flags = libc::MS_NOSUID | libc::MS_NODEV;
+                if *noexec {
+                    flags |= libc::MS_NOEXEC;
+                }
+                let opts = CString::new(format!("size={size},mode={mode:o}")).expect("no NUL");
+                sys::mount(
+                    Some(c"tmpfs"),
+                    &sys::fd_path(tgt.as_fd()),
+                    Some(c"tmpfs"),
+                    flags,
+                    Some(&opts),
+                )
+                .map_err(apply_err("mount tmpfs", path))?;
+            }
+            MountOp::Proc { path } => {
+                let tgt =
+                    ensure(r, path, Kind::Dir).map_err(apply_err("create proc target", path))?;
+                let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+                sys::mount(
+                    Some(c"proc"),
+                    &sys::fd_path(tgt.as_fd()),
+                    Some(c"proc"),
+                    flags,
+                    None,
+                )
+                .map_err(apply_err("mount proc", path))?;
+            }
+            MountOp::Sysfs { path } => {
+                let tgt =
+                    ensure(r, path, Kind::Dir).map_err(apply_err("create sysfs target", path))?;
+                let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC | libc::MS_RDONLY;
+                // Refused when the host's sysfs is not fully visible; /sys then stays empty.
+                let _ = sys::mount(
+                    Some(c"sysfs"),
+                    &sys::fd_path(tgt.as_fd()),
+                    Some(c"sysfs"),
+                    flags,
+                    None,
+                );
+            }
+            MountOp::Devpts { path } => {
+                let tgt =
+                    ensure(r, path, Kind::Dir).map_err(apply_err("create devpts target", path))?;
+                let flags = libc::MS_NOSUID | libc::MS_NOEXEC;
+                sys::mount(
+                    Some(c"devpts"),
+                    &sys::fd_path(tgt.as_fd()),
+                    Some(c"devpts"),
+                    flags,
+                    Some(c"newinstance,ptmxmode=0666,mode=0620"),
+                )
+                .map_err(apply_err("mount devpts", path))?;
+            }
+            MountOp::MaskFile { path } => {
+                if !exists_in_root(r, path) {
+                    continue;
+                }
+                let tgt = ensure(r, path, Kind::File).map_err(apply_err("mask", path))?;
+                let null =
+                    sys::open_in_root(r, c"/dev/null").map_err(apply_err("open", "/dev/null"))?;
+                sys::mount(
+                    Some(&sys::fd_path(null.as_fd())),
+                    &sys::fd_path(tgt.as_fd()),
+                    None,
+                    libc::MS_BIND,
+                    None,
+                )
+                .map_err(apply_err("mask", path))?;
+            }
+            MountOp::MaskDir { path } => {
+                if !exists_in_root(r, path) {
+                    continue;
+                }
+                let tgt = ensure(r, path, Kind::Dir).map_err(apply_err("mask", path))?;
+                match empty.bind(r) {
+                    Ok(tree) => sys::move_mount_onto(tree.as_fd(), tgt.as_fd()),
+                    Err(_) => mask_with_tmpfs(tgt.as_fd()),
+                }
+                .map_err(apply_err("mask", path))?;
+            }
+            MountOp::IdmappedBind {
+                index,
+                source,
+                path,
+                readonly,
+            } => {
+                let tgt =
+                    ensure(r, path, Kind::Dir).map_err(apply_err("create volume target", path))?;
+                let tree = trees.get_mut(*index).and_then(Option::take);
+                let moved =
+                    tree.is_some_and(|t| sys::move_mount_onto(t.as_fd(), tgt.as_fd()).is_ok());
+                if !moved {
+                    // No idmapped tree: a plain bind (files then show as nobody).
+                    let sc = sys::cstr(source).map_err(apply_err("bind", path))?;
+                    let src = sys::open_path(&sc, false).map_err(apply_err("open volume", path))?;
+                    sys::mount(
+                        Some(&sys::fd_path(src.as_fd())),
+                        &sys::fd_path(tgt.as_fd()),
+                        None,
+                        libc::MS_BIND | libc::MS_REC,
+                        None,
+                    )
+                    .map_err(apply_err("bind", path))?;
+                }
+                if *readonly {
+                    remount_readonly(r, path, true).map_err(apply_err("make read-only", path))?;
+                }
+            }
+            MountOp::ReadOnly { path } => {
+                if !exists_in_root(r, path) {
+                    continue;
+                }
+                let tgt = ensure(r, path, Kind::Dir).map_err(apply_err("read-only", path))?;
+                let p = sys::fd_path(tgt.as_fd());
+                sys::mount(Some(&p), &p, None, libc::MS_BIND | libc::MS_REC, None)
+                    .map_err(apply_err("read-only bind", path))?;
+                remount_readonly(r, path, true).map_err(apply_err("read-only", path))?;
+            }
+        }
+    }
+    empty
+        .remove()
+        .map_err(apply_err("remove the mask source", "/dev/.sandlot-mask"))
+}
+
+/// Where the sandbox's masked directories come from: one empty directory made in
+/// its `/dev`, bound read-only over each masked directory, and removed once the
+/// plan is applied ([`EmptyDir::remove`]).
+///
+/// Why not an empty tmpfs per mask, as runc does: every superblock registers a
+/// shrinker, and each memory cgroup on the host keeps bookkeeping sized by the most
+/// shrinkers the host has ever had (see `docs/benchmarks.md`, density). A bind makes
+/// no superblock. A removed directory stays empty: the kernel refuses new entries in
+/// it, and no path in the sandbox leads to it but the masks themselves.
+#[derive(Default)]
+struct EmptyDir(Option<OwnedFd>);
+
+impl EmptyDir {
+    const NAME: &'static std::ffi::CStr = c".sandlot-mask";
+
+    /// A detached, read-only bind of the empty directory, ready to attach.
+    fn bind(&mut self, r: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+        if self.0.is_none() {
+            let dev = ensure(r, "/dev", Kind::Dir)?;
+            sys::mkdirat(dev.as_fd(), Self::NAME, 0o555)?;
+            self.0 = Some(dev);
+        }
+        let dev = self.0.as_ref().expect("set above");
+        let dir = sys::open_dir_nofollow(dev.as_fd(), Self::NAME)?;
+        let tree = sys::open_tree_clone_fd(dir.as_fd())?;
+        sys::mount_setattr(
+            Some(tree.as_fd()),
+            c"",
+            false,
+            sys::MOUNT_ATTR_RDONLY
+                | sys::MOUNT_ATTR_NOSUID
+                | sys::MOUNT_ATTR_NODEV
+                | sys::MOUNT_ATTR_NOEXEC,
+            None,
+        )?;
+        Ok(tree)
+    }
+
+    /// Removes the directory from `/dev`; the masks keep it, empty for good.
+    fn remove(self) -> io::Result<()> {
+        match self.0 {
+            Some(dev) => sys::rmdirat(dev.as_fd(), Self::NAME),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Masks the directory `tgt` with an empty read-only tmpfs: the fallback when a
+/// kernel refuses the bind of a removed directory.
+fn mask_with_tmpfs(tgt: BorrowedFd<'_>) -> io::Result<()> {
+    let flags = libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+    sys::mount(
+        Some(c"tmpfs"),
+        &sys::fd_path(tgt),
+        Some(c"tmpfs"),
+        flags,
+        Some(c"size=0"),
+    )
+}
+
+fn write_at(dir: BorrowedFd<'_>, name: &CString, data: &[u8], mode: u32) -> io::Result<()> {
+    // SAFETY: valid dir fd and C string; the fd is wrapped right away.
+    let fd = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+            mode as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fresh fd.
+    let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    sys::write_all_fd(fd.as_fd(), data)
+}
