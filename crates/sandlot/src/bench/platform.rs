@@ -111,11 +111,14 @@ struct MemBreakdown {
     slab: f64,
     page_tables: f64,
     kernel_stack: f64,
+    /// Per-CPU allocations (`Percpu`): memory cgroups' statistics, counters of
+    /// superblocks and network devices.
+    percpu: f64,
 }
 
 impl MemBreakdown {
     fn total(&self) -> f64 {
-        self.anon + self.slab + self.page_tables + self.kernel_stack
+        self.anon + self.slab + self.page_tables + self.kernel_stack + self.percpu
     }
 }
 
@@ -523,6 +526,7 @@ struct MemSnapshot {
     slab: u64,
     page_tables: u64,
     kernel_stack: u64,
+    percpu: u64,
 }
 
 /// Reads [`MemSnapshot`] from `/proc/meminfo` text (missing fields read as 0).
@@ -541,6 +545,7 @@ fn parse_meminfo(text: &str) -> MemSnapshot {
         slab: field("Slab:"),
         page_tables: field("PageTables:"),
         kernel_stack: field("KernelStack:"),
+        percpu: field("Percpu:"),
     }
 }
 
@@ -557,6 +562,7 @@ fn accounted_kib_per_sandbox(before: &MemSnapshot, after: &MemSnapshot, n: usize
         slab: per(before.slab, after.slab),
         page_tables: per(before.page_tables, after.page_tables),
         kernel_stack: per(before.kernel_stack, after.kernel_stack),
+        percpu: per(before.percpu, after.percpu),
     }
 }
 
@@ -1145,7 +1151,7 @@ fn print_report(res: &Results) {
     if let Some(d) = &res.density {
         println!(
             "density: {} idle sandboxes (network {}) started in {:.2} s, torn down in {:.2} s, {:.2} MiB of host memory each (MemTotal - MemAvailable); \
-             accounted {:.0} KiB each (anon {:.0}, slab {:.0}, page tables {:.0}, kernel stacks {:.0}); PID 1 (agent) Pss {}\n",
+             accounted {:.0} KiB each (anon {:.0}, slab {:.0}, page tables {:.0}, kernel stacks {:.0}, per-CPU {:.0}); PID 1 (agent) Pss {}\n",
             d.sandboxes,
             d.network,
             d.start_secs,
@@ -1156,6 +1162,7 @@ fn print_report(res: &Results) {
             d.accounted_kib.slab,
             d.accounted_kib.page_tables,
             d.accounted_kib.kernel_stack,
+            d.accounted_kib.percpu,
             d.pid1_pss_kib
                 .map_or("unknown".to_string(), |k| format!("{k:.0} KiB"))
         );
@@ -1227,26 +1234,29 @@ mod tests {
         let before = parse_meminfo(
             "MemTotal:       24000000 kB\nMemFree:  1 kB\nMemAvailable:   20000000 kB\n\
              AnonPages:        100000 kB\nSlab:             200000 kB\n\
-             SReclaimable:      50000 kB\nKernelStack:       10000 kB\nPageTables:        20000 kB\n",
+             SReclaimable:      50000 kB\nKernelStack:       10000 kB\nPageTables:        20000 kB\n\
+             Percpu:             3000 kB\n",
         );
         assert_eq!(before.used, 4_000_000 * 1024);
         assert_eq!(before.anon, 100_000 * 1024);
         // SReclaimable is not read as Slab, nor KernelStack as anything else.
         assert_eq!(before.slab, 200_000 * 1024);
         assert_eq!(before.kernel_stack, 10_000 * 1024);
+        assert_eq!(before.percpu, 3_000 * 1024);
         let after = MemSnapshot {
             used: before.used + 500 * (1 << 20),
             anon: before.anon + 1000 * 200 * 1024,
             slab: before.slab + 1000 * 600 * 1024,
             page_tables: before.page_tables + 1000 * 80 * 1024,
             kernel_stack: before.kernel_stack + 1000 * 16 * 1024,
+            percpu: before.percpu + 1000 * 24 * 1024,
         };
         let b = accounted_kib_per_sandbox(&before, &after, 1000);
         assert_eq!(
-            (b.anon, b.slab, b.page_tables, b.kernel_stack),
-            (200.0, 600.0, 80.0, 16.0)
+            (b.anon, b.slab, b.page_tables, b.kernel_stack, b.percpu),
+            (200.0, 600.0, 80.0, 16.0, 24.0)
         );
-        assert_eq!(b.total(), 896.0);
+        assert_eq!(b.total(), 920.0);
         // Memory freed elsewhere meanwhile shows as negative growth, not a wrap.
         let shrunk = MemSnapshot {
             slab: before.slab - 1024 * 1000,
