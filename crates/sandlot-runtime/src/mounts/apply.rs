@@ -3,7 +3,7 @@
 //! sandbox's mount namespace. Every path is resolved under the new root with
 //! `openat2(RESOLVE_IN_ROOT)`.
 
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::Path;
@@ -31,32 +31,13 @@ pub fn mount_root(
     idmapped_lower: Option<OwnedFd>,
 ) -> Result<RootInfo, MountError> {
     let at_c = sys::cstr(at).map_err(apply_err("mount root", at.display().to_string()))?;
-    let tmpfs_opts = |size: u64| CString::new(format!("size={size},mode=0755")).expect("no NUL");
-    let flags = libc::MS_NOSUID | libc::MS_NODEV;
     match root {
         RootFs::Tmpfs { size } => {
-            sys::mount(
-                Some(c"sandlot"),
-                &at_c,
-                Some(c"tmpfs"),
-                flags,
-                Some(&tmpfs_opts(*size)),
-            )
-            .map_err(apply_err("mount tmpfs root at", at.display().to_string()))?;
+            mount_scratch(at, &at_c, *size, "mount tmpfs root at")?;
             Ok(RootInfo { idmapped: false })
         }
         RootFs::Overlay { lower, size } => {
-            sys::mount(
-                Some(c"sandlot"),
-                &at_c,
-                Some(c"tmpfs"),
-                flags,
-                Some(&tmpfs_opts(*size)),
-            )
-            .map_err(apply_err(
-                "mount overlay scratch at",
-                at.display().to_string(),
-            ))?;
+            mount_scratch(at, &at_c, *size, "mount overlay scratch at")?;
             for d in [OVL_LOWER, OVL_UPPER, OVL_WORK] {
                 std::fs::create_dir(at.join(d)).map_err(apply_err("mkdir", d))?;
             }
@@ -81,15 +62,7 @@ pub fn mount_root(
                 "lowerdir={0}/{OVL_LOWER},upperdir={0}/{OVL_UPPER},workdir={0}/{OVL_WORK},userxattr",
                 at.display()
             );
-            let opts_c = CString::new(opts).expect("no NUL");
-            sys::mount(
-                Some(c"overlay"),
-                &at_c,
-                Some(c"overlay"),
-                flags,
-                Some(&opts_c),
-            )
-            .map_err(apply_err("mount overlay at", at.display().to_string()))?;
+            mount_overlay(at, &at_c, opts)?;
             Ok(RootInfo { idmapped })
         }
         RootFs::Layers { .. } => Err(MountError::Apply {
@@ -126,15 +99,10 @@ pub fn mount_layers(
         return mount_root(root, at, None);
     };
     let at_c = sys::cstr(at).map_err(apply_err("mount root", at.display().to_string()))?;
-    let flags = libc::MS_NOSUID | libc::MS_NODEV;
     // The scratch tmpfs holds the layer mount points (and the writable layer when
     // it lives inside the sandbox).
     let scratch = if rw.is_some() { 1 << 20 } else { *size };
-    let opts = CString::new(format!("size={scratch},mode=0755")).expect("no NUL");
-    sys::mount(Some(c"sandlot"), &at_c, Some(c"tmpfs"), flags, Some(&opts)).map_err(apply_err(
-        "mount overlay scratch at",
-        at.display().to_string(),
-    ))?;
+    mount_scratch(at, &at_c, scratch, "mount overlay scratch at")?;
     let mut idmapped = true;
     let mut lowerdirs = Vec::new();
     for (i, l) in lowers.iter().enumerate() {
@@ -171,20 +139,34 @@ pub fn mount_layers(
         upper.display(),
         work.display()
     );
+    mount_overlay(at, &at_c, opts)?;
+    Ok(RootInfo { idmapped })
+}
+
+/// The root's tmpfs (the `host` image's root, or an overlay's scratch) at `at`.
+fn mount_scratch(at: &Path, at_c: &CStr, size: u64, op: &'static str) -> Result<(), MountError> {
+    let opts = CString::new(format!("size={size},mode=0755")).expect("no NUL");
+    let flags = libc::MS_NOSUID | libc::MS_NODEV;
+    sys::mount(Some(c"sandlot"), at_c, Some(c"tmpfs"), flags, Some(&opts))
+        .map_err(apply_err(op, at.display().to_string()))
+}
+
+/// The root's overlay at `at`, with `opts` (`lowerdir=...,upperdir=...,...`).
+fn mount_overlay(at: &Path, at_c: &CStr, opts: String) -> Result<(), MountError> {
     let opts_c = CString::new(opts).map_err(|_| MountError::Apply {
         op: "overlay options",
         path: at.display().to_string(),
         source: io::ErrorKind::InvalidInput.into(),
     })?;
+    let flags = libc::MS_NOSUID | libc::MS_NODEV;
     sys::mount(
         Some(c"overlay"),
-        &at_c,
+        at_c,
         Some(c"overlay"),
         flags,
         Some(&opts_c),
     )
-    .map_err(apply_err("mount overlay at", at.display().to_string()))?;
-    Ok(RootInfo { idmapped })
+    .map_err(apply_err("mount overlay at", at.display().to_string()))
 }
 
 /// Resolves `path` under `root` (RESOLVE_IN_ROOT), creating missing components.
