@@ -115,9 +115,9 @@ pub enum MountOp {
     MaskFile {
         path: String,
     },
-    /// Cover a directory (if it exists) with a read-only bind of an empty directory
-    /// that was removed (no superblock of its own; an empty read-only tmpfs on a
-    /// kernel that refuses that bind).
+    /// Cover a directory (if it exists) with a read-only bind of one empty directory,
+    /// removed once the plan is applied (no superblock of its own; an empty
+    /// read-only tmpfs on a kernel that refuses that bind).
     MaskDir {
         path: String,
     },

@@ -572,7 +572,9 @@ pub fn apply_with_trees(
 /// shrinker, and each memory cgroup on the host keeps bookkeeping sized by the most
 /// shrinkers the host has ever had (see `docs/benchmarks.md`, density). A bind makes
 /// no superblock. A removed directory stays empty: the kernel refuses new entries in
-/// it, and no path in the sandbox leads to it but the masks themselves.
+/// it, and no path in the sandbox leads to it but the masks themselves. Until then
+/// only this setup runs in the sandbox. Failing to remove it fails the create: left
+/// in `/dev`, it would let the sandbox's root put entries under every mask.
 #[derive(Default)]
 struct EmptyDir(Option<OwnedFd>);
 
@@ -611,8 +613,8 @@ impl EmptyDir {
     }
 }
 
-/// Masks the directory `tgt` with an empty read-only tmpfs: the fallback when a
-/// kernel refuses the bind of a removed directory.
+/// Masks the directory `tgt` with an empty read-only tmpfs: the fallback when the
+/// kernel refuses [`EmptyDir::bind`] (a detached clone, or making it read-only).
 fn mask_with_tmpfs(tgt: BorrowedFd<'_>) -> io::Result<()> {
     let flags = libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
     sys::mount(
