@@ -209,13 +209,14 @@ fn exists_in_root(root: BorrowedFd<'_>, path: &str) -> bool {
 fn remount_readonly(root: BorrowedFd<'_>, path: &str, recursive: bool) -> io::Result<()> {
     let c = CString::new(path).map_err(|_| io::ErrorKind::InvalidInput)?;
     let fd = sys::open_in_root(root, &c)?;
-    sys::mount_setattr(
-        Some(fd.as_fd()),
-        c"",
-        recursive,
-        sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV,
-        None,
-    )
+    make_readonly(fd.as_fd(), recursive, 0)
+}
+
+/// Makes the mount at `fd` (and, with `recursive`, those below it) read-only,
+/// `nosuid` and `nodev`, plus the `extra` `MOUNT_ATTR_*` flags.
+fn make_readonly(fd: BorrowedFd<'_>, recursive: bool, extra: u64) -> io::Result<()> {
+    let set = sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV | extra;
+    sys::mount_setattr(Some(fd), c"", recursive, set, None)
 }
 
 /// Creates the symlink `path` -> `target` under the root (an existing entry is kept).
@@ -343,14 +344,7 @@ pub(crate) fn bind_in(
         }
     };
     if readonly {
-        sys::mount_setattr(
-            Some(tree.as_fd()),
-            c"",
-            true,
-            sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV,
-            None,
-        )
-        .map_err(apply_err("make read-only", path))?;
+        make_readonly(tree.as_fd(), true, 0).map_err(apply_err("make read-only", path))?;
     }
     let tgt = ensure(r, path, kind).map_err(apply_err("create bind target", path))?;
     sys::move_mount_onto(tree.as_fd(), tgt.as_fd()).map_err(apply_err("bind", path))
@@ -579,7 +573,7 @@ pub fn apply_with_trees(
 struct EmptyDir(Option<OwnedFd>);
 
 impl EmptyDir {
-    const NAME: &'static std::ffi::CStr = c".sandlot-mask";
+    const NAME: &'static CStr = c".sandlot-mask";
 
     /// A detached, read-only bind of the empty directory, ready to attach.
     fn bind(&mut self, r: BorrowedFd<'_>) -> io::Result<OwnedFd> {
@@ -591,16 +585,7 @@ impl EmptyDir {
         let dev = self.0.as_ref().expect("set above");
         let dir = sys::open_dir_nofollow(dev.as_fd(), Self::NAME)?;
         let tree = sys::open_tree_clone_fd(dir.as_fd())?;
-        sys::mount_setattr(
-            Some(tree.as_fd()),
-            c"",
-            false,
-            sys::MOUNT_ATTR_RDONLY
-                | sys::MOUNT_ATTR_NOSUID
-                | sys::MOUNT_ATTR_NODEV
-                | sys::MOUNT_ATTR_NOEXEC,
-            None,
-        )?;
+        make_readonly(tree.as_fd(), false, sys::MOUNT_ATTR_NOEXEC)?;
         Ok(tree)
     }
 
