@@ -300,13 +300,7 @@ fn processes_start_at_oom_score_0_whatever_the_daemon_runs_at() {
             assert_eq!(o.exit.code, Some(0), "{o:?}");
             String::from_utf8_lossy(&o.stdout).trim().to_string()
         };
-        // The agent is at 0 for the instant of each clone: read it from the shell
-        // until it is back (the shell's own children are not the agent's).
-        let agent_score = [
-            "sh",
-            "-c",
-            "for i in $(seq 200); do a=$(cat /proc/1/oom_score_adj); [ \"$a\" != 0 ] && break; sleep 0.01; done; echo $a",
-        ];
+        let agent_score = ["sh", "-c", include_str!("scripts/agent_oom_score.sh")];
         let agent = score(c.run(id, &agent_score).await.unwrap());
         // The helper's -999 takes where the daemon has CAP_SYS_RESOURCE.
         assert!(

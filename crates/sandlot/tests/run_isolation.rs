@@ -434,15 +434,17 @@ fn commands_start_at_oom_score_0_whatever_sandlot_runs_at() {
     require_root();
     let id = unique_id("oom");
     let o = std::process::Command::new("/bin/sh")
-        .args(["-c", r#"echo 300 > /proc/self/oom_score_adj && exec "$@""#, "sh"])
+        .args([
+            "-c",
+            r#"echo 300 > /proc/self/oom_score_adj && exec "$@""#,
+            "sh",
+        ])
         .arg(sandlot())
         .args(["run", "--id", &id, "--", "/bin/sh", "-c"])
-        // The agent is at 0 for the instant of the clone: wait until it is back.
-        .arg(
-            "cat /proc/self/oom_score_adj; \
-             for i in $(seq 200); do a=$(cat /proc/1/oom_score_adj); [ \"$a\" != 0 ] && break; sleep 0.01; done; \
-             echo $a; sh -c 'cat /proc/self/oom_score_adj'",
-        )
+        .arg(format!(
+            "cat /proc/self/oom_score_adj\n{}sh -c 'cat /proc/self/oom_score_adj'",
+            include_str!("scripts/agent_oom_score.sh")
+        ))
         .output()
         .unwrap();
     assert_no_leftovers(&id);

@@ -570,20 +570,30 @@ pub fn apply_with_trees(
 /// only this setup runs in the sandbox. Failing to remove it fails the create: left
 /// in `/dev`, it would let the sandbox's root put entries under every mask.
 #[derive(Default)]
-struct EmptyDir(Option<OwnedFd>);
+struct EmptyDir {
+    /// `/dev`, once the directory is made in it ([`EmptyDir::remove`] must run).
+    dev: Option<OwnedFd>,
+    /// The directory, opened once for all masks.
+    dir: Option<OwnedFd>,
+}
 
 impl EmptyDir {
     const NAME: &'static CStr = c".sandlot-mask";
 
     /// A detached, read-only bind of the empty directory, ready to attach.
     fn bind(&mut self, r: BorrowedFd<'_>) -> io::Result<OwnedFd> {
-        if self.0.is_none() {
-            let dev = ensure(r, "/dev", Kind::Dir)?;
-            sys::mkdirat(dev.as_fd(), Self::NAME, 0o555)?;
-            self.0 = Some(dev);
-        }
-        let dev = self.0.as_ref().expect("set above");
-        let dir = sys::open_dir_nofollow(dev.as_fd(), Self::NAME)?;
+        let dir = match &mut self.dir {
+            Some(dir) => dir,
+            none => {
+                if self.dev.is_none() {
+                    let dev = ensure(r, "/dev", Kind::Dir)?;
+                    sys::mkdirat(dev.as_fd(), Self::NAME, 0o555)?;
+                    self.dev = Some(dev);
+                }
+                let dev = self.dev.as_ref().expect("set above");
+                none.insert(sys::open_dir_nofollow(dev.as_fd(), Self::NAME)?)
+            }
+        };
         let tree = sys::open_tree_clone_fd(dir.as_fd())?;
         make_readonly(tree.as_fd(), false, sys::MOUNT_ATTR_NOEXEC)?;
         Ok(tree)
@@ -591,7 +601,7 @@ impl EmptyDir {
 
     /// Removes the directory from `/dev`; the masks keep it, empty for good.
     fn remove(self) -> io::Result<()> {
-        match self.0 {
+        match self.dev {
             Some(dev) => sys::rmdirat(dev.as_fd(), Self::NAME),
             None => Ok(()),
         }
