@@ -4,7 +4,8 @@
 //!
 //! * time to interactive (create, then the first byte of `echo`'s output), n
 //!   sequential and bursts of concurrent creates, with network `none` and `allow`;
-//! * exec round trip on a live sandbox and exec throughput;
+//! * exec round trip on a live sandbox (next to the host spawning the same command,
+//!   the floor) and exec throughput;
 //! * density: idle sandboxes up to a count, host memory each, start and teardown time;
 //! * churn: create/exec/delete cycles for a while, then a leak check.
 //!
@@ -723,6 +724,32 @@ async fn churn(c: &Client, secs: u64, conc: usize) -> anyhow::Result<(u64, u64, 
 
 // ---- peers ----
 
+/// Spawns `argv` on the host `n` times, without a sandbox, with the environment
+/// the `host` image gives a sandbox's processes (its `LANG` decides how many locale
+/// files a program opens), and returns each spawn-to-exit time with the output
+/// read: the machine's floor for an exec round trip.
+fn host_spawn(argv: &[String], n: usize) -> anyhow::Result<Vec<Duration>> {
+    let (prog, args) = argv.split_first().context("host spawn: empty command")?;
+    let env = sandlot_runtime::hostimage::base_env("bench");
+    (0..n)
+        .map(|_| {
+            let t = Instant::now();
+            let out = Command::new(prog)
+                .args(args)
+                .env_clear()
+                .envs(env.iter().map(|(k, v)| (k, v)))
+                .stdin(Stdio::null())
+                .output()
+                .with_context(|| format!("spawn {prog} on the host"))?;
+            let d = t.elapsed();
+            if !out.status.success() {
+                bail!("{prog} on the host: {}", out.status);
+            }
+            Ok(d)
+        })
+        .collect()
+}
+
 /// Runs `cmd` (which prints `hi`) and returns the time to its first output byte.
 fn first_byte(mut cmd: Command) -> anyhow::Result<Duration> {
     use std::io::Read;
@@ -940,6 +967,13 @@ pub fn run(a: PlatformArgs) -> anyhow::Result<i32> {
                 ("exec echo", ["echo", "hi"]),
             ] {
                 let args: Vec<&str> = cmd.iter().copied().filter(|s| !s.is_empty()).collect();
+                // The host's own cost of the process, measured just before: the
+                // floor the sandbox's round trip is compared with.
+                let argv: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+                let n = a.exec_n;
+                let host = tokio::task::spawn_blocking(move || host_spawn(&argv, n)).await??;
+                let what = name.trim_start_matches("exec ");
+                res.rows.push(row("exec", &format!("host spawn {what}"), host));
                 let mut v = Vec::with_capacity(a.exec_n);
                 for _ in 0..a.exec_n {
                     let t = Instant::now();
@@ -1106,6 +1140,38 @@ fn machine() -> String {
     )
 }
 
+/// The p50 a row of `section` named `name` is compared with: bubblewrap doing the
+/// same work (its burst of the same size for a burst, its whole run for a cycle),
+/// or for an exec round trip the host spawning the same command.
+fn baseline_p50(rows: &[Row], section: &str, name: &str) -> Option<f64> {
+    let p50 = |want: &str| {
+        rows.iter()
+            .find(|x| x.section == section && x.summary.name == want)
+            .map(|x| x.summary.p50_ms)
+    };
+    match section {
+        "burst" => p50(&format!(
+            "bwrap burst {}",
+            name.split_whitespace().nth(2).unwrap_or("")
+        )),
+        // Bubblewrap's whole run (start, echo, exit) is its cycle.
+        "cycle" => rows
+            .iter()
+            .find(|x| x.summary.name == "bwrap sequential")
+            .map(|x| x.summary.p50_ms),
+        "exec" => {
+            let cmd = name
+                .strip_prefix("sandlot exec ")
+                .or_else(|| name.strip_prefix("host spawn "))?;
+            p50(&format!("host spawn {cmd}"))
+        }
+        _ => rows
+            .iter()
+            .find(|x| x.section == section && x.summary.name.starts_with("bwrap"))
+            .map(|x| x.summary.p50_ms),
+    }
+}
+
 fn print_report(res: &Results) {
     println!("machine: {}\n", res.machine);
     for section in ["tti", "cycle", "burst", "exec"] {
@@ -1113,31 +1179,17 @@ fn print_report(res: &Results) {
         if rows.is_empty() {
             continue;
         }
-        let base = rows
-            .iter()
-            .find(|r| r.summary.name.starts_with("bwrap"))
-            .map(|r| r.summary.p50_ms);
-        println!("| {section} | n | p50 ms | p95 ms | p99 ms | max ms | p50 / bwrap |");
+        let against = if section == "exec" {
+            "host spawn"
+        } else {
+            "bwrap"
+        };
+        println!("| {section} | n | p50 ms | p95 ms | p99 ms | max ms | p50 / {against} |");
         println!("|---|---|---|---|---|---|---|");
         for r in rows {
             let s = &r.summary;
-            // Bursts compare with the peer's burst of the same size.
-            let peer = |name: &str| {
-                res.rows
-                    .iter()
-                    .find(|x| x.summary.name == name)
-                    .map(|x| x.summary.p50_ms)
-            };
-            let base = if section == "burst" {
-                let k = s.name.split_whitespace().nth(2).unwrap_or("");
-                peer(&format!("bwrap burst {k}"))
-            } else if section == "cycle" {
-                // Bubblewrap's whole run (start, echo, exit) is its cycle.
-                peer("bwrap sequential")
-            } else {
-                base
-            };
-            let ratio = base.map_or("-".to_string(), |b| format!("{:.2}", s.p50_ms / b));
+            let ratio = baseline_p50(&res.rows, section, &s.name)
+                .map_or("-".to_string(), |b| format!("{:.2}", s.p50_ms / b));
             println!(
                 "| {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {ratio} |",
                 s.name, s.n, s.p50_ms, s.p95_ms, s.p99_ms, s.max_ms
@@ -1264,6 +1316,43 @@ mod tests {
         };
         assert_eq!(accounted_kib_per_sandbox(&before, &shrunk, 1000).slab, -1.0);
         assert_eq!(parse_meminfo(""), MemSnapshot::default());
+    }
+
+    /// Issue 6: each table's ratio column compares a row with the peer doing the
+    /// same work in the same run; an exec round trip with the host spawning the
+    /// same command.
+    #[test]
+    fn issue6_ratios_compare_with_the_peer_doing_the_same_work() {
+        let r = |section, name: &str, ms: u64| row(section, name, vec![Duration::from_millis(ms)]);
+        let rows = vec![
+            r("tti", "sandlot sequential (none)", 3),
+            r("tti", "bwrap sequential", 5),
+            r("cycle", "sandlot create+exec+delete (none)", 6),
+            r("burst", "sandlot burst 100 (none)", 100),
+            r("burst", "bwrap burst 10", 20),
+            r("burst", "bwrap burst 100", 200),
+            r("exec", "host spawn /bin/true", 1),
+            r("exec", "sandlot exec /bin/true", 2),
+            r("exec", "host spawn echo", 4),
+            r("exec", "sandlot exec echo", 8),
+        ];
+        let base = |section, name| baseline_p50(&rows, section, name);
+        assert_eq!(base("tti", "sandlot sequential (none)"), Some(5.0));
+        assert_eq!(
+            base("cycle", "sandlot create+exec+delete (none)"),
+            Some(5.0)
+        );
+        assert_eq!(base("burst", "sandlot burst 100 (none)"), Some(200.0));
+        assert_eq!(base("burst", "sandlot burst 10 (allow)"), Some(20.0));
+        assert_eq!(base("exec", "sandlot exec /bin/true"), Some(1.0));
+        assert_eq!(base("exec", "sandlot exec echo"), Some(4.0));
+        assert_eq!(base("exec", "host spawn echo"), Some(4.0));
+        assert_eq!(base("exec", "sandlot exec ls"), None, "no host row for it");
+        assert_eq!(
+            base("burst", "sandlot burst 50 (none)"),
+            None,
+            "no peer burst of 50"
+        );
     }
 
     #[test]
