@@ -51,6 +51,9 @@ pub(crate) const MAX_FINISHED_BYTES: usize = 64 << 20;
 /// After a process exits, how long output still in flight (a terminal's buffer, a
 /// descendant holding the pipe) may delay its exit report.
 pub(crate) const LINGER: Duration = Duration::from_millis(100);
+/// Readiness events the agent's event loop takes from the kernel at a time; more
+/// wait for the next turn of the loop (issue 6, density).
+const EVENTS_PER_TICK: usize = 64;
 /// Smallest accepted output retention: below one chunk, a slow client could stall.
 pub(crate) const MIN_RETENTION: usize = 64 * 1024;
 
@@ -354,6 +357,9 @@ pub(crate) fn run(
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .enable_time()
+        // Readiness events taken per epoll_wait: the agent watches a handful of
+        // descriptors; tokio's default (1,024) is a 12 KiB buffer in every sandbox.
+        .max_io_events_per_tick(EVENTS_PER_TICK)
         .build()?;
     let local = LocalSet::new();
     local.block_on(&rt, main_loop(listener, config))

@@ -737,7 +737,7 @@ fn host_spawn(argv: &[String], n: usize) -> anyhow::Result<Vec<Duration>> {
             let out = Command::new(prog)
                 .args(args)
                 .env_clear()
-                .envs(env.iter().map(|(k, v)| (k, v)))
+                .envs(env.iter().cloned())
                 .stdin(Stdio::null())
                 .output()
                 .with_context(|| format!("spawn {prog} on the host"))?;
@@ -777,6 +777,16 @@ fn first_byte(mut cmd: Command) -> anyhow::Result<Duration> {
 
 fn bwrap_echo() -> Command {
     super::bwrap_command(&["/bin/echo", "hi"])
+}
+
+/// `echo hi` on the host without any isolation, with the `host` image's
+/// environment: the floor under every contender's time to first output.
+fn host_echo() -> Command {
+    let mut c = Command::new("/bin/echo");
+    c.arg("hi")
+        .env_clear()
+        .envs(sandlot_runtime::hostimage::base_env("bench"));
+    c
 }
 
 /// A crun bundle: read-only root with the host's /usr, /bin, /lib, /lib64 bound,
@@ -1084,6 +1094,11 @@ fn peers(a: &PlatformArgs, res: &mut Results) -> anyhow::Result<()> {
         "bwrap sequential",
         peer_seq(a.n, |_| bwrap_echo())?,
     ));
+    res.rows.push(row(
+        "tti",
+        "host echo sequential (no isolation)",
+        peer_seq(a.n, |_| host_echo())?,
+    ));
     let crun = match CrunBundle::new() {
         Ok(b) => {
             peer_seq(5, |i| b.command(i))?;
@@ -1112,6 +1127,11 @@ fn peers(a: &PlatformArgs, res: &mut Results) -> anyhow::Result<()> {
                 "burst",
                 &format!("bwrap burst {k}"),
                 peer_burst(k, |_| bwrap_echo())?,
+            ));
+            res.rows.push(row(
+                "burst",
+                &format!("host burst {k} (echo, no isolation)"),
+                peer_burst(k, |_| host_echo())?,
             ));
             if let Some(b) = &crun {
                 let base = 1_000_000 + k * 1000;
@@ -1352,6 +1372,14 @@ mod tests {
             base("burst", "sandlot burst 50 (none)"),
             None,
             "no peer burst of 50"
+        );
+        assert_eq!(
+            base("burst", "host burst 100 (echo, no isolation)"),
+            Some(200.0)
+        );
+        assert_eq!(
+            base("tti", "host echo sequential (no isolation)"),
+            Some(5.0)
         );
     }
 
