@@ -724,26 +724,30 @@ async fn churn(c: &Client, secs: u64, conc: usize) -> anyhow::Result<(u64, u64, 
 
 // ---- peers ----
 
-/// Spawns `argv` on the host `n` times, without a sandbox, with the environment
-/// the `host` image gives a sandbox's processes (its `LANG` decides how many locale
-/// files a program opens), and returns each spawn-to-exit time with the output
-/// read: the machine's floor for an exec round trip.
-fn host_spawn(argv: &[String], n: usize) -> anyhow::Result<Vec<Duration>> {
-    let (prog, args) = argv.split_first().context("host spawn: empty command")?;
-    let env = sandlot_runtime::hostimage::base_env("bench");
+/// `argv` on the host without any isolation, with the environment the `host` image
+/// gives a sandbox's processes (its `LANG` decides how many locale files a program
+/// opens): the floor under the contenders.
+fn host_command(argv: &[&str]) -> Command {
+    let mut c = Command::new(argv[0]);
+    c.args(&argv[1..])
+        .env_clear()
+        .envs(sandlot_runtime::hostimage::base_env("bench"));
+    c
+}
+
+/// Spawns `argv` on the host `n` times ([`host_command`]) and returns each
+/// spawn-to-exit time with the output read: the floor for an exec round trip.
+fn host_spawn(argv: &[&str], n: usize) -> anyhow::Result<Vec<Duration>> {
     (0..n)
         .map(|_| {
             let t = Instant::now();
-            let out = Command::new(prog)
-                .args(args)
-                .env_clear()
-                .envs(env.iter().cloned())
+            let out = host_command(argv)
                 .stdin(Stdio::null())
                 .output()
-                .with_context(|| format!("spawn {prog} on the host"))?;
+                .with_context(|| format!("spawn {} on the host", argv[0]))?;
             let d = t.elapsed();
             if !out.status.success() {
-                bail!("{prog} on the host: {}", out.status);
+                bail!("{} on the host: {}", argv[0], out.status);
             }
             Ok(d)
         })
@@ -779,14 +783,8 @@ fn bwrap_echo() -> Command {
     super::bwrap_command(&["/bin/echo", "hi"])
 }
 
-/// `echo hi` on the host without any isolation, with the `host` image's
-/// environment: the floor under every contender's time to first output.
 fn host_echo() -> Command {
-    let mut c = Command::new("/bin/echo");
-    c.arg("hi")
-        .env_clear()
-        .envs(sandlot_runtime::hostimage::base_env("bench"));
-    c
+    host_command(&["/bin/echo", "hi"])
 }
 
 /// A crun bundle: read-only root with the host's /usr, /bin, /lib, /lib64 bound,
@@ -979,9 +977,12 @@ pub fn run(a: PlatformArgs) -> anyhow::Result<i32> {
                 let args: Vec<&str> = cmd.iter().copied().filter(|s| !s.is_empty()).collect();
                 // The host's own cost of the process, measured just before: the
                 // floor the sandbox's round trip is compared with.
-                let argv: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-                let n = a.exec_n;
-                let host = tokio::task::spawn_blocking(move || host_spawn(&argv, n)).await??;
+                let (argv, n) = (cmd, a.exec_n);
+                let host = tokio::task::spawn_blocking(move || {
+                    let argv: Vec<&str> = argv.into_iter().filter(|s| !s.is_empty()).collect();
+                    host_spawn(&argv, n)
+                })
+                .await??;
                 let what = name.trim_start_matches("exec ");
                 res.rows.push(row("exec", &format!("host spawn {what}"), host));
                 let mut v = Vec::with_capacity(a.exec_n);
