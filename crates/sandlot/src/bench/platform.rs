@@ -977,12 +977,8 @@ pub fn run(a: PlatformArgs) -> anyhow::Result<i32> {
                 let args: Vec<&str> = cmd.iter().copied().filter(|s| !s.is_empty()).collect();
                 // The host's own cost of the process, measured just before: the
                 // floor the sandbox's round trip is compared with.
-                let (argv, n) = (cmd, a.exec_n);
-                let host = tokio::task::spawn_blocking(move || {
-                    let argv: Vec<&str> = argv.into_iter().filter(|s| !s.is_empty()).collect();
-                    host_spawn(&argv, n)
-                })
-                .await??;
+                let (argv, n) = (args.clone(), a.exec_n);
+                let host = tokio::task::spawn_blocking(move || host_spawn(&argv, n)).await??;
                 let what = name.trim_start_matches("exec ");
                 res.rows.push(row("exec", &format!("host spawn {what}"), host));
                 let mut v = Vec::with_capacity(a.exec_n);
@@ -1165,31 +1161,26 @@ fn machine() -> String {
 /// same work (its burst of the same size for a burst, its whole run for a cycle),
 /// or for an exec round trip the host spawning the same command.
 fn baseline_p50(rows: &[Row], section: &str, name: &str) -> Option<f64> {
-    let p50 = |want: &str| {
+    let p50 = |section: &str, is_base: &dyn Fn(&str) -> bool| {
         rows.iter()
-            .find(|x| x.section == section && x.summary.name == want)
+            .find(|x| x.section == section && is_base(&x.summary.name))
             .map(|x| x.summary.p50_ms)
     };
     match section {
-        "burst" => p50(&format!(
-            "bwrap burst {}",
-            name.split_whitespace().nth(2).unwrap_or("")
-        )),
+        "burst" => {
+            let want = format!("bwrap burst {}", name.split_whitespace().nth(2)?);
+            p50(section, &|n| n == want)
+        }
         // Bubblewrap's whole run (start, echo, exit) is its cycle.
-        "cycle" => rows
-            .iter()
-            .find(|x| x.summary.name == "bwrap sequential")
-            .map(|x| x.summary.p50_ms),
+        "cycle" => p50("tti", &|n| n == "bwrap sequential"),
         "exec" => {
             let cmd = name
                 .strip_prefix("sandlot exec ")
                 .or_else(|| name.strip_prefix("host spawn "))?;
-            p50(&format!("host spawn {cmd}"))
+            let want = format!("host spawn {cmd}");
+            p50(section, &|n| n == want)
         }
-        _ => rows
-            .iter()
-            .find(|x| x.section == section && x.summary.name.starts_with("bwrap"))
-            .map(|x| x.summary.p50_ms),
+        _ => p50(section, &|n| n.starts_with("bwrap")),
     }
 }
 
