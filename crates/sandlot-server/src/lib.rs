@@ -55,6 +55,19 @@ pub enum ServerError {
     Locked(PathBuf),
     #[error("socket {0} is in use by a running daemon")]
     SocketInUse(PathBuf),
+    /// Two daemons with one id prefix would each take the other's sandboxes,
+    /// cgroups and network namespaces for leftovers of their own, and remove them.
+    #[error(
+        "another sandlot daemon ({holder}) uses the id prefix {prefix:?} on this host \
+         (lock {}): its sandboxes would be taken for this daemon's leftovers and killed; \
+         stop it, or give this daemon another prefix (--id-prefix, or id_prefix in the config)",
+        path.display()
+    )]
+    PrefixInUse {
+        prefix: String,
+        holder: String,
+        path: PathBuf,
+    },
     #[error(transparent)]
     Store(#[from] store::StoreError),
     #[error(transparent)]
@@ -84,6 +97,71 @@ fn lock_data_dir(dir: &Path) -> Result<std::fs::File, ServerError> {
         return Err(ServerError::Locked(dir.to_path_buf()));
     }
     Ok(f)
+}
+
+/// Where daemons lock their id prefixes: one directory for the whole host, whatever
+/// each daemon's run directory, because network namespace names are host-wide.
+const ID_PREFIX_LOCK_DIR: &str = "/run/lock/sandlot";
+
+/// A running daemon's hold on its id prefix (see [`lock_id_prefix`]).
+#[derive(Debug)]
+struct PrefixLock {
+    _file: std::fs::File,
+    path: PathBuf,
+}
+
+impl Drop for PrefixLock {
+    /// Removes the lock file, still locked: a daemon that opened it just before
+    /// locks a file that no longer has the name, notices, and opens it again.
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Takes an exclusive lock on `dir/<id_prefix>.lock` for the life of the process
+/// and writes this process's id into it, so that a second daemon with the same
+/// prefix (another data directory) fails to start, naming the first, instead of
+/// reconciling the first one's sandboxes away as orphans.
+fn lock_id_prefix(dir: &Path, prefix: &str) -> Result<PrefixLock, ServerError> {
+    use std::io::{Read, Write};
+    use std::os::unix::fs::MetadataExt;
+    std::fs::create_dir_all(dir).map_err(io("create", dir))?;
+    let p = dir.join(format!("{prefix}.lock"));
+    loop {
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(&p)
+            .map_err(io("open", &p))?;
+        if rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
+            let mut pid = String::new();
+            let _ = f.read_to_string(&mut pid);
+            let holder = match pid.trim().parse::<u32>() {
+                Ok(n) => format!("pid {n}"),
+                Err(_) => "a process that is starting".to_string(),
+            };
+            return Err(ServerError::PrefixInUse {
+                prefix: prefix.to_string(),
+                holder,
+                path: p,
+            });
+        }
+        // A daemon that stopped between our open and our lock removed the name: this
+        // file then locks nothing.
+        let ours = f.metadata().map_err(io("stat", &p))?;
+        match std::fs::metadata(&p) {
+            Ok(m) if (m.dev(), m.ino()) == (ours.dev(), ours.ino()) => {}
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(io("stat", &p)(e)),
+        }
+        f.set_len(0)
+            .and_then(|()| writeln!(f, "{}", std::process::id()))
+            .map_err(io("write", &p))?;
+        return Ok(PrefixLock { _file: f, path: p });
+    }
 }
 
 /// Binds the operator socket: root-only (mode 0600); a stale socket file left by
@@ -135,6 +213,7 @@ pub async fn serve(
     std::fs::set_permissions(&cfg.data_dir, std::fs::Permissions::from_mode(0o700))
         .map_err(io("chmod", &cfg.data_dir))?;
     let _lock = lock_data_dir(&cfg.data_dir)?;
+    let _prefix_lock = lock_id_prefix(Path::new(ID_PREFIX_LOCK_DIR), &cfg.id_prefix)?;
     raise_open_file_limit();
     let store = Store::open(&cfg.db_path())?;
     let mut rc = RuntimeConfig::new(init_exe);
@@ -324,4 +403,39 @@ fn start_record_pruner(state: &Arc<AppState>) {
             }
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn issue6_a_second_daemon_cannot_take_an_id_prefix_in_use() {
+        let lock_dir =
+            std::env::temp_dir().join(format!("sandlot-prefix-lock-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&lock_dir);
+        let first = lock_id_prefix(&lock_dir, "sb-").unwrap();
+        let pid = std::process::id();
+        assert_eq!(
+            std::fs::read_to_string(lock_dir.join("sb-.lock")).unwrap(),
+            format!("{pid}\n")
+        );
+        // A flock belongs to an open file: a second open conflicts, as in another
+        // process.
+        let e = lock_id_prefix(&lock_dir, "sb-").unwrap_err();
+        let msg = e.to_string();
+        assert!(matches!(e, ServerError::PrefixInUse { .. }), "{msg}");
+        assert!(msg.contains(&format!("(pid {pid})")), "{msg}");
+        assert!(msg.contains("\"sb-\""), "{msg}");
+        assert!(msg.contains("--id-prefix"), "{msg}");
+        // Another prefix is another daemon's business.
+        let other = lock_id_prefix(&lock_dir, "t1-").unwrap();
+        // Once the first daemon is gone, the prefix is free again, and its lock
+        // file is gone with it.
+        drop(first);
+        assert!(!lock_dir.join("sb-.lock").exists());
+        let again = lock_id_prefix(&lock_dir, "sb-").unwrap();
+        drop((other, again));
+        std::fs::remove_dir_all(&lock_dir).unwrap();
+    }
 }

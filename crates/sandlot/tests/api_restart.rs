@@ -185,3 +185,78 @@ fn sigterm_with_an_open_output_stream_stops_the_daemon() {
         assert_eq!(out.stdout, b"still here\n");
     });
 }
+
+/// Found in issue 6's work: a second daemon (another data directory and socket)
+/// with the same id prefix used to reconcile the first one's live sandboxes and
+/// network slots away as its own leftovers. It must refuse to start instead.
+#[test]
+fn issue6_a_second_daemon_with_the_same_id_prefix_refuses_to_start() {
+    let mut d = Daemon::start(None);
+    let c = d.client();
+    let r = rt();
+    let id = r.block_on(async {
+        c.create_sandbox(&CreateSandbox::default())
+            .await
+            .unwrap()
+            .id
+    });
+    let other = d.dir.join("second");
+    std::fs::create_dir_all(&other).unwrap();
+    let log = other.join("serve.log");
+    let mut second = std::process::Command::new(api_support::sandlot())
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(other.join("data"))
+        .arg("--socket")
+        .arg(other.join("api.sock"))
+        .arg("--id-prefix")
+        .arg(&d.prefix)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("run a second sandlot serve");
+    let t = std::time::Instant::now();
+    let status = loop {
+        if let Some(st) = second.try_wait().unwrap() {
+            break st;
+        }
+        if t.elapsed() > Duration::from_secs(15) {
+            let _ = second.kill();
+            let _ = second.wait();
+            panic!(
+                "a second daemon with the first one's id prefix kept running; log:\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let err = std::fs::read_to_string(&log).unwrap();
+    assert!(!status.success(), "the second daemon exited 0; log:\n{err}");
+    assert!(
+        err.contains(&format!(
+            "another sandlot daemon (pid {}) uses the id prefix {:?}",
+            d.pid(),
+            d.prefix
+        )),
+        "stderr:\n{err}"
+    );
+    assert!(
+        !other.join("api.sock").exists(),
+        "the refused daemon left its socket"
+    );
+    // The first daemon's sandbox was not touched.
+    r.block_on(async {
+        let sb = c.get_sandbox(&id).await.unwrap();
+        assert_eq!(sb.state, SandboxState::Running);
+        let out = c.run(&id, &["echo", "untouched"]).await.unwrap();
+        assert_eq!(out.stdout, b"untouched\n");
+    });
+    let lock = std::path::Path::new("/run/lock/sandlot").join(format!("{}.lock", d.prefix));
+    assert_eq!(
+        std::fs::read_to_string(&lock).unwrap(),
+        format!("{}\n", d.pid())
+    );
+    d.shutdown();
+    assert!(!lock.exists(), "a stopped daemon left {}", lock.display());
+}
