@@ -260,3 +260,31 @@ fn issue6_a_second_daemon_with_the_same_id_prefix_refuses_to_start() {
     d.shutdown();
     assert!(!lock.exists(), "a stopped daemon left {}", lock.display());
 }
+
+/// A stop signal while the daemon is still starting (its sockets accept, but it is
+/// still reconciling and starting its network service) ends it gracefully: exit
+/// status 0 and its id-prefix lock file removed. Before, the signal could arrive
+/// before the handler was installed and kill it with nothing cleaned up.
+#[test]
+fn issue6_sigterm_while_the_daemon_starts_stops_it_gracefully() {
+    let mut d = Daemon::start(None);
+    let lock = std::path::Path::new("/run/lock/sandlot").join(format!("{}.lock", d.prefix));
+    let pid = rustix::process::Pid::from_raw(d.pid()).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let mut child = d.child.take().unwrap();
+    let t = std::time::Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "the daemon did not stop within 20 s of SIGTERM; log:\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "daemon exit: {status}; log:\n{}", d.log());
+    assert!(!lock.exists(), "the daemon left {}", lock.display());
+    d.shutdown();
+}

@@ -184,17 +184,22 @@ fn serve(a: ServeArgs) -> anyhow::Result<i32> {
         .build()
         .context("start the async runtime")?;
     rt.block_on(async move {
-        let shutdown = async {
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                    .expect("SIGTERM handler");
+        // Installed before anything else: a stop signal that arrives while the
+        // daemon is still starting (its socket may already accept) is kept and
+        // ends it gracefully once started, instead of killing it half-way.
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).context("install a SIGTERM handler")?;
+        let mut int = signal(SignalKind::interrupt()).context("install a SIGINT handler")?;
+        let shutdown = async move {
             tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
+                _ = int.recv() => {}
                 _ = term.recv() => {}
             }
             tracing::info!("shutting down (sandboxes keep running)");
         };
-        sandlot_server::serve(cfg, exe, shutdown).await
+        sandlot_server::serve(cfg, exe, shutdown)
+            .await
+            .map_err(anyhow::Error::from)
     })?;
     Ok(0)
 }
