@@ -84,19 +84,27 @@ fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> 
     }
 }
 
-/// Takes an exclusive lock on `data_dir/daemon.lock` for the life of the process.
-fn lock_data_dir(dir: &Path) -> Result<std::fs::File, ServerError> {
-    let p = dir.join("daemon.lock");
+/// Opens (creating it if needed) the lock file `p` and tries to take its exclusive
+/// `flock` without waiting; `false` when another open file holds it.
+fn try_lock_file(p: &Path) -> Result<(std::fs::File, bool), ServerError> {
     let f = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
+        .read(true)
         .write(true)
-        .open(&p)
-        .map_err(io("open", &p))?;
-    if rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
-        return Err(ServerError::Locked(dir.to_path_buf()));
+        .open(p)
+        .map_err(io("open", p))?;
+    let locked =
+        rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_ok();
+    Ok((f, locked))
+}
+
+/// Takes an exclusive lock on `data_dir/daemon.lock` for the life of the process.
+fn lock_data_dir(dir: &Path) -> Result<std::fs::File, ServerError> {
+    match try_lock_file(&dir.join("daemon.lock"))? {
+        (f, true) => Ok(f),
+        (_, false) => Err(ServerError::Locked(dir.to_path_buf())),
     }
-    Ok(f)
 }
 
 /// Where daemons lock their id prefixes: one directory for the whole host, whatever
@@ -128,14 +136,8 @@ fn lock_id_prefix(dir: &Path, prefix: &str) -> Result<PrefixLock, ServerError> {
     std::fs::create_dir_all(dir).map_err(io("create", dir))?;
     let p = dir.join(format!("{prefix}.lock"));
     loop {
-        let mut f = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .read(true)
-            .write(true)
-            .open(&p)
-            .map_err(io("open", &p))?;
-        if rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
+        let (mut f, locked) = try_lock_file(&p)?;
+        if !locked {
             let mut pid = String::new();
             let _ = f.read_to_string(&mut pid);
             let holder = match pid.trim().parse::<u32>() {
