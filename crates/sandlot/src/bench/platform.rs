@@ -80,6 +80,8 @@ struct Row {
 #[derive(Debug, Default, Serialize)]
 struct Results {
     machine: String,
+    /// Share of the run's CPU time the hypervisor gave to other work (`/proc/stat`).
+    steal_share: Option<f64>,
     rows: Vec<Row>,
     exec_per_sec: Option<f64>,
     density: Option<Density>,
@@ -392,15 +394,24 @@ async fn cpu_busy(window: Duration) -> Option<f64> {
     busy_share(a, b)
 }
 
-/// (busy, total) jiffies of all CPUs.
-fn cpu_ticks() -> Option<(u64, u64)> {
+/// Jiffies of all CPUs, from the aggregate `cpu` line of `/proc/stat`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct CpuTicks {
+    /// Everything but idle and iowait (steal included: the CPU was not ours to idle).
+    busy: u64,
+    total: u64,
+    /// Time the hypervisor gave this virtual machine's CPUs to other work.
+    steal: u64,
+}
+
+fn cpu_ticks() -> Option<CpuTicks> {
     let text = std::fs::read_to_string("/proc/stat").ok()?;
     parse_cpu_ticks(&text)
 }
 
-/// (busy, total) from the aggregate `cpu` line of a `/proc/stat` text: idle and
-/// iowait (fields 4 and 5) are not busy; guest time is already counted in user.
-fn parse_cpu_ticks(text: &str) -> Option<(u64, u64)> {
+/// Idle and iowait (fields 4 and 5) are not busy; guest time is already counted
+/// in user; steal is field 8 (0 on kernels too old to report it).
+fn parse_cpu_ticks(text: &str) -> Option<CpuTicks> {
     let line = text.lines().find(|l| l.starts_with("cpu "))?;
     let v: Vec<u64> = line
         .split_whitespace()
@@ -412,13 +423,29 @@ fn parse_cpu_ticks(text: &str) -> Option<(u64, u64)> {
         return None;
     }
     let total: u64 = v.iter().sum();
-    Some((total - v[3] - v[4], total))
+    Some(CpuTicks {
+        busy: total - v[3] - v[4],
+        total,
+        steal: v.get(7).copied().unwrap_or(0),
+    })
 }
 
-fn busy_share((busy0, total0): (u64, u64), (busy1, total1): (u64, u64)) -> Option<f64> {
-    let total = total1.checked_sub(total0).filter(|t| *t > 0)?;
-    Some(busy1.saturating_sub(busy0) as f64 / total as f64)
+/// The part of the CPUs' time between `a` and `b` that was busy.
+fn busy_share(a: CpuTicks, b: CpuTicks) -> Option<f64> {
+    let total = b.total.checked_sub(a.total).filter(|t| *t > 0)?;
+    Some(b.busy.saturating_sub(a.busy) as f64 / total as f64)
 }
+
+/// The part of the CPUs' time between `a` and `b` that the hypervisor gave to
+/// other work: on a shared host, how contended it was while this ran.
+fn steal_share(a: CpuTicks, b: CpuTicks) -> Option<f64> {
+    let total = b.total.checked_sub(a.total).filter(|t| *t > 0)?;
+    Some(b.steal.saturating_sub(a.steal) as f64 / total as f64)
+}
+
+/// Steal above this share of a run's CPU time makes its absolute times suspect
+/// (session 14: a contended host doubled bubblewrap's time to first output).
+const STEAL_WARN: f64 = 0.02;
 
 /// Times to interactive, their create calls, the second execs, and the pool's
 /// (hits, misses) meanwhile.
@@ -889,6 +916,7 @@ pub fn run(a: PlatformArgs) -> anyhow::Result<i32> {
         machine: machine(),
         ..Default::default()
     };
+    let ticks_at_start = cpu_ticks();
     let pool_max = a.pool_max.unwrap_or(a.pool).max(a.pool);
     let (daemon, c) = start_daemon(a.pool, pool_max, a.fork_server)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -1071,6 +1099,9 @@ pub fn run(a: PlatformArgs) -> anyhow::Result<i32> {
         );
         peers(&a, &mut res)?;
     }
+    res.steal_share = ticks_at_start
+        .zip(cpu_ticks())
+        .and_then(|(a, b)| steal_share(a, b));
     print_report(&res);
     let json_path = a.out.join("results.json");
     std::fs::write(&json_path, serde_json::to_vec_pretty(&res)?)?;
@@ -1186,6 +1217,18 @@ fn baseline_p50(rows: &[Row], section: &str, name: &str) -> Option<f64> {
 
 fn print_report(res: &Results) {
     println!("machine: {}\n", res.machine);
+    if let Some(st) = res.steal_share {
+        println!(
+            "steal: the hypervisor gave {:.1} % of this machine's CPU time to other work during the run{}\n",
+            st * 100.0,
+            if st > STEAL_WARN {
+                " (a contended host: absolute times are not comparable with a quiet run; \
+                 ratios against the peers measured in the same run still are)"
+            } else {
+                ""
+            }
+        );
+    }
     for section in ["tti", "cycle", "burst", "exec"] {
         let rows: Vec<&Row> = res.rows.iter().filter(|r| r.section == section).collect();
         if rows.is_empty() {
@@ -1280,17 +1323,52 @@ mod tests {
     fn cpu_ticks_leave_out_idle_and_iowait() {
         let text = "cpu  100 5 50 1000 20 3 2 7 0 0\ncpu0 50 2 25 500 10 1 1 3 0 0\nintr 1\n";
         // busy: user 100 + nice 5 + system 50 + irq 3 + softirq 2 + steal 7.
-        assert_eq!(parse_cpu_ticks(text), Some((167, 1187)));
+        assert_eq!(
+            parse_cpu_ticks(text),
+            Some(CpuTicks {
+                busy: 167,
+                total: 1187,
+                steal: 7
+            })
+        );
+        // A kernel that reports no steal field.
+        assert_eq!(
+            parse_cpu_ticks("cpu  1 2 3 4 5\n"),
+            Some(CpuTicks {
+                busy: 6,
+                total: 15,
+                steal: 0
+            })
+        );
         assert_eq!(parse_cpu_ticks("intr 1\n"), None);
         assert_eq!(parse_cpu_ticks("cpu  1 2 x 4 5\n"), None);
     }
 
+    fn ticks(busy: u64, total: u64, steal: u64) -> CpuTicks {
+        CpuTicks { busy, total, steal }
+    }
+
     #[test]
     fn busy_share_is_the_busy_part_of_the_window() {
-        assert_eq!(busy_share((100, 1000), (150, 1200)), Some(0.25));
+        assert_eq!(
+            busy_share(ticks(100, 1000, 0), ticks(150, 1200, 0)),
+            Some(0.25)
+        );
         // No time passed (or the counters went back): no share.
-        assert_eq!(busy_share((100, 1000), (100, 1000)), None);
-        assert_eq!(busy_share((100, 1000), (90, 900)), None);
+        assert_eq!(busy_share(ticks(100, 1000, 0), ticks(100, 1000, 0)), None);
+        assert_eq!(busy_share(ticks(100, 1000, 0), ticks(90, 900, 0)), None);
+    }
+
+    #[test]
+    fn issue6_steal_share_flags_a_contended_host() {
+        // 10 of 400 ticks stolen: 2.5 %, above the warning line.
+        let s = steal_share(ticks(100, 1000, 40), ticks(300, 1400, 50)).unwrap();
+        assert!((s - 0.025).abs() < 1e-9, "{s}");
+        assert!(s > STEAL_WARN);
+        // A quiet host: 1 of 400.
+        let q = steal_share(ticks(100, 1000, 40), ticks(300, 1400, 41)).unwrap();
+        assert!(q < STEAL_WARN, "{q}");
+        assert_eq!(steal_share(ticks(1, 10, 0), ticks(1, 10, 0)), None);
     }
 
     #[test]
