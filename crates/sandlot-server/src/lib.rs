@@ -107,9 +107,10 @@ fn lock_data_dir(dir: &Path) -> Result<std::fs::File, ServerError> {
     }
 }
 
-/// Where daemons lock their id prefixes: one directory for the whole host, whatever
-/// each daemon's run directory, because network namespace names are host-wide.
-const ID_PREFIX_LOCK_DIR: &str = "/run/lock/sandlot";
+/// Where daemons lock their id prefixes (`<id_prefix>.lock`, holding the pid): one
+/// directory for the whole host, whatever each daemon's run directory, because
+/// network namespace names are host-wide.
+pub const ID_PREFIX_LOCK_DIR: &str = "/run/lock/sandlot";
 
 /// A running daemon's hold on its id prefix (see [`lock_id_prefix`]).
 #[derive(Debug)]

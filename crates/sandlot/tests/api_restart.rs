@@ -6,7 +6,7 @@ mod api_support;
 
 use std::time::Duration;
 
-use api_support::{rt, Daemon};
+use api_support::{prefix_lock, rt, wait_exit, Daemon};
 use sandlot_client::{CreateSandbox, ListFilter, SandboxState};
 
 #[test]
@@ -155,19 +155,10 @@ fn sigterm_with_an_open_output_stream_stops_the_daemon() {
         (sb.id, reader)
     });
     let pid = rustix::process::Pid::from_raw(d.pid()).unwrap();
-    let t = std::time::Instant::now();
     rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
     let mut child = d.child.take().unwrap();
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(20),
-            "the daemon did not stop within 20 s of SIGTERM with a stream open"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = wait_exit(&mut child, Duration::from_secs(20))
+        .expect("the daemon did not stop within 20 s of SIGTERM with a stream open");
     assert!(status.success(), "daemon exit: {status}");
     r.block_on(async {
         tokio::time::timeout(Duration::from_secs(5), reader)
@@ -216,20 +207,13 @@ fn issue6_a_second_daemon_with_the_same_id_prefix_refuses_to_start() {
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .expect("run a second sandlot serve");
-    let t = std::time::Instant::now();
-    let status = loop {
-        if let Some(st) = second.try_wait().unwrap() {
-            break st;
-        }
-        if t.elapsed() > Duration::from_secs(15) {
-            let _ = second.kill();
-            let _ = second.wait();
-            panic!(
-                "a second daemon with the first one's id prefix kept running; log:\n{}",
-                std::fs::read_to_string(&log).unwrap_or_default()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    let Some(status) = wait_exit(&mut second, Duration::from_secs(15)) else {
+        let _ = second.kill();
+        let _ = second.wait();
+        panic!(
+            "a second daemon with the first one's id prefix kept running; log:\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
     };
     let err = std::fs::read_to_string(&log).unwrap();
     assert!(!status.success(), "the second daemon exited 0; log:\n{err}");
@@ -252,7 +236,7 @@ fn issue6_a_second_daemon_with_the_same_id_prefix_refuses_to_start() {
         let out = c.run(&id, &["echo", "untouched"]).await.unwrap();
         assert_eq!(out.stdout, b"untouched\n");
     });
-    let lock = std::path::Path::new("/run/lock/sandlot").join(format!("{}.lock", d.prefix));
+    let lock = prefix_lock(&d.prefix);
     assert_eq!(
         std::fs::read_to_string(&lock).unwrap(),
         format!("{}\n", d.pid())
@@ -268,21 +252,17 @@ fn issue6_a_second_daemon_with_the_same_id_prefix_refuses_to_start() {
 #[test]
 fn issue6_sigterm_while_the_daemon_starts_stops_it_gracefully() {
     let mut d = Daemon::start(None);
-    let lock = std::path::Path::new("/run/lock/sandlot").join(format!("{}.lock", d.prefix));
+    let lock = prefix_lock(&d.prefix);
     let pid = rustix::process::Pid::from_raw(d.pid()).unwrap();
     rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
     let mut child = d.child.take().unwrap();
-    let t = std::time::Instant::now();
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(20),
+    let Some(status) = wait_exit(&mut child, Duration::from_secs(20)) else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!(
             "the daemon did not stop within 20 s of SIGTERM; log:\n{}",
             d.log()
         );
-        std::thread::sleep(Duration::from_millis(20));
     };
     assert!(status.success(), "daemon exit: {status}; log:\n{}", d.log());
     assert!(!lock.exists(), "the daemon left {}", lock.display());

@@ -430,17 +430,22 @@ fn parse_cpu_ticks(text: &str) -> Option<CpuTicks> {
     })
 }
 
+/// The part of the CPUs' time between `a` and `b` that `part` counts (`None` if
+/// no time passed or the counters went back).
+fn share(a: CpuTicks, b: CpuTicks, part: fn(&CpuTicks) -> u64) -> Option<f64> {
+    let total = b.total.checked_sub(a.total).filter(|t| *t > 0)?;
+    Some(part(&b).saturating_sub(part(&a)) as f64 / total as f64)
+}
+
 /// The part of the CPUs' time between `a` and `b` that was busy.
 fn busy_share(a: CpuTicks, b: CpuTicks) -> Option<f64> {
-    let total = b.total.checked_sub(a.total).filter(|t| *t > 0)?;
-    Some(b.busy.saturating_sub(a.busy) as f64 / total as f64)
+    share(a, b, |t| t.busy)
 }
 
 /// The part of the CPUs' time between `a` and `b` that the hypervisor gave to
 /// other work: on a shared host, how contended it was while this ran.
 fn steal_share(a: CpuTicks, b: CpuTicks) -> Option<f64> {
-    let total = b.total.checked_sub(a.total).filter(|t| *t > 0)?;
-    Some(b.steal.saturating_sub(a.steal) as f64 / total as f64)
+    share(a, b, |t| t.steal)
 }
 
 /// Steal above this share of a run's CPU time makes its absolute times suspect

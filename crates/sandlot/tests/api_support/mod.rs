@@ -4,7 +4,7 @@
 
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -290,6 +290,25 @@ impl Drop for Daemon {
             }
         }
     }
+}
+
+/// Waits for `child` to exit, for at most `within`; `None` if it is still running.
+pub fn wait_exit(child: &mut Child, within: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return Some(st);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The host-wide lock file a daemon with `prefix` holds while it runs.
+pub fn prefix_lock(prefix: &str) -> PathBuf {
+    Path::new(sandlot_server::ID_PREFIX_LOCK_DIR).join(format!("{prefix}.lock"))
 }
 
 pub fn rt() -> tokio::runtime::Runtime {
