@@ -262,7 +262,7 @@ impl Default for ServerConfig {
             data_dir: PathBuf::from("/var/lib/sandlot"),
             socket: PathBuf::from("/run/sandlot/sandlot.sock"),
             listen: None,
-            id_prefix: "sb-".to_string(),
+            id_prefix: crate::DEFAULT_ID_PREFIX.to_string(),
             limits: Limits::default(),
             quotas: Quota::default(),
             tenants: BTreeMap::new(),

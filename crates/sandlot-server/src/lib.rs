@@ -112,6 +112,33 @@ fn lock_data_dir(dir: &Path) -> Result<std::fs::File, ServerError> {
 /// network namespace names are host-wide.
 pub const ID_PREFIX_LOCK_DIR: &str = "/run/lock/sandlot";
 
+/// The id prefix of a daemon whose configuration names none.
+pub const DEFAULT_ID_PREFIX: &str = "sb-";
+
+/// The id prefixes of sandlot daemons on this host: the default one, and every
+/// prefix with a lock file in [`ID_PREFIX_LOCK_DIR`] (a running daemon's, or one that a
+/// killed daemon left). A sandbox made without a daemon (`sandlot run`) must not have
+/// an id with one of them: that daemon's next start would take it for a leftover of
+/// its own and kill it.
+pub fn daemon_id_prefixes() -> Vec<String> {
+    daemon_id_prefixes_in(Path::new(ID_PREFIX_LOCK_DIR))
+}
+
+fn daemon_id_prefixes_in(dir: &Path) -> Vec<String> {
+    let mut v = vec![DEFAULT_ID_PREFIX.to_string()];
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let name = e.file_name();
+            if let Some(p) = name.to_str().and_then(|n| n.strip_suffix(".lock")) {
+                if !p.is_empty() && !v.iter().any(|q| q == p) {
+                    v.push(p.to_string());
+                }
+            }
+        }
+    }
+    v
+}
+
 /// A running daemon's hold on its id prefix (see [`lock_id_prefix`]).
 #[derive(Debug)]
 struct PrefixLock {
@@ -439,6 +466,25 @@ mod tests {
         assert!(!lock_dir.join("sb-.lock").exists());
         let again = lock_id_prefix(&lock_dir, "sb-").unwrap();
         drop((other, again));
+        std::fs::remove_dir_all(&lock_dir).unwrap();
+    }
+
+    #[test]
+    fn issue6_daemon_id_prefixes_are_the_default_and_every_locked_prefix() {
+        let lock_dir =
+            std::env::temp_dir().join(format!("sandlot-prefix-list-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&lock_dir);
+        // No lock directory yet (no daemon has run since boot): the default only.
+        assert_eq!(daemon_id_prefixes_in(&lock_dir), vec!["sb-".to_string()]);
+        let live = lock_id_prefix(&lock_dir, "tenant7_").unwrap();
+        // A file left by a killed daemon counts as well: it will come back.
+        std::fs::write(lock_dir.join("killed-.lock"), "123\n").unwrap();
+        std::fs::write(lock_dir.join("sb-.lock"), "").unwrap();
+        std::fs::write(lock_dir.join("notes.txt"), "").unwrap();
+        let mut got = daemon_id_prefixes_in(&lock_dir);
+        got.sort();
+        assert_eq!(got, vec!["killed-", "sb-", "tenant7_"]);
+        drop(live);
         std::fs::remove_dir_all(&lock_dir).unwrap();
     }
 }

@@ -79,6 +79,39 @@ pub fn random_id() -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
+/// The id of a sandbox made without a daemon: `requested` (`--id`), or a random one.
+/// It must not start with a daemon's id prefix (`daemon_prefixes`, see
+/// [`sandlot_server::daemon_id_prefixes`]): that daemon's next start would take the
+/// sandbox for a leftover of its own and kill it mid-run.
+fn run_id(
+    requested: Option<&str>,
+    daemon_prefixes: &[String],
+    mut random: impl FnMut() -> String,
+) -> anyhow::Result<String> {
+    let claimed_by = |id: &str| daemon_prefixes.iter().find(|p| id.starts_with(p.as_str()));
+    if let Some(id) = requested {
+        if let Some(p) = claimed_by(id) {
+            bail!(
+                "--id {id:?}: ids starting with {p:?} belong to a sandlot daemon on this host \
+                 (its id prefix): at its next start it would take this sandbox for a leftover \
+                 of its own and kill it; choose an id that does not start with {p:?}"
+            );
+        }
+        return Ok(id.to_string());
+    }
+    // A prefix of hex digits claims a share of the random ids: draw again.
+    for _ in 0..64 {
+        let id = random();
+        if claimed_by(&id).is_none() {
+            return Ok(id);
+        }
+    }
+    bail!(
+        "no random sandbox id is free of the daemons' id prefixes {daemon_prefixes:?}: \
+         give one with --id"
+    )
+}
+
 fn backend() -> anyhow::Result<NamespaceBackend> {
     backend_with(false)
 }
@@ -132,7 +165,11 @@ impl Drop for Guard<'_> {
 
 pub fn run(a: RunArgs) -> anyhow::Result<i32> {
     let spec = build_spec(&a)?;
-    let id = a.id.clone().unwrap_or_else(random_id);
+    let id = run_id(
+        a.id.as_deref(),
+        &sandlot_server::daemon_id_prefixes(),
+        random_id,
+    )?;
     let be = backend()?;
     let (life_r, life_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
         .context("create lifeline pipe")?;
@@ -175,9 +212,10 @@ pub fn bench_in_process(n: usize, fork_server: bool) -> anyhow::Result<Vec<Durat
         .enable_all()
         .build()?;
     let spec = SandboxSpec::default();
+    let daemon_prefixes = sandlot_server::daemon_id_prefixes();
     let mut v = Vec::with_capacity(n);
     for _ in 0..n {
-        let id = random_id();
+        let id = run_id(None, &daemon_prefixes, random_id)?;
         let t = Instant::now();
         let sb = be.create(&id, &spec, CreateOptions::default())?;
         let guard = Guard {
@@ -227,4 +265,51 @@ fn local_image(
         workdir: img.config.workdir.clone(),
         user: img.config.user.clone(),
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prefixes(p: &[&str]) -> Vec<String> {
+        p.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn issue6_run_refuses_an_id_with_a_daemon_prefix() {
+        let daemons = prefixes(&["sb-", "ab"]);
+        let e = run_id(Some("sb-mine"), &daemons, random_id)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--id \"sb-mine\""), "{e}");
+        assert!(e.contains("\"sb-\""), "{e}");
+        assert!(e.contains("kill it"), "{e}");
+        let e = run_id(Some("abc"), &daemons, random_id)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("\"ab\""), "{e}");
+        // Other ids are taken as given, the prefix itself elsewhere in them too.
+        assert_eq!(
+            run_id(Some("job-sb-1"), &daemons, random_id).unwrap(),
+            "job-sb-1"
+        );
+        assert_eq!(run_id(Some("a"), &daemons, random_id).unwrap(), "a");
+    }
+
+    #[test]
+    fn issue6_random_run_ids_avoid_daemon_prefixes() {
+        let daemons = prefixes(&["sb-", "ab"]);
+        let mut draws = vec!["abff".to_string(), "ab00".to_string(), "c0ffee".to_string()];
+        let id = run_id(None, &daemons, || draws.remove(0)).unwrap();
+        assert_eq!(id, "c0ffee");
+        assert!(draws.is_empty());
+        // Prefixes that claim every id: a clear error instead of looping.
+        let every: Vec<String> = (0..16).map(|d| format!("{d:x}")).collect();
+        let e = run_id(None, &every, random_id).unwrap_err().to_string();
+        assert!(e.contains("--id"), "{e}");
+        // The real generator: 16 hex digits, never the default prefix.
+        let id = run_id(None, &prefixes(&["sb-"]), random_id).unwrap();
+        assert_eq!(id.len(), 16);
+        assert!(id.bytes().all(|b| b.is_ascii_hexdigit()), "{id}");
+    }
 }

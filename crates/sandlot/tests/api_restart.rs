@@ -268,3 +268,49 @@ fn issue6_sigterm_while_the_daemon_starts_stops_it_gracefully() {
     assert!(!lock.exists(), "the daemon left {}", lock.display());
     d.shutdown();
 }
+
+/// `sandlot run --id` with an id that starts with a running daemon's prefix used to
+/// make a sandbox that daemon's next start took for a leftover of its own and
+/// killed mid-run. It is refused now, before anything is made, naming the prefix.
+#[test]
+fn issue6_sandlot_run_refuses_an_id_with_a_daemons_prefix() {
+    let mut d = Daemon::start(None);
+    let id = format!("{}cli", d.prefix);
+    let out = std::process::Command::new(api_support::sandlot())
+        .args(["run", "--id", &id, "--", "echo", "ran"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run sandlot run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "sandlot run exited 0; stderr:\n{err}"
+    );
+    assert!(out.stdout.is_empty(), "the command ran: {:?}", out.stdout);
+    assert!(
+        err.contains(&format!("--id {id:?}")) && err.contains(&format!("{:?}", d.prefix)),
+        "stderr:\n{err}"
+    );
+    assert!(
+        !std::path::Path::new("/run/sandlot/sandboxes")
+            .join(&id)
+            .exists(),
+        "a refused run left its run directory"
+    );
+    // An id of its own runs as before, next to the daemon.
+    let out = std::process::Command::new(api_support::sandlot())
+        .args([
+            "run",
+            "--id",
+            &format!("cli-{}", d.prefix),
+            "--",
+            "echo",
+            "ran",
+        ])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run sandlot run");
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(out.stdout, b"ran\n");
+    d.shutdown();
+}
