@@ -495,12 +495,108 @@ async fn cycles(c: &Client, mode: &str, n: usize, pool: usize) -> anyhow::Result
     Ok(v)
 }
 
-/// `k` concurrent times to interactive: (each one, its create call, the wall time).
+/// CPU time the machine spent between `a` and `b`, steal left out (it was not
+/// ours), in ms; `None` if the counters went back.
+fn cpu_ms_spent(a: CpuTicks, b: CpuTicks, ticks_per_second: u64) -> Option<f64> {
+    let busy = b.busy.checked_sub(a.busy)?;
+    let steal = b.steal.saturating_sub(a.steal);
+    Some(busy.saturating_sub(steal) as f64 * 1e3 / ticks_per_second.max(1) as f64)
+}
+
+/// CPU time (ns) that the threads of process `pid` (or `"self"`) have run so far,
+/// from `/proc/PID/task/*/schedstat`; threads that ended are not counted.
+fn process_cpu_ns(pid: &str) -> Option<u64> {
+    let rd = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    Some(
+        rd.flatten()
+            .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+            .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+            .sum(),
+    )
+}
+
+/// Where a burst's CPU time went, ms: the whole machine (steal left out), the
+/// daemon's threads (pool refills included), and the benchmark's own client.
+#[derive(Debug, Clone, Copy)]
+struct BurstCpu {
+    total: f64,
+    daemon: Option<f64>,
+    client: Option<f64>,
+}
+
+/// Counters at the start of a burst, for [`BurstCpu`].
+struct BurstCpuStart {
+    ticks: Option<CpuTicks>,
+    daemon: Option<u64>,
+    client: Option<u64>,
+}
+
+impl BurstCpuStart {
+    fn now(daemon_pid: &str) -> Self {
+        BurstCpuStart {
+            ticks: cpu_ticks(),
+            daemon: process_cpu_ns(daemon_pid),
+            client: process_cpu_ns("self"),
+        }
+    }
+
+    fn spent(&self, daemon_pid: &str) -> Option<BurstCpu> {
+        let ms = |a: Option<u64>, b: Option<u64>| {
+            a.zip(b)
+                .and_then(|(a, b)| b.checked_sub(a))
+                .map(|ns| ns as f64 / 1e6)
+        };
+        Some(BurstCpu {
+            total: cpu_ms_spent(
+                self.ticks?,
+                cpu_ticks()?,
+                rustix::param::clock_ticks_per_second(),
+            )?,
+            daemon: ms(self.daemon, process_cpu_ns(daemon_pid)),
+            client: ms(self.client, process_cpu_ns("self")),
+        })
+    }
+}
+
+/// The note's account of a burst's CPU time: in all and per sandbox, its parts,
+/// and the p50 that serving the sandboxes one after another would give.
+fn burst_cpu_note(cpu: &BurstCpu, k: usize, cpus: usize) -> String {
+    let per = |ms: f64| ms / k.max(1) as f64;
+    let mut parts: Vec<String> = [("daemon", cpu.daemon), ("benchmark client", cpu.client)]
+        .into_iter()
+        .filter_map(|(name, ms)| Some(format!("{name} {:.2}", per(ms?))))
+        .collect();
+    let known = cpu.daemon.unwrap_or(0.0) + cpu.client.unwrap_or(0.0);
+    parts.push(format!(
+        "sandboxes and the rest {:.2}",
+        per((cpu.total - known).max(0.0))
+    ));
+    format!(
+        "the CPUs worked {:.0} ms meanwhile, {:.2} ms per sandbox ({}); served strictly one after another, the p50 would be {:.1} ms",
+        cpu.total,
+        per(cpu.total),
+        parts.join(", "),
+        in_turn_p50_ms(per(cpu.total), k, cpus)
+    )
+}
+
+/// The p50 time to interactive of `k` sandboxes that each cost `cpu_ms_each` of CPU
+/// and are served to the end one after another on `cpus` CPUs: the floor under a
+/// burst's p50 that ordering alone can reach (fair sharing lands near its end).
+fn in_turn_p50_ms(cpu_ms_each: f64, k: usize, cpus: usize) -> f64 {
+    // The j-th finishes after ceil(j / cpus) turns; the p50 is the middle one's.
+    cpu_ms_each * k.div_ceil(2).div_ceil(cpus.max(1)) as f64
+}
+
+/// `k` concurrent times to interactive: (each one, its create call, the wall time,
+/// where the CPU time went meanwhile).
 async fn burst(
     c: &Client,
+    daemon_pid: &str,
     mode: &str,
     k: usize,
-) -> anyhow::Result<(Vec<Duration>, Vec<Duration>, Duration)> {
+) -> anyhow::Result<(Vec<Duration>, Vec<Duration>, Duration, Option<BurstCpu>)> {
+    let cpu_start = BurstCpuStart::now(daemon_pid);
     let t = Instant::now();
     let tasks: Vec<_> = (0..k)
         .map(|_| {
@@ -526,11 +622,12 @@ async fn burst(
         }
     }
     let wall = t.elapsed();
+    let cpu = cpu_start.spent(daemon_pid);
     delete_all(c, ids).await;
     if let Some(e) = first_err {
         return Err(e.context("a burst create failed"));
     }
-    Ok((lat, creates, wall))
+    Ok((lat, creates, wall, cpu))
 }
 
 async fn delete_all(c: &Client, ids: Vec<String>) {
@@ -980,13 +1077,18 @@ pub fn run(a: PlatformArgs) -> anyhow::Result<i32> {
             }
         }
         if wants(&a.only, "burst") {
+            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let daemon_pid = daemon.child.id().to_string();
             for m in &modes {
                 for &k in &a.bursts {
                     wait_settled(&c, a.pool).await;
                     eprintln!("burst of {k}, network {m} ...");
-                    let (v, creates, wall) = burst(&c, m, k).await?;
+                    let (v, creates, wall, cpu) = burst(&c, &daemon_pid, m, k).await?;
+                    let cpu = cpu.map_or(String::new(), |cpu| {
+                        format!("; {}", burst_cpu_note(&cpu, k, cpus))
+                    });
                     res.notes.push(format!(
-                        "burst of {k} ({m}): all interactive after {:.0} ms; create calls answered after {:.1} ms (first), {:.1} ms (p50), {:.1} ms (last)",
+                        "burst of {k} ({m}): all interactive after {:.0} ms; create calls answered after {:.1} ms (first), {:.1} ms (p50), {:.1} ms (last){cpu}",
                         wall.as_secs_f64() * 1e3,
                         pct_ms(&creates, 0.0),
                         pct_ms(&creates, 50.0),
@@ -1362,6 +1464,44 @@ mod tests {
         // No time passed (or the counters went back): no share.
         assert_eq!(busy_share(ticks(100, 1000, 0), ticks(100, 1000, 0)), None);
         assert_eq!(busy_share(ticks(100, 1000, 0), ticks(90, 900, 0)), None);
+    }
+
+    #[test]
+    fn issue6_a_bursts_cpu_time_gives_the_in_turn_floor_of_its_p50() {
+        // 30 jiffies busy, 4 of them stolen, at 100 per second: 260 ms of our CPU.
+        let spent = cpu_ms_spent(ticks(100, 1000, 6), ticks(130, 1100, 10), 100).unwrap();
+        assert!((spent - 260.0).abs() < 1e-9, "{spent}");
+        assert_eq!(
+            cpu_ms_spent(ticks(100, 1000, 0), ticks(90, 1100, 0), 100),
+            None
+        );
+        // 100 sandboxes of 2 ms each on 2 CPUs: the 50th is done after 25 turns.
+        assert!((in_turn_p50_ms(2.0, 100, 2) - 50.0).abs() < 1e-9);
+        // 10 on 2: the 5th after 3 turns; on 1 CPU after 5.
+        assert!((in_turn_p50_ms(1.0, 10, 2) - 3.0).abs() < 1e-9);
+        assert!((in_turn_p50_ms(1.0, 10, 1) - 5.0).abs() < 1e-9);
+        let note = burst_cpu_note(
+            &BurstCpu {
+                total: 220.0,
+                daemon: Some(60.0),
+                client: Some(20.0),
+            },
+            100,
+            2,
+        );
+        assert_eq!(
+            note,
+            "the CPUs worked 220 ms meanwhile, 2.20 ms per sandbox (daemon 0.60, benchmark \
+             client 0.20, sandboxes and the rest 1.40); served strictly one after another, \
+             the p50 would be 55.0 ms"
+        );
+        // The process counters of this test's own threads move forward.
+        let a = process_cpu_ns("self").unwrap();
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_millis(20) {
+            std::hint::black_box(0u64);
+        }
+        assert!(process_cpu_ns("self").unwrap() > a);
     }
 
     #[test]
