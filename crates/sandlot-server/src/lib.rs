@@ -294,7 +294,7 @@ pub async fn serve(
             source,
         })?;
     let state = Arc::new(AppState::new(cfg, store, runtime, images));
-    let rep = sandbox::reconcile(&state).await?;
+    let mut rep = sandbox::reconcile(&state).await?;
     // No create runs yet: keys of creates a crash interrupted are free again.
     if let Err(e) = state.store.release_unbound_idempotency_keys() {
         tracing::warn!("release idempotency keys of interrupted creates: {e}");
@@ -308,6 +308,9 @@ pub async fn serve(
     );
     network::start(&state).await;
     ports::restore(&state).await;
+    // Only now: a re-adopted sandbox that stops at once must find the network
+    // service there to release its slot.
+    rep.start_owners(&state);
     pool::Pools::start(&state);
     state.vfs.sweep_uploads();
     routes::vfs::start_sweeper(&state);

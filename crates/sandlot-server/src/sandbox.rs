@@ -800,6 +800,13 @@ pub async fn own(state: Arc<AppState>, h: Arc<SandboxHandle>, adopted: bool) {
 
 /// On start: re-adopts sandboxes whose PID 1 survived, records the others as lost,
 /// and removes every leftover of this daemon's sandboxes from the host.
+///
+/// The re-adopted sandboxes are registered but not yet owned: their owner tasks
+/// start with [`ReconcileReport::start_owners`], once the network service (and
+/// the published ports) have taken over their slots. An owner started before
+/// could tear its sandbox down (a timeout that ran out while the daemon was down,
+/// a PID 1 that died meanwhile) before the network service exists to release
+/// the slot, which then stayed attached to a gone sandbox until the next start.
 pub async fn reconcile(state: &Arc<AppState>) -> Result<ReconcileReport, crate::store::StoreError> {
     let mut report = ReconcileReport::default();
     for rec in state.store.unfinished()? {
@@ -857,8 +864,8 @@ pub async fn reconcile(state: &Arc<AppState>) -> Result<ReconcileReport, crate::
             h.request_stop(rec.end_reason.unwrap_or(EndReason::Deleted));
         }
         span.in_scope(|| tracing::info!(pid = h.inst.pid, "re-adopted sandbox"));
-        tokio::spawn(own(state.clone(), h.clone(), true).instrument(h.span.clone()));
         report.adopted.push(rec.id.clone());
+        report.unowned.push(h);
     }
     // Collection mounts: the re-adopted sandboxes' helpers keep serving; everything
     // else (helpers, mounts, directories) goes, before the cgroups are swept.
@@ -906,10 +913,22 @@ pub async fn reconcile(state: &Arc<AppState>) -> Result<ReconcileReport, crate::
 }
 
 /// What reconciliation did.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct ReconcileReport {
     pub adopted: Vec<String>,
     pub lost: Vec<String>,
     pub orphans: Vec<String>,
     pub swept: Vec<String>,
+    /// The re-adopted sandboxes, registered, whose owner tasks are still to start.
+    unowned: Vec<Arc<SandboxHandle>>,
+}
+
+impl ReconcileReport {
+    /// Starts the owner task of each re-adopted sandbox: call once the network
+    /// service and the published ports are up (see [`reconcile`]).
+    pub fn start_owners(&mut self, state: &Arc<AppState>) {
+        for h in self.unowned.drain(..) {
+            tokio::spawn(own(state.clone(), h.clone(), true).instrument(h.span.clone()));
+        }
+    }
 }
