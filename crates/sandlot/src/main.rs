@@ -76,12 +76,11 @@ fn main() {
             ) {
                 e.exit();
             }
-            // One line, like every other error of ours.
-            let text = e.render().to_string();
-            let first = text.lines().next().unwrap_or("invalid arguments");
+            // One line, like every other error of ours; 125 as well, because `run`,
+            // `exec` and `shell` pass the command's own codes (2 included) through.
             eprintln!(
                 "sandlot: {} (see --help)",
-                first.trim_start_matches("error: ")
+                usage_error_line(&e.render().to_string())
             );
             std::process::exit(EXIT_SANDLOT_ERROR);
         }
@@ -100,5 +99,52 @@ fn main() {
             eprintln!("sandlot: {e:#}");
             std::process::exit(EXIT_SANDLOT_ERROR);
         }
+    }
+}
+
+/// clap's usage error as one line: its first paragraph, with the list lines that
+/// follow a colon (the missing arguments) joined after it.
+fn usage_error_line(rendered: &str) -> String {
+    let mut lines = rendered
+        .lines()
+        .take_while(|l| !l.trim().is_empty())
+        .map(str::trim);
+    let first = lines
+        .next()
+        .unwrap_or("invalid arguments")
+        .trim_start_matches("error: ");
+    let rest: Vec<&str> = lines.collect();
+    if rest.is_empty() {
+        first.to_string()
+    } else {
+        format!("{} {}", first, rest.join(", "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn usage_error(args: &[&str]) -> String {
+        let e = Cli::try_parse_from(args).expect_err("a usage error");
+        usage_error_line(&e.render().to_string())
+    }
+
+    #[test]
+    fn usage_errors_name_the_missing_arguments_on_one_line() {
+        let msg = usage_error(&["sandlot", "exec"]);
+        assert_eq!(
+            msg,
+            "the following required arguments were not provided: <SANDBOX>, <CMD>..."
+        );
+        let msg = usage_error(&["sandlot", "exec", "sb-1", "--bogus"]);
+        assert!(
+            msg.starts_with("unexpected argument '--bogus' found"),
+            "{msg}"
+        );
+        assert!(!msg.contains('\n'), "{msg}");
+        let msg = usage_error(&["sandlot", "run", "--memory"]);
+        assert!(msg.contains("'--memory <MEMORY>'"), "{msg}");
     }
 }

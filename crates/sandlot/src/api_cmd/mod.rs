@@ -5,7 +5,7 @@
 //! Exit codes: 0 on success; for `exec` and `shell`, the command's own code (128 +
 //! signal when killed, 124 when its timeout expired); 126 when the command could not
 //! be started, 127 when it was not found; 125 when Sandlot itself failed (the
-//! daemon refused the request, or could not be reached); 2 for usage errors.
+//! daemon refused the request, or could not be reached) and for usage errors.
 
 use std::path::PathBuf;
 
