@@ -27,6 +27,7 @@ pub mod resolver;
 pub mod rtnl;
 pub mod slots;
 pub mod sniff;
+pub mod subnet;
 
 use policy::{Ceiling, Policy};
 use slots::{AddressPlan, Slot, SlotPool};
@@ -69,7 +70,9 @@ pub struct NetConfig {
     /// sandboxes may reach when their policy allows. Link-local, metadata, loopback,
     /// the host's own addresses and other sandboxes are never reachable.
     pub allow_private: Vec<String>,
-    /// IPv4 subnet the slots' /30s are carved from.
+    /// IPv4 subnet the slots' /30s are carved from, or `"auto"` (the default): the
+    /// first /16 of `100.96.0.0/11` that no other daemon on the host holds or routes
+    /// (see [`subnet`]).
     pub subnet: String,
     /// Slots kept built ahead of time.
     pub pool_size: usize,
@@ -82,7 +85,7 @@ impl Default for NetConfig {
             ceiling: NetworkMode::Open,
             upstream_dns: Vec::new(),
             allow_private: Vec::new(),
-            subnet: "100.96.0.0/16".into(),
+            subnet: subnet::AUTO.into(),
             pool_size: 4,
         }
     }
@@ -105,9 +108,15 @@ impl NetConfig {
             Cidr::parse(c)
                 .map_err(|e| NetError::Config(format!("network.allow_private[{i}]: {e}")))?;
         }
-        let s = Cidr::parse(&self.subnet)
-            .map_err(|e| NetError::Config(format!("network.subnet: {e}")))?;
-        AddressPlan::new(s)?;
+        if self.subnet != subnet::AUTO {
+            let s = Cidr::parse(&self.subnet).map_err(|e| {
+                NetError::Config(format!(
+                    "network.subnet: {e} (or \"{}\" to let the daemon choose)",
+                    subnet::AUTO
+                ))
+            })?;
+            AddressPlan::new(s)?;
+        }
         if self.pool_size > 256 {
             return Err(NetError::Config("network.pool_size: at most 256".into()));
         }
@@ -329,6 +338,8 @@ pub struct NetService {
     shared: Arc<Shared>,
     by_id: RwLock<HashMap<String, Arc<Attached>>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// The slot subnet, locked host-wide for as long as the service lives.
+    _subnet: subnet::HeldSubnet,
 }
 
 /// A sandbox that survived a daemon restart, with its slot.
@@ -344,14 +355,22 @@ impl NetService {
     /// of `survivors`), deletes every other leftover slot of this prefix, and starts
     /// filling the pool. Call from a Tokio runtime.
     pub async fn start(
-        cfg: NetConfig,
+        mut cfg: NetConfig,
         id_prefix: &str,
         audit: Arc<dyn AuditSink>,
         survivors: Vec<Survivor>,
     ) -> Result<NetService, NetError> {
         cfg.validate()?;
         let prefix = slot_prefix(id_prefix);
-        let subnet = Cidr::parse(&cfg.subnet).map_err(NetError::Config)?;
+        let held = subnet::choose(
+            &cfg.subnet,
+            &prefix,
+            survivors.first().map(|s| s.slot.host_ip),
+            &std::fs::read_to_string("/proc/net/route").unwrap_or_default(),
+            std::path::Path::new(subnet::LOCK_DIR),
+        )?;
+        let subnet = held.cidr;
+        cfg.subnet = subnet.to_string();
         let plan = AddressPlan::new(subnet)?;
         let allow_private = cfg
             .allow_private
@@ -413,12 +432,14 @@ impl NetService {
             pool,
             shared,
             by_id: RwLock::new(HashMap::new()),
+            _subnet: held,
         };
         for s in survivors {
             svc.register(&s.sandbox, s.slot, &s.spec);
         }
         tracing::info!(
             prefix = %svc.prefix,
+            subnet = %svc.cfg.subnet,
             proxy_port,
             dns_port,
             "network egress service started"

@@ -162,6 +162,8 @@ impl Ceiling {
     pub fn new(slot_subnet: Cidr, allow_private: Vec<Cidr>) -> Ceiling {
         let mut always = cidrs(ALWAYS_DENIED);
         always.push(slot_subnet);
+        // Other daemons' sandboxes, wherever their automatic subnets are.
+        always.extend(cidrs(&[crate::subnet::AUTO_RANGE]));
         Ceiling {
             always,
             private: cidrs(PRIVATE),
@@ -268,7 +270,10 @@ mod tests {
     fn the_ceiling_holds_whatever_the_policy() {
         let c = Ceiling::new(
             Cidr::parse("100.96.0.0/16").unwrap(),
-            vec![Cidr::parse("10.99.0.0/16").unwrap()],
+            vec![
+                Cidr::parse("10.99.0.0/16").unwrap(),
+                Cidr::parse("100.64.0.0/10").unwrap(),
+            ],
         );
         let local: Vec<IpAddr> = vec!["10.99.0.1".parse().unwrap()];
         let d = |s: &str| c.denies(s.parse().unwrap(), &local);
@@ -277,6 +282,12 @@ mod tests {
         assert!(d("::ffff:127.0.0.1").is_some());
         assert!(d("fd00:ec2::254").is_some());
         assert!(d("100.96.0.6").is_some(), "another sandbox");
+        // Even where the operator allows 100.64/10: another daemon's automatic subnet.
+        assert!(d("100.97.0.2").is_some(), "another daemon's sandbox");
+        assert!(
+            d("100.65.0.1").is_none(),
+            "private, allowed by the operator"
+        );
         assert!(d("10.99.0.1").is_some(), "the host");
         assert!(d("192.168.1.1").is_some(), "private, not allowed");
         assert!(d("10.1.2.3").is_some(), "private, not allowed");

@@ -423,3 +423,49 @@ fn remove_network_traces(prefix: &str) {
         .args(["delete", "table", "inet", &format!("sandlot_{slots}")])
         .output();
 }
+
+/// Found by probing two daemons side by side: both carved their slots from the same
+/// default subnet, so their sandboxes got the same addresses and the second one's
+/// replies were routed into the first one's veths (its sandboxes could not reach
+/// even their own daemon's egress proxy). Each daemon now holds a subnet of its own.
+#[test]
+fn issue6_two_daemons_hand_out_different_addresses_and_both_have_egress() {
+    let mut a = Daemon::start(None);
+    let mut b = Daemon::start(None);
+    let r = rt();
+    let probe = "ip -4 -o addr show dev eth0 | awk '{print $4}'; \
+                 gw=$(ip route show default | awk '{print $3}'); \
+                 timeout 5 bash -c \"exec 3<>/dev/tcp/$gw/80\" && echo connected";
+    let mut seen = Vec::new();
+    for d in [&a, &b] {
+        let c = d.client();
+        let out = r.block_on(async {
+            let mut spec = serde_json::Map::new();
+            spec.insert(
+                "network".into(),
+                serde_json::json!({"mode": "allow", "allow": [{"cidr": "203.0.113.1/32"}]}),
+            );
+            let body = CreateSandbox {
+                spec,
+                ..Default::default()
+            };
+            let id = c.create_sandbox(&body).await.unwrap().id;
+            c.run(&id, &["sh", "-c", probe]).await.unwrap()
+        });
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let mut lines = text.lines();
+        let addr = lines.next().unwrap_or_default().to_string();
+        assert!(addr.contains('/'), "no address: {text:?}");
+        assert_eq!(
+            lines.next(),
+            Some("connected"),
+            "the sandbox of {} cannot reach its gateway: {text:?} {}",
+            d.prefix,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        seen.push(addr);
+    }
+    assert_ne!(seen[0], seen[1], "both daemons handed out {}", seen[0]);
+    a.shutdown();
+    b.shutdown();
+}
