@@ -11,10 +11,15 @@
 //!   offset (readers then use their own agent channels). The exit status is then
 //!   learnt by the sandbox's exit poller ([`poll_exits`]). A process whose stdin is
 //!   still open keeps its channel (stdin lives on it) and is drained instead.
+//!
+//! Once the exit has been delivered through an agent channel (the supervisor's, or
+//! a reader's own: [`keep_output_of`]) the agent forgets the process; the daemon
+//! then keeps its most recent output ([`TAIL_BUDGET`]) with the entry for the
+//! retention window, for readers that come back ([`ProcEntry::replay_kept`]).
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -32,10 +37,12 @@ const PARK_BUDGET: usize = 256 * 1024;
 const MAX_FINISHED: usize = 1000;
 /// Inserts between two scans for finished processes to forget.
 const PRUNE_SLACK: usize = 64;
-/// Bytes of the most recent output a supervisor keeps, so that a reader can
-/// re-attach at any offset inside them after the exit reached the supervisor (the
-/// agent forgets a process once its exit is delivered).
+/// Bytes of the most recent output kept, so that a reader can re-attach at any
+/// offset inside them after the exit was delivered (the agent forgets a process
+/// once its exit is delivered).
 const TAIL_BUDGET: usize = 256 * 1024;
+/// Tells the output kept of a process by one channel from that of another.
+static KEEP_SERIAL: AtomicU64 = AtomicU64::new(0);
 
 /// One item of a process's output as the API streams it.
 #[derive(Debug, Clone)]
@@ -53,13 +60,12 @@ enum SupCmd {
         capacity: usize,
         reply: oneshot::Sender<Option<mpsc::Receiver<OutEvent>>>,
     },
-    /// After the exit: replay the retained tail from these (stdout, stderr)
-    /// offsets, if it still covers them.
-    Replay {
-        from: (u64, u64),
-        capacity: usize,
-        reply: oneshot::Sender<Option<mpsc::Receiver<OutEvent>>>,
-    },
+}
+
+/// Output of a finished process kept after its exit was delivered.
+struct Kept {
+    tail: Tail,
+    serial: u64,
 }
 
 /// What the daemon knows of a process.
@@ -78,6 +84,9 @@ pub struct ProcEntry {
     /// No supervisor channel: the exit poller watches it.
     released: AtomicBool,
     cmd: mpsc::Sender<SupCmd>,
+    /// How long output is kept after the exit was delivered.
+    retention: Duration,
+    kept: Mutex<Option<Kept>>,
 }
 
 impl ProcEntry {
@@ -142,24 +151,101 @@ impl ProcEntry {
         rx.await.ok()?
     }
 
-    /// After the exit reached the supervisor: the output from the given offsets (up
-    /// to the exit), if the supervisor still holds it.
-    pub async fn replay_from(
+    /// After the exit was delivered: the output kept from the given offsets, then
+    /// the exit, and where each stream actually starts; `None` when nothing is kept
+    /// (any more) or output before the offsets has been dropped.
+    pub fn replay_kept(
         &self,
         from: (u64, u64),
         capacity: usize,
-    ) -> Option<mpsc::Receiver<OutEvent>> {
-        let (reply, rx) = oneshot::channel();
-        self.cmd
-            .send(SupCmd::Replay {
-                from,
-                capacity,
-                reply,
-            })
-            .await
-            .ok()?;
-        rx.await.ok()?
+    ) -> Option<((u64, u64), mpsc::Receiver<OutEvent>)> {
+        let exit = self.exit()?;
+        let (at, events) = {
+            let kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+            let tail = &kept.as_ref()?.tail;
+            let at = (from.0.min(tail.end.0), from.1.min(tail.end.1));
+            (at, tail.from(from)?)
+        };
+        let (tx, rx) = mpsc::channel(capacity.max(1));
+        replay(events, Some(exit), tx);
+        Some((at, rx))
     }
+
+    /// Keeps `tail`, the latest output of a process whose exit was just delivered,
+    /// for the retention window, unless what is kept already reaches as far back.
+    /// Returns its serial when kept (see [`ProcEntry::keep_more`]).
+    fn keep(self: &Arc<Self>, tail: Tail) -> Option<u64> {
+        let serial = KEEP_SERIAL.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(k) = kept.as_ref() {
+                if k.tail.start.0 <= tail.start.0 && k.tail.start.1 <= tail.start.1 {
+                    return None;
+                }
+            }
+            *kept = Some(Kept { tail, serial });
+        }
+        // Forgotten after the window (or with the entry, whichever comes first).
+        let entry = Arc::downgrade(self);
+        let retention = self.retention;
+        tokio::spawn(async move {
+            tokio::time::sleep(retention).await;
+            if let Some(e) = entry.upgrade() {
+                let mut kept = e.kept.lock().unwrap_or_else(|e| e.into_inner());
+                if kept.as_ref().is_some_and(|k| k.serial == serial) {
+                    *kept = None;
+                }
+            }
+        });
+        Some(serial)
+    }
+
+    /// Output that descendants wrote after the exit, seen by the channel whose
+    /// output is kept under `serial`.
+    fn keep_more(&self, serial: u64, ev: &OutEvent) {
+        let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(k) = kept.as_mut().filter(|k| k.serial == serial) {
+            k.tail.push(ev);
+        }
+    }
+}
+
+/// Makes a reader's own agent channel to a process of this daemon record what it
+/// streams (the latest [`TAIL_BUDGET`] bytes): when the exit reaches it, the agent
+/// forgets the process, so the daemon keeps that output (as the supervisor does for
+/// its channel; of two, the one reaching further back is kept).
+pub fn keep_output_of(p: &mut Process, entry: &Arc<ProcEntry>) {
+    let weak = Arc::downgrade(entry);
+    let mut tail = Tail::starting_at(p.offsets());
+    // After the exit: the serial of the output kept, if this channel's was.
+    let mut after_exit: Option<Option<u64>> = None;
+    p.observe(Box::new(move |ev, (so, se)| {
+        let Some(entry) = weak.upgrade() else {
+            return;
+        };
+        let out = match ev {
+            ProcessEvent::Stdout(b) => OutEvent::Stdout(so - b.len() as u64, b.clone()),
+            ProcessEvent::Stderr(b) => OutEvent::Stderr(se - b.len() as u64, b.clone()),
+            ProcessEvent::Exit(st) => {
+                let x = ProcessExit {
+                    code: st.code,
+                    signal: st.signal,
+                    core_dumped: st.core_dumped,
+                    timed_out: st.timed_out,
+                    stdout_end: so,
+                    stderr_end: se,
+                };
+                entry.set_exit(x);
+                after_exit = Some(entry.keep(std::mem::take(&mut tail)));
+                return;
+            }
+        };
+        match after_exit {
+            None => tail.push(&out),
+            Some(Some(serial)) => entry.keep_more(serial, &out),
+            Some(None) => {}
+        }
+    }));
 }
 
 /// The most recent output of a process, bounded by [`TAIL_BUDGET`].
@@ -169,26 +255,45 @@ struct Tail {
     bytes: usize,
     /// Per stream, the first offset still held.
     start: (u64, u64),
+    /// Per stream, the offset after the last byte held.
+    end: (u64, u64),
 }
 
 impl Tail {
+    /// An empty tail of output that continues at these offsets.
+    fn starting_at(at: (u64, u64)) -> Tail {
+        Tail {
+            start: at,
+            end: at,
+            ..Tail::default()
+        }
+    }
+
     fn push(&mut self, ev: &OutEvent) {
-        if matches!(ev, OutEvent::Exit(_)) {
-            return;
+        match ev {
+            OutEvent::Exit(_) => return,
+            OutEvent::Stdout(o, b) => self.end.0 = self.end.0.max(o + b.len() as u64),
+            OutEvent::Stderr(o, b) => self.end.1 = self.end.1.max(o + b.len() as u64),
         }
         self.bytes += ev_len(ev);
         self.events.push_back(ev.clone());
+        // Exactly the last TAIL_BUDGET bytes: the oldest chunk kept may be cut.
         while self.bytes > TAIL_BUDGET {
-            match self.events.pop_front() {
-                Some(OutEvent::Stdout(o, b)) => {
-                    self.bytes -= b.len();
-                    self.start.0 = o + b.len() as u64;
-                }
-                Some(OutEvent::Stderr(o, b)) => {
-                    self.bytes -= b.len();
-                    self.start.1 = o + b.len() as u64;
-                }
+            let excess = self.bytes - TAIL_BUDGET;
+            let (o, b, start) = match self.events.front_mut() {
+                Some(OutEvent::Stdout(o, b)) => (o, b, &mut self.start.0),
+                Some(OutEvent::Stderr(o, b)) => (o, b, &mut self.start.1),
                 _ => break,
+            };
+            if b.len() > excess {
+                *b = b.slice(excess..);
+                *o += excess as u64;
+                *start = *o;
+                self.bytes -= excess;
+            } else {
+                *start = *o + b.len() as u64;
+                self.bytes -= b.len();
+                self.events.pop_front();
             }
         }
     }
@@ -307,6 +412,8 @@ pub fn supervise(
         exit_tx,
         released: AtomicBool::new(false),
         cmd: cmd_tx,
+        retention: settings.retention,
+        kept: Mutex::new(None),
     });
     table
         .lock()
@@ -327,6 +434,7 @@ pub fn supervise(
         buf_bytes: 0,
         tail: Tail::default(),
         dropped_any: background,
+        saw_exit: false,
         wake_poller,
     };
     tokio::spawn(tracing::Instrument::instrument(sup.run(), span));
@@ -353,6 +461,8 @@ struct Supervisor {
     /// The latest output, whatever the mode (for re-attach after the exit).
     tail: Tail,
     dropped_any: bool,
+    /// The exit came through our channel (so the agent forgets the process).
+    saw_exit: bool,
 }
 
 impl Supervisor {
@@ -389,8 +499,13 @@ impl Supervisor {
             if self.mode == Mode::Draining && !self.stdin_open() {
                 if self.entry.exit().is_none() {
                     self.release();
+                    break;
                 }
-                break;
+                if self.saw_exit {
+                    break;
+                }
+                // A reader learnt the exit first: drain our channel up to it, so
+                // that the output kept is whole.
             }
             let can_read = match self.mode {
                 Mode::Parked => self.buf_bytes < PARK_BUDGET,
@@ -419,10 +534,6 @@ impl Supervisor {
                         } else {
                             let _ = reply.send(None);
                         }
-                    }
-                    Some(SupCmd::Replay { reply, .. }) => {
-                        // Before the exit, readers at an offset use the agent.
-                        let _ = reply.send(None);
                     }
                     None => ended = true,
                 },
@@ -465,30 +576,13 @@ impl Supervisor {
             }
         }
         drop(consumer);
-        // The exit came through our channel, so the agent has forgotten the process:
-        // keep its latest output for re-attach (from offset 0 too, when nobody read
-        // it yet) for a while. A released process is the agent's to replay.
-        if self.p.is_none() || self.entry.exit().is_none() {
-            return;
-        }
-        let until = Instant::now() + self.settings.retention;
-        loop {
-            let (from, capacity, reply) = tokio::select! {
-                _ = tokio::time::sleep_until(until) => break,
-                c = self.cmd.recv() => match c {
-                    Some(SupCmd::Subscribe { capacity, reply }) => ((0, 0), capacity, reply),
-                    Some(SupCmd::Replay { from, capacity, reply }) => (from, capacity, reply),
-                    None => break,
-                },
-            };
-            let Some(events) = self.tail.from(from) else {
-                let _ = reply.send(None);
-                continue;
-            };
-            let (tx, rx) = mpsc::channel(capacity.max(1));
-            if reply.send(Some(rx)).is_ok() {
-                replay(events, self.entry.exit(), tx);
-            }
+        // The exit came through our channel (also when it was among the last events
+        // `release` took), so the agent forgets the process: keep its latest output
+        // for re-attach (from offset 0 too, when nobody read it yet) for a while.
+        // Otherwise the agent keeps it until a reader gets the exit, and that
+        // reader's channel keeps it then (`keep_output_of`).
+        if self.saw_exit {
+            self.entry.keep(std::mem::take(&mut self.tail));
         }
     }
 
@@ -517,6 +611,7 @@ impl Supervisor {
                     stderr_end: se,
                 };
                 self.entry.set_exit(x);
+                self.saw_exit = true;
                 OutEvent::Exit(x)
             }
         }
@@ -642,6 +737,8 @@ mod tests {
             exit_tx,
             released: AtomicBool::new(false),
             cmd: mpsc::channel(1).0,
+            retention: Duration::from_secs(60),
+            kept: Mutex::new(None),
         })
     }
 
@@ -703,5 +800,92 @@ mod tests {
         assert_eq!(t.start, (65536, 0));
         assert!(t.from((0, 0)).is_none());
         assert_eq!(t.from((65536, 0)).unwrap().len(), 4);
+    }
+
+    async fn drain(mut rx: mpsc::Receiver<OutEvent>) -> Vec<(char, u64, Vec<u8>)> {
+        let mut v = Vec::new();
+        while let Some(ev) = rx.recv().await {
+            v.push(out(&ev));
+        }
+        v
+    }
+
+    /// Output kept after the exit was delivered replays any number of times, from
+    /// any offset it covers, prefers what reaches further back, and is dropped after
+    /// the retention window.
+    #[tokio::test]
+    async fn kept_output_replays_until_the_retention_window_ends() {
+        let (exit_tx, exit) = watch::channel(None);
+        let e = Arc::new(ProcEntry {
+            retention: Duration::from_millis(300),
+            exit,
+            exit_tx,
+            ..Arc::into_inner(entry(7, false)).unwrap()
+        });
+        let tail = |from: u64| {
+            let mut t = Tail::starting_at((from, 0));
+            t.push(&OutEvent::Stdout(
+                from,
+                Bytes::copy_from_slice(&b"FIFTH\n"[from as usize..]),
+            ));
+            t
+        };
+        assert!(e.keep(tail(0)).is_some());
+        // Not replayed before the exit is known.
+        assert!(e.replay_kept((0, 0), 4).is_none());
+        e.set_exit(ProcessExit {
+            code: Some(4),
+            signal: None,
+            core_dumped: false,
+            timed_out: false,
+            stdout_end: 6,
+            stderr_end: 0,
+        });
+        // A channel that started later keeps nothing more.
+        assert!(e.keep(tail(2)).is_none());
+        for _ in 0..2 {
+            let (at, rx) = e.replay_kept((0, 0), 4).unwrap();
+            assert_eq!(at, (0, 0));
+            assert_eq!(
+                drain(rx).await,
+                vec![('o', 0, b"FIFTH\n".to_vec()), ('x', 0, vec![])]
+            );
+        }
+        let (at, rx) = e.replay_kept((3, 0), 4).unwrap();
+        assert_eq!(at, (3, 0));
+        assert_eq!(
+            drain(rx).await,
+            vec![('o', 3, b"TH\n".to_vec()), ('x', 0, vec![])]
+        );
+        let (at, rx) = e.replay_kept((100, 5), 4).unwrap();
+        assert_eq!((at, drain(rx).await.len()), ((6, 0), 1));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(e.replay_kept((0, 0), 4).is_none(), "kept beyond the window");
+    }
+
+    #[test]
+    fn tail_keeps_exactly_its_budget_of_the_latest_output() {
+        let mut t = Tail::starting_at((100, 7));
+        t.push(&OutEvent::Stderr(7, Bytes::from_static(b"err")));
+        let chunk = Bytes::from(vec![b'x'; 100 * 1024]);
+        for i in 0..3u64 {
+            t.push(&OutEvent::Stdout(100 + i * 102_400, chunk.clone()));
+        }
+        // 300 KiB + 3 bytes written: the stderr chunk went, the first stdout one
+        // was cut to what fits.
+        assert_eq!(t.bytes, TAIL_BUDGET);
+        assert_eq!(t.end, (100 + 307_200, 10));
+        assert_eq!(t.start, (100 + 307_200 - TAIL_BUDGET as u64, 10));
+        let got: Vec<_> = t.from(t.start).unwrap().iter().map(out).collect();
+        assert_eq!(got[0].1, t.start.0);
+        assert_eq!(
+            got.iter().map(|g| g.2.len()).sum::<usize>(),
+            TAIL_BUDGET,
+            "{:?}",
+            got.iter()
+                .map(|g| (g.0, g.1, g.2.len()))
+                .collect::<Vec<_>>()
+        );
+        assert!(t.from((t.start.0 - 1, 10)).is_none());
     }
 }

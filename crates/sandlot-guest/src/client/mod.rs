@@ -22,7 +22,7 @@ use tokio::sync::{mpsc, Notify};
 use tokio::task::AbortHandle;
 
 pub use files::{DirListing, FileDownload, FileUpload, Watch};
-pub use process::{Output, Process, ProcessEvent, ProcessStdin};
+pub use process::{EventObserver, Output, Process, ProcessEvent, ProcessStdin};
 pub use sandlot_proto::guest::{
     AttachRequest, DirEntry, ErrorBody, ErrorCode, ExecRequest, ExitStatus, FileKind, FileStat,
     Hello, ListDirRequest, MkdirRequest, ProcessId, ProcessInfo, PtySize, ReadFileRequest,

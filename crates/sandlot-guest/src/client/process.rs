@@ -30,6 +30,10 @@ pub struct Output {
     pub stderr: Vec<u8>,
 }
 
+/// Sees each event [`Process::next_event`] returns, with the offsets of the next
+/// stdout and stderr bytes after it (see [`Process::observe`]).
+pub type EventObserver = Box<dyn FnMut(&ProcessEvent, (u64, u64)) + Send + Sync>;
+
 /// A started or attached process.
 ///
 /// Events come in the order the agent produced them; output is flow-controlled:
@@ -49,6 +53,7 @@ pub struct Process {
     consumed: [u32; 2],
     status: Option<ExitStatus>,
     detached: bool,
+    observer: Option<EventObserver>,
 }
 
 impl std::fmt::Debug for Process {
@@ -83,6 +88,7 @@ impl Process {
             consumed: [0; 2],
             status: None,
             detached: false,
+            observer: None,
         }
     }
 
@@ -98,6 +104,7 @@ impl Process {
             consumed: [0; 2],
             status: None,
             detached: true,
+            observer: None,
         }
     }
 
@@ -152,9 +159,23 @@ impl Process {
         }
     }
 
+    /// Has `f` see every event [`Process::next_event`] returns from now on (and the
+    /// offsets after it), whoever consumes them; it replaces an earlier observer.
+    pub fn observe(&mut self, f: EventObserver) {
+        self.observer = Some(f);
+    }
+
     /// The next output chunk or the exit status; `Ok(None)` once the stream is over
     /// (the process exited and its output is closed).
     pub async fn next_event(&mut self) -> Result<Option<ProcessEvent>, ClientError> {
+        let ev = self.receive().await?;
+        if let (Some(ev), Some(f)) = (&ev, self.observer.as_mut()) {
+            f(ev, (self.offsets[0], self.offsets[1]));
+        }
+        Ok(ev)
+    }
+
+    async fn receive(&mut self) -> Result<Option<ProcessEvent>, ClientError> {
         if self.detached {
             return Err(ClientError::Detached(self.id));
         }

@@ -27,7 +27,7 @@ use super::stream::{event_json, ndjson_output, Source};
 use super::{json_status, live, parse_json, JsonBody, RequestId};
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
-use crate::process::{supervise, OutEvent, ProcEntry};
+use crate::process::{keep_output_of, supervise, OutEvent, ProcEntry};
 use crate::sandbox::SandboxHandle;
 use crate::state::AppState;
 use crate::timefmt::rfc3339;
@@ -290,6 +290,10 @@ pub(crate) async fn open_output(
                 ));
             }
         }
+        // Its exit was delivered (so the agent forgot it): the output kept since.
+        if let Some(r) = kept(pid, e, from) {
+            return Ok(r);
+        }
     }
     let req = AttachRequest {
         id: ProcessId(pid),
@@ -297,7 +301,11 @@ pub(crate) async fn open_output(
         stderr_from: Some(from.1),
     };
     match h.guest.attach_with(req).await {
-        Ok(proc_) => {
+        Ok(mut proc_) => {
+            if let Some(e) = &entry {
+                // If the exit reaches this reader, the agent forgets the process.
+                keep_output_of(&mut proc_, e);
+            }
             let (o, e) = proc_.offsets();
             Ok((
                 StreamEvent::Attached {
@@ -310,17 +318,10 @@ pub(crate) async fn open_output(
         }
         Err(err) => {
             if let Some(e) = entry.as_ref().filter(|e| e.exit().is_some()) {
-                // The agent forgot it (its exit was delivered): the supervisor may
-                // still hold the output from these offsets.
-                if let Some(rx) = e.replay_from(from, READER_CAPACITY).await {
-                    return Ok((
-                        StreamEvent::Attached {
-                            id: pid,
-                            stdout_from: from.0,
-                            stderr_from: from.1,
-                        },
-                        Source::Sup(rx),
-                    ));
+                // The agent forgot it (its exit was delivered, maybe meanwhile): the
+                // daemon may still keep the output from these offsets.
+                if let Some(r) = kept(pid, e, from) {
+                    return Ok(r);
                 }
                 return Err(ApiError::new(
                     StatusCode::GONE,
@@ -331,6 +332,20 @@ pub(crate) async fn open_output(
             Err(ApiError::from_guest(err, &format!("process {pid}")))
         }
     }
+}
+
+/// A reader of the output kept of a process whose exit was delivered, if it still
+/// covers the offsets.
+fn kept(pid: u64, e: &ProcEntry, from: (u64, u64)) -> Option<(StreamEvent, Source)> {
+    let ((o, e), rx) = e.replay_kept(from, READER_CAPACITY)?;
+    Some((
+        StreamEvent::Attached {
+            id: pid,
+            stdout_from: o,
+            stderr_from: e,
+        },
+        Source::Sup(rx),
+    ))
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/processes/{pid}/output", tag = "processes",
