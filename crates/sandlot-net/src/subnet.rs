@@ -5,7 +5,7 @@
 //! `network.subnet = "auto"` (the default) takes the first free /16 of
 //! [`AUTO_RANGE`]; an explicit subnet is used as given. Either way the daemon holds
 //! an exclusive `flock` on `/run/lock/sandlot/subnet-A.B.C.D-N.lock` for as long as
-//! it runs, and a subnet that the host already routes to an interface that is not
+//! it runs (and removes the file when it stops), and a subnet that the host already routes to an interface that is not
 //! one of this daemon's slots is not used.
 
 use std::fs::File;
@@ -30,7 +30,24 @@ pub const LOCK_DIR: &str = "/run/lock/sandlot";
 #[derive(Debug)]
 pub struct HeldSubnet {
     pub cidr: Cidr,
-    _lock: File,
+    /// Held for its `Drop`.
+    #[cfg_attr(not(test), allow(dead_code))]
+    lock: Locked,
+}
+
+/// An open, locked lock file.
+#[derive(Debug)]
+struct Locked {
+    _file: File,
+    path: std::path::PathBuf,
+}
+
+impl Drop for Locked {
+    /// Removes the file, still locked: a daemon that opened it just before locks a
+    /// file that no longer has the name, notices, and opens it again.
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
 }
 
 /// The automatic candidates, in order.
@@ -76,27 +93,36 @@ fn lock_path(dir: &Path, c: &Cidr) -> std::path::PathBuf {
 }
 
 /// Takes `c`'s lock without waiting: `Ok(None)` when another process holds it.
-fn try_lock(dir: &Path, c: &Cidr) -> Result<Option<File>, NetError> {
+fn try_lock(dir: &Path, c: &Cidr) -> Result<Option<Locked>, NetError> {
     use std::io::Write;
+    use std::os::unix::fs::MetadataExt;
     let io = |what: String| move |source| NetError::Io { what, source };
     std::fs::create_dir_all(dir).map_err(io(format!("create {}", dir.display())))?;
     let p = lock_path(dir, c);
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .read(true)
-        .write(true)
-        .open(&p)
-        .map_err(io(format!("open {}", p.display())))?;
-    if rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
-        return Ok(None);
+    loop {
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(&p)
+            .map_err(io(format!("open {}", p.display())))?;
+        if rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
+            return Ok(None);
+        }
+        // A holder that stopped between our open and our lock removed the name:
+        // this file then locks nothing.
+        let ours = f.metadata().map_err(io(format!("stat {}", p.display())))?;
+        match std::fs::metadata(&p) {
+            Ok(m) if (m.dev(), m.ino()) == (ours.dev(), ours.ino()) => {}
+            _ => continue,
+        }
+        // Who holds it, for the operator.
+        let _ = f
+            .set_len(0)
+            .and_then(|()| writeln!(f, "{}", std::process::id()));
+        return Ok(Some(Locked { _file: f, path: p }));
     }
-    // Who holds it, for the operator; the file itself stays (removing a locked
-    // file races with a daemon that has just opened it).
-    let _ = f
-        .set_len(0)
-        .and_then(|()| writeln!(f, "{}", std::process::id()));
-    Ok(Some(f))
 }
 
 fn holder(dir: &Path, c: &Cidr) -> String {
@@ -144,7 +170,7 @@ pub fn choose(
             )));
         }
         return match try_lock(dir, &c)? {
-            Some(lock) => Ok(HeldSubnet { cidr: c, _lock: lock }),
+            Some(lock) => Ok(HeldSubnet { cidr: c, lock }),
             None => Err(NetError::Config(format!(
                 "network.subnet {c}: {} uses it on this host; give each daemon its own subnet (network.subnet, or \"auto\")",
                 holder(dir, &c)
@@ -156,10 +182,7 @@ pub fn choose(
             continue;
         }
         if let Some(lock) = try_lock(dir, &c)? {
-            return Ok(HeldSubnet {
-                cidr: c,
-                _lock: lock,
-            });
+            return Ok(HeldSubnet { cidr: c, lock });
         }
     }
     Err(NetError::Config(format!(
@@ -244,7 +267,12 @@ mod tests {
         assert_eq!(again.cidr, cidr("100.96.0.0/16"));
         let e = choose(AUTO, "sna", Some(Ipv4Addr::new(10, 0, 0, 2)), routes, &dir).unwrap_err();
         assert!(e.to_string().contains("outside 100.96.0.0/11"), "{e}");
+        let b_lock = b.lock.path.clone();
+        assert!(b_lock.exists());
         drop((b, again));
+        // A stopped daemon's lock file goes with it.
+        assert!(!b_lock.exists(), "{}", b_lock.display());
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
