@@ -192,6 +192,10 @@ fn bad_bodies_name_each_field() {
             r#"{"mounts": [{"type": "nfs", "target": "/x"}]}"#,
             "mounts[0].type",
         ),
+        (
+            r#"{"mounts": [{"type": "bind", "source": "/tmp"}]}"#,
+            "mounts[0].target",
+        ),
         (r#"{"env": {"1X": "a"}}"#, "env.1X"),
         (r#"{"env": {"A": 5}}"#, "env.A"),
         (r#"{"workdir": "tmp"}"#, "workdir"),
@@ -272,11 +276,16 @@ fn bad_bodies_name_each_field() {
         (r#"{"argv": ["ls"], "pty": {"rows": 0, "cols": 80}}"#, "pty"),
         (r#"{"argv": ["ls"], "timeout": "x"}"#, "timeout"),
         (r#"{"argv": "ls"}"#, "argv"),
+        // A missing field is named too (it was "body").
+        (r#"{}"#, "argv"),
+        (r#"{"cwd": "/tmp"}"#, "argv"),
     ] {
         let (st, v) = d.raw("POST", &p, b);
         assert_eq!(st, 400, "{b}: {v}");
         assert_eq!(v["error"]["field"], field, "{b}: {v}");
     }
+    let (_, v) = d.raw("POST", &p, "{}");
+    assert_eq!(v["error"]["message"], "argv: required but missing", "{v}");
     let (st, v) = d.raw(
         "POST",
         &format!("/v1/sandboxes/{}/timeout", sb.id),

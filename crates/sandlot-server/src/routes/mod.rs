@@ -329,19 +329,28 @@ fn de_error(e: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
     if inner.is_syntax() || inner.is_eof() {
         return ApiError::bad_request(format!("invalid JSON: {msg}"));
     }
-    let field = match unknown_field(&msg) {
-        Some(f) if path == "." => f.to_string(),
-        Some(f) if path == f || path.ends_with(&format!(".{f}")) => path,
-        Some(f) => format!("{path}.{f}"),
+    let named = named_field(&msg);
+    let field = match named {
+        Some((f, _)) if path == "." => f.to_string(),
+        Some((f, _)) if path == f || path.ends_with(&format!(".{f}")) => path,
+        Some((f, _)) => format!("{path}.{f}"),
         None if path == "." => "body".to_string(),
         None => path,
     };
-    ApiError::invalid(field, msg)
+    match named {
+        Some((_, true)) => ApiError::invalid(field, "required but missing"),
+        _ => ApiError::invalid(field, msg),
+    }
 }
 
-fn unknown_field(msg: &str) -> Option<&str> {
-    let rest = msg.strip_prefix("unknown field `")?;
-    rest.split('`').next()
+/// The field a serde message names, and whether it says the field is missing:
+/// "unknown field `x`, expected ..." or "missing field `x`".
+fn named_field(msg: &str) -> Option<(&str, bool)> {
+    let (rest, missing) = match msg.strip_prefix("unknown field `") {
+        Some(r) => (r, false),
+        None => (msg.strip_prefix("missing field `")?, true),
+    };
+    Some((rest.split('`').next()?, missing))
 }
 
 /// The sandbox record `id` (or, failing that, the live sandbox named `id`), if
