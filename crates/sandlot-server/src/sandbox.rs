@@ -823,6 +823,16 @@ pub async fn reconcile(state: &Arc<AppState>) -> Result<ReconcileReport, crate::
             None => None,
         };
         let Some(inst) = adopted else {
+            // A stop (a delete, a timeout) that the crash interrupted has simply
+            // finished: that is no loss.
+            if let (SandboxState::Stopping, Some(reason)) = (rec.state, rec.end_reason) {
+                span.in_scope(|| tracing::info!("sandbox stopped while the daemon was down"));
+                state
+                    .store
+                    .mark_stopped(&rec.id, reason, (None, None), None, now_ms())?;
+                state.metrics.stopped(reason.as_str());
+                continue;
+            }
             span.in_scope(|| {
                 tracing::warn!("sandbox died while the daemon was down: recorded as lost")
             });

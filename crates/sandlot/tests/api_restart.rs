@@ -469,3 +469,47 @@ fn issue6_two_daemons_hand_out_different_addresses_and_both_have_egress() {
     a.shutdown();
     b.shutdown();
 }
+
+/// Found by probing restarts: a sandbox whose delete a daemon crash interrupted
+/// (its record left `stopping`, reason `deleted`) was recorded after the restart with
+/// the error "the sandbox ended while the daemon was not running", as if it had been
+/// lost. The stop has simply finished: no error.
+#[test]
+fn issue6_a_stop_that_a_crash_interrupted_finishes_without_an_error() {
+    let mut d = Daemon::start(None);
+    let c = d.client();
+    let r = rt();
+    let id = r
+        .block_on(c.create_sandbox(&CreateSandbox::default()))
+        .unwrap()
+        .id;
+    d.kill9();
+    // Where a delete leaves things when the daemon dies before the teardown: the
+    // record says stopping (deleted), and then PID 1 goes.
+    let db = rusqlite::Connection::open(d.data_dir().join("sandlot.db")).unwrap();
+    let n = db
+        .execute(
+            "UPDATE sandboxes SET state = 'stopping', end_reason = 'deleted' WHERE id = ?1",
+            [&id],
+        )
+        .unwrap();
+    assert_eq!(n, 1);
+    drop(db);
+    let procs = ["memory/sandlot", "sandlot"]
+        .iter()
+        .find_map(|p| std::fs::read_to_string(format!("/sys/fs/cgroup/{p}/{id}/cgroup.procs")).ok())
+        .expect("the sandbox's cgroup");
+    for pid in procs.split_whitespace() {
+        let pid = rustix::process::Pid::from_raw(pid.parse().unwrap()).unwrap();
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+    }
+    d.spawn();
+    let c = d.client();
+    let s = r.block_on(c.get_sandbox(&id)).unwrap();
+    assert_eq!(
+        (s.state, s.end_reason.as_deref(), s.error.as_deref()),
+        (SandboxState::Stopped, Some("deleted"), None),
+        "{s:?}"
+    );
+    d.shutdown();
+}
