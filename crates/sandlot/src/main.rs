@@ -146,5 +146,12 @@ mod tests {
         assert!(!msg.contains('\n'), "{msg}");
         let msg = usage_error(&["sandlot", "run", "--memory"]);
         assert!(msg.contains("'--memory <MEMORY>'"), "{msg}");
+        // A negative number is the flag's value, and its parser says what is wrong
+        // (it was "unexpected argument '-1' found").
+        let msg = usage_error(&["sandlot", "run", "--timeout", "-1", "--", "true"]);
+        assert!(msg.contains("'--timeout <TIMEOUT>'"), "{msg}");
+        assert!(msg.contains("\"-1\" is not a duration"), "{msg}");
+        let msg = usage_error(&["sandlot", "create", "--memory", "-5"]);
+        assert!(msg.contains("\"-5\" is not a size"), "{msg}");
     }
 }

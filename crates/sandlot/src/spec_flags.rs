@@ -18,19 +18,19 @@ pub struct SpecFlags {
     #[arg(long, value_name = "DIR", conflicts_with = "image")]
     pub rootfs: Option<PathBuf>,
     /// Memory limit, e.g. 512M.
-    #[arg(long, value_parser = parse_size)]
+    #[arg(long, value_parser = parse_size, allow_negative_numbers = true)]
     pub memory: Option<ByteSize>,
     /// CPU quota in cores, e.g. 0.5.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub cpus: Option<f64>,
     /// Maximum number of processes and threads.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub pids: Option<u32>,
     /// Size limit of the writable layer, e.g. 1G.
-    #[arg(long, value_parser = parse_size)]
+    #[arg(long, value_parser = parse_size, allow_negative_numbers = true)]
     pub disk: Option<ByteSize>,
     /// Lifetime: everything is killed after this long, e.g. 10m.
-    #[arg(long, value_parser = parse_duration)]
+    #[arg(long, value_parser = parse_duration, allow_negative_numbers = true)]
     pub timeout: Option<Seconds>,
     /// Bind a host path: SRC:DST[:ro|rw] (default ro); or, with a daemon, mount a
     /// collection read-only: collection:NAME:DST[:principal=P,group=G,version=N,all-access].
