@@ -227,14 +227,7 @@ pub fn keep_output_of(p: &mut Process, entry: &Arc<ProcEntry>) {
             ProcessEvent::Stdout(b) => OutEvent::Stdout(so - b.len() as u64, b.clone()),
             ProcessEvent::Stderr(b) => OutEvent::Stderr(se - b.len() as u64, b.clone()),
             ProcessEvent::Exit(st) => {
-                let x = ProcessExit {
-                    code: st.code,
-                    signal: st.signal,
-                    core_dumped: st.core_dumped,
-                    timed_out: st.timed_out,
-                    stdout_end: so,
-                    stderr_end: se,
-                };
+                let x = process_exit(st, (so, se));
                 entry.set_exit(x);
                 after_exit = Some(entry.keep(std::mem::take(&mut tail)));
                 return;
@@ -602,14 +595,7 @@ impl Supervisor {
                 ev
             }
             ProcessEvent::Exit(st) => {
-                let x = ProcessExit {
-                    code: st.code,
-                    signal: st.signal,
-                    core_dumped: st.core_dumped,
-                    timed_out: st.timed_out,
-                    stdout_end: so,
-                    stderr_end: se,
-                };
+                let x = process_exit(&st, (so, se));
                 self.entry.set_exit(x);
                 self.saw_exit = true;
                 OutEvent::Exit(x)
@@ -637,20 +623,28 @@ fn ev_len(e: &OutEvent) -> usize {
     }
 }
 
+/// The API's exit record of an agent's exit status, with the streams' end offsets.
+pub fn process_exit(
+    st: &sandlot_guest::client::ExitStatus,
+    (stdout_end, stderr_end): (u64, u64),
+) -> ProcessExit {
+    ProcessExit {
+        code: st.code,
+        signal: st.signal,
+        core_dumped: st.core_dumped,
+        timed_out: st.timed_out,
+        stdout_end,
+        stderr_end,
+    }
+}
+
 /// Converts an attached process's events (a reader from an arbitrary offset).
 pub fn convert_attached(p: &Process, ev: ProcessEvent) -> OutEvent {
     let (so, se) = p.offsets();
     match ev {
         ProcessEvent::Stdout(b) => OutEvent::Stdout(so - b.len() as u64, b),
         ProcessEvent::Stderr(b) => OutEvent::Stderr(se - b.len() as u64, b),
-        ProcessEvent::Exit(st) => OutEvent::Exit(ProcessExit {
-            code: st.code,
-            signal: st.signal,
-            core_dumped: st.core_dumped,
-            timed_out: st.timed_out,
-            stdout_end: so,
-            stderr_end: se,
-        }),
+        ProcessEvent::Exit(st) => OutEvent::Exit(process_exit(&st, (so, se))),
     }
 }
 
@@ -683,14 +677,8 @@ pub async fn poll_exits(
         };
         for e in pending {
             if let Some(x) = list.iter().find(|i| i.id.0 == e.id).and_then(|i| {
-                i.exit.map(|st| ProcessExit {
-                    code: st.code,
-                    signal: st.signal,
-                    core_dumped: st.core_dumped,
-                    timed_out: st.timed_out,
-                    stdout_end: i.stdout.produced,
-                    stderr_end: i.stderr.produced,
-                })
+                i.exit
+                    .map(|st| process_exit(&st, (i.stdout.produced, i.stderr.produced)))
             }) {
                 e.set_exit(x);
             }

@@ -16,8 +16,7 @@ use sandlot_guest::client::{
     AttachRequest, ExecRequest, ProcessId, ProcessInfo, ProcessStdin, PtySize,
 };
 use sandlot_proto::api::{
-    ExecBody, ProcessExit, ProcessList, ProcessView, ResizeBody, SignalBody, StreamEvent,
-    WaitResult,
+    ExecBody, ProcessList, ProcessView, ResizeBody, SignalBody, StreamEvent, WaitResult,
 };
 use sandlot_proto::units::Seconds;
 use serde_json::Value;
@@ -27,7 +26,7 @@ use super::stream::{event_json, ndjson_output, Source};
 use super::{json_status, live, parse_json, JsonBody, RequestId};
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
-use crate::process::{keep_output_of, supervise, OutEvent, ProcEntry};
+use crate::process::{keep_output_of, process_exit, supervise, OutEvent, ProcEntry};
 use crate::sandbox::SandboxHandle;
 use crate::state::AppState;
 use crate::timefmt::rfc3339;
@@ -181,14 +180,9 @@ fn info_view(i: &ProcessInfo) -> ProcessView {
             "running"
         }
         .into(),
-        exit: i.exit.map(|s| ProcessExit {
-            code: s.code,
-            signal: s.signal,
-            core_dumped: s.core_dumped,
-            timed_out: s.timed_out,
-            stdout_end: i.stdout.produced,
-            stderr_end: i.stderr.produced,
-        }),
+        exit: i
+            .exit
+            .map(|s| process_exit(&s, (i.stdout.produced, i.stderr.produced))),
     }
 }
 
@@ -830,14 +824,7 @@ pub async fn wait(
             match tokio::time::timeout(timeout, pr.wait()).await {
                 Ok(Ok(s)) => {
                     let (o, e) = pr.offsets();
-                    Some(ProcessExit {
-                        code: s.code,
-                        signal: s.signal,
-                        core_dumped: s.core_dumped,
-                        timed_out: s.timed_out,
-                        stdout_end: o,
-                        stderr_end: e,
-                    })
+                    Some(process_exit(&s, (o, e)))
                 }
                 Ok(Err(e)) => return Err(ApiError::from_guest(e, &format!("process {pid}"))),
                 Err(_) => None,
