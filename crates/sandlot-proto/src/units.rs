@@ -50,6 +50,40 @@ fn describe_wrong_type(unexpected: de::Unexpected<'_>) -> String {
     }
 }
 
+/// The `Visitor` methods for values of the wrong type (`true`, `null`, objects, lists,
+/// bytes that are not UTF-8), each refused with `Self::wrong_type`, which names what
+/// was given; bytes that are UTF-8 are read as a string.
+macro_rules! refuse_wrong_types {
+    ($value:ty) => {
+        fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<$value, E> {
+            match std::str::from_utf8(v) {
+                Ok(s) => self.visit_str(s),
+                Err(_) => Err(Self::wrong_type(de::Unexpected::Bytes(v))),
+            }
+        }
+
+        fn visit_bool<E: de::Error>(self, v: bool) -> Result<$value, E> {
+            Err(Self::wrong_type(de::Unexpected::Bool(v)))
+        }
+
+        fn visit_unit<E: de::Error>(self) -> Result<$value, E> {
+            Err(Self::wrong_type(de::Unexpected::Unit))
+        }
+
+        fn visit_none<E: de::Error>(self) -> Result<$value, E> {
+            Err(Self::wrong_type(de::Unexpected::Option))
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, _map: A) -> Result<$value, A::Error> {
+            Err(Self::wrong_type(de::Unexpected::Map))
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, _seq: A) -> Result<$value, A::Error> {
+            Err(Self::wrong_type(de::Unexpected::Seq))
+        }
+    };
+}
+
 /// A number of bytes. `K`, `M`, `G`, `T` are binary multiples (KiB, MiB, ...), as in
 /// `docker run --memory` and `ulimit`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -187,32 +221,7 @@ impl<'de> Visitor<'de> for ByteSizeVisitor {
         v.parse().map_err(E::custom)
     }
 
-    fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<ByteSize, E> {
-        match std::str::from_utf8(v) {
-            Ok(s) => self.visit_str(s),
-            Err(_) => Err(Self::wrong_type(de::Unexpected::Bytes(v))),
-        }
-    }
-
-    fn visit_bool<E: de::Error>(self, v: bool) -> Result<ByteSize, E> {
-        Err(Self::wrong_type(de::Unexpected::Bool(v)))
-    }
-
-    fn visit_unit<E: de::Error>(self) -> Result<ByteSize, E> {
-        Err(Self::wrong_type(de::Unexpected::Unit))
-    }
-
-    fn visit_none<E: de::Error>(self) -> Result<ByteSize, E> {
-        Err(Self::wrong_type(de::Unexpected::Option))
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, _map: A) -> Result<ByteSize, A::Error> {
-        Err(Self::wrong_type(de::Unexpected::Map))
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, _seq: A) -> Result<ByteSize, A::Error> {
-        Err(Self::wrong_type(de::Unexpected::Seq))
-    }
+    refuse_wrong_types!(ByteSize);
 }
 
 impl<'de> Deserialize<'de> for ByteSize {
@@ -340,32 +349,7 @@ impl<'de> Visitor<'de> for SecondsVisitor {
         v.parse().map_err(E::custom)
     }
 
-    fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<Seconds, E> {
-        match std::str::from_utf8(v) {
-            Ok(s) => self.visit_str(s),
-            Err(_) => Err(Self::wrong_type(de::Unexpected::Bytes(v))),
-        }
-    }
-
-    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Seconds, E> {
-        Err(Self::wrong_type(de::Unexpected::Bool(v)))
-    }
-
-    fn visit_unit<E: de::Error>(self) -> Result<Seconds, E> {
-        Err(Self::wrong_type(de::Unexpected::Unit))
-    }
-
-    fn visit_none<E: de::Error>(self) -> Result<Seconds, E> {
-        Err(Self::wrong_type(de::Unexpected::Option))
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, _map: A) -> Result<Seconds, A::Error> {
-        Err(Self::wrong_type(de::Unexpected::Map))
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, _seq: A) -> Result<Seconds, A::Error> {
-        Err(Self::wrong_type(de::Unexpected::Seq))
-    }
+    refuse_wrong_types!(Seconds);
 }
 
 impl<'de> Deserialize<'de> for Seconds {
