@@ -5,8 +5,8 @@
 //! `network.subnet = "auto"` (the default) takes the first free /16 of
 //! [`AUTO_RANGE`]; an explicit subnet is used as given. Either way the daemon holds
 //! an exclusive `flock` on `/run/lock/sandlot/subnet-A.B.C.D-N.lock` for as long as
-//! it runs (and removes the file when it stops), and a subnet that the host already routes to an interface that is not
-//! one of this daemon's slots is not used.
+//! it runs (and removes the file when it stops), and a subnet that the host already
+//! routes to an interface that is not one of this daemon's slots is not used.
 
 use std::fs::File;
 use std::net::{IpAddr, Ipv4Addr};
@@ -115,7 +115,9 @@ fn try_lock(dir: &Path, c: &Cidr) -> Result<Option<Locked>, NetError> {
         let ours = f.metadata().map_err(io(format!("stat {}", p.display())))?;
         match std::fs::metadata(&p) {
             Ok(m) if (m.dev(), m.ino()) == (ours.dev(), ours.ino()) => {}
-            _ => continue,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(io(format!("stat {}", p.display()))(e)),
         }
         // Who holds it, for the operator.
         let _ = f
