@@ -69,6 +69,83 @@ fn clean_rel(raw: &Path) -> Result<PathBuf, LayerError> {
     Ok(out)
 }
 
+/// Creates the directories of `rel` under `dir` that are missing and returns the
+/// path, without following a symbolic link anywhere on the way: an entry of a layer
+/// (a whiteout, an opaque marker, a FIFO) under a link that the layer made must not
+/// reach outside it (`a -> /etc`, then `a/.wh.passwd`).
+fn dir_in(dir: &Path, rel: &Path, raw: &Path) -> Result<PathBuf, LayerError> {
+    let mut at = dir.to_path_buf();
+    for c in rel.components() {
+        at.push(c);
+        match fs::symlink_metadata(&at) {
+            Ok(m) if m.is_dir() => {}
+            Ok(m) => {
+                return Err(LayerError::BadEntry {
+                    path: raw.display().to_string(),
+                    problem: if m.file_type().is_symlink() {
+                        "path goes through a symbolic link".into()
+                    } else {
+                        "path goes through a file that is not a directory".into()
+                    },
+                })
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                fs::create_dir(&at).map_err(io_at("create", &at))?
+            }
+            Err(e) => return Err(io_at("stat", &at)(e)),
+        }
+    }
+    Ok(at)
+}
+
+/// Creates the FIFO `name` of a layer entry in `parent`, with its mode, owner and
+/// modification time (`tar` would make it an empty regular file).
+fn make_fifo(parent: &Path, name: &std::ffi::OsStr, h: &tar::Header) -> io::Result<()> {
+    let path = parent.join(name);
+    match fs::symlink_metadata(&path) {
+        Ok(m) if m.is_dir() => fs::remove_dir_all(&path)?,
+        Ok(_) => fs::remove_file(&path)?,
+        Err(_) => {}
+    }
+    let mode = h.mode()? & 0o7777;
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        &path,
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(mode),
+        0,
+    )?;
+    let (uid, gid) = (h.uid()? as u32, h.gid()? as u32);
+    rustix::fs::chownat(
+        rustix::fs::CWD,
+        &path,
+        Some(rustix::fs::Uid::from_raw(uid)),
+        Some(rustix::fs::Gid::from_raw(gid)),
+        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+    )?;
+    // mknod applies the umask: set the mode as the layer says.
+    rustix::fs::chmodat(
+        rustix::fs::CWD,
+        &path,
+        rustix::fs::Mode::from_raw_mode(mode),
+        rustix::fs::AtFlags::empty(),
+    )?;
+    let t = rustix::fs::Timespec {
+        tv_sec: h.mtime()? as i64,
+        tv_nsec: 0,
+    };
+    rustix::fs::utimensat(
+        rustix::fs::CWD,
+        &path,
+        &rustix::fs::Timestamps {
+            last_access: t,
+            last_modification: t,
+        },
+        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+    )?;
+    Ok(())
+}
+
 /// Creates the overlay whiteout for `path` (a character device 0:0).
 pub fn make_whiteout(path: &Path) -> io::Result<()> {
     match fs::symlink_metadata(path) {
@@ -132,8 +209,7 @@ pub fn unpack<R: Read>(tar: R, dir: &Path) -> Result<UnpackStats, LayerError> {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         if let Some(hidden) = name.strip_prefix(WHITEOUT_PREFIX) {
-            let parent = dir.join(rel.parent().unwrap_or(Path::new("")));
-            fs::create_dir_all(&parent).map_err(io_at("create", &parent))?;
+            let parent = dir_in(dir, rel.parent().unwrap_or(Path::new("")), &raw)?;
             if name == OPAQUE_MARKER {
                 make_opaque(&parent).map_err(io_at("mark opaque", &parent))?;
                 st.opaque_dirs += 1;
@@ -156,6 +232,16 @@ pub fn unpack<R: Read>(tar: R, dir: &Path) -> Result<UnpackStats, LayerError> {
             continue;
         }
         if rel.as_os_str().is_empty() {
+            continue;
+        }
+        if ty.is_fifo() {
+            let parent = dir_in(dir, rel.parent().unwrap_or(Path::new("")), &raw)?;
+            let name = rel.file_name().unwrap_or_default();
+            make_fifo(&parent, name, e.header()).map_err(|source| LayerError::Io {
+                op: "unpack",
+                path: raw.display().to_string(),
+                source,
+            })?;
             continue;
         }
         let ok = e.unpack_in(dir).map_err(|source| LayerError::Io {
@@ -447,6 +533,118 @@ pub fn diff(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A layer tar of raw headers: (path, type, link target, mode).
+    fn tar_raw(entries: &[(&str, tar::EntryType, &str, u32)]) -> Vec<u8> {
+        let mut b = tar::Builder::new(Vec::new());
+        for (path, ty, link, mode) in entries {
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(*ty);
+            h.set_mode(*mode);
+            h.set_uid(0);
+            h.set_gid(0);
+            h.set_mtime(1_700_000_000);
+            h.set_size(0);
+            if ty.is_symlink() {
+                b.append_link(&mut h, path, link).unwrap();
+            } else {
+                b.append_data(&mut h, path, &[][..]).unwrap();
+            }
+        }
+        b.into_inner().unwrap()
+    }
+
+    /// Found by probing imports: a whiteout or an opaque marker under a symbolic link
+    /// that the same layer made followed the link, and deleted or created things
+    /// anywhere on the host, as root (`a -> /victims`, then `a/.wh.file`).
+    #[test]
+    fn issue6_whiteouts_never_reach_through_a_symlink() {
+        let t = tempfile::tempdir().unwrap();
+        let outside = t.path().join("outside");
+        fs::create_dir_all(outside.join("vdir")).unwrap();
+        fs::write(outside.join("victim"), "precious").unwrap();
+        let out = outside.to_str().unwrap();
+        for (i, entry) in [
+            "a/.wh.victim",
+            "a/.wh.vdir",
+            "a/newdir/.wh..wh..opq",
+            "a/pipe",
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let ty = if entry.ends_with("pipe") {
+                tar::EntryType::Fifo
+            } else {
+                tar::EntryType::Regular
+            };
+            let layer = t.path().join(format!("layer{i}"));
+            fs::create_dir(&layer).unwrap();
+            let tar = tar_raw(&[
+                ("a", tar::EntryType::Symlink, out, 0o777),
+                (entry, ty, "", 0o644),
+            ]);
+            let e = unpack(&tar[..], &layer).unwrap_err();
+            assert!(
+                e.to_string().contains("path goes through a symbolic link"),
+                "{entry}: {e}"
+            );
+        }
+        // Relative links are refused the same way.
+        let layer = t.path().join("layer-rel");
+        fs::create_dir(&layer).unwrap();
+        let tar = tar_raw(&[
+            ("a", tar::EntryType::Symlink, "../outside", 0o777),
+            ("a/.wh.victim", tar::EntryType::Regular, "", 0o644),
+        ]);
+        assert!(unpack(&tar[..], &layer).is_err());
+        assert_eq!(
+            fs::read_to_string(outside.join("victim")).unwrap(),
+            "precious"
+        );
+        assert!(outside.join("vdir").is_dir());
+        assert!(!outside.join("newdir").exists());
+        assert!(!outside.join("pipe").exists());
+        // Whiteouts in real directories of the layer still work.
+        let layer = t.path().join("layer-ok");
+        fs::create_dir(&layer).unwrap();
+        let tar = tar_raw(&[
+            ("d", tar::EntryType::Directory, "", 0o755),
+            ("d/.wh.gone", tar::EntryType::Regular, "", 0o644),
+            ("e/f/.wh..wh..opq", tar::EntryType::Regular, "", 0o644),
+        ]);
+        let st = unpack(&tar[..], &layer).unwrap();
+        assert_eq!((st.whiteouts, st.opaque_dirs), (1, 1));
+        assert!(is_whiteout(
+            &fs::symlink_metadata(layer.join("d/gone")).unwrap()
+        ));
+        assert!(is_opaque(&layer.join("e/f")));
+    }
+
+    /// Found by probing snapshots: a FIFO in a layer became an empty regular file.
+    #[test]
+    fn issue6_fifos_stay_fifos() {
+        let t = tempfile::tempdir().unwrap();
+        let tar = tar_raw(&[
+            ("opt", tar::EntryType::Directory, "", 0o755),
+            ("opt/myfifo", tar::EntryType::Fifo, "", 0o640),
+        ]);
+        unpack(&tar[..], t.path()).unwrap();
+        let md = fs::symlink_metadata(t.path().join("opt/myfifo")).unwrap();
+        assert!(md.file_type().is_fifo(), "{:?}", md.file_type());
+        assert_eq!(md.mode() & 0o7777, 0o640);
+        assert_eq!(md.mtime(), 1_700_000_000);
+        // And back into a layer as a FIFO.
+        let packed = pack(t.path(), Vec::new()).unwrap();
+        let mut ar = tar::Archive::new(&packed[..]);
+        let fifo = ar
+            .entries()
+            .unwrap()
+            .map(|e| e.unwrap())
+            .find(|e| e.path().unwrap().ends_with("myfifo"))
+            .unwrap();
+        assert!(fifo.header().entry_type().is_fifo());
+    }
 
     fn tar_of(entries: &[(&str, Option<&[u8]>)]) -> Vec<u8> {
         let mut b = tar::Builder::new(Vec::new());

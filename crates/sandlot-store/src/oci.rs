@@ -273,6 +273,34 @@ fn read_json<T: for<'de> Deserialize<'de>>(p: &Path) -> Result<T, StoreError> {
     serde_json::from_slice(&b).map_err(|e| invalid(p.display().to_string(), e.to_string()))
 }
 
+/// `rel`, a path that a docker archive's `manifest.json` names, inside the archive
+/// `root`: relative, without `..`, and with no symbolic link on the way. (It used to be
+/// joined as given: `"Layers": ["/etc/x"]` moved a host file into the store.)
+fn archive_path(root: &Path, rel: &str) -> Result<PathBuf, StoreError> {
+    let mut p = root.to_path_buf();
+    for c in Path::new(rel).components() {
+        match c {
+            Component::Normal(n) => {
+                p.push(n);
+                if fs::symlink_metadata(&p).is_ok_and(|m| m.file_type().is_symlink()) {
+                    return Err(invalid(
+                        format!("manifest.json path {rel:?}"),
+                        "goes through a symbolic link",
+                    ));
+                }
+            }
+            Component::CurDir => {}
+            _ => {
+                return Err(invalid(
+                    format!("manifest.json path {rel:?}"),
+                    "is not a relative path inside the archive",
+                ))
+            }
+        }
+    }
+    Ok(p)
+}
+
 fn blob_in(layout: &Path, d: &Digest) -> PathBuf {
     layout.join("blobs/sha256").join(d.hex())
 }
@@ -386,7 +414,7 @@ fn import_layout(
             ));
         }
         for e in entries {
-            let cfg_path = root.join(&e.config);
+            let cfg_path = archive_path(root, &e.config)?;
             // `<hex>.json` (old format) or `blobs/sha256/<hex>`: either names the digest.
             let cfg_digest = digest_of_path(&e.config).or_else(|| {
                 e.config
@@ -411,7 +439,7 @@ fn import_layout(
             }
             let mut layers = Vec::new();
             for (lp, did) in e.layers.iter().zip(&diff_ids) {
-                let file = root.join(lp);
+                let file = archive_path(root, lp)?;
                 let blob = digest_of_path(lp);
                 layers.push(import_layer(
                     store,

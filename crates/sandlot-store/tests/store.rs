@@ -139,3 +139,55 @@ fn commit_diff_rm_and_prune() {
     assert!(s.list().unwrap().is_empty());
     assert_eq!(s.prune().unwrap().layers.len(), 1);
 }
+
+/// A docker save archive of one file per entry.
+fn docker_archive(path: &Path, files: &[(&str, &[u8])]) {
+    let mut b = tar::Builder::new(fs::File::create(path).unwrap());
+    for (name, data) in files {
+        let mut h = tar::Header::new_gnu();
+        h.set_mode(0o644);
+        h.set_size(data.len() as u64);
+        b.append_data(&mut h, name, *data).unwrap();
+    }
+    b.finish().unwrap();
+}
+
+/// Found by probing imports: the paths in a docker save archive's `manifest.json`
+/// were joined to the unpacked archive as given, so `"Layers": ["/some/host/file"]`
+/// (or `../../file`) moved a host file into the store, and `"Config"` read one.
+#[test]
+fn issue6_manifest_paths_stay_inside_the_archive() {
+    let t = tempfile::tempdir().unwrap();
+    let store = ImageStore::open(&t.path().join("store")).unwrap();
+    let victim = t.path().join("victim");
+    fs::write(&victim, "host data").unwrap();
+    let config = br#"{"architecture":"amd64","os":"linux","config":{},"rootfs":{"type":"layers","diff_ids":["sha256:0000000000000000000000000000000000000000000000000000000000000000"]}}"#;
+    for (i, (cfg, layer)) in [
+        ("c.json".to_string(), victim.display().to_string()),
+        ("c.json".to_string(), "../../../../../../victim".to_string()),
+        (victim.display().to_string(), "l.tar".to_string()),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let manifest =
+            format!(r#"[{{"Config": "{cfg}", "RepoTags": ["p/x:1"], "Layers": ["{layer}"]}}]"#);
+        let archive = t.path().join(format!("a{i}.tar"));
+        docker_archive(
+            &archive,
+            &[
+                ("manifest.json", manifest.as_bytes()),
+                ("c.json", config),
+                ("l.tar", b""),
+            ],
+        );
+        let e = oci::import(&store, &archive, None, &nop).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("is not a relative path inside the archive"),
+            "{i}: {e}"
+        );
+        assert_eq!(fs::read_to_string(&victim).unwrap(), "host data", "{i}");
+    }
+    assert!(store.list().unwrap().is_empty());
+}
