@@ -452,6 +452,33 @@ fn cli_commands_and_exit_codes() {
     let (code, _, err) = d.cli(&["cp", &format!("{id}:/srv/tree"), out_tree.to_str().unwrap()]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(std::fs::read(out_tree.join("a/b/f")).unwrap(), b"deep");
+    // Found by probing: a copy out kept set-id bits, so a sandbox could plant a
+    // set-id program in the tree of whoever copied it (root, here). Permission
+    // bits come along, set-id bits never; a single file keeps its bits too.
+    let (code, _, err) = d.cli(&[
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "mkdir -p /srv/suid && cp /bin/true /srv/suid/t && chmod 6755 /srv/suid/t \
+         && chmod 2775 /srv/suid && cp /bin/true /srv/one && chmod 4755 /srv/one",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let suid_back = d.dir.join("suid-back");
+    let (code, _, err) = d.cli(&[
+        "cp",
+        &format!("{id}:/srv/suid"),
+        suid_back.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let one_back = d.dir.join("one-back");
+    let (code, _, err) = d.cli(&["cp", &format!("{id}:/srv/one"), one_back.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode(&suid_back.join("t")), 0o755);
+    assert_eq!(mode(&one_back), 0o755);
     // Background process and logs.
     let (code, pid, err) = d.cli(&["exec", "-d", &id, "--", "sh", "-c", "echo bg-output"]);
     assert_eq!(code, 0, "{err}");

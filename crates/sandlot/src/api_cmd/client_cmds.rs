@@ -760,8 +760,10 @@ async fn cp(a: CpArgs) -> anyhow::Result<i32> {
                             Ok(n)
                         }
                     }
+                    // Permission bits come along, set-id bits never: the sandbox's
+                    // files must not become set-id programs of the user running cp.
                     let mut ar = tar::Archive::new(R(rx, Bytes::new()));
-                    ar.set_preserve_permissions(true);
+                    ar.set_preserve_permissions(false);
                     ar.unpack(&dest)
                 });
                 while let Some(chunk) = s.chunk().await? {
@@ -775,6 +777,7 @@ async fn cp(a: CpArgs) -> anyhow::Result<i32> {
                     .map_err(|_| anyhow::anyhow!("unpacking panicked"))??;
             } else {
                 let mut s = c.read_file(sb, path).await?;
+                let mut file = None;
                 let mut out: Box<dyn Write> = if a.dst == "-" {
                     Box::new(std::io::stdout())
                 } else {
@@ -782,15 +785,22 @@ async fn cp(a: CpArgs) -> anyhow::Result<i32> {
                     if dest.is_dir() {
                         dest = dest.join(Path::new(path).file_name().unwrap_or_default());
                     }
-                    Box::new(std::io::BufWriter::new(
-                        std::fs::File::create(&dest)
-                            .with_context(|| format!("create {}", dest.display()))?,
-                    ))
+                    let f = std::fs::File::create(&dest)
+                        .with_context(|| format!("create {}", dest.display()))?;
+                    file = Some((f.try_clone()?, dest));
+                    Box::new(std::io::BufWriter::new(f))
                 };
                 while let Some(chunk) = s.chunk().await? {
                     out.write_all(&chunk)?;
                 }
                 out.flush()?;
+                // The file's permission bits, as a directory copy keeps them (an
+                // executable stays executable); set-id bits never.
+                if let Some((f, dest)) = file {
+                    use std::os::unix::fs::PermissionsExt;
+                    f.set_permissions(std::fs::Permissions::from_mode(st.mode & 0o777))
+                        .with_context(|| format!("chmod {}", dest.display()))?;
+                }
             }
             Ok(0)
         }
