@@ -10,7 +10,13 @@
 //! rw/<sandbox id>/            writable layer: tmpfs with upper/ and work/
 //! volumes/<tenant>/<name>/    meta.json, data/ (and disk.img when size-limited)
 //! secrets/<tenant>/<name>     the value, mode 0600 (directory 0700)
+//! image-owners/<image hex>    the tenant a snapshot image belongs to
 //! ```
+//!
+//! Snapshots hold a tenant's data, so a snapshot image (and every snapshot of a
+//! sandbox made from one) belongs to the tenant of the sandbox it was taken from:
+//! other tenants neither see it nor start sandboxes from it ([`Images::resolve_for`]).
+//! Every other image is the shared, operator-managed set.
 
 use std::fs;
 use std::io;
@@ -86,7 +92,7 @@ fn io_api(what: &str) -> impl FnOnce(io::Error) -> ApiError + '_ {
 impl Images {
     pub fn open(data_dir: &Path, allowed_host_paths: Vec<PathBuf>) -> Result<Images, StoreError> {
         let store = ImageStore::open(&data_dir.join("images"))?;
-        for d in ["rw", "volumes", "secrets"] {
+        for d in ["rw", "volumes", "secrets", "image-owners"] {
             let p = data_dir.join(d);
             fs::DirBuilder::new()
                 .recursive(true)
@@ -148,12 +154,44 @@ impl Images {
         Ok(())
     }
 
+    fn owner_file(&self, id: &Digest) -> PathBuf {
+        self.data_dir.join("image-owners").join(id.hex())
+    }
+
+    /// The tenant image `id` belongs to (a snapshot), or `None` (the shared set).
+    pub fn owner(&self, id: &Digest) -> Option<String> {
+        fs::read_to_string(self.owner_file(id)).ok()
+    }
+
+    /// Whether a principal of `scope` (`None`: the operator) may see image `img`.
+    pub fn visible(&self, scope: Option<&str>, img: &ImageInfo) -> bool {
+        match (scope, self.owner(&img.id)) {
+            (Some(t), Some(owner)) => owner == t,
+            _ => true,
+        }
+    }
+
+    /// [`ImageStore::resolve`] for a principal of `scope`: another tenant's snapshot
+    /// is "not found", as if it did not exist.
+    pub fn resolve_for(
+        &self,
+        scope: Option<&str>,
+        reference: &str,
+    ) -> Result<ImageInfo, StoreError> {
+        let img = self.store.resolve(reference)?;
+        if self.visible(scope, &img) {
+            Ok(img)
+        } else {
+            Err(StoreError::NotFound(reference.to_string()))
+        }
+    }
+
     /// What can be checked before admission: host paths against the policy, and
     /// that the image, volumes and secrets exist (400 naming the field).
     pub fn precheck(&self, tenant: &str, spec: &SandboxSpec) -> Result<(), ApiError> {
         self.check_host_paths(spec)?;
         if spec.image != HOST_IMAGE {
-            if let Err(e) = self.store.resolve(&spec.image) {
+            if let Err(e) = self.resolve_for(Some(tenant), &spec.image) {
                 return Err(match e {
                     StoreError::NotFound(_) | StoreError::BadName(_) | StoreError::Ambiguous(_) => {
                         ApiError::invalid("image", e.to_string())
@@ -236,12 +274,14 @@ impl Images {
             }
             opts.secrets = secrets;
             if spec.image != HOST_IMAGE {
-                let img = self.store.resolve(&spec.image).map_err(|e| match e {
-                    StoreError::NotFound(_) | StoreError::BadName(_) | StoreError::Ambiguous(_) => {
-                        ApiError::invalid("image", e.to_string())
-                    }
-                    e => store_error(e),
-                })?;
+                let img = self
+                    .resolve_for(Some(tenant), &spec.image)
+                    .map_err(|e| match e {
+                        StoreError::NotFound(_)
+                        | StoreError::BadName(_)
+                        | StoreError::Ambiguous(_) => ApiError::invalid("image", e.to_string()),
+                        e => store_error(e),
+                    })?;
                 self.store.lease(id, &img.id).map_err(store_error)?;
                 let rw = self.rw_dir(id);
                 mount_rw(&rw, spec.resources.disk.bytes())?;
@@ -307,19 +347,25 @@ impl Images {
 
     /// Turns a running sandbox's writable layer into a new image whose parent is
     /// the sandbox's image. The cgroup is frozen while the layer is read.
+    /// The image belongs to `tenant`, the sandbox's (see the module's notes).
     pub fn snapshot(
         &self,
         id: &str,
+        tenant: &str,
         cgroup: &sandlot_runtime::cgroup::Cgroup,
         tag: Option<&ImageName>,
     ) -> Result<(ImageInfo, Duration), ApiError> {
-        self.snapshot_as(
+        let (img, took) = self.snapshot_as(
             id,
             cgroup,
             tag,
             &format!("snapshot of sandbox {id}"),
             "snapshot",
-        )
+        )?;
+        let f = self.owner_file(&img.id);
+        fs::write(&f, tenant)
+            .map_err(|e| ApiError::internal(format!("write {}: {e}", f.display())))?;
+        Ok((img, took))
     }
 
     /// [`snapshot`](Self::snapshot) recording `comment` and `source` (a build

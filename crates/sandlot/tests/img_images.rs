@@ -141,6 +141,37 @@ fn import_run_snapshot_diff_and_start_from_snapshots() {
         let (_, out, _) = run(&c, &b2, "cat /data/second; ls /data").await;
         assert_eq!(out, "two\nsecond\n");
 
+        // Found by probing: another tenant could list, inspect, export, diff and
+        // start a snapshot, which holds a tenant's data. A snapshot belongs to its
+        // sandbox's tenant ("default" here); other tenants see only the shared set.
+        let other = d.tcp(Some(&d.token("other")));
+        let list = other.call_json("GET", "/v1/images", None).await.unwrap();
+        let ids: Vec<&str> = list["images"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["id"].as_str().unwrap())
+            .collect();
+        assert!(ids.contains(&base_id.as_str()), "{list}");
+        assert!(!ids.contains(&s2_id.as_str()) && ids.len() == 1, "{list}");
+        for path in [
+            format!("/v1/images/{s2_id}"),
+            "/v1/images/test/snap:1".to_string(),
+            format!("/v1/images/export?ref={s2_id}"),
+            format!("/v1/images/diff?a={base_id}&b={s2_id}"),
+        ] {
+            let e = other.call_json("GET", &path, None).await.unwrap_err();
+            assert_eq!(e.status().unwrap().as_u16(), 404, "{path}: {e}");
+        }
+        let e = other
+            .call_json("POST", "/v1/sandboxes", Some(&json!({"image": s2_id.clone()})))
+            .await
+            .unwrap_err();
+        assert_eq!(e.status().unwrap().as_u16(), 400, "{e}");
+        let mine = d.tcp(Some(&d.token("default")));
+        let v = mine.call_json("GET", &format!("/v1/images/{s2_id}"), None).await.unwrap();
+        assert_eq!(v["id"], s2_id.as_str());
+
         // An image in use cannot be removed.
         let e = c.call_json("DELETE", "/v1/images/test/snap:1", None).await.unwrap_err();
         assert_eq!(e.status().unwrap().as_u16(), 409, "{e}");

@@ -144,11 +144,15 @@ async fn blocking<T: Send + 'static>(
 
 #[utoipa::path(get, path = "/v1/images", tag = "images",
     responses((status = 200, body = ImageList)))]
-pub async fn list(State(state): State<Arc<AppState>>, _p: Principal) -> ApiResult<Json<ImageList>> {
+pub async fn list(State(state): State<Arc<AppState>>, p: Principal) -> ApiResult<Json<ImageList>> {
     let st = state.clone();
     let imgs = blocking(move || st.images.store.list().map_err(store_error)).await?;
     Ok(Json(ImageList {
-        images: imgs.iter().map(view).collect(),
+        images: imgs
+            .iter()
+            .filter(|i| state.images.visible(p.scope.as_deref(), i))
+            .map(view)
+            .collect(),
     }))
 }
 
@@ -157,11 +161,16 @@ pub async fn list(State(state): State<Arc<AppState>>, _p: Principal) -> ApiResul
     responses((status = 200, body = ImageView), (status = 404, body = crate::error::ErrorEnvelope)))]
 pub async fn inspect(
     State(state): State<Arc<AppState>>,
-    _p: Principal,
+    p: Principal,
     Path(reference): Path<String>,
 ) -> ApiResult<Json<ImageView>> {
     let st = state.clone();
-    let img = blocking(move || st.images.store.resolve(&reference).map_err(store_error)).await?;
+    let img = blocking(move || {
+        st.images
+            .resolve_for(p.scope.as_deref(), &reference)
+            .map_err(store_error)
+    })
+    .await?;
     Ok(Json(view(&img)))
 }
 
@@ -246,7 +255,7 @@ impl Write for ChannelWriter {
         (status = 404, body = crate::error::ErrorEnvelope)))]
 pub async fn export(
     State(state): State<Arc<AppState>>,
-    _p: Principal,
+    p: Principal,
     RawQuery(q): RawQuery,
 ) -> ApiResult<Response> {
     let q = query(q);
@@ -256,7 +265,12 @@ pub async fn export(
         .ok_or_else(|| ApiError::invalid("ref", "the image to export is required"))?;
     let tag = parse_tag("tag", q.get("tag"))?;
     let st = state.clone();
-    let img = blocking(move || st.images.store.resolve(&reference).map_err(store_error)).await?;
+    let img = blocking(move || {
+        st.images
+            .resolve_for(p.scope.as_deref(), &reference)
+            .map_err(store_error)
+    })
+    .await?;
     let names: Vec<ImageName> = match tag {
         Some(t) => vec![t],
         None => img
@@ -294,7 +308,7 @@ pub async fn export(
     responses((status = 200, body = DiffView), (status = 404, body = crate::error::ErrorEnvelope)))]
 pub async fn diff(
     State(state): State<Arc<AppState>>,
-    _p: Principal,
+    p: Principal,
     RawQuery(q): RawQuery,
 ) -> ApiResult<Json<DiffView>> {
     let q = query(q);
@@ -303,10 +317,10 @@ pub async fn diff(
     };
     let st = state.clone();
     let d: TreeDiff = blocking(move || {
-        let s = &st.images.store;
-        let ia = s.resolve(&a).map_err(store_error)?;
-        let ib = s.resolve(&b).map_err(store_error)?;
-        s.diff(&ia, &ib).map_err(store_error)
+        let scope = p.scope.as_deref();
+        let ia = st.images.resolve_for(scope, &a).map_err(store_error)?;
+        let ib = st.images.resolve_for(scope, &b).map_err(store_error)?;
+        st.images.store.diff(&ia, &ib).map_err(store_error)
     })
     .await?;
     Ok(Json(DiffView {
@@ -338,8 +352,11 @@ pub async fn snapshot(
     h.touch();
     let st = state.clone();
     let h2 = h.clone();
-    let (img, took) =
-        blocking(move || st.images.snapshot(&h2.id, &h2.inst.cgroup, tag.as_ref())).await?;
+    let (img, took) = blocking(move || {
+        st.images
+            .snapshot(&h2.id, &h2.tenant, &h2.inst.cgroup, tag.as_ref())
+    })
+    .await?;
     tracing::info!(sandbox_id = %h.id, image = %img.id, frozen_ms = took.as_secs_f64() * 1e3, "snapshot");
     let mut v = view(&img);
     v.frozen_ms = Some(took.as_secs_f64() * 1e3);
