@@ -199,3 +199,37 @@ fn one_gib_streams_through_in_bounded_memory() {
         "daemon peak RSS went from {before} KiB to {after} KiB for a 1 GiB transfer"
     );
 }
+
+/// Found by probing: a watch whose client went away stayed open in the daemon and the
+/// agent until something changed under the watched path. It kept the sandbox from
+/// its idle timeout and held an inotify instance (128 of them disabled every later
+/// watch). It ends with its client now.
+#[test]
+fn issue6_an_abandoned_watch_ends_with_its_client() {
+    let d = Daemon::start(None);
+    let c = d.client();
+    rt().block_on(async {
+        let body = CreateSandbox {
+            idle_timeout: Some(json!("2s")),
+            ..Default::default()
+        };
+        let sb = c.create_sandbox(&body).await.unwrap();
+        let id = sb.id.as_str();
+        let watch = c.watch(id, "/tmp", false).await.unwrap();
+        drop(watch);
+        let deadline = std::time::Instant::now() + Duration::from_secs(15);
+        loop {
+            let s = c.get_sandbox(id).await.unwrap();
+            if s.state == sandlot_client::SandboxState::Stopped {
+                assert_eq!(s.end_reason.as_deref(), Some("idle_timeout"), "{s:?}");
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "still {:?} 15 s after its watch's client left, with a 2 s idle timeout",
+                s.state
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+}

@@ -415,7 +415,17 @@ pub async fn watch(
     let (tx, resp) = channel_body("application/x-ndjson");
     tokio::spawn(async move {
         let _guard = guard;
-        while let Ok(Some(e)) = w.next_event().await {
+        loop {
+            // A client that goes away ends the watch at once (dropping `w` cancels
+            // it in the agent), not at the next event: until then it held an
+            // inotify instance and counted as activity against the idle timeout.
+            let e = tokio::select! {
+                e = w.next_event() => match e {
+                    Ok(Some(e)) => e,
+                    _ => return,
+                },
+                _ = tx.closed() => return,
+            };
             let ev = WatchEvent {
                 kind: match e.kind {
                     WatchEventKind::Create => "create",
