@@ -879,7 +879,7 @@ impl SandboxSpec {
                     let inside = n
                         .strip_prefix(SECRETS_DIR)
                         .and_then(|r| r.strip_prefix('/'))
-                        .is_some_and(|r| !r.is_empty() && !r.contains('/'));
+                        .is_some_and(|r| !matches!(r, "" | "." | "..") && !r.contains('/'));
                     if !inside {
                         return Err(SpecError::new(
                             f,
@@ -1505,6 +1505,14 @@ mod tests {
             field_of(r#"{"secrets":[{"name":"s","path":"/etc/passwd"}]}"#),
             "secrets[0].path"
         );
+        // Found by probing: the directory itself passed, and the create failed with a 500.
+        for p in ["/run/secrets/.", "/run/secrets/", "/run/secrets"] {
+            assert_eq!(
+                field_of(&format!(r#"{{"secrets":[{{"name":"s","path":"{p}"}}]}}"#)),
+                "secrets[0].path",
+                "{p}"
+            );
+        }
         assert_eq!(
             field_of(r#"{"secrets":[{"name":"s","env":"1A"}]}"#),
             "secrets[0].env"
