@@ -174,12 +174,19 @@ fn files_on_rw_mounts_belong_to_the_mapped_uid() {
     std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
     let id = unique_id("uidmap");
     let mount = format!("{}:/data:rw", dir.display());
-    let (code, _, err) = sh(
+    let (code, out, err) = sh(
         &id,
         &["--mount", &mount],
-        "id -u; echo hi > /data/made-inside",
+        "id -u; echo hi > /data/made-inside; awk '$5 == \"/data\" {print $6}' /proc/self/mountinfo",
     );
     assert_eq!(code, 0, "{err}");
+    // Found by probing: writable binds lacked `nosuid,nodev`, which every other
+    // mount of a sandbox has.
+    let opts = out.lines().nth(1).unwrap_or_default();
+    assert!(
+        opts.starts_with("rw,") && opts.contains("nosuid") && opts.contains("nodev"),
+        "{out}"
+    );
     let md = std::fs::metadata(dir.join("made-inside")).unwrap();
     use std::os::unix::fs::MetadataExt;
     assert!(

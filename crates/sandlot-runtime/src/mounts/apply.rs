@@ -345,6 +345,18 @@ pub(crate) fn bind_in(
     };
     if readonly {
         make_readonly(tree.as_fd(), true, 0).map_err(apply_err("make read-only", path))?;
+    } else {
+        // Writable binds are `nosuid`, and `nodev` unless they are a device node
+        // themselves (`/dev/null` and the like).
+        use std::os::unix::fs::FileTypeExt;
+        let device = std::fs::metadata(source)
+            .is_ok_and(|m| m.file_type().is_char_device() || m.file_type().is_block_device());
+        let mut set = sys::MOUNT_ATTR_NOSUID;
+        if !device {
+            set |= sys::MOUNT_ATTR_NODEV;
+        }
+        sys::mount_setattr(Some(tree.as_fd()), c"", true, set, None)
+            .map_err(apply_err("make nosuid", path))?;
     }
     let tgt = ensure(r, path, kind).map_err(apply_err("create bind target", path))?;
     sys::move_mount_onto(tree.as_fd(), tgt.as_fd()).map_err(apply_err("bind", path))
