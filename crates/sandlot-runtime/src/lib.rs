@@ -29,6 +29,14 @@ pub mod zygote;
 
 pub use namespace::{NamespaceBackend, RuntimeConfig};
 
+/// Gives `SIGPIPE` its default action back (Rust starts programs ignoring it): a
+/// command-line tool whose reader went away (`sandlot image ls | head -1`) then ends
+/// quietly, as Unix tools do, instead of panicking on its next write. Never for the
+/// daemon, which must outlive its clients' sockets.
+pub fn default_sigpipe() -> std::io::Result<()> {
+    sys::set_signal_ignored(libc::SIGPIPE, false)
+}
+
 /// Errors of the runtime.
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {

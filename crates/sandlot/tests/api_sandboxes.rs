@@ -693,3 +693,29 @@ fn issue3_none_sandboxes_join_a_stocked_loopback_namespace() {
     let (out, err) = run(&d, "root");
     assert_eq!(out, "1024\nlo\nlow port ok\n", "{err}");
 }
+
+/// Found by probing: `sandlot image ls | head -3` panicked ("failed printing to
+/// stdout: Broken pipe"), and `sandlot exec ... | head -1` failed with "sandlot:
+/// Broken pipe". A closed pipe now ends the command quietly, as it ends other Unix
+/// tools (status 141, SIGPIPE).
+#[test]
+fn issue6_a_closed_pipe_ends_the_cli_quietly() {
+    let d = Daemon::start(None);
+    let id = rt()
+        .block_on(d.client().create_sandbox(&CreateSandbox::default()))
+        .unwrap()
+        .id;
+    let o = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "'{}' exec {id} -- seq 1 300000 | head -1; exit ${{PIPESTATUS[0]}}",
+            api_support::sandlot().display()
+        ))
+        .env("SANDLOT_URL", format!("unix://{}", d.socket.display()))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "1\n");
+    assert!(err.is_empty(), "{err}");
+    assert_eq!(o.status.code(), Some(141), "{err}");
+}

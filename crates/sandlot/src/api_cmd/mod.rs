@@ -128,6 +128,10 @@ pub struct CompletionsArgs {
 }
 
 pub fn run(cmd: ApiCommand) -> anyhow::Result<i32> {
+    if !matches!(cmd, ApiCommand::Serve(_)) {
+        // Found by probing: `sandlot image ls | head -3` panicked on the closed pipe.
+        let _ = sandlot_runtime::default_sigpipe();
+    }
     match cmd {
         ApiCommand::Serve(a) => serve(a),
         ApiCommand::Token(t) => token(t),
