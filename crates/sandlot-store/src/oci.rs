@@ -237,15 +237,17 @@ fn extract_archive(path: &Path, to: &Path) -> Result<(), StoreError> {
         Box::new(f)
     };
     let mut ar = tar::Archive::new(r);
-    let entries = ar.entries().map_err(io_at("read archive", path))?;
+    // What cannot be read as a (gzipped) tar is the archive's fault: 400.
+    let bad = |e: std::io::Error| invalid("archive", format!("not a readable tar archive: {e}"));
+    let entries = ar.entries().map_err(bad)?;
     for e in entries {
-        let mut e = e.map_err(io_at("read archive", path))?;
+        let mut e = e.map_err(bad)?;
         let ty = e.header().entry_type();
         // An image archive holds JSON files and blobs; anything else is ignored.
         if !(ty.is_file() || ty.is_dir()) {
             continue;
         }
-        let p = e.path().map_err(io_at("read archive", path))?.into_owned();
+        let p = e.path().map_err(bad)?.into_owned();
         if p.components()
             .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
         {
@@ -263,7 +265,13 @@ fn extract_archive(path: &Path, to: &Path) -> Result<(), StoreError> {
             fs::create_dir_all(parent).map_err(io_at("create", parent))?;
         }
         let mut out = fs::File::create(&dst).map_err(io_at("create", &dst))?;
-        std::io::copy(&mut e, &mut out).map_err(io_at("extract", &dst))?;
+        std::io::copy(&mut e, &mut out).map_err(|err| {
+            if err.kind() == std::io::ErrorKind::UnexpectedEof {
+                bad(err)
+            } else {
+                io_at("extract", &dst)(err)
+            }
+        })?;
     }
     Ok(())
 }
@@ -301,6 +309,16 @@ fn archive_path(root: &Path, rel: &str) -> Result<PathBuf, StoreError> {
     Ok(p)
 }
 
+/// A file the archive's own index names but does not hold is the archive's fault
+/// (400 naming it); other errors are the host's.
+fn missing_or_io(e: std::io::Error, what: &str, op: &'static str, p: &Path) -> StoreError {
+    if e.kind() == std::io::ErrorKind::NotFound {
+        invalid(what.to_string(), "is missing from the archive")
+    } else {
+        io_at(op, p)(e)
+    }
+}
+
 fn blob_in(layout: &Path, d: &Digest) -> PathBuf {
     layout.join("blobs/sha256").join(d.hex())
 }
@@ -312,7 +330,7 @@ fn digest_of_path(p: &str) -> Option<Digest> {
 }
 
 fn verified_bytes(p: &Path, expected: Option<&Digest>, what: &str) -> Result<Vec<u8>, StoreError> {
-    let b = fs::read(p).map_err(io_at("read", p))?;
+    let b = fs::read(p).map_err(|e| missing_or_io(e, what, "read", p))?;
     if let Some(e) = expected {
         let got = Digest::of(&b);
         if got != *e {
@@ -337,7 +355,13 @@ fn import_layer(
     owned: bool,
     progress: &dyn Fn(Progress),
 ) -> Result<LayerInfo, StoreError> {
-    let size = fs::metadata(file).map_err(io_at("stat", file))?.len();
+    let what = match blob {
+        Some(d) => format!("layer {d}"),
+        None => format!("layer {}", file.display()),
+    };
+    let size = fs::metadata(file)
+        .map_err(|e| missing_or_io(e, &what, "stat", file))?
+        .len();
     if let Some(l) = store.layer(diff_id)? {
         if store.layer_dir(diff_id).is_dir() && store.blob_path(&l.blob).exists() {
             progress(Progress::Done {

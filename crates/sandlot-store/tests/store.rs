@@ -191,3 +191,49 @@ fn issue6_manifest_paths_stay_inside_the_archive() {
     }
     assert!(store.list().unwrap().is_empty());
 }
+
+/// Found by probing imports: a file that is not a tar, a truncated archive and a
+/// layout without one of its blobs were host errors (500 "internal error" through the
+/// API). They are the archive's fault, and say so.
+#[test]
+fn issue6_broken_archives_are_refused_as_invalid() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    tree(&src);
+    let a = ImageStore::open(&t.path().join("a")).unwrap();
+    let img = a.import_dir(&src, &cfg(), None).unwrap();
+    let archive = t.path().join("img.tar");
+    oci::export(&a, &img, &[], fs::File::create(&archive).unwrap(), &nop).unwrap();
+    let bytes = fs::read(&archive).unwrap();
+    let b = ImageStore::open(&t.path().join("b")).unwrap();
+    let check = |name: &str, data: &[u8], needle: &str| {
+        let p = t.path().join(name);
+        fs::write(&p, data).unwrap();
+        let e = oci::import(&b, &p, None, &nop).unwrap_err();
+        assert!(matches!(e, StoreError::Invalid { .. }), "{name}: {e:?}");
+        assert!(e.to_string().contains(needle), "{name}: {e}");
+    };
+    check(
+        "garbage.tar",
+        &vec![b'x'; 4096],
+        "not a readable tar archive",
+    );
+    check(
+        "truncated.tar",
+        &bytes[..bytes.len() / 2],
+        "not a readable tar archive",
+    );
+    // The layout without its layer blob.
+    let layout = t.path().join("layout");
+    fs::create_dir(&layout).unwrap();
+    tar::Archive::new(&bytes[..]).unpack(&layout).unwrap();
+    fs::remove_file(layout.join("blobs/sha256").join(img.layers[0].blob.hex())).unwrap();
+    fs::remove_file(layout.join("manifest.json")).unwrap();
+    let e = oci::import(&b, &layout, None, &nop).unwrap_err();
+    assert!(
+        e.to_string().contains("is missing from the archive")
+            && e.to_string().contains(&img.layers[0].blob.to_string()),
+        "{e}"
+    );
+    assert!(b.list().unwrap().is_empty());
+}
