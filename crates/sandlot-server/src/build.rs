@@ -73,7 +73,18 @@ pub fn take_spec(ctx: &Path, name: &str, network: bool) -> Result<BuildSpec, Api
             format!("{name:?} must be a path inside the context"),
         ));
     }
-    let p = ctx.join(rel);
+    // The context is the client's: the spec is a file of it, not a link to a host
+    // file (whose text would come back in the parse error).
+    let mut p = ctx.to_path_buf();
+    for c in rel.components() {
+        p.push(c);
+        if fs::symlink_metadata(&p).is_ok_and(|m| m.file_type().is_symlink()) {
+            return Err(ApiError::invalid(
+                "file",
+                format!("build spec {name}: a symbolic link in the context, not a file"),
+            ));
+        }
+    }
     let mut text = String::new();
     fs::File::open(&p)
         .and_then(|mut f| f.read_to_string(&mut text))
@@ -447,4 +458,26 @@ async fn run_in(
             .map(|(img, _)| img)
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Found by probing builds: a spec file that was a link to a host file was read,
+    /// and its text came back in the parse error.
+    #[test]
+    fn issue6_a_linked_spec_file_is_refused() {
+        let dir = std::env::temp_dir().join(format!("sandlot-spec-link-{}", std::process::id()));
+        let ctx = dir.join("ctx");
+        fs::create_dir_all(&ctx).unwrap();
+        fs::write(dir.join("host.txt"), "TOPSECRET line").unwrap();
+        std::os::unix::fs::symlink(dir.join("host.txt"), ctx.join("spec.toml")).unwrap();
+        let e = take_spec(&ctx, "spec.toml", false).unwrap_err();
+        assert!(e.message.contains("a symbolic link"), "{}", e.message);
+        assert!(!e.message.contains("TOPSECRET"), "{}", e.message);
+        fs::write(ctx.join("Dockerfile"), "FROM base\nRUN true\n").unwrap();
+        assert!(take_spec(&ctx, "Dockerfile", false).is_ok());
+        fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -520,13 +520,35 @@ fn context_relative(origin: &str, p: &str) -> Result<PathBuf, BuildError> {
     Ok(out)
 }
 
+/// `rel` under the build context `ctx`, with no symbolic link among the directories
+/// on the way: the context is the client's, and `d -> /etc` then `copy d/shadow`
+/// would copy a host file. (The last component may be a link: it is copied as one.)
+fn in_context(ctx: &Path, rel: &Path, origin: &str, src: &str) -> Result<PathBuf, BuildError> {
+    let mut p = ctx.to_path_buf();
+    let n = rel.components().count();
+    for (i, c) in rel.components().enumerate() {
+        p.push(c);
+        if i + 1 < n && fs::symlink_metadata(&p).is_ok_and(|m| m.file_type().is_symlink()) {
+            return Err(BuildError::Context {
+                origin: origin.to_string(),
+                path: src.to_string(),
+                problem: format!(
+                    "goes through the symbolic link {} (links are copied as links, never followed)",
+                    p.strip_prefix(ctx).unwrap_or(&p).display()
+                ),
+            });
+        }
+    }
+    Ok(p)
+}
+
 /// sha256 over path, mode and content of every file a `copy` takes (sorted), so
 /// the cache key changes when any copied byte does.
 pub fn hash_copy_sources(ctx: &Path, origin: &str, src: &[String]) -> Result<Digest, BuildError> {
     let mut h = Sha256::new();
     for s in src {
         let rel = context_relative(origin, s)?;
-        let top = ctx.join(&rel);
+        let top = in_context(ctx, &rel, origin, s)?;
         let mut files = BTreeMap::new();
         walk(ctx, &top, origin, s, &mut files)?;
         for (p, (mode, content)) in files {
@@ -643,7 +665,7 @@ pub fn stage_copy(
     };
     for s in src {
         let rel = context_relative(origin, s)?;
-        let from = ctx.join(&rel);
+        let from = in_context(ctx, &rel, origin, s)?;
         let m = fs::symlink_metadata(&from).map_err(|_| BuildError::Context {
             origin: origin.to_string(),
             path: s.clone(),
@@ -836,6 +858,33 @@ pip_install = "numpy"
         let k2 = step_key(&Digest::of(b"p"), &Step::Run("x".into()), true, None);
         let k3 = step_key(&Digest::of(b"q"), &Step::Run("x".into()), false, None);
         assert!(k1 != k2 && k1 != k3);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Found by probing builds: a copy through a linked directory of the context
+    /// (`d -> /host/dir`, `copy d/secret`) copied a host file into the image.
+    #[test]
+    fn issue6_copies_never_go_through_a_linked_directory() {
+        let dir = std::env::temp_dir().join(format!("sandlot-build-link-{}", std::process::id()));
+        let host = dir.join("host");
+        fs::create_dir_all(&host).unwrap();
+        fs::write(host.join("secret"), "host data").unwrap();
+        let ctx = dir.join("ctx");
+        fs::create_dir_all(&ctx).unwrap();
+        std::os::unix::fs::symlink(&host, ctx.join("d")).unwrap();
+        let layer = dir.join("layer");
+        fs::create_dir_all(&layer).unwrap();
+        let e = hash_copy_sources(&ctx, "steps[1]", &["d/secret".into()]).unwrap_err();
+        assert!(e.to_string().contains("symbolic link d"), "{e}");
+        let e = stage_copy(&ctx, "steps[1]", &["d/secret".into()], "/x", None, &layer).unwrap_err();
+        assert!(e.to_string().contains("symbolic link d"), "{e}");
+        assert!(!layer.join("x").exists());
+        // The link itself is copied as a link, as before.
+        stage_copy(&ctx, "s", &["d".into()], "/d", None, &layer).unwrap();
+        assert!(fs::symlink_metadata(layer.join("d"))
+            .unwrap()
+            .file_type()
+            .is_symlink());
         fs::remove_dir_all(&dir).unwrap();
     }
 }
