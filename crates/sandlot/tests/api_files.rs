@@ -233,3 +233,93 @@ fn issue6_an_abandoned_watch_ends_with_its_client() {
         }
     });
 }
+
+/// Found by probing the files API:
+/// - a write with a set-id `mode` lost the bits once the file had content;
+/// - `mkdir` with `parents` and a `mode` changed the mode of a directory that was
+///   there already (`/tmp` became 0700);
+/// - a move across file systems whose source could not be removed (a read-only
+///   mount) failed after the copy had replaced the destination.
+#[test]
+fn issue6_file_modes_and_failed_moves_keep_what_was_there() {
+    let ro = std::env::temp_dir().join(format!("sandlot-files-ro-{}", std::process::id()));
+    std::fs::create_dir_all(&ro).unwrap();
+    std::fs::write(ro.join("r.txt"), "rodata").unwrap();
+    let d = Daemon::start(Some(&format!(
+        "[mounts]\nallowed_host_paths = [\"{}\"]\n",
+        ro.display()
+    )));
+    let c = d.client();
+    let id = rt().block_on(async {
+        let mut spec = serde_json::Map::new();
+        spec.insert(
+            "mounts".into(),
+            json!([{"type": "bind", "source": ro.display().to_string(), "target": "/data"}]),
+        );
+        c.create_sandbox(&CreateSandbox {
+            spec,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .id
+    });
+    let sb = format!("/v1/sandboxes/{id}");
+    let mode_of = |path: &str| {
+        let (st, v) = d.raw("GET", &format!("{sb}/files/stat?path={path}"), "");
+        assert_eq!(st, 200, "{v}");
+        v["mode"].as_u64().unwrap() & 0o7777
+    };
+    let (st, v) = d.raw(
+        "PUT",
+        &format!("{sb}/files?path=/tmp/s1&mode=4755"),
+        "#!/bin/sh\n",
+    );
+    assert_eq!(st, 201, "{v}");
+    assert_eq!(mode_of("/tmp/s1"), 0o4755);
+    let before = mode_of("/tmp");
+    let (st, v) = d.raw(
+        "POST",
+        &format!("{sb}/files/mkdir"),
+        r#"{"path": "/tmp", "parents": true, "mode": "0700"}"#,
+    );
+    assert!(st < 300, "{st} {v}");
+    assert_eq!(mode_of("/tmp"), before);
+    let (st, _) = d.raw(
+        "POST",
+        &format!("{sb}/files/mkdir"),
+        r#"{"path": "/tmp/new/deep", "parents": true, "mode": "0700"}"#,
+    );
+    assert!(st < 300);
+    assert_eq!(mode_of("/tmp/new/deep"), 0o700);
+    let (st, _) = d.raw(
+        "PUT",
+        &format!("{sb}/files?path=/tmp/dest"),
+        "important old content",
+    );
+    assert_eq!(st, 201);
+    let (st, v) = d.raw(
+        "POST",
+        &format!("{sb}/files/rename"),
+        r#"{"from": "/data/r.txt", "to": "/tmp/dest", "overwrite": true}"#,
+    );
+    assert!(st >= 400, "{st} {v}");
+    rt().block_on(async {
+        let got = c
+            .read_file(&id, "/tmp/dest")
+            .await
+            .unwrap()
+            .to_vec()
+            .await
+            .unwrap();
+        assert_eq!(got, b"important old content");
+        let l = c.list_dir(&id, "/tmp", 1).await.unwrap();
+        assert!(
+            l.entries.iter().all(|e| !e.info.path.contains("r.txt")),
+            "a copy was left: {:?}",
+            l.entries
+        );
+    });
+    drop(d);
+    std::fs::remove_dir_all(&ro).unwrap();
+}

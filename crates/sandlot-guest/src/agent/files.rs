@@ -192,6 +192,9 @@ pub(crate) struct ReadStream {
 /// A file being received from a client.
 pub(crate) struct WriteStream {
     file: Option<File>,
+    /// Set-id bits to put back at EOF (a write, and root's chown to the old owner,
+    /// clear them), with the rest of the mode; 0 when there are none.
+    setid_mode: u32,
     /// Temporary file renamed over `dest` at EOF (None when appending).
     temp: Option<PathBuf>,
     dest: PathBuf,
@@ -282,11 +285,14 @@ impl Agent {
         }
         self.fs
             .run(&user, || {
+                // `mkdir -p -m`: the mode is for a directory made now, never for
+                // one that was there (it turned `/tmp` into 0700).
+                let existed = std::fs::symlink_metadata(&r.path).is_ok_and(|m| m.is_dir());
                 let mut b = std::fs::DirBuilder::new();
                 b.recursive(r.parents);
                 std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o755);
                 b.create(&r.path)?;
-                if r.mode.is_some() {
+                if r.mode.is_some() && !existed {
                     std::fs::set_permissions(&r.path, std::fs::Permissions::from_mode(mode))?;
                 }
                 Ok(())
@@ -473,6 +479,7 @@ impl Agent {
                     }
                     return Ok(WriteStream {
                         file: Some(f),
+                        setid_mode: if r.mode.is_some() { setid(mode) } else { 0 },
                         temp: None,
                         display: r.path.clone(),
                         dest,
@@ -499,6 +506,7 @@ impl Agent {
                 };
                 let ws = WriteStream {
                     file: Some(f),
+                    setid_mode: setid(mode),
                     temp: Some(temp),
                     display: r.path.clone(),
                     dest,
@@ -561,7 +569,19 @@ impl Agent {
             return;
         };
         let file = ws.file.take().expect("open until EOF");
+        let setid_mode = ws.setid_mode;
+        let restored = if setid_mode != 0 {
+            fs.run(&ws.user, || {
+                file.set_permissions(std::fs::Permissions::from_mode(setid_mode))
+            })
+        } else {
+            Ok(())
+        };
         drop(file);
+        if let Err(e) = restored {
+            conn.out.error(chan, fail("write_file", &ws.display, e));
+            return;
+        }
         let res = match ws.temp.clone() {
             Some(t) => fs
                 .run(&ws.user, || std::fs::rename(&t, &ws.dest))
@@ -695,6 +715,15 @@ impl Agent {
     }
 }
 
+/// `mode` when it has set-id bits, else 0.
+fn setid(mode: u32) -> u32 {
+    if mode & 0o6000 != 0 {
+        mode
+    } else {
+        0
+    }
+}
+
 fn rand_seed() -> u64 {
     use std::time::{SystemTime, UNIX_EPOCH};
     SystemTime::now()
@@ -753,6 +782,21 @@ fn move_by_copy(
         // rename(2) refuses to move a directory into itself.
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     }
+    // The source must be removable before anything is swapped in: failing after the
+    // swap left both, and with `overwrite` the old destination was gone (found by
+    // probing a move out of a read-only mount). `AT_EACCESS` checks as the acting
+    // user (its fsuid); a read-only file system answers EROFS.
+    let parent = match from.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("/"),
+    };
+    nix::unistd::faccessat(
+        nix::fcntl::AT_FDCWD,
+        parent,
+        nix::unistd::AccessFlags::W_OK | nix::unistd::AccessFlags::X_OK,
+        nix::fcntl::AtFlags::AT_EACCESS,
+    )
+    .map_err(io::Error::from)?;
     let temp = temp_name(to, seed);
     if let Err(e) = copy_tree(from, &temp, &src, as_root) {
         let _ = remove_tree(&temp);
