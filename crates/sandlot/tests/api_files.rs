@@ -250,20 +250,10 @@ fn issue6_file_modes_and_failed_moves_keep_what_was_there() {
         ro.display()
     )));
     let c = d.client();
-    let id = rt().block_on(async {
-        let mut spec = serde_json::Map::new();
-        spec.insert(
-            "mounts".into(),
-            json!([{"type": "bind", "source": ro.display().to_string(), "target": "/data"}]),
-        );
-        c.create_sandbox(&CreateSandbox {
-            spec,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .id
-    });
+    let body = api_support::spec_body(
+        json!({"mounts": [{"type": "bind", "source": ro.display().to_string(), "target": "/data"}]}),
+    );
+    let id = rt().block_on(c.create_sandbox(&body)).unwrap().id;
     let sb = format!("/v1/sandboxes/{id}");
     let mode_of = |path: &str| {
         let (st, v) = d.raw("GET", &format!("{sb}/files/stat?path={path}"), "");

@@ -6,7 +6,7 @@ mod api_support;
 
 use std::time::Duration;
 
-use api_support::{prefix_lock, rt, wait_exit, Daemon};
+use api_support::{prefix_lock, rt, spec_body, wait_exit, Daemon};
 use sandlot_client::{CreateSandbox, ListFilter, SandboxState};
 
 #[test]
@@ -354,16 +354,8 @@ fn issue6_sandboxes_that_end_while_the_daemon_restarts_release_their_network() {
     let ids: Vec<String> = r.block_on(async {
         let mut v = Vec::new();
         for _ in 0..8 {
-            let mut spec = serde_json::Map::new();
-            spec.insert("timeout".into(), "2s".into());
-            spec.insert(
-                "network".into(),
-                serde_json::json!({"mode": "allow", "allow": [{"cidr": "203.0.113.1/32"}]}),
-            );
-            let body = CreateSandbox {
-                spec,
-                ..Default::default()
-            };
+            let body = spec_body(serde_json::json!({"timeout": "2s",
+                "network": {"mode": "allow", "allow": [{"cidr": "203.0.113.1/32"}]}}));
             v.push(c.create_sandbox(&body).await.unwrap().id);
         }
         v
@@ -440,15 +432,8 @@ fn issue6_two_daemons_hand_out_different_addresses_and_both_have_egress() {
     for d in [&a, &b] {
         let c = d.client();
         let out = r.block_on(async {
-            let mut spec = serde_json::Map::new();
-            spec.insert(
-                "network".into(),
-                serde_json::json!({"mode": "allow", "allow": [{"cidr": "203.0.113.1/32"}]}),
-            );
-            let body = CreateSandbox {
-                spec,
-                ..Default::default()
-            };
+            let body = spec_body(serde_json::json!(
+                {"network": {"mode": "allow", "allow": [{"cidr": "203.0.113.1/32"}]}}));
             let id = c.create_sandbox(&body).await.unwrap().id;
             c.run(&id, &["sh", "-c", probe]).await.unwrap()
         });

@@ -311,6 +311,17 @@ pub fn prefix_lock(prefix: &str) -> PathBuf {
     Path::new(sandlot_server::ID_PREFIX_LOCK_DIR).join(format!("{prefix}.lock"))
 }
 
+/// A create body whose spec is the JSON object `spec`.
+pub fn spec_body(spec: serde_json::Value) -> sandlot_client::CreateSandbox {
+    let serde_json::Value::Object(spec) = spec else {
+        panic!("a spec is a JSON object: {spec}")
+    };
+    sandlot_client::CreateSandbox {
+        spec,
+        ..Default::default()
+    }
+}
+
 pub fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
