@@ -8,11 +8,11 @@
 //! it runs (and removes the file when it stops), and a subnet that the host already
 //! routes to an interface that is not one of this daemon's slots is not used.
 
-use std::fs::File;
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;
 
 use sandlot_proto::spec::Cidr;
+use sandlot_runtime::host_lock::HostLock;
 
 use crate::NetError;
 
@@ -32,22 +32,7 @@ pub struct HeldSubnet {
     pub cidr: Cidr,
     /// Held for its `Drop`.
     #[cfg_attr(not(test), allow(dead_code))]
-    lock: Locked,
-}
-
-/// An open, locked lock file.
-#[derive(Debug)]
-struct Locked {
-    _file: File,
-    path: std::path::PathBuf,
-}
-
-impl Drop for Locked {
-    /// Removes the file, still locked: a daemon that opened it just before locks a
-    /// file that no longer has the name, notices, and opens it again.
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
-    }
+    lock: HostLock,
 }
 
 /// The automatic candidates, in order.
@@ -92,48 +77,13 @@ fn lock_path(dir: &Path, c: &Cidr) -> std::path::PathBuf {
     dir.join(format!("subnet-{}-{}.lock", c.addr, c.len))
 }
 
-/// Takes `c`'s lock without waiting: `Ok(None)` when another process holds it.
-fn try_lock(dir: &Path, c: &Cidr) -> Result<Option<Locked>, NetError> {
-    use std::io::Write;
-    use std::os::unix::fs::MetadataExt;
-    let io = |what: String| move |source| NetError::Io { what, source };
-    std::fs::create_dir_all(dir).map_err(io(format!("create {}", dir.display())))?;
+/// Takes `c`'s lock without waiting: `Ok(Err(pid))` when another process holds it.
+fn try_lock(dir: &Path, c: &Cidr) -> Result<Result<HostLock, Option<u32>>, NetError> {
     let p = lock_path(dir, c);
-    loop {
-        let mut f = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .read(true)
-            .write(true)
-            .open(&p)
-            .map_err(io(format!("open {}", p.display())))?;
-        if rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
-            return Ok(None);
-        }
-        // A holder that stopped between our open and our lock removed the name:
-        // this file then locks nothing.
-        let ours = f.metadata().map_err(io(format!("stat {}", p.display())))?;
-        match std::fs::metadata(&p) {
-            Ok(m) if (m.dev(), m.ino()) == (ours.dev(), ours.ino()) => {}
-            Ok(_) => continue,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(io(format!("stat {}", p.display()))(e)),
-        }
-        // Who holds it, for the operator.
-        let _ = f
-            .set_len(0)
-            .and_then(|()| writeln!(f, "{}", std::process::id()));
-        return Ok(Some(Locked { _file: f, path: p }));
-    }
-}
-
-fn holder(dir: &Path, c: &Cidr) -> String {
-    std::fs::read_to_string(lock_path(dir, c))
-        .ok()
-        .and_then(|s| s.trim().parse::<u32>().ok())
-        .map_or("another sandlot daemon".into(), |p| {
-            format!("another sandlot daemon (pid {p})")
-        })
+    HostLock::try_take(&p).map_err(|source| NetError::Io {
+        what: format!("lock {}", p.display()),
+        source,
+    })
 }
 
 /// Resolves `network.subnet` (`configured`) for a daemon whose slot interfaces
@@ -172,10 +122,10 @@ pub fn choose(
             )));
         }
         return match try_lock(dir, &c)? {
-            Some(lock) => Ok(HeldSubnet { cidr: c, lock }),
-            None => Err(NetError::Config(format!(
-                "network.subnet {c}: {} uses it on this host; give each daemon its own subnet (network.subnet, or \"auto\")",
-                holder(dir, &c)
+            Ok(lock) => Ok(HeldSubnet { cidr: c, lock }),
+            Err(pid) => Err(NetError::Config(format!(
+                "network.subnet {c}: another sandlot daemon{} uses it on this host; give each daemon its own subnet (network.subnet, or \"auto\")",
+                pid.map_or(String::new(), |p| format!(" (pid {p})"))
             ))),
         };
     }
@@ -183,7 +133,7 @@ pub fn choose(
         if foreign_route_in(&c, if_prefix, routes).is_some() {
             continue;
         }
-        if let Some(lock) = try_lock(dir, &c)? {
+        if let Ok(lock) = try_lock(dir, &c)? {
             return Ok(HeldSubnet { cidr: c, lock });
         }
     }
@@ -269,7 +219,7 @@ mod tests {
         assert_eq!(again.cidr, cidr("100.96.0.0/16"));
         let e = choose(AUTO, "sna", Some(Ipv4Addr::new(10, 0, 0, 2)), routes, &dir).unwrap_err();
         assert!(e.to_string().contains("outside 100.96.0.0/11"), "{e}");
-        let b_lock = b.lock.path.clone();
+        let b_lock = b.lock.path().to_path_buf();
         assert!(b_lock.exists());
         drop((b, again));
         // A stopped daemon's lock file goes with it.

@@ -14,6 +14,7 @@ pub mod cgroup;
 pub mod cgroup_stock;
 pub mod etc_view;
 pub mod helper_process;
+pub mod host_lock;
 pub mod hostimage;
 pub mod init;
 pub mod mounts;

@@ -75,16 +75,13 @@ pub fn take_spec(ctx: &Path, name: &str, network: bool) -> Result<BuildSpec, Api
     }
     // The context is the client's: the spec is a file of it, not a link to a host
     // file (whose text would come back in the parse error).
-    let mut p = ctx.to_path_buf();
-    for c in rel.components() {
-        p.push(c);
-        if fs::symlink_metadata(&p).is_ok_and(|m| m.file_type().is_symlink()) {
-            return Err(ApiError::invalid(
-                "file",
-                format!("build spec {name}: a symbolic link in the context, not a file"),
-            ));
-        }
+    if sandlot_store::link_on_the_way(ctx, rel, true).is_some() {
+        return Err(ApiError::invalid(
+            "file",
+            format!("build spec {name}: a symbolic link in the context, not a file"),
+        ));
     }
+    let p = ctx.join(rel);
     let mut text = String::new();
     fs::File::open(&p)
         .and_then(|mut f| f.read_to_string(&mut text))

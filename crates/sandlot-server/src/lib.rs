@@ -33,6 +33,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use sandlot_runtime::host_lock::HostLock;
 use sandlot_runtime::{NamespaceBackend, RuntimeConfig};
 
 pub use config::ServerConfig;
@@ -84,26 +85,12 @@ fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> 
     }
 }
 
-/// Opens (creating it if needed) the lock file `p` and tries to take its exclusive
-/// `flock` without waiting; `false` when another open file holds it.
-fn try_lock_file(p: &Path) -> Result<(std::fs::File, bool), ServerError> {
-    let f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .read(true)
-        .write(true)
-        .open(p)
-        .map_err(io("open", p))?;
-    let locked =
-        rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_ok();
-    Ok((f, locked))
-}
-
 /// Takes an exclusive lock on `data_dir/daemon.lock` for the life of the process.
-fn lock_data_dir(dir: &Path) -> Result<std::fs::File, ServerError> {
-    match try_lock_file(&dir.join("daemon.lock"))? {
-        (f, true) => Ok(f),
-        (_, false) => Err(ServerError::Locked(dir.to_path_buf())),
+fn lock_data_dir(dir: &Path) -> Result<HostLock, ServerError> {
+    let p = dir.join("daemon.lock");
+    match HostLock::try_take(&p).map_err(io("lock", &p))? {
+        Ok(l) => Ok(l),
+        Err(_) => Err(ServerError::Locked(dir.to_path_buf())),
     }
 }
 
@@ -139,58 +126,22 @@ fn daemon_id_prefixes_in(dir: &Path) -> Vec<String> {
     v
 }
 
-/// A running daemon's hold on its id prefix (see [`lock_id_prefix`]).
-#[derive(Debug)]
-struct PrefixLock {
-    _file: std::fs::File,
-    path: PathBuf,
-}
-
-impl Drop for PrefixLock {
-    /// Removes the lock file, still locked: a daemon that opened it just before
-    /// locks a file that no longer has the name, notices, and opens it again.
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
-    }
-}
-
 /// Takes an exclusive lock on `dir/<id_prefix>.lock` for the life of the process
-/// and writes this process's id into it, so that a second daemon with the same
-/// prefix (another data directory) fails to start, naming the first, instead of
-/// reconciling the first one's sandboxes away as orphans.
-fn lock_id_prefix(dir: &Path, prefix: &str) -> Result<PrefixLock, ServerError> {
-    use std::io::{Read, Write};
-    use std::os::unix::fs::MetadataExt;
-    std::fs::create_dir_all(dir).map_err(io("create", dir))?;
+/// (with its pid in it), so that a second daemon with the same prefix (another data
+/// directory) fails to start, naming the first, instead of reconciling the first
+/// one's sandboxes away as orphans.
+fn lock_id_prefix(dir: &Path, prefix: &str) -> Result<HostLock, ServerError> {
     let p = dir.join(format!("{prefix}.lock"));
-    loop {
-        let (mut f, locked) = try_lock_file(&p)?;
-        if !locked {
-            let mut pid = String::new();
-            let _ = f.read_to_string(&mut pid);
-            let holder = match pid.trim().parse::<u32>() {
-                Ok(n) => format!("pid {n}"),
-                Err(_) => "a process that is starting".to_string(),
-            };
-            return Err(ServerError::PrefixInUse {
-                prefix: prefix.to_string(),
-                holder,
-                path: p,
-            });
-        }
-        // A daemon that stopped between our open and our lock removed the name: this
-        // file then locks nothing.
-        let ours = f.metadata().map_err(io("stat", &p))?;
-        match std::fs::metadata(&p) {
-            Ok(m) if (m.dev(), m.ino()) == (ours.dev(), ours.ino()) => {}
-            Ok(_) => continue,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(io("stat", &p)(e)),
-        }
-        f.set_len(0)
-            .and_then(|()| writeln!(f, "{}", std::process::id()))
-            .map_err(io("write", &p))?;
-        return Ok(PrefixLock { _file: f, path: p });
+    match HostLock::try_take(&p).map_err(io("lock", &p))? {
+        Ok(l) => Ok(l),
+        Err(pid) => Err(ServerError::PrefixInUse {
+            prefix: prefix.to_string(),
+            holder: match pid {
+                Some(n) => format!("pid {n}"),
+                None => "a process that is starting".to_string(),
+            },
+            path: p,
+        }),
     }
 }
 

@@ -223,15 +223,13 @@ pub fn keep_output_of(p: &mut Process, entry: &Arc<ProcEntry>) {
         let Some(entry) = weak.upgrade() else {
             return;
         };
-        let out = match ev {
-            ProcessEvent::Stdout(b) => OutEvent::Stdout(so - b.len() as u64, b.clone()),
-            ProcessEvent::Stderr(b) => OutEvent::Stderr(se - b.len() as u64, b.clone()),
-            ProcessEvent::Exit(st) => {
-                let x = process_exit(st, (so, se));
+        let out = match out_event(ev.clone(), (so, se)) {
+            OutEvent::Exit(x) => {
                 entry.set_exit(x);
                 after_exit = Some(entry.keep(std::mem::take(&mut tail)));
                 return;
             }
+            out => out,
         };
         match after_exit {
             None => tail.push(&out),
@@ -640,7 +638,11 @@ pub fn process_exit(
 
 /// Converts an attached process's events (a reader from an arbitrary offset).
 pub fn convert_attached(p: &Process, ev: ProcessEvent) -> OutEvent {
-    let (so, se) = p.offsets();
+    out_event(ev, p.offsets())
+}
+
+/// An agent event as the API streams it, given the streams' offsets after it.
+fn out_event(ev: ProcessEvent, (so, se): (u64, u64)) -> OutEvent {
     match ev {
         ProcessEvent::Stdout(b) => OutEvent::Stdout(so - b.len() as u64, b),
         ProcessEvent::Stderr(b) => OutEvent::Stderr(se - b.len() as u64, b),

@@ -524,22 +524,17 @@ fn context_relative(origin: &str, p: &str) -> Result<PathBuf, BuildError> {
 /// on the way: the context is the client's, and `d -> /etc` then `copy d/shadow`
 /// would copy a host file. (The last component may be a link: it is copied as one.)
 fn in_context(ctx: &Path, rel: &Path, origin: &str, src: &str) -> Result<PathBuf, BuildError> {
-    let mut p = ctx.to_path_buf();
-    let n = rel.components().count();
-    for (i, c) in rel.components().enumerate() {
-        p.push(c);
-        if i + 1 < n && fs::symlink_metadata(&p).is_ok_and(|m| m.file_type().is_symlink()) {
-            return Err(BuildError::Context {
-                origin: origin.to_string(),
-                path: src.to_string(),
-                problem: format!(
-                    "goes through the symbolic link {} (links are copied as links, never followed)",
-                    p.strip_prefix(ctx).unwrap_or(&p).display()
-                ),
-            });
-        }
+    if let Some(link) = crate::link_on_the_way(ctx, rel, false) {
+        return Err(BuildError::Context {
+            origin: origin.to_string(),
+            path: src.to_string(),
+            problem: format!(
+                "goes through the symbolic link {} (links are copied as links, never followed)",
+                link.display()
+            ),
+        });
     }
-    Ok(p)
+    Ok(ctx.join(rel))
 }
 
 /// sha256 over path, mode and content of every file a `copy` takes (sorted), so

@@ -101,6 +101,22 @@ pub(crate) fn io_at<'a>(
     }
 }
 
+/// The first symbolic link on the way from `root` down `rel` (the last component
+/// too when `last`), relative to `root`. What a client or an archive supplied (a
+/// build context, an unpacked archive) must not lead the daemon out of itself.
+pub fn link_on_the_way(root: &Path, rel: &Path, last: bool) -> Option<PathBuf> {
+    let mut p = root.to_path_buf();
+    let n = rel.components().count();
+    for (i, c) in rel.components().enumerate() {
+        p.push(c);
+        if (last || i + 1 < n) && fs::symlink_metadata(&p).is_ok_and(|m| m.file_type().is_symlink())
+        {
+            return Some(p.strip_prefix(root).unwrap_or(&p).to_path_buf());
+        }
+    }
+    None
+}
+
 pub(crate) fn invalid(what: impl Into<String>, problem: impl Into<String>) -> StoreError {
     StoreError::Invalid {
         what: what.into(),

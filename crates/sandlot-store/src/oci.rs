@@ -285,28 +285,18 @@ fn read_json<T: for<'de> Deserialize<'de>>(p: &Path) -> Result<T, StoreError> {
 /// `root`: relative, without `..`, and with no symbolic link on the way. (It used to be
 /// joined as given: `"Layers": ["/etc/x"]` moved a host file into the store.)
 fn archive_path(root: &Path, rel: &str) -> Result<PathBuf, StoreError> {
-    let mut p = root.to_path_buf();
-    for c in Path::new(rel).components() {
-        match c {
-            Component::Normal(n) => {
-                p.push(n);
-                if fs::symlink_metadata(&p).is_ok_and(|m| m.file_type().is_symlink()) {
-                    return Err(invalid(
-                        format!("manifest.json path {rel:?}"),
-                        "goes through a symbolic link",
-                    ));
-                }
-            }
-            Component::CurDir => {}
-            _ => {
-                return Err(invalid(
-                    format!("manifest.json path {rel:?}"),
-                    "is not a relative path inside the archive",
-                ))
-            }
-        }
+    let what = || format!("manifest.json path {rel:?}");
+    let rel = Path::new(rel);
+    if rel
+        .components()
+        .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
+    {
+        return Err(invalid(what(), "is not a relative path inside the archive"));
     }
-    Ok(p)
+    if crate::link_on_the_way(root, rel, true).is_some() {
+        return Err(invalid(what(), "goes through a symbolic link"));
+    }
+    Ok(root.join(rel))
 }
 
 /// A file the archive's own index names but does not hold is the archive's fault
