@@ -4,7 +4,7 @@
 //!
 //! `network.subnet = "auto"` (the default) takes the first free /16 of
 //! [`AUTO_RANGE`]; an explicit subnet is used as given. Either way the daemon holds
-//! an exclusive `flock` on `/run/lock/sandlot/subnet-A.B.C.D-N.lock` for as long as
+//! an exclusive `flock` on `/run/lock/sandlot/subnet-NETNS-A.B.C.D-N.lock` for as long as
 //! it runs (and removes the file when it stops), and a subnet that the host already
 //! routes to an interface that is not one of this daemon's slots is not used.
 
@@ -73,8 +73,12 @@ pub fn foreign_route_in(
     None
 }
 
+/// One lock per subnet and network namespace: daemons in different namespaces
+/// (the tests' simulated hosts) have routing tables of their own and do not clash.
 fn lock_path(dir: &Path, c: &Cidr) -> std::path::PathBuf {
-    dir.join(format!("subnet-{}-{}.lock", c.addr, c.len))
+    use std::os::unix::fs::MetadataExt;
+    let netns = std::fs::metadata("/proc/thread-self/ns/net").map_or(0, |m| m.ino());
+    dir.join(format!("subnet-{netns}-{}-{}.lock", c.addr, c.len))
 }
 
 /// Takes `c`'s lock without waiting: `Ok(Err(pid))` when another process holds it.
