@@ -1,30 +1,73 @@
-//! The store's history: the `git` binary driven through `std::process`.
+//! The store's history, through libgit2 (the `git2` crate): never the `git` binary.
+//!
+//! A store can be mounted read-write into an untrusted sandbox, and the daemon that reads and
+//! commits it runs as root. The `git` binary takes programs from repository data in many ways
+//! (filter drivers, textconv, external diff, pagers, hooks, fsmonitor, includes, and the same
+//! again in any nested repository it descends into), so it is not used at all. libgit2 runs no
+//! external program (no filter drivers, hooks, textconv, diff drivers or pagers; this build has
+//! no network transports), and this module adds its own rules on top:
+//!
+//! * the repository is the store's own `.git` directory, opened without discovery; a `.git`
+//!   file (a link to another repository) or a work tree elsewhere is refused;
+//! * content is read from the work tree by this module, beneath the store's root without
+//!   following any symbolic link ([`open_beneath`]), and handed to libgit2 as bytes, so no
+//!   `.gitattributes` filter applies to what is committed;
+//! * a folder with a `.git` entry of its own (a nested repository) is never staged, listed
+//!   as a submodule or descended into: staging it is refused ([`GitError::NestedRepository`]),
+//!   and status excludes submodules.
 
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
+use git2::{
+    Delta, DiffFindOptions, DiffFormat, DiffOptions, ErrorCode, Index, IndexEntry, IndexTime, Oid,
+    Repository, RepositoryInitOptions, RepositoryOpenFlags, Signature, Sort, Status, StatusOptions,
+    Tree,
+};
 use serde::Serialize;
 
-/// Errors from running git.
+/// Errors from the store's history.
 #[derive(Debug, thiserror::Error)]
 pub enum GitError {
-    #[error("run git {args} in {dir}: {source}")]
-    Spawn {
-        args: String,
-        dir: PathBuf,
+    /// libgit2 failed on the store's repository.
+    #[error("git {op}: {message}")]
+    Repo { op: &'static str, message: String },
+    /// A revision the caller named does not resolve to a commit.
+    #[error("unknown revision {rev:?}")]
+    BadRevision { rev: String },
+    /// A folder to commit holds a repository of its own.
+    #[error(
+        "{path} holds a nested git repository (a .git entry), which a memory store does not keep"
+    )]
+    NestedRepository { path: String },
+    /// Reading the work tree failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: String,
         #[source]
         source: std::io::Error,
     },
-    #[error("git {args} in {dir} failed ({status}): {stderr}")]
-    Failed {
-        args: String,
-        dir: PathBuf,
-        status: String,
-        stderr: String,
-    },
-    #[error("git {args} in {dir}: output is not UTF-8")]
-    NotUtf8 { args: String, dir: PathBuf },
+    /// Content is not UTF-8 where text was asked for.
+    #[error("{what} is not UTF-8 text")]
+    NotUtf8 { what: String },
+    /// A revert whose changes conflict with later ones, or that cannot be written back.
+    #[error("revert {rev}: {reason}")]
+    Revert { rev: String, reason: String },
 }
+
+impl GitError {
+    fn repo(op: &'static str) -> impl FnOnce(git2::Error) -> GitError {
+        move |e| GitError::Repo {
+            op,
+            message: e.message().to_string(),
+        }
+    }
+}
+
+type Result<T, E = GitError> = std::result::Result<T, E>;
 
 /// Who a change is attributed to: the tenant or agent.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -61,14 +104,39 @@ pub struct Commit {
     pub paths: Vec<String>,
 }
 
-/// A git work tree.
+/// What one path holds in a commit's tree, for writing it back to the work tree.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Content {
+    /// Absent.
+    Gone,
+    /// A regular file's bytes.
+    File(Vec<u8>),
+}
+
+/// Opens `rel` beneath `root` for reading without following any symbolic link (and without
+/// leaving `root`): a store may be written by an untrusted sandbox while the daemon reads it.
+pub(crate) fn open_beneath(root: &Path, rel: &str) -> std::io::Result<std::fs::File> {
+    use rustix::fs::{Mode, OFlags, ResolveFlags};
+    let dir = rustix::fs::open(
+        root,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let fd = rustix::fs::openat2(
+        &dir,
+        rel,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK,
+        Mode::empty(),
+        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+    )?;
+    Ok(std::fs::File::from(fd))
+}
+
+/// A git work tree: the store's root and its own `.git`.
 #[derive(Debug, Clone)]
 pub(crate) struct Git {
     dir: PathBuf,
 }
-
-const FIELD: char = '\u{1f}';
-const RECORD: char = '\u{1e}';
 
 impl Git {
     pub(crate) fn new(dir: &Path) -> Git {
@@ -77,217 +145,667 @@ impl Git {
         }
     }
 
-    fn command(&self, args: &[&str], author: Option<&Author>) -> Command {
-        let mut cmd = Command::new("git");
-        cmd.arg("-C").arg(&self.dir);
-        // Deterministic, non-interactive, independent of the operator's git config quirks.
-        cmd.args(["-c", "core.quotepath=off", "-c", "color.ui=false"]);
-        cmd.args(["-c", "commit.gpgsign=false", "-c", "core.autocrlf=false"]);
-        // Never run code from the repository: a store may be mounted into untrusted sandboxes,
-        // so hooks, an fsmonitor command and external diff/pager programs are switched off
-        // whatever `.git/config` says.
-        cmd.args([
-            "-c",
-            "core.hooksPath=/dev/null",
-            "-c",
-            "core.fsmonitor=false",
-        ]);
-        cmd.args(["-c", "core.pager=cat", "-c", "diff.noprefix=false"]);
-        cmd.arg("--no-pager");
-        cmd.args(args);
-        cmd.env("GIT_TERMINAL_PROMPT", "0");
-        cmd.env_remove("GIT_DIR");
-        cmd.env_remove("GIT_WORK_TREE");
-        cmd.env_remove("GIT_INDEX_FILE");
-        if let Some(a) = author {
-            cmd.env("GIT_AUTHOR_NAME", &a.name);
-            cmd.env("GIT_AUTHOR_EMAIL", &a.email);
-            cmd.env("GIT_COMMITTER_NAME", &a.name);
-            cmd.env("GIT_COMMITTER_EMAIL", &a.email);
-        }
-        cmd.stdin(Stdio::null());
-        cmd
-    }
-
-    pub(crate) fn run(&self, args: &[&str], author: Option<&Author>) -> Result<String, GitError> {
-        let shown = args.join(" ");
-        let out = self
-            .command(args, author)
-            .output()
-            .map_err(|source| GitError::Spawn {
-                args: shown.clone(),
-                dir: self.dir.clone(),
-                source,
-            })?;
-        if !out.status.success() {
-            return Err(GitError::Failed {
-                args: shown,
-                dir: self.dir.clone(),
-                status: out.status.to_string(),
-                stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-            });
-        }
-        String::from_utf8(out.stdout).map_err(|_| GitError::NotUtf8 {
-            args: shown,
-            dir: self.dir.clone(),
-        })
-    }
-
+    /// Whether the root has a `.git` directory (a `.git` file or link is no store of ours).
     pub(crate) fn is_repo(&self) -> bool {
-        self.dir.join(".git").exists()
+        std::fs::symlink_metadata(self.dir.join(".git")).is_ok_and(|m| m.is_dir())
     }
 
-    pub(crate) fn init(&self) -> Result<(), GitError> {
-        self.run(&["init", "--quiet", "--initial-branch=main"], None)?;
+    pub(crate) fn init(&self) -> Result<()> {
+        let mut opts = RepositoryInitOptions::new();
+        opts.initial_head("main").no_reinit(true).mkpath(false);
+        Repository::init_opts(&self.dir, &opts).map_err(GitError::repo("init"))?;
         Ok(())
     }
 
-    /// Stages `paths` (additions, modifications and deletions) and commits them; returns the new
-    /// revision, or `None` when nothing changed.
+    /// The store's own repository: no discovery upwards, and its `.git` must be the root's
+    /// `.git` directory with the root as its work tree.
+    fn open(&self) -> Result<Repository> {
+        let dot_git = self.dir.join(".git");
+        let repo_err = |message: String| GitError::Repo {
+            op: "open",
+            message,
+        };
+        if !self.is_repo() {
+            return Err(repo_err("the store has no .git directory".into()));
+        }
+        let repo = Repository::open_ext(
+            &self.dir,
+            RepositoryOpenFlags::NO_SEARCH,
+            std::iter::empty::<&std::ffi::OsStr>(),
+        )
+        .map_err(GitError::repo("open"))?;
+        let real = |p: &Path| std::fs::canonicalize(p).ok();
+        let workdir_ok = repo
+            .workdir()
+            .is_some_and(|w| real(w).is_some() && real(w) == real(&self.dir));
+        if real(repo.path()).is_none() || real(repo.path()) != real(&dot_git) || !workdir_ok {
+            return Err(repo_err(
+                "the repository's work tree is not the store (core.worktree or a .git link)".into(),
+            ));
+        }
+        Ok(repo)
+    }
+
+    fn io<'a>(op: &'static str, path: &'a str) -> impl FnOnce(std::io::Error) -> GitError + 'a {
+        move |source| GitError::Io {
+            op,
+            path: path.to_string(),
+            source,
+        }
+    }
+
+    /// Stages `paths` (additions, modifications and deletions, whole folders included) and
+    /// commits exactly those paths; returns the new revision, or `None` when nothing changed.
+    /// Changes to other paths, staged or not, are left as they are.
     pub(crate) fn commit_paths(
         &self,
         paths: &[&str],
         message: &str,
         author: &Author,
-    ) -> Result<Option<String>, GitError> {
-        let mut add = vec!["add", "--all", "--"];
-        add.extend_from_slice(paths);
-        self.run(&add, None)?;
-        let mut diff = vec![
-            "diff",
-            "--no-ext-diff",
-            "--no-textconv",
-            "--cached",
-            "--quiet",
-            "--",
-        ];
-        diff.extend_from_slice(paths);
-        if self.run(&diff, None).is_ok() {
+    ) -> Result<Option<String>> {
+        let repo = self.open()?;
+        let head = head_commit(&repo)?;
+        // The commit's tree: HEAD's tree with the paths replaced by the work tree's content.
+        let mut next = Index::new().map_err(GitError::repo("commit"))?;
+        if let Some(c) = &head {
+            let tree = c.tree().map_err(GitError::repo("commit"))?;
+            next.read_tree(&tree).map_err(GitError::repo("commit"))?;
+        }
+        let mut staged = Vec::new();
+        for p in paths {
+            self.collect(&repo, p, &mut staged)?;
+        }
+        for p in paths {
+            remove_under(&mut next, p)?;
+        }
+        for e in &staged {
+            next.add(&e.entry).map_err(GitError::repo("stage"))?;
+        }
+        let tree_id = next
+            .write_tree_to(&repo)
+            .map_err(GitError::repo("write tree"))?;
+        let head_tree = head.as_ref().map(|c| c.tree_id());
+        if head_tree == Some(tree_id) {
             return Ok(None);
         }
-        let mut commit = vec!["commit", "--quiet", "--no-verify", "-m", message, "--"];
-        commit.extend_from_slice(paths);
-        self.run(&commit, Some(author))?;
-        Ok(Some(self.head()?.unwrap_or_default()))
+        let tree = repo.find_tree(tree_id).map_err(GitError::repo("commit"))?;
+        let sig =
+            Signature::now(&author.name, &author.email).map_err(GitError::repo("sign commit"))?;
+        let parents: Vec<&git2::Commit> = head.iter().collect();
+        let id = repo
+            .commit(Some("HEAD"), &sig, &sig, message, &tree, &parents)
+            .map_err(GitError::repo("commit"))?;
+        // The repository's index follows for these paths, so status shows them clean.
+        let mut index = repo.index().map_err(GitError::repo("read index"))?;
+        for p in paths {
+            remove_under(&mut index, p)?;
+        }
+        for e in &staged {
+            index.add(&e.entry).map_err(GitError::repo("stage"))?;
+        }
+        index.write().map_err(GitError::repo("write index"))?;
+        Ok(Some(id.to_string()))
     }
 
-    pub(crate) fn head(&self) -> Result<Option<String>, GitError> {
-        match self.run(&["rev-parse", "--verify", "--quiet", "HEAD"], None) {
-            Ok(s) => Ok(Some(s.trim().to_string())),
-            Err(GitError::Failed { .. }) => Ok(None),
-            Err(e) => Err(e),
+    /// The work tree's entries at `rel` (a file, a link, or a folder's files), as index
+    /// entries whose blobs are already written. Missing: none (a deletion).
+    fn collect(&self, repo: &Repository, rel: &str, out: &mut Vec<Staged>) -> Result<()> {
+        let md = match lstat_beneath(&self.dir, rel) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(Git::io("stage", rel)(e)),
+        };
+        let ft = md.file_type();
+        if ft.is_dir() {
+            let rd = std::fs::read_dir(self.dir.join(rel)).map_err(Git::io("list", rel))?;
+            let mut names = Vec::new();
+            for ent in rd {
+                let ent = ent.map_err(Git::io("list", rel))?;
+                let Some(name) = ent.file_name().to_str().map(str::to_string) else {
+                    return Err(GitError::NotUtf8 {
+                        what: format!("a file name in {rel}"),
+                    });
+                };
+                names.push(name);
+            }
+            if names.iter().any(|n| n == ".git") {
+                return Err(GitError::NestedRepository {
+                    path: rel.to_string(),
+                });
+            }
+            names.sort();
+            for name in names {
+                let child = format!("{rel}/{name}");
+                if repo.is_path_ignored(Path::new(&child)).unwrap_or(false) {
+                    continue;
+                }
+                self.collect(repo, &child, out)?;
+            }
+            return Ok(());
         }
+        let Some((mode, oid)) = self.worktree_blob(repo, rel, &md)? else {
+            // Sockets, FIFOs and devices are not content.
+            return Ok(());
+        };
+        out.push(Staged {
+            entry: index_entry(rel, mode, oid, &md),
+        });
+        Ok(())
+    }
+
+    /// Writes the work tree's `rel` (a regular file or a symbolic link, as `md` says) as a
+    /// blob: read beneath the root without following links, unfiltered, streamed.
+    fn worktree_blob(
+        &self,
+        repo: &Repository,
+        rel: &str,
+        md: &std::fs::Metadata,
+    ) -> Result<Option<(u32, Oid)>> {
+        let ft = md.file_type();
+        if ft.is_symlink() {
+            let target = std::fs::read_link(self.dir.join(rel)).map_err(Git::io("read", rel))?;
+            let bytes = target.as_os_str().as_encoded_bytes();
+            let oid = repo.blob(bytes).map_err(GitError::repo("write blob"))?;
+            return Ok(Some((0o120000, oid)));
+        }
+        if !ft.is_file() {
+            return Ok(None);
+        }
+        let mut f = open_beneath(&self.dir, rel).map_err(Git::io("read", rel))?;
+        let mut w = repo
+            .blob_writer(None)
+            .map_err(GitError::repo("write blob"))?;
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = f.read(&mut buf).map_err(Git::io("read", rel))?;
+            if n == 0 {
+                break;
+            }
+            w.write_all(&buf[..n])
+                .map_err(Git::io("write blob of", rel))?;
+        }
+        let oid = w.commit().map_err(GitError::repo("write blob"))?;
+        let exec = md.permissions().mode() & 0o100 != 0;
+        Ok(Some((if exec { 0o100755 } else { 0o100644 }, oid)))
+    }
+
+    pub(crate) fn head(&self) -> Result<Option<String>> {
+        let repo = self.open()?;
+        let head = head_commit(&repo)?.map(|c| c.id().to_string());
+        Ok(head)
     }
 
     /// History, newest first, optionally of one path (following renames).
-    pub(crate) fn log(&self, path: Option<&str>, limit: usize) -> Result<Vec<Commit>, GitError> {
-        if self.head()?.is_none() {
+    pub(crate) fn log(&self, path: Option<&str>, limit: usize) -> Result<Vec<Commit>> {
+        let repo = self.open()?;
+        if head_commit(&repo)?.is_none() {
             return Ok(Vec::new());
         }
-        let fmt = format!("--format={RECORD}%H{FIELD}%an{FIELD}%ae{FIELD}%aI{FIELD}%B{FIELD}");
-        let n = format!("-n{limit}");
-        let mut args = vec!["log", &fmt, "--name-only", &n];
-        if let Some(p) = path {
-            // Follow renames, but only near-identical ones: memories share front matter keys,
-            // so git's default 50% similarity would splice unrelated small files together.
-            args.extend(["--follow", "-M90%", "--", p]);
-        }
-        let out = self.run(&args, None)?;
-        let mut commits = Vec::new();
-        for rec in out.split(RECORD).filter(|r| !r.trim().is_empty()) {
-            let f: Vec<&str> = rec.splitn(6, FIELD).collect();
-            if f.len() < 6 {
-                continue;
+        let mut walk = repo.revwalk().map_err(GitError::repo("log"))?;
+        walk.set_sorting(Sort::TOPOLOGICAL | Sort::TIME)
+            .map_err(GitError::repo("log"))?;
+        walk.push_head().map_err(GitError::repo("log"))?;
+        let mut followed = path.map(str::to_string);
+        let mut out = Vec::new();
+        for oid in walk {
+            if out.len() >= limit {
+                break;
             }
-            commits.push(Commit {
-                rev: f[0].to_string(),
-                author: f[1].to_string(),
-                email: f[2].to_string(),
-                time: f[3].to_string(),
-                message: f[4].trim().to_string(),
-                paths: f[5]
-                    .lines()
-                    .map(str::trim)
-                    .filter(|l| !l.is_empty())
-                    .map(str::to_string)
-                    .collect(),
-            });
+            let oid = oid.map_err(GitError::repo("log"))?;
+            let commit = repo.find_commit(oid).map_err(GitError::repo("log"))?;
+            // Renames are followed only when near-identical: memories share front matter
+            // keys, so a looser threshold would splice unrelated small files together.
+            let threshold = if followed.is_some() { 90 } else { 50 };
+            let deltas = commit_deltas(&repo, &commit, Some(threshold))?;
+            let paths = match followed.as_mut() {
+                None => deltas.iter().map(|d| d.shown().to_string()).collect(),
+                Some(cur) => {
+                    let here = |d: &&Change| {
+                        d.new.as_deref() == Some(cur.as_str())
+                            || (d.status == Delta::Deleted
+                                && d.old.as_deref() == Some(cur.as_str()))
+                    };
+                    let Some(d) = deltas.iter().find(here) else {
+                        continue;
+                    };
+                    let shown = vec![cur.clone()];
+                    if let (Delta::Renamed, Some(old)) = (d.status, &d.old) {
+                        *cur = old.clone();
+                    }
+                    shown
+                }
+            };
+            out.push(commit_record(&commit, paths));
         }
-        Ok(commits)
+        Ok(out)
     }
 
-    /// Unified diff between two revisions (or a revision and the work tree when `to` is `None`).
-    pub(crate) fn diff(
-        &self,
-        from: &str,
-        to: Option<&str>,
-        path: Option<&str>,
-    ) -> Result<String, GitError> {
-        let mut args = vec!["diff", "--no-ext-diff", "--no-textconv", from];
-        if let Some(t) = to {
-            args.push(t);
-        }
+    /// Unified diff between two revisions (or a revision and the work tree when `to` is
+    /// `None`), of the store or one path.
+    pub(crate) fn diff(&self, from: &str, to: Option<&str>, path: Option<&str>) -> Result<String> {
+        let repo = self.open()?;
+        let from_tree = commit_tree(&repo, from)?;
+        let mut opts = DiffOptions::new();
+        opts.ignore_submodules(true).include_untracked(false);
         if let Some(p) = path {
-            args.extend(["--", p]);
+            opts.pathspec(p).disable_pathspec_match(true);
         }
-        self.run(&args, None)
+        let diff = match to {
+            Some(t) => {
+                let to_tree = commit_tree(&repo, t)?;
+                repo.diff_tree_to_tree(Some(&from_tree), Some(&to_tree), Some(&mut opts))
+            }
+            None => {
+                let snapshot = self.worktree_snapshot(&repo, path)?;
+                repo.diff_tree_to_index(Some(&from_tree), Some(&snapshot), Some(&mut opts))
+            }
+        }
+        .map_err(GitError::repo("diff"))?;
+        let mut text = Vec::new();
+        diff.print(DiffFormat::Patch, |_, _, line| {
+            if matches!(line.origin(), '+' | '-' | ' ') {
+                text.push(line.origin() as u8);
+            }
+            text.extend_from_slice(line.content());
+            true
+        })
+        .map_err(GitError::repo("diff"))?;
+        String::from_utf8(text).map_err(|_| GitError::NotUtf8 {
+            what: "the diff".into(),
+        })
     }
 
-    /// The content of `path` at `rev`.
-    pub(crate) fn show(&self, rev: &str, path: &str) -> Result<String, GitError> {
-        let spec = format!("{rev}:{path}");
-        self.run(&["show", &spec], None)
+    /// The work tree's tracked files (or only `path`) as an in-memory index whose blobs live
+    /// in an in-memory object database (nothing is written to the store's): libgit2 itself
+    /// never opens a work-tree file, which a sandbox could swap for a link between a check
+    /// and the read.
+    fn worktree_snapshot(&self, repo: &Repository, path: Option<&str>) -> Result<Index> {
+        let odb = repo.odb().map_err(GitError::repo("diff"))?;
+        odb.add_new_mempack_backend(1000)
+            .map_err(GitError::repo("diff"))?;
+        let tracked = repo.index().map_err(GitError::repo("read index"))?;
+        let mut rels: Vec<String> = tracked
+            .iter()
+            .filter_map(|e| String::from_utf8(e.path).ok())
+            .collect();
+        if let Some(p) = path {
+            let prefix = format!("{p}/");
+            rels.retain(|r| r == p || r.starts_with(&prefix));
+            if rels.is_empty() {
+                rels.push(p.to_string());
+            }
+        }
+        let mut snapshot = Index::new().map_err(GitError::repo("diff"))?;
+        for rel in rels {
+            let md = match lstat_beneath(&self.dir, &rel) {
+                Ok(m) => m,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(Git::io("read", &rel)(e)),
+            };
+            if let Some((mode, oid)) = self.worktree_blob(repo, &rel, &md)? {
+                snapshot
+                    .add(&index_entry(&rel, mode, oid, &md))
+                    .map_err(GitError::repo("diff"))?;
+            }
+        }
+        Ok(snapshot)
+    }
+
+    /// The content of `path` at `rev`, as text.
+    pub(crate) fn show(&self, rev: &str, path: &str) -> Result<String> {
+        match self.content_at(rev, path)? {
+            Content::File(b) => String::from_utf8(b).map_err(|_| GitError::NotUtf8 {
+                what: format!("{path} at {rev}"),
+            }),
+            Content::Gone => Err(GitError::BadRevision {
+                rev: format!("{rev}:{path}"),
+            }),
+        }
+    }
+
+    /// What `path` holds at `rev` (a link or a folder is refused: not a memory).
+    pub(crate) fn content_at(&self, rev: &str, path: &str) -> Result<Content> {
+        let repo = self.open()?;
+        let tree = commit_tree(&repo, rev)?;
+        blob_content(&repo, &tree, path)
     }
 
     /// Whether `ancestor` is `rev` or one of its ancestors.
-    pub(crate) fn is_ancestor(&self, ancestor: &str, rev: &str) -> Result<bool, GitError> {
-        match self.run(&["merge-base", "--is-ancestor", ancestor, rev], None) {
-            Ok(_) => Ok(true),
-            Err(GitError::Failed { .. }) => Ok(false),
-            Err(e) => Err(e),
+    pub(crate) fn is_ancestor(&self, ancestor: &str, rev: &str) -> Result<bool> {
+        let repo = self.open()?;
+        let a = commit_id(&repo, ancestor)?;
+        let r = commit_id(&repo, rev)?;
+        if a == r {
+            return Ok(true);
         }
+        repo.graph_descendant_of(r, a)
+            .map_err(GitError::repo("merge-base"))
     }
 
     /// Whether `path` exists at `rev`.
-    pub(crate) fn exists_at(&self, rev: &str, path: &str) -> Result<bool, GitError> {
-        let spec = format!("{rev}:{path}");
-        match self.run(&["cat-file", "-e", &spec], None) {
-            Ok(_) => Ok(true),
-            Err(GitError::Failed { .. }) => Ok(false),
-            Err(e) => Err(e),
-        }
+    pub(crate) fn exists_at(&self, rev: &str, path: &str) -> Result<bool> {
+        let repo = self.open()?;
+        let tree = commit_tree(&repo, rev)?;
+        Ok(tree.get_path(Path::new(path)).is_ok())
     }
 
     /// Resolves a revision expression to a full commit id.
-    pub(crate) fn resolve(&self, rev: &str) -> Result<String, GitError> {
-        let spec = format!("{rev}^{{commit}}");
-        Ok(self
-            .run(&["rev-parse", "--verify", "--quiet", &spec], None)?
-            .trim()
-            .to_string())
+    pub(crate) fn resolve(&self, rev: &str) -> Result<String> {
+        let repo = self.open()?;
+        Ok(commit_id(&repo, rev)?.to_string())
     }
 
-    /// `git revert` of a whole commit, committed as `author`.
-    pub(crate) fn revert_commit(&self, rev: &str, author: &Author) -> Result<String, GitError> {
-        let res = self.run(&["revert", "--no-edit", rev], Some(author));
-        if let Err(e) = res {
-            // Leave the work tree as it was: a failed revert must not be half-applied.
-            let _ = self.run(&["revert", "--abort"], None);
-            return Err(e);
+    /// What reverting commit `rev` on top of HEAD gives for each path it touched: the caller
+    /// writes that back and commits it. Refused when the revert conflicts with later changes.
+    pub(crate) fn reverted_contents(&self, rev: &str) -> Result<Vec<(String, Content)>> {
+        let repo = self.open()?;
+        let err = |reason: String| GitError::Revert {
+            rev: rev.to_string(),
+            reason,
+        };
+        let commit = repo
+            .find_commit(commit_id(&repo, rev)?)
+            .map_err(GitError::repo("revert"))?;
+        if commit.parent_count() > 1 {
+            return Err(err("a merge commit cannot be reverted".into()));
         }
-        Ok(self.head()?.unwrap_or_default())
+        let head = head_commit(&repo)?.ok_or_else(|| err("the store has no commits".into()))?;
+        let index = repo
+            .revert_commit(&commit, &head, 0, None)
+            .map_err(GitError::repo("revert"))?;
+        if index.has_conflicts() {
+            return Err(err(
+                "its changes conflict with later changes to the same files".into(),
+            ));
+        }
+        let mut out = Vec::new();
+        for d in commit_deltas(&repo, &commit, None)? {
+            let p = d.shown().to_string();
+            let content = match index.get_path(Path::new(&p), 0) {
+                None => Content::Gone,
+                Some(e) if e.mode == 0o100644 || e.mode == 0o100755 => {
+                    let blob = repo.find_blob(e.id).map_err(GitError::repo("revert"))?;
+                    Content::File(blob.content().to_vec())
+                }
+                Some(_) => {
+                    return Err(err(format!(
+                        "{p} would be restored as something other than a regular file"
+                    )))
+                }
+            };
+            out.push((p, content));
+        }
+        Ok(out)
     }
 
-    /// Paths changed between two revisions, with status letters (A, M, D, R...).
-    pub(crate) fn changed_paths(&self, rev: &str) -> Result<Vec<String>, GitError> {
-        let out = self.run(
-            &["show", "--format=", "--name-only", "--no-renames", rev],
-            None,
-        )?;
-        Ok(out
-            .lines()
-            .filter(|l| !l.is_empty())
-            .map(str::to_string)
-            .collect())
+    /// The message `git revert` gives a revert of `rev`.
+    pub(crate) fn revert_message(&self, rev: &str) -> Result<String> {
+        let repo = self.open()?;
+        let c = repo
+            .find_commit(commit_id(&repo, rev)?)
+            .map_err(GitError::repo("revert"))?;
+        let subject = c.summary().ok().flatten().unwrap_or("").to_string();
+        Ok(format!(
+            "Revert \"{subject}\"\n\nThis reverts commit {}.",
+            c.id()
+        ))
+    }
+
+    /// Uncommitted changes by path, as `git status --porcelain` codes (`M`, `A`, `D`, `??`...).
+    /// Nested repositories are neither descended into nor read as submodules.
+    pub(crate) fn status(&self) -> Result<HashMap<String, String>> {
+        let repo = self.open()?;
+        let mut opts = StatusOptions::new();
+        opts.include_untracked(true)
+            .recurse_untracked_dirs(true)
+            .include_ignored(false)
+            .exclude_submodules(true)
+            .renames_head_to_index(false)
+            .renames_index_to_workdir(false);
+        let statuses = repo
+            .statuses(Some(&mut opts))
+            .map_err(GitError::repo("status"))?;
+        let mut out = HashMap::new();
+        for s in statuses.iter() {
+            let Ok(path) = s.path() else { continue };
+            let code = porcelain_code(s.status());
+            if !code.is_empty() {
+                out.insert(path.trim_end_matches('/').to_string(), code);
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// One entry to stage.
+struct Staged {
+    entry: IndexEntry,
+}
+
+/// `lstat` of `rel` beneath `root`, refusing a path whose folders include a symbolic link.
+fn lstat_beneath(root: &Path, rel: &str) -> std::io::Result<std::fs::Metadata> {
+    let mut p = root.to_path_buf();
+    let parts: Vec<&str> = rel.split('/').filter(|c| !c.is_empty()).collect();
+    for (i, c) in parts.iter().enumerate() {
+        p.push(c);
+        let m = std::fs::symlink_metadata(&p)?;
+        if i + 1 == parts.len() {
+            return Ok(m);
+        }
+        if !m.is_dir() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::NotADirectory,
+                "a folder of the path is not a folder (a symbolic link?)",
+            ));
+        }
+    }
+    std::fs::symlink_metadata(root)
+}
+
+fn index_entry(rel: &str, mode: u32, id: Oid, md: &std::fs::Metadata) -> IndexEntry {
+    let t = |s: i64, ns: i64| IndexTime::new(s as i32, ns as u32);
+    IndexEntry {
+        ctime: t(md.ctime(), md.ctime_nsec()),
+        mtime: t(md.mtime(), md.mtime_nsec()),
+        dev: md.dev() as u32,
+        ino: md.ino() as u32,
+        mode,
+        uid: md.uid(),
+        gid: md.gid(),
+        file_size: md.len() as u32,
+        id,
+        flags: rel.len().min(0xfff) as u16,
+        flags_extended: 0,
+        path: rel.as_bytes().to_vec(),
+    }
+}
+
+/// Removes `rel` and everything under it from an index.
+fn remove_under(index: &mut Index, rel: &str) -> Result<()> {
+    let prefix = format!("{rel}/");
+    let doomed: Vec<Vec<u8>> = index
+        .iter()
+        .filter(|e| e.path == rel.as_bytes() || e.path.starts_with(prefix.as_bytes()))
+        .map(|e| e.path)
+        .collect();
+    for p in doomed {
+        let p = String::from_utf8_lossy(&p).into_owned();
+        index
+            .remove_path(Path::new(&p))
+            .map_err(GitError::repo("stage"))?;
+    }
+    Ok(())
+}
+
+fn head_commit(repo: &Repository) -> Result<Option<git2::Commit<'_>>> {
+    match repo.head() {
+        Ok(r) => Ok(Some(
+            r.peel_to_commit().map_err(GitError::repo("read HEAD"))?,
+        )),
+        Err(e) if matches!(e.code(), ErrorCode::UnbornBranch | ErrorCode::NotFound) => Ok(None),
+        Err(e) => Err(GitError::repo("read HEAD")(e)),
+    }
+}
+
+fn commit_id(repo: &Repository, rev: &str) -> Result<Oid> {
+    let bad = || GitError::BadRevision {
+        rev: rev.to_string(),
+    };
+    let obj = repo.revparse_single(rev).map_err(|e| match e.code() {
+        ErrorCode::NotFound | ErrorCode::InvalidSpec | ErrorCode::Ambiguous => bad(),
+        _ => GitError::repo("resolve revision")(e),
+    })?;
+    Ok(obj.peel_to_commit().map_err(|_| bad())?.id())
+}
+
+fn commit_tree<'r>(repo: &'r Repository, rev: &str) -> Result<Tree<'r>> {
+    let id = commit_id(repo, rev)?;
+    repo.find_commit(id)
+        .and_then(|c| c.tree())
+        .map_err(GitError::repo("read tree"))
+}
+
+fn blob_content(repo: &Repository, tree: &Tree<'_>, path: &str) -> Result<Content> {
+    let entry = match tree.get_path(Path::new(path)) {
+        Ok(e) => e,
+        Err(e) if e.code() == ErrorCode::NotFound => return Ok(Content::Gone),
+        Err(e) => return Err(GitError::repo("read tree")(e)),
+    };
+    match entry.filemode() {
+        0o100644 | 0o100755 => {
+            let blob = repo
+                .find_blob(entry.id())
+                .map_err(GitError::repo("read blob"))?;
+            Ok(Content::File(blob.content().to_vec()))
+        }
+        _ => Err(GitError::Repo {
+            op: "read",
+            message: format!("{path} is not a regular file in that revision"),
+        }),
+    }
+}
+
+/// One change of a commit against its first parent.
+struct Change {
+    status: Delta,
+    old: Option<String>,
+    new: Option<String>,
+}
+
+impl Change {
+    /// The path `git log --name-only` shows: the new name, or the old for a deletion.
+    fn shown(&self) -> &str {
+        self.new.as_deref().or(self.old.as_deref()).unwrap_or("")
+    }
+}
+
+fn commit_deltas(
+    repo: &Repository,
+    commit: &git2::Commit<'_>,
+    rename_threshold: Option<u16>,
+) -> Result<Vec<Change>> {
+    let tree = commit.tree().map_err(GitError::repo("diff"))?;
+    let parent = match commit.parent(0) {
+        Ok(p) => Some(p.tree().map_err(GitError::repo("diff"))?),
+        Err(_) => None,
+    };
+    let mut opts = DiffOptions::new();
+    opts.ignore_submodules(true);
+    let mut diff = repo
+        .diff_tree_to_tree(parent.as_ref(), Some(&tree), Some(&mut opts))
+        .map_err(GitError::repo("diff"))?;
+    if let Some(t) = rename_threshold {
+        let mut f = DiffFindOptions::new();
+        f.renames(true).rename_threshold(t);
+        diff.find_similar(Some(&mut f))
+            .map_err(GitError::repo("diff"))?;
+    }
+    let path_of = |f: git2::DiffFile<'_>| f.path().and_then(|p| p.to_str()).map(str::to_string);
+    Ok(diff
+        .deltas()
+        .map(|d| {
+            let (old, new) = match d.status() {
+                Delta::Added => (None, path_of(d.new_file())),
+                Delta::Deleted => (path_of(d.old_file()), None),
+                _ => (path_of(d.old_file()), path_of(d.new_file())),
+            };
+            Change {
+                status: d.status(),
+                old,
+                new,
+            }
+        })
+        .collect())
+}
+
+fn commit_record(c: &git2::Commit<'_>, paths: Vec<String>) -> Commit {
+    let a = c.author();
+    let when = a.when();
+    let time = chrono::FixedOffset::east_opt(when.offset_minutes() * 60)
+        .and_then(|tz| {
+            chrono::DateTime::from_timestamp(when.seconds(), 0).map(|t| t.with_timezone(&tz))
+        })
+        .map(|t| t.to_rfc3339())
+        .unwrap_or_default();
+    Commit {
+        rev: c.id().to_string(),
+        author: a.name().unwrap_or("").to_string(),
+        email: a.email().unwrap_or("").to_string(),
+        time,
+        message: c.message().unwrap_or("").trim().to_string(),
+        paths,
+    }
+}
+
+/// `git status --porcelain` code of a status: index column then work-tree column, trimmed.
+fn porcelain_code(s: Status) -> String {
+    if s.contains(Status::CONFLICTED) {
+        return "UU".into();
+    }
+    if s.contains(Status::WT_NEW) && !s.intersects(Status::INDEX_NEW) {
+        return "??".into();
+    }
+    let x = if s.contains(Status::INDEX_NEW) {
+        'A'
+    } else if s.contains(Status::INDEX_MODIFIED) {
+        'M'
+    } else if s.contains(Status::INDEX_DELETED) {
+        'D'
+    } else if s.contains(Status::INDEX_RENAMED) {
+        'R'
+    } else if s.contains(Status::INDEX_TYPECHANGE) {
+        'T'
+    } else {
+        ' '
+    };
+    let y = if s.contains(Status::WT_MODIFIED) {
+        'M'
+    } else if s.contains(Status::WT_DELETED) {
+        'D'
+    } else if s.contains(Status::WT_TYPECHANGE) {
+        'T'
+    } else if s.contains(Status::WT_RENAMED) {
+        'R'
+    } else {
+        ' '
+    };
+    format!("{x}{y}").trim().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn porcelain_codes_match_git() {
+        assert_eq!(porcelain_code(Status::WT_NEW), "??");
+        assert_eq!(porcelain_code(Status::WT_MODIFIED), "M");
+        assert_eq!(porcelain_code(Status::WT_DELETED), "D");
+        assert_eq!(porcelain_code(Status::INDEX_NEW), "A");
+        assert_eq!(
+            porcelain_code(Status::INDEX_MODIFIED | Status::WT_MODIFIED),
+            "MM"
+        );
+        assert_eq!(porcelain_code(Status::CURRENT), "");
     }
 }

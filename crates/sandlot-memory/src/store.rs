@@ -10,7 +10,7 @@ use serde::Serialize;
 use crate::chunk::{chunk_body, sha256_hex};
 use crate::doc::{self, DocError, Document, FrontMatter};
 use crate::embed::{EmbedError, Embedder};
-use crate::git::{Author, Commit, Git, GitError};
+use crate::git::{open_beneath, Author, Commit, Content, Git, GitError};
 use crate::index::{FileRow, Index, IndexError};
 
 /// Folder under the store root holding the index (git-ignored).
@@ -406,15 +406,25 @@ impl Store {
     }
 
     fn read_text(&self, rel: &str) -> Result<String> {
-        self.guard(rel)?;
-        let bytes = std::fs::read(self.abs(rel)).map_err(|source| StoreError::Io {
-            op: "read",
-            path: rel.to_string(),
-            source,
-        })?;
+        let bytes = self.read_bytes(rel)?;
         String::from_utf8(bytes).map_err(|_| StoreError::NotText {
             path: rel.to_string(),
         })
+    }
+
+    /// A file's bytes, read beneath the root without following any symbolic link (a sandbox
+    /// that mounts the store may swap a folder for a link between a check and the read).
+    fn read_bytes(&self, rel: &str) -> Result<Vec<u8>> {
+        self.guard(rel)?;
+        let io = |source| StoreError::Io {
+            op: "read",
+            path: rel.to_string(),
+            source,
+        };
+        let mut f = open_beneath(&self.root, rel).map_err(io)?;
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut f, &mut bytes).map_err(io)?;
+        Ok(bytes)
     }
 
     /// Reads a memory by path or id.
@@ -456,7 +466,7 @@ impl Store {
         let _w = lock(&self.writes);
         let (path, text, id) = self.plan_add(&new)?;
         let msg = format!("add {path}: {}", new.title.trim());
-        self.write_and_commit(&[(path.clone(), Some(text))], &msg, author)
+        self.write_and_commit(&[(path.clone(), Some(text.into_bytes()))], &msg, author)
             .map(|commit| WriteOutcome { path, id, commit })
     }
 
@@ -592,7 +602,8 @@ impl Store {
         }
         let out = d.render(&path)?;
         let msg = format!("edit {path}: {}", d.title(&path));
-        let commit = self.write_and_commit(&[(path.clone(), Some(out))], &msg, author)?;
+        let commit =
+            self.write_and_commit(&[(path.clone(), Some(out.into_bytes()))], &msg, author)?;
         Ok(WriteOutcome { path, id, commit })
     }
 
@@ -615,8 +626,11 @@ impl Store {
         let id = Document::parse(&path, text)
             .map(|d| d.id_or_path(&path))
             .unwrap_or_else(|_| doc::id_from_path(&path));
-        let commit =
-            self.write_and_commit(&[(path.clone(), Some(text.to_string()))], message, author)?;
+        let commit = self.write_and_commit(
+            &[(path.clone(), Some(text.as_bytes().to_vec()))],
+            message,
+            author,
+        )?;
         Ok(WriteOutcome { path, id, commit })
     }
 
@@ -655,9 +669,6 @@ impl Store {
             Ok(c) => c,
             Err(e) => {
                 let _ = std::fs::rename(&dst, &src);
-                let _ = self
-                    .git
-                    .run(&["reset", "--quiet", "--", &from_p, &to_p], None);
                 return Err(e.into());
             }
         };
@@ -710,7 +721,6 @@ impl Store {
             }
             Err(e) => {
                 let _ = std::fs::rename(&parked, &abs);
-                let _ = self.git.run(&["reset", "--quiet", "--", &path], None);
                 Err(e.into())
             }
         }
@@ -768,8 +778,8 @@ impl Store {
         let msg = format!("supersede {old_path} with {new_path}: {}", new.title.trim());
         let commit = self.write_and_commit(
             &[
-                (old_path, Some(old_out)),
-                (new_path.clone(), Some(new_text)),
+                (old_path, Some(old_out.into_bytes())),
+                (new_path.clone(), Some(new_text.into_bytes())),
             ],
             &msg,
             author,
@@ -785,7 +795,7 @@ impl Store {
     /// commit the files are restored, so nothing is half-done.
     fn write_and_commit(
         &self,
-        files: &[(String, Option<String>)],
+        files: &[(String, Option<Vec<u8>>)],
         message: &str,
         author: &Author,
     ) -> Result<Option<String>> {
@@ -807,7 +817,7 @@ impl Store {
         }
         for (rel, text) in files {
             let abs = self.abs(rel);
-            previous.push((abs.clone(), std::fs::read(&abs).ok()));
+            previous.push((abs.clone(), self.read_bytes(rel).ok()));
             let res = match text {
                 Some(t) => {
                     if let Some(parent) = abs.parent() {
@@ -817,7 +827,7 @@ impl Store {
                             source,
                         })?;
                     }
-                    write_atomic(&abs, t.as_bytes(), rel)
+                    write_atomic(&abs, t, rel)
                 }
                 None => std::fs::remove_file(&abs).map_err(|source| StoreError::Io {
                     op: "delete",
@@ -835,9 +845,6 @@ impl Store {
             Ok(c) => c,
             Err(e) => {
                 restore(&previous);
-                let mut args = vec!["reset", "--quiet", "--"];
-                args.extend_from_slice(&rels);
-                let _ = self.git.run(&args, None);
                 return Err(e.into());
             }
         };
@@ -896,14 +903,40 @@ impl Store {
     pub fn revert_commit(&self, rev: &str, author: &Author) -> Result<WriteOutcome> {
         let _w = lock(&self.writes);
         let rev = self.git.resolve(rev)?;
-        let touched = self.git.changed_paths(&rev)?;
-        let commit = self.git.revert_commit(&rev, author)?;
-        let refs: Vec<&str> = touched.iter().map(String::as_str).collect();
-        self.sync_paths(&refs)?;
+        let reverted = self.git.reverted_contents(&rev)?;
+        // Like `git revert`: refused when a file it would change has uncommitted changes.
+        let head = self.git.head()?.unwrap_or_default();
+        let mut files = Vec::new();
+        for (path, content) in reverted {
+            let committed = self.git.content_at(&head, &path)?;
+            let on_disk = match self.read_bytes(&path) {
+                Ok(b) => Content::File(b),
+                Err(StoreError::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::NotFound =>
+                {
+                    Content::Gone
+                }
+                Err(e) => return Err(e),
+            };
+            if on_disk != committed {
+                return Err(StoreError::Invalid(format!(
+                    "revert {rev}: {path} has uncommitted changes; commit or undo them first"
+                )));
+            }
+            files.push((
+                path,
+                match content {
+                    Content::File(b) => Some(b),
+                    Content::Gone => None,
+                },
+            ));
+        }
+        let msg = self.git.revert_message(&rev)?;
+        let commit = self.write_and_commit(&files, &msg, author)?;
         Ok(WriteOutcome {
             path: String::new(),
             id: String::new(),
-            commit: Some(commit),
+            commit,
         })
     }
 
@@ -932,7 +965,7 @@ impl Store {
             found
         };
         let content = if let Some(old) = &then {
-            Some(self.git.show(&full, old)?)
+            Some(self.git.show(&full, old)?.into_bytes())
         } else if self.abs(&path).exists() {
             None
         } else {
@@ -1168,24 +1201,7 @@ impl Store {
             .into_iter()
             .map(|r| (r.path.clone(), r))
             .collect();
-        let mut git_state: HashMap<String, String> = HashMap::new();
-        if let Ok(out) = self.git.run(
-            &["status", "--porcelain=v1", "-z", "--untracked-files=all"],
-            None,
-        ) {
-            let mut it = out.split('\0');
-            while let Some(rec) = it.next() {
-                if rec.len() < 4 {
-                    continue;
-                }
-                let code = rec[..2].trim().to_string();
-                let p = rec[3..].to_string();
-                if code.starts_with('R') || code.starts_with('C') {
-                    it.next();
-                }
-                git_state.insert(p, code);
-            }
-        }
+        let git_state: HashMap<String, String> = self.git.status().unwrap_or_default();
         let missing_by_path = |p: &str| -> Result<usize> {
             let chunks = idx.chunks_of(p)?;
             let hashes: Vec<&str> = chunks.iter().map(|c| c.hash.as_str()).collect();

@@ -20,6 +20,7 @@ pub mod init;
 pub mod mounts;
 pub mod namespace;
 pub mod netns;
+pub mod orphans;
 pub mod plan;
 pub mod run_dir;
 pub mod seccomp;

@@ -349,10 +349,12 @@ impl NamespaceBackend {
                     Ok(())
                 });
             }
-            child = Some(cmd.spawn().map_err(io_err(format!(
+            let c = cmd.spawn().map_err(io_err(format!(
                 "spawn {} __init",
                 self.cfg.init_exe.display()
-            )))?);
+            )))?;
+            crate::orphans::protect(c.id() as i32);
+            child = Some(c);
         } else {
             drop((plan_r, status_w, stderr));
         }
@@ -383,10 +385,11 @@ impl NamespaceBackend {
             }
         }
         let helper = match (child.as_mut(), forked) {
-            (Some(c), _) => c
-                .wait()
-                .map(|s| s.to_string())
-                .unwrap_or_else(|e| e.to_string()),
+            (Some(c), _) => {
+                let st = c.wait();
+                crate::orphans::unprotect(c.id() as i32);
+                st.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string())
+            }
             (None, Some(p)) => format!("pid {p}, forked by the fork server"),
             (None, None) => "never started".into(),
         };
@@ -741,6 +744,9 @@ impl Backend for NamespaceBackend {
             let mut plan = self.plan(id, spec, id_base, opts.lifeline.is_some(), &cg, &opts)?;
             tr.mark("planned");
             let pid = self.spawn_init(&mut plan, &slot_fd, &alive, &mut opts, &tr)?;
+            // Re-parented to this process (a subreaper): its exit status is read by
+            // `wait_exit`, never by the orphan reaper.
+            crate::orphans::protect(pid);
             tr.mark("ready");
             let pidfd = sys::pidfd_open(pid).map_err(io_err("pidfd_open"))?;
             Ok(SandboxInstance {
@@ -808,10 +814,14 @@ pub fn wait_exit(sb: &SandboxInstance, timeout: Duration) -> Option<i32> {
     let deadline = Instant::now() + timeout;
     loop {
         match sys::try_waitpid(sb.pid) {
-            Ok(Some(st)) => return Some(st),
+            Ok(Some(st)) => {
+                crate::orphans::unprotect(sb.pid);
+                return Some(st);
+            }
             Ok(None) => {}
             // Not our child (e.g. adopted after a restart): watch the pidfd instead.
             Err(_) => {
+                crate::orphans::unprotect(sb.pid);
                 let mut pfd = libc::pollfd {
                     fd: sb.pidfd.as_raw_fd(),
                     events: libc::POLLIN,

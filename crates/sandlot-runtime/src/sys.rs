@@ -279,6 +279,25 @@ pub fn try_waitpid(pid: libc::pid_t) -> io::Result<Option<libc::c_int>> {
     Ok(if r == 0 { None } else { Some(status) })
 }
 
+/// A child that is a zombie, left in place (`waitid(P_ALL, WEXITED|WNOHANG|WNOWAIT)`):
+/// `Ok(None)` when no child has exited.
+pub fn peek_zombie_child() -> io::Result<Option<libc::pid_t>> {
+    // SAFETY: an all-zero siginfo_t is a valid value of this plain C struct.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: info is a valid out-pointer for the call.
+    cvt(unsafe {
+        libc::waitid(
+            libc::P_ALL,
+            0,
+            &mut info,
+            libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+        )
+    })?;
+    // SAFETY: waitid filled info (or left it zeroed when no child had exited).
+    let pid = unsafe { info.si_pid() };
+    Ok((pid != 0).then_some(pid))
+}
+
 pub fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
     // SAFETY: no pointers; the returned fd is new and owned by us.
     let fd = cvt_long(unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) })?;

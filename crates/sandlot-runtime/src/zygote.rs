@@ -93,6 +93,7 @@ impl Zygote {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()?;
+        crate::orphans::protect(child.id() as i32);
         Ok(Zygote {
             sock: Some(mine),
             child,
@@ -146,6 +147,7 @@ impl Drop for Zygote {
         // Closing our end makes it exit; reap it (unless the host reaped it already).
         drop(self.sock.take());
         let _ = self.child.wait();
+        crate::orphans::unprotect(self.child.id() as i32);
     }
 }
 

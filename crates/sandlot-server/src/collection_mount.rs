@@ -303,6 +303,8 @@ impl CollectionMounts {
         let mut child = cmd
             .spawn()
             .map_err(|e| fail(format!("start {}: {e}", self.exe.display())))?;
+        // Waited for by `release`, never by the orphan reaper.
+        sandlot_runtime::orphans::protect(child.id() as i32);
         let request = serde_json::to_vec(&p.request).map_err(ApiError::internal)?;
         let stdin = child.stdin.take();
         let stdout = child.stdout.take();
@@ -359,12 +361,14 @@ impl CollectionMounts {
             if let Some(i) = ours {
                 let mut c = children.swap_remove(i);
                 let _ = c.wait();
+                sandlot_runtime::orphans::unprotect(c.id() as i32);
             }
         }
         for mut c in children {
             // Already exited (or never got to mount): reap it.
             let _ = c.kill();
             let _ = c.wait();
+            sandlot_runtime::orphans::unprotect(c.id() as i32);
         }
         remove_dir(&dir);
     }

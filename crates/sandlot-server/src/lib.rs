@@ -205,6 +205,12 @@ pub async fn serve(
     rc.netns_stock = cfg.runtime.netns_stock;
     rc.run_dir_tmpfs = cfg.runtime.run_dir_tmpfs;
     let runtime = NamespaceBackend::new(rc)?;
+    // The backend made this process a child subreaper: reap the orphans it adopts.
+    sandlot_runtime::orphans::start().map_err(|source| ServerError::Io {
+        what: "start the orphan reaper thread",
+        path: PathBuf::new(),
+        source,
+    })?;
     report_run_dir_fs(&cfg.runtime.run_dir, runtime.run_dir_fs());
     if cfg.runtime.cgroup_favordynmods {
         use sandlot_runtime::cgroup::{favor_dynamic_modifications, FavorDynmods};

@@ -235,8 +235,8 @@ mod enabled {
     use std::sync::{Arc, Mutex, OnceLock};
 
     use sandlot_memory::{
-        Author, Embedder, MemoryPatch, MiniLmEmbedder, NewMemory, SearchQuery, Store, StoreError,
-        WatchOptions, Watcher,
+        Author, Embedder, GitError, MemoryPatch, MiniLmEmbedder, NewMemory, SearchQuery, Store,
+        StoreError, WatchOptions, Watcher,
     };
     use serde::Deserialize;
 
@@ -301,14 +301,15 @@ mod enabled {
             StoreError::BadPath { .. } => ApiError::invalid("path", e.to_string()),
             StoreError::Invalid(m) => ApiError::bad_request(m.clone()),
             StoreError::NotText { .. } | StoreError::Doc(_) => ApiError::bad_request(e.to_string()),
-            // A bad revision or a path git does not know: the caller's mistake. The message
-            // would name the daemon's directories, so only git's own complaint is passed on.
-            StoreError::Git(sandlot_memory::GitError::Failed { stderr, .. }) => {
-                ApiError::bad_request(format!(
-                    "git: {}",
-                    stderr.lines().next().unwrap_or("failed").trim()
-                ))
-            }
+            // The caller's mistakes: a revision that does not resolve, a folder holding a
+            // repository of its own, text that is not UTF-8, a revert that conflicts. These
+            // messages name store-relative paths and revisions only.
+            StoreError::Git(
+                GitError::BadRevision { .. }
+                | GitError::NestedRepository { .. }
+                | GitError::NotUtf8 { .. },
+            ) => ApiError::bad_request(e.to_string()),
+            StoreError::Git(GitError::Revert { .. }) => ApiError::conflict(e.to_string()),
             StoreError::Embed(_) => ApiError::unavailable(format!("embedding: {e}")),
             _ => ApiError::internal(e),
         }

@@ -153,6 +153,13 @@ impl Metrics {
         );
         g(
             &mut o,
+            "sandlot_orphans_reaped_total",
+            "Orphaned descendants the daemon adopted (as a child subreaper) and reaped.",
+            "counter",
+            sandlot_runtime::orphans::reaped().to_string(),
+        );
+        g(
+            &mut o,
             "sandlot_exec_total",
             "Processes started through the API.",
             "counter",

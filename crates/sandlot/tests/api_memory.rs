@@ -468,3 +468,130 @@ fn issue8_store_mounted_into_a_sandbox_is_indexed_and_guarded() {
         a.call_json("DELETE", "/v1/memory/shared", None).await.unwrap();
     });
 }
+
+/// The attack: code in a sandbox that mounts a store plants a nested repository whose
+/// configuration names programs (a filter driver, textconv, external diff, pager, fsmonitor,
+/// hooks) and a `.gitattributes` that uses them, then the tenant asks the daemon to move it
+/// and to report status, diff and history. Nothing of it runs on the host, and the move is
+/// refused with a 400 naming the nested repository.
+#[test]
+fn a_sandbox_cannot_make_the_daemon_run_a_program_through_a_nested_repository() {
+    model_installed();
+    let d = Daemon::start(None);
+    let ta = d.token("alpha");
+    let a = d.tcp(Some(&ta));
+    let mark = std::env::temp_dir().join(format!("sandlot-nested-repo-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&mark);
+    std::fs::create_dir_all(&mark).unwrap();
+    let m = mark.display().to_string();
+    rt().block_on(async {
+        a.call_json("POST", "/v1/memory", Some(&json!({"name": "trap"}))).await.unwrap();
+        let sb = a
+            .call_json(
+                "POST",
+                "/v1/sandboxes",
+                Some(&json!({"mounts": [{"type": "memory", "store": "trap", "target": "/memories"}]})),
+            )
+            .await
+            .unwrap();
+        let id = sb["id"].as_str().unwrap().to_string();
+        // A tracked folder first, which the sandbox then turns into a repository of its own:
+        // `git add` of its move would record it as a submodule, which `git status` enters.
+        a.call_json(
+            "POST",
+            "/v1/memory/trap/memories",
+            Some(&json!({"title": "Inner", "body": "Text.", "path": "evil/inner.md"})),
+        )
+        .await
+        .unwrap();
+        let script = format!(
+            "set -e; cd /memories/evil; git init -q; \
+             for k in filter.x.clean filter.x.smudge filter.x.process diff.x.textconv \
+                      diff.x.command diff.external core.pager core.fsmonitor; do \
+               git config \"$k\" \"touch {m}/$k; cat\"; done; \
+             git config filter.x.required true; \
+             mkdir -p .git/hooks; for h in pre-commit post-commit post-index-change reference-transaction; do \
+               printf '#!/bin/sh\\ntouch {m}/hook-%s\\n' $h > .git/hooks/$h; chmod +x .git/hooks/$h; done; \
+             echo '* filter=x diff=x' > .gitattributes; \
+             git add -A 2>/dev/null || true; \
+             git -c user.name=x -c user.email=x@x commit -qm inner 2>/dev/null || true; \
+             printf '# Changed\\n' >> inner.md; touch -d 2001-01-01 inner.md; \
+             echo '* filter=x diff=x' > /memories/.gitattributes"
+        );
+        let o = a.run(&id, &["sh", "-c", &script]).await.unwrap();
+        assert_eq!(o.exit.code, Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+        // The planted programs are only ever run by git on the sandbox's side if at all;
+        // clear what the sandbox's own git may have run, so only the daemon's runs count.
+        for e in std::fs::read_dir(&mark).unwrap() {
+            let _ = std::fs::remove_file(e.unwrap().path());
+        }
+        let tool = |input: Value| {
+            let a = a.clone();
+            async move {
+                a.call_json("POST", "/v1/memory/trap/tool", Some(&input)).await.unwrap()
+            }
+        };
+        let out = tool(json!({"command": "rename", "old_path": "/memories/evil", "new_path": "/memories/moved"})).await;
+        assert_eq!(out["is_error"], true, "{out}");
+        assert!(out["text"].as_str().unwrap_or("").contains("nested git repository"), "{out}");
+        let e = a
+            .call_json("POST", "/v1/memory/trap/move", Some(&json!({"from": "evil", "to": "moved"})))
+            .await
+            .unwrap_err();
+        assert_eq!(code(&e).0, Some(400), "{e}");
+        a.call_json("GET", "/v1/memory/trap/status", None).await.unwrap();
+        a.call_json("GET", "/v1/memory/trap/log", None).await.unwrap();
+        a.call_json("GET", "/v1/memory/trap/diff?from=HEAD", None).await.unwrap();
+        let w = a
+            .call_json("POST", "/v1/memory/trap/memories", Some(&json!({"title": "Note", "body": "Text."})))
+            .await
+            .unwrap();
+        let key = w["path"].as_str().unwrap().to_string();
+        a.call_json("DELETE", &format!("/v1/memory/trap/memories/{key}"), None).await.unwrap();
+        a.call_json("GET", "/v1/memory/trap/status", None).await.unwrap();
+        let ran: Vec<String> = std::fs::read_dir(&mark)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(ran.is_empty(), "the daemon ran programs named by the sandbox: {ran:?}");
+        // Writes leave no zombie processes under the daemon (a tenant could otherwise fill
+        // the host's PID table with them).
+        for i in 0..40 {
+            a.call_json(
+                "POST",
+                "/v1/memory/trap/memories",
+                Some(&json!({"title": format!("Note {i}"), "body": "Text."})),
+            )
+            .await
+            .unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        let zombies = zombie_children(d.pid());
+        assert!(zombies.is_empty(), "zombies under the daemon: {zombies:?}");
+        a.delete_sandbox(&id).await.unwrap();
+        a.call_json("DELETE", "/v1/memory/trap", None).await.unwrap();
+    });
+    let _ = std::fs::remove_dir_all(&mark);
+}
+
+/// The children of `pid` that are zombies.
+fn zombie_children(pid: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    for t in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+    {
+        let s = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+        for c in s.split_whitespace().filter_map(|p| p.parse::<i32>().ok()) {
+            let stat = std::fs::read_to_string(format!("/proc/{c}/stat")).unwrap_or_default();
+            if stat
+                .rfind(')')
+                .and_then(|i| stat[i + 1..].split_whitespace().next())
+                == Some("Z")
+            {
+                out.push(c);
+            }
+        }
+    }
+    out
+}

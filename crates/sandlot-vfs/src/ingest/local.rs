@@ -4,7 +4,6 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
 use super::{IngestError, Listing, SourceEntry, SourceReader};
 
@@ -106,40 +105,88 @@ fn walk(
     Ok(())
 }
 
-fn git_tracked(root: &Path) -> Result<Vec<(String, String)>, IngestError> {
+/// The tracked files of the git work tree at `root`, from its index, through libgit2: no
+/// program named by the repository (fsmonitor, hooks, filters) runs, the repository is the
+/// root's own `.git` (no discovery upwards, no `.git` link elsewhere), and a path in the index
+/// that would leave the root or enter a `.git` is skipped with a reason.
+fn git_tracked(
+    root: &Path,
+    skipped: &mut Vec<String>,
+) -> Result<Vec<(String, String)>, IngestError> {
     let gerr = |reason: String| IngestError::Git {
         dir: root.to_path_buf(),
         reason,
     };
-    let out = Command::new("git")
-        .arg("-C")
-        .arg(root)
-        .args(["ls-files", "-z", "--stage"])
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| gerr(format!("cannot run git: {e}")))?;
-    if !out.status.success() {
-        return Err(gerr(
-            String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        ));
+    let dot_git = fs::symlink_metadata(root.join(".git"));
+    if !dot_git.is_ok_and(|m| m.is_dir()) {
+        return Err(gerr("not a git work tree (no .git directory)".into()));
     }
+    let repo = git2::Repository::open_ext(
+        root,
+        git2::RepositoryOpenFlags::NO_SEARCH,
+        std::iter::empty::<&std::ffi::OsStr>(),
+    )
+    .map_err(|e| gerr(e.message().to_string()))?;
+    let real = |p: &Path| fs::canonicalize(p).ok();
+    if repo.workdir().map(real) != Some(real(root)) {
+        return Err(gerr("the repository's work tree is elsewhere".into()));
+    }
+    let index = repo.index().map_err(|e| gerr(e.message().to_string()))?;
     let mut files = Vec::new();
-    for rec in out.stdout.split(|b| *b == 0).filter(|r| !r.is_empty()) {
-        // "<mode> <oid> <stage>\t<path>"
-        let tab = rec
-            .iter()
-            .position(|b| *b == b'\t')
-            .ok_or_else(|| gerr("malformed ls-files output".into()))?;
-        let meta = String::from_utf8_lossy(&rec[..tab]).to_string();
-        let path = String::from_utf8(rec[tab + 1..].to_vec()).map_err(|_| {
-            gerr(format!(
-                "tracked path is not UTF-8: {}",
-                String::from_utf8_lossy(&rec[tab + 1..])
-            ))
-        })?;
-        files.push((meta, path));
+    for e in index.iter() {
+        let path = match String::from_utf8(e.path.clone()) {
+            Ok(p) => p,
+            Err(_) => {
+                skipped.push(format!(
+                    "{}: tracked path is not UTF-8",
+                    String::from_utf8_lossy(&e.path)
+                ));
+                continue;
+            }
+        };
+        if let Some(reason) = unsafe_tracked_path(&path) {
+            skipped.push(format!("{path}: {reason}"));
+            continue;
+        }
+        let stage = (e.flags >> 12) & 3;
+        files.push((format!("{:o} {} {stage}", e.mode, e.id), path));
     }
     Ok(files)
+}
+
+/// Why a path from a git index must not be read under the work tree, if it must not.
+fn unsafe_tracked_path(path: &str) -> Option<&'static str> {
+    if path.starts_with('/') {
+        return Some("absolute path in the index");
+    }
+    for seg in path.split('/') {
+        if seg.is_empty() || seg == "." || seg == ".." {
+            return Some("path in the index leaves the work tree");
+        }
+        if seg.eq_ignore_ascii_case(".git") {
+            return Some("path in the index enters a .git directory");
+        }
+    }
+    None
+}
+
+/// Opens `rel` beneath `root` without following any symbolic link and without leaving
+/// `root`: the tree may be written by someone else while it is read.
+fn open_beneath(root: &Path, rel: &str) -> std::io::Result<fs::File> {
+    use rustix::fs::{Mode, OFlags, ResolveFlags};
+    let dir = rustix::fs::open(
+        root,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let fd = rustix::fs::openat2(
+        &dir,
+        rel,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK,
+        Mode::empty(),
+        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+    )?;
+    Ok(fs::File::from(fd))
 }
 
 impl SourceReader for DirReader {
@@ -155,7 +202,7 @@ impl SourceReader for DirReader {
         let mut skipped = Vec::new();
         if self.git {
             let mut last = String::new();
-            for (meta, path) in git_tracked(&self.root)? {
+            for (meta, path) in git_tracked(&self.root, &mut skipped)? {
                 if path == last {
                     continue; // unmerged entries appear once per stage
                 }
@@ -188,6 +235,32 @@ impl SourceReader for DirReader {
 
     fn fetch(&mut self, entry: &SourceEntry) -> Result<Vec<u8>, IngestError> {
         let full = self.root.join(&entry.locator);
-        fs::read(&full).map_err(|e| io_err(&full, e))
+        let mut f = open_beneath(&self.root, &entry.locator).map_err(|e| io_err(&full, e))?;
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut f, &mut bytes).map_err(|e| io_err(&full, e))?;
+        Ok(bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unsafe_tracked_path;
+
+    #[test]
+    fn index_paths_that_leave_the_work_tree_or_enter_git_are_refused() {
+        for bad in [
+            "../etc/shadow",
+            "a/../../x",
+            "/etc/passwd",
+            "a//b",
+            "./a",
+            ".git/config",
+            "x/.GIT/hooks/p",
+        ] {
+            assert!(unsafe_tracked_path(bad).is_some(), "{bad}");
+        }
+        for good in ["a.md", "docs/a.md", ".github/workflows/ci.yml", "a..b/c"] {
+            assert_eq!(unsafe_tracked_path(good), None, "{good}");
+        }
     }
 }

@@ -29,8 +29,8 @@ pub enum IngestError {
         #[source]
         source: io::Error,
     },
-    /// `git` failed or is not a work tree.
-    #[error("git ls-files in {dir}: {reason}")]
+    /// The git index could not be read, or the directory is not a work tree of its own.
+    #[error("read the git index of {dir}: {reason}")]
     Git { dir: PathBuf, reason: String },
     /// A JSONL row is malformed.
     #[error("{file}:{line}: {reason}")]
