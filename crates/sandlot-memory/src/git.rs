@@ -7,25 +7,28 @@
 //! external program (no filter drivers, hooks, textconv, diff drivers or pagers; this build has
 //! no network transports), and this module adds its own rules on top:
 //!
-//! * the repository is the store's own `.git` directory, opened without discovery; a `.git`
-//!   file (a link to another repository) or a work tree elsewhere is refused;
-//! * content is read from the work tree by this module, beneath the store's root without
-//!   following any symbolic link ([`open_beneath`]), and handed to libgit2 as bytes, so no
-//!   `.gitattributes` filter applies to what is committed;
+//! * the repository is the store root's own `.git` directory, opened **bare** (libgit2 has no
+//!   work tree, so it never opens a work-tree file itself: no `.gitignore`, `.gitattributes`
+//!   or content that a sandbox could swap for a link or a FIFO); a `.git` that is not a
+//!   directory is refused;
+//! * everything from the work tree is read by this module through [`WorkTree`] (directory
+//!   descriptors, no symbolic link ever followed, regular files only, bounded in size) and
+//!   handed to libgit2 as bytes with no path, so no attribute-selected filter applies;
+//! * status is computed here (HEAD, the index, and the work tree read the same way);
 //! * a folder with a `.git` entry of its own (a nested repository) is never staged, listed
-//!   as a submodule or descended into: staging it is refused ([`GitError::NestedRepository`]),
-//!   and status excludes submodules.
+//!   as a submodule or descended into: staging it is refused ([`GitError::NestedRepository`]).
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use git2::{
-    Delta, DiffFindOptions, DiffFormat, DiffOptions, ErrorCode, Index, IndexEntry, IndexTime, Oid,
-    Repository, RepositoryInitOptions, RepositoryOpenFlags, Signature, Sort, Status, StatusOptions,
-    Tree,
+    Delta, DiffFindOptions, DiffFormat, DiffOptions, ErrorCode, Index, IndexEntry, IndexTime,
+    ObjectType, Oid, Repository, RepositoryInitOptions, Signature, Sort, Tree, TreeWalkMode,
+    TreeWalkResult,
 };
+
+use crate::tree::{join, Entry, Kind, TreeError, WorkTree, MAX_FILE_BYTES};
 use serde::Serialize;
 
 /// Errors from the store's history.
@@ -43,13 +46,8 @@ pub enum GitError {
     )]
     NestedRepository { path: String },
     /// Reading the work tree failed.
-    #[error("{op} {path}: {source}")]
-    Io {
-        op: &'static str,
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Tree(#[from] TreeError),
     /// Content is not UTF-8 where text was asked for.
     #[error("{what} is not UTF-8 text")]
     NotUtf8 { what: String },
@@ -113,35 +111,18 @@ pub(crate) enum Content {
     File(Vec<u8>),
 }
 
-/// Opens `rel` beneath `root` for reading without following any symbolic link (and without
-/// leaving `root`): a store may be written by an untrusted sandbox while the daemon reads it.
-pub(crate) fn open_beneath(root: &Path, rel: &str) -> std::io::Result<std::fs::File> {
-    use rustix::fs::{Mode, OFlags, ResolveFlags};
-    let dir = rustix::fs::open(
-        root,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?;
-    let fd = rustix::fs::openat2(
-        &dir,
-        rel,
-        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK,
-        Mode::empty(),
-        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
-    )?;
-    Ok(std::fs::File::from(fd))
-}
-
 /// A git work tree: the store's root and its own `.git`.
 #[derive(Debug, Clone)]
 pub(crate) struct Git {
     dir: PathBuf,
+    tree: WorkTree,
 }
 
 impl Git {
     pub(crate) fn new(dir: &Path) -> Git {
         Git {
             dir: dir.to_path_buf(),
+            tree: WorkTree::new(dir),
         }
     }
 
@@ -157,41 +138,16 @@ impl Git {
         Ok(())
     }
 
-    /// The store's own repository: no discovery upwards, and its `.git` must be the root's
-    /// `.git` directory with the root as its work tree.
+    /// The store's own repository, opened bare: its `.git` directory exactly, no discovery,
+    /// and no work tree for libgit2 to read.
     fn open(&self) -> Result<Repository> {
-        let dot_git = self.dir.join(".git");
-        let repo_err = |message: String| GitError::Repo {
-            op: "open",
-            message,
-        };
         if !self.is_repo() {
-            return Err(repo_err("the store has no .git directory".into()));
+            return Err(GitError::Repo {
+                op: "open",
+                message: "the store has no .git directory".into(),
+            });
         }
-        let repo = Repository::open_ext(
-            &self.dir,
-            RepositoryOpenFlags::NO_SEARCH,
-            std::iter::empty::<&std::ffi::OsStr>(),
-        )
-        .map_err(GitError::repo("open"))?;
-        let real = |p: &Path| std::fs::canonicalize(p).ok();
-        let workdir_ok = repo
-            .workdir()
-            .is_some_and(|w| real(w).is_some() && real(w) == real(&self.dir));
-        if real(repo.path()).is_none() || real(repo.path()) != real(&dot_git) || !workdir_ok {
-            return Err(repo_err(
-                "the repository's work tree is not the store (core.worktree or a .git link)".into(),
-            ));
-        }
-        Ok(repo)
-    }
-
-    fn io<'a>(op: &'static str, path: &'a str) -> impl FnOnce(std::io::Error) -> GitError + 'a {
-        move |source| GitError::Io {
-            op,
-            path: path.to_string(),
-            source,
-        }
+        Repository::open_bare(self.dir.join(".git")).map_err(GitError::repo("open"))
     }
 
     /// Stages `paths` (additions, modifications and deletions, whole folders included) and
@@ -250,83 +206,99 @@ impl Git {
     /// The work tree's entries at `rel` (a file, a link, or a folder's files), as index
     /// entries whose blobs are already written. Missing: none (a deletion).
     fn collect(&self, repo: &Repository, rel: &str, out: &mut Vec<Staged>) -> Result<()> {
-        let md = match lstat_beneath(&self.dir, rel) {
-            Ok(m) => m,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(Git::io("stage", rel)(e)),
+        let e = match self.tree.stat(rel) {
+            Ok(e) => e,
+            Err(e) if e.is_not_found() => return Ok(()),
+            Err(e) => return Err(e.into()),
         };
-        let ft = md.file_type();
-        if ft.is_dir() {
-            let rd = std::fs::read_dir(self.dir.join(rel)).map_err(Git::io("list", rel))?;
-            let mut names = Vec::new();
-            for ent in rd {
-                let ent = ent.map_err(Git::io("list", rel))?;
-                let Some(name) = ent.file_name().to_str().map(str::to_string) else {
-                    return Err(GitError::NotUtf8 {
-                        what: format!("a file name in {rel}"),
-                    });
-                };
-                names.push(name);
+        if e.kind == Kind::Dir {
+            let (entries, skipped) = self.tree.list(rel)?;
+            if let Some(name) = skipped.first() {
+                return Err(GitError::NotUtf8 {
+                    what: format!("the file name {name:?} in {rel}"),
+                });
             }
-            if names.iter().any(|n| n == ".git") {
+            if entries.iter().any(|(n, _)| n == ".git") {
                 return Err(GitError::NestedRepository {
                     path: rel.to_string(),
                 });
             }
-            names.sort();
-            for name in names {
-                let child = format!("{rel}/{name}");
-                if repo.is_path_ignored(Path::new(&child)).unwrap_or(false) {
-                    continue;
-                }
-                self.collect(repo, &child, out)?;
+            for (name, _) in entries {
+                self.collect(repo, &join(rel, &name), out)?;
             }
             return Ok(());
         }
-        let Some((mode, oid)) = self.worktree_blob(repo, rel, &md)? else {
+        let Some((mode, oid)) = self.worktree_blob(repo, rel, &e)? else {
             // Sockets, FIFOs and devices are not content.
             return Ok(());
         };
         out.push(Staged {
-            entry: index_entry(rel, mode, oid, &md),
+            entry: index_entry(rel, mode, oid, &e),
         });
         Ok(())
     }
 
-    /// Writes the work tree's `rel` (a regular file or a symbolic link, as `md` says) as a
-    /// blob: read beneath the root without following links, unfiltered, streamed.
-    fn worktree_blob(
-        &self,
-        repo: &Repository,
-        rel: &str,
-        md: &std::fs::Metadata,
-    ) -> Result<Option<(u32, Oid)>> {
-        let ft = md.file_type();
-        if ft.is_symlink() {
-            let target = std::fs::read_link(self.dir.join(rel)).map_err(Git::io("read", rel))?;
-            let bytes = target.as_os_str().as_encoded_bytes();
-            let oid = repo.blob(bytes).map_err(GitError::repo("write blob"))?;
-            return Ok(Some((0o120000, oid)));
-        }
-        if !ft.is_file() {
-            return Ok(None);
-        }
-        let mut f = open_beneath(&self.dir, rel).map_err(Git::io("read", rel))?;
-        let mut w = repo
-            .blob_writer(None)
-            .map_err(GitError::repo("write blob"))?;
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            let n = f.read(&mut buf).map_err(Git::io("read", rel))?;
-            if n == 0 {
-                break;
+    /// Writes the work tree's `rel` (a regular file or a symbolic link, as `e` says) as a
+    /// blob: read through the work tree's descriptors, unfiltered, streamed, bounded.
+    fn worktree_blob(&self, repo: &Repository, rel: &str, e: &Entry) -> Result<Option<(u32, Oid)>> {
+        match e.kind {
+            Kind::Link => {
+                let target = self.tree.read_link(rel)?;
+                let oid = repo.blob(&target).map_err(GitError::repo("write blob"))?;
+                Ok(Some((0o120000, oid)))
             }
-            w.write_all(&buf[..n])
-                .map_err(Git::io("write blob of", rel))?;
+            Kind::File => {
+                let (f, opened) = self.tree.open_file(rel, MAX_FILE_BYTES)?;
+                let mut w = repo
+                    .blob_writer(None)
+                    .map_err(GitError::repo("write blob"))?;
+                let mut f = f.take(MAX_FILE_BYTES + 1);
+                let mut buf = vec![0u8; 64 * 1024];
+                let mut total = 0u64;
+                let io = |op, source| TreeError::Io {
+                    op,
+                    rel: rel.to_string(),
+                    source,
+                };
+                loop {
+                    let n = f.read(&mut buf).map_err(|e| io("read", e))?;
+                    if n == 0 {
+                        break;
+                    }
+                    total += n as u64;
+                    if total > MAX_FILE_BYTES {
+                        return Err(TreeError::TooLarge {
+                            rel: rel.to_string(),
+                            limit: MAX_FILE_BYTES,
+                        }
+                        .into());
+                    }
+                    w.write_all(&buf[..n]).map_err(|e| io("write blob of", e))?;
+                }
+                let oid = w.commit().map_err(GitError::repo("write blob"))?;
+                Ok(Some((file_mode(opened.mode), oid)))
+            }
+            Kind::Dir | Kind::Other => Ok(None),
         }
-        let oid = w.commit().map_err(GitError::repo("write blob"))?;
-        let exec = md.permissions().mode() & 0o100 != 0;
-        Ok(Some((if exec { 0o100755 } else { 0o100644 }, oid)))
+    }
+
+    /// The id the work tree's `rel` would have as a blob, without writing anything (`None`:
+    /// neither a file nor a link, or too large to hash).
+    fn worktree_oid(&self, rel: &str, e: &Entry) -> Option<(u32, Oid)> {
+        match e.kind {
+            Kind::Link => {
+                let t = self.tree.read_link(rel).ok()?;
+                Some((0o120000, Oid::hash_object(ObjectType::Blob, &t).ok()?))
+            }
+            Kind::File => {
+                let b = self.tree.read(rel, MAX_FILE_BYTES).ok()?;
+                Some((
+                    file_mode(e.mode),
+                    Oid::hash_object(ObjectType::Blob, &b).ok()?,
+                ))
+            }
+            _ => None,
+        }
     }
 
     pub(crate) fn head(&self) -> Result<Option<String>> {
@@ -437,14 +409,14 @@ impl Git {
         }
         let mut snapshot = Index::new().map_err(GitError::repo("diff"))?;
         for rel in rels {
-            let md = match lstat_beneath(&self.dir, &rel) {
-                Ok(m) => m,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(Git::io("read", &rel)(e)),
+            let e = match self.tree.stat(&rel) {
+                Ok(e) => e,
+                Err(e) if e.is_not_found() => continue,
+                Err(e) => return Err(e.into()),
             };
-            if let Some((mode, oid)) = self.worktree_blob(repo, &rel, &md)? {
+            if let Some((mode, oid)) = self.worktree_blob(repo, &rel, &e)? {
                 snapshot
-                    .add(&index_entry(&rel, mode, oid, &md))
+                    .add(&index_entry(&rel, mode, oid, &e))
                     .map_err(GitError::repo("diff"))?;
             }
         }
@@ -551,29 +523,114 @@ impl Git {
         ))
     }
 
-    /// Uncommitted changes by path, as `git status --porcelain` codes (`M`, `A`, `D`, `??`...).
-    /// Nested repositories are neither descended into nor read as submodules.
+    /// Uncommitted changes by path, as `git status --porcelain` codes (`M`, `A`, `D`, `??`,
+    /// `AM`...). The work tree is read through [`WorkTree`]; `.git`, the index folder
+    /// `.sandlot` and nested repositories are not part of it.
     pub(crate) fn status(&self) -> Result<HashMap<String, String>> {
         let repo = self.open()?;
-        let mut opts = StatusOptions::new();
-        opts.include_untracked(true)
-            .recurse_untracked_dirs(true)
-            .include_ignored(false)
-            .exclude_submodules(true)
-            .renames_head_to_index(false)
-            .renames_index_to_workdir(false);
-        let statuses = repo
-            .statuses(Some(&mut opts))
+        let mut head: HashMap<String, (u32, Oid)> = HashMap::new();
+        if let Some(c) = head_commit(&repo)? {
+            let tree = c.tree().map_err(GitError::repo("status"))?;
+            tree.walk(TreeWalkMode::PreOrder, |dir, e| {
+                if e.kind() == Some(ObjectType::Blob) {
+                    if let Ok(name) = e.name() {
+                        head.insert(format!("{dir}{name}"), (e.filemode() as u32, e.id()));
+                    }
+                }
+                TreeWalkResult::Ok
+            })
             .map_err(GitError::repo("status"))?;
+        }
+        let index = repo.index().map_err(GitError::repo("read index"))?;
+        let mut staged: HashMap<String, IndexEntry> = HashMap::new();
+        for e in index.iter() {
+            if let Ok(p) = String::from_utf8(e.path.clone()) {
+                staged.insert(p, e);
+            }
+        }
+        let mut work: HashMap<String, Entry> = HashMap::new();
+        self.walk_work_tree("", &mut work)?;
+        let mut paths: Vec<&String> = head
+            .keys()
+            .chain(staged.keys())
+            .chain(work.keys())
+            .collect();
+        paths.sort();
+        paths.dedup();
         let mut out = HashMap::new();
-        for s in statuses.iter() {
-            let Ok(path) = s.path() else { continue };
-            let code = porcelain_code(s.status());
+        for p in paths {
+            let h = head.get(p);
+            let i = staged.get(p);
+            let w = work.get(p);
+            let x = match (h, i) {
+                (None, Some(_)) => 'A',
+                (Some(_), None) => 'D',
+                (Some(h), Some(i)) if h.0 != i.mode || h.1 != i.id => 'M',
+                _ => ' ',
+            };
+            let y = match (i, w) {
+                (None, Some(_)) => {
+                    out.insert(p.clone(), "??".to_string());
+                    continue;
+                }
+                (Some(_), None) => 'D',
+                (Some(i), Some(w)) if !stat_matches(i, w) => match self.worktree_oid(p, w) {
+                    Some((mode, oid)) if mode == i.mode && oid == i.id => ' ',
+                    _ => 'M',
+                },
+                _ => ' ',
+            };
+            let code = format!("{x}{y}").trim().to_string();
             if !code.is_empty() {
-                out.insert(path.trim_end_matches('/').to_string(), code);
+                out.insert(p.clone(), code);
             }
         }
         Ok(out)
+    }
+
+    /// The work tree's files and links under `rel`, without `.git`, the root's `.sandlot`
+    /// or any folder holding a repository of its own.
+    fn walk_work_tree(&self, rel: &str, out: &mut HashMap<String, Entry>) -> Result<()> {
+        let (entries, _) = match self.tree.list(rel) {
+            Ok(l) => l,
+            Err(e) if e.is_not_found() => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
+        if !rel.is_empty() && entries.iter().any(|(n, _)| n == ".git") {
+            return Ok(());
+        }
+        for (name, e) in entries {
+            if name == ".git" || (rel.is_empty() && name == crate::store::INDEX_DIR) {
+                continue;
+            }
+            let child = join(rel, &name);
+            match e.kind {
+                Kind::Dir => self.walk_work_tree(&child, out)?,
+                Kind::File | Kind::Link => {
+                    out.insert(child, e);
+                }
+                Kind::Other => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Whether an index entry's recorded stat still matches the file (then its content is
+/// taken as unchanged, as git does).
+fn stat_matches(i: &IndexEntry, w: &Entry) -> bool {
+    i.file_size == w.size as u32
+        && i.mtime.seconds() == w.mtime.0 as i32
+        && i.mtime.nanoseconds() == w.mtime.1 as u32
+        && (w.kind == Kind::Link) == (i.mode == 0o120000)
+}
+
+/// git's mode for a regular file: executable or not.
+fn file_mode(mode: u32) -> u32 {
+    if mode & 0o100 != 0 {
+        0o100755
+    } else {
+        0o100644
     }
 }
 
@@ -582,37 +639,17 @@ struct Staged {
     entry: IndexEntry,
 }
 
-/// `lstat` of `rel` beneath `root`, refusing a path whose folders include a symbolic link.
-fn lstat_beneath(root: &Path, rel: &str) -> std::io::Result<std::fs::Metadata> {
-    let mut p = root.to_path_buf();
-    let parts: Vec<&str> = rel.split('/').filter(|c| !c.is_empty()).collect();
-    for (i, c) in parts.iter().enumerate() {
-        p.push(c);
-        let m = std::fs::symlink_metadata(&p)?;
-        if i + 1 == parts.len() {
-            return Ok(m);
-        }
-        if !m.is_dir() {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::NotADirectory,
-                "a folder of the path is not a folder (a symbolic link?)",
-            ));
-        }
-    }
-    std::fs::symlink_metadata(root)
-}
-
-fn index_entry(rel: &str, mode: u32, id: Oid, md: &std::fs::Metadata) -> IndexEntry {
-    let t = |s: i64, ns: i64| IndexTime::new(s as i32, ns as u32);
+fn index_entry(rel: &str, mode: u32, id: Oid, e: &Entry) -> IndexEntry {
+    let t = |(s, ns): (i64, i64)| IndexTime::new(s as i32, ns as u32);
     IndexEntry {
-        ctime: t(md.ctime(), md.ctime_nsec()),
-        mtime: t(md.mtime(), md.mtime_nsec()),
-        dev: md.dev() as u32,
-        ino: md.ino() as u32,
+        ctime: t(e.ctime),
+        mtime: t(e.mtime),
+        dev: e.dev as u32,
+        ino: e.ino as u32,
         mode,
-        uid: md.uid(),
-        gid: md.gid(),
-        file_size: md.len() as u32,
+        uid: e.uid,
+        gid: e.gid,
+        file_size: e.size as u32,
         id,
         flags: rel.len().min(0xfff) as u16,
         flags_extended: 0,
@@ -754,58 +791,5 @@ fn commit_record(c: &git2::Commit<'_>, paths: Vec<String>) -> Commit {
         time,
         message: c.message().unwrap_or("").trim().to_string(),
         paths,
-    }
-}
-
-/// `git status --porcelain` code of a status: index column then work-tree column, trimmed.
-fn porcelain_code(s: Status) -> String {
-    if s.contains(Status::CONFLICTED) {
-        return "UU".into();
-    }
-    if s.contains(Status::WT_NEW) && !s.intersects(Status::INDEX_NEW) {
-        return "??".into();
-    }
-    let x = if s.contains(Status::INDEX_NEW) {
-        'A'
-    } else if s.contains(Status::INDEX_MODIFIED) {
-        'M'
-    } else if s.contains(Status::INDEX_DELETED) {
-        'D'
-    } else if s.contains(Status::INDEX_RENAMED) {
-        'R'
-    } else if s.contains(Status::INDEX_TYPECHANGE) {
-        'T'
-    } else {
-        ' '
-    };
-    let y = if s.contains(Status::WT_MODIFIED) {
-        'M'
-    } else if s.contains(Status::WT_DELETED) {
-        'D'
-    } else if s.contains(Status::WT_TYPECHANGE) {
-        'T'
-    } else if s.contains(Status::WT_RENAMED) {
-        'R'
-    } else {
-        ' '
-    };
-    format!("{x}{y}").trim().to_string()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn porcelain_codes_match_git() {
-        assert_eq!(porcelain_code(Status::WT_NEW), "??");
-        assert_eq!(porcelain_code(Status::WT_MODIFIED), "M");
-        assert_eq!(porcelain_code(Status::WT_DELETED), "D");
-        assert_eq!(porcelain_code(Status::INDEX_NEW), "A");
-        assert_eq!(
-            porcelain_code(Status::INDEX_MODIFIED | Status::WT_MODIFIED),
-            "MM"
-        );
-        assert_eq!(porcelain_code(Status::CURRENT), "");
     }
 }

@@ -17,6 +17,7 @@ pub mod memory_tool;
 mod minilm;
 pub mod search;
 pub mod store;
+mod tree;
 pub mod watch;
 
 pub use doc::{Document, FrontMatter};

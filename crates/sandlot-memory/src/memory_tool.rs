@@ -3,12 +3,11 @@
 //! strings the tool's documentation specifies, so agents trained on it work unchanged. Every
 //! change is a git commit by the calling agent and is indexed before the call returns.
 
-use std::path::Path;
-
 use serde::Deserialize;
 
 use crate::git::Author;
 use crate::store::{validate_rel_path, Store, StoreError};
+use crate::tree::{join, Kind, WorkTree};
 
 /// The virtual root the agent sees.
 pub const ROOT: &str = "/memories";
@@ -118,7 +117,7 @@ pub fn execute(store: &Store, cmd: &Command, author: &Author) -> ToolOutput {
                 Ok(Target::Root) => return err(format!("Error: File {path} already exists")),
                 Err(e) => return e,
             };
-            if store.root().join(&rel).exists() {
+            if store.tree().kind(&rel).is_some() {
                 return err(format!("Error: File {path} already exists"));
             }
             match store.write_file(&rel, file_text, &format!("memory: create {path}"), author) {
@@ -141,7 +140,7 @@ pub fn execute(store: &Store, cmd: &Command, author: &Author) -> ToolOutput {
                 Ok(Target::Root) => return missing(),
                 Err(e) => return e,
             };
-            if !store.root().join(&rel).is_file() {
+            if store.tree().kind(&rel) != Some(Kind::File) {
                 return missing();
             }
             let text = match store.read_file(&rel) {
@@ -192,7 +191,7 @@ pub fn execute(store: &Store, cmd: &Command, author: &Author) -> ToolOutput {
                 Ok(Target::Root) => return missing(),
                 Err(e) => return e,
             };
-            if !store.root().join(&rel).is_file() {
+            if store.tree().kind(&rel) != Some(Kind::File) {
                 return missing();
             }
             let text = match store.read_file(&rel) {
@@ -238,7 +237,7 @@ pub fn execute(store: &Store, cmd: &Command, author: &Author) -> ToolOutput {
                 }
                 Err(e) => return e,
             };
-            if !store.root().join(&rel).exists() {
+            if store.tree().kind(&rel).is_none() {
                 return err(format!("Error: The path {path} does not exist"));
             }
             match store.remove(&rel, author) {
@@ -263,10 +262,10 @@ pub fn execute(store: &Store, cmd: &Command, author: &Author) -> ToolOutput {
                 }
                 Err(e) => return e,
             };
-            if !store.root().join(&from).exists() {
+            if store.tree().kind(&from).is_none() {
                 return err(format!("Error: The path {old_path} does not exist"));
             }
-            if store.root().join(&to).exists() {
+            if store.tree().kind(&to).is_some() {
                 return err(format!("Error: The destination {new_path} already exists"));
             }
             match store.rename(&from, &to, author) {
@@ -309,24 +308,23 @@ fn view(store: &Store, path: &str, range: Option<(i64, i64)>) -> ToolOutput {
             return missing();
         }
     }
-    let abs = match &t {
-        Target::Root => store.root().to_path_buf(),
-        Target::Rel(r) => store.root().join(r),
+    let rel = match &t {
+        Target::Root => String::new(),
+        Target::Rel(r) => r.clone(),
     };
-    if abs.is_dir() {
-        let shown = path.trim_end_matches('/');
-        let mut lines = vec![format!("{}\t{shown}", human_size(dir_size(&abs)))];
-        list_dir(&abs, shown, 1, &mut lines);
-        return ok(format!(
-            "Here're the files and directories up to 2 levels deep in {shown}, excluding hidden items and node_modules:\n{}",
-            lines.join("\n")
-        ));
-    }
-    let Target::Rel(rel) = t else {
-        return missing();
-    };
-    if !abs.is_file() {
-        return missing();
+    let tree = store.tree();
+    match tree.kind(&rel) {
+        Some(Kind::Dir) => {
+            let shown = path.trim_end_matches('/');
+            let mut lines = vec![format!("{}\t{shown}", human_size(dir_size(tree, &rel)))];
+            list_dir(tree, &rel, shown, 1, &mut lines);
+            return ok(format!(
+                "Here're the files and directories up to 2 levels deep in {shown}, excluding hidden items and node_modules:\n{}",
+                lines.join("\n")
+            ));
+        }
+        Some(Kind::File) if !rel.is_empty() => {}
+        _ => return missing(),
     }
     let text = match store.read_file(&rel) {
         Ok(t) => t,
@@ -360,43 +358,38 @@ fn visible(name: &str) -> bool {
     !name.starts_with('.') && name != "node_modules"
 }
 
-fn list_dir(dir: &Path, shown: &str, depth: usize, out: &mut Vec<String>) {
-    let Ok(rd) = std::fs::read_dir(dir) else {
+/// Lists folder `rel` of the work tree (through its descriptors: a folder swapped for a
+/// link lists nothing).
+fn list_dir(tree: &WorkTree, rel: &str, shown: &str, depth: usize, out: &mut Vec<String>) {
+    let Ok((entries, _)) = tree.list(rel) else {
         return;
     };
-    let mut ents: Vec<(String, std::path::PathBuf, bool)> = rd
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name().to_str()?.to_string();
-            let is_dir = e.file_type().ok()?.is_dir();
-            visible(&name).then(|| (name, e.path(), is_dir))
-        })
-        .collect();
-    ents.sort();
-    for (name, p, is_dir) in ents {
+    for (name, e) in entries.into_iter().filter(|(n, _)| visible(n)) {
         let child = format!("{shown}/{name}");
+        let child_rel = join(rel, &name);
+        let is_dir = e.kind == Kind::Dir;
         let size = if is_dir {
-            dir_size(&p)
+            dir_size(tree, &child_rel)
         } else {
-            std::fs::symlink_metadata(&p).map(|m| m.len()).unwrap_or(0)
+            e.size
         };
         out.push(format!("{}\t{child}", human_size(size)));
         if is_dir && depth < 2 {
-            list_dir(&p, &child, depth + 1, out);
+            list_dir(tree, &child_rel, &child, depth + 1, out);
         }
     }
 }
 
-fn dir_size(dir: &Path) -> u64 {
-    let Ok(rd) = std::fs::read_dir(dir) else {
+fn dir_size(tree: &WorkTree, rel: &str) -> u64 {
+    let Ok((entries, _)) = tree.list(rel) else {
         return 0;
     };
-    rd.flatten()
-        .filter(|e| e.file_name().to_str().map(visible).unwrap_or(false))
-        .map(|e| match e.file_type() {
-            Ok(t) if t.is_dir() => dir_size(&e.path()),
-            Ok(_) => e.metadata().map(|m| m.len()).unwrap_or(0),
-            Err(_) => 0,
+    entries
+        .into_iter()
+        .filter(|(n, _)| visible(n))
+        .map(|(name, e)| match e.kind {
+            Kind::Dir => dir_size(tree, &join(rel, &name)),
+            _ => e.size,
         })
         .sum()
 }

@@ -1,7 +1,6 @@
 //! A memory store: a git work tree of Markdown memories plus its index cache.
 
 use std::collections::{HashMap, HashSet};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -10,8 +9,9 @@ use serde::Serialize;
 use crate::chunk::{chunk_body, sha256_hex};
 use crate::doc::{self, DocError, Document, FrontMatter};
 use crate::embed::{EmbedError, Embedder};
-use crate::git::{open_beneath, Author, Commit, Content, Git, GitError};
+use crate::git::{Author, Commit, Content, Git, GitError};
 use crate::index::{FileRow, Index, IndexError};
+use crate::tree::{Kind, TreeError, WorkTree, MAX_FILE_BYTES};
 
 /// Folder under the store root holding the index (git-ignored).
 pub const INDEX_DIR: &str = ".sandlot";
@@ -44,6 +44,8 @@ pub enum StoreError {
     Doc(#[from] DocError),
     #[error(transparent)]
     Git(#[from] GitError),
+    #[error(transparent)]
+    Tree(#[from] TreeError),
     #[error(transparent)]
     Index(#[from] IndexError),
     #[error(transparent)]
@@ -201,6 +203,8 @@ impl SyncReport {
 pub struct Store {
     root: PathBuf,
     git: Git,
+    /// Every file operation of the work tree goes through it (descriptors, no links).
+    tree: WorkTree,
     pub(crate) index: Mutex<Index>,
     pub(crate) embedder: Arc<dyn Embedder>,
     /// Serialises writes (file + git commit + index) so commits never interleave.
@@ -246,11 +250,6 @@ pub fn validate_rel_path(path: &str) -> Result<String> {
     Ok(p.to_string())
 }
 
-fn mtime_ns(md: &std::fs::Metadata) -> i64 {
-    use std::os::unix::fs::MetadataExt;
-    md.mtime() * 1_000_000_000 + md.mtime_nsec()
-}
-
 /// Scanned state of one file on disk.
 struct DiskFile {
     size: u64,
@@ -270,8 +269,12 @@ impl Store {
         if !git.is_repo() {
             git.init()?;
         }
-        let gi = root.join(".gitignore");
-        let existing = std::fs::read_to_string(&gi).unwrap_or_default();
+        let tree = WorkTree::new(root);
+        let existing = tree
+            .read(".gitignore", MAX_FILE_BYTES)
+            .ok()
+            .and_then(|b| String::from_utf8(b).ok())
+            .unwrap_or_default();
         let entry = format!("/{INDEX_DIR}/");
         if !existing.lines().any(|l| l.trim() == entry) {
             let mut text = existing;
@@ -280,7 +283,7 @@ impl Store {
             }
             text.push_str(&entry);
             text.push('\n');
-            write_atomic(&gi, text.as_bytes(), ".gitignore")?;
+            tree.write_atomic(".gitignore", text.as_bytes())?;
             git.commit_paths(&[".gitignore"], "init memory store", author)?;
         }
         Store::open(root, embedder)
@@ -319,6 +322,7 @@ impl Store {
             embedder.dim(),
         )?;
         let store = Store {
+            tree: WorkTree::new(&root),
             root,
             git,
             index: Mutex::new(index),
@@ -352,8 +356,14 @@ impl Store {
         );
     }
 
-    fn abs(&self, rel: &str) -> PathBuf {
-        self.root.join(rel)
+    /// The work tree, for the memory tool's listings.
+    pub(crate) fn tree(&self) -> &WorkTree {
+        &self.tree
+    }
+
+    /// What `rel` is (without following a link), `None` when it does not exist.
+    fn kind(&self, rel: &str) -> Option<Kind> {
+        self.tree.kind(rel)
     }
 
     /// Refuses a store-relative path with a symbolic link in it: a store can be mounted into
@@ -379,7 +389,7 @@ impl Store {
 
     /// A regular file, reached without symbolic links.
     fn is_plain_file(&self, rel: &str) -> bool {
-        self.guard(rel).is_ok() && self.abs(rel).is_file()
+        self.guard(rel).is_ok() && self.kind(rel) == Some(Kind::File)
     }
 
     /// Resolves a key (store-relative path or memory id) to a path that exists.
@@ -416,15 +426,7 @@ impl Store {
     /// that mounts the store may swap a folder for a link between a check and the read).
     fn read_bytes(&self, rel: &str) -> Result<Vec<u8>> {
         self.guard(rel)?;
-        let io = |source| StoreError::Io {
-            op: "read",
-            path: rel.to_string(),
-            source,
-        };
-        let mut f = open_beneath(&self.root, rel).map_err(io)?;
-        let mut bytes = Vec::new();
-        std::io::Read::read_to_end(&mut f, &mut bytes).map_err(io)?;
-        Ok(bytes)
+        Ok(self.tree.read(rel, MAX_FILE_BYTES)?)
     }
 
     /// Reads a memory by path or id.
@@ -454,7 +456,7 @@ impl Store {
         };
         let mut candidate = format!("{base}.md");
         let mut n = 2;
-        while self.abs(&candidate).exists() {
+        while self.kind(&candidate).is_some() {
             candidate = format!("{base}-{n}.md");
             n += 1;
         }
@@ -485,7 +487,7 @@ impl Store {
                         reason: "memory files end in .md",
                     });
                 }
-                if self.abs(&p).exists() {
+                if self.kind(&p).is_some() {
                     return Err(StoreError::Exists { path: p });
                 }
                 p
@@ -620,7 +622,7 @@ impl Store {
         let _w = lock(&self.writes);
         let path = validate_rel_path(path)?;
         self.guard(&path)?;
-        if self.abs(&path).is_dir() {
+        if self.kind(&path) == Some(Kind::Dir) {
             return Err(StoreError::Exists { path });
         }
         let id = Document::parse(&path, text)
@@ -639,36 +641,26 @@ impl Store {
     pub fn rename(&self, from: &str, to: &str, author: &Author) -> Result<WriteOutcome> {
         let _w = lock(&self.writes);
         let from_p = validate_rel_path(from)?;
-        let from_p = if self.abs(&from_p).exists() {
+        let from_p = if self.kind(&from_p).is_some() {
             from_p
         } else {
             self.resolve(from)?
         };
         let to_p = validate_rel_path(to)?;
-        if self.abs(&to_p).exists() {
+        if self.kind(&to_p).is_some() {
             return Err(StoreError::Exists { path: to_p });
         }
         self.guard(&from_p)?;
         self.guard(&to_p)?;
-        let src = self.abs(&from_p);
-        let dst = self.abs(&to_p);
-        if let Some(parent) = dst.parent() {
-            std::fs::create_dir_all(parent).map_err(|source| StoreError::Io {
-                op: "create folder for",
-                path: to_p.clone(),
-                source,
-            })?;
+        if let Some((parent, _)) = to_p.rsplit_once('/') {
+            self.tree.create_dirs(parent)?;
         }
-        std::fs::rename(&src, &dst).map_err(|source| StoreError::Io {
-            op: "rename",
-            path: format!("{from_p} -> {to_p}"),
-            source,
-        })?;
+        self.tree.rename_new(&from_p, &to_p)?;
         let msg = format!("move {from_p} -> {to_p}");
         let commit = match self.git.commit_paths(&[&from_p, &to_p], &msg, author) {
             Ok(c) => c,
             Err(e) => {
-                let _ = std::fs::rename(&dst, &src);
+                let _ = self.tree.rename_new(&to_p, &from_p);
                 return Err(e.into());
             }
         };
@@ -688,17 +680,18 @@ impl Store {
     pub fn remove(&self, key: &str, author: &Author) -> Result<WriteOutcome> {
         let _w = lock(&self.writes);
         let p = validate_rel_path(key)?;
-        let path = if self.abs(&p).exists() {
+        let path = if self.kind(&p).is_some() {
             p
         } else {
             self.resolve(key)?
         };
         self.guard(&path)?;
-        let abs = self.abs(&path);
         let id = self
             .get(&path)
             .map(|m| m.id)
             .unwrap_or_else(|_| doc::id_from_path(&path));
+        // Parked in the index folder (the daemon's own; read-only in sandboxes) until the
+        // commit is made, so a failed commit can put it back.
         let backup = self.root.join(INDEX_DIR).join("trash");
         let _ = std::fs::remove_dir_all(&backup);
         std::fs::create_dir_all(&backup).map_err(|source| StoreError::Io {
@@ -706,12 +699,8 @@ impl Store {
             path: path.clone(),
             source,
         })?;
-        let parked = backup.join("item");
-        std::fs::rename(&abs, &parked).map_err(|source| StoreError::Io {
-            op: "delete",
-            path: path.clone(),
-            source,
-        })?;
+        let parked = format!("{INDEX_DIR}/trash/item");
+        self.tree.rename_new(&path, &parked)?;
         let msg = format!("remove {path}");
         match self.git.commit_paths(&[&path], &msg, author) {
             Ok(commit) => {
@@ -720,7 +709,7 @@ impl Store {
                 Ok(WriteOutcome { path, id, commit })
             }
             Err(e) => {
-                let _ = std::fs::rename(&parked, &abs);
+                let _ = self.tree.rename_new(&parked, &path);
                 Err(e.into())
             }
         }
@@ -799,45 +788,35 @@ impl Store {
         message: &str,
         author: &Author,
     ) -> Result<Option<String>> {
-        let mut previous: Vec<(PathBuf, Option<Vec<u8>>)> = Vec::new();
-        let restore = |previous: &[(PathBuf, Option<Vec<u8>>)]| {
-            for (abs, old) in previous {
-                match old {
-                    Some(b) => {
-                        let _ = std::fs::write(abs, b);
-                    }
-                    None => {
-                        let _ = std::fs::remove_file(abs);
-                    }
-                }
+        let mut previous: Vec<(&str, Option<Vec<u8>>)> = Vec::new();
+        let restore = |previous: &[(&str, Option<Vec<u8>>)]| {
+            for (rel, old) in previous {
+                let _ = match old {
+                    Some(b) => self.tree.write_atomic(rel, b),
+                    None => self.tree.remove(rel, false),
+                };
             }
         };
         for (rel, _) in files {
             self.guard(rel)?;
         }
         for (rel, text) in files {
-            let abs = self.abs(rel);
-            previous.push((abs.clone(), self.read_bytes(rel).ok()));
-            let res = match text {
-                Some(t) => {
-                    if let Some(parent) = abs.parent() {
-                        std::fs::create_dir_all(parent).map_err(|source| StoreError::Io {
-                            op: "create folder for",
-                            path: rel.clone(),
-                            source,
-                        })?;
-                    }
-                    write_atomic(&abs, t, rel)
+            let old = match self.read_bytes(rel) {
+                Ok(b) => Some(b),
+                Err(StoreError::Tree(e)) if e.is_not_found() => None,
+                Err(e) => {
+                    restore(&previous);
+                    return Err(e);
                 }
-                None => std::fs::remove_file(&abs).map_err(|source| StoreError::Io {
-                    op: "delete",
-                    path: rel.clone(),
-                    source,
-                }),
+            };
+            previous.push((rel.as_str(), old));
+            let res = match text {
+                Some(t) => self.tree.write_atomic(rel, t),
+                None => self.tree.remove(rel, false),
             };
             if let Err(e) = res {
                 restore(&previous);
-                return Err(e);
+                return Err(e.into());
             }
         }
         let rels: Vec<&str> = files.iter().map(|(p, _)| p.as_str()).collect();
@@ -966,7 +945,7 @@ impl Store {
         };
         let content = if let Some(old) = &then {
             Some(self.git.show(&full, old)?.into_bytes())
-        } else if self.abs(&path).exists() {
+        } else if self.kind(&path).is_some() {
             None
         } else {
             return Err(StoreError::NotFound {
@@ -984,43 +963,32 @@ impl Store {
 
     fn scan(&self) -> Result<HashMap<String, DiskFile>> {
         let mut out = HashMap::new();
-        let mut stack = vec![(self.root.clone(), String::new())];
-        while let Some((dir, rel)) = stack.pop() {
-            let rd = match std::fs::read_dir(&dir) {
-                Ok(rd) => rd,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                Err(source) => {
-                    return Err(StoreError::Io {
-                        op: "list folder",
-                        path: dir.display().to_string(),
-                        source,
-                    })
-                }
+        let mut stack = vec![String::new()];
+        while let Some(rel) = stack.pop() {
+            let entries = match self.tree.list(&rel) {
+                Ok((entries, _)) => entries,
+                Err(e) if e.is_not_found() => continue,
+                // A folder swapped for a link meanwhile: not part of the store.
+                Err(e) if e.is_link_on_the_way() => continue,
+                Err(e) => return Err(e.into()),
             };
-            for ent in rd.flatten() {
-                let name = ent.file_name();
-                let Some(name) = name.to_str() else { continue };
+            for (name, e) in entries {
                 if name.starts_with('.') {
                     continue;
                 }
-                let child_rel = if rel.is_empty() {
-                    name.to_string()
-                } else {
-                    format!("{rel}/{name}")
-                };
-                let Ok(ft) = ent.file_type() else { continue };
-                if ft.is_dir() {
-                    stack.push((ent.path(), child_rel));
-                } else if ft.is_file() {
-                    if let Ok(md) = ent.metadata() {
+                let child = crate::tree::join(&rel, &name);
+                match e.kind {
+                    Kind::Dir => stack.push(child),
+                    Kind::File => {
                         out.insert(
-                            child_rel,
+                            child,
                             DiskFile {
-                                size: md.len(),
-                                mtime_ns: mtime_ns(&md),
+                                size: e.size,
+                                mtime_ns: e.mtime_ns,
                             },
                         );
                     }
+                    Kind::Link | Kind::Other => {}
                 }
             }
         }
@@ -1067,8 +1035,7 @@ impl Store {
     pub fn sync_paths(&self, paths: &[&str]) -> Result<SyncReport> {
         let mut report = SyncReport::default();
         for p in paths {
-            let abs = self.abs(p);
-            if self.guard(p).is_ok() && abs.is_dir() {
+            if self.guard(p).is_ok() && self.kind(p) == Some(Kind::Dir) {
                 // A moved or removed folder: fall back to a full reconcile.
                 return self.sync();
             }
@@ -1094,33 +1061,32 @@ impl Store {
     }
 
     fn sync_one(&self, rel: &str, report: &mut SyncReport) -> Result<()> {
-        let abs = self.abs(rel);
-        let md = match std::fs::metadata(&abs) {
-            Ok(m) => m,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(source) => {
-                return Err(StoreError::Io {
-                    op: "stat",
-                    path: rel.to_string(),
-                    source,
-                })
-            }
-        };
-        let (size, mtime) = (md.len(), mtime_ns(&md));
-        let bytes = if size > MAX_INDEXED_BYTES {
-            None
-        } else {
-            match std::fs::read(&abs) {
-                Ok(b) => Some(b),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-                Err(source) => {
-                    return Err(StoreError::Io {
+        // Opened once, through the work tree's descriptors: a regular file reached without
+        // links, its size and time from that very file, read only when small enough.
+        let (size, mtime, bytes) = match self.tree.open_file(rel, u64::MAX) {
+            Ok((f, e)) => {
+                let bytes = if e.size > MAX_INDEXED_BYTES {
+                    None
+                } else {
+                    let mut b = Vec::with_capacity(e.size as usize);
+                    std::io::Read::read_to_end(
+                        &mut std::io::Read::take(f, MAX_INDEXED_BYTES + 1),
+                        &mut b,
+                    )
+                    .map_err(|source| StoreError::Io {
                         op: "read",
                         path: rel.to_string(),
                         source,
-                    })
-                }
+                    })?;
+                    (b.len() as u64 <= MAX_INDEXED_BYTES).then_some(b)
+                };
+                (e.size, e.mtime_ns, bytes)
             }
+            Err(e) if e.is_not_found() => return Ok(()),
+            // Not a regular file reached without links (any more): nothing to index.
+            Err(TreeError::NotAFile { .. }) => (0, 0, None),
+            Err(e) if e.is_link_on_the_way() => (0, 0, None),
+            Err(e) => return Err(e.into()),
         };
         let text = bytes.and_then(|b| String::from_utf8(b).ok());
         let Some(text) = text else {
@@ -1222,7 +1188,9 @@ impl Store {
                     if row.size == f.size && row.mtime_ns == f.mtime_ns {
                         (Freshness::Fresh, row.error.clone())
                     } else {
-                        let same = std::fs::read(self.abs(p))
+                        let same = self
+                            .tree
+                            .read(p, MAX_INDEXED_BYTES)
                             .map(|b| sha256_hex(&b) == row.hash)
                             .unwrap_or(false);
                         let state = if same {
@@ -1235,7 +1203,9 @@ impl Store {
                 }
                 (Some(f), None) => {
                     let indexable = f.size <= MAX_INDEXED_BYTES
-                        && std::fs::read(self.abs(p))
+                        && self
+                            .tree
+                            .read(p, MAX_INDEXED_BYTES)
                             .map(|b| std::str::from_utf8(&b).is_ok())
                             .unwrap_or(false);
                     if indexable {
@@ -1358,27 +1328,6 @@ fn memory_of(path: &str, text: &str) -> Result<Memory, DocError> {
 
 /// Writes via a temporary file in the same folder and a rename, so readers (and the watcher)
 /// never see a partial file.
-fn write_atomic(abs: &Path, data: &[u8], rel: &str) -> Result<()> {
-    let io = |op, source| StoreError::Io {
-        op,
-        path: rel.to_string(),
-        source,
-    };
-    let dir = abs.parent().unwrap_or(Path::new("."));
-    let name = abs.file_name().and_then(|n| n.to_str()).unwrap_or("file");
-    let tmp = dir.join(format!(".{name}.sandlot-tmp-{}", std::process::id()));
-    let mut f = std::fs::File::create(&tmp).map_err(|e| io("create temporary file for", e))?;
-    if let Err(e) = f.write_all(data).and_then(|_| f.sync_data()) {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(io("write", e));
-    }
-    drop(f);
-    std::fs::rename(&tmp, abs).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        io("replace", e)
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -97,7 +97,7 @@ pub fn watch(store: Arc<Store>, opts: WatchOptions) -> Result<Watcher, WatchErro
     let root = store.root().to_path_buf();
     let (tx, rx) = channel::<()>();
     let root_for_events = root.clone();
-    let mut inner = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+    let handler = move |res: notify::Result<notify::Event>| {
         match res {
             Ok(ev) => {
                 if ev.paths.iter().any(|p| relevant(&root_for_events, p)) || ev.need_rescan() {
@@ -109,11 +109,15 @@ pub fn watch(store: Arc<Store>, opts: WatchOptions) -> Result<Watcher, WatchErro
                 let _ = tx.send(());
             }
         }
-    })
-    .map_err(|source| WatchError::Notify {
-        root: root.display().to_string(),
-        source,
-    })?;
+    };
+    // Never through a symbolic link: a sandbox that mounts the store could plant `l -> /`
+    // and have the daemon walk, and watch, the whole host.
+    let config = notify::Config::default().with_follow_symlinks(false);
+    let mut inner =
+        notify::RecommendedWatcher::new(handler, config).map_err(|source| WatchError::Notify {
+            root: root.display().to_string(),
+            source,
+        })?;
     inner
         .watch(&root, RecursiveMode::Recursive)
         .map_err(|source| WatchError::Notify {

@@ -178,3 +178,75 @@ fn a_store_whose_git_is_a_link_to_another_repository_is_refused() {
     };
     assert!(e.to_string().contains("not a git repository"), "{e}");
 }
+
+/// FIFOs, links and huge sparse files where the daemon reads: `.gitignore` and
+/// `.gitattributes` as FIFOs (git and libgit2 with a work tree would block on them), a
+/// `.gitattributes` linked to a host file, a memory whose apparent size is 64 GiB. Every
+/// operation finishes, none reads through the link, and the big file is refused by name.
+#[test]
+fn fifos_links_and_sparse_files_never_block_or_redirect_the_store() {
+    let (d, store) = new_store("fifos", minilm());
+    let a = agent();
+    let root = d.path().to_path_buf();
+    store
+        .write_file("notes/a.md", "# A\nText.\n", "add", &a)
+        .unwrap();
+    for f in [".gitattributes", "notes/.gitignore"] {
+        let p = root.join(f);
+        let st = std::process::Command::new("mkfifo")
+            .arg(&p)
+            .status()
+            .unwrap();
+        assert!(st.success());
+    }
+    std::fs::remove_file(root.join(".gitignore")).unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", root.join(".gitignore")).unwrap();
+    let big = std::fs::File::create(root.join("notes/big.md")).unwrap();
+    big.set_len(64 << 30).unwrap();
+    drop(big);
+
+    let (tx, rx) = std::sync::mpsc::channel();
+    let store = std::sync::Arc::new(store);
+    let s2 = store.clone();
+    std::thread::spawn(move || {
+        let a = agent();
+        let v1 = s2.log(None, 10).unwrap().last().unwrap().rev.clone();
+        let status = s2.status().map(|st| st.len());
+        let write = s2.write_file("notes/b.md", "# B\nMore.\n", "add", &a);
+        let diff = s2.diff(&v1, None, None).map(|d| d.len());
+        let sync = s2.sync().map(|r| r.skipped);
+        let big = s2.read_file("notes/big.md").map(|t| t.len());
+        let rename = s2.rename("notes", "moved", &a).map(|w| w.path);
+        let _ = tx.send((
+            status.is_ok(),
+            write.is_ok(),
+            diff.is_ok(),
+            sync,
+            big,
+            rename,
+        ));
+    });
+    let (status, write, diff, sync, big, rename) = rx
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("a store operation blocked on a FIFO");
+    assert!(
+        status && write && diff,
+        "status {status}, write {write}, diff {diff}"
+    );
+    let skipped = sync.unwrap();
+    assert!(skipped.iter().any(|p| p == "notes/big.md"), "{skipped:?}");
+    let e = big.unwrap_err();
+    assert!(e.to_string().contains("larger than"), "{e}");
+    // The folder holds a file too large to commit: the move is refused and undone.
+    let e = rename.unwrap_err();
+    assert!(
+        e.to_string().contains("/big.md") && e.to_string().contains("larger than"),
+        "{e}"
+    );
+    assert!(root.join("notes/a.md").exists());
+    // Nothing of the host file went into the history.
+    let log = store.log(None, 10).unwrap();
+    for c in log.iter().filter(|c| c.message != "init memory store") {
+        assert!(!c.paths.iter().any(|p| p == ".gitignore"), "{c:?}");
+    }
+}
