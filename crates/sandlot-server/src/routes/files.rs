@@ -116,7 +116,8 @@ fn guest_err(path: &str) -> impl FnOnce(sandlot_guest::client::ClientError) -> A
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/files", tag = "files",
     params(("id" = String, Path), ("path" = String, Query), ("offset" = Option<u64>, Query), ("length" = Option<u64>, Query)),
     responses((status = 200, description = "The file's bytes, streamed", content_type = "application/octet-stream", body = Vec<u8>),
-        (status = 404, body = crate::error::ErrorEnvelope), (status = 409, description = "a directory", body = crate::error::ErrorEnvelope)))]
+        (status = 404, body = crate::error::ErrorEnvelope), (status = 409, description = "a directory", body = crate::error::ErrorEnvelope),
+        (status = 413, description = "too_large: more than the sandbox's disk limit would be read", body = crate::error::ErrorEnvelope)))]
 pub async fn read(
     State(state): State<Arc<AppState>>,
     p: Principal,
@@ -469,7 +470,8 @@ pub async fn watch(
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/files/tar", tag = "files",
     params(("id" = String, Path), ("path" = String, Query, description = "Directory to archive")),
     responses((status = 200, description = "A tar archive (ustar + PAX) of the directory, streamed", content_type = "application/x-tar", body = Vec<u8>),
-        (status = 404, body = crate::error::ErrorEnvelope)))]
+        (status = 404, body = crate::error::ErrorEnvelope),
+        (status = 413, description = "too_large: the archive would be larger than the sandbox's disk limit", body = crate::error::ErrorEnvelope)))]
 pub async fn tar_download(
     State(state): State<Arc<AppState>>,
     p: Principal,

@@ -296,9 +296,10 @@ impl Write for ChannelWriter {
 
 #[utoipa::path(get, path = "/v1/images/export", tag = "images",
     params(("ref" = String, Query, description = "The image"),
-        ("tag" = Option<String>, Query, description = "Name recorded in the archive (default: the image's tags)")),
+        ("tag" = Option<String>, Query, description = "Name recorded in the archive (default: the caller's tags of the image)")),
     responses((status = 200, description = "OCI layout + docker save tar", content_type = "application/x-tar"),
-        (status = 404, body = crate::error::ErrorEnvelope)))]
+        (status = 404, body = crate::error::ErrorEnvelope),
+        (status = 413, description = "too_large: the image expands past images.max_expanded_size", body = crate::error::ErrorEnvelope)))]
 pub async fn export(
     State(state): State<Arc<AppState>>,
     p: Principal,
@@ -358,7 +359,8 @@ pub async fn export(
 
 #[utoipa::path(get, path = "/v1/images/diff", tag = "images",
     params(("a" = String, Query), ("b" = String, Query)),
-    responses((status = 200, body = DiffView), (status = 404, body = crate::error::ErrorEnvelope)))]
+    responses((status = 200, body = DiffView), (status = 404, body = crate::error::ErrorEnvelope),
+        (status = 413, description = "too_large: the diff reads past images.max_expanded_size", body = crate::error::ErrorEnvelope)))]
 pub async fn diff(
     State(state): State<Arc<AppState>>,
     p: Principal,
@@ -389,9 +391,10 @@ pub async fn diff(
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/snapshot", tag = "images",
     params(("id" = String, Path, description = "Sandbox id or name")),
-    request_body(content = SnapshotBody, description = "Optional: a tag for the new image"),
+    request_body(content = SnapshotBody, description = "Optional: a tag for the new image (in the caller's namespace)"),
     responses((status = 201, body = ImageView),
-        (status = 409, description = "not created from a store image, or stopping", body = crate::error::ErrorEnvelope)))]
+        (status = 409, description = "not created from a store image, or stopping", body = crate::error::ErrorEnvelope),
+        (status = 413, description = "too_large: the writable layer expands past the sandbox's disk limit", body = crate::error::ErrorEnvelope)))]
 pub async fn snapshot(
     State(state): State<Arc<AppState>>,
     p: Principal,
