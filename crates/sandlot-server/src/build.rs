@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use sandlot_proto::api::ExecBody;
 use sandlot_proto::spec::{NetworkMode, SandboxSpec};
 use sandlot_store::build::{self, BuildSpec, Step};
-use sandlot_store::{ImageConfig, ImageInfo, ImageName};
+use sandlot_store::{Budget, Commit, ImageConfig, ImageInfo, ImageName};
 use serde_json::{json, Value};
 
 use crate::error::ApiError;
@@ -27,9 +27,18 @@ use crate::sandbox::{self, CreateParams};
 use crate::state::AppState;
 use crate::store::EndReason;
 
+/// The writable layer of a run step's sandbox (what its layer may expand to).
+const STEP_DISK: sandlot_proto::units::ByteSize = sandlot_proto::units::ByteSize(8 << 30);
+
 /// Extracts a build context tar into `dir` (regular files, directories and
-/// symlinks; anything escaping `dir` is refused).
-pub fn extract_context(tar_path: &Path, dir: &Path) -> Result<(), ApiError> {
+/// symlinks; anything escaping `dir` is refused). What it expands to (a sparse
+/// entry at its full size) is bounded by `limit`: every copy step reads it.
+pub fn extract_context(
+    tar_path: &Path,
+    dir: &Path,
+    limit: &sandlot_store::SizeLimit,
+) -> Result<(), ApiError> {
+    let mut budget = Budget::new(Some(limit), "the build context");
     let f =
         fs::File::open(tar_path).map_err(|e| ApiError::internal(format!("open context: {e}")))?;
     let mut ar = tar::Archive::new(std::io::BufReader::new(f));
@@ -53,9 +62,16 @@ pub fn extract_context(tar_path: &Path, dir: &Path) -> Result<(), ApiError> {
             ));
         }
         let ty = e.header().entry_type();
-        if !(ty.is_file() || ty.is_dir() || ty.is_symlink()) {
+        if !(ty.is_file() || ty.is_dir() || ty.is_symlink() || ty.is_gnu_sparse()) {
             continue;
         }
+        budget
+            .charge(sandlot_store::layer::entry_cost(
+                p.as_os_str().len(),
+                0,
+                e.size(),
+            ))
+            .map_err(|err| crate::images::store_error(err.into()))?;
         // unpack_in refuses paths that leave `dir` through symlinks.
         e.unpack_in(dir).map_err(|err| {
             ApiError::bad_request(format!("build context entry {}: {err}", p.display()))
@@ -294,13 +310,29 @@ pub async fn run(
                     let layer = store.tmp_path("copy");
                     fs::create_dir(&layer)
                         .map_err(|e| ApiError::internal(format!("stage copy: {e}")))?;
+                    let limit = st.images.limit(None);
+                    let what = format!("{o} ({text})");
                     let r =
                         build::stage_copy(&c, &o, &s, &d, base.config.workdir.as_deref(), &layer)
                             .map_err(|e| ApiError::invalid("context", e.to_string()))
-                            .and_then(|_| store.pack_dir(&layer).map_err(store_error))
+                            .and_then(|_| {
+                                store
+                                    .pack_dir(&layer, &mut Budget::new(Some(&limit), &what))
+                                    .map_err(store_error)
+                            })
                             .and_then(|p| {
                                 store
-                                    .commit_packed(&base, p, &base.config, &text, "build", None)
+                                    .commit_packed(
+                                        &base,
+                                        p,
+                                        &Commit {
+                                            config: &base.config,
+                                            comment: &text,
+                                            source: "build",
+                                            tag: None,
+                                            owner: None,
+                                        },
+                                    )
                                     .map_err(store_error)
                             });
                     let _ = fs::remove_dir_all(&layer);
@@ -351,7 +383,7 @@ async fn run_step(
         image: base.id.to_string(),
         ..Default::default()
     };
-    spec.resources.disk = sandlot_proto::units::ByteSize::mib(8192);
+    spec.resources.disk = STEP_DISK;
     spec.resources.memory = sandlot_proto::units::ByteSize::mib(2048);
     if network {
         spec.network.mode = NetworkMode::Open;
@@ -362,6 +394,8 @@ async fn run_step(
         state,
         CreateParams {
             tenant: tenant.to_string(),
+            // The operator's build: its base is named by id.
+            scope: None,
             name: None,
             spec,
             tags,
@@ -451,7 +485,18 @@ async fn run_in(
     let (st, hid, text) = (state.clone(), h.clone(), step.text());
     blocking(move || {
         st.images
-            .snapshot_as(&hid.id, &hid.inst.cgroup, None, &text, "build")
+            .snapshot_as(
+                &hid.id,
+                &hid.inst.cgroup,
+                STEP_DISK.bytes(),
+                Commit {
+                    config: &Default::default(),
+                    comment: &text,
+                    source: "build",
+                    tag: None,
+                    owner: None,
+                },
+            )
             .map(|(img, _)| img)
     })
     .await

@@ -231,9 +231,14 @@ impl Default for VfsSection {
 }
 
 /// Image registries and builds (`[images]`).
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default)]
 pub struct ImagesSection {
+    /// Most a snapshot, copy-out, export or diff may expand to when read (files
+    /// at their apparent size, holes included, plus 512 bytes per entry), whatever
+    /// a sandbox's disk limit; the limit of those no sandbox bounds (an image's
+    /// export or diff, a build's context and copy steps).
+    pub max_expanded_size: ByteSize,
     /// `host[:port]` registries reached over plain HTTP (e.g. a loopback test
     /// registry). Every other registry is HTTPS with verified certificates.
     pub insecure_registries: Vec<String>,
@@ -245,6 +250,18 @@ pub struct ImagesSection {
     pub default_registry: Option<String>,
     /// Extra CA certificates (PEM) trusted for registries, besides the host's.
     pub ca_file: Option<PathBuf>,
+}
+
+impl Default for ImagesSection {
+    fn default() -> Self {
+        ImagesSection {
+            max_expanded_size: ByteSize(64 << 30),
+            insecure_registries: Vec::new(),
+            auth_file: None,
+            default_registry: None,
+            ca_file: None,
+        }
+    }
 }
 
 /// Host directory mounts through the API.

@@ -10,13 +10,18 @@
 //! rw/<sandbox id>/            writable layer: tmpfs with upper/ and work/
 //! volumes/<tenant>/<name>/    meta.json, data/ (and disk.img when size-limited)
 //! secrets/<tenant>/<name>     the value, mode 0600 (directory 0700)
-//! image-owners/<image hex>    the tenant a snapshot image belongs to
 //! ```
 //!
 //! Snapshots hold a tenant's data, so a snapshot image (and every snapshot of a
-//! sandbox made from one) belongs to the tenant of the sandbox it was taken from:
-//! other tenants neither see it nor start sandboxes from it ([`Images::resolve_for`]).
-//! Every other image is the shared, operator-managed set.
+//! sandbox made from one) belongs to the tenant of the sandbox it was taken from
+//! (its owner, recorded with the image in the store): other tenants neither see it
+//! nor start sandboxes from it. Tags are per tenant: a tenant's tags are its own,
+//! the operator's are the shared ones, and a tenant's name is its own tag first,
+//! then the operator's ([`viewer`], `sandlot_store::Viewer`). Every image without
+//! an owner is the shared, operator-managed set.
+//!
+//! What a snapshot, export, diff or copy-out reads is bounded ([`Images::limit`]):
+//! by the sandbox's disk limit, and by the operator's `images.max_expanded_size`.
 
 use std::fs;
 use std::io;
@@ -26,9 +31,14 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use sandlot_proto::spec::{valid_object_name, MountSpec, SandboxSpec, HOST_IMAGE};
+use sandlot_proto::units::ByteSize;
 use sandlot_runtime::mounts::{ImageRoot, SharedDir};
 use sandlot_runtime::{CreateOptions, Secrets};
-use sandlot_store::{Digest, ImageInfo, ImageName, ImageStore, StoreError};
+use sandlot_store::layer::LayerError;
+use sandlot_store::{
+    Budget, Commit, Digest, ImageInfo, ImageName, ImageStore, LegacyOwners, ScopedTag, SizeLimit,
+    StoreError, Viewer,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::error::ApiError;
@@ -38,11 +48,26 @@ pub struct Images {
     pub store: ImageStore,
     data_dir: PathBuf,
     allowed_host_paths: Vec<PathBuf>,
+    /// `images.max_expanded_size`.
+    ceiling: u64,
+}
+
+/// The view of the image set a principal of `scope` takes (`None`: the operator).
+pub fn viewer(scope: Option<&str>) -> Viewer<'_> {
+    match scope {
+        None => Viewer::Operator,
+        Some(t) => Viewer::Tenant(t),
+    }
 }
 
 /// Maps store errors to the API.
 pub fn store_error(e: StoreError) -> ApiError {
     match &e {
+        StoreError::Layer(LayerError::TooLarge { .. }) => ApiError::new(
+            axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            e.to_string(),
+        ),
         StoreError::NotFound(_) => ApiError::not_found(e.to_string()),
         StoreError::Ambiguous(_) | StoreError::BadName(_) => ApiError::bad_request(e.to_string()),
         StoreError::InUse { .. } => ApiError::conflict(e.to_string()),
@@ -90,9 +115,20 @@ fn io_api(what: &str) -> impl FnOnce(io::Error) -> ApiError + '_ {
 }
 
 impl Images {
-    pub fn open(data_dir: &Path, allowed_host_paths: Vec<PathBuf>) -> Result<Images, StoreError> {
-        let store = ImageStore::open(&data_dir.join("images"))?;
-        for d in ["rw", "volumes", "secrets", "image-owners"] {
+    /// Opens the store (moving owner records of an earlier version into it).
+    pub fn open(
+        data_dir: &Path,
+        allowed_host_paths: Vec<PathBuf>,
+        max_expanded_size: u64,
+    ) -> Result<Images, StoreError> {
+        let store = ImageStore::open_with(
+            &data_dir.join("images"),
+            Some(LegacyOwners {
+                dir: &data_dir.join("image-owners"),
+                operator_tenant: crate::auth::DEFAULT_TENANT,
+            }),
+        )?;
+        for d in ["rw", "volumes", "secrets"] {
             let p = data_dir.join(d);
             fs::DirBuilder::new()
                 .recursive(true)
@@ -109,7 +145,30 @@ impl Images {
             store,
             data_dir: data_dir.to_path_buf(),
             allowed_host_paths,
+            ceiling: max_expanded_size,
         })
+    }
+
+    /// What a snapshot or copy-out of a sandbox with disk limit `disk` may expand
+    /// to (`None`: no sandbox, e.g. an image's export or diff): the smaller of
+    /// that and the operator's ceiling, named for the error.
+    pub fn limit(&self, disk: Option<u64>) -> SizeLimit {
+        match disk {
+            Some(d) if d <= self.ceiling => SizeLimit {
+                bytes: d,
+                name: format!(
+                    "the sandbox's disk limit (resources.disk = {})",
+                    ByteSize(d)
+                ),
+            },
+            _ => SizeLimit {
+                bytes: self.ceiling,
+                name: format!(
+                    "the operator's limit (images.max_expanded_size = {})",
+                    ByteSize(self.ceiling)
+                ),
+            },
+        }
     }
 
     fn rw_dir(&self, id: &str) -> PathBuf {
@@ -154,52 +213,42 @@ impl Images {
         Ok(())
     }
 
-    fn owner_file(&self, id: &Digest) -> PathBuf {
-        self.data_dir.join("image-owners").join(id.hex())
+    /// [`ImageStore::resolve_as`].
+    pub fn resolve_for(&self, viewer: Viewer, reference: &str) -> Result<ImageInfo, StoreError> {
+        self.store.resolve_as(viewer, reference)
     }
 
-    /// The tenant image `id` belongs to (a snapshot), or `None` (the shared set).
-    pub fn owner(&self, id: &Digest) -> Option<String> {
-        fs::read_to_string(self.owner_file(id)).ok()
-    }
-
-    /// Whether a principal of `scope` (`None`: the operator) may see image `img`.
-    pub fn visible(&self, scope: Option<&str>, img: &ImageInfo) -> bool {
-        match (scope, self.owner(&img.id)) {
-            (Some(t), Some(owner)) => owner == t,
-            _ => true,
-        }
-    }
-
-    /// [`ImageStore::resolve`] for a principal of `scope`: another tenant's snapshot
-    /// is "not found", as if it did not exist.
-    pub fn resolve_for(
+    /// The spec's image in `viewer`'s view (`None`: the host image), or 400 naming
+    /// the field.
+    fn spec_image(
         &self,
-        scope: Option<&str>,
-        reference: &str,
-    ) -> Result<ImageInfo, StoreError> {
-        let img = self.store.resolve(reference)?;
-        if self.visible(scope, &img) {
-            Ok(img)
-        } else {
-            Err(StoreError::NotFound(reference.to_string()))
+        viewer: Viewer,
+        spec: &SandboxSpec,
+    ) -> Result<Option<ImageInfo>, ApiError> {
+        if spec.image == HOST_IMAGE {
+            return Ok(None);
         }
+        self.resolve_for(viewer, &spec.image)
+            .map(Some)
+            .map_err(|e| match e {
+                StoreError::NotFound(_) | StoreError::BadName(_) | StoreError::Ambiguous(_) => {
+                    ApiError::invalid("image", e.to_string())
+                }
+                e => store_error(e),
+            })
     }
 
     /// What can be checked before admission: host paths against the policy, and
-    /// that the image, volumes and secrets exist (400 naming the field).
-    pub fn precheck(&self, tenant: &str, spec: &SandboxSpec) -> Result<(), ApiError> {
+    /// that the image (as `viewer` names it), volumes and secrets (`tenant`'s)
+    /// exist (400 naming the field). Returns the image's id.
+    pub fn precheck(
+        &self,
+        viewer: Viewer,
+        tenant: &str,
+        spec: &SandboxSpec,
+    ) -> Result<Option<Digest>, ApiError> {
         self.check_host_paths(spec)?;
-        if spec.image != HOST_IMAGE {
-            if let Err(e) = self.resolve_for(Some(tenant), &spec.image) {
-                return Err(match e {
-                    StoreError::NotFound(_) | StoreError::BadName(_) | StoreError::Ambiguous(_) => {
-                        ApiError::invalid("image", e.to_string())
-                    }
-                    e => store_error(e),
-                });
-            }
-        }
+        let image = self.spec_image(viewer, spec)?.map(|i| i.id);
         for (i, v) in spec.volumes.iter().enumerate() {
             if !self.volume_dir(tenant, &v.name).join("meta.json").is_file() {
                 return Err(ApiError::invalid(
@@ -216,7 +265,7 @@ impl Images {
                 ));
             }
         }
-        Ok(())
+        Ok(image)
     }
 
     fn allowed_list(&self) -> String {
@@ -231,12 +280,14 @@ impl Images {
         }
     }
 
-    /// Resolves the spec's image, volumes and secrets into runtime options, and
-    /// prepares the writable layer. Undone by [`release`](Self::release).
+    /// Resolves the spec's image (in `viewer`'s view), volumes and secrets
+    /// (`tenant`'s) into runtime options, and prepares the writable layer. Undone
+    /// by [`release`](Self::release).
     pub fn prepare(
         &self,
         id: &str,
         tenant: &str,
+        viewer: Viewer,
         spec: &SandboxSpec,
     ) -> Result<CreateOptions, ApiError> {
         let mut opts = CreateOptions::default();
@@ -273,15 +324,7 @@ impl Images {
                 }
             }
             opts.secrets = secrets;
-            if spec.image != HOST_IMAGE {
-                let img = self
-                    .resolve_for(Some(tenant), &spec.image)
-                    .map_err(|e| match e {
-                        StoreError::NotFound(_)
-                        | StoreError::BadName(_)
-                        | StoreError::Ambiguous(_) => ApiError::invalid("image", e.to_string()),
-                        e => store_error(e),
-                    })?;
+            if let Some(img) = self.spec_image(viewer, spec)? {
                 self.store.lease(id, &img.id).map_err(store_error)?;
                 let rw = self.rw_dir(id);
                 mount_rw(&rw, spec.resources.disk.bytes())?;
@@ -346,37 +389,45 @@ impl Images {
     }
 
     /// Turns a running sandbox's writable layer into a new image whose parent is
-    /// the sandbox's image. The cgroup is frozen while the layer is read.
-    /// The image belongs to `tenant`, the sandbox's (see the module's notes).
+    /// the sandbox's image. The cgroup is frozen while the layer is read. The image
+    /// belongs to `tenant`, the sandbox's (see the module's notes); `tag` is in the
+    /// namespace of whoever asked (`scope`; `None`: the operator's, shared). What
+    /// the layer expands to is bounded by the sandbox's disk limit `disk` (and the
+    /// operator's ceiling): past it, 413 and nothing stored.
     pub fn snapshot(
         &self,
         id: &str,
         tenant: &str,
+        scope: Option<&str>,
         cgroup: &sandlot_runtime::cgroup::Cgroup,
         tag: Option<&ImageName>,
+        disk: u64,
     ) -> Result<(ImageInfo, Duration), ApiError> {
-        let (img, took) = self.snapshot_as(
+        self.snapshot_as(
             id,
             cgroup,
-            tag,
-            &format!("snapshot of sandbox {id}"),
-            "snapshot",
-        )?;
-        let f = self.owner_file(&img.id);
-        fs::write(&f, tenant)
-            .map_err(|e| ApiError::internal(format!("write {}: {e}", f.display())))?;
-        Ok((img, took))
+            disk,
+            Commit {
+                config: &Default::default(),
+                comment: &format!("snapshot of sandbox {id}"),
+                source: "snapshot",
+                tag: tag.map(|name| ScopedTag {
+                    tenant: scope,
+                    name,
+                }),
+                owner: Some(tenant),
+            },
+        )
     }
 
-    /// [`snapshot`](Self::snapshot) recording `comment` and `source` (a build
-    /// step records its step).
+    /// [`snapshot`](Self::snapshot) recording `c` (its config is replaced by the
+    /// base image's; a build step records its step and no owner).
     pub fn snapshot_as(
         &self,
         id: &str,
         cgroup: &sandlot_runtime::cgroup::Cgroup,
-        tag: Option<&ImageName>,
-        comment: &str,
-        source: &str,
+        disk: u64,
+        c: Commit,
     ) -> Result<(ImageInfo, Duration), ApiError> {
         let base = self
             .store
@@ -392,13 +443,17 @@ impl Images {
             })?;
         let base = self.store.get(&base).map_err(store_error)?;
         let upper = self.rw_dir(id).join("upper");
+        let limit = self.limit(Some(disk));
+        let what = format!("the writable layer of sandbox {id}");
         let t0 = Instant::now();
         cgroup
             .freeze(true, Duration::from_secs(5))
             .map_err(|e| ApiError::internal(format!("freeze sandbox {id}: {e}")))?;
         // Only reading the writable layer needs the sandbox frozen; storing and
         // unpacking the layer happen after the thaw.
-        let packed = self.store.pack_dir(&upper);
+        let packed = self
+            .store
+            .pack_dir(&upper, &mut Budget::new(Some(&limit), &what));
         let thawed = cgroup.freeze(false, Duration::from_secs(5));
         let took = t0.elapsed();
         thawed.map_err(|e| ApiError::internal(format!("thaw sandbox {id}: {e}")))?;
@@ -407,10 +462,10 @@ impl Images {
             .commit_packed(
                 &base,
                 packed.map_err(store_error)?,
-                &base.config,
-                comment,
-                source,
-                tag,
+                &Commit {
+                    config: &base.config,
+                    ..c
+                },
             )
             .map_err(store_error)?;
         Ok((img, took))

@@ -241,8 +241,12 @@ pub async fn serve(
         }
         None => None,
     };
-    let images = images::Images::open(&cfg.data_dir, cfg.mounts.allowed_host_paths.clone())
-        .map_err(ServerError::Images)?;
+    let images = images::Images::open(
+        &cfg.data_dir,
+        cfg.mounts.allowed_host_paths.clone(),
+        cfg.images.max_expanded_size.bytes(),
+    )
+    .map_err(ServerError::Images)?;
     let e2b_listener = e2b::bind(&cfg.e2b)
         .await
         .map_err(|source| ServerError::Io {

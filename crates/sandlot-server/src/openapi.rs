@@ -167,7 +167,7 @@ pub struct SecretRefDoc {
     ),
     components(schemas(CreateSandboxDoc, MountDoc, ResourcesDoc, NetworkDoc, AllowRuleDoc, net_api::NetLog, net_api::NetLogEntry,
         ports_api::PublishPort, ports_api::PublishedPort, ports_api::PortList,
-        VolumeMountDoc, SecretRefDoc, images::ImageView, images::LayerView, images::ImageList,
+        VolumeMountDoc, SecretRefDoc, images::ImageView, images::LayerView, images::TenantTagView, images::ImageList,
         images::PruneView, images::DiffView, images::SnapshotBody, images::PullBody,
         images::PushBody, images::RegistryAuthBody, images::ProgressLine, volumes::CreateVolume,
         volumes::VolumeList, crate::images::Volume, secrets::CreateSecret, secrets::SecretList,

@@ -464,16 +464,18 @@ async fn start_one(state: &Arc<AppState>, pool: &Pool) -> Result<Warm, String> {
     let id = crate::sandbox::new_id(&state.cfg.id_prefix);
     let (st, spec, cid) = (state.clone(), pool.spec.clone(), id.clone());
     // Pooled sandboxes belong to no tenant until claimed; their shapes have no
-    // volumes or secrets (checked with the configuration).
+    // volumes or secrets (checked with the configuration), and their image is a
+    // shared one, by a shared name.
     // Refills queue behind requests' cold creates for the same permits.
     let permit = state
         .create_slots
         .acquire()
         .await
         .map_err(|e| format!("create permit: {e}"))?;
-    let started =
-        tokio::task::spawn_blocking(move || crate::sandbox::start_instance(&st, &cid, "", &spec))
-            .await;
+    let started = tokio::task::spawn_blocking(move || {
+        crate::sandbox::start_instance(&st, &cid, "", sandlot_store::Viewer::Shared, &spec)
+    })
+    .await;
     drop(permit);
     let (inst, image) = started
         .map_err(|e| format!("create task: {e}"))?

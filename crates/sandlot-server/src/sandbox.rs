@@ -59,6 +59,9 @@ impl Counters {
 pub struct SandboxHandle {
     pub id: String,
     pub tenant: String,
+    /// `resources.disk` of its spec: what a snapshot or copy-out of it may expand
+    /// to (see `Images::limit`).
+    pub disk_limit: u64,
     pub guest: GuestClient,
     pub inst: SandboxInstance,
     pub counters: Arc<Counters>,
@@ -78,6 +81,14 @@ pub struct SandboxHandle {
     memory_peak: AtomicU64,
 }
 
+/// `resources.disk` of a recorded spec (the default when it names none).
+fn disk_limit_of(spec: &serde_json::Value) -> u64 {
+    spec.pointer("/resources/disk")
+        .and_then(|d| serde_json::from_value::<sandlot_proto::units::ByteSize>(d.clone()).ok())
+        .unwrap_or_else(|| sandlot_proto::spec::Resources::default().disk)
+        .bytes()
+}
+
 /// Keeps a sandbox from going idle while a stream is open.
 pub struct ActiveGuard(Arc<SandboxHandle>);
 
@@ -94,6 +105,7 @@ impl SandboxHandle {
             span: tracing::info_span!(parent: None, "sandbox", sandbox_id = %rec.id, tenant = %rec.tenant),
             id: rec.id.clone(),
             tenant: rec.tenant.clone(),
+            disk_limit: disk_limit_of(&rec.spec),
             guest,
             inst,
             counters: Arc::new(Counters::from_usage(&rec.usage)),
@@ -203,6 +215,9 @@ impl SandboxHandle {
 /// What a create request asks for, validated.
 pub struct CreateParams {
     pub tenant: String,
+    /// Whose names the spec's image is looked up by: `None`, the operator's (the
+    /// shared tags, any image); a tenant's own tags first, then the shared ones.
+    pub scope: Option<String>,
     pub name: Option<String>,
     pub spec: SandboxSpec,
     pub tags: std::collections::BTreeMap<String, String>,
@@ -224,7 +239,8 @@ pub async fn create(state: &Arc<AppState>, p: CreateParams) -> ApiResult<Sandbox
     }
     // Host paths only under the operator's allowed list (`sandlot run` is not
     // restricted: it runs as the local root user).
-    state.images.precheck(&p.tenant, &p.spec)?;
+    let viewer = crate::images::viewer(p.scope.as_deref());
+    let image = state.images.precheck(viewer, &p.tenant, &p.spec)?;
     // Collections are resolved and their versions pinned into the recorded spec.
     let mut p = p;
     if crate::collection_mount::has_collection_mounts(&p.spec) {
@@ -244,7 +260,17 @@ pub async fn create(state: &Arc<AppState>, p: CreateParams) -> ApiResult<Sandbox
         .acquire()
         .await
         .map_err(ApiError::internal)?;
-    let warm = state.pools.take(&p.spec);
+    let mut warm = state.pools.take(&p.spec);
+    // A pool's sandbox runs the image its shape names in the shared namespace; a
+    // tenant whose own tag of that name means another image (or a pool started
+    // before the tag moved) goes cold.
+    if let Some((pool, w)) = warm.take() {
+        if image.is_none() || state.images.image_of(&w.id) == image {
+            warm = Some((pool, w));
+        } else {
+            state.pools.put_back(&pool, w);
+        }
+    }
     let _claim_permit = warm.is_some().then_some(claim_permit);
     let id = match &warm {
         Some((_, w)) => w.id.clone(),
@@ -349,7 +375,7 @@ pub async fn create(state: &Arc<AppState>, p: CreateParams) -> ApiResult<Sandbox
     let (inst, guest) = match claimed {
         Some(c) => (c.0, Some(c.1)),
         None => (
-            cold_create(state, &id, &p.tenant, &p.spec, &span).await?,
+            cold_create(state, &id, &p.tenant, p.scope.as_deref(), &p.spec, &span).await?,
             None,
         ),
     };
@@ -512,13 +538,15 @@ async fn cold_create(
     state: &Arc<AppState>,
     id: &str,
     tenant: &str,
+    scope: Option<&str>,
     spec: &SandboxSpec,
     span: &tracing::Span,
 ) -> ApiResult<SandboxInstance> {
-    let (spec, cid, tenant, st) = (
+    let (spec, cid, tenant, scope, st) = (
         spec.clone(),
         id.to_string(),
         tenant.to_string(),
+        scope.map(str::to_string),
         state.clone(),
     );
     // Image, volumes and secrets are resolved (and the writable layer mounted)
@@ -528,9 +556,12 @@ async fn cold_create(
         .acquire()
         .await
         .map_err(ApiError::internal)?;
-    let created = tokio::task::spawn_blocking(move || start_instance(&st, &cid, &tenant, &spec))
-        .await
-        .map_err(ApiError::internal)?;
+    let created = tokio::task::spawn_blocking(move || {
+        let viewer = crate::images::viewer(scope.as_deref());
+        start_instance(&st, &cid, &tenant, viewer, &spec)
+    })
+    .await
+    .map_err(ApiError::internal)?;
     drop(permit);
     match created {
         Ok((i, _)) => Ok(i),
@@ -567,16 +598,21 @@ async fn cold_create(
 /// API (a bad image, volume, secret or network policy).
 pub type StartError = Result<RuntimeError, ApiError>;
 
-/// Resolves `spec`'s image, volumes, secrets and network slot and starts the
-/// sandbox on the runtime. Blocking. On failure everything prepared is released.
-/// Also returns the resolved image (a pool needs it to configure a claim).
+/// Resolves `spec`'s image (in `viewer`'s view), volumes, secrets and network
+/// slot and starts the sandbox on the runtime. Blocking. On failure everything
+/// prepared is released. Also returns the resolved image (a pool needs it to
+/// configure a claim).
 pub fn start_instance(
     state: &Arc<AppState>,
     id: &str,
     tenant: &str,
+    viewer: sandlot_store::Viewer,
     spec: &SandboxSpec,
 ) -> Result<(SandboxInstance, Option<sandlot_runtime::mounts::ImageRoot>), StartError> {
-    let mut opts = state.images.prepare(id, tenant, spec).map_err(Err)?;
+    let mut opts = state
+        .images
+        .prepare(id, tenant, viewer, spec)
+        .map_err(Err)?;
     if let Err(e) = crate::memory::add_mounts(&state.memory, tenant, spec, &mut opts) {
         state.images.release(id);
         return Err(Err(e));

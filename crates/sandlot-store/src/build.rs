@@ -697,7 +697,7 @@ fn copy_tree(from: &Path, to: &Path) -> io::Result<()> {
             copy_tree(&e.path(), &to.join(e.file_name()))?;
         }
     } else {
-        fs::copy(from, to)?;
+        crate::layer::copy_file(from, to)?;
         fs::set_permissions(to, fs::Permissions::from_mode(m.mode() & 0o7777))?;
     }
     Ok(())

@@ -6,6 +6,15 @@
 //! Overlay format, as mounted with `userxattr` inside a user namespace: a deleted
 //! path is a character device 0:0; a directory that hides everything below it has
 //! the extended attribute `user.overlay.opaque` = `y`.
+//!
+//! Holes stay holes: packing finds a file's data with `SEEK_DATA`/`SEEK_HOLE` and
+//! writes a file with holes as a GNU sparse entry (only its data is stored), and
+//! unpacking such an entry seeks over the holes. What a layer *expands to* (files
+//! at their apparent size, holes read as zeros, 512 bytes per entry: what a tool
+//! that ignores holes reads or writes) is counted against a [`SizeLimit`] while
+//! packing, measuring ([`expanded_size`]) or comparing ([`diff`]), so that a file
+//! that is small on disk but huge when read cannot make the daemon write or read
+//! without bound.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
@@ -24,6 +33,8 @@ const TRUSTED_OPAQUE_XATTR: &str = "trusted.overlay.opaque";
 pub enum LayerError {
     #[error("layer entry {path:?}: {problem}")]
     BadEntry { path: String, problem: String },
+    #[error("{what} is larger than {} when read (files at their apparent size, holes included, and 512 bytes per entry)", .limit.name)]
+    TooLarge { what: String, limit: SizeLimit },
     #[error("{op} {path}: {source}")]
     Io {
         op: &'static str,
@@ -38,6 +49,172 @@ fn io_at<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> Laye
         op,
         path: path.display().to_string(),
         source,
+    }
+}
+
+/// A bound on the bytes an operation may expand to when read (see the module's
+/// notes).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SizeLimit {
+    pub bytes: u64,
+    /// Names the limit in errors: `the sandbox's disk limit (resources.disk = 64M)`.
+    pub name: String,
+}
+
+/// Bytes counted against an optional [`SizeLimit`].
+#[derive(Debug)]
+pub struct Budget<'a> {
+    limit: Option<&'a SizeLimit>,
+    what: &'a str,
+    used: u64,
+}
+
+impl<'a> Budget<'a> {
+    /// A budget for `what` (named in the error: `the writable layer of sandbox X`).
+    pub fn new(limit: Option<&'a SizeLimit>, what: &'a str) -> Budget<'a> {
+        Budget {
+            limit,
+            what,
+            used: 0,
+        }
+    }
+
+    /// A budget that only counts.
+    pub fn unlimited() -> Budget<'static> {
+        Budget::new(None, "")
+    }
+
+    /// Counts `n` more bytes; an error once the limit is passed.
+    pub fn charge(&mut self, n: u64) -> Result<(), LayerError> {
+        self.used = self.used.saturating_add(n);
+        match self.limit {
+            Some(l) if self.used > l.bytes => Err(LayerError::TooLarge {
+                what: self.what.to_string(),
+                limit: l.clone(),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Bytes counted so far.
+    pub fn used(&self) -> u64 {
+        self.used
+    }
+}
+
+/// `n` rounded up to whole 512-byte tar blocks.
+fn blocks(n: u64) -> u64 {
+    n.div_ceil(512).saturating_mul(512)
+}
+
+/// What one tar entry expands to: its header, a GNU long name or link target when
+/// one does not fit the header, and `data` bytes of contents.
+pub fn entry_cost(path_len: usize, link_len: usize, data: u64) -> u64 {
+    let long = |n: usize| {
+        if n > 100 {
+            512 + blocks(n as u64 + 1)
+        } else {
+            0
+        }
+    };
+    (512 + long(path_len) + long(link_len)).saturating_add(blocks(data))
+}
+
+/// The runs of `f` that hold data within its first `size` bytes, as `[start,
+/// end)` pairs, 512-byte aligned (but for the end of the file) and merged: the
+/// rest are holes. The whole file when the file system cannot tell.
+pub fn data_runs(f: &fs::File, size: u64) -> io::Result<Vec<(u64, u64)>> {
+    use rustix::fs::{seek, SeekFrom};
+    use rustix::io::Errno;
+    let whole = if size == 0 { vec![] } else { vec![(0, size)] };
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    let mut pos = 0;
+    while pos < size {
+        let start = match seek(f, SeekFrom::Data(pos)) {
+            Ok(s) => s,
+            Err(Errno::NXIO) => break,
+            Err(Errno::INVAL | Errno::OPNOTSUPP) => return Ok(whole),
+            Err(e) => return Err(e.into()),
+        };
+        if start >= size {
+            break;
+        }
+        let end = match seek(f, SeekFrom::Hole(start)) {
+            Ok(e) => e.min(size),
+            Err(Errno::NXIO) => size,
+            Err(e) => return Err(e.into()),
+        };
+        if end <= start {
+            // The file changed under us: read it all (holes then read as zeros).
+            return Ok(whole);
+        }
+        let (s, e) = (start / 512 * 512, blocks(end).min(size));
+        match runs.last_mut() {
+            Some(last) if last.1 >= s => last.1 = last.1.max(e),
+            _ => runs.push((s, e)),
+        }
+        pos = end;
+    }
+    Ok(runs)
+}
+
+/// Copies regular file `from` to `to` (created or truncated) with its holes: only
+/// its data runs are read and written.
+pub fn copy_file(from: &Path, to: &Path) -> io::Result<u64> {
+    use std::os::unix::fs::FileExt;
+    let src = fs::File::open(from)?;
+    let size = src.metadata()?.len();
+    let dst = fs::File::create(to)?;
+    let runs = data_runs(&src, size)?;
+    let mut buf = vec![0u8; 256 << 10];
+    let mut r = RunReader {
+        f: &src,
+        runs: &runs,
+        at: 0,
+    };
+    while let Some((at, n)) = r.next_chunk(&mut buf)? {
+        dst.write_all_at(&buf[..n], at)?;
+    }
+    dst.set_len(size)?;
+    Ok(size)
+}
+
+/// Reads the data runs of a file one after the other, exactly: a file that shrank
+/// meanwhile reads as zeros past its end, so that a tar entry keeps its size.
+struct RunReader<'a> {
+    f: &'a fs::File,
+    runs: &'a [(u64, u64)],
+    at: u64,
+}
+
+impl RunReader<'_> {
+    /// The next bytes of the runs, and where they are in the file.
+    fn next_chunk(&mut self, buf: &mut [u8]) -> io::Result<Option<(u64, usize)>> {
+        use std::os::unix::fs::FileExt;
+        while let Some(&(start, end)) = self.runs.first() {
+            let pos = self.at.max(start);
+            if pos >= end {
+                self.runs = &self.runs[1..];
+                continue;
+            }
+            let want = ((end - pos) as usize).min(buf.len());
+            let n = match self.f.read_at(&mut buf[..want], pos)? {
+                0 => {
+                    buf[..want].fill(0);
+                    want
+                }
+                n => n,
+            };
+            self.at = pos + n as u64;
+            return Ok(Some((pos, n)));
+        }
+        Ok(None)
+    }
+}
+
+impl Read for RunReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        Ok(self.next_chunk(buf)?.map_or(0, |(_, n)| n))
     }
 }
 
@@ -269,15 +446,83 @@ fn header_for(md: &fs::Metadata) -> tar::Header {
 }
 
 /// Packs a directory in overlay format into an OCI layer tar: whiteouts become
-/// `.wh.NAME` files and opaque directories get a `.wh..wh..opq` entry. Entries are
-/// sorted, so the same tree always gives the same bytes.
-pub fn pack<W: Write>(dir: &Path, out: W) -> Result<W, LayerError> {
+/// `.wh.NAME` files and opaque directories get a `.wh..wh..opq` entry, files with
+/// holes GNU sparse entries. Entries are sorted, so the same tree always gives the
+/// same bytes. What the tar expands to is counted against `budget` as it is
+/// written (a hard link counts once: it is a link entry).
+pub fn pack<W: Write>(dir: &Path, out: W, budget: &mut Budget) -> Result<W, LayerError> {
     let mut b = tar::Builder::new(out);
     b.mode(tar::HeaderMode::Complete);
     b.follow_symlinks(false);
     let mut links: HashMap<(u64, u64), PathBuf> = HashMap::new();
-    pack_dir(&mut b, dir, Path::new(""), &mut links)?;
+    // The end-of-archive blocks.
+    budget.charge(1024)?;
+    pack_dir(&mut b, dir, Path::new(""), &mut links, budget)?;
     b.into_inner().map_err(io_at("finish layer tar of", dir))
+}
+
+/// Appends regular file `f` (metadata `md`) as `path`: a plain entry, or a GNU
+/// sparse entry (data runs only) when it has holes.
+fn append_file<W: Write>(
+    b: &mut tar::Builder<W>,
+    md: &fs::Metadata,
+    path: &Path,
+    f: &fs::File,
+) -> io::Result<()> {
+    let size = md.len();
+    let runs = data_runs(f, size)?;
+    let mut h = header_for(md);
+    if runs.len() == 1 && runs[0] == (0, size) || size == 0 {
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_size(size);
+        let whole = [(0, size)];
+        return b.append_data(
+            &mut h,
+            path,
+            RunReader {
+                f,
+                runs: &whole,
+                at: 0,
+            },
+        );
+    }
+    // GNU sparse: the map (4 runs in the header, 21 per extension block after it,
+    // ending with a zero-length run at the file's size, as GNU tar writes it),
+    // then the runs' bytes.
+    h.set_entry_type(tar::EntryType::GNUSparse);
+    h.set_size(runs.iter().map(|(s, e)| e - s).sum());
+    let mut map: Vec<(u64, u64)> = runs.iter().map(|&(s, e)| (s, e - s)).collect();
+    map.push((size, 0));
+    let gnu = h.as_gnu_mut().expect("a GNU header");
+    gnu.set_real_size(size);
+    for (slot, &(off, len)) in gnu.sparse.iter_mut().zip(&map) {
+        slot.set_offset(off);
+        slot.set_length(len);
+    }
+    let head = gnu.sparse.len().min(map.len());
+    gnu.set_is_extended(map.len() > head);
+    let mut ext = Vec::new();
+    let mut rest = &map[head..];
+    while !rest.is_empty() {
+        let mut e = tar::GnuExtSparseHeader::new();
+        let n = e.sparse.len().min(rest.len());
+        for (slot, &(off, len)) in e.sparse.iter_mut().zip(&rest[..n]) {
+            slot.set_offset(off);
+            slot.set_length(len);
+        }
+        rest = &rest[n..];
+        e.set_is_extended(!rest.is_empty());
+        ext.extend_from_slice(e.as_bytes());
+    }
+    b.append_data(
+        &mut h,
+        path,
+        io::Cursor::new(ext).chain(RunReader {
+            f,
+            runs: &runs,
+            at: 0,
+        }),
+    )
 }
 
 fn pack_dir<W: Write>(
@@ -285,6 +530,7 @@ fn pack_dir<W: Write>(
     root: &Path,
     rel: &Path,
     links: &mut HashMap<(u64, u64), PathBuf>,
+    budget: &mut Budget,
 ) -> Result<(), LayerError> {
     let abs = root.join(rel);
     let mut names: Vec<_> = fs::read_dir(&abs)
@@ -301,7 +547,9 @@ fn pack_dir<W: Write>(
         let add = |b: &mut tar::Builder<W>, h: &mut tar::Header, path: &Path, data: &[u8]| {
             b.append_data(h, path, data).map_err(io_at("pack", path))
         };
+        let name_len = r.as_os_str().len() + 1;
         if is_whiteout(&md) {
+            budget.charge(entry_cost(name_len + WHITEOUT_PREFIX.len(), 0, 0))?;
             let wh = rel.join(format!("{WHITEOUT_PREFIX}{}", n.to_string_lossy()));
             let mut h = tar::Header::new_gnu();
             h.set_entry_type(tar::EntryType::Regular);
@@ -312,11 +560,13 @@ fn pack_dir<W: Write>(
             h.set_size(0);
             add(b, &mut h, &wh, &[])?;
         } else if ft.is_dir() {
+            budget.charge(entry_cost(name_len, 0, 0))?;
             let mut h = header_for(&md);
             h.set_entry_type(tar::EntryType::Directory);
             h.set_size(0);
             add(b, &mut h, &r, &[])?;
             if is_opaque(&p) {
+                budget.charge(entry_cost(name_len + OPAQUE_MARKER.len(), 0, 0))?;
                 let mut h = tar::Header::new_gnu();
                 h.set_entry_type(tar::EntryType::Regular);
                 h.set_mode(0o644);
@@ -326,9 +576,10 @@ fn pack_dir<W: Write>(
                 h.set_size(0);
                 add(b, &mut h, &r.join(OPAQUE_MARKER), &[])?;
             }
-            pack_dir(b, root, &r, links)?;
+            pack_dir(b, root, &r, links, budget)?;
         } else if ft.is_symlink() {
             let target = fs::read_link(&p).map_err(io_at("readlink", &p))?;
+            budget.charge(entry_cost(name_len, target.as_os_str().len(), 0))?;
             let mut h = header_for(&md);
             h.set_entry_type(tar::EntryType::Symlink);
             h.set_size(0);
@@ -337,6 +588,7 @@ fn pack_dir<W: Write>(
         } else if ft.is_file() {
             if md.nlink() > 1 {
                 if let Some(first) = links.get(&(md.dev(), md.ino())) {
+                    budget.charge(entry_cost(name_len, first.as_os_str().len(), 0))?;
                     let mut h = header_for(&md);
                     h.set_entry_type(tar::EntryType::Link);
                     h.set_size(0);
@@ -346,13 +598,11 @@ fn pack_dir<W: Write>(
                 }
                 links.insert((md.dev(), md.ino()), r.clone());
             }
-            let mut h = header_for(&md);
-            h.set_entry_type(tar::EntryType::Regular);
-            h.set_size(md.len());
+            budget.charge(entry_cost(name_len, 0, md.len()))?;
             let f = fs::File::open(&p).map_err(io_at("open", &p))?;
-            b.append_data(&mut h, &r, f.take(md.len()))
-                .map_err(io_at("pack", &p))?;
+            append_file(b, &md, &r, &f).map_err(io_at("pack", &p))?;
         } else if ft.is_fifo() {
+            budget.charge(entry_cost(name_len, 0, 0))?;
             let mut h = header_for(&md);
             h.set_entry_type(tar::EntryType::Fifo);
             h.set_size(0);
@@ -373,6 +623,8 @@ pub struct TreeEntry {
     pub size: u64,
     /// The layer file that provides it (for content comparison).
     pub source: PathBuf,
+    /// Its device and inode: hard links are compared once.
+    pub inode: (u64, u64),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -383,13 +635,50 @@ pub enum EntryKind {
     Fifo,
 }
 
-/// The merged view of `layers` (bottom first), as overlayfs would show it.
-pub fn flatten(layers: &[PathBuf]) -> Result<BTreeMap<String, TreeEntry>, LayerError> {
+/// The merged view of `layers` (bottom first), as overlayfs would show it. Every
+/// path of every layer read counts 512 bytes against `budget`.
+pub fn flatten(
+    layers: &[PathBuf],
+    budget: &mut Budget,
+) -> Result<BTreeMap<String, TreeEntry>, LayerError> {
     let mut tree = BTreeMap::new();
     for l in layers {
-        merge_dir(&mut tree, l, Path::new(""))?;
+        merge_dir(&mut tree, l, Path::new(""), budget)?;
     }
     Ok(tree)
+}
+
+/// What the layer directory `dir` expands to when packed by a tool that ignores
+/// holes: every entry with its header, regular files at their apparent size (a
+/// hard link within the layer once), counted against `budget` (which stops the
+/// walk once the limit is passed).
+pub fn expanded_size(dir: &Path, budget: &mut Budget) -> Result<(), LayerError> {
+    let mut seen = std::collections::HashSet::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).map_err(io_at("read dir", &d))? {
+            let e = e.map_err(io_at("read dir", &d))?;
+            let p = e.path();
+            let md = fs::symlink_metadata(&p).map_err(io_at("stat", &p))?;
+            let name_len = p.strip_prefix(dir).map_or(0, |r| r.as_os_str().len()) + 1;
+            let ft = md.file_type();
+            let data = if ft.is_file() && (md.nlink() == 1 || seen.insert((md.dev(), md.ino()))) {
+                md.len()
+            } else {
+                0
+            };
+            let link = if ft.is_symlink() {
+                fs::read_link(&p).map_or(0, |t| t.as_os_str().len())
+            } else {
+                0
+            };
+            budget.charge(entry_cost(name_len, link, data))?;
+            if ft.is_dir() {
+                stack.push(p);
+            }
+        }
+    }
+    Ok(())
 }
 
 fn remove_subtree(tree: &mut BTreeMap<String, TreeEntry>, path: &str, keep_self: bool) {
@@ -411,11 +700,13 @@ fn merge_dir(
     tree: &mut BTreeMap<String, TreeEntry>,
     root: &Path,
     rel: &Path,
+    budget: &mut Budget,
 ) -> Result<(), LayerError> {
     let abs = root.join(rel);
     let rd = fs::read_dir(&abs).map_err(io_at("read dir", &abs))?;
     for e in rd {
         let e = e.map_err(io_at("read dir", &abs))?;
+        budget.charge(512)?;
         let r = rel.join(e.file_name());
         let key = format!("/{}", r.display());
         let p = root.join(&r);
@@ -450,10 +741,11 @@ fn merge_dir(
                 gid: md.gid(),
                 size: if is_dir { 0 } else { md.len() },
                 source: p.clone(),
+                inode: (md.dev(), md.ino()),
             },
         );
         if is_dir {
-            merge_dir(tree, root, &r)?;
+            merge_dir(tree, root, &r, budget)?;
         }
     }
     Ok(())
@@ -467,28 +759,51 @@ pub struct TreeDiff {
     pub removed: Vec<String>,
 }
 
-fn same_contents(a: &Path, b: &Path) -> io::Result<bool> {
+/// Whether files `a` and `b`, both `size` bytes long, hold the same bytes. Only
+/// the runs where either has data are read (a hole reads as zeros), and what is
+/// read counts against `budget`.
+fn same_contents(a: &Path, b: &Path, size: u64, budget: &mut Budget) -> Result<bool, LayerError> {
     if a == b {
         return Ok(true);
     }
-    let (mut fa, mut fb) = (fs::File::open(a)?, fs::File::open(b)?);
-    let (mut ba, mut bb) = (vec![0u8; 64 << 10], vec![0u8; 64 << 10]);
-    loop {
-        let na = read_full(&mut fa, &mut ba)?;
-        let nb = read_full(&mut fb, &mut bb)?;
-        if na != nb || ba[..na] != bb[..nb] {
-            return Ok(false);
-        }
-        if na == 0 {
-            return Ok(true);
+    let fa = fs::File::open(a).map_err(io_at("compare", a))?;
+    let fb = fs::File::open(b).map_err(io_at("compare", b))?;
+    let mut runs = data_runs(&fa, size).map_err(io_at("compare", a))?;
+    runs.extend(data_runs(&fb, size).map_err(io_at("compare", b))?);
+    runs.sort_unstable();
+    let mut merged: Vec<(u64, u64)> = Vec::new();
+    for (s, e) in runs {
+        match merged.last_mut() {
+            Some(last) if last.1 >= s => last.1 = last.1.max(e),
+            _ => merged.push((s, e)),
         }
     }
+    let (mut ba, mut bb) = (vec![0u8; 64 << 10], vec![0u8; 64 << 10]);
+    for (s, e) in merged {
+        let mut pos = s;
+        while pos < e {
+            let n = ((e - pos) as usize).min(ba.len());
+            budget.charge(2 * n as u64)?;
+            let na = read_full_at(&fa, &mut ba[..n], pos).map_err(io_at("compare", a))?;
+            let nb = read_full_at(&fb, &mut bb[..n], pos).map_err(io_at("compare", b))?;
+            if na != nb || ba[..na] != bb[..nb] {
+                return Ok(false);
+            }
+            if na < n {
+                // Both ended early (changed since the stat): same so far.
+                return Ok(true);
+            }
+            pos += n as u64;
+        }
+    }
+    Ok(true)
 }
 
-fn read_full(f: &mut fs::File, buf: &mut [u8]) -> io::Result<usize> {
+fn read_full_at(f: &fs::File, buf: &mut [u8], at: u64) -> io::Result<usize> {
+    use std::os::unix::fs::FileExt;
     let mut n = 0;
     while n < buf.len() {
-        match f.read(&mut buf[n..])? {
+        match f.read_at(&mut buf[n..], at + n as u64)? {
             0 => break,
             k => n += k,
         }
@@ -497,12 +812,18 @@ fn read_full(f: &mut fs::File, buf: &mut [u8]) -> io::Result<usize> {
 }
 
 /// Compares two flattened trees: kind, mode, owner, size, link target and, for
-/// regular files of the same size from different layers, contents.
+/// regular files of the same size from different layers, contents (each pair of
+/// files once, however many hard links lead to them). The bytes read count
+/// against `budget`.
 pub fn diff(
     a: &BTreeMap<String, TreeEntry>,
     b: &BTreeMap<String, TreeEntry>,
+    budget: &mut Budget,
 ) -> Result<TreeDiff, LayerError> {
     let mut d = TreeDiff::default();
+    // (inode of a, inode of b) -> same contents.
+    type Pair = ((u64, u64), (u64, u64));
+    let mut compared: HashMap<Pair, bool> = HashMap::new();
     for (k, ea) in a {
         match b.get(k) {
             None => d.removed.push(k.clone()),
@@ -514,8 +835,14 @@ pub fn diff(
                     && ea.size == eb.size;
                 let same = meta_same
                     && (ea.kind != EntryKind::File
-                        || same_contents(&ea.source, &eb.source)
-                            .map_err(io_at("compare", &eb.source))?);
+                        || match compared.get(&(ea.inode, eb.inode)) {
+                            Some(&same) => same,
+                            None => {
+                                let same = same_contents(&ea.source, &eb.source, ea.size, budget)?;
+                                compared.insert((ea.inode, eb.inode), same);
+                                same
+                            }
+                        });
                 if !same {
                     d.changed.push(k.clone());
                 }
@@ -635,7 +962,7 @@ mod tests {
         assert_eq!(md.mode() & 0o7777, 0o640);
         assert_eq!(md.mtime(), 1_700_000_000);
         // And back into a layer as a FIFO.
-        let packed = pack(t.path(), Vec::new()).unwrap();
+        let packed = pack(t.path(), Vec::new(), &mut Budget::unlimited()).unwrap();
         let mut ar = tar::Archive::new(&packed[..]);
         let fifo = ar
             .entries()
@@ -704,12 +1031,12 @@ mod tests {
         assert!(md.file_type().is_char_device() && md.rdev() == 0);
         assert!(is_opaque(&l2.join("opt")));
 
-        let tree = flatten(&[l1.clone(), l2.clone()]).unwrap();
+        let tree = flatten(&[l1.clone(), l2.clone()], &mut Budget::unlimited()).unwrap();
         let keys: Vec<&str> = tree.keys().map(String::as_str).collect();
         assert_eq!(keys, ["/etc", "/etc/b", "/new", "/opt", "/opt/y"]);
 
         // Packing the overlay-format layer gives OCI whiteouts again.
-        let packed = pack(&l2, Vec::new()).unwrap();
+        let packed = pack(&l2, Vec::new(), &mut Budget::unlimited()).unwrap();
         let mut ar = tar::Archive::new(&packed[..]);
         let names: Vec<String> = ar
             .entries()
@@ -719,7 +1046,10 @@ mod tests {
         assert!(names.contains(&"etc/.wh.a".to_string()), "{names:?}");
         assert!(names.contains(&"opt/.wh..wh..opq".to_string()), "{names:?}");
         // Deterministic.
-        assert_eq!(packed, pack(&l2, Vec::new()).unwrap());
+        assert_eq!(
+            packed,
+            pack(&l2, Vec::new(), &mut Budget::unlimited()).unwrap()
+        );
     }
 
     #[test]
@@ -757,9 +1087,189 @@ mod tests {
             &b,
         )
         .unwrap();
-        let d = diff(&flatten(&[a]).unwrap(), &flatten(&[b]).unwrap()).unwrap();
+        let mut budget = Budget::unlimited();
+        let d = diff(
+            &flatten(&[a], &mut budget).unwrap(),
+            &flatten(&[b], &mut budget).unwrap(),
+            &mut budget,
+        )
+        .unwrap();
         assert_eq!(d.added, ["/n"]);
         assert_eq!(d.changed, ["/c"]);
         assert_eq!(d.removed, ["/r"]);
+    }
+
+    /// A sparse file of `size` bytes with `data` written at each offset of `at`.
+    fn sparse_file(p: &Path, size: u64, at: &[u64], data: &[u8]) {
+        use std::os::unix::fs::FileExt;
+        let f = fs::File::create(p).unwrap();
+        f.set_len(size).unwrap();
+        for &o in at {
+            f.write_all_at(data, o).unwrap();
+        }
+    }
+
+    /// Found by an outside review: a snapshot of a sparse file wrote every hole as
+    /// zeros (a 2 GiB file of no blocks became a 2 GiB layer, twice). Packed with
+    /// its data runs only, it unpacks with its holes and its bytes.
+    #[test]
+    fn sparse_files_pack_and_unpack_with_their_holes() {
+        let t = tempfile::tempdir().unwrap();
+        let src = t.path().join("src");
+        fs::create_dir(&src).unwrap();
+        let size = 256 << 20;
+        // Data at the start, in the middle (more runs than a header holds), and a
+        // trailing hole; a file of holes only; an ordinary file.
+        let at: Vec<u64> = (0..30).map(|i| i * (8 << 20)).collect();
+        sparse_file(&src.join("sparse"), size, &at, b"data!");
+        sparse_file(&src.join("holes"), 64 << 20, &[], b"");
+        fs::write(src.join("plain"), b"plain bytes").unwrap();
+        let mut budget = Budget::unlimited();
+        let tar = pack(&src, Vec::new(), &mut budget).unwrap();
+        assert!(
+            tar.len() < 1 << 20,
+            "the tar holds the data only: {}",
+            tar.len()
+        );
+        // Counted as read: the apparent sizes.
+        assert!(budget.used() > size + (64 << 20), "{}", budget.used());
+
+        let dst = t.path().join("dst");
+        fs::create_dir(&dst).unwrap();
+        unpack(&tar[..], &dst).unwrap();
+        for (name, len) in [("sparse", size), ("holes", 64 << 20)] {
+            let md = fs::metadata(dst.join(name)).unwrap();
+            assert_eq!(md.len(), len, "{name}");
+            assert!(
+                md.blocks() * 512 < 4 << 20,
+                "{name}: {} blocks",
+                md.blocks()
+            );
+        }
+        let got = fs::read(dst.join("sparse")).unwrap();
+        let mut want = vec![0u8; size as usize];
+        for &o in &at {
+            want[o as usize..o as usize + 5].copy_from_slice(b"data!");
+        }
+        assert!(
+            got == want,
+            "the sparse file's bytes differ after a round trip"
+        );
+        assert_eq!(fs::read(dst.join("plain")).unwrap(), b"plain bytes");
+        // Deterministic, and the same tree again gives the same tar.
+        assert_eq!(
+            tar,
+            pack(&dst, Vec::new(), &mut Budget::unlimited()).unwrap()
+        );
+    }
+
+    /// Found by an outside review: nothing bounded what a layer expands to. Holes,
+    /// entries and file sizes count; past the limit packing stops with an error
+    /// naming the limit.
+    #[test]
+    fn packing_past_the_limit_is_refused_naming_it() {
+        let t = tempfile::tempdir().unwrap();
+        sparse_file(&t.path().join("big"), 2 << 30, &[], b"");
+        let limit = SizeLimit {
+            bytes: 64 << 20,
+            name: "the test's limit (64M)".into(),
+        };
+        let e = pack(
+            t.path(),
+            Vec::new(),
+            &mut Budget::new(Some(&limit), "the layer"),
+        )
+        .unwrap_err();
+        assert!(matches!(e, LayerError::TooLarge { .. }), "{e}");
+        assert!(
+            e.to_string()
+                .contains("the layer is larger than the test's limit (64M)"),
+            "{e}"
+        );
+        // Many empty files count too.
+        let many = t.path().join("many");
+        fs::create_dir(&many).unwrap();
+        for i in 0..300 {
+            fs::write(many.join(i.to_string()), b"").unwrap();
+        }
+        let small = SizeLimit {
+            bytes: 100 << 10,
+            name: "100K".into(),
+        };
+        let e = pack(
+            &many,
+            Vec::new(),
+            &mut Budget::new(Some(&small), "the layer"),
+        )
+        .unwrap_err();
+        assert!(matches!(e, LayerError::TooLarge { .. }), "{e}");
+        // Under the limit it packs.
+        fs::remove_file(t.path().join("big")).unwrap();
+        fs::remove_dir_all(&many).unwrap();
+        sparse_file(&t.path().join("fits"), 32 << 20, &[0], b"x");
+        pack(
+            t.path(),
+            Vec::new(),
+            &mut Budget::new(Some(&limit), "the layer"),
+        )
+        .unwrap();
+    }
+
+    /// Diffs read only where a file has data, compare hard links once, and stop at
+    /// the limit.
+    #[test]
+    fn diffs_skip_holes_and_stop_at_the_limit() {
+        let t = tempfile::tempdir().unwrap();
+        let (a, b) = (t.path().join("a"), t.path().join("b"));
+        fs::create_dir(&a).unwrap();
+        fs::create_dir(&b).unwrap();
+        sparse_file(&a.join("f"), 1 << 30, &[0, 512 << 20], b"same");
+        sparse_file(&b.join("f"), 1 << 30, &[0, 512 << 20], b"same");
+        sparse_file(&a.join("g"), 1 << 30, &[4096], b"one");
+        sparse_file(&b.join("g"), 1 << 30, &[4096], b"two");
+        for i in 0..50 {
+            fs::hard_link(a.join("f"), a.join(format!("f{i}"))).unwrap();
+            fs::hard_link(b.join("f"), b.join(format!("f{i}"))).unwrap();
+        }
+        let mut budget = Budget::unlimited();
+        let (ta, tb) = (
+            flatten(std::slice::from_ref(&a), &mut budget).unwrap(),
+            flatten(std::slice::from_ref(&b), &mut budget).unwrap(),
+        );
+        let d = diff(&ta, &tb, &mut budget).unwrap();
+        assert_eq!(d.changed, ["/g"]);
+        assert!(budget.used() < 1 << 20, "read {} bytes", budget.used());
+        let limit = SizeLimit {
+            bytes: 1 << 20,
+            name: "1M".into(),
+        };
+        // Two files of the same 8M of data must be read whole to compare.
+        fs::write(a.join("h"), vec![1u8; 8 << 20]).unwrap();
+        fs::write(b.join("h"), vec![1u8; 8 << 20]).unwrap();
+        let mut budget = Budget::new(Some(&limit), "the diff");
+        let (ta, tb) = (
+            flatten(&[a], &mut budget).unwrap(),
+            flatten(&[b], &mut budget).unwrap(),
+        );
+        let e = diff(&ta, &tb, &mut budget).unwrap_err();
+        assert!(matches!(e, LayerError::TooLarge { .. }), "{e}");
+    }
+
+    #[test]
+    fn expanded_size_counts_holes_and_hard_links_once() {
+        let t = tempfile::tempdir().unwrap();
+        sparse_file(&t.path().join("f"), 100 << 20, &[], b"");
+        for i in 0..10 {
+            fs::hard_link(t.path().join("f"), t.path().join(format!("l{i}"))).unwrap();
+        }
+        let mut budget = Budget::unlimited();
+        expanded_size(t.path(), &mut budget).unwrap();
+        assert_eq!(budget.used(), (100 << 20) + 11 * 512);
+        let limit = SizeLimit {
+            bytes: 50 << 20,
+            name: "50M".into(),
+        };
+        let e = expanded_size(t.path(), &mut Budget::new(Some(&limit), "the image")).unwrap_err();
+        assert!(matches!(e, LayerError::TooLarge { .. }), "{e}");
     }
 }

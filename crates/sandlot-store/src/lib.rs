@@ -14,6 +14,13 @@
 //! keyed by their diff id (sha256 of the uncompressed tar), so a layer shared by
 //! several images is stored and unpacked once. Sandboxes stack layer directories
 //! as overlayfs lower layers; nothing is copied per sandbox.
+//!
+//! Tenants: an image may belong to a tenant (its `owner`: a snapshot holds that
+//! tenant's data), and tags live in namespaces, the shared one (the operator's)
+//! and one per tenant. A [`Viewer`] says whose view a lookup takes: the operator
+//! sees every image and names the shared tags; a tenant sees the shared images and
+//! its own, and a name is its own tag first, then a shared one, never another
+//! tenant's.
 
 use std::fs;
 use std::io::{self, BufReader, BufWriter, Read, Write};
@@ -31,7 +38,7 @@ pub mod reference;
 pub mod registry;
 
 pub use digest::Digest;
-pub use layer::TreeDiff;
+pub use layer::{Budget, SizeLimit, TreeDiff};
 pub use reference::ImageName;
 
 use digest::{HashingReader, HashingWriter};
@@ -124,6 +131,21 @@ pub(crate) fn invalid(what: impl Into<String>, problem: impl Into<String>) -> St
     }
 }
 
+/// Points a tag at image `id` in its namespace.
+fn set_tag(db: &Connection, tag: ScopedTag, id: &Digest) -> Result<(), StoreError> {
+    db.execute(
+        "INSERT INTO image_tags(scope, name, image_id) VALUES(?1,?2,?3)
+         ON CONFLICT(scope, name) DO UPDATE SET image_id = excluded.image_id",
+        params![
+            tag.tenant.unwrap_or(""),
+            tag.name.to_string(),
+            id.to_string()
+        ],
+    )
+    .map_err(sql("tag image"))?;
+    Ok(())
+}
+
 /// What a sandbox takes from its image's config.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ImageConfig {
@@ -146,12 +168,90 @@ pub struct LayerInfo {
     pub blob_size: u64,
 }
 
+/// Whose view of the image set a lookup takes (see the crate's notes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Viewer<'a> {
+    /// Every image; names are the shared tags.
+    Operator,
+    /// The shared images only, by the shared tags (what belongs to no tenant yet,
+    /// e.g. a warm pool's sandboxes).
+    Shared,
+    /// The shared images and the tenant's own; a name is the tenant's tag first,
+    /// then a shared one.
+    Tenant(&'a str),
+}
+
+impl Viewer<'_> {
+    /// Whether this viewer may see `img`.
+    pub fn sees(&self, img: &ImageInfo) -> bool {
+        match (self, img.owner.as_deref()) {
+            (Viewer::Operator, _) | (_, None) => true,
+            (Viewer::Shared, Some(_)) => false,
+            (Viewer::Tenant(t), Some(o)) => *t == o,
+        }
+    }
+
+    /// The tag namespace this viewer names first (`""`: the shared one).
+    fn namespace(&self) -> &str {
+        match self {
+            Viewer::Tenant(t) => t,
+            _ => "",
+        }
+    }
+}
+
+/// A tag in a namespace.
+#[derive(Debug, Clone, Copy)]
+pub struct ScopedTag<'a> {
+    /// The tenant whose namespace it is in; `None`: the shared (operator's) one.
+    pub tenant: Option<&'a str>,
+    pub name: &'a ImageName,
+}
+
+impl<'a> ScopedTag<'a> {
+    /// A tag in the shared namespace.
+    pub fn shared(name: &'a ImageName) -> ScopedTag<'a> {
+        ScopedTag { tenant: None, name }
+    }
+}
+
+/// A tag of an image in a tenant's namespace.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenantTag {
+    pub tenant: String,
+    pub name: String,
+}
+
+/// What [`ImageStore::remove`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Removal {
+    pub image: ImageInfo,
+    /// The image went (not only a tag of it), with its owner and every tag.
+    pub image_removed: bool,
+}
+
+/// Owner records of a store from before owners lived in its database: one file
+/// per image (`<dir>/<hex id>` holding the tenant), read into the database and
+/// removed when the store is opened.
+#[derive(Debug, Clone, Copy)]
+pub struct LegacyOwners<'a> {
+    pub dir: &'a Path,
+    /// The tenant of the operator's own sandboxes: tags of its images stay shared
+    /// (the operator tagged them), every other owner's move to its namespace.
+    pub operator_tenant: &'a str,
+}
+
 /// An image in the store.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ImageInfo {
     /// sha256 of the OCI config.
     pub id: Digest,
+    /// Tags in the shared (operator's) namespace.
     pub tags: Vec<String>,
+    /// Tags in tenants' namespaces.
+    pub tenant_tags: Vec<TenantTag>,
+    /// The tenant it belongs to (a snapshot); `None`: the shared set.
+    pub owner: Option<String>,
     /// Bottom first.
     pub layers: Vec<LayerInfo>,
     pub config: ImageConfig,
@@ -165,13 +265,54 @@ pub struct ImageInfo {
     pub size: u64,
 }
 
-/// A directory packed into a staged layer blob, not yet stored.
+/// A directory packed into a staged layer blob, not yet stored (the staged file
+/// is removed if it is dropped unstored).
 #[derive(Debug)]
 pub struct PackedLayer {
-    staged: PathBuf,
+    staged: Staged,
     file: fs::File,
     pub diff_id: Digest,
     pub size: u64,
+}
+
+/// A staging file under `tmp/`, removed on drop unless it was moved into place.
+#[derive(Debug)]
+struct Staged(Option<PathBuf>);
+
+impl Staged {
+    fn path(&self) -> &Path {
+        self.0.as_deref().expect("a staged file")
+    }
+
+    /// Moves it to `to` (kept from then on).
+    fn rename_to(mut self, to: &Path) -> io::Result<()> {
+        let from = self.0.take().expect("a staged file");
+        fs::rename(&from, to).inspect_err(|_| {
+            let _ = fs::remove_file(&from);
+        })
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        if let Some(p) = self.0.take() {
+            let _ = fs::remove_file(p);
+        }
+    }
+}
+
+/// What a new image records besides its layers (see
+/// [`ImageStore::commit_packed`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Commit<'a> {
+    pub config: &'a ImageConfig,
+    /// Its history entry.
+    pub comment: &'a str,
+    /// `snapshot`, `build`, ...
+    pub source: &'a str,
+    pub tag: Option<ScopedTag<'a>>,
+    /// The tenant it belongs to (a snapshot of that tenant's sandbox).
+    pub owner: Option<&'a str>,
 }
 
 /// What `prune` removed.
@@ -198,6 +339,8 @@ pub struct ImageStore {
 /// An exclusive lock on the store's layer set (released on drop).
 pub struct StoreLock(#[allow(dead_code)] fs::File);
 
+// `images.owner` (added by `migrate`): the tenant an image belongs to (NULL: shared).
+// `image_tags.scope`: the tenant whose namespace a tag is in ('': shared).
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS layers(
   diff_id TEXT PRIMARY KEY, blob TEXT NOT NULL, media_type TEXT NOT NULL,
@@ -208,15 +351,89 @@ CREATE TABLE IF NOT EXISTS images(
 CREATE TABLE IF NOT EXISTS image_layers(
   image_id TEXT NOT NULL, pos INTEGER NOT NULL, diff_id TEXT NOT NULL,
   PRIMARY KEY(image_id, pos));
-CREATE TABLE IF NOT EXISTS tags(name TEXT PRIMARY KEY, image_id TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS image_tags(scope TEXT NOT NULL, name TEXT NOT NULL,
+  image_id TEXT NOT NULL, PRIMARY KEY(scope, name));
+CREATE INDEX IF NOT EXISTS image_tags_by_image ON image_tags(image_id);
 CREATE TABLE IF NOT EXISTS leases(holder TEXT PRIMARY KEY, image_id TEXT NOT NULL,
   created_at INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS build_cache(key TEXT PRIMARY KEY, image_id TEXT NOT NULL);
 ";
 
+/// Brings a store of an earlier schema up to date (under the store lock): images
+/// gain their `owner` (from `legacy` records), and the single tag namespace
+/// (`tags`) becomes the shared one, but for tags of images that belong to a tenant
+/// (other than the operator's own), which move to that tenant's namespace.
+fn migrate(c: &mut Connection, legacy: Option<LegacyOwners>) -> Result<(), StoreError> {
+    let has_owner: bool = c
+        .prepare("SELECT 1 FROM pragma_table_info('images') WHERE name = 'owner'")
+        .and_then(|mut st| st.exists([]))
+        .map_err(sql("read schema"))?;
+    if !has_owner {
+        c.execute_batch("ALTER TABLE images ADD COLUMN owner TEXT")
+            .map_err(sql("add image owners"))?;
+    }
+    let records: Vec<(PathBuf, Option<(Digest, String)>)> = match legacy {
+        Some(l) => fs::read_dir(l.dir)
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| {
+                        let id = Digest::from_hex(&e.file_name().to_string_lossy()).ok();
+                        let tenant = fs::read_to_string(e.path()).ok();
+                        (e.path(), id.zip(tenant))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+        None => Vec::new(),
+    };
+    let tx = c.transaction().map_err(sql("begin"))?;
+    for (_, r) in &records {
+        if let Some((id, tenant)) = r {
+            tx.execute(
+                "UPDATE images SET owner = ?1 WHERE id = ?2 AND owner IS NULL",
+                params![tenant, id.to_string()],
+            )
+            .map_err(sql("record image owner"))?;
+        }
+    }
+    let old_tags: bool = tx
+        .prepare("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'tags'")
+        .and_then(|mut st| st.exists([]))
+        .map_err(sql("read schema"))?;
+    if old_tags {
+        let operator = legacy.map_or("", |l| l.operator_tenant);
+        tx.execute(
+            "INSERT OR REPLACE INTO image_tags(scope, name, image_id)
+             SELECT CASE WHEN i.owner IS NULL OR i.owner = ?1 THEN '' ELSE i.owner END,
+                    t.name, t.image_id
+             FROM tags t LEFT JOIN images i ON i.id = t.image_id",
+            [operator],
+        )
+        .map_err(sql("move tags"))?;
+        tx.execute_batch("DROP TABLE tags")
+            .map_err(sql("drop the old tags"))?;
+    }
+    tx.commit().map_err(sql("commit migration"))?;
+    // The records are in the database now (those of removed images were stale:
+    // a later image with the same id must not inherit them).
+    for (p, _) in records {
+        let _ = fs::remove_file(p);
+    }
+    if let Some(l) = legacy {
+        let _ = fs::remove_dir(l.dir);
+    }
+    Ok(())
+}
+
 impl ImageStore {
     /// Opens (creating) the store under `root`.
     pub fn open(root: &Path) -> Result<ImageStore, StoreError> {
+        ImageStore::open_with(root, None)
+    }
+
+    /// [`open`](Self::open), reading owner records an earlier version kept beside
+    /// the store (see [`LegacyOwners`]).
+    pub fn open_with(root: &Path, legacy: Option<LegacyOwners>) -> Result<ImageStore, StoreError> {
         for d in ["", "blobs/sha256", "layers", "tmp"] {
             let p = root.join(d);
             fs::create_dir_all(&p).map_err(io_at("create", &p))?;
@@ -231,11 +448,17 @@ impl ImageStore {
         // transactions, e.g. a lease) and saves an fsync per commit.
         c.pragma_update(None, "synchronous", "NORMAL")
             .map_err(sql("set synchronous"))?;
-        c.execute_batch(SCHEMA).map_err(sql("create schema"))?;
-        Ok(ImageStore {
+        let store = ImageStore {
             root: root.to_path_buf(),
             db: Mutex::new(c),
-        })
+        };
+        {
+            let _l = store.lock()?;
+            let mut c = store.db();
+            c.execute_batch(SCHEMA).map_err(sql("create schema"))?;
+            migrate(&mut c, legacy)?;
+        }
+        Ok(store)
     }
 
     pub fn root(&self) -> &Path {
@@ -441,31 +664,26 @@ impl ImageStore {
     /// Packs a directory in overlay format (a sandbox's writable layer, or any
     /// directory tree) into a new layer: blob, diff id, unpacked copy.
     pub fn layer_from_dir(&self, dir: &Path) -> Result<LayerInfo, StoreError> {
-        let packed = self.pack_dir(dir)?;
+        let packed = self.pack_dir(dir, &mut Budget::unlimited())?;
         self.finish_layer(packed)
     }
 
     /// First half of [`layer_from_dir`](Self::layer_from_dir): reads `dir` into a
     /// staged blob (the only part that needs `dir` to hold still, e.g. a frozen
-    /// sandbox's writable layer).
-    pub fn pack_dir(&self, dir: &Path) -> Result<PackedLayer, StoreError> {
-        let tmp_blob = self.tmp_path("blob");
-        let f = fs::File::create(&tmp_blob).map_err(io_at("create", &tmp_blob))?;
+    /// sandbox's writable layer). What the layer expands to counts against
+    /// `budget`: past its limit, nothing is left staged.
+    pub fn pack_dir(&self, dir: &Path, budget: &mut Budget) -> Result<PackedLayer, StoreError> {
+        let staged = Staged(Some(self.tmp_path("blob")));
+        let f = fs::File::create(staged.path()).map_err(io_at("create", staged.path()))?;
         let w = HashingWriter::new(BufWriter::new(f));
-        let w = match layer::pack(dir, w) {
-            Ok(w) => w,
-            Err(e) => {
-                let _ = fs::remove_file(&tmp_blob);
-                return Err(e.into());
-            }
-        };
+        let w = layer::pack(dir, w, budget)?;
         let (bw, diff_id, size) = w.finish();
         let file = bw
             .into_inner()
             .map_err(|e| e.into_error())
-            .map_err(io_at("write", &tmp_blob))?;
+            .map_err(io_at("write", staged.path()))?;
         Ok(PackedLayer {
-            staged: tmp_blob,
+            staged,
             file,
             diff_id,
             size,
@@ -475,18 +693,16 @@ impl ImageStore {
     /// Second half: makes a packed directory a stored, unpacked layer.
     pub fn finish_layer(&self, p: PackedLayer) -> Result<LayerInfo, StoreError> {
         let PackedLayer {
-            staged: tmp_blob,
+            staged,
             file,
             diff_id,
             size,
         } = p;
-        file.sync_all().map_err(io_at("write", &tmp_blob))?;
+        file.sync_all().map_err(io_at("write", staged.path()))?;
         drop(file);
         let bp = self.blob_path(&diff_id);
-        if bp.exists() {
-            let _ = fs::remove_file(&tmp_blob);
-        } else {
-            fs::rename(&tmp_blob, &bp).map_err(io_at("store blob", &bp))?;
+        if !bp.exists() {
+            staged.rename_to(&bp).map_err(io_at("store blob", &bp))?;
         }
         if let Some(l) = self.layer(&diff_id)? {
             if self.layer_dir(&diff_id).is_dir() {
@@ -556,6 +772,30 @@ impl ImageStore {
         source: &str,
         tag: Option<&ImageName>,
     ) -> Result<ImageInfo, StoreError> {
+        self.record_image(
+            config_bytes,
+            layers,
+            parent,
+            source,
+            tag.map(ScopedTag::shared),
+            None,
+        )
+    }
+
+    /// Records an image (an existing one keeps its owner) and tags it, in one
+    /// transaction: a tenant's image is never seen without its owner.
+    fn record_image(
+        &self,
+        config_bytes: &[u8],
+        layers: &[LayerInfo],
+        parent: Option<Digest>,
+        source: &str,
+        tag: Option<ScopedTag>,
+        owner: Option<&str>,
+    ) -> Result<ImageInfo, StoreError> {
+        if let Some(t) = tag.and_then(|t| t.tenant).filter(|t| t.is_empty()) {
+            return Err(invalid(format!("tag namespace {t:?}"), "not a tenant"));
+        }
         let id = self.put_blob_bytes(config_bytes)?;
         let _l = self.lock()?;
         {
@@ -572,13 +812,15 @@ impl ImageStore {
                 .is_some();
             if !exists {
                 tx.execute(
-                    "INSERT INTO images(id, config, parent, source, created_at) VALUES(?1,?2,?3,?4,?5)",
+                    "INSERT INTO images(id, config, parent, source, created_at, owner)
+                     VALUES(?1,?2,?3,?4,?5,?6)",
                     params![
                         id.to_string(),
                         config_bytes,
                         parent.map(|p| p.to_string()),
                         source,
-                        now_ms()
+                        now_ms(),
+                        owner
                     ],
                 )
                 .map_err(sql("record image"))?;
@@ -591,29 +833,28 @@ impl ImageStore {
                 }
             }
             if let Some(t) = tag {
-                tx.execute(
-                    "INSERT INTO tags(name, image_id) VALUES(?1,?2)
-                     ON CONFLICT(name) DO UPDATE SET image_id = excluded.image_id",
-                    params![t.to_string(), id.to_string()],
-                )
-                .map_err(sql("tag image"))?;
+                set_tag(&tx, t, &id)?;
             }
             tx.commit().map_err(sql("commit image"))?;
         }
         self.get(&id)
     }
 
-    /// Tags an existing image.
+    /// Tags an existing image in the shared namespace (`reference` as the
+    /// operator names it).
     pub fn tag(&self, reference: &str, name: &ImageName) -> Result<ImageInfo, StoreError> {
         let img = self.resolve(reference)?;
-        self.db()
-            .execute(
-                "INSERT INTO tags(name, image_id) VALUES(?1,?2)
-                 ON CONFLICT(name) DO UPDATE SET image_id = excluded.image_id",
-                params![name.to_string(), img.id.to_string()],
-            )
-            .map_err(sql("tag image"))?;
-        self.get(&img.id)
+        self.tag_image(&img.id, ScopedTag::shared(name))
+    }
+
+    /// Tags image `id` in the tag's namespace (moving the name there if it named
+    /// another image).
+    pub fn tag_image(&self, id: &Digest, tag: ScopedTag) -> Result<ImageInfo, StoreError> {
+        if let Some(t) = tag.tenant.filter(|t| t.is_empty()) {
+            return Err(invalid(format!("tag namespace {t:?}"), "not a tenant"));
+        }
+        set_tag(&self.db(), tag, id)?;
+        self.get(id)
     }
 
     /// The image with id `id`.
@@ -621,7 +862,7 @@ impl ImageStore {
         let db = self.db();
         let row = db
             .query_row(
-                "SELECT config, parent, source, created_at FROM images WHERE id = ?1",
+                "SELECT config, parent, source, created_at, owner FROM images WHERE id = ?1",
                 [id.to_string()],
                 |r| {
                     Ok((
@@ -629,6 +870,7 @@ impl ImageStore {
                         r.get::<_, Option<String>>(1)?,
                         r.get::<_, String>(2)?,
                         r.get::<_, i64>(3)?,
+                        r.get::<_, Option<String>>(4)?,
                     ))
                 },
             )
@@ -669,17 +911,33 @@ impl ImageStore {
             })
             .collect::<Result<Vec<_>, StoreError>>()?;
         let mut st = db
-            .prepare("SELECT name FROM tags WHERE image_id = ?1 ORDER BY name")
+            .prepare("SELECT scope, name FROM image_tags WHERE image_id = ?1 ORDER BY scope, name")
             .map_err(sql("read tags"))?;
-        let tags = st
-            .query_map([id.to_string()], |r| r.get::<_, String>(0))
+        let scoped = st
+            .query_map([id.to_string()], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+            })
             .map_err(sql("read tags"))?
             .collect::<Result<Vec<_>, _>>()
             .map_err(sql("read tags"))?;
+        let mut tags = Vec::new();
+        let mut tenant_tags = Vec::new();
+        for (scope, name) in scoped {
+            if scope.is_empty() {
+                tags.push(name);
+            } else {
+                tenant_tags.push(TenantTag {
+                    tenant: scope,
+                    name,
+                });
+            }
+        }
         let config = oci::parse_config(&row.0)?;
         Ok(ImageInfo {
             id: *id,
             tags,
+            tenant_tags,
+            owner: row.4,
             size: layers.iter().map(|l| l.blob_size).sum(),
             layers,
             config,
@@ -702,26 +960,60 @@ impl ImageStore {
             .ok_or_else(|| StoreError::NotFound(id.to_string()))
     }
 
-    /// Finds an image by name (`debian:bookworm`, tag `latest` implied), id
-    /// (`sha256:...`) or unique id prefix (at least 12 hex digits).
+    /// Finds an image as the operator names it: by name (`debian:bookworm`, tag
+    /// `latest` implied; a shared tag), id (`sha256:...`) or unique id prefix (at
+    /// least 12 hex digits).
     pub fn resolve(&self, reference: &str) -> Result<ImageInfo, StoreError> {
+        self.resolve_as(Viewer::Operator, reference)
+    }
+
+    /// [`resolve`](Self::resolve) in `viewer`'s view: an image it may not see is
+    /// "not found", as if it did not exist, and a tenant's name is its own tag
+    /// first, then a shared one.
+    pub fn resolve_as(&self, viewer: Viewer, reference: &str) -> Result<ImageInfo, StoreError> {
+        let not_found = || StoreError::NotFound(reference.to_string());
+        let seen = |img: ImageInfo| {
+            if viewer.sees(&img) {
+                Ok(img)
+            } else {
+                Err(not_found())
+            }
+        };
         if let Ok(d) = reference.parse::<Digest>() {
-            return self.get(&d);
+            return match self.get(&d) {
+                Err(StoreError::NotFound(_)) => Err(not_found()),
+                r => seen(r?),
+            };
         }
         let hexpart = reference.strip_prefix("sha256:").unwrap_or(reference);
         if hexpart.len() >= 12
             && hexpart.len() < 64
             && hexpart.bytes().all(|b| b.is_ascii_hexdigit())
         {
+            // Only among the images the viewer sees: another tenant's image makes
+            // no prefix ambiguous.
+            let (all, tenant) = match viewer {
+                Viewer::Operator => (true, ""),
+                Viewer::Shared => (false, ""),
+                Viewer::Tenant(t) => (false, t),
+            };
             let ids: Vec<String> = {
                 let db = self.db();
                 let mut st = db
-                    .prepare("SELECT id FROM images WHERE id LIKE ?1 LIMIT 2")
+                    .prepare(
+                        "SELECT id FROM images WHERE id LIKE ?1
+                         AND (?2 OR owner IS NULL OR (?3 != '' AND owner = ?3)) LIMIT 2",
+                    )
                     .map_err(sql("find image"))?;
                 let r = st
-                    .query_map([format!("sha256:{}%", hexpart.to_ascii_lowercase())], |r| {
-                        r.get(0)
-                    })
+                    .query_map(
+                        params![
+                            format!("sha256:{}%", hexpart.to_ascii_lowercase()),
+                            all,
+                            tenant
+                        ],
+                        |r| r.get(0),
+                    )
                     .map_err(sql("find image"))?
                     .collect::<Result<Vec<_>, _>>()
                     .map_err(sql("find image"))?;
@@ -729,33 +1021,68 @@ impl ImageStore {
             };
             match ids.len() {
                 1 => {
-                    return self.get(
-                        &ids[0].parse().map_err(|e: digest::BadDigest| {
-                            invalid("image record", e.to_string())
-                        })?,
-                    )
+                    return seen(self.get(&ids[0].parse().map_err(|e: digest::BadDigest| {
+                        invalid("image record", e.to_string())
+                    })?)?)
                 }
                 2 => return Err(StoreError::Ambiguous(reference.to_string())),
                 _ => {}
             }
         }
-        let name = ImageName::parse(reference)?;
+        let name = ImageName::parse(reference)?.to_string();
+        // The viewer's own namespace first, then the shared one.
         let id: Option<String> = self
             .db()
             .query_row(
-                "SELECT image_id FROM tags WHERE name = ?1",
-                [name.to_string()],
+                "SELECT image_id FROM image_tags WHERE name = ?1 AND scope IN (?2, '')
+                 ORDER BY scope = '' LIMIT 1",
+                params![name, viewer.namespace()],
                 |r| r.get(0),
             )
             .optional()
             .map_err(sql("find tag"))?;
         match id {
-            Some(id) => self.get(
-                &id.parse()
-                    .map_err(|e: digest::BadDigest| invalid("tag record", e.to_string()))?,
+            Some(id) => seen(
+                self.get(
+                    &id.parse()
+                        .map_err(|e: digest::BadDigest| invalid("tag record", e.to_string()))?,
+                )?,
             ),
-            None => Err(StoreError::NotFound(reference.to_string())),
+            None => Err(not_found()),
         }
+    }
+
+    /// The names by which `viewer` finds `img`: the operator's and a pool's are
+    /// the shared tags; a tenant's are its own tags and the shared ones its own
+    /// do not hide.
+    pub fn tags_seen_by(&self, viewer: Viewer, img: &ImageInfo) -> Result<Vec<String>, StoreError> {
+        let Viewer::Tenant(t) = viewer else {
+            return Ok(img.tags.clone());
+        };
+        let mut out: Vec<String> = img
+            .tenant_tags
+            .iter()
+            .filter(|tt| tt.tenant == t)
+            .map(|tt| tt.name.clone())
+            .collect();
+        for name in &img.tags {
+            let hidden = self
+                .db()
+                .query_row(
+                    "SELECT 1 FROM image_tags WHERE scope = ?1 AND name = ?2",
+                    params![t, name],
+                    |_| Ok(()),
+                )
+                .optional()
+                .map_err(sql("read tags"))?
+                .is_some();
+            if !hidden {
+                out.push(name.clone());
+            }
+        }
+        out.sort();
+        out.dedup();
+        Ok(out)
     }
 
     /// Every image, newest first.
@@ -831,7 +1158,7 @@ impl ImageStore {
     /// Removes a tag, or (given an id, or a name that was the image's last tag)
     /// the image. Layers stay until [`prune`](Self::prune). An image a sandbox
     /// uses is refused.
-    pub fn remove(&self, reference: &str) -> Result<ImageInfo, StoreError> {
+    pub fn remove(&self, reference: &str) -> Result<Removal, StoreError> {
         let img = self.resolve(reference)?;
         let by_name = ImageName::parse(reference)
             .ok()
@@ -840,11 +1167,18 @@ impl ImageStore {
         let mut db = self.db();
         let tx = db.transaction().map_err(sql("begin"))?;
         if let Some(n) = &by_name {
-            tx.execute("DELETE FROM tags WHERE name = ?1", [n.to_string()])
-                .map_err(sql("untag"))?;
-            if img.tags.len() > 1 {
+            tx.execute(
+                "DELETE FROM image_tags WHERE scope = '' AND name = ?1",
+                [n.to_string()],
+            )
+            .map_err(sql("untag"))?;
+            // A tenant's tag keeps the image too.
+            if img.tags.len() + img.tenant_tags.len() > 1 {
                 tx.commit().map_err(sql("commit"))?;
-                return Ok(img);
+                return Ok(Removal {
+                    image: img,
+                    image_removed: false,
+                });
             }
         }
         let holders: Vec<String> = {
@@ -864,8 +1198,10 @@ impl ImageStore {
                 holders: holders.join(", "),
             });
         }
+        // The owner is a column of the image's row: it goes with it, so a later
+        // image with the same id (a pull, an import) is not the old owner's.
         for q in [
-            "DELETE FROM tags WHERE image_id = ?1",
+            "DELETE FROM image_tags WHERE image_id = ?1",
             "DELETE FROM image_layers WHERE image_id = ?1",
             "DELETE FROM build_cache WHERE image_id = ?1",
             "DELETE FROM images WHERE id = ?1",
@@ -874,7 +1210,10 @@ impl ImageStore {
                 .map_err(sql("remove image"))?;
         }
         tx.commit().map_err(sql("commit"))?;
-        Ok(img)
+        Ok(Removal {
+            image: img,
+            image_removed: true,
+        })
     }
 
     /// Removes layers that no image uses (leased images keep theirs: a lease is on
@@ -998,8 +1337,18 @@ impl ImageStore {
         source: &str,
         tag: Option<&ImageName>,
     ) -> Result<ImageInfo, StoreError> {
-        let packed = self.pack_dir(upper)?;
-        self.commit_packed(base, packed, config, comment, source, tag)
+        let packed = self.pack_dir(upper, &mut Budget::unlimited())?;
+        self.commit_packed(
+            base,
+            packed,
+            &Commit {
+                config,
+                comment,
+                source,
+                tag: tag.map(ScopedTag::shared),
+                owner: None,
+            },
+        )
     }
 
     /// [`commit`](Self::commit) of a layer packed earlier with
@@ -1008,28 +1357,52 @@ impl ImageStore {
         &self,
         base: &ImageInfo,
         packed: PackedLayer,
-        config: &ImageConfig,
-        comment: &str,
-        source: &str,
-        tag: Option<&ImageName>,
+        c: &Commit,
     ) -> Result<ImageInfo, StoreError> {
         let l = self.finish_layer(packed)?;
         let mut layers = base.layers.clone();
         layers.push(l);
-        self.add_image(&layers, config, comment, Some(base.id), source, tag)
+        let cfg = oci::config_json(&layers, c.config, c.comment, Some(&base.id));
+        self.record_image(&cfg, &layers, Some(base.id), c.source, c.tag, c.owner)
     }
 
-    /// Files added, changed and removed from image `a` to image `b`.
-    pub fn diff(&self, a: &ImageInfo, b: &ImageInfo) -> Result<TreeDiff, StoreError> {
+    /// Files added, changed and removed from image `a` to image `b`. Every path
+    /// read and every byte compared counts against `limit`.
+    pub fn diff(
+        &self,
+        a: &ImageInfo,
+        b: &ImageInfo,
+        limit: Option<&SizeLimit>,
+    ) -> Result<TreeDiff, StoreError> {
         let bottom_first = |i: &ImageInfo| -> Vec<PathBuf> {
             i.layers
                 .iter()
                 .map(|l| self.layer_dir(&l.diff_id))
                 .collect()
         };
-        let ta = layer::flatten(&bottom_first(a))?;
-        let tb = layer::flatten(&bottom_first(b))?;
-        Ok(layer::diff(&ta, &tb)?)
+        let what = format!("the diff of {} and {}", a.id, b.id);
+        let mut budget = Budget::new(limit, &what);
+        let ta = layer::flatten(&bottom_first(a), &mut budget)?;
+        let tb = layer::flatten(&bottom_first(b), &mut budget)?;
+        Ok(layer::diff(&ta, &tb, &mut budget)?)
+    }
+
+    /// What `img` expands to when its layers are read by a tool that ignores holes
+    /// (see [`layer::expanded_size`]); an error once past `limit`.
+    pub fn expanded_size(
+        &self,
+        img: &ImageInfo,
+        limit: Option<&SizeLimit>,
+    ) -> Result<u64, StoreError> {
+        let what = format!("image {}", img.id);
+        let mut budget = Budget::new(limit, &what);
+        let mut seen = std::collections::HashSet::new();
+        for l in &img.layers {
+            if seen.insert(l.diff_id) {
+                layer::expanded_size(&self.layer_dir(&l.diff_id), &mut budget)?;
+            }
+        }
+        Ok(budget.used())
     }
 
     /// Build cache: the image a step produced, by its cache key.

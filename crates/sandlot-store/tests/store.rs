@@ -4,7 +4,10 @@
 use std::fs;
 use std::path::Path;
 
-use sandlot_store::{oci, ImageConfig, ImageName, ImageStore, StoreError};
+use sandlot_store::{
+    oci, Budget, Commit, ImageConfig, ImageName, ImageStore, LegacyOwners, ScopedTag, StoreError,
+    Viewer,
+};
 
 fn tree(dir: &Path) {
     fs::create_dir_all(dir.join("etc")).unwrap();
@@ -115,7 +118,7 @@ fn commit_diff_rm_and_prune() {
         .unwrap();
     assert_eq!(snap.parent, Some(base.id));
     assert_eq!(snap.layers.len(), 2);
-    let d = s.diff(&base, &snap).unwrap();
+    let d = s.diff(&base, &snap, None).unwrap();
     assert_eq!(d.added, ["/new.txt"]);
     assert_eq!(d.changed, ["/etc/os-release"]);
     assert_eq!(d.removed, ["/bin"]);
@@ -236,4 +239,227 @@ fn issue6_broken_archives_are_refused_as_invalid() {
         "{e}"
     );
     assert!(b.list().unwrap().is_empty());
+}
+
+/// Packs `upper` as a tenant's snapshot of `base`, tagged `tag` in `tenant`'s
+/// namespace.
+fn tenant_snapshot(
+    s: &ImageStore,
+    base: &sandlot_store::ImageInfo,
+    upper: &Path,
+    tenant: &str,
+    tag: &ImageName,
+) -> sandlot_store::ImageInfo {
+    let packed = s.pack_dir(upper, &mut Budget::unlimited()).unwrap();
+    s.commit_packed(
+        base,
+        packed,
+        &Commit {
+            config: &base.config,
+            comment: "snapshot",
+            source: "snapshot",
+            tag: Some(ScopedTag {
+                tenant: Some(tenant),
+                name: tag,
+            }),
+            owner: Some(tenant),
+        },
+    )
+    .unwrap()
+}
+
+/// Found by an outside review: tags were global, so a tenant's snapshot tagged
+/// `ops/base:1` took the operator's name: the operator's creates and pushes got
+/// the tenant's image. Tags are per tenant now; a tenant's name is its own tag,
+/// then the operator's; never another tenant's.
+#[test]
+fn a_tenants_tag_never_reaches_the_operator_or_another_tenant() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    tree(&src);
+    let s = ImageStore::open(&t.path().join("s")).unwrap();
+    let name = ImageName::parse("ops/base:1").unwrap();
+    let base = s.import_dir(&src, &cfg(), Some(&name)).unwrap();
+    let upper = t.path().join("upper");
+    fs::create_dir_all(&upper).unwrap();
+    fs::write(upper.join("planted"), "alpha's").unwrap();
+    let snap = tenant_snapshot(&s, &base, &upper, "alpha", &name);
+    assert_eq!(snap.owner.as_deref(), Some("alpha"));
+    assert!(snap.tags.is_empty(), "{:?}", snap.tags);
+
+    // The operator's name is still the operator's image.
+    assert_eq!(s.resolve("ops/base:1").unwrap().id, base.id);
+    assert_eq!(
+        s.resolve_as(Viewer::Shared, "ops/base:1").unwrap().id,
+        base.id
+    );
+    // The tenant's own tag comes first for it; another tenant never sees it.
+    assert_eq!(
+        s.resolve_as(Viewer::Tenant("alpha"), "ops/base:1")
+            .unwrap()
+            .id,
+        snap.id
+    );
+    assert_eq!(
+        s.resolve_as(Viewer::Tenant("beta"), "ops/base:1")
+            .unwrap()
+            .id,
+        base.id
+    );
+    for r in [snap.id.to_string(), snap.id.hex()[..16].to_string()] {
+        for v in [Viewer::Tenant("beta"), Viewer::Shared] {
+            assert!(
+                matches!(s.resolve_as(v, &r), Err(StoreError::NotFound(_))),
+                "{v:?} {r}"
+            );
+        }
+    }
+    // What each one is shown: alpha's own tag hides the shared one it shadows.
+    assert_eq!(
+        s.tags_seen_by(Viewer::Tenant("alpha"), &snap).unwrap(),
+        ["ops/base:1"]
+    );
+    assert!(s
+        .tags_seen_by(Viewer::Tenant("alpha"), &base)
+        .unwrap()
+        .is_empty());
+    assert_eq!(
+        s.tags_seen_by(Viewer::Tenant("beta"), &base).unwrap(),
+        ["ops/base:1"]
+    );
+    assert_eq!(
+        s.tags_seen_by(Viewer::Operator, &base).unwrap(),
+        ["ops/base:1"]
+    );
+    // A namespace must be a tenant's.
+    assert!(s
+        .tag_image(
+            &snap.id,
+            ScopedTag {
+                tenant: Some(""),
+                name: &name
+            }
+        )
+        .is_err());
+
+    // Removing the operator's tag leaves alpha's; removing the image takes every
+    // tag and its owner with it.
+    let r = s.remove("ops/base:1").unwrap();
+    assert!(r.image_removed && r.image.id == base.id);
+    assert_eq!(
+        s.resolve_as(Viewer::Tenant("alpha"), "ops/base:1")
+            .unwrap()
+            .id,
+        snap.id
+    );
+    assert!(matches!(
+        s.resolve("ops/base:1"),
+        Err(StoreError::NotFound(_))
+    ));
+    let archive = t.path().join("snap.tar");
+    oci::export(&s, &snap, &[], fs::File::create(&archive).unwrap(), &nop).unwrap();
+    let r = s.remove(&snap.id.to_string()).unwrap();
+    assert!(r.image_removed);
+    assert!(matches!(
+        s.resolve_as(Viewer::Tenant("alpha"), "ops/base:1"),
+        Err(StoreError::NotFound(_))
+    ));
+    // The same id brought back (import, pull) is the operator's, not alpha's.
+    let again = oci::import(&s, &archive, None, &nop).unwrap();
+    assert_eq!(again[0].id, snap.id);
+    assert_eq!(again[0].owner, None);
+    assert!(s
+        .resolve_as(Viewer::Tenant("beta"), &snap.id.to_string())
+        .is_ok());
+}
+
+/// A store of the single-namespace schema keeps working: its tags become the
+/// operator's, but for images a tenant owns (their owner records, files beside
+/// the store, move into the database), whose tags become that tenant's. The
+/// operator's own tenant's images keep shared tags; stale records are dropped.
+#[test]
+fn an_old_store_migrates_its_tags_and_owner_records() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    tree(&src);
+    let root = t.path().join("s");
+    let (base, snap_a, snap_d) = {
+        let s = ImageStore::open(&root).unwrap();
+        let base = s
+            .import_dir(&src, &cfg(), Some(&ImageName::parse("ops/base:1").unwrap()))
+            .unwrap();
+        let upper = t.path().join("upper");
+        fs::create_dir_all(&upper).unwrap();
+        let a = s
+            .commit(
+                &base,
+                &upper,
+                &base.config,
+                "a",
+                "snapshot",
+                Some(&ImageName::parse("team/a").unwrap()),
+            )
+            .unwrap();
+        fs::write(upper.join("x"), "x").unwrap();
+        let d = s
+            .commit(
+                &base,
+                &upper,
+                &base.config,
+                "d",
+                "snapshot",
+                Some(&ImageName::parse("mine").unwrap()),
+            )
+            .unwrap();
+        (base, a, d)
+    };
+    // Back to the old schema: one `tags` table, no owner column.
+    {
+        let c = rusqlite::Connection::open(root.join("images.db")).unwrap();
+        c.execute_batch(
+            "CREATE TABLE tags(name TEXT PRIMARY KEY, image_id TEXT NOT NULL);
+             INSERT INTO tags SELECT name, image_id FROM image_tags;
+             DROP TABLE image_tags;
+             ALTER TABLE images DROP COLUMN owner;",
+        )
+        .unwrap();
+    }
+    let owners = t.path().join("image-owners");
+    fs::create_dir(&owners).unwrap();
+    fs::write(owners.join(snap_a.id.hex()), "alpha").unwrap();
+    fs::write(owners.join(snap_d.id.hex()), "default").unwrap();
+    let stale = sandlot_store::Digest::of(b"removed long ago");
+    fs::write(owners.join(stale.hex()), "alpha").unwrap();
+
+    let s = ImageStore::open_with(
+        &root,
+        Some(LegacyOwners {
+            dir: &owners,
+            operator_tenant: "default",
+        }),
+    )
+    .unwrap();
+    assert!(!owners.exists(), "the records moved into the database");
+    let a = s.get(&snap_a.id).unwrap();
+    assert_eq!(a.owner.as_deref(), Some("alpha"));
+    assert!(a.tags.is_empty());
+    assert_eq!(
+        s.resolve_as(Viewer::Tenant("alpha"), "team/a").unwrap().id,
+        snap_a.id
+    );
+    assert!(s.resolve("team/a").is_err());
+    let d = s.get(&snap_d.id).unwrap();
+    assert_eq!(
+        (d.owner.as_deref(), d.tags.clone()),
+        (Some("default"), vec!["mine:latest".to_string()])
+    );
+    assert_eq!(s.resolve("ops/base:1").unwrap().id, base.id);
+    assert_eq!(s.get(&base.id).unwrap().owner, None);
+    // Opening again changes nothing.
+    drop(s);
+    let s = ImageStore::open(&root).unwrap();
+    assert_eq!(
+        s.resolve_as(Viewer::Tenant("alpha"), "team/a").unwrap().id,
+        snap_a.id
+    );
 }

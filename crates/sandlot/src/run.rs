@@ -255,8 +255,16 @@ fn local_image(
     if spec.image == sandlot_proto::spec::HOST_IMAGE {
         return Ok(None);
     }
-    let store = sandlot_store::ImageStore::open(&data_dir.join("images"))
-        .with_context(|| format!("open the image store in {}", data_dir.display()))?;
+    // Opened like the daemon opens it: a store of an earlier version migrates the
+    // same way whichever opens it first. Names are the operator's (shared) tags.
+    let store = sandlot_store::ImageStore::open_with(
+        &data_dir.join("images"),
+        Some(sandlot_store::LegacyOwners {
+            dir: &data_dir.join("image-owners"),
+            operator_tenant: sandlot_server::auth::DEFAULT_TENANT,
+        }),
+    )
+    .with_context(|| format!("open the image store in {}", data_dir.display()))?;
     let img = store.resolve(&spec.image)?;
     Ok(Some(sandlot_runtime::mounts::ImageRoot {
         layers: store.layer_dirs(&img),

@@ -16,6 +16,7 @@ use sandlot_guest::client::{
     FileKind, FileStat, ListDirRequest, MkdirRequest, ReadFileRequest, RemoveRequest,
     RenameRequest, StatRequest, WatchEvent, WatchEventKind, WatchRequest, WriteFileRequest,
 };
+use sandlot_store::Budget;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -561,11 +562,15 @@ pub async fn download(
         Ok(p) => p,
         Err(e) => return http_api_error(e),
     };
+    // Bounded like the native read: by the sandbox's disk limit (one byte past it
+    // is asked for, so that a file growing while it is read is cut).
+    let limit = e2b.app.images.limit(Some(ctx.h.disk_limit));
     let dl = ctx
         .h
         .guest
         .read_file(ReadFileRequest {
             user: ctx.user.clone(),
+            length: Some(limit.bytes.saturating_add(1)),
             ..ReadFileRequest::new(&path)
         })
         .await
@@ -577,27 +582,35 @@ pub async fn download(
     if dl.stat().kind == FileKind::Dir {
         return http_error(StatusCode::BAD_REQUEST, format!("{path} is a directory"));
     }
+    let what = path.clone();
+    if let Err(e) = Budget::new(Some(&limit), &what).charge(dl.stat().size) {
+        return http_error(StatusCode::PAYLOAD_TOO_LARGE, e.to_string());
+    }
     let guard = ctx.h.active();
     let counters = ctx.h.counters.clone();
     let stream = async_stream(move |tx| async move {
         let _guard = guard;
+        let mut budget = Budget::new(Some(&limit), &what);
         loop {
-            match dl.chunk().await {
-                Ok(Some(c)) => {
-                    counters
-                        .file_out
-                        .fetch_add(c.len() as u64, Ordering::Relaxed);
-                    if tx.send(Ok(c)).await.is_err() {
-                        return;
+            let err = match dl.chunk().await {
+                Ok(Some(c)) => match budget.charge(c.len() as u64) {
+                    Ok(()) => {
+                        counters
+                            .file_out
+                            .fetch_add(c.len() as u64, Ordering::Relaxed);
+                        if tx.send(Ok(c)).await.is_err() {
+                            return;
+                        }
+                        continue;
                     }
-                }
+                    Err(e) => e.to_string(),
+                },
                 Ok(None) => return,
-                Err(e) => {
-                    // Cut the body: the client sees a truncated transfer, not a short file.
-                    let _ = tx.send(Err(std::io::Error::other(e.to_string()))).await;
-                    return;
-                }
-            }
+                Err(e) => e.to_string(),
+            };
+            // Cut the body: the client sees a truncated transfer, not a short file.
+            let _ = tx.send(Err(std::io::Error::other(err))).await;
+            return;
         }
     });
     let mut resp = Body::from_stream(stream).into_response();

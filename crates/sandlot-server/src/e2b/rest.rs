@@ -335,7 +335,7 @@ async fn create(
         return Err(RestError::bad("the request body must be a JSON object"));
     };
     let (_, native) = native_body(&e2b, &obj)?;
-    let params = native::parse_create(&e2b.app, p.tenant.clone(), native)?;
+    let params = native::parse_create(&e2b.app, &p, native)?;
     let rec = crate::sandbox::create(&e2b.app, params).await?;
     Ok((StatusCode::CREATED, Json(created_json(&e2b, &rec))).into_response())
 }

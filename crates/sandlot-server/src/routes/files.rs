@@ -23,7 +23,7 @@ use sandlot_proto::spec::{check_sandbox_path, normalize_sandbox_path};
 use serde_json::Value;
 
 use super::exec::parse_bool;
-use super::stream::{channel_body, line};
+use super::stream::{channel_body, fallible_channel_body, line};
 use super::{json_status, live, JsonBody, RequestId};
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
@@ -31,6 +31,7 @@ use crate::sandbox::SandboxHandle;
 use crate::state::AppState;
 use crate::tarstream::{self, EntryKind, TarReader};
 use crate::timefmt::rfc3339;
+use sandlot_store::Budget;
 
 /// Entries a listing returns at most.
 const MAX_LIST: usize = 100_000;
@@ -115,7 +116,8 @@ fn guest_err(path: &str) -> impl FnOnce(sandlot_guest::client::ClientError) -> A
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/files", tag = "files",
     params(("id" = String, Path), ("path" = String, Query), ("offset" = Option<u64>, Query), ("length" = Option<u64>, Query)),
     responses((status = 200, description = "The file's bytes, streamed", content_type = "application/octet-stream", body = Vec<u8>),
-        (status = 404, body = crate::error::ErrorEnvelope), (status = 409, description = "a directory", body = crate::error::ErrorEnvelope)))]
+        (status = 404, body = crate::error::ErrorEnvelope), (status = 409, description = "a directory", body = crate::error::ErrorEnvelope),
+        (status = 413, description = "too_large: more than the sandbox's disk limit would be read", body = crate::error::ErrorEnvelope)))]
 pub async fn read(
     State(state): State<Arc<AppState>>,
     p: Principal,
@@ -125,48 +127,66 @@ pub async fn read(
 ) -> ApiResult<Response> {
     let m = query(q.as_deref(), &["path", "offset", "length"])?;
     let path = sandbox_path("path", m.get("path"))?;
+    let offset = num(&m, "offset")?.unwrap_or(0);
+    let length = num(&m, "length")?.unwrap_or(u64::MAX);
     let h = live(&state, &p, &id)?;
+    let limit = state.images.limit(Some(h.disk_limit));
     let guard = h.active();
+    // At most one byte past the limit is asked for: a file that grows while it is
+    // read is cut there.
     let mut dl = h
         .guest
         .read_file(ReadFileRequest {
             path: path.clone(),
-            offset: num(&m, "offset")?.unwrap_or(0),
-            length: num(&m, "length")?,
+            offset,
+            length: Some(length.min(limit.bytes.saturating_add(1))),
             user: None,
         })
         .await
         .map_err(guest_err(&path))?;
     let size = dl.stat().size;
-    let (tx, mut resp) = channel_body("application/octet-stream");
+    let what = format!("{path} from offset {offset}");
+    let mut budget = Budget::new(Some(&limit), &what);
+    budget
+        .charge(size.saturating_sub(offset).min(length))
+        .map_err(too_large)?;
+    let (tx, mut resp) = fallible_channel_body("application/octet-stream");
     resp.headers_mut()
         .insert("x-sandlot-file-size", HeaderValue::from(size));
     let counters = h.counters.clone();
     tokio::spawn(async move {
         let _guard = guard;
+        let mut budget = Budget::new(Some(&limit), &what);
         loop {
-            match dl.chunk().await {
-                Ok(Some(c)) => {
-                    counters
-                        .file_out
-                        .fetch_add(c.len() as u64, Ordering::Relaxed);
-                    if tx.send(c).await.is_err() {
-                        return;
+            let err = match dl.chunk().await {
+                Ok(Some(c)) => match budget.charge(c.len() as u64) {
+                    Ok(()) => {
+                        counters
+                            .file_out
+                            .fetch_add(c.len() as u64, Ordering::Relaxed);
+                        if tx.send(Ok(c)).await.is_err() {
+                            return;
+                        }
+                        continue;
                     }
-                }
+                    Err(e) => e.to_string(),
+                },
                 Ok(None) => return,
-                Err(e) => {
-                    // The status line is gone; cut the body so the client sees a
-                    // truncated transfer rather than a short file.
-                    tracing::warn!(request_id = rid.0, "file download failed mid-way: {e}");
-                    return;
-                }
-            }
+                Err(e) => e.to_string(),
+            };
+            // The status line is gone; cut the body so the client sees a truncated
+            // transfer rather than a short file.
+            tracing::warn!(request_id = rid.0, "file download cut: {err}");
+            let _ = tx.send(Err(std::io::Error::other(err))).await;
+            return;
         }
     });
-    // A chunked body that ends early is reported to the client as an incomplete
-    // message only if the sender errors; signal that with a trailer-less abort.
     Ok(resp)
+}
+
+/// 413 `too_large` for a read past its limit.
+fn too_large(e: sandlot_store::layer::LayerError) -> ApiError {
+    crate::images::store_error(e.into())
 }
 
 #[utoipa::path(put, path = "/v1/sandboxes/{id}/files", tag = "files",
@@ -450,7 +470,8 @@ pub async fn watch(
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/files/tar", tag = "files",
     params(("id" = String, Path), ("path" = String, Query, description = "Directory to archive")),
     responses((status = 200, description = "A tar archive (ustar + PAX) of the directory, streamed", content_type = "application/x-tar", body = Vec<u8>),
-        (status = 404, body = crate::error::ErrorEnvelope)))]
+        (status = 404, body = crate::error::ErrorEnvelope),
+        (status = 413, description = "too_large: the archive would be larger than the sandbox's disk limit", body = crate::error::ErrorEnvelope)))]
 pub async fn tar_download(
     State(state): State<Arc<AppState>>,
     p: Principal,
@@ -478,16 +499,34 @@ pub async fn tar_download(
             format!("{root} is not a directory"),
         ));
     }
-    let mut listing = h
-        .guest
-        .list_dir_stream(ListDirRequest {
-            path: root.clone(),
-            depth: 64,
-            user: None,
-        })
-        .await
-        .map_err(guest_err(&root))?;
-    let (tx, mut resp) = channel_body("application/x-tar");
+    // What the archive expands to (every entry's headers, every file at its
+    // apparent size, each hard link in full: the archive holds no links) is
+    // bounded by the sandbox's disk limit. It is measured before the answer, so
+    // that past the limit the answer is 413 and nothing is sent; what changes
+    // meanwhile is counted again while streaming, and cuts the archive.
+    let limit = state.images.limit(Some(h.disk_limit));
+    let what = format!("the archive of {root}");
+    let prefix = if root == "/" {
+        "/".to_string()
+    } else {
+        format!("{root}/")
+    };
+    {
+        let mut budget = Budget::new(Some(&limit), &what);
+        budget
+            .charge(tarstream::trailer().len() as u64)
+            .map_err(too_large)?;
+        let mut listing = list_all(&h, &root).await?;
+        while let Some(e) = listing.next_entry().await.map_err(guest_err(&root))? {
+            if let Some((rel, kind)) = tar_entry(&prefix, &e.stat) {
+                budget
+                    .charge(entry_bytes(&rel, &kind, &e.stat))
+                    .map_err(too_large)?;
+            }
+        }
+    }
+    let mut listing = list_all(&h, &root).await?;
+    let (tx, mut resp) = fallible_channel_body("application/x-tar");
     let name = root
         .rsplit('/')
         .find(|s| !s.is_empty())
@@ -498,27 +537,20 @@ pub async fn tar_download(
     }
     tokio::spawn(async move {
         let _guard = guard;
+        let mut budget = Budget::new(Some(&limit), &what);
         let res: Result<(), String> = async {
-            let prefix = if root == "/" {
-                "/".to_string()
-            } else {
-                format!("{root}/")
-            };
+            budget
+                .charge(tarstream::trailer().len() as u64)
+                .map_err(|e| e.to_string())?;
             while let Some(e) = listing.next_entry().await.map_err(|e| e.to_string())? {
-                let rel = match e.stat.path.strip_prefix(&prefix) {
-                    Some(r) if !r.is_empty() => r.to_string(),
-                    _ => continue,
+                let Some((rel, kind)) = tar_entry(&prefix, &e.stat) else {
+                    continue;
                 };
                 let s = &e.stat;
+                budget
+                    .charge(entry_bytes(&rel, &kind, s))
+                    .map_err(|e| e.to_string())?;
                 let mtime = s.mtime.max(0) as u64;
-                let kind = match s.kind {
-                    FileKind::Dir => EntryKind::Dir,
-                    FileKind::File => EntryKind::File,
-                    FileKind::Symlink => {
-                        EntryKind::Symlink(s.symlink_target.clone().unwrap_or_default())
-                    }
-                    FileKind::Other => continue,
-                };
                 let size = if kind == EntryKind::File { s.size } else { 0 };
                 send(
                     &tx,
@@ -570,16 +602,55 @@ pub async fn tar_download(
         .await;
         if let Err(e) = res {
             tracing::warn!(request_id = rid.0, "tar download ended early: {e}");
+            let _ = tx.send(Err(std::io::Error::other(e))).await;
         }
     });
     Ok(resp)
 }
 
-async fn send(tx: &tokio::sync::mpsc::Sender<bytes::Bytes>, b: bytes::Bytes) -> Result<(), String> {
+/// The whole tree under `root` (64 levels deep), streamed from the agent.
+async fn list_all(h: &SandboxHandle, root: &str) -> ApiResult<sandlot_guest::client::DirListing> {
+    h.guest
+        .list_dir_stream(ListDirRequest {
+            path: root.to_string(),
+            depth: 64,
+            user: None,
+        })
+        .await
+        .map_err(guest_err(root))
+}
+
+/// The archive path (relative to `prefix`) and kind of a listed entry, or `None`
+/// for what an archive leaves out (the root itself, sockets, devices).
+fn tar_entry(prefix: &str, s: &FileStat) -> Option<(String, EntryKind)> {
+    let rel = match s.path.strip_prefix(prefix) {
+        Some(r) if !r.is_empty() => r.to_string(),
+        _ => return None,
+    };
+    let kind = match s.kind {
+        FileKind::Dir => EntryKind::Dir,
+        FileKind::File => EntryKind::File,
+        FileKind::Symlink => EntryKind::Symlink(s.symlink_target.clone().unwrap_or_default()),
+        FileKind::Other => return None,
+    };
+    Some((rel, kind))
+}
+
+/// The bytes one entry takes in the archive: its header blocks and its data.
+fn entry_bytes(rel: &str, kind: &EntryKind, s: &FileStat) -> u64 {
+    let size = if *kind == EntryKind::File { s.size } else { 0 };
+    tarstream::header(rel, kind, size, 0, 0).len() as u64
+        + size.saturating_add(tarstream::padding(size) as u64)
+}
+
+async fn send(
+    tx: &tokio::sync::mpsc::Sender<Result<bytes::Bytes, std::io::Error>>,
+    b: bytes::Bytes,
+) -> Result<(), String> {
     if b.is_empty() {
         return Ok(());
     }
-    tx.send(b)
+    tx.send(Ok(b))
         .await
         .map_err(|_| "the client went away".to_string())
 }

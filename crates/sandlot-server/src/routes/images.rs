@@ -2,7 +2,10 @@
 //! save` tar as the body), export (the same format), diff; and
 //! `POST /v1/sandboxes/{id}/snapshot`. Changing the image set (import, remove,
 //! prune) is the operator's (Unix socket); tenants list, inspect, export, diff
-//! and snapshot their sandboxes.
+//! and snapshot their sandboxes. Each principal sees images and names through its
+//! [`Viewer`](sandlot_store::Viewer) (`crate::images::viewer`): a tenant its own
+//! tags and the operator's, the operator the shared tags (and every tenant's
+//! under `tenant_tags`).
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -15,13 +18,13 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::Bytes;
 use futures_util::StreamExt;
-use sandlot_store::{oci, ImageInfo, ImageName, PruneReport, TreeDiff};
+use sandlot_store::{oci, ImageInfo, ImageName, PruneReport, TreeDiff, Viewer};
 use serde::{Deserialize, Serialize};
 
 use super::{json_status, live, parse_json, read_limited};
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
-use crate::images::store_error;
+use crate::images::{store_error, viewer};
 use crate::state::AppState;
 
 /// An image as the API shows it.
@@ -29,7 +32,15 @@ use crate::state::AppState;
 pub struct ImageView {
     /// `sha256:...` of the OCI config.
     pub id: String,
+    /// The names the caller finds it by: a tenant's own tags and the operator's
+    /// (those its own do not hide); for the operator, the operator's (shared) tags.
     pub tags: Vec<String>,
+    /// For the operator only: tags in tenants' namespaces.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tenant_tags: Vec<TenantTagView>,
+    /// The tenant a snapshot belongs to (absent: the shared set).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
     /// Bottom first.
     pub layers: Vec<LayerView>,
     pub env: Vec<String>,
@@ -47,6 +58,12 @@ pub struct ImageView {
     /// For a snapshot just taken: how long the sandbox was frozen, in milliseconds.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub frozen_ms: Option<f64>,
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct TenantTagView {
+    pub tenant: String,
+    pub name: String,
 }
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -85,10 +102,34 @@ pub struct SnapshotBody {
     pub tag: Option<String>,
 }
 
+/// The view of `i` for `viewer`: its names as the viewer finds it by them.
+pub fn view_for(state: &AppState, viewer: Viewer, i: &ImageInfo) -> ApiResult<ImageView> {
+    let mut v = view(i);
+    v.tags = state
+        .images
+        .store
+        .tags_seen_by(viewer, i)
+        .map_err(store_error)?;
+    if viewer != Viewer::Operator {
+        v.tenant_tags.clear();
+    }
+    Ok(v)
+}
+
+/// The operator's view of `i` (see [`view_for`]).
 pub fn view(i: &ImageInfo) -> ImageView {
     ImageView {
         id: i.id.to_string(),
         tags: i.tags.clone(),
+        tenant_tags: i
+            .tenant_tags
+            .iter()
+            .map(|t| TenantTagView {
+                tenant: t.tenant.clone(),
+                name: t.name.clone(),
+            })
+            .collect(),
+        owner: i.owner.clone(),
         layers: i
             .layers
             .iter()
@@ -146,14 +187,19 @@ async fn blocking<T: Send + 'static>(
     responses((status = 200, body = ImageList)))]
 pub async fn list(State(state): State<Arc<AppState>>, p: Principal) -> ApiResult<Json<ImageList>> {
     let st = state.clone();
-    let imgs = blocking(move || st.images.store.list().map_err(store_error)).await?;
-    Ok(Json(ImageList {
-        images: imgs
+    let images = blocking(move || {
+        let v = viewer(p.scope.as_deref());
+        st.images
+            .store
+            .list()
+            .map_err(store_error)?
             .iter()
-            .filter(|i| state.images.visible(p.scope.as_deref(), i))
-            .map(view)
-            .collect(),
-    }))
+            .filter(|i| v.sees(i))
+            .map(|i| view_for(&st, v, i))
+            .collect::<ApiResult<Vec<_>>>()
+    })
+    .await?;
+    Ok(Json(ImageList { images }))
 }
 
 #[utoipa::path(get, path = "/v1/images/{reference}", tag = "images",
@@ -165,13 +211,13 @@ pub async fn inspect(
     Path(reference): Path<String>,
 ) -> ApiResult<Json<ImageView>> {
     let st = state.clone();
-    let img = blocking(move || {
-        st.images
-            .resolve_for(p.scope.as_deref(), &reference)
-            .map_err(store_error)
+    let v = blocking(move || {
+        let v = viewer(p.scope.as_deref());
+        let img = st.images.resolve_for(v, &reference).map_err(store_error)?;
+        view_for(&st, v, &img)
     })
     .await?;
-    Ok(Json(view(&img)))
+    Ok(Json(v))
 }
 
 #[utoipa::path(delete, path = "/v1/images/{reference}", tag = "images",
@@ -185,8 +231,8 @@ pub async fn remove(
 ) -> ApiResult<Json<ImageView>> {
     operator_only(&p, "removing images")?;
     let st = state.clone();
-    let img = blocking(move || st.images.store.remove(&reference).map_err(store_error)).await?;
-    Ok(Json(view(&img)))
+    let r = blocking(move || st.images.store.remove(&reference).map_err(store_error)).await?;
+    Ok(Json(view(&r.image)))
 }
 
 #[utoipa::path(post, path = "/v1/images/prune", tag = "images",
@@ -250,9 +296,10 @@ impl Write for ChannelWriter {
 
 #[utoipa::path(get, path = "/v1/images/export", tag = "images",
     params(("ref" = String, Query, description = "The image"),
-        ("tag" = Option<String>, Query, description = "Name recorded in the archive (default: the image's tags)")),
+        ("tag" = Option<String>, Query, description = "Name recorded in the archive (default: the caller's tags of the image)")),
     responses((status = 200, description = "OCI layout + docker save tar", content_type = "application/x-tar"),
-        (status = 404, body = crate::error::ErrorEnvelope)))]
+        (status = 404, body = crate::error::ErrorEnvelope),
+        (status = 413, description = "too_large: the image expands past images.max_expanded_size", body = crate::error::ErrorEnvelope)))]
 pub async fn export(
     State(state): State<Arc<AppState>>,
     p: Principal,
@@ -265,16 +312,23 @@ pub async fn export(
         .ok_or_else(|| ApiError::invalid("ref", "the image to export is required"))?;
     let tag = parse_tag("tag", q.get("tag"))?;
     let st = state.clone();
-    let img = blocking(move || {
+    // Found before the answer: an unknown image is 404, one that expands past the
+    // operator's limit 413 (the archive is then never started).
+    let (img, seen) = blocking(move || {
+        let v = viewer(p.scope.as_deref());
+        let img = st.images.resolve_for(v, &reference).map_err(store_error)?;
+        let limit = st.images.limit(None);
         st.images
-            .resolve_for(p.scope.as_deref(), &reference)
-            .map_err(store_error)
+            .store
+            .expanded_size(&img, Some(&limit))
+            .map_err(store_error)?;
+        let seen = st.images.store.tags_seen_by(v, &img).map_err(store_error)?;
+        Ok((img, seen))
     })
     .await?;
     let names: Vec<ImageName> = match tag {
         Some(t) => vec![t],
-        None => img
-            .tags
+        None => seen
             .iter()
             .filter_map(|t| ImageName::parse(t).ok())
             .collect(),
@@ -305,7 +359,8 @@ pub async fn export(
 
 #[utoipa::path(get, path = "/v1/images/diff", tag = "images",
     params(("a" = String, Query), ("b" = String, Query)),
-    responses((status = 200, body = DiffView), (status = 404, body = crate::error::ErrorEnvelope)))]
+    responses((status = 200, body = DiffView), (status = 404, body = crate::error::ErrorEnvelope),
+        (status = 413, description = "too_large: the diff reads past images.max_expanded_size", body = crate::error::ErrorEnvelope)))]
 pub async fn diff(
     State(state): State<Arc<AppState>>,
     p: Principal,
@@ -317,10 +372,14 @@ pub async fn diff(
     };
     let st = state.clone();
     let d: TreeDiff = blocking(move || {
-        let scope = p.scope.as_deref();
-        let ia = st.images.resolve_for(scope, &a).map_err(store_error)?;
-        let ib = st.images.resolve_for(scope, &b).map_err(store_error)?;
-        st.images.store.diff(&ia, &ib).map_err(store_error)
+        let v = viewer(p.scope.as_deref());
+        let ia = st.images.resolve_for(v, &a).map_err(store_error)?;
+        let ib = st.images.resolve_for(v, &b).map_err(store_error)?;
+        let limit = st.images.limit(None);
+        st.images
+            .store
+            .diff(&ia, &ib, Some(&limit))
+            .map_err(store_error)
     })
     .await?;
     Ok(Json(DiffView {
@@ -332,9 +391,10 @@ pub async fn diff(
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/snapshot", tag = "images",
     params(("id" = String, Path, description = "Sandbox id or name")),
-    request_body(content = SnapshotBody, description = "Optional: a tag for the new image"),
+    request_body(content = SnapshotBody, description = "Optional: a tag for the new image (in the caller's namespace)"),
     responses((status = 201, body = ImageView),
-        (status = 409, description = "not created from a store image, or stopping", body = crate::error::ErrorEnvelope)))]
+        (status = 409, description = "not created from a store image, or stopping", body = crate::error::ErrorEnvelope),
+        (status = 413, description = "too_large: the writable layer expands past the sandbox's disk limit", body = crate::error::ErrorEnvelope)))]
 pub async fn snapshot(
     State(state): State<Arc<AppState>>,
     p: Principal,
@@ -352,13 +412,20 @@ pub async fn snapshot(
     h.touch();
     let st = state.clone();
     let h2 = h.clone();
-    let (img, took) = blocking(move || {
-        st.images
-            .snapshot(&h2.id, &h2.tenant, &h2.inst.cgroup, tag.as_ref())
+    let (mut v, took) = blocking(move || {
+        let scope = p.scope.as_deref();
+        let (img, took) = st.images.snapshot(
+            &h2.id,
+            &h2.tenant,
+            scope,
+            &h2.inst.cgroup,
+            tag.as_ref(),
+            h2.disk_limit,
+        )?;
+        tracing::info!(sandbox_id = %h2.id, image = %img.id, frozen_ms = took.as_secs_f64() * 1e3, "snapshot");
+        Ok((view_for(&st, viewer(scope), &img)?, took))
     })
     .await?;
-    tracing::info!(sandbox_id = %h.id, image = %img.id, frozen_ms = took.as_secs_f64() * 1e3, "snapshot");
-    let mut v = view(&img);
     v.frozen_ms = Some(took.as_secs_f64() * 1e3);
     Ok(json_status(StatusCode::CREATED, &v))
 }
@@ -575,6 +642,7 @@ pub async fn push(
         ));
     }
     let st = state.clone();
+    // The operator's names: the shared tags (a tenant's never).
     let img = blocking(move || st.images.store.resolve(&name).map_err(store_error)).await?;
     let creds = creds(b.auth);
     tracing::info!(reference = %reference, image = %img.id, "push");
@@ -637,9 +705,10 @@ pub async fn build(
     stage_body(body, &tmp, state.cfg.limits.max_upload.bytes(), "context").await?;
     let ctx = state.images.store.tmp_path("context");
     let (t2, c2) = (tmp.clone(), ctx.clone());
+    let limit = state.images.limit(None);
     let spec = blocking(move || {
         std::fs::create_dir(&c2).map_err(|e| ApiError::internal(format!("stage context: {e}")))?;
-        crate::build::extract_context(&t2, &c2)?;
+        crate::build::extract_context(&t2, &c2, &limit)?;
         crate::build::take_spec(&c2, &file, network)
     })
     .await;

@@ -120,7 +120,8 @@ fn string_map(field: &str, v: Value) -> ApiResult<BTreeMap<String, String>> {
 }
 
 /// Validates a create body into parameters.
-pub fn parse_create(state: &AppState, tenant: String, body: Value) -> ApiResult<CreateParams> {
+pub fn parse_create(state: &AppState, p: &Principal, body: Value) -> ApiResult<CreateParams> {
+    let tenant = p.tenant.clone();
     let Value::Object(mut obj) = body else {
         return Err(ApiError::bad_request(
             "the request body must be a JSON object",
@@ -227,6 +228,7 @@ pub fn parse_create(state: &AppState, tenant: String, body: Value) -> ApiResult<
     }
     Ok(CreateParams {
         tenant,
+        scope: p.scope.clone(),
         name,
         spec,
         tags,
@@ -307,7 +309,7 @@ pub async fn create(
         .get("idempotency-key")
         .map(|k| sandbox::IdempotencyKey::parse(k.as_bytes(), &v))
         .transpose()?;
-    let params = parse_create(&state, p.tenant.clone(), v)?;
+    let params = parse_create(&state, &p, v)?;
     let (rec, replayed) = sandbox::create_idempotent(&state, params, key).await?;
     let mut resp = json_status(StatusCode::CREATED, &view(&state, &rec));
     if replayed {

@@ -87,6 +87,25 @@ pub fn channel_body(content_type: &'static str) -> (mpsc::Sender<Bytes>, Respons
     (tx, resp)
 }
 
+/// [`channel_body`] whose sender can end the body with an error: the client then
+/// sees a transfer cut short, never one that looks complete.
+pub fn fallible_channel_body(
+    content_type: &'static str,
+) -> (mpsc::Sender<Result<Bytes, std::io::Error>>, Response) {
+    let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(4);
+    let stream =
+        futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|b| (b, rx)) });
+    let resp = (
+        [
+            (header::CONTENT_TYPE, content_type),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        Body::from_stream(stream),
+    )
+        .into_response();
+    (tx, resp)
+}
+
 /// Streams a process's output as NDJSON: `first`, then output and exit lines; a
 /// failure mid-stream becomes an `error` line with the request id.
 pub fn ndjson_output(

@@ -762,9 +762,35 @@ async fn cp(a: CpArgs) -> anyhow::Result<i32> {
                     }
                     // Permission bits come along, set-id bits never: the sandbox's
                     // files must not become set-id programs of the user running cp.
+                    // Each file's blocks of zeros become holes again (the archive
+                    // carries them as zeros).
+                    // Directories last, deepest first, as `Archive::unpack` does (a
+                    // read-only one must not keep its files out).
                     let mut ar = tar::Archive::new(R(rx, Bytes::new()));
                     ar.set_preserve_permissions(false);
-                    ar.unpack(&dest)
+                    let mut dirs = Vec::new();
+                    for e in ar.entries()? {
+                        let mut e = e?;
+                        let ty = e.header().entry_type();
+                        if ty.is_dir() {
+                            dirs.push(e);
+                            continue;
+                        }
+                        // Where `unpack_in` puts it: the plain components, under `dest`.
+                        let rel: PathBuf = e
+                            .path()?
+                            .components()
+                            .filter(|c| matches!(c, std::path::Component::Normal(_)))
+                            .collect();
+                        if e.unpack_in(&dest)? && ty.is_file() {
+                            super::sparse_out::punch_zero_blocks(&dest.join(rel))?;
+                        }
+                    }
+                    dirs.sort_by(|a, b| b.path_bytes().cmp(&a.path_bytes()));
+                    for mut d in dirs {
+                        d.unpack_in(&dest)?;
+                    }
+                    Ok(())
                 });
                 while let Some(chunk) = s.chunk().await? {
                     if tx.send(chunk).is_err() {
@@ -777,30 +803,31 @@ async fn cp(a: CpArgs) -> anyhow::Result<i32> {
                     .map_err(|_| anyhow::anyhow!("unpacking panicked"))??;
             } else {
                 let mut s = c.read_file(sb, path).await?;
-                let mut file = None;
-                let mut out: Box<dyn Write> = if a.dst == "-" {
-                    Box::new(std::io::stdout())
-                } else {
-                    let mut dest = PathBuf::from(&a.dst);
-                    if dest.is_dir() {
-                        dest = dest.join(Path::new(path).file_name().unwrap_or_default());
+                if a.dst == "-" {
+                    let mut out = std::io::stdout().lock();
+                    while let Some(chunk) = s.chunk().await? {
+                        out.write_all(&chunk)?;
                     }
-                    let f = std::fs::File::create(&dest)
-                        .with_context(|| format!("create {}", dest.display()))?;
-                    file = Some((f.try_clone()?, dest));
-                    Box::new(std::io::BufWriter::new(f))
-                };
+                    out.flush()?;
+                    return Ok(0);
+                }
+                let mut dest = PathBuf::from(&a.dst);
+                if dest.is_dir() {
+                    dest = dest.join(Path::new(path).file_name().unwrap_or_default());
+                }
+                let f = std::fs::File::create(&dest)
+                    .with_context(|| format!("create {}", dest.display()))?;
+                // Blocks of zeros stay holes: a sparse file stays sparse here.
+                let mut out = super::sparse_out::SparseFile::new(f);
                 while let Some(chunk) = s.chunk().await? {
                     out.write_all(&chunk)?;
                 }
-                out.flush()?;
+                let f = out.finish()?;
                 // The file's permission bits, as a directory copy keeps them (an
                 // executable stays executable); set-id bits never.
-                if let Some((f, dest)) = file {
-                    use std::os::unix::fs::PermissionsExt;
-                    f.set_permissions(std::fs::Permissions::from_mode(st.mode & 0o777))
-                        .with_context(|| format!("chmod {}", dest.display()))?;
-                }
+                use std::os::unix::fs::PermissionsExt;
+                f.set_permissions(std::fs::Permissions::from_mode(st.mode & 0o777))
+                    .with_context(|| format!("chmod {}", dest.display()))?;
             }
             Ok(0)
         }

@@ -435,12 +435,21 @@ async fn image(cmd: ImageCmd) -> anyhow::Result<i32> {
             }
             let mut rows = Vec::new();
             for i in v["images"].as_array().into_iter().flatten() {
-                let tags: Vec<&str> = i["tags"]
+                let mut tags: Vec<String> = i["tags"]
                     .as_array()
                     .into_iter()
                     .flatten()
                     .filter_map(Value::as_str)
+                    .map(str::to_string)
                     .collect();
+                // The operator also sees tenants' own tags, each in its namespace.
+                tags.extend(i["tenant_tags"].as_array().into_iter().flatten().map(|t| {
+                    format!(
+                        "{} ({})",
+                        t["name"].as_str().unwrap_or_default(),
+                        t["tenant"].as_str().unwrap_or_default()
+                    )
+                }));
                 rows.push(vec![
                     short(i["id"].as_str().unwrap_or_default()),
                     if tags.is_empty() {
@@ -448,6 +457,7 @@ async fn image(cmd: ImageCmd) -> anyhow::Result<i32> {
                     } else {
                         tags.join(",")
                     },
+                    i["owner"].as_str().unwrap_or("-").to_string(),
                     i["layers"].as_array().map_or(0, Vec::len).to_string(),
                     human_bytes(i["size"].as_u64().unwrap_or(0)),
                     i["source"].as_str().unwrap_or_default().to_string(),
@@ -457,7 +467,7 @@ async fn image(cmd: ImageCmd) -> anyhow::Result<i32> {
             }
             table(
                 &[
-                    "ID", "TAGS", "LAYERS", "SIZE", "SOURCE", "PARENT", "CREATED",
+                    "ID", "TAGS", "OWNER", "LAYERS", "SIZE", "SOURCE", "PARENT", "CREATED",
                 ],
                 &rows,
             );

@@ -17,6 +17,7 @@ mod image_cmd;
 mod net_cmd;
 mod port_cmd;
 mod render;
+mod sparse_out;
 
 /// The daemon and the API client commands.
 // Parsed once per process: boxing the large variants would buy nothing.

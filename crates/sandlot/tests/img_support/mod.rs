@@ -14,7 +14,7 @@ use sandlot_store::{oci, ImageConfig, ImageName, ImageStore, LayerInfo};
 /// Programs the tests run inside image sandboxes.
 pub const PROGRAMS: &[&str] = &[
     "sh", "cat", "ls", "echo", "id", "stat", "mkdir", "rm", "dd", "printenv", "touch", "sleep",
-    "head", "wc", "pwd", "env", "true", "chmod",
+    "head", "wc", "pwd", "env", "true", "chmod", "ln",
 ];
 
 fn copy_with_parents(src: &Path, root: &Path) {

@@ -113,7 +113,10 @@ class GoneError(APIError):
 
 
 class PayloadTooLargeError(APIError):
-    """413: request body or upload over the operator's limit."""
+    """413: request body or upload over the operator's limit (``payload_too_large``),
+    or a snapshot, download or image export/diff that would read more than the
+    sandbox's disk limit or the operator's ``images.max_expanded_size``
+    (``too_large``; holes of sparse files count)."""
 
 
 class QuotaExceededError(APIError):
@@ -199,6 +202,7 @@ _BY_CODE: Dict[str, Type[APIError]] = {
     "process_exited": ProcessExitedError,
     "gone": GoneError,
     "payload_too_large": PayloadTooLargeError,
+    "too_large": PayloadTooLargeError,
     "quota_exceeded": QuotaExceededError,
     "limit": QuotaExceededError,
     "internal": InternalError,

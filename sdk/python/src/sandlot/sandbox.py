@@ -909,7 +909,11 @@ class Sandbox:
         sandbox's image (the sandbox is frozen while the layer is read) and returns
         it (``id``, ``tags``, ``parent``, ``layers``, ``frozen_ms``...). New sandboxes
         start from it with ``image=snap["id"]`` (or the tag). Only sandboxes created
-        from a store image can be snapshotted."""
+        from a store image can be snapshotted. A tenant's ``tag`` is its own (other
+        tenants never see it; it hides an operator's tag of the same name for this
+        tenant only). A writable layer that reads as more than the sandbox's
+        ``resources.disk`` (sparse files count at their full size) is refused with
+        :class:`~sandlot.errors.PayloadTooLargeError` and nothing is stored."""
         snap: Dict[str, Any] = self._client.json(
             "POST", f"/v1/sandboxes/{self.id}/snapshot", json={"tag": tag} if tag else {}
         )
