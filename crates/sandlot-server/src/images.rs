@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 use sandlot_proto::spec::{valid_object_name, MountSpec, SandboxSpec, HOST_IMAGE};
 use sandlot_runtime::mounts::{ImageRoot, SharedDir};
 use sandlot_runtime::{CreateOptions, Secrets};
+use sandlot_store::layer::LayerError;
 use sandlot_store::{Digest, ImageInfo, ImageName, ImageStore, StoreError};
 use serde::{Deserialize, Serialize};
 
@@ -40,16 +41,20 @@ pub struct Images {
     allowed_host_paths: Vec<PathBuf>,
 }
 
-/// Maps store errors to the API.
+/// Maps store errors to the API: what the request or its archive got wrong is a 4xx
+/// naming it (images, digests, entries of the archive); the host's own failures,
+/// which name the daemon's paths, are an opaque 500.
 pub fn store_error(e: StoreError) -> ApiError {
     match &e {
         StoreError::NotFound(_) => ApiError::not_found(e.to_string()),
         StoreError::Ambiguous(_) | StoreError::BadName(_) => ApiError::bad_request(e.to_string()),
         StoreError::InUse { .. } => ApiError::conflict(e.to_string()),
-        StoreError::DigestMismatch { .. } | StoreError::Invalid { .. } | StoreError::Layer(_) => {
-            ApiError::bad_request(e.to_string())
-        }
-        _ => ApiError::internal(e),
+        StoreError::DigestMismatch { .. }
+        | StoreError::Invalid { .. }
+        | StoreError::Layer(LayerError::BadEntry { .. }) => ApiError::bad_request(e.to_string()),
+        StoreError::Layer(LayerError::Io { .. })
+        | StoreError::Sql { .. }
+        | StoreError::Io { .. } => ApiError::internal(e),
     }
 }
 
@@ -744,4 +749,38 @@ fn unmount_rw(dir: &Path) -> io::Result<()> {
         unmount(dir, UnmountFlags::DETACH).map_err(io::Error::from)?;
     }
     fs::remove_dir_all(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_errors_naming_host_paths_are_opaque() {
+        let io = || io::Error::from(io::ErrorKind::InvalidData);
+        let path = "/var/lib/sandlot/rw/sb-1/upper/x".to_string();
+        for e in [
+            StoreError::Layer(LayerError::Io {
+                op: "pack",
+                path: path.clone(),
+                source: io(),
+            }),
+            StoreError::Io {
+                op: "read",
+                path: path.clone(),
+                source: io(),
+            },
+        ] {
+            let api = store_error(e);
+            assert_eq!(api.status.as_u16(), 500);
+            assert!(!api.message.contains("/var/lib"), "{}", api.message);
+        }
+        // What the archive or request got wrong is named (paths inside the layer).
+        let api = store_error(StoreError::Layer(LayerError::BadEntry {
+            path: "../etc/passwd".into(),
+            problem: "path escapes the layer".into(),
+        }));
+        assert_eq!(api.status.as_u16(), 400);
+        assert!(api.message.contains("../etc/passwd"), "{}", api.message);
+    }
 }

@@ -249,6 +249,8 @@ async fn request_context(
                     "{}",
                     e.message
                 );
+            } else if let Some(detail) = &e.internal {
+                tracing::info!(status = e.status.as_u16(), code = e.code, detail = %detail, "{}", e.message);
             } else {
                 tracing::debug!(status = e.status.as_u16(), code = e.code, "{}", e.message);
             }
