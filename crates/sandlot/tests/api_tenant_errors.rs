@@ -9,7 +9,8 @@ use serde_json::{json, Value};
 /// A tenant sends bad input to every part of the API it can reach (collections and
 /// their uploads, sandboxes and their mounts, images, volumes, secrets, files,
 /// ports, network, the E2B front door): no answer shows the daemon's data or run
-/// directory, and the errors about the tenant's own mounts name the field.
+/// directory (nor the host paths the operator allows), and the errors about the
+/// tenant's own mounts name the field.
 #[test]
 fn a_tenants_errors_never_show_the_daemons_paths() {
     let allowed = std::env::temp_dir().join(format!("sandlot-allowed-{}", std::process::id()));
@@ -71,6 +72,10 @@ fn a_tenants_errors_never_show_the_daemons_paths() {
             "mounts[1].source",
         ),
         (json!({"rootfs": missing}), "rootfs"),
+        (
+            json!({"mounts": [{"type": "bind", "source": "/etc", "target": "/e"}]}),
+            "mounts[0].source",
+        ),
         (
             json!({"volumes": [{"name": "nope", "target": "/v"}]}),
             "volumes[0].name",
@@ -211,13 +216,19 @@ fn a_tenants_errors_never_show_the_daemons_paths() {
         e2b_answers.push(b);
     }
 
+    // The operator's allowed host paths are not the tenant's to read either.
     let data = d.data_dir().display().to_string();
     let dir = d.dir.display().to_string();
+    let allowed_dir = allowed.display().to_string();
     let shown: Vec<_> = answers
         .iter()
         .map(|(what, _, b)| (what.as_str(), b.as_str()))
         .chain(e2b_answers.iter().map(|b| ("e2b", b.as_str())))
-        .filter(|(_, b)| b.contains(&dir) || b.contains(&data) || b.contains("/run/sandlot"))
+        .filter(|(_, b)| {
+            [&dir, &data, &allowed_dir, "/run/sandlot"]
+                .iter()
+                .any(|p| b.contains(p))
+        })
         .collect();
     assert!(
         shown.is_empty(),
