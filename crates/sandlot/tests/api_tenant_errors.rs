@@ -13,8 +13,15 @@ use serde_json::{json, Value};
 /// tenant's own mounts name the field.
 #[test]
 fn a_tenants_errors_never_show_the_daemons_paths() {
+    struct RemoveOnDrop(std::path::PathBuf);
+    impl Drop for RemoveOnDrop {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
     let allowed = std::env::temp_dir().join(format!("sandlot-allowed-{}", std::process::id()));
     std::fs::create_dir_all(&allowed).unwrap();
+    let _allowed_dir = RemoveOnDrop(allowed.clone());
     let e2b_port = api_support::free_port();
     let d = Daemon::start(Some(&format!(
         "[mounts]\nallowed_host_paths = [\"{}\"]\n[e2b]\nlisten = \"127.0.0.1:{e2b_port}\"\n",
@@ -239,6 +246,4 @@ fn a_tenants_errors_never_show_the_daemons_paths() {
         d.log().contains("vfs/uploads/acme/rows.jsonl"),
         "the daemon log names the staged upload"
     );
-    drop(d);
-    std::fs::remove_dir_all(&allowed).unwrap();
 }
