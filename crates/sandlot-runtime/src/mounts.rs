@@ -182,12 +182,26 @@ fn is_host_image_source(p: &Path) -> bool {
     }
 }
 
+/// Errors of planning and applying mounts. The messages name host paths (for the
+/// local CLI and the daemon's log); which variant it is tells whose mistake it is:
+/// the spec's ([`MissingSource`](Self::MissingSource) of `mounts[index]`,
+/// [`MissingRootfs`](Self::MissingRootfs)) or the caller's of the runtime (a layer
+/// or shared directory it resolved).
 #[derive(Debug, thiserror::Error)]
 pub enum MountError {
+    /// The host path of the spec's bind mount `mounts[index]` does not exist.
     #[error("mount source {path} does not exist on the host")]
-    MissingSource { path: PathBuf },
+    MissingSource { index: usize, path: PathBuf },
+    /// The spec's `rootfs` is not a directory.
     #[error("rootfs {path} is not a directory on the host")]
     MissingRootfs { path: PathBuf },
+    /// A layer (or the writable layer) of a resolved image is not a directory.
+    #[error("image layer {path} is not a directory on the host")]
+    MissingLayer { path: PathBuf },
+    /// A shared directory given in the create options (a volume, a memory store,
+    /// a collection mount) is not a directory.
+    #[error("shared directory {path} is not a directory on the host")]
+    MissingShared { path: PathBuf },
     #[error("{op} {path}: {source}")]
     Apply {
         op: &'static str,
@@ -242,13 +256,13 @@ pub fn plan_mounts(inp: &PlanInput<'_>) -> Result<MountPlan, MountError> {
     let root = match (&spec.rootfs, inp.image) {
         (_, Some(img)) => {
             if img.layers.is_empty() {
-                return Err(MountError::MissingRootfs {
+                return Err(MountError::MissingLayer {
                     path: PathBuf::from("<image with no layers>"),
                 });
             }
             for l in img.layers.iter().chain(img.rw.iter()) {
                 if !l.is_dir() {
-                    return Err(MountError::MissingRootfs { path: l.clone() });
+                    return Err(MountError::MissingLayer { path: l.clone() });
                 }
             }
             RootFs::Layers {
@@ -423,7 +437,7 @@ pub fn plan_mounts(inp: &PlanInput<'_>) -> Result<MountPlan, MountError> {
     });
 
     // The spec's own mounts come last so they can cover image paths.
-    for m in &spec.mounts {
+    for (index, m) in spec.mounts.iter().enumerate() {
         match m {
             sandlot_proto::spec::MountSpec::Bind {
                 source,
@@ -431,8 +445,10 @@ pub fn plan_mounts(inp: &PlanInput<'_>) -> Result<MountPlan, MountError> {
                 readonly,
             } => {
                 let src = PathBuf::from(source);
-                let md = std::fs::metadata(&src)
-                    .map_err(|_| MountError::MissingSource { path: src.clone() })?;
+                let md = std::fs::metadata(&src).map_err(|_| MountError::MissingSource {
+                    index,
+                    path: src.clone(),
+                })?;
                 ops.push(MountOp::Bind {
                     source: src,
                     path: sandlot_proto::spec::normalize_sandbox_path(target),
@@ -457,7 +473,7 @@ pub fn plan_mounts(inp: &PlanInput<'_>) -> Result<MountPlan, MountError> {
     let base = idmapped_layer_count(&root);
     for (i, v) in inp.shared.iter().enumerate() {
         if !v.source.is_dir() {
-            return Err(MountError::MissingSource {
+            return Err(MountError::MissingShared {
                 path: v.source.clone(),
             });
         }

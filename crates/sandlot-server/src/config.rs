@@ -152,6 +152,10 @@ pub struct ServerConfig {
     pub socket: PathBuf,
     /// Optional TCP address; every request there needs a bearer token.
     pub listen: Option<SocketAddr>,
+    /// Optional TCP address serving only `GET /metrics`, without authentication, for
+    /// a Prometheus scraper (the metrics cover every tenant: bind it where only the
+    /// monitoring system reaches).
+    pub metrics_listen: Option<SocketAddr>,
     /// Prefix of the ids of this daemon's sandboxes. On start the daemon reclaims
     /// runtime leftovers with this prefix only, so a `sandlot run` next to it (or a
     /// second daemon with another prefix) is never touched.
@@ -279,6 +283,7 @@ impl Default for ServerConfig {
             data_dir: PathBuf::from("/var/lib/sandlot"),
             socket: PathBuf::from("/run/sandlot/sandlot.sock"),
             listen: None,
+            metrics_listen: None,
             id_prefix: crate::DEFAULT_ID_PREFIX.to_string(),
             limits: Limits::default(),
             quotas: Quota::default(),

@@ -8,7 +8,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use sandlot_guest::client::{ClientError, ErrorCode as GuestCode};
 
-/// An API error. 5xx errors keep their details in `internal` (logged, never sent).
+/// An API error. `internal` holds details that are logged under the request id and
+/// never sent: every 5xx's, and a 4xx's whose full account names host paths.
 #[derive(Debug, Clone)]
 pub struct ApiError {
     pub status: StatusCode,
@@ -76,6 +77,13 @@ impl ApiError {
         );
         e.internal = Some(detail.to_string());
         e
+    }
+
+    /// Keeps `detail` (e.g. the error chain with the host paths the message leaves
+    /// out) for the daemon's log.
+    pub fn with_detail(mut self, detail: impl std::fmt::Display) -> ApiError {
+        self.internal = Some(detail.to_string());
+        self
     }
 
     pub fn body(&self, request_id: &str) -> ErrorEnvelope {

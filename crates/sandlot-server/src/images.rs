@@ -60,7 +60,9 @@ pub fn viewer(scope: Option<&str>) -> Viewer<'_> {
     }
 }
 
-/// Maps store errors to the API.
+/// Maps store errors to the API: what the request or its archive got wrong is a 4xx
+/// naming it (images, digests, entries of the archive); the host's own failures,
+/// which name the daemon's paths, are an opaque 500.
 pub fn store_error(e: StoreError) -> ApiError {
     match &e {
         StoreError::Layer(LayerError::TooLarge { .. }) => ApiError::new(
@@ -71,10 +73,12 @@ pub fn store_error(e: StoreError) -> ApiError {
         StoreError::NotFound(_) => ApiError::not_found(e.to_string()),
         StoreError::Ambiguous(_) | StoreError::BadName(_) => ApiError::bad_request(e.to_string()),
         StoreError::InUse { .. } => ApiError::conflict(e.to_string()),
-        StoreError::DigestMismatch { .. } | StoreError::Invalid { .. } | StoreError::Layer(_) => {
-            ApiError::bad_request(e.to_string())
-        }
-        _ => ApiError::internal(e),
+        StoreError::DigestMismatch { .. }
+        | StoreError::Invalid { .. }
+        | StoreError::Layer(LayerError::BadEntry { .. }) => ApiError::bad_request(e.to_string()),
+        StoreError::Layer(LayerError::Io { .. })
+        | StoreError::Sql { .. }
+        | StoreError::Io { .. } => ApiError::internal(e),
     }
 }
 
@@ -191,9 +195,10 @@ impl Images {
                 if !allowed(source) {
                     return Err(ApiError::invalid(
                         format!("mounts[{i}].source"),
+                        // The allowed paths are the operator's to tell, not a
+                        // tenant's to read in an error.
                         format!(
-                            "{source:?} is not under a host path the operator allows (mounts.allowed_host_paths: {})",
-                            self.allowed_list()
+                            "{source:?} is not under a host path the operator allows (mounts.allowed_host_paths)"
                         ),
                     ));
                 }
@@ -204,8 +209,7 @@ impl Images {
                 return Err(ApiError::invalid(
                     "rootfs",
                     format!(
-                        "{r:?} is not under a host path the operator allows (mounts.allowed_host_paths: {})",
-                        self.allowed_list()
+                        "{r:?} is not under a host path the operator allows (mounts.allowed_host_paths)"
                     ),
                 ));
             }
@@ -266,18 +270,6 @@ impl Images {
             }
         }
         Ok(image)
-    }
-
-    fn allowed_list(&self) -> String {
-        if self.allowed_host_paths.is_empty() {
-            "none".into()
-        } else {
-            self.allowed_host_paths
-                .iter()
-                .map(|p| p.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        }
     }
 
     /// Resolves the spec's image (in `viewer`'s view), volumes and secrets
@@ -799,4 +791,38 @@ fn unmount_rw(dir: &Path) -> io::Result<()> {
         unmount(dir, UnmountFlags::DETACH).map_err(io::Error::from)?;
     }
     fs::remove_dir_all(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_errors_naming_host_paths_are_opaque() {
+        let io = || io::Error::from(io::ErrorKind::InvalidData);
+        let path = "/var/lib/sandlot/rw/sb-1/upper/x".to_string();
+        for e in [
+            StoreError::Layer(LayerError::Io {
+                op: "pack",
+                path: path.clone(),
+                source: io(),
+            }),
+            StoreError::Io {
+                op: "read",
+                path: path.clone(),
+                source: io(),
+            },
+        ] {
+            let api = store_error(e);
+            assert_eq!(api.status.as_u16(), 500);
+            assert!(!api.message.contains("/var/lib"), "{}", api.message);
+        }
+        // What the archive or request got wrong is named (paths inside the layer).
+        let api = store_error(StoreError::Layer(LayerError::BadEntry {
+            path: "../etc/passwd".into(),
+            problem: "path escapes the layer".into(),
+        }));
+        assert_eq!(api.status.as_u16(), 400);
+        assert!(api.message.contains("../etc/passwd"), "{}", api.message);
+    }
 }

@@ -241,6 +241,20 @@ pub async fn serve(
         }
         None => None,
     };
+    let metrics_tcp = match cfg.metrics_listen {
+        Some(a) => {
+            Some(
+                tokio::net::TcpListener::bind(a)
+                    .await
+                    .map_err(|source| ServerError::Io {
+                        what: "listen (metrics) on",
+                        path: PathBuf::from(a.to_string()),
+                        source,
+                    })?,
+            )
+        }
+        None => None,
+    };
     let images = images::Images::open(
         &cfg.data_dir,
         cfg.mounts.allowed_host_paths.clone(),
@@ -296,6 +310,12 @@ pub async fn serve(
         }
         None => None,
     };
+    let metrics_task = metrics_tcp.map(|l| {
+        tracing::info!(listen = ?state.cfg.metrics_listen, "metrics listening");
+        let srv = axum::serve(l, routes::metrics_router(state.clone()).into_make_service())
+            .with_graceful_shutdown(wait_stop(stop_rx.clone()));
+        tokio::spawn(srv.into_future())
+    });
     // `into_make_service`: each connection gets a clone of the router (one `Arc`).
     // Serving a `Router` directly re-walks every route (`with_state`) per connection,
     // and most clients open one connection per request.
@@ -334,6 +354,10 @@ pub async fn serve(
     };
     if let Some(t) = e2b_task {
         let _ = t.await;
+    }
+    if let Some(t) = metrics_task {
+        // Scrapes are short and hold nothing: no grace for them.
+        t.abort();
     }
     state.set_shutting_down();
     pool::Pools::drain(&state).await;

@@ -137,9 +137,12 @@ fn forget(store: &Store, id: &str) {
 pub fn service(state: &AppState) -> ApiResult<Arc<NetService>> {
     match state.net.get() {
         Some(Ok(s)) => Ok(s.clone()),
-        Some(Err(e)) => Err(ApiError::unavailable(format!(
-            "network egress is unavailable on this daemon ({e}); only network mode \"none\" works"
-        ))),
+        // Why is the operator's business (the daemon's log has it): it names host
+        // files and commands.
+        Some(Err(e)) => Err(ApiError::unavailable(
+            "network egress is unavailable on this daemon; only network mode \"none\" works",
+        )
+        .with_detail(e)),
         None => Err(ApiError::unavailable("network egress is starting")),
     }
 }
@@ -187,9 +190,13 @@ pub fn prepare(
         return Ok(());
     }
     let svc = service(state)?;
-    let a = svc
-        .attach(id, &spec.network)
-        .map_err(|e| ApiError::unavailable(format!("no network slot for the sandbox: {e}")))?;
+    let a = svc.attach(id, &spec.network).map_err(|e| match e {
+        sandlot_net::NetError::Exhausted | sandlot_net::NetError::Stopping => {
+            ApiError::unavailable(format!("no network slot for the sandbox: {e}"))
+        }
+        // A host failure: its account names host paths and commands.
+        e => ApiError::unavailable("no network slot for the sandbox").with_detail(e),
+    })?;
     let saved = state.store.lock().execute(
         "INSERT OR REPLACE INTO net_slots (sandbox_id, slot, spec) VALUES (?1, ?2, ?3)",
         params![

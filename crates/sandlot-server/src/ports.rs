@@ -186,6 +186,22 @@ pub async fn dial(h: &SandboxHandle, port: u16) -> Result<TcpStream, DialError> 
 }
 
 /// Parses a sandbox port (path segment or body field): 1 to 65535.
+/// A port as a path segment: plain decimal, 1 to 65535, no sign, no leading zero
+/// (`+8002`, `08002` and `0x1f42` name no port: `u64::from_str` took the first).
+pub fn parse_port_segment(field: &str, raw: &str) -> ApiResult<u16> {
+    let plain = !raw.is_empty()
+        && raw.len() <= 5
+        && raw.bytes().all(|b| b.is_ascii_digit())
+        && !raw.starts_with('0');
+    match raw.parse::<u16>() {
+        Ok(p) if plain => Ok(p),
+        _ => Err(ApiError::invalid(
+            field,
+            format!("{raw:?} is not a TCP port (1 to 65535, in plain decimal)"),
+        )),
+    }
+}
+
 pub fn parse_port(field: &str, v: u64) -> ApiResult<u16> {
     match u16::try_from(v) {
         Ok(p) if p != 0 => Ok(p),
@@ -647,6 +663,20 @@ pub async fn restore(state: &Arc<AppState>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_port_segment_is_plain_decimal() {
+        for (raw, port) in [("1", 1), ("8002", 8002), ("65535", 65535)] {
+            assert_eq!(parse_port_segment("port", raw).unwrap(), port, "{raw}");
+        }
+        for raw in [
+            "", "0", "+8002", "-1", "08002", "00", "0x1f42", "65536", "99999999", " 80", "80 ",
+            "8e3", "8_0", "１",
+        ] {
+            let e = parse_port_segment("port", raw).unwrap_err();
+            assert_eq!(e.field.as_deref(), Some("port"), "{raw:?}");
+        }
+    }
 
     fn req(port: u32, host_port: Option<u32>, bind: Option<&str>) -> PublishPort {
         PublishPort {

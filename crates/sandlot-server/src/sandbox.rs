@@ -664,18 +664,18 @@ async fn teardown_failed(state: &Arc<AppState>, inst: SandboxInstance, id: &str,
 }
 
 /// Maps a runtime create error to the API: the caller's mistakes are 400 naming
-/// the field; exhaustion is 503; the rest is an opaque 500.
+/// the field (never a host path: the caller knows which path it gave); exhaustion
+/// is 503; the rest, the daemon's own directories included, is an opaque 500.
 fn create_error(e: &RuntimeError) -> ApiError {
+    use sandlot_runtime::mounts::MountError;
     match e {
         RuntimeError::Spec(s) => ApiError::invalid(s.field(), spec_problem(s)),
-        RuntimeError::Mount(m) => {
-            let msg = m.to_string();
-            let field = if msg.contains("rootfs") {
-                "rootfs"
-            } else {
-                "mounts"
-            };
-            ApiError::invalid(field, msg)
+        RuntimeError::Mount(MountError::MissingSource { index, .. }) => ApiError::invalid(
+            format!("mounts[{index}].source"),
+            "does not exist on the host",
+        ),
+        RuntimeError::Mount(MountError::MissingRootfs { .. }) => {
+            ApiError::invalid("rootfs", "is not a directory on the host")
         }
         RuntimeError::Exhausted(what) => {
             ApiError::unavailable(format!("no free {what} on this host"))
@@ -975,6 +975,48 @@ impl ReconcileReport {
     pub fn start_owners(&mut self, state: &Arc<AppState>) {
         for h in self.unowned.drain(..) {
             tokio::spawn(own(state.clone(), h.clone(), true).instrument(h.span.clone()));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sandlot_runtime::mounts::MountError;
+    use std::path::PathBuf;
+
+    #[test]
+    fn create_errors_name_the_field_and_never_a_host_path() {
+        let host = PathBuf::from("/var/lib/sandlot/volumes/acme/v/data");
+        let e = create_error(&RuntimeError::Mount(MountError::MissingSource {
+            index: 2,
+            path: host.clone(),
+        }));
+        assert_eq!(
+            (e.status.as_u16(), e.field.as_deref()),
+            (400, Some("mounts[2].source"))
+        );
+        assert!(!e.message.contains("/var/lib"), "{}", e.message);
+        let e = create_error(&RuntimeError::Mount(MountError::MissingRootfs {
+            path: host.clone(),
+        }));
+        assert_eq!(
+            (e.status.as_u16(), e.field.as_deref()),
+            (400, Some("rootfs"))
+        );
+        assert!(!e.message.contains("/var/lib"), "{}", e.message);
+        // The daemon's own directories missing are the daemon's failure.
+        for m in [
+            MountError::MissingLayer { path: host.clone() },
+            MountError::MissingShared { path: host.clone() },
+        ] {
+            let e = create_error(&RuntimeError::Mount(m));
+            assert_eq!(e.status.as_u16(), 500);
+            assert!(!e.message.contains("/var/lib"), "{}", e.message);
+            assert!(
+                e.internal.unwrap().contains("/var/lib"),
+                "the log has the path"
+            );
         }
     }
 }

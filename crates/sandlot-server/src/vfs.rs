@@ -51,8 +51,39 @@ pub fn chain(e: &dyn std::error::Error) -> String {
     s
 }
 
-/// The API error of a store error.
+/// The API error of a store error. An ingest error's source is called "the source"
+/// here; [`VfsService::ingest`] names it better (see [`ingest_error`]).
 pub fn store_error(e: StoreError) -> ApiError {
+    ingest_error(e, None)
+}
+
+/// Where an ingest read, as a tenant may be told: the host path of the source
+/// (`root`: a staged upload or a daemon-side source) is never shown, only `label`
+/// ("the upload", "source.path") and paths inside it.
+#[derive(Debug, Clone, Copy)]
+pub struct SourceLabel<'a> {
+    pub root: &'a Path,
+    pub label: &'a str,
+}
+
+impl SourceLabel<'_> {
+    fn name(this: Option<Self>, p: &Path) -> String {
+        let Some(s) = this else {
+            return "the source".into();
+        };
+        match p.strip_prefix(s.root) {
+            Ok(rel) if rel.as_os_str().is_empty() => s.label.to_string(),
+            Ok(rel) => format!("{:?} in {}", rel.display().to_string(), s.label),
+            Err(_) => s.label.to_string(),
+        }
+    }
+}
+
+/// [`store_error`] with the ingest's source named by `source`. Messages never
+/// carry a host path (the tenant never gave one for an upload, and the daemon's
+/// own directories are none of its business); the full chain is kept for the log.
+pub fn ingest_error(e: StoreError, source: Option<SourceLabel<'_>>) -> ApiError {
+    use sandlot_vfs::IngestError as I;
     match &e {
         StoreError::InvalidName { .. } => ApiError::invalid("name", e.to_string()),
         StoreError::NotFound { name } => ApiError::not_found(format!("no collection {name}")),
@@ -60,16 +91,35 @@ pub fn store_error(e: StoreError) -> ApiError {
         StoreError::AlreadyExists { .. } => {
             ApiError::new(StatusCode::CONFLICT, "already_exists", e.to_string())
         }
-        StoreError::Ingest { source, .. } => {
-            use sandlot_vfs::IngestError as I;
-            let (status, code) = match source {
-                I::BadSpec { .. } | I::Jsonl { .. } | I::Manifest(_) => {
-                    (StatusCode::BAD_REQUEST, "bad_request")
+        StoreError::Ingest { name, source: ie } => {
+            let bad = |m: String| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", m);
+            let failed =
+                |m: String| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "ingest_failed", m);
+            let at = |p: &Path| SourceLabel::name(source, p);
+            let api = match ie {
+                I::BadSpec { reason, .. } => bad(format!("invalid source: {reason}")),
+                I::Jsonl {
+                    file,
+                    line: 0,
+                    reason,
+                } => bad(format!("{}: {reason}", at(file))),
+                I::Jsonl { file, line, reason } => {
+                    bad(format!("{}, line {line}: {reason}", at(file)))
                 }
-                I::S3Disabled => (StatusCode::BAD_REQUEST, "bad_request"),
-                _ => (StatusCode::UNPROCESSABLE_ENTITY, "ingest_failed"),
+                I::Manifest(m) => bad(m.to_string()),
+                I::S3Disabled => bad(ie.to_string()),
+                I::S3 { .. } => failed(ie.to_string()),
+                I::Io { what, source: io } => failed(format!("read {}: {io}", at(Path::new(what)))),
+                I::Git { dir, .. } => failed(format!(
+                    "git ls-files in {} failed (is it a git work tree?)",
+                    at(dir)
+                )),
+                // The collection's content store: the daemon's, not the source's.
+                I::Blob(_) => return ApiError::internal(chain(&e)),
             };
-            ApiError::new(status, code, chain(&e))
+            let mut api = api.with_detail(chain(&e));
+            api.message = format!("ingest into {name:?}: {}", api.message);
+            api
         }
         _ => ApiError::internal(chain(&e)),
     }
@@ -363,9 +413,35 @@ impl VfsService {
             } else {
                 sandlot_vfs::IngestMode::Update
             };
+            let stored;
+            let source = match &plan.source {
+                Some(s) => s,
+                None => {
+                    stored = store
+                        .collection(name)
+                        .and_then(|c| c.config())
+                        .map_err(store_error)?
+                        .source;
+                    &stored
+                }
+            };
+            let root = match source {
+                Source::Dir { path } | Source::Git { path } | Source::Jsonl { path } => {
+                    Some(path.as_path())
+                }
+                _ => None,
+            };
+            let label = root.map(|root| SourceLabel {
+                root,
+                label: if self.is_upload(source) {
+                    "the upload"
+                } else {
+                    "source.path"
+                },
+            });
             let report = store
                 .ingest(name, plan.source.clone(), plan.options.clone(), mode)
-                .map_err(store_error)?;
+                .map_err(|e| ingest_error(e, label))?;
             Ok(report)
         })();
         if let Some(p) = &plan.staged {
@@ -730,6 +806,66 @@ mod tests {
 
     fn svc(dir: &Path, cfg: VfsSection) -> VfsService {
         VfsService::new(dir, cfg)
+    }
+
+    #[test]
+    fn ingest_errors_never_name_the_sources_host_path() {
+        use sandlot_vfs::IngestError as I;
+        let ingest = |source| StoreError::Ingest {
+            name: "kb".into(),
+            source,
+        };
+        let upload = Path::new("/var/lib/sandlot/vfs/uploads/acme/kb.jsonl");
+        let label = Some(SourceLabel {
+            root: upload,
+            label: "the upload",
+        });
+        let e = ingest_error(
+            ingest(I::Jsonl {
+                file: upload.to_path_buf(),
+                line: 3,
+                reason: "invalid JSON".into(),
+            }),
+            label,
+        );
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert_eq!(
+            e.message,
+            "ingest into \"kb\": the upload, line 3: invalid JSON"
+        );
+        assert!(
+            e.internal.unwrap().contains("/var/lib"),
+            "the log has the path"
+        );
+        let dir = Path::new("/srv/site");
+        let e = ingest_error(
+            ingest(I::Io {
+                what: "/srv/site/a/b.txt".into(),
+                source: std::io::Error::from(std::io::ErrorKind::PermissionDenied),
+            }),
+            Some(SourceLabel {
+                root: dir,
+                label: "source.path",
+            }),
+        );
+        assert_eq!(e.status, StatusCode::UNPROCESSABLE_ENTITY);
+        assert!(
+            e.message.contains("\"a/b.txt\" in source.path"),
+            "{}",
+            e.message
+        );
+        assert!(!e.message.contains("/srv"), "{}", e.message);
+        // Without a label (no source known), still no path.
+        let e = store_error(ingest(I::Git {
+            dir: dir.to_path_buf(),
+            reason: "fatal: not a git repository: /srv/site".into(),
+        }));
+        assert!(!e.message.contains("/srv"), "{}", e.message);
+        // The collection's own content store is the daemon's business.
+        let e = store_error(ingest(I::Blob(sandlot_vfs::blob::BlobError::InvalidHash(
+            "x".into(),
+        ))));
+        assert_eq!(e.status, StatusCode::INTERNAL_SERVER_ERROR);
     }
 
     #[test]

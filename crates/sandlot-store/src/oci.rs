@@ -276,9 +276,11 @@ fn extract_archive(path: &Path, to: &Path) -> Result<(), StoreError> {
     Ok(())
 }
 
-fn read_json<T: for<'de> Deserialize<'de>>(p: &Path) -> Result<T, StoreError> {
+/// Reads the archive's JSON file `p`; a parse error names it as `name` (its path in
+/// the archive, not where the daemon unpacked it).
+fn read_json<T: for<'de> Deserialize<'de>>(p: &Path, name: &str) -> Result<T, StoreError> {
     let b = fs::read(p).map_err(io_at("read", p))?;
-    serde_json::from_slice(&b).map_err(|e| invalid(p.display().to_string(), e.to_string()))
+    serde_json::from_slice(&b).map_err(|e| invalid(name.to_string(), e.to_string()))
 }
 
 /// `rel`, a path that a docker archive's `manifest.json` names, inside the archive
@@ -420,7 +422,7 @@ fn import_layout(
     let index = root.join("index.json");
     let mut out = Vec::new();
     if docker.is_file() {
-        let entries: Vec<DockerEntry> = read_json(&docker)?;
+        let entries: Vec<DockerEntry> = read_json(&docker, "manifest.json")?;
         if tag.is_some() && entries.len() != 1 {
             return Err(invalid(
                 "archive",
@@ -484,11 +486,11 @@ fn import_layout(
     }
     if !index.is_file() {
         return Err(invalid(
-            root.display().to_string(),
+            "archive",
             "neither an OCI layout (index.json) nor a docker save archive (manifest.json)",
         ));
     }
-    let idx: Index = read_json(&index)?;
+    let idx: Index = read_json(&index, "index.json")?;
     let mut manifests = Vec::new();
     collect_manifests(root, &idx.manifests, &mut manifests, 0)?;
     if manifests.is_empty() {

@@ -259,6 +259,72 @@ fn issue4_http_and_websocket_proxy_reach_a_loopback_server_in_mode_none() {
     assert_eq!(r.status, 409, "{}", String::from_utf8_lossy(&r.body));
 }
 
+/// A client forges `X-Real-IP` (which applications behind nginx trust) and names
+/// the port with a sign or leading zeros: the application sees the real peer, and
+/// only the plain decimal port reaches it.
+#[test]
+fn forged_client_addresses_and_odd_port_spellings_stop_at_the_proxy() {
+    let d = Daemon::start(None);
+    let ta = d.token("alpha");
+    let a = d.tcp(Some(&ta));
+    let api = format!("127.0.0.1:{}", d.port);
+    let id = create(&a);
+    rt().block_on(start_app(&a, &id, "127.0.0.1", 8002));
+    let auth = format!("Authorization: Bearer {ta}");
+    let r = raw(
+        &api,
+        &format!("GET /v1/sandboxes/{id}/ports/8002/ HTTP/1.1\r\nHost: x\r\n{auth}\r\nX-Real-IP: 6.6.6.6\r\nX-Forwarded-For: 6.6.6.6"),
+        b"",
+    );
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let h = &r.json()["headers"];
+    assert_eq!(h["x-real-ip"], "127.0.0.1", "{h}");
+    assert_eq!(h["x-forwarded-for"], "127.0.0.1", "{h}");
+    for bad in ["+8002", "%2B8002", "08002", "008002", "-0", "8002%20"] {
+        let r = raw(
+            &api,
+            &format!("GET /v1/sandboxes/{id}/ports/{bad}/ HTTP/1.1\r\nHost: x\r\n{auth}"),
+            b"",
+        );
+        assert_eq!(r.status, 400, "{bad}: {}", String::from_utf8_lossy(&r.body));
+        assert_eq!(r.json()["error"]["field"], "port", "{bad}");
+        let r = raw(
+            &api,
+            &format!("DELETE /v1/sandboxes/{id}/ports/{bad} HTTP/1.1\r\nHost: x\r\n{auth}"),
+            b"",
+        );
+        assert_eq!(r.status, 400, "unpublish {bad}");
+    }
+}
+
+/// An HTTP/1.0 application answers an HTTP/1.1 client: the client gets the
+/// proxy's own HTTP/1.1 status line (and a framed body), not the application's.
+#[test]
+fn an_http_1_0_application_answers_http_1_1_clients_in_http_1_1() {
+    let d = Daemon::start(None);
+    let ta = d.token("alpha");
+    let a = d.tcp(Some(&ta));
+    let id = create(&a);
+    rt().block_on(start_app(&a, &id, "127.0.0.1", 8000));
+    let mut s = TcpStream::connect(("127.0.0.1", d.port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(
+        s,
+        "GET /v1/sandboxes/{id}/ports/8000/http10 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ta}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut all = Vec::new();
+    s.read_to_end(&mut all).unwrap();
+    let text = String::from_utf8_lossy(&all);
+    assert!(text.starts_with("HTTP/1.1 200 "), "{text}");
+    let (_, headers, rest) = read_head(&mut std::io::Cursor::new(all.clone()));
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k == "transfer-encoding" && v.contains("chunked"));
+    let body = if chunked { dechunk(&rest) } else { rest };
+    assert_eq!(body, b"an HTTP/1.0 answer");
+}
+
 #[test]
 fn issue4_published_tcp_port_forwards_until_unpublished_or_deleted() {
     let (lo, hi) = PUBLISH_RANGE;

@@ -132,3 +132,38 @@ fn tenants_see_and_touch_only_their_own_sandboxes() {
     let e = rt().block_on(b.health()).unwrap_err();
     assert_eq!(e.code(), Some("unauthorized"));
 }
+
+/// `/metrics` counts every tenant's sandboxes, creates and errors: a tenant's token
+/// (and the operator acting as a tenant) is refused, the operator's socket and the
+/// scraper's `metrics_listen` address see it all, and the latter serves nothing else.
+#[test]
+fn a_tenant_cannot_read_the_metrics_of_every_tenant() {
+    let mport = api_support::free_port();
+    let d = Daemon::start(Some(&format!("metrics_listen = \"127.0.0.1:{mport}\"\n")));
+    let ta = d.token("alpha");
+    let tb = d.token("beta");
+    let b = d.tcp(Some(&tb));
+    rt().block_on(async {
+        b.create_sandbox(&CreateSandbox::default()).await.unwrap();
+        // The attack: alpha reads how many sandboxes beta runs.
+        let (st, body) = d.tcp_raw(&ta, "GET", "/metrics", "text/plain", b"");
+        assert_eq!(st, 403, "{body}");
+        assert!(body.contains("permission_denied"), "{body}");
+        assert!(!body.contains("sandlot_sandboxes_live"), "{body}");
+        let e = d
+            .client()
+            .with_tenant(Some("alpha".into()))
+            .metrics()
+            .await
+            .unwrap_err();
+        assert_eq!(e.status().map(|s| s.as_u16()), Some(403), "{e}");
+        // The operator sees everything.
+        let m = d.client().metrics().await.unwrap();
+        assert!(m.contains("sandlot_sandboxes_live 1\n"), "{m}");
+    });
+    let (st, m) = api_support::http(mport, "GET", "/metrics", &[], b"");
+    assert_eq!(st, 200);
+    assert!(m.contains("sandlot_sandboxes_live 1\n"), "{m}");
+    let (st, _) = api_support::http(mport, "GET", "/v1/sandboxes", &[], b"");
+    assert_eq!(st, 404, "the metrics address serves nothing but /metrics");
+}

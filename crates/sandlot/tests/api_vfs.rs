@@ -431,7 +431,7 @@ fn issue7_vfs_daemon_side_sources_jsonl_and_bad_input() {
             .await
             .unwrap_err();
         assert_eq!(status(&e).0, 400, "{e}");
-        assert!(e.to_string().contains(":2:"), "{e}");
+        assert!(e.to_string().contains("the upload, line 2"), "{e}");
         assert!(c.get_collection("junk").await.is_err());
         assert!(!d.data_dir().join("vfs/uploads/default/junk.jsonl").exists());
     });

@@ -293,3 +293,78 @@ fn rand_suffix() -> String {
         .subsec_nanos();
     format!("{t:08x}")
 }
+
+/// A tenant binds a secret to `PATH` and makes every exec error it can think of: no
+/// answer (JSON, NDJSON stream, process record, sandbox record, events) shows the value.
+#[test]
+fn a_secret_bound_to_path_never_appears_in_an_api_error() {
+    let d = Daemon::start(None);
+    let token = d.token("acme");
+    // Relative, so that a program found through it sits in a directory of the
+    // request's working directory.
+    let value = format!("s3cr3t-{}-{}", std::process::id(), rand_suffix());
+    let req = |method: &str, path: &str, body: serde_json::Value| {
+        let body = if body.is_null() {
+            String::new()
+        } else {
+            body.to_string()
+        };
+        d.tcp_raw(&token, method, path, "application/json", body.as_bytes())
+    };
+    let mut bodies: Vec<String> = Vec::new();
+    let (st, b) = req("POST", "/v1/secrets", json!({"name": "p", "value": value}));
+    assert_eq!(st, 201, "{b}");
+    let (st, b) = req(
+        "POST",
+        "/v1/sandboxes",
+        json!({"secrets": [{"name": "p", "env": "PATH"}]}),
+    );
+    assert_eq!(st, 201, "{b}");
+    let id = serde_json::from_str::<serde_json::Value>(&b).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    bodies.push(b);
+
+    // Not found through PATH, by the plain route and the stream.
+    let exec = format!("/v1/sandboxes/{id}/exec");
+    let (st, b) = req("POST", &exec, json!({"argv": ["sh", "-c", "true"]}));
+    assert_eq!(st, 400, "{b}");
+    assert!(b.contains("sh: command not found"), "{b}");
+    bodies.push(b);
+    let (_, b) = req(
+        "POST",
+        &format!("{exec}?stream=ndjson"),
+        json!({"argv": ["sh", "-c", "true"]}),
+    );
+    assert!(b.contains("command not found"), "{b}");
+    bodies.push(b);
+
+    // Found through PATH (in /tmp/<value>/), but not a program the kernel can run.
+    let (st, b) = d.tcp_raw(
+        &token,
+        "PUT",
+        &format!("/v1/sandboxes/{id}/files?path=/tmp/{value}/prog&mode=0755"),
+        "application/octet-stream",
+        b"\x00\x01 not a program",
+    );
+    assert_eq!(st, 201, "{b}");
+    let (st, b) = req("POST", &exec, json!({"argv": ["prog"], "cwd": "/tmp"}));
+    assert!(st >= 400, "{b}");
+    assert!(b.contains("prog"), "the error names the program: {b}");
+    bodies.push(b);
+
+    for path in [
+        format!("/v1/sandboxes/{id}"),
+        "/v1/sandboxes".to_string(),
+        format!("/v1/sandboxes/{id}/events"),
+        format!("/v1/sandboxes/{id}/processes"),
+    ] {
+        let (st, b) = req("GET", &path, json!(null));
+        assert_eq!(st, 200, "{path}: {b}");
+        bodies.push(b);
+    }
+    let shown: Vec<&String> = bodies.iter().filter(|b| b.contains(&value)).collect();
+    assert!(shown.is_empty(), "API answers show the secret: {shown:#?}");
+    assert!(!d.log().contains(&value), "the daemon log shows the secret");
+}

@@ -206,7 +206,13 @@ pub(crate) fn plan_exec(
         },
     };
 
-    let program = resolve_program(&req.argv[0], env.get("PATH").map(String::as_str), &cwd)?;
+    let path = env.get("PATH").map(String::as_str).unwrap_or(DEFAULT_PATH);
+    // The sandbox's environment may hold secrets (a secret can be bound to any
+    // variable, `PATH` included): an error shows `PATH` only when it is the
+    // default or the caller passed it in this request.
+    let shown = (path == DEFAULT_PATH || req.env.get("PATH").map(String::as_str) == Some(path))
+        .then_some(path);
+    let program = resolve_program(&req.argv[0], path, shown, &cwd)?;
     Ok(ExecPlan {
         program,
         argv: req.argv.clone(),
@@ -219,12 +225,17 @@ pub(crate) fn plan_exec(
 }
 
 /// Finds `name` in `path` the way execvp would, so that "not found" is reported with
-/// the name instead of a bare errno.
-fn resolve_program(name: &str, path: Option<&str>, cwd: &str) -> Result<PathBuf, ErrorBody> {
+/// the name instead of a bare errno. `shown` is the `PATH` an error may name (`None`:
+/// it says only that the command is not in `PATH`).
+fn resolve_program(
+    name: &str,
+    path: &str,
+    shown: Option<&str>,
+    cwd: &str,
+) -> Result<PathBuf, ErrorBody> {
     if name.contains('/') {
         return Ok(PathBuf::from(name));
     }
-    let path = path.unwrap_or(DEFAULT_PATH);
     let mut denied = false;
     for dir in path.split(':') {
         let dir = if dir.is_empty() { "." } else { dir };
@@ -250,7 +261,12 @@ fn resolve_program(name: &str, path: Option<&str>, cwd: &str) -> Result<PathBuf,
     } else {
         Err(err(
             ErrorCode::NotFound,
-            format!("exec: {name}: command not found (PATH={path})"),
+            match shown {
+                Some(path) => format!("exec: {name}: command not found (PATH={path})"),
+                None => format!(
+                    "exec: {name}: command not found in the sandbox's PATH (its value is not shown)"
+                ),
+            },
         ))
     }
 }
@@ -969,6 +985,23 @@ mod tests {
         let no_pty = plan(&ExecRequest::new(["/bin/true"]), &[]).unwrap();
         assert!(!no_pty.env.contains_key("TERM"));
         assert!(no_pty.env["PATH"].contains("/usr/bin"));
+    }
+
+    #[test]
+    fn command_not_found_never_shows_a_path_from_the_sandbox_environment() {
+        // A secret bound to PATH is in the agent's base environment.
+        let secret = "/s3cr3t-value-of-a-secret";
+        let e = plan(&ExecRequest::new(["sh"]), &[("PATH", secret)]).unwrap_err();
+        assert_eq!(e.code, ErrorCode::NotFound);
+        assert!(!e.message.contains(secret), "{}", e.message);
+        assert!(e.message.contains("sh: command not found"), "{}", e.message);
+        // What the caller passed in plain, and the default, may be named.
+        let mut req = ExecRequest::new(["surely-not-a-program"]);
+        req.env.insert("PATH".into(), "/mine".into());
+        let e = plan(&req, &[("PATH", secret)]).unwrap_err();
+        assert!(e.message.contains("PATH=/mine"), "{}", e.message);
+        let e = plan(&ExecRequest::new(["surely-not-a-program"]), &[]).unwrap_err();
+        assert!(e.message.contains(DEFAULT_PATH), "{}", e.message);
     }
 
     #[test]

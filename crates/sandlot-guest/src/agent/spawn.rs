@@ -483,7 +483,9 @@ pub(crate) fn spawn(
                     libc::EACCES | libc::EPERM => ErrorCode::PermissionDenied,
                     _ => ErrorCode::SpawnFailed,
                 },
-                format!("executing {}", plan.program.display()),
+                // Only the name as given (in the message below): the program found
+                // through `PATH` is in a directory of `PATH`, which may be a secret.
+                "executing it".to_string(),
             ),
             Some(Step::Chdir) => (
                 ErrorCode::SpawnFailed,

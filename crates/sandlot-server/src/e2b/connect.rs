@@ -23,6 +23,9 @@ use crate::error::ApiError;
 pub const FLAG_COMPRESSED: u8 = 0x01;
 /// Frame flag: the end-of-stream message.
 pub const FLAG_END_STREAM: u8 = 0x02;
+/// Frame flag of gRPC-Web's trailers frame, its end of stream: such a frame is an
+/// end of stream here too, never a message.
+pub const FLAG_TRAILERS: u8 = 0x80;
 /// Largest frame accepted from a client (envd requests are small JSON).
 pub const MAX_FRAME: usize = 16 << 20;
 
@@ -173,6 +176,15 @@ pub struct Frame {
     pub payload: Bytes,
 }
 
+impl Frame {
+    /// Whether this frame ends the stream (Connect's end-of-stream flag, or
+    /// gRPC-Web's trailers flag) rather than carrying a message: its payload is
+    /// never a request.
+    pub fn ends_stream(&self) -> bool {
+        self.flags & (FLAG_END_STREAM | FLAG_TRAILERS) != 0
+    }
+}
+
 /// Encodes one frame.
 pub fn encode_frame(flags: u8, payload: &[u8]) -> Bytes {
     let mut b = BytesMut::with_capacity(5 + payload.len());
@@ -220,9 +232,15 @@ impl FrameDecoder {
         }
         if flags & FLAG_COMPRESSED != 0 {
             return Err(ConnectError::new(
-                Code::Internal,
+                Code::Unimplemented,
                 "compressed messages are not supported (send them uncompressed)",
             ));
+        }
+        let unknown = flags & !(FLAG_COMPRESSED | FLAG_END_STREAM | FLAG_TRAILERS);
+        if unknown != 0 {
+            return Err(ConnectError::invalid(format!(
+                "frame flags {flags:#04x}: {unknown:#04x} is not a Connect flag"
+            )));
         }
         if self.buf.len() < 5 + len {
             return Ok(None);
@@ -298,7 +316,7 @@ pub fn single_frame(body: &[u8]) -> Result<Bytes, ConnectError> {
         .next_frame()?
         .ok_or_else(|| ConnectError::invalid("the request stream has no message"))?;
     d.finish()?;
-    if f.flags & FLAG_END_STREAM != 0 {
+    if f.ends_stream() {
         return Err(ConnectError::invalid(
             "the request stream starts with an end-of-stream frame",
         ));
@@ -429,10 +447,35 @@ mod tests {
         assert!(d.finish().is_err());
         let mut d = FrameDecoder::default();
         d.push(&encode_frame(FLAG_COMPRESSED, b"xx"));
-        assert_eq!(d.next_frame().unwrap_err().code, Code::Internal);
+        assert_eq!(d.next_frame().unwrap_err().code, Code::Unimplemented);
+        // Reserved flag bits are refused, not read past.
+        let mut d = FrameDecoder::default();
+        d.push(&encode_frame(0x04, b"{}"));
+        assert_eq!(d.next_frame().unwrap_err().code, Code::InvalidArgument);
         let mut d = FrameDecoder::default();
         d.push(&[0, 0xff, 0xff, 0xff, 0xff]);
         assert_eq!(d.next_frame().unwrap_err().code, Code::ResourceExhausted);
+    }
+
+    #[test]
+    fn end_of_stream_frames_are_never_messages() {
+        for flags in [
+            FLAG_END_STREAM,
+            FLAG_TRAILERS,
+            FLAG_END_STREAM | FLAG_TRAILERS,
+        ] {
+            let mut d = FrameDecoder::default();
+            d.push(&encode_frame(flags, br#"{"x":true}"#));
+            let f = d.next_frame().unwrap().unwrap();
+            assert!(f.ends_stream(), "flags {flags:#04x}");
+            // The one message of a server stream cannot be one either.
+            assert!(single_frame(&encode_frame(flags, br#"{"x":true}"#)).is_err());
+        }
+        assert!(!Frame {
+            flags: 0,
+            payload: Bytes::new()
+        }
+        .ends_stream());
     }
 
     #[test]

@@ -580,13 +580,22 @@ pub async fn stream_input(ctx: Ctx, body: Body) -> Result<Response, ConnectError
     let mut d = FrameDecoder::default();
     let mut s = body.into_data_stream();
     let mut target: Option<Found> = None;
+    let mut ended = false;
     let _guard = ctx.h.active();
     while let Some(chunk) = s.next().await {
         let chunk =
             chunk.map_err(|e| ConnectError::invalid(format!("reading the request stream: {e}")))?;
         d.push(&chunk);
         while let Some(f) = d.next_frame()? {
-            if f.flags & connect::FLAG_END_STREAM != 0 {
+            // An end-of-stream frame (whatever its payload) is the last: nothing in
+            // it or after it is input.
+            if ended {
+                return Err(ConnectError::invalid(
+                    "the request stream goes on after its end-of-stream frame",
+                ));
+            }
+            if f.ends_stream() {
+                ended = true;
                 continue;
             }
             let m: StreamInputRequest = connect::parse_message(&f.payload)?;

@@ -176,7 +176,23 @@ async fn openapi_json() -> Response {
         .into_response()
 }
 
-async fn metrics(State(state): State<Arc<AppState>>, _p: Principal) -> Response {
+/// `GET /metrics`: the daemon's series cover every tenant (sandboxes, creates,
+/// errors, pools), so they are the operator's: a tenant (a token, or the operator
+/// acting as a tenant) is refused.
+async fn metrics(State(state): State<Arc<AppState>>, p: Principal) -> ApiResult<Response> {
+    if p.scope.is_some() {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "permission_denied",
+            "/metrics covers every tenant: it is the operator's (the daemon's Unix socket, \
+             or the metrics_listen address for a Prometheus scraper)",
+        ));
+    }
+    Ok(metrics_response(&state))
+}
+
+/// The Prometheus text of the whole daemon.
+fn metrics_response(state: &AppState) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], {
         let mut text = state.metrics.render();
         state.pools.render(&mut text);
@@ -189,6 +205,18 @@ async fn metrics(State(state): State<Arc<AppState>>, _p: Principal) -> Response 
         text
     })
         .into_response()
+}
+
+/// The router of `metrics_listen`: `GET /metrics` and nothing else, without
+/// authentication (the operator binds it where only the scraper reaches).
+pub fn metrics_router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route(
+            "/metrics",
+            get(|State(state): State<Arc<AppState>>| async move { metrics_response(&state) }),
+        )
+        .fallback(|| async { (StatusCode::NOT_FOUND, "only /metrics is served here\n") })
+        .with_state(state)
 }
 
 fn request_id() -> String {
@@ -249,6 +277,8 @@ async fn request_context(
                     "{}",
                     e.message
                 );
+            } else if let Some(detail) = &e.internal {
+                tracing::info!(status = e.status.as_u16(), code = e.code, detail = %detail, "{}", e.message);
             } else {
                 tracing::debug!(status = e.status.as_u16(), code = e.code, "{}", e.message);
             }

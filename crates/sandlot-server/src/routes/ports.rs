@@ -19,7 +19,7 @@ use tracing::Instrument;
 
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
-use crate::ports::{dial, parse_port};
+use crate::ports::{dial, parse_port_segment};
 use crate::routes::{json_status, live, lookup, JsonBody};
 use crate::state::AppState;
 
@@ -42,10 +42,12 @@ const HOP_BY_HOP: &[&str] = &[
 ];
 
 /// Headers the proxy sets itself or must not forward: the Sandlot credentials
-/// and any forwarding headers a client made up.
+/// and any forwarding headers a client made up (`X-Real-IP` included, which
+/// applications behind nginx trust like `X-Forwarded-For`).
 const STRIPPED: &[&str] = &[
     "authorization",
     crate::auth::TENANT_HEADER,
+    "x-real-ip",
     "x-forwarded-for",
     "x-forwarded-proto",
     "x-forwarded-host",
@@ -63,11 +65,7 @@ fn param<'a>(params: &'a [(String, String)], name: &str) -> &'a str {
 }
 
 fn port_param(params: &[(String, String)]) -> ApiResult<u16> {
-    let raw = param(params, "port");
-    let v: u64 = raw.parse().map_err(|_| {
-        ApiError::invalid("port", format!("{raw:?} is not a TCP port (1 to 65535)"))
-    })?;
-    parse_port("port", v)
+    parse_port_segment("port", param(params, "port"))
 }
 
 /// `id` and `port` of `/v1/sandboxes/{id}/ports/{port}...` (percent-decoded).
@@ -197,6 +195,9 @@ pub async fn proxy(
         .get::<ConnectInfo<SocketAddr>>()
         .map(|c| c.0.ip());
     let (parts, body) = req.into_parts();
+    // The answer goes out in the client's HTTP version, whatever the application's
+    // (an HTTP/1.0 status line must not reach an HTTP/1.1 client).
+    let client_version = parts.version;
     let orig_host = parts.headers.get(header::HOST).cloned();
 
     let mut headers = parts.headers;
@@ -210,7 +211,8 @@ pub async fn proxy(
     }
     if let Some(ip) = peer {
         if let Some(v) = hv(&ip.to_string()) {
-            headers.insert("x-forwarded-for", v);
+            headers.insert("x-forwarded-for", v.clone());
+            headers.insert("x-real-ip", v);
         }
     }
     headers.insert("x-forwarded-proto", HeaderValue::from_static("http"));
@@ -290,12 +292,14 @@ pub async fn proxy(
             .in_current_span(),
         );
         let (mut rp, _) = resp.into_parts();
+        rp.version = client_version;
         rp.extensions.clear();
         rp.extensions.insert(Proxied);
         return Ok(Response::from_parts(rp, Body::empty()));
     }
 
     let (mut rp, body) = resp.into_parts();
+    rp.version = client_version;
     strip_hop_by_hop(&mut rp.headers, false);
     rp.extensions.clear();
     rp.extensions.insert(Proxied);

@@ -81,6 +81,10 @@ pub struct ServeArgs {
     /// (see docs/e2b-compat.md).
     #[arg(long, value_name = "ADDR")]
     pub e2b_listen: Option<std::net::SocketAddr>,
+    /// Also serve `GET /metrics` (only) here, without authentication, for a
+    /// Prometheus scraper, e.g. 127.0.0.1:9464 (the metrics cover every tenant).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
     /// The operator's Unix socket (root only).
     #[arg(long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
@@ -168,6 +172,9 @@ fn serve(a: ServeArgs) -> anyhow::Result<i32> {
     }
     if let Some(l) = a.e2b_listen {
         cfg.e2b.listen = Some(l);
+    }
+    if let Some(l) = a.metrics_listen {
+        cfg.metrics_listen = Some(l);
     }
     if let Some(p) = a.id_prefix {
         cfg.id_prefix = p;

@@ -38,7 +38,7 @@ pub struct Daemon {
     pub oom_score_adj: Option<i32>,
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -192,6 +192,26 @@ impl Daemon {
         )
     }
 
+    /// A raw HTTP request over TCP as the holder of `token` (a tenant): (status, the
+    /// whole body as text, de-chunked). For checks on exactly what a tenant is sent.
+    pub fn tcp_raw(
+        &self,
+        token: &str,
+        method: &str,
+        path: &str,
+        content_type: &str,
+        body: &[u8],
+    ) -> (u16, String) {
+        let auth = format!("Bearer {token}");
+        http(
+            self.port,
+            method,
+            path,
+            &[("Authorization", &auth), ("Content-Type", content_type)],
+            body,
+        )
+    }
+
     /// `sandlot token create --tenant T`: the secret.
     pub fn token(&self, tenant: &str) -> String {
         let o = Command::new(sandlot())
@@ -290,6 +310,56 @@ impl Drop for Daemon {
             }
         }
     }
+}
+
+/// A raw HTTP/1.1 request to `127.0.0.1:port` (one connection, closed after it):
+/// (status, the whole body as text, de-chunked).
+pub fn http(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: x\r\n");
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str(&format!(
+        "Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    ));
+    // The daemon may answer and close before the whole body is written.
+    let _ = s.write_all(head.as_bytes());
+    let _ = s.write_all(body);
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf);
+    let end = buf
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("an HTTP answer");
+    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+    let status: u16 = head[9..12].parse().unwrap();
+    let mut rest = &buf[end + 4..];
+    if !head.contains("transfer-encoding: chunked") {
+        return (status, String::from_utf8_lossy(rest).into_owned());
+    }
+    let mut out = Vec::new();
+    while let Some(i) = rest.windows(2).position(|w| w == b"\r\n") {
+        let size = std::str::from_utf8(&rest[..i]).unwrap().trim();
+        let n = usize::from_str_radix(size, 16).unwrap();
+        if n == 0 {
+            break;
+        }
+        let data = &rest[i + 2..];
+        let n = n.min(data.len());
+        out.extend_from_slice(&data[..n]);
+        rest = data.get(n + 2..).unwrap_or_default();
+    }
+    (status, String::from_utf8_lossy(&out).into_owned())
 }
 
 /// Waits for `child` to exit, for at most `within`; `None` if it is still running.

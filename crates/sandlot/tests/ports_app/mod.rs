@@ -62,6 +62,11 @@ class H(BaseHTTPRequestHandler):
             return
         if self.path.startswith("/missing"):
             return self.reply(404, b"app says: no such page", "text/plain")
+        if self.path.startswith("/http10"):
+            # An HTTP/1.0 server: no length, the body ends with the connection.
+            self.wfile.write(b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\nan HTTP/1.0 answer")
+            self.close_connection = True
+            return
         self.echo(b"")
 
     def do_POST(self):
@@ -154,7 +159,7 @@ impl Raw {
     }
 }
 
-pub fn read_head(s: &mut TcpStream) -> (u16, Vec<(String, String)>, Vec<u8>) {
+pub fn read_head(s: &mut impl Read) -> (u16, Vec<(String, String)>, Vec<u8>) {
     let mut buf = Vec::new();
     let mut b = [0u8; 4096];
     let end = loop {
