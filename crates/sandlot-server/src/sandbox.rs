@@ -338,7 +338,11 @@ pub async fn create(state: &Arc<AppState>, p: CreateParams) -> ApiResult<Sandbox
     let mut claimed = None;
     if let (Some(w), Some(setup)) = (warm, setup) {
         match crate::pool::configure(state, &w, setup).await {
-            Ok(()) => claimed = Some((w.inst, w.guest)),
+            Ok(()) => {
+                // Its egress counts against the claiming tenant's caps from now on.
+                crate::network::set_tenant(state, &w.id, &p.tenant);
+                claimed = Some((w.inst, w.guest))
+            }
             Err(e) => {
                 span.in_scope(|| tracing::warn!("pooled sandbox unusable, creating cold: {e}"));
                 crate::pool::discard(state, w).await;
@@ -374,9 +378,9 @@ pub async fn create(state: &Arc<AppState>, p: CreateParams) -> ApiResult<Sandbox
             Err(e) => {
                 span.in_scope(|| tracing::error!("connect to the agent: {e}"));
                 teardown_failed(state, inst, &id, "connect to the agent").await;
-                return Err(ApiError::internal(format!(
-                    "connect to the agent of {id}: {e}"
-                )));
+                return Err(
+                    ApiError::internal(format!("connect to the agent of {id}: {e}")).or_exhausted(),
+                );
             }
         },
     };
@@ -537,14 +541,14 @@ async fn cold_create(
         Err(e) => {
             let api = match &e {
                 Ok(e) => create_error(e),
-                Err(api) => api.clone(),
+                Err(api) => api.clone().or_exhausted(),
             };
             let e = match e {
                 Ok(e) => e.to_string(),
                 Err(api) => api.message,
             };
             span.in_scope(|| tracing::warn!("create failed: {e}"));
-            let shown = if api.status.is_server_error() {
+            let shown = if api.code == "internal" {
                 "the runtime failed to create the sandbox".to_string()
             } else {
                 api.message.clone()
@@ -581,7 +585,7 @@ pub fn start_instance(
         state.images.release(id);
         return Err(Err(e));
     }
-    if let Err(e) = crate::network::prepare(state, id, spec, &mut opts) {
+    if let Err(e) = crate::network::prepare(state, id, tenant, spec, &mut opts) {
         state.images.release(id);
         return Err(Err(e));
     }
@@ -628,8 +632,15 @@ async fn teardown_failed(state: &Arc<AppState>, inst: SandboxInstance, id: &str,
 }
 
 /// Maps a runtime create error to the API: the caller's mistakes are 400 naming
-/// the field; exhaustion is 503; the rest is an opaque 500.
+/// the field; exhaustion is 503 (`unavailable` for the runtime's own capacity,
+/// `host_exhausted` for descriptors, memory or disk of the host); the rest is an
+/// opaque 500.
 fn create_error(e: &RuntimeError) -> ApiError {
+    if let Some(what) = crate::error::Exhausted::in_error(e) {
+        let mut api = ApiError::host_exhausted(what);
+        api.internal = Some(e.to_string());
+        return api;
+    }
     match e {
         RuntimeError::Spec(s) => ApiError::invalid(s.field(), spec_problem(s)),
         RuntimeError::Mount(m) => {
