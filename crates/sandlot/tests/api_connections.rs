@@ -128,16 +128,16 @@ fn idle_tcp_connections_cannot_starve_the_operator_or_other_tenants() {
             }
         };
 
-        // One address opens 300 connections and sends nothing: 40 are kept, the rest
+        // One address opens 600 connections and sends nothing: 40 are kept, the rest
         // refused at once. The operator and a tenant from another address are served,
         // a create and a command included.
-        let (mut flood, refused) = idle_connections(&["127.0.0.2".into()], api, 300).await;
+        let (mut flood, refused) = idle_connections(&["127.0.0.2".into()], api, 600).await;
+        assert_eq!(health(&op).await.unwrap().tenant, "*");
         assert_eq!(
             (flood.len(), refused),
-            (40, 260),
+            (40, 560),
             "connections.max_per_address"
         );
-        assert_eq!(health(&op).await.unwrap().tenant, "*");
         assert_eq!(health(&tenant).await.unwrap().tenant, "victim");
         let sb = tenant
             .create_sandbox(&spec_body(serde_json::json!({})))
@@ -356,6 +356,10 @@ fn a_run_directory_a_crash_left_is_swept_on_start() {
         std::fs::write(dir.join("alive"), "").unwrap();
     }
     d.spawn();
+    // Answering requests means the start-up (its reconcile and sweep) is done.
+    block_on_within(30, "the restarted daemon", async {
+        d.client().health().await.unwrap();
+    });
     let left: Vec<&Path> = [half.as_path(), whole.as_path()]
         .into_iter()
         .filter(|p| p.exists())
