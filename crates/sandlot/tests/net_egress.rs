@@ -537,6 +537,7 @@ fn a_sandbox_holding_connections_open_cannot_exhaust_the_daemon() {
             let open = metric(&m, "sandlot_egress_connections_open");
             let held = metric(&m, "sandlot_descriptors_held{use=\"egress\"}");
             if now <= before + 10 && open == 0 && held == 0 {
+                eprintln!("daemon descriptors: {before} before, {during} while held, {now} after the process died");
                 assert!(
                     metric(&m, "sandlot_egress_closed_total{reason=\"half_closed\"}") >= 39,
                     "{m}"
