@@ -392,6 +392,85 @@ async fn relay(
 mod tests {
     use super::*;
 
+    /// A connected pair on loopback: (the outside end, the proxy's end).
+    async fn pair() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let outside = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (inside, _) = l.accept().await.unwrap();
+        (outside, inside)
+    }
+
+    /// A relay between two loopback pairs: (the sandbox's end, the server's end,
+    /// the relay).
+    async fn relay_of(
+        t: RelayTimeouts,
+    ) -> (TcpStream, TcpStream, tokio::task::JoinHandle<RelayEnd>) {
+        let (sandbox, client) = pair().await;
+        let (server, up) = pair().await;
+        let counts = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let task = tokio::spawn(relay(client, up, counts.0, counts.1, t));
+        (sandbox, server, task)
+    }
+
+    #[tokio::test]
+    async fn a_relay_ends_when_one_side_has_closed_and_the_other_stays_silent() {
+        let (mut sandbox, mut server, task) = relay_of(RelayTimeouts {
+            idle: Duration::from_secs(60),
+            half_closed: Duration::from_millis(300),
+        })
+        .await;
+        sandbox.write_all(b"hello").await.unwrap();
+        // The sandbox's process goes away: its end closes.
+        drop(sandbox);
+        let mut got = Vec::new();
+        server.read_to_end(&mut got).await.unwrap();
+        assert_eq!(
+            got, b"hello",
+            "bytes and then the end of stream are passed on"
+        );
+        // The server never answers nor closes: the relay does not wait for it.
+        let end = tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .expect("the relay lingered")
+            .unwrap();
+        assert_eq!(end, RelayEnd::HalfClosed);
+        // The proxy's upstream socket is closed too: the server's writes now meet a
+        // reset.
+        let _ = server.write_all(b"late").await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            server.write_all(b"later").await.is_err(),
+            "the upstream side is still open"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_relay_lives_while_bytes_flow_and_ends_when_both_sides_fall_silent() {
+        let (mut sandbox, mut server, task) = relay_of(RelayTimeouts {
+            idle: Duration::from_millis(400),
+            half_closed: Duration::from_millis(400),
+        })
+        .await;
+        // Twice the idle bound of steady traffic.
+        for _ in 0..8 {
+            sandbox.write_all(b"x").await.unwrap();
+            let mut b = [0u8; 1];
+            server.read_exact(&mut b).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(!task.is_finished(), "cut while bytes flowed");
+        let end = tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .expect("an idle relay was kept")
+            .unwrap();
+        assert_eq!(end, RelayEnd::Idle);
+        let mut b = [0u8; 8];
+        let closed = tokio::time::timeout(Duration::from_secs(2), sandbox.read(&mut b))
+            .await
+            .expect("the sandbox's side is still open");
+        assert_eq!(closed.unwrap_or(0), 0, "the sandbox's side is closed");
+    }
+
     #[test]
     fn a_half_closed_relay_ends_sooner_than_an_idle_one() {
         let t = RelayTimeouts {
