@@ -127,7 +127,8 @@ type Sender = hyper::client::conn::http1::SendRequest<ReqBody>;
 /// Connections kept per client (beyond them the oldest is closed).
 const MAX_KEPT: usize = 16;
 /// A connection unused for this long is closed rather than reused (servers close
-/// idle connections after a while; the daemon does not, proxies may).
+/// idle connections after a while: the daemon's TCP listeners after
+/// `connections.idle_timeout`, 60 s by default; proxies may sooner).
 const KEEP_FOR: Duration = Duration::from_secs(15);
 
 /// A daemon and the connections to it that a client keeps. Clones share them.

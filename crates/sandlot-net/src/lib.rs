@@ -12,12 +12,15 @@
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use sandlot_proto::spec::{Cidr, NetworkMode, NetworkSpec, SpecError};
+use sandlot_proto::units::Seconds;
 use serde::{Deserialize, Serialize};
 
+pub mod admission;
 pub mod dns;
 pub mod nfnl;
 pub mod nft;
@@ -29,7 +32,9 @@ pub mod slots;
 pub mod sniff;
 pub mod subnet;
 
+use admission::{Budget, EgressCaps, Refusal};
 use policy::{Ceiling, Policy};
+use proxy::{RelayEnd, RelayTimeouts};
 use slots::{AddressPlan, Slot, SlotPool};
 
 /// Errors of the network layer.
@@ -76,6 +81,21 @@ pub struct NetConfig {
     pub subnet: String,
     /// Slots kept built ahead of time.
     pub pool_size: usize,
+    /// TCP connections one sandbox may have open through the proxy at once (each
+    /// holds two of the daemon's descriptors); more are reset and logged.
+    pub max_connections_per_sandbox: usize,
+    /// The same for all the sandboxes of one tenant together.
+    pub max_connections_per_tenant: usize,
+    /// DNS queries of one sandbox the resolver works on at once; more are answered
+    /// REFUSED and logged.
+    pub max_dns_per_sandbox: usize,
+    /// The same for all the sandboxes of one tenant together.
+    pub max_dns_per_tenant: usize,
+    /// A proxied connection with no byte either way for this long is closed.
+    pub idle_timeout: Seconds,
+    /// Once one side of a proxied connection has closed, the other direction is
+    /// closed when it has been silent this long.
+    pub half_close_timeout: Seconds,
 }
 
 impl Default for NetConfig {
@@ -87,6 +107,12 @@ impl Default for NetConfig {
             allow_private: Vec::new(),
             subnet: subnet::AUTO.into(),
             pool_size: 4,
+            max_connections_per_sandbox: 256,
+            max_connections_per_tenant: 1024,
+            max_dns_per_sandbox: 32,
+            max_dns_per_tenant: 128,
+            idle_timeout: Seconds::secs(15 * 60),
+            half_close_timeout: Seconds::secs(30),
         }
     }
 }
@@ -119,6 +145,27 @@ impl NetConfig {
         }
         if self.pool_size > 256 {
             return Err(NetError::Config("network.pool_size: at most 256".into()));
+        }
+        for (k, v) in [
+            (
+                "max_connections_per_sandbox",
+                self.max_connections_per_sandbox,
+            ),
+            (
+                "max_connections_per_tenant",
+                self.max_connections_per_tenant,
+            ),
+            ("max_dns_per_sandbox", self.max_dns_per_sandbox),
+            ("max_dns_per_tenant", self.max_dns_per_tenant),
+        ] {
+            if v == 0 {
+                return Err(NetError::Config(format!("network.{k}: must be at least 1")));
+            }
+        }
+        if self.idle_timeout.0.is_zero() || self.half_close_timeout.0.is_zero() {
+            return Err(NetError::Config(
+                "network.idle_timeout and network.half_close_timeout must be positive".into(),
+            ));
         }
         Ok(())
     }
@@ -210,11 +257,15 @@ pub fn now_ms() -> i64 {
 /// A sandbox with a slot.
 pub struct Attached {
     pub sandbox: String,
+    /// The sandbox's tenant: its connections and queries count against the
+    /// tenant's caps too (a pooled sandbox gets it when claimed).
+    tenant: RwLock<String>,
     pub slot: Slot,
     spec: RwLock<NetworkSpec>,
     policy: RwLock<Arc<Policy>>,
     /// Bumped on every policy change; open connections re-check themselves.
     pub generation: tokio::sync::watch::Sender<u64>,
+    refusals: RefusalLog,
 }
 
 impl Attached {
@@ -226,6 +277,15 @@ impl Attached {
     }
     pub fn spec(&self) -> NetworkSpec {
         self.spec.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+    pub fn tenant(&self) -> String {
+        self.tenant
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+    pub fn set_tenant(&self, tenant: &str) {
+        *self.tenant.write().unwrap_or_else(|e| e.into_inner()) = tenant.to_string();
     }
 }
 
@@ -289,6 +349,12 @@ pub struct Shared {
     pub locals: LocalAddrs,
     pub upstream: Vec<SocketAddr>,
     pub audit: Arc<dyn AuditSink>,
+    /// Proxied connections: two descriptors each.
+    pub conns: EgressCaps,
+    /// DNS queries in flight: one descriptor each (the upstream socket).
+    pub dns: EgressCaps,
+    pub timeouts: RelayTimeouts,
+    pub stats: EgressStats,
 }
 
 impl Shared {
@@ -300,6 +366,55 @@ impl Shared {
             .unwrap_or_else(|e| e.into_inner())
             .get(&v4)
             .cloned()
+    }
+
+    /// Counts a connection or query a cap refused, and logs it in the sandbox's
+    /// audit log (at most one entry a second per kind, naming how many refusals
+    /// it stands for).
+    pub fn refused(
+        &self,
+        sb: &Attached,
+        kind: EventKind,
+        why: Refusal,
+        dest: Option<(IpAddr, u16)>,
+    ) {
+        self.stats.refused(kind, why);
+        let now = now_ms();
+        let Some(skipped) = sb.refusals.note(kind, now) else {
+            return;
+        };
+        let (what, setting) = match kind {
+            EventKind::Tcp => ("open connections", "connections"),
+            EventKind::Dns => ("DNS queries in flight", "dns"),
+        };
+        let mut reason = match why {
+            Refusal::Sandbox { held, cap } => format!(
+                "limit: the sandbox has {held} {what} (network.max_{setting}_per_sandbox = {cap})"
+            ),
+            Refusal::Tenant { held, cap } => format!(
+                "limit: the tenant's sandboxes have {held} {what} (network.max_{setting}_per_tenant = {cap})"
+            ),
+            Refusal::Host { .. } => {
+                format!("limit: the host has no descriptors left for {what}")
+            }
+        };
+        if skipped > 0 {
+            reason.push_str(&format!(
+                "; {skipped} more refused in the second before, not logged one by one"
+            ));
+        }
+        self.record(AuditEvent {
+            sandbox: sb.sandbox.clone(),
+            at_ms: now,
+            kind,
+            name: None,
+            addr: dest.map(|d| d.0),
+            port: dest.map(|d| d.1),
+            decision: Decision::Denied,
+            reason,
+            bytes_out: 0,
+            bytes_in: 0,
+        });
     }
 
     pub fn record(&self, ev: AuditEvent) {
@@ -315,6 +430,112 @@ impl Shared {
         );
         self.audit.record(ev);
     }
+}
+
+/// Which cap refusals of one sandbox make it into its audit log: the first, and
+/// then at most one a second per kind; the others are counted and the next entry
+/// says how many there were. A sandbox that retries in a loop would otherwise
+/// write an entry per attempt. (Metrics count every refusal.)
+#[derive(Debug, Default)]
+pub struct RefusalLog {
+    /// Per kind (TCP, DNS): when the last entry was written (ms since the epoch).
+    last_ms: [AtomicI64; 2],
+    /// Per kind: refusals since that entry that were not logged.
+    skipped: [AtomicU64; 2],
+}
+
+impl RefusalLog {
+    /// Notes a refusal at `now_ms`: `Some(n)` if it is to be logged, standing
+    /// for `n` earlier refusals that were not.
+    pub fn note(&self, kind: EventKind, now_ms: i64) -> Option<u64> {
+        let i = kind as usize;
+        let last = self.last_ms[i].load(Ordering::Relaxed);
+        if last != 0 && now_ms - last < 1000 {
+            self.skipped[i].fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        if self.last_ms[i]
+            .compare_exchange(last, now_ms, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+        {
+            // Another refusal of the same instant is being logged.
+            self.skipped[i].fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        Some(self.skipped[i].swap(0, Ordering::AcqRel))
+    }
+}
+
+/// Counters of the egress limits, for the daemon's metrics.
+#[derive(Debug, Default)]
+pub struct EgressStats {
+    open: AtomicI64,
+    /// [kind (TCP, DNS)][limit (sandbox, tenant, host)].
+    refused: [[AtomicU64; 3]; 2],
+    closed_idle: AtomicU64,
+    closed_half: AtomicU64,
+}
+
+/// An open proxied connection, counted until dropped.
+pub struct OpenConnection<'a>(&'a EgressStats);
+
+impl Drop for OpenConnection<'_> {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl EgressStats {
+    pub fn open_connection(&self) -> OpenConnection<'_> {
+        self.open.fetch_add(1, Ordering::Relaxed);
+        OpenConnection(self)
+    }
+
+    fn refused(&self, kind: EventKind, why: Refusal) {
+        let j = match why {
+            Refusal::Sandbox { .. } => 0,
+            Refusal::Tenant { .. } => 1,
+            Refusal::Host { .. } => 2,
+        };
+        self.refused[kind as usize][j].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts how a relay ended; the words for the audit log when a timeout
+    /// closed it.
+    pub fn relay_ended(&self, end: RelayEnd, t: &RelayTimeouts) -> Option<String> {
+        match end {
+            RelayEnd::Idle => {
+                self.closed_idle.fetch_add(1, Ordering::Relaxed);
+                Some(format!(
+                    "idle for {}s (network.idle_timeout)",
+                    t.idle.as_secs_f64()
+                ))
+            }
+            RelayEnd::HalfClosed => {
+                self.closed_half.fetch_add(1, Ordering::Relaxed);
+                Some(format!(
+                    "one side had closed and the other was silent for {}s (network.half_close_timeout)",
+                    t.half_closed.as_secs_f64()
+                ))
+            }
+            RelayEnd::Broken => Some("reset".into()),
+            RelayEnd::Closed => None,
+        }
+    }
+}
+
+/// What the egress limits hold and have refused, for `/metrics`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EgressSnapshot {
+    pub connections_open: i64,
+    pub dns_in_flight: usize,
+    /// `(kind, limit, count)`: kind `tcp`|`dns`, limit `sandbox`|`tenant`|`host`.
+    pub refused: Vec<(&'static str, &'static str, u64)>,
+    pub closed_idle: u64,
+    pub closed_half_closed: u64,
+    /// Descriptors of the egress budget held now, and its size.
+    pub descriptors_held: usize,
+    pub descriptors_cap: usize,
 }
 
 /// Names derived from the daemon's id prefix: slot names (`sn` + 6 hex digits of a
@@ -346,6 +567,7 @@ pub struct NetService {
 #[derive(Debug, Clone)]
 pub struct Survivor {
     pub sandbox: String,
+    pub tenant: String,
     pub slot: Slot,
     pub spec: NetworkSpec,
 }
@@ -353,12 +575,15 @@ pub struct Survivor {
 impl NetService {
     /// Binds the resolver and proxy, writes the nftables table (keeping the slots
     /// of `survivors`), deletes every other leftover slot of this prefix, and starts
-    /// filling the pool. Call from a Tokio runtime.
+    /// filling the pool. `descriptors` is the share of the daemon's open-file limit
+    /// that proxied connections and DNS queries of all sandboxes together may hold.
+    /// Call from a Tokio runtime.
     pub async fn start(
         mut cfg: NetConfig,
         id_prefix: &str,
         audit: Arc<dyn AuditSink>,
         survivors: Vec<Survivor>,
+        descriptors: Arc<Budget>,
     ) -> Result<NetService, NetError> {
         cfg.validate()?;
         let prefix = slot_prefix(id_prefix);
@@ -387,6 +612,23 @@ impl NetService {
             locals: LocalAddrs::new(),
             upstream,
             audit,
+            conns: EgressCaps::new(
+                cfg.max_connections_per_sandbox,
+                cfg.max_connections_per_tenant,
+                2,
+                descriptors.clone(),
+            ),
+            dns: EgressCaps::new(
+                cfg.max_dns_per_sandbox,
+                cfg.max_dns_per_tenant,
+                1,
+                descriptors,
+            ),
+            timeouts: RelayTimeouts {
+                idle: cfg.idle_timeout.0,
+                half_closed: cfg.half_close_timeout.0,
+            },
+            stats: EgressStats::default(),
         });
         let io = |what: &str| {
             let what = what.to_string();
@@ -435,7 +677,7 @@ impl NetService {
             _subnet: held,
         };
         for s in survivors {
-            svc.register(&s.sandbox, s.slot, &s.spec);
+            svc.register(&s.sandbox, &s.tenant, s.slot, &s.spec);
         }
         tracing::info!(
             prefix = %svc.prefix,
@@ -490,9 +732,11 @@ impl NetService {
         Ok(())
     }
 
-    fn register(&self, id: &str, slot: Slot, spec: &NetworkSpec) -> Arc<Attached> {
+    fn register(&self, id: &str, tenant: &str, slot: Slot, spec: &NetworkSpec) -> Arc<Attached> {
         let a = Arc::new(Attached {
             sandbox: id.to_string(),
+            tenant: RwLock::new(tenant.to_string()),
+            refusals: RefusalLog::default(),
             slot: slot.clone(),
             spec: RwLock::new(spec.clone()),
             policy: RwLock::new(Arc::new(Policy::compile(spec))),
@@ -510,8 +754,14 @@ impl NetService {
         a
     }
 
-    /// Claims a slot for sandbox `id` (blocking: builds one if the pool is empty).
-    pub fn attach(&self, id: &str, spec: &NetworkSpec) -> Result<Attachment, NetError> {
+    /// Claims a slot for sandbox `id` of `tenant` (blocking: builds one if the pool
+    /// is empty).
+    pub fn attach(
+        &self,
+        id: &str,
+        tenant: &str,
+        spec: &NetworkSpec,
+    ) -> Result<Attachment, NetError> {
         let slot = self.pool.claim()?;
         let netns = match slots::open_netns(&slot.name) {
             Ok(f) => f,
@@ -520,12 +770,37 @@ impl NetService {
                 return Err(e);
             }
         };
-        self.register(id, slot.clone(), spec);
+        self.register(id, tenant, slot.clone(), spec);
         Ok(Attachment {
             netns,
             nameserver: IpAddr::V4(slot.host_ip),
             slot,
         })
+    }
+
+    /// What the egress limits hold and have refused.
+    pub fn stats(&self) -> EgressSnapshot {
+        let sh = &self.shared;
+        let st = &sh.stats;
+        let mut refused = Vec::new();
+        for (i, kind) in [EventKind::Dns, EventKind::Tcp].into_iter().enumerate() {
+            for (j, limit) in ["sandbox", "tenant", "host"].into_iter().enumerate() {
+                refused.push((
+                    kind.as_str(),
+                    limit,
+                    st.refused[i][j].load(Ordering::Relaxed),
+                ));
+            }
+        }
+        EgressSnapshot {
+            connections_open: st.open.load(Ordering::Relaxed),
+            dns_in_flight: sh.dns.per_tenant.total(),
+            refused,
+            closed_idle: st.closed_idle.load(Ordering::Relaxed),
+            closed_half_closed: st.closed_half.load(Ordering::Relaxed),
+            descriptors_held: sh.conns.budget.used(),
+            descriptors_cap: sh.conns.budget.cap(),
+        }
     }
 
     /// The sandbox's current network spec.
@@ -619,6 +894,53 @@ mod tests {
     }
 
     #[test]
+    fn cap_refusals_are_logged_at_most_once_a_second_per_kind_with_the_count() {
+        let l = RefusalLog::default();
+        assert_eq!(
+            l.note(EventKind::Tcp, 10_000),
+            Some(0),
+            "the first is logged"
+        );
+        assert_eq!(l.note(EventKind::Tcp, 10_100), None);
+        assert_eq!(l.note(EventKind::Tcp, 10_999), None);
+        // Another kind has its own second.
+        assert_eq!(l.note(EventKind::Dns, 10_500), Some(0));
+        assert_eq!(
+            l.note(EventKind::Tcp, 11_000),
+            Some(2),
+            "the next entry counts the ones not logged"
+        );
+        assert_eq!(l.note(EventKind::Tcp, 20_000), Some(0));
+    }
+
+    #[test]
+    fn relay_ends_are_counted_and_timeouts_named() {
+        let s = EgressStats::default();
+        let t = RelayTimeouts {
+            idle: Duration::from_secs(900),
+            half_closed: Duration::from_millis(1500),
+        };
+        assert_eq!(s.relay_ended(RelayEnd::Closed, &t), None);
+        let why = s.relay_ended(RelayEnd::HalfClosed, &t).unwrap();
+        assert!(why.contains("1.5s (network.half_close_timeout)"), "{why}");
+        let why = s.relay_ended(RelayEnd::Idle, &t).unwrap();
+        assert!(why.contains("900s (network.idle_timeout)"), "{why}");
+        assert_eq!(
+            (
+                s.closed_idle.load(Ordering::Relaxed),
+                s.closed_half.load(Ordering::Relaxed)
+            ),
+            (1, 1)
+        );
+        {
+            let _a = s.open_connection();
+            let _b = s.open_connection();
+            assert_eq!(s.open.load(Ordering::Relaxed), 2);
+        }
+        assert_eq!(s.open.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
     fn config_is_checked() {
         assert!(NetConfig::default().validate().is_ok());
         let c = NetConfig {
@@ -641,6 +963,20 @@ mod tests {
             .contains("allow_private[0]"));
         let c = NetConfig {
             subnet: "fd00::/64".into(),
+            ..Default::default()
+        };
+        assert!(c.validate().is_err());
+        let c = NetConfig {
+            max_dns_per_tenant: 0,
+            ..Default::default()
+        };
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("network.max_dns_per_tenant"));
+        let c = NetConfig {
+            half_close_timeout: Seconds::secs(0),
             ..Default::default()
         };
         assert!(c.validate().is_err());

@@ -30,16 +30,34 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub async fn serve(l: TcpListener, shared: Arc<Shared>) {
     loop {
-        let Ok((s, peer)) = l.accept().await else {
-            tokio::time::sleep(Duration::from_millis(10)).await;
+        let (s, peer) = match l.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                // Out of descriptors (EMFILE, ENFILE): back off rather than spin.
+                tracing::debug!("egress proxy accept: {e}");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let Some(sb) = shared.sandbox_at(peer.ip()) else {
             continue;
+        };
+        let admitted = match shared.conns.admit(&sb.sandbox, &sb.tenant()) {
+            Ok(a) => a,
+            Err(r) => {
+                let dest = rustix::net::sockopt::ip_original_dst(&s)
+                    .ok()
+                    .map(|a| (IpAddr::V4(*a.ip()), a.port()));
+                reset(&s);
+                shared.refused(&sb, EventKind::Tcp, r, dest);
+                continue;
+            }
         };
         let shared = shared.clone();
         tokio::spawn(async move {
-            let Some(sb) = shared.sandbox_at(peer.ip()) else {
-                return;
-            };
+            let _open = shared.stats.open_connection();
             handle(&shared, sb, s).await;
+            drop(admitted);
         });
     }
 }
@@ -174,7 +192,7 @@ async fn handle(shared: &Shared, sb: Arc<Attached>, mut client: TcpStream) {
     let out = Arc::new(AtomicU64::new(first.len() as u64));
     let inn = Arc::new(AtomicU64::new(0));
     let mut gen = sb.generation.subscribe();
-    let relay = relay(client, up, out.clone(), inn.clone());
+    let relay = relay(client, up, out.clone(), inn.clone(), shared.timeouts);
     tokio::pin!(relay);
     ev.reason = match &grant {
         Grant::Addr(..) => format!("address rule ({})", policy.mode.as_str()),
@@ -182,7 +200,13 @@ async fn handle(shared: &Shared, sb: Arc<Attached>, mut client: TcpStream) {
     };
     loop {
         tokio::select! {
-            _ = &mut relay => break,
+            end = &mut relay => {
+                if let Some(why) = shared.stats.relay_ended(end, &shared.timeouts) {
+                    ev.reason.push_str("; closed: ");
+                    ev.reason.push_str(&why);
+                }
+                break;
+            }
             changed = gen.changed() => {
                 let revoked = changed.is_err()
                     || shared.sandbox_at(IpAddr::V4(sb.slot.sandbox_ip)).is_none()
@@ -229,38 +253,247 @@ async fn read_name(client: &mut TcpStream, buf: &mut Vec<u8>) -> Result<String, 
     }
 }
 
-async fn relay(client: TcpStream, up: TcpStream, out: Arc<AtomicU64>, inn: Arc<AtomicU64>) {
+/// How long a relayed connection may stay quiet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RelayTimeouts {
+    /// No byte either way for this long: both sides are closed.
+    pub idle: Duration,
+    /// Once one side has closed its sending half, the other direction is closed
+    /// when it has been silent this long.
+    pub half_closed: Duration,
+}
+
+/// How a relay ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RelayEnd {
+    /// Both sides closed their sending halves.
+    Closed,
+    /// A side reset the connection or a write failed: both were closed at once.
+    Broken,
+    /// Neither side sent anything for [`RelayTimeouts::idle`].
+    Idle,
+    /// One side had closed and the other was silent for
+    /// [`RelayTimeouts::half_closed`].
+    HalfClosed,
+}
+
+/// When a relay that was last active at `last` must end, and why: the idle bound,
+/// or the shorter half-close bound once one side has closed (`fin`).
+pub fn relay_deadline(
+    last: tokio::time::Instant,
+    fin: bool,
+    t: &RelayTimeouts,
+) -> (tokio::time::Instant, RelayEnd) {
+    if fin && t.half_closed < t.idle {
+        (last + t.half_closed, RelayEnd::HalfClosed)
+    } else {
+        (last + t.idle, RelayEnd::Idle)
+    }
+}
+
+/// The time of a relay's last transfer, as milliseconds since its start.
+struct LastActive {
+    start: tokio::time::Instant,
+    ms: AtomicU64,
+}
+
+impl LastActive {
+    fn touch(&self) {
+        self.ms
+            .store(self.start.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+    fn get(&self) -> tokio::time::Instant {
+        self.start + Duration::from_millis(self.ms.load(Ordering::Relaxed))
+    }
+}
+
+/// Copies one direction until end of stream (`Ok`) or an error (`Err`), counting
+/// bytes and noting the time of each transfer in `last`.
+async fn pump(
+    r: &mut tokio::net::tcp::OwnedReadHalf,
+    w: &mut tokio::net::tcp::OwnedWriteHalf,
+    count: &AtomicU64,
+    last: &LastActive,
+) -> Result<(), ()> {
+    let mut b = vec![0u8; 16 * 1024];
+    loop {
+        match r.read(&mut b).await {
+            Ok(0) => break,
+            Ok(n) => {
+                last.touch();
+                w.write_all(&b[..n]).await.map_err(|_| ())?;
+                count.fetch_add(n as u64, Ordering::Relaxed);
+                last.touch();
+            }
+            Err(_) => return Err(()),
+        }
+    }
+    // Pass the end of stream on; the other direction goes on (half-close).
+    let _ = w.shutdown().await;
+    Ok(())
+}
+
+/// Relays bytes both ways until both sides have closed, either side breaks, the
+/// connection is idle for `t.idle`, or one side has closed and the other stays
+/// silent for `t.half_closed`. Both sockets are closed when it returns: a relay
+/// never outlives its sandbox's side, nor waits for ever on a silent upstream.
+async fn relay(
+    client: TcpStream,
+    up: TcpStream,
+    out: Arc<AtomicU64>,
+    inn: Arc<AtomicU64>,
+    t: RelayTimeouts,
+) -> RelayEnd {
     let (mut cr, mut cw) = client.into_split();
     let (mut ur, mut uw) = up.into_split();
-    let a = async {
-        let mut b = vec![0u8; 16 * 1024];
+    let last = LastActive {
+        start: tokio::time::Instant::now(),
+        ms: AtomicU64::new(0),
+    };
+    let end = {
+        let a = pump(&mut cr, &mut uw, &out, &last);
+        let b = pump(&mut ur, &mut cw, &inn, &last);
+        tokio::pin!(a, b);
+        let (mut a_done, mut b_done) = (false, false);
         loop {
-            match cr.read(&mut b).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    if uw.write_all(&b[..n]).await.is_err() {
-                        break;
+            if a_done && b_done {
+                break RelayEnd::Closed;
+            }
+            let (deadline, why) = relay_deadline(last.get(), a_done || b_done, &t);
+            tokio::select! {
+                r = &mut a, if !a_done => match r {
+                    Ok(()) => a_done = true,
+                    Err(()) => break RelayEnd::Broken,
+                },
+                r = &mut b, if !b_done => match r {
+                    Ok(()) => b_done = true,
+                    Err(()) => break RelayEnd::Broken,
+                },
+                _ = tokio::time::sleep_until(deadline) => {
+                    // Activity since the deadline was computed moves it.
+                    if relay_deadline(last.get(), a_done || b_done, &t).0 <= tokio::time::Instant::now() {
+                        break why;
                     }
-                    out.fetch_add(n as u64, Ordering::Relaxed);
                 }
             }
         }
-        let _ = uw.shutdown().await;
     };
-    let b = async {
-        let mut b = vec![0u8; 16 * 1024];
-        loop {
-            match ur.read(&mut b).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    if cw.write_all(&b[..n]).await.is_err() {
-                        break;
-                    }
-                    inn.fetch_add(n as u64, Ordering::Relaxed);
-                }
-            }
+    if end == RelayEnd::Broken {
+        // Pass a reset on rather than a clean end of stream.
+        if let (Ok(c), Ok(u)) = (cr.reunite(cw), ur.reunite(uw)) {
+            reset(&c);
+            reset(&u);
         }
-        let _ = cw.shutdown().await;
-    };
-    tokio::join!(a, b);
+    }
+    end
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A connected pair on loopback: (the outside end, the proxy's end).
+    async fn pair() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let outside = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (inside, _) = l.accept().await.unwrap();
+        (outside, inside)
+    }
+
+    /// A relay between two loopback pairs: (the sandbox's end, the server's end,
+    /// the relay).
+    async fn relay_of(
+        t: RelayTimeouts,
+    ) -> (TcpStream, TcpStream, tokio::task::JoinHandle<RelayEnd>) {
+        let (sandbox, client) = pair().await;
+        let (server, up) = pair().await;
+        let counts = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let task = tokio::spawn(relay(client, up, counts.0, counts.1, t));
+        (sandbox, server, task)
+    }
+
+    #[tokio::test]
+    async fn a_relay_ends_when_one_side_has_closed_and_the_other_stays_silent() {
+        let (mut sandbox, mut server, task) = relay_of(RelayTimeouts {
+            idle: Duration::from_secs(60),
+            half_closed: Duration::from_millis(300),
+        })
+        .await;
+        sandbox.write_all(b"hello").await.unwrap();
+        // The sandbox's process goes away: its end closes.
+        drop(sandbox);
+        let mut got = Vec::new();
+        server.read_to_end(&mut got).await.unwrap();
+        assert_eq!(
+            got, b"hello",
+            "bytes and then the end of stream are passed on"
+        );
+        // The server never answers nor closes: the relay does not wait for it.
+        let end = tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .expect("the relay lingered")
+            .unwrap();
+        assert_eq!(end, RelayEnd::HalfClosed);
+        // The proxy's upstream socket is closed too: the server's writes now meet a
+        // reset.
+        let _ = server.write_all(b"late").await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            server.write_all(b"later").await.is_err(),
+            "the upstream side is still open"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_relay_lives_while_bytes_flow_and_ends_when_both_sides_fall_silent() {
+        let (mut sandbox, mut server, task) = relay_of(RelayTimeouts {
+            idle: Duration::from_millis(400),
+            half_closed: Duration::from_millis(400),
+        })
+        .await;
+        // Twice the idle bound of steady traffic.
+        for _ in 0..8 {
+            sandbox.write_all(b"x").await.unwrap();
+            let mut b = [0u8; 1];
+            server.read_exact(&mut b).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(!task.is_finished(), "cut while bytes flowed");
+        let end = tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .expect("an idle relay was kept")
+            .unwrap();
+        assert_eq!(end, RelayEnd::Idle);
+        let mut b = [0u8; 8];
+        let closed = tokio::time::timeout(Duration::from_secs(2), sandbox.read(&mut b))
+            .await
+            .expect("the sandbox's side is still open");
+        assert_eq!(closed.unwrap_or(0), 0, "the sandbox's side is closed");
+    }
+
+    #[test]
+    fn a_half_closed_relay_ends_sooner_than_an_idle_one() {
+        let t = RelayTimeouts {
+            idle: Duration::from_secs(900),
+            half_closed: Duration::from_secs(30),
+        };
+        let now = tokio::time::Instant::now();
+        assert_eq!(
+            relay_deadline(now, false, &t),
+            (now + Duration::from_secs(900), RelayEnd::Idle)
+        );
+        assert_eq!(
+            relay_deadline(now, true, &t),
+            (now + Duration::from_secs(30), RelayEnd::HalfClosed)
+        );
+        // A half-close bound above the idle bound never extends it.
+        let t = RelayTimeouts {
+            idle: Duration::from_secs(10),
+            half_closed: Duration::from_secs(60),
+        };
+        assert_eq!(
+            relay_deadline(now, true, &t),
+            (now + Duration::from_secs(10), RelayEnd::Idle)
+        );
+    }
 }

@@ -45,34 +45,70 @@ pub async fn serve_udp(sock: UdpSocket, shared: Arc<Shared>) {
         let Ok((n, from)) = sock.recv_from(&mut buf).await else {
             continue;
         };
+        let Some(sb) = shared.sandbox_at(from.ip()) else {
+            continue;
+        };
         let q = buf[..n].to_vec();
+        let admitted = match shared.dns.admit(&sb.sandbox, &sb.tenant()) {
+            Ok(a) => a,
+            Err(r) => {
+                // Answered at once from this socket: a refusal costs no descriptor.
+                if let Ok(parsed) = dns::parse_query(&q) {
+                    let _ =
+                        sock.try_send_to(&dns::empty_response(&q, &parsed, rcode::REFUSED), from);
+                }
+                shared.refused(&sb, EventKind::Dns, r, None);
+                continue;
+            }
+        };
         let (sock, shared) = (sock.clone(), shared.clone());
         tokio::spawn(async move {
             if let Some(r) = answer(&shared, from.ip(), &q).await {
                 let _ = sock.send_to(&r, from).await;
             }
+            drop(admitted);
         });
     }
 }
 
 pub async fn serve_tcp(l: TcpListener, shared: Arc<Shared>) {
     loop {
-        let Ok((s, from)) = l.accept().await else {
+        let (s, from) = match l.accept().await {
+            Ok(c) => c,
+            Err(_) => {
+                // Out of descriptors: back off rather than spin.
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        // Only sandboxes: anything else is closed at once instead of holding a
+        // descriptor for the read timeout.
+        let Some(sb) = shared.sandbox_at(from.ip()) else {
             continue;
+        };
+        // A TCP query holds its connection and an upstream socket: counted as a
+        // proxied connection.
+        let admitted = match shared.conns.admit(&sb.sandbox, &sb.tenant()) {
+            Ok(a) => a,
+            Err(r) => {
+                shared.refused(&sb, EventKind::Tcp, r, Some((from.ip(), 53)));
+                continue;
+            }
         };
         let shared = shared.clone();
         tokio::spawn(async move {
-            let _ = tokio::time::timeout(Duration::from_secs(30), tcp_conn(s, from, shared)).await;
+            let _ = tokio::time::timeout(Duration::from_secs(30), tcp_conn(s, from, &shared)).await;
+            drop(admitted);
         });
     }
 }
 
-async fn tcp_conn(mut s: TcpStream, from: SocketAddr, shared: Arc<Shared>) -> std::io::Result<()> {
+async fn tcp_conn(mut s: TcpStream, from: SocketAddr, shared: &Shared) -> std::io::Result<()> {
     loop {
         let len = s.read_u16().await? as usize;
         let mut q = vec![0u8; len];
         s.read_exact(&mut q).await?;
-        let Some(r) = answer(&shared, from.ip(), &q).await else {
+        let Some(r) = answer(shared, from.ip(), &q).await else {
             return Ok(());
         };
         s.write_u16(r.len() as u16).await?;

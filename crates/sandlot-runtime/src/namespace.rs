@@ -543,7 +543,7 @@ impl NamespaceBackend {
         };
         let r = publish();
         if r.is_err() {
-            let _ = fs::remove_dir_all(&tmp);
+            remove_run_dir(&tmp);
         }
         r
     }
@@ -574,15 +574,22 @@ impl NamespaceBackend {
                 .ok()
                 .and_then(|t| t.elapsed().ok())
                 .is_some_and(|d| d > Duration::from_secs(60));
+            // Its publisher (named in it) is gone, or is this process, which
+            // publishes nothing while it sweeps: debris whatever its age.
+            let orphaned = publisher_pid(&id).is_some_and(|p| {
+                p == std::process::id() as i32
+                    || matches!(sys::kill(p, 0), Err(e) if e.raw_os_error() == Some(libc::ESRCH))
+            });
             let Ok(f) = fs::File::open(e.path().join("alive")) else {
-                if old {
-                    let _ = fs::remove_dir_all(e.path());
+                if old || orphaned {
+                    remove_run_dir(&e.path());
                 }
                 continue;
             };
             if id.starts_with('.') {
-                if old && matches!(sys::try_flock_exclusive(f.as_fd()), Ok(true)) {
-                    let _ = fs::remove_dir_all(e.path());
+                if (old || orphaned) && matches!(sys::try_flock_exclusive(f.as_fd()), Ok(true)) {
+                    drop(f);
+                    remove_run_dir(&e.path());
                 }
                 continue;
             }
@@ -590,11 +597,38 @@ impl NamespaceBackend {
                 let cg = Cgroup::plan(&self.layout, &self.cfg.cgroup_parent, &id);
                 cg.kill_all(Duration::from_secs(2));
                 let _ = cg.remove(Duration::from_secs(2));
-                let _ = fs::remove_dir_all(e.path());
+                drop(f);
+                remove_run_dir(&e.path());
                 cleaned.push(id);
             }
         }
         cleaned
+    }
+}
+
+/// The pid of the process that is publishing a run directory under the temporary
+/// name `.new-<id>-<pid>`; `None` for any other name.
+pub fn publisher_pid(name: &str) -> Option<i32> {
+    let rest = name.strip_prefix(".new-")?;
+    let (_, pid) = rest.rsplit_once('-')?;
+    pid.parse().ok().filter(|p| *p > 0)
+}
+
+/// Removes a sandbox's run directory (or one being published) without opening
+/// it: its known entries and then the directory by path, which takes no
+/// descriptor, since a create most often fails when the process is out of them
+/// (a recursive removal opens every directory, and then failed and left it).
+/// Anything else inside falls back to a recursive removal.
+pub fn remove_run_dir(dir: &Path) {
+    for f in ["alive", "agent.sock"] {
+        let _ = fs::remove_file(dir.join(f));
+    }
+    match fs::remove_dir(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(_) => {
+            let _ = fs::remove_dir_all(dir);
+        }
     }
 }
 
@@ -764,7 +798,10 @@ impl Backend for NamespaceBackend {
                 cg.kill_all(Duration::from_secs(2));
                 let _ = cg.remove(Duration::from_secs(2));
             }
-            let _ = fs::remove_dir_all(&dir);
+            // The alive lock first: a file this process holds open is fine to
+            // unlink, but the descriptor is better back before the next create.
+            drop(alive);
+            remove_run_dir(&dir);
         }
         r
     }
@@ -784,7 +821,7 @@ impl Backend for NamespaceBackend {
         // The shared parent goes too once the last sandbox is gone (EBUSY otherwise).
         sb.cgroup.remove_parent_if_empty();
         tr.mark("cgroup removed");
-        let _ = fs::remove_dir_all(&sb.dir);
+        remove_run_dir(&sb.dir);
         tr.mark("run directory removed");
         Ok(())
     }
@@ -875,6 +912,31 @@ pub fn host_traces(run_dir: &Path, cgroup_parent: &str, prefix: &str) -> Vec<Pat
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_directory_being_published_names_its_publisher() {
+        assert_eq!(publisher_pid(".new-sb-12ab-4242"), Some(4242));
+        assert_eq!(publisher_pid(".new-a-b-c-17"), Some(17));
+        assert_eq!(publisher_pid("sb-12ab"), None);
+        assert_eq!(publisher_pid(".new-sb-x"), None);
+        assert_eq!(publisher_pid(".new-sb-0"), None);
+        assert_eq!(publisher_pid(".new-4242"), None);
+    }
+
+    #[test]
+    fn a_run_directory_is_removed_with_whatever_is_in_it() {
+        let d = std::env::temp_dir().join(format!("sandlot-rundir-{}", std::process::id()));
+        fs::create_dir_all(&d).unwrap();
+        fs::write(d.join("alive"), "").unwrap();
+        fs::write(d.join("agent.sock"), "").unwrap();
+        remove_run_dir(&d);
+        assert!(!d.exists(), "left {}", d.display());
+        // Something unexpected inside: removed all the same.
+        fs::create_dir_all(d.join("sub")).unwrap();
+        fs::write(d.join("sub/x"), "").unwrap();
+        remove_run_dir(&d);
+        assert!(!d.exists());
+    }
 
     /// Regression (a `concurrent_runs_do_not_interfere` failure in CI): `sweep`
     /// removed a run directory another process was publishing, between the

@@ -180,6 +180,9 @@ pub struct ServerConfig {
     pub vfs: VfsSection,
     /// Registries and builds (`[images]`, see `docs/images.md`).
     pub images: ImagesSection,
+    /// The TCP listeners' caps and timeouts and the descriptors kept for the
+    /// operator (`[connections]`, see `inbound.rs`).
+    pub connections: crate::inbound::ConnectionsSection,
 }
 
 /// Virtual filesystem collections and sessions (`[vfs]`, see docs/vfs.md).
@@ -296,6 +299,7 @@ impl Default for ServerConfig {
             ports: crate::ports::PortsConfig::default(),
             vfs: VfsSection::default(),
             images: ImagesSection::default(),
+            connections: crate::inbound::ConnectionsSection::default(),
         }
     }
 }
@@ -401,6 +405,9 @@ impl ServerConfig {
             return bad(m);
         }
         if let Err(m) = self.ports.check() {
+            return bad(m);
+        }
+        if let Err(m) = self.connections.check() {
             return bad(m);
         }
         if self.vfs.command_timeout.0.is_zero() || self.vfs.session_idle_timeout.0.is_zero() {

@@ -68,6 +68,32 @@ impl ApiError {
         ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
     }
 
+    /// 503 `host_exhausted`: the host ran out of `what` (descriptors, memory, disk)
+    /// while serving the request; nothing of it was kept, and a retry may succeed.
+    pub fn host_exhausted(what: Exhausted) -> ApiError {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "host_exhausted",
+            format!("the host is out of {}; try again later", what.noun()),
+        )
+    }
+
+    /// This error, or 503 `host_exhausted` if it is an opaque 500 whose detail
+    /// says the host ran out of a resource (the detail is still logged).
+    pub fn or_exhausted(self) -> ApiError {
+        if self.status != StatusCode::INTERNAL_SERVER_ERROR {
+            return self;
+        }
+        match self.internal.as_deref().and_then(Exhausted::in_text) {
+            Some(what) => {
+                let mut e = ApiError::host_exhausted(what);
+                e.internal = self.internal;
+                e
+            }
+            None => self,
+        }
+    }
+
     /// An opaque 500: `detail` goes to the log only.
     pub fn internal(detail: impl std::fmt::Display) -> ApiError {
         let mut e = ApiError::new(
@@ -189,3 +215,129 @@ pub fn for_status(status: StatusCode) -> ApiError {
 }
 
 pub type ApiResult<T> = Result<T, ApiError>;
+
+/// A host resource whose exhaustion fails a request through no fault of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exhausted {
+    /// `EMFILE` (the daemon's open-file limit), `ENFILE` (the system's).
+    Descriptors,
+    /// `ENOMEM`.
+    Memory,
+    /// `ENOSPC` (on the host, not in a sandbox's own disk).
+    Disk,
+}
+
+impl Exhausted {
+    pub fn of_errno(errno: i32) -> Option<Exhausted> {
+        match errno {
+            libc::EMFILE | libc::ENFILE => Some(Exhausted::Descriptors),
+            libc::ENOMEM => Some(Exhausted::Memory),
+            libc::ENOSPC => Some(Exhausted::Disk),
+            _ => None,
+        }
+    }
+
+    /// The first exhausted resource named by an I/O error in `e` or its sources.
+    pub fn in_error(e: &(dyn std::error::Error + 'static)) -> Option<Exhausted> {
+        let mut cur = Some(e);
+        while let Some(e) = cur {
+            if let Some(n) = e
+                .downcast_ref::<std::io::Error>()
+                .and_then(std::io::Error::raw_os_error)
+            {
+                if let Some(x) = Exhausted::of_errno(n) {
+                    return Some(x);
+                }
+            }
+            cur = e.source();
+        }
+        Exhausted::in_text(&e.to_string())
+    }
+
+    /// The same from an error's text (a helper process reports its errors as
+    /// text): the C library's words for the error numbers.
+    pub fn in_text(s: &str) -> Option<Exhausted> {
+        if s.contains("Too many open files") {
+            Some(Exhausted::Descriptors)
+        } else if s.contains("Cannot allocate memory") || s.contains("Out of memory") {
+            Some(Exhausted::Memory)
+        } else if s.contains("No space left on device") {
+            Some(Exhausted::Disk)
+        } else {
+            None
+        }
+    }
+
+    /// What the host is out of, for the message.
+    pub fn noun(self) -> &'static str {
+        match self {
+            Exhausted::Descriptors => "file descriptors",
+            Exhausted::Memory => "memory",
+            Exhausted::Disk => "disk space",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("create alive lock: {source}")]
+    struct Wrapped {
+        source: std::io::Error,
+    }
+
+    #[test]
+    fn exhausted_host_resources_are_found_in_errors_and_their_sources() {
+        let io = |n| std::io::Error::from_raw_os_error(n);
+        assert_eq!(
+            Exhausted::in_error(&io(libc::EMFILE)),
+            Some(Exhausted::Descriptors)
+        );
+        assert_eq!(
+            Exhausted::in_error(&Wrapped {
+                source: io(libc::ENFILE)
+            }),
+            Some(Exhausted::Descriptors)
+        );
+        assert_eq!(
+            Exhausted::in_error(&Wrapped {
+                source: io(libc::ENOMEM)
+            }),
+            Some(Exhausted::Memory)
+        );
+        assert_eq!(
+            Exhausted::in_error(&io(libc::ENOSPC)),
+            Some(Exhausted::Disk)
+        );
+        // Other errors are not the host's exhaustion.
+        assert_eq!(Exhausted::in_error(&io(libc::EACCES)), None);
+        assert_eq!(Exhausted::in_error(&io(libc::ENOENT)), None);
+        // Text of a helper's report.
+        assert_eq!(
+            Exhausted::in_text("sandbox init failed: clone: Cannot allocate memory (os error 12)"),
+            Some(Exhausted::Memory)
+        );
+        assert_eq!(Exhausted::in_text("sandbox init failed: EPERM"), None);
+    }
+
+    #[test]
+    fn an_opaque_500_of_an_exhausted_host_becomes_503_host_exhausted() {
+        let e = ApiError::internal("create alive lock: Too many open files (os error 24)")
+            .or_exhausted();
+        assert_eq!((e.status.as_u16(), e.code), (503, "host_exhausted"));
+        assert_eq!(
+            e.message,
+            "the host is out of file descriptors; try again later"
+        );
+        assert!(
+            e.internal.unwrap().contains("alive lock"),
+            "the detail is kept for the log"
+        );
+        let e = ApiError::internal("database is locked").or_exhausted();
+        assert_eq!(e.code, "internal");
+        let e = ApiError::bad_request("No space left on device").or_exhausted();
+        assert_eq!(e.code, "bad_request", "only 500s are reclassified");
+    }
+}

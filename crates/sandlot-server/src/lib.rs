@@ -12,6 +12,7 @@ pub mod config;
 pub mod e2b;
 pub mod error;
 pub mod images;
+pub mod inbound;
 pub mod memory;
 pub mod metrics;
 pub mod mount_users;
@@ -170,17 +171,33 @@ const TEARDOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Raises the soft limit of open files to the hard one: the daemon holds
 /// descriptors per sandbox (its PID 1's pidfd, the agent connection, mount
-/// helpers' pipes), and service managers often start it with a soft limit of
-/// 1,024, below a thousand sandboxes' worth.
-fn raise_open_file_limit() {
+/// helpers' pipes) and per TCP client and proxied connection, and service
+/// managers often start it with a soft limit of 1,024. Returns the limit now in
+/// force, logged with how it is shared out (see [`inbound::DescriptorPlan`]).
+fn raise_open_file_limit() -> usize {
     use rustix::process::{getrlimit, setrlimit, Resource};
     let mut l = getrlimit(Resource::Nofile);
+    let before = l.current;
     if l.current < l.maximum {
         l.current = l.maximum;
         if let Err(e) = setrlimit(Resource::Nofile, l) {
             tracing::warn!("raise the open-file limit: {e}");
         }
     }
+    let now = getrlimit(Resource::Nofile);
+    // An unlimited or absurd limit counts as what the kernel allows a process.
+    let cap = std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or(1 << 20);
+    let got = now.current.unwrap_or(cap).min(cap) as usize;
+    tracing::info!(
+        soft_before = ?before,
+        soft = got,
+        hard = ?now.maximum,
+        "open-file limit"
+    );
+    got
 }
 
 /// Runs the daemon until `shutdown` resolves. Sandboxes keep running across a
@@ -195,7 +212,17 @@ pub async fn serve(
         .map_err(io("chmod", &cfg.data_dir))?;
     let _lock = lock_data_dir(&cfg.data_dir)?;
     let _prefix_lock = lock_id_prefix(Path::new(ID_PREFIX_LOCK_DIR), &cfg.id_prefix)?;
-    raise_open_file_limit();
+    let plan = inbound::DescriptorPlan::new(raise_open_file_limit(), &cfg.connections);
+    for w in &plan.warnings {
+        tracing::warn!("{w}");
+    }
+    tracing::info!(
+        limit = plan.limit,
+        reserve = plan.reserve,
+        tcp_clients = plan.inbound,
+        egress = plan.egress,
+        "descriptors: kept for the operator socket and sandboxes, for TCP clients, for egress"
+    );
     let store = Store::open(&cfg.db_path())?;
     let mut rc = RuntimeConfig::new(init_exe);
     rc.run_dir = cfg.runtime.run_dir.clone();
@@ -268,7 +295,7 @@ pub async fn serve(
             path: PathBuf::from(format!("{:?}", cfg.e2b.listen)),
             source,
         })?;
-    let state = Arc::new(AppState::new(cfg, store, runtime, images));
+    let state = Arc::new(AppState::new(cfg, store, runtime, images, plan));
     let mut rep = sandbox::reconcile(&state).await?;
     // No create runs yet: keys of creates a crash interrupted are free again.
     if let Err(e) = state.store.release_unbound_idempotency_keys() {
@@ -304,9 +331,14 @@ pub async fn serve(
             let front = e2b::E2b::new(state.clone(), state.cfg.e2b.clone(), stop_rx.clone())
                 .map_err(io("create the e2b key in", &state.cfg.data_dir))?;
             tracing::info!(listen = ?state.cfg.e2b.listen, "E2B-compatible API listening");
-            let srv = axum::serve(l, e2b::router(front).into_make_service())
-                .with_graceful_shutdown(wait_stop(stop_rx.clone()));
-            Some(tokio::spawn(srv.into_future()))
+            let srv = inbound::serve(
+                &state.inbound,
+                l,
+                inbound::ListenerKind::E2b,
+                e2b::router(front),
+                wait_stop(stop_rx.clone()),
+            );
+            Some(tokio::spawn(srv))
         }
         None => None,
     };
@@ -324,11 +356,14 @@ pub async fn serve(
     let servers = async {
         match tcp {
             Some(t) => {
-                let app = routes::router(state.clone(), Transport::Tcp)
-                    .into_make_service_with_connect_info::<std::net::SocketAddr>();
-                let tcp_srv =
-                    axum::serve(t, app).with_graceful_shutdown(wait_stop(stop_rx.clone()));
-                let (a, b) = tokio::join!(unix_srv.into_future(), tcp_srv.into_future());
+                let tcp_srv = inbound::serve(
+                    &state.inbound,
+                    t,
+                    inbound::ListenerKind::Api,
+                    routes::router(state.clone(), Transport::Tcp),
+                    wait_stop(stop_rx.clone()),
+                );
+                let (a, b) = tokio::join!(unix_srv.into_future(), tcp_srv);
                 a.and(b)
             }
             None => unix_srv.await,

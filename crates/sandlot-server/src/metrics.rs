@@ -241,6 +241,67 @@ pub fn render_stocks(o: &mut String, cgroups: usize, netns: usize) {
     );
 }
 
+/// The egress limits (`[network] max_connections_per_*`, `max_dns_per_*`,
+/// `idle_timeout`, `half_close_timeout`).
+pub fn render_egress(o: &mut String, e: &sandlot_net::EgressSnapshot) {
+    let _ = writeln!(
+        o,
+        "# HELP sandlot_egress_connections_open Connections open through the egress proxy.\n\
+         # TYPE sandlot_egress_connections_open gauge\n\
+         sandlot_egress_connections_open {}\n\
+         # HELP sandlot_egress_dns_in_flight DNS queries of sandboxes the resolver is working on.\n\
+         # TYPE sandlot_egress_dns_in_flight gauge\n\
+         sandlot_egress_dns_in_flight {}\n\
+         # HELP sandlot_egress_refused_total Egress connections and DNS queries refused by a cap, by the cap.\n\
+         # TYPE sandlot_egress_refused_total counter",
+        e.connections_open, e.dns_in_flight
+    );
+    for (kind, limit, n) in &e.refused {
+        let _ = writeln!(
+            o,
+            "sandlot_egress_refused_total{{kind=\"{kind}\",limit=\"{limit}\"}} {n}"
+        );
+    }
+    let _ = writeln!(
+        o,
+        "# HELP sandlot_egress_closed_total Proxied connections closed by a timeout.\n\
+         # TYPE sandlot_egress_closed_total counter\n\
+         sandlot_egress_closed_total{{reason=\"idle\"}} {}\n\
+         sandlot_egress_closed_total{{reason=\"half_closed\"}} {}",
+        e.closed_idle, e.closed_half_closed
+    );
+}
+
+/// The open-file limit, how it is shared out, what is held, and the descriptors
+/// the daemon has open now (one directory read per scrape).
+pub fn render_descriptors(
+    o: &mut String,
+    plan: &crate::inbound::DescriptorPlan,
+    inbound_held: usize,
+    egress_held: usize,
+) {
+    let open = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count());
+    let _ = writeln!(
+        o,
+        "# HELP sandlot_open_files The daemon's open descriptors.\n\
+         # TYPE sandlot_open_files gauge\n\
+         sandlot_open_files {open}\n\
+         # HELP sandlot_open_files_limit The daemon's open-file limit (raised to the hard limit at start).\n\
+         # TYPE sandlot_open_files_limit gauge\n\
+         sandlot_open_files_limit {}\n\
+         # HELP sandlot_descriptors_budget How the open-file limit is shared out: kept for the operator and sandboxes, TCP clients, egress.\n\
+         # TYPE sandlot_descriptors_budget gauge\n\
+         sandlot_descriptors_budget{{use=\"reserve\"}} {}\n\
+         sandlot_descriptors_budget{{use=\"tcp_clients\"}} {}\n\
+         sandlot_descriptors_budget{{use=\"egress\"}} {}\n\
+         # HELP sandlot_descriptors_held Descriptors TCP clients and egress hold now.\n\
+         # TYPE sandlot_descriptors_held gauge\n\
+         sandlot_descriptors_held{{use=\"tcp_clients\"}} {inbound_held}\n\
+         sandlot_descriptors_held{{use=\"egress\"}} {egress_held}",
+        plan.limit, plan.reserve, plan.inbound, plan.egress
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -272,6 +333,40 @@ mod tests {
             t.ends_with("sandlot_runtime_stock_ready{kind=\"netns\"} 4\n"),
             "{t}"
         );
+    }
+
+    #[test]
+    fn renders_the_egress_limits_and_descriptors() {
+        let mut t = String::new();
+        render_egress(
+            &mut t,
+            &sandlot_net::EgressSnapshot {
+                connections_open: 3,
+                refused: vec![("tcp", "sandbox", 7)],
+                closed_half_closed: 2,
+                ..Default::default()
+            },
+        );
+        render_descriptors(
+            &mut t,
+            &crate::inbound::DescriptorPlan::new(1000, &Default::default()),
+            4,
+            6,
+        );
+        for want in [
+            "sandlot_egress_connections_open 3\n",
+            "sandlot_egress_refused_total{kind=\"tcp\",limit=\"sandbox\"} 7\n",
+            "sandlot_egress_closed_total{reason=\"half_closed\"} 2\n",
+            "sandlot_open_files_limit 1000\n",
+            "sandlot_descriptors_budget{use=\"reserve\"} 500\n",
+            "sandlot_descriptors_held{use=\"egress\"} 6\n",
+        ] {
+            assert!(t.contains(want), "{want} missing from\n{t}");
+        }
+        for l in t.lines().filter(|l| !l.starts_with('#')) {
+            let v = l.rsplit(' ').next().unwrap();
+            assert!(v.parse::<f64>().is_ok(), "{l}");
+        }
     }
 
     #[test]

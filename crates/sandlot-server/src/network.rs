@@ -105,8 +105,9 @@ async fn start_inner(state: &Arc<AppState>) -> Result<Arc<NetService>, String> {
             .ok()
             .zip(serde_json::from_str::<NetworkSpec>(&spec).ok());
         match (state.handle(&id), parsed) {
-            (Some(_), Some((slot, spec))) => survivors.push(Survivor {
+            (Some(h), Some((slot, spec))) => survivors.push(Survivor {
                 sandbox: id,
+                tenant: h.tenant.clone(),
                 slot,
                 spec,
             }),
@@ -121,6 +122,7 @@ async fn start_inner(state: &Arc<AppState>) -> Result<Arc<NetService>, String> {
         &state.cfg.id_prefix,
         audit,
         survivors,
+        state.egress_descriptors.clone(),
     )
     .await
     .map_err(|e| e.to_string())?;
@@ -183,6 +185,7 @@ fn check(state: &AppState, n: &NetworkSpec) -> ApiResult<()> {
 pub fn prepare(
     state: &AppState,
     id: &str,
+    tenant: &str,
     spec: &SandboxSpec,
     opts: &mut CreateOptions,
 ) -> ApiResult<()> {
@@ -190,13 +193,18 @@ pub fn prepare(
         return Ok(());
     }
     let svc = service(state)?;
-    let a = svc.attach(id, &spec.network).map_err(|e| match e {
-        sandlot_net::NetError::Exhausted | sandlot_net::NetError::Stopping => {
-            ApiError::unavailable(format!("no network slot for the sandbox: {e}"))
-        }
-        // A host failure: its account names host paths and commands.
-        e => ApiError::unavailable("no network slot for the sandbox").with_detail(e),
-    })?;
+    let a = svc
+        .attach(id, tenant, &spec.network)
+        .map_err(|e| match crate::error::Exhausted::in_error(&e) {
+            Some(what) => ApiError::host_exhausted(what).with_detail(format!("claim a network slot: {e}")),
+            None => match e {
+                sandlot_net::NetError::Exhausted | sandlot_net::NetError::Stopping => {
+                    ApiError::unavailable(format!("no network slot for the sandbox: {e}"))
+                }
+                // A host failure: its account names host paths and commands.
+                e => ApiError::unavailable("no network slot for the sandbox").with_detail(e),
+            },
+        })?;
     let saved = state.store.lock().execute(
         "INSERT OR REPLACE INTO net_slots (sandbox_id, slot, spec) VALUES (?1, ?2, ?3)",
         params![
@@ -212,6 +220,15 @@ pub fn prepare(
     opts.netns = Some(a.netns);
     opts.nameserver = Some(a.nameserver);
     Ok(())
+}
+
+/// Gives a claimed pooled sandbox's slot its tenant (in memory). No-op without one.
+pub fn set_tenant(state: &AppState, id: &str, tenant: &str) {
+    if let Some(Ok(svc)) = state.net.get() {
+        if let Some(a) = svc.attached(id) {
+            a.set_tenant(tenant);
+        }
+    }
 }
 
 /// Releases a sandbox's slot (after its processes are gone). No-op without one.

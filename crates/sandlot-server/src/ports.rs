@@ -548,21 +548,21 @@ async fn accept_loop(
     mut stop: watch::Receiver<bool>,
 ) {
     loop {
-        let (client, peer) = tokio::select! {
+        // Admitted under the daemon's inbound caps (per client address, total),
+        // holding two descriptors: the client's and the one into the sandbox.
+        let (client, peer, pass) = tokio::select! {
             _ = async { stop.wait_for(|s| *s).await.is_ok() } => break,
-            r = listener.accept() => match r {
-                Ok(c) => c,
-                Err(e) => {
-                    // EMFILE and the like: back off rather than spin.
-                    tracing::warn!(port, "accept on a published port: {e}");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
+            c = crate::inbound::accept_admitted(
+                &listener,
+                &state.inbound,
+                crate::inbound::ListenerKind::Ports,
+                2,
+            ) => c,
         };
         let (state, h, mut stop) = (state.clone(), h.clone(), stop.clone());
         tokio::spawn(
             async move {
+                let _pass = pass;
                 let m = &state.metrics.ports;
                 m.tcp_connections.fetch_add(1, Ordering::Relaxed);
                 let _active = h.active();

@@ -364,7 +364,11 @@ pub async fn create(state: &Arc<AppState>, p: CreateParams) -> ApiResult<Sandbox
     let mut claimed = None;
     if let (Some(w), Some(setup)) = (warm, setup) {
         match crate::pool::configure(state, &w, setup).await {
-            Ok(()) => claimed = Some((w.inst, w.guest)),
+            Ok(()) => {
+                // Its egress counts against the claiming tenant's caps from now on.
+                crate::network::set_tenant(state, &w.id, &p.tenant);
+                claimed = Some((w.inst, w.guest))
+            }
             Err(e) => {
                 span.in_scope(|| tracing::warn!("pooled sandbox unusable, creating cold: {e}"));
                 crate::pool::discard(state, w).await;
@@ -400,9 +404,9 @@ pub async fn create(state: &Arc<AppState>, p: CreateParams) -> ApiResult<Sandbox
             Err(e) => {
                 span.in_scope(|| tracing::error!("connect to the agent: {e}"));
                 teardown_failed(state, inst, &id, "connect to the agent").await;
-                return Err(ApiError::internal(format!(
-                    "connect to the agent of {id}: {e}"
-                )));
+                return Err(
+                    ApiError::internal(format!("connect to the agent of {id}: {e}")).or_exhausted(),
+                );
             }
         },
     };
@@ -568,14 +572,14 @@ async fn cold_create(
         Err(e) => {
             let api = match &e {
                 Ok(e) => create_error(e),
-                Err(api) => api.clone(),
+                Err(api) => api.clone().or_exhausted(),
             };
             let e = match e {
                 Ok(e) => e.to_string(),
                 Err(api) => api.message,
             };
             span.in_scope(|| tracing::warn!("create failed: {e}"));
-            let shown = if api.status.is_server_error() {
+            let shown = if api.code == "internal" {
                 "the runtime failed to create the sandbox".to_string()
             } else {
                 api.message.clone()
@@ -617,7 +621,7 @@ pub fn start_instance(
         state.images.release(id);
         return Err(Err(e));
     }
-    if let Err(e) = crate::network::prepare(state, id, spec, &mut opts) {
+    if let Err(e) = crate::network::prepare(state, id, tenant, spec, &mut opts) {
         state.images.release(id);
         return Err(Err(e));
     }
@@ -665,9 +669,14 @@ async fn teardown_failed(state: &Arc<AppState>, inst: SandboxInstance, id: &str,
 
 /// Maps a runtime create error to the API: the caller's mistakes are 400 naming
 /// the field (never a host path: the caller knows which path it gave); exhaustion
-/// is 503; the rest, the daemon's own directories included, is an opaque 500.
+/// is 503 (`unavailable` for the runtime's own capacity, `host_exhausted` for
+/// descriptors, memory or disk of the host); the rest, the daemon's own directories
+/// included, is an opaque 500.
 fn create_error(e: &RuntimeError) -> ApiError {
     use sandlot_runtime::mounts::MountError;
+    if let Some(what) = crate::error::Exhausted::in_error(e) {
+        return ApiError::host_exhausted(what).with_detail(e);
+    }
     match e {
         RuntimeError::Spec(s) => ApiError::invalid(s.field(), spec_problem(s)),
         RuntimeError::Mount(MountError::MissingSource { index, .. }) => ApiError::invalid(

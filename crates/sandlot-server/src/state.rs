@@ -40,6 +40,12 @@ pub struct AppState {
     pub collection_mounts: crate::collection_mount::CollectionMounts,
     /// Host clean-ups still running for sandboxes already recorded as stopped.
     pub teardowns: Teardowns,
+    /// How the open-file limit is shared out (see `inbound.rs`).
+    pub descriptors: crate::inbound::DescriptorPlan,
+    /// Caps and timeouts of the TCP listeners (`[connections]`).
+    pub inbound: Arc<crate::inbound::Inbound>,
+    /// The descriptors sandboxes' egress (proxy, resolver) may hold, all together.
+    pub egress_descriptors: Arc<sandlot_net::admission::Budget>,
 }
 
 /// Counts the host clean-ups that run after a sandbox is recorded as stopped (its
@@ -94,6 +100,7 @@ impl AppState {
         store: Store,
         runtime: NamespaceBackend,
         images: crate::images::Images,
+        descriptors: crate::inbound::DescriptorPlan,
     ) -> AppState {
         let pools = crate::pool::Pools::new(&cfg.pools);
         let create_slots = tokio::sync::Semaphore::new(cfg.runtime.create_concurrency());
@@ -103,7 +110,12 @@ impl AppState {
             &cfg.data_dir,
             runtime.config().init_exe.clone(),
         );
+        let inbound = crate::inbound::Inbound::new(&cfg.connections, descriptors.inbound);
+        let egress_descriptors = sandlot_net::admission::Budget::new(descriptors.egress);
         AppState {
+            descriptors,
+            inbound,
+            egress_descriptors,
             vfs,
             collection_mounts,
             pools,

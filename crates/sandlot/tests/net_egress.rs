@@ -410,3 +410,152 @@ fn a_restarted_daemon_keeps_the_slots_and_policies_of_its_sandboxes() {
     d.stop(&rt);
     assert_clean(&world, &d);
 }
+
+/// Opens `n` connections to `ip:7000` (a server that never answers nor closes) and
+/// holds those the proxy keeps; writes how many to /tmp/held, then sleeps.
+const HOLD_PY: &str = r#"
+import os, socket, sys, time
+n, ip = int(sys.argv[1]), sys.argv[2]
+held = []
+for _ in range(n):
+    s = socket.socket()
+    s.settimeout(2)
+    try:
+        s.connect((ip, 7000))
+        held.append(s)
+    except OSError:
+        s.close()
+time.sleep(1)
+alive = []
+for s in held:
+    s.setblocking(False)
+    try:
+        s.recv(1)
+    except BlockingIOError:
+        alive.append(s)
+    except OSError:
+        pass
+held = alive
+with open('/tmp/held.tmp', 'w') as f:
+    f.write(str(len(held)))
+os.rename('/tmp/held.tmp', '/tmp/held')
+time.sleep(3600)
+"#;
+
+fn metric(text: &str, line_start: &str) -> u64 {
+    text.lines()
+        .find(|l| l.starts_with(line_start))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {line_start} in\n{text}"))
+}
+
+#[test]
+fn a_sandbox_holding_connections_open_cannot_exhaust_the_daemon() {
+    let world = World::new();
+    // Low caps keep the attack short; a one-second linger after a side's FIN.
+    let mut d = NetDaemon::start(
+        &world,
+        "max_connections_per_sandbox = 40\nmax_connections_per_tenant = 60\nhalf_close_timeout = \"1s\"\n",
+    );
+    let rt = rt();
+    let c = d.client();
+    let victim = d.client().with_tenant(Some("victim".into()));
+    rt.block_on(async {
+        let hostile = create(&c, json!({"mode": "open"}), &world).await;
+        c.write_file_bytes(&hostile, "/tmp/hold.py", HOLD_PY.as_bytes().to_vec())
+            .await
+            .unwrap();
+        let before = d.open_files();
+        let before_targets = d.open_file_targets();
+        // Two thousand connections to a server that never closes them.
+        let target = addr_of("allowed.test");
+        let o = sh(
+            &c,
+            &hostile,
+            &format!("python3 /tmp/hold.py 2000 {target} >/tmp/hold.log 2>&1 & echo $! > /tmp/hold.pid"),
+        )
+        .await;
+        assert_eq!(o.code, 0, "{}", o.stderr);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let held = loop {
+            let r = sh(&c, &hostile, "cat /tmp/held 2>/dev/null; cat /tmp/hold.log").await;
+            if let Ok(n) = r.stdout.trim().parse::<usize>() {
+                break n;
+            }
+            assert!(Instant::now() < deadline, "the hold script did not finish: {}", r.stdout);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        assert_eq!(held, 40, "network.max_connections_per_sandbox");
+        // Two descriptors per held connection, and no more than the cap allows (the
+        // daemon's stocks and pools move its count by a few on their own).
+        let during = d.open_files();
+        assert!(
+            during >= before + 2 * 40 - 10 && during <= before + 2 * 40 + 10,
+            "the daemon holds {during} descriptors, {before} before the attack"
+        );
+
+        // Another tenant creates, runs commands and reaches the internet meanwhile.
+        let other = create(&victim, json!({"mode": "open"}), &world).await;
+        let (code, body) = curl(&victim, &other, "http://allowed.test/").await;
+        assert_eq!((code, server_of(&body)), (0, Some("allowed.test")), "{body}");
+        let o = sh(&victim, &other, "echo alive").await;
+        assert_eq!(o.stdout, "alive\n");
+        // (Its own descriptors go with it, for the count below.)
+        victim.delete_sandbox(&other).await.unwrap();
+
+        // The refusals are in the hostile sandbox's audit log and in the metrics.
+        let log = c.network_log(&hostile, None, None).await.unwrap().entries;
+        let refusals: Vec<_> = log
+            .iter()
+            .filter(|e| e.kind == "tcp" && e.decision == "denied" && e.reason.starts_with("limit:"))
+            .collect();
+        assert!(!refusals.is_empty(), "{log:#?}");
+        assert!(
+            refusals[0].reason.contains("network.max_connections_per_sandbox = 40"),
+            "{:?}",
+            refusals[0]
+        );
+        assert_eq!(refusals[0].addr.as_deref(), Some(target));
+        let m = c.metrics().await.unwrap();
+        assert!(
+            metric(&m, "sandlot_egress_refused_total{kind=\"tcp\",limit=\"sandbox\"}") >= 1900,
+            "{m}"
+        );
+        assert!(metric(&m, "sandlot_egress_connections_open") >= 40);
+
+        // The process dies (the sandbox lives on): the daemon's descriptors come back
+        // within half_close_timeout, though the server never closes its side.
+        let k = sh(&c, &hostile, "kill -9 $(cat /tmp/hold.pid)").await;
+        assert_eq!(k.code, 0, "{}", k.stderr);
+        // (Connections still queued when the process died are admitted late and end
+        // the same way.)
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let now = d.open_files();
+            let m = c.metrics().await.unwrap();
+            let open = metric(&m, "sandlot_egress_connections_open");
+            let held = metric(&m, "sandlot_descriptors_held{use=\"egress\"}");
+            if now <= before + 10 && open == 0 && held == 0 {
+                eprintln!("daemon descriptors: {before} before, {during} while held, {now} after the process died");
+                assert!(
+                    metric(&m, "sandlot_egress_closed_total{reason=\"half_closed\"}") >= 39,
+                    "{m}"
+                );
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the daemon still holds {now} descriptors ({before} before the attack), \
+                 {open} proxied connections, {held} egress descriptors:\n{:?}\nbefore:\n{before_targets:?}",
+                d.open_file_targets()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        // And the sandbox can connect again.
+        let (code, body) = curl(&c, &hostile, "http://allowed.test/").await;
+        assert_eq!((code, server_of(&body)), (0, Some("allowed.test")), "{body}");
+    });
+    d.stop(&rt);
+    assert_clean(&world, &d);
+}

@@ -36,6 +36,7 @@ from sandlot.client import resolve_url
         (429, "quota_exceeded", None, sandlot.QuotaExceededError),
         (500, "internal", None, sandlot.InternalError),
         (503, "unavailable", None, sandlot.UnavailableError),
+        (503, "host_exhausted", None, sandlot.HostExhaustedError),
         (507, "no_space", None, sandlot.NoSpaceError),
         (409, "some_new_code", None, sandlot.ConflictError),
         (502, "some_new_code", None, sandlot.InternalError),

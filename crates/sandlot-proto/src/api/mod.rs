@@ -433,7 +433,9 @@ pub struct Health {
 #[cfg_attr(feature = "openapi", derive(ToSchema))]
 pub struct ApiErrorBody {
     /// Machine-readable: `bad_request`, `unauthorized`, `not_found`, `conflict`,
-    /// `gone`, `payload_too_large`, `quota_exceeded`, `internal`, `unavailable`, ...
+    /// `gone`, `payload_too_large`, `quota_exceeded`, `internal`, `unavailable`,
+    /// `host_exhausted` (503: the host ran out of file descriptors, memory or disk
+    /// space; nothing was kept, retry later), ...
     pub code: String,
     pub message: String,
     /// Also in the `x-request-id` response header; quote it when reporting a problem.

@@ -202,6 +202,21 @@ fn metrics_response(state: &AppState) -> Response {
             state.runtime.stocked_cgroups(),
             state.runtime.stocked_netns(),
         );
+        state.inbound.render(&mut text);
+        let egress = match state.net.get() {
+            Some(Ok(svc)) => svc.stats(),
+            _ => sandlot_net::EgressSnapshot {
+                descriptors_cap: state.egress_descriptors.cap(),
+                ..Default::default()
+            },
+        };
+        crate::metrics::render_egress(&mut text, &egress);
+        crate::metrics::render_descriptors(
+            &mut text,
+            &state.descriptors,
+            state.inbound.descriptors().0,
+            egress.descriptors_held,
+        );
         text
     })
         .into_response()
@@ -219,7 +234,8 @@ pub fn metrics_router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
-fn request_id() -> String {
+/// A new request id (`req_` and hex digits).
+pub(crate) fn request_id() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::OnceLock;
     static PREFIX: OnceLock<String> = OnceLock::new();

@@ -296,7 +296,8 @@ pub fn view(state: &AppState, rec: &SandboxRecord) -> Sandbox {
     responses((status = 201, body = Sandbox), (status = 400, body = crate::error::ErrorEnvelope),
         (status = 409, description = "name taken, or a create with the same Idempotency-Key still running", body = crate::error::ErrorEnvelope),
         (status = 422, description = "Idempotency-Key reused with another body", body = crate::error::ErrorEnvelope),
-        (status = 413, body = crate::error::ErrorEnvelope), (status = 429, description = "quota", body = crate::error::ErrorEnvelope)))]
+        (status = 413, body = crate::error::ErrorEnvelope), (status = 429, description = "quota", body = crate::error::ErrorEnvelope),
+        (status = 503, description = "`host_exhausted`: the host is out of file descriptors, memory or disk space (the message names which; nothing of the sandbox is left, retry later); `unavailable`: no free sandbox slot or network slot, or the daemon is stopping", body = crate::error::ErrorEnvelope)))]
 pub async fn create(
     State(state): State<Arc<AppState>>,
     p: Principal,

@@ -36,6 +36,9 @@ pub struct Daemon {
     pub config: Option<PathBuf>,
     /// The daemon's own `oom_score_adj`, set before it starts (`None`: inherited).
     pub oom_score_adj: Option<i32>,
+    /// The daemon's open-file limit (soft and hard), set before it starts (`None`:
+    /// inherited).
+    pub open_file_limit: Option<u64>,
 }
 
 pub fn free_port() -> u16 {
@@ -49,16 +52,25 @@ pub fn free_port() -> u16 {
 impl Daemon {
     /// Starts a daemon with an optional TOML configuration.
     pub fn start(config: Option<&str>) -> Daemon {
-        Daemon::start_with(config, None)
+        Daemon::start_with(config, None, None)
     }
 
     /// Starts a daemon whose process runs at `oom_score_adj` (raising it needs no
     /// privilege; lowering it below 0 does).
     pub fn start_with_oom_score_adj(config: Option<&str>, oom_score_adj: i32) -> Daemon {
-        Daemon::start_with(config, Some(oom_score_adj))
+        Daemon::start_with(config, Some(oom_score_adj), None)
     }
 
-    fn start_with(config: Option<&str>, oom_score_adj: Option<i32>) -> Daemon {
+    /// Starts a daemon whose open-file limit (soft and hard) is `limit`.
+    pub fn start_with_open_file_limit(config: Option<&str>, limit: u64) -> Daemon {
+        Daemon::start_with(config, None, Some(limit))
+    }
+
+    fn start_with(
+        config: Option<&str>,
+        oom_score_adj: Option<i32>,
+        open_file_limit: Option<u64>,
+    ) -> Daemon {
         require_root();
         let n = SEQ.fetch_add(1, Ordering::Relaxed);
         let prefix = format!("t{}x{n}-", std::process::id());
@@ -78,6 +90,7 @@ impl Daemon {
             prefix,
             config,
             oom_score_adj,
+            open_file_limit,
         };
         d.spawn();
         d
@@ -89,16 +102,21 @@ impl Daemon {
 
     /// (Re)starts the process on the same data directory, socket, port and prefix.
     pub fn spawn(&mut self) {
-        let mut cmd = match self.oom_score_adj {
-            // The shell sets its own score and execs the daemon (same pid).
-            Some(score) => {
+        let mut cmd = match (self.oom_score_adj, self.open_file_limit) {
+            (None, None) => Command::new(sandlot()),
+            // The shell sets its own score and limit and execs the daemon (same pid).
+            (score, limit) => {
                 let mut c = Command::new("/bin/sh");
-                c.args(["-c", r#"echo "$0" > /proc/self/oom_score_adj && exec "$@""#])
-                    .arg(score.to_string())
-                    .arg(sandlot());
+                c.args([
+                    "-c",
+                    r#"if [ -n "$0" ]; then echo "$0" > /proc/self/oom_score_adj; fi &&
+                       if [ -n "$1" ]; then ulimit -n "$1"; fi && shift && exec "$@""#,
+                ])
+                .arg(score.map(|s| s.to_string()).unwrap_or_default())
+                .arg(limit.map(|l| l.to_string()).unwrap_or_default())
+                .arg(sandlot());
                 c
             }
-            None => Command::new(sandlot()),
         };
         cmd.arg("serve")
             .arg("--data-dir")

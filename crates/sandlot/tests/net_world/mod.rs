@@ -365,6 +365,33 @@ impl NetDaemon {
         std::fs::read_to_string(self.dir.join("daemon.log")).unwrap_or_default()
     }
 
+    /// The daemon's pid.
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().expect("the daemon runs").id() as i32
+    }
+
+    /// Descriptors the daemon has open now.
+    pub fn open_files(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.pid()))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    }
+
+    /// What the daemon's descriptors are (for failure messages).
+    pub fn open_file_targets(&self) -> Vec<String> {
+        let dir = format!("/proc/{}/fd", self.pid());
+        let mut v: Vec<String> = std::fs::read_dir(&dir)
+            .map(|d| {
+                d.flatten()
+                    .filter_map(|e| std::fs::read_link(e.path()).ok())
+                    .map(|p| p.display().to_string())
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    }
+
     pub fn client(&self) -> Client {
         Client::new(&format!("unix://{}", self.socket.display()), None).unwrap()
     }

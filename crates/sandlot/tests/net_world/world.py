@@ -1,7 +1,9 @@
 """The simulated internet of the network tests, run inside the test's `inet`
 network namespace (never anywhere else): an authoritative DNS server for the
 `.test` names, HTTP (80) and HTTPS (443) servers on each name's address, and a
-UDP sink (9999). Every DNS query, HTTP request and UDP datagram is appended to
+UDP sink (9999), and a TCP server on port 7000 of each address that accepts
+connections and never reads, writes or closes them (a hostile sandbox's target).
+Every DNS query, HTTP request and UDP datagram is appended to
 log files in the world directory, so tests can prove what never arrived.
 
 usage: world.py DIR RECORDS_JSON   (RECORDS_JSON: {"name": "ip", ...}; the DNS
@@ -80,6 +82,19 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
 
+HELD = []
+
+
+def hold_server(ip):
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((ip, 7000))
+    s.listen(1024)
+    while True:
+        c, _ = s.accept()
+        HELD.append(c)
+
+
 def http_server(ip, port, tls):
     srv = ThreadingHTTPServer((ip, port), Handler)
     srv.tls = tls
@@ -93,6 +108,7 @@ def http_server(ip, port, tls):
 threads = [threading.Thread(target=dns_server, args=(RECORDS["ns.test"],), daemon=True)]
 for ip in sorted(set(RECORDS.values())):
     threads.append(threading.Thread(target=udp_sink, args=(ip,), daemon=True))
+    threads.append(threading.Thread(target=hold_server, args=(ip,), daemon=True))
     for port, tls in ((80, False), (443, True)):
         threads.append(threading.Thread(target=http_server, args=(ip, port, tls), daemon=True))
 for t in threads:

@@ -131,6 +131,12 @@ class UnavailableError(APIError):
     """503: no capacity, or the daemon is shutting down."""
 
 
+class HostExhaustedError(UnavailableError):
+    """503 ``host_exhausted``: the host ran out of file descriptors, memory or disk
+    space (the message names which); nothing of the request was kept, so a later
+    retry may succeed."""
+
+
 class NoSpaceError(APIError):
     """507: the sandbox's disk (writable layer) is full."""
 
@@ -207,6 +213,7 @@ _BY_CODE: Dict[str, Type[APIError]] = {
     "limit": QuotaExceededError,
     "internal": InternalError,
     "unavailable": UnavailableError,
+    "host_exhausted": HostExhaustedError,
     "no_space": NoSpaceError,
     "ingest_failed": IngestError,
 }
