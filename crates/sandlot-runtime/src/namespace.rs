@@ -631,10 +631,7 @@ pub fn agent_setup(
     for (k, v) in &secrets.env {
         set(k, v);
     }
-    let default_user = match image.and_then(|i| i.user.clone()) {
-        Some(u) if spec.user == "root" => u,
-        _ => spec.user.clone(),
-    };
+    let default_user = mounts::sandbox_user(spec, image);
     let default_cwd = spec
         .workdir
         .clone()

@@ -496,6 +496,32 @@ pub fn open_path(p: &CStr, nofollow: bool) -> io::Result<OwnedFd> {
 /// `openat2(dirfd, path, O_PATH|O_CLOEXEC, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)`: resolves
 /// `path` as if `dirfd` were `/`, so symlinks in an untrusted rootfs cannot escape it.
 pub fn open_in_root(root: BorrowedFd<'_>, path: &CStr) -> io::Result<OwnedFd> {
+    openat2_in_root(root, path, libc::O_PATH | libc::O_CLOEXEC)
+}
+
+/// Reads at most `limit` bytes of the regular file `path` resolved inside `root` (as
+/// [`open_in_root`] does). Opened non-blocking and refused unless it is a regular
+/// file, so a FIFO or device an image put there cannot stall or feed the caller.
+pub fn read_in_root(root: BorrowedFd<'_>, path: &CStr, limit: u64) -> io::Result<Vec<u8>> {
+    use std::io::Read;
+    let fd = openat2_in_root(
+        root,
+        path,
+        libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC,
+    )?;
+    let file = std::fs::File::from(fd);
+    if !file.metadata()?.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    let mut out = Vec::new();
+    file.take(limit).read_to_end(&mut out)?;
+    Ok(out)
+}
+
+fn openat2_in_root(root: BorrowedFd<'_>, path: &CStr, flags: i32) -> io::Result<OwnedFd> {
     #[repr(C)]
     struct OpenHow {
         flags: u64,
@@ -505,7 +531,7 @@ pub fn open_in_root(root: BorrowedFd<'_>, path: &CStr) -> io::Result<OwnedFd> {
     const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
     const RESOLVE_IN_ROOT: u64 = 0x10;
     let how = OpenHow {
-        flags: (libc::O_PATH | libc::O_CLOEXEC) as u64,
+        flags: flags as u64,
         mode: 0,
         resolve: RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS,
     };

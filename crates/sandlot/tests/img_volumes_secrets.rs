@@ -286,6 +286,146 @@ fn secrets_are_injected_and_never_leak() {
     d.shutdown();
 }
 
+async fn sh_as(
+    c: &sandlot_client::Client,
+    id: &str,
+    user: &str,
+    cmd: &str,
+) -> (i32, String, String) {
+    let req = sandlot_client::api::ExecBody {
+        argv: ["/bin/sh", "-c", cmd].map(String::from).to_vec(),
+        user: Some(user.into()),
+        ..Default::default()
+    };
+    let (_, mut s) = c.exec_stream(id, &req).await.unwrap();
+    let o = s.collect().await.unwrap();
+    (
+        o.exit.code.unwrap_or(-1),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// A secret file belongs to the sandbox's user (the spec's `user`, or the image's
+/// `USER` resolved in the image's `/etc/passwd`), so a sandbox that does not run as
+/// root can read its own secrets; other users of the sandbox cannot when the mode says
+/// so. Found by a review: files were always `0400 root:root`, unreadable by a
+/// non-root sandbox user.
+#[test]
+fn secret_files_belong_to_the_sandbox_user_and_no_other() {
+    let mut d = Daemon::start(None);
+    let tmp = d.dir.join("work");
+    std::fs::create_dir_all(&tmp).unwrap();
+    // An image whose USER is a name only its own /etc/passwd knows.
+    let root = tmp.join("rootfs");
+    img_support::mini_rootfs(&root);
+    let accounts = tmp.join("accounts");
+    std::fs::create_dir_all(accounts.join("etc")).unwrap();
+    std::fs::write(
+        accounts.join("etc/passwd"),
+        "root:x:0:0:root:/root:/bin/sh\napp:x:1500:1600:app:/tmp:/bin/sh\n",
+    )
+    .unwrap();
+    std::fs::write(accounts.join("etc/group"), "root:x:0:\napp:x:1600:\n").unwrap();
+    let cfg = sandlot_store::ImageConfig {
+        env: vec!["PATH=/usr/bin:/bin".into()],
+        workdir: None,
+        user: Some("app".into()),
+        entrypoint: vec![],
+        cmd: vec!["/bin/sh".into()],
+    };
+    let archive = tmp.join("appuser.tar");
+    img_support::archive_of(&tmp, &[root, accounts], &cfg, "test/appuser", &archive);
+    let (code, _, err) = d.cli(&["image", "import", archive.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let value = format!("tok-{}", rand_suffix());
+    let rt = rt();
+    let c = d.client();
+    rt.block_on(async {
+        c.call_json("POST", "/v1/secrets", Some(&json!({"name": "tok", "value": value})))
+            .await
+            .unwrap();
+        let stat = "cat /run/secrets/tok; echo; stat -c '%a %u %g' /run/secrets/tok";
+        let denied = "cat /run/secrets/tok 2>&1 >/dev/null; echo rc=$?";
+
+        // `user` (1000): its own secret, 0400 by default.
+        let sb = c
+            .call_json(
+                "POST",
+                "/v1/sandboxes",
+                Some(&json!({"user": "user", "secrets": [{"name": "tok", "path": "/run/secrets/tok"}]})),
+            )
+            .await
+            .unwrap();
+        let id = sb["id"].as_str().unwrap().to_string();
+        let (code, out, err) = sh(&c, &id, &format!("id -u; {stat}")).await;
+        assert_eq!(code, 0, "{err}");
+        assert_eq!(out, format!("1000\n{value}\n400 1000 1000\n"));
+        // The attack: another uid of the sandbox reads it.
+        let (_, out, _) = sh_as(&c, &id, "1001", denied).await;
+        assert!(out.contains("Permission denied") && out.contains("rc=1"), "{out}");
+        c.delete_sandbox(&id).await.unwrap();
+
+        // The image's USER, resolved in the image's own /etc/passwd.
+        let sb = c
+            .call_json(
+                "POST",
+                "/v1/sandboxes",
+                Some(&json!({"image": "test/appuser", "secrets": [{"name": "tok", "path": "/run/secrets/tok"}]})),
+            )
+            .await
+            .unwrap();
+        let id = sb["id"].as_str().unwrap().to_string();
+        let (code, out, err) = sh(&c, &id, &format!("id -u; {stat}")).await;
+        assert_eq!(code, 0, "{err}");
+        assert_eq!(out, format!("1500\n{value}\n400 1500 1600\n"));
+        let (_, out, _) = sh_as(&c, &id, "1000", denied).await;
+        assert!(out.contains("rc=1"), "{out}");
+        c.delete_sandbox(&id).await.unwrap();
+
+        // An explicit owner and mode: a group shares it, nobody else reads it.
+        let sb = c
+            .call_json(
+                "POST",
+                "/v1/sandboxes",
+                Some(&json!({"secrets": [{"name": "tok", "path": "/run/secrets/tok", "uid": 0, "gid": 2000, "mode": "0440"}]})),
+            )
+            .await
+            .unwrap();
+        let id = sb["id"].as_str().unwrap().to_string();
+        let (code, out, err) = sh_as(&c, &id, "2001:2000", stat).await;
+        assert_eq!(code, 0, "{err}");
+        assert_eq!(out, format!("{value}\n440 0 2000\n"));
+        let (_, out, _) = sh_as(&c, &id, "3000", denied).await;
+        assert!(out.contains("rc=1"), "{out}");
+        c.delete_sandbox(&id).await.unwrap();
+
+        // Bad owners and modes are 400s naming the field.
+        for (secret, field) in [
+            (json!({"mode": "4755"}), "secrets[0].mode"),
+            (json!({"mode": "1777"}), "secrets[0].mode"),
+            (json!({"mode": "rw-r--r--"}), "secrets[0].mode"),
+            (json!({"uid": 65535}), "secrets[0].uid"),
+            (json!({"gid": -1}), "secrets[0].gid"),
+        ] {
+            let mut s = json!({"name": "tok", "path": "/run/secrets/tok"});
+            s.as_object_mut().unwrap().extend(secret.as_object().unwrap().clone());
+            let e = c
+                .call_json("POST", "/v1/sandboxes", Some(&json!({"secrets": [s]})))
+                .await
+                .unwrap_err();
+            match e {
+                sandlot_client::Error::Api { status, body } => {
+                    assert_eq!(status.as_u16(), 400, "{secret}: {}", body.message);
+                    assert_eq!(body.field.as_deref(), Some(field), "{secret}: {}", body.message);
+                }
+                e => panic!("{secret}: {e}"),
+            }
+        }
+    });
+    d.shutdown();
+}
+
 fn rand_suffix() -> String {
     let t = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
