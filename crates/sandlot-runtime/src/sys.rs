@@ -493,6 +493,58 @@ pub fn open_path(p: &CStr, nofollow: bool) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// Where this process's argument strings are, from `/proc/self/stat` (`arg_start`
+/// and `arg_end`, fields 48 and 49).
+fn arg_area() -> io::Result<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/self/stat")?;
+    // Fields after the command name, which is in parentheses and may hold anything.
+    let rest = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r)
+        .ok_or_else(|| io::Error::other("/proc/self/stat without a command name"))?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // `rest` starts at field 3 (the state).
+    let field = |n: usize| -> io::Result<u64> {
+        fields
+            .get(n - 3)
+            .and_then(|f| f.parse().ok())
+            .ok_or_else(|| io::Error::other(format!("/proc/self/stat has no field {n}")))
+    };
+    Ok((field(48)?, field(49)?))
+}
+
+/// The bytes `/proc/PID/cmdline` should show for `args` in an argument area of `len`
+/// bytes: the arguments NUL-terminated, cut to fit, the rest zeros (a final NUL
+/// makes the kernel show exactly this area).
+pub fn cmdline_bytes(args: &[&str], len: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(len);
+    for a in args {
+        out.extend_from_slice(a.as_bytes());
+        out.push(0);
+    }
+    out.resize(len, 0);
+    if let Some(last) = out.last_mut() {
+        *last = 0;
+    }
+    out
+}
+
+/// Rewrites this process's argument strings in place (what `/proc/PID/cmdline` and
+/// `ps` show for it and for children forked afterwards) to `args`. The area keeps its
+/// size, so `args` is cut if it is longer than the original arguments.
+pub fn set_cmdline(args: &[&str]) -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let (start, end) = arg_area()?;
+    let len = usize::try_from(end.saturating_sub(start)).map_err(io::Error::other)?;
+    if len == 0 {
+        return Ok(());
+    }
+    let mem = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/proc/self/mem")?;
+    mem.write_all_at(&cmdline_bytes(args, len), start)
+}
+
 /// `openat2(dirfd, path, O_PATH|O_CLOEXEC, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)`: resolves
 /// `path` as if `dirfd` were `/`, so symlinks in an untrusted rootfs cannot escape it.
 pub fn open_in_root(root: BorrowedFd<'_>, path: &CStr) -> io::Result<OwnedFd> {
@@ -742,4 +794,27 @@ pub fn set_signal_ignored(sig: libc::c_int, ignore: bool) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rewritten_command_line_fits_the_area_and_ends_in_nul() {
+        assert_eq!(
+            cmdline_bytes(&["sandlot", "__init"], 20),
+            b"sandlot\0__init\0\0\0\0\0\0"
+        );
+        // Cut to the area, still NUL-terminated.
+        assert_eq!(cmdline_bytes(&["sandlot", "__init"], 10), b"sandlot\0_\0");
+        assert_eq!(cmdline_bytes(&["x"], 1), b"\0");
+    }
+
+    #[test]
+    fn the_argument_area_is_found() {
+        let (start, end) = arg_area().unwrap();
+        let mem = std::fs::read(format!("/proc/{}/cmdline", std::process::id())).unwrap();
+        assert_eq!((end - start) as usize, mem.len());
+    }
 }

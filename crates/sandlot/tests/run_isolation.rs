@@ -567,3 +567,26 @@ EOF"#;
         assert_eq!(result(name), want, "{name}: {out}");
     }
 }
+
+/// PID 1's command line names no host path (it named the `sandlot` binary's), and
+/// its other `/proc` entries that would (`environ`, `maps`, `exe`, `cwd`, `root`,
+/// `fd`) stay closed to sandbox processes: the agent is non-dumpable.
+#[test]
+fn pid1_shows_no_host_path() {
+    let bin = std::fs::canonicalize(sandlot()).unwrap();
+    let (code, out, err) = sh(
+        &unique_id("pid1cmd"),
+        &[],
+        "tr '\\0' ' ' </proc/1/cmdline; echo; \
+         for f in environ maps exe cwd root fd/3; do cat /proc/1/$f || readlink /proc/1/$f || echo closed; done",
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("sandlot __init "), "{out}");
+    assert_eq!(
+        out.lines().filter(|l| *l == "closed").count(),
+        6,
+        "{out}\n{err}"
+    );
+    let bin = bin.display().to_string();
+    assert!(!out.contains(&bin) && !err.contains(&bin), "{out}\n{err}");
+}
