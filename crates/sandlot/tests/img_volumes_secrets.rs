@@ -154,6 +154,82 @@ fn volumes_persist_and_host_mounts_follow_the_policy() {
     let _ = std::fs::remove_dir_all(&base);
 }
 
+/// Every volume is mounted `nosuid,nodev` in a sandbox, with a size limit or without
+/// (found by a review: a volume without one was bound with neither), so a device node
+/// or a set-id program someone put there opens or elevates nothing.
+#[test]
+fn volumes_are_nosuid_and_nodev() {
+    let mut d = Daemon::start(None);
+    let rt = rt();
+    let c = d.client();
+    rt.block_on(async {
+        c.call_json("POST", "/v1/volumes", Some(&json!({"name": "plain"})))
+            .await
+            .unwrap();
+        c.call_json(
+            "POST",
+            "/v1/volumes",
+            Some(&json!({"name": "sized", "size_limit": "16M"})),
+        )
+        .await
+        .unwrap();
+    });
+    // What a sandbox could not make itself: a device node, and a set-uid root program.
+    use std::os::unix::fs::PermissionsExt;
+    for name in ["plain", "sized"] {
+        let data = d.data_dir().join(format!("volumes/default/{name}/data"));
+        let node = data.join("null-dev");
+        let st = std::process::Command::new("mknod")
+            .args([node.to_str().unwrap(), "c", "1", "3"])
+            .status()
+            .unwrap();
+        assert!(st.success());
+        std::fs::set_permissions(&node, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let id = data.join("id");
+        std::fs::copy("/usr/bin/id", &id).unwrap();
+        std::fs::set_permissions(&id, std::fs::Permissions::from_mode(0o4755)).unwrap();
+    }
+    rt.block_on(async {
+        let sb = c
+            .call_json(
+                "POST",
+                "/v1/sandboxes",
+                Some(&json!({"user": "user", "volumes": [
+                    {"name": "plain", "target": "/plain"},
+                    {"name": "sized", "target": "/sized"}
+                ]})),
+            )
+            .await
+            .unwrap();
+        let id = sb["id"].as_str().unwrap().to_string();
+        for target in ["/plain", "/sized"] {
+            let probe = format!(
+                "awk '$5 == \"{target}\" {{print $6}}' /proc/self/mountinfo; \
+                 echo x > {target}/null-dev && echo opened; {target}/id -u"
+            );
+            let (_, out, err) = sh(&c, &id, &probe).await;
+            let mut lines = out.lines();
+            let opts = lines.next().unwrap_or_default();
+            assert!(
+                opts.starts_with("rw,") && opts.contains("nosuid") && opts.contains("nodev"),
+                "{target}: {out}"
+            );
+            assert!(
+                !out.contains("opened"),
+                "{target}: a device node opened: {out}"
+            );
+            assert!(err.contains("Permission denied"), "{target}: {err}");
+            assert_eq!(
+                lines.next(),
+                Some("1000"),
+                "{target}: set-uid elevated: {out}"
+            );
+        }
+        c.delete_sandbox(&id).await.unwrap();
+    });
+    d.shutdown();
+}
+
 fn grep_tree(dir: &std::path::Path, needle: &[u8], hits: &mut Vec<String>) {
     for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
         let p = e.path();

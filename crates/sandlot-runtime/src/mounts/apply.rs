@@ -212,6 +212,16 @@ fn remount_readonly(root: BorrowedFd<'_>, path: &str, recursive: bool) -> io::Re
     make_readonly(fd.as_fd(), recursive, 0)
 }
 
+/// Makes the mount at `path` and those below it `nosuid` and `nodev` (a writable
+/// volume or store: a set-id program or a device node written there by anyone with
+/// access to it must give nothing).
+fn remount_nosuid(root: BorrowedFd<'_>, path: &str) -> io::Result<()> {
+    let c = CString::new(path).map_err(|_| io::ErrorKind::InvalidInput)?;
+    let fd = sys::open_in_root(root, &c)?;
+    let set = sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
+    sys::mount_setattr(Some(fd.as_fd()), c"", true, set, None)
+}
+
 /// Makes the mount at `fd` (and, with `recursive`, those below it) read-only,
 /// `nosuid` and `nodev`, plus the `extra` `MOUNT_ATTR_*` flags.
 fn make_readonly(fd: BorrowedFd<'_>, recursive: bool, extra: u64) -> io::Result<()> {
@@ -573,8 +583,12 @@ pub fn apply_with_trees(
                     )
                     .map_err(apply_err("bind", path))?;
                 }
+                // Set here, once the tree is in the sandbox's mount namespace: the
+                // helper's detached tree belongs to the host's.
                 if *readonly {
                     remount_readonly(r, path, true).map_err(apply_err("make read-only", path))?;
+                } else {
+                    remount_nosuid(r, path).map_err(apply_err("make nosuid", path))?;
                 }
             }
             MountOp::ReadOnly { path } => {
