@@ -226,6 +226,11 @@ fn volumes_are_nosuid_and_nodev() {
             );
         }
         c.delete_sandbox(&id).await.unwrap();
+        for v in ["plain", "sized"] {
+            c.call_json("DELETE", &format!("/v1/volumes/{v}"), None)
+                .await
+                .unwrap();
+        }
     });
     d.shutdown();
 }
