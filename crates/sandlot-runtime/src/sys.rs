@@ -493,24 +493,70 @@ pub fn open_path(p: &CStr, nofollow: bool) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// Where this process's argument strings are, from `/proc/self/stat` (`arg_start`
-/// and `arg_end`, fields 48 and 49).
-fn arg_area() -> io::Result<(u64, u64)> {
-    let stat = std::fs::read_to_string("/proc/self/stat")?;
-    // Fields after the command name, which is in parentheses and may hold anything.
-    let rest = stat
-        .rsplit_once(')')
-        .map(|(_, r)| r)
-        .ok_or_else(|| io::Error::other("/proc/self/stat without a command name"))?;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // `rest` starts at field 3 (the state).
-    let field = |n: usize| -> io::Result<u64> {
-        fields
-            .get(n - 3)
+/// The fields of `/proc/PID/stat` (`proc_pid_stat(5)`), read once.
+pub struct ProcStat {
+    /// Fields 3 onwards: those after the command name, which is in parentheses and
+    /// may hold anything.
+    rest: Vec<String>,
+}
+
+/// `PF_EXITING` in the flags of `/proc/PID/stat`: the task is in `exit(2)` (it runs
+/// no more user code).
+pub const PF_EXITING: u64 = 0x4;
+
+impl ProcStat {
+    /// `/proc/PID/stat` of `pid`, or of this process.
+    pub fn read(pid: Option<i32>) -> io::Result<ProcStat> {
+        let path = match pid {
+            Some(p) => format!("/proc/{p}/stat"),
+            None => "/proc/self/stat".to_string(),
+        };
+        ProcStat::parse(&std::fs::read_to_string(path)?)
+    }
+
+    fn parse(stat: &str) -> io::Result<ProcStat> {
+        let rest = stat
+            .rsplit_once(')')
+            .map(|(_, r)| r)
+            .ok_or_else(|| io::Error::other("/proc/PID/stat without a command name"))?;
+        Ok(ProcStat {
+            rest: rest.split_whitespace().map(str::to_string).collect(),
+        })
+    }
+
+    /// Field `n` (1-based, as `proc_pid_stat(5)` numbers them; 3 or more).
+    pub fn field(&self, n: usize) -> io::Result<u64> {
+        n.checked_sub(3)
+            .and_then(|i| self.rest.get(i))
             .and_then(|f| f.parse().ok())
-            .ok_or_else(|| io::Error::other(format!("/proc/self/stat has no field {n}")))
-    };
-    Ok((field(48)?, field(49)?))
+            .ok_or_else(|| io::Error::other(format!("/proc/PID/stat has no field {n}")))
+    }
+
+    /// The state letter (`R`, `S`, `Z`, ...).
+    pub fn state(&self) -> char {
+        self.rest
+            .first()
+            .and_then(|s| s.chars().next())
+            .unwrap_or('?')
+    }
+
+    /// Start time after boot, in clock ticks (field 22): with the pid, names one
+    /// process for the host's uptime, whatever pids are reused.
+    pub fn start_time(&self) -> io::Result<u64> {
+        self.field(22)
+    }
+
+    /// Whether the process is gone or going: a zombie, dead, or in `exit(2)`.
+    pub fn exiting(&self) -> bool {
+        matches!(self.state(), 'Z' | 'X' | 'x') || self.field(9).is_ok_and(|f| f & PF_EXITING != 0)
+    }
+}
+
+/// Where this process's argument strings are (`arg_start` and `arg_end`, fields 48
+/// and 49 of `/proc/self/stat`).
+fn arg_area() -> io::Result<(u64, u64)> {
+    let st = ProcStat::read(None)?;
+    Ok((st.field(48)?, st.field(49)?))
 }
 
 /// The bytes `/proc/PID/cmdline` should show for `args` in an argument area of `len`
@@ -809,6 +855,26 @@ mod tests {
         // Cut to the area, still NUL-terminated.
         assert_eq!(cmdline_bytes(&["sandlot", "__init"], 10), b"sandlot\0_\0");
         assert_eq!(cmdline_bytes(&["x"], 1), b"\0");
+    }
+
+    #[test]
+    fn proc_stat_fields_survive_odd_command_names() {
+        let line = "42 (a) b (c) S 1 42 42 0 -1 4194624 100 0 0 0 1 2 0 0 20 0 1 0 12345 1000 50";
+        let st = ProcStat::parse(line).unwrap();
+        assert_eq!(st.state(), 'S');
+        assert_eq!(st.field(4).unwrap(), 1);
+        assert_eq!(st.field(9).unwrap(), 4194624);
+        assert_eq!(st.start_time().unwrap(), 12345);
+        assert!(!st.exiting());
+        let exiting = line.replace("4194624", &(4194624 | PF_EXITING).to_string());
+        assert!(ProcStat::parse(&exiting).unwrap().exiting());
+        assert!(ProcStat::parse(&line.replace(") S ", ") Z "))
+            .unwrap()
+            .exiting());
+        assert!(st.field(60).is_err());
+        let me = ProcStat::read(None).unwrap();
+        assert!(!me.exiting());
+        assert!(me.start_time().unwrap() > 0);
     }
 
     #[test]

@@ -254,9 +254,17 @@ fn issue2_cgroup_stock_hands_out_fresh_renamed_cgroups_and_leaves_nothing() {
         &format!(".stock-{}-1", std::process::id()),
     )
     .unwrap();
+    // A live pid with another start time: the owner died and its pid was reused.
+    let reused = Cgroup::make_dirs(
+        &layout,
+        &parent,
+        &format!(".stock-{}-1-1", std::process::id()),
+    )
+    .unwrap();
     let swept = sweep_dead(&layout, &parent);
-    assert_eq!(swept.len(), hierarchies, "{swept:?}");
+    assert_eq!(swept.len(), 2 * hierarchies, "{swept:?}");
     assert!(!debris.exists());
+    assert!(!reused.exists());
     assert!(live.exists());
     live.remove(Duration::from_secs(2)).unwrap();
     live.remove_parent_if_empty();
