@@ -248,7 +248,8 @@ impl Default for SandboxSpec {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Resources {
-    /// CPU quota in cores (`0.5` = half a core). Absent: no quota.
+    /// CPU quota in cores (`0.5` = half a core). Absent: the operator's default
+    /// (the daemon's `runtime.default_cpus`; `sandlot run`: no quota).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpus: Option<f64>,
     /// Memory limit of everything in the sandbox, including its tmpfs writable layer.

@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::cgroup::{Cgroup, CgroupError, CgroupLayout, CgroupLimits};
+use crate::cgroup::{Cgroup, CgroupError, CgroupLayout, CgroupLimits, CgroupParent};
 use crate::stock::Stock;
 
 const PREFIX: &str = ".stock-";
@@ -97,11 +97,11 @@ fn owner_of(name: &str) -> Option<Owner> {
 impl CgroupStock {
     /// Starts a stock of `want` cgroups under `parent`, or `None` where it cannot
     /// help (cgroup v2, or `want` 0).
-    pub fn start(layout: &CgroupLayout, parent: &str, want: usize) -> Option<CgroupStock> {
+    pub fn start(layout: &CgroupLayout, parent: &CgroupParent, want: usize) -> Option<CgroupStock> {
         if layout.version() != 1 {
             return None;
         }
-        let (l, p) = (layout.clone(), parent.to_string());
+        let (l, p) = (layout.clone(), parent.clone());
         let seq = AtomicU64::new(0);
         let me = Owner::me();
         let stock = Stock::start("cgroup-stock", want, move || {
@@ -111,7 +111,7 @@ impl CgroupStock {
         Some(CgroupStock {
             stock,
             layout: layout.clone(),
-            parent: parent.to_string(),
+            parent: parent.name.clone(),
         })
     }
 
@@ -260,10 +260,10 @@ mod tests {
         let v2 = CgroupLayout::V2 {
             root: PathBuf::from("/nonexistent"),
         };
-        assert!(CgroupStock::start(&v2, "p", 4).is_none());
+        assert!(CgroupStock::start(&v2, &CgroupParent::named("p"), 4).is_none());
         let v1 = CgroupLayout::V1 {
             controllers: vec![("memory".into(), PathBuf::from("/nonexistent"))],
         };
-        assert!(CgroupStock::start(&v1, "p", 0).is_none());
+        assert!(CgroupStock::start(&v1, &CgroupParent::named("p"), 0).is_none());
     }
 }

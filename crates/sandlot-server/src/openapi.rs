@@ -48,7 +48,8 @@ pub struct MountDoc {
 #[derive(ToSchema)]
 #[allow(dead_code)]
 pub struct ResourcesDoc {
-    /// CPU quota in cores (`0.5`). Absent: none.
+    /// CPU quota in cores (`0.5`). Absent: the operator's `runtime.default_cpus`
+    /// (unless configured, half the host's CPUs).
     cpus: Option<f64>,
     /// Memory limit, bytes or `"512M"` (default 512M).
     #[schema(example = "512M")]
