@@ -481,6 +481,230 @@ pub fn default_policy() -> Policy {
     }
 }
 
+/// An unconditional allow rule.
+fn allow(name: &'static str, nr: i64, why: &'static str) -> Rule {
+    Rule {
+        name,
+        nr,
+        checks: Vec::new(),
+        action: Action::Allow,
+        why,
+    }
+}
+
+/// The `fcntl` commands the collection mount helper may use: no `F_SETOWN` or
+/// `F_SETSIG`, which would have the kernel signal another process for it.
+const HELPER_FCNTL: &[Allowed] = &[
+    Allowed {
+        name: "F_GETFD",
+        value: libc::F_GETFD as u32,
+        why: "the standard library checks close-on-exec",
+    },
+    Allowed {
+        name: "F_SETFD",
+        value: libc::F_SETFD as u32,
+        why: "close-on-exec",
+    },
+    Allowed {
+        name: "F_GETFL",
+        value: libc::F_GETFL as u32,
+        why: "status flags",
+    },
+    Allowed {
+        name: "F_SETFL",
+        value: libc::F_SETFL as u32,
+        why: "non-blocking mode",
+    },
+    Allowed {
+        name: "F_DUPFD_CLOEXEC",
+        value: libc::F_DUPFD_CLOEXEC as u32,
+        why: "duplicating a descriptor it holds",
+    },
+];
+
+/// `prctl` options the helper may use.
+const HELPER_PRCTL: &[Allowed] = &[Allowed {
+    name: "PR_SET_NAME",
+    value: libc::PR_SET_NAME as u32,
+    why: "the serving threads name themselves (fuser-N)",
+}];
+
+/// The collection mount helper's policy (`sandlot __vfs-serve`), installed once its
+/// FUSE mount is up and it is confined, before it loads its view and starts its
+/// request threads: an allow-list of what that takes, measured with `strace -f`
+/// on a helper serving `ls -R`, `find`, `grep -r`, `cat`, `stat`, `dd` and
+/// Python's `os.walk` (reads of `/dev/fuse`, replies with `writev`, blobs opened
+/// and read with `openat`/`pread64`, thread start-up, the stop-signal wait), plus
+/// what paths the measurement did not take need: thread and process exit, the
+/// allocator (`brk`, `mremap`, `madvise`), sleeps and clocks without the vDSO,
+/// `getrandom`. Everything else is `EPERM`: no `socket`, `connect` or `socketpair`
+/// (a path-named Unix socket, such as the daemon's operator socket, is reachable
+/// from any network namespace), no `kill`, `ptrace`, `mount`, `unshare` or
+/// `setns`, no `execve`.
+pub fn fuse_helper_policy() -> Policy {
+    let mut rules = vec![
+        allow(
+            "read",
+            libc::SYS_read,
+            "requests from /dev/fuse; blob and manifest contents",
+        ),
+        allow("write", libc::SYS_write, "replies; the log"),
+        allow(
+            "writev",
+            libc::SYS_writev,
+            "replies to /dev/fuse (header and payload)",
+        ),
+        allow("pread64", libc::SYS_pread64, "a byte range of a blob"),
+        allow(
+            "openat",
+            libc::SYS_openat,
+            "blobs and the manifest (Landlock: the collection's directory only, read-only)",
+        ),
+        allow("close", libc::SYS_close, "descriptors it opened"),
+        allow("statx", libc::SYS_statx, "sizes of the files it opened"),
+        allow(
+            "fstat",
+            libc::SYS_fstat,
+            "as statx, through older library paths",
+        ),
+        allow(
+            "newfstatat",
+            libc::SYS_newfstatat,
+            "as statx, through older library paths",
+        ),
+        allow("lseek", libc::SYS_lseek, "file offsets"),
+        allow(
+            "dup3",
+            libc::SYS_dup3,
+            "standard output to /dev/null once answered",
+        ),
+        allow("mmap", libc::SYS_mmap, "memory and thread stacks"),
+        allow("munmap", libc::SYS_munmap, "memory"),
+        allow("mprotect", libc::SYS_mprotect, "stack guard pages"),
+        allow("mremap", libc::SYS_mremap, "the allocator growing a buffer"),
+        allow("brk", libc::SYS_brk, "the allocator"),
+        allow(
+            "madvise",
+            libc::SYS_madvise,
+            "the allocator and exiting threads give memory back",
+        ),
+        allow(
+            "futex",
+            libc::SYS_futex,
+            "locks between the request threads",
+        ),
+        allow(
+            "set_robust_list",
+            libc::SYS_set_robust_list,
+            "thread start-up",
+        ),
+        allow("rseq", libc::SYS_rseq, "thread start-up"),
+        allow(
+            "sigaltstack",
+            libc::SYS_sigaltstack,
+            "thread start-up (stack overflow reports)",
+        ),
+        allow(
+            "sched_getaffinity",
+            libc::SYS_sched_getaffinity,
+            "thread start-up",
+        ),
+        allow("sched_yield", libc::SYS_sched_yield, "spinning locks"),
+        allow("gettid", libc::SYS_gettid, "thread identity"),
+        allow("getpid", libc::SYS_getpid, "process identity"),
+        allow(
+            "rt_sigaction",
+            libc::SYS_rt_sigaction,
+            "the threading library's own signals",
+        ),
+        allow(
+            "rt_sigprocmask",
+            libc::SYS_rt_sigprocmask,
+            "the stop signals stay blocked",
+        ),
+        allow(
+            "rt_sigtimedwait",
+            libc::SYS_rt_sigtimedwait,
+            "waiting for a stop signal",
+        ),
+        allow(
+            "rt_sigreturn",
+            libc::SYS_rt_sigreturn,
+            "returning from a signal handler",
+        ),
+        allow(
+            "restart_syscall",
+            libc::SYS_restart_syscall,
+            "a wait interrupted by a stop",
+        ),
+        allow(
+            "clock_gettime",
+            libc::SYS_clock_gettime,
+            "time, where the vDSO is missing",
+        ),
+        allow(
+            "gettimeofday",
+            libc::SYS_gettimeofday,
+            "time, where the vDSO is missing",
+        ),
+        allow("clock_nanosleep", libc::SYS_clock_nanosleep, "sleeps"),
+        allow("nanosleep", libc::SYS_nanosleep, "sleeps"),
+        allow("getrandom", libc::SYS_getrandom, "hash map keys"),
+        allow("exit", libc::SYS_exit, "a thread ends"),
+        allow("exit_group", libc::SYS_exit_group, "the helper ends"),
+    ];
+    #[cfg(target_arch = "x86_64")]
+    rules.push(allow(
+        "dup2",
+        libc::SYS_dup2,
+        "standard output to /dev/null once answered",
+    ));
+    rules.push(Rule {
+        name: "fcntl(command)",
+        nr: libc::SYS_fcntl,
+        checks: vec![ArgCheck::NoneOf {
+            arg: 1,
+            allowed: HELPER_FCNTL,
+        }],
+        action: Action::Errno(EPERM),
+        why: "fcntl commands are an allow-list (HELPER_FCNTL)",
+    });
+    rules.push(allow("fcntl", libc::SYS_fcntl, "HELPER_FCNTL"));
+    rules.push(Rule {
+        name: "prctl(option)",
+        nr: libc::SYS_prctl,
+        checks: vec![ArgCheck::NoneOf {
+            arg: 0,
+            allowed: HELPER_PRCTL,
+        }],
+        action: Action::Errno(EPERM),
+        why: "prctl options are an allow-list (HELPER_PRCTL)",
+    });
+    rules.push(allow("prctl", libc::SYS_prctl, "HELPER_PRCTL"));
+    rules.push(Rule {
+        name: "clone3",
+        nr: libc::SYS_clone3,
+        checks: Vec::new(),
+        action: Action::Errno(ENOSYS),
+        why: "its flags are behind a pointer; the threading library falls back to clone",
+    });
+    rules.push(Rule {
+        name: "clone(CLONE_NEW*)",
+        nr: libc::SYS_clone,
+        checks: vec![ArgCheck::AnyBits {
+            arg: CLONE_FLAGS_ARG,
+            mask: CLONE_NEW_ANY,
+        }],
+        action: Action::Errno(EPERM),
+        why: "no namespaces of its own (a user namespace would give it capabilities there)",
+    });
+    rules.push(allow("clone", libc::SYS_clone, "the request threads"));
+    Policy {
+        rules,
+        default: Action::Errno(EPERM),
+    }
+}
+
 /// The flags argument of `clone` (argument 0 on x86_64 and aarch64).
 const CLONE_FLAGS_ARG: u8 = 0;
 
@@ -908,7 +1132,76 @@ mod tests {
     }
 
     #[test]
+    fn the_fuse_helper_may_serve_and_nothing_more() {
+        let p = compile(&fuse_helper_policy()).unwrap();
+        let ok = |nr: i64, args: [u64; 6]| run(&p, AUDIT_ARCH, nr as u32, args);
+        for nr in [
+            libc::SYS_read,
+            libc::SYS_writev,
+            libc::SYS_pread64,
+            libc::SYS_openat,
+            libc::SYS_futex,
+            libc::SYS_rt_sigtimedwait,
+            libc::SYS_exit_group,
+        ] {
+            assert_eq!(ok(nr, [0; 6]), SECCOMP_RET_ALLOW, "nr {nr}");
+        }
+        // Sockets (a path-named Unix socket is reachable from any network
+        // namespace), signals, processes, namespaces, mounts: refused.
+        for nr in [
+            libc::SYS_socket,
+            libc::SYS_socketpair,
+            libc::SYS_connect,
+            libc::SYS_sendmsg,
+            libc::SYS_kill,
+            libc::SYS_tgkill,
+            libc::SYS_ptrace,
+            libc::SYS_execve,
+            libc::SYS_unshare,
+            libc::SYS_setns,
+            libc::SYS_mount,
+            libc::SYS_umount2,
+            libc::SYS_ioctl,
+            libc::SYS_bpf,
+            libc::SYS_io_uring_setup,
+        ] {
+            assert_eq!(ok(nr, [0; 6]), DENY, "nr {nr}");
+        }
+        // Threads, but no namespaces; clone3 is answered ENOSYS (libc falls back).
+        let thread = (libc::CLONE_VM | libc::CLONE_THREAD | libc::CLONE_SIGHAND) as u64;
+        assert_eq!(
+            ok(libc::SYS_clone, [thread, 0, 0, 0, 0, 0]),
+            SECCOMP_RET_ALLOW
+        );
+        assert_eq!(
+            ok(
+                libc::SYS_clone,
+                [thread | libc::CLONE_NEWUSER as u64, 0, 0, 0, 0, 0]
+            ),
+            DENY
+        );
+        assert_eq!(
+            ok(libc::SYS_clone3, [0; 6]),
+            SECCOMP_RET_ERRNO | libc::ENOSYS as u32
+        );
+        // fcntl and prctl: the listed commands only.
+        let fcntl = |cmd: i32| ok(libc::SYS_fcntl, [3, cmd as u64, 0, 0, 0, 0]);
+        assert_eq!(fcntl(libc::F_GETFD), SECCOMP_RET_ALLOW);
+        assert_eq!(fcntl(libc::F_SETOWN), DENY);
+        assert_eq!(fcntl(10), DENY); // F_SETSIG
+        let prctl = |opt: i32| ok(libc::SYS_prctl, [opt as u64, 0, 0, 0, 0, 0]);
+        assert_eq!(prctl(libc::PR_SET_NAME), SECCOMP_RET_ALLOW);
+        assert_eq!(prctl(libc::PR_SET_DUMPABLE), DENY);
+        assert_eq!(prctl(libc::PR_CAP_AMBIENT), DENY);
+        // Foreign architectures are killed as in the sandbox's filter.
+        assert_eq!(run(&p, 0x4000_0003, 0, [0; 6]), SECCOMP_RET_KILL_PROCESS);
+    }
+
+    #[test]
     fn every_rule_has_a_reason() {
+        for r in fuse_helper_policy().rules {
+            assert!(!r.why.is_empty(), "{} has no reason", r.name);
+        }
         for a in SOCKET_FAMILIES.iter().chain(NETLINK_PROTOCOLS) {
             assert!(!a.why.is_empty(), "{} has no reason", a.name);
         }
