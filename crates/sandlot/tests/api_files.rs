@@ -457,7 +457,9 @@ fn the_agents_own_proc_entries_show_no_host_path() {
     for p in &host_paths {
         assert!(!seen.contains(p.as_str()), "{p} shows:\n{seen}");
     }
-    // The rest of /proc is still served.
+    // The rest of /proc is still served, and `/` stats as before.
+    let (st, body) = raw_text(&d, "GET", &format!("{sb}/files/stat?path=/"), "");
+    assert_eq!(st, 200, "{body}");
     let (st, body) = raw_text(&d, "GET", &format!("{sb}/files?path=/proc/meminfo"), "");
     assert_eq!(st, 200);
     assert!(body.contains("MemTotal"), "{body}");

@@ -84,11 +84,12 @@ impl PinnedDir {
         })
     }
 
-    /// The parent directory of `path` (`/` for `/`), and the last component of `path`.
+    /// The parent directory of `path` and the last component of `path` (for `/`,
+    /// `/` itself and `.`).
     pub fn parent_of(path: &Path) -> io::Result<(PinnedDir, std::ffi::OsString)> {
-        let name = path
-            .file_name()
-            .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
+        let Some(name) = path.file_name() else {
+            return Ok((PinnedDir::open(path, true)?, ".".into()));
+        };
         let parent = match path.parent() {
             Some(p) if !p.as_os_str().is_empty() => p,
             _ => Path::new("/"),
@@ -184,6 +185,12 @@ mod tests {
         child.kill().unwrap();
         child.wait().unwrap();
         assert!(other.is_ok(), "{p}: {other:?}");
+        // `/` is its own parent.
+        let (root, name) = PinnedDir::parent_of(Path::new("/")).unwrap();
+        assert_eq!(name, ".");
+        assert!(std::fs::symlink_metadata(root.entry(&name))
+            .unwrap()
+            .is_dir());
         // Pinned directories refuse the same.
         assert!(PinnedDir::open(Path::new("/proc/self"), true).is_err());
         let proc = PinnedDir::open(Path::new("/proc"), true).unwrap();
