@@ -5,6 +5,7 @@
 //! * [`spec`]: the sandbox spec, as accepted by `sandlot run`, the HTTP API and spec files.
 //! * [`guest`]: the framed, versioned protocol spoken between the host and the in-sandbox agent.
 //! * [`units`]: byte sizes and durations as humans write them (`512M`, `30s`).
+//! * [`users`]: a spec's user resolved against a sandbox's `/etc/passwd` and `/etc/group`.
 //!
 //! This crate does no I/O.
 
@@ -12,3 +13,4 @@ pub mod api;
 pub mod guest;
 pub mod spec;
 pub mod units;
+pub mod users;

@@ -11,6 +11,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::units::{ByteSize, Seconds};
 
+mod secrets;
+pub use secrets::{FileMode, SecretRef, SECRET_FILE_MODE};
+
 /// Validation failures of a [`SandboxSpec`]. Each names the offending field.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SpecError {
@@ -104,28 +107,6 @@ pub struct VolumeMount {
     pub read_only: bool,
 }
 
-/// A named secret injected into a sandbox: exactly one of `env` (a variable name)
-/// or `path` (a file under `/run/secrets/`, mode 0400).
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SecretRef {
-    pub name: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub env: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub path: Option<String>,
-}
-
-impl std::fmt::Debug for SecretRef {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SecretRef")
-            .field("name", &self.name)
-            .field("env", &self.env)
-            .field("path", &self.path)
-            .finish()
-    }
-}
-
 /// Names of volumes and secrets: 1 to 64 letters, digits, '-', '_' or '.', not
 /// starting with '.' or '-'.
 pub fn valid_object_name(n: &str) -> bool {
@@ -188,7 +169,8 @@ impl Default for SandboxSpec {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Resources {
-    /// CPU quota in cores (`0.5` = half a core). Absent: no quota.
+    /// CPU quota in cores (`0.5` = half a core). Absent: the operator's default
+    /// (the daemon's `runtime.default_cpus`; `sandlot run`: no quota).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpus: Option<f64>,
     /// Memory limit of everything in the sandbox, including its tmpfs writable layer.
@@ -741,6 +723,10 @@ pub struct UserIds {
 /// Uid of the unprivileged `user` account in sandboxes.
 pub const USER_UID: u32 = 1000;
 
+/// The highest uid or gid a sandbox's files and processes can have (ids 0 to 65535
+/// are mapped; 65535 is the kernel's overflow id).
+pub const MAX_SANDBOX_ID: u32 = 65534;
+
 /// Parses `root`, `user` or `UID[:GID]`. Other names are resolved by the guest.
 pub fn parse_user(s: &str) -> Option<UserIds> {
     match s {
@@ -763,7 +749,7 @@ pub fn parse_user(s: &str) -> Option<UserIds> {
         None => uid,
     };
     // Ids are mapped into a 65536-wide range.
-    if uid > 65534 || gid > 65534 {
+    if uid > MAX_SANDBOX_ID || gid > MAX_SANDBOX_ID {
         return None;
     }
     Some(UserIds { uid, gid })
@@ -852,52 +838,7 @@ impl SandboxSpec {
                 return Err(SpecError::new(f, format!("{t:?} is mounted twice")));
             }
         }
-        if self.secrets.len() > 256 {
-            return Err(SpecError::new("secrets", "at most 256 secrets"));
-        }
-        let mut paths = std::collections::BTreeSet::new();
-        for (i, s) in self.secrets.iter().enumerate() {
-            if !valid_object_name(&s.name) {
-                return Err(SpecError::new(
-                    format!("secrets[{i}].name"),
-                    format!("{:?}: use 1 to 64 letters, digits, '-', '_' or '.'", s.name),
-                ));
-            }
-            match (&s.env, &s.path) {
-                (Some(e), None) => {
-                    if !check_env_name(e) {
-                        return Err(SpecError::new(
-                            format!("secrets[{i}].env"),
-                            format!("{e:?}: variable names are letters, digits and '_', not starting with a digit"),
-                        ));
-                    }
-                }
-                (None, Some(p)) => {
-                    let f = format!("secrets[{i}].path");
-                    check_sandbox_path(&f, p)?;
-                    let n = normalize_sandbox_path(p);
-                    let inside = n
-                        .strip_prefix(SECRETS_DIR)
-                        .and_then(|r| r.strip_prefix('/'))
-                        .is_some_and(|r| !matches!(r, "" | "." | "..") && !r.contains('/'));
-                    if !inside {
-                        return Err(SpecError::new(
-                            f,
-                            format!("{p:?}: secret files go directly under {SECRETS_DIR}/"),
-                        ));
-                    }
-                    if !paths.insert(n.clone()) {
-                        return Err(SpecError::new(f, format!("{n:?} is used twice")));
-                    }
-                }
-                _ => {
-                    return Err(SpecError::new(
-                        format!("secrets[{i}]"),
-                        "give exactly one of env or path",
-                    ))
-                }
-            }
-        }
+        secrets::check(&self.secrets)?;
         Ok(())
     }
 

@@ -186,6 +186,64 @@ pub struct CgroupLimits {
     pub cpus: Option<f64>,
 }
 
+/// The sandboxes' parent cgroup, and what is set on it whenever the runtime
+/// creates it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CgroupParent {
+    /// Relative to each hierarchy's root (`sandlot`).
+    pub name: String,
+    /// The CPU weight of all sandboxes together against the parent's siblings (the
+    /// daemon's own cgroup among them): cgroup v2 `cpu.weight` (1 to 10000, the
+    /// kernel's default 100); on v1 `cpu.shares`, scaled (100 is 1024). It only
+    /// matters when the CPUs are contended. `None`: left as the kernel made it.
+    pub cpu_weight: Option<u32>,
+}
+
+impl CgroupParent {
+    /// A parent with nothing set on it.
+    pub fn named(name: &str) -> CgroupParent {
+        CgroupParent {
+            name: name.to_string(),
+            cpu_weight: None,
+        }
+    }
+}
+
+/// The files to write into the parent, as (controller, file, value).
+pub fn parent_writes(
+    layout: &CgroupLayout,
+    p: &CgroupParent,
+) -> Vec<(&'static str, &'static str, String)> {
+    let Some(w) = p.cpu_weight else {
+        return Vec::new();
+    };
+    let w = w.clamp(1, 10_000);
+    match layout {
+        CgroupLayout::V2 { .. } => vec![("", "cpu.weight", w.to_string())],
+        // v1 shares range from 2 to 262144; 100 is the default 1024.
+        CgroupLayout::V1 { .. } => {
+            vec![(
+                "cpu",
+                "cpu.shares",
+                (u64::from(w) * 1024 / 100).max(2).to_string(),
+            )]
+        }
+    }
+}
+
+/// Writes the parent's settings ([`parent_writes`]) into its directories, if
+/// they exist.
+pub fn write_parent_settings(layout: &CgroupLayout, p: &CgroupParent) -> Result<(), CgroupError> {
+    let dirs = Cgroup::plan(layout, &p.name, "");
+    for (ctrl, file, value) in parent_writes(layout, p) {
+        let Some(dir) = dirs.dir_of(ctrl) else {
+            continue;
+        };
+        write_file(dir.join(file), &value)?;
+    }
+    Ok(())
+}
+
 /// The files to write, as (controller, file, value): the plan, separate from I/O.
 pub fn limit_writes(
     layout: &CgroupLayout,
@@ -221,8 +279,9 @@ pub fn limit_writes(
                 ),
                 ("pids", "pids.max", l.pids.to_string()),
             ];
+            // A new cgroup's period is the kernel's 100 ms (`PERIOD`): only the quota
+            // is written, one write per create.
             if let Some(q) = quota {
-                w.push(("cpu", "cpu.cfs_period_us", PERIOD.to_string()));
                 w.push(("cpu", "cpu.cfs_quota_us", q.to_string()));
             }
             w
@@ -278,7 +337,7 @@ impl Cgroup {
     /// and writes the limits. On failure, whatever was created is removed.
     pub fn create(
         layout: &CgroupLayout,
-        parent: &str,
+        parent: &CgroupParent,
         name: &str,
         limits: &CgroupLimits,
     ) -> Result<Cgroup, CgroupError> {
@@ -290,26 +349,30 @@ impl Cgroup {
         Ok(cg)
     }
 
-    /// Creates the directories (and the parent, enabling v2 controllers on the way),
-    /// without limits. On failure, whatever was created is removed.
+    /// Creates the directories (and the parent, enabling v2 controllers on the way
+    /// and writing its settings when this call made it), without limits. On
+    /// failure, whatever was created is removed.
     pub fn make_dirs(
         layout: &CgroupLayout,
-        parent: &str,
+        parent: &CgroupParent,
         name: &str,
     ) -> Result<Cgroup, CgroupError> {
-        let cg = Cgroup::plan(layout, parent, name);
+        let cg = Cgroup::plan(layout, &parent.name, name);
         let r = (|| {
+            let mut new_parent = false;
             if let CgroupLayout::V2 { root } = layout {
-                ensure_v2_parent(root, parent)?;
+                new_parent = ensure_v2_parent(root, &parent.name)?;
             }
             for (_, d) in &cg.dirs {
                 match fs::create_dir(d) {
                     Ok(()) => {}
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => fs::create_dir_all(d)
-                        .map_err(|source| CgroupError::Create {
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                        fs::create_dir_all(d).map_err(|source| CgroupError::Create {
                             path: d.clone(),
                             source,
-                        })?,
+                        })?;
+                        new_parent = true;
+                    }
                     Err(source) => {
                         return Err(CgroupError::Create {
                             path: d.clone(),
@@ -317,6 +380,10 @@ impl Cgroup {
                         })
                     }
                 }
+            }
+            // Only when the parent is new: the create path does not pay for it.
+            if new_parent {
+                write_parent_settings(layout, parent)?;
             }
             Ok(())
         })();
@@ -561,7 +628,8 @@ fn read_counter_file(path: &Path) -> io::Result<String> {
 }
 
 /// Creates `root/parent` and enables the controllers Sandlot needs on the way down.
-fn ensure_v2_parent(root: &Path, parent: &str) -> Result<(), CgroupError> {
+/// Whether this call created `parent` itself.
+fn ensure_v2_parent(root: &Path, parent: &str) -> Result<bool, CgroupError> {
     let mut dir = root.to_path_buf();
     let enable = |d: &Path| {
         // Best effort: a controller may already be enabled or unavailable at this level.
@@ -570,11 +638,12 @@ fn ensure_v2_parent(root: &Path, parent: &str) -> Result<(), CgroupError> {
         }
     };
     enable(&dir);
+    let mut created = false;
     for comp in Path::new(parent).components() {
         dir.push(comp);
         match fs::create_dir(&dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Ok(()) => created = true,
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => created = false,
             Err(source) => {
                 return Err(CgroupError::Create {
                     path: dir.clone(),
@@ -584,12 +653,43 @@ fn ensure_v2_parent(root: &Path, parent: &str) -> Result<(), CgroupError> {
         }
         enable(&dir);
     }
-    Ok(())
+    Ok(created)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_parent_weight_is_written_in_each_version_s_terms() {
+        let v2 = CgroupLayout::V2 {
+            root: PathBuf::from("/sys/fs/cgroup"),
+        };
+        let v1 = CgroupLayout::V1 {
+            controllers: vec![("cpu".into(), PathBuf::from("/sys/fs/cgroup/cpu"))],
+        };
+        let p = |w| CgroupParent {
+            name: "sandlot".into(),
+            cpu_weight: w,
+        };
+        assert!(parent_writes(&v2, &p(None)).is_empty());
+        assert_eq!(
+            parent_writes(&v2, &p(Some(50))),
+            [("", "cpu.weight", "50".to_string())]
+        );
+        assert_eq!(
+            parent_writes(&v1, &p(Some(50))),
+            [("cpu", "cpu.shares", "512".to_string())]
+        );
+        assert_eq!(
+            parent_writes(&v1, &p(Some(100))),
+            [("cpu", "cpu.shares", "1024".to_string())]
+        );
+        // Out of the kernel's range: clamped.
+        assert_eq!(parent_writes(&v2, &p(Some(0)))[0].2, "1",);
+        assert_eq!(parent_writes(&v2, &p(Some(20_000)))[0].2, "10000");
+        assert_eq!(parent_writes(&v1, &p(Some(0)))[0].2, "10");
+    }
 
     #[test]
     fn counter_files_are_read_whole_whatever_their_size() {

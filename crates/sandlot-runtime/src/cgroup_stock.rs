@@ -10,14 +10,18 @@
 //! accounting carries over. cgroup v2 cannot rename cgroups, so it has no stock.
 //!
 //! Stocked cgroups are removed when the stock is dropped; those of a process that
-//! died (a daemon killed with `kill -9`) are removed by [`sweep_dead`].
+//! died (a daemon killed with `kill -9`) are removed by [`sweep_dead`], which every
+//! runtime runs as it starts. An owner is the pid and start time in the name, so a
+//! reused pid does not keep a dead owner's stock, and an owner that is a zombie or
+//! still in `exit(2)` (a daemon restarted the instant it was killed) counts as gone:
+//! it runs no more code that could take or add a stocked cgroup.
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::cgroup::{Cgroup, CgroupError, CgroupLayout, CgroupLimits};
+use crate::cgroup::{Cgroup, CgroupError, CgroupLayout, CgroupLimits, CgroupParent};
 use crate::stock::Stock;
 
 const PREFIX: &str = ".stock-";
@@ -29,34 +33,85 @@ pub struct CgroupStock {
     parent: String,
 }
 
-/// `.stock-<pid>-<n>`: the owner's pid lets a later process tell debris from a
-/// live stock.
-fn stock_name(seq: u64) -> String {
-    format!("{PREFIX}{}-{seq}", std::process::id())
+/// Who made a stocked cgroup: a pid and that process's start time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Owner {
+    pid: i32,
+    /// Clock ticks after boot (`/proc/PID/stat` field 22); `None` in the names of
+    /// earlier versions (`.stock-<pid>-<n>`).
+    start: Option<u64>,
 }
 
-/// The owner pid of a stock name, if `name` is one.
-fn owner_of(name: &str) -> Option<i32> {
-    name.strip_prefix(PREFIX)?.split('-').next()?.parse().ok()
+impl Owner {
+    fn me() -> Owner {
+        Owner {
+            pid: std::process::id() as i32,
+            start: crate::sys::ProcStat::read(None)
+                .and_then(|s| s.start_time())
+                .ok(),
+        }
+    }
+
+    /// Whether the owner still runs: its pid exists, is not a zombie or exiting,
+    /// and (when the name has it) started when the owner did.
+    fn alive(&self) -> bool {
+        let Ok(st) = crate::sys::ProcStat::read(Some(self.pid)) else {
+            return false;
+        };
+        !st.exiting() && self.start.is_none_or(|t| st.start_time().ok() == Some(t))
+    }
+}
+
+/// `.stock-<pid>-<start>-<n>`: the owner, so that a later process tells debris from
+/// a live stock.
+fn stock_name(owner: &Owner, seq: u64) -> String {
+    match owner.start {
+        Some(t) => format!("{PREFIX}{}-{t}-{seq}", owner.pid),
+        None => format!("{PREFIX}{}-{seq}", owner.pid),
+    }
+}
+
+/// The owner of a stock name, if `name` is one.
+fn owner_of(name: &str) -> Option<Owner> {
+    let parts: Vec<&str> = name.strip_prefix(PREFIX)?.split('-').collect();
+    let num = |s: &str| s.parse::<u64>().ok();
+    match parts[..] {
+        [pid, seq] => {
+            num(seq)?;
+            Some(Owner {
+                pid: pid.parse().ok()?,
+                start: None,
+            })
+        }
+        [pid, start, seq] => {
+            num(seq)?;
+            Some(Owner {
+                pid: pid.parse().ok()?,
+                start: Some(num(start)?),
+            })
+        }
+        _ => None,
+    }
 }
 
 impl CgroupStock {
     /// Starts a stock of `want` cgroups under `parent`, or `None` where it cannot
     /// help (cgroup v2, or `want` 0).
-    pub fn start(layout: &CgroupLayout, parent: &str, want: usize) -> Option<CgroupStock> {
+    pub fn start(layout: &CgroupLayout, parent: &CgroupParent, want: usize) -> Option<CgroupStock> {
         if layout.version() != 1 {
             return None;
         }
-        let (l, p) = (layout.clone(), parent.to_string());
+        let (l, p) = (layout.clone(), parent.clone());
         let seq = AtomicU64::new(0);
+        let me = Owner::me();
         let stock = Stock::start("cgroup-stock", want, move || {
-            let name = stock_name(seq.fetch_add(1, Ordering::Relaxed));
+            let name = stock_name(&me, seq.fetch_add(1, Ordering::Relaxed));
             Cgroup::make_dirs(&l, &p, &name).ok().map(|_| name)
         })?;
         Some(CgroupStock {
             stock,
             layout: layout.clone(),
-            parent: parent.to_string(),
+            parent: parent.name.clone(),
         })
     }
 
@@ -107,16 +162,18 @@ impl Drop for CgroupStock {
     }
 }
 
-/// Removes stocked cgroups under `parent` whose owner process is gone. Returns
-/// the paths removed.
+/// Removes stocked cgroups under `parent` whose owner process is gone or going
+/// (see the module comment). Returns the paths removed.
 pub fn sweep_dead(layout: &CgroupLayout, parent: &str) -> Vec<PathBuf> {
     let mut removed = Vec::new();
     for dir in parent_dirs(layout, parent) {
         let Ok(rd) = fs::read_dir(&dir) else { continue };
         for e in rd.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            let Some(pid) = owner_of(&name) else { continue };
-            if Path::new(&format!("/proc/{pid}")).exists() {
+            let Some(owner) = owner_of(&name) else {
+                continue;
+            };
+            if owner.alive() {
                 continue;
             }
             if fs::remove_dir(e.path()).is_ok() {
@@ -141,11 +198,61 @@ mod tests {
 
     #[test]
     fn stock_names_carry_their_owner() {
-        let n = stock_name(7);
-        assert_eq!(owner_of(&n), Some(std::process::id() as i32));
+        let me = Owner::me();
+        assert!(me.start.is_some());
+        let n = stock_name(&me, 7);
+        assert_eq!(owner_of(&n), Some(me));
         assert!(n.ends_with("-7"));
+        assert_eq!(
+            owner_of(".stock-12-3"),
+            Some(Owner {
+                pid: 12,
+                start: None
+            })
+        );
         assert_eq!(owner_of("sb-0123"), None);
         assert_eq!(owner_of(".stock-x-1"), None);
+        assert_eq!(owner_of(".stock-1-2-x"), None);
+        assert_eq!(owner_of(".stock-1-2-3-4"), None);
+    }
+
+    #[test]
+    fn an_owner_is_alive_only_as_the_process_that_made_it() {
+        let me = Owner::me();
+        assert!(me.alive());
+        // The same pid, started at another time: a reused pid.
+        let reused = Owner {
+            start: me.start.map(|t| t + 1),
+            ..me
+        };
+        assert!(!reused.alive());
+        // A zombie (killed, not yet reaped) is gone.
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        let start = crate::sys::ProcStat::read(Some(pid))
+            .unwrap()
+            .start_time()
+            .ok();
+        let owner = Owner { pid, start };
+        assert!(owner.alive());
+        child.kill().unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while owner.alive() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "still alive after SIGKILL"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(
+            std::path::Path::new(&format!("/proc/{pid}")).exists(),
+            "a zombie until reaped"
+        );
+        child.wait().unwrap();
+        assert!(!owner.alive());
     }
 
     #[test]
@@ -153,10 +260,10 @@ mod tests {
         let v2 = CgroupLayout::V2 {
             root: PathBuf::from("/nonexistent"),
         };
-        assert!(CgroupStock::start(&v2, "p", 4).is_none());
+        assert!(CgroupStock::start(&v2, &CgroupParent::named("p"), 4).is_none());
         let v1 = CgroupLayout::V1 {
             controllers: vec![("memory".into(), PathBuf::from("/nonexistent"))],
         };
-        assert!(CgroupStock::start(&v1, "p", 0).is_none());
+        assert!(CgroupStock::start(&v1, &CgroupParent::named("p"), 0).is_none());
     }
 }

@@ -52,6 +52,23 @@ impl StopSignals {
     }
 }
 
+/// Moves the calling process (single-threaded) into a new, empty network namespace
+/// (only a loopback interface, down): abstract Unix sockets and TCP and UDP ports of
+/// the host's namespace, the daemon's among them, are out of its reach. Needs
+/// `CAP_SYS_ADMIN`: call it before dropping capabilities.
+pub fn leave_network() -> io::Result<()> {
+    crate::sys::unshare_network()
+}
+
+/// Installs the collection mount helper's seccomp allow-list
+/// ([`crate::seccomp::fuse_helper_policy`]) for the calling thread and the threads it
+/// starts afterwards: call it while the process has one thread.
+pub fn restrict_syscalls() -> io::Result<()> {
+    let prog =
+        crate::seccomp::compile(&crate::seccomp::fuse_helper_policy()).map_err(io::Error::other)?;
+    crate::seccomp::install(&prog).map_err(io::Error::other)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -97,6 +97,15 @@ fn helper(plan: &SandboxPlan, agent: AgentMain) -> io::Result<()> {
     )?;
 
     tr.mark("socket bound");
+    // PID 1 inherits this process's argument strings, which sandbox processes can read
+    // in `/proc/1/cmdline`: the binary's host path and, from the fork server, its run
+    // directory. They become `sandlot __init` (or `__zygote`, how it was started).
+    let entry = std::env::args_os()
+        .nth(1)
+        .map(|a| a.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    sys::set_cmdline(&["sandlot", &entry])
+        .map_err(|e| io::Error::new(e.kind(), format!("rewrite the command line: {e}")))?;
     let (mine, theirs) = sys::socketpair()?;
     // A prepared network namespace is joined here, as host root, so that PID 1
     // inherits it and its new user namespace does not own it.

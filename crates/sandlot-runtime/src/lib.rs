@@ -104,8 +104,22 @@ pub struct CreateOptions {
 pub struct Secrets {
     /// (variable, value)
     pub env: Vec<(String, String)>,
-    /// (path under `/run/secrets`, contents)
-    pub files: Vec<(String, String)>,
+    /// Files under `/run/secrets`.
+    pub files: Vec<SecretFile>,
+}
+
+/// A secret file: its value, path, mode and owner. `Debug` leaves the value out.
+#[derive(Clone)]
+pub struct SecretFile {
+    /// Under `/run/secrets`.
+    pub path: String,
+    pub contents: String,
+    /// Permission bits (no set-id or sticky bits).
+    pub mode: u32,
+    /// Owner and group; `None` is the sandbox user's (the uid and primary gid its
+    /// commands run as, resolved in the sandbox's `/etc/passwd`).
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
 }
 
 impl std::fmt::Debug for Secrets {
@@ -114,9 +128,20 @@ impl std::fmt::Debug for Secrets {
             .field("env", &self.env.iter().map(|(k, _)| k).collect::<Vec<_>>())
             .field(
                 "files",
-                &self.files.iter().map(|(p, _)| p).collect::<Vec<_>>(),
+                &self.files.iter().map(|f| &f.path).collect::<Vec<_>>(),
             )
             .finish()
+    }
+}
+
+impl std::fmt::Debug for SecretFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SecretFile")
+            .field("path", &self.path)
+            .field("mode", &format_args!("{:04o}", self.mode))
+            .field("uid", &self.uid)
+            .field("gid", &self.gid)
+            .finish_non_exhaustive()
     }
 }
 

@@ -87,6 +87,18 @@ pub enum MountOp {
         contents: String,
         mode: u32,
     },
+    /// A secret file, created with no access, then given its owner and `mode`. An
+    /// owner or group left `None` is `user`'s (the sandbox's user, resolved against
+    /// the root's `/etc/passwd` and `/etc/group` when this op runs; root if it does not
+    /// resolve there).
+    SecretFile {
+        path: String,
+        contents: String,
+        mode: u32,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        user: String,
+    },
     /// Bind a host path. `required: false` skips it when the host path is gone.
     Bind {
         source: PathBuf,
@@ -225,9 +237,9 @@ pub struct PlanInput<'a> {
     pub image: Option<&'a ImageRoot>,
     /// Named volumes, bound idmapped after the spec's mounts.
     pub shared: &'a [SharedDir],
-    /// Files under `/run/secrets` (path, contents), on a tmpfs of their own (never
-    /// in the writable layer, so never in a snapshot), mode 0400.
-    pub secret_files: &'a [(String, String)],
+    /// Files under `/run/secrets`, on a tmpfs of their own (never in the writable
+    /// layer, so never in a snapshot).
+    pub secret_files: &'a [crate::SecretFile],
 }
 
 /// `/proc` files that leak host information or allow host actions, masked like runc.
@@ -491,11 +503,15 @@ pub fn plan_mounts(inp: &PlanInput<'_>) -> Result<MountPlan, MountError> {
             mode: 0o755,
             noexec: true,
         });
-        for (path, contents) in inp.secret_files {
-            ops.push(MountOp::File {
-                path: path.clone(),
-                contents: contents.clone(),
-                mode: 0o400,
+        let user = sandbox_user(spec, inp.image);
+        for f in inp.secret_files {
+            ops.push(MountOp::SecretFile {
+                path: f.path.clone(),
+                contents: f.contents.clone(),
+                mode: f.mode,
+                uid: f.uid,
+                gid: f.gid,
+                user: user.clone(),
             });
         }
     }
@@ -528,6 +544,15 @@ fn view_stays_visible(inp: &PlanInput<'_>) -> bool {
 
 /// Where secret files live in a sandbox (a tmpfs of their own).
 pub const SECRETS_DIR: &str = "/run/secrets";
+
+/// The user the sandbox's commands run as by default: the spec's, or the image's when
+/// the spec says `root` (the default).
+pub fn sandbox_user(spec: &sandlot_proto::spec::SandboxSpec, image: Option<&ImageRoot>) -> String {
+    match image.and_then(|i| i.user.clone()) {
+        Some(u) if spec.user == "root" => u,
+        _ => spec.user.clone(),
+    }
+}
 
 /// How many idmapped trees the root filesystem needs (lowers, then the rw dir).
 fn idmapped_layer_count(root: &RootFs) -> usize {
@@ -915,7 +940,26 @@ mod tests {
             target: "/data/".into(),
             readonly: true,
         }];
-        let secrets = [("/run/secrets/token".to_string(), "s3cret".to_string())];
+        let secrets = [
+            crate::SecretFile {
+                path: "/run/secrets/token".into(),
+                contents: "s3cret".into(),
+                mode: 0o400,
+                uid: None,
+                gid: None,
+            },
+            crate::SecretFile {
+                path: "/run/secrets/shared".into(),
+                contents: "x".into(),
+                mode: 0o440,
+                uid: Some(0),
+                gid: Some(100),
+            },
+        ];
+        let img = ImageRoot {
+            user: Some("app".into()),
+            ..img
+        };
         let spec = SandboxSpec::default();
         let p = plan_mounts(&PlanInput {
             spec: &spec,
@@ -948,8 +992,36 @@ mod tests {
             .iter()
             .position(|o| matches!(o, MountOp::Tmpfs { path, .. } if path == SECRETS_DIR))
             .unwrap();
-        let file = p.ops.iter().position(|o| matches!(o, MountOp::File { path, mode: 0o400, .. } if path == "/run/secrets/token")).unwrap();
-        assert!(tmpfs < file);
+        // Each file with its mode; the owner the references give, else the sandbox's
+        // user (the image's, since the spec says root), resolved when applied.
+        let files: Vec<_> = p
+            .ops
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| matches!(o, MountOp::SecretFile { .. }))
+            .collect();
+        assert!(files.iter().all(|(i, _)| *i > tmpfs));
+        assert_eq!(
+            files.iter().map(|(_, o)| (*o).clone()).collect::<Vec<_>>(),
+            [
+                MountOp::SecretFile {
+                    path: "/run/secrets/token".into(),
+                    contents: "s3cret".into(),
+                    mode: 0o400,
+                    uid: None,
+                    gid: None,
+                    user: "app".into(),
+                },
+                MountOp::SecretFile {
+                    path: "/run/secrets/shared".into(),
+                    contents: "x".into(),
+                    mode: 0o440,
+                    uid: Some(0),
+                    gid: Some(100),
+                    user: "app".into(),
+                },
+            ]
+        );
         let missing = ImageRoot {
             layers: vec![PathBuf::from("/no/such/layer")],
             ..Default::default()

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use sandlot_proto::spec::SandboxSpec;
 
-use crate::cgroup::{Cgroup, CgroupLayout, CgroupLimits};
+use crate::cgroup::{self, Cgroup, CgroupLayout, CgroupLimits};
 use crate::cgroup_stock::CgroupStock;
 use crate::hostimage::{self, HostFacts};
 use crate::mounts::{self, PlanInput};
@@ -48,6 +48,12 @@ pub struct RuntimeConfig {
     /// Mount a tmpfs of the runtime's own on `run_dir/sandboxes` when that is on a
     /// disk file system and no sandbox lives there (see [`crate::run_dir`]).
     pub run_dir_tmpfs: bool,
+    /// CPU quota, in cores, of sandboxes whose spec gives no `resources.cpus`.
+    /// `None`: no quota.
+    pub default_cpus: Option<f64>,
+    /// CPU weight of the sandboxes' parent cgroup as a whole (see
+    /// [`crate::cgroup::CgroupParent::cpu_weight`]). `None`: left alone.
+    pub cgroup_cpu_weight: Option<u32>,
 }
 
 impl RuntimeConfig {
@@ -63,6 +69,8 @@ impl RuntimeConfig {
             cgroup_stock: 0,
             netns_stock: 0,
             run_dir_tmpfs: false,
+            default_cpus: None,
+            cgroup_cpu_weight: None,
         }
     }
 }
@@ -118,11 +126,22 @@ impl NamespaceBackend {
             run_dir_fs: RunDirFs::Memory,
         };
         b.run_dir_fs = b.settle_run_dir_fs()?;
-        let stock = CgroupStock::start(&b.layout, &b.cfg.cgroup_parent, b.cfg.cgroup_stock);
+        // A parent that exists already (sandboxes that outlived a daemon, another
+        // runtime's) gets this runtime's settings; one made later gets them then.
+        let _ = cgroup::write_parent_settings(&b.layout, &b.cgroup_parent());
+        let stock = CgroupStock::start(&b.layout, &b.cgroup_parent(), b.cfg.cgroup_stock);
         *b.stock.get_mut().unwrap_or_else(|e| e.into_inner()) = stock;
         *b.netns_stock.get_mut().unwrap_or_else(|e| e.into_inner()) =
             NetnsStock::start(b.cfg.netns_stock);
         Ok(b)
+    }
+
+    /// The sandboxes' parent cgroup and its settings.
+    fn cgroup_parent(&self) -> cgroup::CgroupParent {
+        cgroup::CgroupParent {
+            name: self.cfg.cgroup_parent.clone(),
+            cpu_weight: self.cfg.cgroup_cpu_weight,
+        }
     }
 
     /// Mounts a tmpfs on `run_dir/sandboxes` if wanted, needed and safe (see
@@ -668,10 +687,7 @@ pub fn agent_setup(
     for (k, v) in &secrets.env {
         set(k, v);
     }
-    let default_user = match image.and_then(|i| i.user.clone()) {
-        Some(u) if spec.user == "root" => u,
-        _ => spec.user.clone(),
-    };
+    let default_user = mounts::sandbox_user(spec, image);
     let default_cwd = spec
         .workdir
         .clone()
@@ -746,7 +762,7 @@ impl Backend for NamespaceBackend {
             let limits = CgroupLimits {
                 memory_bytes: spec.resources.memory.bytes(),
                 pids: spec.resources.pids,
-                cpus: spec.resources.cpus,
+                cpus: spec.resources.cpus.or(self.cfg.default_cpus),
             };
             tr.mark("run directory and id range");
             let stocked = self
@@ -761,7 +777,7 @@ impl Backend for NamespaceBackend {
                     cgroup = Some(Cgroup::plan(&self.layout, &self.cfg.cgroup_parent, id));
                     cg?
                 }
-                None => Cgroup::create(&self.layout, &self.cfg.cgroup_parent, id, &limits)?,
+                None => Cgroup::create(&self.layout, &self.cgroup_parent(), id, &limits)?,
             };
             cgroup = Some(cg.clone());
             tr.mark("cgroup created");

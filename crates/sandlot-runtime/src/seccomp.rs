@@ -1,9 +1,10 @@
-//! The seccomp filter: a policy as data, compiled to classic BPF, installed in one place.
+//! Seccomp filters: policies as data, compiled to classic BPF, installed in one place.
 //!
-//! The policy is a deny list modelled on Docker's default profile, adapted to a sandbox
-//! whose root is already confined to its own user namespace. Each entry carries the
-//! reason it is refused; `docs/threat-model.md` repeats them. Compilation is pure and
-//! unit-tested without root.
+//! The sandbox's policy ([`default_policy`]) is a deny list of syscalls modelled on
+//! Docker's default profile, adapted to a sandbox whose root is already confined to its
+//! own user namespace, plus an allow-list of socket families ([`SOCKET_FAMILIES`]).
+//! Each entry carries the reason; `docs/threat-model.md` repeats them. Compilation is
+//! pure and unit-tested without root.
 
 use std::io;
 
@@ -22,16 +23,29 @@ pub enum ArgCheck {
     AnyBits { arg: u8, mask: u32 },
     /// Matches when `arg == value`.
     Equals { arg: u8, value: u32 },
+    /// Matches when `arg` is none of `allowed` (an allow-list of values).
+    NoneOf {
+        arg: u8,
+        allowed: &'static [Allowed],
+    },
 }
 
-/// One entry of the deny list.
+/// One entry of a policy: `action` for syscall `nr` when every check matches (a rule
+/// without checks matches every call of `nr`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rule {
     pub name: &'static str,
     pub nr: i64,
-    pub check: Option<ArgCheck>,
+    pub checks: Vec<ArgCheck>,
     pub action: Action,
     pub why: &'static str,
+}
+
+/// A filter as data: the first matching rule decides; `default` decides the rest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    pub rules: Vec<Rule>,
+    pub default: Action,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -103,13 +117,15 @@ pub const CLONE_NEW_ANY: u32 = (libc::CLONE_NEWUSER
 
 const EPERM: u16 = libc::EPERM as u16;
 const ENOSYS: u16 = libc::ENOSYS as u16;
+const EAFNOSUPPORT: u16 = libc::EAFNOSUPPORT as u16;
+const EPROTONOSUPPORT: u16 = libc::EPROTONOSUPPORT as u16;
 
 macro_rules! deny {
     ($name:ident, $why:expr) => {
         Rule {
             name: stringify!($name),
             nr: paste_nr!($name),
-            check: None,
+            checks: Vec::new(),
             action: Action::Errno(EPERM),
             why: $why,
         }
@@ -239,9 +255,74 @@ macro_rules! paste_nr {
     };
 }
 
-/// The default policy: Docker's deny decisions that still matter inside a user
-/// namespace, plus refusing new namespaces and io_uring.
-pub fn default_policy() -> Vec<Rule> {
+/// A value an allow-list admits, with the reason.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Allowed {
+    pub name: &'static str,
+    pub value: u32,
+    pub why: &'static str,
+}
+
+/// The socket families a sandbox may create; every other family is refused with
+/// `EAFNOSUPPORT`, what a kernel built without it answers, so programs that probe for
+/// one (libaudit, service managers) fall back as they would there. Among those refused:
+/// `AF_VSOCK` (binds and connects to the host's vsock ports, whatever the sandbox's
+/// network), `AF_PACKET` and `AF_XDP` (raw frames; also need `CAP_NET_RAW`), `AF_KEY`
+/// (IPsec keys), `AF_ALG` (the kernel crypto API), `AF_BLUETOOTH`, `AF_TIPC`, `AF_RDS`,
+/// `AF_CAN`, `AF_NFC`, `AF_LLC`, `AF_PPPOX`, `AF_AX25` and the other protocol stacks no
+/// sandbox needs and whose kernel code has a long record of bugs reachable from a
+/// plain `socket()`.
+pub const SOCKET_FAMILIES: &[Allowed] = &[
+    Allowed {
+        name: "AF_UNIX",
+        value: libc::AF_UNIX as u32,
+        why: "local IPC between the sandbox's processes (abstract names are scoped by Landlock)",
+    },
+    Allowed {
+        name: "AF_INET",
+        value: libc::AF_INET as u32,
+        why: "TCP and UDP (raw sockets still need CAP_NET_RAW, which sandboxes lack)",
+    },
+    Allowed {
+        name: "AF_INET6",
+        value: libc::AF_INET6 as u32,
+        why: "TCP and UDP over IPv6 (loopback; slots drop IPv6 on the host side)",
+    },
+    Allowed {
+        name: "AF_NETLINK",
+        value: libc::AF_NETLINK as u32,
+        why: "only the protocols in NETLINK_PROTOCOLS",
+    },
+];
+
+/// The netlink protocols a sandbox may open; others are refused with
+/// `EPROTONOSUPPORT`. Refused, notably: `NETLINK_GENERIC` (a multiplexer over dozens
+/// of kernel subsystems), `NETLINK_NETFILTER`, `NETLINK_XFRM`, `NETLINK_AUDIT`
+/// (libaudit treats the refusal as "no audit") and `NETLINK_KOBJECT_UEVENT`.
+pub const NETLINK_PROTOCOLS: &[Allowed] = &[
+    Allowed {
+        name: "NETLINK_ROUTE",
+        value: libc::NETLINK_ROUTE as u32,
+        why: "addresses and routes of the sandbox's own namespace: getaddrinfo's AI_ADDRCONFIG, ip, ifconfig",
+    },
+    Allowed {
+        name: "NETLINK_SOCK_DIAG",
+        value: libc::NETLINK_SOCK_DIAG as u32,
+        why: "ss and netstat listing the sandbox's own sockets",
+    },
+];
+
+/// `socketpair` families: only `AF_UNIX` makes pairs among the allowed ones.
+const SOCKETPAIR_FAMILIES: &[Allowed] = &[Allowed {
+    name: "AF_UNIX",
+    value: libc::AF_UNIX as u32,
+    why: "the only family among SOCKET_FAMILIES that makes pairs",
+}];
+
+/// The sandbox's policy: Docker's deny decisions that still matter inside a user
+/// namespace, refusing new namespaces and io_uring, and the socket family allow-list;
+/// everything else is allowed.
+pub fn default_policy() -> Policy {
     let mut rules = vec![
         deny!(kexec_load, "replaces the running kernel"),
         deny!(kexec_file_load, "replaces the running kernel"),
@@ -314,59 +395,330 @@ pub fn default_policy() -> Vec<Rule> {
     rules.push(Rule {
         name: "unshare",
         nr: libc::SYS_unshare,
-        check: Some(ArgCheck::AnyBits {
+        checks: vec![ArgCheck::AnyBits {
             arg: 0,
             mask: CLONE_NEW_ANY,
-        }),
+        }],
         action: Action::Errno(EPERM),
         why: "new namespaces (above all user namespaces) expose kernel code that is otherwise unreachable",
     });
     rules.push(Rule {
         name: "clone",
         nr: libc::SYS_clone,
-        check: Some(ArgCheck::AnyBits {
+        checks: vec![ArgCheck::AnyBits {
             arg: CLONE_FLAGS_ARG,
             mask: CLONE_NEW_ANY,
-        }),
+        }],
         action: Action::Errno(EPERM),
         why: "see unshare",
     });
     rules.push(Rule {
         name: "clone3",
         nr: libc::SYS_clone3,
-        check: None,
+        checks: Vec::new(),
         action: Action::Errno(ENOSYS),
         why: "its flags are behind a pointer seccomp cannot read; ENOSYS makes libc fall back to clone, which is filtered",
     });
     rules.push(Rule {
         name: "ioctl(TIOCSTI)",
         nr: libc::SYS_ioctl,
-        check: Some(ArgCheck::Equals {
+        checks: vec![ArgCheck::Equals {
             arg: 1,
             value: libc::TIOCSTI as u32,
-        }),
+        }],
         action: Action::Errno(EPERM),
         why: "injects input into a terminal",
     });
     rules.push(Rule {
         name: "ioctl(TIOCLINUX)",
         nr: libc::SYS_ioctl,
-        check: Some(ArgCheck::Equals {
+        checks: vec![ArgCheck::Equals {
             arg: 1,
             value: libc::TIOCLINUX as u32,
-        }),
+        }],
         action: Action::Errno(EPERM),
         why: "console selection can inject input",
     });
-    rules
+    rules.push(Rule {
+        name: "socket(family)",
+        nr: libc::SYS_socket,
+        checks: vec![ArgCheck::NoneOf {
+            arg: 0,
+            allowed: SOCKET_FAMILIES,
+        }],
+        action: Action::Errno(EAFNOSUPPORT),
+        why: "socket families are an allow-list (SOCKET_FAMILIES)",
+    });
+    rules.push(Rule {
+        name: "socket(AF_NETLINK, protocol)",
+        nr: libc::SYS_socket,
+        checks: vec![
+            ArgCheck::Equals {
+                arg: 0,
+                value: libc::AF_NETLINK as u32,
+            },
+            ArgCheck::NoneOf {
+                arg: 2,
+                allowed: NETLINK_PROTOCOLS,
+            },
+        ],
+        action: Action::Errno(EPROTONOSUPPORT),
+        why: "netlink protocols are an allow-list (NETLINK_PROTOCOLS)",
+    });
+    rules.push(Rule {
+        name: "socketpair(family)",
+        nr: libc::SYS_socketpair,
+        checks: vec![ArgCheck::NoneOf {
+            arg: 0,
+            allowed: SOCKETPAIR_FAMILIES,
+        }],
+        action: Action::Errno(EAFNOSUPPORT),
+        why: "pairs of any family but AF_UNIX reach the same code as socket()",
+    });
+    Policy {
+        rules,
+        default: Action::Allow,
+    }
+}
+
+/// An unconditional allow rule.
+fn allow(name: &'static str, nr: i64, why: &'static str) -> Rule {
+    Rule {
+        name,
+        nr,
+        checks: Vec::new(),
+        action: Action::Allow,
+        why,
+    }
+}
+
+/// The `fcntl` commands the collection mount helper may use: no `F_SETOWN` or
+/// `F_SETSIG`, which would have the kernel signal another process for it.
+const HELPER_FCNTL: &[Allowed] = &[
+    Allowed {
+        name: "F_GETFD",
+        value: libc::F_GETFD as u32,
+        why: "the standard library checks close-on-exec",
+    },
+    Allowed {
+        name: "F_SETFD",
+        value: libc::F_SETFD as u32,
+        why: "close-on-exec",
+    },
+    Allowed {
+        name: "F_GETFL",
+        value: libc::F_GETFL as u32,
+        why: "status flags",
+    },
+    Allowed {
+        name: "F_SETFL",
+        value: libc::F_SETFL as u32,
+        why: "non-blocking mode",
+    },
+    Allowed {
+        name: "F_DUPFD_CLOEXEC",
+        value: libc::F_DUPFD_CLOEXEC as u32,
+        why: "duplicating a descriptor it holds",
+    },
+];
+
+/// `prctl` options the helper may use.
+const HELPER_PRCTL: &[Allowed] = &[Allowed {
+    name: "PR_SET_NAME",
+    value: libc::PR_SET_NAME as u32,
+    why: "the serving threads name themselves (fuser-N)",
+}];
+
+/// The collection mount helper's policy (`sandlot __vfs-serve`), installed once its
+/// FUSE mount is up and it is confined, before it loads its view and starts its
+/// request threads: an allow-list of what that takes, measured with `strace -f`
+/// on a helper serving `ls -R`, `find`, `grep -r`, `cat`, `stat`, `dd` and
+/// Python's `os.walk` (reads of `/dev/fuse`, replies with `writev`, blobs opened
+/// and read with `openat`/`pread64`, thread start-up, the stop-signal wait), plus
+/// what paths the measurement did not take need: thread and process exit, the
+/// allocator (`brk`, `mremap`, `madvise`), sleeps and clocks without the vDSO,
+/// `getrandom`. Everything else is `EPERM`: no `socket`, `connect` or `socketpair`
+/// (a path-named Unix socket, such as the daemon's operator socket, is reachable
+/// from any network namespace), no `kill`, `ptrace`, `mount`, `unshare` or
+/// `setns`, no `execve`.
+pub fn fuse_helper_policy() -> Policy {
+    let mut rules = vec![
+        allow(
+            "read",
+            libc::SYS_read,
+            "requests from /dev/fuse; blob and manifest contents",
+        ),
+        allow("write", libc::SYS_write, "replies; the log"),
+        allow(
+            "writev",
+            libc::SYS_writev,
+            "replies to /dev/fuse (header and payload)",
+        ),
+        allow("pread64", libc::SYS_pread64, "a byte range of a blob"),
+        allow(
+            "openat",
+            libc::SYS_openat,
+            "blobs and the manifest (Landlock: the collection's directory only, read-only)",
+        ),
+        allow("close", libc::SYS_close, "descriptors it opened"),
+        allow("statx", libc::SYS_statx, "sizes of the files it opened"),
+        allow(
+            "fstat",
+            libc::SYS_fstat,
+            "as statx, through older library paths",
+        ),
+        allow(
+            "newfstatat",
+            libc::SYS_newfstatat,
+            "as statx, through older library paths",
+        ),
+        allow("lseek", libc::SYS_lseek, "file offsets"),
+        allow(
+            "dup3",
+            libc::SYS_dup3,
+            "standard output to /dev/null once answered",
+        ),
+        allow("mmap", libc::SYS_mmap, "memory and thread stacks"),
+        allow("munmap", libc::SYS_munmap, "memory"),
+        allow("mprotect", libc::SYS_mprotect, "stack guard pages"),
+        allow("mremap", libc::SYS_mremap, "the allocator growing a buffer"),
+        allow("brk", libc::SYS_brk, "the allocator"),
+        allow(
+            "madvise",
+            libc::SYS_madvise,
+            "the allocator and exiting threads give memory back",
+        ),
+        allow(
+            "futex",
+            libc::SYS_futex,
+            "locks between the request threads",
+        ),
+        allow(
+            "set_robust_list",
+            libc::SYS_set_robust_list,
+            "thread start-up",
+        ),
+        allow("rseq", libc::SYS_rseq, "thread start-up"),
+        allow(
+            "sigaltstack",
+            libc::SYS_sigaltstack,
+            "thread start-up (stack overflow reports)",
+        ),
+        allow(
+            "sched_getaffinity",
+            libc::SYS_sched_getaffinity,
+            "thread start-up",
+        ),
+        allow("sched_yield", libc::SYS_sched_yield, "spinning locks"),
+        allow("gettid", libc::SYS_gettid, "thread identity"),
+        allow("getpid", libc::SYS_getpid, "process identity"),
+        allow(
+            "rt_sigaction",
+            libc::SYS_rt_sigaction,
+            "the threading library's own signals",
+        ),
+        allow(
+            "rt_sigprocmask",
+            libc::SYS_rt_sigprocmask,
+            "the stop signals stay blocked",
+        ),
+        allow(
+            "rt_sigtimedwait",
+            libc::SYS_rt_sigtimedwait,
+            "waiting for a stop signal",
+        ),
+        allow(
+            "rt_sigreturn",
+            libc::SYS_rt_sigreturn,
+            "returning from a signal handler",
+        ),
+        allow(
+            "restart_syscall",
+            libc::SYS_restart_syscall,
+            "a wait interrupted by a stop",
+        ),
+        allow(
+            "clock_gettime",
+            libc::SYS_clock_gettime,
+            "time, where the vDSO is missing",
+        ),
+        allow(
+            "gettimeofday",
+            libc::SYS_gettimeofday,
+            "time, where the vDSO is missing",
+        ),
+        allow("clock_nanosleep", libc::SYS_clock_nanosleep, "sleeps"),
+        allow("nanosleep", libc::SYS_nanosleep, "sleeps"),
+        allow("getrandom", libc::SYS_getrandom, "hash map keys"),
+        allow("exit", libc::SYS_exit, "a thread ends"),
+        allow("exit_group", libc::SYS_exit_group, "the helper ends"),
+    ];
+    #[cfg(target_arch = "x86_64")]
+    rules.push(allow(
+        "dup2",
+        libc::SYS_dup2,
+        "standard output to /dev/null once answered",
+    ));
+    rules.push(Rule {
+        name: "fcntl(command)",
+        nr: libc::SYS_fcntl,
+        checks: vec![ArgCheck::NoneOf {
+            arg: 1,
+            allowed: HELPER_FCNTL,
+        }],
+        action: Action::Errno(EPERM),
+        why: "fcntl commands are an allow-list (HELPER_FCNTL)",
+    });
+    rules.push(allow("fcntl", libc::SYS_fcntl, "HELPER_FCNTL"));
+    rules.push(Rule {
+        name: "prctl(option)",
+        nr: libc::SYS_prctl,
+        checks: vec![ArgCheck::NoneOf {
+            arg: 0,
+            allowed: HELPER_PRCTL,
+        }],
+        action: Action::Errno(EPERM),
+        why: "prctl options are an allow-list (HELPER_PRCTL)",
+    });
+    rules.push(allow("prctl", libc::SYS_prctl, "HELPER_PRCTL"));
+    rules.push(Rule {
+        name: "clone3",
+        nr: libc::SYS_clone3,
+        checks: Vec::new(),
+        action: Action::Errno(ENOSYS),
+        why: "its flags are behind a pointer; the threading library falls back to clone",
+    });
+    rules.push(Rule {
+        name: "clone(CLONE_NEW*)",
+        nr: libc::SYS_clone,
+        checks: vec![ArgCheck::AnyBits {
+            arg: CLONE_FLAGS_ARG,
+            mask: CLONE_NEW_ANY,
+        }],
+        action: Action::Errno(EPERM),
+        why: "no namespaces of its own (a user namespace would give it capabilities there)",
+    });
+    rules.push(allow("clone", libc::SYS_clone, "the request threads"));
+    Policy {
+        rules,
+        default: Action::Errno(EPERM),
+    }
 }
 
 /// The flags argument of `clone` (argument 0 on x86_64 and aarch64).
 const CLONE_FLAGS_ARG: u8 = 0;
 
-/// Compiles a deny list to BPF: check the architecture (kill on mismatch), refuse
-/// x32 syscalls, then one block per rule, and allow the rest.
-pub fn compile(rules: &[Rule]) -> Result<Vec<Insn>, SeccompError> {
+/// Where a jump of a rule's block goes: the next instruction, or past the rule
+/// (reloading the syscall number its checks replaced in the accumulator).
+#[derive(Clone, Copy)]
+enum Jump {
+    Next,
+    NoMatch,
+}
+
+/// Compiles a policy to BPF: check the architecture (kill on mismatch), refuse x32
+/// syscalls, then one block per rule in order, and the default action.
+pub fn compile(policy: &Policy) -> Result<Vec<Insn>, SeccompError> {
     let mut p = vec![
         insn(BPF_LD_W_ABS, 0, 0, OFF_ARCH),
         insn(BPF_JEQ_K, 1, 0, AUDIT_ARCH),
@@ -378,36 +730,63 @@ pub fn compile(rules: &[Rule]) -> Result<Vec<Insn>, SeccompError> {
         p.push(insn(BPF_JGE_K, 0, 1, X32_SYSCALL_BIT));
         p.push(ret(Action::Errno(ENOSYS)));
     }
-    for r in rules {
+    for r in &policy.rules {
         let nr = u32::try_from(r.nr)
             .map_err(|_| SeccompError::Compile(format!("bad syscall number for {}", r.name)))?;
-        match r.check {
-            None => {
-                p.push(insn(BPF_JEQ_K, 0, 1, nr));
-                p.push(ret(r.action));
+        if r.checks.is_empty() {
+            p.push(insn(BPF_JEQ_K, 0, 1, nr));
+            p.push(ret(r.action));
+            continue;
+        }
+        // The block after the syscall number matched: each check loads its argument
+        // and jumps to the reload at the end when it does not match.
+        let mut block: Vec<(u16, Jump, Jump, u32)> = Vec::new();
+        for check in &r.checks {
+            let arg = match *check {
+                ArgCheck::AnyBits { arg, .. }
+                | ArgCheck::Equals { arg, .. }
+                | ArgCheck::NoneOf { arg, .. } => arg,
+            };
+            if arg > 5 {
+                return Err(SeccompError::Compile(format!(
+                    "argument {arg} out of range for {}",
+                    r.name
+                )));
             }
-            Some(check) => {
-                let (arg, op, k) = match check {
-                    ArgCheck::AnyBits { arg, mask } => (arg, BPF_JSET_K, mask),
-                    ArgCheck::Equals { arg, value } => (arg, BPF_JEQ_K, value),
-                };
-                if arg > 5 {
-                    return Err(SeccompError::Compile(format!(
-                        "argument {arg} out of range for {}",
-                        r.name
-                    )));
+            // Low 32 bits of the argument (little-endian layout).
+            let off = OFF_ARGS + 8 * u32::from(arg);
+            block.push((BPF_LD_W_ABS, Jump::Next, Jump::Next, off));
+            match *check {
+                ArgCheck::AnyBits { mask, .. } => {
+                    block.push((BPF_JSET_K, Jump::Next, Jump::NoMatch, mask))
                 }
-                // Low 32 bits of the argument (little-endian layout).
-                let off = OFF_ARGS + 8 * u32::from(arg);
-                p.push(insn(BPF_JEQ_K, 0, 4, nr));
-                p.push(insn(BPF_LD_W_ABS, 0, 0, off));
-                p.push(insn(op, 0, 1, k));
-                p.push(ret(r.action));
-                p.push(insn(BPF_LD_W_ABS, 0, 0, OFF_NR));
+                ArgCheck::Equals { value, .. } => {
+                    block.push((BPF_JEQ_K, Jump::Next, Jump::NoMatch, value))
+                }
+                ArgCheck::NoneOf { allowed, .. } => {
+                    for a in allowed {
+                        block.push((BPF_JEQ_K, Jump::NoMatch, Jump::Next, a.value));
+                    }
+                }
             }
         }
+        // The matched action, then the reload every non-match jumps to.
+        let reload = block.len() + 1;
+        let skip = u8::try_from(reload + 1)
+            .map_err(|_| SeccompError::Compile(format!("rule {} is too long", r.name)))?;
+        p.push(insn(BPF_JEQ_K, 0, skip, nr));
+        for (i, (code, jt, jf, k)) in block.into_iter().enumerate() {
+            let off = |j: Jump| match j {
+                Jump::Next => Ok(0),
+                Jump::NoMatch => u8::try_from(reload - i - 1)
+                    .map_err(|_| SeccompError::Compile(format!("rule {} is too long", r.name))),
+            };
+            p.push(insn(code, off(jt)?, off(jf)?, k));
+        }
+        p.push(ret(r.action));
+        p.push(insn(BPF_LD_W_ABS, 0, 0, OFF_NR));
     }
-    p.push(ret(Action::Allow));
+    p.push(ret(policy.default));
     if p.len() > 4096 {
         return Err(SeccompError::Compile(
             "filter longer than 4096 instructions".into(),
@@ -608,9 +987,225 @@ mod tests {
         );
     }
 
+    const NO_FAMILY: u32 = SECCOMP_RET_ERRNO | libc::EAFNOSUPPORT as u32;
+
+    #[test]
+    fn socket_families_are_an_allow_list() {
+        let p = prog();
+        let socket = libc::SYS_socket as u32;
+        let stream = libc::SOCK_STREAM as u64 | libc::SOCK_CLOEXEC as u64;
+        for fam in [libc::AF_UNIX, libc::AF_INET, libc::AF_INET6] {
+            assert_eq!(
+                run(&p, AUDIT_ARCH, socket, [fam as u64, stream, 0, 0, 0, 0]),
+                SECCOMP_RET_ALLOW,
+                "family {fam}"
+            );
+        }
+        for fam in [
+            libc::AF_VSOCK,
+            libc::AF_PACKET,
+            libc::AF_KEY,
+            libc::AF_ALG,
+            libc::AF_BLUETOOTH,
+            libc::AF_TIPC,
+            libc::AF_RDS,
+            libc::AF_XDP,
+            libc::AF_CAN,
+            libc::AF_NFC,
+            libc::AF_LLC,
+            libc::AF_PPPOX,
+            libc::AF_AX25,
+            libc::AF_APPLETALK,
+            libc::AF_X25,
+            libc::AF_PHONET,
+            libc::AF_IEEE802154,
+            libc::AF_ISDN,
+            libc::AF_NETROM,
+            libc::AF_ROSE,
+            libc::AF_ATMPVC,
+            libc::AF_IPX,
+            libc::AF_IUCV,
+            libc::AF_RXRPC,
+            libc::AF_CAIF,
+            libc::AF_MPLS,
+            44, // AF_XDP where libc lacks it
+            45, // AF_MCTP
+            46, // one past the kernel's families today
+            0,  // AF_UNSPEC
+        ] {
+            assert_eq!(
+                run(&p, AUDIT_ARCH, socket, [fam as u64, stream, 0, 0, 0, 0]),
+                NO_FAMILY,
+                "family {fam}"
+            );
+        }
+    }
+
+    #[test]
+    fn netlink_protocols_are_an_allow_list() {
+        let p = prog();
+        let socket = libc::SYS_socket as u32;
+        let nl = libc::AF_NETLINK as u64;
+        let raw = libc::SOCK_RAW as u64;
+        for proto in [libc::NETLINK_ROUTE, libc::NETLINK_SOCK_DIAG] {
+            assert_eq!(
+                run(&p, AUDIT_ARCH, socket, [nl, raw, proto as u64, 0, 0, 0]),
+                SECCOMP_RET_ALLOW,
+                "protocol {proto}"
+            );
+        }
+        for proto in [
+            libc::NETLINK_GENERIC,
+            libc::NETLINK_NETFILTER,
+            libc::NETLINK_XFRM,
+            libc::NETLINK_AUDIT,
+            libc::NETLINK_KOBJECT_UEVENT,
+            libc::NETLINK_CRYPTO,
+            libc::NETLINK_RDMA,
+        ] {
+            assert_eq!(
+                run(&p, AUDIT_ARCH, socket, [nl, raw, proto as u64, 0, 0, 0]),
+                SECCOMP_RET_ERRNO | libc::EPROTONOSUPPORT as u32,
+                "protocol {proto}"
+            );
+        }
+        // The protocol argument only matters for netlink.
+        assert_eq!(
+            run(
+                &p,
+                AUDIT_ARCH,
+                socket,
+                [
+                    libc::AF_INET as u64,
+                    raw,
+                    libc::NETLINK_GENERIC as u64,
+                    0,
+                    0,
+                    0
+                ]
+            ),
+            SECCOMP_RET_ALLOW
+        );
+    }
+
+    #[test]
+    fn socketpair_is_unix_only() {
+        let p = prog();
+        let pair = libc::SYS_socketpair as u32;
+        let stream = libc::SOCK_STREAM as u64;
+        assert_eq!(
+            run(
+                &p,
+                AUDIT_ARCH,
+                pair,
+                [libc::AF_UNIX as u64, stream, 0, 0, 0, 0]
+            ),
+            SECCOMP_RET_ALLOW
+        );
+        for fam in [libc::AF_TIPC, libc::AF_VSOCK, libc::AF_INET] {
+            assert_eq!(
+                run(&p, AUDIT_ARCH, pair, [fam as u64, stream, 0, 0, 0, 0]),
+                NO_FAMILY,
+                "family {fam}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_allow_list_policy_refuses_everything_else() {
+        let policy = Policy {
+            rules: vec![Rule {
+                name: "read",
+                nr: libc::SYS_read,
+                checks: Vec::new(),
+                action: Action::Allow,
+                why: "test",
+            }],
+            default: Action::Errno(EPERM),
+        };
+        let p = compile(&policy).unwrap();
+        assert_eq!(
+            run(&p, AUDIT_ARCH, libc::SYS_read as u32, [0; 6]),
+            SECCOMP_RET_ALLOW
+        );
+        assert_eq!(run(&p, AUDIT_ARCH, libc::SYS_write as u32, [0; 6]), DENY);
+    }
+
+    #[test]
+    fn the_fuse_helper_may_serve_and_nothing_more() {
+        let p = compile(&fuse_helper_policy()).unwrap();
+        let ok = |nr: i64, args: [u64; 6]| run(&p, AUDIT_ARCH, nr as u32, args);
+        for nr in [
+            libc::SYS_read,
+            libc::SYS_writev,
+            libc::SYS_pread64,
+            libc::SYS_openat,
+            libc::SYS_futex,
+            libc::SYS_rt_sigtimedwait,
+            libc::SYS_exit_group,
+        ] {
+            assert_eq!(ok(nr, [0; 6]), SECCOMP_RET_ALLOW, "nr {nr}");
+        }
+        // Sockets (a path-named Unix socket is reachable from any network
+        // namespace), signals, processes, namespaces, mounts: refused.
+        for nr in [
+            libc::SYS_socket,
+            libc::SYS_socketpair,
+            libc::SYS_connect,
+            libc::SYS_sendmsg,
+            libc::SYS_kill,
+            libc::SYS_tgkill,
+            libc::SYS_ptrace,
+            libc::SYS_execve,
+            libc::SYS_unshare,
+            libc::SYS_setns,
+            libc::SYS_mount,
+            libc::SYS_umount2,
+            libc::SYS_ioctl,
+            libc::SYS_bpf,
+            libc::SYS_io_uring_setup,
+        ] {
+            assert_eq!(ok(nr, [0; 6]), DENY, "nr {nr}");
+        }
+        // Threads, but no namespaces; clone3 is answered ENOSYS (libc falls back).
+        let thread = (libc::CLONE_VM | libc::CLONE_THREAD | libc::CLONE_SIGHAND) as u64;
+        assert_eq!(
+            ok(libc::SYS_clone, [thread, 0, 0, 0, 0, 0]),
+            SECCOMP_RET_ALLOW
+        );
+        assert_eq!(
+            ok(
+                libc::SYS_clone,
+                [thread | libc::CLONE_NEWUSER as u64, 0, 0, 0, 0, 0]
+            ),
+            DENY
+        );
+        assert_eq!(
+            ok(libc::SYS_clone3, [0; 6]),
+            SECCOMP_RET_ERRNO | libc::ENOSYS as u32
+        );
+        // fcntl and prctl: the listed commands only.
+        let fcntl = |cmd: i32| ok(libc::SYS_fcntl, [3, cmd as u64, 0, 0, 0, 0]);
+        assert_eq!(fcntl(libc::F_GETFD), SECCOMP_RET_ALLOW);
+        assert_eq!(fcntl(libc::F_SETOWN), DENY);
+        assert_eq!(fcntl(10), DENY); // F_SETSIG
+        let prctl = |opt: i32| ok(libc::SYS_prctl, [opt as u64, 0, 0, 0, 0, 0]);
+        assert_eq!(prctl(libc::PR_SET_NAME), SECCOMP_RET_ALLOW);
+        assert_eq!(prctl(libc::PR_SET_DUMPABLE), DENY);
+        assert_eq!(prctl(libc::PR_CAP_AMBIENT), DENY);
+        // Foreign architectures are killed as in the sandbox's filter.
+        assert_eq!(run(&p, 0x4000_0003, 0, [0; 6]), SECCOMP_RET_KILL_PROCESS);
+    }
+
     #[test]
     fn every_rule_has_a_reason() {
-        for r in default_policy() {
+        for r in fuse_helper_policy().rules {
+            assert!(!r.why.is_empty(), "{} has no reason", r.name);
+        }
+        for a in SOCKET_FAMILIES.iter().chain(NETLINK_PROTOCOLS) {
+            assert!(!a.why.is_empty(), "{} has no reason", a.name);
+        }
+        for r in default_policy().rules {
             assert!(!r.why.is_empty(), "{} has no reason", r.name);
         }
     }

@@ -512,9 +512,133 @@ pub fn open_path(p: &CStr, nofollow: bool) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// The fields of `/proc/PID/stat` (`proc_pid_stat(5)`), read once.
+pub struct ProcStat {
+    /// Fields 3 onwards: those after the command name, which is in parentheses and
+    /// may hold anything.
+    rest: Vec<String>,
+}
+
+/// `PF_EXITING` in the flags of `/proc/PID/stat`: the task is in `exit(2)` (it runs
+/// no more user code).
+pub const PF_EXITING: u64 = 0x4;
+
+impl ProcStat {
+    /// `/proc/PID/stat` of `pid`, or of this process.
+    pub fn read(pid: Option<i32>) -> io::Result<ProcStat> {
+        let path = match pid {
+            Some(p) => format!("/proc/{p}/stat"),
+            None => "/proc/self/stat".to_string(),
+        };
+        ProcStat::parse(&std::fs::read_to_string(path)?)
+    }
+
+    fn parse(stat: &str) -> io::Result<ProcStat> {
+        let rest = stat
+            .rsplit_once(')')
+            .map(|(_, r)| r)
+            .ok_or_else(|| io::Error::other("/proc/PID/stat without a command name"))?;
+        Ok(ProcStat {
+            rest: rest.split_whitespace().map(str::to_string).collect(),
+        })
+    }
+
+    /// Field `n` (1-based, as `proc_pid_stat(5)` numbers them; 3 or more).
+    pub fn field(&self, n: usize) -> io::Result<u64> {
+        n.checked_sub(3)
+            .and_then(|i| self.rest.get(i))
+            .and_then(|f| f.parse().ok())
+            .ok_or_else(|| io::Error::other(format!("/proc/PID/stat has no field {n}")))
+    }
+
+    /// The state letter (`R`, `S`, `Z`, ...).
+    pub fn state(&self) -> char {
+        self.rest
+            .first()
+            .and_then(|s| s.chars().next())
+            .unwrap_or('?')
+    }
+
+    /// Start time after boot, in clock ticks (field 22): with the pid, names one
+    /// process for the host's uptime, whatever pids are reused.
+    pub fn start_time(&self) -> io::Result<u64> {
+        self.field(22)
+    }
+
+    /// Whether the process is gone or going: a zombie, dead, or in `exit(2)`.
+    pub fn exiting(&self) -> bool {
+        matches!(self.state(), 'Z' | 'X' | 'x') || self.field(9).is_ok_and(|f| f & PF_EXITING != 0)
+    }
+}
+
+/// Where this process's argument strings are (`arg_start` and `arg_end`, fields 48
+/// and 49 of `/proc/self/stat`).
+fn arg_area() -> io::Result<(u64, u64)> {
+    let st = ProcStat::read(None)?;
+    Ok((st.field(48)?, st.field(49)?))
+}
+
+/// The bytes `/proc/PID/cmdline` should show for `args` in an argument area of `len`
+/// bytes: the arguments NUL-terminated, cut to fit, the rest zeros (a final NUL
+/// makes the kernel show exactly this area).
+pub fn cmdline_bytes(args: &[&str], len: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(len);
+    for a in args {
+        out.extend_from_slice(a.as_bytes());
+        out.push(0);
+    }
+    out.resize(len, 0);
+    if let Some(last) = out.last_mut() {
+        *last = 0;
+    }
+    out
+}
+
+/// Rewrites this process's argument strings in place (what `/proc/PID/cmdline` and
+/// `ps` show for it and for children forked afterwards) to `args`. The area keeps its
+/// size, so `args` is cut if it is longer than the original arguments.
+pub fn set_cmdline(args: &[&str]) -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let (start, end) = arg_area()?;
+    let len = usize::try_from(end.saturating_sub(start)).map_err(io::Error::other)?;
+    if len == 0 {
+        return Ok(());
+    }
+    let mem = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/proc/self/mem")?;
+    mem.write_all_at(&cmdline_bytes(args, len), start)
+}
+
 /// `openat2(dirfd, path, O_PATH|O_CLOEXEC, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)`: resolves
 /// `path` as if `dirfd` were `/`, so symlinks in an untrusted rootfs cannot escape it.
 pub fn open_in_root(root: BorrowedFd<'_>, path: &CStr) -> io::Result<OwnedFd> {
+    openat2_in_root(root, path, libc::O_PATH | libc::O_CLOEXEC)
+}
+
+/// Reads at most `limit` bytes of the regular file `path` resolved inside `root` (as
+/// [`open_in_root`] does). Opened non-blocking and refused unless it is a regular
+/// file, so a FIFO or device an image put there cannot stall or feed the caller.
+pub fn read_in_root(root: BorrowedFd<'_>, path: &CStr, limit: u64) -> io::Result<Vec<u8>> {
+    use std::io::Read;
+    let fd = openat2_in_root(
+        root,
+        path,
+        libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC,
+    )?;
+    let file = std::fs::File::from(fd);
+    if !file.metadata()?.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    let mut out = Vec::new();
+    file.take(limit).read_to_end(&mut out)?;
+    Ok(out)
+}
+
+fn openat2_in_root(root: BorrowedFd<'_>, path: &CStr, flags: i32) -> io::Result<OwnedFd> {
     #[repr(C)]
     struct OpenHow {
         flags: u64,
@@ -524,7 +648,7 @@ pub fn open_in_root(root: BorrowedFd<'_>, path: &CStr) -> io::Result<OwnedFd> {
     const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
     const RESOLVE_IN_ROOT: u64 = 0x10;
     let how = OpenHow {
-        flags: (libc::O_PATH | libc::O_CLOEXEC) as u64,
+        flags: flags as u64,
         mode: 0,
         resolve: RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS,
     };
@@ -735,4 +859,47 @@ pub fn set_signal_ignored(sig: libc::c_int, ignore: bool) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rewritten_command_line_fits_the_area_and_ends_in_nul() {
+        assert_eq!(
+            cmdline_bytes(&["sandlot", "__init"], 20),
+            b"sandlot\0__init\0\0\0\0\0\0"
+        );
+        // Cut to the area, still NUL-terminated.
+        assert_eq!(cmdline_bytes(&["sandlot", "__init"], 10), b"sandlot\0_\0");
+        assert_eq!(cmdline_bytes(&["x"], 1), b"\0");
+    }
+
+    #[test]
+    fn proc_stat_fields_survive_odd_command_names() {
+        let line = "42 (a) b (c) S 1 42 42 0 -1 4194624 100 0 0 0 1 2 0 0 20 0 1 0 12345 1000 50";
+        let st = ProcStat::parse(line).unwrap();
+        assert_eq!(st.state(), 'S');
+        assert_eq!(st.field(4).unwrap(), 1);
+        assert_eq!(st.field(9).unwrap(), 4194624);
+        assert_eq!(st.start_time().unwrap(), 12345);
+        assert!(!st.exiting());
+        let exiting = line.replace("4194624", &(4194624 | PF_EXITING).to_string());
+        assert!(ProcStat::parse(&exiting).unwrap().exiting());
+        assert!(ProcStat::parse(&line.replace(") S ", ") Z "))
+            .unwrap()
+            .exiting());
+        assert!(st.field(60).is_err());
+        let me = ProcStat::read(None).unwrap();
+        assert!(!me.exiting());
+        assert!(me.start_time().unwrap() > 0);
+    }
+
+    #[test]
+    fn the_argument_area_is_found() {
+        let (start, end) = arg_area().unwrap();
+        let mem = std::fs::read(format!("/proc/{}/cmdline", std::process::id())).unwrap();
+        assert_eq!((end - start) as usize, mem.len());
+    }
 }

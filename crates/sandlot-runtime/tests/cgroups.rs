@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use sandlot_runtime::cgroup::{Cgroup, CgroupError, CgroupLayout, CgroupLimits};
+use sandlot_runtime::cgroup::{Cgroup, CgroupError, CgroupLayout, CgroupLimits, CgroupParent};
 use sandlot_runtime::cgroup_stock::{sweep_dead, CgroupStock};
 
 /// The first cgroup2 mount point, if any.
@@ -84,7 +84,8 @@ fn issue2_cgroup_v2_files_work_on_a_real_v2_hierarchy() {
             pids: 64,
             cpus: None,
         };
-        let e = Cgroup::create(&layout, &parent, "refused", &limits).unwrap_err();
+        let e =
+            Cgroup::create(&layout, &CgroupParent::named(&parent), "refused", &limits).unwrap_err();
         let CgroupError::Write { path, .. } = &e else {
             panic!("expected a write error, got {e}")
         };
@@ -195,12 +196,24 @@ fn issue2_cgroup_stock_hands_out_fresh_renamed_cgroups_and_leaves_nothing() {
         eprintln!(
             "SKIPPED issue2_cgroup_stock_...: the stock is for cgroup v1 hosts; this one is v2"
         );
-        assert!(CgroupStock::start(&layout, "x", 2).is_none());
+        assert!(CgroupStock::start(&layout, &CgroupParent::named("x"), 2).is_none());
         return;
     }
     let parent = format!("sandlot-stocktest-{}", std::process::id());
-    let stock = CgroupStock::start(&layout, &parent, 2).unwrap();
+    // The parent the stock makes gets its CPU weight (v1: 25 -> 256 shares).
+    let weighted = CgroupParent {
+        name: parent.clone(),
+        cpu_weight: Some(25),
+    };
+    let stock = CgroupStock::start(&layout, &weighted, 2).unwrap();
     wait_for("two stocked cgroups", || stock.ready() == 2);
+    let dirs = Cgroup::plan(&layout, &parent, "").dirs;
+    let (_, cpu) = dirs
+        .iter()
+        .find(|(c, _)| c == "cpu")
+        .expect("a cpu hierarchy");
+    let shares = std::fs::read_to_string(cpu.join("cpu.shares")).unwrap();
+    assert_eq!(shares.trim(), "256");
     let stocked = children(&layout, &parent);
     // Five hierarchies (or however many this host has) x two cgroups.
     let hierarchies = Cgroup::plan(&layout, &parent, "x").dirs.len();
@@ -235,7 +248,7 @@ fn issue2_cgroup_stock_hands_out_fresh_renamed_cgroups_and_leaves_nothing() {
     cg.remove(Duration::from_secs(2)).unwrap();
 
     // With no sandbox left, stopping a stock also removes the parent.
-    let stock = CgroupStock::start(&layout, &parent, 1).unwrap();
+    let stock = CgroupStock::start(&layout, &CgroupParent::named(&parent), 1).unwrap();
     wait_for("one stocked cgroup", || stock.ready() == 1);
     drop(stock);
     assert!(!Cgroup::plan(&layout, &parent, "").exists());
@@ -247,16 +260,21 @@ fn issue2_cgroup_stock_hands_out_fresh_renamed_cgroups_and_leaves_nothing() {
         c.wait().unwrap();
         pid
     };
-    let debris = Cgroup::make_dirs(&layout, &parent, &format!(".stock-{dead}-1")).unwrap();
-    let live = Cgroup::make_dirs(
+    let named = CgroupParent::named(&parent);
+    let debris = Cgroup::make_dirs(&layout, &named, &format!(".stock-{dead}-1")).unwrap();
+    let live =
+        Cgroup::make_dirs(&layout, &named, &format!(".stock-{}-1", std::process::id())).unwrap();
+    // A live pid with another start time: the owner died and its pid was reused.
+    let reused = Cgroup::make_dirs(
         &layout,
-        &parent,
-        &format!(".stock-{}-1", std::process::id()),
+        &named,
+        &format!(".stock-{}-1-1", std::process::id()),
     )
     .unwrap();
     let swept = sweep_dead(&layout, &parent);
-    assert_eq!(swept.len(), hierarchies, "{swept:?}");
+    assert_eq!(swept.len(), 2 * hierarchies, "{swept:?}");
     assert!(!debris.exists());
+    assert!(!reused.exists());
     assert!(live.exists());
     live.remove(Duration::from_secs(2)).unwrap();
     live.remove_parent_if_empty();

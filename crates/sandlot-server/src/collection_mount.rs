@@ -753,7 +753,7 @@ struct Confinement {
 
 impl std::fmt::Display for Confinement {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "confined: no capabilities (bounding, ambient, effective, permitted and inheritable sets empty), no_new_privs")?;
+        write!(f, "confined: no capabilities (bounding, ambient, effective, permitted and inheritable sets empty), no_new_privs, an empty network namespace, a seccomp allow-list")?;
         match self.landlock {
             Some(abi) => write!(
                 f,
@@ -765,18 +765,24 @@ impl std::fmt::Display for Confinement {
 }
 
 /// Drops what the helper does not need once its mount is up, for itself and the
-/// threads it starts afterwards (credentials are per thread: call it while the
-/// process has one thread). It keeps uid 0 (it reads the daemon's root-owned store
-/// as their owner) but loses every capability, may not gain privileges on exec, and
-/// under Landlock may open nothing but files and directories under
-/// `collection_dir`, read-only (nor bind or connect TCP sockets, where the kernel
-/// can restrict those). Descriptors already open (`/dev/fuse`, the log, the
-/// standard streams) stay usable.
+/// threads it starts afterwards (credentials, namespaces and seccomp filters are per
+/// thread: call it while the process has one thread). It keeps uid 0 (it reads the
+/// daemon's root-owned store as their owner) but: leaves the daemon's network
+/// namespace for an empty one of its own (no abstract socket or port of the host's
+/// is reachable), loses every capability, may not gain privileges on exec, under
+/// Landlock may open nothing but files and directories under `collection_dir`,
+/// read-only (nor bind or connect TCP sockets, where the kernel can restrict
+/// those), and last is held to a seccomp allow-list of what serving takes (no
+/// socket at all: a path-named one such as the operator socket is reachable from
+/// any network namespace, and Landlock does not cover `connect`). Descriptors
+/// already open (`/dev/fuse`, the log, the standard streams) stay usable.
 fn confine(collection_dir: &Path) -> Result<Confinement, String> {
     use rustix::thread::{
         clear_ambient_capability_set, remove_capability_from_bounding_set, set_capabilities,
         set_no_new_privs, CapabilitySet, CapabilitySets,
     };
+    sandlot_runtime::helper_process::leave_network()
+        .map_err(|e| format!("leave the daemon's network namespace: {e}"))?;
     set_no_new_privs(true).map_err(|e| format!("set no_new_privs: {e}"))?;
     let landlock = sandlot_runtime::security::landlock_read_only_beneath(collection_dir)
         .map_err(|e| e.to_string())?;
@@ -798,6 +804,8 @@ fn confine(collection_dir: &Path) -> Result<Confinement, String> {
         },
     )
     .map_err(|e| format!("drop capabilities: {e}"))?;
+    sandlot_runtime::helper_process::restrict_syscalls()
+        .map_err(|e| format!("install the seccomp filter: {e}"))?;
     Ok(Confinement { landlock })
 }
 

@@ -116,9 +116,30 @@ pub struct RuntimeSection {
     /// there: each create and delete then skips journalled disk metadata work. The
     /// mount stays across restarts, like `/run`.
     pub run_dir_tmpfs: bool,
+    /// CPU quota, in cores, of a sandbox whose spec gives no `resources.cpus`
+    /// (cgroup v2 `cpu.max`, v1 `cpu.cfs_quota_us`). Absent: half the host's CPUs,
+    /// at least one; 0: no quota.
+    pub default_cpus: Option<f64>,
+    /// CPU weight of all sandboxes together against the daemon and the rest of the
+    /// host when the CPUs are contended (the parent cgroup's v2 `cpu.weight`; v1
+    /// `cpu.shares`, 100 being 1024); the kernel's default is 100. 0: left alone.
+    pub cgroup_cpu_weight: u32,
 }
 
 impl RuntimeSection {
+    /// The CPU quota of sandboxes that ask for none (`default_cpus`): `None` for no
+    /// quota.
+    pub fn effective_default_cpus(&self) -> Option<f64> {
+        match self.default_cpus {
+            Some(0.0) => None,
+            Some(c) => Some(c),
+            None => {
+                let n = std::thread::available_parallelism().map_or(2, |n| n.get());
+                Some((n / 2).max(1) as f64)
+            }
+        }
+    }
+
     /// The effective limit of concurrent cold creates.
     pub fn create_concurrency(&self) -> usize {
         match self.max_concurrent_creates {
@@ -139,6 +160,8 @@ impl Default for RuntimeSection {
             cgroup_stock: 4,
             netns_stock: 4,
             run_dir_tmpfs: true,
+            default_cpus: None,
+            cgroup_cpu_weight: 50,
         }
     }
 }
@@ -390,6 +413,20 @@ impl ServerConfig {
                 return bad(format!("pools[{i}].spec: {why}"));
             }
         }
+        if let Some(c) = self.runtime.default_cpus {
+            use sandlot_proto::spec::limits::{MAX_CPUS, MIN_CPUS};
+            if !(c == 0.0 || (c.is_finite() && (MIN_CPUS..=MAX_CPUS).contains(&c))) {
+                return bad(format!(
+                    "runtime.default_cpus {c}: use 0 (no quota) or {MIN_CPUS} to {MAX_CPUS} cores"
+                ));
+            }
+        }
+        if self.runtime.cgroup_cpu_weight > 10_000 {
+            return bad(format!(
+                "runtime.cgroup_cpu_weight {}: use 0 (the kernel's) or 1 to 10000",
+                self.runtime.cgroup_cpu_weight
+            ));
+        }
         for p in &self.mounts.allowed_host_paths {
             if !p.is_absolute() || p.components().any(|c| c == std::path::Component::ParentDir) {
                 return bad(format!(
@@ -528,6 +565,37 @@ max_sandboxes = 3
         assert!(e.to_string().contains("id_prefix"), "{e}");
         let e = ServerConfig::from_toml("[tenants.\"a b\"]\n", Path::new("c")).unwrap_err();
         assert!(e.to_string().contains("tenant"), "{e}");
+    }
+
+    #[test]
+    fn sandbox_cpu_defaults_are_checked() {
+        let (c, _) = ServerConfig::from_toml("", Path::new("c")).unwrap();
+        let half = (std::thread::available_parallelism().unwrap().get() / 2).max(1);
+        assert_eq!(c.runtime.effective_default_cpus(), Some(half as f64));
+        assert_eq!(c.runtime.cgroup_cpu_weight, 50);
+        let (c, _) = ServerConfig::from_toml(
+            "[runtime]\ndefault_cpus = 0\ncgroup_cpu_weight = 0\n",
+            Path::new("c"),
+        )
+        .unwrap();
+        assert_eq!(c.runtime.effective_default_cpus(), None);
+        let (c, _) =
+            ServerConfig::from_toml("[runtime]\ndefault_cpus = 1.5\n", Path::new("c")).unwrap();
+        assert_eq!(c.runtime.effective_default_cpus(), Some(1.5));
+        for bad in [
+            "default_cpus = -1",
+            "default_cpus = 0.001",
+            "default_cpus = 5000",
+            "cgroup_cpu_weight = 10001",
+        ] {
+            let text = format!("[runtime]\n{bad}\n");
+            let e = ServerConfig::from_toml(&text, Path::new("c")).unwrap_err();
+            let key = bad.split(' ').next().unwrap();
+            assert!(
+                e.to_string().contains(&format!("runtime.{key}")),
+                "{bad}: {e}"
+            );
+        }
     }
 
     #[test]

@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use sandlot_proto::spec::{valid_object_name, MountSpec, SandboxSpec, HOST_IMAGE};
 use sandlot_proto::units::ByteSize;
 use sandlot_runtime::mounts::{ImageRoot, SharedDir};
-use sandlot_runtime::{CreateOptions, Secrets};
+use sandlot_runtime::{CreateOptions, SecretFile, Secrets};
 use sandlot_store::layer::LayerError;
 use sandlot_store::{
     Budget, Commit, Digest, ImageInfo, ImageName, ImageStore, LegacyOwners, ScopedTag, SizeLimit,
@@ -310,9 +310,15 @@ impl Images {
                 if let Some(e) = &s.env {
                     secrets.env.push((e.clone(), value));
                 } else if let Some(p) = &s.path {
-                    secrets
-                        .files
-                        .push((sandlot_proto::spec::normalize_sandbox_path(p), value));
+                    secrets.files.push(SecretFile {
+                        path: sandlot_proto::spec::normalize_sandbox_path(p),
+                        contents: value,
+                        mode: s
+                            .mode
+                            .map_or(sandlot_proto::spec::SECRET_FILE_MODE, |m| m.0),
+                        uid: s.uid,
+                        gid: s.gid,
+                    });
                 }
             }
             opts.secrets = secrets;

@@ -231,6 +231,8 @@ pub async fn serve(
     rc.cgroup_stock = cfg.runtime.cgroup_stock;
     rc.netns_stock = cfg.runtime.netns_stock;
     rc.run_dir_tmpfs = cfg.runtime.run_dir_tmpfs;
+    rc.default_cpus = cfg.runtime.effective_default_cpus();
+    rc.cgroup_cpu_weight = Some(cfg.runtime.cgroup_cpu_weight).filter(|w| *w > 0);
     let runtime = NamespaceBackend::new(rc)?;
     // The backend made this process a child subreaper: reap the orphans it adopts.
     sandlot_runtime::orphans::start().map_err(|source| ServerError::Io {

@@ -48,7 +48,8 @@ pub struct MountDoc {
 #[derive(ToSchema)]
 #[allow(dead_code)]
 pub struct ResourcesDoc {
-    /// CPU quota in cores (`0.5`). Absent: none.
+    /// CPU quota in cores (`0.5`). Absent: the operator's `runtime.default_cpus`
+    /// (unless configured, half the host's CPUs).
     cpus: Option<f64>,
     /// Memory limit, bytes or `"512M"` (default 512M).
     #[schema(example = "512M")]
@@ -139,8 +140,17 @@ pub struct SecretRefDoc {
     name: String,
     /// Environment variable name.
     env: Option<String>,
-    /// File directly under `/run/secrets/` (mode 0400).
+    /// File directly under `/run/secrets/`.
     path: Option<String>,
+    /// Owner of the file, 0 to 65534 (default: the uid of the sandbox's user, the
+    /// spec's `user` or the image's).
+    uid: Option<u32>,
+    /// Group of the file, 0 to 65534 (default: the sandbox user's primary group).
+    gid: Option<u32>,
+    /// Permission bits of the file, a number or an octal string (default `"0400"`);
+    /// at most 0777: no set-id or sticky bits.
+    #[schema(value_type = Option<String>, example = "0440")]
+    mode: Option<String>,
 }
 
 #[derive(OpenApi)]
@@ -244,6 +254,9 @@ mod tests {
             name: "s".into(),
             env: Some("S".into()),
             path: None,
+            uid: None,
+            gid: None,
+            mode: None,
         });
         spec.mounts.push(sandlot_proto::spec::MountSpec::Tmpfs {
             target: "/t".into(),
@@ -255,5 +268,23 @@ mod tests {
         let mut keys = sandboxes::SPEC_KEYS.to_vec();
         keys.sort();
         assert_eq!(fields, keys);
+        // A secret reference documents exactly its fields.
+        let secret = sandlot_proto::spec::SecretRef {
+            name: "s".into(),
+            env: Some("S".into()),
+            path: Some("/run/secrets/s".into()),
+            uid: Some(1),
+            gid: Some(1),
+            mode: Some(sandlot_proto::spec::FileMode(0o400)),
+        };
+        let v = serde_json::to_value(&secret).unwrap();
+        let mut fields: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        fields.sort();
+        let props = doc["components"]["schemas"]["SecretRefDoc"]["properties"]
+            .as_object()
+            .unwrap();
+        let mut documented: Vec<&str> = props.keys().map(String::as_str).collect();
+        documented.sort();
+        assert_eq!(documented, fields);
     }
 }

@@ -313,3 +313,154 @@ fn issue6_file_modes_and_failed_moves_keep_what_was_there() {
     drop(d);
     std::fs::remove_dir_all(&ro).unwrap();
 }
+
+/// An HTTP request on the operator socket: (status, the body as text; chunked
+/// bodies keep their chunk sizes, which does not matter for a search).
+fn raw_text(d: &Daemon, method: &str, path: &str, body: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(&d.socket).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).unwrap();
+    let out = String::from_utf8_lossy(&buf).into_owned();
+    let status = out[9..12].parse().unwrap();
+    (
+        status,
+        out.split_once("\r\n\r\n")
+            .map_or(String::new(), |(_, b)| b.to_string()),
+    )
+}
+
+/// Nothing of PID 1 (the agent) shows a sandbox or its tenant where on the host the
+/// daemon's binary and data live: not `/proc/1/cmdline` inside, and not the agent's
+/// own `/proc` entries through the files API, which runs in the agent and so passed
+/// the checks that keep sandbox processes out (found by a review: `/proc/1/maps`
+/// listed the binary's host path, and `/proc/1/cmdline` named it to everyone).
+#[test]
+fn the_agents_own_proc_entries_show_no_host_path() {
+    let d = Daemon::start(None);
+    let c = d.client();
+    let binary = std::fs::canonicalize(api_support::sandlot()).unwrap();
+    let host_paths = [
+        binary.display().to_string(),
+        d.data_dir().display().to_string(),
+        binary.parent().unwrap().display().to_string(),
+    ];
+    let id = rt()
+        .block_on(c.create_sandbox(&CreateSandbox::default()))
+        .unwrap()
+        .id;
+    let sb = format!("/v1/sandboxes/{id}");
+    let mut seen = String::new();
+    // Inside: PID 1's command line, and the links the sandbox may not read at all.
+    let probe = "tr '\\0' ' ' </proc/1/cmdline; echo; \
+                 for f in environ maps exe cwd root fd/0; do cat /proc/1/$f; readlink /proc/1/$f; done; \
+                 ln -s /proc/1/maps /tmp/maps-link; ln -s /proc/1 /tmp/pid1-link; ls /proc/1/task";
+    let out = rt()
+        .block_on(c.run(&id, &["/bin/sh", "-c", probe]))
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        stdout.starts_with("sandlot __zygote "),
+        "PID 1's command line: {stdout}"
+    );
+    seen += &stdout;
+    seen += &String::from_utf8_lossy(&out.stderr);
+    let tids: Vec<String> = stdout
+        .lines()
+        .skip(1)
+        .filter(|l| !l.is_empty() && l.bytes().all(|b| b.is_ascii_digit()))
+        .map(str::to_string)
+        .collect();
+    assert!(!tids.is_empty(), "the agent's threads: {stdout}");
+    // Through the files API: reads, by every route to the agent's /proc entries.
+    let mut reads: Vec<String> = [
+        "/proc/1/maps",
+        "/proc/1/environ",
+        "/proc/1/cmdline",
+        "/proc/self/maps",
+        "/proc/thread-self/maps",
+        "/proc/1/task/1/maps",
+        "/proc/1/exe",
+        "/proc/1/fd/4",
+        "/tmp/maps-link",
+        "/tmp/pid1-link/maps",
+    ]
+    .map(String::from)
+    .to_vec();
+    for t in &tids {
+        reads.push(format!("/proc/{t}/maps"));
+        reads.push(format!("/proc/1/task/{t}/maps"));
+    }
+    for p in &reads {
+        let (st, body) = raw_text(&d, "GET", &format!("{sb}/files?path={p}"), "");
+        assert!(st >= 400, "{p} was served: {st} {body}");
+        seen += &body;
+    }
+    // Stat (a link's target), listings, a tar of the directory, moves out of it.
+    for p in [
+        "/proc/1/exe",
+        "/proc/1/cwd",
+        "/proc/1/fd/4",
+        "/proc/self/exe",
+    ] {
+        seen += &raw_text(&d, "GET", &format!("{sb}/files/stat?path={p}"), "").1;
+        seen += &raw_text(
+            &d,
+            "GET",
+            &format!("{sb}/files/stat?path={p}&follow=true"),
+            "",
+        )
+        .1;
+    }
+    for p in [
+        "/proc/1/fd",
+        "/proc/1/map_files",
+        "/proc/self",
+        "/tmp/pid1-link",
+    ] {
+        seen += &raw_text(&d, "GET", &format!("{sb}/files/list?path={p}&depth=2"), "").1;
+    }
+    let (st, body) = raw_text(
+        &d,
+        "GET",
+        &format!("{sb}/files/list?path=/proc&depth=2"),
+        "",
+    );
+    assert_eq!(st, 200, "listing /proc itself works: {body}");
+    seen += &body;
+    seen += &raw_text(&d, "GET", &format!("{sb}/files/tar?path=/proc/1"), "").1;
+    for (from, to) in [
+        ("/proc/1/exe", "/tmp/exe"),
+        ("/proc/1/maps", "/tmp/maps"),
+        ("/proc/1/fd", "/tmp/fd"),
+    ] {
+        let body = format!(r#"{{"from": "{from}", "to": "{to}"}}"#);
+        seen += &raw_text(&d, "POST", &format!("{sb}/files/rename"), &body).1;
+    }
+    let out = rt()
+        .block_on(c.run(
+            &id,
+            &[
+                "/bin/sh",
+                "-c",
+                "cat /tmp/exe /tmp/maps; readlink /tmp/exe; ls -lR /tmp/fd",
+            ],
+        ))
+        .unwrap();
+    seen += &String::from_utf8_lossy(&out.stdout);
+    for p in &host_paths {
+        assert!(!seen.contains(p.as_str()), "{p} shows:\n{seen}");
+    }
+    // The rest of /proc is still served, and `/` stats as before.
+    let (st, body) = raw_text(&d, "GET", &format!("{sb}/files/stat?path=/"), "");
+    assert_eq!(st, 200, "{body}");
+    let (st, body) = raw_text(&d, "GET", &format!("{sb}/files?path=/proc/meminfo"), "");
+    assert_eq!(st, 200);
+    assert!(body.contains("MemTotal"), "{body}");
+}

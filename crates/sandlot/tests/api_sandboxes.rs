@@ -719,3 +719,105 @@ fn issue6_a_closed_pipe_ends_the_cli_quietly() {
     assert!(err.is_empty(), "{err}");
     assert_eq!(o.status.code(), Some(141), "{err}");
 }
+
+/// The CPU files of cgroup `name` under `parent`: (v2 `cpu.max` or v1
+/// `cpu.cfs_quota_us`, v2 `cpu.weight` or v1 `cpu.shares`) of the cgroup and of the
+/// parent, read from whichever hierarchy has the cpu controller.
+fn cpu_files(parent: &str, name: &str) -> (String, String) {
+    let read = |p: std::path::PathBuf| {
+        std::fs::read_to_string(&p)
+            .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+            .trim()
+            .to_string()
+    };
+    let v1 = std::path::Path::new("/sys/fs/cgroup/cpu").join(parent);
+    if v1.is_dir() {
+        (
+            read(v1.join(name).join("cpu.cfs_quota_us")),
+            read(v1.join("cpu.shares")),
+        )
+    } else {
+        let v2 = std::path::Path::new("/sys/fs/cgroup").join(parent);
+        (
+            read(v2.join(name).join("cpu.max")),
+            read(v2.join("cpu.weight")),
+        )
+    }
+}
+
+/// A sandbox whose spec asks for no CPU quota gets the operator's default
+/// (`runtime.default_cpus`, else half the host's CPUs), and the sandboxes' parent
+/// cgroup weighs what the operator set against the daemon and the rest of the host.
+/// Found by a review: a sandbox without `cpus` had no limit at all, and a fork bomb
+/// in one pushed the host's load to 44.
+#[test]
+fn sandboxes_without_a_cpu_limit_get_the_operators_default() {
+    let parent = format!("sandlot-cputest-{}", std::process::id());
+    let v1 = std::path::Path::new("/sys/fs/cgroup/cpu").is_dir();
+    let mut d = Daemon::start(Some(&format!(
+        "[runtime]\ncgroup_parent = \"{parent}\"\ndefault_cpus = 0.5\ncgroup_cpu_weight = 25\n"
+    )));
+    let c = d.client();
+    let (plain, sized) = rt().block_on(async {
+        let plain = c
+            .create_sandbox(&CreateSandbox::default())
+            .await
+            .unwrap()
+            .id;
+        let body = api_support::spec_body(json!({"resources": {"cpus": 1.5}}));
+        let sized = c.create_sandbox(&body).await.unwrap().id;
+        (plain, sized)
+    });
+    let (quota, weight) = cpu_files(&parent, &plain);
+    let (asked, _) = cpu_files(&parent, &sized);
+    if v1 {
+        assert_eq!((quota.as_str(), weight.as_str()), ("50000", "256"));
+        assert_eq!(asked, "150000");
+    } else {
+        assert_eq!((quota.as_str(), weight.as_str()), ("50000 100000", "25"));
+        assert_eq!(asked, "150000 100000");
+    }
+    // Busy loops in it are throttled to that half core.
+    let burn = "for i in 1 2; do timeout 1 sh -c 'while :; do :; done' & done; wait";
+    let out = rt()
+        .block_on(c.run(&plain, &["/bin/sh", "-c", burn]))
+        .unwrap();
+    assert_eq!(out.exit.code, Some(0));
+    let stat = if v1 {
+        std::path::Path::new("/sys/fs/cgroup/cpu")
+            .join(&parent)
+            .join(&plain)
+    } else {
+        std::path::Path::new("/sys/fs/cgroup")
+            .join(&parent)
+            .join(&plain)
+    };
+    let stat = std::fs::read_to_string(stat.join("cpu.stat")).unwrap();
+    let throttled: u64 = stat
+        .lines()
+        .find_map(|l| l.strip_prefix("nr_throttled "))
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    assert!(throttled > 0, "{stat}");
+    d.shutdown();
+    assert!(!std::path::Path::new("/sys/fs/cgroup/cpu")
+        .join(&parent)
+        .exists());
+    assert!(!std::path::Path::new("/sys/fs/cgroup")
+        .join(&parent)
+        .exists());
+
+    // Without a setting: half the host's CPUs, at least one.
+    let mut d = Daemon::start(Some(&format!("[runtime]\ncgroup_parent = \"{parent}\"\n")));
+    let c = d.client();
+    let id = rt()
+        .block_on(c.create_sandbox(&CreateSandbox::default()))
+        .unwrap()
+        .id;
+    let cpus = std::thread::available_parallelism().unwrap().get();
+    let want = ((cpus / 2).max(1) * 100_000).to_string();
+    let (quota, weight) = cpu_files(&parent, &id);
+    assert_eq!(quota.split_whitespace().next(), Some(want.as_str()));
+    assert_eq!(weight, if v1 { "512" } else { "50" });
+    d.shutdown();
+}

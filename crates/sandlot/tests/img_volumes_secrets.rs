@@ -154,6 +154,87 @@ fn volumes_persist_and_host_mounts_follow_the_policy() {
     let _ = std::fs::remove_dir_all(&base);
 }
 
+/// Every volume is mounted `nosuid,nodev` in a sandbox, with a size limit or without
+/// (found by a review: a volume without one was bound with neither), so a device node
+/// or a set-id program someone put there opens or elevates nothing.
+#[test]
+fn volumes_are_nosuid_and_nodev() {
+    let mut d = Daemon::start(None);
+    let rt = rt();
+    let c = d.client();
+    rt.block_on(async {
+        c.call_json("POST", "/v1/volumes", Some(&json!({"name": "plain"})))
+            .await
+            .unwrap();
+        c.call_json(
+            "POST",
+            "/v1/volumes",
+            Some(&json!({"name": "sized", "size_limit": "16M"})),
+        )
+        .await
+        .unwrap();
+    });
+    // What a sandbox could not make itself: a device node, and a set-uid root program.
+    use std::os::unix::fs::PermissionsExt;
+    for name in ["plain", "sized"] {
+        let data = d.data_dir().join(format!("volumes/default/{name}/data"));
+        let node = data.join("null-dev");
+        let st = std::process::Command::new("mknod")
+            .args([node.to_str().unwrap(), "c", "1", "3"])
+            .status()
+            .unwrap();
+        assert!(st.success());
+        std::fs::set_permissions(&node, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let id = data.join("id");
+        std::fs::copy("/usr/bin/id", &id).unwrap();
+        std::fs::set_permissions(&id, std::fs::Permissions::from_mode(0o4755)).unwrap();
+    }
+    rt.block_on(async {
+        let sb = c
+            .call_json(
+                "POST",
+                "/v1/sandboxes",
+                Some(&json!({"user": "user", "volumes": [
+                    {"name": "plain", "target": "/plain"},
+                    {"name": "sized", "target": "/sized"}
+                ]})),
+            )
+            .await
+            .unwrap();
+        let id = sb["id"].as_str().unwrap().to_string();
+        for target in ["/plain", "/sized"] {
+            let probe = format!(
+                "awk '$5 == \"{target}\" {{print $6}}' /proc/self/mountinfo; \
+                 echo x > {target}/null-dev && echo opened; {target}/id -u"
+            );
+            let (_, out, err) = sh(&c, &id, &probe).await;
+            let mut lines = out.lines();
+            let opts = lines.next().unwrap_or_default();
+            assert!(
+                opts.starts_with("rw,") && opts.contains("nosuid") && opts.contains("nodev"),
+                "{target}: {out}"
+            );
+            assert!(
+                !out.contains("opened"),
+                "{target}: a device node opened: {out}"
+            );
+            assert!(err.contains("Permission denied"), "{target}: {err}");
+            assert_eq!(
+                lines.next(),
+                Some("1000"),
+                "{target}: set-uid elevated: {out}"
+            );
+        }
+        c.delete_sandbox(&id).await.unwrap();
+        for v in ["plain", "sized"] {
+            c.call_json("DELETE", &format!("/v1/volumes/{v}"), None)
+                .await
+                .unwrap();
+        }
+    });
+    d.shutdown();
+}
+
 fn grep_tree(dir: &std::path::Path, needle: &[u8], hits: &mut Vec<String>) {
     for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
         let p = e.path();
@@ -283,6 +364,146 @@ fn secrets_are_injected_and_never_leak() {
     assert!(images_db.exists(), "the image database was scanned");
     assert!(hits.is_empty(), "the secret is stored in {hits:?}");
     d.spawn();
+    d.shutdown();
+}
+
+async fn sh_as(
+    c: &sandlot_client::Client,
+    id: &str,
+    user: &str,
+    cmd: &str,
+) -> (i32, String, String) {
+    let req = sandlot_client::api::ExecBody {
+        argv: ["/bin/sh", "-c", cmd].map(String::from).to_vec(),
+        user: Some(user.into()),
+        ..Default::default()
+    };
+    let (_, mut s) = c.exec_stream(id, &req).await.unwrap();
+    let o = s.collect().await.unwrap();
+    (
+        o.exit.code.unwrap_or(-1),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// A secret file belongs to the sandbox's user (the spec's `user`, or the image's
+/// `USER` resolved in the image's `/etc/passwd`), so a sandbox that does not run as
+/// root can read its own secrets; other users of the sandbox cannot when the mode says
+/// so. Found by a review: files were always `0400 root:root`, unreadable by a
+/// non-root sandbox user.
+#[test]
+fn secret_files_belong_to_the_sandbox_user_and_no_other() {
+    let mut d = Daemon::start(None);
+    let tmp = d.dir.join("work");
+    std::fs::create_dir_all(&tmp).unwrap();
+    // An image whose USER is a name only its own /etc/passwd knows.
+    let root = tmp.join("rootfs");
+    img_support::mini_rootfs(&root);
+    let accounts = tmp.join("accounts");
+    std::fs::create_dir_all(accounts.join("etc")).unwrap();
+    std::fs::write(
+        accounts.join("etc/passwd"),
+        "root:x:0:0:root:/root:/bin/sh\napp:x:1500:1600:app:/tmp:/bin/sh\n",
+    )
+    .unwrap();
+    std::fs::write(accounts.join("etc/group"), "root:x:0:\napp:x:1600:\n").unwrap();
+    let cfg = sandlot_store::ImageConfig {
+        env: vec!["PATH=/usr/bin:/bin".into()],
+        workdir: None,
+        user: Some("app".into()),
+        entrypoint: vec![],
+        cmd: vec!["/bin/sh".into()],
+    };
+    let archive = tmp.join("appuser.tar");
+    img_support::archive_of(&tmp, &[root, accounts], &cfg, "test/appuser", &archive);
+    let (code, _, err) = d.cli(&["image", "import", archive.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let value = format!("tok-{}", rand_suffix());
+    let rt = rt();
+    let c = d.client();
+    rt.block_on(async {
+        c.call_json("POST", "/v1/secrets", Some(&json!({"name": "tok", "value": value})))
+            .await
+            .unwrap();
+        let stat = "cat /run/secrets/tok; echo; stat -c '%a %u %g' /run/secrets/tok";
+        let denied = "cat /run/secrets/tok 2>&1 >/dev/null; echo rc=$?";
+
+        // `user` (1000): its own secret, 0400 by default.
+        let sb = c
+            .call_json(
+                "POST",
+                "/v1/sandboxes",
+                Some(&json!({"user": "user", "secrets": [{"name": "tok", "path": "/run/secrets/tok"}]})),
+            )
+            .await
+            .unwrap();
+        let id = sb["id"].as_str().unwrap().to_string();
+        let (code, out, err) = sh(&c, &id, &format!("id -u; {stat}")).await;
+        assert_eq!(code, 0, "{err}");
+        assert_eq!(out, format!("1000\n{value}\n400 1000 1000\n"));
+        // The attack: another uid of the sandbox reads it.
+        let (_, out, _) = sh_as(&c, &id, "1001", denied).await;
+        assert!(out.contains("Permission denied") && out.contains("rc=1"), "{out}");
+        c.delete_sandbox(&id).await.unwrap();
+
+        // The image's USER, resolved in the image's own /etc/passwd.
+        let sb = c
+            .call_json(
+                "POST",
+                "/v1/sandboxes",
+                Some(&json!({"image": "test/appuser", "secrets": [{"name": "tok", "path": "/run/secrets/tok"}]})),
+            )
+            .await
+            .unwrap();
+        let id = sb["id"].as_str().unwrap().to_string();
+        let (code, out, err) = sh(&c, &id, &format!("id -u; {stat}")).await;
+        assert_eq!(code, 0, "{err}");
+        assert_eq!(out, format!("1500\n{value}\n400 1500 1600\n"));
+        let (_, out, _) = sh_as(&c, &id, "1000", denied).await;
+        assert!(out.contains("rc=1"), "{out}");
+        c.delete_sandbox(&id).await.unwrap();
+
+        // An explicit owner and mode: a group shares it, nobody else reads it.
+        let sb = c
+            .call_json(
+                "POST",
+                "/v1/sandboxes",
+                Some(&json!({"secrets": [{"name": "tok", "path": "/run/secrets/tok", "uid": 0, "gid": 2000, "mode": "0440"}]})),
+            )
+            .await
+            .unwrap();
+        let id = sb["id"].as_str().unwrap().to_string();
+        let (code, out, err) = sh_as(&c, &id, "2001:2000", stat).await;
+        assert_eq!(code, 0, "{err}");
+        assert_eq!(out, format!("{value}\n440 0 2000\n"));
+        let (_, out, _) = sh_as(&c, &id, "3000", denied).await;
+        assert!(out.contains("rc=1"), "{out}");
+        c.delete_sandbox(&id).await.unwrap();
+
+        // Bad owners and modes are 400s naming the field.
+        for (secret, field) in [
+            (json!({"mode": "4755"}), "secrets[0].mode"),
+            (json!({"mode": "1777"}), "secrets[0].mode"),
+            (json!({"mode": "rw-r--r--"}), "secrets[0].mode"),
+            (json!({"uid": 65535}), "secrets[0].uid"),
+            (json!({"gid": -1}), "secrets[0].gid"),
+        ] {
+            let mut s = json!({"name": "tok", "path": "/run/secrets/tok"});
+            s.as_object_mut().unwrap().extend(secret.as_object().unwrap().clone());
+            let e = c
+                .call_json("POST", "/v1/sandboxes", Some(&json!({"secrets": [s]})))
+                .await
+                .unwrap_err();
+            match e {
+                sandlot_client::Error::Api { status, body } => {
+                    assert_eq!(status.as_u16(), 400, "{secret}: {}", body.message);
+                    assert_eq!(body.field.as_deref(), Some(field), "{secret}: {}", body.message);
+                }
+                e => panic!("{secret}: {e}"),
+            }
+        }
+    });
     d.shutdown();
 }
 

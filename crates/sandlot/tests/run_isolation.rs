@@ -100,7 +100,8 @@ fn privileged_operations_are_refused() {
         ("unshare_user", syscall_errno(libc::SYS_unshare, &libc::CLONE_NEWUSER.to_string())),
         ("mount", "import ctypes, errno\nlibc = ctypes.CDLL(None, use_errno=True)\nr = libc.mount(b'none', b'/mnt', b'tmpfs', 0, None)\nprint('ok' if r == 0 else errno.errorcode[ctypes.get_errno()])\n".to_string()),
         ("raw_socket", "import socket\ntry:\n    socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)\n    print('ok')\nexcept PermissionError:\n    print('EPERM')\n".to_string()),
-        ("packet_socket", "import socket\ntry:\n    socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)\n    print('ok')\nexcept PermissionError:\n    print('EPERM')\n".to_string()),
+        // The family is refused by seccomp before the capability check.
+        ("packet_socket", "import errno, socket\ntry:\n    socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)\n    print('ok')\nexcept OSError as e:\n    print(errno.errorcode[e.errno])\n".to_string()),
         // PTRACE_ATTACH (16) to the agent: it is non-dumpable and CAP_SYS_PTRACE is gone.
         ("ptrace_agent", syscall_errno(libc::SYS_ptrace, "16, 1, 0, 0")),
         ("keyctl", syscall_errno(libc::SYS_keyctl, "0, 0, 0, 0")),
@@ -120,7 +121,7 @@ fn privileged_operations_are_refused() {
             .unwrap_or_else(|| panic!("no result for {name}:\n{out}\n{err}"));
         let v = line.split_once('=').unwrap().1;
         assert!(
-            v == "EPERM" || v == "EACCES",
+            v == "EPERM" || v == "EACCES" || v == "EAFNOSUPPORT",
             "{name} must be refused, got {v}"
         );
     }
@@ -466,4 +467,126 @@ fn commands_start_at_oom_score_0_whatever_sandlot_runs_at() {
         "the agent keeps its own score: {out}"
     );
     assert_eq!(lines[2], "0", "a grandchild's score: {out}");
+}
+
+/// A sandbox (network `none` here) may open only the socket families it needs. Found
+/// by a review: `AF_VSOCK` was allowed, so a sandbox could bind the host's vsock ports
+/// (the host's own bind then failed with `EADDRINUSE`).
+#[test]
+fn sockets_of_families_sandboxes_do_not_need_are_refused() {
+    let script = r#"python3 - <<'EOF'
+import errno, os, socket, threading
+def attempt(fam, typ, proto=0, bind=None):
+    try:
+        s = socket.socket(fam, typ, proto)
+    except OSError as e:
+        return errno.errorcode[e.errno]
+    try:
+        if bind is not None:
+            s.bind(bind)
+        return 'ok'
+    except OSError as e:
+        return 'socket-ok-bind-' + errno.errorcode[e.errno]
+    finally:
+        s.close()
+# The attack: bind a vsock port of the host (any CID, a fixed port).
+print('vsock', attempt(40, socket.SOCK_STREAM, 0, (0xFFFFFFFF, 5005)))
+print('vsock_dgram', attempt(40, socket.SOCK_DGRAM))
+for name, fam, typ in [('packet', 17, socket.SOCK_RAW), ('xdp', 44, socket.SOCK_RAW),
+                       ('alg', 38, socket.SOCK_SEQPACKET), ('key', 15, socket.SOCK_RAW),
+                       ('tipc', 30, socket.SOCK_RDM), ('rds', 21, socket.SOCK_SEQPACKET),
+                       ('bluetooth', 31, socket.SOCK_RAW), ('can', 29, socket.SOCK_RAW),
+                       ('nfc', 39, socket.SOCK_DGRAM), ('llc', 26, socket.SOCK_DGRAM),
+                       ('pppox', 24, socket.SOCK_STREAM), ('ax25', 3, socket.SOCK_SEQPACKET)]:
+    print(name, attempt(fam, typ))
+print('netlink_generic', attempt(16, socket.SOCK_RAW, 16))
+print('netlink_netfilter', attempt(16, socket.SOCK_RAW, 12))
+try:
+    socket.socketpair(30, socket.SOCK_STREAM)
+    print('tipc_pair ok')
+except OSError as e:
+    print('tipc_pair', errno.errorcode[e.errno])
+# What sandboxes need still works: TCP, UDP, Unix sockets and route netlink.
+srv = socket.socket(); srv.bind(('127.0.0.1', 0)); srv.listen()
+c = socket.create_connection(srv.getsockname()); a, _ = srv.accept()
+c.sendall(b'tcp'); print('tcp', a.recv(3).decode())
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind(('127.0.0.1', 0))
+socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'udp', u.getsockname())
+print('udp', u.recv(3).decode())
+print('inet6', attempt(socket.AF_INET6, socket.SOCK_STREAM))
+l = socket.socket(socket.AF_UNIX); l.bind('/tmp/s'); l.listen()
+c = socket.socket(socket.AF_UNIX); c.connect('/tmp/s'); a, _ = l.accept()
+c.sendall(b'unix'); print('unix', a.recv(4).decode())
+x, y = socket.socketpair(); x.sendall(b'pair'); print('pair', y.recv(4).decode())
+print('netlink_route', attempt(16, socket.SOCK_RAW, 0))
+print('getaddrinfo', len(socket.getaddrinfo('localhost', 80, flags=socket.AI_ADDRCONFIG)) > 0)
+EOF"#;
+    let (code, out, err) = sh(&unique_id("sockfam"), &[], script);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let result = |name: &str| {
+        out.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("no result for {name}:\n{out}\n{err}"))
+            .to_string()
+    };
+    for name in [
+        "vsock",
+        "vsock_dgram",
+        "packet",
+        "xdp",
+        "alg",
+        "key",
+        "tipc",
+        "rds",
+        "bluetooth",
+        "can",
+        "nfc",
+        "llc",
+        "pppox",
+        "ax25",
+        "tipc_pair",
+    ] {
+        let r = result(name);
+        assert!(
+            r == "EAFNOSUPPORT" || r == "EPERM",
+            "{name} must be refused, got {r}"
+        );
+    }
+    for name in ["netlink_generic", "netlink_netfilter"] {
+        assert_eq!(result(name), "EPROTONOSUPPORT", "{name}");
+    }
+    for (name, want) in [
+        ("tcp", "tcp"),
+        ("udp", "udp"),
+        ("inet6", "ok"),
+        ("unix", "unix"),
+        ("pair", "pair"),
+        ("netlink_route", "ok"),
+        ("getaddrinfo", "True"),
+    ] {
+        assert_eq!(result(name), want, "{name}: {out}");
+    }
+}
+
+/// PID 1's command line names no host path (it named the `sandlot` binary's), and
+/// its other `/proc` entries that would (`environ`, `maps`, `exe`, `cwd`, `root`,
+/// `fd`) stay closed to sandbox processes: the agent is non-dumpable.
+#[test]
+fn pid1_shows_no_host_path() {
+    let bin = std::fs::canonicalize(sandlot()).unwrap();
+    let (code, out, err) = sh(
+        &unique_id("pid1cmd"),
+        &[],
+        "tr '\\0' ' ' </proc/1/cmdline; echo; \
+         for f in environ maps exe cwd root fd/3; do cat /proc/1/$f || readlink /proc/1/$f || echo closed; done",
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("sandlot __init "), "{out}");
+    assert_eq!(
+        out.lines().filter(|l| *l == "closed").count(),
+        6,
+        "{out}\n{err}"
+    );
+    let bin = bin.display().to_string();
+    assert!(!out.contains(&bin) && !err.contains(&bin), "{out}\n{err}");
 }

@@ -51,6 +51,19 @@ def test_error_mapping(status, code, field, cls):  # type: ignore[no-untyped-def
     assert "req_1" in str(e) and code in str(e)
 
 
+def test_secret_references():
+    assert sandlot.secret_env("token", "API_TOKEN") == {"name": "token", "env": "API_TOKEN"}
+    assert sandlot.secret_file("key", "/run/secrets/key") == {"name": "key", "path": "/run/secrets/key"}
+    assert sandlot.secret_file("key", "/run/secrets/key", mode=0o440, uid=0, gid=2000) == {
+        "name": "key",
+        "path": "/run/secrets/key",
+        "mode": "0440",
+        "uid": 0,
+        "gid": 2000,
+    }
+    assert sandlot.secret_file("key", "/run/secrets/key", mode="0400")["mode"] == "0400"
+
+
 def test_error_without_json_body():
     e = errors.from_body(502, None, "req_9", "HTTP 502 from GET /x: bad gateway")
     assert isinstance(e, sandlot.InternalError) and e.request_id == "req_9" and "bad gateway" in e.message

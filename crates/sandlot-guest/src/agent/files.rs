@@ -21,8 +21,11 @@ use sandlot_proto::guest::{
     DATA_CHUNK,
 };
 
+use super::own_proc::{self, PinnedDir};
 use super::users::User;
 use super::{Agent, Chan};
+use nix::fcntl::OFlag;
+use std::os::fd::AsFd;
 
 /// Switches the calling thread's filesystem credentials.
 pub(crate) struct FsCreds {
@@ -139,7 +142,9 @@ fn check_path(op: &str, p: &str) -> Result<(), ErrorBody> {
     Ok(())
 }
 
-pub(crate) fn stat_of(path: &Path, m: &std::fs::Metadata) -> FileStat {
+/// The stat record of `path`, whose metadata is `m`; a symlink's target is read
+/// through `link`, a path that reaches the same entry (see [`own_proc::PinnedDir`]).
+pub(crate) fn stat_of(path: &Path, m: &std::fs::Metadata, link: &Path) -> FileStat {
     let ft = m.file_type();
     let kind = if ft.is_symlink() {
         FileKind::Symlink
@@ -160,7 +165,7 @@ pub(crate) fn stat_of(path: &Path, m: &std::fs::Metadata) -> FileStat {
         mtime: m.mtime(),
         mtime_nsec: m.mtime_nsec() as u32,
         symlink_target: if ft.is_symlink() {
-            std::fs::read_link(path)
+            std::fs::read_link(link)
                 .ok()
                 .map(|t| t.to_string_lossy().into_owned())
         } else {
@@ -224,7 +229,10 @@ pub(crate) struct ListStream {
 }
 
 struct DirFrame {
+    /// As the client named it.
     dir: PathBuf,
+    /// The same directory, opened and checked once.
+    pinned: PinnedDir,
     names: Vec<OsString>,
     next: usize,
     depth: u32,
@@ -263,12 +271,18 @@ impl Agent {
         let p = Path::new(&r.path);
         self.fs
             .run(&user, || {
-                let m = if r.follow {
-                    std::fs::metadata(p)?
-                } else {
-                    std::fs::symlink_metadata(p)?
-                };
-                Ok(stat_of(p, &m))
+                if r.follow {
+                    let f = File::from(own_proc::open(p, OFlag::O_PATH, true)?);
+                    return Ok(stat_of(p, &f.metadata()?, p));
+                }
+                // The entry itself, in its checked parent directory.
+                let (dir, name) = PinnedDir::parent_of(p)?;
+                let entry = dir.entry(&name);
+                let m = std::fs::symlink_metadata(&entry)?;
+                if m.is_dir() {
+                    dir.child(&name)?;
+                }
+                Ok(stat_of(p, &m, &entry))
             })
             .map_err(|e| fail("stat", &r.path, e))
     }
@@ -329,17 +343,27 @@ impl Agent {
         check_path("rename", &r.from)?;
         check_path("rename", &r.to)?;
         let user = user_for(self, "rename", r.user.as_deref())?;
-        let (from, to) = (Path::new(&r.from), Path::new(&r.to));
+        let to = Path::new(&r.to);
         let seed = rand_seed();
         self.fs
-            .run(&user, || match rename_in_place(from, to, r.overwrite) {
-                // Another filesystem, or a reparenting that landlock refuses (a
-                // ruleset that does not grant LANDLOCK_ACCESS_FS_REFER answers EXDEV
-                // to every rename across directories): copy, then swap in.
-                Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
-                    move_by_copy(from, to, r.overwrite, user.uid == 0, seed)
+            .run(&user, || {
+                // The source in its checked parent directory: a move by copy reads it.
+                let (dir, name) = PinnedDir::parent_of(Path::new(&r.from))?;
+                let from = dir.entry(&name);
+                match rename_in_place(&from, to, r.overwrite) {
+                    // Another filesystem, or a reparenting that landlock refuses (a
+                    // ruleset that does not grant LANDLOCK_ACCESS_FS_REFER answers
+                    // EXDEV to every rename across directories): copy, then swap in.
+                    Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
+                        let src = Source {
+                            dir: &dir,
+                            name: &name,
+                            named: Path::new(&r.from),
+                        };
+                        move_by_copy(&src, to, r.overwrite, user.uid == 0, seed)
+                    }
+                    other => other,
                 }
-                other => other,
             })
             .map_err(|e| fail("rename", &format!("{} -> {}", r.from, r.to), e))
     }
@@ -352,10 +376,12 @@ impl Agent {
             .fs
             .run(&user, || {
                 // Non-blocking open: a FIFO without a writer must not stall the agent.
-                let mut f = OpenOptions::new()
-                    .read(true)
-                    .custom_flags(libc::O_NONBLOCK)
-                    .open(&r.path)?;
+                let p = Path::new(&r.path);
+                let mut f = File::from(own_proc::open(
+                    p,
+                    OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOCTTY,
+                    true,
+                )?);
                 let m = f.metadata()?;
                 if m.is_dir() {
                     return Err(io::Error::from_raw_os_error(libc::EISDIR));
@@ -364,7 +390,7 @@ impl Agent {
                 if r.offset > 0 {
                     f.seek(SeekFrom::Start(r.offset))?;
                 }
-                Ok((f, stat_of(Path::new(&r.path), &m)))
+                Ok((f, stat_of(p, &m, p)))
             })
             .map_err(|e| fail("read_file", &r.path, e))?;
         Ok((
@@ -473,6 +499,7 @@ impl Agent {
                         .mode(mode)
                         .custom_flags(libc::O_NONBLOCK)
                         .open(&dest)?;
+                    own_proc::refuse_own(f.as_fd())?;
                     not_regular(&f.metadata()?)?;
                     if r.mode.is_some() {
                         f.set_permissions(std::fs::Permissions::from_mode(mode))?;
@@ -610,14 +637,16 @@ impl Agent {
         }
         let user = user_for(self, "list_dir", r.user.as_deref())?;
         let root = PathBuf::from(&r.path);
-        let (stat, names) = self
+        let (stat, names, pinned) = self
             .fs
             .run(&user, || {
-                let m = std::fs::metadata(&root)?;
-                if !m.is_dir() {
-                    return Err(io::Error::from_raw_os_error(libc::ENOTDIR));
-                }
-                Ok((stat_of(&root, &m), sorted_names(&root)?))
+                let pinned = PinnedDir::open(&root, true)?;
+                let m = std::fs::metadata(pinned.path())?;
+                Ok((
+                    stat_of(&root, &m, &root),
+                    sorted_names(&pinned.path())?,
+                    pinned,
+                ))
             })
             .map_err(|e| fail("list_dir", &r.path, e))?;
         Ok((
@@ -625,6 +654,7 @@ impl Agent {
             ListStream {
                 stack: vec![DirFrame {
                     dir: root,
+                    pinned,
                     names,
                     next: 0,
                     depth: 1,
@@ -683,21 +713,28 @@ impl Agent {
                         ls.stack.pop();
                         continue;
                     }
-                    let path = top.dir.join(&top.names[top.next]);
+                    let name = top.names[top.next].clone();
+                    let path = top.dir.join(&name);
+                    let at = top.pinned.entry(&name);
                     top.next += 1;
                     let depth = top.depth;
-                    let Ok(m) = std::fs::symlink_metadata(&path) else {
+                    let Ok(m) = std::fs::symlink_metadata(&at) else {
                         continue; // vanished meanwhile
                     };
                     let mut entry = DirEntry {
-                        stat: stat_of(&path, &m),
+                        stat: stat_of(&path, &m, &at),
                         depth,
                         error: None,
                     };
                     if m.is_dir() && depth < ls.max_depth {
-                        match sorted_names(&path) {
-                            Ok(names) => ls.stack.push(DirFrame {
+                        let sub = top
+                            .pinned
+                            .child(&name)
+                            .and_then(|p| Ok((sorted_names(&p.path())?, p)));
+                        match sub {
+                            Ok((names, pinned)) => ls.stack.push(DirFrame {
                                 dir: path,
+                                pinned,
                                 names,
                                 next: 0,
                                 depth: depth + 1,
@@ -748,6 +785,13 @@ fn rename_in_place(from: &Path, to: &Path, overwrite: bool) -> io::Result<()> {
     }
 }
 
+/// The source of a move: entry `name` of a checked directory, as the client named it.
+struct Source<'a> {
+    dir: &'a PinnedDir,
+    name: &'a std::ffi::OsStr,
+    named: &'a Path,
+}
+
 /// A rename that `rename(2)` refused with `EXDEV`, done the way `mv` does it, with
 /// the same outcome as a rename: the tree is copied (contents, modes, times, and
 /// owners when acting as root; symlinks as symlinks) to a temporary name next to
@@ -755,12 +799,13 @@ fn rename_in_place(from: &Path, to: &Path, overwrite: bool) -> io::Result<()> {
 /// unless `overwrite`), and only then is `from` removed. On failure the copy is
 /// removed and `from` is untouched. Hard links inside a moved tree become copies.
 fn move_by_copy(
-    from: &Path,
+    src_entry: &Source<'_>,
     to: &Path,
     overwrite: bool,
     as_root: bool,
     seed: u64,
 ) -> io::Result<()> {
+    let from = &src_entry.dir.entry(src_entry.name);
     let src = std::fs::symlink_metadata(from)?;
     // The checks rename(2) makes against an existing destination.
     match std::fs::symlink_metadata(to) {
@@ -778,7 +823,7 @@ fn move_by_copy(
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(e),
     }
-    if src.is_dir() && to.starts_with(from) {
+    if src.is_dir() && to.starts_with(src_entry.named) {
         // rename(2) refuses to move a directory into itself.
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     }
@@ -786,19 +831,15 @@ fn move_by_copy(
     // swap left both, and with `overwrite` the old destination was gone (found by
     // probing a move out of a read-only mount). `AT_EACCESS` checks as the acting
     // user (its fsuid); a read-only file system answers EROFS.
-    let parent = match from.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("/"),
-    };
     nix::unistd::faccessat(
         nix::fcntl::AT_FDCWD,
-        parent,
+        &src_entry.dir.path(),
         nix::unistd::AccessFlags::W_OK | nix::unistd::AccessFlags::X_OK,
         nix::fcntl::AtFlags::AT_EACCESS,
     )
     .map_err(io::Error::from)?;
     let temp = temp_name(to, seed);
-    if let Err(e) = copy_tree(from, &temp, &src, as_root) {
+    if let Err(e) = copy_tree(src_entry.dir, src_entry.name, &temp, &src, as_root) {
         let _ = remove_tree(&temp);
         return Err(e);
     }
@@ -826,19 +867,28 @@ fn remove_tree(p: &Path) -> io::Result<()> {
     }
 }
 
-/// Copies `from` (whose `lstat` is `m`) to the new path `to`, recursively.
-fn copy_tree(from: &Path, to: &Path, m: &std::fs::Metadata, as_root: bool) -> io::Result<()> {
+/// Copies entry `name` of `dir` (whose `lstat` is `m`) to the new path `to`,
+/// recursively, each directory through a checked descriptor.
+fn copy_tree(
+    dir: &PinnedDir,
+    name: &std::ffi::OsStr,
+    to: &Path,
+    m: &std::fs::Metadata,
+    as_root: bool,
+) -> io::Result<()> {
+    let from = &dir.entry(name);
     let ft = m.file_type();
     if ft.is_symlink() {
         std::os::unix::fs::symlink(std::fs::read_link(from)?, to)?;
     } else if ft.is_dir() {
+        let sub = dir.child(name)?;
         std::fs::DirBuilder::new().mode(0o700).create(to)?;
-        for name in sorted_names(from)? {
-            let (f, t) = (from.join(&name), to.join(&name));
-            copy_tree(&f, &t, &std::fs::symlink_metadata(&f)?, as_root)?;
+        for n in sorted_names(&sub.path())? {
+            let m = std::fs::symlink_metadata(sub.entry(&n))?;
+            copy_tree(&sub, &n, &to.join(&n), &m, as_root)?;
         }
     } else if ft.is_file() {
-        let mut input = File::open(from)?;
+        let mut input = File::from(dir.open_file(name)?);
         let mut output = OpenOptions::new()
             .write(true)
             .create_new(true)

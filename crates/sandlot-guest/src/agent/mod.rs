@@ -8,6 +8,7 @@
 
 mod conn;
 mod files;
+mod own_proc;
 mod process;
 mod reap;
 mod ring;

@@ -212,6 +212,16 @@ fn remount_readonly(root: BorrowedFd<'_>, path: &str, recursive: bool) -> io::Re
     make_readonly(fd.as_fd(), recursive, 0)
 }
 
+/// Makes the mount at `path` and those below it `nosuid` and `nodev` (a writable
+/// volume or store: a set-id program or a device node written there by anyone with
+/// access to it must give nothing).
+fn remount_nosuid(root: BorrowedFd<'_>, path: &str) -> io::Result<()> {
+    let c = CString::new(path).map_err(|_| io::ErrorKind::InvalidInput)?;
+    let fd = sys::open_in_root(root, &c)?;
+    let set = sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
+    sys::mount_setattr(Some(fd.as_fd()), c"", true, set, None)
+}
+
 /// Makes the mount at `fd` (and, with `recursive`, those below it) read-only,
 /// `nosuid` and `nodev`, plus the `extra` `MOUNT_ATTR_*` flags.
 fn make_readonly(fd: BorrowedFd<'_>, recursive: bool, extra: u64) -> io::Result<()> {
@@ -382,10 +392,15 @@ pub fn apply_with_trees(
     let r = root.as_fd();
     let mut parents = ParentDir::default();
     let mut empty = EmptyDir::default();
+    // The sandbox user's ids, resolved once for the secret files that need them.
+    let mut sandbox_user: Option<(u32, u32)> = None;
     for op in ops {
         if !matches!(
             op,
-            MountOp::Dir { .. } | MountOp::Symlink { .. } | MountOp::File { .. }
+            MountOp::Dir { .. }
+                | MountOp::Symlink { .. }
+                | MountOp::File { .. }
+                | MountOp::SecretFile { .. }
         ) {
             parents.clear();
         }
@@ -404,6 +419,25 @@ pub fn apply_with_trees(
             } => {
                 let (pfd, name) = parents.get(r, path).map_err(apply_err("write", path))?;
                 write_at(pfd, &name, contents.as_bytes(), *mode)
+                    .map_err(apply_err("write", path))?;
+            }
+            MountOp::SecretFile {
+                path,
+                contents,
+                mode,
+                uid,
+                gid,
+                user,
+            } => {
+                let (uid, gid) = match (uid, gid) {
+                    (Some(u), Some(g)) => (*u, *g),
+                    _ => {
+                        let u = sandbox_user.get_or_insert_with(|| resolve_in_root(r, user));
+                        (uid.unwrap_or(u.0), gid.unwrap_or(u.1))
+                    }
+                };
+                let (pfd, name) = parents.get(r, path).map_err(apply_err("write", path))?;
+                write_owned_at(pfd, &name, contents.as_bytes(), *mode, uid, gid)
                     .map_err(apply_err("write", path))?;
             }
             MountOp::Bind {
@@ -549,8 +583,12 @@ pub fn apply_with_trees(
                     )
                     .map_err(apply_err("bind", path))?;
                 }
+                // Set here, once the tree is in the sandbox's mount namespace: the
+                // helper's detached tree belongs to the host's.
                 if *readonly {
                     remount_readonly(r, path, true).map_err(apply_err("make read-only", path))?;
+                } else {
+                    remount_nosuid(r, path).map_err(apply_err("make nosuid", path))?;
                 }
             }
             MountOp::ReadOnly { path } => {
@@ -649,4 +687,54 @@ fn write_at(dir: BorrowedFd<'_>, name: &CString, data: &[u8], mode: u32) -> io::
     // SAFETY: fresh fd.
     let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
     sys::write_all_fd(fd.as_fd(), data)
+}
+
+/// The uid and primary gid of `user` (a spec's user: `root`, `user`, `UID[:GID]` or a
+/// name) in the `/etc/passwd` and `/etc/group` under `root`, as the agent resolves it
+/// for the processes it starts; root's when it does not resolve (the agent then
+/// refuses to start anything as that user).
+fn resolve_in_root(root: BorrowedFd<'_>, user: &str) -> (u32, u32) {
+    /// More than any real account database; an image's files are untrusted.
+    const LIMIT: u64 = 4 << 20;
+    let read = |p: &CStr| {
+        sys::read_in_root(root, p, LIMIT)
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default()
+    };
+    let passwd = read(c"/etc/passwd");
+    let group = read(c"/etc/group");
+    sandlot_proto::users::resolve_user(user, &passwd, &group)
+        .map(|u| (u.uid, u.gid))
+        .unwrap_or((0, 0))
+}
+
+/// Creates `name` in `dir` with no access for anyone, writes `data`, then sets the
+/// owner and `mode` (in that order: a chown clears set-id bits, and until the chmod
+/// nobody but root could open the file). Refuses an existing file or a link.
+fn write_owned_at(
+    dir: BorrowedFd<'_>,
+    name: &CString,
+    data: &[u8],
+    mode: u32,
+    uid: u32,
+    gid: u32,
+) -> io::Result<()> {
+    // SAFETY: valid dir fd and C string; the fd is wrapped right away.
+    let fd = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+            0 as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fresh fd.
+    let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    sys::write_all_fd(fd.as_fd(), data)?;
+    let file = std::fs::File::from(fd);
+    std::os::unix::fs::fchown(&file, Some(uid), Some(gid))?;
+    file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode & 0o777))
 }

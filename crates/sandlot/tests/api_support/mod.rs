@@ -264,6 +264,18 @@ impl Daemon {
         }
     }
 
+    /// SIGKILL without waiting: the process is a zombie until the caller reaps the
+    /// child returned (as under a supervisor that restarts before it waits).
+    pub fn kill9_unreaped(&mut self) -> Child {
+        let c = self.child.take().expect("the daemon runs");
+        rustix::process::kill_process(
+            rustix::process::Pid::from_raw(c.id() as i32).unwrap(),
+            rustix::process::Signal::KILL,
+        )
+        .unwrap();
+        c
+    }
+
     pub fn terminate(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = rustix::process::kill_process(

@@ -12,7 +12,7 @@ The asyncio twin is ``AsyncSandbox``. Connection: ``SANDLOT_URL`` (default
 
 from .aio import AsyncFiles, AsyncOutputStream, AsyncProcess, AsyncSandbox, AsyncStdin, AsyncWatch
 from .collection import AsyncCollection, AsyncShellSession, Collection, ShellSession
-from ._spec import collection_mount
+from ._spec import collection_mount, secret_env, secret_file
 from .client import DEFAULT_URL, AsyncClient, Client, __version__, configure, default_async_client, default_client
 from .errors import (
     AlreadyExistsError,
@@ -71,6 +71,8 @@ from .sandbox import Files, OutputStream, Process, Sandbox, Stdin, Watch
 
 __all__ = [
     "collection_mount",
+    "secret_env",
+    "secret_file",
     "BuildError",
     "Image",
     "__version__",

@@ -123,6 +123,34 @@ def collection_mount(
     return m
 
 
+def secret_env(name: str, env: str) -> Dict[str, Any]:
+    """A ``secrets`` entry: secret ``name`` of the caller's tenant as variable ``env``."""
+    return {"name": name, "env": env}
+
+
+def secret_file(
+    name: str,
+    path: str,
+    *,
+    mode: Union[int, str, None] = None,
+    uid: Optional[int] = None,
+    gid: Optional[int] = None,
+) -> Dict[str, Any]:
+    """A ``secrets`` entry: secret ``name`` as the file ``path`` (directly under
+    ``/run/secrets/``). The file belongs to the sandbox's user (the uid and primary
+    group its commands run as: ``user=`` or the image's ``USER``) with mode 0400
+    unless ``uid``, ``gid`` (0 to 65534) or ``mode`` (permission bits, at most
+    ``0o777``: ``0o440`` or ``"0440"``) say otherwise."""
+    s: Dict[str, Any] = {"name": name, "path": path}
+    if mode is not None:
+        s["mode"] = mode_str(mode)
+    if uid is not None:
+        s["uid"] = uid
+    if gid is not None:
+        s["gid"] = gid
+    return s
+
+
 def argv_of(args: Tuple[Any, ...]) -> List[str]:
     """``exec("ls", "-l")`` or ``exec(["ls", "-l"])``."""
     if len(args) == 1 and isinstance(args[0], (list, tuple)):
