@@ -157,7 +157,14 @@ fn helper(plan: &SandboxPlan, agent: AgentMain) -> io::Result<()> {
     // sandbox's root. Kernels or filesystems without idmapped mounts fall back to a
     // plain bind (the files then appear as nobody).
     let idmapped = match &plan.mounts.root {
-        mounts::RootFs::Overlay { lower, .. } => idmap_tree(lower, pid).ok(),
+        // The pinned directory, reached without a link (or PID 1's fallback bind
+        // refuses it too).
+        mounts::RootFs::Overlay {
+            lower, lower_id, ..
+        } => crate::host_path::reopen(lower, *lower_id)
+            .and_then(|(fd, _)| sys::open_tree_clone_fd(fd.as_fd(), true))
+            .and_then(|tree| idmap(tree, pid))
+            .ok(),
         mounts::RootFs::Tmpfs { .. } | mounts::RootFs::Layers { .. } => None,
     };
     sys::send_with_fd(mine.as_fd(), b'g', idmapped.as_ref().map(|f| f.as_fd()))?;
@@ -187,8 +194,12 @@ fn helper(plan: &SandboxPlan, agent: AgentMain) -> io::Result<()> {
 }
 
 fn idmap_tree(lower: &Path, pid1: i32) -> io::Result<OwnedFd> {
+    idmap(sys::open_tree_clone(&sys::cstr(lower)?)?, pid1)
+}
+
+/// Makes the detached tree idmapped into PID 1's user namespace.
+fn idmap(tree: OwnedFd, pid1: i32) -> io::Result<OwnedFd> {
     let userns = std::fs::File::open(format!("/proc/{pid1}/ns/user"))?;
-    let tree = sys::open_tree_clone(&sys::cstr(lower)?)?;
     sys::mount_setattr(
         Some(tree.as_fd()),
         c"",

@@ -15,6 +15,7 @@ pub mod cgroup_stock;
 pub mod etc_view;
 pub mod helper_process;
 pub mod host_lock;
+pub mod host_path;
 pub mod hostimage;
 pub mod init;
 pub mod mounts;
@@ -97,6 +98,11 @@ pub struct CreateOptions {
     /// Secret values to inject (environment variables and files under
     /// `/run/secrets`). Its `Debug` output names them without their values.
     pub secrets: Secrets,
+    /// The spec's host paths (bind sources, the rootfs) as the caller resolved and
+    /// checked them against its policy ([`host_path::pin`]); the mounts are made
+    /// from exactly these. `None`: the runtime resolves them itself (`sandlot run`,
+    /// which has no policy).
+    pub pinned: Option<Vec<host_path::PinnedPath>>,
 }
 
 /// Secret values for a sandbox, redacted in `Debug` output.

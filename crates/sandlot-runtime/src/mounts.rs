@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::host_path::{self, HostId, PinError, PinnedPath};
 use crate::hostimage::{self, HostEntry, HostFacts};
 
 mod apply;
@@ -23,7 +24,13 @@ pub enum RootFs {
     /// A size-limited tmpfs (the `host` image: everything else is bound into it).
     Tmpfs { size: u64 },
     /// An overlay of a read-only host directory under a size-limited tmpfs upper layer.
-    Overlay { lower: PathBuf, size: u64 },
+    /// `lower` is a pinned path ([`crate::host_path`]): it is mounted only if it is
+    /// still the directory `lower_id`, reached without following a link.
+    Overlay {
+        lower: PathBuf,
+        lower_id: HostId,
+        size: u64,
+    },
     /// An image from the store: an overlay of its layer directories (top first),
     /// each idmapped, under a writable layer that is either a size-limited tmpfs
     /// inside the sandbox or, with `rw`, the `upper/` and `work/` directories of a
@@ -100,12 +107,16 @@ pub enum MountOp {
         user: String,
     },
     /// Bind a host path. `required: false` skips it when the host path is gone.
+    /// With `pinned` (a host path the spec named, [`crate::host_path`]) the source is
+    /// opened without following a link and bound only if it is still that file.
     Bind {
         source: PathBuf,
         path: String,
         readonly: bool,
         kind: Kind,
         required: bool,
+        #[serde(default)]
+        pinned: Option<HostId>,
     },
     Tmpfs {
         path: String,
@@ -214,6 +225,14 @@ pub enum MountError {
     /// a collection mount) is not a directory.
     #[error("shared directory {path} is not a directory on the host")]
     MissingShared { path: PathBuf },
+    #[error("mount source {path}: {source}")]
+    HostPath {
+        path: String,
+        #[source]
+        source: PinError,
+    },
+    #[error("mount source {path} was not resolved by the caller")]
+    NotPinned { path: String },
     #[error("{op} {path}: {source}")]
     Apply {
         op: &'static str,
@@ -240,6 +259,37 @@ pub struct PlanInput<'a> {
     /// Files under `/run/secrets`, on a tmpfs of their own (never in the writable
     /// layer, so never in a snapshot).
     pub secret_files: &'a [crate::SecretFile],
+    /// The spec's host paths as the caller resolved them ([`crate::CreateOptions::pinned`]);
+    /// `None`: resolved here.
+    pub pinned: Option<&'a [PinnedPath]>,
+}
+
+/// The host path `requested` of the spec (its `mounts[index]`), pinned: the caller's
+/// pin, or resolved here when the caller has none.
+fn pinned_source(
+    inp: &PlanInput<'_>,
+    index: usize,
+    requested: &str,
+) -> Result<PinnedPath, MountError> {
+    match inp.pinned {
+        Some(pins) => pins
+            .iter()
+            .find(|p| p.requested == requested)
+            .cloned()
+            .ok_or_else(|| MountError::NotPinned {
+                path: requested.to_string(),
+            }),
+        None => host_path::pin(requested, None).map_err(|e| match e {
+            PinError::Missing { .. } => MountError::MissingSource {
+                index,
+                path: PathBuf::from(requested),
+            },
+            source => MountError::HostPath {
+                path: requested.to_string(),
+                source,
+            },
+        }),
+    }
 }
 
 /// `/proc` files that leak host information or allow host actions, masked like runc.
@@ -284,12 +334,20 @@ pub fn plan_mounts(inp: &PlanInput<'_>) -> Result<MountPlan, MountError> {
             }
         }
         (Some(dir), None) => {
-            let p = PathBuf::from(dir);
-            if !p.is_dir() {
-                return Err(MountError::MissingRootfs { path: p });
+            let pin = match pinned_source(inp, 0, dir) {
+                Err(MountError::MissingSource { path, .. }) => {
+                    return Err(MountError::MissingRootfs { path })
+                }
+                r => r?,
+            };
+            if !pin.dir {
+                return Err(MountError::MissingRootfs {
+                    path: PathBuf::from(dir),
+                });
             }
             RootFs::Overlay {
-                lower: p,
+                lower: pin.path,
+                lower_id: pin.id,
                 size: disk,
             }
         }
@@ -310,6 +368,7 @@ pub fn plan_mounts(inp: &PlanInput<'_>) -> Result<MountPlan, MountError> {
                     readonly: true,
                     kind: Kind::Dir,
                     required: true,
+                    pinned: None,
                 }),
                 HostEntry::File => {}
             }
@@ -403,6 +462,7 @@ pub fn plan_mounts(inp: &PlanInput<'_>) -> Result<MountPlan, MountError> {
             readonly: false,
             kind: Kind::File,
             required: true,
+            pinned: None,
         });
     }
     for (path, target) in [
@@ -456,17 +516,14 @@ pub fn plan_mounts(inp: &PlanInput<'_>) -> Result<MountPlan, MountError> {
                 target,
                 readonly,
             } => {
-                let src = PathBuf::from(source);
-                let md = std::fs::metadata(&src).map_err(|_| MountError::MissingSource {
-                    index,
-                    path: src.clone(),
-                })?;
+                let pin = pinned_source(inp, index, source)?;
                 ops.push(MountOp::Bind {
-                    source: src,
+                    source: pin.path,
                     path: sandlot_proto::spec::normalize_sandbox_path(target),
                     readonly: *readonly,
-                    kind: if md.is_dir() { Kind::Dir } else { Kind::File },
+                    kind: if pin.dir { Kind::Dir } else { Kind::File },
                     required: true,
+                    pinned: Some(pin.id),
                 });
             }
             sandlot_proto::spec::MountSpec::Tmpfs { target, size } => ops.push(MountOp::Tmpfs {
@@ -609,6 +666,7 @@ mod tests {
             image: None,
             shared: &[],
             secret_files: &[],
+            pinned: None,
         })
         .unwrap()
     }
@@ -622,7 +680,8 @@ mod tests {
             path: "/usr".into(),
             readonly: true,
             kind: Kind::Dir,
-            required: true
+            required: true,
+            pinned: None,
         }));
         assert!(p.ops.contains(&MountOp::Symlink {
             path: "/bin".into(),
@@ -693,6 +752,7 @@ mod tests {
                 readonly: true,
             }],
             secret_files: &[],
+            pinned: None,
         })
         .unwrap();
         assert_eq!(etc(&p), [false]);
@@ -733,6 +793,7 @@ mod tests {
                 readonly: true,
             }],
             secret_files: &[],
+            pinned: None,
         })
         .unwrap();
         assert!(volume.needs_host_mounts());
@@ -749,6 +810,7 @@ mod tests {
                 }),
                 shared: &[],
                 secret_files: &[],
+                pinned: None,
             })
             .unwrap()
         };
@@ -790,6 +852,7 @@ mod tests {
             readonly: false,
             kind: Kind::File,
             required: true,
+            pinned: None,
         });
         assert!(null < proc_at);
     }
@@ -895,9 +958,62 @@ mod tests {
             image: None,
             shared: &[],
             secret_files: &[],
+            pinned: None,
         })
         .unwrap_err();
         assert!(e.to_string().contains("/definitely/not/here"), "{e}");
+    }
+
+    /// The daemon resolves and checks a spec's host paths against its policy; the
+    /// plan then uses exactly what it checked (the canonical path, pinned to its
+    /// device and inode), never the spec's string again, and a host path it did not
+    /// resolve is an error rather than resolved here without the policy.
+    #[test]
+    fn spec_host_paths_are_planned_from_the_callers_pins() {
+        let t = std::env::temp_dir();
+        let pin = crate::host_path::pin(t.to_str().unwrap(), None).unwrap();
+        let pins = [PinnedPath {
+            requested: "/srv/share/current".into(),
+            ..pin.clone()
+        }];
+        let mut spec = SandboxSpec {
+            rootfs: Some("/srv/share/current".into()),
+            ..Default::default()
+        };
+        spec.mounts.push(MountSpec::Bind {
+            source: "/srv/share/current".into(),
+            target: "/data".into(),
+            readonly: false,
+        });
+        let host = facts();
+        let input = |pinned| PlanInput {
+            spec: &spec,
+            hostname: "sb",
+            host: &host,
+            image: None,
+            shared: &[],
+            secret_files: &[],
+            pinned,
+        };
+        let p = plan_mounts(&input(Some(&pins))).unwrap();
+        assert_eq!(
+            p.root,
+            RootFs::Overlay {
+                lower: pin.path.clone(),
+                lower_id: pin.id,
+                size: 1 << 30
+            }
+        );
+        assert!(p.ops.contains(&MountOp::Bind {
+            source: pin.path.clone(),
+            path: "/data".into(),
+            readonly: false,
+            kind: Kind::Dir,
+            required: true,
+            pinned: Some(pin.id),
+        }));
+        let e = plan_mounts(&input(Some(&[]))).unwrap_err();
+        assert!(matches!(e, MountError::NotPinned { .. }), "{e}");
     }
 
     #[test]
@@ -923,6 +1039,7 @@ mod tests {
             image: None,
             shared: &[],
             secret_files: &[],
+            pinned: None,
         })
         .is_err());
     }
@@ -968,6 +1085,7 @@ mod tests {
             image: Some(&img),
             shared: &shared,
             secret_files: &secrets,
+            pinned: None,
         })
         .unwrap();
         assert!(matches!(&p.root, RootFs::Layers { lowers, rw: Some(_), .. } if lowers.len() == 2));
@@ -1033,6 +1151,7 @@ mod tests {
             image: Some(&missing),
             shared: &[],
             secret_files: &[],
+            pinned: None,
         })
         .unwrap_err();
         assert!(e.to_string().contains("/no/such/layer"), "{e}");

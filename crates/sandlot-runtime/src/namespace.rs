@@ -259,6 +259,7 @@ impl NamespaceBackend {
             image: opts.image.as_ref(),
             shared: &opts.volumes,
             secret_files: &opts.secrets.files,
+            pinned: opts.pinned.as_deref(),
         })?;
         if let Some(ns) = opts.nameserver {
             for op in &mut mounts.ops {

@@ -128,12 +128,15 @@ pub fn open_tree_clone(path: &CStr) -> io::Result<OwnedFd> {
 }
 
 /// `open_tree(fd, "", OPEN_TREE_CLONE | AT_EMPTY_PATH | OPEN_TREE_CLOEXEC)`: a
-/// detached bind of the directory `fd` refers to (not recursive: no mount below it
-/// comes along).
-pub fn open_tree_clone_fd(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+/// detached bind of the file or directory `fd` refers to; with `recursive`
+/// (`AT_RECURSIVE`) the mounts below it come along.
+pub fn open_tree_clone_fd(fd: BorrowedFd<'_>, recursive: bool) -> io::Result<OwnedFd> {
     const OPEN_TREE_CLONE: libc::c_uint = 1;
-    let flags =
+    let mut flags =
         OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | libc::AT_EMPTY_PATH as libc::c_uint;
+    if recursive {
+        flags |= libc::AT_RECURSIVE as libc::c_uint;
+    }
     // SAFETY: fd is borrowed for the call; the path is an empty C string; the
     // returned fd is owned by us.
     let fd = cvt_long(unsafe {
@@ -610,21 +613,16 @@ pub fn set_cmdline(args: &[&str]) -> io::Result<()> {
     mem.write_all_at(&cmdline_bytes(args, len), start)
 }
 
-/// `openat2(dirfd, path, O_PATH|O_CLOEXEC, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)`: resolves
-/// `path` as if `dirfd` were `/`, so symlinks in an untrusted rootfs cannot escape it.
-pub fn open_in_root(root: BorrowedFd<'_>, path: &CStr) -> io::Result<OwnedFd> {
-    openat2_in_root(root, path, libc::O_PATH | libc::O_CLOEXEC)
-}
-
 /// Reads at most `limit` bytes of the regular file `path` resolved inside `root` (as
 /// [`open_in_root`] does). Opened non-blocking and refused unless it is a regular
 /// file, so a FIFO or device an image put there cannot stall or feed the caller.
 pub fn read_in_root(root: BorrowedFd<'_>, path: &CStr, limit: u64) -> io::Result<Vec<u8>> {
     use std::io::Read;
-    let fd = openat2_in_root(
-        root,
+    let fd = openat2_with(
+        root.as_raw_fd(),
         path,
         libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC,
+        RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS,
     )?;
     let file = std::fs::File::from(fd);
     if !file.metadata()?.is_file() {
@@ -638,25 +636,35 @@ pub fn read_in_root(root: BorrowedFd<'_>, path: &CStr, limit: u64) -> io::Result
     Ok(out)
 }
 
-fn openat2_in_root(root: BorrowedFd<'_>, path: &CStr, flags: i32) -> io::Result<OwnedFd> {
+const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
+const RESOLVE_NO_SYMLINKS: u64 = 0x04;
+const RESOLVE_BENEATH: u64 = 0x08;
+const RESOLVE_IN_ROOT: u64 = 0x10;
+
+/// `openat2(dirfd, path, O_PATH|O_CLOEXEC, resolve)`.
+fn openat2_path(dirfd: RawFd, path: &CStr, resolve: u64) -> io::Result<OwnedFd> {
+    openat2_with(dirfd, path, libc::O_PATH | libc::O_CLOEXEC, resolve)
+}
+
+/// `openat2(dirfd, path, flags, resolve)`.
+fn openat2_with(dirfd: RawFd, path: &CStr, flags: i32, resolve: u64) -> io::Result<OwnedFd> {
     #[repr(C)]
     struct OpenHow {
         flags: u64,
         mode: u64,
         resolve: u64,
     }
-    const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
-    const RESOLVE_IN_ROOT: u64 = 0x10;
     let how = OpenHow {
         flags: flags as u64,
         mode: 0,
-        resolve: RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS,
+        resolve,
     };
-    // SAFETY: `how` is a valid open_how; path is a valid C string.
+    // SAFETY: `how` is a valid open_how; path is a valid C string; dirfd is a
+    // descriptor the caller borrows for the call, or AT_FDCWD.
     let fd = cvt_long(unsafe {
         libc::syscall(
             libc::SYS_openat2,
-            root.as_raw_fd(),
+            dirfd,
             path.as_ptr(),
             &how as *const OpenHow,
             std::mem::size_of::<OpenHow>(),
@@ -664,6 +672,44 @@ fn openat2_in_root(root: BorrowedFd<'_>, path: &CStr, flags: i32) -> io::Result<
     })?;
     // SAFETY: fresh fd.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// `openat2(dirfd, path, O_PATH|O_CLOEXEC, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)`: resolves
+/// `path` as if `dirfd` were `/`, so symlinks in an untrusted rootfs cannot escape it.
+pub fn open_in_root(root: BorrowedFd<'_>, path: &CStr) -> io::Result<OwnedFd> {
+    openat2_path(
+        root.as_raw_fd(),
+        path,
+        RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS,
+    )
+}
+
+/// `openat2(dir, path, O_PATH|O_CLOEXEC, RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)`,
+/// plus `RESOLVE_BENEATH` with a `dir` (without one, `path` is resolved from the
+/// current directory, or `/` when absolute): a symbolic link anywhere on the way,
+/// the last component included, is `ELOOP`; leaving `dir` is `EXDEV`.
+pub fn open_no_symlinks(dir: Option<BorrowedFd<'_>>, path: &CStr) -> io::Result<OwnedFd> {
+    match dir {
+        Some(d) => openat2_path(
+            d.as_raw_fd(),
+            path,
+            RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
+        ),
+        None => openat2_path(
+            libc::AT_FDCWD,
+            path,
+            RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
+        ),
+    }
+}
+
+/// What `fstat(fd)` says of the file: (device, inode, mode).
+pub fn fstat_id(fd: BorrowedFd<'_>) -> io::Result<(u64, u64, u32)> {
+    // SAFETY: an all-zero `stat` is a valid value of a plain C struct.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid fd and a pointer to a `stat` we own.
+    cvt(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) })?;
+    Ok((st.st_dev, st.st_ino, st.st_mode))
 }
 
 /// Opens directory `name` in `dir` for reading, refusing a symlink (`ELOOP`) or a

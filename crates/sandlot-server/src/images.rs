@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 
 use sandlot_proto::spec::{valid_object_name, MountSpec, SandboxSpec, HOST_IMAGE};
 use sandlot_proto::units::ByteSize;
+use sandlot_runtime::host_path::{self, PinError, PinnedPath};
 use sandlot_runtime::mounts::{ImageRoot, SharedDir};
 use sandlot_runtime::{CreateOptions, SecretFile, Secrets};
 use sandlot_store::layer::LayerError;
@@ -179,42 +180,68 @@ impl Images {
         self.data_dir.join("rw").join(id)
     }
 
-    /// Host paths of a spec (bind sources, rootfs) must lie under an allowed path.
-    pub fn check_host_paths(&self, spec: &SandboxSpec) -> Result<(), ApiError> {
-        let allowed = |p: &str| {
-            let p = Path::new(p);
-            // Lexical check on a normalized absolute path (validate refused `..`),
-            // then the real path, so a symlink cannot lead outside.
-            let real = fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
-            self.allowed_host_paths
-                .iter()
-                .any(|a| p.starts_with(a) && real.starts_with(a))
-        };
+    /// The spec's host paths (bind sources, the rootfs), each resolved once and
+    /// checked against `[mounts] allowed_host_paths`: it must exist, lie under an
+    /// allowed path as written and once links are resolved, and be reached from
+    /// that allowed path through real directories only. The runtime mounts exactly
+    /// these (their canonical paths, reopened without following a link and refused
+    /// if they name another file by then), so a link swapped in after the check
+    /// (by a sandbox with a writable bind of the directory) is never followed.
+    /// No work for a spec without host paths.
+    pub fn pin_host_paths(&self, spec: &SandboxSpec) -> Result<Vec<PinnedPath>, ApiError> {
+        let mut pins = Vec::new();
         for (i, m) in spec.mounts.iter().enumerate() {
             if let MountSpec::Bind { source, .. } = m {
-                if !allowed(source) {
-                    return Err(ApiError::invalid(
-                        format!("mounts[{i}].source"),
-                        // The allowed paths are the operator's to tell, not a
-                        // tenant's to read in an error.
-                        format!(
-                            "{source:?} is not under a host path the operator allows (mounts.allowed_host_paths)"
-                        ),
-                    ));
-                }
+                pins.push(self.pin(&format!("mounts[{i}].source"), source)?);
             }
         }
         if let Some(r) = &spec.rootfs {
-            if !allowed(r) {
+            let pin = self.pin("rootfs", r)?;
+            if !pin.dir {
                 return Err(ApiError::invalid(
                     "rootfs",
-                    format!(
-                        "{r:?} is not under a host path the operator allows (mounts.allowed_host_paths)"
-                    ),
+                    format!("{r:?} is not a directory"),
                 ));
             }
+            pins.push(pin);
         }
-        Ok(())
+        Ok(pins)
+    }
+
+    /// `requested` resolved beneath the allowed host path it lies under (400 naming
+    /// `field` otherwise).
+    fn pin(&self, field: &str, requested: &str) -> Result<PinnedPath, ApiError> {
+        let not_allowed = || {
+            ApiError::invalid(
+                field,
+                // The allowed paths are the operator's to tell, not a tenant's to read
+                // in an error.
+                format!(
+                    "{requested:?} is not under a host path the operator allows (mounts.allowed_host_paths)"
+                ),
+            )
+        };
+        // Lexically first (validate refused `..`), then as resolved.
+        let p = Path::new(requested);
+        for root in self.allowed_host_paths.iter().filter(|a| p.starts_with(a)) {
+            match host_path::pin(requested, Some(root)) {
+                Ok(pin) => return Ok(pin),
+                Err(PinError::Outside { .. }) => continue,
+                Err(PinError::Missing { .. }) => {
+                    return Err(ApiError::invalid(
+                        field,
+                        format!("{requested:?} does not exist on the host"),
+                    ))
+                }
+                Err(e @ PinError::Changed { .. }) => {
+                    return Err(ApiError::invalid(field, e.to_string()))
+                }
+                Err(e @ PinError::Io { .. }) => {
+                    return Err(ApiError::internal(format!("{field}: {e}")))
+                }
+            }
+        }
+        Err(not_allowed())
     }
 
     /// [`ImageStore::resolve_as`].
@@ -251,7 +278,7 @@ impl Images {
         tenant: &str,
         spec: &SandboxSpec,
     ) -> Result<Option<Digest>, ApiError> {
-        self.check_host_paths(spec)?;
+        self.pin_host_paths(spec)?;
         let image = self.spec_image(viewer, spec)?.map(|i| i.id);
         for (i, v) in spec.volumes.iter().enumerate() {
             if !self.volume_dir(tenant, &v.name).join("meta.json").is_file() {
@@ -282,7 +309,10 @@ impl Images {
         viewer: Viewer,
         spec: &SandboxSpec,
     ) -> Result<CreateOptions, ApiError> {
-        let mut opts = CreateOptions::default();
+        let mut opts = CreateOptions {
+            pinned: Some(self.pin_host_paths(spec)?),
+            ..Default::default()
+        };
         let r = (|| {
             for (i, v) in spec.volumes.iter().enumerate() {
                 let vol = self.volume_dir(tenant, &v.name);

@@ -193,18 +193,21 @@ pub fn prepare(
         return Ok(());
     }
     let svc = service(state)?;
-    let a = svc
-        .attach(id, tenant, &spec.network)
-        .map_err(|e| match crate::error::Exhausted::in_error(&e) {
-            Some(what) => ApiError::host_exhausted(what).with_detail(format!("claim a network slot: {e}")),
-            None => match e {
-                sandlot_net::NetError::Exhausted | sandlot_net::NetError::Stopping => {
-                    ApiError::unavailable(format!("no network slot for the sandbox: {e}"))
+    let a =
+        svc.attach(id, tenant, &spec.network).map_err(
+            |e| match crate::error::Exhausted::in_error(&e) {
+                Some(what) => {
+                    ApiError::host_exhausted(what).with_detail(format!("claim a network slot: {e}"))
                 }
-                // A host failure: its account names host paths and commands.
-                e => ApiError::unavailable("no network slot for the sandbox").with_detail(e),
+                None => match e {
+                    sandlot_net::NetError::Exhausted | sandlot_net::NetError::Stopping => {
+                        ApiError::unavailable(format!("no network slot for the sandbox: {e}"))
+                    }
+                    // A host failure: its account names host paths and commands.
+                    e => ApiError::unavailable("no network slot for the sandbox").with_detail(e),
+                },
             },
-        })?;
+        )?;
     let saved = state.store.lock().execute(
         "INSERT OR REPLACE INTO net_slots (sandbox_id, slot, spec) VALUES (?1, ?2, ?3)",
         params![

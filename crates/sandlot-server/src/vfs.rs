@@ -110,8 +110,15 @@ pub fn ingest_error(e: StoreError, source: Option<SourceLabel<'_>>) -> ApiError 
                 I::S3Disabled => bad(ie.to_string()),
                 I::S3 { .. } => failed(ie.to_string()),
                 I::Io { what, source: io } => failed(format!("read {}: {io}", at(Path::new(what)))),
+                I::NotAFile { what } => {
+                    failed(format!("read {}: not a regular file", at(Path::new(what))))
+                }
+                I::TooLarge { what, max } => failed(format!(
+                    "read {}: larger than the largest file allowed ({max} bytes)",
+                    at(Path::new(what))
+                )),
                 I::Git { dir, .. } => failed(format!(
-                    "git ls-files in {} failed (is it a git work tree?)",
+                    "reading the git index of {} failed (is it a git work tree?)",
                     at(dir)
                 )),
                 // The collection's content store: the daemon's, not the source's.
@@ -187,6 +194,8 @@ pub struct IngestPlan {
 
 impl VfsService {
     pub fn new(data_dir: &Path, cfg: VfsSection) -> VfsService {
+        // The real path: sources are read without following links, uploads included.
+        let data_dir = std::fs::canonicalize(data_dir).unwrap_or_else(|_| data_dir.to_path_buf());
         VfsService {
             root: data_dir.join("vfs"),
             cfg,
@@ -222,7 +231,16 @@ impl VfsService {
         if let Some(s) = m.get(tenant) {
             return Ok(s.clone());
         }
-        let s = Arc::new(Store::open(self.root.join("tenants").join(tenant)).map_err(store_error)?);
+        // A document (or JSONL export) read from a host source is held to the same
+        // limit as an upload.
+        let limits = sandlot_vfs::IngestLimits {
+            max_file_bytes: self.cfg.max_upload.0,
+        };
+        let s = Arc::new(
+            Store::open(self.root.join("tenants").join(tenant))
+                .map_err(store_error)?
+                .with_ingest_limits(limits),
+        );
         m.insert(tenant.to_string(), s.clone());
         Ok(s)
     }
@@ -256,40 +274,80 @@ impl VfsService {
         Ok(BusyGuard { svc: self, key })
     }
 
+    /// A host path an API client names as a source, checked against
+    /// `vfs.allowed_source_paths`: its real path, which the ingest then reads without
+    /// following any link.
+    fn allowed_host_path(&self, path: &str) -> ApiResult<PathBuf> {
+        let field = "source.path";
+        let p = PathBuf::from(path);
+        if !p.is_absolute() || p.components().any(|c| c == std::path::Component::ParentDir) {
+            return Err(ApiError::invalid(
+                field,
+                format!("{path:?} must be an absolute path without '..'"),
+            ));
+        }
+        if self.cfg.allowed_source_paths.is_empty() {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                "source.path: the operator allows no daemon-side sources (vfs.allowed_source_paths); upload a tar archive or a JSONL export instead",
+            ));
+        }
+        let real = std::fs::canonicalize(&p)
+            .map_err(|e| ApiError::invalid(field, format!("{path}: {e}")))?;
+        let allowed = self.cfg.allowed_source_paths.iter().any(|a| {
+            std::fs::canonicalize(a)
+                .map(|a| real.starts_with(&a))
+                .unwrap_or(false)
+        });
+        if !allowed || real.starts_with(&self.root) {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                format!("source.path: {path} is not under a path the operator allows (vfs.allowed_source_paths)"),
+            ));
+        }
+        Ok(real)
+    }
+
+    /// An S3 endpoint an API client names, checked against `vfs.allowed_s3_endpoints`.
+    fn allowed_s3_endpoint<'a>(&self, endpoint: &'a str) -> ApiResult<&'a str> {
+        let ep = endpoint.trim_end_matches('/');
+        if self
+            .cfg
+            .allowed_s3_endpoints
+            .iter()
+            .any(|a| a.trim_end_matches('/') == ep)
+        {
+            Ok(ep)
+        } else {
+            Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                format!("source.endpoint: {endpoint} is not an S3 endpoint the operator allows (vfs.allowed_s3_endpoints)"),
+            ))
+        }
+    }
+
+    /// A collection's stored source, checked again against the operator's current
+    /// policy before a re-ingest reads it (a path or endpoint the operator no longer
+    /// allows is refused, 403, as for a new source).
+    fn recheck(&self, stored: &Source) -> ApiResult<Source> {
+        let path = |p: &Path| self.allowed_host_path(&p.to_string_lossy());
+        Ok(match stored {
+            Source::Dir { path: p } => Source::Dir { path: path(p)? },
+            Source::Git { path: p } => Source::Git { path: path(p)? },
+            Source::Jsonl { path: p } => Source::Jsonl { path: path(p)? },
+            Source::S3 { options, .. } => {
+                self.allowed_s3_endpoint(options.endpoint.as_deref().unwrap_or_default())?;
+                stored.clone()
+            }
+        })
+    }
+
     /// Turns the API's source into a store source, enforcing the operator's policy.
     pub fn source(&self, s: &VfsSource) -> ApiResult<Source> {
-        let host_path = |path: &str| -> ApiResult<PathBuf> {
-            let field = "source.path";
-            let p = PathBuf::from(path);
-            if !p.is_absolute() || p.components().any(|c| c == std::path::Component::ParentDir) {
-                return Err(ApiError::invalid(
-                    field,
-                    format!("{path:?} must be an absolute path without '..'"),
-                ));
-            }
-            if self.cfg.allowed_source_paths.is_empty() {
-                return Err(ApiError::new(
-                    StatusCode::FORBIDDEN,
-                    "forbidden",
-                    "source.path: the operator allows no daemon-side sources (vfs.allowed_source_paths); upload a tar archive or a JSONL export instead",
-                ));
-            }
-            let real = std::fs::canonicalize(&p)
-                .map_err(|e| ApiError::invalid(field, format!("{path}: {e}")))?;
-            let allowed = self.cfg.allowed_source_paths.iter().any(|a| {
-                std::fs::canonicalize(a)
-                    .map(|a| real.starts_with(&a))
-                    .unwrap_or(false)
-            });
-            if !allowed || real.starts_with(&self.root) {
-                return Err(ApiError::new(
-                    StatusCode::FORBIDDEN,
-                    "forbidden",
-                    format!("source.path: {path} is not under a path the operator allows (vfs.allowed_source_paths)"),
-                ));
-            }
-            Ok(real)
-        };
+        let host_path = |path: &str| self.allowed_host_path(path);
         Ok(match s {
             VfsSource::Dir { path } => Source::Dir {
                 path: host_path(path)?,
@@ -309,19 +367,7 @@ impl VfsService {
                 secret_access_key,
                 session_token,
             } => {
-                let ep = endpoint.trim_end_matches('/');
-                if !self
-                    .cfg
-                    .allowed_s3_endpoints
-                    .iter()
-                    .any(|a| a.trim_end_matches('/') == ep)
-                {
-                    return Err(ApiError::new(
-                        StatusCode::FORBIDDEN,
-                        "forbidden",
-                        format!("source.endpoint: {endpoint} is not an S3 endpoint the operator allows (vfs.allowed_s3_endpoints)"),
-                    ));
-                }
+                let ep = self.allowed_s3_endpoint(endpoint)?;
                 if bucket.is_empty() {
                     return Err(ApiError::invalid("source.bucket", "must not be empty"));
                 }
@@ -387,6 +433,7 @@ impl VfsService {
         create: bool,
     ) -> ApiResult<(CollectionView, IngestResult)> {
         let store = self.store(tenant)?;
+        let mut plan = plan;
         let res = (|| {
             if create {
                 if store.collection(name).is_ok() {
@@ -407,6 +454,7 @@ impl VfsService {
                         "collection {name} was created from an upload: re-ingest it with a new upload"
                     )));
                 }
+                plan.source = Some(self.recheck(&cfg.source)?);
             }
             let mode = if create {
                 sandlot_vfs::IngestMode::Create

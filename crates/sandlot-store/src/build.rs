@@ -8,10 +8,15 @@
 //! changing step N rebuilds from N.
 
 use std::collections::BTreeMap;
+use std::ffi::OsStr;
 use std::fs;
 use std::io::{self, Read};
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
+
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
+use rustix::io::Errno;
 
 use serde::Deserialize;
 use sha2::{Digest as _, Sha256};
@@ -634,6 +639,10 @@ fn walk(
 /// Stages the layer of a `copy` step in `layer` (an empty directory): each
 /// source (a file, or a directory whose contents are copied) lands at `dest`,
 /// relative to `workdir` when not absolute. Symlinks are copied as links.
+///
+/// The layer is written only through descriptors ([`Staging`]): an earlier source
+/// of the same copy may have put a link there (`a/etc -> /etc`), and a later one
+/// (`b/etc/cron.d/x`) must never write, create or change modes through it.
 pub fn stage_copy(
     ctx: &Path,
     origin: &str,
@@ -654,10 +663,11 @@ pub fn stage_copy(
         )
     })?;
     let into_dir = dest.ends_with('/') || src.len() > 1;
-    let io = |op: &'static str, p: &Path| {
-        let path = p.display().to_string();
-        move |source| BuildError::Io { op, path, source }
-    };
+    let staging = Staging::open(layer).map_err(|source| BuildError::Io {
+        op: "open the staging layer",
+        path: "/".into(),
+        source,
+    })?;
     for s in src {
         let rel = context_relative(origin, s)?;
         let from = in_context(ctx, &rel, origin, s)?;
@@ -666,39 +676,235 @@ pub fn stage_copy(
             path: s.clone(),
             problem: "is not in the build context".into(),
         })?;
-        let target = if m.is_dir() {
-            layer.join(&dest_rel)
-        } else if into_dir {
-            layer
-                .join(&dest_rel)
-                .join(from.file_name().unwrap_or_default())
+        let target = if !m.is_dir() && into_dir {
+            dest_rel.join(from.file_name().unwrap_or_default())
         } else {
-            layer.join(&dest_rel)
+            dest_rel.clone()
         };
-        if let Some(parent) = target.parent() {
-            fs::create_dir_all(parent).map_err(io("create", parent))?;
+        let fail = |e: StageError| e.into_build_error(origin, s);
+        match target.file_name() {
+            Some(name) => {
+                let parent = staging
+                    .dir(target.parent().unwrap_or(Path::new("")))
+                    .map_err(fail)?;
+                copy_entry(&from, parent.as_fd(), name, &target).map_err(fail)?;
+            }
+            // A directory's contents onto the layer's root.
+            None if m.is_dir() => {
+                copy_contents(&from, staging.root.as_fd(), &target).map_err(fail)?
+            }
+            None => {
+                return Err(BuildError::Context {
+                    origin: origin.to_string(),
+                    path: s.clone(),
+                    problem: format!(
+                        "copy destination {dest:?} is the image's root directory, not a file"
+                    ),
+                })
+            }
         }
-        copy_tree(&from, &target).map_err(io("copy", &from))?;
     }
     Ok(())
 }
 
-fn copy_tree(from: &Path, to: &Path) -> io::Result<()> {
-    let m = fs::symlink_metadata(from)?;
-    if m.file_type().is_symlink() {
-        let t = fs::read_link(from)?;
-        let _ = fs::remove_file(to);
-        std::os::unix::fs::symlink(t, to)?;
-    } else if m.is_dir() {
-        fs::create_dir_all(to)?;
-        fs::set_permissions(to, fs::Permissions::from_mode(m.mode() & 0o7777))?;
-        for e in fs::read_dir(from)? {
-            let e = e?;
-            copy_tree(&e.path(), &to.join(e.file_name()))?;
+/// Why a destination in the staged layer could not be written; paths are the
+/// image's (`/etc/x`), never the host's.
+#[derive(Debug)]
+enum StageError {
+    /// `at` is a symbolic link an earlier source of this copy put in the layer,
+    /// where a directory is needed.
+    Link { at: PathBuf },
+    /// `at` is a file where a directory is needed, or a directory where a file
+    /// or a link is to go.
+    Kind { at: PathBuf, problem: &'static str },
+    Io {
+        op: &'static str,
+        at: PathBuf,
+        source: io::Error,
+    },
+}
+
+impl StageError {
+    fn io(op: &'static str, at: &Path) -> impl FnOnce(io::Error) -> StageError {
+        let at = at.to_path_buf();
+        move |source| StageError::Io { op, at, source }
+    }
+
+    fn into_build_error(self, origin: &str, src: &str) -> BuildError {
+        let shown = |p: &Path| format!("/{}", p.display());
+        let context = |problem: String| BuildError::Context {
+            origin: origin.to_string(),
+            path: src.to_string(),
+            problem,
+        };
+        match self {
+            StageError::Link { at } => context(format!(
+                "copy destination goes through {}, a symbolic link this copy put in the image (links in the layer being built are never followed)",
+                shown(&at)
+            )),
+            StageError::Kind { at, problem } => context(format!("copy destination {} {problem}", shown(&at))),
+            StageError::Io { op, at, source } => BuildError::Io {
+                op,
+                path: shown(&at),
+                source,
+            },
         }
+    }
+}
+
+/// The directory a `copy` step's layer is staged in, written only through
+/// descriptors: each directory is opened beneath the root without following a
+/// symbolic link (`openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`, one component
+/// at a time, created when missing), files are created with `O_EXCL | O_NOFOLLOW`
+/// in a directory so opened, and modes are set through the descriptor.
+struct Staging {
+    root: OwnedFd,
+}
+
+impl Staging {
+    fn open(layer: &Path) -> io::Result<Staging> {
+        let root = rustix::fs::open(
+            layer,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        Ok(Staging { root })
+    }
+
+    /// The directory `rel` of the layer, with the missing ones on the way created
+    /// (mode 0755, as `mkdir -p` in an image).
+    fn dir(&self, rel: &Path) -> Result<OwnedFd, StageError> {
+        let mut fd = rustix::io::dup(&self.root).map_err(|e| StageError::Io {
+            op: "open",
+            at: PathBuf::new(),
+            source: e.into(),
+        })?;
+        let mut at = PathBuf::new();
+        for c in rel.components() {
+            at.push(c);
+            fd = dir_at(fd.as_fd(), c.as_os_str(), 0o755, &at)?;
+        }
+        Ok(fd)
+    }
+}
+
+/// Opens the directory `name` in `parent`, creating it with `mode` if it is
+/// missing; a symbolic link or a file there is refused (`at` names it).
+fn dir_at(
+    parent: BorrowedFd<'_>,
+    name: &OsStr,
+    mode: u32,
+    at: &Path,
+) -> Result<OwnedFd, StageError> {
+    let open = || {
+        rustix::fs::openat2(
+            parent,
+            name,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+        )
+    };
+    let r = match open() {
+        Err(Errno::NOENT) => match rustix::fs::mkdirat(parent, name, Mode::from_raw_mode(mode)) {
+            Ok(()) | Err(Errno::EXIST) => open(),
+            Err(e) => Err(e),
+        },
+        r => r,
+    };
+    r.map_err(|e| match e {
+        // A link is refused with one or the other, depending on the kernel's order.
+        Errno::LOOP | Errno::NOTDIR => match kind_at(parent, name, at) {
+            Ok(Some(FileType::Symlink)) => StageError::Link {
+                at: at.to_path_buf(),
+            },
+            Ok(_) => StageError::Kind {
+                at: at.to_path_buf(),
+                problem: "is a file in the image, not a directory",
+            },
+            Err(e) => e,
+        },
+        e => StageError::Io {
+            op: "create",
+            at: at.to_path_buf(),
+            source: e.into(),
+        },
+    })
+}
+
+/// What is at `name` in `parent`, without following a link (`None`: nothing).
+fn kind_at(
+    parent: BorrowedFd<'_>,
+    name: &OsStr,
+    at: &Path,
+) -> Result<Option<FileType>, StageError> {
+    match rustix::fs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) => Ok(Some(FileType::from_raw_mode(st.st_mode))),
+        Err(Errno::NOENT) => Ok(None),
+        Err(e) => Err(StageError::Io {
+            op: "stat",
+            at: at.to_path_buf(),
+            source: e.into(),
+        }),
+    }
+}
+
+/// Makes room for a file or link at `name`: what an earlier source put there
+/// (a file or a link, never followed) is replaced; a directory is not.
+fn replace_at(parent: BorrowedFd<'_>, name: &OsStr, at: &Path) -> Result<(), StageError> {
+    match kind_at(parent, name, at)? {
+        None => Ok(()),
+        Some(FileType::Directory) => Err(StageError::Kind {
+            at: at.to_path_buf(),
+            problem: "is a directory in the image",
+        }),
+        Some(_) => rustix::fs::unlinkat(parent, name, AtFlags::empty())
+            .map_err(|e| StageError::io("replace", at)(e.into())),
+    }
+}
+
+/// Copies the context entry `from` to `name` in the layer directory `parent`
+/// (`at`: its path in the image, for messages).
+fn copy_entry(
+    from: &Path,
+    parent: BorrowedFd<'_>,
+    name: &OsStr,
+    at: &Path,
+) -> Result<(), StageError> {
+    let m = fs::symlink_metadata(from).map_err(StageError::io("read", at))?;
+    let mode = Mode::from_raw_mode(m.mode() & 0o7777);
+    if m.file_type().is_symlink() {
+        let t = fs::read_link(from).map_err(StageError::io("read link", at))?;
+        replace_at(parent, name, at)?;
+        rustix::fs::symlinkat(&t, parent, name)
+            .map_err(|e| StageError::io("create link", at)(e.into()))
+    } else if m.is_dir() {
+        let dir = dir_at(parent, name, 0o700, at)?;
+        rustix::fs::fchmod(&dir, mode).map_err(|e| StageError::io("chmod", at)(e.into()))?;
+        copy_contents(from, dir.as_fd(), at)
     } else {
-        crate::layer::copy_file(from, to)?;
-        fs::set_permissions(to, fs::Permissions::from_mode(m.mode() & 0o7777))?;
+        replace_at(parent, name, at)?;
+        let out = rustix::fs::openat(
+            parent,
+            name,
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        )
+        .map_err(|e| StageError::io("create", at)(e.into()))?;
+        let out = fs::File::from(out);
+        let src = fs::File::open(from).map_err(StageError::io("read", at))?;
+        // Only the data runs: holes stay holes.
+        crate::layer::copy_file_into(&src, &out).map_err(StageError::io("copy", at))?;
+        rustix::fs::fchmod(&out, mode).map_err(|e| StageError::io("chmod", at)(e.into()))
+    }
+}
+
+/// Copies the entries of the context directory `from` into the layer directory `dir`.
+fn copy_contents(from: &Path, dir: BorrowedFd<'_>, at: &Path) -> Result<(), StageError> {
+    for e in fs::read_dir(from).map_err(StageError::io("read", at))? {
+        let e = e.map_err(StageError::io("read", at))?;
+        let name = e.file_name();
+        copy_entry(&e.path(), dir, &name, &at.join(&name))?;
     }
     Ok(())
 }
@@ -880,6 +1086,93 @@ pip_install = "numpy"
             .unwrap()
             .file_type()
             .is_symlink());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The attack: a context whose first source puts a link in the layer being
+    /// built (`a/etc -> /etc`) and whose second source has files under the same
+    /// path (`b/etc/cron.d/x`), copied by one step (`COPY a b /`). The daemon,
+    /// as root, used to follow the link: it changed the modes of `/etc` and
+    /// `/etc/cron.d` and wrote `/etc/cron.d/x`. A link to a host file
+    /// (`c/passwd -> /etc/passwd`) followed by a file of the same name
+    /// (`d/passwd`) overwrote the host file.
+    #[test]
+    fn a_copy_never_writes_through_a_link_an_earlier_source_put_in_the_layer() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("sandlot-build-dest-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let mode = |p: &Path| fs::symlink_metadata(p).unwrap().mode() & 0o7777;
+        let chmod =
+            |p: &Path, m: u32| fs::set_permissions(p, fs::Permissions::from_mode(m)).unwrap();
+        // The "host": stands in for /etc.
+        let host = dir.join("host");
+        fs::create_dir_all(host.join("cron.d")).unwrap();
+        fs::write(host.join("passwd"), "host data").unwrap();
+        chmod(&host, 0o750);
+        chmod(&host.join("cron.d"), 0o755);
+        chmod(&host.join("passwd"), 0o644);
+        let ctx = dir.join("ctx");
+        fs::create_dir_all(ctx.join("a")).unwrap();
+        std::os::unix::fs::symlink(&host, ctx.join("a/etc")).unwrap();
+        fs::create_dir_all(ctx.join("b/etc/cron.d")).unwrap();
+        fs::write(ctx.join("b/etc/cron.d/x"), "* * * * * root planted").unwrap();
+        chmod(&ctx.join("b/etc"), 0o777);
+        chmod(&ctx.join("b/etc/cron.d"), 0o777);
+        fs::create_dir_all(ctx.join("c")).unwrap();
+        std::os::unix::fs::symlink(host.join("passwd"), ctx.join("c/passwd")).unwrap();
+        fs::create_dir_all(ctx.join("d")).unwrap();
+        fs::write(ctx.join("d/passwd"), "planted").unwrap();
+        chmod(&ctx.join("d/passwd"), 0o666);
+        let host_untouched = || {
+            assert!(!host.join("cron.d/x").exists());
+            assert_eq!(
+                fs::read_to_string(host.join("passwd")).unwrap(),
+                "host data"
+            );
+            assert_eq!(
+                (
+                    mode(&host),
+                    mode(&host.join("cron.d")),
+                    mode(&host.join("passwd"))
+                ),
+                (0o750, 0o755, 0o644)
+            );
+        };
+        let layer = |n: &str| {
+            let l = dir.join(n);
+            fs::create_dir_all(&l).unwrap();
+            l
+        };
+
+        let l1 = layer("l1");
+        let e =
+            stage_copy(&ctx, "steps[1]", &["a".into(), "b".into()], "/", None, &l1).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("goes through /etc, a symbolic link this copy put in the image"),
+            "{e}"
+        );
+        host_untouched();
+        // The same with the link itself a source (`COPY a/etc b /`).
+        let l2 = layer("l2");
+        let e = stage_copy(
+            &ctx,
+            "steps[1]",
+            &["a/etc".into(), "b".into()],
+            "/",
+            None,
+            &l2,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("goes through /etc"), "{e}");
+        host_untouched();
+        // A file after a link of the same name replaces the link in the layer.
+        let l3 = layer("l3");
+        stage_copy(&ctx, "steps[1]", &["c".into(), "d".into()], "/", None, &l3).unwrap();
+        host_untouched();
+        assert!(fs::symlink_metadata(l3.join("passwd")).unwrap().is_file());
+        assert_eq!(fs::read_to_string(l3.join("passwd")).unwrap(), "planted");
+        assert_eq!(mode(&l3.join("passwd")), 0o666);
         fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -161,14 +161,20 @@ pub fn data_runs(f: &fs::File, size: u64) -> io::Result<Vec<(u64, u64)>> {
 /// Copies regular file `from` to `to` (created or truncated) with its holes: only
 /// its data runs are read and written.
 pub fn copy_file(from: &Path, to: &Path) -> io::Result<u64> {
-    use std::os::unix::fs::FileExt;
     let src = fs::File::open(from)?;
-    let size = src.metadata()?.len();
     let dst = fs::File::create(to)?;
-    let runs = data_runs(&src, size)?;
+    copy_file_into(&src, &dst)
+}
+
+/// [`copy_file`] between open files: only `src`'s data runs are written into `dst`,
+/// whose length is then set to `src`'s, so holes stay holes.
+pub fn copy_file_into(src: &fs::File, dst: &fs::File) -> io::Result<u64> {
+    use std::os::unix::fs::FileExt;
+    let size = src.metadata()?.len();
+    let runs = data_runs(src, size)?;
     let mut buf = vec![0u8; 256 << 10];
     let mut r = RunReader {
-        f: &src,
+        f: src,
         runs: &runs,
         at: 0,
     };

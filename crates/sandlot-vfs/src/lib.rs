@@ -29,7 +29,9 @@ pub mod store;
 
 pub use acl::{Acl, AclPolicy, AclRule, Principal};
 pub use audit::{format_utc, AuditError, AuditFilter, AuditLog, AuditRecord, AuditSink};
-pub use ingest::{IngestError, IngestOptions, IngestReport, S3Credentials, S3Options, Source};
+pub use ingest::{
+    IngestError, IngestLimits, IngestOptions, IngestReport, S3Credentials, S3Options, Source,
+};
 pub use manifest::{DocEntry, Manifest};
 pub use shell::{Limits, Output, ScratchLimits, ScratchUsage, Session, SessionError};
 pub use store::{

@@ -24,7 +24,7 @@ use crate::acl::Principal;
 use crate::audit::{AuditLog, AuditSink};
 use crate::blob::{BlobError, BlobStore};
 use crate::index::{decode_trigrams, IndexError, Query, SearchIndex};
-use crate::ingest::{self, IngestError, IngestOptions, IngestReport, Source};
+use crate::ingest::{self, IngestError, IngestLimits, IngestOptions, IngestReport, Source};
 use crate::manifest::{DocEntry, Manifest, ManifestError, NodeId, Tree};
 use crate::shell::{Limits, Session};
 
@@ -395,6 +395,7 @@ pub struct Store {
     audit: Arc<AuditLog>,
     sink: Arc<dyn AuditSink>,
     cache: Mutex<HashMap<String, Arc<Collection>>>,
+    limits: IngestLimits,
 }
 
 impl std::fmt::Debug for Store {
@@ -483,7 +484,14 @@ impl Store {
             audit,
             root,
             cache: Mutex::new(HashMap::new()),
+            limits: IngestLimits::default(),
         })
+    }
+
+    /// The same store, reading local sources within `limits`.
+    pub fn with_ingest_limits(mut self, limits: IngestLimits) -> Store {
+        self.limits = limits;
+        self
     }
 
     /// Open with a custom audit sink (the daemon's), instead of `audit.jsonl`.
@@ -654,6 +662,7 @@ impl Store {
             name,
             &source,
             &options,
+            self.limits,
             prev.as_ref().map(|v| &v.manifest),
             &blobs,
         )

@@ -224,8 +224,189 @@ fn git_work_tree_ingests_tracked_files_only() {
         )
         .unwrap_err();
     let e = common::chain(&e);
+    assert!(e.contains("not a git work tree"), "{e}");
+}
+
+fn mkfifo(p: &Path) {
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        p,
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o644),
+        0,
+    )
+    .unwrap();
+}
+
+/// Runs `f` on a thread and waits at most 30 s for it: a read that blocks (a FIFO
+/// opened for reading waits for a writer for ever) is a failure, not a hung test.
+fn within_30s<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(Duration::from_secs(30))
+        .unwrap_or_else(|_| panic!("{what} blocked"))
+}
+
+/// A directory source is read without following a symbolic link: not below its root
+/// (`linked -> /elsewhere`, `secret.md -> /elsewhere/secret.md` are skipped), and
+/// not at it: a source path that goes through a link (which the daemon's policy
+/// check resolved, and which could be swapped after it) is refused.
+#[test]
+fn a_directory_source_never_follows_a_link_below_or_at_its_root() {
+    let outside = TempDir::new(Path::new("/tmp"), "ingest-outside");
+    write(&outside.path, "secret.md", "host secret\n");
+    let src = TempDir::new(Path::new("/tmp"), "ingest-links");
+    write(&src.path, "docs/a.md", "a\n");
+    std::os::unix::fs::symlink(&outside.path, src.path.join("linked")).unwrap();
+    std::os::unix::fs::symlink(outside.path.join("secret.md"), src.path.join("secret.md")).unwrap();
+    let sd = TempDir::new(Path::new("/tmp"), "ingest-links-store");
+    let store = Store::open(&sd.path).unwrap();
+    let r = store
+        .create(
+            "d",
+            Source::Dir {
+                path: src.path.clone(),
+            },
+            IngestOptions::default(),
+        )
+        .unwrap();
+    assert_eq!(r.documents, 1, "{r:?}");
+    for name in ["linked", "secret.md"] {
+        assert!(
+            r.skipped.contains(&format!("{name}: symbolic link")),
+            "{:?}",
+            r.skipped
+        );
+    }
+    assert_eq!(sh(&store, "d", "grep -rl 'host secret' / || true"), "");
+    let alias = TempDir::new(Path::new("/tmp"), "ingest-alias");
+    std::os::unix::fs::symlink(&src.path, alias.path.join("src")).unwrap();
+    let e = store
+        .create(
+            "e",
+            Source::Dir {
+                path: alias.path.join("src"),
+            },
+            IngestOptions::default(),
+        )
+        .unwrap_err();
+    assert!(common::chain(&e).contains("symbolic link"), "{e}");
+}
+
+/// Documents larger than the store's limit are skipped with a reason (the daemon
+/// applies its upload limit), FIFOs and other special files are skipped, never
+/// opened: the ingest neither blocks on a FIFO nor reads without bound.
+#[test]
+fn oversized_documents_and_fifos_are_skipped_not_read() {
+    let src = TempDir::new(Path::new("/tmp"), "ingest-limits");
+    write(&src.path, "small.md", "12345");
+    write(&src.path, "big.md", &"x".repeat(100));
+    mkfifo(&src.path.join("pipe.md"));
+    let sd = TempDir::new(Path::new("/tmp"), "ingest-limits-store");
+    let store = std::sync::Arc::new(
+        Store::open(&sd.path)
+            .unwrap()
+            .with_ingest_limits(sandlot_vfs::IngestLimits { max_file_bytes: 10 }),
+    );
+    let path = src.path.clone();
+    let st = store.clone();
+    let r = within_30s("the ingest of a directory holding a FIFO", move || {
+        st.create("l", Source::Dir { path }, IngestOptions::default())
+            .unwrap()
+    });
+    assert_eq!((r.documents, r.bytes), (1, 5), "{r:?}");
     assert!(
-        e.contains("git ls-files") && e.contains("not a git repository"),
+        r.skipped
+            .contains(&"big.md: larger than the largest file allowed (10 bytes)".to_string()),
+        "{:?}",
+        r.skipped
+    );
+    assert!(
+        r.skipped
+            .contains(&"pipe.md: not a regular file".to_string()),
+        "{:?}",
+        r.skipped
+    );
+    // A JSONL export is one file, under the same limit.
+    write(
+        &src.path,
+        "export.jsonl",
+        &format!(
+            r#"{{"path": "a", "chunk": 0, "text": "{}"}}"#,
+            "y".repeat(20)
+        ),
+    );
+    let e = store
+        .create(
+            "j",
+            Source::Jsonl {
+                path: src.path.join("export.jsonl"),
+            },
+            IngestOptions::default(),
+        )
+        .unwrap_err();
+    assert!(
+        common::chain(&e).contains("larger than the largest file allowed"),
+        "{e}"
+    );
+}
+
+/// The attack: a git work tree (an allowed directory a sandbox can write) whose
+/// repository configuration is hostile. libgit2 opening the repository reads
+/// `.git/config` (and its includes, `commondir`, ...): with the config a FIFO the
+/// ingest blocked for ever. The ingest reads only the index file now, through a
+/// descriptor it checked: the configuration is never opened, an index that is a
+/// FIFO is refused at once, and a `.git` that is a link to another repository is
+/// not used.
+#[test]
+fn a_git_source_reads_only_its_index_never_the_repository_configuration() {
+    let wt = TempDir::new(Path::new("/tmp"), "ingest-git-hostile");
+    let repo = git2::Repository::init(&wt.path).unwrap();
+    write(&wt.path, "a.md", "tracked\n");
+    write(&wt.path, "b.md", "untracked\n");
+    let mut index = repo.index().unwrap();
+    index.add_path(Path::new("a.md")).unwrap();
+    index.write().unwrap();
+    drop(repo);
+    let git_dir = wt.path.join(".git");
+    std::fs::remove_file(git_dir.join("config")).unwrap();
+    mkfifo(&git_dir.join("config"));
+    std::fs::write(git_dir.join("commondir"), "/nonexistent-common\n").unwrap();
+    let sd = TempDir::new(Path::new("/tmp"), "ingest-git-hostile-store");
+    let store = std::sync::Arc::new(Store::open(&sd.path).unwrap());
+    let (st, path) = (store.clone(), wt.path.clone());
+    let r = within_30s(
+        "the ingest of a repository whose config is a FIFO",
+        move || {
+            st.create("g", Source::Git { path }, IngestOptions::default())
+                .map_err(|e| common::chain(&e))
+        },
+    )
+    .unwrap();
+    assert_eq!(r.documents, 1, "{r:?}");
+    assert_eq!(sh(&store, "g", "cat a.md"), "tracked\n");
+
+    // The index a FIFO: refused, not waited on.
+    std::fs::remove_file(git_dir.join("index")).unwrap();
+    mkfifo(&git_dir.join("index"));
+    let st = store.clone();
+    let e = within_30s(
+        "the ingest of a repository whose index is a FIFO",
+        move || st.update("g", None, None).map_err(|e| common::chain(&e)),
+    )
+    .unwrap_err();
+    assert!(e.contains(".git/index is not a regular file"), "{e}");
+
+    // `.git` a link to another repository: not used.
+    let other = TempDir::new(Path::new("/tmp"), "ingest-git-other");
+    git2::Repository::init(&other.path).unwrap();
+    std::fs::remove_dir_all(&git_dir).unwrap();
+    std::os::unix::fs::symlink(other.path.join(".git"), &git_dir).unwrap();
+    let e = store.update("g", None, None).unwrap_err();
+    assert!(
+        common::chain(&e).contains(".git is not a directory of the work tree"),
         "{e}"
     );
 }

@@ -724,3 +724,52 @@ fn walk_files(dir: &Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+/// The attack: a collection made from a host directory the operator allowed; the
+/// operator then takes that directory off `vfs.allowed_source_paths` (it turned out
+/// to hold what tenants must not read) and restarts the daemon. A re-ingest from the
+/// stored source used to read the directory anyway, policy or not. It is refused
+/// now, as a new source would be, and the collection keeps its last version.
+#[test]
+fn a_reingest_from_a_source_the_operator_no_longer_allows_is_refused() {
+    let root = std::env::temp_dir().join(format!("sandlot-vfs-revoked-{}", std::process::id()));
+    let site = root.join("site");
+    std::fs::create_dir_all(&site).unwrap();
+    std::fs::write(site.join("one.txt"), "one\n").unwrap();
+    let allowing = format!("[vfs]\nallowed_source_paths = [\"{}\"]\n", site.display());
+    let mut d = Daemon::start(Some(&allowing));
+    let c = d.client();
+    rt().block_on(async {
+        let a = c
+            .create_collection(&CreateCollection {
+                name: "site".into(),
+                source: VfsSource::Dir {
+                    path: site.display().to_string(),
+                },
+                acl: None,
+            })
+            .await
+            .unwrap();
+        assert_eq!(a.collection.documents, 1);
+    });
+    std::fs::write(site.join("two.txt"), "written after the policy changed\n").unwrap();
+    d.terminate();
+    std::fs::write(
+        d.config.as_ref().unwrap(),
+        "[vfs]\nallowed_source_paths = []\n",
+    )
+    .unwrap();
+    d.spawn();
+    let c = d.client();
+    rt().block_on(async {
+        let e = c
+            .ingest_collection("site", &IngestCollection::default())
+            .await
+            .unwrap_err();
+        assert_eq!(status(&e), (403, "forbidden".into()), "{e}");
+        let v = c.get_collection("site").await.unwrap();
+        assert_eq!((v.version, v.documents), (1, 1), "{v:?}");
+    });
+    drop(d);
+    std::fs::remove_dir_all(&root).unwrap();
+}

@@ -432,8 +432,8 @@ fn issue7_collection_mounts_are_validated_and_tenant_scoped() {
     if !fuse_available() {
         return;
     }
-    // Bind sources under /tmp are allowed, so that a missing one fails in the
-    // runtime, after the collection mounts were set up.
+    // Bind sources under /tmp are allowed, so that a bind can fail in the sandbox's
+    // init, after the collection mounts were set up.
     let d = Daemon::start(Some("[mounts]\nallowed_host_paths = [\"/tmp\"]\n"));
     let alpha = d.tcp(Some(&d.token("alpha")));
     let beta = d.tcp(Some(&d.token("beta")));
@@ -486,8 +486,7 @@ fn issue7_collection_mounts_are_validated_and_tenant_scoped() {
         // No sandbox was recorded for any of these, and nothing was mounted.
         assert!(fuse_mounts_under(&d.data_dir()).is_empty());
 
-        // A create that fails in the runtime, after the collection was mounted,
-        // leaves nothing behind.
+        // A missing bind source is refused before anything is set up.
         let missing = format!("/tmp/sandlot-missing-{}", std::process::id());
         let e = alpha
             .create_sandbox(&create_body(json!([
@@ -496,7 +495,20 @@ fn issue7_collection_mounts_are_validated_and_tenant_scoped() {
             ])))
             .await
             .unwrap_err();
-        assert_eq!(e.status().map(|s| s.as_u16()), Some(400), "{e}");
+        assert_eq!(field(&e), (400, "mounts[1].source".to_string()), "{e}");
+        assert!(fuse_mounts_under(&d.data_dir()).is_empty());
+
+        // A create that fails in the runtime, after the collection was mounted,
+        // leaves nothing behind: a directory cannot be bound over the file
+        // `/etc/hostname`.
+        let e = alpha
+            .create_sandbox(&create_body(json!([
+                {"type": "collection", "collection": "kb", "target": "/kb"},
+                {"type": "bind", "source": "/tmp", "target": "/etc/hostname"}
+            ])))
+            .await
+            .unwrap_err();
+        assert_eq!(e.status().map(|s| s.as_u16()), Some(500), "{e}");
         let failed = alpha
             .list_sandboxes(&sandlot_client::ListFilter {
                 states: vec!["all".into()],

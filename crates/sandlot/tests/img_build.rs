@@ -229,3 +229,65 @@ user = "1000"
     assert!(staging.is_empty(), "staging left: {staging:?}");
     d.shutdown();
 }
+
+/// The attack: one `COPY` whose first source puts a link in the layer being built
+/// (`a/etc -> VICTIM`, standing in for `/etc`) and whose second source has files
+/// under the same path (`b/etc/cron.d/x`). The daemon stages copies as root: it
+/// used to follow the link, change the modes of the victim directories and write
+/// the file into them. The build must fail naming the link, with the victim as it
+/// was and nothing staged left behind.
+#[test]
+fn a_build_context_cannot_write_or_chmod_host_files_through_a_link_it_copies() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let mut d = Daemon::start(None);
+    let tmp = d.dir.join("work");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let archive = img_support::base_archive(&tmp, "test/base:1", 1);
+    let (code, _, err) = d.cli(&["image", "import", archive.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+
+    let victim = tmp.join("victim");
+    std::fs::create_dir_all(victim.join("cron.d")).unwrap();
+    let chmod = |p: &std::path::Path, m: u32| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap()
+    };
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().mode() & 0o7777;
+    chmod(&victim, 0o750);
+    chmod(&victim.join("cron.d"), 0o755);
+    let ctx = tmp.join("ctx");
+    std::fs::create_dir_all(ctx.join("a")).unwrap();
+    std::os::unix::fs::symlink(&victim, ctx.join("a/etc")).unwrap();
+    std::fs::create_dir_all(ctx.join("b/etc/cron.d")).unwrap();
+    std::fs::write(ctx.join("b/etc/cron.d/x"), "* * * * * root touch /pwned\n").unwrap();
+    chmod(&ctx.join("b/etc"), 0o777);
+    chmod(&ctx.join("b/etc/cron.d"), 0o777);
+    let df = tmp.join("Dockerfile");
+    std::fs::write(&df, "FROM test/base:1\nCOPY a b /\n").unwrap();
+    let (code, out, err) = d.cli(&[
+        "image",
+        "build",
+        "-f",
+        df.to_str().unwrap(),
+        "--tag",
+        "test/linked:1",
+        ctx.to_str().unwrap(),
+    ]);
+    assert_ne!(code, 0, "the build went through the link: {out}");
+    assert!(
+        err.contains("goes through /etc, a symbolic link this copy put in the image"),
+        "{err}"
+    );
+    assert!(!victim.join("cron.d/x").exists(), "a host file was written");
+    assert_eq!(
+        (mode(&victim), mode(&victim.join("cron.d"))),
+        (0o750, 0o755),
+        "host directories were chmodded"
+    );
+    let staging: Vec<_> = std::fs::read_dir(d.data_dir().join("images/tmp"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(staging.is_empty(), "staging left: {staging:?}");
+    d.shutdown();
+}

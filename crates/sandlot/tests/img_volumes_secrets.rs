@@ -89,6 +89,9 @@ fn volumes_persist_and_host_mounts_follow_the_policy() {
             (json!({"mounts": [{"type": "bind", "source": format!("{}/../outside", allowed.display()), "target": "/h"}]}), "mounts[0].source"),
             (json!({"mounts": [{"type": "bind", "source": "/etc", "target": "/h"}]}), "mounts[0].source"),
             (json!({"rootfs": outside.to_str().unwrap()}), "rootfs"),
+            // Refused at the check, not left for the runtime to find missing.
+            (json!({"mounts": [{"type": "bind", "source": allowed.join("missing").to_str().unwrap(), "target": "/h"}]}), "mounts[0].source"),
+            (json!({"rootfs": allowed.join("hello").to_str().unwrap()}), "rootfs"),
         ] {
             let e = c.call_json("POST", "/v1/sandboxes", Some(&body)).await.unwrap_err();
             assert_eq!(e.status().unwrap().as_u16(), 400, "{body}: {e}");
@@ -588,4 +591,91 @@ fn a_secret_bound_to_path_never_appears_in_an_api_error() {
     let shown: Vec<&String> = bodies.iter().filter(|b| b.contains(&value)).collect();
     assert!(shown.is_empty(), "API answers show the secret: {shown:#?}");
     assert!(!d.log().contains(&value), "the daemon log shows the secret");
+}
+
+/// The attack: sandbox A has an allowed host directory bound read-write and keeps
+/// swapping an entry of it, `x`, between a directory and a link to the host's `/`
+/// (`renameat2(RENAME_EXCHANGE)` every 2 ms, so that `x` always exists and the
+/// daemon's check often sees the directory). Meanwhile the tenant
+/// asks, again and again, for sandboxes with `x` as a bind source or as their
+/// rootfs. The daemon used to check the path and later mount it by name, following
+/// whatever `x` was by then: a sandbox got the host's root. Now each create either
+/// gets the directory that was checked or fails; none ever sees the host's `/usr`.
+#[test]
+fn a_host_path_swapped_for_a_link_to_the_host_root_is_never_mounted() {
+    use std::os::unix::fs::PermissionsExt;
+    let base = std::env::temp_dir().join(format!("sandlot-img-swap-{}", std::process::id()));
+    let share = base.join("share");
+    struct RemoveOnDrop(std::path::PathBuf);
+    impl Drop for RemoveOnDrop {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _cleanup = RemoveOnDrop(base.clone());
+    std::fs::create_dir_all(&share).unwrap();
+    // Writable by sandbox A's mapped root.
+    std::fs::set_permissions(&share, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let cfg = format!("[mounts]\nallowed_host_paths = [\"{}\"]\n", share.display());
+    let mut d = Daemon::start(Some(&cfg));
+    let rt = rt();
+    let c = d.client();
+    let x = share.join("x");
+    let (mut mounted, mut refused) = (0, 0);
+    rt.block_on(async {
+        let a = c
+            .call_json("POST", "/v1/sandboxes", Some(&json!({"mounts": [{"type": "bind", "source": share.to_str().unwrap(), "target": "/share", "readonly": false}]})))
+            .await
+            .unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let swap = r#"
+import ctypes, os, time
+os.chdir("/share")
+os.mkdir("x")
+open("x/inside", "w").close()
+os.symlink("/", "l")
+libc = ctypes.CDLL(None, use_errno=True)
+end = time.time() + 300
+while time.time() < end:
+    if libc.renameat2(-100, b"x", -100, b"l", 2) != 0:
+        raise OSError(ctypes.get_errno(), "renameat2")
+    time.sleep(0.002)
+"#;
+        c.write_file_bytes(&a, "/tmp/swap.py", swap.as_bytes().to_vec()).await.unwrap();
+        let body: sandlot_client::api::ExecBody = serde_json::from_value(json!({"argv": ["python3", "/tmp/swap.py"], "background": true})).unwrap();
+        let p = c.exec(&a, &body).await.unwrap();
+        api_support::eventually(30, "sandbox A swaps x", || async {
+            std::fs::symlink_metadata(&x).is_ok() && std::fs::symlink_metadata(share.join("l")).is_ok()
+        })
+        .await;
+        for i in 0..40 {
+            let (body, probe) = if i % 2 == 0 {
+                (json!({"mounts": [{"type": "bind", "source": x.to_str().unwrap(), "target": "/mnt/x", "readonly": true}]}), "/mnt/x/usr")
+            } else {
+                (json!({"rootfs": x.to_str().unwrap()}), "/usr")
+            };
+            let b = match c.call_json("POST", "/v1/sandboxes", Some(&body)).await {
+                Ok(v) => v["id"].as_str().unwrap().to_string(),
+                // The check saw the link (400), or the mount found another file (500).
+                Err(_) => {
+                    refused += 1;
+                    continue;
+                }
+            };
+            let saw_host = c.stat(&b, probe).await.is_ok();
+            c.delete_sandbox(&b).await.unwrap();
+            assert!(!saw_host, "create {i} ({body}) mounted the host's root");
+            mounted += 1;
+        }
+        // Still swapping: the race ran the whole time.
+        let view = c.process(&a, p.id).await.unwrap();
+        assert!(view.exit.is_none(), "the swapper stopped: {view:?}");
+        c.delete_sandbox(&a).await.unwrap();
+    });
+    eprintln!(
+        "host path swap: {mounted} creates got the checked directory, {refused} were refused"
+    );
+    d.shutdown();
 }

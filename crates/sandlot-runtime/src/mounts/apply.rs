@@ -9,6 +9,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 
 use super::{apply_err, entry_kind, HostEntry, Kind, MountError, MountOp, RootFs, HOST_ETC_VIEW};
+use crate::host_path::{self, HostId};
 use crate::sys;
 
 /// Names of the overlay's working directories inside the root tmpfs.
@@ -36,7 +37,11 @@ pub fn mount_root(
             mount_scratch(at, &at_c, *size, "mount tmpfs root at")?;
             Ok(RootInfo { idmapped: false })
         }
-        RootFs::Overlay { lower, size } => {
+        RootFs::Overlay {
+            lower,
+            lower_id,
+            size,
+        } => {
             mount_scratch(at, &at_c, *size, "mount overlay scratch at")?;
             for d in [OVL_LOWER, OVL_UPPER, OVL_WORK] {
                 std::fs::create_dir(at.join(d)).map_err(apply_err("mkdir", d))?;
@@ -47,16 +52,13 @@ pub fn mount_root(
                 idmapped = sys::move_mount_to(fd.as_fd(), &lower_at).is_ok();
             }
             if !idmapped {
-                let src =
-                    sys::cstr(lower).map_err(apply_err("lower", lower.display().to_string()))?;
-                sys::mount(
-                    Some(&src),
-                    &lower_at,
-                    None,
-                    libc::MS_BIND | libc::MS_REC,
-                    None,
-                )
-                .map_err(apply_err("bind rootfs", lower.display().to_string()))?;
+                // The pinned directory, reached without a link, or nothing.
+                let (src, _) = host_path::reopen(lower, *lower_id)
+                    .map_err(apply_err("open rootfs", lower.display().to_string()))?;
+                let tree = sys::open_tree_clone_fd(src.as_fd(), true)
+                    .map_err(apply_err("bind rootfs", lower.display().to_string()))?;
+                sys::move_mount_to(tree.as_fd(), &lower_at)
+                    .map_err(apply_err("bind rootfs", lower.display().to_string()))?;
             }
             let opts = format!(
                 "lowerdir={0}/{OVL_LOWER},upperdir={0}/{OVL_UPPER},workdir={0}/{OVL_WORK},userxattr",
@@ -353,14 +355,54 @@ pub(crate) fn bind_in(
             })
         }
     };
+    use std::os::unix::fs::FileTypeExt;
+    let device = !readonly
+        && std::fs::metadata(source)
+            .is_ok_and(|m| m.file_type().is_char_device() || m.file_type().is_block_device());
+    attach_bind(r, tree, path, readonly, kind, device)
+}
+
+/// Binds the host path `source` the spec named, pinned to the file `id`
+/// ([`crate::host_path`]): opened again without following a link anywhere on the
+/// way, and refused if it is no longer that file (a swap for a link to `/` after
+/// the daemon checked it).
+fn bind_pinned(
+    r: BorrowedFd<'_>,
+    source: &Path,
+    id: HostId,
+    path: &str,
+    readonly: bool,
+    kind: Kind,
+) -> Result<(), MountError> {
+    let (src, mode) = host_path::reopen(source, id).map_err(|e| MountError::Apply {
+        op: "open bind source",
+        path: source.display().to_string(),
+        source: e,
+    })?;
+    let tree = sys::open_tree_clone_fd(src.as_fd(), true).map_err(|e| MountError::Apply {
+        op: "open bind source",
+        path: source.display().to_string(),
+        source: e,
+    })?;
+    let device = matches!(mode & libc::S_IFMT, libc::S_IFCHR | libc::S_IFBLK);
+    attach_bind(r, tree, path, readonly, kind, device)
+}
+
+/// Attaches the detached bind `tree` at `path` under the root: read-only, or
+/// writable, `nosuid` and (unless `device`) `nodev`.
+fn attach_bind(
+    r: BorrowedFd<'_>,
+    tree: OwnedFd,
+    path: &str,
+    readonly: bool,
+    kind: Kind,
+    device: bool,
+) -> Result<(), MountError> {
     if readonly {
         make_readonly(tree.as_fd(), true, 0).map_err(apply_err("make read-only", path))?;
     } else {
         // Writable binds are `nosuid`, and `nodev` unless they are a device node
         // themselves (`/dev/null` and the like).
-        use std::os::unix::fs::FileTypeExt;
-        let device = std::fs::metadata(source)
-            .is_ok_and(|m| m.file_type().is_char_device() || m.file_type().is_block_device());
         let mut set = sys::MOUNT_ATTR_NOSUID;
         if !device {
             set |= sys::MOUNT_ATTR_NODEV;
@@ -446,7 +488,11 @@ pub fn apply_with_trees(
                 readonly,
                 kind,
                 required,
-            } => bind_in(r, source, path, *readonly, *kind, *required)?,
+                pinned,
+            } => match pinned {
+                Some(id) => bind_pinned(r, source, *id, path, *readonly, *kind)?,
+                None => bind_in(r, source, path, *readonly, *kind, *required)?,
+            },
             MountOp::HostEtc { entries, use_view } => {
                 // The view is attached once; a failed attach falls back to binds.
                 let attached = match etc_view.take().filter(|_| *use_view) {
@@ -644,7 +690,7 @@ impl EmptyDir {
                 none.insert(sys::open_dir_nofollow(dev.as_fd(), Self::NAME)?)
             }
         };
-        let tree = sys::open_tree_clone_fd(dir.as_fd())?;
+        let tree = sys::open_tree_clone_fd(dir.as_fd(), false)?;
         make_readonly(tree.as_fd(), false, sys::MOUNT_ATTR_NOEXEC)?;
         Ok(tree)
     }

@@ -11,22 +11,21 @@
 //!   string), top level or inside `metadata`.
 
 use std::collections::BTreeMap;
-use std::fs;
-use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 
 use serde_json::{Map, Value};
 
-use super::{IngestError, Listing, SourceEntry, SourceReader};
+use super::{host_files, IngestError, IngestLimits, Listing, SourceEntry, SourceReader};
 use crate::acl::Acl;
 
 pub(crate) struct JsonlReader {
     file: PathBuf,
+    limits: IngestLimits,
 }
 
 impl JsonlReader {
-    pub(crate) fn new(file: PathBuf) -> Self {
-        JsonlReader { file }
+    pub(crate) fn new(file: PathBuf, limits: IngestLimits) -> Self {
+        JsonlReader { file, limits }
     }
 }
 
@@ -158,12 +157,15 @@ fn parse_row(line: &str) -> Result<(String, Chunk), String> {
 
 impl SourceReader for JsonlReader {
     fn list(&mut self) -> Result<Listing, IngestError> {
-        let io = |source| IngestError::Io {
-            what: self.file.display().to_string(),
-            source,
-        };
-        let mtime = fs::metadata(&self.file).map_err(io)?.mtime();
-        let data = fs::read(&self.file).map_err(io)?;
+        // Without following a link, a regular file only, at most the largest file
+        // allowed (the export may be written by someone else while it is read).
+        let (data, st) = host_files::read_file(
+            None,
+            &self.file,
+            &self.file.display().to_string(),
+            &self.limits,
+        )?;
+        let mtime = st.st_mtime;
         let text = String::from_utf8(data).map_err(|e| IngestError::Jsonl {
             file: self.file.clone(),
             line: 0,
@@ -248,6 +250,7 @@ impl SourceReader for JsonlReader {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
 
     #[test]
     fn reassembles_chunks() {
@@ -263,7 +266,7 @@ mod tests {
             ),
         )
         .unwrap();
-        let l = JsonlReader::new(f).list().unwrap();
+        let l = JsonlReader::new(f, IngestLimits::default()).list().unwrap();
         assert_eq!(l.entries.len(), 2);
         assert_eq!(l.entries[0].path, "docs/a.md");
         assert_eq!(
@@ -279,16 +282,25 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let f = d.path().join("x.jsonl");
         fs::write(&f, "{\"path\":\"a\",\"chunk\":0,\"text\":\"x\"}\n{\"path\":\"a\",\"chunk\":0,\"text\":\"y\"}\n").unwrap();
-        let e = JsonlReader::new(f.clone()).list().unwrap_err().to_string();
+        let e = JsonlReader::new(f.clone(), IngestLimits::default())
+            .list()
+            .unwrap_err()
+            .to_string();
         assert!(
             e.ends_with(":2: duplicate chunk 0 of \"a\" (also on line 1)"),
             "{e}"
         );
         fs::write(&f, "{\"path\":\"a\",\"text\":\"x\"}\n").unwrap();
-        let e = JsonlReader::new(f.clone()).list().unwrap_err().to_string();
+        let e = JsonlReader::new(f.clone(), IngestLimits::default())
+            .list()
+            .unwrap_err()
+            .to_string();
         assert!(e.contains(":1: missing chunk index"), "{e}");
         fs::write(&f, "not json\n").unwrap();
-        let e = JsonlReader::new(f).list().unwrap_err().to_string();
+        let e = JsonlReader::new(f, IngestLimits::default())
+            .list()
+            .unwrap_err()
+            .to_string();
         assert!(e.contains(":1: invalid JSON"), "{e}");
     }
 }

@@ -1,6 +1,7 @@
 //! Ingest: enumerate a source, plan what changed against the previous version,
 //! fetch only changed documents, and publish a new immutable version.
 
+mod host_files;
 mod jsonl;
 mod local;
 #[cfg(feature = "s3")]
@@ -32,6 +33,12 @@ pub enum IngestError {
     /// The git index could not be read, or the directory is not a work tree of its own.
     #[error("read the git index of {dir}: {reason}")]
     Git { dir: PathBuf, reason: String },
+    /// A file of a local source is not a regular file (a FIFO or a device swapped in).
+    #[error("read {what}: not a regular file")]
+    NotAFile { what: String },
+    /// A file of a local source is larger than [`IngestLimits::max_file_bytes`].
+    #[error("read {what}: larger than the largest file allowed ({max} bytes)")]
+    TooLarge { what: String, max: u64 },
     /// A JSONL row is malformed.
     #[error("{file}:{line}: {reason}")]
     Jsonl {
@@ -121,7 +128,9 @@ pub enum Source {
 
 impl Source {
     /// Parse `DIR`, `git:DIR`, `s3://bucket/prefix` or `jsonl:FILE`.
-    /// Relative local paths are made absolute against the current directory.
+    /// Relative local paths are made absolute against the current directory, and an
+    /// existing one is resolved to its real path: a local source is read without
+    /// following any symbolic link, its own path included.
     pub fn parse(spec: &str, s3: S3Options) -> Result<Source, IngestError> {
         let bad = |reason: &str| IngestError::BadSpec {
             spec: spec.to_string(),
@@ -132,16 +141,17 @@ impl Source {
                 return Err(bad("empty path"));
             }
             let p = PathBuf::from(p);
-            if p.is_absolute() {
-                Ok(p)
+            let p = if p.is_absolute() {
+                p
             } else {
                 std::env::current_dir()
                     .map(|c| c.join(&p))
                     .map_err(|source| IngestError::Io {
                         what: "current directory".into(),
                         source,
-                    })
-            }
+                    })?
+            };
+            Ok(std::fs::canonicalize(&p).unwrap_or(p))
         };
         if let Some(rest) = spec.strip_prefix("s3://") {
             let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
@@ -185,6 +195,23 @@ impl Source {
             Source::Git { path } => format!("git:{}", path.display()),
             Source::S3 { bucket, prefix, .. } => format!("s3://{bucket}/{prefix}"),
             Source::Jsonl { path } => format!("jsonl:{}", path.display()),
+        }
+    }
+}
+
+/// Limits of reading a local source (a directory, a git work tree, a JSONL export).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IngestLimits {
+    /// The largest file read: a document (a larger one is skipped with a reason when
+    /// listed, and refused if it grew by the time it is read), a JSONL export, a git
+    /// index. Default: no limit.
+    pub max_file_bytes: u64,
+}
+
+impl Default for IngestLimits {
+    fn default() -> Self {
+        IngestLimits {
+            max_file_bytes: u64::MAX,
         }
     }
 }
@@ -257,11 +284,11 @@ pub(crate) trait SourceReader {
     fn fetch(&mut self, entry: &SourceEntry) -> Result<Vec<u8>, IngestError>;
 }
 
-fn reader_for(source: &Source) -> Result<Box<dyn SourceReader>, IngestError> {
+fn reader_for(source: &Source, limits: IngestLimits) -> Result<Box<dyn SourceReader>, IngestError> {
     Ok(match source {
-        Source::Dir { path } => Box::new(local::DirReader::new(path.clone(), false)),
-        Source::Git { path } => Box::new(local::DirReader::new(path.clone(), true)),
-        Source::Jsonl { path } => Box::new(jsonl::JsonlReader::new(path.clone())),
+        Source::Dir { path } => Box::new(local::DirReader::new(path.clone(), false, limits)),
+        Source::Git { path } => Box::new(local::DirReader::new(path.clone(), true, limits)),
+        Source::Jsonl { path } => Box::new(jsonl::JsonlReader::new(path.clone(), limits)),
         #[cfg(feature = "s3")]
         Source::S3 {
             bucket,
@@ -350,10 +377,11 @@ pub(crate) fn run(
     collection: &str,
     source: &Source,
     opts: &IngestOptions,
+    limits: IngestLimits,
     prev: Option<&Manifest>,
     blobs: &BlobStore,
 ) -> Result<Applied, IngestError> {
-    let mut reader = reader_for(source)?;
+    let mut reader = reader_for(source, limits)?;
     let listing = reader.list()?;
     let plan = plan(&listing.entries, prev)?;
     let mut report = IngestReport {
