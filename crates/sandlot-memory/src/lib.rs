@@ -29,6 +29,7 @@ pub use store::{
     FileStatus, Freshness, Memory, MemoryPatch, NewMemory, Store, StoreError, SyncReport,
     WriteOutcome,
 };
+pub use tree::TreeError;
 pub use watch::{watch, WatchError, WatchOptions, Watcher};
 
 #[cfg(test)]

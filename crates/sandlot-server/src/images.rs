@@ -200,7 +200,7 @@ impl Images {
             if !pin.dir {
                 return Err(ApiError::invalid(
                     "rootfs",
-                    format!("{r:?} is not a directory"),
+                    "is not a directory on the host",
                 ));
             }
             pins.push(pin);
@@ -214,11 +214,9 @@ impl Images {
         let not_allowed = || {
             ApiError::invalid(
                 field,
-                // The allowed paths are the operator's to tell, not a tenant's to read
-                // in an error.
-                format!(
-                    "{requested:?} is not under a host path the operator allows (mounts.allowed_host_paths)"
-                ),
+                // Neither the path (a host path) nor the allowed paths (the operator's
+                // to tell) are shown to the tenant; the caller knows which path it gave.
+                "is not under a host path the operator allows (mounts.allowed_host_paths)",
             )
         };
         // Lexically first (validate refused `..`), then as resolved.
@@ -228,13 +226,13 @@ impl Images {
                 Ok(pin) => return Ok(pin),
                 Err(PinError::Outside { .. }) => continue,
                 Err(PinError::Missing { .. }) => {
-                    return Err(ApiError::invalid(
-                        field,
-                        format!("{requested:?} does not exist on the host"),
-                    ))
+                    return Err(ApiError::invalid(field, "does not exist on the host"))
                 }
                 Err(e @ PinError::Changed { .. }) => {
-                    return Err(ApiError::invalid(field, e.to_string()))
+                    return Err(
+                        ApiError::invalid(field, "changed while it was being checked")
+                            .with_detail(e),
+                    )
                 }
                 Err(e @ PinError::Io { .. }) => {
                     return Err(ApiError::internal(format!("{field}: {e}")))

@@ -236,7 +236,7 @@ mod enabled {
 
     use sandlot_memory::{
         Author, Embedder, GitError, MemoryPatch, MiniLmEmbedder, NewMemory, SearchQuery, Store,
-        StoreError, WatchOptions, Watcher,
+        StoreError, TreeError, WatchOptions, Watcher,
     };
     use serde::Deserialize;
 
@@ -310,8 +310,23 @@ mod enabled {
                 | GitError::NotUtf8 { .. },
             ) => ApiError::bad_request(e.to_string()),
             StoreError::Git(GitError::Revert { .. }) => ApiError::conflict(e.to_string()),
-            StoreError::Embed(_) => ApiError::unavailable(format!("embedding: {e}")),
-            _ => ApiError::internal(e),
+            // What the work tree holds (a sandbox may have put it there): a file too large
+            // or not a regular file, a path through a link. Store-relative paths only.
+            StoreError::Tree(t) | StoreError::Git(GitError::Tree(t)) => match t {
+                TreeError::TooLarge { .. } => {
+                    ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", t.to_string())
+                }
+                TreeError::NotAFile { .. } => ApiError::bad_request(t.to_string()),
+                TreeError::Io { rel, .. } if t.is_link_on_the_way() => ApiError::invalid(
+                    "path",
+                    format!("{rel}: a folder on the way is a symbolic link"),
+                ),
+                _ => ApiError::internal(crate::vfs::chain(&e)),
+            },
+            // The model's location is the host's: logged, not shown.
+            StoreError::Embed(_) => ApiError::unavailable("embedding failed on the daemon")
+                .with_detail(crate::vfs::chain(&e)),
+            _ => ApiError::internal(crate::vfs::chain(&e)),
         }
     }
 
@@ -337,10 +352,11 @@ mod enabled {
                 return Ok(e.clone());
             }
             let m = MiniLmEmbedder::load_default().map_err(|e| {
-                ApiError::unavailable(format!(
-                    "the embedding model is not installed on the daemon's host ({e}); the \
-                     operator runs scripts/setup.d/40-memory.sh"
-                ))
+                ApiError::unavailable(
+                    "the embedding model is not installed on the daemon's host; the operator \
+                     runs scripts/setup.d/40-memory.sh",
+                )
+                .with_detail(e)
             })?;
             let m: Arc<dyn Embedder> = Arc::new(m);
             let _ = self.embedder.set(m.clone());

@@ -554,6 +554,13 @@ fn a_sandbox_cannot_make_the_daemon_run_a_program_through_a_nested_repository() 
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
         assert!(ran.is_empty(), "the daemon ran programs named by the sandbox: {ran:?}");
+        // A sparse file of 64 GiB costs the sandbox nothing on disk: reading it is refused
+        // by name, not attempted (the daemon would hold it in memory).
+        let o = a.run(&id, &["sh", "-c", "truncate -s 64G /memories/huge.md"]).await.unwrap();
+        assert_eq!(o.exit.code, Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+        let e = a.call_json("GET", "/v1/memory/trap/memories/huge.md", None).await.unwrap_err();
+        assert_eq!(code(&e).0, Some(413), "{e}");
+        assert!(e.to_string().contains("huge.md") && !e.to_string().contains(&d.data_dir().display().to_string()), "{e}");
         // Writes leave no zombie processes under the daemon (a tenant could otherwise fill
         // the host's PID table with them).
         for i in 0..40 {
