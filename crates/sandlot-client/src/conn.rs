@@ -351,7 +351,7 @@ mod tests {
     }
 
     #[test]
-    fn issue6_current_thread_runtimes_keep_no_connections() {
+    fn current_thread_runtimes_keep_no_connections() {
         // The server runs on its own runtime throughout.
         let srv = rt();
         let (c, accepted, _d) = srv.block_on(server(Serve::Full));
@@ -388,7 +388,7 @@ mod tests {
     }
 
     #[test]
-    fn issue6_sequential_requests_share_one_connection() {
+    fn sequential_requests_share_one_connection() {
         rt().block_on(async {
             let (c, accepted, _d) = server(Serve::Full).await;
             for _ in 0..5 {
@@ -404,7 +404,7 @@ mod tests {
     }
 
     #[test]
-    fn issue6_a_connection_the_server_closed_is_not_reused() {
+    fn a_connection_the_server_closed_is_not_reused() {
         rt().block_on(async {
             let (c, accepted, _d) = server(Serve::CloseAfterOne).await;
             for i in 1..=3 {
@@ -418,7 +418,7 @@ mod tests {
     }
 
     #[test]
-    fn issue6_a_connection_still_streaming_an_answer_is_not_reused() {
+    fn a_connection_still_streaming_an_answer_is_not_reused() {
         rt().block_on(async {
             let (c, accepted, _d) = server(Serve::HoldFirst).await;
             let held = c

@@ -574,7 +574,7 @@ mod tests {
     }
 
     #[test]
-    fn issue8_every_latin1_character_tokenizes_as_in_fts5() {
+    fn every_latin1_character_tokenizes_as_in_fts5() {
         // Each character alone, between letters, doubled and after a stemmable word.
         let texts: Vec<String> = (1u32..=0xff)
             .filter_map(char::from_u32)
@@ -587,7 +587,7 @@ mod tests {
     }
 
     #[test]
-    fn issue8_characters_beyond_latin1_tokenize_as_in_fts5() {
+    fn characters_beyond_latin1_tokenize_as_in_fts5() {
         // Latin Extended, IPA, combining diacritics, Greek, Cyrillic, general punctuation,
         // letter-like symbols, CJK, private use, an emoji.
         let ranges = [
@@ -616,7 +616,7 @@ mod tests {
     }
 
     #[test]
-    fn issue8_porter_stems_as_in_fts5() {
+    fn porter_stems_as_in_fts5() {
         // Every suffix the rules know after stems of different measure, plus plain words.
         let stems = [
             "",

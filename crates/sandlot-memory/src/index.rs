@@ -1258,7 +1258,7 @@ mod scan_tests {
     }
 
     #[test]
-    fn issue8_quantized_scan_returns_the_exact_neighbours() {
+    fn quantized_scan_returns_the_exact_neighbours() {
         let (dim, rows) = (384, 20_000);
         let mut seed = 7u64;
         let mut cache = VectorCache {
@@ -1306,7 +1306,7 @@ mod scan_tests {
     }
 
     #[test]
-    fn issue8_int8_dot_matches_integer_arithmetic() {
+    fn int8_dot_matches_integer_arithmetic() {
         let a: Vec<i8> = (0..390).map(|i| ((i * 37) % 255 - 127) as i8).collect();
         let b: Vec<i8> = (0..390).map(|i| ((i * 91) % 255 - 127) as i8).collect();
         let want: i32 = a
@@ -1353,7 +1353,7 @@ mod matched_terms_tests {
     }
 
     #[test]
-    fn issue8_matched_terms_equal_the_fts_answer() {
+    fn matched_terms_equal_the_fts_answer() {
         let dir = TempIndex(std::env::temp_dir().join(format!(
             "sandlot-memory-matched-terms-{}",
             std::process::id()

@@ -544,7 +544,7 @@ mod tests {
     }
 
     #[test]
-    fn issue8_packed_weights_round_to_11_significant_bits() {
+    fn packed_weights_round_to_11_significant_bits() {
         let mut seed = 11;
         let mut w = noise(&mut seed, 1536 * 4);
         // Magnitudes over many binades, zeros and signs.
@@ -570,7 +570,7 @@ mod tests {
     }
 
     #[test]
-    fn issue8_packed_linear_equals_linear_over_the_decoded_weights() {
+    fn packed_linear_equals_linear_over_the_decoded_weights() {
         let mut seed = 5;
         for (m, k, n) in [(1, 384, 1152), (7, 384, 384), (12, 1536, 384), (3, 16, 20)] {
             let x = noise(&mut seed, m * k);

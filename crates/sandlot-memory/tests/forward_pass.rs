@@ -24,7 +24,7 @@ fn agreement(texts: &[&str], reference: &[Vec<f32>], got: &[Vec<f32>], how: &str
 }
 
 #[test]
-fn issue8_forward_pass_matches_candle_bert() {
+fn forward_pass_matches_candle_bert() {
     let d = data_dir();
     let mut owned: Vec<String> = Vec::new();
     owned.extend(read_lines(d.join("lee.cor")));

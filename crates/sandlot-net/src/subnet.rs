@@ -186,7 +186,7 @@ mod tests {
     }
 
     #[test]
-    fn issue6_two_daemons_get_different_slot_subnets() {
+    fn two_daemons_get_different_slot_subnets() {
         let dir = std::env::temp_dir().join(format!("sandlot-subnet-test-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let routes =

@@ -77,7 +77,7 @@ fn table_and_pool(prefix: &str, subnet: &str, port: u16) -> (Nft, TableSpec, Slo
 }
 
 #[test]
-fn issue6_slot_is_wired_over_netlink_and_release_leaves_nothing() {
+fn slot_is_wired_over_netlink_and_release_leaves_nothing() {
     let _cleanup = Cleanup("snslt01");
     in_private_netns(|| {
         let (nft, t, pool) = table_and_pool("snslt01", "100.97.0.0/24", 40011);
@@ -219,7 +219,7 @@ fn netfilter_sockets_held() -> Vec<u64> {
 /// a socket per set update stalled slot builds and teardowns (allow creates p99
 /// 25-30 ms). The pool keeps one socket for all of its set updates.
 #[test]
-fn issue6_slot_builds_and_teardowns_share_one_kept_netfilter_socket() {
+fn slot_builds_and_teardowns_share_one_kept_netfilter_socket() {
     let _cleanup = Cleanup("snslt02");
     in_private_netns(|| {
         let (nft, t, pool) = table_and_pool("snslt02", "100.97.1.0/24", 40013);

@@ -1056,7 +1056,7 @@ mod tests {
     }
 
     #[test]
-    fn issue7_collection_mounts_are_strict_and_name_the_field() {
+    fn collection_mounts_are_strict_and_name_the_field() {
         let s = SandboxSpec::from_json(
             r#"{"mounts": [{"type": "collection", "collection": "docs", "target": "/docs"}]}"#,
         )
@@ -1146,7 +1146,7 @@ mod tests {
     }
 
     #[test]
-    fn issue7_collection_mount_cli_form() {
+    fn collection_mount_cli_form() {
         assert!(MountSpec::parse_collection("/src:/dst").is_none());
         let m = MountSpec::parse_collection("collection:docs:/docs")
             .unwrap()
@@ -1203,7 +1203,7 @@ mod tests {
     }
 
     #[test]
-    fn issue8_memory_mounts_are_strict_and_name_the_field() {
+    fn memory_mounts_are_strict_and_name_the_field() {
         let s = SandboxSpec::from_json(
             r#"{"mounts": [{"type": "memory", "store": "notes", "target": "/memories"}]}"#,
         )

@@ -417,7 +417,7 @@ mod tests {
     }
 
     #[test]
-    fn issue6_bad_sizes_name_the_problem() {
+    fn bad_sizes_name_the_problem() {
         let forms = "use a number of bytes (0 or more) or a string like \"512M\"";
         for (json, starts) in [
             ("-5", "-5 is not a size: "),
@@ -457,7 +457,7 @@ mod tests {
     }
 
     #[test]
-    fn issue6_bad_durations_name_the_problem() {
+    fn bad_durations_name_the_problem() {
         let forms = "use seconds (0 or more) or a string like \"30s\", \"5m\"";
         for (json, starts) in [
             ("-1", "-1 is not a duration: "),
@@ -483,7 +483,7 @@ mod tests {
     }
 
     #[test]
-    fn issue6_good_sizes_and_durations_still_parse() {
+    fn good_sizes_and_durations_still_parse() {
         let size = |j: &str| serde_json::from_str::<ByteSize>(j).unwrap();
         assert_eq!(size("0"), ByteSize(0));
         assert_eq!(size("4096"), ByteSize(4096));

@@ -761,7 +761,7 @@ mod tests {
     /// Only plans that bind host paths beyond the `host` image's own are built in
     /// the host's mount namespace (the fork server works in a smaller copy).
     #[test]
-    fn issue6_only_spec_mounts_volumes_and_writable_layers_need_the_hosts_mount_table() {
+    fn only_spec_mounts_volumes_and_writable_layers_need_the_hosts_mount_table() {
         assert!(!plan(&SandboxSpec::default()).needs_host_mounts());
         let tmpfs = SandboxSpec {
             mounts: vec![MountSpec::Tmpfs {
@@ -861,7 +861,7 @@ mod tests {
     /// shrinker bookkeeping: the `host` image mounts only its root, devpts, proc
     /// and sysfs; an image root adds its `/dev` tmpfs, which holds `/dev/shm`.
     #[test]
-    fn issue6_dev_and_shm_are_directories_not_superblocks() {
+    fn dev_and_shm_are_directories_not_superblocks() {
         let superblocks = |p: &MountPlan| -> Vec<String> {
             p.ops
                 .iter()

@@ -960,7 +960,7 @@ mod tests {
     /// creation of its `alive` file and its lock. A young temporary directory is
     /// never swept, even unlocked; a minute-old one is. Needs root (CI is root).
     #[test]
-    fn issue2_sweep_leaves_a_directory_being_published() {
+    fn sweep_leaves_a_directory_being_published() {
         let run = std::env::temp_dir().join(format!("sandlot-sweep-{}", std::process::id()));
         let mut cfg = RuntimeConfig::new(PathBuf::from("/bin/false"));
         cfg.run_dir = run.clone();

@@ -122,7 +122,7 @@ mod tests {
 
     /// Issue 6 (bursts): refills yield the CPU to the request threads.
     #[test]
-    fn issue6_stock_threads_run_at_a_lower_priority_than_their_caller() {
+    fn stock_threads_run_at_a_lower_priority_than_their_caller() {
         // SAFETY: getpriority has no pointers; errno is not consulted (values are
         // checked against the expected ones instead).
         let nice = || unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };

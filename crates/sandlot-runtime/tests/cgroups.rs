@@ -55,14 +55,14 @@ fn output_len(p: &std::path::Path) -> u64 {
 }
 
 #[test]
-fn issue2_cgroup_v2_files_work_on_a_real_v2_hierarchy() {
+fn cgroup_v2_files_work_on_a_real_v2_hierarchy() {
     if !is_root() {
-        eprintln!("SKIPPED issue2_cgroup_v2_files_work_on_a_real_v2_hierarchy: needs root");
+        eprintln!("SKIPPED cgroup_v2_files_work_on_a_real_v2_hierarchy: needs root");
         return;
     }
     let Some(root) = v2_mount() else {
         eprintln!(
-            "SKIPPED issue2_cgroup_v2_files_work_on_a_real_v2_hierarchy: \
+            "SKIPPED cgroup_v2_files_work_on_a_real_v2_hierarchy: \
              no cgroup2 hierarchy is mounted on this host"
         );
         return;
@@ -186,16 +186,14 @@ fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
 }
 
 #[test]
-fn issue2_cgroup_stock_hands_out_fresh_renamed_cgroups_and_leaves_nothing() {
+fn cgroup_stock_hands_out_fresh_renamed_cgroups_and_leaves_nothing() {
     if !is_root() {
-        eprintln!("SKIPPED issue2_cgroup_stock_...: needs root");
+        eprintln!("SKIPPED cgroup_stock_...: needs root");
         return;
     }
     let layout = CgroupLayout::detect().unwrap();
     if layout.version() != 1 {
-        eprintln!(
-            "SKIPPED issue2_cgroup_stock_...: the stock is for cgroup v1 hosts; this one is v2"
-        );
+        eprintln!("SKIPPED cgroup_stock_...: the stock is for cgroup v1 hosts; this one is v2");
         assert!(CgroupStock::start(&layout, &CgroupParent::named("x"), 2).is_none());
         return;
     }

@@ -16,7 +16,7 @@ fn wait_ready(stock: &NetnsStock, n: usize) {
 }
 
 #[test]
-fn issue3_netns_stock_hands_out_fresh_loopback_namespaces_once() {
+fn netns_stock_hands_out_fresh_loopback_namespaces_once() {
     assert!(
         running_as_root(),
         "privileged test: run as root (it creates network namespaces); CI runs as root"

@@ -92,14 +92,14 @@ fn sandbox_dir(run_dir: &Path, id: &str, live: bool) -> Option<fs::File> {
 }
 
 #[test]
-fn issue2_sandboxes_run_dir_moves_to_a_tmpfs_only_when_nothing_lives_there() {
+fn sandboxes_run_dir_moves_to_a_tmpfs_only_when_nothing_lives_there() {
     assert!(
         running_as_root(),
         "privileged test: run as root (it mounts tmpfs); CI runs as root"
     );
     let Some(base) = DiskDir::new() else {
         eprintln!(
-            "SKIPPED issue2_sandboxes_run_dir_moves_to_a_tmpfs_only_when_nothing_lives_there: \
+            "SKIPPED sandboxes_run_dir_moves_to_a_tmpfs_only_when_nothing_lives_there: \
              neither CARGO_TARGET_TMPDIR nor /var/tmp is on a disk file system here, so there \
              is nothing to move to a tmpfs"
         );

@@ -509,7 +509,7 @@ mod tests {
     /// Found by probing builds: a spec file that was a link to a host file was read,
     /// and its text came back in the parse error.
     #[test]
-    fn issue6_a_linked_spec_file_is_refused() {
+    fn a_linked_spec_file_is_refused() {
         let dir = std::env::temp_dir().join(format!("sandlot-spec-link-{}", std::process::id()));
         let ctx = dir.join("ctx");
         fs::create_dir_all(&ctx).unwrap();

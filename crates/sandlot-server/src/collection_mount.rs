@@ -818,7 +818,7 @@ mod tests {
     }
 
     #[test]
-    fn issue7_plan_numbers_mounts_by_spec_index_and_defaults_to_anonymous() {
+    fn plan_numbers_mounts_by_spec_index_and_defaults_to_anonymous() {
         let s = spec(
             r#"{"mounts": [
                 {"type": "tmpfs", "target": "/t"},
@@ -854,7 +854,7 @@ mod tests {
     }
 
     #[test]
-    fn issue7_helpers_are_recognised_by_their_command_line_only() {
+    fn helpers_are_recognised_by_their_command_line_only() {
         assert_eq!(
             parse_helper_cmdline(b"/usr/bin/sandlot\0__vfs-serve\0/d/vfs-mounts/sb/0\0"),
             Some(PathBuf::from("/d/vfs-mounts/sb/0"))
@@ -866,7 +866,7 @@ mod tests {
     }
 
     #[test]
-    fn issue7_mount_points_are_found_under_a_directory_with_escapes() {
+    fn mount_points_are_found_under_a_directory_with_escapes() {
         let info = "\
 36 35 98:0 / /mnt1 rw,noatime master:1 - ext3 /dev/root rw
 100 36 0:50 / /data/vfs-mounts/sb-1/0 ro,nosuid,nodev - fuse.sandlot sandlot-vfs:docs ro

@@ -610,7 +610,7 @@ max_sandboxes = 3
     }
 
     #[test]
-    fn issue7_scratch_limits_parse_and_are_checked() {
+    fn scratch_limits_parse_and_are_checked() {
         let (c, w) = ServerConfig::from_toml(
             "[vfs]\nscratch_default_size = \"1M\"\nscratch_max_size = \"8M\"\nscratch_max_entries = 50\nscratch_typo = 1\n",
             Path::new("c"),

@@ -465,7 +465,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn issue6_a_second_daemon_cannot_take_an_id_prefix_in_use() {
+    fn a_second_daemon_cannot_take_an_id_prefix_in_use() {
         let lock_dir =
             std::env::temp_dir().join(format!("sandlot-prefix-lock-test-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&lock_dir);
@@ -495,7 +495,7 @@ mod tests {
     }
 
     #[test]
-    fn issue6_daemon_id_prefixes_are_the_default_and_every_locked_prefix() {
+    fn daemon_id_prefixes_are_the_default_and_every_locked_prefix() {
         let lock_dir =
             std::env::temp_dir().join(format!("sandlot-prefix-list-test-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&lock_dir);

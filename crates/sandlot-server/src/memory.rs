@@ -632,7 +632,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn issue8_store_and_agent_names() {
+    fn store_and_agent_names() {
         assert!(valid_store_name("notes") && valid_store_name("a.b-c_1"));
         for bad in ["", ".git", "a/b", "..", "x y", &"n".repeat(65)] {
             assert!(!valid_store_name(bad), "{bad:?}");

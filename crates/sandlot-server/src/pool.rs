@@ -602,7 +602,7 @@ mod tests {
     /// Issue 6 (bursts): refills wait while claims keep coming, unless the pool is
     /// down to a quarter of its target.
     #[test]
-    fn issue6_refills_yield_to_a_burst_of_claims_until_the_pool_runs_low() {
+    fn refills_yield_to_a_burst_of_claims_until_the_pool_runs_low() {
         let ms = Duration::from_millis;
         assert_eq!(refill_delay(None, 10, 16), Duration::ZERO, "no claim yet");
         assert_eq!(refill_delay(Some(ms(3)), 10, 16), ms(7));
@@ -617,7 +617,7 @@ mod tests {
     /// Issue 6 (an `allow` pool missed one claim in eight of a sequential run): a
     /// pool down to a quarter of its target refills on every CPU, otherwise on one.
     #[test]
-    fn issue6_a_pool_running_low_refills_on_every_cpu() {
+    fn a_pool_running_low_refills_on_every_cpu() {
         assert_eq!(refill_width(16, 16, 2), 1);
         assert_eq!(refill_width(4, 16, 2), 1, "a quarter is not yet low");
         assert_eq!(refill_width(3, 16, 2), 2);
@@ -650,7 +650,7 @@ mod tests {
     }
 
     #[test]
-    fn issue7_tenant_mounts_are_not_poolable() {
+    fn tenant_mounts_are_not_poolable() {
         assert!(unpoolable(&spec("{}")).is_none());
         assert!(unpoolable(&spec(r#"{"mounts":[{"type":"tmpfs","target":"/t"}]}"#)).is_none());
         let c = spec(r#"{"mounts":[{"type":"collection","collection":"docs","target":"/d"}]}"#);

@@ -736,7 +736,7 @@ mod tests {
     /// Forgetting the oldest finished processes now happens in batches; running ones
     /// are never forgotten and the newest finished ones are kept.
     #[test]
-    fn issue6_finished_processes_are_forgotten_in_batches_oldest_first() {
+    fn finished_processes_are_forgotten_in_batches_oldest_first() {
         let mut t = ProcTable::default();
         // A long-running process first, then many short ones.
         t.insert(entry(0, false));

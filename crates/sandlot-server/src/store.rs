@@ -972,7 +972,7 @@ mod tests {
     /// request's commit filled the write-ahead log. The daemon's connection no
     /// longer checkpoints; a thread with its own connection does.
     #[test]
-    fn issue6_wal_checkpoints_run_on_their_own_thread() {
+    fn wal_checkpoints_run_on_their_own_thread() {
         let dir = std::env::temp_dir().join(format!("sandlot-store-ckpt-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -1141,7 +1141,7 @@ mod tests {
     }
 
     #[test]
-    fn issue6_a_claimed_sandbox_is_admitted_running_in_one_commit() {
+    fn a_claimed_sandbox_is_admitted_running_in_one_commit() {
         let s = Store::in_memory().unwrap();
         let mut r = rec("warm", "t", 100);
         r.state = SandboxState::Running;
@@ -1209,7 +1209,7 @@ mod tests {
     }
 
     #[test]
-    fn issue3_stopped_records_are_pruned_after_retention_and_live_ones_never() {
+    fn stopped_records_are_pruned_after_retention_and_live_ones_never() {
         let s = Store::in_memory().unwrap();
         for id in ["old", "new", "live"] {
             assert_eq!(

@@ -946,7 +946,7 @@ mod tests {
     }
 
     #[test]
-    fn issue7_daemon_side_sources_follow_the_operator_policy() {
+    fn daemon_side_sources_follow_the_operator_policy() {
         let tmp = std::env::temp_dir().join(format!("vfs-svc-{}", std::process::id()));
         let allowed = tmp.join("allowed");
         let other = tmp.join("other");
@@ -1019,7 +1019,7 @@ mod tests {
     }
 
     #[test]
-    fn issue7_scratch_requests_stay_within_the_operator_limits() {
+    fn scratch_requests_stay_within_the_operator_limits() {
         let v = svc(
             Path::new("/nonexistent"),
             VfsSection {

@@ -1065,7 +1065,7 @@ pip_install = "numpy"
     /// Found by probing builds: a copy through a linked directory of the context
     /// (`d -> /host/dir`, `copy d/secret`) copied a host file into the image.
     #[test]
-    fn issue6_copies_never_go_through_a_linked_directory() {
+    fn copies_never_go_through_a_linked_directory() {
         let dir = std::env::temp_dir().join(format!("sandlot-build-link-{}", std::process::id()));
         let host = dir.join("host");
         fs::create_dir_all(&host).unwrap();

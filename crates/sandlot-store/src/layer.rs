@@ -891,7 +891,7 @@ mod tests {
     /// that the same layer made followed the link, and deleted or created things
     /// anywhere on the host, as root (`a -> /victims`, then `a/.wh.file`).
     #[test]
-    fn issue6_whiteouts_never_reach_through_a_symlink() {
+    fn whiteouts_never_reach_through_a_symlink() {
         let t = tempfile::tempdir().unwrap();
         let outside = t.path().join("outside");
         fs::create_dir_all(outside.join("vdir")).unwrap();
@@ -956,7 +956,7 @@ mod tests {
 
     /// Found by probing snapshots: a FIFO in a layer became an empty regular file.
     #[test]
-    fn issue6_fifos_stay_fifos() {
+    fn fifos_stay_fifos() {
         let t = tempfile::tempdir().unwrap();
         let tar = tar_raw(&[
             ("opt", tar::EntryType::Directory, "", 0o755),

@@ -159,7 +159,7 @@ fn docker_archive(path: &Path, files: &[(&str, &[u8])]) {
 /// were joined to the unpacked archive as given, so `"Layers": ["/some/host/file"]`
 /// (or `../../file`) moved a host file into the store, and `"Config"` read one.
 #[test]
-fn issue6_manifest_paths_stay_inside_the_archive() {
+fn manifest_paths_stay_inside_the_archive() {
     let t = tempfile::tempdir().unwrap();
     let store = ImageStore::open(&t.path().join("store")).unwrap();
     let victim = t.path().join("victim");
@@ -199,7 +199,7 @@ fn issue6_manifest_paths_stay_inside_the_archive() {
 /// layout without one of its blobs were host errors (500 "internal error" through the
 /// API). They are the archive's fault, and say so.
 #[test]
-fn issue6_broken_archives_are_refused_as_invalid() {
+fn broken_archives_are_refused_as_invalid() {
     let t = tempfile::tempdir().unwrap();
     let src = t.path().join("src");
     tree(&src);

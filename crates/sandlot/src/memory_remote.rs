@@ -186,7 +186,7 @@ mod tests {
     use crate::memory_cmd::ModeArg;
 
     #[test]
-    fn issue8_remote_commands_plan_requests() {
+    fn remote_commands_plan_requests() {
         let get = MemoryCmd::Get {
             key: "people/ann lee.md".into(),
             rev: Some("HEAD~1".into()),

@@ -284,7 +284,7 @@ mod tests {
     }
 
     #[test]
-    fn issue6_run_refuses_an_id_with_a_daemon_prefix() {
+    fn run_refuses_an_id_with_a_daemon_prefix() {
         let daemons = prefixes(&["sb-", "ab"]);
         let e = run_id(Some("sb-mine"), &daemons, random_id)
             .unwrap_err()
@@ -305,7 +305,7 @@ mod tests {
     }
 
     #[test]
-    fn issue6_random_run_ids_avoid_daemon_prefixes() {
+    fn random_run_ids_avoid_daemon_prefixes() {
         let daemons = prefixes(&["sb-", "ab"]);
         let mut draws = vec!["abff".to_string(), "ab00".to_string(), "c0ffee".to_string()];
         let id = run_id(None, &daemons, || draws.remove(0)).unwrap();

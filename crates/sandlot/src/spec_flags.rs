@@ -213,7 +213,7 @@ mod tests {
     }
 
     #[test]
-    fn issue7_collection_mounts_are_a_mount_form() {
+    fn collection_mounts_are_a_mount_form() {
         let f = SpecFlags {
             mounts: vec![
                 "collection:docs:/docs:principal=alice,group=eng".into(),

@@ -198,7 +198,7 @@ fn hundred_concurrent_exec_streams_lose_nothing() {
 /// re-attach at the offset it had reached (not only at 0), within what the daemon
 /// keeps; beyond that, 410.
 #[test]
-fn issue3_reattach_at_an_offset_after_the_exit_was_delivered() {
+fn reattach_at_an_offset_after_the_exit_was_delivered() {
     let d = Daemon::start(None);
     let c = d.client();
     block_on_within(120, "re-attaching at offsets", async {
@@ -256,7 +256,7 @@ fn issue3_reattach_at_an_offset_after_the_exit_was_delivered() {
 /// parked events into the reader's channel before handing the channel over, and
 /// hung once they did not fit.
 #[test]
-fn issue3_a_late_reader_gets_output_parked_in_many_small_writes() {
+fn a_late_reader_gets_output_parked_in_many_small_writes() {
     let d = Daemon::start(None);
     let c = d.client();
     block_on_within(60, "a late reader of parked output", async {

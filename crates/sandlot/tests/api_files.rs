@@ -205,7 +205,7 @@ fn one_gib_streams_through_in_bounded_memory() {
 /// its idle timeout and held an inotify instance (128 of them disabled every later
 /// watch). It ends with its client now.
 #[test]
-fn issue6_an_abandoned_watch_ends_with_its_client() {
+fn an_abandoned_watch_ends_with_its_client() {
     let d = Daemon::start(None);
     let c = d.client();
     rt().block_on(async {
@@ -241,7 +241,7 @@ fn issue6_an_abandoned_watch_ends_with_its_client() {
 /// - a move across file systems whose source could not be removed (a read-only
 ///   mount) failed after the copy had replaced the destination.
 #[test]
-fn issue6_file_modes_and_failed_moves_keep_what_was_there() {
+fn file_modes_and_failed_moves_keep_what_was_there() {
     let ro = std::env::temp_dir().join(format!("sandlot-files-ro-{}", std::process::id()));
     std::fs::create_dir_all(&ro).unwrap();
     std::fs::write(ro.join("r.txt"), "rodata").unwrap();

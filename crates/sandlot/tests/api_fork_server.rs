@@ -79,7 +79,7 @@ fn sandbox_private_kib(d: &Daemon) -> (u64, String) {
 }
 
 #[test]
-fn issue6_forked_pid1_shares_the_binarys_relocated_pages() {
+fn forked_pid1_shares_the_binarys_relocated_pages() {
     let mut forked = Daemon::start(None);
     let (forked_kib, cmd) = sandbox_private_kib(&forked);
     assert!(cmd.contains("__zygote"), "PID 1 was not forked: {cmd}");
@@ -156,7 +156,7 @@ fn create_with(d: &Daemon, spec: serde_json::Value) -> String {
 /// binds); `/etc` itself stays writable, the view is fresh after the host replaces a
 /// bound file, and nothing of it is visible on the host.
 #[test]
-fn issue3_host_etc_comes_from_one_prepared_view() {
+fn host_etc_comes_from_one_prepared_view() {
     use std::os::unix::fs::MetadataExt;
     let d = Daemon::start(None);
     let id = create(&d);
@@ -302,7 +302,7 @@ fn mount_points(pid: i32) -> Vec<String> {
 /// the host's namespace, so it sees a mount the host made after the fork server
 /// started.
 #[test]
-fn issue6_fork_server_leaves_the_hosts_netns_mounts_behind() {
+fn fork_server_leaves_the_hosts_netns_mounts_behind() {
     api_support::require_root();
     let me = std::process::id() as i32;
     // A mount under /run/netns, as a network slot leaves (`ip netns add` makes

@@ -40,7 +40,7 @@ fn paths(hits: &Value) -> Vec<String> {
 }
 
 #[test]
-fn issue8_memory_api_end_to_end_and_tenant_isolation() {
+fn memory_api_end_to_end_and_tenant_isolation() {
     model_installed();
     let d = Daemon::start(None);
     let ta = d.token("alpha");
@@ -287,7 +287,7 @@ fn issue8_memory_api_end_to_end_and_tenant_isolation() {
 }
 
 #[test]
-fn issue8_cli_remote_mode_against_the_daemon() {
+fn cli_remote_mode_against_the_daemon() {
     model_installed();
     let d = Daemon::start(None);
     let run = |args: &[&str]| {
@@ -347,7 +347,7 @@ fn issue8_cli_remote_mode_against_the_daemon() {
 }
 
 #[test]
-fn issue8_store_mounted_into_a_sandbox_is_indexed_and_guarded() {
+fn store_mounted_into_a_sandbox_is_indexed_and_guarded() {
     model_installed();
     let d = Daemon::start(None);
     let ta = d.token("alpha");

@@ -40,7 +40,7 @@ async fn finished(c: &Client, id: &str, script: &str) -> u64 {
 /// at once (the agent forgot the process when the first reader received its exit,
 /// and the daemon kept nothing of it), where a foreground process's was replayed.
 #[test]
-fn issue6_output_of_a_detached_process_can_be_read_twice_within_retention() {
+fn output_of_a_detached_process_can_be_read_twice_within_retention() {
     let d = Daemon::start(None);
     let c = d.client();
     block_on_within(120, "reading a detached process twice", async {
@@ -119,7 +119,7 @@ fn issue6_output_of_a_detached_process_can_be_read_twice_within_retention() {
 
 /// After `limits.finished_retention` the kept output is dropped: 410 `gone`.
 #[test]
-fn issue6_output_of_a_detached_process_is_gone_after_retention() {
+fn output_of_a_detached_process_is_gone_after_retention() {
     let d = Daemon::start(Some("[limits]\nfinished_retention = \"2s\"\n"));
     let c = d.client();
     block_on_within(120, "reading a detached process after retention", async {

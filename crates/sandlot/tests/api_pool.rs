@@ -58,7 +58,7 @@ async fn wait_ready(c: &Client, pool: &str, n: u64) {
 }
 
 #[test]
-fn issue6_pool_claims_are_single_use_and_take_request_defaults() {
+fn pool_claims_are_single_use_and_take_request_defaults() {
     let d = Daemon::start(Some(POOL));
     let c = d.client();
     rt().block_on(async {
@@ -217,7 +217,7 @@ fn issue6_pool_claims_are_single_use_and_take_request_defaults() {
 }
 
 #[test]
-fn issue6_unclaimed_pool_sandboxes_are_swept_after_kill9() {
+fn unclaimed_pool_sandboxes_are_swept_after_kill9() {
     let mut d = Daemon::start(Some(POOL));
     let c = d.client();
     let before: Vec<String> = rt().block_on(async {
@@ -261,7 +261,7 @@ fn issue6_unclaimed_pool_sandboxes_are_swept_after_kill9() {
 /// that the next burst of the same size is all hits, and shrinks back toward its
 /// size once misses stop.
 #[test]
-fn issue6_adaptive_pool_grows_with_misses_and_shrinks_when_idle() {
+fn adaptive_pool_grows_with_misses_and_shrinks_when_idle() {
     let d = Daemon::start(Some(
         "[[pools]]\nname = \"adaptive\"\nsize = 1\nmax_size = 4\nshrink_after = \"2s\"\n\
          spec = { hostname = \"adaptive\" }\n",

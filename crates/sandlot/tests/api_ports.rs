@@ -64,7 +64,7 @@ fn listeners_in(range: (u16, u16)) -> Vec<String> {
 }
 
 #[test]
-fn issue4_http_and_websocket_proxy_reach_a_loopback_server_in_mode_none() {
+fn http_and_websocket_proxy_reach_a_loopback_server_in_mode_none() {
     let d = Daemon::start(None);
     let ta = d.token("alpha");
     let tb = d.token("beta");
@@ -326,7 +326,7 @@ fn an_http_1_0_application_answers_http_1_1_clients_in_http_1_1() {
 }
 
 #[test]
-fn issue4_published_tcp_port_forwards_until_unpublished_or_deleted() {
+fn published_tcp_port_forwards_until_unpublished_or_deleted() {
     let (lo, hi) = PUBLISH_RANGE;
     let mut d = Daemon::start(Some(&format!(
         "[ports]\nbind_addresses = [\"127.0.0.1\"]\nhost_port_min = {lo}\nhost_port_max = {hi}\nmax_published_per_tenant = 2\n",
@@ -451,7 +451,7 @@ fn issue4_published_tcp_port_forwards_until_unpublished_or_deleted() {
 }
 
 #[test]
-fn issue4_cli_publishes_lists_and_unpublishes() {
+fn cli_publishes_lists_and_unpublishes() {
     let (lo, hi) = CLI_RANGE;
     let d = Daemon::start(Some(&format!(
         "[ports]\nhost_port_min = {lo}\nhost_port_max = {hi}\n"

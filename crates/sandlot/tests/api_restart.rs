@@ -181,7 +181,7 @@ fn sigterm_with_an_open_output_stream_stops_the_daemon() {
 /// with the same id prefix used to reconcile the first one's live sandboxes and
 /// network slots away as its own leftovers. It must refuse to start instead.
 #[test]
-fn issue6_a_second_daemon_with_the_same_id_prefix_refuses_to_start() {
+fn a_second_daemon_with_the_same_id_prefix_refuses_to_start() {
     let mut d = Daemon::start(None);
     let c = d.client();
     let r = rt();
@@ -250,7 +250,7 @@ fn issue6_a_second_daemon_with_the_same_id_prefix_refuses_to_start() {
 /// status 0 and its id-prefix lock file removed. Before, the signal could arrive
 /// before the handler was installed and kill it with nothing cleaned up.
 #[test]
-fn issue6_sigterm_while_the_daemon_starts_stops_it_gracefully() {
+fn sigterm_while_the_daemon_starts_stops_it_gracefully() {
     let mut d = Daemon::start(None);
     let lock = prefix_lock(&d.prefix);
     let pid = rustix::process::Pid::from_raw(d.pid()).unwrap();
@@ -273,7 +273,7 @@ fn issue6_sigterm_while_the_daemon_starts_stops_it_gracefully() {
 /// make a sandbox that daemon's next start took for a leftover of its own and
 /// killed mid-run. It is refused now, before anything is made, naming the prefix.
 #[test]
-fn issue6_sandlot_run_refuses_an_id_with_a_daemons_prefix() {
+fn sandlot_run_refuses_an_id_with_a_daemons_prefix() {
     let mut d = Daemon::start(None);
     let id = format!("{}cli", d.prefix);
     let out = std::process::Command::new(api_support::sandlot())
@@ -347,7 +347,7 @@ fn network_traces(prefix: &str) -> Vec<String> {
 /// the daemon's stop included. Owner tasks of re-adopted sandboxes now start after
 /// the network service.
 #[test]
-fn issue6_sandboxes_that_end_while_the_daemon_restarts_release_their_network() {
+fn sandboxes_that_end_while_the_daemon_restarts_release_their_network() {
     let mut d = Daemon::start(None);
     let c = d.client();
     let r = rt();
@@ -421,7 +421,7 @@ fn remove_network_traces(prefix: &str) {
 /// replies were routed into the first one's veths (its sandboxes could not reach
 /// even their own daemon's egress proxy). Each daemon now holds a subnet of its own.
 #[test]
-fn issue6_two_daemons_hand_out_different_addresses_and_both_have_egress() {
+fn two_daemons_hand_out_different_addresses_and_both_have_egress() {
     let mut a = Daemon::start(None);
     let mut b = Daemon::start(None);
     let r = rt();
@@ -460,7 +460,7 @@ fn issue6_two_daemons_hand_out_different_addresses_and_both_have_egress() {
 /// the error "the sandbox ended while the daemon was not running", as if it had been
 /// lost. The stop has simply finished: no error.
 #[test]
-fn issue6_a_stop_that_a_crash_interrupted_finishes_without_an_error() {
+fn a_stop_that_a_crash_interrupted_finishes_without_an_error() {
     let mut d = Daemon::start(None);
     let c = d.client();
     let r = rt();

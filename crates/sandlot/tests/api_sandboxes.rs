@@ -512,7 +512,7 @@ fn cli_commands_and_exit_codes() {
 /// SDK request: a create whose answer was lost can be retried with the same
 /// `Idempotency-Key` without making a second sandbox.
 #[test]
-fn issue3_idempotency_key_makes_create_retry_safe() {
+fn idempotency_key_makes_create_retry_safe() {
     let d = Daemon::start(Some("[quotas]\nmax_sandboxes = 2\n"));
     let c = d.client();
     rt().block_on(async {
@@ -580,7 +580,7 @@ fn cgroup_processes(d: &Daemon, id: &str) -> Vec<String> {
 /// the host's side goes right after, off the request path; a graceful stop of the
 /// daemon right after a burst of deletes leaves nothing behind.
 #[test]
-fn issue3_delete_returns_once_dead_and_cleanup_follows() {
+fn delete_returns_once_dead_and_cleanup_follows() {
     let mut d = Daemon::start(None);
     let c = d.client();
     rt().block_on(async {
@@ -639,7 +639,7 @@ fn issue3_delete_returns_once_dead_and_cleanup_follows() {
 /// a port below 1024, here even as the unprivileged user. With the stock off, PID 1
 /// creates its own namespace (`CLONE_NEWNET`).
 #[test]
-fn issue3_none_sandboxes_join_a_stocked_loopback_namespace() {
+fn none_sandboxes_join_a_stocked_loopback_namespace() {
     let probe = "cat /proc/sys/net/ipv4/ip_unprivileged_port_start; \
                  tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '; \
                  python3 -c 'import socket; s=socket.socket(); s.bind((\"127.0.0.1\", 80)); s.listen(); \
@@ -699,7 +699,7 @@ fn issue3_none_sandboxes_join_a_stocked_loopback_namespace() {
 /// Broken pipe". A closed pipe now ends the command quietly, as it ends other Unix
 /// tools (status 141, SIGPIPE).
 #[test]
-fn issue6_a_closed_pipe_ends_the_cli_quietly() {
+fn a_closed_pipe_ends_the_cli_quietly() {
     let d = Daemon::start(None);
     let id = rt()
         .block_on(d.client().create_sandbox(&CreateSandbox::default()))

@@ -54,7 +54,7 @@ async fn open(c: &Client, coll: &str, who: &str, groups: &[&str]) -> String {
 }
 
 #[test]
-fn issue7_vfs_sessions_prune_by_acl_keep_cwd_and_are_audited() {
+fn vfs_sessions_prune_by_acl_keep_cwd_and_are_audited() {
     let d = Daemon::start(Some(
         "[vfs]\nmax_commands = 12\nmax_output = \"200\"\nsession_idle_timeout = \"4s\"\n",
     ));
@@ -211,7 +211,7 @@ fn issue7_vfs_sessions_prune_by_acl_keep_cwd_and_are_audited() {
 }
 
 #[test]
-fn issue7_vfs_collections_belong_to_their_tenant() {
+fn vfs_collections_belong_to_their_tenant() {
     let d = Daemon::start(None);
     let ta = d.token("alpha");
     let tb = d.token("beta");
@@ -279,7 +279,7 @@ fn issue7_vfs_collections_belong_to_their_tenant() {
 }
 
 #[test]
-fn issue7_vfs_daemon_side_sources_jsonl_and_bad_input() {
+fn vfs_daemon_side_sources_jsonl_and_bad_input() {
     let d0 = Daemon::start(None);
     let src = d0.dir.join("site");
     std::fs::create_dir_all(src.join("a")).unwrap();
@@ -440,7 +440,7 @@ fn issue7_vfs_daemon_side_sources_jsonl_and_bad_input() {
 }
 
 #[test]
-fn issue7_vfs_cli_goes_through_the_daemon() {
+fn vfs_cli_goes_through_the_daemon() {
     let d = Daemon::start(None);
     let site = d.dir.join("site");
     std::fs::create_dir_all(site.join("guides")).unwrap();
@@ -524,7 +524,7 @@ fn issue7_vfs_cli_goes_through_the_daemon() {
 }
 
 #[test]
-fn issue7_scratch_writes_are_private_to_their_session_and_freed_on_close() {
+fn scratch_writes_are_private_to_their_session_and_freed_on_close() {
     let d = Daemon::start(Some(
         "[vfs]\nscratch_default_size = \"1K\"\nscratch_max_size = \"4K\"\n",
     ));

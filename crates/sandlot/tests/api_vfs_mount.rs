@@ -193,7 +193,7 @@ const SAME_AS_A_COPY: &[&str] = &[
 ];
 
 #[test]
-fn issue7_collection_mount_serves_the_pruned_view_to_real_tools_read_only() {
+fn collection_mount_serves_the_pruned_view_to_real_tools_read_only() {
     if !fuse_available() {
         return;
     }
@@ -428,7 +428,7 @@ fn issue7_collection_mount_serves_the_pruned_view_to_real_tools_read_only() {
 }
 
 #[test]
-fn issue7_collection_mounts_are_validated_and_tenant_scoped() {
+fn collection_mounts_are_validated_and_tenant_scoped() {
     if !fuse_available() {
         return;
     }
@@ -555,7 +555,7 @@ fn issue7_collection_mounts_are_validated_and_tenant_scoped() {
 }
 
 #[test]
-fn issue7_collection_mounts_survive_a_daemon_crash_and_leave_nothing_after() {
+fn collection_mounts_survive_a_daemon_crash_and_leave_nothing_after() {
     if !fuse_available() {
         return;
     }

@@ -21,7 +21,7 @@ fn steps_cached(stderr: &str) -> Vec<bool> {
 }
 
 #[test]
-fn issue5_build_toml_and_dockerfile_with_layer_cache() {
+fn build_toml_and_dockerfile_with_layer_cache() {
     let mut d = Daemon::start(None);
     let tmp = d.dir.join("work");
     std::fs::create_dir_all(&tmp).unwrap();

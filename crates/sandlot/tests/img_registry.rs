@@ -269,7 +269,7 @@ async fn stream_lines(c: &sandlot_client::Client, path: &str, body: Value) -> Ve
 }
 
 #[test]
-fn issue5_registry_push_pull_token_auth_and_tampering() {
+fn registry_push_pull_token_auth_and_tampering() {
     api_support::require_root();
     let work = std::env::temp_dir().join(format!("sandlot-registry-test-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&work);
@@ -458,7 +458,7 @@ fn issue5_registry_push_pull_token_auth_and_tampering() {
 /// medians; the peer is importing the same image from a local archive.
 #[test]
 #[ignore]
-fn issue5_registry_throughput_bench() {
+fn registry_throughput_bench() {
     api_support::require_root();
     let work = std::env::temp_dir().join(format!("sandlot-registry-bench-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&work);

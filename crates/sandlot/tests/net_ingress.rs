@@ -56,7 +56,7 @@ fn get_in_ns(ns: &str, addr: &str, path: &str) -> (u16, Vec<u8>) {
 }
 
 #[test]
-fn issue4_proxy_and_published_ports_work_in_modes_allow_and_open() {
+fn proxy_and_published_ports_work_in_modes_allow_and_open() {
     let world = World::new();
     let mut d = NetDaemon::start(&world, "");
     let rt = rt();

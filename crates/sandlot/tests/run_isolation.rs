@@ -274,7 +274,7 @@ fn rootfs_directory_is_an_idmapped_overlay() {
 /// git, write-temp-then-rename): the landlock ruleset grants REFER. Device nodes
 /// stay refused.
 #[test]
-fn issue3_rename_across_directories_works_for_sandboxed_code() {
+fn rename_across_directories_works_for_sandboxed_code() {
     let id = unique_id("rename");
     let script = r#"python3 - <<'EOF'
 import os
@@ -301,7 +301,7 @@ EOF"#;
 /// whether they are new (the `host` image), already there with another mode, or a
 /// symlink to another directory of the image (`--rootfs`).
 #[test]
-fn issue2_skeleton_directories_keep_their_modes_and_owners() {
+fn skeleton_directories_keep_their_modes_and_owners() {
     let probe = "stat -c '%a %U %G %n' /etc /tmp /var/tmp /root /home/user /run";
     let id = unique_id("skel");
     let (code, out, err) = sh(&id, &[], probe);
@@ -361,7 +361,7 @@ fn own_superblocks(mountinfo: &str) -> Vec<(String, String)> {
 /// directory is empty and refuses new entries, `/dev/shm` is a sticky directory any
 /// user can write, and nothing of the mask source is left in `/dev`.
 #[test]
-fn issue6_masks_and_dev_make_no_superblocks_of_their_own() {
+fn masks_and_dev_make_no_superblocks_of_their_own() {
     let script = "cat /proc/self/mountinfo; echo ===; \
          ls -A /proc/acpi 2>&1 | wc -l; mkdir /proc/acpi/x 2>/dev/null && echo acpi-writable; \
          ls -A /dev | tr '\\n' ' '; echo; stat -c '%a' /dev/shm; \

@@ -225,7 +225,7 @@ fn pty_session_sees_a_terminal_and_its_size() {
 /// Regression (issue 2): PID 1's `ready` line could reach the host before the helper's
 /// `pid` line, and about one create in sixty failed with "exited without reporting".
 #[test]
-fn issue2_create_survives_the_ready_pid_race() {
+fn create_survives_the_ready_pid_race() {
     for i in 0..80 {
         let id = unique_id("race");
         let o = run(&id, &["--", "/bin/true"]);

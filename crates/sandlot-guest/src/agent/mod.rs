@@ -471,7 +471,7 @@ mod tests {
     use sandlot_proto::guest::DATA_CHUNK;
 
     #[test]
-    fn issue6_the_read_buffer_is_allocated_at_the_first_read() {
+    fn the_read_buffer_is_allocated_at_the_first_read() {
         let mut s = Scratch::default();
         // Nothing held before a read needs it.
         assert_eq!(s.0.capacity(), 0);

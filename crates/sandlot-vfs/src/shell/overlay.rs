@@ -851,7 +851,7 @@ mod tests {
     }
 
     #[test]
-    fn issue7_whiteouts_hide_removed_documents_from_every_read() {
+    fn whiteouts_hide_removed_documents_from_every_read() {
         let fx = fixture();
         let v = &*fx.view;
         let mut sc = Scratch::new(v.tree().len(), limits(1 << 20, 100));
@@ -878,7 +878,7 @@ mod tests {
     }
 
     #[test]
-    fn issue7_rename_over_an_existing_file_keeps_identity_and_content() {
+    fn rename_over_an_existing_file_keeps_identity_and_content() {
         let fx = fixture();
         let v = &*fx.view;
         let mut sc = Scratch::new(v.tree().len(), limits(1 << 20, 100));
@@ -911,7 +911,7 @@ mod tests {
     }
 
     #[test]
-    fn issue7_recursive_removal_of_a_collection_directory() {
+    fn recursive_removal_of_a_collection_directory() {
         let fx = fixture();
         let v = &*fx.view;
         let mut sc = Scratch::new(v.tree().len(), limits(1 << 20, 100));
@@ -936,7 +936,7 @@ mod tests {
     }
 
     #[test]
-    fn issue7_size_and_entry_limits_are_no_space_left() {
+    fn size_and_entry_limits_are_no_space_left() {
         let fx = fixture();
         let v = &*fx.view;
         let mut sc = Scratch::new(v.tree().len(), limits(10, 2));
@@ -970,7 +970,7 @@ mod tests {
     }
 
     #[test]
-    fn issue7_targets_split_parent_and_name() {
+    fn targets_split_parent_and_name() {
         let fx = fixture();
         let fs = Fs::new(&fx.view, None);
         let a = at(&fs, "/a").unwrap();

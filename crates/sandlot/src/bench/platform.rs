@@ -1467,7 +1467,7 @@ mod tests {
     }
 
     #[test]
-    fn issue6_a_bursts_cpu_time_gives_the_in_turn_floor_of_its_p50() {
+    fn a_bursts_cpu_time_gives_the_in_turn_floor_of_its_p50() {
         // 30 jiffies busy, 4 of them stolen, at 100 per second: 260 ms of our CPU.
         let spent = cpu_ms_spent(ticks(100, 1000, 6), ticks(130, 1100, 10), 100).unwrap();
         assert!((spent - 260.0).abs() < 1e-9, "{spent}");
@@ -1505,7 +1505,7 @@ mod tests {
     }
 
     #[test]
-    fn issue6_steal_share_flags_a_contended_host() {
+    fn steal_share_flags_a_contended_host() {
         // 10 of 400 ticks stolen: 2.5 %, above the warning line.
         let s = steal_share(ticks(100, 1000, 40), ticks(300, 1400, 50)).unwrap();
         assert!((s - 0.025).abs() < 1e-9, "{s}");
@@ -1557,7 +1557,7 @@ mod tests {
     /// same work in the same run; an exec round trip with the host spawning the
     /// same command.
     #[test]
-    fn issue6_ratios_compare_with_the_peer_doing_the_same_work() {
+    fn ratios_compare_with_the_peer_doing_the_same_work() {
         let r = |section, name: &str, ms: u64| row(section, name, vec![Duration::from_millis(ms)]);
         let rows = vec![
             r("tti", "sandlot sequential (none)", 3),
