@@ -21,6 +21,7 @@ use sandlot_proto::units::Seconds;
 use serde::{Deserialize, Serialize};
 
 pub mod admission;
+pub mod audit_rate;
 pub mod dns;
 pub mod nfnl;
 pub mod nft;
@@ -355,6 +356,8 @@ pub struct Shared {
     pub dns: EgressCaps,
     pub timeouts: RelayTimeouts,
     pub stats: EgressStats,
+    /// Each sandbox's budget of audit entries ([`audit_rate`]).
+    pub audit_budget: std::sync::Mutex<HashMap<String, audit_rate::AuditBudget>>,
 }
 
 impl Shared {
@@ -417,7 +420,27 @@ impl Shared {
         });
     }
 
-    pub fn record(&self, ev: AuditEvent) {
+    /// Writes an audit entry, within the sandbox's budget of entries ([`audit_rate`]):
+    /// past it, the entry is counted and left out, and the next one written says how
+    /// many were.
+    pub fn record(&self, mut ev: AuditEvent) {
+        let admitted = self
+            .audit_budget
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(ev.sandbox.clone())
+            .or_default()
+            .admit(ev.at_ms);
+        match admitted {
+            None => {
+                self.stats.audit_dropped.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            Some(0) => {}
+            Some(n) => ev.reason.push_str(&format!(
+                "; {n} earlier entries of this sandbox were not logged (audit rate limit)"
+            )),
+        }
         tracing::debug!(
             sandbox = %ev.sandbox,
             kind = ev.kind.as_str(),
@@ -474,6 +497,8 @@ pub struct EgressStats {
     refused: [[AtomicU64; 3]; 2],
     closed_idle: AtomicU64,
     closed_half: AtomicU64,
+    /// Audit entries left out by the per-sandbox rate limit.
+    audit_dropped: AtomicU64,
 }
 
 /// An open proxied connection, counted until dropped.
@@ -533,6 +558,8 @@ pub struct EgressSnapshot {
     pub refused: Vec<(&'static str, &'static str, u64)>,
     pub closed_idle: u64,
     pub closed_half_closed: u64,
+    /// Audit entries left out by the per-sandbox rate limit.
+    pub audit_dropped: u64,
     /// Descriptors of the egress budget held now, and its size.
     pub descriptors_held: usize,
     pub descriptors_cap: usize,
@@ -629,6 +656,7 @@ impl NetService {
                 half_closed: cfg.half_close_timeout.0,
             },
             stats: EgressStats::default(),
+            audit_budget: std::sync::Mutex::new(HashMap::new()),
         });
         let io = |what: &str| {
             let what = what.to_string();
@@ -798,6 +826,7 @@ impl NetService {
             refused,
             closed_idle: st.closed_idle.load(Ordering::Relaxed),
             closed_half_closed: st.closed_half.load(Ordering::Relaxed),
+            audit_dropped: st.audit_dropped.load(Ordering::Relaxed),
             descriptors_held: sh.conns.budget.used(),
             descriptors_cap: sh.conns.budget.cap(),
         }
@@ -841,6 +870,11 @@ impl NetService {
                 .write()
                 .unwrap_or_else(|e| e.into_inner())
                 .remove(&a.slot.sandbox_ip);
+            self.shared
+                .audit_budget
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(id);
             a.generation.send_modify(|g| *g += 1);
             self.pool.release(a.slot.clone());
         }

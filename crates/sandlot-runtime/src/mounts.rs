@@ -76,6 +76,18 @@ pub enum Kind {
     File,
 }
 
+/// A secret's value in a plan: serialized as the string, never shown by `Debug` (a
+/// plan or mount op in a log line must not carry it).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct SecretText(pub String);
+
+impl std::fmt::Debug for SecretText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "<secret, {} bytes>", self.0.len())
+    }
+}
+
 /// One step of building the sandbox filesystem. Paths are inside the sandbox.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum MountOp {
@@ -100,7 +112,7 @@ pub enum MountOp {
     /// resolve there).
     SecretFile {
         path: String,
-        contents: String,
+        contents: SecretText,
         mode: u32,
         uid: Option<u32>,
         gid: Option<u32>,
@@ -564,7 +576,7 @@ pub fn plan_mounts(inp: &PlanInput<'_>) -> Result<MountPlan, MountError> {
         for f in inp.secret_files {
             ops.push(MountOp::SecretFile {
                 path: f.path.clone(),
-                contents: f.contents.clone(),
+                contents: SecretText(f.contents.clone()),
                 mode: f.mode,
                 uid: f.uid,
                 gid: f.gid,
@@ -669,6 +681,23 @@ mod tests {
             pinned: None,
         })
         .unwrap()
+    }
+
+    #[test]
+    fn a_secret_value_never_shows_in_a_plans_debug_output() {
+        let op = MountOp::SecretFile {
+            path: "/run/secrets/token".into(),
+            contents: SecretText("hunter2-value".into()),
+            mode: 0o400,
+            uid: None,
+            gid: None,
+            user: "app".into(),
+        };
+        let shown = format!("{op:?}");
+        assert!(
+            !shown.contains("hunter2-value") && shown.contains("/run/secrets/token"),
+            "{shown}"
+        );
     }
 
     #[test]
@@ -1124,7 +1153,7 @@ mod tests {
             [
                 MountOp::SecretFile {
                     path: "/run/secrets/token".into(),
-                    contents: "s3cret".into(),
+                    contents: SecretText("s3cret".into()),
                     mode: 0o400,
                     uid: None,
                     gid: None,
@@ -1132,7 +1161,7 @@ mod tests {
                 },
                 MountOp::SecretFile {
                     path: "/run/secrets/shared".into(),
-                    contents: "x".into(),
+                    contents: SecretText("x".into()),
                     mode: 0o440,
                     uid: Some(0),
                     gid: Some(100),

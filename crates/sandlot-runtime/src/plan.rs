@@ -10,12 +10,24 @@ use crate::mounts::MountPlan;
 /// Width of each sandbox's uid/gid range: ids 0..65535 inside.
 pub const ID_RANGE: u32 = 65536;
 
-/// Defaults of the processes the agent starts.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// Defaults of the processes the agent starts. `Debug` shows the variables' names only:
+/// a value may be a secret.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AgentSetup {
     pub env: Vec<(String, String)>,
     pub default_user: String,
     pub default_cwd: Option<String>,
+}
+
+impl std::fmt::Debug for AgentSetup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.env.iter().map(|(k, _)| k.as_str()).collect();
+        f.debug_struct("AgentSetup")
+            .field("env_names", &names)
+            .field("default_user", &self.default_user)
+            .field("default_cwd", &self.default_cwd)
+            .finish()
+    }
 }
 
 /// What the `__init` helper does, as data.

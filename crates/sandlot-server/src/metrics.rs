@@ -267,8 +267,11 @@ pub fn render_egress(o: &mut String, e: &sandlot_net::EgressSnapshot) {
         "# HELP sandlot_egress_closed_total Proxied connections closed by a timeout.\n\
          # TYPE sandlot_egress_closed_total counter\n\
          sandlot_egress_closed_total{{reason=\"idle\"}} {}\n\
-         sandlot_egress_closed_total{{reason=\"half_closed\"}} {}",
-        e.closed_idle, e.closed_half_closed
+         sandlot_egress_closed_total{{reason=\"half_closed\"}} {}\n\
+         # HELP sandlot_egress_audit_dropped_total Egress audit entries left out by the per-sandbox rate limit.\n\
+         # TYPE sandlot_egress_audit_dropped_total counter\n\
+         sandlot_egress_audit_dropped_total {}",
+        e.closed_idle, e.closed_half_closed, e.audit_dropped
     );
 }
 

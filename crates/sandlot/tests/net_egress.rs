@@ -559,3 +559,100 @@ fn a_sandbox_holding_connections_open_cannot_exhaust_the_daemon() {
     d.stop(&rt);
     assert_clean(&world, &d);
 }
+
+/// The attack: a sandbox asks for a denied name in a tight loop (each denial takes the
+/// proxy microseconds, each used to be a database row under the store lock). Its audit
+/// log stays within the per-sandbox budget, a later entry says how many were left out,
+/// and the metrics count them.
+#[test]
+fn a_sandbox_retrying_a_denied_name_cannot_flood_the_audit_log() {
+    let world = World::new();
+    let mut d = NetDaemon::start(&world, "");
+    let rt = rt();
+    let c = d.client();
+    rt.block_on(async {
+        let id = create(
+            &c,
+            json!({"mode": "allow", "allow": [{"domain": "allowed.test"}]}),
+            &world,
+        )
+        .await;
+        let ip = addr_of("denied.test");
+        let script = format!(
+            r#"
+import socket, time
+t = time.time()
+n = 0
+while n < 3000 and time.time() - t < 20:
+    s = socket.create_connection(('{ip}', 80), timeout=5)
+    try:
+        s.sendall(b'GET / HTTP/1.1\r\nHost: denied.test\r\n\r\n')
+        s.recv(100)
+    except OSError:
+        pass
+    s.close()
+    n += 1
+print(n, round(time.time() - t, 2))
+"#
+        );
+        let o = c.run(&id, &["python3", "-c", &script]).await.unwrap();
+        let out = String::from_utf8_lossy(&o.stdout).to_string();
+        assert_eq!(
+            o.exit.code,
+            Some(0),
+            "{out}{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let mut it = out.split_whitespace();
+        let attempts: u64 = it.next().unwrap().parse().unwrap();
+        let secs: f64 = it.next().unwrap().parse().unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let mut entries = Vec::new();
+        let mut after = None;
+        loop {
+            let page = c.network_log(&id, after, Some(1000)).await.unwrap().entries;
+            let Some(last) = page.last() else { break };
+            after = Some(last.seq);
+            entries.extend(page);
+        }
+        let denied = entries
+            .iter()
+            .filter(|e| e.kind == "tcp" && e.decision == "denied")
+            .count() as u64;
+        eprintln!(
+            "{attempts} attempts in {secs} s, {} audit entries ({denied} tcp denials)",
+            entries.len()
+        );
+        // The budget: 200 at once and 50 a second (plus a second of slack for the clock).
+        let budget = 200 + (50.0 * (secs + 2.0)) as u64;
+        assert!(
+            attempts > budget,
+            "the loop was too slow to test the limit: {attempts} in {secs} s"
+        );
+        assert!(
+            entries.len() as u64 <= budget,
+            "{} entries for {attempts} attempts",
+            entries.len()
+        );
+        assert!(
+            denied >= 200,
+            "the first denials are logged one by one: {denied}"
+        );
+        assert!(
+            entries
+                .iter()
+                .any(|e| e.reason.contains("were not logged (audit rate limit)")),
+            "no entry says how many were left out"
+        );
+        let m = c.metrics().await.unwrap();
+        let dropped = metric(&m, "sandlot_egress_audit_dropped_total");
+        assert!(
+            dropped + entries.len() as u64 >= attempts,
+            "{dropped} dropped, {} logged, {attempts} attempts",
+            entries.len()
+        );
+        c.delete_sandbox(&id).await.unwrap();
+    });
+    d.stop(&rt);
+    assert_clean(&world, &d);
+}

@@ -479,7 +479,7 @@ pub fn apply_with_trees(
                     }
                 };
                 let (pfd, name) = parents.get(r, path).map_err(apply_err("write", path))?;
-                write_owned_at(pfd, &name, contents.as_bytes(), *mode, uid, gid)
+                write_owned_at(pfd, &name, contents.0.as_bytes(), *mode, uid, gid)
                     .map_err(apply_err("write", path))?;
             }
             MountOp::Bind {
