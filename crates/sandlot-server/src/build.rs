@@ -487,7 +487,7 @@ async fn run_in(
         st.images
             .snapshot_as(
                 &hid.id,
-                &hid.inst.cgroup,
+                &*hid.inst,
                 STEP_DISK.bytes(),
                 Commit {
                     config: &Default::default(),

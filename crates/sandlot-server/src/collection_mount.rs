@@ -334,9 +334,9 @@ impl CollectionMounts {
     /// Moves the helpers of sandbox `id` into its cgroup (their memory and CPU count
     /// against it; its teardown kills them). A failure is logged: the helpers then stay
     /// the daemon's and are removed by [`Self::release`] all the same.
-    pub fn attach(&self, id: &str, cgroup: &sandlot_runtime::cgroup::Cgroup) {
+    pub fn attach(&self, id: &str, inst: &dyn sandlot_runtime::Instance) {
         for c in self.children().get(id).into_iter().flatten() {
-            if let Err(e) = cgroup.attach(c.id() as i32) {
+            if let Err(e) = inst.add_helper(c.id() as i32) {
                 tracing::warn!(sandbox_id = %id, "move collection mount helper {} into the sandbox's cgroup: {e}", c.id());
             }
         }

@@ -415,7 +415,7 @@ impl Images {
     }
 
     /// Turns a running sandbox's writable layer into a new image whose parent is
-    /// the sandbox's image. The cgroup is frozen while the layer is read. The image
+    /// the sandbox's image. The sandbox is held still while the layer is read. The image
     /// belongs to `tenant`, the sandbox's (see the module's notes); `tag` is in the
     /// namespace of whoever asked (`scope`; `None`: the operator's, shared). What
     /// the layer expands to is bounded by the sandbox's disk limit `disk` (and the
@@ -425,13 +425,13 @@ impl Images {
         id: &str,
         tenant: &str,
         scope: Option<&str>,
-        cgroup: &sandlot_runtime::cgroup::Cgroup,
+        inst: &dyn sandlot_runtime::Instance,
         tag: Option<&ImageName>,
         disk: u64,
     ) -> Result<(ImageInfo, Duration), ApiError> {
         self.snapshot_as(
             id,
-            cgroup,
+            inst,
             disk,
             Commit {
                 config: &Default::default(),
@@ -451,7 +451,7 @@ impl Images {
     pub fn snapshot_as(
         &self,
         id: &str,
-        cgroup: &sandlot_runtime::cgroup::Cgroup,
+        inst: &dyn sandlot_runtime::Instance,
         disk: u64,
         c: Commit,
     ) -> Result<(ImageInfo, Duration), ApiError> {
@@ -472,15 +472,15 @@ impl Images {
         let limit = self.limit(Some(disk));
         let what = format!("the writable layer of sandbox {id}");
         let t0 = Instant::now();
-        cgroup
-            .freeze(true, Duration::from_secs(5))
+        let still = inst
+            .hold_still(Duration::from_secs(5))
             .map_err(|e| ApiError::internal(format!("freeze sandbox {id}: {e}")))?;
         // Only reading the writable layer needs the sandbox frozen; storing and
         // unpacking the layer happen after the thaw.
         let packed = self
             .store
             .pack_dir(&upper, &mut Budget::new(Some(&limit), &what));
-        let thawed = cgroup.freeze(false, Duration::from_secs(5));
+        let thawed = still.release();
         let took = t0.elapsed();
         thawed.map_err(|e| ApiError::internal(format!("thaw sandbox {id}: {e}")))?;
         let img = self

@@ -35,7 +35,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use sandlot_runtime::host_lock::HostLock;
-use sandlot_runtime::{NamespaceBackend, RuntimeConfig};
+use sandlot_runtime::{Backend, NamespaceBackend, RuntimeConfig};
 
 pub use config::ServerConfig;
 
@@ -224,7 +224,7 @@ pub async fn serve(
         "descriptors: kept for the operator socket and sandboxes, for TCP clients, for egress"
     );
     let store = Store::open(&cfg.db_path())?;
-    let mut rc = RuntimeConfig::new(init_exe);
+    let mut rc = RuntimeConfig::new(init_exe.clone());
     rc.run_dir = cfg.runtime.run_dir.clone();
     rc.cgroup_parent = cfg.runtime.cgroup_parent.clone();
     rc.fork_server = cfg.runtime.fork_server;
@@ -297,7 +297,8 @@ pub async fn serve(
             path: PathBuf::from(format!("{:?}", cfg.e2b.listen)),
             source,
         })?;
-    let state = Arc::new(AppState::new(cfg, store, runtime, images, plan));
+    let runtime: Arc<dyn Backend> = Arc::new(runtime);
+    let state = Arc::new(AppState::new(cfg, store, runtime, images, plan, init_exe));
     let mut rep = sandbox::reconcile(&state).await?;
     // No create runs yet: keys of creates a crash interrupted are free again.
     if let Err(e) = state.store.release_unbound_idempotency_keys() {
@@ -414,6 +415,30 @@ pub async fn serve(
         "daemon stopped; live sandboxes keep running"
     );
     Ok(())
+}
+
+/// The daemon's shared state over `runtime`, without its listeners, start-up
+/// reconcile or network service: opens the database and the image store under
+/// `cfg.data_dir`. `helper_exe` is the `sandlot` binary (collection mount helpers).
+/// For serving [`routes::router`] in-process, as the tests over the fake backend
+/// (`sandlot_runtime::process_backend`) do; `sandlot serve` uses [`serve`].
+pub fn open_state(
+    cfg: ServerConfig,
+    runtime: Arc<dyn Backend>,
+    helper_exe: PathBuf,
+) -> Result<Arc<AppState>, ServerError> {
+    std::fs::create_dir_all(&cfg.data_dir).map_err(io("create", &cfg.data_dir))?;
+    let store = Store::open(&cfg.db_path())?;
+    let images = images::Images::open(
+        &cfg.data_dir,
+        cfg.mounts.allowed_host_paths.clone(),
+        cfg.images.max_expanded_size.bytes(),
+    )
+    .map_err(ServerError::Images)?;
+    let plan = inbound::DescriptorPlan::new(1024, &cfg.connections);
+    Ok(Arc::new(AppState::new(
+        cfg, store, runtime, images, plan, helper_exe,
+    )))
 }
 
 /// Logs where the sandboxes' run directories live: a disk file system makes every

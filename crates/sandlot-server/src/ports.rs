@@ -3,22 +3,24 @@
 //! the host (table `published_ports`, re-established after a daemon restart for
 //! the sandboxes that survived it).
 //!
-//! The daemon reaches a sandbox port the same way whatever the network mode: a
-//! short-lived thread enters the sandbox's network namespace (`setns` on the
-//! pidfd of its PID 1), creates the socket there, and hands it to tokio. The
+//! The daemon reaches a sandbox port the same way whatever the network mode: the
+//! sandbox's instance makes a socket inside the sandbox's network
+//! ([`sandlot_runtime::Instance::port_sockets`]; the namespace backend's enters its
+//! network namespace on a short-lived thread), and tokio connects it. The
 //! connection then goes to the sandbox's loopback, so a server bound to
 //! 127.0.0.1 inside is reachable; nothing in the host's network is opened.
 
 use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rusqlite::params;
 use sandlot_proto::api::ports::{PublishPort, PublishedPort};
+use sandlot_runtime::PortSockets;
 use serde::Deserialize;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -114,43 +116,27 @@ impl DialError {
     }
 }
 
-/// Creates a TCP socket (IPv4, and IPv6 when the namespace has it) inside the
-/// network namespace of the process behind `pidfd`, on a thread of its own: the
-/// namespace of a socket is fixed when it is created, so the socket can then be
-/// used from any thread.
-async fn sockets_in(pidfd: OwnedFd) -> io::Result<(OwnedFd, Option<OwnedFd>)> {
-    use rustix::net::{socket_with, AddressFamily, SocketFlags, SocketType};
+/// Sockets inside the sandbox's network (IPv4, and IPv6 when it has it), made
+/// by its instance on a thread of the backend's.
+async fn sockets_in(inst: &dyn sandlot_runtime::Instance) -> io::Result<PortSockets> {
     let (tx, rx) = tokio::sync::oneshot::channel();
-    std::thread::Builder::new()
-        .name("sandlot-port-dial".into())
-        .spawn(move || {
-            let r = (|| -> io::Result<(OwnedFd, Option<OwnedFd>)> {
-                rustix::thread::move_into_thread_name_spaces(
-                    pidfd.as_fd(),
-                    rustix::thread::ThreadNameSpaceType::NETWORK,
-                )?;
-                let flags = SocketFlags::CLOEXEC | SocketFlags::NONBLOCK;
-                let v4 = socket_with(AddressFamily::INET, SocketType::STREAM, flags, None)?;
-                let v6 = socket_with(AddressFamily::INET6, SocketType::STREAM, flags, None).ok();
-                Ok((v4, v6))
-            })();
-            // This thread ends here, so its namespace never leaks to other work.
-            let _ = tx.send(r);
-        })?;
+    inst.port_sockets(Box::new(move |r| {
+        let _ = tx.send(r);
+    }));
     rx.await
-        .map_err(|_| io::Error::other("the dialling thread panicked"))?
+        .map_err(|_| io::Error::other("the dialling thread ended without an answer"))?
 }
 
 /// Connects to `port` on the loopback of the sandbox (127.0.0.1, then ::1).
 pub async fn dial(h: &SandboxHandle, port: u16) -> Result<TcpStream, DialError> {
     let io_err = |source| DialError::Io { port, source };
-    let pidfd = h.inst.pidfd.try_clone().map_err(io_err)?;
-    let (v4, v6) = sockets_in(pidfd)
-        .await
-        .map_err(|e| match e.raw_os_error() {
-            Some(libc::ESRCH) => DialError::Gone,
-            _ => io_err(e),
-        })?;
+    let PortSockets { v4, v6 } =
+        sockets_in(&*h.inst)
+            .await
+            .map_err(|e| match e.raw_os_error() {
+                Some(libc::ESRCH) => DialError::Gone,
+                _ => io_err(e),
+            })?;
     let attempt = |fd: OwnedFd, addr: SocketAddr| async move {
         let sock = tokio::net::TcpSocket::from_std_stream(std::net::TcpStream::from(fd));
         match tokio::time::timeout(DIAL_TIMEOUT, sock.connect(addr)).await {

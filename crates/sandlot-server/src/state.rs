@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use sandlot_runtime::NamespaceBackend;
+use sandlot_runtime::Backend;
 
 use crate::config::ServerConfig;
 use crate::metrics::Metrics;
@@ -15,7 +15,8 @@ use crate::store::Store;
 pub struct AppState {
     pub cfg: Arc<ServerConfig>,
     pub store: Arc<Store>,
-    pub runtime: Arc<NamespaceBackend>,
+    /// The isolation backend: the daemon's only way to sandboxes.
+    pub runtime: Arc<dyn Backend>,
     pub metrics: Metrics,
     pub pools: crate::pool::Pools,
     /// Admission of cold creates (`runtime.max_concurrent_creates`).
@@ -98,18 +99,17 @@ impl AppState {
     pub fn new(
         cfg: ServerConfig,
         store: Store,
-        runtime: NamespaceBackend,
+        runtime: Arc<dyn Backend>,
         images: crate::images::Images,
         descriptors: crate::inbound::DescriptorPlan,
+        helper_exe: std::path::PathBuf,
     ) -> AppState {
         let pools = crate::pool::Pools::new(&cfg.pools);
         let create_slots = tokio::sync::Semaphore::new(cfg.runtime.create_concurrency());
         let claim_slots = tokio::sync::Semaphore::new(cfg.runtime.create_concurrency());
         let vfs = crate::vfs::VfsService::new(&cfg.data_dir, cfg.vfs.clone());
-        let collection_mounts = crate::collection_mount::CollectionMounts::new(
-            &cfg.data_dir,
-            runtime.config().init_exe.clone(),
-        );
+        let collection_mounts =
+            crate::collection_mount::CollectionMounts::new(&cfg.data_dir, helper_exe);
         let inbound = crate::inbound::Inbound::new(&cfg.connections, descriptors.inbound);
         let egress_descriptors = sandlot_net::admission::Budget::new(descriptors.egress);
         AppState {
@@ -125,7 +125,7 @@ impl AppState {
             images: Arc::new(images),
             cfg: Arc::new(cfg),
             store: Arc::new(store),
-            runtime: Arc::new(runtime),
+            runtime,
             metrics: Metrics::default(),
             live: Mutex::new(HashMap::new()),
             shutting_down: AtomicBool::new(false),

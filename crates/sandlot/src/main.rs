@@ -5,6 +5,7 @@
 
 use clap::{Parser, Subcommand};
 
+mod agent_cmd;
 mod api_cmd;
 mod bench;
 #[cfg(feature = "memory")]
@@ -56,6 +57,13 @@ fn main() {
     // The daemon's fork server, which forks those helpers (see sandlot_runtime::zygote).
     if std::env::args_os().nth(1).is_some_and(|a| a == "__zygote") {
         sandlot_runtime::zygote::main(run::agent_main);
+    }
+    // The guest agent as a plain process (see agent_cmd).
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == agent_cmd::AGENT_ARG)
+    {
+        agent_cmd::main();
     }
     // The daemon's server of one collection mount (see sandlot_server::collection_mount).
     if std::env::args_os()

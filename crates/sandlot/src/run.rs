@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use sandlot_proto::spec::SandboxSpec;
 use sandlot_runtime::init::AgentStart;
-use sandlot_runtime::{Backend, CreateOptions, NamespaceBackend, RuntimeConfig, SandboxInstance};
+use sandlot_runtime::{CreateOptions, Instance, NamespaceBackend, RuntimeConfig};
 
 use crate::spec_flags::{read_object, SpecFlags};
 use crate::EXIT_SANDLOT_ERROR;
@@ -148,16 +148,15 @@ pub fn agent_main(start: AgentStart) -> std::io::Result<()> {
 }
 
 /// Removes the sandbox however the run ends.
-struct Guard<'a> {
-    be: &'a NamespaceBackend,
-    sb: Option<SandboxInstance>,
+struct Guard {
+    sb: Option<sandlot_runtime::namespace::NamespaceInstance>,
 }
 
-impl Drop for Guard<'_> {
+impl Drop for Guard {
     fn drop(&mut self) {
         if let Some(sb) = self.sb.take() {
-            if let Err(e) = self.be.terminate(&sb) {
-                eprintln!("sandlot: tear down sandbox {}: {e}", sb.id);
+            if let Err(e) = sb.terminate() {
+                eprintln!("sandlot: tear down sandbox {}: {e}", sb.id());
             }
         }
     }
@@ -174,7 +173,7 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
     let (life_r, life_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
         .context("create lifeline pipe")?;
     let sb = be
-        .create(
+        .create_instance(
             &id,
             &spec,
             CreateOptions {
@@ -184,17 +183,14 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
             },
         )
         .with_context(|| format!("create sandbox {id}"))?;
-    let guard = Guard {
-        be: &be,
-        sb: Some(sb),
-    };
+    let guard = Guard { sb: Some(sb) };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     let socket = guard
         .sb
         .as_ref()
-        .map(|s| s.socket.clone())
+        .map(|s| s.agent_socket().to_path_buf())
         .expect("sandbox");
     let lifetime = spec.timeout.map(|t| t.duration());
     let code = rt.block_on(crate::run_session::session(&socket, &a, lifetime));
@@ -217,15 +213,12 @@ pub fn bench_in_process(n: usize, fork_server: bool) -> anyhow::Result<Vec<Durat
     for _ in 0..n {
         let id = run_id(None, &daemon_prefixes, random_id)?;
         let t = Instant::now();
-        let sb = be.create(&id, &spec, CreateOptions::default())?;
-        let guard = Guard {
-            be: &be,
-            sb: Some(sb),
-        };
+        let sb = be.create_instance(&id, &spec, CreateOptions::default())?;
+        let guard = Guard { sb: Some(sb) };
         let socket = guard
             .sb
             .as_ref()
-            .map(|s| s.socket.clone())
+            .map(|s| s.agent_socket().to_path_buf())
             .expect("sandbox");
         let code = rt.block_on(crate::run_session::exec_true(&socket))?;
         drop(guard);

@@ -418,7 +418,7 @@ pub async fn snapshot(
             &h2.id,
             &h2.tenant,
             scope,
-            &h2.inst.cgroup,
+            &*h2.inst,
             tag.as_ref(),
             h2.disk_limit,
         )?;

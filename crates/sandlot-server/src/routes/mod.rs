@@ -197,11 +197,8 @@ fn metrics_response(state: &AppState) -> Response {
         let mut text = state.metrics.render();
         state.pools.render(&mut text);
         crate::metrics::render_teardowns(&mut text, state.teardowns.pending());
-        crate::metrics::render_stocks(
-            &mut text,
-            state.runtime.stocked_cgroups(),
-            state.runtime.stocked_netns(),
-        );
+        let stock = state.runtime.stock();
+        crate::metrics::render_stocks(&mut text, stock.cgroups, stock.netns);
         state.inbound.render(&mut text);
         let egress = match state.net.get() {
             Some(Ok(svc)) => svc.stats(),

@@ -1,0 +1,173 @@
+//! What a running sandbox offers its owner, whatever isolates it: the [`Instance`]
+//! trait. The daemon reaches a sandbox only through it (and its [`crate::Backend`]),
+//! never through a backend's own types.
+
+use std::fmt;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use crate::cgroup::Usage;
+use crate::RuntimeError;
+
+/// Sockets made inside a sandbox's network, for the host to connect to a port
+/// listening on the sandbox's loopback: IPv4, and IPv6 when the sandbox has it.
+/// Both are non-blocking and close-on-exec, not yet connected.
+#[derive(Debug)]
+pub struct PortSockets {
+    pub v4: OwnedFd,
+    pub v6: Option<OwnedFd>,
+}
+
+/// Where [`Instance::port_sockets`] delivers its sockets (on a thread of the
+/// backend's choosing).
+pub type PortSocketsReply = Box<dyn FnOnce(io::Result<PortSockets>) + Send>;
+
+/// A sandbox held still, so that its writable layer can be read as one state.
+/// Dropping it lets the sandbox run again; [`Stillness::release`] says whether
+/// that worked.
+pub struct Stillness<'a> {
+    release: Option<Box<dyn FnOnce() -> Result<(), RuntimeError> + 'a>>,
+}
+
+impl<'a> Stillness<'a> {
+    /// A hold that `release` ends.
+    pub fn new(release: impl FnOnce() -> Result<(), RuntimeError> + 'a) -> Stillness<'a> {
+        Stillness {
+            release: Some(Box::new(release)),
+        }
+    }
+
+    /// Lets the sandbox run again.
+    pub fn release(mut self) -> Result<(), RuntimeError> {
+        match self.release.take() {
+            Some(f) => f(),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Stillness<'_> {
+    fn drop(&mut self) {
+        if let Some(f) = self.release.take() {
+            let _ = f();
+        }
+    }
+}
+
+impl fmt::Debug for Stillness<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Stillness")
+            .field("held", &self.release.is_some())
+            .finish()
+    }
+}
+
+/// A running sandbox, as its owner on the host sees it. Made by a
+/// [`crate::Backend`] (`create`, or `adopt` after a restart of the owner).
+///
+/// Blocking methods are meant for threads that may block (the daemon calls them
+/// on its blocking pool).
+pub trait Instance: Send + Sync + fmt::Debug {
+    /// The sandbox's id.
+    fn id(&self) -> &str;
+
+    /// The host pid the owner records to find the sandbox again after a restart
+    /// ([`crate::Backend::adopt`]): the namespace backend's PID 1.
+    fn pid(&self) -> i32;
+
+    /// The agent's stream: a Unix socket on the host where the guest agent accepts
+    /// connections of the guest protocol.
+    fn agent_socket(&self) -> &Path;
+
+    /// A new descriptor that becomes readable once the sandbox has ended on its
+    /// own or been killed (a pidfd), for an event loop to watch.
+    fn exit_watch(&self) -> io::Result<OwnedFd>;
+
+    /// Waits up to `timeout` for the sandbox to end; its wait status (as
+    /// `waitpid` reports it) when the owner learned it. Blocking.
+    fn wait_exit(&self, timeout: Duration) -> Option<i32>;
+
+    /// Kills every process of the sandbox and waits up to `timeout` for it to end;
+    /// the wait status when the owner learned it. Once this returns a status,
+    /// nothing of the sandbox runs any more. Blocking.
+    fn kill(&self, timeout: Duration) -> Option<i32>;
+
+    /// Kills whatever is left and removes every trace of the sandbox on the host
+    /// (cgroups, run directory, the backend's state). Blocking.
+    fn terminate(&self) -> Result<(), RuntimeError>;
+
+    /// Resource accounting now; `None` when the sandbox has none (any more).
+    fn usage(&self) -> Option<Usage>;
+
+    /// Makes sockets inside the sandbox's network for dialling one of its ports
+    /// and hands them to `reply`, on a thread of its own (creating them can mean
+    /// entering the sandbox's network namespace, which a thread does not leave).
+    fn port_sockets(&self, reply: PortSocketsReply);
+
+    /// Holds every process of the sandbox still (a cgroup freeze) until the
+    /// returned value is dropped or released, at most `timeout` to take effect:
+    /// what a snapshot reads from the writable layer is then one state. Blocking.
+    fn hold_still(&self, timeout: Duration) -> Result<Stillness<'_>, RuntimeError>;
+
+    /// Counts a helper process of the host (a collection mount's server) against
+    /// the sandbox's resources, so that it also ends with the sandbox.
+    fn add_helper(&self, pid: i32) -> io::Result<()>;
+}
+
+/// What [`crate::Backend::reap_leftovers`] removed.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Leftovers {
+    /// Sandboxes of the prefix that still ran with no owner: killed.
+    pub killed: Vec<String>,
+    /// Sandboxes whose host traces (run directory, cgroups, state) were removed.
+    pub swept: Vec<String>,
+}
+
+/// Items a backend keeps made ahead of time (cgroups, network namespaces).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct StockLevels {
+    pub cgroups: usize,
+    pub netns: usize,
+}
+
+/// Waits up to `timeout` for process `pid` (watched through `pidfd`) to exit:
+/// reaps it when it is a child of this process (a subreaper's adopted orphans
+/// included) and returns its wait status; otherwise waits for the pidfd and
+/// returns `None`.
+pub(crate) fn wait_child(pid: i32, pidfd: &OwnedFd, timeout: Duration) -> Option<i32> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match crate::sys::try_waitpid(pid) {
+            Ok(Some(st)) => {
+                crate::orphans::unprotect(pid);
+                return Some(st);
+            }
+            Ok(None) => {}
+            // Not our child (e.g. adopted after a restart): watch the pidfd instead.
+            Err(_) => {
+                crate::orphans::unprotect(pid);
+                poll_readable(pidfd, deadline.saturating_duration_since(Instant::now()));
+                return None;
+            }
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        // A short timeout bounds the loop.
+        poll_readable(pidfd, Duration::from_millis(50));
+    }
+}
+
+/// Waits up to `timeout` for `fd` to become readable.
+pub(crate) fn poll_readable(fd: &OwnedFd, timeout: Duration) {
+    let mut pfd = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+    // SAFETY: one valid pollfd that outlives the call.
+    unsafe { libc::poll(&mut pfd, 1, ms) };
+}

@@ -1,0 +1,75 @@
+//! `sandlot __agent --listen PATH [--lifeline-stdin]`: the guest agent on a Unix
+//! socket, as a plain process, for backends whose sandbox starts the agent itself
+//! (the fake backend of the daemon's tests, `sandlot_runtime::process_backend`).
+//!
+//! The agent's process defaults (`sandlot_runtime::plan::AgentSetup`: environment,
+//! user, working directory) come as one JSON line on standard input, never on the
+//! command line (they may hold secrets). With `--lifeline-stdin`, standard input
+//! stays open after that line and its end ends the agent and everything it started.
+
+use std::io::BufRead;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixListener;
+
+use sandlot_runtime::plan::AgentSetup;
+
+/// The hidden argument that selects this entry.
+pub const AGENT_ARG: &str = "__agent";
+
+/// Runs the agent; never returns.
+pub fn main() -> ! {
+    let code = match run(std::env::args().skip(2).collect()) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("sandlot {AGENT_ARG}: {e}");
+            crate::EXIT_SANDLOT_ERROR
+        }
+    };
+    std::process::exit(code)
+}
+
+fn run(args: Vec<String>) -> Result<(), String> {
+    let mut listen = None;
+    let mut lifeline_stdin = false;
+    let mut it = args.into_iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--listen" => listen = Some(it.next().ok_or("--listen needs a path")?),
+            "--lifeline-stdin" => lifeline_stdin = true,
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    let listen = listen.ok_or("--listen PATH is required")?;
+    let mut line = String::new();
+    std::io::stdin()
+        .lock()
+        .read_line(&mut line)
+        .map_err(|e| format!("read the agent setup from standard input: {e}"))?;
+    let setup: AgentSetup = serde_json::from_str(&line)
+        .map_err(|e| format!("the agent setup on standard input: {e}"))?;
+    let lifeline = if lifeline_stdin {
+        Some(take_stdin().map_err(|e| format!("take standard input as the lifeline: {e}"))?)
+    } else {
+        None
+    };
+    let _ = std::fs::remove_file(&listen);
+    let listener = UnixListener::bind(&listen).map_err(|e| format!("bind {listen}: {e}"))?;
+    let cfg = sandlot_guest::AgentConfig {
+        env: setup.env,
+        default_user: setup.default_user,
+        default_cwd: setup.default_cwd,
+        lifeline,
+        ..Default::default()
+    };
+    sandlot_guest::run_agent(listener, cfg).map_err(|e| e.to_string())
+}
+
+/// Moves standard input to a new close-on-exec descriptor and puts `/dev/null` in
+/// its place, so that no process the agent starts holds the lifeline open.
+fn take_stdin() -> std::io::Result<OwnedFd> {
+    let stdin = std::io::stdin();
+    let fd = rustix::io::fcntl_dupfd_cloexec(stdin.as_fd(), 3)?;
+    let null = std::fs::File::open("/dev/null")?;
+    rustix::stdio::dup2_stdin(&null)?;
+    Ok(fd)
+}
