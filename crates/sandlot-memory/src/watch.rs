@@ -272,8 +272,9 @@ impl Hub {
     }
 
     /// Walks the store at `root` by descriptors (no link followed, hidden folders skipped)
-    /// and watches every folder not watched yet, up to the caps.
-    fn watch_tree(&self, id: u64, root: &Path) -> std::io::Result<()> {
+    /// and watches every folder not watched yet, up to the caps (at most `max` folders
+    /// wait to be looked at: a folder of a million folders costs no more).
+    fn watch_tree(&self, id: u64, root: &Path, max: usize) -> std::io::Result<()> {
         let root_fd = rustix::fs::open(
             root,
             OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
@@ -319,6 +320,9 @@ impl Hub {
                 let Ok(name) = std::str::from_utf8(name) else {
                     continue;
                 };
+                if stack.len() >= max {
+                    break;
+                }
                 stack.push(crate::tree::join(&rel, name));
             }
         }
@@ -391,8 +395,9 @@ pub fn watch(store: Arc<Store>, opts: WatchOptions) -> Result<Watcher, WatchErro
     // One pending wake-up at most: a flood of events costs no memory.
     let (wake, rx) = sync_channel::<()>(1);
     let signals = Arc::new(Signals::default());
-    let id = hub.register(wake, signals.clone(), opts.max_folders.max(1));
-    if let Err(e) = hub.watch_tree(id, &root) {
+    let max = opts.max_folders.max(1);
+    let id = hub.register(wake, signals.clone(), max);
+    if let Err(e) = hub.watch_tree(id, &root, max) {
         hub.unregister(id);
         return Err(inotify_err(e));
     }
@@ -448,7 +453,9 @@ impl Worker {
         // New folders are watched first, then everything is reconciled: what was written in
         // them before their watch existed is picked up here.
         if self.signals.rewatch.swap(false, Ordering::Relaxed) {
-            let _ = self.hub.watch_tree(self.id, &self.root);
+            let _ = self
+                .hub
+                .watch_tree(self.id, &self.root, self.opts.max_folders.max(1));
         }
         let res = self.store.sync();
         self.syncs.fetch_add(1, Ordering::Relaxed);
