@@ -703,6 +703,17 @@ pub fn open_no_symlinks(dir: Option<BorrowedFd<'_>>, path: &CStr) -> io::Result<
     }
 }
 
+/// `openat2(dir, path, O_PATH|O_CLOEXEC, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)`:
+/// symbolic links that stay beneath `dir` are followed; one that would leave it (an
+/// absolute target, `..` past `dir`) is `EXDEV` before anything outside is looked at.
+pub fn open_beneath(dir: BorrowedFd<'_>, path: &CStr) -> io::Result<OwnedFd> {
+    openat2_path(
+        dir.as_raw_fd(),
+        path,
+        RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS,
+    )
+}
+
 /// What `fstat(fd)` says of the file: (device, inode, mode).
 pub fn fstat_id(fd: BorrowedFd<'_>) -> io::Result<(u64, u64, u32)> {
     // SAFETY: an all-zero `stat` is a valid value of a plain C struct.
