@@ -144,10 +144,17 @@ impl ProcEntry {
     /// Subscribes from offset 0 if the supervisor still has all output.
     pub async fn subscribe_from_start(&self, capacity: usize) -> Option<mpsc::Receiver<OutEvent>> {
         let (reply, rx) = oneshot::channel();
-        self.cmd
+        if self
+            .cmd
             .send(SupCmd::Subscribe { capacity, reply })
             .await
-            .ok()?;
+            .is_err()
+        {
+            // A process that ended before its first reader came: its supervisor
+            // has gone, keeping the output (from offset 0, nobody having read it)
+            // and the exit.
+            return self.replay_kept((0, 0), capacity).map(|(_, rx)| rx);
+        }
         rx.await.ok()?
     }
 
@@ -798,6 +805,28 @@ mod tests {
             v.push(out(&ev));
         }
         v
+    }
+
+    /// A command fast enough to end before the exec route subscribes (its
+    /// supervisor gone, the output kept): the first reader still gets the output
+    /// and the exit, not a refusal (an NDJSON exec of `echo` was a rare 500).
+    #[tokio::test]
+    async fn a_process_that_ended_before_its_first_reader_still_streams_from_the_start() {
+        let e = entry(9, true);
+        let mut t = Tail::starting_at((0, 0));
+        t.push(&OutEvent::Stdout(0, Bytes::from_static(b"hi\n")));
+        assert!(e.keep(t).is_some());
+        let rx = e.subscribe_from_start(4).await.expect("a reader");
+        let mut got = Vec::new();
+        let mut rx = rx;
+        while let Some(ev) = rx.recv().await {
+            got.push(ev);
+        }
+        assert!(
+            matches!(&got[0], OutEvent::Stdout(0, b) if &b[..] == b"hi\n"),
+            "{got:?}"
+        );
+        assert!(matches!(got.last(), Some(OutEvent::Exit(_))), "{got:?}");
     }
 
     /// Output kept after the exit was delivered replays any number of times, from
