@@ -11,7 +11,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::units::{ByteSize, Seconds};
 
+mod isolation;
 mod secrets;
+pub use isolation::Isolation;
 pub use secrets::{FileMode, SecretRef, SECRET_FILE_MODE};
 
 /// Validation failures of a [`SandboxSpec`]. Each names the offending field.
@@ -94,6 +96,10 @@ pub struct SandboxSpec {
     /// Named secrets of the daemon, injected at create as variables or files.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secrets: Vec<SecretRef>,
+    /// What isolates the sandbox from the host kernel: `namespace` (the default)
+    /// or `gvisor`.
+    #[serde(default, skip_serializing_if = "Isolation::is_namespace")]
+    pub isolation: Isolation,
 }
 
 /// A named volume mounted into a sandbox.
@@ -161,6 +167,7 @@ impl Default for SandboxSpec {
             network: NetworkSpec::default(),
             volumes: Vec::new(),
             secrets: Vec::new(),
+            isolation: Isolation::Namespace,
         }
     }
 }

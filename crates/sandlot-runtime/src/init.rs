@@ -260,7 +260,9 @@ fn pid1(
     // Our mounts must never propagate back to the host.
     sys::mount(None, c"/", None, libc::MS_REC | libc::MS_PRIVATE, None)?;
     let root = match &plan.mounts.root {
-        r @ mounts::RootFs::Layers { .. } => mounts::mount_layers(r, &plan.root_dir, &mut trees),
+        r @ mounts::RootFs::Layers { .. } => {
+            mounts::mount_layers(r, &plan.root_dir, &mut trees, true)
+        }
         r => mounts::mount_root(r, &plan.root_dir, idmapped),
     }
     .map_err(io::Error::other)?;

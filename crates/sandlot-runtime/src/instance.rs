@@ -20,6 +20,24 @@ pub struct PortSockets {
     pub v6: Option<OwnedFd>,
 }
 
+/// How the host reaches a port listening inside a sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PortAccess {
+    /// Through sockets made inside the sandbox's network
+    /// ([`Instance::port_sockets`]).
+    Sockets,
+    /// Through a process started in the sandbox (through its agent) that connects
+    /// to the port on the sandbox's loopback and relays that one connection over
+    /// its standard input and output: this command, with the port as its last
+    /// argument. It writes `+` once connected, or exits with
+    /// [`PORT_RELAY_REFUSED`] when nothing listens.
+    Relay(Vec<String>),
+}
+
+/// The exit code of a port relay ([`PortAccess::Relay`]) when nothing listens
+/// on the port.
+pub const PORT_RELAY_REFUSED: i32 = 3;
+
 /// Where [`Instance::port_sockets`] delivers its sockets (on a thread of the
 /// backend's choosing).
 pub type PortSocketsReply = Box<dyn FnOnce(io::Result<PortSockets>) + Send>;
@@ -100,6 +118,11 @@ pub trait Instance: Send + Sync + fmt::Debug {
 
     /// Resource accounting now; `None` when the sandbox has none (any more).
     fn usage(&self) -> Option<Usage>;
+
+    /// How the host reaches the sandbox's ports.
+    fn port_access(&self) -> PortAccess {
+        PortAccess::Sockets
+    }
 
     /// Makes sockets inside the sandbox's network for dialling one of its ports
     /// and hands them to `reply`, on a thread of its own (creating them can mean

@@ -13,6 +13,7 @@ use sandlot_proto::spec::{SandboxSpec, SpecError};
 pub mod cgroup;
 pub mod cgroup_stock;
 pub mod etc_view;
+pub mod gvisor;
 pub mod helper_process;
 pub mod host_lock;
 pub mod host_path;
@@ -32,7 +33,10 @@ mod stock;
 mod sys;
 pub mod zygote;
 
-pub use instance::{Instance, Leftovers, PortSockets, PortSocketsReply, Stillness, StockLevels};
+pub use instance::{
+    Instance, Leftovers, PortAccess, PortSockets, PortSocketsReply, Stillness, StockLevels,
+    PORT_RELAY_REFUSED,
+};
 pub use namespace::{NamespaceBackend, RuntimeConfig};
 
 /// Gives `SIGPIPE` its default action back (Rust starts programs ignoring it): a

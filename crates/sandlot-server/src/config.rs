@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use sandlot_proto::spec::Isolation;
 use sandlot_proto::units::{ByteSize, Seconds};
 use serde::Deserialize;
 
@@ -206,6 +207,36 @@ pub struct ServerConfig {
     /// The TCP listeners' caps and timeouts and the descriptors kept for the
     /// operator (`[connections]`, see `inbound.rs`).
     pub connections: crate::inbound::ConnectionsSection,
+    /// What isolates sandboxes from the host kernel: the default and ceiling of
+    /// create requests, and gVisor's `runsc` (`[isolation]`).
+    pub isolation: IsolationSection,
+}
+
+/// Isolation backends (`[isolation]`, see `docs/api.md`, "Isolation").
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct IsolationSection {
+    /// The isolation of a create that names none.
+    pub default: Isolation,
+    /// The strongest isolation a create may ask for (`namespace` < `gvisor`):
+    /// gVisor sandboxes cost more memory and CPU per system call.
+    pub ceiling: Isolation,
+    /// gVisor's `runsc`: a path, or a name looked up on the daemon's `PATH`.
+    pub runsc: PathBuf,
+    /// gVisor's platform: `auto` (systrap where the installed `runsc` has it,
+    /// else ptrace), `ptrace`, `systrap` or `kvm`.
+    pub platform: String,
+}
+
+impl Default for IsolationSection {
+    fn default() -> Self {
+        IsolationSection {
+            default: Isolation::Namespace,
+            ceiling: Isolation::Gvisor,
+            runsc: PathBuf::from("runsc"),
+            platform: "auto".into(),
+        }
+    }
 }
 
 /// Virtual filesystem collections and sessions (`[vfs]`, see docs/vfs.md).
@@ -323,6 +354,7 @@ impl Default for ServerConfig {
             vfs: VfsSection::default(),
             images: ImagesSection::default(),
             connections: crate::inbound::ConnectionsSection::default(),
+            isolation: IsolationSection::default(),
         }
     }
 }
@@ -412,6 +444,27 @@ impl ServerConfig {
             if let Some(why) = crate::pool::unpoolable(&p.spec) {
                 return bad(format!("pools[{i}].spec: {why}"));
             }
+            if p.spec.isolation > self.isolation.ceiling {
+                return bad(format!(
+                    "pools[{i}].spec.isolation {:?} is above isolation.ceiling {:?}",
+                    p.spec.isolation.as_str(),
+                    self.isolation.ceiling.as_str()
+                ));
+            }
+        }
+        let iso = &self.isolation;
+        if iso.default > iso.ceiling {
+            return bad(format!(
+                "isolation.default {:?} is above isolation.ceiling {:?}",
+                iso.default.as_str(),
+                iso.ceiling.as_str()
+            ));
+        }
+        if !["auto", "ptrace", "systrap", "kvm"].contains(&iso.platform.as_str()) {
+            return bad(format!(
+                "isolation.platform {:?}: use auto, ptrace, systrap or kvm",
+                iso.platform
+            ));
         }
         if let Some(c) = self.runtime.default_cpus {
             use sandlot_proto::spec::limits::{MAX_CPUS, MIN_CPUS};
@@ -565,6 +618,36 @@ max_sandboxes = 3
         assert!(e.to_string().contains("id_prefix"), "{e}");
         let e = ServerConfig::from_toml("[tenants.\"a b\"]\n", Path::new("c")).unwrap_err();
         assert!(e.to_string().contains("tenant"), "{e}");
+    }
+
+    #[test]
+    fn isolation_default_and_ceiling_are_checked() {
+        let (c, _) = ServerConfig::from_toml("", Path::new("c")).unwrap();
+        assert_eq!(
+            (c.isolation.default, c.isolation.ceiling),
+            (Isolation::Namespace, Isolation::Gvisor)
+        );
+        let (c, _) = ServerConfig::from_toml(
+            "[isolation]\ndefault = \"gvisor\"\nplatform = \"ptrace\"\n",
+            Path::new("c"),
+        )
+        .unwrap();
+        assert_eq!(c.isolation.default, Isolation::Gvisor);
+        for (bad, names) in [
+            (
+                "[isolation]\ndefault = \"gvisor\"\nceiling = \"namespace\"\n",
+                "isolation.default",
+            ),
+            ("[isolation]\nplatform = \"vm\"\n", "isolation.platform"),
+            ("[isolation]\ndefault = \"vm\"\n", "default"),
+            (
+                "[isolation]\nceiling = \"namespace\"\n[[pools]]\nspec = { isolation = \"gvisor\" }\n",
+                "pools[0].spec.isolation",
+            ),
+        ] {
+            let e = ServerConfig::from_toml(bad, Path::new("c")).unwrap_err();
+            assert!(e.to_string().contains(names), "{bad}: {e}");
+        }
     }
 
     #[test]

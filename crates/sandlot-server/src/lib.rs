@@ -13,6 +13,7 @@ pub mod e2b;
 pub mod error;
 pub mod images;
 pub mod inbound;
+pub mod isolation;
 pub mod memory;
 pub mod metrics;
 pub mod mount_users;
@@ -297,8 +298,9 @@ pub async fn serve(
             path: PathBuf::from(format!("{:?}", cfg.e2b.listen)),
             source,
         })?;
-    let runtime: Arc<dyn Backend> = Arc::new(runtime);
-    let state = Arc::new(AppState::new(cfg, store, runtime, images, plan, init_exe));
+    let gvisor = gvisor_backend(&cfg, &init_exe);
+    let backends = isolation::Backends::new(Arc::new(runtime), gvisor);
+    let state = Arc::new(AppState::new(cfg, store, backends, images, plan, init_exe));
     let mut rep = sandbox::reconcile(&state).await?;
     // No create runs yet: keys of creates a crash interrupted are free again.
     if let Err(e) = state.store.release_unbound_idempotency_keys() {
@@ -414,7 +416,9 @@ pub async fn serve(
         );
     }
     network::shutdown(&state).await;
-    state.runtime.release_stock();
+    for b in state.backends.available() {
+        b.release_stock();
+    }
     let _ = std::fs::remove_file(&state.cfg.socket);
     res.map_err(io("serve on", &state.cfg.socket))?;
     tracing::info!(
@@ -443,9 +447,58 @@ pub fn open_state(
     )
     .map_err(ServerError::Images)?;
     let plan = inbound::DescriptorPlan::new(1024, &cfg.connections);
+    let backends = isolation::Backends::only(runtime);
     Ok(Arc::new(AppState::new(
-        cfg, store, runtime, images, plan, helper_exe,
+        cfg, store, backends, images, plan, helper_exe,
     )))
+}
+
+/// The gVisor backend, when the operator's ceiling or a pool allows gVisor and
+/// the host has a `runsc` that can run it; else why not (logged, and the 409 of
+/// a create that asks for it).
+fn gvisor_backend(cfg: &ServerConfig, sandlot_exe: &Path) -> Result<Arc<dyn Backend>, String> {
+    use sandlot_proto::spec::Isolation;
+    use sandlot_runtime::gvisor::{GvisorBackend, GvisorConfig};
+    let wanted = cfg.isolation.ceiling >= Isolation::Gvisor
+        || cfg
+            .pools
+            .iter()
+            .any(|p| p.spec.isolation == Isolation::Gvisor);
+    if !wanted {
+        return Err("the operator's isolation.ceiling is \"namespace\"".into());
+    }
+    let gcfg = GvisorConfig {
+        runsc: cfg.isolation.runsc.clone(),
+        platform: cfg.isolation.platform.clone(),
+        run_dir: cfg.runtime.run_dir.clone(),
+        cgroup_parent: cfg.runtime.cgroup_parent.clone(),
+        cgroup_cpu_weight: Some(cfg.runtime.cgroup_cpu_weight).filter(|w| *w > 0),
+        sandlot_exe: sandlot_exe.to_path_buf(),
+        default_cpus: cfg.runtime.effective_default_cpus(),
+    };
+    match GvisorBackend::new(gcfg) {
+        Ok(b) => {
+            let r = b.runsc();
+            tracing::info!(
+                runsc = %r.path.display(),
+                version = %r.version,
+                platform = %r.platform,
+                "gVisor backend ready"
+            );
+            Ok(Arc::new(b))
+        }
+        Err(Ok(why)) => {
+            tracing::warn!(runsc = %cfg.isolation.runsc.display(), "gVisor unavailable: {why}");
+            Err(why.to_string())
+        }
+        Err(Err(e)) => {
+            tracing::error!("gVisor backend: {e}");
+            Err(
+                "the gVisor backend failed to start (the operator has details in the daemon log)"
+                    .into(),
+            )
+        }
+    }
 }
 
 /// Logs where the sandboxes' run directories live: a disk file system makes every

@@ -127,8 +127,150 @@ async fn sockets_in(inst: &dyn sandlot_runtime::Instance) -> io::Result<PortSock
         .map_err(|_| io::Error::other("the dialling thread ended without an answer"))?
 }
 
-/// Connects to `port` on the loopback of the sandbox (127.0.0.1, then ::1).
-pub async fn dial(h: &SandboxHandle, port: u16) -> Result<TcpStream, DialError> {
+/// A connection to a port of a sandbox: a TCP socket inside its network, or a
+/// relay process in the sandbox ([`sandlot_runtime::PortAccess::Relay`]).
+pub enum PortStream {
+    Tcp(TcpStream),
+    Relay(tokio::io::DuplexStream),
+}
+
+impl PortStream {
+    /// `TCP_NODELAY` on a socket of our own (a relay sets it inside).
+    pub fn set_nodelay(&self, on: bool) -> io::Result<()> {
+        match self {
+            PortStream::Tcp(s) => s.set_nodelay(on),
+            PortStream::Relay(_) => Ok(()),
+        }
+    }
+}
+
+impl tokio::io::AsyncRead for PortStream {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        match self.get_mut() {
+            PortStream::Tcp(s) => std::pin::Pin::new(s).poll_read(cx, buf),
+            PortStream::Relay(s) => std::pin::Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl tokio::io::AsyncWrite for PortStream {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<io::Result<usize>> {
+        match self.get_mut() {
+            PortStream::Tcp(s) => std::pin::Pin::new(s).poll_write(cx, buf),
+            PortStream::Relay(s) => std::pin::Pin::new(s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        match self.get_mut() {
+            PortStream::Tcp(s) => std::pin::Pin::new(s).poll_flush(cx),
+            PortStream::Relay(s) => std::pin::Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        match self.get_mut() {
+            PortStream::Tcp(s) => std::pin::Pin::new(s).poll_shutdown(cx),
+            PortStream::Relay(s) => std::pin::Pin::new(s).poll_shutdown(cx),
+        }
+    }
+}
+
+/// Connects to `port` on the loopback of the sandbox (127.0.0.1, then ::1), the
+/// way its instance says.
+pub async fn dial(h: &SandboxHandle, port: u16) -> Result<PortStream, DialError> {
+    match h.inst.port_access() {
+        sandlot_runtime::PortAccess::Sockets => dial_tcp(h, port).await.map(PortStream::Tcp),
+        sandlot_runtime::PortAccess::Relay(argv) => relay(h, argv, port).await,
+    }
+}
+
+/// How much of a relayed connection may be in flight between the daemon's two
+/// ends of it.
+const RELAY_BUFFER: usize = 256 * 1024;
+
+/// Starts `argv PORT` in the sandbox through its agent and makes its standard
+/// input and output one connection.
+async fn relay(h: &SandboxHandle, argv: Vec<String>, port: u16) -> Result<PortStream, DialError> {
+    use sandlot_guest::client::{ExecRequest, ProcessEvent};
+    use tokio::io::AsyncWriteExt;
+    let io_err = |source| DialError::Io { port, source };
+    let mut req = ExecRequest::new(argv.into_iter().chain([port.to_string()]));
+    req.stdin = true;
+    req.tag = Some("sandlot:port-relay".into());
+    let mut p = match h.guest.exec(req).await {
+        Ok(p) => p,
+        Err(_) if h.is_stopping() => return Err(DialError::Gone),
+        Err(e) => return Err(io_err(io::Error::other(e.to_string()))),
+    };
+    let first = match tokio::time::timeout(DIAL_TIMEOUT, p.next_event()).await {
+        Err(_) => {
+            let _ = p.signal(libc::SIGKILL).await;
+            return Err(DialError::Timeout { port });
+        }
+        Ok(Ok(Some(ProcessEvent::Stdout(b)))) if b.first() == Some(&b'+') => b.slice(1..),
+        Ok(Ok(Some(ProcessEvent::Exit(st))))
+            if st.code == Some(sandlot_runtime::PORT_RELAY_REFUSED) =>
+        {
+            return Err(DialError::Refused { port })
+        }
+        Ok(other) => {
+            let _ = p.signal(libc::SIGKILL).await;
+            return Err(io_err(io::Error::other(format!(
+                "the relay in the sandbox did not connect: {other:?}"
+            ))));
+        }
+    };
+    let (ours, theirs) = tokio::io::duplex(RELAY_BUFFER);
+    tokio::spawn(
+        async move {
+            let Some(mut stdin) = p.take_stdin() else {
+                return;
+            };
+            let (mut rd, mut wr) = tokio::io::split(theirs);
+            let to_sandbox = async {
+                let _ = tokio::io::copy(&mut rd, &mut stdin).await;
+                let _ = stdin.shutdown().await;
+            };
+            let from_sandbox = async {
+                let mut ok = wr.write_all(&first).await.is_ok();
+                while ok {
+                    match p.next_event().await {
+                        Ok(Some(ProcessEvent::Stdout(b))) => ok = wr.write_all(&b).await.is_ok(),
+                        Ok(Some(ProcessEvent::Stderr(_))) => {}
+                        _ => break,
+                    }
+                }
+                let _ = wr.shutdown().await;
+                if !ok {
+                    // Our end is gone: so is the connection.
+                    let _ = p.signal(libc::SIGKILL).await;
+                }
+            };
+            tokio::join!(to_sandbox, from_sandbox);
+        }
+        .in_current_span(),
+    );
+    Ok(PortStream::Relay(ours))
+}
+
+/// Connects to `port` on the sandbox's loopback through sockets made in its
+/// network.
+async fn dial_tcp(h: &SandboxHandle, port: u16) -> Result<TcpStream, DialError> {
     let io_err = |source| DialError::Io { port, source };
     let PortSockets { v4, v6 } =
         sockets_in(&*h.inst)

@@ -638,7 +638,16 @@ pub fn start_instance(
         return Err(Err(e));
     }
     let image = opts.image.clone();
-    match state.runtime.create(id, spec, opts) {
+    let created = match state.backends.get(spec.isolation) {
+        Ok(b) => b.create(id, spec, opts),
+        Err(why) => {
+            state.images.release(id);
+            crate::network::release(state, id);
+            state.collection_mounts.release(id);
+            return Err(Err(crate::isolation::unavailable(spec.isolation, why)));
+        }
+    };
+    match created {
         Ok(i) => {
             state.collection_mounts.attach(id, &*i);
             Ok((i, image))
@@ -858,16 +867,20 @@ pub async fn reconcile(state: &Arc<AppState>) -> Result<ReconcileReport, crate::
     let mut report = ReconcileReport::default();
     for rec in state.store.unfinished()? {
         let span = tracing::info_span!("sandbox", sandbox_id = %rec.id, tenant = %rec.tenant);
-        let adopted = match rec.pid {
-            Some(pid) => {
-                let rt = state.runtime.clone();
+        let backend = state
+            .backends
+            .get(crate::isolation::of_record(&rec.spec))
+            .ok()
+            .cloned();
+        let adopted = match (rec.pid, backend) {
+            (Some(pid), Some(rt)) => {
                 let id = rec.id.clone();
                 tokio::task::spawn_blocking(move || rt.adopt(&id, pid))
                     .await
                     .ok()
                     .and_then(Result::ok)
             }
-            None => None,
+            _ => None,
         };
         let Some(inst) = adopted else {
             // A stop (a delete, a timeout) that the crash interrupted has simply
@@ -940,14 +953,16 @@ pub async fn reconcile(state: &Arc<AppState>) -> Result<ReconcileReport, crate::
     }
     // Leftovers of this daemon's sandboxes that no record claims (e.g. the daemon
     // died between the runtime's create and recording the pid): kill and remove.
-    let rt = state.runtime.clone();
-    let prefix = state.cfg.id_prefix.clone();
-    let live: Vec<String> = state.live_ids();
-    let left = tokio::task::spawn_blocking(move || rt.reap_leftovers(&prefix, &live))
-        .await
-        .unwrap_or_default();
-    report.orphans = left.killed;
-    report.swept = left.swept;
+    for rt in state.backends.available() {
+        let rt = rt.clone();
+        let prefix = state.cfg.id_prefix.clone();
+        let live: Vec<String> = state.live_ids();
+        let left = tokio::task::spawn_blocking(move || rt.reap_leftovers(&prefix, &live))
+            .await
+            .unwrap_or_default();
+        report.orphans.extend(left.killed);
+        report.swept.extend(left.swept);
+    }
     let images = state.images.clone();
     let live = state.live_ids();
     let _ = tokio::task::spawn_blocking(move || images.reconcile(&live)).await;

@@ -4,8 +4,6 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use sandlot_runtime::Backend;
-
 use crate::config::ServerConfig;
 use crate::metrics::Metrics;
 use crate::process::SupervisorSettings;
@@ -15,8 +13,8 @@ use crate::store::Store;
 pub struct AppState {
     pub cfg: Arc<ServerConfig>,
     pub store: Arc<Store>,
-    /// The isolation backend: the daemon's only way to sandboxes.
-    pub runtime: Arc<dyn Backend>,
+    /// The isolation backends: the daemon's only way to sandboxes.
+    pub backends: crate::isolation::Backends,
     pub metrics: Metrics,
     pub pools: crate::pool::Pools,
     /// Admission of cold creates (`runtime.max_concurrent_creates`).
@@ -99,7 +97,7 @@ impl AppState {
     pub fn new(
         cfg: ServerConfig,
         store: Store,
-        runtime: Arc<dyn Backend>,
+        backends: crate::isolation::Backends,
         images: crate::images::Images,
         descriptors: crate::inbound::DescriptorPlan,
         helper_exe: std::path::PathBuf,
@@ -125,7 +123,7 @@ impl AppState {
             images: Arc::new(images),
             cfg: Arc::new(cfg),
             store: Arc::new(store),
-            runtime,
+            backends,
             metrics: Metrics::default(),
             live: Mutex::new(HashMap::new()),
             shutting_down: AtomicBool::new(false),

@@ -73,3 +73,86 @@ fn take_stdin() -> std::io::Result<OwnedFd> {
     rustix::stdio::dup2_stdin(&null)?;
     Ok(fd)
 }
+
+/// `sandlot __port-relay PORT`, run inside a sandbox whose ports the host cannot
+/// reach with a socket of its own (gVisor's network stack): connects to PORT on
+/// the sandbox's loopback (127.0.0.1, then ::1), writes `+` once connected, and
+/// relays standard input to the connection and the connection to standard output
+/// until the connection ends. Nothing listening: exit code
+/// `sandlot_runtime::PORT_RELAY_REFUSED`, nothing written.
+pub fn port_relay_main() -> ! {
+    use std::io::{Read, Write};
+    use std::net::{Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpStream};
+    let port: Option<u16> = std::env::args().nth(2).and_then(|p| p.parse().ok());
+    let Some(port) = port.filter(|p| *p > 0) else {
+        eprintln!(
+            "usage: sandlot {} PORT",
+            sandlot_runtime::gvisor::bundle::PORT_RELAY_ARG
+        );
+        std::process::exit(2);
+    };
+    let connect = |ip: std::net::IpAddr| TcpStream::connect(SocketAddr::new(ip, port));
+    let sock = match connect(Ipv4Addr::LOCALHOST.into()) {
+        Ok(s) => s,
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+            match connect(Ipv6Addr::LOCALHOST.into()) {
+                Ok(s) => s,
+                Err(_) => std::process::exit(sandlot_runtime::PORT_RELAY_REFUSED),
+            }
+        }
+        Err(e) => {
+            eprintln!("connect to port {port}: {e}");
+            std::process::exit(4);
+        }
+    };
+    let _ = sock.set_nodelay(true);
+    // The relay blocks on its pipes, whatever mode they were handed over in.
+    let _ = rustix::io::ioctl_fionbio(std::io::stdin(), false);
+    let _ = rustix::io::ioctl_fionbio(std::io::stdout(), false);
+    let mut out = std::io::stdout().lock();
+    if out.write_all(b"+").and_then(|()| out.flush()).is_err() {
+        std::process::exit(4);
+    }
+    let mut up = match sock.try_clone() {
+        Ok(s) => s,
+        Err(_) => std::process::exit(4),
+    };
+    // A plain read and write loop in each direction: `std::io::copy` would
+    // splice between the pipe and the socket, which gVisor's kernel (Debian 12's
+    // release) answers as end of file while the pipe is empty.
+    std::thread::spawn(move || {
+        let mut stdin = std::io::stdin().lock();
+        let mut buf = [0u8; 64 * 1024];
+        loop {
+            match stdin.read(&mut buf) {
+                Ok(0) => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => break,
+                Ok(n) => {
+                    if up.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        let _ = up.shutdown(Shutdown::Write);
+    });
+    let mut down = sock;
+    let mut buf = [0u8; 64 * 1024];
+    loop {
+        match down.read(&mut buf) {
+            Ok(0) => break,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                eprintln!("read port {port}: {e}");
+                break;
+            }
+            Ok(n) => {
+                if out.write_all(&buf[..n]).and_then(|()| out.flush()).is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    std::process::exit(0)
+}

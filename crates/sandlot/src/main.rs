@@ -60,6 +60,20 @@ fn main() {
     if std::env::args_os().nth(1).is_some_and(|a| a == "__zygote") {
         sandlot_runtime::zygote::main(run::agent_main);
     }
+    // The launcher of a gVisor sandbox (see sandlot_runtime::gvisor::launch).
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == sandlot_runtime::gvisor::launch::LAUNCH_ARG)
+    {
+        sandlot_runtime::gvisor::launch::main();
+    }
+    // A port relay inside a gVisor sandbox (see agent_cmd).
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == sandlot_runtime::gvisor::bundle::PORT_RELAY_ARG)
+    {
+        agent_cmd::port_relay_main();
+    }
     // The guest agent as a plain process (see agent_cmd).
     if std::env::args_os()
         .nth(1)

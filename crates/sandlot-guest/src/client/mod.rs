@@ -12,6 +12,7 @@ mod process;
 
 use std::collections::HashMap;
 use std::io;
+use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
@@ -503,14 +504,21 @@ impl std::fmt::Debug for GuestClient {
 }
 
 impl GuestClient {
-    /// Connects to an agent's Unix socket and performs the handshake.
+    /// Connects to an agent's Unix socket and performs the handshake. The socket
+    /// itself is opened first without following a link, and connected to through
+    /// that descriptor: a gVisor sandbox can write the directory its agent's socket
+    /// is in, and a link it put there in the socket's place (to another sandbox's
+    /// agent) is refused instead of followed.
     pub async fn connect(path: &Path) -> Result<GuestClient, ClientError> {
-        let s = tokio::net::UnixStream::connect(path)
+        let err = |source| ClientError::Connect {
+            path: path.to_path_buf(),
+            source,
+        };
+        let pinned = open_socket_nofollow(path).map_err(err)?;
+        let s = tokio::net::UnixStream::connect(format!("/proc/self/fd/{}", pinned.as_raw_fd()))
             .await
-            .map_err(|source| ClientError::Connect {
-                path: path.to_path_buf(),
-                source,
-            })?;
+            .map_err(err)?;
+        drop(pinned);
         GuestClient::from_stream(s).await
     }
 
@@ -846,4 +854,48 @@ async fn write_loop<W: AsyncWrite + Unpin>(conn: Arc<Conn>, mut wr: W) {
         }
     }
     let _ = wr.shutdown().await;
+}
+
+/// `path` opened as a path only (`O_PATH | O_NOFOLLOW`), if it is a socket: a
+/// link, or anything else, is refused.
+fn open_socket_nofollow(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_NOFOLLOW)
+        .open(path)?;
+    if !f.metadata()?.file_type().is_socket() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a socket (a link is not followed)",
+        ));
+    }
+    Ok(f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A sandbox that can write its agent socket's directory puts a link to
+    /// another sandbox's agent there: the client refuses it rather than follow it.
+    #[tokio::test]
+    async fn a_link_in_place_of_the_agent_socket_is_never_followed() {
+        let dir = std::env::temp_dir().join(format!("sandlot-guest-link-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let real = dir.join("victim.sock");
+        let listener = tokio::net::UnixListener::bind(&real).unwrap();
+        let link = dir.join("agent.sock");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let e = GuestClient::connect(&link).await.unwrap_err();
+        assert!(matches!(e, ClientError::Connect { .. }), "{e}");
+        // The socket itself is reached: the listener sees the connection (and
+        // the handshake then fails, nobody answering it).
+        let accept = tokio::spawn(async move { listener.accept().await.map(drop) });
+        let e = GuestClient::connect(&real).await.unwrap_err();
+        assert!(!matches!(e, ClientError::Connect { .. }), "{e}");
+        accept.await.unwrap().unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

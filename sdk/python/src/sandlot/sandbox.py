@@ -783,6 +783,7 @@ class Sandbox:
         workdir: Optional[str] = None,
         user: Optional[str] = None,
         hostname: Optional[str] = None,
+        isolation: Optional[str] = None,
         rootfs: Optional[str] = None,
         resources: Optional[Mapping[str, Any]] = None,
         cpus: Optional[float] = None,
@@ -806,6 +807,9 @@ class Sandbox:
         and passed as the API takes it (sizes: bytes or ``"512M"``; durations:
         seconds, ``"10m"`` or a timedelta); ``spec`` is a dict of any further API
         fields. A bad value raises ``InvalidSpecError`` naming the field.
+        ``isolation``: ``"namespace"`` (Linux namespaces on the host kernel) or
+        ``"gvisor"`` (gVisor's kernel in user space); default: the operator's.
+        A daemon that cannot run gVisor answers ``ConflictError`` naming why.
         ``idempotency_key`` (default: a fresh random one) makes the create safe
         to retry: the daemon answers a repeat with the sandbox the first made."""
         c = client or default_client()
@@ -819,6 +823,7 @@ class Sandbox:
             workdir=workdir,
             user=user,
             hostname=hostname,
+            isolation=isolation,
             resources=resources,
             cpus=cpus,
             memory=memory,

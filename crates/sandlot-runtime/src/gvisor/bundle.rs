@@ -1,0 +1,332 @@
+//! A gVisor sandbox as data: the host-side root filesystem (the namespace
+//! backend's [`MountPlan`] without what gVisor's own kernel provides) and the OCI
+//! bundle's `config.json`. Pure, unit-tested without root.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use crate::cgroup::CgroupLimits;
+use crate::mounts::{MountOp, MountPlan};
+use crate::plan::AgentSetup;
+
+/// Where the daemon's things live inside a gVisor sandbox: under gVisor's own
+/// `/dev` (a file system in the sandbox's kernel), so nothing of them is ever
+/// written to the root filesystem, its writable layer or a snapshot.
+pub const AGENT_DIR: &str = "/dev/.sandlot";
+/// The `sandlot` binary, bound read-only: PID 1 runs it as `__agent`.
+pub const AGENT_EXE: &str = "/dev/.sandlot/sandlot";
+/// The directory of the agent's socket, bound from the sandbox's directory on the
+/// host (the daemon connects to the socket there).
+pub const AGENT_RUN: &str = "/dev/.sandlot/run";
+/// The agent's socket inside.
+pub const AGENT_SOCKET: &str = "/dev/.sandlot/run/agent.sock";
+/// The hidden argument of `sandlot` that relays one connection to a port of the
+/// sandbox's loopback (`sandlot __port-relay PORT`, see
+/// [`crate::PortAccess::Relay`]).
+pub const PORT_RELAY_ARG: &str = "__port-relay";
+
+/// What `sandlot __gvisor` does: build the root filesystem at `root_dir` in a
+/// mount namespace of its own, then exec `runsc` (`argv`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LaunchPlan {
+    pub root_dir: PathBuf,
+    /// The root filesystem and what is mounted and written into it on the host
+    /// ([`host_side`]).
+    pub mounts: MountPlan,
+    /// `runsc` and its arguments.
+    pub argv: Vec<String>,
+}
+
+/// Whether `path` is gVisor's own (`/dev`, `/proc`, `/sys` and what is under
+/// them): its kernel provides those file systems itself.
+fn kernel_provided(path: &str) -> bool {
+    ["/dev", "/proc", "/sys"]
+        .iter()
+        .any(|p| path == *p || path.starts_with(&format!("{p}/")))
+}
+
+/// The part of a namespace sandbox's mount plan the host prepares for gVisor: the
+/// root (image layers, writable layer, or tmpfs) and every bind, file, directory,
+/// tmpfs and secret, but not `/proc`, `/sys`, `/dev` or the masks and devices
+/// under them, which gVisor's kernel provides (and never from the host's). Their
+/// mount points stay, as directories.
+pub fn host_side(plan: &MountPlan) -> MountPlan {
+    let mut ops = Vec::new();
+    for op in &plan.ops {
+        let kept = match op {
+            MountOp::Proc { path } | MountOp::Sysfs { path } => Some(MountOp::Dir {
+                path: path.clone(),
+                mode: 0o555,
+                uid: 0,
+                gid: 0,
+            }),
+            MountOp::Tmpfs { path, .. } if path == "/dev" => Some(MountOp::Dir {
+                path: path.clone(),
+                mode: 0o755,
+                uid: 0,
+                gid: 0,
+            }),
+            MountOp::Dir { path, .. } if path == "/dev" => Some(op.clone()),
+            MountOp::Devpts { .. } => None,
+            MountOp::Dir { path, .. }
+            | MountOp::Symlink { path, .. }
+            | MountOp::File { path, .. }
+            | MountOp::SecretFile { path, .. }
+            | MountOp::Bind { path, .. }
+            | MountOp::Tmpfs { path, .. }
+            | MountOp::MaskFile { path }
+            | MountOp::MaskDir { path }
+            | MountOp::ReadOnly { path }
+            | MountOp::IdmappedBind { path, .. } => (!kernel_provided(path)).then(|| op.clone()),
+            MountOp::HostEtc { .. } => Some(op.clone()),
+        };
+        ops.extend(kept);
+    }
+    MountPlan {
+        root: plan.root.clone(),
+        ops,
+    }
+}
+
+/// What the OCI bundle of a gVisor sandbox is made of.
+#[derive(Debug, Clone)]
+pub struct BundleInput<'a> {
+    pub hostname: &'a str,
+    /// The root the launcher builds (`LaunchPlan::root_dir`).
+    pub root: &'a Path,
+    /// The `sandlot` binary on the host.
+    pub agent_exe: &'a Path,
+    /// The host directory of the agent's socket.
+    pub agent_run: &'a Path,
+    /// A network namespace to join (`/proc/self/fd/N`), for a network slot.
+    pub netns: Option<&'a str>,
+    /// `<cgroup parent>/<id>`, created by the runtime beforehand.
+    pub cgroups_path: &'a str,
+    pub limits: &'a CgroupLimits,
+    /// The agent's standard input stays open as its lifeline (`sandlot run`).
+    pub lifeline: bool,
+}
+
+/// The OCI runtime spec (`config.json`) of a gVisor sandbox: PID 1 is the guest
+/// agent (`sandlot __agent`, reading its process defaults from its standard
+/// input), root in gVisor with the namespace backend's capabilities and no new
+/// privileges; gVisor's own `/proc`, `/sys` and `/dev`; the cgroup and limits.
+pub fn oci_config(b: &BundleInput<'_>) -> Value {
+    let caps: Vec<String> = crate::security::KEPT_CAPS
+        .iter()
+        .map(|(_, name, _)| format!("CAP_{name}"))
+        .collect();
+    let mut args = vec![
+        AGENT_EXE.to_string(),
+        "__agent".into(),
+        "--listen".into(),
+        AGENT_SOCKET.into(),
+    ];
+    if b.lifeline {
+        args.push("--lifeline-stdin".into());
+    }
+    let mut network = json!({ "type": "network" });
+    if let Some(p) = b.netns {
+        network["path"] = json!(p);
+    }
+    const PERIOD: u64 = 100_000;
+    let mut resources = json!({
+        "memory": { "limit": b.limits.memory_bytes },
+        "pids": { "limit": b.limits.pids },
+    });
+    if let Some(c) = b.limits.cpus {
+        resources["cpu"] = json!({
+            "quota": ((c * PERIOD as f64).round() as i64).max(1000),
+            "period": PERIOD,
+        });
+    }
+    json!({
+        "ociVersion": "1.0.2",
+        "process": {
+            "terminal": false,
+            "user": { "uid": 0, "gid": 0 },
+            "args": args,
+            "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+            "cwd": "/",
+            "capabilities": {
+                "bounding": caps,
+                "effective": caps,
+                "permitted": caps,
+                "inheritable": [],
+                "ambient": [],
+            },
+            "noNewPrivileges": true,
+        },
+        "root": { "path": b.root, "readonly": false },
+        "hostname": b.hostname,
+        "mounts": [
+            { "destination": "/proc", "type": "proc", "source": "proc" },
+            { "destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+              "options": ["nosuid", "strictatime", "mode=755", "size=65536k"] },
+            { "destination": "/dev/pts", "type": "devpts", "source": "devpts",
+              "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"] },
+            { "destination": "/dev/shm", "type": "tmpfs", "source": "shm",
+              "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"] },
+            { "destination": "/sys", "type": "sysfs", "source": "sysfs",
+              "options": ["nosuid", "noexec", "nodev", "ro"] },
+            { "destination": AGENT_EXE, "type": "bind", "source": b.agent_exe,
+              "options": ["rbind", "ro", "nosuid", "nodev"] },
+            { "destination": AGENT_RUN, "type": "bind", "source": b.agent_run,
+              "options": ["rbind", "rw", "nosuid", "nodev", "noexec"] },
+        ],
+        "linux": {
+            "namespaces": [
+                { "type": "pid" }, { "type": "mount" }, { "type": "ipc" }, { "type": "uts" },
+                network,
+            ],
+            "cgroupsPath": b.cgroups_path,
+            "resources": resources,
+        },
+    })
+}
+
+/// The agent's process defaults as the line its standard input starts with.
+pub fn setup_line(setup: &AgentSetup) -> Vec<u8> {
+    let mut v = serde_json::to_vec(setup).expect("agent setup serializes");
+    v.push(b'\n');
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mounts::{Kind, RootFs};
+
+    fn plan(ops: Vec<MountOp>) -> MountPlan {
+        MountPlan {
+            root: RootFs::Tmpfs { size: 1 << 20 },
+            ops,
+        }
+    }
+
+    #[test]
+    fn the_host_prepares_everything_but_the_kernels_own_file_systems() {
+        let bind = |src: &str, path: &str| MountOp::Bind {
+            source: src.into(),
+            path: path.into(),
+            readonly: true,
+            kind: Kind::Dir,
+            required: true,
+            pinned: None,
+        };
+        let p = plan(vec![
+            bind("/usr", "/usr"),
+            MountOp::Dir {
+                path: "/dev".into(),
+                mode: 0o755,
+                uid: 0,
+                gid: 0,
+            },
+            bind("/dev/null", "/dev/null"),
+            MountOp::Symlink {
+                path: "/dev/fd".into(),
+                target: "/proc/self/fd".into(),
+            },
+            MountOp::Devpts {
+                path: "/dev/pts".into(),
+            },
+            MountOp::Proc {
+                path: "/proc".into(),
+            },
+            MountOp::MaskFile {
+                path: "/proc/kcore".into(),
+            },
+            MountOp::Sysfs {
+                path: "/sys".into(),
+            },
+            MountOp::MaskDir {
+                path: "/sys/firmware".into(),
+            },
+            MountOp::Tmpfs {
+                path: "/run/secrets".into(),
+                size: 1 << 20,
+                mode: 0o755,
+                noexec: true,
+            },
+            // A path that only starts like one of gVisor's stays.
+            bind("/data", "/devices"),
+        ]);
+        assert_eq!(host_side(&p).root, p.root);
+        let kept = host_side(&p).ops;
+        assert_eq!(kept.len(), 6, "{kept:#?}");
+        assert!(matches!(&kept[0], MountOp::Bind { path, .. } if path == "/usr"));
+        assert!(matches!(&kept[1], MountOp::Dir { path, .. } if path == "/dev"));
+        assert!(matches!(&kept[2], MountOp::Dir { path, mode: 0o555, .. } if path == "/proc"));
+        assert!(matches!(&kept[3], MountOp::Dir { path, .. } if path == "/sys"));
+        assert!(matches!(&kept[4], MountOp::Tmpfs { path, .. } if path == "/run/secrets"));
+        assert!(matches!(&kept[5], MountOp::Bind { path, .. } if path == "/devices"));
+    }
+
+    #[test]
+    fn the_bundle_runs_the_agent_as_pid_1_with_the_sandbox_limits() {
+        let limits = CgroupLimits {
+            memory_bytes: 256 << 20,
+            pids: 512,
+            cpus: Some(0.5),
+        };
+        let c = oci_config(&BundleInput {
+            hostname: "sandlot-x",
+            root: Path::new("/run/sandlot/gvisor/x/root"),
+            agent_exe: Path::new("/usr/bin/sandlot"),
+            agent_run: Path::new("/run/sandlot/gvisor/x/agent"),
+            netns: Some("/proc/self/fd/4"),
+            cgroups_path: "sandlot/x",
+            limits: &limits,
+            lifeline: false,
+        });
+        assert_eq!(
+            c["process"]["args"],
+            json!([AGENT_EXE, "__agent", "--listen", AGENT_SOCKET])
+        );
+        assert_eq!(c["process"]["noNewPrivileges"], true);
+        let caps = c["process"]["capabilities"]["bounding"].as_array().unwrap();
+        assert!(caps.contains(&json!("CAP_SETUID")));
+        assert!(!caps.contains(&json!("CAP_SYS_ADMIN")));
+        assert_eq!(c["hostname"], "sandlot-x");
+        assert_eq!(c["linux"]["cgroupsPath"], "sandlot/x");
+        assert_eq!(c["linux"]["resources"]["memory"]["limit"], 256 << 20);
+        assert_eq!(c["linux"]["resources"]["pids"]["limit"], 512);
+        assert_eq!(c["linux"]["resources"]["cpu"]["quota"], 50_000);
+        let net = &c["linux"]["namespaces"][4];
+        assert_eq!(
+            (net["type"].as_str(), net["path"].as_str()),
+            (Some("network"), Some("/proc/self/fd/4"))
+        );
+        // The agent's socket directory is the only writable host path, and no
+        // exec happens from it.
+        let run = c["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["destination"] == AGENT_RUN)
+            .unwrap();
+        assert!(run["options"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("noexec")));
+        // Without a slot: a network namespace of gVisor's own, no path.
+        let c = oci_config(&BundleInput {
+            netns: None,
+            lifeline: true,
+            ..BundleInput {
+                hostname: "h",
+                root: Path::new("/r"),
+                agent_exe: Path::new("/s"),
+                agent_run: Path::new("/a"),
+                netns: None,
+                cgroups_path: "p/x",
+                limits: &limits,
+                lifeline: true,
+            }
+        });
+        assert!(c["linux"]["namespaces"][4].get("path").is_none());
+        assert_eq!(c["process"]["args"][4], "--lifeline-stdin");
+    }
+}

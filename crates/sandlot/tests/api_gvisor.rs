@@ -1,0 +1,241 @@
+//! The gVisor backend through a real daemon: gVisor's kernel answers the sandbox's
+//! system calls; nothing of a gVisor sandbox stays on the host after a delete, a
+//! daemon `kill -9` and restart, or a crash of gVisor's own processes; and a
+//! create asking for gVisor where the daemon cannot provide it is refused whole,
+//! naming what is missing. Needs root and Debian's `runsc` (scripts/setup.sh).
+
+mod api_support;
+
+use api_support::{eventually, leftovers_of, rt, spec_body, Daemon};
+use sandlot_client::{ListFilter, SandboxState};
+use serde_json::json;
+
+fn gvisor() -> sandlot_client::CreateSandbox {
+    spec_body(json!({"isolation": "gvisor"}))
+}
+
+/// Pids of gVisor's processes (sandbox, gofer) of sandbox `id`.
+fn runsc_processes(id: &str) -> Vec<i32> {
+    let root = format!("--root=/run/sandlot/gvisor/{id}/");
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            (cmd.starts_with("runsc-") && cmd.contains(&root)).then_some(pid)
+        })
+        .collect()
+}
+
+#[test]
+fn gvisors_kernel_answers_uname_and_proc_version() {
+    let d = Daemon::start(None);
+    let c = d.client();
+    let host_release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let host_version = std::fs::read_to_string("/proc/version").unwrap();
+    rt().block_on(async {
+        let g = c.create_sandbox(&gvisor()).await.unwrap();
+        assert_eq!(g.spec["isolation"], "gvisor", "{:?}", g.spec);
+        let n = c
+            .create_sandbox(&spec_body(json!({"isolation": "namespace"})))
+            .await
+            .unwrap();
+        let ask = |id: String| {
+            let c = c.clone();
+            async move {
+                let o = c
+                    .run(&id, &["/bin/sh", "-c", "uname -r; cat /proc/version"])
+                    .await
+                    .unwrap();
+                assert_eq!(
+                    o.exit.code,
+                    Some(0),
+                    "{}",
+                    String::from_utf8_lossy(&o.stderr)
+                );
+                String::from_utf8(o.stdout).unwrap()
+            }
+        };
+        let (inside_g, inside_n) = (ask(g.id.clone()).await, ask(n.id.clone()).await);
+        // The namespace sandbox shares the host's kernel: the host answers.
+        assert_eq!(inside_n, format!("{}{}", host_release, host_version));
+        // gVisor's kernel answers for itself: neither the release nor the banner
+        // are the host's.
+        let mut lines = inside_g.lines();
+        let (release, version) = (lines.next().unwrap(), lines.next().unwrap());
+        assert_ne!(release, host_release.trim(), "{inside_g}");
+        assert_ne!(version, host_version.trim(), "{inside_g}");
+        assert!(version.starts_with("Linux version "), "{inside_g}");
+        // And the host sees gVisor's processes, not the sandbox's command.
+        assert!(!runsc_processes(&g.id).is_empty());
+        for id in [&g.id, &n.id] {
+            c.delete_sandbox(id).await.unwrap();
+        }
+    });
+}
+
+#[test]
+fn nothing_of_a_gvisor_sandbox_stays_after_delete_kill9_restart_and_a_runsc_crash() {
+    let mut d = Daemon::start(None);
+    let c = d.client();
+    let (kept, crashed) = rt().block_on(async {
+        let gone = c.create_sandbox(&gvisor()).await.unwrap().id;
+        let kept = c.create_sandbox(&gvisor()).await.unwrap().id;
+        let crashed = c.create_sandbox(&gvisor()).await.unwrap().id;
+        // A delete answers once gVisor's processes are dead; the rest follows.
+        let rec = c.delete_sandbox(&gone).await.unwrap();
+        assert_eq!(rec.state, SandboxState::Stopped);
+        assert!(runsc_processes(&gone).is_empty());
+        eventually(10, "the deleted sandbox's traces to go", || {
+            let g = gone.clone();
+            async move { leftovers_of(&g).is_empty() }
+        })
+        .await;
+        (kept, crashed)
+    });
+    // The daemon dies; gVisor's processes do not, and the next daemon takes them
+    // back with their agents.
+    d.kill9();
+    assert!(!runsc_processes(&kept).is_empty());
+    d.spawn();
+    let c = d.client();
+    rt().block_on(async {
+        let o = c.run(&kept, &["/bin/echo", "still here"]).await.unwrap();
+        assert_eq!(o.stdout, b"still here\n");
+        // gVisor's sandbox process crashes: the sandbox is recorded as exited,
+        // and its gofer, cgroups and directory go.
+        let sandbox_pid =
+            std::fs::read_to_string(format!("/run/sandlot/gvisor/{crashed}/sandbox.pid")).unwrap();
+        let pid: i32 = sandbox_pid.trim().parse().unwrap();
+        rustix::process::kill_process(
+            rustix::process::Pid::from_raw(pid).unwrap(),
+            rustix::process::Signal::KILL,
+        )
+        .unwrap();
+        eventually(20, "the crashed sandbox to be recorded and removed", || {
+            let (c, id) = (c.clone(), crashed.clone());
+            async move {
+                c.get_sandbox(&id).await.unwrap().state == SandboxState::Stopped
+                    && leftovers_of(&id).is_empty()
+            }
+        })
+        .await;
+        let rec = c.get_sandbox(&crashed).await.unwrap();
+        assert_eq!(rec.end_reason.as_deref(), Some("exited"), "{rec:?}");
+        // Its gofer went with it (the whole cgroup is killed).
+        assert!(runsc_processes(&crashed).is_empty());
+        let live = c.list_sandboxes(&ListFilter::default()).await.unwrap();
+        let ids: Vec<&str> = live.iter().map(|s| s.id.as_str()).collect();
+        assert_eq!(ids, vec![kept.as_str()]);
+    });
+    // `shutdown` deletes the last one and asserts that nothing of the prefix is
+    // left: directories, cgroups in every hierarchy, runsc processes.
+    d.shutdown();
+    assert!(leftovers_of(&d.prefix).is_empty());
+}
+
+#[test]
+fn asking_for_gvisor_where_it_cannot_run_is_refused_naming_what_is_missing() {
+    let dir = std::env::temp_dir().join(format!("sandlot-old-runsc-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // A runsc that predates `--host-uds` (releases before 2022 only had
+    // `--fsgofer-host-uds`).
+    let old = dir.join("runsc");
+    std::fs::write(
+        &old,
+        "#!/bin/sh\ncase \"$1\" in\n--version) echo 'runsc version release-20200127.0';;\n\
+         flags) printf '  -fsgofer-host-uds\\n  -network value\\n  -platform string\\n    \\tspecifies which platform to use: ptrace (default), kvm.\\n  -root string\\n';;\n\
+         *) exit 1;;\nesac\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&old, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let cases = [
+        (
+            format!(
+                "[isolation]\nrunsc = \"{}\"\n",
+                dir.join("missing").display()
+            ),
+            "runsc was not found",
+        ),
+        (
+            format!("[isolation]\nrunsc = \"{}\"\n", old.display()),
+            "runsc release-20200127.0 is too old: it has no --host-uds flag",
+        ),
+    ];
+    for (config, says) in &cases {
+        let d = Daemon::start(Some(config));
+        let (status, body) = d.raw("POST", "/v1/sandboxes", r#"{"isolation": "gvisor"}"#);
+        assert_eq!(status, 409, "{body}");
+        let msg = body["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(says), "{msg}");
+        assert_eq!(body["error"]["field"], "isolation", "{body}");
+        // The operator's path is the operator's business.
+        assert!(!msg.contains(&dir.display().to_string()), "{msg}");
+        // Nothing was made: no record, nothing on the host.
+        let (_, list) = d.raw("GET", "/v1/sandboxes?state=all", "");
+        assert_eq!(list["sandboxes"], json!([]), "{list}");
+        assert!(d.leftovers().is_empty());
+        // The namespace backend is unaffected.
+        let (status, body) = d.raw("POST", "/v1/sandboxes", "{}");
+        assert_eq!(status, 201, "{body}");
+    }
+    // Above the operator's ceiling: 400; an unknown kind: 400 naming the field.
+    let d = Daemon::start(Some("[isolation]\nceiling = \"namespace\"\n"));
+    let (status, body) = d.raw("POST", "/v1/sandboxes", r#"{"isolation": "gvisor"}"#);
+    assert_eq!(
+        (status, body["error"]["field"].as_str()),
+        (400, Some("isolation")),
+        "{body}"
+    );
+    let (status, body) = d.raw("POST", "/v1/sandboxes", r#"{"isolation": "vm"}"#);
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("isolation"),
+        "{body}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// gVisor's kernel (Debian 12's runsc) has no openat2, with which the agent
+/// refuses magic links while it resolves a path of the files API. Without it, the
+/// agent's pipes and sockets (`/proc/1/fd/*`: its standard input, its listening
+/// socket, its connections) must still not be served, nor its own `/proc` entries.
+#[test]
+fn the_files_api_serves_none_of_the_agents_descriptors_on_gvisor() {
+    let d = Daemon::start(None);
+    let c = d.client();
+    let id = rt().block_on(c.create_sandbox(&gvisor())).unwrap().id;
+    let sb = format!("/v1/sandboxes/{id}");
+    // A link to one of them, made by the sandbox, is refused the same way.
+    let o = rt()
+        .block_on(c.run(&id, &["/bin/ln", "-s", "/proc/1/fd/0", "/tmp/stdin-link"]))
+        .unwrap();
+    assert_eq!(o.exit.code, Some(0));
+    let mut paths: Vec<String> = (0..12).map(|n| format!("/proc/1/fd/{n}")).collect();
+    paths.extend(["/proc/1/environ", "/proc/self/environ", "/tmp/stdin-link"].map(String::from));
+    for p in &paths {
+        for route in ["files", "files/stat", "files/list"] {
+            let (st, body) = d.raw("GET", &format!("{sb}/{route}?path={p}&follow=true"), "");
+            let (st, body) = match st {
+                // `files` and `files/list` take no `follow`.
+                400 if body["error"]["field"] == "follow" => {
+                    d.raw("GET", &format!("{sb}/{route}?path={p}"), "")
+                }
+                _ => (st, body),
+            };
+            assert!(
+                (400..500).contains(&st),
+                "{route} {p} was served: {st} {body}"
+            );
+        }
+    }
+    // Ordinary files are served.
+    let (st, _) = d.raw("GET", &format!("{sb}/files/stat?path=/etc/hostname"), "");
+    assert_eq!(st, 200);
+    rt().block_on(c.delete_sandbox(&id)).unwrap();
+}
