@@ -6,6 +6,10 @@
 //! user, working directory) come as one JSON line on standard input, never on the
 //! command line (they may hold secrets). With `--lifeline-stdin`, standard input
 //! stays open after that line and its end ends the agent and everything it started.
+//!
+//! With `--pid1` (PID 1 of a gVisor sandbox), once the agent listens its standard
+//! output and error become `/dev/null`: they were `runsc`'s, a file on the host,
+//! which a sandbox process could otherwise fill through `/proc/1/fd/2`.
 
 use std::io::BufRead;
 use std::os::fd::{AsFd, OwnedFd};
@@ -31,11 +35,13 @@ pub fn main() -> ! {
 fn run(args: Vec<String>) -> Result<(), String> {
     let mut listen = None;
     let mut lifeline_stdin = false;
+    let mut pid1 = false;
     let mut it = args.into_iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "--listen" => listen = Some(it.next().ok_or("--listen needs a path")?),
             "--lifeline-stdin" => lifeline_stdin = true,
+            "--pid1" => pid1 = true,
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
@@ -54,6 +60,9 @@ fn run(args: Vec<String>) -> Result<(), String> {
     };
     let _ = std::fs::remove_file(&listen);
     let listener = UnixListener::bind(&listen).map_err(|e| format!("bind {listen}: {e}"))?;
+    if pid1 {
+        confine_pid1().map_err(|e| format!("--pid1: {e}"))?;
+    }
     let cfg = sandlot_guest::AgentConfig {
         env: setup.env,
         default_user: setup.default_user,
@@ -62,6 +71,16 @@ fn run(args: Vec<String>) -> Result<(), String> {
         ..Default::default()
     };
     sandlot_guest::run_agent(listener, cfg).map_err(|e| e.to_string())
+}
+
+/// Standard output and error on `/dev/null`. (Not made non-dumpable: gVisor's
+/// `/proc` does not keep the sandbox's processes from the agent's descriptors for
+/// it.)
+fn confine_pid1() -> std::io::Result<()> {
+    let null = std::fs::OpenOptions::new().write(true).open("/dev/null")?;
+    rustix::stdio::dup2_stdout(&null)?;
+    rustix::stdio::dup2_stderr(&null)?;
+    Ok(())
 }
 
 /// Moves standard input to a new close-on-exec descriptor and puts `/dev/null` in

@@ -5,6 +5,7 @@
 //! naming what is missing. Needs root and Debian's `runsc` (scripts/setup.sh).
 
 mod api_support;
+mod img_support;
 
 use api_support::{eventually, leftovers_of, rt, spec_body, Daemon};
 use sandlot_client::{ListFilter, SandboxState};
@@ -218,7 +219,23 @@ fn the_files_api_serves_none_of_the_agents_descriptors_on_gvisor() {
     assert_eq!(o.exit.code, Some(0));
     let mut paths: Vec<String> = (0..12).map(|n| format!("/proc/1/fd/{n}")).collect();
     paths.extend(["/proc/1/environ", "/proc/self/environ", "/tmp/stdin-link"].map(String::from));
+    // The agent's standard output and error are the sandbox's own `/dev/null`
+    // (`__agent --pid1`), which any process of it may open: those two may be
+    // served, as that device and nothing else.
+    let stat = |p: &str| d.raw("GET", &format!("{sb}/files/stat?path={p}&follow=true"), "");
+    let (_, null) = stat("/dev/null");
     for p in &paths {
+        if p.ends_with("/fd/1") || p.ends_with("/fd/2") {
+            let (st, b) = stat(p);
+            if st == 200 {
+                assert_eq!(
+                    (&b["kind"], &b["mode"], &b["size"]),
+                    (&null["kind"], &null["mode"], &null["size"]),
+                    "{p}: {b}"
+                );
+                continue;
+            }
+        }
         for route in ["files", "files/stat", "files/list"] {
             let (st, body) = d.raw("GET", &format!("{sb}/{route}?path={p}&follow=true"), "");
             let (st, body) = match st {
@@ -238,4 +255,125 @@ fn the_files_api_serves_none_of_the_agents_descriptors_on_gvisor() {
     let (st, _) = d.raw("GET", &format!("{sb}/files/stat?path=/etc/hostname"), "");
     assert_eq!(st, 200);
     rt().block_on(c.delete_sandbox(&id)).unwrap();
+}
+
+/// The value of the metric line `name{pool="pool"} V`.
+async fn pool_metric(c: &sandlot_client::Client, name: &str, pool: &str) -> Option<u64> {
+    let text = c.metrics().await.ok()?;
+    let key = format!("{name}{{pool=\"{pool}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&key))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// A `[[pools]]` spec with `isolation = "gvisor"` keeps gVisor sandboxes ready, and
+/// a create asking for gVisor claims one (a namespace create does not).
+#[test]
+fn a_gvisor_pool_hands_out_gvisor_sandboxes() {
+    let mut d = Daemon::start(Some(
+        "[[pools]]\nname = \"g\"\nsize = 1\nspec = { isolation = \"gvisor\" }\n",
+    ));
+    let c = d.client();
+    let host_release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    rt().block_on(async {
+        eventually(30, "the gVisor pool to be ready", || async {
+            pool_metric(&c, "sandlot_pool_ready", "g").await == Some(1)
+        })
+        .await;
+        let n = c
+            .create_sandbox(&spec_body(json!({"isolation": "namespace"})))
+            .await
+            .unwrap();
+        assert_eq!(
+            pool_metric(&c, "sandlot_pool_hits_total", "g").await,
+            Some(0)
+        );
+        let g = c.create_sandbox(&gvisor()).await.unwrap();
+        assert_eq!(
+            pool_metric(&c, "sandlot_pool_hits_total", "g").await,
+            Some(1)
+        );
+        let o = c.run(&g.id, &["/bin/uname", "-r"]).await.unwrap();
+        let release = String::from_utf8(o.stdout).unwrap();
+        assert_ne!(
+            release.trim(),
+            host_release.trim(),
+            "a pooled gVisor sandbox"
+        );
+        assert!(!runsc_processes(&g.id).is_empty());
+        for id in [&g.id, &n.id] {
+            c.delete_sandbox(id).await.unwrap();
+        }
+    });
+    d.shutdown();
+}
+
+/// The agent (PID 1) starts with `runsc`'s standard output and error, a file on the
+/// host: no process of the sandbox may write there through `/proc/1/fd` (a megabyte
+/// at a time filled the host's `/run`).
+#[test]
+fn a_gvisor_sandbox_cannot_write_the_hosts_files_through_the_agents_descriptors() {
+    let d = Daemon::start(None);
+    let c = d.client();
+    let id = rt().block_on(c.create_sandbox(&gvisor())).unwrap().id;
+    let log = std::path::PathBuf::from(format!("/run/sandlot/gvisor/{id}/runsc.log"));
+    let before = std::fs::metadata(&log).unwrap().len();
+    let o = rt()
+        .block_on(c.run(
+            &id,
+            &[
+                "/bin/sh",
+                "-c",
+                "for n in 1 2; do head -c 1000000 /dev/zero > /proc/1/fd/$n; done; true",
+            ],
+        ))
+        .unwrap();
+    assert_eq!(o.exit.code, Some(0));
+    let after = std::fs::metadata(&log).unwrap().len();
+    assert_eq!(after, before, "the sandbox wrote to the host's log");
+    rt().block_on(c.delete_sandbox(&id)).unwrap();
+}
+
+/// A store image on gVisor: its layers and config, a size-limited writable layer
+/// the host can snapshot (gVisor's writes reach the host's directory, no cache of
+/// its own in between), and a new gVisor sandbox started from the snapshot.
+#[test]
+fn a_gvisor_sandbox_runs_a_store_image_and_its_snapshot_has_its_writes() {
+    let mut d = Daemon::start(None);
+    let tmp = d.dir.join("work");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let archive = img_support::base_archive(&tmp, "test/base:1", 1);
+    let (code, out, err) = d.cli(&["image", "import", archive.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    let c = d.client();
+    rt().block_on(async {
+        let body = |image: &str| spec_body(json!({"image": image, "isolation": "gvisor", "resources": {"disk": "4M"}}));
+        let a = c.create_sandbox(&body("test/base:1")).await.unwrap().id;
+        let sh = |id: String, cmd: &'static str| {
+            let c = c.clone();
+            async move {
+                let o = c.run(&id, &["/bin/sh", "-c", cmd]).await.unwrap();
+                (o.exit.code, String::from_utf8_lossy(&o.stdout).into_owned())
+            }
+        };
+        let (code, out) = sh(a.clone(), "echo $FROM_IMAGE; cat /opt/layers/0 /proc/version").await;
+        assert_eq!(code, Some(0), "{out}");
+        let host = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+        assert!(out.starts_with("yes\nlayer 0\n") && !out.contains(host.trim()), "{out}");
+        // The disk limit holds, and a write is in the snapshot at once.
+        let (_, out) = sh(a.clone(), "dd if=/dev/zero of=/opt/big bs=1M count=8 2>/dev/null || echo full; rm -f /opt/big; echo kept > /opt/new").await;
+        assert_eq!(out, "full\n");
+        let snap = c
+            .call_json("POST", &format!("/v1/sandboxes/{a}/snapshot"), Some(&json!({"tag": "test/gsnap:1"})))
+            .await
+            .unwrap();
+        assert_eq!(snap["source"], "snapshot", "{snap}");
+        assert_eq!(sh(a.clone(), "echo alive").await.1, "alive\n");
+        let b = c.create_sandbox(&body("test/gsnap:1")).await.unwrap().id;
+        assert_eq!(sh(b.clone(), "cat /opt/new").await.1, "kept\n");
+        for id in [&a, &b] {
+            c.delete_sandbox(id).await.unwrap();
+        }
+    });
+    d.shutdown();
 }

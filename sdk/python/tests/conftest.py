@@ -120,7 +120,7 @@ class Daemon:
         return sorted(p for pat in pats for p in glob.glob(pat))
 
     def run_dir_exists(self, sandbox_id: str) -> bool:
-        return os.path.exists(f"/run/sandlot/sandboxes/{sandbox_id}")
+        return any(os.path.exists(f"/run/sandlot/{d}/{sandbox_id}") for d in ("sandboxes", "gvisor"))
 
     def run_dir_gone(self, sandbox_id: str, timeout: float = 10.0) -> bool:
         """Whether the sandbox's run directory is gone within `timeout`: the host

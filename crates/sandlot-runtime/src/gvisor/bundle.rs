@@ -22,6 +22,13 @@ pub const AGENT_EXE: &str = "/dev/.sandlot/sandlot";
 pub const AGENT_RUN: &str = "/dev/.sandlot/run";
 /// The agent's socket inside.
 pub const AGENT_SOCKET: &str = "/dev/.sandlot/run/agent.sock";
+/// The host's dynamic loader, bound read-only: the `sandlot` binary runs through
+/// it with the host's libraries, whatever the image's are (a store image may have
+/// another libc, or none).
+pub const AGENT_LOADER: &str = "/dev/.sandlot/ld.so";
+/// The host's library directories of the `sandlot` binary, bound read-only as
+/// `/dev/.sandlot/lib0`, `lib1`, ...
+pub const AGENT_LIB_PREFIX: &str = "/dev/.sandlot/lib";
 /// The hidden argument of `sandlot` that relays one connection to a port of the
 /// sandbox's loopback (`sandlot __port-relay PORT`, see
 /// [`crate::PortAccess::Relay`]).
@@ -90,6 +97,105 @@ pub fn host_side(plan: &MountPlan) -> MountPlan {
     }
 }
 
+/// How the `sandlot` binary runs inside a gVisor sandbox: through the host's
+/// loader and libraries (a dynamically linked binary), or alone (a static one).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AgentRuntime {
+    /// The host's loader (`PT_INTERP` of the binary).
+    pub loader: Option<PathBuf>,
+    /// Host directories of the libraries the binary runs with.
+    pub lib_dirs: Vec<PathBuf>,
+}
+
+impl AgentRuntime {
+    /// The command line inside the sandbox that runs `sandlot` with `args`.
+    pub fn argv<I: IntoIterator<Item = String>>(&self, args: I) -> Vec<String> {
+        let mut v = Vec::new();
+        if self.loader.is_some() {
+            v.push(AGENT_LOADER.to_string());
+            if !self.lib_dirs.is_empty() {
+                v.push("--library-path".into());
+                v.push(
+                    (0..self.lib_dirs.len())
+                        .map(|i| format!("{AGENT_LIB_PREFIX}{i}"))
+                        .collect::<Vec<_>>()
+                        .join(":"),
+                );
+            }
+        }
+        v.push(AGENT_EXE.to_string());
+        v.extend(args);
+        v
+    }
+
+    /// The read-only binds of the loader and the library directories.
+    fn mounts(&self) -> Vec<Value> {
+        let ro = json!(["rbind", "ro", "nosuid", "nodev"]);
+        let mut v = Vec::new();
+        if let Some(l) = &self.loader {
+            v.push(
+                json!({ "destination": AGENT_LOADER, "type": "bind", "source": l, "options": ro }),
+            );
+            for (i, d) in self.lib_dirs.iter().enumerate() {
+                v.push(
+                    json!({ "destination": format!("{AGENT_LIB_PREFIX}{i}"), "type": "bind",
+                    "source": d, "options": ro }),
+                );
+            }
+        }
+        v
+    }
+}
+
+/// The program interpreter (`PT_INTERP`) of a 64-bit little-endian ELF file, if it
+/// has one.
+pub fn elf_interpreter(elf: &[u8]) -> Option<PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    if elf.get(..6)? != b"\x7fELF\x02\x01" {
+        return None;
+    }
+    let u16_at = |o: usize| Some(u16::from_le_bytes(elf.get(o..o + 2)?.try_into().ok()?));
+    let u32_at = |o: usize| Some(u32::from_le_bytes(elf.get(o..o + 4)?.try_into().ok()?));
+    let u64_at =
+        |o: usize| usize::try_from(u64::from_le_bytes(elf.get(o..o + 8)?.try_into().ok()?)).ok();
+    let (phoff, phentsize, phnum) = (u64_at(0x20)?, u16_at(0x36)? as usize, u16_at(0x38)?);
+    for i in 0..phnum as usize {
+        let ph = phoff.checked_add(i.checked_mul(phentsize)?)?;
+        if u32_at(ph)? == 3 {
+            let (off, size) = (u64_at(ph + 8)?, u64_at(ph + 32)?);
+            let raw = elf.get(off..off.checked_add(size)?)?;
+            let name = raw.split(|b| *b == 0).next()?;
+            return (!name.is_empty()).then(|| PathBuf::from(std::ffi::OsStr::from_bytes(name)));
+        }
+    }
+    None
+}
+
+/// The directories of the shared libraries in a `/proc/PID/maps` text (the
+/// loader's own left out), in order of appearance.
+pub fn library_dirs(maps: &str, loader: &Path) -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    for l in maps.lines() {
+        let Some(path) = l.split_whitespace().nth(5) else {
+            continue;
+        };
+        let p = Path::new(path);
+        let is_lib = p
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.contains(".so"));
+        if !path.starts_with('/') || !is_lib || p == loader {
+            continue;
+        }
+        if let Some(d) = p.parent() {
+            if !dirs.iter().any(|x| x == d) {
+                dirs.push(d.to_path_buf());
+            }
+        }
+    }
+    dirs
+}
+
 /// What the OCI bundle of a gVisor sandbox is made of.
 #[derive(Debug, Clone)]
 pub struct BundleInput<'a> {
@@ -98,6 +204,8 @@ pub struct BundleInput<'a> {
     pub root: &'a Path,
     /// The `sandlot` binary on the host.
     pub agent_exe: &'a Path,
+    /// How it runs inside.
+    pub agent_runtime: &'a AgentRuntime,
     /// The host directory of the agent's socket.
     pub agent_run: &'a Path,
     /// A network namespace to join (`/proc/self/fd/N`), for a network slot.
@@ -118,12 +226,13 @@ pub fn oci_config(b: &BundleInput<'_>) -> Value {
         .iter()
         .map(|(_, name, _)| format!("CAP_{name}"))
         .collect();
-    let mut args = vec![
-        AGENT_EXE.to_string(),
-        "__agent".into(),
+    let mut args = b.agent_runtime.argv([
+        "__agent".to_string(),
         "--listen".into(),
         AGENT_SOCKET.into(),
-    ];
+        // Off runsc's standard output and error (a host file).
+        "--pid1".into(),
+    ]);
     if b.lifeline {
         args.push("--lifeline-stdin".into());
     }
@@ -141,6 +250,24 @@ pub fn oci_config(b: &BundleInput<'_>) -> Value {
             "quota": ((c * PERIOD as f64).round() as i64).max(1000),
             "period": PERIOD,
         });
+    }
+    let mut mounts = json!([
+            { "destination": "/proc", "type": "proc", "source": "proc" },
+            { "destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+              "options": ["nosuid", "strictatime", "mode=755", "size=65536k"] },
+            { "destination": "/dev/pts", "type": "devpts", "source": "devpts",
+              "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"] },
+            { "destination": "/dev/shm", "type": "tmpfs", "source": "shm",
+              "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"] },
+            { "destination": "/sys", "type": "sysfs", "source": "sysfs",
+              "options": ["nosuid", "noexec", "nodev", "ro"] },
+            { "destination": AGENT_EXE, "type": "bind", "source": b.agent_exe,
+              "options": ["rbind", "ro", "nosuid", "nodev"] },
+            { "destination": AGENT_RUN, "type": "bind", "source": b.agent_run,
+              "options": ["rbind", "rw", "nosuid", "nodev", "noexec"] },
+    ]);
+    if let Some(m) = mounts.as_array_mut() {
+        m.extend(b.agent_runtime.mounts());
     }
     json!({
         "ociVersion": "1.0.2",
@@ -161,21 +288,7 @@ pub fn oci_config(b: &BundleInput<'_>) -> Value {
         },
         "root": { "path": b.root, "readonly": false },
         "hostname": b.hostname,
-        "mounts": [
-            { "destination": "/proc", "type": "proc", "source": "proc" },
-            { "destination": "/dev", "type": "tmpfs", "source": "tmpfs",
-              "options": ["nosuid", "strictatime", "mode=755", "size=65536k"] },
-            { "destination": "/dev/pts", "type": "devpts", "source": "devpts",
-              "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"] },
-            { "destination": "/dev/shm", "type": "tmpfs", "source": "shm",
-              "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"] },
-            { "destination": "/sys", "type": "sysfs", "source": "sysfs",
-              "options": ["nosuid", "noexec", "nodev", "ro"] },
-            { "destination": AGENT_EXE, "type": "bind", "source": b.agent_exe,
-              "options": ["rbind", "ro", "nosuid", "nodev"] },
-            { "destination": AGENT_RUN, "type": "bind", "source": b.agent_run,
-              "options": ["rbind", "rw", "nosuid", "nodev", "noexec"] },
-        ],
+        "mounts": mounts,
         "linux": {
             "namespaces": [
                 { "type": "pid" }, { "type": "mount" }, { "type": "ipc" }, { "type": "uts" },
@@ -275,6 +388,7 @@ mod tests {
             hostname: "sandlot-x",
             root: Path::new("/run/sandlot/gvisor/x/root"),
             agent_exe: Path::new("/usr/bin/sandlot"),
+            agent_runtime: &AgentRuntime::default(),
             agent_run: Path::new("/run/sandlot/gvisor/x/agent"),
             netns: Some("/proc/self/fd/4"),
             cgroups_path: "sandlot/x",
@@ -283,7 +397,7 @@ mod tests {
         });
         assert_eq!(
             c["process"]["args"],
-            json!([AGENT_EXE, "__agent", "--listen", AGENT_SOCKET])
+            json!([AGENT_EXE, "__agent", "--listen", AGENT_SOCKET, "--pid1"])
         );
         assert_eq!(c["process"]["noNewPrivileges"], true);
         let caps = c["process"]["capabilities"]["bounding"].as_array().unwrap();
@@ -319,6 +433,7 @@ mod tests {
                 hostname: "h",
                 root: Path::new("/r"),
                 agent_exe: Path::new("/s"),
+                agent_runtime: &AgentRuntime::default(),
                 agent_run: Path::new("/a"),
                 netns: None,
                 cgroups_path: "p/x",
@@ -327,6 +442,51 @@ mod tests {
             }
         });
         assert!(c["linux"]["namespaces"][4].get("path").is_none());
-        assert_eq!(c["process"]["args"][4], "--lifeline-stdin");
+        assert_eq!(c["process"]["args"][5], "--lifeline-stdin");
+    }
+
+    #[test]
+    fn the_agent_runs_through_the_hosts_loader_and_library_directories() {
+        let me = std::fs::read("/proc/self/exe").unwrap();
+        let loader = elf_interpreter(&me).expect("a dynamically linked test binary");
+        assert!(loader.is_absolute(), "{}", loader.display());
+        assert_eq!(elf_interpreter(b"#!/bin/sh\n"), None);
+        let maps = "7f00-7f01 r-xp 0 08:01 1 /usr/lib/x86_64-linux-gnu/libc.so.6
+7f02-7f03 r-xp 0 08:01 2 /usr/lib/x86_64-linux-gnu/libm.so.6
+7f04-7f05 r-xp 0 08:01 3 /opt/x/libz.so.1.2
+7f06-7f07 r-xp 0 08:01 4 /usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2
+7f08-7f09 rw-p 0 00:00 0 [heap]
+7f0a-7f0b r-xp 0 08:01 5 /usr/bin/sandlot
+";
+        let dirs = library_dirs(
+            maps,
+            Path::new("/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"),
+        );
+        assert_eq!(
+            dirs,
+            vec![
+                PathBuf::from("/usr/lib/x86_64-linux-gnu"),
+                PathBuf::from("/opt/x")
+            ]
+        );
+        let rt = AgentRuntime {
+            loader: Some(loader),
+            lib_dirs: dirs,
+        };
+        assert_eq!(
+            rt.argv(["__agent".to_string()]),
+            vec![
+                AGENT_LOADER,
+                "--library-path",
+                "/dev/.sandlot/lib0:/dev/.sandlot/lib1",
+                AGENT_EXE,
+                "__agent"
+            ]
+        );
+        assert_eq!(rt.mounts().len(), 3);
+        assert_eq!(
+            AgentRuntime::default().argv(["x".to_string()]),
+            vec![AGENT_EXE, "x"]
+        );
     }
 }

@@ -78,6 +78,8 @@ pub struct GvisorBackend {
     /// Mount points of every cgroup hierarchy (`runsc` makes the sandbox's cgroup
     /// in all of them, not only in those the runtime uses).
     hierarchies: Vec<PathBuf>,
+    /// How the `sandlot` binary runs inside a sandbox.
+    agent: bundle::AgentRuntime,
 }
 
 fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> RuntimeError {
@@ -105,7 +107,9 @@ impl GvisorBackend {
             .map_err(|e| Err(io_err(format!("create {}", dir.display()))(e)))?;
         sys::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0)
             .map_err(|e| Err(io_err("become child subreaper")(e)))?;
+        let agent = agent_runtime(&cfg.sandlot_exe).map_err(Err)?;
         Ok(GvisorBackend {
+            agent,
             hierarchies: cgroup_mounts(),
             host: HostFacts::probe(Path::new("/")),
             runsc,
@@ -117,6 +121,11 @@ impl GvisorBackend {
     /// What `runsc` is and the platform sandboxes run on.
     pub fn runsc(&self) -> &Runsc {
         &self.runsc
+    }
+
+    /// The port relay's command line inside a sandbox (the port is appended).
+    fn relay_argv(&self) -> Vec<String> {
+        self.agent.argv([bundle::PORT_RELAY_ARG.to_string()])
     }
 
     fn sandbox_dir(&self, id: &str) -> PathBuf {
@@ -203,6 +212,7 @@ impl GvisorBackend {
             hostname: &hostname,
             root: &root,
             agent_exe: &self.cfg.sandlot_exe,
+            agent_runtime: &self.agent,
             agent_run: &agent_run,
             netns: opts.netns.as_ref().map(|_| netns_path.as_str()),
             // Absolute: a relative path is taken below runsc's own cgroup in each
@@ -246,6 +256,7 @@ impl GvisorBackend {
             dir: dir.to_path_buf(),
             hierarchies: self.hierarchies.clone(),
             cgroup_parent: self.cfg.cgroup_parent.clone(),
+            relay: self.relay_argv(),
             lifeline: Mutex::new(lifeline),
         };
         if !in_cgroup(pid, &self.cfg.cgroup_parent, id) {
@@ -475,6 +486,31 @@ fn wait_listening(socket: &Path, pidfd: &OwnedFd) -> Result<(), RuntimeError> {
     }
 }
 
+/// How `sandlot_exe` runs inside a sandbox: through its loader (`PT_INTERP`) and
+/// the directories of the libraries this process, the same binary, runs with.
+fn agent_runtime(sandlot_exe: &Path) -> Result<bundle::AgentRuntime, RuntimeError> {
+    let elf = fs::read(sandlot_exe).map_err(io_err(format!("read {}", sandlot_exe.display())))?;
+    let Some(loader) = bundle::elf_interpreter(&elf) else {
+        return Ok(bundle::AgentRuntime::default());
+    };
+    let loader =
+        fs::canonicalize(&loader).map_err(io_err(format!("resolve {}", loader.display())))?;
+    let maps = fs::read_to_string("/proc/self/maps").map_err(io_err("read /proc/self/maps"))?;
+    let lib_dirs = bundle::library_dirs(&maps, &loader)
+        .into_iter()
+        .filter_map(|d| fs::canonicalize(d).ok())
+        .fold(Vec::new(), |mut v: Vec<PathBuf>, d| {
+            if !v.contains(&d) {
+                v.push(d);
+            }
+            v
+        });
+    Ok(bundle::AgentRuntime {
+        loader: Some(loader),
+        lib_dirs,
+    })
+}
+
 /// Mount points of the cgroup hierarchies (v1 and v2) in this mount namespace.
 fn cgroup_mounts() -> Vec<PathBuf> {
     let mi = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
@@ -544,6 +580,7 @@ impl Backend for GvisorBackend {
             dir,
             hierarchies: self.hierarchies.clone(),
             cgroup_parent: self.cfg.cgroup_parent.clone(),
+            relay: self.relay_argv(),
             lifeline: Mutex::new(None),
         }))
     }
@@ -638,6 +675,8 @@ pub struct GvisorInstance {
     dir: PathBuf,
     hierarchies: Vec<PathBuf>,
     cgroup_parent: String,
+    /// The port relay's command line inside (see [`Instance::port_access`]).
+    relay: Vec<String>,
     /// The write end of the agent's standard input when it is the sandbox's
     /// lifeline (`sandlot run`).
     lifeline: Mutex<Option<OwnedFd>>,
@@ -700,10 +739,7 @@ impl Instance for GvisorInstance {
     /// gVisor's own network stack holds the sandbox's sockets: no host socket
     /// reaches its loopback. A relay started through the agent does.
     fn port_access(&self) -> PortAccess {
-        PortAccess::Relay(vec![
-            bundle::AGENT_EXE.to_string(),
-            bundle::PORT_RELAY_ARG.to_string(),
-        ])
+        PortAccess::Relay(self.relay.clone())
     }
 
     fn port_sockets(&self, reply: PortSocketsReply) {
