@@ -118,8 +118,12 @@ pub struct RuntimeSection {
     pub run_dir_tmpfs: bool,
     /// CPU quota, in cores, of a sandbox whose spec gives no `resources.cpus`
     /// (cgroup v2 `cpu.max`, v1 `cpu.cfs_quota_us`). Absent: half the host's CPUs,
-    /// at least one; 0: no quota.
+    /// at least one, at most `max_cpus`; 0: no quota.
     pub default_cpus: Option<f64>,
+    /// Largest CPU quota, in cores, a spec may ask for in `resources.cpus` (more is
+    /// refused with 400). Absent: the host's CPU count. Without a ceiling a tenant
+    /// asking for `cpus: 1024` had no quota at all.
+    pub max_cpus: Option<f64>,
     /// CPU weight of all sandboxes together against the daemon and the rest of the
     /// host when the CPUs are contended (the parent cgroup's v2 `cpu.weight`; v1
     /// `cpu.shares`, 100 being 1024); the kernel's default is 100. 0: left alone.
@@ -135,9 +139,15 @@ impl RuntimeSection {
             Some(c) => Some(c),
             None => {
                 let n = std::thread::available_parallelism().map_or(2, |n| n.get());
-                Some((n / 2).max(1) as f64)
+                Some(((n / 2).max(1) as f64).min(self.effective_max_cpus()))
             }
         }
+    }
+
+    /// The largest `resources.cpus` a spec may ask for (`max_cpus`).
+    pub fn effective_max_cpus(&self) -> f64 {
+        self.max_cpus
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()) as f64)
     }
 
     /// The effective limit of concurrent cold creates.
@@ -161,6 +171,7 @@ impl Default for RuntimeSection {
             netns_stock: 4,
             run_dir_tmpfs: true,
             default_cpus: None,
+            max_cpus: None,
             cgroup_cpu_weight: 50,
         }
     }
@@ -421,6 +432,22 @@ impl ServerConfig {
                 ));
             }
         }
+        if let Some(c) = self.runtime.max_cpus {
+            use sandlot_proto::spec::limits::{MAX_CPUS, MIN_CPUS};
+            if !(c.is_finite() && (MIN_CPUS..=MAX_CPUS).contains(&c)) {
+                return bad(format!(
+                    "runtime.max_cpus {c}: use {MIN_CPUS} to {MAX_CPUS} cores"
+                ));
+            }
+        }
+        if let Some(d) = self.runtime.default_cpus {
+            let max = self.runtime.effective_max_cpus();
+            if d > max {
+                return bad(format!(
+                    "runtime.default_cpus {d} exceeds runtime.max_cpus {max}"
+                ));
+            }
+        }
         if self.runtime.cgroup_cpu_weight > 10_000 {
             return bad(format!(
                 "runtime.cgroup_cpu_weight {}: use 0 (the kernel's) or 1 to 10000",
@@ -579,13 +606,32 @@ max_sandboxes = 3
         )
         .unwrap();
         assert_eq!(c.runtime.effective_default_cpus(), None);
-        let (c, _) =
-            ServerConfig::from_toml("[runtime]\ndefault_cpus = 1.5\n", Path::new("c")).unwrap();
+        let (c, _) = ServerConfig::from_toml(
+            "[runtime]\ndefault_cpus = 1.5\nmax_cpus = 4\n",
+            Path::new("c"),
+        )
+        .unwrap();
         assert_eq!(c.runtime.effective_default_cpus(), Some(1.5));
+        assert_eq!(c.runtime.effective_max_cpus(), 4.0);
+        // The ceiling defaults to the host's CPUs and bounds the implicit default.
+        let (c, _) = ServerConfig::from_toml("", Path::new("c")).unwrap();
+        let host = std::thread::available_parallelism().unwrap().get() as f64;
+        assert_eq!(c.runtime.effective_max_cpus(), host);
+        let (c, _) =
+            ServerConfig::from_toml("[runtime]\nmax_cpus = 0.25\n", Path::new("c")).unwrap();
+        assert_eq!(c.runtime.effective_default_cpus(), Some(0.25));
+        let e = ServerConfig::from_toml(
+            "[runtime]\ndefault_cpus = 2\nmax_cpus = 1\n",
+            Path::new("c"),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("exceeds runtime.max_cpus"), "{e}");
         for bad in [
             "default_cpus = -1",
             "default_cpus = 0.001",
             "default_cpus = 5000",
+            "max_cpus = 0",
+            "max_cpus = 5000",
             "cgroup_cpu_weight = 10001",
         ] {
             let text = format!("[runtime]\n{bad}\n");

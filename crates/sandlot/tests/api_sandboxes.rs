@@ -755,7 +755,7 @@ fn sandboxes_without_a_cpu_limit_get_the_operators_default() {
     let parent = format!("sandlot-cputest-{}", std::process::id());
     let v1 = std::path::Path::new("/sys/fs/cgroup/cpu").is_dir();
     let mut d = Daemon::start(Some(&format!(
-        "[runtime]\ncgroup_parent = \"{parent}\"\ndefault_cpus = 0.5\ncgroup_cpu_weight = 25\n"
+        "[runtime]\ncgroup_parent = \"{parent}\"\ndefault_cpus = 0.5\nmax_cpus = 2\ncgroup_cpu_weight = 25\n"
     )));
     let c = d.client();
     let (plain, sized) = rt().block_on(async {
@@ -768,6 +768,24 @@ fn sandboxes_without_a_cpu_limit_get_the_operators_default() {
         let sized = c.create_sandbox(&body).await.unwrap().id;
         (plain, sized)
     });
+    // A spec cannot ask its way past the quota: above the operator's ceiling is
+    // refused (`cpus: 1024` had no quota at all), and nothing is created.
+    let refused = rt().block_on(async {
+        let body = api_support::spec_body(json!({"resources": {"cpus": 1024}}));
+        c.create_sandbox(&body).await.unwrap_err()
+    });
+    let msg = refused.to_string();
+    assert!(
+        msg.contains("resources.cpus") && msg.contains("ceiling of 2"),
+        "{msg}"
+    );
+    let live = rt()
+        .block_on(c.list_sandboxes(&sandlot_client::ListFilter {
+            states: vec!["all".into()],
+            ..Default::default()
+        }))
+        .unwrap();
+    assert_eq!(live.len(), 2, "{live:?}");
     let (quota, weight) = cpu_files(&parent, &plain);
     let (asked, _) = cpu_files(&parent, &sized);
     if v1 {
