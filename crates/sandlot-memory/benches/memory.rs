@@ -459,7 +459,7 @@ fn bench_search(model: Arc<dyn Embedder>) {
     );
     println!("| mode | n | p50 | p95 | max | mean CPU (all threads) |\n|---|---|---|---|---|---|");
     let (h50, hc) = hybrid.row(
-        "hybrid (query embedding ‖ BM25 + matched terms in Rust; int8 AVX2 scan on the embedding thread + exact rerank, RRF)",
+        "hybrid (query embedding ‖ BM25 + matched terms in Rust; int8 AVX2 scan on the embedding thread + exact rerank, fusion)",
     );
     let (t50, tc) = per_term_hybrid.row(
         "peer: per-term FTS path, hybrid (one FTS query per query term; f32 query embedding on both cores from the start)",
