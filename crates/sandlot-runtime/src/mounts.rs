@@ -9,6 +9,7 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
+use sandlot_proto::spec::TmpfsLimit;
 use serde::{Deserialize, Serialize};
 
 use crate::host_path::{self, HostId, PinError, PinnedPath};
@@ -22,14 +23,16 @@ pub use apply::{apply, apply_with_trees, mount_layers, mount_root, RootInfo};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum RootFs {
     /// A size-limited tmpfs (the `host` image: everything else is bound into it).
-    Tmpfs { size: u64 },
+    /// Sizes of the writable layer are the spec's
+    /// [`SandboxSpec::memory_backed`](sandlot_proto::spec::SandboxSpec::memory_backed).
+    Tmpfs { size: TmpfsLimit },
     /// An overlay of a read-only host directory under a size-limited tmpfs upper layer.
     /// `lower` is a pinned path ([`crate::host_path`]): it is mounted only if it is
     /// still the directory `lower_id`, reached without following a link.
     Overlay {
         lower: PathBuf,
         lower_id: HostId,
-        size: u64,
+        size: TmpfsLimit,
     },
     /// An image from the store: an overlay of its layer directories (top first),
     /// each idmapped, under a writable layer that is either a size-limited tmpfs
@@ -39,7 +42,7 @@ pub enum RootFs {
     Layers {
         lowers: Vec<PathBuf>,
         rw: Option<PathBuf>,
-        size: u64,
+        size: TmpfsLimit,
     },
 }
 
@@ -132,7 +135,7 @@ pub enum MountOp {
     },
     Tmpfs {
         path: String,
-        size: u64,
+        size: TmpfsLimit,
         mode: u32,
         noexec: bool,
     },
@@ -316,16 +319,15 @@ pub const PROC_MASKED_FILES: &[&str] = &[
 ];
 pub const PROC_MASKED_DIRS: &[&str] = &["/proc/acpi", "/proc/scsi"];
 pub const PROC_READONLY: &[&str] = &["/proc/sys", "/proc/irq", "/proc/bus", "/proc/fs"];
-/// An image's `/dev` tmpfs holds this much besides `/dev/shm` (whose share is the
-/// smaller of half the memory limit and 64 MiB).
-pub const DEV_TMPFS_SIZE: u64 = 1 << 20;
 pub const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
 
 /// Computes the mount plan. Checks host paths of bind mounts and the rootfs (they
 /// must exist) but changes nothing.
 pub fn plan_mounts(inp: &PlanInput<'_>) -> Result<MountPlan, MountError> {
     let spec = inp.spec;
-    let disk = spec.resources.disk.bytes();
+    // Every tmpfs sized from one memory budget: filling them never OOM-kills PID 1.
+    let memory_backed = spec.memory_backed();
+    let disk = memory_backed.writable;
     let mut ops = Vec::new();
     let root = match (&spec.rootfs, inp.image) {
         (_, Some(img)) => {
@@ -451,7 +453,6 @@ pub fn plan_mounts(inp: &PlanInput<'_>) -> Result<MountPlan, MountError> {
     // of their own: each superblock costs every memory cgroup on the host shrinker
     // bookkeeping (docs/benchmarks.md, density). An image's /dev is a tmpfs, since
     // its root is an overlay of the image's own /dev.
-    let shm = (spec.resources.memory.bytes() / 2).min(64 << 20);
     if host_image {
         ops.push(MountOp::Dir {
             path: "/dev".into(),
@@ -460,9 +461,12 @@ pub fn plan_mounts(inp: &PlanInput<'_>) -> Result<MountPlan, MountError> {
             gid: 0,
         });
     } else {
+        let shm = memory_backed.shm;
         ops.push(MountOp::Tmpfs {
             path: "/dev".into(),
-            size: DEV_TMPFS_SIZE + shm,
+            size: memory_backed.dev.unwrap_or(TmpfsLimit::of_size(
+                sandlot_proto::spec::memory_backed::DEV_SIZE + shm,
+            )),
             mode: 0o755,
             noexec: false,
         });
@@ -540,7 +544,7 @@ pub fn plan_mounts(inp: &PlanInput<'_>) -> Result<MountPlan, MountError> {
             }
             sandlot_proto::spec::MountSpec::Tmpfs { target, size } => ops.push(MountOp::Tmpfs {
                 path: sandlot_proto::spec::normalize_sandbox_path(target),
-                size: size.bytes(),
+                size: TmpfsLimit::of_size(size.bytes()),
                 mode: 0o1777,
                 noexec: false,
             }),
@@ -568,7 +572,9 @@ pub fn plan_mounts(inp: &PlanInput<'_>) -> Result<MountPlan, MountError> {
     if !inp.secret_files.is_empty() {
         ops.push(MountOp::Tmpfs {
             path: SECRETS_DIR.into(),
-            size: 1 << 20,
+            size: memory_backed.secrets.unwrap_or(TmpfsLimit::of_size(
+                sandlot_proto::spec::memory_backed::SECRETS_SIZE,
+            )),
             mode: 0o755,
             noexec: true,
         });
@@ -703,7 +709,8 @@ mod tests {
     #[test]
     fn host_image_binds_usr_readonly_and_synthesizes_etc() {
         let p = plan(&SandboxSpec::default());
-        assert!(matches!(p.root, RootFs::Tmpfs { size } if size == 1 << 30));
+        // The default disk (1G) is more than the default memory (512M) holds.
+        assert!(matches!(p.root, RootFs::Tmpfs { size } if size.bytes == 384 << 20));
         assert!(p.ops.contains(&MountOp::Bind {
             source: "/usr".into(),
             path: "/usr".into(),
@@ -920,10 +927,9 @@ mod tests {
         };
         let image = plan(&spec);
         assert_eq!(superblocks(&image), ["/dev", "/dev/pts", "/proc", "/sys"]);
-        let shm = (spec.resources.memory.bytes() / 2).min(64 << 20);
         assert!(image.ops.contains(&MountOp::Tmpfs {
             path: "/dev".into(),
-            size: DEV_TMPFS_SIZE + shm,
+            size: TmpfsLimit::of_size((1 << 20) + (64 << 20)),
             mode: 0o755,
             noexec: false,
         }));
@@ -969,7 +975,7 @@ mod tests {
         let p = plan(&spec);
         let n = p.ops.len();
         assert!(
-            matches!(&p.ops[n - 2], MountOp::Tmpfs { path, size, .. } if path == "/scratch" && *size == 8 << 20)
+            matches!(&p.ops[n - 2], MountOp::Tmpfs { path, size, .. } if path == "/scratch" && size.bytes == 8 << 20)
         );
         assert!(
             matches!(&p.ops[n - 1], MountOp::Bind { path, readonly: false, .. } if path == "/data")
@@ -1030,7 +1036,7 @@ mod tests {
             RootFs::Overlay {
                 lower: pin.path.clone(),
                 lower_id: pin.id,
-                size: 1 << 30
+                size: spec.memory_backed().writable
             }
         );
         assert!(p.ops.contains(&MountOp::Bind {

@@ -353,7 +353,7 @@ impl Images {
             if let Some(img) = self.spec_image(viewer, spec)? {
                 self.store.lease(id, &img.id).map_err(store_error)?;
                 let rw = self.rw_dir(id);
-                mount_rw(&rw, spec.resources.disk.bytes())?;
+                mount_rw(&rw, spec.memory_backed().writable)?;
                 opts.image = Some(ImageRoot {
                     layers: self.store.layer_dirs(&img),
                     rw: Some(rw),
@@ -790,13 +790,17 @@ fn run_tool(cmd: &mut Command, what: &str) -> Result<(), ApiError> {
 /// Mounts the writable layer of a sandbox: a tmpfs of `size` bytes (charged to
 /// the memory cgroup of whoever writes to it: the sandbox) holding `upper/` and
 /// `work/`.
-fn mount_rw(dir: &Path, size: u64) -> Result<(), ApiError> {
+/// The writable layer of an image sandbox: a tmpfs of the size and file count
+/// [`SandboxSpec::memory_backed`] gives (its pages are charged to the sandbox that
+/// writes them, so it never holds more than the sandbox's memory leaves it).
+fn mount_rw(dir: &Path, size: sandlot_proto::spec::TmpfsLimit) -> Result<(), ApiError> {
     use rustix::mount::{mount, MountFlags};
     fs::DirBuilder::new()
         .mode(0o700)
         .create(dir)
         .map_err(io_api("create writable layer"))?;
-    let opts = std::ffi::CString::new(format!("size={size},mode=0755")).expect("no NUL");
+    let opts =
+        std::ffi::CString::new(format!("{},mode=0755", size.mount_options())).expect("no NUL");
     mount(
         "sandlot-rw",
         dir,
