@@ -61,6 +61,10 @@ pub struct ImageRoot {
     pub workdir: Option<String>,
     /// The image config's user, unless the spec names one other than `root`.
     pub user: Option<String>,
+    /// The layers go on top of the `host` image (a snapshot of a `host` sandbox):
+    /// the host's entries are bound and `/etc` synthesized over them as for the
+    /// `host` image.
+    pub on_host: bool,
 }
 
 /// A host directory bound with the identity idmap of the sandbox (files owned by
@@ -367,7 +371,9 @@ pub fn plan_mounts(inp: &PlanInput<'_>) -> Result<MountPlan, MountError> {
         }
         (None, None) => RootFs::Tmpfs { size: disk },
     };
-    let host_image = matches!(root, RootFs::Tmpfs { .. });
+    // The `host` image's root is a tmpfs; a snapshot of one is layers on top of it.
+    let host_root = matches!(root, RootFs::Tmpfs { .. });
+    let host_image = host_root || inp.image.is_some_and(|i| i.on_host);
     if host_image {
         for (name, kind) in &inp.host.top_level {
             let path = format!("/{name}");
@@ -453,7 +459,7 @@ pub fn plan_mounts(inp: &PlanInput<'_>) -> Result<MountPlan, MountError> {
     // of their own: each superblock costs every memory cgroup on the host shrinker
     // bookkeeping (docs/benchmarks.md, density). An image's /dev is a tmpfs, since
     // its root is an overlay of the image's own /dev.
-    if host_image {
+    if host_root {
         ops.push(MountOp::Dir {
             path: "/dev".into(),
             mode: 0o755,
@@ -1077,6 +1083,56 @@ mod tests {
             pinned: None,
         })
         .is_err());
+    }
+
+    /// A snapshot of a `host` sandbox is layers with the host's entries bound and
+    /// `/etc` synthesized over them, as for the `host` image; its `/dev` is a tmpfs
+    /// of its own (the layers' `/dev` is no place for devices).
+    #[test]
+    fn layers_on_the_host_image_get_the_host_entries() {
+        let t = std::env::temp_dir();
+        let on_host = |on_host: bool| {
+            plan_mounts(&PlanInput {
+                spec: &SandboxSpec::default(),
+                hostname: "sb",
+                host: &facts(),
+                image: Some(&ImageRoot {
+                    layers: vec![t.clone()],
+                    rw: Some(t.clone()),
+                    on_host,
+                    ..Default::default()
+                }),
+                shared: &[],
+                secret_files: &[],
+                pinned: None,
+            })
+            .unwrap()
+        };
+        let usr = MountOp::Bind {
+            source: "/usr".into(),
+            path: "/usr".into(),
+            readonly: true,
+            kind: Kind::Dir,
+            required: true,
+            pinned: None,
+        };
+        let host = on_host(true);
+        assert!(matches!(host.root, RootFs::Layers { .. }));
+        assert!(host.ops.contains(&usr));
+        assert!(host
+            .ops
+            .iter()
+            .any(|o| matches!(o, MountOp::HostEtc { .. })));
+        assert!(host
+            .ops
+            .iter()
+            .any(|o| matches!(o, MountOp::Tmpfs { path, .. } if path == "/dev")));
+        let image = on_host(false);
+        assert!(!image.ops.contains(&usr));
+        assert!(!image
+            .ops
+            .iter()
+            .any(|o| matches!(o, MountOp::HostEtc { .. })));
     }
 
     #[test]

@@ -44,6 +44,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::ApiError;
 
+mod host_snapshot;
+pub use host_snapshot::HostRoot;
+
 /// The daemon's images, volumes and secrets.
 pub struct Images {
     pub store: ImageStore,
@@ -360,6 +363,7 @@ impl Images {
                     env: img.config.env.clone(),
                     workdir: img.config.workdir.clone(),
                     user: img.config.user.clone(),
+                    on_host: img.config.host_base,
                 });
             }
             Ok(())
@@ -464,7 +468,7 @@ impl Images {
             .map(|(_, d)| d)
             .ok_or_else(|| {
                 ApiError::conflict(format!(
-                    "sandbox {id} runs the host image or a rootfs directory: only sandboxes created from a store image can be snapshotted"
+                    "sandbox {id} runs a rootfs directory: only sandboxes of an image (host or from the store) can be snapshotted"
                 ))
             })?;
         let base = self.store.get(&base).map_err(store_error)?;

@@ -442,6 +442,90 @@ pub fn unpack<R: Read>(tar: R, dir: &Path) -> Result<UnpackStats, LayerError> {
     Ok(st)
 }
 
+/// How [`pack_from`] reads a tree that is not an overlay upper directory of the
+/// store's own: the root of a running sandbox, seen from the host.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PackSource {
+    /// Leave out every entry on another filesystem than the tree's root (mount
+    /// points: what is bound or mounted into the tree is not part of it).
+    pub one_filesystem: bool,
+    /// The tree's files carry host ids: the layer records the ids they map to
+    /// inside (`None`: the ids as they are).
+    pub ids: Option<IdMap>,
+}
+
+/// A user namespace's id maps (`/proc/PID/uid_map` and `gid_map` lines: inside,
+/// outside, count), read backwards: host ids to the ids inside. An id outside
+/// every range becomes [`IdMap::OVERFLOW`], as the kernel shows it inside.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IdMap {
+    pub uids: Vec<(u32, u32, u32)>,
+    pub gids: Vec<(u32, u32, u32)>,
+}
+
+impl IdMap {
+    /// The kernel's overflow id (`nobody`).
+    pub const OVERFLOW: u32 = 65534;
+
+    /// Parses the text of a `uid_map` and a `gid_map`.
+    pub fn parse(uid_map: &str, gid_map: &str) -> Option<IdMap> {
+        fn ranges(text: &str) -> Option<Vec<(u32, u32, u32)>> {
+            text.lines()
+                .filter(|l| !l.trim().is_empty())
+                .map(|l| {
+                    let mut f = l.split_whitespace().map(|n| n.parse::<u32>().ok());
+                    Some((f.next()??, f.next()??, f.next()??))
+                })
+                .collect()
+        }
+        Some(IdMap {
+            uids: ranges(uid_map)?,
+            gids: ranges(gid_map)?,
+        })
+    }
+
+    fn inside(ranges: &[(u32, u32, u32)], host: u32) -> u32 {
+        ranges
+            .iter()
+            .find(|(_, outside, count)| host >= *outside && host - outside < *count)
+            .map_or(Self::OVERFLOW, |(inside, outside, _)| {
+                inside + (host - outside)
+            })
+    }
+
+    pub fn uid(&self, host: u32) -> u32 {
+        Self::inside(&self.uids, host)
+    }
+
+    pub fn gid(&self, host: u32) -> u32 {
+        Self::inside(&self.gids, host)
+    }
+}
+
+/// Walks a tree for [`pack_from`]: the tree's root and what [`PackSource`] asks.
+struct Walk<'a> {
+    root: &'a Path,
+    /// The root's device, with [`PackSource::one_filesystem`].
+    device: Option<u64>,
+    ids: Option<&'a IdMap>,
+}
+
+impl Walk<'_> {
+    fn header_for(&self, md: &fs::Metadata) -> tar::Header {
+        let mut h = header_for(md);
+        if let Some(ids) = self.ids {
+            h.set_uid(ids.uid(md.uid()) as u64);
+            h.set_gid(ids.gid(md.gid()) as u64);
+        }
+        h
+    }
+
+    /// Whether an entry belongs to the tree (not a mount point on it).
+    fn includes(&self, md: &fs::Metadata) -> bool {
+        self.device.is_none_or(|d| md.dev() == d)
+    }
+}
+
 fn header_for(md: &fs::Metadata) -> tar::Header {
     let mut h = tar::Header::new_gnu();
     h.set_mode(md.mode() & 0o7777);
@@ -457,13 +541,33 @@ fn header_for(md: &fs::Metadata) -> tar::Header {
 /// same bytes. What the tar expands to is counted against `budget` as it is
 /// written (a hard link counts once: it is a link entry).
 pub fn pack<W: Write>(dir: &Path, out: W, budget: &mut Budget) -> Result<W, LayerError> {
+    pack_from(dir, &PackSource::default(), out, budget)
+}
+
+/// [`pack`], reading `dir` as `source` says. The tree must not change meanwhile
+/// (a sandbox's is frozen): entries are found by path.
+pub fn pack_from<W: Write>(
+    dir: &Path,
+    source: &PackSource,
+    out: W,
+    budget: &mut Budget,
+) -> Result<W, LayerError> {
+    let device = match source.one_filesystem {
+        true => Some(fs::metadata(dir).map_err(io_at("stat", dir))?.dev()),
+        false => None,
+    };
+    let walk = Walk {
+        root: dir,
+        device,
+        ids: source.ids.as_ref(),
+    };
     let mut b = tar::Builder::new(out);
     b.mode(tar::HeaderMode::Complete);
     b.follow_symlinks(false);
     let mut links: HashMap<(u64, u64), PathBuf> = HashMap::new();
     // The end-of-archive blocks.
     budget.charge(1024)?;
-    pack_dir(&mut b, dir, Path::new(""), &mut links, budget)?;
+    pack_dir(&mut b, &walk, Path::new(""), &mut links, budget)?;
     b.into_inner().map_err(io_at("finish layer tar of", dir))
 }
 
@@ -471,13 +575,13 @@ pub fn pack<W: Write>(dir: &Path, out: W, budget: &mut Budget) -> Result<W, Laye
 /// sparse entry (data runs only) when it has holes.
 fn append_file<W: Write>(
     b: &mut tar::Builder<W>,
+    mut h: tar::Header,
     md: &fs::Metadata,
     path: &Path,
     f: &fs::File,
 ) -> io::Result<()> {
     let size = md.len();
     let runs = data_runs(f, size)?;
-    let mut h = header_for(md);
     if runs.len() == 1 && runs[0] == (0, size) || size == 0 {
         h.set_entry_type(tar::EntryType::Regular);
         h.set_size(size);
@@ -533,11 +637,12 @@ fn append_file<W: Write>(
 
 fn pack_dir<W: Write>(
     b: &mut tar::Builder<W>,
-    root: &Path,
+    walk: &Walk<'_>,
     rel: &Path,
     links: &mut HashMap<(u64, u64), PathBuf>,
     budget: &mut Budget,
 ) -> Result<(), LayerError> {
+    let root = walk.root;
     let abs = root.join(rel);
     let mut names: Vec<_> = fs::read_dir(&abs)
         .map_err(io_at("read dir", &abs))?
@@ -549,6 +654,9 @@ fn pack_dir<W: Write>(
         let r = rel.join(&n);
         let p = root.join(&r);
         let md = fs::symlink_metadata(&p).map_err(io_at("stat", &p))?;
+        if !walk.includes(&md) {
+            continue;
+        }
         let ft = md.file_type();
         let add = |b: &mut tar::Builder<W>, h: &mut tar::Header, path: &Path, data: &[u8]| {
             b.append_data(h, path, data).map_err(io_at("pack", path))
@@ -567,7 +675,7 @@ fn pack_dir<W: Write>(
             add(b, &mut h, &wh, &[])?;
         } else if ft.is_dir() {
             budget.charge(entry_cost(name_len, 0, 0))?;
-            let mut h = header_for(&md);
+            let mut h = walk.header_for(&md);
             h.set_entry_type(tar::EntryType::Directory);
             h.set_size(0);
             add(b, &mut h, &r, &[])?;
@@ -582,11 +690,11 @@ fn pack_dir<W: Write>(
                 h.set_size(0);
                 add(b, &mut h, &r.join(OPAQUE_MARKER), &[])?;
             }
-            pack_dir(b, root, &r, links, budget)?;
+            pack_dir(b, walk, &r, links, budget)?;
         } else if ft.is_symlink() {
             let target = fs::read_link(&p).map_err(io_at("readlink", &p))?;
             budget.charge(entry_cost(name_len, target.as_os_str().len(), 0))?;
-            let mut h = header_for(&md);
+            let mut h = walk.header_for(&md);
             h.set_entry_type(tar::EntryType::Symlink);
             h.set_size(0);
             b.append_link(&mut h, &r, &target)
@@ -595,7 +703,7 @@ fn pack_dir<W: Write>(
             if md.nlink() > 1 {
                 if let Some(first) = links.get(&(md.dev(), md.ino())) {
                     budget.charge(entry_cost(name_len, first.as_os_str().len(), 0))?;
-                    let mut h = header_for(&md);
+                    let mut h = walk.header_for(&md);
                     h.set_entry_type(tar::EntryType::Link);
                     h.set_size(0);
                     b.append_link(&mut h, &r, first)
@@ -606,10 +714,10 @@ fn pack_dir<W: Write>(
             }
             budget.charge(entry_cost(name_len, 0, md.len()))?;
             let f = fs::File::open(&p).map_err(io_at("open", &p))?;
-            append_file(b, &md, &r, &f).map_err(io_at("pack", &p))?;
+            append_file(b, walk.header_for(&md), &md, &r, &f).map_err(io_at("pack", &p))?;
         } else if ft.is_fifo() {
             budget.charge(entry_cost(name_len, 0, 0))?;
-            let mut h = header_for(&md);
+            let mut h = walk.header_for(&md);
             h.set_entry_type(tar::EntryType::Fifo);
             h.set_size(0);
             add(b, &mut h, &r, &[])?;
@@ -1172,6 +1280,49 @@ mod tests {
     /// Found by an outside review: nothing bounded what a layer expands to. Holes,
     /// entries and file sizes count; past the limit packing stops with an error
     /// naming the limit.
+    /// A running sandbox's files carry the host ids of its range: the layer records
+    /// the ids inside, and an id of no range becomes the overflow id.
+    #[test]
+    fn host_ids_are_packed_as_the_ids_inside() {
+        let map = IdMap::parse("0 100000 65536\n", "         0     100000      65536\n").unwrap();
+        assert_eq!(
+            (map.uid(100000), map.uid(101000), map.gid(165535)),
+            (0, 1000, 65535)
+        );
+        assert_eq!(
+            (map.uid(0), map.gid(165536)),
+            (IdMap::OVERFLOW, IdMap::OVERFLOW)
+        );
+        assert_eq!(IdMap::parse("0 x 1", ""), None);
+
+        let t = tempfile::tempdir().unwrap();
+        fs::write(t.path().join("f"), b"x").unwrap();
+        let md = fs::metadata(t.path().join("f")).unwrap();
+        let source = PackSource {
+            one_filesystem: true,
+            ids: Some(IdMap {
+                uids: vec![(7, md.uid(), 1)],
+                gids: vec![(8, md.gid(), 1)],
+            }),
+        };
+        let tar = pack_from(t.path(), &source, Vec::new(), &mut Budget::unlimited()).unwrap();
+        let mut ar = tar::Archive::new(&tar[..]);
+        let owners: Vec<(String, u64, u64)> = ar
+            .entries()
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                let h = e.header();
+                (
+                    e.path().unwrap().display().to_string(),
+                    h.uid().unwrap(),
+                    h.gid().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(owners, [("f".to_string(), 7, 8)]);
+    }
+
     #[test]
     fn packing_past_the_limit_is_refused_naming_it() {
         let t = tempfile::tempdir().unwrap();

@@ -417,6 +417,7 @@ fn secret_files_belong_to_the_sandbox_user_and_no_other() {
         user: Some("app".into()),
         entrypoint: vec![],
         cmd: vec!["/bin/sh".into()],
+        host_base: false,
     };
     let archive = tmp.join("appuser.tar");
     img_support::archive_of(&tmp, &[root, accounts], &cfg, "test/appuser", &archive);

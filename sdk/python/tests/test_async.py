@@ -156,3 +156,11 @@ async def test_async_default_client_from_env(daemon, tokens, monkeypatch):  # ty
     finally:
         await sandlot.default_async_client().aclose()
         sandlot.configure()
+
+
+async def test_async_snapshot_starts_new_sandboxes_as_returned(aacme):  # type: ignore[no-untyped-def]
+    async with await AsyncSandbox.create(client=aacme) as sb:
+        await sb.run("echo kept > /home/user/f", check=True)
+        snap = await sb.snapshot_filesystem()
+    async with await AsyncSandbox.create(image=snap, client=aacme) as restored:
+        assert (await restored.run("cat /home/user/f")).stdout == "kept\n"

@@ -436,3 +436,17 @@ def test_process_of_a_terminated_sandbox_fails_clearly(acme):  # type: ignore[no
         p.stdout.read()
     with pytest.raises(sandlot.ConflictError):
         sb.exec("true")
+
+
+def test_a_host_sandbox_snapshot_starts_new_sandboxes_as_returned(acme):  # type: ignore[no-untyped-def]
+    with Sandbox.create(client=acme) as sb:
+        sb.run("mkdir -p /home/user/proj && echo kept > /home/user/proj/f", check=True)
+        snap = sb.snapshot_filesystem()
+    assert snap["base"] == "host" and snap["parent"] is None, snap
+    # What snapshot_filesystem() returns is what create() takes.
+    with Sandbox.create(image=snap, client=acme) as restored:
+        assert restored.run("cat /home/user/proj/f").stdout == "kept\n"
+        again = restored.snapshot_filesystem()
+    assert again["parent"] == snap["id"], again
+    with pytest.raises(TypeError, match="snapshot_filesystem"):
+        Sandbox.create(image={"no": "id"}, client=acme)

@@ -50,6 +50,11 @@ pub struct ImageView {
     pub cmd: Vec<String>,
     /// The image a snapshot or build step started from.
     pub parent: Option<String>,
+    /// `host` for an image whose layers go on top of the built-in `host` image
+    /// (a snapshot of a `host` sandbox: its sandboxes get this host's `/usr` and
+    /// `/etc` entries); absent for a self-contained image.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub base: Option<String>,
     /// `import`, `snapshot`, `directory`, `build`, `pull`.
     pub source: String,
     pub created_at: String,
@@ -146,6 +151,10 @@ pub fn view(i: &ImageInfo) -> ImageView {
         entrypoint: i.config.entrypoint.clone(),
         cmd: i.config.cmd.clone(),
         parent: i.parent.map(|p| p.to_string()),
+        base: i
+            .config
+            .host_base
+            .then(|| sandlot_proto::spec::HOST_IMAGE.to_string()),
         source: i.source.clone(),
         created_at: crate::timefmt::rfc3339(i.created_at),
         size: i.size,
@@ -393,7 +402,7 @@ pub async fn diff(
     params(("id" = String, Path, description = "Sandbox id or name")),
     request_body(content = SnapshotBody, description = "Optional: a tag for the new image (in the caller's namespace)"),
     responses((status = 201, body = ImageView),
-        (status = 409, description = "not created from a store image, or stopping", body = crate::error::ErrorEnvelope),
+        (status = 409, description = "a sandbox of a rootfs directory, or stopping", body = crate::error::ErrorEnvelope),
         (status = 413, description = "too_large: the writable layer expands past the sandbox's disk limit", body = crate::error::ErrorEnvelope)))]
 pub async fn snapshot(
     State(state): State<Arc<AppState>>,
@@ -414,20 +423,51 @@ pub async fn snapshot(
     let h2 = h.clone();
     let (mut v, took) = blocking(move || {
         let scope = p.scope.as_deref();
-        let (img, took) = st.images.snapshot(
-            &h2.id,
-            &h2.tenant,
-            scope,
-            &h2.inst.cgroup,
-            tag.as_ref(),
-            h2.disk_limit,
-        )?;
+        let (img, took) = if runs_the_host_image(&st, &h2.id)? {
+            st.images.snapshot_host(
+                &h2.id,
+                crate::images::HostRoot {
+                    pid: h2.inst.pid,
+                    pidfd: &h2.inst.pidfd,
+                },
+                &h2.tenant,
+                scope,
+                &h2.inst.cgroup,
+                tag.as_ref(),
+                h2.disk_limit,
+            )?
+        } else {
+            st.images.snapshot(
+                &h2.id,
+                &h2.tenant,
+                scope,
+                &h2.inst.cgroup,
+                tag.as_ref(),
+                h2.disk_limit,
+            )?
+        };
         tracing::info!(sandbox_id = %h2.id, image = %img.id, frozen_ms = took.as_secs_f64() * 1e3, "snapshot");
         Ok((view_for(&st, viewer(scope), &img)?, took))
     })
     .await?;
     v.frozen_ms = Some(took.as_secs_f64() * 1e3);
     Ok(json_status(StatusCode::CREATED, &v))
+}
+
+/// Whether sandbox `id`'s spec is the built-in `host` image without a rootfs
+/// directory (its writable layer is its root tmpfs, not a store image's upper).
+fn runs_the_host_image(state: &AppState, id: &str) -> ApiResult<bool> {
+    let rec = state
+        .store
+        .get_sandbox(id)
+        .map_err(|e| ApiError::internal(format!("read sandbox {id}: {e}")))?
+        .ok_or_else(|| ApiError::not_found(format!("no sandbox {id}")))?;
+    let spec = &rec.spec;
+    let image = spec
+        .get("image")
+        .and_then(|i| i.as_str())
+        .unwrap_or(sandlot_proto::spec::HOST_IMAGE);
+    Ok(image == sandlot_proto::spec::HOST_IMAGE && spec.get("rootfs").is_none_or(|r| r.is_null()))
 }
 
 // ---- registries: pull and push (NDJSON progress streams) ----

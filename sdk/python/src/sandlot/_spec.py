@@ -30,9 +30,22 @@ def mode_str(mode: Union[int, str]) -> str:
     return mode
 
 
+def image_ref(image: Union[str, Mapping[str, Any]]) -> str:
+    """The API's ``image`` field: a name or id as it is, or the ``id`` of an image
+    as the API returns it (what ``snapshot_filesystem()`` returns)."""
+    if isinstance(image, str):
+        return image
+    if isinstance(image, Mapping) and isinstance(image.get("id"), str):
+        return image["id"]
+    raise TypeError(
+        "image: a name, an id, an Image, or an image as the API returns it "
+        f"(a dict with its 'id', e.g. what snapshot_filesystem() returns), not {image!r}"
+    )
+
+
 def create_body(
     *,
-    image: Optional[str] = None,
+    image: Union[str, Mapping[str, Any], None] = None,
     rootfs: Optional[str] = None,
     env: Optional[Mapping[str, str]] = None,
     workdir: Optional[str] = None,
@@ -60,7 +73,7 @@ def create_body(
     passed as the API takes them; the daemon validates and names a bad field."""
     body: Dict[str, Any] = copy.deepcopy(dict(spec)) if spec else {}
     plain = {
-        "image": image,
+        "image": None if image is None else image_ref(image),
         "rootfs": rootfs,
         "workdir": workdir,
         "user": user,

@@ -641,7 +641,7 @@ class AsyncSandbox:
     @classmethod
     async def create(
         cls,
-        image: Union[str, "Image", None] = None,
+        image: Union[str, "Image", Mapping[str, Any], None] = None,
         *,
         env: Optional[Mapping[str, str]] = None,
         workdir: Optional[str] = None,

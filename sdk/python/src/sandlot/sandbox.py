@@ -775,7 +775,7 @@ class Sandbox:
     @classmethod
     def create(
         cls,
-        image: Union[str, "Image", None] = None,
+        image: Union[str, "Image", Mapping[str, Any], None] = None,
         *,
         env: Optional[Mapping[str, str]] = None,
         workdir: Optional[str] = None,
@@ -803,7 +803,9 @@ class Sandbox:
         """Creates a sandbox and returns once it runs. Every argument is optional
         and passed as the API takes it (sizes: bytes or ``"512M"``; durations:
         seconds, ``"10m"`` or a timedelta); ``spec`` is a dict of any further API
-        fields. A bad value raises ``InvalidSpecError`` naming the field.
+        fields. ``image`` is a name or id, an :class:`Image`, or an image as the
+        API returns it (what :meth:`snapshot_filesystem` returns). A bad value
+        raises ``InvalidSpecError`` naming the field.
         ``idempotency_key`` (default: a fresh random one) makes the create safe
         to retry: the daemon answers a repeat with the sandbox the first made."""
         c = client or default_client()
@@ -907,9 +909,12 @@ class Sandbox:
     def snapshot_filesystem(self, tag: Optional[str] = None) -> Dict[str, Any]:
         """Turns the sandbox's writable layer into a new image whose parent is the
         sandbox's image (the sandbox is frozen while the layer is read) and returns
-        it (``id``, ``tags``, ``parent``, ``layers``, ``frozen_ms``...). New sandboxes
-        start from it with ``image=snap["id"]`` (or the tag). Only sandboxes created
-        from a store image can be snapshotted. A tenant's ``tag`` is its own (other
+        it (``id``, ``tags``, ``parent``, ``base``, ``layers``, ``frozen_ms``...). New
+        sandboxes start from it with ``Sandbox.create(image=snap)`` (or its id or
+        tag). A snapshot of a ``host`` sandbox has no parent and ``base: "host"``:
+        its layer goes on top of the host's own programs, so it restores on the same
+        host (or one with the same programs); a sandbox of a rootfs directory cannot
+        be snapshotted. A tenant's ``tag`` is its own (other
         tenants never see it; it hides an operator's tag of the same name for this
         tenant only). A writable layer that reads as more than the sandbox's
         ``resources.disk`` (sparse files count at their full size) is refused with
