@@ -30,6 +30,7 @@ pub mod ports;
 pub mod sandboxes;
 pub mod secrets;
 pub mod stream;
+pub mod tokens;
 pub mod vfs;
 pub mod volumes;
 
@@ -137,7 +138,8 @@ fn vfs_router() -> Router<Arc<AppState>> {
         .route(&format!("{s}/run"), post(vfs::run))
 }
 
-/// Images, snapshots, volumes and secrets (`images.rs`, `volumes.rs`, `secrets.rs`).
+/// Images, snapshots, volumes, secrets and tokens (`images.rs`, `volumes.rs`,
+/// `secrets.rs`, `tokens.rs`).
 fn images_router() -> Router<Arc<AppState>> {
     use axum::routing::delete;
     Router::new()
@@ -162,6 +164,8 @@ fn images_router() -> Router<Arc<AppState>> {
         )
         .route("/v1/secrets", post(secrets::create).get(secrets::list))
         .route("/v1/secrets/{name}", delete(secrets::remove))
+        .route("/v1/tokens", post(tokens::create).get(tokens::list))
+        .route("/v1/tokens/{id}", delete(tokens::revoke))
 }
 
 async fn fallback() -> ApiError {
