@@ -291,3 +291,61 @@ fn a_build_context_cannot_write_or_chmod_host_files_through_a_link_it_copies() {
     assert!(staging.is_empty(), "staging left: {staging:?}");
     d.shutdown();
 }
+
+/// `WORKDIR` makes its directory, owned by the image's user, as Docker does: the
+/// next `RUN` works in it and sandboxes of the image start there (both used to
+/// fail: the directory did not exist, exit 127).
+#[test]
+fn a_dockerfile_workdir_is_made_for_the_steps_after_it() {
+    let mut d = Daemon::start(None);
+    let tmp = d.dir.join("work");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let archive = img_support::base_archive(&tmp, "test/base:1", 0);
+    let (code, _, err) = d.cli(&["image", "import", archive.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let ctx = tmp.join("ctx");
+    std::fs::create_dir_all(&ctx).unwrap();
+    let df = ctx.join("Dockerfile");
+    std::fs::write(
+        &df,
+        "FROM test/base:1\nUSER user\nWORKDIR /newdir/sub\nRUN pwd > here && id -u >> here\n",
+    )
+    .unwrap();
+    let build = |tag: &str| {
+        d.cli(&[
+            "image",
+            "build",
+            "-f",
+            df.to_str().unwrap(),
+            "--tag",
+            tag,
+            ctx.to_str().unwrap(),
+        ])
+    };
+    let (code, out, err) = build("test/wd:1");
+    assert_eq!(code, 0, "{out}{err}");
+    let c = d.client();
+    rt().block_on(async {
+        let sb = c
+            .call_json(
+                "POST",
+                "/v1/sandboxes",
+                Some(&json!({"image": "test/wd:1"})),
+            )
+            .await
+            .unwrap();
+        let id = sb["id"].as_str().unwrap().to_string();
+        let o = c
+            .run(&id, &["/bin/sh", "-c", "cat here; pwd; stat -c %u ."])
+            .await
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&o.stdout),
+            "/newdir/sub\n1000\n/newdir/sub\n1000\n",
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        c.delete_sandbox(&id).await.unwrap();
+    });
+    d.shutdown();
+}
