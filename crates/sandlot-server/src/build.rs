@@ -469,8 +469,11 @@ async fn run_in(
             .ok_or_else(|| ApiError::internal("build step ended without an exit status"))?,
     };
     if exit.code != Some(0) {
-        return Err(ApiError::invalid(
-            "spec",
+        // The spec was fine: the step's own command failed (a build failure, like
+        // `docker build`'s, not a bad request).
+        return Err(ApiError::new(
+            axum::http::StatusCode::UNPROCESSABLE_ENTITY,
+            "build_failed",
             format!(
                 "{origin} ({}) failed: {}",
                 step.text(),

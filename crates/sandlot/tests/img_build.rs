@@ -349,3 +349,35 @@ fn a_dockerfile_workdir_is_made_for_the_steps_after_it() {
     });
     d.shutdown();
 }
+
+/// A step whose command fails is a build failure (`build_failed`, naming the step
+/// and its exit status), not a bad request: the spec was fine.
+#[test]
+fn a_failing_step_is_a_build_failure() {
+    let mut d = Daemon::start(None);
+    let tmp = d.dir.join("work");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let archive = img_support::base_archive(&tmp, "test/base:1", 0);
+    let (code, _, err) = d.cli(&["image", "import", archive.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let ctx = tmp.join("ctx");
+    std::fs::create_dir_all(&ctx).unwrap();
+    let df = ctx.join("Dockerfile");
+    std::fs::write(&df, "FROM test/base:1\nRUN echo failing; exit 3\n").unwrap();
+    let (code, out, err) = d.cli(&[
+        "image",
+        "build",
+        "-f",
+        df.to_str().unwrap(),
+        "--tag",
+        "test/fails:1",
+        ctx.to_str().unwrap(),
+    ]);
+    assert_ne!(code, 0, "{out}");
+    assert!(
+        err.contains("RUN echo failing; exit 3") && err.contains("exit code 3"),
+        "{err}"
+    );
+    assert!(err.contains("(build_failed)"), "{err}");
+    d.shutdown();
+}

@@ -109,6 +109,7 @@ def test_failing_step_raises_build_error(base: str, operator: sandlot.Client) ->
     with pytest.raises(BuildError) as e:
         bad.build(client=operator)
     assert "exit code 7" in str(e.value) and "about to fail" in str(e.value)
+    assert e.value.code == "build_failed", e.value.code
     with pytest.raises(BuildError) as e:
         Image.from_name("pytest/no-such:1").run("true").build(client=operator)
     assert "no image pytest/no-such:1" in str(e.value)

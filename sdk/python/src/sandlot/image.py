@@ -29,7 +29,8 @@ __all__ = ["Image", "BuildError"]
 
 class BuildError(errors.SandlotError):
     """A build or pull failed; ``code`` is the daemon's error code (for example
-    ``invalid_request`` for a failing step, ``digest_mismatch`` for a pull)."""
+    ``build_failed`` for a step whose command failed, ``bad_request`` for a bad
+    spec, ``digest_mismatch`` for a pull)."""
 
     def __init__(self, message: str, code: str = "build_failed") -> None:
         super().__init__(message)
