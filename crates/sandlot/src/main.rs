@@ -103,7 +103,8 @@ fn main() {
 }
 
 /// clap's usage error as one line: its first paragraph, with the list lines that
-/// follow a colon (the missing arguments) joined after it.
+/// follow a colon (the missing arguments) joined after it, and its tips (a similar
+/// subcommand or flag for a typo: "did you mean").
 fn usage_error_line(rendered: &str) -> String {
     let mut lines = rendered
         .lines()
@@ -114,11 +115,19 @@ fn usage_error_line(rendered: &str) -> String {
         .unwrap_or("invalid arguments")
         .trim_start_matches("error: ");
     let rest: Vec<&str> = lines.collect();
-    if rest.is_empty() {
+    let mut line = if rest.is_empty() {
         first.to_string()
     } else {
         format!("{} {}", first, rest.join(", "))
+    };
+    for tip in rendered
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("tip: "))
+    {
+        line.push_str("; ");
+        line.push_str(tip);
     }
+    line
 }
 
 #[cfg(test)]
@@ -153,5 +162,33 @@ mod tests {
         assert!(msg.contains("\"-1\" is not a duration"), "{msg}");
         let msg = usage_error(&["sandlot", "create", "--memory", "-5"]);
         assert!(msg.contains("\"-5\" is not a size"), "{msg}");
+    }
+
+    /// Errors and docs tell operators to use `serve --id-prefix`: `--help` shows it.
+    #[test]
+    fn serve_help_shows_the_id_prefix() {
+        let mut cmd = <Cli as clap::CommandFactory>::command();
+        let serve = cmd.find_subcommand_mut("serve").expect("serve");
+        let help = serve.render_help().to_string();
+        assert!(help.contains("--id-prefix <PREFIX>"), "{help}");
+    }
+
+    /// A typo of a subcommand or a flag names what was probably meant.
+    #[test]
+    fn typos_get_a_did_you_mean() {
+        let msg = usage_error(&["sandlot", "craete"]);
+        assert!(msg.starts_with("unrecognized subcommand 'craete'"), "{msg}");
+        assert!(
+            msg.contains("similar subcommand") && msg.contains("'create'"),
+            "{msg}"
+        );
+        let msg = usage_error(&["sandlot", "create", "--memroy", "1G"]);
+        assert!(
+            msg.contains("similar argument") && msg.contains("'--memory'"),
+            "{msg}"
+        );
+        let msg = usage_error(&["sandlot", "image", "inpsect"]);
+        assert!(msg.contains("'inspect'"), "{msg}");
+        assert!(!msg.contains('\n'), "{msg}");
     }
 }

@@ -88,8 +88,10 @@ pub struct ServeArgs {
     /// The operator's Unix socket (root only).
     #[arg(long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
-    /// Prefix of this daemon's sandbox ids (default sb-).
-    #[arg(long, hide = true)]
+    /// Prefix of this daemon's sandbox ids (default sb-; `id_prefix` in the config).
+    /// Two daemons on one host need different prefixes: each takes every sandbox,
+    /// cgroup and network namespace of its prefix for its own.
+    #[arg(long, value_name = "PREFIX")]
     pub id_prefix: Option<String>,
     /// Keep N sandboxes of the default shape (no spec fields but env, workdir, user,
     /// timeout) started ahead of time, so that creating one only claims it. Other
