@@ -407,9 +407,20 @@ class AsyncProcess:
             yield c
 
     async def result(self) -> RunResult:
+        """Waits for the exit and the end of both streams; the output not consumed
+        yet (after ``iter_output()``, what it has not yielded)."""
         await self.wait()
-        out = await self.stdout.read_bytes()
-        err = await self.stderr.read_bytes()
+        if self._mode == "merged":
+            rest: Dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
+            while True:
+                c = await self._merged.read_chunk()
+                if c is None:
+                    break
+                rest[c.stream] += c.data
+            out, err = bytes(rest["stdout"]), bytes(rest["stderr"])
+        else:
+            out = await self.stdout.read_bytes()
+            err = await self.stderr.read_bytes()
         assert self._exit is not None
         return RunResult(argv=list(self.info.argv), stdout_bytes=out, stderr_bytes=err, exit=self._exit)
 

@@ -520,10 +520,20 @@ class Process:
             yield c
 
     def result(self) -> RunResult:
-        """Waits for the exit and the end of both streams; the output not consumed yet."""
+        """Waits for the exit and the end of both streams; the output not consumed
+        yet (after ``iter_output()``, what it has not yielded)."""
         self.wait()
-        out = self.stdout.read_bytes()
-        err = self.stderr.read_bytes()
+        if self._mode == "merged":
+            rest: Dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
+            while True:
+                c = self._take("merged")
+                if c is None:
+                    break
+                rest[c.stream] += c.data
+            out, err = bytes(rest["stdout"]), bytes(rest["stderr"])
+        else:
+            out = self.stdout.read_bytes()
+            err = self.stderr.read_bytes()
         assert self._exit is not None
         return RunResult(argv=list(self.info.argv), stdout_bytes=out, stderr_bytes=err, exit=self._exit)
 
