@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The platform benchmark (issue 6): builds a release binary and runs
+# The platform benchmark: builds a release binary and runs
 # `sandlot bench platform` through a private daemon, with bubblewrap and crun in the
 # same run. Results: bench-out/results.json and bench-out/latency.png.
 # Extra arguments go to `sandlot bench platform` (e.g. --n 50 --density 200).

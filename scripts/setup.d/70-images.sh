@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set-up for image registry tests and Debian base builds (issue 5): the Debian
+# Set-up for image registry tests and Debian base builds: the Debian
 # package docker-registry (the OCI Distribution server the pull/push tests start on
 # loopback with a temporary storage directory; its own service is NOT started
 # here), openssl (test token-server keys) and mmdebstrap (debian:* bases, built

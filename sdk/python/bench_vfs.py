@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The virtual shell against a Sandlot sandbox holding the same files (issue 7).
+"""The virtual shell against a Sandlot sandbox holding the same files.
 
 One corpus on disk is both ingested as a collection and bind-mounted read-only
 into sandboxes at /docs. The same command lines then run, alternating, in a vfs

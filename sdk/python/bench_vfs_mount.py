@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A collection mounted into a sandbox (FUSE) against the same files on a plain bind
-mount, in the same sandbox (issue 7).
+mount, in the same sandbox.
 
 One corpus on disk is ingested as a collection and mounted twice into one sandbox:
 at /coll as a collection mount (the daemon's `sandlot __vfs-serve` helper serving the

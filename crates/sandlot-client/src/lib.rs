@@ -12,6 +12,8 @@
 //! # Ok(()) }
 //! ```
 
+#![forbid(unsafe_code)]
+
 pub mod api;
 mod conn;
 pub mod network;

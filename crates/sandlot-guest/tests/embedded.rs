@@ -40,6 +40,7 @@ async fn wait_gone(pid: i32) {
 
 #[tokio::test]
 async fn embedded_agent_never_steals_its_hosts_children() {
+    common::require_root();
     let dir = TempDir::new("embedded");
     let sock = dir.join("a.sock");
     // A child of the host process, unrelated to the agent.
@@ -91,6 +92,7 @@ async fn embedded_agent_never_steals_its_hosts_children() {
 
 #[tokio::test]
 async fn closing_the_lifeline_kills_everything_and_returns() {
+    common::require_root();
     let dir = TempDir::new("lifeline");
     let sock = dir.join("a.sock");
     let (rd, wr) = nix::unistd::pipe().unwrap();
@@ -120,14 +122,11 @@ async fn closing_the_lifeline_kills_everything_and_returns() {
 
 #[tokio::test]
 async fn as_pid1_of_a_pid_namespace_it_reaps_everything() {
-    if !nix::unistd::geteuid().is_root()
-        || Command::new("unshare").arg("--version").output().is_err()
-    {
-        eprintln!(
-            "SKIPPED as_pid1_of_a_pid_namespace_it_reaps_everything: needs root and unshare(1)"
-        );
-        return;
-    }
+    common::require_root();
+    assert!(
+        Command::new("unshare").arg("--version").output().is_ok(),
+        "unshare(1) is missing: apt-get install util-linux"
+    );
     let dir = TempDir::new("pid1");
     let sock = dir.join("a.sock");
     let mut ns = Command::new("unshare")

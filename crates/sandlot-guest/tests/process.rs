@@ -10,10 +10,6 @@ use std::time::Duration;
 use common::{run, sh, TestAgent};
 use sandlot_guest::client::{ClientError, ErrorCode, ExecRequest, ProcessEvent, PtySize};
 
-fn root() -> bool {
-    nix::unistd::geteuid().is_root()
-}
-
 #[tokio::test]
 async fn exit_codes_and_output_propagate() {
     let a = TestAgent::start();
@@ -134,10 +130,6 @@ async fn env_cwd_and_defaults() {
 
 #[tokio::test]
 async fn runs_as_another_user() {
-    if !root() {
-        eprintln!("SKIPPED runs_as_another_user: needs root to switch users");
-        return;
-    }
     let a = TestAgent::start();
     let c = a.client().await;
     let mut req = sh("id -u; id -g; id -G; echo $HOME; touch \"$F\"; cat /proc/self/oom_score_adj");
@@ -521,10 +513,6 @@ async fn exit_is_not_held_back_by_descendants_holding_the_output() {
 
 #[tokio::test]
 async fn spawn_failures_name_the_failing_step() {
-    if !root() {
-        eprintln!("SKIPPED spawn_failures_name_the_failing_step: needs root");
-        return;
-    }
     let a = TestAgent::start();
     let c = a.client().await;
     let private = a.dir.join("private");
@@ -609,15 +597,13 @@ async fn stdin_is_shared_with_attached_clients_and_pty_eof_works() {
 
 #[tokio::test]
 async fn children_get_a_normal_oom_score() {
-    if !root()
-        || std::process::Command::new("choom")
+    assert!(
+        std::process::Command::new("choom")
             .arg("--version")
             .output()
-            .is_err()
-    {
-        eprintln!("SKIPPED children_get_a_normal_oom_score: needs root and choom(1)");
-        return;
-    }
+            .is_ok(),
+        "choom(1) is missing: apt-get install util-linux"
+    );
     // The runtime protects the agent with a negative score; lowering needs
     // CAP_SYS_RESOURCE, which test environments may lack, so use a positive one:
     // what matters is that children do not inherit the agent's value.
@@ -665,10 +651,7 @@ impl Drop for PidsCgroup {
 
 #[tokio::test]
 async fn process_limit_is_a_clear_error() {
-    if !root() {
-        eprintln!("SKIPPED process_limit_is_a_clear_error: needs root");
-        return;
-    }
+    common::require_root();
     let Some(cg) = PidsCgroup::new(4) else {
         eprintln!("SKIPPED process_limit_is_a_clear_error: no writable cgroup v1 pids hierarchy");
         return;
@@ -744,16 +727,14 @@ async fn configure_sets_defaults_of_later_processes() {
     // Nothing changed by the refused calls.
     let o = run(&a, &c, sh("echo $GREETING; pwd")).await;
     assert_eq!(String::from_utf8_lossy(&o.stdout), "hello\n/tmp\n");
-    if root() {
-        c.configure(ConfigureRequest {
-            env: vec![],
-            default_user: "65534:65534".into(),
-            default_cwd: None,
-        })
-        .await
-        .unwrap();
-        let o = run(&a, &c, sh("id -u; echo ${GREETING:-unset}")).await;
-        assert_eq!(String::from_utf8_lossy(&o.stdout), "65534\nunset\n");
-    }
+    c.configure(ConfigureRequest {
+        env: vec![],
+        default_user: "65534:65534".into(),
+        default_cwd: None,
+    })
+    .await
+    .unwrap();
+    let o = run(&a, &c, sh("id -u; echo ${GREETING:-unset}")).await;
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "65534\nunset\n");
     a.finish(&c).await;
 }

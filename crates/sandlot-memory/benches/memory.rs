@@ -12,9 +12,10 @@
 //! Wikipedia sample in gensim's test data (10,000 distinct section texts repeated ten times,
 //! see `build_100k`), embedded with the real model once and cached under
 //! $SANDLOT_BENCH_DIR (default ~/.cache/sandlot/bench/memory-100k); queries are embedded with
-//! the real model on every search. Peers: BM25 alone, vector alone, query embedding alone, and
-//! the previous path (candle's generic BERT for the query embedding, exact single-threaded f32
-//! scan) through a second handle on the same store, in the same rounds.
+//! the real model on every search. Peers, in the same rounds: BM25 alone, vector alone, query
+//! embedding alone; the candle path (candle's generic BERT for the query embedding, exact
+//! single-threaded f32 scan) through a second handle on the same store; and the per-term FTS
+//! path (matched terms by one FTS query per query term, f32 query weights) through a third.
 //!
 //! Needs `bash scripts/setup.d/40-memory.sh` first.
 
@@ -359,16 +360,15 @@ fn bench_search(model: Arc<dyn Embedder>) {
         .unwrap_or_else(|| home().join(".cache/sandlot/bench/memory-100k"));
     let store = build_100k(&model, &dir);
     let (nf, nc, nv) = store.counts().unwrap();
-    // The previous path, as the peer: a second handle on the same index whose query embedder
-    // is candle's BERT and whose vector scan is the exact single-threaded f32 scan.
+    // The candle path, as a peer: a second handle on the same index whose query embedder is
+    // candle's BERT and whose vector scan is the exact single-threaded f32 scan.
     let previous_model: Arc<dyn Embedder> = Arc::new(candle_bert::CandleBert::load(
         &sandlot_memory::embed::default_model_dir(),
     ));
     let previous = Store::open_unsynced(&dir, previous_model.clone()).unwrap();
     previous.set_vector_scan(VectorScan::Exact);
-    // The path before issue 8's second round, as a peer: same model and int8 scan, but one FTS
-    // query per query term for the matched terms, the query embedder on both cores while BM25
-    // runs, and its
+    // The per-term FTS path, as a peer: same model and int8 scan, but one FTS query per query
+    // term for the matched terms, the query embedder on both cores while BM25 runs, and its
     // weights in f32 for the query too.
     let f32_model: Arc<dyn Embedder> = Arc::new(
         MiniLmEmbedder::load_default()
@@ -462,18 +462,18 @@ fn bench_search(model: Arc<dyn Embedder>) {
         "hybrid (query embedding ‖ BM25 + matched terms in Rust; int8 AVX2 scan on the embedding thread + exact rerank, RRF)",
     );
     let (t50, tc) = per_term_hybrid.row(
-        "peer: hybrid before this round (one FTS query per query term; f32 query embedding on both cores from the start)",
+        "peer: per-term FTS path, hybrid (one FTS query per query term; f32 query embedding on both cores from the start)",
     );
     let (o50, oc) = old_hybrid.row(
-        "peer: previous path, hybrid (candle BERT query embedding, exact single-threaded f32 scan)",
+        "peer: candle path, hybrid (candle BERT query embedding, exact single-threaded f32 scan)",
     );
     let (_, bc) = bm25.row("peer: BM25 only");
     let (v50, vc) = vector.row("vector only, incl. query embedding");
-    let (ov50, ovc) = old_vector.row("peer: previous path, vector only");
+    let (ov50, ovc) = old_vector.row("peer: candle path, vector only");
     let (e50, ec) = embed.row("query embedding alone");
-    let (oe50, oec) = old_embed.row("peer: previous path, query embedding alone (candle BERT)");
+    let (oe50, oec) = old_embed.row("peer: candle path, query embedding alone (candle BERT)");
     println!(
-        "\nhybrid p50 {h50:.1} ms (target <= 20 ms), {:.2}x the previous path's {o50:.1} ms (CPU {:.2}x); \
+        "\nhybrid p50 {h50:.1} ms (target <= 20 ms), {:.2}x the candle path's {o50:.1} ms (CPU {:.2}x); \
          vector-only {:.2}x (CPU {:.2}x); query embedding {:.2}x (CPU {:.2}x); \
          mean CPU per hybrid query {hc:.1} ms, of which BM25 alone {bc:.1}, embedding alone {ec:.1}, \
          vector-only minus embedding (filter, scan, rerank, fetch) {:.1}; one-off vector matrix load {load:.0} ms",
@@ -494,7 +494,7 @@ fn bench_search(model: Arc<dyn Embedder>) {
     );
     println!(
         "same results as the exact f32 scan (same query vector): hybrid top-10 {same_top10}/{compared} queries, \
-         vector top-50 {same_vec50}/{compared} queries; hybrid top-10 same as the previous path: {same_prev}/{compared}"
+         vector top-50 {same_vec50}/{compared} queries; hybrid top-10 same as the candle path: {same_prev}/{compared}"
     );
 }
 

@@ -6,6 +6,8 @@
 //! [`HttpEmbedder`] (the [`Embedder`] implementations) and [`memory_tool`] (Anthropic memory
 //! tool commands over a store). Everything is `Send + Sync` and returns typed errors.
 
+#![forbid(unsafe_code)]
+
 pub mod chunk;
 pub mod doc;
 pub mod embed;

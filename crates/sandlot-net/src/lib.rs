@@ -9,6 +9,8 @@
 //! sandbox's [`policy::Policy`] on every query and connection and report each to
 //! an [`AuditSink`]. See `docs/networking.md`.
 
+#![forbid(unsafe_code)]
+
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::fd::OwnedFd;

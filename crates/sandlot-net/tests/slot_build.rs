@@ -107,8 +107,8 @@ fn slot_is_wired_over_netlink_and_release_leaves_nothing() {
             std::fs::read_to_string("/proc/sys/net/ipv4/ip_unprivileged_port_start").unwrap()
         });
         assert_eq!(sysctl.trim(), "0");
-        // IPv6 is off on both ends of the veth: no addresses, no routes (issue 6:
-        // the host ends' IPv6 routes were a list walked once per slot).
+        // IPv6 is off on both ends of the veth: no addresses, no routes (the host
+        // ends' IPv6 routes were a list walked once per slot).
         if std::path::Path::new("/proc/sys/net/ipv6").exists() {
             let read = |p: &str| std::fs::read_to_string(p).unwrap().trim().to_string();
             let host_conf = format!("/proc/sys/net/ipv6/conf/{}/disable_ipv6", slot.name);
@@ -214,7 +214,7 @@ fn netfilter_sockets_held() -> Vec<u64> {
         .collect()
 }
 
-/// Issue 6: closing a netfilter netlink socket makes the kernel wait for an RCU
+/// Closing a netfilter netlink socket makes the kernel wait for an RCU
 /// grace period under the nf_tables commit mutex, which every veth creation takes;
 /// a socket per set update stalled slot builds and teardowns (allow creates p99
 /// 25-30 ms). The pool keeps one socket for all of its set updates.

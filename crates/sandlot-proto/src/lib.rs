@@ -9,6 +9,8 @@
 //!
 //! This crate does no I/O.
 
+#![forbid(unsafe_code)]
+
 pub mod api;
 pub mod guest;
 pub mod spec;

@@ -10,7 +10,7 @@
 //! mount fails instead.
 
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -54,51 +54,85 @@ pub enum PinError {
 
 /// Resolves the absolute host path `requested` once: its canonical path, opened
 /// without following a link anywhere, and the identity of what it names. With
-/// `root`, the canonical path must lie under it and is opened from `root` itself,
-/// one real directory at a time, never above it (`RESOLVE_BENEATH`).
+/// `root` (a canonical path that `requested` lies under, lexically), `requested` is
+/// resolved from `root` itself and never above it (`RESOLVE_BENEATH`): links that
+/// stay beneath it are followed, one that leads out is [`PinError::Outside`] without
+/// the host path it names being looked at (so whether a host path outside exists
+/// never shows in the answer), and the canonical path must then be reachable from
+/// `root` one real directory at a time.
 pub fn pin(requested: &str, root: Option<&Path>) -> Result<PinnedPath, PinError> {
     let io_err = |source: io::Error| PinError::Io {
         path: requested.to_string(),
         source,
     };
-    let canonical = std::fs::canonicalize(requested).map_err(|e| {
-        if matches!(
-            e.kind(),
-            io::ErrorKind::NotFound | io::ErrorKind::NotADirectory
-        ) {
-            PinError::Missing {
-                path: requested.to_string(),
-            }
-        } else {
-            io_err(e)
-        }
-    })?;
-    let fd = match root {
-        None => sys::open_no_symlinks(None, &sys::cstr(&canonical).map_err(io_err)?),
-        Some(root) => {
-            let rel = canonical
-                .strip_prefix(root)
-                .map_err(|_| PinError::Outside {
-                    path: requested.to_string(),
-                    root: root.to_path_buf(),
-                })?;
-            let dir = sys::open_no_symlinks(None, &sys::cstr(root).map_err(io_err)?);
-            match dir {
-                Ok(dir) if rel.as_os_str().is_empty() => Ok(dir),
-                Ok(dir) => {
-                    sys::open_no_symlinks(Some(dir.as_fd()), &sys::cstr(rel).map_err(io_err)?)
-                }
-                Err(e) => Err(e),
-            }
-        }
-    }
-    .map_err(|e| match e.raw_os_error() {
-        // A link, a vanished entry or a way out appeared after canonicalize.
+    // A link, a vanished entry or a way out appeared while resolving.
+    let changed = |e: io::Error| match e.raw_os_error() {
         Some(libc::ELOOP | libc::EXDEV | libc::ENOENT | libc::ENOTDIR) => PinError::Changed {
             path: requested.to_string(),
         },
         _ => io_err(e),
-    })?;
+    };
+    let missing = || PinError::Missing {
+        path: requested.to_string(),
+    };
+    let (canonical, fd) = match root {
+        None => {
+            let canonical = std::fs::canonicalize(requested).map_err(|e| {
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::NotFound | io::ErrorKind::NotADirectory
+                ) {
+                    missing()
+                } else {
+                    io_err(e)
+                }
+            })?;
+            let fd = sys::open_no_symlinks(None, &sys::cstr(&canonical).map_err(io_err)?)
+                .map_err(changed)?;
+            (canonical, fd)
+        }
+        Some(root) => {
+            let outside = || PinError::Outside {
+                path: requested.to_string(),
+                root: root.to_path_buf(),
+            };
+            let rel = Path::new(requested)
+                .strip_prefix(root)
+                .map_err(|_| outside())?;
+            let dir =
+                sys::open_no_symlinks(None, &sys::cstr(root).map_err(io_err)?).map_err(changed)?;
+            if rel.as_os_str().is_empty() {
+                (root.to_path_buf(), dir)
+            } else {
+                let found = sys::open_beneath(dir.as_fd(), &sys::cstr(rel).map_err(io_err)?)
+                    .map_err(|e| match e.raw_os_error() {
+                        Some(libc::ENOENT | libc::ENOTDIR) => missing(),
+                        Some(libc::EXDEV) => outside(),
+                        _ => io_err(e),
+                    })?;
+                // Where the object found lives: its canonical path.
+                let canonical = std::fs::read_link(format!("/proc/self/fd/{}", found.as_raw_fd()))
+                    .map_err(io_err)?;
+                let crel = canonical.strip_prefix(root).map_err(|_| outside())?;
+                if crel.as_os_str().is_empty() {
+                    (canonical, dir)
+                } else {
+                    // Reached again one real directory at a time: the path a mount
+                    // reopens must lead there without a link.
+                    let fd =
+                        sys::open_no_symlinks(Some(dir.as_fd()), &sys::cstr(crel).map_err(io_err)?)
+                            .map_err(changed)?;
+                    let id = |f: &OwnedFd| sys::fstat_id(f.as_fd()).map(|(d, i, _)| (d, i));
+                    if id(&fd).map_err(io_err)? != id(&found).map_err(io_err)? {
+                        return Err(PinError::Changed {
+                            path: requested.to_string(),
+                        });
+                    }
+                    (canonical, fd)
+                }
+            }
+        }
+    };
     let (dev, ino, mode) = sys::fstat_id(fd.as_fd()).map_err(io_err)?;
     Ok(PinnedPath {
         requested: requested.to_string(),
@@ -179,9 +213,23 @@ mod tests {
         assert_eq!(p.requested, share.join("current").to_str().unwrap());
         let f = pin(share.join("f").to_str().unwrap(), Some(&share)).unwrap();
         assert!(!f.dir);
-        // One that leads out does not.
-        let e = pin(share.join("out").to_str().unwrap(), Some(&share)).unwrap_err();
-        assert!(matches!(e, PinError::Outside { .. }), "{e}");
+        // One that leads out does not, whether what it names exists or not (the
+        // answer must not tell which host paths exist).
+        std::os::unix::fs::symlink("/nope-not-here", share.join("out-missing")).unwrap();
+        std::os::unix::fs::symlink("../../../etc", share.join("up")).unwrap();
+        std::os::unix::fs::symlink("../../../nope-not-here", share.join("up-missing")).unwrap();
+        for l in ["out", "out-missing", "up", "up-missing"] {
+            let e = pin(share.join(l).to_str().unwrap(), Some(&share)).unwrap_err();
+            assert!(matches!(e, PinError::Outside { .. }), "{l}: {e}");
+        }
+        let e = pin(share.join("current/none").to_str().unwrap(), Some(&share)).unwrap_err();
+        assert!(matches!(e, PinError::Missing { .. }), "{e}");
+        assert_eq!(
+            pin(share.as_os_str().to_str().unwrap(), Some(&share))
+                .unwrap()
+                .path,
+            share
+        );
         let e = pin(share.join("none").to_str().unwrap(), Some(&share)).unwrap_err();
         assert!(matches!(e, PinError::Missing { .. }), "{e}");
         // Without a root (`sandlot run`), any existing path.

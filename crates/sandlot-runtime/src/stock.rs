@@ -120,7 +120,7 @@ mod tests {
         }
     }
 
-    /// Issue 6 (bursts): refills yield the CPU to the request threads.
+    /// Refills yield the CPU to the request threads (a burst's creates wait for it).
     #[test]
     fn stock_threads_run_at_a_lower_priority_than_their_caller() {
         // SAFETY: getpriority has no pointers; errno is not consulted (values are

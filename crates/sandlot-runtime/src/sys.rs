@@ -439,7 +439,7 @@ pub fn nice_this_thread(nice: i32) -> io::Result<()> {
     if now >= nice {
         return Ok(());
     }
-    // SAFETY: as above.
+    // SAFETY: no pointers; who = 0 is the calling thread.
     cvt(unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) })?;
     Ok(())
 }
@@ -461,8 +461,8 @@ pub fn statfs_type(p: &CStr) -> io::Result<i64> {
     // SAFETY: p is a valid C string; st points to writable memory of the struct's
     // size, which the kernel fills on success.
     cvt(unsafe { libc::statfs(p.as_ptr(), st.as_mut_ptr()) })?;
-    // SAFETY: statfs succeeded, so the struct is initialized.
     #[allow(clippy::unnecessary_cast)] // f_type is i32 on some targets
+    // SAFETY: statfs succeeded, so the struct is initialized.
     Ok(unsafe { st.assume_init() }.f_type as i64)
 }
 
@@ -701,6 +701,17 @@ pub fn open_no_symlinks(dir: Option<BorrowedFd<'_>>, path: &CStr) -> io::Result<
             RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS,
         ),
     }
+}
+
+/// `openat2(dir, path, O_PATH|O_CLOEXEC, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)`:
+/// symbolic links that stay beneath `dir` are followed; one that would leave it (an
+/// absolute target, `..` past `dir`) is `EXDEV` before anything outside is looked at.
+pub fn open_beneath(dir: BorrowedFd<'_>, path: &CStr) -> io::Result<OwnedFd> {
+    openat2_path(
+        dir.as_raw_fd(),
+        path,
+        RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS,
+    )
 }
 
 /// What `fstat(fd)` says of the file: (device, inode, mode).

@@ -56,10 +56,7 @@ fn output_len(p: &std::path::Path) -> u64 {
 
 #[test]
 fn cgroup_v2_files_work_on_a_real_v2_hierarchy() {
-    if !is_root() {
-        eprintln!("SKIPPED cgroup_v2_files_work_on_a_real_v2_hierarchy: needs root");
-        return;
-    }
+    require_root();
     let Some(root) = v2_mount() else {
         eprintln!(
             "SKIPPED cgroup_v2_files_work_on_a_real_v2_hierarchy: \
@@ -157,13 +154,18 @@ fn cgroup_v2_files_work_on_a_real_v2_hierarchy() {
     let _ = std::fs::remove_file(&out);
 }
 
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
+/// Fails the test loudly unless it runs as root (CI does).
+fn require_root() {
+    let euid_is_root = std::fs::read_to_string("/proc/self/status")
         .unwrap_or_default()
         .lines()
         .find_map(|l| l.strip_prefix("Uid:"))
         .and_then(|ids| ids.split_whitespace().nth(1).map(|e| e == "0"))
-        .unwrap_or(false)
+        .unwrap_or(false);
+    assert!(
+        euid_is_root,
+        "privileged test: run as root (it creates and removes cgroups); CI runs as root"
+    );
 }
 
 /// Every directory under the test's parent cgroup, in every hierarchy.
@@ -187,10 +189,7 @@ fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
 
 #[test]
 fn cgroup_stock_hands_out_fresh_renamed_cgroups_and_leaves_nothing() {
-    if !is_root() {
-        eprintln!("SKIPPED cgroup_stock_...: needs root");
-        return;
-    }
+    require_root();
     let layout = CgroupLayout::detect().unwrap();
     if layout.version() != 1 {
         eprintln!("SKIPPED cgroup_stock_...: the stock is for cgroup v1 hosts; this one is v2");

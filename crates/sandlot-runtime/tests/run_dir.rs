@@ -1,5 +1,5 @@
-//! The sandboxes' run directory on a tmpfs of the runtime's own (root only; see
-//! `sandlot_runtime::run_dir`).
+//! The sandboxes' run directory (root only): on a tmpfs of the runtime's own (see
+//! `sandlot_runtime::run_dir`), and what a sweep of it removes.
 
 use std::fs;
 use std::os::fd::AsRawFd;
@@ -184,4 +184,32 @@ fn sandboxes_run_dir_moves_to_a_tmpfs_only_when_nothing_lives_there() {
         mounts_under(Path::new(env!("CARGO_TARGET_TMPDIR"))).is_empty(),
         "the test left a mount"
     );
+}
+
+/// `sweep` once removed a run directory another process was publishing, between the
+/// creation of its `alive` file and its lock. A young temporary directory is never
+/// swept, even unlocked; a minute-old one is.
+#[test]
+fn sweep_leaves_a_directory_being_published() {
+    assert!(
+        running_as_root(),
+        "privileged test: run as root (a runtime backend needs it); CI runs as root"
+    );
+    let run = std::env::temp_dir().join(format!("sandlot-sweep-{}", std::process::id()));
+    let mut cfg = RuntimeConfig::new(PathBuf::from("/bin/false"));
+    cfg.run_dir = run.clone();
+    cfg.cgroup_parent = format!("sandlot-sweep-test-{}", std::process::id());
+    let b = NamespaceBackend::new(cfg).expect("a backend");
+    // Named as a publisher's temporary directory; its publisher (pid 1) is alive.
+    let tmp = run.join("sandboxes").join(".new-x-1");
+    fs::create_dir_all(&tmp).unwrap();
+    fs::File::create(tmp.join("alive")).unwrap();
+    assert!(b.sweep().is_empty());
+    assert!(tmp.exists(), "a directory being published was swept");
+    let old = std::time::SystemTime::now() - std::time::Duration::from_secs(120);
+    fs::File::open(&tmp).unwrap().set_modified(old).unwrap();
+    b.sweep();
+    assert!(!tmp.exists(), "minute-old debris was not swept");
+    drop(b);
+    fs::remove_dir_all(&run).unwrap();
 }

@@ -1,6 +1,6 @@
-//! Micro-benchmark of the database work of a pool claim (docs/benchmarks.md,
-//! session 11): the two commits a claim used to make (admission as `creating`,
-//! then [`Store::mark_running`]) against one admission as `running`.
+//! Micro-benchmark of the database work of a pool claim (docs/benchmarks.md, "Other
+//! harnesses"): the two commits a claim used to make (admission as `creating`, then
+//! [`Store::mark_running`]) against one admission as `running`.
 //!
 //! ```sh
 //! cargo run --release -p sandlot-server --example store_claims -- /tmp/store-claims

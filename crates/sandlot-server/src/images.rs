@@ -222,11 +222,22 @@ impl Images {
                 "is not under a host path the operator allows (mounts.allowed_host_paths)",
             )
         };
-        // Lexically first (validate refused `..`), then as resolved.
+        // Lexically first (validate refused `..`), then resolved beneath the allowed
+        // path (its real path: the operator's may name it through a link).
         let p = Path::new(requested);
-        for root in self.allowed_host_paths.iter().filter(|a| p.starts_with(a)) {
-            match host_path::pin(requested, Some(root)) {
-                Ok(pin) => return Ok(pin),
+        for a in &self.allowed_host_paths {
+            let Ok(root) = std::fs::canonicalize(a) else {
+                continue;
+            };
+            let Some(rel) = p.strip_prefix(a).or_else(|_| p.strip_prefix(&root)).ok() else {
+                continue;
+            };
+            let beneath = root.join(rel);
+            match host_path::pin(&beneath.to_string_lossy(), Some(&root)) {
+                Ok(mut pin) => {
+                    pin.requested = requested.to_string();
+                    return Ok(pin);
+                }
                 Err(PinError::Outside { .. }) => continue,
                 Err(PinError::Missing { .. }) => {
                     return Err(ApiError::invalid(field, "does not exist on the host"))

@@ -1,5 +1,5 @@
 //! The daemon's descriptors and its TCP listeners (`listen`, `[e2b] listen`,
-//! published ports): who may hold how many, and for how long.
+//! `metrics_listen`, published ports): who may hold how many, and for how long.
 //!
 //! The open-file limit is split once at start ([`DescriptorPlan`]): a reserve that
 //! TCP clients and sandboxes' egress never touch (the operator's Unix socket,
@@ -155,16 +155,27 @@ pub enum ListenerKind {
     Api,
     E2b,
     Ports,
+    /// `metrics_listen`: a scraper's, without a token.
+    Metrics,
 }
 
 impl ListenerKind {
-    const ALL: [ListenerKind; 3] = [ListenerKind::Api, ListenerKind::E2b, ListenerKind::Ports];
+    const ALL: [ListenerKind; 4] = [
+        ListenerKind::Api,
+        ListenerKind::E2b,
+        ListenerKind::Ports,
+        ListenerKind::Metrics,
+    ];
+
+    /// The HTTP listeners, which the header and idle timeouts apply to.
+    const HTTP: [ListenerKind; 3] = [ListenerKind::Api, ListenerKind::E2b, ListenerKind::Metrics];
 
     pub fn as_str(self) -> &'static str {
         match self {
             ListenerKind::Api => "api",
             ListenerKind::E2b => "e2b",
             ListenerKind::Ports => "ports",
+            ListenerKind::Metrics => "metrics",
         }
     }
 }
@@ -198,11 +209,11 @@ impl Drop for OpenGauge {
 /// Counters per listener, for `/metrics`.
 #[derive(Debug, Default)]
 pub struct InboundStats {
-    open: [AtomicI64; 3],
-    refused_address: [AtomicU64; 3],
-    refused_total: [AtomicU64; 3],
-    header_timeouts: [AtomicU64; 3],
-    idle_timeouts: [AtomicU64; 3],
+    open: [AtomicI64; 4],
+    refused_address: [AtomicU64; 4],
+    refused_total: [AtomicU64; 4],
+    header_timeouts: [AtomicU64; 4],
+    idle_timeouts: [AtomicU64; 4],
 }
 
 /// Admission and timeouts of the daemon's TCP listeners.
@@ -305,7 +316,7 @@ impl Inbound {
             "# HELP sandlot_tcp_connections_timed_out_total Connections closed by connections.header_timeout or connections.idle_timeout.\n\
              # TYPE sandlot_tcp_connections_timed_out_total counter"
         );
-        for k in [ListenerKind::Api, ListenerKind::E2b] {
+        for k in ListenerKind::HTTP {
             for (t, v) in [("header", &s.header_timeouts), ("idle", &s.idle_timeouts)] {
                 let _ = writeln!(
                     o,

@@ -356,9 +356,16 @@ pub async fn serve(
     };
     let metrics_task = metrics_tcp.map(|l| {
         tracing::info!(listen = ?state.cfg.metrics_listen, "metrics listening");
-        let srv = axum::serve(l, routes::metrics_router(state.clone()).into_make_service())
-            .with_graceful_shutdown(wait_stop(stop_rx.clone()));
-        tokio::spawn(srv.into_future())
+        // No token here: the same caps and timeouts as the API's listener, so a flood
+        // of connections cannot take the descriptors the operator and creates need.
+        let srv = inbound::serve(
+            &state.inbound,
+            l,
+            inbound::ListenerKind::Metrics,
+            routes::metrics_router(state.clone()),
+            wait_stop(stop_rx.clone()),
+        );
+        tokio::spawn(srv)
     });
     // `into_make_service`: each connection gets a clone of the router (one `Arc`).
     // Serving a `Router` directly re-walks every route (`with_state`) per connection,

@@ -405,7 +405,7 @@ pub async fn configure(state: &Arc<AppState>, w: &Warm, setup: ClaimSetup) -> Re
     if let Some(network) = &setup.network {
         // In memory plus one small SQLite update, like the admission before it: run
         // on this task rather than a blocking-pool thread (a burst of `allow`
-        // claims started dozens of them; docs/benchmarks.md, session 10).
+        // claims started dozens of them).
         crate::network::set_at_claim(state, &w.id, network)
             .map_err(|e| format!("set the network policy: {}", e.message))?;
     }
@@ -599,8 +599,8 @@ mod tests {
         SandboxSpec::from_json(json).unwrap()
     }
 
-    /// Issue 6 (bursts): refills wait while claims keep coming, unless the pool is
-    /// down to a quarter of its target.
+    /// Refills wait while claims keep coming (a burst's claims come faster than a
+    /// cold create), unless the pool is down to a quarter of its target.
     #[test]
     fn refills_yield_to_a_burst_of_claims_until_the_pool_runs_low() {
         let ms = Duration::from_millis;
@@ -614,8 +614,8 @@ mod tests {
         assert_eq!(refill_delay(Some(ms(0)), 4, 16), ms(10));
     }
 
-    /// Issue 6 (an `allow` pool missed one claim in eight of a sequential run): a
-    /// pool down to a quarter of its target refills on every CPU, otherwise on one.
+    /// A pool down to a quarter of its target refills on every CPU, otherwise on one
+    /// (one at a time, an `allow` pool missed one claim in eight of a sequential run).
     #[test]
     fn a_pool_running_low_refills_on_every_cpu() {
         assert_eq!(refill_width(16, 16, 2), 1);

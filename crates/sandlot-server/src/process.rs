@@ -732,7 +732,7 @@ mod tests {
         })
     }
 
-    /// Regression (issue 6, exec round trip): every insert scanned the whole table.
+    /// Regression (the exec round trip): every insert scanned the whole table.
     /// Forgetting the oldest finished processes now happens in batches; running ones
     /// are never forgotten and the newest finished ones are kept.
     #[test]

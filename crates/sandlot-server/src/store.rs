@@ -968,7 +968,7 @@ mod tests {
         }
     }
 
-    /// Issue 6: a checkpoint (an `fsync` of the database file) ran inside whichever
+    /// A checkpoint (an `fsync` of the database file) ran inside whichever
     /// request's commit filled the write-ahead log. The daemon's connection no
     /// longer checkpoints; a thread with its own connection does.
     #[test]

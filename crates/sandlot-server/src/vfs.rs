@@ -23,6 +23,7 @@ use sandlot_proto::api::vfs::{
     AuditEntry, CollectionView, IngestResult, SessionLimits, VfsAcl, VfsScratch, VfsSession,
     VfsSource,
 };
+use sandlot_runtime::host_path::{self, PinError};
 use sandlot_vfs::{
     Acl, AclPolicy, AclRule, AuditFilter, AuditRecord, IngestOptions, IngestReport, Limits,
     Principal, S3Credentials, S3Options, ScratchLimits, Source, Store, StoreError,
@@ -293,21 +294,48 @@ impl VfsService {
                 "source.path: the operator allows no daemon-side sources (vfs.allowed_source_paths); upload a tar archive or a JSONL export instead",
             ));
         }
-        let real = std::fs::canonicalize(&p)
-            .map_err(|e| ApiError::invalid(field, format!("{path}: {e}")))?;
-        let allowed = self.cfg.allowed_source_paths.iter().any(|a| {
-            std::fs::canonicalize(a)
-                .map(|a| real.starts_with(&a))
-                .unwrap_or(false)
-        });
-        if !allowed || real.starts_with(&self.root) {
-            return Err(ApiError::new(
+        let forbidden = || {
+            ApiError::new(
                 StatusCode::FORBIDDEN,
                 "forbidden",
                 format!("source.path: {path} is not under a path the operator allows (vfs.allowed_source_paths)"),
-            ));
+            )
+        };
+        // Lexically under an allowed path first (as configured, or as resolved), then
+        // resolved beneath it: a path elsewhere, or a link that leads out, is refused
+        // the same whether what it names exists or not, so the answer tells nothing
+        // about the host's files outside the allowed paths.
+        for a in &self.cfg.allowed_source_paths {
+            let Ok(root) = std::fs::canonicalize(a) else {
+                continue;
+            };
+            let Some(rel) = p.strip_prefix(a).or_else(|_| p.strip_prefix(&root)).ok() else {
+                continue;
+            };
+            let requested = root.join(rel);
+            match host_path::pin(&requested.to_string_lossy(), Some(&root)) {
+                Ok(pin) if pin.path.starts_with(&self.root) => return Err(forbidden()),
+                Ok(pin) => return Ok(pin.path),
+                Err(PinError::Outside { .. }) => continue,
+                Err(PinError::Missing { .. }) => {
+                    return Err(ApiError::invalid(
+                        field,
+                        format!("{path}: no such file or directory"),
+                    ))
+                }
+                Err(e @ PinError::Changed { .. }) => {
+                    return Err(ApiError::invalid(
+                        field,
+                        format!("{path}: changed while it was being checked"),
+                    )
+                    .with_detail(e))
+                }
+                Err(PinError::Io { source, .. }) => {
+                    return Err(ApiError::invalid(field, format!("{path}: {source}")))
+                }
+            }
         }
-        Ok(real)
+        Err(forbidden())
     }
 
     /// An S3 endpoint an API client names, checked against `vfs.allowed_s3_endpoints`.

@@ -975,15 +975,25 @@ pub fn diff(
 mod tests {
     use super::*;
 
+    /// The user and group this test runs as. The test layers' entries belong to
+    /// them: `unpack` keeps ownership, only root may give a file to another user,
+    /// and unit tests run without root.
+    fn own_ids() -> (u64, u64) {
+        let f = tempfile::tempfile().unwrap();
+        let md = f.metadata().unwrap();
+        (md.uid().into(), md.gid().into())
+    }
+
     /// A layer tar of raw headers: (path, type, link target, mode).
     fn tar_raw(entries: &[(&str, tar::EntryType, &str, u32)]) -> Vec<u8> {
+        let (uid, gid) = own_ids();
         let mut b = tar::Builder::new(Vec::new());
         for (path, ty, link, mode) in entries {
             let mut h = tar::Header::new_gnu();
             h.set_entry_type(*ty);
             h.set_mode(*mode);
-            h.set_uid(0);
-            h.set_gid(0);
+            h.set_uid(uid);
+            h.set_gid(gid);
             h.set_mtime(1_700_000_000);
             h.set_size(0);
             if ty.is_symlink() {
@@ -1088,11 +1098,12 @@ mod tests {
     }
 
     fn tar_of(entries: &[(&str, Option<&[u8]>)]) -> Vec<u8> {
+        let (uid, gid) = own_ids();
         let mut b = tar::Builder::new(Vec::new());
         for (path, data) in entries {
             let mut h = tar::Header::new_gnu();
-            h.set_uid(0);
-            h.set_gid(0);
+            h.set_uid(uid);
+            h.set_gid(gid);
             h.set_mtime(0);
             match data {
                 Some(d) => {

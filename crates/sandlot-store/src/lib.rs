@@ -22,6 +22,8 @@
 //! its own, and a name is its own tag first, then a shared one, never another
 //! tenant's.
 
+#![forbid(unsafe_code)]
+
 use std::fs;
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};

@@ -14,7 +14,6 @@
 use std::collections::HashMap;
 use std::fs;
 use std::io;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -430,17 +429,11 @@ fn now_secs() -> i64 {
 
 fn sync_filesystem(dir: &Path) -> Result<(), StoreError> {
     let f = fs::File::open(dir).map_err(io_err("open", dir))?;
-    // SAFETY: `f` is an open file descriptor for the duration of the call;
-    // syncfs only flushes the filesystem containing it.
-    let rc = unsafe { libc::syncfs(f.as_raw_fd()) };
-    if rc != 0 {
-        return Err(StoreError::Io {
-            op: "syncfs",
-            path: dir.to_path_buf(),
-            source: io::Error::last_os_error(),
-        });
-    }
-    Ok(())
+    rustix::fs::syncfs(&f).map_err(|e| StoreError::Io {
+        op: "syncfs",
+        path: dir.to_path_buf(),
+        source: e.into(),
+    })
 }
 
 /// Held while a collection is being written.

@@ -11,6 +11,7 @@ use sandlot_vfs::fuse::{is_mounted, mount, MountOptions};
 use sandlot_vfs::{Acl, AclPolicy, AclRule, IngestOptions, Limits, Principal, Source, Store};
 
 fn fuse_available() -> bool {
+    common::require_root("it mounts FUSE file systems");
     if !Path::new("/dev/fuse").exists() {
         eprintln!("SKIPPED: /dev/fuse is missing on this machine; the FUSE tests need the fuse kernel module");
         return false;

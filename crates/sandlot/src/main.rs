@@ -1,4 +1,6 @@
-//! The `sandlot` binary: CLI and (later) the daemon.
+//! The `sandlot` binary: the CLI, the daemon (`sandlot serve`, from
+//! `sandlot-server`), the benchmark harness (`sandlot bench`) and the hidden entries
+//! the runtime and the daemon start it as (`__init`, `__zygote`, `__vfs-serve`).
 //!
 //! Exit codes: the command's own for `run`; 125 when Sandlot itself fails (bad input,
 //! runtime error); 126/127 when the command cannot be started / is not found.

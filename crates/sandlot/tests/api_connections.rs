@@ -240,6 +240,67 @@ fn idle_tcp_connections_cannot_starve_the_operator_or_other_tenants() {
     assert!(d.log().contains("open-file limit"), "the limit is logged");
 }
 
+/// The metrics address serves a Prometheus scraper without a token, so whoever
+/// reaches it may flood it: its connections are held to the same caps and timeouts
+/// as the API's (it used to accept without a limit, and 600 idle connections took
+/// every descriptor of a 512-descriptor daemon: the operator's socket stopped
+/// answering).
+#[test]
+fn idle_connections_to_the_metrics_address_cannot_starve_the_daemon() {
+    raise_own_open_file_limit();
+    let port = api_support::free_port();
+    let d = Daemon::start_with_open_file_limit(
+        Some(&format!(
+            "metrics_listen = \"127.0.0.1:{port}\"\n\
+             [connections]\nheader_timeout = \"2s\"\nidle_timeout = \"3s\"\nmax_per_address = 40\n\
+             [network]\npool_size = 0\n"
+        )),
+        512,
+    );
+    let metrics: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let op = d.client();
+    block_on_within(90, "the metrics connection flood", async {
+        let (mut flood, refused) = idle_connections(&["127.0.0.2".into()], metrics, 600).await;
+        let h = tokio::time::timeout(Duration::from_secs(5), op.health())
+            .await
+            .expect("the operator's socket did not answer within 5 s");
+        assert_eq!(h.unwrap().tenant, "*");
+        assert_eq!(
+            (flood.len(), refused),
+            (40, 560),
+            "connections.max_per_address on the metrics address"
+        );
+        // The operator creates and deletes a sandbox; a scraper from another
+        // address reads the metrics, which count the refusals.
+        let sb = op
+            .create_sandbox(&spec_body(serde_json::json!({})))
+            .await
+            .unwrap();
+        op.delete_sandbox(&sb.id).await.unwrap();
+        let s = TcpSocket::new_v4().unwrap();
+        s.bind("127.0.0.3:0".parse().unwrap()).unwrap();
+        let mut c = s.connect(metrics).await.unwrap();
+        tokio::io::AsyncWriteExt::write_all(
+            &mut c,
+            b"GET /metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        let mut text = String::new();
+        c.read_to_string(&mut text).await.unwrap();
+        assert!(text.starts_with("HTTP/1.1 200 "), "{text}");
+        assert!(
+            metric(
+                &text,
+                "sandlot_tcp_connections_refused_total{listener=\"metrics\",limit=\"address\"}"
+            ) >= 560,
+            "{text}"
+        );
+        // The silent ones are closed by the header timeout.
+        assert!(all_closed(&mut flood, Duration::from_secs(10)).await);
+    });
+}
+
 /// The lowest descriptor number `pid` does not have open: with its soft limit set
 /// there, it can open nothing more.
 fn lowest_free_fd(pid: i32) -> u64 {

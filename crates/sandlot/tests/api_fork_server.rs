@@ -1,4 +1,4 @@
-//! The daemon's fork server (issue 6, density): sandbox PID 1s forked from
+//! The daemon's fork server: sandbox PID 1s forked from
 //! `sandlot __zygote` share the binary's relocated pages instead of each holding a
 //! private copy, and the fork server goes away with the daemon.
 
@@ -151,7 +151,7 @@ fn create_with(d: &Daemon, spec: serde_json::Value) -> String {
     })
 }
 
-/// Issue 3: the `host` image's allow-listed `/etc` entries come from one prepared,
+/// The `host` image's allow-listed `/etc` entries come from one prepared,
 /// read-only view that the fork server clones per sandbox (one mount instead of ~30
 /// binds); `/etc` itself stays writable, the view is fresh after the host replaces a
 /// bound file, and nothing of it is visible on the host.
@@ -295,7 +295,7 @@ fn mount_points(pid: i32) -> Vec<String> {
         .collect()
 }
 
-/// Issue 6 (density): every create copied the host's whole mount table, and the host
+/// Every create copied the host's whole mount table, and the host
 /// holds one bind mount per network slot under /run/netns, so creates slowed down as
 /// `allow` sandboxes accumulated. The fork server works in a copy of the host's mount
 /// namespace without /run/netns; a sandbox that binds host paths is still built in

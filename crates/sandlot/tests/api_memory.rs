@@ -581,6 +581,130 @@ fn a_sandbox_cannot_make_the_daemon_run_a_program_through_a_nested_repository() 
     let _ = std::fs::remove_dir_all(&mark);
 }
 
+/// What the inotify instances of process `pid` watch: the inode of every watched folder,
+/// and how many instances it holds.
+fn inotify_watches(pid: i32) -> (Vec<u64>, usize) {
+    let mut inodes = Vec::new();
+    let mut instances = 0;
+    for e in std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+    {
+        if std::fs::read_link(e.path())
+            .is_ok_and(|l| l == std::path::Path::new("anon_inode:inotify"))
+        {
+            instances += 1;
+        }
+        let info = format!("/proc/{pid}/fdinfo/{}", e.file_name().to_string_lossy());
+        for l in std::fs::read_to_string(info).unwrap_or_default().lines() {
+            if let Some(ino) = l
+                .strip_prefix("inotify wd:")
+                .and_then(|l| l.split_whitespace().find_map(|w| w.strip_prefix("ino:")))
+            {
+                inodes.push(u64::from_str_radix(ino, 16).unwrap());
+            }
+        }
+    }
+    (inodes, instances)
+}
+
+/// The daemon watches a mounted store's folders (as root, with the host's inotify watches
+/// and instances, which the kernel counts per user across the host). A sandbox that makes a
+/// folder and swaps it for a link to a host directory before the watcher looks must never
+/// get the daemon to watch that directory (a recursive watch by path walked whatever the
+/// new name led to: `l -> /` was the whole host); thousands of folders get a bounded number
+/// of watches; and every store shares one inotify instance (one each, a tenant's 128 stores
+/// took every instance root may have).
+#[test]
+fn the_store_watcher_never_watches_host_folders_and_holds_bounded_inotify_resources() {
+    model_installed();
+    let d = Daemon::start(None);
+    let ta = d.token("alpha");
+    let a = d.tcp(Some(&ta));
+    let host = std::env::temp_dir().join(format!("sandlot-watch-host-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&host);
+    std::fs::create_dir_all(host.join("etc/cron.d")).unwrap();
+    let host_dirs: Vec<u64> = [host.clone(), host.join("etc"), host.join("etc/cron.d")]
+        .iter()
+        .map(|p| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).unwrap()))
+        .collect();
+    rt().block_on(async {
+        for n in ["watched", "second", "third"] {
+            a.call_json("POST", "/v1/memory", Some(&json!({"name": n}))).await.unwrap();
+        }
+        let sb = a
+            .call_json(
+                "POST",
+                "/v1/sandboxes",
+                Some(&json!({"mounts": [{"type": "memory", "store": "watched", "target": "/memories"}]})),
+            )
+            .await
+            .unwrap();
+        let id = sb["id"].as_str().unwrap().to_string();
+        // A folder and a link to the host directory swap names in a loop
+        // (`renameat2(RENAME_EXCHANGE)`): each time the watcher hears of a folder under a
+        // name, that name may already be the link. Then fresh folders swapped for the link
+        // one by one, then thousands of folders.
+        let swap = format!(
+            "import ctypes, os, time\n\
+             libc = ctypes.CDLL(None, use_errno=True)\n\
+             os.mkdir('/memories/notes')\n\
+             os.symlink('{host}', '/memories/link')\n\
+             end = time.time() + 2\n\
+             while time.time() < end:\n\
+             \x20   if libc.renameat2(-100, b'/memories/notes', -100, b'/memories/link', 2) != 0:\n\
+             \x20       raise OSError(ctypes.get_errno(), 'renameat2')\n\
+             for n in ('notes', 'link'):\n\
+             \x20   p = '/memories/' + n\n\
+             \x20   os.unlink(p) if os.path.islink(p) else os.rename(p, '/memories/swapped')\n\
+             for i in range(300):\n\
+             \x20   os.mkdir('/memories/notes')\n\
+             \x20   os.rename('/memories/notes', '/memories/old-%d' % i)\n\
+             \x20   os.symlink('{host}', '/memories/notes')\n\
+             \x20   time.sleep(0.002)\n\
+             \x20   os.unlink('/memories/notes')\n\
+             for i in range(3000):\n\
+             \x20   os.mkdir('/memories/many-%d' % i)\n",
+            host = host.display()
+        );
+        let o = a.run(&id, &["python3", "-c", &swap]).await.unwrap();
+        assert_eq!(o.exit.code, Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+        // A note written now is indexed: the watcher has looked at everything before it.
+        let o = a
+            .run(&id, &["sh", "-c", "printf '# Last\\nzebra crossing\\n' > /memories/last.md"])
+            .await
+            .unwrap();
+        assert_eq!(o.exit.code, Some(0));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let hits = a
+                .call_json("POST", "/v1/memory/watched/search", Some(&json!({"text": "zebra", "mode": "bm25"})))
+                .await
+                .unwrap();
+            if paths(&hits) == vec!["last.md".to_string()] {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the note was never indexed: {hits}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let (watched, instances) = inotify_watches(d.pid());
+        let leaked: Vec<&u64> = watched.iter().filter(|i| host_dirs.contains(i)).collect();
+        assert!(leaked.is_empty(), "the daemon watches host folders: {leaked:?}");
+        eprintln!("{} watches, {instances} inotify instances", watched.len());
+        assert!(
+            watched.len() <= 3 * 1024,
+            "{} watches for three stores, one with 3,300 folders",
+            watched.len()
+        );
+        assert_eq!(instances, 1, "inotify instances of the daemon for three stores");
+        a.delete_sandbox(&id).await.unwrap();
+        for n in ["watched", "second", "third"] {
+            a.call_json("DELETE", &format!("/v1/memory/{n}"), None).await.unwrap();
+        }
+    });
+    let _ = std::fs::remove_dir_all(&host);
+}
+
 /// The children of `pid` that are zombies.
 fn zombie_children(pid: i32) -> Vec<i32> {
     let mut out = Vec::new();

@@ -1,4 +1,4 @@
-//! Warm pools (issue 6) through a real daemon: a create of a pooled shape claims a
+//! Warm pools through a real daemon: a create of a pooled shape claims a
 //! pre-started sandbox, which takes the request's environment, user and working
 //! directory, is handed out once only, and is torn down like any other; the pool
 //! refills; unclaimed sandboxes leave nothing behind on shutdown or after a
@@ -196,7 +196,7 @@ fn pool_claims_are_single_use_and_take_request_defaults() {
         let again = c.create_sandbox(&CreateSandbox::default()).await.unwrap();
         assert_ne!(again.id, sb.id);
         // A claim that asks for the pool's own defaults skips the agent's
-        // `configure` (issue 6): it still has its own base environment.
+        // `configure`: it still has its own base environment.
         let out = c
             .run(
                 &again.id,

@@ -1,4 +1,4 @@
-//! Privileged end-to-end tests of inbound traffic (issue 4): the authenticated
+//! Privileged end-to-end tests of inbound traffic: the authenticated
 //! HTTP/WebSocket proxy `/v1/sandboxes/{id}/ports/{port}/...` and raw TCP ports
 //! published on the host. Every byte stays on loopback (the host's, or the
 //! sandbox's own, reached inside its network namespace).

@@ -177,7 +177,7 @@ fn sigterm_with_an_open_output_stream_stops_the_daemon() {
     });
 }
 
-/// Found in issue 6's work: a second daemon (another data directory and socket)
+/// A second daemon (another data directory and socket)
 /// with the same id prefix used to reconcile the first one's live sandboxes and
 /// network slots away as its own leftovers. It must refuse to start instead.
 #[test]

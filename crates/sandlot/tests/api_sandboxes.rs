@@ -633,7 +633,7 @@ fn delete_returns_once_dead_and_cleanup_follows() {
     assert!(left.is_empty(), "left after a graceful stop: {left:?}");
 }
 
-/// Issue 3: a sandbox with network `none` joins a loopback-only network namespace
+/// A sandbox with network `none` joins a loopback-only network namespace
 /// the daemon made ahead of time (`runtime.netns_stock`) instead of creating one on
 /// the create path; it behaves as before: only `lo`, up, and a server may listen on
 /// a port below 1024, here even as the unprivileged user. With the stock off, PID 1

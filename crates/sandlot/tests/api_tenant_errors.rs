@@ -247,3 +247,69 @@ fn a_tenants_errors_never_show_the_daemons_paths() {
         "the daemon log names the staged upload"
     );
 }
+
+/// A tenant probes the host's file system through the errors of requests that name
+/// host paths (a collection's source, a bind mount), directly and through links
+/// planted in a directory the operator allows (which a sandbox with a writable bind
+/// of it can do): whether a path outside the allowed directories exists must not
+/// change the answer. (`/etc/passwd` was 403 and `/etc/nope` 400 "No such file or
+/// directory"; a link to an existing host file was "not allowed" and one to a
+/// missing file "does not exist".)
+#[test]
+fn a_tenant_cannot_probe_which_host_paths_exist() {
+    let allowed = std::env::temp_dir().join(format!("sandlot-probe-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&allowed);
+    std::fs::create_dir_all(allowed.join("inside")).unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", allowed.join("to-passwd")).unwrap();
+    std::os::unix::fs::symlink("/etc/nope-not-here", allowed.join("to-nothing")).unwrap();
+    std::os::unix::fs::symlink("../../etc", allowed.join("up-to-etc")).unwrap();
+    std::os::unix::fs::symlink("../../nope-not-here", allowed.join("up-to-nothing")).unwrap();
+    std::os::unix::fs::symlink("inside", allowed.join("to-inside")).unwrap();
+    let d = Daemon::start(Some(&format!(
+        "[mounts]\nallowed_host_paths = [\"{a}\"]\n[vfs]\nallowed_source_paths = [\"{a}\"]\n",
+        a = allowed.display()
+    )));
+    let token = d.token("acme");
+    let answer = |path: &str, body: String| -> (u16, String) {
+        let (st, b) = d.tcp_raw(&token, "POST", path, "application/json", body.as_bytes());
+        let v: Value = serde_json::from_str(&b).unwrap_or(Value::Null);
+        (st, v["error"]["message"].as_str().unwrap_or(&b).to_string())
+    };
+    let source = |p: &str| {
+        let (st, m) = answer(
+            "/v1/vfs",
+            json!({"name": "probe", "source": {"kind": "dir", "path": p}}).to_string(),
+        );
+        (st, m.replace(p, "PATH"))
+    };
+    let bind = |p: &str| {
+        answer(
+            "/v1/sandboxes",
+            json!({"mounts": [{"type": "bind", "source": p, "target": "/m"}]}).to_string(),
+        )
+    };
+    let a = allowed.display().to_string();
+    for (exists, missing) in [
+        ("/etc/passwd".to_string(), "/etc/nope-not-here".to_string()),
+        ("/root".to_string(), "/nope-not-here/x".to_string()),
+        (format!("{a}/to-passwd"), format!("{a}/to-nothing")),
+        (format!("{a}/up-to-etc"), format!("{a}/up-to-nothing")),
+    ] {
+        let (e, m) = (source(&exists), source(&missing));
+        assert_eq!(e, m, "collection source {exists} and {missing}");
+        assert_eq!(e.0, 403, "{exists}: {e:?}");
+        let (e, m) = (bind(&exists), bind(&missing));
+        assert_eq!(e, m, "bind mount of {exists} and {missing}");
+        assert_eq!(e.0, 400, "{exists}: {e:?}");
+    }
+    // Inside the allowed directory, a missing path is still said to be missing, and
+    // a link that stays inside is followed.
+    let (st, m) = source(&format!("{a}/inside/nope"));
+    assert_eq!(st, 400, "{m}");
+    let (st, m) = bind(&format!("{a}/inside/nope"));
+    assert_eq!(st, 400, "{m}");
+    assert!(m.contains("does not exist"), "{m}");
+    let (st, m) = source(&format!("{a}/to-inside"));
+    assert_eq!(st, 201, "{m}");
+    let _ = std::fs::remove_dir_all(&allowed);
+}

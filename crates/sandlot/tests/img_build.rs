@@ -112,7 +112,7 @@ user = "1000"
     assert_eq!(out.trim(), id1);
     assert_eq!(steps_cached(&err), vec![true; 5], "{err}");
     eprintln!(
-        "issue5 build figures: cold build {:.2}s, cached rebuild {:.3}s",
+        "build figures: cold build {:.2}s, cached rebuild {:.3}s",
         cold.as_secs_f64(),
         warm.as_secs_f64()
     );

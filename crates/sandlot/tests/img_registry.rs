@@ -26,7 +26,7 @@ use base64::Engine;
 use serde_json::{json, Value};
 
 const USER: &str = "alice";
-const PASSWORD: &str = "pa55-w0rd-issue5";
+const PASSWORD: &str = "pa55-w0rd-registry";
 const SERVICE: &str = "sandlot-test-registry";
 const ISSUER: &str = "sandlot-test-issuer";
 
@@ -551,7 +551,7 @@ fn registry_throughput_bench() {
     }
     let (mi, mp, ml) = (median(imp), median(pull), median(push));
     eprintln!(
-        "issue5 registry bench: image {size:.1} MB, 3 rounds, medians: import from archive (peer) {mi:.3}s ({:.0} MB/s); \
+        "registry bench: image {size:.1} MB, 3 rounds, medians: import from archive (peer) {mi:.3}s ({:.0} MB/s); \
          push {ml:.3}s ({:.0} MB/s); pull {mp:.3}s ({:.0} MB/s); pull/import {:.2}, push/import {:.2}",
         size / mi,
         size / ml,

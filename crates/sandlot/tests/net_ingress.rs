@@ -1,4 +1,4 @@
-//! Privileged: inbound traffic (issue 4) to sandboxes with a network slot
+//! Privileged: inbound traffic to sandboxes with a network slot
 //! (`allow` and `open`), with the daemon running in the simulated internet of
 //! `net_world/` (its own network namespaces; no traffic leaves them). The proxy
 //! reaches the sandbox's loopback inside its namespace, so the egress policy

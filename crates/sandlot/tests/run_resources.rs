@@ -222,7 +222,7 @@ fn pty_session_sees_a_terminal_and_its_size() {
     assert_no_leftovers(&id);
 }
 
-/// Regression (issue 2): PID 1's `ready` line could reach the host before the helper's
+/// Regression: PID 1's `ready` line could reach the host before the helper's
 /// `pid` line, and about one create in sixty failed with "exited without reporting".
 #[test]
 fn create_survives_the_ready_pid_race() {

@@ -23,6 +23,24 @@ async def test_async_context_manager_run_and_cleanup(daemon, aacme):  # type: ig
     assert daemon.run_dir_gone(sid)
 
 
+async def test_async_upload_and_download_of_a_file_keep_its_bytes_and_mode(aacme, tmp_path):  # type: ignore[no-untyped-def]
+    async with await AsyncSandbox.create(client=aacme) as sb:
+        local = tmp_path / "tool.bin"
+        local.write_bytes(os.urandom(3 * 1024 * 1024 + 5))
+        local.chmod(0o750)
+        assert await sb.files.upload(local, "/tmp/tool.bin") == local.stat().st_size
+        st = await sb.files.stat("/tmp/tool.bin")
+        assert (st.size, st.mode & 0o777) == (local.stat().st_size, 0o750)
+        back = tmp_path / "back.bin"
+        assert await sb.files.download("/tmp/tool.bin", back) == local.stat().st_size
+        assert back.read_bytes() == local.read_bytes()
+        with pytest.raises(sandlot.NotFoundError):
+            await sb.files.download("/tmp/none", tmp_path / "none")
+        assert not (tmp_path / "none").exists() and not (tmp_path / "none.sandlot-partial").exists()
+        with pytest.raises(FileNotFoundError):
+            await sb.files.upload(tmp_path / "missing", "/tmp/missing")
+
+
 async def test_async_streaming_stdin_and_exit(aacme):  # type: ignore[no-untyped-def]
     async with await AsyncSandbox.create(client=aacme) as sb:
         p = await sb.exec("sh", "-c", "echo first; read x; echo second:$x; echo e >&2; exit 4", stdin=True)

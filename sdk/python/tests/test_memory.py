@@ -15,7 +15,7 @@ def _name() -> str:
     return "m" + uuid.uuid4().hex[:10]
 
 
-def test_issue8_memory_store_sync(acme: sandlot.Client, other: sandlot.Client) -> None:
+def test_memory_store_writes_searches_history_and_stays_with_its_tenant(acme: sandlot.Client, other: sandlot.Client) -> None:
     name = _name()
     store = MemoryStore.create(name, client=acme, agent="sdk-agent")
     try:
@@ -79,7 +79,7 @@ def test_issue8_memory_store_sync(acme: sandlot.Client, other: sandlot.Client) -
         MemoryStore.get(name, client=acme)
 
 
-async def test_issue8_memory_store_async(aacme: sandlot.AsyncClient) -> None:
+async def test_async_memory_store_writes_and_searches(aacme: sandlot.AsyncClient) -> None:
     name = _name()
     store = await AsyncMemoryStore.create(name, client=aacme)
     try:

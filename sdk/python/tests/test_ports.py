@@ -1,4 +1,4 @@
-"""Inbound traffic (issue 4) end to end: ``sb.ports[8000]`` through the daemon's
+"""Inbound traffic end to end: ``sb.ports[8000]`` through the daemon's
 authenticated proxy, and ``sb.ports.publish`` (raw TCP on the host's loopback).
 Every byte stays on loopback."""
 
@@ -51,7 +51,7 @@ def refused(host: str, port: int) -> bool:
         return True
 
 
-def test_issue4_ports_proxy_url_and_requests(daemon, acme, other, tokens) -> None:  # type: ignore[no-untyped-def]
+def test_port_urls_proxy_requests_for_the_owner_only(daemon, acme, other, tokens) -> None:  # type: ignore[no-untyped-def]
     with Sandbox.create(client=acme) as sb:
         start_app(sb, 8000)
         p = sb.ports[8000]
@@ -78,7 +78,7 @@ def test_issue4_ports_proxy_url_and_requests(daemon, acme, other, tokens) -> Non
             sb.ports[70000]
 
 
-def test_issue4_ports_publish_list_unpublish(acme, other) -> None:  # type: ignore[no-untyped-def]
+def test_ports_publish_list_and_unpublish(acme, other) -> None:  # type: ignore[no-untyped-def]
     with Sandbox.create(client=acme) as sb:
         start_app(sb, 8000)
         pub = sb.ports.publish(8000)
@@ -103,7 +103,7 @@ def test_issue4_ports_publish_list_unpublish(acme, other) -> None:  # type: igno
     assert refused("127.0.0.1", again.host_port)
 
 
-async def test_issue4_async_ports(aacme) -> None:  # type: ignore[no-untyped-def]
+async def test_async_ports(aacme) -> None:  # type: ignore[no-untyped-def]
     async with await AsyncSandbox.create(client=aacme) as sb:
         await sb.files.write("/tmp/app.py", APP)
         await sb.files.write("/tmp/wait.py", WAIT)

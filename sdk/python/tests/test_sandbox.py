@@ -57,7 +57,7 @@ def test_context_manager_terminates_on_exception(daemon, acme):  # type: ignore[
     assert daemon.run_dir_gone(sid)
 
 
-def test_issue3_create_with_the_same_idempotency_key_returns_the_same_sandbox(acme):  # type: ignore[no-untyped-def]
+def test_create_with_the_same_idempotency_key_returns_the_same_sandbox(acme):  # type: ignore[no-untyped-def]
     key = "retry-" + os.urandom(6).hex()
     with Sandbox.create(client=acme, timeout=60, tags={"k": key}, idempotency_key=key) as first:
         again = Sandbox.create(client=acme, timeout=60, tags={"k": key}, idempotency_key=key)

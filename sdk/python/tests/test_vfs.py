@@ -1,4 +1,4 @@
-"""Document collections and virtual shell sessions end to end (issue 7)."""
+"""Document collections and virtual shell sessions end to end."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def name() -> str:
     return f"col-{uuid.uuid4().hex[:8]}"
 
 
-def test_issue7_collection_session_acl_cwd_and_audit(acme: sandlot.Client, tmp_path: Path) -> None:
+def test_collection_session_acl_cwd_and_audit(acme: sandlot.Client, tmp_path: Path) -> None:
     n = name()
     col = Collection.create(n, from_dir=site(tmp_path), acl={"internal/**": "group:eng"}, client=acme)
     try:
@@ -85,7 +85,7 @@ class ShellSessionProbe:
         return self.col.client.json("POST", f"/v1/vfs/{self.col.name}/sessions/{self.sid}/run", json={"command": command})
 
 
-def test_issue7_collections_are_per_tenant(acme: sandlot.Client, other: sandlot.Client, tmp_path: Path) -> None:
+def test_collections_are_per_tenant(acme: sandlot.Client, other: sandlot.Client, tmp_path: Path) -> None:
     n = name()
     col = Collection.create(n, from_dir=site(tmp_path), default_acl="public", client=acme)
     try:
@@ -109,7 +109,7 @@ def test_issue7_collections_are_per_tenant(acme: sandlot.Client, other: sandlot.
         col.delete()
 
 
-def test_issue7_jsonl_upload_and_bad_input(acme: sandlot.Client, tmp_path: Path) -> None:
+def test_jsonl_upload_and_bad_input(acme: sandlot.Client, tmp_path: Path) -> None:
     rows = [
         {"path": "kb/a.md", "chunk": 1, "text": "second\n"},
         {"path": "kb/a.md", "chunk": 0, "text": "first\n"},
@@ -143,7 +143,7 @@ def test_issue7_jsonl_upload_and_bad_input(acme: sandlot.Client, tmp_path: Path)
         col.delete()
 
 
-async def test_issue7_async_twin(aacme: sandlot.AsyncClient, tmp_path: Path) -> None:
+async def test_async_collection_session_and_acl(aacme: sandlot.AsyncClient, tmp_path: Path) -> None:
     n = name()
     col = await AsyncCollection.create(n, from_dir=site(tmp_path), acl={"internal/**": "group:eng"}, client=aacme)
     try:
@@ -163,7 +163,7 @@ async def test_issue7_async_twin(aacme: sandlot.AsyncClient, tmp_path: Path) -> 
         await col.delete()
 
 
-def test_issue7_scratch_session_is_private_and_bounded(acme: sandlot.Client, tmp_path: Path) -> None:
+def test_scratch_session_is_private_and_bounded(acme: sandlot.Client, tmp_path: Path) -> None:
     n = name()
     col = Collection.create(n, from_dir=site(tmp_path), acl={"internal/**": "group:eng"}, client=acme)
     try:
@@ -212,7 +212,7 @@ def _fuse_mounts_under(d: Path) -> list:
     return out
 
 
-def test_issue7_collection_mounted_into_a_sandbox(
+def test_collection_mounted_into_a_sandbox(
     acme: sandlot.Client, other: sandlot.Client, daemon: object, tmp_path: Path
 ) -> None:
     if not os.path.exists("/dev/fuse"):

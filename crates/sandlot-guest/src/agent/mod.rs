@@ -54,7 +54,7 @@ pub(crate) const MAX_FINISHED_BYTES: usize = 64 << 20;
 /// descendant holding the pipe) may delay its exit report.
 pub(crate) const LINGER: Duration = Duration::from_millis(100);
 /// Readiness events the agent's event loop takes from the kernel at a time; more
-/// wait for the next turn of the loop (issue 6, density).
+/// wait for the next turn of the loop (a smaller buffer per sandbox).
 const EVENTS_PER_TICK: usize = 64;
 /// Smallest accepted output retention: below one chunk, a slow client could stall.
 pub(crate) const MIN_RETENTION: usize = 64 * 1024;
@@ -193,7 +193,7 @@ pub(crate) struct Settings {
 /// The buffer process output and file contents are read through, allocated at the
 /// first read. An idle sandbox (a pooled one, or one that never ran anything) then
 /// does not hold its 64 KiB: zeroed at the agent's start, they were about a quarter
-/// of the agent's private memory (docs/benchmarks.md, session 11).
+/// of the agent's private memory (docs/benchmarks.md, density).
 #[derive(Debug, Default)]
 pub(crate) struct Scratch(Vec<u8>);
 

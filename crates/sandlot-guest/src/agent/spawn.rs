@@ -82,8 +82,10 @@ struct ChildSpec {
 impl ChildSpec {
     /// Runs in the child. Never returns.
     ///
-    /// SAFETY (for the caller): only call in a `CLONE_VM | CLONE_VFORK` child, with
-    /// every pointer valid (the parent is suspended until exec or exit).
+    /// # Safety
+    ///
+    /// Only call in a `CLONE_VM | CLONE_VFORK` child, with every pointer valid (the
+    /// parent is suspended until exec or exit).
     unsafe fn run(&self) -> ! {
         let fail = |step: Step| -> ! {
             let e = Errno::last_raw() as u32;

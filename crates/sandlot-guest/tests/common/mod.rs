@@ -11,6 +11,16 @@ use std::time::{Duration, Instant};
 
 use sandlot_guest::client::{ExecRequest, GuestClient, Output, Process};
 
+/// Fails the test loudly unless it runs as root (CI does). Every test here runs an
+/// agent, which starts processes as root unless told otherwise and switches users
+/// for them, as it does as PID 1 of a sandbox.
+pub fn require_root() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "privileged test: run as root (the agent starts processes as root and switches users); CI runs as root"
+    );
+}
+
 /// A directory removed (recursively) on drop.
 pub struct TempDir(PathBuf);
 
@@ -67,6 +77,7 @@ impl TestAgent {
 
     /// Starts the agent through `wrapper` (a command that execs its arguments).
     pub fn start_wrapped(wrapper: &[&str], args: &[&str]) -> TestAgent {
+        require_root();
         let dir = TempDir::new("agent");
         let socket = dir.join("agent.sock");
         let bin = env!("CARGO_BIN_EXE_sandlot-guest-agent");

@@ -575,7 +575,7 @@ pub async fn download(
         })
         .await
         .map_err(guest_err(&path));
-    let mut dl = match dl {
+    let dl = match dl {
         Ok(d) => d,
         Err(e) => return http_api_error(e),
     };
@@ -590,28 +590,7 @@ pub async fn download(
     let counters = ctx.h.counters.clone();
     let stream = async_stream(move |tx| async move {
         let _guard = guard;
-        let mut budget = Budget::new(Some(&limit), &what);
-        loop {
-            let err = match dl.chunk().await {
-                Ok(Some(c)) => match budget.charge(c.len() as u64) {
-                    Ok(()) => {
-                        counters
-                            .file_out
-                            .fetch_add(c.len() as u64, Ordering::Relaxed);
-                        if tx.send(Ok(c)).await.is_err() {
-                            return;
-                        }
-                        continue;
-                    }
-                    Err(e) => e.to_string(),
-                },
-                Ok(None) => return,
-                Err(e) => e.to_string(),
-            };
-            // Cut the body: the client sees a truncated transfer, not a short file.
-            let _ = tx.send(Err(std::io::Error::other(err))).await;
-            return;
-        }
+        crate::routes::files::relay_download(dl, limit, what, counters, tx).await;
     });
     let mut resp = Body::from_stream(stream).into_response();
     let h = resp.headers_mut();

@@ -134,7 +134,7 @@ pub async fn read(
     let guard = h.active();
     // At most one byte past the limit is asked for: a file that grows while it is
     // read is cut there.
-    let mut dl = h
+    let dl = h
         .guest
         .read_file(ReadFileRequest {
             path: path.clone(),
@@ -156,32 +156,45 @@ pub async fn read(
     let counters = h.counters.clone();
     tokio::spawn(async move {
         let _guard = guard;
-        let mut budget = Budget::new(Some(&limit), &what);
-        loop {
-            let err = match dl.chunk().await {
-                Ok(Some(c)) => match budget.charge(c.len() as u64) {
-                    Ok(()) => {
-                        counters
-                            .file_out
-                            .fetch_add(c.len() as u64, Ordering::Relaxed);
-                        if tx.send(Ok(c)).await.is_err() {
-                            return;
-                        }
-                        continue;
-                    }
-                    Err(e) => e.to_string(),
-                },
-                Ok(None) => return,
-                Err(e) => e.to_string(),
-            };
-            // The status line is gone; cut the body so the client sees a truncated
-            // transfer rather than a short file.
+        if let Some(err) = relay_download(dl, limit, what, counters, tx).await {
             tracing::warn!(request_id = rid.0, "file download cut: {err}");
-            let _ = tx.send(Err(std::io::Error::other(err))).await;
-            return;
         }
     });
     Ok(resp)
+}
+
+/// Sends a file's chunks to `tx` within `limit` (counted as the sandbox's file output),
+/// until the end of the file or the client's going away. A read error or a file that
+/// grows past the limit cuts the body (an error item: the client sees a truncated
+/// transfer, never a short file) and is returned. The native and E2B downloads share it.
+pub(crate) async fn relay_download(
+    mut dl: sandlot_guest::client::FileDownload,
+    limit: sandlot_store::SizeLimit,
+    what: String,
+    counters: Arc<crate::sandbox::Counters>,
+    tx: tokio::sync::mpsc::Sender<Result<bytes::Bytes, std::io::Error>>,
+) -> Option<String> {
+    let mut budget = Budget::new(Some(&limit), &what);
+    loop {
+        let err = match dl.chunk().await {
+            Ok(Some(c)) => match budget.charge(c.len() as u64) {
+                Ok(()) => {
+                    counters
+                        .file_out
+                        .fetch_add(c.len() as u64, Ordering::Relaxed);
+                    if tx.send(Ok(c)).await.is_err() {
+                        return None;
+                    }
+                    continue;
+                }
+                Err(e) => e.to_string(),
+            },
+            Ok(None) => return None,
+            Err(e) => e.to_string(),
+        };
+        let _ = tx.send(Err(std::io::Error::other(err.clone()))).await;
+        return Some(err);
+    }
 }
 
 /// 413 `too_large` for a read past its limit.

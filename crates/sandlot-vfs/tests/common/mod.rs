@@ -390,3 +390,17 @@ pub fn chain(e: &dyn std::error::Error) -> String {
     }
     s
 }
+
+/// Fails the test loudly unless it runs as root (CI does).
+pub fn require_root(why: &str) {
+    let euid_is_root = std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|ids| ids.split_whitespace().nth(1).map(|e| e == "0"))
+        .unwrap_or(false);
+    assert!(
+        euid_is_root,
+        "privileged test: run as root ({why}); CI runs as root"
+    );
+}

@@ -1,4 +1,4 @@
-//! `sandlot bench platform`: the issue-6 harness. Everything goes through a real
+//! `sandlot bench platform`: the platform benchmark. Everything goes through a real
 //! daemon and its HTTP API (Unix socket), with bubblewrap and crun doing the
 //! closest equivalent work in the same run:
 //!
@@ -59,8 +59,8 @@ pub struct PlatformArgs {
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub fork_server: bool,
     /// Sections to run (default all): tti, cycle, burst, exec, density, churn, peers.
-    /// `cycle` is create + exec `/bin/true` + delete, all timed (issue 3's measure;
-    /// run it with `--pool 0` for the cold figure).
+    /// `cycle` is create + exec `/bin/true` + delete, all timed (run it with
+    /// `--pool 0` for the cold figure).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Directory for results.json and latency.png.
@@ -104,7 +104,7 @@ struct Density {
 
 /// Growth of `/proc/meminfo` accounts per sandbox, KiB. Unlike MemTotal -
 /// MemAvailable, which moves with the page cache and reclaimable memory of the
-/// whole host (0.32 to 1.10 MiB per sandbox for the same code in session 11), their
+/// whole host (0.32 to 1.10 MiB per sandbox for the same code in one day), their
 /// sum counts what the sandboxes hold. Slab objects that earlier sections freed and
 /// these sandboxes reuse are not counted as growth, so a run right after others
 /// reads lower than one on a quiet host.
@@ -449,7 +449,7 @@ fn steal_share(a: CpuTicks, b: CpuTicks) -> Option<f64> {
 }
 
 /// Steal above this share of a run's CPU time makes its absolute times suspect
-/// (session 14: a contended host doubled bubblewrap's time to first output).
+/// (a contended host has doubled bubblewrap's time to first output).
 const STEAL_WARN: f64 = 0.02;
 
 /// Times to interactive, their create calls, the second execs, and the pool's
@@ -477,7 +477,7 @@ async fn sequential(c: &Client, mode: &str, n: usize, pool: usize) -> anyhow::Re
     Ok((v, creates, seconds, (h1 - h0, m1 - m0)))
 }
 
-/// Issue 3's API cycle, all on the clock: create, exec `/bin/true`, read its exit,
+/// The API cycle, all on the clock: create, exec `/bin/true`, read its exit,
 /// delete; back to back.
 async fn cycles(c: &Client, mode: &str, n: usize, pool: usize) -> anyhow::Result<Vec<Duration>> {
     let mut v = Vec::with_capacity(n);
@@ -1553,7 +1553,7 @@ mod tests {
         assert_eq!(parse_meminfo(""), MemSnapshot::default());
     }
 
-    /// Issue 6: each table's ratio column compares a row with the peer doing the
+    /// Each table's ratio column compares a row with the peer doing the
     /// same work in the same run; an exec round trip with the host spawning the
     /// same command.
     #[test]

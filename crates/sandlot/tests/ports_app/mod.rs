@@ -1,4 +1,4 @@
-//! Shared by the inbound tests (issue 4): the application run inside a sandbox
+//! Shared by the inbound tests: the application run inside a sandbox
 //! (HTTP echo, body checksums, streamed answers, a WebSocket echo server) and a
 //! raw HTTP/1.1 and WebSocket client that controls every byte it sends.
 

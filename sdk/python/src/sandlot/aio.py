@@ -277,7 +277,11 @@ class AsyncProcess:
                         raise
                     await asyncio.sleep(0.1 * attempts)
         except asyncio.CancelledError:
-            err = None if self._closing else errors.SandlotError(f"reading the output of process {self.info.id} was cancelled")
+            err = (
+                None
+                if self._closing
+                else errors.SandlotError(f"reading the output of process {self.info.id} was cancelled")
+            )
         except BaseException as e:  # noqa: BLE001 - handed to the consumer
             err = e if not self._closing else None
         finally:
@@ -460,7 +464,9 @@ def _body(data: Any) -> Any:
         return data
     if isinstance(data, Iterable):
         return _iter_to_async(data)
-    raise TypeError(f"file data is bytes, str, a binary file or an (async) iterable of bytes, not {type(data).__name__}")
+    raise TypeError(
+        f"file data is bytes, str, a binary file or an (async) iterable of bytes, not {type(data).__name__}"
+    )
 
 
 class AsyncWatch:
@@ -525,7 +531,9 @@ class AsyncFiles:
         n = 0
         tmp = f"{os.fspath(local_path)}.sandlot-partial"
         try:
-            with open(tmp, "wb") as f:
+            # Opened on a thread, as the writes are: a FIFO or a slow file system at
+            # that path must not stall the event loop.
+            with await asyncio.to_thread(lambda: open(tmp, "wb")) as f:
                 async for chunk in self.iter_read(path):
                     await asyncio.to_thread(f.write, chunk)
                     n += len(chunk)
@@ -559,9 +567,10 @@ class AsyncFiles:
     async def upload(
         self, local_path: Union[str, "os.PathLike[str]"], path: str, *, mode: Union[int, str, None] = None
     ) -> int:
-        if mode is None:
-            mode = os.stat(local_path).st_mode & 0o7777
-        with open(local_path, "rb") as f:
+        # Opened on a thread, as it is read (a FIFO would block the event loop).
+        with await asyncio.to_thread(lambda: open(local_path, "rb")) as f:
+            if mode is None:
+                mode = os.fstat(f.fileno()).st_mode & 0o7777
             return await self.write(path, f, mode=mode)
 
     async def stat(self, path: str, *, follow: bool = False) -> FileInfo:
@@ -808,7 +817,15 @@ class AsyncSandbox:
         args = _spec.argv_of(argv)
         want_stdin = stdin is not None and stdin is not False
         body = _spec.exec_body(
-            args, env=env, cwd=cwd, user=user, pty=pty, timeout=timeout, stdin=want_stdin, tag=tag, background=background
+            args,
+            env=env,
+            cwd=cwd,
+            user=user,
+            pty=pty,
+            timeout=timeout,
+            stdin=want_stdin,
+            tag=tag,
+            background=background,
         )
         path = f"/v1/sandboxes/{self.id}/exec"
         if background:
@@ -884,4 +901,5 @@ async def _first_line(lines: AsyncIterator[str]) -> Dict[str, Any]:
 def _hint_shell(e: errors.SpawnError, argv: List[str]) -> None:
     """``exec("ls -l")`` looks for a program named "ls -l": say how to run a command line."""
     if len(argv) == 1 and " " in argv[0]:
-        e.message += f" (exec takes the argv: exec({', '.join(repr(a) for a in argv[0].split())}); for a shell command line use run({argv[0]!r}))"
+        split = ", ".join(repr(a) for a in argv[0].split())
+        e.message += f" (exec takes the argv: exec({split}); for a shell command line use run({argv[0]!r}))"

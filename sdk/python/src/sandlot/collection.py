@@ -258,7 +258,11 @@ class Collection:
                 d = c.json("POST", "/v1/vfs", json=up.json)
             else:
                 d = c.json(
-                    "POST", "/v1/vfs", params=params, content=up.chunks(), headers={"content-type": up.content_type or ""}
+                    "POST",
+                    "/v1/vfs",
+                    params=params,
+                    content=up.chunks(),
+                    headers={"content-type": up.content_type or ""},
                 )
         finally:
             up.close()
@@ -375,7 +379,10 @@ class AsyncShellSession:
         self.closed = False
 
     def __repr__(self) -> str:
-        return f"AsyncShellSession(id={self.id!r}, collection={self.collection.name!r}, principal={self.info.principal!r})"
+        return (
+            f"AsyncShellSession(id={self.id!r}, collection={self.collection.name!r}, "
+            f"principal={self.info.principal!r})"
+        )
 
     @property
     def _path(self) -> str:

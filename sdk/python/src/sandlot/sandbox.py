@@ -631,7 +631,9 @@ class Files:
     def write_text(self, path: str, text: str, *, encoding: str = "utf-8", mode: Union[int, str, None] = None) -> int:
         return self.write(path, text.encode(encoding), mode=mode)
 
-    def upload(self, local_path: Union[str, "os.PathLike[str]"], path: str, *, mode: Union[int, str, None] = None) -> int:
+    def upload(
+        self, local_path: Union[str, "os.PathLike[str]"], path: str, *, mode: Union[int, str, None] = None
+    ) -> int:
         """Streams a local file into the sandbox (mode: the local file's, unless given)."""
         if mode is None:
             mode = os.stat(local_path).st_mode & 0o7777
@@ -972,7 +974,15 @@ class Sandbox:
         args = _spec.argv_of(argv)
         want_stdin = stdin is not None and stdin is not False
         body = _spec.exec_body(
-            args, env=env, cwd=cwd, user=user, pty=pty, timeout=timeout, stdin=want_stdin, tag=tag, background=background
+            args,
+            env=env,
+            cwd=cwd,
+            user=user,
+            pty=pty,
+            timeout=timeout,
+            stdin=want_stdin,
+            tag=tag,
+            background=background,
         )
         path = f"/v1/sandboxes/{self.id}/exec"
         if background:
@@ -1052,4 +1062,5 @@ def _first_line(lines: Iterator[str]) -> Dict[str, Any]:
 def _hint_shell(e: errors.SpawnError, argv: List[str]) -> None:
     """``exec("ls -l")`` looks for a program named "ls -l": say how to run a command line."""
     if len(argv) == 1 and " " in argv[0]:
-        e.message += f" (exec takes the argv: exec({', '.join(repr(a) for a in argv[0].split())}); for a shell command line use run({argv[0]!r}))"
+        split = ", ".join(repr(a) for a in argv[0].split())
+        e.message += f" (exec takes the argv: exec({split}); for a shell command line use run({argv[0]!r}))"
