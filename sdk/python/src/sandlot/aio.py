@@ -37,6 +37,7 @@ from ._tarsafe import extract_tar
 from .client import AsyncClient, default_async_client
 from .image import Image
 from .ports import AsyncPorts
+from .network import AsyncNetwork
 from .models import (
     ExitStatus,
     FileInfo,
@@ -654,6 +655,8 @@ class AsyncSandbox:
         self.files = AsyncFiles(self)
         #: Inbound traffic: ``ports[8000].url`` (the proxy), ``await ports.publish(8000)``.
         self.ports = AsyncPorts(client, info.id)
+        #: Egress: ``network.get()``, ``network.set(allow=[...])``, ``network.log()``.
+        self.network = AsyncNetwork(client, info.id)
 
     def __repr__(self) -> str:
         return f"<AsyncSandbox {self.id} name={self._info.name!r} state={self._info.state!r}>"

@@ -35,6 +35,7 @@ from ._tarsafe import extract_tar
 from .client import Client, default_client
 from .image import Image
 from .ports import Ports
+from .network import Network
 from .models import (
     ExitStatus,
     FileInfo,
@@ -778,6 +779,8 @@ class Sandbox:
         self.files = Files(self)
         #: Inbound traffic: ``ports[8000].url`` (the proxy), ``ports.publish(8000)``.
         self.ports = Ports(client, info.id)
+        #: Egress: ``network.get()``, ``network.set(allow=[...])``, ``network.log()``.
+        self.network = Network(client, info.id)
 
     def __repr__(self) -> str:
         return f"<Sandbox {self.id} name={self._info.name!r} state={self._info.state!r}>"
