@@ -280,6 +280,14 @@ pub struct ImagesSection {
     pub default_registry: Option<String>,
     /// Extra CA certificates (PEM) trusted for registries, besides the host's.
     pub ca_file: Option<PathBuf>,
+    /// The longest a build may take, all its steps together (operator's and
+    /// tenants' alike); past it the step running is ended and the build fails.
+    pub build_timeout: Seconds,
+    /// The writable layer of a build's `run` step: the most one step may add.
+    pub build_disk: ByteSize,
+    /// The memory of a build's `run` step sandbox. A tenant's build counts against
+    /// its quotas like any of its sandboxes.
+    pub build_memory: ByteSize,
 }
 
 impl Default for ImagesSection {
@@ -290,6 +298,9 @@ impl Default for ImagesSection {
             auth_file: None,
             default_registry: None,
             ca_file: None,
+            build_timeout: Seconds(Duration::from_secs(3600)),
+            build_disk: ByteSize(8 << 30),
+            build_memory: ByteSize(2 << 30),
         }
     }
 }
@@ -420,6 +431,17 @@ impl ServerConfig {
                     "runtime.default_cpus {c}: use 0 (no quota) or {MIN_CPUS} to {MAX_CPUS} cores"
                 ));
             }
+        }
+        if self.images.build_timeout.0.is_zero() {
+            return bad("images.build_timeout must be positive".into());
+        }
+        // A build step's sandbox: the sizes must make a sandbox (memory at least the
+        // minimum, the writable layer within what the memory holds).
+        if let Err(e) = crate::build::step_spec("build-step", false, &self.images).validate() {
+            return bad(format!(
+                "images.build_memory {} and images.build_disk {}: {e}",
+                self.images.build_memory, self.images.build_disk
+            ));
         }
         if self.runtime.cgroup_cpu_weight > 10_000 {
             return bad(format!(
@@ -629,5 +651,23 @@ max_sandboxes = 3
         )
         .unwrap_err();
         assert!(e.to_string().contains("vfs.scratch_default_size"), "{e}");
+    }
+
+    #[test]
+    fn build_limits_parse_and_are_checked() {
+        let (c, _) = ServerConfig::from_toml(
+            "[images]\nbuild_timeout = \"10m\"\nbuild_disk = \"1G\"\nbuild_memory = \"512M\"\n",
+            Path::new("c"),
+        )
+        .unwrap();
+        assert_eq!(c.images.build_timeout.0, Duration::from_secs(600));
+        assert_eq!(c.images.build_disk, ByteSize(1 << 30));
+        assert_eq!(c.images.build_memory, ByteSize(512 << 20));
+        let e = ServerConfig::from_toml("[images]\nbuild_timeout = \"0s\"\n", Path::new("c"))
+            .unwrap_err();
+        assert!(e.to_string().contains("images.build_timeout"), "{e}");
+        let e = ServerConfig::from_toml("[images]\nbuild_memory = \"1M\"\n", Path::new("c"))
+            .unwrap_err();
+        assert!(e.to_string().contains("images.build_memory 1M"), "{e}");
     }
 }

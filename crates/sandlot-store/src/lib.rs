@@ -777,7 +777,7 @@ impl ImageStore {
         source: &str,
         tag: Option<&ImageName>,
     ) -> Result<ImageInfo, StoreError> {
-        let cfg = oci::config_json(layers, config, history, parent.as_ref());
+        let cfg = oci::config_json(layers, config, history, parent.as_ref(), None);
         self.add_image_raw(&cfg, layers, parent, source, tag)
     }
 
@@ -1381,7 +1381,7 @@ impl ImageStore {
         let l = self.finish_layer(packed)?;
         let mut layers = base.layers.clone();
         layers.push(l);
-        let cfg = oci::config_json(&layers, c.config, c.comment, Some(&base.id));
+        let cfg = oci::config_json(&layers, c.config, c.comment, Some(&base.id), c.owner);
         self.record_image(&cfg, &layers, Some(base.id), c.source, c.tag, c.owner)
     }
 
@@ -1393,8 +1393,15 @@ impl ImageStore {
         c: &Commit,
     ) -> Result<ImageInfo, StoreError> {
         let layers = vec![self.finish_layer(packed)?];
-        let cfg = oci::config_json(&layers, c.config, c.comment, None);
+        let cfg = oci::config_json(&layers, c.config, c.comment, None, c.owner);
         self.record_image(&cfg, &layers, None, c.source, c.tag, c.owner)
+    }
+
+    /// A new image of `base`'s layers with the settings `c.config`, recording
+    /// `base` as its parent (a build's `ENV`, `WORKDIR` or `USER` step).
+    pub fn commit_config(&self, base: &ImageInfo, c: &Commit) -> Result<ImageInfo, StoreError> {
+        let cfg = oci::config_json(&base.layers, c.config, c.comment, Some(&base.id), c.owner);
+        self.record_image(&cfg, &base.layers, Some(base.id), c.source, c.tag, c.owner)
     }
 
     /// Files added, changed and removed from image `a` to image `b`. Every path

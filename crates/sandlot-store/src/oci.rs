@@ -39,11 +39,17 @@ pub fn config_json(
     cfg: &ImageConfig,
     created_by: &str,
     parent: Option<&Digest>,
+    owner: Option<&str>,
 ) -> Vec<u8> {
     let mut labels = BTreeMap::new();
     labels.insert("org.sandlot.created_by".to_string(), created_by.to_string());
     if let Some(p) = parent {
         labels.insert("org.sandlot.parent".to_string(), p.to_string());
+    }
+    // A tenant's image never has the id of another's or of a shared one made of the
+    // same layers and settings: an id names one owner's image.
+    if let Some(o) = owner {
+        labels.insert(OWNER_LABEL.to_string(), o.to_string());
     }
     if cfg.host_base {
         labels.insert(HOST_BASE_LABEL.to_string(), "host".to_string());
@@ -78,6 +84,8 @@ pub fn config_json(
 /// The label of an image whose layers go on top of the built-in `host` image
 /// ([`ImageConfig::host_base`]).
 pub const HOST_BASE_LABEL: &str = "org.sandlot.base";
+/// The label naming the tenant an image was made for (a snapshot, a tenant's build).
+pub const OWNER_LABEL: &str = "org.sandlot.owner";
 
 #[derive(Deserialize, Default)]
 #[serde(rename_all = "PascalCase")]
@@ -733,9 +741,10 @@ mod tests {
             host_base: true,
             ..Default::default()
         };
-        let back = parse_config(&config_json(&[], &cfg, "test", None)).unwrap();
+        let back = parse_config(&config_json(&[], &cfg, "test", None, None)).unwrap();
         assert_eq!(back, cfg);
-        let plain = parse_config(&config_json(&[], &ImageConfig::default(), "t", None)).unwrap();
+        let plain =
+            parse_config(&config_json(&[], &ImageConfig::default(), "t", None, None)).unwrap();
         assert!(!plain.host_base);
         let odd =
             br#"{"config":{"Labels":{"n":1,"org.sandlot.base":"other"}},"rootfs":{"diff_ids":[]}}"#;

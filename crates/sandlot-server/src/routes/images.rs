@@ -722,7 +722,6 @@ pub async fn build(
     RawQuery(q): RawQuery,
     body: Body,
 ) -> ApiResult<Response> {
-    operator_only(&p, "building images")?;
     let q = query(q);
     let file = q
         .get("file")
@@ -753,6 +752,21 @@ pub async fn build(
     })
     .await;
     let _ = tokio::fs::remove_file(&tmp).await;
+    // A tenant's build steps are its sandboxes: the operator's network ceiling
+    // applies to them as to any other (run steps with the network are `open`).
+    let spec = spec.and_then(|s| {
+        let ceiling = state.cfg.network.ceiling;
+        if p.scope.is_some() && s.network && ceiling < sandlot_proto::spec::NetworkMode::Open {
+            return Err(ApiError::invalid(
+                "network",
+                format!(
+                    "build steps with the network run in mode \"open\", above the operator's ceiling {:?}",
+                    ceiling.as_str()
+                ),
+            ));
+        }
+        Ok(s)
+    });
     let spec = match spec {
         Ok(s) => s,
         Err(e) => {
@@ -764,12 +778,19 @@ pub async fn build(
     let send: Arc<dyn Fn(serde_json::Value) + Send + Sync> = Arc::new(move |v| {
         let _ = tx.send(v);
     });
-    let tenant = p.tenant.clone();
+    let who = crate::build::Builder {
+        tenant: p.tenant.clone(),
+        owner: p.scope.clone(),
+    };
+    let viewer_scope = p.scope.clone();
     tokio::spawn(async move {
-        let r = crate::build::run(state, tenant, spec, ctx.clone(), tag, send.clone()).await;
+        let r = crate::build::run(state.clone(), who, spec, ctx.clone(), tag, send.clone()).await;
         let _ = tokio::fs::remove_dir_all(&ctx).await;
+        // The image as the builder sees it (a tenant: its own names only).
+        let r = r
+            .and_then(|img| view_for(&state, crate::images::viewer(viewer_scope.as_deref()), &img));
         match r {
-            Ok(img) => send(serde_json::json!({"type": "done", "image": view(&img)})),
+            Ok(v) => send(serde_json::json!({"type": "done", "image": v})),
             Err(e) => {
                 tracing::warn!("build failed: {}", e.message);
                 send(serde_json::json!({"type": "error", "code": e.code, "message": e.message}))
