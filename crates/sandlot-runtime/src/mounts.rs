@@ -434,17 +434,12 @@ pub fn plan_mounts(inp: &PlanInput<'_>) -> Result<MountPlan, MountError> {
         }
     } else {
         // A rootfs directory brings its own /etc; only identity files are written.
-        for name in ["hostname", "hosts"] {
-            if let Some((_, contents, mode)) = hostimage::synthesized_etc(inp.hostname)
-                .into_iter()
-                .find(|f| f.0 == name)
-            {
-                ops.push(MountOp::File {
-                    path: format!("/etc/{name}"),
-                    contents,
-                    mode,
-                });
-            }
+        for (name, contents, mode) in hostimage::image_identity_files(inp.hostname) {
+            ops.push(MountOp::File {
+                path: format!("/etc/{name}"),
+                contents,
+                mode,
+            });
         }
         ops.push(MountOp::Dir {
             path: "/tmp".into(),

@@ -610,6 +610,12 @@ async fn run_in(
         st.images
             .snapshot_as(
                 &hid.id,
+                crate::images::HostRoot {
+                    pid: hid.inst.pid,
+                    pidfd: &hid.inst.pidfd,
+                },
+                // A step's spec names no host name: the default one.
+                &sandlot_runtime::namespace::sandbox_hostname(&hid.id, &Default::default()),
                 &hid.inst.cgroup,
                 st.cfg.images.build_disk.bytes(),
                 w.commit(&cfg, &text),

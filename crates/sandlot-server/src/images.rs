@@ -435,9 +435,12 @@ impl Images {
     /// namespace of whoever asked (`scope`; `None`: the operator's, shared). What
     /// the layer expands to is bounded by the sandbox's disk limit `disk` (and the
     /// operator's ceiling): past it, 413 and nothing stored.
+    #[allow(clippy::too_many_arguments)]
     pub fn snapshot(
         &self,
         id: &str,
+        root: HostRoot<'_>,
+        hostname: &str,
         tenant: &str,
         scope: Option<&str>,
         cgroup: &sandlot_runtime::cgroup::Cgroup,
@@ -446,6 +449,8 @@ impl Images {
     ) -> Result<(ImageInfo, Duration), ApiError> {
         self.snapshot_as(
             id,
+            root,
+            hostname,
             cgroup,
             disk,
             Commit {
@@ -462,10 +467,13 @@ impl Images {
     }
 
     /// [`snapshot`](Self::snapshot) recording `c` (its config is replaced by the
-    /// base image's; a build step records its step and no owner).
+    /// base image's; a build step records its step and its builder as owner).
+    #[allow(clippy::too_many_arguments)]
     pub fn snapshot_as(
         &self,
         id: &str,
+        root: HostRoot<'_>,
+        hostname: &str,
         cgroup: &sandlot_runtime::cgroup::Cgroup,
         disk: u64,
         c: Commit,
@@ -484,6 +492,17 @@ impl Images {
             })?;
         let base = self.store.get(&base).map_err(store_error)?;
         let upper = self.rw_dir(id).join("upper");
+        // What the runtime made in the writable layer to mount on, or wrote there
+        // (the sandbox's identity files, `hostname` its host name), is not the
+        // sandbox's change.
+        let source = sandlot_store::PackSource {
+            stubs: root.mount_points(id)?,
+            written: sandlot_runtime::hostimage::image_identity_files(hostname)
+                .into_iter()
+                .map(|(name, contents, _)| (Path::new("etc").join(name), contents.into_bytes()))
+                .collect(),
+            ..Default::default()
+        };
         let limit = self.limit(Some(disk));
         let what = format!("the writable layer of sandbox {id}");
         let t0 = Instant::now();
@@ -492,9 +511,9 @@ impl Images {
             .map_err(|e| ApiError::internal(format!("freeze sandbox {id}: {e}")))?;
         // Only reading the writable layer needs the sandbox frozen; storing and
         // unpacking the layer happen after the thaw.
-        let packed = self
-            .store
-            .pack_dir(&upper, &mut Budget::new(Some(&limit), &what));
+        let packed =
+            self.store
+                .pack_dir_from(&upper, &source, &mut Budget::new(Some(&limit), &what));
         let thawed = cgroup.freeze(false, Duration::from_secs(5));
         let took = t0.elapsed();
         thawed.map_err(|e| ApiError::internal(format!("thaw sandbox {id}: {e}")))?;

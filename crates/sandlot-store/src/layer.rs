@@ -16,7 +16,7 @@
 //! that is small on disk but huge when read cannot make the daemon write or read
 //! without bound.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs;
 use std::io::{self, Read, Write};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
@@ -452,6 +452,15 @@ pub struct PackSource {
     /// The tree's files carry host ids: the layer records the ids they map to
     /// inside (`None`: the ids as they are).
     pub ids: Option<IdMap>,
+    /// Paths (relative to the tree's root) where the runtime mounted something
+    /// inside the sandbox. What it made there to mount on (an empty directory or
+    /// file: `dev`, `proc`, `etc/hosts`...) is left out, and so is a directory that
+    /// holds nothing but such stubs (`run` made for `run/secrets`). Anything else
+    /// at those paths is kept.
+    pub stubs: BTreeSet<PathBuf>,
+    /// Files the runtime wrote into the tree (relative path, contents: a sandbox's
+    /// `etc/hostname`): left out while they hold exactly that, like stubs.
+    pub written: BTreeMap<PathBuf, Vec<u8>>,
 }
 
 /// A user namespace's id maps (`/proc/PID/uid_map` and `gid_map` lines: inside,
@@ -508,6 +517,8 @@ struct Walk<'a> {
     /// The root's device, with [`PackSource::one_filesystem`].
     device: Option<u64>,
     ids: Option<&'a IdMap>,
+    stubs: &'a BTreeSet<PathBuf>,
+    written: &'a BTreeMap<PathBuf, Vec<u8>>,
 }
 
 impl Walk<'_> {
@@ -523,6 +534,49 @@ impl Walk<'_> {
     /// Whether an entry belongs to the tree (not a mount point on it).
     fn includes(&self, md: &fs::Metadata) -> bool {
         self.device.is_none_or(|d| md.dev() == d)
+    }
+
+    /// Whether `rel` is a stub the runtime made to mount on, or a directory of
+    /// nothing but such stubs ([`PackSource::stubs`]).
+    fn is_stub(&self, rel: &Path, md: &fs::Metadata) -> Result<bool, LayerError> {
+        if (self.stubs.is_empty() && self.written.is_empty()) || is_whiteout(md) {
+            return Ok(false);
+        }
+        let p = self.root.join(rel);
+        if let Some(want) = self.written.get(rel) {
+            return Ok(md.file_type().is_file()
+                && md.len() == want.len() as u64
+                && fs::read(&p).map_err(io_at("read", &p))? == *want);
+        }
+        if self.stubs.contains(rel) {
+            if md.file_type().is_file() {
+                return Ok(md.len() == 0);
+            }
+            if !md.is_dir() {
+                return Ok(false);
+            }
+        } else if !(md.is_dir()
+            && self
+                .stubs
+                .iter()
+                .chain(self.written.keys())
+                .any(|s| s.starts_with(rel)))
+        {
+            return Ok(false);
+        }
+        // A directory: a stub if everything in it is one.
+        if is_opaque(&p) {
+            return Ok(false);
+        }
+        for e in fs::read_dir(&p).map_err(io_at("read dir", &p))? {
+            let e = e.map_err(io_at("read dir", &p))?;
+            let r = rel.join(e.file_name());
+            let md = fs::symlink_metadata(self.root.join(&r)).map_err(io_at("stat", &p))?;
+            if self.includes(&md) && !self.is_stub(&r, &md)? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 }
 
@@ -560,6 +614,8 @@ pub fn pack_from<W: Write>(
         root: dir,
         device,
         ids: source.ids.as_ref(),
+        stubs: &source.stubs,
+        written: &source.written,
     };
     let mut b = tar::Builder::new(out);
     b.mode(tar::HeaderMode::Complete);
@@ -654,7 +710,7 @@ fn pack_dir<W: Write>(
         let r = rel.join(&n);
         let p = root.join(&r);
         let md = fs::symlink_metadata(&p).map_err(io_at("stat", &p))?;
-        if !walk.includes(&md) {
+        if !walk.includes(&md) || walk.is_stub(&r, &md)? {
             continue;
         }
         let ft = md.file_type();
@@ -1291,6 +1347,77 @@ mod tests {
     /// Found by an outside review: nothing bounded what a layer expands to. Holes,
     /// entries and file sizes count; past the limit packing stops with an error
     /// naming the limit.
+    /// What the runtime made in a writable layer to mount on (`dev`, `proc`,
+    /// `run` for `run/secrets`) or wrote there (`etc/hostname`) is not the
+    /// sandbox's change: a snapshot listed them as added files. Stubs with content,
+    /// written files the sandbox changed, and directories holding anything else,
+    /// are kept.
+    #[test]
+    fn runtime_stubs_are_left_out_of_a_packed_layer() {
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path();
+        for dir in ["dev", "proc", "run/secrets", "data/sub", "tmp"] {
+            fs::create_dir_all(d.join(dir)).unwrap();
+        }
+        fs::create_dir_all(d.join("etc")).unwrap();
+        fs::write(d.join("etc/hosts"), "").unwrap();
+        fs::write(d.join("etc/hostname"), "").unwrap();
+        fs::write(d.join("etc/written"), "mine").unwrap();
+        fs::write(d.join("tmp/kept"), "not a stub").unwrap();
+        fs::write(d.join("etc/identity"), "sb\n").unwrap();
+        fs::write(d.join("etc/changed"), "the sandbox's").unwrap();
+        let stubs = [
+            "dev",
+            "proc",
+            "run/secrets",
+            "etc/hosts",
+            "etc/hostname",
+            "tmp",
+            "dev/pts",
+        ]
+        .into_iter()
+        .map(PathBuf::from)
+        .collect();
+        let written = [("etc/identity", "sb\n"), ("etc/changed", "the runtime's")]
+            .into_iter()
+            .map(|(p, c)| (PathBuf::from(p), c.as_bytes().to_vec()))
+            .collect();
+        let source = PackSource {
+            stubs,
+            written,
+            ..Default::default()
+        };
+        let tar = pack_from(d, &source, Vec::new(), &mut Budget::unlimited()).unwrap();
+        let mut names: Vec<String> = tar::Archive::new(&tar[..])
+            .entries()
+            .unwrap()
+            .map(|e| {
+                e.unwrap()
+                    .path()
+                    .unwrap()
+                    .to_string_lossy()
+                    .trim_end_matches('/')
+                    .to_string()
+            })
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "data",
+                "data/sub",
+                "etc",
+                "etc/changed",
+                "etc/written",
+                "tmp",
+                "tmp/kept"
+            ]
+        );
+        // Without stubs, everything is packed.
+        let all = pack(d, Vec::new(), &mut Budget::unlimited()).unwrap();
+        assert_eq!(tar::Archive::new(&all[..]).entries().unwrap().count(), 14);
+    }
+
     /// A running sandbox's files carry the host ids of its range: the layer records
     /// the ids inside, and an id of no range becomes the overflow id.
     #[test]
@@ -1315,6 +1442,7 @@ mod tests {
                 uids: vec![(7, md.uid(), 1)],
                 gids: vec![(8, md.gid(), 1)],
             }),
+            ..Default::default()
         };
         let tar = pack_from(t.path(), &source, Vec::new(), &mut Budget::unlimited()).unwrap();
         let mut ar = tar::Archive::new(&tar[..]);

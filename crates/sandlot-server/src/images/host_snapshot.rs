@@ -9,9 +9,10 @@
 //! the layer and `/etc` synthesized again, as a `host` sandbox does. It depends on
 //! the host it is restored on: its programs and libraries are that host's.
 
+use std::collections::BTreeSet;
 use std::fs;
 use std::os::fd::OwnedFd;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use sandlot_store::{
@@ -21,11 +22,33 @@ use sandlot_store::{
 use super::{store_error, Images};
 use crate::error::ApiError;
 
-/// A `host` sandbox's PID 1, as the snapshot needs it.
+/// A sandbox's PID 1, as a snapshot needs it.
 pub struct HostRoot<'a> {
     pub pid: i32,
     /// Its pidfd: `pid` is read only while it is still this process.
     pub pidfd: &'a OwnedFd,
+}
+
+impl HostRoot<'_> {
+    /// The paths (relative to the sandbox's root) where something is mounted in
+    /// sandbox `id`, as its PID 1 sees them: where the runtime made stubs to mount
+    /// on in its writable layer.
+    pub fn mount_points(&self, id: &str) -> Result<BTreeSet<PathBuf>, ApiError> {
+        let gone = || ApiError::conflict(format!("sandbox {id} is stopping"));
+        let text =
+            fs::read_to_string(format!("/proc/{}/mountinfo", self.pid)).map_err(|_| gone())?;
+        // Read while the pidfd says PID 1 has not exited: the text is this sandbox's.
+        if exited(self.pidfd) {
+            return Err(gone());
+        }
+        Ok(
+            crate::collection_mount::mount_points_under(&text, Path::new("/"))
+                .into_iter()
+                .filter_map(|p| p.strip_prefix("/").ok().map(Path::to_path_buf))
+                .filter(|p| !p.as_os_str().is_empty())
+                .collect(),
+        )
+    }
 }
 
 impl Images {
@@ -62,6 +85,7 @@ impl Images {
         let source = PackSource {
             one_filesystem: true,
             ids: Some(ids),
+            ..Default::default()
         };
         let limit = self.limit(Some(disk));
         let what = format!("the writable layer of sandbox {id}");

@@ -423,7 +423,8 @@ pub async fn snapshot(
     let h2 = h.clone();
     let (mut v, took) = blocking(move || {
         let scope = p.scope.as_deref();
-        let (img, took) = if runs_the_host_image(&st, &h2.id)? {
+        let (host, hostname) = host_image_and_hostname(&st, &h2.id)?;
+        let (img, took) = if host {
             st.images.snapshot_host(
                 &h2.id,
                 crate::images::HostRoot {
@@ -439,6 +440,11 @@ pub async fn snapshot(
         } else {
             st.images.snapshot(
                 &h2.id,
+                crate::images::HostRoot {
+                    pid: h2.inst.pid,
+                    pidfd: &h2.inst.pidfd,
+                },
+                &hostname,
                 &h2.tenant,
                 scope,
                 &h2.inst.cgroup,
@@ -455,8 +461,9 @@ pub async fn snapshot(
 }
 
 /// Whether sandbox `id`'s spec is the built-in `host` image without a rootfs
-/// directory (its writable layer is its root tmpfs, not a store image's upper).
-fn runs_the_host_image(state: &AppState, id: &str) -> ApiResult<bool> {
+/// directory (its writable layer is its root tmpfs, not a store image's upper),
+/// and its host name.
+fn host_image_and_hostname(state: &AppState, id: &str) -> ApiResult<(bool, String)> {
     let rec = state
         .store
         .get_sandbox(id)
@@ -467,7 +474,14 @@ fn runs_the_host_image(state: &AppState, id: &str) -> ApiResult<bool> {
         .get("image")
         .and_then(|i| i.as_str())
         .unwrap_or(sandlot_proto::spec::HOST_IMAGE);
-    Ok(image == sandlot_proto::spec::HOST_IMAGE && spec.get("rootfs").is_none_or(|r| r.is_null()))
+    let hostname = match spec.get("hostname").and_then(|h| h.as_str()) {
+        Some(h) => h.to_string(),
+        None => sandlot_runtime::namespace::sandbox_hostname(id, &Default::default()),
+    };
+    Ok((
+        image == sandlot_proto::spec::HOST_IMAGE && spec.get("rootfs").is_none_or(|r| r.is_null()),
+        hostname,
+    ))
 }
 
 // ---- registries: pull and push (NDJSON progress streams) ----
