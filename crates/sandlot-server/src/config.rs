@@ -183,6 +183,9 @@ pub struct ServerConfig {
     /// runtime leftovers with this prefix only, so a `sandlot run` next to it (or a
     /// second daemon with another prefix) is never touched.
     pub id_prefix: String,
+    /// How the daemon writes its log to stderr: `text` (the default) or `json`
+    /// (one object per line; a request's lines carry its `request_id`).
+    pub log_format: LogFormat,
     pub limits: Limits,
     /// Quotas of tenants not listed under `tenants`.
     pub quotas: Quota,
@@ -206,6 +209,19 @@ pub struct ServerConfig {
     /// The TCP listeners' caps and timeouts and the descriptors kept for the
     /// operator (`[connections]`, see `inbound.rs`).
     pub connections: crate::inbound::ConnectionsSection,
+}
+
+/// The daemon's log format (`log_format`, `sandlot serve --log-format`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines, a request's span (`request{request_id=...}`) in front.
+    #[default]
+    Text,
+    /// One JSON object per line: `timestamp`, `level`, `fields` (`message` and the
+    /// event's own), `target`, `span` and `spans` (a request's carries its
+    /// `request_id`).
+    Json,
 }
 
 /// Virtual filesystem collections and sessions (`[vfs]`, see docs/vfs.md).
@@ -322,6 +338,7 @@ impl Default for ServerConfig {
             listen: None,
             metrics_listen: None,
             id_prefix: crate::DEFAULT_ID_PREFIX.to_string(),
+            log_format: LogFormat::Text,
             limits: Limits::default(),
             quotas: Quota::default(),
             tenants: BTreeMap::new(),

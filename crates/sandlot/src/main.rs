@@ -193,4 +193,34 @@ mod tests {
         assert!(msg.contains("'inspect'"), "{msg}");
         assert!(!msg.contains('\n'), "{msg}");
     }
+
+    /// The shipped systemd unit runs a command line this binary takes, and the
+    /// example operator config it names parses without a warning and validates.
+    #[test]
+    fn the_packaged_unit_and_example_config_are_what_the_daemon_takes() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../packaging");
+        let unit = std::fs::read_to_string(root.join("sandlot.service")).unwrap();
+        let exec = unit
+            .lines()
+            .find_map(|l| l.strip_prefix("ExecStart="))
+            .expect("an ExecStart line");
+        let mut argv: Vec<&str> = exec.split_whitespace().collect();
+        assert_eq!(argv[0], "/usr/local/bin/sandlot", "{exec}");
+        argv[0] = "sandlot";
+        let cli = Cli::try_parse_from(&argv).unwrap_or_else(|e| panic!("{exec}: {e}"));
+        let Cmd::Api(api_cmd::ApiCommand::Serve(serve)) = cli.cmd else {
+            panic!("{exec}: not `sandlot serve`");
+        };
+        assert_eq!(
+            serve.config.as_deref(),
+            Some(std::path::Path::new("/etc/sandlot/sandlot.toml"))
+        );
+        let path = root.join("sandlot.toml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let (cfg, warnings) =
+            sandlot_server::ServerConfig::from_toml(&text, &path).unwrap_or_else(|e| panic!("{e}"));
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(cfg.log_format, sandlot_server::config::LogFormat::Json);
+        assert_eq!(cfg.listen, Some("127.0.0.1:7070".parse().unwrap()));
+    }
 }

@@ -300,7 +300,9 @@ async fn request_context(
             } else if let Some(detail) = &e.internal {
                 tracing::info!(status = e.status.as_u16(), code = e.code, detail = %detail, "{}", e.message);
             } else {
-                tracing::debug!(status = e.status.as_u16(), code = e.code, "{}", e.message);
+                // Every answered error has a line with its request id: the id a
+                // client reports finds what the daemon said and why.
+                tracing::info!(status = e.status.as_u16(), code = e.code, "{}", e.message);
             }
         });
         let body = serde_json::to_vec(&e.body(&rid)).expect("error bodies serialize");

@@ -10,6 +10,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
+use sandlot_server::config::LogFormat;
 use sandlot_server::ServerConfig;
 
 pub(crate) mod client_cmds;
@@ -98,6 +99,10 @@ pub struct ServeArgs {
     /// shapes: `[[pools]]` in the config file.
     #[arg(long, value_name = "N")]
     pub pool_size: Option<usize>,
+    /// Log format on stderr: text or json (one object per line, a request's lines
+    /// carrying its request_id; `log_format` in the config). Level: SANDLOT_LOG.
+    #[arg(long, value_name = "FORMAT", value_parser = ["text", "json"])]
+    pub log_format: Option<String>,
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -171,11 +176,16 @@ pub fn run(cmd: ApiCommand) -> anyhow::Result<i32> {
 }
 
 fn serve(a: ServeArgs) -> anyhow::Result<i32> {
-    init_logging();
     let (mut cfg, warnings) = match &a.config {
         Some(p) => ServerConfig::load(p)?,
         None => (ServerConfig::default(), Vec::new()),
     };
+    match a.log_format.as_deref() {
+        Some("json") => cfg.log_format = LogFormat::Json,
+        Some(_) => cfg.log_format = LogFormat::Text,
+        None => {}
+    }
+    init_logging(cfg.log_format);
     for w in warnings {
         tracing::warn!("{w}");
     }
@@ -234,15 +244,23 @@ fn serve(a: ServeArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-fn init_logging() {
+fn init_logging(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("SANDLOT_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     use std::io::IsTerminal;
-    let _ = tracing_subscriber::fmt()
+    let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => fmt.with_ansi(std::io::stderr().is_terminal()).try_init(),
+        // The request span (and any other) on every line: `span` is the innermost,
+        // `spans` all of them, outermost first.
+        LogFormat::Json => fmt
+            .json()
+            .with_current_span(true)
+            .with_span_list(true)
+            .try_init(),
+    };
 }
 
 fn token(t: TokenCmd) -> anyhow::Result<i32> {
