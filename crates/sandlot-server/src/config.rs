@@ -304,6 +304,9 @@ pub struct ImagesSection {
     /// The memory of a build's `run` step sandbox. A tenant's build counts against
     /// its quotas like any of its sandboxes.
     pub build_memory: ByteSize,
+    /// Builds one tenant may run at once (their contexts staged on the daemon's
+    /// disk included); the operator's builds are not counted.
+    pub max_builds_per_tenant: usize,
 }
 
 impl Default for ImagesSection {
@@ -317,6 +320,7 @@ impl Default for ImagesSection {
             build_timeout: Seconds(Duration::from_secs(3600)),
             build_disk: ByteSize(8 << 30),
             build_memory: ByteSize(2 << 30),
+            max_builds_per_tenant: 2,
         }
     }
 }

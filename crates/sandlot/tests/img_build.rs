@@ -607,3 +607,103 @@ fn a_build_past_the_operators_time_limit_fails() {
     assert_eq!(left["sandboxes"], json!([]), "{left}");
     d.shutdown();
 }
+
+/// A tenant runs at most `images.max_builds_per_tenant` builds at once, and a
+/// context larger than what it may expand to is refused while it is staged (it
+/// was staged whole on the daemon's disk first, whatever its size).
+#[test]
+fn a_tenants_builds_are_capped_and_their_context_bounded() {
+    let mut d = Daemon::start(Some(
+        "[images]\nbuild_timeout = \"20s\"\nmax_builds_per_tenant = 1\nmax_expanded_size = \"1M\"\n",
+    ));
+    let tmp = d.dir.join("work");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let archive = img_support::base_archive(&tmp, "test/base:1", 0);
+    let (code, _, err) = d.cli(&["image", "import", archive.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let token = d.token("acme");
+    let ctx = tmp.join("ctx");
+    std::fs::create_dir_all(&ctx).unwrap();
+    let slow = tmp.join("slow.Dockerfile");
+    std::fs::write(&slow, "FROM test/base:1\nRUN sleep 600\n").unwrap();
+    let mut first = std::process::Command::new(api_support::sandlot())
+        .args([
+            "image",
+            "build",
+            "-f",
+            slow.to_str().unwrap(),
+            ctx.to_str().unwrap(),
+        ])
+        .env("SANDLOT_URL", format!("127.0.0.1:{}", d.port))
+        .env("SANDLOT_TOKEN", &token)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // The first build runs once its step's sandbox does.
+    let c = d.client();
+    let rt = rt();
+    rt.block_on(api_support::eventually(
+        15,
+        "the first build's step runs",
+        || async {
+            let l = c.call_json("GET", "/v1/sandboxes", None).await.unwrap();
+            !l["sandboxes"].as_array().unwrap().is_empty()
+        },
+    ));
+    let quick = tmp.join("quick.Dockerfile");
+    std::fs::write(&quick, "FROM test/base:1\nENV A=1\n").unwrap();
+    let (code, out, err) = cli_as(
+        &d,
+        &token,
+        &[
+            "image",
+            "build",
+            "-f",
+            quick.to_str().unwrap(),
+            ctx.to_str().unwrap(),
+        ],
+    );
+    assert_ne!(code, 0, "{out}");
+    assert!(err.contains("images.max_builds_per_tenant = 1"), "{err}");
+    // Another tenant is not held back by acme's build.
+    let (code, out, err) = cli_as(
+        &d,
+        &d.token("other"),
+        &[
+            "image",
+            "build",
+            "-f",
+            quick.to_str().unwrap(),
+            ctx.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    let _ = first.kill();
+    let _ = first.wait();
+    // Once acme's build is over, it builds again; a context past what may be
+    // expanded is refused while it is sent.
+    let big = tmp.join("big");
+    std::fs::create_dir_all(&big).unwrap();
+    std::fs::write(big.join("blob"), vec![7u8; 2 << 20]).unwrap();
+    rt.block_on(api_support::eventually(
+        30,
+        "acme's first build ends",
+        || async {
+            let (code, _, err) = cli_as(
+                &d,
+                &token,
+                &[
+                    "image",
+                    "build",
+                    "-f",
+                    quick.to_str().unwrap(),
+                    big.to_str().unwrap(),
+                ],
+            );
+            code != 0 && err.contains("larger than images.max_expanded_size")
+        },
+    ));
+    d.shutdown();
+}

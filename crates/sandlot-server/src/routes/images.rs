@@ -752,10 +752,31 @@ pub async fn build(
             ))
         }
     };
+    // A tenant's builds in flight are capped: each stages its context on the
+    // daemon's disk and runs sandboxes. The lease goes with the build's task.
+    let lease = match &p.scope {
+        Some(t) => Some(state.builds.try_take(t).map_err(|held| {
+            ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "quota_exceeded",
+                format!(
+                    "tenant {t} runs {held} builds already (images.max_builds_per_tenant = {})",
+                    state.builds.cap()
+                ),
+            )
+        })?),
+        None => None,
+    };
     // Stage the context tar, extract it, read the spec: all before answering, so
-    // a bad spec or context is a plain 400.
+    // a bad spec or context is a plain 400. The tar is no larger than what it may
+    // expand to (`images.max_expanded_size`), nor than `limits.max_upload`.
     let tmp = state.images.store.tmp_path("context-upload");
-    stage_body(body, &tmp, state.cfg.limits.max_upload.bytes(), "context").await?;
+    let expanded = state.cfg.images.max_expanded_size.bytes();
+    let (limit, limit_name) = match state.cfg.limits.max_upload.bytes() {
+        n if n > 0 && n <= expanded => (n, "limits.max_upload"),
+        _ => (expanded, "images.max_expanded_size"),
+    };
+    stage_body_within(body, &tmp, limit, limit_name, "context").await?;
     let ctx = state.images.store.tmp_path("context");
     let (t2, c2) = (tmp.clone(), ctx.clone());
     let limit = state.images.limit(None);
@@ -798,6 +819,7 @@ pub async fn build(
     };
     let viewer_scope = p.scope.clone();
     tokio::spawn(async move {
+        let _lease = lease;
         let r = crate::build::run(state.clone(), who, spec, ctx.clone(), tag, send.clone()).await;
         let _ = tokio::fs::remove_dir_all(&ctx).await;
         // The image as the builder sees it (a tenant: its own names only).
@@ -826,8 +848,20 @@ pub async fn build(
 }
 
 /// Streams a request body into the file `tmp` (removed again on failure).
-/// `limit` > 0 caps its size; `what` names it in errors (`upload`, `context`).
+/// `limit` > 0 caps its size (`limits.max_upload`); `what` names it in errors
+/// (`upload`, `context`).
 async fn stage_body(body: Body, tmp: &std::path::Path, limit: u64, what: &str) -> ApiResult<()> {
+    stage_body_within(body, tmp, limit, "limits.max_upload", what).await
+}
+
+/// [`stage_body`] under the limit named `limit_name`.
+async fn stage_body_within(
+    body: Body,
+    tmp: &std::path::Path,
+    limit: u64,
+    limit_name: &str,
+    what: &str,
+) -> ApiResult<()> {
     let mut f = tokio::fs::File::create(tmp)
         .await
         .map_err(|e| ApiError::internal(format!("stage {what}: {e}")))?;
@@ -841,7 +875,7 @@ async fn stage_body(body: Body, tmp: &std::path::Path, limit: u64, what: &str) -
                 if limit > 0 && n > limit {
                     failed = Some(ApiError::invalid(
                         what,
-                        format!("larger than limits.max_upload ({limit} bytes)"),
+                        format!("larger than {limit_name} ({limit} bytes)"),
                     ));
                     break;
                 }
