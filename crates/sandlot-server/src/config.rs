@@ -194,6 +194,9 @@ pub struct ServerConfig {
     /// runtime leftovers with this prefix only, so a `sandlot run` next to it (or a
     /// second daemon with another prefix) is never touched.
     pub id_prefix: String,
+    /// How the daemon writes its log to stderr: `text` (the default) or `json`
+    /// (one object per line; a request's lines carry its `request_id`).
+    pub log_format: LogFormat,
     pub limits: Limits,
     /// Quotas of tenants not listed under `tenants`.
     pub quotas: Quota,
@@ -217,6 +220,19 @@ pub struct ServerConfig {
     /// The TCP listeners' caps and timeouts and the descriptors kept for the
     /// operator (`[connections]`, see `inbound.rs`).
     pub connections: crate::inbound::ConnectionsSection,
+}
+
+/// The daemon's log format (`log_format`, `sandlot serve --log-format`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines, a request's span (`request{request_id=...}`) in front.
+    #[default]
+    Text,
+    /// One JSON object per line: `timestamp`, `level`, `fields` (`message` and the
+    /// event's own), `target`, `span` and `spans` (a request's carries its
+    /// `request_id`).
+    Json,
 }
 
 /// Virtual filesystem collections and sessions (`[vfs]`, see docs/vfs.md).
@@ -291,6 +307,17 @@ pub struct ImagesSection {
     pub default_registry: Option<String>,
     /// Extra CA certificates (PEM) trusted for registries, besides the host's.
     pub ca_file: Option<PathBuf>,
+    /// The longest a build may take, all its steps together (operator's and
+    /// tenants' alike); past it the step running is ended and the build fails.
+    pub build_timeout: Seconds,
+    /// The writable layer of a build's `run` step: the most one step may add.
+    pub build_disk: ByteSize,
+    /// The memory of a build's `run` step sandbox. A tenant's build counts against
+    /// its quotas like any of its sandboxes.
+    pub build_memory: ByteSize,
+    /// Builds one tenant may run at once (their contexts staged on the daemon's
+    /// disk included); the operator's builds are not counted.
+    pub max_builds_per_tenant: usize,
 }
 
 impl Default for ImagesSection {
@@ -301,6 +328,10 @@ impl Default for ImagesSection {
             auth_file: None,
             default_registry: None,
             ca_file: None,
+            build_timeout: Seconds(Duration::from_secs(3600)),
+            build_disk: ByteSize(8 << 30),
+            build_memory: ByteSize(2 << 30),
+            max_builds_per_tenant: 2,
         }
     }
 }
@@ -322,6 +353,7 @@ impl Default for ServerConfig {
             listen: None,
             metrics_listen: None,
             id_prefix: crate::DEFAULT_ID_PREFIX.to_string(),
+            log_format: LogFormat::Text,
             limits: Limits::default(),
             quotas: Quota::default(),
             tenants: BTreeMap::new(),
@@ -447,6 +479,17 @@ impl ServerConfig {
                     "runtime.default_cpus {d} exceeds runtime.max_cpus {max}"
                 ));
             }
+        }
+        if self.images.build_timeout.0.is_zero() {
+            return bad("images.build_timeout must be positive".into());
+        }
+        // A build step's sandbox: the sizes must make a sandbox (memory at least the
+        // minimum, the writable layer within what the memory holds).
+        if let Err(e) = crate::build::step_spec("build-step", false, &self.images).validate() {
+            return bad(format!(
+                "images.build_memory {} and images.build_disk {}: {e}",
+                self.images.build_memory, self.images.build_disk
+            ));
         }
         if self.runtime.cgroup_cpu_weight > 10_000 {
             return bad(format!(
@@ -675,5 +718,23 @@ max_sandboxes = 3
         )
         .unwrap_err();
         assert!(e.to_string().contains("vfs.scratch_default_size"), "{e}");
+    }
+
+    #[test]
+    fn build_limits_parse_and_are_checked() {
+        let (c, _) = ServerConfig::from_toml(
+            "[images]\nbuild_timeout = \"10m\"\nbuild_disk = \"1G\"\nbuild_memory = \"512M\"\n",
+            Path::new("c"),
+        )
+        .unwrap();
+        assert_eq!(c.images.build_timeout.0, Duration::from_secs(600));
+        assert_eq!(c.images.build_disk, ByteSize(1 << 30));
+        assert_eq!(c.images.build_memory, ByteSize(512 << 20));
+        let e = ServerConfig::from_toml("[images]\nbuild_timeout = \"0s\"\n", Path::new("c"))
+            .unwrap_err();
+        assert!(e.to_string().contains("images.build_timeout"), "{e}");
+        let e = ServerConfig::from_toml("[images]\nbuild_memory = \"1M\"\n", Path::new("c"))
+            .unwrap_err();
+        assert!(e.to_string().contains("images.build_memory 1M"), "{e}");
     }
 }

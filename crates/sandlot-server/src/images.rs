@@ -44,6 +44,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::ApiError;
 
+mod host_snapshot;
+pub use host_snapshot::HostRoot;
+
 /// The daemon's images, volumes and secrets.
 pub struct Images {
     pub store: ImageStore,
@@ -364,13 +367,14 @@ impl Images {
             if let Some(img) = self.spec_image(viewer, spec)? {
                 self.store.lease(id, &img.id).map_err(store_error)?;
                 let rw = self.rw_dir(id);
-                mount_rw(&rw, spec.resources.disk.bytes())?;
+                mount_rw(&rw, spec.memory_backed().writable)?;
                 opts.image = Some(ImageRoot {
                     layers: self.store.layer_dirs(&img),
                     rw: Some(rw),
                     env: img.config.env.clone(),
                     workdir: img.config.workdir.clone(),
                     user: img.config.user.clone(),
+                    on_host: img.config.host_base,
                 });
             }
             Ok(())
@@ -431,9 +435,12 @@ impl Images {
     /// namespace of whoever asked (`scope`; `None`: the operator's, shared). What
     /// the layer expands to is bounded by the sandbox's disk limit `disk` (and the
     /// operator's ceiling): past it, 413 and nothing stored.
+    #[allow(clippy::too_many_arguments)]
     pub fn snapshot(
         &self,
         id: &str,
+        root: HostRoot<'_>,
+        hostname: &str,
         tenant: &str,
         scope: Option<&str>,
         cgroup: &sandlot_runtime::cgroup::Cgroup,
@@ -442,6 +449,8 @@ impl Images {
     ) -> Result<(ImageInfo, Duration), ApiError> {
         self.snapshot_as(
             id,
+            root,
+            hostname,
             cgroup,
             disk,
             Commit {
@@ -458,10 +467,13 @@ impl Images {
     }
 
     /// [`snapshot`](Self::snapshot) recording `c` (its config is replaced by the
-    /// base image's; a build step records its step and no owner).
+    /// base image's; a build step records its step and its builder as owner).
+    #[allow(clippy::too_many_arguments)]
     pub fn snapshot_as(
         &self,
         id: &str,
+        root: HostRoot<'_>,
+        hostname: &str,
         cgroup: &sandlot_runtime::cgroup::Cgroup,
         disk: u64,
         c: Commit,
@@ -475,11 +487,22 @@ impl Images {
             .map(|(_, d)| d)
             .ok_or_else(|| {
                 ApiError::conflict(format!(
-                    "sandbox {id} runs the host image or a rootfs directory: only sandboxes created from a store image can be snapshotted"
+                    "sandbox {id} runs a rootfs directory: only sandboxes of an image (host or from the store) can be snapshotted"
                 ))
             })?;
         let base = self.store.get(&base).map_err(store_error)?;
         let upper = self.rw_dir(id).join("upper");
+        // What the runtime made in the writable layer to mount on, or wrote there
+        // (the sandbox's identity files, `hostname` its host name), is not the
+        // sandbox's change.
+        let source = sandlot_store::PackSource {
+            stubs: root.mount_points(id)?,
+            written: sandlot_runtime::hostimage::image_identity_files(hostname)
+                .into_iter()
+                .map(|(name, contents, _)| (Path::new("etc").join(name), contents.into_bytes()))
+                .collect(),
+            ..Default::default()
+        };
         let limit = self.limit(Some(disk));
         let what = format!("the writable layer of sandbox {id}");
         let t0 = Instant::now();
@@ -488,9 +511,9 @@ impl Images {
             .map_err(|e| ApiError::internal(format!("freeze sandbox {id}: {e}")))?;
         // Only reading the writable layer needs the sandbox frozen; storing and
         // unpacking the layer happen after the thaw.
-        let packed = self
-            .store
-            .pack_dir(&upper, &mut Budget::new(Some(&limit), &what));
+        let packed =
+            self.store
+                .pack_dir_from(&upper, &source, &mut Budget::new(Some(&limit), &what));
         let thawed = cgroup.freeze(false, Duration::from_secs(5));
         let took = t0.elapsed();
         thawed.map_err(|e| ApiError::internal(format!("thaw sandbox {id}: {e}")))?;
@@ -801,13 +824,17 @@ fn run_tool(cmd: &mut Command, what: &str) -> Result<(), ApiError> {
 /// Mounts the writable layer of a sandbox: a tmpfs of `size` bytes (charged to
 /// the memory cgroup of whoever writes to it: the sandbox) holding `upper/` and
 /// `work/`.
-fn mount_rw(dir: &Path, size: u64) -> Result<(), ApiError> {
+/// The writable layer of an image sandbox: a tmpfs of the size and file count
+/// [`SandboxSpec::memory_backed`] gives (its pages are charged to the sandbox that
+/// writes them, so it never holds more than the sandbox's memory leaves it).
+fn mount_rw(dir: &Path, size: sandlot_proto::spec::TmpfsLimit) -> Result<(), ApiError> {
     use rustix::mount::{mount, MountFlags};
     fs::DirBuilder::new()
         .mode(0o700)
         .create(dir)
         .map_err(io_api("create writable layer"))?;
-    let opts = std::ffi::CString::new(format!("size={size},mode=0755")).expect("no NUL");
+    let opts =
+        std::ffi::CString::new(format!("{},mode=0755", size.mount_options())).expect("no NUL");
     mount(
         "sandlot-rw",
         dir,

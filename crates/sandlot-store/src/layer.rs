@@ -16,7 +16,7 @@
 //! that is small on disk but huge when read cannot make the daemon write or read
 //! without bound.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs;
 use std::io::{self, Read, Write};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
@@ -442,6 +442,144 @@ pub fn unpack<R: Read>(tar: R, dir: &Path) -> Result<UnpackStats, LayerError> {
     Ok(st)
 }
 
+/// How [`pack_from`] reads a tree that is not an overlay upper directory of the
+/// store's own: the root of a running sandbox, seen from the host.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PackSource {
+    /// Leave out every entry on another filesystem than the tree's root (mount
+    /// points: what is bound or mounted into the tree is not part of it).
+    pub one_filesystem: bool,
+    /// The tree's files carry host ids: the layer records the ids they map to
+    /// inside (`None`: the ids as they are).
+    pub ids: Option<IdMap>,
+    /// Paths (relative to the tree's root) where the runtime mounted something
+    /// inside the sandbox. What it made there to mount on (an empty directory or
+    /// file: `dev`, `proc`, `etc/hosts`...) is left out, and so is a directory that
+    /// holds nothing but such stubs (`run` made for `run/secrets`). Anything else
+    /// at those paths is kept.
+    pub stubs: BTreeSet<PathBuf>,
+    /// Files the runtime wrote into the tree (relative path, contents: a sandbox's
+    /// `etc/hostname`): left out while they hold exactly that, like stubs.
+    pub written: BTreeMap<PathBuf, Vec<u8>>,
+}
+
+/// A user namespace's id maps (`/proc/PID/uid_map` and `gid_map` lines: inside,
+/// outside, count), read backwards: host ids to the ids inside. An id outside
+/// every range becomes [`IdMap::OVERFLOW`], as the kernel shows it inside.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IdMap {
+    pub uids: Vec<(u32, u32, u32)>,
+    pub gids: Vec<(u32, u32, u32)>,
+}
+
+impl IdMap {
+    /// The kernel's overflow id (`nobody`).
+    pub const OVERFLOW: u32 = 65534;
+
+    /// Parses the text of a `uid_map` and a `gid_map`.
+    pub fn parse(uid_map: &str, gid_map: &str) -> Option<IdMap> {
+        fn ranges(text: &str) -> Option<Vec<(u32, u32, u32)>> {
+            text.lines()
+                .filter(|l| !l.trim().is_empty())
+                .map(|l| {
+                    let mut f = l.split_whitespace().map(|n| n.parse::<u32>().ok());
+                    Some((f.next()??, f.next()??, f.next()??))
+                })
+                .collect()
+        }
+        Some(IdMap {
+            uids: ranges(uid_map)?,
+            gids: ranges(gid_map)?,
+        })
+    }
+
+    fn inside(ranges: &[(u32, u32, u32)], host: u32) -> u32 {
+        ranges
+            .iter()
+            .find(|(_, outside, count)| host >= *outside && host - outside < *count)
+            .map_or(Self::OVERFLOW, |(inside, outside, _)| {
+                inside + (host - outside)
+            })
+    }
+
+    pub fn uid(&self, host: u32) -> u32 {
+        Self::inside(&self.uids, host)
+    }
+
+    pub fn gid(&self, host: u32) -> u32 {
+        Self::inside(&self.gids, host)
+    }
+}
+
+/// Walks a tree for [`pack_from`]: the tree's root and what [`PackSource`] asks.
+struct Walk<'a> {
+    root: &'a Path,
+    /// The root's device, with [`PackSource::one_filesystem`].
+    device: Option<u64>,
+    ids: Option<&'a IdMap>,
+    stubs: &'a BTreeSet<PathBuf>,
+    written: &'a BTreeMap<PathBuf, Vec<u8>>,
+}
+
+impl Walk<'_> {
+    fn header_for(&self, md: &fs::Metadata) -> tar::Header {
+        let mut h = header_for(md);
+        if let Some(ids) = self.ids {
+            h.set_uid(ids.uid(md.uid()) as u64);
+            h.set_gid(ids.gid(md.gid()) as u64);
+        }
+        h
+    }
+
+    /// Whether an entry belongs to the tree (not a mount point on it).
+    fn includes(&self, md: &fs::Metadata) -> bool {
+        self.device.is_none_or(|d| md.dev() == d)
+    }
+
+    /// Whether `rel` is a stub the runtime made to mount on, or a directory of
+    /// nothing but such stubs ([`PackSource::stubs`]).
+    fn is_stub(&self, rel: &Path, md: &fs::Metadata) -> Result<bool, LayerError> {
+        if (self.stubs.is_empty() && self.written.is_empty()) || is_whiteout(md) {
+            return Ok(false);
+        }
+        let p = self.root.join(rel);
+        if let Some(want) = self.written.get(rel) {
+            return Ok(md.file_type().is_file()
+                && md.len() == want.len() as u64
+                && fs::read(&p).map_err(io_at("read", &p))? == *want);
+        }
+        if self.stubs.contains(rel) {
+            if md.file_type().is_file() {
+                return Ok(md.len() == 0);
+            }
+            if !md.is_dir() {
+                return Ok(false);
+            }
+        } else if !(md.is_dir()
+            && self
+                .stubs
+                .iter()
+                .chain(self.written.keys())
+                .any(|s| s.starts_with(rel)))
+        {
+            return Ok(false);
+        }
+        // A directory: a stub if everything in it is one.
+        if is_opaque(&p) {
+            return Ok(false);
+        }
+        for e in fs::read_dir(&p).map_err(io_at("read dir", &p))? {
+            let e = e.map_err(io_at("read dir", &p))?;
+            let r = rel.join(e.file_name());
+            let md = fs::symlink_metadata(self.root.join(&r)).map_err(io_at("stat", &p))?;
+            if self.includes(&md) && !self.is_stub(&r, &md)? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+}
+
 fn header_for(md: &fs::Metadata) -> tar::Header {
     let mut h = tar::Header::new_gnu();
     h.set_mode(md.mode() & 0o7777);
@@ -457,13 +595,35 @@ fn header_for(md: &fs::Metadata) -> tar::Header {
 /// same bytes. What the tar expands to is counted against `budget` as it is
 /// written (a hard link counts once: it is a link entry).
 pub fn pack<W: Write>(dir: &Path, out: W, budget: &mut Budget) -> Result<W, LayerError> {
+    pack_from(dir, &PackSource::default(), out, budget)
+}
+
+/// [`pack`], reading `dir` as `source` says. The tree must not change meanwhile
+/// (a sandbox's is frozen): entries are found by path.
+pub fn pack_from<W: Write>(
+    dir: &Path,
+    source: &PackSource,
+    out: W,
+    budget: &mut Budget,
+) -> Result<W, LayerError> {
+    let device = match source.one_filesystem {
+        true => Some(fs::metadata(dir).map_err(io_at("stat", dir))?.dev()),
+        false => None,
+    };
+    let walk = Walk {
+        root: dir,
+        device,
+        ids: source.ids.as_ref(),
+        stubs: &source.stubs,
+        written: &source.written,
+    };
     let mut b = tar::Builder::new(out);
     b.mode(tar::HeaderMode::Complete);
     b.follow_symlinks(false);
     let mut links: HashMap<(u64, u64), PathBuf> = HashMap::new();
     // The end-of-archive blocks.
     budget.charge(1024)?;
-    pack_dir(&mut b, dir, Path::new(""), &mut links, budget)?;
+    pack_dir(&mut b, &walk, Path::new(""), &mut links, budget)?;
     b.into_inner().map_err(io_at("finish layer tar of", dir))
 }
 
@@ -471,13 +631,13 @@ pub fn pack<W: Write>(dir: &Path, out: W, budget: &mut Budget) -> Result<W, Laye
 /// sparse entry (data runs only) when it has holes.
 fn append_file<W: Write>(
     b: &mut tar::Builder<W>,
+    mut h: tar::Header,
     md: &fs::Metadata,
     path: &Path,
     f: &fs::File,
 ) -> io::Result<()> {
     let size = md.len();
     let runs = data_runs(f, size)?;
-    let mut h = header_for(md);
     if runs.len() == 1 && runs[0] == (0, size) || size == 0 {
         h.set_entry_type(tar::EntryType::Regular);
         h.set_size(size);
@@ -533,11 +693,12 @@ fn append_file<W: Write>(
 
 fn pack_dir<W: Write>(
     b: &mut tar::Builder<W>,
-    root: &Path,
+    walk: &Walk<'_>,
     rel: &Path,
     links: &mut HashMap<(u64, u64), PathBuf>,
     budget: &mut Budget,
 ) -> Result<(), LayerError> {
+    let root = walk.root;
     let abs = root.join(rel);
     let mut names: Vec<_> = fs::read_dir(&abs)
         .map_err(io_at("read dir", &abs))?
@@ -549,6 +710,9 @@ fn pack_dir<W: Write>(
         let r = rel.join(&n);
         let p = root.join(&r);
         let md = fs::symlink_metadata(&p).map_err(io_at("stat", &p))?;
+        if !walk.includes(&md) || walk.is_stub(&r, &md)? {
+            continue;
+        }
         let ft = md.file_type();
         let add = |b: &mut tar::Builder<W>, h: &mut tar::Header, path: &Path, data: &[u8]| {
             b.append_data(h, path, data).map_err(io_at("pack", path))
@@ -567,7 +731,7 @@ fn pack_dir<W: Write>(
             add(b, &mut h, &wh, &[])?;
         } else if ft.is_dir() {
             budget.charge(entry_cost(name_len, 0, 0))?;
-            let mut h = header_for(&md);
+            let mut h = walk.header_for(&md);
             h.set_entry_type(tar::EntryType::Directory);
             h.set_size(0);
             add(b, &mut h, &r, &[])?;
@@ -582,11 +746,11 @@ fn pack_dir<W: Write>(
                 h.set_size(0);
                 add(b, &mut h, &r.join(OPAQUE_MARKER), &[])?;
             }
-            pack_dir(b, root, &r, links, budget)?;
+            pack_dir(b, walk, &r, links, budget)?;
         } else if ft.is_symlink() {
             let target = fs::read_link(&p).map_err(io_at("readlink", &p))?;
             budget.charge(entry_cost(name_len, target.as_os_str().len(), 0))?;
-            let mut h = header_for(&md);
+            let mut h = walk.header_for(&md);
             h.set_entry_type(tar::EntryType::Symlink);
             h.set_size(0);
             b.append_link(&mut h, &r, &target)
@@ -595,7 +759,7 @@ fn pack_dir<W: Write>(
             if md.nlink() > 1 {
                 if let Some(first) = links.get(&(md.dev(), md.ino())) {
                     budget.charge(entry_cost(name_len, first.as_os_str().len(), 0))?;
-                    let mut h = header_for(&md);
+                    let mut h = walk.header_for(&md);
                     h.set_entry_type(tar::EntryType::Link);
                     h.set_size(0);
                     b.append_link(&mut h, &r, first)
@@ -606,10 +770,10 @@ fn pack_dir<W: Write>(
             }
             budget.charge(entry_cost(name_len, 0, md.len()))?;
             let f = fs::File::open(&p).map_err(io_at("open", &p))?;
-            append_file(b, &md, &r, &f).map_err(io_at("pack", &p))?;
+            append_file(b, walk.header_for(&md), &md, &r, &f).map_err(io_at("pack", &p))?;
         } else if ft.is_fifo() {
             budget.charge(entry_cost(name_len, 0, 0))?;
-            let mut h = header_for(&md);
+            let mut h = walk.header_for(&md);
             h.set_entry_type(tar::EntryType::Fifo);
             h.set_size(0);
             add(b, &mut h, &r, &[])?;
@@ -1183,6 +1347,121 @@ mod tests {
     /// Found by an outside review: nothing bounded what a layer expands to. Holes,
     /// entries and file sizes count; past the limit packing stops with an error
     /// naming the limit.
+    /// What the runtime made in a writable layer to mount on (`dev`, `proc`,
+    /// `run` for `run/secrets`) or wrote there (`etc/hostname`) is not the
+    /// sandbox's change: a snapshot listed them as added files. Stubs with content,
+    /// written files the sandbox changed, and directories holding anything else,
+    /// are kept.
+    #[test]
+    fn runtime_stubs_are_left_out_of_a_packed_layer() {
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path();
+        for dir in ["dev", "proc", "run/secrets", "data/sub", "tmp"] {
+            fs::create_dir_all(d.join(dir)).unwrap();
+        }
+        fs::create_dir_all(d.join("etc")).unwrap();
+        fs::write(d.join("etc/hosts"), "").unwrap();
+        fs::write(d.join("etc/hostname"), "").unwrap();
+        fs::write(d.join("etc/written"), "mine").unwrap();
+        fs::write(d.join("tmp/kept"), "not a stub").unwrap();
+        fs::write(d.join("etc/identity"), "sb\n").unwrap();
+        fs::write(d.join("etc/changed"), "the sandbox's").unwrap();
+        let stubs = [
+            "dev",
+            "proc",
+            "run/secrets",
+            "etc/hosts",
+            "etc/hostname",
+            "tmp",
+            "dev/pts",
+        ]
+        .into_iter()
+        .map(PathBuf::from)
+        .collect();
+        let written = [("etc/identity", "sb\n"), ("etc/changed", "the runtime's")]
+            .into_iter()
+            .map(|(p, c)| (PathBuf::from(p), c.as_bytes().to_vec()))
+            .collect();
+        let source = PackSource {
+            stubs,
+            written,
+            ..Default::default()
+        };
+        let tar = pack_from(d, &source, Vec::new(), &mut Budget::unlimited()).unwrap();
+        let mut names: Vec<String> = tar::Archive::new(&tar[..])
+            .entries()
+            .unwrap()
+            .map(|e| {
+                e.unwrap()
+                    .path()
+                    .unwrap()
+                    .to_string_lossy()
+                    .trim_end_matches('/')
+                    .to_string()
+            })
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "data",
+                "data/sub",
+                "etc",
+                "etc/changed",
+                "etc/written",
+                "tmp",
+                "tmp/kept"
+            ]
+        );
+        // Without stubs, everything is packed.
+        let all = pack(d, Vec::new(), &mut Budget::unlimited()).unwrap();
+        assert_eq!(tar::Archive::new(&all[..]).entries().unwrap().count(), 14);
+    }
+
+    /// A running sandbox's files carry the host ids of its range: the layer records
+    /// the ids inside, and an id of no range becomes the overflow id.
+    #[test]
+    fn host_ids_are_packed_as_the_ids_inside() {
+        let map = IdMap::parse("0 100000 65536\n", "         0     100000      65536\n").unwrap();
+        assert_eq!(
+            (map.uid(100000), map.uid(101000), map.gid(165535)),
+            (0, 1000, 65535)
+        );
+        assert_eq!(
+            (map.uid(0), map.gid(165536)),
+            (IdMap::OVERFLOW, IdMap::OVERFLOW)
+        );
+        assert_eq!(IdMap::parse("0 x 1", ""), None);
+
+        let t = tempfile::tempdir().unwrap();
+        fs::write(t.path().join("f"), b"x").unwrap();
+        let md = fs::metadata(t.path().join("f")).unwrap();
+        let source = PackSource {
+            one_filesystem: true,
+            ids: Some(IdMap {
+                uids: vec![(7, md.uid(), 1)],
+                gids: vec![(8, md.gid(), 1)],
+            }),
+            ..Default::default()
+        };
+        let tar = pack_from(t.path(), &source, Vec::new(), &mut Budget::unlimited()).unwrap();
+        let mut ar = tar::Archive::new(&tar[..]);
+        let owners: Vec<(String, u64, u64)> = ar
+            .entries()
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                let h = e.header();
+                (
+                    e.path().unwrap().display().to_string(),
+                    h.uid().unwrap(),
+                    h.gid().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(owners, [("f".to_string(), 7, 8)]);
+    }
+
     #[test]
     fn packing_past_the_limit_is_refused_naming_it() {
         let t = tempfile::tempdir().unwrap();

@@ -39,11 +39,20 @@ pub fn config_json(
     cfg: &ImageConfig,
     created_by: &str,
     parent: Option<&Digest>,
+    owner: Option<&str>,
 ) -> Vec<u8> {
     let mut labels = BTreeMap::new();
     labels.insert("org.sandlot.created_by".to_string(), created_by.to_string());
     if let Some(p) = parent {
         labels.insert("org.sandlot.parent".to_string(), p.to_string());
+    }
+    // A tenant's image never has the id of another's or of a shared one made of the
+    // same layers and settings: an id names one owner's image.
+    if let Some(o) = owner {
+        labels.insert(OWNER_LABEL.to_string(), o.to_string());
+    }
+    if cfg.host_base {
+        labels.insert(HOST_BASE_LABEL.to_string(), "host".to_string());
     }
     let mut c = serde_json::Map::new();
     c.insert("Env".into(), json!(cfg.env));
@@ -72,6 +81,12 @@ pub fn config_json(
     serde_json::to_vec(&v).expect("json")
 }
 
+/// The label of an image whose layers go on top of the built-in `host` image
+/// ([`ImageConfig::host_base`]).
+pub const HOST_BASE_LABEL: &str = "org.sandlot.base";
+/// The label naming the tenant an image was made for (a snapshot, a tenant's build).
+pub const OWNER_LABEL: &str = "org.sandlot.owner";
+
 #[derive(Deserialize, Default)]
 #[serde(rename_all = "PascalCase")]
 struct RawRunConfig {
@@ -85,6 +100,9 @@ struct RawRunConfig {
     entrypoint: Option<Vec<String>>,
     #[serde(default)]
     cmd: Option<Vec<String>>,
+    /// Read loosely: labels of other tools are not ours to refuse.
+    #[serde(default)]
+    labels: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -111,6 +129,11 @@ pub fn parse_config(bytes: &[u8]) -> Result<ImageConfig, StoreError> {
         user: c.user.filter(|u| !u.is_empty()),
         entrypoint: c.entrypoint.unwrap_or_default(),
         cmd: c.cmd.unwrap_or_default(),
+        host_base: c
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(HOST_BASE_LABEL))
+            .is_some_and(|b| b == "host"),
     })
 }
 
@@ -702,4 +725,29 @@ pub fn export<W: Write>(
     let mut w = b.into_inner().map_err(err)?;
     crate::write_all(&mut w, &[]).map_err(err)?;
     Ok(w)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whether an image goes on top of the `host` image travels in its config's
+    /// labels (an export imported again keeps it); labels of other tools that are
+    /// not strings are no reason to refuse a config.
+    #[test]
+    fn the_host_base_survives_the_config_and_foreign_labels_are_ignored() {
+        let cfg = ImageConfig {
+            env: vec!["A=1".into()],
+            host_base: true,
+            ..Default::default()
+        };
+        let back = parse_config(&config_json(&[], &cfg, "test", None, None)).unwrap();
+        assert_eq!(back, cfg);
+        let plain =
+            parse_config(&config_json(&[], &ImageConfig::default(), "t", None, None)).unwrap();
+        assert!(!plain.host_base);
+        let odd =
+            br#"{"config":{"Labels":{"n":1,"org.sandlot.base":"other"}},"rootfs":{"diff_ids":[]}}"#;
+        assert!(!parse_config(odd).unwrap().host_base);
+    }
 }
