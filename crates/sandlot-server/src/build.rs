@@ -82,6 +82,9 @@ pub fn step_spec(image: &str, network: bool, cfg: &crate::config::ImagesSection)
     spec
 }
 
+/// Directories a build context may nest: copy steps walk it recursively.
+const MAX_CONTEXT_DEPTH: usize = 128;
+
 /// Extracts a build context tar into `dir` (regular files, directories and
 /// symlinks; anything escaping `dir` is refused). What it expands to (a sparse
 /// entry at its full size) is bounded by `limit`: every copy step reads it.
@@ -93,43 +96,58 @@ pub fn extract_context(
     let mut budget = Budget::new(Some(limit), "the build context");
     let f =
         fs::File::open(tar_path).map_err(|e| ApiError::internal(format!("open context: {e}")))?;
-    let mut ar = tar::Archive::new(std::io::BufReader::new(f));
-    ar.set_preserve_permissions(true);
-    ar.set_overwrite(true);
-    let entries = ar
-        .entries()
-        .map_err(|e| ApiError::bad_request(format!("build context is not a tar: {e}")))?;
-    for e in entries {
-        let mut e = e.map_err(|e| ApiError::bad_request(format!("build context tar: {e}")))?;
-        let p = e
-            .path()
-            .map_err(|e| ApiError::bad_request(format!("build context tar: {e}")))?
-            .into_owned();
-        if p.components()
-            .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
-        {
-            return Err(ApiError::invalid(
-                "context",
-                format!("entry {} escapes the build context", p.display()),
-            ));
-        }
-        let ty = e.header().entry_type();
-        if !(ty.is_file() || ty.is_dir() || ty.is_symlink() || ty.is_gnu_sparse()) {
-            continue;
-        }
-        budget
-            .charge(sandlot_store::layer::entry_cost(
-                p.as_os_str().len(),
-                0,
-                e.size(),
+    let configure = |ar: &mut tar::Archive<_>| {
+        ar.set_preserve_permissions(true);
+        ar.set_overwrite(true);
+    };
+    let unreadable = |e| ApiError::bad_request(format!("build context tar: {e}"));
+    sandlot_store::tar_bound::for_each_entry(
+        std::io::BufReader::new(f),
+        configure,
+        unreadable,
+        |e| {
+            let p = e
+                .path()
+                .map_err(|e| ApiError::bad_request(format!("build context tar: {e}")))?
+                .into_owned();
+            if p.components()
+                .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
+            {
+                return Err(ApiError::invalid(
+                    "context",
+                    format!("entry {} escapes the build context", p.display()),
+                ));
+            }
+            if p.components().count() > MAX_CONTEXT_DEPTH {
+                return Err(ApiError::invalid(
+                    "context",
+                    format!("entries nest more than {MAX_CONTEXT_DEPTH} directories deep"),
+                ));
+            }
+            let ty = e.header().entry_type();
+            if !(ty.is_file() || ty.is_dir() || ty.is_symlink() || ty.is_gnu_sparse()) {
+                return Ok(());
+            }
+            budget
+                .charge(sandlot_store::layer::entry_cost(
+                    p.as_os_str().len(),
+                    0,
+                    e.size(),
+                ))
+                .map_err(|err| crate::images::store_error(err.into()))?;
+            // unpack_in refuses paths that leave `dir` through symlinks. Its error
+            // names the daemon's staging path: the tenant is told the entry, the log
+            // has the rest.
+            e.unpack_in(dir).map_err(|err| {
+            tracing::info!(entry = %p.display(), "build context entry not unpacked: {err}");
+            ApiError::bad_request(format!(
+                "build context entry {} cannot be unpacked (a file where a directory is needed, or a path through a link)",
+                p.display()
             ))
-            .map_err(|err| crate::images::store_error(err.into()))?;
-        // unpack_in refuses paths that leave `dir` through symlinks.
-        e.unpack_in(dir).map_err(|err| {
-            ApiError::bad_request(format!("build context entry {}: {err}", p.display()))
         })?;
-    }
-    Ok(())
+            Ok(())
+        },
+    )
 }
 
 /// Reads and removes the spec file the CLI put in the context.

@@ -371,16 +371,20 @@ fn is_whiteout(md: &fs::Metadata) -> bool {
 /// Unpacks an (uncompressed) OCI layer tar into `dir`, which must be empty.
 /// Ownership, permissions (set-id bits included) and times are kept.
 pub fn unpack<R: Read>(tar: R, dir: &Path) -> Result<UnpackStats, LayerError> {
-    let mut ar = tar::Archive::new(tar);
-    ar.set_preserve_permissions(true);
-    ar.set_preserve_mtime(true);
-    ar.set_preserve_ownerships(true);
-    ar.set_overwrite(true);
-    ar.set_unpack_xattrs(false);
     let mut st = UnpackStats::default();
-    let entries = ar.entries().map_err(io_at("read layer", dir))?;
-    for e in entries {
-        let mut e = e.map_err(io_at("read layer entry in", dir))?;
+    let configure = |ar: &mut tar::Archive<_>| {
+        ar.set_preserve_permissions(true);
+        ar.set_preserve_mtime(true);
+        ar.set_preserve_ownerships(true);
+        ar.set_overwrite(true);
+        ar.set_unpack_xattrs(false);
+    };
+    let read_error = |source| LayerError::Io {
+        op: "read layer entry in",
+        path: dir.display().to_string(),
+        source,
+    };
+    crate::tar_bound::for_each_entry(tar, configure, read_error, |e| {
         let raw = e
             .path()
             .map_err(io_at("read entry path in", dir))?
@@ -407,15 +411,15 @@ pub fn unpack<R: Read>(tar: R, dir: &Path) -> Result<UnpackStats, LayerError> {
                 make_whiteout(&target).map_err(io_at("create whiteout", &target))?;
                 st.whiteouts += 1;
             }
-            continue;
+            return Ok(());
         }
         let ty = e.header().entry_type();
         if ty.is_character_special() || ty.is_block_special() {
             st.skipped_devices += 1;
-            continue;
+            return Ok(());
         }
         if rel.as_os_str().is_empty() {
-            continue;
+            return Ok(());
         }
         if ty.is_fifo() {
             let parent = dir_in(dir, rel.parent().unwrap_or(Path::new("")), &raw)?;
@@ -425,7 +429,7 @@ pub fn unpack<R: Read>(tar: R, dir: &Path) -> Result<UnpackStats, LayerError> {
                 path: raw.display().to_string(),
                 source,
             })?;
-            continue;
+            return Ok(());
         }
         let ok = e.unpack_in(dir).map_err(|source| LayerError::Io {
             op: "unpack",
@@ -438,7 +442,8 @@ pub fn unpack<R: Read>(tar: R, dir: &Path) -> Result<UnpackStats, LayerError> {
                 problem: "path escapes the layer".into(),
             });
         }
-    }
+        Ok(())
+    })?;
     Ok(st)
 }
 
@@ -691,6 +696,21 @@ fn append_file<W: Write>(
     )
 }
 
+/// The names in directory `abs`, sorted.
+fn sorted_names(abs: &Path) -> Result<std::vec::IntoIter<std::ffi::OsString>, LayerError> {
+    let mut names: Vec<_> = fs::read_dir(abs)
+        .map_err(io_at("read dir", abs))?
+        .map(|e| e.map(|e| e.file_name()))
+        .collect::<Result<_, _>>()
+        .map_err(io_at("read dir", abs))?;
+    names.sort();
+    Ok(names.into_iter())
+}
+
+/// Packs the tree below `rel`, depth first in name order. The directories being
+/// walked are a list, not the call stack: a sandbox can nest directories
+/// thousands deep (`mkdir a; cd a` in a loop), and a walk recursing once per level
+/// overflowed the thread's stack, which aborts the daemon.
 fn pack_dir<W: Write>(
     b: &mut tar::Builder<W>,
     walk: &Walk<'_>,
@@ -699,14 +719,13 @@ fn pack_dir<W: Write>(
     budget: &mut Budget,
 ) -> Result<(), LayerError> {
     let root = walk.root;
-    let abs = root.join(rel);
-    let mut names: Vec<_> = fs::read_dir(&abs)
-        .map_err(io_at("read dir", &abs))?
-        .map(|e| e.map(|e| e.file_name()))
-        .collect::<Result<_, _>>()
-        .map_err(io_at("read dir", &abs))?;
-    names.sort();
-    for n in names {
+    let mut open = vec![(rel.to_path_buf(), sorted_names(&root.join(rel))?)];
+    while let Some((rel, names)) = open.last_mut() {
+        let Some(n) = names.next() else {
+            open.pop();
+            continue;
+        };
+        let rel = rel.clone();
         let r = rel.join(&n);
         let p = root.join(&r);
         let md = fs::symlink_metadata(&p).map_err(io_at("stat", &p))?;
@@ -746,7 +765,8 @@ fn pack_dir<W: Write>(
                 h.set_size(0);
                 add(b, &mut h, &r.join(OPAQUE_MARKER), &[])?;
             }
-            pack_dir(b, walk, &r, links, budget)?;
+            let names = sorted_names(&p)?;
+            open.push((r, names));
         } else if ft.is_symlink() {
             let target = fs::read_link(&p).map_err(io_at("readlink", &p))?;
             budget.charge(entry_cost(name_len, target.as_os_str().len(), 0))?;
@@ -1460,6 +1480,27 @@ mod tests {
             })
             .collect();
         assert_eq!(owners, [("f".to_string(), 7, 8)]);
+    }
+
+    /// A sandbox can nest directories thousands deep; packing them recursed once per
+    /// level and overflowed the stack (a test thread's 2 MiB at about 250 levels in a
+    /// debug build), which aborts the daemon.
+    #[test]
+    fn a_tree_nested_thousands_deep_is_packed_without_overflowing_the_stack() {
+        let t = tempfile::tempdir().unwrap();
+        let deep = |n: usize| {
+            let mut p = t.path().to_path_buf();
+            for _ in 0..n {
+                p.push("a");
+            }
+            fs::create_dir_all(&p).unwrap();
+        };
+        // 1,500 levels of one-letter names: within PATH_MAX from the temporary
+        // directory, and far past what recursion in a debug build survives.
+        deep(1500);
+        let tar = pack(t.path(), Vec::new(), &mut Budget::unlimited()).unwrap();
+        let n = tar::Archive::new(&tar[..]).entries().unwrap().count();
+        assert_eq!(n, 1500);
     }
 
     #[test]

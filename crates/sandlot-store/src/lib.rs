@@ -38,6 +38,7 @@ pub mod layer;
 pub mod oci;
 pub mod reference;
 pub mod registry;
+pub mod tar_bound;
 
 pub use digest::Digest;
 pub use layer::{Budget, IdMap, PackSource, SizeLimit, TreeDiff};

@@ -259,44 +259,46 @@ fn extract_archive(path: &Path, to: &Path) -> Result<(), StoreError> {
     } else {
         Box::new(f)
     };
-    let mut ar = tar::Archive::new(r);
     // What cannot be read as a (gzipped) tar is the archive's fault: 400.
     let bad = |e: std::io::Error| invalid("archive", format!("not a readable tar archive: {e}"));
-    let entries = ar.entries().map_err(bad)?;
-    for e in entries {
-        let mut e = e.map_err(bad)?;
-        let ty = e.header().entry_type();
-        // An image archive holds JSON files and blobs; anything else is ignored.
-        if !(ty.is_file() || ty.is_dir()) {
-            continue;
-        }
-        let p = e.path().map_err(bad)?.into_owned();
-        if p.components()
-            .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
-        {
-            return Err(invalid(
-                path.display().to_string(),
-                format!("archive entry {} escapes the archive", p.display()),
-            ));
-        }
-        let dst = to.join(&p);
-        if ty.is_dir() {
-            fs::create_dir_all(&dst).map_err(io_at("create", &dst))?;
-            continue;
-        }
-        if let Some(parent) = dst.parent() {
-            fs::create_dir_all(parent).map_err(io_at("create", parent))?;
-        }
-        let mut out = fs::File::create(&dst).map_err(io_at("create", &dst))?;
-        std::io::copy(&mut e, &mut out).map_err(|err| {
-            if err.kind() == std::io::ErrorKind::UnexpectedEof {
-                bad(err)
-            } else {
-                io_at("extract", &dst)(err)
+    crate::tar_bound::for_each_entry(
+        r,
+        |_| {},
+        bad,
+        |e| {
+            let ty = e.header().entry_type();
+            // An image archive holds JSON files and blobs; anything else is ignored.
+            if !(ty.is_file() || ty.is_dir()) {
+                return Ok(());
             }
-        })?;
-    }
-    Ok(())
+            let p = e.path().map_err(bad)?.into_owned();
+            if p.components()
+                .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
+            {
+                return Err(invalid(
+                    path.display().to_string(),
+                    format!("archive entry {} escapes the archive", p.display()),
+                ));
+            }
+            let dst = to.join(&p);
+            if ty.is_dir() {
+                fs::create_dir_all(&dst).map_err(io_at("create", &dst))?;
+                return Ok(());
+            }
+            if let Some(parent) = dst.parent() {
+                fs::create_dir_all(parent).map_err(io_at("create", parent))?;
+            }
+            let mut out = fs::File::create(&dst).map_err(io_at("create", &dst))?;
+            std::io::copy(e, &mut out).map_err(|err| {
+                if err.kind() == std::io::ErrorKind::UnexpectedEof {
+                    bad(err)
+                } else {
+                    io_at("extract", &dst)(err)
+                }
+            })?;
+            Ok(())
+        },
+    )
 }
 
 /// Reads the archive's JSON file `p`; a parse error names it as `name` (its path in
