@@ -13,6 +13,7 @@ pub mod connect;
 pub mod envd;
 pub mod files;
 pub mod multipart;
+pub mod network;
 pub mod process;
 pub mod rest;
 
