@@ -10,6 +10,7 @@
 //! Sandlot sandbox of the API key's tenant.
 
 pub mod connect;
+pub mod encoding;
 pub mod envd;
 pub mod files;
 pub mod multipart;
@@ -33,11 +34,10 @@ use sha2::{Digest, Sha256};
 use crate::state::AppState;
 
 /// The envd version this server claims. It selects the SDK's code paths:
-/// at least 0.5.7 (octet-stream uploads, stdin close, default user), below 0.6.2
-/// so that the SDK itself refuses what Sandlot does not have (file metadata in
-/// extended attributes, entry info in watch events, network-mount watches) with
-/// its own typed `TemplateException`.
-pub const ENVD_VERSION: &str = "0.6.1";
+/// octet-stream and gzip uploads, stdin close, the default user, entry info in
+/// watch events and network-mount watches (0.6.4). File metadata (0.6.2) is
+/// then sent as `X-Metadata-*` headers, which uploads refuse by name.
+pub const ENVD_VERSION: &str = "0.6.4";
 /// The `clientID` of sandboxes (E2B's node id).
 pub const CLIENT_ID: &str = "sandlot";
 /// Tag recording the E2B template a sandbox was created from.
