@@ -145,9 +145,9 @@ def test_gzip_upload_that_is_not_gzip_is_refused_and_writes_nothing(sbx):
     )
     assert r.status_code == 400 and "br" in r.json()["message"], r.text
     assert sbx.files.read("/tmp/kept.txt") == "old"
-    # File metadata (extended attributes) is refused by name, never dropped silently.
+    # Metadata the sandbox cannot store is refused by name, never dropped silently.
     with pytest.raises(InvalidArgumentException, match="metadata"):
-        sbx.files.write("/tmp/meta.txt", "m", metadata={"k": "v"})
+        sbx.files.write("/tmp/meta.txt", "m", metadata={"k": "v" * 5000})
     assert not sbx.files.exists("/tmp/meta.txt")
 
 
@@ -219,3 +219,32 @@ def test_get_info_of_a_symlink_tells_its_target(server, sbx):
     assert r.json()["entry"]["type"] == "FILE_TYPE_FILE" and r.json()["entry"]["isSymlink"] is True
     r = httpx.post(server.url + "/filesystem.Filesystem/Stat", headers=h, content=b'{"path": "/tmp/ln/dangling"}')
     assert r.json()["entry"]["type"] == "FILE_TYPE_SYMLINK", r.text
+
+
+def test_file_metadata_is_kept_in_xattrs_cleared_on_overwrite_kept_on_rename(sbx):
+    sbx.files.write("meta/a.txt", "a", metadata={"Author": "mish", "stage": "draft"})
+    assert sbx.files.get_info("meta/a.txt").metadata == {"author": "mish", "stage": "draft"}
+    # Stored as extended attributes in the user.e2b. namespace of the file.
+    out = sbx.commands.run(
+        "python3 -c \"import os; print(os.getxattr('/home/user/meta/a.txt', 'user.e2b.author').decode())\""
+    )
+    assert out.stdout.strip() == "mish"
+    listed = {e.name: e for e in sbx.files.list("meta")}
+    assert listed["a.txt"].metadata == {"author": "mish", "stage": "draft"}
+    sbx.files.rename("meta/a.txt", "meta/b.txt")
+    assert sbx.files.get_info("meta/b.txt").metadata == {"author": "mish", "stage": "draft"}
+    sbx.files.write("meta/b.txt", "new")
+    assert sbx.files.get_info("meta/b.txt").metadata is None
+    # Attributes set inside the sandbox show too; other namespaces do not.
+    sbx.commands.run(
+        "python3 -c \"import os; os.setxattr('/home/user/meta/b.txt', 'user.e2b.by', b'hand'); "
+        "os.setxattr('/home/user/meta/b.txt', 'user.other', b'x')\""
+    )
+    assert sbx.files.get_info("meta/b.txt").metadata == {"by": "hand"}
+    written = sbx.files.write_files(
+        [{"path": "meta/c1.txt", "data": "1"}, {"path": "meta/c2.txt", "data": "2"}],
+        metadata={"batch": "7"},
+    )
+    assert len(written) == 2
+    for p in ("meta/c1.txt", "meta/c2.txt"):
+        assert sbx.files.get_info(p).metadata == {"batch": "7"}

@@ -2,7 +2,7 @@
 //! HTTP `GET`/`POST /files` transfers, over the guest agent's file operations
 //! (streamed both ways, parents created, as the user the request names).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
@@ -92,6 +92,42 @@ fn base_name(path: &str) -> String {
     }
 }
 
+/// The extended attribute namespace of E2B's file metadata: key `k` is
+/// `user.e2b.k`.
+const METADATA_XATTR_PREFIX: &str = "user.e2b.";
+const METADATA_HEADER_PREFIX: &str = "x-metadata-";
+
+/// An upload's file metadata (`X-Metadata-KEY: VALUE` headers; keys lowercased,
+/// HTTP token characters; values printable ASCII) as the extended attributes the
+/// agent sets on the new file.
+fn metadata_xattrs(headers: &HeaderMap) -> Result<BTreeMap<String, String>, String> {
+    use sandlot_proto::guest::{MAX_XATTRS, MAX_XATTR_VALUE};
+    let mut out = BTreeMap::new();
+    for (k, v) in headers {
+        let Some(key) = k.as_str().strip_prefix(METADATA_HEADER_PREFIX) else {
+            continue;
+        };
+        if key.is_empty() || key.len() > 200 {
+            return Err(format!("file metadata key {key:?}: 1 to 200 characters"));
+        }
+        let value = v
+            .to_str()
+            .ok()
+            .filter(|s| s.bytes().all(|b| (0x20..0x7f).contains(&b)))
+            .ok_or_else(|| format!("file metadata {key:?}: the value must be printable ASCII"))?;
+        if value.len() > MAX_XATTR_VALUE {
+            return Err(format!(
+                "file metadata {key:?}: the value is longer than {MAX_XATTR_VALUE} bytes"
+            ));
+        }
+        out.insert(format!("{METADATA_XATTR_PREFIX}{key}"), value.to_string());
+    }
+    if out.len() > MAX_XATTRS {
+        return Err(format!("at most {MAX_XATTRS} file metadata keys"));
+    }
+    Ok(out)
+}
+
 /// `EntryInfo` of a stat (proto3 JSON: `size` is an int64, so a string).
 pub fn entry_info(st: &FileStat) -> Value {
     let kind = match st.kind {
@@ -117,6 +153,17 @@ pub fn entry_info(st: &FileStat) -> Value {
     }
     if let Some(t) = &st.symlink_target {
         v["symlinkTarget"] = json!(t);
+    }
+    let metadata: serde_json::Map<String, Value> = st
+        .xattrs
+        .iter()
+        .filter_map(|(k, val)| {
+            let key = k.strip_prefix(METADATA_XATTR_PREFIX)?;
+            (!key.is_empty()).then(|| (key.to_string(), json!(val)))
+        })
+        .collect();
+    if !metadata.is_empty() {
+        v["metadata"] = Value::Object(metadata);
     }
     v
 }
@@ -848,13 +895,18 @@ struct Upload {
     up: sandlot_guest::client::FileUpload,
 }
 
-async fn open_upload(ctx: &Ctx, path: &str) -> Result<Upload, ConnectError> {
+async fn open_upload(
+    ctx: &Ctx,
+    path: &str,
+    metadata: &BTreeMap<String, String>,
+) -> Result<Upload, ConnectError> {
     let up = ctx
         .h
         .guest
         .write_file(WriteFileRequest {
             create_parents: true,
             user: ctx.user.clone(),
+            xattrs: metadata.clone(),
             ..WriteFileRequest::new(path)
         })
         .await
@@ -917,15 +969,10 @@ pub async fn upload(
         Ok(c) => c,
         Err(m) => return http_error(StatusCode::BAD_REQUEST, m),
     };
-    if headers
-        .keys()
-        .any(|k| k.as_str().starts_with("x-metadata-"))
-    {
-        return http_error(
-            StatusCode::BAD_REQUEST,
-            "file metadata (X-Metadata-*) is not supported by Sandlot",
-        );
-    }
+    let metadata = match metadata_xattrs(&headers) {
+        Ok(m) => m,
+        Err(m) => return http_error(StatusCode::BAD_REQUEST, m),
+    };
     let _guard = ctx.h.active();
     let ct = headers
         .get(header::CONTENT_TYPE)
@@ -934,8 +981,8 @@ pub async fn upload(
         .to_string();
     let body = BodyReader::new(body, coding);
     let r = match multipart::boundary(&ct) {
-        Some(b) => upload_multipart(&ctx, path, &b, body).await,
-        None => upload_raw(&ctx, path, body).await,
+        Some(b) => upload_multipart(&ctx, path, &b, body, &metadata).await,
+        None => upload_raw(&ctx, path, body, &metadata).await,
     };
     match r {
         Ok(written) => (StatusCode::OK, Json(Value::Array(written))).into_response(),
@@ -947,11 +994,12 @@ async fn upload_raw(
     ctx: &Ctx,
     path: Option<String>,
     mut body: BodyReader,
+    metadata: &BTreeMap<String, String>,
 ) -> Result<Vec<Value>, ConnectError> {
     let path =
         path.ok_or_else(|| ConnectError::invalid("path is required for an octet-stream upload"))?;
     let path = ctx.path(&path)?;
-    let mut up = open_upload(ctx, &path).await?;
+    let mut up = open_upload(ctx, &path, metadata).await?;
     let mut total = 0;
     while let Some(chunk) = body.next().await? {
         up.write(ctx, &mut total, &chunk).await?;
@@ -964,6 +1012,7 @@ async fn upload_multipart(
     path: Option<String>,
     boundary: &str,
     mut body: BodyReader,
+    metadata: &BTreeMap<String, String>,
 ) -> Result<Vec<Value>, ConnectError> {
     let mut r = multipart::Reader::new(boundary);
     let mut cur: Option<Upload> = None;
@@ -987,7 +1036,7 @@ async fn upload_multipart(
                         }
                     };
                     let target = ctx.path(&target)?;
-                    cur = Some(open_upload(ctx, &target).await?);
+                    cur = Some(open_upload(ctx, &target, metadata).await?);
                 }
                 multipart::Event::Data(d) => {
                     if let Some(u) = cur.as_mut() {
@@ -1035,6 +1084,7 @@ mod tests {
             mtime: 1_764_470_061,
             mtime_nsec: 250_000_000,
             symlink_target: None,
+            xattrs: Default::default(),
         }
     }
 
@@ -1059,6 +1109,27 @@ mod tests {
         assert_eq!(l["isSymlink"], true);
         assert_eq!(l["symlinkTarget"], "/etc");
         assert_eq!(l["permissions"], "Lrwxrwxrwx");
+    }
+
+    #[test]
+    fn file_metadata_is_user_e2b_xattrs_both_ways() {
+        let mut h = HeaderMap::new();
+        h.insert("x-metadata-author", "mish".parse().unwrap());
+        h.insert("x-metadata-Kind", "a b".parse().unwrap());
+        h.insert("x-other", "no".parse().unwrap());
+        let x = metadata_xattrs(&h).unwrap();
+        assert_eq!(x.len(), 2);
+        assert_eq!(x["user.e2b.author"], "mish");
+        assert_eq!(x["user.e2b.kind"], "a b");
+        h.insert("x-metadata-bin", HeaderValue::from_bytes(b"\xff").unwrap());
+        assert!(metadata_xattrs(&h).unwrap_err().contains("printable"));
+        let mut f = st("/a", FileKind::File, 0o644);
+        f.xattrs.insert("user.e2b.author".into(), "mish".into());
+        f.xattrs.insert("user.other".into(), "hidden".into());
+        assert_eq!(entry_info(&f)["metadata"], json!({"author": "mish"}));
+        assert!(entry_info(&st("/b", FileKind::File, 0o644))
+            .get("metadata")
+            .is_none());
     }
 
     #[test]

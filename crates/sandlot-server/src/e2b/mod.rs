@@ -34,9 +34,9 @@ use sha2::{Digest, Sha256};
 use crate::state::AppState;
 
 /// The envd version this server claims. It selects the SDK's code paths:
-/// octet-stream and gzip uploads, stdin close, the default user, entry info in
-/// watch events and network-mount watches (0.6.4). File metadata (0.6.2) is
-/// then sent as `X-Metadata-*` headers, which uploads refuse by name.
+/// octet-stream and gzip uploads, stdin close, the default user, file metadata
+/// (`X-Metadata-*` headers, 0.6.2), entry info in watch events and network-mount
+/// watches (0.6.4).
 pub const ENVD_VERSION: &str = "0.6.4";
 /// The `clientID` of sandboxes (E2B's node id).
 pub const CLIENT_ID: &str = "sandlot";
