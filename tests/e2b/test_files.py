@@ -222,7 +222,8 @@ def test_get_info_of_a_symlink_tells_its_target(server, sbx):
 
 
 def test_file_metadata_is_kept_in_xattrs_cleared_on_overwrite_kept_on_rename(sbx):
-    sbx.files.write("meta/a.txt", "a", metadata={"Author": "mish", "stage": "draft"})
+    w = sbx.files.write("meta/a.txt", "a", metadata={"Author": "mish", "stage": "draft"})
+    assert w.metadata == {"author": "mish", "stage": "draft"}
     assert sbx.files.get_info("meta/a.txt").metadata == {"author": "mish", "stage": "draft"}
     # Stored as extended attributes in the user.e2b. namespace of the file.
     out = sbx.commands.run(
@@ -245,6 +246,6 @@ def test_file_metadata_is_kept_in_xattrs_cleared_on_overwrite_kept_on_rename(sbx
         [{"path": "meta/c1.txt", "data": "1"}, {"path": "meta/c2.txt", "data": "2"}],
         metadata={"batch": "7"},
     )
-    assert len(written) == 2
+    assert [w.metadata for w in written] == [{"batch": "7"}, {"batch": "7"}]
     for p in ("meta/c1.txt", "meta/c2.txt"):
         assert sbx.files.get_info(p).metadata == {"batch": "7"}

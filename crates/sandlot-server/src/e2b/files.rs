@@ -893,6 +893,8 @@ where
 struct Upload {
     path: String,
     up: sandlot_guest::client::FileUpload,
+    /// The file's metadata as the answer shows it (keys without the namespace).
+    metadata: serde_json::Map<String, Value>,
 }
 
 async fn open_upload(
@@ -914,6 +916,12 @@ async fn open_upload(
     Ok(Upload {
         path: path.to_string(),
         up,
+        metadata: metadata
+            .iter()
+            .filter_map(|(k, v)| {
+                Some((k.strip_prefix(METADATA_XATTR_PREFIX)?.to_string(), json!(v)))
+            })
+            .collect(),
     })
 }
 
@@ -941,7 +949,11 @@ impl Upload {
     async fn finish(self) -> Result<Value, ConnectError> {
         let path = self.path;
         self.up.finish().await.map_err(guest_err(&path))?;
-        Ok(json!({"name": base_name(&path), "type": "file", "path": path}))
+        let mut v = json!({"name": base_name(&path), "type": "file", "path": path});
+        if !self.metadata.is_empty() {
+            v["metadata"] = Value::Object(self.metadata);
+        }
+        Ok(v)
     }
 }
 
