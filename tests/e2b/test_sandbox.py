@@ -1,6 +1,7 @@
 """Sandbox lifecycle through E2B's REST API, and that it is Sandlot's sandbox."""
 
 import datetime
+import time
 
 import httpx
 import pytest
@@ -120,6 +121,31 @@ def test_list_pages_and_started_after(server):
     finally:
         a.kill()
         b.kill()
+
+
+def test_get_host_routes_to_a_sandbox_port_with_its_traffic_token(server, sbx):
+    sbx.commands.run("mkdir -p /tmp/www && echo served > /tmp/www/index.html")
+    sbx.commands.run("cd /tmp/www && python3 -m http.server 8000 --bind 127.0.0.1", background=True)
+    host = sbx.get_host(8000)
+    assert host == f"8000-{sbx.sandbox_id}.sandlot.test"
+    token = sbx.traffic_access_token
+    assert token
+    url = server.url + "/index.html"
+    deadline = time.monotonic() + 10
+    while True:
+        r = httpx.get(url, headers={"Host": host, "e2b-traffic-access-token": token})
+        if r.status_code == 200 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert r.status_code == 200 and r.text == "served\n", r.text
+    # The tenant's API key works too; nothing, a wrong token or another tenant's key does not.
+    assert httpx.get(url, headers={"Host": host, "X-API-Key": server.key}).text == "served\n"
+    assert httpx.get(url, headers={"Host": host}).status_code == 401
+    assert httpx.get(url, headers={"Host": host, "e2b-traffic-access-token": "0" * 64}).status_code == 401
+    assert httpx.get(url, headers={"Host": host, "X-API-Key": server.key_b}).status_code == 502
+    # Port 49983 by host name is envd: the SDK needs no E2B_SANDBOX_URL.
+    h = {"Host": f"49983-{sbx.sandbox_id}.sandlot.test", "X-Access-Token": sbx._envd_access_token}
+    assert httpx.get(server.url + "/health", headers=h).status_code == 204
 
 
 def test_bad_api_key_is_an_authentication_error(server):

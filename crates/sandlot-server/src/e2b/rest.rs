@@ -169,8 +169,8 @@ fn created_json(e2b: &E2b, rec: &SandboxRecord) -> Value {
         "alias": template_of(rec),
         "envdVersion": ENVD_VERSION,
         "envdAccessToken": e2b.access_token(&rec.id),
-        "trafficAccessToken": null,
-        "domain": null,
+        "trafficAccessToken": e2b.traffic_token(&rec.id),
+        "domain": e2b.cfg.domain,
     })
 }
 
@@ -471,7 +471,7 @@ async fn get_one(
     let rec = live_record(&e2b, &p, &id)?;
     let mut v = listed_json(&e2b, &rec);
     v["envdAccessToken"] = json!(e2b.access_token(&rec.id));
-    v["domain"] = Value::Null;
+    v["domain"] = json!(e2b.cfg.domain);
     let (internet, network) =
         super::network::describe(&crate::network::current(&e2b.app, &rec.id, &rec.spec));
     v["allowInternetAccess"] = json!(internet);
