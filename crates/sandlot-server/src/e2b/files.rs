@@ -534,6 +534,8 @@ struct Watcher {
 /// the sandbox (a file written just before the poll: envd, in the sandbox, has it
 /// at once; here the event crosses the guest connection).
 const POLL_GRACE: std::time::Duration = std::time::Duration::from_millis(150);
+/// How long a poll waits after events for more of them.
+const POLL_SETTLE: std::time::Duration = std::time::Duration::from_millis(30);
 
 /// Watchers polled with `GetWatcherEvents` (the sync SDK's `watch_dir`).
 #[derive(Default)]
@@ -598,8 +600,10 @@ impl Watchers {
         Ok(id)
     }
 
-    /// The events since the last poll; with none yet, waits up to [`POLL_GRACE`]
-    /// for the first.
+    /// The events since the last poll. Events of changes made just before the
+    /// poll may still be on their way: with none yet it waits up to
+    /// [`POLL_GRACE`] for the first, and then, while more keep coming within
+    /// [`POLL_SETTLE`] of each other, for those (at most [`POLL_GRACE`] in all).
     async fn drain(&self, sandbox: &str, id: &str) -> Result<Vec<Value>, ConnectError> {
         let (events, arrived) = {
             let m = self.m.lock().unwrap_or_else(|e| e.into_inner());
@@ -610,15 +614,25 @@ impl Watchers {
             (w.events.clone(), w.arrived.clone())
         };
         let take = || std::mem::take(&mut *events.lock().unwrap_or_else(|e| e.into_inner()));
-        let notified = arrived.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        let out = take();
-        if !out.is_empty() {
-            return Ok(out);
+        let deadline = tokio::time::Instant::now() + POLL_GRACE;
+        let mut out = Vec::new();
+        loop {
+            let notified = arrived.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let got = take();
+            let wait = if out.is_empty() && got.is_empty() {
+                POLL_GRACE
+            } else {
+                POLL_SETTLE
+            };
+            out.extend(got);
+            let until = (tokio::time::Instant::now() + wait).min(deadline);
+            if tokio::time::timeout_at(until, notified).await.is_err() {
+                out.extend(take());
+                return Ok(out);
+            }
         }
-        let _ = tokio::time::timeout(POLL_GRACE, notified).await;
-        Ok(take())
     }
 
     fn remove(&self, sandbox: &str, id: &str) -> Result<(), ConnectError> {
