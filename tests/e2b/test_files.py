@@ -177,6 +177,8 @@ def test_signed_urls_are_refused_when_expired_tampered_or_misused(sbx):
     assert sbx.files.read("s.txt") == "s"
     tampered = good[:-3] + ("AAA" if not good.endswith("AAA") else "BBB")
     assert httpx.get(tampered).status_code == 401
+    # A user with a colon could shift the signed fields: refused even when signed.
+    assert httpx.get(sbx.download_url("s.txt", user="a:b")).status_code == 401
 
 
 def test_watch_with_entry_info_and_recursive(sbx):
