@@ -80,6 +80,7 @@ class Server:
         config = self.tmp / "sandlot.toml"
         config.write_text(
             "[tenants.e2b-q]\nmax_sandboxes = 1\n"
+            "[e2b]\ndomain = \"sandlot.test\"\n"
             "[e2b.templates.rooty]\nimage = \"host\"\nuser = \"root\"\nenv = { FROM_TEMPLATE = \"yes\" }\n"
         )
         self.proc = subprocess.Popen(

@@ -171,7 +171,79 @@ pub(crate) fn stat_of(path: &Path, m: &std::fs::Metadata, link: &Path) -> FileSt
         } else {
             None
         },
+        // Links cannot carry `user.` attributes.
+        xattrs: if ft.is_symlink() {
+            Default::default()
+        } else {
+            user_xattrs(link)
+        },
     }
+}
+
+/// The `user.` extended attributes of the entry at `link` (not following a final
+/// link) whose values are UTF-8, bounded as [`FileStat::xattrs`] says; none where
+/// the filesystem has no extended attributes.
+fn user_xattrs(link: &Path) -> std::collections::BTreeMap<String, String> {
+    use sandlot_proto::guest::{MAX_XATTRS, MAX_XATTR_VALUE};
+    let mut out = std::collections::BTreeMap::new();
+    let mut names = vec![0u8; 16 * 1024];
+    let Ok(n) = rustix::fs::llistxattr(link, &mut names[..]) else {
+        return out;
+    };
+    let mut value = vec![0u8; MAX_XATTR_VALUE];
+    for name in names[..n].split(|b| *b == 0) {
+        if out.len() >= MAX_XATTRS {
+            break;
+        }
+        let Ok(name) = std::str::from_utf8(name) else {
+            continue;
+        };
+        if !name.starts_with("user.") {
+            continue;
+        }
+        // A value longer than the buffer is ERANGE: left out.
+        if let Ok(len) = rustix::fs::lgetxattr(link, name, &mut value[..]) {
+            if let Ok(v) = std::str::from_utf8(&value[..len]) {
+                out.insert(name.to_string(), v.to_string());
+            }
+        }
+    }
+    out
+}
+
+/// Checks the extended attributes a write asks for.
+fn check_xattrs(r: &WriteFileRequest) -> Result<(), ErrorBody> {
+    use sandlot_proto::guest::{MAX_XATTRS, MAX_XATTR_VALUE};
+    let bad = |m: String| {
+        Err(ErrorBody::new(
+            ErrorCode::BadRequest,
+            format!("write_file: {m}"),
+        ))
+    };
+    if r.xattrs.is_empty() {
+        return Ok(());
+    }
+    if r.append {
+        return bad(
+            "extended attributes are set only on a file written whole (not with append)".into(),
+        );
+    }
+    if r.xattrs.len() > MAX_XATTRS {
+        return bad(format!("at most {MAX_XATTRS} extended attributes"));
+    }
+    for (k, v) in &r.xattrs {
+        if !k.starts_with("user.") || k.len() <= 5 || k.len() > 255 || k.contains('\0') {
+            return bad(format!(
+                "extended attribute {k:?}: names are user.NAME, at most 255 bytes"
+            ));
+        }
+        if v.len() > MAX_XATTR_VALUE {
+            return bad(format!(
+                "extended attribute {k:?}: value longer than {MAX_XATTR_VALUE} bytes"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Reads and writes stream regular files only: devices, FIFOs and sockets could
@@ -462,6 +534,7 @@ impl Agent {
                 ));
             }
         }
+        check_xattrs(r)?;
         let user = user_for(self, "write_file", r.user.as_deref())?;
         let seq = self.next_proc + self.next_conn * 1_000_003 + rand_seed();
         let acting_root = user.uid == 0;
@@ -543,6 +616,23 @@ impl Agent {
                 };
                 let f = ws.file.as_ref().expect("just opened");
                 f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+                // On the new file only: a file written again loses the old
+                // attributes, one renamed keeps them.
+                for (k, v) in &r.xattrs {
+                    rustix::fs::fsetxattr(
+                        f,
+                        k.as_str(),
+                        v.as_bytes(),
+                        rustix::fs::XattrFlags::empty(),
+                    )
+                    .map_err(|e| match e {
+                        rustix::io::Errno::OPNOTSUPP => io::Error::new(
+                            io::ErrorKind::InvalidInput,
+                            "this filesystem has no user extended attributes (file metadata)",
+                        ),
+                        e => e.into(),
+                    })?;
+                }
                 if acting_root {
                     if let Some(m) = &existing {
                         // Root rewriting someone's file keeps it theirs.
