@@ -162,8 +162,11 @@ pub fn url_signature(
 }
 
 /// Most live sandboxes a signed URL is checked against when it does not name its
-/// sandbox (each costs two SHA-256 of a few hundred bytes).
-const MAX_SIGNED_SCAN: usize = 100_000;
+/// sandbox (each costs two SHA-256 of a few hundred bytes, before any credential is
+/// known: 100,000 made each unauthenticated request cost about 100 ms of a worker).
+/// Past it, the URL must name its sandbox (the `E2b-Sandbox-Id` header, or the
+/// `[e2b] domain` host name).
+const MAX_SIGNED_SCAN: usize = 1_000;
 
 /// Authorizes a signed-URL request: the signature must be the one the sandbox's
 /// access token makes for this path, operation, user and expiry (compared in
