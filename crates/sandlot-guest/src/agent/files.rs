@@ -175,19 +175,39 @@ pub(crate) fn stat_of(path: &Path, m: &std::fs::Metadata, link: &Path) -> FileSt
         xattrs: if ft.is_symlink() {
             Default::default()
         } else {
-            user_xattrs(link)
+            user_xattrs(link, false)
         },
     }
+}
+
+/// The stat record of `path`, already opened as `f` (following links): its
+/// attributes are read through the descriptor, never through `path` again (a link
+/// swapped in meanwhile could lead the lookup elsewhere).
+pub(crate) fn stat_of_opened(path: &Path, f: &File) -> io::Result<FileStat> {
+    let m = f.metadata()?;
+    let via = PathBuf::from(format!(
+        "/proc/self/fd/{}",
+        std::os::fd::AsRawFd::as_raw_fd(f)
+    ));
+    let mut st = stat_of(path, &m, &via);
+    if !m.file_type().is_symlink() {
+        st.xattrs = user_xattrs(&via, true);
+    }
+    Ok(st)
 }
 
 /// The `user.` extended attributes of the entry at `link` (not following a final
 /// link) whose values are UTF-8, bounded as [`FileStat::xattrs`] says; none where
 /// the filesystem has no extended attributes.
-fn user_xattrs(link: &Path) -> std::collections::BTreeMap<String, String> {
+fn user_xattrs(link: &Path, follow: bool) -> std::collections::BTreeMap<String, String> {
     use sandlot_proto::guest::{MAX_XATTRS, MAX_XATTR_VALUE};
     let mut out = std::collections::BTreeMap::new();
     let mut names = vec![0u8; 16 * 1024];
-    let Ok(n) = rustix::fs::llistxattr(link, &mut names[..]) else {
+    let listed = match follow {
+        true => rustix::fs::listxattr(link, &mut names[..]),
+        false => rustix::fs::llistxattr(link, &mut names[..]),
+    };
+    let Ok(n) = listed else {
         return out;
     };
     let mut value = vec![0u8; MAX_XATTR_VALUE];
@@ -202,7 +222,11 @@ fn user_xattrs(link: &Path) -> std::collections::BTreeMap<String, String> {
             continue;
         }
         // A value longer than the buffer is ERANGE: left out.
-        if let Ok(len) = rustix::fs::lgetxattr(link, name, &mut value[..]) {
+        let got = match follow {
+            true => rustix::fs::getxattr(link, name, &mut value[..]),
+            false => rustix::fs::lgetxattr(link, name, &mut value[..]),
+        };
+        if let Ok(len) = got {
             if let Ok(v) = std::str::from_utf8(&value[..len]) {
                 out.insert(name.to_string(), v.to_string());
             }
@@ -345,7 +369,7 @@ impl Agent {
             .run(&user, || {
                 if r.follow {
                     let f = File::from(own_proc::open(p, OFlag::O_PATH, true)?);
-                    return Ok(stat_of(p, &f.metadata()?, p));
+                    return stat_of_opened(p, &f);
                 }
                 // The entry itself, in its checked parent directory.
                 let (dir, name) = PinnedDir::parent_of(p)?;
@@ -462,7 +486,8 @@ impl Agent {
                 if r.offset > 0 {
                     f.seek(SeekFrom::Start(r.offset))?;
                 }
-                Ok((f, stat_of(p, &m, p)))
+                let st = stat_of_opened(p, &f)?;
+                Ok((f, st))
             })
             .map_err(|e| fail("read_file", &r.path, e))?;
         Ok((
