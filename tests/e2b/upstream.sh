@@ -45,8 +45,6 @@ ip netns add "$ns"
 ip -n "$ns" link set lo up
 e2b=49983 api=49984
 mkdir -m 700 "$tmp/data"
-key="$("$bin" token create --tenant upstream --data-dir "$tmp/data" --json |
-    "$venv/bin/python" -c 'import json,sys; print(json.load(sys.stdin)["token"])')"
 nsenter --net="/run/netns/$ns" "$bin" serve --data-dir "$tmp/data" --socket "$tmp/sandlot.sock" \
     --id-prefix "e2bup$$-" --listen "127.0.0.1:$api" --e2b-listen "127.0.0.1:$e2b" \
     2>"$tmp/serve.log" &
@@ -55,6 +53,8 @@ for _ in $(seq 100); do
     nsenter --net="/run/netns/$ns" curl -s -o /dev/null "http://127.0.0.1:$e2b/health" && break
     sleep 0.2
 done
+key="$(SANDLOT_URL="unix://$tmp/sandlot.sock" SANDLOT_TOKEN= "$bin" token create --tenant upstream --json |
+    "$venv/bin/python" -c 'import json,sys; print(json.load(sys.stdin)["token"])')"
 cd "$sdk"
 nsenter --net="/run/netns/$ns" env E2B_API_URL="http://127.0.0.1:$e2b" E2B_SANDBOX_URL="http://127.0.0.1:$e2b" \
     E2B_API_KEY="$key" E2B_DOMAIN=sandlot.invalid \
