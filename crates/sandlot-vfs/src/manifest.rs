@@ -138,6 +138,47 @@ pub struct Tree {
 /// The root node id.
 pub const ROOT: NodeId = 0;
 
+/// The directory node at `prefix` (its last component `name`), made as a child of
+/// `parent` if there is none yet; `conflict` names the path in the error when
+/// `parent` turns out to be a file.
+fn dir_node<'a>(
+    nodes: &mut Vec<Node>,
+    dirs: &mut HashMap<&'a str, NodeId>,
+    parent: NodeId,
+    prefix: &'a str,
+    name: &str,
+    conflict: &str,
+) -> Result<NodeId, ManifestError> {
+    if let Some(&id) = dirs.get(prefix) {
+        return Ok(id);
+    }
+    let id = nodes.len() as NodeId;
+    nodes.push(Node {
+        name: name.into(),
+        parent,
+        kind: NodeKind::Dir {
+            children: Vec::new(),
+            mtime: 0,
+            subdirs: 0,
+        },
+    });
+    match &mut nodes[parent as usize].kind {
+        NodeKind::Dir {
+            children, subdirs, ..
+        } => {
+            children.push(id);
+            *subdirs += 1;
+        }
+        NodeKind::File { .. } => {
+            return Err(ManifestError::FileDirConflict {
+                path: conflict.to_string(),
+            })
+        }
+    }
+    dirs.insert(prefix, id);
+    Ok(id)
+}
+
 impl Tree {
     /// Build the tree of the documents and empty directories `principal` may
     /// read. Other directories exist only as prefixes of visible entries, so pruned
@@ -174,36 +215,8 @@ impl Tree {
             while let Some(off) = path[start..].find('/') {
                 let prefix = &path[..start + off];
                 let name = &path[start..start + off];
-                parent = match dirs.get(prefix) {
-                    Some(&id) => id,
-                    None => {
-                        let id = nodes.len() as NodeId;
-                        nodes.push(Node {
-                            name: name.into(),
-                            parent,
-                            kind: NodeKind::Dir {
-                                children: Vec::new(),
-                                mtime: 0,
-                                subdirs: 0,
-                            },
-                        });
-                        match &mut nodes[parent as usize].kind {
-                            NodeKind::Dir {
-                                children, subdirs, ..
-                            } => {
-                                children.push(id);
-                                *subdirs += 1;
-                            }
-                            NodeKind::File { .. } => {
-                                return Err(ManifestError::FileDirConflict {
-                                    path: path[..start - 1].to_string(),
-                                })
-                            }
-                        }
-                        dirs.insert(prefix, id);
-                        id
-                    }
-                };
+                let conflict = path.get(..start.saturating_sub(1)).unwrap_or("");
+                parent = dir_node(&mut nodes, &mut dirs, parent, prefix, name, conflict)?;
                 start += off + 1;
             }
             if dirs.contains_key(path) {
@@ -253,36 +266,7 @@ impl Tree {
                 let prefix = &path[..end];
                 let name = &path[start..end];
                 start = end + 1;
-                parent = match dirs.get(prefix) {
-                    Some(&id) => id,
-                    None => {
-                        let id = nodes.len() as NodeId;
-                        nodes.push(Node {
-                            name: name.into(),
-                            parent,
-                            kind: NodeKind::Dir {
-                                children: Vec::new(),
-                                mtime: 0,
-                                subdirs: 0,
-                            },
-                        });
-                        match &mut nodes[parent as usize].kind {
-                            NodeKind::Dir {
-                                children, subdirs, ..
-                            } => {
-                                children.push(id);
-                                *subdirs += 1;
-                            }
-                            NodeKind::File { .. } => {
-                                return Err(ManifestError::FileDirConflict {
-                                    path: prefix.to_string(),
-                                })
-                            }
-                        }
-                        dirs.insert(prefix, id);
-                        id
-                    }
-                };
+                parent = dir_node(&mut nodes, &mut dirs, parent, prefix, name, prefix)?;
             }
             if let NodeKind::Dir { mtime, .. } = &mut nodes[parent as usize].kind {
                 *mtime = (*mtime).max(d.mtime);
