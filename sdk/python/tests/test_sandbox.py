@@ -233,7 +233,9 @@ def test_wait_timeout_signal_and_kill(sb):  # type: ignore[no-untyped-def]
     assert p.poll() is None
     p.terminate()
     assert p.wait(timeout=10) == -15
-    q = sb.exec("sh", "-c", "trap '' TERM; sleep 60")
+    q = sb.exec("sh", "-c", "trap '' TERM; echo ready; sleep 60")
+    # Signalled once the trap is set (before it, SIGTERM ends the shell).
+    assert next(iter(q.stdout)) == "ready\n"
     q.signal("SIGTERM")
     with pytest.raises(sandlot.ProcessTimeoutError):
         q.wait(timeout=0.3)
