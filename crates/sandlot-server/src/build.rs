@@ -85,6 +85,9 @@ pub fn step_spec(image: &str, network: bool, cfg: &crate::config::ImagesSection)
 /// Directories a build context may nest: copy steps walk it recursively.
 const MAX_CONTEXT_DEPTH: usize = 128;
 
+/// Why a context entry does not unpack, as far as the tenant needs to know.
+const UNPACK_HINT: &str = "a file where a directory is needed, or a path through a link";
+
 /// Extracts a build context tar into `dir` (regular files, directories and
 /// symlinks; anything escaping `dir` is refused). What it expands to (a sparse
 /// entry at its full size) is bounded by `limit`: every copy step reads it.
@@ -139,12 +142,12 @@ pub fn extract_context(
             // names the daemon's staging path: the tenant is told the entry, the log
             // has the rest.
             e.unpack_in(dir).map_err(|err| {
-            tracing::info!(entry = %p.display(), "build context entry not unpacked: {err}");
-            ApiError::bad_request(format!(
-                "build context entry {} cannot be unpacked (a file where a directory is needed, or a path through a link)",
-                p.display()
-            ))
-        })?;
+                tracing::info!(entry = %p.display(), "build context entry not unpacked: {err}");
+                ApiError::bad_request(format!(
+                    "build context entry {} cannot be unpacked ({UNPACK_HINT})",
+                    p.display()
+                ))
+            })?;
             Ok(())
         },
     )
