@@ -466,6 +466,33 @@ impl Images {
         )
     }
 
+    /// Packs sandbox `id`'s writable layer at `dir`, read as `source` says and
+    /// bounded by its disk limit `disk`, with the sandbox frozen meanwhile; how long
+    /// it was frozen. Only the reading needs the freeze: storing and unpacking the
+    /// layer happen after the thaw.
+    pub(crate) fn pack_frozen(
+        &self,
+        id: &str,
+        cgroup: &sandlot_runtime::cgroup::Cgroup,
+        dir: &Path,
+        source: &sandlot_store::PackSource,
+        disk: u64,
+    ) -> Result<(sandlot_store::PackedLayer, Duration), ApiError> {
+        let limit = self.limit(Some(disk));
+        let what = format!("the writable layer of sandbox {id}");
+        let t0 = Instant::now();
+        cgroup
+            .freeze(true, Duration::from_secs(5))
+            .map_err(|e| ApiError::internal(format!("freeze sandbox {id}: {e}")))?;
+        let packed = self
+            .store
+            .pack_dir_from(dir, source, &mut Budget::new(Some(&limit), &what));
+        let thawed = cgroup.freeze(false, Duration::from_secs(5));
+        let took = t0.elapsed();
+        thawed.map_err(|e| ApiError::internal(format!("thaw sandbox {id}: {e}")))?;
+        Ok((packed.map_err(store_error)?, took))
+    }
+
     /// [`snapshot`](Self::snapshot) recording `c` (its config is replaced by the
     /// base image's; a build step records its step and its builder as owner).
     #[allow(clippy::too_many_arguments)]
@@ -503,25 +530,12 @@ impl Images {
                 .collect(),
             ..Default::default()
         };
-        let limit = self.limit(Some(disk));
-        let what = format!("the writable layer of sandbox {id}");
-        let t0 = Instant::now();
-        cgroup
-            .freeze(true, Duration::from_secs(5))
-            .map_err(|e| ApiError::internal(format!("freeze sandbox {id}: {e}")))?;
-        // Only reading the writable layer needs the sandbox frozen; storing and
-        // unpacking the layer happen after the thaw.
-        let packed =
-            self.store
-                .pack_dir_from(&upper, &source, &mut Budget::new(Some(&limit), &what));
-        let thawed = cgroup.freeze(false, Duration::from_secs(5));
-        let took = t0.elapsed();
-        thawed.map_err(|e| ApiError::internal(format!("thaw sandbox {id}: {e}")))?;
+        let (packed, took) = self.pack_frozen(id, cgroup, &upper, &source, disk)?;
         let img = self
             .store
             .commit_packed(
                 &base,
-                packed.map_err(store_error)?,
+                packed,
                 &Commit {
                     config: &base.config,
                     ..c

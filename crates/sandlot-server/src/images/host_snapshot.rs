@@ -13,11 +13,9 @@ use std::collections::BTreeSet;
 use std::fs;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use sandlot_store::{
-    Budget, Commit, IdMap, ImageConfig, ImageInfo, ImageName, PackSource, ScopedTag,
-};
+use sandlot_store::{Commit, IdMap, ImageConfig, ImageInfo, ImageName, PackSource, ScopedTag};
 
 use super::{store_error, Images};
 use crate::error::ApiError;
@@ -87,20 +85,8 @@ impl Images {
             ids: Some(ids),
             ..Default::default()
         };
-        let limit = self.limit(Some(disk));
-        let what = format!("the writable layer of sandbox {id}");
-        let t0 = Instant::now();
-        cgroup
-            .freeze(true, Duration::from_secs(5))
-            .map_err(|e| ApiError::internal(format!("freeze sandbox {id}: {e}")))?;
-        let packed = self.store.pack_dir_from(
-            &proc_path.join("root"),
-            &source,
-            &mut Budget::new(Some(&limit), &what),
-        );
-        let thawed = cgroup.freeze(false, Duration::from_secs(5));
-        let took = t0.elapsed();
-        thawed.map_err(|e| ApiError::internal(format!("thaw sandbox {id}: {e}")))?;
+        let (packed, took) =
+            self.pack_frozen(id, cgroup, &proc_path.join("root"), &source, disk)?;
         let config = ImageConfig {
             host_base: true,
             ..Default::default()
@@ -108,7 +94,7 @@ impl Images {
         let img = self
             .store
             .commit_packed_root(
-                packed.map_err(store_error)?,
+                packed,
                 &Commit {
                     config: &config,
                     comment: &format!("snapshot of sandbox {id} (on the host image)"),
