@@ -146,8 +146,13 @@ impl RuntimeSection {
 
     /// The largest `resources.cpus` a spec may ask for (`max_cpus`).
     pub fn effective_max_cpus(&self) -> f64 {
-        self.max_cpus
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()) as f64)
+        // Asked on every create that names its CPUs: the host's count is read once
+        // (`available_parallelism` reads cgroup files each time).
+        static HOST_CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+        self.max_cpus.unwrap_or_else(|| {
+            *HOST_CPUS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+                as f64
+        })
     }
 
     /// The effective limit of concurrent cold creates.
