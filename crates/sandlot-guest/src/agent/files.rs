@@ -145,6 +145,12 @@ fn check_path(op: &str, p: &str) -> Result<(), ErrorBody> {
 /// The stat record of `path`, whose metadata is `m`; a symlink's target is read
 /// through `link`, a path that reaches the same entry (see [`own_proc::PinnedDir`]).
 pub(crate) fn stat_of(path: &Path, m: &std::fs::Metadata, link: &Path) -> FileStat {
+    stat_through(path, m, link, false)
+}
+
+/// [`stat_of`], the attributes read through `link` following it (`follow`: a
+/// `/proc/self/fd` path of the opened file) or not.
+fn stat_through(path: &Path, m: &std::fs::Metadata, link: &Path, follow: bool) -> FileStat {
     let ft = m.file_type();
     let kind = if ft.is_symlink() {
         FileKind::Symlink
@@ -175,25 +181,20 @@ pub(crate) fn stat_of(path: &Path, m: &std::fs::Metadata, link: &Path) -> FileSt
         xattrs: if ft.is_symlink() {
             Default::default()
         } else {
-            user_xattrs(link, false)
+            user_xattrs(link, follow)
         },
     }
 }
 
-/// The stat record of `path`, already opened as `f` (following links): its
-/// attributes are read through the descriptor, never through `path` again (a link
-/// swapped in meanwhile could lead the lookup elsewhere).
-pub(crate) fn stat_of_opened(path: &Path, f: &File) -> io::Result<FileStat> {
-    let m = f.metadata()?;
+/// The stat record of `path`, already opened as `f` (following links; `m` its
+/// metadata): its attributes are read through the descriptor, never through `path`
+/// again (a link swapped in meanwhile could lead the lookup elsewhere).
+pub(crate) fn stat_of_opened(path: &Path, f: &File, m: &std::fs::Metadata) -> FileStat {
     let via = PathBuf::from(format!(
         "/proc/self/fd/{}",
         std::os::fd::AsRawFd::as_raw_fd(f)
     ));
-    let mut st = stat_of(path, &m, &via);
-    if !m.file_type().is_symlink() {
-        st.xattrs = user_xattrs(&via, true);
-    }
-    Ok(st)
+    stat_through(path, m, &via, true)
 }
 
 /// The `user.` extended attributes of the entry at `link` (not following a final
@@ -369,7 +370,7 @@ impl Agent {
             .run(&user, || {
                 if r.follow {
                     let f = File::from(own_proc::open(p, OFlag::O_PATH, true)?);
-                    return stat_of_opened(p, &f);
+                    return Ok(stat_of_opened(p, &f, &f.metadata()?));
                 }
                 // The entry itself, in its checked parent directory.
                 let (dir, name) = PinnedDir::parent_of(p)?;
@@ -486,7 +487,7 @@ impl Agent {
                 if r.offset > 0 {
                     f.seek(SeekFrom::Start(r.offset))?;
                 }
-                let st = stat_of_opened(p, &f)?;
+                let st = stat_of_opened(p, &f, &m);
                 Ok((f, st))
             })
             .map_err(|e| fail("read_file", &r.path, e))?;
