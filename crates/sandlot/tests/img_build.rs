@@ -707,3 +707,43 @@ fn a_tenants_builds_are_capped_and_their_context_bounded() {
     ));
     d.shutdown();
 }
+
+/// A tenant's build context is read by the daemon as root: a tar whose first entry
+/// is a GNU long name of gigabytes made the tar reader hold all of it in the
+/// daemon's memory. What it holds between entries is bounded: the context is
+/// refused naming the bound as soon as that much is read, and the daemon answers on.
+#[test]
+fn a_build_context_with_a_huge_long_name_is_refused_at_the_bound() {
+    let mut d = Daemon::start(None);
+    let token = d.token("acme");
+    // A GNU long-name header announcing 4 GiB, then 4 MiB of it (all the old reader
+    // needed to show it buffers: it read on to the end and failed there).
+    let mut h = tar::Header::new_gnu();
+    h.as_gnu_mut().unwrap().name[..13].copy_from_slice(b"././@LongLink");
+    h.set_entry_type(tar::EntryType::GNULongName);
+    h.set_size(4 << 30);
+    h.set_mode(0o644);
+    h.set_cksum();
+    let mut body = h.as_bytes().to_vec();
+    body.resize(512 + (4 << 20), b'a');
+    let ctx = d.dir.join("bomb.tar");
+    std::fs::write(&ctx, &body).unwrap();
+    let out = std::process::Command::new("curl")
+        .args(["-s", "-X", "POST", "--data-binary"])
+        .arg(format!("@{}", ctx.display()))
+        .args(["-H", &format!("Authorization: Bearer {token}")])
+        .args(["-H", "Content-Type: application/x-tar"])
+        .arg(format!("http://127.0.0.1:{}/v1/images/build", d.port))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("larger than 1024 KiB"), "{text}");
+    assert!(!text.contains(&d.dir.display().to_string()), "{text}");
+    // The daemon is still there for the next request.
+    let c = d.client();
+    let l = rt()
+        .block_on(c.call_json("GET", "/v1/sandboxes", None))
+        .unwrap();
+    assert!(l["sandboxes"].is_array());
+    d.shutdown();
+}
