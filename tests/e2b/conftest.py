@@ -56,7 +56,8 @@ class Server:
 
     def token(self, tenant: str) -> str:
         out = subprocess.run(
-            [sandlot_bin(), "token", "create", "--tenant", tenant, "--data-dir", str(self.data_dir), "--json"],
+            [sandlot_bin(), "token", "create", "--tenant", tenant, "--json"],
+            env={**os.environ, "SANDLOT_URL": f"unix://{self.socket}", "SANDLOT_TOKEN": ""},
             check=True,
             capture_output=True,
             text=True,
@@ -80,6 +81,7 @@ class Server:
         config = self.tmp / "sandlot.toml"
         config.write_text(
             "[tenants.e2b-q]\nmax_sandboxes = 1\n"
+            "[e2b]\ndomain = \"sandlot.test\"\n"
             "[e2b.templates.rooty]\nimage = \"host\"\nuser = \"root\"\nenv = { FROM_TEMPLATE = \"yes\" }\n"
             # The same tests on either backend: $SANDLOT_TEST_ISOLATION is
             # namespace (the default) or gvisor.
@@ -135,10 +137,10 @@ def server():
     tmp = Path(tempfile.mkdtemp(prefix="sandlot-e2b-test-"))
     srv = Server(tmp)
     srv.data_dir.mkdir(mode=0o700)
+    srv.start()
     srv.key = srv.token("e2b-a")
     srv.key_b = srv.token("e2b-b")
     srv.key_q = srv.token("e2b-q")
-    srv.start()
     os.environ["E2B_API_URL"] = srv.url
     os.environ["E2B_SANDBOX_URL"] = srv.url
     os.environ["E2B_API_KEY"] = srv.key

@@ -114,6 +114,16 @@ def test_killed_sandbox_is_not_running(server):
         sb.files.read("/etc/hostname")
 
 
+def test_a_command_of_a_killed_sandbox_ends_saying_so(server):
+    from e2b import Sandbox, SandboxNotRunningException
+
+    sb = Sandbox.create(timeout=30)
+    cmd = sb.commands.run("sleep 60", background=True)
+    sb.kill()
+    with pytest.raises(SandboxNotRunningException, match="killed or reached its end of life"):
+        cmd.wait()
+
+
 def test_bad_cwd_and_unknown_user_are_errors_not_hangs(sbx):
     from e2b import InvalidArgumentException
 

@@ -14,8 +14,8 @@ def test_restart_keeps_sandboxes_tokens_and_processes(server):
     tmp = Path(tempfile.mkdtemp(prefix="sandlot-e2b-restart-"))
     srv = Server(tmp)
     srv.data_dir.mkdir(mode=0o700)
-    key = srv.token("e2b-r")
     srv.start()
+    key = srv.token("e2b-r")
     opts = {"api_key": key, "api_url": srv.url, "sandbox_url": srv.url}
     try:
         sb = Sandbox.create(timeout=60, **opts)

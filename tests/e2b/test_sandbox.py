@@ -1,6 +1,7 @@
 """Sandbox lifecycle through E2B's REST API, and that it is Sandlot's sandbox."""
 
 import datetime
+import time
 
 import httpx
 import pytest
@@ -93,6 +94,60 @@ def test_metrics(server, sbx):
     assert 0 <= m[0].cpu_used_pct <= 100
 
 
+def test_metrics_over_a_time_range(server, sbx):
+    now = datetime.datetime.now(datetime.timezone.utc)
+    assert len(sbx.get_metrics(start=now - datetime.timedelta(seconds=30), end=now)) == 1
+    past = now - datetime.timedelta(hours=1)
+    assert sbx.get_metrics(start=past, end=past + datetime.timedelta(minutes=1)) == []
+
+
+def test_list_pages_and_started_after(server):
+    tag = {"suite": "pages"}
+    a = Sandbox.create(metadata=tag, timeout=60)
+    b = Sandbox.create(metadata=tag, timeout=60)
+    try:
+        pages = Sandbox.list(query=SandboxQuery(metadata=tag), limit=1)
+        first = pages.next_items()
+        assert [s.sandbox_id for s in first] == [b.sandbox_id] and pages.has_next
+        second = pages.next_items()
+        assert [s.sandbox_id for s in second] == [a.sandbox_id] and not pages.has_next
+        started = b.get_info().started_at
+        later = Sandbox.list(query=SandboxQuery(metadata=tag, started_after=started)).next_items()
+        assert b.sandbox_id in {s.sandbox_id for s in later}
+        after = started + datetime.timedelta(seconds=1)
+        assert Sandbox.list(query=SandboxQuery(metadata=tag, started_after=after)).next_items() == []
+        r = httpx.get(server.url + "/v2/sandboxes?nextToken=nope", headers={"X-API-Key": server.key})
+        assert r.status_code == 400 and "nextToken" in r.json()["message"]
+    finally:
+        a.kill()
+        b.kill()
+
+
+def test_get_host_routes_to_a_sandbox_port_with_its_traffic_token(server, sbx):
+    sbx.commands.run("mkdir -p /tmp/www && echo served > /tmp/www/index.html")
+    sbx.commands.run("cd /tmp/www && python3 -m http.server 8000 --bind 127.0.0.1", background=True)
+    host = sbx.get_host(8000)
+    assert host == f"8000-{sbx.sandbox_id}.sandlot.test"
+    token = sbx.traffic_access_token
+    assert token
+    url = server.url + "/index.html"
+    deadline = time.monotonic() + 10
+    while True:
+        r = httpx.get(url, headers={"Host": host, "e2b-traffic-access-token": token})
+        if r.status_code == 200 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert r.status_code == 200 and r.text == "served\n", r.text
+    # The tenant's API key works too; nothing, a wrong token or another tenant's key does not.
+    assert httpx.get(url, headers={"Host": host, "X-API-Key": server.key}).text == "served\n"
+    assert httpx.get(url, headers={"Host": host}).status_code == 401
+    assert httpx.get(url, headers={"Host": host, "e2b-traffic-access-token": "0" * 64}).status_code == 401
+    assert httpx.get(url, headers={"Host": host, "X-API-Key": server.key_b}).status_code == 502
+    # Port 49983 by host name is envd: the SDK needs no E2B_SANDBOX_URL.
+    h = {"Host": f"49983-{sbx.sandbox_id}.sandlot.test", "X-Access-Token": sbx._envd_access_token}
+    assert httpx.get(server.url + "/health", headers=h).status_code == 204
+
+
 def test_bad_api_key_is_an_authentication_error(server):
     with pytest.raises(AuthenticationException):
         Sandbox.create(api_key="sl_" + "0" * 48)
@@ -131,8 +186,8 @@ def test_unsupported_calls_fail_with_typed_errors_not_hangs(server, sbx):
         sbx.create_snapshot()
     with pytest.raises(SandboxException, match="not found"):
         Sandbox.create(template="no-such-template")
-    with pytest.raises(SandboxException, match="no network"):
-        Sandbox.create(allow_internet_access=True)
+    with pytest.raises(SandboxException, match="network.denyOut"):
+        Sandbox.create(network={"deny_out": ["192.0.2.1"]})
     with pytest.raises(SandboxException, match="not supported"):
         Sandbox.create(lifecycle={"on_timeout": "pause", "auto_resume": True})
     assert sbx.is_running()

@@ -432,14 +432,16 @@ fn bench_search(model: Arc<dyn Embedder>) {
                 same_top10 += usize::from(paths(&hits) == paths(&exact));
                 same_vec50 += usize::from(paths(&vhits) == paths(&exact_v));
                 same_prev += usize::from(paths(&hits) == paths(&old));
-                // Everything a hit reports but the similarity (path, line, snippet, ranks, fused
-                // score); the similarity differs by the 16-bit query weights only.
+                // Everything a hit reports but the similarity and the fused score (path, line,
+                // snippet, ranks); both differ by the 16-bit query weights only, the fused score
+                // being the similarity plus the lexical bonus.
                 let full = |h: &[sandlot_memory::SearchHit]| {
                     h.iter()
                         .map(|h| {
                             let s = h.similarity.unwrap_or(0.0);
                             let mut h = h.clone();
                             h.similarity = None;
+                            h.score = 0.0;
                             (serde_json::to_string(&h).unwrap(), s)
                         })
                         .collect::<Vec<_>>()
@@ -459,7 +461,7 @@ fn bench_search(model: Arc<dyn Embedder>) {
     );
     println!("| mode | n | p50 | p95 | max | mean CPU (all threads) |\n|---|---|---|---|---|---|");
     let (h50, hc) = hybrid.row(
-        "hybrid (query embedding ‖ BM25 + matched terms in Rust; int8 AVX2 scan on the embedding thread + exact rerank, RRF)",
+        "hybrid (query embedding ‖ BM25 + matched terms in Rust; int8 AVX2 scan on the embedding thread + exact rerank, fusion)",
     );
     let (t50, tc) = per_term_hybrid.row(
         "peer: per-term FTS path, hybrid (one FTS query per query term; f32 query embedding on both cores from the start)",
@@ -487,7 +489,7 @@ fn bench_search(model: Arc<dyn Embedder>) {
     );
     println!(
         "hybrid p50 {:.2}x the per-term FTS peer's {t50:.1} ms (CPU {:.2}x, {hc:.1} against {tc:.1} ms); \
-         hits identical to it (paths, lines, snippets, ranks, fused scores): {same_per_term}/{compared} queries, \
+         hits identical to it (paths, lines, snippets, ranks): {same_per_term}/{compared} queries, \
          largest difference of a hit's cosine similarity {sim_diff:.1e}",
         h50 / t50,
         hc / tc,

@@ -13,6 +13,8 @@ use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::chunk::Chunk;
 
+mod terms;
+
 /// Errors from the index database.
 #[derive(Debug, thiserror::Error)]
 pub enum IndexError {
@@ -485,6 +487,13 @@ impl Index {
         )
         .map_err(open_err)?;
         conn.execute_batch(SCHEMA).map_err(open_err)?;
+        // How many chunks hold each term (hybrid search weighs query terms by it); a view of
+        // the full-text index of this connection only, never written.
+        conn.execute_batch(
+            "CREATE VIRTUAL TABLE IF NOT EXISTS temp.chunks_fts_vocab
+             USING fts5vocab(main, chunks_fts, row);",
+        )
+        .map_err(open_err)?;
         let found: Option<String> = conn
             .query_row("SELECT value FROM meta WHERE key = 'schema'", [], |r| {
                 r.get(0)
@@ -979,139 +988,27 @@ impl Index {
         }
     }
 
-    /// For each of `candidates`, how many of `terms` (single FTS5 terms, tokenised and stemmed
-    /// like the index) it contains: the FTS answer, computed from the candidates' indexed text
-    /// (title, body, tags) with the index's tokenizer re-done in Rust, in one query. Terms that
-    /// are not one token, and chunks whose text that tokenizer cannot vouch for (see
-    /// [`crate::fts_tokens`]), are asked of FTS itself ([`Index::matched_terms_fts`]).
-    pub fn matched_terms(
-        &self,
-        terms: &[String],
-        candidates: &[i64],
-    ) -> Result<HashMap<i64, usize>, IndexError> {
-        let mut counts: HashMap<i64, usize> = candidates.iter().map(|&id| (id, 0)).collect();
-        if candidates.is_empty() || terms.is_empty() {
-            return Ok(counts);
+    /// Cosine similarity of unit vector `q` to each of the chunks `ids` that has a vector.
+    pub fn similarities(
+        &mut self,
+        q: &[f32],
+        ids: &[i64],
+    ) -> Result<HashMap<i64, f32>, IndexError> {
+        self.ensure_cache()?;
+        let c = read(&self.cache);
+        if q.len() != c.dim {
+            return Ok(HashMap::new());
         }
-        // Each term as the index stores it; a term that is not one covered token goes to FTS.
-        let mut stems: Vec<Vec<u8>> = Vec::new();
-        let mut fts_terms: Vec<String> = Vec::new();
-        for t in terms {
-            match crate::fts_tokens::tokens(t) {
-                // Two terms with one stem ("state", "states") each count, as in FTS.
-                Ok(mut tok) if tok.len() == 1 => stems.push(tok.pop().unwrap_or_default()),
-                _ => fts_terms.push(t.clone()),
-            }
-        }
-        let mut fts_ids: Vec<i64> = Vec::new();
-        let op = || format!("read the text of {} chunks", candidates.len());
-        for part in candidates.chunks(500) {
-            let list = part
-                .iter()
-                .map(|i| i.to_string())
-                .collect::<Vec<_>>()
-                .join(",");
-            let mut st = self
-                .conn
-                .prepare(&format!(
-                    "SELECT c.id, c.text, f.title, f.tags FROM chunks c JOIN files f ON f.path = c.path
-                     WHERE c.id IN ({list})"
+        Ok(ids
+            .iter()
+            .filter_map(|id| {
+                let p = *c.pos.get(id)?;
+                Some((
+                    *id,
+                    crate::embed::dot(q, &c.data[p * c.dim..(p + 1) * c.dim]),
                 ))
-                .map_err(sql(op()))?;
-            let mut rows = st.query([]).map_err(sql(op()))?;
-            let mut seen: HashSet<i64> = HashSet::with_capacity(part.len());
-            while let Some(r) = rows.next().map_err(sql(op()))? {
-                let id: i64 = r.get(0).map_err(sql(op()))?;
-                seen.insert(id);
-                let text = r
-                    .get_ref(1)
-                    .and_then(|v| Ok(v.as_str()?))
-                    .map_err(sql(op()))?;
-                let title = r
-                    .get_ref(2)
-                    .and_then(|v| Ok(v.as_str()?))
-                    .map_err(sql(op()))?;
-                let tags = r
-                    .get_ref(3)
-                    .and_then(|v| Ok(v.as_str()?))
-                    .map_err(sql(op()))?;
-                let tags: Vec<String> = serde_json::from_str(tags).unwrap_or_default();
-                // Which of the terms occur.
-                let mut found = vec![false; stems.len()];
-                let mut mark = |tok: &[u8]| {
-                    for (f, s) in found.iter_mut().zip(&stems) {
-                        if s.as_slice() == tok {
-                            *f = true;
-                        }
-                    }
-                };
-                let covered = crate::fts_tokens::for_each_token(title, &mut mark)
-                    .and_then(|()| crate::fts_tokens::for_each_token(text, &mut mark))
-                    .and_then(|()| crate::fts_tokens::for_each_token(&tags.join(" "), &mut mark));
-                if covered.is_err() {
-                    fts_ids.push(id);
-                    continue;
-                }
-                if let Some(c) = counts.get_mut(&id) {
-                    *c += found.iter().filter(|f| **f).count();
-                }
-            }
-            // Candidates without a chunk row: FTS decides (it has no row for them either).
-            fts_ids.extend(part.iter().filter(|id| !seen.contains(id)));
-        }
-        // Terms the Rust tokenizer does not cover, for every candidate; all terms for the
-        // candidates whose text it does not cover.
-        let fts_set: HashSet<i64> = fts_ids.iter().copied().collect();
-        let covered: Vec<i64> = candidates
-            .iter()
-            .copied()
-            .filter(|id| !fts_set.contains(id))
-            .collect();
-        for (ts, ids) in [(fts_terms.as_slice(), &covered), (terms, &fts_ids)] {
-            if ts.is_empty() || ids.is_empty() {
-                continue;
-            }
-            for (id, n) in self.matched_terms_fts(ts, ids)? {
-                if let Some(c) = counts.get_mut(&id) {
-                    *c += n;
-                }
-            }
-        }
-        Ok(counts)
-    }
-
-    /// [`Index::matched_terms`] by one FTS query per term (the reference, and the fallback for
-    /// text the Rust tokenizer does not cover).
-    pub fn matched_terms_fts(
-        &self,
-        terms: &[String],
-        candidates: &[i64],
-    ) -> Result<HashMap<i64, usize>, IndexError> {
-        let mut counts: HashMap<i64, usize> = candidates.iter().map(|&id| (id, 0)).collect();
-        if candidates.is_empty() {
-            return Ok(counts);
-        }
-        let ids = candidates
-            .iter()
-            .map(|i| i.to_string())
-            .collect::<Vec<_>>()
-            .join(",");
-        let q =
-            format!("SELECT rowid FROM chunks_fts WHERE chunks_fts MATCH ?1 AND rowid IN ({ids})");
-        let mut st = self.conn.prepare(&q).map_err(sql("count matched terms"))?;
-        for t in terms {
-            let quoted = format!("\"{}\"", t.replace('"', "\"\""));
-            let rows = st
-                .query_map([quoted], |r| r.get::<_, i64>(0))
-                .map_err(sql(format!("count matches of {t:?}")))?;
-            for id in rows {
-                let id = id.map_err(sql(format!("count matches of {t:?}")))?;
-                if let Some(c) = counts.get_mut(&id) {
-                    *c += 1;
-                }
-            }
-        }
-        Ok(counts)
+            })
+            .collect())
     }
 
     pub fn chunk(&self, id: i64) -> Result<Option<ChunkRow>, IndexError> {
@@ -1320,111 +1217,5 @@ mod scan_tests {
         assert_eq!(q, [127, -64, 0, 32]);
         assert!((s - 0.5 / 127.0).abs() < 1e-9);
         assert_eq!(quantize(&[0.0; 4], &mut q), 0.0);
-    }
-}
-
-#[cfg(test)]
-mod matched_terms_tests {
-    use super::*;
-
-    struct TempIndex(PathBuf);
-    impl Drop for TempIndex {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-
-    fn file(path: &str, title: &str, tags: &[&str]) -> FileRow {
-        FileRow {
-            path: path.into(),
-            hash: format!("h-{path}"),
-            size: 1,
-            mtime_ns: 0,
-            mem_id: path.into(),
-            title: title.into(),
-            kind: None,
-            folder: String::new(),
-            tags: tags.iter().map(|t| t.to_string()).collect(),
-            relations: Vec::new(),
-            valid_from: None,
-            valid_to: None,
-            error: None,
-        }
-    }
-
-    #[test]
-    fn matched_terms_equal_the_fts_answer() {
-        let dir = TempIndex(std::env::temp_dir().join(format!(
-            "sandlot-memory-matched-terms-{}",
-            std::process::id()
-        )));
-        std::fs::create_dir_all(&dir.0).unwrap();
-        let mut idx = Index::open(&dir.0.join("index.sqlite"), "test-model", 4).unwrap();
-        let files = [
-            // Stemming: "running"/"runs"/"run", "philosophies"/"philosophy".
-            (
-                "a.md",
-                "Running notes",
-                &["ops"][..],
-                "She runs the philosophies club.\nCafé owners.",
-            ),
-            // Case and diacritics: "CAFÉ", "Naïve", "résumé".
-            (
-                "b.md",
-                "CAFÉ",
-                &[][..],
-                "A naïve RÉSUMÉ of the state of things",
-            ),
-            // Terms only in the title or the tags.
-            (
-                "c.md",
-                "Philosophy of the state",
-                &["run", "naive"][..],
-                "nothing else here",
-            ),
-            // Beyond Latin-1: Greek capitals, a combining accent.
-            (
-                "d.md",
-                "Ωmega",
-                &[][..],
-                "the state runs on Ωmega; cafe\u{301} naive",
-            ),
-            (
-                "e.md",
-                "plain",
-                &["café"][..],
-                "unrelated words only; states, stating",
-            ),
-        ];
-        let mut ids = Vec::new();
-        for (path, title, tags, body) in files {
-            let chunks = crate::chunk::chunk_body(body, 1, None);
-            idx.put_file(&file(path, title, tags), &chunks, &HashMap::new())
-                .unwrap();
-            ids.extend(idx.chunks_of(path).unwrap().iter().map(|c| c.id));
-        }
-        ids.push(999_999); // no such chunk
-        let term_sets: &[&[&str]] = &[
-            &["run", "philosophy", "cafe", "state"],
-            &["running", "café", "naïve", "résumé"],
-            &["CAFE", "Naive", "states", "ops"],
-            &["ωmega", "cafe", "runs"],
-            &["zzz", "the", "of"],
-            &["state", "states", "stating"],
-        ];
-        let mut nonzero = 0;
-        for terms in term_sets {
-            let terms: Vec<String> = terms.iter().map(|t| t.to_string()).collect();
-            let got = idx.matched_terms(&terms, &ids).unwrap();
-            let want = idx.matched_terms_fts(&terms, &ids).unwrap();
-            assert_eq!(got, want, "terms {terms:?}");
-            nonzero += want.values().filter(|n| **n > 0).count();
-        }
-        assert!(nonzero > 10, "the cases match something: {nonzero}");
-        // Spot checks of what FTS treats as equal.
-        let got = idx
-            .matched_terms(&["running".into(), "café".into()], &ids[..2])
-            .unwrap();
-        assert_eq!(got[&ids[0]], 2, "runs ~ running, Café ~ café");
     }
 }

@@ -12,6 +12,7 @@ pub mod chunk;
 pub mod doc;
 pub mod embed;
 mod fts_tokens;
+pub mod fusion;
 mod git;
 pub mod index;
 mod kernels;

@@ -1,5 +1,6 @@
-//! Hybrid search over a store: BM25 (SQLite FTS5) and exact vector neighbours fused with
-//! reciprocal rank fusion per memory, metadata and validity filters, link expansion.
+//! Hybrid search over a store: BM25 (SQLite FTS5) and exact vector neighbours, each memory
+//! scored by both retrievers' evidence (see [`crate::fusion`]), metadata and validity filters,
+//! link expansion.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -27,7 +28,8 @@ pub enum Validity {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SearchMode {
-    /// BM25 and vectors fused with reciprocal rank fusion.
+    /// BM25 and vectors: cosine similarity plus a bonus for the share of the query's terms a
+    /// memory contains (see [`crate::fusion`]).
     #[default]
     Hybrid,
     Bm25,
@@ -95,7 +97,9 @@ pub struct SearchHit {
     pub line: usize,
     /// Lines of the matching chunk.
     pub chunk_lines: (usize, usize),
-    /// Fused score (higher is better).
+    /// Ranking score, higher is better: in hybrid mode the cosine similarity plus the lexical
+    /// bonus ([`crate::fusion::hybrid_score`]), in vector mode the cosine similarity, in BM25
+    /// mode FTS5's bm25 negated.
     pub score: f64,
     pub snippet: String,
     /// Rank (1-based) of this memory in the BM25 list, if present there.
@@ -123,14 +127,6 @@ pub enum TextSide {
 
 /// Vector hits: (chunk id, cosine), best first.
 type Neighbours = Vec<(i64, f32)>;
-
-/// Reciprocal rank fusion constant.
-pub const RRF_K: f64 = 60.0;
-/// Distinct query terms a chunk must contain to count as a lexical match in hybrid search:
-/// 30% of them rounded up, at least one (1 of 3, 2 of 4, 3 of 8, 4 of 11).
-pub fn min_should_match(terms: usize) -> usize {
-    (terms * 3).div_ceil(10).max(1)
-}
 
 /// Query words for FTS5: alphanumeric tokens, stop words dropped, OR-ed, each quoted.
 pub(crate) fn fts_query(text: &str) -> String {
@@ -223,27 +219,32 @@ impl Store {
                     // A send fails only if the embedding thread has ended (with an error).
                     let _ = to_vector.send((idx.vector_searcher()?, admitted.clone()));
                 }
-                let mut text_hits = if q.mode != SearchMode::Vector {
+                let text_hits = if q.mode != SearchMode::Vector {
                     idx.text_search(&fq, k, &filter, &admitted)?
                 } else {
                     Vec::new()
                 };
-                if q.mode == SearchMode::Hybrid {
-                    // Minimum-should-match for the lexical list: a chunk sharing one word with
-                    // a long natural-language query is not a keyword match, and in rank fusion
-                    // such noise would crowd out the semantic matches.
-                    let need = min_should_match(terms.len());
-                    if need > 1 {
-                        let ids: Vec<i64> = text_hits.iter().map(|(id, _)| *id).collect();
-                        let counts = if per_term_fts {
-                            idx.matched_terms_fts(&terms, &ids)?
-                        } else {
-                            idx.matched_terms(&terms, &ids)?
-                        };
-                        text_hits.retain(|(id, _)| counts.get(id).copied().unwrap_or(0) >= need);
-                    }
+                // Hybrid search weighs a lexical match by the share of the query's information
+                // it holds: which terms each candidate contains, and how rare each term is.
+                let mut coverage: HashMap<i64, f64> = HashMap::new();
+                if q.mode == SearchMode::Hybrid && !text_hits.is_empty() {
+                    let ids: Vec<i64> = text_hits.iter().map(|(id, _)| *id).collect();
+                    let matched = if per_term_fts {
+                        idx.matched_terms_fts(&terms, &ids)?
+                    } else {
+                        idx.matched_terms(&terms, &ids)?
+                    };
+                    let (chunks, docs) = idx.term_frequencies(&terms)?;
+                    let idf: Vec<f64> = docs
+                        .iter()
+                        .map(|&d| crate::fusion::idf(d, chunks))
+                        .collect();
+                    coverage = matched
+                        .into_iter()
+                        .map(|(id, present)| (id, crate::fusion::coverage(&idf, &present)))
+                        .collect();
                 }
-                Ok((idx, text_hits, admitted))
+                Ok((idx, text_hits, coverage, admitted))
             })();
             drop(to_vector);
             // This thread's work is done: the embedder may use the second core now.
@@ -254,17 +255,20 @@ impl Store {
             });
             (embedded, lexical)
         });
-        let (mut idx, text_hits, admitted) = lexical?;
-        let vec_hits = match embedded {
-            None => Vec::new(),
+        let (mut idx, text_hits, coverage, admitted) = lexical?;
+        let (query_vector, vec_hits) = match embedded {
+            None => (Vec::new(), Vec::new()),
             Some(r) => match r?? {
-                (_, Some(hits)) => hits,
-                (v, None) => idx.vector_search(&v, k, &admitted)?,
+                (v, Some(hits)) => (v, hits),
+                (v, None) => {
+                    let hits = idx.vector_search(&v, k, &admitted)?;
+                    (v, hits)
+                }
             },
         };
-        // Reciprocal rank fusion over memories: each retriever ranks files by their best chunk,
-        // so a memory found by both lists gains from both even when different chunks matched.
-        // Both candidate lists' chunks in one query.
+        // Each retriever ranks memories by their best chunk, so a memory found by both lists
+        // gains from both even when different chunks matched. Both candidate lists' chunks in
+        // one query.
         let mut ids: Vec<i64> = text_hits
             .iter()
             .map(|(id, _)| *id)
@@ -286,29 +290,55 @@ impl Store {
         };
         let text_files = per_file(&mut text_hits.iter().map(|(id, _)| (*id, None)));
         let vec_files = per_file(&mut vec_hits.iter().map(|(id, s)| (*id, Some(*s))));
+        let bm25_of: HashMap<i64, f64> = text_hits.iter().copied().collect();
         #[derive(Default)]
         struct Fused {
             score: f64,
             bm25_rank: Option<usize>,
             vector_rank: Option<usize>,
             similarity: Option<f32>,
+            /// Coverage of the query by the memory's best BM25 chunk (hybrid mode).
+            coverage: f64,
             chunk: i64,
         }
         let mut fused: HashMap<String, Fused> = HashMap::new();
         for (r, (path, id, _)) in text_files.into_iter().enumerate() {
             let e = fused.entry(path).or_default();
-            e.score += 1.0 / (RRF_K + (r + 1) as f64);
             e.bm25_rank = Some(r + 1);
+            e.coverage = coverage.get(&id).copied().unwrap_or(0.0);
+            e.score = -bm25_of.get(&id).copied().unwrap_or(0.0);
             e.chunk = id;
         }
         for (r, (path, id, sim)) in vec_files.into_iter().enumerate() {
             let e = fused.entry(path).or_default();
-            e.score += 1.0 / (RRF_K + (r + 1) as f64);
             e.vector_rank = Some(r + 1);
             e.similarity = sim;
             // The snippet comes from whichever retriever ranked the memory higher.
             if e.bm25_rank.is_none_or(|b| r + 1 < b) {
                 e.chunk = id;
+            }
+        }
+        match q.mode {
+            SearchMode::Bm25 => {}
+            SearchMode::Vector => {
+                for e in fused.values_mut() {
+                    e.score = e.similarity.map_or(f64::NEG_INFINITY, f64::from);
+                }
+            }
+            SearchMode::Hybrid => {
+                // A memory only the lexical list has is scored by its BM25 chunk's similarity.
+                let missing: Vec<i64> = fused
+                    .values()
+                    .filter(|e| e.similarity.is_none())
+                    .map(|e| e.chunk)
+                    .collect();
+                let sims = idx.similarities(&query_vector, &missing)?;
+                for e in fused.values_mut() {
+                    if e.similarity.is_none() {
+                        e.similarity = sims.get(&e.chunk).copied();
+                    }
+                    e.score = crate::fusion::hybrid_score(e.similarity.unwrap_or(0.0), e.coverage);
+                }
             }
         }
         let mut ranked: Vec<(String, Fused)> = fused.into_iter().collect();
@@ -421,20 +451,181 @@ mod tests {
     }
 
     #[test]
-    fn min_should_match_grows_with_query_length() {
-        let got: Vec<usize> = [0, 1, 2, 3, 4, 8, 11]
-            .iter()
-            .map(|&n| min_should_match(n))
-            .collect();
-        assert_eq!(got, vec![1, 1, 1, 1, 2, 3, 4]);
-    }
-
-    #[test]
     fn snippet_prefers_matching_line() {
         let (line, s) = snippet_of("# T\nfirst\nthe churn rose\nlast", 10, &["churn".into()]);
         assert_eq!(line, 12);
         assert!(s.starts_with("the churn rose"), "{s}");
         let (line, _) = snippet_of("# T\nfirst", 10, &["zzz".into()]);
         assert_eq!(line, 11);
+    }
+
+    /// A bag-of-concepts embedder: the words of each group below share one dimension (the
+    /// synonyms and paraphrases a sentence model knows), every other word of three letters or
+    /// more has a hashed dimension of its own. Vectors thus find a paraphrase that shares no
+    /// word with its memory, as all-MiniLM-L6-v2 does, without the model in a unit test.
+    struct ConceptEmbedder;
+
+    const CONCEPTS: &[&[&str]] = &[
+        &["car", "automobile", "vehicle", "drive"],
+        &["leave", "park", "parking", "garage"],
+        &["office", "work", "workplace"],
+        &["cost", "costs", "price", "euros", "charge"],
+        &["meet", "meets", "meeting", "together"],
+    ];
+    const DIM: usize = 64;
+
+    impl crate::Embedder for ConceptEmbedder {
+        fn model_id(&self) -> &str {
+            "test-concepts"
+        }
+        fn dim(&self) -> usize {
+            DIM
+        }
+        fn embed(&self, texts: &[&str]) -> std::result::Result<Vec<Vec<f32>>, crate::EmbedError> {
+            Ok(texts
+                .iter()
+                .map(|t| {
+                    let mut v = vec![0f32; DIM];
+                    for w in t.split(|c: char| !c.is_alphanumeric()) {
+                        let w = w.to_lowercase();
+                        if w.chars().count() < 3 {
+                            continue;
+                        }
+                        let slot = match CONCEPTS.iter().position(|g| g.contains(&w.as_str())) {
+                            Some(c) => c,
+                            None => {
+                                let h = w.bytes().fold(0xcbf29ce484222325u64, |h, b| {
+                                    (h ^ b as u64).wrapping_mul(0x100000001b3)
+                                });
+                                CONCEPTS.len() + (h % (DIM - CONCEPTS.len()) as u64) as usize
+                            }
+                        };
+                        v[slot] += 1.0;
+                    }
+                    crate::embed::normalize(v)
+                })
+                .collect())
+        }
+    }
+
+    struct TempStore(std::path::PathBuf, Store);
+
+    impl Drop for TempStore {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// A store of `(id, title, body)` memories embedded by [`ConceptEmbedder`].
+    fn store_of(tag: &str, memories: &[(&str, &str, &str)]) -> TempStore {
+        let dir = std::env::temp_dir().join(format!(
+            "sandlot-memory-ranking-{tag}-{}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        let store = Store::init(&dir, Arc::new(ConceptEmbedder), &crate::Author::default())
+            .expect("create a store");
+        std::fs::create_dir_all(dir.join("notes")).unwrap();
+        for (id, title, body) in memories {
+            std::fs::write(
+                dir.join(format!("notes/{id}.md")),
+                format!("---\nid: {id}\ntitle: {title}\n---\n{body}\n"),
+            )
+            .unwrap();
+        }
+        store.sync().unwrap();
+        TempStore(dir, store)
+    }
+
+    /// 1-based rank of memory `id` for `text` searched in `mode`.
+    fn rank_of(store: &Store, text: &str, mode: SearchMode, id: &str) -> Option<usize> {
+        let mut q = SearchQuery::new(text);
+        q.mode = mode;
+        let hits = store.search(&q).unwrap();
+        hits.iter().position(|h| h.id == id).map(|p| p + 1)
+    }
+
+    /// Memories of an agent about a team; `parking` answers the paraphrased question below
+    /// without sharing a word with it, and the question's common words ("leave", "work") are in
+    /// half of the others, as in a real store.
+    const TEAM: &[(&str, &str, &str)] = &[
+        (
+            "parking",
+            "Parking near the office",
+            "The nearest garage for a car is on Rua do Comercio, 18 euros a day.",
+        ),
+        (
+            "remote",
+            "Remote work",
+            "Everyone may work from home; the team meets at the office on Wednesdays.",
+        ),
+        (
+            "leave-policy",
+            "Holiday leave",
+            "Leave requests go to the manager two weeks ahead; work is handed over first.",
+        ),
+        (
+            "errors",
+            "Error codes",
+            "Every API error has a stable code like E1042 documented in the errors page.",
+        ),
+        (
+            "expenses",
+            "Expense policy",
+            "Expenses under 100 euros need no approval; receipts within 30 days.",
+        ),
+        (
+            "standup",
+            "Standup",
+            "The standup is at 09:45 before work starts; leave a written update when away.",
+        ),
+        (
+            "on-call",
+            "On-call",
+            "The on-call engineer may leave work early the day after a night page.",
+        ),
+        (
+            "laptop",
+            "Laptop",
+            "Work laptops run Fedora; never leave one unlocked in the office.",
+        ),
+    ];
+
+    #[test]
+    fn hybrid_keeps_a_paraphrase_the_vectors_rank_first_on_top() {
+        let s = store_of("paraphrase", TEAM);
+        let question = "where do I leave the automobile at work?";
+        let vector = rank_of(&s.1, question, SearchMode::Vector, "parking");
+        // The premise: the words are not the memory's, its meaning is.
+        assert_eq!(vector, Some(1), "the vectors find the paraphrase");
+        assert_eq!(rank_of(&s.1, question, SearchMode::Bm25, "parking"), None);
+        // Memories sharing the question's generic words ("leave", "work") must not pass it.
+        assert_eq!(
+            rank_of(&s.1, question, SearchMode::Hybrid, "parking"),
+            Some(1),
+            "hybrid ranks the memory lower than the vectors alone"
+        );
+    }
+
+    #[test]
+    fn hybrid_keeps_an_exact_keyword_match_on_top() {
+        let s = store_of("lexical", TEAM);
+        for (question, id) in [
+            ("error E1042", "errors"),
+            ("garage Rua do Comercio", "parking"),
+            ("leave requests manager", "leave-policy"),
+            ("Fedora laptops unlocked", "laptop"),
+        ] {
+            assert_eq!(
+                rank_of(&s.1, question, SearchMode::Bm25, id),
+                Some(1),
+                "{question}"
+            );
+            assert_eq!(
+                rank_of(&s.1, question, SearchMode::Hybrid, id),
+                Some(1),
+                "hybrid ranks the keyword match of {question:?} lower than BM25"
+            );
+        }
     }
 }

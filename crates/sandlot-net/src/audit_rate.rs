@@ -52,9 +52,65 @@ impl AuditBudget {
     }
 }
 
+/// The budgets of the attached sandboxes, one each from attach to detach.
+#[derive(Debug, Default)]
+pub struct AuditBudgets {
+    by_sandbox: std::collections::HashMap<String, AuditBudget>,
+}
+
+impl AuditBudgets {
+    /// Gives sandbox `id` a full budget (at attach).
+    pub fn open(&mut self, id: &str) {
+        self.by_sandbox
+            .insert(id.to_string(), AuditBudget::default());
+    }
+
+    /// Forgets sandbox `id`'s budget (at detach).
+    pub fn close(&mut self, id: &str) {
+        self.by_sandbox.remove(id);
+    }
+
+    /// An entry of sandbox `id` at `now_ms`, as [`AuditBudget::admit`]. A sandbox
+    /// without a budget has been detached: what it still writes comes from its
+    /// connections draining (bounded by its connection cap) and is written, and no
+    /// budget is made for it (one made then would never be forgotten).
+    pub fn admit(&mut self, id: &str, now_ms: i64) -> Option<u64> {
+        match self.by_sandbox.get_mut(id) {
+            Some(b) => b.admit(now_ms),
+            None => Some(0),
+        }
+    }
+
+    /// Sandboxes holding a budget.
+    pub fn len(&self) -> usize {
+        self.by_sandbox.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_sandbox.is_empty()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn entries_of_a_detached_sandbox_are_written_without_keeping_a_budget_for_it() {
+        let mut all = AuditBudgets::default();
+        all.open("sb-1");
+        for _ in 0..BURST {
+            assert_eq!(all.admit("sb-1", 1_000), Some(0));
+        }
+        assert_eq!(all.admit("sb-1", 1_000), None);
+        all.close("sb-1");
+        assert!(all.is_empty());
+        // Its relays finishing after detach write their entries; nothing is kept.
+        for i in 0..1_000 {
+            assert_eq!(all.admit(&format!("sb-{i}"), 1_000), Some(0));
+        }
+        assert!(all.is_empty(), "{} budgets kept", all.len());
+    }
 
     #[test]
     fn a_burst_is_written_then_entries_are_counted_and_reported_with_the_next() {

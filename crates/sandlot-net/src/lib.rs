@@ -359,7 +359,7 @@ pub struct Shared {
     pub timeouts: RelayTimeouts,
     pub stats: EgressStats,
     /// Each sandbox's budget of audit entries ([`audit_rate`]).
-    pub audit_budget: std::sync::Mutex<HashMap<String, audit_rate::AuditBudget>>,
+    pub audit_budget: std::sync::Mutex<audit_rate::AuditBudgets>,
 }
 
 impl Shared {
@@ -430,9 +430,7 @@ impl Shared {
             .audit_budget
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .entry(ev.sandbox.clone())
-            .or_default()
-            .admit(ev.at_ms);
+            .admit(&ev.sandbox, ev.at_ms);
         match admitted {
             None => {
                 self.stats.audit_dropped.fetch_add(1, Ordering::Relaxed);
@@ -658,7 +656,7 @@ impl NetService {
                 half_closed: cfg.half_close_timeout.0,
             },
             stats: EgressStats::default(),
-            audit_budget: std::sync::Mutex::new(HashMap::new()),
+            audit_budget: std::sync::Mutex::new(audit_rate::AuditBudgets::default()),
         });
         let io = |what: &str| {
             let what = what.to_string();
@@ -773,6 +771,11 @@ impl NetService {
             generation: tokio::sync::watch::channel(0).0,
         });
         self.shared
+            .audit_budget
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .open(id);
+        self.shared
             .by_addr
             .write()
             .unwrap_or_else(|e| e.into_inner())
@@ -876,7 +879,7 @@ impl NetService {
                 .audit_budget
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .remove(id);
+                .close(id);
             a.generation.send_modify(|g| *g += 1);
             self.pool.release(a.slot.clone());
         }

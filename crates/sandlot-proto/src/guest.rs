@@ -511,7 +511,17 @@ pub struct WriteFileRequest {
     pub create_parents: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
+    /// Extended attributes set on the new file before it appears (names in the
+    /// `user.` namespace; at most [`MAX_XATTRS`], each value at most
+    /// [`MAX_XATTR_VALUE`] bytes). Not with `append`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub xattrs: BTreeMap<String, String>,
 }
+
+/// Most extended attributes a write sets, or a stat reports.
+pub const MAX_XATTRS: usize = 64;
+/// Longest extended attribute value a write sets, or a stat reports (bytes).
+pub const MAX_XATTR_VALUE: usize = 4096;
 
 impl WriteFileRequest {
     pub fn new(path: impl Into<String>) -> WriteFileRequest {
@@ -521,6 +531,7 @@ impl WriteFileRequest {
             append: false,
             create_parents: true,
             user: None,
+            xattrs: BTreeMap::new(),
         }
     }
 }
@@ -811,6 +822,10 @@ pub struct FileStat {
     pub mtime_nsec: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub symlink_target: Option<String>,
+    /// The entry's extended attributes in the `user.` namespace whose values are
+    /// UTF-8 (at most [`MAX_XATTRS`], values at most [`MAX_XATTR_VALUE`] bytes).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub xattrs: BTreeMap<String, String>,
 }
 
 /// One NDJSON record of a directory listing.
@@ -1137,6 +1152,7 @@ mod tests {
                 mtime: 1,
                 mtime_nsec: 2,
                 symlink_target: None,
+                xattrs: BTreeMap::new(),
             },
             depth: 1,
             error: None,

@@ -12,8 +12,10 @@ use serde::{Deserialize, Serialize};
 use crate::units::{ByteSize, Seconds};
 
 mod isolation;
+pub mod memory_backed;
 mod secrets;
 pub use isolation::Isolation;
+pub use memory_backed::{MemoryBacked, TmpfsLimit};
 pub use secrets::{FileMode, SecretRef, SECRET_FILE_MODE};
 
 /// Validation failures of a [`SandboxSpec`]. Each names the offending field.
@@ -180,13 +182,16 @@ pub struct Resources {
     /// (the daemon's `runtime.default_cpus`; `sandlot run`: no quota).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpus: Option<f64>,
-    /// Memory limit of everything in the sandbox, including its tmpfs writable layer.
+    /// Memory limit of everything in the sandbox, including its memory-backed
+    /// filesystems: the writable layer and `tmpfs` mounts, which together hold at
+    /// most this less a headroom for the agent ([`memory_backed`]).
     #[serde(default = "default_memory")]
     pub memory: ByteSize,
     /// Maximum number of processes and threads.
     #[serde(default = "default_pids")]
     pub pids: u32,
-    /// Size limit of the writable layer.
+    /// Size limit of the writable layer. The layer is a tmpfs: it holds the
+    /// smaller of this and what the memory limit leaves it ([`memory_backed`]).
     #[serde(default = "default_disk")]
     pub disk: ByteSize,
 }
@@ -1035,6 +1040,7 @@ impl SandboxSpec {
                 ),
             ));
         }
+        self.check_memory_backed()?;
         self.network.validate()?;
         if let Some(t) = self.timeout {
             if t.0.is_zero() || t.0.as_secs() > limits::MAX_TIMEOUT_SECS {

@@ -111,6 +111,16 @@ impl HostFacts {
 }
 
 /// Synthesized `/etc` files: `(name, contents, mode)`.
+/// The `/etc` files the runtime writes into the root of a sandbox of a store image
+/// (which brings its own `/etc`): its identity, written again at every start, as
+/// (name, contents, mode).
+pub fn image_identity_files(hostname: &str) -> Vec<(&'static str, String, u32)> {
+    synthesized_etc(hostname)
+        .into_iter()
+        .filter(|f| matches!(f.0, "hostname" | "hosts"))
+        .collect()
+}
+
 pub fn synthesized_etc(hostname: &str) -> Vec<(&'static str, String, u32)> {
     vec![
         (

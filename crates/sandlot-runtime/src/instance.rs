@@ -2,10 +2,12 @@
 //! trait. The daemon reaches a sandbox only through it (and its [`crate::Backend`]),
 //! never through a backend's own types.
 
+use std::collections::BTreeSet;
 use std::fmt;
+use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::cgroup::Usage;
@@ -41,6 +43,20 @@ pub const PORT_RELAY_REFUSED: i32 = 3;
 /// Where [`Instance::port_sockets`] delivers its sockets (on a thread of the
 /// backend's choosing).
 pub type PortSocketsReply = Box<dyn FnOnce(io::Result<PortSockets>) + Send>;
+
+/// What a snapshot of a sandbox's files reads besides the writable layer the
+/// daemon keeps for it ([`Instance::snapshot_source`]).
+#[derive(Debug)]
+pub struct SnapshotSource {
+    /// Where something is mounted over the sandbox's root filesystem, relative
+    /// to its root: the runtime made stubs there to mount on.
+    pub mount_points: BTreeSet<PathBuf>,
+    /// For a sandbox whose root filesystem is no directory of the daemon's (the
+    /// `host` image's root tmpfs): `/proc/PID` of a process whose root is the
+    /// sandbox's root and whose `uid_map` and `gid_map` are the sandbox's, opened
+    /// while that process was known to be the sandbox's.
+    pub live_root: Option<File>,
+}
 
 /// A sandbox held still, so that its writable layer can be read as one state.
 /// Dropping it lets the sandbox run again; [`Stillness::release`] says whether
@@ -134,6 +150,10 @@ pub trait Instance: Send + Sync + fmt::Debug {
     /// what a snapshot reads from the writable layer is then one state. Blocking.
     fn hold_still(&self, timeout: Duration) -> Result<Stillness<'_>, RuntimeError>;
 
+    /// What a snapshot of the sandbox's files reads besides its writable layer
+    /// (see [`SnapshotSource`]). Blocking.
+    fn snapshot_source(&self) -> Result<SnapshotSource, RuntimeError>;
+
     /// Counts a helper process of the host (a collection mount's server) against
     /// the sandbox's resources, so that it also ends with the sandbox.
     fn add_helper(&self, pid: i32) -> io::Result<()>;
@@ -181,6 +201,19 @@ pub(crate) fn wait_child(pid: i32, pidfd: &OwnedFd, timeout: Duration) -> Option
         // A short timeout bounds the loop.
         poll_readable(pidfd, Duration::from_millis(50));
     }
+}
+
+/// Whether the process behind `pidfd` has exited (its pidfd is readable then,
+/// reaped or not).
+pub(crate) fn has_exited(pidfd: &OwnedFd) -> bool {
+    let mut pfd = libc::pollfd {
+        fd: pidfd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd that outlives the call; a zero timeout.
+    let n = unsafe { libc::poll(&mut pfd, 1, 0) };
+    n != 0
 }
 
 /// Waits up to `timeout` for `fd` to become readable.

@@ -9,6 +9,7 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
+use sandlot_proto::spec::TmpfsLimit;
 use serde::{Deserialize, Serialize};
 
 use crate::host_path::{self, HostId, PinError, PinnedPath};
@@ -22,14 +23,16 @@ pub use apply::{apply, apply_with_trees, mount_layers, mount_root, RootInfo};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum RootFs {
     /// A size-limited tmpfs (the `host` image: everything else is bound into it).
-    Tmpfs { size: u64 },
+    /// Sizes of the writable layer are the spec's
+    /// [`SandboxSpec::memory_backed`](sandlot_proto::spec::SandboxSpec::memory_backed).
+    Tmpfs { size: TmpfsLimit },
     /// An overlay of a read-only host directory under a size-limited tmpfs upper layer.
     /// `lower` is a pinned path ([`crate::host_path`]): it is mounted only if it is
     /// still the directory `lower_id`, reached without following a link.
     Overlay {
         lower: PathBuf,
         lower_id: HostId,
-        size: u64,
+        size: TmpfsLimit,
     },
     /// An image from the store: an overlay of its layer directories (top first),
     /// each idmapped, under a writable layer that is either a size-limited tmpfs
@@ -39,7 +42,7 @@ pub enum RootFs {
     Layers {
         lowers: Vec<PathBuf>,
         rw: Option<PathBuf>,
-        size: u64,
+        size: TmpfsLimit,
     },
 }
 
@@ -58,6 +61,10 @@ pub struct ImageRoot {
     pub workdir: Option<String>,
     /// The image config's user, unless the spec names one other than `root`.
     pub user: Option<String>,
+    /// The layers go on top of the `host` image (a snapshot of a `host` sandbox):
+    /// the host's entries are bound and `/etc` synthesized over them as for the
+    /// `host` image.
+    pub on_host: bool,
 }
 
 /// A host directory bound with the identity idmap of the sandbox (files owned by
@@ -132,7 +139,7 @@ pub enum MountOp {
     },
     Tmpfs {
         path: String,
-        size: u64,
+        size: TmpfsLimit,
         mode: u32,
         noexec: bool,
     },
@@ -179,6 +186,41 @@ pub enum MountOp {
         path: String,
         readonly: bool,
     },
+}
+
+/// Mount points at or under `dir` in a mountinfo text. Pure.
+pub fn mount_points_under(mountinfo: &str, dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for line in mountinfo.lines() {
+        let Some(mp) = line.split(' ').nth(4) else {
+            continue;
+        };
+        let p = PathBuf::from(unescape_mountinfo(mp));
+        if p.starts_with(dir) && !out.contains(&p) {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// Mountinfo escapes space, tab, newline and backslash as `\ooo`.
+fn unescape_mountinfo(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 4 <= b.len() {
+            let oct = std::str::from_utf8(&b[i + 1..i + 4]).unwrap_or("");
+            if let Ok(v) = u8::from_str_radix(oct, 8) {
+                out.push(v);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// The whole filesystem of a sandbox.
@@ -316,16 +358,15 @@ pub const PROC_MASKED_FILES: &[&str] = &[
 ];
 pub const PROC_MASKED_DIRS: &[&str] = &["/proc/acpi", "/proc/scsi"];
 pub const PROC_READONLY: &[&str] = &["/proc/sys", "/proc/irq", "/proc/bus", "/proc/fs"];
-/// An image's `/dev` tmpfs holds this much besides `/dev/shm` (whose share is the
-/// smaller of half the memory limit and 64 MiB).
-pub const DEV_TMPFS_SIZE: u64 = 1 << 20;
 pub const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
 
 /// Computes the mount plan. Checks host paths of bind mounts and the rootfs (they
 /// must exist) but changes nothing.
 pub fn plan_mounts(inp: &PlanInput<'_>) -> Result<MountPlan, MountError> {
     let spec = inp.spec;
-    let disk = spec.resources.disk.bytes();
+    // Every tmpfs sized from one memory budget: filling them never OOM-kills PID 1.
+    let memory_backed = spec.memory_backed();
+    let disk = memory_backed.writable;
     let mut ops = Vec::new();
     let root = match (&spec.rootfs, inp.image) {
         (_, Some(img)) => {
@@ -365,7 +406,9 @@ pub fn plan_mounts(inp: &PlanInput<'_>) -> Result<MountPlan, MountError> {
         }
         (None, None) => RootFs::Tmpfs { size: disk },
     };
-    let host_image = matches!(root, RootFs::Tmpfs { .. });
+    // The `host` image's root is a tmpfs; a snapshot of one is layers on top of it.
+    let host_root = matches!(root, RootFs::Tmpfs { .. });
+    let host_image = host_root || inp.image.is_some_and(|i| i.on_host);
     if host_image {
         for (name, kind) in &inp.host.top_level {
             let path = format!("/{name}");
@@ -426,17 +469,12 @@ pub fn plan_mounts(inp: &PlanInput<'_>) -> Result<MountPlan, MountError> {
         }
     } else {
         // A rootfs directory brings its own /etc; only identity files are written.
-        for name in ["hostname", "hosts"] {
-            if let Some((_, contents, mode)) = hostimage::synthesized_etc(inp.hostname)
-                .into_iter()
-                .find(|f| f.0 == name)
-            {
-                ops.push(MountOp::File {
-                    path: format!("/etc/{name}"),
-                    contents,
-                    mode,
-                });
-            }
+        for (name, contents, mode) in hostimage::image_identity_files(inp.hostname) {
+            ops.push(MountOp::File {
+                path: format!("/etc/{name}"),
+                contents,
+                mode,
+            });
         }
         ops.push(MountOp::Dir {
             path: "/tmp".into(),
@@ -451,8 +489,7 @@ pub fn plan_mounts(inp: &PlanInput<'_>) -> Result<MountPlan, MountError> {
     // of their own: each superblock costs every memory cgroup on the host shrinker
     // bookkeeping (docs/benchmarks.md, density). An image's /dev is a tmpfs, since
     // its root is an overlay of the image's own /dev.
-    let shm = (spec.resources.memory.bytes() / 2).min(64 << 20);
-    if host_image {
+    if host_root {
         ops.push(MountOp::Dir {
             path: "/dev".into(),
             mode: 0o755,
@@ -460,9 +497,12 @@ pub fn plan_mounts(inp: &PlanInput<'_>) -> Result<MountPlan, MountError> {
             gid: 0,
         });
     } else {
+        let shm = memory_backed.shm;
         ops.push(MountOp::Tmpfs {
             path: "/dev".into(),
-            size: DEV_TMPFS_SIZE + shm,
+            size: memory_backed.dev.unwrap_or(TmpfsLimit::of_size(
+                sandlot_proto::spec::memory_backed::DEV_SIZE + shm,
+            )),
             mode: 0o755,
             noexec: false,
         });
@@ -540,7 +580,7 @@ pub fn plan_mounts(inp: &PlanInput<'_>) -> Result<MountPlan, MountError> {
             }
             sandlot_proto::spec::MountSpec::Tmpfs { target, size } => ops.push(MountOp::Tmpfs {
                 path: sandlot_proto::spec::normalize_sandbox_path(target),
-                size: size.bytes(),
+                size: TmpfsLimit::of_size(size.bytes()),
                 mode: 0o1777,
                 noexec: false,
             }),
@@ -568,7 +608,9 @@ pub fn plan_mounts(inp: &PlanInput<'_>) -> Result<MountPlan, MountError> {
     if !inp.secret_files.is_empty() {
         ops.push(MountOp::Tmpfs {
             path: SECRETS_DIR.into(),
-            size: 1 << 20,
+            size: memory_backed.secrets.unwrap_or(TmpfsLimit::of_size(
+                sandlot_proto::spec::memory_backed::SECRETS_SIZE,
+            )),
             mode: 0o755,
             noexec: true,
         });
@@ -628,6 +670,32 @@ fn idmapped_layer_count(root: &RootFs) -> usize {
     match root {
         RootFs::Layers { lowers, rw, .. } => lowers.len() + usize::from(rw.is_some()),
         _ => 0,
+    }
+}
+
+impl MountPlan {
+    /// Where the plan mounts something over the root filesystem, relative to the
+    /// root (`proc`, `dev/pts`, `etc/resolv.conf` on a bind...): the runtime made
+    /// stubs there to mount on, which are not the sandbox's own files.
+    pub fn mount_targets(&self) -> std::collections::BTreeSet<PathBuf> {
+        self.ops
+            .iter()
+            .filter_map(|op| match op {
+                MountOp::Bind { path, .. }
+                | MountOp::Tmpfs { path, .. }
+                | MountOp::Proc { path }
+                | MountOp::Sysfs { path }
+                | MountOp::Devpts { path }
+                | MountOp::MaskFile { path }
+                | MountOp::MaskDir { path }
+                | MountOp::IdmappedBind { path, .. } => Some(path),
+                _ => None,
+            })
+            .filter_map(|p| {
+                let rel = Path::new(p).strip_prefix("/").ok()?;
+                (!rel.as_os_str().is_empty()).then(|| rel.to_path_buf())
+            })
+            .collect()
     }
 }
 
@@ -703,7 +771,8 @@ mod tests {
     #[test]
     fn host_image_binds_usr_readonly_and_synthesizes_etc() {
         let p = plan(&SandboxSpec::default());
-        assert!(matches!(p.root, RootFs::Tmpfs { size } if size == 1 << 30));
+        // The default disk (1G) is more than the default memory (512M) holds.
+        assert!(matches!(p.root, RootFs::Tmpfs { size } if size.bytes == 384 << 20));
         assert!(p.ops.contains(&MountOp::Bind {
             source: "/usr".into(),
             path: "/usr".into(),
@@ -920,10 +989,9 @@ mod tests {
         };
         let image = plan(&spec);
         assert_eq!(superblocks(&image), ["/dev", "/dev/pts", "/proc", "/sys"]);
-        let shm = (spec.resources.memory.bytes() / 2).min(64 << 20);
         assert!(image.ops.contains(&MountOp::Tmpfs {
             path: "/dev".into(),
-            size: DEV_TMPFS_SIZE + shm,
+            size: TmpfsLimit::of_size((1 << 20) + (64 << 20)),
             mode: 0o755,
             noexec: false,
         }));
@@ -969,7 +1037,7 @@ mod tests {
         let p = plan(&spec);
         let n = p.ops.len();
         assert!(
-            matches!(&p.ops[n - 2], MountOp::Tmpfs { path, size, .. } if path == "/scratch" && *size == 8 << 20)
+            matches!(&p.ops[n - 2], MountOp::Tmpfs { path, size, .. } if path == "/scratch" && size.bytes == 8 << 20)
         );
         assert!(
             matches!(&p.ops[n - 1], MountOp::Bind { path, readonly: false, .. } if path == "/data")
@@ -1030,7 +1098,7 @@ mod tests {
             RootFs::Overlay {
                 lower: pin.path.clone(),
                 lower_id: pin.id,
-                size: 1 << 30
+                size: spec.memory_backed().writable
             }
         );
         assert!(p.ops.contains(&MountOp::Bind {
@@ -1071,6 +1139,56 @@ mod tests {
             pinned: None,
         })
         .is_err());
+    }
+
+    /// A snapshot of a `host` sandbox is layers with the host's entries bound and
+    /// `/etc` synthesized over them, as for the `host` image; its `/dev` is a tmpfs
+    /// of its own (the layers' `/dev` is no place for devices).
+    #[test]
+    fn layers_on_the_host_image_get_the_host_entries() {
+        let t = std::env::temp_dir();
+        let on_host = |on_host: bool| {
+            plan_mounts(&PlanInput {
+                spec: &SandboxSpec::default(),
+                hostname: "sb",
+                host: &facts(),
+                image: Some(&ImageRoot {
+                    layers: vec![t.clone()],
+                    rw: Some(t.clone()),
+                    on_host,
+                    ..Default::default()
+                }),
+                shared: &[],
+                secret_files: &[],
+                pinned: None,
+            })
+            .unwrap()
+        };
+        let usr = MountOp::Bind {
+            source: "/usr".into(),
+            path: "/usr".into(),
+            readonly: true,
+            kind: Kind::Dir,
+            required: true,
+            pinned: None,
+        };
+        let host = on_host(true);
+        assert!(matches!(host.root, RootFs::Layers { .. }));
+        assert!(host.ops.contains(&usr));
+        assert!(host
+            .ops
+            .iter()
+            .any(|o| matches!(o, MountOp::HostEtc { .. })));
+        assert!(host
+            .ops
+            .iter()
+            .any(|o| matches!(o, MountOp::Tmpfs { path, .. } if path == "/dev")));
+        let image = on_host(false);
+        assert!(!image.ops.contains(&usr));
+        assert!(!image
+            .ops
+            .iter()
+            .any(|o| matches!(o, MountOp::HostEtc { .. })));
     }
 
     #[test]

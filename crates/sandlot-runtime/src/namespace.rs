@@ -20,7 +20,7 @@ use crate::plan::{agent_setup, fds, sandbox_hostname, InitStatus, SandboxPlan, T
 use crate::run_dir::{self, RunDirFs, RunDirLock};
 use crate::{
     sys, Backend, CreateOptions, Instance, Leftovers, PortSockets, PortSocketsReply, RuntimeError,
-    Stillness, StockLevels,
+    SnapshotSource, Stillness, StockLevels,
 };
 
 /// Operator settings of the namespace backend.
@@ -942,6 +942,28 @@ impl Instance for NamespaceInstance {
                 .freeze(false, timeout)
                 .map_err(RuntimeError::from)
         }))
+    }
+
+    /// Reads PID 1's mount table and opens its `/proc` directory, both while its
+    /// pidfd says it has not exited: they are this sandbox's even if the pid is
+    /// reused later.
+    fn snapshot_source(&self) -> Result<SnapshotSource, RuntimeError> {
+        let gone = || RuntimeError::Gone(self.id.clone());
+        let proc_dir = std::fs::File::open(format!("/proc/{}", self.pid)).map_err(|_| gone())?;
+        let text =
+            std::fs::read_to_string(format!("/proc/{}/mountinfo", self.pid)).map_err(|_| gone())?;
+        if crate::instance::has_exited(&self.pidfd) {
+            return Err(gone());
+        }
+        let mount_points = crate::mounts::mount_points_under(&text, Path::new("/"))
+            .into_iter()
+            .filter_map(|p| p.strip_prefix("/").ok().map(Path::to_path_buf))
+            .filter(|p| !p.as_os_str().is_empty())
+            .collect();
+        Ok(SnapshotSource {
+            mount_points,
+            live_root: Some(proc_dir),
+        })
     }
 
     fn add_helper(&self, pid: i32) -> io::Result<()> {

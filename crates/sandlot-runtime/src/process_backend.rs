@@ -28,7 +28,8 @@ use sandlot_proto::spec::{NetworkMode, SandboxSpec, HOST_IMAGE};
 use crate::instance::wait_child;
 use crate::plan::{agent_setup, sandbox_hostname};
 use crate::{
-    sys, Backend, CreateOptions, Instance, Leftovers, PortSocketsReply, RuntimeError, Stillness,
+    sys, Backend, CreateOptions, Instance, Leftovers, PortSocketsReply, RuntimeError,
+    SnapshotSource, Stillness,
 };
 
 /// How long a new agent may take to listen.
@@ -332,6 +333,10 @@ impl Instance for ProcessInstance {
 
     fn hold_still(&self, _timeout: Duration) -> Result<Stillness<'_>, RuntimeError> {
         Err(unsupported("hold a sandbox still"))
+    }
+
+    fn snapshot_source(&self) -> Result<SnapshotSource, RuntimeError> {
+        Err(unsupported("snapshot a sandbox"))
     }
 
     fn add_helper(&self, _pid: i32) -> io::Result<()> {

@@ -6,6 +6,13 @@
 //! snapshot does; `copy` steps pack the context files into a layer; `env`,
 //! `workdir` and `user` change the config only. A failed step leaves the images
 //! of the steps before it cached and tags nothing.
+//!
+//! A tenant's build (over TCP) is the tenant's throughout: its base is looked up
+//! by the tenant's names, its run steps are the tenant's sandboxes (quotas and the
+//! network ceiling apply), every image it makes belongs to the tenant, its cache
+//! entries are the tenant's own (another tenant never gets a step image it did
+//! not make), and its tag goes in the tenant's namespace. The operator's limits
+//! (`[images]` `build_timeout`, `build_disk`, `build_memory`) bound every build.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -27,8 +34,59 @@ use crate::sandbox::{self, CreateParams};
 use crate::state::AppState;
 use crate::store::EndReason;
 
-/// The writable layer of a run step's sandbox (what its layer may expand to).
-const STEP_DISK: sandlot_proto::units::ByteSize = sandlot_proto::units::ByteSize(8 << 30);
+/// Whom a build is for.
+#[derive(Debug, Clone)]
+pub struct Builder {
+    /// The tenant its run steps' sandboxes belong to.
+    pub tenant: String,
+    /// The tenant its images belong to; `None`: the operator's (shared) build.
+    pub owner: Option<String>,
+}
+
+impl Builder {
+    fn viewer(&self) -> sandlot_store::Viewer<'_> {
+        crate::images::viewer(self.owner.as_deref())
+    }
+
+    /// The build cache key of a step for this builder: a tenant's keys are its own.
+    fn cache_key(&self, key: String) -> String {
+        match &self.owner {
+            Some(t) => format!("tenant/{t}/{key}"),
+            None => key,
+        }
+    }
+
+    fn commit<'a>(&'a self, config: &'a ImageConfig, comment: &'a str) -> Commit<'a> {
+        Commit {
+            config,
+            comment,
+            source: "build",
+            tag: None,
+            owner: self.owner.as_deref(),
+        }
+    }
+}
+
+/// The spec of a run step's sandbox on `image`: the operator's `build_memory` and
+/// `build_disk`, the network open only when the build asks for it.
+pub fn step_spec(image: &str, network: bool, cfg: &crate::config::ImagesSection) -> SandboxSpec {
+    let mut spec = SandboxSpec {
+        image: image.to_string(),
+        ..Default::default()
+    };
+    spec.resources.disk = cfg.build_disk;
+    spec.resources.memory = cfg.build_memory;
+    if network {
+        spec.network.mode = NetworkMode::Open;
+    }
+    spec
+}
+
+/// Directories a build context may nest: copy steps walk it recursively.
+const MAX_CONTEXT_DEPTH: usize = 128;
+
+/// Why a context entry does not unpack, as far as the tenant needs to know.
+const UNPACK_HINT: &str = "a file where a directory is needed, or a path through a link";
 
 /// Extracts a build context tar into `dir` (regular files, directories and
 /// symlinks; anything escaping `dir` is refused). What it expands to (a sparse
@@ -41,43 +99,58 @@ pub fn extract_context(
     let mut budget = Budget::new(Some(limit), "the build context");
     let f =
         fs::File::open(tar_path).map_err(|e| ApiError::internal(format!("open context: {e}")))?;
-    let mut ar = tar::Archive::new(std::io::BufReader::new(f));
-    ar.set_preserve_permissions(true);
-    ar.set_overwrite(true);
-    let entries = ar
-        .entries()
-        .map_err(|e| ApiError::bad_request(format!("build context is not a tar: {e}")))?;
-    for e in entries {
-        let mut e = e.map_err(|e| ApiError::bad_request(format!("build context tar: {e}")))?;
-        let p = e
-            .path()
-            .map_err(|e| ApiError::bad_request(format!("build context tar: {e}")))?
-            .into_owned();
-        if p.components()
-            .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
-        {
-            return Err(ApiError::invalid(
-                "context",
-                format!("entry {} escapes the build context", p.display()),
-            ));
-        }
-        let ty = e.header().entry_type();
-        if !(ty.is_file() || ty.is_dir() || ty.is_symlink() || ty.is_gnu_sparse()) {
-            continue;
-        }
-        budget
-            .charge(sandlot_store::layer::entry_cost(
-                p.as_os_str().len(),
-                0,
-                e.size(),
-            ))
-            .map_err(|err| crate::images::store_error(err.into()))?;
-        // unpack_in refuses paths that leave `dir` through symlinks.
-        e.unpack_in(dir).map_err(|err| {
-            ApiError::bad_request(format!("build context entry {}: {err}", p.display()))
-        })?;
-    }
-    Ok(())
+    let configure = |ar: &mut tar::Archive<_>| {
+        ar.set_preserve_permissions(true);
+        ar.set_overwrite(true);
+    };
+    let unreadable = |e| ApiError::bad_request(format!("build context tar: {e}"));
+    sandlot_store::tar_bound::for_each_entry(
+        std::io::BufReader::new(f),
+        configure,
+        unreadable,
+        |e| {
+            let p = e
+                .path()
+                .map_err(|e| ApiError::bad_request(format!("build context tar: {e}")))?
+                .into_owned();
+            if p.components()
+                .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
+            {
+                return Err(ApiError::invalid(
+                    "context",
+                    format!("entry {} escapes the build context", p.display()),
+                ));
+            }
+            if p.components().count() > MAX_CONTEXT_DEPTH {
+                return Err(ApiError::invalid(
+                    "context",
+                    format!("entries nest more than {MAX_CONTEXT_DEPTH} directories deep"),
+                ));
+            }
+            let ty = e.header().entry_type();
+            if !(ty.is_file() || ty.is_dir() || ty.is_symlink() || ty.is_gnu_sparse()) {
+                return Ok(());
+            }
+            budget
+                .charge(sandlot_store::layer::entry_cost(
+                    p.as_os_str().len(),
+                    0,
+                    e.size(),
+                ))
+                .map_err(|err| crate::images::store_error(err.into()))?;
+            // unpack_in refuses paths that leave `dir` through symlinks. Its error
+            // names the daemon's staging path: the tenant is told the entry, the log
+            // has the rest.
+            e.unpack_in(dir).map_err(|err| {
+                tracing::info!(entry = %p.display(), "build context entry not unpacked: {err}");
+                ApiError::bad_request(format!(
+                    "build context entry {} cannot be unpacked ({UNPACK_HINT})",
+                    p.display()
+                ))
+            })?;
+            Ok(())
+        },
+    )
 }
 
 /// Reads and removes the spec file the CLI put in the context.
@@ -212,14 +285,41 @@ fn debian_base(state: &AppState, suite: &str, log: &dyn Fn(Value)) -> Result<Ima
     r
 }
 
-fn resolve_base(state: &AppState, from: &str, log: &dyn Fn(Value)) -> Result<ImageInfo, ApiError> {
-    match state.images.store.resolve(from) {
+fn resolve_base(
+    state: &AppState,
+    who: &Builder,
+    from: &str,
+    log: &dyn Fn(Value),
+) -> Result<ImageInfo, ApiError> {
+    match state.images.store.resolve_as(who.viewer(), from) {
         Ok(i) => Ok(i),
-        Err(sandlot_store::StoreError::NotFound(_)) if from.starts_with("debian:") => {
+        // mmdebstrap runs on the host, as root, with the host's network: only for
+        // the operator.
+        Err(sandlot_store::StoreError::NotFound(_))
+            if from.starts_with("debian:") && who.owner.is_none() =>
+        {
             debian_base(state, &from["debian:".len()..], log)
+        }
+        Err(e @ sandlot_store::StoreError::NotFound(_)) if from.starts_with("debian:") => {
+            Err(ApiError::invalid(
+                "from",
+                format!("{e}: the operator makes debian bases (a build of theirs from {from})"),
+            ))
         }
         Err(e) => Err(ApiError::invalid("from", e.to_string())),
     }
+}
+
+/// The error of a build that ran past the operator's `images.build_timeout`.
+fn timed_out(limit: Duration) -> ApiError {
+    ApiError::new(
+        axum::http::StatusCode::UNPROCESSABLE_ENTITY,
+        "build_failed",
+        format!(
+            "the build took longer than the operator's limit (images.build_timeout = {})",
+            crate::config::fmt_secs(limit)
+        ),
+    )
 }
 
 async fn blocking<T: Send + 'static>(
@@ -233,17 +333,22 @@ async fn blocking<T: Send + 'static>(
 /// Runs a build; `send` gets the progress lines. Returns the final image.
 pub async fn run(
     state: Arc<AppState>,
-    tenant: String,
+    who: Builder,
     spec: BuildSpec,
     ctx: std::path::PathBuf,
     tag: Option<ImageName>,
     send: Arc<dyn Fn(Value) + Send + Sync>,
 ) -> Result<ImageInfo, ApiError> {
     let t0 = Instant::now();
-    let (st, from, s2) = (state.clone(), spec.from.clone(), send.clone());
-    let mut cur = blocking(move || resolve_base(&st, &from, &*s2)).await?;
+    let limit = state.cfg.images.build_timeout.0;
+    let deadline = t0 + limit;
+    let (st, w2, from, s2) = (state.clone(), who.clone(), spec.from.clone(), send.clone());
+    let mut cur = blocking(move || resolve_base(&st, &w2, &from, &*s2)).await?;
     let total = spec.steps.len();
     for (i, (origin, step)) in spec.steps.iter().enumerate() {
+        if Instant::now() >= deadline {
+            return Err(timed_out(limit));
+        }
         let text = step.text();
         let copied = match step {
             Step::Copy { src, .. } => {
@@ -258,12 +363,18 @@ pub async fn run(
             }
             _ => None,
         };
-        let key = build::step_key(&cur.id, step, spec.network, copied.as_ref());
+        let key = who.cache_key(build::step_key(
+            &cur.id,
+            step,
+            spec.network,
+            copied.as_ref(),
+        ));
         let st = state.clone();
         let k2 = key.clone();
-        if let Some(hit) =
-            blocking(move || st.images.store.cached_step(&k2).map_err(store_error)).await?
-        {
+        let hit = blocking(move || st.images.store.cached_step(&k2).map_err(store_error))
+            .await?
+            .filter(|hit| who.viewer().sees(hit));
+        if let Some(hit) = hit {
             send(
                 json!({"type": "step", "index": i + 1, "of": total, "text": text, "cached": true, "image": hit.id.to_string()}),
             );
@@ -287,23 +398,24 @@ pub async fn run(
                     Step::User(u) => cfg.user = Some(u.clone()),
                     _ => {}
                 }
-                let (st, base) = (state.clone(), cur.clone());
+                let (st, base, w) = (state.clone(), cur.clone(), who.clone());
                 blocking(move || {
                     st.images
                         .store
-                        .add_image(&base.layers, &cfg, &text, Some(base.id), "build", None)
+                        .commit_config(&base, &w.commit(&cfg, &text))
                         .map_err(store_error)
                 })
                 .await?
             }
             Step::Copy { src, dest } => {
-                let (st, base, c, o, s, d) = (
+                let (st, base, c, o, s, d, w) = (
                     state.clone(),
                     cur.clone(),
                     ctx.clone(),
                     origin.clone(),
                     src.clone(),
                     dest.clone(),
+                    who.clone(),
                 );
                 blocking(move || {
                     let store = &st.images.store;
@@ -322,17 +434,7 @@ pub async fn run(
                             })
                             .and_then(|p| {
                                 store
-                                    .commit_packed(
-                                        &base,
-                                        p,
-                                        &Commit {
-                                            config: &base.config,
-                                            comment: &text,
-                                            source: "build",
-                                            tag: None,
-                                            owner: None,
-                                        },
-                                    )
+                                    .commit_packed(&base, p, &w.commit(&base.config, &text))
                                     .map_err(store_error)
                             });
                     let _ = fs::remove_dir_all(&layer);
@@ -340,7 +442,23 @@ pub async fn run(
                 })
                 .await?
             }
-            _ => run_step(&state, &tenant, &cur, origin, step, spec.network, &send).await?,
+            _ => {
+                let r = run_step(
+                    &state,
+                    &who,
+                    deadline,
+                    &cur,
+                    origin,
+                    step,
+                    spec.network,
+                    &send,
+                )
+                .await;
+                match r {
+                    Err(_) if Instant::now() >= deadline => return Err(timed_out(limit)),
+                    r => r?,
+                }
+            }
         };
         send(
             json!({"type": "log", "line": format!("  -> {} ({:.2}s)", short(&next.id.to_string()), ts.elapsed().as_secs_f64())}),
@@ -350,12 +468,13 @@ pub async fn run(
         cur = next;
     }
     if let Some(t) = tag {
-        let (st, id) = (state.clone(), cur.id);
+        let (st, id, w) = (state.clone(), cur.id, who.clone());
         cur = blocking(move || {
-            st.images
-                .store
-                .tag(&id.to_string(), &t)
-                .map_err(store_error)
+            let tag = sandlot_store::ScopedTag {
+                tenant: w.owner.as_deref(),
+                name: &t,
+            };
+            st.images.store.tag_image(&id, tag).map_err(store_error)
         })
         .await?;
     }
@@ -369,9 +488,11 @@ fn short(id: &str) -> String {
 
 /// A running step: a sandbox from `base`, the command, its output streamed as
 /// `log` lines, then its writable layer committed on `base`.
+#[allow(clippy::too_many_arguments)]
 async fn run_step(
     state: &Arc<AppState>,
-    tenant: &str,
+    who: &Builder,
+    deadline: Instant,
     base: &ImageInfo,
     origin: &str,
     step: &Step,
@@ -379,33 +500,29 @@ async fn run_step(
     send: &Arc<dyn Fn(Value) + Send + Sync>,
 ) -> Result<ImageInfo, ApiError> {
     let argv = step.argv().expect("a running step");
-    let mut spec = SandboxSpec {
-        image: base.id.to_string(),
-        ..Default::default()
-    };
-    spec.resources.disk = STEP_DISK;
-    spec.resources.memory = sandlot_proto::units::ByteSize::mib(2048);
-    if network {
-        spec.network.mode = NetworkMode::Open;
-    }
+    let spec = step_spec(&base.id.to_string(), network, &state.cfg.images);
+    // The sandbox ends at the build's deadline at the latest.
+    let timeout = deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_secs(1));
     let mut tags = BTreeMap::new();
     tags.insert("sandlot.build".to_string(), "1".to_string());
     let rec = sandbox::create(
         state,
         CreateParams {
-            tenant: tenant.to_string(),
-            // The operator's build: its base is named by id.
-            scope: None,
+            tenant: who.tenant.clone(),
+            // The base is named by id, looked up as the builder sees images.
+            scope: who.owner.clone(),
             name: None,
             spec,
             tags,
             metadata: BTreeMap::new(),
-            timeout: Duration::from_secs(3600),
+            timeout,
             idle_timeout: None,
         },
     )
     .await?;
-    let r = run_in(state, &rec.id, base, origin, step, argv, send).await;
+    let r = run_in(state, who, &rec.id, base, origin, step, argv, send).await;
     if let Some(h) = state.handle(&rec.id) {
         h.request_stop(EndReason::Deleted);
         h.stopped().await;
@@ -413,8 +530,10 @@ async fn run_step(
     r
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn run_in(
     state: &Arc<AppState>,
+    who: &Builder,
     id: &str,
     base: &ImageInfo,
     origin: &str,
@@ -443,7 +562,26 @@ async fn run_in(
         .ok_or_else(|| ApiError::internal("build step output unavailable"))?;
     let mut pending = String::new();
     let mut exit = None;
-    while let Some(ev) = rx.recv().await {
+    // The step's sandbox may end before its command does (its lifetime is the
+    // build's deadline): no exit status comes then, so stop waiting with it.
+    let ended = h.stopped();
+    tokio::pin!(ended);
+    let sandbox_ended = || {
+        ApiError::new(
+            axum::http::StatusCode::UNPROCESSABLE_ENTITY,
+            "build_failed",
+            format!(
+                "{origin} ({}) failed: its sandbox ended before the command did",
+                step.text()
+            ),
+        )
+    };
+    loop {
+        let ev = tokio::select! {
+            ev = rx.recv() => ev,
+            _ = &mut ended => return Err(sandbox_ended()),
+        };
+        let Some(ev) = ev else { break };
         match ev {
             OutEvent::Stdout(_, b) | OutEvent::Stderr(_, b) => {
                 pending.push_str(&String::from_utf8_lossy(&b));
@@ -463,14 +601,19 @@ async fn run_in(
     }
     let exit = match exit {
         Some(x) => x,
-        None => entry
-            .wait()
-            .await
-            .ok_or_else(|| ApiError::internal("build step ended without an exit status"))?,
+        None => tokio::select! {
+            x = entry.wait() => {
+                x.ok_or_else(|| ApiError::internal("build step ended without an exit status"))?
+            }
+            _ = &mut ended => return Err(sandbox_ended()),
+        },
     };
     if exit.code != Some(0) {
-        return Err(ApiError::invalid(
-            "spec",
+        // The spec was fine: the step's own command failed (a build failure, like
+        // `docker build`'s, not a bad request).
+        return Err(ApiError::new(
+            axum::http::StatusCode::UNPROCESSABLE_ENTITY,
+            "build_failed",
             format!(
                 "{origin} ({}) failed: {}",
                 step.text(),
@@ -482,20 +625,17 @@ async fn run_in(
             ),
         ));
     }
-    let (st, hid, text) = (state.clone(), h.clone(), step.text());
+    let (st, hid, text, w) = (state.clone(), h.clone(), step.text(), who.clone());
     blocking(move || {
+        let cfg = ImageConfig::default();
         st.images
             .snapshot_as(
                 &hid.id,
                 &*hid.inst,
-                STEP_DISK.bytes(),
-                Commit {
-                    config: &Default::default(),
-                    comment: &text,
-                    source: "build",
-                    tag: None,
-                    owner: None,
-                },
+                // A step's spec names no host name: the default one.
+                &sandlot_runtime::plan::sandbox_hostname(&hid.id, &Default::default()),
+                st.cfg.images.build_disk.bytes(),
+                w.commit(&cfg, &text),
             )
             .map(|(img, _)| img)
     })

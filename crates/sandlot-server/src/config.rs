@@ -119,8 +119,12 @@ pub struct RuntimeSection {
     pub run_dir_tmpfs: bool,
     /// CPU quota, in cores, of a sandbox whose spec gives no `resources.cpus`
     /// (cgroup v2 `cpu.max`, v1 `cpu.cfs_quota_us`). Absent: half the host's CPUs,
-    /// at least one; 0: no quota.
+    /// at least one, at most `max_cpus`; 0: no quota.
     pub default_cpus: Option<f64>,
+    /// Largest CPU quota, in cores, a spec may ask for in `resources.cpus` (more is
+    /// refused with 400). Absent: the host's CPU count. Without a ceiling a tenant
+    /// asking for `cpus: 1024` had no quota at all.
+    pub max_cpus: Option<f64>,
     /// CPU weight of all sandboxes together against the daemon and the rest of the
     /// host when the CPUs are contended (the parent cgroup's v2 `cpu.weight`; v1
     /// `cpu.shares`, 100 being 1024); the kernel's default is 100. 0: left alone.
@@ -136,9 +140,20 @@ impl RuntimeSection {
             Some(c) => Some(c),
             None => {
                 let n = std::thread::available_parallelism().map_or(2, |n| n.get());
-                Some((n / 2).max(1) as f64)
+                Some(((n / 2).max(1) as f64).min(self.effective_max_cpus()))
             }
         }
+    }
+
+    /// The largest `resources.cpus` a spec may ask for (`max_cpus`).
+    pub fn effective_max_cpus(&self) -> f64 {
+        // Asked on every create that names its CPUs: the host's count is read once
+        // (`available_parallelism` reads cgroup files each time).
+        static HOST_CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+        self.max_cpus.unwrap_or_else(|| {
+            *HOST_CPUS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+                as f64
+        })
     }
 
     /// The effective limit of concurrent cold creates.
@@ -162,6 +177,7 @@ impl Default for RuntimeSection {
             netns_stock: 4,
             run_dir_tmpfs: true,
             default_cpus: None,
+            max_cpus: None,
             cgroup_cpu_weight: 50,
         }
     }
@@ -184,6 +200,9 @@ pub struct ServerConfig {
     /// runtime leftovers with this prefix only, so a `sandlot run` next to it (or a
     /// second daemon with another prefix) is never touched.
     pub id_prefix: String,
+    /// How the daemon writes its log to stderr: `text` (the default) or `json`
+    /// (one object per line; a request's lines carry its `request_id`).
+    pub log_format: LogFormat,
     pub limits: Limits,
     /// Quotas of tenants not listed under `tenants`.
     pub quotas: Quota,
@@ -237,6 +256,19 @@ impl Default for IsolationSection {
             platform: "auto".into(),
         }
     }
+}
+
+/// The daemon's log format (`log_format`, `sandlot serve --log-format`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines, a request's span (`request{request_id=...}`) in front.
+    #[default]
+    Text,
+    /// One JSON object per line: `timestamp`, `level`, `fields` (`message` and the
+    /// event's own), `target`, `span` and `spans` (a request's carries its
+    /// `request_id`).
+    Json,
 }
 
 /// Virtual filesystem collections and sessions (`[vfs]`, see docs/vfs.md).
@@ -311,6 +343,17 @@ pub struct ImagesSection {
     pub default_registry: Option<String>,
     /// Extra CA certificates (PEM) trusted for registries, besides the host's.
     pub ca_file: Option<PathBuf>,
+    /// The longest a build may take, all its steps together (operator's and
+    /// tenants' alike); past it the step running is ended and the build fails.
+    pub build_timeout: Seconds,
+    /// The writable layer of a build's `run` step: the most one step may add.
+    pub build_disk: ByteSize,
+    /// The memory of a build's `run` step sandbox. A tenant's build counts against
+    /// its quotas like any of its sandboxes.
+    pub build_memory: ByteSize,
+    /// Builds one tenant may run at once (their contexts staged on the daemon's
+    /// disk included); the operator's builds are not counted.
+    pub max_builds_per_tenant: usize,
 }
 
 impl Default for ImagesSection {
@@ -321,6 +364,10 @@ impl Default for ImagesSection {
             auth_file: None,
             default_registry: None,
             ca_file: None,
+            build_timeout: Seconds(Duration::from_secs(3600)),
+            build_disk: ByteSize(8 << 30),
+            build_memory: ByteSize(2 << 30),
+            max_builds_per_tenant: 2,
         }
     }
 }
@@ -342,6 +389,7 @@ impl Default for ServerConfig {
             listen: None,
             metrics_listen: None,
             id_prefix: crate::DEFAULT_ID_PREFIX.to_string(),
+            log_format: LogFormat::Text,
             limits: Limits::default(),
             quotas: Quota::default(),
             tenants: BTreeMap::new(),
@@ -473,6 +521,33 @@ impl ServerConfig {
                     "runtime.default_cpus {c}: use 0 (no quota) or {MIN_CPUS} to {MAX_CPUS} cores"
                 ));
             }
+        }
+        if let Some(c) = self.runtime.max_cpus {
+            use sandlot_proto::spec::limits::{MAX_CPUS, MIN_CPUS};
+            if !(c.is_finite() && (MIN_CPUS..=MAX_CPUS).contains(&c)) {
+                return bad(format!(
+                    "runtime.max_cpus {c}: use {MIN_CPUS} to {MAX_CPUS} cores"
+                ));
+            }
+        }
+        if let Some(d) = self.runtime.default_cpus {
+            let max = self.runtime.effective_max_cpus();
+            if d > max {
+                return bad(format!(
+                    "runtime.default_cpus {d} exceeds runtime.max_cpus {max}"
+                ));
+            }
+        }
+        if self.images.build_timeout.0.is_zero() {
+            return bad("images.build_timeout must be positive".into());
+        }
+        // A build step's sandbox: the sizes must make a sandbox (memory at least the
+        // minimum, the writable layer within what the memory holds).
+        if let Err(e) = crate::build::step_spec("build-step", false, &self.images).validate() {
+            return bad(format!(
+                "images.build_memory {} and images.build_disk {}: {e}",
+                self.images.build_memory, self.images.build_disk
+            ));
         }
         if self.runtime.cgroup_cpu_weight > 10_000 {
             return bad(format!(
@@ -662,13 +737,32 @@ max_sandboxes = 3
         )
         .unwrap();
         assert_eq!(c.runtime.effective_default_cpus(), None);
-        let (c, _) =
-            ServerConfig::from_toml("[runtime]\ndefault_cpus = 1.5\n", Path::new("c")).unwrap();
+        let (c, _) = ServerConfig::from_toml(
+            "[runtime]\ndefault_cpus = 1.5\nmax_cpus = 4\n",
+            Path::new("c"),
+        )
+        .unwrap();
         assert_eq!(c.runtime.effective_default_cpus(), Some(1.5));
+        assert_eq!(c.runtime.effective_max_cpus(), 4.0);
+        // The ceiling defaults to the host's CPUs and bounds the implicit default.
+        let (c, _) = ServerConfig::from_toml("", Path::new("c")).unwrap();
+        let host = std::thread::available_parallelism().unwrap().get() as f64;
+        assert_eq!(c.runtime.effective_max_cpus(), host);
+        let (c, _) =
+            ServerConfig::from_toml("[runtime]\nmax_cpus = 0.25\n", Path::new("c")).unwrap();
+        assert_eq!(c.runtime.effective_default_cpus(), Some(0.25));
+        let e = ServerConfig::from_toml(
+            "[runtime]\ndefault_cpus = 2\nmax_cpus = 1\n",
+            Path::new("c"),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("exceeds runtime.max_cpus"), "{e}");
         for bad in [
             "default_cpus = -1",
             "default_cpus = 0.001",
             "default_cpus = 5000",
+            "max_cpus = 0",
+            "max_cpus = 5000",
             "cgroup_cpu_weight = 10001",
         ] {
             let text = format!("[runtime]\n{bad}\n");
@@ -712,5 +806,23 @@ max_sandboxes = 3
         )
         .unwrap_err();
         assert!(e.to_string().contains("vfs.scratch_default_size"), "{e}");
+    }
+
+    #[test]
+    fn build_limits_parse_and_are_checked() {
+        let (c, _) = ServerConfig::from_toml(
+            "[images]\nbuild_timeout = \"10m\"\nbuild_disk = \"1G\"\nbuild_memory = \"512M\"\n",
+            Path::new("c"),
+        )
+        .unwrap();
+        assert_eq!(c.images.build_timeout.0, Duration::from_secs(600));
+        assert_eq!(c.images.build_disk, ByteSize(1 << 30));
+        assert_eq!(c.images.build_memory, ByteSize(512 << 20));
+        let e = ServerConfig::from_toml("[images]\nbuild_timeout = \"0s\"\n", Path::new("c"))
+            .unwrap_err();
+        assert!(e.to_string().contains("images.build_timeout"), "{e}");
+        let e = ServerConfig::from_toml("[images]\nbuild_memory = \"1M\"\n", Path::new("c"))
+            .unwrap_err();
+        assert!(e.to_string().contains("images.build_memory 1M"), "{e}");
     }
 }

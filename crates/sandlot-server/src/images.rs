@@ -34,7 +34,7 @@ use sandlot_proto::spec::{valid_object_name, MountSpec, SandboxSpec, HOST_IMAGE}
 use sandlot_proto::units::ByteSize;
 use sandlot_runtime::host_path::{self, PinError, PinnedPath};
 use sandlot_runtime::mounts::{ImageRoot, SharedDir};
-use sandlot_runtime::{CreateOptions, SecretFile, Secrets};
+use sandlot_runtime::{CreateOptions, Instance, SecretFile, Secrets};
 use sandlot_store::layer::LayerError;
 use sandlot_store::{
     Budget, Commit, Digest, ImageInfo, ImageName, ImageStore, LegacyOwners, ScopedTag, SizeLimit,
@@ -43,6 +43,9 @@ use sandlot_store::{
 use serde::{Deserialize, Serialize};
 
 use crate::error::ApiError;
+
+mod host_snapshot;
+use host_snapshot::snapshot_source;
 
 /// The daemon's images, volumes and secrets.
 pub struct Images {
@@ -364,13 +367,14 @@ impl Images {
             if let Some(img) = self.spec_image(viewer, spec)? {
                 self.store.lease(id, &img.id).map_err(store_error)?;
                 let rw = self.rw_dir(id);
-                mount_rw(&rw, spec.resources.disk.bytes())?;
+                mount_rw(&rw, spec.memory_backed().writable)?;
                 opts.image = Some(ImageRoot {
                     layers: self.store.layer_dirs(&img),
                     rw: Some(rw),
                     env: img.config.env.clone(),
                     workdir: img.config.workdir.clone(),
                     user: img.config.user.clone(),
+                    on_host: img.config.host_base,
                 });
             }
             Ok(())
@@ -431,18 +435,21 @@ impl Images {
     /// namespace of whoever asked (`scope`; `None`: the operator's, shared). What
     /// the layer expands to is bounded by the sandbox's disk limit `disk` (and the
     /// operator's ceiling): past it, 413 and nothing stored.
+    #[allow(clippy::too_many_arguments)]
     pub fn snapshot(
         &self,
         id: &str,
+        inst: &dyn Instance,
+        hostname: &str,
         tenant: &str,
         scope: Option<&str>,
-        inst: &dyn sandlot_runtime::Instance,
         tag: Option<&ImageName>,
         disk: u64,
     ) -> Result<(ImageInfo, Duration), ApiError> {
         self.snapshot_as(
             id,
             inst,
+            hostname,
             disk,
             Commit {
                 config: &Default::default(),
@@ -457,12 +464,41 @@ impl Images {
         )
     }
 
+    /// Packs sandbox `id`'s writable layer at `dir`, read as `source` says and
+    /// bounded by its disk limit `disk`, with the sandbox frozen meanwhile; how long
+    /// it was frozen. Only the reading needs the freeze: storing and unpacking the
+    /// layer happen after the thaw.
+    pub(crate) fn pack_frozen(
+        &self,
+        id: &str,
+        inst: &dyn Instance,
+        dir: &Path,
+        source: &sandlot_store::PackSource,
+        disk: u64,
+    ) -> Result<(sandlot_store::PackedLayer, Duration), ApiError> {
+        let limit = self.limit(Some(disk));
+        let what = format!("the writable layer of sandbox {id}");
+        let t0 = Instant::now();
+        let still = inst
+            .hold_still(Duration::from_secs(5))
+            .map_err(|e| ApiError::internal(format!("freeze sandbox {id}: {e}")))?;
+        let packed = self
+            .store
+            .pack_dir_from(dir, source, &mut Budget::new(Some(&limit), &what));
+        let thawed = still.release();
+        let took = t0.elapsed();
+        thawed.map_err(|e| ApiError::internal(format!("thaw sandbox {id}: {e}")))?;
+        Ok((packed.map_err(store_error)?, took))
+    }
+
     /// [`snapshot`](Self::snapshot) recording `c` (its config is replaced by the
-    /// base image's; a build step records its step and no owner).
+    /// base image's; a build step records its step and its builder as owner).
+    #[allow(clippy::too_many_arguments)]
     pub fn snapshot_as(
         &self,
         id: &str,
-        inst: &dyn sandlot_runtime::Instance,
+        inst: &dyn Instance,
+        hostname: &str,
         disk: u64,
         c: Commit,
     ) -> Result<(ImageInfo, Duration), ApiError> {
@@ -475,30 +511,28 @@ impl Images {
             .map(|(_, d)| d)
             .ok_or_else(|| {
                 ApiError::conflict(format!(
-                    "sandbox {id} runs the host image or a rootfs directory: only sandboxes created from a store image can be snapshotted"
+                    "sandbox {id} runs a rootfs directory: only sandboxes of an image (host or from the store) can be snapshotted"
                 ))
             })?;
         let base = self.store.get(&base).map_err(store_error)?;
         let upper = self.rw_dir(id).join("upper");
-        let limit = self.limit(Some(disk));
-        let what = format!("the writable layer of sandbox {id}");
-        let t0 = Instant::now();
-        let still = inst
-            .hold_still(Duration::from_secs(5))
-            .map_err(|e| ApiError::internal(format!("freeze sandbox {id}: {e}")))?;
-        // Only reading the writable layer needs the sandbox frozen; storing and
-        // unpacking the layer happen after the thaw.
-        let packed = self
-            .store
-            .pack_dir(&upper, &mut Budget::new(Some(&limit), &what));
-        let thawed = still.release();
-        let took = t0.elapsed();
-        thawed.map_err(|e| ApiError::internal(format!("thaw sandbox {id}: {e}")))?;
+        // What the runtime made in the writable layer to mount on, or wrote there
+        // (the sandbox's identity files, `hostname` its host name), is not the
+        // sandbox's change.
+        let source = sandlot_store::PackSource {
+            stubs: snapshot_source(inst)?.mount_points,
+            written: sandlot_runtime::hostimage::image_identity_files(hostname)
+                .into_iter()
+                .map(|(name, contents, _)| (Path::new("etc").join(name), contents.into_bytes()))
+                .collect(),
+            ..Default::default()
+        };
+        let (packed, took) = self.pack_frozen(id, inst, &upper, &source, disk)?;
         let img = self
             .store
             .commit_packed(
                 &base,
-                packed.map_err(store_error)?,
+                packed,
                 &Commit {
                     config: &base.config,
                     ..c
@@ -801,13 +835,17 @@ fn run_tool(cmd: &mut Command, what: &str) -> Result<(), ApiError> {
 /// Mounts the writable layer of a sandbox: a tmpfs of `size` bytes (charged to
 /// the memory cgroup of whoever writes to it: the sandbox) holding `upper/` and
 /// `work/`.
-fn mount_rw(dir: &Path, size: u64) -> Result<(), ApiError> {
+/// The writable layer of an image sandbox: a tmpfs of the size and file count
+/// [`SandboxSpec::memory_backed`] gives (its pages are charged to the sandbox that
+/// writes them, so it never holds more than the sandbox's memory leaves it).
+fn mount_rw(dir: &Path, size: sandlot_proto::spec::TmpfsLimit) -> Result<(), ApiError> {
     use rustix::mount::{mount, MountFlags};
     fs::DirBuilder::new()
         .mode(0o700)
         .create(dir)
         .map_err(io_api("create writable layer"))?;
-    let opts = std::ffi::CString::new(format!("size={size},mode=0755")).expect("no NUL");
+    let opts =
+        std::ffi::CString::new(format!("{},mode=0755", size.mount_options())).expect("no NUL");
     mount(
         "sandlot-rw",
         dir,

@@ -96,6 +96,16 @@ fn lock_data_dir(dir: &Path) -> Result<HostLock, ServerError> {
     }
 }
 
+/// Whether a daemon runs on `data_dir` now: its `daemon.lock` names a live process.
+/// Reads only (takes no lock, creates nothing), so a daemon starting meanwhile is
+/// never disturbed; a reused pid reads as running.
+pub fn daemon_running_on(data_dir: &Path) -> bool {
+    std::fs::read_to_string(data_dir.join("daemon.lock"))
+        .ok()
+        .and_then(|s| s.trim().parse::<u32>().ok())
+        .is_some_and(|pid| Path::new(&format!("/proc/{pid}")).exists())
+}
+
 /// Where daemons lock their id prefixes (`<id_prefix>.lock`, holding the pid): one
 /// directory for the whole host, whatever each daemon's run directory, because
 /// network namespace names are host-wide.

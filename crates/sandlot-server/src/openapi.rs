@@ -7,7 +7,7 @@ use sandlot_proto::api::{network as net_api, ports as ports_api, vfs as vfs_api}
 use utoipa::{OpenApi, ToSchema};
 
 use crate::routes::{
-    exec, files, images, memory, network, ports, sandboxes, secrets, vfs, volumes,
+    exec, files, images, memory, network, ports, sandboxes, secrets, tokens, vfs, volumes,
 };
 
 /// A bind mount, a tmpfs, a memory store or a collection (the `type` field selects).
@@ -173,6 +173,7 @@ pub struct SecretRefDoc {
         images::export, images::diff, images::snapshot, images::pull, images::push, images::build,
         volumes::create, volumes::list, volumes::get_one, volumes::remove,
         secrets::create, secrets::list, secrets::remove,
+        tokens::create, tokens::list, tokens::revoke,
         memory::list, memory::create, memory::info, memory::delete, memory::add, memory::get_one,
         memory::edit, memory::remove, memory::move_memory, memory::search, memory::log,
         memory::diff, memory::revert, memory::status, memory::reindex, memory::tool,
@@ -185,7 +186,8 @@ pub struct SecretRefDoc {
         images::PruneView, images::DiffView, images::SnapshotBody, images::PullBody,
         images::PushBody, images::RegistryAuthBody, images::ProgressLine, volumes::CreateVolume,
         volumes::VolumeList, crate::images::Volume, secrets::CreateSecret, secrets::SecretList,
-        crate::images::SecretInfo, memory::CreateMemoryStore, memory::MemoryStoreDoc,
+        crate::images::SecretInfo, tokens::CreateToken, tokens::TokenView, tokens::NewToken,
+        tokens::TokenList, memory::CreateMemoryStore, memory::MemoryStoreDoc,
         memory::NewMemoryDoc, memory::MemoryPatchDoc, memory::SearchDoc, memory::WriteOutcomeDoc,
         memory::ToolOutputDoc, memory::MoveBody, memory::RevertBody, memory::ReindexBody,
         vfs_api::VfsSource, vfs_api::VfsAcl, vfs_api::VfsAclRule, vfs_api::CreateCollection,
@@ -194,7 +196,7 @@ pub struct SecretRefDoc {
         vfs_api::SessionLimits, vfs_api::VfsSession, vfs_api::VfsScratch, vfs_api::RunCommand,
         vfs_api::RunResult,
         vfs_api::AuditEntry, vfs_api::AuditList)),
-    tags((name = "sandboxes"), (name = "processes"), (name = "files"), (name = "network"), (name = "ports"), (name = "images"), (name = "volumes"), (name = "secrets"), (name = "memory"), (name = "vfs"), (name = "system")),
+    tags((name = "sandboxes"), (name = "processes"), (name = "files"), (name = "network"), (name = "ports"), (name = "images"), (name = "volumes"), (name = "secrets"), (name = "tokens"), (name = "memory"), (name = "vfs"), (name = "system")),
     modifiers(&Security),
 )]
 struct ApiDoc;

@@ -827,7 +827,7 @@ pub async fn own(state: Arc<AppState>, h: Arc<SandboxHandle>, adopted: bool) {
     state.unregister(&h.id);
     state.metrics.live_sandboxes.fetch_sub(1, Ordering::Relaxed);
     state.metrics.stopped(reason.as_str());
-    let _ = h.stopped.send(true);
+    h.stopped.send_replace(true);
     tracing::info!(reason = reason.as_str(), "sandbox stopped");
     let h2 = h.clone();
     let images = state.images.clone();

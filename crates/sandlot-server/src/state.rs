@@ -45,6 +45,9 @@ pub struct AppState {
     pub inbound: Arc<crate::inbound::Inbound>,
     /// The descriptors sandboxes' egress (proxy, resolver) may hold, all together.
     pub egress_descriptors: Arc<sandlot_net::admission::Budget>,
+    /// Builds in flight per tenant (`images.max_builds_per_tenant`), the staging of
+    /// their contexts included.
+    pub builds: Arc<sandlot_net::admission::KeyedCount<String>>,
 }
 
 /// Counts the host clean-ups that run after a sandbox is recorded as stopped (its
@@ -110,7 +113,9 @@ impl AppState {
             crate::collection_mount::CollectionMounts::new(&cfg.data_dir, helper_exe);
         let inbound = crate::inbound::Inbound::new(&cfg.connections, descriptors.inbound);
         let egress_descriptors = sandlot_net::admission::Budget::new(descriptors.egress);
+        let builds = sandlot_net::admission::KeyedCount::new(cfg.images.max_builds_per_tenant);
         AppState {
+            builds,
             descriptors,
             inbound,
             egress_descriptors,

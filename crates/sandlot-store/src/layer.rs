@@ -16,7 +16,7 @@
 //! that is small on disk but huge when read cannot make the daemon write or read
 //! without bound.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs;
 use std::io::{self, Read, Write};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
@@ -371,16 +371,29 @@ fn is_whiteout(md: &fs::Metadata) -> bool {
 /// Unpacks an (uncompressed) OCI layer tar into `dir`, which must be empty.
 /// Ownership, permissions (set-id bits included) and times are kept.
 pub fn unpack<R: Read>(tar: R, dir: &Path) -> Result<UnpackStats, LayerError> {
-    let mut ar = tar::Archive::new(tar);
-    ar.set_preserve_permissions(true);
-    ar.set_preserve_mtime(true);
-    ar.set_preserve_ownerships(true);
-    ar.set_overwrite(true);
-    ar.set_unpack_xattrs(false);
     let mut st = UnpackStats::default();
-    let entries = ar.entries().map_err(io_at("read layer", dir))?;
-    for e in entries {
-        let mut e = e.map_err(io_at("read layer entry in", dir))?;
+    let configure = |ar: &mut tar::Archive<_>| {
+        ar.set_preserve_permissions(true);
+        ar.set_preserve_mtime(true);
+        ar.set_preserve_ownerships(true);
+        ar.set_overwrite(true);
+        ar.set_unpack_xattrs(false);
+    };
+    let read_error = |source: io::Error| {
+        // The bound on what the reader holds between entries: the layer's fault.
+        if source.kind() == io::ErrorKind::InvalidData {
+            return LayerError::BadEntry {
+                path: "(between entries)".into(),
+                problem: source.to_string(),
+            };
+        }
+        LayerError::Io {
+            op: "read layer entry in",
+            path: dir.display().to_string(),
+            source,
+        }
+    };
+    crate::tar_bound::for_each_entry(tar, configure, read_error, |e| {
         let raw = e
             .path()
             .map_err(io_at("read entry path in", dir))?
@@ -407,15 +420,15 @@ pub fn unpack<R: Read>(tar: R, dir: &Path) -> Result<UnpackStats, LayerError> {
                 make_whiteout(&target).map_err(io_at("create whiteout", &target))?;
                 st.whiteouts += 1;
             }
-            continue;
+            return Ok(());
         }
         let ty = e.header().entry_type();
         if ty.is_character_special() || ty.is_block_special() {
             st.skipped_devices += 1;
-            continue;
+            return Ok(());
         }
         if rel.as_os_str().is_empty() {
-            continue;
+            return Ok(());
         }
         if ty.is_fifo() {
             let parent = dir_in(dir, rel.parent().unwrap_or(Path::new("")), &raw)?;
@@ -425,7 +438,7 @@ pub fn unpack<R: Read>(tar: R, dir: &Path) -> Result<UnpackStats, LayerError> {
                 path: raw.display().to_string(),
                 source,
             })?;
-            continue;
+            return Ok(());
         }
         let ok = e.unpack_in(dir).map_err(|source| LayerError::Io {
             op: "unpack",
@@ -438,8 +451,147 @@ pub fn unpack<R: Read>(tar: R, dir: &Path) -> Result<UnpackStats, LayerError> {
                 problem: "path escapes the layer".into(),
             });
         }
-    }
+        Ok(())
+    })?;
     Ok(st)
+}
+
+/// How [`pack_from`] reads a tree that is not an overlay upper directory of the
+/// store's own: the root of a running sandbox, seen from the host.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PackSource {
+    /// Leave out every entry on another filesystem than the tree's root (mount
+    /// points: what is bound or mounted into the tree is not part of it).
+    pub one_filesystem: bool,
+    /// The tree's files carry host ids: the layer records the ids they map to
+    /// inside (`None`: the ids as they are).
+    pub ids: Option<IdMap>,
+    /// Paths (relative to the tree's root) where the runtime mounted something
+    /// inside the sandbox. What it made there to mount on (an empty directory or
+    /// file: `dev`, `proc`, `etc/hosts`...) is left out, and so is a directory that
+    /// holds nothing but such stubs (`run` made for `run/secrets`). Anything else
+    /// at those paths is kept.
+    pub stubs: BTreeSet<PathBuf>,
+    /// Files the runtime wrote into the tree (relative path, contents: a sandbox's
+    /// `etc/hostname`): left out while they hold exactly that, like stubs.
+    pub written: BTreeMap<PathBuf, Vec<u8>>,
+}
+
+/// A user namespace's id maps (`/proc/PID/uid_map` and `gid_map` lines: inside,
+/// outside, count), read backwards: host ids to the ids inside. An id outside
+/// every range becomes [`IdMap::OVERFLOW`], as the kernel shows it inside.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IdMap {
+    pub uids: Vec<(u32, u32, u32)>,
+    pub gids: Vec<(u32, u32, u32)>,
+}
+
+impl IdMap {
+    /// The kernel's overflow id (`nobody`).
+    pub const OVERFLOW: u32 = 65534;
+
+    /// Parses the text of a `uid_map` and a `gid_map`.
+    pub fn parse(uid_map: &str, gid_map: &str) -> Option<IdMap> {
+        fn ranges(text: &str) -> Option<Vec<(u32, u32, u32)>> {
+            text.lines()
+                .filter(|l| !l.trim().is_empty())
+                .map(|l| {
+                    let mut f = l.split_whitespace().map(|n| n.parse::<u32>().ok());
+                    Some((f.next()??, f.next()??, f.next()??))
+                })
+                .collect()
+        }
+        Some(IdMap {
+            uids: ranges(uid_map)?,
+            gids: ranges(gid_map)?,
+        })
+    }
+
+    fn inside(ranges: &[(u32, u32, u32)], host: u32) -> u32 {
+        ranges
+            .iter()
+            .find(|(_, outside, count)| host >= *outside && host - outside < *count)
+            .map_or(Self::OVERFLOW, |(inside, outside, _)| {
+                inside + (host - outside)
+            })
+    }
+
+    pub fn uid(&self, host: u32) -> u32 {
+        Self::inside(&self.uids, host)
+    }
+
+    pub fn gid(&self, host: u32) -> u32 {
+        Self::inside(&self.gids, host)
+    }
+}
+
+/// Walks a tree for [`pack_from`]: the tree's root and what [`PackSource`] asks.
+struct Walk<'a> {
+    root: &'a Path,
+    /// The root's device, with [`PackSource::one_filesystem`].
+    device: Option<u64>,
+    ids: Option<&'a IdMap>,
+    stubs: &'a BTreeSet<PathBuf>,
+    written: &'a BTreeMap<PathBuf, Vec<u8>>,
+}
+
+impl Walk<'_> {
+    fn header_for(&self, md: &fs::Metadata) -> tar::Header {
+        let mut h = header_for(md);
+        if let Some(ids) = self.ids {
+            h.set_uid(ids.uid(md.uid()) as u64);
+            h.set_gid(ids.gid(md.gid()) as u64);
+        }
+        h
+    }
+
+    /// Whether an entry belongs to the tree (not a mount point on it).
+    fn includes(&self, md: &fs::Metadata) -> bool {
+        self.device.is_none_or(|d| md.dev() == d)
+    }
+
+    /// Whether `rel` is a stub the runtime made to mount on, or a directory of
+    /// nothing but such stubs ([`PackSource::stubs`]).
+    fn is_stub(&self, rel: &Path, md: &fs::Metadata) -> Result<bool, LayerError> {
+        if (self.stubs.is_empty() && self.written.is_empty()) || is_whiteout(md) {
+            return Ok(false);
+        }
+        let p = self.root.join(rel);
+        if let Some(want) = self.written.get(rel) {
+            return Ok(md.file_type().is_file()
+                && md.len() == want.len() as u64
+                && fs::read(&p).map_err(io_at("read", &p))? == *want);
+        }
+        if self.stubs.contains(rel) {
+            if md.file_type().is_file() {
+                return Ok(md.len() == 0);
+            }
+            if !md.is_dir() {
+                return Ok(false);
+            }
+        } else if !(md.is_dir()
+            && self
+                .stubs
+                .iter()
+                .chain(self.written.keys())
+                .any(|s| s.starts_with(rel)))
+        {
+            return Ok(false);
+        }
+        // A directory: a stub if everything in it is one.
+        if is_opaque(&p) {
+            return Ok(false);
+        }
+        for e in fs::read_dir(&p).map_err(io_at("read dir", &p))? {
+            let e = e.map_err(io_at("read dir", &p))?;
+            let r = rel.join(e.file_name());
+            let md = fs::symlink_metadata(self.root.join(&r)).map_err(io_at("stat", &p))?;
+            if self.includes(&md) && !self.is_stub(&r, &md)? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
 }
 
 fn header_for(md: &fs::Metadata) -> tar::Header {
@@ -457,27 +609,87 @@ fn header_for(md: &fs::Metadata) -> tar::Header {
 /// same bytes. What the tar expands to is counted against `budget` as it is
 /// written (a hard link counts once: it is a link entry).
 pub fn pack<W: Write>(dir: &Path, out: W, budget: &mut Budget) -> Result<W, LayerError> {
+    pack_from(dir, &PackSource::default(), out, budget)
+}
+
+/// [`pack`], reading `dir` as `source` says. The tree must not change meanwhile
+/// (a sandbox's is frozen): entries are found by path.
+pub fn pack_from<W: Write>(
+    dir: &Path,
+    source: &PackSource,
+    out: W,
+    budget: &mut Budget,
+) -> Result<W, LayerError> {
+    let device = match source.one_filesystem {
+        true => Some(fs::metadata(dir).map_err(io_at("stat", dir))?.dev()),
+        false => None,
+    };
+    let walk = Walk {
+        root: dir,
+        device,
+        ids: source.ids.as_ref(),
+        stubs: &source.stubs,
+        written: &source.written,
+    };
     let mut b = tar::Builder::new(out);
     b.mode(tar::HeaderMode::Complete);
     b.follow_symlinks(false);
     let mut links: HashMap<(u64, u64), PathBuf> = HashMap::new();
     // The end-of-archive blocks.
     budget.charge(1024)?;
-    pack_dir(&mut b, dir, Path::new(""), &mut links, budget)?;
+    pack_dir(&mut b, &walk, Path::new(""), &mut links, budget)?;
     b.into_inner().map_err(io_at("finish layer tar of", dir))
 }
 
 /// Appends regular file `f` (metadata `md`) as `path`: a plain entry, or a GNU
 /// sparse entry (data runs only) when it has holes.
+/// Most data runs a packed file's sparse map holds. The map is read whole by the
+/// unpack (21 runs per 512-byte block after the header's 4), and what an unpack
+/// reads between entries is bounded ([`crate::tar_bound::MAX_ENTRY_METADATA`], 1 MiB):
+/// 16,384 runs take about 400 KiB, so a layer this store packs always unpacks.
+const MAX_SPARSE_RUNS: usize = 16_384;
+
+/// Merges the runs separated by the smallest holes until at most `max` remain (the
+/// holes merged are then stored as zeros; what is charged, the apparent size, is
+/// the same).
+fn coalesce_runs(runs: &mut Vec<(u64, u64)>, max: usize) {
+    if runs.len() <= max.max(1) {
+        return;
+    }
+    let mut gaps: Vec<(u64, usize)> = runs
+        .windows(2)
+        .enumerate()
+        .map(|(i, w)| (w[1].0 - w[0].1, i))
+        .collect();
+    gaps.sort_unstable();
+    let mut fill = vec![false; runs.len() - 1];
+    for &(_, i) in &gaps[..runs.len() - max.max(1)] {
+        fill[i] = true;
+    }
+    let mut out = Vec::with_capacity(max);
+    let mut cur = runs[0];
+    for (i, &r) in runs.iter().enumerate().skip(1) {
+        if fill[i - 1] {
+            cur.1 = r.1;
+        } else {
+            out.push(cur);
+            cur = r;
+        }
+    }
+    out.push(cur);
+    *runs = out;
+}
+
 fn append_file<W: Write>(
     b: &mut tar::Builder<W>,
+    mut h: tar::Header,
     md: &fs::Metadata,
     path: &Path,
     f: &fs::File,
 ) -> io::Result<()> {
     let size = md.len();
-    let runs = data_runs(f, size)?;
-    let mut h = header_for(md);
+    let mut runs = data_runs(f, size)?;
+    coalesce_runs(&mut runs, MAX_SPARSE_RUNS);
     if runs.len() == 1 && runs[0] == (0, size) || size == 0 {
         h.set_entry_type(tar::EntryType::Regular);
         h.set_size(size);
@@ -531,24 +743,42 @@ fn append_file<W: Write>(
     )
 }
 
+/// The names in directory `abs`, sorted.
+fn sorted_names(abs: &Path) -> Result<std::vec::IntoIter<std::ffi::OsString>, LayerError> {
+    let mut names: Vec<_> = fs::read_dir(abs)
+        .map_err(io_at("read dir", abs))?
+        .map(|e| e.map(|e| e.file_name()))
+        .collect::<Result<_, _>>()
+        .map_err(io_at("read dir", abs))?;
+    names.sort();
+    Ok(names.into_iter())
+}
+
+/// Packs the tree below `rel`, depth first in name order. The directories being
+/// walked are a list, not the call stack: a sandbox can nest directories
+/// thousands deep (`mkdir a; cd a` in a loop), and a walk recursing once per level
+/// overflowed the thread's stack, which aborts the daemon.
 fn pack_dir<W: Write>(
     b: &mut tar::Builder<W>,
-    root: &Path,
+    walk: &Walk<'_>,
     rel: &Path,
     links: &mut HashMap<(u64, u64), PathBuf>,
     budget: &mut Budget,
 ) -> Result<(), LayerError> {
-    let abs = root.join(rel);
-    let mut names: Vec<_> = fs::read_dir(&abs)
-        .map_err(io_at("read dir", &abs))?
-        .map(|e| e.map(|e| e.file_name()))
-        .collect::<Result<_, _>>()
-        .map_err(io_at("read dir", &abs))?;
-    names.sort();
-    for n in names {
+    let root = walk.root;
+    let mut open = vec![(rel.to_path_buf(), sorted_names(&root.join(rel))?)];
+    while let Some((rel, names)) = open.last_mut() {
+        let Some(n) = names.next() else {
+            open.pop();
+            continue;
+        };
+        let rel = rel.clone();
         let r = rel.join(&n);
         let p = root.join(&r);
         let md = fs::symlink_metadata(&p).map_err(io_at("stat", &p))?;
+        if !walk.includes(&md) || walk.is_stub(&r, &md)? {
+            continue;
+        }
         let ft = md.file_type();
         let add = |b: &mut tar::Builder<W>, h: &mut tar::Header, path: &Path, data: &[u8]| {
             b.append_data(h, path, data).map_err(io_at("pack", path))
@@ -567,7 +797,7 @@ fn pack_dir<W: Write>(
             add(b, &mut h, &wh, &[])?;
         } else if ft.is_dir() {
             budget.charge(entry_cost(name_len, 0, 0))?;
-            let mut h = header_for(&md);
+            let mut h = walk.header_for(&md);
             h.set_entry_type(tar::EntryType::Directory);
             h.set_size(0);
             add(b, &mut h, &r, &[])?;
@@ -582,11 +812,12 @@ fn pack_dir<W: Write>(
                 h.set_size(0);
                 add(b, &mut h, &r.join(OPAQUE_MARKER), &[])?;
             }
-            pack_dir(b, root, &r, links, budget)?;
+            let names = sorted_names(&p)?;
+            open.push((r, names));
         } else if ft.is_symlink() {
             let target = fs::read_link(&p).map_err(io_at("readlink", &p))?;
             budget.charge(entry_cost(name_len, target.as_os_str().len(), 0))?;
-            let mut h = header_for(&md);
+            let mut h = walk.header_for(&md);
             h.set_entry_type(tar::EntryType::Symlink);
             h.set_size(0);
             b.append_link(&mut h, &r, &target)
@@ -595,7 +826,7 @@ fn pack_dir<W: Write>(
             if md.nlink() > 1 {
                 if let Some(first) = links.get(&(md.dev(), md.ino())) {
                     budget.charge(entry_cost(name_len, first.as_os_str().len(), 0))?;
-                    let mut h = header_for(&md);
+                    let mut h = walk.header_for(&md);
                     h.set_entry_type(tar::EntryType::Link);
                     h.set_size(0);
                     b.append_link(&mut h, &r, first)
@@ -606,10 +837,10 @@ fn pack_dir<W: Write>(
             }
             budget.charge(entry_cost(name_len, 0, md.len()))?;
             let f = fs::File::open(&p).map_err(io_at("open", &p))?;
-            append_file(b, &md, &r, &f).map_err(io_at("pack", &p))?;
+            append_file(b, walk.header_for(&md), &md, &r, &f).map_err(io_at("pack", &p))?;
         } else if ft.is_fifo() {
             budget.charge(entry_cost(name_len, 0, 0))?;
-            let mut h = header_for(&md);
+            let mut h = walk.header_for(&md);
             h.set_entry_type(tar::EntryType::Fifo);
             h.set_size(0);
             add(b, &mut h, &r, &[])?;
@@ -864,429 +1095,4 @@ pub fn diff(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The user and group this test runs as. The test layers' entries belong to
-    /// them: `unpack` keeps ownership, only root may give a file to another user,
-    /// and unit tests run without root.
-    fn own_ids() -> (u64, u64) {
-        let f = tempfile::tempfile().unwrap();
-        let md = f.metadata().unwrap();
-        (md.uid().into(), md.gid().into())
-    }
-
-    /// A layer tar of raw headers: (path, type, link target, mode).
-    fn tar_raw(entries: &[(&str, tar::EntryType, &str, u32)]) -> Vec<u8> {
-        let (uid, gid) = own_ids();
-        let mut b = tar::Builder::new(Vec::new());
-        for (path, ty, link, mode) in entries {
-            let mut h = tar::Header::new_gnu();
-            h.set_entry_type(*ty);
-            h.set_mode(*mode);
-            h.set_uid(uid);
-            h.set_gid(gid);
-            h.set_mtime(1_700_000_000);
-            h.set_size(0);
-            if ty.is_symlink() {
-                b.append_link(&mut h, path, link).unwrap();
-            } else {
-                b.append_data(&mut h, path, &[][..]).unwrap();
-            }
-        }
-        b.into_inner().unwrap()
-    }
-
-    /// Found by probing imports: a whiteout or an opaque marker under a symbolic link
-    /// that the same layer made followed the link, and deleted or created things
-    /// anywhere on the host, as root (`a -> /victims`, then `a/.wh.file`).
-    #[test]
-    fn whiteouts_never_reach_through_a_symlink() {
-        let t = tempfile::tempdir().unwrap();
-        let outside = t.path().join("outside");
-        fs::create_dir_all(outside.join("vdir")).unwrap();
-        fs::write(outside.join("victim"), "precious").unwrap();
-        let out = outside.to_str().unwrap();
-        for (i, entry) in [
-            "a/.wh.victim",
-            "a/.wh.vdir",
-            "a/newdir/.wh..wh..opq",
-            "a/pipe",
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            let ty = if entry.ends_with("pipe") {
-                tar::EntryType::Fifo
-            } else {
-                tar::EntryType::Regular
-            };
-            let layer = t.path().join(format!("layer{i}"));
-            fs::create_dir(&layer).unwrap();
-            let tar = tar_raw(&[
-                ("a", tar::EntryType::Symlink, out, 0o777),
-                (entry, ty, "", 0o644),
-            ]);
-            let e = unpack(&tar[..], &layer).unwrap_err();
-            assert!(
-                e.to_string().contains("path goes through a symbolic link"),
-                "{entry}: {e}"
-            );
-        }
-        // Relative links are refused the same way.
-        let layer = t.path().join("layer-rel");
-        fs::create_dir(&layer).unwrap();
-        let tar = tar_raw(&[
-            ("a", tar::EntryType::Symlink, "../outside", 0o777),
-            ("a/.wh.victim", tar::EntryType::Regular, "", 0o644),
-        ]);
-        assert!(unpack(&tar[..], &layer).is_err());
-        assert_eq!(
-            fs::read_to_string(outside.join("victim")).unwrap(),
-            "precious"
-        );
-        assert!(outside.join("vdir").is_dir());
-        assert!(!outside.join("newdir").exists());
-        assert!(!outside.join("pipe").exists());
-        // Whiteouts in real directories of the layer still work.
-        let layer = t.path().join("layer-ok");
-        fs::create_dir(&layer).unwrap();
-        let tar = tar_raw(&[
-            ("d", tar::EntryType::Directory, "", 0o755),
-            ("d/.wh.gone", tar::EntryType::Regular, "", 0o644),
-            ("e/f/.wh..wh..opq", tar::EntryType::Regular, "", 0o644),
-        ]);
-        let st = unpack(&tar[..], &layer).unwrap();
-        assert_eq!((st.whiteouts, st.opaque_dirs), (1, 1));
-        assert!(is_whiteout(
-            &fs::symlink_metadata(layer.join("d/gone")).unwrap()
-        ));
-        assert!(is_opaque(&layer.join("e/f")));
-    }
-
-    /// Found by probing snapshots: a FIFO in a layer became an empty regular file.
-    #[test]
-    fn fifos_stay_fifos() {
-        let t = tempfile::tempdir().unwrap();
-        let tar = tar_raw(&[
-            ("opt", tar::EntryType::Directory, "", 0o755),
-            ("opt/myfifo", tar::EntryType::Fifo, "", 0o640),
-        ]);
-        unpack(&tar[..], t.path()).unwrap();
-        let md = fs::symlink_metadata(t.path().join("opt/myfifo")).unwrap();
-        assert!(md.file_type().is_fifo(), "{:?}", md.file_type());
-        assert_eq!(md.mode() & 0o7777, 0o640);
-        assert_eq!(md.mtime(), 1_700_000_000);
-        // And back into a layer as a FIFO.
-        let packed = pack(t.path(), Vec::new(), &mut Budget::unlimited()).unwrap();
-        let mut ar = tar::Archive::new(&packed[..]);
-        let fifo = ar
-            .entries()
-            .unwrap()
-            .map(|e| e.unwrap())
-            .find(|e| e.path().unwrap().ends_with("myfifo"))
-            .unwrap();
-        assert!(fifo.header().entry_type().is_fifo());
-    }
-
-    fn tar_of(entries: &[(&str, Option<&[u8]>)]) -> Vec<u8> {
-        let (uid, gid) = own_ids();
-        let mut b = tar::Builder::new(Vec::new());
-        for (path, data) in entries {
-            let mut h = tar::Header::new_gnu();
-            h.set_uid(uid);
-            h.set_gid(gid);
-            h.set_mtime(0);
-            match data {
-                Some(d) => {
-                    h.set_entry_type(tar::EntryType::Regular);
-                    h.set_mode(0o644);
-                    h.set_size(d.len() as u64);
-                    b.append_data(&mut h, path, *d).unwrap();
-                }
-                None => {
-                    h.set_entry_type(tar::EntryType::Directory);
-                    h.set_mode(0o755);
-                    h.set_size(0);
-                    b.append_data(&mut h, path, &[][..]).unwrap();
-                }
-            }
-        }
-        b.into_inner().unwrap()
-    }
-
-    #[test]
-    fn whiteouts_become_overlay_whiteouts_and_back() {
-        let t = tempfile::tempdir().unwrap();
-        let l1 = t.path().join("l1");
-        let l2 = t.path().join("l2");
-        fs::create_dir(&l1).unwrap();
-        fs::create_dir(&l2).unwrap();
-        unpack(
-            &tar_of(&[
-                ("etc", None),
-                ("etc/a", Some(b"a")),
-                ("etc/b", Some(b"b")),
-                ("opt", None),
-                ("opt/x", Some(b"x")),
-            ])[..],
-            &l1,
-        )
-        .unwrap();
-        let st = unpack(
-            &tar_of(&[
-                ("etc/.wh.a", Some(b"")),
-                ("opt/.wh..wh..opq", Some(b"")),
-                ("opt/y", Some(b"y")),
-                ("new", Some(b"n")),
-            ])[..],
-            &l2,
-        )
-        .unwrap();
-        assert_eq!((st.whiteouts, st.opaque_dirs), (1, 1));
-        let md = fs::symlink_metadata(l2.join("etc/a")).unwrap();
-        assert!(md.file_type().is_char_device() && md.rdev() == 0);
-        assert!(is_opaque(&l2.join("opt")));
-
-        let tree = flatten(&[l1.clone(), l2.clone()], &mut Budget::unlimited()).unwrap();
-        let keys: Vec<&str> = tree.keys().map(String::as_str).collect();
-        assert_eq!(keys, ["/etc", "/etc/b", "/new", "/opt", "/opt/y"]);
-
-        // Packing the overlay-format layer gives OCI whiteouts again.
-        let packed = pack(&l2, Vec::new(), &mut Budget::unlimited()).unwrap();
-        let mut ar = tar::Archive::new(&packed[..]);
-        let names: Vec<String> = ar
-            .entries()
-            .unwrap()
-            .map(|e| e.unwrap().path().unwrap().display().to_string())
-            .collect();
-        assert!(names.contains(&"etc/.wh.a".to_string()), "{names:?}");
-        assert!(names.contains(&"opt/.wh..wh..opq".to_string()), "{names:?}");
-        // Deterministic.
-        assert_eq!(
-            packed,
-            pack(&l2, Vec::new(), &mut Budget::unlimited()).unwrap()
-        );
-    }
-
-    #[test]
-    fn escaping_paths_are_refused() {
-        let t = tempfile::tempdir().unwrap();
-        let mut b = tar::Builder::new(Vec::new());
-        let mut h = tar::Header::new_gnu();
-        h.set_entry_type(tar::EntryType::Regular);
-        h.set_size(1);
-        h.set_mode(0o644);
-        // Bypass the builder's own path check.
-        h.as_gnu_mut().unwrap().name[..9].copy_from_slice(b"../escape");
-        h.set_cksum();
-        b.append(&h, &b"x"[..]).unwrap();
-        let data = b.into_inner().unwrap();
-        let e = unpack(&data[..], t.path()).unwrap_err();
-        assert!(e.to_string().contains("escapes"), "{e}");
-        assert!(!t.path().parent().unwrap().join("escape").exists());
-    }
-
-    #[test]
-    fn diff_reports_added_changed_removed() {
-        let t = tempfile::tempdir().unwrap();
-        let a = t.path().join("a");
-        let b = t.path().join("b");
-        fs::create_dir(&a).unwrap();
-        fs::create_dir(&b).unwrap();
-        unpack(
-            &tar_of(&[("k", Some(b"same")), ("c", Some(b"one")), ("r", Some(b"r"))])[..],
-            &a,
-        )
-        .unwrap();
-        unpack(
-            &tar_of(&[("k", Some(b"same")), ("c", Some(b"two")), ("n", Some(b"n"))])[..],
-            &b,
-        )
-        .unwrap();
-        let mut budget = Budget::unlimited();
-        let d = diff(
-            &flatten(&[a], &mut budget).unwrap(),
-            &flatten(&[b], &mut budget).unwrap(),
-            &mut budget,
-        )
-        .unwrap();
-        assert_eq!(d.added, ["/n"]);
-        assert_eq!(d.changed, ["/c"]);
-        assert_eq!(d.removed, ["/r"]);
-    }
-
-    /// A sparse file of `size` bytes with `data` written at each offset of `at`.
-    fn sparse_file(p: &Path, size: u64, at: &[u64], data: &[u8]) {
-        use std::os::unix::fs::FileExt;
-        let f = fs::File::create(p).unwrap();
-        f.set_len(size).unwrap();
-        for &o in at {
-            f.write_all_at(data, o).unwrap();
-        }
-    }
-
-    /// Found by an outside review: a snapshot of a sparse file wrote every hole as
-    /// zeros (a 2 GiB file of no blocks became a 2 GiB layer, twice). Packed with
-    /// its data runs only, it unpacks with its holes and its bytes.
-    #[test]
-    fn sparse_files_pack_and_unpack_with_their_holes() {
-        let t = tempfile::tempdir().unwrap();
-        let src = t.path().join("src");
-        fs::create_dir(&src).unwrap();
-        let size = 256 << 20;
-        // Data at the start, in the middle (more runs than a header holds), and a
-        // trailing hole; a file of holes only; an ordinary file.
-        let at: Vec<u64> = (0..30).map(|i| i * (8 << 20)).collect();
-        sparse_file(&src.join("sparse"), size, &at, b"data!");
-        sparse_file(&src.join("holes"), 64 << 20, &[], b"");
-        fs::write(src.join("plain"), b"plain bytes").unwrap();
-        let mut budget = Budget::unlimited();
-        let tar = pack(&src, Vec::new(), &mut budget).unwrap();
-        assert!(
-            tar.len() < 1 << 20,
-            "the tar holds the data only: {}",
-            tar.len()
-        );
-        // Counted as read: the apparent sizes.
-        assert!(budget.used() > size + (64 << 20), "{}", budget.used());
-
-        let dst = t.path().join("dst");
-        fs::create_dir(&dst).unwrap();
-        unpack(&tar[..], &dst).unwrap();
-        for (name, len) in [("sparse", size), ("holes", 64 << 20)] {
-            let md = fs::metadata(dst.join(name)).unwrap();
-            assert_eq!(md.len(), len, "{name}");
-            assert!(
-                md.blocks() * 512 < 4 << 20,
-                "{name}: {} blocks",
-                md.blocks()
-            );
-        }
-        let got = fs::read(dst.join("sparse")).unwrap();
-        let mut want = vec![0u8; size as usize];
-        for &o in &at {
-            want[o as usize..o as usize + 5].copy_from_slice(b"data!");
-        }
-        assert!(
-            got == want,
-            "the sparse file's bytes differ after a round trip"
-        );
-        assert_eq!(fs::read(dst.join("plain")).unwrap(), b"plain bytes");
-        // Deterministic, and the same tree again gives the same tar.
-        assert_eq!(
-            tar,
-            pack(&dst, Vec::new(), &mut Budget::unlimited()).unwrap()
-        );
-    }
-
-    /// Found by an outside review: nothing bounded what a layer expands to. Holes,
-    /// entries and file sizes count; past the limit packing stops with an error
-    /// naming the limit.
-    #[test]
-    fn packing_past_the_limit_is_refused_naming_it() {
-        let t = tempfile::tempdir().unwrap();
-        sparse_file(&t.path().join("big"), 2 << 30, &[], b"");
-        let limit = SizeLimit {
-            bytes: 64 << 20,
-            name: "the test's limit (64M)".into(),
-        };
-        let e = pack(
-            t.path(),
-            Vec::new(),
-            &mut Budget::new(Some(&limit), "the layer"),
-        )
-        .unwrap_err();
-        assert!(matches!(e, LayerError::TooLarge { .. }), "{e}");
-        assert!(
-            e.to_string()
-                .contains("the layer is larger than the test's limit (64M)"),
-            "{e}"
-        );
-        // Many empty files count too.
-        let many = t.path().join("many");
-        fs::create_dir(&many).unwrap();
-        for i in 0..300 {
-            fs::write(many.join(i.to_string()), b"").unwrap();
-        }
-        let small = SizeLimit {
-            bytes: 100 << 10,
-            name: "100K".into(),
-        };
-        let e = pack(
-            &many,
-            Vec::new(),
-            &mut Budget::new(Some(&small), "the layer"),
-        )
-        .unwrap_err();
-        assert!(matches!(e, LayerError::TooLarge { .. }), "{e}");
-        // Under the limit it packs.
-        fs::remove_file(t.path().join("big")).unwrap();
-        fs::remove_dir_all(&many).unwrap();
-        sparse_file(&t.path().join("fits"), 32 << 20, &[0], b"x");
-        pack(
-            t.path(),
-            Vec::new(),
-            &mut Budget::new(Some(&limit), "the layer"),
-        )
-        .unwrap();
-    }
-
-    /// Diffs read only where a file has data, compare hard links once, and stop at
-    /// the limit.
-    #[test]
-    fn diffs_skip_holes_and_stop_at_the_limit() {
-        let t = tempfile::tempdir().unwrap();
-        let (a, b) = (t.path().join("a"), t.path().join("b"));
-        fs::create_dir(&a).unwrap();
-        fs::create_dir(&b).unwrap();
-        sparse_file(&a.join("f"), 1 << 30, &[0, 512 << 20], b"same");
-        sparse_file(&b.join("f"), 1 << 30, &[0, 512 << 20], b"same");
-        sparse_file(&a.join("g"), 1 << 30, &[4096], b"one");
-        sparse_file(&b.join("g"), 1 << 30, &[4096], b"two");
-        for i in 0..50 {
-            fs::hard_link(a.join("f"), a.join(format!("f{i}"))).unwrap();
-            fs::hard_link(b.join("f"), b.join(format!("f{i}"))).unwrap();
-        }
-        let mut budget = Budget::unlimited();
-        let (ta, tb) = (
-            flatten(std::slice::from_ref(&a), &mut budget).unwrap(),
-            flatten(std::slice::from_ref(&b), &mut budget).unwrap(),
-        );
-        let d = diff(&ta, &tb, &mut budget).unwrap();
-        assert_eq!(d.changed, ["/g"]);
-        assert!(budget.used() < 1 << 20, "read {} bytes", budget.used());
-        let limit = SizeLimit {
-            bytes: 1 << 20,
-            name: "1M".into(),
-        };
-        // Two files of the same 8M of data must be read whole to compare.
-        fs::write(a.join("h"), vec![1u8; 8 << 20]).unwrap();
-        fs::write(b.join("h"), vec![1u8; 8 << 20]).unwrap();
-        let mut budget = Budget::new(Some(&limit), "the diff");
-        let (ta, tb) = (
-            flatten(&[a], &mut budget).unwrap(),
-            flatten(&[b], &mut budget).unwrap(),
-        );
-        let e = diff(&ta, &tb, &mut budget).unwrap_err();
-        assert!(matches!(e, LayerError::TooLarge { .. }), "{e}");
-    }
-
-    #[test]
-    fn expanded_size_counts_holes_and_hard_links_once() {
-        let t = tempfile::tempdir().unwrap();
-        sparse_file(&t.path().join("f"), 100 << 20, &[], b"");
-        for i in 0..10 {
-            fs::hard_link(t.path().join("f"), t.path().join(format!("l{i}"))).unwrap();
-        }
-        let mut budget = Budget::unlimited();
-        expanded_size(t.path(), &mut budget).unwrap();
-        assert_eq!(budget.used(), (100 << 20) + 11 * 512);
-        let limit = SizeLimit {
-            bytes: 50 << 20,
-            name: "50M".into(),
-        };
-        let e = expanded_size(t.path(), &mut Budget::new(Some(&limit), "the image")).unwrap_err();
-        assert!(matches!(e, LayerError::TooLarge { .. }), "{e}");
-    }
-}
+mod tests;

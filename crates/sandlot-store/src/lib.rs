@@ -38,9 +38,10 @@ pub mod layer;
 pub mod oci;
 pub mod reference;
 pub mod registry;
+pub mod tar_bound;
 
 pub use digest::Digest;
-pub use layer::{Budget, SizeLimit, TreeDiff};
+pub use layer::{Budget, IdMap, PackSource, SizeLimit, TreeDiff};
 pub use reference::ImageName;
 
 use digest::{HashingReader, HashingWriter};
@@ -157,6 +158,11 @@ pub struct ImageConfig {
     pub user: Option<String>,
     pub entrypoint: Vec<String>,
     pub cmd: Vec<String>,
+    /// Its layers go on top of the built-in `host` image (a snapshot of a `host`
+    /// sandbox): a sandbox of it gets the host's `/usr` and `/etc` entries as the
+    /// `host` image does (label `org.sandlot.base=host`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub host_base: bool,
 }
 
 /// One layer of an image.
@@ -675,10 +681,22 @@ impl ImageStore {
     /// sandbox's writable layer). What the layer expands to counts against
     /// `budget`: past its limit, nothing is left staged.
     pub fn pack_dir(&self, dir: &Path, budget: &mut Budget) -> Result<PackedLayer, StoreError> {
+        self.pack_dir_from(dir, &PackSource::default(), budget)
+    }
+
+    /// [`pack_dir`](Self::pack_dir) of a tree read as `source` says (a running
+    /// sandbox's root seen from the host: its own filesystem only, its ids mapped
+    /// back to the sandbox's).
+    pub fn pack_dir_from(
+        &self,
+        dir: &Path,
+        source: &PackSource,
+        budget: &mut Budget,
+    ) -> Result<PackedLayer, StoreError> {
         let staged = Staged(Some(self.tmp_path("blob")));
         let f = fs::File::create(staged.path()).map_err(io_at("create", staged.path()))?;
         let w = HashingWriter::new(BufWriter::new(f));
-        let w = layer::pack(dir, w, budget)?;
+        let w = layer::pack_from(dir, source, w, budget)?;
         let (bw, diff_id, size) = w.finish();
         let file = bw
             .into_inner()
@@ -760,7 +778,7 @@ impl ImageStore {
         source: &str,
         tag: Option<&ImageName>,
     ) -> Result<ImageInfo, StoreError> {
-        let cfg = oci::config_json(layers, config, history, parent.as_ref());
+        let cfg = oci::config_json(layers, config, history, parent.as_ref(), None);
         self.add_image_raw(&cfg, layers, parent, source, tag)
     }
 
@@ -1364,8 +1382,27 @@ impl ImageStore {
         let l = self.finish_layer(packed)?;
         let mut layers = base.layers.clone();
         layers.push(l);
-        let cfg = oci::config_json(&layers, c.config, c.comment, Some(&base.id));
+        let cfg = oci::config_json(&layers, c.config, c.comment, Some(&base.id), c.owner);
         self.record_image(&cfg, &layers, Some(base.id), c.source, c.tag, c.owner)
+    }
+
+    /// A new image of one packed layer and no parent: `c.config` as it is (a
+    /// snapshot of a `host` sandbox, whose base is no image of the store).
+    pub fn commit_packed_root(
+        &self,
+        packed: PackedLayer,
+        c: &Commit,
+    ) -> Result<ImageInfo, StoreError> {
+        let layers = vec![self.finish_layer(packed)?];
+        let cfg = oci::config_json(&layers, c.config, c.comment, None, c.owner);
+        self.record_image(&cfg, &layers, None, c.source, c.tag, c.owner)
+    }
+
+    /// A new image of `base`'s layers with the settings `c.config`, recording
+    /// `base` as its parent (a build's `ENV`, `WORKDIR` or `USER` step).
+    pub fn commit_config(&self, base: &ImageInfo, c: &Commit) -> Result<ImageInfo, StoreError> {
+        let cfg = oci::config_json(&base.layers, c.config, c.comment, Some(&base.id), c.owner);
+        self.record_image(&cfg, &base.layers, Some(base.id), c.source, c.tag, c.owner)
     }
 
     /// Files added, changed and removed from image `a` to image `b`. Every path

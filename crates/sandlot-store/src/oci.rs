@@ -39,11 +39,20 @@ pub fn config_json(
     cfg: &ImageConfig,
     created_by: &str,
     parent: Option<&Digest>,
+    owner: Option<&str>,
 ) -> Vec<u8> {
     let mut labels = BTreeMap::new();
     labels.insert("org.sandlot.created_by".to_string(), created_by.to_string());
     if let Some(p) = parent {
         labels.insert("org.sandlot.parent".to_string(), p.to_string());
+    }
+    // A tenant's image never has the id of another's or of a shared one made of the
+    // same layers and settings: an id names one owner's image.
+    if let Some(o) = owner {
+        labels.insert(OWNER_LABEL.to_string(), o.to_string());
+    }
+    if cfg.host_base {
+        labels.insert(HOST_BASE_LABEL.to_string(), "host".to_string());
     }
     let mut c = serde_json::Map::new();
     c.insert("Env".into(), json!(cfg.env));
@@ -72,6 +81,12 @@ pub fn config_json(
     serde_json::to_vec(&v).expect("json")
 }
 
+/// The label of an image whose layers go on top of the built-in `host` image
+/// ([`ImageConfig::host_base`]).
+pub const HOST_BASE_LABEL: &str = "org.sandlot.base";
+/// The label naming the tenant an image was made for (a snapshot, a tenant's build).
+pub const OWNER_LABEL: &str = "org.sandlot.owner";
+
 #[derive(Deserialize, Default)]
 #[serde(rename_all = "PascalCase")]
 struct RawRunConfig {
@@ -85,6 +100,9 @@ struct RawRunConfig {
     entrypoint: Option<Vec<String>>,
     #[serde(default)]
     cmd: Option<Vec<String>>,
+    /// Read loosely: labels of other tools are not ours to refuse.
+    #[serde(default)]
+    labels: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -111,6 +129,11 @@ pub fn parse_config(bytes: &[u8]) -> Result<ImageConfig, StoreError> {
         user: c.user.filter(|u| !u.is_empty()),
         entrypoint: c.entrypoint.unwrap_or_default(),
         cmd: c.cmd.unwrap_or_default(),
+        host_base: c
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(HOST_BASE_LABEL))
+            .is_some_and(|b| b == "host"),
     })
 }
 
@@ -236,44 +259,46 @@ fn extract_archive(path: &Path, to: &Path) -> Result<(), StoreError> {
     } else {
         Box::new(f)
     };
-    let mut ar = tar::Archive::new(r);
     // What cannot be read as a (gzipped) tar is the archive's fault: 400.
     let bad = |e: std::io::Error| invalid("archive", format!("not a readable tar archive: {e}"));
-    let entries = ar.entries().map_err(bad)?;
-    for e in entries {
-        let mut e = e.map_err(bad)?;
-        let ty = e.header().entry_type();
-        // An image archive holds JSON files and blobs; anything else is ignored.
-        if !(ty.is_file() || ty.is_dir()) {
-            continue;
-        }
-        let p = e.path().map_err(bad)?.into_owned();
-        if p.components()
-            .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
-        {
-            return Err(invalid(
-                path.display().to_string(),
-                format!("archive entry {} escapes the archive", p.display()),
-            ));
-        }
-        let dst = to.join(&p);
-        if ty.is_dir() {
-            fs::create_dir_all(&dst).map_err(io_at("create", &dst))?;
-            continue;
-        }
-        if let Some(parent) = dst.parent() {
-            fs::create_dir_all(parent).map_err(io_at("create", parent))?;
-        }
-        let mut out = fs::File::create(&dst).map_err(io_at("create", &dst))?;
-        std::io::copy(&mut e, &mut out).map_err(|err| {
-            if err.kind() == std::io::ErrorKind::UnexpectedEof {
-                bad(err)
-            } else {
-                io_at("extract", &dst)(err)
+    crate::tar_bound::for_each_entry(
+        r,
+        |_| {},
+        bad,
+        |e| {
+            let ty = e.header().entry_type();
+            // An image archive holds JSON files and blobs; anything else is ignored.
+            if !(ty.is_file() || ty.is_dir()) {
+                return Ok(());
             }
-        })?;
-    }
-    Ok(())
+            let p = e.path().map_err(bad)?.into_owned();
+            if p.components()
+                .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
+            {
+                return Err(invalid(
+                    path.display().to_string(),
+                    format!("archive entry {} escapes the archive", p.display()),
+                ));
+            }
+            let dst = to.join(&p);
+            if ty.is_dir() {
+                fs::create_dir_all(&dst).map_err(io_at("create", &dst))?;
+                return Ok(());
+            }
+            if let Some(parent) = dst.parent() {
+                fs::create_dir_all(parent).map_err(io_at("create", parent))?;
+            }
+            let mut out = fs::File::create(&dst).map_err(io_at("create", &dst))?;
+            std::io::copy(e, &mut out).map_err(|err| {
+                if err.kind() == std::io::ErrorKind::UnexpectedEof {
+                    bad(err)
+                } else {
+                    io_at("extract", &dst)(err)
+                }
+            })?;
+            Ok(())
+        },
+    )
 }
 
 /// Reads the archive's JSON file `p`; a parse error names it as `name` (its path in
@@ -702,4 +727,29 @@ pub fn export<W: Write>(
     let mut w = b.into_inner().map_err(err)?;
     crate::write_all(&mut w, &[]).map_err(err)?;
     Ok(w)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whether an image goes on top of the `host` image travels in its config's
+    /// labels (an export imported again keeps it); labels of other tools that are
+    /// not strings are no reason to refuse a config.
+    #[test]
+    fn the_host_base_survives_the_config_and_foreign_labels_are_ignored() {
+        let cfg = ImageConfig {
+            env: vec!["A=1".into()],
+            host_base: true,
+            ..Default::default()
+        };
+        let back = parse_config(&config_json(&[], &cfg, "test", None, None)).unwrap();
+        assert_eq!(back, cfg);
+        let plain =
+            parse_config(&config_json(&[], &ImageConfig::default(), "t", None, None)).unwrap();
+        assert!(!plain.host_base);
+        let odd =
+            br#"{"config":{"Labels":{"n":1,"org.sandlot.base":"other"}},"rootfs":{"diff_ids":[]}}"#;
+        assert!(!parse_config(odd).unwrap().host_base);
+    }
 }

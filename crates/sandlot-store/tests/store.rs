@@ -24,6 +24,7 @@ fn cfg() -> ImageConfig {
         user: None,
         entrypoint: vec![],
         cmd: vec!["/bin/sh".into()],
+        host_base: false,
     }
 }
 

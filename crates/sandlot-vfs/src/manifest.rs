@@ -42,6 +42,19 @@ pub struct DocEntry {
     pub source_tag: String,
 }
 
+/// A directory of the source with no document under it, kept so that listings
+/// (`ls`, `find -type d`) show the source's directories.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DirEntry {
+    /// Relative path, `/`-separated, no leading slash.
+    pub path: String,
+    /// Modification time, seconds since the Unix epoch.
+    pub mtime: i64,
+    /// Who sees it: what a document at its path would get.
+    pub acl: Acl,
+}
+
 /// The immutable manifest of one collection version.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -56,6 +69,9 @@ pub struct Manifest {
     pub source: String,
     /// Documents sorted by path.
     pub docs: Vec<DocEntry>,
+    /// Directories with no document under them, sorted by path.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dirs: Vec<DirEntry>,
 }
 
 /// Check that a document path is relative and normalized.
@@ -122,21 +138,60 @@ pub struct Tree {
 /// The root node id.
 pub const ROOT: NodeId = 0;
 
+/// The directory node at `prefix` (its last component `name`), made as a child of
+/// `parent` if there is none yet; `conflict` names the path in the error when
+/// `parent` turns out to be a file.
+fn dir_node<'a>(
+    nodes: &mut Vec<Node>,
+    dirs: &mut HashMap<&'a str, NodeId>,
+    parent: NodeId,
+    prefix: &'a str,
+    name: &str,
+    conflict: &str,
+) -> Result<NodeId, ManifestError> {
+    if let Some(&id) = dirs.get(prefix) {
+        return Ok(id);
+    }
+    let id = nodes.len() as NodeId;
+    nodes.push(Node {
+        name: name.into(),
+        parent,
+        kind: NodeKind::Dir {
+            children: Vec::new(),
+            mtime: 0,
+            subdirs: 0,
+        },
+    });
+    match &mut nodes[parent as usize].kind {
+        NodeKind::Dir {
+            children, subdirs, ..
+        } => {
+            children.push(id);
+            *subdirs += 1;
+        }
+        NodeKind::File { .. } => {
+            return Err(ManifestError::FileDirConflict {
+                path: conflict.to_string(),
+            })
+        }
+    }
+    dirs.insert(prefix, id);
+    Ok(id)
+}
+
 impl Tree {
-    /// Build the tree of the documents `principal` may read. Directories exist
-    /// only as prefixes of visible documents, so pruned ones vanish entirely.
+    /// Build the tree of the documents and empty directories `principal` may
+    /// read. Other directories exist only as prefixes of visible entries, so pruned
+    /// ones vanish entirely.
     pub fn for_principal(
         manifest: &Manifest,
         principal: &Principal,
     ) -> Result<Tree, ManifestError> {
-        Tree::build(manifest, |d| d.acl.allows(principal))
+        Tree::build(manifest, |acl| acl.allows(principal))
     }
 
-    /// Build the tree of documents that pass `keep`.
-    pub fn build(
-        manifest: &Manifest,
-        keep: impl Fn(&DocEntry) -> bool,
-    ) -> Result<Tree, ManifestError> {
+    /// Build the tree of the documents and empty directories whose ACL passes `keep`.
+    pub fn build(manifest: &Manifest, keep: impl Fn(&Acl) -> bool) -> Result<Tree, ManifestError> {
         let mut nodes = vec![Node {
             name: "".into(),
             parent: ROOT,
@@ -149,7 +204,7 @@ impl Tree {
         let mut dirs: HashMap<&str, NodeId> = HashMap::new();
         let mut visible = 0;
         for (i, doc) in manifest.docs.iter().enumerate() {
-            if !keep(doc) {
+            if !keep(&doc.acl) {
                 continue;
             }
             visible += 1;
@@ -160,36 +215,8 @@ impl Tree {
             while let Some(off) = path[start..].find('/') {
                 let prefix = &path[..start + off];
                 let name = &path[start..start + off];
-                parent = match dirs.get(prefix) {
-                    Some(&id) => id,
-                    None => {
-                        let id = nodes.len() as NodeId;
-                        nodes.push(Node {
-                            name: name.into(),
-                            parent,
-                            kind: NodeKind::Dir {
-                                children: Vec::new(),
-                                mtime: 0,
-                                subdirs: 0,
-                            },
-                        });
-                        match &mut nodes[parent as usize].kind {
-                            NodeKind::Dir {
-                                children, subdirs, ..
-                            } => {
-                                children.push(id);
-                                *subdirs += 1;
-                            }
-                            NodeKind::File { .. } => {
-                                return Err(ManifestError::FileDirConflict {
-                                    path: path[..start - 1].to_string(),
-                                })
-                            }
-                        }
-                        dirs.insert(prefix, id);
-                        id
-                    }
-                };
+                let conflict = path.get(..start.saturating_sub(1)).unwrap_or("");
+                parent = dir_node(&mut nodes, &mut dirs, parent, prefix, name, conflict)?;
                 start += off + 1;
             }
             if dirs.contains_key(path) {
@@ -225,9 +252,29 @@ impl Tree {
                 p = nodes[p as usize].parent;
             }
         }
+        // Empty directories, and their parents as prefixes.
+        for d in manifest.dirs.iter().filter(|d| keep(&d.acl)) {
+            validate_path(&d.path)?;
+            let mut parent = ROOT;
+            let path = d.path.as_str();
+            let ends = path
+                .match_indices('/')
+                .map(|(i, _)| i)
+                .chain(std::iter::once(path.len()));
+            let mut start = 0;
+            for end in ends {
+                let prefix = &path[..end];
+                let name = &path[start..end];
+                start = end + 1;
+                parent = dir_node(&mut nodes, &mut dirs, parent, prefix, name, prefix)?;
+            }
+            if let NodeKind::Dir { mtime, .. } = &mut nodes[parent as usize].kind {
+                *mtime = (*mtime).max(d.mtime);
+            }
+        }
         // A file whose path equals a directory created later.
         for (i, doc) in manifest.docs.iter().enumerate() {
-            if keep(doc) && dirs.contains_key(doc.path.as_str()) {
+            if keep(&doc.acl) && dirs.contains_key(doc.path.as_str()) {
                 let _ = i;
                 return Err(ManifestError::FileDirConflict {
                     path: doc.path.clone(),
@@ -363,6 +410,7 @@ mod tests {
             created: 0,
             source: "t".into(),
             docs,
+            dirs: Vec::new(),
         }
     }
 
@@ -396,6 +444,33 @@ mod tests {
         assert_eq!(t.lookup("/mixed/no.md"), None);
         assert!(t.lookup("/mixed/ok.md").is_some());
         assert_eq!(t.doc_count(), 2);
+    }
+
+    /// An empty directory is seen by whoever may read a document at its path, with
+    /// its parents; a directory at a document's path is a conflict.
+    #[test]
+    fn empty_dirs_are_kept_for_those_who_may_see_them() {
+        let mut m = manifest(vec![doc("pub/a.md", Acl::public())]);
+        let dir = |path: &str, acl: Acl| DirEntry {
+            path: path.into(),
+            mtime: 7,
+            acl,
+        };
+        m.dirs = vec![
+            dir("pub/empty", Acl::public()),
+            dir("hr/plans/q3", Acl::groups(["hr"])),
+        ];
+        let anon = Tree::for_principal(&m, &Principal::anonymous()).unwrap();
+        assert!(anon.lookup("/pub/empty").is_some());
+        assert_eq!(anon.lookup("/hr"), None);
+        let hr = Tree::for_principal(&m, &Principal::new("ann", ["hr"])).unwrap();
+        let q3 = hr.lookup("/hr/plans/q3").expect("the empty directory");
+        assert!(
+            matches!(hr.node(q3).kind, NodeKind::Dir { mtime: 7, ref children, .. } if children.is_empty())
+        );
+        assert_eq!(hr.doc_count(), 1);
+        m.dirs = vec![dir("pub/a.md", Acl::public())];
+        assert!(Tree::build(&m, |_| true).is_err());
     }
 
     #[test]

@@ -672,7 +672,7 @@ impl Store {
         };
         let unchanged = prev
             .as_ref()
-            .is_some_and(|p| p.manifest.docs == applied.docs)
+            .is_some_and(|p| p.manifest.docs == applied.docs && p.manifest.dirs == applied.dirs)
             && old_cfg.as_ref() == Some(&new_cfg);
         if unchanged {
             report.changed = false;
@@ -685,6 +685,7 @@ impl Store {
             created: now_secs(),
             source: source.describe(),
             docs: applied.docs,
+            dirs: applied.dirs,
         };
         // Validate the tree shape before publishing anything.
         Tree::build(&manifest, |_| true)?;

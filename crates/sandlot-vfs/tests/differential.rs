@@ -581,3 +581,60 @@ fn write_differential(
     }
     failures
 }
+
+/// A tree with empty directories (`ls`, `ls -R`, `find -type d`, `tree` show them
+/// in GNU) lists the same through the virtual shell: ingest used to drop every
+/// directory without a document under it.
+#[test]
+fn empty_directories_list_as_gnu_lists_them() {
+    for t in ["bash", "find", "tree", "sort"] {
+        require_tool(t);
+    }
+    let tree_dir = TempDir::new(Path::new("/dev/shm"), "empty-dirs");
+    let root = tree_dir.path.join("root");
+    for d in ["docs", "empty", "nested/deeper/deepest", "docs/empty-too"] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    std::fs::write(root.join("docs/a.md"), "a\n").unwrap();
+    std::fs::write(root.join("top.txt"), "top\n").unwrap();
+    let store_dir = TempDir::new(Path::new("/tmp"), "store");
+    let store = Store::open(&store_dir.path).unwrap();
+    store
+        .create(
+            "empties",
+            Source::Dir { path: root.clone() },
+            IngestOptions::default(),
+        )
+        .unwrap();
+    let coll = store.collection("empties").unwrap();
+    let mut failures = Vec::new();
+    for cmd in [
+        "ls",
+        "ls -R",
+        "ls empty",
+        "ls -a nested/deeper",
+        "ls -d */",
+        "find . -type d | sort",
+        "find . | sort",
+        "find empty nested -type d | sort",
+        "tree",
+        "cd empty && ls -a",
+    ] {
+        let mut s = coll
+            .open_session(Principal::operator(), Limits::default())
+            .unwrap();
+        let v = s.run(cmd).unwrap();
+        let (out, err, code) = real_bash(&root, cmd);
+        if v.stdout != out || v.stderr != err || v.exit_code != code {
+            failures.push(format!(
+                "### {cmd}\n--- virtual (exit {}):\n{}{}--- real (exit {code}):\n{}{}",
+                v.exit_code,
+                String::from_utf8_lossy(&v.stdout),
+                String::from_utf8_lossy(&v.stderr),
+                String::from_utf8_lossy(&out),
+                String::from_utf8_lossy(&err),
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

@@ -127,7 +127,8 @@ fn main() {
 }
 
 /// clap's usage error as one line: its first paragraph, with the list lines that
-/// follow a colon (the missing arguments) joined after it.
+/// follow a colon (the missing arguments) joined after it, and its tips (a similar
+/// subcommand or flag for a typo: "did you mean").
 fn usage_error_line(rendered: &str) -> String {
     let mut lines = rendered
         .lines()
@@ -138,11 +139,19 @@ fn usage_error_line(rendered: &str) -> String {
         .unwrap_or("invalid arguments")
         .trim_start_matches("error: ");
     let rest: Vec<&str> = lines.collect();
-    if rest.is_empty() {
+    let mut line = if rest.is_empty() {
         first.to_string()
     } else {
         format!("{} {}", first, rest.join(", "))
+    };
+    for tip in rendered
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("tip: "))
+    {
+        line.push_str("; ");
+        line.push_str(tip);
     }
+    line
 }
 
 #[cfg(test)]
@@ -177,5 +186,63 @@ mod tests {
         assert!(msg.contains("\"-1\" is not a duration"), "{msg}");
         let msg = usage_error(&["sandlot", "create", "--memory", "-5"]);
         assert!(msg.contains("\"-5\" is not a size"), "{msg}");
+    }
+
+    /// Errors and docs tell operators to use `serve --id-prefix`: `--help` shows it.
+    #[test]
+    fn serve_help_shows_the_id_prefix() {
+        let mut cmd = <Cli as clap::CommandFactory>::command();
+        let serve = cmd.find_subcommand_mut("serve").expect("serve");
+        let help = serve.render_help().to_string();
+        assert!(help.contains("--id-prefix <PREFIX>"), "{help}");
+    }
+
+    /// A typo of a subcommand or a flag names what was probably meant.
+    #[test]
+    fn typos_get_a_did_you_mean() {
+        let msg = usage_error(&["sandlot", "craete"]);
+        assert!(msg.starts_with("unrecognized subcommand 'craete'"), "{msg}");
+        assert!(
+            msg.contains("similar subcommand") && msg.contains("'create'"),
+            "{msg}"
+        );
+        let msg = usage_error(&["sandlot", "create", "--memroy", "1G"]);
+        assert!(
+            msg.contains("similar argument") && msg.contains("'--memory'"),
+            "{msg}"
+        );
+        let msg = usage_error(&["sandlot", "image", "inpsect"]);
+        assert!(msg.contains("'inspect'"), "{msg}");
+        assert!(!msg.contains('\n'), "{msg}");
+    }
+
+    /// The shipped systemd unit runs a command line this binary takes, and the
+    /// example operator config it names parses without a warning and validates.
+    #[test]
+    fn the_packaged_unit_and_example_config_are_what_the_daemon_takes() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../packaging");
+        let unit = std::fs::read_to_string(root.join("sandlot.service")).unwrap();
+        let exec = unit
+            .lines()
+            .find_map(|l| l.strip_prefix("ExecStart="))
+            .expect("an ExecStart line");
+        let mut argv: Vec<&str> = exec.split_whitespace().collect();
+        assert_eq!(argv[0], "/usr/local/bin/sandlot", "{exec}");
+        argv[0] = "sandlot";
+        let cli = Cli::try_parse_from(&argv).unwrap_or_else(|e| panic!("{exec}: {e}"));
+        let Cmd::Api(api_cmd::ApiCommand::Serve(serve)) = cli.cmd else {
+            panic!("{exec}: not `sandlot serve`");
+        };
+        assert_eq!(
+            serve.config.as_deref(),
+            Some(std::path::Path::new("/etc/sandlot/sandlot.toml"))
+        );
+        let path = root.join("sandlot.toml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let (cfg, warnings) =
+            sandlot_server::ServerConfig::from_toml(&text, &path).unwrap_or_else(|e| panic!("{e}"));
+        assert!(warnings.is_empty(), "{warnings:?}");
+        assert_eq!(cfg.log_format, sandlot_server::config::LogFormat::Json);
+        assert_eq!(cfg.listen, Some("127.0.0.1:7070".parse().unwrap()));
     }
 }

@@ -146,7 +146,7 @@ pub(crate) enum MemoryCmd {
     Mv { from: String, to: String },
     /// Delete a memory.
     Rm { key: String },
-    /// Hybrid search (BM25 + vectors, reciprocal rank fusion).
+    /// Hybrid search (BM25 + vectors, weighed by similarity and keyword coverage).
     Search {
         query: String,
         #[arg(short = 'n', long, default_value_t = 10)]

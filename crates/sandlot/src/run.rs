@@ -295,6 +295,7 @@ fn local_image(
         env: img.config.env.clone(),
         workdir: img.config.workdir.clone(),
         user: img.config.user.clone(),
+        on_host: img.config.host_base,
     }))
 }
 

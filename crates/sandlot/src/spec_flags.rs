@@ -174,6 +174,36 @@ impl SpecFlags {
     }
 }
 
+/// `--volume NAME:DST[:ro|rw]` (a daemon's named volume, default read-write) as a
+/// spec's `volumes` entry.
+pub fn volume_flag(s: &str) -> anyhow::Result<Value> {
+    let bad = || anyhow::anyhow!("--volume {s:?}: expected NAME:DST[:ro|rw]");
+    let (name, rest) = s.split_once(':').ok_or_else(bad)?;
+    let (target, read_only) = match rest.rsplit_once(':') {
+        Some((t, "ro")) => (t, true),
+        Some((t, "rw")) => (t, false),
+        _ => (rest, false),
+    };
+    if name.is_empty() || target.is_empty() {
+        return Err(bad());
+    }
+    Ok(serde_json::json!({"name": name, "target": target, "read_only": read_only}))
+}
+
+/// `--secret NAME:DST` (a file, DST an absolute path under `/run/secrets/`) or
+/// `--secret NAME:ENV` (a variable) as a spec's `secrets` entry.
+pub fn secret_flag(s: &str) -> anyhow::Result<Value> {
+    match s.split_once(':') {
+        Some((name, dst)) if !name.is_empty() && dst.starts_with('/') => {
+            Ok(serde_json::json!({"name": name, "path": dst}))
+        }
+        Some((name, env)) if !name.is_empty() && !env.is_empty() => {
+            Ok(serde_json::json!({"name": name, "env": env}))
+        }
+        _ => bail!("--secret {s:?}: expected NAME:/run/secrets/FILE or NAME:ENV_VAR"),
+    }
+}
+
 /// The JSON object in `path` (a spec, or a create body).
 pub fn read_object(path: &std::path::Path) -> anyhow::Result<Map<String, Value>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
@@ -187,6 +217,42 @@ pub fn read_object(path: &std::path::Path) -> anyhow::Result<Map<String, Value>>
 mod tests {
     use super::*;
     use sandlot_proto::spec::SandboxSpec;
+
+    /// `--volume` and `--secret` give the spec's `volumes` and `secrets` entries,
+    /// which the spec then validates like any other.
+    #[test]
+    fn volume_and_secret_flags_are_spec_entries() {
+        let mut spec = Map::new();
+        for v in ["data:/data", "cache:/cache:ro", "logs:/var/log/app:rw"] {
+            array(&mut spec, "volumes").push(volume_flag(v).unwrap());
+        }
+        for v in ["token:/run/secrets/token", "key:API_KEY"] {
+            array(&mut spec, "secrets").push(secret_flag(v).unwrap());
+        }
+        let s: SandboxSpec = serde_json::from_value(Value::Object(spec)).unwrap();
+        s.validate().unwrap();
+        let vols: Vec<_> = s
+            .volumes
+            .iter()
+            .map(|v| (v.name.as_str(), v.target.as_str(), v.read_only))
+            .collect();
+        assert_eq!(
+            vols,
+            [
+                ("data", "/data", false),
+                ("cache", "/cache", true),
+                ("logs", "/var/log/app", false)
+            ]
+        );
+        assert_eq!(s.secrets[0].path.as_deref(), Some("/run/secrets/token"));
+        assert_eq!(s.secrets[1].env.as_deref(), Some("API_KEY"));
+        for bad in ["data", ":/data", "data:"] {
+            assert!(volume_flag(bad).is_err(), "{bad}");
+        }
+        for bad in ["token", ":X", "token:"] {
+            assert!(secret_flag(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn only_given_flags_are_set_and_the_result_is_a_valid_spec() {

@@ -765,7 +765,7 @@ fn sandboxes_without_a_cpu_limit_get_the_operators_default() {
     let parent = format!("sandlot-cputest-{}", std::process::id());
     let v1 = std::path::Path::new("/sys/fs/cgroup/cpu").is_dir();
     let mut d = Daemon::start(Some(&format!(
-        "[runtime]\ncgroup_parent = \"{parent}\"\ndefault_cpus = 0.5\ncgroup_cpu_weight = 25\n"
+        "[runtime]\ncgroup_parent = \"{parent}\"\ndefault_cpus = 0.5\nmax_cpus = 2\ncgroup_cpu_weight = 25\n"
     )));
     let c = d.client();
     let (plain, sized) = rt().block_on(async {
@@ -778,6 +778,24 @@ fn sandboxes_without_a_cpu_limit_get_the_operators_default() {
         let sized = c.create_sandbox(&body).await.unwrap().id;
         (plain, sized)
     });
+    // A spec cannot ask its way past the quota: above the operator's ceiling is
+    // refused (`cpus: 1024` had no quota at all), and nothing is created.
+    let refused = rt().block_on(async {
+        let body = api_support::spec_body(json!({"resources": {"cpus": 1024}}));
+        c.create_sandbox(&body).await.unwrap_err()
+    });
+    let msg = refused.to_string();
+    assert!(
+        msg.contains("resources.cpus") && msg.contains("ceiling of 2"),
+        "{msg}"
+    );
+    let live = rt()
+        .block_on(c.list_sandboxes(&sandlot_client::ListFilter {
+            states: vec!["all".into()],
+            ..Default::default()
+        }))
+        .unwrap();
+    assert_eq!(live.len(), 2, "{live:?}");
     let (quota, weight) = cpu_files(&parent, &plain);
     let (asked, _) = cpu_files(&parent, &sized);
     if v1 {
@@ -830,4 +848,68 @@ fn sandboxes_without_a_cpu_limit_get_the_operators_default() {
     assert_eq!(quota.split_whitespace().next(), Some(want.as_str()));
     assert_eq!(weight, if v1 { "512" } else { "50" });
     d.shutdown();
+}
+
+/// A working directory that does not exist yet is made when the sandbox starts,
+/// as Docker does for `-w`: a spec's `workdir` (a cold create, and a pool claim
+/// that configures it), and `sandlot create -w`; it belongs to the sandbox's user,
+/// so the user's commands run and write there (they used to fail, exit 127).
+#[test]
+fn a_missing_working_directory_is_made_for_the_sandbox_user() {
+    let d = Daemon::start(Some("[[pools]]\nname = \"p\"\nsize = 1\n"));
+    let c = d.client();
+    rt().block_on(async {
+        let check = |id: String, dir: &'static str, owner: &'static str| {
+            let c = c.clone();
+            async move {
+                let o = c
+                    .run(
+                        &id,
+                        &["sh", "-c", "pwd && stat -c %u . && touch made && echo ok"],
+                    )
+                    .await
+                    .unwrap();
+                assert_eq!(
+                    String::from_utf8_lossy(&o.stdout),
+                    format!("{dir}\n{owner}\nok\n"),
+                    "{}",
+                    String::from_utf8_lossy(&o.stderr)
+                );
+                assert_eq!(o.exit.code, Some(0));
+            }
+        };
+        // Cold (a shape no pool serves).
+        let sb = c
+            .create_sandbox(&body(
+                json!({"workdir": "/work/deep", "user": "user", "resources": {"memory": "256M"}}),
+            ))
+            .await
+            .unwrap();
+        check(sb.id, "/work/deep", "1000").await;
+        // A pool claim: its agent is configured with the workdir.
+        eventually(30, "the pool to be ready", || async {
+            c.metrics()
+                .await
+                .is_ok_and(|m| m.contains("sandlot_pool_ready{pool=\"p\"} 1"))
+        })
+        .await;
+        let sb = c
+            .create_sandbox(&body(json!({"workdir": "/srv/app", "user": "user"})))
+            .await
+            .unwrap();
+        let m = c.metrics().await.unwrap();
+        assert!(
+            m.contains("sandlot_pool_hits_total{pool=\"p\"} 1"),
+            "a claim: {m}"
+        );
+        check(sb.id, "/srv/app", "1000").await;
+    });
+    let (code, id, err) = d.cli(&["create", "-w", "/work"]);
+    assert_eq!(code, 0, "{err}");
+    rt().block_on(check_cli(&c, id.trim()));
+}
+
+async fn check_cli(c: &sandlot_client::Client, id: &str) {
+    let o = c.run(id, &["pwd"]).await.unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "/work\n");
 }

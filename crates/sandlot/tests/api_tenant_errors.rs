@@ -121,7 +121,8 @@ fn a_tenants_errors_never_show_the_daemons_paths() {
             "/v1/images/pull".to_string(),
             r#"{"reference": "x"}"#,
         ),
-        ("POST", format!("{sb}/snapshot"), ""),
+        // A snapshot of its `host` sandbox is valid: a bad tag is the error.
+        ("POST", format!("{sb}/snapshot"), r#"{"tag": "Not A Tag!"}"#),
         ("POST", "/v1/volumes".to_string(), r#"{"name": "../v"}"#),
         (
             "POST",

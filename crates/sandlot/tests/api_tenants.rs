@@ -167,3 +167,137 @@ fn a_tenant_cannot_read_the_metrics_of_every_tenant() {
     let (st, _) = api_support::http(mport, "GET", "/v1/sandboxes", &[], b"");
     assert_eq!(st, 404, "the metrics address serves nothing but /metrics");
 }
+
+/// `sandlot token ...` goes through the daemon named by `SANDLOT_URL`: the token is
+/// in the database the daemon reads and works at once; revoked, it is refused.
+/// Tokens are the operator's: a tenant (its token, or the operator acting as one)
+/// cannot make more.
+#[test]
+fn tokens_are_managed_through_the_daemon_and_work_at_once() {
+    let d = Daemon::start(None);
+    let (code, out, err) = d.cli(&["token", "create", "--tenant", "alpha", "--name", "ci"]);
+    assert_eq!(code, 0, "{err}");
+    let secret = out.trim().to_string();
+    assert!(secret.starts_with("sl_"), "{out}");
+    let (code, listed, err) = d.cli(&["token", "list", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let listed: serde_json::Value = serde_json::from_str(&listed).unwrap();
+    let mine = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "ci")
+        .unwrap()
+        .clone();
+    assert_eq!(mine["tenant"], "alpha");
+    assert!(!listed.to_string().contains(&secret), "never the secret");
+    let alpha = d.tcp(Some(&secret));
+    rt().block_on(async {
+        alpha.list_sandboxes(&ListFilter::default()).await.unwrap();
+        // The attack: a tenant mints a token for another tenant.
+        let e = alpha
+            .call_json(
+                "POST",
+                "/v1/tokens",
+                Some(&serde_json::json!({"tenant": "beta"})),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(e.status().map(|s| s.as_u16()), Some(403), "{e}");
+        let e = alpha
+            .call_json("GET", "/v1/tokens", None)
+            .await
+            .unwrap_err();
+        assert_eq!(e.status().map(|s| s.as_u16()), Some(403), "{e}");
+        let as_tenant = d.client().with_tenant(Some("alpha".into()));
+        let e = as_tenant
+            .call_json(
+                "POST",
+                "/v1/tokens",
+                Some(&serde_json::json!({"tenant": "beta"})),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(e.status().map(|s| s.as_u16()), Some(403), "{e}");
+        let e = d
+            .client()
+            .call_json(
+                "POST",
+                "/v1/tokens",
+                Some(&serde_json::json!({"tenant": "no/such"})),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(e.status().map(|s| s.as_u16()), Some(400), "{e}");
+    });
+    let id = mine["id"].as_str().unwrap();
+    let (code, _, err) = d.cli(&["token", "revoke", id]);
+    assert_eq!(code, 0, "{err}");
+    rt().block_on(async {
+        let e = alpha
+            .list_sandboxes(&ListFilter::default())
+            .await
+            .unwrap_err();
+        assert_eq!(e.status().map(|s| s.as_u16()), Some(401), "{e}");
+    });
+    let (code, _, err) = d.cli(&["token", "revoke", id]);
+    assert_ne!(code, 0);
+    assert!(err.contains("no active token"), "{err}");
+}
+
+/// `--data-dir` (or `SANDLOT_DATA_DIR`) works on a data directory's database
+/// directly, but only one a daemon made: a directory no daemon used gets no new,
+/// empty database (the running daemon would never read it), and a token written
+/// while no daemon runs says when it takes effect.
+#[test]
+fn a_token_command_never_creates_a_database_no_daemon_uses() {
+    let mut d = Daemon::start(None);
+    let unused = d.dir.join("unused");
+    std::fs::create_dir_all(&unused).unwrap();
+    for args in [
+        vec!["token", "create", "--tenant", "alpha"],
+        vec!["token", "list"],
+    ] {
+        let mut args = args.clone();
+        args.extend(["--data-dir", unused.to_str().unwrap()]);
+        let (code, _, err) = d.cli(&args);
+        assert_ne!(code, 0, "{args:?}");
+        assert!(err.contains("no daemon has used"), "{err}");
+        assert!(
+            std::fs::read_dir(&unused).unwrap().next().is_none(),
+            "nothing created by {args:?}"
+        );
+    }
+    // The daemon's own directory, while it runs: no note, and the token works.
+    let data = d.data_dir();
+    let o = std::process::Command::new(api_support::sandlot())
+        .args(["token", "create", "--tenant", "alpha"])
+        .env("SANDLOT_DATA_DIR", &data)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(!String::from_utf8_lossy(&o.stderr).contains("no daemon is running"));
+    let first = String::from_utf8(o.stdout).unwrap().trim().to_string();
+    // With the daemon stopped: written, and the note says when it takes effect.
+    d.terminate();
+    let (code, out, err) = d.cli(&[
+        "token",
+        "create",
+        "--tenant",
+        "beta",
+        "--data-dir",
+        data.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("no daemon is running"), "{err}");
+    let second = out.trim().to_string();
+    d.spawn();
+    rt().block_on(async {
+        for t in [&first, &second] {
+            d.tcp(Some(t))
+                .list_sandboxes(&ListFilter::default())
+                .await
+                .unwrap();
+        }
+    });
+}

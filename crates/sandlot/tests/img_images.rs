@@ -109,11 +109,11 @@ fn import_run_snapshot_diff_and_start_from_snapshots() {
             .call_json("GET", &format!("/v1/images/diff?a={}&b=test/snap:1", base_id), None)
             .await
             .unwrap();
-        let has = |k: &str, p: &str| diff[k].as_array().unwrap().iter().any(|x| x == p);
-        assert!(has("added", "/data/blob"), "{diff}");
-        assert!(has("changed", "/etc/os-release"), "{diff}");
-        assert!(has("removed", "/opt/layers/0"), "{diff}");
-        assert!(!has("changed", "/usr/bin/sh"), "{diff}");
+        // Only what the sandbox changed: none of what the runtime made to mount on
+        // (`/dev`, `/proc`, `/sys`, `/etc/hosts`, ...) is in the snapshot.
+        assert_eq!(diff["added"], json!(["/data", "/data/blob"]), "{diff}");
+        assert_eq!(diff["changed"], json!(["/etc/os-release"]), "{diff}");
+        assert_eq!(diff["removed"], json!(["/opt/layers/0"]), "{diff}");
 
         // Change again and snapshot again; diff the two snapshots.
         assert_eq!(run(&c, &a, "echo two > /data/second && rm /data/blob").await.0, 0);
@@ -241,4 +241,125 @@ fn s2_id_of(rt: &tokio::runtime::Runtime, c: &sandlot_client::Client) -> String 
         .find(|i| i["tags"].as_array().unwrap().is_empty())
         .map(|i| i["id"].as_str().unwrap().to_string())
         .expect("the untagged snapshot")
+}
+
+/// A `host` sandbox's snapshot is its writable layer alone: its files with their
+/// in-sandbox owners, none of the host's `/usr`, of a volume or a secret mounted in
+/// it; it belongs to the sandbox's tenant, goes on top of the `host` image, and a
+/// sandbox of it has the files and the host's programs, and snapshots again.
+#[test]
+fn a_host_sandbox_snapshot_is_its_writable_layer_and_restores_on_the_host_image() {
+    let d = Daemon::start(None);
+    let c = d.tcp(Some(&d.token("alpha")));
+    let layers = d.data_dir().join("images").join("layers");
+    rt().block_on(async {
+        c.call_json("POST", "/v1/volumes", Some(&json!({"name": "v"})))
+            .await
+            .unwrap();
+        c.call_json(
+            "POST",
+            "/v1/secrets",
+            Some(&json!({"name": "s", "value": "hunter2"})),
+        )
+        .await
+        .unwrap();
+        let a = create(
+            &c,
+            json!({
+                "volumes": [{"name": "v", "target": "/data"}],
+                "secrets": [{"name": "s", "path": "/run/secrets/s"}],
+                "mounts": [{"type": "tmpfs", "target": "/scratch"}],
+                "hostname": "snapped",
+            }),
+        )
+        .await;
+        let (code, _, err) = run(
+            &c,
+            &a,
+            "echo in-volume > /data/v.txt && echo scratch > /scratch/x && \
+             mkdir -p /home/user/proj && echo hello > /home/user/proj/f && \
+             chown -R 1000:1000 /home/user/proj && ln -s proj/f /home/user/link && \
+             echo tmp > /tmp/t",
+        )
+        .await;
+        assert_eq!(code, 0, "{err}");
+        let snap = c
+            .call_json(
+                "POST",
+                &format!("/v1/sandboxes/{a}/snapshot"),
+                Some(&json!({"tag": "mine:1"})),
+            )
+            .await
+            .unwrap();
+        assert_eq!(snap["base"], "host", "{snap}");
+        assert!(snap["parent"].is_null(), "{snap}");
+        assert_eq!(snap["owner"], "alpha", "{snap}");
+        assert_eq!(snap["layers"].as_array().unwrap().len(), 1, "{snap}");
+
+        let diff_id = snap["layers"][0]["diff_id"].as_str().unwrap();
+        let layer = layers.join(diff_id.trim_start_matches("sha256:"));
+        use std::os::unix::fs::MetadataExt;
+        let f = std::fs::symlink_metadata(layer.join("home/user/proj/f")).unwrap();
+        assert_eq!((f.uid(), f.gid()), (1000, 1000), "in-sandbox owner");
+        assert_eq!(std::fs::read(layer.join("tmp/t")).unwrap(), b"tmp\n");
+        for absent in [
+            "usr/bin",
+            "proc/self",
+            "data/v.txt",
+            "run/secrets/s",
+            "scratch/x",
+            "run/host/etc",
+            "dev/null",
+        ] {
+            assert!(
+                std::fs::symlink_metadata(layer.join(absent)).is_err(),
+                "{absent} is not part of the sandbox's writable layer"
+            );
+        }
+
+        let b = create(&c, json!({"image": "mine:1"})).await;
+        let (code, out, err) = run(
+            &c,
+            &b,
+            "cat /home/user/proj/f && stat -c %u /home/user/proj/f && \
+             readlink /home/user/link && cat /tmp/t && test -x /usr/bin/env && \
+             ls /data /run/secrets 2>&1; cat /etc/hostname",
+        )
+        .await;
+        assert_eq!(code, 0, "{err}");
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(&lines[..4], ["hello", "1000", "proj/f", "tmp"], "{out}");
+        assert!(
+            lines[4..]
+                .iter()
+                .filter(|l| l.contains("No such file"))
+                .count()
+                == 2,
+            "no volume, no secret: {out}"
+        );
+        // The host image's /etc is synthesized again for the new sandbox.
+        assert_ne!(*lines.last().unwrap(), "snapped", "{out}");
+
+        let (_, _, _) = run(&c, &b, "echo two > /home/user/two").await;
+        let snap2 = c
+            .call_json("POST", &format!("/v1/sandboxes/{b}/snapshot"), None)
+            .await
+            .unwrap();
+        assert_eq!(snap2["parent"], snap["id"], "{snap2}");
+        assert_eq!(snap2["base"], "host", "{snap2}");
+        let c2 = create(&c, json!({"image": snap2["id"]})).await;
+        let (_, out, _) = run(&c, &c2, "cat /home/user/proj/f /home/user/two").await;
+        assert_eq!(out, "hello\ntwo\n");
+
+        // Another tenant neither sees it nor starts from it.
+        let other = d.tcp(Some(&d.token("beta")));
+        let e = other
+            .call_json("POST", "/v1/sandboxes", Some(&json!({"image": snap["id"]})))
+            .await
+            .unwrap_err();
+        assert_eq!(e.status().unwrap().as_u16(), 400, "{e}");
+        for id in [&a, &b, &c2] {
+            c.delete_sandbox(id).await.unwrap();
+        }
+    });
 }

@@ -417,6 +417,7 @@ fn secret_files_belong_to_the_sandbox_user_and_no_other() {
         user: Some("app".into()),
         entrypoint: vec![],
         cmd: vec!["/bin/sh".into()],
+        host_base: false,
     };
     let archive = tmp.join("appuser.tar");
     img_support::archive_of(&tmp, &[root, accounts], &cfg, "test/appuser", &archive);
@@ -678,4 +679,55 @@ while time.time() < end:
         "host path swap: {mounted} creates got the checked directory, {refused} were refused"
     );
     d.shutdown();
+}
+
+/// `sandlot create --volume NAME:DST[:ro]` and `--secret NAME:DST|ENV` mount a
+/// named volume and inject a named secret, as a spec's `volumes` and `secrets` do
+/// (only `--spec` JSON could before).
+#[test]
+fn create_flags_mount_volumes_and_inject_secrets() {
+    let d = Daemon::start(None);
+    let (code, _, err) = d.cli(&["volume", "create", "shared"]);
+    assert_eq!(code, 0, "{err}");
+    let value = d.dir.join("secret-value");
+    std::fs::write(&value, "s3cr3t").unwrap();
+    let (code, _, err) = d.cli(&[
+        "secret",
+        "create",
+        "api",
+        "--from-file",
+        value.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let (code, id, err) = d.cli(&[
+        "create",
+        "--volume",
+        "shared:/data",
+        "--volume",
+        "shared:/ro:ro",
+        "--secret",
+        "api:/run/secrets/api",
+        "--secret",
+        "api:API_KEY",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let id = id.trim();
+    let c = d.client();
+    rt().block_on(async {
+        let (code, out, err) = sh(
+            &c,
+            id,
+            "echo hi > /data/f && cat /ro/f && cat /run/secrets/api && echo && echo $API_KEY && \
+             (touch /ro/g 2>/dev/null && echo writable || echo read-only)",
+        )
+        .await;
+        assert_eq!(code, 0, "{err}");
+        assert_eq!(out, "hi\ns3cr3t\ns3cr3t\nread-only\n");
+    });
+    let (code, _, err) = d.cli(&["create", "--volume", "shared"]);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("--volume \"shared\": expected NAME:DST"),
+        "{err}"
+    );
 }

@@ -1,7 +1,7 @@
 """End-to-end fixtures: one real ``sandlot serve`` per test session, on its own
 temporary data directory, Unix socket, loopback TCP port and sandbox id prefix
 (so it never touches anyone else's sandboxes), with tokens made by
-``sandlot token create``. At the end every sandbox is deleted, the daemon is
+``sandlot token create`` through the daemon. At the end every sandbox is deleted, the daemon is
 stopped, and the session fails if any run directory or cgroup of its prefix is
 left on the host.
 
@@ -100,7 +100,8 @@ class Daemon:
 
     def token(self, tenant: str) -> str:
         o = subprocess.run(
-            [self.bin, "token", "create", "--tenant", tenant, "--data-dir", str(self.data_dir)],
+            [self.bin, "token", "create", "--tenant", tenant],
+            env={**os.environ, "SANDLOT_URL": self.unix_url, "SANDLOT_TOKEN": ""},
             capture_output=True,
             text=True,
             timeout=30,

@@ -85,6 +85,15 @@ async def test_async_callbacks_merged_output_and_background(aacme):  # type: ign
         q = await sb.exec("sh", "-c", "echo a; sleep 0.1; echo b >&2; sleep 0.1; echo c")
         chunks = [(c.stream, c.data) async for c in q.iter_output()]
         assert chunks == [("stdout", b"a\n"), ("stderr", b"b\n"), ("stdout", b"c\n")]
+        # result() after iter_output(): the exit, and what was not yielded.
+        r = await q.result()
+        assert (r.exit_code, r.stdout, r.stderr) == (0, "", "")
+        part = await sb.exec("sh", "-c", "echo one; sleep 0.2; echo two >&2; exit 3")
+        async for c in part.iter_output():
+            assert c.data == b"one\n"
+            break
+        r = await part.result()
+        assert (r.exit_code, r.stdout, r.stderr) == (3, "", "two\n")
         bg = await sb.exec("sh", "-c", "echo start; sleep 1; echo end", background=True)
         again = await sb.process(bg.id, stdout_from=len("start\n"))
         assert await again.wait(timeout=20) == 0
@@ -174,3 +183,11 @@ async def test_async_default_client_from_env(daemon, tokens, monkeypatch):  # ty
     finally:
         await sandlot.default_async_client().aclose()
         sandlot.configure()
+
+
+async def test_async_snapshot_starts_new_sandboxes_as_returned(aacme):  # type: ignore[no-untyped-def]
+    async with await AsyncSandbox.create(client=aacme) as sb:
+        await sb.run("echo kept > /home/user/f", check=True)
+        snap = await sb.snapshot_filesystem()
+    async with await AsyncSandbox.create(image=snap, client=aacme) as restored:
+        assert (await restored.run("cat /home/user/f")).stdout == "kept\n"

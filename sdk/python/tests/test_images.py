@@ -109,6 +109,7 @@ def test_failing_step_raises_build_error(base: str, operator: sandlot.Client) ->
     with pytest.raises(BuildError) as e:
         bad.build(client=operator)
     assert "exit code 7" in str(e.value) and "about to fail" in str(e.value)
+    assert e.value.code == "build_failed", e.value.code
     with pytest.raises(BuildError) as e:
         Image.from_name("pytest/no-such:1").run("true").build(client=operator)
     assert "no image pytest/no-such:1" in str(e.value)
@@ -125,3 +126,15 @@ async def test_async_build_and_create(base: str, daemon: Daemon) -> None:
         sandlot.image._memo.clear()
         with sandlot.Client(daemon.unix_url, token="") as sync:
             assert img.build(client=sync) == built
+
+
+def test_a_tenant_builds_over_tcp_and_the_image_is_its_own(base: str, acme: sandlot.Client, other: sandlot.Client) -> None:
+    img = Image.from_name(base).env(WHO="acme").run("echo $WHO > /srv/who")
+    sandlot.image._memo.clear()
+    with Sandbox.create(image=img, client=acme, timeout=120) as sb:
+        assert sb.run("cat /srv/who").stdout == "acme\n"
+    built = img.build(client=acme, tag="pytest/tenant-built:1")
+    info = acme.json("GET", "/v1/images/pytest/tenant-built:1")
+    assert (info["id"], info["owner"]) == (built, "acme"), info
+    with pytest.raises(sandlot.NotFoundError):
+        other.json("GET", f"/v1/images/{built}")

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import threading
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
@@ -243,7 +245,9 @@ def test_wait_timeout_signal_and_kill(sb):  # type: ignore[no-untyped-def]
     assert p.poll() is None
     p.terminate()
     assert p.wait(timeout=10) == -15
-    q = sb.exec("sh", "-c", "trap '' TERM; sleep 60")
+    q = sb.exec("sh", "-c", "trap '' TERM; echo ready; sleep 60")
+    # Signalled once the trap is set (before it, SIGTERM ends the shell).
+    assert next(iter(q.stdout)) == "ready\n"
     q.signal("SIGTERM")
     with pytest.raises(sandlot.ProcessTimeoutError):
         q.wait(timeout=0.3)
@@ -280,6 +284,8 @@ def test_callbacks_and_merged_output(sb):  # type: ignore[no-untyped-def]
     chunks = [(c.stream, c.data) for c in q.iter_output()]
     assert chunks == [("stdout", b"a\n"), ("stderr", b"b\n"), ("stdout", b"c\n")]
     assert q.returncode == 0
+    r = q.result()
+    assert (r.exit_code, r.stdout, r.stderr) == (0, "", "")
 
 
 def test_background_process_and_reattach(sb):  # type: ignore[no-untyped-def]
@@ -448,3 +454,46 @@ def test_process_of_a_terminated_sandbox_fails_clearly(acme):  # type: ignore[no
         p.stdout.read()
     with pytest.raises(sandlot.ConflictError):
         sb.exec("true")
+
+
+def test_a_host_sandbox_snapshot_starts_new_sandboxes_as_returned(acme):  # type: ignore[no-untyped-def]
+    with Sandbox.create(client=acme) as sb:
+        sb.run("mkdir -p /home/user/proj && echo kept > /home/user/proj/f", check=True)
+        snap = sb.snapshot_filesystem()
+    assert snap["base"] == "host" and snap["parent"] is None, snap
+    # What snapshot_filesystem() returns is what create() takes.
+    with Sandbox.create(image=snap, client=acme) as restored:
+        assert restored.run("cat /home/user/proj/f").stdout == "kept\n"
+        again = restored.snapshot_filesystem()
+    assert again["parent"] == snap["id"], again
+    with pytest.raises(TypeError, match="snapshot_filesystem"):
+        Sandbox.create(image={"no": "id"}, client=acme)
+
+
+def _doc_blocks(section: str) -> "list[str]":
+    """The Python code blocks of a section of docs/sdk-python.md."""
+    text = (Path(__file__).resolve().parents[3] / "docs" / "sdk-python.md").read_text()
+    body = text.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+    return [b.split("```", 1)[0] for b in body.split("```python\n")[1:]]
+
+
+def test_the_docs_create_examples_run_as_written(daemon, tokens, monkeypatch):  # type: ignore[no-untyped-def]
+    blocks = _doc_blocks("Sandboxes")[:2]
+    assert "Sandbox.create(" in blocks[0] and "volumes=" in blocks[1], blocks
+    monkeypatch.setenv("SANDLOT_URL", f"127.0.0.1:{daemon.port}")
+    monkeypatch.setenv("SANDLOT_TOKEN", tokens["acme"])
+    sandlot.configure()
+    try:
+        c = sandlot.default_client()
+        # What the second example says to make first.
+        c.json("POST", "/v1/volumes", json={"name": "cache"})
+        for name in ("token", "key"):
+            c.json("POST", "/v1/secrets", json={"name": name, "value": f"{name}-value"})
+        ns: "dict[str, object]" = {}  # one session: the second block follows the first
+        for code in blocks:
+            exec(compile(code, "docs/sdk-python.md", "exec"), ns)
+    finally:
+        for path in ("/v1/volumes/cache", "/v1/secrets/token", "/v1/secrets/key"):
+            with contextlib.suppress(SandlotError):
+                sandlot.default_client().request("DELETE", path)
+        sandlot.configure()

@@ -209,6 +209,12 @@ fn check_path(op: &str, p: &str) -> Result<(), ErrorBody> {
 /// The stat record of `path`, whose metadata is `m`; a symlink's target is read
 /// through `link`, a path that reaches the same entry (see [`own_proc::PinnedDir`]).
 pub(crate) fn stat_of(path: &Path, m: &std::fs::Metadata, link: &Path) -> FileStat {
+    stat_through(path, m, link, false)
+}
+
+/// [`stat_of`], the attributes read through `link` following it (`follow`: a
+/// `/proc/self/fd` path of the opened file) or not.
+fn stat_through(path: &Path, m: &std::fs::Metadata, link: &Path, follow: bool) -> FileStat {
     let ft = m.file_type();
     let kind = if ft.is_symlink() {
         FileKind::Symlink
@@ -235,7 +241,98 @@ pub(crate) fn stat_of(path: &Path, m: &std::fs::Metadata, link: &Path) -> FileSt
         } else {
             None
         },
+        // Links cannot carry `user.` attributes.
+        xattrs: if ft.is_symlink() {
+            Default::default()
+        } else {
+            user_xattrs(link, follow)
+        },
     }
+}
+
+/// The stat record of `path`, already opened as `f` (following links; `m` its
+/// metadata): its attributes are read through the descriptor, never through `path`
+/// again (a link swapped in meanwhile could lead the lookup elsewhere).
+pub(crate) fn stat_of_opened(path: &Path, f: &File, m: &std::fs::Metadata) -> FileStat {
+    let via = PathBuf::from(format!(
+        "/proc/self/fd/{}",
+        std::os::fd::AsRawFd::as_raw_fd(f)
+    ));
+    stat_through(path, m, &via, true)
+}
+
+/// The `user.` extended attributes of the entry at `link` (not following a final
+/// link) whose values are UTF-8, bounded as [`FileStat::xattrs`] says; none where
+/// the filesystem has no extended attributes.
+fn user_xattrs(link: &Path, follow: bool) -> std::collections::BTreeMap<String, String> {
+    use sandlot_proto::guest::{MAX_XATTRS, MAX_XATTR_VALUE};
+    let mut out = std::collections::BTreeMap::new();
+    let mut names = vec![0u8; 16 * 1024];
+    let listed = match follow {
+        true => rustix::fs::listxattr(link, &mut names[..]),
+        false => rustix::fs::llistxattr(link, &mut names[..]),
+    };
+    let Ok(n) = listed else {
+        return out;
+    };
+    let mut value = vec![0u8; MAX_XATTR_VALUE];
+    for name in names[..n].split(|b| *b == 0) {
+        if out.len() >= MAX_XATTRS {
+            break;
+        }
+        let Ok(name) = std::str::from_utf8(name) else {
+            continue;
+        };
+        if !name.starts_with("user.") {
+            continue;
+        }
+        // A value longer than the buffer is ERANGE: left out.
+        let got = match follow {
+            true => rustix::fs::getxattr(link, name, &mut value[..]),
+            false => rustix::fs::lgetxattr(link, name, &mut value[..]),
+        };
+        if let Ok(len) = got {
+            if let Ok(v) = std::str::from_utf8(&value[..len]) {
+                out.insert(name.to_string(), v.to_string());
+            }
+        }
+    }
+    out
+}
+
+/// Checks the extended attributes a write asks for.
+fn check_xattrs(r: &WriteFileRequest) -> Result<(), ErrorBody> {
+    use sandlot_proto::guest::{MAX_XATTRS, MAX_XATTR_VALUE};
+    let bad = |m: String| {
+        Err(ErrorBody::new(
+            ErrorCode::BadRequest,
+            format!("write_file: {m}"),
+        ))
+    };
+    if r.xattrs.is_empty() {
+        return Ok(());
+    }
+    if r.append {
+        return bad(
+            "extended attributes are set only on a file written whole (not with append)".into(),
+        );
+    }
+    if r.xattrs.len() > MAX_XATTRS {
+        return bad(format!("at most {MAX_XATTRS} extended attributes"));
+    }
+    for (k, v) in &r.xattrs {
+        if !k.starts_with("user.") || k.len() <= 5 || k.len() > 255 || k.contains('\0') {
+            return bad(format!(
+                "extended attribute {k:?}: names are user.NAME, at most 255 bytes"
+            ));
+        }
+        if v.len() > MAX_XATTR_VALUE {
+            return bad(format!(
+                "extended attribute {k:?}: value longer than {MAX_XATTR_VALUE} bytes"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Reads and writes stream regular files only: devices, FIFOs and sockets could
@@ -337,7 +434,7 @@ impl Agent {
             .run(&user, || {
                 if r.follow {
                     let f = File::from(own_proc::open(p, OFlag::O_PATH, true)?);
-                    return Ok(stat_of(p, &f.metadata()?, p));
+                    return Ok(stat_of_opened(p, &f, &f.metadata()?));
                 }
                 // The entry itself, in its checked parent directory.
                 let (dir, name) = PinnedDir::parent_of(p)?;
@@ -454,7 +551,8 @@ impl Agent {
                 if r.offset > 0 {
                     f.seek(SeekFrom::Start(r.offset))?;
                 }
-                Ok((f, stat_of(p, &m, p)))
+                let st = stat_of_opened(p, &f, &m);
+                Ok((f, st))
             })
             .map_err(|e| fail("read_file", &r.path, e))?;
         Ok((
@@ -526,6 +624,7 @@ impl Agent {
                 ));
             }
         }
+        check_xattrs(r)?;
         let user = user_for(self, "write_file", r.user.as_deref())?;
         let seq = self.next_proc + self.next_conn * 1_000_003 + rand_seed();
         let acting_root = user.uid == 0;
@@ -607,6 +706,23 @@ impl Agent {
                 };
                 let f = ws.file.as_ref().expect("just opened");
                 f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+                // On the new file only: a file written again loses the old
+                // attributes, one renamed keeps them.
+                for (k, v) in &r.xattrs {
+                    rustix::fs::fsetxattr(
+                        f,
+                        k.as_str(),
+                        v.as_bytes(),
+                        rustix::fs::XattrFlags::empty(),
+                    )
+                    .map_err(|e| match e {
+                        rustix::io::Errno::OPNOTSUPP => io::Error::new(
+                            io::ErrorKind::InvalidInput,
+                            "this filesystem has no user extended attributes (file metadata)",
+                        ),
+                        e => e.into(),
+                    })?;
+                }
                 if acting_root {
                     if let Some(m) = &existing {
                         // Root rewriting someone's file keeps it theirs.

@@ -16,6 +16,7 @@ mod spawn;
 mod stdin;
 mod users;
 mod watch;
+mod workdir;
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
@@ -392,6 +393,7 @@ async fn main_loop(
 
     let agent: Shared = Rc::new(RefCell::new(Agent::new(&mut config, pid1)));
     agent.borrow_mut().me = Rc::downgrade(&agent);
+    agent.borrow_mut().ensure_default_cwd();
     let shutdown = agent.borrow().shutdown.clone();
 
     let lifeline = match config.lifeline {

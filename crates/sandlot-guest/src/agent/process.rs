@@ -350,7 +350,30 @@ impl Agent {
         self.settings.env = c.env;
         self.settings.default_user = c.default_user;
         self.settings.default_cwd = c.default_cwd;
+        self.ensure_default_cwd();
         Ok(())
+    }
+
+    /// Creates the default working directory if it is missing, owned by the
+    /// default user ([`super::workdir`]). A failure is logged: a process started
+    /// there then fails naming the directory.
+    pub fn ensure_default_cwd(&mut self) {
+        let Some(cwd) = self.settings.default_cwd.clone() else {
+            return;
+        };
+        if Path::new(&cwd).is_dir() {
+            return;
+        }
+        let user = match self.users.resolve(&self.settings.default_user) {
+            Ok(u) => u,
+            Err(e) => {
+                super::log!("create the working directory {cwd}: {e}");
+                return;
+            }
+        };
+        if let Err(e) = super::workdir::ensure(&cwd, user.uid, user.gid) {
+            super::log!("create the working directory {cwd}: {e}");
+        }
     }
 
     /// Plans, spawns and registers a process. Returns its id.

@@ -314,7 +314,9 @@ mod tests {
 
     fn plan(ops: Vec<MountOp>) -> MountPlan {
         MountPlan {
-            root: RootFs::Tmpfs { size: 1 << 20 },
+            root: RootFs::Tmpfs {
+                size: sandlot_proto::spec::TmpfsLimit::of_size(1 << 20),
+            },
             ops,
         }
     }
@@ -359,7 +361,7 @@ mod tests {
             },
             MountOp::Tmpfs {
                 path: "/run/secrets".into(),
-                size: 1 << 20,
+                size: sandlot_proto::spec::TmpfsLimit::of_size(1 << 20),
                 mode: 0o755,
                 noexec: true,
             },

@@ -22,6 +22,7 @@ pub mod bundle;
 pub mod launch;
 pub mod runsc;
 
+use std::collections::BTreeSet;
 use std::fs;
 use std::io::{self, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
@@ -40,7 +41,7 @@ use crate::mounts::{self, PlanInput};
 use crate::plan::{agent_setup, sandbox_hostname};
 use crate::{
     sys, Backend, CreateOptions, Instance, Leftovers, PortAccess, PortSocketsReply, RuntimeError,
-    Stillness,
+    SnapshotSource, Stillness,
 };
 pub use runsc::{Runsc, Unavailable};
 
@@ -237,6 +238,8 @@ impl GvisorBackend {
             format!("--pid-file={}", pid_file.display()),
             id.to_string(),
         ]);
+        let mount_points = mounts.mount_targets();
+        write_mount_points(dir, &mount_points)?;
         let plan = bundle::LaunchPlan {
             root_dir: root,
             mounts: bundle::host_side(&mounts),
@@ -258,6 +261,7 @@ impl GvisorBackend {
             cgroup_parent: self.cfg.cgroup_parent.clone(),
             relay: self.relay_argv(),
             lifeline: Mutex::new(lifeline),
+            mount_points,
         };
         if !in_cgroup(pid, &self.cfg.cgroup_parent, id) {
             return Err(RuntimeError::Init(format!(
@@ -571,6 +575,7 @@ impl Backend for GvisorBackend {
         if !in_cgroup(pid, &self.cfg.cgroup_parent, id) || !cmdline.starts_with(b"runsc-sandbox") {
             return Err(gone());
         }
+        let mount_points = read_mount_points(&dir);
         Ok(Box::new(GvisorInstance {
             id: id.to_string(),
             pid,
@@ -582,6 +587,7 @@ impl Backend for GvisorBackend {
             cgroup_parent: self.cfg.cgroup_parent.clone(),
             relay: self.relay_argv(),
             lifeline: Mutex::new(None),
+            mount_points,
         }))
     }
 
@@ -680,6 +686,29 @@ pub struct GvisorInstance {
     /// The write end of the agent's standard input when it is the sandbox's
     /// lifeline (`sandlot run`).
     lifeline: Mutex<Option<OwnedFd>>,
+    /// Where the plan mounted something over the root (see
+    /// [`SnapshotSource::mount_points`]).
+    mount_points: BTreeSet<PathBuf>,
+}
+
+/// The file of a sandbox's directory that keeps its mount points for an owner
+/// that adopts it after a restart. The daemon's own: nothing of the sandbox
+/// reaches the directory.
+const MOUNT_POINTS_FILE: &str = "mount-points.json";
+
+fn write_mount_points(dir: &Path, points: &BTreeSet<PathBuf>) -> Result<(), RuntimeError> {
+    let path = dir.join(MOUNT_POINTS_FILE);
+    fs::write(&path, serde_json::to_vec(points).expect("json"))
+        .map_err(io_err(format!("write {}", path.display())))
+}
+
+/// The recorded mount points; none when the file is gone or unreadable (a
+/// snapshot then keeps the stubs, which is all it can get wrong).
+fn read_mount_points(dir: &Path) -> BTreeSet<PathBuf> {
+    fs::read(dir.join(MOUNT_POINTS_FILE))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
 }
 
 impl Instance for GvisorInstance {
@@ -756,6 +785,16 @@ impl Instance for GvisorInstance {
                 .freeze(false, timeout)
                 .map_err(RuntimeError::from)
         }))
+    }
+
+    /// The root filesystem's host side lives in a mount namespace only gVisor's
+    /// gofer holds: a store image's writable layer (the daemon's directory) is
+    /// all a snapshot reads, and a `host` image sandbox has no live root here.
+    fn snapshot_source(&self) -> Result<SnapshotSource, RuntimeError> {
+        Ok(SnapshotSource {
+            mount_points: self.mount_points.clone(),
+            live_root: None,
+        })
     }
 
     fn add_helper(&self, pid: i32) -> io::Result<()> {

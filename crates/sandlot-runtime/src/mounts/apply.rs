@@ -8,7 +8,9 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 
-use super::{apply_err, entry_kind, HostEntry, Kind, MountError, MountOp, RootFs, HOST_ETC_VIEW};
+use super::{
+    apply_err, entry_kind, HostEntry, Kind, MountError, MountOp, RootFs, TmpfsLimit, HOST_ETC_VIEW,
+};
 use crate::host_path::{self, HostId};
 use crate::sys;
 
@@ -107,7 +109,11 @@ pub fn mount_layers(
     let at_c = sys::cstr(at).map_err(apply_err("mount root", at.display().to_string()))?;
     // The scratch tmpfs holds the layer mount points (and the writable layer when
     // it lives inside the sandbox).
-    let scratch = if rw.is_some() { 1 << 20 } else { *size };
+    let scratch = if rw.is_some() {
+        TmpfsLimit::of_size(1 << 20)
+    } else {
+        *size
+    };
     mount_scratch(at, &at_c, scratch, "mount overlay scratch at")?;
     let mut idmapped = true;
     let mut lowerdirs = Vec::new();
@@ -150,8 +156,13 @@ pub fn mount_layers(
 }
 
 /// The root's tmpfs (the `host` image's root, or an overlay's scratch) at `at`.
-fn mount_scratch(at: &Path, at_c: &CStr, size: u64, op: &'static str) -> Result<(), MountError> {
-    let opts = CString::new(format!("size={size},mode=0755")).expect("no NUL");
+fn mount_scratch(
+    at: &Path,
+    at_c: &CStr,
+    size: TmpfsLimit,
+    op: &'static str,
+) -> Result<(), MountError> {
+    let opts = CString::new(format!("{},mode=0755", size.mount_options())).expect("no NUL");
     let flags = libc::MS_NOSUID | libc::MS_NODEV;
     sys::mount(Some(c"sandlot"), at_c, Some(c"tmpfs"), flags, Some(&opts))
         .map_err(apply_err(op, at.display().to_string()))
@@ -533,7 +544,8 @@ pub fn apply_with_trees(
                 if *noexec {
                     flags |= libc::MS_NOEXEC;
                 }
-                let opts = CString::new(format!("size={size},mode={mode:o}")).expect("no NUL");
+                let opts = CString::new(format!("{},mode={mode:o}", size.mount_options()))
+                    .expect("no NUL");
                 sys::mount(
                     Some(c"tmpfs"),
                     &sys::fd_path(tgt.as_fd()),

@@ -2,7 +2,7 @@
 //! HTTP `GET`/`POST /files` transfers, over the guest agent's file operations
 //! (streamed both ways, parents created, as the user the request names).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
@@ -92,6 +92,42 @@ fn base_name(path: &str) -> String {
     }
 }
 
+/// The extended attribute namespace of E2B's file metadata: key `k` is
+/// `user.e2b.k`.
+const METADATA_XATTR_PREFIX: &str = "user.e2b.";
+const METADATA_HEADER_PREFIX: &str = "x-metadata-";
+
+/// An upload's file metadata (`X-Metadata-KEY: VALUE` headers; keys lowercased,
+/// HTTP token characters; values printable ASCII) as the extended attributes the
+/// agent sets on the new file.
+fn metadata_xattrs(headers: &HeaderMap) -> Result<BTreeMap<String, String>, String> {
+    use sandlot_proto::guest::{MAX_XATTRS, MAX_XATTR_VALUE};
+    let mut out = BTreeMap::new();
+    for (k, v) in headers {
+        let Some(key) = k.as_str().strip_prefix(METADATA_HEADER_PREFIX) else {
+            continue;
+        };
+        if key.is_empty() || key.len() > 200 {
+            return Err(format!("file metadata key {key:?}: 1 to 200 characters"));
+        }
+        let value = v
+            .to_str()
+            .ok()
+            .filter(|s| s.bytes().all(|b| (0x20..0x7f).contains(&b)))
+            .ok_or_else(|| format!("file metadata {key:?}: the value must be printable ASCII"))?;
+        if value.len() > MAX_XATTR_VALUE {
+            return Err(format!(
+                "file metadata {key:?}: the value is longer than {MAX_XATTR_VALUE} bytes"
+            ));
+        }
+        out.insert(format!("{METADATA_XATTR_PREFIX}{key}"), value.to_string());
+    }
+    if out.len() > MAX_XATTRS {
+        return Err(format!("at most {MAX_XATTRS} file metadata keys"));
+    }
+    Ok(out)
+}
+
 /// `EntryInfo` of a stat (proto3 JSON: `size` is an int64, so a string).
 pub fn entry_info(st: &FileStat) -> Value {
     let kind = match st.kind {
@@ -118,6 +154,17 @@ pub fn entry_info(st: &FileStat) -> Value {
     if let Some(t) = &st.symlink_target {
         v["symlinkTarget"] = json!(t);
     }
+    let metadata: serde_json::Map<String, Value> = st
+        .xattrs
+        .iter()
+        .filter_map(|(k, val)| {
+            let key = k.strip_prefix(METADATA_XATTR_PREFIX)?;
+            (!key.is_empty()).then(|| (key.to_string(), json!(val)))
+        })
+        .collect();
+    if !metadata.is_empty() {
+        v["metadata"] = Value::Object(metadata);
+    }
     v
 }
 
@@ -139,7 +186,8 @@ fn is_upload_temp(path: &str) -> bool {
 /// The `FilesystemEvent`s of a watch event, named relative to the watched
 /// directory; a rename is envd's RENAME of the old name and CREATE of the new.
 /// Uploads (written to a hidden temporary file, then renamed into place) show
-/// as envd's direct write would: CREATE and WRITE of the file.
+/// as envd's direct write would: CREATE, CHMOD (the owner is set) and WRITE of
+/// the file.
 pub fn fs_events(root: &str, e: &WatchEvent) -> Vec<Value> {
     let rel = |p: &str| {
         let r = p
@@ -159,6 +207,7 @@ pub fn fs_events(root: &str, e: &WatchEvent) -> Vec<Value> {
     if e.kind == WatchEventKind::Rename && e.from.as_deref().is_some_and(is_upload_temp) {
         return vec![
             ev(rel(path), "EVENT_TYPE_CREATE"),
+            ev(rel(path), "EVENT_TYPE_CHMOD"),
             ev(rel(path), "EVENT_TYPE_WRITE"),
         ];
     }
@@ -178,6 +227,36 @@ pub fn fs_events(root: &str, e: &WatchEvent) -> Vec<Value> {
             v
         }
         WatchEventKind::Overflow => Vec::new(),
+    }
+}
+
+/// A symbolic link as envd's `Stat` shows it: the type of what it points to
+/// (`isSymlink` stays set) and `symlinkTarget` as an absolute path. A link whose
+/// target is missing stays a symlink.
+async fn link_target(ctx: &Ctx, path: &str, st: &FileStat, entry: &mut Value) {
+    let followed = ctx
+        .h
+        .guest
+        .stat(StatRequest {
+            user: ctx.user.clone(),
+            follow: true,
+            ..StatRequest::new(path)
+        })
+        .await;
+    let Ok(t) = followed else {
+        return;
+    };
+    entry["type"] = entry_info(&t)["type"].clone();
+    if let Some(target) = &st.symlink_target {
+        let parent = path.rsplit_once('/').map(|(d, _)| d).unwrap_or("");
+        let joined = if target.starts_with('/') {
+            target.clone()
+        } else {
+            format!("{parent}/{target}")
+        };
+        if let Ok(abs) = super::resolve_path(&joined, "root") {
+            entry["symlinkTarget"] = json!(abs);
+        }
     }
 }
 
@@ -206,7 +285,12 @@ pub async fn call(
     match method {
         "Stat" => {
             let p = ctx.path(&r.path)?;
-            ok(json!({"entry": entry_info(&stat(&ctx, &p).await?)}))
+            let st = stat(&ctx, &p).await?;
+            let mut entry = entry_info(&st);
+            if st.kind == FileKind::Symlink {
+                link_target(&ctx, &p, &st, &mut entry).await;
+            }
+            ok(json!({ "entry": entry }))
         }
         "MakeDir" => {
             let p = ctx.path(&r.path)?;
@@ -312,12 +396,15 @@ pub async fn call(
         "WatchDir" => watch_stream(ctx, r, headers).await,
         "CreateWatcher" => {
             let p = ctx.path(&r.path)?;
-            check_watch(&r)?;
-            let id = ctx.e2b.watchers.create(&ctx, &p, r.recursive).await?;
+            let id = ctx
+                .e2b
+                .watchers
+                .create(&ctx, &p, r.recursive, r.include_entry)
+                .await?;
             ok(json!({ "watcherId": id }))
         }
         "GetWatcherEvents" => {
-            let events = ctx.e2b.watchers.drain(&ctx.h.id, &r.watcher_id)?;
+            let events = ctx.e2b.watchers.drain(&ctx.h.id, &r.watcher_id).await?;
             ok(json!({ "events": events }))
         }
         "RemoveWatcher" => {
@@ -331,20 +418,31 @@ pub async fn call(
     }
 }
 
-fn check_watch(r: &FsRequest) -> Result<(), ConnectError> {
-    if r.include_entry {
-        return Err(ConnectError::new(
-            Code::Unimplemented,
-            "include_entry: entry info in watch events is not supported by Sandlot",
-        ));
+/// Adds `entry` (the `EntryInfo` of the file as it is now) to events of files
+/// that still exist (`include_entry`); a file gone by then has none.
+async fn with_entries(
+    h: &crate::sandbox::SandboxHandle,
+    user: &Option<String>,
+    root: &str,
+    mut events: Vec<Value>,
+) -> Vec<Value> {
+    for ev in &mut events {
+        if ev["type"] == "EVENT_TYPE_REMOVE" || ev["type"] == "EVENT_TYPE_RENAME" {
+            continue;
+        }
+        let Some(name) = ev["name"].as_str() else {
+            continue;
+        };
+        let path = format!("{}/{name}", root.trim_end_matches('/'));
+        let req = StatRequest {
+            user: user.clone(),
+            ..StatRequest::new(&path)
+        };
+        if let Ok(st) = h.guest.stat(req).await {
+            ev["entry"] = entry_info(&st);
+        }
     }
-    if r.allow_network_mounts {
-        return Err(ConnectError::new(
-            Code::Unimplemented,
-            "allow_network_mounts: not supported by Sandlot",
-        ));
-    }
-    Ok(())
+    events
 }
 
 async fn open_watch(
@@ -372,8 +470,9 @@ async fn watch_stream(
     headers: &HeaderMap,
 ) -> Result<Response, ConnectError> {
     let p = ctx.path(&r.path)?;
-    check_watch(&r)?;
     let mut w = open_watch(&ctx, &p, r.recursive).await?;
+    let include_entry = r.include_entry;
+    let (h, user) = (ctx.h.clone(), ctx.user.clone());
     let (tx, resp) = connect::stream_response();
     let guard = ctx.h.active();
     let period =
@@ -390,7 +489,11 @@ async fn watch_stream(
             tokio::select! {
                 e = w.next_event() => match e {
                     Ok(Some(e)) => {
-                        for ev in fs_events(&p, &e) {
+                        let mut evs = fs_events(&p, &e);
+                        if include_entry {
+                            evs = with_entries(&h, &user, &p, evs).await;
+                        }
+                        for ev in evs {
                             if !tx.send(&json!({"filesystem": ev})).await {
                                 return;
                             }
@@ -422,8 +525,17 @@ async fn watch_stream(
 struct Watcher {
     sandbox: String,
     events: Arc<Mutex<Vec<Value>>>,
+    /// Told when events arrive.
+    arrived: Arc<tokio::sync::Notify>,
     task: tokio::task::AbortHandle,
 }
+
+/// How long a poll that finds no events waits for events still on their way from
+/// the sandbox (a file written just before the poll: envd, in the sandbox, has it
+/// at once; here the event crosses the guest connection).
+const POLL_GRACE: std::time::Duration = std::time::Duration::from_millis(150);
+/// How long a poll waits after events for more of them.
+const POLL_SETTLE: std::time::Duration = std::time::Duration::from_millis(30);
 
 /// Watchers polled with `GetWatcherEvents` (the sync SDK's `watch_dir`).
 #[derive(Default)]
@@ -432,21 +544,37 @@ pub struct Watchers {
 }
 
 impl Watchers {
-    async fn create(&self, ctx: &Ctx, path: &str, recursive: bool) -> Result<String, ConnectError> {
+    async fn create(
+        &self,
+        ctx: &Ctx,
+        path: &str,
+        recursive: bool,
+        include_entry: bool,
+    ) -> Result<String, ConnectError> {
         let mut w = open_watch(ctx, path, recursive).await?;
+        let (h, user) = (ctx.h.clone(), ctx.user.clone());
         let events: Arc<Mutex<Vec<Value>>> = Arc::default();
         let ev = events.clone();
+        let arrived: Arc<tokio::sync::Notify> = Arc::default();
+        let notify = arrived.clone();
         let guard = ctx.h.active();
         let root = path.to_string();
         let task = tokio::spawn(async move {
             let _guard = guard;
             while let Ok(Some(e)) = w.next_event().await {
-                let mut q = ev.lock().unwrap_or_else(|e| e.into_inner());
-                q.extend(fs_events(&root, &e));
-                if q.len() > MAX_PENDING_EVENTS {
-                    let n = q.len() - MAX_PENDING_EVENTS;
-                    q.drain(..n);
+                let mut evs = fs_events(&root, &e);
+                if include_entry {
+                    evs = with_entries(&h, &user, &root, evs).await;
                 }
+                {
+                    let mut q = ev.lock().unwrap_or_else(|e| e.into_inner());
+                    q.extend(evs);
+                    if q.len() > MAX_PENDING_EVENTS {
+                        let n = q.len() - MAX_PENDING_EVENTS;
+                        q.drain(..n);
+                    }
+                }
+                notify.notify_waiters();
             }
         });
         let id = format!("w-{}", crate::auth::random_hex(8));
@@ -465,20 +593,46 @@ impl Watchers {
             Watcher {
                 sandbox: ctx.h.id.clone(),
                 events,
+                arrived,
                 task: task.abort_handle(),
             },
         );
         Ok(id)
     }
 
-    fn drain(&self, sandbox: &str, id: &str) -> Result<Vec<Value>, ConnectError> {
-        let m = self.m.lock().unwrap_or_else(|e| e.into_inner());
-        let w = m
-            .get(id)
-            .filter(|w| w.sandbox == sandbox)
-            .ok_or_else(|| ConnectError::not_found(format!("watcher {id} not found")))?;
-        let out = std::mem::take(&mut *w.events.lock().unwrap_or_else(|e| e.into_inner()));
-        Ok(out)
+    /// The events since the last poll. Events of changes made just before the
+    /// poll may still be on their way: with none yet it waits up to
+    /// [`POLL_GRACE`] for the first, and then, while more keep coming within
+    /// [`POLL_SETTLE`] of each other, for those (at most [`POLL_GRACE`] in all).
+    async fn drain(&self, sandbox: &str, id: &str) -> Result<Vec<Value>, ConnectError> {
+        let (events, arrived) = {
+            let m = self.m.lock().unwrap_or_else(|e| e.into_inner());
+            let w = m
+                .get(id)
+                .filter(|w| w.sandbox == sandbox)
+                .ok_or_else(|| ConnectError::not_found(format!("watcher {id} not found")))?;
+            (w.events.clone(), w.arrived.clone())
+        };
+        let take = || std::mem::take(&mut *events.lock().unwrap_or_else(|e| e.into_inner()));
+        let deadline = tokio::time::Instant::now() + POLL_GRACE;
+        let mut out = Vec::new();
+        loop {
+            let notified = arrived.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let got = take();
+            let wait = if out.is_empty() && got.is_empty() {
+                POLL_GRACE
+            } else {
+                POLL_SETTLE
+            };
+            out.extend(got);
+            let until = (tokio::time::Instant::now() + wait).min(deadline);
+            if tokio::time::timeout_at(until, notified).await.is_err() {
+                out.extend(take());
+                return Ok(out);
+            }
+        }
     }
 
     fn remove(&self, sandbox: &str, id: &str) -> Result<(), ConnectError> {
@@ -522,17 +676,55 @@ fn http_api_error(e: ConnectError) -> Response {
     http_error(status, e.message)
 }
 
-/// `path` and `username` of a `/files` request.
-fn file_query(q: Option<&str>) -> (Option<String>, Option<String>) {
-    let (mut path, mut user) = (None, None);
+/// The query of a `/files` request: `path`, `username`, and a signed URL's
+/// `signature` and `signature_expiration`.
+#[derive(Debug, Default, PartialEq)]
+struct FileQuery {
+    path: Option<String>,
+    user: Option<String>,
+    signature: Option<String>,
+    expiration: Option<String>,
+}
+
+fn file_query(q: Option<&str>) -> FileQuery {
+    let mut f = FileQuery::default();
     for (k, v) in form_urlencoded::parse(q.unwrap_or_default().as_bytes()) {
         match k.as_ref() {
-            "path" => path = Some(v.into_owned()),
-            "username" if !v.is_empty() => user = Some(v.into_owned()),
+            "path" => f.path = Some(v.into_owned()),
+            "username" if !v.is_empty() => f.user = Some(v.into_owned()),
+            "signature" => f.signature = Some(v.into_owned()),
+            "signature_expiration" => f.expiration = Some(v.into_owned()),
             _ => {}
         }
     }
-    (path, user)
+    f
+}
+
+/// The sandbox of a `/files` request: by its access token, or for a signed URL
+/// (which carries neither token nor, with one listener, the sandbox) by the
+/// signature.
+fn file_access(
+    e2b: &Arc<E2b>,
+    headers: &HeaderMap,
+    q: &FileQuery,
+    operation: &str,
+) -> Result<Ctx, super::envd::AccessError> {
+    match &q.signature {
+        Some(sig) if !headers.contains_key(super::envd::ACCESS_TOKEN_HEADER) => {
+            super::envd::signed_access(
+                e2b,
+                headers,
+                &super::envd::SignedRequest {
+                    path: q.path.as_deref().unwrap_or(""),
+                    operation,
+                    user: q.user.as_deref().unwrap_or(""),
+                    signature: sig,
+                    expiration: q.expiration.as_deref(),
+                },
+            )
+        }
+        _ => access(e2b, headers),
+    }
 }
 
 fn for_user(mut ctx: Ctx, user: Option<String>) -> Ctx {
@@ -549,15 +741,20 @@ pub async fn download(
     RawQuery(q): RawQuery,
     headers: HeaderMap,
 ) -> Response {
-    let ctx = match access(&e2b, &headers) {
+    let fq = file_query(q.as_deref());
+    let ctx = match file_access(&e2b, &headers, &fq, "read") {
         Ok(c) => c,
         Err(e) => return e.into_response(),
     };
-    let (path, user) = file_query(q.as_deref());
-    let ctx = for_user(ctx, user);
-    let Some(path) = path else {
+    let ctx = for_user(ctx, fq.user);
+    let Some(path) = fq.path else {
         return http_error(StatusCode::BAD_REQUEST, "path is required");
     };
+    let gzip = super::encoding::accepts_gzip(
+        headers
+            .get(header::ACCEPT_ENCODING)
+            .and_then(|v| v.to_str().ok()),
+    );
     let path = match ctx.path(&path) {
         Ok(p) => p,
         Err(e) => return http_api_error(e),
@@ -590,10 +787,22 @@ pub async fn download(
     let counters = ctx.h.counters.clone();
     let stream = async_stream(move |tx| async move {
         let _guard = guard;
-        crate::routes::files::relay_download(dl, limit, what, counters, tx).await;
+        if gzip {
+            let (raw_tx, raw_rx) = tokio::sync::mpsc::channel(4);
+            tokio::join!(
+                crate::routes::files::relay_download(dl, limit, what, counters, raw_tx),
+                deflate(raw_rx, tx)
+            );
+        } else {
+            crate::routes::files::relay_download(dl, limit, what, counters, tx).await;
+        }
     });
     let mut resp = Body::from_stream(stream).into_response();
     let h = resp.headers_mut();
+    if gzip {
+        h.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+        h.insert(header::VARY, HeaderValue::from_static("accept-encoding"));
+    }
     h.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/octet-stream"),
@@ -605,6 +814,80 @@ pub async fn download(
         h.insert(header::CONTENT_DISPOSITION, v);
     }
     resp
+}
+
+type Chunk = Result<bytes::Bytes, std::io::Error>;
+
+/// Compresses a download's chunks as they come (`Accept-Encoding: gzip`).
+async fn deflate(mut rx: tokio::sync::mpsc::Receiver<Chunk>, tx: tokio::sync::mpsc::Sender<Chunk>) {
+    let mut d = super::encoding::Deflate::default();
+    while let Some(item) = rx.recv().await {
+        let out = item.and_then(|b| d.chunk(&b));
+        let failed = out.is_err();
+        let send = match out {
+            Ok(b) if b.is_empty() => continue,
+            other => tx.send(other).await,
+        };
+        if send.is_err() || failed {
+            return;
+        }
+    }
+    let _ = tx.send(d.finish()).await;
+}
+
+/// A request body as it arrives, inflated when it is gzip (`Content-Encoding`),
+/// in bounded steps.
+struct BodyReader {
+    s: axum::body::BodyDataStream,
+    inflate: Option<super::encoding::Inflate>,
+    rest: bytes::Bytes,
+}
+
+impl BodyReader {
+    fn new(body: Body, coding: super::encoding::Coding) -> BodyReader {
+        BodyReader {
+            s: body.into_data_stream(),
+            inflate: (coding == super::encoding::Coding::Gzip).then(Default::default),
+            rest: bytes::Bytes::new(),
+        }
+    }
+
+    /// The next piece of the (inflated) body; None at its end.
+    async fn next(&mut self) -> Result<Option<bytes::Bytes>, ConnectError> {
+        loop {
+            if let Some(inf) = self.inflate.as_mut() {
+                if !self.rest.is_empty() {
+                    let n = self.rest.len().min(super::encoding::INFLATE_STEP);
+                    let piece = self.rest.split_to(n);
+                    let out = inf.step(&piece).map_err(ConnectError::invalid)?;
+                    if !out.is_empty() {
+                        return Ok(Some(out.into()));
+                    }
+                    continue;
+                }
+            }
+            match self.s.next().await {
+                Some(chunk) => {
+                    let chunk = chunk.map_err(|e| {
+                        ConnectError::invalid(format!("reading the request body: {e}"))
+                    })?;
+                    if self.inflate.is_none() {
+                        return Ok(Some(chunk));
+                    }
+                    self.rest = chunk;
+                }
+                None => {
+                    return match self.inflate.take() {
+                        Some(inf) => {
+                            let out = inf.finish().map_err(ConnectError::invalid)?;
+                            Ok((!out.is_empty()).then(|| out.into()))
+                        }
+                        None => Ok(None),
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// A body stream fed by a task.
@@ -624,15 +907,22 @@ where
 struct Upload {
     path: String,
     up: sandlot_guest::client::FileUpload,
+    /// The file's metadata as the answer shows it (keys without the namespace).
+    metadata: serde_json::Map<String, Value>,
 }
 
-async fn open_upload(ctx: &Ctx, path: &str) -> Result<Upload, ConnectError> {
+async fn open_upload(
+    ctx: &Ctx,
+    path: &str,
+    metadata: &BTreeMap<String, String>,
+) -> Result<Upload, ConnectError> {
     let up = ctx
         .h
         .guest
         .write_file(WriteFileRequest {
             create_parents: true,
             user: ctx.user.clone(),
+            xattrs: metadata.clone(),
             ..WriteFileRequest::new(path)
         })
         .await
@@ -640,6 +930,12 @@ async fn open_upload(ctx: &Ctx, path: &str) -> Result<Upload, ConnectError> {
     Ok(Upload {
         path: path.to_string(),
         up,
+        metadata: metadata
+            .iter()
+            .filter_map(|(k, v)| {
+                Some((k.strip_prefix(METADATA_XATTR_PREFIX)?.to_string(), json!(v)))
+            })
+            .collect(),
     })
 }
 
@@ -667,7 +963,11 @@ impl Upload {
     async fn finish(self) -> Result<Value, ConnectError> {
         let path = self.path;
         self.up.finish().await.map_err(guest_err(&path))?;
-        Ok(json!({"name": base_name(&path), "type": "file", "path": path}))
+        let mut v = json!({"name": base_name(&path), "type": "file", "path": path});
+        if !self.metadata.is_empty() {
+            v["metadata"] = Value::Object(self.metadata);
+        }
+        Ok(v)
     }
 }
 
@@ -681,43 +981,34 @@ pub async fn upload(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let ctx = match access(&e2b, &headers) {
+    let fq = file_query(q.as_deref());
+    let ctx = match file_access(&e2b, &headers, &fq, "write") {
         Ok(c) => c,
         Err(e) => return e.into_response(),
     };
-    let (path, user) = file_query(q.as_deref());
-    let ctx = for_user(ctx, user);
-    if let Some(enc) = headers
-        .get(header::CONTENT_ENCODING)
-        .and_then(|v| v.to_str().ok())
-    {
-        if !enc.eq_ignore_ascii_case("identity") {
-            return http_error(
-                StatusCode::BAD_REQUEST,
-                format!(
-                    "Content-Encoding {enc:?} is not supported: upload uncompressed (gzip=False)"
-                ),
-            );
-        }
-    }
-    if headers
-        .keys()
-        .any(|k| k.as_str().starts_with("x-metadata-"))
-    {
-        return http_error(
-            StatusCode::BAD_REQUEST,
-            "file metadata (X-Metadata-*) is not supported by Sandlot",
-        );
-    }
+    let (path, ctx) = (fq.path, for_user(ctx, fq.user));
+    let coding = match super::encoding::content_coding(
+        headers
+            .get(header::CONTENT_ENCODING)
+            .and_then(|v| v.to_str().ok()),
+    ) {
+        Ok(c) => c,
+        Err(m) => return http_error(StatusCode::BAD_REQUEST, m),
+    };
+    let metadata = match metadata_xattrs(&headers) {
+        Ok(m) => m,
+        Err(m) => return http_error(StatusCode::BAD_REQUEST, m),
+    };
     let _guard = ctx.h.active();
     let ct = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("application/octet-stream")
         .to_string();
+    let body = BodyReader::new(body, coding);
     let r = match multipart::boundary(&ct) {
-        Some(b) => upload_multipart(&ctx, path, &b, body).await,
-        None => upload_raw(&ctx, path, body).await,
+        Some(b) => upload_multipart(&ctx, path, &b, body, &metadata).await,
+        None => upload_raw(&ctx, path, body, &metadata).await,
     };
     match r {
         Ok(written) => (StatusCode::OK, Json(Value::Array(written))).into_response(),
@@ -728,17 +1019,15 @@ pub async fn upload(
 async fn upload_raw(
     ctx: &Ctx,
     path: Option<String>,
-    body: Body,
+    mut body: BodyReader,
+    metadata: &BTreeMap<String, String>,
 ) -> Result<Vec<Value>, ConnectError> {
     let path =
         path.ok_or_else(|| ConnectError::invalid("path is required for an octet-stream upload"))?;
     let path = ctx.path(&path)?;
-    let mut up = open_upload(ctx, &path).await?;
+    let mut up = open_upload(ctx, &path, metadata).await?;
     let mut total = 0;
-    let mut s = body.into_data_stream();
-    while let Some(chunk) = s.next().await {
-        let chunk =
-            chunk.map_err(|e| ConnectError::invalid(format!("reading the request body: {e}")))?;
+    while let Some(chunk) = body.next().await? {
         up.write(ctx, &mut total, &chunk).await?;
     }
     Ok(vec![up.finish().await?])
@@ -748,10 +1037,10 @@ async fn upload_multipart(
     ctx: &Ctx,
     path: Option<String>,
     boundary: &str,
-    body: Body,
+    mut body: BodyReader,
+    metadata: &BTreeMap<String, String>,
 ) -> Result<Vec<Value>, ConnectError> {
     let mut r = multipart::Reader::new(boundary);
-    let mut s = body.into_data_stream();
     let mut cur: Option<Upload> = None;
     let mut written = Vec::new();
     let mut total = 0u64;
@@ -773,7 +1062,7 @@ async fn upload_multipart(
                         }
                     };
                     let target = ctx.path(&target)?;
-                    cur = Some(open_upload(ctx, &target).await?);
+                    cur = Some(open_upload(ctx, &target, metadata).await?);
                 }
                 multipart::Event::Data(d) => {
                     if let Some(u) = cur.as_mut() {
@@ -791,12 +1080,8 @@ async fn upload_multipart(
         if r.is_done() {
             break;
         }
-        match s.next().await {
-            Some(chunk) => {
-                let chunk = chunk
-                    .map_err(|e| ConnectError::invalid(format!("reading the request body: {e}")))?;
-                r.push(&chunk);
-            }
+        match body.next().await? {
+            Some(chunk) => r.push(&chunk),
             None => {
                 return Err(ConnectError::invalid(
                     "the multipart body ended before its closing boundary",
@@ -825,6 +1110,7 @@ mod tests {
             mtime: 1_764_470_061,
             mtime_nsec: 250_000_000,
             symlink_target: None,
+            xattrs: Default::default(),
         }
     }
 
@@ -849,6 +1135,27 @@ mod tests {
         assert_eq!(l["isSymlink"], true);
         assert_eq!(l["symlinkTarget"], "/etc");
         assert_eq!(l["permissions"], "Lrwxrwxrwx");
+    }
+
+    #[test]
+    fn file_metadata_is_user_e2b_xattrs_both_ways() {
+        let mut h = HeaderMap::new();
+        h.insert("x-metadata-author", "mish".parse().unwrap());
+        h.insert("x-metadata-Kind", "a b".parse().unwrap());
+        h.insert("x-other", "no".parse().unwrap());
+        let x = metadata_xattrs(&h).unwrap();
+        assert_eq!(x.len(), 2);
+        assert_eq!(x["user.e2b.author"], "mish");
+        assert_eq!(x["user.e2b.kind"], "a b");
+        h.insert("x-metadata-bin", HeaderValue::from_bytes(b"\xff").unwrap());
+        assert!(metadata_xattrs(&h).unwrap_err().contains("printable"));
+        let mut f = st("/a", FileKind::File, 0o644);
+        f.xattrs.insert("user.e2b.author".into(), "mish".into());
+        f.xattrs.insert("user.other".into(), "hidden".into());
+        assert_eq!(entry_info(&f)["metadata"], json!({"author": "mish"}));
+        assert!(entry_info(&st("/b", FileKind::File, 0o644))
+            .get("metadata")
+            .is_none());
     }
 
     #[test]
@@ -888,6 +1195,7 @@ mod tests {
             fs_events("/w", &e(WatchEventKind::Rename, "/w/f.txt", Some(tmp))),
             vec![
                 json!({"name": "f.txt", "type": "EVENT_TYPE_CREATE"}),
+                json!({"name": "f.txt", "type": "EVENT_TYPE_CHMOD"}),
                 json!({"name": "f.txt", "type": "EVENT_TYPE_WRITE"})
             ]
         );
@@ -916,10 +1224,12 @@ mod tests {
 
     #[test]
     fn file_queries() {
-        assert_eq!(
-            file_query(Some("path=%2Ftmp%2Fa%20b&username=root")),
-            (Some("/tmp/a b".into()), Some("root".into()))
-        );
-        assert_eq!(file_query(Some("username=")), (None, None));
+        let q = file_query(Some("path=%2Ftmp%2Fa%20b&username=root"));
+        assert_eq!(q.path.as_deref(), Some("/tmp/a b"));
+        assert_eq!(q.user.as_deref(), Some("root"));
+        assert_eq!(file_query(Some("username=")), FileQuery::default());
+        let q = file_query(Some("path=a&signature=v1_x%2By&signature_expiration=17"));
+        assert_eq!(q.signature.as_deref(), Some("v1_x+y"));
+        assert_eq!(q.expiration.as_deref(), Some("17"));
     }
 }

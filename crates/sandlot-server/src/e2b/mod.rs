@@ -10,9 +10,12 @@
 //! Sandlot sandbox of the API key's tenant.
 
 pub mod connect;
+pub mod encoding;
 pub mod envd;
 pub mod files;
+pub mod hosts;
 pub mod multipart;
+pub mod network;
 pub mod process;
 pub mod rest;
 
@@ -32,11 +35,10 @@ use sha2::{Digest, Sha256};
 use crate::state::AppState;
 
 /// The envd version this server claims. It selects the SDK's code paths:
-/// at least 0.5.7 (octet-stream uploads, stdin close, default user), below 0.6.2
-/// so that the SDK itself refuses what Sandlot does not have (file metadata in
-/// extended attributes, entry info in watch events, network-mount watches) with
-/// its own typed `TemplateException`.
-pub const ENVD_VERSION: &str = "0.6.1";
+/// octet-stream and gzip uploads, stdin close, the default user, file metadata
+/// (`X-Metadata-*` headers, 0.6.2), entry info in watch events and network-mount
+/// watches (0.6.4).
+pub const ENVD_VERSION: &str = "0.6.4";
 /// The `clientID` of sandboxes (E2B's node id).
 pub const CLIENT_ID: &str = "sandlot";
 /// Tag recording the E2B template a sandbox was created from.
@@ -50,6 +52,11 @@ pub const DEFAULT_TEMPLATE: &str = "base";
 pub struct E2bConfig {
     /// Address of the E2B listener (REST API and envd). Absent: off.
     pub listen: Option<SocketAddr>,
+    /// The domain under which `PORT-SANDBOX.DOMAIN` names reach this listener
+    /// (wildcard DNS, usually through a TLS proxy): the create answer's `domain`,
+    /// so that the SDK's `get_host(port)` and envd URLs use it. Absent: host names
+    /// are not routed.
+    pub domain: Option<String>,
     /// Template name → the sandbox it creates: any keys of the native create
     /// body's spec (`image`, `rootfs`, `user`, `workdir`, `env`, `resources`, ...).
     /// `user` is the template's default user (E2B's `base` runs as `user`).
@@ -60,6 +67,7 @@ impl Default for E2bConfig {
     fn default() -> Self {
         E2bConfig {
             listen: None,
+            domain: None,
             templates: default_templates(),
         }
     }
@@ -75,8 +83,23 @@ fn default_templates() -> BTreeMap<String, Value> {
 }
 
 impl E2bConfig {
-    /// Checks the templates: tables of native spec keys that make a valid spec.
+    /// Checks the domain (a lowercase DNS name) and the templates (tables of
+    /// native spec keys that make a valid spec).
     pub fn check(&self) -> Result<(), String> {
+        if let Some(d) = &self.domain {
+            let ok = !d.is_empty()
+                && d.len() <= 200
+                && d.split('.').all(|l| {
+                    !l.is_empty()
+                        && l.bytes()
+                            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                });
+            if !ok {
+                return Err(format!(
+                    "e2b.domain: {d:?} is not a lowercase DNS name (sandboxes.example.com)"
+                ));
+            }
+        }
         for (name, v) in &self.templates {
             let Value::Object(o) = v else {
                 return Err(format!(
@@ -184,6 +207,16 @@ impl E2b {
         crate::auth::hex(&h.finalize())
     }
 
+    /// The traffic access token of a sandbox (`e2b-traffic-access-token`, for its
+    /// ports reached by host name): a keyed hash of its id, like the envd token.
+    pub fn traffic_token(&self, sandbox_id: &str) -> String {
+        let mut h = Sha256::new();
+        h.update(&self.key);
+        h.update(b"\0traffic\0");
+        h.update(sandbox_id.as_bytes());
+        crate::auth::hex(&h.finalize())
+    }
+
     /// The default user of a sandbox's processes and file operations.
     pub fn default_user(&self, sandbox_id: &str) -> String {
         if let Some(u) = self
@@ -223,7 +256,7 @@ impl E2b {
 /// (`E2b-Sandbox-Id`), to the REST API otherwise.
 pub fn router(e2b: Arc<E2b>) -> Router {
     let names_sandbox = |h: &HeaderMap| h.contains_key(envd::SANDBOX_ID_HEADER);
-    Router::new()
+    let routes = Router::new()
         .merge(envd::routes())
         .merge(rest::routes())
         .route(
@@ -248,7 +281,12 @@ pub fn router(e2b: Arc<E2b>) -> Router {
             }
         })
         .layer(axum::extract::DefaultBodyLimit::disable())
-        .with_state(e2b)
+        .with_state(e2b.clone());
+    // Host names are routed before the routes are matched (a layer of a router
+    // runs after its routing: this one wraps the whole inner router).
+    Router::new()
+        .fallback_service(routes)
+        .layer(axum::middleware::from_fn_with_state(e2b, hosts::route))
 }
 
 /// Binds the E2B listener if configured.
@@ -359,6 +397,7 @@ mod tests {
     fn templates_validate_and_base_is_always_there() {
         let mut c = E2bConfig {
             listen: None,
+            domain: None,
             templates: BTreeMap::new(),
         };
         c.templates.insert(
@@ -378,6 +417,11 @@ mod tests {
         c.templates
             .insert("t".into(), serde_json::json!({"timeout": 5}));
         assert!(c.check().is_err());
+        c.templates.remove("t");
+        c.domain = Some("sandboxes.example.com".into());
+        c.check().unwrap();
+        c.domain = Some("Bad_Domain".into());
+        assert!(c.check().unwrap_err().contains("e2b.domain"));
     }
 
     #[test]

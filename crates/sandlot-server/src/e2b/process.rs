@@ -527,7 +527,9 @@ async fn pump(
         None => {
             tx.end(Some(ConnectError::new(
                 Code::Unavailable,
-                format!("The sandbox {sandbox} was not found: the process output ended without an exit status"),
+                // envd's words: the SDK then asks `/health` whether the sandbox is
+                // gone and says so (`SandboxNotRunningException`).
+                format!("the connection to sandbox {sandbox} ended before the stream completed"),
             )))
             .await
         }

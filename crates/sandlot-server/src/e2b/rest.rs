@@ -1,9 +1,9 @@
 //! E2B's REST API (the control plane): create, list, inspect, kill, timeouts,
 //! connect, metrics and logs, over the native sandbox code paths. Errors are
 //! E2B's `{"code": STATUS, "message"}`, which the SDK turns into its typed
-//! exceptions; what Sandlot does not have (pause and resume, snapshots, forks,
-//! templates builds, volumes, network updates) answers 501 with a message naming
-//! the call.
+//! exceptions; network options and updates become egress policies
+//! (`network.rs`); what Sandlot does not have (pause and resume, snapshots, forks,
+//! templates builds, volumes) answers 501 with a message naming the call.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -12,7 +12,7 @@ use axum::body::Body;
 use axum::extract::{Path, RawQuery, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use serde_json::{json, Map, Value};
 
@@ -115,12 +115,13 @@ pub fn routes() -> Router<Arc<E2b>> {
         .route("/v2/sandboxes/{id}/connect", post(connect))
         .route("/sandboxes/{id}/refreshes", post(refresh))
         .route("/sandboxes/{id}/metrics", get(metrics))
+        .route("/sandboxes/{id}/network", put(update_network))
         .route("/sandboxes/{id}/logs", get(logs_v1))
         .route("/v2/sandboxes/{id}/logs", get(logs_v2))
 }
 
 /// Everything else E2B's API has (pause, resume, snapshots, forks, templates,
-/// volumes, network, teams...): a clear 501, never a hang.
+/// volumes, teams...): a clear 501, never a hang.
 pub async fn unsupported(req: Request) -> RestError {
     let (m, p) = (req.method().clone(), req.uri().path().to_string());
     let what = if p.ends_with("/pause") {
@@ -131,8 +132,6 @@ pub async fn unsupported(req: Request) -> RestError {
         "snapshots"
     } else if p.ends_with("/fork") {
         "forking sandboxes"
-    } else if p.ends_with("/network") {
-        "changing a sandbox's network"
     } else if p.starts_with("/templates")
         || p.starts_with("/v2/templates")
         || p.starts_with("/v3/templates")
@@ -170,8 +169,8 @@ fn created_json(e2b: &E2b, rec: &SandboxRecord) -> Value {
         "alias": template_of(rec),
         "envdVersion": ENVD_VERSION,
         "envdAccessToken": e2b.access_token(&rec.id),
-        "trafficAccessToken": null,
-        "domain": null,
+        "trafficAccessToken": e2b.traffic_token(&rec.id),
+        "domain": e2b.cfg.domain,
     })
 }
 
@@ -252,19 +251,6 @@ fn refuse_unsupported(body: &Map<String, Value>) -> RestResult<()> {
             "iam: workload identity is not supported by Sandlot",
         ));
     }
-    if body.get("allow_internet_access") == Some(&Value::Bool(true))
-        || body
-            .get("network")
-            .and_then(Value::as_object)
-            .is_some_and(|o| {
-                o.iter()
-                    .any(|(_, v)| !v.is_null() && v != &json!([]) && v != &json!({}))
-            })
-    {
-        return Err(RestError::bad(
-            "allow_internet_access/network: Sandlot sandboxes have no network (loopback only)",
-        ));
-    }
     Ok(())
 }
 
@@ -318,6 +304,14 @@ pub fn native_body(e2b: &E2b, body: &Map<String, Value>) -> RestResult<(String, 
     if let Some(m) = body.get("metadata").filter(|v| !v.is_null()) {
         out.insert("metadata".into(), m.clone());
     }
+    let asked = super::network::policy(body.get("allow_internet_access"), body.get("network"))
+        .map_err(RestError::bad)?;
+    if let Some(n) = asked {
+        out.insert(
+            "network".into(),
+            serde_json::to_value(n).map_err(|e| RestError::bad(e.to_string()))?,
+        );
+    }
     out.insert("tags".into(), json!({ TEMPLATE_TAG: template }));
     Ok((template, Value::Object(out)))
 }
@@ -347,36 +341,73 @@ fn metadata_filter(v: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// Sandboxes a list call returns at most per page when it names no `limit`
+/// (E2B's default), and at most in any case.
+const DEFAULT_PAGE: usize = 100;
+const MAX_PAGE: usize = 1000;
+
+/// A page position: the (start time, id) of the last sandbox returned, opaque to
+/// the client (`x-next-token`).
+fn next_token(rec: &SandboxRecord) -> String {
+    crate::auth::hex(format!("{}:{}", rec.started_at.unwrap_or(rec.created_at), rec.id).as_bytes())
+}
+
+fn parse_next_token(t: &str) -> RestResult<(i64, String)> {
+    let bad = || {
+        RestError::bad(format!(
+            "nextToken: {t:?} is not a token this server issued"
+        ))
+    };
+    if !t.len().is_multiple_of(2) || t.len() > 512 {
+        return Err(bad());
+    }
+    let bytes: Vec<u8> = (0..t.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(t.get(i..i + 2).unwrap_or("zz"), 16))
+        .collect::<Result<_, _>>()
+        .map_err(|_| bad())?;
+    let s = String::from_utf8(bytes).map_err(|_| bad())?;
+    let (ms, id) = s.split_once(':').ok_or_else(bad)?;
+    Ok((ms.parse().map_err(|_| bad())?, id.to_string()))
+}
+
 async fn list(
     State(e2b): State<Arc<E2b>>,
     headers: HeaderMap,
     RawQuery(q): RawQuery,
-) -> RestResult<Json<Value>> {
+) -> RestResult<Response> {
     let p = principal(&e2b, &headers)?;
     let mut meta = Vec::new();
-    let mut limit = usize::MAX;
+    let mut limit = DEFAULT_PAGE;
     let mut template = None;
     let mut running = true;
     let mut asc = false;
+    let mut after: Option<(i64, String)> = None;
+    let mut started_after = None;
     for (k, v) in form_urlencoded::parse(q.unwrap_or_default().as_bytes()) {
         match k.as_ref() {
             "metadata" | "query" => meta.extend(metadata_filter(&v)),
             "limit" => {
-                limit = v
-                    .parse()
-                    .map_err(|_| RestError::bad(format!("limit: {v:?} is not a number")))?
+                limit = v.parse().ok().filter(|n| *n > 0).ok_or_else(|| {
+                    RestError::bad(format!("limit: {v:?} is not a positive number"))
+                })?;
+                limit = limit.min(MAX_PAGE);
             }
             "template" => template = Some(v.into_owned()),
             // No paused sandboxes exist here: asking only for those lists nothing.
             "state" => running = v.split(',').any(|s| s == "running"),
             "order" => asc = v == "asc",
-            // One page holds everything: there is never a next token.
-            "nextToken" | "startedAfter" => {}
+            "nextToken" if !v.is_empty() => after = Some(parse_next_token(&v)?),
+            "startedAfter" if !v.is_empty() => {
+                started_after = Some(crate::timefmt::parse_rfc3339(&v).ok_or_else(|| {
+                    RestError::bad(format!("startedAfter: {v:?} is not an RFC 3339 time"))
+                })?)
+            }
             _ => {}
         }
     }
     if !running {
-        return Ok(Json(json!([])));
+        return Ok(Json(json!([])).into_response());
     }
     let f = SandboxFilter {
         tenant: p.scope.clone(),
@@ -392,17 +423,43 @@ async fn list(
         .store
         .list_sandboxes(&f)
         .map_err(ApiError::internal)?;
+    let started = |r: &SandboxRecord| r.started_at.unwrap_or(r.created_at);
     recs.retain(|r| {
         e2b.app.handle(&r.id).is_some_and(|h| !h.is_stopping())
             && meta.iter().all(|(k, v)| r.metadata.get(k) == Some(v))
+            && started_after.is_none_or(|t| started(r) >= t)
     });
+    // Newest first (or oldest first with `order=asc`), ties by id: a stable order
+    // for the page tokens.
+    recs.sort_by(|a, b| (started(b), &b.id).cmp(&(started(a), &a.id)));
     if asc {
         recs.reverse();
     }
+    if let Some((ms, id)) = &after {
+        let key = (*ms, id.as_str());
+        recs.retain(|r| {
+            let k = (started(r), r.id.as_str());
+            if asc {
+                k > key
+            } else {
+                k < key
+            }
+        });
+    }
+    let more = recs.len() > limit;
     recs.truncate(limit);
-    Ok(Json(Value::Array(
+    let mut resp = Json(Value::Array(
         recs.iter().map(|r| listed_json(&e2b, r)).collect(),
-    )))
+    ))
+    .into_response();
+    if more {
+        if let Some(last) = recs.last() {
+            if let Ok(v) = axum::http::HeaderValue::from_str(&next_token(last)) {
+                resp.headers_mut().insert("x-next-token", v);
+            }
+        }
+    }
+    Ok(resp)
 }
 
 async fn get_one(
@@ -414,10 +471,46 @@ async fn get_one(
     let rec = live_record(&e2b, &p, &id)?;
     let mut v = listed_json(&e2b, &rec);
     v["envdAccessToken"] = json!(e2b.access_token(&rec.id));
-    v["domain"] = Value::Null;
-    v["allowInternetAccess"] = json!(false);
+    v["domain"] = json!(e2b.cfg.domain);
+    let (internet, network) =
+        super::network::describe(&crate::network::current(&e2b.app, &rec.id, &rec.spec));
+    v["allowInternetAccess"] = json!(internet);
+    v["network"] = network;
     v["lifecycle"] = json!({"onTimeout": "kill", "autoResume": false});
     Ok(Json(v))
+}
+
+/// Replaces a running sandbox's egress policy (E2B's `update_network`): the new
+/// rules hold at once and open connections they no longer allow are cut.
+async fn update_network(
+    State(e2b): State<Arc<E2b>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Body,
+) -> RestResult<StatusCode> {
+    let p = principal(&e2b, &headers)?;
+    let rec = live_record(&e2b, &p, &id)?;
+    let b = json_body(&e2b, body).await?;
+    // The update body carries the egress fields at its top level.
+    let net = json!({"allowOut": b.get("allowOut"), "denyOut": b.get("denyOut"),
+        "egressProxy": b.get("egressProxy"), "rules": b.get("rules")});
+    let n = super::network::policy(b.get("allow_internet_access"), Some(&net))
+        .map_err(RestError::bad)?
+        // No rules at all: E2B's default, everything allowed.
+        .unwrap_or(sandlot_proto::spec::NetworkSpec {
+            mode: sandlot_proto::spec::NetworkMode::Open,
+            allow: Vec::new(),
+        });
+    if crate::network::current(&e2b.app, &rec.id, &rec.spec).mode
+        == sandlot_proto::spec::NetworkMode::None
+    {
+        return Err(RestError::new(
+            StatusCode::CONFLICT,
+            format!("sandbox {id} was created without a network (the operator's default is loopback only): create it with allow_internet_access or network to change its rules later"),
+        ));
+    }
+    crate::network::update(&e2b.app, &rec.id, &n)?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 async fn kill(
@@ -535,9 +628,14 @@ async fn metrics(
     State(e2b): State<Arc<E2b>>,
     headers: HeaderMap,
     Path(id): Path<String>,
+    RawQuery(q): RawQuery,
 ) -> RestResult<Json<Value>> {
     let p = principal(&e2b, &headers)?;
     let rec = live_record(&e2b, &p, &id)?;
+    let now = crate::store::now_ms();
+    if !in_range(q.as_deref(), now, rec.started_at.unwrap_or(rec.created_at))? {
+        return Ok(Json(json!([])));
+    }
     let v = view(&e2b.app, &rec);
     let l = listed_json(&e2b, &rec);
     let cpus = l["cpuCount"].as_u64().unwrap_or(1).max(1) as f64;
@@ -546,7 +644,6 @@ async fn metrics(
     } else {
         0.0
     };
-    let now = crate::store::now_ms();
     let res = &rec.spec["resources"];
     Ok(Json(json!([{
         "timestamp": rfc3339(now),
@@ -559,6 +656,32 @@ async fn metrics(
         "diskUsed": 0,
         "diskTotal": res["disk"].as_u64().unwrap_or(0),
     }])))
+}
+
+/// Whether the sample taken `now` answers a metrics query's `start`/`end` (Unix
+/// seconds): no samples are kept, so a range that ends before now (beyond the
+/// query's one-second precision) or before the sandbox started is empty.
+fn in_range(q: Option<&str>, now_ms: i64, started_ms: i64) -> RestResult<bool> {
+    let (mut start, mut end) = (None, None);
+    for (k, v) in form_urlencoded::parse(q.unwrap_or_default().as_bytes()) {
+        let n = || {
+            v.parse::<i64>()
+                .map_err(|_| RestError::bad(format!("{k}: {v:?} is not a Unix time in seconds")))
+        };
+        match k.as_ref() {
+            "start" => start = Some(n()?),
+            "end" => end = Some(n()?),
+            _ => {}
+        }
+    }
+    let now = now_ms / 1000;
+    if let (Some(s), Some(e)) = (start, end) {
+        if s > e {
+            return Err(RestError::bad(format!("start ({s}) is after end ({e})")));
+        }
+    }
+    Ok(start.is_none_or(|s| s <= now)
+        && end.is_none_or(|e| e + 1 >= now && e + 1 >= started_ms / 1000))
 }
 
 /// The sandbox's lifecycle events as log lines.
@@ -628,12 +751,6 @@ mod tests {
         assert!(m(json!({"volumeMounts": [{"name": "v", "path": "/v"}]}))
             .unwrap_err()
             .contains("volumeMounts"));
-        assert!(m(json!({"allow_internet_access": true}))
-            .unwrap_err()
-            .contains("network"));
-        assert!(m(json!({"network": {"allowOut": ["1.1.1.1"]}}))
-            .unwrap_err()
-            .contains("network"));
     }
 
     #[test]
@@ -643,6 +760,39 @@ mod tests {
         let m = metadata_pairs("user=alice%20b&team=a%26b");
         assert_eq!(m["user"], "alice b");
         assert_eq!(m["team"], "a&b");
+    }
+
+    #[test]
+    fn page_tokens_round_trip_and_foreign_ones_are_refused() {
+        let t = crate::auth::hex(b"1764470061250:sb-1");
+        assert_eq!(
+            parse_next_token(&t).unwrap(),
+            (1_764_470_061_250, "sb-1".into())
+        );
+        for bad in ["xyz", "abc", "6162", &crate::auth::hex(b"x:sb")] {
+            assert!(parse_next_token(bad)
+                .unwrap_err()
+                .message
+                .contains("nextToken"));
+        }
+    }
+
+    #[test]
+    fn a_metrics_range_holds_the_present_sample_only_if_it_reaches_now() {
+        let now = 1_000_000_000_000;
+        let started = now - 60_000;
+        let q = |s: &str| in_range(Some(s), now, started);
+        assert!(q("").unwrap());
+        assert!(q("start=999999990&end=1000000000").unwrap());
+        // Second precision: an end one second before now still holds it.
+        assert!(q("start=999999990&end=999999999").unwrap());
+        assert!(!q("start=999999000&end=999999900").unwrap());
+        assert!(!q("start=1000000100").unwrap());
+        assert!(q("start=10&end=5")
+            .unwrap_err()
+            .message
+            .contains("after end"));
+        assert!(q("start=x").unwrap_err().message.contains("start"));
     }
 
     #[test]

@@ -251,6 +251,7 @@ where
             append,
             create_parents: true,
             user: None,
+            xattrs: Default::default(),
         })
         .await
         .map_err(guest_err(path))?;
@@ -735,6 +736,7 @@ pub async fn tar_upload(
                         append: false,
                         create_parents: true,
                         user: None,
+                        xattrs: Default::default(),
                     })
                     .await
                     .map_err(guest_err(&target))?;

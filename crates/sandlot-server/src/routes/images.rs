@@ -50,6 +50,11 @@ pub struct ImageView {
     pub cmd: Vec<String>,
     /// The image a snapshot or build step started from.
     pub parent: Option<String>,
+    /// `host` for an image whose layers go on top of the built-in `host` image
+    /// (a snapshot of a `host` sandbox: its sandboxes get this host's `/usr` and
+    /// `/etc` entries); absent for a self-contained image.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub base: Option<String>,
     /// `import`, `snapshot`, `directory`, `build`, `pull`.
     pub source: String,
     pub created_at: String,
@@ -146,6 +151,10 @@ pub fn view(i: &ImageInfo) -> ImageView {
         entrypoint: i.config.entrypoint.clone(),
         cmd: i.config.cmd.clone(),
         parent: i.parent.map(|p| p.to_string()),
+        base: i
+            .config
+            .host_base
+            .then(|| sandlot_proto::spec::HOST_IMAGE.to_string()),
         source: i.source.clone(),
         created_at: crate::timefmt::rfc3339(i.created_at),
         size: i.size,
@@ -393,7 +402,7 @@ pub async fn diff(
     params(("id" = String, Path, description = "Sandbox id or name")),
     request_body(content = SnapshotBody, description = "Optional: a tag for the new image (in the caller's namespace)"),
     responses((status = 201, body = ImageView),
-        (status = 409, description = "not created from a store image, or stopping", body = crate::error::ErrorEnvelope),
+        (status = 409, description = "a sandbox of a rootfs directory, or stopping", body = crate::error::ErrorEnvelope),
         (status = 413, description = "too_large: the writable layer expands past the sandbox's disk limit", body = crate::error::ErrorEnvelope)))]
 pub async fn snapshot(
     State(state): State<Arc<AppState>>,
@@ -414,20 +423,57 @@ pub async fn snapshot(
     let h2 = h.clone();
     let (mut v, took) = blocking(move || {
         let scope = p.scope.as_deref();
-        let (img, took) = st.images.snapshot(
-            &h2.id,
-            &h2.tenant,
-            scope,
-            &*h2.inst,
-            tag.as_ref(),
-            h2.disk_limit,
-        )?;
+        let (host, hostname) = host_image_and_hostname(&st, &h2.id)?;
+        let (img, took) = if host {
+            st.images.snapshot_host(
+                &h2.id,
+                &*h2.inst,
+                &h2.tenant,
+                scope,
+                tag.as_ref(),
+                h2.disk_limit,
+            )?
+        } else {
+            st.images.snapshot(
+                &h2.id,
+                &*h2.inst,
+                &hostname,
+                &h2.tenant,
+                scope,
+                tag.as_ref(),
+                h2.disk_limit,
+            )?
+        };
         tracing::info!(sandbox_id = %h2.id, image = %img.id, frozen_ms = took.as_secs_f64() * 1e3, "snapshot");
         Ok((view_for(&st, viewer(scope), &img)?, took))
     })
     .await?;
     v.frozen_ms = Some(took.as_secs_f64() * 1e3);
     Ok(json_status(StatusCode::CREATED, &v))
+}
+
+/// Whether sandbox `id`'s spec is the built-in `host` image without a rootfs
+/// directory (its writable layer is its root tmpfs, not a store image's upper),
+/// and its host name.
+fn host_image_and_hostname(state: &AppState, id: &str) -> ApiResult<(bool, String)> {
+    let rec = state
+        .store
+        .get_sandbox(id)
+        .map_err(|e| ApiError::internal(format!("read sandbox {id}: {e}")))?
+        .ok_or_else(|| ApiError::not_found(format!("no sandbox {id}")))?;
+    let spec = &rec.spec;
+    let image = spec
+        .get("image")
+        .and_then(|i| i.as_str())
+        .unwrap_or(sandlot_proto::spec::HOST_IMAGE);
+    let hostname = match spec.get("hostname").and_then(|h| h.as_str()) {
+        Some(h) => h.to_string(),
+        None => sandlot_runtime::plan::sandbox_hostname(id, &Default::default()),
+    };
+    Ok((
+        image == sandlot_proto::spec::HOST_IMAGE && spec.get("rootfs").is_none_or(|r| r.is_null()),
+        hostname,
+    ))
 }
 
 // ---- registries: pull and push (NDJSON progress streams) ----
@@ -682,7 +728,6 @@ pub async fn build(
     RawQuery(q): RawQuery,
     body: Body,
 ) -> ApiResult<Response> {
-    operator_only(&p, "building images")?;
     let q = query(q);
     let file = q
         .get("file")
@@ -699,10 +744,31 @@ pub async fn build(
             ))
         }
     };
+    // A tenant's builds in flight are capped: each stages its context on the
+    // daemon's disk and runs sandboxes. The lease goes with the build's task.
+    let lease = match &p.scope {
+        Some(t) => Some(state.builds.try_take(t).map_err(|held| {
+            ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "quota_exceeded",
+                format!(
+                    "tenant {t} runs {held} builds already (images.max_builds_per_tenant = {})",
+                    state.builds.cap()
+                ),
+            )
+        })?),
+        None => None,
+    };
     // Stage the context tar, extract it, read the spec: all before answering, so
-    // a bad spec or context is a plain 400.
+    // a bad spec or context is a plain 400. The tar is no larger than what it may
+    // expand to (`images.max_expanded_size`), nor than `limits.max_upload`.
     let tmp = state.images.store.tmp_path("context-upload");
-    stage_body(body, &tmp, state.cfg.limits.max_upload.bytes(), "context").await?;
+    let expanded = state.cfg.images.max_expanded_size.bytes();
+    let (limit, limit_name) = match state.cfg.limits.max_upload.bytes() {
+        n if n > 0 && n <= expanded => (n, "limits.max_upload"),
+        _ => (expanded, "images.max_expanded_size"),
+    };
+    stage_body_within(body, &tmp, limit, limit_name, "context").await?;
     let ctx = state.images.store.tmp_path("context");
     let (t2, c2) = (tmp.clone(), ctx.clone());
     let limit = state.images.limit(None);
@@ -713,6 +779,21 @@ pub async fn build(
     })
     .await;
     let _ = tokio::fs::remove_file(&tmp).await;
+    // A tenant's build steps are its sandboxes: the operator's network ceiling
+    // applies to them as to any other (run steps with the network are `open`).
+    let spec = spec.and_then(|s| {
+        let ceiling = state.cfg.network.ceiling;
+        if p.scope.is_some() && s.network && ceiling < sandlot_proto::spec::NetworkMode::Open {
+            return Err(ApiError::invalid(
+                "network",
+                format!(
+                    "build steps with the network run in mode \"open\", above the operator's ceiling {:?}",
+                    ceiling.as_str()
+                ),
+            ));
+        }
+        Ok(s)
+    });
     let spec = match spec {
         Ok(s) => s,
         Err(e) => {
@@ -724,12 +805,20 @@ pub async fn build(
     let send: Arc<dyn Fn(serde_json::Value) + Send + Sync> = Arc::new(move |v| {
         let _ = tx.send(v);
     });
-    let tenant = p.tenant.clone();
+    let who = crate::build::Builder {
+        tenant: p.tenant.clone(),
+        owner: p.scope.clone(),
+    };
+    let viewer_scope = p.scope.clone();
     tokio::spawn(async move {
-        let r = crate::build::run(state, tenant, spec, ctx.clone(), tag, send.clone()).await;
+        let _lease = lease;
+        let r = crate::build::run(state.clone(), who, spec, ctx.clone(), tag, send.clone()).await;
         let _ = tokio::fs::remove_dir_all(&ctx).await;
+        // The image as the builder sees it (a tenant: its own names only).
+        let r = r
+            .and_then(|img| view_for(&state, crate::images::viewer(viewer_scope.as_deref()), &img));
         match r {
-            Ok(img) => send(serde_json::json!({"type": "done", "image": view(&img)})),
+            Ok(v) => send(serde_json::json!({"type": "done", "image": v})),
             Err(e) => {
                 tracing::warn!("build failed: {}", e.message);
                 send(serde_json::json!({"type": "error", "code": e.code, "message": e.message}))
@@ -751,8 +840,20 @@ pub async fn build(
 }
 
 /// Streams a request body into the file `tmp` (removed again on failure).
-/// `limit` > 0 caps its size; `what` names it in errors (`upload`, `context`).
+/// `limit` > 0 caps its size (`limits.max_upload`); `what` names it in errors
+/// (`upload`, `context`).
 async fn stage_body(body: Body, tmp: &std::path::Path, limit: u64, what: &str) -> ApiResult<()> {
+    stage_body_within(body, tmp, limit, "limits.max_upload", what).await
+}
+
+/// [`stage_body`] under the limit named `limit_name`.
+async fn stage_body_within(
+    body: Body,
+    tmp: &std::path::Path,
+    limit: u64,
+    limit_name: &str,
+    what: &str,
+) -> ApiResult<()> {
     let mut f = tokio::fs::File::create(tmp)
         .await
         .map_err(|e| ApiError::internal(format!("stage {what}: {e}")))?;
@@ -766,7 +867,7 @@ async fn stage_body(body: Body, tmp: &std::path::Path, limit: u64, what: &str) -
                 if limit > 0 && n > limit {
                     failed = Some(ApiError::invalid(
                         what,
-                        format!("larger than limits.max_upload ({limit} bytes)"),
+                        format!("larger than {limit_name} ({limit} bytes)"),
                     ));
                     break;
                 }

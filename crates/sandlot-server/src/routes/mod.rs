@@ -30,6 +30,7 @@ pub mod ports;
 pub mod sandboxes;
 pub mod secrets;
 pub mod stream;
+pub mod tokens;
 pub mod vfs;
 pub mod volumes;
 
@@ -137,7 +138,8 @@ fn vfs_router() -> Router<Arc<AppState>> {
         .route(&format!("{s}/run"), post(vfs::run))
 }
 
-/// Images, snapshots, volumes and secrets (`images.rs`, `volumes.rs`, `secrets.rs`).
+/// Images, snapshots, volumes, secrets and tokens (`images.rs`, `volumes.rs`,
+/// `secrets.rs`, `tokens.rs`).
 fn images_router() -> Router<Arc<AppState>> {
     use axum::routing::delete;
     Router::new()
@@ -162,6 +164,8 @@ fn images_router() -> Router<Arc<AppState>> {
         )
         .route("/v1/secrets", post(secrets::create).get(secrets::list))
         .route("/v1/secrets/{name}", delete(secrets::remove))
+        .route("/v1/tokens", post(tokens::create).get(tokens::list))
+        .route("/v1/tokens/{id}", delete(tokens::revoke))
 }
 
 async fn fallback() -> ApiError {
@@ -296,7 +300,9 @@ async fn request_context(
             } else if let Some(detail) = &e.internal {
                 tracing::info!(status = e.status.as_u16(), code = e.code, detail = %detail, "{}", e.message);
             } else {
-                tracing::debug!(status = e.status.as_u16(), code = e.code, "{}", e.message);
+                // Every answered error has a line with its request id: the id a
+                // client reports finds what the daemon said and why.
+                tracing::info!(status = e.status.as_u16(), code = e.code, "{}", e.message);
             }
         });
         let body = serde_json::to_vec(&e.body(&rid)).expect("error bodies serialize");

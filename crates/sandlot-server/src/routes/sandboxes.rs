@@ -202,6 +202,15 @@ pub fn parse_create(state: &AppState, p: &Principal, body: Value) -> ApiResult<C
         .map_err(|e| ApiError::invalid(e.field(), spec_problem(&e)))?;
     crate::isolation::admit(state, &mut spec, isolation_given)?;
     crate::network::admit(state, &mut spec, network_given)?;
+    if let Some(c) = spec.resources.cpus {
+        let max = state.cfg.runtime.effective_max_cpus();
+        if c > max {
+            return Err(ApiError::invalid(
+                "resources.cpus",
+                format!("{c} cores exceeds the operator's ceiling of {max}"),
+            ));
+        }
+    }
     let timeout = spec
         .timeout
         .map(|t| t.duration())

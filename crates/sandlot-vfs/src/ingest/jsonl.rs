@@ -237,6 +237,7 @@ impl SourceReader for JsonlReader {
             });
         }
         Ok(Listing {
+            empty_dirs: Vec::new(),
             entries,
             skipped: Vec::new(),
         })

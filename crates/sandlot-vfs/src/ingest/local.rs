@@ -113,6 +113,7 @@ fn walk(
     rel: &str,
     limits: &IngestLimits,
     out: &mut Vec<SourceEntry>,
+    empty: &mut Vec<(String, i64)>,
     skipped: &mut Vec<String>,
 ) -> Result<(), IngestError> {
     let io = |e: Errno| IngestError::Io {
@@ -161,7 +162,14 @@ fn walk(
         };
         if kind(&st) == FileType::Directory {
             match host_files::open_dir_beneath(dir, &name) {
-                Ok(sub) => walk(sub.as_fd(), &child, limits, out, skipped)?,
+                Ok(sub) => {
+                    let before = out.len();
+                    walk(sub.as_fd(), &child, limits, out, empty, skipped)?;
+                    // No document under it: kept as a directory of its own.
+                    if out.len() == before {
+                        empty.push((child, st.st_mtime as i64));
+                    }
+                }
                 Err(Errno::LOOP | Errno::NOTDIR | Errno::NOENT) => {
                     skipped.push(format!("{child}: changed while it was listed"));
                 }
@@ -270,6 +278,7 @@ impl SourceReader for DirReader {
         let root = self.root_fd()?;
         let mut entries = Vec::new();
         let mut skipped = Vec::new();
+        let mut empty_dirs = Vec::new();
         if git {
             let mut last = String::new();
             for (meta, path) in git_tracked(root, &root_path, &limits, &mut skipped)? {
@@ -298,9 +307,20 @@ impl SourceReader for DirReader {
                 }
             }
         } else {
-            walk(root, "", &limits, &mut entries, &mut skipped)?;
+            walk(
+                root,
+                "",
+                &limits,
+                &mut entries,
+                &mut empty_dirs,
+                &mut skipped,
+            )?;
         }
-        Ok(Listing { entries, skipped })
+        Ok(Listing {
+            entries,
+            skipped,
+            empty_dirs,
+        })
     }
 
     fn fetch(&mut self, entry: &SourceEntry) -> Result<Vec<u8>, IngestError> {

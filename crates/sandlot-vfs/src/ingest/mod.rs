@@ -276,6 +276,8 @@ pub(crate) struct SourceEntry {
 pub(crate) struct Listing {
     pub entries: Vec<SourceEntry>,
     pub skipped: Vec<String>,
+    /// Directories with no listed document under them: (path, mtime).
+    pub empty_dirs: Vec<(String, i64)>,
 }
 
 /// Reads one kind of source.
@@ -369,6 +371,8 @@ pub(crate) fn plan(entries: &[SourceEntry], prev: Option<&Manifest>) -> Result<P
 /// Result of applying a plan: the new document list and counters.
 pub(crate) struct Applied {
     pub docs: Vec<DocEntry>,
+    /// The source's directories without documents.
+    pub dirs: Vec<crate::manifest::DirEntry>,
     pub report: IngestReport,
 }
 
@@ -461,7 +465,17 @@ pub(crate) fn run(
         docs.push(doc);
     }
     docs.sort_by(|a, b| a.path.cmp(&b.path));
-    Ok(Applied { docs, report })
+    let mut dirs = Vec::with_capacity(listing.empty_dirs.len());
+    for (path, mtime) in listing.empty_dirs {
+        validate_path(&path)?;
+        dirs.push(crate::manifest::DirEntry {
+            acl: opts.acl.acl_for(&path),
+            path,
+            mtime,
+        });
+    }
+    dirs.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(Applied { docs, dirs, report })
 }
 
 #[cfg(test)]
@@ -498,6 +512,7 @@ mod tests {
                     source_tag: t.to_string(),
                 })
                 .collect(),
+            dirs: Vec::new(),
         }
     }
 

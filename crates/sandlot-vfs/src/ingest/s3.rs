@@ -188,7 +188,11 @@ impl SourceReader for S3Reader {
             }
         }
         entries.retain(|e| !markers.contains(&e.locator));
-        Ok(Listing { entries, skipped })
+        Ok(Listing {
+            entries,
+            skipped,
+            empty_dirs: Vec::new(),
+        })
     }
 
     fn fetch(&mut self, entry: &SourceEntry) -> Result<Vec<u8>, IngestError> {

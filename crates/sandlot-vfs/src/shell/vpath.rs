@@ -180,6 +180,7 @@ mod tests {
             created: 0,
             source: String::new(),
             docs: vec![doc("a/b.md"), doc("c.md")],
+            dirs: Vec::new(),
         };
         Tree::build(&m, |_| true).unwrap()
     }

@@ -67,6 +67,13 @@ pub struct CreateArgs {
     pub spec: Option<PathBuf>,
     #[command(flatten)]
     pub network: super::net_cmd::PolicyFlags,
+    /// Mount a named volume: NAME:DST[:ro|rw] (default rw). Repeatable.
+    #[arg(long = "volume", value_name = "NAME:DST[:ro]")]
+    pub volumes: Vec<String>,
+    /// Inject a named secret as a file (NAME:/run/secrets/FILE) or a variable
+    /// (NAME:ENV_VAR). Repeatable.
+    #[arg(long = "secret", value_name = "NAME:DST|ENV")]
+    pub secrets: Vec<String>,
     /// Print the sandbox as JSON.
     #[arg(long)]
     pub json: bool,
@@ -278,6 +285,26 @@ fn create_body(a: &CreateArgs) -> anyhow::Result<CreateSandbox> {
         body.idle_timeout = Some(num_or_str(t));
     }
     a.spec_flags.apply(&mut body.spec)?;
+    for (flags, key, parse) in [
+        (
+            &a.volumes,
+            "volumes",
+            crate::spec_flags::volume_flag as fn(&str) -> _,
+        ),
+        (&a.secrets, "secrets", crate::spec_flags::secret_flag),
+    ] {
+        for f in flags {
+            let v = parse(f)?;
+            let list = body
+                .spec
+                .entry(key)
+                .or_insert_with(|| Value::Array(Vec::new()));
+            match list.as_array_mut() {
+                Some(l) => l.push(v),
+                None => *list = Value::Array(vec![v]),
+            }
+        }
+    }
     if let Some(n) = a.network.to_value()? {
         body.spec.insert("network".into(), n);
     }

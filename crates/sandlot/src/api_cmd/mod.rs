@@ -10,6 +10,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
+use sandlot_server::config::LogFormat;
 use sandlot_server::ServerConfig;
 
 pub(crate) mod client_cmds;
@@ -26,7 +27,7 @@ mod sparse_out;
 pub enum ApiCommand {
     /// Run the daemon: the HTTP API on a Unix socket (and optionally TCP).
     Serve(ServeArgs),
-    /// Manage API tokens (each belongs to a tenant). Works on the daemon's database.
+    /// Manage API tokens (each belongs to a tenant), through the daemon's operator socket.
     #[command(subcommand)]
     Token(TokenCmd),
     /// Create a sandbox and print its id.
@@ -88,43 +89,65 @@ pub struct ServeArgs {
     /// The operator's Unix socket (root only).
     #[arg(long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
-    /// Prefix of this daemon's sandbox ids (default sb-).
-    #[arg(long, hide = true)]
+    /// Prefix of this daemon's sandbox ids (default sb-; `id_prefix` in the config).
+    /// Two daemons on one host need different prefixes: each takes every sandbox,
+    /// cgroup and network namespace of its prefix for its own.
+    #[arg(long, value_name = "PREFIX")]
     pub id_prefix: Option<String>,
     /// Keep N sandboxes of the default shape (no spec fields but env, workdir, user,
     /// timeout) started ahead of time, so that creating one only claims it. Other
     /// shapes: `[[pools]]` in the config file.
     #[arg(long, value_name = "N")]
     pub pool_size: Option<usize>,
+    /// Log format on stderr: text or json (one object per line, a request's lines
+    /// carrying its request_id; `log_format` in the config). Level: SANDLOT_LOG.
+    #[arg(long, value_name = "FORMAT", value_parser = ["text", "json"])]
+    pub log_format: Option<String>,
 }
 
 #[derive(Debug, clap::Subcommand)]
 pub enum TokenCmd {
     /// Create a token for a tenant; prints the secret once.
     Create {
+        /// The tenant the token acts as.
         #[arg(long)]
         tenant: String,
         /// A label for listings.
         #[arg(long)]
         name: Option<String>,
-        #[arg(long, value_name = "DIR", default_value = "/var/lib/sandlot")]
-        data_dir: PathBuf,
+        #[command(flatten)]
+        at: TokenDb,
         #[arg(long)]
         json: bool,
     },
     /// List tokens (never their secrets).
     List {
-        #[arg(long, value_name = "DIR", default_value = "/var/lib/sandlot")]
-        data_dir: PathBuf,
+        #[command(flatten)]
+        at: TokenDb,
         #[arg(long)]
         json: bool,
     },
     /// Revoke a token by id.
     Revoke {
         id: String,
-        #[arg(long, value_name = "DIR", default_value = "/var/lib/sandlot")]
-        data_dir: PathBuf,
+        #[command(flatten)]
+        at: TokenDb,
     },
+}
+
+/// Where tokens are managed: through the daemon (its operator socket), or with
+/// `--data-dir` in the database of a data directory a daemon has used.
+#[derive(Debug, clap::Args)]
+pub struct TokenDb {
+    /// The daemon's operator socket: unix:///path.sock or /path.sock (tokens are
+    /// the operator's).
+    #[arg(long, env = "SANDLOT_URL", default_value = sandlot_client::DEFAULT_HOST)]
+    host: String,
+    /// Work on this data directory's database directly instead of through the
+    /// daemon (e.g. before `sandlot serve` runs). Refused when no daemon ever used
+    /// it: nothing is created.
+    #[arg(long, value_name = "DIR", env = "SANDLOT_DATA_DIR")]
+    data_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -153,11 +176,16 @@ pub fn run(cmd: ApiCommand) -> anyhow::Result<i32> {
 }
 
 fn serve(a: ServeArgs) -> anyhow::Result<i32> {
-    init_logging();
     let (mut cfg, warnings) = match &a.config {
         Some(p) => ServerConfig::load(p)?,
         None => (ServerConfig::default(), Vec::new()),
     };
+    match a.log_format.as_deref() {
+        Some("json") => cfg.log_format = LogFormat::Json,
+        Some(_) => cfg.log_format = LogFormat::Text,
+        None => {}
+    }
+    init_logging(cfg.log_format);
     for w in warnings {
         tracing::warn!("{w}");
     }
@@ -216,29 +244,152 @@ fn serve(a: ServeArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-fn init_logging() {
+fn init_logging(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("SANDLOT_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     use std::io::IsTerminal;
-    let _ = tracing_subscriber::fmt()
+    let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => fmt.with_ansi(std::io::stderr().is_terminal()).try_init(),
+        // The request span (and any other) on every line: `span` is the innermost,
+        // `spans` all of them, outermost first.
+        LogFormat::Json => fmt
+            .json()
+            .with_current_span(true)
+            .with_span_list(true)
+            .try_init(),
+    };
 }
 
 fn token(t: TokenCmd) -> anyhow::Result<i32> {
+    let at = match &t {
+        TokenCmd::Create { at, .. } | TokenCmd::List { at, .. } | TokenCmd::Revoke { at, .. } => at,
+    };
+    match at.data_dir.clone() {
+        Some(dir) => token_in_database(&dir, t),
+        None => {
+            let client = client_cmds::Conn {
+                host: at.host.clone(),
+                token: None,
+                tenant: None,
+            }
+            .client()?;
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("start the async runtime")?;
+            rt.block_on(token_through_daemon(&client, t))
+        }
+    }
+}
+
+/// One row of `token list`.
+fn token_row(t: &serde_json::Value) -> Vec<String> {
+    let s = |k: &str| t[k].as_str().unwrap_or("").to_string();
+    vec![
+        s("id"),
+        s("tenant"),
+        s("name"),
+        s("created_at"),
+        t["last_used_at"].as_str().unwrap_or("-").to_string(),
+        if t["revoked_at"].is_string() {
+            "revoked"
+        } else {
+            "active"
+        }
+        .into(),
+    ]
+}
+
+const TOKEN_COLUMNS: [&str; 6] = ["ID", "TENANT", "NAME", "CREATED", "LAST USED", "STATUS"];
+
+fn print_new_token(v: &serde_json::Value, json: bool) {
+    if json {
+        println!("{v}");
+    } else {
+        println!("{}", v["token"].as_str().unwrap_or(""));
+        eprintln!(
+            "token {} for tenant {} (shown once; store it now)",
+            v["id"].as_str().unwrap_or(""),
+            v["tenant"].as_str().unwrap_or("")
+        );
+    }
+}
+
+async fn token_through_daemon(c: &sandlot_client::Client, t: TokenCmd) -> anyhow::Result<i32> {
+    match t {
+        TokenCmd::Create {
+            tenant, name, json, ..
+        } => {
+            let v = c
+                .call_json(
+                    "POST",
+                    "/v1/tokens",
+                    Some(&serde_json::json!({"tenant": tenant, "name": name})),
+                )
+                .await?;
+            print_new_token(&v, json);
+        }
+        TokenCmd::List { json, .. } => {
+            let v = c.call_json("GET", "/v1/tokens", None).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&v["tokens"])?);
+            } else {
+                let rows: Vec<Vec<String>> = v["tokens"]
+                    .as_array()
+                    .map(|a| a.iter().map(token_row).collect())
+                    .unwrap_or_default();
+                render::table(&TOKEN_COLUMNS, &rows);
+            }
+        }
+        TokenCmd::Revoke { id, .. } => {
+            c.call_json("DELETE", &format!("/v1/tokens/{id}"), None)
+                .await?;
+            eprintln!("revoked {id}");
+        }
+    }
+    Ok(0)
+}
+
+/// `--data-dir`: the data directory's database, written directly. Only one a
+/// daemon has made (a token in a database no daemon reads would be refused by the
+/// daemon that runs); a note when no daemon runs on it now.
+fn token_in_database(dir: &std::path::Path, t: TokenCmd) -> anyhow::Result<i32> {
     use sandlot_server::store::Store;
-    let open = |d: &PathBuf| -> anyhow::Result<Store> {
-        std::fs::create_dir_all(d).with_context(|| format!("create {}", d.display()))?;
-        Ok(Store::open(&d.join("sandlot.db"))?)
+    let db = dir.join("sandlot.db");
+    if !db.is_file() {
+        anyhow::bail!(
+            "{} does not exist: no daemon has used {} (nothing was created). Leave out \
+             --data-dir (and SANDLOT_DATA_DIR) to manage tokens through the running daemon \
+             (SANDLOT_URL), or start `sandlot serve --data-dir {}` once first",
+            db.display(),
+            dir.display(),
+            dir.display()
+        );
+    }
+    let writes = !matches!(t, TokenCmd::List { .. });
+    if writes && !sandlot_server::daemon_running_on(dir) {
+        eprintln!(
+            "sandlot: note: no daemon is running on {}; this takes effect when `sandlot serve --data-dir {}` starts",
+            dir.display(),
+            dir.display()
+        );
+    }
+    let store = Store::open(&db)?;
+    let at = sandlot_server::timefmt::rfc3339;
+    let view = |t: &sandlot_server::store::TokenRecord| {
+        serde_json::json!({
+            "id": t.id, "tenant": t.tenant, "name": t.name,
+            "created_at": at(t.created_at),
+            "last_used_at": t.last_used_at.map(at),
+            "revoked_at": t.revoked_at.map(at),
+        })
     };
     match t {
         TokenCmd::Create {
-            tenant,
-            name,
-            data_dir,
-            json,
+            tenant, name, json, ..
         } => {
             if !sandlot_server::config::valid_tenant(&tenant) {
                 anyhow::bail!(
@@ -246,65 +397,29 @@ fn token(t: TokenCmd) -> anyhow::Result<i32> {
                     sandlot_server::config::TENANT_RULE
                 );
             }
-            let store = open(&data_dir)?;
             let (rec, secret, hash) = sandlot_server::auth::new_token(&tenant, name);
             store.insert_token(&rec, &hash)?;
-            if json {
-                println!(
-                    "{}",
-                    serde_json::json!({"id": rec.id, "tenant": rec.tenant, "name": rec.name, "token": secret})
-                );
-            } else {
-                println!("{secret}");
-                eprintln!(
-                    "token {} for tenant {} (shown once; store it now)",
-                    rec.id, rec.tenant
-                );
-            }
-            Ok(0)
+            let mut v = view(&rec);
+            v["token"] = serde_json::Value::String(secret);
+            print_new_token(&v, json);
         }
-        TokenCmd::List { data_dir, json } => {
-            let store = open(&data_dir)?;
-            let toks = store.list_tokens()?;
+        TokenCmd::List { json, .. } => {
+            let toks: Vec<serde_json::Value> = store.list_tokens()?.iter().map(view).collect();
             if json {
                 println!("{}", serde_json::to_string_pretty(&toks)?);
             } else {
-                let rows: Vec<Vec<String>> = toks
-                    .iter()
-                    .map(|t| {
-                        vec![
-                            t.id.clone(),
-                            t.tenant.clone(),
-                            t.name.clone().unwrap_or_default(),
-                            sandlot_server::timefmt::rfc3339(t.created_at),
-                            t.last_used_at
-                                .map(sandlot_server::timefmt::rfc3339)
-                                .unwrap_or_else(|| "-".into()),
-                            if t.revoked_at.is_some() {
-                                "revoked"
-                            } else {
-                                "active"
-                            }
-                            .into(),
-                        ]
-                    })
-                    .collect();
-                render::table(
-                    &["ID", "TENANT", "NAME", "CREATED", "LAST USED", "STATUS"],
-                    &rows,
-                );
+                let rows: Vec<Vec<String>> = toks.iter().map(token_row).collect();
+                render::table(&TOKEN_COLUMNS, &rows);
             }
-            Ok(0)
         }
-        TokenCmd::Revoke { id, data_dir } => {
-            let store = open(&data_dir)?;
+        TokenCmd::Revoke { id, .. } => {
             if !store.revoke_token(&id)? {
                 anyhow::bail!("no active token {id}");
             }
             eprintln!("revoked {id}");
-            Ok(0)
         }
     }
+    Ok(0)
 }
 
 /// Nanoseconds of the clock, for unique temporary names.

@@ -41,6 +41,9 @@ pub struct ShowArgs {
     #[command(flatten)]
     pub conn: Conn,
     pub id: String,
+    /// Print the policy as the API returns it (JSON).
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -50,6 +53,41 @@ pub struct SetArgs {
     pub id: String,
     #[command(flatten)]
     pub policy: PolicyFlags,
+    /// Print the new policy as the API returns it (JSON).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// A policy as `net show` prints it: the mode, then each allowed destination as
+/// `--allow` takes it.
+fn render_policy(v: &Value) -> String {
+    let mut out = format!("mode: {}\n", v["mode"].as_str().unwrap_or("?"));
+    let rules = v["allow"].as_array().map(Vec::as_slice).unwrap_or_default();
+    if !rules.is_empty() {
+        out.push_str("allow:\n");
+    }
+    for r in rules {
+        let dest = r["domain"].as_str().or(r["cidr"].as_str()).unwrap_or("?");
+        let ports: Vec<String> = r["ports"]
+            .as_array()
+            .map(|p| p.iter().map(|n| n.to_string()).collect())
+            .unwrap_or_default();
+        if ports.is_empty() {
+            out.push_str(&format!("  {dest}\n"));
+        } else {
+            out.push_str(&format!("  {dest}:{}\n", ports.join(",")));
+        }
+    }
+    out
+}
+
+fn print_policy(v: &Value, json: bool) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(v)?);
+    } else {
+        print!("{}", render_policy(v));
+    }
+    Ok(())
 }
 
 /// `--network MODE` and `--allow RULE` (shared with `sandlot create`).
@@ -176,7 +214,7 @@ pub async fn run(cmd: NetCmd) -> anyhow::Result<i32> {
         }
         NetCmd::Show(a) => {
             let v = a.conn.client()?.get_network(&a.id).await?;
-            println!("{}", serde_json::to_string_pretty(&v)?);
+            print_policy(&v, a.json)?;
             Ok(0)
         }
         NetCmd::Set(a) => {
@@ -184,7 +222,7 @@ pub async fn run(cmd: NetCmd) -> anyhow::Result<i32> {
                 bail!("give --network MODE and/or --allow RULE");
             };
             let v = a.conn.client()?.set_network(&a.id, &v).await?;
-            println!("{}", serde_json::to_string_pretty(&v)?);
+            print_policy(&v, a.json)?;
             Ok(0)
         }
     }
@@ -228,5 +266,30 @@ mod tests {
         };
         assert!(f.to_value().is_err());
         assert_eq!(PolicyFlags::default().to_value().unwrap(), None);
+    }
+
+    /// `net show` prints each rule as `--allow` takes it; `--json` the API's body.
+    #[test]
+    fn policies_render_as_their_flags() {
+        let v = json!({"mode": "allow", "allow": [
+            {"domain": "api.example.com", "ports": [443]},
+            {"cidr": "203.0.113.0/24", "ports": [22, 80]},
+            {"domain": "*.example.com"},
+        ]});
+        assert_eq!(
+            render_policy(&v),
+            "mode: allow\nallow:\n  api.example.com:443\n  203.0.113.0/24:22,80\n  *.example.com\n"
+        );
+        assert_eq!(render_policy(&json!({"mode": "none"})), "mode: none\n");
+        #[derive(clap::Parser)]
+        struct Net {
+            #[command(subcommand)]
+            cmd: NetCmd,
+        }
+        let shown = <Net as clap::Parser>::try_parse_from(["net", "show", "sb-1", "--json"]);
+        assert!(matches!(
+            shown.map(|n| n.cmd),
+            Ok(NetCmd::Show(ShowArgs { json: true, .. }))
+        ));
     }
 }

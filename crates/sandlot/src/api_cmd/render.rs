@@ -39,7 +39,50 @@ pub fn human_secs(s: f64) -> String {
     }
 }
 
-/// `512M`-style sizes.
+/// A size in one style for every value of a column: the largest unit (`K`, `M`,
+/// `G`, `T`, powers of 1024) it reaches, with one decimal below 10 (`1.9M`, `40K`,
+/// `512M`, `1G` when exact), bytes below 1K (`512B`). (The exact form of a spec,
+/// `1948K` or `2006528`, mixed styles in one column.)
 pub fn human_bytes(b: u64) -> String {
-    sandlot_proto::units::ByteSize(b).to_string()
+    const UNITS: [(&str, u64); 4] = [
+        ("T", 1 << 40),
+        ("G", 1 << 30),
+        ("M", 1 << 20),
+        ("K", 1 << 10),
+    ];
+    let Some((unit, m)) = UNITS.into_iter().find(|(_, m)| b >= *m) else {
+        return format!("{b}B");
+    };
+    if b.is_multiple_of(m) {
+        return format!("{}{unit}", b / m);
+    }
+    let v = b as f64 / m as f64;
+    if v < 9.95 {
+        format!("{v:.1}{unit}")
+    } else if v < 1023.5 || unit == "T" {
+        format!("{}{unit}", v.round() as u64)
+    } else {
+        // Rounds up to the next unit (1023.7K is 1.0M).
+        let (next, nm) = UNITS[UNITS.iter().position(|(u, _)| *u == unit).unwrap() - 1];
+        format!("{:.1}{next}", b as f64 / nm as f64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_read_in_one_unit_style() {
+        assert_eq!(human_bytes(0), "0B");
+        assert_eq!(human_bytes(512), "512B");
+        assert_eq!(human_bytes(40448), "40K");
+        assert_eq!(human_bytes(1948 << 10), "1.9M");
+        assert_eq!(human_bytes(2006528), "1.9M");
+        assert_eq!(human_bytes(512 << 20), "512M");
+        assert_eq!(human_bytes(1 << 30), "1G");
+        assert_eq!(human_bytes((1 << 30) + 1), "1.0G");
+        assert_eq!(human_bytes((1 << 20) - 100), "1.0M");
+        assert_eq!(human_bytes(3 << 40), "3T");
+    }
 }

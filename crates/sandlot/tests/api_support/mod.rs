@@ -261,15 +261,11 @@ impl Daemon {
         )
     }
 
-    /// `sandlot token create --tenant T`: the secret.
+    /// `sandlot token create --tenant T` through this daemon: the secret.
     pub fn token(&self, tenant: &str) -> String {
-        let o = Command::new(sandlot())
-            .args(["token", "create", "--tenant", tenant, "--data-dir"])
-            .arg(self.data_dir())
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        String::from_utf8(o.stdout).unwrap().trim().to_string()
+        let (code, out, err) = self.cli(&["token", "create", "--tenant", tenant]);
+        assert_eq!(code, 0, "{err}");
+        out.trim().to_string()
     }
 
     /// `sandlot ARGS` against this daemon's socket: (code, stdout, stderr).

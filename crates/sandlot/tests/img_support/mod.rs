@@ -118,6 +118,7 @@ pub fn base_archive(tmp: &Path, name: &str, extra_layers: usize) -> PathBuf {
         user: None,
         entrypoint: vec![],
         cmd: vec!["/bin/sh".into()],
+        host_base: false,
     };
     let out = tmp.join(format!("{}.tar", name.replace(['/', ':'], "_")));
     archive_of(tmp, &layers, &cfg, name, &out);

@@ -12,7 +12,7 @@ The asyncio twin is ``AsyncSandbox``. Connection: ``SANDLOT_URL`` (default
 
 from .aio import AsyncFiles, AsyncOutputStream, AsyncProcess, AsyncSandbox, AsyncStdin, AsyncWatch
 from .collection import AsyncCollection, AsyncShellSession, Collection, ShellSession
-from ._spec import collection_mount, secret_env, secret_file
+from ._spec import allow_rule, collection_mount, secret_env, secret_file, volume_mount
 from .client import DEFAULT_URL, AsyncClient, Client, __version__, configure, default_async_client, default_client
 from .errors import (
     AlreadyExistsError,
@@ -55,24 +55,42 @@ from .models import (
     ProcessInfo,
     PublishedPort,
     IngestReport,
+    NetworkLogEntry,
+    NetworkPolicy,
     RunResult,
     SandboxEvent,
     SandboxInfo,
     ShellResult,
+    SecretInfo,
     ShellSessionInfo,
     TarResult,
     Usage,
+    VolumeInfo,
     WatchEvent,
 )
 from .image import BuildError, Image
 from .memory import AsyncMemoryStore, MemoryStore
+from .network import AsyncNetwork, Network
 from .ports import AsyncPort, AsyncPorts, Port, Ports
 from .sandbox import Files, OutputStream, Process, Sandbox, Stdin, Watch
+from .volume import AsyncSecret, AsyncVolume, Secret, Volume
 
 __all__ = [
     "collection_mount",
     "secret_env",
     "secret_file",
+    "volume_mount",
+    "allow_rule",
+    "Volume",
+    "AsyncVolume",
+    "VolumeInfo",
+    "Secret",
+    "AsyncSecret",
+    "SecretInfo",
+    "Network",
+    "AsyncNetwork",
+    "NetworkPolicy",
+    "NetworkLogEntry",
     "BuildError",
     "Image",
     "__version__",

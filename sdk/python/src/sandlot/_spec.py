@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import ipaddress
 from datetime import timedelta
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -30,9 +31,22 @@ def mode_str(mode: Union[int, str]) -> str:
     return mode
 
 
+def image_ref(image: Union[str, Mapping[str, Any]]) -> str:
+    """The API's ``image`` field: a name or id as it is, or the ``id`` of an image
+    as the API returns it (what ``snapshot_filesystem()`` returns)."""
+    if isinstance(image, str):
+        return image
+    if isinstance(image, Mapping) and isinstance(image.get("id"), str):
+        return str(image["id"])
+    raise TypeError(
+        "image: a name, an id, an Image, or an image as the API returns it "
+        f"(a dict with its 'id', e.g. what snapshot_filesystem() returns), not {image!r}"
+    )
+
+
 def create_body(
     *,
-    image: Optional[str] = None,
+    image: Union[str, Mapping[str, Any], None] = None,
     rootfs: Optional[str] = None,
     env: Optional[Mapping[str, str]] = None,
     workdir: Optional[str] = None,
@@ -61,13 +75,13 @@ def create_body(
     passed as the API takes them; the daemon validates and names a bad field."""
     body: Dict[str, Any] = copy.deepcopy(dict(spec)) if spec else {}
     plain = {
-        "image": image,
+        "image": None if image is None else image_ref(image),
         "rootfs": rootfs,
         "workdir": workdir,
         "user": user,
         "hostname": hostname,
         "isolation": isolation,
-        "network": network,
+        "network": {"mode": network} if isinstance(network, str) else network,
         "volumes": volumes,
         "secrets": secrets,
         "name": name,
@@ -250,3 +264,60 @@ def stdin_bytes(data: Union[bytes, bytearray, memoryview, str]) -> bytes:
     if isinstance(data, (bytes, bytearray, memoryview)):
         return bytes(data)
     raise TypeError(f"stdin data is bytes or str, not {type(data).__name__}")
+
+
+def volume_mount(name: str, target: str, *, read_only: bool = False) -> Dict[str, Any]:
+    """A ``volumes`` entry: volume ``name`` of the caller's tenant at ``target``."""
+    v: Dict[str, Any] = {"name": name, "target": target}
+    if read_only:
+        v["read_only"] = True
+    return v
+
+
+def allow_rule(rule: Union[str, Mapping[str, Any]]) -> Dict[str, Any]:
+    """One destination of an ``allow`` policy. A string reads as the CLI's
+    ``--allow``: ``api.example.com``, ``*.example.com:443``, ``203.0.113.0/24:22,80``
+    (a CIDR or an address is a ``cidr``, anything else a ``domain``); a mapping is
+    the API's rule as it is."""
+    if isinstance(rule, Mapping):
+        return dict(rule)
+    if not isinstance(rule, str):
+        raise TypeError(f"an allow rule is a string like 'api.example.com:443' or a dict, not {rule!r}")
+    dest, ports = rule, ""
+    head, sep, tail = rule.rpartition(":")
+    # A bare IPv6 address or prefix has colons of its own.
+    if sep and tail and all(c.isdigit() or c == "," for c in tail) and ":" not in head:
+        dest, ports = head, tail
+    if not dest:
+        raise ValueError(f"allow rule {rule!r}: give a domain or a CIDR")
+    r: Dict[str, Any]
+    try:
+        ipaddress.ip_network(dest, strict=False)
+        r = {"cidr": dest}
+    except ValueError:
+        r = {"domain": dest.lower()}
+    if ports:
+        nums = []
+        for p in ports.split(","):
+            if not p.isdigit() or not 1 <= int(p) <= 65535:
+                raise ValueError(f"allow rule {rule!r}: {p!r} is not a port")
+            nums.append(int(p))
+        r["ports"] = nums
+    return r
+
+
+def network_policy(
+    mode: Optional[str] = None, allow: Optional[Iterable[Union[str, Mapping[str, Any]]]] = None
+) -> Dict[str, Any]:
+    """A ``network`` body: ``allow`` rules alone mean mode ``allow``."""
+    if isinstance(allow, (str, Mapping)):
+        raise TypeError("allow= is a list of rules, e.g. ['api.example.com:443']")
+    rules = [allow_rule(r) for r in allow] if allow is not None else []
+    if mode is None:
+        if allow is None:
+            raise ValueError("a network policy needs mode= ('none', 'allow', 'open') or allow= rules")
+        mode = "allow"
+    body: Dict[str, Any] = {"mode": mode}
+    if rules:
+        body["allow"] = rules
+    return body

@@ -37,6 +37,7 @@ from ._tarsafe import extract_tar
 from .client import AsyncClient, default_async_client
 from .image import Image
 from .ports import AsyncPorts
+from .network import AsyncNetwork
 from .models import (
     ExitStatus,
     FileInfo,
@@ -411,9 +412,20 @@ class AsyncProcess:
             yield c
 
     async def result(self) -> RunResult:
+        """Waits for the exit and the end of both streams; the output not consumed
+        yet (after ``iter_output()``, what it has not yielded)."""
         await self.wait()
-        out = await self.stdout.read_bytes()
-        err = await self.stderr.read_bytes()
+        if self._mode == "merged":
+            rest: Dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
+            while True:
+                c = await self._merged.read_chunk()
+                if c is None:
+                    break
+                rest[c.stream] += c.data
+            out, err = bytes(rest["stdout"]), bytes(rest["stderr"])
+        else:
+            out = await self.stdout.read_bytes()
+            err = await self.stderr.read_bytes()
         assert self._exit is not None
         return RunResult(argv=list(self.info.argv), stdout_bytes=out, stderr_bytes=err, exit=self._exit)
 
@@ -643,6 +655,8 @@ class AsyncSandbox:
         self.files = AsyncFiles(self)
         #: Inbound traffic: ``ports[8000].url`` (the proxy), ``await ports.publish(8000)``.
         self.ports = AsyncPorts(client, info.id)
+        #: Egress: ``network.get()``, ``network.set(allow=[...])``, ``network.log()``.
+        self.network = AsyncNetwork(client, info.id)
 
     def __repr__(self) -> str:
         return f"<AsyncSandbox {self.id} name={self._info.name!r} state={self._info.state!r}>"
@@ -650,7 +664,7 @@ class AsyncSandbox:
     @classmethod
     async def create(
         cls,
-        image: Union[str, "Image", None] = None,
+        image: Union[str, "Image", Mapping[str, Any], None] = None,
         *,
         env: Optional[Mapping[str, str]] = None,
         workdir: Optional[str] = None,

@@ -9,8 +9,9 @@ pulls through ``POST /v1/images/pull`` first.
 
 ``apt_install`` and ``pip_install`` download packages: calling them is the
 explicit choice to give the build's ``run`` steps the network (other builds have
-none). Building, pulling and importing change the daemon's image set and are the
-operator's (the Unix socket).
+none). Pulling and importing change the daemon's shared image set and are the
+operator's (the Unix socket); a tenant's build (over TCP) makes images of its own,
+tagged in its own namespace, on the operator's build limits.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ __all__ = ["Image", "BuildError"]
 
 class BuildError(errors.SandlotError):
     """A build or pull failed; ``code`` is the daemon's error code (for example
-    ``invalid_request`` for a failing step, ``digest_mismatch`` for a pull)."""
+    ``build_failed`` for a step whose command failed, ``bad_request`` for a bad
+    spec, ``digest_mismatch`` for a pull)."""
 
     def __init__(self, message: str, code: str = "build_failed") -> None:
         super().__init__(message)

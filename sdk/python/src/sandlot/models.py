@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any, Dict, List, Optional, Sequence
 
 
@@ -538,5 +538,107 @@ class AuditRecord:
             stderr_bytes=int(d.get("stderr_bytes", 0)),
             truncated=bool(d.get("truncated", False)),
             duration_ms=float(d.get("duration_ms", 0.0)),
+            raw=dict(d),
+        )
+
+
+def _epoch_ms(v: Any) -> Optional[datetime]:
+    """Milliseconds since the epoch (the volume and secret routes) as an aware datetime."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return datetime.fromtimestamp(v / 1000, tz=timezone.utc)
+
+
+@dataclass(frozen=True)
+class VolumeInfo:
+    """A named volume of a tenant (``/v1/volumes``)."""
+
+    name: str
+    tenant: str
+    size_limit: Optional[int]
+    created_at: Optional[datetime]
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "VolumeInfo":
+        limit = d.get("size_limit")
+        return cls(
+            name=str(d.get("name", "")),
+            tenant=str(d.get("tenant", "")),
+            size_limit=None if limit is None else int(limit),
+            created_at=_epoch_ms(d.get("created_at")),
+            raw=dict(d),
+        )
+
+
+@dataclass(frozen=True)
+class SecretInfo:
+    """A secret's metadata (``/v1/secrets``); its value is never returned."""
+
+    name: str
+    tenant: str
+    created_at: Optional[datetime]
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "SecretInfo":
+        return cls(
+            name=str(d.get("name", "")),
+            tenant=str(d.get("tenant", "")),
+            created_at=_epoch_ms(d.get("created_at")),
+            raw=dict(d),
+        )
+
+
+@dataclass(frozen=True)
+class NetworkPolicy:
+    """A sandbox's egress policy: ``mode`` is ``none``, ``allow`` or ``open``; with
+    ``allow``, ``allow`` lists the destinations (``{"domain": ..., "ports": [...]}``
+    or ``{"cidr": ...}``)."""
+
+    mode: str
+    allow: List[Dict[str, Any]]
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "NetworkPolicy":
+        return cls(
+            mode=str(d.get("mode", "none")),
+            allow=[dict(r) for r in d.get("allow") or []],
+            raw=dict(d),
+        )
+
+
+@dataclass(frozen=True)
+class NetworkLogEntry:
+    """One DNS query or TCP connection attempt of a sandbox, as the daemon decided it
+    (``decision``: ``allowed``, ``denied`` or ``failed``)."""
+
+    seq: int
+    at: Optional[datetime]
+    kind: str
+    name: Optional[str]
+    addr: Optional[str]
+    port: Optional[int]
+    decision: str
+    reason: str
+    bytes_out: int
+    bytes_in: int
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "NetworkLogEntry":
+        port = d.get("port")
+        return cls(
+            seq=int(d.get("seq", 0)),
+            at=parse_time(d.get("at")),
+            kind=str(d.get("kind", "")),
+            name=d.get("name"),
+            addr=d.get("addr"),
+            port=None if port is None else int(port),
+            decision=str(d.get("decision", "")),
+            reason=str(d.get("reason", "")),
+            bytes_out=int(d.get("bytes_out", 0)),
+            bytes_in=int(d.get("bytes_in", 0)),
             raw=dict(d),
         )

@@ -35,6 +35,7 @@ from ._tarsafe import extract_tar
 from .client import Client, default_client
 from .image import Image
 from .ports import Ports
+from .network import Network
 from .models import (
     ExitStatus,
     FileInfo,
@@ -520,10 +521,20 @@ class Process:
             yield c
 
     def result(self) -> RunResult:
-        """Waits for the exit and the end of both streams; the output not consumed yet."""
+        """Waits for the exit and the end of both streams; the output not consumed
+        yet (after ``iter_output()``, what it has not yielded)."""
         self.wait()
-        out = self.stdout.read_bytes()
-        err = self.stderr.read_bytes()
+        if self._mode == "merged":
+            rest: Dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
+            while True:
+                c = self._take("merged")
+                if c is None:
+                    break
+                rest[c.stream] += c.data
+            out, err = bytes(rest["stdout"]), bytes(rest["stderr"])
+        else:
+            out = self.stdout.read_bytes()
+            err = self.stderr.read_bytes()
         assert self._exit is not None
         return RunResult(argv=list(self.info.argv), stdout_bytes=out, stderr_bytes=err, exit=self._exit)
 
@@ -768,6 +779,8 @@ class Sandbox:
         self.files = Files(self)
         #: Inbound traffic: ``ports[8000].url`` (the proxy), ``ports.publish(8000)``.
         self.ports = Ports(client, info.id)
+        #: Egress: ``network.get()``, ``network.set(allow=[...])``, ``network.log()``.
+        self.network = Network(client, info.id)
 
     def __repr__(self) -> str:
         return f"<Sandbox {self.id} name={self._info.name!r} state={self._info.state!r}>"
@@ -777,7 +790,7 @@ class Sandbox:
     @classmethod
     def create(
         cls,
-        image: Union[str, "Image", None] = None,
+        image: Union[str, "Image", Mapping[str, Any], None] = None,
         *,
         env: Optional[Mapping[str, str]] = None,
         workdir: Optional[str] = None,
@@ -806,7 +819,9 @@ class Sandbox:
         """Creates a sandbox and returns once it runs. Every argument is optional
         and passed as the API takes it (sizes: bytes or ``"512M"``; durations:
         seconds, ``"10m"`` or a timedelta); ``spec`` is a dict of any further API
-        fields. A bad value raises ``InvalidSpecError`` naming the field.
+        fields. ``image`` is a name or id, an :class:`Image`, or an image as the
+        API returns it (what :meth:`snapshot_filesystem` returns). A bad value
+        raises ``InvalidSpecError`` naming the field.
         ``isolation``: ``"namespace"`` (Linux namespaces on the host kernel) or
         ``"gvisor"`` (gVisor's kernel in user space); default: the operator's.
         A daemon that cannot run gVisor answers ``ConflictError`` naming why.
@@ -914,9 +929,12 @@ class Sandbox:
     def snapshot_filesystem(self, tag: Optional[str] = None) -> Dict[str, Any]:
         """Turns the sandbox's writable layer into a new image whose parent is the
         sandbox's image (the sandbox is frozen while the layer is read) and returns
-        it (``id``, ``tags``, ``parent``, ``layers``, ``frozen_ms``...). New sandboxes
-        start from it with ``image=snap["id"]`` (or the tag). Only sandboxes created
-        from a store image can be snapshotted. A tenant's ``tag`` is its own (other
+        it (``id``, ``tags``, ``parent``, ``base``, ``layers``, ``frozen_ms``...). New
+        sandboxes start from it with ``Sandbox.create(image=snap)`` (or its id or
+        tag). A snapshot of a ``host`` sandbox has no parent and ``base: "host"``:
+        its layer goes on top of the host's own programs, so it restores on the same
+        host (or one with the same programs); a sandbox of a rootfs directory cannot
+        be snapshotted. A tenant's ``tag`` is its own (other
         tenants never see it; it hides an operator's tag of the same name for this
         tenant only). A writable layer that reads as more than the sandbox's
         ``resources.disk`` (sparse files count at their full size) is refused with

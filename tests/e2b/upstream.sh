@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Runs E2B's own Python SDK tests (a checkout of E2B's public repository, given as
+# the first argument; its packages/python-sdk/tests) against a private
+# `sandlot serve`. The daemon and pytest run in a network namespace of their own
+# with loopback only, so nothing a test does (a sandbox dialling a public address,
+# a URL on E2B's domain) leaves this machine: tests that need the internet fail.
+# As root. Extra arguments go to pytest (default: the synchronous sandbox and API
+# suites). Adds pytest-timeout to the venv of tests/e2b (E2B's pytest.ini uses it).
+#
+#   bash tests/e2b/upstream.sh /path/to/E2B [pytest args...]
+set -euo pipefail
+[ $# -ge 1 ] || { echo "usage: $0 E2B_CHECKOUT [pytest args...]" >&2; exit 2; }
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+sdk="$(cd "$1/packages/python-sdk" && pwd)"
+shift
+venv="$here/.venv"
+[ -x "$venv/bin/python" ] || bash "$here/../../scripts/setup.d/60-e2b.sh"
+"$venv/bin/python" -c 'import pytest_timeout' 2>/dev/null ||
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check pytest-timeout
+bin="${SANDLOT_BIN:-${CARGO_TARGET_DIR:-$here/../../target}/debug/sandlot}"
+[ $# -gt 0 ] || set -- tests/sync/sandbox_sync tests/sync/api_sync
+
+ns="e2bup$$"
+tmp="$(mktemp -d /tmp/sandlot-e2b-upstream.XXXXXX)"
+pid=""
+# nsenter joins only the network namespace (`ip netns exec` would remount /sys,
+# hiding the cgroup hierarchies from the daemon).
+cleanup() {
+    if [ -n "$pid" ]; then
+        # Sandboxes outlive the daemon: delete them through the API first.
+        for id in $(nsenter --net="/run/netns/$ns" curl -s -H "Authorization: Bearer $key" \
+            "http://127.0.0.1:$api/v1/sandboxes" | "$venv/bin/python" -c \
+            'import json,sys; print(" ".join(s["id"] for s in json.load(sys.stdin)["sandboxes"]))' 2>/dev/null); do
+            nsenter --net="/run/netns/$ns" curl -s -X DELETE -H "Authorization: Bearer $key" \
+                "http://127.0.0.1:$api/v1/sandboxes/$id" >/dev/null || true
+        done
+        kill "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+    fi
+    ip netns del "$ns" 2>/dev/null || true
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+ip netns add "$ns"
+ip -n "$ns" link set lo up
+e2b=49983 api=49984
+mkdir -m 700 "$tmp/data"
+nsenter --net="/run/netns/$ns" "$bin" serve --data-dir "$tmp/data" --socket "$tmp/sandlot.sock" \
+    --id-prefix "e2bup$$-" --listen "127.0.0.1:$api" --e2b-listen "127.0.0.1:$e2b" \
+    2>"$tmp/serve.log" &
+pid=$!
+for _ in $(seq 100); do
+    nsenter --net="/run/netns/$ns" curl -s -o /dev/null "http://127.0.0.1:$e2b/health" && break
+    sleep 0.2
+done
+key="$(SANDLOT_URL="unix://$tmp/sandlot.sock" SANDLOT_TOKEN= "$bin" token create --tenant upstream --json |
+    "$venv/bin/python" -c 'import json,sys; print(json.load(sys.stdin)["token"])')"
+cd "$sdk"
+nsenter --net="/run/netns/$ns" env E2B_API_URL="http://127.0.0.1:$e2b" E2B_SANDBOX_URL="http://127.0.0.1:$e2b" \
+    E2B_API_KEY="$key" E2B_DOMAIN=sandlot.invalid \
+    "$venv/bin/python" -m pytest -p no:cacheprovider -q -o timeout=60 -rfE "$@" || rc=$?
+[ -z "${rc:-}" ] || tail -n 20 "$tmp/serve.log" >&2
+exit "${rc:-0}"
