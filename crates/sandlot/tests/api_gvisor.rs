@@ -368,6 +368,14 @@ fn a_gvisor_sandbox_runs_a_store_image_and_its_snapshot_has_its_writes() {
             .await
             .unwrap();
         assert_eq!(snap["source"], "snapshot", "{snap}");
+        // What the runtime made to mount on (`/proc`, `/dev`, `/etc/hosts`...) and
+        // the host name it wrote are not the sandbox's change.
+        let diff = c
+            .call_json("GET", "/v1/images/diff?a=test/base:1&b=test/gsnap:1", None)
+            .await
+            .unwrap();
+        assert_eq!(diff["added"], json!(["/opt/new"]), "{diff}");
+        assert_eq!(diff["removed"], json!([]), "{diff}");
         assert_eq!(sh(a.clone(), "echo alive").await.1, "alive\n");
         let b = c.create_sandbox(&body("test/gsnap:1")).await.unwrap().id;
         assert_eq!(sh(b.clone(), "cat /opt/new").await.1, "kept\n");

@@ -12,8 +12,8 @@ use crate::mounts::{MountOp, MountPlan};
 use crate::plan::AgentSetup;
 
 /// Where the daemon's things live inside a gVisor sandbox: under gVisor's own
-/// `/dev` (a file system in the sandbox's kernel), so nothing of them is ever
-/// written to the root filesystem, its writable layer or a snapshot.
+/// `/dev` (a file system in the sandbox's kernel): runsc makes only their empty
+/// mount points in the root filesystem, which a snapshot leaves out.
 pub const AGENT_DIR: &str = "/dev/.sandlot";
 /// The `sandlot` binary, bound read-only: PID 1 runs it as `__agent`.
 pub const AGENT_EXE: &str = "/dev/.sandlot/sandlot";
@@ -95,6 +95,18 @@ pub fn host_side(plan: &MountPlan) -> MountPlan {
         root: plan.root.clone(),
         ops,
     }
+}
+
+/// The destinations of a bundle's mounts, relative to the root.
+pub fn mount_destinations(config: &Value) -> Vec<PathBuf> {
+    config["mounts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m["destination"].as_str())
+        .filter_map(|d| Path::new(d).strip_prefix("/").ok().map(Path::to_path_buf))
+        .filter(|p| !p.as_os_str().is_empty())
+        .collect()
 }
 
 /// How the `sandlot` binary runs inside a gVisor sandbox: through the host's

@@ -238,7 +238,10 @@ impl GvisorBackend {
             format!("--pid-file={}", pid_file.display()),
             id.to_string(),
         ]);
-        let mount_points = mounts.mount_targets();
+        // runsc makes the destinations of the bundle's mounts in the root (the
+        // agent's binds under `/dev`): stubs too.
+        let mut mount_points = mounts.mount_targets();
+        mount_points.extend(bundle::mount_destinations(&config));
         write_mount_points(dir, &mount_points)?;
         let plan = bundle::LaunchPlan {
             root_dir: root,
