@@ -15,12 +15,8 @@ cargo nextest run --workspace --no-fail-fast "$@"
 # The end-to-end suites on each isolation backend.
 for isolation in namespace gvisor; do
   phase "Python SDK tests ($isolation)"
-  # On gVisor, a PTY process ends the sandbox when it exits (docs/api.md,
-  # "Isolation"): test_pty is left out there until that is fixed.
-  deselect=()
-  [ "$isolation" = gvisor ] && deselect=(-k "not test_pty")
   SANDLOT_TEST_ISOLATION=$isolation SANDLOT_BIN="${CARGO_TARGET_DIR:-target}/debug/sandlot" \
-    .venv/bin/python -m pytest -q -p no:cacheprovider "${deselect[@]}" sdk/python/tests
+    .venv/bin/python -m pytest -q -p no:cacheprovider sdk/python/tests
   phase "E2B SDK tests ($isolation)"
   SANDLOT_TEST_ISOLATION=$isolation bash tests/e2b/run.sh
 done
