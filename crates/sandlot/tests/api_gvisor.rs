@@ -334,6 +334,63 @@ fn a_gvisor_sandbox_cannot_write_the_hosts_files_through_the_agents_descriptors(
     rt().block_on(c.delete_sandbox(&id)).unwrap();
 }
 
+/// The agent's directory is bound writable into a gVisor sandbox from the host:
+/// what the sandbox writes there lands in a tiny tmpfs of its own, never in the
+/// host's `/run`, and the tmpfs goes with the sandbox.
+#[test]
+fn a_gvisor_sandbox_cannot_fill_the_hosts_run_through_the_agents_directory() {
+    let mut d = Daemon::start(None);
+    let c = d.client();
+    let id = rt().block_on(c.create_sandbox(&gvisor())).unwrap().id;
+    let dir = format!("/run/sandlot/gvisor/{id}/agent");
+    let run_free = || rustix::fs::statvfs("/run").unwrap().f_bavail;
+    let before = run_free();
+    let o = rt()
+        .block_on(c.run(
+            &id,
+            &[
+                "/bin/sh",
+                "-c",
+                "cd /dev/.sandlot/run || exit 9; \
+                 head -c 64000000 /dev/zero > big; echo size=$(wc -c < big); \
+                 n=0; while [ $n -lt 200 ] && (: > f$n) 2>/dev/null; do n=$((n+1)); done; echo files=$n",
+            ],
+        ))
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let size: u64 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("size="))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{out}{}", String::from_utf8_lossy(&o.stderr)));
+    let files: u64 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("files="))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{out}{}", String::from_utf8_lossy(&o.stderr)));
+    assert!(
+        size <= 16 * 1024,
+        "wrote {size} bytes into the agent's directory"
+    );
+    assert!(files < 16, "made {files} files in the agent's directory");
+    // What the sandbox wrote is on the tmpfs, not in the host's /run.
+    assert!(
+        before.saturating_sub(run_free()) < 1000,
+        "the host's /run lost space"
+    );
+    let mounts = || std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(mounts().contains(&format!(" {dir} ")), "{dir} is no mount");
+    rt().block_on(async {
+        c.delete_sandbox(&id).await.unwrap();
+        eventually(10, "the agent's tmpfs unmounted", || {
+            let gone = !mounts().contains(&format!(" {dir} "));
+            async move { gone }
+        })
+        .await;
+    });
+    d.shutdown();
+}
+
 /// A store image on gVisor: its layers and config, a size-limited writable layer
 /// the host can snapshot (gVisor's writes reach the host's directory, no cache of
 /// its own in between), and a new gVisor sandbox started from the snapshot.

@@ -181,6 +181,7 @@ impl GvisorBackend {
         for d in [&root, &state, &agent_run] {
             fs::create_dir(d).map_err(io_err(format!("create {}", d.display())))?;
         }
+        mount_agent_run(&agent_run)?;
         let limits = CgroupLimits {
             memory_bytes: spec.resources.memory.bytes(),
             pids: spec.resources.pids,
@@ -535,9 +536,32 @@ fn cgroup_mounts() -> Vec<PathBuf> {
 /// Kills every process of the sandbox's cgroup, removes it (and what `runsc`
 /// made of it in other hierarchies, and their parents when empty) and the
 /// sandbox's directory. True if nothing of it is left.
+/// What the agent's directory holds at most: its socket and whatever a sandbox
+/// process writes there (it is bound writable into the sandbox), never more of the
+/// host's `/run`.
+const AGENT_RUN_TMPFS: &std::ffi::CStr = c"size=16k,nr_inodes=16,mode=0700";
+
+/// Mounts a tiny tmpfs of its own on the agent's directory (in the host's mount
+/// namespace: the daemon connects to the socket there).
+fn mount_agent_run(dir: &Path) -> Result<(), RuntimeError> {
+    let target = sys::cstr(dir).map_err(io_err(format!("mount on {}", dir.display())))?;
+    sys::mount(
+        Some(c"sandlot-agent"),
+        &target,
+        Some(c"tmpfs"),
+        libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+        Some(AGENT_RUN_TMPFS),
+    )
+    .map_err(io_err(format!("mount a tmpfs on {}", dir.display())))
+}
+
 fn remove_traces(cg: &Cgroup, hierarchies: &[PathBuf], parent: &str, id: &str, dir: &Path) -> bool {
     let emptied = cg.kill_all(Duration::from_secs(5));
     let removed = cg.remove(Duration::from_secs(5)).is_ok();
+    // The agent directory's tmpfs (absent when the create failed before it).
+    if let Ok(agent_run) = sys::cstr(&dir.join("agent")) {
+        let _ = sys::umount2(&agent_run, libc::MNT_DETACH);
+    }
     for h in hierarchies {
         let d = h.join(parent).join(id);
         if d.exists() {
