@@ -240,6 +240,10 @@ pub struct IsolationSection {
     /// The strongest isolation a create may ask for (`namespace` < `gvisor`):
     /// gVisor sandboxes cost more memory and CPU per system call.
     pub ceiling: Isolation,
+    /// The weakest isolation any sandbox of this daemon gets: a create asking for
+    /// less is refused, and build steps, pools and the E2B front door are held to
+    /// it too (`gvisor`: every sandbox runs under gVisor).
+    pub minimum: Isolation,
     /// gVisor's `runsc`: a path, or a name looked up on the daemon's `PATH`.
     pub runsc: PathBuf,
     /// gVisor's platform: `auto` (systrap where the installed `runsc` has it,
@@ -247,11 +251,35 @@ pub struct IsolationSection {
     pub platform: String,
 }
 
+impl IsolationSection {
+    /// Whether a sandbox may run under `isolation`: not above the ceiling, not
+    /// below the minimum; why not otherwise (`"namespace" is below the operator's
+    /// minimum "gvisor"`).
+    pub fn permits(&self, isolation: Isolation) -> Result<(), String> {
+        if isolation > self.ceiling {
+            return Err(format!(
+                "{:?} is above the operator's ceiling {:?}",
+                isolation.as_str(),
+                self.ceiling.as_str()
+            ));
+        }
+        if isolation < self.minimum {
+            return Err(format!(
+                "{:?} is below the operator's minimum {:?}",
+                isolation.as_str(),
+                self.minimum.as_str()
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl Default for IsolationSection {
     fn default() -> Self {
         IsolationSection {
             default: Isolation::Namespace,
             ceiling: Isolation::Gvisor,
+            minimum: Isolation::Namespace,
             runsc: PathBuf::from("runsc"),
             platform: "auto".into(),
         }
@@ -415,11 +443,24 @@ impl ServerConfig {
             path: path.to_path_buf(),
             message: e.to_string(),
         })?;
-        let cfg: ServerConfig = serde_ignored::deserialize(de, |p| unknown.push(p.to_string()))
+        let mut cfg: ServerConfig = serde_ignored::deserialize(de, |p| unknown.push(p.to_string()))
             .map_err(|e| ConfigError::Parse {
                 path: path.to_path_buf(),
                 message: e.to_string(),
             })?;
+        // A pool's spec without `isolation` is of the operator's default, as a
+        // create naming none is: otherwise no create would ever match its shape.
+        let raw: toml::Table = text.parse().unwrap_or_default();
+        let pools = raw.get("pools").and_then(|p| p.as_array());
+        for (i, pool) in cfg.pools.iter_mut().enumerate() {
+            let named = pools
+                .and_then(|p| p.get(i))
+                .and_then(|p| p.get("spec"))
+                .is_some_and(|s| s.get("isolation").is_some());
+            if !named {
+                pool.spec.isolation = cfg.isolation.default;
+            }
+        }
         let warnings = unknown
             .into_iter()
             .map(|k| format!("config {}: unknown key {k:?} ignored", path.display()))
@@ -492,21 +533,20 @@ impl ServerConfig {
             if let Some(why) = crate::pool::unpoolable(&p.spec) {
                 return bad(format!("pools[{i}].spec: {why}"));
             }
-            if p.spec.isolation > self.isolation.ceiling {
-                return bad(format!(
-                    "pools[{i}].spec.isolation {:?} is above isolation.ceiling {:?}",
-                    p.spec.isolation.as_str(),
-                    self.isolation.ceiling.as_str()
-                ));
+            if let Err(why) = self.isolation.permits(p.spec.isolation) {
+                return bad(format!("pools[{i}].spec.isolation {why}"));
             }
         }
         let iso = &self.isolation;
-        if iso.default > iso.ceiling {
+        if iso.minimum > iso.ceiling {
             return bad(format!(
-                "isolation.default {:?} is above isolation.ceiling {:?}",
-                iso.default.as_str(),
+                "isolation.minimum {:?} is above isolation.ceiling {:?}",
+                iso.minimum.as_str(),
                 iso.ceiling.as_str()
             ));
+        }
+        if let Err(why) = iso.permits(iso.default) {
+            return bad(format!("isolation.default {why}"));
         }
         if !["auto", "ptrace", "systrap", "kvm"].contains(&iso.platform.as_str()) {
             return bad(format!(
@@ -543,7 +583,10 @@ impl ServerConfig {
         }
         // A build step's sandbox: the sizes must make a sandbox (memory at least the
         // minimum, the writable layer within what the memory holds).
-        if let Err(e) = crate::build::step_spec("build-step", false, &self.images).validate() {
+        if let Err(e) =
+            crate::build::step_spec("build-step", false, &self.images, self.isolation.default)
+                .validate()
+        {
             return bad(format!(
                 "images.build_memory {} and images.build_disk {}: {e}",
                 self.images.build_memory, self.images.build_disk
@@ -719,10 +762,29 @@ max_sandboxes = 3
                 "[isolation]\nceiling = \"namespace\"\n[[pools]]\nspec = { isolation = \"gvisor\" }\n",
                 "pools[0].spec.isolation",
             ),
+            (
+                "[isolation]\nminimum = \"gvisor\"\n",
+                "isolation.default \"namespace\" is below the operator's minimum \"gvisor\"",
+            ),
+            (
+                "[isolation]\nminimum = \"gvisor\"\nceiling = \"namespace\"\n",
+                "isolation.minimum",
+            ),
+            (
+                "[isolation]\nminimum = \"gvisor\"\ndefault = \"gvisor\"\n[[pools]]\nspec = { isolation = \"namespace\" }\n",
+                "pools[0].spec.isolation \"namespace\" is below",
+            ),
         ] {
             let e = ServerConfig::from_toml(bad, Path::new("c")).unwrap_err();
             assert!(e.to_string().contains(names), "{bad}: {e}");
         }
+        // A pool naming no isolation is of the default one.
+        let (c, _) = ServerConfig::from_toml(
+            "[isolation]\nminimum = \"gvisor\"\ndefault = \"gvisor\"\n[[pools]]\nsize = 1\n",
+            Path::new("c"),
+        )
+        .unwrap();
+        assert_eq!(c.pools[0].spec.isolation, Isolation::Gvisor);
     }
 
     #[test]

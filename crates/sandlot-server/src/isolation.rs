@@ -1,6 +1,6 @@
 //! The daemon's isolation backends (`[isolation]`): the namespace backend, and the
 //! gVisor backend where `runsc` is installed and recent enough; the operator's
-//! default and ceiling of what a create may ask for.
+//! default, ceiling and minimum of what a sandbox may run under.
 
 use std::sync::Arc;
 
@@ -61,21 +61,23 @@ pub fn admit(state: &AppState, spec: &mut SandboxSpec, given: bool) -> ApiResult
     if !given {
         spec.isolation = cfg.default;
     }
-    if spec.isolation > cfg.ceiling {
-        return Err(ApiError::invalid(
-            "isolation",
-            format!(
-                "{:?} is above the operator's ceiling {:?}",
-                spec.isolation.as_str(),
-                cfg.ceiling.as_str()
-            ),
-        ));
-    }
+    permitted(state, spec.isolation)?;
     state
         .backends
         .get(spec.isolation)
         .map(|_| ())
         .map_err(|why| unavailable(spec.isolation, why))
+}
+
+/// 400 when the operator's `[isolation]` ceiling or minimum rules `isolation`
+/// out. Every create passes here (`sandbox::create`), whatever made its spec: an
+/// API or E2B request, a pool, a build step.
+pub fn permitted(state: &AppState, isolation: Isolation) -> ApiResult<()> {
+    state
+        .cfg
+        .isolation
+        .permits(isolation)
+        .map_err(|why| ApiError::invalid("isolation", why))
 }
 
 /// The 409 of a create asking for an isolation this daemon does not have.

@@ -638,13 +638,19 @@ pub fn start_instance(
         return Err(Err(e));
     }
     let image = opts.image.clone();
-    let created = match state.backends.get(spec.isolation) {
+    let allowed = crate::isolation::permitted(state, spec.isolation).and_then(|()| {
+        state
+            .backends
+            .get(spec.isolation)
+            .map_err(|why| crate::isolation::unavailable(spec.isolation, why))
+    });
+    let created = match allowed {
         Ok(b) => b.create(id, spec, opts),
-        Err(why) => {
+        Err(e) => {
             state.images.release(id);
             crate::network::release(state, id);
             state.collection_mounts.release(id);
-            return Err(Err(crate::isolation::unavailable(spec.isolation, why)));
+            return Err(Err(e));
         }
     };
     match created {

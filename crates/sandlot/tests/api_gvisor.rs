@@ -442,3 +442,55 @@ fn a_gvisor_sandbox_runs_a_store_image_and_its_snapshot_has_its_writes() {
     });
     d.shutdown();
 }
+
+/// An operator who requires gVisor (`[isolation] minimum = "gvisor"`) gets it for
+/// every sandbox: a create asking for less is refused naming the minimum, one naming
+/// nothing runs on gVisor, and so do the sandboxes of an image build's steps.
+#[test]
+fn an_operators_minimum_isolation_holds_for_creates_and_build_steps() {
+    let mut d = Daemon::start(Some(
+        "[isolation]\nminimum = \"gvisor\"\ndefault = \"gvisor\"\n",
+    ));
+    let c = d.client();
+    rt().block_on(async {
+        let e = c
+            .create_sandbox(&spec_body(json!({"isolation": "namespace"})))
+            .await
+            .unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains("isolation") && msg.contains("below the operator's minimum \"gvisor\""),
+            "{msg}"
+        );
+        let s = c.create_sandbox(&spec_body(json!({}))).await.unwrap();
+        assert_eq!(s.spec["isolation"], "gvisor", "{:?}", s.spec);
+        c.delete_sandbox(&s.id).await.unwrap();
+    });
+    let tmp = d.dir.join("work");
+    std::fs::create_dir_all(tmp.join("ctx")).unwrap();
+    let archive = img_support::base_archive(&tmp, "test/base:1", 1);
+    let (code, _, err) = d.cli(&["image", "import", archive.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let spec = tmp.join("spec.toml");
+    std::fs::write(
+        &spec,
+        "from = \"test/base:1\"\n[[steps]]\nrun = \"echo kernel=$(cat /proc/sys/kernel/osrelease)\"\n",
+    )
+    .unwrap();
+    let (code, out, err) = d.cli(&[
+        "image",
+        "build",
+        "-f",
+        spec.to_str().unwrap(),
+        tmp.join("ctx").to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    // gVisor's kernel answers the step, not the host's.
+    let host = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    assert!(err.contains("kernel="), "{err}");
+    assert!(
+        !err.contains(&format!("kernel={}", host.trim())),
+        "a build step ran on the host kernel: {err}"
+    );
+    d.shutdown();
+}
