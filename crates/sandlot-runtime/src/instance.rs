@@ -150,6 +150,26 @@ pub trait Instance: Send + Sync + fmt::Debug {
     /// what a snapshot reads from the writable layer is then one state. Blocking.
     fn hold_still(&self, timeout: Duration) -> Result<Stillness<'_>, RuntimeError>;
 
+    /// Saves the sandbox's whole state (memory, processes, open files) into the
+    /// empty directory `dir`, for [`crate::Backend::restore`]; the sandbox ends
+    /// once saved. Its agent must have been quiesced first (`Request::Quiesce`).
+    /// Blocking.
+    fn checkpoint(&self, dir: &Path) -> Result<(), RuntimeError> {
+        let _ = dir;
+        Err(RuntimeError::Unsupported {
+            backend: "namespace",
+            what: "checkpoint a sandbox's memory",
+        })
+    }
+
+    /// Lets a quiesced agent listen again. Blocking.
+    fn wake_agent(&self) -> Result<(), RuntimeError> {
+        Err(RuntimeError::Unsupported {
+            backend: "namespace",
+            what: "wake a quiesced agent",
+        })
+    }
+
     /// What a snapshot of the sandbox's files reads besides its writable layer
     /// (see [`SnapshotSource`]). Blocking.
     fn snapshot_source(&self) -> Result<SnapshotSource, RuntimeError>;

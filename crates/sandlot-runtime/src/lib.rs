@@ -180,6 +180,24 @@ pub trait Backend: Send + Sync {
     /// then. Fails with [`RuntimeError::Gone`] if that sandbox is gone or `pid` is
     /// no longer its own.
     fn adopt(&self, id: &str, pid: i32) -> Result<Box<dyn Instance>, RuntimeError>;
+
+    /// Starts sandbox `id` again from a checkpoint in `image`
+    /// ([`Instance::checkpoint`]) of a sandbox of the same spec: its processes,
+    /// memory and open files as they were; its agent is listening when this
+    /// returns.
+    fn restore(
+        &self,
+        id: &str,
+        spec: &SandboxSpec,
+        opts: CreateOptions,
+        image: &std::path::Path,
+    ) -> Result<Box<dyn Instance>, RuntimeError> {
+        let _ = (id, spec, opts, image);
+        Err(RuntimeError::Unsupported {
+            backend: self.name(),
+            what: "restore a sandbox from a checkpoint",
+        })
+    }
     /// Kills every sandbox whose id starts with `prefix` and is not in `live`, and
     /// removes the host traces of every sandbox that no longer runs (a crashed
     /// owner's leftovers). Blocking.

@@ -229,6 +229,8 @@ pub(crate) struct Agent {
     pub fs: FsCreds,
     pub shutdown: Rc<Notify>,
     pub shutting_down: bool,
+    /// A [`Request::Quiesce`](sandlot_proto::guest::Request) arrived.
+    pub quiesce: Rc<Notify>,
     /// Weak self-reference for spawning tasks from synchronous methods.
     pub me: std::rc::Weak<RefCell<Agent>>,
 }
@@ -263,6 +265,7 @@ impl Agent {
             fs: FsCreds::new(),
             shutdown: Rc::new(Notify::new()),
             shutting_down: false,
+            quiesce: Rc::new(Notify::new()),
             me: std::rc::Weak::new(),
         }
     }
@@ -351,6 +354,20 @@ pub(crate) fn spawn_task<F: std::future::Future<Output = ()> + 'static>(f: F) ->
     tokio::task::spawn_local(f)
 }
 
+/// Closes every connection (each flushes what it has queued first) and waits,
+/// briefly, until they are gone.
+async fn close_connections(agent: &Shared) {
+    for c in agent.borrow_mut().conns.values_mut() {
+        c.closing = true;
+        c.reader.notify_one();
+        c.out.writer.notify_one();
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    while !agent.borrow().conns.is_empty() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// Entry point behind [`crate::run_agent`].
 pub(crate) fn run(
     listener: std::os::unix::net::UnixListener,
@@ -388,13 +405,20 @@ async fn main_loop(
         nix::sys::prctl::set_child_subreaper(true).map_err(io::Error::from)?;
     }
     let mut sigchld = signal(SignalKind::child())?;
+    // Where to listen again after a quiesce (the bound path).
+    let listen_path = listener
+        .local_addr()
+        .ok()
+        .and_then(|a| a.as_pathname().map(std::path::Path::to_path_buf));
+    let mut sigusr1 = signal(SignalKind::user_defined1())?;
     listener.set_nonblocking(true)?;
-    let listener = tokio::net::UnixListener::from_std(listener)?;
+    let mut listener = tokio::net::UnixListener::from_std(listener)?;
 
     let agent: Shared = Rc::new(RefCell::new(Agent::new(&mut config, pid1)));
     agent.borrow_mut().me = Rc::downgrade(&agent);
     agent.borrow_mut().ensure_default_cwd();
     let shutdown = agent.borrow().shutdown.clone();
+    let quiesce = agent.borrow().quiesce.clone();
 
     let lifeline = match config.lifeline {
         Some(fd) => Some(process::watch_lifeline(agent.clone(), fd)?),
@@ -408,6 +432,27 @@ async fn main_loop(
             biased;
             _ = shutdown.notified() => break,
             Some(()) = sigchld.recv() => agent.borrow_mut().reap(),
+            _ = quiesce.notified() => {
+                let Some(path) = &listen_path else {
+                    log!("quiesce: the listening socket has no path; ignored");
+                    continue;
+                };
+                drop(listener);
+                close_connections(&agent).await;
+                // Processes run on; their exits are reaped meanwhile.
+                loop {
+                    tokio::select! {
+                        biased;
+                        _ = shutdown.notified() => break,
+                        Some(()) = sigchld.recv() => agent.borrow_mut().reap(),
+                        _ = sigusr1.recv() => break,
+                    }
+                }
+                let _ = std::fs::remove_file(path);
+                let std_listener = std::os::unix::net::UnixListener::bind(path)?;
+                std_listener.set_nonblocking(true)?;
+                listener = tokio::net::UnixListener::from_std(std_listener)?;
+            }
             r = listener.accept() => match r {
                 Ok((stream, _)) => {
                     let (rd, wr) = stream.into_split();

@@ -682,6 +682,12 @@ impl GuestClient {
         self.call_ok(Request::Ping {}).await
     }
 
+    /// Asks the agent to close every connection (this one too) and its listening
+    /// socket until it gets `SIGUSR1`. Returns once acknowledged.
+    pub async fn quiesce(&self) -> Result<(), ClientError> {
+        self.call_ok(Request::Quiesce {}).await
+    }
+
     /// Asks the agent to kill every process and stop. Returns once acknowledged.
     pub async fn shutdown(&self) -> Result<(), ClientError> {
         self.call_ok(Request::Shutdown {}).await

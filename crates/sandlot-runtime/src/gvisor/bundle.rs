@@ -97,6 +97,16 @@ pub fn host_side(plan: &MountPlan) -> MountPlan {
     }
 }
 
+/// Whether a bundle joins a network namespace of the host's (a network slot):
+/// `runsc` then runs with `--network=sandbox`.
+pub fn has_network_path(config: &Value) -> bool {
+    config["linux"]["namespaces"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|n| n["type"] == "network" && n.get("path").is_some())
+}
+
 /// The destinations of a bundle's mounts, relative to the root.
 pub fn mount_destinations(config: &Value) -> Vec<PathBuf> {
     config["mounts"]

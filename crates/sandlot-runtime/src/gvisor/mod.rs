@@ -147,6 +147,18 @@ impl GvisorBackend {
         spec: &SandboxSpec,
         opts: CreateOptions,
     ) -> Result<GvisorInstance, RuntimeError> {
+        self.start_instance(id, spec, opts, None)
+    }
+
+    /// Creates sandbox `id`, or with `image` restores it from a checkpoint
+    /// ([`Instance::checkpoint`]) taken of a sandbox of the same spec.
+    fn start_instance(
+        &self,
+        id: &str,
+        spec: &SandboxSpec,
+        opts: CreateOptions,
+        image: Option<&Path>,
+    ) -> Result<GvisorInstance, RuntimeError> {
         check(id, spec, &opts)?;
         let dir = self.sandbox_dir(id);
         fs::create_dir(&dir).map_err(|e| match e.kind() {
@@ -157,7 +169,7 @@ impl GvisorBackend {
             },
         })?;
         let mut cgroup = None;
-        let r = self.start(id, spec, opts, &dir, &mut cgroup);
+        let r = self.start(id, spec, opts, &dir, &mut cgroup, image);
         if r.is_err() {
             let cg = cgroup.unwrap_or_else(|| self.plan_cgroup(id));
             remove_traces(&cg, &self.hierarchies, &self.cfg.cgroup_parent, id, &dir);
@@ -176,6 +188,7 @@ impl GvisorBackend {
         opts: CreateOptions,
         dir: &Path,
         cgroup: &mut Option<Cgroup>,
+        image: Option<&Path>,
     ) -> Result<GvisorInstance, RuntimeError> {
         let (root, state, agent_run) = (dir.join("root"), dir.join("state"), dir.join("agent"));
         for d in [&root, &state, &agent_run] {
@@ -230,11 +243,18 @@ impl GvisorBackend {
         )
         .map_err(io_err(format!("write {}", config_path.display())))?;
         let pid_file = dir.join("sandbox.pid");
-        let mut argv = vec![self.runsc.path.to_string_lossy().into_owned()];
-        argv.extend(self.runsc.global_args(&state, opts.netns.is_some()));
+        let mut runsc = vec![self.runsc.path.to_string_lossy().into_owned()];
+        runsc.extend(self.runsc.global_args(&state, opts.netns.is_some()));
+        let mut argv = runsc.clone();
+        match image {
+            None => argv.push("run".into()),
+            Some(image) => argv.extend([
+                "restore".to_string(),
+                format!("--image-path={}", image.display()),
+            ]),
+        }
         argv.extend([
-            "run".to_string(),
-            "--detach".into(),
+            "--detach".to_string(),
             format!("--bundle={}", dir.display()),
             format!("--pid-file={}", pid_file.display()),
             id.to_string(),
@@ -266,11 +286,17 @@ impl GvisorBackend {
             relay: self.relay_argv(),
             lifeline: Mutex::new(lifeline),
             mount_points,
+            runsc,
         };
         if !in_cgroup(pid, &self.cfg.cgroup_parent, id) {
             return Err(RuntimeError::Init(format!(
                 "gVisor's sandbox process {pid} is not in the sandbox's cgroup"
             )));
+        }
+        if image.is_some() {
+            // The restored agent waits for this to listen again (it closed its
+            // host-bound sockets before the checkpoint).
+            inst.wake_agent()?;
         }
         wait_listening(&inst.socket, &inst.pidfd)?;
         Ok(inst)
@@ -588,6 +614,17 @@ impl Backend for GvisorBackend {
             .map(|i| Box::new(i) as Box<dyn Instance>)
     }
 
+    fn restore(
+        &self,
+        id: &str,
+        spec: &SandboxSpec,
+        opts: CreateOptions,
+        image: &Path,
+    ) -> Result<Box<dyn Instance>, RuntimeError> {
+        self.start_instance(id, spec, opts, Some(image))
+            .map(|i| Box::new(i) as Box<dyn Instance>)
+    }
+
     /// The sandbox's directory must still be there, and `pid` still gVisor's
     /// sandbox process in the sandbox's cgroup.
     fn adopt(&self, id: &str, pid: i32) -> Result<Box<dyn Instance>, RuntimeError> {
@@ -603,6 +640,12 @@ impl Backend for GvisorBackend {
             return Err(gone());
         }
         let mount_points = read_mount_points(&dir);
+        let mut runsc = vec![self.runsc.path.to_string_lossy().into_owned()];
+        let networked = fs::read(dir.join("config.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .is_some_and(|c| bundle::has_network_path(&c));
+        runsc.extend(self.runsc.global_args(&dir.join("state"), networked));
         Ok(Box::new(GvisorInstance {
             id: id.to_string(),
             pid,
@@ -615,6 +658,7 @@ impl Backend for GvisorBackend {
             relay: self.relay_argv(),
             lifeline: Mutex::new(None),
             mount_points,
+            runsc,
         }))
     }
 
@@ -716,6 +760,9 @@ pub struct GvisorInstance {
     /// Where the plan mounted something over the root (see
     /// [`SnapshotSource::mount_points`]).
     mount_points: BTreeSet<PathBuf>,
+    /// `runsc` and its global flags for this sandbox (state root, platform,
+    /// network), for `checkpoint` and `kill`.
+    runsc: Vec<String>,
 }
 
 /// The file of a sandbox's directory that keeps its mount points for an owner
@@ -814,6 +861,27 @@ impl Instance for GvisorInstance {
         }))
     }
 
+    /// `runsc checkpoint`: gVisor saves its kernel (memory, processes, open files,
+    /// in-sandbox sockets) into `dir`, and the sandbox ends. The agent must have
+    /// been quiesced first: a socket bound to the host cannot be saved. (Its
+    /// `--leave-running` destroys and restores the sandbox in place, which a
+    /// restore by the owner does as well.)
+    fn checkpoint(&self, dir: &Path) -> Result<(), RuntimeError> {
+        let args = [
+            "checkpoint".to_string(),
+            format!("--image-path={}", dir.display()),
+            self.id.clone(),
+        ];
+        self.runsc_call(&args, "checkpoint")
+    }
+
+    fn wake_agent(&self) -> Result<(), RuntimeError> {
+        self.runsc_call(
+            &["kill".into(), self.id.clone(), "USR1".into()],
+            "wake the agent",
+        )
+    }
+
     /// The root filesystem's host side lives in a mount namespace only gVisor's
     /// gofer holds: a store image's writable layer (the daemon's directory) is
     /// all a snapshot reads, and a `host` image sandbox has no live root here.
@@ -826,6 +894,36 @@ impl Instance for GvisorInstance {
 
     fn add_helper(&self, pid: i32) -> io::Result<()> {
         self.cgroup.attach(pid).map_err(io::Error::other)
+    }
+}
+
+impl GvisorInstance {
+    /// Runs `runsc` with this sandbox's global flags and `args`, to its end.
+    fn runsc_call(&self, args: &[String], what: &str) -> Result<(), RuntimeError> {
+        let (prog, global) = self.runsc.split_first().expect("runsc has a path");
+        let out = Command::new(prog)
+            .args(global)
+            .args(args)
+            .env_clear()
+            .stdin(Stdio::null())
+            .output()
+            .map_err(io_err(format!("run runsc to {what}")))?;
+        if out.status.success() {
+            return Ok(());
+        }
+        let err = String::from_utf8_lossy(&out.stderr);
+        // runsc answers a failed save with a Go stack: its first line says why.
+        let first = err
+            .lines()
+            .next()
+            .unwrap_or("")
+            .chars()
+            .take(400)
+            .collect::<String>();
+        Err(RuntimeError::Init(format!(
+            "runsc could not {what} sandbox {} ({}): {first}",
+            self.id, out.status
+        )))
     }
 }
 
