@@ -52,10 +52,19 @@ pub struct SnapshotSource {
     /// to its root: the runtime made stubs there to mount on.
     pub mount_points: BTreeSet<PathBuf>,
     /// For a sandbox whose root filesystem is no directory of the daemon's (the
-    /// `host` image's root tmpfs): `/proc/PID` of a process whose root is the
-    /// sandbox's root and whose `uid_map` and `gid_map` are the sandbox's, opened
-    /// while that process was known to be the sandbox's.
-    pub live_root: Option<File>,
+    /// `host` image's root tmpfs): that root, as the host reaches it.
+    pub live_root: Option<LiveRoot>,
+}
+
+/// A sandbox's root filesystem as the host reads it ([`SnapshotSource`]).
+#[derive(Debug)]
+pub struct LiveRoot {
+    /// The root directory, opened while it was known to be the sandbox's.
+    pub dir: File,
+    /// The sandbox's user namespace maps (`uid_map`, `gid_map` text) when its
+    /// files carry host ids of its range; `None` when they carry the ids as the
+    /// sandbox sees them.
+    pub id_maps: Option<(String, String)>,
 }
 
 /// A sandbox held still, so that its writable layer can be read as one state.

@@ -34,8 +34,8 @@ mod sys;
 pub mod zygote;
 
 pub use instance::{
-    Instance, Leftovers, PortAccess, PortSockets, PortSocketsReply, SnapshotSource, Stillness,
-    StockLevels, PORT_RELAY_REFUSED,
+    Instance, Leftovers, LiveRoot, PortAccess, PortSockets, PortSocketsReply, SnapshotSource,
+    Stillness, StockLevels, PORT_RELAY_REFUSED,
 };
 pub use namespace::{NamespaceBackend, RuntimeConfig};
 

@@ -944,14 +944,16 @@ impl Instance for NamespaceInstance {
         }))
     }
 
-    /// Reads PID 1's mount table and opens its `/proc` directory, both while its
+    /// Reads PID 1's mount table and id maps and opens its root, all while its
     /// pidfd says it has not exited: they are this sandbox's even if the pid is
     /// reused later.
     fn snapshot_source(&self) -> Result<SnapshotSource, RuntimeError> {
         let gone = || RuntimeError::Gone(self.id.clone());
-        let proc_dir = std::fs::File::open(format!("/proc/{}", self.pid)).map_err(|_| gone())?;
-        let text =
-            std::fs::read_to_string(format!("/proc/{}/mountinfo", self.pid)).map_err(|_| gone())?;
+        let proc = |name: &str| format!("/proc/{}/{name}", self.pid);
+        let dir = std::fs::File::open(proc("root")).map_err(|_| gone())?;
+        let text = std::fs::read_to_string(proc("mountinfo")).map_err(|_| gone())?;
+        let uid_map = std::fs::read_to_string(proc("uid_map")).map_err(|_| gone())?;
+        let gid_map = std::fs::read_to_string(proc("gid_map")).map_err(|_| gone())?;
         if crate::instance::has_exited(&self.pidfd) {
             return Err(gone());
         }
@@ -962,7 +964,10 @@ impl Instance for NamespaceInstance {
             .collect();
         Ok(SnapshotSource {
             mount_points,
-            live_root: Some(proc_dir),
+            live_root: Some(crate::LiveRoot {
+                dir,
+                id_maps: Some((uid_map, gid_map)),
+            }),
         })
     }
 

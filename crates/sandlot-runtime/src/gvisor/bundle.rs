@@ -39,6 +39,11 @@ pub const PORT_RELAY_ARG: &str = "__port-relay";
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LaunchPlan {
     pub root_dir: PathBuf,
+    /// The root filesystem is mounted at `root_dir` already (a tmpfs root, which
+    /// the backend mounts on the host so that the daemon can read it): the
+    /// launcher only applies the mounts on it.
+    #[serde(default)]
+    pub root_mounted: bool,
     /// The root filesystem and what is mounted and written into it on the host
     /// ([`host_side`]).
     pub mounts: MountPlan,
@@ -237,6 +242,21 @@ pub struct BundleInput<'a> {
     pub limits: &'a CgroupLimits,
     /// The agent's standard input stays open as its lifeline (`sandlot run`).
     pub lifeline: bool,
+    /// The root has a `/tmp` the plan made or mounted: bound over gVisor's own
+    /// (`runsc` mounts a tmpfs of its kernel's on a `/tmp` that is no mount of the
+    /// bundle's, which no snapshot, disk limit or spec mount would reach).
+    pub tmp_in_root: bool,
+}
+
+/// Whether `plan` makes or mounts `/tmp` (see [`BundleInput::tmp_in_root`]).
+pub fn plan_has_tmp(plan: &MountPlan) -> bool {
+    plan.ops.iter().any(|op| match op {
+        MountOp::Dir { path, .. }
+        | MountOp::Tmpfs { path, .. }
+        | MountOp::Bind { path, .. }
+        | MountOp::IdmappedBind { path, .. } => path == "/tmp",
+        _ => false,
+    })
 }
 
 /// The OCI runtime spec (`config.json`) of a gVisor sandbox: PID 1 is the guest
@@ -290,6 +310,11 @@ pub fn oci_config(b: &BundleInput<'_>) -> Value {
     ]);
     if let Some(m) = mounts.as_array_mut() {
         m.extend(b.agent_runtime.mounts());
+        if b.tmp_in_root {
+            m.push(json!({ "destination": "/tmp", "type": "bind",
+                "source": b.root.join("tmp"),
+                "options": ["rbind", "rw", "nosuid", "nodev"] }));
+        }
     }
     json!({
         "ociVersion": "1.0.2",
@@ -418,6 +443,7 @@ mod tests {
             cgroups_path: "sandlot/x",
             limits: &limits,
             lifeline: false,
+            tmp_in_root: false,
         });
         assert_eq!(
             c["process"]["args"],
@@ -453,6 +479,7 @@ mod tests {
         let c = oci_config(&BundleInput {
             netns: None,
             lifeline: true,
+            tmp_in_root: false,
             ..BundleInput {
                 hostname: "h",
                 root: Path::new("/r"),
@@ -463,6 +490,7 @@ mod tests {
                 cgroups_path: "p/x",
                 limits: &limits,
                 lifeline: true,
+                tmp_in_root: false,
             }
         });
         assert!(c["linux"]["namespaces"][4].get("path").is_none());

@@ -60,11 +60,13 @@ fn launch(plan: &LaunchPlan) -> io::Result<std::convert::Infallible> {
     // layer the daemon unmounts is not kept alive here); none go the other way.
     sys::mount(None, c"/", None, libc::MS_REC | libc::MS_SLAVE, None)
         .map_err(ctx("make / a slave"))?;
-    match &plan.mounts.root {
-        r @ RootFs::Layers { .. } => mounts::mount_layers(r, &plan.root_dir, &mut [], false),
-        r => mounts::mount_root(r, &plan.root_dir, None),
+    if !plan.root_mounted {
+        match &plan.mounts.root {
+            r @ RootFs::Layers { .. } => mounts::mount_layers(r, &plan.root_dir, &mut [], false),
+            r => mounts::mount_root(r, &plan.root_dir, None),
+        }
+        .map_err(io::Error::other)?;
     }
-    .map_err(io::Error::other)?;
     mounts::apply_with_trees(&plan.root_dir, &plan.mounts.ops, &mut [], None)
         .map_err(io::Error::other)?;
     hide_proc_sys_net().map_err(ctx("hide /proc/sys/net"))?;

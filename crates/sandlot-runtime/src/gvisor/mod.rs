@@ -37,7 +37,7 @@ use sandlot_proto::spec::{NetworkMode, SandboxSpec, HOST_IMAGE};
 use crate::cgroup::{self, Cgroup, CgroupLayout, CgroupLimits, CgroupParent};
 use crate::hostimage::HostFacts;
 use crate::instance::wait_child;
-use crate::mounts::{self, PlanInput};
+use crate::mounts::{self, PlanInput, RootFs};
 use crate::plan::{agent_setup, sandbox_hostname};
 use crate::{
     sys, Backend, CreateOptions, Instance, Leftovers, PortAccess, PortSocketsReply, RuntimeError,
@@ -235,6 +235,7 @@ impl GvisorBackend {
             cgroups_path: &format!("/{}/{id}", self.cfg.cgroup_parent),
             limits: &limits,
             lifeline: opts.lifeline.is_some(),
+            tmp_in_root: bundle::plan_has_tmp(&mounts),
         });
         let config_path = dir.join("config.json");
         fs::write(
@@ -264,8 +265,17 @@ impl GvisorBackend {
         let mut mount_points = mounts.mount_targets();
         mount_points.extend(bundle::mount_destinations(&config));
         write_mount_points(dir, &mount_points)?;
+        // A tmpfs root (the `host` image's) is mounted here, on the host, so that
+        // the daemon reads it for a snapshot and it outlives gVisor's processes
+        // until the teardown; the launcher applies the plan on it in its own
+        // namespace, whose mounts never reach the host's.
+        let root_mounted = matches!(mounts.root, RootFs::Tmpfs { .. });
+        if root_mounted {
+            mounts::mount_root(&mounts.root, &root, None)?;
+        }
         let plan = bundle::LaunchPlan {
             root_dir: root,
+            root_mounted,
             mounts: bundle::host_side(&mounts),
             argv,
         };
@@ -584,9 +594,12 @@ fn mount_agent_run(dir: &Path) -> Result<(), RuntimeError> {
 fn remove_traces(cg: &Cgroup, hierarchies: &[PathBuf], parent: &str, id: &str, dir: &Path) -> bool {
     let emptied = cg.kill_all(Duration::from_secs(5));
     let removed = cg.remove(Duration::from_secs(5)).is_ok();
-    // The agent directory's tmpfs (absent when the create failed before it).
-    if let Ok(agent_run) = sys::cstr(&dir.join("agent")) {
-        let _ = sys::umount2(&agent_run, libc::MNT_DETACH);
+    // The agent directory's and the root's tmpfs (absent when the create failed
+    // before them, or the root is not a tmpfs).
+    for sub in ["agent", "root"] {
+        if let Ok(path) = sys::cstr(&dir.join(sub)) {
+            let _ = sys::umount2(&path, libc::MNT_DETACH);
+        }
     }
     for h in hierarchies {
         let d = h.join(parent).join(id);
@@ -882,13 +895,22 @@ impl Instance for GvisorInstance {
         )
     }
 
-    /// The root filesystem's host side lives in a mount namespace only gVisor's
-    /// gofer holds: a store image's writable layer (the daemon's directory) is
-    /// all a snapshot reads, and a `host` image sandbox has no live root here.
+    /// A store image's writable layer is the daemon's directory; a tmpfs root
+    /// (the `host` image's) is mounted on the host in the sandbox's directory, with
+    /// only what the plan made in it and the sandbox's own files (the plan's
+    /// mounts are the launcher's namespace's).
     fn snapshot_source(&self) -> Result<SnapshotSource, RuntimeError> {
+        let root = self.dir.join("root");
+        let live_root = match fs::read_to_string("/proc/self/mountinfo") {
+            Ok(info) if !mounts::mount_points_under(&info, &root).is_empty() => {
+                let dir = fs::File::open(&root).map_err(|_| RuntimeError::Gone(self.id.clone()))?;
+                Some(crate::LiveRoot { dir, id_maps: None })
+            }
+            _ => None,
+        };
         Ok(SnapshotSource {
             mount_points: self.mount_points.clone(),
-            live_root: None,
+            live_root,
         })
     }
 

@@ -9,7 +9,6 @@
 //! the layer and `/etc` synthesized again, as a `host` sandbox does. It depends on
 //! the host it is restored on: its programs and libraries are that host's.
 
-use std::fs;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -45,26 +44,29 @@ impl Images {
         tag: Option<&ImageName>,
         disk: u64,
     ) -> Result<(ImageInfo, Duration), ApiError> {
-        let gone = || ApiError::conflict(format!("sandbox {id} is stopping"));
-        let proc_dir = snapshot_source(inst)?.live_root.ok_or_else(|| {
-            ApiError::conflict(format!(
-                "sandbox {id}: a gVisor sandbox of the host image cannot be snapshotted (its root is gVisor's); use a store image"
-            ))
+        let src = snapshot_source(inst)?;
+        let root = src.live_root.ok_or_else(|| {
+            ApiError::internal(format!("sandbox {id}: its backend gave no root to read"))
         })?;
-        let proc_path = PathBuf::from(format!(
+        let ids = match &root.id_maps {
+            Some((uid_map, gid_map)) => Some(IdMap::parse(uid_map, gid_map).ok_or_else(|| {
+                ApiError::internal(format!("sandbox {id}: unreadable uid_map or gid_map"))
+            })?),
+            None => None,
+        };
+        let root_path = PathBuf::from(format!(
             "/proc/self/fd/{}",
-            std::os::fd::AsRawFd::as_raw_fd(&proc_dir)
+            std::os::fd::AsRawFd::as_raw_fd(&root.dir)
         ));
-        let map = |name: &str| fs::read_to_string(proc_path.join(name)).map_err(|_| gone());
-        let ids = IdMap::parse(&map("uid_map")?, &map("gid_map")?).ok_or_else(|| {
-            ApiError::internal(format!("sandbox {id}: unreadable uid_map or gid_map"))
-        })?;
+        // Mount points are left out as entries of another filesystem; where the
+        // plan's mounts are not the host's (gVisor's), as the stubs they are.
         let source = PackSource {
             one_filesystem: true,
-            ids: Some(ids),
+            ids,
+            stubs: src.mount_points,
             ..Default::default()
         };
-        let (packed, took) = self.pack_frozen(id, inst, &proc_path.join("root"), &source, disk)?;
+        let (packed, took) = self.pack_frozen(id, inst, &root_path, &source, disk)?;
         let config = ImageConfig {
             host_base: true,
             ..Default::default()
