@@ -34,11 +34,18 @@ pub const AGENT_LIB_PREFIX: &str = "/dev/.sandlot/lib";
 /// [`crate::PortAccess::Relay`]).
 pub const PORT_RELAY_ARG: &str = "__port-relay";
 
-/// What `sandlot __gvisor` does: build the root filesystem at `root_dir` in a
-/// mount namespace of its own, then exec `runsc` (`argv`).
+/// What `sandlot __gvisor` does: build the root filesystem at `root_dir` as root
+/// of a user namespace mapped to the sandbox's id range, then exec `runsc`
+/// (`argv`) in that mount namespace.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LaunchPlan {
     pub root_dir: PathBuf,
+    /// First host uid/gid of the sandbox's range: root in the sandbox, and the
+    /// owner of everything the launcher makes for it.
+    pub id_base: u32,
+    /// Directories of the sandbox's cgroup(s): the process that holds the id
+    /// range's lock lives there, and dies with the sandbox.
+    pub cgroup_dirs: Vec<PathBuf>,
     /// The root filesystem and what is mounted and written into it on the host
     /// ([`host_side`]).
     pub mounts: MountPlan,
@@ -227,12 +234,18 @@ pub struct BundleInput<'a> {
     pub limits: &'a CgroupLimits,
     /// The agent's standard input stays open as its lifeline (`sandlot run`).
     pub lifeline: bool,
+    /// First host uid/gid of the sandbox's id range (ids 0..65535 of the
+    /// sandbox's user namespace, which gVisor's gofer runs in).
+    pub id_base: u32,
 }
 
 /// The OCI runtime spec (`config.json`) of a gVisor sandbox: PID 1 is the guest
 /// agent (`sandlot __agent`, reading its process defaults from its standard
 /// input), root in gVisor with the namespace backend's capabilities and no new
-/// privileges; gVisor's own `/proc`, `/sys` and `/dev`; the cgroup and limits.
+/// privileges; gVisor's own `/proc`, `/sys` and `/dev`; the cgroup and limits; a
+/// user namespace mapping ids 0..65535 to the sandbox's range on the host, which
+/// `runsc` starts its gofer in, so that the files it opens for the sandbox are
+/// opened as the range's ids, never as host root.
 pub fn oci_config(b: &BundleInput<'_>) -> Value {
     let caps: Vec<String> = crate::security::KEPT_CAPS
         .iter()
@@ -248,6 +261,7 @@ pub fn oci_config(b: &BundleInput<'_>) -> Value {
     if b.lifeline {
         args.push("--lifeline-stdin".into());
     }
+    let ids = json!([{ "containerID": 0, "hostID": b.id_base, "size": crate::plan::ID_RANGE }]);
     let mut network = json!({ "type": "network" });
     if let Some(p) = b.netns {
         network["path"] = json!(p);
@@ -304,8 +318,10 @@ pub fn oci_config(b: &BundleInput<'_>) -> Value {
         "linux": {
             "namespaces": [
                 { "type": "pid" }, { "type": "mount" }, { "type": "ipc" }, { "type": "uts" },
-                network,
+                network, { "type": "user" },
             ],
+            "uidMappings": ids,
+            "gidMappings": ids,
             "cgroupsPath": b.cgroups_path,
             "resources": resources,
         },
@@ -392,7 +408,7 @@ mod tests {
     }
 
     #[test]
-    fn the_bundle_runs_the_agent_as_pid_1_with_the_sandbox_limits() {
+    fn the_bundle_runs_the_agent_as_pid_1_with_the_sandbox_limits_and_id_range() {
         let limits = CgroupLimits {
             memory_bytes: 256 << 20,
             pids: 512,
@@ -408,6 +424,7 @@ mod tests {
             cgroups_path: "sandlot/x",
             limits: &limits,
             lifeline: false,
+            id_base: 1 << 20,
         });
         assert_eq!(
             c["process"]["args"],
@@ -418,6 +435,19 @@ mod tests {
         assert!(caps.contains(&json!("CAP_SETUID")));
         assert!(!caps.contains(&json!("CAP_SYS_ADMIN")));
         assert_eq!(c["hostname"], "sandlot-x");
+        // gVisor's gofer opens the sandbox's files as the sandbox's id range:
+        // root inside is host uid 2^20, never host root.
+        assert!(c["linux"]["namespaces"]
+            .as_array()
+            .unwrap()
+            .contains(&json!({"type": "user"})));
+        for m in ["uidMappings", "gidMappings"] {
+            assert_eq!(
+                c["linux"][m],
+                json!([{"containerID": 0, "hostID": 1 << 20, "size": 65536}]),
+                "{m}"
+            );
+        }
         assert_eq!(c["linux"]["cgroupsPath"], "sandlot/x");
         assert_eq!(c["linux"]["resources"]["memory"]["limit"], 256 << 20);
         assert_eq!(c["linux"]["resources"]["pids"]["limit"], 512);
@@ -453,6 +483,7 @@ mod tests {
                 cgroups_path: "p/x",
                 limits: &limits,
                 lifeline: true,
+                id_base: 1 << 20,
             }
         });
         assert!(c["linux"]["namespaces"][4].get("path").is_none());
