@@ -3,7 +3,7 @@
 set -u
 bad=0
 report() { echo "leak: $1" >&2; bad=1; }
-procs=$(ps -eo pid=,args= | grep -E 'sandlot (__init|__zygote|__vfs-serve|run|serve)' | grep -v grep || true)
+procs=$(ps -eo pid=,args= | grep -E 'sandlot (__init|__zygote|__gvisor|__vfs-serve|run|serve)' | grep -v grep || true)
 [ -n "$procs" ] && report "processes: $procs"
 # gVisor sandboxes: runsc's sandbox and gofer processes, and their directories.
 gp=$(ps -eo pid=,args= | grep -E '^ *[0-9]+ runsc-(sandbox|gofer) --root=/run/sandlot/gvisor/' || true)

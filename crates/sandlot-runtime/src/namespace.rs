@@ -66,8 +66,8 @@ impl RuntimeConfig {
             run_dir: PathBuf::from("/run/sandlot"),
             cgroup_parent: "sandlot".into(),
             init_exe,
-            id_base: 1 << 20,
-            id_slots: 8192,
+            id_base: crate::plan::DEFAULT_ID_BASE,
+            id_slots: crate::plan::DEFAULT_ID_SLOTS,
             fork_server: false,
             cgroup_stock: 0,
             netns_stock: 0,
@@ -222,27 +222,10 @@ impl NamespaceBackend {
         self.cfg.run_dir.join("sandboxes").join(id)
     }
 
-    /// Takes the first free id range; the returned lock is held until the sandbox's
-    /// PID 1 exits (it inherits the descriptor).
+    /// Takes a free id range; the returned lock is held until the sandbox's PID 1
+    /// exits (it inherits the descriptor).
     fn take_slot(&self) -> Result<(u32, OwnedFd), RuntimeError> {
-        let dir = self.cfg.run_dir.join("slots");
-        // Start at a pseudo-random slot so concurrent creators rarely collide.
-        let start =
-            (std::process::id() ^ Instant::now().elapsed().subsec_nanos()) % self.cfg.id_slots;
-        for i in 0..self.cfg.id_slots {
-            let slot = (start + i) % self.cfg.id_slots;
-            let f = fs::OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .open(dir.join(slot.to_string()))
-                .map_err(io_err("open slot lock"))?;
-            let fd = OwnedFd::from(f);
-            if sys::try_flock_exclusive(fd.as_fd()).map_err(io_err("lock slot"))? {
-                return Ok((slot, fd));
-            }
-        }
-        Err(RuntimeError::Exhausted("id ranges (sandbox slots)"))
+        take_id_slot(&self.cfg.run_dir, self.cfg.id_slots)
     }
 
     fn plan(
@@ -825,6 +808,30 @@ impl NamespaceBackend {
         }
         r
     }
+}
+
+/// Takes a free id range slot among `id_slots` (the slot's number and its lock,
+/// an exclusive `flock` of `run_dir/slots/<slot>`, which whoever keeps the
+/// sandbox alive holds). Both backends take their ranges here, from the same
+/// `run_dir`, so no two sandboxes of either share host ids.
+pub(crate) fn take_id_slot(run_dir: &Path, id_slots: u32) -> Result<(u32, OwnedFd), RuntimeError> {
+    let dir = run_dir.join("slots");
+    // Start at a pseudo-random slot so concurrent creators rarely collide.
+    let start = (std::process::id() ^ Instant::now().elapsed().subsec_nanos()) % id_slots;
+    for i in 0..id_slots {
+        let slot = (start + i) % id_slots;
+        let f = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join(slot.to_string()))
+            .map_err(io_err("open slot lock"))?;
+        let fd = OwnedFd::from(f);
+        if sys::try_flock_exclusive(fd.as_fd()).map_err(io_err("lock slot"))? {
+            return Ok((slot, fd));
+        }
+    }
+    Err(RuntimeError::Exhausted("id ranges (sandbox slots)"))
 }
 
 /// A sandbox of the namespace backend: its PID 1 (the agent), cgroup(s) and run

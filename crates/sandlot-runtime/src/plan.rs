@@ -9,6 +9,10 @@ use crate::mounts::MountPlan;
 
 /// Width of each sandbox's uid/gid range: ids 0..65535 inside.
 pub const ID_RANGE: u32 = 65536;
+/// First host uid/gid handed to sandboxes of either backend (2^20).
+pub const DEFAULT_ID_BASE: u32 = 1 << 20;
+/// Number of id ranges: the most sandboxes of both backends together.
+pub const DEFAULT_ID_SLOTS: u32 = 8192;
 
 /// Defaults of the processes the agent starts. `Debug` shows the variables' names only:
 /// a value may be a secret.

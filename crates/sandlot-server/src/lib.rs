@@ -485,6 +485,10 @@ fn gvisor_backend(cfg: &ServerConfig, sandlot_exe: &Path) -> Result<Arc<dyn Back
         cgroup_cpu_weight: Some(cfg.runtime.cgroup_cpu_weight).filter(|w| *w > 0),
         sandlot_exe: sandlot_exe.to_path_buf(),
         default_cpus: cfg.runtime.effective_default_cpus(),
+        // The namespace backend's ranges (`RuntimeConfig::new`): both take slots
+        // from the same run directory.
+        id_base: sandlot_runtime::plan::DEFAULT_ID_BASE,
+        id_slots: sandlot_runtime::plan::DEFAULT_ID_SLOTS,
     };
     match GvisorBackend::new(gcfg) {
         Ok(b) => {

@@ -148,6 +148,8 @@ fn gvisor_backend() -> anyhow::Result<GvisorBackend> {
         cgroup_cpu_weight: None,
         sandlot_exe: exe,
         default_cpus: None,
+        id_base: sandlot_runtime::plan::DEFAULT_ID_BASE,
+        id_slots: sandlot_runtime::plan::DEFAULT_ID_SLOTS,
     })
     .map_err(|e| match e {
         Ok(why) => anyhow::anyhow!("--isolation gvisor: {why}"),

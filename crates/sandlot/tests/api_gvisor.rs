@@ -494,3 +494,152 @@ fn an_operators_minimum_isolation_holds_for_creates_and_build_steps() {
     );
     d.shutdown();
 }
+
+/// gVisor's gofer of sandbox `id` (the process that opens the sandbox's files on
+/// the host) and the first host uid of its user namespace's mapping (0 when it
+/// has none: it is host root).
+fn gofer_and_id_base(id: &str) -> (i32, u32) {
+    let gofer = runsc_processes(id)
+        .into_iter()
+        .find(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.starts_with(b"runsc-gofer"))
+        })
+        .expect("the sandbox's gofer");
+    let map = std::fs::read_to_string(format!("/proc/{gofer}/uid_map")).unwrap();
+    let base = map.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (gofer, base)
+}
+
+fn owner(path: &std::path::Path) -> (u32, u32, u32) {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    (m.uid(), m.gid(), m.mode() & 0o7777)
+}
+
+/// Whether a host id belongs to a sandbox's range (never host root, never a host
+/// user's id below the ranges' base).
+fn in_range(id: u32, base: u32) -> bool {
+    base >= first_id_base() && (base..base + sandlot_runtime::plan::ID_RANGE).contains(&id)
+}
+
+/// Where the sandboxes' id ranges start on the host.
+fn first_id_base() -> u32 {
+    sandlot_runtime::RuntimeConfig::new(std::path::PathBuf::new()).id_base
+}
+
+/// The attack: root in a gVisor sandbox makes a set-uid-root program on a
+/// writable bind of a host directory, gives a file to root (`chown 0:0`), and
+/// reads a host file only host root may read. gVisor's gofer acts on those host
+/// files as the sandbox's id range: on the host both files belong to the range,
+/// not to host root, and the root-only file stays unread.
+#[test]
+fn root_in_a_gvisor_sandbox_is_its_id_range_on_bound_host_files_never_host_root() {
+    let base = std::env::temp_dir().join(format!("sandlot-gvisor-ids-{}", std::process::id()));
+    struct RemoveOnDrop(std::path::PathBuf);
+    impl Drop for RemoveOnDrop {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _cleanup = RemoveOnDrop(base.clone());
+    let (rw, ro) = (base.join("rw"), base.join("ro"));
+    use std::os::unix::fs::PermissionsExt;
+    for d in [&rw, &ro] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    // Anyone may write here (root of the sandbox too, without host root's powers).
+    std::fs::set_permissions(&rw, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let secret = ro.join("root-only");
+    std::fs::write(&secret, "host root only\n").unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    assert_eq!(owner(&secret).0, 0, "the test runs as host root");
+    let d = Daemon::start(Some(&format!(
+        "[mounts]\nallowed_host_paths = [\"{}\"]\n",
+        base.display()
+    )));
+    let c = d.client();
+    let body = spec_body(json!({
+        "isolation": "gvisor",
+        "mounts": [
+            {"type": "bind", "source": rw.display().to_string(), "target": "/rw", "readonly": false},
+            {"type": "bind", "source": ro.display().to_string(), "target": "/ro"},
+        ],
+    }));
+    let id = rt().block_on(c.create_sandbox(&body)).unwrap().id;
+    let (_, id_base) = gofer_and_id_base(&id);
+    let o = rt()
+        .block_on(c.run(
+            &id,
+            &[
+                "/bin/sh",
+                "-c",
+                "id -u; cp /bin/sh /rw/suid && chmod 4755 /rw/suid && touch /rw/given && chown 0:0 /rw/given && echo made; \
+                 cat /ro/root-only || echo unread",
+            ],
+        ))
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(out.starts_with("0\nmade\n"), "{out}{err}");
+    assert!(
+        !out.contains("host root only"),
+        "read a host root-only file: {out}"
+    );
+    assert!(out.ends_with("unread\n"), "{out}{err}");
+    for f in ["suid", "given"] {
+        let (uid, gid, mode) = owner(&rw.join(f));
+        assert!(
+            in_range(uid, id_base) && in_range(gid, id_base),
+            "{f} is {uid}:{gid} (mode {mode:o}) on the host, the sandbox's range starts at {id_base}"
+        );
+        // Root inside is the range's first id.
+        assert_eq!((uid, gid), (id_base, id_base), "{f}");
+    }
+    rt().block_on(c.delete_sandbox(&id)).unwrap();
+}
+
+/// The attack: root in a gVisor sandbox of the `host` image writes its writable
+/// layer and gives a file there to root. The layer's files belong to the
+/// sandbox's range on the host (seen through the gofer's root), never to host
+/// root; and the `host` image's own read-only view of the host stays readable.
+#[test]
+fn a_gvisor_sandboxs_writable_layer_belongs_to_its_id_range_on_the_host() {
+    let d = Daemon::start(None);
+    let c = d.client();
+    let id = rt().block_on(c.create_sandbox(&gvisor())).unwrap().id;
+    let (gofer, id_base) = gofer_and_id_base(&id);
+    assert!(
+        id_base >= first_id_base(),
+        "the gofer is host root ({id_base})"
+    );
+    let o = rt()
+        .block_on(c.run(
+            &id,
+            &[
+                "/bin/sh",
+                "-c",
+                "mkdir /made && echo x > /made/f && chown 0:0 /made/f && chown 1000:1000 /made && test -r /usr/bin/env && echo ok",
+            ],
+        ))
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert_eq!(
+        o.exit.code,
+        Some(0),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let root = std::path::PathBuf::from(format!("/proc/{gofer}/root"));
+    assert_eq!(owner(&root.join("made/f")).0, id_base);
+    assert_eq!(owner(&root.join("made")).0, id_base + 1000);
+    // What the runtime made for the sandbox is the sandbox root's too.
+    for p in ["", "etc", "etc/hostname"] {
+        let (uid, gid, _) = owner(&root.join(p));
+        assert!(
+            in_range(uid, id_base) && in_range(gid, id_base),
+            "/{p}: {uid}:{gid}"
+        );
+    }
+    rt().block_on(c.delete_sandbox(&id)).unwrap();
+}

@@ -23,6 +23,10 @@ fn backend(tag: &str) -> (GvisorBackend, PathBuf) {
         cgroup_cpu_weight: None,
         sandlot_exe: PathBuf::from(env!("CARGO_BIN_EXE_sandlot")),
         default_cpus: None,
+        // Ranges of their own, away from the suite's daemons' (each run directory
+        // keeps its own slots).
+        id_base: 3 << 28,
+        id_slots: 8,
     })
     .unwrap_or_else(|e| panic!("gVisor is needed here (scripts/setup.sh installs runsc): {e:?}"));
     (be, run_dir)

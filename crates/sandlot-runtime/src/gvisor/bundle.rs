@@ -34,8 +34,9 @@ pub const AGENT_LIB_PREFIX: &str = "/dev/.sandlot/lib";
 /// [`crate::PortAccess::Relay`]).
 pub const PORT_RELAY_ARG: &str = "__port-relay";
 
-/// What `sandlot __gvisor` does: build the root filesystem at `root_dir` in a
-/// mount namespace of its own, then exec `runsc` (`argv`).
+/// What `sandlot __gvisor` does: build the root filesystem at `root_dir` as root
+/// of a user namespace mapped to the sandbox's id range, then exec `runsc`
+/// (`argv`) in that mount namespace.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LaunchPlan {
     pub root_dir: PathBuf,
@@ -44,6 +45,12 @@ pub struct LaunchPlan {
     /// launcher only applies the mounts on it.
     #[serde(default)]
     pub root_mounted: bool,
+    /// First host uid/gid of the sandbox's range: root in the sandbox, and the
+    /// owner of everything the launcher makes for it.
+    pub id_base: u32,
+    /// Directories of the sandbox's cgroup(s): the process that holds the id
+    /// range's lock lives there, and dies with the sandbox.
+    pub cgroup_dirs: Vec<PathBuf>,
     /// The root filesystem and what is mounted and written into it on the host
     /// ([`host_side`]).
     pub mounts: MountPlan,
@@ -110,6 +117,13 @@ pub fn has_network_path(config: &Value) -> bool {
         .into_iter()
         .flatten()
         .any(|n| n["type"] == "network" && n.get("path").is_some())
+}
+
+/// The first host id of a bundle's user namespace mapping (root inside).
+pub fn id_base_of(config: &Value) -> Option<u32> {
+    config["linux"]["uidMappings"][0]["hostID"]
+        .as_u64()
+        .and_then(|v| u32::try_from(v).ok())
 }
 
 /// The destinations of a bundle's mounts, relative to the root.
@@ -246,6 +260,9 @@ pub struct BundleInput<'a> {
     /// (`runsc` mounts a tmpfs of its kernel's on a `/tmp` that is no mount of the
     /// bundle's, which no snapshot, disk limit or spec mount would reach).
     pub tmp_in_root: bool,
+    /// First host uid/gid of the sandbox's id range (ids 0..65535 of the
+    /// sandbox's user namespace, which gVisor's gofer runs in).
+    pub id_base: u32,
 }
 
 /// Whether `plan` makes or mounts `/tmp` (see [`BundleInput::tmp_in_root`]).
@@ -262,7 +279,10 @@ pub fn plan_has_tmp(plan: &MountPlan) -> bool {
 /// The OCI runtime spec (`config.json`) of a gVisor sandbox: PID 1 is the guest
 /// agent (`sandlot __agent`, reading its process defaults from its standard
 /// input), root in gVisor with the namespace backend's capabilities and no new
-/// privileges; gVisor's own `/proc`, `/sys` and `/dev`; the cgroup and limits.
+/// privileges; gVisor's own `/proc`, `/sys` and `/dev`; the cgroup and limits; a
+/// user namespace mapping ids 0..65535 to the sandbox's range on the host, which
+/// `runsc` starts its gofer in, so that the files it opens for the sandbox are
+/// opened as the range's ids, never as host root.
 pub fn oci_config(b: &BundleInput<'_>) -> Value {
     let caps: Vec<String> = crate::security::KEPT_CAPS
         .iter()
@@ -278,6 +298,7 @@ pub fn oci_config(b: &BundleInput<'_>) -> Value {
     if b.lifeline {
         args.push("--lifeline-stdin".into());
     }
+    let ids = json!([{ "containerID": 0, "hostID": b.id_base, "size": crate::plan::ID_RANGE }]);
     let mut network = json!({ "type": "network" });
     if let Some(p) = b.netns {
         network["path"] = json!(p);
@@ -339,8 +360,10 @@ pub fn oci_config(b: &BundleInput<'_>) -> Value {
         "linux": {
             "namespaces": [
                 { "type": "pid" }, { "type": "mount" }, { "type": "ipc" }, { "type": "uts" },
-                network,
+                network, { "type": "user" },
             ],
+            "uidMappings": ids,
+            "gidMappings": ids,
             "cgroupsPath": b.cgroups_path,
             "resources": resources,
         },
@@ -427,7 +450,7 @@ mod tests {
     }
 
     #[test]
-    fn the_bundle_runs_the_agent_as_pid_1_with_the_sandbox_limits() {
+    fn the_bundle_runs_the_agent_as_pid_1_with_the_sandbox_limits_and_id_range() {
         let limits = CgroupLimits {
             memory_bytes: 256 << 20,
             pids: 512,
@@ -444,6 +467,7 @@ mod tests {
             limits: &limits,
             lifeline: false,
             tmp_in_root: false,
+            id_base: 1 << 20,
         });
         assert_eq!(
             c["process"]["args"],
@@ -454,6 +478,19 @@ mod tests {
         assert!(caps.contains(&json!("CAP_SETUID")));
         assert!(!caps.contains(&json!("CAP_SYS_ADMIN")));
         assert_eq!(c["hostname"], "sandlot-x");
+        // gVisor's gofer opens the sandbox's files as the sandbox's id range:
+        // root inside is host uid 2^20, never host root.
+        assert!(c["linux"]["namespaces"]
+            .as_array()
+            .unwrap()
+            .contains(&json!({"type": "user"})));
+        for m in ["uidMappings", "gidMappings"] {
+            assert_eq!(
+                c["linux"][m],
+                json!([{"containerID": 0, "hostID": 1 << 20, "size": 65536}]),
+                "{m}"
+            );
+        }
         assert_eq!(c["linux"]["cgroupsPath"], "sandlot/x");
         assert_eq!(c["linux"]["resources"]["memory"]["limit"], 256 << 20);
         assert_eq!(c["linux"]["resources"]["pids"]["limit"], 512);
@@ -491,6 +528,7 @@ mod tests {
                 limits: &limits,
                 lifeline: true,
                 tmp_in_root: false,
+                id_base: 1 << 20,
             }
         });
         assert!(c["linux"]["namespaces"][4].get("path").is_none());

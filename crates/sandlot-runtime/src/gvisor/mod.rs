@@ -3,10 +3,16 @@
 //! daemon connects to. gVisor's kernel, in user space, answers the sandbox's
 //! system calls; the host kernel sees only gVisor's own, filtered ones.
 //!
-//! Per sandbox, in `<run_dir>/gvisor/<id>/` (0700): `config.json` (the OCI bundle,
-//! [`bundle::oci_config`]), `root/` (the mount point of the root filesystem, which
-//! exists only in the launcher's mount namespace), `state/` (`runsc --root`),
-//! `agent/` (the agent's socket, bound into the sandbox), `sandbox.pid` and
+//! Each sandbox takes an id range from the namespace backend's slots: root inside
+//! is host uid `id_base`, for gVisor's gofer (which `runsc` starts in a user
+//! namespace of that mapping) and for everything the launcher builds.
+//!
+//! Per sandbox, in `<run_dir>/gvisor/<id>/` (0710, group the range's root, so that
+//! the gofer reaches `root/` and `agent/` and nothing else): `config.json` (the
+//! OCI bundle, [`bundle::oci_config`]), `root/` (the mount point of the root
+//! filesystem, which exists only in the launcher's mount namespace), `proc/` (the
+//! launcher's spare `/proc`, likewise), `state/` (`runsc --root`), `agent/` (the
+//! agent's socket, bound into the sandbox; the range's root's), `sandbox.pid` and
 //! `runsc.log`. The root filesystem is built from the namespace backend's own
 //! mount plan ([`bundle::host_side`]) by `sandlot __gvisor` ([`launch`]), which
 //! then execs `runsc run --detach`.
@@ -68,6 +74,11 @@ pub struct GvisorConfig {
     pub sandlot_exe: PathBuf,
     /// CPU quota, in cores, of sandboxes whose spec gives no `resources.cpus`.
     pub default_cpus: Option<f64>,
+    /// First host uid/gid of the sandboxes' id ranges and how many there are: the
+    /// namespace backend's (`RuntimeConfig::id_base`, `id_slots`), whose slots in
+    /// `<run_dir>/slots` both backends take ranges from.
+    pub id_base: u32,
+    pub id_slots: u32,
 }
 
 /// The gVisor backend.
@@ -101,11 +112,16 @@ impl GvisorBackend {
         let runsc = Runsc::probe(&cfg.runsc, &cfg.platform).map_err(Ok)?;
         let layout = CgroupLayout::detect().map_err(|e| Err(e.into()))?;
         let dir = cfg.run_dir.join("gvisor");
+        // Searchable, not listable: each sandbox's gofer, in its range's ids,
+        // reaches its own directory below (0710, group the range's root).
         fs::create_dir_all(&dir)
             .and_then(|()| {
-                fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+                fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o711))
             })
             .map_err(|e| Err(io_err(format!("create {}", dir.display()))(e)))?;
+        let slots = cfg.run_dir.join("slots");
+        fs::create_dir_all(&slots)
+            .map_err(|e| Err(io_err(format!("create {}", slots.display()))(e)))?;
         sys::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0)
             .map_err(|e| Err(io_err("become child subreaper")(e)))?;
         let agent = agent_runtime(&cfg.sandlot_exe).map_err(Err)?;
@@ -194,7 +210,23 @@ impl GvisorBackend {
         for d in [&root, &state, &agent_run] {
             fs::create_dir(d).map_err(io_err(format!("create {}", d.display())))?;
         }
+        // The sandbox's id range: root inside gVisor is host uid `id_base`, and so
+        // is gVisor's gofer, which opens the sandbox's files on the host.
+        let (slot, slot_lock) =
+            crate::namespace::take_id_slot(&self.cfg.run_dir, self.cfg.id_slots)?;
+        let id_base = self.cfg.id_base + slot * crate::plan::ID_RANGE;
+        // The gofer reaches the root and the agent's socket directory (where it
+        // creates the socket) as the range's root; nothing else of the directory.
+        let owned = |p: &Path, uid: Option<u32>, mode: u32| {
+            std::os::unix::fs::chown(p, uid, Some(id_base))
+                .and_then(|()| {
+                    fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(mode))
+                })
+                .map_err(io_err(format!("hand {} to the sandbox's ids", p.display())))
+        };
+        owned(dir, None, 0o710)?;
         mount_agent_run(&agent_run)?;
+        owned(&agent_run, Some(id_base), 0o700)?;
         let limits = CgroupLimits {
             memory_bytes: spec.resources.memory.bytes(),
             pids: spec.resources.pids,
@@ -236,6 +268,7 @@ impl GvisorBackend {
             limits: &limits,
             lifeline: opts.lifeline.is_some(),
             tmp_in_root: bundle::plan_has_tmp(&mounts),
+            id_base,
         });
         let config_path = dir.join("config.json");
         fs::write(
@@ -272,14 +305,21 @@ impl GvisorBackend {
         let root_mounted = matches!(mounts.root, RootFs::Tmpfs { .. });
         if root_mounted {
             mounts::mount_root(&mounts.root, &root, None)?;
+            // Root of the sandbox's range owns it, as its PID 1 would on the
+            // namespace backend; the launcher's builder makes the rest as that root.
+            std::os::unix::fs::chown(&root, Some(id_base), Some(id_base)).map_err(io_err(
+                format!("hand {} to the sandbox's ids", root.display()),
+            ))?;
         }
         let plan = bundle::LaunchPlan {
             root_dir: root,
             root_mounted,
+            id_base,
+            cgroup_dirs: cg.dirs.iter().map(|(_, d)| d.clone()).collect(),
             mounts: bundle::host_side(&mounts),
             argv,
         };
-        let lifeline = self.run_launcher(dir, &plan, &setup, opts)?;
+        let lifeline = self.run_launcher(dir, &plan, &setup, slot_lock, opts)?;
         let pid = read_pid(&pid_file)?;
         // gVisor's sandbox process is this process's child now (a subreaper):
         // its exit status is read by `wait_exit`, never by the orphan reaper.
@@ -297,6 +337,7 @@ impl GvisorBackend {
             lifeline: Mutex::new(lifeline),
             mount_points,
             runsc,
+            id_base,
         };
         if !in_cgroup(pid, &self.cfg.cgroup_parent, id) {
             return Err(RuntimeError::Init(format!(
@@ -320,6 +361,7 @@ impl GvisorBackend {
         dir: &Path,
         plan: &bundle::LaunchPlan,
         setup: &crate::plan::AgentSetup,
+        slot_lock: OwnedFd,
         mut opts: CreateOptions,
     ) -> Result<Option<OwnedFd>, RuntimeError> {
         let (stdin_r, stdin_w) = sys::pipe().map_err(io_err("pipe"))?;
@@ -329,12 +371,13 @@ impl GvisorBackend {
             .map_err(io_err(format!("create {}", log_path.display())))?;
         let netns = opts.netns.take();
         // (source, target) pairs; a fixed array so that the pre-exec hook allocates nothing.
-        let inherit: [(RawFd, RawFd); 2] = [
+        let inherit: [(RawFd, RawFd); 3] = [
             (plan_r.as_raw_fd(), launch::PLAN_FD),
             (
                 netns.as_ref().map_or(-1, |n| n.as_raw_fd()),
                 launch::NETNS_FD,
             ),
+            (slot_lock.as_raw_fd(), launch::SLOT_FD),
         ];
         let mut cmd = Command::new(&self.cfg.sandlot_exe);
         cmd.arg(launch::LAUNCH_ARG)
@@ -351,7 +394,7 @@ impl GvisorBackend {
         // the targets' range so that one dup2 cannot clobber another's source.
         unsafe {
             cmd.pre_exec(move || {
-                let mut moved = [-1; 2];
+                let mut moved = [-1; 3];
                 for (i, (src, _)) in inherit.iter().enumerate() {
                     if *src >= 0 {
                         moved[i] = libc::fcntl(*src, libc::F_DUPFD_CLOEXEC, 100);
@@ -374,7 +417,8 @@ impl GvisorBackend {
             launch::LAUNCH_ARG
         )))?;
         crate::orphans::protect(child.id() as i32);
-        drop((plan_r, netns));
+        // The keeper the launcher forks holds the range's lock from here.
+        drop((plan_r, netns, slot_lock));
         // The launcher reads the plan to its end before it does anything.
         let sent = fs::File::from(plan_w).write_all(&serde_json::to_vec(plan).expect("json"));
         let status = wait_timeout(&mut child, RUNSC_TIMEOUT);
@@ -653,6 +697,11 @@ impl Backend for GvisorBackend {
             return Err(gone());
         }
         let mount_points = read_mount_points(&dir);
+        let id_base = fs::read(dir.join("config.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .and_then(|c| bundle::id_base_of(&c))
+            .ok_or_else(gone)?;
         let mut runsc = vec![self.runsc.path.to_string_lossy().into_owned()];
         let networked = fs::read(dir.join("config.json"))
             .ok()
@@ -672,6 +721,7 @@ impl Backend for GvisorBackend {
             lifeline: Mutex::new(None),
             mount_points,
             runsc,
+            id_base,
         }))
     }
 
@@ -776,6 +826,8 @@ pub struct GvisorInstance {
     /// `runsc` and its global flags for this sandbox (state root, platform,
     /// network), for `checkpoint` and `kill`.
     runsc: Vec<String>,
+    /// First host uid/gid of the sandbox's range (root inside).
+    id_base: u32,
 }
 
 /// The file of a sandbox's directory that keeps its mount points for an owner
@@ -904,7 +956,11 @@ impl Instance for GvisorInstance {
         let live_root = match fs::read_to_string("/proc/self/mountinfo") {
             Ok(info) if !mounts::mount_points_under(&info, &root).is_empty() => {
                 let dir = fs::File::open(&root).map_err(|_| RuntimeError::Gone(self.id.clone()))?;
-                Some(crate::LiveRoot { dir, id_maps: None })
+                let map = format!("0 {} {}\n", self.id_base, crate::plan::ID_RANGE);
+                Some(crate::LiveRoot {
+                    dir,
+                    id_maps: Some((map.clone(), map)),
+                })
             }
             _ => None,
         };

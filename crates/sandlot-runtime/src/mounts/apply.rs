@@ -94,9 +94,8 @@ fn attach_tree(tree: Option<OwnedFd>, source: &Path, at: &Path) -> Result<bool, 
 
 /// Mounts an image root ([`RootFs::Layers`]) at `at`. `trees` are the idmapped
 /// trees of [`MountPlan::idmap_sources`], in order; the ones used are taken. With
-/// `idmapped_rw`, a host writable layer that cannot be idmapped is an error (the
-/// namespace backend: its files would show as nobody); without (gVisor, whose
-/// gofer writes as the sandbox's own ids), it is bound as it is.
+/// `idmapped_rw`, a host writable layer that cannot be idmapped is an error (its
+/// files would show as nobody); without, it is bound as it is.
 pub fn mount_layers(
     root: &RootFs,
     at: &Path,
