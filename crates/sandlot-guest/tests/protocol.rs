@@ -423,6 +423,17 @@ async fn a_quiesced_agent_listens_again_on_sigusr1_with_its_processes() {
         .unwrap();
     a.track(&p);
     let id = p.id();
+    let usr1 = || {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(a.pid()),
+            nix::sys::signal::Signal::SIGUSR1,
+        )
+        .unwrap()
+    };
+    // A signal before the quiesce neither ends the agent nor answers it later.
+    usr1();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    c.ping().await.unwrap();
     c.quiesce().await.unwrap();
     // Both the connection and the listening socket are gone.
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
@@ -433,15 +444,12 @@ async fn a_quiesced_agent_listens_again_on_sigusr1_with_its_processes() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(
         UnixStream::connect(&a.socket).is_err(),
         "the agent still listens"
     );
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(a.pid()),
-        nix::sys::signal::Signal::SIGUSR1,
-    )
-    .unwrap();
+    usr1();
     let c2 = a.client().await;
     let procs = c2.list_processes().await.unwrap();
     assert_eq!(procs.iter().map(|p| p.id).collect::<Vec<_>>(), vec![id]);

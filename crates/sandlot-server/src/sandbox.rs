@@ -938,6 +938,13 @@ pub async fn reconcile(state: &Arc<AppState>) -> Result<ReconcileReport, crate::
         if rec.state == SandboxState::Stopping || rec.state == SandboxState::Creating {
             h.request_stop(rec.end_reason.unwrap_or(EndReason::Deleted));
         }
+        // An operator who raised the minimum (or lowered the ceiling) meanwhile:
+        // what runs below it now stops.
+        let isolation = crate::isolation::of_record(&rec.spec);
+        if let Err(why) = state.cfg.isolation.permits(isolation) {
+            span.in_scope(|| tracing::warn!("re-adopted sandbox's isolation {why}: stopping it"));
+            h.request_stop(EndReason::Policy);
+        }
         span.in_scope(|| tracing::info!(pid = h.inst.pid(), "re-adopted sandbox"));
         report.adopted.push(rec.id.clone());
         report.unowned.push(h);

@@ -643,3 +643,34 @@ fn a_gvisor_sandboxs_writable_layer_belongs_to_its_id_range_on_the_host() {
     }
     rt().block_on(c.delete_sandbox(&id)).unwrap();
 }
+
+/// An operator raises the minimum to gVisor while namespace sandboxes run, and
+/// restarts the daemon: those sandboxes are stopped, with reason `policy`, not
+/// adopted to run on under the old rule.
+#[test]
+fn a_sandbox_below_a_raised_isolation_minimum_is_stopped_at_the_next_start() {
+    let mut d = Daemon::start_isolated(Some("[isolation]\ndefault = \"namespace\"\n"), "namespace");
+    let c = d.client();
+    let id = rt()
+        .block_on(c.create_sandbox(&spec_body(
+            json!({"isolation": "namespace", "timeout": "10m"}),
+        )))
+        .unwrap()
+        .id;
+    d.kill9();
+    std::fs::write(
+        d.config.as_ref().unwrap(),
+        "[isolation]\nminimum = \"gvisor\"\ndefault = \"gvisor\"\n",
+    )
+    .unwrap();
+    d.spawn();
+    let c = d.client();
+    rt().block_on(eventually(20, "the sandbox stopped by the policy", || {
+        let (c, id) = (c.clone(), id.clone());
+        async move {
+            let s = c.get_sandbox(&id).await.unwrap();
+            s.state == SandboxState::Stopped && s.end_reason.as_deref() == Some("policy")
+        }
+    }));
+    d.shutdown();
+}

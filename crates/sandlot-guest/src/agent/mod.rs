@@ -354,6 +354,29 @@ pub(crate) fn spawn_task<F: std::future::Future<Output = ()> + 'static>(f: F) ->
     tokio::task::spawn_local(f)
 }
 
+/// Binds the agent's socket at `path` again, retrying (and saying why) until it
+/// can, since something of the sandbox may be in the way; `None` on a shutdown.
+async fn listen_again(
+    path: &std::path::Path,
+    shutdown: &Notify,
+) -> Option<tokio::net::UnixListener> {
+    loop {
+        let _ = std::fs::remove_file(path);
+        let bound = std::os::unix::net::UnixListener::bind(path).and_then(|l| {
+            l.set_nonblocking(true)?;
+            tokio::net::UnixListener::from_std(l)
+        });
+        match bound {
+            Ok(l) => return Some(l),
+            Err(e) => log!("listen again at {}: {e}; retrying", path.display()),
+        }
+        tokio::select! {
+            _ = shutdown.notified() => return None,
+            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+        }
+    }
+}
+
 /// Closes every connection (each flushes what it has queued first) and waits,
 /// briefly, until they are gone.
 async fn close_connections(agent: &Shared) {
@@ -410,7 +433,9 @@ async fn main_loop(
         .local_addr()
         .ok()
         .and_then(|a| a.as_pathname().map(std::path::Path::to_path_buf));
-    let mut sigusr1 = signal(SignalKind::user_defined1())?;
+    // Installs the handler now, so that a SIGUSR1 never ends the agent; only a
+    // receiver made at a quiesce (below) wakes it.
+    drop(signal(SignalKind::user_defined1())?);
     listener.set_nonblocking(true)?;
     let mut listener = tokio::net::UnixListener::from_std(listener)?;
 
@@ -439,19 +464,22 @@ async fn main_loop(
                 };
                 drop(listener);
                 close_connections(&agent).await;
+                // A signal sent before this point is no answer.
+                let mut wake = signal(SignalKind::user_defined1())?;
                 // Processes run on; their exits are reaped meanwhile.
+                let mut stop = false;
                 loop {
                     tokio::select! {
                         biased;
-                        _ = shutdown.notified() => break,
+                        _ = shutdown.notified() => { stop = true; break }
                         Some(()) = sigchld.recv() => agent.borrow_mut().reap(),
-                        _ = sigusr1.recv() => break,
+                        _ = wake.recv() => break,
                     }
                 }
-                let _ = std::fs::remove_file(path);
-                let std_listener = std::os::unix::net::UnixListener::bind(path)?;
-                std_listener.set_nonblocking(true)?;
-                listener = tokio::net::UnixListener::from_std(std_listener)?;
+                match if stop { None } else { listen_again(path, &shutdown).await } {
+                    Some(l) => listener = l,
+                    None => break,
+                }
             }
             r = listener.accept() => match r {
                 Ok((stream, _)) => {

@@ -993,6 +993,9 @@ async fn pipe_task(agent: Shared, id: u64, i: usize, fd: Afd, room: Rc<Notify>, 
             Some(fd.readable().await)
         };
         let Some(ready) = ready else {
+            // Room again: a terminal whose process has exited may have ended
+            // with nothing left to make it readable (see `read_output`).
+            let _ = agent.borrow_mut().read_output(id, i);
             continue;
         };
         let Ok(mut g) = ready else {

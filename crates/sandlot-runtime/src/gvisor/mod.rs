@@ -479,6 +479,7 @@ fn check(id: &str, spec: &SandboxSpec, opts: &CreateOptions) -> Result<(), Runti
         }));
     }
     if id.is_empty()
+        || id.starts_with('-')
         || id.len() > 64
         || !id
             .bytes()
