@@ -116,6 +116,20 @@ async fn a_silent_agent_fails_the_handshake_instead_of_hanging() {
     );
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_silent_agent_socket_fails_connect_instead_of_hanging() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("agent.sock");
+    // Bound and listening, never accepting nor answering: the kernel completes the
+    // connection from its backlog.
+    let _listener = tokio::net::UnixListener::bind(&path).unwrap();
+    let r = tokio::time::timeout(A_WHILE, GuestClient::connect(&path)).await;
+    assert!(
+        matches!(r, Ok(Err(_))),
+        "connecting to an agent that never answers did not fail on its own"
+    );
+}
+
 #[tokio::test]
 async fn a_hello_with_a_huge_software_string_is_refused() {
     let (a, b) = tokio::io::duplex(4 << 20);

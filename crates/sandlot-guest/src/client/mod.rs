@@ -596,14 +596,20 @@ impl std::fmt::Debug for GuestClient {
 
 impl GuestClient {
     /// Connects to an agent's Unix socket and performs the handshake.
+    /// Connecting and the handshake together take at most [`HANDSHAKE_TIMEOUT`].
     pub async fn connect(path: &Path) -> Result<GuestClient, ClientError> {
-        let s = tokio::net::UnixStream::connect(path)
+        let connect = async {
+            let s = tokio::net::UnixStream::connect(path)
+                .await
+                .map_err(|source| ClientError::Connect {
+                    path: path.to_path_buf(),
+                    source,
+                })?;
+            GuestClient::handshake(s).await
+        };
+        tokio::time::timeout(HANDSHAKE_TIMEOUT, connect)
             .await
-            .map_err(|source| ClientError::Connect {
-                path: path.to_path_buf(),
-                source,
-            })?;
-        GuestClient::from_stream(s).await
+            .unwrap_or(Err(ClientError::HandshakeTimeout(HANDSHAKE_TIMEOUT)))
     }
 
     /// Performs the handshake over any byte stream (vsock, stdio, a test duplex).
