@@ -681,7 +681,13 @@ pub async fn poll_exits(
                 _ = &mut stop => return,
             }
         }
-        let Ok(list) = guest.list_processes().await else {
+        // An agent that never answers must not hold this task (and with it the
+        // sandbox's connection) past the sandbox's end.
+        let list = tokio::select! {
+            l = guest.list_processes() => l,
+            _ = &mut stop => return,
+        };
+        let Ok(list) = list else {
             return;
         };
         for e in pending {
@@ -737,6 +743,38 @@ mod tests {
             retention: Duration::from_secs(60),
             kept: Mutex::new(None),
         })
+    }
+
+    /// The attack: an agent that answers the handshake and then nothing. The exit
+    /// poller's process list must not outlive the sandbox's stop.
+    #[tokio::test]
+    async fn the_exit_poller_ends_at_the_stop_even_if_the_agent_never_answers() {
+        use sandlot_proto::guest::{FrameHeader, FrameKind, Hello};
+        use tokio::io::AsyncWriteExt;
+        let (a, mut b) = tokio::io::duplex(64 * 1024);
+        let hello = serde_json::to_vec(&Hello::current("silent", &[])).unwrap();
+        b.write_all(&FrameHeader::encode(FrameKind::Hello, 0, hello.len()))
+            .await
+            .unwrap();
+        b.write_all(&hello).await.unwrap();
+        let guest = sandlot_guest::client::GuestClient::from_stream(a)
+            .await
+            .unwrap();
+        let table = Arc::new(std::sync::Mutex::new(ProcTable::default()));
+        let e = entry(1, false);
+        e.released.store(true, Ordering::Relaxed);
+        table.lock().unwrap().insert(e);
+        let poller = poll_exits(
+            guest,
+            table,
+            Arc::new(tokio::sync::Notify::new()),
+            std::future::ready(()),
+        );
+        assert!(
+            futures_util::FutureExt::now_or_never(poller).is_some(),
+            "the exit poller waited on a silent agent after its stop"
+        );
+        drop(b);
     }
 
     /// Regression (the exec round trip): every insert scanned the whole table.
