@@ -3,8 +3,15 @@
 set -u
 bad=0
 report() { echo "leak: $1" >&2; bad=1; }
-procs=$(ps -eo pid=,args= | grep -E 'sandlot (__init|__zygote|__vfs-serve|run|serve)' | grep -v grep || true)
+procs=$(ps -eo pid=,args= | grep -E 'sandlot (__init|__zygote|__gvisor|__vfs-serve|run|serve)' | grep -v grep || true)
 [ -n "$procs" ] && report "processes: $procs"
+# gVisor sandboxes: runsc's sandbox and gofer processes, and their directories.
+gp=$(ps -eo pid=,args= | grep -E '^ *[0-9]+ runsc-(sandbox|gofer) --root=/run/sandlot/gvisor/' || true)
+[ -n "$gp" ] && report "gVisor processes: $gp"
+if [ -d /run/sandlot/gvisor ]; then
+  gd=$(ls -A /run/sandlot/gvisor)
+  [ -n "$gd" ] && report "gVisor sandbox dirs: $gd"
+fi
 # The runtime's own tmpfs under the run directory (sandlot_runtime::run_dir) is
 # meant to stay, like /run itself; its contents are checked below.
 m=$(grep -E 'sandlot' /proc/mounts | grep -vE '^sandlot-run /run/sandlot/sandboxes tmpfs ' || true)
@@ -14,6 +21,10 @@ cg=$(find /sys/fs/cgroup -mindepth 2 -maxdepth 3 -type d -path '*sandlot*' ! -na
 # The shared parent goes with the last sandbox (and a daemon's cgroup stock).
 cgp=$(find /sys/fs/cgroup -mindepth 2 -maxdepth 2 -type d -name sandlot 2>/dev/null || true)
 [ -n "$cgp" ] && report "parent cgroups: $cgp"
+# A sandbox cgroup nested below another one (runsc takes a relative cgroups path
+# below its own cgroup in each hierarchy).
+cgn=$(find /sys/fs/cgroup -mindepth 3 -type d -name sandlot 2>/dev/null || true)
+[ -n "$cgn" ] && report "nested sandbox cgroups: $cgn"
 if [ -d /run/sandlot/sandboxes ]; then
   sb=$(ls -A /run/sandlot/sandboxes)
   [ -n "$sb" ] && report "sandbox run dirs: $sb"

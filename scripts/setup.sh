@@ -12,8 +12,10 @@ need_root() {
 }
 need_root
 
-# Debian packages: the comparison peers of the benchmark, and tools the tests use.
-apt_pkgs=(bubblewrap hyperfine crun iproute2 nftables openssl curl python3 python3-venv ca-certificates)
+# Debian packages: the comparison peers of the benchmark, tools the tests use, and
+# gVisor's runsc (the `gvisor` isolation backend; the daemon reads what the
+# installed release can do from it).
+apt_pkgs=(bubblewrap hyperfine crun iproute2 nftables openssl curl python3 python3-venv ca-certificates runsc)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -12,10 +12,14 @@ phase "build"
 cargo build --workspace --all-targets
 phase "cargo tests"
 cargo nextest run --workspace --no-fail-fast "$@"
-phase "Python SDK tests"
-SANDLOT_BIN="${CARGO_TARGET_DIR:-target}/debug/sandlot" .venv/bin/python -m pytest -q -p no:cacheprovider sdk/python/tests
-phase "E2B SDK tests"
-bash tests/e2b/run.sh
+# The end-to-end suites on each isolation backend.
+for isolation in namespace gvisor; do
+  phase "Python SDK tests ($isolation)"
+  SANDLOT_TEST_ISOLATION=$isolation SANDLOT_BIN="${CARGO_TARGET_DIR:-target}/debug/sandlot" \
+    .venv/bin/python -m pytest -q -p no:cacheprovider sdk/python/tests
+  phase "E2B SDK tests ($isolation)"
+  SANDLOT_TEST_ISOLATION=$isolation bash tests/e2b/run.sh
+done
 phase "leak check"
 bash scripts/check-leaks.sh
 phase "done"

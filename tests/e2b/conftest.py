@@ -83,6 +83,9 @@ class Server:
             "[tenants.e2b-q]\nmax_sandboxes = 1\n"
             "[e2b]\ndomain = \"sandlot.test\"\n"
             "[e2b.templates.rooty]\nimage = \"host\"\nuser = \"root\"\nenv = { FROM_TEMPLATE = \"yes\" }\n"
+            # The same tests on either backend: $SANDLOT_TEST_ISOLATION is
+            # namespace (the default) or gvisor.
+            f"[isolation]\ndefault = \"{os.environ.get('SANDLOT_TEST_ISOLATION', 'namespace')}\"\n"
         )
         self.proc = subprocess.Popen(
             [
@@ -146,7 +149,11 @@ def server():
         yield srv
     finally:
         srv.stop([srv.key, srv.key_b, srv.key_q])
-        leftovers = [p.name for p in Path("/run/sandlot/sandboxes").glob(srv.prefix + "*")]
+        leftovers = [
+            p.name
+            for d in ("/run/sandlot/sandboxes", "/run/sandlot/gvisor")
+            for p in Path(d).glob(srv.prefix + "*")
+        ]
         shutil.rmtree(tmp, ignore_errors=True)
         assert not leftovers, f"sandboxes left behind: {leftovers}"
 

@@ -405,3 +405,63 @@ async fn documented_example_exchange() {
     let c = a.client().await;
     a.finish(&c).await;
 }
+
+/// A quiesced agent closes its connections and its socket, its processes run on,
+/// and it listens again at the same path on `SIGUSR1`, with those processes and
+/// their output still there.
+#[tokio::test]
+async fn a_quiesced_agent_listens_again_on_sigusr1_with_its_processes() {
+    let a = TestAgent::start();
+    let c = a.client().await;
+    let p = c
+        .exec(sandlot_guest::client::ExecRequest::new([
+            "sh",
+            "-c",
+            "echo before; sleep 1; echo after",
+        ]))
+        .await
+        .unwrap();
+    a.track(&p);
+    let id = p.id();
+    let usr1 = || {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(a.pid()),
+            nix::sys::signal::Signal::SIGUSR1,
+        )
+        .unwrap()
+    };
+    // A signal before the quiesce neither ends the agent nor answers it later.
+    usr1();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    c.ping().await.unwrap();
+    c.quiesce().await.unwrap();
+    // Both the connection and the listening socket are gone.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while c.ping().await.is_ok() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the connection stayed open"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        UnixStream::connect(&a.socket).is_err(),
+        "the agent still listens"
+    );
+    usr1();
+    let c2 = a.client().await;
+    let procs = c2.list_processes().await.unwrap();
+    assert_eq!(procs.iter().map(|p| p.id).collect::<Vec<_>>(), vec![id]);
+    let p2 = c2
+        .attach_with(sandlot_proto::guest::AttachRequest {
+            id,
+            stdout_from: Some(0),
+            stderr_from: Some(0),
+        })
+        .await
+        .unwrap();
+    let o = p2.output().await.unwrap();
+    assert_eq!(o.stdout, b"before\nafter\n");
+    a.finish(&c2).await;
+}

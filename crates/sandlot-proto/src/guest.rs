@@ -218,7 +218,7 @@ pub fn parse_window(channel: u32, payload: &[u8]) -> Result<(u8, u32), FrameErro
 }
 
 /// Capabilities an agent of this build announces in its [`Hello`].
-pub const AGENT_CAPABILITIES: &[&str] = &["exec", "pty", "attach", "files", "watch"];
+pub const AGENT_CAPABILITIES: &[&str] = &["exec", "pty", "attach", "files", "watch", "quiesce"];
 
 /// First frame each way. Tolerant of unknown fields so that any future version can
 /// still be told apart and refused cleanly.
@@ -700,6 +700,11 @@ pub enum Request {
     /// default user and working directory). Lets a host hand a pre-started sandbox
     /// to a caller with the caller's settings.
     Configure(ConfigureRequest),
+    /// Replies `ok`, then closes every connection and the listening socket and
+    /// listens again (at the same path) once the agent receives `SIGUSR1`:
+    /// processes keep running meanwhile. A gVisor checkpoint cannot save a socket
+    /// bound to the host, which the agent's are.
+    Quiesce {},
 }
 
 /// New process defaults; see [`Request::Configure`].
@@ -736,6 +741,7 @@ impl Request {
             Request::Rename(_) => "rename",
             Request::Watch(_) => "watch",
             Request::Configure(_) => "configure",
+            Request::Quiesce {} => "quiesce",
         }
     }
 }

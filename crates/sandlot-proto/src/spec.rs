@@ -11,8 +11,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::units::{ByteSize, Seconds};
 
+mod isolation;
 pub mod memory_backed;
 mod secrets;
+pub use isolation::Isolation;
 pub use memory_backed::{MemoryBacked, TmpfsLimit};
 pub use secrets::{FileMode, SecretRef, SECRET_FILE_MODE};
 
@@ -96,6 +98,10 @@ pub struct SandboxSpec {
     /// Named secrets of the daemon, injected at create as variables or files.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secrets: Vec<SecretRef>,
+    /// What isolates the sandbox from the host kernel: `namespace` (the default)
+    /// or `gvisor`.
+    #[serde(default, skip_serializing_if = "Isolation::is_namespace")]
+    pub isolation: Isolation,
 }
 
 /// A named volume mounted into a sandbox.
@@ -163,6 +169,7 @@ impl Default for SandboxSpec {
             network: NetworkSpec::default(),
             volumes: Vec::new(),
             secrets: Vec::new(),
+            isolation: Isolation::Namespace,
         }
     }
 }

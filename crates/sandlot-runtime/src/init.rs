@@ -147,16 +147,34 @@ fn helper(plan: &SandboxPlan, agent: AgentMain) -> io::Result<()> {
     drop(listener);
     tr.mark("pid 1 cloned");
 
-    // Map its ids: 0..65535 inside are the slot's range on the host.
-    let map = format!("0 {} {}\n", plan.id_base, ID_RANGE);
-    std::fs::write(format!("/proc/{pid}/uid_map"), &map)?;
-    std::fs::write(format!("/proc/{pid}/gid_map"), &map)?;
+    write_id_maps(pid, plan.id_base)?;
     tr.mark("ids mapped");
+    send_idmapped(mine.as_fd(), &plan.mounts, pid)?;
+    status(&InitStatus::Pid { pid });
+    Ok(())
+}
 
+/// Maps process `pid`'s user namespace: ids 0..65535 inside are the range from
+/// `id_base` on the host.
+pub(crate) fn write_id_maps(pid: i32, id_base: u32) -> io::Result<()> {
+    let map = format!("0 {id_base} {ID_RANGE}\n");
+    std::fs::write(format!("/proc/{pid}/uid_map"), &map)?;
+    std::fs::write(format!("/proc/{pid}/gid_map"), &map)
+}
+
+/// Sends process `pid` (root of its mapped user namespace) over `sock` what it
+/// mounts idmapped into that namespace: an overlay root's lower directory
+/// (`b'g'`, or no descriptor), then each of [`mounts::MountPlan::idmap_sources`]
+/// (`b'm'`). [`recv_idmapped`] is the other end.
+pub(crate) fn send_idmapped(
+    sock: BorrowedFd<'_>,
+    plan: &mounts::MountPlan,
+    pid: i32,
+) -> io::Result<()> {
     // An idmapped copy of the rootfs, so that its root-owned files are owned by the
     // sandbox's root. Kernels or filesystems without idmapped mounts fall back to a
     // plain bind (the files then appear as nobody).
-    let idmapped = match &plan.mounts.root {
+    let idmapped = match &plan.root {
         // The pinned directory, reached without a link (or PID 1's fallback bind
         // refuses it too).
         mounts::RootFs::Overlay {
@@ -167,16 +185,15 @@ fn helper(plan: &SandboxPlan, agent: AgentMain) -> io::Result<()> {
             .ok(),
         mounts::RootFs::Tmpfs { .. } | mounts::RootFs::Layers { .. } => None,
     };
-    sys::send_with_fd(mine.as_fd(), b'g', idmapped.as_ref().map(|f| f.as_fd()))?;
+    sys::send_with_fd(sock, b'g', idmapped.as_ref().map(|f| f.as_fd()))?;
     drop(idmapped);
     // Image layers, the writable layer directory and volumes, each idmapped the same
     // way (a failed idmap is sent as no descriptor: PID 1 binds the plain path). A
     // volume whose filesystem refuses idmaps (a FUSE collection mount) is sent as a
     // plain copy of its tree instead: PID 1, root of its own user namespace only,
     // could not reach it by path under the daemon's root-only data directory.
-    let sources = plan.mounts.idmap_sources();
+    let sources = plan.idmap_sources();
     let volumes = plan
-        .mounts
         .ops
         .iter()
         .filter(|op| matches!(op, mounts::MountOp::IdmappedBind { .. }))
@@ -187,10 +204,32 @@ fn helper(plan: &SandboxPlan, agent: AgentMain) -> io::Result<()> {
         if tree.is_none() && i >= first_volume {
             tree = sys::cstr(src).and_then(|c| sys::open_tree_clone(&c)).ok();
         }
-        sys::send_with_fd(mine.as_fd(), b'm', tree.as_ref().map(|f| f.as_fd()))?;
+        sys::send_with_fd(sock, b'm', tree.as_ref().map(|f| f.as_fd()))?;
     }
-    status(&InitStatus::Pid { pid });
     Ok(())
+}
+
+/// An overlay root's idmapped lower directory, if any, and the trees of
+/// [`mounts::MountPlan::idmap_sources`] (`None` where the idmap failed).
+pub(crate) type Idmapped = (Option<OwnedFd>, Vec<Option<OwnedFd>>);
+
+/// Receives what [`send_idmapped`] sent.
+pub(crate) fn recv_idmapped(
+    sock: BorrowedFd<'_>,
+    plan: &mounts::MountPlan,
+) -> io::Result<Idmapped> {
+    let idmapped = match sys::recv_with_fd(sock)? {
+        Some((b'g', fd)) => fd,
+        _ => return Err(io::Error::other("helper died before mapping ids")),
+    };
+    let mut trees = Vec::new();
+    for _ in plan.idmap_sources() {
+        match sys::recv_with_fd(sock)? {
+            Some((b'm', fd)) => trees.push(fd),
+            _ => return Err(io::Error::other("helper died while idmapping layers")),
+        }
+    }
+    Ok((idmapped, trees))
 }
 
 fn idmap_tree(lower: &Path, pid1: i32) -> io::Result<OwnedFd> {
@@ -218,17 +257,7 @@ fn become_pid1(
     listener: UnixListener,
     agent: AgentMain,
 ) -> io::Result<()> {
-    let idmapped = match sys::recv_with_fd(sock)? {
-        Some((b'g', fd)) => fd,
-        _ => return Err(io::Error::other("helper died before mapping ids")),
-    };
-    let mut trees = Vec::new();
-    for _ in plan.mounts.idmap_sources() {
-        match sys::recv_with_fd(sock)? {
-            Some((b'm', fd)) => trees.push(fd),
-            _ => return Err(io::Error::other("helper died while idmapping layers")),
-        }
-    }
+    let (idmapped, trees) = recv_idmapped(sock, &plan.mounts)?;
     // Still the host's ids here: the file is ours to open (best effort; without
     // it the agent's children try to reset their own scores).
     let oom_score_adj = std::fs::OpenOptions::new()
@@ -260,7 +289,9 @@ fn pid1(
     // Our mounts must never propagate back to the host.
     sys::mount(None, c"/", None, libc::MS_REC | libc::MS_PRIVATE, None)?;
     let root = match &plan.mounts.root {
-        r @ mounts::RootFs::Layers { .. } => mounts::mount_layers(r, &plan.root_dir, &mut trees),
+        r @ mounts::RootFs::Layers { .. } => {
+            mounts::mount_layers(r, &plan.root_dir, &mut trees, true)
+        }
         r => mounts::mount_root(r, &plan.root_dir, idmapped),
     }
     .map_err(io::Error::other)?;

@@ -13,16 +13,19 @@ use sandlot_proto::spec::{SandboxSpec, SpecError};
 pub mod cgroup;
 pub mod cgroup_stock;
 pub mod etc_view;
+pub mod gvisor;
 pub mod helper_process;
 pub mod host_lock;
 pub mod host_path;
 pub mod hostimage;
 pub mod init;
+mod instance;
 pub mod mounts;
 pub mod namespace;
 pub mod netns;
 pub mod orphans;
 pub mod plan;
+pub mod process_backend;
 pub mod run_dir;
 pub mod seccomp;
 pub mod security;
@@ -30,6 +33,10 @@ mod stock;
 mod sys;
 pub mod zygote;
 
+pub use instance::{
+    Instance, Leftovers, LiveRoot, PortAccess, PortSockets, PortSocketsReply, SnapshotSource,
+    Stillness, StockLevels, PORT_RELAY_REFUSED,
+};
 pub use namespace::{NamespaceBackend, RuntimeConfig};
 
 /// Gives `SIGPIPE` its default action back (Rust starts programs ignoring it): a
@@ -63,6 +70,11 @@ pub enum RuntimeError {
     Gone(String),
     #[error("processes of sandbox {0} did not die")]
     Stuck(String),
+    #[error("the {backend} backend cannot {what}")]
+    Unsupported {
+        backend: &'static str,
+        what: &'static str,
+    },
     #[error("{what}: {source}")]
     Io {
         what: String,
@@ -151,23 +163,9 @@ impl std::fmt::Debug for SecretFile {
     }
 }
 
-/// A running sandbox, as the host sees it.
-#[derive(Debug)]
-pub struct SandboxInstance {
-    pub id: String,
-    /// Host pid of the sandbox's PID 1 (the agent).
-    pub pid: i32,
-    pub pidfd: OwnedFd,
-    /// The agent's socket.
-    pub socket: PathBuf,
-    pub cgroup: cgroup::Cgroup,
-    /// Runtime directory on the host.
-    pub dir: PathBuf,
-    /// Host uid of root in the sandbox.
-    pub id_base: u32,
-}
-
-/// A way to run sandboxes: the namespace backend today; gVisor or microVMs later.
+/// A way to run sandboxes: the Linux namespace backend ([`NamespaceBackend`]), and
+/// for tests without root a plain process ([`process_backend::ProcessBackend`]).
+/// The daemon reaches isolation only through this trait and [`Instance`].
 pub trait Backend: Send + Sync {
     fn name(&self) -> &'static str;
     /// Builds and starts a sandbox; its agent is listening when this returns.
@@ -176,7 +174,42 @@ pub trait Backend: Send + Sync {
         id: &str,
         spec: &SandboxSpec,
         opts: CreateOptions,
-    ) -> Result<SandboxInstance, RuntimeError>;
-    /// Kills everything in the sandbox and removes every trace of it on the host.
-    fn terminate(&self, sb: &SandboxInstance) -> Result<(), RuntimeError>;
+    ) -> Result<Box<dyn Instance>, RuntimeError>;
+    /// Re-attaches to a sandbox created earlier (by this or a previous process,
+    /// e.g. before a daemon restart), given the pid [`Instance::pid`] reported
+    /// then. Fails with [`RuntimeError::Gone`] if that sandbox is gone or `pid` is
+    /// no longer its own.
+    fn adopt(&self, id: &str, pid: i32) -> Result<Box<dyn Instance>, RuntimeError>;
+
+    /// Starts sandbox `id` again from a checkpoint in `image`
+    /// ([`Instance::checkpoint`]) of a sandbox of the same spec: its processes,
+    /// memory and open files as they were; its agent is listening when this
+    /// returns.
+    fn restore(
+        &self,
+        id: &str,
+        spec: &SandboxSpec,
+        opts: CreateOptions,
+        image: &std::path::Path,
+    ) -> Result<Box<dyn Instance>, RuntimeError> {
+        let _ = (id, spec, opts, image);
+        Err(RuntimeError::Unsupported {
+            backend: self.name(),
+            what: "restore a sandbox from a checkpoint",
+        })
+    }
+    /// Kills every sandbox whose id starts with `prefix` and is not in `live`, and
+    /// removes the host traces of every sandbox that no longer runs (a crashed
+    /// owner's leftovers). Blocking.
+    fn reap_leftovers(&self, prefix: &str, live: &[String]) -> Leftovers;
+    /// Host traces (run directories, cgroups, state) of sandboxes whose id starts
+    /// with `prefix`: after a clean stop there are none. The leak check of tests
+    /// and benchmarks.
+    fn host_traces(&self, prefix: &str) -> Vec<PathBuf>;
+    /// What the backend keeps made ahead of time, ready now.
+    fn stock(&self) -> StockLevels {
+        StockLevels::default()
+    }
+    /// Stops making items ahead of time and removes those kept (at shutdown).
+    fn release_stock(&self) {}
 }

@@ -188,6 +188,41 @@ pub enum MountOp {
     },
 }
 
+/// Mount points at or under `dir` in a mountinfo text. Pure.
+pub fn mount_points_under(mountinfo: &str, dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for line in mountinfo.lines() {
+        let Some(mp) = line.split(' ').nth(4) else {
+            continue;
+        };
+        let p = PathBuf::from(unescape_mountinfo(mp));
+        if p.starts_with(dir) && !out.contains(&p) {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// Mountinfo escapes space, tab, newline and backslash as `\ooo`.
+fn unescape_mountinfo(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 4 <= b.len() {
+            let oct = std::str::from_utf8(&b[i + 1..i + 4]).unwrap_or("");
+            if let Ok(v) = u8::from_str_radix(oct, 8) {
+                out.push(v);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// The whole filesystem of a sandbox.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MountPlan {
@@ -635,6 +670,32 @@ fn idmapped_layer_count(root: &RootFs) -> usize {
     match root {
         RootFs::Layers { lowers, rw, .. } => lowers.len() + usize::from(rw.is_some()),
         _ => 0,
+    }
+}
+
+impl MountPlan {
+    /// Where the plan mounts something over the root filesystem, relative to the
+    /// root (`proc`, `dev/pts`, `etc/resolv.conf` on a bind...): the runtime made
+    /// stubs there to mount on, which are not the sandbox's own files.
+    pub fn mount_targets(&self) -> std::collections::BTreeSet<PathBuf> {
+        self.ops
+            .iter()
+            .filter_map(|op| match op {
+                MountOp::Bind { path, .. }
+                | MountOp::Tmpfs { path, .. }
+                | MountOp::Proc { path }
+                | MountOp::Sysfs { path }
+                | MountOp::Devpts { path }
+                | MountOp::MaskFile { path }
+                | MountOp::MaskDir { path }
+                | MountOp::IdmappedBind { path, .. } => Some(path),
+                _ => None,
+            })
+            .filter_map(|p| {
+                let rel = Path::new(p).strip_prefix("/").ok()?;
+                (!rel.as_os_str().is_empty()).then(|| rel.to_path_buf())
+            })
+            .collect()
     }
 }
 

@@ -13,12 +13,15 @@ use sandlot_proto::spec::SandboxSpec;
 
 use crate::cgroup::{self, Cgroup, CgroupLayout, CgroupLimits};
 use crate::cgroup_stock::CgroupStock;
-use crate::hostimage::{self, HostFacts};
+use crate::hostimage::HostFacts;
 use crate::mounts::{self, PlanInput};
 use crate::netns::NetnsStock;
-use crate::plan::{fds, AgentSetup, InitStatus, SandboxPlan, Trace, ID_RANGE};
+use crate::plan::{agent_setup, fds, sandbox_hostname, InitStatus, SandboxPlan, Trace, ID_RANGE};
 use crate::run_dir::{self, RunDirFs, RunDirLock};
-use crate::{sys, Backend, CreateOptions, RuntimeError, SandboxInstance};
+use crate::{
+    sys, Backend, CreateOptions, Instance, Leftovers, PortSockets, PortSocketsReply, RuntimeError,
+    SnapshotSource, Stillness, StockLevels,
+};
 
 /// Operator settings of the namespace backend.
 #[derive(Debug, Clone)]
@@ -63,8 +66,8 @@ impl RuntimeConfig {
             run_dir: PathBuf::from("/run/sandlot"),
             cgroup_parent: "sandlot".into(),
             init_exe,
-            id_base: 1 << 20,
-            id_slots: 8192,
+            id_base: crate::plan::DEFAULT_ID_BASE,
+            id_slots: crate::plan::DEFAULT_ID_SLOTS,
             fork_server: false,
             cgroup_stock: 0,
             netns_stock: 0,
@@ -219,27 +222,10 @@ impl NamespaceBackend {
         self.cfg.run_dir.join("sandboxes").join(id)
     }
 
-    /// Takes the first free id range; the returned lock is held until the sandbox's
-    /// PID 1 exits (it inherits the descriptor).
+    /// Takes a free id range; the returned lock is held until the sandbox's PID 1
+    /// exits (it inherits the descriptor).
     fn take_slot(&self) -> Result<(u32, OwnedFd), RuntimeError> {
-        let dir = self.cfg.run_dir.join("slots");
-        // Start at a pseudo-random slot so concurrent creators rarely collide.
-        let start =
-            (std::process::id() ^ Instant::now().elapsed().subsec_nanos()) % self.cfg.id_slots;
-        for i in 0..self.cfg.id_slots {
-            let slot = (start + i) % self.cfg.id_slots;
-            let f = fs::OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .open(dir.join(slot.to_string()))
-                .map_err(io_err("open slot lock"))?;
-            let fd = OwnedFd::from(f);
-            if sys::try_flock_exclusive(fd.as_fd()).map_err(io_err("lock slot"))? {
-                return Ok((slot, fd));
-            }
-        }
-        Err(RuntimeError::Exhausted("id ranges (sandbox slots)"))
+        take_id_slot(&self.cfg.run_dir, self.cfg.id_slots)
     }
 
     fn plan(
@@ -497,7 +483,7 @@ impl NamespaceBackend {
     /// Re-attaches to a sandbox created earlier (by this or a previous process, e.g.
     /// before a daemon restart), given the host pid of its PID 1 as recorded then.
     /// Fails if that sandbox is gone or `pid` is no longer its PID 1.
-    pub fn adopt(&self, id: &str, pid: i32) -> Result<SandboxInstance, RuntimeError> {
+    fn adopt_instance(&self, id: &str, pid: i32) -> Result<NamespaceInstance, RuntimeError> {
         let dir = self.sandbox_dir(id);
         let gone = || RuntimeError::Gone(id.to_string());
         let alive = fs::File::open(dir.join("alive")).map_err(|_| gone())?;
@@ -516,7 +502,7 @@ impl NamespaceBackend {
             .ok()
             .and_then(|m| m.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
             .ok_or_else(gone)?;
-        Ok(SandboxInstance {
+        Ok(NamespaceInstance {
             id: id.to_string(),
             pid,
             pidfd,
@@ -652,54 +638,6 @@ pub fn remove_run_dir(dir: &Path) {
     }
 }
 
-/// The sandbox's hostname: the spec's, or `sandlot-` and the start of its id.
-pub fn sandbox_hostname(id: &str, spec: &SandboxSpec) -> String {
-    spec.hostname
-        .clone()
-        .unwrap_or_else(|| format!("sandlot-{}", &id[..id.len().min(12)]))
-}
-
-/// Defaults of the agent's processes. Environment: the base (`PATH`, `LANG`,
-/// `HOSTNAME`), then the image's, the spec's, then secrets (later wins). User: the
-/// spec's, or the image's when the spec says `root` (the default). Working
-/// directory: the spec's, else the image's. Also what a daemon sends a pooled
-/// sandbox's agent (`configure`) when it hands the sandbox to a request.
-pub fn agent_setup(
-    hostname: &str,
-    spec: &SandboxSpec,
-    image: Option<&mounts::ImageRoot>,
-    secrets: &crate::Secrets,
-) -> AgentSetup {
-    let mut env = hostimage::base_env(hostname);
-    let mut set = |k: &str, v: &str| {
-        env.retain(|(ek, _)| ek != k);
-        env.push((k.to_string(), v.to_string()));
-    };
-    if let Some(img) = image {
-        for kv in &img.env {
-            if let Some((k, v)) = kv.split_once('=') {
-                set(k, v);
-            }
-        }
-    }
-    for (k, v) in &spec.env {
-        set(k, v);
-    }
-    for (k, v) in &secrets.env {
-        set(k, v);
-    }
-    let default_user = mounts::sandbox_user(spec, image);
-    let default_cwd = spec
-        .workdir
-        .clone()
-        .or_else(|| image.and_then(|i| i.workdir.clone()));
-    AgentSetup {
-        env,
-        default_user,
-        default_cwd,
-    }
-}
-
 impl Backend for NamespaceBackend {
     fn name(&self) -> &'static str {
         "namespace"
@@ -709,8 +647,56 @@ impl Backend for NamespaceBackend {
         &self,
         id: &str,
         spec: &SandboxSpec,
+        opts: CreateOptions,
+    ) -> Result<Box<dyn Instance>, RuntimeError> {
+        self.create_instance(id, spec, opts)
+            .map(|i| Box::new(i) as Box<dyn Instance>)
+    }
+
+    fn adopt(&self, id: &str, pid: i32) -> Result<Box<dyn Instance>, RuntimeError> {
+        self.adopt_instance(id, pid)
+            .map(|i| Box::new(i) as Box<dyn Instance>)
+    }
+
+    fn reap_leftovers(&self, prefix: &str, live: &[String]) -> Leftovers {
+        let mut killed = Vec::new();
+        for id in self.list_ids() {
+            if !id.starts_with(prefix) || live.contains(&id) {
+                continue;
+            }
+            let cg = Cgroup::plan(&self.layout, &self.cfg.cgroup_parent, &id);
+            cg.kill_all(Duration::from_secs(5));
+            killed.push(id);
+        }
+        // PID 1 of each is dead now; sweep removes their cgroups and run dirs.
+        let swept = self.sweep();
+        Leftovers { killed, swept }
+    }
+
+    fn host_traces(&self, prefix: &str) -> Vec<PathBuf> {
+        host_traces(&self.cfg.run_dir, &self.cfg.cgroup_parent, prefix)
+    }
+
+    fn stock(&self) -> StockLevels {
+        StockLevels {
+            cgroups: self.stocked_cgroups(),
+            netns: self.stocked_netns(),
+        }
+    }
+
+    fn release_stock(&self) {
+        NamespaceBackend::release_stock(self)
+    }
+}
+
+impl NamespaceBackend {
+    /// [`Backend::create`] with this backend's own instance type.
+    pub fn create_instance(
+        &self,
+        id: &str,
+        spec: &SandboxSpec,
         mut opts: CreateOptions,
-    ) -> Result<SandboxInstance, RuntimeError> {
+    ) -> Result<NamespaceInstance, RuntimeError> {
         spec.validate()?;
         if spec.image != sandlot_proto::spec::HOST_IMAGE && opts.image.is_none() {
             return Err(RuntimeError::Spec(
@@ -800,7 +786,7 @@ impl Backend for NamespaceBackend {
             crate::orphans::protect(pid);
             tr.mark("ready");
             let pidfd = sys::pidfd_open(pid).map_err(io_err("pidfd_open"))?;
-            Ok(SandboxInstance {
+            Ok(NamespaceInstance {
                 id: id.to_string(),
                 pid,
                 pidfd,
@@ -822,25 +808,178 @@ impl Backend for NamespaceBackend {
         }
         r
     }
+}
 
-    fn terminate(&self, sb: &SandboxInstance) -> Result<(), RuntimeError> {
+/// Takes a free id range slot among `id_slots` (the slot's number and its lock,
+/// an exclusive `flock` of `run_dir/slots/<slot>`, which whoever keeps the
+/// sandbox alive holds). Both backends take their ranges here, from the same
+/// `run_dir`, so no two sandboxes of either share host ids.
+pub(crate) fn take_id_slot(run_dir: &Path, id_slots: u32) -> Result<(u32, OwnedFd), RuntimeError> {
+    let dir = run_dir.join("slots");
+    // Start at a pseudo-random slot so concurrent creators rarely collide.
+    let start = (std::process::id() ^ Instant::now().elapsed().subsec_nanos()) % id_slots;
+    for i in 0..id_slots {
+        let slot = (start + i) % id_slots;
+        let f = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join(slot.to_string()))
+            .map_err(io_err("open slot lock"))?;
+        let fd = OwnedFd::from(f);
+        if sys::try_flock_exclusive(fd.as_fd()).map_err(io_err("lock slot"))? {
+            return Ok((slot, fd));
+        }
+    }
+    Err(RuntimeError::Exhausted("id ranges (sandbox slots)"))
+}
+
+/// A sandbox of the namespace backend: its PID 1 (the agent), cgroup(s) and run
+/// directory.
+#[derive(Debug)]
+pub struct NamespaceInstance {
+    id: String,
+    /// Host pid of the sandbox's PID 1 (the agent).
+    pid: i32,
+    pidfd: OwnedFd,
+    /// The agent's socket.
+    socket: PathBuf,
+    cgroup: Cgroup,
+    /// Runtime directory on the host.
+    dir: PathBuf,
+    /// Host uid of root in the sandbox.
+    id_base: u32,
+}
+
+impl NamespaceInstance {
+    /// Host uid of root in the sandbox.
+    pub fn id_base(&self) -> u32 {
+        self.id_base
+    }
+
+    pub fn cgroup(&self) -> &Cgroup {
+        &self.cgroup
+    }
+}
+
+impl Instance for NamespaceInstance {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    fn agent_socket(&self) -> &Path {
+        &self.socket
+    }
+
+    fn exit_watch(&self) -> io::Result<OwnedFd> {
+        self.pidfd.try_clone()
+    }
+
+    /// Reaps PID 1 when this process is its (subreaper) parent, otherwise polls
+    /// its pidfd.
+    fn wait_exit(&self, timeout: Duration) -> Option<i32> {
+        crate::instance::wait_child(self.pid, &self.pidfd, timeout)
+    }
+
+    /// SIGKILLs PID 1 (its pid namespace, so every process of the sandbox, dies
+    /// with it) and waits for it.
+    fn kill(&self, timeout: Duration) -> Option<i32> {
+        let _ = sys::pidfd_send_signal(self.pidfd.as_fd(), libc::SIGKILL);
+        self.wait_exit(timeout)
+    }
+
+    fn terminate(&self) -> Result<(), RuntimeError> {
         // Killing PID 1 kills the whole pid namespace; its mount namespace (root,
         // writable layer, every mount) goes with its last process.
         let tr = Trace::new(Trace::enabled(), "stop  ");
-        let _ = sys::pidfd_send_signal(sb.pidfd.as_fd(), libc::SIGKILL);
-        wait_exit(sb, Duration::from_secs(10));
+        let _ = sys::pidfd_send_signal(self.pidfd.as_fd(), libc::SIGKILL);
+        self.wait_exit(Duration::from_secs(10));
         tr.mark("pid 1 gone");
-        if !sb.cgroup.kill_all(Duration::from_secs(5)) {
-            return Err(RuntimeError::Stuck(sb.id.clone()));
+        if !self.cgroup.kill_all(Duration::from_secs(5)) {
+            return Err(RuntimeError::Stuck(self.id.clone()));
         }
         tr.mark("cgroup empty");
-        sb.cgroup.remove(Duration::from_secs(5))?;
+        self.cgroup.remove(Duration::from_secs(5))?;
         // The shared parent goes too once the last sandbox is gone (EBUSY otherwise).
-        sb.cgroup.remove_parent_if_empty();
+        self.cgroup.remove_parent_if_empty();
         tr.mark("cgroup removed");
-        remove_run_dir(&sb.dir);
+        remove_run_dir(&self.dir);
         tr.mark("run directory removed");
         Ok(())
+    }
+
+    fn usage(&self) -> Option<crate::cgroup::Usage> {
+        self.cgroup.exists().then(|| self.cgroup.usage())
+    }
+
+    /// A short-lived thread enters the network namespace of PID 1 (`setns` on
+    /// its pidfd), creates the sockets there and ends: the namespace of a socket
+    /// is fixed when it is created, so they can be used from any thread.
+    fn port_sockets(&self, reply: PortSocketsReply) {
+        let pidfd = match self.pidfd.try_clone() {
+            Ok(fd) => fd,
+            Err(e) => return reply(Err(e)),
+        };
+        let spawned = std::thread::Builder::new()
+            .name("sandlot-port-dial".into())
+            .spawn(move || {
+                let r = (|| -> io::Result<PortSockets> {
+                    // setns(2) takes a pidfd for the namespaces of its process.
+                    sys::setns_net(pidfd.as_fd())?;
+                    let v4 = sys::tcp_socket(false)?;
+                    let v6 = sys::tcp_socket(true).ok();
+                    Ok(PortSockets { v4, v6 })
+                })();
+                // This thread ends here, so its namespace never leaks to other work.
+                reply(r);
+            });
+        // A thread that could not start drops `reply` unanswered, which its
+        // receiver sees as a failure.
+        drop(spawned);
+    }
+
+    fn hold_still(&self, timeout: Duration) -> Result<Stillness<'_>, RuntimeError> {
+        self.cgroup.freeze(true, timeout)?;
+        Ok(Stillness::new(move || {
+            self.cgroup
+                .freeze(false, timeout)
+                .map_err(RuntimeError::from)
+        }))
+    }
+
+    /// Reads PID 1's mount table and id maps and opens its root, all while its
+    /// pidfd says it has not exited: they are this sandbox's even if the pid is
+    /// reused later.
+    fn snapshot_source(&self) -> Result<SnapshotSource, RuntimeError> {
+        let gone = || RuntimeError::Gone(self.id.clone());
+        let proc = |name: &str| format!("/proc/{}/{name}", self.pid);
+        let dir = std::fs::File::open(proc("root")).map_err(|_| gone())?;
+        let text = std::fs::read_to_string(proc("mountinfo")).map_err(|_| gone())?;
+        let uid_map = std::fs::read_to_string(proc("uid_map")).map_err(|_| gone())?;
+        let gid_map = std::fs::read_to_string(proc("gid_map")).map_err(|_| gone())?;
+        if crate::instance::has_exited(&self.pidfd) {
+            return Err(gone());
+        }
+        let mount_points = crate::mounts::mount_points_under(&text, Path::new("/"))
+            .into_iter()
+            .filter_map(|p| p.strip_prefix("/").ok().map(Path::to_path_buf))
+            .filter(|p| !p.as_os_str().is_empty())
+            .collect();
+        Ok(SnapshotSource {
+            mount_points,
+            live_root: Some(crate::LiveRoot {
+                dir,
+                id_maps: Some((uid_map, gid_map)),
+            }),
+        })
+    }
+
+    fn add_helper(&self, pid: i32) -> io::Result<()> {
+        self.cgroup.attach(pid).map_err(io::Error::other)
     }
 }
 
@@ -850,55 +989,6 @@ fn describe_wait(st: i32) -> String {
         format!("killed by signal {}", libc::WTERMSIG(st))
     } else {
         format!("exit code {}", libc::WEXITSTATUS(st))
-    }
-}
-
-/// SIGKILLs the sandbox's PID 1 (its pid namespace dies with it) and waits up to
-/// `timeout` for it to exit; the wait status when we reaped it. [`Backend::terminate`]
-/// does this too, then removes the host's side; calling this first lets a caller
-/// learn that nothing runs any more before that clean-up.
-pub fn kill_pid1(sb: &SandboxInstance, timeout: Duration) -> Option<i32> {
-    let _ = sys::pidfd_send_signal(sb.pidfd.as_fd(), libc::SIGKILL);
-    wait_exit(sb, timeout)
-}
-
-/// Waits for PID 1 to exit: reaps it when we are its (subreaper) parent, otherwise
-/// polls its pidfd. Returns the wait status when we reaped it.
-pub fn wait_exit(sb: &SandboxInstance, timeout: Duration) -> Option<i32> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        match sys::try_waitpid(sb.pid) {
-            Ok(Some(st)) => {
-                crate::orphans::unprotect(sb.pid);
-                return Some(st);
-            }
-            Ok(None) => {}
-            // Not our child (e.g. adopted after a restart): watch the pidfd instead.
-            Err(_) => {
-                crate::orphans::unprotect(sb.pid);
-                let mut pfd = libc::pollfd {
-                    fd: sb.pidfd.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                };
-                let left = deadline
-                    .saturating_duration_since(Instant::now())
-                    .as_millis() as i32;
-                // SAFETY: one valid pollfd.
-                unsafe { libc::poll(&mut pfd, 1, left) };
-                return None;
-            }
-        }
-        if Instant::now() >= deadline {
-            return None;
-        }
-        let mut pfd = libc::pollfd {
-            fd: sb.pidfd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd; a short timeout bounds the loop.
-        unsafe { libc::poll(&mut pfd, 1, 50) };
     }
 }
 

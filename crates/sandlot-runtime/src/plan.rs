@@ -9,6 +9,10 @@ use crate::mounts::MountPlan;
 
 /// Width of each sandbox's uid/gid range: ids 0..65535 inside.
 pub const ID_RANGE: u32 = 65536;
+/// First host uid/gid handed to sandboxes of either backend (2^20).
+pub const DEFAULT_ID_BASE: u32 = 1 << 20;
+/// Number of id ranges: the most sandboxes of both backends together.
+pub const DEFAULT_ID_SLOTS: u32 = 8192;
 
 /// Defaults of the processes the agent starts. `Debug` shows the variables' names only:
 /// a value may be a secret.
@@ -124,5 +128,53 @@ impl Trace {
                 self.start.elapsed().as_secs_f64() * 1e3
             );
         }
+    }
+}
+
+/// The sandbox's hostname: the spec's, or `sandlot-` and the start of its id.
+pub fn sandbox_hostname(id: &str, spec: &sandlot_proto::spec::SandboxSpec) -> String {
+    spec.hostname
+        .clone()
+        .unwrap_or_else(|| format!("sandlot-{}", &id[..id.len().min(12)]))
+}
+
+/// Defaults of the agent's processes. Environment: the base (`PATH`, `LANG`,
+/// `HOSTNAME`), then the image's, the spec's, then secrets (later wins). User: the
+/// spec's, or the image's when the spec says `root` (the default). Working
+/// directory: the spec's, else the image's. Also what a daemon sends a pooled
+/// sandbox's agent (`configure`) when it hands the sandbox to a request.
+pub fn agent_setup(
+    hostname: &str,
+    spec: &sandlot_proto::spec::SandboxSpec,
+    image: Option<&crate::mounts::ImageRoot>,
+    secrets: &crate::Secrets,
+) -> AgentSetup {
+    let mut env = crate::hostimage::base_env(hostname);
+    let mut set = |k: &str, v: &str| {
+        env.retain(|(ek, _)| ek != k);
+        env.push((k.to_string(), v.to_string()));
+    };
+    if let Some(img) = image {
+        for kv in &img.env {
+            if let Some((k, v)) = kv.split_once('=') {
+                set(k, v);
+            }
+        }
+    }
+    for (k, v) in &spec.env {
+        set(k, v);
+    }
+    for (k, v) in &secrets.env {
+        set(k, v);
+    }
+    let default_user = crate::mounts::sandbox_user(spec, image);
+    let default_cwd = spec
+        .workdir
+        .clone()
+        .or_else(|| image.and_then(|i| i.workdir.clone()));
+    AgentSetup {
+        env,
+        default_user,
+        default_cwd,
     }
 }

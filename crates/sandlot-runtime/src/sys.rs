@@ -483,6 +483,22 @@ pub fn setns_net(fd: BorrowedFd<'_>) -> io::Result<()> {
     Ok(())
 }
 
+/// A non-blocking, close-on-exec TCP socket (IPv6 when `v6`) in the calling
+/// thread's network namespace, not yet connected.
+pub fn tcp_socket(v6: bool) -> io::Result<OwnedFd> {
+    let family = if v6 { libc::AF_INET6 } else { libc::AF_INET };
+    // SAFETY: socket() has no pointer args; the fd is wrapped immediately.
+    let s = cvt(unsafe {
+        libc::socket(
+            family,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            0,
+        )
+    })?;
+    // SAFETY: fresh fd, owned here.
+    Ok(unsafe { OwnedFd::from_raw_fd(s) })
+}
+
 /// Brings the loopback interface up in the current network namespace.
 pub fn loopback_up() -> io::Result<()> {
     // SAFETY: socket() has no pointer args; the fd is wrapped immediately.

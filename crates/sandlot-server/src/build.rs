@@ -68,10 +68,17 @@ impl Builder {
 }
 
 /// The spec of a run step's sandbox on `image`: the operator's `build_memory` and
-/// `build_disk`, the network open only when the build asks for it.
-pub fn step_spec(image: &str, network: bool, cfg: &crate::config::ImagesSection) -> SandboxSpec {
+/// `build_disk`, the network open only when the build asks for it, the operator's
+/// default isolation (which is within the minimum and ceiling).
+pub fn step_spec(
+    image: &str,
+    network: bool,
+    cfg: &crate::config::ImagesSection,
+    isolation: sandlot_proto::spec::Isolation,
+) -> SandboxSpec {
     let mut spec = SandboxSpec {
         image: image.to_string(),
+        isolation,
         ..Default::default()
     };
     spec.resources.disk = cfg.build_disk;
@@ -500,7 +507,12 @@ async fn run_step(
     send: &Arc<dyn Fn(Value) + Send + Sync>,
 ) -> Result<ImageInfo, ApiError> {
     let argv = step.argv().expect("a running step");
-    let spec = step_spec(&base.id.to_string(), network, &state.cfg.images);
+    let spec = step_spec(
+        &base.id.to_string(),
+        network,
+        &state.cfg.images,
+        state.cfg.isolation.default,
+    );
     // The sandbox ends at the build's deadline at the latest.
     let timeout = deadline
         .saturating_duration_since(Instant::now())
@@ -631,13 +643,9 @@ async fn run_in(
         st.images
             .snapshot_as(
                 &hid.id,
-                crate::images::HostRoot {
-                    pid: hid.inst.pid,
-                    pidfd: &hid.inst.pidfd,
-                },
+                &*hid.inst,
                 // A step's spec names no host name: the default one.
-                &sandlot_runtime::namespace::sandbox_hostname(&hid.id, &Default::default()),
-                &hid.inst.cgroup,
+                &sandlot_runtime::plan::sandbox_hostname(&hid.id, &Default::default()),
                 st.cfg.images.build_disk.bytes(),
                 w.commit(&cfg, &text),
             )

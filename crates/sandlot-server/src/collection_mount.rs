@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use sandlot_proto::spec::{normalize_sandbox_path, MountSpec, SandboxSpec, ANONYMOUS_PRINCIPAL};
-use sandlot_runtime::mounts::SharedDir;
+use sandlot_runtime::mounts::{mount_points_under, SharedDir};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ApiError, ApiResult};
@@ -334,9 +334,9 @@ impl CollectionMounts {
     /// Moves the helpers of sandbox `id` into its cgroup (their memory and CPU count
     /// against it; its teardown kills them). A failure is logged: the helpers then stay
     /// the daemon's and are removed by [`Self::release`] all the same.
-    pub fn attach(&self, id: &str, cgroup: &sandlot_runtime::cgroup::Cgroup) {
+    pub fn attach(&self, id: &str, inst: &dyn sandlot_runtime::Instance) {
         for c in self.children().get(id).into_iter().flatten() {
-            if let Err(e) = cgroup.attach(c.id() as i32) {
+            if let Err(e) = inst.add_helper(c.id() as i32) {
                 tracing::warn!(sandbox_id = %id, "move collection mount helper {} into the sandbox's cgroup: {e}", c.id());
             }
         }
@@ -471,41 +471,6 @@ fn mounts_under(dir: &Path) -> Vec<PathBuf> {
     let mut v = mount_points_under(&info, dir);
     v.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
     v
-}
-
-/// Mount points at or under `dir` in a mountinfo text. Pure.
-pub fn mount_points_under(mountinfo: &str, dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for line in mountinfo.lines() {
-        let Some(mp) = line.split(' ').nth(4) else {
-            continue;
-        };
-        let p = PathBuf::from(unescape_mountinfo(mp));
-        if p.starts_with(dir) && !out.contains(&p) {
-            out.push(p);
-        }
-    }
-    out
-}
-
-/// Mountinfo escapes space, tab, newline and backslash as `\ooo`.
-fn unescape_mountinfo(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\' && i + 4 <= b.len() {
-            let oct = std::str::from_utf8(&b[i + 1..i + 4]).unwrap_or("");
-            if let Ok(v) = u8::from_str_radix(oct, 8) {
-                out.push(v);
-                i += 4;
-                continue;
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Helpers (`sandlot __vfs-serve MOUNTPOINT`) serving a mount point at or under `dir`,

@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use sandlot_proto::spec::Isolation;
 use sandlot_proto::units::{ByteSize, Seconds};
 use serde::Deserialize;
 
@@ -225,6 +226,64 @@ pub struct ServerConfig {
     /// The TCP listeners' caps and timeouts and the descriptors kept for the
     /// operator (`[connections]`, see `inbound.rs`).
     pub connections: crate::inbound::ConnectionsSection,
+    /// What isolates sandboxes from the host kernel: the default and ceiling of
+    /// create requests, and gVisor's `runsc` (`[isolation]`).
+    pub isolation: IsolationSection,
+}
+
+/// Isolation backends (`[isolation]`, see `docs/api.md`, "Isolation").
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default)]
+pub struct IsolationSection {
+    /// The isolation of a create that names none.
+    pub default: Isolation,
+    /// The strongest isolation a create may ask for (`namespace` < `gvisor`):
+    /// gVisor sandboxes cost more memory and CPU per system call.
+    pub ceiling: Isolation,
+    /// The weakest isolation any sandbox of this daemon gets: a create asking for
+    /// less is refused, and build steps, pools and the E2B front door are held to
+    /// it too (`gvisor`: every sandbox runs under gVisor).
+    pub minimum: Isolation,
+    /// gVisor's `runsc`: a path, or a name looked up on the daemon's `PATH`.
+    pub runsc: PathBuf,
+    /// gVisor's platform: `auto` (systrap where the installed `runsc` has it,
+    /// else ptrace), `ptrace`, `systrap` or `kvm`.
+    pub platform: String,
+}
+
+impl IsolationSection {
+    /// Whether a sandbox may run under `isolation`: not above the ceiling, not
+    /// below the minimum; why not otherwise (`"namespace" is below the operator's
+    /// minimum "gvisor"`).
+    pub fn permits(&self, isolation: Isolation) -> Result<(), String> {
+        if isolation > self.ceiling {
+            return Err(format!(
+                "{:?} is above the operator's ceiling {:?}",
+                isolation.as_str(),
+                self.ceiling.as_str()
+            ));
+        }
+        if isolation < self.minimum {
+            return Err(format!(
+                "{:?} is below the operator's minimum {:?}",
+                isolation.as_str(),
+                self.minimum.as_str()
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Default for IsolationSection {
+    fn default() -> Self {
+        IsolationSection {
+            default: Isolation::Namespace,
+            ceiling: Isolation::Gvisor,
+            minimum: Isolation::Namespace,
+            runsc: PathBuf::from("runsc"),
+            platform: "auto".into(),
+        }
+    }
 }
 
 /// The daemon's log format (`log_format`, `sandlot serve --log-format`).
@@ -371,6 +430,7 @@ impl Default for ServerConfig {
             vfs: VfsSection::default(),
             images: ImagesSection::default(),
             connections: crate::inbound::ConnectionsSection::default(),
+            isolation: IsolationSection::default(),
         }
     }
 }
@@ -383,11 +443,24 @@ impl ServerConfig {
             path: path.to_path_buf(),
             message: e.to_string(),
         })?;
-        let cfg: ServerConfig = serde_ignored::deserialize(de, |p| unknown.push(p.to_string()))
+        let mut cfg: ServerConfig = serde_ignored::deserialize(de, |p| unknown.push(p.to_string()))
             .map_err(|e| ConfigError::Parse {
                 path: path.to_path_buf(),
                 message: e.to_string(),
             })?;
+        // A pool's spec without `isolation` is of the operator's default, as a
+        // create naming none is: otherwise no create would ever match its shape.
+        let raw: toml::Table = text.parse().unwrap_or_default();
+        let pools = raw.get("pools").and_then(|p| p.as_array());
+        for (i, pool) in cfg.pools.iter_mut().enumerate() {
+            let named = pools
+                .and_then(|p| p.get(i))
+                .and_then(|p| p.get("spec"))
+                .is_some_and(|s| s.get("isolation").is_some());
+            if !named {
+                pool.spec.isolation = cfg.isolation.default;
+            }
+        }
         let warnings = unknown
             .into_iter()
             .map(|k| format!("config {}: unknown key {k:?} ignored", path.display()))
@@ -460,6 +533,26 @@ impl ServerConfig {
             if let Some(why) = crate::pool::unpoolable(&p.spec) {
                 return bad(format!("pools[{i}].spec: {why}"));
             }
+            if let Err(why) = self.isolation.permits(p.spec.isolation) {
+                return bad(format!("pools[{i}].spec.isolation {why}"));
+            }
+        }
+        let iso = &self.isolation;
+        if iso.minimum > iso.ceiling {
+            return bad(format!(
+                "isolation.minimum {:?} is above isolation.ceiling {:?}",
+                iso.minimum.as_str(),
+                iso.ceiling.as_str()
+            ));
+        }
+        if let Err(why) = iso.permits(iso.default) {
+            return bad(format!("isolation.default {why}"));
+        }
+        if !["auto", "ptrace", "systrap", "kvm"].contains(&iso.platform.as_str()) {
+            return bad(format!(
+                "isolation.platform {:?}: use auto, ptrace, systrap or kvm",
+                iso.platform
+            ));
         }
         if let Some(c) = self.runtime.default_cpus {
             use sandlot_proto::spec::limits::{MAX_CPUS, MIN_CPUS};
@@ -490,7 +583,10 @@ impl ServerConfig {
         }
         // A build step's sandbox: the sizes must make a sandbox (memory at least the
         // minimum, the writable layer within what the memory holds).
-        if let Err(e) = crate::build::step_spec("build-step", false, &self.images).validate() {
+        if let Err(e) =
+            crate::build::step_spec("build-step", false, &self.images, self.isolation.default)
+                .validate()
+        {
             return bad(format!(
                 "images.build_memory {} and images.build_disk {}: {e}",
                 self.images.build_memory, self.images.build_disk
@@ -640,6 +736,55 @@ max_sandboxes = 3
         assert!(e.to_string().contains("id_prefix"), "{e}");
         let e = ServerConfig::from_toml("[tenants.\"a b\"]\n", Path::new("c")).unwrap_err();
         assert!(e.to_string().contains("tenant"), "{e}");
+    }
+
+    #[test]
+    fn isolation_default_and_ceiling_are_checked() {
+        let (c, _) = ServerConfig::from_toml("", Path::new("c")).unwrap();
+        assert_eq!(
+            (c.isolation.default, c.isolation.ceiling),
+            (Isolation::Namespace, Isolation::Gvisor)
+        );
+        let (c, _) = ServerConfig::from_toml(
+            "[isolation]\ndefault = \"gvisor\"\nplatform = \"ptrace\"\n",
+            Path::new("c"),
+        )
+        .unwrap();
+        assert_eq!(c.isolation.default, Isolation::Gvisor);
+        for (bad, names) in [
+            (
+                "[isolation]\ndefault = \"gvisor\"\nceiling = \"namespace\"\n",
+                "isolation.default",
+            ),
+            ("[isolation]\nplatform = \"vm\"\n", "isolation.platform"),
+            ("[isolation]\ndefault = \"vm\"\n", "default"),
+            (
+                "[isolation]\nceiling = \"namespace\"\n[[pools]]\nspec = { isolation = \"gvisor\" }\n",
+                "pools[0].spec.isolation",
+            ),
+            (
+                "[isolation]\nminimum = \"gvisor\"\n",
+                "isolation.default \"namespace\" is below the operator's minimum \"gvisor\"",
+            ),
+            (
+                "[isolation]\nminimum = \"gvisor\"\nceiling = \"namespace\"\n",
+                "isolation.minimum",
+            ),
+            (
+                "[isolation]\nminimum = \"gvisor\"\ndefault = \"gvisor\"\n[[pools]]\nspec = { isolation = \"namespace\" }\n",
+                "pools[0].spec.isolation \"namespace\" is below",
+            ),
+        ] {
+            let e = ServerConfig::from_toml(bad, Path::new("c")).unwrap_err();
+            assert!(e.to_string().contains(names), "{bad}: {e}");
+        }
+        // A pool naming no isolation is of the default one.
+        let (c, _) = ServerConfig::from_toml(
+            "[isolation]\nminimum = \"gvisor\"\ndefault = \"gvisor\"\n[[pools]]\nsize = 1\n",
+            Path::new("c"),
+        )
+        .unwrap();
+        assert_eq!(c.pools[0].spec.isolation, Isolation::Gvisor);
     }
 
     #[test]

@@ -34,7 +34,7 @@ use sandlot_proto::spec::{valid_object_name, MountSpec, SandboxSpec, HOST_IMAGE}
 use sandlot_proto::units::ByteSize;
 use sandlot_runtime::host_path::{self, PinError, PinnedPath};
 use sandlot_runtime::mounts::{ImageRoot, SharedDir};
-use sandlot_runtime::{CreateOptions, SecretFile, Secrets};
+use sandlot_runtime::{CreateOptions, Instance, SecretFile, Secrets};
 use sandlot_store::layer::LayerError;
 use sandlot_store::{
     Budget, Commit, Digest, ImageInfo, ImageName, ImageStore, LegacyOwners, ScopedTag, SizeLimit,
@@ -45,7 +45,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::ApiError;
 
 mod host_snapshot;
-pub use host_snapshot::HostRoot;
+use host_snapshot::snapshot_source;
 
 /// The daemon's images, volumes and secrets.
 pub struct Images {
@@ -430,7 +430,7 @@ impl Images {
     }
 
     /// Turns a running sandbox's writable layer into a new image whose parent is
-    /// the sandbox's image. The cgroup is frozen while the layer is read. The image
+    /// the sandbox's image. The sandbox is held still while the layer is read. The image
     /// belongs to `tenant`, the sandbox's (see the module's notes); `tag` is in the
     /// namespace of whoever asked (`scope`; `None`: the operator's, shared). What
     /// the layer expands to is bounded by the sandbox's disk limit `disk` (and the
@@ -439,19 +439,17 @@ impl Images {
     pub fn snapshot(
         &self,
         id: &str,
-        root: HostRoot<'_>,
+        inst: &dyn Instance,
         hostname: &str,
         tenant: &str,
         scope: Option<&str>,
-        cgroup: &sandlot_runtime::cgroup::Cgroup,
         tag: Option<&ImageName>,
         disk: u64,
     ) -> Result<(ImageInfo, Duration), ApiError> {
         self.snapshot_as(
             id,
-            root,
+            inst,
             hostname,
-            cgroup,
             disk,
             Commit {
                 config: &Default::default(),
@@ -473,7 +471,7 @@ impl Images {
     pub(crate) fn pack_frozen(
         &self,
         id: &str,
-        cgroup: &sandlot_runtime::cgroup::Cgroup,
+        inst: &dyn Instance,
         dir: &Path,
         source: &sandlot_store::PackSource,
         disk: u64,
@@ -481,13 +479,13 @@ impl Images {
         let limit = self.limit(Some(disk));
         let what = format!("the writable layer of sandbox {id}");
         let t0 = Instant::now();
-        cgroup
-            .freeze(true, Duration::from_secs(5))
+        let still = inst
+            .hold_still(Duration::from_secs(5))
             .map_err(|e| ApiError::internal(format!("freeze sandbox {id}: {e}")))?;
         let packed = self
             .store
             .pack_dir_from(dir, source, &mut Budget::new(Some(&limit), &what));
-        let thawed = cgroup.freeze(false, Duration::from_secs(5));
+        let thawed = still.release();
         let took = t0.elapsed();
         thawed.map_err(|e| ApiError::internal(format!("thaw sandbox {id}: {e}")))?;
         Ok((packed.map_err(store_error)?, took))
@@ -499,9 +497,8 @@ impl Images {
     pub fn snapshot_as(
         &self,
         id: &str,
-        root: HostRoot<'_>,
+        inst: &dyn Instance,
         hostname: &str,
-        cgroup: &sandlot_runtime::cgroup::Cgroup,
         disk: u64,
         c: Commit,
     ) -> Result<(ImageInfo, Duration), ApiError> {
@@ -523,14 +520,14 @@ impl Images {
         // (the sandbox's identity files, `hostname` its host name), is not the
         // sandbox's change.
         let source = sandlot_store::PackSource {
-            stubs: root.mount_points(id)?,
+            stubs: snapshot_source(inst)?.mount_points,
             written: sandlot_runtime::hostimage::image_identity_files(hostname)
                 .into_iter()
                 .map(|(name, contents, _)| (Path::new("etc").join(name), contents.into_bytes()))
                 .collect(),
             ..Default::default()
         };
-        let (packed, took) = self.pack_frozen(id, cgroup, &upper, &source, disk)?;
+        let (packed, took) = self.pack_frozen(id, inst, &upper, &source, disk)?;
         let img = self
             .store
             .commit_packed(

@@ -13,6 +13,7 @@ pub mod e2b;
 pub mod error;
 pub mod images;
 pub mod inbound;
+pub mod isolation;
 pub mod memory;
 pub mod metrics;
 pub mod mount_users;
@@ -35,7 +36,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use sandlot_runtime::host_lock::HostLock;
-use sandlot_runtime::{NamespaceBackend, RuntimeConfig};
+use sandlot_runtime::{Backend, NamespaceBackend, RuntimeConfig};
 
 pub use config::ServerConfig;
 
@@ -234,7 +235,7 @@ pub async fn serve(
         "descriptors: kept for the operator socket and sandboxes, for TCP clients, for egress"
     );
     let store = Store::open(&cfg.db_path())?;
-    let mut rc = RuntimeConfig::new(init_exe);
+    let mut rc = RuntimeConfig::new(init_exe.clone());
     rc.run_dir = cfg.runtime.run_dir.clone();
     rc.cgroup_parent = cfg.runtime.cgroup_parent.clone();
     rc.fork_server = cfg.runtime.fork_server;
@@ -307,7 +308,9 @@ pub async fn serve(
             path: PathBuf::from(format!("{:?}", cfg.e2b.listen)),
             source,
         })?;
-    let state = Arc::new(AppState::new(cfg, store, runtime, images, plan));
+    let gvisor = gvisor_backend(&cfg, &init_exe);
+    let backends = isolation::Backends::new(Arc::new(runtime), gvisor);
+    let state = Arc::new(AppState::new(cfg, store, backends, images, plan, init_exe));
     let mut rep = sandbox::reconcile(&state).await?;
     // No create runs yet: keys of creates a crash interrupted are free again.
     if let Err(e) = state.store.release_unbound_idempotency_keys() {
@@ -423,7 +426,9 @@ pub async fn serve(
         );
     }
     network::shutdown(&state).await;
-    state.runtime.release_stock();
+    for b in state.backends.available() {
+        b.release_stock();
+    }
     let _ = std::fs::remove_file(&state.cfg.socket);
     res.map_err(io("serve on", &state.cfg.socket))?;
     tracing::info!(
@@ -431,6 +436,83 @@ pub async fn serve(
         "daemon stopped; live sandboxes keep running"
     );
     Ok(())
+}
+
+/// The daemon's shared state over `runtime`, without its listeners, start-up
+/// reconcile or network service: opens the database and the image store under
+/// `cfg.data_dir`. `helper_exe` is the `sandlot` binary (collection mount helpers).
+/// For serving [`routes::router`] in-process, as the tests over the fake backend
+/// (`sandlot_runtime::process_backend`) do; `sandlot serve` uses [`serve`].
+pub fn open_state(
+    cfg: ServerConfig,
+    runtime: Arc<dyn Backend>,
+    helper_exe: PathBuf,
+) -> Result<Arc<AppState>, ServerError> {
+    std::fs::create_dir_all(&cfg.data_dir).map_err(io("create", &cfg.data_dir))?;
+    let store = Store::open(&cfg.db_path())?;
+    let images = images::Images::open(
+        &cfg.data_dir,
+        cfg.mounts.allowed_host_paths.clone(),
+        cfg.images.max_expanded_size.bytes(),
+    )
+    .map_err(ServerError::Images)?;
+    let plan = inbound::DescriptorPlan::new(1024, &cfg.connections);
+    let backends = isolation::Backends::only(runtime);
+    Ok(Arc::new(AppState::new(
+        cfg, store, backends, images, plan, helper_exe,
+    )))
+}
+
+/// The gVisor backend, when the operator's ceiling or a pool allows gVisor and
+/// the host has a `runsc` that can run it; else why not (logged, and the 409 of
+/// a create that asks for it).
+fn gvisor_backend(cfg: &ServerConfig, sandlot_exe: &Path) -> Result<Arc<dyn Backend>, String> {
+    use sandlot_proto::spec::Isolation;
+    use sandlot_runtime::gvisor::{GvisorBackend, GvisorConfig};
+    let wanted = cfg.isolation.ceiling >= Isolation::Gvisor
+        || cfg
+            .pools
+            .iter()
+            .any(|p| p.spec.isolation == Isolation::Gvisor);
+    if !wanted {
+        return Err("the operator's isolation.ceiling is \"namespace\"".into());
+    }
+    let gcfg = GvisorConfig {
+        runsc: cfg.isolation.runsc.clone(),
+        platform: cfg.isolation.platform.clone(),
+        run_dir: cfg.runtime.run_dir.clone(),
+        cgroup_parent: cfg.runtime.cgroup_parent.clone(),
+        cgroup_cpu_weight: Some(cfg.runtime.cgroup_cpu_weight).filter(|w| *w > 0),
+        sandlot_exe: sandlot_exe.to_path_buf(),
+        default_cpus: cfg.runtime.effective_default_cpus(),
+        // The namespace backend's ranges (`RuntimeConfig::new`): both take slots
+        // from the same run directory.
+        id_base: sandlot_runtime::plan::DEFAULT_ID_BASE,
+        id_slots: sandlot_runtime::plan::DEFAULT_ID_SLOTS,
+    };
+    match GvisorBackend::new(gcfg) {
+        Ok(b) => {
+            let r = b.runsc();
+            tracing::info!(
+                runsc = %r.path.display(),
+                version = %r.version,
+                platform = %r.platform,
+                "gVisor backend ready"
+            );
+            Ok(Arc::new(b))
+        }
+        Err(Ok(why)) => {
+            tracing::warn!(runsc = %cfg.isolation.runsc.display(), "gVisor unavailable: {why}");
+            Err(why.to_string())
+        }
+        Err(Err(e)) => {
+            tracing::error!("gVisor backend: {e}");
+            Err(
+                "the gVisor backend failed to start (the operator has details in the daemon log)"
+                    .into(),
+            )
+        }
+    }
 }
 
 /// Logs where the sandboxes' run directories live: a disk file system makes every

@@ -113,6 +113,10 @@ pub struct CreateSandboxDoc {
     volumes: Option<Vec<VolumeMountDoc>>,
     /// Named secrets: `[{"name", "env"}]` or `[{"name", "path": "/run/secrets/x"}]`.
     secrets: Option<Vec<SecretRefDoc>>,
+    /// `namespace` (Linux namespaces on the host kernel) or `gvisor` (gVisor's
+    /// kernel in user space); default: the operator's (`[isolation] default`).
+    #[schema(example = "gvisor")]
+    isolation: Option<String>,
     /// Unique among the tenant's live sandboxes; usable instead of the id.
     name: Option<String>,
     tags: Option<BTreeMap<String, String>>,
@@ -264,6 +268,7 @@ mod tests {
             target: "/t".into(),
             size: sandlot_proto::units::ByteSize(1 << 20),
         });
+        spec.isolation = sandlot_proto::spec::Isolation::Gvisor;
         let v = serde_json::to_value(&spec).unwrap();
         let mut fields: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
         fields.sort();

@@ -31,7 +31,7 @@ use sandlot_guest::client::GuestClient;
 use sandlot_proto::guest::ConfigureRequest;
 use sandlot_proto::spec::SandboxSpec;
 use sandlot_runtime::mounts::ImageRoot;
-use sandlot_runtime::{Backend, SandboxInstance};
+use sandlot_runtime::Instance;
 use serde::Deserialize;
 use tokio::sync::Notify;
 
@@ -133,7 +133,7 @@ impl Sizing {
 /// A ready sandbox waiting in a pool.
 pub struct Warm {
     pub id: String,
-    pub inst: SandboxInstance,
+    pub inst: Box<dyn Instance>,
     pub guest: GuestClient,
     /// The image it was started from (its config feeds the claim's defaults).
     image: Option<ImageRoot>,
@@ -381,8 +381,8 @@ impl ClaimSetup {
     pub fn plan(w: &Warm, spec: &SandboxSpec) -> ClaimSetup {
         let network = (spec.network.mode != sandlot_proto::spec::NetworkMode::None)
             .then(|| spec.network.clone());
-        let hostname = sandlot_runtime::namespace::sandbox_hostname(&w.id, spec);
-        let setup = sandlot_runtime::namespace::agent_setup(
+        let hostname = sandlot_runtime::plan::sandbox_hostname(&w.id, spec);
+        let setup = sandlot_runtime::plan::agent_setup(
             &hostname,
             spec,
             w.image.as_ref(),
@@ -448,9 +448,8 @@ pub async fn discard(state: &Arc<AppState>, w: Warm) {
     discard_instance(state, &w.id, w.inst).await;
 }
 
-async fn discard_instance(state: &Arc<AppState>, id: &str, inst: SandboxInstance) {
-    let rt = state.runtime.clone();
-    match tokio::task::spawn_blocking(move || rt.terminate(&inst)).await {
+async fn discard_instance(state: &Arc<AppState>, id: &str, inst: Box<dyn Instance>) {
+    match tokio::task::spawn_blocking(move || inst.terminate()).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => tracing::warn!(sandbox_id = %id, "tear down pooled sandbox: {e}"),
         Err(e) => tracing::warn!(sandbox_id = %id, "tear down pooled sandbox: {e}"),
@@ -483,15 +482,15 @@ async fn start_one(state: &Arc<AppState>, pool: &Pool) -> Result<Warm, String> {
             Ok(rt) => format!("create {id}: {rt}"),
             Err(api) => format!("create {id}: {}", api.message),
         })?;
-    // What the runtime gave the agent (`NamespaceBackend::plan` computes it the
-    // same way from the same id, spec and image).
-    let setup = sandlot_runtime::namespace::agent_setup(
-        &sandlot_runtime::namespace::sandbox_hostname(&id, &pool.spec),
+    // What the runtime gave the agent (every backend computes it the same way
+    // from the same id, spec and image).
+    let setup = sandlot_runtime::plan::agent_setup(
+        &sandlot_runtime::plan::sandbox_hostname(&id, &pool.spec),
         &pool.spec,
         image.as_ref(),
         &sandlot_runtime::Secrets::default(),
     );
-    match GuestClient::connect(&inst.socket).await {
+    match GuestClient::connect(inst.agent_socket()).await {
         Ok(guest) => Ok(Warm {
             id,
             inst,

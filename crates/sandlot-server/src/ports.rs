@@ -3,22 +3,24 @@
 //! the host (table `published_ports`, re-established after a daemon restart for
 //! the sandboxes that survived it).
 //!
-//! The daemon reaches a sandbox port the same way whatever the network mode: a
-//! short-lived thread enters the sandbox's network namespace (`setns` on the
-//! pidfd of its PID 1), creates the socket there, and hands it to tokio. The
+//! The daemon reaches a sandbox port the same way whatever the network mode: the
+//! sandbox's instance makes a socket inside the sandbox's network
+//! ([`sandlot_runtime::Instance::port_sockets`]; the namespace backend's enters its
+//! network namespace on a short-lived thread), and tokio connects it. The
 //! connection then goes to the sandbox's loopback, so a server bound to
 //! 127.0.0.1 inside is reachable; nothing in the host's network is opened.
 
 use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rusqlite::params;
 use sandlot_proto::api::ports::{PublishPort, PublishedPort};
+use sandlot_runtime::PortSockets;
 use serde::Deserialize;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -114,43 +116,169 @@ impl DialError {
     }
 }
 
-/// Creates a TCP socket (IPv4, and IPv6 when the namespace has it) inside the
-/// network namespace of the process behind `pidfd`, on a thread of its own: the
-/// namespace of a socket is fixed when it is created, so the socket can then be
-/// used from any thread.
-async fn sockets_in(pidfd: OwnedFd) -> io::Result<(OwnedFd, Option<OwnedFd>)> {
-    use rustix::net::{socket_with, AddressFamily, SocketFlags, SocketType};
+/// Sockets inside the sandbox's network (IPv4, and IPv6 when it has it), made
+/// by its instance on a thread of the backend's.
+async fn sockets_in(inst: &dyn sandlot_runtime::Instance) -> io::Result<PortSockets> {
     let (tx, rx) = tokio::sync::oneshot::channel();
-    std::thread::Builder::new()
-        .name("sandlot-port-dial".into())
-        .spawn(move || {
-            let r = (|| -> io::Result<(OwnedFd, Option<OwnedFd>)> {
-                rustix::thread::move_into_thread_name_spaces(
-                    pidfd.as_fd(),
-                    rustix::thread::ThreadNameSpaceType::NETWORK,
-                )?;
-                let flags = SocketFlags::CLOEXEC | SocketFlags::NONBLOCK;
-                let v4 = socket_with(AddressFamily::INET, SocketType::STREAM, flags, None)?;
-                let v6 = socket_with(AddressFamily::INET6, SocketType::STREAM, flags, None).ok();
-                Ok((v4, v6))
-            })();
-            // This thread ends here, so its namespace never leaks to other work.
-            let _ = tx.send(r);
-        })?;
+    inst.port_sockets(Box::new(move |r| {
+        let _ = tx.send(r);
+    }));
     rx.await
-        .map_err(|_| io::Error::other("the dialling thread panicked"))?
+        .map_err(|_| io::Error::other("the dialling thread ended without an answer"))?
 }
 
-/// Connects to `port` on the loopback of the sandbox (127.0.0.1, then ::1).
-pub async fn dial(h: &SandboxHandle, port: u16) -> Result<TcpStream, DialError> {
+/// A connection to a port of a sandbox: a TCP socket inside its network, or a
+/// relay process in the sandbox ([`sandlot_runtime::PortAccess::Relay`]).
+pub enum PortStream {
+    Tcp(TcpStream),
+    Relay(tokio::io::DuplexStream),
+}
+
+impl PortStream {
+    /// `TCP_NODELAY` on a socket of our own (a relay sets it inside).
+    pub fn set_nodelay(&self, on: bool) -> io::Result<()> {
+        match self {
+            PortStream::Tcp(s) => s.set_nodelay(on),
+            PortStream::Relay(_) => Ok(()),
+        }
+    }
+}
+
+impl tokio::io::AsyncRead for PortStream {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        match self.get_mut() {
+            PortStream::Tcp(s) => std::pin::Pin::new(s).poll_read(cx, buf),
+            PortStream::Relay(s) => std::pin::Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl tokio::io::AsyncWrite for PortStream {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<io::Result<usize>> {
+        match self.get_mut() {
+            PortStream::Tcp(s) => std::pin::Pin::new(s).poll_write(cx, buf),
+            PortStream::Relay(s) => std::pin::Pin::new(s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        match self.get_mut() {
+            PortStream::Tcp(s) => std::pin::Pin::new(s).poll_flush(cx),
+            PortStream::Relay(s) => std::pin::Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        match self.get_mut() {
+            PortStream::Tcp(s) => std::pin::Pin::new(s).poll_shutdown(cx),
+            PortStream::Relay(s) => std::pin::Pin::new(s).poll_shutdown(cx),
+        }
+    }
+}
+
+/// Connects to `port` on the loopback of the sandbox (127.0.0.1, then ::1), the
+/// way its instance says.
+pub async fn dial(h: &SandboxHandle, port: u16) -> Result<PortStream, DialError> {
+    match h.inst.port_access() {
+        sandlot_runtime::PortAccess::Sockets => dial_tcp(h, port).await.map(PortStream::Tcp),
+        sandlot_runtime::PortAccess::Relay(argv) => relay(h, argv, port).await,
+    }
+}
+
+/// How much of a relayed connection may be in flight between the daemon's two
+/// ends of it.
+const RELAY_BUFFER: usize = 256 * 1024;
+
+/// Starts `argv PORT` in the sandbox through its agent and makes its standard
+/// input and output one connection.
+async fn relay(h: &SandboxHandle, argv: Vec<String>, port: u16) -> Result<PortStream, DialError> {
+    use sandlot_guest::client::{ExecRequest, ProcessEvent};
+    use tokio::io::AsyncWriteExt;
     let io_err = |source| DialError::Io { port, source };
-    let pidfd = h.inst.pidfd.try_clone().map_err(io_err)?;
-    let (v4, v6) = sockets_in(pidfd)
-        .await
-        .map_err(|e| match e.raw_os_error() {
-            Some(libc::ESRCH) => DialError::Gone,
-            _ => io_err(e),
-        })?;
+    let mut req = ExecRequest::new(argv.into_iter().chain([port.to_string()]));
+    req.stdin = true;
+    req.tag = Some("sandlot:port-relay".into());
+    let mut p = match h.guest.exec(req).await {
+        Ok(p) => p,
+        Err(_) if h.is_stopping() => return Err(DialError::Gone),
+        Err(e) => return Err(io_err(io::Error::other(e.to_string()))),
+    };
+    let first = match tokio::time::timeout(DIAL_TIMEOUT, p.next_event()).await {
+        Err(_) => {
+            let _ = p.signal(libc::SIGKILL).await;
+            return Err(DialError::Timeout { port });
+        }
+        Ok(Ok(Some(ProcessEvent::Stdout(b)))) if b.first() == Some(&b'+') => b.slice(1..),
+        Ok(Ok(Some(ProcessEvent::Exit(st))))
+            if st.code == Some(sandlot_runtime::PORT_RELAY_REFUSED) =>
+        {
+            return Err(DialError::Refused { port })
+        }
+        Ok(other) => {
+            let _ = p.signal(libc::SIGKILL).await;
+            return Err(io_err(io::Error::other(format!(
+                "the relay in the sandbox did not connect: {other:?}"
+            ))));
+        }
+    };
+    let (ours, theirs) = tokio::io::duplex(RELAY_BUFFER);
+    tokio::spawn(
+        async move {
+            let Some(mut stdin) = p.take_stdin() else {
+                return;
+            };
+            let (mut rd, mut wr) = tokio::io::split(theirs);
+            let to_sandbox = async {
+                let _ = tokio::io::copy(&mut rd, &mut stdin).await;
+                let _ = stdin.shutdown().await;
+            };
+            let from_sandbox = async {
+                let mut ok = wr.write_all(&first).await.is_ok();
+                while ok {
+                    match p.next_event().await {
+                        Ok(Some(ProcessEvent::Stdout(b))) => ok = wr.write_all(&b).await.is_ok(),
+                        Ok(Some(ProcessEvent::Stderr(_))) => {}
+                        _ => break,
+                    }
+                }
+                let _ = wr.shutdown().await;
+                if !ok {
+                    // Our end is gone: so is the connection.
+                    let _ = p.signal(libc::SIGKILL).await;
+                }
+            };
+            tokio::join!(to_sandbox, from_sandbox);
+        }
+        .in_current_span(),
+    );
+    Ok(PortStream::Relay(ours))
+}
+
+/// Connects to `port` on the sandbox's loopback through sockets made in its
+/// network.
+async fn dial_tcp(h: &SandboxHandle, port: u16) -> Result<TcpStream, DialError> {
+    let io_err = |source| DialError::Io { port, source };
+    let PortSockets { v4, v6 } =
+        sockets_in(&*h.inst)
+            .await
+            .map_err(|e| match e.raw_os_error() {
+                Some(libc::ESRCH) => DialError::Gone,
+                _ => io_err(e),
+            })?;
     let attempt = |fd: OwnedFd, addr: SocketAddr| async move {
         let sock = tokio::net::TcpSocket::from_std_stream(std::net::TcpStream::from(fd));
         match tokio::time::timeout(DIAL_TIMEOUT, sock.connect(addr)).await {

@@ -144,10 +144,17 @@ impl ProcEntry {
     /// Subscribes from offset 0 if the supervisor still has all output.
     pub async fn subscribe_from_start(&self, capacity: usize) -> Option<mpsc::Receiver<OutEvent>> {
         let (reply, rx) = oneshot::channel();
-        self.cmd
+        if self
+            .cmd
             .send(SupCmd::Subscribe { capacity, reply })
             .await
-            .ok()?;
+            .is_err()
+        {
+            // A process that ended before its first reader came: its supervisor
+            // has gone, keeping the output (from offset 0, nobody having read it)
+            // and the exit.
+            return self.replay_kept((0, 0), capacity).map(|(_, rx)| rx);
+        }
         rx.await.ok()?
     }
 
@@ -674,7 +681,13 @@ pub async fn poll_exits(
                 _ = &mut stop => return,
             }
         }
-        let Ok(list) = guest.list_processes().await else {
+        // An agent that never answers must not hold this task (and with it the
+        // sandbox's connection) past the sandbox's end.
+        let list = tokio::select! {
+            l = guest.list_processes() => l,
+            _ = &mut stop => return,
+        };
+        let Ok(list) = list else {
             return;
         };
         for e in pending {
@@ -730,6 +743,38 @@ mod tests {
             retention: Duration::from_secs(60),
             kept: Mutex::new(None),
         })
+    }
+
+    /// The attack: an agent that answers the handshake and then nothing. The exit
+    /// poller's process list must not outlive the sandbox's stop.
+    #[tokio::test]
+    async fn the_exit_poller_ends_at_the_stop_even_if_the_agent_never_answers() {
+        use sandlot_proto::guest::{FrameHeader, FrameKind, Hello};
+        use tokio::io::AsyncWriteExt;
+        let (a, mut b) = tokio::io::duplex(64 * 1024);
+        let hello = serde_json::to_vec(&Hello::current("silent", &[])).unwrap();
+        b.write_all(&FrameHeader::encode(FrameKind::Hello, 0, hello.len()))
+            .await
+            .unwrap();
+        b.write_all(&hello).await.unwrap();
+        let guest = sandlot_guest::client::GuestClient::from_stream(a)
+            .await
+            .unwrap();
+        let table = Arc::new(std::sync::Mutex::new(ProcTable::default()));
+        let e = entry(1, false);
+        e.released.store(true, Ordering::Relaxed);
+        table.lock().unwrap().insert(e);
+        let poller = poll_exits(
+            guest,
+            table,
+            Arc::new(tokio::sync::Notify::new()),
+            std::future::ready(()),
+        );
+        assert!(
+            futures_util::FutureExt::now_or_never(poller).is_some(),
+            "the exit poller waited on a silent agent after its stop"
+        );
+        drop(b);
     }
 
     /// Regression (the exec round trip): every insert scanned the whole table.
@@ -798,6 +843,28 @@ mod tests {
             v.push(out(&ev));
         }
         v
+    }
+
+    /// A command fast enough to end before the exec route subscribes (its
+    /// supervisor gone, the output kept): the first reader still gets the output
+    /// and the exit, not a refusal (an NDJSON exec of `echo` was a rare 500).
+    #[tokio::test]
+    async fn a_process_that_ended_before_its_first_reader_still_streams_from_the_start() {
+        let e = entry(9, true);
+        let mut t = Tail::starting_at((0, 0));
+        t.push(&OutEvent::Stdout(0, Bytes::from_static(b"hi\n")));
+        assert!(e.keep(t).is_some());
+        let rx = e.subscribe_from_start(4).await.expect("a reader");
+        let mut got = Vec::new();
+        let mut rx = rx;
+        while let Some(ev) = rx.recv().await {
+            got.push(ev);
+        }
+        assert!(
+            matches!(&got[0], OutEvent::Stdout(0, b) if &b[..] == b"hi\n"),
+            "{got:?}"
+        );
+        assert!(matches!(got.last(), Some(OutEvent::Exit(_))), "{got:?}");
     }
 
     /// Output kept after the exit was delivered replays any number of times, from

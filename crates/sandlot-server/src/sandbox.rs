@@ -8,8 +8,7 @@ use std::time::{Duration, Instant};
 
 use sandlot_guest::client::GuestClient;
 use sandlot_proto::spec::SandboxSpec;
-use sandlot_runtime::cgroup::Cgroup;
-use sandlot_runtime::{Backend, RuntimeError, SandboxInstance};
+use sandlot_runtime::{Instance, RuntimeError};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::{watch, Notify};
 use tracing::Instrument;
@@ -63,7 +62,7 @@ pub struct SandboxHandle {
     /// to (see `Images::limit`).
     pub disk_limit: u64,
     pub guest: GuestClient,
-    pub inst: SandboxInstance,
+    pub inst: Box<dyn Instance>,
     pub counters: Arc<Counters>,
     pub procs: Arc<Mutex<ProcTable>>,
     pub exit_poll: Arc<Notify>,
@@ -100,7 +99,7 @@ impl Drop for ActiveGuard {
 }
 
 impl SandboxHandle {
-    fn new(inst: SandboxInstance, guest: GuestClient, rec: &SandboxRecord) -> SandboxHandle {
+    fn new(inst: Box<dyn Instance>, guest: GuestClient, rec: &SandboxRecord) -> SandboxHandle {
         SandboxHandle {
             span: tracing::info_span!(parent: None, "sandbox", sandbox_id = %rec.id, tenant = %rec.tenant),
             id: rec.id.clone(),
@@ -201,10 +200,9 @@ impl SandboxHandle {
     }
 
     fn sample(&self) {
-        if !self.inst.cgroup.exists() {
+        let Some(u) = self.inst.usage() else {
             return;
-        }
-        let u = self.inst.cgroup.usage();
+        };
         self.cpu_usec.fetch_max(u.cpu_usec, Ordering::Relaxed);
         self.memory_bytes.store(u.memory_bytes, Ordering::Relaxed);
         self.memory_peak
@@ -284,7 +282,7 @@ pub async fn create(state: &Arc<AppState>, p: CreateParams) -> ApiResult<Sandbox
     // record of a sandbox with the pool's.
     let setup = warm.as_ref().map(|(_, w)| ClaimSetup::plan(w, &p.spec));
     let warm_pid = match (&warm, &setup) {
-        (Some((_, w)), Some(s)) if s.is_empty() => Some(w.inst.pid),
+        (Some((_, w)), Some(s)) if s.is_empty() => Some(w.inst.pid()),
         _ => None,
     };
     let rec = SandboxRecord {
@@ -390,7 +388,7 @@ pub async fn create(state: &Arc<AppState>, p: CreateParams) -> ApiResult<Sandbox
         Some(at) if from_pool => at,
         _ => {
             let at = now_ms();
-            if let Err(e) = state.store.mark_running(&id, inst.pid, at) {
+            if let Err(e) = state.store.mark_running(&id, inst.pid(), at) {
                 teardown_failed(state, inst, &id, "record the sandbox").await;
                 return Err(ApiError::internal(e));
             }
@@ -399,7 +397,7 @@ pub async fn create(state: &Arc<AppState>, p: CreateParams) -> ApiResult<Sandbox
     };
     let guest = match guest {
         Some(g) => g,
-        None => match GuestClient::connect(&inst.socket).await {
+        None => match GuestClient::connect(inst.agent_socket()).await {
             Ok(g) => g,
             Err(e) => {
                 span.in_scope(|| tracing::error!("connect to the agent: {e}"));
@@ -412,7 +410,7 @@ pub async fn create(state: &Arc<AppState>, p: CreateParams) -> ApiResult<Sandbox
     };
     let mut rec = rec;
     rec.state = SandboxState::Running;
-    rec.pid = Some(inst.pid);
+    rec.pid = Some(inst.pid());
     rec.started_at = Some(started_at);
     let h = Arc::new(SandboxHandle::new(inst, guest, &rec));
     state.register(h.clone());
@@ -545,7 +543,7 @@ async fn cold_create(
     scope: Option<&str>,
     spec: &SandboxSpec,
     span: &tracing::Span,
-) -> ApiResult<SandboxInstance> {
+) -> ApiResult<Box<dyn Instance>> {
     let (spec, cid, tenant, scope, st) = (
         spec.clone(),
         id.to_string(),
@@ -612,7 +610,13 @@ pub fn start_instance(
     tenant: &str,
     viewer: sandlot_store::Viewer,
     spec: &SandboxSpec,
-) -> Result<(SandboxInstance, Option<sandlot_runtime::mounts::ImageRoot>), StartError> {
+) -> Result<
+    (
+        Box<dyn Instance>,
+        Option<sandlot_runtime::mounts::ImageRoot>,
+    ),
+    StartError,
+> {
     let mut opts = state
         .images
         .prepare(id, tenant, viewer, spec)
@@ -634,9 +638,24 @@ pub fn start_instance(
         return Err(Err(e));
     }
     let image = opts.image.clone();
-    match state.runtime.create(id, spec, opts) {
+    let allowed = crate::isolation::permitted(state, spec.isolation).and_then(|()| {
+        state
+            .backends
+            .get(spec.isolation)
+            .map_err(|why| crate::isolation::unavailable(spec.isolation, why))
+    });
+    let created = match allowed {
+        Ok(b) => b.create(id, spec, opts),
+        Err(e) => {
+            state.images.release(id);
+            crate::network::release(state, id);
+            state.collection_mounts.release(id);
+            return Err(Err(e));
+        }
+    };
+    match created {
         Ok(i) => {
-            state.collection_mounts.attach(id, &i.cgroup);
+            state.collection_mounts.attach(id, &*i);
             Ok((i, image))
         }
         Err(e) => {
@@ -648,9 +667,8 @@ pub fn start_instance(
     }
 }
 
-async fn teardown_failed(state: &Arc<AppState>, inst: SandboxInstance, id: &str, what: &str) {
-    let rt = state.runtime.clone();
-    let _ = tokio::task::spawn_blocking(move || rt.terminate(&inst)).await;
+async fn teardown_failed(state: &Arc<AppState>, inst: Box<dyn Instance>, id: &str, what: &str) {
+    let _ = tokio::task::spawn_blocking(move || inst.terminate()).await;
     state.images.release(id);
     crate::network::release(state, id);
     let st = state.clone();
@@ -702,12 +720,12 @@ pub fn spec_problem(e: &sandlot_proto::spec::SpecError) -> String {
 /// The owner task: waits for a stop request, a timeout or the exit of PID 1, then
 /// tears the sandbox down and records the outcome.
 pub async fn own(state: Arc<AppState>, h: Arc<SandboxHandle>, adopted: bool) {
-    let pidfd = h.inst.pidfd.try_clone().ok().and_then(|fd| {
-        // SAFETY: the AsyncFd owns `fd` (a duplicate of the pidfd), so the
-        // descriptor stays open and unchanged for as long as it is registered.
+    let exit_watch = h.inst.exit_watch().ok().and_then(|fd| {
+        // SAFETY: the AsyncFd owns `fd` (the instance's new exit descriptor), so
+        // it stays open and unchanged for as long as it is registered.
         unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }.ok()
     });
-    if pidfd.is_none() {
+    if exit_watch.is_none() {
         tracing::warn!("cannot watch the sandbox's PID 1; relying on timeouts");
     }
     {
@@ -754,7 +772,7 @@ pub async fn own(state: Arc<AppState>, h: Arc<SandboxHandle>, adopted: bool) {
         let sleep = Duration::from_millis((next - now).max(1) as u64);
         tokio::select! {
             r = async {
-                match &pidfd {
+                match &exit_watch {
                     Some(fd) => fd.readable().await.map(|_| ()),
                     None => std::future::pending().await,
                 }
@@ -787,9 +805,9 @@ pub async fn own(state: Arc<AppState>, h: Arc<SandboxHandle>, adopted: bool) {
     let h2 = h.clone();
     let status = tokio::task::spawn_blocking(move || {
         if pid1_exited {
-            sandlot_runtime::namespace::wait_exit(&h2.inst, Duration::from_millis(200))
+            h2.inst.wait_exit(Duration::from_millis(200))
         } else {
-            sandlot_runtime::namespace::kill_pid1(&h2.inst, Duration::from_secs(10))
+            h2.inst.kill(Duration::from_secs(10))
         }
     })
     .await
@@ -818,11 +836,10 @@ pub async fn own(state: Arc<AppState>, h: Arc<SandboxHandle>, adopted: bool) {
     h.stopped.send_replace(true);
     tracing::info!(reason = reason.as_str(), "sandbox stopped");
     let h2 = h.clone();
-    let rt = state.runtime.clone();
     let images = state.images.clone();
     let st = state.clone();
     let term = tokio::task::spawn_blocking(move || {
-        let term = rt.terminate(&h2.inst);
+        let term = h2.inst.terminate();
         images.release(&h2.id);
         crate::network::release(&st, &h2.id);
         st.collection_mounts.release(&h2.id);
@@ -856,16 +873,20 @@ pub async fn reconcile(state: &Arc<AppState>) -> Result<ReconcileReport, crate::
     let mut report = ReconcileReport::default();
     for rec in state.store.unfinished()? {
         let span = tracing::info_span!("sandbox", sandbox_id = %rec.id, tenant = %rec.tenant);
-        let adopted = match rec.pid {
-            Some(pid) => {
-                let rt = state.runtime.clone();
+        let backend = state
+            .backends
+            .get(crate::isolation::of_record(&rec.spec))
+            .ok()
+            .cloned();
+        let adopted = match (rec.pid, backend) {
+            (Some(pid), Some(rt)) => {
                 let id = rec.id.clone();
                 tokio::task::spawn_blocking(move || rt.adopt(&id, pid))
                     .await
                     .ok()
                     .and_then(Result::ok)
             }
-            None => None,
+            _ => None,
         };
         let Some(inst) = adopted else {
             // A stop (a delete, a timeout) that the crash interrupted has simply
@@ -892,14 +913,13 @@ pub async fn reconcile(state: &Arc<AppState>) -> Result<ReconcileReport, crate::
             report.lost.push(rec.id.clone());
             continue;
         };
-        let guest = match GuestClient::connect(&inst.socket).await {
+        let guest = match GuestClient::connect(inst.agent_socket()).await {
             Ok(g) => g,
             Err(e) => {
                 span.in_scope(|| {
                     tracing::warn!("adopted sandbox's agent does not answer ({e}): terminating")
                 });
-                let rt = state.runtime.clone();
-                let _ = tokio::task::spawn_blocking(move || rt.terminate(&inst)).await;
+                let _ = tokio::task::spawn_blocking(move || inst.terminate()).await;
                 // Its collection mounts go with the reconcile below (it is not live).
                 state.store.mark_stopped(
                     &rec.id,
@@ -918,7 +938,14 @@ pub async fn reconcile(state: &Arc<AppState>) -> Result<ReconcileReport, crate::
         if rec.state == SandboxState::Stopping || rec.state == SandboxState::Creating {
             h.request_stop(rec.end_reason.unwrap_or(EndReason::Deleted));
         }
-        span.in_scope(|| tracing::info!(pid = h.inst.pid, "re-adopted sandbox"));
+        // An operator who raised the minimum (or lowered the ceiling) meanwhile:
+        // what runs below it now stops.
+        let isolation = crate::isolation::of_record(&rec.spec);
+        if let Err(why) = state.cfg.isolation.permits(isolation) {
+            span.in_scope(|| tracing::warn!("re-adopted sandbox's isolation {why}: stopping it"));
+            h.request_stop(EndReason::Policy);
+        }
+        span.in_scope(|| tracing::info!(pid = h.inst.pid(), "re-adopted sandbox"));
         report.adopted.push(rec.id.clone());
         report.unowned.push(h);
     }
@@ -939,28 +966,16 @@ pub async fn reconcile(state: &Arc<AppState>) -> Result<ReconcileReport, crate::
     }
     // Leftovers of this daemon's sandboxes that no record claims (e.g. the daemon
     // died between the runtime's create and recording the pid): kill and remove.
-    let rt = state.runtime.clone();
-    let prefix = state.cfg.id_prefix.clone();
-    let live: Vec<String> = state.live_ids();
-    let parent = state.cfg.runtime.cgroup_parent.clone();
-    let orphans = tokio::task::spawn_blocking(move || {
-        let mut killed = Vec::new();
-        for id in rt.list_ids() {
-            if !id.starts_with(&prefix) || live.contains(&id) {
-                continue;
-            }
-            let cg = Cgroup::plan(rt.cgroup_layout(), &parent, &id);
-            cg.kill_all(Duration::from_secs(5));
-            killed.push(id);
-        }
-        // PID 1 of each is dead now; sweep removes their cgroups and run dirs.
-        let swept = rt.sweep();
-        (killed, swept)
-    })
-    .await
-    .unwrap_or_default();
-    report.orphans = orphans.0;
-    report.swept = orphans.1;
+    for rt in state.backends.available() {
+        let rt = rt.clone();
+        let prefix = state.cfg.id_prefix.clone();
+        let live: Vec<String> = state.live_ids();
+        let left = tokio::task::spawn_blocking(move || rt.reap_leftovers(&prefix, &live))
+            .await
+            .unwrap_or_default();
+        report.orphans.extend(left.killed);
+        report.swept.extend(left.swept);
+    }
     let images = state.images.clone();
     let live = state.live_ids();
     let _ = tokio::task::spawn_blocking(move || images.reconcile(&live)).await;

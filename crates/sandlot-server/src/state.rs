@@ -4,8 +4,6 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use sandlot_runtime::NamespaceBackend;
-
 use crate::config::ServerConfig;
 use crate::metrics::Metrics;
 use crate::process::SupervisorSettings;
@@ -15,7 +13,8 @@ use crate::store::Store;
 pub struct AppState {
     pub cfg: Arc<ServerConfig>,
     pub store: Arc<Store>,
-    pub runtime: Arc<NamespaceBackend>,
+    /// The isolation backends: the daemon's only way to sandboxes.
+    pub backends: crate::isolation::Backends,
     pub metrics: Metrics,
     pub pools: crate::pool::Pools,
     /// Admission of cold creates (`runtime.max_concurrent_creates`).
@@ -101,18 +100,17 @@ impl AppState {
     pub fn new(
         cfg: ServerConfig,
         store: Store,
-        runtime: NamespaceBackend,
+        backends: crate::isolation::Backends,
         images: crate::images::Images,
         descriptors: crate::inbound::DescriptorPlan,
+        helper_exe: std::path::PathBuf,
     ) -> AppState {
         let pools = crate::pool::Pools::new(&cfg.pools);
         let create_slots = tokio::sync::Semaphore::new(cfg.runtime.create_concurrency());
         let claim_slots = tokio::sync::Semaphore::new(cfg.runtime.create_concurrency());
         let vfs = crate::vfs::VfsService::new(&cfg.data_dir, cfg.vfs.clone());
-        let collection_mounts = crate::collection_mount::CollectionMounts::new(
-            &cfg.data_dir,
-            runtime.config().init_exe.clone(),
-        );
+        let collection_mounts =
+            crate::collection_mount::CollectionMounts::new(&cfg.data_dir, helper_exe);
         let inbound = crate::inbound::Inbound::new(&cfg.connections, descriptors.inbound);
         let egress_descriptors = sandlot_net::admission::Budget::new(descriptors.egress);
         let builds = sandlot_net::admission::KeyedCount::new(cfg.images.max_builds_per_tenant);
@@ -130,7 +128,7 @@ impl AppState {
             images: Arc::new(images),
             cfg: Arc::new(cfg),
             store: Arc::new(store),
-            runtime: Arc::new(runtime),
+            backends,
             metrics: Metrics::default(),
             live: Mutex::new(HashMap::new()),
             shutting_down: AtomicBool::new(false),

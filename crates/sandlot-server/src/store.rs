@@ -58,6 +58,9 @@ pub enum EndReason {
     Lost,
     /// The daemon shut down and was configured to stop its sandboxes.
     Shutdown,
+    /// The operator's isolation policy no longer allows it: found running at a
+    /// daemon start below `[isolation] minimum` or above the ceiling.
+    Policy,
 }
 
 impl EndReason {
@@ -70,6 +73,7 @@ impl EndReason {
             EndReason::CreateFailed => "create_failed",
             EndReason::Lost => "lost",
             EndReason::Shutdown => "shutdown",
+            EndReason::Policy => "policy",
         }
     }
 
@@ -82,6 +86,7 @@ impl EndReason {
             "create_failed" => EndReason::CreateFailed,
             "lost" => EndReason::Lost,
             "shutdown" => EndReason::Shutdown,
+            "policy" => EndReason::Policy,
             _ => return None,
         })
     }

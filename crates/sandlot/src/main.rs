@@ -7,6 +7,7 @@
 
 use clap::{Parser, Subcommand};
 
+mod agent_cmd;
 mod api_cmd;
 mod bench;
 #[cfg(feature = "memory")]
@@ -58,6 +59,27 @@ fn main() {
     // The daemon's fork server, which forks those helpers (see sandlot_runtime::zygote).
     if std::env::args_os().nth(1).is_some_and(|a| a == "__zygote") {
         sandlot_runtime::zygote::main(run::agent_main);
+    }
+    // The launcher of a gVisor sandbox (see sandlot_runtime::gvisor::launch).
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == sandlot_runtime::gvisor::launch::LAUNCH_ARG)
+    {
+        sandlot_runtime::gvisor::launch::main();
+    }
+    // A port relay inside a gVisor sandbox (see agent_cmd).
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == sandlot_runtime::gvisor::bundle::PORT_RELAY_ARG)
+    {
+        agent_cmd::port_relay_main();
+    }
+    // The guest agent as a plain process (see agent_cmd).
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == agent_cmd::AGENT_ARG)
+    {
+        agent_cmd::main();
     }
     // The daemon's server of one collection mount (see sandlot_server::collection_mount).
     if std::env::args_os()

@@ -4,9 +4,11 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use sandlot_proto::spec::Isolation;
 use sandlot_proto::spec::SandboxSpec;
+use sandlot_runtime::gvisor::{GvisorBackend, GvisorConfig};
 use sandlot_runtime::init::AgentStart;
-use sandlot_runtime::{Backend, CreateOptions, NamespaceBackend, RuntimeConfig, SandboxInstance};
+use sandlot_runtime::{CreateOptions, Instance, NamespaceBackend, RuntimeConfig};
 
 use crate::spec_flags::{read_object, SpecFlags};
 use crate::EXIT_SANDLOT_ERROR;
@@ -134,6 +136,29 @@ fn backend_with(fork_server: bool) -> anyhow::Result<NamespaceBackend> {
     Ok(be)
 }
 
+/// The gVisor backend with the daemon's default settings (`runsc` on `PATH`, the
+/// best platform the installed release has); it sweeps what killed runs left.
+fn gvisor_backend() -> anyhow::Result<GvisorBackend> {
+    let exe = std::env::current_exe().context("find the sandlot binary")?;
+    let be = GvisorBackend::new(GvisorConfig {
+        runsc: PathBuf::from("runsc"),
+        platform: "auto".into(),
+        run_dir: PathBuf::from("/run/sandlot"),
+        cgroup_parent: "sandlot".into(),
+        cgroup_cpu_weight: None,
+        sandlot_exe: exe,
+        default_cpus: None,
+        id_base: sandlot_runtime::plan::DEFAULT_ID_BASE,
+        id_slots: sandlot_runtime::plan::DEFAULT_ID_SLOTS,
+    })
+    .map_err(|e| match e {
+        Ok(why) => anyhow::anyhow!("--isolation gvisor: {why}"),
+        Err(e) => anyhow::anyhow!("--isolation gvisor: {e}"),
+    })?;
+    be.sweep();
+    Ok(be)
+}
+
 /// The entry point of the agent inside a sandbox (see `sandlot_runtime::init`).
 pub fn agent_main(start: AgentStart) -> std::io::Result<()> {
     let cfg = sandlot_guest::AgentConfig {
@@ -148,16 +173,15 @@ pub fn agent_main(start: AgentStart) -> std::io::Result<()> {
 }
 
 /// Removes the sandbox however the run ends.
-struct Guard<'a> {
-    be: &'a NamespaceBackend,
-    sb: Option<SandboxInstance>,
+struct Guard {
+    sb: Option<Box<dyn Instance>>,
 }
 
-impl Drop for Guard<'_> {
+impl Drop for Guard {
     fn drop(&mut self) {
         if let Some(sb) = self.sb.take() {
-            if let Err(e) = self.be.terminate(&sb) {
-                eprintln!("sandlot: tear down sandbox {}: {e}", sb.id);
+            if let Err(e) = sb.terminate() {
+                eprintln!("sandlot: tear down sandbox {}: {e}", sb.id());
             }
         }
     }
@@ -170,31 +194,33 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
         &sandlot_server::daemon_id_prefixes(),
         random_id,
     )?;
-    let be = backend()?;
     let (life_r, life_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
         .context("create lifeline pipe")?;
-    let sb = be
-        .create(
-            &id,
-            &spec,
-            CreateOptions {
-                lifeline: Some(life_r),
-                image: local_image(&a.data_dir, &spec)?,
-                ..Default::default()
-            },
-        )
-        .with_context(|| format!("create sandbox {id}"))?;
-    let guard = Guard {
-        be: &be,
-        sb: Some(sb),
+    let opts = CreateOptions {
+        lifeline: Some(life_r),
+        image: local_image(&a.data_dir, &spec)?,
+        ..Default::default()
     };
+    let sb: Box<dyn Instance> = match spec.isolation {
+        Isolation::Namespace => Box::new(
+            backend()?
+                .create_instance(&id, &spec, opts)
+                .with_context(|| format!("create sandbox {id}"))?,
+        ),
+        Isolation::Gvisor => Box::new(
+            gvisor_backend()?
+                .create_instance(&id, &spec, opts)
+                .with_context(|| format!("create sandbox {id}"))?,
+        ),
+    };
+    let guard = Guard { sb: Some(sb) };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     let socket = guard
         .sb
         .as_ref()
-        .map(|s| s.socket.clone())
+        .map(|s| s.agent_socket().to_path_buf())
         .expect("sandbox");
     let lifetime = spec.timeout.map(|t| t.duration());
     let code = rt.block_on(crate::run_session::session(&socket, &a, lifetime));
@@ -217,15 +243,14 @@ pub fn bench_in_process(n: usize, fork_server: bool) -> anyhow::Result<Vec<Durat
     for _ in 0..n {
         let id = run_id(None, &daemon_prefixes, random_id)?;
         let t = Instant::now();
-        let sb = be.create(&id, &spec, CreateOptions::default())?;
+        let sb = be.create_instance(&id, &spec, CreateOptions::default())?;
         let guard = Guard {
-            be: &be,
-            sb: Some(sb),
+            sb: Some(Box::new(sb)),
         };
         let socket = guard
             .sb
             .as_ref()
-            .map(|s| s.socket.clone())
+            .map(|s| s.agent_socket().to_path_buf())
             .expect("sandbox");
         let code = rt.block_on(crate::run_session::exec_true(&socket))?;
         drop(guard);

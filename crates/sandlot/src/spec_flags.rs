@@ -52,6 +52,10 @@ pub struct SpecFlags {
     /// Host name inside the sandbox (default: derived from its id).
     #[arg(long)]
     pub hostname: Option<String>,
+    /// What isolates the sandbox from the host kernel: namespace (Linux
+    /// namespaces) or gvisor (gVisor's kernel in user space, through runsc).
+    #[arg(long, value_name = "KIND", value_parser = ["namespace", "gvisor"])]
+    pub isolation: Option<String>,
 }
 
 pub fn parse_size(s: &str) -> Result<ByteSize, String> {
@@ -160,6 +164,7 @@ impl SpecFlags {
             ("workdir", &self.workdir),
             ("user", &self.user),
             ("hostname", &self.hostname),
+            ("isolation", &self.isolation),
         ] {
             if let Some(v) = v {
                 spec.insert(k.into(), Value::from(v.clone()));

@@ -29,7 +29,17 @@ async fn read_from(c: &Client, id: &str, pid: u64, from: (u64, u64)) -> RunOutpu
 
 #[test]
 fn stdin_signals_wait_and_reattach() {
-    let d = Daemon::start(None);
+    stdin_signals_wait_and_reattach_on(&api_support::suite_isolation());
+}
+
+#[test]
+fn stdin_signals_wait_and_reattach_on_gvisor() {
+    stdin_signals_wait_and_reattach_on("gvisor");
+}
+
+/// On the namespace backend and on gVisor: the same API, the same answers.
+fn stdin_signals_wait_and_reattach_on(isolation: &str) {
+    let d = Daemon::start_isolated(None, isolation);
     let c = d.client();
     rt().block_on(async {
         let sb = c.create_sandbox(&CreateSandbox::default()).await.unwrap();

@@ -12,7 +12,17 @@ use serde_json::json;
 
 #[test]
 fn file_operations_watch_and_tar() {
-    let d = Daemon::start(None);
+    file_operations_watch_and_tar_on(&api_support::suite_isolation());
+}
+
+#[test]
+fn file_operations_watch_and_tar_on_gvisor() {
+    file_operations_watch_and_tar_on("gvisor");
+}
+
+/// On the namespace backend and on gVisor: the same API, the same answers.
+fn file_operations_watch_and_tar_on(isolation: &str) {
+    let d = Daemon::start_isolated(None, isolation);
     let c = d.client();
     rt().block_on(async {
         let sb = c.create_sandbox(&CreateSandbox::default()).await.unwrap();

@@ -65,7 +65,19 @@ fn listeners_in(range: (u16, u16)) -> Vec<String> {
 
 #[test]
 fn http_and_websocket_proxy_reach_a_loopback_server_in_mode_none() {
-    let d = Daemon::start(None);
+    http_and_websocket_proxy_reach_a_loopback_server_in_mode_none_on(
+        &api_support::suite_isolation(),
+    );
+}
+
+#[test]
+fn http_and_websocket_proxy_reach_a_loopback_server_in_mode_none_on_gvisor() {
+    http_and_websocket_proxy_reach_a_loopback_server_in_mode_none_on("gvisor");
+}
+
+/// On the namespace backend and on gVisor: the same API, the same answers.
+fn http_and_websocket_proxy_reach_a_loopback_server_in_mode_none_on(isolation: &str) {
+    let d = Daemon::start_isolated(None, isolation);
     let ta = d.token("alpha");
     let tb = d.token("beta");
     let a = d.tcp(Some(&ta));

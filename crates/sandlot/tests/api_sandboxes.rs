@@ -21,7 +21,17 @@ fn body(v: serde_json::Value) -> CreateSandbox {
 
 #[test]
 fn lifecycle_filters_and_errors() {
-    let d = Daemon::start(None);
+    lifecycle_filters_and_errors_on(&api_support::suite_isolation());
+}
+
+#[test]
+fn lifecycle_filters_and_errors_on_gvisor() {
+    lifecycle_filters_and_errors_on("gvisor");
+}
+
+/// On the namespace backend and on gVisor: the same API, the same answers.
+fn lifecycle_filters_and_errors_on(isolation: &str) {
+    let d = Daemon::start_isolated(None, isolation);
     let c = d.client();
     rt().block_on(async {
         let mut req = body(json!({"resources": {"memory": "256M"}, "timeout": "2m"}));

@@ -62,6 +62,15 @@ max_memory = "1G"
 """
 
 
+def isolation_config() -> str:
+    """``[isolation] default`` from ``$SANDLOT_TEST_ISOLATION`` (``namespace``, the
+    default, or ``gvisor``): the same tests on either backend."""
+    iso = os.environ.get("SANDLOT_TEST_ISOLATION", "namespace")
+    if iso not in ("namespace", "gvisor"):
+        pytest.exit(f"SANDLOT_TEST_ISOLATION={iso!r}: use namespace or gvisor", returncode=2)
+    return f'[isolation]\ndefault = "{iso}"\n'
+
+
 @dataclass
 class Daemon:
     bin: str
@@ -101,16 +110,18 @@ class Daemon:
         return o.stdout.strip()
 
     def leftovers(self) -> List[str]:
-        """Run directories and cgroups of this daemon's sandboxes still on the host."""
+        """Run directories (gVisor's too) and cgroups of this daemon's sandboxes
+        still on the host."""
         pats = [
             f"/run/sandlot/sandboxes/{self.prefix}*",
             f"/sys/fs/cgroup/sandlot/{self.prefix}*",
             f"/sys/fs/cgroup/*/sandlot/{self.prefix}*",
+            f"/run/sandlot/gvisor/{self.prefix}*",
         ]
         return sorted(p for pat in pats for p in glob.glob(pat))
 
     def run_dir_exists(self, sandbox_id: str) -> bool:
-        return os.path.exists(f"/run/sandlot/sandboxes/{sandbox_id}")
+        return any(os.path.exists(f"/run/sandlot/{d}/{sandbox_id}") for d in ("sandboxes", "gvisor"))
 
     def run_dir_gone(self, sandbox_id: str, timeout: float = 10.0) -> bool:
         """Whether the sandbox's run directory is gone within `timeout`: the host
@@ -129,7 +140,7 @@ def _start() -> Daemon:
         )
     b = sandlot_bin()
     d = Path(tempfile.mkdtemp(prefix="sandlot-sdk-test-"))
-    (d / "sandlot.toml").write_text(CONFIG)
+    (d / "sandlot.toml").write_text(CONFIG + isolation_config())
     prefix = f"py{os.getpid()}-"
     port = free_port()
     sock = d / "api.sock"

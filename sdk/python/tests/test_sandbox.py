@@ -97,6 +97,18 @@ def test_spec_fields_reach_the_sandbox(acme):  # type: ignore[no-untyped-def]
         assert Sandbox.connect("spec-check", client=acme).id == sb.id
 
 
+def test_isolation_chooses_the_kernel_that_answers(acme):  # type: ignore[no-untyped-def]
+    """Both backends from one daemon: gVisor's kernel answers for itself, the
+    namespace sandbox's is the host's."""
+    with open("/proc/sys/kernel/osrelease") as f:
+        host = f.read().strip()
+    for isolation, same in (("namespace", True), ("gvisor", False)):
+        with Sandbox.create(client=acme, isolation=isolation) as sb:
+            assert sb.info.spec.get("isolation", "namespace") == isolation
+            release = sb.run("uname -r").stdout.strip()
+            assert (release == host) is same, (isolation, release, host)
+
+
 def test_list_filters_by_tag_and_state(acme):  # type: ignore[no-untyped-def]
     with Sandbox.create(client=acme, tags={"team": "a", "run": "list1"}) as a, Sandbox.create(
         client=acme, tags={"team": "b", "run": "list1"}

@@ -80,6 +80,7 @@ def test_create_body_merges_spec_and_arguments():
         tags={"t": "v"},
         volumes=[{"name": "data", "target": "/data"}],
         secrets={"API_KEY": "k"},
+        isolation="gvisor",
     )
     assert b == {
         "resources": {"pids": 64, "memory": "512M", "cpus": 1.5},
@@ -91,6 +92,7 @@ def test_create_body_merges_spec_and_arguments():
         "tags": {"t": "v"},
         "volumes": [{"name": "data", "target": "/data"}],
         "secrets": {"API_KEY": "k"},
+        "isolation": "gvisor",
     }
     assert _spec.create_body() == {}
     with pytest.raises(TypeError):

@@ -428,6 +428,11 @@ impl Agent {
                 self.begin_shutdown();
                 Ok(())
             }
+            Request::Quiesce {} => {
+                let _ = self.reply_end(conn, chan, Reply::Ok);
+                self.quiesce.notify_one();
+                Ok(())
+            }
             Request::Stat(r) => self
                 .stat(&r)
                 .and_then(|stat| self.reply_end(conn, chan, Reply::Stat { stat })),

@@ -31,6 +31,11 @@ use std::os::fd::AsFd;
 pub(crate) struct FsCreds {
     /// The agent runs as root (otherwise it can only act as itself).
     enabled: bool,
+    /// The kernel has `setfsuid`. gVisor's (Debian 12's release) answers ENOSYS:
+    /// there the thread's effective ids are switched instead, keeping the saved
+    /// uid 0 to switch back (the kernel keeps the permitted capabilities then and
+    /// gives the effective ones back with euid 0).
+    fsuid: bool,
     saved_groups: Vec<libc::gid_t>,
 }
 
@@ -46,17 +51,63 @@ fn set_thread_groups(groups: &[libc::gid_t]) -> io::Result<()> {
     Ok(())
 }
 
-struct Restore<'a> {
-    saved_groups: &'a [libc::gid_t],
-    uid: nix::unistd::Uid,
-    gid: nix::unistd::Gid,
+/// This thread's effective uid (`setresuid(-1, euid, -1)`), or gid with `group`:
+/// the raw system call changes the calling thread only (glibc's changes every
+/// thread).
+fn set_thread_effective(id: u32, group: bool) -> io::Result<()> {
+    let nr = if group {
+        libc::SYS_setresgid
+    } else {
+        libc::SYS_setresuid
+    };
+    let keep = libc::c_long::from(-1i32);
+    // SAFETY: three integer arguments; no memory is passed.
+    let r = unsafe { libc::syscall(nr, keep, libc::c_long::from(id), keep) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Gives the thread its identity back when an operation as a user ends.
+enum Restore<'a> {
+    Fs {
+        saved_groups: &'a [libc::gid_t],
+        uid: nix::unistd::Uid,
+        gid: nix::unistd::Gid,
+    },
+    Effective {
+        saved_groups: &'a [libc::gid_t],
+    },
 }
 
 impl Drop for Restore<'_> {
     fn drop(&mut self) {
-        nix::unistd::setfsuid(self.uid);
-        nix::unistd::setfsgid(self.gid);
-        let _ = set_thread_groups(self.saved_groups);
+        match self {
+            Restore::Fs {
+                saved_groups,
+                uid,
+                gid,
+            } => {
+                nix::unistd::setfsuid(*uid);
+                nix::unistd::setfsgid(*gid);
+                let _ = set_thread_groups(saved_groups);
+            }
+            Restore::Effective { saved_groups } => {
+                // uid first: setting the gid back takes euid 0.
+                let uid = set_thread_effective(0, false);
+                let gid = set_thread_effective(0, true);
+                let groups = set_thread_groups(saved_groups);
+                if uid.and(gid).and(groups).is_err() {
+                    // A thread of the agent that stays a user's would do
+                    // everything after as that user: no way on from here.
+                    eprintln!(
+                        "sandlot agent: cannot restore a thread's ids after a file operation"
+                    );
+                    std::process::abort();
+                }
+            }
+        }
     }
 }
 
@@ -66,8 +117,12 @@ impl FsCreds {
         let saved_groups = nix::unistd::getgroups()
             .map(|g| g.into_iter().map(|g| g.as_raw()).collect())
             .unwrap_or_default();
+        // SAFETY: `setfsuid(-1)` changes nothing and answers the current fsuid, or
+        // -1 where the kernel lacks the call.
+        let fsuid = unsafe { libc::setfsuid(u32::MAX) } != -1;
         FsCreds {
             enabled,
+            fsuid,
             saved_groups,
         }
     }
@@ -90,10 +145,19 @@ impl FsCreds {
         if user.uid == 0 && user.gid == 0 {
             return f();
         }
+        if !self.fsuid {
+            set_thread_groups(&user.groups)?;
+            let _restore = Restore::Effective {
+                saved_groups: &self.saved_groups,
+            };
+            set_thread_effective(user.gid, true)?;
+            set_thread_effective(user.uid, false)?;
+            return f();
+        }
         set_thread_groups(&user.groups)?;
         let gid = nix::unistd::setfsgid(nix::unistd::Gid::from_raw(user.gid));
         let uid = nix::unistd::setfsuid(nix::unistd::Uid::from_raw(user.uid));
-        let _restore = Restore {
+        let _restore = Restore::Fs {
             saved_groups: &self.saved_groups,
             uid,
             gid,

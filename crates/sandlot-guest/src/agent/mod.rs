@@ -229,6 +229,8 @@ pub(crate) struct Agent {
     pub fs: FsCreds,
     pub shutdown: Rc<Notify>,
     pub shutting_down: bool,
+    /// A [`Request::Quiesce`](sandlot_proto::guest::Request) arrived.
+    pub quiesce: Rc<Notify>,
     /// Weak self-reference for spawning tasks from synchronous methods.
     pub me: std::rc::Weak<RefCell<Agent>>,
 }
@@ -263,6 +265,7 @@ impl Agent {
             fs: FsCreds::new(),
             shutdown: Rc::new(Notify::new()),
             shutting_down: false,
+            quiesce: Rc::new(Notify::new()),
             me: std::rc::Weak::new(),
         }
     }
@@ -351,6 +354,43 @@ pub(crate) fn spawn_task<F: std::future::Future<Output = ()> + 'static>(f: F) ->
     tokio::task::spawn_local(f)
 }
 
+/// Binds the agent's socket at `path` again, retrying (and saying why) until it
+/// can, since something of the sandbox may be in the way; `None` on a shutdown.
+async fn listen_again(
+    path: &std::path::Path,
+    shutdown: &Notify,
+) -> Option<tokio::net::UnixListener> {
+    loop {
+        let _ = std::fs::remove_file(path);
+        let bound = std::os::unix::net::UnixListener::bind(path).and_then(|l| {
+            l.set_nonblocking(true)?;
+            tokio::net::UnixListener::from_std(l)
+        });
+        match bound {
+            Ok(l) => return Some(l),
+            Err(e) => log!("listen again at {}: {e}; retrying", path.display()),
+        }
+        tokio::select! {
+            _ = shutdown.notified() => return None,
+            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+        }
+    }
+}
+
+/// Closes every connection (each flushes what it has queued first) and waits,
+/// briefly, until they are gone.
+async fn close_connections(agent: &Shared) {
+    for c in agent.borrow_mut().conns.values_mut() {
+        c.closing = true;
+        c.reader.notify_one();
+        c.out.writer.notify_one();
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    while !agent.borrow().conns.is_empty() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// Entry point behind [`crate::run_agent`].
 pub(crate) fn run(
     listener: std::os::unix::net::UnixListener,
@@ -388,13 +428,22 @@ async fn main_loop(
         nix::sys::prctl::set_child_subreaper(true).map_err(io::Error::from)?;
     }
     let mut sigchld = signal(SignalKind::child())?;
+    // Where to listen again after a quiesce (the bound path).
+    let listen_path = listener
+        .local_addr()
+        .ok()
+        .and_then(|a| a.as_pathname().map(std::path::Path::to_path_buf));
+    // Installs the handler now, so that a SIGUSR1 never ends the agent; only a
+    // receiver made at a quiesce (below) wakes it.
+    drop(signal(SignalKind::user_defined1())?);
     listener.set_nonblocking(true)?;
-    let listener = tokio::net::UnixListener::from_std(listener)?;
+    let mut listener = tokio::net::UnixListener::from_std(listener)?;
 
     let agent: Shared = Rc::new(RefCell::new(Agent::new(&mut config, pid1)));
     agent.borrow_mut().me = Rc::downgrade(&agent);
     agent.borrow_mut().ensure_default_cwd();
     let shutdown = agent.borrow().shutdown.clone();
+    let quiesce = agent.borrow().quiesce.clone();
 
     let lifeline = match config.lifeline {
         Some(fd) => Some(process::watch_lifeline(agent.clone(), fd)?),
@@ -408,6 +457,30 @@ async fn main_loop(
             biased;
             _ = shutdown.notified() => break,
             Some(()) = sigchld.recv() => agent.borrow_mut().reap(),
+            _ = quiesce.notified() => {
+                let Some(path) = &listen_path else {
+                    log!("quiesce: the listening socket has no path; ignored");
+                    continue;
+                };
+                drop(listener);
+                close_connections(&agent).await;
+                // A signal sent before this point is no answer.
+                let mut wake = signal(SignalKind::user_defined1())?;
+                // Processes run on; their exits are reaped meanwhile.
+                let mut stop = false;
+                loop {
+                    tokio::select! {
+                        biased;
+                        _ = shutdown.notified() => { stop = true; break }
+                        Some(()) = sigchld.recv() => agent.borrow_mut().reap(),
+                        _ = wake.recv() => break,
+                    }
+                }
+                match if stop { None } else { listen_again(path, &shutdown).await } {
+                    Some(l) => listener = l,
+                    None => break,
+                }
+            }
             r = listener.accept() => match r {
                 Ok((stream, _)) => {
                     let (rd, wr) = stream.into_split();

@@ -64,8 +64,31 @@ pub(crate) fn open(path: &Path, flags: OFlag, follow: bool) -> io::Result<OwnedF
     let how = OpenHow::new()
         .flags(flags)
         .resolve(ResolveFlag::RESOLVE_NO_MAGICLINKS);
-    let fd = nix::fcntl::openat2(nix::fcntl::AT_FDCWD, path, how).map_err(io::Error::from)?;
+    let fd = match nix::fcntl::openat2(nix::fcntl::AT_FDCWD, path, how) {
+        // A kernel without openat2 (gVisor's before 2023): see `open_plain`.
+        Err(nix::errno::Errno::ENOSYS) => open_plain(path, flags)?,
+        r => r.map_err(io::Error::from)?,
+    };
     refuse_own(fd.as_fd())?;
+    Ok(fd)
+}
+
+/// [`open`] where the kernel has no openat2, so magic links cannot be refused
+/// while the path is resolved: the object found is refused instead when it is one
+/// that only a magic link leads to (a pipe, socket or anonymous inode, which has
+/// no path of its own). A file or directory a magic link leads to has a path the
+/// caller could name, and reaching it through another process's `/proc` entries
+/// takes the same permission over that process as in the kernel itself.
+fn open_plain(path: &Path, flags: OFlag) -> io::Result<OwnedFd> {
+    let fd =
+        nix::fcntl::open(path, flags, nix::sys::stat::Mode::empty()).map_err(io::Error::from)?;
+    let at = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))?;
+    if !at.is_absolute() {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            "pipes, sockets and other objects without a path are not served",
+        ));
+    }
     Ok(fd)
 }
 

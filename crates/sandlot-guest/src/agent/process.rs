@@ -475,7 +475,9 @@ impl Agent {
         for i in 0..2 {
             if let Some(fd) = p.streams[i].fd.clone() {
                 let room = p.streams[i].room.clone();
-                p.streams[i].task = Some(spawn_task(pipe_task(shared.clone(), id, i, fd, room)));
+                let tty = p.streams[i].tty;
+                p.streams[i].task =
+                    Some(spawn_task(pipe_task(shared.clone(), id, i, fd, room, tty)));
             }
         }
         if let Some(si) = &mut p.stdin {
@@ -590,7 +592,7 @@ impl Agent {
     pub fn read_output(&mut self, id: u64, i: usize) -> io::Result<ReadOutcome> {
         let mut total = 0usize;
         let mut would_block = false;
-        let outcome = loop {
+        let mut outcome = loop {
             let room = match self.room(id, i) {
                 None => break ReadOutcome::Eof,
                 Some(0) => break ReadOutcome::NoRoom,
@@ -634,6 +636,14 @@ impl Agent {
         };
         if let Some(p) = self.procs.get_mut(&id) {
             let st = &mut p.streams[i];
+            // A terminal whose process has exited and whose buffer is empty once
+            // the linger is over has ended: Linux reports the hang-up (EIO) when
+            // the last slave closes, gVisor's kernel never does, and a descendant
+            // still holding the slave has lost its terminal's reader anyway.
+            if would_block && st.tty && p.status.is_some() && p.linger_expired {
+                outcome = ReadOutcome::Eof;
+                would_block = false;
+            }
             if outcome == ReadOutcome::Eof {
                 st.eof = true;
                 st.fd = None;
@@ -792,10 +802,22 @@ impl Agent {
 
     fn on_linger(&mut self, id: u64) {
         let mut fix = [false; 2];
-        if let Some(p) = self.procs.get_mut(&id) {
-            p.linger_expired = true;
-        } else {
-            return;
+        let ttys: Vec<usize> = match self.procs.get_mut(&id) {
+            Some(p) => {
+                p.linger_expired = true;
+                (0..2)
+                    .filter(|&i| p.streams[i].tty && !p.streams[i].eof)
+                    .collect()
+            }
+            None => return,
+        };
+        // A terminal's end may come with no readiness event: read it now, and wake
+        // its task so that it sees the stream ended.
+        for i in ttys {
+            let _ = self.read_output(id, i);
+            if let Some(p) = self.procs.get(&id) {
+                p.streams[i].room.notify_one();
+            }
         }
         for (i, f) in fix.iter_mut().enumerate() {
             *f = self.room(id, i) != Some(0);
@@ -949,7 +971,10 @@ pub(crate) fn no_such(id: u64) -> ErrorBody {
     )
 }
 
-async fn pipe_task(agent: Shared, id: u64, i: usize, fd: Afd, room: Rc<Notify>) {
+/// Reads one output stream of a process while its subscribers have room. A
+/// terminal's task also wakes on `room` while it waits for output: the stream can
+/// end without a readiness event (see [`Agent::read_output`]).
+async fn pipe_task(agent: Shared, id: u64, i: usize, fd: Afd, room: Rc<Notify>, tty: bool) {
     loop {
         loop {
             match agent.borrow().room(id, i) {
@@ -959,7 +984,21 @@ async fn pipe_task(agent: Shared, id: u64, i: usize, fd: Afd, room: Rc<Notify>) 
             }
             room.notified().await;
         }
-        let Ok(mut g) = fd.readable().await else {
+        let ready = if tty {
+            tokio::select! {
+                g = fd.readable() => Some(g),
+                _ = room.notified() => None,
+            }
+        } else {
+            Some(fd.readable().await)
+        };
+        let Some(ready) = ready else {
+            // Room again: a terminal whose process has exited may have ended
+            // with nothing left to make it readable (see `read_output`).
+            let _ = agent.borrow_mut().read_output(id, i);
+            continue;
+        };
+        let Ok(mut g) = ready else {
             return;
         };
         match g.try_io(|_| agent.borrow_mut().read_output(id, i)) {

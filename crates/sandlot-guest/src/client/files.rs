@@ -15,11 +15,17 @@ use tokio::io::AsyncWrite;
 
 use super::{unexpected, Channel, ClientError, Event, GuestClient, InputSink, OUTPUT_WINDOW};
 
+/// Longest NDJSON record (a directory entry, a watch event) the client buffers: a
+/// path of a few kilobytes and at most 64 extended attributes of 4 KiB, escaped.
+pub const MAX_RECORD: usize = 2 << 20;
+
 /// A file being downloaded, chunk by chunk.
 pub struct FileDownload {
     chan: Channel,
     stat: FileStat,
     consumed: u32,
+    /// Bytes the request asked for and not delivered yet (None: to the end).
+    left: Option<u64>,
 }
 
 impl FileDownload {
@@ -33,6 +39,14 @@ impl FileDownload {
         loop {
             match self.chan.recv().await? {
                 Event::Data(_, b) => {
+                    if let Some(left) = &mut self.left {
+                        *left = left.checked_sub(b.len() as u64).ok_or_else(|| {
+                            ClientError::Protocol(format!(
+                                "read_file {:?}: more data than the request asked for",
+                                self.stat.path
+                            ))
+                        })?;
+                    }
                     self.consumed += b.len() as u32;
                     if self.consumed >= OUTPUT_WINDOW / 4 {
                         self.chan.grant(stream::OUTPUT, self.consumed);
@@ -52,7 +66,8 @@ impl FileDownload {
 
     /// Reads everything that is left.
     pub async fn read_to_end(mut self) -> Result<Vec<u8>, ClientError> {
-        let mut v = Vec::with_capacity(self.stat.size.min(64 << 20) as usize);
+        // The size is the agent's word: reserve little ahead of the data itself.
+        let mut v = Vec::with_capacity(self.stat.size.min(1 << 20) as usize);
         while let Some(c) = self.chunk().await? {
             v.extend_from_slice(&c);
         }
@@ -150,6 +165,8 @@ impl Drop for FileUpload {
 struct Ndjson {
     chan: Channel,
     buf: BytesMut,
+    /// Bytes at the start of `buf` known to hold no newline.
+    scanned: usize,
     op: &'static str,
     ended: bool,
 }
@@ -157,8 +174,10 @@ struct Ndjson {
 impl Ndjson {
     async fn next<T: DeserializeOwned>(&mut self) -> Result<Option<T>, ClientError> {
         loop {
-            if let Some(pos) = self.buf.iter().position(|&b| b == b'\n') {
-                let line = self.buf.split_to(pos + 1);
+            if let Some(pos) = self.buf[self.scanned..].iter().position(|&b| b == b'\n') {
+                let line = self.buf.split_to(self.scanned + pos + 1);
+                let pos = line.len() - 1;
+                self.scanned = 0;
                 let v = serde_json::from_slice(&line[..pos]).map_err(|e| {
                     ClientError::Protocol(format!("{}: invalid record: {e}", self.op))
                 })?;
@@ -172,6 +191,13 @@ impl Ndjson {
                     )));
                 }
                 return Ok(None);
+            }
+            self.scanned = self.buf.len();
+            if self.buf.len() > MAX_RECORD {
+                return Err(ClientError::Protocol(format!(
+                    "{}: a record longer than {MAX_RECORD} bytes",
+                    self.op
+                )));
             }
             match self.chan.recv().await? {
                 Event::Data(_, b) => {
@@ -236,12 +262,14 @@ debug_by_channel!(
 impl GuestClient {
     /// Opens a file for streaming.
     pub async fn read_file(&self, req: ReadFileRequest) -> Result<FileDownload, ClientError> {
+        let left = req.length;
         let (mut chan, _) = self.open(&Request::ReadFile(req), &[stream::OUTPUT], false)?;
         match chan.reply("read_file").await? {
             Reply::Stat { stat } => Ok(FileDownload {
                 chan,
                 stat,
                 consumed: 0,
+                left,
             }),
             other => Err(unexpected("read_file", &other)),
         }
@@ -294,6 +322,7 @@ impl GuestClient {
                 inner: Ndjson {
                     chan,
                     buf: BytesMut::new(),
+                    scanned: 0,
                     op: "list_dir",
                     ended: false,
                 },
@@ -341,6 +370,7 @@ impl GuestClient {
                 inner: Ndjson {
                     chan,
                     buf: BytesMut::new(),
+                    scanned: 0,
                     op: "watch",
                     ended: false,
                 },

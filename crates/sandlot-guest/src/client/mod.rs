@@ -12,6 +12,7 @@ mod process;
 
 use std::collections::HashMap;
 use std::io;
+use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
@@ -40,6 +41,31 @@ use crate::wire::{self, Frame, FrameReader};
 /// Credit granted per output stream (stdout, stderr, file content).
 pub(crate) const OUTPUT_WINDOW: u32 = 256 * 1024;
 
+/// How long the agent has to answer the client's hello. A legitimate agent sends
+/// its own hello as soon as the connection is accepted.
+pub const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Channels open at once on one connection, counting those cancelled by the client
+/// whose END the agent has not sent yet (the agent has the same limit).
+pub const MAX_CHANNELS: usize = 4096;
+
+/// Processes one `list_processes` may report: as many as an agent tracks (running
+/// ones, and finished ones whose exit status is not collected yet).
+pub const MAX_LISTED_PROCESSES: usize = 16_384 + 1_024;
+
+/// JSON bytes of the replies of one `list_processes`, all batches together.
+pub const MAX_PROCESS_LIST_BYTES: usize = 16 << 20;
+
+/// Bytes of client-to-agent frames queued for the connection (or being written)
+/// beyond which stdin and upload writers wait: an agent that grants credit but does
+/// not read its socket cannot make the client buffer without bound.
+pub(crate) const OUT_HIGH_WATER: usize = 1 << 20;
+
+/// Longest hello field the client accepts (the software string, each capability),
+/// and how many capabilities.
+const MAX_HELLO_STRING: usize = 256;
+const MAX_HELLO_CAPABILITIES: usize = 64;
+
 /// Errors of the guest client.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -64,6 +90,8 @@ pub enum ClientError {
     },
     #[error("guest connection closed: {0}")]
     Closed(Arc<str>),
+    #[error("the guest agent did not answer the handshake within {0:?}")]
+    HandshakeTimeout(std::time::Duration),
     /// A detached process has no output or status on its exec channel: attach to it.
     #[error("process {0} was started detached: attach to it to stream output or wait")]
     Detached(ProcessId),
@@ -120,7 +148,7 @@ impl InputCredit {
 
     fn add(&self, n: u64) {
         let mut st = lock(&self.st);
-        st.credit += n;
+        st.credit = st.credit.saturating_add(n);
         if let Some(w) = st.waker.take() {
             w.wake();
         }
@@ -162,6 +190,29 @@ struct Slot {
     input: Option<Arc<InputCredit>>,
     /// Output credit granted and not yet used, for streams 1 and 2.
     credit: [u64; 2],
+    /// EOF seen on streams 1 and 2 (no DATA and no second EOF may follow).
+    eof: [bool; 2],
+    /// Replies the agent may still send on this channel, and their JSON bytes:
+    /// replies are not flow-controlled, so an agent that sent more than its
+    /// operation has could fill the channel's queue without bound.
+    replies_left: usize,
+    reply_bytes_left: usize,
+}
+
+/// How many replies, and how many bytes of them, the operation of `req` may get.
+fn reply_budget(req: &Request) -> (usize, usize) {
+    use sandlot_proto::guest::MAX_PAYLOAD;
+    let n = match req {
+        Request::ListProcesses {} => {
+            return (MAX_LISTED_PROCESSES + 1, MAX_PROCESS_LIST_BYTES);
+        }
+        // The first reply, the exit (or write result), and an error.
+        Request::Exec(_) | Request::Attach(_) | Request::WriteFile(_) => 3,
+        // The first reply and an error cutting the stream.
+        Request::ReadFile(_) | Request::ListDir(_) | Request::Watch(_) => 2,
+        _ => 1,
+    };
+    (n, n * MAX_PAYLOAD)
 }
 
 struct ConnState {
@@ -169,6 +220,18 @@ struct ConnState {
     chans: HashMap<u32, Slot>,
     next_id: u32,
     closed: Option<Arc<str>>,
+    /// Bytes the writer took from `out` and is writing.
+    in_flight: usize,
+    /// Input writers waiting for `out` to drain below [`OUT_HIGH_WATER`].
+    out_waiters: Vec<Waker>,
+}
+
+impl ConnState {
+    fn wake_out_waiters(&mut self) {
+        for w in self.out_waiters.drain(..) {
+            w.wake();
+        }
+    }
 }
 
 /// State shared by the connection's tasks and handles.
@@ -193,6 +256,7 @@ impl Conn {
             }
             // Dropping the sender wakes the receiver, which reports the closure.
         }
+        st.wake_out_waiters();
         drop(st);
         self.writer_wake.notify_one();
     }
@@ -241,14 +305,26 @@ impl Conn {
             other => return Err(format!("{other:?} frames are sent by clients only")),
         };
         let ev = match f.kind {
-            FrameKind::Reply => Event::Reply(
-                serde_json::from_slice(&f.payload)
-                    .map_err(|e| format!("invalid reply on channel {chan}: {e}"))?,
-            ),
+            FrameKind::Reply => {
+                if slot.replies_left == 0 || f.payload.len() > slot.reply_bytes_left {
+                    return Err(format!(
+                        "more replies on channel {chan} than its operation has"
+                    ));
+                }
+                slot.replies_left -= 1;
+                slot.reply_bytes_left -= f.payload.len();
+                Event::Reply(
+                    serde_json::from_slice(&f.payload)
+                        .map_err(|e| format!("invalid reply on channel {chan}: {e}"))?,
+                )
+            }
             FrameKind::Data => {
                 let (s, data) = parse_data(chan, &f.payload).map_err(|e| e.to_string())?;
                 if s == stream::INPUT {
                     return Err(format!("DATA on stream 0 of channel {chan} from the agent"));
+                }
+                if slot.eof[s as usize - 1] {
+                    return Err(format!("DATA after EOF on stream {s} of channel {chan}"));
                 }
                 let c = &mut slot.credit[s as usize - 1];
                 if data.len() as u64 > *c {
@@ -261,7 +337,15 @@ impl Conn {
                 Event::Data(s, f.payload.slice(1..))
             }
             FrameKind::Eof => {
-                parse_eof(chan, &f.payload).map_err(|e| e.to_string())?;
+                let s = parse_eof(chan, &f.payload).map_err(|e| e.to_string())?;
+                if s == stream::INPUT {
+                    return Err(format!("EOF on stream 0 of channel {chan} from the agent"));
+                }
+                let seen = &mut slot.eof[s as usize - 1];
+                if *seen {
+                    return Err(format!("a second EOF on stream {s} of channel {chan}"));
+                }
+                *seen = true;
                 Event::Eof
             }
             FrameKind::Window => {
@@ -431,6 +515,15 @@ impl InputSink {
                 "input already closed",
             )));
         }
+        {
+            let mut st = lock(&self.h.conn.st);
+            if st.closed.is_none() && st.out.len() + st.in_flight >= OUT_HIGH_WATER {
+                if !st.out_waiters.iter().any(|w| w.will_wake(cx.waker())) {
+                    st.out_waiters.push(cx.waker().clone());
+                }
+                return Poll::Pending;
+            }
+        }
         let max = buf.len().min(sandlot_proto::guest::DATA_CHUNK);
         match self.credit.poll_take(cx, max) {
             Poll::Pending => Poll::Pending,
@@ -503,19 +596,45 @@ impl std::fmt::Debug for GuestClient {
 }
 
 impl GuestClient {
-    /// Connects to an agent's Unix socket and performs the handshake.
+    /// Connects to an agent's Unix socket and performs the handshake. The socket
+    /// itself is opened first without following a link, and connected to through
+    /// that descriptor: a gVisor sandbox can write the directory its agent's socket
+    /// is in, and a link it put there in the socket's place (to another sandbox's
+    /// agent) is refused instead of followed. Connecting and the handshake together
+    /// take at most [`HANDSHAKE_TIMEOUT`].
     pub async fn connect(path: &Path) -> Result<GuestClient, ClientError> {
-        let s = tokio::net::UnixStream::connect(path)
-            .await
-            .map_err(|source| ClientError::Connect {
+        let connect = async {
+            let err = |source| ClientError::Connect {
                 path: path.to_path_buf(),
                 source,
-            })?;
-        GuestClient::from_stream(s).await
+            };
+            let pinned = open_socket_nofollow(path).map_err(err)?;
+            let s =
+                tokio::net::UnixStream::connect(format!("/proc/self/fd/{}", pinned.as_raw_fd()))
+                    .await
+                    .map_err(err)?;
+            drop(pinned);
+            GuestClient::handshake(s).await
+        };
+        tokio::time::timeout(HANDSHAKE_TIMEOUT, connect)
+            .await
+            .unwrap_or(Err(ClientError::HandshakeTimeout(HANDSHAKE_TIMEOUT)))
     }
 
     /// Performs the handshake over any byte stream (vsock, stdio, a test duplex).
+    ///
+    /// The agent has [`HANDSHAKE_TIMEOUT`] to answer: a silent one fails the
+    /// handshake instead of holding the caller forever.
     pub async fn from_stream<S>(s: S) -> Result<GuestClient, ClientError>
+    where
+        S: AsyncRead + AsyncWrite + Send + 'static,
+    {
+        tokio::time::timeout(HANDSHAKE_TIMEOUT, GuestClient::handshake(s))
+            .await
+            .unwrap_or(Err(ClientError::HandshakeTimeout(HANDSHAKE_TIMEOUT)))
+    }
+
+    async fn handshake<S>(s: S) -> Result<GuestClient, ClientError>
     where
         S: AsyncRead + AsyncWrite + Send + 'static,
     {
@@ -552,6 +671,7 @@ impl GuestClient {
                 )))
             }
         };
+        check_hello(&peer)?;
         let version = ours
             .negotiate(&peer)
             .map_err(ClientError::UnsupportedVersion)?;
@@ -561,6 +681,8 @@ impl GuestClient {
                 chans: HashMap::new(),
                 next_id: 1,
                 closed: None,
+                in_flight: 0,
+                out_waiters: Vec::new(),
             }),
             writer_wake: Notify::new(),
         });
@@ -599,6 +721,17 @@ impl GuestClient {
         if let Some(why) = &st.closed {
             return Err(ClientError::Closed(why.clone()));
         }
+        if st.chans.len() >= MAX_CHANNELS {
+            return Err(ClientError::Remote {
+                op: req.op(),
+                code: ErrorCode::Limit,
+                message: format!(
+                    "{}: at most {MAX_CHANNELS} operations at once on a sandbox's agent",
+                    req.op()
+                ),
+            });
+        }
+        let (replies_left, reply_bytes_left) = reply_budget(req);
         let mut id = st.next_id;
         while id == 0 || st.chans.contains_key(&id) {
             id = id.wrapping_add(1);
@@ -622,6 +755,9 @@ impl GuestClient {
                 tx: Some(tx),
                 input: credit.clone(),
                 credit: granted,
+                eof: [false; 2],
+                replies_left,
+                reply_bytes_left,
             },
         );
         drop(st);
@@ -674,6 +810,12 @@ impl GuestClient {
         self.call_ok(Request::Ping {}).await
     }
 
+    /// Asks the agent to close every connection (this one too) and its listening
+    /// socket until it gets `SIGUSR1`. Returns once acknowledged.
+    pub async fn quiesce(&self) -> Result<(), ClientError> {
+        self.call_ok(Request::Quiesce {}).await
+    }
+
     /// Asks the agent to kill every process and stop. Returns once acknowledged.
     pub async fn shutdown(&self) -> Result<(), ClientError> {
         self.call_ok(Request::Shutdown {}).await
@@ -698,7 +840,14 @@ impl GuestClient {
         let mut all = Vec::new();
         loop {
             match ch.recv().await? {
-                Event::Reply(Reply::Processes { processes }) => all.extend(processes),
+                Event::Reply(Reply::Processes { processes }) => {
+                    if all.len() + processes.len() > MAX_LISTED_PROCESSES {
+                        return Err(ClientError::Protocol(format!(
+                            "list_processes: more than {MAX_LISTED_PROCESSES} processes"
+                        )));
+                    }
+                    all.extend(processes)
+                }
                 Event::Reply(Reply::Error(e)) => {
                     return Err(ClientError::remote("list_processes", e))
                 }
@@ -803,6 +952,21 @@ impl GuestClient {
     }
 }
 
+/// Refuses a hello whose fields are larger than any agent sends: the client keeps
+/// it for the connection's lifetime and its software string appears in messages.
+fn check_hello(h: &Hello) -> Result<(), ClientError> {
+    if h.software.len() > MAX_HELLO_STRING
+        || h.capabilities.len() > MAX_HELLO_CAPABILITIES
+        || h.capabilities.iter().any(|c| c.len() > MAX_HELLO_STRING)
+    {
+        return Err(ClientError::Protocol(format!(
+            "the agent's HELLO is larger than allowed (software and capabilities at most \
+             {MAX_HELLO_STRING} bytes each, at most {MAX_HELLO_CAPABILITIES} capabilities)"
+        )));
+    }
+    Ok(())
+}
+
 pub(crate) fn unexpected(op: &str, r: &Reply) -> ClientError {
     ClientError::Protocol(format!("{op}: unexpected reply {r:?}"))
 }
@@ -832,7 +996,9 @@ async fn write_loop<W: AsyncWrite + Unpin>(conn: Arc<Conn>, mut wr: W) {
                 }
                 None
             } else {
-                Some(st.out.split().freeze())
+                let b = st.out.split().freeze();
+                st.in_flight = b.len();
+                Some(b)
             }
         };
         match next {
@@ -842,8 +1008,55 @@ async fn write_loop<W: AsyncWrite + Unpin>(conn: Arc<Conn>, mut wr: W) {
                     conn.close(Arc::from(format!("writing to the agent: {e}").as_str()));
                     break;
                 }
+                let mut st = lock(&conn.st);
+                st.in_flight = 0;
+                st.wake_out_waiters();
             }
         }
     }
     let _ = wr.shutdown().await;
+}
+
+/// `path` opened as a path only (`O_PATH | O_NOFOLLOW`), if it is a socket: a
+/// link, or anything else, is refused.
+fn open_socket_nofollow(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_NOFOLLOW)
+        .open(path)?;
+    if !f.metadata()?.file_type().is_socket() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a socket (a link is not followed)",
+        ));
+    }
+    Ok(f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A sandbox that can write its agent socket's directory puts a link to
+    /// another sandbox's agent there: the client refuses it rather than follow it.
+    #[tokio::test]
+    async fn a_link_in_place_of_the_agent_socket_is_never_followed() {
+        let dir = std::env::temp_dir().join(format!("sandlot-guest-link-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let real = dir.join("victim.sock");
+        let listener = tokio::net::UnixListener::bind(&real).unwrap();
+        let link = dir.join("agent.sock");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let e = GuestClient::connect(&link).await.unwrap_err();
+        assert!(matches!(e, ClientError::Connect { .. }), "{e}");
+        // The socket itself is reached: the listener sees the connection (and
+        // the handshake then fails, nobody answering it).
+        let accept = tokio::spawn(async move { listener.accept().await.map(drop) });
+        let e = GuestClient::connect(&real).await.unwrap_err();
+        assert!(!matches!(e, ClientError::Connect { .. }), "{e}");
+        accept.await.unwrap().unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

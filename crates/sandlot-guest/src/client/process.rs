@@ -186,7 +186,15 @@ impl Process {
             match ch.recv().await? {
                 Event::Data(s, b) => {
                     let i = (s - 1) as usize;
-                    self.offsets[i] += b.len() as u64;
+                    // The first offset came from the agent (an attach's reply).
+                    self.offsets[i] =
+                        self.offsets[i].checked_add(b.len() as u64).ok_or_else(|| {
+                            ClientError::Protocol(format!(
+                                "process {}: stream {s} runs past offset {}",
+                                self.id,
+                                u64::MAX
+                            ))
+                        })?;
                     self.consumed[i] += b.len() as u32;
                     if self.consumed[i] >= OUTPUT_WINDOW / 4 {
                         ch.grant(s, self.consumed[i]);

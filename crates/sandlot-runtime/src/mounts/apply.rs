@@ -93,11 +93,14 @@ fn attach_tree(tree: Option<OwnedFd>, source: &Path, at: &Path) -> Result<bool, 
 }
 
 /// Mounts an image root ([`RootFs::Layers`]) at `at`. `trees` are the idmapped
-/// trees of [`MountPlan::idmap_sources`], in order; the ones used are taken.
+/// trees of [`MountPlan::idmap_sources`], in order; the ones used are taken. With
+/// `idmapped_rw`, a host writable layer that cannot be idmapped is an error (its
+/// files would show as nobody); without, it is bound as it is.
 pub fn mount_layers(
     root: &RootFs,
     at: &Path,
     trees: &mut [Option<OwnedFd>],
+    idmapped_rw: bool,
 ) -> Result<RootInfo, MountError> {
     let RootFs::Layers { lowers, rw, size } = root else {
         return mount_root(root, at, None);
@@ -125,7 +128,7 @@ pub fn mount_layers(
             let p = at.join(".sandlot-rw");
             std::fs::create_dir(&p).map_err(apply_err("mkdir", ".sandlot-rw"))?;
             let tree = trees.get_mut(lowers.len()).and_then(Option::take);
-            if !attach_tree(tree, dir, &p)? {
+            if !attach_tree(tree, dir, &p)? && idmapped_rw {
                 return Err(MountError::Apply {
                     op: "idmap the writable layer",
                     path: dir.display().to_string(),

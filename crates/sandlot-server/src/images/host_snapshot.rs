@@ -9,44 +9,24 @@
 //! the layer and `/etc` synthesized again, as a `host` sandbox does. It depends on
 //! the host it is restored on: its programs and libraries are that host's.
 
-use std::collections::BTreeSet;
-use std::fs;
-use std::os::fd::OwnedFd;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
+use sandlot_runtime::{Instance, RuntimeError, SnapshotSource};
 use sandlot_store::{Commit, IdMap, ImageConfig, ImageInfo, ImageName, PackSource, ScopedTag};
 
 use super::{store_error, Images};
 use crate::error::ApiError;
 
-/// A sandbox's PID 1, as a snapshot needs it.
-pub struct HostRoot<'a> {
-    pub pid: i32,
-    /// Its pidfd: `pid` is read only while it is still this process.
-    pub pidfd: &'a OwnedFd,
-}
-
-impl HostRoot<'_> {
-    /// The paths (relative to the sandbox's root) where something is mounted in
-    /// sandbox `id`, as its PID 1 sees them: where the runtime made stubs to mount
-    /// on in its writable layer.
-    pub fn mount_points(&self, id: &str) -> Result<BTreeSet<PathBuf>, ApiError> {
-        let gone = || ApiError::conflict(format!("sandbox {id} is stopping"));
-        let text =
-            fs::read_to_string(format!("/proc/{}/mountinfo", self.pid)).map_err(|_| gone())?;
-        // Read while the pidfd says PID 1 has not exited: the text is this sandbox's.
-        if exited(self.pidfd) {
-            return Err(gone());
+/// What a snapshot reads of sandbox `id` through its instance: 409 when it is
+/// stopping (or its backend cannot say).
+pub(crate) fn snapshot_source(inst: &dyn Instance) -> Result<SnapshotSource, ApiError> {
+    inst.snapshot_source().map_err(|e| match e {
+        RuntimeError::Unsupported { .. } => {
+            ApiError::conflict(format!("sandbox {}: {e}", inst.id()))
         }
-        Ok(
-            crate::collection_mount::mount_points_under(&text, Path::new("/"))
-                .into_iter()
-                .filter_map(|p| p.strip_prefix("/").ok().map(Path::to_path_buf))
-                .filter(|p| !p.as_os_str().is_empty())
-                .collect(),
-        )
-    }
+        _ => ApiError::conflict(format!("sandbox {} is stopping", inst.id())),
+    })
 }
 
 impl Images {
@@ -58,35 +38,35 @@ impl Images {
     pub fn snapshot_host(
         &self,
         id: &str,
-        root: HostRoot<'_>,
+        inst: &dyn Instance,
         tenant: &str,
         scope: Option<&str>,
-        cgroup: &sandlot_runtime::cgroup::Cgroup,
         tag: Option<&ImageName>,
         disk: u64,
     ) -> Result<(ImageInfo, Duration), ApiError> {
-        let gone = || ApiError::conflict(format!("sandbox {id} is stopping"));
-        // /proc/PID, opened while the pidfd says the process has not exited: the
-        // directory is this sandbox's PID 1 even if the pid is reused later.
-        let proc_dir = fs::File::open(format!("/proc/{}", root.pid)).map_err(|_| gone())?;
-        if exited(root.pidfd) {
-            return Err(gone());
-        }
-        let proc_path = PathBuf::from(format!(
-            "/proc/self/fd/{}",
-            std::os::fd::AsRawFd::as_raw_fd(&proc_dir)
-        ));
-        let map = |name: &str| fs::read_to_string(proc_path.join(name)).map_err(|_| gone());
-        let ids = IdMap::parse(&map("uid_map")?, &map("gid_map")?).ok_or_else(|| {
-            ApiError::internal(format!("sandbox {id}: unreadable uid_map or gid_map"))
+        let src = snapshot_source(inst)?;
+        let root = src.live_root.ok_or_else(|| {
+            ApiError::internal(format!("sandbox {id}: its backend gave no root to read"))
         })?;
+        let ids = match &root.id_maps {
+            Some((uid_map, gid_map)) => Some(IdMap::parse(uid_map, gid_map).ok_or_else(|| {
+                ApiError::internal(format!("sandbox {id}: unreadable uid_map or gid_map"))
+            })?),
+            None => None,
+        };
+        let root_path = PathBuf::from(format!(
+            "/proc/self/fd/{}",
+            std::os::fd::AsRawFd::as_raw_fd(&root.dir)
+        ));
+        // Mount points are left out as entries of another filesystem; where the
+        // plan's mounts are not the host's (gVisor's), as the stubs they are.
         let source = PackSource {
             one_filesystem: true,
-            ids: Some(ids),
+            ids,
+            stubs: src.mount_points,
             ..Default::default()
         };
-        let (packed, took) =
-            self.pack_frozen(id, cgroup, &proc_path.join("root"), &source, disk)?;
+        let (packed, took) = self.pack_frozen(id, inst, &root_path, &source, disk)?;
         let config = ImageConfig {
             host_base: true,
             ..Default::default()
@@ -109,18 +89,4 @@ impl Images {
             .map_err(store_error)?;
         Ok((img, took))
     }
-}
-
-/// Whether the process behind `pidfd` has exited (its pidfd is readable then,
-/// reaped or not).
-fn exited(pidfd: &OwnedFd) -> bool {
-    let mut fds = [rustix::event::PollFd::new(
-        pidfd,
-        rustix::event::PollFlags::IN,
-    )];
-    let now = rustix::event::Timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    rustix::event::poll(&mut fds, Some(&now)).unwrap_or(1) > 0
 }

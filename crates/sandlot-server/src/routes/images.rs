@@ -427,27 +427,19 @@ pub async fn snapshot(
         let (img, took) = if host {
             st.images.snapshot_host(
                 &h2.id,
-                crate::images::HostRoot {
-                    pid: h2.inst.pid,
-                    pidfd: &h2.inst.pidfd,
-                },
+                &*h2.inst,
                 &h2.tenant,
                 scope,
-                &h2.inst.cgroup,
                 tag.as_ref(),
                 h2.disk_limit,
             )?
         } else {
             st.images.snapshot(
                 &h2.id,
-                crate::images::HostRoot {
-                    pid: h2.inst.pid,
-                    pidfd: &h2.inst.pidfd,
-                },
+                &*h2.inst,
                 &hostname,
                 &h2.tenant,
                 scope,
-                &h2.inst.cgroup,
                 tag.as_ref(),
                 h2.disk_limit,
             )?
@@ -476,7 +468,7 @@ fn host_image_and_hostname(state: &AppState, id: &str) -> ApiResult<(bool, Strin
         .unwrap_or(sandlot_proto::spec::HOST_IMAGE);
     let hostname = match spec.get("hostname").and_then(|h| h.as_str()) {
         Some(h) => h.to_string(),
-        None => sandlot_runtime::namespace::sandbox_hostname(id, &Default::default()),
+        None => sandlot_runtime::plan::sandbox_hostname(id, &Default::default()),
     };
     Ok((
         image == sandlot_proto::spec::HOST_IMAGE && spec.get("rootfs").is_none_or(|r| r.is_null()),

@@ -201,11 +201,11 @@ fn metrics_response(state: &AppState) -> Response {
         let mut text = state.metrics.render();
         state.pools.render(&mut text);
         crate::metrics::render_teardowns(&mut text, state.teardowns.pending());
-        crate::metrics::render_stocks(
-            &mut text,
-            state.runtime.stocked_cgroups(),
-            state.runtime.stocked_netns(),
-        );
+        let (cgroups, netns) = state.backends.available().fold((0, 0), |(c, n), b| {
+            let s = b.stock();
+            (c + s.cgroups, n + s.netns)
+        });
+        crate::metrics::render_stocks(&mut text, cgroups, netns);
         state.inbound.render(&mut text);
         let egress = match state.net.get() {
             Some(Ok(svc)) => svc.stats(),

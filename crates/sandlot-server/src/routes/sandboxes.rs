@@ -38,6 +38,7 @@ pub const SPEC_KEYS: &[&str] = &[
     "network",
     "volumes",
     "secrets",
+    "isolation",
 ];
 /// Top-level keys of the create body that are not part of the spec.
 pub const EXTRA_KEYS: &[&str] = &["name", "tags", "metadata", "idle_timeout"];
@@ -195,9 +196,11 @@ pub fn parse_create(state: &AppState, p: &Principal, body: Value) -> ApiResult<C
         Some(v) => Some(parse_duration("idle_timeout", &v)?),
     };
     let network_given = obj.contains_key("network");
+    let isolation_given = obj.contains_key("isolation");
     let mut spec: SandboxSpec = from_value(Value::Object(obj))?;
     spec.validate()
         .map_err(|e| ApiError::invalid(e.field(), spec_problem(&e)))?;
+    crate::isolation::admit(state, &mut spec, isolation_given)?;
     crate::network::admit(state, &mut spec, network_given)?;
     if let Some(c) = spec.resources.cpus {
         let max = state.cfg.runtime.effective_max_cpus();

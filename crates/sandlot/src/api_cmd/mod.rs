@@ -208,7 +208,11 @@ fn serve(a: ServeArgs) -> anyhow::Result<i32> {
         cfg.id_prefix = p;
     }
     if let Some(n) = a.pool_size {
-        let default_shape = sandlot_proto::spec::SandboxSpec::default();
+        // The shape of a create naming nothing: of the operator's default isolation.
+        let default_shape = sandlot_proto::spec::SandboxSpec {
+            isolation: cfg.isolation.default,
+            ..Default::default()
+        };
         cfg.pools.retain(|p| p.spec != default_shape);
         cfg.pools.push(sandlot_server::pool::PoolConfig {
             name: Some("default".into()),

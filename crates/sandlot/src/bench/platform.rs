@@ -58,6 +58,10 @@ pub struct PlatformArgs {
     /// (`runtime.fork_server`); `false` measures the exec path.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub fork_server: bool,
+    /// The isolation of every sandbox and pool of the private daemon: namespace
+    /// or gvisor (`[isolation] default`).
+    #[arg(long, default_value = "namespace", value_parser = ["namespace", "gvisor"])]
+    pub isolation: String,
     /// Sections to run (default all): tti, cycle, burst, exec, density, churn, peers.
     /// `cycle` is create + exec `/bin/true` + delete, all timed (run it with
     /// `--pool 0` for the cold figure).
@@ -156,6 +160,7 @@ fn start_daemon(
     pool: usize,
     pool_max: usize,
     fork_server: bool,
+    isolation: &str,
 ) -> anyhow::Result<(Daemon, Client)> {
     let dir = std::env::temp_dir().join(format!("sandlot-bench-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -167,10 +172,12 @@ fn start_daemon(
         &cfg,
         format!(
             "[runtime]\nfork_server = {fork_server}\n\n\
+             [isolation]\ndefault = \"{isolation}\"\n\n\
              [quotas]\nmax_sandboxes = 100000\nmax_memory = {}\n\n\
-             [[pools]]\nname = \"bench\"\nsize = {pool}\nmax_size = {pool_max}\n\n\
+             [[pools]]\nname = \"bench\"\nsize = {pool}\nmax_size = {pool_max}\n\
+             spec = {{ isolation = \"{isolation}\" }}\n\n\
              [[pools]]\nname = \"bench-allow\"\nsize = {pool}\nmax_size = {pool_max}\n\
-             spec = {{ network = {{ mode = \"allow\" }} }}\n",
+             spec = {{ network = {{ mode = \"allow\" }}, isolation = \"{isolation}\" }}\n",
             1u64 << 50
         ),
     )?;
@@ -1015,12 +1022,12 @@ pub fn run(a: PlatformArgs) -> anyhow::Result<i32> {
     }
     std::fs::create_dir_all(&a.out).with_context(|| format!("create {}", a.out.display()))?;
     let mut res = Results {
-        machine: machine(),
+        machine: format!("{}, isolation {}", machine(), a.isolation),
         ..Default::default()
     };
     let ticks_at_start = cpu_ticks();
     let pool_max = a.pool_max.unwrap_or(a.pool).max(a.pool);
-    let (daemon, c) = start_daemon(a.pool, pool_max, a.fork_server)?;
+    let (daemon, c) = start_daemon(a.pool, pool_max, a.fork_server, &a.isolation)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

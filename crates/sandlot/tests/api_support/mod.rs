@@ -26,6 +26,28 @@ pub fn require_root() {
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
+/// The isolation test daemons give a sandbox that names none:
+/// `SANDLOT_TEST_ISOLATION` (`namespace`, the default, or `gvisor`). The whole
+/// API suite runs on gVisor with `SANDLOT_TEST_ISOLATION=gvisor` (see
+/// CONTRIBUTING.md); the tests that run on both backends in every run take
+/// the isolation as a parameter ([`Daemon::start_isolated`]).
+pub fn suite_isolation() -> String {
+    std::env::var("SANDLOT_TEST_ISOLATION").unwrap_or_else(|_| "namespace".into())
+}
+
+/// `config` with `[isolation] default = isolation` added (unless it has an
+/// `[isolation]` section of its own).
+fn with_isolation(config: Option<&str>, isolation: &str) -> Option<String> {
+    match config {
+        Some(c) if c.contains("[isolation]") => Some(c.to_string()),
+        _ if isolation == "namespace" => config.map(str::to_string),
+        c => Some(format!(
+            "{}\n[isolation]\ndefault = \"{isolation}\"\n",
+            c.unwrap_or("")
+        )),
+    }
+}
+
 /// A running daemon.
 pub struct Daemon {
     pub child: Option<Child>,
@@ -50,20 +72,29 @@ pub fn free_port() -> u16 {
 }
 
 impl Daemon {
-    /// Starts a daemon with an optional TOML configuration.
+    /// Starts a daemon with an optional TOML configuration; sandboxes that name no
+    /// isolation get [`suite_isolation`].
     pub fn start(config: Option<&str>) -> Daemon {
-        Daemon::start_with(config, None, None)
+        Daemon::start_isolated(config, &suite_isolation())
+    }
+
+    /// Starts a daemon whose sandboxes get `isolation` (`namespace` or `gvisor`)
+    /// unless they name one.
+    pub fn start_isolated(config: Option<&str>, isolation: &str) -> Daemon {
+        Daemon::start_with(with_isolation(config, isolation).as_deref(), None, None)
     }
 
     /// Starts a daemon whose process runs at `oom_score_adj` (raising it needs no
     /// privilege; lowering it below 0 does).
     pub fn start_with_oom_score_adj(config: Option<&str>, oom_score_adj: i32) -> Daemon {
-        Daemon::start_with(config, Some(oom_score_adj), None)
+        let config = with_isolation(config, &suite_isolation());
+        Daemon::start_with(config.as_deref(), Some(oom_score_adj), None)
     }
 
     /// Starts a daemon whose open-file limit (soft and hard) is `limit`.
     pub fn start_with_open_file_limit(config: Option<&str>, limit: u64) -> Daemon {
-        Daemon::start_with(config, None, Some(limit))
+        let config = with_isolation(config, &suite_isolation());
+        Daemon::start_with(config.as_deref(), None, Some(limit))
     }
 
     fn start_with(
@@ -282,17 +313,10 @@ impl Daemon {
         }
     }
 
-    /// Run dirs and cgroups of this daemon's sandboxes still on the host.
+    /// Run dirs and cgroups of this daemon's sandboxes still on the host, and
+    /// gVisor's directories and processes of them.
     pub fn leftovers(&self) -> Vec<String> {
-        let defaults = sandlot_runtime::RuntimeConfig::new(PathBuf::new());
-        sandlot_runtime::namespace::host_traces(
-            &defaults.run_dir,
-            &defaults.cgroup_parent,
-            &self.prefix,
-        )
-        .into_iter()
-        .map(|p| p.display().to_string())
-        .collect()
+        leftovers_of(&self.prefix)
     }
 
     /// Deletes every sandbox, stops the daemon and checks nothing is left.
@@ -459,4 +483,54 @@ pub fn block_on_within<F: std::future::Future>(secs: u64, what: &str, f: F) -> F
             Err(_) => panic!("{what} did not finish within {secs} s"),
         }
     })
+}
+
+/// Host traces of the sandboxes whose ids start with `prefix`: run directories
+/// and cgroups (both backends), gVisor's sandbox directories and its sandbox and
+/// gofer processes.
+pub fn leftovers_of(prefix: &str) -> Vec<String> {
+    let defaults = sandlot_runtime::RuntimeConfig::new(PathBuf::new());
+    let mut out: Vec<String> =
+        sandlot_runtime::namespace::host_traces(&defaults.run_dir, &defaults.cgroup_parent, prefix)
+            .into_iter()
+            .map(|p| p.display().to_string())
+            .collect();
+    let gvisor = defaults.run_dir.join("gvisor");
+    if let Ok(rd) = std::fs::read_dir(&gvisor) {
+        out.extend(
+            rd.flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with(prefix))
+                .map(|e| e.path().display().to_string()),
+        );
+    }
+    // runsc makes the sandbox's cgroup in every hierarchy, not only the runtime's.
+    let parent = &defaults.cgroup_parent;
+    let mut parents = vec![PathBuf::from("/sys/fs/cgroup").join(parent)];
+    for h in std::fs::read_dir("/sys/fs/cgroup")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        parents.push(h.path().join(parent));
+    }
+    for p in parents {
+        for e in std::fs::read_dir(&p).into_iter().flatten().flatten() {
+            let path = e.path().display().to_string();
+            if e.file_name().to_string_lossy().starts_with(prefix) && !out.contains(&path) {
+                out.push(path);
+            }
+        }
+    }
+    let root = format!("--root={}/{prefix}", gvisor.display());
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        if cmd.starts_with("runsc-") && cmd.contains(&root) {
+            out.push(format!(
+                "process {}: {cmd}",
+                e.file_name().to_string_lossy()
+            ));
+        }
+    }
+    out
 }

@@ -95,8 +95,12 @@ pub fn assert_no_leftovers(id: &str) {
     for d in cgroup_dirs(id) {
         assert!(!d.exists(), "leftover cgroup {}", d.display());
     }
-    let run_dir = Path::new("/run/sandlot/sandboxes").join(id);
-    assert!(!run_dir.exists(), "leftover run dir {}", run_dir.display());
+    for dir in ["/run/sandlot/sandboxes", "/run/sandlot/gvisor"] {
+        let run_dir = Path::new(dir).join(id);
+        assert!(!run_dir.exists(), "leftover run dir {}", run_dir.display());
+    }
+    let runsc = host_processes_matching(&format!("/run/sandlot/gvisor/{id}/"));
+    assert!(runsc.is_empty(), "leftover gVisor processes: {runsc:?}");
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(!mounts.contains(id), "leftover mount mentioning {id}");
     assert!(

@@ -796,6 +796,7 @@ class Sandbox:
         workdir: Optional[str] = None,
         user: Optional[str] = None,
         hostname: Optional[str] = None,
+        isolation: Optional[str] = None,
         rootfs: Optional[str] = None,
         resources: Optional[Mapping[str, Any]] = None,
         cpus: Optional[float] = None,
@@ -821,6 +822,9 @@ class Sandbox:
         fields. ``image`` is a name or id, an :class:`Image`, or an image as the
         API returns it (what :meth:`snapshot_filesystem` returns). A bad value
         raises ``InvalidSpecError`` naming the field.
+        ``isolation``: ``"namespace"`` (Linux namespaces on the host kernel) or
+        ``"gvisor"`` (gVisor's kernel in user space); default: the operator's.
+        A daemon that cannot run gVisor answers ``ConflictError`` naming why.
         ``idempotency_key`` (default: a fresh random one) makes the create safe
         to retry: the daemon answers a repeat with the sandbox the first made."""
         c = client or default_client()
@@ -834,6 +838,7 @@ class Sandbox:
             workdir=workdir,
             user=user,
             hostname=hostname,
+            isolation=isolation,
             resources=resources,
             cpus=cpus,
             memory=memory,
