@@ -440,3 +440,49 @@ fn unknown_languages_and_missing_kernels_are_refused_by_name() {
         c.delete_sandbox(id).await.unwrap();
     });
 }
+
+#[test]
+fn run_code_on_the_command_line_streams_output_and_exits_with_the_outcome() {
+    let d = Daemon::start(None);
+    let c = d.client();
+    let id = block_on_within(60, "create", async {
+        c.create_sandbox(&CreateSandbox::default())
+            .await
+            .unwrap()
+            .id
+    });
+    assert_eq!(
+        d.cli(&["run-code", &id, "x = 6\nprint('six')\nx * 7"]),
+        (0, "six\n42\n".into(), String::new())
+    );
+    // The state is the default context's; a script comes on stdin with `-`.
+    let out = std::process::Command::new(api_support::sandlot())
+        .args(["run-code", &id, "-"])
+        .env("SANDLOT_URL", format!("unix://{}", d.socket.display()))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut p| {
+            use std::io::Write;
+            p.stdin.take().unwrap().write_all(b"print(x + 1)\n")?;
+            p.wait_with_output()
+        })
+        .unwrap();
+    assert_eq!(
+        (out.status.code(), out.stdout.as_slice()),
+        (Some(0), &b"7\n"[..])
+    );
+    let (code, _, err) = d.cli(&["run-code", &id, "x / 0"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("ZeroDivisionError"), "{err}");
+    let (code, _, err) = d.cli(&[
+        "run-code",
+        "--timeout",
+        "1",
+        &id,
+        "import time\ntime.sleep(30)",
+    ]);
+    assert_eq!(code, 124);
+    assert!(err.contains("TimeoutError"), "{err}");
+    block_on_within(30, "delete", async { c.delete_sandbox(&id).await.unwrap() });
+}
