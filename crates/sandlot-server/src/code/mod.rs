@@ -134,24 +134,25 @@ impl Contexts {
         Ok(ctx)
     }
 
-    /// The context `id`; the default one is created on first use.
+    /// The context `id`. The default ones are created on first use: `default`
+    /// (Python) and `default-LANGUAGE` (`default-bash`, `default-javascript`).
     pub async fn get_or_default(&self, guest: &GuestClient, id: &str) -> ApiResult<Arc<Context>> {
         if let Some(c) = self.get(id) {
             return Ok(c);
         }
-        if id != DEFAULT_CONTEXT {
-            return Err(ApiError::not_found(format!("no code context {id}")));
-        }
+        let not_found = || ApiError::not_found(format!("no code context {id}"));
+        let language = match default_language(id) {
+            Some(l) => l,
+            None => return Err(not_found()),
+        };
         let params = ContextParams {
-            language: Language::Python,
+            language,
             cwd: None,
             env: BTreeMap::new(),
         };
-        match self.create(guest, Some(DEFAULT_CONTEXT), params).await {
+        match self.create(guest, Some(id), params).await {
             // Created meanwhile by another request.
-            Err(e) if e.status == StatusCode::CONFLICT => self
-                .get(id)
-                .ok_or_else(|| ApiError::not_found(format!("no code context {id}"))),
+            Err(e) if e.status == StatusCode::CONFLICT => self.get(id).ok_or_else(not_found),
             r => r,
         }
     }
@@ -165,6 +166,23 @@ impl Contexts {
         ctx.deleted.store(true, Ordering::SeqCst);
         ctx.kill(guest).await;
         Ok(())
+    }
+}
+
+/// The language of a default context's id (`default`, `default-bash`, ...).
+pub fn default_language(id: &str) -> Option<Language> {
+    if id == DEFAULT_CONTEXT {
+        return Some(Language::Python);
+    }
+    let l = Language::parse(id.strip_prefix("default-")?).ok()?;
+    (id == default_context(l)).then_some(l)
+}
+
+/// The id of the default context of a language.
+pub fn default_context(l: Language) -> String {
+    match l {
+        Language::Python => DEFAULT_CONTEXT.to_string(),
+        other => format!("{DEFAULT_CONTEXT}-{}", other.as_str()),
     }
 }
 
@@ -702,6 +720,16 @@ mod tests {
         let e = Language::parse("cobol").unwrap_err();
         assert_eq!(e.status, StatusCode::BAD_REQUEST);
         assert!(e.message.contains("\"cobol\""), "{}", e.message);
+    }
+
+    #[test]
+    fn default_contexts_are_named_by_language() {
+        assert_eq!(default_language("default"), Some(Language::Python));
+        assert_eq!(default_language("default-bash"), Some(Language::Bash));
+        assert_eq!(default_language("default-python"), None);
+        assert_eq!(default_language("default-js"), None);
+        assert_eq!(default_language("ctx_1"), None);
+        assert_eq!(default_context(Language::Javascript), "default-javascript");
     }
 
     #[test]
