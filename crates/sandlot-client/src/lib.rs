@@ -15,6 +15,7 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod code;
 mod conn;
 pub mod network;
 pub mod ports;
@@ -30,6 +31,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 pub use api::*;
+pub use code::CodeStream;
 pub use conn::Target;
 pub use network::{NetLog, NetLogEntry};
 pub use ports::{PortList, PublishPort, PublishedPort};

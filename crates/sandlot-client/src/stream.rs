@@ -90,13 +90,20 @@ impl ByteStream {
 }
 
 /// NDJSON lines of a body.
-struct Lines {
+pub(crate) struct Lines {
     body: ByteStream,
     buf: BytesMut,
 }
 
 impl Lines {
-    async fn next_line(&mut self) -> Result<Option<Bytes>, Error> {
+    pub(crate) fn new(resp: http::Response<Incoming>) -> Lines {
+        Lines {
+            body: ByteStream::new(resp),
+            buf: BytesMut::new(),
+        }
+    }
+
+    pub(crate) async fn next_line(&mut self) -> Result<Option<Bytes>, Error> {
         loop {
             if let Some(i) = self.buf.iter().position(|&b| b == b'\n') {
                 let l = self.buf.split_to(i + 1).freeze();

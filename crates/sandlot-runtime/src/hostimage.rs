@@ -29,6 +29,7 @@ pub const ETC_ALLOW: &[&str] = &[
     "magic",
     "magic.mime",
     "mailcap",
+    "matplotlibrc",
     "manpath.config",
     "mime.types",
     "os-release",

@@ -7,6 +7,7 @@
 
 pub mod auth;
 pub mod build;
+pub mod code;
 pub mod collection_mount;
 pub mod config;
 pub mod e2b;

@@ -3,11 +3,13 @@
 
 use std::collections::BTreeMap;
 
-use sandlot_proto::api::{network as net_api, ports as ports_api, vfs as vfs_api};
+use sandlot_proto::api::{
+    code as code_api, network as net_api, ports as ports_api, vfs as vfs_api,
+};
 use utoipa::{OpenApi, ToSchema};
 
 use crate::routes::{
-    exec, files, images, memory, network, ports, sandboxes, secrets, tokens, vfs, volumes,
+    code, exec, files, images, memory, network, ports, sandboxes, secrets, tokens, vfs, volumes,
 };
 
 /// A bind mount, a tmpfs, a memory store or a collection (the `type` field selects).
@@ -165,6 +167,8 @@ pub struct SecretRefDoc {
         sandboxes::set_timeout, sandboxes::events,
         exec::start, exec::start_ws, exec::list, exec::get_one, exec::output, exec::attach_ws, exec::stdin,
         exec::stdin_close, exec::signal, exec::resize, exec::wait,
+        code::create, code::list, code::get_one, code::remove, code::restart, code::interrupt,
+        code::run, code::run_ws,
         files::read, files::write, files::remove, files::stat, files::list, files::mkdir, files::rename,
         files::watch, files::tar_download, files::tar_upload,
         network::get_policy, network::put_policy, network::get_log,
@@ -182,6 +186,8 @@ pub struct SecretRefDoc {
     ),
     components(schemas(CreateSandboxDoc, MountDoc, ResourcesDoc, NetworkDoc, AllowRuleDoc, net_api::NetLog, net_api::NetLogEntry,
         ports_api::PublishPort, ports_api::PublishedPort, ports_api::PortList,
+        code_api::CreateContextBody, code_api::ContextView, code_api::ContextList, code_api::RunCodeBody,
+        code_api::CodeResult, code_api::CodeError, code_api::RunStatus, code_api::Execution, code_api::CodeEvent,
         VolumeMountDoc, SecretRefDoc, images::ImageView, images::LayerView, images::TenantTagView, images::ImageList,
         images::PruneView, images::DiffView, images::SnapshotBody, images::PullBody,
         images::PushBody, images::RegistryAuthBody, images::ProgressLine, volumes::CreateVolume,
@@ -196,7 +202,7 @@ pub struct SecretRefDoc {
         vfs_api::SessionLimits, vfs_api::VfsSession, vfs_api::VfsScratch, vfs_api::RunCommand,
         vfs_api::RunResult,
         vfs_api::AuditEntry, vfs_api::AuditList)),
-    tags((name = "sandboxes"), (name = "processes"), (name = "files"), (name = "network"), (name = "ports"), (name = "images"), (name = "volumes"), (name = "secrets"), (name = "tokens"), (name = "memory"), (name = "vfs"), (name = "system")),
+    tags((name = "sandboxes"), (name = "processes"), (name = "code"), (name = "files"), (name = "network"), (name = "ports"), (name = "images"), (name = "volumes"), (name = "secrets"), (name = "tokens"), (name = "memory"), (name = "vfs"), (name = "system")),
     modifiers(&Security),
 )]
 struct ApiDoc;

@@ -65,6 +65,8 @@ pub struct SandboxHandle {
     pub inst: Box<dyn Instance>,
     pub counters: Arc<Counters>,
     pub procs: Arc<Mutex<ProcTable>>,
+    /// Its code contexts (interpreters that live as long as it does).
+    pub contexts: crate::code::Contexts,
     pub exit_poll: Arc<Notify>,
     pub span: tracing::Span,
     expires_at_ms: AtomicI64,
@@ -109,6 +111,7 @@ impl SandboxHandle {
             inst,
             counters: Arc::new(Counters::from_usage(&rec.usage)),
             procs: Arc::new(Mutex::new(ProcTable::default())),
+            contexts: crate::code::Contexts::default(),
             exit_poll: Arc::new(Notify::new()),
             expires_at_ms: AtomicI64::new(rec.expires_at),
             idle_timeout_ms: rec.idle_timeout_ms,

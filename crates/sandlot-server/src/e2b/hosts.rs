@@ -1,6 +1,7 @@
 //! E2B's host-name routing: `PORT-SANDBOX.DOMAIN` (what `get_host(port)` builds,
 //! with `DOMAIN` the `[e2b] domain` the create answer names). Port 49983 is envd
-//! (the request goes on as if it named the sandbox in `E2b-Sandbox-Id`); any other
+//! and 49999 the code interpreter (the request goes on as if it named the sandbox
+//! in `E2b-Sandbox-Id`); any other
 //! port goes to Sandlot's port proxy into the sandbox (`routes/ports.rs`), for a
 //! caller holding the sandbox's traffic access token (`e2b-traffic-access-token`)
 //! or its tenant's API key.
@@ -47,7 +48,7 @@ pub async fn route(State(e2b): State<Arc<E2b>>, mut req: Request, next: Next) ->
     let Some((port, id)) = route_of(&host, &domain) else {
         return next.run(req).await;
     };
-    if port == ENVD_PORT {
+    if port == ENVD_PORT || port == super::code::JUPYTER_PORT {
         let h = req.headers_mut();
         if let (Ok(i), Ok(p)) = (
             HeaderValue::from_str(&id),

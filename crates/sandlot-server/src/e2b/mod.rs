@@ -9,6 +9,7 @@
 //! the native API's code paths, so a sandbox created through E2B is an ordinary
 //! Sandlot sandbox of the API key's tenant.
 
+pub mod code;
 pub mod connect;
 pub mod encoding;
 pub mod envd;
@@ -45,6 +46,10 @@ pub const CLIENT_ID: &str = "sandlot";
 pub const TEMPLATE_TAG: &str = "e2b.template";
 /// The SDK's default template.
 pub const DEFAULT_TEMPLATE: &str = "base";
+/// The template the `e2b-code-interpreter` SDK creates by default: the same
+/// sandbox as `base` unless the operator defines it (every sandbox serves the
+/// code interpreter API).
+pub const CODE_INTERPRETER_TEMPLATE: &str = "code-interpreter-v1";
 
 /// `[e2b]` in the operator configuration.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -75,10 +80,12 @@ impl Default for E2bConfig {
 
 fn default_templates() -> BTreeMap<String, Value> {
     let mut m = BTreeMap::new();
-    m.insert(
-        DEFAULT_TEMPLATE.to_string(),
-        serde_json::json!({"image": "host", "user": "user"}),
-    );
+    for name in [DEFAULT_TEMPLATE, CODE_INTERPRETER_TEMPLATE] {
+        m.insert(
+            name.to_string(),
+            serde_json::json!({"image": "host", "user": "user"}),
+        );
+    }
     m
 }
 
@@ -121,10 +128,11 @@ impl E2bConfig {
         Ok(())
     }
 
-    /// The templates, with `base` added when the operator left it out.
+    /// The templates, with `base` and `code-interpreter-v1` added when the
+    /// operator left them out.
     pub fn with_base(mut self) -> E2bConfig {
-        if !self.templates.contains_key(DEFAULT_TEMPLATE) {
-            self.templates.extend(default_templates());
+        for (name, spec) in default_templates() {
+            self.templates.entry(name).or_insert(spec);
         }
         self
     }
@@ -258,6 +266,7 @@ pub fn router(e2b: Arc<E2b>) -> Router {
     let names_sandbox = |h: &HeaderMap| h.contains_key(envd::SANDBOX_ID_HEADER);
     let routes = Router::new()
         .merge(envd::routes())
+        .merge(code::routes())
         .merge(rest::routes())
         .route(
             "/health",

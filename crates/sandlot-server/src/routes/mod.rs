@@ -21,6 +21,7 @@ use crate::sandbox::SandboxHandle;
 use crate::state::AppState;
 use crate::store::SandboxRecord;
 
+pub mod code;
 pub mod exec;
 pub mod files;
 pub mod images;
@@ -85,6 +86,7 @@ pub fn router(state: Arc<AppState>, transport: Transport) -> Router {
             &format!("{sb}/files/tar"),
             get(files::tar_download).put(files::tar_upload),
         )
+        .merge(code_router())
         .merge(images_router())
         .merge(network_router())
         .merge(memory::router())
@@ -98,6 +100,21 @@ pub fn router(state: Arc<AppState>, transport: Transport) -> Router {
         ))
         .layer(axum::Extension(transport))
         .with_state(state)
+}
+
+/// Code contexts (`code.rs`).
+fn code_router() -> Router<Arc<AppState>> {
+    let c = "/v1/sandboxes/{id}/contexts";
+    Router::new()
+        .route(c, post(code::create).get(code::list))
+        .route(
+            &format!("{c}/{{ctx}}"),
+            get(code::get_one).delete(code::remove),
+        )
+        .route(&format!("{c}/{{ctx}}/restart"), post(code::restart))
+        .route(&format!("{c}/{{ctx}}/interrupt"), post(code::interrupt))
+        .route(&format!("{c}/{{ctx}}/run"), post(code::run))
+        .route(&format!("{c}/{{ctx}}/run/ws"), get(code::run_ws))
 }
 
 /// Network policy and egress audit log (`network.rs`).

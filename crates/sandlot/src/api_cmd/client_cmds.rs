@@ -222,6 +222,7 @@ pub fn run(cmd: ApiCommand) -> anyhow::Result<i32> {
             ApiCommand::Inspect(a) => inspect(a).await,
             ApiCommand::Exec(a) => exec(a).await,
             ApiCommand::Shell(a) => shell(a).await,
+            ApiCommand::RunCode(a) => super::code_cmd::run(a).await,
             ApiCommand::Cp(a) => cp(a).await,
             ApiCommand::Logs(a) => logs(a).await,
             ApiCommand::Rm(a) => rm(a).await,
@@ -239,7 +240,7 @@ pub fn run(cmd: ApiCommand) -> anyhow::Result<i32> {
     }
 }
 
-fn num_or_str(s: &str) -> Value {
+pub(crate) fn num_or_str(s: &str) -> Value {
     match s.parse::<f64>() {
         Ok(n) => Value::from(n),
         Err(_) => Value::from(s),

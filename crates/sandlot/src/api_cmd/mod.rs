@@ -1,5 +1,5 @@
 //! `sandlot serve`, `sandlot token ...` and the API client commands (`create`, `ls`,
-//! `inspect`, `exec`, `shell`, `cp`, `logs`, `rm`, `timeout`), plus `completions`.
+//! `inspect`, `exec`, `shell`, `run-code`, `cp`, `logs`, `rm`, `timeout`), plus `completions`.
 //! The API benchmark is `sandlot bench platform` (`crate::bench`).
 //!
 //! Exit codes: 0 on success; for `exec` and `shell`, the command's own code (128 +
@@ -14,6 +14,7 @@ use sandlot_server::config::LogFormat;
 use sandlot_server::ServerConfig;
 
 pub(crate) mod client_cmds;
+mod code_cmd;
 mod image_cmd;
 mod net_cmd;
 mod port_cmd;
@@ -40,6 +41,8 @@ pub enum ApiCommand {
     Exec(client_cmds::ExecArgs),
     /// An interactive shell (PTY) in a sandbox.
     Shell(client_cmds::ShellArgs),
+    /// Run code in a sandbox's code context (stateful; `-` reads it from stdin).
+    RunCode(code_cmd::RunCodeArgs),
     /// Copy files or directories: `cp LOCAL SB:/path` or `cp SB:/path LOCAL`.
     Cp(client_cmds::CpArgs),
     /// Output of a process, from the start or an offset (re-attach).

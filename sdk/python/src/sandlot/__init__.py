@@ -13,6 +13,7 @@ The asyncio twin is ``AsyncSandbox``. Connection: ``SANDLOT_URL`` (default
 from .aio import AsyncFiles, AsyncOutputStream, AsyncProcess, AsyncSandbox, AsyncStdin, AsyncWatch
 from .collection import AsyncCollection, AsyncShellSession, Collection, ShellSession
 from ._spec import allow_rule, collection_mount, secret_env, secret_file, volume_mount
+from .code import CodeContext, Execution, ExecutionError, Result
 from .client import DEFAULT_URL, AsyncClient, Client, __version__, configure, default_async_client, default_client
 from .errors import (
     AlreadyExistsError,
@@ -76,6 +77,10 @@ from .sandbox import Files, OutputStream, Process, Sandbox, Stdin, Watch
 from .volume import AsyncSecret, AsyncVolume, Secret, Volume
 
 __all__ = [
+    "CodeContext",
+    "Execution",
+    "ExecutionError",
+    "Result",
     "collection_mount",
     "secret_env",
     "secret_file",

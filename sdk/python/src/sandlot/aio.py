@@ -33,6 +33,7 @@ from typing import (
 import httpx
 
 from . import _spec, errors
+from . import code as _code
 from ._tarsafe import extract_tar
 from .client import AsyncClient, default_async_client
 from .image import Image
@@ -888,6 +889,61 @@ class AsyncSandbox:
         return AsyncProcess(self, info, from_offsets=(stdout_from, stderr_from))
 
     attach = process
+
+    # --- code contexts -------------------------------------------------------
+
+    async def run_code(
+        self,
+        code: str,
+        *,
+        context: Union[None, str, _code.CodeContext] = None,
+        timeout: Optional[_spec.Duration] = None,
+        env: Optional[Mapping[str, str]] = None,
+        on_stdout: Optional[_code.OnText] = None,
+        on_stderr: Optional[_code.OnText] = None,
+        on_result: Optional[_code.OnResult] = None,
+        on_error: Optional[_code.OnError] = None,
+    ) -> _code.Execution:
+        """See ``Sandbox.run_code``; callbacks may be coroutine functions."""
+        cb = _code.Callbacks(on_stdout, on_stderr, on_result, on_error)
+        col = _code.Collector(cb)
+        path = f"/v1/sandboxes/{self.id}/contexts/{_code.context_id(context)}/run"
+        body = _code.run_body(code, timeout, env)
+        async with self._client.stream("POST", path, params={"stream": "ndjson"}, json=body) as resp:
+            async for line in resp.aiter_lines():
+                for r in col.feed(line):
+                    if inspect.isawaitable(r):
+                        await r
+        return col.result()
+
+    async def create_code_context(
+        self,
+        language: str = "python",
+        *,
+        cwd: Optional[str] = None,
+        env: Optional[Mapping[str, str]] = None,
+    ) -> _code.CodeContext:
+        d = await self._client.json(
+            "POST", f"/v1/sandboxes/{self.id}/contexts", json=_code.create_body(language, cwd, env)
+        )
+        return _code.CodeContext.from_json(d)
+
+    async def list_code_contexts(self) -> List[_code.CodeContext]:
+        return _code.contexts_of(await self._client.json("GET", f"/v1/sandboxes/{self.id}/contexts"))
+
+    async def restart_code_context(self, context: Union[str, _code.CodeContext]) -> _code.CodeContext:
+        d = await self._client.json(
+            "POST", f"/v1/sandboxes/{self.id}/contexts/{_code.context_id(context)}/restart"
+        )
+        return _code.CodeContext.from_json(d)
+
+    async def interrupt_code(self, context: Union[None, str, _code.CodeContext] = None) -> None:
+        await self._client.request(
+            "POST", f"/v1/sandboxes/{self.id}/contexts/{_code.context_id(context)}/interrupt"
+        )
+
+    async def remove_code_context(self, context: Union[str, _code.CodeContext]) -> None:
+        await self._client.request("DELETE", f"/v1/sandboxes/{self.id}/contexts/{_code.context_id(context)}")
 
 
 async def _first_line(lines: AsyncIterator[str]) -> Dict[str, Any]:

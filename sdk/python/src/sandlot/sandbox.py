@@ -31,6 +31,7 @@ from typing import (
 import httpx
 
 from . import _spec, errors
+from . import code as _code
 from ._tarsafe import extract_tar
 from .client import Client, default_client
 from .image import Image
@@ -1052,6 +1053,64 @@ class Sandbox:
         return Process(self, info, from_offsets=(stdout_from, stderr_from))
 
     attach = process
+
+    # --- code contexts -------------------------------------------------------
+
+    def run_code(
+        self,
+        code: str,
+        *,
+        context: Union[None, str, _code.CodeContext] = None,
+        timeout: Optional[_spec.Duration] = None,
+        env: Optional[Mapping[str, str]] = None,
+        on_stdout: Optional[_code.OnText] = None,
+        on_stderr: Optional[_code.OnText] = None,
+        on_result: Optional[_code.OnResult] = None,
+        on_error: Optional[_code.OnError] = None,
+    ) -> _code.Execution:
+        """Runs ``code`` in a code context (default: the sandbox's Python context,
+        started on first use) and returns its ``Execution``: rich results, stdout,
+        stderr, the error. Variables, imports and the working directory stay for
+        the next run. The callbacks see output as it happens. ``timeout``
+        interrupts the cell (default 300s)."""
+        cb = _code.Callbacks(on_stdout, on_stderr, on_result, on_error)
+        col = _code.Collector(cb)
+        path = f"/v1/sandboxes/{self.id}/contexts/{_code.context_id(context)}/run"
+        body = _code.run_body(code, timeout, env)
+        with self._client.stream("POST", path, params={"stream": "ndjson"}, json=body) as resp:
+            for line in resp.iter_lines():
+                col.feed(line)
+        return col.result()
+
+    def create_code_context(
+        self,
+        language: str = "python",
+        *,
+        cwd: Optional[str] = None,
+        env: Optional[Mapping[str, str]] = None,
+    ) -> _code.CodeContext:
+        """Starts a new interpreter (``python``, ``bash``, or ``javascript`` where a
+        Jupyter kernel for it is installed) with its own state."""
+        d = self._client.json(
+            "POST", f"/v1/sandboxes/{self.id}/contexts", json=_code.create_body(language, cwd, env)
+        )
+        return _code.CodeContext.from_json(d)
+
+    def list_code_contexts(self) -> List[_code.CodeContext]:
+        return _code.contexts_of(self._client.json("GET", f"/v1/sandboxes/{self.id}/contexts"))
+
+    def restart_code_context(self, context: Union[str, _code.CodeContext]) -> _code.CodeContext:
+        """A new interpreter for the context: its state is lost."""
+        d = self._client.json("POST", f"/v1/sandboxes/{self.id}/contexts/{_code.context_id(context)}/restart")
+        return _code.CodeContext.from_json(d)
+
+    def interrupt_code(self, context: Union[None, str, _code.CodeContext] = None) -> None:
+        """Interrupts the cell the context runs now (``KeyboardInterrupt``; state kept)."""
+        self._client.request("POST", f"/v1/sandboxes/{self.id}/contexts/{_code.context_id(context)}/interrupt")
+
+    def remove_code_context(self, context: Union[str, _code.CodeContext]) -> None:
+        """Ends the context's interpreter."""
+        self._client.request("DELETE", f"/v1/sandboxes/{self.id}/contexts/{_code.context_id(context)}")
 
 
 def _first_line(lines: Iterator[str]) -> Dict[str, Any]:

@@ -1,0 +1,511 @@
+# The code context driver: runs inside a sandbox, started by the daemon with
+# `python3 -c BOOTSTRAP`; the first line of its stdin is this source as a JSON
+# string, the second its configuration. It starts a Jupyter kernel (ipykernel for
+# Python, a kernelspec of the language otherwise) and relays between the daemon and
+# the kernel as JSON lines: requests on stdin, events on stdout. The daemon trusts
+# nothing it says (it bounds and parses every line); the caps here only spare the
+# pipe. For bash without a Jupyter kernel it runs one persistent bash itself.
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+
+# Bytes of stream text relayed per cell before a truncation marker; the daemon
+# holds its own (equal) cap.
+STREAM_CAP = 8 << 20
+# A single result bundle larger than this is replaced by a note.
+RESULT_CAP = 12 << 20
+TRUNCATED = "\n[output truncated: the cell wrote more than 8 MiB]\n"
+
+_out_fd = os.dup(1)
+# Whatever a library prints goes to stderr, never into the event stream.
+os.dup2(2, 1)
+_out_lock = threading.Lock()
+
+
+def emit(ev):
+    data = (json.dumps(ev, separators=(",", ":"), default=str) + "\n").encode()
+    with _out_lock:
+        view = memoryview(data)
+        while view:
+            n = os.write(_out_fd, view)
+            view = view[n:]
+
+
+def fatal(name, message):
+    emit({"t": "fatal", "name": name, "message": message})
+    os._exit(3)
+
+
+class Cell:
+    """The per-cell budget of stream text."""
+
+    def __init__(self):
+        self.written = 0
+        self.truncated = False
+
+    def stream(self, name, text):
+        if self.truncated:
+            return
+        room = STREAM_CAP - self.written
+        if len(text) > room:
+            text = text[:room]
+            self.truncated = True
+        self.written += len(text)
+        if text:
+            emit({"t": name, "text": text})
+        if self.truncated:
+            emit({"t": name, "text": TRUNCATED})
+
+    def result(self, main, data):
+        size = sum(len(v) if isinstance(v, str) else len(json.dumps(v, default=str)) for v in data.values())
+        if size > RESULT_CAP:
+            data = {"text/plain": "[result omitted: its representations are %d bytes]" % size}
+            self.truncated = True
+        emit({"t": "result", "main": main, "data": data})
+
+
+def describe_exit(code):
+    if code is None:
+        return {"code": None, "signal": None}
+    if code < 0:
+        return {"code": None, "signal": -code}
+    return {"code": code, "signal": None}
+
+
+class Tail:
+    """Drains a pipe, keeping its last bytes (a dying kernel's last words)."""
+
+    def __init__(self, f, keep=2048):
+        self.keep = keep
+        self.buf = b""
+        t = threading.Thread(target=self._run, args=(f,), daemon=True)
+        t.start()
+
+    def _run(self, f):
+        while True:
+            b = f.read1(65536) if hasattr(f, "read1") else f.read(65536)
+            if not b:
+                return
+            self.buf = (self.buf + b)[-self.keep :]
+
+    def text(self):
+        return self.buf.decode("utf-8", "replace")
+
+
+# Registered in a Python kernel before the first cell: a DataFrame's result also
+# carries its data (split orientation), bounded by its cell count.
+PY_SETUP = r"""
+def __sandlot_setup():
+    import os, sys
+    try:
+        ip = get_ipython()
+    except NameError:
+        return
+    ip.colors = "NoColor"
+    try:
+        ip.InteractiveTB.set_colors("NoColor")
+    except Exception:
+        pass
+    def frame(df):
+        if df.size > 200000:
+            return None
+        import json
+        return json.loads(df.to_json(orient="split", date_format="iso", default_handler=str))
+    f = ip.display_formatter.formatters.get("application/json")
+    if f is not None:
+        f.for_type_by_name("pandas.core.frame", "DataFrame", frame)
+__sandlot_setup()
+del __sandlot_setup
+"""
+
+
+class Kernel:
+    """A Jupyter kernel started from an argv template, spoken to with jupyter_client."""
+
+    def __init__(self, argv_template, cwd, language):
+        from jupyter_client.blocking import BlockingKernelClient
+        from jupyter_client.connect import write_connection_file
+
+        self.language = language
+        self.dir = tempfile.mkdtemp(prefix="sandlot-kernel-")
+        cf = os.path.join(self.dir, "kernel.json")
+        write_connection_file(cf, transport="ipc", ip=os.path.join(self.dir, "k"))
+        argv = [a.replace("{connection_file}", cf) for a in argv_template]
+        env = dict(os.environ)
+        env["JPY_PARENT_PID"] = str(os.getpid())
+        env.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
+        env.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+        # Same process group as this driver: the daemon ends both with one signal.
+        self.proc = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            close_fds=True,
+        )
+        self.tail = Tail(self.proc.stderr)
+        kc = BlockingKernelClient(connection_file=cf)
+        kc.load_connection_file()
+        kc.start_channels()
+        self.kc = kc
+        self._wait_ready()
+
+    def _wait_ready(self):
+        """Waits for the kernel's answer on the shell channel and for IOPub to carry
+        its messages: a subscription is set up asynchronously, and a cell run before
+        it is would lose its output and its end."""
+        import time
+
+        deadline = time.monotonic() + 120
+        self.info = None
+        while time.monotonic() < deadline:
+            msg_id = self.kc.kernel_info()
+            seen_iopub = False
+            until = time.monotonic() + 1.0
+            while time.monotonic() < until and not (self.info is not None and seen_iopub):
+                if self.proc.poll() is not None:
+                    raise KernelDied(self.proc.returncode, self.tail.text())
+                try:
+                    m = self.kc.get_shell_msg(timeout=0.02)
+                    if m["parent_header"].get("msg_id") == msg_id:
+                        self.info = m["content"]
+                except queue.Empty:
+                    pass
+                try:
+                    m = self.kc.get_iopub_msg(timeout=0.02)
+                    if m["parent_header"].get("msg_id") == msg_id:
+                        seen_iopub = True
+                except queue.Empty:
+                    pass
+            if self.info is not None and seen_iopub:
+                # Drain the rest of the start-up messages.
+                while True:
+                    try:
+                        self.kc.get_iopub_msg(timeout=0.02)
+                    except queue.Empty:
+                        return
+        raise KernelDied(None, "the kernel did not answer within 120 seconds")
+
+    def interrupt(self):
+        try:
+            os.kill(self.proc.pid, signal.SIGINT)
+        except ProcessLookupError:
+            pass
+
+    def silent(self, code):
+        """Runs `code` without output or history; waits for its reply."""
+        msg_id = self.kc.execute(code, silent=True, store_history=False)
+        self._reply(msg_id, None)
+
+    def run(self, code, cell):
+        import time
+
+        msg_id = self.kc.execute(code, silent=False, store_history=True, allow_stdin=False, stop_on_error=False)
+        idle = False
+        reply = None
+        reply_at = None
+        while not idle:
+            try:
+                m = self.kc.get_iopub_msg(timeout=0.05)
+            except queue.Empty:
+                if self.proc.poll() is not None:
+                    raise KernelDied(self.proc.returncode, self.tail.text())
+                if reply is None:
+                    reply = self._poll_reply(msg_id)
+                    if reply is not None:
+                        reply_at = time.monotonic()
+                # The reply came but IOPub went quiet: its end was lost, do not wait forever.
+                elif time.monotonic() - reply_at > 2.0:
+                    break
+                continue
+            if m["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, c = m["msg_type"], m["content"]
+            if kind == "stream":
+                cell.stream("stdout" if c.get("name") == "stdout" else "stderr", c.get("text", ""))
+            elif kind == "execute_result":
+                cell.result(True, c.get("data", {}))
+            elif kind == "display_data":
+                cell.result(False, c.get("data", {}))
+            elif kind == "error":
+                emit({"t": "exception", "name": c.get("ename", ""), "value": c.get("evalue", ""),
+                      "traceback": "\n".join(c.get("traceback", []))})
+            elif kind == "status" and c.get("execution_state") == "idle":
+                idle = True
+        return reply if reply is not None else self._reply(msg_id, cell)
+
+    def _poll_reply(self, msg_id):
+        while True:
+            try:
+                m = self.kc.get_shell_msg(timeout=0)
+            except queue.Empty:
+                return None
+            if m["parent_header"].get("msg_id") == msg_id:
+                c = m["content"]
+                return {"count": c.get("execution_count"), "status": c.get("status", "error")}
+
+    def _reply(self, msg_id, cell):
+        while True:
+            try:
+                m = self.kc.get_shell_msg(timeout=0.1)
+            except queue.Empty:
+                if self.proc.poll() is not None:
+                    raise KernelDied(self.proc.returncode, self.tail.text())
+                continue
+            if m["parent_header"].get("msg_id") == msg_id:
+                c = m["content"]
+                return {"count": c.get("execution_count"), "status": c.get("status", "error")}
+
+    def close(self):
+        try:
+            self.proc.kill()
+        except ProcessLookupError:
+            pass
+
+
+class KernelDied(Exception):
+    def __init__(self, code, tail):
+        super().__init__("kernel died")
+        self.code = code
+        self.tail = tail
+
+
+class Bash:
+    """One persistent bash for contexts whose image has no Jupyter bash kernel: each
+    cell is sourced from a file (stdin is /dev/null), its end marked on stdout,
+    stderr and a status pipe, so every output byte is read before the cell ends."""
+
+    def __init__(self, cwd):
+        import secrets
+
+        self.dir = tempfile.mkdtemp(prefix="sandlot-bash-")
+        self.token = "__sandlot_end_%s__" % secrets.token_hex(8)
+        self.status_r, status_w = os.pipe()
+        self.proc = subprocess.Popen(
+            ["bash", "--noprofile", "--norc"],
+            cwd=cwd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=(status_w,),
+            env=dict(os.environ, SANDLOT_STATUS_FD=str(status_w)),
+        )
+        self.status_w = status_w
+        self.count = 0
+        self.info = {"implementation": "bash", "language_info": {"name": "bash"}}
+
+    def interrupt(self):
+        # The foreground commands of the cell are bash's children.
+        for pid in [self.proc.pid] + _children(self.proc.pid):
+            try:
+                os.kill(pid, signal.SIGINT)
+            except ProcessLookupError:
+                pass
+
+    def run(self, code, cell, env=None):
+        self.count += 1
+        path = os.path.join(self.dir, "cell.sh")
+        with open(path, "w") as f:
+            f.write(code)
+            f.write("\n")
+        prefix = ""
+        if env:
+            prefix = "".join("export %s=%s; " % (k, _sh_quote(v)) for k, v in env.items() if _sh_name(k))
+        t = self.token
+        # An interrupt (SIGINT to bash and its children) returns from the sourced
+        # cell once its foreground command has ended.
+        line = ("%strap 'return 130' INT; . %s </dev/null; __s=$?; trap - INT; "
+                "printf '\\n%s\\n'; printf '\\n%s\\n' >&2; echo $__s >&%d\n"
+                % (prefix, _sh_quote(path), t, t, self.status_w))
+        try:
+            self.proc.stdin.write(line.encode())
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            raise KernelDied(self.proc.poll(), "")
+        q = queue.Queue()
+        marker = ("\n" + t + "\n").encode()
+        for name, f in (("stdout", self.proc.stdout), ("stderr", self.proc.stderr)):
+            threading.Thread(target=_read_until, args=(f, marker, name, q), daemon=True).start()
+        ended = 0
+        while ended < 2:
+            try:
+                name, data = q.get(timeout=0.1)
+            except queue.Empty:
+                if self.proc.poll() is not None:
+                    raise KernelDied(self.proc.returncode, "")
+                continue
+            if data is None:
+                ended += 1
+                continue
+            cell.stream(name, data.decode("utf-8", "replace"))
+        status = b""
+        while not status.endswith(b"\n"):
+            b = os.read(self.status_r, 64)
+            if not b:
+                raise KernelDied(self.proc.poll(), "")
+            status += b
+        code = int(status.strip() or b"1")
+        if code != 0:
+            emit({"t": "exception", "name": "ExitCode", "value": str(code), "traceback": ""})
+        return {"count": self.count, "status": "ok" if code == 0 else "error"}
+
+    def close(self):
+        try:
+            self.proc.kill()
+        except ProcessLookupError:
+            pass
+
+
+def _read_until(f, marker, name, q):
+    buf = b""
+    while True:
+        b = f.read1(65536)
+        if not b:
+            q.put((name, None))
+            return
+        buf += b
+        i = buf.find(marker)
+        if i >= 0:
+            if buf[:i]:
+                q.put((name, buf[:i]))
+            q.put((name, None))
+            return
+        # Keep back what could be the start of the marker.
+        keep = len(marker) - 1
+        if len(buf) > keep:
+            q.put((name, buf[:-keep]))
+            buf = buf[-keep:]
+
+
+def _children(pid):
+    out = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return out
+    parents = {pid}
+    found = True
+    while found:
+        found = False
+        for n in names:
+            if not n.isdigit() or int(n) in out:
+                continue
+            try:
+                with open("/proc/%s/stat" % n) as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid in parents:
+                out.append(int(n))
+                parents.add(int(n))
+                found = True
+    return out
+
+
+def _sh_quote(s):
+    return "'" + s.replace("'", "'\\''") + "'"
+
+
+def _sh_name(k):
+    return k.replace("_", "a").isalnum() and not k[0].isdigit()
+
+
+def start(language, cwd):
+    import importlib.util
+
+    if language == "python":
+        for pkg, deb in (("jupyter_client", "python3-jupyter-client"), ("ipykernel", "python3-ipykernel")):
+            if importlib.util.find_spec(pkg) is None:
+                fatal("MissingPackage", "python contexts need the Python package %s (Debian: %s), "
+                      "which this sandbox's python3 does not have" % (pkg, deb))
+        argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}",
+                "--HistoryManager.enabled=False", "--InteractiveShell.colors=NoColor",
+                "--IPKernelApp.quiet=True"]
+        k = Kernel(argv, cwd, "python")
+        k.silent(PY_SETUP)
+        return k
+    spec = None
+    if importlib.util.find_spec("jupyter_client") is not None:
+        from jupyter_client.kernelspec import KernelSpecManager
+
+        ksm = KernelSpecManager()
+        for name in sorted(ksm.find_kernel_specs()):
+            try:
+                s = ksm.get_kernel_spec(name)
+            except Exception:
+                continue
+            if s.language.lower() == language:
+                spec = s
+                break
+    if spec is not None:
+        return Kernel(spec.argv, cwd, language)
+    if language == "bash":
+        return Bash(cwd)
+    fatal("MissingKernel", "no Jupyter kernel for %s is installed in this sandbox "
+          "(e.g. ijavascript, or deno's jupyter kernel)" % language)
+
+
+def main():
+    conf = json.loads(sys.stdin.buffer.readline())
+    language = conf.get("language", "python")
+    cwd = os.getcwd()
+    requests = queue.Queue()
+    try:
+        kernel = start(language, cwd)
+    except KernelDied as e:
+        emit({"t": "died", **describe_exit(e.code), "detail": e.tail[-1024:]})
+        os._exit(4)
+    info = getattr(kernel, "info", {}) or {}
+    emit({"t": "ready", "implementation": str(info.get("implementation", ""))[:100]})
+
+    def read_requests():
+        for line in sys.stdin.buffer:
+            try:
+                r = json.loads(line)
+            except ValueError:
+                continue
+            if r.get("op") == "interrupt":
+                kernel.interrupt()
+            else:
+                requests.put(r)
+        requests.put(None)
+
+    threading.Thread(target=read_requests, daemon=True).start()
+    while True:
+        r = requests.get()
+        if r is None:
+            break
+        if r.get("op") != "run":
+            continue
+        cell = Cell()
+        try:
+            env = r.get("env") or {}
+            if isinstance(kernel, Bash):
+                done = kernel.run(r.get("code", ""), cell, env)
+            else:
+                if env and language == "python":
+                    kernel.silent(
+                        "import os as __o\n__o._sandlot_saved = {k: __o.environ.get(k) for k in %s}\n"
+                        "__o.environ.update(%s)\ndel __o" % (json.dumps(list(env)), json.dumps(env)))
+                done = kernel.run(r.get("code", ""), cell)
+                if env and language == "python":
+                    kernel.silent(
+                        "import os as __o\nfor __k, __v in __o.__dict__.pop('_sandlot_saved', {}).items():\n"
+                        "    __o.environ.pop(__k, None) if __v is None else __o.environ.__setitem__(__k, __v)\n"
+                        "del __o")
+        except KernelDied as e:
+            emit({"t": "died", **describe_exit(e.code), "detail": e.tail[-1024:]})
+            kernel.close()
+            os._exit(0)
+        emit({"t": "done", "count": done.get("count"), "status": done.get("status"), "truncated": cell.truncated})
+    kernel.close()
+
+
+main()

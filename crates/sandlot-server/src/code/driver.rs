@@ -1,0 +1,400 @@
+//! The driver of a code context: a Python program the daemon supplies
+//! (`driver.py`, embedded in the binary), started in the sandbox through the agent
+//! with `python3 -c BOOTSTRAP` and its source on the first line of its stdin. It
+//! starts the Jupyter kernel and relays JSON lines. Everything it writes comes from
+//! inside the sandbox: lines are bounded, parsed into [`DriverLine`] and dropped
+//! when they are anything else.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use sandlot_guest::client::{
+    ExecRequest, GuestClient, Process, ProcessEvent, ProcessId, ProcessStdin,
+};
+use sandlot_proto::guest::ExitStatus;
+use serde::Deserialize;
+use serde_json::Value;
+use tokio::sync::Mutex as AsyncMutex;
+
+/// The driver's source.
+const DRIVER_SOURCE: &str = include_str!("driver.py");
+
+/// Reads the driver from the first stdin line and runs it. The script's directory
+/// is not on `sys.path` (`-c` puts the working directory first: a `json.py` there
+/// would be imported instead of the standard library's).
+const BOOTSTRAP: &str = "import sys\nif sys.path[:1] == ['']: del sys.path[0]\n\
+import json\nexec(compile(json.loads(sys.stdin.buffer.readline()), 'sandlot-code-driver', 'exec'))";
+
+/// The longest line taken from a driver (a result with a large image); a longer
+/// one is dropped whole.
+pub const MAX_LINE: usize = 16 << 20;
+
+/// Driver stderr kept for error messages (its last bytes).
+const STDERR_TAIL: usize = 1024;
+
+/// How long a driver may take to have its kernel ready.
+pub const START_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A line from the driver. Anything else is dropped.
+#[derive(Debug, Deserialize, PartialEq)]
+#[serde(tag = "t", rename_all = "snake_case")]
+pub enum DriverLine {
+    Ready,
+    /// It cannot start a kernel (a missing package or kernel).
+    Fatal {
+        name: String,
+        message: String,
+    },
+    Stdout {
+        text: String,
+    },
+    Stderr {
+        text: String,
+    },
+    Result {
+        main: bool,
+        data: BTreeMap<String, Value>,
+    },
+    Exception {
+        name: String,
+        value: String,
+        #[serde(default)]
+        traceback: String,
+    },
+    Done {
+        count: Option<u64>,
+        status: String,
+        #[serde(default)]
+        truncated: bool,
+    },
+    /// The kernel ended; the driver exits after this.
+    Died {
+        code: Option<i32>,
+        signal: Option<i32>,
+    },
+}
+
+/// Splits a byte stream into lines of at most `max` bytes; longer lines are
+/// dropped (counted) up to their newline.
+#[derive(Debug)]
+pub struct LineSplitter {
+    max: usize,
+    buf: Vec<u8>,
+    overlong: bool,
+    ready: VecDeque<Vec<u8>>,
+    pub dropped: u64,
+}
+
+impl LineSplitter {
+    pub fn new(max: usize) -> LineSplitter {
+        LineSplitter {
+            max,
+            buf: Vec::new(),
+            overlong: false,
+            ready: VecDeque::new(),
+            dropped: 0,
+        }
+    }
+
+    pub fn push(&mut self, mut data: &[u8]) {
+        while !data.is_empty() {
+            let (part, rest, end) = match data.iter().position(|&b| b == b'\n') {
+                Some(i) => (&data[..i], &data[i + 1..], true),
+                None => (data, &data[data.len()..], false),
+            };
+            data = rest;
+            if !self.overlong {
+                if self.buf.len() + part.len() > self.max {
+                    self.buf = Vec::new();
+                    self.overlong = true;
+                    self.dropped += 1;
+                } else {
+                    self.buf.extend_from_slice(part);
+                }
+            }
+            if end {
+                if !self.overlong {
+                    self.ready.push_back(std::mem::take(&mut self.buf));
+                }
+                self.overlong = false;
+            }
+        }
+    }
+
+    pub fn pop(&mut self) -> Option<Vec<u8>> {
+        self.ready.pop_front()
+    }
+}
+
+/// Parses one driver line; `None` for anything that is not a known line.
+pub fn parse_line(line: &[u8]) -> Option<DriverLine> {
+    serde_json::from_slice(line).ok()
+}
+
+/// What [`Driver::next`] found.
+#[derive(Debug)]
+pub enum Next {
+    Line(DriverLine),
+    /// The driver process ended (its exit status).
+    Exited(ExitStatus),
+}
+
+/// Why a driver did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("starting the driver: {0}")]
+    Exec(#[source] sandlot_guest::client::ClientError),
+    /// The driver said why (a missing package or kernel).
+    #[error("{message}")]
+    Unavailable { message: String },
+    #[error("the interpreter ended before it was ready ({status}){tail}")]
+    Ended { status: String, tail: String },
+    #[error("the interpreter was not ready within {0:?}")]
+    Timeout(Duration),
+    #[error("talking to the driver: {0}")]
+    Io(String),
+}
+
+/// A running driver.
+pub struct Driver {
+    proc: Process,
+    lines: LineSplitter,
+    stdin: Arc<AsyncMutex<ProcessStdin>>,
+    stderr_tail: Vec<u8>,
+}
+
+/// How to start a driver.
+#[derive(Debug, Clone)]
+pub struct DriverSpec {
+    pub language: String,
+    pub cwd: Option<String>,
+    pub env: BTreeMap<String, String>,
+    pub tag: String,
+}
+
+impl Driver {
+    /// Starts a driver and waits until its kernel is ready.
+    pub async fn start(guest: &GuestClient, spec: &DriverSpec) -> Result<Driver, StartError> {
+        let req = ExecRequest {
+            env: spec.env.clone(),
+            cwd: spec.cwd.clone(),
+            stdin: true,
+            tag: Some(spec.tag.clone()),
+            ..ExecRequest::new(["python3", "-c", BOOTSTRAP])
+        };
+        let mut proc = guest.exec(req).await.map_err(StartError::Exec)?;
+        let stdin = proc
+            .take_stdin()
+            .ok_or_else(|| StartError::Io("the driver has no stdin".into()))?;
+        let mut d = Driver {
+            proc,
+            lines: LineSplitter::new(MAX_LINE),
+            stdin: Arc::new(AsyncMutex::new(stdin)),
+            stderr_tail: Vec::new(),
+        };
+        let source = serde_json::to_string(DRIVER_SOURCE).expect("a string serializes");
+        let conf = serde_json::json!({ "language": spec.language });
+        d.send_line(&source).await?;
+        d.send_line(&conf.to_string()).await?;
+        match tokio::time::timeout(START_TIMEOUT, d.wait_ready()).await {
+            Ok(Ok(())) => Ok(d),
+            Ok(Err(e)) => {
+                d.kill(guest).await;
+                Err(e)
+            }
+            Err(_) => {
+                d.kill(guest).await;
+                Err(StartError::Timeout(START_TIMEOUT))
+            }
+        }
+    }
+
+    async fn wait_ready(&mut self) -> Result<(), StartError> {
+        loop {
+            match self.next().await {
+                Ok(Next::Line(DriverLine::Ready)) => return Ok(()),
+                Ok(Next::Line(DriverLine::Fatal { name, message })) => {
+                    return Err(StartError::Unavailable {
+                        message: bounded(&format!("{name}: {message}"), 1000),
+                    })
+                }
+                Ok(Next::Line(DriverLine::Died { code, signal })) => {
+                    return Err(StartError::Ended {
+                        status: describe_end(code, signal),
+                        tail: String::new(),
+                    })
+                }
+                Ok(Next::Line(_)) => {}
+                Ok(Next::Exited(s)) => {
+                    return Err(StartError::Ended {
+                        status: describe_end(s.code, s.signal),
+                        tail: self.stderr_tail(),
+                    })
+                }
+                Err(e) => return Err(StartError::Io(e)),
+            }
+        }
+    }
+
+    /// The driver's last stderr bytes, as `": TEXT"` (empty if none).
+    pub fn stderr_tail(&self) -> String {
+        let t = String::from_utf8_lossy(&self.stderr_tail);
+        let t = t.trim();
+        if t.is_empty() {
+            String::new()
+        } else {
+            format!(": {t}")
+        }
+    }
+
+    /// The agent's id of the driver process.
+    pub fn process_id(&self) -> ProcessId {
+        self.proc.id()
+    }
+
+    /// Its stdin, shared with interrupts.
+    pub fn stdin(&self) -> Arc<AsyncMutex<ProcessStdin>> {
+        self.stdin.clone()
+    }
+
+    pub async fn send_line(&self, json: &str) -> Result<(), StartError> {
+        write_line(&self.stdin, json).await
+    }
+
+    /// The next line from the driver, or its end.
+    pub async fn next(&mut self) -> Result<Next, String> {
+        loop {
+            if let Some(l) = self.lines.pop() {
+                match parse_line(&l) {
+                    Some(line) => return Ok(Next::Line(line)),
+                    None => {
+                        tracing::debug!(len = l.len(), "dropping an unknown line from a driver");
+                        continue;
+                    }
+                }
+            }
+            match self.proc.next_event().await {
+                Ok(Some(ProcessEvent::Stdout(b))) => self.lines.push(&b),
+                Ok(Some(ProcessEvent::Stderr(b))) => {
+                    self.stderr_tail.extend_from_slice(&b);
+                    if self.stderr_tail.len() > STDERR_TAIL {
+                        let cut = self.stderr_tail.len() - STDERR_TAIL;
+                        self.stderr_tail.drain(..cut);
+                    }
+                }
+                Ok(Some(ProcessEvent::Exit(s))) => return Ok(Next::Exited(s)),
+                Ok(None) => return Err("the driver's output ended without an exit status".into()),
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+    }
+
+    /// Ends the driver and its kernel (one process group).
+    pub async fn kill(&self, guest: &GuestClient) {
+        kill(guest, self.proc.id()).await;
+    }
+}
+
+/// SIGKILL to a driver's process group (the kernel is in it).
+pub async fn kill(guest: &GuestClient, id: ProcessId) {
+    if let Err(e) = guest.signal(id, 9).await {
+        tracing::debug!("ending a code context's driver: {e}");
+    }
+}
+
+/// Writes one JSON line to a driver's stdin.
+pub async fn write_line(stdin: &AsyncMutex<ProcessStdin>, json: &str) -> Result<(), StartError> {
+    let mut s = stdin.lock().await;
+    let mut b = Vec::with_capacity(json.len() + 1);
+    b.extend_from_slice(json.as_bytes());
+    b.push(b'\n');
+    s.write(&b)
+        .await
+        .map_err(|e| StartError::Io(format!("writing to the driver: {e}")))
+}
+
+/// "exit code 3", "killed by signal 11 (SIGSEGV)".
+pub fn describe_end(code: Option<i32>, signal: Option<i32>) -> String {
+    match (code, signal) {
+        (_, Some(s)) => {
+            let name = match s {
+                6 => " (SIGABRT)",
+                9 => " (SIGKILL: out of memory, or killed)",
+                11 => " (SIGSEGV: a segmentation fault)",
+                7 => " (SIGBUS)",
+                4 => " (SIGILL)",
+                8 => " (SIGFPE)",
+                15 => " (SIGTERM)",
+                _ => "",
+            };
+            format!("killed by signal {s}{name}")
+        }
+        (Some(c), None) => format!("exit code {c}"),
+        (None, None) => "it ended".into(),
+    }
+}
+
+/// `s` cut to at most `max` bytes (on a character boundary).
+pub fn bounded(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &s[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splitter_yields_lines_across_chunks() {
+        let mut s = LineSplitter::new(100);
+        s.push(b"{\"a\":1}\n{\"b\"");
+        s.push(b":2}\n");
+        assert_eq!(s.pop().as_deref(), Some(&b"{\"a\":1}"[..]));
+        assert_eq!(s.pop().as_deref(), Some(&b"{\"b\":2}"[..]));
+        assert_eq!(s.pop(), None);
+    }
+
+    #[test]
+    fn splitter_drops_an_overlong_line_whole_and_keeps_the_next() {
+        let mut s = LineSplitter::new(8);
+        s.push(b"0123456");
+        s.push(b"789abc");
+        s.push(b"def\nok\n");
+        assert_eq!(s.pop().as_deref(), Some(&b"ok"[..]));
+        assert_eq!(s.pop(), None);
+        assert_eq!(s.dropped, 1);
+    }
+
+    #[test]
+    fn unknown_and_malformed_lines_are_not_parsed() {
+        assert_eq!(parse_line(br#"{"t":"launch_missiles"}"#), None);
+        assert_eq!(parse_line(br#"{"t":"stdout"}"#), None);
+        assert_eq!(parse_line(b"not json"), None);
+        assert_eq!(
+            parse_line(br#"{"t":"stdout","text":"hi","extra":1}"#),
+            Some(DriverLine::Stdout { text: "hi".into() })
+        );
+    }
+
+    #[test]
+    fn bounded_cuts_on_a_character_boundary() {
+        assert_eq!(bounded("héllo", 2), "h...");
+        assert_eq!(bounded("abc", 5), "abc");
+    }
+
+    #[test]
+    fn ends_name_the_signal() {
+        assert_eq!(
+            describe_end(None, Some(11)),
+            "killed by signal 11 (SIGSEGV: a segmentation fault)"
+        );
+        assert_eq!(describe_end(Some(3), None), "exit code 3");
+    }
+}

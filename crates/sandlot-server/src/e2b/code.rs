@@ -1,0 +1,422 @@
+//! E2B's code interpreter API (what the `e2b-code-interpreter` SDK calls on port
+//! 49999 of a sandbox): `POST /execute` (NDJSON), `/contexts` (create, list),
+//! `DELETE /contexts/{id}`, `POST /contexts/{id}/restart`, served for every sandbox
+//! by the native code contexts (`crate::code`). A request names its sandbox like
+//! an envd request (`E2b-Sandbox-Id`, or the `49999-ID.DOMAIN` host name) and
+//! carries the sandbox's traffic access token or its envd access token.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, post};
+use axum::{Json, Router};
+use sandlot_proto::api::code::{CodeError, CodeEvent, CodeResult, RunStatus};
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use super::envd::{
+    constant_time_eq, AccessError, ACCESS_TOKEN_HEADER, SANDBOX_ID_HEADER, SANDBOX_PORT_HEADER,
+};
+use super::hosts::TRAFFIC_TOKEN_HEADER;
+use super::E2b;
+use crate::code::{self, Context, ContextParams, Language, RunRequest};
+use crate::error::ApiError;
+use crate::routes::stream::{channel_body, line};
+use crate::sandbox::SandboxHandle;
+
+/// The port of E2B's code interpreter server in a sandbox.
+pub const JUPYTER_PORT: u16 = 49999;
+
+pub fn routes() -> Router<Arc<E2b>> {
+    Router::new()
+        .route("/execute", post(execute))
+        .route("/contexts", post(create).get(list))
+        .route("/contexts/{id}", delete(remove))
+        .route("/contexts/{id}/restart", post(restart))
+}
+
+/// Authorizes a code interpreter request for its sandbox.
+fn access(
+    e2b: &Arc<E2b>,
+    headers: &HeaderMap,
+) -> Result<(Arc<SandboxHandle>, String), AccessError> {
+    let err = |status, m: String| AccessError { status, message: m };
+    let header = |n: &str| {
+        headers
+            .get(n)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .trim()
+            .to_string()
+    };
+    let id = header(SANDBOX_ID_HEADER);
+    if id.is_empty() {
+        return Err(err(
+            StatusCode::BAD_REQUEST,
+            "E2b-Sandbox-Id header is empty".into(),
+        ));
+    }
+    let port = header(SANDBOX_PORT_HEADER);
+    if !port.is_empty() && port != JUPYTER_PORT.to_string() {
+        return Err(err(
+            StatusCode::BAD_GATEWAY,
+            format!("The sandbox {id} is running but port {port} is not open (the code interpreter is on {JUPYTER_PORT})"),
+        ));
+    }
+    let traffic = header(TRAFFIC_TOKEN_HEADER);
+    let envd = header(ACCESS_TOKEN_HEADER);
+    let ok = (!traffic.is_empty()
+        && constant_time_eq(traffic.as_bytes(), e2b.traffic_token(&id).as_bytes()))
+        || (!envd.is_empty()
+            && constant_time_eq(envd.as_bytes(), e2b.access_token(&id).as_bytes()));
+    if !ok {
+        return Err(err(
+            StatusCode::UNAUTHORIZED,
+            format!("the code interpreter of sandbox {id} needs its traffic access token ({TRAFFIC_TOKEN_HEADER}) or its envd access token"),
+        ));
+    }
+    match e2b.app.handle(&id) {
+        Some(h) if !h.is_stopping() => {
+            let user = e2b.default_user(&id);
+            Ok((h, user))
+        }
+        _ => Err(err(
+            StatusCode::BAD_GATEWAY,
+            format!("The sandbox {id} was not found"),
+        )),
+    }
+}
+
+/// An API error as the code interpreter server answers one (plain text).
+fn plain(e: ApiError) -> Response {
+    if e.status.is_server_error() {
+        tracing::error!(
+            detail = e.internal.as_deref().unwrap_or(""),
+            "e2b code interpreter: {}",
+            e.message
+        );
+    }
+    (e.status, e.message).into_response()
+}
+
+fn home_of(user: &str) -> String {
+    if user == "root" {
+        "/root".into()
+    } else {
+        format!("/home/{user}")
+    }
+}
+
+fn context_json(c: &Context, user: &str) -> Value {
+    json!({
+        "id": c.id,
+        "language": c.params.language.as_str(),
+        "cwd": c.params.cwd.clone().unwrap_or_else(|| home_of(user)),
+    })
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct CreateBody {
+    language: Option<String>,
+    cwd: Option<String>,
+}
+
+async fn create(
+    State(e2b): State<Arc<E2b>>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let (h, user) = match access(&e2b, &headers) {
+        Ok(x) => x,
+        Err(e) => return e.into_response(),
+    };
+    let b: CreateBody = if body.is_empty() {
+        CreateBody::default()
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(b) => b,
+            Err(e) => {
+                return (StatusCode::BAD_REQUEST, format!("invalid JSON: {e}")).into_response()
+            }
+        }
+    };
+    let language = match Language::parse(b.language.as_deref().unwrap_or("python")) {
+        Ok(l) => l,
+        Err(e) => return plain(e),
+    };
+    if let Some(c) = &b.cwd {
+        if !c.starts_with('/') {
+            return (
+                StatusCode::BAD_REQUEST,
+                format!("cwd: {c:?} is not an absolute path"),
+            )
+                .into_response();
+        }
+    }
+    let params = ContextParams {
+        language,
+        cwd: b.cwd,
+        env: BTreeMap::new(),
+    };
+    let _active = h.active();
+    match h.contexts.create(&h.guest, None, params).await {
+        Ok(c) => Json(context_json(&c, &user)).into_response(),
+        Err(e) => plain(e),
+    }
+}
+
+async fn list(State(e2b): State<Arc<E2b>>, headers: HeaderMap) -> Response {
+    let (h, user) = match access(&e2b, &headers) {
+        Ok(x) => x,
+        Err(e) => return e.into_response(),
+    };
+    let all: Vec<Value> = h
+        .contexts
+        .all()
+        .iter()
+        .map(|c| context_json(c, &user))
+        .collect();
+    Json(all).into_response()
+}
+
+async fn remove(
+    State(e2b): State<Arc<E2b>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    let (h, _) = match access(&e2b, &headers) {
+        Ok(x) => x,
+        Err(e) => return e.into_response(),
+    };
+    match h.contexts.remove(&h.guest, &id).await {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => plain(e),
+    }
+}
+
+async fn restart(
+    State(e2b): State<Arc<E2b>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    let (h, _) = match access(&e2b, &headers) {
+        Ok(x) => x,
+        Err(e) => return e.into_response(),
+    };
+    let Some(c) = h.contexts.get(&id) else {
+        return (StatusCode::NOT_FOUND, format!("no code context {id}")).into_response();
+    };
+    let _active = h.active();
+    match c.restart(&h.guest).await {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => plain(e),
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct ExecuteBody {
+    code: String,
+    context_id: Option<String>,
+    language: Option<String>,
+    env_vars: Option<BTreeMap<String, String>>,
+}
+
+async fn execute(
+    State(e2b): State<Arc<E2b>>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let (h, _) = match access(&e2b, &headers) {
+        Ok(x) => x,
+        Err(e) => return e.into_response(),
+    };
+    let b: ExecuteBody = match serde_json::from_slice(&body) {
+        Ok(b) => b,
+        Err(e) => return (StatusCode::BAD_REQUEST, format!("invalid JSON: {e}")).into_response(),
+    };
+    let ctx_id = match (&b.context_id, &b.language) {
+        (Some(c), _) => c.clone(),
+        (None, Some(l)) => match Language::parse(l) {
+            Ok(l) => code::default_context(l),
+            Err(e) => return plain(e),
+        },
+        (None, None) => code::default_context(Language::Python),
+    };
+    let guard = h.active();
+    let ctx = match h.contexts.get_or_default(&h.guest, &ctx_id).await {
+        Ok(c) => c,
+        Err(e) => return plain(e),
+    };
+    let req = RunRequest {
+        code: b.code,
+        env: b.env_vars.unwrap_or_default(),
+        timeout: code::DEFAULT_TIMEOUT,
+    };
+    h.touch();
+    let mut rx = code::spawn_run(ctx.clone(), h.guest.clone(), req);
+    let (tx, resp) = channel_body("application/x-ndjson");
+    tokio::spawn(async move {
+        let _guard = guard;
+        let mut raised = false;
+        loop {
+            let item = tokio::select! {
+                item = rx.recv() => item,
+                // The client left mid-run: stop the cell, as E2B's server does.
+                _ = tx.closed() => {
+                    ctx.interrupt().await;
+                    return;
+                }
+            };
+            let Some(item) = item else { return };
+            for l in lines_of(item, &mut raised) {
+                if tx.send(line(&l)).await.is_err() {
+                    ctx.interrupt().await;
+                    return;
+                }
+            }
+        }
+    });
+    resp
+}
+
+fn now_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
+}
+
+fn error_line(e: &CodeError) -> Value {
+    json!({"type": "error", "name": e.name, "value": e.value, "traceback": e.traceback})
+}
+
+/// The E2B lines of one run event.
+fn lines_of(item: Result<CodeEvent, ApiError>, raised: &mut bool) -> Vec<Value> {
+    let ev = match item {
+        Ok(ev) => ev,
+        Err(e) => {
+            return vec![
+                json!({"type": "error", "name": "SandlotError", "value": e.message, "traceback": ""}),
+            ]
+        }
+    };
+    match ev {
+        CodeEvent::Stdout { text } => {
+            vec![json!({"type": "stdout", "text": text, "timestamp": now_ns()})]
+        }
+        CodeEvent::Stderr { text } => {
+            vec![json!({"type": "stderr", "text": text, "timestamp": now_ns()})]
+        }
+        CodeEvent::Result { result } => vec![result_line(&result)],
+        CodeEvent::Exception { error } => {
+            *raised = true;
+            vec![error_line(&error)]
+        }
+        CodeEvent::End {
+            status,
+            execution_count,
+            error,
+            ..
+        } => {
+            let mut out = Vec::new();
+            if let (false, Some(e), RunStatus::TimedOut | RunStatus::Crashed) =
+                (*raised, &error, status)
+            {
+                out.push(error_line(e));
+            }
+            if let Some(n) = execution_count {
+                out.push(json!({"type": "number_of_executions", "execution_count": n}));
+            }
+            out
+        }
+        CodeEvent::Started { .. } => Vec::new(),
+        CodeEvent::Error { error } => {
+            vec![
+                json!({"type": "error", "name": "SandlotError", "value": error.message, "traceback": ""}),
+            ]
+        }
+    }
+}
+
+/// A MIME bundle as E2B's result: its formats by name (`text`, `html`, `png`,
+/// ...), a DataFrame's data as `data`, other MIME types in `extra`.
+pub fn result_line(r: &CodeResult) -> Value {
+    let mut o = Map::new();
+    o.insert("type".into(), "result".into());
+    let mut extra = Map::new();
+    for (mime, v) in &r.data {
+        let key = match mime.as_str() {
+            "text/plain" => "text",
+            "text/html" => "html",
+            "text/markdown" => "markdown",
+            "image/svg+xml" => "svg",
+            "image/png" => "png",
+            "image/jpeg" => "jpeg",
+            "application/pdf" => "pdf",
+            "text/latex" => "latex",
+            "application/json" => "json",
+            "application/javascript" => "javascript",
+            _ => {
+                extra.insert(mime.clone(), v.clone());
+                continue;
+            }
+        };
+        let v = match v {
+            Value::String(s) if key == "png" || key == "jpeg" => {
+                Value::String(s.trim().to_string())
+            }
+            other => other.clone(),
+        };
+        o.insert(key.into(), v);
+    }
+    let frame = r.data.get("application/json").filter(|j| {
+        r.data.contains_key("text/html")
+            && ["columns", "index", "data"]
+                .iter()
+                .all(|k| j.get(k).is_some())
+    });
+    if let Some(f) = frame {
+        o.insert("data".into(), f.clone());
+    }
+    if !extra.is_empty() {
+        o.insert("extra".into(), Value::Object(extra));
+    }
+    o.insert("is_main_result".into(), r.is_main_result.into());
+    Value::Object(o)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bundle_maps_to_e2b_result_keys() {
+        let r = CodeResult {
+            is_main_result: true,
+            data: [
+                ("text/plain".to_string(), json!("   a\n0  1")),
+                ("text/html".to_string(), json!("<table/>")),
+                ("image/png".to_string(), json!("iVBO\n")),
+                (
+                    "application/json".to_string(),
+                    json!({"columns": ["a"], "index": [0], "data": [[1]]}),
+                ),
+                ("application/vnd.custom".to_string(), json!(1)),
+            ]
+            .into(),
+        };
+        let l = result_line(&r);
+        assert_eq!(l["type"], "result");
+        assert_eq!(l["text"], "   a\n0  1");
+        assert_eq!(l["html"], "<table/>");
+        assert_eq!(l["png"], "iVBO");
+        assert_eq!(l["data"]["columns"], json!(["a"]));
+        assert_eq!(l["extra"]["application/vnd.custom"], 1);
+        assert_eq!(l["is_main_result"], true);
+    }
+}

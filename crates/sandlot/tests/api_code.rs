@@ -1,0 +1,488 @@
+//! Code contexts through the API: state across runs, rich results (a PNG of the
+//! asked size, a DataFrame's data), streaming order, interrupt, timeouts, kernel
+//! crashes and restarts, the output cap, concurrent contexts and their clean-up.
+//! Needs python3 with ipykernel, matplotlib and pandas on the host (`host` image).
+
+mod api_support;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use api_support::{block_on_within, eventually, spec_body, Daemon};
+use base64::Engine;
+use sandlot_client::code::{
+    CodeEvent, CreateContextBody, Execution, RunCodeBody, RunStatus, DEFAULT_CONTEXT,
+};
+use sandlot_client::{Client, CreateSandbox};
+use serde_json::json;
+
+fn cell(code: &str) -> RunCodeBody {
+    RunCodeBody {
+        code: code.into(),
+        ..Default::default()
+    }
+}
+
+async fn run(c: &Client, id: &str, ctx: &str, code: &str) -> Execution {
+    c.run_code(id, ctx, &cell(code)).await.unwrap()
+}
+
+/// The `text/plain` of the run's main result.
+fn value(x: &Execution) -> String {
+    let main = x
+        .results
+        .iter()
+        .find(|r| r.is_main_result)
+        .unwrap_or_else(|| panic!("no main result: {x:?}"));
+    main.data["text/plain"].as_str().unwrap().to_string()
+}
+
+/// Width and height from a PNG's IHDR chunk.
+fn png_size(png: &[u8]) -> (u32, u32) {
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "not a PNG");
+    assert_eq!(&png[12..16], b"IHDR");
+    let be = |b: &[u8]| u32::from_be_bytes(b.try_into().unwrap());
+    (be(&png[16..20]), be(&png[20..24]))
+}
+
+/// How many ipykernel processes run in the sandbox.
+async fn kernels(c: &Client, id: &str) -> usize {
+    let out = c
+        .run(
+            id,
+            &[
+                "sh",
+                "-c",
+                "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f 2>/dev/null; echo; done",
+            ],
+        )
+        .await
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains("ipykernel_launcher"))
+        .count()
+}
+
+#[test]
+fn a_context_keeps_state_and_returns_rich_results() {
+    let d = Daemon::start(None);
+    let c = d.client();
+    block_on_within(180, "rich results", async {
+        let sb = c.create_sandbox(&CreateSandbox::default()).await.unwrap();
+        let id = sb.id.as_str();
+        // The default context: variables, imports and the working directory stay.
+        let x = run(
+            &c,
+            id,
+            DEFAULT_CONTEXT,
+            "import os\nx = 41\nos.chdir('/tmp')\nprint('hi')",
+        )
+        .await;
+        assert_eq!(
+            (x.status, x.stdout.concat()),
+            (RunStatus::Ok, "hi\n".into())
+        );
+        assert!(!x.restarted);
+        let x = run(&c, id, DEFAULT_CONTEXT, "x + 1").await;
+        assert_eq!(value(&x), "42");
+        let x = run(&c, id, DEFAULT_CONTEXT, "os.getcwd()").await;
+        assert_eq!(value(&x), "'/tmp'");
+        assert_eq!(x.execution_count, Some(3));
+        // An exception: name, value and a traceback naming the line.
+        let x = run(&c, id, DEFAULT_CONTEXT, "def f():\n    return 1/0\nf()").await;
+        assert_eq!(x.status, RunStatus::Error);
+        let e = x.error.unwrap();
+        assert_eq!(
+            (e.name.as_str(), e.value.as_str()),
+            ("ZeroDivisionError", "division by zero")
+        );
+        assert!(e.traceback.contains("return 1/0"), "{}", e.traceback);
+        assert!(
+            !e.traceback.contains('\u{1b}'),
+            "colour codes in {}",
+            e.traceback
+        );
+        // A matplotlib figure of 4x3 inches at 50 dpi is a 200x150 PNG.
+        let x = run(
+            &c,
+            id,
+            DEFAULT_CONTEXT,
+            "%config InlineBackend.print_figure_kwargs = {'bbox_inches': None}\n\
+             import matplotlib.pyplot as plt\n\
+             fig = plt.figure(figsize=(4, 3), dpi=50)\nplt.plot([1, 3, 2])\nplt.show()",
+        )
+        .await;
+        assert_eq!(x.status, RunStatus::Ok, "{x:?}");
+        let shown: Vec<_> = x.results.iter().filter(|r| !r.is_main_result).collect();
+        assert_eq!(shown.len(), 1, "{x:?}");
+        let png = base64::engine::general_purpose::STANDARD
+            .decode(shown[0].data["image/png"].as_str().unwrap().trim())
+            .unwrap();
+        assert_eq!(png_size(&png), (200, 150));
+        // A DataFrame: HTML and its data.
+        let x = run(
+            &c,
+            id,
+            DEFAULT_CONTEXT,
+            "import pandas as pd\ndf = pd.DataFrame({'a': [1, 2], 'b': ['x', 'y']})\ndf",
+        )
+        .await;
+        let main = x.results.iter().find(|r| r.is_main_result).unwrap();
+        assert!(main.data["text/html"].as_str().unwrap().contains("<table"));
+        assert_eq!(
+            main.data["application/json"],
+            json!({"columns": ["a", "b"], "index": [0, 1], "data": [[1, "x"], [2, "y"]]})
+        );
+        // display() output comes before the main result, in order; Markdown too.
+        let x = run(
+            &c,
+            id,
+            DEFAULT_CONTEXT,
+            "from IPython.display import display, Markdown\ndisplay(Markdown('# hi'))\n'last'",
+        )
+        .await;
+        assert_eq!(x.results.len(), 2);
+        assert_eq!(x.results[0].data["text/markdown"], json!("# hi"));
+        assert_eq!(value(&x), "'last'");
+        // Per-run variables are there for that run only.
+        let mut with_env = cell("os.environ.get('ANSWER')");
+        with_env.env = BTreeMap::from([("ANSWER".to_string(), "42".to_string())]);
+        let x = c.run_code(id, DEFAULT_CONTEXT, &with_env).await.unwrap();
+        assert_eq!(value(&x), "'42'");
+        let x = run(&c, id, DEFAULT_CONTEXT, "os.environ.get('ANSWER')").await;
+        assert!(x.results.iter().all(|r| !r.is_main_result), "{x:?}");
+        c.delete_sandbox(id).await.unwrap();
+    });
+}
+
+#[test]
+fn a_stream_comes_in_order_and_interrupts_and_timeouts_stop_cells() {
+    let d = Daemon::start(None);
+    let c = d.client();
+    block_on_within(180, "streams", async {
+        let sb = c.create_sandbox(&CreateSandbox::default()).await.unwrap();
+        let id = sb.id.as_str();
+        let ctx = c
+            .create_context(id, &CreateContextBody::default())
+            .await
+            .unwrap();
+        assert_eq!(
+            (ctx.language.as_str(), ctx.state.as_str()),
+            ("python", "idle")
+        );
+        let mut s = c
+            .run_code_stream(
+                id,
+                &ctx.id,
+                &cell(
+                    "import sys, time\nprint('a')\ntime.sleep(0.2)\nprint('b', file=sys.stderr)\n7",
+                ),
+            )
+            .await
+            .unwrap();
+        let mut kinds = Vec::new();
+        while let Some(ev) = s.next_event().await.unwrap() {
+            kinds.push(match ev {
+                CodeEvent::Started { .. } => "started".to_string(),
+                CodeEvent::Stdout { text } => format!("stdout:{text}"),
+                CodeEvent::Stderr { text } => format!("stderr:{text}"),
+                CodeEvent::Result { result } => format!("result:{}", result.data["text/plain"]),
+                CodeEvent::End { status, .. } => format!("end:{status:?}"),
+                other => format!("{other:?}"),
+            });
+        }
+        assert_eq!(
+            kinds,
+            [
+                "started",
+                "stdout:a\n",
+                "stderr:b\n",
+                "result:\"7\"",
+                "end:Ok"
+            ]
+        );
+        // Interrupt: the cell ends with KeyboardInterrupt, the state stays.
+        run(&c, id, &ctx.id, "kept = 'yes'").await;
+        let mut s = c
+            .run_code_stream(
+                id,
+                &ctx.id,
+                &cell("print('sleeping', flush=True)\ntime.sleep(60)"),
+            )
+            .await
+            .unwrap();
+        assert!(matches!(
+            s.next_event().await.unwrap(),
+            Some(CodeEvent::Started { .. })
+        ));
+        assert!(matches!(
+            s.next_event().await.unwrap(),
+            Some(CodeEvent::Stdout { .. })
+        ));
+        assert_eq!(c.list_contexts(id).await.unwrap()[0].state, "busy");
+        c.interrupt_context(id, &ctx.id).await.unwrap();
+        let mut end = None;
+        while let Some(ev) = s.next_event().await.unwrap() {
+            if let CodeEvent::End { status, error, .. } = ev {
+                end = Some((status, error.unwrap().name));
+            }
+        }
+        assert_eq!(end, Some((RunStatus::Error, "KeyboardInterrupt".into())));
+        assert_eq!(value(&run(&c, id, &ctx.id, "kept").await), "'yes'");
+        // A timeout interrupts a cell: it ends as timed out, the state stays.
+        let mut t = cell("time.sleep(60)");
+        t.timeout = Some(json!(1));
+        let x = c.run_code(id, &ctx.id, &t).await.unwrap();
+        assert_eq!(x.status, RunStatus::TimedOut);
+        assert_eq!(x.error.unwrap().name, "TimeoutError");
+        let x = run(&c, id, &ctx.id, "kept").await;
+        assert_eq!((value(&x), x.restarted), ("'yes'".into(), false));
+        // A cell that ignores the interrupt: the interpreter is ended, and the next
+        // run says its state is lost.
+        let mut t =
+            cell("import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(60)");
+        t.timeout = Some(json!("1s"));
+        let x = c.run_code(id, &ctx.id, &t).await.unwrap();
+        assert_eq!(x.status, RunStatus::TimedOut);
+        assert!(x.error.unwrap().value.contains("state is lost"));
+        let x = run(&c, id, &ctx.id, "'kept' in globals()").await;
+        assert_eq!((value(&x), x.restarted), ("False".into(), true));
+        assert_eq!(c.list_contexts(id).await.unwrap()[0].restarts, 1);
+        c.delete_sandbox(id).await.unwrap();
+    });
+}
+
+#[test]
+fn a_kernel_crash_is_named_and_the_next_run_restarts_it() {
+    let d = Daemon::start(None);
+    let c = d.client();
+    block_on_within(240, "crashes", async {
+        let sb = c
+            .create_sandbox(&spec_body(json!({"resources": {"memory": "384M"}})))
+            .await
+            .unwrap();
+        let id = sb.id.as_str();
+        let other = c
+            .create_context(id, &CreateContextBody::default())
+            .await
+            .unwrap();
+        run(&c, id, &other.id, "survivor = 1").await;
+        for (code, expect) in [
+            ("import os\nos._exit(3)", "exit code 3"),
+            ("import ctypes\nctypes.string_at(0)", "signal 11"),
+            ("b = b'x' * (1 << 30)", "signal 9"),
+        ] {
+            run(&c, id, DEFAULT_CONTEXT, "state = 1").await;
+            let x = run(&c, id, DEFAULT_CONTEXT, code).await;
+            assert_eq!(x.status, RunStatus::Crashed, "{code}: {x:?}");
+            let e = x.error.unwrap();
+            assert_eq!(e.name, "KernelDied");
+            assert!(e.value.contains(expect), "{code}: {}", e.value);
+            let x = run(&c, id, DEFAULT_CONTEXT, "'state' in globals()").await;
+            assert_eq!((value(&x), x.restarted), ("False".into(), true), "{code}");
+        }
+        // The other context and the sandbox are untouched.
+        assert_eq!(value(&run(&c, id, &other.id, "survivor").await), "1");
+        assert_eq!(c.run(id, &["true"]).await.unwrap().exit.code, Some(0));
+        c.delete_sandbox(id).await.unwrap();
+    });
+}
+
+#[test]
+fn a_cell_printing_too_much_is_cut_with_a_marker() {
+    let d = Daemon::start(None);
+    let c = d.client();
+    block_on_within(180, "output cap", async {
+        let sb = c.create_sandbox(&CreateSandbox::default()).await.unwrap();
+        let id = sb.id.as_str();
+        let x = run(
+            &c,
+            id,
+            DEFAULT_CONTEXT,
+            "import sys\nfor _ in range(40):\n    sys.stdout.write('x' * (1 << 20))\nprint('after')\n'done'",
+        )
+        .await;
+        assert_eq!(x.status, RunStatus::Ok);
+        assert!(x.truncated);
+        let out = x.stdout.concat();
+        assert!(out.len() <= (8 << 20) + 100, "{} bytes kept", out.len());
+        assert!(out.ends_with("[output truncated: the cell wrote more than 8 MiB]\n"));
+        assert!(!out.contains("after"));
+        assert_eq!(value(&x), "'done'");
+        // The next run starts clean.
+        let x = run(&c, id, DEFAULT_CONTEXT, "print('small')").await;
+        assert_eq!((x.stdout.concat(), x.truncated), ("small\n".into(), false));
+        c.delete_sandbox(id).await.unwrap();
+    });
+}
+
+#[test]
+fn contexts_run_concurrently_apart_and_end_when_deleted() {
+    let d = Daemon::start(None);
+    let c = d.client();
+    block_on_within(180, "contexts", async {
+        let sb = c.create_sandbox(&CreateSandbox::default()).await.unwrap();
+        let id = sb.id.as_str();
+        let a = c
+            .create_context(id, &CreateContextBody::default())
+            .await
+            .unwrap();
+        let b = c
+            .create_context(
+                id,
+                &CreateContextBody {
+                    cwd: Some("/tmp".into()),
+                    env: BTreeMap::from([("WHO".to_string(), "b".to_string())]),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        // Two contexts run at once: a's cell waits for a file that b's cell writes
+        // (run one after the other, a's would time out).
+        let wait =
+            "import os, time\nwhile not os.path.exists('/tmp/b-ran'):\n    time.sleep(0.01)\n\
+                    v = 'a'\n(v, os.getcwd(), os.environ.get('WHO'))";
+        let write = "import os\nopen('/tmp/b-ran', 'w').close()\nv = 'b'\n(v, os.getcwd(), os.environ.get('WHO'))";
+        let mut in_a = cell(wait);
+        in_a.timeout = Some(json!(30));
+        let (xa, xb) = tokio::join!(c.run_code(id, &a.id, &in_a), async {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            run(&c, id, &b.id, write).await
+        });
+        let xa = xa.unwrap();
+        assert_eq!(xa.status, RunStatus::Ok, "{xa:?}");
+        assert_eq!(value(&xa), "('a', '/root', None)");
+        assert_eq!(value(&xb), "('b', '/tmp', 'b')");
+        assert_eq!(c.list_contexts(id).await.unwrap().len(), 2);
+        // A bash context keeps its shell's state.
+        let sh = c
+            .create_context(
+                id,
+                &CreateContextBody {
+                    language: Some("bash".into()),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        run(&c, id, &sh.id, "cd /tmp && N=5").await;
+        let x = run(&c, id, &sh.id, "echo $N $PWD; echo oops >&2").await;
+        assert_eq!(
+            (x.stdout.concat(), x.stderr.concat()),
+            ("5 /tmp\n".into(), "oops\n".into())
+        );
+        let x = run(&c, id, &sh.id, "false").await;
+        assert_eq!(x.status, RunStatus::Error);
+        // Deleting ends the kernels.
+        assert_eq!(kernels(&c, id).await, 2);
+        c.delete_context(id, &a.id).await.unwrap();
+        eventually(10, "the deleted context's kernel to end", || async {
+            kernels(&c, id).await == 1
+        })
+        .await;
+        let e = c.run_code(id, &a.id, &cell("1")).await.unwrap_err();
+        assert_eq!(e.code(), Some("not_found"));
+        assert!(e.to_string().contains(&a.id), "{e}");
+        assert_eq!(value(&run(&c, id, &b.id, "v").await), "'b'");
+        c.delete_sandbox(id).await.unwrap();
+    });
+}
+
+#[test]
+fn unknown_languages_and_missing_kernels_are_refused_by_name() {
+    let d = Daemon::start(None);
+    let c = d.client();
+    block_on_within(120, "refusals", async {
+        let sb = c.create_sandbox(&CreateSandbox::default()).await.unwrap();
+        let id = sb.id.as_str();
+        let lang = |l: &str| CreateContextBody {
+            language: Some(l.into()),
+            ..Default::default()
+        };
+        let e = c.create_context(id, &lang("cobol")).await.unwrap_err();
+        assert_eq!(e.code(), Some("bad_request"));
+        assert!(e.to_string().contains("\"cobol\""), "{e}");
+        let e = c.create_context(id, &lang("javascript")).await.unwrap_err();
+        assert_eq!(e.code(), Some("kernel_unavailable"));
+        assert!(
+            e.to_string().contains("no Jupyter kernel for javascript"),
+            "{e}"
+        );
+        // A python3 without ipykernel (hidden from it here) is named.
+        c.run(
+            id,
+            &[
+                "sh",
+                "-c",
+                "mkdir -p /tmp/hide && echo \"import sys; sys.modules['ipykernel'] = None\" > /tmp/hide/sitecustomize.py",
+            ],
+        )
+        .await
+        .unwrap();
+        let e = c
+            .create_context(
+                id,
+                &CreateContextBody {
+                    env: BTreeMap::from([("PYTHONPATH".to_string(), "/tmp/hide".to_string())]),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Some("kernel_unavailable"));
+        assert!(e.to_string().contains("python3-ipykernel"), "{e}");
+        assert!(c.list_contexts(id).await.unwrap().is_empty());
+        let e = c.run_code(id, "ctx_nope", &cell("1")).await.unwrap_err();
+        assert_eq!(e.code(), Some("not_found"));
+        assert!(e.to_string().contains("ctx_nope"), "{e}");
+        c.delete_sandbox(id).await.unwrap();
+    });
+}
+
+#[test]
+fn run_code_on_the_command_line_streams_output_and_exits_with_the_outcome() {
+    let d = Daemon::start(None);
+    let c = d.client();
+    let id = block_on_within(60, "create", async {
+        c.create_sandbox(&CreateSandbox::default())
+            .await
+            .unwrap()
+            .id
+    });
+    assert_eq!(
+        d.cli(&["run-code", &id, "x = 6\nprint('six')\nx * 7"]),
+        (0, "six\n42\n".into(), String::new())
+    );
+    // The state is the default context's; a script comes on stdin with `-`.
+    let out = std::process::Command::new(api_support::sandlot())
+        .args(["run-code", &id, "-"])
+        .env("SANDLOT_URL", format!("unix://{}", d.socket.display()))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut p| {
+            use std::io::Write;
+            p.stdin.take().unwrap().write_all(b"print(x + 1)\n")?;
+            p.wait_with_output()
+        })
+        .unwrap();
+    assert_eq!(
+        (out.status.code(), out.stdout.as_slice()),
+        (Some(0), &b"7\n"[..])
+    );
+    let (code, _, err) = d.cli(&["run-code", &id, "x / 0"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("ZeroDivisionError"), "{err}");
+    let (code, _, err) = d.cli(&[
+        "run-code",
+        "--timeout",
+        "1",
+        &id,
+        "import time\ntime.sleep(30)",
+    ]);
+    assert_eq!(code, 124);
+    assert!(err.contains("TimeoutError"), "{err}");
+    block_on_within(30, "delete", async { c.delete_sandbox(&id).await.unwrap() });
+}

@@ -1,0 +1,118 @@
+"""Code contexts end to end: run_code's state, rich results, callbacks, contexts,
+interrupt, timeout and crash restarts, sync and async. Needs python3 with
+ipykernel, matplotlib and pandas on the host (scripts/setup.d/45-code.sh)."""
+
+from __future__ import annotations
+
+import struct
+import threading
+import time
+
+import pytest
+
+import sandlot
+from sandlot import AsyncSandbox
+
+
+def png_size(png: bytes) -> "tuple[int, int]":
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and png[12:16] == b"IHDR"
+    w, h = struct.unpack(">II", png[16:24])
+    return w, h
+
+
+def test_run_code_keeps_state_and_returns_rich_results(sb: sandlot.Sandbox) -> None:
+    x = sb.run_code("import os\nx = 20\nos.chdir('/tmp')")
+    assert (x.status, x.error, x.restarted) == ("ok", None, False)
+    assert sb.run_code("x * 2 + 2").text == "42"
+    assert sb.run_code("os.getcwd()").text == "'/tmp'"
+    chart = sb.run_code(
+        "%config InlineBackend.print_figure_kwargs = {'bbox_inches': None}\n"
+        "import matplotlib.pyplot as plt\n"
+        "plt.figure(figsize=(3, 2), dpi=100)\nplt.bar(['a', 'b'], [1, 2])\nplt.show()"
+    )
+    pngs = [r.png_bytes for r in chart.results if r.png]
+    assert len(pngs) == 1 and pngs[0] is not None
+    assert png_size(pngs[0]) == (300, 200)
+    frame = sb.run_code("import pandas as pd\npd.DataFrame({'n': [1, 2, 3], 's': ['a', 'b', 'c']})")
+    main = frame.main_result
+    assert main is not None and main.html is not None and "<table" in main.html
+    assert main.dataframe == {"columns": ["n", "s"], "index": [0, 1, 2], "data": [[1, "a"], [2, "b"], [3, "c"]]}
+    err = sb.run_code("raise ValueError('bad input')")
+    assert err.status == "error" and err.error is not None
+    assert (err.error.name, err.error.value) == ("ValueError", "bad input")
+    assert "raise ValueError" in err.error.traceback
+
+
+def test_callbacks_see_output_as_it_happens_in_order(sb: sandlot.Sandbox) -> None:
+    seen: "list[tuple[str, object]]" = []
+    x = sb.run_code(
+        "import sys\nprint('one')\nprint('two', file=sys.stderr)\n"
+        "from IPython.display import display, HTML\ndisplay(HTML('<b>hi</b>'))\n1/0",
+        on_stdout=lambda t: seen.append(("stdout", t)),
+        on_stderr=lambda t: seen.append(("stderr", t)),
+        on_result=lambda r: seen.append(("result", r.html)),
+        on_error=lambda e: seen.append(("error", e.name)),
+    )
+    assert seen == [
+        ("stdout", "one\n"),
+        ("stderr", "two\n"),
+        ("result", "<b>hi</b>"),
+        ("error", "ZeroDivisionError"),
+    ]
+    assert (x.stdout, x.stderr, x.status) == (["one\n"], ["two\n"], "error")
+
+
+def test_contexts_are_separate_and_can_be_interrupted_restarted_and_removed(sb: sandlot.Sandbox) -> None:
+    a = sb.create_code_context()
+    b = sb.create_code_context("bash", cwd="/tmp")
+    sb.run_code("v = 'a'", context=a)
+    assert sb.run_code("echo $PWD", context=b).stdout == ["/tmp\n"]
+    assert {c.id for c in sb.list_code_contexts()} == {a.id, b.id}
+    # Interrupt a cell from another thread: KeyboardInterrupt, state kept.
+    result: "list[sandlot.Execution]" = []
+    t = threading.Thread(target=lambda: result.append(sb.run_code("import time\ntime.sleep(60)", context=a)))
+    t.start()
+    deadline = time.monotonic() + 30
+    while not any(c.state == "busy" for c in sb.list_code_contexts() if c.id == a.id):
+        assert time.monotonic() < deadline, "the cell never started"
+        time.sleep(0.05)
+    sb.interrupt_code(a)
+    t.join(30)
+    assert result and result[0].error is not None and result[0].error.name == "KeyboardInterrupt"
+    assert sb.run_code("v", context=a).text == "'a'"
+    # Restart loses the state.
+    assert sb.restart_code_context(a).restarts == 1
+    assert sb.run_code("'v' in globals()", context=a).text == "False"
+    sb.remove_code_context(a)
+    with pytest.raises(sandlot.NotFoundError):
+        sb.run_code("1", context=a)
+    with pytest.raises(sandlot.BadRequestError) as e:
+        sb.create_code_context("cobol")
+    assert "cobol" in str(e.value)
+
+
+def test_a_timeout_and_a_crash_are_reported_and_the_next_run_says_state_was_lost(sb: sandlot.Sandbox) -> None:
+    sb.run_code("keep = 1")
+    x = sb.run_code("import time\ntime.sleep(30)", timeout=1)
+    assert x.status == "timed_out" and x.error is not None and x.error.name == "TimeoutError"
+    assert sb.run_code("keep").text == "1"
+    x = sb.run_code("import os\nos._exit(9)")
+    assert x.status == "crashed" and x.error is not None and "exit code 9" in x.error.value
+    after = sb.run_code("'keep' in globals()")
+    assert (after.text, after.restarted) == ("False", True)
+
+
+async def test_async_run_code_with_async_callbacks(aacme: sandlot.AsyncClient) -> None:
+    async with await AsyncSandbox.create(client=aacme, memory="256M", timeout=120) as sb:
+        ctx = await sb.create_code_context(env={"GREETING": "hello"})
+        got: "list[str]" = []
+
+        async def on_stdout(t: str) -> None:
+            got.append(t)
+
+        x = await sb.run_code("import os\nprint(os.environ['GREETING'])\nn = 5\nn", context=ctx, on_stdout=on_stdout)
+        assert (got, x.text) == (["hello\n"], "5")
+        assert (await sb.run_code("n + 1", context=ctx)).text == "6"
+        assert [c.id for c in await sb.list_code_contexts()] == [ctx.id]
+        await sb.remove_code_context(ctx)
+        assert await sb.list_code_contexts() == []

@@ -1,0 +1,148 @@
+"""The official `e2b-code-interpreter` SDK (pinned in scripts/setup.d/60-e2b.sh)
+against Sandlot's E2B front door: state across runs, contexts, streaming
+callbacks, rich results (display data, a PNG chart, a DataFrame's data), the
+working directory, per-run variables, a timeout that stops the cell, bash, and
+async. Needs python3 with ipykernel, matplotlib and pandas on the host."""
+
+import base64
+import struct
+import time
+
+import pytest
+from e2b import TimeoutException
+
+
+@pytest.fixture
+def ci(server):
+    from e2b_code_interpreter import Sandbox
+
+    sb = Sandbox.create(timeout=120)
+    try:
+        yield sb
+    finally:
+        sb.kill()
+
+
+def test_state_is_kept_between_runs(ci):
+    assert ci.run_code("x = 1; x += 1; x").text == "2"
+    ex = ci.run_code("x + 40")
+    assert ex.text == "42" and ex.error is None
+    assert ex.execution_count == 2
+
+
+def test_an_exception_has_its_name_value_and_traceback(ci):
+    ex = ci.run_code("def f():\n    raise ValueError('nope')\nf()")
+    assert ex.error is not None
+    assert (ex.error.name, ex.error.value) == ("ValueError", "nope")
+    assert "raise ValueError" in ex.error.traceback
+
+
+def test_callbacks_stream_output_in_order(ci):
+    seen = []
+    ex = ci.run_code(
+        "import sys, time\nprint('a')\ntime.sleep(0.1)\nprint('b', file=sys.stderr)\n7",
+        on_stdout=lambda m: seen.append(("out", m.line)),
+        on_stderr=lambda m: seen.append(("err", m.line)),
+        on_result=lambda r: seen.append(("result", r.text)),
+    )
+    assert seen == [("out", "a\n"), ("err", "b\n"), ("result", "7")]
+    assert (ex.logs.stdout, ex.logs.stderr) == (["a\n"], ["b\n"])
+
+
+def test_display_data_and_a_chart_come_as_rich_results(ci):
+    ex = ci.run_code(
+        "from IPython.display import display, Markdown\n"
+        "display(Markdown('**bold**'))\n"
+        "%config InlineBackend.print_figure_kwargs = {'bbox_inches': None}\n"
+        "import matplotlib.pyplot as plt\n"
+        "plt.figure(figsize=(2, 1), dpi=100)\nplt.plot([1, 2, 3])\nplt.show()"
+    )
+    assert ex.error is None, ex.error
+    assert ex.results[0].markdown == "**bold**"
+    png = base64.b64decode(ex.results[1].png)
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert struct.unpack(">II", png[16:24]) == (200, 100)
+    assert "png" in ex.results[1].formats()
+
+
+def test_a_dataframe_carries_its_html_and_data(ci):
+    ex = ci.run_code("import pandas as pd\npd.DataFrame({'a': [1, 2], 'b': [3.5, 4.5]})")
+    r = ex.results[0]
+    assert r.is_main_result and "<table" in r.html
+    assert r.data == {"columns": ["a", "b"], "index": [0, 1], "data": [[1, 3.5], [2, 4.5]]}
+
+
+def test_contexts_keep_their_own_state_and_cwd(ci):
+    a = ci.create_code_context(cwd="/tmp")
+    b = ci.create_code_context()
+    assert a.cwd == "/tmp" and a.language == "python" and b.cwd == "/home/user"
+    ci.run_code("v = 'a'", context=a)
+    ci.run_code("v = 'b'", context=b)
+    assert ci.run_code("import os\n(v, os.getcwd())", context=a).text == "('a', '/tmp')"
+    assert ci.run_code("v", context=b).text == "'b'"
+    assert {c.id for c in ci.list_code_contexts()} >= {a.id, b.id}
+    ci.restart_code_context(b)
+    assert ci.run_code("'v' in globals()", context=b).text == "False"
+    ci.remove_code_context(a)
+    assert a.id not in {c.id for c in ci.list_code_contexts()}
+
+
+def test_env_vars_are_set_for_one_run(ci):
+    assert ci.run_code("import os\nos.getenv('FOO')", envs={"FOO": "bar"}).text == "'bar'"
+    assert ci.run_code("os.getenv('FOO')").text is None
+
+
+def test_a_timeout_stops_the_cell_and_the_context_goes_on(ci):
+    ci.run_code("kept = 5")
+    started = time.monotonic()
+    with pytest.raises(TimeoutException):
+        ci.run_code("import time\ntime.sleep(30)", timeout=2)
+    # The server interrupted the cell when the client left: the next run does
+    # not wait for it, and the state is still there.
+    assert ci.run_code("kept").text == "5"
+    assert time.monotonic() - started < 20
+
+
+def test_bash_keeps_its_shell_state(ci):
+    ci.run_code("cd /tmp && N=3", language="bash")
+    ex = ci.run_code("echo $N $PWD", language="bash")
+    assert ex.logs.stdout == ["3 /tmp\n"]
+
+
+def test_an_unknown_language_is_refused_by_name(ci):
+    from e2b import SandboxException
+
+    with pytest.raises(SandboxException) as e:
+        ci.run_code("1", language="cobol")
+    assert "cobol" in str(e.value)
+
+
+@pytest.mark.asyncio
+async def test_async_run_code(server):
+    from e2b_code_interpreter import AsyncSandbox
+
+    sb = await AsyncSandbox.create(timeout=120)
+    try:
+        out = []
+
+        async def on_stdout(m):
+            out.append(m.line)
+
+        await sb.run_code("y = 20")
+        ex = await sb.run_code("print('hi')\ny * 2 + 2", on_stdout=on_stdout)
+        assert (ex.text, out) == ("42", ["hi\n"])
+    finally:
+        await sb.kill()
+
+
+def test_the_code_interpreter_needs_a_token_of_its_sandbox(ci, server):
+    import httpx
+
+    url = server.url + "/execute"
+    base = {"E2b-Sandbox-Id": ci.sandbox_id, "E2b-Sandbox-Port": "49999"}
+    assert httpx.post(url, headers=base, json={"code": "1"}).status_code == 401
+    wrong = {**base, "E2B-Traffic-Access-Token": "0" * 64}
+    assert httpx.post(url, headers=wrong, json={"code": "1"}).status_code == 401
+    right = {**base, "E2B-Traffic-Access-Token": ci.traffic_access_token}
+    r = httpx.post(url, headers=right, json={"code": "6 * 7"})
+    assert r.status_code == 200 and '"text":"42"' in r.text.replace(" ", "")
