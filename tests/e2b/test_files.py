@@ -116,7 +116,8 @@ def test_streamed_upload_of_a_file_object(sbx):
 def test_gzip_upload_and_download_round_trip(sbx):
     data = os.urandom(300_000) + b"a" * 2_000_000
     sbx.files.write("/tmp/z.bin", data, gzip=True)
-    assert sbx.commands.run("stat -c %s /tmp/z.bin").stdout.strip() == str(len(data))
+    # Not coreutils' stat, which Debian 12's runsc fails (docs/api.md, "Isolation").
+    assert sbx.commands.run("wc -c < /tmp/z.bin").stdout.strip() == str(len(data))
     assert bytes(sbx.files.read("/tmp/z.bin", format="bytes", gzip=True)) == data
     assert bytes(sbx.files.read("/tmp/z.bin", format="bytes")) == data
     # The server compresses when asked: the body on the wire is gzip.
@@ -224,6 +225,12 @@ def test_get_info_of_a_symlink_tells_its_target(server, sbx):
     assert r.json()["entry"]["type"] == "FILE_TYPE_SYMLINK", r.text
 
 
+@pytest.mark.xfail(
+    os.environ.get("SANDLOT_TEST_ISOLATION") == "gvisor",
+    reason="known gap on gVisor: Debian 12's runsc serves no user extended attributes, "
+    "so file metadata is refused there (docs/e2b-compat.md)",
+    strict=True,
+)
 def test_file_metadata_is_kept_in_xattrs_cleared_on_overwrite_kept_on_rename(sbx):
     w = sbx.files.write("meta/a.txt", "a", metadata={"Author": "mish", "stage": "draft"})
     assert w.metadata == {"author": "mish", "stage": "draft"}

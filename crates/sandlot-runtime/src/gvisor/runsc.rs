@@ -107,8 +107,11 @@ impl Runsc {
             format!("--platform={}", self.platform),
             format!("--network={}", if network { "sandbox" } else { "none" }),
             // The agent binds its socket in a directory bound from the host, where
-            // the daemon connects to it.
-            "--host-uds=create".to_string(),
+            // the daemon connects to it; and a socket a program binds in the root
+            // filesystem or `/tmp` (host directories served by the gofer) is a
+            // host socket, which its clients in the sandbox must be able to open
+            // (a Jupyter kernel's `ipc` sockets never answered).
+            "--host-uds=all".to_string(),
         ];
         // Writes reach the host's directories (the writable layer a snapshot reads,
         // the disk limit of its tmpfs) instead of memory of gVisor's own.

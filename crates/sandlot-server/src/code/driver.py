@@ -194,6 +194,12 @@ class Kernel:
         raise KernelDied(None, "the kernel did not answer within 120 seconds")
 
     def interrupt(self):
+        # Also sent again once the kernel says the cell runs: a SIGINT that
+        # arrives before (the request still on its way, a slow kernel) is lost.
+        self.interrupt_pending = True
+        self._sigint()
+
+    def _sigint(self):
         try:
             os.kill(self.proc.pid, signal.SIGINT)
         except ProcessLookupError:
@@ -207,6 +213,7 @@ class Kernel:
     def run(self, code, cell):
         import time
 
+        self.interrupt_pending = False
         msg_id = self.kc.execute(code, silent=False, store_history=True, allow_stdin=False, stop_on_error=False)
         idle = False
         reply = None
@@ -237,6 +244,9 @@ class Kernel:
             elif kind == "error":
                 emit({"t": "exception", "name": c.get("ename", ""), "value": c.get("evalue", ""),
                       "traceback": "\n".join(c.get("traceback", []))})
+            elif kind == "status" and c.get("execution_state") == "busy":
+                if getattr(self, "interrupt_pending", False):
+                    self._sigint()
             elif kind == "status" and c.get("execution_state") == "idle":
                 idle = True
         return reply if reply is not None else self._reply(msg_id, cell)
