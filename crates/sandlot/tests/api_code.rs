@@ -486,3 +486,64 @@ fn run_code_on_the_command_line_streams_output_and_exits_with_the_outcome() {
     assert!(err.contains("TimeoutError"), "{err}");
     block_on_within(30, "delete", async { c.delete_sandbox(&id).await.unwrap() });
 }
+
+/// The value of a metric line `name{pool="pool"} V`.
+async fn pool_metric(c: &Client, name: &str, pool: &str) -> Option<u64> {
+    let text = c.metrics().await.ok()?;
+    let key = format!("{name}{{pool=\"{pool}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&key))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+#[test]
+fn a_pool_with_code_contexts_hands_out_sandboxes_whose_kernel_already_runs() {
+    let d = Daemon::start(Some(
+        "[[pools]]\nname = \"code\"\nsize = 1\ncode_context = true\n",
+    ));
+    let c = d.client();
+    block_on_within(120, "pooled contexts", async {
+        let ready = || async { pool_metric(&c, "sandlot_pool_ready", "code").await == Some(1) };
+        eventually(60, "the pool to hold a sandbox", ready).await;
+        let sb = c.create_sandbox(&CreateSandbox::default()).await.unwrap();
+        let id = sb.id.as_str();
+        assert_eq!(
+            pool_metric(&c, "sandlot_pool_hits_total", "code").await,
+            Some(1)
+        );
+        // Its default context was started before the claim, and is idle.
+        let ctxs = c.list_contexts(id).await.unwrap();
+        assert_eq!(ctxs.len(), 1, "{ctxs:?}");
+        assert_eq!(
+            (ctxs[0].id.as_str(), ctxs[0].state.as_str()),
+            (DEFAULT_CONTEXT, "idle")
+        );
+        assert!(
+            ctxs[0].created_at < sb.created_at,
+            "{} !< {}",
+            ctxs[0].created_at,
+            sb.created_at
+        );
+        let x = run(&c, id, DEFAULT_CONTEXT, "1 + 1").await;
+        assert_eq!(
+            (value(&x), x.restarted, x.execution_count),
+            ("2".into(), false, Some(1))
+        );
+        // A claim with its own environment does not get the pool's kernel: the next
+        // run starts one that sees the request's variables.
+        eventually(60, "the pool to refill", ready).await;
+        let sb2 = c
+            .create_sandbox(&spec_body(json!({"env": {"WHO": "claimer"}})))
+            .await
+            .unwrap();
+        assert_eq!(
+            pool_metric(&c, "sandlot_pool_hits_total", "code").await,
+            Some(2)
+        );
+        assert!(c.list_contexts(&sb2.id).await.unwrap().is_empty());
+        let x = run(&c, &sb2.id, DEFAULT_CONTEXT, "import os\nos.environ['WHO']").await;
+        assert_eq!(value(&x), "'claimer'");
+        c.delete_sandbox(id).await.unwrap();
+        c.delete_sandbox(&sb2.id).await.unwrap();
+    });
+}

@@ -157,6 +157,33 @@ impl Contexts {
         }
     }
 
+    /// Starts the default (Python) context of a sandbox that has no handle yet (a
+    /// warm pool's), to be [`Contexts::adopt`]ed at its claim.
+    pub async fn prestart(guest: &GuestClient) -> ApiResult<Arc<Context>> {
+        let ctx = Arc::new(Context::new(
+            DEFAULT_CONTEXT.to_string(),
+            ContextParams {
+                language: Language::Python,
+                cwd: None,
+                env: BTreeMap::new(),
+            },
+        ));
+        {
+            let mut r = ctx.runner.lock().await;
+            ctx.ensure_started(guest, &mut r).await?;
+        }
+        Ok(ctx)
+    }
+
+    /// Takes a context started ahead ([`Contexts::prestart`]); one that was ended
+    /// meanwhile is dropped (its id is created again on first use).
+    pub fn adopt(&self, ctx: Arc<Context>) {
+        if ctx.deleted.load(Ordering::SeqCst) {
+            return;
+        }
+        self.map().entry(ctx.id.clone()).or_insert(ctx);
+    }
+
     /// Ends a context's interpreter and forgets it.
     pub async fn remove(&self, guest: &GuestClient, id: &str) -> ApiResult<()> {
         let ctx = self
@@ -300,6 +327,12 @@ impl Context {
         }
         r.started_once = true;
         Ok(again)
+    }
+
+    /// Ends the context for good (its interpreter too); it is not adopted.
+    pub async fn end(&self, guest: &GuestClient) {
+        self.deleted.store(true, Ordering::SeqCst);
+        self.kill(guest).await;
     }
 
     /// Ends the interpreter now (a run in progress ends as crashed).
