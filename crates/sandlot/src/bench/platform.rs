@@ -136,7 +136,7 @@ struct Churn {
 
 /// The private daemon: temporary data dir and socket, its own id prefix, a warm
 /// pool of the benchmark's shape, quotas out of the way.
-struct Daemon {
+pub(super) struct Daemon {
     child: Child,
     dir: PathBuf,
     prefix: String,
@@ -157,6 +157,19 @@ fn start_daemon(
     pool_max: usize,
     fork_server: bool,
 ) -> anyhow::Result<(Daemon, Client)> {
+    let pools = format!(
+        "[[pools]]\nname = \"bench\"\nsize = {pool}\nmax_size = {pool_max}\n\n\
+         [[pools]]\nname = \"bench-allow\"\nsize = {pool}\nmax_size = {pool_max}\n\
+         spec = {{ network = {{ mode = \"allow\" }} }}\n"
+    );
+    start_daemon_with(fork_server, &pools)
+}
+
+/// A private daemon whose configuration ends with `pools` (TOML).
+pub(super) fn start_daemon_with(
+    fork_server: bool,
+    pools: &str,
+) -> anyhow::Result<(Daemon, Client)> {
     let dir = std::env::temp_dir().join(format!("sandlot-bench-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
@@ -167,10 +180,7 @@ fn start_daemon(
         &cfg,
         format!(
             "[runtime]\nfork_server = {fork_server}\n\n\
-             [quotas]\nmax_sandboxes = 100000\nmax_memory = {}\n\n\
-             [[pools]]\nname = \"bench\"\nsize = {pool}\nmax_size = {pool_max}\n\n\
-             [[pools]]\nname = \"bench-allow\"\nsize = {pool}\nmax_size = {pool_max}\n\
-             spec = {{ network = {{ mode = \"allow\" }} }}\n",
+             [quotas]\nmax_sandboxes = 100000\nmax_memory = {}\n\n{pools}",
             1u64 << 50
         ),
     )?;
