@@ -1,6 +1,7 @@
 //! Code contexts through the API: state across runs, rich results (a PNG of the
 //! asked size, a DataFrame's data), streaming order, interrupt, timeouts, kernel
-//! crashes and restarts, the output cap, concurrent contexts and their clean-up.
+//! crashes and restarts, the output cap, concurrent contexts and their clean-up,
+//! the WebSocket form, the CLI and warm pools with running kernels.
 //! Needs python3 with ipykernel, matplotlib and pandas on the host (`host` image).
 
 mod api_support;
@@ -230,6 +231,33 @@ fn a_stream_comes_in_order_and_interrupts_and_timeouts_stop_cells() {
         }
         assert_eq!(end, Some((RunStatus::Error, "KeyboardInterrupt".into())));
         assert_eq!(value(&run(&c, id, &ctx.id, "kept").await), "'yes'");
+        // The same over a WebSocket, the interrupt sent in band.
+        let mut ws = c
+            .run_code_ws(
+                id,
+                &ctx.id,
+                &cell("print('ws', flush=True)\ntime.sleep(60)"),
+            )
+            .await
+            .unwrap();
+        assert!(matches!(
+            ws.next_event().await.unwrap(),
+            Some(CodeEvent::Started { .. })
+        ));
+        assert_eq!(
+            ws.next_event().await.unwrap(),
+            Some(CodeEvent::Stdout {
+                text: "ws\n".into()
+            })
+        );
+        ws.interrupt().await.unwrap();
+        let mut end = None;
+        while let Some(ev) = ws.next_event().await.unwrap() {
+            if let CodeEvent::End { status, error, .. } = ev {
+                end = Some((status, error.unwrap().name));
+            }
+        }
+        assert_eq!(end, Some((RunStatus::Error, "KeyboardInterrupt".into())));
         // A timeout interrupts a cell: it ends as timed out, the state stays.
         let mut t = cell("time.sleep(60)");
         t.timeout = Some(json!(1));
