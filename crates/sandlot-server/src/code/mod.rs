@@ -251,6 +251,16 @@ pub struct RunRequest {
     pub timeout: Duration,
 }
 
+/// The sandbox's memory cgroup, read for its out-of-memory kill count (written by
+/// the kernel) to tell a kernel killed for memory from one killed otherwise.
+pub type OomProbe = Option<sandlot_runtime::cgroup::Cgroup>;
+
+fn oom_kills(p: &OomProbe) -> Option<u64> {
+    p.as_ref()
+        .filter(|c| c.exists())
+        .map(|c| c.usage().oom_kills)
+}
+
 impl Context {
     fn new(id: String, params: ContextParams) -> Context {
         Context {
@@ -375,7 +385,13 @@ impl Context {
     /// Runs `req`, sending events to `out` (a closed `out` does not stop the run:
     /// its output is still read, so that the next run starts in step). The last
     /// event is `end`, or `error` if the interpreter could not be started.
-    pub async fn run(self: Arc<Self>, guest: GuestClient, req: RunRequest, out: Sink) {
+    pub async fn run(
+        self: Arc<Self>,
+        guest: GuestClient,
+        req: RunRequest,
+        oom: OomProbe,
+        out: Sink,
+    ) {
         let mut r = self.runner.lock().await;
         let restarted = match self.ensure_started(&guest, &mut r).await {
             Ok(again) => again && std::mem::take(&mut r.lost),
@@ -390,7 +406,16 @@ impl Context {
             restarted,
         })
         .await;
-        let end = self.run_cell(&guest, &mut r, &req, &out).await;
+        let ooms = oom_kills(&oom);
+        let mut end = self.run_cell(&guest, &mut r, &req, &out).await;
+        if end.status == RunStatus::Crashed && ooms.is_some() && oom_kills(&oom) > ooms {
+            if let Some(e) = &mut end.error {
+                e.value = "the interpreter was killed for running out of memory (the sandbox's \
+                           memory limit); the next run starts a new interpreter, without this \
+                           one's state"
+                    .into();
+            }
+        }
         if end.lost {
             if let Some(d) = r.driver.take() {
                 d.kill(&guest).await;
@@ -694,9 +719,10 @@ pub fn spawn_run(
     ctx: Arc<Context>,
     guest: GuestClient,
     req: RunRequest,
+    oom: OomProbe,
 ) -> mpsc::Receiver<RunItem> {
     let (tx, rx) = mpsc::channel(16);
-    tokio::spawn(ctx.run(guest, req, Sink::new(tx)));
+    tokio::spawn(ctx.run(guest, req, oom, Sink::new(tx)));
     rx
 }
 
