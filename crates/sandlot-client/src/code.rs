@@ -7,7 +7,7 @@ pub use sandlot_proto::api::code::{
     RunCodeBody, RunStatus, DEFAULT_CONTEXT,
 };
 
-use crate::stream::Lines;
+use crate::stream::{ws_connect, Lines, WsSession};
 use crate::{conn, enc, Client, Error};
 
 /// The NDJSON events of a run (`started` first, `end` last).
@@ -33,7 +33,54 @@ impl CodeStream {
     }
 }
 
+/// A run over a WebSocket: its events as text frames, interrupts sent in band.
+pub struct CodeWs {
+    ws: WsSession,
+}
+
+impl CodeWs {
+    /// The next event; `None` after the last. An `error` event becomes `Err`.
+    pub async fn next_event(&mut self) -> Result<Option<CodeEvent>, Error> {
+        let Some(t) = self.ws.next_text().await? else {
+            return Ok(None);
+        };
+        let ev: CodeEvent =
+            serde_json::from_str(&t).map_err(|e| Error::Decode(format!("run frame: {e}")))?;
+        if let CodeEvent::Error { error } = ev {
+            return Err(Error::Api {
+                status: http::StatusCode::INTERNAL_SERVER_ERROR,
+                body: error,
+            });
+        }
+        Ok(Some(ev))
+    }
+
+    /// Interrupts the cell.
+    pub async fn interrupt(&mut self) -> Result<(), Error> {
+        self.ws
+            .send_json(&serde_json::json!({"type": "interrupt"}))
+            .await
+    }
+}
+
 impl Client {
+    /// Runs code over a WebSocket (events as they happen, interrupt in band).
+    pub async fn run_code_ws(
+        &self,
+        id: &str,
+        ctx: &str,
+        req: &RunCodeBody,
+    ) -> Result<CodeWs, Error> {
+        let mut ws = ws_connect(
+            self.target(),
+            &format!("/v1/sandboxes/{}/contexts/{}/run/ws", enc(id), enc(ctx)),
+            &self.headers(),
+        )
+        .await?;
+        ws.send_json(req).await?;
+        Ok(CodeWs { ws })
+    }
+
     /// Creates a code context and starts its interpreter.
     pub async fn create_context(
         &self,

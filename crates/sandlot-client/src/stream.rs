@@ -271,6 +271,18 @@ pub async fn ws_connect(
 }
 
 impl WsSession {
+    /// The next text frame (`None` once the server closed).
+    pub(crate) async fn next_text(&mut self) -> Result<Option<String>, Error> {
+        while let Some(m) = self.ws.next().await {
+            match m.map_err(|e| Error::Transport(e.to_string()))? {
+                Message::Text(t) => return Ok(Some(t.to_string())),
+                Message::Close(_) => return Ok(None),
+                _ => {}
+            }
+        }
+        Ok(None)
+    }
+
     pub(crate) async fn send_json<T: serde::Serialize>(&mut self, v: &T) -> Result<(), Error> {
         let s = serde_json::to_string(v).map_err(|e| Error::Decode(e.to_string()))?;
         self.ws

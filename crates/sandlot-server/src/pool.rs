@@ -54,6 +54,11 @@ pub struct PoolConfig {
     /// The shape, in the same schema as the create request body's spec fields.
     /// `env`, `workdir`, `user` and `timeout` are ignored here: requests set them.
     pub spec: SandboxSpec,
+    /// Start each ready sandbox's default (Python) code context ahead of time, so
+    /// that the first run of code after a claim finds its kernel running. A claim
+    /// that changes the process defaults (env, user, working directory) ends it
+    /// instead (the next run starts one with the request's).
+    pub code_context: bool,
 }
 
 impl Default for PoolConfig {
@@ -64,6 +69,7 @@ impl Default for PoolConfig {
             max_size: None,
             shrink_after: sandlot_proto::units::Seconds::secs(60),
             spec: SandboxSpec::default(),
+            code_context: false,
         }
     }
 }
@@ -140,6 +146,8 @@ pub struct Warm {
     /// The process defaults its agent started with (the pool's spec).
     setup: sandlot_runtime::plan::AgentSetup,
     born: Instant,
+    /// Its default code context, started ahead (`code_context` pools).
+    pub code: Option<Arc<crate::code::Context>>,
 }
 
 /// One pool: a queue of ready sandboxes of one shape.
@@ -147,6 +155,7 @@ pub struct Pool {
     pub name: String,
     shape: serde_json::Value,
     spec: SandboxSpec,
+    code_context: bool,
     sizing: Mutex<Sizing>,
     max: usize,
     ready: Mutex<VecDeque<Warm>>,
@@ -225,6 +234,7 @@ impl Pools {
                     name: c.name.clone().unwrap_or_else(|| format!("pool{i}")),
                     shape: shape(&spec),
                     spec,
+                    code_context: c.code_context,
                     sizing: Mutex::new(Sizing::new(
                         c.size.min(MAX_POOL_SIZE),
                         c.max_size.unwrap_or(c.size).min(MAX_POOL_SIZE),
@@ -412,6 +422,10 @@ pub async fn configure(state: &Arc<AppState>, w: &Warm, setup: ClaimSetup) -> Re
     let Some(agent) = setup.agent else {
         return Ok(());
     };
+    // A pre-started code context has the pool's process defaults, not the request's.
+    if let Some(c) = &w.code {
+        c.end(&w.guest).await;
+    }
     w.guest
         .configure(ConfigureRequest {
             env: agent.env,
@@ -491,14 +505,29 @@ async fn start_one(state: &Arc<AppState>, pool: &Pool) -> Result<Warm, String> {
         &sandlot_runtime::Secrets::default(),
     );
     match GuestClient::connect(inst.agent_socket()).await {
-        Ok(guest) => Ok(Warm {
-            id,
-            inst,
-            guest,
-            image,
-            setup,
-            born: Instant::now(),
-        }),
+        Ok(guest) => {
+            let code = if pool.code_context {
+                match crate::code::Contexts::prestart(&guest).await {
+                    Ok(c) => Some(c),
+                    Err(e) => {
+                        // The sandbox is still good; its first run starts the kernel.
+                        tracing::warn!(sandbox_id = %id, "pre-starting the code context: {}", e.message);
+                        None
+                    }
+                }
+            } else {
+                None
+            };
+            Ok(Warm {
+                id,
+                inst,
+                guest,
+                image,
+                setup,
+                born: Instant::now(),
+                code,
+            })
+        }
         Err(e) => {
             discard_instance(state, &id, inst).await;
             Err(format!("connect to the agent of {id}: {e}"))

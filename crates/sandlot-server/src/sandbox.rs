@@ -368,7 +368,7 @@ pub async fn create(state: &Arc<AppState>, p: CreateParams) -> ApiResult<Sandbox
             Ok(()) => {
                 // Its egress counts against the claiming tenant's caps from now on.
                 crate::network::set_tenant(state, &w.id, &p.tenant);
-                claimed = Some((w.inst, w.guest))
+                claimed = Some((w.inst, w.guest, w.code))
             }
             Err(e) => {
                 span.in_scope(|| tracing::warn!("pooled sandbox unusable, creating cold: {e}"));
@@ -377,10 +377,11 @@ pub async fn create(state: &Arc<AppState>, p: CreateParams) -> ApiResult<Sandbox
         }
     }
     let from_pool = claimed.is_some();
-    let (inst, guest) = match claimed {
-        Some(c) => (c.0, Some(c.1)),
+    let (inst, guest, code) = match claimed {
+        Some(c) => (c.0, Some(c.1), c.2),
         None => (
             cold_create(state, &id, &p.tenant, p.scope.as_deref(), &p.spec, &span).await?,
+            None,
             None,
         ),
     };
@@ -416,6 +417,9 @@ pub async fn create(state: &Arc<AppState>, p: CreateParams) -> ApiResult<Sandbox
     rec.pid = Some(inst.pid());
     rec.started_at = Some(started_at);
     let h = Arc::new(SandboxHandle::new(inst, guest, &rec));
+    if let Some(c) = code {
+        h.contexts.adopt(c);
+    }
     state.register(h.clone());
     tokio::spawn(own(state.clone(), h.clone(), false).instrument(h.span.clone()));
     state

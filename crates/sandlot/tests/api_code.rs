@@ -1,6 +1,7 @@
 //! Code contexts through the API: state across runs, rich results (a PNG of the
 //! asked size, a DataFrame's data), streaming order, interrupt, timeouts, kernel
-//! crashes and restarts, the output cap, concurrent contexts and their clean-up.
+//! crashes and restarts, the output cap, concurrent contexts and their clean-up,
+//! the WebSocket form, the CLI and warm pools with running kernels.
 //! Needs python3 with ipykernel, matplotlib and pandas on the host (`host` image).
 
 mod api_support;
@@ -230,6 +231,33 @@ fn a_stream_comes_in_order_and_interrupts_and_timeouts_stop_cells() {
         }
         assert_eq!(end, Some((RunStatus::Error, "KeyboardInterrupt".into())));
         assert_eq!(value(&run(&c, id, &ctx.id, "kept").await), "'yes'");
+        // The same over a WebSocket, the interrupt sent in band.
+        let mut ws = c
+            .run_code_ws(
+                id,
+                &ctx.id,
+                &cell("print('ws', flush=True)\ntime.sleep(60)"),
+            )
+            .await
+            .unwrap();
+        assert!(matches!(
+            ws.next_event().await.unwrap(),
+            Some(CodeEvent::Started { .. })
+        ));
+        assert_eq!(
+            ws.next_event().await.unwrap(),
+            Some(CodeEvent::Stdout {
+                text: "ws\n".into()
+            })
+        );
+        ws.interrupt().await.unwrap();
+        let mut end = None;
+        while let Some(ev) = ws.next_event().await.unwrap() {
+            if let CodeEvent::End { status, error, .. } = ev {
+                end = Some((status, error.unwrap().name));
+            }
+        }
+        assert_eq!(end, Some((RunStatus::Error, "KeyboardInterrupt".into())));
         // A timeout interrupts a cell: it ends as timed out, the state stays.
         let mut t = cell("time.sleep(60)");
         t.timeout = Some(json!(1));
@@ -271,7 +299,7 @@ fn a_kernel_crash_is_named_and_the_next_run_restarts_it() {
         for (code, expect) in [
             ("import os\nos._exit(3)", "exit code 3"),
             ("import ctypes\nctypes.string_at(0)", "signal 11"),
-            ("b = b'x' * (1 << 30)", "signal 9"),
+            ("b = b'x' * (1 << 30)", "out of memory"),
         ] {
             run(&c, id, DEFAULT_CONTEXT, "state = 1").await;
             let x = run(&c, id, DEFAULT_CONTEXT, code).await;
@@ -485,4 +513,65 @@ fn run_code_on_the_command_line_streams_output_and_exits_with_the_outcome() {
     assert_eq!(code, 124);
     assert!(err.contains("TimeoutError"), "{err}");
     block_on_within(30, "delete", async { c.delete_sandbox(&id).await.unwrap() });
+}
+
+/// The value of a metric line `name{pool="pool"} V`.
+async fn pool_metric(c: &Client, name: &str, pool: &str) -> Option<u64> {
+    let text = c.metrics().await.ok()?;
+    let key = format!("{name}{{pool=\"{pool}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&key))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+#[test]
+fn a_pool_with_code_contexts_hands_out_sandboxes_whose_kernel_already_runs() {
+    let d = Daemon::start(Some(
+        "[[pools]]\nname = \"code\"\nsize = 1\ncode_context = true\n",
+    ));
+    let c = d.client();
+    block_on_within(120, "pooled contexts", async {
+        let ready = || async { pool_metric(&c, "sandlot_pool_ready", "code").await == Some(1) };
+        eventually(60, "the pool to hold a sandbox", ready).await;
+        let sb = c.create_sandbox(&CreateSandbox::default()).await.unwrap();
+        let id = sb.id.as_str();
+        assert_eq!(
+            pool_metric(&c, "sandlot_pool_hits_total", "code").await,
+            Some(1)
+        );
+        // Its default context was started before the claim, and is idle.
+        let ctxs = c.list_contexts(id).await.unwrap();
+        assert_eq!(ctxs.len(), 1, "{ctxs:?}");
+        assert_eq!(
+            (ctxs[0].id.as_str(), ctxs[0].state.as_str()),
+            (DEFAULT_CONTEXT, "idle")
+        );
+        assert!(
+            ctxs[0].created_at < sb.created_at,
+            "{} !< {}",
+            ctxs[0].created_at,
+            sb.created_at
+        );
+        let x = run(&c, id, DEFAULT_CONTEXT, "1 + 1").await;
+        assert_eq!(
+            (value(&x), x.restarted, x.execution_count),
+            ("2".into(), false, Some(1))
+        );
+        // A claim with its own environment does not get the pool's kernel: the next
+        // run starts one that sees the request's variables.
+        eventually(60, "the pool to refill", ready).await;
+        let sb2 = c
+            .create_sandbox(&spec_body(json!({"env": {"WHO": "claimer"}})))
+            .await
+            .unwrap();
+        assert_eq!(
+            pool_metric(&c, "sandlot_pool_hits_total", "code").await,
+            Some(2)
+        );
+        assert!(c.list_contexts(&sb2.id).await.unwrap().is_empty());
+        let x = run(&c, &sb2.id, DEFAULT_CONTEXT, "import os\nos.environ['WHO']").await;
+        assert_eq!(value(&x), "'claimer'");
+        c.delete_sandbox(id).await.unwrap();
+        c.delete_sandbox(&sb2.id).await.unwrap();
+    });
 }

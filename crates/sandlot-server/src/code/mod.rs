@@ -157,6 +157,33 @@ impl Contexts {
         }
     }
 
+    /// Starts the default (Python) context of a sandbox that has no handle yet (a
+    /// warm pool's), to be [`Contexts::adopt`]ed at its claim.
+    pub async fn prestart(guest: &GuestClient) -> ApiResult<Arc<Context>> {
+        let ctx = Arc::new(Context::new(
+            DEFAULT_CONTEXT.to_string(),
+            ContextParams {
+                language: Language::Python,
+                cwd: None,
+                env: BTreeMap::new(),
+            },
+        ));
+        {
+            let mut r = ctx.runner.lock().await;
+            ctx.ensure_started(guest, &mut r).await?;
+        }
+        Ok(ctx)
+    }
+
+    /// Takes a context started ahead ([`Contexts::prestart`]); one that was ended
+    /// meanwhile is dropped (its id is created again on first use).
+    pub fn adopt(&self, ctx: Arc<Context>) {
+        if ctx.deleted.load(Ordering::SeqCst) {
+            return;
+        }
+        self.map().entry(ctx.id.clone()).or_insert(ctx);
+    }
+
     /// Ends a context's interpreter and forgets it.
     pub async fn remove(&self, guest: &GuestClient, id: &str) -> ApiResult<()> {
         let ctx = self
@@ -222,6 +249,21 @@ pub struct RunRequest {
     pub code: String,
     pub env: BTreeMap<String, String>,
     pub timeout: Duration,
+}
+
+/// The sandbox's out-of-memory kill count (its memory cgroup's, written by the
+/// kernel, read through its instance), to tell a kernel killed for memory from one
+/// killed otherwise.
+pub type OomProbe = Option<Arc<dyn Fn() -> Option<u64> + Send + Sync>>;
+
+fn oom_kills(p: &OomProbe) -> Option<u64> {
+    p.as_ref().and_then(|f| f())
+}
+
+/// The [`OomProbe`] of sandbox `h`.
+pub fn oom_probe(h: &Arc<crate::sandbox::SandboxHandle>) -> OomProbe {
+    let h = h.clone();
+    Some(Arc::new(move || h.inst.usage().map(|u| u.oom_kills)))
 }
 
 impl Context {
@@ -302,6 +344,12 @@ impl Context {
         Ok(again)
     }
 
+    /// Ends the context for good (its interpreter too); it is not adopted.
+    pub async fn end(&self, guest: &GuestClient) {
+        self.deleted.store(true, Ordering::SeqCst);
+        self.kill(guest).await;
+    }
+
     /// Ends the interpreter now (a run in progress ends as crashed).
     async fn kill(&self, guest: &GuestClient) {
         let id = self.control().process;
@@ -342,7 +390,13 @@ impl Context {
     /// Runs `req`, sending events to `out` (a closed `out` does not stop the run:
     /// its output is still read, so that the next run starts in step). The last
     /// event is `end`, or `error` if the interpreter could not be started.
-    pub async fn run(self: Arc<Self>, guest: GuestClient, req: RunRequest, out: Sink) {
+    pub async fn run(
+        self: Arc<Self>,
+        guest: GuestClient,
+        req: RunRequest,
+        oom: OomProbe,
+        out: Sink,
+    ) {
         let mut r = self.runner.lock().await;
         let restarted = match self.ensure_started(&guest, &mut r).await {
             Ok(again) => again && std::mem::take(&mut r.lost),
@@ -357,7 +411,16 @@ impl Context {
             restarted,
         })
         .await;
-        let end = self.run_cell(&guest, &mut r, &req, &out).await;
+        let ooms = oom_kills(&oom);
+        let mut end = self.run_cell(&guest, &mut r, &req, &out).await;
+        if end.status == RunStatus::Crashed && ooms.is_some() && oom_kills(&oom) > ooms {
+            if let Some(e) = &mut end.error {
+                e.value = "the interpreter was killed for running out of memory (the sandbox's \
+                           memory limit); the next run starts a new interpreter, without this \
+                           one's state"
+                    .into();
+            }
+        }
         if end.lost {
             if let Some(d) = r.driver.take() {
                 d.kill(&guest).await;
@@ -661,9 +724,10 @@ pub fn spawn_run(
     ctx: Arc<Context>,
     guest: GuestClient,
     req: RunRequest,
+    oom: OomProbe,
 ) -> mpsc::Receiver<RunItem> {
     let (tx, rx) = mpsc::channel(16);
-    tokio::spawn(ctx.run(guest, req, Sink::new(tx)));
+    tokio::spawn(ctx.run(guest, req, oom, Sink::new(tx)));
     rx
 }
 

@@ -258,7 +258,7 @@ async fn execute(
         timeout: code::DEFAULT_TIMEOUT,
     };
     h.touch();
-    let mut rx = code::spawn_run(ctx.clone(), h.guest.clone(), req);
+    let mut rx = code::spawn_run(ctx.clone(), h.guest.clone(), req, code::oom_probe(&h));
     let (tx, resp) = channel_body("application/x-ndjson");
     tokio::spawn(async move {
         let _guard = guard;

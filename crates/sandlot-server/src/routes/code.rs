@@ -181,7 +181,7 @@ pub(crate) async fn start_run(
 ) -> ApiResult<mpsc::Receiver<RunItem>> {
     let c = h.contexts.get_or_default(&h.guest, ctx).await?;
     h.touch();
-    Ok(code::spawn_run(c, h.guest.clone(), req))
+    Ok(code::spawn_run(c, h.guest.clone(), req, code::oom_probe(h)))
 }
 
 fn stream_requested(q: Option<&str>) -> ApiResult<bool> {

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use serde::Serialize;
 
+pub mod code;
 pub mod platform;
 
 #[derive(Debug, clap::Args)]
@@ -23,6 +24,10 @@ pub enum BenchWhat {
     /// churn with a leak check; bubblewrap and crun in the same run. See
     /// docs/benchmarks.md.
     Platform(platform::PlatformArgs),
+    /// Running code in code contexts: the first run after a create from a pool
+    /// whose kernels run already, following cells, against a fresh sandbox running
+    /// `python3 -c` per call and a bare ipykernel on the host. See docs/benchmarks.md.
+    Code(code::CodeArgs),
     /// Create a sandbox, run /bin/true in it, tear it down; n times, against bubblewrap.
     Runtime {
         /// Iterations per contender.
@@ -140,6 +145,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<i32> {
     match args.what {
         BenchWhat::Runtime { n, json } => runtime(n, json),
         BenchWhat::Platform(a) => platform::run(a),
+        BenchWhat::Code(a) => code::run(a),
     }
 }
 

@@ -140,7 +140,7 @@ struct Churn {
 
 /// The private daemon: temporary data dir and socket, its own id prefix, a warm
 /// pool of the benchmark's shape, quotas out of the way.
-struct Daemon {
+pub(super) struct Daemon {
     child: Child,
     dir: PathBuf,
     prefix: String,
@@ -162,6 +162,21 @@ fn start_daemon(
     fork_server: bool,
     isolation: &str,
 ) -> anyhow::Result<(Daemon, Client)> {
+    let pools = format!(
+        "[isolation]\ndefault = \"{isolation}\"\n\n\
+         [[pools]]\nname = \"bench\"\nsize = {pool}\nmax_size = {pool_max}\n\
+         spec = {{ isolation = \"{isolation}\" }}\n\n\
+         [[pools]]\nname = \"bench-allow\"\nsize = {pool}\nmax_size = {pool_max}\n\
+         spec = {{ network = {{ mode = \"allow\" }}, isolation = \"{isolation}\" }}\n"
+    );
+    start_daemon_with(fork_server, &pools)
+}
+
+/// A private daemon whose configuration ends with `pools` (TOML).
+pub(super) fn start_daemon_with(
+    fork_server: bool,
+    pools: &str,
+) -> anyhow::Result<(Daemon, Client)> {
     let dir = std::env::temp_dir().join(format!("sandlot-bench-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
@@ -172,12 +187,7 @@ fn start_daemon(
         &cfg,
         format!(
             "[runtime]\nfork_server = {fork_server}\n\n\
-             [isolation]\ndefault = \"{isolation}\"\n\n\
-             [quotas]\nmax_sandboxes = 100000\nmax_memory = {}\n\n\
-             [[pools]]\nname = \"bench\"\nsize = {pool}\nmax_size = {pool_max}\n\
-             spec = {{ isolation = \"{isolation}\" }}\n\n\
-             [[pools]]\nname = \"bench-allow\"\nsize = {pool}\nmax_size = {pool_max}\n\
-             spec = {{ network = {{ mode = \"allow\" }}, isolation = \"{isolation}\" }}\n",
+             [quotas]\nmax_sandboxes = 100000\nmax_memory = {}\n\n{pools}",
             1u64 << 50
         ),
     )?;
