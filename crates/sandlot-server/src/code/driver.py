@@ -9,6 +9,7 @@ import json
 import os
 import queue
 import signal
+import time
 import subprocess
 import sys
 import tempfile
@@ -20,6 +21,9 @@ STREAM_CAP = 8 << 20
 # A single result bundle larger than this is replaced by a note.
 RESULT_CAP = 12 << 20
 TRUNCATED = "\n[output truncated: the cell wrote more than 8 MiB]\n"
+
+# How long after a kernel says it runs a cell its SIGINT handler is surely in place.
+HANDLER_DELAY = 0.1
 
 _out_fd = os.dup(1)
 # Whatever a library prints goes to stderr, never into the event stream.
@@ -194,9 +198,12 @@ class Kernel:
         raise KernelDied(None, "the kernel did not answer within 120 seconds")
 
     def interrupt(self):
-        # Also sent again once the kernel says the cell runs: a SIGINT that
-        # arrives before (the request still on its way, a slow kernel) is lost.
-        self.interrupt_pending = True
+        # Sent again once the cell surely runs (see `run`) unless it did already:
+        # a SIGINT that arrives before the kernel handles the cell (the request
+        # still on its way, a slow kernel, the moment before it installs its
+        # handler) is lost, and one too many interrupts the traceback instead.
+        busy_at = getattr(self, "busy_at", None)
+        self.interrupt_pending = busy_at is None or time.monotonic() - busy_at < HANDLER_DELAY
         self._sigint()
 
     def _sigint(self):
@@ -214,11 +221,16 @@ class Kernel:
         import time
 
         self.interrupt_pending = False
+        self.busy_at = None
         msg_id = self.kc.execute(code, silent=False, store_history=True, allow_stdin=False, stop_on_error=False)
         idle = False
         reply = None
         reply_at = None
         while not idle:
+            busy_at = self.busy_at
+            if self.interrupt_pending and busy_at is not None and time.monotonic() - busy_at >= HANDLER_DELAY:
+                self.interrupt_pending = False
+                self._sigint()
             try:
                 m = self.kc.get_iopub_msg(timeout=0.05)
             except queue.Empty:
@@ -242,11 +254,11 @@ class Kernel:
             elif kind == "display_data":
                 cell.result(False, c.get("data", {}))
             elif kind == "error":
+                self.interrupt_pending = False
                 emit({"t": "exception", "name": c.get("ename", ""), "value": c.get("evalue", ""),
                       "traceback": "\n".join(c.get("traceback", []))})
             elif kind == "status" and c.get("execution_state") == "busy":
-                if getattr(self, "interrupt_pending", False):
-                    self._sigint()
+                self.busy_at = time.monotonic()
             elif kind == "status" and c.get("execution_state") == "idle":
                 idle = True
         return reply if reply is not None else self._reply(msg_id, cell)
