@@ -146,3 +146,17 @@ def test_the_code_interpreter_needs_a_token_of_its_sandbox(ci, server):
     right = {**base, "E2B-Traffic-Access-Token": ci.traffic_access_token}
     r = httpx.post(url, headers=right, json={"code": "6 * 7"})
     assert r.status_code == 200 and '"text":"42"' in r.text.replace(" ", "")
+
+
+def test_a_code_request_body_is_read_only_for_a_caller_with_a_token_and_is_bounded(ci, server):
+    import httpx
+
+    url = server.url + "/execute"
+    base = {"E2b-Sandbox-Id": ci.sandbox_id, "E2b-Sandbox-Port": "49999"}
+    huge = b'{"code": "' + b"x" * (2 << 20) + b'"}'
+    # Refused before the body is read: no token, no reading it.
+    assert httpx.post(url, headers=base, content=huge).status_code == 401
+    right = {**base, "E2B-Traffic-Access-Token": ci.traffic_access_token}
+    # With the token: no more than the operator's request body limit (1M).
+    assert httpx.post(url, headers=right, content=huge).status_code == 413
+    assert httpx.post(server.url + "/contexts", headers=right, content=huge).status_code == 413

@@ -128,11 +128,18 @@ struct CreateBody {
 async fn create(
     State(e2b): State<Arc<E2b>>,
     headers: HeaderMap,
-    body: axum::body::Bytes,
+    body: axum::body::Body,
 ) -> Response {
     let (h, user) = match access(&e2b, &headers) {
         Ok(x) => x,
         Err(e) => return e.into_response(),
+    };
+    // Read only once the caller is known, and no more than any request body.
+    let body = match crate::routes::read_limited(body, e2b.app.cfg.limits.max_request_body.bytes())
+        .await
+    {
+        Ok(b) => b,
+        Err(e) => return plain(e),
     };
     let b: CreateBody = if body.is_empty() {
         CreateBody::default()
@@ -229,11 +236,18 @@ struct ExecuteBody {
 async fn execute(
     State(e2b): State<Arc<E2b>>,
     headers: HeaderMap,
-    body: axum::body::Bytes,
+    body: axum::body::Body,
 ) -> Response {
     let (h, _) = match access(&e2b, &headers) {
         Ok(x) => x,
         Err(e) => return e.into_response(),
+    };
+    // Read only once the caller is known, and no more than any request body.
+    let body = match crate::routes::read_limited(body, e2b.app.cfg.limits.max_request_body.bytes())
+        .await
+    {
+        Ok(b) => b,
+        Err(e) => return plain(e),
     };
     let b: ExecuteBody = match serde_json::from_slice(&body) {
         Ok(b) => b,

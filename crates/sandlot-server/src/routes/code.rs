@@ -284,7 +284,12 @@ pub async fn run_ws(
     ws: WebSocketUpgrade,
 ) -> ApiResult<Response> {
     let h = live(&state, &p, &id)?;
-    Ok(ws.on_upgrade(move |sock| ws_session(sock, h, ctx, rid.0)))
+    // The run request is a message: no larger than any request body.
+    let limit = usize::try_from(state.cfg.limits.max_request_body.bytes()).unwrap_or(usize::MAX);
+    Ok(ws
+        .max_message_size(limit)
+        .max_frame_size(limit)
+        .on_upgrade(move |sock| ws_session(sock, h, ctx, rid.0)))
 }
 
 async fn ws_session(mut sock: WebSocket, h: Arc<SandboxHandle>, ctx: String, rid: String) {
