@@ -201,13 +201,30 @@ fn apply_plan(
 
 /// Makes `/run/netns` a shared mount point, as `ip netns add` does, so that the
 /// namespaces bound under it (and their later removal) propagate to mount
-/// namespaces copied from the host's.
+/// namespaces copied from the host's. Daemons starting together take turns (an
+/// exclusive `flock` on `/run/lock/sandlot/netns-dir.lock`): two that both found it
+/// no mount point each bound it onto itself, stacking two mounts.
 fn prepare_netns_dir() -> Result<(), NetError> {
+    use rustix::fs::{flock, FlockOperation};
     use rustix::mount::{mount_bind_recursive, mount_change, MountPropagationFlags as P};
     let io = |what: &str, e: rustix::io::Errno| NetError::Io {
         what: format!("{what} {NETNS_DIR}"),
         source: e.into(),
     };
+    let lock_path = std::path::Path::new(crate::subnet::LOCK_DIR).join("netns-dir.lock");
+    let lock_io = |what: &str, e: std::io::Error| NetError::Io {
+        what: format!("{what} {}", lock_path.display()),
+        source: e,
+    };
+    std::fs::create_dir_all(crate::subnet::LOCK_DIR).map_err(|e| lock_io("create", e))?;
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|e| lock_io("open", e))?;
+    // Released when `lock` is closed, at the end of this function.
+    flock(&lock, FlockOperation::LockExclusive).map_err(|e| lock_io("lock", e.into()))?;
     std::fs::create_dir_all(NETNS_DIR).map_err(|e| NetError::Io {
         what: format!("create {NETNS_DIR}"),
         source: e,

@@ -218,13 +218,8 @@ fn leave_host_mount_ns() -> Option<OwnedFd> {
     let host: OwnedFd = std::fs::File::open("/proc/self/ns/mnt").ok()?.into();
     sys::unshare_mount_ns().ok()?;
     // Slave first: unmounting a copy of a shared mount must not unmount the host's.
-    let own = sys::mount(None, c"/", None, libc::MS_REC | libc::MS_SLAVE, None).and_then(|()| {
-        match sys::umount2(c"/run/netns", libc::MNT_DETACH) {
-            // Not a mount point, or not there: nothing to leave behind.
-            Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOENT)) => Ok(()),
-            r => r,
-        }
-    });
+    let own = sys::mount(None, c"/", None, libc::MS_REC | libc::MS_SLAVE, None)
+        .and_then(|()| leave_stacked_mounts(c"/run/netns"));
     match own {
         Ok(()) => Some(host),
         Err(_) => {
@@ -234,6 +229,25 @@ fn leave_host_mount_ns() -> Option<OwnedFd> {
             None
         }
     }
+}
+
+/// Unmounts every mount stacked on `path` (two `ip netns add` or daemons racing to
+/// make it a mount point each bind it onto itself, and one unmount takes off only
+/// the top one). Bounded: a path that stays a mount point after that many is an
+/// error.
+fn leave_stacked_mounts(path: &std::ffi::CStr) -> io::Result<()> {
+    const MOST: usize = 64;
+    for _ in 0..MOST {
+        match sys::umount2(path, libc::MNT_DETACH) {
+            Ok(()) => {}
+            // Not a mount point (any more), or not there: nothing left behind.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOENT)) => {
+                return Ok(())
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(io::Error::other("more than 64 mounts stacked on one path"))
 }
 
 fn fork_helper(
