@@ -144,7 +144,9 @@ def test_the_code_interpreter_needs_a_token_of_its_sandbox(ci, server):
     wrong = {**base, "E2B-Traffic-Access-Token": "0" * 64}
     assert httpx.post(url, headers=wrong, json={"code": "1"}).status_code == 401
     right = {**base, "E2B-Traffic-Access-Token": ci.traffic_access_token}
-    r = httpx.post(url, headers=right, json={"code": "6 * 7"})
+    # The first run starts the context's kernel: seconds on gVisor under load, past
+    # httpx's default of 5 s.
+    r = httpx.post(url, headers=right, json={"code": "6 * 7"}, timeout=120)
     assert r.status_code == 200 and '"text":"42"' in r.text.replace(" ", "")
 
 

@@ -203,7 +203,9 @@ class Kernel:
         # still on its way, a slow kernel, the moment before it installs its
         # handler) is lost, and one too many interrupts the traceback instead.
         busy_at = getattr(self, "busy_at", None)
-        self.interrupt_pending = busy_at is None or time.monotonic() - busy_at < HANDLER_DELAY
+        self.interrupt_pending = not getattr(self, "output_seen", False) and (
+            busy_at is None or time.monotonic() - busy_at < HANDLER_DELAY)
+        self.interrupted = True
         self._sigint()
 
     def _sigint(self):
@@ -222,6 +224,9 @@ class Kernel:
 
         self.interrupt_pending = False
         self.busy_at = None
+        self.interrupted = False
+        self.output_seen = False
+        errored = False
         msg_id = self.kc.execute(code, silent=False, store_history=True, allow_stdin=False, stop_on_error=False)
         idle = False
         reply = None
@@ -247,6 +252,11 @@ class Kernel:
             if m["parent_header"].get("msg_id") != msg_id:
                 continue
             kind, c = m["msg_type"], m["content"]
+            if kind in ("stream", "execute_result", "display_data"):
+                # The cell's code runs, under the kernel's handler: an interrupt sent
+                # now is not lost, and one more would interrupt its traceback.
+                self.output_seen = True
+                self.interrupt_pending = False
             if kind == "stream":
                 cell.stream("stdout" if c.get("name") == "stdout" else "stderr", c.get("text", ""))
             elif kind == "execute_result":
@@ -255,13 +265,30 @@ class Kernel:
                 cell.result(False, c.get("data", {}))
             elif kind == "error":
                 self.interrupt_pending = False
+                errored = True
                 emit({"t": "exception", "name": c.get("ename", ""), "value": c.get("evalue", ""),
                       "traceback": "\n".join(c.get("traceback", []))})
             elif kind == "status" and c.get("execution_state") == "busy":
                 self.busy_at = time.monotonic()
             elif kind == "status" and c.get("execution_state") == "idle":
                 idle = True
-        return reply if reply is not None else self._reply(msg_id, cell)
+        reply = reply if reply is not None else self._reply(msg_id, cell)
+        if reply["status"] == "error" and not errored:
+            # The reply says the cell failed but IOPub carried no error (an
+            # interrupt that landed while the kernel sent it): the reply's own fields.
+            name = reply.get("ename") or ("KeyboardInterrupt" if self.interrupted else "Error")
+            emit({"t": "exception", "name": name, "value": reply.get("evalue") or "",
+                  "traceback": "\n".join(reply.get("traceback") or [])})
+        return reply
+
+    @staticmethod
+    def _reply_of(c):
+        out = {"count": c.get("execution_count"), "status": c.get("status", "error")}
+        if out["status"] == "error":
+            tb = c.get("traceback")
+            out.update(ename=str(c.get("ename") or ""), evalue=str(c.get("evalue") or ""),
+                       traceback=[str(t) for t in tb] if isinstance(tb, list) else [])
+        return out
 
     def _poll_reply(self, msg_id):
         while True:
@@ -270,8 +297,7 @@ class Kernel:
             except queue.Empty:
                 return None
             if m["parent_header"].get("msg_id") == msg_id:
-                c = m["content"]
-                return {"count": c.get("execution_count"), "status": c.get("status", "error")}
+                return self._reply_of(m["content"])
 
     def _reply(self, msg_id, cell):
         while True:
@@ -282,8 +308,7 @@ class Kernel:
                     raise KernelDied(self.proc.returncode, self.tail.text())
                 continue
             if m["parent_header"].get("msg_id") == msg_id:
-                c = m["content"]
-                return {"count": c.get("execution_count"), "status": c.get("status", "error")}
+                return self._reply_of(m["content"])
 
     def close(self):
         try:
