@@ -16,6 +16,7 @@ use sandlot_proto::api::code::{
 use serde_json::Value;
 use tokio::sync::mpsc;
 
+use super::exec::stream_requested;
 use super::sandboxes::parse_duration;
 use super::stream::{channel_body, line};
 use super::{json_status, live, parse_json, JsonBody, RequestId};
@@ -182,29 +183,6 @@ pub(crate) async fn start_run(
     let c = h.contexts.get_or_default(&h.guest, ctx).await?;
     h.touch();
     Ok(code::spawn_run(c, h.guest.clone(), req, code::oom_probe(h)))
-}
-
-fn stream_requested(q: Option<&str>) -> ApiResult<bool> {
-    let mut stream = false;
-    for (k, v) in form_urlencoded::parse(q.unwrap_or_default().as_bytes()) {
-        match (k.as_ref(), v.as_ref()) {
-            ("stream", "ndjson") => stream = true,
-            ("stream", "none" | "") => stream = false,
-            ("stream", other) => {
-                return Err(ApiError::invalid(
-                    "stream",
-                    format!("{other:?}: expected ndjson"),
-                ))
-            }
-            (other, _) => {
-                return Err(ApiError::invalid(
-                    other,
-                    "unknown query parameter, expected stream",
-                ))
-            }
-        }
-    }
-    Ok(stream)
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/contexts/{ctx}/run", tag = "code",

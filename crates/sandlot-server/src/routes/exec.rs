@@ -108,7 +108,9 @@ pub(crate) async fn start_process(
     ))
 }
 
-fn stream_requested(q: Option<&str>) -> ApiResult<bool> {
+/// Whether the query asks for an NDJSON stream (`?stream=ndjson`); any other
+/// parameter is a 400 naming it.
+pub(crate) fn stream_requested(q: Option<&str>) -> ApiResult<bool> {
     let mut stream = false;
     for (k, v) in form_urlencoded::parse(q.unwrap_or_default().as_bytes()) {
         match (k.as_ref(), v.as_ref()) {
