@@ -84,6 +84,15 @@ def test_a_build_in_the_background_reports_its_status_and_logs(server, tmp_path)
     assert Template.exists(f"{name}:v1") and Template.exists(f"{name}:stable")
     sb = Sandbox.create(template=f"{name}:stable", timeout=30)
     sb.kill()
+    # Tags are assigned to and removed from the tenant's names.
+    assigned = Template.assign_tags(f"{name}:v1", ["prod", "canary"])
+    assert sorted(assigned.tags) == ["canary", "prod"] and assigned.build_id
+    assert Template.exists(f"{name}:prod")
+    assert not Template.exists(f"{name}:prod", api_key=server.key_b)
+    Template.remove_tags(name, "prod")
+    assert not Template.exists(f"{name}:prod") and Template.exists(f"{name}:canary")
+    with pytest.raises(Exception, match="not found"):
+        Template.assign_tags(f"{name}:v1", "mine", api_key=server.key_b)
 
 
 def test_a_failing_run_cmd_is_a_build_error_naming_the_step(server, tmp_path):

@@ -81,6 +81,7 @@ pub fn routes() -> Router<Arc<E2b>> {
             get(build_status),
         )
         .route("/templates/aliases/{alias}", get(alias))
+        .route("/templates/tags", post(assign_tags).delete(remove_tags))
         .route(&format!("{UPLOAD_PATH}{{token}}"), put(upload))
 }
 
@@ -1204,6 +1205,142 @@ async fn alias(
         "templateID": ImageName::parse(&alias).map(|n| n.repo).unwrap_or(alias.clone()),
         "public": img.owner.is_none(),
     })))
+}
+
+/// A build id for an image (E2B's are UUIDs): its id's first 128 bits.
+fn image_build_id(img: &ImageInfo) -> String {
+    let h = img.id.to_string();
+    let h = h.trim_start_matches("sha256:");
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+/// `POST /templates/tags` `{target: "NAME:TAG", tags}` (`Template.assign_tags`):
+/// the image the tenant names `target` gets `NAME:TAG` for each tag, in the
+/// tenant's namespace.
+async fn assign_tags(
+    State(e2b): State<Arc<E2b>>,
+    headers: HeaderMap,
+    body: Body,
+) -> RestResult<Response> {
+    let p = principal(&e2b, &headers)?;
+    let b = json_object(&e2b, body).await?;
+    let target = b
+        .get("target")
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| bad("target: required (NAME:TAG of the template build to tag)"))?
+        .to_string();
+    let tags: Vec<String> = b
+        .get("tags")
+        .and_then(|v| serde_json::from_value(v.clone()).ok())
+        .filter(|t: &Vec<String>| !t.is_empty())
+        .ok_or_else(|| bad("tags: expected a non-empty list of strings"))?;
+    let repo = ImageName::parse(&target)
+        .map_err(|e| bad(format!("target: {e}")))?
+        .repo;
+    let names = tags
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            if t.contains(':') {
+                return Err(bad(format!("tags[{i}]: {t:?} is a tag, without ':'")));
+            }
+            ImageName::parse(&format!("{repo}:{t}")).map_err(|e| bad(format!("tags[{i}]: {e}")))
+        })
+        .collect::<RestResult<Vec<_>>>()?;
+    let app = e2b.app.clone();
+    let tenant = p.tenant.clone();
+    let img = tokio::task::spawn_blocking(move || {
+        let img = app
+            .images
+            .resolve_for(Viewer::Tenant(&tenant), &target)
+            .map_err(|_| {
+                RestError::new(
+                    StatusCode::NOT_FOUND,
+                    format!("template {target:?} was not found"),
+                )
+            })?;
+        for n in &names {
+            let tag = ScopedTag {
+                tenant: Some(&tenant),
+                name: n,
+            };
+            app.images
+                .store
+                .tag_image(&img.id, tag)
+                .map_err(|e| RestError::from(crate::images::store_error(e)))?;
+        }
+        Ok::<_, RestError>(img)
+    })
+    .await
+    .map_err(|e| RestError::from(ApiError::internal(e)))??;
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({"buildID": image_build_id(&img), "tags": tags})),
+    )
+        .into_response())
+}
+
+/// `DELETE /templates/tags` `{name, tags}` (`Template.remove_tags`): removes the
+/// tenant's tags `NAME:TAG` (the images stay).
+async fn remove_tags(
+    State(e2b): State<Arc<E2b>>,
+    headers: HeaderMap,
+    body: Body,
+) -> RestResult<StatusCode> {
+    let p = principal(&e2b, &headers)?;
+    let b = json_object(&e2b, body).await?;
+    let name = b
+        .get("name")
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| bad("name: required"))?
+        .to_string();
+    let tags: Vec<String> = b
+        .get("tags")
+        .and_then(|v| serde_json::from_value(v.clone()).ok())
+        .filter(|t: &Vec<String>| !t.is_empty())
+        .ok_or_else(|| bad("tags: expected a non-empty list of strings"))?;
+    let repo = ImageName::parse(&name)
+        .map_err(|e| bad(format!("name: {e}")))?
+        .repo;
+    let names = tags
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            ImageName::parse(&format!("{repo}:{t}")).map_err(|e| bad(format!("tags[{i}]: {e}")))
+        })
+        .collect::<RestResult<Vec<_>>>()?;
+    let mut removed = 0;
+    for n in &names {
+        let tag = ScopedTag {
+            tenant: Some(&p.tenant),
+            name: n,
+        };
+        if e2b
+            .app
+            .images
+            .store
+            .untag(tag)
+            .map_err(crate::images::store_error)?
+        {
+            removed += 1;
+        }
+    }
+    if removed == 0 {
+        return Err(RestError::new(
+            StatusCode::NOT_FOUND,
+            format!("template {repo} has none of the tags {}", tags.join(", ")),
+        ));
+    }
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// The sandbox a template the caller's tenant built (or an image it sees by
