@@ -207,6 +207,14 @@ def test_uploads_are_bound_to_their_build_and_hostile_tars_are_refused(server):
     # A good upload goes through once; the URL is spent after it.
     r = httpx.put(url, content=tar_gz([("ok.txt", b"fine\n")]))
     assert r.status_code == 200, r.text
+    # The build's uploads together are bounded as one build context is: two of
+    # 40M each do not fit 64M.
+    big = []
+    for h in ("e1" * 32, "e2" * 32):
+        link = api.get(f"/templates/{name}/files/{h}").json()
+        big.append(httpx.put(link["url"], content=tar_gz([("big", bytes(40 << 20))])))
+    assert big[0].status_code == 200, big[0].text
+    assert big[1].status_code == 400 and "images.max_expanded_size" in big[1].json()["message"], big[1].text
     assert httpx.put(url, content=tar_gz([("ok.txt", b"again\n")])).status_code == 404
     assert api.get(f"/templates/{name}/files/{'cd' * 32}").json() == {"present": True}
     # The build copies what was uploaded.

@@ -51,6 +51,10 @@ const UPLOAD_PATH: &str = "/e2b-uploads/";
 const LOG_PAGE: usize = 100;
 /// Log lines kept per build; later ones are counted, not kept.
 const MAX_LOG_LINES: usize = 10_000;
+/// Bytes of one log line kept (a longer one is cut).
+const MAX_LOG_LINE: usize = 16 << 10;
+/// Upload URLs one build hands out (one per `copy` step's files).
+const MAX_UPLOADS: usize = 1000;
 /// Builds that ended, kept for their status (the oldest are forgotten first).
 const KEEP_FINISHED: usize = 256;
 /// The image E2B's `from_base_image()` names: the operator's `base` template.
@@ -139,6 +143,9 @@ struct Build {
     uploads: BTreeMap<String, Upload>,
     /// The build context: each upload extracted in a directory named by its hash.
     ctx: PathBuf,
+    /// What the uploads extracted so far expand to (all of them together are
+    /// bounded as one native build context is).
+    received: u64,
     /// One of the tenant's builds in flight, held until the build ends.
     lease: Option<KeyLease<String>>,
     requested: Instant,
@@ -150,10 +157,18 @@ struct Build {
 }
 
 impl Build {
-    fn log(&mut self, level: &'static str, message: String, step: Option<String>) {
+    fn log(&mut self, level: &'static str, mut message: String, step: Option<String>) {
         if self.logs.len() >= MAX_LOG_LINES {
             self.dropped_logs += 1;
             return;
+        }
+        if message.len() > MAX_LOG_LINE {
+            let mut end = MAX_LOG_LINE;
+            while !message.is_char_boundary(end) {
+                end -= 1;
+            }
+            message.truncate(end);
+            message.push_str(" [cut]");
         }
         self.logs.push(LogLine {
             at_ms: crate::store::now_ms(),
@@ -323,6 +338,7 @@ async fn request_build(
         reason: None,
         uploads: BTreeMap::new(),
         ctx,
+        received: 0,
         lease: Some(lease),
         requested: Instant::now(),
         finished: None,
@@ -402,6 +418,11 @@ async fn upload_link(
         _ => "http",
     };
     let mut b = lock(&build);
+    if b.uploads.len() >= MAX_UPLOADS && !b.uploads.contains_key(&hash) {
+        return Err(bad(format!(
+            "a build takes the files of at most {MAX_UPLOADS} copy steps"
+        )));
+    }
     let up = b.uploads.entry(hash).or_insert_with(|| Upload {
         token: crate::auth::random_hex(32),
         state: UploadState::Offered,
@@ -495,16 +516,16 @@ async fn upload(
             if let Some(u) = g.uploads.get_mut(&hash) {
                 u.state = UploadState::Receiving;
             }
-            Some((b.clone(), hash, g.ctx.clone()))
+            Some((b.clone(), hash, g.ctx.clone(), g.received))
         })
     };
-    let Some((build, hash, ctx)) = found else {
+    let Some((build, hash, ctx, received)) = found else {
         return Err(RestError::new(
             StatusCode::NOT_FOUND,
             "no upload waits at this URL (it is used, expired, or its build started)",
         ));
     };
-    let r = receive(&e2b, body, &ctx, &hash).await;
+    let r = receive(&e2b, body, &ctx, &hash, received).await;
     let mut b = lock(&build);
     let state = if r.is_ok() {
         UploadState::Done
@@ -514,12 +535,21 @@ async fn upload(
     if let Some(u) = b.uploads.get_mut(&hash) {
         u.state = state;
     }
-    r.map_err(from_api)?;
+    b.received += r.map_err(from_api)?;
     b.log("info", format!("files {} received", &hash[..12]), None);
     Ok(StatusCode::OK)
 }
 
-async fn receive(e2b: &E2b, body: Body, ctx: &Path, hash: &str) -> Result<(), ApiError> {
+/// Stages and extracts one upload into the context; what it expands to. The
+/// build's uploads together are bounded as one build context is: `received` is
+/// what the earlier ones expanded to.
+async fn receive(
+    e2b: &E2b,
+    body: Body,
+    ctx: &Path,
+    hash: &str,
+    received: u64,
+) -> Result<u64, ApiError> {
     let app = &e2b.app;
     let tmp = app.images.store.tmp_path("e2b-upload");
     let expanded = app.cfg.images.max_expanded_size.bytes();
@@ -527,14 +557,50 @@ async fn receive(e2b: &E2b, body: Body, ctx: &Path, hash: &str) -> Result<(), Ap
         n if n > 0 && n <= expanded => (n, "limits.max_upload"),
         _ => (expanded, "images.max_expanded_size"),
     };
-    crate::routes::images::stage_body_within(body, &tmp, limit, limit_name, "upload").await?;
-    let (t2, dir, lim) = (tmp.clone(), ctx.join(hash), app.images.limit(None));
-    let r = tokio::task::spawn_blocking(move || extract_upload(&t2, &dir, &lim))
-        .await
-        .map_err(ApiError::internal)
-        .and_then(|r| r);
+    let left = limit.saturating_sub(received);
+    if left == 0 {
+        return Err(ApiError::invalid(
+            "upload",
+            format!("the build's files together are larger than {limit_name} ({limit} bytes)"),
+        ));
+    }
+    crate::routes::images::stage_body_within(body, &tmp, left, limit_name, "upload").await?;
+    let mut lim = app.images.limit(None);
+    lim.bytes = lim.bytes.saturating_sub(received);
+    let (t2, dir) = (tmp.clone(), ctx.join(hash));
+    let r = tokio::task::spawn_blocking(move || {
+        extract_upload(&t2, &dir, &lim)?;
+        Ok(tree_cost(&dir))
+    })
+    .await
+    .map_err(ApiError::internal)
+    .and_then(|r| r);
     let _ = tokio::fs::remove_file(&tmp).await;
     r
+}
+
+/// What a directory tree expands to as the build context's bound counts it:
+/// 512 bytes per entry and each file's size (links are not followed).
+fn tree_cost(dir: &Path) -> u64 {
+    let mut cost = 0u64;
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let Ok(m) = e.path().symlink_metadata() else {
+                continue;
+            };
+            cost = cost.saturating_add(512);
+            if m.is_dir() {
+                todo.push(e.path());
+            } else if m.is_file() {
+                cost = cost.saturating_add(m.len());
+            }
+        }
+    }
+    cost
 }
 
 /// One step of E2B's build body.
