@@ -20,11 +20,15 @@ def alias() -> str:
 
 def test_a_template_built_from_the_base_image_is_an_image_sandboxes_start_from(server, tmp_path):
     (tmp_path / "hello.txt").write_text("hello from the build\n")
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "a.ini").write_text("a\n")
+    (tmp_path / "conf" / "b.ini").write_text("b\n")
     t = (
         Template(file_context_path=str(tmp_path))
         .from_base_image()
         .run_cmd("echo step-output; mkdir -p /home/user/work")
         .copy("hello.txt", "/home/user/work/")
+        .copy("conf/*.ini", "conf")
         .set_workdir("/home/user/work")
         .set_envs({"TEMPLATE_MODE": "built", "SPACED": "two words"})
         .run_cmd("cat hello.txt > copied-by-run.txt")
@@ -43,6 +47,9 @@ def test_a_template_built_from_the_base_image_is_an_image_sandboxes_start_from(s
     try:
         assert sb.get_info().template_id == name
         assert sb.files.read("/home/user/work/hello.txt") == "hello from the build\n"
+        # A wildcard copy: every match into the destination (relative to the workdir then).
+        assert sb.files.read("/home/user/conf/a.ini") == "a\n"
+        assert sb.files.read("/home/user/conf/b.ini") == "b\n"
         r = sb.commands.run(
             "echo $TEMPLATE_MODE; echo $SPACED; cat /home/user/work/copied-by-run.txt; whoami; find /home/user/work/hello.txt -printf '%u\\n'"
         )

@@ -669,14 +669,19 @@ fn valid_owner(o: &str) -> bool {
         })
 }
 
+/// What a copy source names among the uploads: `(hash, src)` to its paths, each
+/// with whether it is a directory (`None`: not uploaded).
+pub type Sources<'a> = dyn Fn(&str, &str) -> Option<Vec<(String, bool)>> + 'a;
+
 /// Translates E2B's steps onto native ones. `user` and `workdir` are the base's;
-/// `is_dir(hash, src)` says whether an uploaded source is a directory (`None`:
+/// `sources(hash, src)` lists the uploaded paths `src` names (itself, or what its
+/// wildcards match) and whether each is a directory (`None`:
 /// it was not uploaded). Bad input is a 400 naming the step and the problem.
 pub fn translate(
     body: &E2bBuild,
     mut user: Option<String>,
     mut workdir: String,
-    is_dir: &dyn Fn(&str, &str) -> Option<bool>,
+    sources: &Sources<'_>,
     prelude: Vec<Step>,
 ) -> RestResult<Translated> {
     let mut out = Translated::default();
@@ -732,9 +737,9 @@ pub fn translate(
                         "{field}: copy source {src:?} must be a path inside the build's files (relative, no '..')"
                     )));
                 }
-                if src.contains(['*', '?', '[']) {
+                if src.contains(['[', '{', '\\']) {
                     return Err(bad(format!(
-                        "{field}: copy source {src:?}: wildcards are not supported (name files or directories)"
+                        "{field}: copy source {src:?}: of wildcards only * and ? are supported"
                     )));
                 }
                 if dest.is_empty() || escapes(dest) || dest.contains('\0') {
@@ -742,10 +747,18 @@ pub fn translate(
                         "{field}: copy destination {dest:?} must be a path without '..'"
                     )));
                 }
-                let Some(dir) = is_dir(hash, src) else {
-                    return Err(bad(format!(
-                        "{field}: copy source {src:?}: its files were not uploaded (filesHash {hash})"
-                    )));
+                let found = match sources(hash, src) {
+                    Some(f) if !f.is_empty() => f,
+                    Some(_) => {
+                        return Err(bad(format!(
+                            "{field}: copy source {src:?} matches no uploaded file"
+                        )))
+                    }
+                    None => {
+                        return Err(bad(format!(
+                            "{field}: copy source {src:?}: its files were not uploaded (filesHash {hash})"
+                        )))
+                    }
                 };
                 if !mode.is_empty()
                     && (mode.len() > 4 || !mode.bytes().all(|b| (b'0'..=b'7').contains(&b)))
@@ -762,7 +775,7 @@ pub fn translate(
                 out.push(
                     &name,
                     Step::Copy {
-                        src: vec![format!("{hash}/{src}")],
+                        src: found.iter().map(|(p, _)| format!("{hash}/{p}")).collect(),
                         dest: dest.to_string(),
                     },
                 );
@@ -772,12 +785,20 @@ pub fn translate(
                 } else {
                     format!("{}/{dest}", workdir.trim_end_matches('/'))
                 };
-                let target = match src_path.file_name() {
-                    Some(f) if !dir && dest.ends_with('/') => {
-                        format!("{}/{}", abs.trim_end_matches('/'), f.to_string_lossy())
+                let into_dir = dest.ends_with('/') || found.len() > 1;
+                let mut targets: Vec<String> = Vec::new();
+                for (p, dir) in &found {
+                    let t = match Path::new(p).file_name() {
+                        Some(f) if !dir && into_dir => {
+                            format!("{}/{}", abs.trim_end_matches('/'), f.to_string_lossy())
+                        }
+                        _ => abs.clone(),
+                    };
+                    if !targets.contains(&t) {
+                        targets.push(t);
                     }
-                    _ => abs,
-                };
+                }
+                let target = targets.iter().map(|t| quote(t)).collect::<Vec<_>>().join(" ");
                 // The files belong to the step's user (the image's, when it is
                 // not root) unless the step names one.
                 let owner = match (owner, user.as_deref()) {
@@ -786,10 +807,10 @@ pub fn translate(
                 };
                 let mut fix = Vec::new();
                 if !owner.is_empty() {
-                    fix.push(format!("chown -R {} {}", quote(&owner), quote(&target)));
+                    fix.push(format!("chown -R {} {target}", quote(&owner)));
                 }
                 if !mode.is_empty() {
-                    fix.push(format!("chmod -R {mode} {}", quote(&target)));
+                    fix.push(format!("chmod -R {mode} {target}"));
                 }
                 if !fix.is_empty() {
                     out.push(
@@ -955,6 +976,75 @@ fn resolve_from(
     }
 }
 
+/// Whether `name` matches `pattern` (`*`: any run of characters, `?`: one).
+fn wildcard(pattern: &[u8], name: &[u8]) -> bool {
+    match (pattern.first(), name.first()) {
+        (None, None) => true,
+        (Some(b'*'), _) => {
+            wildcard(&pattern[1..], name) || (!name.is_empty() && wildcard(pattern, &name[1..]))
+        }
+        (Some(b'?'), Some(_)) => wildcard(&pattern[1..], &name[1..]),
+        (Some(p), Some(n)) if p == n => wildcard(&pattern[1..], &name[1..]),
+        _ => false,
+    }
+}
+
+/// The paths under an upload's directory `root` that `src` names (with `*` and
+/// `?` in any component), sorted, each with whether it is a directory; `None`:
+/// the upload is not there. A directory is listed only when it is one, never
+/// through a link (a link is a file here: the copy takes it as a link).
+fn uploaded(root: &Path, src: &str) -> Option<Vec<(String, bool)>> {
+    if !root.is_dir() {
+        return None;
+    }
+    let real_dir = |rel: &Path| {
+        sandlot_store::link_on_the_way(root, rel, true).is_none()
+            && std::fs::symlink_metadata(root.join(rel)).is_ok_and(|m| m.is_dir())
+    };
+    let mut found = vec![PathBuf::new()];
+    for c in Path::new(src).components() {
+        let Component::Normal(c) = c else { continue };
+        let pat = c.to_string_lossy();
+        let mut next = Vec::new();
+        for base in &found {
+            if !pat.contains(['*', '?']) {
+                let p = base.join(c);
+                if std::fs::symlink_metadata(root.join(&p)).is_ok() {
+                    next.push(p);
+                }
+                continue;
+            }
+            if !real_dir(base) {
+                continue;
+            }
+            let Ok(rd) = std::fs::read_dir(root.join(base)) else {
+                continue;
+            };
+            for e in rd.flatten() {
+                let n = e.file_name();
+                // As shells and Docker do, `*` does not match a leading dot.
+                if n.as_encoded_bytes().first() == Some(&b'.') && !pat.starts_with('.') {
+                    continue;
+                }
+                if wildcard(pat.as_bytes(), n.as_encoded_bytes()) {
+                    next.push(base.join(n));
+                }
+            }
+        }
+        found = next;
+    }
+    let mut out: Vec<(String, bool)> = found
+        .into_iter()
+        .filter(|p| !p.as_os_str().is_empty())
+        .map(|p| {
+            let dir = real_dir(&p);
+            (p.to_string_lossy().into_owned(), dir)
+        })
+        .collect();
+    out.sort();
+    Some(out)
+}
+
 /// `POST /v2/templates/{template}/builds/{build}`: the steps; the build starts.
 async fn start_build(
     State(e2b): State<Arc<E2b>>,
@@ -1008,19 +1098,12 @@ async fn start_build(
     let (e2, w2, b2, c2) = (e2b.clone(), who.clone(), body.clone(), ctx.clone());
     let planned = tokio::task::spawn_blocking(move || {
         let (base, prelude) = resolve_from(&e2, &w2, &b2)?;
-        let is_dir = |hash: &str, src: &str| -> Option<bool> {
-            let p = c2.join(hash).join(src);
-            // Links are copied as links: a link is not a directory here.
-            sandlot_store::link_on_the_way(&c2.join(hash), Path::new(src), false)
-                .is_none()
-                .then(|| std::fs::symlink_metadata(&p).ok().map(|m| m.is_dir()))
-                .flatten()
-        };
+        let sources = |hash: &str, src: &str| uploaded(&c2.join(hash), src);
         let t = translate(
             &b2,
             base.config.user.clone(),
             base.config.workdir.clone().unwrap_or_else(|| "/".into()),
-            &is_dir,
+            &sources,
             prelude,
         )?;
         Ok::<_, RestError>((base, t))
@@ -1436,11 +1519,13 @@ mod tests {
 
     const H: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
 
-    fn files(_: &str, src: &str) -> Option<bool> {
+    fn files(_: &str, src: &str) -> Option<Vec<(String, bool)>> {
         match src {
-            "dir" => Some(true),
+            "dir" => Some(vec![("dir".into(), true)]),
             "missing" => None,
-            _ => Some(false),
+            "none*" => Some(Vec::new()),
+            "f/*" => Some(vec![("f/a".into(), false), ("f/b".into(), false)]),
+            _ => Some(vec![(src.into(), false)]),
         }
     }
 
@@ -1533,8 +1618,12 @@ mod tests {
                 .contains("copy source")
         );
         assert!(
-            e(json!([{"type": "COPY", "args": ["*.txt", "/x"], "filesHash": H}]))
+            e(json!([{"type": "COPY", "args": ["[ab].txt", "/x"], "filesHash": H}]))
                 .contains("wildcards")
+        );
+        assert!(
+            e(json!([{"type": "COPY", "args": ["none*", "/x"], "filesHash": H}]))
+                .contains("matches no uploaded file")
         );
         assert!(e(json!([{"type": "COPY", "args": ["a", "/x"]}])).contains("filesHash"));
         assert!(
@@ -1552,6 +1641,54 @@ mod tests {
         assert!(e(json!([{"type": "ENV", "args": ["A"]}])).contains("pairs"));
         assert!(e(json!([{"type": "RUN", "args": [" "]}])).contains("command"));
         assert!(e(json!([{"type": "USER", "args": ["a b"]}])).contains("USER"));
+    }
+
+    #[test]
+    fn a_wildcard_copy_takes_every_match_into_the_destination() {
+        let t = tr(json!([{"type": "COPY", "args": ["f/*", "out"], "filesHash": H}])).unwrap();
+        assert_eq!(
+            t.steps[0].1,
+            Step::Copy {
+                src: vec![format!("{H}/f/a"), format!("{H}/f/b")],
+                dest: "out".into()
+            }
+        );
+        assert_eq!(
+            t.steps[1].1,
+            Step::RunAs {
+                user: "root".into(),
+                command: "chown -R 'user' '/home/user/out/a' '/home/user/out/b'".into()
+            }
+        );
+        assert!(
+            wildcard(b"*.txt", b"a.txt")
+                && wildcard(b"a?c*", b"abcde")
+                && !wildcard(b"*.txt", b"a.md")
+        );
+    }
+
+    #[test]
+    fn wildcards_never_list_a_directory_through_a_link() {
+        let dir = std::env::temp_dir().join(format!("sandlot-e2b-glob-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let (root, host) = (dir.join("up"), dir.join("host"));
+        std::fs::create_dir_all(root.join("f")).unwrap();
+        std::fs::create_dir_all(&host).unwrap();
+        std::fs::write(host.join("secret-name"), "x").unwrap();
+        std::fs::write(root.join("f/a.txt"), "a").unwrap();
+        std::fs::write(root.join("f/.hidden"), "h").unwrap();
+        std::os::unix::fs::symlink(&host, root.join("l")).unwrap();
+        assert_eq!(
+            uploaded(&root, "f/*").unwrap(),
+            [("f/a.txt".to_string(), false)]
+        );
+        assert!(uploaded(&root, "l/*").unwrap().is_empty());
+        assert_eq!(
+            uploaded(&root, "*").unwrap(),
+            [("f".to_string(), true), ("l".to_string(), false)]
+        );
+        assert!(uploaded(&dir.join("nothing"), "f").is_none());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
