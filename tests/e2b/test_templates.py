@@ -51,7 +51,7 @@ def test_a_template_built_from_the_base_image_is_an_image_sandboxes_start_from(s
         assert sb.files.read("/home/user/conf/a.ini") == "a\n"
         assert sb.files.read("/home/user/conf/b.ini") == "b\n"
         r = sb.commands.run(
-            "echo $TEMPLATE_MODE; echo $SPACED; cat /home/user/work/copied-by-run.txt; whoami; find /home/user/work/hello.txt -printf '%u\\n'"
+            "echo $TEMPLATE_MODE; echo $SPACED; cat /home/user/work/copied-by-run.txt; whoami; find /home/user/work/hello.txt -printf '%u\\n'; pwd"
         )
         assert r.stdout.splitlines() == [
             "built",
@@ -59,6 +59,7 @@ def test_a_template_built_from_the_base_image_is_an_image_sandboxes_start_from(s
             "hello from the build",
             "user",
             "user",
+            "/home/user/work",
         ], r.stdout
     finally:
         sb.kill()
