@@ -11,7 +11,7 @@ import time
 
 import httpx
 import pytest
-from e2b import BuildException, Sandbox, SandboxException, Template
+from e2b import BuildException, Sandbox, SandboxException, SandboxQuery, Template, wait_for_file
 
 
 def alias() -> str:
@@ -120,6 +120,29 @@ def test_a_failing_run_cmd_is_a_build_error_naming_the_step(server, tmp_path):
     assert not Template.exists(name)
 
 
+def test_a_template_with_a_start_command_starts_its_sandboxes_with_it(server, tmp_path):
+    t = (
+        Template(file_context_path=str(tmp_path))
+        .from_base_image()
+        .set_start_cmd("echo started-$(whoami) > /tmp/started; sleep 600", wait_for_file("/tmp/started"))
+    )
+    name = alias()
+    Template.build(t, name)
+    sb = Sandbox.create(template=name, timeout=60)
+    try:
+        # Ready means the ready command succeeded: the file is there at once.
+        assert sb.files.read("/tmp/started") == "started-user\n"
+        assert any("sleep 600" in " ".join([c.cmd, *c.args]) for c in sb.commands.list())
+    finally:
+        sb.kill()
+    # A ready command that never succeeds fails the create, and no sandbox stays.
+    never = alias()
+    Template.build(Template(file_context_path=str(tmp_path)).from_base_image().set_start_cmd("sleep 600", "false"), never)
+    with pytest.raises(SandboxException, match="ready command did not succeed"):
+        Sandbox.create(template=never, timeout=3)
+    assert not Sandbox.list(query=SandboxQuery(template=never)).next_items()
+
+
 def test_another_tenant_neither_sees_nor_uses_the_template(server, tmp_path):
     name = alias()
     info = Template.build(Template(file_context_path=str(tmp_path)).from_base_image().run_cmd("true"), name)
@@ -148,10 +171,6 @@ def test_another_tenant_neither_sees_nor_uses_the_template(server, tmp_path):
 def test_bad_template_steps_are_refused_naming_the_problem(server, tmp_path):
     with pytest.raises(BuildException, match="not in this server's image store.*does not pull"):
         Template.build(Template(file_context_path=str(tmp_path)).from_image("python:3.12").run_cmd("true"), alias())
-    with pytest.raises(BuildException, match="start commands are not supported"):
-        Template.build(
-            Template(file_context_path=str(tmp_path)).from_base_image().set_start_cmd("sleep 1", "true"), alias()
-        )
 
     api = httpx.Client(base_url=server.url, headers={"X-API-Key": server.key}, timeout=30)
     h = "ab" * 32

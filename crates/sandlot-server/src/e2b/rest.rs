@@ -339,8 +339,25 @@ async fn create(
         return Err(RestError::bad("the request body must be a JSON object"));
     };
     let (_, native) = native_body(&e2b, &p.tenant, &obj)?;
+    // A template built with a start command: its sandboxes start with it.
+    let start = native
+        .get("image")
+        .and_then(Value::as_str)
+        .and_then(|i| super::templates::start_of(&e2b, i));
+    let user = native
+        .get("user")
+        .and_then(Value::as_str)
+        .unwrap_or("root")
+        .to_string();
     let params = native::parse_create(&e2b.app, &p, native)?;
+    let lifetime = params.timeout;
     let rec = crate::sandbox::create(&e2b.app, params).await?;
+    if let Some(cmd) = start {
+        if let Err(e) = super::templates::run_start(&e2b, &rec.id, &user, &cmd, lifetime).await {
+            let _ = native::delete(State(e2b.app.clone()), p, Path(rec.id)).await;
+            return Err(e);
+        }
+    }
     Ok((StatusCode::CREATED, Json(created_json(&e2b, &rec))).into_response())
 }
 

@@ -26,7 +26,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::io::Read;
 use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::{Path as UrlPath, RawQuery, State};
@@ -154,6 +154,8 @@ struct Build {
     step_names: Vec<String>,
     /// The native step running (1-based; 0: none yet).
     current: usize,
+    /// What the template's sandboxes start with (`set_start_cmd`).
+    start: StartCmd,
 }
 
 impl Build {
@@ -344,6 +346,7 @@ async fn request_build(
         finished: None,
         step_names: Vec::new(),
         current: 0,
+        start: StartCmd::default(),
     };
     build.log(
         "info",
@@ -1078,18 +1081,11 @@ async fn start_build(
         b.phase = Phase::Building;
         b.ctx.clone()
     };
-    if body.start_cmd.as_deref().is_some_and(|s| !s.is_empty()) {
-        return Err(refuse(
-            &build,
-            bad("startCmd: start commands are not supported by Sandlot's E2B compatibility"),
-        ));
-    }
-    if body.ready_cmd.as_deref().is_some_and(|s| !s.is_empty()) {
-        return Err(refuse(
-            &build,
-            bad("readyCmd: ready commands are not supported by Sandlot's E2B compatibility"),
-        ));
-    }
+    let nonempty = |c: &Option<String>| c.clone().filter(|c| !c.trim().is_empty());
+    lock(&build).start = StartCmd {
+        start: nonempty(&body.start_cmd),
+        ready: nonempty(&body.ready_cmd),
+    };
     let who = crate::build::Builder {
         tenant: p.tenant.clone(),
         owner: Some(p.tenant.clone()),
@@ -1194,11 +1190,15 @@ async fn run(
     });
     let tenant = who.tenant.clone();
     let r = crate::build::run(e2b.app.clone(), who, spec, ctx.clone(), None, send).await;
-    let names = lock(&build).names.clone();
+    let (names, start) = {
+        let b = lock(&build);
+        (b.names.clone(), b.start.clone())
+    };
     let r = match r {
         Ok(img) => {
             let app = e2b.app.clone();
             tokio::task::spawn_blocking(move || {
+                save_start(&app.cfg.data_dir, &img, &start)?;
                 for n in &names {
                     let tag = ScopedTag {
                         tenant: Some(&tenant),
@@ -1254,6 +1254,119 @@ async fn run(
     }
     b.finished = Some(Instant::now());
     b.lease = None;
+}
+
+/// The start and ready commands of a template (E2B's `set_start_cmd`,
+/// `set_ready_cmd`), kept beside the image: `<data>/e2b-templates/<id>.json`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, Deserialize)]
+pub struct StartCmd {
+    pub start: Option<String>,
+    pub ready: Option<String>,
+}
+
+/// How long a sandbox's create waits for its template's ready command at most
+/// (less when the sandbox's lifetime is shorter).
+const READY_WAIT: Duration = Duration::from_secs(60);
+
+fn start_file(data_dir: &Path, image: &sandlot_store::Digest) -> PathBuf {
+    let id = image.to_string();
+    data_dir
+        .join("e2b-templates")
+        .join(format!("{}.json", id.trim_start_matches("sha256:")))
+}
+
+/// Records the template's start commands for `img` (none: removes an earlier
+/// build's), written whole or not at all.
+fn save_start(data_dir: &Path, img: &ImageInfo, start: &StartCmd) -> Result<(), ApiError> {
+    let path = start_file(data_dir, &img.id);
+    if start == &StartCmd::default() {
+        return match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(ApiError::internal(format!(
+                "remove {}: {e}",
+                path.display()
+            ))),
+            _ => Ok(()),
+        };
+    }
+    let dir = data_dir.join("e2b-templates");
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| ApiError::internal(format!("create {}: {e}", dir.display())))?;
+    let tmp = path.with_extension("tmp");
+    let bytes = serde_json::to_vec(start).map_err(ApiError::internal)?;
+    std::fs::write(&tmp, bytes)
+        .and_then(|_| std::fs::rename(&tmp, &path))
+        .map_err(|e| ApiError::internal(format!("write {}: {e}", path.display())))
+}
+
+/// The start commands of the image a sandbox spec names by id (`sha256:...`).
+pub fn start_of(e2b: &E2b, image: &str) -> Option<StartCmd> {
+    let id: sandlot_store::Digest = image.parse().ok()?;
+    let bytes = std::fs::read(start_file(&e2b.app.cfg.data_dir, &id)).ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+/// Starts a template's start command in the new sandbox `id` (in the background,
+/// as `user`), then runs its ready command until it succeeds: every 200 ms, for
+/// at most [`READY_WAIT`] or `lifetime`, whichever is shorter.
+pub async fn run_start(
+    e2b: &E2b,
+    id: &str,
+    user: &str,
+    cmd: &StartCmd,
+    lifetime: Duration,
+) -> RestResult<()> {
+    let h = e2b.app.handle(id).ok_or_else(|| {
+        RestError::new(StatusCode::NOT_FOUND, format!("sandbox {id} was not found"))
+    })?;
+    let exec = |c: &str, background: bool, tag: &str| sandlot_proto::api::ExecBody {
+        argv: vec!["/bin/bash".into(), "-l".into(), "-c".into(), c.to_string()],
+        env: BTreeMap::new(),
+        cwd: None,
+        user: Some(user.to_string()),
+        pty: None,
+        timeout: None,
+        stdin: false,
+        tag: Some(tag.to_string()),
+        background,
+    };
+    if let Some(start) = &cmd.start {
+        crate::routes::exec::start_process(&e2b.app, &h, &exec(start, true, "e2b-start")).await?;
+    }
+    let Some(ready) = &cmd.ready else {
+        return Ok(());
+    };
+    // Within the sandbox's lifetime, so that it is still there to answer.
+    let wait = READY_WAIT.min(lifetime.mul_f64(0.75));
+    let deadline = Instant::now() + wait;
+    let not_ready = |why: &str| {
+        RestError::new(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "the template's ready command did not succeed within {:.1} s{why} (the sandbox was removed)",
+                wait.as_secs_f64()
+            ),
+        )
+    };
+    // Its output is not kept: nothing reads it.
+    let ready = format!("( {ready} ) >/dev/null 2>&1");
+    loop {
+        let entry =
+            crate::routes::exec::start_process(&e2b.app, &h, &exec(&ready, false, "e2b-ready"))
+                .await
+                .map_err(|e| not_ready(&format!(": {}", e.message)))?;
+        let left = deadline.saturating_duration_since(Instant::now());
+        let exit = tokio::time::timeout(left, entry.wait())
+            .await
+            .ok()
+            .flatten();
+        if exit.and_then(|x| x.code) == Some(0) {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(not_ready(""));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// `GET /templates/{template}/builds/{build}/status?logsOffset=N&limit=L`.
