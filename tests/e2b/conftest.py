@@ -83,6 +83,9 @@ class Server:
             "[tenants.e2b-q]\nmax_sandboxes = 1\n"
             "[e2b]\ndomain = \"sandlot.test\"\n"
             "[e2b.templates.rooty]\nimage = \"host\"\nuser = \"root\"\nenv = { FROM_TEMPLATE = \"yes\" }\n"
+            # Template builds: a small limit for the upload attacks to reach, and
+            # small step sandboxes.
+            "[images]\nmax_expanded_size = \"64M\"\nbuild_memory = \"512M\"\n"
             # The same tests on either backend: $SANDLOT_TEST_ISOLATION is
             # namespace (the default) or gvisor.
             f"[isolation]\ndefault = \"{os.environ.get('SANDLOT_TEST_ISOLATION', 'namespace')}\"\n"

@@ -41,6 +41,9 @@ pub struct Builder {
     pub tenant: String,
     /// The tenant its images belong to; `None`: the operator's (shared) build.
     pub owner: Option<String>,
+    /// Steps from this index (0-based) on run again whatever the cache holds
+    /// (E2B's `force` and `skip_cache`); `None`: every step may be a cache hit.
+    pub fresh_from: Option<usize>,
 }
 
 impl Builder {
@@ -103,61 +106,66 @@ pub fn extract_context(
     dir: &Path,
     limit: &sandlot_store::SizeLimit,
 ) -> Result<(), ApiError> {
-    let mut budget = Budget::new(Some(limit), "the build context");
     let f =
         fs::File::open(tar_path).map_err(|e| ApiError::internal(format!("open context: {e}")))?;
+    extract_context_from(std::io::BufReader::new(f), dir, limit)
+}
+
+/// [`extract_context`] of a tar read from `reader` (E2B's uploads come gzipped:
+/// the caller bounds what the decoder yields).
+pub fn extract_context_from<R: Read>(
+    reader: R,
+    dir: &Path,
+    limit: &sandlot_store::SizeLimit,
+) -> Result<(), ApiError> {
+    let mut budget = Budget::new(Some(limit), "the build context");
     let configure = |ar: &mut tar::Archive<_>| {
         ar.set_preserve_permissions(true);
         ar.set_overwrite(true);
     };
     let unreadable = |e| ApiError::bad_request(format!("build context tar: {e}"));
-    sandlot_store::tar_bound::for_each_entry(
-        std::io::BufReader::new(f),
-        configure,
-        unreadable,
-        |e| {
-            let p = e
-                .path()
-                .map_err(|e| ApiError::bad_request(format!("build context tar: {e}")))?
-                .into_owned();
-            if p.components()
-                .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
-            {
-                return Err(ApiError::invalid(
-                    "context",
-                    format!("entry {} escapes the build context", p.display()),
-                ));
-            }
-            if p.components().count() > MAX_CONTEXT_DEPTH {
-                return Err(ApiError::invalid(
-                    "context",
-                    format!("entries nest more than {MAX_CONTEXT_DEPTH} directories deep"),
-                ));
-            }
-            let ty = e.header().entry_type();
-            if !(ty.is_file() || ty.is_dir() || ty.is_symlink() || ty.is_gnu_sparse()) {
-                return Ok(());
-            }
-            budget
-                .charge(sandlot_store::layer::entry_cost(
-                    p.as_os_str().len(),
-                    0,
-                    e.size(),
-                ))
-                .map_err(|err| crate::images::store_error(err.into()))?;
-            // unpack_in refuses paths that leave `dir` through symlinks. Its error
-            // names the daemon's staging path: the tenant is told the entry, the log
-            // has the rest.
-            e.unpack_in(dir).map_err(|err| {
-                tracing::info!(entry = %p.display(), "build context entry not unpacked: {err}");
-                ApiError::bad_request(format!(
-                    "build context entry {} cannot be unpacked ({UNPACK_HINT})",
-                    p.display()
-                ))
-            })?;
-            Ok(())
-        },
-    )
+    sandlot_store::tar_bound::for_each_entry(reader, configure, unreadable, |e| {
+        let p = e
+            .path()
+            .map_err(|e| ApiError::bad_request(format!("build context tar: {e}")))?
+            .into_owned();
+        if p.components()
+            .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
+        {
+            return Err(ApiError::invalid(
+                "context",
+                format!("entry {} escapes the build context", p.display()),
+            ));
+        }
+        if p.components().count() > MAX_CONTEXT_DEPTH {
+            return Err(ApiError::invalid(
+                "context",
+                format!("entries nest more than {MAX_CONTEXT_DEPTH} directories deep"),
+            ));
+        }
+        let ty = e.header().entry_type();
+        if !(ty.is_file() || ty.is_dir() || ty.is_symlink() || ty.is_gnu_sparse()) {
+            return Ok(());
+        }
+        budget
+            .charge(sandlot_store::layer::entry_cost(
+                p.as_os_str().len(),
+                0,
+                e.size(),
+            ))
+            .map_err(|err| crate::images::store_error(err.into()))?;
+        // unpack_in refuses paths that leave `dir` through symlinks. Its error
+        // names the daemon's staging path: the tenant is told the entry, the log
+        // has the rest.
+        e.unpack_in(dir).map_err(|err| {
+            tracing::info!(entry = %p.display(), "build context entry not unpacked: {err}");
+            ApiError::bad_request(format!(
+                "build context entry {} cannot be unpacked ({UNPACK_HINT})",
+                p.display()
+            ))
+        })?;
+        Ok(())
+    })
 }
 
 /// Reads and removes the spec file the CLI put in the context.
@@ -317,6 +325,53 @@ fn resolve_base(
     }
 }
 
+/// An image that is the built-in `host` image with `config` (its user, working
+/// directory, variables) for `who`: one empty layer marked to go on top of the
+/// `host` image, as a snapshot of a `host` sandbox is. A build from it (E2B's
+/// base template) runs its steps in `host` sandboxes. Made once per builder and
+/// config, then found in the builder's cache.
+pub fn host_base(
+    state: &AppState,
+    who: &Builder,
+    config: &ImageConfig,
+) -> Result<ImageInfo, ApiError> {
+    let config = ImageConfig {
+        host_base: true,
+        ..config.clone()
+    };
+    let text = format!(
+        "FROM host {}",
+        serde_json::to_string(&config).unwrap_or_default()
+    );
+    let key = who.cache_key(format!(
+        "host-base:{}",
+        sandlot_store::Digest::of(text.as_bytes())
+    ));
+    let store = &state.images.store;
+    if let Some(hit) = store
+        .cached_step(&key)
+        .map_err(store_error)?
+        .filter(|hit| who.viewer().sees(hit))
+    {
+        return Ok(hit);
+    }
+    let dir = store.tmp_path("host-base");
+    fs::create_dir(&dir).map_err(|e| ApiError::internal(format!("stage host base: {e}")))?;
+    let limit = state.images.limit(None);
+    let r = store
+        .pack_dir(&dir, &mut Budget::new(Some(&limit), "the host base"))
+        .map_err(store_error)
+        .and_then(|p| {
+            store
+                .commit_packed_root(p, &who.commit(&config, "the host image"))
+                .map_err(store_error)
+        });
+    let _ = fs::remove_dir_all(&dir);
+    let img = r?;
+    store.cache_step(&key, &img.id).map_err(store_error)?;
+    Ok(img)
+}
+
 /// The error of a build that ran past the operator's `images.build_timeout`.
 fn timed_out(limit: Duration) -> ApiError {
     ApiError::new(
@@ -378,9 +433,14 @@ pub async fn run(
         ));
         let st = state.clone();
         let k2 = key.clone();
-        let hit = blocking(move || st.images.store.cached_step(&k2).map_err(store_error))
-            .await?
-            .filter(|hit| who.viewer().sees(hit));
+        let fresh = who.fresh_from.is_some_and(|f| i >= f);
+        let hit = if fresh {
+            None
+        } else {
+            blocking(move || st.images.store.cached_step(&k2).map_err(store_error))
+                .await?
+                .filter(|hit| who.viewer().sees(hit))
+        };
         if let Some(hit) = hit {
             send(
                 json!({"type": "step", "index": i + 1, "of": total, "text": text, "cached": true, "image": hit.id.to_string()}),
@@ -431,19 +491,22 @@ pub async fn run(
                         .map_err(|e| ApiError::internal(format!("stage copy: {e}")))?;
                     let limit = st.images.limit(None);
                     let what = format!("{o} ({text})");
-                    let r =
-                        build::stage_copy(&c, &o, &s, &d, base.config.workdir.as_deref(), &layer)
-                            .map_err(|e| ApiError::invalid("context", e.to_string()))
-                            .and_then(|_| {
-                                store
-                                    .pack_dir(&layer, &mut Budget::new(Some(&limit), &what))
-                                    .map_err(store_error)
-                            })
-                            .and_then(|p| {
-                                store
-                                    .commit_packed(&base, p, &w.commit(&base.config, &text))
-                                    .map_err(store_error)
-                            });
+                    let workdir = base.config.workdir.as_deref();
+                    let r = build::stage_copy(&c, &o, &s, &d, workdir, &layer)
+                        .and_then(|_| {
+                            build::inherit_dirs(&layer, &d, workdir, &store.layer_dirs(&base))
+                        })
+                        .map_err(|e| ApiError::invalid("context", e.to_string()))
+                        .and_then(|_| {
+                            store
+                                .pack_dir(&layer, &mut Budget::new(Some(&limit), &what))
+                                .map_err(store_error)
+                        })
+                        .and_then(|p| {
+                            store
+                                .commit_packed(&base, p, &w.commit(&base.config, &text))
+                                .map_err(store_error)
+                        });
                     let _ = fs::remove_dir_all(&layer);
                     r
                 })
@@ -560,7 +623,12 @@ async fn run_in(
         argv,
         env: BTreeMap::new(),
         cwd: base.config.workdir.clone(),
-        user: Some(base.config.user.clone().unwrap_or_else(|| "root".into())),
+        user: Some(
+            step.user()
+                .map(str::to_string)
+                .or_else(|| base.config.user.clone())
+                .unwrap_or_else(|| "root".into()),
+        ),
         pty: None,
         timeout: None,
         stdin: false,

@@ -57,6 +57,12 @@ pub enum Step {
     Run(String),
     /// A command without a shell (Dockerfile exec form).
     RunArgv(Vec<String>),
+    /// A shell command run as `user` rather than the image's user (E2B's
+    /// `run_cmd(..., user=...)`); the image's user stays as it was.
+    RunAs {
+        user: String,
+        command: String,
+    },
     /// Context paths to a destination in the image.
     Copy {
         src: Vec<String>,
@@ -75,6 +81,7 @@ impl Step {
         match self {
             Step::Run(c) => format!("RUN {c}"),
             Step::RunArgv(a) => format!("RUN {}", serde_json::to_string(a).unwrap_or_default()),
+            Step::RunAs { user, command } => format!("RUN (as {user}) {command}"),
             Step::Copy { src, dest } => format!("COPY {} {dest}", src.join(" ")),
             Step::Env(kv) => format!(
                 "ENV {}",
@@ -95,7 +102,11 @@ impl Step {
     pub fn runs(&self) -> bool {
         matches!(
             self,
-            Step::Run(_) | Step::RunArgv(_) | Step::AptInstall(_) | Step::PipInstall(_)
+            Step::Run(_)
+                | Step::RunArgv(_)
+                | Step::RunAs { .. }
+                | Step::AptInstall(_)
+                | Step::PipInstall(_)
         )
     }
 
@@ -103,7 +114,7 @@ impl Step {
     pub fn argv(&self) -> Option<Vec<String>> {
         let sh = |c: String| Some(vec!["/bin/sh".into(), "-c".into(), c]);
         match self {
-            Step::Run(c) => sh(c.clone()),
+            Step::Run(c) | Step::RunAs { command: c, .. } => sh(c.clone()),
             Step::RunArgv(a) => Some(a.clone()),
             Step::AptInstall(p) => sh(format!(
                 "set -e; export DEBIAN_FRONTEND=noninteractive; apt-get update -qq; apt-get install -y -qq --no-install-recommends {}; apt-get clean; rm -rf /var/lib/apt/lists/*",
@@ -114,6 +125,14 @@ impl Step {
                 shell_words(p),
                 shell_words(p)
             )),
+            _ => None,
+        }
+    }
+
+    /// The user a running step runs as when it names one (else the image's).
+    pub fn user(&self) -> Option<&str> {
+        match self {
+            Step::RunAs { user, .. } => Some(user),
             _ => None,
         }
     }
@@ -283,13 +302,22 @@ pub fn parse_toml(text: &str) -> Result<BuildSpec, BuildError> {
     Ok(spec)
 }
 
-fn check(spec: &BuildSpec) -> Result<(), BuildError> {
+/// Checks a spec's steps (what the parsers check of what they read).
+pub fn check(spec: &BuildSpec) -> Result<(), BuildError> {
     for (origin, s) in &spec.steps {
         match s {
             Step::Run(c) if c.trim().is_empty() => {
                 return Err(spec_err(origin, "empty run command"))
             }
             Step::RunArgv(a) if a.is_empty() => return Err(spec_err(origin, "empty run command")),
+            Step::RunAs { user, command } => {
+                if command.trim().is_empty() {
+                    return Err(spec_err(origin, "empty run command"));
+                }
+                if user.is_empty() {
+                    return Err(spec_err(origin, "empty user"));
+                }
+            }
             Step::AptInstall(p) | Step::PipInstall(p) => {
                 if p.is_empty() {
                     return Err(spec_err(origin, "no packages given"));
@@ -707,6 +735,87 @@ pub fn stage_copy(
     Ok(())
 }
 
+/// Gives the directories on the way to a `copy` step's destination, which the
+/// staged layer holds as fresh `0755 root` directories, the owner and mode they
+/// have in the base image (`lowers`: its layer directories, top first), so that
+/// a copy into `/home/user/work/` leaves `work` its user's, as `docker build`
+/// does. Each path is opened beneath its root without following a link, in the
+/// layer as in the base's layers; a directory the base does not have keeps its
+/// `0755 root`.
+pub fn inherit_dirs(
+    layer: &Path,
+    dest: &str,
+    workdir: Option<&str>,
+    lowers: &[PathBuf],
+) -> Result<(), BuildError> {
+    let dest_abs = if dest.starts_with('/') {
+        dest.to_string()
+    } else {
+        format!("{}/{dest}", workdir.unwrap_or("/").trim_end_matches('/'))
+    };
+    let io = |op: &'static str, at: &Path| {
+        let path = format!("/{}", at.display());
+        move |e: Errno| BuildError::Io {
+            op,
+            path,
+            source: e.into(),
+        }
+    };
+    // The directory `rel` beneath `root` with no link on the way: `Ok(None)`
+    // when nothing is there, `Err(true)` when something else hides it.
+    let beneath = |root: &Path, rel: &Path| -> Result<Option<OwnedFd>, Result<bool, Errno>> {
+        let r = rustix::fs::open(
+            root,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(Err)?;
+        match rustix::fs::openat2(
+            &r,
+            rel,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+        ) {
+            Ok(fd) => Ok(Some(fd)),
+            Err(Errno::NOENT) => Ok(None),
+            Err(Errno::NOTDIR | Errno::LOOP | Errno::XDEV) => Err(Ok(true)),
+            Err(e) => Err(Err(e)),
+        }
+    };
+    let mut rel = PathBuf::new();
+    for c in Path::new(dest_abs.trim_start_matches('/')).components() {
+        let Component::Normal(c) = c else { continue };
+        rel.push(c);
+        let staged = match beneath(layer, &rel) {
+            Ok(Some(fd)) => fd,
+            Ok(None) | Err(Ok(_)) => break,
+            Err(Err(e)) => return Err(io("open", &rel)(e)),
+        };
+        // The topmost layer with an entry there decides (a whiteout or a file
+        // hides the directories below it).
+        for lower in lowers {
+            let dir = match beneath(lower, &rel) {
+                Ok(Some(fd)) => fd,
+                Ok(None) => continue,
+                Err(Ok(_)) => break,
+                Err(Err(e)) => return Err(io("open", &rel)(e)),
+            };
+            let st = rustix::fs::fstat(&dir).map_err(io("stat", &rel))?;
+            rustix::fs::fchown(
+                &staged,
+                Some(rustix::fs::Uid::from_raw(st.st_uid)),
+                Some(rustix::fs::Gid::from_raw(st.st_gid)),
+            )
+            .map_err(io("chown", &rel))?;
+            rustix::fs::fchmod(&staged, Mode::from_raw_mode(st.st_mode & 0o7777))
+                .map_err(io("chmod", &rel))?;
+            break;
+        }
+    }
+    Ok(())
+}
+
 /// Why a destination in the staged layer could not be written; paths are the
 /// image's (`/etc/x`), never the host's.
 #[derive(Debug)]
@@ -1059,6 +1168,61 @@ pip_install = "numpy"
         let k2 = step_key(&Digest::of(b"p"), &Step::Run("x".into()), true, None);
         let k3 = step_key(&Digest::of(b"q"), &Step::Run("x".into()), false, None);
         assert!(k1 != k2 && k1 != k3);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_copy_keeps_the_owner_and_mode_of_the_directories_the_base_has() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir =
+            std::env::temp_dir().join(format!("sandlot-build-inherit-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let (top, bottom, layer, host) = (
+            dir.join("top"),
+            dir.join("bottom"),
+            dir.join("layer"),
+            dir.join("host"),
+        );
+        for d in [&top, &bottom, &layer, &host] {
+            fs::create_dir_all(d).unwrap();
+        }
+        // The bottom layer has home/user/work (0700) and a link `opt -> host`; the
+        // top one home (0711) only.
+        fs::create_dir_all(bottom.join("home/user/work")).unwrap();
+        fs::set_permissions(
+            bottom.join("home/user/work"),
+            fs::Permissions::from_mode(0o700),
+        )
+        .unwrap();
+        fs::create_dir(top.join("home")).unwrap();
+        fs::set_permissions(top.join("home"), fs::Permissions::from_mode(0o711)).unwrap();
+        fs::set_permissions(&host, fs::Permissions::from_mode(0o777)).unwrap();
+        std::os::unix::fs::symlink(&host, bottom.join("opt")).unwrap();
+        for d in ["home/user/work", "opt/app"] {
+            fs::create_dir_all(layer.join(d)).unwrap();
+        }
+        let mode = |p: &str| fs::metadata(layer.join(p)).unwrap().permissions().mode() & 0o7777;
+        inherit_dirs(
+            &layer,
+            "work/f",
+            Some("/home/user"),
+            &[top.clone(), bottom.clone()],
+        )
+        .unwrap();
+        assert_eq!(mode("home"), 0o711);
+        assert_eq!(mode("home/user/work"), 0o700);
+        // A directory the topmost layer with an entry lacks is the next one's.
+        assert_eq!(
+            mode("home/user"),
+            fs::metadata(bottom.join("home/user"))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o7777
+        );
+        // A link in the base is not followed to what it names.
+        inherit_dirs(&layer, "/opt/app/", None, &[top, bottom]).unwrap();
+        assert_ne!(mode("opt"), 0o777);
         fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -877,6 +877,19 @@ impl ImageStore {
         self.get(id)
     }
 
+    /// Removes the tag from its namespace (the image stays, untagged if it was
+    /// its last name). Whether there was such a tag.
+    pub fn untag(&self, tag: ScopedTag) -> Result<bool, StoreError> {
+        let n = self
+            .db()
+            .execute(
+                "DELETE FROM image_tags WHERE scope = ?1 AND name = ?2",
+                params![tag.tenant.unwrap_or(""), tag.name.to_string()],
+            )
+            .map_err(sql("untag"))?;
+        Ok(n > 0)
+    }
+
     /// The image with id `id`.
     pub fn get(&self, id: &Digest) -> Result<ImageInfo, StoreError> {
         let db = self.db();

@@ -19,6 +19,7 @@ pub mod multipart;
 pub mod network;
 pub mod process;
 pub mod rest;
+pub mod templates;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -148,6 +149,8 @@ pub struct E2b {
     users: Mutex<HashMap<String, String>>,
     pub procs: process::ProcMeta,
     pub watchers: files::Watchers,
+    /// Template builds (`templates.rs`).
+    pub templates: templates::Builds,
     /// Becomes true when the daemon stops: open streams end so that the
     /// listener's graceful shutdown completes.
     stop: tokio::sync::watch::Receiver<bool>,
@@ -185,6 +188,7 @@ impl E2b {
             users: Mutex::new(HashMap::new()),
             procs: process::ProcMeta::default(),
             watchers: files::Watchers::default(),
+            templates: templates::Builds::default(),
             stop,
         }))
     }
@@ -268,6 +272,7 @@ pub fn router(e2b: Arc<E2b>) -> Router {
         .merge(envd::routes())
         .merge(code::routes())
         .merge(rest::routes())
+        .merge(templates::routes())
         .route(
             "/health",
             get(move |s: State<Arc<E2b>>, h: HeaderMap| async move {

@@ -3,7 +3,7 @@
 //! E2B's `{"code": STATUS, "message"}`, which the SDK turns into its typed
 //! exceptions; network options and updates become egress policies
 //! (`network.rs`); what Sandlot does not have (pause and resume, snapshots, forks,
-//! templates builds, volumes) answers 501 with a message naming the call.
+//! template listing, deletion and tags, volumes) answers 501 with a message naming the call.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -136,7 +136,7 @@ pub async fn unsupported(req: Request) -> RestError {
         || p.starts_with("/v2/templates")
         || p.starts_with("/v3/templates")
     {
-        "templates (Sandlot images are configured by the operator: [e2b.templates])"
+        "this template call (builds, their status and Template.exists are)"
     } else if p.starts_with("/volumes") {
         "volumes"
     } else if m == Method::GET && p == "/sandboxes/metrics" {
@@ -254,8 +254,14 @@ fn refuse_unsupported(body: &Map<String, Value>) -> RestResult<()> {
     Ok(())
 }
 
-/// Turns an E2B create body into the native create body.
-pub fn native_body(e2b: &E2b, body: &Map<String, Value>) -> RestResult<(String, Value)> {
+/// Turns an E2B create body into the native create body. The template is the
+/// operator's (`[e2b.templates]`) first, else one `tenant` built (an image it
+/// sees by that name).
+pub fn native_body(
+    e2b: &E2b,
+    tenant: &str,
+    body: &Map<String, Value>,
+) -> RestResult<(String, Value)> {
     let template = match body.get("templateID") {
         Some(Value::String(s)) if !s.is_empty() => s.clone(),
         None | Some(Value::Null) => DEFAULT_TEMPLATE.to_string(),
@@ -268,17 +274,21 @@ pub fn native_body(e2b: &E2b, body: &Map<String, Value>) -> RestResult<(String, 
     // `name:tag` and `team/name` forms select the same operator template name.
     let key = template.rsplit('/').next().unwrap_or(&template);
     let key = key.split(':').next().unwrap_or(key);
-    let Some(Value::Object(tpl)) = e2b
+    let operators = e2b
         .cfg
         .templates
         .get(key)
-        .or_else(|| e2b.cfg.templates.get(&template))
-    else {
+        .or_else(|| e2b.cfg.templates.get(&template));
+    let built = match operators {
+        Some(_) => None,
+        None => super::templates::image_template(e2b, tenant, &template),
+    };
+    let Some(Value::Object(tpl)) = operators.or(built.as_ref()) else {
         let known: Vec<&str> = e2b.cfg.templates.keys().map(String::as_str).collect();
         return Err(RestError::new(
             StatusCode::NOT_FOUND,
             format!(
-                "template {template:?} was not found (this server has: {})",
+                "template {template:?} was not found (this server has: {}, and the templates your key built)",
                 known.join(", ")
             ),
         ));
@@ -328,9 +338,26 @@ async fn create(
     let Value::Object(obj) = v else {
         return Err(RestError::bad("the request body must be a JSON object"));
     };
-    let (_, native) = native_body(&e2b, &obj)?;
+    let (_, native) = native_body(&e2b, &p.tenant, &obj)?;
+    // A template built with a start command: its sandboxes start with it.
+    let start = native
+        .get("image")
+        .and_then(Value::as_str)
+        .and_then(|i| super::templates::start_of(&e2b, i));
+    let user = native
+        .get("user")
+        .and_then(Value::as_str)
+        .unwrap_or("root")
+        .to_string();
     let params = native::parse_create(&e2b.app, &p, native)?;
+    let lifetime = params.timeout;
     let rec = crate::sandbox::create(&e2b.app, params).await?;
+    if let Some(cmd) = start {
+        if let Err(e) = super::templates::run_start(&e2b, &rec.id, &user, &cmd, lifetime).await {
+            let _ = native::delete(State(e2b.app.clone()), p, Path(rec.id)).await;
+            return Err(e);
+        }
+    }
     Ok((StatusCode::CREATED, Json(created_json(&e2b, &rec))).into_response())
 }
 

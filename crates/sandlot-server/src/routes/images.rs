@@ -808,6 +808,7 @@ pub async fn build(
     let who = crate::build::Builder {
         tenant: p.tenant.clone(),
         owner: p.scope.clone(),
+        fresh_from: None,
     };
     let viewer_scope = p.scope.clone();
     tokio::spawn(async move {
@@ -847,7 +848,7 @@ async fn stage_body(body: Body, tmp: &std::path::Path, limit: u64, what: &str) -
 }
 
 /// [`stage_body`] under the limit named `limit_name`.
-async fn stage_body_within(
+pub(crate) async fn stage_body_within(
     body: Body,
     tmp: &std::path::Path,
     limit: u64,

@@ -1,0 +1,262 @@
+"""Template builds through E2B's API (`Template.build`, `build_in_background`,
+`get_build_status`, `exists`) on Sandlot's native image builds: a template is an
+image of the API key's tenant, tagged with its name in that tenant's namespace,
+and `Sandbox.create(template=NAME)` starts from it."""
+
+import gzip
+import io
+import secrets
+import tarfile
+import time
+
+import httpx
+import pytest
+from e2b import BuildException, Sandbox, SandboxException, SandboxQuery, Template, wait_for_file
+
+
+def alias() -> str:
+    return f"tmpl-{secrets.token_hex(4)}"
+
+
+def test_a_template_built_from_the_base_image_is_an_image_sandboxes_start_from(server, tmp_path):
+    (tmp_path / "hello.txt").write_text("hello from the build\n")
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "a.ini").write_text("a\n")
+    (tmp_path / "conf" / "b.ini").write_text("b\n")
+    t = (
+        Template(file_context_path=str(tmp_path))
+        .from_base_image()
+        .run_cmd("echo step-output; mkdir -p /home/user/work")
+        .copy("hello.txt", "/home/user/work/")
+        .copy("conf/*.ini", "conf")
+        .set_workdir("/home/user/work")
+        .set_envs({"TEMPLATE_MODE": "built", "SPACED": "two words"})
+        .run_cmd("cat hello.txt > copied-by-run.txt")
+    )
+    name = alias()
+    logs = []
+    info = Template.build(t, name, on_build_logs=logs.append)
+    assert info.name == name
+    messages = [str(entry.message) for entry in logs]
+    assert any("step-output" in m for m in messages), messages
+    assert any("Uploaded 'hello.txt'" in m for m in messages), messages
+    assert Template.exists(name)
+    assert not Template.exists(alias())
+
+    sb = Sandbox.create(template=name, timeout=60)
+    try:
+        assert sb.get_info().template_id == name
+        assert sb.files.read("/home/user/work/hello.txt") == "hello from the build\n"
+        # A wildcard copy: every match into the destination (relative to the workdir then).
+        assert sb.files.read("/home/user/conf/a.ini") == "a\n"
+        assert sb.files.read("/home/user/conf/b.ini") == "b\n"
+        r = sb.commands.run(
+            "echo $TEMPLATE_MODE; echo $SPACED; cat /home/user/work/copied-by-run.txt; whoami; find /home/user/work/hello.txt -printf '%u\\n'; pwd"
+        )
+        assert r.stdout.splitlines() == [
+            "built",
+            "two words",
+            "hello from the build",
+            "user",
+            "user",
+            "/home/user/work",
+        ], r.stdout
+    finally:
+        sb.kill()
+
+    # It is an image of the tenant, tagged with the template's name in its namespace.
+    images = server.native("GET", "/v1/images", server.key)["images"]
+    mine = [i for i in images if f"{name}:latest" in i["tags"]]
+    assert len(mine) == 1, images
+    others = server.native("GET", "/v1/images", server.key_b)["images"]
+    assert all(f"{name}:latest" not in i["tags"] for i in others)
+
+
+def test_a_build_in_the_background_reports_its_status_and_logs(server, tmp_path):
+    t = Template(file_context_path=str(tmp_path)).from_template("base").run_cmd("echo background-build")
+    name = alias()
+    info = Template.build_in_background(t, f"{name}:v1", tags=["stable"])
+    assert sorted(info.tags) == ["stable", "v1"]
+    deadline = time.monotonic() + 300
+    entries = []
+    while True:
+        st = Template.get_build_status(info, logs_offset=len(entries))
+        entries += st.log_entries
+        if st.status.value in ("ready", "error") or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert st.status.value == "ready", st
+    assert st.build_id == info.build_id and st.template_id == name
+    assert any("background-build" in e.message for e in entries), entries
+    # Every name the build was given starts the same image.
+    assert Template.exists(f"{name}:v1") and Template.exists(f"{name}:stable")
+    sb = Sandbox.create(template=f"{name}:stable", timeout=30)
+    sb.kill()
+    # Tags are assigned to and removed from the tenant's names.
+    assigned = Template.assign_tags(f"{name}:v1", ["prod", "canary"])
+    assert sorted(assigned.tags) == ["canary", "prod"] and assigned.build_id
+    assert Template.exists(f"{name}:prod")
+    assert not Template.exists(f"{name}:prod", api_key=server.key_b)
+    Template.remove_tags(name, "prod")
+    assert not Template.exists(f"{name}:prod") and Template.exists(f"{name}:canary")
+    with pytest.raises(Exception, match="not found"):
+        Template.assign_tags(f"{name}:v1", "mine", api_key=server.key_b)
+
+
+def test_a_failing_run_cmd_is_a_build_error_naming_the_step(server, tmp_path):
+    t = (
+        Template(file_context_path=str(tmp_path))
+        .from_base_image()
+        .run_cmd("echo fine")
+        .run_cmd("echo about to fail >&2; exit 3")
+        .run_cmd("echo never")
+    )
+    name = alias()
+    logs = []
+    with pytest.raises(BuildException, match=r"step 2 \(RUN .*exit 3\) failed: exit code 3"):
+        Template.build(t, name, on_build_logs=logs.append)
+    assert any("about to fail" in str(e.message) for e in logs)
+    assert not any(str(e.message) == "never" for e in logs)
+    assert not Template.exists(name)
+
+
+def test_a_template_with_a_start_command_starts_its_sandboxes_with_it(server, tmp_path):
+    t = (
+        Template(file_context_path=str(tmp_path))
+        .from_base_image()
+        .set_start_cmd("echo started-$(whoami) > /tmp/started; sleep 600", wait_for_file("/tmp/started"))
+    )
+    name = alias()
+    Template.build(t, name)
+    sb = Sandbox.create(template=name, timeout=60)
+    try:
+        # Ready means the ready command succeeded: the file is there at once.
+        assert sb.files.read("/tmp/started") == "started-user\n"
+        assert any("sleep 600" in " ".join([c.cmd, *c.args]) for c in sb.commands.list())
+    finally:
+        sb.kill()
+    # A ready command that never succeeds fails the create, and no sandbox stays.
+    never = alias()
+    Template.build(Template(file_context_path=str(tmp_path)).from_base_image().set_start_cmd("sleep 600", "false"), never)
+    with pytest.raises(SandboxException, match="ready command did not succeed"):
+        Sandbox.create(template=never, timeout=3)
+    assert not Sandbox.list(query=SandboxQuery(template=never)).next_items()
+
+
+def test_another_tenant_neither_sees_nor_uses_the_template(server, tmp_path):
+    name = alias()
+    info = Template.build(Template(file_context_path=str(tmp_path)).from_base_image().run_cmd("true"), name)
+    assert Template.exists(name)
+    assert not Template.exists(name, api_key=server.key_b)
+    with pytest.raises(SandboxException, match="not found"):
+        Sandbox.create(template=name, api_key=server.key_b)
+    with pytest.raises(Exception, match="not found"):
+        Template.get_build_status(info, api_key=server.key_b)
+    # The other tenant's template of the same name is its own.
+    Template.build(
+        Template(file_context_path=str(tmp_path)).from_base_image().set_envs({"WHOSE": "b"}),
+        name,
+        api_key=server.key_b,
+    )
+    a = Sandbox.create(template=name, timeout=30)
+    b = Sandbox.create(template=name, timeout=30, api_key=server.key_b)
+    try:
+        assert a.commands.run("echo ${WHOSE:-a}").stdout == "a\n"
+        assert b.commands.run("echo ${WHOSE:-a}").stdout == "b\n"
+    finally:
+        a.kill()
+        b.kill()
+
+
+def test_bad_template_steps_are_refused_naming_the_problem(server, tmp_path):
+    with pytest.raises(BuildException, match="not in this server's image store.*does not pull"):
+        Template.build(Template(file_context_path=str(tmp_path)).from_image("python:3.12").run_cmd("true"), alias())
+
+    api = httpx.Client(base_url=server.url, headers={"X-API-Key": server.key}, timeout=30)
+    h = "ab" * 32
+    for steps, problem in [
+        ([{"type": "RUN", "args": ["true"]}, {"type": "EXPOSE", "args": ["80"]}], 'steps[1].type: unknown step type "EXPOSE"'),
+        ([{"type": "COPY", "args": ["a.txt", "/home/user/../../etc/cron.d/x", "", ""], "filesHash": h}], "copy destination"),
+        ([{"type": "COPY", "args": ["../a.txt", "/x", "", ""], "filesHash": h}], "copy source"),
+        ([{"type": "COPY", "args": ["a.txt", "/x", "", ""], "filesHash": h}], "not uploaded"),
+    ]:
+        name = alias()
+        r = api.post("/v3/templates", json={"name": name})
+        assert r.status_code == 202, r.text
+        build = r.json()["buildID"]
+        r = api.post(f"/v2/templates/{name}/builds/{build}", json={"fromImage": "e2bdev/base", "steps": steps})
+        assert r.status_code == 400 and problem in r.json()["message"], r.text
+        # The refused build has ended (its place among the tenant's builds is free).
+        st = api.get(f"/templates/{name}/builds/{build}/status").json()
+        assert st["status"] == "error" and problem in st["reason"]["message"], st
+
+
+def tar_gz(entries) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in entries:
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            tar.addfile(ti, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def test_uploads_are_bound_to_their_build_and_hostile_tars_are_refused(server):
+    api = httpx.Client(base_url=server.url, headers={"X-API-Key": server.key}, timeout=60)
+    name = alias()
+    r = api.post("/v3/templates", json={"name": name})
+    assert r.status_code == 202, r.text
+    build = r.json()["buildID"]
+    link = api.get(f"/templates/{name}/files/{'cd' * 32}")
+    assert link.status_code == 201, link.text
+    url = link.json()["url"]
+    assert url.startswith(server.url + "/"), url
+    # Another tenant has no build of this template to upload to.
+    other = httpx.get(f"{server.url}/templates/{name}/files/{'cd' * 32}", headers={"X-API-Key": server.key_b})
+    assert other.status_code == 404
+    # A guessed token reaches nothing.
+    assert httpx.put(server.url + "/e2b-uploads/" + "0" * 64, content=b"x").status_code == 404
+
+    r = httpx.put(url, content=tar_gz([("../escape.txt", b"out")]))
+    assert r.status_code == 400 and "escapes the build context" in r.json()["message"], r.text
+    # A header that claims more than the operator's limit (64M here), as a
+    # small gzip of zeros: refused naming the limit, nothing unpacked.
+    bomb = io.BytesIO()
+    with gzip.GzipFile(fileobj=bomb, mode="wb", compresslevel=1) as z:
+        ti = tarfile.TarInfo("bomb")
+        ti.size = 200 << 20
+        z.write(ti.tobuf(format=tarfile.GNU_FORMAT))
+        chunk = b"\0" * (1 << 20)
+        for _ in range(200):
+            z.write(chunk)
+    r = httpx.put(url, content=bomb.getvalue())
+    assert r.status_code == 400 and "images.max_expanded_size" in r.json()["message"], r.text
+    # A good upload goes through once; the URL is spent after it.
+    r = httpx.put(url, content=tar_gz([("ok.txt", b"fine\n")]))
+    assert r.status_code == 200, r.text
+    # The build's uploads together are bounded as one build context is: two of
+    # 40M each do not fit 64M.
+    big = []
+    for h in ("e1" * 32, "e2" * 32):
+        link = api.get(f"/templates/{name}/files/{h}").json()
+        big.append(httpx.put(link["url"], content=tar_gz([("big", bytes(40 << 20))])))
+    assert big[0].status_code == 200, big[0].text
+    assert big[1].status_code == 400 and "images.max_expanded_size" in big[1].json()["message"], big[1].text
+    assert httpx.put(url, content=tar_gz([("ok.txt", b"again\n")])).status_code == 404
+    assert api.get(f"/templates/{name}/files/{'cd' * 32}").json() == {"present": True}
+    # The build copies what was uploaded.
+    r = api.post(
+        f"/v2/templates/{name}/builds/{build}",
+        json={"fromTemplate": "base", "steps": [{"type": "COPY", "args": ["ok.txt", "/tmp/"], "filesHash": "cd" * 32}]},
+    )
+    assert r.status_code == 202, r.text
+    deadline = time.monotonic() + 300
+    while (st := api.get(f"/templates/{name}/builds/{build}/status").json())["status"] == "building":
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    assert st["status"] == "ready", st
+    sb = Sandbox.create(template=name, timeout=30)
+    try:
+        assert sb.files.read("/tmp/ok.txt") == "fine\n"
+    finally:
+        sb.kill()
