@@ -22,7 +22,7 @@
 //! Builds are remembered in memory: a daemon restart forgets them (their images
 //! stay).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Read;
 use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -55,6 +55,12 @@ const MAX_LOG_LINES: usize = 10_000;
 const MAX_LOG_LINE: usize = 16 << 10;
 /// Upload URLs one build hands out (one per `copy` step's files).
 const MAX_UPLOADS: usize = 1000;
+/// Bytes of a copy step's source, and of each of its components (a file name's
+/// limit).
+const MAX_COPY_SOURCE: usize = 4096;
+const MAX_COPY_SOURCE_NAME: usize = 255;
+/// Paths one copy step's wildcards match at most.
+const MAX_COPY_MATCHES: usize = 10_000;
 /// Builds that ended, kept for their status (the oldest are forgotten first).
 const KEEP_FINISHED: usize = 256;
 /// The image E2B's `from_base_image()` names: the operator's `base` template.
@@ -731,6 +737,17 @@ pub fn translate(
                         "{field}: COPY needs the filesHash of its uploaded files"
                     )));
                 }
+                if src.len() > MAX_COPY_SOURCE {
+                    return Err(bad(format!(
+                        "{field}: copy source is {} bytes long, more than {MAX_COPY_SOURCE}",
+                        src.len()
+                    )));
+                }
+                if src.split('/').any(|c| c.len() > MAX_COPY_SOURCE_NAME) {
+                    return Err(bad(format!(
+                        "{field}: copy source {src:?} has a component longer than {MAX_COPY_SOURCE_NAME} bytes"
+                    )));
+                }
                 let src_path = Path::new(src);
                 if src.is_empty() || src_path.is_absolute() || escapes(src) {
                     return Err(bad(format!(
@@ -748,6 +765,11 @@ pub fn translate(
                     )));
                 }
                 let found = match sources(hash, src) {
+                    Some(f) if f.len() > MAX_COPY_MATCHES => {
+                        return Err(bad(format!(
+                            "{field}: copy source {src:?} matches more than {MAX_COPY_MATCHES} uploaded paths (copy their directory instead)"
+                        )))
+                    }
                     Some(f) if !f.is_empty() => f,
                     Some(_) => {
                         return Err(bad(format!(
@@ -787,6 +809,7 @@ pub fn translate(
                 };
                 let into_dir = dest.ends_with('/') || found.len() > 1;
                 let mut targets: Vec<String> = Vec::new();
+                let mut seen = HashSet::new();
                 for (p, dir) in &found {
                     let t = match Path::new(p).file_name() {
                         Some(f) if !dir && into_dir => {
@@ -794,7 +817,7 @@ pub fn translate(
                         }
                         _ => abs.clone(),
                     };
-                    if !targets.contains(&t) {
+                    if seen.insert(t.clone()) {
                         targets.push(t);
                     }
                 }
@@ -976,23 +999,42 @@ fn resolve_from(
     }
 }
 
-/// Whether `name` matches `pattern` (`*`: any run of characters, `?`: one).
+/// Whether `name` matches `pattern` (`*`: any run of bytes, `?`: one): two
+/// cursors that go back to the last `*` on a mismatch, so at most
+/// `pattern.len() × name.len()` steps in constant space, however many `*`.
 fn wildcard(pattern: &[u8], name: &[u8]) -> bool {
-    match (pattern.first(), name.first()) {
-        (None, None) => true,
-        (Some(b'*'), _) => {
-            wildcard(&pattern[1..], name) || (!name.is_empty() && wildcard(pattern, &name[1..]))
+    let (mut p, mut n) = (0, 0);
+    // The last `*` seen and the name position it is tried to cover up to.
+    let mut star: Option<(usize, usize)> = None;
+    while n < name.len() {
+        match pattern.get(p) {
+            Some(b'*') => {
+                star = Some((p, n));
+                p += 1;
+            }
+            Some(&c) if c == b'?' || c == name[n] => {
+                p += 1;
+                n += 1;
+            }
+            _ => match star {
+                Some((sp, sn)) => {
+                    star = Some((sp, sn + 1));
+                    p = sp + 1;
+                    n = sn + 1;
+                }
+                None => return false,
+            },
         }
-        (Some(b'?'), Some(_)) => wildcard(&pattern[1..], &name[1..]),
-        (Some(p), Some(n)) if p == n => wildcard(&pattern[1..], &name[1..]),
-        _ => false,
     }
+    pattern[p..].iter().all(|&c| c == b'*')
 }
 
 /// The paths under an upload's directory `root` that `src` names (with `*` and
 /// `?` in any component), sorted, each with whether it is a directory; `None`:
 /// the upload is not there. A directory is listed only when it is one, never
-/// through a link (a link is a file here: the copy takes it as a link).
+/// through a link (a link is a file here: the copy takes it as a link). Past
+/// [`MAX_COPY_MATCHES`] paths on the way the listing stops and the paths so far
+/// come back (more than the caller takes).
 fn uploaded(root: &Path, src: &str) -> Option<Vec<(String, bool)>> {
     if !root.is_dir() {
         return None;
@@ -1007,6 +1049,9 @@ fn uploaded(root: &Path, src: &str) -> Option<Vec<(String, bool)>> {
         let pat = c.to_string_lossy();
         let mut next = Vec::new();
         for base in &found {
+            if next.len() > MAX_COPY_MATCHES {
+                break;
+            }
             if !pat.contains(['*', '?']) {
                 let p = base.join(c);
                 if std::fs::symlink_metadata(root.join(&p)).is_ok() {
@@ -1021,6 +1066,9 @@ fn uploaded(root: &Path, src: &str) -> Option<Vec<(String, bool)>> {
                 continue;
             };
             for e in rd.flatten() {
+                if next.len() > MAX_COPY_MATCHES {
+                    break;
+                }
                 let n = e.file_name();
                 // As shells and Docker do, `*` does not match a leading dot.
                 if n.as_encoded_bytes().first() == Some(&b'.') && !pat.starts_with('.') {
@@ -1032,6 +1080,9 @@ fn uploaded(root: &Path, src: &str) -> Option<Vec<(String, bool)>> {
             }
         }
         found = next;
+        if found.len() > MAX_COPY_MATCHES {
+            break;
+        }
     }
     let mut out: Vec<(String, bool)> = found
         .into_iter()
@@ -1665,6 +1716,98 @@ mod tests {
                 && wildcard(b"a?c*", b"abcde")
                 && !wildcard(b"*.txt", b"a.md")
         );
+    }
+
+    #[test]
+    fn wildcards_match_any_run_or_one_byte_and_the_rest_literally() {
+        let yes = [
+            ("*", ""),
+            ("*", "abc"),
+            ("a*", "a"),
+            ("*c", "abc"),
+            ("a*c", "abbbc"),
+            ("?", "x"),
+            ("a?c", "abc"),
+            ("*.tar.gz", "x.tar.gz"),
+            ("a*b*c", "aXbYbZc"),
+            ("**", "ab"),
+            ("name.txt", "name.txt"),
+        ];
+        for (p, n) in yes {
+            assert!(wildcard(p.as_bytes(), n.as_bytes()), "{p} {n}");
+        }
+        let no = [
+            ("?", ""),
+            ("a?c", "ac"),
+            ("*.txt", "a.md"),
+            ("a*c", "abcd"),
+            ("*c", "ab"),
+            ("name.txt", "name.txu"),
+            ("name.txt", "name.txt2"),
+            ("abc", "ab"),
+        ];
+        for (p, n) in no {
+            assert!(!wildcard(p.as_bytes(), n.as_bytes()), "{p} {n}");
+        }
+    }
+
+    #[test]
+    fn a_copy_source_of_half_a_million_stars_is_answered() {
+        let stars = vec![b'*'; 500_000];
+        assert!(wildcard(&stars, b"name"));
+        assert!(!wildcard(&[&stars[..], b"x"].concat(), b"name"));
+    }
+
+    #[test]
+    fn a_pattern_that_backtracks_at_every_star_is_answered() {
+        let mut pattern = b"*a".repeat(20);
+        pattern.push(b'b');
+        let mut name = vec![b'a'; 255];
+        assert!(!wildcard(&pattern, &name));
+        name[254] = b'b';
+        assert!(wildcard(&pattern, &name));
+    }
+
+    #[test]
+    fn a_copy_source_past_its_limits_is_refused_naming_the_limit() {
+        let e = |src: String| {
+            tr(json!([{"type": "COPY", "args": [src, "/x"], "filesHash": H}]))
+                .unwrap_err()
+                .message
+        };
+        let m = e("*".repeat(500_000));
+        assert!(m.contains("more than 4096"), "{}", &m[..m.len().min(200)]);
+        assert!(m.len() < 200, "the source is not echoed");
+        assert!(e(format!("d/{}", "a".repeat(256))).contains("longer than 255 bytes"));
+        let many = |_: &str, _: &str| {
+            Some(
+                (0..=MAX_COPY_MATCHES)
+                    .map(|i| (format!("f/{i}"), false))
+                    .collect(),
+            )
+        };
+        let m = translate(
+            &body(json!([{"type": "COPY", "args": ["f/*", "/x"], "filesHash": H}])),
+            None,
+            "/".into(),
+            &many,
+            Vec::new(),
+        )
+        .unwrap_err()
+        .message;
+        assert!(m.contains("matches more than 10000 uploaded paths"), "{m}");
+    }
+
+    #[test]
+    fn a_wildcard_listing_stops_past_the_match_limit() {
+        let dir = std::env::temp_dir().join(format!("sandlot-e2b-many-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        for i in 0..=MAX_COPY_MATCHES {
+            std::fs::write(dir.join(i.to_string()), "").unwrap();
+        }
+        assert_eq!(uploaded(&dir, "*").unwrap().len(), MAX_COPY_MATCHES + 1);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
