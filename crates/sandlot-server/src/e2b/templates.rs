@@ -53,6 +53,9 @@ const LOG_PAGE: usize = 100;
 const MAX_LOG_LINES: usize = 10_000;
 /// Bytes of one log line kept (a longer one is cut).
 const MAX_LOG_LINE: usize = 16 << 10;
+/// Bytes of log lines kept per build; past them one line says so, and later
+/// ones are counted, not kept.
+const MAX_LOG_BYTES: usize = 2 << 20;
 /// Upload URLs one build hands out (one per `copy` step's files).
 const MAX_UPLOADS: usize = 1000;
 /// Bytes of a copy step's source, and of each of its components (a file name's
@@ -61,8 +64,9 @@ const MAX_COPY_SOURCE: usize = 4096;
 const MAX_COPY_SOURCE_NAME: usize = 255;
 /// Paths one copy step's wildcards match at most.
 const MAX_COPY_MATCHES: usize = 10_000;
-/// Builds that ended, kept for their status (the oldest are forgotten first).
-const KEEP_FINISHED: usize = 256;
+/// Builds that ended kept per tenant for their status (a tenant's oldest are
+/// forgotten first, so no tenant's builds push out another's).
+const KEEP_FINISHED: usize = 32;
 /// The image E2B's `from_base_image()` names: the operator's `base` template.
 const E2B_BASE_IMAGE: &str = "e2bdev/base";
 
@@ -143,6 +147,8 @@ struct Build {
     phase: Phase,
     logs: Vec<LogLine>,
     dropped_logs: usize,
+    /// Bytes of the kept lines' messages.
+    log_bytes: usize,
     /// (message, E2B step name) of a failed build.
     reason: Option<(String, Option<String>)>,
     /// By files hash.
@@ -164,7 +170,9 @@ struct Build {
 
 impl Build {
     fn log(&mut self, level: &'static str, mut message: String, step: Option<String>) {
-        if self.logs.len() >= MAX_LOG_LINES {
+        // Past the byte cap `log_bytes` is one more than it (the line saying so
+        // is kept).
+        if self.logs.len() >= MAX_LOG_LINES || self.log_bytes > MAX_LOG_BYTES {
             self.dropped_logs += 1;
             return;
         }
@@ -173,8 +181,18 @@ impl Build {
             while !message.is_char_boundary(end) {
                 end -= 1;
             }
-            message.truncate(end);
-            message.push_str(" [cut]");
+            // A new string of the kept part: a truncated one keeps its allocation.
+            message = format!("{} [cut]", &message[..end]);
+        }
+        if self.log_bytes + message.len() > MAX_LOG_BYTES {
+            self.dropped_logs += 1;
+            self.log_bytes = MAX_LOG_BYTES + 1;
+            message = format!(
+                "the build's log passed {} MiB: later lines are not kept",
+                MAX_LOG_BYTES >> 20
+            );
+        } else {
+            self.log_bytes += message.len();
         }
         self.logs.push(LogLine {
             at_ms: crate::store::now_ms(),
@@ -203,10 +221,10 @@ impl Builds {
     }
 
     /// Forgets builds never started within `stale` (their context and lease go)
-    /// and the oldest finished ones past [`KEEP_FINISHED`].
+    /// and each tenant's oldest finished ones past [`KEEP_FINISHED`].
     fn sweep(&self, stale: std::time::Duration) {
         let mut m = self.lock();
-        let mut finished = Vec::new();
+        let mut finished: HashMap<String, Vec<(Instant, String)>> = HashMap::new();
         m.retain(|id, b| {
             let b = lock(b);
             if b.phase == Phase::Waiting && b.requested.elapsed() > stale {
@@ -214,14 +232,19 @@ impl Builds {
                 return false;
             }
             if let Some(t) = b.finished {
-                finished.push((t, id.clone()));
+                finished
+                    .entry(b.tenant.clone())
+                    .or_default()
+                    .push((t, id.clone()));
             }
             true
         });
-        if finished.len() > KEEP_FINISHED {
-            finished.sort();
-            for (_, id) in &finished[..finished.len() - KEEP_FINISHED] {
-                m.remove(id);
+        for mut ended in finished.into_values() {
+            if ended.len() > KEEP_FINISHED {
+                ended.sort();
+                for (_, id) in &ended[..ended.len() - KEEP_FINISHED] {
+                    m.remove(id);
+                }
             }
         }
     }
@@ -341,6 +364,7 @@ async fn request_build(
         phase: Phase::Waiting,
         logs: Vec::new(),
         dropped_logs: 0,
+        log_bytes: 0,
         reason: None,
         uploads: BTreeMap::new(),
         ctx,
@@ -1220,7 +1244,7 @@ async fn run(
     ctx: PathBuf,
 ) {
     let b2 = build.clone();
-    let send: Arc<dyn Fn(Value) + Send + Sync> = Arc::new(move |v: Value| {
+    let send: Arc<dyn Fn(Value) + Send + Sync> = Arc::new(move |mut v: Value| {
         let mut b = lock(&b2);
         match v["type"].as_str() {
             Some("step") => {
@@ -1237,7 +1261,11 @@ async fn run(
             }
             Some("log") => {
                 let step = b.current_step();
-                let line = v["line"].as_str().unwrap_or_default().to_string();
+                // The line itself, not a copy of it.
+                let line = match v["line"].take() {
+                    Value::String(s) => s,
+                    _ => String::new(),
+                };
                 b.log("info", line, step);
             }
             _ => {}
@@ -1563,6 +1591,75 @@ pub fn image_template(e2b: &E2b, tenant: &str, template: &str) -> Option<Value> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A build of `tenant` as a request makes it (no lease, no context).
+    fn waiting(tenant: &str) -> Build {
+        Build {
+            tenant: tenant.into(),
+            template: "t".into(),
+            names: Vec::new(),
+            phase: Phase::Waiting,
+            logs: Vec::new(),
+            dropped_logs: 0,
+            log_bytes: 0,
+            reason: None,
+            uploads: BTreeMap::new(),
+            ctx: std::env::temp_dir().join("sandlot-e2b-no-such-context"),
+            received: 0,
+            lease: None,
+            requested: Instant::now(),
+            finished: None,
+            step_names: Vec::new(),
+            current: 0,
+        }
+    }
+
+    #[test]
+    fn a_builds_log_is_held_at_its_byte_cap_with_one_line_saying_so() {
+        let mut b = waiting("a");
+        let line = "x".repeat(MAX_LOG_LINE);
+        for _ in 0..(MAX_LOG_BYTES / MAX_LOG_LINE) * 3 {
+            b.log("info", line.clone(), None);
+        }
+        let kept: usize = b.logs.iter().map(|l| l.message.len()).sum();
+        assert!(kept <= MAX_LOG_BYTES + 100, "{kept}");
+        let last = &b.logs.last().unwrap().message;
+        assert!(last.contains("later lines are not kept"), "{last}");
+        assert_eq!(
+            b.logs
+                .iter()
+                .filter(|l| l.message.contains("not kept"))
+                .count(),
+            1
+        );
+        let long = "y".repeat(MAX_LOG_LINE * 4);
+        let mut b = waiting("a");
+        b.log("info", long, None);
+        assert_eq!(b.logs[0].message.len(), MAX_LOG_LINE + " [cut]".len());
+    }
+
+    #[test]
+    fn one_tenants_finished_builds_never_push_out_anothers() {
+        let builds = Builds::default();
+        let ended = |tenant: &str, id: String| {
+            let mut b = waiting(tenant);
+            b.phase = Phase::Ready;
+            b.finished = Some(Instant::now());
+            builds.lock().insert(id, Arc::new(Mutex::new(b)));
+        };
+        ended("quiet", "quiet-build".into());
+        for i in 0..KEEP_FINISHED * 4 {
+            ended("noisy", format!("noisy-{i}"));
+        }
+        builds.sweep(std::time::Duration::from_secs(3600));
+        assert!(builds.get("quiet-build").is_some());
+        let noisy = builds
+            .lock()
+            .keys()
+            .filter(|k| k.starts_with("noisy"))
+            .count();
+        assert_eq!(noisy, KEEP_FINISHED);
+    }
 
     fn body(steps: Value) -> E2bBuild {
         serde_json::from_value(json!({"fromImage": "e2bdev/base", "steps": steps})).unwrap()
