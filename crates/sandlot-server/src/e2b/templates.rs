@@ -525,7 +525,9 @@ fn extract_upload(
 }
 
 /// `PUT /e2b-uploads/{token}`: the files of one `copy` step. The token alone
-/// names the build and hash (the SDK sends no key here).
+/// names the build and hash (the SDK sends no key here). A build receives one
+/// upload at a time (another is a 409), so each is bounded by what the ones
+/// before it left of the build's budget.
 async fn upload(
     State(e2b): State<Arc<E2b>>,
     UrlPath(token): UrlPath<String>,
@@ -543,18 +545,28 @@ async fn upload(
                 .iter()
                 .find(|(_, u)| u.token == token && u.state == UploadState::Offered)
                 .map(|(h, _)| h.clone())?;
+            if g.uploads
+                .values()
+                .any(|u| u.state == UploadState::Receiving)
+            {
+                return Some(Err(RestError::new(
+                    StatusCode::CONFLICT,
+                    "another upload of this build is being received (a build takes its uploads one at a time)",
+                )));
+            }
             if let Some(u) = g.uploads.get_mut(&hash) {
                 u.state = UploadState::Receiving;
             }
-            Some((b.clone(), hash, g.ctx.clone(), g.received))
+            Some(Ok((b.clone(), hash, g.ctx.clone(), g.received)))
         })
     };
-    let Some((build, hash, ctx, received)) = found else {
+    let Some(found) = found else {
         return Err(RestError::new(
             StatusCode::NOT_FOUND,
             "no upload waits at this URL (it is used, expired, or its build started)",
         ));
     };
+    let (build, hash, ctx, received) = found?;
     let r = receive(&e2b, body, &ctx, &hash, received).await;
     let mut b = lock(&build);
     let state = if r.is_ok() {
