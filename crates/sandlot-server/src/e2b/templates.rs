@@ -1067,8 +1067,9 @@ fn wildcard(pattern: &[u8], name: &[u8]) -> bool {
 
 /// The paths under an upload's directory `root` that `src` names (with `*` and
 /// `?` in any component), sorted, each with whether it is a directory; `None`:
-/// the upload is not there. A directory is listed only when it is one, never
-/// through a link (a link is a file here: the copy takes it as a link). Past
+/// the upload is not there. A directory is listed only when it is one, and no
+/// path is looked up through a link (a link is a file here: the copy takes it
+/// as a link). Past
 /// [`MAX_COPY_MATCHES`] paths on the way the listing stops and the paths so far
 /// come back (more than the caller takes).
 fn uploaded(root: &Path, src: &str) -> Option<Vec<(String, bool)>> {
@@ -1090,7 +1091,11 @@ fn uploaded(root: &Path, src: &str) -> Option<Vec<(String, bool)>> {
             }
             if !pat.contains(['*', '?']) {
                 let p = base.join(c);
-                if std::fs::symlink_metadata(root.join(&p)).is_ok() {
+                // A path through a link is not there: a host path behind it is
+                // never looked up, so the answer never tells whether it exists.
+                if sandlot_store::link_on_the_way(root, &p, false).is_none()
+                    && std::fs::symlink_metadata(root.join(&p)).is_ok()
+                {
                     next.push(p);
                 }
                 continue;
@@ -1916,6 +1921,25 @@ mod tests {
             std::fs::write(dir.join(i.to_string()), "").unwrap();
         }
         assert_eq!(uploaded(&dir, "*").unwrap().len(), MAX_COPY_MATCHES + 1);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_copy_source_through_a_link_answers_the_same_whether_the_host_path_exists() {
+        let dir = std::env::temp_dir().join(format!("sandlot-e2b-oracle-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let (root, host) = (dir.join("up"), dir.join("host"));
+        std::fs::create_dir_all(&root).unwrap();
+        std::fs::create_dir_all(host.join("sub")).unwrap();
+        std::fs::write(host.join("sub/present"), "x").unwrap();
+        std::os::unix::fs::symlink(&host, root.join("l")).unwrap();
+        let present = uploaded(&root, "l/sub/present").unwrap();
+        let missing = uploaded(&root, "l/sub/missing").unwrap();
+        assert_eq!(present, missing);
+        assert!(present.is_empty());
+        assert!(uploaded(&root, "l/sub").unwrap().is_empty());
+        // The link itself is an uploaded file.
+        assert_eq!(uploaded(&root, "l").unwrap(), [("l".to_string(), false)]);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
