@@ -166,6 +166,8 @@ struct Build {
     step_names: Vec<String>,
     /// The native step running (1-based; 0: none yet).
     current: usize,
+    /// The task that plans and runs the build once its steps came.
+    task: Option<tokio::task::AbortHandle>,
 }
 
 impl Build {
@@ -220,16 +222,30 @@ impl Builds {
         self.by_id.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Forgets builds never started within `stale` (their context and lease go)
-    /// and each tenant's oldest finished ones past [`KEEP_FINISHED`].
+    /// Forgets builds never started within `stale` (their context and lease go),
+    /// ends as failed those building for longer whose task is gone (it ended
+    /// without ending them), and forgets each tenant's oldest finished ones past
+    /// [`KEEP_FINISHED`].
     fn sweep(&self, stale: std::time::Duration) {
         let mut m = self.lock();
         let mut finished: HashMap<String, Vec<(Instant, String)>> = HashMap::new();
         m.retain(|id, b| {
-            let b = lock(b);
+            let mut b = lock(b);
             if b.phase == Phase::Waiting && b.requested.elapsed() > stale {
                 let _ = std::fs::remove_dir_all(&b.ctx);
                 return false;
+            }
+            if b.phase == Phase::Building
+                && b.requested.elapsed() > stale
+                && b.task.as_ref().is_none_or(|t| t.is_finished())
+            {
+                let message = "the build ended on the server without a result".to_string();
+                b.log("error", message.clone(), None);
+                b.reason = Some((message, None));
+                b.phase = Phase::Error;
+                b.finished = Some(Instant::now());
+                b.lease = None;
+                let _ = std::fs::remove_dir_all(&b.ctx);
             }
             if let Some(t) = b.finished {
                 finished
@@ -374,6 +390,7 @@ async fn request_build(
         finished: None,
         step_names: Vec::new(),
         current: 0,
+        task: None,
     };
     build.log(
         "info",
@@ -567,19 +584,34 @@ async fn upload(
         ));
     };
     let (build, hash, ctx, received) = found?;
-    let r = receive(&e2b, body, &ctx, &hash, received).await;
-    let mut b = lock(&build);
-    let state = if r.is_ok() {
-        UploadState::Done
-    } else {
-        UploadState::Offered
-    };
-    if let Some(u) = b.uploads.get_mut(&hash) {
-        u.state = state;
+    // Received and settled in a task of its own: a dropped request still
+    // leaves the upload done or offered again, never receiving.
+    tokio::spawn(async move {
+        let r = receive(&e2b, body, &ctx, &hash, received).await;
+        let mut b = lock(&build);
+        let state = if r.is_ok() {
+            UploadState::Done
+        } else {
+            UploadState::Offered
+        };
+        if let Some(u) = b.uploads.get_mut(&hash) {
+            u.state = state;
+        }
+        b.received += r.map_err(from_api)?;
+        b.log("info", format!("files {} received", &hash[..12]), None);
+        Ok(StatusCode::OK)
+    })
+    .await
+    .unwrap_or_else(|e| Err(ApiError::internal(e).into()))
+}
+
+/// A staged upload, removed however its receipt ends.
+struct Staged(PathBuf);
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
     }
-    b.received += r.map_err(from_api)?;
-    b.log("info", format!("files {} received", &hash[..12]), None);
-    Ok(StatusCode::OK)
 }
 
 /// Stages and extracts one upload into the context; what it expands to. The
@@ -594,6 +626,7 @@ async fn receive(
 ) -> Result<u64, ApiError> {
     let app = &e2b.app;
     let tmp = app.images.store.tmp_path("e2b-upload");
+    let _staged = Staged(tmp.clone());
     let expanded = app.cfg.images.max_expanded_size.bytes();
     let (limit, limit_name) = match app.cfg.limits.max_upload.bytes() {
         n if n > 0 && n <= expanded => (n, "limits.max_upload"),
@@ -610,15 +643,13 @@ async fn receive(
     let mut lim = app.images.limit(None);
     lim.bytes = lim.bytes.saturating_sub(received);
     let (t2, dir) = (tmp.clone(), ctx.join(hash));
-    let r = tokio::task::spawn_blocking(move || {
+    tokio::task::spawn_blocking(move || {
         extract_upload(&t2, &dir, &lim)?;
         Ok(tree_cost(&dir))
     })
     .await
     .map_err(ApiError::internal)
-    .and_then(|r| r);
-    let _ = tokio::fs::remove_file(&tmp).await;
-    r
+    .and_then(|r| r)
 }
 
 /// What a directory tree expands to as the build context's bound counts it:
@@ -1149,7 +1180,8 @@ async fn start_build(
     let raw = json_object(&e2b, body).await?;
     let body: E2bBuild = serde_json::from_value(Value::Object(raw))
         .map_err(|e| bad(format!("invalid build body: {e}")))?;
-    let ctx = {
+    let (answer, planned) = tokio::sync::oneshot::channel();
+    {
         let mut b = lock(&build);
         if b.phase != Phase::Waiting {
             return Err(RestError::new(
@@ -1166,25 +1198,52 @@ async fn start_build(
                 format!("build {id} is still receiving files"),
             ));
         }
-        // From here no upload is taken: the context is the build's.
+        // From here no upload is taken: the context is the build's. What
+        // follows runs in a task of its own, so a dropped request still ends
+        // the build (refused, or run), never leaves it building.
         b.phase = Phase::Building;
-        b.ctx.clone()
-    };
+        let task = tokio::spawn(plan_and_run(
+            e2b.clone(),
+            build.clone(),
+            p.tenant.clone(),
+            body,
+            b.ctx.clone(),
+            answer,
+        ));
+        b.task = Some(task.abort_handle());
+    }
+    planned
+        .await
+        .unwrap_or_else(|_| Err(ApiError::internal("a build's start ended unanswered").into()))
+}
+
+/// Plans a started build from its body (the answer to the request goes to
+/// `answer`), then runs it; a refused body ends it.
+async fn plan_and_run(
+    e2b: Arc<E2b>,
+    build: Arc<Mutex<Build>>,
+    tenant: String,
+    body: E2bBuild,
+    ctx: PathBuf,
+    answer: tokio::sync::oneshot::Sender<RestResult<StatusCode>>,
+) {
     if body.start_cmd.as_deref().is_some_and(|s| !s.is_empty()) {
-        return Err(refuse(
+        let _ = answer.send(Err(refuse(
             &build,
             bad("startCmd: start commands are not supported by Sandlot's E2B compatibility"),
-        ));
+        )));
+        return;
     }
     if body.ready_cmd.as_deref().is_some_and(|s| !s.is_empty()) {
-        return Err(refuse(
+        let _ = answer.send(Err(refuse(
             &build,
             bad("readyCmd: ready commands are not supported by Sandlot's E2B compatibility"),
-        ));
+        )));
+        return;
     }
     let who = crate::build::Builder {
-        tenant: p.tenant.clone(),
-        owner: Some(p.tenant.clone()),
+        tenant: tenant.clone(),
+        owner: Some(tenant),
         fresh_from: None,
     };
     let (e2, w2, b2, c2) = (e2b.clone(), who.clone(), body.clone(), ctx.clone());
@@ -1201,10 +1260,13 @@ async fn start_build(
         Ok::<_, RestError>((base, t))
     })
     .await
-    .map_err(|e| RestError::from(ApiError::internal(e)))?;
+    .unwrap_or_else(|e| Err(RestError::from(ApiError::internal(e))));
     let (base, t) = match planned {
         Ok(x) => x,
-        Err(e) => return Err(refuse(&build, e)),
+        Err(e) => {
+            let _ = answer.send(Err(refuse(&build, e)));
+            return;
+        }
     };
     let spec = BuildSpec {
         from: base.id.to_string(),
@@ -1212,7 +1274,8 @@ async fn start_build(
         network: e2b.app.cfg.network.ceiling >= sandlot_proto::spec::NetworkMode::Open,
     };
     if let Err(e) = sandlot_store::build::check(&spec) {
-        return Err(refuse(&build, bad(e.to_string())));
+        let _ = answer.send(Err(refuse(&build, bad(e.to_string()))));
+        return;
     }
     {
         let mut b = lock(&build);
@@ -1231,8 +1294,8 @@ async fn start_build(
         fresh_from: t.fresh_from,
         ..who
     };
-    tokio::spawn(run(e2b.clone(), build, who, spec, ctx));
-    Ok(StatusCode::ACCEPTED)
+    let _ = answer.send(Ok(StatusCode::ACCEPTED));
+    run(e2b, build, who, spec, ctx).await;
 }
 
 /// Ends a build whose body was refused: it failed with `e` before any step ran
@@ -1628,6 +1691,7 @@ mod tests {
             finished: None,
             step_names: Vec::new(),
             current: 0,
+            task: None,
         }
     }
 
@@ -1676,6 +1740,30 @@ mod tests {
             .filter(|k| k.starts_with("noisy"))
             .count();
         assert_eq!(noisy, KEEP_FINISHED);
+    }
+
+    #[tokio::test]
+    async fn a_build_whose_task_is_gone_is_ended_by_the_sweep_and_a_running_one_is_not() {
+        let builds = Builds::default();
+        let long_ago = Instant::now() - std::time::Duration::from_secs(10);
+        let gone = tokio::spawn(async {});
+        let gone_handle = gone.abort_handle();
+        gone.await.unwrap();
+        let running = tokio::spawn(std::future::pending::<()>());
+        for (id, task) in [("gone", gone_handle), ("running", running.abort_handle())] {
+            let mut b = waiting("a");
+            b.phase = Phase::Building;
+            b.requested = long_ago;
+            b.task = Some(task);
+            builds.lock().insert(id.into(), Arc::new(Mutex::new(b)));
+        }
+        builds.sweep(std::time::Duration::from_secs(1));
+        let gone = builds.get("gone").unwrap();
+        let gone = lock(&gone);
+        assert_eq!(gone.phase, Phase::Error);
+        assert!(gone.finished.is_some() && gone.reason.is_some());
+        assert_eq!(lock(&builds.get("running").unwrap()).phase, Phase::Building);
+        running.abort();
     }
 
     fn body(steps: Value) -> E2bBuild {
