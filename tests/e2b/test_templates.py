@@ -273,3 +273,11 @@ def test_concurrent_uploads_never_take_more_than_the_builds_budget(server):
     r = httpx.put(urls[1], content=payload, timeout=120)
     assert r.status_code == 400 and "images.max_expanded_size" in r.json()["message"], r.text
 
+
+def test_a_request_naming_too_many_tags_is_refused(server):
+    api = httpx.Client(base_url=server.url, headers={"X-API-Key": server.key}, timeout=60)
+    tags = [f"t{i}" for i in range(65)]
+    r = api.post("/v3/templates", json={"name": alias(), "tags": tags})
+    assert r.status_code == 400 and "at most 64" in r.json()["message"], r.text
+    r = api.post("/templates/tags", json={"target": f"{alias()}:latest", "tags": tags})
+    assert r.status_code == 400 and "at most 64" in r.json()["message"], r.text

@@ -56,6 +56,8 @@ const MAX_LOG_LINE: usize = 16 << 10;
 /// Bytes of log lines kept per build; past them one line says so, and later
 /// ones are counted, not kept.
 const MAX_LOG_BYTES: usize = 2 << 20;
+/// Tags one request names at most.
+const MAX_TAGS: usize = 64;
 /// Upload URLs one build hands out (one per `copy` step's files).
 const MAX_UPLOADS: usize = 1000;
 /// Bytes of a copy step's source, and of each of its components (a file name's
@@ -357,6 +359,9 @@ async fn request_build(
         Some(v) => serde_json::from_value(v.clone())
             .map_err(|_| bad("tags: expected a list of strings"))?,
     };
+    if tags.len() > MAX_TAGS {
+        return Err(bad(format!("tags: at most {MAX_TAGS} per request")));
+    }
     let (template, names) = template_names(&name, &tags)?;
     e2b.templates.sweep(e2b.app.cfg.images.build_timeout.0);
     let lease = e2b.app.builds.try_take(&p.tenant).map_err(|held| {
@@ -560,7 +565,10 @@ async fn upload(
             let hash = g
                 .uploads
                 .iter()
-                .find(|(_, u)| u.token == token && u.state == UploadState::Offered)
+                .find(|(_, u)| {
+                    u.state == UploadState::Offered
+                        && super::envd::constant_time_eq(u.token.as_bytes(), token.as_bytes())
+                })
                 .map(|(h, _)| h.clone())?;
             if g.uploads
                 .values()
@@ -956,6 +964,20 @@ pub fn translate(
     Ok(out)
 }
 
+/// A store error looking up a base as the tenant sees it: a name that is not
+/// there, not a name or ambiguous is a 400 about `what`; anything else goes
+/// through the store's filter (its details, which may name host paths, stay in
+/// the log).
+fn store_refusal(what: &str, e: sandlot_store::StoreError) -> RestError {
+    use sandlot_store::StoreError;
+    match e {
+        StoreError::NotFound(_) | StoreError::BadName(_) | StoreError::Ambiguous(_) => {
+            bad(format!("{what}: {e}"))
+        }
+        e => crate::images::store_error(e).into(),
+    }
+}
+
 /// The base a build starts from and the config steps it adds: an operator's
 /// template (the `host` image with its user, working directory and variables, or
 /// its store image), or an image the tenant sees by that name (a template it
@@ -988,7 +1010,7 @@ fn template_base(
         } else {
             app.images
                 .resolve_for(Viewer::Tenant(&who.tenant), image)
-                .map_err(|e| bad(format!("template {name:?}: {e}")))?
+                .map_err(|e| store_refusal(&format!("template {name:?}"), e))?
         };
         let mut steps = Vec::new();
         if let Some(Value::Object(env)) = t.get("env") {
@@ -1015,7 +1037,7 @@ fn template_base(
         Ok(img) => Ok(Some((img, Vec::new()))),
         Err(sandlot_store::StoreError::NotFound(_))
         | Err(sandlot_store::StoreError::BadName(_)) => Ok(None),
-        Err(e) => Err(bad(format!("{name}: {e}"))),
+        Err(e) => Err(store_refusal(name, e)),
     }
 }
 
@@ -1060,7 +1082,7 @@ fn resolve_from(
                 Err(sandlot_store::StoreError::NotFound(_)) => Err(bad(format!(
                     "fromImage: {img} is not in this server's image store, and a tenant's build does not pull images (the operator pulls them: sandlot image pull)"
                 ))),
-                Err(e) => Err(bad(format!("fromImage: {e}"))),
+                Err(e) => Err(store_refusal("fromImage", e)),
             }
         }
     }
@@ -1550,6 +1572,9 @@ async fn assign_tags(
         .and_then(|v| serde_json::from_value(v.clone()).ok())
         .filter(|t: &Vec<String>| !t.is_empty())
         .ok_or_else(|| bad("tags: expected a non-empty list of strings"))?;
+    if tags.len() > MAX_TAGS {
+        return Err(bad(format!("tags: at most {MAX_TAGS} per request")));
+    }
     let repo = ImageName::parse(&target)
         .map_err(|e| bad(format!("target: {e}")))?
         .repo;
@@ -1616,6 +1641,9 @@ async fn remove_tags(
         .and_then(|v| serde_json::from_value(v.clone()).ok())
         .filter(|t: &Vec<String>| !t.is_empty())
         .ok_or_else(|| bad("tags: expected a non-empty list of strings"))?;
+    if tags.len() > MAX_TAGS {
+        return Err(bad(format!("tags: at most {MAX_TAGS} per request")));
+    }
     let repo = ImageName::parse(&name)
         .map_err(|e| bad(format!("name: {e}")))?
         .repo;
@@ -1764,6 +1792,24 @@ mod tests {
         assert!(gone.finished.is_some() && gone.reason.is_some());
         assert_eq!(lock(&builds.get("running").unwrap()).phase, Phase::Building);
         running.abort();
+    }
+
+    #[test]
+    fn a_store_failure_reaches_the_tenant_without_its_host_path() {
+        use sandlot_store::StoreError;
+        let e = store_refusal(
+            "fromImage",
+            StoreError::Io {
+                op: "open",
+                path: "/var/lib/sandlot/images/blobs/x".into(),
+                source: std::io::Error::other("no such file"),
+            },
+        );
+        assert!(e.status.is_server_error());
+        assert!(!e.message.contains("/var/lib"), "{}", e.message);
+        let e = store_refusal("fromImage", StoreError::NotFound("img".into()));
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert!(e.message.starts_with("fromImage: "), "{}", e.message);
     }
 
     fn body(steps: Value) -> E2bBuild {
