@@ -260,3 +260,43 @@ def test_uploads_are_bound_to_their_build_and_hostile_tars_are_refused(server):
         assert sb.files.read("/tmp/ok.txt") == "fine\n"
     finally:
         sb.kill()
+
+
+def test_concurrent_uploads_never_take_more_than_the_builds_budget(server):
+    api = httpx.Client(base_url=server.url, headers={"X-API-Key": server.key}, timeout=60)
+    name = alias()
+    r = api.post("/v3/templates", json={"name": name})
+    assert r.status_code == 202, r.text
+    urls = [api.get(f"/templates/{name}/files/{h}").json()["url"] for h in ("a1" * 32, "a2" * 32)]
+    # Each fits the operator's 64M, both together do not.
+    payload = tar_gz([("big", bytes(40 << 20))])
+    hostile = tar_gz([("../escape.txt", b"out")])
+    seen = []
+
+    def slow_first():
+        yield payload[: 64 << 10]
+        # While the first upload is received, the second is refused (a refused
+        # hostile tar would leave its URL usable: the 409 is what is waited for).
+        for _ in range(200):
+            r = httpx.put(urls[1], content=hostile)
+            seen.append(r.status_code)
+            if r.status_code == 409:
+                break
+            time.sleep(0.05)
+        yield payload[64 << 10 :]
+
+    first = httpx.put(urls[0], content=slow_first(), timeout=120)
+    assert first.status_code == 200, first.text
+    assert seen[-1] == 409, seen
+    # After it, what is left of the budget bounds the second.
+    r = httpx.put(urls[1], content=payload, timeout=120)
+    assert r.status_code == 400 and "images.max_expanded_size" in r.json()["message"], r.text
+
+
+def test_a_request_naming_too_many_tags_is_refused(server):
+    api = httpx.Client(base_url=server.url, headers={"X-API-Key": server.key}, timeout=60)
+    tags = [f"t{i}" for i in range(65)]
+    r = api.post("/v3/templates", json={"name": alias(), "tags": tags})
+    assert r.status_code == 400 and "at most 64" in r.json()["message"], r.text
+    r = api.post("/templates/tags", json={"target": f"{alias()}:latest", "tags": tags})
+    assert r.status_code == 400 and "at most 64" in r.json()["message"], r.text

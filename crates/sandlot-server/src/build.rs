@@ -605,6 +605,61 @@ async fn run_step(
     r
 }
 
+/// Bytes of one line of a step's output kept (the rest of a longer one, up to
+/// its newline, is dropped).
+const MAX_STEP_LINE: usize = 16 << 10;
+
+/// A step's output split into lines as it arrives: only the new bytes are
+/// scanned, and a line is cut at [`MAX_STEP_LINE`] bytes (marked `[cut]`), so
+/// output without newlines holds at most that much.
+#[derive(Default)]
+struct StepLines {
+    pending: Vec<u8>,
+    cut: bool,
+}
+
+impl StepLines {
+    /// Takes a chunk of output; `line` gets each line it completes.
+    fn push(&mut self, mut chunk: &[u8], mut line: impl FnMut(String)) {
+        while let Some(i) = chunk.iter().position(|&b| b == b'\n') {
+            self.keep(&chunk[..i]);
+            line(self.take());
+            chunk = &chunk[i + 1..];
+        }
+        self.keep(chunk);
+    }
+
+    /// The last line when the output did not end with a newline.
+    fn finish(mut self) -> Option<String> {
+        (!self.pending.is_empty() || self.cut).then(|| self.take())
+    }
+
+    fn keep(&mut self, part: &[u8]) {
+        if self.cut {
+            return;
+        }
+        let room = MAX_STEP_LINE - self.pending.len();
+        if part.len() > room {
+            self.pending.extend_from_slice(&part[..room]);
+            self.cut = true;
+        } else {
+            self.pending.extend_from_slice(part);
+        }
+    }
+
+    fn take(&mut self) -> String {
+        let text = String::from_utf8_lossy(&self.pending);
+        let mut line = String::with_capacity(text.len() + 6);
+        line.push_str(text.trim_end());
+        if self.cut {
+            line.push_str(" [cut]");
+        }
+        self.pending.clear();
+        self.cut = false;
+        line
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn run_in(
     state: &Arc<AppState>,
@@ -640,7 +695,7 @@ async fn run_in(
         .subscribe_from_start(256)
         .await
         .ok_or_else(|| ApiError::internal("build step output unavailable"))?;
-    let mut pending = String::new();
+    let mut lines = StepLines::default();
     let mut exit = None;
     // The step's sandbox may end before its command does (its lifetime is the
     // build's deadline): no exit status comes then, so stop waiting with it.
@@ -664,11 +719,7 @@ async fn run_in(
         let Some(ev) = ev else { break };
         match ev {
             OutEvent::Stdout(_, b) | OutEvent::Stderr(_, b) => {
-                pending.push_str(&String::from_utf8_lossy(&b));
-                while let Some(i) = pending.find('\n') {
-                    let line: String = pending.drain(..=i).collect();
-                    send(json!({"type": "log", "line": line.trim_end()}));
-                }
+                lines.push(&b, |line| send(json!({"type": "log", "line": line})));
             }
             OutEvent::Exit(x) => {
                 exit = Some(x);
@@ -676,8 +727,8 @@ async fn run_in(
             }
         }
     }
-    if !pending.is_empty() {
-        send(json!({"type": "log", "line": pending}));
+    if let Some(line) = lines.finish() {
+        send(json!({"type": "log", "line": line}));
     }
     let exit = match exit {
         Some(x) => x,
@@ -725,6 +776,45 @@ async fn run_in(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_step_line_without_a_newline_is_held_at_the_cap() {
+        let mut lines = StepLines::default();
+        let chunk = vec![b'x'; 1 << 20];
+        let mut got = Vec::new();
+        for _ in 0..100 {
+            lines.push(&chunk, |l| got.push(l));
+            assert!(lines.pending.len() <= MAX_STEP_LINE);
+            assert!(lines.pending.capacity() <= 2 * MAX_STEP_LINE);
+        }
+        assert!(got.is_empty());
+        lines.push(b"x\nnext", |l| got.push(l));
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].len(), MAX_STEP_LINE + " [cut]".len());
+        assert!(got[0].ends_with("x [cut]"));
+        assert_eq!(lines.finish().as_deref(), Some("next"));
+    }
+
+    #[test]
+    fn step_output_is_split_into_lines_across_chunks() {
+        let mut lines = StepLines::default();
+        let mut got = Vec::new();
+        for chunk in [
+            &b"one\ntw"[..],
+            b"o  \r\n",
+            b"\n",
+            "\u{e9}t\u{e9}".as_bytes(),
+            b"\n",
+        ] {
+            lines.push(chunk, |l| got.push(l));
+        }
+        // A character split between chunks is whole in its line.
+        let split = "caf\u{e9}\n".as_bytes();
+        lines.push(&split[..4], |l| got.push(l));
+        lines.push(&split[4..], |l| got.push(l));
+        assert_eq!(got, ["one", "two", "", "\u{e9}t\u{e9}", "caf\u{e9}"]);
+        assert_eq!(lines.finish(), None);
+    }
 
     /// Found by probing builds: a spec file that was a link to a host file was read,
     /// and its text came back in the parse error.

@@ -22,7 +22,7 @@
 //! Builds are remembered in memory: a daemon restart forgets them (their images
 //! stay).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Read;
 use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -53,10 +53,22 @@ const LOG_PAGE: usize = 100;
 const MAX_LOG_LINES: usize = 10_000;
 /// Bytes of one log line kept (a longer one is cut).
 const MAX_LOG_LINE: usize = 16 << 10;
+/// Bytes of log lines kept per build; past them one line says so, and later
+/// ones are counted, not kept.
+const MAX_LOG_BYTES: usize = 2 << 20;
+/// Tags one request names at most.
+const MAX_TAGS: usize = 64;
 /// Upload URLs one build hands out (one per `copy` step's files).
 const MAX_UPLOADS: usize = 1000;
-/// Builds that ended, kept for their status (the oldest are forgotten first).
-const KEEP_FINISHED: usize = 256;
+/// Bytes of a copy step's source, and of each of its components (a file name's
+/// limit).
+const MAX_COPY_SOURCE: usize = 4096;
+const MAX_COPY_SOURCE_NAME: usize = 255;
+/// Paths one copy step's wildcards match at most.
+const MAX_COPY_MATCHES: usize = 10_000;
+/// Builds that ended kept per tenant for their status (a tenant's oldest are
+/// forgotten first, so no tenant's builds push out another's).
+const KEEP_FINISHED: usize = 32;
 /// The image E2B's `from_base_image()` names: the operator's `base` template.
 const E2B_BASE_IMAGE: &str = "e2bdev/base";
 
@@ -137,6 +149,8 @@ struct Build {
     phase: Phase,
     logs: Vec<LogLine>,
     dropped_logs: usize,
+    /// Bytes of the kept lines' messages.
+    log_bytes: usize,
     /// (message, E2B step name) of a failed build.
     reason: Option<(String, Option<String>)>,
     /// By files hash.
@@ -156,11 +170,15 @@ struct Build {
     current: usize,
     /// What the template's sandboxes start with (`set_start_cmd`).
     start: StartCmd,
+    /// The task that plans and runs the build once its steps came.
+    task: Option<tokio::task::AbortHandle>,
 }
 
 impl Build {
     fn log(&mut self, level: &'static str, mut message: String, step: Option<String>) {
-        if self.logs.len() >= MAX_LOG_LINES {
+        // Past the byte cap `log_bytes` is one more than it (the line saying so
+        // is kept).
+        if self.logs.len() >= MAX_LOG_LINES || self.log_bytes > MAX_LOG_BYTES {
             self.dropped_logs += 1;
             return;
         }
@@ -169,8 +187,18 @@ impl Build {
             while !message.is_char_boundary(end) {
                 end -= 1;
             }
-            message.truncate(end);
-            message.push_str(" [cut]");
+            // A new string of the kept part: a truncated one keeps its allocation.
+            message = format!("{} [cut]", &message[..end]);
+        }
+        if self.log_bytes + message.len() > MAX_LOG_BYTES {
+            self.dropped_logs += 1;
+            self.log_bytes = MAX_LOG_BYTES + 1;
+            message = format!(
+                "the build's log passed {} MiB: later lines are not kept",
+                MAX_LOG_BYTES >> 20
+            );
+        } else {
+            self.log_bytes += message.len();
         }
         self.logs.push(LogLine {
             at_ms: crate::store::now_ms(),
@@ -198,26 +226,45 @@ impl Builds {
         self.by_id.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Forgets builds never started within `stale` (their context and lease go)
-    /// and the oldest finished ones past [`KEEP_FINISHED`].
+    /// Forgets builds never started within `stale` (their context and lease go),
+    /// ends as failed those building for longer whose task is gone (it ended
+    /// without ending them), and forgets each tenant's oldest finished ones past
+    /// [`KEEP_FINISHED`].
     fn sweep(&self, stale: std::time::Duration) {
         let mut m = self.lock();
-        let mut finished = Vec::new();
+        let mut finished: HashMap<String, Vec<(Instant, String)>> = HashMap::new();
         m.retain(|id, b| {
-            let b = lock(b);
+            let mut b = lock(b);
             if b.phase == Phase::Waiting && b.requested.elapsed() > stale {
                 let _ = std::fs::remove_dir_all(&b.ctx);
                 return false;
             }
+            if b.phase == Phase::Building
+                && b.requested.elapsed() > stale
+                && b.task.as_ref().is_none_or(|t| t.is_finished())
+            {
+                let message = "the build ended on the server without a result".to_string();
+                b.log("error", message.clone(), None);
+                b.reason = Some((message, None));
+                b.phase = Phase::Error;
+                b.finished = Some(Instant::now());
+                b.lease = None;
+                let _ = std::fs::remove_dir_all(&b.ctx);
+            }
             if let Some(t) = b.finished {
-                finished.push((t, id.clone()));
+                finished
+                    .entry(b.tenant.clone())
+                    .or_default()
+                    .push((t, id.clone()));
             }
             true
         });
-        if finished.len() > KEEP_FINISHED {
-            finished.sort();
-            for (_, id) in &finished[..finished.len() - KEEP_FINISHED] {
-                m.remove(id);
+        for mut ended in finished.into_values() {
+            if ended.len() > KEEP_FINISHED {
+                ended.sort();
+                for (_, id) in &ended[..ended.len() - KEEP_FINISHED] {
+                    m.remove(id);
+                }
             }
         }
     }
@@ -314,6 +361,9 @@ async fn request_build(
         Some(v) => serde_json::from_value(v.clone())
             .map_err(|_| bad("tags: expected a list of strings"))?,
     };
+    if tags.len() > MAX_TAGS {
+        return Err(bad(format!("tags: at most {MAX_TAGS} per request")));
+    }
     let (template, names) = template_names(&name, &tags)?;
     e2b.templates.sweep(e2b.app.cfg.images.build_timeout.0);
     let lease = e2b.app.builds.try_take(&p.tenant).map_err(|held| {
@@ -337,6 +387,7 @@ async fn request_build(
         phase: Phase::Waiting,
         logs: Vec::new(),
         dropped_logs: 0,
+        log_bytes: 0,
         reason: None,
         uploads: BTreeMap::new(),
         ctx,
@@ -347,6 +398,7 @@ async fn request_build(
         step_names: Vec::new(),
         current: 0,
         start: StartCmd::default(),
+        task: None,
     };
     build.log(
         "info",
@@ -498,7 +550,9 @@ fn extract_upload(
 }
 
 /// `PUT /e2b-uploads/{token}`: the files of one `copy` step. The token alone
-/// names the build and hash (the SDK sends no key here).
+/// names the build and hash (the SDK sends no key here). A build receives one
+/// upload at a time (another is a 409), so each is bounded by what the ones
+/// before it left of the build's budget.
 async fn upload(
     State(e2b): State<Arc<E2b>>,
     UrlPath(token): UrlPath<String>,
@@ -514,33 +568,61 @@ async fn upload(
             let hash = g
                 .uploads
                 .iter()
-                .find(|(_, u)| u.token == token && u.state == UploadState::Offered)
+                .find(|(_, u)| {
+                    u.state == UploadState::Offered
+                        && super::envd::constant_time_eq(u.token.as_bytes(), token.as_bytes())
+                })
                 .map(|(h, _)| h.clone())?;
+            if g.uploads
+                .values()
+                .any(|u| u.state == UploadState::Receiving)
+            {
+                return Some(Err(RestError::new(
+                    StatusCode::CONFLICT,
+                    "another upload of this build is being received (a build takes its uploads one at a time)",
+                )));
+            }
             if let Some(u) = g.uploads.get_mut(&hash) {
                 u.state = UploadState::Receiving;
             }
-            Some((b.clone(), hash, g.ctx.clone(), g.received))
+            Some(Ok((b.clone(), hash, g.ctx.clone(), g.received)))
         })
     };
-    let Some((build, hash, ctx, received)) = found else {
+    let Some(found) = found else {
         return Err(RestError::new(
             StatusCode::NOT_FOUND,
             "no upload waits at this URL (it is used, expired, or its build started)",
         ));
     };
-    let r = receive(&e2b, body, &ctx, &hash, received).await;
-    let mut b = lock(&build);
-    let state = if r.is_ok() {
-        UploadState::Done
-    } else {
-        UploadState::Offered
-    };
-    if let Some(u) = b.uploads.get_mut(&hash) {
-        u.state = state;
+    let (build, hash, ctx, received) = found?;
+    // Received and settled in a task of its own: a dropped request still
+    // leaves the upload done or offered again, never receiving.
+    tokio::spawn(async move {
+        let r = receive(&e2b, body, &ctx, &hash, received).await;
+        let mut b = lock(&build);
+        let state = if r.is_ok() {
+            UploadState::Done
+        } else {
+            UploadState::Offered
+        };
+        if let Some(u) = b.uploads.get_mut(&hash) {
+            u.state = state;
+        }
+        b.received += r.map_err(from_api)?;
+        b.log("info", format!("files {} received", &hash[..12]), None);
+        Ok(StatusCode::OK)
+    })
+    .await
+    .unwrap_or_else(|e| Err(ApiError::internal(e).into()))
+}
+
+/// A staged upload, removed however its receipt ends.
+struct Staged(PathBuf);
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
     }
-    b.received += r.map_err(from_api)?;
-    b.log("info", format!("files {} received", &hash[..12]), None);
-    Ok(StatusCode::OK)
 }
 
 /// Stages and extracts one upload into the context; what it expands to. The
@@ -555,6 +637,7 @@ async fn receive(
 ) -> Result<u64, ApiError> {
     let app = &e2b.app;
     let tmp = app.images.store.tmp_path("e2b-upload");
+    let _staged = Staged(tmp.clone());
     let expanded = app.cfg.images.max_expanded_size.bytes();
     let (limit, limit_name) = match app.cfg.limits.max_upload.bytes() {
         n if n > 0 && n <= expanded => (n, "limits.max_upload"),
@@ -571,15 +654,13 @@ async fn receive(
     let mut lim = app.images.limit(None);
     lim.bytes = lim.bytes.saturating_sub(received);
     let (t2, dir) = (tmp.clone(), ctx.join(hash));
-    let r = tokio::task::spawn_blocking(move || {
+    tokio::task::spawn_blocking(move || {
         extract_upload(&t2, &dir, &lim)?;
         Ok(tree_cost(&dir))
     })
     .await
     .map_err(ApiError::internal)
-    .and_then(|r| r);
-    let _ = tokio::fs::remove_file(&tmp).await;
-    r
+    .and_then(|r| r)
 }
 
 /// What a directory tree expands to as the build context's bound counts it:
@@ -734,6 +815,17 @@ pub fn translate(
                         "{field}: COPY needs the filesHash of its uploaded files"
                     )));
                 }
+                if src.len() > MAX_COPY_SOURCE {
+                    return Err(bad(format!(
+                        "{field}: copy source is {} bytes long, more than {MAX_COPY_SOURCE}",
+                        src.len()
+                    )));
+                }
+                if src.split('/').any(|c| c.len() > MAX_COPY_SOURCE_NAME) {
+                    return Err(bad(format!(
+                        "{field}: copy source {src:?} has a component longer than {MAX_COPY_SOURCE_NAME} bytes"
+                    )));
+                }
                 let src_path = Path::new(src);
                 if src.is_empty() || src_path.is_absolute() || escapes(src) {
                     return Err(bad(format!(
@@ -751,6 +843,11 @@ pub fn translate(
                     )));
                 }
                 let found = match sources(hash, src) {
+                    Some(f) if f.len() > MAX_COPY_MATCHES => {
+                        return Err(bad(format!(
+                            "{field}: copy source {src:?} matches more than {MAX_COPY_MATCHES} uploaded paths (copy their directory instead)"
+                        )))
+                    }
                     Some(f) if !f.is_empty() => f,
                     Some(_) => {
                         return Err(bad(format!(
@@ -790,6 +887,7 @@ pub fn translate(
                 };
                 let into_dir = dest.ends_with('/') || found.len() > 1;
                 let mut targets: Vec<String> = Vec::new();
+                let mut seen = HashSet::new();
                 for (p, dir) in &found {
                     let t = match Path::new(p).file_name() {
                         Some(f) if !dir && into_dir => {
@@ -797,7 +895,7 @@ pub fn translate(
                         }
                         _ => abs.clone(),
                     };
-                    if !targets.contains(&t) {
+                    if seen.insert(t.clone()) {
                         targets.push(t);
                     }
                 }
@@ -869,6 +967,20 @@ pub fn translate(
     Ok(out)
 }
 
+/// A store error looking up a base as the tenant sees it: a name that is not
+/// there, not a name or ambiguous is a 400 about `what`; anything else goes
+/// through the store's filter (its details, which may name host paths, stay in
+/// the log).
+fn store_refusal(what: &str, e: sandlot_store::StoreError) -> RestError {
+    use sandlot_store::StoreError;
+    match e {
+        StoreError::NotFound(_) | StoreError::BadName(_) | StoreError::Ambiguous(_) => {
+            bad(format!("{what}: {e}"))
+        }
+        e => crate::images::store_error(e).into(),
+    }
+}
+
 /// The base a build starts from and the config steps it adds: an operator's
 /// template (the `host` image with its user, working directory and variables, or
 /// its store image), or an image the tenant sees by that name (a template it
@@ -901,7 +1013,7 @@ fn template_base(
         } else {
             app.images
                 .resolve_for(Viewer::Tenant(&who.tenant), image)
-                .map_err(|e| bad(format!("template {name:?}: {e}")))?
+                .map_err(|e| store_refusal(&format!("template {name:?}"), e))?
         };
         let mut steps = Vec::new();
         if let Some(Value::Object(env)) = t.get("env") {
@@ -928,7 +1040,7 @@ fn template_base(
         Ok(img) => Ok(Some((img, Vec::new()))),
         Err(sandlot_store::StoreError::NotFound(_))
         | Err(sandlot_store::StoreError::BadName(_)) => Ok(None),
-        Err(e) => Err(bad(format!("{name}: {e}"))),
+        Err(e) => Err(store_refusal(name, e)),
     }
 }
 
@@ -973,29 +1085,49 @@ fn resolve_from(
                 Err(sandlot_store::StoreError::NotFound(_)) => Err(bad(format!(
                     "fromImage: {img} is not in this server's image store, and a tenant's build does not pull images (the operator pulls them: sandlot image pull)"
                 ))),
-                Err(e) => Err(bad(format!("fromImage: {e}"))),
+                Err(e) => Err(store_refusal("fromImage", e)),
             }
         }
     }
 }
 
-/// Whether `name` matches `pattern` (`*`: any run of characters, `?`: one).
+/// Whether `name` matches `pattern` (`*`: any run of bytes, `?`: one): two
+/// cursors that go back to the last `*` on a mismatch, so at most
+/// `pattern.len() × name.len()` steps in constant space, however many `*`.
 fn wildcard(pattern: &[u8], name: &[u8]) -> bool {
-    match (pattern.first(), name.first()) {
-        (None, None) => true,
-        (Some(b'*'), _) => {
-            wildcard(&pattern[1..], name) || (!name.is_empty() && wildcard(pattern, &name[1..]))
+    let (mut p, mut n) = (0, 0);
+    // The last `*` seen and the name position it is tried to cover up to.
+    let mut star: Option<(usize, usize)> = None;
+    while n < name.len() {
+        match pattern.get(p) {
+            Some(b'*') => {
+                star = Some((p, n));
+                p += 1;
+            }
+            Some(&c) if c == b'?' || c == name[n] => {
+                p += 1;
+                n += 1;
+            }
+            _ => match star {
+                Some((sp, sn)) => {
+                    star = Some((sp, sn + 1));
+                    p = sp + 1;
+                    n = sn + 1;
+                }
+                None => return false,
+            },
         }
-        (Some(b'?'), Some(_)) => wildcard(&pattern[1..], &name[1..]),
-        (Some(p), Some(n)) if p == n => wildcard(&pattern[1..], &name[1..]),
-        _ => false,
     }
+    pattern[p..].iter().all(|&c| c == b'*')
 }
 
 /// The paths under an upload's directory `root` that `src` names (with `*` and
 /// `?` in any component), sorted, each with whether it is a directory; `None`:
-/// the upload is not there. A directory is listed only when it is one, never
-/// through a link (a link is a file here: the copy takes it as a link).
+/// the upload is not there. A directory is listed only when it is one, and no
+/// path is looked up through a link (a link is a file here: the copy takes it
+/// as a link). Past
+/// [`MAX_COPY_MATCHES`] paths on the way the listing stops and the paths so far
+/// come back (more than the caller takes).
 fn uploaded(root: &Path, src: &str) -> Option<Vec<(String, bool)>> {
     if !root.is_dir() {
         return None;
@@ -1010,9 +1142,16 @@ fn uploaded(root: &Path, src: &str) -> Option<Vec<(String, bool)>> {
         let pat = c.to_string_lossy();
         let mut next = Vec::new();
         for base in &found {
+            if next.len() > MAX_COPY_MATCHES {
+                break;
+            }
             if !pat.contains(['*', '?']) {
                 let p = base.join(c);
-                if std::fs::symlink_metadata(root.join(&p)).is_ok() {
+                // A path through a link is not there: a host path behind it is
+                // never looked up, so the answer never tells whether it exists.
+                if sandlot_store::link_on_the_way(root, &p, false).is_none()
+                    && std::fs::symlink_metadata(root.join(&p)).is_ok()
+                {
                     next.push(p);
                 }
                 continue;
@@ -1024,6 +1163,9 @@ fn uploaded(root: &Path, src: &str) -> Option<Vec<(String, bool)>> {
                 continue;
             };
             for e in rd.flatten() {
+                if next.len() > MAX_COPY_MATCHES {
+                    break;
+                }
                 let n = e.file_name();
                 // As shells and Docker do, `*` does not match a leading dot.
                 if n.as_encoded_bytes().first() == Some(&b'.') && !pat.starts_with('.') {
@@ -1035,6 +1177,9 @@ fn uploaded(root: &Path, src: &str) -> Option<Vec<(String, bool)>> {
             }
         }
         found = next;
+        if found.len() > MAX_COPY_MATCHES {
+            break;
+        }
     }
     let mut out: Vec<(String, bool)> = found
         .into_iter()
@@ -1060,7 +1205,8 @@ async fn start_build(
     let raw = json_object(&e2b, body).await?;
     let body: E2bBuild = serde_json::from_value(Value::Object(raw))
         .map_err(|e| bad(format!("invalid build body: {e}")))?;
-    let ctx = {
+    let (answer, planned) = tokio::sync::oneshot::channel();
+    {
         let mut b = lock(&build);
         if b.phase != Phase::Waiting {
             return Err(RestError::new(
@@ -1077,18 +1223,43 @@ async fn start_build(
                 format!("build {id} is still receiving files"),
             ));
         }
-        // From here no upload is taken: the context is the build's.
+        // From here no upload is taken: the context is the build's. What
+        // follows runs in a task of its own, so a dropped request still ends
+        // the build (refused, or run), never leaves it building.
         b.phase = Phase::Building;
-        b.ctx.clone()
-    };
+        let task = tokio::spawn(plan_and_run(
+            e2b.clone(),
+            build.clone(),
+            p.tenant.clone(),
+            body,
+            b.ctx.clone(),
+            answer,
+        ));
+        b.task = Some(task.abort_handle());
+    }
+    planned
+        .await
+        .unwrap_or_else(|_| Err(ApiError::internal("a build's start ended unanswered").into()))
+}
+
+/// Plans a started build from its body (the answer to the request goes to
+/// `answer`), then runs it; a refused body ends it.
+async fn plan_and_run(
+    e2b: Arc<E2b>,
+    build: Arc<Mutex<Build>>,
+    tenant: String,
+    body: E2bBuild,
+    ctx: PathBuf,
+    answer: tokio::sync::oneshot::Sender<RestResult<StatusCode>>,
+) {
     let nonempty = |c: &Option<String>| c.clone().filter(|c| !c.trim().is_empty());
     lock(&build).start = StartCmd {
         start: nonempty(&body.start_cmd),
         ready: nonempty(&body.ready_cmd),
     };
     let who = crate::build::Builder {
-        tenant: p.tenant.clone(),
-        owner: Some(p.tenant.clone()),
+        tenant: tenant.clone(),
+        owner: Some(tenant),
         fresh_from: None,
     };
     let (e2, w2, b2, c2) = (e2b.clone(), who.clone(), body.clone(), ctx.clone());
@@ -1105,10 +1276,13 @@ async fn start_build(
         Ok::<_, RestError>((base, t))
     })
     .await
-    .map_err(|e| RestError::from(ApiError::internal(e)))?;
+    .unwrap_or_else(|e| Err(RestError::from(ApiError::internal(e))));
     let (base, t) = match planned {
         Ok(x) => x,
-        Err(e) => return Err(refuse(&build, e)),
+        Err(e) => {
+            let _ = answer.send(Err(refuse(&build, e)));
+            return;
+        }
     };
     let spec = BuildSpec {
         from: base.id.to_string(),
@@ -1116,7 +1290,8 @@ async fn start_build(
         network: e2b.app.cfg.network.ceiling >= sandlot_proto::spec::NetworkMode::Open,
     };
     if let Err(e) = sandlot_store::build::check(&spec) {
-        return Err(refuse(&build, bad(e.to_string())));
+        let _ = answer.send(Err(refuse(&build, bad(e.to_string()))));
+        return;
     }
     {
         let mut b = lock(&build);
@@ -1135,8 +1310,8 @@ async fn start_build(
         fresh_from: t.fresh_from,
         ..who
     };
-    tokio::spawn(run(e2b.clone(), build, who, spec, ctx));
-    Ok(StatusCode::ACCEPTED)
+    let _ = answer.send(Ok(StatusCode::ACCEPTED));
+    run(e2b, build, who, spec, ctx).await;
 }
 
 /// Ends a build whose body was refused: it failed with `e` before any step ran
@@ -1165,7 +1340,7 @@ async fn run(
     ctx: PathBuf,
 ) {
     let b2 = build.clone();
-    let send: Arc<dyn Fn(Value) + Send + Sync> = Arc::new(move |v: Value| {
+    let send: Arc<dyn Fn(Value) + Send + Sync> = Arc::new(move |mut v: Value| {
         let mut b = lock(&b2);
         match v["type"].as_str() {
             Some("step") => {
@@ -1182,7 +1357,11 @@ async fn run(
             }
             Some("log") => {
                 let step = b.current_step();
-                let line = v["line"].as_str().unwrap_or_default().to_string();
+                // The line itself, not a copy of it.
+                let line = match v["line"].take() {
+                    Value::String(s) => s,
+                    _ => String::new(),
+                };
                 b.log("info", line, step);
             }
             _ => {}
@@ -1504,6 +1683,9 @@ async fn assign_tags(
         .and_then(|v| serde_json::from_value(v.clone()).ok())
         .filter(|t: &Vec<String>| !t.is_empty())
         .ok_or_else(|| bad("tags: expected a non-empty list of strings"))?;
+    if tags.len() > MAX_TAGS {
+        return Err(bad(format!("tags: at most {MAX_TAGS} per request")));
+    }
     let repo = ImageName::parse(&target)
         .map_err(|e| bad(format!("target: {e}")))?
         .repo;
@@ -1570,6 +1752,9 @@ async fn remove_tags(
         .and_then(|v| serde_json::from_value(v.clone()).ok())
         .filter(|t: &Vec<String>| !t.is_empty())
         .ok_or_else(|| bad("tags: expected a non-empty list of strings"))?;
+    if tags.len() > MAX_TAGS {
+        return Err(bad(format!("tags: at most {MAX_TAGS} per request")));
+    }
     let repo = ImageName::parse(&name)
         .map_err(|e| bad(format!("name: {e}")))?
         .repo;
@@ -1625,6 +1810,118 @@ pub fn image_template(e2b: &E2b, tenant: &str, template: &str) -> Option<Value> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A build of `tenant` as a request makes it (no lease, no context).
+    fn waiting(tenant: &str) -> Build {
+        Build {
+            tenant: tenant.into(),
+            template: "t".into(),
+            names: Vec::new(),
+            phase: Phase::Waiting,
+            logs: Vec::new(),
+            dropped_logs: 0,
+            log_bytes: 0,
+            reason: None,
+            uploads: BTreeMap::new(),
+            ctx: std::env::temp_dir().join("sandlot-e2b-no-such-context"),
+            received: 0,
+            lease: None,
+            requested: Instant::now(),
+            finished: None,
+            step_names: Vec::new(),
+            current: 0,
+            task: None,
+        }
+    }
+
+    #[test]
+    fn a_builds_log_is_held_at_its_byte_cap_with_one_line_saying_so() {
+        let mut b = waiting("a");
+        let line = "x".repeat(MAX_LOG_LINE);
+        for _ in 0..(MAX_LOG_BYTES / MAX_LOG_LINE) * 3 {
+            b.log("info", line.clone(), None);
+        }
+        let kept: usize = b.logs.iter().map(|l| l.message.len()).sum();
+        assert!(kept <= MAX_LOG_BYTES + 100, "{kept}");
+        let last = &b.logs.last().unwrap().message;
+        assert!(last.contains("later lines are not kept"), "{last}");
+        assert_eq!(
+            b.logs
+                .iter()
+                .filter(|l| l.message.contains("not kept"))
+                .count(),
+            1
+        );
+        let long = "y".repeat(MAX_LOG_LINE * 4);
+        let mut b = waiting("a");
+        b.log("info", long, None);
+        assert_eq!(b.logs[0].message.len(), MAX_LOG_LINE + " [cut]".len());
+    }
+
+    #[test]
+    fn one_tenants_finished_builds_never_push_out_anothers() {
+        let builds = Builds::default();
+        let ended = |tenant: &str, id: String| {
+            let mut b = waiting(tenant);
+            b.phase = Phase::Ready;
+            b.finished = Some(Instant::now());
+            builds.lock().insert(id, Arc::new(Mutex::new(b)));
+        };
+        ended("quiet", "quiet-build".into());
+        for i in 0..KEEP_FINISHED * 4 {
+            ended("noisy", format!("noisy-{i}"));
+        }
+        builds.sweep(std::time::Duration::from_secs(3600));
+        assert!(builds.get("quiet-build").is_some());
+        let noisy = builds
+            .lock()
+            .keys()
+            .filter(|k| k.starts_with("noisy"))
+            .count();
+        assert_eq!(noisy, KEEP_FINISHED);
+    }
+
+    #[tokio::test]
+    async fn a_build_whose_task_is_gone_is_ended_by_the_sweep_and_a_running_one_is_not() {
+        let builds = Builds::default();
+        let long_ago = Instant::now() - std::time::Duration::from_secs(10);
+        let gone = tokio::spawn(async {});
+        let gone_handle = gone.abort_handle();
+        gone.await.unwrap();
+        let running = tokio::spawn(std::future::pending::<()>());
+        for (id, task) in [("gone", gone_handle), ("running", running.abort_handle())] {
+            let mut b = waiting("a");
+            b.phase = Phase::Building;
+            b.requested = long_ago;
+            b.task = Some(task);
+            builds.lock().insert(id.into(), Arc::new(Mutex::new(b)));
+        }
+        builds.sweep(std::time::Duration::from_secs(1));
+        let gone = builds.get("gone").unwrap();
+        let gone = lock(&gone);
+        assert_eq!(gone.phase, Phase::Error);
+        assert!(gone.finished.is_some() && gone.reason.is_some());
+        assert_eq!(lock(&builds.get("running").unwrap()).phase, Phase::Building);
+        running.abort();
+    }
+
+    #[test]
+    fn a_store_failure_reaches_the_tenant_without_its_host_path() {
+        use sandlot_store::StoreError;
+        let e = store_refusal(
+            "fromImage",
+            StoreError::Io {
+                op: "open",
+                path: "/var/lib/sandlot/images/blobs/x".into(),
+                source: std::io::Error::other("no such file"),
+            },
+        );
+        assert!(e.status.is_server_error());
+        assert!(!e.message.contains("/var/lib"), "{}", e.message);
+        let e = store_refusal("fromImage", StoreError::NotFound("img".into()));
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert!(e.message.starts_with("fromImage: "), "{}", e.message);
+    }
 
     fn body(steps: Value) -> E2bBuild {
         serde_json::from_value(json!({"fromImage": "e2bdev/base", "steps": steps})).unwrap()
@@ -1778,6 +2075,117 @@ mod tests {
                 && wildcard(b"a?c*", b"abcde")
                 && !wildcard(b"*.txt", b"a.md")
         );
+    }
+
+    #[test]
+    fn wildcards_match_any_run_or_one_byte_and_the_rest_literally() {
+        let yes = [
+            ("*", ""),
+            ("*", "abc"),
+            ("a*", "a"),
+            ("*c", "abc"),
+            ("a*c", "abbbc"),
+            ("?", "x"),
+            ("a?c", "abc"),
+            ("*.tar.gz", "x.tar.gz"),
+            ("a*b*c", "aXbYbZc"),
+            ("**", "ab"),
+            ("name.txt", "name.txt"),
+        ];
+        for (p, n) in yes {
+            assert!(wildcard(p.as_bytes(), n.as_bytes()), "{p} {n}");
+        }
+        let no = [
+            ("?", ""),
+            ("a?c", "ac"),
+            ("*.txt", "a.md"),
+            ("a*c", "abcd"),
+            ("*c", "ab"),
+            ("name.txt", "name.txu"),
+            ("name.txt", "name.txt2"),
+            ("abc", "ab"),
+        ];
+        for (p, n) in no {
+            assert!(!wildcard(p.as_bytes(), n.as_bytes()), "{p} {n}");
+        }
+    }
+
+    #[test]
+    fn a_copy_source_of_half_a_million_stars_is_answered() {
+        let stars = vec![b'*'; 500_000];
+        assert!(wildcard(&stars, b"name"));
+        assert!(!wildcard(&[&stars[..], b"x"].concat(), b"name"));
+    }
+
+    #[test]
+    fn a_pattern_that_backtracks_at_every_star_is_answered() {
+        let mut pattern = b"*a".repeat(20);
+        pattern.push(b'b');
+        let mut name = vec![b'a'; 255];
+        assert!(!wildcard(&pattern, &name));
+        name[254] = b'b';
+        assert!(wildcard(&pattern, &name));
+    }
+
+    #[test]
+    fn a_copy_source_past_its_limits_is_refused_naming_the_limit() {
+        let e = |src: String| {
+            tr(json!([{"type": "COPY", "args": [src, "/x"], "filesHash": H}]))
+                .unwrap_err()
+                .message
+        };
+        let m = e("*".repeat(500_000));
+        assert!(m.contains("more than 4096"), "{}", &m[..m.len().min(200)]);
+        assert!(m.len() < 200, "the source is not echoed");
+        assert!(e(format!("d/{}", "a".repeat(256))).contains("longer than 255 bytes"));
+        let many = |_: &str, _: &str| {
+            Some(
+                (0..=MAX_COPY_MATCHES)
+                    .map(|i| (format!("f/{i}"), false))
+                    .collect(),
+            )
+        };
+        let m = translate(
+            &body(json!([{"type": "COPY", "args": ["f/*", "/x"], "filesHash": H}])),
+            None,
+            "/".into(),
+            &many,
+            Vec::new(),
+        )
+        .unwrap_err()
+        .message;
+        assert!(m.contains("matches more than 10000 uploaded paths"), "{m}");
+    }
+
+    #[test]
+    fn a_wildcard_listing_stops_past_the_match_limit() {
+        let dir = std::env::temp_dir().join(format!("sandlot-e2b-many-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        for i in 0..=MAX_COPY_MATCHES {
+            std::fs::write(dir.join(i.to_string()), "").unwrap();
+        }
+        assert_eq!(uploaded(&dir, "*").unwrap().len(), MAX_COPY_MATCHES + 1);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_copy_source_through_a_link_answers_the_same_whether_the_host_path_exists() {
+        let dir = std::env::temp_dir().join(format!("sandlot-e2b-oracle-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let (root, host) = (dir.join("up"), dir.join("host"));
+        std::fs::create_dir_all(&root).unwrap();
+        std::fs::create_dir_all(host.join("sub")).unwrap();
+        std::fs::write(host.join("sub/present"), "x").unwrap();
+        std::os::unix::fs::symlink(&host, root.join("l")).unwrap();
+        let present = uploaded(&root, "l/sub/present").unwrap();
+        let missing = uploaded(&root, "l/sub/missing").unwrap();
+        assert_eq!(present, missing);
+        assert!(present.is_empty());
+        assert!(uploaded(&root, "l/sub").unwrap().is_empty());
+        // The link itself is an uploaded file.
+        assert_eq!(uploaded(&root, "l").unwrap(), [("l".to_string(), false)]);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
