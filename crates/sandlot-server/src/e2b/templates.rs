@@ -1830,6 +1830,7 @@ mod tests {
             finished: None,
             step_names: Vec::new(),
             current: 0,
+            start: StartCmd::default(),
             task: None,
         }
     }
