@@ -202,8 +202,11 @@ class Kernel:
         # a SIGINT that arrives before the kernel handles the cell (the request
         # still on its way, a slow kernel, the moment before it installs its
         # handler) is lost, and one too many interrupts the traceback instead.
+        # Output of the cell proves its handler is in place: once it came, one
+        # signal is enough.
         busy_at = getattr(self, "busy_at", None)
-        self.interrupt_pending = busy_at is None or time.monotonic() - busy_at < HANDLER_DELAY
+        early = busy_at is None or time.monotonic() - busy_at < HANDLER_DELAY
+        self.interrupt_pending = early and not getattr(self, "cell_output", False)
         self._sigint()
 
     def _sigint(self):
@@ -217,11 +220,15 @@ class Kernel:
         msg_id = self.kc.execute(code, silent=True, store_history=False)
         self._reply(msg_id, None)
 
+    def expect_run(self):
+        """A run was read (the kernel is idle): an interrupt from now on is for it."""
+        self.interrupt_pending = False
+        self.busy_at = None
+        self.cell_output = False
+
     def run(self, code, cell):
         import time
 
-        self.interrupt_pending = False
-        self.busy_at = None
         msg_id = self.kc.execute(code, silent=False, store_history=True, allow_stdin=False, stop_on_error=False)
         idle = False
         reply = None
@@ -247,6 +254,8 @@ class Kernel:
             if m["parent_header"].get("msg_id") != msg_id:
                 continue
             kind, c = m["msg_type"], m["content"]
+            if kind in ("stream", "execute_result", "display_data"):
+                self.cell_output = True
             if kind == "stream":
                 cell.stream("stdout" if c.get("name") == "stdout" else "stderr", c.get("text", ""))
             elif kind == "execute_result":
@@ -496,6 +505,8 @@ def main():
             if r.get("op") == "interrupt":
                 kernel.interrupt()
             else:
+                if r.get("op") == "run" and hasattr(kernel, "expect_run"):
+                    kernel.expect_run()
                 requests.put(r)
         requests.put(None)
 
