@@ -1,7 +1,7 @@
 """The official `e2b-code-interpreter` SDK (pinned in scripts/setup.d/60-e2b.sh)
 against Sandlot's E2B front door: state across runs, contexts, streaming
-callbacks, rich results (display data, a PNG chart, a DataFrame's data), the
-working directory, per-run variables, a timeout that
+callbacks, rich results (display data, a PNG chart and its chart data, a
+DataFrame's data), the working directory, per-run variables, a timeout that
 stops the cell, a client leaving that stops only its own run, bash, and async.
 Needs python3 with ipykernel, matplotlib and pandas on the host."""
 
@@ -65,6 +65,54 @@ def test_display_data_and_a_chart_come_as_rich_results(ci):
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     assert struct.unpack(">II", png[16:24]) == (200, 100)
     assert "png" in ex.results[1].formats()
+
+
+def test_a_line_chart_carries_its_data(ci):
+    from e2b_code_interpreter.charts import ChartType, LineChart
+
+    ex = ci.run_code(
+        "import matplotlib.pyplot as plt\n"
+        "plt.figure()\n"
+        "plt.plot([1, 2, 3], [2, 4, 3], label='growth')\n"
+        "plt.plot([1, 2, 3], [1, 1, 2])\n"
+        "plt.title('Growth')\nplt.xlabel('Time (s)')\nplt.ylabel('Size [m]')\n"
+        "plt.show()"
+    )
+    assert ex.error is None, ex.error
+    r = ex.results[0]
+    assert {"png", "chart"} <= set(r.formats())
+    chart = r.chart
+    assert isinstance(chart, LineChart) and chart.type == ChartType.LINE
+    assert (chart.title, chart.x_label, chart.y_label) == ("Growth", "Time (s)", "Size [m]")
+    assert (chart.x_unit, chart.y_unit) == ("s", "m")
+    assert (chart.x_scale, chart.y_scale) == ("linear", "linear")
+    assert chart.x_ticks and all(isinstance(t, float) for t in chart.x_ticks)
+    assert len(chart.x_tick_labels) == len(chart.x_ticks)
+    growth, other = chart.elements
+    assert growth.label == "growth"
+    assert growth.points == [(1.0, 2.0), (2.0, 4.0), (3.0, 3.0)]
+    assert other.label.startswith("Line ") and other.points[2] == (3.0, 2.0)
+
+
+def test_a_bar_chart_carries_its_data(ci):
+    from e2b_code_interpreter.charts import BarChart, ChartType
+
+    ex = ci.run_code(
+        "import matplotlib.pyplot as plt\n"
+        "plt.figure()\n"
+        "plt.bar(['Ann', 'Bob', 'Cy'], [3, 5, 2], label='Books')\n"
+        "plt.title('Sales')\nplt.xlabel('Author')\nplt.ylabel('Sold')\n"
+        "plt.show()"
+    )
+    assert ex.error is None, ex.error
+    chart = ex.results[0].chart
+    assert isinstance(chart, BarChart) and chart.type == ChartType.BAR
+    assert (chart.title, chart.x_label, chart.y_label) == ("Sales", "Author", "Sold")
+    assert [(b.label, b.value, b.group) for b in chart.elements] == [
+        ("Ann", 3, "Books"),
+        ("Bob", 5, "Books"),
+        ("Cy", 2, "Books"),
+    ]
 
 
 def test_a_dataframe_carries_its_html_and_data(ci):

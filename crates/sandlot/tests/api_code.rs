@@ -121,6 +121,13 @@ fn a_context_keeps_state_and_returns_rich_results() {
             .decode(shown[0].data["image/png"].as_str().unwrap().trim())
             .unwrap();
         assert_eq!(png_size(&png), (200, 150));
+        // Its chart data comes with it.
+        let chart = &shown[0].data["application/vnd.sandlot.chart+json"];
+        assert_eq!(chart["type"], "line", "{chart}");
+        assert_eq!(
+            chart["elements"][0]["points"],
+            json!([[0.0, 1.0], [1.0, 3.0], [2.0, 2.0]])
+        );
         // A DataFrame: HTML and its data.
         let x = run(
             &c,

@@ -34,6 +34,9 @@ pub const MAX_SANDBOX_WAITING: usize = 32;
 /// A run's timeout when the request names none, and the longest one.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+/// The MIME type of the chart data extracted from a matplotlib figure shown by
+/// a cell (E2B's `chart`).
+pub const CHART_MIME: &str = "application/vnd.sandlot.chart+json";
 /// How long a cell has to stop after an interrupt before the interpreter is ended.
 const INTERRUPT_GRACE: Duration = Duration::from_secs(2);
 /// How long an interrupt asked through the API may wait for the driver to read

@@ -380,7 +380,7 @@ fn lines_of(item: Result<RunEvent, ApiError>, raised: &mut bool) -> Vec<Bytes> {
 }
 
 /// A MIME bundle as E2B's result: its formats by name (`text`, `html`, `png`,
-/// ...), a DataFrame's data as `data`, other MIME
+/// ...), a chart's data as `chart`, a DataFrame's data as `data`, other MIME
 /// types in `extra`. Written from the bundle's JSON text, never parsed whole.
 pub struct E2bResult<'a>(pub &'a RunResult);
 
@@ -426,6 +426,7 @@ impl Serialize for E2bResult<'_> {
                 "text/latex" => "latex",
                 "application/json" => "json",
                 "application/javascript" => "javascript",
+                code::CHART_MIME => "chart",
                 _ => {
                     extra.push((mime, v));
                     continue;
@@ -466,6 +467,7 @@ mod tests {
                 "text/html": "<table/>",
                 "image/png": "iVBO\n",
                 "application/json": {"columns": ["a"], "index": [0], "data": [[1]]},
+                "application/vnd.sandlot.chart+json": {"type": "line", "elements": []},
                 "application/vnd.custom": 1,
             }))
             .unwrap(),
@@ -476,6 +478,7 @@ mod tests {
         assert_eq!(l["html"], "<table/>");
         assert_eq!(l["png"], "iVBO");
         assert_eq!(l["data"]["columns"], json!(["a"]));
+        assert_eq!(l["chart"]["type"], "line");
         assert_eq!(l["extra"]["application/vnd.custom"], 1);
         assert_eq!(l["is_main_result"], true);
         // JSON that is no DataFrame's data is no `data`.
