@@ -582,3 +582,30 @@ fn a_pool_with_code_contexts_hands_out_sandboxes_whose_kernel_already_runs() {
         c.delete_sandbox(&sb2.id).await.unwrap();
     });
 }
+
+#[test]
+fn a_daemon_restart_ends_the_kernels_of_the_contexts_it_forgot() {
+    let mut d = Daemon::start(None);
+    let c = d.client();
+    let id = block_on_within(120, "a context before the restart", async {
+        let sb = c.create_sandbox(&CreateSandbox::default()).await.unwrap();
+        run(&c, &sb.id, DEFAULT_CONTEXT, "x = 1").await;
+        assert_eq!(kernels(&c, &sb.id).await, 1);
+        sb.id
+    });
+    // The daemon dies; the sandbox, its driver and kernel do not.
+    d.kill9();
+    d.spawn();
+    let c = d.client();
+    block_on_within(120, "after the restart", async {
+        eventually(30, "the forgotten kernel to end", || async {
+            kernels(&c, &id).await == 0
+        })
+        .await;
+        // The default context starts afresh.
+        let x = run(&c, &id, DEFAULT_CONTEXT, "'x' in globals()").await;
+        assert_eq!(value(&x), "False");
+        assert_eq!(kernels(&c, &id).await, 1);
+        c.delete_sandbox(&id).await.unwrap();
+    });
+}

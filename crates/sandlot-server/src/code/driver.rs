@@ -34,6 +34,13 @@ pub const MAX_LINE: usize = 16 << 20;
 /// Driver stderr kept for error messages (its last bytes).
 const STDERR_TAIL: usize = 1024;
 
+/// What a driver's process is tagged with in its sandbox's agent (then the
+/// context's id).
+pub const TAG_PREFIX: &str = "code context ";
+
+/// How long sweeping a sandbox's stale drivers may take.
+const SWEEP_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// How long a driver may take to have its kernel ready.
 pub const START_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -372,6 +379,34 @@ impl Driver {
     pub async fn kill(&self, guest: &GuestClient) {
         kill(guest, self.proc.id()).await;
     }
+}
+
+/// Ends every driver still running in a sandbox (and its kernel): after a
+/// daemon restart none of them belongs to a context any more. Returns how
+/// many it ended.
+pub async fn end_stale(guest: &GuestClient) -> usize {
+    let sweep = async {
+        let procs = match guest.list_processes().await {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!("listing a re-adopted sandbox's processes: {e}");
+                return 0;
+            }
+        };
+        let mut ended = 0;
+        for p in procs {
+            let stale =
+                p.exit.is_none() && p.tag.as_deref().is_some_and(|t| t.starts_with(TAG_PREFIX));
+            if stale {
+                kill(guest, p.id).await;
+                ended += 1;
+            }
+        }
+        ended
+    };
+    tokio::time::timeout(SWEEP_TIMEOUT, sweep)
+        .await
+        .unwrap_or(0)
 }
 
 /// SIGKILL to a driver's process group (the kernel is in it).

@@ -417,7 +417,7 @@ impl Context {
             language: self.params.language.as_str().into(),
             cwd: self.params.cwd.clone(),
             env: self.params.env.clone(),
-            tag: format!("code context {}", self.id),
+            tag: format!("{}{}", driver::TAG_PREFIX, self.id),
         }
     }
 
