@@ -609,3 +609,74 @@ fn a_daemon_restart_ends_the_kernels_of_the_contexts_it_forgot() {
         c.delete_sandbox(&id).await.unwrap();
     });
 }
+
+/// How many processes in the sandbox run `sleep SECONDS`.
+async fn sleeping(c: &Client, id: &str, seconds: &str) -> usize {
+    let out = c
+        .run(
+            id,
+            &[
+                "sh",
+                "-c",
+                "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f 2>/dev/null; echo; done",
+            ],
+        )
+        .await
+        .unwrap();
+    let want = format!("sleep {seconds} ");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.starts_with(&want))
+        .count()
+}
+
+#[test]
+fn a_restarted_context_ends_the_processes_its_kernel_left_behind() {
+    let d = Daemon::start(None);
+    let c = d.client();
+    block_on_within(180, "left-behind processes", async {
+        let sb = c.create_sandbox(&CreateSandbox::default()).await.unwrap();
+        let id = sb.id.as_str();
+        let ctx = c
+            .create_context(id, &CreateContextBody::default())
+            .await
+            .unwrap()
+            .id;
+        let other = c
+            .create_context(id, &CreateContextBody::default())
+            .await
+            .unwrap()
+            .id;
+        // Processes that leave the kernel's process group and session (one
+        // double-forked, so that its parent is the sandbox's first process).
+        let x = run(
+            &c,
+            id,
+            &ctx,
+            "import subprocess\n\
+             subprocess.Popen(['sleep', '1234'], start_new_session=True)\n\
+             subprocess.run(['sh', '-c', 'setsid sleep 1235 >/dev/null 2>&1 &'])",
+        )
+        .await;
+        assert_eq!(x.status, RunStatus::Ok, "{x:?}");
+        run(
+            &c,
+            id,
+            &other,
+            "import subprocess\nsubprocess.Popen(['sleep', '4321'], start_new_session=True)",
+        )
+        .await;
+        eventually(30, "the processes to start", || async {
+            sleeping(&c, id, "1234").await + sleeping(&c, id, "1235").await == 2
+        })
+        .await;
+        c.restart_context(id, &ctx).await.unwrap();
+        eventually(30, "the processes the kernel left to end", || async {
+            sleeping(&c, id, "1234").await + sleeping(&c, id, "1235").await == 0
+        })
+        .await;
+        // Another context's are its own.
+        assert_eq!(sleeping(&c, id, "4321").await, 1);
+        c.delete_sandbox(id).await.unwrap();
+    });
+}

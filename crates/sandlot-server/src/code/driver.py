@@ -741,9 +741,44 @@ def start(language, cwd):
           "(e.g. ijavascript, or deno's jupyter kernel)" % language)
 
 
+# Every process a context's kernel starts inherits this variable (the context's
+# id): what an earlier driver of the context left behind is found by it, even
+# processes that left the kernel's process group and session.
+CONTEXT_VAR = "SANDLOT_CODE_CONTEXT"
+
+
+def sweep(context):
+    """Ends the processes an earlier driver of this context left behind."""
+    entry = ("%s=%s" % (CONTEXT_VAR, context)).encode()
+    me = os.getpid()
+    for _ in range(5):
+        found = False
+        for n in os.listdir("/proc"):
+            if not n.isdigit() or int(n) == me:
+                continue
+            try:
+                with open("/proc/%s/environ" % n, "rb") as f:
+                    env = f.read()
+            except OSError:
+                continue
+            if entry in env.split(b"\0"):
+                try:
+                    os.kill(int(n), signal.SIGKILL)
+                    found = True
+                except OSError:
+                    pass
+        if not found:
+            return
+        time.sleep(0.05)
+
+
 def main():
     conf = json.loads(sys.stdin.buffer.readline())
     language = conf.get("language", "python")
+    context = conf.get("context")
+    if isinstance(context, str) and context:
+        sweep(context)
+        os.environ[CONTEXT_VAR] = context
     cwd = os.getcwd()
     requests = queue.Queue()
     try:

@@ -246,6 +246,9 @@ pub struct DriverSpec {
     pub cwd: Option<String>,
     pub env: BTreeMap<String, String>,
     pub tag: String,
+    /// The context's id: the processes its kernels start carry it, and a new
+    /// driver ends those an earlier one left.
+    pub context: String,
 }
 
 impl Driver {
@@ -269,7 +272,7 @@ impl Driver {
             stderr_tail: Vec::new(),
         };
         let source = serde_json::to_string(DRIVER_SOURCE).expect("a string serializes");
-        let conf = serde_json::json!({ "language": spec.language });
+        let conf = serde_json::json!({ "language": spec.language, "context": spec.context });
         let started = async {
             d.send_line(&source, START_TIMEOUT).await?;
             d.send_line(&conf.to_string(), START_TIMEOUT).await?;

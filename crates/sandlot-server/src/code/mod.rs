@@ -418,6 +418,7 @@ impl Context {
             cwd: self.params.cwd.clone(),
             env: self.params.env.clone(),
             tag: format!("{}{}", driver::TAG_PREFIX, self.id),
+            context: self.id.clone(),
         }
     }
 
