@@ -24,6 +24,10 @@ TRUNCATED = "\n[output truncated: the cell wrote more than 8 MiB]\n"
 
 # How long after a kernel says it runs a cell its SIGINT handler is surely in place.
 HANDLER_DELAY = 0.1
+# How long after that an interrupt sent too early is sent again, unless the cell
+# ended meanwhile (a second signal while the first one's traceback is being
+# written loses the traceback).
+RESEND_DELAY = 1.0
 
 _out_fd = os.dup(1)
 # Whatever a library prints goes to stderr, never into the event stream.
@@ -493,7 +497,7 @@ class Kernel:
         reply_at = None
         while not idle:
             busy_at = self.busy_at
-            if self.interrupt_pending and busy_at is not None and time.monotonic() - busy_at >= HANDLER_DELAY:
+            if self.interrupt_pending and busy_at is not None and time.monotonic() - busy_at >= RESEND_DELAY:
                 self.interrupt_pending = False
                 self._sigint()
             try:
