@@ -378,6 +378,12 @@ impl Driver {
         }
     }
 
+    /// Reads the driver's output until it has ended (its exit, or its stream
+    /// gone).
+    pub async fn wait_exit(mut self) {
+        while let Ok(Next::Line(_)) = self.next().await {}
+    }
+
     /// Ends the driver and its kernel (one process group).
     pub async fn kill(&self, guest: &GuestClient) {
         kill(guest, self.proc.id()).await;

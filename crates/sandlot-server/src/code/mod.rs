@@ -42,6 +42,8 @@ const INTERRUPT_GRACE: Duration = Duration::from_secs(2);
 /// How long an interrupt asked through the API may wait for the driver to read
 /// it; a driver that reads nothing for this long is ended.
 const INTERRUPT_WRITE: Duration = Duration::from_secs(10);
+/// How long deleting or restarting a context waits to see its driver end.
+const KILL_WAIT: Duration = Duration::from_secs(10);
 /// Stream text gathered from lines already read before it is sent as one chunk.
 const COALESCE: usize = 64 << 10;
 
@@ -222,7 +224,8 @@ impl Contexts {
         self.map().entry(ctx.id.clone()).or_insert(ctx);
     }
 
-    /// Ends a context's interpreter and forgets it.
+    /// Ends a context's interpreter and forgets it; answers once the driver's
+    /// end is seen (a run in progress ends as crashed first).
     pub async fn remove(&self, guest: &GuestClient, id: &str) -> ApiResult<()> {
         let ctx = self
             .map()
@@ -230,6 +233,17 @@ impl Contexts {
             .ok_or_else(|| ApiError::not_found(format!("no code context {id}")))?;
         ctx.deleted.store(true, Ordering::SeqCst);
         ctx.kill(guest).await;
+        let ended = async {
+            let mut r = ctx.runner.lock().await;
+            if let Some(d) = r.driver.take() {
+                d.kill(guest).await;
+                d.wait_exit().await;
+            }
+            ctx.forget_driver(&mut r);
+        };
+        if tokio::time::timeout(KILL_WAIT, ended).await.is_err() {
+            tracing::warn!(context = %ctx.id, "a deleted code context's driver did not end in time");
+        }
         Ok(())
     }
 }
@@ -480,6 +494,12 @@ impl Context {
         let mut r = self.runner.lock().await;
         if let Some(d) = r.driver.take() {
             d.kill(guest).await;
+            if tokio::time::timeout(KILL_WAIT, d.wait_exit())
+                .await
+                .is_err()
+            {
+                tracing::warn!(context = %self.id, "a restarted code context's driver did not end in time");
+            }
         }
         self.forget_driver(&mut r);
         r.lost = false;
