@@ -1,11 +1,13 @@
 """The official `e2b-code-interpreter` SDK (pinned in scripts/setup.d/60-e2b.sh)
 against Sandlot's E2B front door: state across runs, contexts, streaming
-callbacks, rich results (display data, a PNG chart, a DataFrame's data), the
-working directory, per-run variables, a timeout that stops the cell, bash, and
-async. Needs python3 with ipykernel, matplotlib and pandas on the host."""
+callbacks, rich results (display data, a PNG chart and its chart data, a
+DataFrame's data), the working directory, per-run variables, a timeout that
+stops the cell, a client leaving that stops only its own run, bash, and async.
+Needs python3 with ipykernel, matplotlib and pandas on the host."""
 
 import base64
 import struct
+import threading
 import time
 
 import pytest
@@ -65,6 +67,54 @@ def test_display_data_and_a_chart_come_as_rich_results(ci):
     assert "png" in ex.results[1].formats()
 
 
+def test_a_line_chart_carries_its_data(ci):
+    from e2b_code_interpreter.charts import ChartType, LineChart
+
+    ex = ci.run_code(
+        "import matplotlib.pyplot as plt\n"
+        "plt.figure()\n"
+        "plt.plot([1, 2, 3], [2, 4, 3], label='growth')\n"
+        "plt.plot([1, 2, 3], [1, 1, 2])\n"
+        "plt.title('Growth')\nplt.xlabel('Time (s)')\nplt.ylabel('Size [m]')\n"
+        "plt.show()"
+    )
+    assert ex.error is None, ex.error
+    r = ex.results[0]
+    assert {"png", "chart"} <= set(r.formats())
+    chart = r.chart
+    assert isinstance(chart, LineChart) and chart.type == ChartType.LINE
+    assert (chart.title, chart.x_label, chart.y_label) == ("Growth", "Time (s)", "Size [m]")
+    assert (chart.x_unit, chart.y_unit) == ("s", "m")
+    assert (chart.x_scale, chart.y_scale) == ("linear", "linear")
+    assert chart.x_ticks and all(isinstance(t, float) for t in chart.x_ticks)
+    assert len(chart.x_tick_labels) == len(chart.x_ticks)
+    growth, other = chart.elements
+    assert growth.label == "growth"
+    assert growth.points == [(1.0, 2.0), (2.0, 4.0), (3.0, 3.0)]
+    assert other.label.startswith("Line ") and other.points[2] == (3.0, 2.0)
+
+
+def test_a_bar_chart_carries_its_data(ci):
+    from e2b_code_interpreter.charts import BarChart, ChartType
+
+    ex = ci.run_code(
+        "import matplotlib.pyplot as plt\n"
+        "plt.figure()\n"
+        "plt.bar(['Ann', 'Bob', 'Cy'], [3, 5, 2], label='Books')\n"
+        "plt.title('Sales')\nplt.xlabel('Author')\nplt.ylabel('Sold')\n"
+        "plt.show()"
+    )
+    assert ex.error is None, ex.error
+    chart = ex.results[0].chart
+    assert isinstance(chart, BarChart) and chart.type == ChartType.BAR
+    assert (chart.title, chart.x_label, chart.y_label) == ("Sales", "Author", "Sold")
+    assert [(b.label, b.value, b.group) for b in chart.elements] == [
+        ("Ann", 3, "Books"),
+        ("Bob", 5, "Books"),
+        ("Cy", 2, "Books"),
+    ]
+
+
 def test_a_dataframe_carries_its_html_and_data(ci):
     ex = ci.run_code("import pandas as pd\npd.DataFrame({'a': [1, 2], 'b': [3.5, 4.5]})")
     r = ex.results[0]
@@ -101,6 +151,43 @@ def test_a_timeout_stops_the_cell_and_the_context_goes_on(ci):
     # not wait for it, and the state is still there.
     assert ci.run_code("kept").text == "5"
     assert time.monotonic() - started < 20
+
+
+def test_a_client_leaving_stops_only_its_own_run(ci, server):
+    import httpx
+
+    ctx = ci.create_code_context()
+    # The first caller's cell runs until a file appears.
+    first = []
+    cell = (
+        "import os, time\nopen('/tmp/first-runs', 'w').close()\n"
+        "while not os.path.exists('/tmp/go'):\n    time.sleep(0.05)\n6 * 7"
+    )
+    t = threading.Thread(target=lambda: first.append(ci.run_code(cell, context=ctx, timeout=120)))
+    t.start()
+    deadline = time.monotonic() + 60
+    while not ci.files.exists("/tmp/first-runs"):
+        assert time.monotonic() < deadline, "the first cell did not start"
+        time.sleep(0.1)
+    # A second caller waits for the same context, then leaves.
+    headers = {
+        "E2b-Sandbox-Id": ci.sandbox_id,
+        "E2b-Sandbox-Port": "49999",
+        "E2B-Traffic-Access-Token": ci.traffic_access_token,
+    }
+    body = {"code": "open('/tmp/second-ran', 'w').close()", "context_id": ctx.id}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/execute", headers=headers, json=body, timeout=1.0)
+    # Time for the server to see the second caller gone (it interrupted the
+    # first caller's cell then).
+    time.sleep(2)
+    ci.files.write("/tmp/go", "")
+    t.join(120)
+    ex = first[0]
+    assert ex.error is None, ex.error
+    assert ex.text == "42"
+    # The abandoned run never ran.
+    assert ci.run_code("import os\nos.path.exists('/tmp/second-ran')", context=ctx).text == "False"
 
 
 def test_bash_keeps_its_shell_state(ci):

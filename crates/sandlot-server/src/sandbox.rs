@@ -939,6 +939,11 @@ pub async fn reconcile(state: &Arc<AppState>) -> Result<ReconcileReport, crate::
                 continue;
             }
         };
+        // Its code contexts' drivers and kernels belong to no context now.
+        let ended = crate::code::driver::end_stale(&guest).await;
+        if ended > 0 {
+            span.in_scope(|| tracing::info!(ended, "ended the drivers of code contexts it had"));
+        }
         let h = Arc::new(SandboxHandle::new(inst, guest, &rec));
         state.register(h.clone());
         state.metrics.live_sandboxes.fetch_add(1, Ordering::Relaxed);

@@ -121,6 +121,13 @@ fn a_context_keeps_state_and_returns_rich_results() {
             .decode(shown[0].data["image/png"].as_str().unwrap().trim())
             .unwrap();
         assert_eq!(png_size(&png), (200, 150));
+        // Its chart data comes with it.
+        let chart = &shown[0].data["application/vnd.sandlot.chart+json"];
+        assert_eq!(chart["type"], "line", "{chart}");
+        assert_eq!(
+            chart["elements"][0]["points"],
+            json!([[0.0, 1.0], [1.0, 3.0], [2.0, 2.0]])
+        );
         // A DataFrame: HTML and its data.
         let x = run(
             &c,
@@ -405,11 +412,9 @@ fn contexts_run_concurrently_apart_and_end_when_deleted() {
         assert_eq!(x.status, RunStatus::Error);
         // Deleting ends the kernels.
         assert_eq!(kernels(&c, id).await, 2);
+        // The answer comes once the kernel is gone.
         c.delete_context(id, &a.id).await.unwrap();
-        eventually(10, "the deleted context's kernel to end", || async {
-            kernels(&c, id).await == 1
-        })
-        .await;
+        assert_eq!(kernels(&c, id).await, 1);
         let e = c.run_code(id, &a.id, &cell("1")).await.unwrap_err();
         assert_eq!(e.code(), Some("not_found"));
         assert!(e.to_string().contains(&a.id), "{e}");
@@ -573,5 +578,103 @@ fn a_pool_with_code_contexts_hands_out_sandboxes_whose_kernel_already_runs() {
         assert_eq!(value(&x), "'claimer'");
         c.delete_sandbox(id).await.unwrap();
         c.delete_sandbox(&sb2.id).await.unwrap();
+    });
+}
+
+#[test]
+fn a_daemon_restart_ends_the_kernels_of_the_contexts_it_forgot() {
+    let mut d = Daemon::start(None);
+    let c = d.client();
+    let id = block_on_within(120, "a context before the restart", async {
+        let sb = c.create_sandbox(&CreateSandbox::default()).await.unwrap();
+        run(&c, &sb.id, DEFAULT_CONTEXT, "x = 1").await;
+        assert_eq!(kernels(&c, &sb.id).await, 1);
+        sb.id
+    });
+    // The daemon dies; the sandbox, its driver and kernel do not.
+    d.kill9();
+    d.spawn();
+    let c = d.client();
+    block_on_within(120, "after the restart", async {
+        eventually(30, "the forgotten kernel to end", || async {
+            kernels(&c, &id).await == 0
+        })
+        .await;
+        // The default context starts afresh.
+        let x = run(&c, &id, DEFAULT_CONTEXT, "'x' in globals()").await;
+        assert_eq!(value(&x), "False");
+        assert_eq!(kernels(&c, &id).await, 1);
+        c.delete_sandbox(&id).await.unwrap();
+    });
+}
+
+/// How many processes in the sandbox run `sleep SECONDS`.
+async fn sleeping(c: &Client, id: &str, seconds: &str) -> usize {
+    let out = c
+        .run(
+            id,
+            &[
+                "sh",
+                "-c",
+                "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f 2>/dev/null; echo; done",
+            ],
+        )
+        .await
+        .unwrap();
+    let want = format!("sleep {seconds} ");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.starts_with(&want))
+        .count()
+}
+
+#[test]
+fn a_restarted_context_ends_the_processes_its_kernel_left_behind() {
+    let d = Daemon::start(None);
+    let c = d.client();
+    block_on_within(180, "left-behind processes", async {
+        let sb = c.create_sandbox(&CreateSandbox::default()).await.unwrap();
+        let id = sb.id.as_str();
+        let ctx = c
+            .create_context(id, &CreateContextBody::default())
+            .await
+            .unwrap()
+            .id;
+        let other = c
+            .create_context(id, &CreateContextBody::default())
+            .await
+            .unwrap()
+            .id;
+        // Processes that leave the kernel's process group and session (one
+        // double-forked, so that its parent is the sandbox's first process).
+        let x = run(
+            &c,
+            id,
+            &ctx,
+            "import subprocess\n\
+             subprocess.Popen(['sleep', '1234'], start_new_session=True)\n\
+             subprocess.run(['sh', '-c', 'setsid sleep 1235 >/dev/null 2>&1 &'])",
+        )
+        .await;
+        assert_eq!(x.status, RunStatus::Ok, "{x:?}");
+        run(
+            &c,
+            id,
+            &other,
+            "import subprocess\nsubprocess.Popen(['sleep', '4321'], start_new_session=True)",
+        )
+        .await;
+        eventually(30, "the processes to start", || async {
+            sleeping(&c, id, "1234").await + sleeping(&c, id, "1235").await == 2
+        })
+        .await;
+        c.restart_context(id, &ctx).await.unwrap();
+        eventually(30, "the processes the kernel left to end", || async {
+            sleeping(&c, id, "1234").await + sleeping(&c, id, "1235").await == 0
+        })
+        .await;
+        // Another context's are its own.
+        assert_eq!(sleeping(&c, id, "4321").await, 1);
+        c.delete_sandbox(id).await.unwrap();
     });
 }

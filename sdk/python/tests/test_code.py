@@ -34,6 +34,9 @@ def test_run_code_keeps_state_and_returns_rich_results(sb: sandlot.Sandbox) -> N
     pngs = [r.png_bytes for r in chart.results if r.png]
     assert len(pngs) == 1 and pngs[0] is not None
     assert png_size(pngs[0]) == (300, 200)
+    bars = [r.chart for r in chart.results if r.chart]
+    assert len(bars) == 1 and bars[0]["type"] == "bar"
+    assert [(e["label"], e["value"]) for e in bars[0]["elements"]] == [("a", 1.0), ("b", 2.0)]
     frame = sb.run_code("import pandas as pd\npd.DataFrame({'n': [1, 2, 3], 's': ['a', 'b', 'c']})")
     main = frame.main_result
     assert main is not None and main.html is not None and "<table" in main.html

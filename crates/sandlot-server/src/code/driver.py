@@ -24,6 +24,10 @@ TRUNCATED = "\n[output truncated: the cell wrote more than 8 MiB]\n"
 
 # How long after a kernel says it runs a cell its SIGINT handler is surely in place.
 HANDLER_DELAY = 0.1
+# How long after that an interrupt sent too early is sent again, unless the cell
+# ended meanwhile (a second signal while the first one's traceback is being
+# written loses the traceback).
+RESEND_DELAY = 1.0
 
 _out_fd = os.dup(1)
 # Whatever a library prints goes to stderr, never into the event stream.
@@ -123,8 +127,266 @@ def __sandlot_setup():
     f = ip.display_formatter.formatters.get("application/json")
     if f is not None:
         f.for_type_by_name("pandas.core.frame", "DataFrame", frame)
+    try:
+        from IPython.core.formatters import BaseFormatter
+        from traitlets import ObjectName, Unicode
+    except ImportError:
+        return
+    ns = {}
+    exec(CHART_SOURCE, ns)
+
+    chart_of = ns["chart_of"]
+
+    # Not registered by type: matplotlib's inline backend takes figures away from
+    # every formatter but its own when it selects its image formats.
+    class ChartFormatter(BaseFormatter):
+        format_type = Unicode(CHART_MIME)
+        print_method = ObjectName("_repr_sandlot_chart_")
+        _return_type = (dict,)
+
+        def __call__(self, obj):
+            figure = sys.modules.get("matplotlib.figure")
+            if figure is None or not isinstance(obj, figure.Figure):
+                return None
+            return chart_of(obj)
+
+    ip.display_formatter.formatters[CHART_MIME] = ChartFormatter(parent=ip.display_formatter)
 __sandlot_setup()
 del __sandlot_setup
+"""
+
+# The MIME type of a figure's chart data (E2B's `chart`), and its extractor, run
+# in the kernel: what a matplotlib figure shows (its type, title, axis labels,
+# units, ticks, scales and elements), read from its artists when it is
+# displayed. Anything it cannot read makes no chart (never an error).
+CHART_MIME = "application/vnd.sandlot.chart+json"
+CHART_SOURCE = r"""
+import json, math, re
+
+CAP = 1 << 20
+UNIT = re.compile(r"\s\((.*?)\)|\[(.*?)\]")
+
+
+def num(v):
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return str(v)
+    return f if math.isfinite(f) else None
+
+
+def point(v, dates):
+    iso = getattr(v, "isoformat", None)
+    if iso is not None:
+        return iso()
+    if type(v).__name__ == "datetime64":
+        return str(v.astype("datetime64[s]"))
+    if dates:
+        import matplotlib.dates as md
+        f = num(v)
+        return md.num2date(f).isoformat() if isinstance(f, float) else f
+    return num(v)
+
+
+def text(t):
+    return t if t else None
+
+
+def unit(label):
+    m = UNIT.search(label or "")
+    return (m.group(1) or m.group(2)) if m else None
+
+
+def is_dates(axis):
+    get = getattr(axis, "get_converter", None)
+    conv = get() if get is not None else getattr(axis, "converter", None)
+    return conv is not None and type(conv).__module__ == "matplotlib.dates"
+
+
+def is_categorical(axis):
+    return type(getattr(axis, "units", None)).__name__ == "UnitData"
+
+
+def scale(ax, axis, name):
+    if is_dates(axis):
+        return "datetime"
+    s = getattr(ax, "get_%sscale" % name)()
+    if s != "linear":
+        return s
+    return "categorical" if is_categorical(axis) else "linear"
+
+
+def labelled(ax, flip=False):
+    x, y = text(ax.get_xlabel()), text(ax.get_ylabel())
+    if flip:
+        x, y = y, x
+    return {"title": text(ax.get_title()), "x_label": x, "y_label": y,
+            "x_unit": unit(x), "y_unit": unit(y)}
+
+
+def ticks(ax, axis, name):
+    dates = is_dates(axis)
+    values = getattr(ax, "get_%sticks" % name)()
+    labels = [t.get_text() for t in getattr(ax, "get_%sticklabels" % name)()]
+    return {"%s_ticks" % name: [point(v, dates) for v in values],
+            "%s_tick_labels" % name: labels,
+            "%s_scale" % name: scale(ax, axis, name)}
+
+
+def grid_like(line):
+    x, y = line.get_xdata(), line.get_ydata()
+    return len(x) == 2 and len(y) == 2 and (x[0] == x[1] or y[0] == y[1])
+
+
+def named(label, prefix, kind):
+    if label.startswith(prefix) and label[len(prefix):].isdigit():
+        return "%s %s" % (kind, label[len(prefix):])
+    return label
+
+
+def point_chart(ax, kind, elements):
+    c = {"type": kind, **labelled(ax)}
+    c.update(ticks(ax, ax.xaxis, "x"))
+    c.update(ticks(ax, ax.yaxis, "y"))
+    c["elements"] = elements
+    return c
+
+
+def line_chart(ax):
+    xd, yd = is_dates(ax.xaxis), is_dates(ax.yaxis)
+    elements = []
+    for line in ax.get_lines():
+        if grid_like(line):
+            continue
+        pts = [[point(x, xd), point(y, yd)] for x, y in zip(line.get_xdata(), line.get_ydata())]
+        elements.append({"label": named(line.get_label(), "_child", "Line"), "points": pts})
+    return point_chart(ax, "line", elements)
+
+
+def scatter_chart(ax):
+    xd, yd = is_dates(ax.xaxis), is_dates(ax.yaxis)
+    elements = []
+    for col in ax.collections:
+        pts = [[point(x, xd), point(y, yd)] for x, y in col.get_offsets()]
+        elements.append({"label": named(col.get_label(), "_child", "Series"), "points": pts})
+    return point_chart(ax, "scatter", elements)
+
+
+def tick_label_at(ax, name, at, width):
+    values = getattr(ax, "get_%sticks" % name)()
+    labels = [t.get_text() for t in getattr(ax, "get_%sticklabels" % name)()]
+    for v, l in zip(values, labels):
+        if abs(v - at) <= abs(width) / 2:
+            return l
+    return str(num(at))
+
+
+def bar_chart(ax):
+    elements = []
+    horizontal = False
+    for cont in ax.containers:
+        bars = [p for p in cont if hasattr(p, "get_height")]
+        if not bars:
+            continue
+        group = named(cont.get_label() or "", "_container", "Group")
+        orient = getattr(cont, "orientation", None)
+        if orient is None:
+            orient = "horizontal" if len({b.get_height() for b in bars}) == 1 and len(bars) > 1 else "vertical"
+        horizontal = orient == "horizontal"
+        for b in bars:
+            if horizontal:
+                label = tick_label_at(ax, "y", b.get_y() + b.get_height() / 2, b.get_height())
+                value = b.get_width()
+            else:
+                label = tick_label_at(ax, "x", b.get_x() + b.get_width() / 2, b.get_width())
+                value = b.get_height()
+            elements.append({"label": label, "group": group, "value": num(value)})
+    return {"type": "bar", **labelled(ax, flip=horizontal), "elements": elements}
+
+
+def sig(v):
+    return float("%.8g" % v)
+
+
+def pie_chart(ax):
+    elements = [{"label": w.get_label(), "angle": round(abs(w.theta2 - w.theta1), 4), "radius": num(w.r)}
+                for w in ax.patches]
+    return {"type": "pie", "title": text(ax.get_title()), "elements": elements}
+
+
+def box_chart(ax):
+    boxes = []
+    for p in ax.patches:
+        v = p.get_path().vertices
+        boxes.append([min(v[:, 0]), max(v[:, 0]), min(v[:, 1]), max(v[:, 1])])
+    # Boxes of one width side by side along x: vertical boxes; else horizontal.
+    vertical = len({sig(b[1] - b[0]) for b in boxes}) == 1
+    if not vertical:
+        boxes = [[b[2], b[3], b[0], b[1]] for b in boxes]
+    found = [{"min": b[2], "q1": b[2], "median": None, "q3": b[3], "max": b[3], "outliers": []} for b in boxes]
+    for line in ax.get_lines():
+        x, y = list(map(float, line.get_xdata())), list(map(float, line.get_ydata()))
+        if not vertical:
+            x, y = y, x
+        for b, f in zip(boxes, found):
+            if not x or not all(b[0] <= v <= b[1] for v in x):
+                continue
+            if len(y) == 2 and y[0] == y[1] and b[2] <= y[0] <= b[3] and x[0] != x[1]:
+                f["median"] = y[0]
+            elif len(y) == 2 and x[0] == x[1]:
+                lo, hi = min(y), max(y)
+                if sig(hi) == sig(b[2]):
+                    f["min"] = lo
+                elif sig(lo) == sig(b[3]):
+                    f["max"] = hi
+            elif line.get_linestyle() in ("None", "", " ", "none"):
+                f["outliers"].extend(y)
+            break
+    name = "x" if vertical else "y"
+    elements = []
+    for b, f in zip(boxes, found):
+        elements.append({"label": tick_label_at(ax, name, (b[0] + b[1]) / 2, b[1] - b[0]),
+                         "min": sig(f["min"]), "first_quartile": sig(f["q1"]),
+                         "median": sig(f["median"] if f["median"] is not None else (f["q1"] + f["q3"]) / 2),
+                         "third_quartile": sig(f["q3"]), "max": sig(f["max"]),
+                         "outliers": [sig(o) for o in f["outliers"]]})
+    return {"type": "box_and_whisker", **labelled(ax, flip=not vertical), "elements": elements}
+
+
+def axes_chart(ax):
+    from matplotlib.collections import PathCollection
+    from matplotlib.patches import PathPatch, Rectangle, Wedge
+
+    lines = [l for l in ax.get_lines() if not grid_like(l)]
+    patches, cols = list(ax.patches), list(ax.collections)
+    if patches and all(isinstance(p, Wedge) for p in patches) and not lines and not cols:
+        return pie_chart(ax)
+    if patches and all(isinstance(p, PathPatch) for p in patches) and not cols:
+        return box_chart(ax)
+    if ax.containers and patches and all(isinstance(p, Rectangle) for p in patches) and not cols and not lines:
+        return bar_chart(ax)
+    if cols and all(isinstance(c, PathCollection) for c in cols) and not patches and not lines:
+        return scatter_chart(ax)
+    if ax.get_lines() and not patches and not cols:
+        return line_chart(ax)
+    return {"type": "unknown", "title": text(ax.get_title()), "elements": []}
+
+
+def chart_of(fig):
+    try:
+        axes = fig.get_axes()
+        if not any(ax.has_data() for ax in axes):
+            return None
+        if len(axes) == 1:
+            chart = axes_chart(axes[0])
+        else:
+            sup = getattr(fig, "_suptitle", None)
+            chart = {"type": "superchart", "title": text(sup.get_text()) if sup is not None else None,
+                     "elements": [axes_chart(ax) for ax in axes]}
+        data = json.dumps(chart, allow_nan=False)
+        return json.loads(data) if len(data) <= CAP else None
+    except Exception:
+        return None
 """
 
 
@@ -202,9 +464,11 @@ class Kernel:
         # a SIGINT that arrives before the kernel handles the cell (the request
         # still on its way, a slow kernel, the moment before it installs its
         # handler) is lost, and one too many interrupts the traceback instead.
+        # Output of the cell proves its handler is in place: once it came, one
+        # signal is enough.
         busy_at = getattr(self, "busy_at", None)
-        self.interrupt_pending = not getattr(self, "output_seen", False) and (
-            busy_at is None or time.monotonic() - busy_at < HANDLER_DELAY)
+        early = busy_at is None or time.monotonic() - busy_at < HANDLER_DELAY
+        self.interrupt_pending = early and not getattr(self, "cell_output", False)
         self.interrupted = True
         self._sigint()
 
@@ -219,13 +483,16 @@ class Kernel:
         msg_id = self.kc.execute(code, silent=True, store_history=False)
         self._reply(msg_id, None)
 
+    def expect_run(self):
+        """A run was read (the kernel is idle): an interrupt from now on is for it."""
+        self.interrupt_pending = False
+        self.busy_at = None
+        self.cell_output = False
+        self.interrupted = False
+
     def run(self, code, cell):
         import time
 
-        self.interrupt_pending = False
-        self.busy_at = None
-        self.interrupted = False
-        self.output_seen = False
         errored = False
         msg_id = self.kc.execute(code, silent=False, store_history=True, allow_stdin=False, stop_on_error=False)
         idle = False
@@ -233,7 +500,7 @@ class Kernel:
         reply_at = None
         while not idle:
             busy_at = self.busy_at
-            if self.interrupt_pending and busy_at is not None and time.monotonic() - busy_at >= HANDLER_DELAY:
+            if self.interrupt_pending and busy_at is not None and time.monotonic() - busy_at >= RESEND_DELAY:
                 self.interrupt_pending = False
                 self._sigint()
             try:
@@ -253,10 +520,7 @@ class Kernel:
                 continue
             kind, c = m["msg_type"], m["content"]
             if kind in ("stream", "execute_result", "display_data"):
-                # The cell's code runs, under the kernel's handler: an interrupt sent
-                # now is not lost, and one more would interrupt its traceback.
-                self.output_seen = True
-                self.interrupt_pending = False
+                self.cell_output = True
             if kind == "stream":
                 cell.stream("stdout" if c.get("name") == "stdout" else "stderr", c.get("text", ""))
             elif kind == "execute_result":
@@ -476,7 +740,7 @@ def start(language, cwd):
                 "--HistoryManager.enabled=False", "--InteractiveShell.colors=NoColor",
                 "--IPKernelApp.quiet=True"]
         k = Kernel(argv, cwd, "python")
-        k.silent(PY_SETUP)
+        k.silent(PY_SETUP.replace("CHART_SOURCE", repr(CHART_SOURCE)).replace("CHART_MIME", repr(CHART_MIME)))
         return k
     spec = None
     if importlib.util.find_spec("jupyter_client") is not None:
@@ -499,9 +763,44 @@ def start(language, cwd):
           "(e.g. ijavascript, or deno's jupyter kernel)" % language)
 
 
+# Every process a context's kernel starts inherits this variable (the context's
+# id): what an earlier driver of the context left behind is found by it, even
+# processes that left the kernel's process group and session.
+CONTEXT_VAR = "SANDLOT_CODE_CONTEXT"
+
+
+def sweep(context):
+    """Ends the processes an earlier driver of this context left behind."""
+    entry = ("%s=%s" % (CONTEXT_VAR, context)).encode()
+    me = os.getpid()
+    for _ in range(5):
+        found = False
+        for n in os.listdir("/proc"):
+            if not n.isdigit() or int(n) == me:
+                continue
+            try:
+                with open("/proc/%s/environ" % n, "rb") as f:
+                    env = f.read()
+            except OSError:
+                continue
+            if entry in env.split(b"\0"):
+                try:
+                    os.kill(int(n), signal.SIGKILL)
+                    found = True
+                except OSError:
+                    pass
+        if not found:
+            return
+        time.sleep(0.05)
+
+
 def main():
     conf = json.loads(sys.stdin.buffer.readline())
     language = conf.get("language", "python")
+    context = conf.get("context")
+    if isinstance(context, str) and context:
+        sweep(context)
+        os.environ[CONTEXT_VAR] = context
     cwd = os.getcwd()
     requests = queue.Queue()
     try:
@@ -521,6 +820,8 @@ def main():
             if r.get("op") == "interrupt":
                 kernel.interrupt()
             else:
+                if r.get("op") == "run" and hasattr(kernel, "expect_run"):
+                    kernel.expect_run()
                 requests.put(r)
         requests.put(None)
 

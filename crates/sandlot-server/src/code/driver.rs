@@ -14,8 +14,9 @@ use sandlot_guest::client::{
 };
 use sandlot_proto::guest::ExitStatus;
 use serde::Deserialize;
-use serde_json::Value;
 use tokio::sync::Mutex as AsyncMutex;
+
+use super::output::RawBundle;
 
 /// The driver's source.
 const DRIVER_SOURCE: &str = include_str!("driver.py");
@@ -33,12 +34,18 @@ pub const MAX_LINE: usize = 16 << 20;
 /// Driver stderr kept for error messages (its last bytes).
 const STDERR_TAIL: usize = 1024;
 
+/// What a driver's process is tagged with in its sandbox's agent (then the
+/// context's id).
+pub const TAG_PREFIX: &str = "code context ";
+
+/// How long sweeping a sandbox's stale drivers may take.
+const SWEEP_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// How long a driver may take to have its kernel ready.
 pub const START_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// A line from the driver. Anything else is dropped.
-#[derive(Debug, Deserialize, PartialEq)]
-#[serde(tag = "t", rename_all = "snake_case")]
+#[derive(Debug, PartialEq)]
 pub enum DriverLine {
     Ready,
     /// It cannot start a kernel (a missing package or kernel).
@@ -54,18 +61,16 @@ pub enum DriverLine {
     },
     Result {
         main: bool,
-        data: BTreeMap<String, Value>,
+        data: RawBundle,
     },
     Exception {
         name: String,
         value: String,
-        #[serde(default)]
         traceback: String,
     },
     Done {
         count: Option<u64>,
         status: String,
-        #[serde(default)]
         truncated: bool,
     },
     /// The kernel ended; the driver exits after this.
@@ -73,6 +78,72 @@ pub enum DriverLine {
         code: Option<i32>,
         signal: Option<i32>,
     },
+}
+
+/// The kinds of line (`"t"`).
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Kind {
+    Ready,
+    Fatal,
+    Stdout,
+    Stderr,
+    Result,
+    Exception,
+    Done,
+    Died,
+}
+
+/// Every field any line has, read in one pass with nothing buffered (an
+/// internally tagged enum would first copy the whole line into a tree of
+/// values, and a result's bundle is never parsed: see [`RawBundle`]).
+#[derive(Deserialize)]
+struct Wire {
+    t: Kind,
+    text: Option<String>,
+    name: Option<String>,
+    message: Option<String>,
+    main: Option<bool>,
+    data: Option<RawBundle>,
+    value: Option<String>,
+    traceback: Option<String>,
+    count: Option<u64>,
+    status: Option<String>,
+    truncated: Option<bool>,
+    code: Option<i32>,
+    signal: Option<i32>,
+}
+
+impl Wire {
+    fn line(self) -> Option<DriverLine> {
+        Some(match self.t {
+            Kind::Ready => DriverLine::Ready,
+            Kind::Fatal => DriverLine::Fatal {
+                name: self.name?,
+                message: self.message?,
+            },
+            Kind::Stdout => DriverLine::Stdout { text: self.text? },
+            Kind::Stderr => DriverLine::Stderr { text: self.text? },
+            Kind::Result => DriverLine::Result {
+                main: self.main?,
+                data: self.data?,
+            },
+            Kind::Exception => DriverLine::Exception {
+                name: self.name?,
+                value: self.value?,
+                traceback: self.traceback.unwrap_or_default(),
+            },
+            Kind::Done => DriverLine::Done {
+                count: self.count,
+                status: self.status?,
+                truncated: self.truncated.unwrap_or(false),
+            },
+            Kind::Died => DriverLine::Died {
+                code: self.code,
+                signal: self.signal,
+            },
+        })
+    }
 }
 
 /// Splits a byte stream into lines of at most `max` bytes; longer lines are
@@ -125,11 +196,15 @@ impl LineSplitter {
     pub fn pop(&mut self) -> Option<Vec<u8>> {
         self.ready.pop_front()
     }
+
+    pub fn has_ready(&self) -> bool {
+        !self.ready.is_empty()
+    }
 }
 
 /// Parses one driver line; `None` for anything that is not a known line.
 pub fn parse_line(line: &[u8]) -> Option<DriverLine> {
-    serde_json::from_slice(line).ok()
+    serde_json::from_slice::<Wire>(line).ok()?.line()
 }
 
 /// What [`Driver::next`] found.
@@ -171,6 +246,9 @@ pub struct DriverSpec {
     pub cwd: Option<String>,
     pub env: BTreeMap<String, String>,
     pub tag: String,
+    /// The context's id: the processes its kernels start carry it, and a new
+    /// driver ends those an earlier one left.
+    pub context: String,
 }
 
 impl Driver {
@@ -194,10 +272,13 @@ impl Driver {
             stderr_tail: Vec::new(),
         };
         let source = serde_json::to_string(DRIVER_SOURCE).expect("a string serializes");
-        let conf = serde_json::json!({ "language": spec.language });
-        d.send_line(&source).await?;
-        d.send_line(&conf.to_string()).await?;
-        match tokio::time::timeout(START_TIMEOUT, d.wait_ready()).await {
+        let conf = serde_json::json!({ "language": spec.language, "context": spec.context });
+        let started = async {
+            d.send_line(&source, START_TIMEOUT).await?;
+            d.send_line(&conf.to_string(), START_TIMEOUT).await?;
+            d.wait_ready().await
+        };
+        match tokio::time::timeout(START_TIMEOUT, started).await {
             Ok(Ok(())) => Ok(d),
             Ok(Err(e)) => {
                 d.kill(guest).await;
@@ -258,8 +339,15 @@ impl Driver {
         self.stdin.clone()
     }
 
-    pub async fn send_line(&self, json: &str) -> Result<(), StartError> {
-        write_line(&self.stdin, json).await
+    /// Writes one line, giving up after `within` (the driver stopped reading).
+    pub async fn send_line(&self, json: &str, within: Duration) -> Result<(), WriteError> {
+        write_line(&self.stdin, json, within).await
+    }
+
+    /// Whether a whole line is already read (the next [`Driver::next`] may
+    /// answer without waiting).
+    pub fn has_buffered(&self) -> bool {
+        self.lines.has_ready()
     }
 
     /// The next line from the driver, or its end.
@@ -290,10 +378,44 @@ impl Driver {
         }
     }
 
+    /// Reads the driver's output until it has ended (its exit, or its stream
+    /// gone).
+    pub async fn wait_exit(mut self) {
+        while let Ok(Next::Line(_)) = self.next().await {}
+    }
+
     /// Ends the driver and its kernel (one process group).
     pub async fn kill(&self, guest: &GuestClient) {
         kill(guest, self.proc.id()).await;
     }
+}
+
+/// Ends every driver still running in a sandbox (and its kernel): after a
+/// daemon restart none of them belongs to a context any more. Returns how
+/// many it ended.
+pub async fn end_stale(guest: &GuestClient) -> usize {
+    let sweep = async {
+        let procs = match guest.list_processes().await {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!("listing a re-adopted sandbox's processes: {e}");
+                return 0;
+            }
+        };
+        let mut ended = 0;
+        for p in procs {
+            let stale =
+                p.exit.is_none() && p.tag.as_deref().is_some_and(|t| t.starts_with(TAG_PREFIX));
+            if stale {
+                kill(guest, p.id).await;
+                ended += 1;
+            }
+        }
+        ended
+    };
+    tokio::time::timeout(SWEEP_TIMEOUT, sweep)
+        .await
+        .unwrap_or(0)
 }
 
 /// SIGKILL to a driver's process group (the kernel is in it).
@@ -303,15 +425,40 @@ pub async fn kill(guest: &GuestClient, id: ProcessId) {
     }
 }
 
-/// Writes one JSON line to a driver's stdin.
-pub async fn write_line(stdin: &AsyncMutex<ProcessStdin>, json: &str) -> Result<(), StartError> {
-    let mut s = stdin.lock().await;
-    let mut b = Vec::with_capacity(json.len() + 1);
-    b.extend_from_slice(json.as_bytes());
-    b.push(b'\n');
-    s.write(&b)
+/// Why a line did not reach a driver.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error("writing to the driver: {0}")]
+    Io(String),
+    /// It stopped reading its input (its pipe and the agent's window are full):
+    /// it is to be ended, a part of the line may have been sent.
+    #[error("the driver did not read its input within {0:?}")]
+    Stalled(Duration),
+}
+
+impl From<WriteError> for StartError {
+    fn from(e: WriteError) -> StartError {
+        StartError::Io(e.to_string())
+    }
+}
+
+/// Writes one JSON line to a driver's stdin, within `within` (waiting for the
+/// stdin's turn included).
+pub async fn write_line(
+    stdin: &AsyncMutex<ProcessStdin>,
+    json: &str,
+    within: Duration,
+) -> Result<(), WriteError> {
+    let write = async {
+        let mut s = stdin.lock().await;
+        let mut b = Vec::with_capacity(json.len() + 1);
+        b.extend_from_slice(json.as_bytes());
+        b.push(b'\n');
+        s.write(&b).await.map_err(|e| WriteError::Io(e.to_string()))
+    };
+    tokio::time::timeout(within, write)
         .await
-        .map_err(|e| StartError::Io(format!("writing to the driver: {e}")))
+        .unwrap_or(Err(WriteError::Stalled(within)))
 }
 
 /// "exit code 3", "killed by signal 11 (SIGSEGV)".
@@ -381,6 +528,25 @@ mod tests {
             parse_line(br#"{"t":"stdout","text":"hi","extra":1}"#),
             Some(DriverLine::Stdout { text: "hi".into() })
         );
+    }
+
+    #[test]
+    fn a_result_line_keeps_its_bundle_as_text() {
+        let l = parse_line(
+            br#"{"t":"result","main":true,"data":{"text/plain":"1","application/json":[{"a":0}]}}"#,
+        )
+        .unwrap();
+        let DriverLine::Result { main, data } = l else {
+            panic!("{l:?}")
+        };
+        assert!(main);
+        assert_eq!(data.get("application/json").unwrap().get(), r#"[{"a":0}]"#);
+        // Fields in any order; a result without its bundle is no line.
+        assert!(matches!(
+            parse_line(br#"{"data":{},"main":false,"t":"result"}"#),
+            Some(DriverLine::Result { main: false, .. })
+        ));
+        assert_eq!(parse_line(br#"{"t":"result","main":true}"#), None);
     }
 
     #[test]

@@ -5,38 +5,47 @@
 //! after it died, saying so (`restarted`) on the next run.
 
 pub mod driver;
+pub mod output;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::http::StatusCode;
 use sandlot_guest::client::{GuestClient, ProcessId, ProcessStdin};
 use sandlot_proto::api::code::{
-    CodeError, CodeEvent, CodeResult, ContextView, Execution, RunStatus, DEFAULT_CONTEXT, LANGUAGES,
+    CodeError, CodeEvent, ContextView, RunStatus, DEFAULT_CONTEXT, LANGUAGES,
 };
-use tokio::sync::{mpsc, Mutex as AsyncMutex};
+use tokio::sync::{mpsc, Mutex as AsyncMutex, Notify};
 
 use crate::error::{ApiError, ApiResult};
 use crate::store::now_ms;
 use crate::timefmt::rfc3339;
-use driver::{describe_end, Driver, DriverLine, DriverSpec, Next, StartError};
+use driver::{describe_end, Driver, DriverLine, DriverSpec, Next, StartError, WriteError};
+use output::{Budget, Held, OutputPool, RunEvent, RunOutput, RunResult, Stream};
 
 /// Contexts one sandbox may have at a time (each holds an interpreter's memory).
 pub const MAX_CONTEXTS: usize = 16;
-/// Stream text (stdout and stderr together) one run may produce; past it a marker.
-pub const MAX_STREAM: usize = 8 << 20;
-/// Results one run may produce, in count and in bytes of their bundles.
-pub const MAX_RESULTS: usize = 256;
-pub const MAX_RESULT_BYTES: usize = 32 << 20;
+/// Runs that may wait for a busy context, and for all contexts of a sandbox
+/// (each holds its request's code); past either a run is refused.
+pub const MAX_WAITING: usize = 8;
+pub const MAX_SANDBOX_WAITING: usize = 32;
 /// A run's timeout when the request names none, and the longest one.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+/// The MIME type of the chart data extracted from a matplotlib figure shown by
+/// a cell (E2B's `chart`).
+pub const CHART_MIME: &str = "application/vnd.sandlot.chart+json";
 /// How long a cell has to stop after an interrupt before the interpreter is ended.
 const INTERRUPT_GRACE: Duration = Duration::from_secs(2);
-/// The marker ending a run's stream text past [`MAX_STREAM`].
-const TRUNCATED: &str = "\n[output truncated: the cell wrote more than 8 MiB]\n";
+/// How long an interrupt asked through the API may wait for the driver to read
+/// it; a driver that reads nothing for this long is ended.
+const INTERRUPT_WRITE: Duration = Duration::from_secs(10);
+/// How long deleting or restarting a context waits to see its driver end.
+const KILL_WAIT: Duration = Duration::from_secs(10);
+/// Stream text gathered from lines already read before it is sent as one chunk.
+const COALESCE: usize = 64 << 10;
 
 /// A language a context speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,12 +89,43 @@ pub struct ContextParams {
 }
 
 /// The contexts of one sandbox.
-#[derive(Default)]
 pub struct Contexts {
     map: Mutex<BTreeMap<String, Arc<Context>>>,
+    /// What its runs hold of the daemon's memory at once.
+    output: Arc<OutputPool>,
+    /// Runs waiting for a context of it.
+    waiting: Arc<AtomicUsize>,
+}
+
+impl Default for Contexts {
+    fn default() -> Contexts {
+        Contexts {
+            map: Mutex::default(),
+            output: OutputPool::new(output::MAX_SANDBOX_OUTPUT),
+            waiting: Arc::default(),
+        }
+    }
 }
 
 impl Contexts {
+    /// Starts `req` in `ctx` on a task of its own (a client that leaves does not
+    /// cut the run short) and returns its events and a ticket to interrupt or
+    /// abandon it. Refused (429) when too many runs wait already.
+    pub fn spawn_run(
+        &self,
+        ctx: Arc<Context>,
+        guest: GuestClient,
+        req: RunRequest,
+        oom: OomProbe,
+    ) -> ApiResult<(mpsc::Receiver<RunItem>, RunTicket)> {
+        let turn = Turn::take(&self.waiting, &ctx.waiting, &ctx.id)?;
+        let control = Arc::new(RunControl::default());
+        let (tx, rx) = mpsc::channel(16);
+        let sink = Sink::new(tx, self.output.clone());
+        tokio::spawn(ctx.run(guest, req, oom, sink, turn, control.clone()));
+        Ok((rx, RunTicket { control }))
+    }
+
     fn map(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Arc<Context>>> {
         self.map.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -184,7 +224,8 @@ impl Contexts {
         self.map().entry(ctx.id.clone()).or_insert(ctx);
     }
 
-    /// Ends a context's interpreter and forgets it.
+    /// Ends a context's interpreter and forgets it; answers once the driver's
+    /// end is seen (a run in progress ends as crashed first).
     pub async fn remove(&self, guest: &GuestClient, id: &str) -> ApiResult<()> {
         let ctx = self
             .map()
@@ -192,6 +233,17 @@ impl Contexts {
             .ok_or_else(|| ApiError::not_found(format!("no code context {id}")))?;
         ctx.deleted.store(true, Ordering::SeqCst);
         ctx.kill(guest).await;
+        let ended = async {
+            let mut r = ctx.runner.lock().await;
+            if let Some(d) = r.driver.take() {
+                d.kill(guest).await;
+                d.wait_exit().await;
+            }
+            ctx.forget_driver(&mut r);
+        };
+        if tokio::time::timeout(KILL_WAIT, ended).await.is_err() {
+            tracing::warn!(context = %ctx.id, "a deleted code context's driver did not end in time");
+        }
         Ok(())
     }
 }
@@ -220,6 +272,74 @@ struct Control {
     stdin: Option<Arc<AsyncMutex<ProcessStdin>>>,
 }
 
+/// A run's place among those waiting for a context (given back when it starts
+/// or is dropped).
+pub struct Turn {
+    sandbox: Arc<AtomicUsize>,
+    context: Arc<AtomicUsize>,
+}
+
+impl Turn {
+    fn take(sandbox: &Arc<AtomicUsize>, context: &Arc<AtomicUsize>, id: &str) -> ApiResult<Turn> {
+        let up = |n: &AtomicUsize, max: usize| {
+            n.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| {
+                (v < max).then_some(v + 1)
+            })
+            .is_ok()
+        };
+        if !up(context, MAX_WAITING) {
+            return Err(ApiError::quota(format!(
+                "code context {id} has {MAX_WAITING} runs waiting for it already (at most \
+                 {MAX_WAITING} wait for a busy context): try again when one has run"
+            )));
+        }
+        if !up(sandbox, MAX_SANDBOX_WAITING) {
+            context.fetch_sub(1, Ordering::SeqCst);
+            return Err(ApiError::quota(format!(
+                "this sandbox has {MAX_SANDBOX_WAITING} runs waiting for its code contexts \
+                 already (at most {MAX_SANDBOX_WAITING}): try again when one has run"
+            )));
+        }
+        Ok(Turn {
+            sandbox: sandbox.clone(),
+            context: context.clone(),
+        })
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        self.context.fetch_sub(1, Ordering::SeqCst);
+        self.sandbox.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Between a run's task and whoever started it: an interrupt of this run only.
+#[derive(Default)]
+struct RunControl {
+    /// The client left: a run that has not started never does.
+    abandoned: AtomicBool,
+    interrupt: Notify,
+}
+
+/// What started a run holds to interrupt that run (and no other).
+pub struct RunTicket {
+    control: Arc<RunControl>,
+}
+
+impl RunTicket {
+    /// Interrupts the run's cell once it runs (never another run's).
+    pub fn interrupt(&self) {
+        self.control.interrupt.notify_one();
+    }
+
+    /// The client left: the run is interrupted if it runs, dropped if it waits.
+    pub fn abandon(&self) {
+        self.control.abandoned.store(true, Ordering::SeqCst);
+        self.control.interrupt.notify_one();
+    }
+}
+
 /// Held by the run in progress (runs of one context take turns).
 #[derive(Default)]
 struct Runner {
@@ -241,6 +361,8 @@ pub struct Context {
     busy: AtomicBool,
     running: AtomicBool,
     deleted: AtomicBool,
+    /// Runs waiting for its runner.
+    waiting: Arc<AtomicUsize>,
 }
 
 /// What a run was asked.
@@ -278,6 +400,7 @@ impl Context {
             busy: AtomicBool::new(false),
             running: AtomicBool::new(false),
             deleted: AtomicBool::new(false),
+            waiting: Arc::default(),
         }
     }
 
@@ -308,7 +431,8 @@ impl Context {
             language: self.params.language.as_str().into(),
             cwd: self.params.cwd.clone(),
             env: self.params.env.clone(),
-            tag: format!("code context {}", self.id),
+            tag: format!("{}{}", driver::TAG_PREFIX, self.id),
+            context: self.id.clone(),
         }
     }
 
@@ -370,34 +494,57 @@ impl Context {
         let mut r = self.runner.lock().await;
         if let Some(d) = r.driver.take() {
             d.kill(guest).await;
+            if tokio::time::timeout(KILL_WAIT, d.wait_exit())
+                .await
+                .is_err()
+            {
+                tracing::warn!(context = %self.id, "a restarted code context's driver did not end in time");
+            }
         }
         self.forget_driver(&mut r);
         r.lost = false;
         self.ensure_started(guest, &mut r).await.map(|_| ())
     }
 
-    /// Asks the kernel to interrupt the cell running now (nothing if idle).
-    pub async fn interrupt(&self) -> bool {
-        let stdin = self.control().stdin.clone();
-        match stdin {
-            Some(s) => driver::write_line(&s, r#"{"op":"interrupt"}"#)
-                .await
-                .is_ok(),
-            None => false,
+    /// Asks the kernel to interrupt the cell running now (nothing if idle). A
+    /// driver that does not read the request within [`INTERRUPT_WRITE`] is
+    /// ended (the run in progress ends as crashed).
+    pub async fn interrupt(&self, guest: &GuestClient) -> bool {
+        let (stdin, process) = {
+            let c = self.control();
+            (c.stdin.clone(), c.process)
+        };
+        let Some(s) = stdin else { return false };
+        match driver::write_line(&s, r#"{"op":"interrupt"}"#, INTERRUPT_WRITE).await {
+            Ok(()) => true,
+            Err(WriteError::Stalled(_)) => {
+                tracing::warn!(context = %self.id, "a code context's driver reads no input: ending it");
+                if let Some(id) = process {
+                    driver::kill(guest, id).await;
+                }
+                false
+            }
+            Err(WriteError::Io(_)) => false,
         }
     }
 
     /// Runs `req`, sending events to `out` (a closed `out` does not stop the run:
     /// its output is still read, so that the next run starts in step). The last
     /// event is `end`, or `error` if the interpreter could not be started.
-    pub async fn run(
+    async fn run(
         self: Arc<Self>,
         guest: GuestClient,
         req: RunRequest,
         oom: OomProbe,
         out: Sink,
+        turn: Turn,
+        control: Arc<RunControl>,
     ) {
         let mut r = self.runner.lock().await;
+        drop(turn);
+        if control.abandoned.load(Ordering::SeqCst) {
+            return;
+        }
         let restarted = match self.ensure_started(&guest, &mut r).await {
             Ok(again) => again && std::mem::take(&mut r.lost),
             Err(e) => {
@@ -406,13 +553,17 @@ impl Context {
             }
         };
         self.busy.store(true, Ordering::Relaxed);
-        out.send(CodeEvent::Started {
-            context: self.view(),
-            restarted,
-        })
+        out.send(
+            CodeEvent::Started {
+                context: self.view(),
+                restarted,
+            }
+            .into(),
+            Held::default(),
+        )
         .await;
         let ooms = oom_kills(&oom);
-        let mut end = self.run_cell(&guest, &mut r, &req, &out).await;
+        let mut end = self.run_cell(&guest, &mut r, &req, &out, &control).await;
         if end.status == RunStatus::Crashed && ooms.is_some() && oom_kills(&oom) > ooms {
             if let Some(e) = &mut end.error {
                 e.value = "the interpreter was killed for running out of memory (the sandbox's \
@@ -429,13 +580,17 @@ impl Context {
             r.lost = !self.deleted.load(Ordering::SeqCst);
         }
         self.busy.store(false, Ordering::Relaxed);
-        out.send(CodeEvent::End {
-            status: end.status,
-            execution_count: end.count,
-            error: end.error,
-            restarted,
-            truncated: end.truncated,
-        })
+        out.send(
+            CodeEvent::End {
+                status: end.status,
+                execution_count: end.count,
+                error: end.error,
+                restarted,
+                truncated: end.truncated,
+            }
+            .into(),
+            Held::default(),
+        )
         .await;
     }
 
@@ -445,22 +600,55 @@ impl Context {
         r: &mut Runner,
         req: &RunRequest,
         out: &Sink,
+        control: &RunControl,
     ) -> CellEnd {
         let d = r.driver.as_mut().expect("started above");
         let mut end = CellEnd::default();
-        let line = serde_json::json!({"op": "run", "code": req.code, "env": req.env}).to_string();
-        if let Err(e) = d.send_line(&line).await {
-            return end.died(format!("the interpreter is gone ({e})"));
-        }
-        let mut budget = Budget::default();
         let deadline = tokio::time::Instant::now() + req.timeout;
+        let line = serde_json::json!({"op": "run", "code": req.code, "env": req.env}).to_string();
+        let within = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match d.send_line(&line, within).await {
+            Ok(()) => {}
+            Err(WriteError::Stalled(_)) => {
+                d.kill(guest).await;
+                end.status = RunStatus::TimedOut;
+                end.lost = true;
+                end.error = Some(CodeError {
+                    name: "TimeoutError".into(),
+                    value: format!(
+                        "the interpreter did not read the cell within the run's timeout of {:?} \
+                         (it stopped reading its input), so it was ended and its state is lost",
+                        req.timeout
+                    ),
+                    traceback: String::new(),
+                });
+                return end;
+            }
+            Err(e) => return end.died(format!("the interpreter is gone ({e})")),
+        }
+        let mut budget = Budget::new(out.pool.clone());
+        let mut pending: Option<(Stream, String)> = None;
         let mut timed_out = false;
         let mut grace = None;
         loop {
+            // Stream text of lines already read goes out as one chunk; nothing
+            // waits while text is pending.
+            let full = pending.as_ref().is_some_and(|(_, t)| t.len() >= COALESCE);
+            if full || (pending.is_some() && !d.has_buffered()) {
+                flush(&mut pending, &mut budget, out).await;
+            }
             let wait_until = grace.unwrap_or(deadline);
             let next = tokio::select! {
                 n = d.next() => n,
+                _ = control.interrupt.notified() => {
+                    if d.send_line(r#"{"op":"interrupt"}"#, INTERRUPT_WRITE).await.is_err() {
+                        d.kill(guest).await;
+                    }
+                    continue;
+                }
                 _ = tokio::time::sleep_until(wait_until) => {
+                    flush(&mut pending, &mut budget, out).await;
+                    end.truncated |= budget.truncated;
                     if grace.is_some() {
                         // The cell did not stop: end the interpreter.
                         d.kill(guest).await;
@@ -470,33 +658,42 @@ impl Context {
                         return end;
                     }
                     timed_out = true;
-                    let _ = d.send_line(r#"{"op":"interrupt"}"#).await;
                     grace = Some(tokio::time::Instant::now() + INTERRUPT_GRACE);
+                    if d.send_line(r#"{"op":"interrupt"}"#, INTERRUPT_GRACE).await.is_err() {
+                        // It does not read: the grace is over.
+                        grace = Some(tokio::time::Instant::now());
+                    }
                     continue;
                 }
             };
+            let stream = match &next {
+                Ok(Next::Line(DriverLine::Stdout { .. })) => Some(Stream::Stdout),
+                Ok(Next::Line(DriverLine::Stderr { .. })) => Some(Stream::Stderr),
+                _ => None,
+            };
+            let joins = matches!((stream, &pending), (Some(on), Some((p, _))) if *p == on);
+            if pending.is_some() && !joins {
+                flush(&mut pending, &mut budget, out).await;
+            }
+            end.truncated |= budget.truncated;
             match next {
                 Ok(Next::Line(l)) => match l {
-                    DriverLine::Stdout { text } => {
-                        if let Some(t) = budget.stream(&text, &mut end) {
-                            out.send(CodeEvent::Stdout { text: t }).await;
-                        }
-                    }
-                    DriverLine::Stderr { text } => {
-                        if let Some(t) = budget.stream(&text, &mut end) {
-                            out.send(CodeEvent::Stderr { text: t }).await;
+                    DriverLine::Stdout { text } | DriverLine::Stderr { text } => {
+                        let on = stream.expect("a stream line");
+                        match &mut pending {
+                            Some((_, t)) => t.push_str(&text),
+                            None => pending = Some((on, text)),
                         }
                     }
                     DriverLine::Result { main, data } => {
-                        if budget.result(&data, &mut end) {
-                            out.send(CodeEvent::Result {
-                                result: CodeResult {
-                                    is_main_result: main,
-                                    data,
-                                },
-                            })
-                            .await;
+                        if let Some(held) = budget.result(&data) {
+                            let result = RunResult {
+                                is_main_result: main,
+                                data,
+                            };
+                            out.send(RunEvent::Result(result), held).await;
                         }
+                        end.truncated |= budget.truncated;
                     }
                     DriverLine::Exception {
                         name,
@@ -508,7 +705,12 @@ impl Context {
                             value: driver::bounded(&value, 64 << 10),
                             traceback: driver::bounded(&traceback, 1 << 20),
                         };
-                        out.send(CodeEvent::Exception { error: e.clone() }).await;
+                        budget.interrupted();
+                        out.send(
+                            CodeEvent::Exception { error: e.clone() }.into(),
+                            Held::default(),
+                        )
+                        .await;
                         end.error = Some(e);
                     }
                     DriverLine::Done {
@@ -547,6 +749,15 @@ impl Context {
                 }
                 Err(e) => return end.died(format!("the interpreter is gone ({e})")),
             }
+        }
+    }
+}
+
+/// Sends the pending stream text as one chunk, within the run's budget.
+async fn flush(pending: &mut Option<(Stream, String)>, budget: &mut Budget, out: &Sink) {
+    if let Some((on, text)) = pending.take() {
+        if let Some((t, held)) = budget.stream(on, &text) {
+            out.send(on.event(t).into(), held).await;
         }
     }
 }
@@ -631,109 +842,52 @@ impl CellEnd {
     }
 }
 
-/// What a run may still produce.
-#[derive(Default)]
-struct Budget {
-    stream: usize,
-    results: usize,
-    result_bytes: usize,
-    stream_cut: bool,
+/// One item of a run's event channel: an event (or the error that ended the run
+/// before it started), with what it holds of its sandbox's output pool until
+/// it is dropped.
+pub struct RunItem {
+    pub event: Result<RunEvent, ApiError>,
+    pub held: Held,
 }
-
-impl Budget {
-    /// The part of `text` within the run's stream cap (the marker once past it).
-    fn stream(&mut self, text: &str, end: &mut CellEnd) -> Option<String> {
-        if self.stream_cut {
-            return None;
-        }
-        let room = MAX_STREAM - self.stream;
-        if text.len() <= room {
-            self.stream += text.len();
-            return Some(text.to_string());
-        }
-        self.stream_cut = true;
-        end.truncated = true;
-        let mut cut = room;
-        while !text.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        self.stream = MAX_STREAM;
-        Some(format!("{}{TRUNCATED}", &text[..cut]))
-    }
-
-    fn result(&mut self, data: &BTreeMap<String, serde_json::Value>, end: &mut CellEnd) -> bool {
-        let size: usize = data
-            .iter()
-            .map(|(k, v)| {
-                k.len()
-                    + match v {
-                        serde_json::Value::String(s) => s.len(),
-                        other => other.to_string().len(),
-                    }
-            })
-            .sum();
-        if self.results >= MAX_RESULTS || self.result_bytes + size > MAX_RESULT_BYTES {
-            end.truncated = true;
-            return false;
-        }
-        self.results += 1;
-        self.result_bytes += size;
-        true
-    }
-}
-
-/// One item of a run's event channel: an event, or the error that ended the run
-/// before it started.
-pub type RunItem = Result<CodeEvent, ApiError>;
 
 /// Where a run's events go. Once the receiver is gone, events are dropped.
 pub struct Sink {
     tx: mpsc::Sender<RunItem>,
     closed: AtomicBool,
+    pool: Arc<OutputPool>,
 }
 
 impl Sink {
-    pub fn new(tx: mpsc::Sender<RunItem>) -> Sink {
+    fn new(tx: mpsc::Sender<RunItem>, pool: Arc<OutputPool>) -> Sink {
         Sink {
             tx,
             closed: AtomicBool::new(false),
+            pool,
         }
     }
 
-    async fn send(&self, ev: CodeEvent) {
-        self.put(Ok(ev)).await
+    async fn send(&self, ev: RunEvent, held: Held) {
+        self.put(Ok(ev), held).await
     }
 
     async fn fail(&self, e: ApiError) {
-        self.put(Err(e)).await
+        self.put(Err(e), Held::default()).await
     }
 
-    async fn put(&self, item: RunItem) {
+    async fn put(&self, event: Result<RunEvent, ApiError>, held: Held) {
         if self.closed.load(Ordering::Relaxed) {
             return;
         }
-        if self.tx.send(item).await.is_err() {
+        if self.tx.send(RunItem { event, held }).await.is_err() {
             self.closed.store(true, Ordering::Relaxed);
         }
     }
 }
 
-/// Runs `req` in `ctx` on a task of its own (a client that leaves does not cut
-/// the run short) and returns its events.
-pub fn spawn_run(
-    ctx: Arc<Context>,
-    guest: GuestClient,
-    req: RunRequest,
-    oom: OomProbe,
-) -> mpsc::Receiver<RunItem> {
-    let (tx, rx) = mpsc::channel(16);
-    tokio::spawn(ctx.run(guest, req, oom, Sink::new(tx)));
-    rx
-}
-
-/// Collects a run's events into its [`Execution`]; an `error` event is the error.
-pub async fn collect(mut rx: mpsc::Receiver<RunItem>) -> ApiResult<Execution> {
-    let mut x = Execution {
+/// Collects a run's events into its outcome; an `error` event is the error.
+/// Chunks of one stream in a row are merged.
+pub async fn collect(mut rx: mpsc::Receiver<RunItem>) -> ApiResult<RunOutput> {
+    let mut x = RunOutput {
         results: Vec::new(),
         stdout: Vec::new(),
         stderr: Vec::new(),
@@ -742,14 +896,26 @@ pub async fn collect(mut rx: mpsc::Receiver<RunItem>) -> ApiResult<Execution> {
         status: RunStatus::Ok,
         restarted: false,
         truncated: false,
+        held: Held::default(),
     };
-    while let Some(ev) = rx.recv().await {
-        match ev? {
-            CodeEvent::Started { restarted, .. } => x.restarted = restarted,
-            CodeEvent::Stdout { text } => x.stdout.push(text),
-            CodeEvent::Stderr { text } => x.stderr.push(text),
-            CodeEvent::Result { result } => x.results.push(result),
-            CodeEvent::Exception { .. } => {}
+    let mut last = None;
+    while let Some(item) = rx.recv().await {
+        x.held.absorb(item.held);
+        let ev = match item.event? {
+            RunEvent::Result(r) => {
+                x.results.push(r);
+                last = None;
+                continue;
+            }
+            RunEvent::Code(ev) => ev,
+        };
+        let (on, text) = match ev {
+            CodeEvent::Stdout { text } => (Stream::Stdout, text),
+            CodeEvent::Stderr { text } => (Stream::Stderr, text),
+            CodeEvent::Started { restarted, .. } => {
+                x.restarted = restarted;
+                continue;
+            }
             CodeEvent::End {
                 status,
                 execution_count,
@@ -764,9 +930,21 @@ pub async fn collect(mut rx: mpsc::Receiver<RunItem>) -> ApiResult<Execution> {
                 x.truncated = truncated;
                 return Ok(x);
             }
-            // Only made by the HTTP layer.
-            CodeEvent::Error { .. } => {}
+            // Only made by the HTTP layer; results come raw.
+            CodeEvent::Exception { .. } | CodeEvent::Error { .. } | CodeEvent::Result { .. } => {
+                last = None;
+                continue;
+            }
+        };
+        let chunks = match on {
+            Stream::Stdout => &mut x.stdout,
+            Stream::Stderr => &mut x.stderr,
+        };
+        match chunks.last_mut() {
+            Some(t) if last == Some(on) => t.push_str(&text),
+            _ => chunks.push(text),
         }
+        last = Some(on);
     }
     Err(ApiError::internal(
         "a code run ended without its last event",
@@ -797,26 +975,39 @@ mod tests {
     }
 
     #[test]
-    fn stream_budget_cuts_once_with_a_marker() {
-        let mut b = Budget::default();
-        let mut end = CellEnd::default();
-        let big = "x".repeat(MAX_STREAM - 3);
-        assert_eq!(b.stream(&big, &mut end).unwrap().len(), MAX_STREAM - 3);
-        let t = b.stream("abcdef", &mut end).unwrap();
-        assert!(t.starts_with("abc") && t.ends_with(TRUNCATED), "{t}");
-        assert!(end.truncated);
-        assert_eq!(b.stream("more", &mut end), None);
-    }
-
-    #[test]
-    fn result_budget_counts_results() {
-        let mut b = Budget::default();
-        let mut end = CellEnd::default();
-        let data: BTreeMap<_, _> = [("text/plain".to_string(), serde_json::json!("1"))].into();
-        for _ in 0..MAX_RESULTS {
-            assert!(b.result(&data, &mut end));
-        }
-        assert!(!b.result(&data, &mut end));
-        assert!(end.truncated);
+    fn waiting_runs_are_capped_per_context_and_per_sandbox() {
+        let sandbox = Arc::new(AtomicUsize::new(0));
+        let a = Arc::new(AtomicUsize::new(0));
+        let turns: Vec<_> = (0..MAX_WAITING)
+            .map(|_| Turn::take(&sandbox, &a, "ctx_a").unwrap())
+            .collect();
+        let e = Turn::take(&sandbox, &a, "ctx_a").err().unwrap();
+        assert_eq!(e.status, StatusCode::TOO_MANY_REQUESTS);
+        assert!(
+            e.message.contains("ctx_a has 8 runs waiting"),
+            "{}",
+            e.message
+        );
+        // Other contexts fill the sandbox's cap.
+        let others: Vec<_> = (0..MAX_SANDBOX_WAITING - MAX_WAITING)
+            .map(|i| {
+                let c = Arc::new(AtomicUsize::new(0));
+                Turn::take(&sandbox, &c, &format!("c{i}")).unwrap()
+            })
+            .collect();
+        let fresh = Arc::new(AtomicUsize::new(0));
+        let e = Turn::take(&sandbox, &fresh, "ctx_b").err().unwrap();
+        assert!(
+            e.message.contains("this sandbox has 32 runs"),
+            "{}",
+            e.message
+        );
+        assert_eq!(fresh.load(Ordering::SeqCst), 0);
+        drop(turns);
+        drop(others);
+        assert_eq!(
+            (sandbox.load(Ordering::SeqCst), a.load(Ordering::SeqCst)),
+            (0, 0)
+        );
     }
 }

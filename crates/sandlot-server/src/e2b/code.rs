@@ -13,15 +13,20 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, post};
 use axum::{Json, Router};
-use sandlot_proto::api::code::{CodeError, CodeEvent, CodeResult, RunStatus};
-use serde::Deserialize;
-use serde_json::{json, Map, Value};
+use bytes::Bytes;
+use sandlot_proto::api::code::{CodeError, CodeEvent, RunStatus};
+use serde::de::IgnoredAny;
+use serde::ser::{SerializeMap, Serializer};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use serde_json::{json, Value};
 
 use super::envd::{
     constant_time_eq, AccessError, ACCESS_TOKEN_HEADER, SANDBOX_ID_HEADER, SANDBOX_PORT_HEADER,
 };
 use super::hosts::TRAFFIC_TOKEN_HEADER;
 use super::E2b;
+use crate::code::output::{RunEvent, RunResult};
 use crate::code::{self, Context, ContextParams, Language, RunRequest};
 use crate::error::ApiError;
 use crate::routes::stream::{channel_body, line};
@@ -272,7 +277,14 @@ async fn execute(
         timeout: code::DEFAULT_TIMEOUT,
     };
     h.touch();
-    let mut rx = code::spawn_run(ctx.clone(), h.guest.clone(), req, code::oom_probe(&h));
+    let (mut rx, ticket) =
+        match h
+            .contexts
+            .spawn_run(ctx, h.guest.clone(), req, code::oom_probe(&h))
+        {
+            Ok(x) => x,
+            Err(e) => return plain(e),
+        };
     let (tx, resp) = channel_body("application/x-ndjson");
     tokio::spawn(async move {
         let _guard = guard;
@@ -280,16 +292,18 @@ async fn execute(
         loop {
             let item = tokio::select! {
                 item = rx.recv() => item,
-                // The client left mid-run: stop the cell, as E2B's server does.
+                // The client left: stop this run's cell, as E2B's server does
+                // (a run still waiting for the context never starts; another
+                // caller's cell is never touched).
                 _ = tx.closed() => {
-                    ctx.interrupt().await;
+                    ticket.abandon();
                     return;
                 }
             };
             let Some(item) = item else { return };
-            for l in lines_of(item, &mut raised) {
-                if tx.send(line(&l)).await.is_err() {
-                    ctx.interrupt().await;
+            for l in lines_of(item.event, &mut raised) {
+                if tx.send(l).await.is_err() {
+                    ticket.abandon();
                     return;
                 }
             }
@@ -305,28 +319,34 @@ fn now_ns() -> i64 {
         .unwrap_or(0)
 }
 
-fn error_line(e: &CodeError) -> Value {
-    json!({"type": "error", "name": e.name, "value": e.value, "traceback": e.traceback})
+fn error_line(e: &CodeError) -> Bytes {
+    line(&json!({"type": "error", "name": e.name, "value": e.value, "traceback": e.traceback}))
 }
 
 /// The E2B lines of one run event.
-fn lines_of(item: Result<CodeEvent, ApiError>, raised: &mut bool) -> Vec<Value> {
+fn lines_of(item: Result<RunEvent, ApiError>, raised: &mut bool) -> Vec<Bytes> {
     let ev = match item {
-        Ok(ev) => ev,
+        Ok(RunEvent::Code(ev)) => ev,
+        Ok(RunEvent::Result(r)) => return vec![line(&E2bResult(&r))],
         Err(e) => {
-            return vec![
-                json!({"type": "error", "name": "SandlotError", "value": e.message, "traceback": ""}),
-            ]
+            return vec![line(
+                &json!({"type": "error", "name": "SandlotError", "value": e.message, "traceback": ""}),
+            )]
         }
     };
     match ev {
         CodeEvent::Stdout { text } => {
-            vec![json!({"type": "stdout", "text": text, "timestamp": now_ns()})]
+            vec![line(
+                &json!({"type": "stdout", "text": text, "timestamp": now_ns()}),
+            )]
         }
         CodeEvent::Stderr { text } => {
-            vec![json!({"type": "stderr", "text": text, "timestamp": now_ns()})]
+            vec![line(
+                &json!({"type": "stderr", "text": text, "timestamp": now_ns()}),
+            )]
         }
-        CodeEvent::Result { result } => vec![result_line(&result)],
+        // Results come as `RunEvent::Result`.
+        CodeEvent::Result { .. } => Vec::new(),
         CodeEvent::Exception { error } => {
             *raised = true;
             vec![error_line(&error)]
@@ -344,64 +364,94 @@ fn lines_of(item: Result<CodeEvent, ApiError>, raised: &mut bool) -> Vec<Value> 
                 out.push(error_line(e));
             }
             if let Some(n) = execution_count {
-                out.push(json!({"type": "number_of_executions", "execution_count": n}));
+                out.push(line(
+                    &json!({"type": "number_of_executions", "execution_count": n}),
+                ));
             }
             out
         }
         CodeEvent::Started { .. } => Vec::new(),
         CodeEvent::Error { error } => {
-            vec![
-                json!({"type": "error", "name": "SandlotError", "value": error.message, "traceback": ""}),
-            ]
+            vec![line(
+                &json!({"type": "error", "name": "SandlotError", "value": error.message, "traceback": ""}),
+            )]
         }
     }
 }
 
 /// A MIME bundle as E2B's result: its formats by name (`text`, `html`, `png`,
-/// ...), a DataFrame's data as `data`, other MIME types in `extra`.
-pub fn result_line(r: &CodeResult) -> Value {
-    let mut o = Map::new();
-    o.insert("type".into(), "result".into());
-    let mut extra = Map::new();
-    for (mime, v) in &r.data {
-        let key = match mime.as_str() {
-            "text/plain" => "text",
-            "text/html" => "html",
-            "text/markdown" => "markdown",
-            "image/svg+xml" => "svg",
-            "image/png" => "png",
-            "image/jpeg" => "jpeg",
-            "application/pdf" => "pdf",
-            "text/latex" => "latex",
-            "application/json" => "json",
-            "application/javascript" => "javascript",
-            _ => {
-                extra.insert(mime.clone(), v.clone());
-                continue;
+/// ...), a chart's data as `chart`, a DataFrame's data as `data`, other MIME
+/// types in `extra`. Written from the bundle's JSON text, never parsed whole.
+pub struct E2bResult<'a>(pub &'a RunResult);
+
+/// The keys of a DataFrame's data (`split` orientation), read without keeping them.
+#[derive(Deserialize)]
+struct FrameKeys {
+    #[allow(dead_code)]
+    columns: IgnoredAny,
+    #[allow(dead_code)]
+    index: IgnoredAny,
+    #[allow(dead_code)]
+    data: IgnoredAny,
+}
+
+/// Formats E2B has no key for, as a map.
+struct Extra<'a>(Vec<(&'a str, &'a RawValue)>);
+
+impl Serialize for Extra<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(self.0.len()))?;
+        for (k, v) in &self.0 {
+            m.serialize_entry(k, v)?;
+        }
+        m.end()
+    }
+}
+
+impl Serialize for E2bResult<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let data = &self.0.data;
+        let mut m = s.serialize_map(None)?;
+        m.serialize_entry("type", "result")?;
+        let mut extra = Vec::new();
+        for (mime, v) in data.iter() {
+            let key = match mime {
+                "text/plain" => "text",
+                "text/html" => "html",
+                "text/markdown" => "markdown",
+                "image/svg+xml" => "svg",
+                "image/png" => "png",
+                "image/jpeg" => "jpeg",
+                "application/pdf" => "pdf",
+                "text/latex" => "latex",
+                "application/json" => "json",
+                "application/javascript" => "javascript",
+                code::CHART_MIME => "chart",
+                _ => {
+                    extra.push((mime, v));
+                    continue;
+                }
+            };
+            if key == "png" || key == "jpeg" {
+                if let Ok(b64) = serde_json::from_str::<String>(v.get()) {
+                    m.serialize_entry(key, b64.trim())?;
+                    continue;
+                }
             }
-        };
-        let v = match v {
-            Value::String(s) if key == "png" || key == "jpeg" => {
-                Value::String(s.trim().to_string())
-            }
-            other => other.clone(),
-        };
-        o.insert(key.into(), v);
+            m.serialize_entry(key, v)?;
+        }
+        let frame = data.get("application/json").filter(|j| {
+            data.contains("text/html") && serde_json::from_str::<FrameKeys>(j.get()).is_ok()
+        });
+        if let Some(f) = frame {
+            m.serialize_entry("data", f)?;
+        }
+        if !extra.is_empty() {
+            m.serialize_entry("extra", &Extra(extra))?;
+        }
+        m.serialize_entry("is_main_result", &self.0.is_main_result)?;
+        m.end()
     }
-    let frame = r.data.get("application/json").filter(|j| {
-        r.data.contains_key("text/html")
-            && ["columns", "index", "data"]
-                .iter()
-                .all(|k| j.get(k).is_some())
-    });
-    if let Some(f) = frame {
-        o.insert("data".into(), f.clone());
-    }
-    if !extra.is_empty() {
-        o.insert("extra".into(), Value::Object(extra));
-    }
-    o.insert("is_main_result".into(), r.is_main_result.into());
-    Value::Object(o)
 }
 
 #[cfg(test)]
@@ -410,27 +460,34 @@ mod tests {
 
     #[test]
     fn a_bundle_maps_to_e2b_result_keys() {
-        let r = CodeResult {
+        let r = RunResult {
             is_main_result: true,
-            data: [
-                ("text/plain".to_string(), json!("   a\n0  1")),
-                ("text/html".to_string(), json!("<table/>")),
-                ("image/png".to_string(), json!("iVBO\n")),
-                (
-                    "application/json".to_string(),
-                    json!({"columns": ["a"], "index": [0], "data": [[1]]}),
-                ),
-                ("application/vnd.custom".to_string(), json!(1)),
-            ]
-            .into(),
+            data: serde_json::from_value(json!({
+                "text/plain": "   a\n0  1",
+                "text/html": "<table/>",
+                "image/png": "iVBO\n",
+                "application/json": {"columns": ["a"], "index": [0], "data": [[1]]},
+                "application/vnd.sandlot.chart+json": {"type": "line", "elements": []},
+                "application/vnd.custom": 1,
+            }))
+            .unwrap(),
         };
-        let l = result_line(&r);
+        let l: Value = serde_json::from_slice(&line(&E2bResult(&r))).unwrap();
         assert_eq!(l["type"], "result");
         assert_eq!(l["text"], "   a\n0  1");
         assert_eq!(l["html"], "<table/>");
         assert_eq!(l["png"], "iVBO");
         assert_eq!(l["data"]["columns"], json!(["a"]));
+        assert_eq!(l["chart"]["type"], "line");
         assert_eq!(l["extra"]["application/vnd.custom"], 1);
         assert_eq!(l["is_main_result"], true);
+        // JSON that is no DataFrame's data is no `data`.
+        let r = RunResult {
+            is_main_result: false,
+            data: serde_json::from_value(json!({"text/html": "x", "application/json": [1]}))
+                .unwrap(),
+        };
+        let l: Value = serde_json::from_slice(&line(&E2bResult(&r))).unwrap();
+        assert_eq!((l.get("data"), &l["json"]), (None, &json!([1])));
     }
 }

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::code::output::RunEvent;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Extension, Path, RawQuery, State};
 use axum::http::StatusCode;
@@ -21,7 +22,7 @@ use super::sandboxes::parse_duration;
 use super::stream::{channel_body, line};
 use super::{json_status, live, parse_json, JsonBody, RequestId};
 use crate::auth::Principal;
-use crate::code::{self, Context, ContextParams, Language, RunItem, RunRequest};
+use crate::code::{self, Context, ContextParams, Language, RunItem, RunRequest, RunTicket};
 use crate::error::{ApiError, ApiResult};
 use crate::sandbox::SandboxHandle;
 use crate::state::AppState;
@@ -147,7 +148,7 @@ pub async fn interrupt(
 ) -> ApiResult<StatusCode> {
     let h = live(&state, &p, &id)?;
     h.touch();
-    context(&h, &ctx)?.interrupt().await;
+    context(&h, &ctx)?.interrupt(&h.guest).await;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -179,10 +180,11 @@ pub(crate) async fn start_run(
     h: &Arc<SandboxHandle>,
     ctx: &str,
     req: RunRequest,
-) -> ApiResult<mpsc::Receiver<RunItem>> {
+) -> ApiResult<(mpsc::Receiver<RunItem>, RunTicket)> {
     let c = h.contexts.get_or_default(&h.guest, ctx).await?;
     h.touch();
-    Ok(code::spawn_run(c, h.guest.clone(), req, code::oom_probe(h)))
+    h.contexts
+        .spawn_run(c, h.guest.clone(), req, code::oom_probe(h))
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/contexts/{ctx}/run", tag = "code",
@@ -202,7 +204,7 @@ pub async fn run(
     let h = live(&state, &p, &id)?;
     let req = run_request(b)?;
     let guard = h.active();
-    let mut rx = start_run(&h, &ctx, req).await?;
+    let (mut rx, _ticket) = start_run(&h, &ctx, req).await?;
     if !stream {
         let x = code::collect(rx).await?;
         drop(guard);
@@ -211,8 +213,7 @@ pub async fn run(
     // The first item decides the status: a run that could not start is an error
     // answer, not a stream.
     let first = match rx.recv().await {
-        Some(Ok(ev)) => ev,
-        Some(Err(e)) => return Err(e),
+        Some(item) => item.event?,
         None => return Err(ApiError::internal("a code run ended before it started")),
     };
     let (tx, resp) = channel_body("application/x-ndjson");
@@ -222,10 +223,13 @@ pub async fn run(
             return;
         }
         while let Some(item) = rx.recv().await {
-            let ev = item.unwrap_or_else(|e| event_of_error(&e, &rid.0));
+            let ev = item
+                .event
+                .unwrap_or_else(|e| event_of_error(&e, &rid.0).into());
             if tx.send(line(&ev)).await.is_err() {
                 return;
             }
+            drop(item.held);
         }
     });
     Ok(resp)
@@ -272,12 +276,12 @@ pub async fn run_ws(
 
 async fn ws_session(mut sock: WebSocket, h: Arc<SandboxHandle>, ctx: String, rid: String) {
     let _guard = h.active();
-    let text = |v: &CodeEvent| Message::Text(serde_json::to_string(v).expect("serializes").into());
+    let text = |v: &RunEvent| Message::Text(serde_json::to_string(v).expect("serializes").into());
     let first = match tokio::time::timeout(Duration::from_secs(30), sock.recv()).await {
         Ok(Some(Ok(Message::Text(t)))) => t,
         _ => {
             let e = ApiError::bad_request("the first message must be the run request as JSON text");
-            let _ = sock.send(text(&event_of_error(&e, &rid))).await;
+            let _ = sock.send(text(&event_of_error(&e, &rid).into())).await;
             return;
         }
     };
@@ -286,21 +290,23 @@ async fn ws_session(mut sock: WebSocket, h: Arc<SandboxHandle>, ctx: String, rid
         start_run(&h, &ctx, run_request(b)?).await
     }
     .await;
-    let mut rx = match started {
-        Ok(rx) => rx,
+    let (mut rx, ticket) = match started {
+        Ok(x) => x,
         Err(e) => {
-            let _ = sock.send(text(&event_of_error(&e, &rid))).await;
+            let _ = sock.send(text(&event_of_error(&e, &rid).into())).await;
             return;
         }
     };
-    let c = h.contexts.get(&ctx);
     let (mut tx, mut inbound) = sock.split();
     let out = async move {
         while let Some(item) = rx.recv().await {
-            let ev = item.unwrap_or_else(|e| event_of_error(&e, &rid));
+            let ev = item
+                .event
+                .unwrap_or_else(|e| event_of_error(&e, &rid).into());
             if tx.send(text(&ev)).await.is_err() {
                 return;
             }
+            drop(item.held);
         }
         let _ = tx.send(Message::Close(None)).await;
     };
@@ -308,11 +314,7 @@ async fn ws_session(mut sock: WebSocket, h: Arc<SandboxHandle>, ctx: String, rid
         while let Some(Ok(m)) = inbound.next().await {
             match m {
                 Message::Text(t) => match serde_json::from_str::<WsControl>(t.as_str()) {
-                    Ok(WsControl::Interrupt) => {
-                        if let Some(c) = &c {
-                            c.interrupt().await;
-                        }
-                    }
+                    Ok(WsControl::Interrupt) => ticket.interrupt(),
                     Err(e) => tracing::debug!("ignoring a malformed run WebSocket message: {e}"),
                 },
                 Message::Close(_) => break,

@@ -95,6 +95,13 @@ class Result:
         return self.data.get("application/json")
 
     @property
+    def chart(self) -> Optional[Dict[str, Any]]:
+        """A matplotlib figure's chart data (``type``, ``title``, ``elements``, axis
+        labels, ticks and scales; the format of E2B's ``Result.chart``), when it is one."""
+        c = self.data.get("application/vnd.sandlot.chart+json")
+        return c if isinstance(c, dict) else None
+
+    @property
     def dataframe(self) -> Optional[Dict[str, Any]]:
         """A pandas DataFrame's data (``columns``, ``index``, ``data``), when it is one."""
         j = self.data.get("application/json")

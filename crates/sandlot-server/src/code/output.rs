@@ -1,0 +1,464 @@
+//! What a run hands back, and how much of the daemon's memory it may hold. A
+//! result's MIME bundle is kept as the JSON text the driver sent (never parsed
+//! into values, which can take tens of times its text); stream text and results
+//! count against the run's caps with an overhead per chunk, result and format;
+//! and what the runs of one sandbox hold at once is capped by its
+//! [`OutputPool`].
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use sandlot_proto::api::code::{CodeError, CodeEvent, RunStatus};
+use serde::de::{Deserializer, Error as _, MapAccess, Visitor};
+use serde::ser::{SerializeMap, Serializer};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+/// Stream text (stdout and stderr together) one run may produce; past it a marker.
+pub const MAX_STREAM: usize = 8 << 20;
+/// Results one run may produce, in count and in bytes of their bundles.
+pub const MAX_RESULTS: usize = 256;
+pub const MAX_RESULT_BYTES: usize = 32 << 20;
+/// Formats (MIME types) one result may carry; a bundle with more is dropped.
+pub const MAX_FORMATS: usize = 64;
+/// What the runs of one sandbox may hold at once (output produced and not yet
+/// sent or answered); past it their output is cut.
+pub const MAX_SANDBOX_OUTPUT: usize = 96 << 20;
+/// Counted for each chunk of stream text on top of its text (what holding a
+/// chunk costs: its string, its slot in a list, its event), for each result
+/// and for each of its formats.
+pub const CHUNK_OVERHEAD: usize = 64;
+pub const RESULT_OVERHEAD: usize = 256;
+pub const FORMAT_OVERHEAD: usize = 64;
+
+/// The marker ending a run's stream text past [`MAX_STREAM`].
+pub const TRUNCATED: &str = "\n[output truncated: the cell wrote more than 8 MiB]\n";
+/// The marker ending a run's stream text when its sandbox's runs hold too much.
+pub const SANDBOX_FULL: &str =
+    "\n[output truncated: this sandbox's runs hold 96 MiB of output not yet read]\n";
+
+/// A MIME bundle as the driver sent it: each format's JSON text, unparsed.
+#[derive(Debug, Clone, Default)]
+pub struct RawBundle(BTreeMap<String, Box<RawValue>>);
+
+impl RawBundle {
+    pub fn get(&self, mime: &str) -> Option<&RawValue> {
+        self.0.get(mime).map(|v| &**v)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &RawValue)> {
+        self.0.iter().map(|(k, v)| (k.as_str(), &**v))
+    }
+
+    pub fn contains(&self, mime: &str) -> bool {
+        self.0.contains_key(mime)
+    }
+
+    /// Bytes it counts for: its text and an overhead per format.
+    pub fn cost(&self) -> usize {
+        self.0
+            .iter()
+            .map(|(k, v)| k.len() + v.get().len() + FORMAT_OVERHEAD)
+            .sum()
+    }
+}
+
+impl PartialEq for RawBundle {
+    fn eq(&self, o: &RawBundle) -> bool {
+        self.0.len() == o.0.len()
+            && self
+                .0
+                .iter()
+                .zip(&o.0)
+                .all(|((k, v), (ok, ov))| k == ok && v.get() == ov.get())
+    }
+}
+
+impl<'de> Deserialize<'de> for RawBundle {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<RawBundle, D::Error> {
+        struct Formats;
+        impl<'de> Visitor<'de> for Formats {
+            type Value = RawBundle;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                write!(f, "a MIME bundle of at most {MAX_FORMATS} formats")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<RawBundle, A::Error> {
+                let mut out = BTreeMap::new();
+                while let Some(k) = m.next_key::<String>()? {
+                    if out.len() >= MAX_FORMATS {
+                        return Err(A::Error::custom(format!(
+                            "a result with more than {MAX_FORMATS} formats"
+                        )));
+                    }
+                    let v: Box<RawValue> = m.next_value()?;
+                    out.insert(k, v);
+                }
+                Ok(RawBundle(out))
+            }
+        }
+        d.deserialize_map(Formats)
+    }
+}
+
+impl Serialize for RawBundle {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(self.0.len()))?;
+        for (k, v) in &self.0 {
+            m.serialize_entry(k, v)?;
+        }
+        m.end()
+    }
+}
+
+/// One result of a run (the wire form of `sandlot_proto`'s `CodeResult`).
+#[derive(Debug, Clone, Serialize)]
+pub struct RunResult {
+    pub is_main_result: bool,
+    pub data: RawBundle,
+}
+
+/// What a run sends: the native events, with results kept as JSON text
+/// (serialized as `CodeEvent`).
+#[derive(Debug, Clone)]
+pub enum RunEvent {
+    Code(CodeEvent),
+    Result(RunResult),
+}
+
+impl From<CodeEvent> for RunEvent {
+    fn from(e: CodeEvent) -> RunEvent {
+        RunEvent::Code(e)
+    }
+}
+
+impl Serialize for RunEvent {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            RunEvent::Code(e) => e.serialize(s),
+            RunEvent::Result(r) => {
+                let mut m = s.serialize_map(Some(2))?;
+                m.serialize_entry("type", "result")?;
+                m.serialize_entry("result", r)?;
+                m.end()
+            }
+        }
+    }
+}
+
+/// The outcome of a run as answered (the wire form of `Execution`), and what it
+/// holds of its sandbox's [`OutputPool`] until it is dropped.
+#[derive(Debug, Serialize)]
+pub struct RunOutput {
+    pub results: Vec<RunResult>,
+    pub stdout: Vec<String>,
+    pub stderr: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<CodeError>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub execution_count: Option<u64>,
+    pub status: RunStatus,
+    pub restarted: bool,
+    pub truncated: bool,
+    #[serde(skip)]
+    pub held: Held,
+}
+
+/// What the runs of one sandbox hold at once, and its cap.
+#[derive(Debug)]
+pub struct OutputPool {
+    held: AtomicUsize,
+    cap: usize,
+}
+
+impl OutputPool {
+    pub fn new(cap: usize) -> Arc<OutputPool> {
+        Arc::new(OutputPool {
+            held: AtomicUsize::new(0),
+            cap,
+        })
+    }
+
+    /// Bytes held now.
+    pub fn held(&self) -> usize {
+        self.held.load(Ordering::SeqCst)
+    }
+
+    /// Takes `n` bytes if they fit under the cap.
+    pub fn take(self: &Arc<Self>, n: usize) -> Option<Held> {
+        self.held
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |h| {
+                h.checked_add(n).filter(|t| *t <= self.cap)
+            })
+            .ok()?;
+        Some(Held {
+            pool: Some(self.clone()),
+            bytes: n,
+        })
+    }
+}
+
+/// Bytes taken from an [`OutputPool`], given back when dropped.
+#[derive(Debug, Default)]
+pub struct Held {
+    pool: Option<Arc<OutputPool>>,
+    bytes: usize,
+}
+
+impl Held {
+    /// Holds `other`'s bytes too (of the same pool).
+    pub fn absorb(&mut self, mut other: Held) {
+        if self.pool.is_none() {
+            self.pool = other.pool.take();
+        }
+        self.bytes += std::mem::take(&mut other.bytes);
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let Some(p) = &self.pool {
+            p.held.fetch_sub(self.bytes, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Which stream a chunk of text is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+impl Stream {
+    pub fn event(self, text: String) -> CodeEvent {
+        match self {
+            Stream::Stdout => CodeEvent::Stdout { text },
+            Stream::Stderr => CodeEvent::Stderr { text },
+        }
+    }
+}
+
+/// What a run may still produce, and what it has taken from its sandbox's pool.
+pub struct Budget {
+    pool: Arc<OutputPool>,
+    stream: usize,
+    results: usize,
+    result_bytes: usize,
+    stream_cut: bool,
+    /// The stream of the last event sent, if it was stream text: a chunk on the
+    /// same stream is merged into it where the run's output is collected.
+    last: Option<Stream>,
+    /// A cut for lack of room anywhere, or past a cap.
+    pub truncated: bool,
+}
+
+impl Budget {
+    pub fn new(pool: Arc<OutputPool>) -> Budget {
+        Budget {
+            pool,
+            stream: 0,
+            results: 0,
+            result_bytes: 0,
+            stream_cut: false,
+            last: None,
+            truncated: false,
+        }
+    }
+
+    /// The part of `text` within the run's stream cap and its sandbox's pool
+    /// (the marker once past either), with what it holds of the pool.
+    pub fn stream(&mut self, on: Stream, text: &str) -> Option<(String, Held)> {
+        if self.stream_cut || text.is_empty() {
+            return None;
+        }
+        let overhead = if self.last == Some(on) {
+            0
+        } else {
+            CHUNK_OVERHEAD
+        };
+        let room = MAX_STREAM.saturating_sub(self.stream + overhead);
+        let (mut keep, mut marker) = if text.len() <= room {
+            (text.len(), None)
+        } else {
+            (room, Some(TRUNCATED))
+        };
+        while !text.is_char_boundary(keep) {
+            keep -= 1;
+        }
+        let held = match self.pool.take(keep + overhead) {
+            Some(h) => h,
+            None => {
+                keep = 0;
+                marker = Some(SANDBOX_FULL);
+                Held::default()
+            }
+        };
+        self.stream += keep + overhead;
+        self.last = Some(on);
+        let mut t = text[..keep].to_string();
+        if let Some(m) = marker {
+            self.stream_cut = true;
+            self.truncated = true;
+            t.push_str(m);
+        }
+        Some((t, held))
+    }
+
+    /// Whether a result fits (and what it holds of the pool); one that does not
+    /// is left out and the run marked truncated.
+    pub fn result(&mut self, data: &RawBundle) -> Option<Held> {
+        let size = data.cost() + RESULT_OVERHEAD;
+        if self.results >= MAX_RESULTS || self.result_bytes + size > MAX_RESULT_BYTES {
+            self.truncated = true;
+            return None;
+        }
+        let Some(held) = self.pool.take(size) else {
+            self.truncated = true;
+            return None;
+        };
+        self.results += 1;
+        self.result_bytes += size;
+        self.last = None;
+        Some(held)
+    }
+
+    /// Another event (not stream text) came between chunks.
+    pub fn interrupted(&mut self) {
+        self.last = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sandlot_proto::api::code::Execution;
+
+    fn bundle(json: &str) -> RawBundle {
+        serde_json::from_str(json).unwrap()
+    }
+
+    #[test]
+    fn stream_budget_cuts_once_with_a_marker() {
+        let pool = OutputPool::new(usize::MAX);
+        let mut b = Budget::new(pool.clone());
+        let big = "x".repeat(MAX_STREAM - CHUNK_OVERHEAD - 3);
+        let (t, _h) = b.stream(Stream::Stdout, &big).unwrap();
+        assert_eq!(t.len(), big.len());
+        let (t, _h2) = b.stream(Stream::Stdout, "abcdef").unwrap();
+        assert!(t.starts_with("abc") && t.ends_with(TRUNCATED), "{t}");
+        assert!(b.truncated);
+        assert_eq!(b.stream(Stream::Stdout, "more").map(|x| x.0), None);
+    }
+
+    #[test]
+    fn each_new_chunk_counts_its_overhead_and_empty_text_is_no_chunk() {
+        let mut b = Budget::new(OutputPool::new(usize::MAX));
+        assert!(b.stream(Stream::Stdout, "").is_none());
+        let mut chunks = 0;
+        // Alternating streams: every chunk is a new one and pays its overhead.
+        while !b.truncated {
+            let on = if chunks % 2 == 0 {
+                Stream::Stdout
+            } else {
+                Stream::Stderr
+            };
+            b.stream(on, "x").unwrap();
+            chunks += 1;
+        }
+        assert!(chunks <= MAX_STREAM / CHUNK_OVERHEAD + 1, "{chunks}");
+        // One stream in a row is merged where collected: no overhead after the first.
+        let mut b = Budget::new(OutputPool::new(usize::MAX));
+        for _ in 0..1000 {
+            b.stream(Stream::Stdout, "x").unwrap();
+        }
+        assert_eq!(b.stream, 1000 + CHUNK_OVERHEAD);
+    }
+
+    #[test]
+    fn result_budget_counts_results_and_their_formats() {
+        let mut b = Budget::new(OutputPool::new(usize::MAX));
+        let data = bundle(r#"{"text/plain":"1"}"#);
+        for _ in 0..MAX_RESULTS {
+            assert!(b.result(&data).is_some());
+        }
+        assert!(b.result(&data).is_none());
+        assert!(b.truncated);
+        assert_eq!(
+            data.cost(),
+            "text/plain".len() + "\"1\"".len() + FORMAT_OVERHEAD
+        );
+    }
+
+    #[test]
+    fn a_bundle_is_kept_as_text_and_has_few_formats() {
+        let b = bundle(r#"{"application/json": [ {"a":0}, 1.50 ], "text/plain": "x"}"#);
+        assert_eq!(
+            b.get("application/json").unwrap().get(),
+            r#"[ {"a":0}, 1.50 ]"#
+        );
+        let many: String = (0..=MAX_FORMATS)
+            .map(|i| format!("\"k{i}\":0"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let e = serde_json::from_str::<RawBundle>(&format!("{{{many}}}")).unwrap_err();
+        assert!(e.to_string().contains("more than 64 formats"), "{e}");
+    }
+
+    #[test]
+    fn the_sandbox_pool_caps_what_runs_hold_together_and_gets_it_back() {
+        let pool = OutputPool::new(1000);
+        let mut a = Budget::new(pool.clone());
+        let mut b = Budget::new(pool.clone());
+        let (t, held_a) = a.stream(Stream::Stdout, &"x".repeat(600)).unwrap();
+        assert_eq!(t.len(), 600);
+        assert_eq!(pool.held(), 600 + CHUNK_OVERHEAD);
+        // The other run finds no room: its text is cut with the sandbox's marker.
+        let (t, _) = b.stream(Stream::Stdout, &"y".repeat(600)).unwrap();
+        assert_eq!(t, SANDBOX_FULL);
+        assert!(b.truncated);
+        assert!(b.result(&bundle(r#"{"text/plain":"1"}"#)).is_some());
+        let mut all = Held::default();
+        all.absorb(held_a);
+        drop(all);
+        assert!(pool.held() < 600);
+        let big = bundle(&format!(r#"{{"text/plain":"{}"}}"#, "z".repeat(2000)));
+        assert!(a.result(&big).is_none());
+    }
+
+    #[test]
+    fn the_wire_forms_are_the_native_ones() {
+        let r = RunResult {
+            is_main_result: true,
+            data: bundle(r#"{"text/plain":"'a'","application/json":{"k":[1,2]}}"#),
+        };
+        let ev: CodeEvent =
+            serde_json::from_str(&serde_json::to_string(&RunEvent::Result(r.clone())).unwrap())
+                .unwrap();
+        let CodeEvent::Result { result } = ev else {
+            panic!("{ev:?}")
+        };
+        assert!(result.is_main_result);
+        assert_eq!(result.data["application/json"]["k"][1], 2);
+        let out = RunOutput {
+            results: vec![r],
+            stdout: vec!["hi\n".into()],
+            stderr: vec![],
+            error: None,
+            execution_count: Some(3),
+            status: RunStatus::Ok,
+            restarted: false,
+            truncated: false,
+            held: Held::default(),
+        };
+        let x: Execution = serde_json::from_slice(&serde_json::to_vec(&out).unwrap()).unwrap();
+        assert_eq!(x.results[0].data["text/plain"], "'a'");
+        assert_eq!(
+            (x.stdout, x.execution_count),
+            (vec!["hi\n".into()], Some(3))
+        );
+    }
+}
