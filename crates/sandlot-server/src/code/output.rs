@@ -65,6 +65,30 @@ impl RawBundle {
     }
 }
 
+impl RawBundle {
+    /// Bytes its widest wire form takes: [`RawBundle::cost`], and its
+    /// `application/json` once more where a `text/html` comes with it (E2B's
+    /// result writes a DataFrame's data as `json` and as `data`).
+    pub fn wire_cost(&self) -> usize {
+        let twice = match (self.get("application/json"), self.contains("text/html")) {
+            (Some(j), true) => j.get().len(),
+            _ => 0,
+        };
+        self.cost() + twice
+    }
+}
+
+/// The length of `s` written as a JSON string's content (escapes included).
+pub fn json_len(s: &str) -> usize {
+    s.bytes()
+        .map(|b| match b {
+            b'"' | b'\\' | b'\n' | b'\r' | b'\t' | 0x08 | 0x0c => 2,
+            0..=0x1f => 6,
+            _ => 1,
+        })
+        .sum()
+}
+
 impl PartialEq for RawBundle {
     fn eq(&self, o: &RawBundle) -> bool {
         self.0.len() == o.0.len()
@@ -289,7 +313,8 @@ impl Budget {
         while !text.is_char_boundary(keep) {
             keep -= 1;
         }
-        let held = match self.pool.take(keep + overhead) {
+        // Counted as written: a control character takes six bytes in JSON.
+        let held = match self.pool.take(json_len(&text[..keep]) + overhead) {
             Some(h) => h,
             None => {
                 keep = 0;
@@ -311,7 +336,7 @@ impl Budget {
     /// Whether a result fits (and what it holds of the pool); one that does not
     /// is left out and the run marked truncated.
     pub fn result(&mut self, data: &RawBundle) -> Option<Held> {
-        let size = data.cost() + RESULT_OVERHEAD;
+        let size = data.wire_cost() + RESULT_OVERHEAD;
         if self.results >= MAX_RESULTS || self.result_bytes + size > MAX_RESULT_BYTES {
             self.truncated = true;
             return None;
@@ -376,6 +401,25 @@ mod tests {
             b.stream(Stream::Stdout, "x").unwrap();
         }
         assert_eq!(b.stream, 1000 + CHUNK_OVERHEAD);
+    }
+
+    #[test]
+    fn stream_text_is_counted_at_its_length_as_json() {
+        let pool = OutputPool::new(usize::MAX);
+        let mut b = Budget::new(pool.clone());
+        let (t, _held) = b.stream(Stream::Stdout, &"\u{1}".repeat(100)).unwrap();
+        assert_eq!(t.len(), 100);
+        let written = serde_json::to_string(&t).unwrap().len() - 2;
+        assert_eq!(pool.held(), written + CHUNK_OVERHEAD);
+        assert_eq!(json_len("a\"\\\n\u{1f}é"), 1 + 2 + 2 + 2 + 6 + 2);
+    }
+
+    #[test]
+    fn a_dataframe_counts_its_json_twice() {
+        let frame = bundle(r#"{"text/html":"<t/>","application/json":{"data":[1]}}"#);
+        let json = bundle(r#"{"application/json":{"data":[1]}}"#);
+        assert_eq!(frame.wire_cost(), frame.cost() + r#"{"data":[1]}"#.len());
+        assert_eq!(json.wire_cost(), json.cost());
     }
 
     #[test]

@@ -26,10 +26,10 @@ use super::envd::{
 };
 use super::hosts::TRAFFIC_TOKEN_HEADER;
 use super::E2b;
-use crate::code::output::{RunEvent, RunResult};
+use crate::code::output::{Held, RunEvent, RunResult};
 use crate::code::{self, Context, ContextParams, Language, RunRequest};
 use crate::error::ApiError;
-use crate::routes::stream::{channel_body, line};
+use crate::routes::stream::{held_channel_body, line};
 use crate::sandbox::SandboxHandle;
 
 /// The port of E2B's code interpreter server in a sandbox.
@@ -285,7 +285,7 @@ async fn execute(
             Ok(x) => x,
             Err(e) => return plain(e),
         };
-    let (tx, resp) = channel_body("application/x-ndjson");
+    let (tx, resp) = held_channel_body("application/x-ndjson");
     tokio::spawn(async move {
         let _guard = guard;
         let mut raised = false;
@@ -301,8 +301,15 @@ async fn execute(
                 }
             };
             let Some(item) = item else { return };
-            for l in lines_of(item.event, &mut raised) {
-                if tx.send(l).await.is_err() {
+            // The item's share of the pool goes with its last line.
+            let mut held = item.held;
+            let mut lines = lines_of(item.event, &mut raised).into_iter().peekable();
+            while let Some(l) = lines.next() {
+                let h = match lines.peek() {
+                    None => std::mem::take(&mut held),
+                    Some(_) => Held::default(),
+                };
+                if tx.send((l, h)).await.is_err() {
                     ticket.abandon();
                     return;
                 }
