@@ -543,7 +543,14 @@ impl Context {
         )
         .await;
         let ooms = oom_kills(&oom);
+        // A line read during the run counts against its sandbox's pool.
+        if let Some(d) = r.driver.as_mut() {
+            d.charge_lines_to(Some(out.pool.clone()));
+        }
         let mut end = self.run_cell(&guest, &mut r, &req, &out, &control).await;
+        if let Some(d) = r.driver.as_mut() {
+            d.charge_lines_to(None);
+        }
         if end.status == RunStatus::Crashed && ooms.is_some() && oom_kills(&oom) > ooms {
             if let Some(e) = &mut end.error {
                 e.value = "the interpreter was killed for running out of memory (the sandbox's \
@@ -569,7 +576,7 @@ impl Context {
                 truncated: end.truncated,
             }
             .into(),
-            Held::default(),
+            end.held,
         )
         .await;
     }
@@ -680,18 +687,18 @@ impl Context {
                         value,
                         traceback,
                     } => {
-                        let e = CodeError {
+                        let mut e = CodeError {
                             name: driver::bounded(&name, 1000),
                             value: driver::bounded(&value, 64 << 10),
                             traceback: driver::bounded(&traceback, 1 << 20),
                         };
-                        budget.interrupted();
-                        out.send(
-                            CodeEvent::Exception { error: e.clone() }.into(),
-                            Held::default(),
-                        )
-                        .await;
-                        end.error = Some(e);
+                        if let Some((held, kept)) = budget.exception(&mut e) {
+                            out.send(CodeEvent::Exception { error: e.clone() }.into(), held)
+                                .await;
+                            end.error = Some(e);
+                            end.held = kept;
+                        }
+                        end.truncated |= budget.truncated;
                     }
                     DriverLine::Done {
                         count,
@@ -793,6 +800,8 @@ struct CellEnd {
     truncated: bool,
     /// The interpreter is gone (or was ended): its state is lost.
     lost: bool,
+    /// What the exception kept in `error` holds of the sandbox's pool.
+    held: Held,
 }
 
 impl Default for CellEnd {
@@ -803,6 +812,7 @@ impl Default for CellEnd {
             error: None,
             truncated: false,
             lost: false,
+            held: Held::default(),
         }
     }
 }
@@ -908,6 +918,10 @@ pub async fn collect(mut rx: mpsc::Receiver<RunItem>) -> ApiResult<RunOutput> {
                 x.error = error;
                 x.restarted = restarted;
                 x.truncated = truncated;
+                // Merged text holds no spare capacity past what it counts for.
+                for t in x.stdout.iter_mut().chain(x.stderr.iter_mut()) {
+                    t.shrink_to_fit();
+                }
                 return Ok(x);
             }
             // Only made by the HTTP layer; results come raw.
@@ -952,6 +966,38 @@ mod tests {
         assert_eq!(default_language("default-js"), None);
         assert_eq!(default_language("ctx_1"), None);
         assert_eq!(default_context(Language::Javascript), "default-javascript");
+    }
+
+    #[tokio::test]
+    async fn collected_stream_text_holds_no_spare_capacity() {
+        let (tx, rx) = mpsc::channel(64);
+        for _ in 0..33 {
+            let ev = CodeEvent::Stdout {
+                text: "x".repeat(1000),
+            };
+            tx.send(RunItem {
+                event: Ok(ev.into()),
+                held: Held::default(),
+            })
+            .await
+            .unwrap();
+        }
+        let end = CodeEvent::End {
+            status: RunStatus::Ok,
+            execution_count: None,
+            error: None,
+            restarted: false,
+            truncated: false,
+        };
+        tx.send(RunItem {
+            event: Ok(end.into()),
+            held: Held::default(),
+        })
+        .await
+        .unwrap();
+        let x = collect(rx).await.unwrap();
+        assert_eq!(x.stdout.len(), 1);
+        assert_eq!(x.stdout[0].capacity(), x.stdout[0].len());
     }
 
     #[test]

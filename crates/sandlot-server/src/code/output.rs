@@ -23,6 +23,8 @@ pub const MAX_RESULTS: usize = 256;
 pub const MAX_RESULT_BYTES: usize = 32 << 20;
 /// Formats (MIME types) one result may carry; a bundle with more is dropped.
 pub const MAX_FORMATS: usize = 64;
+/// Exceptions one run sends (its first; later ones are left out).
+pub const MAX_EXCEPTIONS: usize = 1;
 /// What the runs of one sandbox may hold at once (output produced and not yet
 /// sent or answered); past it their output is cut.
 pub const MAX_SANDBOX_OUTPUT: usize = 96 << 20;
@@ -233,6 +235,17 @@ pub struct Held {
 }
 
 impl Held {
+    /// Takes `n` more bytes of `pool` if they fit.
+    pub fn grow(&mut self, pool: &Arc<OutputPool>, n: usize) -> bool {
+        match pool.take(n) {
+            Some(h) => {
+                self.absorb(h);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Holds `other`'s bytes too (of the same pool).
     pub fn absorb(&mut self, mut other: Held) {
         if self.pool.is_none() {
@@ -273,6 +286,7 @@ pub struct Budget {
     results: usize,
     result_bytes: usize,
     stream_cut: bool,
+    exceptions: usize,
     /// The stream of the last event sent, if it was stream text: a chunk on the
     /// same stream is merged into it where the run's output is collected.
     last: Option<Stream>,
@@ -288,6 +302,7 @@ impl Budget {
             results: 0,
             result_bytes: 0,
             stream_cut: false,
+            exceptions: 0,
             last: None,
             truncated: false,
         }
@@ -351,9 +366,32 @@ impl Budget {
         Some(held)
     }
 
-    /// Another event (not stream text) came between chunks.
-    pub fn interrupted(&mut self) {
+    /// Whether an exception is sent (a run's first only), and what it holds of
+    /// the pool: once for its event and once for the copy the run's end
+    /// carries. One the pool has no room for is sent without its traceback,
+    /// its value cut to 1000 bytes, and the run marked truncated.
+    pub fn exception(&mut self, e: &mut CodeError) -> Option<(Held, Held)> {
+        if self.exceptions >= MAX_EXCEPTIONS {
+            return None;
+        }
+        self.exceptions += 1;
         self.last = None;
+        let size =
+            json_len(&e.name) + json_len(&e.value) + json_len(&e.traceback) + RESULT_OVERHEAD;
+        if let Some(event) = self.pool.take(size) {
+            if let Some(end) = self.pool.take(size) {
+                return Some((event, end));
+            }
+        }
+        self.truncated = true;
+        e.traceback = String::new();
+        let mut keep = e.value.len().min(1000);
+        while !e.value.is_char_boundary(keep) {
+            keep -= 1;
+        }
+        e.value.truncate(keep);
+        e.value.shrink_to_fit();
+        Some((Held::default(), Held::default()))
     }
 }
 
@@ -420,6 +458,33 @@ mod tests {
         let json = bundle(r#"{"application/json":{"data":[1]}}"#);
         assert_eq!(frame.wire_cost(), frame.cost() + r#"{"data":[1]}"#.len());
         assert_eq!(json.wire_cost(), json.cost());
+    }
+
+    #[test]
+    fn a_run_sends_its_first_exception_only_and_counts_it_twice() {
+        let pool = OutputPool::new(usize::MAX);
+        let mut b = Budget::new(pool.clone());
+        let mut e = CodeError {
+            name: "ValueError".into(),
+            value: "bad".into(),
+            traceback: "t".repeat(1000),
+        };
+        let size = 10 + 3 + 1000 + RESULT_OVERHEAD;
+        let held = b.exception(&mut e).unwrap();
+        assert_eq!(pool.held(), 2 * size);
+        assert!(b.exception(&mut e.clone()).is_none());
+        drop(held);
+        assert_eq!(pool.held(), 0);
+        // No room: sent small, the run marked truncated.
+        let mut b = Budget::new(OutputPool::new(1000));
+        let mut big = CodeError {
+            name: "E".into(),
+            value: "v".repeat(5000),
+            traceback: "t".repeat(5000),
+        };
+        assert!(b.exception(&mut big).is_some());
+        assert_eq!((big.value.len(), big.traceback.len()), (1000, 0));
+        assert!(b.truncated);
     }
 
     #[test]
