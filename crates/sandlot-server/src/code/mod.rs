@@ -93,6 +93,9 @@ pub struct Contexts {
     output: Arc<OutputPool>,
     /// Runs waiting for a context of it.
     waiting: Arc<AtomicUsize>,
+    /// Held for writing while the drivers an earlier daemon left are ended: no
+    /// context is created before (see [`Contexts::end_stale`]).
+    sweep: Arc<tokio::sync::RwLock<()>>,
 }
 
 impl Default for Contexts {
@@ -101,11 +104,39 @@ impl Default for Contexts {
             map: Mutex::default(),
             output: OutputPool::new(output::MAX_SANDBOX_OUTPUT),
             waiting: Arc::default(),
+            sweep: Arc::default(),
         }
     }
 }
 
 impl Contexts {
+    /// Ends the drivers (and kernels) an earlier daemon left in the sandbox
+    /// ([`driver::end_stale`]) on a task of its own, so that a slow agent holds
+    /// neither the daemon's start nor other sandboxes. Contexts are created
+    /// only once it is done: the default ids come again, and a late sweep would
+    /// end their new drivers.
+    pub fn end_stale(&self, guest: GuestClient, span: tracing::Span) {
+        let gate = self.hold_for_sweep();
+        tokio::spawn(async move {
+            let ended = driver::end_stale(&guest).await;
+            drop(gate);
+            if ended > 0 {
+                span.in_scope(|| {
+                    tracing::info!(ended, "ended the drivers of code contexts it had")
+                });
+            }
+        });
+    }
+
+    fn hold_for_sweep(&self) -> Option<tokio::sync::OwnedRwLockWriteGuard<()>> {
+        self.sweep.clone().try_write_owned().ok()
+    }
+
+    /// Waits until no sweep of an earlier daemon's drivers runs.
+    async fn swept(&self) {
+        drop(self.sweep.read().await);
+    }
+
     /// Starts `req` in `ctx` on a task of its own (a client that leaves does not
     /// cut the run short) and returns its events and a ticket to interrupt or
     /// abandon it. Refused (429) when too many runs wait already.
@@ -143,6 +174,7 @@ impl Contexts {
         id: Option<&str>,
         params: ContextParams,
     ) -> ApiResult<Arc<Context>> {
+        self.swept().await;
         let ctx = {
             let mut m = self.map();
             if m.len() >= MAX_CONTEXTS {
@@ -998,6 +1030,17 @@ mod tests {
         let x = collect(rx).await.unwrap();
         assert_eq!(x.stdout.len(), 1);
         assert_eq!(x.stdout[0].capacity(), x.stdout[0].len());
+    }
+
+    #[tokio::test]
+    async fn contexts_are_created_only_once_the_sweep_of_an_earlier_daemons_drivers_is_done() {
+        use futures_util::FutureExt;
+        let c = Contexts::default();
+        assert_eq!(c.swept().now_or_never(), Some(()));
+        let gate = c.hold_for_sweep().unwrap();
+        assert_eq!(c.swept().now_or_never(), None);
+        drop(gate);
+        assert_eq!(c.swept().now_or_never(), Some(()));
     }
 
     #[test]
