@@ -35,6 +35,10 @@ pub const MAX_LINE: usize = 16 << 20;
 /// no run's pool counts it then.
 pub const IDLE_LINE: usize = 1 << 20;
 
+/// What a line may take before the pool counts it: a run's small lines (its
+/// `done` above all) are read even when its sandbox's pool is full.
+pub const UNCOUNTED_LINE: usize = 64 << 10;
+
 /// Driver stderr kept for error messages (its last bytes).
 const STDERR_TAIL: usize = 1024;
 
@@ -152,8 +156,8 @@ impl Wire {
 
 /// Splits a byte stream into lines of at most `max` bytes; longer lines are
 /// dropped (counted) up to their newline. While a run reads it, the line being
-/// gathered is counted against that run's sandbox pool (a line the pool has no
-/// room for is dropped); otherwise lines are at most [`IDLE_LINE`]. The buffer
+/// gathered is counted against that run's sandbox pool past its first
+/// [`UNCOUNTED_LINE`] bytes (a line the pool has no room for is dropped); otherwise lines are at most [`IDLE_LINE`]. The buffer
 /// never has more capacity than its limit.
 #[derive(Debug)]
 pub struct LineSplitter {
@@ -219,7 +223,9 @@ impl LineSplitter {
         }
         let cap = need.max(had.saturating_mul(2)).min(limit);
         if let Some(pool) = &self.pool {
-            if !self.held.grow(pool, cap - had) {
+            let counted = |c: usize| c.saturating_sub(UNCOUNTED_LINE);
+            let more = counted(cap) - counted(had);
+            if more > 0 && !self.held.grow(pool, more) {
                 return false;
             }
         }
@@ -588,17 +594,20 @@ mod tests {
 
     #[test]
     fn during_a_run_a_half_gathered_line_is_counted_and_dropped_when_the_run_ends() {
-        let pool = OutputPool::new(1000);
-        let mut s = LineSplitter::new(10_000);
+        let pool = OutputPool::new(32 << 10);
+        let mut s = LineSplitter::new(1 << 20);
         s.charge_to(Some(pool.clone()));
-        s.push(&[b'x'; 600]);
-        assert!(pool.held() >= 600 && s.buf.capacity() <= pool.held());
+        s.push(&vec![b'x'; UNCOUNTED_LINE + (16 << 10)]);
+        assert!(pool.held() >= 16 << 10);
+        assert!(s.buf.capacity() <= UNCOUNTED_LINE + pool.held());
         // Past the pool: dropped whole, its bytes given back.
-        s.push(&[b'x'; 600]);
+        s.push(&vec![b'x'; 32 << 10]);
         assert_eq!((pool.held(), s.dropped), (0, 1));
-        s.push(b"\nok\npart");
-        assert_eq!(s.pop().as_deref(), Some(&b"ok"[..]));
-        assert!(pool.held() >= 4);
+        // A full pool still lets small lines through.
+        let full = pool.take(32 << 10).unwrap();
+        s.push(b"\n{\"t\":\"done\"}\npart");
+        assert_eq!(s.pop().as_deref(), Some(&br#"{"t":"done"}"#[..]));
+        drop(full);
         s.charge_to(None);
         assert_eq!((pool.held(), s.dropped), (0, 2));
         s.push(b"ial\nnext\n");
