@@ -114,6 +114,7 @@ pub fn held_channel_body(content_type: &'static str) -> (mpsc::Sender<(Bytes, He
 /// A whole answer as one chunk that holds `held` until the connection has
 /// taken it.
 pub fn held_body(status: StatusCode, content_type: &'static str, b: Bytes, held: Held) -> Response {
+    let len = b.len();
     let once = Some((b, held));
     let stream = futures_util::stream::unfold((once, Held::default()), |(once, sent)| async move {
         drop(sent);
@@ -123,8 +124,9 @@ pub fn held_body(status: StatusCode, content_type: &'static str, b: Bytes, held:
     (
         status,
         [
-            (header::CONTENT_TYPE, content_type),
-            (header::CACHE_CONTROL, "no-store"),
+            (header::CONTENT_TYPE, content_type.to_string()),
+            (header::CACHE_CONTROL, "no-store".to_string()),
+            (header::CONTENT_LENGTH, len.to_string()),
         ],
         Body::from_stream(stream),
     )
@@ -230,6 +232,7 @@ mod tests {
             pool.take(100).unwrap(),
         );
         assert_eq!(pool.held(), 100);
+        assert_eq!(resp.headers()[header::CONTENT_LENGTH], "2");
         let mut body = resp.into_body();
         body.frame().await.unwrap().unwrap();
         assert_eq!(pool.held(), 100);
