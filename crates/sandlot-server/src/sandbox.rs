@@ -939,12 +939,10 @@ pub async fn reconcile(state: &Arc<AppState>) -> Result<ReconcileReport, crate::
                 continue;
             }
         };
-        // Its code contexts' drivers and kernels belong to no context now.
-        let ended = crate::code::driver::end_stale(&guest).await;
-        if ended > 0 {
-            span.in_scope(|| tracing::info!(ended, "ended the drivers of code contexts it had"));
-        }
         let h = Arc::new(SandboxHandle::new(inst, guest, &rec));
+        // Its code contexts' drivers and kernels belong to no context now: they
+        // are ended meanwhile, before any context of it is created.
+        h.contexts.end_stale(h.guest.clone(), span.clone());
         state.register(h.clone());
         state.metrics.live_sandboxes.fetch_add(1, Ordering::Relaxed);
         if rec.state == SandboxState::Stopping || rec.state == SandboxState::Creating {

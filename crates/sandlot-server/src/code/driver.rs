@@ -16,7 +16,7 @@ use sandlot_proto::guest::ExitStatus;
 use serde::Deserialize;
 use tokio::sync::Mutex as AsyncMutex;
 
-use super::output::RawBundle;
+use super::output::{Held, OutputPool, RawBundle};
 
 /// The driver's source.
 const DRIVER_SOURCE: &str = include_str!("driver.py");
@@ -30,6 +30,14 @@ import json\nexec(compile(json.loads(sys.stdin.buffer.readline()), 'sandlot-code
 /// The longest line taken from a driver (a result with a large image); a longer
 /// one is dropped whole.
 pub const MAX_LINE: usize = 16 << 20;
+
+/// The longest line taken from a driver outside a run (its start-up lines):
+/// no run's pool counts it then.
+pub const IDLE_LINE: usize = 1 << 20;
+
+/// What a line may take before the pool counts it: a run's small lines (its
+/// `done` above all) are read even when its sandbox's pool is full.
+pub const UNCOUNTED_LINE: usize = 64 << 10;
 
 /// Driver stderr kept for error messages (its last bytes).
 const STDERR_TAIL: usize = 1024;
@@ -147,7 +155,10 @@ impl Wire {
 }
 
 /// Splits a byte stream into lines of at most `max` bytes; longer lines are
-/// dropped (counted) up to their newline.
+/// dropped (counted) up to their newline. While a run reads it, the line being
+/// gathered is counted against that run's sandbox pool past its first
+/// [`UNCOUNTED_LINE`] bytes (a line the pool has no room for is dropped); otherwise lines are at most [`IDLE_LINE`]. The buffer
+/// never has more capacity than its limit.
 #[derive(Debug)]
 pub struct LineSplitter {
     max: usize,
@@ -155,6 +166,9 @@ pub struct LineSplitter {
     overlong: bool,
     ready: VecDeque<Vec<u8>>,
     pub dropped: u64,
+    pool: Option<Arc<OutputPool>>,
+    /// What `buf`'s capacity holds of `pool`.
+    held: Held,
 }
 
 impl LineSplitter {
@@ -165,7 +179,58 @@ impl LineSplitter {
             overlong: false,
             ready: VecDeque::new(),
             dropped: 0,
+            pool: None,
+            held: Held::default(),
         }
+    }
+
+    /// Counts the lines gathered from now on against `pool` (`None`: no pool,
+    /// at most [`IDLE_LINE`]). A line half gathered is dropped: it belongs to
+    /// no run.
+    pub fn charge_to(&mut self, pool: Option<Arc<OutputPool>>) {
+        if !self.buf.is_empty() {
+            self.drop_line();
+        }
+        self.buf = Vec::new();
+        self.held = Held::default();
+        self.pool = pool;
+    }
+
+    fn limit(&self) -> usize {
+        match self.pool {
+            Some(_) => self.max,
+            None => self.max.min(IDLE_LINE),
+        }
+    }
+
+    fn drop_line(&mut self) {
+        self.buf = Vec::new();
+        self.held = Held::default();
+        self.overlong = true;
+        self.dropped += 1;
+    }
+
+    /// Makes room for `n` more bytes within the limit (and the pool).
+    fn reserve(&mut self, n: usize) -> bool {
+        let need = self.buf.len() + n;
+        let limit = self.limit();
+        if need > limit {
+            return false;
+        }
+        let had = self.buf.capacity();
+        if need <= had {
+            return true;
+        }
+        let cap = need.max(had.saturating_mul(2)).min(limit);
+        if let Some(pool) = &self.pool {
+            let counted = |c: usize| c.saturating_sub(UNCOUNTED_LINE);
+            let more = counted(cap) - counted(had);
+            if more > 0 && !self.held.grow(pool, more) {
+                return false;
+            }
+        }
+        self.buf.reserve_exact(cap - self.buf.len());
+        true
     }
 
     pub fn push(&mut self, mut data: &[u8]) {
@@ -176,17 +241,16 @@ impl LineSplitter {
             };
             data = rest;
             if !self.overlong {
-                if self.buf.len() + part.len() > self.max {
-                    self.buf = Vec::new();
-                    self.overlong = true;
-                    self.dropped += 1;
-                } else {
+                if self.reserve(part.len()) {
                     self.buf.extend_from_slice(part);
+                } else {
+                    self.drop_line();
                 }
             }
             if end {
                 if !self.overlong {
                     self.ready.push_back(std::mem::take(&mut self.buf));
+                    self.held = Held::default();
                 }
                 self.overlong = false;
             }
@@ -342,6 +406,11 @@ impl Driver {
     /// Writes one line, giving up after `within` (the driver stopped reading).
     pub async fn send_line(&self, json: &str, within: Duration) -> Result<(), WriteError> {
         write_line(&self.stdin, json, within).await
+    }
+
+    /// Counts the lines it gathers against `pool` (see [`LineSplitter::charge_to`]).
+    pub fn charge_lines_to(&mut self, pool: Option<Arc<OutputPool>>) {
+        self.lines.charge_to(pool);
     }
 
     /// Whether a whole line is already read (the next [`Driver::next`] may
@@ -517,6 +586,49 @@ mod tests {
         assert_eq!(s.pop().as_deref(), Some(&b"ok"[..]));
         assert_eq!(s.pop(), None);
         assert_eq!(s.dropped, 1);
+    }
+
+    #[test]
+    fn outside_a_run_a_line_past_the_idle_limit_is_dropped() {
+        let mut s = LineSplitter::new(MAX_LINE);
+        s.push(&vec![b'x'; IDLE_LINE + 1]);
+        s.push(b"\nok\n");
+        assert_eq!(s.pop().as_deref(), Some(&b"ok"[..]));
+        assert_eq!(s.pop(), None);
+        assert_eq!(s.dropped, 1);
+    }
+
+    #[test]
+    fn during_a_run_a_half_gathered_line_is_counted_and_dropped_when_the_run_ends() {
+        let pool = OutputPool::new(32 << 10);
+        let mut s = LineSplitter::new(1 << 20);
+        s.charge_to(Some(pool.clone()));
+        s.push(&vec![b'x'; UNCOUNTED_LINE + (16 << 10)]);
+        assert!(pool.held() >= 16 << 10);
+        assert!(s.buf.capacity() <= UNCOUNTED_LINE + pool.held());
+        // Past the pool: dropped whole, its bytes given back.
+        s.push(&vec![b'x'; 32 << 10]);
+        assert_eq!((pool.held(), s.dropped), (0, 1));
+        // A full pool still lets small lines through.
+        let full = pool.take(32 << 10).unwrap();
+        s.push(b"\n{\"t\":\"done\"}\npart");
+        assert_eq!(s.pop().as_deref(), Some(&br#"{"t":"done"}"#[..]));
+        drop(full);
+        s.charge_to(None);
+        assert_eq!((pool.held(), s.dropped), (0, 2));
+        s.push(b"ial\nnext\n");
+        assert_eq!(s.pop().as_deref(), Some(&b"next"[..]));
+    }
+
+    #[test]
+    fn the_line_buffer_grows_no_larger_than_its_limit() {
+        let mut s = LineSplitter::new(MAX_LINE);
+        s.charge_to(Some(OutputPool::new(usize::MAX)));
+        let chunk = vec![b'x'; 64 << 10];
+        while s.buf.len() + chunk.len() <= MAX_LINE {
+            s.push(&chunk);
+        }
+        assert!(s.buf.capacity() <= MAX_LINE, "{}", s.buf.capacity());
     }
 
     #[test]

@@ -95,6 +95,9 @@ pub struct Contexts {
     output: Arc<OutputPool>,
     /// Runs waiting for a context of it.
     waiting: Arc<AtomicUsize>,
+    /// Held for writing while the drivers an earlier daemon left are ended: no
+    /// context is created before (see [`Contexts::end_stale`]).
+    sweep: Arc<tokio::sync::RwLock<()>>,
 }
 
 impl Default for Contexts {
@@ -103,11 +106,39 @@ impl Default for Contexts {
             map: Mutex::default(),
             output: OutputPool::new(output::MAX_SANDBOX_OUTPUT),
             waiting: Arc::default(),
+            sweep: Arc::default(),
         }
     }
 }
 
 impl Contexts {
+    /// Ends the drivers (and kernels) an earlier daemon left in the sandbox
+    /// ([`driver::end_stale`]) on a task of its own, so that a slow agent holds
+    /// neither the daemon's start nor other sandboxes. Contexts are created
+    /// only once it is done: the default ids come again, and a late sweep would
+    /// end their new drivers.
+    pub fn end_stale(&self, guest: GuestClient, span: tracing::Span) {
+        let gate = self.hold_for_sweep();
+        tokio::spawn(async move {
+            let ended = driver::end_stale(&guest).await;
+            drop(gate);
+            if ended > 0 {
+                span.in_scope(|| {
+                    tracing::info!(ended, "ended the drivers of code contexts it had")
+                });
+            }
+        });
+    }
+
+    fn hold_for_sweep(&self) -> Option<tokio::sync::OwnedRwLockWriteGuard<()>> {
+        self.sweep.clone().try_write_owned().ok()
+    }
+
+    /// Waits until no sweep of an earlier daemon's drivers runs.
+    async fn swept(&self) {
+        drop(self.sweep.read().await);
+    }
+
     /// Starts `req` in `ctx` on a task of its own (a client that leaves does not
     /// cut the run short) and returns its events and a ticket to interrupt or
     /// abandon it. Refused (429) when too many runs wait already.
@@ -145,6 +176,7 @@ impl Contexts {
         id: Option<&str>,
         params: ContextParams,
     ) -> ApiResult<Arc<Context>> {
+        self.swept().await;
         let ctx = {
             let mut m = self.map();
             if m.len() >= MAX_CONTEXTS {
@@ -563,7 +595,14 @@ impl Context {
         )
         .await;
         let ooms = oom_kills(&oom);
+        // A line read during the run counts against its sandbox's pool.
+        if let Some(d) = r.driver.as_mut() {
+            d.charge_lines_to(Some(out.pool.clone()));
+        }
         let mut end = self.run_cell(&guest, &mut r, &req, &out, &control).await;
+        if let Some(d) = r.driver.as_mut() {
+            d.charge_lines_to(None);
+        }
         if end.status == RunStatus::Crashed && ooms.is_some() && oom_kills(&oom) > ooms {
             if let Some(e) = &mut end.error {
                 e.value = "the interpreter was killed for running out of memory (the sandbox's \
@@ -589,7 +628,7 @@ impl Context {
                 truncated: end.truncated,
             }
             .into(),
-            Held::default(),
+            end.held,
         )
         .await;
     }
@@ -700,18 +739,18 @@ impl Context {
                         value,
                         traceback,
                     } => {
-                        let e = CodeError {
+                        let mut e = CodeError {
                             name: driver::bounded(&name, 1000),
                             value: driver::bounded(&value, 64 << 10),
                             traceback: driver::bounded(&traceback, 1 << 20),
                         };
-                        budget.interrupted();
-                        out.send(
-                            CodeEvent::Exception { error: e.clone() }.into(),
-                            Held::default(),
-                        )
-                        .await;
-                        end.error = Some(e);
+                        if let Some((held, kept)) = budget.exception(&mut e) {
+                            out.send(CodeEvent::Exception { error: e.clone() }.into(), held)
+                                .await;
+                            end.error = Some(e);
+                            end.held = kept;
+                        }
+                        end.truncated |= budget.truncated;
                     }
                     DriverLine::Done {
                         count,
@@ -813,6 +852,8 @@ struct CellEnd {
     truncated: bool,
     /// The interpreter is gone (or was ended): its state is lost.
     lost: bool,
+    /// What the exception kept in `error` holds of the sandbox's pool.
+    held: Held,
 }
 
 impl Default for CellEnd {
@@ -823,6 +864,7 @@ impl Default for CellEnd {
             error: None,
             truncated: false,
             lost: false,
+            held: Held::default(),
         }
     }
 }
@@ -928,6 +970,10 @@ pub async fn collect(mut rx: mpsc::Receiver<RunItem>) -> ApiResult<RunOutput> {
                 x.error = error;
                 x.restarted = restarted;
                 x.truncated = truncated;
+                // Merged text holds no spare capacity past what it counts for.
+                for t in x.stdout.iter_mut().chain(x.stderr.iter_mut()) {
+                    t.shrink_to_fit();
+                }
                 return Ok(x);
             }
             // Only made by the HTTP layer; results come raw.
@@ -972,6 +1018,49 @@ mod tests {
         assert_eq!(default_language("default-js"), None);
         assert_eq!(default_language("ctx_1"), None);
         assert_eq!(default_context(Language::Javascript), "default-javascript");
+    }
+
+    #[tokio::test]
+    async fn collected_stream_text_holds_no_spare_capacity() {
+        let (tx, rx) = mpsc::channel(64);
+        for _ in 0..33 {
+            let ev = CodeEvent::Stdout {
+                text: "x".repeat(1000),
+            };
+            tx.send(RunItem {
+                event: Ok(ev.into()),
+                held: Held::default(),
+            })
+            .await
+            .unwrap();
+        }
+        let end = CodeEvent::End {
+            status: RunStatus::Ok,
+            execution_count: None,
+            error: None,
+            restarted: false,
+            truncated: false,
+        };
+        tx.send(RunItem {
+            event: Ok(end.into()),
+            held: Held::default(),
+        })
+        .await
+        .unwrap();
+        let x = collect(rx).await.unwrap();
+        assert_eq!(x.stdout.len(), 1);
+        assert_eq!(x.stdout[0].capacity(), x.stdout[0].len());
+    }
+
+    #[tokio::test]
+    async fn contexts_are_created_only_once_the_sweep_of_an_earlier_daemons_drivers_is_done() {
+        use futures_util::FutureExt;
+        let c = Contexts::default();
+        assert_eq!(c.swept().now_or_never(), Some(()));
+        let gate = c.hold_for_sweep().unwrap();
+        assert_eq!(c.swept().now_or_never(), None);
+        drop(gate);
+        assert_eq!(c.swept().now_or_never(), Some(()));
     }
 
     #[test]

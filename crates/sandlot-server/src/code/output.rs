@@ -1,6 +1,7 @@
 //! What a run hands back, and how much of the daemon's memory it may hold. A
-//! result's MIME bundle is kept as the JSON text the driver sent (never parsed
-//! into values, which can take tens of times its text); stream text and results
+//! result's MIME bundle is kept as the JSON text the driver sent, written
+//! compactly and checked for what clients cannot parse (never parsed into
+//! values, which can take tens of times its text); stream text and results
 //! count against the run's caps with an overhead per chunk, result and format;
 //! and what the runs of one sandbox hold at once is capped by its
 //! [`OutputPool`].
@@ -23,6 +24,8 @@ pub const MAX_RESULTS: usize = 256;
 pub const MAX_RESULT_BYTES: usize = 32 << 20;
 /// Formats (MIME types) one result may carry; a bundle with more is dropped.
 pub const MAX_FORMATS: usize = 64;
+/// Exceptions one run sends (its first; later ones are left out).
+pub const MAX_EXCEPTIONS: usize = 1;
 /// What the runs of one sandbox may hold at once (output produced and not yet
 /// sent or answered); past it their output is cut.
 pub const MAX_SANDBOX_OUTPUT: usize = 96 << 20;
@@ -39,9 +42,127 @@ pub const TRUNCATED: &str = "\n[output truncated: the cell wrote more than 8 MiB
 pub const SANDBOX_FULL: &str =
     "\n[output truncated: this sandbox's runs hold 96 MiB of output not yet read]\n";
 
-/// A MIME bundle as the driver sent it: each format's JSON text, unparsed.
+/// How deeply a format's JSON may nest.
+pub const MAX_DEPTH: usize = 64;
+
+/// A MIME bundle as the driver sent it: each format's JSON text, never parsed
+/// into values, written compactly (see [`compact_json`]). A bundle with a
+/// format that JSON refuses is kept empty and marked refused.
 #[derive(Debug, Clone, Default)]
-pub struct RawBundle(BTreeMap<String, Box<RawValue>>);
+pub struct RawBundle(BTreeMap<String, Box<RawValue>>, bool);
+
+/// Why a format's JSON is refused (a client parses a whole answer and fails on
+/// any of these).
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum JsonRefusal {
+    #[error("it nests deeper than {MAX_DEPTH} levels")]
+    TooDeep,
+    #[error("a string holds a lone surrogate")]
+    LoneSurrogate,
+    #[error("a number fits no 64-bit integer and no finite double")]
+    Number,
+    #[error("it is not one JSON value")]
+    Malformed,
+}
+
+/// `json` (one JSON value, its syntax already checked) written compactly: no
+/// whitespace between tokens (a raw `\r` there splits the lines of clients
+/// that split on it), strings and numbers as they came. Refused when it nests
+/// deeper than [`MAX_DEPTH`], escapes a lone surrogate in a string, or has a
+/// number that no 64-bit integer or finite double holds. Read in one pass,
+/// without recursion and without building values.
+pub fn compact_json(json: &str) -> Result<String, JsonRefusal> {
+    let b = json.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut depth = 0usize;
+    let mut i = 0;
+    while i < b.len() {
+        let end = match b[i] {
+            b' ' | b'\t' | b'\n' | b'\r' => {
+                i += 1;
+                continue;
+            }
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > MAX_DEPTH {
+                    return Err(JsonRefusal::TooDeep);
+                }
+                i + 1
+            }
+            b']' | b'}' => {
+                depth = depth.checked_sub(1).ok_or(JsonRefusal::Malformed)?;
+                i + 1
+            }
+            b',' | b':' => i + 1,
+            b'"' => string_end(b, i)?,
+            b'-' | b'0'..=b'9' => number_end(json, i)?,
+            _ => {
+                let e = i + b[i..].iter().take_while(|c| c.is_ascii_lowercase()).count();
+                match &b[i..e] {
+                    b"true" | b"false" | b"null" => e,
+                    _ => return Err(JsonRefusal::Malformed),
+                }
+            }
+        };
+        out.extend_from_slice(&b[i..end]);
+        i = end;
+    }
+    if depth != 0 {
+        return Err(JsonRefusal::Malformed);
+    }
+    String::from_utf8(out).map_err(|_| JsonRefusal::Malformed)
+}
+
+/// Where the string starting at `start` ends (after its closing quote); a
+/// surrogate escape must be a high one followed by a low one.
+fn string_end(b: &[u8], start: usize) -> Result<usize, JsonRefusal> {
+    let mut i = start + 1;
+    // The last escape was a high surrogate: a low one must follow.
+    let mut high = false;
+    loop {
+        match (b.get(i), b.get(i + 1)) {
+            (None, _) => return Err(JsonRefusal::Malformed),
+            (Some(b'\\'), Some(b'u')) => {
+                let unit = b
+                    .get(i + 2..i + 6)
+                    .and_then(|h| std::str::from_utf8(h).ok())
+                    .and_then(|h| u16::from_str_radix(h, 16).ok())
+                    .ok_or(JsonRefusal::Malformed)?;
+                let low = (0xdc00..0xe000).contains(&unit);
+                if high != low {
+                    return Err(JsonRefusal::LoneSurrogate);
+                }
+                high = (0xd800..0xdc00).contains(&unit);
+                i += 6;
+                continue;
+            }
+            _ if high => return Err(JsonRefusal::LoneSurrogate),
+            (Some(b'"'), _) => return Ok(i + 1),
+            (Some(b'\\'), _) => i += 2,
+            (Some(_), _) => i += 1,
+        }
+    }
+}
+
+/// Where the number starting at `start` ends, if a 64-bit integer or a finite
+/// double holds it.
+fn number_end(json: &str, start: usize) -> Result<usize, JsonRefusal> {
+    let len = json.as_bytes()[start..]
+        .iter()
+        .take_while(|c| matches!(c, b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E'))
+        .count();
+    let n = &json[start..start + len];
+    let fits = if n.contains(['.', 'e', 'E']) {
+        n.parse::<f64>().is_ok_and(f64::is_finite)
+    } else {
+        n.parse::<i64>().is_ok() || n.parse::<u64>().is_ok()
+    };
+    if fits {
+        Ok(start + len)
+    } else {
+        Err(JsonRefusal::Number)
+    }
+}
 
 impl RawBundle {
     pub fn get(&self, mime: &str) -> Option<&RawValue> {
@@ -56,6 +177,11 @@ impl RawBundle {
         self.0.contains_key(mime)
     }
 
+    /// A format's JSON was refused: the result is left out.
+    pub fn refused(&self) -> bool {
+        self.1
+    }
+
     /// Bytes it counts for: its text and an overhead per format.
     pub fn cost(&self) -> usize {
         self.0
@@ -65,9 +191,34 @@ impl RawBundle {
     }
 }
 
+impl RawBundle {
+    /// Bytes its widest wire form takes: [`RawBundle::cost`], and its
+    /// `application/json` once more where a `text/html` comes with it (E2B's
+    /// result writes a DataFrame's data as `json` and as `data`).
+    pub fn wire_cost(&self) -> usize {
+        let twice = match (self.get("application/json"), self.contains("text/html")) {
+            (Some(j), true) => j.get().len(),
+            _ => 0,
+        };
+        self.cost() + twice
+    }
+}
+
+/// The length of `s` written as a JSON string's content (escapes included).
+pub fn json_len(s: &str) -> usize {
+    s.bytes()
+        .map(|b| match b {
+            b'"' | b'\\' | b'\n' | b'\r' | b'\t' | 0x08 | 0x0c => 2,
+            0..=0x1f => 6,
+            _ => 1,
+        })
+        .sum()
+}
+
 impl PartialEq for RawBundle {
     fn eq(&self, o: &RawBundle) -> bool {
-        self.0.len() == o.0.len()
+        self.1 == o.1
+            && self.0.len() == o.0.len()
             && self
                 .0
                 .iter()
@@ -88,16 +239,35 @@ impl<'de> Deserialize<'de> for RawBundle {
 
             fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<RawBundle, A::Error> {
                 let mut out = BTreeMap::new();
+                let mut formats = 0;
+                let mut refused = false;
                 while let Some(k) = m.next_key::<String>()? {
-                    if out.len() >= MAX_FORMATS {
+                    if formats >= MAX_FORMATS {
                         return Err(A::Error::custom(format!(
                             "a result with more than {MAX_FORMATS} formats"
                         )));
                     }
+                    formats += 1;
                     let v: Box<RawValue> = m.next_value()?;
-                    out.insert(k, v);
+                    if refused {
+                        continue;
+                    }
+                    match compact_json(v.get()) {
+                        Ok(c) if c.len() == v.get().len() => {
+                            out.insert(k, v);
+                        }
+                        Ok(c) => {
+                            drop(v);
+                            out.insert(k, RawValue::from_string(c).map_err(A::Error::custom)?);
+                        }
+                        Err(e) => {
+                            tracing::debug!(len = v.get().len(), "refusing a result's format: {e}");
+                            refused = true;
+                            out.clear();
+                        }
+                    }
                 }
-                Ok(RawBundle(out))
+                Ok(RawBundle(out, refused))
             }
         }
         d.deserialize_map(Formats)
@@ -209,6 +379,17 @@ pub struct Held {
 }
 
 impl Held {
+    /// Takes `n` more bytes of `pool` if they fit.
+    pub fn grow(&mut self, pool: &Arc<OutputPool>, n: usize) -> bool {
+        match pool.take(n) {
+            Some(h) => {
+                self.absorb(h);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Holds `other`'s bytes too (of the same pool).
     pub fn absorb(&mut self, mut other: Held) {
         if self.pool.is_none() {
@@ -249,6 +430,7 @@ pub struct Budget {
     results: usize,
     result_bytes: usize,
     stream_cut: bool,
+    exceptions: usize,
     /// The stream of the last event sent, if it was stream text: a chunk on the
     /// same stream is merged into it where the run's output is collected.
     last: Option<Stream>,
@@ -264,6 +446,7 @@ impl Budget {
             results: 0,
             result_bytes: 0,
             stream_cut: false,
+            exceptions: 0,
             last: None,
             truncated: false,
         }
@@ -289,7 +472,8 @@ impl Budget {
         while !text.is_char_boundary(keep) {
             keep -= 1;
         }
-        let held = match self.pool.take(keep + overhead) {
+        // Counted as written: a control character takes six bytes in JSON.
+        let held = match self.pool.take(json_len(&text[..keep]) + overhead) {
             Some(h) => h,
             None => {
                 keep = 0;
@@ -311,8 +495,11 @@ impl Budget {
     /// Whether a result fits (and what it holds of the pool); one that does not
     /// is left out and the run marked truncated.
     pub fn result(&mut self, data: &RawBundle) -> Option<Held> {
-        let size = data.cost() + RESULT_OVERHEAD;
-        if self.results >= MAX_RESULTS || self.result_bytes + size > MAX_RESULT_BYTES {
+        let size = data.wire_cost() + RESULT_OVERHEAD;
+        if data.refused()
+            || self.results >= MAX_RESULTS
+            || self.result_bytes + size > MAX_RESULT_BYTES
+        {
             self.truncated = true;
             return None;
         }
@@ -326,9 +513,32 @@ impl Budget {
         Some(held)
     }
 
-    /// Another event (not stream text) came between chunks.
-    pub fn interrupted(&mut self) {
+    /// Whether an exception is sent (a run's first only), and what it holds of
+    /// the pool: once for its event and once for the copy the run's end
+    /// carries. One the pool has no room for is sent without its traceback,
+    /// its value cut to 1000 bytes, and the run marked truncated.
+    pub fn exception(&mut self, e: &mut CodeError) -> Option<(Held, Held)> {
+        if self.exceptions >= MAX_EXCEPTIONS {
+            return None;
+        }
+        self.exceptions += 1;
         self.last = None;
+        let size =
+            json_len(&e.name) + json_len(&e.value) + json_len(&e.traceback) + RESULT_OVERHEAD;
+        if let Some(event) = self.pool.take(size) {
+            if let Some(end) = self.pool.take(size) {
+                return Some((event, end));
+            }
+        }
+        self.truncated = true;
+        e.traceback = String::new();
+        let mut keep = e.value.len().min(1000);
+        while !e.value.is_char_boundary(keep) {
+            keep -= 1;
+        }
+        e.value.truncate(keep);
+        e.value.shrink_to_fit();
+        Some((Held::default(), Held::default()))
     }
 }
 
@@ -379,6 +589,52 @@ mod tests {
     }
 
     #[test]
+    fn stream_text_is_counted_at_its_length_as_json() {
+        let pool = OutputPool::new(usize::MAX);
+        let mut b = Budget::new(pool.clone());
+        let (t, _held) = b.stream(Stream::Stdout, &"\u{1}".repeat(100)).unwrap();
+        assert_eq!(t.len(), 100);
+        let written = serde_json::to_string(&t).unwrap().len() - 2;
+        assert_eq!(pool.held(), written + CHUNK_OVERHEAD);
+        assert_eq!(json_len("a\"\\\n\u{1f}é"), 1 + 2 + 2 + 2 + 6 + 2);
+    }
+
+    #[test]
+    fn a_dataframe_counts_its_json_twice() {
+        let frame = bundle(r#"{"text/html":"<t/>","application/json":{"data":[1]}}"#);
+        let json = bundle(r#"{"application/json":{"data":[1]}}"#);
+        assert_eq!(frame.wire_cost(), frame.cost() + r#"{"data":[1]}"#.len());
+        assert_eq!(json.wire_cost(), json.cost());
+    }
+
+    #[test]
+    fn a_run_sends_its_first_exception_only_and_counts_it_twice() {
+        let pool = OutputPool::new(usize::MAX);
+        let mut b = Budget::new(pool.clone());
+        let mut e = CodeError {
+            name: "ValueError".into(),
+            value: "bad".into(),
+            traceback: "t".repeat(1000),
+        };
+        let size = 10 + 3 + 1000 + RESULT_OVERHEAD;
+        let held = b.exception(&mut e).unwrap();
+        assert_eq!(pool.held(), 2 * size);
+        assert!(b.exception(&mut e.clone()).is_none());
+        drop(held);
+        assert_eq!(pool.held(), 0);
+        // No room: sent small, the run marked truncated.
+        let mut b = Budget::new(OutputPool::new(1000));
+        let mut big = CodeError {
+            name: "E".into(),
+            value: "v".repeat(5000),
+            traceback: "t".repeat(5000),
+        };
+        assert!(b.exception(&mut big).is_some());
+        assert_eq!((big.value.len(), big.traceback.len()), (1000, 0));
+        assert!(b.truncated);
+    }
+
+    #[test]
     fn result_budget_counts_results_and_their_formats() {
         let mut b = Budget::new(OutputPool::new(usize::MAX));
         let data = bundle(r#"{"text/plain":"1"}"#);
@@ -398,7 +654,7 @@ mod tests {
         let b = bundle(r#"{"application/json": [ {"a":0}, 1.50 ], "text/plain": "x"}"#);
         assert_eq!(
             b.get("application/json").unwrap().get(),
-            r#"[ {"a":0}, 1.50 ]"#
+            r#"[{"a":0},1.50]"#
         );
         let many: String = (0..=MAX_FORMATS)
             .map(|i| format!("\"k{i}\":0"))
@@ -406,6 +662,72 @@ mod tests {
             .join(",");
         let e = serde_json::from_str::<RawBundle>(&format!("{{{many}}}")).unwrap_err();
         assert!(e.to_string().contains("more than 64 formats"), "{e}");
+    }
+
+    /// Whether a bundle with `json` as a format is refused (by the syntax
+    /// check or by the compact form).
+    fn refused(json: &str) -> bool {
+        let text = format!(r#"{{"text/plain":"x","application/json":{json}}}"#);
+        match serde_json::from_str::<RawBundle>(&text) {
+            Ok(b) => b.refused() && b.iter().next().is_none(),
+            Err(_) => true,
+        }
+    }
+
+    #[test]
+    fn a_bundle_is_written_without_whitespace_between_tokens() {
+        // Raw carriage returns between tokens would be line breaks to a client
+        // splitting on them: an injected `end` line.
+        let b = bundle("{\"application/json\":[\r{\"type\":\"end\"}\r,\n\t1 ]}");
+        assert_eq!(
+            b.get("application/json").unwrap().get(),
+            r#"[{"type":"end"},1]"#
+        );
+        assert!(!b.refused());
+        let s = bundle(r#"{"text/plain":" a \r\n b\ud83d\ude00 "}"#);
+        assert_eq!(
+            s.get("text/plain").unwrap().get(),
+            r#"" a \r\n b\ud83d\ude00 ""#
+        );
+    }
+
+    #[test]
+    fn bundles_clients_cannot_parse_are_refused() {
+        let deep = |n| format!("{}{}", "[".repeat(n), "]".repeat(n));
+        for json in [
+            deep(MAX_DEPTH + 1),
+            r#""\ud800""#.into(),
+            r#""\udc00""#.into(),
+            r#""\ud800\u0041""#.into(),
+            r#""\ud800x""#.into(),
+            r#"{"\ud800":1}"#.into(),
+            "1e400".into(),
+            "-1e400".into(),
+            "123456789012345678901234567890".into(),
+            "18446744073709551616".into(),
+        ] {
+            assert!(refused(&json), "{json}");
+        }
+        for json in [
+            deep(MAX_DEPTH),
+            r#""\ud83d\ude00""#.into(),
+            "18446744073709551615".into(),
+            "-9223372036854775808".into(),
+            "1.5e300".into(),
+            "1e-400".into(),
+        ] {
+            assert!(!refused(&json), "{json}");
+        }
+        assert_eq!(
+            compact_json(&deep(MAX_DEPTH + 1)),
+            Err(JsonRefusal::TooDeep)
+        );
+        // A refused bundle is a result left out, the run marked truncated.
+        let mut budget = Budget::new(OutputPool::new(usize::MAX));
+        assert!(budget
+            .result(&bundle(r#"{"text/plain":"x","a/b":1e999}"#))
+            .is_none());
+        assert!(budget.truncated);
     }
 
     #[test]

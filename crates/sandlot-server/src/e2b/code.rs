@@ -26,10 +26,10 @@ use super::envd::{
 };
 use super::hosts::TRAFFIC_TOKEN_HEADER;
 use super::E2b;
-use crate::code::output::{RunEvent, RunResult};
+use crate::code::output::{Held, RunEvent, RunResult};
 use crate::code::{self, Context, ContextParams, Language, RunRequest};
 use crate::error::ApiError;
-use crate::routes::stream::{channel_body, line};
+use crate::routes::stream::{held_channel_body, line};
 use crate::sandbox::SandboxHandle;
 
 /// The port of E2B's code interpreter server in a sandbox.
@@ -285,7 +285,7 @@ async fn execute(
             Ok(x) => x,
             Err(e) => return plain(e),
         };
-    let (tx, resp) = channel_body("application/x-ndjson");
+    let (tx, resp) = held_channel_body("application/x-ndjson");
     tokio::spawn(async move {
         let _guard = guard;
         let mut raised = false;
@@ -301,8 +301,15 @@ async fn execute(
                 }
             };
             let Some(item) = item else { return };
-            for l in lines_of(item.event, &mut raised) {
-                if tx.send(l).await.is_err() {
+            // The item's share of the pool goes with its last line.
+            let mut held = item.held;
+            let mut lines = lines_of(item.event, &mut raised).into_iter().peekable();
+            while let Some(l) = lines.next() {
+                let h = match lines.peek() {
+                    None => std::mem::take(&mut held),
+                    Some(_) => Held::default(),
+                };
+                if tx.send((l, h)).await.is_err() {
                     ticket.abandon();
                     return;
                 }
@@ -380,7 +387,7 @@ fn lines_of(item: Result<RunEvent, ApiError>, raised: &mut bool) -> Vec<Bytes> {
 }
 
 /// A MIME bundle as E2B's result: its formats by name (`text`, `html`, `png`,
-/// ...), a chart's data as `chart`, a DataFrame's data as `data`, other MIME
+/// ...), a chart's data as `chart` (when it is one the E2B SDK reads), a DataFrame's data as `data`, other MIME
 /// types in `extra`. Written from the bundle's JSON text, never parsed whole.
 pub struct E2bResult<'a>(pub &'a RunResult);
 
@@ -393,6 +400,34 @@ struct FrameKeys {
     index: IgnoredAny,
     #[allow(dead_code)]
     data: IgnoredAny,
+}
+
+/// The chart types the E2B SDK reads (its `ChartType`).
+const CHART_TYPES: [&str; 7] = [
+    "line",
+    "scatter",
+    "bar",
+    "pie",
+    "box_and_whisker",
+    "superchart",
+    "unknown",
+];
+
+/// What every chart the E2B SDK reads has, read without keeping it.
+#[derive(Deserialize)]
+struct ChartHead {
+    #[serde(rename = "type")]
+    kind: String,
+    #[allow(dead_code)]
+    title: IgnoredAny,
+    #[allow(dead_code)]
+    elements: IgnoredAny,
+}
+
+/// Whether `v` (what the sandbox wrote as its chart data) is a chart the E2B
+/// SDK reads: an object with a title, elements and a type it knows.
+fn is_e2b_chart(v: &RawValue) -> bool {
+    serde_json::from_str::<ChartHead>(v.get()).is_ok_and(|h| CHART_TYPES.contains(&h.kind.as_str()))
 }
 
 /// Formats E2B has no key for, as a map.
@@ -426,7 +461,7 @@ impl Serialize for E2bResult<'_> {
                 "text/latex" => "latex",
                 "application/json" => "json",
                 "application/javascript" => "javascript",
-                code::CHART_MIME => "chart",
+                code::CHART_MIME if is_e2b_chart(v) => "chart",
                 _ => {
                     extra.push((mime, v));
                     continue;
@@ -467,7 +502,7 @@ mod tests {
                 "text/html": "<table/>",
                 "image/png": "iVBO\n",
                 "application/json": {"columns": ["a"], "index": [0], "data": [[1]]},
-                "application/vnd.sandlot.chart+json": {"type": "line", "elements": []},
+                "application/vnd.sandlot.chart+json": {"type": "line", "title": null, "elements": []},
                 "application/vnd.custom": 1,
             }))
             .unwrap(),
@@ -489,5 +524,29 @@ mod tests {
         };
         let l: Value = serde_json::from_slice(&line(&E2bResult(&r))).unwrap();
         assert_eq!((l.get("data"), &l["json"]), (None, &json!([1])));
+    }
+
+    #[test]
+    fn chart_data_the_e2b_sdk_cannot_read_is_no_chart() {
+        let chart = |c: Value| {
+            let r = RunResult {
+                is_main_result: true,
+                data: serde_json::from_value(json!({ code::CHART_MIME: c })).unwrap(),
+            };
+            serde_json::from_slice::<Value>(&line(&E2bResult(&r))).unwrap()
+        };
+        for bad in [
+            json!([1]),
+            json!("line"),
+            json!({"type": "pie3d", "title": null, "elements": []}),
+            json!({"type": 1, "title": null, "elements": []}),
+            json!({"type": "line"}),
+        ] {
+            let l = chart(bad.clone());
+            assert_eq!(l.get("chart"), None, "{bad}");
+            assert_eq!(l["extra"][code::CHART_MIME], bad);
+        }
+        let good = json!({"type": "box_and_whisker", "title": "t", "elements": []});
+        assert_eq!(chart(good.clone())["chart"], good);
     }
 }

@@ -19,7 +19,7 @@ use tokio::sync::mpsc;
 
 use super::exec::stream_requested;
 use super::sandboxes::parse_duration;
-use super::stream::{channel_body, line};
+use super::stream::{held_body, held_channel_body, line};
 use super::{json_status, live, parse_json, JsonBody, RequestId};
 use crate::auth::Principal;
 use crate::code::{self, Context, ContextParams, Language, RunItem, RunRequest, RunTicket};
@@ -206,30 +206,39 @@ pub async fn run(
     let guard = h.active();
     let (mut rx, _ticket) = start_run(&h, &ctx, req).await?;
     if !stream {
-        let x = code::collect(rx).await?;
+        let mut x = code::collect(rx).await?;
         drop(guard);
-        return Ok(json_status(StatusCode::OK, &x));
+        // What the run holds stays counted until the answer is written.
+        let held = std::mem::take(&mut x.held);
+        let mut body = serde_json::to_vec(&x).expect("a run's output serializes");
+        drop(x);
+        body.shrink_to_fit();
+        return Ok(held_body(
+            StatusCode::OK,
+            "application/json",
+            body.into(),
+            held,
+        ));
     }
     // The first item decides the status: a run that could not start is an error
     // answer, not a stream.
-    let first = match rx.recv().await {
-        Some(item) => item.event?,
+    let (first, first_held) = match rx.recv().await {
+        Some(item) => (item.event?, item.held),
         None => return Err(ApiError::internal("a code run ended before it started")),
     };
-    let (tx, resp) = channel_body("application/x-ndjson");
+    let (tx, resp) = held_channel_body("application/x-ndjson");
     tokio::spawn(async move {
         let _guard = guard;
-        if tx.send(line(&first)).await.is_err() {
+        if tx.send((line(&first), first_held)).await.is_err() {
             return;
         }
         while let Some(item) = rx.recv().await {
             let ev = item
                 .event
                 .unwrap_or_else(|e| event_of_error(&e, &rid.0).into());
-            if tx.send(line(&ev)).await.is_err() {
+            if tx.send((line(&ev), item.held)).await.is_err() {
                 return;
             }
-            drop(item.held);
         }
     });
     Ok(resp)

@@ -4,7 +4,7 @@
 use std::convert::Infallible;
 
 use axum::body::Body;
-use axum::http::header;
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use bytes::Bytes;
@@ -13,6 +13,7 @@ use sandlot_proto::api::StreamEvent;
 use serde::Serialize;
 use tokio::sync::mpsc;
 
+use crate::code::output::Held;
 use crate::error::ApiError;
 use crate::process::{convert_attached, OutEvent};
 use crate::sandbox::ActiveGuard;
@@ -67,6 +68,8 @@ pub fn event_json(ev: &OutEvent) -> StreamEvent {
 pub fn line<T: Serialize>(v: &T) -> Bytes {
     let mut s = serde_json::to_vec(v).expect("stream events serialize");
     s.push(b'\n');
+    // No spare capacity: a line holds what it counts for.
+    s.shrink_to_fit();
     Bytes::from(s)
 }
 
@@ -85,6 +88,49 @@ pub fn channel_body(content_type: &'static str) -> (mpsc::Sender<Bytes>, Respons
     )
         .into_response();
     (tx, resp)
+}
+
+/// [`channel_body`] whose chunks each come with what they hold of their
+/// sandbox's output pool: a chunk stays counted until the body asks for the
+/// chunk after it (the connection has taken it), not only until it is queued.
+pub fn held_channel_body(content_type: &'static str) -> (mpsc::Sender<(Bytes, Held)>, Response) {
+    let (tx, rx) = mpsc::channel::<(Bytes, Held)>(4);
+    let stream = futures_util::stream::unfold((rx, Held::default()), |(mut rx, sent)| async move {
+        drop(sent);
+        let (b, held) = rx.recv().await?;
+        Some((Ok::<_, Infallible>(b), (rx, held)))
+    });
+    let resp = (
+        [
+            (header::CONTENT_TYPE, content_type),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        Body::from_stream(stream),
+    )
+        .into_response();
+    (tx, resp)
+}
+
+/// A whole answer as one chunk that holds `held` until the connection has
+/// taken it.
+pub fn held_body(status: StatusCode, content_type: &'static str, b: Bytes, held: Held) -> Response {
+    let len = b.len();
+    let once = Some((b, held));
+    let stream = futures_util::stream::unfold((once, Held::default()), |(once, sent)| async move {
+        drop(sent);
+        let (b, held) = once?;
+        Some((Ok::<_, Infallible>(b), (None, held)))
+    });
+    (
+        status,
+        [
+            (header::CONTENT_TYPE, content_type.to_string()),
+            (header::CACHE_CONTROL, "no-store".to_string()),
+            (header::CONTENT_LENGTH, len.to_string()),
+        ],
+        Body::from_stream(stream),
+    )
+        .into_response()
 }
 
 /// [`channel_body`] whose sender can end the body with an error: the client then
@@ -147,4 +193,50 @@ pub fn ndjson_output(
         }
     });
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::code::output::OutputPool;
+    use http_body_util::BodyExt;
+
+    #[tokio::test]
+    async fn a_chunk_stays_counted_until_the_body_asks_for_the_next() {
+        let pool = OutputPool::new(1000);
+        let (tx, resp) = held_channel_body("application/x-ndjson");
+        tx.send((Bytes::from_static(b"a\n"), pool.take(100).unwrap()))
+            .await
+            .unwrap();
+        tx.send((Bytes::from_static(b"b\n"), pool.take(10).unwrap()))
+            .await
+            .unwrap();
+        drop(tx);
+        let mut body = resp.into_body();
+        let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(&first[..], b"a\n");
+        assert_eq!(pool.held(), 110);
+        body.frame().await.unwrap().unwrap();
+        assert_eq!(pool.held(), 10);
+        assert!(body.frame().await.is_none());
+        assert_eq!(pool.held(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_whole_answer_stays_counted_until_it_is_taken() {
+        let pool = OutputPool::new(1000);
+        let resp = held_body(
+            StatusCode::OK,
+            "application/json",
+            Bytes::from_static(b"{}"),
+            pool.take(100).unwrap(),
+        );
+        assert_eq!(pool.held(), 100);
+        assert_eq!(resp.headers()[header::CONTENT_LENGTH], "2");
+        let mut body = resp.into_body();
+        body.frame().await.unwrap().unwrap();
+        assert_eq!(pool.held(), 100);
+        assert!(body.frame().await.is_none());
+        assert_eq!(pool.held(), 0);
+    }
 }
