@@ -25,6 +25,7 @@
 //! other hierarchies, and the sandbox's directory goes.
 
 pub mod bundle;
+mod kept_root;
 pub mod launch;
 pub mod runsc;
 
@@ -302,8 +303,15 @@ impl GvisorBackend {
         // the daemon reads it for a snapshot and it outlives gVisor's processes
         // until the teardown; the launcher applies the plan on it in its own
         // namespace, whose mounts never reach the host's.
-        let root_mounted = matches!(mounts.root, RootFs::Tmpfs { .. });
-        if root_mounted {
+        // A restore takes back the root its checkpoint kept (see `kept_root`).
+        let kept = match image {
+            Some(i) => kept_root::kept(i)?,
+            None => None,
+        };
+        let root_mounted = kept.is_some() || matches!(mounts.root, RootFs::Tmpfs { .. });
+        if let Some((kept, from)) = &kept {
+            kept_root::take_back(kept, *from, &root, id_base)?;
+        } else if root_mounted {
             mounts::mount_root(&mounts.root, &root, None)?;
             // Root of the sandbox's range owns it, as its PID 1 would on the
             // namespace backend; the launcher's builder makes the rest as that root.
@@ -683,6 +691,10 @@ impl Backend for GvisorBackend {
             .map(|i| Box::new(i) as Box<dyn Instance>)
     }
 
+    fn remove_checkpoint(&self, dir: &Path) -> Result<(), RuntimeError> {
+        kept_root::remove_checkpoint(dir)
+    }
+
     /// The sandbox's directory must still be there, and `pid` still gVisor's
     /// sandbox process in the sandbox's cgroup.
     fn adopt(&self, id: &str, pid: i32) -> Result<Box<dyn Instance>, RuntimeError> {
@@ -941,6 +953,11 @@ impl Instance for GvisorInstance {
         self.runsc_call(&args, "checkpoint")
     }
 
+    /// The `host` image's root tmpfs, mounted on the host, is bound into `dir`.
+    fn keep_root(&self, dir: &Path) -> Result<bool, RuntimeError> {
+        kept_root::keep(&self.dir.join("root"), self.id_base, dir)
+    }
+
     fn wake_agent(&self) -> Result<(), RuntimeError> {
         self.runsc_call(
             &["kill".into(), self.id.clone(), "USR1".into()],
@@ -980,11 +997,21 @@ impl GvisorInstance {
     /// Runs `runsc` with this sandbox's global flags and `args`, to its end.
     fn runsc_call(&self, args: &[String], what: &str) -> Result<(), RuntimeError> {
         let (prog, global) = self.runsc.split_first().expect("runsc has a path");
-        let out = Command::new(prog)
-            .args(global)
-            .args(args)
-            .env_clear()
-            .stdin(Stdio::null())
+        let mut cmd = Command::new(prog);
+        cmd.args(global).args(args).env_clear().stdin(Stdio::null());
+        // SAFETY: the closure only calls prctl, which is async-signal-safe, and
+        // allocates nothing. The command dies with its caller: a checkpoint the
+        // owner no longer waits for (it was killed) must not change the
+        // sandbox's state directory after the next owner swept it.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let out = cmd
             .output()
             .map_err(io_err(format!("run runsc to {what}")))?;
         if out.status.success() {
