@@ -43,7 +43,7 @@ use sandlot_proto::spec::{NetworkMode, SandboxSpec, HOST_IMAGE};
 
 use crate::cgroup::{self, Cgroup, CgroupLayout, CgroupLimits, CgroupParent};
 use crate::hostimage::HostFacts;
-use crate::instance::wait_child;
+use crate::instance::{has_exited, wait_child};
 use crate::mounts::{self, PlanInput, RootFs};
 use crate::plan::{agent_setup, sandbox_hostname};
 use crate::{
@@ -354,8 +354,25 @@ impl GvisorBackend {
         }
         if image.is_some() {
             // The restored agent waits for this to listen again (it closed its
-            // host-bound sockets before the checkpoint).
-            inst.wake_agent()?;
+            // host-bound sockets before the checkpoint). It answers only a signal
+            // sent once it waits for one, and the checkpoint may have caught it
+            // just before: the signal is sent again until it listens.
+            // `runsc kill` may also find no process to signal while the restore
+            // is still under way: it is tried again as well.
+            let deadline = Instant::now() + AGENT_TIMEOUT;
+            loop {
+                let woken = inst.wake_agent();
+                match wait_listening_for(&inst.socket, &inst.pidfd, WAKE_AGAIN) {
+                    Ok(()) => break,
+                    Err(e) if Instant::now() >= deadline => return Err(woken.err().unwrap_or(e)),
+                    Err(_) if has_exited(&inst.pidfd) => {
+                        return Err(RuntimeError::Init(
+                            "gVisor's sandbox exited before its agent listened".into(),
+                        ))
+                    }
+                    Err(_) => {}
+                }
+            }
         }
         wait_listening(&inst.socket, &inst.pidfd)?;
         Ok(inst)
@@ -555,10 +572,23 @@ fn cgroup_file_places_in(text: &str, want: &str) -> bool {
     }
 }
 
+/// How long a restore waits for a woken agent to listen before it sends the
+/// signal again.
+const WAKE_AGAIN: Duration = Duration::from_millis(200);
+
 /// Waits until the agent accepts connections on `socket`, or gVisor's sandbox
 /// process has exited.
 fn wait_listening(socket: &Path, pidfd: &OwnedFd) -> Result<(), RuntimeError> {
-    let deadline = Instant::now() + AGENT_TIMEOUT;
+    wait_listening_for(socket, pidfd, AGENT_TIMEOUT)
+}
+
+/// [`wait_listening`] for at most `timeout`.
+fn wait_listening_for(
+    socket: &Path,
+    pidfd: &OwnedFd,
+    timeout: Duration,
+) -> Result<(), RuntimeError> {
+    let deadline = Instant::now() + timeout;
     loop {
         if std::os::unix::net::UnixStream::connect(socket).is_ok() {
             return Ok(());
@@ -576,8 +606,8 @@ fn wait_listening(socket: &Path, pidfd: &OwnedFd) -> Result<(), RuntimeError> {
         }
         if Instant::now() >= deadline {
             return Err(RuntimeError::Init(format!(
-                "the agent did not listen within {}s",
-                AGENT_TIMEOUT.as_secs()
+                "the agent did not listen within {} ms",
+                timeout.as_millis()
             )));
         }
     }
