@@ -224,6 +224,7 @@ async fn pause_memory(
         // It may have closed its connections all the same: wake it.
         return wake_after_failure(state, h, ApiError::internal(format!("quiesce: {e}"))).await;
     }
+    quiesced(h).await;
     let saved = {
         let (h2, partial2) = (h.clone(), partial.clone());
         tokio::task::spawn_blocking(move || h2.inst.checkpoint(&partial2))
@@ -387,31 +388,7 @@ async fn wake_after_failure(
     h: &Arc<SandboxHandle>,
     err: ApiError,
 ) -> Outcome {
-    let h2 = h.clone();
-    let woken = tokio::task::spawn_blocking(move || h2.inst.wake_agent())
-        .await
-        .unwrap_or_else(|e| Err(RuntimeError::Init(format!("wake task: {e}"))));
-    if let Err(e) = woken {
-        tracing::warn!("wake the agent: {e}");
-    }
-    let deadline = Instant::now() + WAKE_TIMEOUT;
-    let guest = loop {
-        match GuestClient::connect(h.inst.agent_socket()).await {
-            Ok(g) => break Some(g),
-            Err(_) if Instant::now() < deadline => {
-                let h2 = h.clone();
-                let ended = tokio::task::spawn_blocking(move || {
-                    h2.inst.wait_exit(Duration::from_millis(20)).is_some()
-                })
-                .await
-                .unwrap_or(true);
-                if ended {
-                    break None;
-                }
-            }
-            Err(_) => break None,
-        }
-    };
+    let guest = wake(&h.inst).await;
     let Some(guest) = guest else {
         let _ = state.store.abort_pause(&h.id, &err.message);
         // The failed checkpoint took the sandbox with it: say that, not what
@@ -430,6 +407,27 @@ async fn wake_after_failure(
     h.retire();
     Outcome::Replaced(err)
 }
+
+/// Waits (up to [`QUIESCE_TIMEOUT`]) until the agent has closed the daemon's
+/// connection: only then does it wait for the signal that wakes it. A
+/// checkpoint taken before would restore an agent that misses every signal sent
+/// to wake it, and never listens again.
+async fn quiesced(h: &SandboxHandle) {
+    let deadline = Instant::now() + QUIESCE_TIMEOUT;
+    while Instant::now() < deadline {
+        if h.guest.ping().await.is_err() {
+            // From its last connection gone to waiting for the signal, the agent
+            // runs a few steps of its own.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tracing::warn!("the agent did not close its connections after the quiesce");
+}
+
+/// How long a quiesced agent may take to close its connections.
+const QUIESCE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Slack over a sandbox's memory use that a checkpoint directory must have free.
 const IMAGE_SLACK: u64 = 16 << 20;
@@ -499,6 +497,38 @@ pub fn bound_socket_paths(table: &str) -> Vec<String> {
         .filter(|p| p.starts_with('/') && !p.starts_with("/dev/"))
         .map(str::to_string)
         .collect()
+}
+
+/// Wakes a quiesced agent and connects to it once it listens again; `None` if
+/// the sandbox ended or its agent did not listen within [`WAKE_TIMEOUT`]. The
+/// agent answers only a signal sent once it waits for one: it is sent again
+/// while the agent does not listen.
+pub(crate) async fn wake(inst: &Arc<dyn Instance>) -> Option<GuestClient> {
+    let deadline = Instant::now() + WAKE_TIMEOUT;
+    let mut next_signal = Instant::now();
+    loop {
+        if Instant::now() >= next_signal {
+            let i = inst.clone();
+            let woken = tokio::task::spawn_blocking(move || i.wake_agent())
+                .await
+                .unwrap_or_else(|e| Err(RuntimeError::Init(format!("wake task: {e}"))));
+            if let Err(e) = woken {
+                tracing::debug!("wake the agent: {e}");
+            }
+            next_signal = Instant::now() + Duration::from_millis(200);
+        }
+        if let Ok(g) = GuestClient::connect(inst.agent_socket()).await {
+            return Some(g);
+        }
+        let i = inst.clone();
+        let ended =
+            tokio::task::spawn_blocking(move || i.wait_exit(Duration::from_millis(20)).is_some())
+                .await
+                .unwrap_or(true);
+        if ended || Instant::now() >= deadline {
+            return None;
+        }
+    }
 }
 
 /// A failed checkpoint as the API says it (the sandbox runs on).
@@ -986,14 +1016,6 @@ pub async fn reconcile(state: &Arc<AppState>) -> Result<Reconciled, crate::store
     })
     .await;
     Ok(out)
-}
-
-/// Wakes the agent of a sandbox re-adopted while its pause was under way (its
-/// agent may have closed its socket for a checkpoint that never came). Blocking.
-pub fn wake_interrupted(inst: &dyn Instance) {
-    if let Err(e) = inst.wake_agent() {
-        tracing::debug!("wake the agent of an interrupted pause: {e}");
-    }
 }
 
 #[cfg(test)]

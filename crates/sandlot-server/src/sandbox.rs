@@ -1043,16 +1043,9 @@ pub async fn reconcile(state: &Arc<AppState>) -> Result<ReconcileReport, crate::
         let connected = if pausing {
             // Its pause never finished: its agent may wait for a checkpoint.
             let inst2: Arc<dyn Instance> = Arc::from(inst);
-            let i = inst2.clone();
-            let _ = tokio::task::spawn_blocking(move || crate::pause::wake_interrupted(&*i)).await;
-            let deadline = Instant::now() + Duration::from_secs(5);
-            let g = loop {
-                match GuestClient::connect(inst2.agent_socket()).await {
-                    Err(_) if Instant::now() < deadline => {
-                        tokio::time::sleep(Duration::from_millis(20)).await
-                    }
-                    r => break r,
-                }
+            let g = match GuestClient::connect(inst2.agent_socket()).await {
+                Ok(g) => Ok(g),
+                Err(e) => crate::pause::wake(&inst2).await.ok_or(e),
             };
             if g.is_ok() {
                 state

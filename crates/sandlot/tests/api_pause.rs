@@ -2,11 +2,12 @@
 //! sandbox's memory: its processes, their memory, open files and sockets come
 //! back as they were, after a daemon restart too, while nothing of it runs on the
 //! host. On the namespace backend a pause keeps its files only. Wrong states,
-//! a failing checkpoint, a damaged memory image and a daemon killed mid-way leave
+//! a pause gVisor cannot save, a damaged memory image and a daemon killed mid-way leave
 //! consistent records and nothing behind. Needs root (and Debian's `runsc` for
 //! the gVisor tests).
 
 mod api_support;
+mod img_support;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -354,7 +355,7 @@ fn a_namespace_sandbox_pauses_its_files_only_and_resumes_from_them() {
 }
 
 #[test]
-fn a_checkpoint_that_fails_leaves_the_gvisor_sandbox_running_and_no_checkpoint_behind() {
+fn a_pause_gvisor_cannot_save_is_refused_before_its_checkpoint_and_the_sandbox_runs_on() {
     let d = Daemon::start(None);
     let c = d.client();
     rt().block_on(async {
@@ -500,6 +501,45 @@ fn deleting_a_paused_sandbox_removes_its_checkpoint_layer_and_cgroups() {
             assert!(mounts_under(&d.data_dir())
                 .iter()
                 .all(|m| !m.contains(&s.id)));
+        }
+    });
+}
+
+#[test]
+fn a_store_image_sandbox_keeps_its_writable_layer_across_a_pause_on_both_backends() {
+    let d = Daemon::start(None);
+    let tmp = d.dir.join("work");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let archive = img_support::base_archive(&tmp, "test/base:1", 1);
+    let (code, out, err) = d.cli(&["image", "import", archive.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    let c = d.client();
+    rt().block_on(async {
+        for (isolation, kind) in [
+            ("gvisor", sandlot_client::api::PauseKind::Memory),
+            ("namespace", sandlot_client::api::PauseKind::Filesystem),
+        ] {
+            let body = spec_body(json!({"image": "test/base:1", "isolation": isolation}));
+            let s = c.create_sandbox(&body).await.unwrap();
+            sh(&c, &s.id, "echo kept > /opt/new; rm /opt/layers/0").await;
+            let p = c.pause_sandbox(&s.id).await.unwrap();
+            assert_eq!(p.pause, Some(kind), "{isolation}");
+            // A memory pause keeps the writable layer where it was; a files-only
+            // pause has committed it to an image and dropped it.
+            let rw = d.data_dir().join("rw").join(&s.id);
+            assert_eq!(rw.exists(), isolation == "gvisor", "{isolation}");
+            c.resume_sandbox(&s.id).await.unwrap();
+            assert_eq!(
+                sh(
+                    &c,
+                    &s.id,
+                    "cat /opt/new; test -e /opt/layers/0 || echo gone"
+                )
+                .await,
+                "kept\ngone\n",
+                "{isolation}"
+            );
+            c.delete_sandbox(&s.id).await.unwrap();
         }
     });
 }
