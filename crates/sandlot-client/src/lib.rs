@@ -415,6 +415,28 @@ impl Client {
         .await
     }
 
+    /// Pauses a running sandbox: its memory and files are saved (gVisor; `pause`
+    /// is `memory`), or its files only (namespace backend: `filesystem`), and
+    /// nothing of it runs until [`resume_sandbox`](Self::resume_sandbox).
+    pub async fn pause_sandbox(&self, id: &str) -> Result<Sandbox, Error> {
+        self.json(
+            Method::POST,
+            &format!("/v1/sandboxes/{}/pause", enc(id)),
+            None::<&()>,
+        )
+        .await
+    }
+
+    /// Starts a paused sandbox again from what its pause saved.
+    pub async fn resume_sandbox(&self, id: &str) -> Result<Sandbox, Error> {
+        self.json(
+            Method::POST,
+            &format!("/v1/sandboxes/{}/resume", enc(id)),
+            None::<&()>,
+        )
+        .await
+    }
+
     /// The sandbox now ends `timeout` from now (seconds or `"10m"`).
     pub async fn set_timeout(
         &self,

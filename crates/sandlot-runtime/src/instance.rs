@@ -171,6 +171,17 @@ pub trait Instance: Send + Sync + fmt::Debug {
         })
     }
 
+    /// Keeps the sandbox's root filesystem, where the runtime mounted it on the
+    /// host (the `host` image's root tmpfs on gVisor), at `dir/root` once the
+    /// sandbox has ended, so that its terminate leaves it and a
+    /// [`crate::Backend::restore`] from `dir` takes it back as the root. False
+    /// when the sandbox has no such root (a store image's writable layer is its
+    /// owner's). Call after [`Instance::checkpoint`] into `dir`. Blocking.
+    fn keep_root(&self, dir: &Path) -> Result<bool, RuntimeError> {
+        let _ = dir;
+        Ok(false)
+    }
+
     /// Lets a quiesced agent listen again. Blocking.
     fn wake_agent(&self) -> Result<(), RuntimeError> {
         Err(RuntimeError::Unsupported {

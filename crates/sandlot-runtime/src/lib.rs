@@ -70,6 +70,9 @@ pub enum RuntimeError {
     Gone(String),
     #[error("processes of sandbox {0} did not die")]
     Stuck(String),
+    /// What a restore needs of a sandbox's files is no longer there.
+    #[error("{0} is gone")]
+    FilesLost(String),
     #[error("the {backend} backend cannot {what}")]
     Unsupported {
         backend: &'static str,
@@ -183,8 +186,9 @@ pub trait Backend: Send + Sync {
 
     /// Starts sandbox `id` again from a checkpoint in `image`
     /// ([`Instance::checkpoint`]) of a sandbox of the same spec: its processes,
-    /// memory and open files as they were; its agent is listening when this
-    /// returns.
+    /// memory and open files as they were, and the root its checkpoint kept
+    /// ([`Instance::keep_root`]), if any, as its root (bound: the kept mount stays
+    /// for its owner to remove); its agent is listening when this returns.
     fn restore(
         &self,
         id: &str,
@@ -197,6 +201,17 @@ pub trait Backend: Send + Sync {
             backend: self.name(),
             what: "restore a sandbox from a checkpoint",
         })
+    }
+    /// Removes a checkpoint directory given to [`Instance::checkpoint`], the root
+    /// it kept included ([`Instance::keep_root`]). Blocking.
+    fn remove_checkpoint(&self, dir: &std::path::Path) -> Result<(), RuntimeError> {
+        match std::fs::remove_dir_all(dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(RuntimeError::Io {
+                what: format!("remove {}", dir.display()),
+                source: e,
+            }),
+            _ => Ok(()),
+        }
     }
     /// Kills every sandbox whose id starts with `prefix` and is not in `live`, and
     /// removes the host traces of every sandbox that no longer runs (a crashed

@@ -321,6 +321,31 @@ impl Images {
         viewer: Viewer,
         spec: &SandboxSpec,
     ) -> Result<CreateOptions, ApiError> {
+        self.prepare_layer(id, tenant, viewer, spec, false)
+    }
+
+    /// [`prepare`](Self::prepare) for a sandbox that starts again from what its
+    /// pause kept: with `kept`, its writable layer and image lease are the ones it
+    /// has (a memory pause), neither made anew nor released on failure.
+    pub fn prepare_resume(
+        &self,
+        id: &str,
+        tenant: &str,
+        viewer: Viewer,
+        spec: &SandboxSpec,
+        kept: bool,
+    ) -> Result<CreateOptions, ApiError> {
+        self.prepare_layer(id, tenant, viewer, spec, kept)
+    }
+
+    fn prepare_layer(
+        &self,
+        id: &str,
+        tenant: &str,
+        viewer: Viewer,
+        spec: &SandboxSpec,
+        kept: bool,
+    ) -> Result<CreateOptions, ApiError> {
         let mut opts = CreateOptions {
             pinned: Some(self.pin_host_paths(spec)?),
             ..Default::default()
@@ -364,10 +389,19 @@ impl Images {
                 }
             }
             opts.secrets = secrets;
-            if let Some(img) = self.spec_image(viewer, spec)? {
-                self.store.lease(id, &img.id).map_err(store_error)?;
+            // A kept layer goes with the image it was leased with, whatever the
+            // spec's name means now.
+            let img = match (kept, self.image_of(id)) {
+                (true, Some(d)) => Some(self.store.get(&d).map_err(store_error)?),
+                (true, None) => None,
+                (false, _) => self.spec_image(viewer, spec)?,
+            };
+            if let Some(img) = img {
                 let rw = self.rw_dir(id);
-                mount_rw(&rw, spec.memory_backed().writable)?;
+                if !kept {
+                    self.store.lease(id, &img.id).map_err(store_error)?;
+                    mount_rw(&rw, spec.memory_backed().writable)?;
+                }
                 opts.image = Some(ImageRoot {
                     layers: self.store.layer_dirs(&img),
                     rw: Some(rw),
@@ -380,10 +414,29 @@ impl Images {
             Ok(())
         })();
         if let Err(e) = r {
-            self.release(id);
+            if !kept {
+                self.release(id);
+            }
             return Err(e);
         }
         Ok(opts)
+    }
+
+    /// Whether sandbox `id`'s writable layer is mounted (a host restart unmounts
+    /// the tmpfs, and what was in it is gone).
+    pub fn writable_layer_mounted(&self, id: &str) -> bool {
+        is_mount_point(&self.rw_dir(id))
+    }
+
+    /// Removes a sandbox's writable layer and keeps its image lease (a sandbox
+    /// whose pause committed its files to an image, which it holds).
+    pub fn drop_writable_layer(&self, id: &str) {
+        let rw = self.rw_dir(id);
+        if rw.exists() {
+            if let Err(e) = unmount_rw(&rw) {
+                tracing::warn!(sandbox_id = id, "remove the writable layer: {e}");
+            }
+        }
     }
 
     /// Removes a sandbox's writable layer and lease (after it is terminated).

@@ -20,6 +20,7 @@ pub mod metrics;
 pub mod mount_users;
 pub mod network;
 pub mod openapi;
+pub mod pause;
 pub mod pool;
 pub mod ports;
 pub mod process;

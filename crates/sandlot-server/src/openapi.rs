@@ -164,7 +164,7 @@ pub struct SecretRefDoc {
     info(title = "Sandlot API", version = "1", description = "Secure, ephemeral sandboxes for AI agents. Errors are `{\"error\": {\"code\", \"message\", \"request_id\"}}`. Over TCP every request needs `Authorization: Bearer TOKEN`; the Unix socket is the operator's. See docs/api.md."),
     paths(
         sandboxes::health, sandboxes::create, sandboxes::list, sandboxes::get_one, sandboxes::delete,
-        sandboxes::set_timeout, sandboxes::events,
+        sandboxes::set_timeout, sandboxes::pause, sandboxes::resume, sandboxes::events,
         exec::start, exec::start_ws, exec::list, exec::get_one, exec::output, exec::attach_ws, exec::stdin,
         exec::stdin_close, exec::signal, exec::resize, exec::wait,
         code::create, code::list, code::get_one, code::remove, code::restart, code::interrupt,

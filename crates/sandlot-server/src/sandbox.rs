@@ -62,7 +62,7 @@ pub struct SandboxHandle {
     /// to (see `Images::limit`).
     pub disk_limit: u64,
     pub guest: GuestClient,
-    pub inst: Box<dyn Instance>,
+    pub inst: Arc<dyn Instance>,
     pub counters: Arc<Counters>,
     pub procs: Arc<Mutex<ProcTable>>,
     /// Its code contexts (interpreters that live as long as it does).
@@ -75,6 +75,10 @@ pub struct SandboxHandle {
     active_streams: AtomicUsize,
     stopping: AtomicBool,
     stop_reason: Mutex<Option<EndReason>>,
+    /// A pause asked of the owner, and where it answers (see `pause.rs`).
+    pause_request: Mutex<Option<crate::pause::PauseReply>>,
+    /// The owner is pausing it: it takes no new work.
+    pausing: AtomicBool,
     wake: Notify,
     stopped: watch::Sender<bool>,
     cpu_usec: AtomicU64,
@@ -101,7 +105,11 @@ impl Drop for ActiveGuard {
 }
 
 impl SandboxHandle {
-    fn new(inst: Box<dyn Instance>, guest: GuestClient, rec: &SandboxRecord) -> SandboxHandle {
+    pub(crate) fn new(
+        inst: Arc<dyn Instance>,
+        guest: GuestClient,
+        rec: &SandboxRecord,
+    ) -> SandboxHandle {
         SandboxHandle {
             span: tracing::info_span!(parent: None, "sandbox", sandbox_id = %rec.id, tenant = %rec.tenant),
             id: rec.id.clone(),
@@ -119,6 +127,8 @@ impl SandboxHandle {
             active_streams: AtomicUsize::new(0),
             stopping: AtomicBool::new(false),
             stop_reason: Mutex::new(None),
+            pause_request: Mutex::new(None),
+            pausing: AtomicBool::new(false),
             wake: Notify::new(),
             stopped: watch::channel(false).0,
             cpu_usec: AtomicU64::new(rec.usage.cpu_usec),
@@ -151,7 +161,76 @@ impl SandboxHandle {
                 self.id
             )));
         }
+        if self.is_pausing() {
+            return Err(crate::pause::wrong_state(&self.id, SandboxState::Pausing));
+        }
         Ok(())
+    }
+
+    pub fn is_pausing(&self) -> bool {
+        self.pausing.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_pausing(&self, on: bool) {
+        self.pausing.store(on, Ordering::Relaxed);
+    }
+
+    /// Asks the owner to pause the sandbox; it answers on `reply`. 409 when it is
+    /// stopping or a pause is under way.
+    pub(crate) fn request_pause(&self, reply: crate::pause::PauseReply) -> ApiResult<()> {
+        self.check_running()?;
+        let mut r = self.pause_request.lock().unwrap_or_else(|e| e.into_inner());
+        if r.is_some() {
+            return Err(crate::pause::wrong_state(&self.id, SandboxState::Pausing));
+        }
+        *r = Some(reply);
+        drop(r);
+        self.wake.notify_one();
+        Ok(())
+    }
+
+    fn take_pause_request(&self) -> Option<crate::pause::PauseReply> {
+        self.pause_request
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+    }
+
+    /// A handle of the same sandbox and instance, talking to its agent through
+    /// `guest` (a new connection after a pause that failed once the agent had
+    /// closed its old ones): counters, processes and timers carry over.
+    pub(crate) fn successor(&self, guest: GuestClient) -> SandboxHandle {
+        SandboxHandle {
+            span: self.span.clone(),
+            id: self.id.clone(),
+            tenant: self.tenant.clone(),
+            disk_limit: self.disk_limit,
+            guest,
+            inst: self.inst.clone(),
+            counters: self.counters.clone(),
+            procs: self.procs.clone(),
+            contexts: crate::code::Contexts::default(),
+            exit_poll: Arc::new(Notify::new()),
+            expires_at_ms: AtomicI64::new(self.expires_at_ms()),
+            idle_timeout_ms: self.idle_timeout_ms,
+            last_activity_ms: AtomicI64::new(now_ms()),
+            active_streams: AtomicUsize::new(0),
+            stopping: AtomicBool::new(false),
+            stop_reason: Mutex::new(None),
+            pause_request: Mutex::new(None),
+            pausing: AtomicBool::new(false),
+            wake: Notify::new(),
+            stopped: watch::channel(false).0,
+            cpu_usec: AtomicU64::new(self.cpu_usec.load(Ordering::Relaxed)),
+            memory_bytes: AtomicU64::new(0),
+            memory_peak: AtomicU64::new(self.memory_peak.load(Ordering::Relaxed)),
+        }
+    }
+
+    /// Ends this handle's life without ending the sandbox (it was paused, or a
+    /// successor took over): its waiters and stream tasks see it stopped.
+    pub(crate) fn retire(&self) {
+        self.stopped.send_replace(true);
     }
 
     pub fn expires_at_ms(&self) -> i64 {
@@ -416,7 +495,7 @@ pub async fn create(state: &Arc<AppState>, p: CreateParams) -> ApiResult<Sandbox
     rec.state = SandboxState::Running;
     rec.pid = Some(inst.pid());
     rec.started_at = Some(started_at);
-    let h = Arc::new(SandboxHandle::new(inst, guest, &rec));
+    let h = Arc::new(SandboxHandle::new(Arc::from(inst), guest, &rec));
     if let Some(c) = code {
         h.contexts.adopt(c);
     }
@@ -724,6 +803,11 @@ pub fn spec_problem(e: &sandlot_proto::spec::SpecError) -> String {
     s.strip_prefix(&prefix).map(str::to_string).unwrap_or(s)
 }
 
+/// Starts `h`'s owner task ([`own`]).
+pub fn start_owner(state: &Arc<AppState>, h: &Arc<SandboxHandle>, adopted: bool) {
+    tokio::spawn(own(state.clone(), h.clone(), adopted).instrument(h.span.clone()));
+}
+
 /// The owner task: waits for a stop request, a timeout or the exit of PID 1, then
 /// tears the sandbox down and records the outcome.
 pub async fn own(state: Arc<AppState>, h: Arc<SandboxHandle>, adopted: bool) {
@@ -751,6 +835,29 @@ pub async fn own(state: Arc<AppState>, h: Arc<SandboxHandle>, adopted: bool) {
     let (reason, pid1_exited) = loop {
         if let Some(r) = *h.stop_reason.lock().unwrap_or_else(|e| e.into_inner()) {
             break (r, false);
+        }
+        // A pause happens here, on the owner, like every change of the
+        // sandbox's life.
+        if let Some(reply) = h.take_pause_request() {
+            use crate::pause::Outcome;
+            match crate::pause::pause(&state, &h).await {
+                Outcome::Paused(kind) => {
+                    let _ = reply.send(Ok(kind));
+                    return;
+                }
+                Outcome::Running(e) => {
+                    let _ = reply.send(Err(e));
+                    continue;
+                }
+                Outcome::Replaced(e) => {
+                    let _ = reply.send(Err(e));
+                    return;
+                }
+                Outcome::Ended(e) => {
+                    let _ = reply.send(Err(e));
+                    break (EndReason::Exited, true);
+                }
+            }
         }
         let now = now_ms();
         let exp = h.expires_at_ms();
@@ -877,8 +984,14 @@ pub async fn own(state: Arc<AppState>, h: Arc<SandboxHandle>, adopted: bool) {
 /// a PID 1 that died meanwhile) before the network service exists to release
 /// the slot, which then stayed attached to a gone sandbox until the next start.
 pub async fn reconcile(state: &Arc<AppState>) -> Result<ReconcileReport, crate::store::StoreError> {
-    let mut report = ReconcileReport::default();
+    let mut report = ReconcileReport {
+        paused: crate::pause::reconcile(state).await?.paused,
+        ..Default::default()
+    };
     for rec in state.store.unfinished()? {
+        if matches!(rec.state, SandboxState::Paused | SandboxState::Resuming) {
+            continue;
+        }
         let span = tracing::info_span!("sandbox", sandbox_id = %rec.id, tenant = %rec.tenant);
         let backend = state
             .backends
@@ -909,18 +1022,43 @@ pub async fn reconcile(state: &Arc<AppState>) -> Result<ReconcileReport, crate::
             span.in_scope(|| {
                 tracing::warn!("sandbox died while the daemon was down: recorded as lost")
             });
+            let why = match rec.state {
+                SandboxState::Pausing => {
+                    "the sandbox ended while it was pausing and the daemon was not running"
+                }
+                _ => "the sandbox ended while the daemon was not running",
+            };
             state.store.mark_stopped(
                 &rec.id,
                 EndReason::Lost,
                 (None, None),
-                Some("the sandbox ended while the daemon was not running"),
+                Some(why),
                 now_ms(),
             )?;
             state.metrics.stopped(EndReason::Lost.as_str());
             report.lost.push(rec.id.clone());
             continue;
         };
-        let guest = match GuestClient::connect(inst.agent_socket()).await {
+        let pausing = rec.state == SandboxState::Pausing;
+        let connected = if pausing {
+            // Its pause never finished: its agent may wait for a checkpoint.
+            let inst2: Arc<dyn Instance> = Arc::from(inst);
+            let g = match GuestClient::connect(inst2.agent_socket()).await {
+                Ok(g) => Ok(g),
+                Err(e) => crate::pause::wake(&inst2).await.ok_or(e),
+            };
+            if g.is_ok() {
+                state
+                    .store
+                    .abort_pause(&rec.id, "the daemon stopped while the sandbox paused")?;
+            }
+            (inst2, g)
+        } else {
+            let g = GuestClient::connect(inst.agent_socket()).await;
+            (Arc::from(inst), g)
+        };
+        let (inst, connected) = connected;
+        let guest = match connected {
             Ok(g) => g,
             Err(e) => {
                 span.in_scope(|| {
@@ -987,8 +1125,10 @@ pub async fn reconcile(state: &Arc<AppState>) -> Result<ReconcileReport, crate::
         report.swept.extend(left.swept);
     }
     let images = state.images.clone();
-    let live = state.live_ids();
-    let _ = tokio::task::spawn_blocking(move || images.reconcile(&live)).await;
+    // A paused sandbox keeps its writable layer and image lease.
+    let mut keep = state.live_ids();
+    keep.extend(report.paused.iter().cloned());
+    let _ = tokio::task::spawn_blocking(move || images.reconcile(&keep)).await;
     Ok(report)
 }
 
@@ -996,6 +1136,8 @@ pub async fn reconcile(state: &Arc<AppState>) -> Result<ReconcileReport, crate::
 #[derive(Default)]
 pub struct ReconcileReport {
     pub adopted: Vec<String>,
+    /// Paused sandboxes, kept as they were.
+    pub paused: Vec<String>,
     pub lost: Vec<String>,
     pub orphans: Vec<String>,
     pub swept: Vec<String>,

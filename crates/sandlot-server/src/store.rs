@@ -33,6 +33,9 @@ pub enum StoreError {
     },
 }
 
+mod pause;
+pub use pause::{PauseRecord, Saved, SavedFile};
+
 fn sql(op: &'static str) -> impl FnOnce(rusqlite::Error) -> StoreError {
     move |source| StoreError::Sql { op, source }
 }
@@ -220,6 +223,13 @@ CREATE TABLE IF NOT EXISTS events (
     message TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS events_sandbox ON events (sandbox_id, seq);
+CREATE TABLE IF NOT EXISTS pauses (
+    sandbox_id TEXT PRIMARY KEY REFERENCES sandboxes (id),
+    kind TEXT NOT NULL,
+    paused_at INTEGER NOT NULL,
+    remaining_ms INTEGER NOT NULL,
+    saved TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS idempotency_keys (
     tenant TEXT NOT NULL,
     key TEXT NOT NULL,
@@ -539,13 +549,19 @@ impl Store {
         let tx = c.transaction().map_err(sql("admit sandbox"))?;
         let (count, mem): (i64, i64) = tx
             .prepare_cached(
-                // IN over the live states: three seeks of the (tenant, state) index,
-                // however many stopped records the tenant has.
+                // IN over the states holding memory: a seek of the (tenant, state)
+                // index each, however many stopped records the tenant has. A paused
+                // sandbox holds none, and counts below.
                 "SELECT COUNT(*), COALESCE(SUM(memory_bytes), 0) FROM sandboxes
-                 WHERE tenant = ?1 AND state IN ('creating', 'running', 'stopping')",
+                 WHERE tenant = ?1 AND state IN ('creating', 'running', 'pausing', 'resuming', 'stopping')",
             )
             .and_then(|mut st| st.query_row([&rec.tenant], |r| Ok((r.get(0)?, r.get(1)?))))
             .map_err(sql("admit sandbox"))?;
+        let paused: i64 = tx
+            .prepare_cached("SELECT COUNT(*) FROM sandboxes WHERE tenant = ?1 AND state = 'paused'")
+            .and_then(|mut st| st.query_row([&rec.tenant], |r| r.get(0)))
+            .map_err(sql("admit sandbox"))?;
+        let count = count + paused;
         if count as u64 >= u64::from(max_sandboxes) {
             return Ok(Admission::TooManySandboxes(count as u32));
         }
@@ -556,7 +572,7 @@ impl Store {
             let taken: bool = tx
                 .query_row(
                     "SELECT EXISTS (SELECT 1 FROM sandboxes WHERE tenant = ?1 AND name = ?2
-                     AND state IN ('creating', 'running', 'stopping'))",
+                     AND state != 'stopped')",
                     params![rec.tenant, n],
                     |r| r.get(0),
                 )
@@ -613,7 +629,7 @@ impl Store {
     pub fn list_sandboxes(&self, f: &SandboxFilter) -> Result<Vec<SandboxRecord>, StoreError> {
         let c = self.lock();
         let states: Vec<&str> = if f.states.is_empty() {
-            vec!["creating", "running", "stopping"]
+            SandboxState::LIVE.iter().map(|s| s.as_str()).collect()
         } else {
             f.states.iter().map(|s| s.as_str()).collect()
         };
@@ -724,6 +740,8 @@ impl Store {
             None => reason.as_str().to_string(),
         };
         insert_event(&tx, id, at, "stopped", &msg)?;
+        tx.execute("DELETE FROM pauses WHERE sandbox_id = ?1", [id])
+            .map_err(sql("mark sandbox stopped"))?;
         tx.commit().map_err(sql("mark sandbox stopped"))
     }
 

@@ -26,6 +26,12 @@ use utoipa::ToSchema;
 pub enum SandboxState {
     Creating,
     Running,
+    /// Being saved to disk (`POST .../pause`).
+    Pausing,
+    /// Saved to disk: nothing of it runs (see [`PauseKind`]).
+    Paused,
+    /// Being started again from what its pause saved (`POST .../resume`).
+    Resuming,
     Stopping,
     Stopped,
 }
@@ -35,6 +41,9 @@ impl SandboxState {
         match self {
             SandboxState::Creating => "creating",
             SandboxState::Running => "running",
+            SandboxState::Pausing => "pausing",
+            SandboxState::Paused => "paused",
+            SandboxState::Resuming => "resuming",
             SandboxState::Stopping => "stopping",
             SandboxState::Stopped => "stopped",
         }
@@ -45,6 +54,9 @@ impl SandboxState {
         Some(match s {
             "creating" => SandboxState::Creating,
             "running" => SandboxState::Running,
+            "pausing" => SandboxState::Pausing,
+            "paused" => SandboxState::Paused,
+            "resuming" => SandboxState::Resuming,
             "stopping" => SandboxState::Stopping,
             "stopped" => SandboxState::Stopped,
             _ => return None,
@@ -54,6 +66,47 @@ impl SandboxState {
     /// Not stopped yet.
     pub fn live(self) -> bool {
         self != SandboxState::Stopped
+    }
+
+    /// Every state but `stopped`: what a listing shows unless asked otherwise.
+    pub const LIVE: [SandboxState; 6] = [
+        SandboxState::Creating,
+        SandboxState::Running,
+        SandboxState::Pausing,
+        SandboxState::Paused,
+        SandboxState::Resuming,
+        SandboxState::Stopping,
+    ];
+}
+
+/// What a pause kept of a sandbox (`Sandbox::pause`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum PauseKind {
+    /// Its memory and its files (gVisor: a checkpoint of its kernel): a resume
+    /// brings back every process, open file and socket inside as they were.
+    Memory,
+    /// Its files only (namespace backend): its processes ended at the pause, and a
+    /// resume starts it again from the same files.
+    Filesystem,
+}
+
+impl PauseKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PauseKind::Memory => "memory",
+            PauseKind::Filesystem => "filesystem",
+        }
+    }
+
+    /// The kind named by [`PauseKind::as_str`].
+    pub fn parse(s: &str) -> Option<PauseKind> {
+        match s {
+            "memory" => Some(PauseKind::Memory),
+            "filesystem" => Some(PauseKind::Filesystem),
+            _ => None,
+        }
     }
 }
 
@@ -114,6 +167,9 @@ pub struct Sandbox {
     /// Why it failed, when it did.
     pub error: Option<String>,
     pub usage: Usage,
+    /// While paused: what the pause kept (`memory`, or `filesystem` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pause: Option<PauseKind>,
 }
 
 /// `GET /v1/sandboxes`.

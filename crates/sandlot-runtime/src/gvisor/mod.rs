@@ -25,6 +25,7 @@
 //! other hierarchies, and the sandbox's directory goes.
 
 pub mod bundle;
+mod kept_root;
 pub mod launch;
 pub mod runsc;
 
@@ -42,7 +43,7 @@ use sandlot_proto::spec::{NetworkMode, SandboxSpec, HOST_IMAGE};
 
 use crate::cgroup::{self, Cgroup, CgroupLayout, CgroupLimits, CgroupParent};
 use crate::hostimage::HostFacts;
-use crate::instance::wait_child;
+use crate::instance::{has_exited, wait_child};
 use crate::mounts::{self, PlanInput, RootFs};
 use crate::plan::{agent_setup, sandbox_hostname};
 use crate::{
@@ -302,8 +303,15 @@ impl GvisorBackend {
         // the daemon reads it for a snapshot and it outlives gVisor's processes
         // until the teardown; the launcher applies the plan on it in its own
         // namespace, whose mounts never reach the host's.
-        let root_mounted = matches!(mounts.root, RootFs::Tmpfs { .. });
-        if root_mounted {
+        // A restore takes back the root its checkpoint kept (see `kept_root`).
+        let kept = match image {
+            Some(i) => kept_root::kept(i)?,
+            None => None,
+        };
+        let root_mounted = kept.is_some() || matches!(mounts.root, RootFs::Tmpfs { .. });
+        if let Some((kept, from)) = &kept {
+            kept_root::take_back(kept, *from, &root, id_base)?;
+        } else if root_mounted {
             mounts::mount_root(&mounts.root, &root, None)?;
             // Root of the sandbox's range owns it, as its PID 1 would on the
             // namespace backend; the launcher's builder makes the rest as that root.
@@ -346,8 +354,25 @@ impl GvisorBackend {
         }
         if image.is_some() {
             // The restored agent waits for this to listen again (it closed its
-            // host-bound sockets before the checkpoint).
-            inst.wake_agent()?;
+            // host-bound sockets before the checkpoint). It answers only a signal
+            // sent once it waits for one, and the checkpoint may have caught it
+            // just before: the signal is sent again until it listens.
+            // `runsc kill` may also find no process to signal while the restore
+            // is still under way: it is tried again as well.
+            let deadline = Instant::now() + AGENT_TIMEOUT;
+            loop {
+                let woken = inst.wake_agent();
+                match wait_listening_for(&inst.socket, &inst.pidfd, WAKE_AGAIN) {
+                    Ok(()) => break,
+                    Err(e) if Instant::now() >= deadline => return Err(woken.err().unwrap_or(e)),
+                    Err(_) if has_exited(&inst.pidfd) => {
+                        return Err(RuntimeError::Init(
+                            "gVisor's sandbox exited before its agent listened".into(),
+                        ))
+                    }
+                    Err(_) => {}
+                }
+            }
         }
         wait_listening(&inst.socket, &inst.pidfd)?;
         Ok(inst)
@@ -547,10 +572,23 @@ fn cgroup_file_places_in(text: &str, want: &str) -> bool {
     }
 }
 
+/// How long a restore waits for a woken agent to listen before it sends the
+/// signal again.
+const WAKE_AGAIN: Duration = Duration::from_millis(200);
+
 /// Waits until the agent accepts connections on `socket`, or gVisor's sandbox
 /// process has exited.
 fn wait_listening(socket: &Path, pidfd: &OwnedFd) -> Result<(), RuntimeError> {
-    let deadline = Instant::now() + AGENT_TIMEOUT;
+    wait_listening_for(socket, pidfd, AGENT_TIMEOUT)
+}
+
+/// [`wait_listening`] for at most `timeout`.
+fn wait_listening_for(
+    socket: &Path,
+    pidfd: &OwnedFd,
+    timeout: Duration,
+) -> Result<(), RuntimeError> {
+    let deadline = Instant::now() + timeout;
     loop {
         if std::os::unix::net::UnixStream::connect(socket).is_ok() {
             return Ok(());
@@ -568,8 +606,8 @@ fn wait_listening(socket: &Path, pidfd: &OwnedFd) -> Result<(), RuntimeError> {
         }
         if Instant::now() >= deadline {
             return Err(RuntimeError::Init(format!(
-                "the agent did not listen within {}s",
-                AGENT_TIMEOUT.as_secs()
+                "the agent did not listen within {} ms",
+                timeout.as_millis()
             )));
         }
     }
@@ -681,6 +719,10 @@ impl Backend for GvisorBackend {
     ) -> Result<Box<dyn Instance>, RuntimeError> {
         self.start_instance(id, spec, opts, Some(image))
             .map(|i| Box::new(i) as Box<dyn Instance>)
+    }
+
+    fn remove_checkpoint(&self, dir: &Path) -> Result<(), RuntimeError> {
+        kept_root::remove_checkpoint(dir)
     }
 
     /// The sandbox's directory must still be there, and `pid` still gVisor's
@@ -941,6 +983,11 @@ impl Instance for GvisorInstance {
         self.runsc_call(&args, "checkpoint")
     }
 
+    /// The `host` image's root tmpfs, mounted on the host, is bound into `dir`.
+    fn keep_root(&self, dir: &Path) -> Result<bool, RuntimeError> {
+        kept_root::keep(&self.dir.join("root"), self.id_base, dir)
+    }
+
     fn wake_agent(&self) -> Result<(), RuntimeError> {
         self.runsc_call(
             &["kill".into(), self.id.clone(), "USR1".into()],
@@ -980,11 +1027,21 @@ impl GvisorInstance {
     /// Runs `runsc` with this sandbox's global flags and `args`, to its end.
     fn runsc_call(&self, args: &[String], what: &str) -> Result<(), RuntimeError> {
         let (prog, global) = self.runsc.split_first().expect("runsc has a path");
-        let out = Command::new(prog)
-            .args(global)
-            .args(args)
-            .env_clear()
-            .stdin(Stdio::null())
+        let mut cmd = Command::new(prog);
+        cmd.args(global).args(args).env_clear().stdin(Stdio::null());
+        // SAFETY: the closure only calls prctl, which is async-signal-safe, and
+        // allocates nothing. The command dies with its caller: a checkpoint the
+        // owner no longer waits for (it was killed) must not change the
+        // sandbox's state directory after the next owner swept it.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let out = cmd
             .output()
             .map_err(io_err(format!("run runsc to {what}")))?;
         if out.status.success() {

@@ -185,6 +185,7 @@ fn listed_json(e2b: &E2b, rec: &SandboxRecord) -> Value {
     let mb = |k: &str| res[k].as_u64().unwrap_or(0) >> 20;
     let state = match rec.state {
         SandboxState::Stopped => "killed",
+        SandboxState::Paused => "paused",
         _ => "running",
     };
     json!({

@@ -19,7 +19,7 @@ use crate::auth::{Principal, Transport};
 use crate::error::{for_status, ApiError, ApiResult, PendingError};
 use crate::sandbox::SandboxHandle;
 use crate::state::AppState;
-use crate::store::SandboxRecord;
+use crate::store::{SandboxRecord, SandboxState};
 
 pub mod code;
 pub mod exec;
@@ -52,6 +52,8 @@ pub fn router(state: Arc<AppState>, transport: Transport) -> Router {
         )
         .route(sb, get(sandboxes::get_one).delete(sandboxes::delete))
         .route(&format!("{sb}/timeout"), post(sandboxes::set_timeout))
+        .route(&format!("{sb}/pause"), post(sandboxes::pause))
+        .route(&format!("{sb}/resume"), post(sandboxes::resume))
         .route(&format!("{sb}/events"), get(sandboxes::events))
         .route(&format!("{sb}/exec"), post(exec::start))
         .route(&format!("{sb}/exec/ws"), get(exec::start_ws))
@@ -463,6 +465,13 @@ pub fn live(state: &AppState, p: &Principal, id: &str) -> ApiResult<Arc<SandboxH
         Some(h) => {
             h.check_running()?;
             Ok(h)
+        }
+        None if matches!(
+            rec.state,
+            SandboxState::Pausing | SandboxState::Paused | SandboxState::Resuming
+        ) =>
+        {
+            Err(crate::pause::wrong_state(&rec.id, rec.state))
         }
         None => Err(ApiError::conflict(format!(
             "sandbox {} is {}",

@@ -262,7 +262,14 @@ pub fn view(state: &AppState, rec: &SandboxRecord) -> Sandbox {
     };
     let state_now = match &handle {
         Some(h) if h.is_stopping() => SandboxState::Stopping,
+        Some(h) if h.is_pausing() => SandboxState::Pausing,
         _ => rec.state,
+    };
+    let pause = match rec.state {
+        SandboxState::Paused | SandboxState::Resuming => {
+            state.store.pause_of(&rec.id).ok().flatten().map(|p| p.kind)
+        }
+        _ => None,
     };
     let wall_ms = match rec.started_at {
         Some(s) => rec.ended_at.unwrap_or_else(now_ms) - s,
@@ -299,6 +306,7 @@ pub fn view(state: &AppState, rec: &SandboxRecord) -> Sandbox {
             file_bytes_in: usage.file_bytes_in,
             file_bytes_out: usage.file_bytes_out,
         },
+        pause,
     }
 }
 
@@ -345,27 +353,19 @@ pub fn parse_list_query(q: Option<&str>, tenant: Option<String>) -> ApiResult<Sa
             "state" => {
                 for s in v.split(',').filter(|s| !s.is_empty()) {
                     if s == "all" {
-                        f.states = vec![
-                            SandboxState::Creating,
-                            SandboxState::Running,
-                            SandboxState::Stopping,
-                            SandboxState::Stopped,
-                        ];
+                        f.states = SandboxState::LIVE.to_vec();
+                        f.states.push(SandboxState::Stopped);
                         continue;
                     }
                     if s == "live" {
-                        f.states.extend([
-                            SandboxState::Creating,
-                            SandboxState::Running,
-                            SandboxState::Stopping,
-                        ]);
+                        f.states.extend(SandboxState::LIVE);
                         continue;
                     }
                     let st = SandboxState::parse(s).ok_or_else(|| {
                         ApiError::invalid(
                             "state",
                             format!(
-                                "{s:?}: expected creating, running, stopping, stopped, live or all"
+                                "{s:?}: expected creating, running, pausing, paused, resuming, stopping, stopped, live or all"
                             ),
                         )
                     })?;
@@ -440,11 +440,58 @@ pub async fn delete(
             (rec.id, h)
         }
     };
-    if let Some(h) = h {
-        h.request_stop(EndReason::Deleted);
-        h.stopped().await;
+    match h {
+        Some(h) => {
+            h.request_stop(EndReason::Deleted);
+            h.stopped().await;
+            // A pause that finished meanwhile leaves it paused: delete that.
+            let rec = lookup(&state, &p, &id)?;
+            if rec.state == SandboxState::Paused {
+                crate::pause::discard(&state, &rec, EndReason::Deleted).await?;
+            }
+        }
+        None => {
+            let rec = lookup(&state, &p, &id)?;
+            if matches!(
+                rec.state,
+                SandboxState::Paused | SandboxState::Pausing | SandboxState::Resuming
+            ) {
+                crate::pause::discard(&state, &rec, EndReason::Deleted).await?;
+            }
+        }
     }
     let rec = lookup(&state, &p, &id)?;
+    Ok(Json(view(&state, &rec)))
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/pause", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id or name")),
+    responses((status = 200, description = "Paused: `state` is `paused`, `pause` says what was kept (`memory` on gVisor, `filesystem` on the namespace backend)", body = Sandbox),
+        (status = 404, body = crate::error::ErrorEnvelope),
+        (status = 409, description = "invalid_state: the sandbox is not running; pause_refused: gVisor cannot save it as it is (it runs on)", body = crate::error::ErrorEnvelope),
+        (status = 413, description = "too_large: a namespace sandbox's files expand past its disk limit (it runs on)", body = crate::error::ErrorEnvelope),
+        (status = 503, description = "host_exhausted: no room for what the pause saves (it runs on)", body = crate::error::ErrorEnvelope)))]
+pub async fn pause(
+    State(state): State<Arc<AppState>>,
+    p: Principal,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Sandbox>> {
+    let rec = crate::pause::request(&state, &p, &id).await?;
+    Ok(Json(view(&state, &rec)))
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/resume", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id or name")),
+    responses((status = 200, description = "Running again", body = Sandbox),
+        (status = 404, body = crate::error::ErrorEnvelope),
+        (status = 409, description = "invalid_state: the sandbox is not paused; checkpoint_damaged: its saved memory image is not what was saved (it stays paused)", body = crate::error::ErrorEnvelope),
+        (status = 429, description = "quota_exceeded: the tenant's memory quota has no room for it", body = crate::error::ErrorEnvelope)))]
+pub async fn resume(
+    State(state): State<Arc<AppState>>,
+    p: Principal,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Sandbox>> {
+    let rec = crate::pause::resume(&state, &p, &id).await?;
     Ok(Json(view(&state, &rec)))
 }
 

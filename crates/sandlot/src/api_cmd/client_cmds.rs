@@ -195,6 +195,15 @@ pub struct TimeoutArgs {
     pub json: bool,
 }
 
+#[derive(Debug, clap::Args)]
+pub struct PauseArgs {
+    #[command(flatten)]
+    pub conn: Conn,
+    pub sandbox: String,
+    #[arg(long)]
+    pub json: bool,
+}
+
 /// Renders a client error once: message, code and request id.
 fn report(e: &anyhow::Error) -> i32 {
     match e.downcast_ref::<sandlot_client::Error>() {
@@ -227,6 +236,8 @@ pub fn run(cmd: ApiCommand) -> anyhow::Result<i32> {
             ApiCommand::Logs(a) => logs(a).await,
             ApiCommand::Rm(a) => rm(a).await,
             ApiCommand::Timeout(a) => timeout(a).await,
+            ApiCommand::Pause(a) => pause(a, true).await,
+            ApiCommand::Resume(a) => pause(a, false).await,
             ApiCommand::Net(n) => super::net_cmd::run(n).await,
             ApiCommand::Port(c) => super::port_cmd::run(c).await,
             _ => unreachable!("dispatched in api_cmd::run"),
@@ -907,6 +918,25 @@ async fn rm(a: RmArgs) -> anyhow::Result<i32> {
         }
     }
     Ok(if failed > 0 { EXIT_SANDLOT_ERROR } else { 0 })
+}
+
+/// `sandlot pause` (`pause`) and `sandlot resume`.
+async fn pause(a: PauseArgs, pause: bool) -> anyhow::Result<i32> {
+    let c = a.conn.client()?;
+    let s = if pause {
+        c.pause_sandbox(&a.sandbox).await?
+    } else {
+        c.resume_sandbox(&a.sandbox).await?
+    };
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&s)?);
+    } else {
+        match s.pause {
+            Some(kind) => println!("{} {} (kept: {})", s.id, s.state.as_str(), kind.as_str()),
+            None => println!("{} {}", s.id, s.state.as_str()),
+        }
+    }
+    Ok(0)
 }
 
 async fn timeout(a: TimeoutArgs) -> anyhow::Result<i32> {

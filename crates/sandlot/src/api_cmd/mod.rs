@@ -51,6 +51,11 @@ pub enum ApiCommand {
     Rm(client_cmds::RmArgs),
     /// Set a sandbox's remaining lifetime (e.g. `sandlot timeout SB 30m`).
     Timeout(client_cmds::TimeoutArgs),
+    /// Pause a sandbox: its memory and files are saved (gVisor), or its files only
+    /// (namespace backend), and nothing of it runs until `sandlot resume`.
+    Pause(client_cmds::PauseArgs),
+    /// Start a paused sandbox again from what its pause saved.
+    Resume(client_cmds::PauseArgs),
     /// Images: ls, inspect, rm, prune, import, export, diff, snapshot.
     #[command(subcommand)]
     Image(image_cmd::ImageCmd),

@@ -9,6 +9,7 @@ use anyhow::{bail, Context};
 use serde::Serialize;
 
 pub mod code;
+pub mod pause;
 pub mod platform;
 
 #[derive(Debug, clap::Args)]
@@ -28,6 +29,10 @@ pub enum BenchWhat {
     /// whose kernels run already, following cells, against a fresh sandbox running
     /// `python3 -c` per call and a bare ipykernel on the host. See docs/benchmarks.md.
     Code(code::CodeArgs),
+    /// Pausing and resuming a sandbox with an idle shell (pause; resume to its
+    /// first exec) on gVisor and the namespace backend, against a fresh sandbox to
+    /// its first exec. See docs/benchmarks.md.
+    Pause(pause::PauseArgs),
     /// Create a sandbox, run /bin/true in it, tear it down; n times, against bubblewrap.
     Runtime {
         /// Iterations per contender.
@@ -146,6 +151,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<i32> {
         BenchWhat::Runtime { n, json } => runtime(n, json),
         BenchWhat::Platform(a) => platform::run(a),
         BenchWhat::Code(a) => code::run(a),
+        BenchWhat::Pause(a) => pause::run(a),
     }
 }
 

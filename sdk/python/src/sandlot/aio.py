@@ -785,6 +785,19 @@ class AsyncSandbox:
         )
         return snap
 
+    async def pause(self) -> SandboxInfo:
+        """See :meth:`sandlot.Sandbox.pause`."""
+        d = await self._client.json("POST", f"/v1/sandboxes/{self.id}/pause")
+        self._info = SandboxInfo.from_json(d)
+        return self._info
+
+    @classmethod
+    async def resume(cls, id_or_name: str, *, client: Optional[AsyncClient] = None) -> "AsyncSandbox":
+        """See :meth:`sandlot.Sandbox.resume`."""
+        c = client or default_async_client()
+        d = await c.json("POST", f"/v1/sandboxes/{id_or_name}/resume")
+        return cls(SandboxInfo.from_json(d), c)
+
     async def set_timeout(self, timeout: _spec.Duration) -> SandboxInfo:
         d = await self._client.json(
             "POST", f"/v1/sandboxes/{self.id}/timeout", json={"timeout": _spec.duration(timeout)}

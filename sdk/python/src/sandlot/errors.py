@@ -92,6 +92,22 @@ class AlreadyExistsError(ConflictError):
     """409 ``already_exists``."""
 
 
+class InvalidStateError(ConflictError):
+    """409 ``invalid_state``: the sandbox is in a state where this cannot happen
+    (work on a paused sandbox, a pause of a paused one, a resume of a running one);
+    the message names the state."""
+
+
+class PauseRefusedError(ConflictError):
+    """409 ``pause_refused``: the sandbox cannot be saved as it is (on gVisor, a
+    Unix socket bound in its root filesystem or ``/tmp``); it runs on."""
+
+
+class CheckpointDamagedError(ConflictError):
+    """409 ``checkpoint_damaged``: a paused sandbox's saved memory image is not
+    what was saved; it stays paused and can only be terminated."""
+
+
 class NotADirectoryError_(ConflictError):
     """409 ``not_a_directory``."""
 
@@ -201,6 +217,9 @@ _BY_CODE: Dict[str, Type[APIError]] = {
     "not_found": NotFoundError,
     "method_not_allowed": MethodNotAllowedError,
     "conflict": ConflictError,
+    "invalid_state": InvalidStateError,
+    "pause_refused": PauseRefusedError,
+    "checkpoint_damaged": CheckpointDamagedError,
     "already_exists": AlreadyExistsError,
     "not_a_directory": NotADirectoryError_,
     "is_a_directory": IsADirectoryError_,

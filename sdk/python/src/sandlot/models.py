@@ -74,11 +74,23 @@ class SandboxInfo:
     exit_signal: Optional[int]
     error: Optional[str]
     usage: Usage
+    #: While paused: what the pause kept, ``"memory"`` (gVisor: every process,
+    #: open file and socket inside) or ``"filesystem"`` (its files only).
+    pause: Optional[str] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def running(self) -> bool:
         return self.state == "running"
+
+    @property
+    def paused(self) -> bool:
+        return self.state == "paused"
+
+    @property
+    def memory_kept(self) -> bool:
+        """Paused with its memory (its processes come back at resume)."""
+        return self.pause == "memory"
 
     @property
     def stopped(self) -> bool:
@@ -105,6 +117,7 @@ class SandboxInfo:
             exit_signal=ex.get("signal"),
             error=d.get("error"),
             usage=Usage.from_json(d.get("usage")),
+            pause=d.get("pause"),
             raw=d,
         )
 

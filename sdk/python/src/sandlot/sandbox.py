@@ -881,7 +881,8 @@ class Sandbox:
         client: Optional[Client] = None,
     ) -> List["Sandbox"]:
         """Sandboxes of the caller, newest first. ``state``: default live
-        (creating, running, stopping); ``"all"``, ``"stopped"`` or a list.
+        (every state but stopped, paused included); ``"all"``, ``"stopped"``,
+        ``"paused"`` or a list.
         ``tags``: ``{"k": "v"}`` must match; ``{"k": None}`` or ``["k"]``: has tag k."""
         c = client or default_client()
         r = c.json("GET", "/v1/sandboxes", params=_spec.list_params(tags, state, name, limit))
@@ -926,6 +927,31 @@ class Sandbox:
         d = self._client.json("POST", f"/v1/sandboxes/{self.id}/timeout", json={"timeout": _spec.duration(timeout)})
         self._info = SandboxInfo.from_json(d)
         return self._info
+
+    def pause(self) -> SandboxInfo:
+        """Pauses the sandbox: nothing of it runs (it holds no memory and no CPU)
+        until :meth:`resume`. On gVisor its memory is saved (``info.pause ==
+        "memory"``): every process, open file and socket inside comes back as it
+        was, after a daemon restart too. On the namespace backend only its files are
+        (``"filesystem"``): its processes end, and a resume starts it again from the
+        same files. Connections from outside (streams, ports) are cut; code
+        contexts end. The lifetime clock stops while it is paused. A sandbox that
+        is not running raises :class:`~sandlot.errors.InvalidStateError`; one gVisor
+        cannot save as it is, :class:`~sandlot.errors.PauseRefusedError` (it runs
+        on)."""
+        d = self._client.json("POST", f"/v1/sandboxes/{self.id}/pause")
+        self._info = SandboxInfo.from_json(d)
+        return self._info
+
+    @classmethod
+    def resume(cls, id_or_name: str, *, client: Optional[Client] = None) -> "Sandbox":
+        """Starts paused sandbox ``id_or_name`` again from what its pause saved and
+        returns it. One that is not paused raises
+        :class:`~sandlot.errors.InvalidStateError`; a damaged memory image,
+        :class:`~sandlot.errors.CheckpointDamagedError` (it stays paused)."""
+        c = client or default_client()
+        d = c.json("POST", f"/v1/sandboxes/{id_or_name}/resume")
+        return cls(SandboxInfo.from_json(d), c)
 
     def snapshot_filesystem(self, tag: Optional[str] = None) -> Dict[str, Any]:
         """Turns the sandbox's writable layer into a new image whose parent is the

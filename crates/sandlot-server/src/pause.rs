@@ -1,0 +1,1061 @@
+//! Pausing and resuming sandboxes.
+//!
+//! A pause happens on the sandbox's owner task (`sandbox::own`), which it asks
+//! through [`SandboxHandle::request_pause`]; what it saves depends on the backend:
+//!
+//! * gVisor (`memory`): the agent closes its host-bound sockets (`Quiesce`), the
+//!   instance checkpoints into `<data>/checkpoints/<id>.partial/` (0700), which is
+//!   renamed `<data>/checkpoints/<id>/` once whole, the root tmpfs of a `host`
+//!   sandbox is kept there too ([`sandlot_runtime::Instance::keep_root`]), and the
+//!   size and SHA-256 of every file of the image go into the record. A store
+//!   image's writable layer (`<data>/rw/<id>/`) and its lease stay. A resume
+//!   checks the image against the record before `runsc` reads it.
+//! * namespace (`filesystem`): the sandbox's files are committed to an image of
+//!   the tenant's (as a snapshot is), which the sandbox leases; its processes end.
+//!   A resume creates it again from that image, under the same id.
+//!
+//! Either way its network slot, collection-mount helpers, published ports and
+//! code contexts end at the pause; a resume claims a new slot and starts the
+//! helpers again. Each step of the record is a commit from the state it leaves
+//! (`store/pause.rs`), and a daemon start finishes or undoes one that a crash
+//! interrupted ([`reconcile`]).
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::http::StatusCode;
+use sandlot_guest::client::GuestClient;
+use sandlot_proto::api::PauseKind;
+use sandlot_proto::spec::{Isolation, SandboxSpec};
+use sandlot_runtime::{Backend, Instance, RuntimeError};
+use tokio::sync::oneshot;
+use tracing::Instrument;
+
+use crate::error::{ApiError, ApiResult, Exhausted};
+use crate::sandbox::SandboxHandle;
+use crate::state::AppState;
+use crate::store::{now_ms, EndReason, PauseRecord, SandboxRecord, SandboxState, Saved, SavedFile};
+
+/// Where the owner answers a pause request.
+pub type PauseReply = oneshot::Sender<ApiResult<PauseKind>>;
+
+/// How long a woken agent may take to listen again after a failed checkpoint.
+const WAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// 409 `invalid_state`: sandbox `id` is in `state`, where this cannot happen.
+pub fn wrong_state(id: &str, state: SandboxState) -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "invalid_state",
+        format!("sandbox {id} is {}", state.as_str()),
+    )
+}
+
+fn wrong_state_for(id: &str, state: SandboxState, rule: &str) -> ApiError {
+    let mut e = wrong_state(id, state);
+    e.message = format!("{}: {rule}", e.message);
+    e
+}
+
+/// The directory of the daemon's checkpoints.
+fn checkpoints(state: &AppState) -> PathBuf {
+    state.cfg.data_dir.join("checkpoints")
+}
+
+fn checkpoint_dir(state: &AppState, id: &str) -> PathBuf {
+    checkpoints(state).join(id)
+}
+
+fn partial_dir(state: &AppState, id: &str) -> PathBuf {
+    checkpoints(state).join(format!("{id}.partial"))
+}
+
+/// What a pause on the owner came to.
+pub enum Outcome {
+    /// Paused: the owner's work is done.
+    Paused(PauseKind),
+    /// Not paused; the sandbox runs on under this owner.
+    Running(ApiError),
+    /// Not paused; the sandbox runs on under a new handle and owner.
+    Replaced(ApiError),
+    /// Not paused, and the sandbox ended: the owner tears it down.
+    Ended(ApiError),
+}
+
+/// Asks `id`'s owner to pause it and waits for the answer. 409 `invalid_state`
+/// unless it is running.
+pub async fn request(
+    state: &Arc<AppState>,
+    p: &crate::auth::Principal,
+    id: &str,
+) -> ApiResult<SandboxRecord> {
+    let rec = crate::routes::lookup(state, p, id)?;
+    let Some(h) = state.handle(&rec.id) else {
+        return Err(wrong_state_for(
+            &rec.id,
+            rec.state,
+            "only a running sandbox pauses",
+        ));
+    };
+    if h.is_stopping() {
+        return Err(wrong_state_for(
+            &rec.id,
+            SandboxState::Stopping,
+            "only a running sandbox pauses",
+        ));
+    }
+    let (tx, rx) = oneshot::channel();
+    h.request_pause(tx)?;
+    rx.await
+        .map_err(|_| ApiError::conflict(format!("sandbox {} stopped", rec.id)))??;
+    crate::routes::lookup(state, p, &rec.id)
+}
+
+/// Pauses `h` (on its owner task).
+pub async fn pause(state: &Arc<AppState>, h: &Arc<SandboxHandle>) -> Outcome {
+    let rec = match state.store.get_sandbox(&h.id) {
+        Ok(Some(r)) => r,
+        Ok(None) => return Outcome::Running(ApiError::not_found(format!("no sandbox {}", h.id))),
+        Err(e) => return Outcome::Running(ApiError::internal(e)),
+    };
+    match state.store.begin_pause(&h.id) {
+        Ok(true) => {}
+        Ok(false) => {
+            return Outcome::Running(wrong_state_for(
+                &h.id,
+                rec.state,
+                "only a running sandbox pauses",
+            ))
+        }
+        Err(e) => return Outcome::Running(ApiError::internal(e)),
+    }
+    h.set_pausing(true);
+    let t0 = Instant::now();
+    let isolation = crate::isolation::of_record(&rec.spec);
+    let out = match isolation {
+        Isolation::Gvisor => pause_memory(state, h, &rec).await,
+        Isolation::Namespace => pause_filesystem(state, h, &rec).await,
+    };
+    match &out {
+        Outcome::Paused(kind) => tracing::info!(
+            kind = kind.as_str(),
+            elapsed_ms = t0.elapsed().as_secs_f64() * 1e3,
+            "sandbox paused"
+        ),
+        Outcome::Running(e) | Outcome::Replaced(e) | Outcome::Ended(e) => {
+            tracing::warn!("pause failed: {} ({:?})", e.message, e.internal)
+        }
+    }
+    match &out {
+        Outcome::Running(e) => {
+            h.set_pausing(false);
+            if let Err(e) = state.store.abort_pause(&h.id, &e.message) {
+                tracing::error!("record the failed pause: {e}");
+            }
+        }
+        Outcome::Ended(_) => {
+            let why = "its pause failed and ended it (details in the daemon log)";
+            if let Err(e) = state.store.record_teardown_error(&h.id, why) {
+                tracing::error!("record the failed pause: {e}");
+            }
+        }
+        _ => {}
+    }
+    out
+}
+
+/// What is left of `h`'s lifetime now (its clock stops while it is paused).
+fn remaining_ms(h: &SandboxHandle) -> i64 {
+    (h.expires_at_ms() - now_ms()).max(0)
+}
+
+/// What a resume needs besides the recorded spec: the network policy it had.
+fn saved_network(state: &AppState, rec: &SandboxRecord) -> Option<serde_json::Value> {
+    serde_json::to_value(crate::network::current(state, &rec.id, &rec.spec)).ok()
+}
+
+/// gVisor: checkpoint the sandbox's kernel.
+async fn pause_memory(
+    state: &Arc<AppState>,
+    h: &Arc<SandboxHandle>,
+    rec: &SandboxRecord,
+) -> Outcome {
+    let Ok(backend) = state.backends.get(Isolation::Gvisor).cloned() else {
+        return Outcome::Running(ApiError::conflict(format!(
+            "sandbox {}: gVisor is not available on this daemon",
+            h.id
+        )));
+    };
+    let remaining = remaining_ms(h);
+    let network = saved_network(state, rec);
+    // Its code contexts' drivers talk over connections the quiesce closes.
+    for c in h.contexts.all() {
+        c.end(&h.guest).await;
+    }
+    let (partial, dir) = (partial_dir(state, &h.id), checkpoint_dir(state, &h.id));
+    // `runsc checkpoint` that fails ends the sandbox: what is known to make it
+    // fail is refused before.
+    if let Err(e) = preflight(state, h).await {
+        return Outcome::Running(e);
+    }
+    let prepared = {
+        let (b, partial, dir, root) = (
+            backend.clone(),
+            partial.clone(),
+            dir.clone(),
+            checkpoints(state),
+        );
+        tokio::task::spawn_blocking(move || -> Result<(), RuntimeError> {
+            make_private_dir(&root)?;
+            // What an interrupted pause left.
+            b.remove_checkpoint(&partial)?;
+            b.remove_checkpoint(&dir)?;
+            make_private_dir(&partial)
+        })
+        .await
+        .unwrap_or_else(|e| Err(RuntimeError::Init(format!("prepare task: {e}"))))
+    };
+    if let Err(e) = prepared {
+        return Outcome::Running(ApiError::internal(e).or_exhausted());
+    }
+    if let Err(e) = h.guest.quiesce().await {
+        // It may have closed its connections all the same: wake it.
+        return wake_after_failure(state, h, ApiError::internal(format!("quiesce: {e}"))).await;
+    }
+    quiesced(h).await;
+    let saved = {
+        let (h2, partial2) = (h.clone(), partial.clone());
+        tokio::task::spawn_blocking(move || h2.inst.checkpoint(&partial2))
+            .await
+            .unwrap_or_else(|e| Err(RuntimeError::Init(format!("checkpoint task: {e}"))))
+    };
+    if let Err(e) = saved {
+        let b = backend.clone();
+        let _ = tokio::task::spawn_blocking(move || b.remove_checkpoint(&partial)).await;
+        return wake_after_failure(state, h, checkpoint_error(&h.id, &e)).await;
+    }
+    // Whole: it has its final name, the root it kept, and its files' sums.
+    let kept = {
+        let (h2, dir2) = (h.clone(), dir.clone());
+        tokio::task::spawn_blocking(move || -> Result<Vec<SavedFile>, RuntimeError> {
+            std::fs::rename(&partial, &dir2).map_err(|e| RuntimeError::Io {
+                what: format!("rename {} to {}", partial.display(), dir2.display()),
+                source: e,
+            })?;
+            // The image's files only: what the kept root adds is the runtime's.
+            let files = sum_files(&dir2)?;
+            h2.inst.keep_root(&dir2)?;
+            Ok(files)
+        })
+        .await
+        .unwrap_or_else(|e| Err(RuntimeError::Init(format!("checkpoint task: {e}"))))
+    };
+    let files = match kept {
+        Ok(f) => f,
+        Err(e) => {
+            // The checkpoint ended the sandbox: it cannot run on.
+            let b = backend.clone();
+            let _ = tokio::task::spawn_blocking(move || b.remove_checkpoint(&dir)).await;
+            return Outcome::Ended(ApiError::internal(format!("keep the checkpoint: {e}")));
+        }
+    };
+    let record = PauseRecord {
+        kind: PauseKind::Memory,
+        paused_at: now_ms(),
+        remaining_ms: remaining,
+        saved: Saved {
+            files,
+            image: None,
+            network,
+        },
+    };
+    finish_pause(state, h, &record, false).await
+}
+
+/// Namespace backend: commit the sandbox's files to an image, end its processes.
+async fn pause_filesystem(
+    state: &Arc<AppState>,
+    h: &Arc<SandboxHandle>,
+    rec: &SandboxRecord,
+) -> Outcome {
+    let remaining = remaining_ms(h);
+    let network = saved_network(state, rec);
+    let (st, h2) = (state.clone(), h.clone());
+    let (spec, rec2) = (rec.spec.clone(), rec.clone());
+    let committed = tokio::task::spawn_blocking(move || -> ApiResult<String> {
+        let hostname = match spec.get("hostname").and_then(|h| h.as_str()) {
+            Some(n) => n.to_string(),
+            None => sandlot_runtime::plan::sandbox_hostname(&h2.id, &Default::default()),
+        };
+        let leased = st.images.image_of(&h2.id).is_some();
+        let rootfs = spec.get("rootfs").is_some_and(|r| !r.is_null());
+        let (img, took) = if !leased && !rootfs {
+            st.images.snapshot_host(
+                &h2.id,
+                &*h2.inst,
+                &rec2.tenant,
+                Some(&rec2.tenant),
+                None,
+                h2.disk_limit,
+            )?
+        } else {
+            st.images.snapshot(
+                &h2.id,
+                &*h2.inst,
+                &hostname,
+                &rec2.tenant,
+                Some(&rec2.tenant),
+                None,
+                h2.disk_limit,
+            )?
+        };
+        tracing::info!(image = %img.id, frozen_ms = took.as_secs_f64() * 1e3, "files committed for the pause");
+        // The sandbox holds its files' image from now on.
+        st.images
+            .store
+            .lease(&h2.id, &img.id)
+            .map_err(crate::images::store_error)?;
+        Ok(img.id.to_string())
+    })
+    .await
+    .unwrap_or_else(|e| Err(ApiError::internal(format!("commit task: {e}"))));
+    let image = match committed {
+        Ok(i) => i,
+        Err(e) => return Outcome::Running(e),
+    };
+    let record = PauseRecord {
+        kind: PauseKind::Filesystem,
+        paused_at: now_ms(),
+        remaining_ms: remaining,
+        saved: Saved {
+            files: Vec::new(),
+            image: Some(image),
+            network,
+        },
+    };
+    finish_pause(state, h, &record, true).await
+}
+
+/// Records the pause, then ends what is left of the sandbox on the host (its
+/// processes when `kill`, its cgroups and run directory, network slot,
+/// collection-mount helpers and published ports); a filesystem pause's writable
+/// layer goes too (its image holds the files).
+async fn finish_pause(
+    state: &Arc<AppState>,
+    h: &Arc<SandboxHandle>,
+    record: &PauseRecord,
+    kill: bool,
+) -> Outcome {
+    let (usage, _) = h.usage();
+    if let Err(e) = state.store.mark_paused(&h.id, record, &usage) {
+        // Its processes are gone (a checkpoint) or its files are saved (a
+        // commit): nothing can resume it without the record.
+        return Outcome::Ended(ApiError::internal(format!("record the pause: {e}")));
+    }
+    crate::ports::close_sandbox(state, &h.id).await;
+    let (st, h2) = (state.clone(), h.clone());
+    let filesystem = record.kind == PauseKind::Filesystem;
+    let term = tokio::task::spawn_blocking(move || {
+        if kill {
+            h2.inst.kill(Duration::from_secs(10));
+        }
+        let term = h2.inst.terminate();
+        crate::network::release(&st, &h2.id);
+        st.collection_mounts.release(&h2.id);
+        if filesystem {
+            st.images.drop_writable_layer(&h2.id);
+        }
+        term
+    })
+    .await
+    .unwrap_or_else(|e| Err(RuntimeError::Init(format!("teardown task: {e}"))));
+    if let Err(e) = term {
+        tracing::error!("tear down the paused sandbox: {e}");
+    }
+    state.unregister(&h.id);
+    state.metrics.live_sandboxes.fetch_sub(1, Ordering::Relaxed);
+    h.retire();
+    Outcome::Paused(record.kind)
+}
+
+/// After a failed checkpoint (or quiesce): the agent listens again and a new
+/// handle talks to it; the sandbox runs on as before. If it ended meanwhile, the
+/// owner tears it down.
+async fn wake_after_failure(
+    state: &Arc<AppState>,
+    h: &Arc<SandboxHandle>,
+    err: ApiError,
+) -> Outcome {
+    let guest = wake(&h.inst).await;
+    let Some(guest) = guest else {
+        let _ = state.store.abort_pause(&h.id, &err.message);
+        // The failed checkpoint took the sandbox with it: say that, not what
+        // the error said of a sandbox that runs on.
+        return Outcome::Ended(ApiError::internal(format!(
+            "the checkpoint of sandbox {} failed and ended it: {} ({:?})",
+            h.id, err.message, err.internal
+        )));
+    };
+    if let Err(e) = state.store.abort_pause(&h.id, &err.message) {
+        tracing::error!("record the failed pause: {e}");
+    }
+    let next = Arc::new(h.successor(guest));
+    state.register(next.clone());
+    crate::sandbox::start_owner(state, &next, true);
+    h.retire();
+    Outcome::Replaced(err)
+}
+
+/// Waits (up to [`QUIESCE_TIMEOUT`]) until the agent has closed the daemon's
+/// connection: only then does it wait for the signal that wakes it. A
+/// checkpoint taken before would restore an agent that misses every signal sent
+/// to wake it, and never listens again.
+async fn quiesced(h: &SandboxHandle) {
+    let deadline = Instant::now() + QUIESCE_TIMEOUT;
+    while Instant::now() < deadline {
+        if h.guest.ping().await.is_err() {
+            // From its last connection gone to waiting for the signal, the agent
+            // runs a few steps of its own.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tracing::warn!("the agent did not close its connections after the quiesce");
+}
+
+/// How long a quiesced agent may take to close its connections.
+const QUIESCE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Slack over a sandbox's memory use that a checkpoint directory must have free.
+const IMAGE_SLACK: u64 = 16 << 20;
+
+/// What would make a checkpoint of `h` fail, found before it starts: a Unix
+/// socket bound at a path of its files (a host socket, `--host-uds=all`), which
+/// gVisor cannot save (409 `pause_refused`), or a disk without room for its
+/// memory image (503 `host_exhausted`).
+async fn preflight(state: &Arc<AppState>, h: &Arc<SandboxHandle>) -> ApiResult<()> {
+    // Read by `cat` in the sandbox (the agent's files API does not serve gVisor's
+    // `/proc/net`); an image without `cat` is not checked.
+    let table =
+        match h
+            .guest
+            .exec(sandlot_proto::guest::ExecRequest::new([
+                "cat",
+                "/proc/net/unix",
+            ]))
+            .await
+        {
+            Ok(p) => p.output().await.map(|o| o.stdout).map_err(|e| {
+                ApiError::internal(format!("read the sandbox's /proc/net/unix: {e}"))
+            })?,
+            Err(e) => {
+                tracing::info!("no socket check before the checkpoint: {e}");
+                Vec::new()
+            }
+        };
+    let bound = bound_socket_paths(&String::from_utf8_lossy(&table));
+    if let Some(path) = bound.first() {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "pause_refused",
+            format!(
+                "sandbox {} cannot be paused: a program in it listens on the Unix socket {path:?}, bound in its files, which gVisor cannot save (close it, or bind it in /dev/shm or the abstract namespace, and pause again); the sandbox runs on",
+                h.id
+            ),
+        ));
+    }
+    let (_, memory) = h.usage();
+    let dir = checkpoints(state);
+    make_private_dir(&dir).map_err(ApiError::internal)?;
+    let free = rustix::fs::statvfs(&dir)
+        .map(|v| v.f_bavail.saturating_mul(v.f_frsize))
+        .map_err(|e| ApiError::internal(format!("statvfs {}: {e}", dir.display())))?;
+    if free < memory.saturating_add(IMAGE_SLACK) {
+        return Err(
+            ApiError::host_exhausted(Exhausted::Disk).with_detail(format!(
+                "{} has {free} bytes free, sandbox {} uses {memory} bytes of memory",
+                dir.display(),
+                h.id
+            )),
+        );
+    }
+    Ok(())
+}
+
+/// Paths of the Unix sockets a `/proc/net/unix` table lists as bound, but for
+/// gVisor's own `/dev` (the agent's socket, which its quiesce closes, and
+/// `/dev/shm`, gVisor's memory): every other path is of the sandbox's files,
+/// where its sockets are host sockets. Abstract ones (`@...`) are gVisor's.
+pub fn bound_socket_paths(table: &str) -> Vec<String> {
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().nth(7))
+        .filter(|p| p.starts_with('/') && !p.starts_with("/dev/"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Wakes a quiesced agent and connects to it once it listens again; `None` if
+/// the sandbox ended or its agent did not listen within [`WAKE_TIMEOUT`]. The
+/// agent answers only a signal sent once it waits for one: it is sent again
+/// while the agent does not listen.
+pub(crate) async fn wake(inst: &Arc<dyn Instance>) -> Option<GuestClient> {
+    let deadline = Instant::now() + WAKE_TIMEOUT;
+    let mut next_signal = Instant::now();
+    loop {
+        if Instant::now() >= next_signal {
+            let i = inst.clone();
+            let woken = tokio::task::spawn_blocking(move || i.wake_agent())
+                .await
+                .unwrap_or_else(|e| Err(RuntimeError::Init(format!("wake task: {e}"))));
+            if let Err(e) = woken {
+                tracing::debug!("wake the agent: {e}");
+            }
+            next_signal = Instant::now() + Duration::from_millis(200);
+        }
+        if let Ok(g) = GuestClient::connect(inst.agent_socket()).await {
+            return Some(g);
+        }
+        let i = inst.clone();
+        let ended =
+            tokio::task::spawn_blocking(move || i.wait_exit(Duration::from_millis(20)).is_some())
+                .await
+                .unwrap_or(true);
+        if ended || Instant::now() >= deadline {
+            return None;
+        }
+    }
+}
+
+/// A failed checkpoint as the API says it (the sandbox runs on).
+fn checkpoint_error(id: &str, e: &RuntimeError) -> ApiError {
+    let text = e.to_string();
+    let lower = text.to_ascii_lowercase();
+    if let Some(what) = Exhausted::in_text(&text) {
+        return ApiError::host_exhausted(what).with_detail(text);
+    }
+    if lower.contains("socket") || lower.contains("uds") {
+        return ApiError::new(
+            StatusCode::CONFLICT,
+            "pause_refused",
+            format!(
+                "sandbox {id} cannot be paused: a program in it has a Unix socket bound in its root filesystem or /tmp, whose host side gVisor cannot save (close it, or bind it elsewhere, and pause again); the sandbox runs on"
+            ),
+        )
+        .with_detail(text);
+    }
+    ApiError::internal(format!("checkpoint sandbox {id}: {text}"))
+}
+
+fn make_private_dir(dir: &Path) -> Result<(), RuntimeError> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let r = std::fs::DirBuilder::new().mode(0o700).create(dir);
+    match r {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => Err(RuntimeError::Io {
+            what: format!("create {}", dir.display()),
+            source: e,
+        }),
+        _ => std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(|e| {
+            RuntimeError::Io {
+                what: format!("set the mode of {}", dir.display()),
+                source: e,
+            }
+        }),
+    }
+}
+
+/// Size and SHA-256 of each regular file directly in `dir` (the memory image
+/// `runsc` wrote; the kept root, a directory, is not one).
+fn sum_files(dir: &Path) -> Result<Vec<SavedFile>, RuntimeError> {
+    let io = |what: String| move |source| RuntimeError::Io { what, source };
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).map_err(io(format!("read {}", dir.display())))? {
+        let e = e.map_err(io(format!("read {}", dir.display())))?;
+        let ft = e
+            .file_type()
+            .map_err(io(format!("stat {}", e.path().display())))?;
+        if !ft.is_file() {
+            continue;
+        }
+        let name = e.file_name().to_string_lossy().into_owned();
+        let (size, sha256) = sum_file(&e.path())?;
+        out.push(SavedFile { name, size, sha256 });
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+fn sum_file(path: &Path) -> Result<(u64, String), RuntimeError> {
+    use sha2::Digest;
+    use std::io::Read;
+    let mut f = std::fs::File::open(path).map_err(|e| RuntimeError::Io {
+        what: format!("open {}", path.display()),
+        source: e,
+    })?;
+    let mut h = sha2::Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut size = 0u64;
+    loop {
+        let n = f.read(&mut buf).map_err(|e| RuntimeError::Io {
+            what: format!("read {}", path.display()),
+            source: e,
+        })?;
+        if n == 0 {
+            break;
+        }
+        size += n as u64;
+        h.update(&buf[..n]);
+    }
+    Ok((size, crate::auth::hex(&h.finalize())))
+}
+
+/// What is wrong with checkpoint `dir` against the record `files`, in words
+/// naming no host path; `None` when every file is as it was saved.
+pub fn damage(dir: &Path, files: &[SavedFile]) -> Option<String> {
+    if files.is_empty() {
+        return Some("no memory image was recorded".into());
+    }
+    for f in files {
+        if f.name.contains('/') {
+            return Some(format!("the record names a file {:?}", f.name));
+        }
+        let path = dir.join(&f.name);
+        match sum_file(&path) {
+            Err(_) => return Some(format!("{} is missing or unreadable", f.name)),
+            Ok((size, _)) if size != f.size => {
+                return Some(format!(
+                    "{} has {size} bytes, {} were saved",
+                    f.name, f.size
+                ))
+            }
+            Ok((_, sum)) if sum != f.sha256 => {
+                return Some(format!(
+                    "{} is not what was saved (its SHA-256 differs)",
+                    f.name
+                ))
+            }
+            Ok(_) => {}
+        }
+    }
+    None
+}
+
+/// Resumes paused sandbox `id`: 409 `invalid_state` unless it is paused, 409
+/// `checkpoint_damaged` when its memory image is not what was saved (it stays
+/// paused), 429 when the tenant's memory quota has no room for it.
+pub async fn resume(
+    state: &Arc<AppState>,
+    p: &crate::auth::Principal,
+    id: &str,
+) -> ApiResult<SandboxRecord> {
+    if state.is_shutting_down() {
+        return Err(ApiError::unavailable("the daemon is shutting down"));
+    }
+    let rec = crate::routes::lookup(state, p, id)?;
+    if rec.state != SandboxState::Paused {
+        return Err(wrong_state_for(
+            &rec.id,
+            rec.state,
+            "only a paused sandbox resumes",
+        ));
+    }
+    let quota = state.cfg.quota(&rec.tenant);
+    match state
+        .store
+        .begin_resume(&rec.id, &rec.tenant, quota.max_memory.bytes())
+        .map_err(ApiError::internal)?
+    {
+        Ok(true) => {}
+        Ok(false) => {
+            let now = crate::routes::lookup(state, p, &rec.id)?;
+            return Err(wrong_state_for(
+                &rec.id,
+                now.state,
+                "only a paused sandbox resumes",
+            ));
+        }
+        Err(used) => {
+            return Err(ApiError::quota(format!(
+                "tenant {}: {} of memory in live sandboxes plus {} for this one exceeds the quota of {}",
+                rec.tenant,
+                sandlot_proto::units::ByteSize(used),
+                sandlot_proto::units::ByteSize(rec.memory_bytes),
+                quota.max_memory
+            )))
+        }
+    }
+    let t0 = Instant::now();
+    let span = tracing::info_span!("sandbox", sandbox_id = %rec.id, tenant = %rec.tenant);
+    let r = resume_started(state, &rec).instrument(span.clone()).await;
+    match r {
+        Ok(()) => {
+            span.in_scope(|| {
+                tracing::info!(
+                    elapsed_ms = t0.elapsed().as_secs_f64() * 1e3,
+                    "sandbox resumed"
+                )
+            });
+            crate::routes::lookup(state, p, &rec.id)
+        }
+        Err(e) => {
+            span.in_scope(|| tracing::warn!("resume failed: {} ({:?})", e.message, e.internal));
+            if let Err(e2) = state.store.abort_resume(&rec.id, &e.message) {
+                tracing::error!("record the failed resume: {e2}");
+            }
+            Err(e)
+        }
+    }
+}
+
+/// The resume of `rec`, recorded as resuming: on failure nothing of it runs and
+/// what its pause saved is as it was.
+async fn resume_started(state: &Arc<AppState>, rec: &SandboxRecord) -> ApiResult<()> {
+    let pause = state
+        .store
+        .pause_of(&rec.id)
+        .map_err(ApiError::internal)?
+        .ok_or_else(|| {
+            ApiError::internal(format!("sandbox {} is paused without a record", rec.id))
+        })?;
+    let mut spec: SandboxSpec =
+        serde_json::from_value(rec.spec.clone()).map_err(ApiError::internal)?;
+    if let Some(n) = pause
+        .saved
+        .network
+        .clone()
+        .and_then(|n| serde_json::from_value(n).ok())
+    {
+        spec.network = n;
+    }
+    let dir = checkpoint_dir(state, &rec.id);
+    if pause.kind == PauseKind::Memory {
+        let (d, files) = (dir.clone(), pause.saved.files.clone());
+        let damaged = tokio::task::spawn_blocking(move || damage(&d, &files))
+            .await
+            .map_err(ApiError::internal)?;
+        if let Some(what) = damaged {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "checkpoint_damaged",
+                format!(
+                    "sandbox {}'s saved memory image is damaged ({what}); it stays paused and can only be deleted",
+                    rec.id
+                ),
+            ));
+        }
+    }
+    let backend = state
+        .backends
+        .get(spec.isolation)
+        .map_err(|why| crate::isolation::unavailable(spec.isolation, why))?
+        .clone();
+    let (st, id, tenant) = (state.clone(), rec.id.clone(), rec.tenant.clone());
+    let (kind, saved_image) = (pause.kind, pause.saved.image.clone());
+    let started = tokio::task::spawn_blocking(move || {
+        start_again(&st, &backend, &id, &tenant, spec, kind, saved_image, &dir)
+    })
+    .await
+    .map_err(ApiError::internal)??;
+    let inst: Arc<dyn Instance> = Arc::from(started);
+    let undo = |state: &Arc<AppState>, inst: Arc<dyn Instance>, kind: PauseKind| {
+        let st = state.clone();
+        tokio::task::spawn_blocking(move || {
+            let _ = inst.terminate();
+            crate::network::release(&st, inst.id());
+            st.collection_mounts.release(inst.id());
+            if kind == PauseKind::Filesystem {
+                st.images.drop_writable_layer(inst.id());
+            }
+        })
+    };
+    let guest = match GuestClient::connect(inst.agent_socket()).await {
+        Ok(g) => g,
+        Err(e) => {
+            let _ = undo(state, inst, pause.kind).await;
+            return Err(ApiError::internal(format!("connect to the agent: {e}")));
+        }
+    };
+    let now = now_ms();
+    let expires_at = now + pause.remaining_ms;
+    if let Err(e) = state
+        .store
+        .mark_resumed(&rec.id, inst.pid(), expires_at, now)
+    {
+        let _ = undo(state, inst, pause.kind).await;
+        return Err(ApiError::internal(e));
+    }
+    if pause.kind == PauseKind::Memory {
+        let (b, d) = (
+            state.backends.get(Isolation::Gvisor).ok().cloned(),
+            checkpoint_dir(state, &rec.id),
+        );
+        if let Some(b) = b {
+            let _ = tokio::task::spawn_blocking(move || {
+                if let Err(e) = b.remove_checkpoint(&d) {
+                    tracing::warn!("remove the used checkpoint: {e}");
+                }
+            })
+            .await;
+        }
+    }
+    let mut rec = rec.clone();
+    rec.state = SandboxState::Running;
+    rec.pid = Some(inst.pid());
+    rec.expires_at = expires_at;
+    let h = Arc::new(SandboxHandle::new(inst, guest, &rec));
+    state.register(h.clone());
+    state.metrics.live_sandboxes.fetch_add(1, Ordering::Relaxed);
+    crate::sandbox::start_owner(state, &h, false);
+    Ok(())
+}
+
+/// Starts paused sandbox `id` again on `backend` (blocking): from its checkpoint
+/// at `dir` (memory) or from the image its files were committed to (filesystem).
+/// On failure, what it claimed is released and what its pause saved is kept.
+#[allow(clippy::too_many_arguments)]
+fn start_again(
+    state: &Arc<AppState>,
+    backend: &Arc<dyn Backend>,
+    id: &str,
+    tenant: &str,
+    mut spec: SandboxSpec,
+    kind: PauseKind,
+    saved_image: Option<String>,
+    dir: &Path,
+) -> ApiResult<Box<dyn Instance>> {
+    let viewer = sandlot_store::Viewer::Operator;
+    let kept = kind == PauseKind::Memory;
+    if kept && state.images.image_of(id).is_some() && !state.images.writable_layer_mounted(id) {
+        return Err(files_lost(id));
+    }
+    if let (PauseKind::Filesystem, Some(img)) = (kind, &saved_image) {
+        spec.image = img.clone();
+        spec.rootfs = None;
+        // A layer an interrupted pause or resume left.
+        state.images.drop_writable_layer(id);
+    }
+    // What the operator allows may have changed while it was paused.
+    crate::isolation::permitted(state, spec.isolation)?;
+    crate::network::admit(state, &mut spec, true)?;
+    let relock = |state: &AppState| {
+        // A failed prepare drops the lease: the saved image is the sandbox's still.
+        if let Some(d) = saved_image.as_deref().and_then(|s| s.parse().ok()) {
+            let _ = state.images.store.lease(id, &d);
+        }
+    };
+    let mut opts = match state.images.prepare_resume(id, tenant, viewer, &spec, kept) {
+        Ok(o) => o,
+        Err(e) => {
+            relock(state);
+            return Err(e);
+        }
+    };
+    let release = |state: &AppState| {
+        crate::network::release(state, id);
+        state.collection_mounts.release(id);
+        if !kept {
+            state.images.drop_writable_layer(id);
+        }
+    };
+    let prepared = crate::memory::add_mounts(&state.memory, tenant, &spec, &mut opts)
+        .and_then(|()| crate::network::prepare(state, id, tenant, &spec, &mut opts))
+        .and_then(|()| {
+            state
+                .collection_mounts
+                .prepare(&state.vfs, id, tenant, &spec, &mut opts)
+        });
+    if let Err(e) = prepared {
+        release(state);
+        return Err(e);
+    }
+    let started = match kind {
+        PauseKind::Memory => backend.restore(id, &spec, opts, dir),
+        PauseKind::Filesystem => backend.create(id, &spec, opts),
+    };
+    match started {
+        Ok(i) => {
+            state.collection_mounts.attach(id, &*i);
+            Ok(i)
+        }
+        Err(e) => {
+            release(state);
+            tracing::warn!("start the paused sandbox again: {e}");
+            Err(match (&e, crate::error::Exhausted::in_error(&e)) {
+                (RuntimeError::FilesLost(_), _) => files_lost(id).with_detail(&e),
+                (_, Some(what)) => ApiError::host_exhausted(what).with_detail(&e),
+                _ => ApiError::internal(format!("start the paused sandbox again: {e}")),
+            })
+        }
+    }
+}
+
+/// 409 `checkpoint_damaged`: the files a memory pause kept on tmpfs are gone.
+fn files_lost(id: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "checkpoint_damaged",
+        format!(
+            "sandbox {id}'s files did not survive a restart of the host (they were kept in memory); it stays paused and can only be deleted"
+        ),
+    )
+}
+
+/// Deletes paused sandbox `rec` (or ends it for `reason`): its checkpoint, kept
+/// root, writable layer and image lease go. 409 `invalid_state` if it is no longer
+/// paused.
+pub async fn discard(
+    state: &Arc<AppState>,
+    rec: &SandboxRecord,
+    reason: EndReason,
+) -> ApiResult<()> {
+    if !state
+        .store
+        .begin_stop_paused(&rec.id, reason)
+        .map_err(ApiError::internal)?
+    {
+        let now = state
+            .store
+            .get_sandbox(&rec.id)
+            .map_err(ApiError::internal)?
+            .map_or(SandboxState::Stopped, |r| r.state);
+        if now == SandboxState::Stopped {
+            return Ok(());
+        }
+        return Err(wrong_state_for(
+            &rec.id,
+            now,
+            "try again once it is paused or running",
+        ));
+    }
+    let (st, id) = (state.clone(), rec.id.clone());
+    let isolation = crate::isolation::of_record(&rec.spec);
+    tokio::task::spawn_blocking(move || remove_saved(&st, &id, isolation))
+        .await
+        .map_err(ApiError::internal)?;
+    state
+        .store
+        .mark_stopped(&rec.id, reason, (None, None), None, now_ms())
+        .map_err(ApiError::internal)?;
+    state.metrics.stopped(reason.as_str());
+    Ok(())
+}
+
+/// Removes what a pause of sandbox `id` saved on the host: its checkpoint (and
+/// kept root), writable layer and image lease. Blocking.
+fn remove_saved(state: &AppState, id: &str, isolation: Isolation) {
+    let backend = state.backends.get(isolation).ok().cloned();
+    for d in [checkpoint_dir(state, id), partial_dir(state, id)] {
+        let r = match &backend {
+            Some(b) => b.remove_checkpoint(&d),
+            None => state
+                .backends
+                .get(Isolation::Namespace)
+                .map_or(Ok(()), |b| b.remove_checkpoint(&d)),
+        };
+        if let Err(e) = r {
+            tracing::warn!(sandbox_id = id, "remove the checkpoint: {e}");
+        }
+    }
+    state.images.release(id);
+}
+
+/// What [`reconcile`] found of paused sandboxes.
+#[derive(Default)]
+pub struct Reconciled {
+    /// Sandboxes paused (those whose resume a crash interrupted among them).
+    pub paused: Vec<String>,
+}
+
+/// On start, before the running sandboxes are re-adopted: a sandbox found
+/// `resuming` is paused again (whatever its resume started is not adopted, and
+/// goes with the leftovers); one found `pausing` is left to the re-adoption, its
+/// unfinished checkpoint removed (re-adopted, it runs on; gone, it is lost). The
+/// checkpoints no paused sandbox owns are removed.
+pub async fn reconcile(state: &Arc<AppState>) -> Result<Reconciled, crate::store::StoreError> {
+    let mut out = Reconciled::default();
+    for rec in state.store.unfinished()? {
+        match rec.state {
+            SandboxState::Resuming => {
+                state
+                    .store
+                    .abort_resume(&rec.id, "the daemon stopped while the sandbox resumed")?;
+                out.paused.push(rec.id.clone());
+            }
+            SandboxState::Paused => out.paused.push(rec.id.clone()),
+            _ => {}
+        }
+    }
+    let (st, keep) = (state.clone(), out.paused.clone());
+    let _ = tokio::task::spawn_blocking(move || {
+        let Ok(rd) = std::fs::read_dir(checkpoints(&st)) else {
+            return;
+        };
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if keep.contains(&name) {
+                continue;
+            }
+            let b = st
+                .backends
+                .get(Isolation::Gvisor)
+                .or_else(|_| st.backends.get(Isolation::Namespace))
+                .ok()
+                .cloned();
+            if let Some(b) = b {
+                if let Err(err) = b.remove_checkpoint(&e.path()) {
+                    tracing::warn!(checkpoint = %name, "remove a leftover checkpoint: {err}");
+                } else {
+                    tracing::info!(checkpoint = %name, "removed a leftover checkpoint");
+                }
+            }
+        }
+    })
+    .await;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_sockets_bound_in_the_sandboxs_files_stop_a_checkpoint() {
+        let table = "Num       RefCount Protocol Flags    Type St Inode Path
+ffff0001: 00000002 00000000 00010000 0001 01 101 /dev/.sandlot/run/agent.sock
+ffff0002: 00000002 00000000 00010000 0001 01 102 /tmp/held.sock
+ffff0003: 00000002 00000000 00010000 0001 01 103 @abstract
+ffff0004: 00000003 00000000 00000000 0001 03 104
+ffff0005: 00000002 00000000 00010000 0001 01 105 /dev/shm/ok.sock
+ffff0006: 00000002 00000000 00010000 0005 01 106 /root/with space
+";
+        assert_eq!(
+            bound_socket_paths(table),
+            vec!["/tmp/held.sock".to_string(), "/root/with".to_string()]
+        );
+        assert!(bound_socket_paths("Num RefCount Protocol Flags Type St Inode Path\n").is_empty());
+    }
+
+    #[test]
+    fn a_memory_image_is_damaged_when_a_file_is_missing_shorter_or_altered() {
+        let dir = std::env::temp_dir().join(format!("sandlot-damage-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("checkpoint.img"), b"abcdef").unwrap();
+        let files = sum_files(&dir).unwrap();
+        assert_eq!(files.len(), 1);
+        assert_eq!(damage(&dir, &files), None);
+        std::fs::write(dir.join("checkpoint.img"), b"abcdeX").unwrap();
+        assert!(damage(&dir, &files).unwrap().contains("SHA-256"));
+        std::fs::write(dir.join("checkpoint.img"), b"abc").unwrap();
+        assert!(damage(&dir, &files)
+            .unwrap()
+            .contains("3 bytes, 6 were saved"));
+        std::fs::remove_file(dir.join("checkpoint.img")).unwrap();
+        assert!(damage(&dir, &files).unwrap().contains("missing"));
+        assert!(damage(&dir, &[]).is_some(), "no record is no image");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
