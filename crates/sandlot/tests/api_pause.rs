@@ -405,6 +405,31 @@ fn a_pause_gvisor_cannot_save_is_refused_before_its_checkpoint_and_the_sandbox_r
     });
 }
 
+#[test]
+fn a_cat_of_the_sandboxs_own_that_prints_or_waits_for_ever_neither_grows_nor_holds_a_pause() {
+    let d = Daemon::start(None);
+    let c = d.client();
+    rt().block_on(async {
+        let spec = json!({"isolation": "gvisor", "env": {"PATH": "/tmp/bin:/usr/bin:/bin"}});
+        let s = c.create_sandbox(&spec_body(spec)).await.unwrap();
+        // First on the PATH: a `cat` that prints without end, then one that
+        // never ends. The check gives up on either and the pause goes on.
+        for body in ["exec yes", "exec sleep 100000"] {
+            sh(
+                &c,
+                &s.id,
+                &format!("mkdir -p /tmp/bin && printf '#!/bin/sh\\n{body}\\n' > /tmp/bin/cat && chmod +x /tmp/bin/cat"),
+            )
+            .await;
+            let p = c.pause_sandbox(&s.id).await.unwrap();
+            assert_eq!(p.state, SandboxState::Paused);
+            c.resume_sandbox(&s.id).await.unwrap();
+            assert_eq!(sh(&c, &s.id, "echo up").await, "up\n");
+        }
+        c.delete_sandbox(&s.id).await.unwrap();
+    });
+}
+
 /// A tmpfs mounted for a test, unmounted when dropped.
 struct Mounted(PathBuf);
 
