@@ -568,3 +568,47 @@ fn a_store_image_sandbox_keeps_its_writable_layer_across_a_pause_on_both_backend
         }
     });
 }
+
+#[test]
+fn a_pause_past_the_tenants_paused_limit_is_a_429_naming_it_and_the_sandbox_runs_on() {
+    let d = Daemon::start(Some("[limits]\nmax_paused_per_tenant = 1\n"));
+    let c = d.client();
+    rt().block_on(async {
+        let a = c.create_sandbox(&namespace()).await.unwrap();
+        let b = c.create_sandbox(&namespace()).await.unwrap();
+        c.pause_sandbox(&a.id).await.unwrap();
+        let e = c.pause_sandbox(&b.id).await.unwrap_err();
+        assert_eq!(
+            (e.status().map(|s| s.as_u16()), e.code()),
+            (Some(429), Some("quota_exceeded")),
+            "{e}"
+        );
+        assert!(e.to_string().contains("max_paused_per_tenant"), "{e}");
+        assert_eq!(
+            c.get_sandbox(&b.id).await.unwrap().state,
+            SandboxState::Running
+        );
+        // Once the first is resumed the second pauses.
+        c.resume_sandbox(&a.id).await.unwrap();
+        c.pause_sandbox(&b.id).await.unwrap();
+        c.delete_sandbox(&a.id).await.unwrap();
+        c.delete_sandbox(&b.id).await.unwrap();
+    });
+}
+
+#[test]
+fn a_gvisor_sandbox_with_a_spec_tmpfs_is_refused_a_pause_and_keeps_its_files() {
+    let d = Daemon::start(None);
+    let c = d.client();
+    rt().block_on(async {
+        let spec =
+            json!({"isolation": "gvisor", "mounts": [{"type": "tmpfs", "target": "/scratch"}]});
+        let s = c.create_sandbox(&spec_body(spec)).await.unwrap();
+        sh(&c, &s.id, "echo kept > /scratch/f").await;
+        let e = c.pause_sandbox(&s.id).await.unwrap_err();
+        assert_eq!(e.code(), Some("pause_refused"), "{e}");
+        assert!(e.to_string().contains("/scratch"), "{e}");
+        assert_eq!(sh(&c, &s.id, "cat /scratch/f").await, "kept\n");
+        c.delete_sandbox(&s.id).await.unwrap();
+    });
+}
