@@ -330,7 +330,8 @@ async fn pause_filesystem(
             Some(n) => n.to_string(),
             None => sandlot_runtime::plan::sandbox_hostname(&h2.id, &Default::default()),
         };
-        let leased = st.images.image_of(&h2.id).is_some();
+        let previous = st.images.image_of(&h2.id);
+        let leased = previous.is_some();
         let rootfs = spec.get("rootfs").is_some_and(|r| !r.is_null());
         let (img, took) = if !leased && !rootfs {
             st.images.snapshot_host(
@@ -358,6 +359,18 @@ async fn pause_filesystem(
             .store
             .lease(&h2.id, &img.id)
             .map_err(crate::images::store_error)?;
+        // The image an earlier pause committed (the sandbox was resumed from it,
+        // not created from it) is superseded.
+        if let Some(old) = previous.filter(|o| *o != img.id) {
+            let original = spec
+                .get("image")
+                .and_then(|v| v.as_str())
+                .and_then(|r| st.images.store.resolve(r).ok())
+                .map(|i| i.id);
+            if original.as_ref() != Some(&old) {
+                forget_commit(&st, &old.to_string());
+            }
+        }
         Ok(img.id.to_string())
     })
     .await
@@ -1124,6 +1137,12 @@ pub async fn discard(
 /// Removes what a pause of sandbox `id` saved on the host: its checkpoint (and
 /// kept root), writable layer and image lease. Blocking.
 fn remove_saved(state: &AppState, id: &str, isolation: Isolation) {
+    let committed = state
+        .store
+        .pause_of(id)
+        .ok()
+        .flatten()
+        .and_then(|p| p.saved.image);
     let backend = state.backends.get(isolation).ok().cloned();
     for d in [checkpoint_dir(state, id), partial_dir(state, id)] {
         let r = match &backend {
@@ -1138,6 +1157,26 @@ fn remove_saved(state: &AppState, id: &str, isolation: Isolation) {
         }
     }
     state.images.release(id);
+    if let Some(img) = committed {
+        forget_commit(state, &img);
+    }
+}
+
+/// Removes image `reference` that a pause committed, once nothing holds it: not
+/// if it has a tag (the tenant named it) or a sandbox leases it. Blocking.
+fn forget_commit(state: &AppState, reference: &str) {
+    let untagged = state
+        .images
+        .store
+        .resolve(reference)
+        .is_ok_and(|i| i.tags.is_empty() && i.tenant_tags.is_empty());
+    if !untagged {
+        return;
+    }
+    match state.images.store.remove(reference) {
+        Ok(_) => tracing::info!(image = reference, "removed an image a pause committed"),
+        Err(e) => tracing::debug!(image = reference, "keep an image a pause committed: {e}"),
+    }
 }
 
 /// Deletes, at start and then hourly, the sandboxes paused for longer than
