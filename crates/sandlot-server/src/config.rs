@@ -67,6 +67,13 @@ pub struct Limits {
     /// How long the record of a stopped sandbox (its spec, usage and events) is
     /// kept after it ended; older ones are deleted hourly. 0: kept forever.
     pub stopped_retention: Seconds,
+    /// Most sandboxes a tenant may hold paused (or being paused or resumed) at
+    /// once: paused sandboxes hold host memory (their kept files) and disk
+    /// (their memory images) outside the memory quota. 0: no limit.
+    pub max_paused_per_tenant: u32,
+    /// How long a sandbox may stay paused; older ones are deleted hourly (with
+    /// what their pause saved). 0: kept until deleted.
+    pub paused_retention: Seconds,
 }
 
 impl Default for Limits {
@@ -80,6 +87,8 @@ impl Default for Limits {
             exec_grace: Seconds::secs(30),
             finished_retention: Seconds::secs(60),
             stopped_retention: Seconds::secs(7 * 24 * 3600),
+            max_paused_per_tenant: 8,
+            paused_retention: Seconds::secs(7 * 24 * 3600),
         }
     }
 }

@@ -334,6 +334,7 @@ pub async fn serve(
     state.vfs.sweep_uploads();
     routes::vfs::start_sweeper(&state);
     start_record_pruner(&state);
+    pause::start_paused_expiry(&state);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         shutdown.await;

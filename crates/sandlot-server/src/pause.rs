@@ -106,6 +106,19 @@ pub async fn request(
             "only a running sandbox pauses",
         ));
     }
+    let max = state.cfg.limits.max_paused_per_tenant;
+    if max > 0 {
+        let n = state
+            .store
+            .count_paused(&rec.tenant)
+            .map_err(ApiError::internal)?;
+        if n >= u64::from(max) {
+            return Err(ApiError::quota(format!(
+                "tenant {}: {n} sandboxes paused, limits.max_paused_per_tenant is {max} (resume or delete one first)",
+                rec.tenant
+            )));
+        }
+    }
     let (tx, rx) = oneshot::channel();
     h.request_pause(tx)?;
     rx.await
@@ -188,17 +201,29 @@ async fn pause_memory(
             h.id
         )));
     };
+    if let Some(why) = unkept_files(&rec.spec) {
+        return Outcome::Running(ApiError::new(
+            StatusCode::CONFLICT,
+            "pause_refused",
+            format!(
+                "sandbox {} cannot be paused: {why}, whose files a gVisor pause does not keep; the sandbox runs on",
+                h.id
+            ),
+        ));
+    }
     let remaining = remaining_ms(h);
     let network = saved_network(state, rec);
+    let (partial, dir) = (partial_dir(state, &h.id), checkpoint_dir(state, &h.id));
+    // `runsc checkpoint` that fails ends the sandbox: what is known to make it
+    // fail is refused before, while its code contexts still run.
+    // Held until the checkpoint is written: the disk room it counted on.
+    let _room = match preflight(state, h).await {
+        Ok(room) => room,
+        Err(e) => return Outcome::Running(e),
+    };
     // Its code contexts' drivers talk over connections the quiesce closes.
     for c in h.contexts.all() {
         c.end(&h.guest).await;
-    }
-    let (partial, dir) = (partial_dir(state, &h.id), checkpoint_dir(state, &h.id));
-    // `runsc checkpoint` that fails ends the sandbox: what is known to make it
-    // fail is refused before.
-    if let Err(e) = preflight(state, h).await {
-        return Outcome::Running(e);
     }
     let prepared = {
         let (b, partial, dir, root) = (
@@ -274,6 +299,22 @@ async fn pause_memory(
     finish_pause(state, h, &record, false).await
 }
 
+/// What of a gVisor sandbox's files a memory pause would lose, in words: a
+/// spec `tmpfs` mount, or the scratch layer over a spec `rootfs` (only an image's
+/// writable layer and the `host` image's root are kept).
+fn unkept_files(spec: &serde_json::Value) -> Option<String> {
+    let spec: SandboxSpec = serde_json::from_value(spec.clone()).ok()?;
+    if let Some(t) = spec.mounts.iter().find_map(|m| match m {
+        sandlot_proto::spec::MountSpec::Tmpfs { target, .. } => Some(target),
+        _ => None,
+    }) {
+        return Some(format!("it has a tmpfs mount at {t:?}"));
+    }
+    spec.rootfs
+        .is_some()
+        .then(|| "its root is a host directory (rootfs) under a scratch layer".to_string())
+}
+
 /// Namespace backend: commit the sandbox's files to an image, end its processes.
 async fn pause_filesystem(
     state: &Arc<AppState>,
@@ -289,7 +330,8 @@ async fn pause_filesystem(
             Some(n) => n.to_string(),
             None => sandlot_runtime::plan::sandbox_hostname(&h2.id, &Default::default()),
         };
-        let leased = st.images.image_of(&h2.id).is_some();
+        let previous = st.images.image_of(&h2.id);
+        let leased = previous.is_some();
         let rootfs = spec.get("rootfs").is_some_and(|r| !r.is_null());
         let (img, took) = if !leased && !rootfs {
             st.images.snapshot_host(
@@ -317,6 +359,18 @@ async fn pause_filesystem(
             .store
             .lease(&h2.id, &img.id)
             .map_err(crate::images::store_error)?;
+        // The image an earlier pause committed (the sandbox was resumed from it,
+        // not created from it) is superseded.
+        if let Some(old) = previous.filter(|o| *o != img.id) {
+            let original = spec
+                .get("image")
+                .and_then(|v| v.as_str())
+                .and_then(|r| st.images.store.resolve(r).ok())
+                .map(|i| i.id);
+            if original.as_ref() != Some(&old) {
+                forget_commit(&st, &old.to_string());
+            }
+        }
         Ok(img.id.to_string())
     })
     .await
@@ -432,32 +486,32 @@ const QUIESCE_TIMEOUT: Duration = Duration::from_secs(3);
 /// Slack over a sandbox's memory use that a checkpoint directory must have free.
 const IMAGE_SLACK: u64 = 16 << 20;
 
+/// How long each step of the socket check before a checkpoint may take (start
+/// `cat`, read its output): the sandbox controls both.
+const SOCKET_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The most of a sandbox's socket table the check reads.
+const SOCKET_TABLE_CAP: u64 = 1 << 20;
+
 /// What would make a checkpoint of `h` fail, found before it starts: a Unix
 /// socket bound at a path of its files (a host socket, `--host-uds=all`), which
 /// gVisor cannot save (409 `pause_refused`), or a disk without room for its
 /// memory image (503 `host_exhausted`).
-async fn preflight(state: &Arc<AppState>, h: &Arc<SandboxHandle>) -> ApiResult<()> {
-    // Read by `cat` in the sandbox (the agent's files API does not serve gVisor's
-    // `/proc/net`); an image without `cat` is not checked.
-    let table =
-        match h
-            .guest
-            .exec(sandlot_proto::guest::ExecRequest::new([
-                "cat",
-                "/proc/net/unix",
-            ]))
-            .await
-        {
-            Ok(p) => p.output().await.map(|o| o.stdout).map_err(|e| {
-                ApiError::internal(format!("read the sandbox's /proc/net/unix: {e}"))
-            })?,
-            Err(e) => {
-                tracing::info!("no socket check before the checkpoint: {e}");
-                Vec::new()
-            }
-        };
-    let bound = bound_socket_paths(&String::from_utf8_lossy(&table));
-    if let Some(path) = bound.first() {
+async fn preflight(state: &Arc<AppState>, h: &Arc<SandboxHandle>) -> ApiResult<DiskRoom> {
+    // Read by `cat` in the sandbox (the agent's file API does not serve gVisor's
+    // `/proc/<pid>/net`: ENOSYS), which the sandbox may have replaced: bounded in
+    // time and size, and a table that cannot be read is not checked (a
+    // checkpoint that then fails ends only this sandbox).
+    let table = match socket_table_by_cat(&h.guest).await {
+        Ok(t) => t,
+        Err(why) => {
+            tracing::info!("no socket check before the checkpoint: {why}");
+            String::new()
+        }
+    };
+    let bound = bound_socket_paths(&table);
+    // The code contexts' kernels' sockets go with them before the checkpoint.
+    if let Some(path) = bound.iter().find(|p| !is_context_socket(p)) {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             "pause_refused",
@@ -473,16 +527,33 @@ async fn preflight(state: &Arc<AppState>, h: &Arc<SandboxHandle>) -> ApiResult<(
     let free = rustix::fs::statvfs(&dir)
         .map(|v| v.f_bavail.saturating_mul(v.f_frsize))
         .map_err(|e| ApiError::internal(format!("statvfs {}: {e}", dir.display())))?;
-    if free < memory.saturating_add(IMAGE_SLACK) {
+    let need = memory.saturating_add(IMAGE_SLACK);
+    let claimed = CLAIMED_ROOM.fetch_add(need, Ordering::SeqCst);
+    let room = DiskRoom(need);
+    if free < claimed.saturating_add(need) {
         return Err(
             ApiError::host_exhausted(Exhausted::Disk).with_detail(format!(
-                "{} has {free} bytes free, sandbox {} uses {memory} bytes of memory",
+                "{} has {free} bytes free, pauses under way claim {claimed}, sandbox {} uses {memory} bytes of memory",
                 dir.display(),
                 h.id
             )),
         );
     }
-    Ok(())
+    Ok(room)
+}
+
+/// Disk room the checkpoints under way count on (their images are being
+/// written, so free space does not show them yet). One count for the process:
+/// daemons sharing it (tests) only count each other's too.
+static CLAIMED_ROOM: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// A claim on [`CLAIMED_ROOM`], given back when dropped.
+struct DiskRoom(u64);
+
+impl Drop for DiskRoom {
+    fn drop(&mut self) {
+        CLAIMED_ROOM.fetch_sub(self.0, Ordering::SeqCst);
+    }
 }
 
 /// Paths of the Unix sockets a `/proc/net/unix` table lists as bound, but for
@@ -529,6 +600,67 @@ pub(crate) async fn wake(inst: &Arc<dyn Instance>) -> Option<GuestClient> {
             return None;
         }
     }
+}
+
+/// The Unix socket table as `cat /proc/net/unix` in the sandbox prints it, for
+/// at most [`SOCKET_CHECK_TIMEOUT`] and [`SOCKET_TABLE_CAP`] bytes, after which
+/// the process is killed; its stderr is dropped.
+async fn socket_table_by_cat(guest: &GuestClient) -> Result<String, String> {
+    use sandlot_guest::client::ProcessEvent;
+    let mut p = tokio::time::timeout(
+        SOCKET_CHECK_TIMEOUT,
+        guest.exec(sandlot_proto::guest::ExecRequest::new([
+            "cat",
+            "/proc/net/unix",
+        ])),
+    )
+    .await
+    .map_err(|_| "the agent did not start cat in time".to_string())?
+    .map_err(|e| format!("start cat: {e}"))?;
+    let mut buf = Vec::new();
+    let read = tokio::time::timeout(SOCKET_CHECK_TIMEOUT, async {
+        loop {
+            match p.next_event().await {
+                Ok(Some(ProcessEvent::Stdout(b))) => {
+                    let room = (SOCKET_TABLE_CAP as usize).saturating_sub(buf.len());
+                    buf.extend_from_slice(&b[..b.len().min(room)]);
+                    if buf.len() as u64 >= SOCKET_TABLE_CAP {
+                        let whole = buf.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+                        buf.truncate(whole);
+                        return Err("cat printed more than the table can hold".to_string());
+                    }
+                }
+                Ok(Some(ProcessEvent::Stderr(_))) => {}
+                Ok(Some(ProcessEvent::Exit(st))) if st.code == Some(0) => return Ok(()),
+                Ok(Some(ProcessEvent::Exit(st))) => return Err(format!("cat ended with {st:?}")),
+                Ok(None) => return Err("cat's output ended without its exit".to_string()),
+                Err(e) => return Err(format!("read cat's output: {e}")),
+            }
+        }
+    })
+    .await;
+    match read {
+        Ok(Ok(())) => Ok(String::from_utf8_lossy(&buf).into_owned()),
+        Ok(Err(why)) => {
+            let _ = tokio::time::timeout(SOCKET_CHECK_TIMEOUT, p.signal(libc::SIGKILL)).await;
+            Err(why)
+        }
+        Err(_) => {
+            let _ = tokio::time::timeout(SOCKET_CHECK_TIMEOUT, p.signal(libc::SIGKILL)).await;
+            Err(format!("cat did not end within {SOCKET_CHECK_TIMEOUT:?}"))
+        }
+    }
+}
+
+/// Whether `path` is a socket of a code context's kernel (`driver.py` binds them
+/// in a directory `sandlot-kernel-*`): the pause ends the contexts first. A
+/// socket a program names so itself makes only its own sandbox's checkpoint fail.
+fn is_context_socket(path: &str) -> bool {
+    let p = Path::new(path);
+    p.parent()
+        .and_then(|d| d.file_name())
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with("sandlot-kernel-"))
 }
 
 /// A failed checkpoint as the API says it (the sandbox runs on).
@@ -690,7 +822,10 @@ pub async fn resume(
     }
     let t0 = Instant::now();
     let span = tracing::info_span!("sandbox", sandbox_id = %rec.id, tenant = %rec.tenant);
-    let r = resume_started(state, &rec).instrument(span.clone()).await;
+    let restored = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let r = resume_started(state, &rec, &restored)
+        .instrument(span.clone())
+        .await;
     match r {
         Ok(()) => {
             span.in_scope(|| {
@@ -703,6 +838,9 @@ pub async fn resume(
         }
         Err(e) => {
             span.in_scope(|| tracing::warn!("resume failed: {} ({:?})", e.message, e.internal));
+            if restored.load(Ordering::SeqCst) {
+                return Err(end_after_restore(state, &rec, e).await);
+            }
             if let Err(e2) = state.store.abort_resume(&rec.id, &e.message) {
                 tracing::error!("record the failed resume: {e2}");
             }
@@ -711,9 +849,36 @@ pub async fn resume(
     }
 }
 
-/// The resume of `rec`, recorded as resuming: on failure nothing of it runs and
-/// what its pause saved is as it was.
-async fn resume_started(state: &Arc<AppState>, rec: &SandboxRecord) -> ApiResult<()> {
+/// Ends sandbox `rec`, whose resume failed after `runsc restore` had started:
+/// its restored processes may have changed the files its pause kept, which then
+/// no longer match its memory image, so it is not paused again. What its pause
+/// saved is removed and it is recorded stopped (`lost`) with the reason.
+async fn end_after_restore(state: &Arc<AppState>, rec: &SandboxRecord, e: ApiError) -> ApiError {
+    let why = "its resume failed after its memory image had started to be restored, \
+               which may have changed the files it kept: it was ended (details in the daemon log)";
+    let (st, id) = (state.clone(), rec.id.clone());
+    let _ = tokio::task::spawn_blocking(move || remove_saved(&st, &id, Isolation::Gvisor)).await;
+    match state
+        .store
+        .mark_stopped(&rec.id, EndReason::Lost, (None, None), Some(why), now_ms())
+    {
+        Ok(()) => state.metrics.stopped(EndReason::Lost.as_str()),
+        Err(e2) => tracing::error!("record the failed resume: {e2}"),
+    }
+    ApiError::internal(format!(
+        "sandbox {} ended: {why}: {} ({:?})",
+        rec.id, e.message, e.internal
+    ))
+}
+
+/// The resume of `rec`, recorded as resuming. On a failure before `restored` is
+/// set nothing of it runs and what its pause saved is as it was; once a memory
+/// restore has started (`restored`), its kept files may have changed.
+async fn resume_started(
+    state: &Arc<AppState>,
+    rec: &SandboxRecord,
+    restored: &Arc<std::sync::atomic::AtomicBool>,
+) -> ApiResult<()> {
     let pause = state
         .store
         .pause_of(&rec.id)
@@ -755,8 +920,19 @@ async fn resume_started(state: &Arc<AppState>, rec: &SandboxRecord) -> ApiResult
         .clone();
     let (st, id, tenant) = (state.clone(), rec.id.clone(), rec.tenant.clone());
     let (kind, saved_image) = (pause.kind, pause.saved.image.clone());
+    let restored2 = restored.clone();
     let started = tokio::task::spawn_blocking(move || {
-        start_again(&st, &backend, &id, &tenant, spec, kind, saved_image, &dir)
+        start_again(
+            &st,
+            &backend,
+            &id,
+            &tenant,
+            spec,
+            kind,
+            saved_image,
+            &dir,
+            &restored2,
+        )
     })
     .await
     .map_err(ApiError::internal)??;
@@ -780,7 +956,10 @@ async fn resume_started(state: &Arc<AppState>, rec: &SandboxRecord) -> ApiResult
         }
     };
     let now = now_ms();
-    let expires_at = now + pause.remaining_ms;
+    // The rest of its lifetime, never past its creation's `max_timeout` (a POST
+    // .../timeout is bounded alike).
+    let max_timeout_ms = state.cfg.limits.max_timeout.duration().as_millis() as i64;
+    let expires_at = (now + pause.remaining_ms).min(rec.created_at.saturating_add(max_timeout_ms));
     if let Err(e) = state
         .store
         .mark_resumed(&rec.id, inst.pid(), expires_at, now)
@@ -788,6 +967,15 @@ async fn resume_started(state: &Arc<AppState>, rec: &SandboxRecord) -> ApiResult
         let _ = undo(state, inst, pause.kind).await;
         return Err(ApiError::internal(e));
     }
+    let mut rec = rec.clone();
+    rec.state = SandboxState::Running;
+    rec.pid = Some(inst.pid());
+    rec.expires_at = expires_at;
+    // Registered as soon as it is recorded running: a DELETE from now on finds
+    // its handle, and its owner, started below, stops it.
+    let h = Arc::new(SandboxHandle::new(inst, guest, &rec));
+    state.register(h.clone());
+    state.metrics.live_sandboxes.fetch_add(1, Ordering::Relaxed);
     if pause.kind == PauseKind::Memory {
         let (b, d) = (
             state.backends.get(Isolation::Gvisor).ok().cloned(),
@@ -802,20 +990,14 @@ async fn resume_started(state: &Arc<AppState>, rec: &SandboxRecord) -> ApiResult
             .await;
         }
     }
-    let mut rec = rec.clone();
-    rec.state = SandboxState::Running;
-    rec.pid = Some(inst.pid());
-    rec.expires_at = expires_at;
-    let h = Arc::new(SandboxHandle::new(inst, guest, &rec));
-    state.register(h.clone());
-    state.metrics.live_sandboxes.fetch_add(1, Ordering::Relaxed);
     crate::sandbox::start_owner(state, &h, false);
     Ok(())
 }
 
 /// Starts paused sandbox `id` again on `backend` (blocking): from its checkpoint
 /// at `dir` (memory) or from the image its files were committed to (filesystem).
-/// On failure, what it claimed is released and what its pause saved is kept.
+/// On failure, what it claimed is released; what its pause saved is kept as it
+/// was unless `restored` is set (a restore started).
 #[allow(clippy::too_many_arguments)]
 fn start_again(
     state: &Arc<AppState>,
@@ -826,6 +1008,7 @@ fn start_again(
     kind: PauseKind,
     saved_image: Option<String>,
     dir: &Path,
+    restored: &std::sync::atomic::AtomicBool,
 ) -> ApiResult<Box<dyn Instance>> {
     let viewer = sandlot_store::Viewer::Operator;
     let kept = kind == PauseKind::Memory;
@@ -873,7 +1056,10 @@ fn start_again(
         return Err(e);
     }
     let started = match kind {
-        PauseKind::Memory => backend.restore(id, &spec, opts, dir),
+        PauseKind::Memory => {
+            restored.store(true, Ordering::SeqCst);
+            backend.restore(id, &spec, opts, dir)
+        }
         PauseKind::Filesystem => backend.create(id, &spec, opts),
     };
     match started {
@@ -884,6 +1070,10 @@ fn start_again(
         Err(e) => {
             release(state);
             tracing::warn!("start the paused sandbox again: {e}");
+            if matches!(e, RuntimeError::FilesLost(_)) {
+                // Found before `runsc restore` ran: nothing changed.
+                restored.store(false, Ordering::SeqCst);
+            }
             Err(match (&e, crate::error::Exhausted::in_error(&e)) {
                 (RuntimeError::FilesLost(_), _) => files_lost(id).with_detail(&e),
                 (_, Some(what)) => ApiError::host_exhausted(what).with_detail(&e),
@@ -947,6 +1137,12 @@ pub async fn discard(
 /// Removes what a pause of sandbox `id` saved on the host: its checkpoint (and
 /// kept root), writable layer and image lease. Blocking.
 fn remove_saved(state: &AppState, id: &str, isolation: Isolation) {
+    let committed = state
+        .store
+        .pause_of(id)
+        .ok()
+        .flatten()
+        .and_then(|p| p.saved.image);
     let backend = state.backends.get(isolation).ok().cloned();
     for d in [checkpoint_dir(state, id), partial_dir(state, id)] {
         let r = match &backend {
@@ -961,6 +1157,63 @@ fn remove_saved(state: &AppState, id: &str, isolation: Isolation) {
         }
     }
     state.images.release(id);
+    if let Some(img) = committed {
+        forget_commit(state, &img);
+    }
+}
+
+/// Removes image `reference` that a pause committed, once nothing holds it: not
+/// if it has a tag (the tenant named it) or a sandbox leases it. Blocking.
+fn forget_commit(state: &AppState, reference: &str) {
+    let untagged = state
+        .images
+        .store
+        .resolve(reference)
+        .is_ok_and(|i| i.tags.is_empty() && i.tenant_tags.is_empty());
+    if !untagged {
+        return;
+    }
+    match state.images.store.remove(reference) {
+        Ok(_) => tracing::info!(image = reference, "removed an image a pause committed"),
+        Err(e) => tracing::debug!(image = reference, "keep an image a pause committed: {e}"),
+    }
+}
+
+/// Deletes, at start and then hourly, the sandboxes paused for longer than
+/// `limits.paused_retention` (end reason `timeout`), with what their pause saved.
+pub fn start_paused_expiry(state: &Arc<AppState>) {
+    let keep = state.cfg.limits.paused_retention.0;
+    if keep.is_zero() {
+        return;
+    }
+    let st = state.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(3600));
+        loop {
+            tick.tick().await;
+            let cutoff = now_ms() - keep.as_millis() as i64;
+            let ids = match st.store.paused_before(cutoff) {
+                Ok(ids) => ids,
+                Err(e) => {
+                    tracing::warn!("list the expired paused sandboxes: {e}");
+                    continue;
+                }
+            };
+            for id in ids {
+                let Ok(Some(rec)) = st.store.get_sandbox(&id) else {
+                    continue;
+                };
+                match discard(&st, &rec, EndReason::Timeout).await {
+                    Ok(()) => {
+                        tracing::info!(sandbox_id = %id, "deleted a sandbox paused past limits.paused_retention")
+                    }
+                    Err(e) => {
+                        tracing::warn!(sandbox_id = %id, "delete an expired paused sandbox: {}", e.message)
+                    }
+                }
+            }
+        }
+    });
 }
 
 /// What [`reconcile`] found of paused sandboxes.
@@ -1037,6 +1290,27 @@ ffff0006: 00000002 00000000 00010000 0005 01 106 /root/with space
             vec!["/tmp/held.sock".to_string(), "/root/with".to_string()]
         );
         assert!(bound_socket_paths("Num RefCount Protocol Flags Type St Inode Path\n").is_empty());
+    }
+
+    #[test]
+    fn a_gvisor_pause_is_refused_for_a_tmpfs_mount_or_a_rootfs_scratch_layer() {
+        let tmpfs = serde_json::json!({"isolation": "gvisor", "mounts": [{"type": "tmpfs", "target": "/scratch"}]});
+        assert!(unkept_files(&tmpfs).unwrap().contains("/scratch"));
+        let rootfs = serde_json::json!({"isolation": "gvisor", "rootfs": "/srv/root"});
+        assert!(unkept_files(&rootfs).unwrap().contains("rootfs"));
+        assert!(!unkept_files(&rootfs).unwrap().contains("/srv/root"));
+        assert_eq!(
+            unkept_files(&serde_json::json!({"isolation": "gvisor"})),
+            None
+        );
+    }
+
+    #[test]
+    fn only_a_code_contexts_kernel_socket_is_left_to_the_context_ending() {
+        assert!(is_context_socket("/tmp/sandlot-kernel-ab12/k-1"));
+        assert!(!is_context_socket("/tmp/held.sock"));
+        assert!(!is_context_socket("/tmp/sandlot-kernel-ab12"));
+        assert!(!is_context_socket("/sandlot-kernel-x"));
     }
 
     #[test]

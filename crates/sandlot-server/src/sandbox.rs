@@ -200,6 +200,9 @@ impl SandboxHandle {
     /// `guest` (a new connection after a pause that failed once the agent had
     /// closed its old ones): counters, processes and timers carry over.
     pub(crate) fn successor(&self, guest: GuestClient) -> SandboxHandle {
+        // A stop asked of this handle (a DELETE during the pause) is asked of
+        // the next.
+        let stop_reason = *self.stop_reason.lock().unwrap_or_else(|e| e.into_inner());
         SandboxHandle {
             span: self.span.clone(),
             id: self.id.clone(),
@@ -215,8 +218,8 @@ impl SandboxHandle {
             idle_timeout_ms: self.idle_timeout_ms,
             last_activity_ms: AtomicI64::new(now_ms()),
             active_streams: AtomicUsize::new(0),
-            stopping: AtomicBool::new(false),
-            stop_reason: Mutex::new(None),
+            stopping: AtomicBool::new(stop_reason.is_some()),
+            stop_reason: Mutex::new(stop_reason),
             pause_request: Mutex::new(None),
             pausing: AtomicBool::new(false),
             wake: Notify::new(),

@@ -405,6 +405,31 @@ fn a_pause_gvisor_cannot_save_is_refused_before_its_checkpoint_and_the_sandbox_r
     });
 }
 
+#[test]
+fn a_cat_of_the_sandboxs_own_that_prints_or_waits_for_ever_neither_grows_nor_holds_a_pause() {
+    let d = Daemon::start(None);
+    let c = d.client();
+    rt().block_on(async {
+        let spec = json!({"isolation": "gvisor", "env": {"PATH": "/tmp/bin:/usr/bin:/bin"}});
+        let s = c.create_sandbox(&spec_body(spec)).await.unwrap();
+        // First on the PATH: a `cat` that prints without end, then one that
+        // never ends. The check gives up on either and the pause goes on.
+        for body in ["exec yes", "exec sleep 100000"] {
+            sh(
+                &c,
+                &s.id,
+                &format!("mkdir -p /tmp/bin && printf '#!/bin/sh\\n{body}\\n' > /tmp/bin/cat && chmod +x /tmp/bin/cat"),
+            )
+            .await;
+            let p = c.pause_sandbox(&s.id).await.unwrap();
+            assert_eq!(p.state, SandboxState::Paused);
+            c.resume_sandbox(&s.id).await.unwrap();
+            assert_eq!(sh(&c, &s.id, "echo up").await, "up\n");
+        }
+        c.delete_sandbox(&s.id).await.unwrap();
+    });
+}
+
 /// A tmpfs mounted for a test, unmounted when dropped.
 struct Mounted(PathBuf);
 
@@ -541,5 +566,49 @@ fn a_store_image_sandbox_keeps_its_writable_layer_across_a_pause_on_both_backend
             );
             c.delete_sandbox(&s.id).await.unwrap();
         }
+    });
+}
+
+#[test]
+fn a_pause_past_the_tenants_paused_limit_is_a_429_naming_it_and_the_sandbox_runs_on() {
+    let d = Daemon::start(Some("[limits]\nmax_paused_per_tenant = 1\n"));
+    let c = d.client();
+    rt().block_on(async {
+        let a = c.create_sandbox(&namespace()).await.unwrap();
+        let b = c.create_sandbox(&namespace()).await.unwrap();
+        c.pause_sandbox(&a.id).await.unwrap();
+        let e = c.pause_sandbox(&b.id).await.unwrap_err();
+        assert_eq!(
+            (e.status().map(|s| s.as_u16()), e.code()),
+            (Some(429), Some("quota_exceeded")),
+            "{e}"
+        );
+        assert!(e.to_string().contains("max_paused_per_tenant"), "{e}");
+        assert_eq!(
+            c.get_sandbox(&b.id).await.unwrap().state,
+            SandboxState::Running
+        );
+        // Once the first is resumed the second pauses.
+        c.resume_sandbox(&a.id).await.unwrap();
+        c.pause_sandbox(&b.id).await.unwrap();
+        c.delete_sandbox(&a.id).await.unwrap();
+        c.delete_sandbox(&b.id).await.unwrap();
+    });
+}
+
+#[test]
+fn a_gvisor_sandbox_with_a_spec_tmpfs_is_refused_a_pause_and_keeps_its_files() {
+    let d = Daemon::start(None);
+    let c = d.client();
+    rt().block_on(async {
+        let spec =
+            json!({"isolation": "gvisor", "mounts": [{"type": "tmpfs", "target": "/scratch"}]});
+        let s = c.create_sandbox(&spec_body(spec)).await.unwrap();
+        sh(&c, &s.id, "echo kept > /scratch/f").await;
+        let e = c.pause_sandbox(&s.id).await.unwrap_err();
+        assert_eq!(e.code(), Some("pause_refused"), "{e}");
+        assert!(e.to_string().contains("/scratch"), "{e}");
+        assert_eq!(sh(&c, &s.id, "cat /scratch/f").await, "kept\n");
+        c.delete_sandbox(&s.id).await.unwrap();
     });
 }

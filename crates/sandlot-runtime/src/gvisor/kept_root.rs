@@ -144,17 +144,39 @@ fn shift_ids(dir: &Path, from: u32, to: u32) -> Result<(), RuntimeError> {
     Ok(())
 }
 
+/// Whether `dir` is on another file system than its parent, by their device
+/// numbers (read without following a link); `None` when either is unreadable.
+fn crosses_mount(dir: &Path) -> Option<bool> {
+    let parent = dir.parent()?;
+    let (d, p) = (
+        fs::symlink_metadata(dir).ok()?,
+        fs::symlink_metadata(parent).ok()?,
+    );
+    Some(d.dev() != p.dev())
+}
+
+/// Whether the kept root at `root` may still be a mount: the mount table or the
+/// device numbers say so, or they cannot be read (unsure counts as mounted).
+fn may_be_mounted(root: &Path) -> bool {
+    match fs::symlink_metadata(root) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+        Err(_) => true,
+        Ok(_) => is_mount_point(root) || crosses_mount(root) != Some(false),
+    }
+}
+
 /// Removes checkpoint directory `ckpt`: its kept root is unmounted first, and a
-/// root that stays mounted is never walked into (it may be a running sandbox's).
+/// root that may stay mounted is never walked into (it may be a running
+/// sandbox's): the removal is refused.
 pub fn remove_checkpoint(ckpt: &Path) -> Result<(), RuntimeError> {
     let root = ckpt.join(KEPT_ROOT);
-    if is_mount_point(&root) {
+    if may_be_mounted(&root) {
         let path = sys::cstr(&root).map_err(io_err(format!("unmount {}", root.display())))?;
         sys::umount2(&path, libc::MNT_DETACH)
             .map_err(io_err(format!("unmount {}", root.display())))?;
-        if is_mount_point(&root) {
+        if may_be_mounted(&root) {
             return Err(io_err(format!("unmount {}", root.display()))(
-                std::io::Error::other("still mounted"),
+                std::io::Error::other("still mounted, or its mount cannot be told"),
             ));
         }
     }
@@ -163,5 +185,25 @@ pub fn remove_checkpoint(ckpt: &Path) -> Result<(), RuntimeError> {
             Err(io_err(format!("remove {}", ckpt.display()))(e))
         }
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kept_root_on_another_file_system_or_unreadable_counts_as_mounted() {
+        let dir = std::env::temp_dir().join(format!("sandlot-kept-{}", std::process::id()));
+        let root = dir.join(KEPT_ROOT);
+        fs::create_dir_all(&root).unwrap();
+        assert_eq!(crosses_mount(&root), Some(false));
+        assert!(!may_be_mounted(&root));
+        assert!(!may_be_mounted(&dir.join("absent")));
+        // /proc is a file system of its own under /.
+        assert_eq!(crosses_mount(Path::new("/proc")), Some(true));
+        assert!(may_be_mounted(Path::new("/proc")));
+        remove_checkpoint(&dir).unwrap();
+        assert!(!dir.exists());
     }
 }

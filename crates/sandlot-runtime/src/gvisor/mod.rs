@@ -980,7 +980,7 @@ impl Instance for GvisorInstance {
             format!("--image-path={}", dir.display()),
             self.id.clone(),
         ];
-        self.runsc_call(&args, "checkpoint")
+        self.runsc_call(&args, "checkpoint", self.runsc_timeout())
     }
 
     /// The `host` image's root tmpfs, mounted on the host, is bound into `dir`.
@@ -992,6 +992,7 @@ impl Instance for GvisorInstance {
         self.runsc_call(
             &["kill".into(), self.id.clone(), "USR1".into()],
             "wake the agent",
+            self.runsc_timeout(),
         )
     }
 
@@ -1024,11 +1025,46 @@ impl Instance for GvisorInstance {
 }
 
 impl GvisorInstance {
-    /// Runs `runsc` with this sandbox's global flags and `args`, to its end.
-    fn runsc_call(&self, args: &[String], what: &str) -> Result<(), RuntimeError> {
+    /// How long a `runsc` command on this sandbox may take: a minute, and ten
+    /// seconds more per GiB of its memory limit (what a checkpoint writes).
+    fn runsc_timeout(&self) -> Duration {
+        let limit = self
+            .cgroup
+            .dirs
+            .iter()
+            .find_map(|(controller, dir)| {
+                let file = match controller.as_str() {
+                    "" => "memory.max",
+                    "memory" => "memory.limit_in_bytes",
+                    _ => return None,
+                };
+                fs::read_to_string(dir.join(file))
+                    .ok()?
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+            })
+            .unwrap_or_else(|| self.cgroup.usage().memory_bytes);
+        runsc_timeout_for(limit)
+    }
+
+    /// Runs `runsc` with this sandbox's global flags and `args`, to its end or
+    /// for `timeout`: then `runsc` and the sandbox are killed (a stuck
+    /// checkpoint must not hold its owner for ever) and the error says so.
+    fn runsc_call(
+        &self,
+        args: &[String],
+        what: &str,
+        timeout: Duration,
+    ) -> Result<(), RuntimeError> {
         let (prog, global) = self.runsc.split_first().expect("runsc has a path");
         let mut cmd = Command::new(prog);
-        cmd.args(global).args(args).env_clear().stdin(Stdio::null());
+        cmd.args(global)
+            .args(args)
+            .env_clear()
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
         // SAFETY: the closure only calls prctl, which is async-signal-safe, and
         // allocates nothing. The command dies with its caller: a checkpoint the
         // owner no longer waits for (it was killed) must not change the
@@ -1041,9 +1077,52 @@ impl GvisorInstance {
                 Ok(())
             });
         }
-        let out = cmd
-            .output()
+        let mut child = cmd
+            .spawn()
             .map_err(io_err(format!("run runsc to {what}")))?;
+        // Its first 64 KiB of errors, read aside so a full pipe cannot stall it.
+        let stderr = child.stderr.take().map(|e| {
+            std::thread::spawn(move || {
+                use std::io::Read;
+                let mut buf = Vec::new();
+                let _ = e.take(64 << 10).read_to_end(&mut buf);
+                buf
+            })
+        });
+        let deadline = std::time::Instant::now() + timeout;
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(st)) => break st,
+                Ok(None) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                Ok(None) | Err(_) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    self.kill(Duration::from_secs(10));
+                    return Err(RuntimeError::Init(format!(
+                        "runsc could not {what} sandbox {} within {}s: it and the sandbox were killed",
+                        self.id,
+                        timeout.as_secs()
+                    )));
+                }
+            }
+        };
+        let out = std::process::Output {
+            status,
+            stdout: Vec::new(),
+            // A grandchild that keeps the pipe open is not waited for.
+            stderr: stderr
+                .filter(|t| {
+                    let until = std::time::Instant::now() + Duration::from_secs(1);
+                    while !t.is_finished() && std::time::Instant::now() < until {
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                    t.is_finished()
+                })
+                .and_then(|t| t.join().ok())
+                .unwrap_or_default(),
+        };
         if out.status.success() {
             return Ok(());
         }
@@ -1063,9 +1142,25 @@ impl GvisorInstance {
     }
 }
 
+/// A minute, and ten seconds more per GiB of `memory_limit` bytes.
+fn runsc_timeout_for(memory_limit: u64) -> Duration {
+    let gib = memory_limit.div_ceil(1 << 30).min(1 << 20);
+    Duration::from_secs(60 + 10 * gib)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::cgroup_file_places_in;
+    use super::{cgroup_file_places_in, runsc_timeout_for};
+    use std::time::Duration;
+
+    #[test]
+    fn a_runsc_command_gets_a_minute_and_ten_seconds_per_gib_of_memory() {
+        assert_eq!(runsc_timeout_for(0), Duration::from_secs(60));
+        assert_eq!(runsc_timeout_for(512 << 20), Duration::from_secs(70));
+        assert_eq!(runsc_timeout_for(4 << 30), Duration::from_secs(100));
+        // "max" (no limit) does not parse; u64::MAX is capped, not overflowed.
+        assert!(runsc_timeout_for(u64::MAX) > Duration::from_secs(60));
+    }
 
     #[test]
     fn a_sandbox_process_is_in_the_sandbox_cgroup_only_if_every_hierarchy_says_so() {

@@ -408,7 +408,7 @@ async fn list(
     let mut meta = Vec::new();
     let mut limit = DEFAULT_PAGE;
     let mut template = None;
-    let mut running = true;
+    let (mut running, mut paused) = (true, true);
     let mut asc = false;
     let mut after: Option<(i64, String)> = None;
     let mut started_after = None;
@@ -422,8 +422,10 @@ async fn list(
                 limit = limit.min(MAX_PAGE);
             }
             "template" => template = Some(v.into_owned()),
-            // No paused sandboxes exist here: asking only for those lists nothing.
-            "state" => running = v.split(',').any(|s| s == "running"),
+            "state" => {
+                running = v.split(',').any(|s| s == "running");
+                paused = v.split(',').any(|s| s == "paused");
+            }
             "order" => asc = v == "asc",
             "nextToken" if !v.is_empty() => after = Some(parse_next_token(&v)?),
             "startedAfter" if !v.is_empty() => {
@@ -434,12 +436,19 @@ async fn list(
             _ => {}
         }
     }
-    if !running {
+    let mut states = Vec::new();
+    if running {
+        states.extend([SandboxState::Creating, SandboxState::Running]);
+    }
+    if paused {
+        states.push(SandboxState::Paused);
+    }
+    if states.is_empty() {
         return Ok(Json(json!([])).into_response());
     }
     let f = SandboxFilter {
         tenant: p.scope.clone(),
-        states: vec![SandboxState::Creating, SandboxState::Running],
+        states,
         tags: template
             .map(|t| vec![(TEMPLATE_TAG.to_string(), Some(t))])
             .unwrap_or_default(),
@@ -453,7 +462,8 @@ async fn list(
         .map_err(ApiError::internal)?;
     let started = |r: &SandboxRecord| r.started_at.unwrap_or(r.created_at);
     recs.retain(|r| {
-        e2b.app.handle(&r.id).is_some_and(|h| !h.is_stopping())
+        // A paused sandbox has no handle: its record is what it is.
+        (r.state == SandboxState::Paused || e2b.app.handle(&r.id).is_some_and(|h| !h.is_stopping()))
             && meta.iter().all(|(k, v)| r.metadata.get(k) == Some(v))
             && started_after.is_none_or(|t| started(r) >= t)
     });
@@ -547,7 +557,11 @@ async fn kill(
     Path(id): Path<String>,
 ) -> RestResult<StatusCode> {
     let p = principal(&e2b, &headers)?;
-    let rec = live_record(&e2b, &p, &id)?;
+    // A paused sandbox is killed too (deleted with what its pause saved).
+    let rec = match lookup(&e2b.app, &p, &id) {
+        Ok(r) if r.state == SandboxState::Paused => r,
+        _ => live_record(&e2b, &p, &id)?,
+    };
     let _ = native::delete(State(e2b.app.clone()), p, Path(rec.id)).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -441,9 +441,17 @@ pub async fn delete(
         }
     };
     match h {
-        Some(h) => {
-            h.request_stop(EndReason::Deleted);
-            h.stopped().await;
+        Some(mut h) => {
+            loop {
+                h.request_stop(EndReason::Deleted);
+                h.stopped().await;
+                // A pause that failed meanwhile handed the sandbox, running, to
+                // a new handle: stop that one too.
+                match state.handle(&id) {
+                    Some(next) if !Arc::ptr_eq(&next, &h) => h = next,
+                    _ => break,
+                }
+            }
             // A pause that finished meanwhile leaves it paused: delete that.
             let rec = lookup(&state, &p, &id)?;
             if rec.state == SandboxState::Paused {

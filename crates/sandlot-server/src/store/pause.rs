@@ -136,6 +136,35 @@ impl Store {
         }))
     }
 
+    /// How many sandboxes of `tenant` are paused, pausing or resuming.
+    pub fn count_paused(&self, tenant: &str) -> Result<u64, StoreError> {
+        let c = self.lock();
+        c.query_row(
+            "SELECT COUNT(*) FROM sandboxes WHERE tenant = ?1
+             AND state IN ('paused', 'pausing', 'resuming')",
+            [tenant],
+            |r| r.get::<_, i64>(0),
+        )
+        .map(|n| n.max(0) as u64)
+        .map_err(sql("count paused sandboxes"))
+    }
+
+    /// The ids of the sandboxes paused before `cutoff_ms` and paused still.
+    pub fn paused_before(&self, cutoff_ms: i64) -> Result<Vec<String>, StoreError> {
+        let c = self.lock();
+        let mut q = c
+            .prepare(
+                "SELECT p.sandbox_id FROM pauses p JOIN sandboxes s ON s.id = p.sandbox_id
+                 WHERE s.state = 'paused' AND p.paused_at < ?1",
+            )
+            .map_err(sql("list old pauses"))?;
+        let rows = q
+            .query_map([cutoff_ms], |r| r.get::<_, String>(0))
+            .map_err(sql("list old pauses"))?;
+        rows.collect::<Result<_, _>>()
+            .map_err(sql("list old pauses"))
+    }
+
     /// `paused` to `resuming`, if it is paused and the tenant's live sandboxes
     /// leave room for its memory (`max_memory`). `Ok(Err(used))`: they do not.
     pub fn begin_resume(
