@@ -1284,21 +1284,27 @@ fn image_build_id(img: &ImageInfo) -> String {
     )
 }
 
-/// `POST /templates/tags` `{target: "NAME:TAG", tags}` (`Template.assign_tags`):
-/// the image the tenant names `target` gets `NAME:TAG` for each tag, in the
-/// tenant's namespace.
-async fn assign_tags(
-    State(e2b): State<Arc<E2b>>,
-    headers: HeaderMap,
-    body: Body,
-) -> RestResult<Response> {
-    let p = principal(&e2b, &headers)?;
-    let b = json_object(&e2b, body).await?;
-    let target = b
-        .get("target")
+/// A tag request's template, its repository, the tags asked for and their names.
+struct TagRequest {
+    named: String,
+    repo: String,
+    tags: Vec<String>,
+    names: Vec<ImageName>,
+}
+
+/// The body of a tag request: the template named by `field` (`what` says what it
+/// must be) and each of `tags` as a name of that template's repository, at most
+/// `MAX_TAGS`, none holding a ':'.
+fn tag_request(
+    b: &serde_json::Map<String, Value>,
+    field: &str,
+    what: &str,
+) -> RestResult<TagRequest> {
+    let named = b
+        .get(field)
         .and_then(Value::as_str)
         .filter(|s| !s.is_empty())
-        .ok_or_else(|| bad("target: required (NAME:TAG of the template build to tag)"))?
+        .ok_or_else(|| bad(format!("{field}: required ({what})")))?
         .to_string();
     let tags: Vec<String> = b
         .get("tags")
@@ -1308,8 +1314,8 @@ async fn assign_tags(
     if tags.len() > MAX_TAGS {
         return Err(bad(format!("tags: at most {MAX_TAGS} per request")));
     }
-    let repo = ImageName::parse(&target)
-        .map_err(|e| bad(format!("target: {e}")))?
+    let repo = ImageName::parse(&named)
+        .map_err(|e| bad(format!("{field}: {e}")))?
         .repo;
     let names = tags
         .iter()
@@ -1321,6 +1327,30 @@ async fn assign_tags(
             ImageName::parse(&format!("{repo}:{t}")).map_err(|e| bad(format!("tags[{i}]: {e}")))
         })
         .collect::<RestResult<Vec<_>>>()?;
+    Ok(TagRequest {
+        named,
+        repo,
+        tags,
+        names,
+    })
+}
+
+/// `POST /templates/tags` `{target: "NAME:TAG", tags}` (`Template.assign_tags`):
+/// the image the tenant names `target` gets `NAME:TAG` for each tag, in the
+/// tenant's namespace.
+async fn assign_tags(
+    State(e2b): State<Arc<E2b>>,
+    headers: HeaderMap,
+    body: Body,
+) -> RestResult<Response> {
+    let p = principal(&e2b, &headers)?;
+    let b = json_object(&e2b, body).await?;
+    let TagRequest {
+        named: target,
+        tags,
+        names,
+        ..
+    } = tag_request(&b, "target", "NAME:TAG of the template build to tag")?;
     let app = e2b.app.clone();
     let tenant = p.tenant.clone();
     let img = tokio::task::spawn_blocking(move || {
@@ -1363,30 +1393,9 @@ async fn remove_tags(
 ) -> RestResult<StatusCode> {
     let p = principal(&e2b, &headers)?;
     let b = json_object(&e2b, body).await?;
-    let name = b
-        .get("name")
-        .and_then(Value::as_str)
-        .filter(|s| !s.is_empty())
-        .ok_or_else(|| bad("name: required"))?
-        .to_string();
-    let tags: Vec<String> = b
-        .get("tags")
-        .and_then(|v| serde_json::from_value(v.clone()).ok())
-        .filter(|t: &Vec<String>| !t.is_empty())
-        .ok_or_else(|| bad("tags: expected a non-empty list of strings"))?;
-    if tags.len() > MAX_TAGS {
-        return Err(bad(format!("tags: at most {MAX_TAGS} per request")));
-    }
-    let repo = ImageName::parse(&name)
-        .map_err(|e| bad(format!("name: {e}")))?
-        .repo;
-    let names = tags
-        .iter()
-        .enumerate()
-        .map(|(i, t)| {
-            ImageName::parse(&format!("{repo}:{t}")).map_err(|e| bad(format!("tags[{i}]: {e}")))
-        })
-        .collect::<RestResult<Vec<_>>>()?;
+    let TagRequest {
+        repo, tags, names, ..
+    } = tag_request(&b, "name", "the template's name")?;
     let mut removed = 0;
     for n in &names {
         let tag = ScopedTag {
