@@ -24,6 +24,7 @@ pub mod pause;
 pub mod pool;
 pub mod ports;
 pub mod process;
+pub mod request_body;
 pub mod routes;
 pub mod sandbox;
 pub mod state;

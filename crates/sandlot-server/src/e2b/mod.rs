@@ -301,6 +301,9 @@ pub fn router(e2b: Arc<E2b>) -> Router {
     Router::new()
         .fallback_service(routes)
         .layer(axum::middleware::from_fn_with_state(e2b, hosts::route))
+        .layer(axum::middleware::from_fn(
+            crate::request_body::finish_unread,
+        ))
 }
 
 /// Binds the E2B listener if configured.

@@ -101,6 +101,7 @@ pub fn router(state: Arc<AppState>, transport: Transport) -> Router {
             request_context,
         ))
         .layer(axum::Extension(transport))
+        .layer(middleware::from_fn(crate::request_body::finish_unread))
         .with_state(state)
 }
 
@@ -276,13 +277,6 @@ async fn request_context(
 ) -> Response {
     let rid = request_id();
     req.extensions_mut().insert(RequestId(rid.clone()));
-    // An error may be answered before the request body was read (an upload refused
-    // up front): the connection then cannot carry another request, so say so.
-    let has_body = req
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .is_some_and(|v| v.as_bytes() != b"0")
-        || req.headers().contains_key(header::TRANSFER_ENCODING);
     let span = tracing::info_span!("request", request_id = %rid, method = %req.method(), path = %req.uri().path());
     let mut resp = next.run(req).instrument(span.clone()).await;
     state
@@ -330,10 +324,6 @@ async fn request_context(
             if let Some(v) = resp.headers().get(&h) {
                 r.headers_mut().insert(h, v.clone());
             }
-        }
-        if has_body {
-            r.headers_mut()
-                .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         resp = r;
     }
