@@ -335,7 +335,7 @@ fn command_fn(name: &str) -> Option<CmdFn> {
         "egrep" => super::grep::egrep,
         "fgrep" => super::grep::fgrep,
         "rg" => super::rg::rg,
-        "sort" => super::cmd_text::sort,
+        "sort" => super::cmd_sort::sort,
         "uniq" => super::cmd_text::uniq,
         "cut" => super::cmd_text::cut,
         "tr" => super::cmd_text::tr,

@@ -3,6 +3,7 @@
 
 mod cmd_copy;
 mod cmd_files;
+mod cmd_sort;
 mod cmd_text;
 mod cmd_write;
 mod exec;
