@@ -10,6 +10,7 @@ use serde::Serialize;
 
 pub mod code;
 pub mod pause;
+mod peers;
 pub mod platform;
 
 #[derive(Debug, clap::Args)]
