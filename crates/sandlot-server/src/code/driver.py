@@ -155,6 +155,33 @@ __sandlot_setup()
 del __sandlot_setup
 """
 
+# Run in a Python kernel once: from the moment a cell's code starts (the first
+# `exec` after IPython's `pre_run_cell`, inside the `try` that turns a
+# KeyboardInterrupt into the cell's error), the byte in FLAG_PATH is `1`. An
+# interrupt asked before that waits for it: a SIGINT that reaches the kernel
+# earlier is ignored (ipykernel ignores SIGINT between cells) or lands in
+# IPython's own code, and is lost.
+PY_CELL_FLAG = r"""
+def __sandlot_cell_flag(path):
+    import os, sys
+    ip = get_ipython()
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    armed = [False]
+
+    def arm(*_):
+        armed[0] = True
+
+    def hook(event, _args):
+        if event == "exec" and armed[0]:
+            armed[0] = False
+            os.pwrite(fd, b"1", 0)
+
+    ip.events.register("pre_run_cell", arm)
+    sys.addaudithook(hook)
+__sandlot_cell_flag(FLAG_PATH)
+del __sandlot_cell_flag
+"""
+
 # The MIME type of a figure's chart data (E2B's `chart`), and its extractor, run
 # in the kernel: what a matplotlib figure shows (its type, title, axis labels,
 # units, ticks, scales and elements), read from its artists when it is
@@ -390,6 +417,29 @@ def chart_of(fig):
 """
 
 
+# tgkill(2)'s number where it is known; elsewhere signals go to the process.
+TGKILL = {"x86_64": 234, "aarch64": 131}.get(os.uname().machine)
+
+
+def tgkill(tgid, tid, sig):
+    """Sends `sig` to thread `tid` of process `tgid`; False if it cannot be done
+    here (then the caller signals the process). ProcessLookupError if gone."""
+    if TGKILL is None:
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+    except (OSError, ImportError):
+        return False
+    if libc.syscall(TGKILL, tgid, tid, sig) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err == 3:  # ESRCH
+        raise ProcessLookupError(tid)
+    return False
+
+
 class Kernel:
     """A Jupyter kernel started from an argv template, spoken to with jupyter_client."""
 
@@ -459,22 +509,44 @@ class Kernel:
                         return
         raise KernelDied(None, "the kernel did not answer within 120 seconds")
 
+    # The kernel's "its cell's code runs" byte (PY_CELL_FLAG), if it has one.
+    flag_fd = None
+
+    def cell_runs(self):
+        """True once the cell's code runs, False before; None if the kernel cannot say."""
+        if self.flag_fd is None:
+            return None
+        try:
+            return os.pread(self.flag_fd, 1, 0) == b"1"
+        except OSError:
+            return None
+
     def interrupt(self):
-        # Sent again once the cell surely runs (see `run`) unless it did already:
-        # a SIGINT that arrives before the kernel handles the cell (the request
-        # still on its way, a slow kernel, the moment before it installs its
-        # handler) is lost, and one too many interrupts the traceback instead.
-        # Output of the cell proves its handler is in place: once it came, one
-        # signal is enough.
+        self.interrupted = True
+        runs = self.cell_runs()
+        if runs is not None:
+            # One SIGINT, once the cell's code runs (`run` sends a deferred one).
+            self.interrupt_pending = not runs
+            if runs:
+                self._sigint()
+            return
+        # A kernel that cannot say: sent now and again once the cell surely runs
+        # (see `run`) unless it did already: a SIGINT that arrives before the
+        # kernel handles the cell is lost, and one too many interrupts the
+        # traceback instead. Output of the cell proves its handler is in place:
+        # once it came, one signal is enough.
         busy_at = getattr(self, "busy_at", None)
         early = busy_at is None or time.monotonic() - busy_at < HANDLER_DELAY
         self.interrupt_pending = early and not getattr(self, "cell_output", False)
-        self.interrupted = True
         self._sigint()
 
     def _sigint(self):
+        # To the kernel's main thread, where Python runs the cell: a signal sent to
+        # the process may be taken by another of its threads (gVisor does so),
+        # which leaves the main thread asleep in the cell's `time.sleep`.
         try:
-            os.kill(self.proc.pid, signal.SIGINT)
+            if not tgkill(self.proc.pid, self.proc.pid, signal.SIGINT):
+                os.kill(self.proc.pid, signal.SIGINT)
         except ProcessLookupError:
             pass
 
@@ -485,6 +557,8 @@ class Kernel:
 
     def expect_run(self):
         """A run was read (the kernel is idle): an interrupt from now on is for it."""
+        if self.flag_fd is not None:
+            os.pwrite(self.flag_fd, b"0", 0)
         self.interrupt_pending = False
         self.busy_at = None
         self.cell_output = False
@@ -500,7 +574,11 @@ class Kernel:
         reply_at = None
         while not idle:
             busy_at = self.busy_at
-            if self.interrupt_pending and busy_at is not None and time.monotonic() - busy_at >= RESEND_DELAY:
+            if self.interrupt_pending and self.flag_fd is not None:
+                if self.cell_runs():
+                    self.interrupt_pending = False
+                    self._sigint()
+            elif self.interrupt_pending and busy_at is not None and time.monotonic() - busy_at >= RESEND_DELAY:
                 self.interrupt_pending = False
                 self._sigint()
             try:
@@ -536,7 +614,14 @@ class Kernel:
                 self.busy_at = time.monotonic()
             elif kind == "status" and c.get("execution_state") == "idle":
                 idle = True
-        reply = reply if reply is not None else self._reply(msg_id, cell)
+        if reply is None:
+            reply = self._reply(msg_id, cell, within=5.0)
+        if reply is None:
+            # The kernel went idle without answering: an interrupt that landed in
+            # its own code around the cell (ipykernel logs it and sends nothing).
+            reply = {"count": None, "status": "error",
+                     "ename": "KeyboardInterrupt" if self.interrupted else "Error",
+                     "evalue": "the kernel ended the cell without an answer", "traceback": []}
         if reply["status"] == "error" and not errored:
             # The reply says the cell failed but IOPub carried no error (an
             # interrupt that landed while the kernel sent it): the reply's own fields.
@@ -563,13 +648,17 @@ class Kernel:
             if m["parent_header"].get("msg_id") == msg_id:
                 return self._reply_of(m["content"])
 
-    def _reply(self, msg_id, cell):
+    def _reply(self, msg_id, cell, within=None):
+        """The reply to `msg_id`; None if it did not come `within` seconds."""
+        until = None if within is None else time.monotonic() + within
         while True:
             try:
                 m = self.kc.get_shell_msg(timeout=0.1)
             except queue.Empty:
                 if self.proc.poll() is not None:
                     raise KernelDied(self.proc.returncode, self.tail.text())
+                if until is not None and time.monotonic() > until:
+                    return None
                 continue
             if m["parent_header"].get("msg_id") == msg_id:
                 return self._reply_of(m["content"])
@@ -741,6 +830,11 @@ def start(language, cwd):
                 "--IPKernelApp.quiet=True"]
         k = Kernel(argv, cwd, "python")
         k.silent(PY_SETUP.replace("CHART_SOURCE", repr(CHART_SOURCE)).replace("CHART_MIME", repr(CHART_MIME)))
+        flag = os.path.join(k.dir, "cell-runs")
+        fd = os.open(flag, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        os.pwrite(fd, b"0", 0)
+        k.silent(PY_CELL_FLAG.replace("FLAG_PATH", repr(flag)))
+        k.flag_fd = fd
         return k
     spec = None
     if importlib.util.find_spec("jupyter_client") is not None:
