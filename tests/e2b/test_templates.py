@@ -97,8 +97,15 @@ def test_a_build_in_the_background_reports_its_status_and_logs(server, tmp_path)
     assert sorted(assigned.tags) == ["canary", "prod"] and assigned.build_id
     assert Template.exists(f"{name}:prod")
     assert not Template.exists(f"{name}:prod", api_key=server.key_b)
+    listed = Template.get_tags(name)
+    assert {t.tag for t in listed} == {"v1", "stable", "prod", "canary"}, listed
+    assert {t.build_id for t in listed} == {assigned.build_id}
     Template.remove_tags(name, "prod")
     assert not Template.exists(f"{name}:prod") and Template.exists(f"{name}:canary")
+    assert {t.tag for t in Template.get_tags(name)} == {"v1", "stable", "canary"}
+    # Another tenant sees none of them.
+    with pytest.raises(Exception, match="not found"):
+        Template.get_tags(name, api_key=server.key_b)
     with pytest.raises(Exception, match="not found"):
         Template.assign_tags(f"{name}:v1", "mine", api_key=server.key_b)
 

@@ -3,7 +3,7 @@
 //! E2B's `{"code": STATUS, "message"}`, which the SDK turns into its typed
 //! exceptions; network options and updates become egress policies
 //! (`network.rs`); what Sandlot does not have (pause and resume, snapshots, forks,
-//! template listing, deletion and tags, volumes) answers 501 with a message naming the call.
+//! template listing and deletion, volumes) answers 501 with a message naming the call.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

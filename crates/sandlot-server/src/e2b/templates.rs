@@ -102,6 +102,7 @@ pub fn routes() -> Router<Arc<E2b>> {
         )
         .route("/templates/aliases/{alias}", get(alias))
         .route("/templates/tags", post(assign_tags).delete(remove_tags))
+        .route("/templates/{template}/tags", get(template_tags))
         .route(&format!("{UPLOAD_PATH}{{token}}"), put(upload))
 }
 
@@ -1419,6 +1420,60 @@ async fn remove_tags(
         ));
     }
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// `GET /templates/{template}/tags` (`Template.get_tags`): every name of the
+/// template's repository the caller's tenant sees (its own tags, and the shared
+/// ones its own do not hide), newest image first, each with its image's build id
+/// (see [`image_build_id`]) and creation time; 404 when it sees none.
+async fn template_tags(
+    State(e2b): State<Arc<E2b>>,
+    headers: HeaderMap,
+    UrlPath(template): UrlPath<String>,
+) -> RestResult<Json<Value>> {
+    let p = principal(&e2b, &headers)?;
+    let named = template
+        .rsplit_once('/')
+        .map_or(template.as_str(), |(_, n)| n);
+    let repo = ImageName::parse(named)
+        .map_err(|e| bad(format!("template: {e}")))?
+        .repo;
+    let app = e2b.app.clone();
+    let tenant = p.tenant.clone();
+    let wanted = repo.clone();
+    let tags = tokio::task::spawn_blocking(move || {
+        let store = &app.images.store;
+        let viewer = Viewer::Tenant(&tenant);
+        let mut out = Vec::new();
+        for img in store.list()? {
+            if !viewer.sees(&img) {
+                continue;
+            }
+            for name in store.tags_seen_by(Viewer::Tenant(&tenant), &img)? {
+                let Ok(n) = ImageName::parse(&name) else {
+                    continue;
+                };
+                if n.repo == wanted {
+                    out.push(json!({
+                        "tag": n.tag,
+                        "buildID": image_build_id(&img),
+                        "createdAt": crate::timefmt::rfc3339(img.created_at),
+                    }));
+                }
+            }
+        }
+        Ok::<_, sandlot_store::StoreError>(out)
+    })
+    .await
+    .map_err(|e| RestError::from(ApiError::internal(e)))?
+    .map_err(crate::images::store_error)?;
+    if tags.is_empty() {
+        return Err(RestError::new(
+            StatusCode::NOT_FOUND,
+            format!("template {repo:?} was not found"),
+        ));
+    }
+    Ok(Json(Value::Array(tags)))
 }
 
 /// The sandbox a template the caller's tenant built (or an image it sees by
