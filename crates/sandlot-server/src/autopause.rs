@@ -284,6 +284,9 @@ pub async fn live(state: &Arc<AppState>, p: &Principal, id: &str) -> ApiResult<A
 /// Resumes sandbox `id` (E2B's envd and code interpreter, whose caller holds its
 /// access token) if it is paused with `auto_resume`; nothing otherwise.
 pub async fn wake(state: &Arc<AppState>, id: &str) -> ApiResult<()> {
+    if state.handle(id).is_some_and(|h| !h.is_pausing()) {
+        return Ok(());
+    }
     let Some(rec) = state.store.get_sandbox(id).map_err(ApiError::internal)? else {
         return Ok(());
     };

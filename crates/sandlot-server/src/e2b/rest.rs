@@ -593,7 +593,15 @@ pub(super) async fn json_body(e2b: &E2b, body: Body) -> RestResult<Value> {
 /// Sets the remaining lifetime through the native handler (same limits).
 pub(super) async fn apply_timeout(e2b: &E2b, p: &Principal, id: &str, secs: u64) -> RestResult<()> {
     if secs == 0 {
-        // E2B: a zero timeout ends the sandbox now.
+        // E2B: a zero timeout is the timeout now: a sandbox whose lifecycle
+        // pauses on timeout is auto-paused by its owner (as its timeout would),
+        // any other ends now.
+        if let Some(h) = e2b.app.handle(id) {
+            if h.lifecycle.on_timeout == crate::store::OnExpiry::Pause {
+                h.set_expiry(crate::store::now_ms());
+                return Ok(());
+            }
+        }
         let _ = native::delete(State(e2b.app.clone()), p.clone(), Path(id.to_string())).await?;
         return Ok(());
     }
