@@ -358,7 +358,12 @@ async fn resume_once(state: &Arc<AppState>, p: &Principal, id: &str) -> ApiResul
     let r = cell
         .get_or_init(|| async {
             tracing::info!(sandbox_id = id, "resuming the sandbox on demand");
-            crate::pause::resume(state, p, id).await.map(|_| ())
+            // On a task of its own: a caller that goes away (a dropped
+            // connection) does not cut the resume short for the others.
+            let (st, p, id) = (state.clone(), p.clone(), id.to_string());
+            tokio::spawn(async move { crate::pause::resume(&st, &p, &id).await.map(|_| ()) })
+                .await
+                .unwrap_or_else(|e| Err(ApiError::internal(format!("resume task: {e}"))))
         })
         .await
         .clone();

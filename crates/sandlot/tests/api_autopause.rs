@@ -270,3 +270,34 @@ fn a_delete_while_a_sandbox_auto_pauses_ends_it_with_nothing_left() {
         assert_eq!(e.status().map(|s| s.as_u16()), Some(409), "{e}");
     });
 }
+
+#[test]
+fn an_auto_pause_gvisor_refuses_ends_the_sandbox_with_the_reason() {
+    let d = Daemon::start(None);
+    let c = d.client();
+    rt().block_on(async {
+        // A spec tmpfs mount, whose files a gVisor pause does not keep: the pause
+        // is refused, so the idle timeout ends the sandbox as it would have.
+        let body = CreateSandbox {
+            idle_timeout: Some(json!(1)),
+            on_idle: Some(OnExpiry::Pause),
+            auto_resume: Some(true),
+            ..spec_body(
+                json!({"isolation": "gvisor", "mounts": [{"type": "tmpfs", "target": "/scratch"}]}),
+            )
+        };
+        let s = c.create_sandbox(&body).await.unwrap();
+        wait_state(&c, &s.id, SandboxState::Stopped).await;
+        let e = c.get_sandbox(&s.id).await.unwrap();
+        assert_eq!(e.end_reason.as_deref(), Some("idle_timeout"));
+        let why = e.error.unwrap_or_default();
+        assert!(
+            why.contains("pause failed") && why.contains("/scratch"),
+            "{why}"
+        );
+        assert!(!event_kinds(&c, &s.id)
+            .await
+            .contains(&"auto_paused".to_string()));
+        no_leftovers(&s.id).await;
+    });
+}
