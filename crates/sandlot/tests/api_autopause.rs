@@ -301,3 +301,31 @@ fn an_auto_pause_gvisor_refuses_ends_the_sandbox_with_the_reason() {
         no_leftovers(&s.id).await;
     });
 }
+
+#[test]
+fn the_cli_sets_the_lifecycle_and_refuses_an_unknown_policy() {
+    let d = Daemon::start(None);
+    let c = d.client();
+    let (code, id, err) = d.cli(&[
+        "create",
+        "--idle-timeout",
+        "10m",
+        "--on-idle",
+        "pause",
+        "--on-timeout",
+        "pause",
+        "--auto-resume",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    rt().block_on(async {
+        let s = c.get_sandbox(id.trim()).await.unwrap();
+        assert_eq!(
+            (s.on_idle, s.on_timeout, s.auto_resume),
+            (OnExpiry::Pause, OnExpiry::Pause, true)
+        );
+        c.delete_sandbox(&s.id).await.unwrap();
+    });
+    let (code, _, err) = d.cli(&["create", "--on-timeout", "sleep"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("expected kill or pause"), "{err}");
+}
