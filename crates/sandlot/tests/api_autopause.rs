@@ -329,3 +329,32 @@ fn the_cli_sets_the_lifecycle_and_refuses_an_unknown_policy() {
     assert_ne!(code, 0);
     assert!(err.contains("expected kill or pause"), "{err}");
 }
+
+#[test]
+fn an_auto_paused_sandbox_keeps_its_lifecycle_across_a_daemon_restart() {
+    let mut d = Daemon::start(None);
+    let c = d.client();
+    let id = rt().block_on(async {
+        let s = c
+            .create_sandbox(&idle_pausing("namespace", true))
+            .await
+            .unwrap();
+        sh(&c, &s.id, "echo kept > /root/note").await;
+        wait_state(&c, &s.id, SandboxState::Paused).await;
+        s.id
+    });
+    d.kill9();
+    d.spawn();
+    let c = d.client();
+    rt().block_on(async {
+        let s = c.get_sandbox(&id).await.unwrap();
+        assert_eq!(
+            (s.state, s.on_idle, s.auto_resume),
+            (SandboxState::Paused, OnExpiry::Pause, true)
+        );
+        // Still resumed on demand by the new daemon.
+        assert_eq!(sh(&c, &id, "cat /root/note").await, "kept\n");
+        c.delete_sandbox(&id).await.unwrap();
+        no_leftovers(&id).await;
+    });
+}
