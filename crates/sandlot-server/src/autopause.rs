@@ -321,7 +321,8 @@ async fn settle(state: &Arc<AppState>, p: &Principal, id: &str) -> ApiResult<()>
             SandboxState::Running => match state.handle(id) {
                 Some(h) if h.is_pausing() => true,
                 Some(_) => return Ok(()),
-                None => return Err(crate::pause::wrong_state(id, rec.state)),
+                // Recorded running by a resume that registers its handle next.
+                None => true,
             },
             SandboxState::Paused => match resume_once(state, p, id).await {
                 Ok(()) => return Ok(()),
