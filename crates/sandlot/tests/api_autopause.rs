@@ -323,8 +323,14 @@ fn the_cli_sets_the_lifecycle_and_refuses_an_unknown_policy() {
             (s.on_idle, s.on_timeout, s.auto_resume),
             (OnExpiry::Pause, OnExpiry::Pause, true)
         );
-        c.delete_sandbox(&s.id).await.unwrap();
     });
+    let (code, out, err) = d.cli(&["inspect", id.trim()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("on idle pause, on timeout pause, auto-resume"),
+        "{out}"
+    );
+    rt().block_on(async { c.delete_sandbox(id.trim()).await.unwrap() });
     let (code, _, err) = d.cli(&["create", "--on-timeout", "sleep"]);
     assert_ne!(code, 0);
     assert!(err.contains("expected kill or pause"), "{err}");

@@ -441,6 +441,15 @@ fn print_sandbox(s: &Sandbox) {
             "idle timeout",
             s.idle_timeout.map(human_secs).unwrap_or_else(|| "-".into()),
         ),
+        (
+            "lifecycle",
+            format!(
+                "on idle {}, on timeout {}{}",
+                s.on_idle.as_str(),
+                s.on_timeout.as_str(),
+                if s.auto_resume { ", auto-resume" } else { "" }
+            ),
+        ),
     ];
     if let Some(r) = &s.end_reason {
         lines.push((
