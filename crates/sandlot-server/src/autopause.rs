@@ -231,7 +231,12 @@ pub async fn on_expiry(state: &Arc<AppState>, h: &Arc<SandboxHandle>, e: Expiry)
             Settled::Paused
         }
         Outcome::Running(err) => {
-            refused(state, h, &pause_failed(reason, &err));
+            if h.is_stopping() {
+                // Deleted meanwhile: that is why it ends.
+                tracing::info!("auto-pause not done ({}); stopping as asked", err.message);
+            } else {
+                refused(state, h, &pause_failed(reason, &err));
+            }
             Settled::Stop(reason)
         }
         Outcome::Replaced(err) => {

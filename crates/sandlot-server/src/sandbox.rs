@@ -895,7 +895,11 @@ pub async fn own(state: Arc<AppState>, h: Arc<SandboxHandle>, adopted: bool) {
             use crate::autopause::Settled;
             match crate::autopause::on_expiry(&state, &h, e).await {
                 Settled::Paused | Settled::Replaced => return,
-                Settled::Stop(reason) => break (reason, false),
+                // A stop asked meanwhile (a DELETE during the pause) is why it ends.
+                Settled::Stop(reason) => {
+                    let asked = *h.stop_reason.lock().unwrap_or_else(|e| e.into_inner());
+                    break (asked.unwrap_or(reason), false);
+                }
                 Settled::Exited => break (EndReason::Exited, true),
             }
         }
