@@ -361,7 +361,11 @@ async fn resume_once(state: &Arc<AppState>, p: &Principal, id: &str) -> ApiResul
         .entry(id.to_string())
         .or_default()
         .clone();
-    let r = cell
+    // The only other reference of this caller's: the entry goes with the last
+    // caller, even one that goes away mid-way.
+    let guard = Forget { id, cell };
+    let r = guard
+        .cell
         .get_or_init(|| async {
             tracing::info!(sandbox_id = id, "resuming the sandbox on demand");
             // On a task of its own: a caller that goes away (a dropped
@@ -373,11 +377,26 @@ async fn resume_once(state: &Arc<AppState>, p: &Principal, id: &str) -> ApiResul
         })
         .await
         .clone();
-    let mut m = RESUMES.lock().unwrap_or_else(|e| e.into_inner());
-    if m.get(id).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
-        m.remove(id);
-    }
     r
+}
+
+/// Removes a sandbox's entry of [`RESUMES`] when its last caller is done.
+struct Forget<'a> {
+    id: &'a str,
+    cell: Shared,
+}
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        let mut m = RESUMES.lock().unwrap_or_else(|e| e.into_inner());
+        // Held by the map and this guard only: no other caller waits.
+        let last = m
+            .get(self.id)
+            .is_some_and(|c| Arc::ptr_eq(c, &self.cell) && Arc::strong_count(c) <= 2);
+        if last {
+            m.remove(self.id);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -426,6 +445,29 @@ mod tests {
             parse_lifecycle(&mut body(serde_json::json!({"on_idle": "pause"})), None).unwrap_err();
         assert_eq!(e.field.as_deref(), Some("on_idle"));
         assert!(e.message.contains("idle_timeout"), "{}", e.message);
+    }
+
+    #[test]
+    fn the_shared_resume_entry_goes_with_its_last_caller() {
+        let id = "sb-shared-resume-entry-test";
+        let join = || Forget {
+            id,
+            cell: RESUMES
+                .lock()
+                .unwrap()
+                .entry(id.into())
+                .or_default()
+                .clone(),
+        };
+        let (first, second) = (join(), join());
+        assert!(
+            Arc::ptr_eq(&first.cell, &second.cell),
+            "one resume for both"
+        );
+        drop(first);
+        assert!(RESUMES.lock().unwrap().contains_key(id));
+        drop(second);
+        assert!(!RESUMES.lock().unwrap().contains_key(id));
     }
 
     const PAUSE_BOTH: Lifecycle = Lifecycle {
