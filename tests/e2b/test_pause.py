@@ -5,7 +5,6 @@ import datetime
 import time
 
 import httpx
-import pytest
 from e2b import Sandbox, SandboxQuery, SandboxState
 
 

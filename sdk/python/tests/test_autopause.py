@@ -48,9 +48,7 @@ def test_a_bad_lifecycle_value_names_the_field(acme):  # type: ignore[no-untyped
 
 
 async def test_async_auto_pause_on_idle_and_resume_on_call(aacme):  # type: ignore[no-untyped-def]
-    async with await AsyncSandbox.create(
-        client=aacme, idle_timeout=1, on_idle="pause", auto_resume=True
-    ) as sb:
+    async with await AsyncSandbox.create(client=aacme, idle_timeout=1, on_idle="pause", auto_resume=True) as sb:
         await sb.files.write("/root/a", "1")
         deadline = time.monotonic() + 60
         while (await sb.refresh()).state != "paused":
