@@ -181,15 +181,11 @@ def test_envd_needs_the_sandboxs_access_token(server, sbx):
 
 def test_unsupported_calls_fail_with_typed_errors_not_hangs(server, sbx):
     with pytest.raises(SandboxException, match="not supported"):
-        sbx.pause()
-    with pytest.raises(SandboxException, match="not supported"):
         sbx.create_snapshot()
     with pytest.raises(SandboxException, match="not found"):
         Sandbox.create(template="no-such-template")
     with pytest.raises(SandboxException, match="network.denyOut"):
         Sandbox.create(network={"deny_out": ["192.0.2.1"]})
-    with pytest.raises(SandboxException, match="not supported"):
-        Sandbox.create(lifecycle={"on_timeout": "pause", "auto_resume": True})
     assert sbx.is_running()
 
 
@@ -230,7 +226,7 @@ def test_rest_logs_and_v1_routes(server):
         assert v2["logs"] and v2["logs"][0]["level"] == "info"
         r = httpx.post(server.url + f"/sandboxes/{sid}/refreshes", headers=h, json={"duration": 120})
         assert r.status_code == 204
-        r = httpx.post(server.url + f"/sandboxes/{sid}/pause", headers=h)
+        r = httpx.post(server.url + f"/sandboxes/{sid}/snapshots", headers=h, json={})
         assert r.status_code == 501 and r.json()["code"] == 501
     finally:
         assert httpx.delete(server.url + f"/sandboxes/{sid}", headers=h).status_code == 204

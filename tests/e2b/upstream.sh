@@ -6,6 +6,8 @@
 # a URL on E2B's domain) leaves this machine: tests that need the internet fail.
 # As root. Extra arguments go to pytest (default: the synchronous sandbox and API
 # suites). Adds pytest-timeout to the venv of tests/e2b (E2B's pytest.ini uses it).
+# pytest runs under `python -P`: the checkout's own `e2b` sources, in the working
+# directory, are not imported; the tests use the pinned SDK of the venv.
 #
 #   bash tests/e2b/upstream.sh /path/to/E2B [pytest args...]
 set -euo pipefail
@@ -58,6 +60,6 @@ key="$(SANDLOT_URL="unix://$tmp/sandlot.sock" SANDLOT_TOKEN= "$bin" token create
 cd "$sdk"
 nsenter --net="/run/netns/$ns" env E2B_API_URL="http://127.0.0.1:$e2b" E2B_SANDBOX_URL="http://127.0.0.1:$e2b" \
     E2B_API_KEY="$key" E2B_DOMAIN=sandlot.invalid \
-    "$venv/bin/python" -m pytest -p no:cacheprovider -q -o timeout=60 -rfE "$@" || rc=$?
+    "$venv/bin/python" -P -m pytest -p no:cacheprovider -q -o timeout=60 -rfE "$@" || rc=$?
 [ -z "${rc:-}" ] || tail -n 20 "$tmp/serve.log" >&2
 exit "${rc:-0}"

@@ -93,6 +93,15 @@ pub struct CreateSandbox {
     /// Seconds or a duration string.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub idle_timeout: Option<serde_json::Value>,
+    /// What the idle timeout does (default: kill).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub on_idle: Option<sandlot_proto::api::lifecycle::OnExpiry>,
+    /// What the lifetime timeout does (default: kill).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub on_timeout: Option<sandlot_proto::api::lifecycle::OnExpiry>,
+    /// Calls on it while paused resume it first.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub auto_resume: Option<bool>,
 }
 
 /// Filter of [`Client::list_sandboxes`].

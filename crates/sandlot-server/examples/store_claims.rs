@@ -45,6 +45,8 @@ fn record(id: &str) -> SandboxRecord {
         expires_at: now_ms() + 600_000,
         idle_timeout_ms: None,
         usage: UsageRecord::default(),
+        lifecycle: Default::default(),
+        timeout_ms: 600_000,
     }
 }
 

@@ -594,6 +594,7 @@ async fn run_step(
             metadata: BTreeMap::new(),
             timeout,
             idle_timeout: None,
+            lifecycle: Default::default(),
         },
     )
     .await?;

@@ -6,6 +6,7 @@
 //! See `docs/api.md` for the API and `api/openapi.json` for its schema.
 
 pub mod auth;
+pub mod autopause;
 pub mod build;
 pub mod code;
 pub mod collection_mount;

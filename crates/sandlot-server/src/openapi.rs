@@ -91,7 +91,8 @@ pub struct AllowRuleDoc {
 }
 
 /// `POST /v1/sandboxes`: the sandbox spec (every field optional) plus `name`,
-/// `tags`, `metadata` and `idle_timeout`. Unknown fields are refused.
+/// `tags`, `metadata`, `idle_timeout` and the lifecycle (`on_idle`,
+/// `on_timeout`, `auto_resume`). Unknown fields are refused.
 #[derive(ToSchema)]
 #[allow(dead_code)]
 pub struct CreateSandboxDoc {
@@ -126,6 +127,16 @@ pub struct CreateSandboxDoc {
     /// Stop after this long without exec or file activity: seconds or `"2m"`.
     #[schema(example = "2m")]
     idle_timeout: Option<String>,
+    /// What the idle timeout does: `kill` (the default) ends the sandbox,
+    /// `pause` pauses it as `POST .../pause` would (needs an `idle_timeout`).
+    #[schema(value_type = Option<String>, example = "pause")]
+    on_idle: Option<sandlot_proto::api::lifecycle::OnExpiry>,
+    /// What the lifetime timeout does: `kill` (the default) or `pause`.
+    #[schema(value_type = Option<String>, example = "pause")]
+    on_timeout: Option<sandlot_proto::api::lifecycle::OnExpiry>,
+    /// Exec, file, code-context and port-proxy calls on the sandbox while it is
+    /// paused resume it first (default false: they answer 409 `invalid_state`).
+    auto_resume: Option<bool>,
 }
 
 /// A named volume mounted at create.

@@ -71,6 +71,11 @@ pub struct SandboxHandle {
     pub span: tracing::Span,
     expires_at_ms: AtomicI64,
     idle_timeout_ms: Option<i64>,
+    /// What its timeouts do (`autopause.rs`).
+    pub lifecycle: sandlot_proto::api::lifecycle::Lifecycle,
+    /// The lifetime it was created with, and when (ms).
+    pub timeout_ms: i64,
+    pub created_at: i64,
     last_activity_ms: AtomicI64,
     active_streams: AtomicUsize,
     stopping: AtomicBool,
@@ -123,6 +128,9 @@ impl SandboxHandle {
             exit_poll: Arc::new(Notify::new()),
             expires_at_ms: AtomicI64::new(rec.expires_at),
             idle_timeout_ms: rec.idle_timeout_ms,
+            lifecycle: rec.lifecycle,
+            timeout_ms: rec.timeout_ms,
+            created_at: rec.created_at,
             last_activity_ms: AtomicI64::new(now_ms()),
             active_streams: AtomicUsize::new(0),
             stopping: AtomicBool::new(false),
@@ -216,6 +224,9 @@ impl SandboxHandle {
             exit_poll: Arc::new(Notify::new()),
             expires_at_ms: AtomicI64::new(self.expires_at_ms()),
             idle_timeout_ms: self.idle_timeout_ms,
+            lifecycle: self.lifecycle,
+            timeout_ms: self.timeout_ms,
+            created_at: self.created_at,
             last_activity_ms: AtomicI64::new(now_ms()),
             active_streams: AtomicUsize::new(0),
             stopping: AtomicBool::new(stop_reason.is_some()),
@@ -307,6 +318,8 @@ pub struct CreateParams {
     pub metadata: std::collections::BTreeMap<String, String>,
     pub timeout: Duration,
     pub idle_timeout: Option<Duration>,
+    /// What its timeouts do; whether a call resumes it while paused.
+    pub lifecycle: sandlot_proto::api::lifecycle::Lifecycle,
 }
 
 /// A random id with the daemon's prefix: 16 hex digits.
@@ -393,6 +406,8 @@ pub async fn create(state: &Arc<AppState>, p: CreateParams) -> ApiResult<Sandbox
         expires_at: now + p.timeout.as_millis() as i64,
         idle_timeout_ms: p.idle_timeout.map(|d| d.as_millis() as i64),
         usage: UsageRecord::default(),
+        lifecycle: p.lifecycle,
+        timeout_ms: p.timeout.as_millis() as i64,
     };
     let quota = state.cfg.quota(&p.tenant);
     let admission = state
@@ -864,9 +879,6 @@ pub async fn own(state: Arc<AppState>, h: Arc<SandboxHandle>, adopted: bool) {
         }
         let now = now_ms();
         let exp = h.expires_at_ms();
-        if now >= exp {
-            break (EndReason::Timeout, false);
-        }
         let idle_deadline = h.idle_timeout_ms.map(|i| {
             if h.active_streams.load(Ordering::Relaxed) > 0 {
                 now + i
@@ -874,8 +886,22 @@ pub async fn own(state: Arc<AppState>, h: Arc<SandboxHandle>, adopted: bool) {
                 h.last_activity_ms.load(Ordering::Relaxed) + i
             }
         });
-        if idle_deadline.is_some_and(|d| now >= d) {
-            break (EndReason::IdleTimeout, false);
+        let clocks = crate::autopause::Clocks {
+            now,
+            expires_at: exp,
+            idle_deadline,
+        };
+        if let Some(e) = crate::autopause::expiry(&clocks, &h.lifecycle) {
+            use crate::autopause::Settled;
+            match crate::autopause::on_expiry(&state, &h, e).await {
+                Settled::Paused | Settled::Replaced => return,
+                // A stop asked meanwhile (a DELETE during the pause) is why it ends.
+                Settled::Stop(reason) => {
+                    let asked = *h.stop_reason.lock().unwrap_or_else(|e| e.into_inner());
+                    break (asked.unwrap_or(reason), false);
+                }
+                Settled::Exited => break (EndReason::Exited, true),
+            }
         }
         let next = [
             Some(exp),

@@ -33,8 +33,12 @@ pub enum StoreError {
     },
 }
 
+mod lifecycle;
 mod pause;
+
+use lifecycle::{insert_lifecycle, lifecycle_from_row};
 pub use pause::{PauseRecord, Saved, SavedFile};
+pub use sandlot_proto::api::lifecycle::{Lifecycle, OnExpiry};
 
 fn sql(op: &'static str) -> impl FnOnce(rusqlite::Error) -> StoreError {
     move |source| StoreError::Sql { op, source }
@@ -135,6 +139,11 @@ pub struct SandboxRecord {
     pub expires_at: i64,
     pub idle_timeout_ms: Option<i64>,
     pub usage: UsageRecord,
+    /// What its timeouts do and whether a call resumes it (`store/lifecycle.rs`).
+    pub lifecycle: Lifecycle,
+    /// The lifetime it was created with, in ms: what a resume after an auto-pause
+    /// gives it again.
+    pub timeout_ms: i64,
 }
 
 /// An event of a sandbox's life.
@@ -229,6 +238,13 @@ CREATE TABLE IF NOT EXISTS pauses (
     paused_at INTEGER NOT NULL,
     remaining_ms INTEGER NOT NULL,
     saved TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS lifecycles (
+    sandbox_id TEXT PRIMARY KEY REFERENCES sandboxes (id),
+    on_idle TEXT NOT NULL,
+    on_timeout TEXT NOT NULL,
+    auto_resume INTEGER NOT NULL,
+    timeout_ms INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS idempotency_keys (
     tenant TEXT NOT NULL,
@@ -333,7 +349,12 @@ pub fn now_ms() -> i64 {
 const SANDBOX_COLS: &str = "s.id, s.tenant, s.name, s.spec, s.tags, s.metadata, s.state, s.end_reason, \
     s.exit_code, s.exit_signal, s.error, s.pid, s.memory_bytes, s.created_at, s.started_at, s.ended_at, \
     s.expires_at, s.idle_timeout_ms, u.cpu_usec, u.memory_peak_bytes, u.exec_count, u.stdin_bytes, \
-    u.stdout_bytes, u.stderr_bytes, u.file_bytes_in, u.file_bytes_out";
+    u.stdout_bytes, u.stderr_bytes, u.file_bytes_in, u.file_bytes_out, \
+    l.on_idle, l.on_timeout, l.auto_resume, l.timeout_ms";
+
+/// The tables [`SANDBOX_COLS`] reads.
+const SANDBOX_FROM: &str = "sandboxes s LEFT JOIN usage u ON u.sandbox_id = s.id \
+    LEFT JOIN lifecycles l ON l.sandbox_id = s.id";
 
 fn corrupt(op: &'static str, m: impl Into<String>) -> StoreError {
     StoreError::Corrupt {
@@ -392,6 +413,16 @@ fn sandbox_from_row(r: &Row<'_>) -> rusqlite::Result<Result<SandboxRecord, Store
             expires_at: r.get(16).map_err(sql("read sandbox"))?,
             idle_timeout_ms: r.get(17).map_err(sql("read sandbox"))?,
             usage,
+            lifecycle: lifecycle_from_row(r, 26)
+                .map_err(|e| corrupt("read sandbox", format!("{id}.lifecycle: {e}")))?,
+            timeout_ms: r
+                .get::<_, Option<i64>>(29)
+                .map_err(sql("read sandbox"))?
+                .unwrap_or_else(|| {
+                    let created: i64 = r.get(13).unwrap_or(0);
+                    let expires: i64 = r.get(16).unwrap_or(created);
+                    (expires - created).max(0)
+                }),
         })
     })();
     Ok(parsed)
@@ -606,6 +637,7 @@ impl Store {
         tx.prepare_cached("INSERT INTO usage (sandbox_id) VALUES (?1)")
             .and_then(|mut st| st.execute([&rec.id]))
             .map_err(sql("insert usage"))?;
+        insert_lifecycle(&tx, rec)?;
         insert_event(&tx, &rec.id, rec.created_at, "created", "")?;
         if let (SandboxState::Running, Some(pid)) = (rec.state, rec.pid) {
             let at = rec.started_at.unwrap_or(rec.created_at);
@@ -617,7 +649,7 @@ impl Store {
 
     pub fn get_sandbox(&self, id: &str) -> Result<Option<SandboxRecord>, StoreError> {
         let c = self.lock();
-        let q = format!("SELECT {SANDBOX_COLS} FROM sandboxes s LEFT JOIN usage u ON u.sandbox_id = s.id WHERE s.id = ?1");
+        let q = format!("SELECT {SANDBOX_COLS} FROM {SANDBOX_FROM} WHERE s.id = ?1");
         let r = c
             .prepare_cached(&q)
             .and_then(|mut st| st.query_row([id], sandbox_from_row).optional())
@@ -638,7 +670,7 @@ impl Store {
             .collect::<Vec<_>>()
             .join(", ");
         let q = format!(
-            "SELECT {SANDBOX_COLS} FROM sandboxes s LEFT JOIN usage u ON u.sandbox_id = s.id
+            "SELECT {SANDBOX_COLS} FROM {SANDBOX_FROM}
              WHERE (?1 IS NULL OR s.tenant = ?1) AND (?2 IS NULL OR s.name = ?2) AND s.state IN ({placeholders})
              ORDER BY s.created_at DESC, s.id"
         );
@@ -785,7 +817,7 @@ impl Store {
         let mut c = self.lock();
         let tx = c.transaction().map_err(sql("prune stopped sandboxes"))?;
         let old = "SELECT id FROM sandboxes WHERE state = 'stopped' AND ended_at < ?1";
-        for table in ["usage", "events"] {
+        for table in ["usage", "events", "lifecycles"] {
             tx.execute(
                 &format!("DELETE FROM {table} WHERE sandbox_id IN ({old})"),
                 [ended_before],
@@ -988,6 +1020,8 @@ mod tests {
             expires_at: now_ms() + 1000,
             idle_timeout_ms: None,
             usage: UsageRecord::default(),
+            lifecycle: Default::default(),
+            timeout_ms: 1_000,
         }
     }
 

@@ -8,6 +8,7 @@
 //! document.
 
 pub mod code;
+pub mod lifecycle;
 pub mod network;
 pub mod ports;
 pub mod vfs;
@@ -170,6 +171,15 @@ pub struct Sandbox {
     /// While paused: what the pause kept (`memory`, or `filesystem` only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pause: Option<PauseKind>,
+    /// What its idle timeout does: `kill` (the default) or `pause`.
+    #[serde(default)]
+    pub on_idle: lifecycle::OnExpiry,
+    /// What its lifetime timeout does: `kill` (the default) or `pause`.
+    #[serde(default)]
+    pub on_timeout: lifecycle::OnExpiry,
+    /// Work sent to it while paused resumes it first (else 409 `invalid_state`).
+    #[serde(default)]
+    pub auto_resume: bool,
 }
 
 /// `GET /v1/sandboxes`.

@@ -15,6 +15,7 @@ pub mod encoding;
 pub mod envd;
 pub mod files;
 pub mod hosts;
+pub mod lifecycle;
 pub mod multipart;
 pub mod network;
 pub mod process;
@@ -294,6 +295,10 @@ pub fn router(e2b: Arc<E2b>) -> Router {
                 rest::unsupported(req).await.into_response()
             }
         })
+        .layer(axum::middleware::from_fn_with_state(
+            e2b.clone(),
+            lifecycle::resume_on_demand,
+        ))
         .layer(axum::extract::DefaultBodyLimit::disable())
         .with_state(e2b.clone());
     // Host names are routed before the routes are matched (a layer of a router

@@ -1,9 +1,10 @@
 //! E2B's REST API (the control plane): create, list, inspect, kill, timeouts,
-//! connect, metrics and logs, over the native sandbox code paths. Errors are
-//! E2B's `{"code": STATUS, "message"}`, which the SDK turns into its typed
-//! exceptions; network options and updates become egress policies
-//! (`network.rs`); what Sandlot does not have (pause and resume, snapshots, forks,
-//! template listing and deletion, volumes) answers 501 with a message naming the call.
+//! metrics and logs, over the native sandbox code paths (pause, resume and
+//! connect are in `lifecycle.rs`). Errors are E2B's `{"code": STATUS,
+//! "message"}`, which the SDK turns into its typed exceptions; network options
+//! and updates become egress policies (`network.rs`); what Sandlot does not have
+//! (snapshots, forks, template listing and deletion, volumes) answers 501
+//! with a message naming the call.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -38,10 +39,10 @@ impl RestError {
             message: message.into(),
         }
     }
-    fn bad(message: impl Into<String>) -> RestError {
+    pub(super) fn bad(message: impl Into<String>) -> RestError {
         RestError::new(StatusCode::BAD_REQUEST, message)
     }
-    fn not_found(id: &str) -> RestError {
+    pub(super) fn not_found(id: &str) -> RestError {
         RestError::new(StatusCode::NOT_FOUND, format!("sandbox {id} was not found"))
     }
 }
@@ -71,7 +72,7 @@ impl IntoResponse for RestError {
     }
 }
 
-type RestResult<T> = Result<T, RestError>;
+pub(super) type RestResult<T> = Result<T, RestError>;
 
 /// The caller: `X-API-Key` (or `Authorization: Bearer`) is a Sandlot token.
 pub fn principal(e2b: &E2b, headers: &HeaderMap) -> RestResult<Principal> {
@@ -111,8 +112,13 @@ pub fn routes() -> Router<Arc<E2b>> {
         .route("/v2/sandboxes", post(create).get(list))
         .route("/sandboxes/{id}", get(get_one).delete(kill))
         .route("/sandboxes/{id}/timeout", post(set_timeout))
-        .route("/sandboxes/{id}/connect", post(connect))
-        .route("/v2/sandboxes/{id}/connect", post(connect))
+        .route("/sandboxes/{id}/connect", post(super::lifecycle::connect))
+        .route("/sandboxes/{id}/pause", post(super::lifecycle::pause))
+        .route("/sandboxes/{id}/resume", post(super::lifecycle::resume))
+        .route(
+            "/v2/sandboxes/{id}/connect",
+            post(super::lifecycle::connect),
+        )
         .route("/sandboxes/{id}/refreshes", post(refresh))
         .route("/sandboxes/{id}/metrics", get(metrics))
         .route("/sandboxes/{id}/network", put(update_network))
@@ -161,7 +167,7 @@ fn template_of(rec: &SandboxRecord) -> String {
 }
 
 /// `Sandbox` (create and connect answers).
-fn created_json(e2b: &E2b, rec: &SandboxRecord) -> Value {
+pub(super) fn created_json(e2b: &E2b, rec: &SandboxRecord) -> Value {
     json!({
         "templateID": template_of(rec),
         "sandboxID": rec.id,
@@ -205,7 +211,7 @@ fn listed_json(e2b: &E2b, rec: &SandboxRecord) -> Value {
 }
 
 /// The caller's live sandbox `id` (E2B: a stopped sandbox is "not found").
-fn live_record(e2b: &E2b, p: &Principal, id: &str) -> RestResult<SandboxRecord> {
+pub(super) fn live_record(e2b: &E2b, p: &Principal, id: &str) -> RestResult<SandboxRecord> {
     let rec = lookup(&e2b.app, p, id).map_err(|_| RestError::not_found(id))?;
     if rec.state == SandboxState::Stopped || e2b.app.handle(&rec.id).is_none() {
         return Err(RestError::not_found(id));
@@ -216,19 +222,6 @@ fn live_record(e2b: &E2b, p: &Principal, id: &str) -> RestResult<SandboxRecord> 
 /// Fields of E2B's `NewSandbox`/`NewSandboxV2` that Sandlot cannot honour when set.
 fn refuse_unsupported(body: &Map<String, Value>) -> RestResult<()> {
     let set = |k: &str| body.get(k).is_some_and(|v| !v.is_null());
-    let truthy = |k: &str| match body.get(k) {
-        Some(Value::Bool(b)) => *b,
-        Some(Value::Object(o)) => o
-            .get("enabled")
-            .and_then(Value::as_bool)
-            .unwrap_or(!o.is_empty()),
-        _ => false,
-    };
-    if truthy("autoPause") || truthy("autoResume") {
-        return Err(RestError::bad(
-            "autoPause/autoResume: pausing sandboxes is not supported by Sandlot",
-        ));
-    }
     if set("mcp") {
         return Err(RestError::bad(
             "mcp: the MCP gateway is not supported by Sandlot",
@@ -322,6 +315,11 @@ pub fn native_body(
             "network".into(),
             serde_json::to_value(n).map_err(|e| RestError::bad(e.to_string()))?,
         );
+    }
+    let lifecycle = super::lifecycle::of_create(body).map_err(RestError::bad)?;
+    if !lifecycle.is_default() {
+        out.insert("on_timeout".into(), json!(lifecycle.on_timeout.as_str()));
+        out.insert("auto_resume".into(), json!(lifecycle.auto_resume));
     }
     out.insert("tags".into(), json!({ TEMPLATE_TAG: template }));
     Ok((template, Value::Object(out)))
@@ -506,7 +504,7 @@ async fn get_one(
     Path(id): Path<String>,
 ) -> RestResult<Json<Value>> {
     let p = principal(&e2b, &headers)?;
-    let rec = live_record(&e2b, &p, &id)?;
+    let rec = super::lifecycle::known_record(&e2b, &p, &id)?;
     let mut v = listed_json(&e2b, &rec);
     v["envdAccessToken"] = json!(e2b.access_token(&rec.id));
     v["domain"] = json!(e2b.cfg.domain);
@@ -514,7 +512,10 @@ async fn get_one(
         super::network::describe(&crate::network::current(&e2b.app, &rec.id, &rec.spec));
     v["allowInternetAccess"] = json!(internet);
     v["network"] = network;
-    v["lifecycle"] = json!({"onTimeout": "kill", "autoResume": false});
+    v["lifecycle"] = json!({
+        "onTimeout": rec.lifecycle.on_timeout.as_str(),
+        "autoResume": rec.lifecycle.auto_resume,
+    });
     Ok(Json(v))
 }
 
@@ -566,7 +567,7 @@ async fn kill(
     Ok(StatusCode::NO_CONTENT)
 }
 
-fn timeout_secs(body: &Value, field: &str) -> RestResult<Option<u64>> {
+pub(super) fn timeout_secs(body: &Value, field: &str) -> RestResult<Option<u64>> {
     match body.get(field) {
         None | Some(Value::Null) => Ok(None),
         Some(v) => match v
@@ -581,7 +582,7 @@ fn timeout_secs(body: &Value, field: &str) -> RestResult<Option<u64>> {
     }
 }
 
-async fn json_body(e2b: &E2b, body: Body) -> RestResult<Value> {
+pub(super) async fn json_body(e2b: &E2b, body: Body) -> RestResult<Value> {
     let bytes = read_limited(body, e2b.app.cfg.limits.max_request_body.bytes()).await?;
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(json!({}));
@@ -590,9 +591,17 @@ async fn json_body(e2b: &E2b, body: Body) -> RestResult<Value> {
 }
 
 /// Sets the remaining lifetime through the native handler (same limits).
-async fn apply_timeout(e2b: &E2b, p: &Principal, id: &str, secs: u64) -> RestResult<()> {
+pub(super) async fn apply_timeout(e2b: &E2b, p: &Principal, id: &str, secs: u64) -> RestResult<()> {
     if secs == 0 {
-        // E2B: a zero timeout ends the sandbox now.
+        // E2B: a zero timeout is the timeout now: a sandbox whose lifecycle
+        // pauses on timeout is auto-paused by its owner (as its timeout would),
+        // any other ends now.
+        if let Some(h) = e2b.app.handle(id) {
+            if h.lifecycle.on_timeout == crate::store::OnExpiry::Pause {
+                h.set_expiry(crate::store::now_ms());
+                return Ok(());
+            }
+        }
         let _ = native::delete(State(e2b.app.clone()), p.clone(), Path(id.to_string())).await?;
         return Ok(());
     }
@@ -624,7 +633,12 @@ async fn set_timeout(
 }
 
 /// Extends the lifetime to `secs` from now unless it already ends later.
-async fn extend(e2b: &E2b, p: &Principal, rec: &SandboxRecord, secs: u64) -> RestResult<()> {
+pub(super) async fn extend(
+    e2b: &E2b,
+    p: &Principal,
+    rec: &SandboxRecord,
+    secs: u64,
+) -> RestResult<()> {
     let Some(h) = e2b.app.handle(&rec.id) else {
         return Err(RestError::not_found(&rec.id));
     };
@@ -633,21 +647,6 @@ async fn extend(e2b: &E2b, p: &Principal, rec: &SandboxRecord, secs: u64) -> Res
         apply_timeout(e2b, p, &rec.id, secs).await?;
     }
     Ok(())
-}
-
-async fn connect(
-    State(e2b): State<Arc<E2b>>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-    body: Body,
-) -> RestResult<Json<Value>> {
-    let p = principal(&e2b, &headers)?;
-    let rec = live_record(&e2b, &p, &id)?;
-    let b = json_body(&e2b, body).await?;
-    if let Some(secs) = timeout_secs(&b, "timeout")? {
-        extend(&e2b, &p, &rec, secs).await?;
-    }
-    Ok(Json(created_json(&e2b, &rec)))
 }
 
 async fn refresh(
@@ -783,12 +782,6 @@ mod tests {
             m(json!({"autoPause": false, "allow_internet_access": false, "volumeMounts": []}))
                 .is_ok()
         );
-        assert!(m(json!({"autoPause": true}))
-            .unwrap_err()
-            .contains("autoPause"));
-        assert!(m(json!({"autoResume": {"enabled": true}}))
-            .unwrap_err()
-            .contains("autoResume"));
         assert!(m(json!({"mcp": {"x": 1}})).unwrap_err().contains("mcp"));
         assert!(m(json!({"volumeMounts": [{"name": "v", "path": "/v"}]}))
             .unwrap_err()

@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 use super::exec::stream_requested;
 use super::sandboxes::parse_duration;
 use super::stream::{held_body, held_channel_body, line};
-use super::{json_status, live, parse_json, JsonBody, RequestId};
+use super::{json_status, parse_json, JsonBody, RequestId};
 use crate::auth::Principal;
 use crate::code::{self, Context, ContextParams, Language, RunItem, RunRequest, RunTicket};
 use crate::error::{ApiError, ApiResult};
@@ -76,7 +76,7 @@ pub async fn create(
     Path(id): Path<String>,
     JsonBody(b): JsonBody<CreateContextBody>,
 ) -> ApiResult<Response> {
-    let h = live(&state, &p, &id)?;
+    let h = crate::autopause::live(&state, &p, &id).await?;
     let params = params(b)?;
     let _active = h.active();
     let ctx = h.contexts.create(&h.guest, None, params).await?;
@@ -91,7 +91,7 @@ pub async fn list(
     p: Principal,
     Path(id): Path<String>,
 ) -> ApiResult<Json<ContextList>> {
-    let h = live(&state, &p, &id)?;
+    let h = crate::autopause::live(&state, &p, &id).await?;
     Ok(Json(ContextList {
         contexts: h.contexts.all().iter().map(|c| c.view()).collect(),
     }))
@@ -105,7 +105,7 @@ pub async fn get_one(
     p: Principal,
     Path((id, ctx)): Path<(String, String)>,
 ) -> ApiResult<Json<ContextView>> {
-    let h = live(&state, &p, &id)?;
+    let h = crate::autopause::live(&state, &p, &id).await?;
     Ok(Json(context(&h, &ctx)?.view()))
 }
 
@@ -117,7 +117,7 @@ pub async fn remove(
     p: Principal,
     Path((id, ctx)): Path<(String, String)>,
 ) -> ApiResult<StatusCode> {
-    let h = live(&state, &p, &id)?;
+    let h = crate::autopause::live(&state, &p, &id).await?;
     h.touch();
     h.contexts.remove(&h.guest, &ctx).await?;
     Ok(StatusCode::NO_CONTENT)
@@ -131,7 +131,7 @@ pub async fn restart(
     p: Principal,
     Path((id, ctx)): Path<(String, String)>,
 ) -> ApiResult<Json<ContextView>> {
-    let h = live(&state, &p, &id)?;
+    let h = crate::autopause::live(&state, &p, &id).await?;
     let c = context(&h, &ctx)?;
     let _active = h.active();
     c.restart(&h.guest).await?;
@@ -146,7 +146,7 @@ pub async fn interrupt(
     p: Principal,
     Path((id, ctx)): Path<(String, String)>,
 ) -> ApiResult<StatusCode> {
-    let h = live(&state, &p, &id)?;
+    let h = crate::autopause::live(&state, &p, &id).await?;
     h.touch();
     context(&h, &ctx)?.interrupt(&h.guest).await;
     Ok(StatusCode::NO_CONTENT)
@@ -201,7 +201,7 @@ pub async fn run(
     JsonBody(b): JsonBody<RunCodeBody>,
 ) -> ApiResult<Response> {
     let stream = stream_requested(q.as_deref())?;
-    let h = live(&state, &p, &id)?;
+    let h = crate::autopause::live(&state, &p, &id).await?;
     let req = run_request(b)?;
     let guard = h.active();
     let (mut rx, _ticket) = start_run(&h, &ctx, req).await?;
@@ -274,7 +274,7 @@ pub async fn run_ws(
     Extension(rid): Extension<RequestId>,
     ws: WebSocketUpgrade,
 ) -> ApiResult<Response> {
-    let h = live(&state, &p, &id)?;
+    let h = crate::autopause::live(&state, &p, &id).await?;
     // The run request is a message: no larger than any request body.
     let limit = usize::try_from(state.cfg.limits.max_request_body.bytes()).unwrap_or(usize::MAX);
     Ok(ws

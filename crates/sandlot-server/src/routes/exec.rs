@@ -23,7 +23,7 @@ use serde_json::Value;
 
 use super::sandboxes::parse_duration;
 use super::stream::{event_json, ndjson_output, Source};
-use super::{json_status, live, parse_json, JsonBody, RequestId};
+use super::{json_status, parse_json, JsonBody, RequestId};
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
 use crate::process::{keep_output_of, process_exit, supervise, OutEvent, ProcEntry};
@@ -147,7 +147,7 @@ pub async fn start(
     JsonBody(b): JsonBody<ExecBody>,
 ) -> ApiResult<Response> {
     let stream = stream_requested(q.as_deref())?;
-    let h = live(&state, &p, &id)?;
+    let h = crate::autopause::live(&state, &p, &id).await?;
     let entry = start_process(&state, &h, &b).await?;
     if !stream {
         return Ok(json_status(StatusCode::CREATED, &entry.view()));
@@ -196,7 +196,7 @@ pub async fn list(
     p: Principal,
     Path(id): Path<String>,
 ) -> ApiResult<Json<ProcessList>> {
-    let h = live(&state, &p, &id)?;
+    let h = crate::autopause::live(&state, &p, &id).await?;
     let known = h.procs.lock().unwrap_or_else(|e| e.into_inner()).all();
     let mut out: Vec<ProcessView> = known.iter().map(|e| e.view()).collect();
     // Processes the agent runs that this daemon did not start (e.g. before a
@@ -223,7 +223,7 @@ pub async fn get_one(
     p: Principal,
     Path((id, pid)): Path<(String, String)>,
 ) -> ApiResult<Json<ProcessView>> {
-    let h = live(&state, &p, &id)?;
+    let h = crate::autopause::live(&state, &p, &id).await?;
     let pid = pid_of(&pid)?;
     if let Some(e) = h.procs.lock().unwrap_or_else(|e| e.into_inner()).get(pid) {
         return Ok(Json(e.view()));
@@ -357,7 +357,7 @@ pub async fn output(
     RawQuery(q): RawQuery,
     Extension(rid): Extension<RequestId>,
 ) -> ApiResult<Response> {
-    let h = live(&state, &p, &id)?;
+    let h = crate::autopause::live(&state, &p, &id).await?;
     let pid = pid_of(&pid)?;
     let from = parse_offsets(q.as_deref())?;
     let (first, src) = open_output(&h, pid, from).await?;
@@ -380,7 +380,7 @@ pub async fn start_ws(
     Extension(rid): Extension<RequestId>,
     ws: WebSocketUpgrade,
 ) -> ApiResult<Response> {
-    let h = live(&state, &p, &id)?;
+    let h = crate::autopause::live(&state, &p, &id).await?;
     Ok(ws.on_upgrade(move |mut sock| async move {
         let first = match tokio::time::timeout(Duration::from_secs(30), sock.recv()).await {
             Ok(Some(Ok(Message::Text(t)))) => t,
@@ -435,7 +435,7 @@ pub async fn attach_ws(
     Extension(rid): Extension<RequestId>,
     ws: WebSocketUpgrade,
 ) -> ApiResult<Response> {
-    let h = live(&state, &p, &id)?;
+    let h = crate::autopause::live(&state, &p, &id).await?;
     let pid = pid_of(&pid)?;
     let from = parse_offsets(q.as_deref())?;
     let (first, src) = open_output(&h, pid, from).await?;
@@ -623,7 +623,7 @@ pub async fn stdin(
     RawQuery(q): RawQuery,
     body: Body,
 ) -> ApiResult<StatusCode> {
-    let h = live(&state, &p, &id)?;
+    let h = crate::autopause::live(&state, &p, &id).await?;
     let pid = pid_of(&pid)?;
     let mut close = false;
     for (k, v) in form_urlencoded::parse(q.unwrap_or_default().as_bytes()) {
@@ -671,7 +671,7 @@ pub async fn stdin_close(
     p: Principal,
     Path((id, pid)): Path<(String, String)>,
 ) -> ApiResult<StatusCode> {
-    let h = live(&state, &p, &id)?;
+    let h = crate::autopause::live(&state, &p, &id).await?;
     let entry = known_entry(&h, pid_of(&pid)?)?;
     h.touch();
     close_stdin(&mut StdinTarget::Entry(entry)).await;
@@ -742,7 +742,7 @@ pub async fn signal(
     Path((id, pid)): Path<(String, String)>,
     JsonBody(b): JsonBody<SignalBody>,
 ) -> ApiResult<StatusCode> {
-    let h = live(&state, &p, &id)?;
+    let h = crate::autopause::live(&state, &p, &id).await?;
     let pid = pid_of(&pid)?;
     let sig = parse_signal(&b.signal)?;
     h.touch();
@@ -762,7 +762,7 @@ pub async fn resize(
     Path((id, pid)): Path<(String, String)>,
     JsonBody(b): JsonBody<ResizeBody>,
 ) -> ApiResult<StatusCode> {
-    let h = live(&state, &p, &id)?;
+    let h = crate::autopause::live(&state, &p, &id).await?;
     let pid = pid_of(&pid)?;
     if b.rows == 0 || b.cols == 0 {
         return Err(ApiError::invalid("rows", "rows and cols must be positive"));
@@ -783,7 +783,7 @@ pub async fn wait(
     Path((id, pid)): Path<(String, String)>,
     RawQuery(q): RawQuery,
 ) -> ApiResult<Json<WaitResult>> {
-    let h = live(&state, &p, &id)?;
+    let h = crate::autopause::live(&state, &p, &id).await?;
     let pid = pid_of(&pid)?;
     let mut timeout = Duration::from_secs(60);
     for (k, v) in form_urlencoded::parse(q.unwrap_or_default().as_bytes()) {

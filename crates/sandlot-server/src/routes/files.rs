@@ -24,7 +24,7 @@ use serde_json::Value;
 
 use super::exec::parse_bool;
 use super::stream::{channel_body, fallible_channel_body, line};
-use super::{json_status, live, JsonBody, RequestId};
+use super::{json_status, JsonBody, RequestId};
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
 use crate::sandbox::SandboxHandle;
@@ -129,7 +129,7 @@ pub async fn read(
     let path = sandbox_path("path", m.get("path"))?;
     let offset = num(&m, "offset")?.unwrap_or(0);
     let length = num(&m, "length")?.unwrap_or(u64::MAX);
-    let h = live(&state, &p, &id)?;
+    let h = crate::autopause::live(&state, &p, &id).await?;
     let limit = state.images.limit(Some(h.disk_limit));
     let guard = h.active();
     // At most one byte past the limit is asked for: a file that grows while it is
@@ -221,7 +221,7 @@ pub async fn write(
         .map(|v| parse_mode("mode", &Value::String(v.clone())))
         .transpose()?;
     let append = flag(&m, "append")?;
-    let h = live(&state, &p, &id)?;
+    let h = crate::autopause::live(&state, &p, &id).await?;
     let _guard = h.active();
     let n = upload(&state, &h, &path, mode, append, body.into_data_stream()).await?;
     Ok(json_status(
@@ -286,7 +286,7 @@ pub async fn stat(
 ) -> ApiResult<Json<FileInfo>> {
     let m = query(q.as_deref(), &["path", "follow"])?;
     let path = sandbox_path("path", m.get("path"))?;
-    let h = live(&state, &p, &id)?;
+    let h = crate::autopause::live(&state, &p, &id).await?;
     h.touch();
     let s = h
         .guest
@@ -315,7 +315,7 @@ pub async fn list(
     if depth == 0 || depth > 64 {
         return Err(ApiError::invalid("depth", "must be between 1 and 64"));
     }
-    let h = live(&state, &p, &id)?;
+    let h = crate::autopause::live(&state, &p, &id).await?;
     h.touch();
     let mut l = h
         .guest
@@ -357,7 +357,7 @@ pub async fn mkdir(
 ) -> ApiResult<StatusCode> {
     let path = sandbox_path("path", Some(&b.path))?;
     let mode = b.mode.as_ref().map(|v| parse_mode("mode", v)).transpose()?;
-    let h = live(&state, &p, &id)?;
+    let h = crate::autopause::live(&state, &p, &id).await?;
     h.touch();
     h.guest
         .mkdir(MkdirRequest {
@@ -385,7 +385,7 @@ pub async fn remove(
     if path == "/" {
         return Err(ApiError::invalid("path", "refusing to remove /"));
     }
-    let h = live(&state, &p, &id)?;
+    let h = crate::autopause::live(&state, &p, &id).await?;
     h.touch();
     h.guest
         .remove(RemoveRequest {
@@ -409,7 +409,7 @@ pub async fn rename(
 ) -> ApiResult<StatusCode> {
     let from = sandbox_path("from", Some(&b.from))?;
     let to = sandbox_path("to", Some(&b.to))?;
-    let h = live(&state, &p, &id)?;
+    let h = crate::autopause::live(&state, &p, &id).await?;
     h.touch();
     h.guest
         .rename(RenameRequest {
@@ -435,7 +435,7 @@ pub async fn watch(
 ) -> ApiResult<Response> {
     let m = query(q.as_deref(), &["path", "recursive"])?;
     let path = sandbox_path("path", m.get("path"))?;
-    let h = live(&state, &p, &id)?;
+    let h = crate::autopause::live(&state, &p, &id).await?;
     let guard = h.active();
     let mut w = h
         .guest
@@ -495,7 +495,7 @@ pub async fn tar_download(
 ) -> ApiResult<Response> {
     let m = query(q.as_deref(), &["path"])?;
     let root = sandbox_path("path", m.get("path"))?;
-    let h = live(&state, &p, &id)?;
+    let h = crate::autopause::live(&state, &p, &id).await?;
     let guard = h.active();
     let st = h
         .guest
@@ -682,7 +682,7 @@ pub async fn tar_upload(
 ) -> ApiResult<Response> {
     let m = query(q.as_deref(), &["path"])?;
     let root = sandbox_path("path", m.get("path"))?;
-    let h = live(&state, &p, &id)?;
+    let h = crate::autopause::live(&state, &p, &id).await?;
     let _guard = h.active();
     h.guest
         .mkdir(MkdirRequest {

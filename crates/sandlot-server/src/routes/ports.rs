@@ -20,7 +20,7 @@ use tracing::Instrument;
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
 use crate::ports::{dial, parse_port_segment};
-use crate::routes::{json_status, live, lookup, JsonBody};
+use crate::routes::{json_status, lookup, JsonBody};
 use crate::state::AppState;
 
 /// Marks a response as the sandbox's own: the error middleware leaves a 4xx or
@@ -173,7 +173,7 @@ pub async fn proxy(
     let params = uri_params(req.uri().path());
     let port = port_param(&params)?;
     let id = id_param(&params);
-    let h = live(&state, &p, &id)?;
+    let h = crate::autopause::live(&state, &p, &id).await?;
     let m = &state.metrics.ports;
     m.http_requests.fetch_add(1, Ordering::Relaxed);
     h.touch();
@@ -351,7 +351,7 @@ pub async fn publish(
     Path(id): Path<String>,
     JsonBody(req): JsonBody<PublishPort>,
 ) -> ApiResult<Response> {
-    let h = live(&state, &p, &id)?;
+    let h = crate::autopause::live(&state, &p, &id).await?;
     let info = crate::ports::publish(&state, &h, &req).await?;
     Ok(json_status(StatusCode::CREATED, &info))
 }

@@ -41,7 +41,15 @@ pub const SPEC_KEYS: &[&str] = &[
     "isolation",
 ];
 /// Top-level keys of the create body that are not part of the spec.
-pub const EXTRA_KEYS: &[&str] = &["name", "tags", "metadata", "idle_timeout"];
+pub const EXTRA_KEYS: &[&str] = &[
+    "name",
+    "tags",
+    "metadata",
+    "idle_timeout",
+    "on_idle",
+    "on_timeout",
+    "auto_resume",
+];
 
 const MAX_TAGS: usize = 64;
 const MAX_METADATA_BYTES: usize = 16 * 1024;
@@ -195,6 +203,7 @@ pub fn parse_create(state: &AppState, p: &Principal, body: Value) -> ApiResult<C
         Some(Value::Null) => None,
         Some(v) => Some(parse_duration("idle_timeout", &v)?),
     };
+    let lifecycle = crate::autopause::parse_lifecycle(&mut obj, idle_timeout)?;
     let network_given = obj.contains_key("network");
     let isolation_given = obj.contains_key("isolation");
     let mut spec: SandboxSpec = from_value(Value::Object(obj))?;
@@ -247,6 +256,7 @@ pub fn parse_create(state: &AppState, p: &Principal, body: Value) -> ApiResult<C
         metadata,
         timeout,
         idle_timeout,
+        lifecycle,
     })
 }
 
@@ -307,6 +317,9 @@ pub fn view(state: &AppState, rec: &SandboxRecord) -> Sandbox {
             file_bytes_out: usage.file_bytes_out,
         },
         pause,
+        on_idle: rec.lifecycle.on_idle,
+        on_timeout: rec.lifecycle.on_timeout,
+        auto_resume: rec.lifecycle.auto_resume,
     }
 }
 

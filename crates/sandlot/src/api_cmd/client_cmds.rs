@@ -44,6 +44,13 @@ impl Conn {
     }
 }
 
+use sandlot_proto::api::lifecycle::OnExpiry;
+
+/// `kill` or `pause` (`--on-idle`, `--on-timeout`).
+fn parse_on_expiry(s: &str) -> Result<OnExpiry, String> {
+    OnExpiry::parse(s).ok_or_else(|| format!("{s:?}: expected kill or pause"))
+}
+
 #[derive(Debug, clap::Args)]
 pub struct CreateArgs {
     #[command(flatten)]
@@ -60,6 +67,15 @@ pub struct CreateArgs {
     /// Stop after this long without exec or file activity, e.g. 2m.
     #[arg(long)]
     pub idle_timeout: Option<String>,
+    /// What the idle timeout does: kill (the default) or pause.
+    #[arg(long, value_name = "kill|pause", value_parser = parse_on_expiry)]
+    pub on_idle: Option<OnExpiry>,
+    /// What the lifetime timeout does: kill (the default) or pause.
+    #[arg(long, value_name = "kill|pause", value_parser = parse_on_expiry)]
+    pub on_timeout: Option<OnExpiry>,
+    /// Exec, file, code and port calls on it while paused resume it first.
+    #[arg(long)]
+    pub auto_resume: bool,
     #[command(flatten)]
     pub spec_flags: crate::spec_flags::SpecFlags,
     /// A JSON create body (spec plus name, tags, ...); flags override it.
@@ -296,6 +312,19 @@ fn create_body(a: &CreateArgs) -> anyhow::Result<CreateSandbox> {
     if let Some(t) = &a.idle_timeout {
         body.idle_timeout = Some(num_or_str(t));
     }
+    // A flag overrides the --spec file's field of the same name.
+    if let Some(p) = a.on_idle {
+        body.spec.remove("on_idle");
+        body.on_idle = Some(p);
+    }
+    if let Some(p) = a.on_timeout {
+        body.spec.remove("on_timeout");
+        body.on_timeout = Some(p);
+    }
+    if a.auto_resume {
+        body.spec.remove("auto_resume");
+        body.auto_resume = Some(true);
+    }
     a.spec_flags.apply(&mut body.spec)?;
     for (flags, key, parse) in [
         (
@@ -411,6 +440,15 @@ fn print_sandbox(s: &Sandbox) {
         (
             "idle timeout",
             s.idle_timeout.map(human_secs).unwrap_or_else(|| "-".into()),
+        ),
+        (
+            "lifecycle",
+            format!(
+                "on idle {}, on timeout {}{}",
+                s.on_idle.as_str(),
+                s.on_timeout.as_str(),
+                if s.auto_resume { ", auto-resume" } else { "" }
+            ),
         ),
     ];
     if let Some(r) = &s.end_reason {

@@ -5,10 +5,13 @@ from __future__ import annotations
 import copy
 import ipaddress
 from datetime import timedelta
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, List, Literal, Mapping, Optional, Sequence, Tuple, Union
 
 Duration = Union[int, float, str, timedelta]
 Size = Union[int, str]
+#: What a sandbox's idle or lifetime timeout does (``on_idle``, ``on_timeout``):
+#: end it, or pause it as :meth:`Sandbox.pause` would.
+OnExpiry = Literal["kill", "pause"]
 
 _UNSET: Any = object()
 
@@ -60,6 +63,9 @@ def create_body(
     disk: Optional[Size] = None,
     timeout: Optional[Duration] = None,
     idle_timeout: Optional[Duration] = None,
+    on_idle: Optional[OnExpiry] = None,
+    on_timeout: Optional[OnExpiry] = None,
+    auto_resume: Optional[bool] = None,
     mounts: Optional[Sequence[Mapping[str, Any]]] = None,
     network: Any = None,
     volumes: Any = None,
@@ -85,6 +91,9 @@ def create_body(
         "volumes": volumes,
         "secrets": secrets,
         "name": name,
+        "on_idle": on_idle,
+        "on_timeout": on_timeout,
+        "auto_resume": auto_resume,
     }
     for k, v in plain.items():
         if v is not None:

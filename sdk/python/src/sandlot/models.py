@@ -77,6 +77,12 @@ class SandboxInfo:
     #: While paused: what the pause kept, ``"memory"`` (gVisor: every process,
     #: open file and socket inside) or ``"filesystem"`` (its files only).
     pause: Optional[str] = None
+    #: What its idle timeout does: ``"kill"`` (the default) or ``"pause"``.
+    on_idle: str = "kill"
+    #: What its lifetime timeout does: ``"kill"`` (the default) or ``"pause"``.
+    on_timeout: str = "kill"
+    #: Exec, file, code and port calls on it while paused resume it first.
+    auto_resume: bool = False
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -118,6 +124,9 @@ class SandboxInfo:
             error=d.get("error"),
             usage=Usage.from_json(d.get("usage")),
             pause=d.get("pause"),
+            on_idle=d.get("on_idle") or "kill",
+            on_timeout=d.get("on_timeout") or "kill",
+            auto_resume=bool(d.get("auto_resume")),
             raw=d,
         )
 

@@ -806,6 +806,9 @@ class Sandbox:
         disk: Optional[_spec.Size] = None,
         timeout: Optional[_spec.Duration] = None,
         idle_timeout: Optional[_spec.Duration] = None,
+        on_idle: Optional[_spec.OnExpiry] = None,
+        on_timeout: Optional[_spec.OnExpiry] = None,
+        auto_resume: Optional[bool] = None,
         mounts: Optional[Sequence[Mapping[str, Any]]] = None,
         network: Any = None,
         volumes: Any = None,
@@ -826,6 +829,10 @@ class Sandbox:
         ``isolation``: ``"namespace"`` (Linux namespaces on the host kernel) or
         ``"gvisor"`` (gVisor's kernel in user space); default: the operator's.
         A daemon that cannot run gVisor answers ``ConflictError`` naming why.
+        ``on_idle``/``on_timeout``: ``"pause"`` pauses the sandbox when its idle
+        or lifetime timeout passes instead of ending it (default ``"kill"``);
+        ``auto_resume``: exec, file, code and port calls on it while paused
+        resume it first (without, they raise ``ConflictError``).
         ``idempotency_key`` (default: a fresh random one) makes the create safe
         to retry: the daemon answers a repeat with the sandbox the first made."""
         c = client or default_client()
@@ -847,6 +854,9 @@ class Sandbox:
             disk=disk,
             timeout=timeout,
             idle_timeout=idle_timeout,
+            on_idle=on_idle,
+            on_timeout=on_timeout,
+            auto_resume=auto_resume,
             mounts=mounts,
             network=network,
             volumes=volumes,
