@@ -80,6 +80,8 @@ fn counted() -> String {
 fn cleanup(run_dir: &Path) {
     let _ = std::fs::remove_dir_all(run_dir.join("image"));
     let _ = std::fs::remove_dir(run_dir.join("gvisor"));
+    // The id slots' lock files, free once every sandbox of the backend ended.
+    let _ = std::fs::remove_dir_all(run_dir.join("slots"));
     let _ = std::fs::remove_dir(run_dir);
 }
 
