@@ -1,7 +1,8 @@
 //! gVisor's checkpoint and restore through the runtime: a sandbox saved while a
 //! process runs comes back with that process where it was (its memory, its
-//! output kept by the agent, its process id), and one checkpoint restores into
-//! two sandboxes that go on apart. Needs root and Debian's `runsc`.
+//! output kept by the agent, its process id), one checkpoint restores into
+//! two sandboxes that go on apart, and a sandbox paused and resumed twenty times
+//! over comes back every time. Needs root and Debian's `runsc`.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -79,6 +80,8 @@ fn counted() -> String {
 fn cleanup(run_dir: &Path) {
     let _ = std::fs::remove_dir_all(run_dir.join("image"));
     let _ = std::fs::remove_dir(run_dir.join("gvisor"));
+    // The id slots' lock files, free once every sandbox of the backend ended.
+    let _ = std::fs::remove_dir_all(run_dir.join("slots"));
     let _ = std::fs::remove_dir(run_dir);
 }
 
@@ -182,4 +185,144 @@ fn one_checkpoint_restores_into_two_sandboxes_that_go_on_apart() {
     });
     a.terminate().unwrap();
     b.terminate().unwrap();
+}
+
+/// Counts in its own memory (a shell variable), writing each count to
+/// `/tmp/count`; a restart would count from 1 again.
+const MEMORY_COUNTER: &str =
+    "i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.05; done";
+
+/// The output of `script` run in `inst` (it must succeed).
+async fn run_sh(inst: &dyn Instance, script: &str) -> String {
+    let c = GuestClient::connect(inst.agent_socket()).await.unwrap();
+    let o = c
+        .exec(ExecRequest::new(["/bin/sh", "-c", script]))
+        .await
+        .unwrap()
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(
+        o.status.code,
+        Some(0),
+        "{script}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8(o.stdout).unwrap()
+}
+
+/// The pids of `sleep 100000` and of the counting shell, from `ps`.
+async fn sleeper_and_counter(inst: &dyn Instance) -> (String, String) {
+    let ps = run_sh(inst, "ps -eo pid=,args=").await;
+    let pid_of = |what: &str| {
+        ps.lines()
+            .find(|l| l.contains(what) && !l.contains("ps -eo"))
+            .and_then(|l| l.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no {what:?} in {ps}"))
+            .to_string()
+    };
+    (pid_of("sleep 100000"), pid_of("while :"))
+}
+
+/// gVisor's kernel hands a restored epoll registrations deleted before the
+/// checkpoint; the agent, which once took their data for addresses, must come
+/// back every time however many times it was paused (and however many pipes its
+/// processes opened and closed between).
+#[test]
+fn a_gvisor_sandbox_pauses_and_resumes_twenty_times_with_its_processes_and_memory() {
+    let (be, run_dir) = backend("repeat");
+    let _dir = RunDir(run_dir.clone());
+    let spec = sandlot_proto::spec::SandboxSpec::default();
+    let id = "ckpt-repeat";
+    let rt = rt();
+    let mut inst = Held(be.create(id, &spec, CreateOptions::default()).unwrap());
+    rt.block_on(async {
+        let c = GuestClient::connect(inst.agent_socket()).await.unwrap();
+        c.exec(ExecRequest::new(["/bin/sh", "-c", "sleep 100000"]))
+            .await
+            .unwrap();
+        c.exec(ExecRequest::new(["/bin/sh", "-c", MEMORY_COUNTER]))
+            .await
+            .unwrap();
+    });
+    let first = rt.block_on(async {
+        wait_for_count(&*inst).await;
+        sleeper_and_counter(&*inst).await
+    });
+    let mut last_count = 0u64;
+    for cycle in 0..20 {
+        let image = Image(&be, run_dir.join(format!("image-{cycle}")));
+        let count = rt.block_on(async {
+            // Processes whose pipes open and close between checkpoints.
+            run_sh(&*inst, "for i in 1 2 3; do echo $i | cat >/dev/null; done").await;
+            let count: u64 = run_sh(&*inst, "cat /tmp/count")
+                .await
+                .trim()
+                .parse()
+                .unwrap();
+            GuestClient::connect(inst.agent_socket())
+                .await
+                .unwrap()
+                .quiesce()
+                .await
+                .unwrap();
+            count
+        });
+        assert!(
+            count > last_count,
+            "cycle {cycle}: the count went from {last_count} to {count}"
+        );
+        last_count = count;
+        std::fs::create_dir_all(&image.1).unwrap();
+        inst.checkpoint(&image.1).unwrap();
+        inst.keep_root(&image.1).unwrap();
+        assert!(inst.wait_exit(Duration::from_secs(10)).is_some());
+        inst.terminate().unwrap();
+        let back = be
+            .restore(id, &spec, CreateOptions::default(), &image.1)
+            .unwrap_or_else(|e| panic!("cycle {cycle}: the restore failed: {e}"));
+        // The old instance, ended, is dropped without another terminate (which
+        // would remove the directory the restored one now uses).
+        inst.0 = back;
+        drop(image);
+        // The same processes, still counting from where they were.
+        let now = rt.block_on(sleeper_and_counter(&*inst));
+        assert_eq!(now, first, "cycle {cycle}");
+    }
+    let after: u64 = rt
+        .block_on(run_sh(&*inst, "sleep 0.2; cat /tmp/count"))
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        after > last_count,
+        "the count went from {last_count} to {after}"
+    );
+    inst.terminate().unwrap();
+}
+
+/// A checkpoint directory, removed (its kept root too) when dropped.
+struct Image<'a>(&'a GvisorBackend, PathBuf);
+
+impl Drop for Image<'_> {
+    fn drop(&mut self) {
+        if let Err(e) = self.0.remove_checkpoint(&self.1) {
+            eprintln!("remove {}: {e}", self.1.display());
+        }
+    }
+}
+
+/// Waits until the counter has written its first count.
+async fn wait_for_count(inst: &dyn Instance) {
+    for _ in 0..200 {
+        if run_sh(inst, "cat /tmp/count 2>/dev/null || true")
+            .await
+            .trim()
+            != ""
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the counter never wrote /tmp/count");
 }

@@ -8,6 +8,7 @@
 
 mod conn;
 mod files;
+mod keyed_poll;
 mod own_proc;
 mod process;
 mod reap;
@@ -233,6 +234,9 @@ pub(crate) struct Agent {
     pub quiesce: Rc<Notify>,
     /// Weak self-reference for spawning tasks from synchronous methods.
     pub me: std::rc::Weak<RefCell<Agent>>,
+    /// Where processes' pipes and terminals and file watches are waited on
+    /// (made at the first use).
+    keyed_poll: Option<Rc<keyed_poll::KeyedPoll>>,
 }
 
 pub(crate) type Shared = Rc<RefCell<Agent>>;
@@ -267,7 +271,18 @@ impl Agent {
             shutting_down: false,
             quiesce: Rc::new(Notify::new()),
             me: std::rc::Weak::new(),
+            keyed_poll: None,
         }
+    }
+
+    /// The agent's keyed epoll (see [`keyed_poll`]), started at the first call.
+    pub fn keyed_poll(&mut self) -> io::Result<Rc<keyed_poll::KeyedPoll>> {
+        if let Some(p) = &self.keyed_poll {
+            return Ok(p.clone());
+        }
+        let p = keyed_poll::KeyedPoll::start()?;
+        self.keyed_poll = Some(p.clone());
+        Ok(p)
     }
 
     pub fn shared(&self) -> Shared {
@@ -327,8 +342,8 @@ macro_rules! log {
 }
 pub(crate) use log;
 
-/// An fd registered with the reactor.
-pub(crate) type Afd = Rc<AsyncFd<OwnedFd>>;
+/// A process's pipe or terminal, registered with the agent's keyed epoll.
+pub(crate) type Afd = Rc<keyed_poll::Polled<OwnedFd>>;
 
 /// Types that own the descriptor they expose, so registering them is sound.
 pub(crate) trait OwnsFd: AsRawFd {}

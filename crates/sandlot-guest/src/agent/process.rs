@@ -397,13 +397,16 @@ impl Agent {
             self.settings.default_cwd.as_deref(),
             &mut self.users,
         )?;
+        let poll = self.keyed_poll().map_err(|e| {
+            err(
+                ErrorCode::SpawnFailed,
+                format!("exec {:?}: starting the agent's epoll: {e}", plan.argv[0]),
+            )
+        })?;
         let sp = super::spawn::spawn(&plan, &mut self.stack, &self.oom)?;
         let reg = |fd: OwnedFd| -> io::Result<Afd> {
             set_nonblocking(&fd)?;
-            Ok(Rc::new(super::register(
-                fd,
-                tokio::io::Interest::READABLE | tokio::io::Interest::WRITABLE,
-            )?))
+            Ok(Rc::new(poll.register(fd)?))
         };
         let id = self.next_proc;
         self.next_proc += 1;
@@ -992,14 +995,11 @@ async fn pipe_task(agent: Shared, id: u64, i: usize, fd: Afd, room: Rc<Notify>, 
         } else {
             Some(fd.readable().await)
         };
-        let Some(ready) = ready else {
+        let Some(mut g) = ready else {
             // Room again: a terminal whose process has exited may have ended
             // with nothing left to make it readable (see `read_output`).
             let _ = agent.borrow_mut().read_output(id, i);
             continue;
-        };
-        let Ok(mut g) = ready else {
-            return;
         };
         match g.try_io(|_| agent.borrow_mut().read_output(id, i)) {
             Ok(Ok(ReadOutcome::Eof)) => return,

@@ -154,10 +154,7 @@ pub(super) async fn stdin_task(agent: Shared, id: u64, fd: Afd, wake: Rc<Notify>
             wake.notified().await;
             continue;
         }
-        let Ok(mut g) = fd.writable().await else {
-            agent.borrow_mut().close_stdin(id, true);
-            return;
-        };
+        let mut g = fd.writable().await;
         match g.try_io(|_| agent.borrow_mut().write_stdin(id)) {
             Ok(Ok(())) | Err(_) => {}
             Ok(Err(_)) => {

@@ -10,12 +10,12 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
+use super::keyed_poll::Polled;
 use bytes::BytesMut;
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, InotifyEvent, WatchDescriptor};
 use sandlot_proto::guest::{
     stream, ErrorBody, ErrorCode, WatchEvent, WatchEventKind, WatchRequest, DATA_CHUNK,
 };
-use tokio::io::unix::AsyncFd;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
@@ -27,7 +27,7 @@ pub(crate) struct InotifyFd(pub Inotify);
 
 /// A channel streaming the events of one watch.
 pub(crate) struct WatchStream {
-    fd: Rc<AsyncFd<InotifyFd>>,
+    fd: Rc<Polled<InotifyFd>>,
     wds: HashMap<WatchDescriptor, PathBuf>,
     root: PathBuf,
     recursive: bool,
@@ -133,7 +133,8 @@ impl Agent {
                 ErrorBody::new(super::files::code_of(&e), format!("watch {}: {e}", r.path))
             })?;
         let fd = Rc::new(
-            super::register(InotifyFd(ino), tokio::io::Interest::READABLE)
+            self.keyed_poll()
+                .and_then(|p| p.register(InotifyFd(ino)))
                 .map_err(|e| ErrorBody::new(ErrorCode::Io, format!("watch: {e}")))?,
         );
         let room = Rc::new(Notify::new());
@@ -314,7 +315,7 @@ async fn watch_task(
     agent: Shared,
     conn: u64,
     chan: u32,
-    fd: Rc<AsyncFd<InotifyFd>>,
+    fd: Rc<Polled<InotifyFd>>,
     room: Rc<Notify>,
 ) {
     loop {
@@ -326,9 +327,7 @@ async fn watch_task(
             }
             room.notified().await;
         }
-        let Ok(mut g) = fd.readable().await else {
-            return;
-        };
+        let mut g = fd.readable().await;
         let res = g.try_io(|f| f.get_ref().0.read_events().map_err(io::Error::from));
         match res {
             Ok(Ok(evs)) => agent.borrow_mut().on_watch_events(conn, chan, evs),

@@ -364,7 +364,14 @@ impl GvisorBackend {
                 let woken = inst.wake_agent();
                 match wait_listening_for(&inst.socket, &inst.pidfd, WAKE_AGAIN) {
                     Ok(()) => break,
-                    Err(e) if Instant::now() >= deadline => return Err(woken.err().unwrap_or(e)),
+                    Err(_) if Instant::now() >= deadline => {
+                        return Err(woken.err().unwrap_or_else(|| {
+                            RuntimeError::Init(format!(
+                                "the restored agent did not listen within {} s",
+                                AGENT_TIMEOUT.as_secs()
+                            ))
+                        }))
+                    }
                     Err(_) if has_exited(&inst.pidfd) => {
                         return Err(RuntimeError::Init(
                             "gVisor's sandbox exited before its agent listened".into(),
