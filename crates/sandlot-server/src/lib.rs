@@ -20,6 +20,8 @@ pub mod metrics;
 pub mod mount_users;
 pub mod network;
 pub mod openapi;
+pub mod checkpoint;
+pub mod fork;
 pub mod pause;
 pub mod pool;
 pub mod ports;
@@ -336,6 +338,7 @@ pub async fn serve(
     routes::vfs::start_sweeper(&state);
     start_record_pruner(&state);
     pause::start_paused_expiry(&state);
+    checkpoint::reconcile(&state).await;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         shutdown.await;
