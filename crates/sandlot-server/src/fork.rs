@@ -146,22 +146,17 @@ async fn fork_from(
         }
         Admission::NameTaken => return Err(ApiError::internal("a fork was admitted by name")),
     }
-    let mut started: Vec<SandboxRecord> = Vec::new();
-    for (i, rec) in recs.iter().enumerate() {
-        match start_one(state, rec, c).await {
-            Ok(r) => started.push(r),
-            Err(e) => {
-                tracing::warn!(sandbox_id = %rec.id, "a fork failed to start: {} ({:?})", e.message, e.internal);
-                for r in &started {
-                    end(state, &r.id).await;
-                }
-                for r in &recs[i..] {
-                    end(state, &r.id).await;
-                }
-                return Err(e);
-            }
+    // Started side by side: each restore is a process of its own.
+    let results =
+        futures_util::future::join_all(recs.iter().map(|r| start_one(state, r, c))).await;
+    if let Some(e) = results.iter().find_map(|r| r.as_ref().err()).cloned() {
+        tracing::warn!("a fork failed to start: {} ({:?})", e.message, e.internal);
+        for r in &recs {
+            end(state, &r.id).await;
         }
+        return Err(e);
     }
+    let started: Vec<SandboxRecord> = results.into_iter().flatten().collect();
     Ok(started
         .iter()
         .map(|r| crate::routes::sandboxes::view(state, r))
