@@ -3,7 +3,7 @@
 
 use http::Method;
 pub use sandlot_proto::api::checkpoint::{
-    Checkpoint, CheckpointList, CreateCheckpoint, ForkRequest, Forked, Restored,
+    Checkpoint, CheckpointDiff, CheckpointList, CreateCheckpoint, ForkRequest, Forked, Restored,
 };
 
 use crate::{enc, Client, Error};
@@ -62,6 +62,26 @@ impl Client {
             Method::POST,
             &format!("/v1/sandboxes/{}/fork", enc(id)),
             Some(req),
+        )
+        .await
+    }
+
+    /// The files that differ from checkpoint `a` to checkpoint `b` of sandbox `id`.
+    pub async fn diff_checkpoints(
+        &self,
+        id: &str,
+        a: &str,
+        b: &str,
+    ) -> Result<CheckpointDiff, Error> {
+        self.json(
+            Method::GET,
+            &format!(
+                "/v1/sandboxes/{}/checkpoints/{}/diff?against={}",
+                enc(id),
+                enc(a),
+                enc(b)
+            ),
+            None::<&()>,
         )
         .await
     }

@@ -29,7 +29,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use axum::http::StatusCode;
-use sandlot_proto::api::checkpoint::{Checkpoint, CreateCheckpoint, Restored};
+use sandlot_proto::api::checkpoint::{Checkpoint, CheckpointDiff, CreateCheckpoint, Restored};
 use sandlot_proto::api::PauseKind;
 use sandlot_proto::spec::Isolation;
 
@@ -614,6 +614,60 @@ pub async fn restore(
         kind: c.kind,
         sandbox: crate::routes::sandboxes::view(state, &back),
     })
+}
+
+/// The files that differ between checkpoints `a` and `b` of the caller's
+/// sandbox `id`, by the image diff: of their images (`filesystem`), or of the
+/// roots their copies kept (`memory`). Bounded like an image diff
+/// (`images.max_expanded_size`: **413** past it).
+pub async fn diff(
+    state: &Arc<AppState>,
+    p: &Principal,
+    id: &str,
+    a: &str,
+    b: &str,
+) -> ApiResult<CheckpointDiff> {
+    let (_, ca) = find(state, p, id, a)?;
+    let (_, cb) = find(state, p, id, b)?;
+    let st = state.clone();
+    tokio::task::spawn_blocking(move || -> ApiResult<CheckpointDiff> {
+        let limit = st.images.limit(None);
+        let d = match (&ca.saved.image, &cb.saved.image) {
+            (Some(ia), Some(ib)) => {
+                let ia = st.images.store.resolve(ia).map_err(ApiError::internal)?;
+                let ib = st.images.store.resolve(ib).map_err(ApiError::internal)?;
+                st.images
+                    .store
+                    .diff(&ia, &ib, Some(&limit))
+                    .map_err(crate::images::store_error)?
+            }
+            _ => {
+                let what = format!("the diff of checkpoints {} and {}", ca.id, cb.id);
+                let mut budget = sandlot_store::Budget::new(Some(&limit), &what);
+                let root = |c: &CheckpointRecord| -> Vec<PathBuf> {
+                    let r = copy_dir(&st, &c.id).join(sandlot_runtime::gvisor::kept_copy::SAVED_ROOT);
+                    if r.is_dir() {
+                        vec![r]
+                    } else {
+                        Vec::new()
+                    }
+                };
+                let ta = sandlot_store::layer::flatten(&root(&ca), &mut budget)
+                    .map_err(|e| crate::images::store_error(e.into()))?;
+                let tb = sandlot_store::layer::flatten(&root(&cb), &mut budget)
+                    .map_err(|e| crate::images::store_error(e.into()))?;
+                sandlot_store::layer::diff(&ta, &tb, &mut budget)
+                    .map_err(|e| crate::images::store_error(e.into()))?
+            }
+        };
+        Ok(CheckpointDiff {
+            added: d.added,
+            changed: d.changed,
+            removed: d.removed,
+        })
+    })
+    .await
+    .map_err(ApiError::internal)?
 }
 
 #[cfg(test)]

@@ -234,6 +234,26 @@ fn gvisor_forks_from_a_named_checkpoint_and_the_checkpoints_go_with_their_sandbo
         if let Ok(child) = child {
             assert_eq!(child.parent.as_deref(), Some(cp.id.as_str()));
         }
+        // A second checkpoint of the same paused state: nothing differs; one
+        // of a fork that wrote a file differs by that file.
+        let same = c
+            .create_checkpoint(
+                &s.id,
+                &CreateCheckpoint {
+                    name: None,
+                    leave_running: false,
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(same.parent.as_deref(), Some(cp.id.as_str()));
+        assert_eq!(
+            std::fs::read_to_string(copies(&d).join(&same.id).join("rootfs/tmp/file")).unwrap(),
+            "one\n"
+        );
+        let diff = c.diff_checkpoints(&s.id, &cp.id, &same.id).await.unwrap();
+        assert_eq!(diff, Default::default());
+        c.delete_checkpoint(&s.id, &same.id).await.unwrap();
         // Deleting the checkpoint leaves the forks running.
         c.delete_checkpoint(&s.id, &cp.id).await.unwrap();
         assert!(!dir.exists());
@@ -281,6 +301,22 @@ fn gvisor_restore_in_place_brings_back_the_earlier_files_and_processes() {
         // It runs on from the checkpoint.
         assert_eq!(probe(&c, &s.id).await, (2, pid.clone()));
         sh(&c, &s.id, "echo two > /tmp/file; echo new > /tmp/later").await;
+        // A second checkpoint, the sandbox left paused (no restore on the way):
+        // the diff of their kept roots names what changed.
+        let later = c
+            .create_checkpoint(
+                &s.id,
+                &CreateCheckpoint {
+                    name: None,
+                    leave_running: false,
+                },
+            )
+            .await
+            .unwrap();
+        let diff = c.diff_checkpoints(&s.id, &cp.id, &later.id).await.unwrap();
+        assert!(diff.changed.iter().any(|p| p.ends_with("tmp/file")), "{diff:?}");
+        assert!(diff.added.iter().any(|p| p.ends_with("tmp/later")), "{diff:?}");
+        // Restored from paused, to the earlier one.
         let r = c.restore_checkpoint(&s.id, &cp.id).await.unwrap();
         assert_eq!(r.kind, sandlot_client::api::PauseKind::Memory);
         assert_eq!(r.sandbox.state, SandboxState::Running);
@@ -351,6 +387,13 @@ fn namespace_restore_in_place_brings_back_the_earlier_files() {
         sh(&c, &s.id, "echo two > /tmp/file; echo new > /tmp/later").await;
         let cp2 = c.create_checkpoint(&s.id, &keep_running()).await.unwrap();
         assert_eq!(cp2.parent.as_deref(), Some(cp.id.as_str()));
+        // What changed between them: the diff of their images.
+        let diff = c.diff_checkpoints(&s.id, &cp.id, &cp2.id).await.unwrap();
+        assert!(diff.changed.iter().any(|p| p.ends_with("tmp/file")), "{diff:?}");
+        assert!(diff.added.iter().any(|p| p.ends_with("tmp/later")), "{diff:?}");
+        assert!(diff.removed.is_empty(), "{diff:?}");
+        let back = c.diff_checkpoints(&s.id, &cp2.id, &cp.id).await.unwrap();
+        assert!(back.removed.iter().any(|p| p.ends_with("tmp/later")), "{back:?}");
         let r = c.restore_checkpoint(&s.id, &cp.id).await.unwrap();
         assert_eq!(r.kind, sandlot_client::api::PauseKind::Filesystem);
         assert_eq!(sh(&c, &s.id, "cat /tmp/file").await, "one\n");
@@ -513,6 +556,11 @@ fn the_cli_creates_lists_restores_and_deletes_checkpoints_and_forks() {
     assert_eq!(code, 0, "{err}");
     assert!(out.contains(&cp) && out.contains("first"), "{out}");
     rt().block_on(sh(&c, &id, "echo two > /tmp/file"));
+    let (code, cp2, err) = d.cli(&["checkpoint", "create", &id]);
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = d.cli(&["checkpoint", "diff", &id, &cp, cp2.trim()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.lines().any(|l| l == "~ /tmp/file"), "{out}");
     let (code, out, err) = d.cli(&["checkpoint", "restore", &id, &cp]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("processes started afresh"), "{out}");

@@ -111,3 +111,14 @@ pub struct Restored {
     pub kind: PauseKind,
     pub sandbox: Sandbox,
 }
+
+/// `GET /v1/sandboxes/{id}/checkpoints/{cp}/diff?against=OTHER`: the paths of
+/// files (`/`-relative, without the leading `/`) that are in `OTHER` and not in
+/// `cp` (`added`), in both but different (`changed`), in `cp` only (`removed`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct CheckpointDiff {
+    pub added: Vec<String>,
+    pub changed: Vec<String>,
+    pub removed: Vec<String>,
+}

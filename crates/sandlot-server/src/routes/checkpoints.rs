@@ -4,12 +4,12 @@
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 use axum::Json;
 use sandlot_proto::api::checkpoint::{
-    CheckpointList, CreateCheckpoint, ForkRequest, Forked, Restored,
+    CheckpointDiff, CheckpointList, CreateCheckpoint, ForkRequest, Forked, Restored,
 };
 
 use super::{json_status, parse_json, read_limited};
@@ -109,4 +109,32 @@ pub async fn fork(
     let b: ForkRequest = optional_body(&state, body).await?;
     let f: Forked = crate::fork::fork(&state, &p, &id, &b).await?;
     Ok(json_status(StatusCode::CREATED, &f))
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/checkpoints/{cp}/diff", tag = "checkpoints",
+    params(("id" = String, Path, description = "Sandbox id or name"), ("cp" = String, Path, description = "Checkpoint id"),
+        ("against" = String, Query, description = "Another checkpoint of the sandbox")),
+    responses((status = 200, description = "Paths added, changed and removed from `cp` to `against`", body = CheckpointDiff),
+        (status = 400, description = "no `against`", body = crate::error::ErrorEnvelope),
+        (status = 404, body = crate::error::ErrorEnvelope),
+        (status = 413, description = "too_large: the diff reads past images.max_expanded_size", body = crate::error::ErrorEnvelope)))]
+pub async fn diff(
+    State(state): State<Arc<AppState>>,
+    p: Principal,
+    Path((id, cp)): Path<(String, String)>,
+    RawQuery(q): RawQuery,
+) -> ApiResult<Json<CheckpointDiff>> {
+    let against = q
+        .as_deref()
+        .unwrap_or("")
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("against="))
+        .filter(|v| !v.is_empty())
+        .ok_or_else(|| {
+            crate::error::ApiError::invalid("against", "name the other checkpoint: ?against=cp-...")
+        })?
+        .to_string();
+    Ok(Json(
+        crate::checkpoint::diff(&state, &p, &id, &cp, &against).await?,
+    ))
 }

@@ -67,6 +67,10 @@ pub fn router(state: Arc<AppState>, transport: Transport) -> Router {
             &format!("{sb}/checkpoints/{{cp}}/restore"),
             post(checkpoints::restore),
         )
+        .route(
+            &format!("{sb}/checkpoints/{{cp}}/diff"),
+            get(checkpoints::diff),
+        )
         .route(&format!("{sb}/fork"), post(checkpoints::fork))
         .route(&format!("{sb}/events"), get(sandboxes::events))
         .route(&format!("{sb}/exec"), post(exec::start))

@@ -1,4 +1,4 @@
-//! `sandlot checkpoint create|list|restore|delete` and `sandlot fork`: saved
+//! `sandlot checkpoint create|list|restore|delete|diff` and `sandlot fork`: saved
 //! states of a sandbox, and new sandboxes that continue from one.
 
 use sandlot_client::checkpoint::{Checkpoint, CreateCheckpoint, ForkRequest};
@@ -17,6 +17,23 @@ pub enum CheckpointCmd {
     /// Delete a checkpoint.
     #[command(alias = "rm")]
     Delete(CheckpointArgs),
+    /// The files that differ from one checkpoint to another (`+` added, `~`
+    /// changed, `-` removed).
+    Diff(DiffArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct DiffArgs {
+    #[command(flatten)]
+    pub conn: Conn,
+    /// Sandbox id or name.
+    pub id: String,
+    /// The checkpoint diffed from.
+    pub from: String,
+    /// The checkpoint diffed to.
+    pub to: String,
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -128,6 +145,22 @@ pub async fn run(cmd: CheckpointCmd) -> anyhow::Result<i32> {
                             "files; processes started afresh",
                     }
                 );
+            }
+        }
+        CheckpointCmd::Diff(a) => {
+            let d = a
+                .conn
+                .client()?
+                .diff_checkpoints(&a.id, &a.from, &a.to)
+                .await?;
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&d)?);
+            } else {
+                for (mark, paths) in [("+", &d.added), ("~", &d.changed), ("-", &d.removed)] {
+                    for p in paths {
+                        println!("{mark} /{}", p.trim_start_matches('/'));
+                    }
+                }
             }
         }
         CheckpointCmd::Delete(a) => {
