@@ -99,10 +99,9 @@ pub fn view(c: &CheckpointRecord) -> Checkpoint {
 /// A checkpoint's name: 1 to 64 characters, none a control character.
 pub fn check_name(name: Option<&str>) -> ApiResult<()> {
     match name {
-        Some(n) if n.is_empty() || n.chars().count() > 64 => Err(ApiError::invalid(
-            "name",
-            "use 1 to 64 characters",
-        )),
+        Some(n) if n.is_empty() || n.chars().count() > 64 => {
+            Err(ApiError::invalid("name", "use 1 to 64 characters"))
+        }
         Some(n) if n.chars().any(char::is_control) => Err(ApiError::invalid(
             "name",
             "control characters are not allowed",
@@ -346,7 +345,9 @@ async fn take_files(
             .pause_of(&rec.id)
             .map_err(ApiError::internal)?
             .and_then(|p| p.saved.image)
-            .ok_or_else(|| ApiError::internal(format!("sandbox {} is paused without an image", rec.id)))?,
+            .ok_or_else(|| {
+                ApiError::internal(format!("sandbox {} is paused without an image", rec.id))
+            })?,
         s => return Err(crate::pause::wrong_state(&rec.id, s)),
     };
     let digest = image.parse().map_err(ApiError::internal)?;
@@ -402,7 +403,11 @@ fn dir_bytes(dir: &std::path::Path) -> u64 {
             } else if m.is_dir() {
                 // The kept root, a tmpfs of its own: counted by its use.
                 n += rustix::fs::statvfs(&e.path())
-                    .map(|v| v.f_blocks.saturating_sub(v.f_bfree).saturating_mul(v.f_frsize))
+                    .map(|v| {
+                        v.f_blocks
+                            .saturating_sub(v.f_bfree)
+                            .saturating_mul(v.f_frsize)
+                    })
                     .unwrap_or(0);
             } else if m.is_file() {
                 n += m.len();
@@ -457,7 +462,10 @@ pub fn remove_all_of(state: &AppState, id: &str) {
     let all = match state.store.checkpoints_of(id) {
         Ok(a) => a,
         Err(e) => {
-            tracing::warn!(sandbox_id = id, "list the checkpoints of an ended sandbox: {e}");
+            tracing::warn!(
+                sandbox_id = id,
+                "list the checkpoints of an ended sandbox: {e}"
+            );
             return;
         }
     };
@@ -508,7 +516,9 @@ pub async fn reconcile(state: &Arc<AppState>) {
             }
             match std::fs::remove_dir_all(e.path()) {
                 Ok(()) => tracing::info!(checkpoint = %name, "removed a leftover checkpoint copy"),
-                Err(err) => tracing::warn!(checkpoint = %name, "remove a leftover checkpoint copy: {err}"),
+                Err(err) => {
+                    tracing::warn!(checkpoint = %name, "remove a leftover checkpoint copy: {err}")
+                }
             }
         }
     })
@@ -539,7 +549,9 @@ pub async fn restore(
         .store
         .pause_of(&rec.id)
         .map_err(ApiError::internal)?
-        .ok_or_else(|| ApiError::internal(format!("sandbox {} is paused without a record", rec.id)))?;
+        .ok_or_else(|| {
+            ApiError::internal(format!("sandbox {} is paused without a record", rec.id))
+        })?;
     if pause.kind != c.kind {
         // A sandbox's isolation never changes: its pauses and checkpoints agree.
         return Err(ApiError::internal(format!(
@@ -561,13 +573,17 @@ pub async fn restore(
                     .get(Isolation::Gvisor)
                     .map_err(|why| crate::isolation::unavailable(Isolation::Gvisor, why))?
                     .clone();
-                backend.remove_checkpoint(&dir).map_err(ApiError::internal)?;
+                backend
+                    .remove_checkpoint(&dir)
+                    .map_err(ApiError::internal)?;
                 if let Err(e) =
                     sandlot_runtime::gvisor::kept_copy::materialize(&copy_dir(&st, &c2.id), &dir)
                 {
                     let _ = backend.remove_checkpoint(&dir);
-                    return Err(ApiError::internal(format!("restore checkpoint {}: {e}", c2.id))
-                        .or_exhausted());
+                    return Err(
+                        ApiError::internal(format!("restore checkpoint {}: {e}", c2.id))
+                            .or_exhausted(),
+                    );
                 }
                 saved.files = c2.saved.files.clone();
             }
@@ -593,7 +609,9 @@ pub async fn restore(
         }
         match st.store.set_pause_saved(&id2, &saved) {
             Ok(true) => Ok(()),
-            Ok(false) => Err(ApiError::conflict(format!("sandbox {id2} is no longer paused"))),
+            Ok(false) => Err(ApiError::conflict(format!(
+                "sandbox {id2} is no longer paused"
+            ))),
             Err(e) => Err(ApiError::internal(e)),
         }
     })
@@ -645,7 +663,8 @@ pub async fn diff(
                 let what = format!("the diff of checkpoints {} and {}", ca.id, cb.id);
                 let mut budget = sandlot_store::Budget::new(Some(&limit), &what);
                 let root = |c: &CheckpointRecord| -> Vec<PathBuf> {
-                    let r = copy_dir(&st, &c.id).join(sandlot_runtime::gvisor::kept_copy::SAVED_ROOT);
+                    let r =
+                        copy_dir(&st, &c.id).join(sandlot_runtime::gvisor::kept_copy::SAVED_ROOT);
                     if r.is_dir() {
                         vec![r]
                     } else {

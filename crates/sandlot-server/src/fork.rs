@@ -125,7 +125,13 @@ async fn fork_from(
     let quota = state.cfg.quota(&parent.tenant);
     let admitted = state
         .store
-        .admit_forks(&recs, &pause, &c.id, quota.max_sandboxes, quota.max_memory.bytes())
+        .admit_forks(
+            &recs,
+            &pause,
+            &c.id,
+            quota.max_sandboxes,
+            quota.max_memory.bytes(),
+        )
         .map_err(ApiError::internal)?;
     match admitted {
         Admission::Admitted => {}
@@ -147,8 +153,7 @@ async fn fork_from(
         Admission::NameTaken => return Err(ApiError::internal("a fork was admitted by name")),
     }
     // Started side by side: each restore is a process of its own.
-    let results =
-        futures_util::future::join_all(recs.iter().map(|r| start_one(state, r, c))).await;
+    let results = futures_util::future::join_all(recs.iter().map(|r| start_one(state, r, c))).await;
     if let Some(e) = results.iter().find_map(|r| r.as_ref().err()).cloned() {
         tracing::warn!("a fork failed to start: {} ({:?})", e.message, e.internal);
         for r in &recs {
@@ -179,7 +184,9 @@ async fn start_one(
                 &crate::checkpoint::copy_dir(&st, &cp),
                 &dir,
             )
-            .map_err(|e| ApiError::internal(format!("make a fork's checkpoint: {e}")).or_exhausted())
+            .map_err(|e| {
+                ApiError::internal(format!("make a fork's checkpoint: {e}")).or_exhausted()
+            })
         })
         .await
         .map_err(ApiError::internal)??;
@@ -215,7 +222,9 @@ async fn end(state: &Arc<AppState>, id: &str) {
         SandboxState::Resuming => {
             // Never started, or its start failed before it ran: back to paused,
             // then discarded as a paused sandbox is.
-            let _ = state.store.abort_resume(id, "another fork of its request failed");
+            let _ = state
+                .store
+                .abort_resume(id, "another fork of its request failed");
             if let Ok(Some(rec)) = state.store.get_sandbox(id) {
                 let _ = crate::pause::discard(state, &rec, EndReason::CreateFailed).await;
             }

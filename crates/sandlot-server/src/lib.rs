@@ -7,11 +7,13 @@
 
 pub mod auth;
 pub mod build;
+pub mod checkpoint;
 pub mod code;
 pub mod collection_mount;
 pub mod config;
 pub mod e2b;
 pub mod error;
+pub mod fork;
 pub mod images;
 pub mod inbound;
 pub mod isolation;
@@ -20,8 +22,6 @@ pub mod metrics;
 pub mod mount_users;
 pub mod network;
 pub mod openapi;
-pub mod checkpoint;
-pub mod fork;
 pub mod pause;
 pub mod pool;
 pub mod ports;

@@ -10,8 +10,8 @@ use sandlot_proto::api::{
 use utoipa::{OpenApi, ToSchema};
 
 use crate::routes::{
-    checkpoints,
-    code, exec, files, images, memory, network, ports, sandboxes, secrets, tokens, vfs, volumes,
+    checkpoints, code, exec, files, images, memory, network, ports, sandboxes, secrets, tokens,
+    vfs, volumes,
 };
 
 /// A bind mount, a tmpfs, a memory store or a collection (the `type` field selects).

@@ -530,7 +530,11 @@ async fn preflight(state: &Arc<AppState>, h: &Arc<SandboxHandle>) -> ApiResult<D
     let (_, memory) = h.usage();
     let dir = checkpoints(state);
     make_private_dir(&dir).map_err(ApiError::internal)?;
-    claim_disk(&dir, memory, &format!("sandbox {} uses {memory} bytes of memory", h.id))
+    claim_disk(
+        &dir,
+        memory,
+        &format!("sandbox {} uses {memory} bytes of memory", h.id),
+    )
 }
 
 /// Claims `bytes` (and [`IMAGE_SLACK`]) of free room on `dir`'s file system for
@@ -866,7 +870,11 @@ pub async fn resume(
 /// its restored processes may have changed the files its pause kept, which then
 /// no longer match its memory image, so it is not paused again. What its pause
 /// saved is removed and it is recorded stopped (`lost`) with the reason.
-pub(crate) async fn end_after_restore(state: &Arc<AppState>, rec: &SandboxRecord, e: ApiError) -> ApiError {
+pub(crate) async fn end_after_restore(
+    state: &Arc<AppState>,
+    rec: &SandboxRecord,
+    e: ApiError,
+) -> ApiError {
     let why = "its resume failed after its memory image had started to be restored, \
                which may have changed the files it kept: it was ended (details in the daemon log)";
     let (st, id) = (state.clone(), rec.id.clone());

@@ -170,7 +170,11 @@ fn gvisor_forks_continue_a_counter_from_the_same_value_and_then_diverge() {
         }
         // The checkpoint the fork took is gone with it.
         assert!(c.list_checkpoints(&s.id).await.unwrap().is_empty());
-        assert!(entries(&copies(&d)).is_empty(), "{:?}", entries(&copies(&d)));
+        assert!(
+            entries(&copies(&d)).is_empty(),
+            "{:?}",
+            entries(&copies(&d))
+        );
     });
     d.shutdown();
 }
@@ -197,7 +201,10 @@ fn gvisor_forks_from_a_named_checkpoint_and_the_checkpoints_go_with_their_sandbo
             .unwrap();
         assert!(cp.memory);
         assert!(cp.size > 0);
-        assert_eq!((cp.name.as_deref(), cp.parent.as_deref()), (Some("one"), None));
+        assert_eq!(
+            (cp.name.as_deref(), cp.parent.as_deref()),
+            (Some("one"), None)
+        );
         assert_eq!(
             c.get_sandbox(&s.id).await.unwrap().state,
             SandboxState::Paused
@@ -281,7 +288,11 @@ fn gvisor_forks_from_a_named_checkpoint_and_the_checkpoints_go_with_their_sandbo
             async move { entries(&dir).is_empty() }
         })
         .await;
-        assert!(mounts_under(&d.data_dir()).is_empty(), "{:?}", mounts_under(&d.data_dir()));
+        assert!(
+            mounts_under(&d.data_dir()).is_empty(),
+            "{:?}",
+            mounts_under(&d.data_dir())
+        );
         assert!(entries(&d.data_dir().join("checkpoints")).is_empty());
     });
     d.shutdown();
@@ -314,8 +325,14 @@ fn gvisor_restore_in_place_brings_back_the_earlier_files_and_processes() {
             .await
             .unwrap();
         let diff = c.diff_checkpoints(&s.id, &cp.id, &later.id).await.unwrap();
-        assert!(diff.changed.iter().any(|p| p.ends_with("tmp/file")), "{diff:?}");
-        assert!(diff.added.iter().any(|p| p.ends_with("tmp/later")), "{diff:?}");
+        assert!(
+            diff.changed.iter().any(|p| p.ends_with("tmp/file")),
+            "{diff:?}"
+        );
+        assert!(
+            diff.added.iter().any(|p| p.ends_with("tmp/later")),
+            "{diff:?}"
+        );
         // Restored from paused, to the earlier one.
         let r = c.restore_checkpoint(&s.id, &cp.id).await.unwrap();
         assert_eq!(r.kind, sandlot_client::api::PauseKind::Memory);
@@ -336,7 +353,12 @@ fn namespace_forks_get_the_files_and_start_their_processes_afresh() {
     let c = d.client();
     rt().block_on(async {
         let s = c.create_sandbox(&on("namespace")).await.unwrap();
-        sh(&c, &s.id, "echo before > /tmp/before; sleep 1000 >/dev/null 2>&1 &").await;
+        sh(
+            &c,
+            &s.id,
+            "echo before > /tmp/before; sleep 1000 >/dev/null 2>&1 &",
+        )
+        .await;
         let f = c
             .fork_sandbox(
                 &s.id,
@@ -354,7 +376,12 @@ fn namespace_forks_get_the_files_and_start_their_processes_afresh() {
             assert_eq!(sh(&c, id, "cat /tmp/before").await, "before\n");
             // Processes started afresh: no sleep of the parent's.
             assert_eq!(
-                sh(&c, id, "pgrep -x sleep >/dev/null && echo found || echo none").await,
+                sh(
+                    &c,
+                    id,
+                    "pgrep -x sleep >/dev/null && echo found || echo none"
+                )
+                .await,
                 "none\n"
             );
         }
@@ -367,7 +394,12 @@ fn namespace_forks_get_the_files_and_start_their_processes_afresh() {
         }
         // The parent ran on untouched.
         assert_eq!(
-            sh(&c, &s.id, "pgrep -x sleep >/dev/null && echo found || echo none").await,
+            sh(
+                &c,
+                &s.id,
+                "pgrep -x sleep >/dev/null && echo found || echo none"
+            )
+            .await,
             "found\n"
         );
         assert!(c.list_checkpoints(&s.id).await.unwrap().is_empty());
@@ -389,11 +421,20 @@ fn namespace_restore_in_place_brings_back_the_earlier_files() {
         assert_eq!(cp2.parent.as_deref(), Some(cp.id.as_str()));
         // What changed between them: the diff of their images.
         let diff = c.diff_checkpoints(&s.id, &cp.id, &cp2.id).await.unwrap();
-        assert!(diff.changed.iter().any(|p| p.ends_with("tmp/file")), "{diff:?}");
-        assert!(diff.added.iter().any(|p| p.ends_with("tmp/later")), "{diff:?}");
+        assert!(
+            diff.changed.iter().any(|p| p.ends_with("tmp/file")),
+            "{diff:?}"
+        );
+        assert!(
+            diff.added.iter().any(|p| p.ends_with("tmp/later")),
+            "{diff:?}"
+        );
         assert!(diff.removed.is_empty(), "{diff:?}");
         let back = c.diff_checkpoints(&s.id, &cp2.id, &cp.id).await.unwrap();
-        assert!(back.removed.iter().any(|p| p.ends_with("tmp/later")), "{back:?}");
+        assert!(
+            back.removed.iter().any(|p| p.ends_with("tmp/later")),
+            "{back:?}"
+        );
         let r = c.restore_checkpoint(&s.id, &cp.id).await.unwrap();
         assert_eq!(r.kind, sandlot_client::api::PauseKind::Filesystem);
         assert_eq!(sh(&c, &s.id, "cat /tmp/file").await, "one\n");
@@ -413,10 +454,7 @@ fn namespace_restore_in_place_brings_back_the_earlier_files() {
             let (status, v) = d.raw("GET", "/v1/images", "");
             assert_eq!(status, 200);
             let images = v["images"].as_array().cloned().unwrap_or_default();
-            images
-                .iter()
-                .filter(|i| i["source"] == "snapshot")
-                .count()
+            images.iter().filter(|i| i["source"] == "snapshot").count()
         };
         eventually(20, "the checkpoints' images to go", || {
             let n = snapshots();
@@ -429,10 +467,7 @@ fn namespace_restore_in_place_brings_back_the_earlier_files() {
 
 #[test]
 fn a_fork_past_the_tenants_quota_makes_no_sandbox() {
-    let mut d = Daemon::start_isolated(
-        Some("[quotas]\nmax_sandboxes = 3\n"),
-        "namespace",
-    );
+    let mut d = Daemon::start_isolated(Some("[quotas]\nmax_sandboxes = 3\n"), "namespace");
     let c = d.tcp(Some(&d.token("acme")));
     rt().block_on(async {
         let s = c.create_sandbox(&on("namespace")).await.unwrap();
@@ -449,10 +484,7 @@ fn a_fork_past_the_tenants_quota_makes_no_sandbox() {
             .unwrap_err();
         assert_eq!(e.status().map(|s| s.as_u16()), Some(429), "{e}");
         assert!(e.to_string().contains("none was made"), "{e}");
-        let all = c
-            .list_sandboxes(&Default::default())
-            .await
-            .unwrap();
+        let all = c.list_sandboxes(&Default::default()).await.unwrap();
         assert_eq!(all.len(), 1, "{all:?}");
         // Two fit.
         let f = c
@@ -518,7 +550,11 @@ fn another_tenants_sandbox_and_checkpoints_are_not_found() {
             assert_eq!(e.status().map(|s| s.as_u16()), Some(404), "{e}");
         };
         is_404(b.list_checkpoints(&s.id).await.map(|_| ()));
-        is_404(b.create_checkpoint(&s.id, &keep_running()).await.map(|_| ()));
+        is_404(
+            b.create_checkpoint(&s.id, &keep_running())
+                .await
+                .map(|_| ()),
+        );
         is_404(b.delete_checkpoint(&s.id, &cp.id).await);
         is_404(b.restore_checkpoint(&s.id, &cp.id).await.map(|_| ()));
         is_404(

@@ -99,10 +99,15 @@ pub fn materialize(saved: &Path, to: &Path) -> Result<(), RuntimeError> {
     }
     let ids = fs::read_to_string(saved.join(KEPT_IDS))
         .map_err(io_err(format!("read {}", saved.join(KEPT_IDS).display())))?;
-    let size = fs::read_to_string(saved.join(SAVED_ROOT_SIZE))
-        .map_err(io_err(format!("read {}", saved.join(SAVED_ROOT_SIZE).display())))?;
+    let size = fs::read_to_string(saved.join(SAVED_ROOT_SIZE)).map_err(io_err(format!(
+        "read {}",
+        saved.join(SAVED_ROOT_SIZE).display()
+    )))?;
     let limit = parse_size(&size).ok_or_else(|| {
-        RuntimeError::Init(format!("checkpoint copy {}: bad root size", saved.display()))
+        RuntimeError::Init(format!(
+            "checkpoint copy {}: bad root size",
+            saved.display()
+        ))
     })?;
     let root = to.join(KEPT_ROOT);
     fs::create_dir(&root).map_err(io_err(format!("create {}", root.display())))?;
@@ -266,7 +271,13 @@ mod tests {
             fs::read_link(dir.join("dst/out")).unwrap(),
             Path::new("/etc/hostname")
         );
-        assert_eq!(out, Saved { bytes: 5, skipped: 0 });
+        assert_eq!(
+            out,
+            Saved {
+                bytes: 5,
+                skipped: 0
+            }
+        );
         let _ = fs::remove_dir_all(&dir);
     }
 }

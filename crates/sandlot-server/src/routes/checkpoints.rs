@@ -89,7 +89,9 @@ pub async fn restore(
     p: Principal,
     Path((id, cp)): Path<(String, String)>,
 ) -> ApiResult<Json<Restored>> {
-    Ok(Json(crate::checkpoint::restore(&state, &p, &id, &cp).await?))
+    Ok(Json(
+        crate::checkpoint::restore(&state, &p, &id, &cp).await?,
+    ))
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/fork", tag = "checkpoints",

@@ -87,7 +87,9 @@ impl Store {
             return Ok(Err(Some(n as u64)));
         }
         tx.execute(
-            &format!("INSERT INTO checkpoints ({COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"),
+            &format!(
+                "INSERT INTO checkpoints ({COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
+            ),
             params![
                 cp.id,
                 cp.sandbox_id,

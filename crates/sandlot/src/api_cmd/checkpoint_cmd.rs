@@ -186,7 +186,9 @@ pub async fn fork(a: ForkArgs) -> anyhow::Result<i32> {
             println!("{}", s.id);
         }
         if f.kind == sandlot_client::api::PauseKind::Filesystem {
-            eprintln!("sandlot: the forks have the sandbox's files; their processes started afresh");
+            eprintln!(
+                "sandlot: the forks have the sandbox's files; their processes started afresh"
+            );
         }
     }
     Ok(0)
