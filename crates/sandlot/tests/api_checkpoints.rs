@@ -611,3 +611,53 @@ fn the_cli_creates_lists_restores_and_deletes_checkpoints_and_forks() {
     assert!(err.contains("not_found"), "{err}");
     d.shutdown();
 }
+
+#[test]
+fn checkpoints_survive_a_daemon_restart_and_copies_without_a_record_are_removed() {
+    for isolation in ["namespace", "gvisor"] {
+        let mut d = Daemon::start_isolated(None, isolation);
+        let c = d.client();
+        let (id, cp) = rt().block_on(async {
+            let s = c.create_sandbox(&on(isolation)).await.unwrap();
+            sh(&c, &s.id, "echo kept > /tmp/file").await;
+            // Left paused on gVisor: this sandbox is never restored itself.
+            let cp = c
+                .create_checkpoint(
+                    &s.id,
+                    &CreateCheckpoint {
+                        name: Some("kept".into()),
+                        leave_running: isolation == "namespace",
+                    },
+                )
+                .await
+                .unwrap();
+            (s.id, cp)
+        });
+        // A copy a crash left without its record.
+        let stray = copies(&d).join("cp-00000000deadbeef");
+        std::fs::create_dir_all(stray.join("rootfs")).unwrap();
+        d.kill9();
+        d.spawn();
+        let c = d.client();
+        rt().block_on(async {
+            assert_eq!(c.list_checkpoints(&id).await.unwrap(), vec![cp.clone()]);
+            assert!(!stray.exists(), "{isolation}: a stray copy stayed");
+            let f = c
+                .fork_sandbox(
+                    &id,
+                    &ForkRequest {
+                        count: 1,
+                        checkpoint: Some(cp.id.clone()),
+                    },
+                )
+                .await
+                .unwrap();
+            assert_eq!(
+                sh(&c, &f.sandboxes[0].id, "cat /tmp/file").await,
+                "kept\n",
+                "{isolation}"
+            );
+        });
+        d.shutdown();
+    }
+}
