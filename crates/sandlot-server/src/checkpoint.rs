@@ -573,18 +573,26 @@ pub async fn restore(
                     .get(Isolation::Gvisor)
                     .map_err(|why| crate::isolation::unavailable(Isolation::Gvisor, why))?
                     .clone();
+                // Made beside what the pause saved, which is replaced only once
+                // it is whole: a failure leaves the sandbox paused as it was.
+                let next = crate::pause::partial_dir(&st, &id2);
                 backend
-                    .remove_checkpoint(&dir)
+                    .remove_checkpoint(&next)
                     .map_err(ApiError::internal)?;
                 if let Err(e) =
-                    sandlot_runtime::gvisor::kept_copy::materialize(&copy_dir(&st, &c2.id), &dir)
+                    sandlot_runtime::gvisor::kept_copy::materialize(&copy_dir(&st, &c2.id), &next)
                 {
-                    let _ = backend.remove_checkpoint(&dir);
+                    let _ = backend.remove_checkpoint(&next);
                     return Err(
                         ApiError::internal(format!("restore checkpoint {}: {e}", c2.id))
                             .or_exhausted(),
                     );
                 }
+                backend
+                    .remove_checkpoint(&dir)
+                    .map_err(ApiError::internal)?;
+                std::fs::rename(&next, &dir)
+                    .map_err(|e| ApiError::internal(format!("rename {}: {e}", next.display())))?;
                 saved.files = c2.saved.files.clone();
             }
             PauseKind::Filesystem => {

@@ -68,7 +68,7 @@ pub(crate) fn checkpoint_dir(state: &AppState, id: &str) -> PathBuf {
     checkpoints(state).join(id)
 }
 
-fn partial_dir(state: &AppState, id: &str) -> PathBuf {
+pub(crate) fn partial_dir(state: &AppState, id: &str) -> PathBuf {
     checkpoints(state).join(format!("{id}.partial"))
 }
 

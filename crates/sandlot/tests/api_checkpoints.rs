@@ -343,6 +343,18 @@ fn gvisor_restore_in_place_brings_back_the_earlier_files_and_processes() {
             sh(&c, &s.id, "cat /tmp/later 2>/dev/null || echo none").await,
             "none\n"
         );
+        // Its end leaves no copy, checkpoint directory or mount behind.
+        c.delete_sandbox(&s.id).await.unwrap();
+        let data = d.data_dir();
+        eventually(20, "the checkpoints to go", || {
+            let data = data.clone();
+            async move {
+                entries(&data.join("sandbox-checkpoints")).is_empty()
+                    && entries(&data.join("checkpoints")).is_empty()
+                    && mounts_under(&data).is_empty()
+            }
+        })
+        .await;
     });
     d.shutdown();
 }
