@@ -63,6 +63,10 @@ def test_restore_brings_back_the_earlier_files(acme):  # type: ignore[no-untyped
         sb.files.write("/root/f", "one")
         cp = sb.checkpoint()
         sb.files.write("/root/f", "two")
+        later = sb.checkpoint()
+        assert later.parent == cp.id
+        diff = sb.diff_checkpoints(cp, later)
+        assert diff["changed"] == ["/root/f"] and diff["added"] == [] and diff["removed"] == [], diff
         info = sb.restore(cp)
         assert info.state == "running"
         assert sb.files.read_text("/root/f") == "one"

@@ -112,9 +112,8 @@ pub struct Restored {
     pub sandbox: Sandbox,
 }
 
-/// `GET /v1/sandboxes/{id}/checkpoints/{cp}/diff?against=OTHER`: the paths of
-/// files (`/`-relative, without the leading `/`) that are in `OTHER` and not in
-/// `cp` (`added`), in both but different (`changed`), in `cp` only (`removed`).
+/// `GET /v1/sandboxes/{id}/checkpoints/{cp}/diff?against=OTHER`: the absolute
+/// paths of the files that are in `OTHER` and not in `cp` (`added`), in both but different (`changed`), in `cp` only (`removed`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CheckpointDiff {

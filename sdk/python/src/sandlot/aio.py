@@ -806,6 +806,15 @@ class AsyncSandbox:
         cp = checkpoint.id if isinstance(checkpoint, Checkpoint) else checkpoint
         await self._client.request("DELETE", f"/v1/sandboxes/{self.id}/checkpoints/{cp}")
 
+    async def diff_checkpoints(self, a: Union[str, Checkpoint], b: Union[str, Checkpoint]) -> Dict[str, List[str]]:
+        """See :meth:`sandlot.Sandbox.diff_checkpoints`."""
+        ca = a.id if isinstance(a, Checkpoint) else a
+        cb = b.id if isinstance(b, Checkpoint) else b
+        r = await self._client.json(
+            "GET", f"/v1/sandboxes/{self.id}/checkpoints/{ca}/diff", params={"against": cb}
+        )
+        return {k: [str(p) for p in r.get(k, [])] for k in ("added", "changed", "removed")}
+
     async def fork(
         self, count: int = 1, *, checkpoint: Union[str, Checkpoint, None] = None
     ) -> List["AsyncSandbox"]:

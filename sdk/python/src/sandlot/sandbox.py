@@ -990,6 +990,17 @@ class Sandbox:
         cp = checkpoint.id if isinstance(checkpoint, Checkpoint) else checkpoint
         self._client.request("DELETE", f"/v1/sandboxes/{self.id}/checkpoints/{cp}")
 
+    def diff_checkpoints(self, a: Union[str, Checkpoint], b: Union[str, Checkpoint]) -> Dict[str, List[str]]:
+        """The files that differ from checkpoint ``a`` to checkpoint ``b`` of this
+        sandbox: ``{"added": [...], "changed": [...], "removed": [...]}`` (absolute
+        paths), by the image diff."""
+        ca = a.id if isinstance(a, Checkpoint) else a
+        cb = b.id if isinstance(b, Checkpoint) else b
+        r = self._client.json(
+            "GET", f"/v1/sandboxes/{self.id}/checkpoints/{ca}/diff", params={"against": cb}
+        )
+        return {k: [str(p) for p in r.get(k, [])] for k in ("added", "changed", "removed")}
+
     def fork(self, count: int = 1, *, checkpoint: Union[str, Checkpoint, None] = None) -> List["Sandbox"]:
         """Makes ``count`` new sandboxes of the same tenant that continue from a
         fresh checkpoint of this one (or from ``checkpoint``) and returns them.
