@@ -238,12 +238,38 @@ async fn take_memory(
         crate::pause::request(state, p, &rec.id).await?;
     }
     let paused = crate::routes::lookup(state, p, &rec.id)?;
-    let pause = state
+    if paused.state != SandboxState::Paused {
+        return Err(crate::pause::wrong_state(&rec.id, paused.state));
+    }
+    // Held `resuming` while what its pause saved is copied: nothing resumes,
+    // pauses or deletes it meanwhile. Resumed after if it ran before.
+    let run_after = !was_paused && leave_running;
+    if run_after {
+        crate::pause::begin_resume(state, p, &paused)?;
+    } else if !state
         .store
-        .pause_of(&rec.id)
+        .hold_paused(&rec.id)
         .map_err(ApiError::internal)?
-        .filter(|_| paused.state == SandboxState::Paused)
-        .ok_or_else(|| crate::pause::wrong_state(&rec.id, paused.state))?;
+    {
+        let now = crate::routes::lookup(state, p, &rec.id)?;
+        return Err(crate::pause::wrong_state(&rec.id, now.state));
+    }
+    let finish = |r: ApiResult<CheckpointRecord>| async move {
+        if run_after {
+            crate::pause::resume_begun(state, p, &paused).await?;
+        } else if let Err(e) = state.store.release_paused(&rec.id) {
+            tracing::error!("record the sandbox paused again: {e}");
+        }
+        r
+    };
+    let pause = match state.store.pause_of(&rec.id) {
+        Ok(Some(pause)) => pause,
+        Ok(None) => {
+            let e = ApiError::internal(format!("sandbox {} is paused without a record", rec.id));
+            return finish(Err(e)).await;
+        }
+        Err(e) => return finish(Err(ApiError::internal(e))).await,
+    };
     let cp = new_id();
     let (st, id, cp2) = (state.clone(), rec.id.clone(), cp.clone());
     let copied = tokio::task::spawn_blocking(move || -> ApiResult<(u64, u64)> {
@@ -281,26 +307,17 @@ async fn take_memory(
     })
     .await
     .map_err(ApiError::internal)?;
-    let resume = |r: ApiResult<CheckpointRecord>| async move {
-        // The sandbox goes on as before whatever came of its copy.
-        if !was_paused && leave_running {
-            crate::pause::resume(state, p, &rec.id).await?;
-        }
-        r
-    };
     let size = match copied {
         Ok((_, on_disk)) => on_disk,
-        Err(e) => return resume(Err(e)).await,
+        // The sandbox goes on as before whatever came of its copy.
+        Err(e) => return finish(Err(e)).await,
     };
     let c = CheckpointRecord {
         id: cp,
         sandbox_id: rec.id.clone(),
         tenant: rec.tenant.clone(),
         name,
-        parent: state
-            .store
-            .checkpoint_head(&rec.id)
-            .map_err(ApiError::internal)?,
+        parent: state.store.checkpoint_head(&rec.id).ok().flatten(),
         kind: PauseKind::Memory,
         created_at: now_ms(),
         size,
@@ -311,7 +328,7 @@ async fn take_memory(
         },
     };
     let recorded = record(state, c).await;
-    resume(recorded).await
+    finish(recorded).await
 }
 
 /// Namespace backend: commit the files (the sandbox runs on, or is paused after
@@ -402,7 +419,7 @@ fn dir_bytes(dir: &std::path::Path) -> u64 {
                 stack.push(e.path());
             } else if m.is_dir() {
                 // The kept root, a tmpfs of its own: counted by its use.
-                n += rustix::fs::statvfs(&e.path())
+                n += rustix::fs::statvfs(e.path())
                     .map(|v| {
                         v.f_blocks
                             .saturating_sub(v.f_bfree)
@@ -545,6 +562,33 @@ pub async fn restore(
         SandboxState::Paused => {}
         s => return Err(crate::pause::wrong_state(&rec.id, s)),
     }
+    // Held `resuming` from here: no resume, pause or delete of it meanwhile.
+    let rec = crate::routes::lookup(state, p, &rec.id)?;
+    crate::pause::begin_resume(state, p, &rec)?;
+    match swap(state, &rec, &c).await {
+        Ok(()) => {}
+        Err(e) => {
+            // What its pause saved is as it was: it is paused again.
+            if let Err(e2) = state.store.abort_resume(&rec.id, &e.message) {
+                tracing::error!("record the failed restore: {e2}");
+            }
+            return Err(e);
+        }
+    }
+    state
+        .store
+        .set_checkpoint_head(&rec.id, &c.id)
+        .map_err(ApiError::internal)?;
+    let back = crate::pause::resume_begun(state, p, &rec).await?;
+    Ok(Restored {
+        checkpoint: c.id,
+        kind: c.kind,
+        sandbox: crate::routes::sandboxes::view(state, &back),
+    })
+}
+
+/// Replaces what the pause of `rec` (held `resuming`) saved by checkpoint `c`'s.
+async fn swap(state: &Arc<AppState>, rec: &SandboxRecord, c: &CheckpointRecord) -> ApiResult<()> {
     let pause = state
         .store
         .pause_of(&rec.id)
@@ -563,8 +607,9 @@ pub async fn restore(
         )));
     }
     let (st, id2, c2) = (state.clone(), rec.id.clone(), c.clone());
-    let swapped = tokio::task::spawn_blocking(move || -> ApiResult<()> {
+    tokio::task::spawn_blocking(move || -> ApiResult<()> {
         let mut saved = pause.saved.clone();
+        let (mut superseded, mut lease) = (None, None);
         match c2.kind {
             PauseKind::Memory => {
                 let dir = crate::pause::checkpoint_dir(&st, &id2);
@@ -603,43 +648,37 @@ pub async fn restore(
                     .unwrap_or_default()
                     .parse()
                     .map_err(ApiError::internal)?;
-                st.images
-                    .store
-                    .lease(&id2, &img)
-                    .map_err(crate::images::store_error)?;
-                if let Some(old) = saved.image.replace(img.to_string()) {
-                    crate::pause::forget_commit(&st, &old);
-                }
+                superseded = saved.image.replace(img.to_string());
+                lease = Some(img);
             }
         }
         if c2.saved.network.is_some() {
             saved.network = c2.saved.network.clone();
         }
         match st.store.set_pause_saved(&id2, &saved) {
-            Ok(true) => Ok(()),
-            Ok(false) => Err(ApiError::conflict(format!(
-                "sandbox {id2} is no longer paused"
-            ))),
-            Err(e) => Err(ApiError::internal(e)),
+            Ok(true) => {}
+            Ok(false) => {
+                return Err(ApiError::conflict(format!(
+                    "sandbox {id2} is no longer resuming"
+                )))
+            }
+            Err(e) => return Err(ApiError::internal(e)),
         }
+        // The sandbox holds the checkpoint's image now (a resume leases it again).
+        if let Some(img) = lease {
+            st.images
+                .store
+                .lease(&id2, &img)
+                .map_err(crate::images::store_error)?;
+        }
+        // The image the pause committed, which nothing names any more.
+        if let Some(old) = superseded.filter(|o| Some(o) != saved.image.as_ref()) {
+            crate::pause::forget_commit(&st, &old);
+        }
+        Ok(())
     })
     .await
-    .map_err(ApiError::internal)?;
-    if let Err(e) = swapped {
-        // What the pause saved may be gone: the sandbox is paused, and a resume
-        // says whether it can start again.
-        return Err(e);
-    }
-    state
-        .store
-        .set_checkpoint_head(&rec.id, &c.id)
-        .map_err(ApiError::internal)?;
-    let back = crate::pause::resume(state, p, &rec.id).await?;
-    Ok(Restored {
-        checkpoint: c.id,
-        kind: c.kind,
-        sandbox: crate::routes::sandboxes::view(state, &back),
-    })
+    .map_err(ApiError::internal)?
 }
 
 /// The files that differ between checkpoints `a` and `b` of the caller's

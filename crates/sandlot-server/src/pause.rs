@@ -812,35 +812,55 @@ pub async fn resume(
             "only a paused sandbox resumes",
         ));
     }
+    begin_resume(state, p, &rec)?;
+    resume_begun(state, p, &rec).await
+}
+
+/// Paused sandbox `rec` to `resuming`, if the tenant's memory quota has room
+/// for it (429 otherwise; 409 `invalid_state` if it is no longer paused). From
+/// here on nothing else resumes, pauses or deletes it: [`resume_begun`] (or
+/// `Store::abort_resume`) follows.
+pub(crate) fn begin_resume(
+    state: &Arc<AppState>,
+    p: &crate::auth::Principal,
+    rec: &SandboxRecord,
+) -> ApiResult<()> {
     let quota = state.cfg.quota(&rec.tenant);
     match state
         .store
         .begin_resume(&rec.id, &rec.tenant, quota.max_memory.bytes())
         .map_err(ApiError::internal)?
     {
-        Ok(true) => {}
+        Ok(true) => Ok(()),
         Ok(false) => {
             let now = crate::routes::lookup(state, p, &rec.id)?;
-            return Err(wrong_state_for(
+            Err(wrong_state_for(
                 &rec.id,
                 now.state,
                 "only a paused sandbox resumes",
-            ));
+            ))
         }
-        Err(used) => {
-            return Err(ApiError::quota(format!(
-                "tenant {}: {} of memory in live sandboxes plus {} for this one exceeds the quota of {}",
-                rec.tenant,
-                sandlot_proto::units::ByteSize(used),
-                sandlot_proto::units::ByteSize(rec.memory_bytes),
-                quota.max_memory
-            )))
-        }
+        Err(used) => Err(ApiError::quota(format!(
+            "tenant {}: {} of memory in live sandboxes plus {} for this one exceeds the quota of {}",
+            rec.tenant,
+            sandlot_proto::units::ByteSize(used),
+            sandlot_proto::units::ByteSize(rec.memory_bytes),
+            quota.max_memory
+        ))),
     }
+}
+
+/// Resumes sandbox `rec`, recorded `resuming` ([`begin_resume`]), from what its
+/// pause saved; on a failure it is paused again, or ended once a restore started.
+pub(crate) async fn resume_begun(
+    state: &Arc<AppState>,
+    p: &crate::auth::Principal,
+    rec: &SandboxRecord,
+) -> ApiResult<SandboxRecord> {
     let t0 = Instant::now();
     let span = tracing::info_span!("sandbox", sandbox_id = %rec.id, tenant = %rec.tenant);
     let restored = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let r = resume_started(state, &rec, &restored)
+    let r = resume_started(state, rec, &restored)
         .instrument(span.clone())
         .await;
     match r {
@@ -856,7 +876,7 @@ pub async fn resume(
         Err(e) => {
             span.in_scope(|| tracing::warn!("resume failed: {} ({:?})", e.message, e.internal));
             if restored.load(Ordering::SeqCst) {
-                return Err(end_after_restore(state, &rec, e).await);
+                return Err(end_after_restore(state, rec, e).await);
             }
             if let Err(e2) = state.store.abort_resume(&rec.id, &e.message) {
                 tracing::error!("record the failed resume: {e2}");

@@ -142,10 +142,7 @@ fn statvfs(dir: &Path) -> Result<(u64, u64), RuntimeError> {
     }
     // SAFETY: the call succeeded, so it filled `v`.
     let v = unsafe { v.assume_init() };
-    Ok((
-        (v.f_blocks as u64).saturating_mul(v.f_frsize as u64),
-        v.f_files as u64,
-    ))
+    Ok((v.f_blocks.saturating_mul(v.f_frsize), v.f_files))
 }
 
 /// Copies regular file `from` (never following a link) to `to`, new, with its

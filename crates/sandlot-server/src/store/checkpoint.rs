@@ -179,6 +179,31 @@ impl Store {
         set_head(&c, id, cp)
     }
 
+    /// `paused` to `resuming` without a quota check, if it is paused: held while
+    /// what its pause saved is copied (no resume, pause or delete meanwhile),
+    /// then [`Store::release_paused`]. A daemon start finds it paused again.
+    pub fn hold_paused(&self, id: &str) -> Result<bool, StoreError> {
+        let c = self.lock();
+        let n = c
+            .execute(
+                "UPDATE sandboxes SET state = 'resuming' WHERE id = ?1 AND state = 'paused'",
+                [id],
+            )
+            .map_err(sql("hold paused sandbox"))?;
+        Ok(n == 1)
+    }
+
+    /// `resuming` back to `paused` after [`Store::hold_paused`].
+    pub fn release_paused(&self, id: &str) -> Result<(), StoreError> {
+        let c = self.lock();
+        c.execute(
+            "UPDATE sandboxes SET state = 'paused' WHERE id = ?1 AND state = 'resuming'",
+            [id],
+        )
+        .map_err(sql("release paused sandbox"))?;
+        Ok(())
+    }
+
     /// Admits the sandboxes of a fork, all of them or none: each `resuming` with
     /// `pause` as what it starts from and `checkpoint` as its head, if the
     /// tenant's quotas have room for every one.
@@ -314,6 +339,36 @@ mod tests {
             s.add_checkpoint(&cp("c4", "a", None), 5).unwrap(),
             Err(None)
         );
+    }
+
+    #[test]
+    fn a_paused_sandbox_held_for_a_copy_can_be_neither_resumed_nor_deleted() {
+        let s = Store::in_memory().unwrap();
+        s.admit_sandbox(&rec("a", 1), 10, 1 << 30).unwrap();
+        assert!(
+            !s.hold_paused("a").unwrap(),
+            "only a paused sandbox is held"
+        );
+        assert!(s.begin_pause("a").unwrap());
+        let pause = PauseRecord {
+            kind: PauseKind::Memory,
+            paused_at: 1,
+            remaining_ms: 100,
+            saved: Saved::default(),
+        };
+        s.mark_paused("a", &pause, &UsageRecord::default()).unwrap();
+        assert!(s.hold_paused("a").unwrap());
+        assert_eq!(s.begin_resume("a", "t", 1 << 30).unwrap(), Ok(false));
+        assert!(!s
+            .begin_stop_paused("a", crate::store::EndReason::Deleted)
+            .unwrap());
+        assert!(s.set_pause_saved("a", &Saved::default()).unwrap());
+        s.release_paused("a").unwrap();
+        assert_eq!(
+            s.get_sandbox("a").unwrap().unwrap().state,
+            SandboxState::Paused
+        );
+        assert!(!s.set_pause_saved("a", &Saved::default()).unwrap());
     }
 
     #[test]
