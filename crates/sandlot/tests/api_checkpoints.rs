@@ -673,3 +673,71 @@ fn checkpoints_survive_a_daemon_restart_and_copies_without_a_record_are_removed(
         d.shutdown();
     }
 }
+
+#[test]
+fn a_fork_whose_start_fails_ends_all_its_sandboxes_and_leaves_nothing() {
+    let mut d = Daemon::start_isolated(None, "gvisor");
+    let c = d.client();
+    rt().block_on(async {
+        let s = c.create_sandbox(&on("gvisor")).await.unwrap();
+        let cp = c
+            .create_checkpoint(
+                &s.id,
+                &CreateCheckpoint {
+                    name: None,
+                    leave_running: false,
+                },
+            )
+            .await
+            .unwrap();
+        // The copy's memory image altered on the disk: every fork's start is
+        // refused by the check of its sums.
+        let dir = copies(&d).join(&cp.id);
+        // The largest file is the memory image.
+        let image = entries(&dir)
+            .into_iter()
+            .map(|n| dir.join(n))
+            .filter(|p| p.is_file())
+            .max_by_key(|p| std::fs::metadata(p).unwrap().len())
+            .expect("a memory image file");
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&image)
+            .unwrap()
+            .set_len(1)
+            .unwrap();
+        let e = c
+            .fork_sandbox(
+                &s.id,
+                &ForkRequest {
+                    count: 2,
+                    checkpoint: Some(cp.id.clone()),
+                },
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Some("checkpoint_damaged"), "{e}");
+        // No fork runs or stays paused; each is recorded stopped.
+        let all = c.list_sandboxes(&Default::default()).await.unwrap();
+        let live: Vec<_> = all
+            .iter()
+            .filter(|x| x.id != s.id && x.state != SandboxState::Stopped)
+            .map(|x| (x.id.clone(), x.state))
+            .collect();
+        assert!(live.is_empty(), "{live:?}");
+        let data = d.data_dir();
+        let parent = s.id.clone();
+        eventually(20, "the forks' directories to go", || {
+            let (data, parent) = (data.clone(), parent.clone());
+            async move {
+                let ours = format!("checkpoints/{parent}");
+                entries(&data.join("checkpoints")) == vec![parent.clone()]
+                    && mounts_under(&data.join("checkpoints"))
+                        .iter()
+                        .all(|m| m.contains(&ours))
+            }
+        })
+        .await;
+    });
+    d.shutdown();
+}
