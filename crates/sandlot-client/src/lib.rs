@@ -15,6 +15,7 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod checkpoint;
 pub mod code;
 mod conn;
 pub mod network;

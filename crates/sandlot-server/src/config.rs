@@ -74,6 +74,10 @@ pub struct Limits {
     /// How long a sandbox may stay paused; older ones are deleted hourly (with
     /// what their pause saved). 0: kept until deleted.
     pub paused_retention: Seconds,
+    /// Most checkpoints a sandbox holds (`POST .../checkpoints`); at least 1.
+    pub max_checkpoints_per_sandbox: u32,
+    /// Most sandboxes one `POST .../fork` makes; at least 1.
+    pub max_fork_count: u32,
 }
 
 impl Default for Limits {
@@ -89,6 +93,8 @@ impl Default for Limits {
             stopped_retention: Seconds::secs(7 * 24 * 3600),
             max_paused_per_tenant: 8,
             paused_retention: Seconds::secs(7 * 24 * 3600),
+            max_checkpoints_per_sandbox: 16,
+            max_fork_count: 16,
         }
     }
 }

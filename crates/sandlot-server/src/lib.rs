@@ -8,11 +8,13 @@
 pub mod auth;
 pub mod autopause;
 pub mod build;
+pub mod checkpoint;
 pub mod code;
 pub mod collection_mount;
 pub mod config;
 pub mod e2b;
 pub mod error;
+pub mod fork;
 pub mod images;
 pub mod inbound;
 pub mod isolation;
@@ -337,6 +339,7 @@ pub async fn serve(
     routes::vfs::start_sweeper(&state);
     start_record_pruner(&state);
     pause::start_paused_expiry(&state);
+    checkpoint::reconcile(&state).await;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         shutdown.await;

@@ -4,12 +4,14 @@
 use std::collections::BTreeMap;
 
 use sandlot_proto::api::{
-    code as code_api, network as net_api, ports as ports_api, vfs as vfs_api,
+    checkpoint as ckpt_api, code as code_api, network as net_api, ports as ports_api,
+    vfs as vfs_api,
 };
 use utoipa::{OpenApi, ToSchema};
 
 use crate::routes::{
-    code, exec, files, images, memory, network, ports, sandboxes, secrets, tokens, vfs, volumes,
+    checkpoints, code, exec, files, images, memory, network, ports, sandboxes, secrets, tokens,
+    vfs, volumes,
 };
 
 /// A bind mount, a tmpfs, a memory store or a collection (the `type` field selects).
@@ -176,6 +178,8 @@ pub struct SecretRefDoc {
     paths(
         sandboxes::health, sandboxes::create, sandboxes::list, sandboxes::get_one, sandboxes::delete,
         sandboxes::set_timeout, sandboxes::pause, sandboxes::resume, sandboxes::events,
+        checkpoints::create, checkpoints::list, checkpoints::delete, checkpoints::restore,
+        checkpoints::fork, checkpoints::diff,
         exec::start, exec::start_ws, exec::list, exec::get_one, exec::output, exec::attach_ws, exec::stdin,
         exec::stdin_close, exec::signal, exec::resize, exec::wait,
         code::create, code::list, code::get_one, code::remove, code::restart, code::interrupt,
@@ -197,6 +201,8 @@ pub struct SecretRefDoc {
     ),
     components(schemas(CreateSandboxDoc, MountDoc, ResourcesDoc, NetworkDoc, AllowRuleDoc, net_api::NetLog, net_api::NetLogEntry,
         ports_api::PublishPort, ports_api::PublishedPort, ports_api::PortList,
+        ckpt_api::CreateCheckpoint, ckpt_api::Checkpoint, ckpt_api::CheckpointList,
+        ckpt_api::ForkRequest, ckpt_api::Forked, ckpt_api::Restored, ckpt_api::CheckpointDiff,
         code_api::CreateContextBody, code_api::ContextView, code_api::ContextList, code_api::RunCodeBody,
         code_api::CodeResult, code_api::CodeError, code_api::RunStatus, code_api::Execution, code_api::CodeEvent,
         VolumeMountDoc, SecretRefDoc, images::ImageView, images::LayerView, images::TenantTagView, images::ImageList,
@@ -213,7 +219,7 @@ pub struct SecretRefDoc {
         vfs_api::SessionLimits, vfs_api::VfsSession, vfs_api::VfsScratch, vfs_api::RunCommand,
         vfs_api::RunResult,
         vfs_api::AuditEntry, vfs_api::AuditList)),
-    tags((name = "sandboxes"), (name = "processes"), (name = "code"), (name = "files"), (name = "network"), (name = "ports"), (name = "images"), (name = "volumes"), (name = "secrets"), (name = "tokens"), (name = "memory"), (name = "vfs"), (name = "system")),
+    tags((name = "sandboxes"), (name = "checkpoints"), (name = "processes"), (name = "code"), (name = "files"), (name = "network"), (name = "ports"), (name = "images"), (name = "volumes"), (name = "secrets"), (name = "tokens"), (name = "memory"), (name = "vfs"), (name = "system")),
     modifiers(&Security),
 )]
 struct ApiDoc;

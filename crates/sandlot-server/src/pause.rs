@@ -60,15 +60,15 @@ fn wrong_state_for(id: &str, state: SandboxState, rule: &str) -> ApiError {
 }
 
 /// The directory of the daemon's checkpoints.
-fn checkpoints(state: &AppState) -> PathBuf {
+pub(crate) fn checkpoints(state: &AppState) -> PathBuf {
     state.cfg.data_dir.join("checkpoints")
 }
 
-fn checkpoint_dir(state: &AppState, id: &str) -> PathBuf {
+pub(crate) fn checkpoint_dir(state: &AppState, id: &str) -> PathBuf {
     checkpoints(state).join(id)
 }
 
-fn partial_dir(state: &AppState, id: &str) -> PathBuf {
+pub(crate) fn partial_dir(state: &AppState, id: &str) -> PathBuf {
     checkpoints(state).join(format!("{id}.partial"))
 }
 
@@ -185,7 +185,7 @@ fn remaining_ms(h: &SandboxHandle) -> i64 {
 }
 
 /// What a resume needs besides the recorded spec: the network policy it had.
-fn saved_network(state: &AppState, rec: &SandboxRecord) -> Option<serde_json::Value> {
+pub(crate) fn saved_network(state: &AppState, rec: &SandboxRecord) -> Option<serde_json::Value> {
     serde_json::to_value(crate::network::current(state, &rec.id, &rec.spec)).ok()
 }
 
@@ -326,34 +326,8 @@ async fn pause_filesystem(
     let (st, h2) = (state.clone(), h.clone());
     let (spec, rec2) = (rec.spec.clone(), rec.clone());
     let committed = tokio::task::spawn_blocking(move || -> ApiResult<String> {
-        let hostname = match spec.get("hostname").and_then(|h| h.as_str()) {
-            Some(n) => n.to_string(),
-            None => sandlot_runtime::plan::sandbox_hostname(&h2.id, &Default::default()),
-        };
         let previous = st.images.image_of(&h2.id);
-        let leased = previous.is_some();
-        let rootfs = spec.get("rootfs").is_some_and(|r| !r.is_null());
-        let (img, took) = if !leased && !rootfs {
-            st.images.snapshot_host(
-                &h2.id,
-                &*h2.inst,
-                &rec2.tenant,
-                Some(&rec2.tenant),
-                None,
-                h2.disk_limit,
-            )?
-        } else {
-            st.images.snapshot(
-                &h2.id,
-                &*h2.inst,
-                &hostname,
-                &rec2.tenant,
-                Some(&rec2.tenant),
-                None,
-                h2.disk_limit,
-            )?
-        };
-        tracing::info!(image = %img.id, frozen_ms = took.as_secs_f64() * 1e3, "files committed for the pause");
+        let img = commit_files(&st, &h2, &spec, &rec2.tenant)?;
         // The sandbox holds its files' image from now on.
         st.images
             .store
@@ -390,6 +364,38 @@ async fn pause_filesystem(
         },
     };
     finish_pause(state, h, &record, true).await
+}
+
+/// Commits the files of sandbox `h` (of `spec`) to an untagged image of
+/// `tenant`'s, as a snapshot does; it runs on. Blocking.
+pub(crate) fn commit_files(
+    st: &AppState,
+    h: &SandboxHandle,
+    spec: &serde_json::Value,
+    tenant: &str,
+) -> ApiResult<sandlot_store::ImageInfo> {
+    let hostname = match spec.get("hostname").and_then(|h| h.as_str()) {
+        Some(n) => n.to_string(),
+        None => sandlot_runtime::plan::sandbox_hostname(&h.id, &Default::default()),
+    };
+    let leased = st.images.image_of(&h.id).is_some();
+    let rootfs = spec.get("rootfs").is_some_and(|r| !r.is_null());
+    let (img, took) = if !leased && !rootfs {
+        st.images
+            .snapshot_host(&h.id, &*h.inst, tenant, Some(tenant), None, h.disk_limit)?
+    } else {
+        st.images.snapshot(
+            &h.id,
+            &*h.inst,
+            &hostname,
+            tenant,
+            Some(tenant),
+            None,
+            h.disk_limit,
+        )?
+    };
+    tracing::info!(image = %img.id, frozen_ms = took.as_secs_f64() * 1e3, "files committed");
+    Ok(img)
 }
 
 /// Records the pause, then ends what is left of the sandbox on the host (its
@@ -524,18 +530,29 @@ async fn preflight(state: &Arc<AppState>, h: &Arc<SandboxHandle>) -> ApiResult<D
     let (_, memory) = h.usage();
     let dir = checkpoints(state);
     make_private_dir(&dir).map_err(ApiError::internal)?;
-    let free = rustix::fs::statvfs(&dir)
+    claim_disk(
+        &dir,
+        memory,
+        &format!("sandbox {} uses {memory} bytes of memory", h.id),
+    )
+}
+
+/// Claims `bytes` (and [`IMAGE_SLACK`]) of free room on `dir`'s file system for
+/// files about to be written there, counting the claims under way (pauses,
+/// checkpoints); 503 `host_exhausted` without room. `what` says what needs it,
+/// for the log.
+pub(crate) fn claim_disk(dir: &Path, bytes: u64, what: &str) -> ApiResult<DiskRoom> {
+    let free = rustix::fs::statvfs(dir)
         .map(|v| v.f_bavail.saturating_mul(v.f_frsize))
         .map_err(|e| ApiError::internal(format!("statvfs {}: {e}", dir.display())))?;
-    let need = memory.saturating_add(IMAGE_SLACK);
+    let need = bytes.saturating_add(IMAGE_SLACK);
     let claimed = CLAIMED_ROOM.fetch_add(need, Ordering::SeqCst);
     let room = DiskRoom(need);
     if free < claimed.saturating_add(need) {
         return Err(
             ApiError::host_exhausted(Exhausted::Disk).with_detail(format!(
-                "{} has {free} bytes free, pauses under way claim {claimed}, sandbox {} uses {memory} bytes of memory",
+                "{} has {free} bytes free, pauses and checkpoints under way claim {claimed}, {what}",
                 dir.display(),
-                h.id
             )),
         );
     }
@@ -548,7 +565,7 @@ async fn preflight(state: &Arc<AppState>, h: &Arc<SandboxHandle>) -> ApiResult<D
 static CLAIMED_ROOM: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// A claim on [`CLAIMED_ROOM`], given back when dropped.
-struct DiskRoom(u64);
+pub(crate) struct DiskRoom(u64);
 
 impl Drop for DiskRoom {
     fn drop(&mut self) {
@@ -683,7 +700,7 @@ fn checkpoint_error(id: &str, e: &RuntimeError) -> ApiError {
     ApiError::internal(format!("checkpoint sandbox {id}: {text}"))
 }
 
-fn make_private_dir(dir: &Path) -> Result<(), RuntimeError> {
+pub(crate) fn make_private_dir(dir: &Path) -> Result<(), RuntimeError> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     let r = std::fs::DirBuilder::new().mode(0o700).create(dir);
     match r {
@@ -702,7 +719,7 @@ fn make_private_dir(dir: &Path) -> Result<(), RuntimeError> {
 
 /// Size and SHA-256 of each regular file directly in `dir` (the memory image
 /// `runsc` wrote; the kept root, a directory, is not one).
-fn sum_files(dir: &Path) -> Result<Vec<SavedFile>, RuntimeError> {
+pub(crate) fn sum_files(dir: &Path) -> Result<Vec<SavedFile>, RuntimeError> {
     let io = |what: String| move |source| RuntimeError::Io { what, source };
     let mut out = Vec::new();
     for e in std::fs::read_dir(dir).map_err(io(format!("read {}", dir.display())))? {
@@ -795,35 +812,55 @@ pub async fn resume(
             "only a paused sandbox resumes",
         ));
     }
+    begin_resume(state, p, &rec)?;
+    resume_begun(state, p, &rec).await
+}
+
+/// Paused sandbox `rec` to `resuming`, if the tenant's memory quota has room
+/// for it (429 otherwise; 409 `invalid_state` if it is no longer paused). From
+/// here on nothing else resumes, pauses or deletes it: [`resume_begun`] (or
+/// `Store::abort_resume`) follows.
+pub(crate) fn begin_resume(
+    state: &Arc<AppState>,
+    p: &crate::auth::Principal,
+    rec: &SandboxRecord,
+) -> ApiResult<()> {
     let quota = state.cfg.quota(&rec.tenant);
     match state
         .store
         .begin_resume(&rec.id, &rec.tenant, quota.max_memory.bytes())
         .map_err(ApiError::internal)?
     {
-        Ok(true) => {}
+        Ok(true) => Ok(()),
         Ok(false) => {
             let now = crate::routes::lookup(state, p, &rec.id)?;
-            return Err(wrong_state_for(
+            Err(wrong_state_for(
                 &rec.id,
                 now.state,
                 "only a paused sandbox resumes",
-            ));
+            ))
         }
-        Err(used) => {
-            return Err(ApiError::quota(format!(
-                "tenant {}: {} of memory in live sandboxes plus {} for this one exceeds the quota of {}",
-                rec.tenant,
-                sandlot_proto::units::ByteSize(used),
-                sandlot_proto::units::ByteSize(rec.memory_bytes),
-                quota.max_memory
-            )))
-        }
+        Err(used) => Err(ApiError::quota(format!(
+            "tenant {}: {} of memory in live sandboxes plus {} for this one exceeds the quota of {}",
+            rec.tenant,
+            sandlot_proto::units::ByteSize(used),
+            sandlot_proto::units::ByteSize(rec.memory_bytes),
+            quota.max_memory
+        ))),
     }
+}
+
+/// Resumes sandbox `rec`, recorded `resuming` ([`begin_resume`]), from what its
+/// pause saved; on a failure it is paused again, or ended once a restore started.
+pub(crate) async fn resume_begun(
+    state: &Arc<AppState>,
+    p: &crate::auth::Principal,
+    rec: &SandboxRecord,
+) -> ApiResult<SandboxRecord> {
     let t0 = Instant::now();
     let span = tracing::info_span!("sandbox", sandbox_id = %rec.id, tenant = %rec.tenant);
     let restored = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let r = resume_started(state, &rec, &restored)
+    let r = resume_started(state, rec, &restored)
         .instrument(span.clone())
         .await;
     match r {
@@ -839,7 +876,7 @@ pub async fn resume(
         Err(e) => {
             span.in_scope(|| tracing::warn!("resume failed: {} ({:?})", e.message, e.internal));
             if restored.load(Ordering::SeqCst) {
-                return Err(end_after_restore(state, &rec, e).await);
+                return Err(end_after_restore(state, rec, e).await);
             }
             if let Err(e2) = state.store.abort_resume(&rec.id, &e.message) {
                 tracing::error!("record the failed resume: {e2}");
@@ -853,7 +890,11 @@ pub async fn resume(
 /// its restored processes may have changed the files its pause kept, which then
 /// no longer match its memory image, so it is not paused again. What its pause
 /// saved is removed and it is recorded stopped (`lost`) with the reason.
-async fn end_after_restore(state: &Arc<AppState>, rec: &SandboxRecord, e: ApiError) -> ApiError {
+pub(crate) async fn end_after_restore(
+    state: &Arc<AppState>,
+    rec: &SandboxRecord,
+    e: ApiError,
+) -> ApiError {
     let why = "its resume failed after its memory image had started to be restored, \
                which may have changed the files it kept: it was ended (details in the daemon log)";
     let (st, id) = (state.clone(), rec.id.clone());
@@ -874,7 +915,7 @@ async fn end_after_restore(state: &Arc<AppState>, rec: &SandboxRecord, e: ApiErr
 /// The resume of `rec`, recorded as resuming. On a failure before `restored` is
 /// set nothing of it runs and what its pause saved is as it was; once a memory
 /// restore has started (`restored`), its kept files may have changed.
-async fn resume_started(
+pub(crate) async fn resume_started(
     state: &Arc<AppState>,
     rec: &SandboxRecord,
     restored: &Arc<std::sync::atomic::AtomicBool>,
@@ -1160,11 +1201,12 @@ fn remove_saved(state: &AppState, id: &str, isolation: Isolation) {
     if let Some(img) = committed {
         forget_commit(state, &img);
     }
+    crate::checkpoint::remove_all_of(state, id);
 }
 
 /// Removes image `reference` that a pause committed, once nothing holds it: not
 /// if it has a tag (the tenant named it) or a sandbox leases it. Blocking.
-fn forget_commit(state: &AppState, reference: &str) {
+pub(crate) fn forget_commit(state: &AppState, reference: &str) {
     let untagged = state
         .images
         .store

@@ -986,6 +986,7 @@ pub async fn own(state: Arc<AppState>, h: Arc<SandboxHandle>, adopted: bool) {
         images.release(&h2.id);
         crate::network::release(&st, &h2.id);
         st.collection_mounts.release(&h2.id);
+        crate::checkpoint::remove_all_of(&st, &h2.id);
         term
     })
     .await

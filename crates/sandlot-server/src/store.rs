@@ -33,9 +33,11 @@ pub enum StoreError {
     },
 }
 
+mod checkpoint;
 mod lifecycle;
 mod pause;
 
+pub use checkpoint::CheckpointRecord;
 use lifecycle::{insert_lifecycle, lifecycle_from_row};
 pub use pause::{PauseRecord, Saved, SavedFile};
 pub use sandlot_proto::api::lifecycle::{Lifecycle, OnExpiry};
@@ -245,6 +247,22 @@ CREATE TABLE IF NOT EXISTS lifecycles (
     on_timeout TEXT NOT NULL,
     auto_resume INTEGER NOT NULL,
     timeout_ms INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS checkpoints (
+    id TEXT PRIMARY KEY,
+    sandbox_id TEXT NOT NULL,
+    tenant TEXT NOT NULL,
+    name TEXT,
+    parent TEXT,
+    kind TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    size INTEGER NOT NULL,
+    saved TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS checkpoints_sandbox ON checkpoints (sandbox_id, created_at);
+CREATE TABLE IF NOT EXISTS checkpoint_heads (
+    sandbox_id TEXT PRIMARY KEY,
+    checkpoint_id TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS idempotency_keys (
     tenant TEXT NOT NULL,
@@ -578,21 +596,7 @@ impl Store {
     ) -> Result<Admission, StoreError> {
         let mut c = self.lock();
         let tx = c.transaction().map_err(sql("admit sandbox"))?;
-        let (count, mem): (i64, i64) = tx
-            .prepare_cached(
-                // IN over the states holding memory: a seek of the (tenant, state)
-                // index each, however many stopped records the tenant has. A paused
-                // sandbox holds none, and counts below.
-                "SELECT COUNT(*), COALESCE(SUM(memory_bytes), 0) FROM sandboxes
-                 WHERE tenant = ?1 AND state IN ('creating', 'running', 'pausing', 'resuming', 'stopping')",
-            )
-            .and_then(|mut st| st.query_row([&rec.tenant], |r| Ok((r.get(0)?, r.get(1)?))))
-            .map_err(sql("admit sandbox"))?;
-        let paused: i64 = tx
-            .prepare_cached("SELECT COUNT(*) FROM sandboxes WHERE tenant = ?1 AND state = 'paused'")
-            .and_then(|mut st| st.query_row([&rec.tenant], |r| r.get(0)))
-            .map_err(sql("admit sandbox"))?;
-        let count = count + paused;
+        let (count, mem) = tenant_load(&tx, &rec.tenant)?;
         if count as u64 >= u64::from(max_sandboxes) {
             return Ok(Admission::TooManySandboxes(count as u32));
         }
@@ -612,37 +616,7 @@ impl Store {
                 return Ok(Admission::NameTaken);
             }
         }
-        tx.prepare_cached(
-            "INSERT INTO sandboxes (id, tenant, name, spec, tags, metadata, state, memory_bytes, created_at, expires_at, idle_timeout_ms, pid, started_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
-        )
-        .and_then(|mut st| {
-            st.execute(params![
-                rec.id,
-                rec.tenant,
-                rec.name,
-                rec.spec.to_string(),
-                map_json(&rec.tags),
-                map_json(&rec.metadata),
-                rec.state.as_str(),
-                rec.memory_bytes as i64,
-                rec.created_at,
-                rec.expires_at,
-                rec.idle_timeout_ms,
-                rec.pid,
-                rec.started_at
-            ])
-        })
-        .map_err(sql("insert sandbox"))?;
-        tx.prepare_cached("INSERT INTO usage (sandbox_id) VALUES (?1)")
-            .and_then(|mut st| st.execute([&rec.id]))
-            .map_err(sql("insert usage"))?;
-        insert_lifecycle(&tx, rec)?;
-        insert_event(&tx, &rec.id, rec.created_at, "created", "")?;
-        if let (SandboxState::Running, Some(pid)) = (rec.state, rec.pid) {
-            let at = rec.started_at.unwrap_or(rec.created_at);
-            insert_event(&tx, &rec.id, at, "started", &format!("pid {pid}"))?;
-        }
+        insert_sandbox(&tx, rec)?;
         tx.commit().map_err(sql("admit sandbox"))?;
         Ok(Admission::Admitted)
     }
@@ -979,6 +953,61 @@ fn update_usage(c: &Connection, id: &str, u: &UsageRecord) -> Result<(), StoreEr
         ])
     })
     .map_err(sql("save usage"))?;
+    Ok(())
+}
+
+/// How many sandboxes `tenant` has (paused ones included) and the memory of its
+/// live ones (a paused sandbox holds none).
+fn tenant_load(c: &Connection, tenant: &str) -> Result<(i64, i64), StoreError> {
+    let (count, mem): (i64, i64) = c
+        .prepare_cached(
+            // IN over the states holding memory: a seek of the (tenant, state)
+            // index each, however many stopped records the tenant has.
+            "SELECT COUNT(*), COALESCE(SUM(memory_bytes), 0) FROM sandboxes
+             WHERE tenant = ?1 AND state IN ('creating', 'running', 'pausing', 'resuming', 'stopping')",
+        )
+        .and_then(|mut st| st.query_row([tenant], |r| Ok((r.get(0)?, r.get(1)?))))
+        .map_err(sql("admit sandbox"))?;
+    let paused: i64 = c
+        .prepare_cached("SELECT COUNT(*) FROM sandboxes WHERE tenant = ?1 AND state = 'paused'")
+        .and_then(|mut st| st.query_row([tenant], |r| r.get(0)))
+        .map_err(sql("admit sandbox"))?;
+    Ok((count + paused, mem))
+}
+
+/// Inserts sandbox `rec` with its usage row and events (within an admission).
+fn insert_sandbox(c: &Connection, rec: &SandboxRecord) -> Result<(), StoreError> {
+    c.prepare_cached(
+        "INSERT INTO sandboxes (id, tenant, name, spec, tags, metadata, state, memory_bytes, created_at, expires_at, idle_timeout_ms, pid, started_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+    )
+    .and_then(|mut st| {
+        st.execute(params![
+            rec.id,
+            rec.tenant,
+            rec.name,
+            rec.spec.to_string(),
+            map_json(&rec.tags),
+            map_json(&rec.metadata),
+            rec.state.as_str(),
+            rec.memory_bytes as i64,
+            rec.created_at,
+            rec.expires_at,
+            rec.idle_timeout_ms,
+            rec.pid,
+            rec.started_at
+        ])
+    })
+    .map_err(sql("insert sandbox"))?;
+    c.prepare_cached("INSERT INTO usage (sandbox_id) VALUES (?1)")
+        .and_then(|mut st| st.execute([&rec.id]))
+        .map_err(sql("insert usage"))?;
+    insert_lifecycle(c, rec)?;
+    insert_event(c, &rec.id, rec.created_at, "created", "")?;
+    if let (SandboxState::Running, Some(pid)) = (rec.state, rec.pid) {
+        let at = rec.started_at.unwrap_or(rec.created_at);
+        insert_event(c, &rec.id, at, "started", &format!("pid {pid}"))?;
+    }
     Ok(())
 }
 

@@ -7,6 +7,7 @@
 //! `openapi` feature every type derives `utoipa::ToSchema` for the server's OpenAPI
 //! document.
 
+pub mod checkpoint;
 pub mod code;
 pub mod lifecycle;
 pub mod network;

@@ -16,7 +16,7 @@ use crate::{sys, RuntimeError};
 /// The kept root in a checkpoint directory.
 pub const KEPT_ROOT: &str = "root";
 /// The first host id of the range the kept root's files belong to (decimal).
-const KEPT_IDS: &str = "root-ids";
+pub(crate) const KEPT_IDS: &str = "root-ids";
 /// The range a move of the files' owners is under way to; renamed to
 /// [`KEPT_IDS`] once every file is moved, so that a move a crash cut short is
 /// finished by the next restore instead of taken for the old range.

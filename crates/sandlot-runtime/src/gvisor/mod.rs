@@ -25,6 +25,7 @@
 //! other hierarchies, and the sandbox's directory goes.
 
 pub mod bundle;
+pub mod kept_copy;
 mod kept_root;
 pub mod launch;
 pub mod runsc;

@@ -21,6 +21,7 @@ use crate::sandbox::SandboxHandle;
 use crate::state::AppState;
 use crate::store::{SandboxRecord, SandboxState};
 
+pub mod checkpoints;
 pub mod code;
 pub mod exec;
 pub mod files;
@@ -54,6 +55,23 @@ pub fn router(state: Arc<AppState>, transport: Transport) -> Router {
         .route(&format!("{sb}/timeout"), post(sandboxes::set_timeout))
         .route(&format!("{sb}/pause"), post(sandboxes::pause))
         .route(&format!("{sb}/resume"), post(sandboxes::resume))
+        .route(
+            &format!("{sb}/checkpoints"),
+            post(checkpoints::create).get(checkpoints::list),
+        )
+        .route(
+            &format!("{sb}/checkpoints/{{cp}}"),
+            axum::routing::delete(checkpoints::delete),
+        )
+        .route(
+            &format!("{sb}/checkpoints/{{cp}}/restore"),
+            post(checkpoints::restore),
+        )
+        .route(
+            &format!("{sb}/checkpoints/{{cp}}/diff"),
+            get(checkpoints::diff),
+        )
+        .route(&format!("{sb}/fork"), post(checkpoints::fork))
         .route(&format!("{sb}/events"), get(sandboxes::events))
         .route(&format!("{sb}/exec"), post(exec::start))
         .route(&format!("{sb}/exec/ws"), get(exec::start_ws))

@@ -2,16 +2,13 @@
 //! lifetime it was created with: a row of `lifecycles`, written with its record
 //! at admission when the policy is not the default, read with it by a join.
 
-use rusqlite::{params, Row, Transaction};
+use rusqlite::{params, Connection, Row};
 
 use super::{sql, Lifecycle, OnExpiry, SandboxRecord, StoreError};
 
 /// Writes `rec`'s policy in its admission's transaction (nothing for the
 /// default one).
-pub(super) fn insert_lifecycle(
-    tx: &Transaction<'_>,
-    rec: &SandboxRecord,
-) -> Result<(), StoreError> {
+pub(super) fn insert_lifecycle(tx: &Connection, rec: &SandboxRecord) -> Result<(), StoreError> {
     if rec.lifecycle.is_default() {
         return Ok(());
     }

@@ -136,6 +136,20 @@ impl Store {
         }))
     }
 
+    /// Replaces what the pause of sandbox `id` saved (a restore to a checkpoint,
+    /// which holds it `resuming`); false if it is not resuming.
+    pub fn set_pause_saved(&self, id: &str, saved: &Saved) -> Result<bool, StoreError> {
+        let c = self.lock();
+        let n = c
+            .execute(
+                "UPDATE pauses SET saved = ?2 WHERE sandbox_id = ?1
+                 AND EXISTS (SELECT 1 FROM sandboxes WHERE id = ?1 AND state = 'resuming')",
+                params![id, serde_json::to_string(saved).expect("json")],
+            )
+            .map_err(sql("replace what a pause saved"))?;
+        Ok(n == 1)
+    }
+
     /// How many sandboxes of `tenant` are paused, pausing or resuming.
     pub fn count_paused(&self, tenant: &str) -> Result<u64, StoreError> {
         let c = self.lock();

@@ -254,6 +254,8 @@ pub fn run(cmd: ApiCommand) -> anyhow::Result<i32> {
             ApiCommand::Timeout(a) => timeout(a).await,
             ApiCommand::Pause(a) => pause(a, true).await,
             ApiCommand::Resume(a) => pause(a, false).await,
+            ApiCommand::Checkpoint(c) => super::checkpoint_cmd::run(c).await,
+            ApiCommand::Fork(a) => super::checkpoint_cmd::fork(a).await,
             ApiCommand::Net(n) => super::net_cmd::run(n).await,
             ApiCommand::Port(c) => super::port_cmd::run(c).await,
             _ => unreachable!("dispatched in api_cmd::run"),

@@ -13,6 +13,7 @@ use anyhow::Context;
 use sandlot_server::config::LogFormat;
 use sandlot_server::ServerConfig;
 
+mod checkpoint_cmd;
 pub(crate) mod client_cmds;
 mod code_cmd;
 mod image_cmd;
@@ -56,6 +57,12 @@ pub enum ApiCommand {
     Pause(client_cmds::PauseArgs),
     /// Start a paused sandbox again from what its pause saved.
     Resume(client_cmds::PauseArgs),
+    /// A sandbox's checkpoints: create, list, restore, delete.
+    #[command(subcommand)]
+    Checkpoint(checkpoint_cmd::CheckpointCmd),
+    /// New sandboxes that continue from a checkpoint of a sandbox (a fresh one by
+    /// default); prints their ids.
+    Fork(checkpoint_cmd::ForkArgs),
     /// Images: ls, inspect, rm, prune, import, export, diff, snapshot.
     #[command(subcommand)]
     Image(image_cmd::ImageCmd),

@@ -9,6 +9,7 @@ use anyhow::{bail, Context};
 use serde::Serialize;
 
 pub mod code;
+pub mod fork;
 pub mod pause;
 mod peers;
 pub mod platform;
@@ -34,6 +35,11 @@ pub enum BenchWhat {
     /// first exec) on gVisor and the namespace backend, against a fresh sandbox to
     /// its first exec. See docs/benchmarks.md.
     Pause(pause::PauseArgs),
+    /// Forking a sandbox with an idle shell into N sandboxes until each answers an
+    /// exec (from the live sandbox; from a checkpoint), on gVisor and the
+    /// namespace backend, against N fresh sandboxes to their first exec. See
+    /// docs/benchmarks.md.
+    Fork(fork::ForkArgs),
     /// Create a sandbox, run /bin/true in it, tear it down; n times, against bubblewrap.
     Runtime {
         /// Iterations per contender.
@@ -153,6 +159,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<i32> {
         BenchWhat::Platform(a) => platform::run(a),
         BenchWhat::Code(a) => code::run(a),
         BenchWhat::Pause(a) => pause::run(a),
+        BenchWhat::Fork(a) => fork::run(a),
     }
 }
 

@@ -23,6 +23,7 @@ from .errors import (
     CommandError,
     CommandTimeoutError,
     CheckpointDamagedError,
+    CheckpointRefusedError,
     ConflictError,
     InvalidStateError,
     PauseRefusedError,
@@ -51,6 +52,7 @@ from .errors import (
     UnavailableError,
 )
 from .models import (
+    Checkpoint,
     AuditRecord,
     CollectionInfo,
     ExitStatus,
@@ -138,6 +140,7 @@ __all__ = [
     "default_client",
     "default_async_client",
     "SandboxInfo",
+    "Checkpoint",
     "Usage",
     "ProcessInfo",
     "ExitStatus",
@@ -159,6 +162,7 @@ __all__ = [
     "NotFoundError",
     "MethodNotAllowedError",
     "CheckpointDamagedError",
+    "CheckpointRefusedError",
     "ConflictError",
     "InvalidStateError",
     "PauseRefusedError",

@@ -40,6 +40,7 @@ from .image import Image
 from .ports import AsyncPorts
 from .network import AsyncNetwork
 from .models import (
+    Checkpoint,
     ExitStatus,
     FileInfo,
     OutputChunk,
@@ -783,6 +784,52 @@ class AsyncSandbox:
     async def events(self, after: int = 0) -> List[SandboxEvent]:
         r = await self._client.json("GET", f"/v1/sandboxes/{self.id}/events", params={"after": after})
         return [SandboxEvent.from_json(e) for e in r.get("events", [])]
+
+    # --- checkpoints and forks ------------------------------------------------
+
+    async def checkpoint(self, name: Optional[str] = None, *, leave_running: bool = True) -> Checkpoint:
+        """See :meth:`sandlot.Sandbox.checkpoint`."""
+        body: Dict[str, Any] = {"leave_running": leave_running}
+        if name is not None:
+            body["name"] = name
+        d = await self._client.json("POST", f"/v1/sandboxes/{self.id}/checkpoints", json=body)
+        return Checkpoint.from_json(d)
+
+    async def checkpoints(self) -> List[Checkpoint]:
+        """See :meth:`sandlot.Sandbox.checkpoints`."""
+        r = await self._client.json("GET", f"/v1/sandboxes/{self.id}/checkpoints")
+        return [Checkpoint.from_json(c) for c in r.get("checkpoints", [])]
+
+    async def restore(self, checkpoint: Union[str, Checkpoint]) -> SandboxInfo:
+        """See :meth:`sandlot.Sandbox.restore`."""
+        cp = checkpoint.id if isinstance(checkpoint, Checkpoint) else checkpoint
+        d = await self._client.json("POST", f"/v1/sandboxes/{self.id}/checkpoints/{cp}/restore")
+        self._info = SandboxInfo.from_json(d["sandbox"])
+        return self._info
+
+    async def delete_checkpoint(self, checkpoint: Union[str, Checkpoint]) -> None:
+        """See :meth:`sandlot.Sandbox.delete_checkpoint`."""
+        cp = checkpoint.id if isinstance(checkpoint, Checkpoint) else checkpoint
+        await self._client.request("DELETE", f"/v1/sandboxes/{self.id}/checkpoints/{cp}")
+
+    async def diff_checkpoints(self, a: Union[str, Checkpoint], b: Union[str, Checkpoint]) -> Dict[str, List[str]]:
+        """See :meth:`sandlot.Sandbox.diff_checkpoints`."""
+        ca = a.id if isinstance(a, Checkpoint) else a
+        cb = b.id if isinstance(b, Checkpoint) else b
+        r = await self._client.json(
+            "GET", f"/v1/sandboxes/{self.id}/checkpoints/{ca}/diff", params={"against": cb}
+        )
+        return {k: [str(p) for p in r.get(k, [])] for k in ("added", "changed", "removed")}
+
+    async def fork(
+        self, count: int = 1, *, checkpoint: Union[str, Checkpoint, None] = None
+    ) -> List["AsyncSandbox"]:
+        """See :meth:`sandlot.Sandbox.fork`."""
+        body: Dict[str, Any] = {"count": count}
+        if checkpoint is not None:
+            body["checkpoint"] = checkpoint.id if isinstance(checkpoint, Checkpoint) else checkpoint
+        d = await self._client.json("POST", f"/v1/sandboxes/{self.id}/fork", json=body)
+        return [type(self)(SandboxInfo.from_json(s), self._client) for s in d.get("sandboxes", [])]
 
     async def snapshot_filesystem(self, tag: Optional[str] = None) -> Dict[str, Any]:
         """See :meth:`sandlot.Sandbox.snapshot_filesystem`."""

@@ -103,6 +103,11 @@ class PauseRefusedError(ConflictError):
     Unix socket bound in its root filesystem or ``/tmp``); it runs on."""
 
 
+class CheckpointRefusedError(ConflictError):
+    """409 ``checkpoint_refused``: the sandbox cannot be checkpointed (on gVisor,
+    one of a store image: only the ``host`` image's root is copied)."""
+
+
 class CheckpointDamagedError(ConflictError):
     """409 ``checkpoint_damaged``: a paused sandbox's saved memory image is not
     what was saved; it stays paused and can only be terminated."""
@@ -220,6 +225,7 @@ _BY_CODE: Dict[str, Type[APIError]] = {
     "invalid_state": InvalidStateError,
     "pause_refused": PauseRefusedError,
     "checkpoint_damaged": CheckpointDamagedError,
+    "checkpoint_refused": CheckpointRefusedError,
     "already_exists": AlreadyExistsError,
     "not_a_directory": NotADirectoryError_,
     "is_a_directory": IsADirectoryError_,

@@ -664,3 +664,41 @@ class NetworkLogEntry:
             bytes_in=int(d.get("bytes_in", 0)),
             raw=dict(d),
         )
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A saved state of a sandbox (``POST /v1/sandboxes/{id}/checkpoints``)."""
+
+    id: str
+    sandbox_id: str
+    name: Optional[str]
+    #: The checkpoint the sandbox's state came from when this one was taken (a
+    #: restore or a fork sets it): a sandbox's checkpoints form a tree.
+    parent: Optional[str]
+    created_at: Optional[datetime]
+    #: ``"memory"`` (gVisor: processes, memory and files) or ``"filesystem"``
+    #: (files only: a restore or fork starts processes afresh).
+    kind: str
+    #: Bytes on the daemon's disk (a ``filesystem`` checkpoint's image is counted
+    #: by the image store).
+    size: int
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def memory(self) -> bool:
+        """Whether its processes and memory are kept."""
+        return self.kind == "memory"
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "Checkpoint":
+        return cls(
+            id=d["id"],
+            sandbox_id=d.get("sandbox_id", ""),
+            name=d.get("name"),
+            parent=d.get("parent"),
+            created_at=parse_time(d.get("created_at")),
+            kind=d.get("kind", "memory" if d.get("memory") else "filesystem"),
+            size=int(d.get("size", 0)),
+            raw=dict(d),
+        )

@@ -38,6 +38,7 @@ from .image import Image
 from .ports import Ports
 from .network import Network
 from .models import (
+    Checkpoint,
     ExitStatus,
     FileInfo,
     OutputChunk,
@@ -962,6 +963,67 @@ class Sandbox:
         c = client or default_client()
         d = c.json("POST", f"/v1/sandboxes/{id_or_name}/resume")
         return cls(SandboxInfo.from_json(d), c)
+
+    # --- checkpoints and forks ------------------------------------------------
+
+    def checkpoint(self, name: Optional[str] = None, *, leave_running: bool = True) -> Checkpoint:
+        """Saves the sandbox's state as a checkpoint and returns it. On gVisor it
+        holds the memory, processes and files (``kind == "memory"``): the sandbox
+        is paused, saved and resumed, which costs about a pause and a resume, and
+        connections from outside are cut as at a pause. On the namespace backend
+        it holds the files (``"filesystem"``) and the sandbox runs on untouched.
+        With ``leave_running=False`` the sandbox stays paused (:meth:`resume`
+        starts it). At most the operator's ``limits.max_checkpoints_per_sandbox``
+        (16 by default): more raise :class:`~sandlot.errors.QuotaExceededError`."""
+        body: Dict[str, Any] = {"leave_running": leave_running}
+        if name is not None:
+            body["name"] = name
+        d = self._client.json("POST", f"/v1/sandboxes/{self.id}/checkpoints", json=body)
+        return Checkpoint.from_json(d)
+
+    def checkpoints(self) -> List[Checkpoint]:
+        """The sandbox's checkpoints, oldest first (``parent`` links form a tree)."""
+        r = self._client.json("GET", f"/v1/sandboxes/{self.id}/checkpoints")
+        return [Checkpoint.from_json(c) for c in r.get("checkpoints", [])]
+
+    def restore(self, checkpoint: Union[str, Checkpoint]) -> SandboxInfo:
+        """Restores the sandbox in place to one of its checkpoints: on gVisor its
+        processes, memory and files as they were; on the namespace backend its
+        files, with its processes started afresh. Returns its new state."""
+        cp = checkpoint.id if isinstance(checkpoint, Checkpoint) else checkpoint
+        d = self._client.json("POST", f"/v1/sandboxes/{self.id}/checkpoints/{cp}/restore")
+        self._info = SandboxInfo.from_json(d["sandbox"])
+        return self._info
+
+    def delete_checkpoint(self, checkpoint: Union[str, Checkpoint]) -> None:
+        """Deletes one of the sandbox's checkpoints (sandboxes forked from it run on)."""
+        cp = checkpoint.id if isinstance(checkpoint, Checkpoint) else checkpoint
+        self._client.request("DELETE", f"/v1/sandboxes/{self.id}/checkpoints/{cp}")
+
+    def diff_checkpoints(self, a: Union[str, Checkpoint], b: Union[str, Checkpoint]) -> Dict[str, List[str]]:
+        """The files that differ from checkpoint ``a`` to checkpoint ``b`` of this
+        sandbox: ``{"added": [...], "changed": [...], "removed": [...]}`` (absolute
+        paths), by the image diff."""
+        ca = a.id if isinstance(a, Checkpoint) else a
+        cb = b.id if isinstance(b, Checkpoint) else b
+        r = self._client.json(
+            "GET", f"/v1/sandboxes/{self.id}/checkpoints/{ca}/diff", params={"against": cb}
+        )
+        return {k: [str(p) for p in r.get(k, [])] for k in ("added", "changed", "removed")}
+
+    def fork(self, count: int = 1, *, checkpoint: Union[str, Checkpoint, None] = None) -> List["Sandbox"]:
+        """Makes ``count`` new sandboxes of the same tenant that continue from a
+        fresh checkpoint of this one (or from ``checkpoint``) and returns them.
+        Each has its own id, network slot and files. On gVisor they continue the
+        checkpoint's processes from their memory; on the namespace backend they
+        get its files and start their processes afresh. All of them are made or
+        none (:class:`~sandlot.errors.QuotaExceededError` past the tenant's
+        quotas)."""
+        body: Dict[str, Any] = {"count": count}
+        if checkpoint is not None:
+            body["checkpoint"] = checkpoint.id if isinstance(checkpoint, Checkpoint) else checkpoint
+        d = self._client.json("POST", f"/v1/sandboxes/{self.id}/fork", json=body)
+        return [type(self)(SandboxInfo.from_json(s), self._client) for s in d.get("sandboxes", [])]
 
     def snapshot_filesystem(self, tag: Optional[str] = None) -> Dict[str, Any]:
         """Turns the sandbox's writable layer into a new image whose parent is the

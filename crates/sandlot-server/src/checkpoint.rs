@@ -1,0 +1,761 @@
+//! Checkpoints of a sandbox: saved states it can be restored to in place, or
+//! forked from (`fork.rs`).
+//!
+//! A checkpoint is made of a pause (`pause.rs`) and what the pause saved:
+//!
+//! * gVisor (`memory`): the sandbox is paused (its kernel checkpointed into
+//!   `<data>/checkpoints/<id>/`), that directory is copied into
+//!   `<data>/sandbox-checkpoints/<cp>/` (0700; the memory image, and the root the
+//!   pause kept as plain files: `sandlot_runtime::gvisor::kept_copy::save`), and
+//!   the sandbox is resumed unless the caller asked to leave it paused. A restore
+//!   or a fork makes a checkpoint directory of a pause from the copy
+//!   (`kept_copy::materialize`: the image's files linked, the root copied into a
+//!   tmpfs of its own) and resumes from it. Only the `host` image's root (a
+//!   tmpfs) is kept: a sandbox of a store image is refused (`checkpoint_refused`).
+//! * namespace (`filesystem`): the sandbox's files are committed to an image of
+//!   the tenant's, as a snapshot is, which the checkpoint leases (holder: its id);
+//!   the sandbox runs on untouched. A restore or a fork starts a sandbox from
+//!   that image (its processes start afresh).
+//!
+//! One checkpoint operation at a time per sandbox ([`Busy`]); a pause, resume or
+//! delete meanwhile is serialized by the sandbox's state (`begin_pause`,
+//! `begin_resume`, `begin_stop_paused`). A checkpoint's row is recorded only
+//! while its sandbox is neither stopping nor stopped, and the sandbox's end
+//! removes its checkpoints ([`remove_all_of`]); a daemon start keeps the
+//! checkpoints of the sandboxes it keeps and removes the rest ([`reconcile`]).
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use axum::http::StatusCode;
+use sandlot_proto::api::checkpoint::{Checkpoint, CheckpointDiff, CreateCheckpoint, Restored};
+use sandlot_proto::api::PauseKind;
+use sandlot_proto::spec::Isolation;
+
+use crate::auth::Principal;
+use crate::error::{ApiError, ApiResult};
+use crate::state::AppState;
+use crate::store::{now_ms, CheckpointRecord, SandboxRecord, SandboxState, Saved};
+
+/// The directory of the daemon's checkpoint copies.
+fn copies(state: &AppState) -> PathBuf {
+    state.cfg.data_dir.join("sandbox-checkpoints")
+}
+
+/// Where checkpoint `cp`'s copy is (only ids the daemon made are joined).
+pub(crate) fn copy_dir(state: &AppState, cp: &str) -> PathBuf {
+    copies(state).join(cp)
+}
+
+fn partial_copy_dir(state: &AppState, cp: &str) -> PathBuf {
+    copies(state).join(format!("{cp}.partial"))
+}
+
+/// Sandboxes with a checkpoint operation under way.
+static BUSY: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+
+/// A sandbox's turn for a checkpoint operation, given back when dropped.
+pub(crate) struct Busy(String);
+
+impl Busy {
+    /// 409 `invalid_state` while another checkpoint, restore or fork of `id` runs.
+    pub(crate) fn take(id: &str) -> ApiResult<Busy> {
+        let mut b = BUSY.lock().unwrap_or_else(|e| e.into_inner());
+        if !b.get_or_insert_with(HashSet::new).insert(id.to_string()) {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "invalid_state",
+                format!("sandbox {id}: another checkpoint, restore or fork of it is under way"),
+            ));
+        }
+        Ok(Busy(id.to_string()))
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        let mut b = BUSY.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(set) = b.as_mut() {
+            set.remove(&self.0);
+        }
+    }
+}
+
+/// The API's view of checkpoint `c`.
+pub fn view(c: &CheckpointRecord) -> Checkpoint {
+    Checkpoint {
+        id: c.id.clone(),
+        sandbox_id: c.sandbox_id.clone(),
+        name: c.name.clone(),
+        parent: c.parent.clone(),
+        created_at: crate::timefmt::rfc3339(c.created_at),
+        kind: c.kind,
+        memory: c.kind == PauseKind::Memory,
+        size: c.size,
+    }
+}
+
+/// A checkpoint's name: 1 to 64 characters, none a control character.
+pub fn check_name(name: Option<&str>) -> ApiResult<()> {
+    match name {
+        Some(n) if n.is_empty() || n.chars().count() > 64 => {
+            Err(ApiError::invalid("name", "use 1 to 64 characters"))
+        }
+        Some(n) if n.chars().any(char::is_control) => Err(ApiError::invalid(
+            "name",
+            "control characters are not allowed",
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// 409 `checkpoint_refused`: sandbox `id` cannot be checkpointed, `why`.
+fn refused(id: &str, why: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "checkpoint_refused",
+        format!("sandbox {id} cannot be checkpointed: {why}"),
+    )
+}
+
+/// Checkpoint `cp` of the caller's sandbox `id`: 404 for either unknown to them.
+pub fn find(
+    state: &AppState,
+    p: &Principal,
+    id: &str,
+    cp: &str,
+) -> ApiResult<(SandboxRecord, CheckpointRecord)> {
+    let rec = crate::routes::lookup(state, p, id)?;
+    let c = state
+        .store
+        .checkpoint(&rec.id, cp)
+        .map_err(ApiError::internal)?
+        .ok_or_else(|| ApiError::not_found(format!("sandbox {} has no checkpoint {cp}", rec.id)))?;
+    Ok((rec, c))
+}
+
+/// The checkpoints of the caller's sandbox `id`, oldest first.
+pub fn list(state: &AppState, p: &Principal, id: &str) -> ApiResult<Vec<Checkpoint>> {
+    let rec = crate::routes::lookup(state, p, id)?;
+    let all = state
+        .store
+        .checkpoints_of(&rec.id)
+        .map_err(ApiError::internal)?;
+    Ok(all.iter().map(view).collect())
+}
+
+/// Takes a checkpoint of the caller's sandbox `id` (running, or paused).
+pub async fn create(
+    state: &Arc<AppState>,
+    p: &Principal,
+    id: &str,
+    body: &CreateCheckpoint,
+) -> ApiResult<CheckpointRecord> {
+    check_name(body.name.as_deref())?;
+    let rec = crate::routes::lookup(state, p, id)?;
+    let _busy = Busy::take(&rec.id)?;
+    take(state, p, &rec, body.name.clone(), body.leave_running).await
+}
+
+/// [`create`] for sandbox `rec`, whose turn the caller holds.
+pub(crate) async fn take(
+    state: &Arc<AppState>,
+    p: &Principal,
+    rec: &SandboxRecord,
+    name: Option<String>,
+    leave_running: bool,
+) -> ApiResult<CheckpointRecord> {
+    if state.is_shutting_down() {
+        return Err(ApiError::unavailable("the daemon is shutting down"));
+    }
+    let max = state.cfg.limits.max_checkpoints_per_sandbox.max(1);
+    let held = state
+        .store
+        .checkpoints_of(&rec.id)
+        .map_err(ApiError::internal)?
+        .len();
+    if held as u64 >= u64::from(max) {
+        return Err(too_many(&rec.id, held as u64, max));
+    }
+    match crate::isolation::of_record(&rec.spec) {
+        Isolation::Gvisor => take_memory(state, p, rec, name, leave_running).await,
+        Isolation::Namespace => take_files(state, p, rec, name, leave_running).await,
+    }
+}
+
+fn too_many(id: &str, n: u64, max: u32) -> ApiError {
+    ApiError::quota(format!(
+        "sandbox {id} holds {n} checkpoints, limits.max_checkpoints_per_sandbox is {max} (delete one first)"
+    ))
+}
+
+/// A new checkpoint id.
+fn new_id() -> String {
+    format!("cp-{}", crate::auth::random_hex(8))
+}
+
+/// Records `c`; on refusal its files go (they are nobody's).
+async fn record(state: &Arc<AppState>, c: CheckpointRecord) -> ApiResult<CheckpointRecord> {
+    let max = state.cfg.limits.max_checkpoints_per_sandbox.max(1);
+    let added = state
+        .store
+        .add_checkpoint(&c, max)
+        .map_err(ApiError::internal);
+    let refused = match added {
+        Ok(Ok(())) => return Ok(c),
+        Ok(Err(Some(n))) => too_many(&c.sandbox_id, n, max),
+        Ok(Err(None)) => ApiError::conflict(format!("sandbox {} stopped", c.sandbox_id)),
+        Err(e) => e,
+    };
+    let st = state.clone();
+    let _ = tokio::task::spawn_blocking(move || remove_files(&st, &c)).await;
+    Err(refused)
+}
+
+/// gVisor: pause, copy what the pause saved, resume.
+async fn take_memory(
+    state: &Arc<AppState>,
+    p: &Principal,
+    rec: &SandboxRecord,
+    name: Option<String>,
+    leave_running: bool,
+) -> ApiResult<CheckpointRecord> {
+    if state.images.image_of(&rec.id).is_some() {
+        return Err(refused(
+            &rec.id,
+            "on gVisor only a sandbox of the host image (a tmpfs root) is checkpointed; its image's writable layer is not copied",
+        ));
+    }
+    let was_paused = match rec.state {
+        SandboxState::Running => false,
+        SandboxState::Paused => true,
+        s => {
+            return Err(crate::pause::wrong_state(&rec.id, s));
+        }
+    };
+    if !was_paused {
+        crate::pause::request(state, p, &rec.id).await?;
+    }
+    let paused = crate::routes::lookup(state, p, &rec.id)?;
+    if paused.state != SandboxState::Paused {
+        return Err(crate::pause::wrong_state(&rec.id, paused.state));
+    }
+    // Held `resuming` while what its pause saved is copied: nothing resumes,
+    // pauses or deletes it meanwhile. Resumed after if it ran before.
+    let run_after = !was_paused && leave_running;
+    if run_after {
+        crate::pause::begin_resume(state, p, &paused)?;
+    } else if !state
+        .store
+        .hold_paused(&rec.id)
+        .map_err(ApiError::internal)?
+    {
+        let now = crate::routes::lookup(state, p, &rec.id)?;
+        return Err(crate::pause::wrong_state(&rec.id, now.state));
+    }
+    let finish = |r: ApiResult<CheckpointRecord>| async move {
+        if run_after {
+            crate::pause::resume_begun(state, p, &paused).await?;
+        } else if let Err(e) = state.store.release_paused(&rec.id) {
+            tracing::error!("record the sandbox paused again: {e}");
+        }
+        r
+    };
+    let pause = match state.store.pause_of(&rec.id) {
+        Ok(Some(pause)) => pause,
+        Ok(None) => {
+            let e = ApiError::internal(format!("sandbox {} is paused without a record", rec.id));
+            return finish(Err(e)).await;
+        }
+        Err(e) => return finish(Err(ApiError::internal(e))).await,
+    };
+    let cp = new_id();
+    let (st, id, cp2) = (state.clone(), rec.id.clone(), cp.clone());
+    let copied = tokio::task::spawn_blocking(move || -> ApiResult<(u64, u64)> {
+        let from = crate::pause::checkpoint_dir(&st, &id);
+        let root = copies(&st);
+        crate::pause::make_private_dir(&root).map_err(ApiError::internal)?;
+        let used = dir_bytes(&from);
+        let _room = crate::pause::claim_disk(
+            &root,
+            used,
+            &format!("checkpoint {cp2} of sandbox {id} needs {used} bytes"),
+        )?;
+        let partial = partial_copy_dir(&st, &cp2);
+        let _ = std::fs::remove_dir_all(&partial);
+        let saved = sandlot_runtime::gvisor::kept_copy::save(&from, &partial);
+        let saved = match saved {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&partial);
+                return Err(ApiError::internal(format!("copy the checkpoint: {e}")).or_exhausted());
+            }
+        };
+        if saved.skipped > 0 {
+            tracing::info!(
+                skipped = saved.skipped,
+                "entries of the root left out of the checkpoint (not a file, directory or link)"
+            );
+        }
+        let whole = copy_dir(&st, &cp2);
+        std::fs::rename(&partial, &whole).map_err(|e| {
+            let _ = std::fs::remove_dir_all(&partial);
+            ApiError::internal(format!("rename {}: {e}", partial.display()))
+        })?;
+        Ok((saved.bytes, dir_bytes(&whole)))
+    })
+    .await
+    .map_err(ApiError::internal)?;
+    let size = match copied {
+        Ok((_, on_disk)) => on_disk,
+        // The sandbox goes on as before whatever came of its copy.
+        Err(e) => return finish(Err(e)).await,
+    };
+    let c = CheckpointRecord {
+        id: cp,
+        sandbox_id: rec.id.clone(),
+        tenant: rec.tenant.clone(),
+        name,
+        parent: state.store.checkpoint_head(&rec.id).ok().flatten(),
+        kind: PauseKind::Memory,
+        created_at: now_ms(),
+        size,
+        saved: Saved {
+            files: pause.saved.files.clone(),
+            image: None,
+            network: pause.saved.network.clone(),
+        },
+    };
+    let recorded = record(state, c).await;
+    finish(recorded).await
+}
+
+/// Namespace backend: commit the files (the sandbox runs on, or is paused after
+/// when `leave_running` is false); a paused sandbox's committed image is taken.
+async fn take_files(
+    state: &Arc<AppState>,
+    p: &Principal,
+    rec: &SandboxRecord,
+    name: Option<String>,
+    leave_running: bool,
+) -> ApiResult<CheckpointRecord> {
+    let cp = new_id();
+    let network = crate::pause::saved_network(state, rec);
+    let image = match rec.state {
+        SandboxState::Running => {
+            let h = crate::routes::live(state, p, &rec.id)?;
+            let (st, h2, spec, tenant) = (
+                state.clone(),
+                h.clone(),
+                rec.spec.clone(),
+                rec.tenant.clone(),
+            );
+            tokio::task::spawn_blocking(move || {
+                crate::pause::commit_files(&st, &h2, &spec, &tenant).map(|i| i.id.to_string())
+            })
+            .await
+            .map_err(ApiError::internal)??
+        }
+        SandboxState::Paused => state
+            .store
+            .pause_of(&rec.id)
+            .map_err(ApiError::internal)?
+            .and_then(|p| p.saved.image)
+            .ok_or_else(|| {
+                ApiError::internal(format!("sandbox {} is paused without an image", rec.id))
+            })?,
+        s => return Err(crate::pause::wrong_state(&rec.id, s)),
+    };
+    let digest = image.parse().map_err(ApiError::internal)?;
+    state
+        .images
+        .store
+        .lease(&cp, &digest)
+        .map_err(crate::images::store_error)?;
+    let c = CheckpointRecord {
+        id: cp,
+        sandbox_id: rec.id.clone(),
+        tenant: rec.tenant.clone(),
+        name,
+        parent: state
+            .store
+            .checkpoint_head(&rec.id)
+            .map_err(ApiError::internal)?,
+        kind: PauseKind::Filesystem,
+        created_at: now_ms(),
+        size: 0,
+        saved: Saved {
+            files: Vec::new(),
+            image: Some(image),
+            network: network.filter(|_| rec.state == SandboxState::Running),
+        },
+    };
+    let c = record(state, c).await?;
+    if !leave_running && rec.state == SandboxState::Running {
+        crate::pause::request(state, p, &rec.id).await?;
+    }
+    Ok(c)
+}
+
+/// Bytes of the regular files under `dir` (not following links, not crossing
+/// into another file system's mount).
+fn dir_bytes(dir: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(top) = std::fs::symlink_metadata(dir) else {
+        return 0;
+    };
+    let mut stack = vec![dir.to_path_buf()];
+    let mut n = 0u64;
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let Ok(m) = std::fs::symlink_metadata(e.path()) else {
+                continue;
+            };
+            if m.is_dir() && m.dev() == top.dev() {
+                stack.push(e.path());
+            } else if m.is_dir() {
+                // The kept root, a tmpfs of its own: counted by its use.
+                n += rustix::fs::statvfs(e.path())
+                    .map(|v| {
+                        v.f_blocks
+                            .saturating_sub(v.f_bfree)
+                            .saturating_mul(v.f_frsize)
+                    })
+                    .unwrap_or(0);
+            } else if m.is_file() {
+                n += m.len();
+            }
+        }
+    }
+    n
+}
+
+/// Deletes checkpoint `cp` of the caller's sandbox `id`.
+pub async fn delete(state: &Arc<AppState>, p: &Principal, id: &str, cp: &str) -> ApiResult<()> {
+    let (rec, c) = find(state, p, id, cp)?;
+    let _busy = Busy::take(&rec.id)?;
+    if !state
+        .store
+        .remove_checkpoint(&c.id)
+        .map_err(ApiError::internal)?
+    {
+        return Err(ApiError::not_found(format!(
+            "sandbox {} has no checkpoint {cp}",
+            rec.id
+        )));
+    }
+    let st = state.clone();
+    tokio::task::spawn_blocking(move || remove_files(&st, &c))
+        .await
+        .map_err(ApiError::internal)?;
+    Ok(())
+}
+
+/// Removes what checkpoint `c` holds on the host: its copy, or its image's
+/// lease (the image goes too unless something else holds it). Blocking.
+fn remove_files(state: &AppState, c: &CheckpointRecord) {
+    for d in [copy_dir(state, &c.id), partial_copy_dir(state, &c.id)] {
+        match std::fs::remove_dir_all(&d) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                tracing::warn!(checkpoint = %c.id, "remove a checkpoint's copy: {e}")
+            }
+            _ => {}
+        }
+    }
+    if let Some(img) = &c.saved.image {
+        if let Err(e) = state.images.store.release(&c.id) {
+            tracing::warn!(checkpoint = %c.id, "release a checkpoint's image: {e}");
+        }
+        crate::pause::forget_commit(state, img);
+    }
+}
+
+/// Removes every checkpoint of sandbox `id` (it ended). Blocking.
+pub fn remove_all_of(state: &AppState, id: &str) {
+    let all = match state.store.checkpoints_of(id) {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::warn!(
+                sandbox_id = id,
+                "list the checkpoints of an ended sandbox: {e}"
+            );
+            return;
+        }
+    };
+    // Newest first: a checkpoint's image may be the parent of a later one's.
+    for c in all.iter().rev() {
+        if let Err(e) = state.store.remove_checkpoint(&c.id) {
+            tracing::warn!(checkpoint = %c.id, "forget a checkpoint: {e}");
+            continue;
+        }
+        remove_files(state, c);
+    }
+}
+
+/// On start: the checkpoints of sandboxes that are stopped (or unknown) are
+/// removed, and so are copies no checkpoint owns (one a crash cut short).
+pub async fn reconcile(state: &Arc<AppState>) {
+    let st = state.clone();
+    let _ = tokio::task::spawn_blocking(move || {
+        let all = match st.store.all_checkpoints() {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!("list the checkpoints: {e}");
+                return;
+            }
+        };
+        let mut kept = HashSet::new();
+        for c in all {
+            let live = st
+                .store
+                .get_sandbox(&c.sandbox_id)
+                .ok()
+                .flatten()
+                .is_some_and(|r| r.state != SandboxState::Stopped);
+            if live {
+                kept.insert(c.id.clone());
+            } else if st.store.remove_checkpoint(&c.id).is_ok() {
+                remove_files(&st, &c);
+                tracing::info!(checkpoint = %c.id, "removed the checkpoint of an ended sandbox");
+            }
+        }
+        let Ok(rd) = std::fs::read_dir(copies(&st)) else {
+            return;
+        };
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if kept.contains(&name) {
+                continue;
+            }
+            match std::fs::remove_dir_all(e.path()) {
+                Ok(()) => tracing::info!(checkpoint = %name, "removed a leftover checkpoint copy"),
+                Err(err) => {
+                    tracing::warn!(checkpoint = %name, "remove a leftover checkpoint copy: {err}")
+                }
+            }
+        }
+    })
+    .await;
+}
+
+/// Restores the caller's sandbox `id` in place to its checkpoint `cp`: paused
+/// (if it runs), what its pause saved replaced by the checkpoint's, resumed.
+pub async fn restore(
+    state: &Arc<AppState>,
+    p: &Principal,
+    id: &str,
+    cp: &str,
+) -> ApiResult<Restored> {
+    if state.is_shutting_down() {
+        return Err(ApiError::unavailable("the daemon is shutting down"));
+    }
+    let (rec, c) = find(state, p, id, cp)?;
+    let _busy = Busy::take(&rec.id)?;
+    match rec.state {
+        SandboxState::Running => {
+            crate::pause::request(state, p, &rec.id).await?;
+        }
+        SandboxState::Paused => {}
+        s => return Err(crate::pause::wrong_state(&rec.id, s)),
+    }
+    // Held `resuming` from here: no resume, pause or delete of it meanwhile.
+    let rec = crate::routes::lookup(state, p, &rec.id)?;
+    crate::pause::begin_resume(state, p, &rec)?;
+    match swap(state, &rec, &c).await {
+        Ok(()) => {}
+        Err(e) => {
+            // What its pause saved is as it was: it is paused again.
+            if let Err(e2) = state.store.abort_resume(&rec.id, &e.message) {
+                tracing::error!("record the failed restore: {e2}");
+            }
+            return Err(e);
+        }
+    }
+    state
+        .store
+        .set_checkpoint_head(&rec.id, &c.id)
+        .map_err(ApiError::internal)?;
+    let back = crate::pause::resume_begun(state, p, &rec).await?;
+    Ok(Restored {
+        checkpoint: c.id,
+        kind: c.kind,
+        sandbox: crate::routes::sandboxes::view(state, &back),
+    })
+}
+
+/// Replaces what the pause of `rec` (held `resuming`) saved by checkpoint `c`'s.
+async fn swap(state: &Arc<AppState>, rec: &SandboxRecord, c: &CheckpointRecord) -> ApiResult<()> {
+    let pause = state
+        .store
+        .pause_of(&rec.id)
+        .map_err(ApiError::internal)?
+        .ok_or_else(|| {
+            ApiError::internal(format!("sandbox {} is paused without a record", rec.id))
+        })?;
+    if pause.kind != c.kind {
+        // A sandbox's isolation never changes: its pauses and checkpoints agree.
+        return Err(ApiError::internal(format!(
+            "sandbox {}: its pause is {}, checkpoint {} is {}",
+            rec.id,
+            pause.kind.as_str(),
+            c.id,
+            c.kind.as_str()
+        )));
+    }
+    let (st, id2, c2) = (state.clone(), rec.id.clone(), c.clone());
+    tokio::task::spawn_blocking(move || -> ApiResult<()> {
+        let mut saved = pause.saved.clone();
+        let (mut superseded, mut lease) = (None, None);
+        match c2.kind {
+            PauseKind::Memory => {
+                let dir = crate::pause::checkpoint_dir(&st, &id2);
+                let backend = st
+                    .backends
+                    .get(Isolation::Gvisor)
+                    .map_err(|why| crate::isolation::unavailable(Isolation::Gvisor, why))?
+                    .clone();
+                // Made beside what the pause saved, which is replaced only once
+                // it is whole: a failure leaves the sandbox paused as it was.
+                let next = crate::pause::partial_dir(&st, &id2);
+                backend
+                    .remove_checkpoint(&next)
+                    .map_err(ApiError::internal)?;
+                if let Err(e) =
+                    sandlot_runtime::gvisor::kept_copy::materialize(&copy_dir(&st, &c2.id), &next)
+                {
+                    let _ = backend.remove_checkpoint(&next);
+                    return Err(
+                        ApiError::internal(format!("restore checkpoint {}: {e}", c2.id))
+                            .or_exhausted(),
+                    );
+                }
+                backend
+                    .remove_checkpoint(&dir)
+                    .map_err(ApiError::internal)?;
+                std::fs::rename(&next, &dir)
+                    .map_err(|e| ApiError::internal(format!("rename {}: {e}", next.display())))?;
+                saved.files = c2.saved.files.clone();
+            }
+            PauseKind::Filesystem => {
+                let img: sandlot_store::Digest = c2
+                    .saved
+                    .image
+                    .as_deref()
+                    .unwrap_or_default()
+                    .parse()
+                    .map_err(ApiError::internal)?;
+                superseded = saved.image.replace(img.to_string());
+                lease = Some(img);
+            }
+        }
+        if c2.saved.network.is_some() {
+            saved.network = c2.saved.network.clone();
+        }
+        match st.store.set_pause_saved(&id2, &saved) {
+            Ok(true) => {}
+            Ok(false) => {
+                return Err(ApiError::conflict(format!(
+                    "sandbox {id2} is no longer resuming"
+                )))
+            }
+            Err(e) => return Err(ApiError::internal(e)),
+        }
+        // The sandbox holds the checkpoint's image now (a resume leases it again).
+        if let Some(img) = lease {
+            st.images
+                .store
+                .lease(&id2, &img)
+                .map_err(crate::images::store_error)?;
+        }
+        // The image the pause committed, which nothing names any more.
+        if let Some(old) = superseded.filter(|o| Some(o) != saved.image.as_ref()) {
+            crate::pause::forget_commit(&st, &old);
+        }
+        Ok(())
+    })
+    .await
+    .map_err(ApiError::internal)?
+}
+
+/// The files that differ between checkpoints `a` and `b` of the caller's
+/// sandbox `id`, by the image diff: of their images (`filesystem`), or of the
+/// roots their copies kept (`memory`). Bounded like an image diff
+/// (`images.max_expanded_size`: **413** past it).
+pub async fn diff(
+    state: &Arc<AppState>,
+    p: &Principal,
+    id: &str,
+    a: &str,
+    b: &str,
+) -> ApiResult<CheckpointDiff> {
+    let (_, ca) = find(state, p, id, a)?;
+    let (_, cb) = find(state, p, id, b)?;
+    let st = state.clone();
+    tokio::task::spawn_blocking(move || -> ApiResult<CheckpointDiff> {
+        let limit = st.images.limit(None);
+        let d = match (&ca.saved.image, &cb.saved.image) {
+            (Some(ia), Some(ib)) => {
+                let ia = st.images.store.resolve(ia).map_err(ApiError::internal)?;
+                let ib = st.images.store.resolve(ib).map_err(ApiError::internal)?;
+                st.images
+                    .store
+                    .diff(&ia, &ib, Some(&limit))
+                    .map_err(crate::images::store_error)?
+            }
+            _ => {
+                let what = format!("the diff of checkpoints {} and {}", ca.id, cb.id);
+                let mut budget = sandlot_store::Budget::new(Some(&limit), &what);
+                let root = |c: &CheckpointRecord| -> Vec<PathBuf> {
+                    let r =
+                        copy_dir(&st, &c.id).join(sandlot_runtime::gvisor::kept_copy::SAVED_ROOT);
+                    if r.is_dir() {
+                        vec![r]
+                    } else {
+                        Vec::new()
+                    }
+                };
+                let ta = sandlot_store::layer::flatten(&root(&ca), &mut budget)
+                    .map_err(|e| crate::images::store_error(e.into()))?;
+                let tb = sandlot_store::layer::flatten(&root(&cb), &mut budget)
+                    .map_err(|e| crate::images::store_error(e.into()))?;
+                sandlot_store::layer::diff(&ta, &tb, &mut budget)
+                    .map_err(|e| crate::images::store_error(e.into()))?
+            }
+        };
+        Ok(CheckpointDiff {
+            added: d.added,
+            changed: d.changed,
+            removed: d.removed,
+        })
+    })
+    .await
+    .map_err(ApiError::internal)?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_checkpoint_name_is_1_to_64_printable_characters() {
+        assert!(check_name(None).is_ok());
+        assert!(check_name(Some("before the rm")).is_ok());
+        assert!(check_name(Some("")).is_err());
+        assert!(check_name(Some(&"x".repeat(65))).is_err());
+        assert!(check_name(Some("a\nb")).is_err());
+    }
+
+    #[test]
+    fn one_checkpoint_operation_at_a_time_per_sandbox() {
+        let a = Busy::take("sb-busy-a").unwrap();
+        assert_eq!(Busy::take("sb-busy-a").err().unwrap().code, "invalid_state");
+        let b = Busy::take("sb-busy-b").unwrap();
+        drop(a);
+        let _again = Busy::take("sb-busy-a").unwrap();
+        drop(b);
+    }
+}
