@@ -14,6 +14,7 @@ pub mod connect;
 pub mod encoding;
 pub mod envd;
 pub mod files;
+pub mod fork;
 pub mod hosts;
 pub mod lifecycle;
 pub mod multipart;
@@ -273,6 +274,7 @@ pub fn router(e2b: Arc<E2b>) -> Router {
         .merge(envd::routes())
         .merge(code::routes())
         .merge(rest::routes())
+        .merge(fork::routes())
         .merge(templates::routes())
         .route(
             "/health",

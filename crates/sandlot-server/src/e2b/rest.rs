@@ -3,7 +3,7 @@
 //! connect are in `lifecycle.rs`). Errors are E2B's `{"code": STATUS,
 //! "message"}`, which the SDK turns into its typed exceptions; network options
 //! and updates become egress policies (`network.rs`); what Sandlot does not have
-//! (snapshots, forks, template listing and deletion, volumes) answers 501
+//! (snapshots, template listing and deletion, volumes) answers 501
 //! with a message naming the call.
 
 use std::collections::BTreeMap;
@@ -126,8 +126,8 @@ pub fn routes() -> Router<Arc<E2b>> {
         .route("/v2/sandboxes/{id}/logs", get(logs_v2))
 }
 
-/// Everything else E2B's API has (pause, resume, snapshots, forks, templates,
-/// volumes, teams...): a clear 501, never a hang.
+/// Everything else E2B's API has (snapshots, template listing, volumes,
+/// teams...): a clear 501, never a hang.
 pub async fn unsupported(req: Request) -> RestError {
     let (m, p) = (req.method().clone(), req.uri().path().to_string());
     let what = if p.ends_with("/pause") {
@@ -136,8 +136,6 @@ pub async fn unsupported(req: Request) -> RestError {
         "resuming sandboxes"
     } else if p.contains("/snapshots") {
         "snapshots"
-    } else if p.ends_with("/fork") {
-        "forking sandboxes"
     } else if p.starts_with("/templates")
         || p.starts_with("/v2/templates")
         || p.starts_with("/v3/templates")
