@@ -55,8 +55,9 @@ impl Default for AgentConfig {
 
 /// Serves forever on `listener` (already bound and listening).
 ///
-/// Returns only on a fatal error of the listener, on a `shutdown` request or when
-/// the lifeline closes, after killing every process it started.
+/// Returns only on a fatal error (of the listener, or of the epoll instance it
+/// waits on its processes' pipes and its watches through), on a `shutdown`
+/// request or when the lifeline closes, after killing every process it started.
 ///
 /// As PID 1 of a pid namespace it reaps every child, orphans included. Otherwise it
 /// makes its process a child subreaper and reaps only the processes it started and

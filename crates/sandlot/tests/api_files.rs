@@ -474,3 +474,85 @@ fn the_agents_own_proc_entries_show_no_host_path() {
     assert_eq!(st, 200);
     assert!(body.contains("MemTotal"), "{body}");
 }
+
+/// A process changing files under a watched directory without pause makes the
+/// agent's epoll report events without pause; the task reading them must leave
+/// the agent (PID 1) free to serve everything else. Ten commands run beside two
+/// such processes, each answered in turn; a starved agent answers none, and the
+/// test fails at its limit.
+#[test]
+fn a_flood_of_watched_changes_leaves_the_agent_answering_commands() {
+    a_flood_of_watched_changes_leaves_the_agent_answering_commands_on(
+        &api_support::suite_isolation(),
+    );
+}
+
+#[test]
+fn a_flood_of_watched_changes_leaves_the_agent_answering_commands_on_gvisor() {
+    a_flood_of_watched_changes_leaves_the_agent_answering_commands_on("gvisor");
+}
+
+fn a_flood_of_watched_changes_leaves_the_agent_answering_commands_on(isolation: &str) {
+    let d = Daemon::start_isolated(None, isolation);
+    let c = d.client();
+    api_support::block_on_within(
+        120,
+        "ten commands beside a flood of watched changes",
+        async {
+            let sb = c.create_sandbox(&CreateSandbox::default()).await.unwrap();
+            let id = sb.id.as_str();
+            c.mkdir(id, "/tmp/flood", false).await.unwrap();
+            let mut watch = c.watch(id, "/tmp/flood", false).await.unwrap();
+            // Two files in turn, so that the kernel merges no event into the last.
+            let flood = sandlot_client::ExecBody {
+                argv: [
+                    "/bin/sh",
+                    "-c",
+                    "cd /tmp/flood && while :; do : > a; : > b; done",
+                ]
+                .map(String::from)
+                .to_vec(),
+                ..Default::default()
+            };
+            for _ in 0..2 {
+                c.exec(id, &flood).await.unwrap();
+            }
+            // The watch reports the flood, and is read for the rest of the test, so
+            // that the agent keeps taking events from the kernel.
+            let mut seen = 0u64;
+            while seen == 0 {
+                let e = watch.next().await.unwrap().expect("the watch goes on");
+                seen += u64::from(
+                    e.path
+                        .as_deref()
+                        .is_some_and(|p| p.starts_with("/tmp/flood/")),
+                );
+            }
+            let drain = async {
+                while let Some(e) = watch.next().await.unwrap() {
+                    seen += u64::from(e.path.is_some());
+                }
+                panic!("the watch ended during the flood");
+            };
+            let commands = async {
+                for i in 0..10 {
+                    let out = c
+                        .run(id, &["/bin/echo", &format!("answer {i}")])
+                        .await
+                        .unwrap();
+                    assert_eq!(
+                        (String::from_utf8_lossy(&out.stdout), out.exit.code),
+                        (format!("answer {i}\n").into(), Some(0))
+                    );
+                }
+            };
+            tokio::select! {
+                () = drain => {}
+                () = commands => {}
+            }
+            // The flood went on meanwhile.
+            assert!(seen > 1, "{seen} events");
+            c.delete_sandbox(id).await.unwrap();
+        },
+    );
+}

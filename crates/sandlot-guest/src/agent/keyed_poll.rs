@@ -16,17 +16,25 @@
 //! event names a slot whose generation has moved on, and is dropped. The
 //! reactor's registration of this epoll instance is never deleted; sockets stay
 //! with the reactor, since a closed socket reads as not ready and a resurrected
-//! registration of one reports nothing.
+//! registration of one reports nothing. Dropped events are counted and logged.
+//!
+//! The task reading the events yields to the agent's other tasks after every
+//! batch that had events: a process making events without pause (a stream of
+//! changes under a watched directory, one-byte writes to a pipe) would otherwise
+//! keep it running, and PID 1 serving nothing else. If that task ends (it never
+//! should), the agent learns it through its [`Fatal`] and ends: the sandbox ends
+//! with it, rather than its pipes and watches waiting for ever.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::rc::Rc;
 
 use tokio::io::unix::AsyncFd;
 use tokio::sync::Notify;
+use tokio::task::JoinHandle;
 
-use super::OwnsFd;
+use super::{Fatal, OwnsFd};
 
 /// Readiness bits of a slot.
 const READ: u8 = 1;
@@ -126,12 +134,20 @@ impl Slots {
 pub(crate) struct KeyedPoll {
     epoll: AsyncFd<OwnedFd>,
     slots: RefCell<Slots>,
+    /// Events dropped so far because their key named no current slot.
+    stale: Cell<u64>,
 }
 
 impl KeyedPoll {
     /// Makes the epoll instance, registers it with the reactor for good and
-    /// starts the task that reads its events. Needs the agent's `LocalSet`.
-    pub fn start() -> io::Result<Rc<KeyedPoll>> {
+    /// starts the task that reads its events; `fatal` is raised if that task
+    /// ends. Needs the agent's `LocalSet`.
+    pub fn start(fatal: Rc<Fatal>) -> io::Result<Rc<KeyedPoll>> {
+        Self::start_driven(fatal).map(|(poll, _task)| poll)
+    }
+
+    /// [`KeyedPoll::start`], with the task reading the events.
+    fn start_driven(fatal: Rc<Fatal>) -> io::Result<(Rc<KeyedPoll>, JoinHandle<()>)> {
         // SAFETY: epoll_create1 takes no pointers.
         let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
         if fd < 0 {
@@ -142,9 +158,10 @@ impl KeyedPoll {
         let poll = Rc::new(KeyedPoll {
             epoll: super::register(fd, tokio::io::Interest::READABLE)?,
             slots: RefCell::new(Slots::default()),
+            stale: Cell::new(0),
         });
-        super::spawn_task(drive(poll.clone()));
-        Ok(poll)
+        let task = super::spawn_task(drive_or_raise(poll.clone(), fatal));
+        Ok((poll, task))
     }
 
     /// Watches `t` (non-blocking) for input and room.
@@ -188,8 +205,8 @@ impl KeyedPoll {
         }
     }
 
-    /// Takes the events ready now; false when there were none.
-    fn read_events(&self) -> io::Result<bool> {
+    /// Takes the events ready now; how many there were.
+    fn read_events(&self) -> io::Result<usize> {
         let mut events = [libc::epoll_event { events: 0, u64: 0 }; EVENTS];
         // SAFETY: `events` is valid for EVENTS entries for the call; no timeout.
         let n = unsafe {
@@ -203,39 +220,77 @@ impl KeyedPoll {
         if n < 0 {
             return Err(io::Error::last_os_error());
         }
+        let n = n as usize;
         let mut woken = Vec::new();
+        let mut stale = 0u64;
         {
             let mut slots = self.slots.borrow_mut();
-            for ev in &events[..n as usize] {
+            for ev in &events[..n] {
                 // Copied out: the struct is packed.
                 let (key, mask) = (ev.u64, ev.events);
-                if let Some(n) = slots.record(key, mask) {
-                    woken.push(n);
+                match slots.record(key, mask) {
+                    Some(n) => woken.push(n),
+                    None => stale += 1,
                 }
             }
+        }
+        if stale > 0 {
+            let total = self.stale.get() + stale;
+            self.stale.set(total);
+            super::log!(
+                "dropped {stale} event(s) of the keyed epoll whose key names no current \
+                 slot ({total} so far)"
+            );
         }
         for n in woken {
             n.notify_waiters();
         }
-        Ok(n > 0)
+        Ok(n)
     }
 }
 
-/// Reads the keyed epoll's events whenever it is readable, for the agent's life.
-async fn drive(poll: Rc<KeyedPoll>) {
+/// Runs [`drive`]; whenever it ends (an error, a panic, the task dropped, even
+/// before it first ran), raises `fatal`, since every pipe, terminal and watch
+/// would wait for ever.
+fn drive_or_raise(poll: Rc<KeyedPoll>, fatal: Rc<Fatal>) -> impl std::future::Future<Output = ()> {
+    /// Raises its `Fatal` when dropped unless disarmed.
+    struct Alarm(Option<Rc<Fatal>>);
+    impl Drop for Alarm {
+        fn drop(&mut self) {
+            if let Some(f) = self.0.take() {
+                f.raise("the task reading the keyed epoll ended".into());
+            }
+        }
+    }
+    // Made outside the future, so that dropping it unpolled raises too.
+    let mut alarm = Alarm(Some(fatal));
+    async move {
+        let e = drive(poll).await;
+        if let Some(f) = alarm.0.take() {
+            f.raise(format!("the keyed epoll: {e}"));
+        }
+    }
+}
+
+/// Reads the keyed epoll's events whenever it is readable; returns only on an
+/// error that leaves it unusable.
+async fn drive(poll: Rc<KeyedPoll>) -> io::Error {
     loop {
-        let Ok(mut guard) = poll.epoll.readable().await else {
-            super::log!("the keyed epoll left the reactor");
-            return;
+        let mut guard = match poll.epoll.readable().await {
+            Ok(g) => g,
+            Err(e) => return io::Error::new(e.kind(), format!("left the reactor: {e}")),
         };
         match poll.read_events() {
-            Ok(true) => {}
-            Ok(false) => guard.clear_ready(),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => {
-                super::log!("epoll_wait on the keyed epoll: {e}");
-                guard.clear_ready();
+            Ok(0) => guard.clear_ready(),
+            Ok(_) => {
+                // More may be ready: the readiness stays set (no edge is lost),
+                // and the other tasks run before the next look.
+                drop(guard);
+                tokio::task::yield_now().await;
             }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            // EBADF, EFAULT or EINVAL: nothing a retry mends.
+            Err(e) => return io::Error::new(e.kind(), format!("epoll_wait: {e}")),
         }
     }
 }
@@ -359,38 +414,130 @@ mod tests {
         assert_eq!(readiness(0), 0);
     }
 
-    #[test]
-    fn a_pipe_s_input_and_its_end_reach_its_reader_through_the_keyed_epoll() {
+    /// Runs `f` on a current-thread runtime inside a `LocalSet`, as the agent does.
+    fn on_agent_loop<F: std::future::Future<Output = ()>>(f: F) {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap();
-        let local = tokio::task::LocalSet::new();
-        local.block_on(&rt, async {
-            let poll = KeyedPoll::start().unwrap();
+        tokio::task::LocalSet::new().block_on(&rt, f);
+    }
+
+    /// Waits, failing the test after a generous while (a lost wake-up hangs it).
+    async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
+        tokio::time::timeout(std::time::Duration::from_secs(20), f)
+            .await
+            .unwrap_or_else(|_| panic!("{what}: no wake-up"))
+    }
+
+    fn read(f: &Polled<OwnedFd>, buf: &mut [u8]) -> io::Result<usize> {
+        nix::unistd::read(f.get_ref(), buf).map_err(io::Error::from)
+    }
+
+    #[test]
+    fn a_pipe_s_input_and_its_end_reach_its_reader_through_the_keyed_epoll() {
+        on_agent_loop(async {
+            let poll = KeyedPoll::start(Rc::new(Fatal::default())).unwrap();
             let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
             super::super::set_nonblocking(&r).unwrap();
             let r = poll.register(r).unwrap();
             nix::unistd::write(&w, b"hi").unwrap();
             let mut buf = [0u8; 8];
-            let mut g = r.readable().await;
-            let n = g
-                .try_io(|f| nix::unistd::read(f.get_ref(), &mut buf).map_err(io::Error::from))
-                .unwrap()
-                .unwrap();
+            let mut g = within("input", r.readable()).await;
+            let n = g.try_io(|f| read(f, &mut buf)).unwrap().unwrap();
             assert_eq!(&buf[..n], b"hi");
             // Drained: the next read would block, and clears the readiness.
-            let mut g = r.readable().await;
-            assert!(g
-                .try_io(|f| nix::unistd::read(f.get_ref(), &mut buf).map_err(io::Error::from))
-                .is_err());
+            let mut g = within("input still ready", r.readable()).await;
+            assert!(g.try_io(|f| read(f, &mut buf)).is_err());
             drop(w);
-            let mut g = r.readable().await;
-            let n = g
-                .try_io(|f| nix::unistd::read(f.get_ref(), &mut buf).map_err(io::Error::from))
-                .unwrap()
-                .unwrap();
+            let mut g = within("the end", r.readable()).await;
+            let n = g.try_io(|f| read(f, &mut buf)).unwrap().unwrap();
             assert_eq!(n, 0);
+        });
+    }
+
+    /// What a restored gVisor kernel does: an event under the key of a slot
+    /// freed since (and now reused) reaches the keyed epoll.
+    #[test]
+    fn an_event_under_a_released_key_is_dropped_and_wakes_no_live_slot() {
+        on_agent_loop(async {
+            let poll = KeyedPoll::start(Rc::new(Fatal::default())).unwrap();
+            // A descriptor registered, then dropped: its key is released.
+            let (gone, _gone_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+            let gone = poll.register(gone).unwrap();
+            let (index, old_key) = {
+                let slots = poll.slots.borrow();
+                let slot = &slots.entries[gone.index as usize];
+                (gone.index, key(gone.index, slot.generation))
+            };
+            drop(gone);
+            // The live descriptor takes the freed slot.
+            let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+            super::super::set_nonblocking(&r).unwrap();
+            let live = poll.register(r).unwrap();
+            assert_eq!(live.index, index);
+            let (ready, notify) = poll.ready(index);
+            assert_eq!(ready, 0);
+            let woken = notify.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            // Another pipe's end, dup'd, registered under the released key, and
+            // made readable.
+            let (other, other_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+            let dup = nix::unistd::dup(&other).unwrap();
+            let mut ev = libc::epoll_event {
+                events: INTEREST,
+                u64: old_key,
+            };
+            // SAFETY: `ev` is valid for the call; both descriptors are open.
+            let r = unsafe {
+                libc::epoll_ctl(
+                    poll.epoll.as_raw_fd(),
+                    libc::EPOLL_CTL_ADD,
+                    dup.as_raw_fd(),
+                    &mut ev,
+                )
+            };
+            assert_eq!(r, 0, "{}", io::Error::last_os_error());
+            nix::unistd::write(&other_w, b"x").unwrap();
+            within("the stale event read", async {
+                while poll.stale.get() == 0 {
+                    tokio::task::yield_now().await;
+                }
+            })
+            .await;
+            assert_eq!(poll.stale.get(), 1);
+            // The live slot learnt nothing and its waiters were not woken.
+            assert_eq!(poll.ready(index).0, 0);
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            assert!(std::future::Future::poll(woken.as_mut(), &mut cx).is_pending());
+            // It still hears its own descriptor.
+            nix::unistd::write(&w, b"live").unwrap();
+            let mut buf = [0u8; 8];
+            let mut g = within("the live input", live.readable()).await;
+            let n = g.try_io(|f| read(f, &mut buf)).unwrap().unwrap();
+            assert_eq!(&buf[..n], b"live");
+            // SAFETY: `dup` is open; EPOLL_CTL_DEL reads no event.
+            unsafe {
+                libc::epoll_ctl(
+                    poll.epoll.as_raw_fd(),
+                    libc::EPOLL_CTL_DEL,
+                    dup.as_raw_fd(),
+                    std::ptr::null_mut(),
+                )
+            };
+            drop((other, other_w, dup));
+        });
+    }
+
+    #[test]
+    fn the_agent_is_told_when_the_task_reading_the_keyed_epoll_ends() {
+        on_agent_loop(async {
+            let fatal = Rc::new(Fatal::default());
+            let (_poll, task) = KeyedPoll::start_driven(fatal.clone()).unwrap();
+            task.abort();
+            let why = within("the fatal error", fatal.raised()).await;
+            assert!(why.contains("keyed epoll"), "{why}");
         });
     }
 }

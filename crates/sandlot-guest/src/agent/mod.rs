@@ -232,6 +232,9 @@ pub(crate) struct Agent {
     pub shutting_down: bool,
     /// A [`Request::Quiesce`](sandlot_proto::guest::Request) arrived.
     pub quiesce: Rc<Notify>,
+    /// Something the agent cannot serve without failed: the main loop ends the
+    /// agent.
+    pub fatal: Rc<Fatal>,
     /// Weak self-reference for spawning tasks from synchronous methods.
     pub me: std::rc::Weak<RefCell<Agent>>,
     /// Where processes' pipes and terminals and file watches are waited on
@@ -240,6 +243,31 @@ pub(crate) struct Agent {
 }
 
 pub(crate) type Shared = Rc<RefCell<Agent>>;
+
+/// A failure after which the agent cannot go on serving (the task reading its
+/// keyed epoll ended): the main loop kills every process and returns it as an
+/// error, so that PID 1 exits with status 1 and the sandbox ends, its daemon
+/// recording the exit, instead of hanging with processes nobody can reach.
+#[derive(Debug, Default)]
+pub(crate) struct Fatal {
+    why: RefCell<Option<String>>,
+    raised: Notify,
+}
+
+impl Fatal {
+    /// Records `why` (the first reason raised is kept) and wakes the main loop.
+    pub fn raise(&self, why: String) {
+        self.why.borrow_mut().get_or_insert(why);
+        // A permit stays stored while the main loop is busy elsewhere.
+        self.raised.notify_one();
+    }
+
+    /// Waits until raised; the reason.
+    async fn raised(&self) -> String {
+        self.raised.notified().await;
+        self.why.borrow().clone().unwrap_or_default()
+    }
+}
 
 impl Agent {
     fn new(config: &mut AgentConfig, pid1: bool) -> Agent {
@@ -270,6 +298,7 @@ impl Agent {
             shutdown: Rc::new(Notify::new()),
             shutting_down: false,
             quiesce: Rc::new(Notify::new()),
+            fatal: Rc::new(Fatal::default()),
             me: std::rc::Weak::new(),
             keyed_poll: None,
         }
@@ -280,7 +309,7 @@ impl Agent {
         if let Some(p) = &self.keyed_poll {
             return Ok(p.clone());
         }
-        let p = keyed_poll::KeyedPoll::start()?;
+        let p = keyed_poll::KeyedPoll::start(self.fatal.clone())?;
         self.keyed_poll = Some(p.clone());
         Ok(p)
     }
@@ -406,6 +435,14 @@ async fn close_connections(agent: &Shared) {
     }
 }
 
+/// Ends the agent on a [`Fatal`]: logs why, kills every process; the error to
+/// return.
+fn fail(agent: &Shared, why: String) -> io::Error {
+    log!("fatal: {why}; ending");
+    agent.borrow_mut().kill_everything();
+    io::Error::other(why)
+}
+
 /// Entry point behind [`crate::run_agent`].
 pub(crate) fn run(
     listener: std::os::unix::net::UnixListener,
@@ -459,6 +496,7 @@ async fn main_loop(
     agent.borrow_mut().ensure_default_cwd();
     let shutdown = agent.borrow().shutdown.clone();
     let quiesce = agent.borrow().quiesce.clone();
+    let fatal = agent.borrow().fatal.clone();
 
     let lifeline = match config.lifeline {
         Some(fd) => Some(process::watch_lifeline(agent.clone(), fd)?),
@@ -471,6 +509,7 @@ async fn main_loop(
         tokio::select! {
             biased;
             _ = shutdown.notified() => break,
+            why = fatal.raised() => return Err(fail(&agent, why)),
             Some(()) = sigchld.recv() => agent.borrow_mut().reap(),
             _ = quiesce.notified() => {
                 let Some(path) = &listen_path else {
@@ -487,6 +526,7 @@ async fn main_loop(
                     tokio::select! {
                         biased;
                         _ = shutdown.notified() => { stop = true; break }
+                        why = fatal.raised() => return Err(fail(&agent, why)),
                         Some(()) = sigchld.recv() => agent.borrow_mut().reap(),
                         _ = wake.recv() => break,
                     }
