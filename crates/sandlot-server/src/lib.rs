@@ -15,6 +15,7 @@ pub mod error;
 pub mod images;
 pub mod inbound;
 pub mod isolation;
+pub mod mcp;
 pub mod memory;
 pub mod metrics;
 pub mod mount_users;
