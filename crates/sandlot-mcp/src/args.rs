@@ -44,6 +44,18 @@ pub fn parse<T: DeserializeOwned>(
     })
 }
 
+/// Checks that `value` of argument `arg` names one thing (a sandbox, a store, a
+/// collection, a session, a context): it becomes one segment of an API path, so a
+/// `/` in it would name another route.
+pub fn one_name(arg: &str, value: &str) -> Result<(), BadArgument> {
+    if value.is_empty() || value.contains('/') || value == "." || value == ".." {
+        return Err(bad(format!(
+            "invalid argument `{arg}`: {value:?} is not an id or a name (no `/`, not empty)"
+        )));
+    }
+    Ok(())
+}
+
 /// Seconds, or a duration like `"90s"`, `"10m"`, `"1h"`.
 #[derive(Debug, Clone, PartialEq, Deserialize, JsonSchema)]
 #[serde(untagged)]
@@ -538,6 +550,19 @@ mod tests {
         let shell: RunCommandArgs =
             parse(obj(json!({"sandbox": "a", "command": "echo hi | wc -c"}))).unwrap();
         assert_eq!(shell.argv().unwrap(), ["/bin/sh", "-c", "echo hi | wc -c"]);
+    }
+
+    #[test]
+    fn a_name_with_a_slash_is_refused_before_it_becomes_a_path() {
+        assert!(one_name("sandbox", "sb-1a2b").is_ok());
+        for v in ["", ".", "..", "sb-1/contexts/default", "../tokens"] {
+            let e = one_name("sandbox", v).unwrap_err();
+            assert!(
+                e.0.starts_with("invalid argument `sandbox`"),
+                "{v}: {}",
+                e.0
+            );
+        }
     }
 
     #[test]

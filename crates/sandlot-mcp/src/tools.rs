@@ -152,6 +152,13 @@ pub async fn call(
     a: Args,
     ctx: &RequestContext<RoleServer>,
 ) -> Result<String, ToolError> {
+    for (arg, v) in &a {
+        if let ("sandbox" | "store" | "collection" | "session" | "context", Value::String(v)) =
+            (arg.as_str(), v)
+        {
+            args::one_name(arg, v)?;
+        }
+    }
     match name {
         "create_sandbox" => create_sandbox(client, parse(a)?).await,
         "list_sandboxes" => list_sandboxes(client, parse(a)?).await,

@@ -65,9 +65,16 @@ async fn http_client(d: &Daemon, token: &str) -> McpClient {
         .expect("an MCP session over /mcp")
 }
 
-/// An MCP client of `sandlot mcp` (stdio) run with the daemon's TCP address and
-/// `token` in its environment, as an agent's configuration starts it.
-async fn stdio_client(d: &Daemon, token: &str) -> (McpClient, std::process::Child) {
+/// Spawns `sandlot mcp` with the daemon's TCP address and `token`: its output and
+/// input as async pipes.
+fn spawn_stdio(
+    d: &Daemon,
+    token: &str,
+) -> (
+    tokio::net::unix::pipe::Receiver,
+    tokio::net::unix::pipe::Sender,
+    std::process::Child,
+) {
     use std::os::fd::OwnedFd;
     let mut child = std::process::Command::new(api_support::sandlot())
         .arg("mcp")
@@ -84,11 +91,22 @@ async fn stdio_client(d: &Daemon, token: &str) -> (McpClient, std::process::Chil
     let inp =
         tokio::net::unix::pipe::Sender::from_owned_fd(OwnedFd::from(child.stdin.take().unwrap()))
             .unwrap();
+    (out, inp, child)
+}
+
+/// An MCP client of `sandlot mcp` (stdio) run with the daemon's TCP address and
+/// `token` in its environment, as an agent's configuration starts it.
+async fn stdio_client(d: &Daemon, token: &str) -> (McpClient, std::process::Child) {
+    let (out, inp, child) = spawn_stdio(d, token);
     let c = ().serve((out, inp)).await.expect("an MCP session over stdio");
     (c, child)
 }
 
-async fn call(c: &McpClient, tool: &str, args: Value) -> CallToolResult {
+async fn call<H: rmcp::ClientHandler>(
+    c: &RunningService<RoleClient, H>,
+    tool: &str,
+    args: Value,
+) -> CallToolResult {
     let Value::Object(args) = args else {
         panic!("arguments are an object")
     };
@@ -256,6 +274,14 @@ fn bad_tool_arguments_are_tool_errors_naming_the_argument() {
         )
         .await;
         assert!(e.contains("`max_output_bytes`"), "{e}");
+        // A sandbox argument is one name: a `/` would make it another route.
+        let e = tool_error(
+            &c,
+            "delete_sandbox",
+            json!({"sandbox": "x/contexts/default"}),
+        )
+        .await;
+        assert!(e.starts_with("invalid argument `sandbox`"), "{e}");
         // The API's own 400 comes through with the field it names and what is allowed.
         let e = tool_error(&c, "create_sandbox", json!({"memory": "1K"})).await;
         assert!(
@@ -488,4 +514,93 @@ fn an_mcp_session_answers_only_the_token_that_opened_it() {
         "",
     );
     assert_eq!(status, 404, "an ended session is gone");
+}
+
+/// A client that keeps the progress notifications it is sent.
+#[derive(Clone, Default)]
+struct ProgressRecorder(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl rmcp::ClientHandler for ProgressRecorder {
+    async fn on_progress(
+        &self,
+        params: rmcp::model::ProgressNotificationParam,
+        _context: rmcp::service::NotificationContext<RoleClient>,
+    ) {
+        self.0
+            .lock()
+            .unwrap()
+            .push(params.message.unwrap_or_default());
+    }
+}
+
+#[test]
+fn a_long_command_reports_progress_and_a_cancelled_call_kills_it() {
+    use rmcp::model::{CallToolRequest, ClientRequest};
+    use rmcp::service::PeerRequestOptions;
+    let d = Daemon::start(None);
+    let token = d.token("alpha");
+    block_on_within(120, "the cancelled command", async {
+        let api = d.tcp(Some(&token));
+        let sb = api.create_sandbox(&Default::default()).await.unwrap();
+        let (out, inp, mut child) = spawn_stdio(&d, &token);
+        let progress = ProgressRecorder::default();
+        let c = progress.clone().serve((out, inp)).await.unwrap();
+        let Value::Object(args) =
+            json!({"sandbox": sb.id, "argv": ["sleep", "300"], "timeout": 600})
+        else {
+            unreachable!()
+        };
+        let request = ClientRequest::CallToolRequest(CallToolRequest::new(
+            CallToolRequestParams::new("run_command").with_arguments(args),
+        ));
+        let handle = c
+            .peer()
+            .send_cancellable_request(request, PeerRequestOptions::no_options())
+            .await
+            .unwrap();
+        let running = |want: &'static str| {
+            let api = api.clone();
+            let id = sb.id.clone();
+            move || {
+                let api = api.clone();
+                let id = id.clone();
+                async move {
+                    api.list_processes(&id)
+                        .await
+                        .unwrap()
+                        .iter()
+                        .any(|p| p.argv == ["sleep", "300"] && p.state == want)
+                }
+            }
+        };
+        api_support::eventually(30, "the command to run", running("running")).await;
+        api_support::eventually(30, "a progress notification", || {
+            let p = progress.clone();
+            async move { !p.0.lock().unwrap().is_empty() }
+        })
+        .await;
+        let first = progress.0.lock().unwrap()[0].clone();
+        assert!(first.starts_with("running for "), "{first}");
+        handle
+            .cancel(Some("the agent gave up".into()))
+            .await
+            .unwrap();
+        api_support::eventually(30, "the command to be killed", running("exited")).await;
+        let p = api.list_processes(&sb.id).await.unwrap();
+        let sleep = p.iter().find(|p| p.argv == ["sleep", "300"]).unwrap();
+        assert_eq!(sleep.exit.as_ref().and_then(|e| e.signal), Some(9));
+        // The session goes on.
+        let r = call(
+            &c,
+            "run_command",
+            json!({"sandbox": sb.id, "command": "echo after"}),
+        )
+        .await;
+        assert!(text(&r).contains("after"), "{}", text(&r));
+        c.cancel().await.unwrap();
+        let _ = api_support::wait_exit(&mut child, std::time::Duration::from_secs(20));
+        let _ = child.kill();
+        let _ = child.wait();
+        api.delete_sandbox(&sb.id).await.unwrap();
+    });
 }
