@@ -344,7 +344,7 @@ async fn run_command(
 
 /// Bytes `read_file` hands back by default, and at most.
 const DEFAULT_READ_BYTES: u32 = 256 * 1024;
-const MAX_READ_BYTES: u32 = 1024 * 1024;
+pub const MAX_READ_BYTES: u32 = 1024 * 1024;
 
 async fn read_file(c: &Client, a: args::ReadFileArgs) -> Result<String, ToolError> {
     let limit = match a.max_bytes.unwrap_or(DEFAULT_READ_BYTES) {
@@ -356,7 +356,27 @@ async fn read_file(c: &Client, a: args::ReadFileArgs) -> Result<String, ToolErro
             .into())
         }
     };
-    let mut s = c.read_file(&a.sandbox, &a.path).await?;
+    let (data, total) = read_capped(c, &a.sandbox, &a.path, limit).await?;
+    let mut text = if a.base64 {
+        base64::engine::general_purpose::STANDARD.encode(&data)
+    } else {
+        String::from_utf8_lossy(&data).into_owned()
+    };
+    let left_out = total - data.len() as u64;
+    if left_out > 0 {
+        let _ = write!(text, "\n[... {left_out} bytes left out of {total} ...]");
+    }
+    Ok(text)
+}
+
+/// The first `limit` bytes of a sandbox's file, and its whole size.
+pub async fn read_capped(
+    c: &Client,
+    sandbox: &str,
+    path: &str,
+    limit: usize,
+) -> Result<(Vec<u8>, u64), ToolError> {
+    let mut s = c.read_file(sandbox, path).await?;
     let size_hint = s.size_hint;
     let mut data = Vec::new();
     let mut seen = 0u64;
@@ -368,17 +388,7 @@ async fn read_file(c: &Client, a: args::ReadFileArgs) -> Result<String, ToolErro
             break;
         }
     }
-    let total = size_hint.unwrap_or(seen).max(seen);
-    let mut text = if a.base64 {
-        base64::engine::general_purpose::STANDARD.encode(&data)
-    } else {
-        String::from_utf8_lossy(&data).into_owned()
-    };
-    let left_out = total - data.len() as u64;
-    if left_out > 0 {
-        let _ = write!(text, "\n[... {left_out} bytes left out of {total} ...]");
-    }
-    Ok(text)
+    Ok((data, size_hint.unwrap_or(seen).max(seen)))
 }
 
 async fn write_file(c: &Client, a: args::WriteFileArgs) -> Result<String, ToolError> {

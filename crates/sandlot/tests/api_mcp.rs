@@ -198,6 +198,25 @@ async fn sandbox_round_trip(c: &McpClient, d: &Daemon, tenant: &str) {
         .await,
         "from mcp\n"
     );
+    // The same file as a resource.
+    let uri = format!("sandlot://sandboxes/{id}/files/tmp/mcp/note.txt");
+    let res = c
+        .read_resource(rmcp::model::ReadResourceRequestParams::new(uri.clone()))
+        .await
+        .unwrap();
+    match &res.contents[..] {
+        [rmcp::model::ResourceContents::TextResourceContents { text, uri: u, .. }] => {
+            assert_eq!((text.as_str(), u.as_str()), ("from mcp\n", uri.as_str()));
+        }
+        other => panic!("{other:?}"),
+    }
+    let templates = c.list_all_resource_templates().await.unwrap();
+    assert!(
+        templates
+            .iter()
+            .any(|t| t.uri_template.starts_with("sandlot://sandboxes/")),
+        "{templates:?}"
+    );
     let listing = ok(c, "list_files", json!({"sandbox": id, "path": "/tmp/mcp"})).await;
     assert!(listing.contains("/tmp/mcp/note.txt"), "{listing}");
 
@@ -370,6 +389,12 @@ fn another_tenants_sandbox_is_not_found_through_mcp() {
         ] {
             let listed = ok(&c, "list_sandboxes", json!({"include_stopped": true})).await;
             assert!(!listed.contains(id), "{name}: {listed}");
+            let uri = format!("sandlot://sandboxes/{id}/files/etc/hostname");
+            let e = c
+                .read_resource(rmcp::model::ReadResourceRequestParams::new(uri))
+                .await
+                .unwrap_err();
+            assert!(e.to_string().contains("404 not_found"), "{name}: {e}");
             for (tool, args) in [
                 ("run_command", json!({"sandbox": id, "command": "true"})),
                 ("read_file", json!({"sandbox": id, "path": "/etc/hostname"})),
