@@ -136,11 +136,8 @@ pub async fn handle(
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
     match &session {
-        Some(id) => {
-            if front.owners().get(id) != Some(&me) {
-                return Ok(session_not_found());
-            }
-        }
+        Some(id) if front.owners().get(id) != Some(&me) => return Ok(session_not_found()),
+        Some(_) => {}
         None if req.method() == Method::POST => {
             front.forget_ended().await;
             let held = front
