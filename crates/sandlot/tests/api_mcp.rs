@@ -629,3 +629,93 @@ fn a_long_command_reports_progress_and_a_cancelled_call_kills_it() {
         api.delete_sandbox(&sb.id).await.unwrap();
     });
 }
+
+#[test]
+fn run_code_keeps_state_and_vfs_shell_browses_a_collection_through_mcp() {
+    use api_support::vfs::{acl, body, tar_of};
+    use sandlot_client::vfs::UploadFormat;
+    let d = Daemon::start(None);
+    let ta = d.token("alpha");
+    let tb = d.token("beta");
+    block_on_within(180, "code and collections", async {
+        let a = d.tcp(Some(&ta));
+        let files = [
+            ("docs/guide.md", "the rate limit is 10 a second\n"),
+            ("internal/secret.md", "hunter2\n"),
+        ];
+        a.create_collection_upload("kb", UploadFormat::Tar, &acl(), body(tar_of(&files)))
+            .await
+            .unwrap();
+        let c = http_client(&d, &ta).await;
+        let out = ok(
+            &c,
+            "vfs_shell",
+            json!({"collection": "kb", "command": "grep -r 'rate limit' /"}),
+        )
+        .await;
+        assert!(
+            out.starts_with("exit_code: 0\n") && out.contains("the rate limit is 10"),
+            "{out}"
+        );
+        // The default principal sees public documents only (the ACL of the API).
+        let out = ok(
+            &c,
+            "vfs_shell",
+            json!({"collection": "kb", "command": "cat /internal/secret.md"}),
+        )
+        .await;
+        assert!(!out.contains("hunter2"), "{out}");
+        // A kept session keeps its working directory.
+        let out = ok(
+            &c,
+            "vfs_shell",
+            json!({"collection": "kb", "command": "cd /docs", "keep_session": true}),
+        )
+        .await;
+        let sid = out
+            .lines()
+            .find_map(|l| l.strip_prefix("session: "))
+            .expect("the kept session's id")
+            .to_string();
+        let out = ok(
+            &c,
+            "vfs_shell",
+            json!({"collection": "kb", "command": "pwd", "session": sid}),
+        )
+        .await;
+        assert!(out.contains("stdout:\n/docs\n"), "{out}");
+        // Another tenant's collection is not found.
+        let b = http_client(&d, &tb).await;
+        let e = tool_error(
+            &b,
+            "vfs_shell",
+            json!({"collection": "kb", "command": "ls /"}),
+        )
+        .await;
+        assert!(e.contains("404 not_found"), "{e}");
+        b.cancel().await.unwrap();
+
+        let created: Value =
+            serde_json::from_str(&ok(&c, "create_sandbox", json!({})).await).unwrap();
+        let id = created["id"].as_str().unwrap();
+        let out = ok(
+            &c,
+            "run_code",
+            json!({"sandbox": id, "code": "x = 6 * 7\nprint('side')\nx"}),
+        )
+        .await;
+        assert!(
+            out.starts_with("status: ok\n") && out.contains("result: 42") && out.contains("side"),
+            "{out}"
+        );
+        let out = ok(&c, "run_code", json!({"sandbox": id, "code": "x + 1"})).await;
+        assert!(out.contains("result: 43"), "the context kept x: {out}");
+        let out = ok(&c, "run_code", json!({"sandbox": id, "code": "1 / 0"})).await;
+        assert!(
+            out.starts_with("status: error\n") && out.contains("ZeroDivisionError"),
+            "{out}"
+        );
+        ok(&c, "delete_sandbox", json!({"sandbox": id})).await;
+        c.cancel().await.unwrap();
+    });
+}
