@@ -20,6 +20,8 @@ for isolation in namespace gvisor; do
   phase "E2B SDK tests ($isolation)"
   SANDLOT_TEST_ISOLATION=$isolation bash tests/e2b/run.sh
 done
+phase "MCP Python SDK tests"
+bash tests/mcp/run.sh
 phase "leak check"
 bash scripts/check-leaks.sh
 phase "done"

@@ -13,6 +13,7 @@
 //! find no idle connection and open a new one; that one is kept too (at most
 //! `MAX_KEPT` in all). Waiting for the busy one instead could wait on a stream.
 
+use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -20,7 +21,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{Method, Request};
-use http_body_util::{combinators::BoxBody, BodyExt, Empty, Full, StreamBody};
+use http_body_util::combinators::{BoxBody, UnsyncBoxBody};
+use http_body_util::{BodyExt, Empty, Full, StreamBody};
 use hyper::body::Frame;
 use hyper_util::rt::TokioIo;
 
@@ -32,6 +34,8 @@ pub enum Target {
     Unix(PathBuf),
     /// `host:port`.
     Tcp(String),
+    /// The daemon's own router, in the same process ([`crate::Client::in_process`]).
+    InProcess,
 }
 
 impl Target {
@@ -65,7 +69,7 @@ impl Target {
 
     pub fn authority(&self) -> &str {
         match self {
-            Target::Unix(_) => "localhost",
+            Target::Unix(_) | Target::InProcess => "localhost",
             Target::Tcp(hp) => hp,
         }
     }
@@ -76,6 +80,7 @@ impl std::fmt::Display for Target {
         match self {
             Target::Unix(p) => write!(f, "unix://{}", p.display()),
             Target::Tcp(hp) => write!(f, "http://{hp}"),
+            Target::InProcess => f.write_str("in-process"),
         }
     }
 }
@@ -97,10 +102,37 @@ pub async fn dial(t: &Target) -> Result<Pin<Box<dyn Io>>, Error> {
             let _ = s.set_nodelay(true);
             Box::pin(s)
         }
+        Target::InProcess => {
+            return Err(Error::Connect {
+                target: t.to_string(),
+                message: "an in-process client has no connection (WebSockets are not available)"
+                    .into(),
+            })
+        }
     })
 }
 
 pub type ReqBody = BoxBody<Bytes, std::io::Error>;
+
+/// An error of a response body.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The body of an answer, from a connection or from an in-process [`Dispatch`].
+pub type RespBody = UnsyncBoxBody<Bytes, BoxError>;
+
+/// Where an in-process client's requests go: the daemon's own router, called with
+/// each request as it would arrive on a connection (headers, the bearer token
+/// included), so every check of the API applies to it.
+pub trait Dispatch: Send + Sync + 'static {
+    fn dispatch(
+        &self,
+        req: Request<ReqBody>,
+    ) -> Pin<Box<dyn Future<Output = http::Response<RespBody>> + Send>>;
+}
+
+fn boxed_incoming(resp: http::Response<hyper::body::Incoming>) -> http::Response<RespBody> {
+    resp.map(|b| b.map_err(|e| Box::new(e) as BoxError).boxed_unsync())
+}
 
 pub fn empty() -> ReqBody {
     Empty::<Bytes>::new()
@@ -136,6 +168,8 @@ const KEEP_FOR: Duration = Duration::from_secs(15);
 pub struct Conns {
     target: Target,
     kept: Arc<Mutex<Vec<(Sender, Instant)>>>,
+    /// For [`Target::InProcess`]: where the requests go.
+    dispatch: Option<Arc<dyn Dispatch>>,
 }
 
 impl std::fmt::Debug for Conns {
@@ -152,6 +186,16 @@ impl Conns {
         Conns {
             target,
             kept: Arc::default(),
+            dispatch: None,
+        }
+    }
+
+    /// Requests go to `dispatch`, in this process.
+    pub fn in_process(dispatch: Arc<dyn Dispatch>) -> Conns {
+        Conns {
+            target: Target::InProcess,
+            kept: Arc::default(),
+            dispatch: Some(dispatch),
         }
     }
 
@@ -217,7 +261,7 @@ impl Conns {
         headers: &[(&'static str, String)],
         ctype: Option<&str>,
         body: ReqBody,
-    ) -> Result<http::Response<hyper::body::Incoming>, Error> {
+    ) -> Result<http::Response<RespBody>, Error> {
         let mut b = Request::builder()
             .method(method)
             .uri(path)
@@ -229,11 +273,14 @@ impl Conns {
             b = b.header("content-type", c);
         }
         let mut req = b.body(body).map_err(|e| Error::Transport(e.to_string()))?;
+        if let Some(d) = &self.dispatch {
+            return Ok(d.dispatch(req).await);
+        }
         while let Some(mut s) = self.take_idle() {
             match s.try_send_request(req).await {
                 Ok(resp) => {
                     self.keep(s);
-                    return Ok(resp);
+                    return Ok(boxed_incoming(resp));
                 }
                 Err(mut e) => match e.take_message() {
                     // Closed before the request was written: try another.
@@ -248,7 +295,7 @@ impl Conns {
             .await
             .map_err(|e| Error::Transport(e.to_string()))?;
         self.keep(s);
-        Ok(resp)
+        Ok(boxed_incoming(resp))
     }
 }
 

@@ -33,7 +33,7 @@ use serde::Serialize;
 
 pub use api::*;
 pub use code::CodeStream;
-pub use conn::Target;
+pub use conn::{BoxError, Dispatch, ReqBody, RespBody, Target};
 pub use network::{NetLog, NetLogEntry};
 pub use ports::{PortList, PublishPort, PublishedPort};
 pub use stream::{ByteStream, OutputStream, WsSession};
@@ -159,6 +159,18 @@ impl Client {
         })
     }
 
+    /// A client whose requests go to `dispatch` in this process (the daemon's own
+    /// router), as the holder of `token`: the API's every check applies to them as
+    /// to the same requests over TCP. WebSocket calls are not available.
+    pub fn in_process(dispatch: std::sync::Arc<dyn Dispatch>, token: String) -> Client {
+        Client {
+            conns: conn::Conns::in_process(dispatch),
+            token: Some(token).filter(|t| !t.is_empty()),
+            tenant: None,
+            agent: None,
+        }
+    }
+
     /// From `SANDLOT_URL` (default: the operator socket; `SANDLOT_HOST`, its old
     /// name, is still read) and `SANDLOT_TOKEN`, like the Python SDK.
     pub fn from_env() -> Result<Client, Error> {
@@ -209,7 +221,7 @@ impl Client {
         path: &str,
         ctype: Option<&str>,
         body: conn::ReqBody,
-    ) -> Result<http::Response<hyper::body::Incoming>, Error> {
+    ) -> Result<http::Response<RespBody>, Error> {
         let resp = self
             .conns
             .request(method, path, &self.headers(), ctype, body)

@@ -19,7 +19,7 @@ impl Client {
     pub fn port_url(&self, id: &str, port: u16) -> Option<String> {
         match self.target() {
             Target::Tcp(hp) => Some(format!("http://{hp}{}", proxy_path(id, port))),
-            Target::Unix(_) => None,
+            Target::Unix(_) | Target::InProcess => None,
         }
     }
 

@@ -7,15 +7,14 @@ use base64::Engine;
 use bytes::{Buf, Bytes, BytesMut};
 use futures_util::{SinkExt, StreamExt};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use tokio_tungstenite::tungstenite::{self, Message};
 
 use crate::api::{ApiErrorBody, ErrorEnvelope, ProcessExit, StreamEvent, WatchEvent};
-use crate::conn::{dial, Target};
+use crate::conn::{dial, RespBody, Target};
 use crate::{Error, RunOutput};
 
 /// The error of a non-2xx response.
-pub async fn error_of(resp: http::Response<Incoming>) -> Error {
+pub async fn error_of(resp: http::Response<RespBody>) -> Error {
     let status = resp.status();
     let body = collect(resp).await.unwrap_or_default();
     match serde_json::from_slice::<ErrorEnvelope>(&body) {
@@ -35,7 +34,7 @@ pub async fn error_of(resp: http::Response<Incoming>) -> Error {
     }
 }
 
-pub async fn collect(resp: http::Response<Incoming>) -> Result<Bytes, Error> {
+pub async fn collect(resp: http::Response<RespBody>) -> Result<Bytes, Error> {
     resp.into_body()
         .collect()
         .await
@@ -45,13 +44,13 @@ pub async fn collect(resp: http::Response<Incoming>) -> Result<Bytes, Error> {
 
 /// A streamed response body.
 pub struct ByteStream {
-    body: Incoming,
+    body: RespBody,
     /// `x-sandlot-file-size`, when the daemon sent it.
     pub size_hint: Option<u64>,
 }
 
 impl ByteStream {
-    pub fn new(resp: http::Response<Incoming>) -> ByteStream {
+    pub fn new(resp: http::Response<RespBody>) -> ByteStream {
         let size_hint = resp
             .headers()
             .get("x-sandlot-file-size")
@@ -96,7 +95,7 @@ pub(crate) struct Lines {
 }
 
 impl Lines {
-    pub(crate) fn new(resp: http::Response<Incoming>) -> Lines {
+    pub(crate) fn new(resp: http::Response<RespBody>) -> Lines {
         Lines {
             body: ByteStream::new(resp),
             buf: BytesMut::new(),
@@ -132,7 +131,7 @@ pub struct OutputStream {
 }
 
 impl OutputStream {
-    pub fn new(resp: http::Response<Incoming>) -> OutputStream {
+    pub fn new(resp: http::Response<RespBody>) -> OutputStream {
         OutputStream {
             lines: Lines {
                 body: ByteStream::new(resp),
@@ -202,7 +201,7 @@ pub struct WatchStream {
 }
 
 impl WatchStream {
-    pub fn new(resp: http::Response<Incoming>) -> WatchStream {
+    pub fn new(resp: http::Response<RespBody>) -> WatchStream {
         WatchStream {
             lines: Lines {
                 body: ByteStream::new(resp),

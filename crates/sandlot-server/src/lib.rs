@@ -18,6 +18,7 @@ pub mod fork;
 pub mod images;
 pub mod inbound;
 pub mod isolation;
+pub mod mcp;
 pub mod memory;
 pub mod metrics;
 pub mod mount_users;

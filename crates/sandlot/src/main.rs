@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 mod agent_cmd;
 mod api_cmd;
 mod bench;
+mod mcp_cmd;
 #[cfg(feature = "memory")]
 mod memory_cmd;
 #[cfg(feature = "memory")]
@@ -43,6 +44,8 @@ enum Cmd {
     Api(api_cmd::ApiCommand),
     /// Virtual read-only filesystems over document collections.
     Vfs(vfs_cmd::VfsArgs),
+    /// Serve the MCP tools (sandboxes, files, code, collections, memory) on stdio.
+    Mcp(mcp_cmd::McpArgs),
     /// Semantic memory stores: Markdown files in git with offline search.
     #[cfg(feature = "memory")]
     Memory(memory_cmd::MemoryArgs),
@@ -114,6 +117,7 @@ fn main() {
         Cmd::Bench(a) => bench::run(a),
         Cmd::Api(a) => api_cmd::run(a),
         Cmd::Vfs(a) => vfs_cmd::run(a),
+        Cmd::Mcp(a) => mcp_cmd::run(a),
         #[cfg(feature = "memory")]
         Cmd::Memory(a) => memory_cmd::run(a),
     };

@@ -40,11 +40,34 @@ pub mod volumes;
 #[derive(Debug, Clone)]
 pub struct RequestId(pub String);
 
-/// Builds the router for one listener.
+/// Builds the router for one listener. The TCP listener's also serves `/mcp`
+/// (`crate::mcp`), whose tools call the same router without it.
 pub fn router(state: Arc<AppState>, transport: Transport) -> Router {
+    let mcp = match transport {
+        Transport::Tcp => Some(crate::mcp::McpFront::new(api_router(
+            state.clone(),
+            transport,
+            None,
+        ))),
+        Transport::Unix => None,
+    };
+    api_router(state, transport, mcp)
+}
+
+fn api_router(
+    state: Arc<AppState>,
+    transport: Transport,
+    mcp: Option<Arc<crate::mcp::McpFront>>,
+) -> Router {
     let sb = "/v1/sandboxes/{id}";
-    Router::new()
-        .route("/v1/health", get(sandboxes::health))
+    let mut r = Router::new();
+    if let Some(front) = mcp {
+        r = r.route(
+            "/mcp",
+            axum::routing::any(crate::mcp::handle).layer(axum::Extension(front)),
+        );
+    }
+    r.route("/v1/health", get(sandboxes::health))
         .route("/v1/openapi.json", get(openapi_json))
         .route("/metrics", get(metrics))
         .route(
