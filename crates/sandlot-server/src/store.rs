@@ -37,7 +37,7 @@ mod lifecycle;
 mod pause;
 
 use lifecycle::{insert_lifecycle, lifecycle_from_row};
-pub use pause::{PauseRecord, Saved, SavedFile};
+pub use pause::{BeginPause, PauseRecord, Saved, SavedFile};
 pub use sandlot_proto::api::lifecycle::{Lifecycle, OnExpiry};
 
 fn sql(op: &'static str) -> impl FnOnce(rusqlite::Error) -> StoreError {
