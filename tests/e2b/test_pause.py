@@ -2,6 +2,7 @@
 auto-resume), and listing paused sandboxes, through the official SDK."""
 
 import datetime
+import threading
 import time
 
 import httpx
@@ -51,6 +52,13 @@ def test_resume_answers_created_and_conflict_when_running(server):
         assert sb.commands.run("echo back").stdout == "back\n"
         other = httpx.post(server.url + "/sandboxes/nope/pause", headers=h)
         assert other.status_code == 404
+        # Another tenant's real sandbox is not found either.
+        b = {"X-API-Key": server.key_b}
+        for action in ("pause", "resume", "connect"):
+            r = httpx.post(url + "/" + action, headers=b, json={"timeout": 30})
+            assert r.status_code == 404, (action, r.text)
+        assert httpx.delete(url, headers=b).status_code == 404
+        assert sb.commands.run("echo still").stdout == "still\n"
     finally:
         sb.kill()
 
@@ -115,3 +123,48 @@ def test_bad_lifecycle_options_are_refused(server):
     assert r.status_code == 400 and "lifecycle.onTimeout" in r.json()["message"], r.text
     r = httpx.post(server.url + "/sandboxes", headers=h, json={"templateID": "base", "autoPause": "yes"})
     assert r.status_code == 400 and "autoPause" in r.json()["message"], r.text
+
+
+def test_a_resume_timeout_past_the_maximum_lifetime_is_refused_before_resuming(server):
+    h = {"X-API-Key": server.key}
+    sb = Sandbox.create(timeout=120)
+    try:
+        url = server.url + f"/sandboxes/{sb.sandbox_id}"
+        assert sb.pause() is True
+        for action in ("resume", "connect"):
+            # Far past the operator's maximum lifetime (24 h by default).
+            r = httpx.post(url + "/" + action, headers=h, json={"timeout": 10**7})
+            assert r.status_code == 400 and "timeout" in r.json()["message"], r.text
+            assert Sandbox.get_info(sb.sandbox_id).state == SandboxState.PAUSED
+    finally:
+        sb.kill()
+
+
+def test_kill_during_a_resume_deletes_the_sandbox(server):
+    sb = Sandbox.create(timeout=120)
+    try:
+        sb.pause()
+        resumed = {}
+
+        def connect():
+            try:
+                Sandbox.connect(sb.sandbox_id, timeout=60)
+                resumed["ok"] = True
+            except Exception as e:  # the kill may come first
+                resumed["error"] = e
+
+        t = threading.Thread(target=connect)
+        t.start()
+        # Killed as soon as its resume shows (resuming, or running already).
+        deadline = time.monotonic() + 60
+        while server.native("GET", f"/v1/sandboxes/{sb.sandbox_id}", server.key)["state"] == "paused":
+            assert time.monotonic() < deadline, "no resume"
+            time.sleep(0.01)
+        assert Sandbox.kill(sb.sandbox_id) is True
+        t.join()
+        rec = server.native("GET", f"/v1/sandboxes/{sb.sandbox_id}", server.key)
+        assert (rec["state"], rec["end_reason"]) == ("stopped", "deleted"), rec
+        q = SandboxQuery(state=[SandboxState.RUNNING, SandboxState.PAUSED])
+        assert sb.sandbox_id not in {s.sandbox_id for s in Sandbox.list(query=q).next_items()}
+    finally:
+        sb.kill()
