@@ -178,6 +178,8 @@ pub enum Settled {
     /// The pause failed and a successor handle (with its own owner, asked to
     /// stop) took over: this owner's work is done.
     Replaced,
+    /// Not paused: a request came since its idle timeout passed; it runs on.
+    Busy,
 }
 
 /// Follows an expiry on `h`'s owner task.
@@ -215,6 +217,7 @@ pub async fn on_expiry(state: &Arc<AppState>, h: &Arc<SandboxHandle>, e: Expiry)
         } => (reason, remaining_ms),
     };
     // What the pause keeps as the lifetime its resume gives back.
+    let lifetime = h.expires_at_ms();
     h.set_expiry(now + remaining_ms);
     tracing::info!(
         reason = reason.as_str(),
@@ -222,13 +225,21 @@ pub async fn on_expiry(state: &Arc<AppState>, h: &Arc<SandboxHandle>, e: Expiry)
         "auto-pausing the sandbox"
     );
     use crate::pause::Outcome;
-    match crate::pause::pause(state, h).await {
+    // The idle timeout was read from a snapshot: the pause checks it again once
+    // new requests wait for it.
+    let while_idle = reason == EndReason::IdleTimeout;
+    match crate::pause::pause(state, h, while_idle).await {
         Outcome::Paused(_) => {
             let what = format!("{} passed", what_passed(reason));
             if let Err(err) = state.store.add_event(&h.id, "auto_paused", &what) {
                 tracing::warn!("record the auto-pause: {err}");
             }
             Settled::Paused
+        }
+        Outcome::Running(err) if err.code == crate::pause::BUSY && !h.is_stopping() => {
+            tracing::info!("auto-pause not done: the sandbox is in use again");
+            h.set_expiry(lifetime);
+            Settled::Busy
         }
         Outcome::Running(err) => {
             if h.is_stopping() {
@@ -500,10 +511,7 @@ mod tests {
         };
         let (first, second) = (join(), join());
         assert!(
-            Arc::ptr_eq(
-                first.cell.as_ref().unwrap(),
-                second.cell.as_ref().unwrap()
-            ),
+            Arc::ptr_eq(first.cell.as_ref().unwrap(), second.cell.as_ref().unwrap()),
             "one resume for both"
         );
         drop(first);
@@ -525,7 +533,9 @@ mod tests {
         }
         // A second caller joins and is not yet done reading the answer when the
         // resume ends (as when two callers finish together).
-        let mut second = Box::pin(shared(ID, || async { Err(ApiError::conflict("ran again")) }));
+        let mut second = Box::pin(shared(ID, || async {
+            Err(ApiError::conflict("ran again"))
+        }));
         tokio::select! {
             biased;
             _ = &mut second => panic!("answered before the resume ended"),

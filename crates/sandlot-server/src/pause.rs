@@ -36,7 +36,9 @@ use tracing::Instrument;
 use crate::error::{ApiError, ApiResult, Exhausted};
 use crate::sandbox::SandboxHandle;
 use crate::state::AppState;
-use crate::store::{now_ms, BeginPause, EndReason, PauseRecord, SandboxRecord, SandboxState, Saved, SavedFile};
+use crate::store::{
+    now_ms, BeginPause, EndReason, PauseRecord, SandboxRecord, SandboxState, Saved, SavedFile,
+};
 
 /// Where the owner answers a pause request.
 pub type PauseReply = oneshot::Sender<ApiResult<PauseKind>>;
@@ -130,8 +132,14 @@ fn paused_cap(tenant: &str, n: u64, max: u32) -> ApiError {
     ))
 }
 
-/// Pauses `h` (on its owner task).
-pub async fn pause(state: &Arc<AppState>, h: &Arc<SandboxHandle>) -> Outcome {
+/// The code of [`Outcome::Running`] when an auto-pause for idleness finds,
+/// once new requests wait for it, that one came since it was decided.
+pub const BUSY: &str = "busy";
+
+/// Pauses `h` (on its owner task). With `while_idle` (an auto-pause for
+/// idleness), it backs out, error [`BUSY`], unless `h` is idle still once the
+/// pause is marked under way (from then on a request waits for it).
+pub async fn pause(state: &Arc<AppState>, h: &Arc<SandboxHandle>, while_idle: bool) -> Outcome {
     let rec = match state.store.get_sandbox(&h.id) {
         Ok(Some(r)) => r,
         Ok(None) => return Outcome::Running(ApiError::not_found(format!("no sandbox {}", h.id))),
@@ -153,6 +161,17 @@ pub async fn pause(state: &Arc<AppState>, h: &Arc<SandboxHandle>) -> Outcome {
         Err(e) => return Outcome::Running(ApiError::internal(e)),
     }
     h.set_pausing(true);
+    if while_idle && !h.is_idle() {
+        h.set_pausing(false);
+        if let Err(e) = state.store.undo_begin_pause(&h.id) {
+            tracing::error!("record the pause not done: {e}");
+        }
+        return Outcome::Running(ApiError::new(
+            StatusCode::CONFLICT,
+            BUSY,
+            format!("sandbox {} is in use again", h.id),
+        ));
+    }
     let t0 = Instant::now();
     let isolation = crate::isolation::of_record(&rec.spec);
     let out = match isolation {

@@ -268,7 +268,9 @@ fn a_delete_during_a_resume_on_demand_ends_the_sandbox() {
 
 #[test]
 fn a_resume_past_the_maximum_lifetime_is_refused_and_the_sandbox_stays_paused() {
-    let d = Daemon::start(Some("[limits]\nmax_timeout = \"4s\"\ndefault_timeout = \"4s\"\n"));
+    let d = Daemon::start(Some(
+        "[limits]\nmax_timeout = \"4s\"\ndefault_timeout = \"4s\"\n",
+    ));
     let c = d.client();
     rt().block_on(async {
         let s = c

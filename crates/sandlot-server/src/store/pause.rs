@@ -93,6 +93,18 @@ impl Store {
         Ok(BeginPause::Begun)
     }
 
+    /// `pausing` back to `running`: a pause that backed out before it did
+    /// anything (no event).
+    pub fn undo_begin_pause(&self, id: &str) -> Result<(), StoreError> {
+        let c = self.lock();
+        c.execute(
+            "UPDATE sandboxes SET state = 'running' WHERE id = ?1 AND state = 'pausing'",
+            [id],
+        )
+        .map_err(sql("undo begin pause"))?;
+        Ok(())
+    }
+
     /// `pausing` back to `running` (a pause that failed and left it running).
     pub fn abort_pause(&self, id: &str, why: &str) -> Result<(), StoreError> {
         let mut c = self.lock();
