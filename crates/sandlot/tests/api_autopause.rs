@@ -357,6 +357,45 @@ fn an_auto_pause_past_the_paused_cap_ends_the_sandbox_saying_why() {
 }
 
 #[test]
+fn auto_pauses_at_once_past_the_paused_cap_pause_one_and_end_the_other_saying_why() {
+    let d = Daemon::start(Some("[limits]\nmax_paused_per_tenant = 1\n"));
+    let c = d.client();
+    rt().block_on(async {
+        // Idle from their creation: their timeouts pass about together.
+        let body = idle_pausing("namespace", true);
+        let (a, b) = tokio::join!(c.create_sandbox(&body), c.create_sandbox(&body));
+        let ids = [a.unwrap().id, b.unwrap().id];
+        for id in &ids {
+            eventually(60, &format!("sandbox {id} to pause or end"), || {
+                let (c, id) = (c.clone(), id.clone());
+                async move {
+                    c.get_sandbox(&id).await.is_ok_and(|s| {
+                        matches!(s.state, SandboxState::Paused | SandboxState::Stopped)
+                    })
+                }
+            })
+            .await;
+        }
+        let mut states = Vec::new();
+        for id in &ids {
+            let s = c.get_sandbox(id).await.unwrap();
+            if s.state == SandboxState::Stopped {
+                assert_eq!(s.end_reason.as_deref(), Some("idle_timeout"));
+                let why = s.error.unwrap_or_default();
+                assert!(why.contains("max_paused_per_tenant"), "{why}");
+            }
+            states.push(s.state);
+        }
+        states.sort_by_key(|s| format!("{s:?}"));
+        assert_eq!(states, [SandboxState::Paused, SandboxState::Stopped]);
+        for id in &ids {
+            c.delete_sandbox(id).await.unwrap();
+            no_leftovers(id).await;
+        }
+    });
+}
+
+#[test]
 fn a_delete_while_a_sandbox_auto_pauses_ends_it_with_nothing_left() {
     let d = Daemon::start(None);
     let c = d.client();
