@@ -4,9 +4,11 @@ auto-resume), and listing paused sandboxes, through the official SDK."""
 import datetime
 import threading
 import time
+import urllib.error
 
 import httpx
-from e2b import Sandbox, SandboxQuery, SandboxState
+import pytest
+from e2b import Sandbox, SandboxException, SandboxQuery, SandboxState
 
 
 def wait_state(sb: Sandbox, state: SandboxState, secs: float = 60) -> None:
@@ -168,3 +170,24 @@ def test_kill_during_a_resume_deletes_the_sandbox(server):
         assert sb.sandbox_id not in {s.sandbox_id for s in Sandbox.list(query=q).next_items()}
     finally:
         sb.kill()
+
+
+def test_a_refused_pause_is_raised_not_taken_for_already_paused(server):
+    # A gVisor sandbox with a tmpfs mount, whose files a pause would not keep:
+    # the pause is refused and the sandbox runs on.
+    try:
+        rec = server.native(
+            "POST",
+            "/v1/sandboxes",
+            server.key,
+            {"isolation": "gvisor", "mounts": [{"type": "tmpfs", "target": "/scratch"}]},
+        )
+    except urllib.error.HTTPError as e:
+        pytest.skip(f"no gVisor sandbox on this host ({e.code})")
+    try:
+        with pytest.raises(SandboxException) as e:
+            Sandbox.pause(rec["id"])
+        assert "400" in str(e.value) and "/scratch" in str(e.value), e.value
+        assert Sandbox.get_info(rec["id"]).state == SandboxState.RUNNING
+    finally:
+        Sandbox.kill(rec["id"])
