@@ -11,11 +11,14 @@ import pytest
 from e2b import Sandbox, SandboxException, SandboxQuery, SandboxState
 
 
-def wait_state(sb: Sandbox, state: SandboxState, secs: float = 60) -> None:
+def wait_paused(server, sb: Sandbox, secs: float = 60) -> None:
+    """Waits until `sb` is paused, not merely being paused (which E2B's state
+    shows as paused already)."""
     deadline = time.monotonic() + secs
-    while Sandbox.get_info(sb.sandbox_id).state != state:
-        assert time.monotonic() < deadline, f"{sb.sandbox_id} never became {state}"
+    while server.native("GET", f"/v1/sandboxes/{sb.sandbox_id}", server.key)["state"] != "paused":
+        assert time.monotonic() < deadline, f"{sb.sandbox_id} never paused"
         time.sleep(0.2)
+    assert Sandbox.get_info(sb.sandbox_id).state == SandboxState.PAUSED
 
 
 def test_pause_then_connect_resumes_the_sandbox_with_its_files(server):
@@ -91,7 +94,7 @@ def test_auto_pause_on_timeout_keeps_the_sandbox_for_connect(server):
         sb.files.write("/tmp/kept.txt", "across the auto-pause")
         info = Sandbox.get_info(sb.sandbox_id)
         assert info.lifecycle == {"on_timeout": "pause", "auto_resume": False}
-        wait_state(sb, SandboxState.PAUSED)
+        wait_paused(server, sb)
         # Without auto-resume an envd call does not wake it.
         assert not sb.is_running()
         assert Sandbox.get_info(sb.sandbox_id).state == SandboxState.PAUSED
@@ -108,7 +111,7 @@ def test_auto_resume_wakes_a_paused_sandbox_on_an_envd_call(server):
         sb.files.write("/tmp/kept.txt", "woken")
         # E2B's zero timeout is the timeout now: the sandbox auto-pauses.
         sb.set_timeout(0)
-        wait_state(sb, SandboxState.PAUSED)
+        wait_paused(server, sb)
         assert sb.commands.run("cat /tmp/kept.txt").stdout == "woken"
         assert Sandbox.get_info(sb.sandbox_id).state == SandboxState.RUNNING
     finally:
