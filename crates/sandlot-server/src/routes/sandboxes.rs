@@ -437,7 +437,8 @@ pub async fn get_one(
 
 #[utoipa::path(delete, path = "/v1/sandboxes/{id}", tag = "sandboxes",
     params(("id" = String, Path, description = "Sandbox id or name")),
-    responses((status = 200, description = "Stopped (idempotent)", body = Sandbox), (status = 404, body = crate::error::ErrorEnvelope)))]
+    responses((status = 200, description = "Stopped (idempotent); a sandbox being paused or resumed is deleted once that is done", body = Sandbox), (status = 404, body = crate::error::ErrorEnvelope),
+        (status = 409, description = "invalid_state: a pause or resume under way did not finish within 2 minutes", body = crate::error::ErrorEnvelope)))]
 pub async fn delete(
     State(state): State<Arc<AppState>>,
     p: Principal,
