@@ -611,11 +611,11 @@ fn a_pause_past_the_tenants_paused_limit_is_a_429_naming_it_and_the_sandbox_runs
 
 #[test]
 fn pauses_at_once_never_pass_the_tenants_paused_limit() {
-    let d = Daemon::start(Some("[limits]\nmax_paused_per_tenant = 2\n"));
+    let d = Daemon::start(Some("[limits]\nmax_paused_per_tenant = 4\n"));
     let c = d.client();
     rt().block_on(async {
         let mut ids = Vec::new();
-        for _ in 0..3 {
+        for _ in 0..8 {
             ids.push(c.create_sandbox(&namespace()).await.unwrap().id);
         }
         let pauses: Vec<_> = ids
@@ -637,7 +637,7 @@ fn pauses_at_once_never_pass_the_tenants_paused_limit() {
                 refused += 1;
             }
         }
-        assert_eq!(refused, 1);
+        assert_eq!(refused, 4);
         let mut paused = 0;
         for id in &ids {
             let s = c.get_sandbox(id).await.unwrap();
@@ -647,7 +647,7 @@ fn pauses_at_once_never_pass_the_tenants_paused_limit() {
                 other => panic!("{id} is {other:?}"),
             }
         }
-        assert_eq!(paused, 2);
+        assert_eq!(paused, 4);
         for id in &ids {
             c.delete_sandbox(id).await.unwrap();
         }
