@@ -178,6 +178,8 @@ pub enum Settled {
     /// The pause failed and a successor handle (with its own owner, asked to
     /// stop) took over: this owner's work is done.
     Replaced,
+    /// Not paused: a request came since its idle timeout passed; it runs on.
+    Busy,
 }
 
 /// Follows an expiry on `h`'s owner task.
@@ -215,6 +217,7 @@ pub async fn on_expiry(state: &Arc<AppState>, h: &Arc<SandboxHandle>, e: Expiry)
         } => (reason, remaining_ms),
     };
     // What the pause keeps as the lifetime its resume gives back.
+    let lifetime = h.expires_at_ms();
     h.set_expiry(now + remaining_ms);
     tracing::info!(
         reason = reason.as_str(),
@@ -222,13 +225,21 @@ pub async fn on_expiry(state: &Arc<AppState>, h: &Arc<SandboxHandle>, e: Expiry)
         "auto-pausing the sandbox"
     );
     use crate::pause::Outcome;
-    match crate::pause::pause(state, h).await {
+    // The idle timeout was read from a snapshot: the pause checks it again once
+    // new requests wait for it.
+    let while_idle = reason == EndReason::IdleTimeout;
+    match crate::pause::pause(state, h, while_idle).await {
         Outcome::Paused(_) => {
             let what = format!("{} passed", what_passed(reason));
             if let Err(err) = state.store.add_event(&h.id, "auto_paused", &what) {
                 tracing::warn!("record the auto-pause: {err}");
             }
             Settled::Paused
+        }
+        Outcome::Running(err) if err.code == crate::pause::BUSY && !h.is_stopping() => {
+            tracing::info!("auto-pause not done: the sandbox is in use again");
+            h.set_expiry(lifetime);
+            Settled::Busy
         }
         Outcome::Running(err) => {
             if h.is_stopping() {
@@ -267,8 +278,8 @@ fn refused(state: &AppState, h: &SandboxHandle, why: &str) {
 
 /// How long a call waits for a pause or resume under way to finish before it
 /// answers the state it found.
-const SETTLE_WAIT: Duration = Duration::from_secs(120);
-const SETTLE_POLL: Duration = Duration::from_millis(50);
+pub(crate) const SETTLE_WAIT: Duration = Duration::from_secs(120);
+pub(crate) const SETTLE_POLL: Duration = Duration::from_millis(50);
 
 /// [`crate::routes::live`], except that a paused sandbox with `auto_resume` is
 /// resumed first (and one being paused or resumed is waited for).
@@ -349,51 +360,88 @@ async fn settle(state: &Arc<AppState>, p: &Principal, id: &str) -> ApiResult<()>
 type Shared = Arc<tokio::sync::OnceCell<ApiResult<()>>>;
 
 /// Resumes under way on demand, by sandbox id (ids are unique across daemons'
-/// states, so one map serves every state of the process).
+/// states, so one map serves every state of the process). An entry lasts as
+/// long as its resume: a later pause's resume never finds an earlier answer.
 static RESUMES: LazyLock<Mutex<HashMap<String, Shared>>> = LazyLock::new(Default::default);
 
 /// Resumes paused sandbox `id` once for every caller that asks while it runs:
 /// they all get its answer.
 async fn resume_once(state: &Arc<AppState>, p: &Principal, id: &str) -> ApiResult<()> {
+    let (st, p, owned) = (state.clone(), p.clone(), id.to_string());
+    shared(id, move || async move {
+        tracing::info!(sandbox_id = %owned, "resuming the sandbox on demand");
+        crate::pause::resume(&st, &p, &owned).await.map(|_| ())
+    })
+    .await
+}
+
+/// Runs `work` once for the callers that ask for `id` while it runs (the first
+/// one's `work`; the others' are dropped): they all get its answer. It runs on a
+/// task of its own, so that a caller that goes away (a dropped connection) does
+/// not cut it short for the others, and that task removes the entry once it is
+/// done, whichever callers are still reading the answer.
+async fn shared<F, W>(id: &str, work: F) -> ApiResult<()>
+where
+    F: FnOnce() -> W,
+    W: std::future::Future<Output = ApiResult<()>> + Send + 'static,
+{
     let cell = RESUMES
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .entry(id.to_string())
         .or_default()
         .clone();
-    // The only other reference of this caller's: the entry goes with the last
-    // caller, even one that goes away mid-way.
-    let guard = Forget { id, cell };
-    let r = guard
-        .cell
-        .get_or_init(|| async {
-            tracing::info!(sandbox_id = id, "resuming the sandbox on demand");
-            // On a task of its own: a caller that goes away (a dropped
-            // connection) does not cut the resume short for the others.
-            let (st, p, id) = (state.clone(), p.clone(), id.to_string());
-            tokio::spawn(async move { crate::pause::resume(&st, &p, &id).await.map(|_| ()) })
-                .await
-                .unwrap_or_else(|e| Err(ApiError::internal(format!("resume task: {e}"))))
+    let mine = Arc::downgrade(&cell);
+    let guard = Forget {
+        id,
+        cell: Some(cell),
+    };
+    let Some(cell) = guard.cell.as_ref() else {
+        unreachable!("set above")
+    };
+    cell.get_or_init(|| async move {
+        let (key, run) = (id.to_string(), work());
+        tokio::spawn(async move {
+            let r = run.await;
+            forget_done(&key, &mine);
+            r
         })
         .await
-        .clone();
-    r
+        .unwrap_or_else(|e| Err(ApiError::internal(format!("resume task: {e}"))))
+    })
+    .await
+    .clone()
 }
 
-/// Removes a sandbox's entry of [`RESUMES`] when its last caller is done.
+/// Removes `id`'s entry of [`RESUMES`] if it is still `done`'s.
+fn forget_done(id: &str, done: &std::sync::Weak<tokio::sync::OnceCell<ApiResult<()>>>) {
+    let mut m = RESUMES.lock().unwrap_or_else(|e| e.into_inner());
+    if m.get(id)
+        .is_some_and(|c| std::ptr::eq(Arc::as_ptr(c), done.as_ptr()))
+    {
+        m.remove(id);
+    }
+}
+
+/// Removes a sandbox's entry of [`RESUMES`] when its last caller is done (a
+/// resume whose task never finished). Its copy of the entry is released under
+/// the map's lock, as every copy is taken, so that of two callers finishing
+/// together the second sees the first's gone.
 struct Forget<'a> {
     id: &'a str,
-    cell: Shared,
+    cell: Option<Shared>,
 }
 
 impl Drop for Forget<'_> {
     fn drop(&mut self) {
         let mut m = RESUMES.lock().unwrap_or_else(|e| e.into_inner());
-        // Held by the map and this guard only: no other caller waits.
-        let last = m
-            .get(self.id)
-            .is_some_and(|c| Arc::ptr_eq(c, &self.cell) && Arc::strong_count(c) <= 2);
-        if last {
+        let Some(mine) = self.cell.take() else {
+            return;
+        };
+        let same = m.get(self.id).is_some_and(|c| Arc::ptr_eq(c, &mine));
+        drop(mine);
+        // Held by the map only: no other caller waits.
+        if same && m.get(self.id).is_some_and(|c| Arc::strong_count(c) == 1) {
             m.remove(self.id);
         }
     }
@@ -452,22 +500,61 @@ mod tests {
         let id = "sb-shared-resume-entry-test";
         let join = || Forget {
             id,
-            cell: RESUMES
-                .lock()
-                .unwrap()
-                .entry(id.into())
-                .or_default()
-                .clone(),
+            cell: Some(
+                RESUMES
+                    .lock()
+                    .unwrap()
+                    .entry(id.into())
+                    .or_default()
+                    .clone(),
+            ),
         };
         let (first, second) = (join(), join());
         assert!(
-            Arc::ptr_eq(&first.cell, &second.cell),
+            Arc::ptr_eq(first.cell.as_ref().unwrap(), second.cell.as_ref().unwrap()),
             "one resume for both"
         );
         drop(first);
         assert!(RESUMES.lock().unwrap().contains_key(id));
         drop(second);
         assert!(!RESUMES.lock().unwrap().contains_key(id));
+    }
+
+    #[tokio::test]
+    async fn a_finished_resume_is_never_the_answer_of_a_later_one() {
+        const ID: &str = "sb-shared-resume-later-test";
+        let (go, wait) = tokio::sync::oneshot::channel::<()>();
+        let first = tokio::spawn(shared(ID, move || async move {
+            let _ = wait.await;
+            Err(ApiError::quota("no room"))
+        }));
+        while !RESUMES.lock().unwrap().contains_key(ID) {
+            tokio::task::yield_now().await;
+        }
+        // A second caller joins and is not yet done reading the answer when the
+        // resume ends (as when two callers finish together).
+        let mut second = Box::pin(shared(ID, || async {
+            Err(ApiError::conflict("ran again"))
+        }));
+        tokio::select! {
+            biased;
+            _ = &mut second => panic!("answered before the resume ended"),
+            _ = std::future::ready(()) => {}
+        }
+        go.send(()).unwrap();
+        assert_eq!(first.await.unwrap().unwrap_err().code, "quota_exceeded");
+        // The next pause's resume runs again, and does not get the old answer.
+        let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let r = ran.clone();
+        shared(ID, move || async move {
+            r.store(true, std::sync::atomic::Ordering::SeqCst);
+            Ok(())
+        })
+        .await
+        .unwrap();
+        assert!(ran.load(std::sync::atomic::Ordering::SeqCst));
+        assert_eq!(second.await.unwrap_err().code, "quota_exceeded");
+        assert!(!RESUMES.lock().unwrap().contains_key(ID));
     }
 
     const PAUSE_BOTH: Lifecycle = Lifecycle {

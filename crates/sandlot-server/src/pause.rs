@@ -36,7 +36,9 @@ use tracing::Instrument;
 use crate::error::{ApiError, ApiResult, Exhausted};
 use crate::sandbox::SandboxHandle;
 use crate::state::AppState;
-use crate::store::{now_ms, EndReason, PauseRecord, SandboxRecord, SandboxState, Saved, SavedFile};
+use crate::store::{
+    now_ms, BeginPause, EndReason, PauseRecord, SandboxRecord, SandboxState, Saved, SavedFile,
+};
 
 /// Where the owner answers a pause request.
 pub type PauseReply = oneshot::Sender<ApiResult<PauseKind>>;
@@ -113,10 +115,7 @@ pub async fn request(
             .count_paused(&rec.tenant)
             .map_err(ApiError::internal)?;
         if n >= u64::from(max) {
-            return Err(ApiError::quota(format!(
-                "tenant {}: {n} sandboxes paused, limits.max_paused_per_tenant is {max} (resume or delete one first)",
-                rec.tenant
-            )));
+            return Err(paused_cap(&rec.tenant, n, max));
         }
     }
     let (tx, rx) = oneshot::channel();
@@ -126,25 +125,53 @@ pub async fn request(
     crate::routes::lookup(state, p, &rec.id)
 }
 
-/// Pauses `h` (on its owner task).
-pub async fn pause(state: &Arc<AppState>, h: &Arc<SandboxHandle>) -> Outcome {
+/// 429 `quota_exceeded`: `tenant` has `n` sandboxes paused, the cap `max`.
+fn paused_cap(tenant: &str, n: u64, max: u32) -> ApiError {
+    ApiError::quota(format!(
+        "tenant {tenant}: {n} sandboxes paused, limits.max_paused_per_tenant is {max} (resume or delete one first)"
+    ))
+}
+
+/// The code of [`Outcome::Running`] when an auto-pause for idleness finds,
+/// once new requests wait for it, that one came since it was decided.
+pub const BUSY: &str = "busy";
+
+/// Pauses `h` (on its owner task). With `while_idle` (an auto-pause for
+/// idleness), it backs out, error [`BUSY`], unless `h` is idle still once the
+/// pause is marked under way (from then on a request waits for it).
+pub async fn pause(state: &Arc<AppState>, h: &Arc<SandboxHandle>, while_idle: bool) -> Outcome {
     let rec = match state.store.get_sandbox(&h.id) {
         Ok(Some(r)) => r,
         Ok(None) => return Outcome::Running(ApiError::not_found(format!("no sandbox {}", h.id))),
         Err(e) => return Outcome::Running(ApiError::internal(e)),
     };
-    match state.store.begin_pause(&h.id) {
-        Ok(true) => {}
-        Ok(false) => {
+    // The cap is checked again where the state changes: pauses at once (expiries,
+    // requests) do not pass it together.
+    let max = state.cfg.limits.max_paused_per_tenant;
+    match state.store.begin_pause(&h.id, max) {
+        Ok(BeginPause::Begun) => {}
+        Ok(BeginPause::NotRunning) => {
             return Outcome::Running(wrong_state_for(
                 &h.id,
                 rec.state,
                 "only a running sandbox pauses",
             ))
         }
+        Ok(BeginPause::Full(n)) => return Outcome::Running(paused_cap(&rec.tenant, n, max)),
         Err(e) => return Outcome::Running(ApiError::internal(e)),
     }
     h.set_pausing(true);
+    if while_idle && !h.is_idle() {
+        h.set_pausing(false);
+        if let Err(e) = state.store.undo_begin_pause(&h.id) {
+            tracing::error!("record the pause not done: {e}");
+        }
+        return Outcome::Running(ApiError::new(
+            StatusCode::CONFLICT,
+            BUSY,
+            format!("sandbox {} is in use again", h.id),
+        ));
+    }
     let t0 = Instant::now();
     let isolation = crate::isolation::of_record(&rec.spec);
     let out = match isolation {
@@ -794,8 +821,9 @@ pub fn damage(dir: &Path, files: &[SavedFile]) -> Option<String> {
 }
 
 /// Resumes paused sandbox `id`: 409 `invalid_state` unless it is paused, 409
-/// `checkpoint_damaged` when its memory image is not what was saved (it stays
-/// paused), 429 when the tenant's memory quota has no room for it.
+/// `checkpoint_damaged` when its memory image is not what was saved and 409
+/// `lifetime_exceeded` when it has reached `limits.max_timeout` (it stays paused
+/// either way), 429 when the tenant's memory quota has no room for it.
 pub async fn resume(
     state: &Arc<AppState>,
     p: &crate::auth::Principal,
@@ -810,6 +838,22 @@ pub async fn resume(
             &rec.id,
             rec.state,
             "only a paused sandbox resumes",
+        ));
+    }
+    // Past its maximum lifetime, a resume would restore it only to end it (and
+    // its checkpoint with it): it stays paused, until limits.paused_retention.
+    let max = state.cfg.limits.max_timeout.duration();
+    let latest = rec.created_at.saturating_add(max.as_millis() as i64);
+    if now_ms() >= latest {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "lifetime_exceeded",
+            format!(
+                "sandbox {} has reached the operator's maximum lifetime ({}s from its creation, until {}): a resume would end it at once, so it stays paused and can only be deleted",
+                rec.id,
+                max.as_secs(),
+                crate::timefmt::rfc3339(latest)
+            ),
         ));
     }
     begin_resume(state, p, &rec)?;

@@ -175,6 +175,15 @@ impl SandboxHandle {
         Ok(())
     }
 
+    /// Whether its idle timeout has passed now: no stream open and no activity
+    /// for that long (never without an idle timeout).
+    pub(crate) fn is_idle(&self) -> bool {
+        self.idle_timeout_ms.is_some_and(|i| {
+            self.active_streams.load(Ordering::Relaxed) == 0
+                && now_ms() >= self.last_activity_ms.load(Ordering::Relaxed) + i
+        })
+    }
+
     pub fn is_pausing(&self) -> bool {
         self.pausing.load(Ordering::Relaxed)
     }
@@ -858,7 +867,7 @@ pub async fn own(state: Arc<AppState>, h: Arc<SandboxHandle>, adopted: bool) {
         // sandbox's life.
         if let Some(reply) = h.take_pause_request() {
             use crate::pause::Outcome;
-            match crate::pause::pause(&state, &h).await {
+            match crate::pause::pause(&state, &h, false).await {
                 Outcome::Paused(kind) => {
                     let _ = reply.send(Ok(kind));
                     return;
@@ -895,6 +904,8 @@ pub async fn own(state: Arc<AppState>, h: Arc<SandboxHandle>, adopted: bool) {
             use crate::autopause::Settled;
             match crate::autopause::on_expiry(&state, &h, e).await {
                 Settled::Paused | Settled::Replaced => return,
+                // A request came before the pause began: it runs on.
+                Settled::Busy => continue,
                 // A stop asked meanwhile (a DELETE during the pause) is why it ends.
                 Settled::Stop(reason) => {
                     let asked = *h.stop_reason.lock().unwrap_or_else(|e| e.into_inner());

@@ -39,7 +39,7 @@ mod pause;
 
 pub use checkpoint::CheckpointRecord;
 use lifecycle::{insert_lifecycle, lifecycle_from_row};
-pub use pause::{PauseRecord, Saved, SavedFile};
+pub use pause::{BeginPause, PauseRecord, Saved, SavedFile};
 pub use sandlot_proto::api::lifecycle::{Lifecycle, OnExpiry};
 
 fn sql(op: &'static str) -> impl FnOnce(rusqlite::Error) -> StoreError {

@@ -2,9 +2,10 @@
 //! or lifetime timeout passes with the `pause` policy is paused instead of ended
 //! (gVisor: with its memory; namespace: its files), and with `auto_resume` an
 //! exec on it resumes it (once, for concurrent callers); without, it answers 409.
-//! An auto-pause the paused cap refuses ends it, saying why. Needs root (and
-//! Debian's `runsc` for the gVisor tests). Every test pauses and resumes a
-//! sandbox at most once.
+//! An auto-pause the paused cap refuses ends it, saying why; a delete during a
+//! resume on demand ends the sandbox; a resume past the maximum lifetime is
+//! refused and leaves it paused. Needs root (and Debian's `runsc` for the
+//! gVisor tests). Only namespace sandboxes are paused and resumed more than once.
 
 mod api_support;
 
@@ -177,7 +178,127 @@ fn concurrent_calls_on_an_auto_paused_sandbox_share_one_resume() {
         }
         let kinds = event_kinds(&c, &s.id).await;
         assert_eq!(count(&kinds, "resumed"), 1, "{kinds:?}");
+        // One resume was started for them all (each would start its own
+        // otherwise, all but one then waiting for it).
+        assert_eq!(on_demand_resumes(&d, &s.id), 1, "{}", d.log());
         c.delete_sandbox(&s.id).await.unwrap();
+    });
+}
+
+/// How many resumes on demand of sandbox `id` the daemon started.
+fn on_demand_resumes(d: &Daemon, id: &str) -> usize {
+    d.log()
+        .lines()
+        .filter(|l| l.contains("resuming the sandbox on demand") && l.contains(id))
+        .count()
+}
+
+#[test]
+fn a_sandbox_auto_paused_again_after_a_shared_resume_is_resumed_on_demand_again() {
+    let d = Daemon::start(None);
+    let c = d.client();
+    rt().block_on(async {
+        let s = c
+            .create_sandbox(&idle_pausing("namespace", true))
+            .await
+            .unwrap();
+        for round in 1..=2 {
+            wait_state(&c, &s.id, SandboxState::Paused).await;
+            let calls: Vec<_> = (0..3)
+                .map(|i| {
+                    let (c, id) = (c.clone(), s.id.clone());
+                    tokio::spawn(async move {
+                        c.run(&id, &["/bin/echo", &format!("{round}.{i}")])
+                            .await
+                            .map(|o| o.stdout)
+                    })
+                })
+                .collect();
+            for (i, call) in calls.into_iter().enumerate() {
+                let out = call.await.unwrap().unwrap();
+                assert_eq!(out, format!("{round}.{i}\n").into_bytes());
+            }
+            let kinds = event_kinds(&c, &s.id).await;
+            assert_eq!(count(&kinds, "resumed"), round, "{kinds:?}");
+            assert_eq!(count(&kinds, "auto_paused"), round, "{kinds:?}");
+        }
+        c.delete_sandbox(&s.id).await.unwrap();
+        no_leftovers(&s.id).await;
+    });
+}
+
+#[test]
+fn a_delete_during_a_resume_on_demand_ends_the_sandbox() {
+    let d = Daemon::start(None);
+    let c = d.client();
+    rt().block_on(async {
+        let s = c
+            .create_sandbox(&idle_pausing("gvisor", true))
+            .await
+            .unwrap();
+        wait_state(&c, &s.id, SandboxState::Paused).await;
+        let call = {
+            let (c, id) = (c.clone(), s.id.clone());
+            tokio::spawn(async move { c.run(&id, &["/bin/true"]).await })
+        };
+        // Deleted as soon as its resume shows.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let seen = loop {
+            let st = c.get_sandbox(&s.id).await.unwrap().state;
+            if st != SandboxState::Paused {
+                break st;
+            }
+            assert!(std::time::Instant::now() < deadline, "no resume");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        };
+        if seen != SandboxState::Resuming {
+            eprintln!("NOTE: the resume had finished before the delete ({seen:?})");
+        }
+        let gone = c.delete_sandbox(&s.id).await.unwrap();
+        assert_eq!(gone.state, SandboxState::Stopped);
+        assert_eq!(gone.end_reason.as_deref(), Some("deleted"));
+        let _ = call.await.unwrap();
+        no_leftovers(&s.id).await;
+        assert!(!d.data_dir().join("checkpoints").join(&s.id).exists());
+        // It stays deleted: neither running on nor paused again.
+        let e = c.get_sandbox(&s.id).await.unwrap();
+        assert_eq!(e.state, SandboxState::Stopped);
+    });
+}
+
+#[test]
+fn a_resume_past_the_maximum_lifetime_is_refused_and_the_sandbox_stays_paused() {
+    let d = Daemon::start(Some(
+        "[limits]\nmax_timeout = \"4s\"\ndefault_timeout = \"4s\"\n",
+    ));
+    let c = d.client();
+    rt().block_on(async {
+        let s = c
+            .create_sandbox(&idle_pausing("namespace", true))
+            .await
+            .unwrap();
+        wait_state(&c, &s.id, SandboxState::Paused).await;
+        let created = sandlot_server::timefmt::parse_rfc3339(&s.created_at).unwrap();
+        eventually(30, "the maximum lifetime to pass", || async {
+            sandlot_server::store::now_ms() > created + 4_000
+        })
+        .await;
+        for e in [
+            c.run(&s.id, &["/bin/true"]).await.unwrap_err(),
+            c.resume_sandbox(&s.id).await.unwrap_err(),
+        ] {
+            assert_eq!(
+                (e.status().map(|s| s.as_u16()), e.code()),
+                (Some(409), Some("lifetime_exceeded")),
+                "{e}"
+            );
+            assert!(e.to_string().contains("maximum lifetime"), "{e}");
+        }
+        let p = c.get_sandbox(&s.id).await.unwrap();
+        assert_eq!(p.state, SandboxState::Paused);
+        assert!(p.pause.is_some());
+        c.delete_sandbox(&s.id).await.unwrap();
+        no_leftovers(&s.id).await;
     });
 }
 
@@ -193,18 +314,19 @@ fn a_lifetime_timeout_with_the_pause_policy_pauses_and_the_resume_gives_the_life
         };
         let s = c.create_sandbox(&body).await.unwrap();
         wait_state(&c, &s.id, SandboxState::Paused).await;
-        let paused = c.get_sandbox(&s.id).await.unwrap();
+        let before = sandlot_server::store::now_ms();
         sh(&c, &s.id, "true").await;
+        let after = sandlot_server::store::now_ms();
         let r = c.get_sandbox(&s.id).await.unwrap();
         assert_eq!(r.state, SandboxState::Running);
-        // It runs on with a lifetime ahead of it: its created 3 s again, not
-        // the nothing it had left when it was paused.
-        // (RFC 3339 UTC times of one format compare as strings.)
+        // It runs on with its created 3 s ahead of it again, from its resume
+        // (between `before` and `after`), not the nothing it had left when it
+        // was paused. A second either way is the slack of the clocks read.
+        let expires = sandlot_server::timefmt::parse_rfc3339(&r.expires_at).unwrap();
         assert!(
-            r.expires_at > paused.expires_at,
-            "expires {} is not past the lifetime it was paused at ({})",
-            r.expires_at,
-            paused.expires_at
+            (before + 3_000 - 1_000..=after + 3_000 + 1_000).contains(&expires),
+            "expires {} is not 3 s after the resume ({before}..{after} ms)",
+            r.expires_at
         );
         c.delete_sandbox(&s.id).await.unwrap();
     });
@@ -231,6 +353,45 @@ fn an_auto_pause_past_the_paused_cap_ends_the_sandbox_saying_why() {
         assert!(why.contains("max_paused_per_tenant"), "{why}");
         no_leftovers(&s.id).await;
         c.delete_sandbox(&first.id).await.unwrap();
+    });
+}
+
+#[test]
+fn auto_pauses_at_once_past_the_paused_cap_pause_one_and_end_the_other_saying_why() {
+    let d = Daemon::start(Some("[limits]\nmax_paused_per_tenant = 1\n"));
+    let c = d.client();
+    rt().block_on(async {
+        // Idle from their creation: their timeouts pass about together.
+        let body = idle_pausing("namespace", true);
+        let (a, b) = tokio::join!(c.create_sandbox(&body), c.create_sandbox(&body));
+        let ids = [a.unwrap().id, b.unwrap().id];
+        for id in &ids {
+            eventually(60, &format!("sandbox {id} to pause or end"), || {
+                let (c, id) = (c.clone(), id.clone());
+                async move {
+                    c.get_sandbox(&id).await.is_ok_and(|s| {
+                        matches!(s.state, SandboxState::Paused | SandboxState::Stopped)
+                    })
+                }
+            })
+            .await;
+        }
+        let mut states = Vec::new();
+        for id in &ids {
+            let s = c.get_sandbox(id).await.unwrap();
+            if s.state == SandboxState::Stopped {
+                assert_eq!(s.end_reason.as_deref(), Some("idle_timeout"));
+                let why = s.error.unwrap_or_default();
+                assert!(why.contains("max_paused_per_tenant"), "{why}");
+            }
+            states.push(s.state);
+        }
+        states.sort_by_key(|s| format!("{s:?}"));
+        assert_eq!(states, [SandboxState::Paused, SandboxState::Stopped]);
+        for id in &ids {
+            c.delete_sandbox(id).await.unwrap();
+            no_leftovers(id).await;
+        }
     });
 }
 
@@ -264,7 +425,10 @@ fn a_delete_while_a_sandbox_auto_pauses_ends_it_with_nothing_left() {
         let e = c.get_sandbox(&s.id).await.unwrap();
         assert_eq!(e.end_reason.as_deref(), Some("deleted"));
         no_leftovers(&s.id).await;
-        assert!(!d.data_dir().join("checkpoints").join(&s.id).exists());
+        let checkpoints = d.data_dir().join("checkpoints");
+        assert!(!checkpoints.join(&s.id).exists());
+        // Nor what a checkpoint cut short had written.
+        assert!(!checkpoints.join(format!("{}.partial", s.id)).exists());
         // It stays deleted: no late pause or resume brings it back.
         let e = c.run(&s.id, &["/bin/true"]).await.unwrap_err();
         assert_eq!(e.status().map(|s| s.as_u16()), Some(409), "{e}");

@@ -610,6 +610,51 @@ fn a_pause_past_the_tenants_paused_limit_is_a_429_naming_it_and_the_sandbox_runs
 }
 
 #[test]
+fn pauses_at_once_never_pass_the_tenants_paused_limit() {
+    let d = Daemon::start(Some("[limits]\nmax_paused_per_tenant = 4\n"));
+    let c = d.client();
+    rt().block_on(async {
+        let mut ids = Vec::new();
+        for _ in 0..8 {
+            ids.push(c.create_sandbox(&namespace()).await.unwrap().id);
+        }
+        let pauses: Vec<_> = ids
+            .iter()
+            .map(|id| {
+                let (c, id) = (c.clone(), id.clone());
+                tokio::spawn(async move { c.pause_sandbox(&id).await })
+            })
+            .collect();
+        let mut refused = 0;
+        for p in pauses {
+            if let Err(e) = p.await.unwrap() {
+                assert_eq!(
+                    (e.status().map(|s| s.as_u16()), e.code()),
+                    (Some(429), Some("quota_exceeded")),
+                    "{e}"
+                );
+                assert!(e.to_string().contains("max_paused_per_tenant"), "{e}");
+                refused += 1;
+            }
+        }
+        assert_eq!(refused, 4);
+        let mut paused = 0;
+        for id in &ids {
+            let s = c.get_sandbox(id).await.unwrap();
+            match s.state {
+                SandboxState::Paused => paused += 1,
+                SandboxState::Running => {}
+                other => panic!("{id} is {other:?}"),
+            }
+        }
+        assert_eq!(paused, 4);
+        for id in &ids {
+            c.delete_sandbox(id).await.unwrap();
+        }
+    });
+}
+
+#[test]
 fn a_gvisor_sandbox_with_a_spec_tmpfs_is_refused_a_pause_and_keeps_its_files() {
     let d = Daemon::start(None);
     let c = d.client();

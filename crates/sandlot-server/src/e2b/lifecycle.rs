@@ -94,7 +94,10 @@ fn is_paused(s: SandboxState) -> bool {
     matches!(s, SandboxState::Pausing | SandboxState::Paused)
 }
 
-/// `POST /sandboxes/{id}/pause`: 204; 409 when it is paused already.
+/// `POST /sandboxes/{id}/pause`: 204; 409 when it is paused already (the only
+/// 409: E2B's SDK reads it as "already paused"). A pause refused for another
+/// reason (`pause_refused`, a sandbox stopping) is a 400 the SDK raises; the
+/// paused cap a 429, a host without room a 503.
 pub async fn pause(
     State(e2b): State<Arc<E2b>>,
     headers: HeaderMap,
@@ -108,8 +111,40 @@ pub async fn pause(
             format!("sandbox {id} is already paused"),
         ));
     }
-    crate::pause::request(&e2b.app, &p, &rec.id).await?;
-    Ok(StatusCode::NO_CONTENT)
+    match crate::pause::request(&e2b.app, &p, &rec.id).await {
+        Ok(_) => Ok(StatusCode::NO_CONTENT),
+        Err(e) if e.status == StatusCode::CONFLICT => {
+            // Paused meanwhile by another request (or its own timeout).
+            let now = lookup(&e2b.app, &p, &rec.id).map(|r| r.state);
+            if now.is_ok_and(is_paused) {
+                return Err(RestError::new(
+                    StatusCode::CONFLICT,
+                    format!("sandbox {id} is already paused"),
+                ));
+            }
+            Err(RestError::new(StatusCode::BAD_REQUEST, e.message))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Refuses a resume's `timeout` (seconds; 0 is "now") that would take sandbox
+/// `rec` past the operator's maximum lifetime, before anything is resumed.
+fn check_timeout(e2b: &E2b, rec: &SandboxRecord, secs: Option<u64>) -> RestResult<()> {
+    let Some(secs) = secs.filter(|s| *s > 0) else {
+        return Ok(());
+    };
+    let max = e2b.app.cfg.limits.max_timeout.duration();
+    let latest = rec.created_at.saturating_add(max.as_millis() as i64);
+    let at = crate::store::now_ms().saturating_add((secs as i64).saturating_mul(1000));
+    if at > latest {
+        return Err(RestError::bad(format!(
+            "timeout: the sandbox would live past the operator's maximum lifetime of {}s (until {})",
+            max.as_secs(),
+            crate::timefmt::rfc3339(latest)
+        )));
+    }
+    Ok(())
 }
 
 /// `POST /sandboxes/{id}/resume` (`{"timeout": seconds}`, default 15): 201 and
@@ -137,6 +172,7 @@ pub async fn resume(
             format!("sandbox {id} is already running"),
         ));
     }
+    check_timeout(&e2b, &rec, Some(secs))?;
     crate::autopause::resume(&e2b.app, &p, &rec.id).await?;
     apply_timeout(&e2b, &p, &rec.id, secs).await?;
     Ok((StatusCode::CREATED, Json(created_json(&e2b, &rec))).into_response())
@@ -161,6 +197,7 @@ pub async fn connect(
         }
         StatusCode::OK
     } else {
+        check_timeout(&e2b, &rec, secs)?;
         crate::autopause::resume(&e2b.app, &p, &rec.id).await?;
         if let Some(secs) = secs {
             apply_timeout(&e2b, &p, &rec.id, secs).await?;

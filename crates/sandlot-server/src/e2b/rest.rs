@@ -189,7 +189,7 @@ fn listed_json(e2b: &E2b, rec: &SandboxRecord) -> Value {
     let mb = |k: &str| res[k].as_u64().unwrap_or(0) >> 20;
     let state = match rec.state {
         SandboxState::Stopped => "killed",
-        SandboxState::Paused => "paused",
+        SandboxState::Paused | SandboxState::Pausing => "paused",
         _ => "running",
     };
     json!({
@@ -433,11 +433,17 @@ async fn list(
         }
     }
     let mut states = Vec::new();
+    // Mid-way, a sandbox is listed as what it is becoming: one being paused as
+    // paused, one being resumed as running.
     if running {
-        states.extend([SandboxState::Creating, SandboxState::Running]);
+        states.extend([
+            SandboxState::Creating,
+            SandboxState::Running,
+            SandboxState::Resuming,
+        ]);
     }
     if paused {
-        states.push(SandboxState::Paused);
+        states.extend([SandboxState::Paused, SandboxState::Pausing]);
     }
     if states.is_empty() {
         return Ok(Json(json!([])).into_response());
@@ -458,8 +464,12 @@ async fn list(
         .map_err(ApiError::internal)?;
     let started = |r: &SandboxRecord| r.started_at.unwrap_or(r.created_at);
     recs.retain(|r| {
-        // A paused sandbox has no handle: its record is what it is.
-        (r.state == SandboxState::Paused || e2b.app.handle(&r.id).is_some_and(|h| !h.is_stopping()))
+        // A paused sandbox (or one between paused and running) may have no
+        // handle: its record is what it is.
+        (matches!(
+            r.state,
+            SandboxState::Paused | SandboxState::Pausing | SandboxState::Resuming
+        ) || e2b.app.handle(&r.id).is_some_and(|h| !h.is_stopping()))
             && meta.iter().all(|(k, v)| r.metadata.get(k) == Some(v))
             && started_after.is_none_or(|t| started(r) >= t)
     });
@@ -556,11 +566,9 @@ async fn kill(
     Path(id): Path<String>,
 ) -> RestResult<StatusCode> {
     let p = principal(&e2b, &headers)?;
-    // A paused sandbox is killed too (deleted with what its pause saved).
-    let rec = match lookup(&e2b.app, &p, &id) {
-        Ok(r) if r.state == SandboxState::Paused => r,
-        _ => live_record(&e2b, &p, &id)?,
-    };
+    // A paused sandbox is killed too (deleted with what its pause saved), and
+    // one being paused or resumed once that is done.
+    let rec = super::lifecycle::known_record(&e2b, &p, &id)?;
     let _ = native::delete(State(e2b.app.clone()), p, Path(rec.id)).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -437,7 +437,8 @@ pub async fn get_one(
 
 #[utoipa::path(delete, path = "/v1/sandboxes/{id}", tag = "sandboxes",
     params(("id" = String, Path, description = "Sandbox id or name")),
-    responses((status = 200, description = "Stopped (idempotent)", body = Sandbox), (status = 404, body = crate::error::ErrorEnvelope)))]
+    responses((status = 200, description = "Stopped (idempotent); a sandbox being paused or resumed is deleted once that is done", body = Sandbox), (status = 404, body = crate::error::ErrorEnvelope),
+        (status = 409, description = "invalid_state: a pause or resume under way did not finish within 2 minutes", body = crate::error::ErrorEnvelope)))]
 pub async fn delete(
     State(state): State<Arc<AppState>>,
     p: Principal,
@@ -445,7 +446,7 @@ pub async fn delete(
 ) -> ApiResult<Json<Sandbox>> {
     // A live sandbox is found in memory; the database is read once, for the
     // final record.
-    let (id, h) = match state.handle(&id) {
+    let (id, mut h) = match state.handle(&id) {
         Some(h) if p.sees(&h.tenant) => (id, Some(h)),
         _ => {
             let rec = lookup(&state, &p, &id)?;
@@ -453,32 +454,41 @@ pub async fn delete(
             (rec.id, h)
         }
     };
-    match h {
-        Some(mut h) => {
+    // A resume under way (on demand, or asked) is waited out, then what it
+    // came to is deleted: it never runs on, nor is paused again.
+    let deadline = tokio::time::Instant::now() + crate::autopause::SETTLE_WAIT;
+    loop {
+        if let Some(mut live) = h.take() {
             loop {
-                h.request_stop(EndReason::Deleted);
-                h.stopped().await;
+                live.request_stop(EndReason::Deleted);
+                live.stopped().await;
                 // A pause that failed meanwhile handed the sandbox, running, to
                 // a new handle: stop that one too.
                 match state.handle(&id) {
-                    Some(next) if !Arc::ptr_eq(&next, &h) => h = next,
+                    Some(next) if !Arc::ptr_eq(&next, &live) => live = next,
                     _ => break,
                 }
             }
-            // A pause that finished meanwhile leaves it paused: delete that.
-            let rec = lookup(&state, &p, &id)?;
-            if rec.state == SandboxState::Paused {
-                crate::pause::discard(&state, &rec, EndReason::Deleted).await?;
-            }
         }
-        None => {
-            let rec = lookup(&state, &p, &id)?;
-            if matches!(
-                rec.state,
-                SandboxState::Paused | SandboxState::Pausing | SandboxState::Resuming
-            ) {
+        let rec = lookup(&state, &p, &id)?;
+        match rec.state {
+            // A pause that finished meanwhile leaves it paused: delete that.
+            SandboxState::Paused => {
                 crate::pause::discard(&state, &rec, EndReason::Deleted).await?;
+                break;
             }
+            // Between a resume's record and its handle, or a pause's steps.
+            SandboxState::Resuming | SandboxState::Pausing | SandboxState::Running => {
+                h = state.handle(&id);
+                if h.is_some() {
+                    continue;
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    return Err(crate::pause::wrong_state(&id, rec.state));
+                }
+                tokio::time::sleep(crate::autopause::SETTLE_POLL).await;
+            }
+            _ => break,
         }
     }
     let rec = lookup(&state, &p, &id)?;
@@ -505,7 +515,7 @@ pub async fn pause(
     params(("id" = String, Path, description = "Sandbox id or name")),
     responses((status = 200, description = "Running again", body = Sandbox),
         (status = 404, body = crate::error::ErrorEnvelope),
-        (status = 409, description = "invalid_state: the sandbox is not paused; checkpoint_damaged: its saved memory image is not what was saved (it stays paused)", body = crate::error::ErrorEnvelope),
+        (status = 409, description = "invalid_state: the sandbox is not paused; checkpoint_damaged: its saved memory image is not what was saved (it stays paused); lifetime_exceeded: it has reached the operator's maximum lifetime (it stays paused)", body = crate::error::ErrorEnvelope),
         (status = 429, description = "quota_exceeded: the tenant's memory quota has no room for it", body = crate::error::ErrorEnvelope)))]
 pub async fn resume(
     State(state): State<Arc<AppState>>,

@@ -46,17 +46,63 @@ pub struct PauseRecord {
     pub saved: Saved,
 }
 
+/// What [`Store::begin_pause`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BeginPause {
+    /// Recorded pausing.
+    Begun,
+    /// Not running: nothing changed.
+    NotRunning,
+    /// Its tenant has this many sandboxes paused already, the cap: nothing changed.
+    Full(u64),
+}
+
 impl Store {
-    /// `running` to `pausing`, if it is running; false otherwise.
-    pub fn begin_pause(&self, id: &str) -> Result<bool, StoreError> {
-        let c = self.lock();
-        let n = c
-            .execute(
-                "UPDATE sandboxes SET state = 'pausing' WHERE id = ?1 AND state = 'running'",
+    /// `running` to `pausing`, if it is running and its tenant has fewer than
+    /// `max_paused` sandboxes paused, pausing or resuming (0: no cap), counted and
+    /// changed in one transaction: pauses at once never pass the cap together.
+    pub fn begin_pause(&self, id: &str, max_paused: u32) -> Result<BeginPause, StoreError> {
+        let mut c = self.lock();
+        let tx = c.transaction().map_err(sql("begin pause"))?;
+        let row: Option<(String, i64)> = tx
+            .query_row(
+                "SELECT s.state, (SELECT COUNT(*) FROM sandboxes o WHERE o.tenant = s.tenant
+                     AND o.state IN ('paused', 'pausing', 'resuming'))
+                 FROM sandboxes s WHERE s.id = ?1",
                 [id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
             )
+            .optional()
             .map_err(sql("begin pause"))?;
-        Ok(n == 1)
+        let Some((state, paused)) = row else {
+            return Ok(BeginPause::NotRunning);
+        };
+        if state != "running" {
+            return Ok(BeginPause::NotRunning);
+        }
+        let paused = paused.max(0) as u64;
+        if max_paused > 0 && paused >= u64::from(max_paused) {
+            return Ok(BeginPause::Full(paused));
+        }
+        tx.execute(
+            "UPDATE sandboxes SET state = 'pausing' WHERE id = ?1 AND state = 'running'",
+            [id],
+        )
+        .map_err(sql("begin pause"))?;
+        tx.commit().map_err(sql("begin pause"))?;
+        Ok(BeginPause::Begun)
+    }
+
+    /// `pausing` back to `running`: a pause that backed out before it did
+    /// anything (no event).
+    pub fn undo_begin_pause(&self, id: &str) -> Result<(), StoreError> {
+        let c = self.lock();
+        c.execute(
+            "UPDATE sandboxes SET state = 'running' WHERE id = ?1 AND state = 'pausing'",
+            [id],
+        )
+        .map_err(sql("undo begin pause"))?;
+        Ok(())
     }
 
     /// `pausing` back to `running` (a pause that failed and left it running).
@@ -327,9 +373,10 @@ mod tests {
     fn each_pause_and_resume_step_happens_once_and_only_from_the_state_it_leaves() {
         let s = Store::in_memory().unwrap();
         s.admit_sandbox(&rec("a", 1 << 20), 10, 1 << 30).unwrap();
-        assert!(s.begin_pause("a").unwrap());
-        assert!(
-            !s.begin_pause("a").unwrap(),
+        assert_eq!(s.begin_pause("a", 0).unwrap(), BeginPause::Begun);
+        assert_eq!(
+            s.begin_pause("a", 0).unwrap(),
+            BeginPause::NotRunning,
             "a second pause finds it pausing"
         );
         s.mark_paused("a", &paused(PauseKind::Memory), &UsageRecord::default())
@@ -337,7 +384,7 @@ mod tests {
         let r = s.get_sandbox("a").unwrap().unwrap();
         assert_eq!((r.state, r.pid), (SandboxState::Paused, None));
         assert_eq!(s.pause_of("a").unwrap(), Some(paused(PauseKind::Memory)));
-        assert!(!s.begin_pause("a").unwrap());
+        assert_eq!(s.begin_pause("a", 0).unwrap(), BeginPause::NotRunning);
         assert_eq!(s.begin_resume("a", "t", 1 << 30).unwrap(), Ok(true));
         assert_eq!(s.begin_resume("a", "t", 1 << 30).unwrap(), Ok(false));
         s.abort_resume("a", "damaged").unwrap();
@@ -360,7 +407,7 @@ mod tests {
         let s = Store::in_memory().unwrap();
         let gib = 1u64 << 30;
         s.admit_sandbox(&rec("a", gib), 10, gib).unwrap();
-        assert!(s.begin_pause("a").unwrap());
+        assert_eq!(s.begin_pause("a", 0).unwrap(), BeginPause::Begun);
         s.mark_paused("a", &paused(PauseKind::Filesystem), &UsageRecord::default())
             .unwrap();
         // Its memory is free for another sandbox...
@@ -378,10 +425,29 @@ mod tests {
     }
 
     #[test]
+    fn a_pause_past_the_tenants_paused_cap_is_refused_counting_pauses_under_way() {
+        let s = Store::in_memory().unwrap();
+        for id in ["a", "b", "c"] {
+            s.admit_sandbox(&rec(id, 1), 10, 1 << 30).unwrap();
+        }
+        assert_eq!(s.begin_pause("a", 2).unwrap(), BeginPause::Begun);
+        assert_eq!(s.begin_pause("b", 2).unwrap(), BeginPause::Begun);
+        // Two are pausing, none paused yet: the cap holds all the same.
+        assert_eq!(s.begin_pause("c", 2).unwrap(), BeginPause::Full(2));
+        assert_eq!(
+            s.get_sandbox("c").unwrap().unwrap().state,
+            SandboxState::Running
+        );
+        s.abort_pause("b", "failed").unwrap();
+        assert_eq!(s.begin_pause("c", 2).unwrap(), BeginPause::Begun);
+        assert_eq!(s.begin_pause("zz", 2).unwrap(), BeginPause::NotRunning);
+    }
+
+    #[test]
     fn deleting_a_paused_sandbox_forgets_its_pause() {
         let s = Store::in_memory().unwrap();
         s.admit_sandbox(&rec("a", 1), 10, 1 << 30).unwrap();
-        assert!(s.begin_pause("a").unwrap());
+        assert_eq!(s.begin_pause("a", 0).unwrap(), BeginPause::Begun);
         s.mark_paused("a", &paused(PauseKind::Memory), &UsageRecord::default())
             .unwrap();
         assert!(s
