@@ -46,10 +46,14 @@ pub async fn create(
 ) -> ApiResult<Response> {
     let b: CreateCheckpoint = optional_body(&state, body).await?;
     let c = crate::checkpoint::create(&state, &p, &id, &b).await?;
-    Ok(json_status(
-        StatusCode::CREATED,
-        &crate::checkpoint::view(&c),
-    ))
+    let mut v = crate::checkpoint::view(&c);
+    v.sandbox_state = state
+        .store
+        .get_sandbox(&c.sandbox_id)
+        .ok()
+        .flatten()
+        .map(|r| r.state);
+    Ok(json_status(StatusCode::CREATED, &v))
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/checkpoints", tag = "checkpoints",
