@@ -869,3 +869,70 @@ fn gvisor_a_resume_during_a_checkpoint_or_restore_waits_or_is_refused_and_leaves
     });
     d.shutdown();
 }
+
+#[test]
+fn gvisor_a_delete_of_the_checkpoint_during_a_fork_leaves_every_fork_whole() {
+    let mut d = Daemon::start_isolated(None, "gvisor");
+    let c = d.client();
+    rt().block_on(async {
+        let s = c.create_sandbox(&on("gvisor")).await.unwrap();
+        sh(
+            &c,
+            &s.id,
+            "mkdir -p /tmp/tree/a/b && echo whole > /tmp/tree/a/b/f",
+        )
+        .await;
+        let cp = c.create_checkpoint(&s.id, &keep_running()).await.unwrap();
+        let req = ForkRequest {
+            count: 2,
+            checkpoint: Some(cp.id.clone()),
+        };
+        let (forked, deleted) = tokio::join!(
+            c.fork_sandbox(&s.id, &req),
+            c.delete_checkpoint(&s.id, &cp.id),
+        );
+        // One waits for the other's turn or is refused: the delete never takes
+        // the copy from under a fork, whose forks all have the files.
+        let refused = |e: &sandlot_client::Error| e.code() == Some("invalid_state");
+        let made = match (forked, deleted) {
+            (Ok(f), Ok(())) => f.sandboxes,
+            (Ok(f), Err(e)) => {
+                assert!(refused(&e), "{e}");
+                f.sandboxes
+            }
+            (Err(e), Ok(())) => {
+                assert!(refused(&e), "{e}");
+                Vec::new()
+            }
+            (Err(a), Err(b)) => panic!("both failed: {a}; {b}"),
+        };
+        for f in &made {
+            assert_eq!(sh(&c, &f.id, "cat /tmp/tree/a/b/f").await, "whole\n");
+            c.delete_sandbox(&f.id).await.unwrap();
+        }
+        // A fork from a fresh checkpoint removes it after.
+        let fresh = c
+            .fork_sandbox(
+                &s.id,
+                &ForkRequest {
+                    count: 1,
+                    checkpoint: None,
+                },
+            )
+            .await
+            .unwrap();
+        let left: Vec<_> = c
+            .list_checkpoints(&s.id)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|x| x.id)
+            .filter(|id| *id == fresh.checkpoint)
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+        assert!(!copies(&d).join(&fresh.checkpoint).exists());
+        c.delete_sandbox(&fresh.sandboxes[0].id).await.unwrap();
+        c.delete_sandbox(&s.id).await.unwrap();
+    });
+    d.shutdown();
+}
