@@ -84,9 +84,10 @@ impl Drop for Busy {
 
 /// Checkpoint copies being read (forks made from them), by checkpoint id: how
 /// many readers, and the removal asked for meanwhile, left to the last reader.
-static READING: Mutex<
-    Option<std::collections::HashMap<String, (usize, Option<CheckpointRecord>)>>,
-> = Mutex::new(None);
+static READING: Mutex<Option<Readers>> = Mutex::new(None);
+
+/// Checkpoint id → (readers, the removal asked for meanwhile).
+type Readers = std::collections::HashMap<String, (usize, Option<CheckpointRecord>)>;
 
 /// A read of a checkpoint's copy under way: its files stay until dropped (a
 /// delete of the checkpoint or of its sandbox meanwhile removes its record at

@@ -96,7 +96,7 @@ fn plan(state: &AppState, parent: &SandboxRecord, count: u32, now: i64) -> Vec<S
             idle_timeout_ms: parent.idle_timeout_ms,
             usage: UsageRecord::default(),
             // The parent's policy: a fork idles, times out and wakes as it would.
-            lifecycle: parent.lifecycle.clone(),
+            lifecycle: parent.lifecycle,
             timeout_ms: parent.timeout_ms,
         })
         .collect()

@@ -289,6 +289,8 @@ mod tests {
             expires_at: 1_000,
             idle_timeout_ms: None,
             usage: UsageRecord::default(),
+            lifecycle: Default::default(),
+            timeout_ms: 1_000,
         }
     }
 
