@@ -3,7 +3,9 @@
 //! writes only its own files; on the namespace backend forks get the files and
 //! start their processes afresh. A restore in place brings back the earlier
 //! state; a sandbox's end removes its checkpoints; a fork past the tenant's quota
-//! makes no sandbox; another tenant's ids are not found. Needs root (and
+//! makes no sandbox; another tenant's ids are not found. A gVisor checkpoint's
+//! copy keeps sparse files sparse and hard links linked; a resume or delete
+//! racing a checkpoint, restore or fork waits or is refused and leaves nothing. Needs root (and
 //! Debian's `runsc` for the gVisor tests). Each gVisor sandbox is restored once
 //! at most, but for the restore in place (its checkpoint, then its restore).
 
