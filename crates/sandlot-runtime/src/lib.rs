@@ -73,6 +73,14 @@ pub enum RuntimeError {
     /// What a restore needs of a sandbox's files is no longer there.
     #[error("{0} is gone")]
     FilesLost(String),
+    /// A copy of a sandbox's files stopped at one of its bounds (nothing of it
+    /// is kept).
+    #[error("{what} is past its limit of {limit} {unit}")]
+    PastLimit {
+        what: &'static str,
+        limit: u64,
+        unit: &'static str,
+    },
     #[error("the {backend} backend cannot {what}")]
     Unsupported {
         backend: &'static str,

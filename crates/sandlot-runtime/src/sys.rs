@@ -6,7 +6,7 @@
 
 use std::ffi::{CStr, CString};
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
@@ -752,6 +752,199 @@ pub fn open_dir_nofollow(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<OwnedFd
     })?;
     // SAFETY: fresh fd.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`: what `name` in `dir` is, a link
+/// itself rather than what it points to.
+pub fn lstatat(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<libc::stat> {
+    // SAFETY: an all-zero `stat` is a valid value of a plain C struct.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid fd and C string, and a pointer to a `stat` we own.
+    cvt(unsafe {
+        libc::fstatat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            &mut st,
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    })?;
+    Ok(st)
+}
+
+/// `fstat(fd)`, the whole `stat`.
+pub fn fstat(fd: BorrowedFd<'_>) -> io::Result<libc::stat> {
+    // SAFETY: an all-zero `stat` is a valid value of a plain C struct.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid fd and a pointer to a `stat` we own.
+    cvt(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) })?;
+    Ok(st)
+}
+
+/// `openat(dir, name, flags | O_CLOEXEC | O_NOFOLLOW, mode)`: never follows a
+/// link as the last component (`name` is one component).
+pub fn openat_nofollow(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    flags: libc::c_int,
+    mode: libc::mode_t,
+) -> io::Result<OwnedFd> {
+    // SAFETY: valid fd and C string; the fd is wrapped immediately.
+    let fd = cvt(unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            flags | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+            mode as libc::c_uint,
+        )
+    })?;
+    // SAFETY: fresh fd.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The names in directory `dir` (without `.` and `..`), read through a new
+/// descriptor of that same directory (`openat(dir, ".")`), so no path is looked
+/// up again.
+pub fn read_dir_names(dir: BorrowedFd<'_>) -> io::Result<Vec<CString>> {
+    let own = openat_nofollow(dir, c".", libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+    let raw = own.into_raw_fd();
+    // SAFETY: `raw` is an open directory descriptor we own; on success the
+    // stream owns it (closedir closes it).
+    let d = unsafe { libc::fdopendir(raw) };
+    if d.is_null() {
+        let e = io::Error::last_os_error();
+        // SAFETY: fdopendir failed, so `raw` is still ours to close.
+        drop(unsafe { OwnedFd::from_raw_fd(raw) });
+        return Err(e);
+    }
+    let mut names = Vec::new();
+    let result = loop {
+        // SAFETY: errno is thread-local; zeroing it tells an error from the end.
+        unsafe { *libc::__errno_location() = 0 };
+        // SAFETY: `d` is an open directory stream.
+        let e = unsafe { libc::readdir64(d) };
+        if e.is_null() {
+            let err = io::Error::last_os_error();
+            break match err.raw_os_error() {
+                Some(0) | None => Ok(()),
+                Some(_) => Err(err),
+            };
+        }
+        // SAFETY: readdir returned an entry whose `d_name` is NUL-terminated and
+        // valid until the next readdir on `d`; it is copied out at once.
+        let name = unsafe { CStr::from_ptr((*e).d_name.as_ptr()) };
+        if name != c"." && name != c".." {
+            names.push(name.to_owned());
+        }
+    };
+    // SAFETY: `d` is open and closed once here.
+    unsafe { libc::closedir(d) };
+    result.map(|()| names)
+}
+
+/// `readlinkat(dir, name)`: the target of link `name` in `dir`.
+pub fn readlinkat(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<CString> {
+    let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
+    // SAFETY: valid fd and C string; `buf` is writable for its length.
+    let n = unsafe {
+        libc::readlinkat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let n = n as usize;
+    if n >= buf.len() {
+        return Err(io::Error::from_raw_os_error(libc::ENAMETOOLONG));
+    }
+    buf.truncate(n);
+    CString::new(buf).map_err(|_| io::ErrorKind::InvalidData.into())
+}
+
+/// `symlinkat(target, dir, name)`.
+pub fn symlinkat(target: &CStr, dir: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
+    // SAFETY: valid C strings and fd.
+    cvt(unsafe { libc::symlinkat(target.as_ptr(), dir.as_raw_fd(), name.as_ptr()) })?;
+    Ok(())
+}
+
+/// `linkat(fd, "", dir, name, AT_EMPTY_PATH)`: a new name for the file `fd`
+/// refers to (needs `CAP_DAC_READ_SEARCH`).
+pub fn link_fd_at(fd: BorrowedFd<'_>, dir: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
+    // SAFETY: valid fds and C strings; the empty path with AT_EMPTY_PATH names
+    // the file `fd` refers to.
+    cvt(unsafe {
+        libc::linkat(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            libc::AT_EMPTY_PATH,
+        )
+    })?;
+    Ok(())
+}
+
+/// `fchownat(dir, name, uid, gid, AT_SYMLINK_NOFOLLOW)`.
+pub fn lchownat(dir: BorrowedFd<'_>, name: &CStr, uid: u32, gid: u32) -> io::Result<()> {
+    // SAFETY: valid fd and C string.
+    cvt(unsafe {
+        libc::fchownat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            uid,
+            gid,
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    })?;
+    Ok(())
+}
+
+/// `utimensat(dir, name, times, AT_SYMLINK_NOFOLLOW)`, or of `dir` itself
+/// (`futimens`) when `name` is `None`: access and modification times.
+pub fn set_times_at(
+    dir: BorrowedFd<'_>,
+    name: Option<&CStr>,
+    times: &[libc::timespec; 2],
+) -> io::Result<()> {
+    match name {
+        // SAFETY: valid fd and C string; `times` is two valid timespecs.
+        Some(n) => cvt(unsafe {
+            libc::utimensat(
+                dir.as_raw_fd(),
+                n.as_ptr(),
+                times.as_ptr(),
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
+        })?,
+        // SAFETY: valid fd; `times` is two valid timespecs.
+        None => cvt(unsafe { libc::futimens(dir.as_raw_fd(), times.as_ptr()) })?,
+    };
+    Ok(())
+}
+
+/// `lseek(fd, offset, whence)` for `SEEK_DATA`/`SEEK_HOLE`: `None` when there
+/// is no data at or past `offset` (`ENXIO`).
+pub fn seek_data_or_hole(
+    fd: BorrowedFd<'_>,
+    offset: u64,
+    whence: libc::c_int,
+) -> io::Result<Option<u64>> {
+    let off = libc::off64_t::try_from(offset)
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: valid fd; no pointers.
+    let r = unsafe { libc::lseek64(fd.as_raw_fd(), off, whence) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ENXIO) => Ok(None),
+            _ => Err(e),
+        };
+    }
+    Ok(Some(r as u64))
 }
 
 /// `fchmod(fd, mode)`.

@@ -82,6 +82,77 @@ impl Drop for Busy {
     }
 }
 
+/// Checkpoint copies being read (forks made from them), by checkpoint id: how
+/// many readers, and the removal asked for meanwhile, left to the last reader.
+static READING: Mutex<Option<Readers>> = Mutex::new(None);
+
+/// Checkpoint id → (readers, the removal asked for meanwhile).
+type Readers = std::collections::HashMap<String, (usize, Option<CheckpointRecord>)>;
+
+/// A read of a checkpoint's copy under way: its files stay until dropped (a
+/// delete of the checkpoint or of its sandbox meanwhile removes its record at
+/// once and its files when the last read ends).
+pub(crate) struct CopyRead {
+    id: String,
+    state: Arc<AppState>,
+}
+
+impl CopyRead {
+    pub(crate) fn take(state: &Arc<AppState>, c: &CheckpointRecord) -> CopyRead {
+        let mut r = READING.lock().unwrap_or_else(|e| e.into_inner());
+        r.get_or_insert_with(Default::default)
+            .entry(c.id.clone())
+            .or_insert((0, None))
+            .0 += 1;
+        CopyRead {
+            id: c.id.clone(),
+            state: state.clone(),
+        }
+    }
+
+    /// Whether `c`'s copy is being read: then its removal is left to the last
+    /// reader.
+    fn defer_removal(c: &CheckpointRecord) -> bool {
+        let mut r = READING.lock().unwrap_or_else(|e| e.into_inner());
+        match r.as_mut().and_then(|m| m.get_mut(&c.id)) {
+            Some(e) => {
+                e.1 = Some(c.clone());
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Ends the read, removing the copy if it was deleted meanwhile.
+    pub(crate) async fn end(self) {
+        let (st, id) = (self.state.clone(), self.id.clone());
+        std::mem::forget(self);
+        let _ = tokio::task::spawn_blocking(move || end_read(&st, &id)).await;
+    }
+}
+
+fn end_read(state: &AppState, id: &str) {
+    let pending = {
+        let mut r = READING.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(m) = r.as_mut() else { return };
+        let Some(e) = m.get_mut(id) else { return };
+        e.0 -= 1;
+        if e.0 > 0 {
+            return;
+        }
+        m.remove(id).and_then(|e| e.1)
+    };
+    if let Some(c) = pending {
+        remove_files_now(state, &c);
+    }
+}
+
+impl Drop for CopyRead {
+    fn drop(&mut self) {
+        end_read(&self.state, &self.id);
+    }
+}
+
 /// The API's view of checkpoint `c`.
 pub fn view(c: &CheckpointRecord) -> Checkpoint {
     Checkpoint {
@@ -93,6 +164,7 @@ pub fn view(c: &CheckpointRecord) -> Checkpoint {
         kind: c.kind,
         memory: c.kind == PauseKind::Memory,
         size: c.size,
+        sandbox_state: None,
     }
 }
 
@@ -256,7 +328,19 @@ async fn take_memory(
     }
     let finish = |r: ApiResult<CheckpointRecord>| async move {
         if run_after {
-            crate::pause::resume_begun(state, p, &paused).await?;
+            if let Err(e) = crate::pause::resume_begun(state, p, &paused).await {
+                // A checkpoint recorded is kept and answered; the sandbox's
+                // state in the answer tells the resume failed.
+                let Ok(c) = r else { return Err(e) };
+                tracing::warn!(
+                    sandbox_id = %paused.id,
+                    checkpoint = %c.id,
+                    "the resume after a checkpoint failed: {} ({:?})",
+                    e.message,
+                    e.internal
+                );
+                return Ok(c);
+            }
         } else if let Err(e) = state.store.release_paused(&rec.id) {
             tracing::error!("record the sandbox paused again: {e}");
         }
@@ -284,12 +368,13 @@ async fn take_memory(
         )?;
         let partial = partial_copy_dir(&st, &cp2);
         let _ = std::fs::remove_dir_all(&partial);
-        let saved = sandlot_runtime::gvisor::kept_copy::save(&from, &partial);
+        // What the copy writes is counted against the room claimed for it.
+        let saved = sandlot_runtime::gvisor::kept_copy::save(&from, &partial, used);
         let saved = match saved {
             Ok(s) => s,
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&partial);
-                return Err(ApiError::internal(format!("copy the checkpoint: {e}")).or_exhausted());
+                return Err(copy_error(e));
             }
         };
         if saved.skipped > 0 {
@@ -393,9 +478,31 @@ async fn take_files(
     };
     let c = record(state, c).await?;
     if !leave_running && rec.state == SandboxState::Running {
-        crate::pause::request(state, p, &rec.id).await?;
+        // The checkpoint is kept whatever comes of the pause: the sandbox's
+        // state in the answer tells.
+        if let Err(e) = crate::pause::request(state, p, &rec.id).await {
+            tracing::warn!(
+                sandbox_id = %rec.id,
+                checkpoint = %c.id,
+                "the pause after a checkpoint failed: {} ({:?})",
+                e.message,
+                e.internal
+            );
+        }
     }
     Ok(c)
+}
+
+/// The answer to a failed copy of a checkpoint's files: **413** `too_large`
+/// naming the bound it went past, else an opaque 500 (503 when the host ran out
+/// of something).
+pub(crate) fn copy_error(e: sandlot_runtime::RuntimeError) -> ApiError {
+    match e {
+        sandlot_runtime::RuntimeError::PastLimit { .. } => {
+            ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", e.to_string())
+        }
+        e => ApiError::internal(format!("copy the checkpoint: {e}")).or_exhausted(),
+    }
 }
 
 /// Bytes of the regular files under `dir` (not following links, not crossing
@@ -438,26 +545,43 @@ fn dir_bytes(dir: &std::path::Path) -> u64 {
 pub async fn delete(state: &Arc<AppState>, p: &Principal, id: &str, cp: &str) -> ApiResult<()> {
     let (rec, c) = find(state, p, id, cp)?;
     let _busy = Busy::take(&rec.id)?;
-    if !state
-        .store
-        .remove_checkpoint(&c.id)
-        .map_err(ApiError::internal)?
-    {
+    if !remove(state, &c).await? {
         return Err(ApiError::not_found(format!(
             "sandbox {} has no checkpoint {cp}",
             rec.id
         )));
     }
-    let st = state.clone();
+    Ok(())
+}
+
+/// Removes checkpoint `c`, its record and its files, by a caller that holds
+/// its sandbox's [`Busy`] or needs none (a fork's own fresh checkpoint). False
+/// when it was already gone.
+pub(crate) async fn remove(state: &Arc<AppState>, c: &CheckpointRecord) -> ApiResult<bool> {
+    if !state
+        .store
+        .remove_checkpoint(&c.id)
+        .map_err(ApiError::internal)?
+    {
+        return Ok(false);
+    }
+    let (st, c) = (state.clone(), c.clone());
     tokio::task::spawn_blocking(move || remove_files(&st, &c))
         .await
         .map_err(ApiError::internal)?;
-    Ok(())
+    Ok(true)
 }
 
 /// Removes what checkpoint `c` holds on the host: its copy, or its image's
 /// lease (the image goes too unless something else holds it). Blocking.
 fn remove_files(state: &AppState, c: &CheckpointRecord) {
+    if CopyRead::defer_removal(c) {
+        return;
+    }
+    remove_files_now(state, c)
+}
+
+fn remove_files_now(state: &AppState, c: &CheckpointRecord) {
     for d in [copy_dir(state, &c.id), partial_copy_dir(state, &c.id)] {
         match std::fs::remove_dir_all(&d) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
@@ -628,10 +752,7 @@ async fn swap(state: &Arc<AppState>, rec: &SandboxRecord, c: &CheckpointRecord) 
                     sandlot_runtime::gvisor::kept_copy::materialize(&copy_dir(&st, &c2.id), &next)
                 {
                     let _ = backend.remove_checkpoint(&next);
-                    return Err(
-                        ApiError::internal(format!("restore checkpoint {}: {e}", c2.id))
-                            .or_exhausted(),
-                    );
+                    return Err(copy_error(e));
                 }
                 backend
                     .remove_checkpoint(&dir)

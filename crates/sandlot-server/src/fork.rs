@@ -51,13 +51,19 @@ pub async fn fork(
             true,
         ),
     };
-    drop(busy);
+    // The sandbox's turn is held until every fork has its own copy, and the
+    // checkpoint's copy is read under a lease: neither a delete of the
+    // checkpoint nor the sandbox's end removes it under a fork.
+    let read = crate::checkpoint::CopyRead::take(state, &c);
     let r = fork_from(state, &parent, &c, req.count).await;
     if fresh {
-        if let Err(e) = crate::checkpoint::delete(state, p, &parent.id, &c.id).await {
+        // Removed by the fork itself, which holds the sandbox's turn.
+        if let Err(e) = crate::checkpoint::remove(state, &c).await {
             tracing::warn!(checkpoint = %c.id, "remove the checkpoint a fork took: {}", e.message);
         }
     }
+    read.end().await;
+    drop(busy);
     let sandboxes = r?;
     Ok(Forked {
         checkpoint: c.id,
@@ -126,6 +132,28 @@ async fn fork_from(
         saved: c.saved.clone(),
     };
     let quota = state.cfg.quota(&parent.tenant);
+    // Each namespace fork holds the checkpoint's image from its admission on,
+    // as a paused sandbox holds its own: a removal of the checkpoint meanwhile
+    // leaves it.
+    let image: Option<sandlot_store::Digest> = match c.kind {
+        PauseKind::Filesystem => c.saved.image.as_deref().and_then(|i| i.parse().ok()),
+        PauseKind::Memory => None,
+    };
+    let unlease = |state: &AppState| {
+        for r in &recs {
+            if let Err(e) = state.images.store.release(&r.id) {
+                tracing::warn!(sandbox_id = %r.id, "release a fork's image: {e}");
+            }
+        }
+    };
+    if let Some(img) = &image {
+        for r in &recs {
+            if let Err(e) = state.images.store.lease(&r.id, img) {
+                unlease(state);
+                return Err(crate::images::store_error(e));
+            }
+        }
+    }
     let admitted = state
         .store
         .admit_forks(
@@ -135,8 +163,11 @@ async fn fork_from(
             quota.max_sandboxes,
             quota.max_memory.bytes(),
         )
-        .map_err(ApiError::internal)?;
-    match admitted {
+        .map_err(ApiError::internal);
+    if !matches!(admitted, Ok(Admission::Admitted)) {
+        unlease(state);
+    }
+    match admitted? {
         Admission::Admitted => {}
         Admission::TooManySandboxes(n) => {
             return Err(ApiError::quota(format!(
@@ -187,9 +218,7 @@ async fn start_one(
                 &crate::checkpoint::copy_dir(&st, &cp),
                 &dir,
             )
-            .map_err(|e| {
-                ApiError::internal(format!("make a fork's checkpoint: {e}")).or_exhausted()
-            })
+            .map_err(crate::checkpoint::copy_error)
         })
         .await
         .map_err(ApiError::internal)??;

@@ -3,7 +3,9 @@
 //! writes only its own files; on the namespace backend forks get the files and
 //! start their processes afresh. A restore in place brings back the earlier
 //! state; a sandbox's end removes its checkpoints; a fork past the tenant's quota
-//! makes no sandbox; another tenant's ids are not found. Needs root (and
+//! makes no sandbox; another tenant's ids are not found. A gVisor checkpoint's
+//! copy keeps sparse files sparse and hard links linked; a resume or delete
+//! racing a checkpoint, restore or fork waits or is refused and leaves nothing. Needs root (and
 //! Debian's `runsc` for the gVisor tests). Each gVisor sandbox is restored once
 //! at most, but for the restore in place (its checkpoint, then its restore).
 
@@ -209,6 +211,12 @@ fn gvisor_forks_from_a_named_checkpoint_and_the_checkpoints_go_with_their_sandbo
             c.get_sandbox(&s.id).await.unwrap().state,
             SandboxState::Paused
         );
+        // The create's answer tells the sandbox's state; a listing does not.
+        assert_eq!(cp.sandbox_state, Some(SandboxState::Paused));
+        let cp = sandlot_client::checkpoint::Checkpoint {
+            sandbox_state: None,
+            ..cp
+        };
         let listed = c.list_checkpoints(&s.id).await.unwrap();
         assert_eq!(listed, vec![cp.clone()]);
         // Its copy is root's only.
@@ -643,6 +651,10 @@ fn checkpoints_survive_a_daemon_restart_and_copies_without_a_record_are_removed(
                 )
                 .await
                 .unwrap();
+            let cp = sandlot_client::checkpoint::Checkpoint {
+                sandbox_state: None,
+                ..cp
+            };
             (s.id, cp)
         });
         // A copy a crash left without its record.
@@ -738,6 +750,191 @@ fn a_fork_whose_start_fails_ends_all_its_sandboxes_and_leaves_nothing() {
             }
         })
         .await;
+    });
+    d.shutdown();
+}
+
+/// Bytes the files under `dir` take on the disk (their allocated blocks, each
+/// inode once).
+fn allocated(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let (mut n, mut seen, mut stack) =
+        (0, std::collections::HashSet::new(), vec![dir.to_path_buf()]);
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let m = std::fs::symlink_metadata(e.path()).unwrap();
+            if m.is_dir() {
+                stack.push(e.path());
+            } else if seen.insert(m.ino()) {
+                n += m.blocks() * 512;
+            }
+        }
+    }
+    n
+}
+
+#[test]
+fn gvisor_a_checkpoint_keeps_sparse_files_sparse_and_hard_links_linked() {
+    let mut d = Daemon::start_isolated(None, "gvisor");
+    let c = d.client();
+    rt().block_on(async {
+        let s = c.create_sandbox(&on("gvisor")).await.unwrap();
+        // A terabyte of holes, and 4 MiB linked under 100 names.
+        sh(
+            &c,
+            &s.id,
+            "truncate -s 1T /tmp/big && printf end >> /tmp/big && \
+             dd if=/dev/zero of=/tmp/f bs=1M count=4 2>/dev/null && \
+             mkdir /tmp/l && for i in $(seq 100); do ln /tmp/f /tmp/l/$i; done",
+        )
+        .await;
+        let cp = c.create_checkpoint(&s.id, &keep_running()).await.unwrap();
+        assert_eq!(cp.sandbox_state, Some(SandboxState::Running));
+        let root = copies(&d).join(&cp.id).join("rootfs");
+        let big = std::fs::metadata(root.join("tmp/big")).unwrap();
+        assert_eq!(big.len(), (1 << 40) + 3);
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(std::fs::metadata(root.join("tmp/f")).unwrap().nlink(), 101);
+        let on_disk = allocated(&root);
+        assert!(on_disk < 64 << 20, "the copy takes {on_disk} bytes");
+        // A fork's root (a tmpfs of its own) has them as they were.
+        let f = c
+            .fork_sandbox(
+                &s.id,
+                &ForkRequest {
+                    count: 1,
+                    checkpoint: Some(cp.id.clone()),
+                },
+            )
+            .await
+            .unwrap();
+        let fork = &f.sandboxes[0].id;
+        let stat = "python3 -c \"import os; print(os.stat('/tmp/big').st_size, os.stat('/tmp/f').st_nlink)\"";
+        assert_eq!(sh(&c, fork, stat).await, "1099511627779 101\n");
+        assert_eq!(sh(&c, fork, "tail -c 3 /tmp/big").await, "end");
+        c.delete_sandbox(fork).await.unwrap();
+        c.delete_sandbox(&s.id).await.unwrap();
+    });
+    d.shutdown();
+}
+
+#[test]
+fn gvisor_a_resume_during_a_checkpoint_or_restore_waits_or_is_refused_and_leaves_nothing() {
+    let mut d = Daemon::start_isolated(None, "gvisor");
+    let c = d.client();
+    rt().block_on(async {
+        let body = sandlot_client::CreateSandbox {
+            auto_resume: Some(true),
+            ..on("gvisor")
+        };
+        let s = c.create_sandbox(&body).await.unwrap();
+        sh(&c, &s.id, "echo before > /tmp/mark").await;
+        c.pause_sandbox(&s.id).await.unwrap();
+        // A checkpoint of the paused sandbox holds it while its files are
+        // copied: a resume, native or on demand (a command), meanwhile waits
+        // for it or is refused, never runs under the copy.
+        let stay = CreateCheckpoint {
+            name: None,
+            leave_running: false,
+        };
+        let (cp, resumed, ran) = tokio::join!(
+            c.create_checkpoint(&s.id, &stay),
+            c.resume_sandbox(&s.id),
+            c.run(&s.id, &["/bin/cat", "/tmp/mark"]),
+        );
+        let cp = cp.unwrap();
+        let refused = |e: &sandlot_client::Error| e.code() == Some("invalid_state");
+        if let Err(e) = &resumed {
+            assert!(refused(e), "{e}");
+        }
+        if let Err(e) = &ran {
+            assert!(refused(e), "{e}");
+        }
+        // A restore and a resume side by side: the same.
+        let (restored, resumed) =
+            tokio::join!(c.restore_checkpoint(&s.id, &cp.id), c.resume_sandbox(&s.id),);
+        if let Err(e) = &resumed {
+            assert!(refused(e), "{e}");
+        }
+        let _ = restored;
+        c.delete_sandbox(&s.id).await.unwrap();
+        let data = d.data_dir();
+        eventually(20, "the sandbox's directories and mounts to go", || {
+            let data = data.clone();
+            async move {
+                entries(&data.join("checkpoints")).is_empty()
+                    && entries(&data.join("sandbox-checkpoints")).is_empty()
+                    && mounts_under(&data).is_empty()
+            }
+        })
+        .await;
+    });
+    d.shutdown();
+}
+
+#[test]
+fn gvisor_a_delete_of_the_checkpoint_during_a_fork_leaves_every_fork_whole() {
+    let mut d = Daemon::start_isolated(None, "gvisor");
+    let c = d.client();
+    rt().block_on(async {
+        let s = c.create_sandbox(&on("gvisor")).await.unwrap();
+        sh(
+            &c,
+            &s.id,
+            "mkdir -p /tmp/tree/a/b && echo whole > /tmp/tree/a/b/f",
+        )
+        .await;
+        let cp = c.create_checkpoint(&s.id, &keep_running()).await.unwrap();
+        let req = ForkRequest {
+            count: 2,
+            checkpoint: Some(cp.id.clone()),
+        };
+        let (forked, deleted) = tokio::join!(
+            c.fork_sandbox(&s.id, &req),
+            c.delete_checkpoint(&s.id, &cp.id),
+        );
+        // One waits for the other's turn or is refused: the delete never takes
+        // the copy from under a fork, whose forks all have the files.
+        let refused = |e: &sandlot_client::Error| e.code() == Some("invalid_state");
+        let made = match (forked, deleted) {
+            (Ok(f), Ok(())) => f.sandboxes,
+            (Ok(f), Err(e)) => {
+                assert!(refused(&e), "{e}");
+                f.sandboxes
+            }
+            (Err(e), Ok(())) => {
+                assert!(refused(&e), "{e}");
+                Vec::new()
+            }
+            (Err(a), Err(b)) => panic!("both failed: {a}; {b}"),
+        };
+        for f in &made {
+            assert_eq!(sh(&c, &f.id, "cat /tmp/tree/a/b/f").await, "whole\n");
+            c.delete_sandbox(&f.id).await.unwrap();
+        }
+        // A fork from a fresh checkpoint removes it after.
+        let fresh = c
+            .fork_sandbox(
+                &s.id,
+                &ForkRequest {
+                    count: 1,
+                    checkpoint: None,
+                },
+            )
+            .await
+            .unwrap();
+        let left: Vec<_> = c
+            .list_checkpoints(&s.id)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|x| x.id)
+            .filter(|id| *id == fresh.checkpoint)
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+        assert!(!copies(&d).join(&fresh.checkpoint).exists());
+        c.delete_sandbox(&fresh.sandboxes[0].id).await.unwrap();
+        c.delete_sandbox(&s.id).await.unwrap();
     });
     d.shutdown();
 }

@@ -28,7 +28,7 @@ def test_forks_continue_from_the_checkpoint_and_go_apart(acme):  # type: ignore[
         sb.exec("sh", "-c", COUNTER, background=True)
         sb.run("sh -c 'while [ ! -s /root/count ]; do sleep 0.05; done'")
         cp = sb.checkpoint("start", leave_running=False)
-        assert cp.name == "start" and cp.parent is None
+        assert cp.name == "start" and cp.parent is None and cp.sandbox_state == "paused"
         assert cp.memory == GVISOR and cp.kind == ("memory" if GVISOR else "filesystem")
         assert [c.id for c in sb.checkpoints()] == [cp.id]
         forks = sb.fork(2, checkpoint=cp)

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{PauseKind, Sandbox};
+use super::{PauseKind, Sandbox, SandboxState};
 
 fn yes() -> bool {
     true
@@ -53,6 +53,11 @@ pub struct Checkpoint {
     /// `filesystem` checkpoint, the image its files were committed to is counted
     /// by the image store).
     pub size: u64,
+    /// In the answer to a create only: the sandbox's state once the checkpoint
+    /// is taken (`running`, or `paused` when it was asked to stay paused or its
+    /// resume after the checkpoint failed; the checkpoint is kept either way).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox_state: Option<SandboxState>,
 }
 
 /// `GET /v1/sandboxes/{id}/checkpoints`, oldest first.

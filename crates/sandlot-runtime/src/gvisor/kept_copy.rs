@@ -7,19 +7,22 @@
 //! files and the copy stays as it was.
 //!
 //! The trees copied are a sandbox's files: nothing of it runs while they are
-//! copied (its checkpoint ended it), links are never followed (each entry is
-//! read with `lstat`, files opened with `O_NOFOLLOW`), and only directories,
-//! regular files and symbolic links are copied (hard links become separate
-//! files; a fifo, socket or device node is left out).
+//! copied (its checkpoint ended it, and the daemon holds it paused), and the
+//! copy ([`super::tree_copy`]) walks with directory descriptors, never follows
+//! a link, keeps holes and hard links, and stops at a bound of bytes, depth and
+//! entries. Only directories, regular files and symbolic links are copied (a
+//! fifo, socket or device node is left out).
 
 use std::fs;
 use std::io;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::fd::AsFd;
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use sandlot_proto::spec::TmpfsLimit;
 
 use super::kept_root::{self, KEPT_IDS, KEPT_ROOT};
+use super::tree_copy::{self, Limits};
 use crate::{sys, RuntimeError};
 
 /// The kept root's copy in a saved checkpoint (a plain directory).
@@ -34,7 +37,8 @@ fn io_err(what: String) -> impl FnOnce(io::Error) -> RuntimeError {
 /// What [`save`] copied.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Saved {
-    /// Bytes of the regular files copied (image and root).
+    /// Bytes of file data written (the image's files that could not be linked
+    /// and the root's).
     pub bytes: u64,
     /// Entries of the root left out (not a directory, file or link).
     pub skipped: u64,
@@ -43,7 +47,10 @@ pub struct Saved {
 /// Copies checkpoint directory `ckpt` (memory image files, hard-linked where
 /// the file system allows, and the root it kept if any) into `to`, which must
 /// not exist. Blocking.
-pub fn save(ckpt: &Path, to: &Path) -> Result<Saved, RuntimeError> {
+/// At most `max_bytes` of file data are written (image files that cannot be
+/// linked included); past that the copy stops with
+/// [`RuntimeError::PastLimit`] and the caller removes `to`.
+pub fn save(ckpt: &Path, to: &Path, max_bytes: u64) -> Result<Saved, RuntimeError> {
     fs::create_dir(to).map_err(io_err(format!("create {}", to.display())))?;
     fs::set_permissions(to, fs::Permissions::from_mode(0o700))
         .map_err(io_err(format!("set the mode of {}", to.display())))?;
@@ -57,15 +64,21 @@ pub fn save(ckpt: &Path, to: &Path) -> Result<Saved, RuntimeError> {
             // The image is only read: a link where the file system allows one.
             let dst = to.join(&name);
             if fs::hard_link(e.path(), &dst).is_err() {
-                copy_file(&e.path(), &dst, &m)?;
+                let limits = Limits::bytes(max_bytes);
+                out.bytes += copy_file(&e.path(), &dst, &limits, out.bytes)?;
             }
-            out.bytes += m.len();
         }
     }
     if let Some((root, base)) = kept_root::kept(ckpt)? {
         let dst = to.join(SAVED_ROOT);
         let vfs = statvfs(&root)?;
-        copy_tree(&root, &dst, &mut out)?;
+        let c = tree_copy::copy_tree(
+            &root,
+            &dst,
+            Limits::bytes(max_bytes - out.bytes.min(max_bytes)),
+        )?;
+        out.bytes += c.bytes;
+        out.skipped += c.skipped;
         write(&to.join(KEPT_IDS), &base.to_string())?;
         write(&to.join(SAVED_ROOT_SIZE), &format!("{} {}", vfs.0, vfs.1))?;
     }
@@ -90,7 +103,7 @@ pub fn materialize(saved: &Path, to: &Path) -> Result<(), RuntimeError> {
         }
         let dst = to.join(&name);
         if fs::hard_link(e.path(), &dst).is_err() {
-            copy_file(&e.path(), &dst, &m)?;
+            copy_file(&e.path(), &dst, &Limits::bytes(u64::MAX), 0)?;
         }
     }
     let src = saved.join(SAVED_ROOT);
@@ -113,8 +126,8 @@ pub fn materialize(saved: &Path, to: &Path) -> Result<(), RuntimeError> {
     fs::create_dir(&root).map_err(io_err(format!("create {}", root.display())))?;
     crate::mounts::mount_root(&crate::mounts::RootFs::Tmpfs { size: limit }, &root, None)
         .map_err(|e| RuntimeError::Init(format!("mount a root for {}: {e}", to.display())))?;
-    let mut ignored = Saved::default();
-    copy_tree(&src, &root, &mut ignored)?;
+    // The tmpfs's size bounds what the copy writes.
+    tree_copy::copy_tree(&src, &root, Limits::bytes(limit.bytes))?;
     write(&to.join(KEPT_IDS), ids.trim())
 }
 
@@ -145,89 +158,25 @@ fn statvfs(dir: &Path) -> Result<(u64, u64), RuntimeError> {
     Ok((v.f_blocks.saturating_mul(v.f_frsize), v.f_files))
 }
 
-/// Copies regular file `from` (never following a link) to `to`, new, with its
-/// owner, mode and times. Returns its size.
-fn copy_file(from: &Path, to: &Path, m: &fs::Metadata) -> Result<u64, RuntimeError> {
-    let mut src = fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NOCTTY)
-        .open(from)
-        .map_err(io_err(format!("open {}", from.display())))?;
-    let mut dst = fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(to)
-        .map_err(io_err(format!("create {}", to.display())))?;
-    let n = io::copy(&mut src, &mut dst).map_err(io_err(format!("copy {}", from.display())))?;
-    drop(dst);
-    set_attrs(to, m, false)?;
-    Ok(n)
-}
-
-/// Owner, then mode (set-id bits included: a chown clears them) and times.
-fn set_attrs(path: &Path, m: &fs::Metadata, link: bool) -> Result<(), RuntimeError> {
-    std::os::unix::fs::lchown(path, Some(m.uid()), Some(m.gid()))
-        .map_err(io_err(format!("chown {}", path.display())))?;
-    if !link {
-        fs::set_permissions(path, fs::Permissions::from_mode(m.mode() & 0o7777))
-            .map_err(io_err(format!("chmod {}", path.display())))?;
-    }
-    let c = sys::cstr(path).map_err(io_err(format!("set times of {}", path.display())))?;
-    let times = [
-        libc::timespec {
-            tv_sec: m.atime() as libc::time_t,
-            tv_nsec: m.atime_nsec() as _,
-        },
-        libc::timespec {
-            tv_sec: m.mtime() as libc::time_t,
-            tv_nsec: m.mtime_nsec() as _,
-        },
-    ];
-    // SAFETY: `c` is a NUL-terminated path and `times` two valid timespecs.
-    let r = unsafe {
-        libc::utimensat(
-            libc::AT_FDCWD,
-            c.as_ptr(),
-            times.as_ptr(),
-            libc::AT_SYMLINK_NOFOLLOW,
-        )
+/// Copies regular file `from` (never following a link) to `to`, new, its holes
+/// kept, with its owner, mode and times. Returns the bytes written.
+fn copy_file(from: &Path, to: &Path, limits: &Limits, written: u64) -> Result<u64, RuntimeError> {
+    let name = |p: &Path| -> Result<std::ffi::CString, RuntimeError> {
+        let n = p.file_name().unwrap_or_default();
+        sys::cstr(Path::new(n)).map_err(io_err(format!("copy {}", p.display())))
     };
-    if r != 0 {
-        return Err(io_err(format!("set times of {}", path.display()))(
-            io::Error::last_os_error(),
-        ));
-    }
-    Ok(())
-}
-
-/// Copies directory `from` into `to` (created if missing), depth first; the
-/// directories' own attributes are set once their entries are in.
-fn copy_tree(from: &Path, to: &Path, out: &mut Saved) -> Result<(), RuntimeError> {
-    let m = fs::symlink_metadata(from).map_err(io_err(format!("stat {}", from.display())))?;
-    if !to.exists() {
-        fs::create_dir(to).map_err(io_err(format!("create {}", to.display())))?;
-    }
-    for e in fs::read_dir(from).map_err(io_err(format!("read {}", from.display())))? {
-        let e = e.map_err(io_err(format!("read {}", from.display())))?;
-        let (src, dst) = (e.path(), to.join(e.file_name()));
-        let em = fs::symlink_metadata(&src).map_err(io_err(format!("stat {}", src.display())))?;
-        let ft = em.file_type();
-        if ft.is_dir() {
-            copy_tree(&src, &dst, out)?;
-        } else if ft.is_file() {
-            out.bytes += copy_file(&src, &dst, &em)?;
-        } else if ft.is_symlink() {
-            let target =
-                fs::read_link(&src).map_err(io_err(format!("read link {}", src.display())))?;
-            std::os::unix::fs::symlink(&target, &dst)
-                .map_err(io_err(format!("create link {}", dst.display())))?;
-            set_attrs(&dst, &em, true)?;
-        } else {
-            out.skipped += 1;
-        }
-    }
-    set_attrs(to, &m, false)
+    let dir = |p: &Path| tree_copy::open_dir(p.parent().unwrap_or(Path::new("/")));
+    let (sd, dd) = (dir(from)?, dir(to)?);
+    let mut buf = vec![0u8; 1 << 20];
+    tree_copy::copy_file_at(
+        sd.as_fd(),
+        &name(from)?,
+        dd.as_fd(),
+        &name(to)?,
+        &mut buf,
+        limits,
+        written,
+    )
 }
 
 #[cfg(test)]
@@ -247,34 +196,5 @@ mod tests {
         assert_eq!(parse_size("5"), None);
         assert_eq!(parse_size("5 5 5"), None);
         assert_eq!(parse_size("/etc 5"), None);
-    }
-
-    #[test]
-    fn a_tree_copy_keeps_files_links_and_modes_and_follows_no_link() {
-        let dir = std::env::temp_dir().join(format!("sandlot-kept-copy-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
-        let src = dir.join("src");
-        fs::create_dir_all(src.join("sub")).unwrap();
-        fs::write(src.join("sub/f"), b"hello").unwrap();
-        fs::set_permissions(src.join("sub/f"), fs::Permissions::from_mode(0o640)).unwrap();
-        // A link out of the tree is copied as a link, never followed.
-        std::os::unix::fs::symlink("/etc/hostname", src.join("out")).unwrap();
-        let mut out = Saved::default();
-        copy_tree(&src, &dir.join("dst"), &mut out).unwrap();
-        assert_eq!(fs::read(dir.join("dst/sub/f")).unwrap(), b"hello");
-        let m = fs::metadata(dir.join("dst/sub/f")).unwrap();
-        assert_eq!(m.mode() & 0o7777, 0o640);
-        assert_eq!(
-            fs::read_link(dir.join("dst/out")).unwrap(),
-            Path::new("/etc/hostname")
-        );
-        assert_eq!(
-            out,
-            Saved {
-                bytes: 5,
-                skipped: 0
-            }
-        );
-        let _ = fs::remove_dir_all(&dir);
     }
 }

@@ -29,6 +29,7 @@ pub mod kept_copy;
 mod kept_root;
 pub mod launch;
 pub mod runsc;
+pub mod tree_copy;
 
 use std::collections::BTreeSet;
 use std::fs;

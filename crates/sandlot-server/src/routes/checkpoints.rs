@@ -36,6 +36,7 @@ async fn optional_body<T: serde::de::DeserializeOwned + Default>(
         (status = 400, description = "invalid_request: a bad name", body = crate::error::ErrorEnvelope),
         (status = 404, body = crate::error::ErrorEnvelope),
         (status = 409, description = "invalid_state: not running or paused, or another checkpoint, restore or fork of it is under way; checkpoint_refused: a gVisor sandbox of a store image; pause_refused: gVisor cannot save it as it is", body = crate::error::ErrorEnvelope),
+        (status = 413, description = "too_large: the copy of its files is past the disk room claimed for it, or nests past the depth or entry bound", body = crate::error::ErrorEnvelope),
         (status = 429, description = "quota_exceeded: limits.max_checkpoints_per_sandbox", body = crate::error::ErrorEnvelope),
         (status = 503, description = "host_exhausted: no disk room for it", body = crate::error::ErrorEnvelope)))]
 pub async fn create(
@@ -46,10 +47,14 @@ pub async fn create(
 ) -> ApiResult<Response> {
     let b: CreateCheckpoint = optional_body(&state, body).await?;
     let c = crate::checkpoint::create(&state, &p, &id, &b).await?;
-    Ok(json_status(
-        StatusCode::CREATED,
-        &crate::checkpoint::view(&c),
-    ))
+    let mut v = crate::checkpoint::view(&c);
+    v.sandbox_state = state
+        .store
+        .get_sandbox(&c.sandbox_id)
+        .ok()
+        .flatten()
+        .map(|r| r.state);
+    Ok(json_status(StatusCode::CREATED, &v))
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/checkpoints", tag = "checkpoints",

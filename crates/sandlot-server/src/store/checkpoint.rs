@@ -290,7 +290,7 @@ mod tests {
             idle_timeout_ms: None,
             usage: UsageRecord::default(),
             lifecycle: Default::default(),
-            timeout_ms: 999,
+            timeout_ms: 1_000,
         }
     }
 

@@ -683,6 +683,10 @@ class Checkpoint:
     #: Bytes on the daemon's disk (a ``filesystem`` checkpoint's image is counted
     #: by the image store).
     size: int
+    #: In the answer to a create only: the sandbox's state once the checkpoint
+    #: is taken (``"running"``, or ``"paused"`` when asked to stay paused or when
+    #: its resume after the checkpoint failed; the checkpoint is kept either way).
+    sandbox_state: Optional[str] = field(default=None, compare=False)
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -700,5 +704,6 @@ class Checkpoint:
             created_at=parse_time(d.get("created_at")),
             kind=d.get("kind", "memory" if d.get("memory") else "filesystem"),
             size=int(d.get("size", 0)),
+            sandbox_state=d.get("sandbox_state"),
             raw=dict(d),
         )
