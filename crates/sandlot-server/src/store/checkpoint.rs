@@ -351,7 +351,10 @@ mod tests {
             !s.hold_paused("a").unwrap(),
             "only a paused sandbox is held"
         );
-        assert!(s.begin_pause("a").unwrap());
+        assert_eq!(
+            s.begin_pause("a", 0).unwrap(),
+            crate::store::BeginPause::Begun
+        );
         let pause = PauseRecord {
             kind: PauseKind::Memory,
             paused_at: 1,
