@@ -154,11 +154,6 @@ impl McpFront {
         self.books.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The number of sessions recorded as open (tests).
-    pub fn open_sessions(&self) -> usize {
-        self.books().owners.len()
-    }
-
     fn tenant_calls(&self, tenant: &str) -> TenantCalls {
         let permits = self
             .books()
