@@ -65,6 +65,30 @@ pub enum Duration {
 }
 
 impl Duration {
+    /// Its length in seconds, if it is a number or a number with a unit (ms, s,
+    /// m, h, d); anything else is left to the API to judge.
+    pub fn seconds(&self) -> Option<f64> {
+        match self {
+            Duration::Seconds(s) => Some(*s),
+            Duration::Text(t) => {
+                let t = t.trim();
+                let split = t
+                    .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+                    .unwrap_or(t.len());
+                let n: f64 = t[..split].parse().ok()?;
+                let unit = match t[split..].trim() {
+                    "ms" => 0.001,
+                    "" | "s" => 1.0,
+                    "m" => 60.0,
+                    "h" => 3600.0,
+                    "d" => 86400.0,
+                    _ => return None,
+                };
+                Some(n * unit)
+            }
+        }
+    }
+
     pub fn to_json(&self) -> serde_json::Value {
         match self {
             Duration::Seconds(s) => serde_json::json!(s),
@@ -395,13 +419,6 @@ pub struct VfsShellArgs {
     /// Keep the new session open and hand its id back, for later commands.
     #[serde(default)]
     pub keep_session: bool,
-    /// Who browses (recorded in the collection's audit log; sees public
-    /// documents and those of `groups`). Default "mcp".
-    #[serde(default)]
-    pub principal: Option<String>,
-    /// Groups of the principal.
-    #[serde(default)]
-    pub groups: Vec<String>,
 }
 
 /// Arguments of `memory_search`.
@@ -514,6 +531,16 @@ mod tests {
 
     fn obj(v: serde_json::Value) -> serde_json::Map<String, serde_json::Value> {
         v.as_object().unwrap().clone()
+    }
+
+    #[test]
+    fn a_duration_is_read_as_seconds_when_it_has_a_known_unit() {
+        let d = |v: serde_json::Value| serde_json::from_value::<Duration>(v).unwrap().seconds();
+        assert_eq!(d(json!(90)), Some(90.0));
+        assert_eq!(d(json!("100h")), Some(360000.0));
+        assert_eq!(d(json!("2m")), Some(120.0));
+        assert_eq!(d(json!("1500ms")), Some(1.5));
+        assert_eq!(d(json!("1 fortnight")), None);
     }
 
     #[test]

@@ -22,7 +22,8 @@ mod output;
 mod resources;
 mod tools;
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
@@ -35,6 +36,8 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
 use sandlot_client::Client;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
 
 pub use output::CappedOutput;
 
@@ -51,10 +54,33 @@ enum Caller {
     PerRequest(Arc<ClientForRequest>),
 }
 
+/// Tool calls a session may have in flight at once; one more is a tool error
+/// naming this limit.
+pub const MAX_CALLS_PER_SESSION: usize = 8;
+
+/// The tool calls a tenant may have in flight at once over all its sessions: a
+/// request of the daemon's `/mcp` carries it in its extensions.
+#[derive(Clone)]
+pub struct TenantCalls {
+    pub permits: Arc<Semaphore>,
+    pub max: usize,
+}
+
+/// Cancelled when the HTTP response of a request is dropped (its stream ended, or
+/// the client went away): a request of the daemon's `/mcp` carries it in its
+/// extensions, and a tool call still running then is cancelled.
+#[derive(Clone)]
+pub struct ResponseGone(pub CancellationToken);
+
 /// The MCP server: its tools over a client of the API.
 #[derive(Clone)]
 pub struct SandlotMcp {
     caller: Caller,
+    /// This session's calls in flight.
+    calls: Arc<Semaphore>,
+    /// The `vfs_shell` sessions this MCP session opened: the only ones its
+    /// `session` argument may name.
+    vfs_sessions: Arc<Mutex<HashSet<String>>>,
 }
 
 const INSTRUCTIONS: &str = "Sandlot runs isolated Linux sandboxes. Create one with \
@@ -67,16 +93,25 @@ read-only shell; the memory_* tools search and keep Markdown memories.";
 impl SandlotMcp {
     /// Tools acting with `client` (stdio: the CLI's client).
     pub fn new(client: Client) -> SandlotMcp {
-        SandlotMcp {
-            caller: Caller::Fixed(client),
-        }
+        SandlotMcp::with_caller(Caller::Fixed(client))
     }
 
     /// Tools acting, for each request, with the client `client_for` makes from it.
     pub fn per_request(client_for: Arc<ClientForRequest>) -> SandlotMcp {
+        SandlotMcp::with_caller(Caller::PerRequest(client_for))
+    }
+
+    fn with_caller(caller: Caller) -> SandlotMcp {
         SandlotMcp {
-            caller: Caller::PerRequest(client_for),
+            caller,
+            calls: Arc::new(Semaphore::new(MAX_CALLS_PER_SESSION)),
+            vfs_sessions: Arc::default(),
         }
+    }
+
+    /// The same tools for a new session: its own limits and `vfs_shell` sessions.
+    fn for_session(&self) -> SandlotMcp {
+        SandlotMcp::with_caller(self.caller.clone())
     }
 
     fn client(&self, ctx: &RequestContext<RoleServer>) -> Result<Client, ErrorData> {
@@ -143,17 +178,74 @@ impl ServerHandler for SandlotMcp {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let client = self.client(&context)?;
-        let args = request.arguments.unwrap_or_default();
-        let result = match tools::call(&client, &request.name, args, &context).await {
-            Ok(text) => CallToolResult::success(vec![ContentBlock::text(text)]),
-            Err(tools::ToolError::UnknownTool) => {
-                return Err(ErrorData::invalid_params(
-                    format!("no tool named {:?}", request.name),
-                    None,
-                ))
-            }
-            Err(e) => CallToolResult::error(vec![ContentBlock::text(e.to_string())]),
+        let busy = |what: String| -> Result<CallToolResponse, ErrorData> {
+            Ok(CallToolResult::error(vec![ContentBlock::text(what)]).into())
         };
+        let Ok(_mine) = self.calls.clone().try_acquire_owned() else {
+            return busy(format!(
+                "too many tool calls in flight in this session (the most is {MAX_CALLS_PER_SESSION}): wait for one to finish"
+            ));
+        };
+        let parts = context.extensions.get::<http::request::Parts>();
+        let tenant_calls = parts
+            .and_then(|p| p.extensions.get::<TenantCalls>())
+            .cloned();
+        let gone = parts
+            .and_then(|p| p.extensions.get::<ResponseGone>())
+            .cloned();
+        let _tenants = match tenant_calls {
+            Some(t) => match t.permits.clone().try_acquire_owned() {
+                Ok(p) => Some(p),
+                Err(_) => {
+                    return busy(format!(
+                        "too many tool calls in flight for this tenant (the most is {}): wait for one to finish",
+                        t.max
+                    ))
+                }
+            },
+            None => None,
+        };
+        let mut context = context;
+        if let Some(gone) = gone {
+            // In a session rmcp does not cancel a call whose POST went away: a call
+            // ends with either (notifications/cancelled, or the response dropped).
+            let (either, a, b) = (CancellationToken::new(), context.ct.clone(), gone.0.clone());
+            let e = either.clone();
+            let link = tokio::spawn(async move {
+                tokio::select! {
+                    () = a.cancelled() => {}
+                    () = b.cancelled() => {}
+                }
+                e.cancel();
+            });
+            context.ct = either;
+            let r = self.run_tool(&client, request, &context).await;
+            link.abort();
+            return r;
+        }
+        self.run_tool(&client, request, &context).await
+    }
+}
+
+impl SandlotMcp {
+    async fn run_tool(
+        &self,
+        client: &Client,
+        request: CallToolRequestParams,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let args = request.arguments.unwrap_or_default();
+        let result =
+            match tools::call(client, &request.name, args, context, &self.vfs_sessions).await {
+                Ok(text) => CallToolResult::success(vec![ContentBlock::text(text)]),
+                Err(tools::ToolError::UnknownTool) => {
+                    return Err(ErrorData::invalid_params(
+                        format!("no tool named {:?}", request.name),
+                        None,
+                    ))
+                }
+                Err(e) => CallToolResult::error(vec![ContentBlock::text(e.to_string())]),
+            };
         Ok(result.into())
     }
 }
@@ -174,6 +266,7 @@ pub async fn serve_stdio(client: Client) -> Result<(), std::io::Error> {
 /// what admits it.
 pub fn http_service(
     client_for: Arc<ClientForRequest>,
+    max_request_body: usize,
 ) -> (
     StreamableHttpService<SandlotMcp, LocalSessionManager>,
     Arc<LocalSessionManager>,
@@ -181,9 +274,11 @@ pub fn http_service(
     let sessions = Arc::new(LocalSessionManager::default());
     let server = SandlotMcp::per_request(client_for);
     let svc = StreamableHttpService::new(
-        move || Ok(server.clone()),
+        move || Ok(server.for_session()),
         sessions.clone(),
-        StreamableHttpServerConfig::default().disable_allowed_hosts(),
+        StreamableHttpServerConfig::default()
+            .disable_allowed_hosts()
+            .with_max_request_body_bytes(max_request_body),
     );
     (svc, sessions)
 }

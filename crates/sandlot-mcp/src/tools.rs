@@ -1,7 +1,9 @@
 //! The tools: their descriptions and schemas (`list`), and what each does over
 //! the API's client (`call`).
 
+use std::collections::HashSet;
 use std::fmt::Write as _;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
@@ -33,14 +35,13 @@ pub enum ToolError {
 }
 
 /// A client error as a model should see it: the API's 4xx message (which names the
-/// field and what is allowed) as is, a 5xx with its request id only.
+/// field and what is allowed) as is, a 5xx with its code and request id only.
 fn api_message(e: &sandlot_client::Error) -> String {
     match e {
         sandlot_client::Error::Api { status, body } if status.is_server_error() => format!(
-            "the daemon could not do it ({} {}: {}); request id {} (quote it to the operator)",
+            "the daemon could not do it ({} {}); request id {} (quote it to the operator)",
             status.as_u16(),
             body.code,
-            body.message,
             body.request_id
         ),
         sandlot_client::Error::Api { status, body } => {
@@ -151,6 +152,7 @@ pub async fn call(
     name: &str,
     a: Args,
     ctx: &RequestContext<RoleServer>,
+    vfs_sessions: &Mutex<HashSet<String>>,
 ) -> Result<String, ToolError> {
     for (arg, v) in &a {
         if let ("sandbox" | "store" | "collection" | "session" | "context", Value::String(v)) =
@@ -172,7 +174,7 @@ pub async fn call(
         "write_file" => write_file(client, parse(a)?).await,
         "list_files" => list_files(client, parse(a)?).await,
         "run_code" => run_code(client, parse(a)?).await,
-        "vfs_shell" => vfs_shell(client, parse(a)?).await,
+        "vfs_shell" => vfs_shell(client, parse(a)?, vfs_sessions).await,
         "memory_search" => {
             let a: args::MemorySearchArgs = parse(a)?;
             let body = serde_json::to_value(&a).unwrap_or_default();
@@ -260,6 +262,9 @@ async fn list_sandboxes(c: &Client, a: args::ListSandboxesArgs) -> Result<String
 const PROGRESS_EVERY: Duration = Duration::from_secs(2);
 /// The default exec timeout of `run_command`.
 const DEFAULT_COMMAND_TIMEOUT_SECS: u64 = 60;
+/// The longest `run_command` timeout: a call holds its output buffers in the
+/// daemon while it runs.
+pub const MAX_COMMAND_TIMEOUT_SECS: u64 = 3600;
 
 async fn run_command(
     c: &Client,
@@ -268,6 +273,23 @@ async fn run_command(
 ) -> Result<String, ToolError> {
     let argv = a.argv()?;
     let limit = a.output_limit()?;
+    if let Some(t) = &a.timeout {
+        match t.seconds() {
+            Some(s) if s <= MAX_COMMAND_TIMEOUT_SECS as f64 => {}
+            Some(_) => {
+                return Err(BadArgument(format!(
+                    "invalid argument `timeout`: the most a command may run through MCP is {MAX_COMMAND_TIMEOUT_SECS} s (1h)"
+                ))
+                .into())
+            }
+            None => {
+                return Err(BadArgument(
+                    "invalid argument `timeout`: expected seconds, or a number with ms, s, m, h or d".into(),
+                )
+                .into())
+            }
+        }
+    }
     let body = ExecBody {
         argv,
         env: a.env.clone(),
@@ -492,16 +514,34 @@ async fn run_code(c: &Client, a: args::RunCodeArgs) -> Result<String, ToolError>
     Ok(out)
 }
 
-async fn vfs_shell(c: &Client, a: args::VfsShellArgs) -> Result<String, ToolError> {
+/// The principal of the `vfs_shell` sessions: it sees a collection's public
+/// documents only. A model cannot choose another (nor groups, nor all access).
+pub const VFS_PRINCIPAL: &str = "mcp";
+
+fn known(sessions: &Mutex<HashSet<String>>) -> std::sync::MutexGuard<'_, HashSet<String>> {
+    sessions.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+async fn vfs_shell(
+    c: &Client,
+    a: args::VfsShellArgs,
+    sessions: &Mutex<HashSet<String>>,
+) -> Result<String, ToolError> {
     let (sid, opened) = match &a.session {
-        Some(s) => (s.clone(), false),
+        Some(s) if known(sessions).contains(s) => (s.clone(), false),
+        Some(s) => {
+            return Err(BadArgument(format!(
+                "invalid argument `session`: {s:?} is not a session vfs_shell opened in this MCP session"
+            ))
+            .into())
+        }
         None => {
             let s = c
                 .open_vfs_session(
                     &a.collection,
                     &OpenSession {
-                        principal: a.principal.clone().unwrap_or_else(|| "mcp".into()),
-                        groups: a.groups.clone(),
+                        principal: VFS_PRINCIPAL.into(),
+                        groups: Vec::new(),
                         version: None,
                         all_access: false,
                         scratch: false,
@@ -515,6 +555,8 @@ async fn vfs_shell(c: &Client, a: args::VfsShellArgs) -> Result<String, ToolErro
     let r = c.vfs_run(&a.collection, &sid, &a.command).await;
     if opened && !a.keep_session {
         let _ = c.close_vfs_session(&a.collection, &sid).await;
+    } else if opened {
+        known(sessions).insert(sid.clone());
     }
     let r = r?;
     let mut out = format!("exit_code: {}\ncwd: {}\n", r.exit_code, r.cwd);
@@ -526,4 +568,52 @@ async fn vfs_shell(c: &Client, a: args::VfsShellArgs) -> Result<String, ToolErro
         out.push_str("\n[... output was cut at the session's limit ...]");
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api_error(status: u16, message: &str) -> sandlot_client::Error {
+        sandlot_client::Error::Api {
+            status: http::StatusCode::from_u16(status).unwrap(),
+            body: serde_json::from_value(json!({
+                "code": if status >= 500 { "internal" } else { "bad_request" },
+                "message": message,
+                "request_id": "req-1",
+                "field": "argv[0]",
+            }))
+            .unwrap(),
+        }
+    }
+
+    #[test]
+    fn a_server_error_shows_its_code_and_request_id_only() {
+        let m = api_message(&api_error(
+            500,
+            "open /var/lib/sandlot/x: permission denied",
+        ));
+        assert_eq!(
+            m,
+            "the daemon could not do it (500 internal); request id req-1 (quote it to the operator)"
+        );
+    }
+
+    #[test]
+    fn a_client_error_shows_its_message_and_field() {
+        let m = api_message(&api_error(400, "argv[0] is empty"));
+        assert_eq!(m, "argv[0] is empty (400 bad_request, field `argv[0]`)");
+    }
+
+    #[test]
+    fn vfs_shell_takes_no_principal_or_groups() {
+        for extra in [json!({"principal": "alice"}), json!({"groups": ["eng"]})] {
+            let mut a = json!({"collection": "kb", "command": "ls /"});
+            a.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            let e = parse::<args::VfsShellArgs>(a.as_object().unwrap().clone()).unwrap_err();
+            assert!(e.0.starts_with("unknown argument"), "{}", e.0);
+        }
+    }
 }

@@ -8,6 +8,11 @@
 //! An MCP session is bound to the token that opened it: a request naming a session
 //! opened with another token is answered as for an unknown session (404), so a
 //! session id seen by someone else lets them neither read its stream nor end it.
+//!
+//! A tenant holds at most [`MAX_SESSIONS_PER_TENANT`] sessions (a slot is reserved
+//! before rmcp opens one) and has at most [`MAX_CALLS_PER_TENANT`] tool calls in
+//! flight (each session at most [`sandlot_mcp::MAX_CALLS_PER_SESSION`]). A tool call
+//! whose HTTP response goes away (the client disconnected) is cancelled.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -19,12 +24,15 @@ use axum::extract::Request;
 use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Router};
+use bytes::Bytes;
 use http_body_util::BodyExt;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::session::SessionManager;
 use rmcp::transport::streamable_http_server::StreamableHttpService;
 use sandlot_client::{BoxError, Client, Dispatch, ReqBody, RespBody};
-use sandlot_mcp::SandlotMcp;
+use sandlot_mcp::{ResponseGone, SandlotMcp, TenantCalls};
+use tokio::sync::Semaphore;
+use tokio_util::sync::{CancellationToken, DropGuard};
 use tower::ServiceExt;
 
 use crate::auth::{hash_token, Principal};
@@ -36,13 +44,54 @@ const SESSION_HEADER: &str = "mcp-session-id";
 /// Open MCP sessions a tenant may hold at once (each holds a task and buffers in
 /// the daemon until it ends or is idle for five minutes).
 pub const MAX_SESSIONS_PER_TENANT: usize = 32;
+/// Tool calls a tenant may have in flight at once over all its sessions.
+pub const MAX_CALLS_PER_TENANT: usize = 32;
 
 /// The MCP front: the tools' HTTP service and the sessions' owners.
 pub struct McpFront {
     service: StreamableHttpService<SandlotMcp, LocalSessionManager>,
     sessions: Arc<LocalSessionManager>,
+    max_request_body: usize,
+    books: Mutex<Books>,
+}
+
+#[derive(Default)]
+struct Books {
     /// Session id → who opened it.
-    owners: Mutex<HashMap<String, Owner>>,
+    owners: HashMap<String, Owner>,
+    /// Tenant → initializes admitted whose session is not recorded yet.
+    reserved: HashMap<String, usize>,
+    /// Tenant → its tool calls in flight.
+    calls: HashMap<String, Arc<Semaphore>>,
+}
+
+impl Books {
+    fn held(&self, tenant: &str) -> usize {
+        self.owners.values().filter(|o| o.tenant == tenant).count()
+            + self.reserved.get(tenant).copied().unwrap_or(0)
+    }
+
+    fn unreserve(&mut self, tenant: &str) {
+        if let Some(n) = self.reserved.get_mut(tenant) {
+            *n -= 1;
+            if *n == 0 {
+                self.reserved.remove(tenant);
+            }
+        }
+    }
+}
+
+/// A reserved session slot, given back when dropped (the session it was for is
+/// then recorded, or was not opened).
+struct Reservation<'a> {
+    front: &'a McpFront,
+    tenant: String,
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        self.front.books().unreserve(&self.tenant);
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,26 +133,44 @@ fn bearer(headers: &HeaderMap) -> Option<String> {
 
 impl McpFront {
     /// The front over `api`: the API router of the TCP listener (without `/mcp`).
-    pub fn new(api: Router) -> Arc<McpFront> {
+    /// `max_request_body`: the largest body of a request (`limits.max_request_body`).
+    pub fn new(api: Router, max_request_body: usize) -> Arc<McpFront> {
         let dispatch: Arc<dyn Dispatch> = Arc::new(ApiDispatch(api));
-        let (service, sessions) = sandlot_mcp::http_service(Arc::new(move |parts| {
-            bearer(&parts.headers).map(|t| Client::in_process(dispatch.clone(), t))
-        }));
+        let (service, sessions) = sandlot_mcp::http_service(
+            Arc::new(move |parts| {
+                bearer(&parts.headers).map(|t| Client::in_process(dispatch.clone(), t))
+            }),
+            max_request_body,
+        );
         Arc::new(McpFront {
             service,
             sessions,
-            owners: Mutex::new(HashMap::new()),
+            max_request_body,
+            books: Mutex::new(Books::default()),
         })
     }
 
-    fn owners(&self) -> std::sync::MutexGuard<'_, HashMap<String, Owner>> {
-        self.owners.lock().unwrap_or_else(|e| e.into_inner())
+    fn books(&self) -> std::sync::MutexGuard<'_, Books> {
+        self.books.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn tenant_calls(&self, tenant: &str) -> TenantCalls {
+        let permits = self
+            .books()
+            .calls
+            .entry(tenant.to_string())
+            .or_insert_with(|| Arc::new(Semaphore::new(MAX_CALLS_PER_TENANT)))
+            .clone();
+        TenantCalls {
+            permits,
+            max: MAX_CALLS_PER_TENANT,
+        }
     }
 
     /// Forgets the owners of sessions that ended (closed, or idle past their
     /// keep-alive).
     async fn forget_ended(&self) {
-        let ids: Vec<String> = self.owners().keys().cloned().collect();
+        let ids: Vec<String> = self.books().owners.keys().cloned().collect();
         for id in ids {
             let live = self
                 .sessions
@@ -111,7 +178,7 @@ impl McpFront {
                 .await
                 .unwrap_or(false);
             if !live {
-                self.owners().remove(&id);
+                self.books().owners.remove(&id);
             }
         }
     }
@@ -135,45 +202,102 @@ pub async fn handle(
         .get(SESSION_HEADER)
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
+    let mut req = req;
+    let mut reservation = None;
     match &session {
-        Some(id) if front.owners().get(id) != Some(&me) => return Ok(session_not_found()),
+        Some(id) if front.books().owners.get(id) != Some(&me) => return Ok(session_not_found()),
         Some(_) => {}
         None if req.method() == Method::POST => {
-            front.forget_ended().await;
-            let held = front
-                .owners()
-                .values()
-                .filter(|o| o.tenant == me.tenant)
-                .count();
-            if held >= MAX_SESSIONS_PER_TENANT {
-                return Err(ApiError::quota(format!(
-                    "tenant {} holds {held} MCP sessions, the most it may (end one with DELETE /mcp, or let it idle out)",
-                    me.tenant
-                )));
+            // Only an initialize opens a session: the cap applies to it alone.
+            let (parts, body) = req.into_parts();
+            let bytes = crate::routes::read_limited(body, front.max_request_body as u64).await?;
+            let initialize = is_initialize(&bytes);
+            req = Request::from_parts(parts, Body::from(bytes));
+            if initialize {
+                front.forget_ended().await;
+                let mut books = front.books();
+                let held = books.held(&me.tenant);
+                if held >= MAX_SESSIONS_PER_TENANT {
+                    return Err(ApiError::quota(format!(
+                        "tenant {} holds {held} MCP sessions, the most it may (end one with DELETE /mcp, or let it idle out)",
+                        me.tenant
+                    )));
+                }
+                *books.reserved.entry(me.tenant.clone()).or_default() += 1;
+                drop(books);
+                reservation = Some(Reservation {
+                    front: &front,
+                    tenant: me.tenant.clone(),
+                });
             }
         }
         None => {}
     }
-    let method = req.method().clone();
+    let gone = CancellationToken::new();
+    req.extensions_mut().insert(front.tenant_calls(&me.tenant));
+    req.extensions_mut().insert(ResponseGone(gone.clone()));
     let resp = front.service.handle(req).await;
     let opened = resp
         .headers()
         .get(SESSION_HEADER)
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
-    if let (None, Some(id)) = (&session, opened) {
-        front.owners().insert(id, me);
+    if let (Some(_), Some(id)) = (&reservation, opened) {
+        front.books().owners.insert(id, me);
     }
-    if let (true, Some(id)) = (method == Method::DELETE, &session) {
-        if resp.status().is_success() {
-            front.owners().remove(id);
-        }
-    }
-    let mut resp = resp.map(Body::new);
+    // An ended session (DELETE, or idle) stays recorded until the next initialize
+    // finds rmcp no longer has it: a request naming it meanwhile gets rmcp's 404.
+    drop(reservation);
+    let mut resp = resp.map(|b| {
+        Body::new(Guarded {
+            inner: b,
+            _gone: gone.drop_guard(),
+        })
+    });
     // rmcp's own 4xx answers (406, 415, 404 for a session) are the protocol's:
     // the error middleware leaves them as they are.
     resp.extensions_mut().insert(Proxied);
     Ok(resp)
+}
+
+/// Whether a request body is an `initialize` request (alone or in a batch).
+fn is_initialize(body: &[u8]) -> bool {
+    let is = |v: &serde_json::Value| v.get("method").and_then(|m| m.as_str()) == Some("initialize");
+    match serde_json::from_slice::<serde_json::Value>(body) {
+        Ok(serde_json::Value::Array(a)) => a.iter().any(is),
+        Ok(v) => is(&v),
+        Err(_) => false,
+    }
+}
+
+/// A response body that cancels its request's tool call when dropped (the
+/// response was sent, or its client went away).
+struct Guarded<B> {
+    inner: B,
+    _gone: DropGuard,
+}
+
+impl<B> http_body::Body for Guarded<B>
+where
+    B: http_body::Body<Data = Bytes> + Unpin,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, B::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 /// The answer to a request naming a session its caller did not open: the same as

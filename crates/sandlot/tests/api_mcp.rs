@@ -532,11 +532,18 @@ fn an_mcp_session_answers_only_the_token_that_opened_it() {
         "",
     );
     assert!((200..300).contains(&status), "{status} {body}");
+    // rmcp itself no longer has it: the id is still recorded as the opener's
+    // until the next initialize, so this request reaches rmcp, which answers 404.
     let (status, _, _) = raw_mcp(
         &d,
-        "DELETE",
-        &[("Authorization", &ta), ("Mcp-Session-Id", &sid)],
-        "",
+        "POST",
+        &[
+            accept,
+            json,
+            ("Authorization", &ta),
+            ("Mcp-Session-Id", &sid),
+        ],
+        list,
     );
     assert_eq!(status, 404, "an ended session is gone");
 }
@@ -695,6 +702,41 @@ fn run_code_keeps_state_and_vfs_shell_browses_a_collection_through_mcp() {
         assert!(e.contains("404 not_found"), "{e}");
         b.cancel().await.unwrap();
 
+        // The model cannot widen its view: no principal or groups of its own ...
+        for widen in [
+            json!({"collection": "kb", "command": "cat /internal/secret.md", "principal": "alice", "groups": ["eng"]}),
+            json!({"collection": "kb", "command": "cat /internal/secret.md", "groups": ["eng"]}),
+        ] {
+            let e = tool_error(&c, "vfs_shell", widen).await;
+            assert!(e.starts_with("unknown argument"), "{e}");
+        }
+        // ... nor a session it did not open (here one opened through the API with
+        // every document in view).
+        let wide = a
+            .open_vfs_session(
+                "kb",
+                &sandlot_client::vfs::OpenSession {
+                    principal: "root".into(),
+                    groups: vec!["eng".into()],
+                    version: None,
+                    all_access: true,
+                    scratch: false,
+                    scratch_max_bytes: None,
+                },
+            )
+            .await
+            .unwrap();
+        let e = tool_error(
+            &c,
+            "vfs_shell",
+            json!({"collection": "kb", "command": "cat /internal/secret.md", "session": wide.id}),
+        )
+        .await;
+        assert!(
+            e.contains("invalid argument `session`") && !e.contains("hunter2"),
+            "{e}"
+        );
+
         let created: Value =
             serde_json::from_str(&ok(&c, "create_sandbox", json!({})).await).unwrap();
         let id = created["id"].as_str().unwrap();
@@ -718,4 +760,353 @@ fn run_code_keeps_state_and_vfs_shell_browses_a_collection_through_mcp() {
         ok(&c, "delete_sandbox", json!({"sandbox": id})).await;
         c.cancel().await.unwrap();
     });
+}
+
+/// The session id of an answer's head.
+fn session_of(head: &str) -> String {
+    head.lines()
+        .find_map(|l| l.strip_prefix("mcp-session-id: "))
+        .expect("a session id")
+        .trim()
+        .to_string()
+}
+
+const ACCEPT: (&str, &str) = ("Accept", "application/json, text/event-stream");
+const JSON: (&str, &str) = ("Content-Type", "application/json");
+
+#[test]
+fn parallel_initializes_never_open_more_sessions_than_the_cap_and_an_ended_one_frees_its_slot() {
+    let d = Daemon::start(None);
+    let ta = format!("Bearer {}", d.token("alpha"));
+    let answers: Vec<(u16, String, String)> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..40)
+            .map(|_| {
+                s.spawn(|| {
+                    raw_mcp(
+                        &d,
+                        "POST",
+                        &[ACCEPT, JSON, ("Authorization", &ta)],
+                        INITIALIZE,
+                    )
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let opened: Vec<String> = answers
+        .iter()
+        .filter(|a| a.0 == 200)
+        .map(|a| session_of(&a.1))
+        .collect();
+    assert_eq!(opened.len(), 32, "the cap is 32 sessions a tenant");
+    for (status, _, body) in answers.iter().filter(|a| a.0 != 200) {
+        assert_eq!(*status, 429, "{body}");
+        assert!(
+            body.contains("quota_exceeded") && body.contains("32 MCP sessions"),
+            "{body}"
+        );
+    }
+    // A request that opens no session is not held back by the cap: rmcp answers it.
+    let list = r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#;
+    let (status, _, body) = raw_mcp(&d, "POST", &[ACCEPT, JSON, ("Authorization", &ta)], list);
+    assert_ne!(status, 429, "{body}");
+    // Another tenant has its own cap.
+    let tb = format!("Bearer {}", d.token("beta"));
+    let (status, _, body) = raw_mcp(
+        &d,
+        "POST",
+        &[ACCEPT, JSON, ("Authorization", &tb)],
+        INITIALIZE,
+    );
+    assert_eq!(status, 200, "{body}");
+    // The owner ends one; rmcp no longer has it (its own 404 for the id), and its
+    // slot is free again because rmcp says it is gone.
+    let auth = ("Authorization", ta.as_str());
+    let (status, _, body) = raw_mcp(&d, "DELETE", &[auth, ("Mcp-Session-Id", &opened[0])], "");
+    assert!((200..300).contains(&status), "{status} {body}");
+    let (status, _, _) = raw_mcp(
+        &d,
+        "POST",
+        &[ACCEPT, JSON, auth, ("Mcp-Session-Id", &opened[0])],
+        list,
+    );
+    assert_eq!(status, 404, "an ended session is gone");
+    let (status, _, body) = raw_mcp(&d, "POST", &[ACCEPT, JSON, auth], INITIALIZE);
+    assert_eq!(status, 200, "the ended session's slot is free: {body}");
+    let (status, _, body) = raw_mcp(&d, "POST", &[ACCEPT, JSON, auth], INITIALIZE);
+    assert_eq!(status, 429, "{body}");
+}
+
+/// Sends a tool call as a cancellable request; its handle.
+async fn start_call(
+    c: &McpClient,
+    tool: &str,
+    args: Value,
+) -> rmcp::service::RequestHandle<RoleClient> {
+    use rmcp::model::{CallToolRequest, ClientRequest};
+    use rmcp::service::PeerRequestOptions;
+    let Value::Object(args) = args else {
+        unreachable!()
+    };
+    let request = ClientRequest::CallToolRequest(CallToolRequest::new(
+        CallToolRequestParams::new(tool.to_string()).with_arguments(args),
+    ));
+    c.peer()
+        .send_cancellable_request(request, PeerRequestOptions::no_options())
+        .await
+        .unwrap()
+}
+
+#[test]
+fn over_http_only_my_session_cancels_my_call_and_a_cancelled_shell_command_dies_whole() {
+    let d = Daemon::start(None);
+    let token = d.token("alpha");
+    let bearer = format!("Bearer {token}");
+    block_on_within(180, "cancellation over /mcp", async {
+        let api = d.tcp(Some(&token));
+        let sb = api.create_sandbox(&Default::default()).await.unwrap();
+        let c = http_client(&d, &token).await;
+        let waiting = start_call(
+            &c,
+            "run_command",
+            json!({"sandbox": sb.id,
+                   "command": "while [ ! -e /tmp/go ]; do sleep 0.1; done; echo finished"}),
+        )
+        .await;
+        // Another session of the same token cancels every request id it can guess.
+        let (status, head, body) = raw_mcp(
+            &d,
+            "POST",
+            &[ACCEPT, JSON, ("Authorization", &bearer)],
+            INITIALIZE,
+        );
+        assert_eq!(status, 200, "{body}");
+        let other = session_of(&head);
+        let hdrs = [
+            ACCEPT,
+            JSON,
+            ("Authorization", bearer.as_str()),
+            ("Mcp-Session-Id", other.as_str()),
+            ("Mcp-Protocol-Version", "2025-06-18"),
+        ];
+        let initialized = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
+        let (status, _, body) = raw_mcp(&d, "POST", &hdrs, initialized);
+        assert!((200..300).contains(&status), "{status} {body}");
+        for id in 0..8 {
+            let cancel = format!(
+                r#"{{"jsonrpc":"2.0","method":"notifications/cancelled","params":{{"requestId":{id}}}}}"#
+            );
+            let (status, _, body) = raw_mcp(&d, "POST", &hdrs, &cancel);
+            assert!((200..300).contains(&status), "{status} {body}");
+        }
+        api.exec(
+            &sb.id,
+            &sandlot_client::ExecBody {
+                argv: vec!["touch".into(), "/tmp/go".into()],
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+        let r = waiting.await_response().await.unwrap();
+        let rmcp::model::ServerResult::CallToolResult(r) = r else {
+            panic!("not a tool result: {r:?}")
+        };
+        let out = text(&r);
+        assert!(
+            out.starts_with("exit_code: 0\n") && out.contains("finished"),
+            "{out}"
+        );
+
+        // My own cancel ends a shell command line with what it started.
+        let handle = start_call(
+            &c,
+            "run_command",
+            json!({"sandbox": sb.id,
+                   "command": "sleep 300 & echo $! > /tmp/pid; wait"}),
+        )
+        .await;
+        let alive = "kill -0 $(cat /tmp/pid) 2>/dev/null && echo alive || echo dead";
+        api_support::eventually(30, "the command to start", || {
+            let c = &c;
+            let id = sb.id.clone();
+            async move {
+                ok(c, "run_command", json!({"sandbox": id, "command": alive}))
+                    .await
+                    .contains("alive")
+            }
+        })
+        .await;
+        handle
+            .cancel(Some("the agent gave up".into()))
+            .await
+            .unwrap();
+        api_support::eventually(30, "the background sleep to be killed", || {
+            let c = &c;
+            let id = sb.id.clone();
+            async move {
+                ok(c, "run_command", json!({"sandbox": id, "command": alive}))
+                    .await
+                    .contains("dead")
+            }
+        })
+        .await;
+        c.cancel().await.unwrap();
+        api.delete_sandbox(&sb.id).await.unwrap();
+    });
+}
+
+#[test]
+fn a_tool_call_whose_http_response_is_dropped_is_cancelled() {
+    use std::io::Write;
+    let d = Daemon::start(None);
+    let token = d.token("alpha");
+    let bearer = format!("Bearer {token}");
+    block_on_within(180, "a dropped call", async {
+        let api = d.tcp(Some(&token));
+        let sb = api.create_sandbox(&Default::default()).await.unwrap();
+        let (status, head, body) = raw_mcp(
+            &d,
+            "POST",
+            &[ACCEPT, JSON, ("Authorization", &bearer)],
+            INITIALIZE,
+        );
+        assert_eq!(status, 200, "{body}");
+        let sid = session_of(&head);
+        let hdrs = [
+            ACCEPT,
+            JSON,
+            ("Authorization", bearer.as_str()),
+            ("Mcp-Session-Id", sid.as_str()),
+            ("Mcp-Protocol-Version", "2025-06-18"),
+        ];
+        let initialized = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
+        raw_mcp(&d, "POST", &hdrs, initialized);
+        let call = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {
+            "name": "run_command",
+            "arguments": {"sandbox": sb.id, "argv": ["sleep", "301"], "timeout": 600}}})
+        .to_string();
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", d.port)).unwrap();
+        let mut req = format!(
+            "POST /mcp HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n",
+            call.len()
+        );
+        for (k, v) in hdrs {
+            req.push_str(&format!("{k}: {v}\r\n"));
+        }
+        req.push_str("\r\n");
+        req.push_str(&call);
+        s.write_all(req.as_bytes()).unwrap();
+        let sleep = |want: &'static str| {
+            let api = api.clone();
+            let id = sb.id.clone();
+            move || {
+                let api = api.clone();
+                let id = id.clone();
+                async move {
+                    api.list_processes(&id)
+                        .await
+                        .unwrap()
+                        .iter()
+                        .any(|p| p.argv == ["sleep", "301"] && p.state == want)
+                }
+            }
+        };
+        api_support::eventually(30, "the command to run", sleep("running")).await;
+        drop(s);
+        api_support::eventually(30, "the command to be killed", sleep("exited")).await;
+        api.delete_sandbox(&sb.id).await.unwrap();
+    });
+}
+
+#[test]
+fn a_session_has_at_most_eight_tool_calls_in_flight_and_a_long_timeout_is_refused() {
+    let d = Daemon::start(None);
+    let token = d.token("alpha");
+    block_on_within(180, "calls in flight", async {
+        let api = d.tcp(Some(&token));
+        let sb = api.create_sandbox(&Default::default()).await.unwrap();
+        let c = http_client(&d, &token).await;
+        let e = tool_error(
+            &c,
+            "run_command",
+            json!({"sandbox": sb.id, "command": "yes", "timeout": "100h"}),
+        )
+        .await;
+        assert!(e.contains("timeout") && e.contains("3600"), "{e}");
+        let mut handles = Vec::new();
+        for _ in 0..8 {
+            handles.push(
+                start_call(
+                    &c,
+                    "run_command",
+                    json!({"sandbox": sb.id, "argv": ["sleep", "302"]}),
+                )
+                .await,
+            );
+        }
+        api_support::eventually(30, "eight commands to run", || {
+            let api = api.clone();
+            let id = sb.id.clone();
+            async move {
+                let p = api.list_processes(&id).await.unwrap();
+                p.iter()
+                    .filter(|p| p.argv == ["sleep", "302"] && p.state == "running")
+                    .count()
+                    == 8
+            }
+        })
+        .await;
+        let e = tool_error(
+            &c,
+            "run_command",
+            json!({"sandbox": sb.id, "command": "echo ninth"}),
+        )
+        .await;
+        assert!(
+            e.contains("too many tool calls in flight in this session (the most is 8)"),
+            "{e}"
+        );
+        for h in handles {
+            h.cancel(None).await.unwrap();
+        }
+        api_support::eventually(30, "the calls to end", || {
+            let c = &c;
+            let id = sb.id.clone();
+            async move {
+                let r = call(
+                    c,
+                    "run_command",
+                    json!({"sandbox": id, "command": "echo ninth"}),
+                )
+                .await;
+                r.is_error != Some(true)
+            }
+        })
+        .await;
+        c.cancel().await.unwrap();
+        api.delete_sandbox(&sb.id).await.unwrap();
+    });
+}
+
+#[test]
+fn sandlot_mcp_without_an_address_refuses_the_operator_socket() {
+    let out = std::process::Command::new(api_support::sandlot())
+        .arg("mcp")
+        .env_remove("SANDLOT_URL")
+        .env_remove("SANDLOT_HOST")
+        .env_remove("SANDLOT_TOKEN")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run sandlot mcp");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("operator socket")
+            && err.contains("SANDLOT_URL")
+            && err.contains("SANDLOT_TOKEN")
+            && err.contains("--operator"),
+        "{err}"
+    );
+    assert!(out.stdout.is_empty(), "stdout carries the protocol only");
 }

@@ -44,11 +44,10 @@ pub struct RequestId(pub String);
 /// (`crate::mcp`), whose tools call the same router without it.
 pub fn router(state: Arc<AppState>, transport: Transport) -> Router {
     let mcp = match transport {
-        Transport::Tcp => Some(crate::mcp::McpFront::new(api_router(
-            state.clone(),
-            transport,
-            None,
-        ))),
+        Transport::Tcp => Some(crate::mcp::McpFront::new(
+            api_router(state.clone(), transport, None),
+            state.cfg.limits.max_request_body.bytes() as usize,
+        )),
         Transport::Unix => None,
     };
     api_router(state, transport, mcp)

@@ -30,8 +30,14 @@ pub struct Conn {
 
 impl Conn {
     pub fn client(&self) -> anyhow::Result<Client> {
+        Ok(Client::new(&self.address(), self.token.clone())?.with_tenant(self.tenant.clone()))
+    }
+
+    /// The daemon address in effect (`--host`, `SANDLOT_URL`, or the old
+    /// `SANDLOT_HOST`).
+    pub fn address(&self) -> String {
         // `SANDLOT_HOST` is the old name of `SANDLOT_URL`; still honoured.
-        let host = match std::env::var("SANDLOT_HOST") {
+        match std::env::var("SANDLOT_HOST") {
             Ok(h)
                 if self.host == sandlot_client::DEFAULT_HOST
                     && std::env::var_os("SANDLOT_URL").is_none() =>
@@ -39,8 +45,7 @@ impl Conn {
                 h
             }
             _ => self.host.clone(),
-        };
-        Ok(Client::new(&host, self.token.clone())?.with_tenant(self.tenant.clone()))
+        }
     }
 }
 
