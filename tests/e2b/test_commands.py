@@ -63,6 +63,9 @@ def test_stdin(sbx):
 def test_kill_and_connect(sbx):
     h = sbx.commands.run("sleep 30", background=True)
     assert sbx.commands.kill(h.pid) is True
+    # kill answers once the process is gone (reaped): nothing is left to signal.
+    with pytest.raises(CommandExitException):
+        sbx.commands.run(f"kill -0 {h.pid}")
     with pytest.raises(CommandExitException) as e:
         h.wait()
     assert e.value.exit_code == -1

@@ -50,6 +50,8 @@ async fn fork(
     body: Body,
 ) -> RestResult<Response> {
     let p = principal(&e2b, &headers)?;
+    // E2B: a killed sandbox (or another tenant's) is "not found".
+    known_record(&e2b, &p, &id)?;
     let b = json_body(&e2b, body).await?;
     let count = fork_count(&b)?;
     let secs = timeout_secs(&b, "timeout")?.unwrap_or(FORK_TIMEOUT_SECS);

@@ -297,6 +297,9 @@ pub async fn call(
                 .map_err(|e| {
                     ConnectError::from(ApiError::from_guest(e, &format!("process {}", f.pid())))
                 })?;
+            if sig == libc::SIGKILL {
+                gone(&ctx, ProcessId(f.id())).await;
+            }
             Ok(connect::unary_ok(&json!({})))
         }
         "Update" => {
@@ -620,6 +623,20 @@ pub async fn stream_input(ctx: Ctx, body: Body) -> Result<Response, ConnectError
         }
     });
     Ok(resp)
+}
+
+/// Waits (at most 2 s) until the agent has reaped process `id`: E2B's `kill`
+/// answers once the process is gone, so a `kill -0 PID` right after fails
+/// rather than finding it not yet reaped.
+async fn gone(ctx: &Ctx, id: ProcessId) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
+    while tokio::time::Instant::now() < deadline {
+        match ctx.h.guest.list_processes().await {
+            Ok(ps) if ps.iter().any(|p| p.id == id && p.exit.is_none()) => {}
+            _ => return,
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
 }
 
 #[cfg(test)]
