@@ -1001,16 +1001,7 @@ async fn run(
             let app = e2b.app.clone();
             tokio::task::spawn_blocking(move || {
                 save_start(&app.cfg.data_dir, &img, &start)?;
-                for n in &names {
-                    let tag = ScopedTag {
-                        tenant: Some(&tenant),
-                        name: n,
-                    };
-                    app.images
-                        .store
-                        .tag_image(&img.id, tag)
-                        .map_err(crate::images::store_error)?;
-                }
+                tag_as(&app, &tenant, &img, &names).map_err(crate::images::store_error)?;
                 Ok::<_, ApiError>(img)
             })
             .await
@@ -1271,6 +1262,23 @@ async fn alias(
     })))
 }
 
+/// Gives `img` each of `names` in `tenant`'s namespace.
+fn tag_as(
+    app: &crate::state::AppState,
+    tenant: &str,
+    img: &ImageInfo,
+    names: &[ImageName],
+) -> Result<(), sandlot_store::StoreError> {
+    for n in names {
+        let tag = ScopedTag {
+            tenant: Some(tenant),
+            name: n,
+        };
+        app.images.store.tag_image(&img.id, tag)?;
+    }
+    Ok(())
+}
+
 /// A build id for an image (E2B's are UUIDs): its id's first 128 bits.
 fn image_build_id(img: &ImageInfo) -> String {
     let h = img.id.to_string();
@@ -1364,16 +1372,8 @@ async fn assign_tags(
                     format!("template {target:?} was not found"),
                 )
             })?;
-        for n in &names {
-            let tag = ScopedTag {
-                tenant: Some(&tenant),
-                name: n,
-            };
-            app.images
-                .store
-                .tag_image(&img.id, tag)
-                .map_err(|e| RestError::from(crate::images::store_error(e)))?;
-        }
+        tag_as(&app, &tenant, &img, &names)
+            .map_err(|e| RestError::from(crate::images::store_error(e)))?;
         Ok::<_, RestError>(img)
     })
     .await

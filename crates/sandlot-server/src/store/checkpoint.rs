@@ -268,31 +268,7 @@ mod tests {
     use super::*;
     use crate::store::UsageRecord;
 
-    fn rec(id: &str, memory: u64) -> SandboxRecord {
-        SandboxRecord {
-            id: id.into(),
-            tenant: "t".into(),
-            name: None,
-            spec: serde_json::json!({}),
-            tags: Default::default(),
-            metadata: Default::default(),
-            state: SandboxState::Running,
-            end_reason: None,
-            exit_code: None,
-            exit_signal: None,
-            error: None,
-            pid: Some(7),
-            memory_bytes: memory,
-            created_at: 1,
-            started_at: Some(1),
-            ended_at: None,
-            expires_at: 1_000,
-            idle_timeout_ms: None,
-            usage: UsageRecord::default(),
-            lifecycle: Default::default(),
-            timeout_ms: 1_000,
-        }
-    }
+    use crate::store::pause::tests::rec;
 
     fn cp(id: &str, sandbox: &str, parent: Option<&str>) -> CheckpointRecord {
         CheckpointRecord {

@@ -322,11 +322,12 @@ impl Store {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::store::{SandboxRecord, SandboxState};
 
-    fn rec(id: &str, memory: u64) -> SandboxRecord {
+    /// A running sandbox's record of tenant `t` (the store's unit tests share it).
+    pub(in crate::store) fn rec(id: &str, memory: u64) -> SandboxRecord {
         SandboxRecord {
             id: id.into(),
             tenant: "t".into(),
