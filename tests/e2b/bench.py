@@ -35,9 +35,8 @@ def main():
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="sandlot-e2b-bench-"))
     srv = Server(tmp)
-    srv.data_dir.mkdir(mode=0o700)
-    key = srv.token("bench")
     srv.start()
+    key = srv.token("bench")
     os.environ.update(E2B_API_URL=srv.url, E2B_SANDBOX_URL=srv.url, E2B_API_KEY=key)
     from e2b import Sandbox
 
@@ -74,7 +73,7 @@ def main():
             sb.kill()
             native.delete(f"/v1/sandboxes/{nid}").raise_for_status()
     finally:
-        srv.stop([key])
+        srv.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"{'operation':<10} {'e2b ms':>9} {'native ms':>10} {'ratio':>6}   (median of {a.n})")
     for op in ["create", "exec", "file"]:

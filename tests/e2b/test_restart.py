@@ -13,7 +13,6 @@ def test_restart_keeps_sandboxes_tokens_and_processes(server):
 
     tmp = Path(tempfile.mkdtemp(prefix="sandlot-e2b-restart-"))
     srv = Server(tmp)
-    srv.data_dir.mkdir(mode=0o700)
     srv.start()
     key = srv.token("e2b-r")
     opts = {"api_key": key, "api_url": srv.url, "sandbox_url": srv.url}
@@ -21,7 +20,7 @@ def test_restart_keeps_sandboxes_tokens_and_processes(server):
         sb = Sandbox.create(timeout=60, **opts)
         bg = sb.commands.run("sleep 20", background=True)
         sb.files.write("/tmp/kept.txt", "still here")
-        srv.stop([])  # stops the daemon only: sandboxes outlive it
+        srv.stop(delete_sandboxes=False)  # sandboxes outlive the daemon
         srv.start()
         # The handle from before the restart still works: same access token.
         assert sb.files.read("/tmp/kept.txt") == "still here"
@@ -31,8 +30,8 @@ def test_restart_keeps_sandboxes_tokens_and_processes(server):
         assert again.commands.kill(bg.pid) is True
         assert sb.kill() is True
     finally:
-        srv.stop([key])
-        leftovers = [p.name for p in Path("/run/sandlot/sandboxes").glob(srv.prefix + "*")]
+        srv.stop()
+        leftovers = srv.leftovers()
         shutil.rmtree(tmp, ignore_errors=True)
         assert not leftovers, leftovers
     assert os.environ["E2B_API_URL"] == server.url

@@ -8,13 +8,8 @@ $CARGO_TARGET_DIR/debug/sandlot, else target/debug/sandlot).
 """
 
 import json
-import os
-import secrets
-import shutil
-import socket
-import subprocess
+import sys
 import tempfile
-import time
 from pathlib import Path
 
 import anyio
@@ -24,91 +19,16 @@ from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def sandlot_bin() -> str:
-    b = os.environ.get("SANDLOT_BIN")
-    if b:
-        return b
-    target = os.environ.get("CARGO_TARGET_DIR") or str(ROOT / "target")
-    return str(Path(target) / "debug" / "sandlot")
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-class Daemon:
-    def __init__(self, tmp: Path):
-        self.tmp = tmp
-        self.socket = tmp / "sandlot.sock"
-        self.port = free_port()
-        self.prefix = f"mcpt{secrets.token_hex(2)}-"
-        self.log = tmp / "serve.log"
-        self.proc = subprocess.Popen(
-            [
-                sandlot_bin(), "serve",
-                "--data-dir", str(tmp / "data"),
-                "--socket", str(self.socket),
-                "--id-prefix", self.prefix,
-                "--listen", f"127.0.0.1:{self.port}",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=open(self.log, "w"),
-        )
-        deadline = time.monotonic() + 20
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"sandlot serve exited:\n{self.log.read_text()}")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "sandlot serve did not listen in 20 s"
-                time.sleep(0.05)
-
-    def operator(self, *args: str) -> str:
-        return subprocess.run(
-            [sandlot_bin(), *args],
-            env={**os.environ, "SANDLOT_URL": f"unix://{self.socket}", "SANDLOT_TOKEN": ""},
-            check=True, capture_output=True, text=True,
-        ).stdout
-
-    def token(self, tenant: str) -> str:
-        return json.loads(self.operator("token", "create", "--tenant", tenant, "--json"))["token"]
-
-    def stop(self):
-        # Sandboxes outlive the daemon by design: delete every one first.
-        for sid in self.operator("ls", "--quiet").split():
-            self.operator("rm", sid)
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from sandlot_daemon import Daemon, daemon_fixture, require_root_and_binary, sandlot_bin  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def daemon():
-    if os.geteuid() != 0:
-        pytest.fail("the MCP end-to-end test needs root (sandboxes use namespaces and cgroups)")
-    if not Path(sandlot_bin()).exists():
-        pytest.fail(f"no sandlot binary at {sandlot_bin()}: build it (cargo build -p sandlot) or set SANDLOT_BIN")
-    tmp = Path(tempfile.mkdtemp(prefix="sandlot-mcp-test-"))
-    d = Daemon(tmp)
-    try:
-        yield d
-    finally:
-        d.stop()
-        leftovers = [p.name for p in Path("/run/sandlot/sandboxes").glob(d.prefix + "*")]
-        shutil.rmtree(tmp, ignore_errors=True)
-        assert not leftovers, f"sandboxes left behind: {leftovers}"
+    why = require_root_and_binary("the MCP end-to-end test")
+    if why:
+        pytest.fail(why)
+    yield from daemon_fixture(lambda tmp: Daemon(tmp, "mcpt"), "mcp")
 
 
 def text(result) -> str:
@@ -141,7 +61,7 @@ def test_the_python_sdk_uses_the_tools_over_http(daemon):
 
     async def go():
         http = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
-        async with http, streamable_http_client(f"http://127.0.0.1:{daemon.port}/mcp", http_client=http) as (r, w):
+        async with http, streamable_http_client(f"http://127.0.0.1:{daemon.api_port}/mcp", http_client=http) as (r, w):
             async with ClientSession(r, w) as s:
                 await round_trip(s)
 
@@ -152,12 +72,83 @@ def test_the_python_sdk_uses_the_tools_over_stdio(daemon):
     token = daemon.token("py-stdio")
     params = StdioServerParameters(
         command=sandlot_bin(), args=["mcp"],
-        env={"SANDLOT_URL": f"127.0.0.1:{daemon.port}", "SANDLOT_TOKEN": token},
+        env={"SANDLOT_URL": f"127.0.0.1:{daemon.api_port}", "SANDLOT_TOKEN": token},
     )
 
     async def go():
         async with stdio_client(params) as (r, w):
             async with ClientSession(r, w) as s:
                 await round_trip(s)
+
+    anyio.run(go)
+
+
+def test_the_python_sdk_calls_every_tool_and_reads_a_file_resource(daemon):
+    """Every tool the server lists is called once with arguments a model would
+    send, and each answer is checked: the success paths of the memory tools and
+    of snapshot_sandbox included."""
+    tenant = "py-all"
+    token = daemon.token(tenant)
+    # A collection and a memory store of the tenant, made outside MCP.
+    with tempfile.TemporaryDirectory() as docs:
+        (Path(docs) / "guide.md").write_text("# Guide\nThe rate limit is 40 requests a minute.\n")
+        daemon.operator("vfs", "create", "kb", "--from", docs, "--tenant", tenant)
+    daemon.native("POST", "/v1/memory", token, {"name": "notes"})
+    called: set[str] = set()
+
+    async def call(s: ClientSession, tool: str, args: dict) -> str:
+        called.add(tool)
+        r = await s.call_tool(tool, args)
+        assert not r.is_error, f"{tool}: {text(r)}"
+        return text(r)
+
+    async def go():
+        http = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
+        async with http, streamable_http_client(f"http://127.0.0.1:{daemon.api_port}/mcp", http_client=http) as (r, w):
+            async with ClientSession(r, w) as s:
+                await s.initialize()
+                listed = {t.name for t in (await s.list_tools()).tools}
+                sid = json.loads(await call(s, "create_sandbox", {"timeout": "5m", "memory": "256M"}))["id"]
+                fork = None
+                try:
+                    ids = [x["id"] for x in json.loads(await call(s, "list_sandboxes", {}))]
+                    assert sid in ids
+                    await call(s, "write_file", {"sandbox": sid, "path": "/tmp/work/a.txt", "content": "kept\n"})
+                    listing = await call(s, "list_files", {"sandbox": sid, "path": "/tmp/work"})
+                    assert "/tmp/work/a.txt" in listing, listing
+                    assert await call(s, "read_file", {"sandbox": sid, "path": "/tmp/work/a.txt"}) == "kept\n"
+                    res = await s.read_resource(f"sandlot://sandboxes/{sid}/files/tmp/work/a.txt")
+                    assert [c.text for c in res.contents] == ["kept\n"]
+                    out = await call(s, "run_command", {"sandbox": sid, "argv": ["cat", "/tmp/work/a.txt"]})
+                    assert "stdout:\nkept\n" in out, out
+                    await call(s, "run_code", {"sandbox": sid, "code": "x = 41"})
+                    assert "42" in await call(s, "run_code", {"sandbox": sid, "code": "x + 1"})
+
+                    snap = json.loads(await call(s, "snapshot_sandbox", {"sandbox": sid, "tag": "work:1"}))
+                    assert snap.get("id"), snap
+                    fork = json.loads(await call(s, "create_sandbox", {"image": "work:1", "timeout": "5m"}))["id"]
+                    assert await call(s, "read_file", {"sandbox": fork, "path": "/tmp/work/a.txt"}) == "kept\n"
+
+                    sh = await call(s, "vfs_shell", {"collection": "kb", "command": "grep -r 'rate limit' /"})
+                    assert "guide.md" in sh and "40 requests" in sh, sh
+
+                    made = json.loads(await call(s, "memory_create", {
+                        "store": "notes", "title": "Deploy window", "body": "Deploys happen on Tuesdays.",
+                        "tags": ["ops"],
+                    }))
+                    view = await call(s, "memory_view", {"store": "notes", "key": made["path"]})
+                    assert "Deploys happen on Tuesdays." in view, view
+                    edit = {"store": "notes", "key": made["path"], "body": "Deploys happen on Thursdays."}
+                    await call(s, "memory_edit", edit)
+                    view = await call(s, "memory_view", {"store": "notes", "key": made["path"]})
+                    assert "Thursdays" in view and "Tuesdays" not in view, view
+                    query = {"store": "notes", "text": "when do deploys happen"}
+                    hits = json.loads(await call(s, "memory_search", query))
+                    assert [h["path"] for h in hits["hits"]][:1] == [made["path"]], hits
+                finally:
+                    for x in (fork, sid):
+                        if x:
+                            await call(s, "delete_sandbox", {"sandbox": x})
+                assert called == listed, f"tools not called: {listed - called}; unknown: {called - listed}"
 
     anyio.run(go)
