@@ -1,6 +1,7 @@
 """Sandbox lifecycle through E2B's REST API, and that it is Sandlot's sandbox."""
 
 import datetime
+import json
 import time
 
 import httpx
@@ -153,6 +154,24 @@ def test_bad_api_key_is_an_authentication_error(server):
         Sandbox.create(api_key="sl_" + "0" * 48)
     with pytest.raises(AuthenticationException):
         Sandbox.list(api_key="not-a-token").next_items()
+
+
+def test_the_e2b_shaped_form_of_a_token_is_the_same_key(server, sbx):
+    """`e2b_<hex>` with a token's own digits is that token (E2B SDK releases that
+    check a key's shape send nothing else); other `e2b_` keys are refused, and a
+    revoked token's E2B form is refused with it."""
+    key = "e2b_" + server.key.removeprefix("sl_")
+    assert sbx.sandbox_id in {s.sandbox_id for s in Sandbox.list(api_key=key).next_items()}
+    with pytest.raises(AuthenticationException):
+        Sandbox.list(api_key="e2b_" + "0" * 48).next_items()
+    with pytest.raises(AuthenticationException):  # only lowercase hex maps to a token
+        Sandbox.list(api_key="e2b_" + server.key.removeprefix("sl_").upper()).next_items()
+    made = json.loads(server.operator("token", "create", "--tenant", "e2b-a", "--json"))
+    assert made["e2b_api_key"] == "e2b_" + made["token"].removeprefix("sl_")
+    assert sbx.sandbox_id in {s.sandbox_id for s in Sandbox.list(api_key=made["e2b_api_key"]).next_items()}
+    server.operator("token", "revoke", made["id"])
+    with pytest.raises(AuthenticationException):
+        Sandbox.list(api_key=made["e2b_api_key"]).next_items()
 
 
 def test_tenants_do_not_see_each_other(server, sbx):

@@ -5,9 +5,16 @@
 # with loopback only, so nothing a test does (a sandbox dialling a public address,
 # a URL on E2B's domain) leaves this machine: tests that need the internet fail.
 # As root. Extra arguments go to pytest (default: the synchronous sandbox and API
-# suites). Adds pytest-timeout to the venv of tests/e2b (E2B's pytest.ini uses it).
+# suites).
+#
+# Which SDK the tests drive ($E2B_UPSTREAM_SDK):
+#   checkout (default)  the released `e2b` of the checkout's version (its
+#                       pyproject.toml), from the package registry, in a venv of
+#                       its own (tests/e2b/.venv-upstream-VERSION): the tests and
+#                       the SDK they were written for, mocks included;
+#   pinned              the SDK pinned for tests/e2b (scripts/setup.d/60-e2b.sh).
 # pytest runs under `python -P`: the checkout's own `e2b` sources, in the working
-# directory, are not imported; the tests use the pinned SDK of the venv.
+# directory, are never imported, only the released SDK of the venv.
 #
 #   bash tests/e2b/upstream.sh /path/to/E2B [pytest args...]
 set -euo pipefail
@@ -15,10 +22,26 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 sdk="$(cd "$1/packages/python-sdk" && pwd)"
 shift
-venv="$here/.venv"
-[ -x "$venv/bin/python" ] || bash "$here/../../scripts/setup.d/60-e2b.sh"
+case "${E2B_UPSTREAM_SDK:-checkout}" in
+pinned)
+    venv="$here/.venv"
+    [ -x "$venv/bin/python" ] || bash "$here/../../scripts/setup.d/60-e2b.sh"
+    ;;
+checkout)
+    version="$(sed -n 's/^version = "\([0-9][0-9.]*\)"$/\1/p' "$sdk/pyproject.toml" | head -n 1)"
+    [ -n "$version" ] || { echo "no version = \"X.Y.Z\" in $sdk/pyproject.toml" >&2; exit 2; }
+    venv="$here/.venv-upstream-$version"
+    if ! "$venv/bin/python" -c "from importlib.metadata import version as v; assert v('e2b') == '$version'" 2>/dev/null; then
+        python3 -m venv "$venv"
+        "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "e2b==$version" \
+            pytest==9.2.0 pytest-asyncio==1.5.0 python-dotenv pytest-dotenv
+    fi
+    ;;
+*) echo "E2B_UPSTREAM_SDK: checkout or pinned, not ${E2B_UPSTREAM_SDK}" >&2; exit 2 ;;
+esac
 "$venv/bin/python" -c 'import pytest_timeout' 2>/dev/null ||
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check pytest-timeout
+echo "upstream: e2b $("$venv/bin/python" -c "from importlib.metadata import version; print(version('e2b'))") from $venv" >&2
 bin="${SANDLOT_BIN:-${CARGO_TARGET_DIR:-$here/../../target}/debug/sandlot}"
 [ $# -gt 0 ] || set -- tests/sync/sandbox_sync tests/sync/api_sync
 
@@ -55,11 +78,13 @@ for _ in $(seq 100); do
     nsenter --net="/run/netns/$ns" curl -s -o /dev/null "http://127.0.0.1:$e2b/health" && break
     sleep 0.2
 done
-key="$(SANDLOT_URL="unix://$tmp/sandlot.sock" SANDLOT_TOKEN= "$bin" token create --tenant upstream --json |
-    "$venv/bin/python" -c 'import json,sys; print(json.load(sys.stdin)["token"])')"
+made="$(SANDLOT_URL="unix://$tmp/sandlot.sock" SANDLOT_TOKEN= "$bin" token create --tenant upstream --json)"
+# `key` (sl_...) for the native API of the clean-up; its E2B form for the SDK.
+key="$(printf '%s' "$made" | "$venv/bin/python" -c 'import json,sys; print(json.load(sys.stdin)["token"])')"
+e2b_key="$(printf '%s' "$made" | "$venv/bin/python" -c 'import json,sys; print(json.load(sys.stdin)["e2b_api_key"])')"
 cd "$sdk"
 nsenter --net="/run/netns/$ns" env E2B_API_URL="http://127.0.0.1:$e2b" E2B_SANDBOX_URL="http://127.0.0.1:$e2b" \
-    E2B_API_KEY="$key" E2B_DOMAIN=sandlot.invalid \
+    E2B_API_KEY="$e2b_key" E2B_DOMAIN=sandlot.invalid \
     "$venv/bin/python" -P -m pytest -p no:cacheprovider -q -o timeout=60 -rfE "$@" || rc=$?
 [ -z "${rc:-}" ] || tail -n 20 "$tmp/serve.log" >&2
 exit "${rc:-0}"

@@ -484,6 +484,26 @@ impl Client {
         Ok(l.events)
     }
 
+    /// Sandbox `id`'s CPU and memory over time, from `start_ms` to `end_ms` (Unix
+    /// milliseconds; None: open), oldest first; none while it does not run.
+    pub async fn sandbox_metrics(
+        &self,
+        id: &str,
+        start_ms: Option<i64>,
+        end_ms: Option<i64>,
+    ) -> Result<sandlot_proto::api::metrics::MetricsHistory, Error> {
+        let q: Vec<String> = [("start_ms", start_ms), ("end_ms", end_ms)]
+            .into_iter()
+            .filter_map(|(k, v)| v.map(|v| format!("{k}={v}")))
+            .collect();
+        self.json(
+            Method::GET,
+            &format!("/v1/sandboxes/{}/metrics?{}", enc(id), q.join("&")),
+            None::<&()>,
+        )
+        .await
+    }
+
     // ---- processes ----
 
     /// Starts a process; read its output with [`Client::output`].

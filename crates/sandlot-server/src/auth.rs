@@ -128,6 +128,26 @@ pub fn random_hex(n: usize) -> String {
     hex(&b)
 }
 
+/// The E2B-shaped form of a token's secret: `e2b_` and the same hex digits
+/// (`sl_<hex>` → `e2b_<hex>`). E2B's SDKs that check an API key's shape
+/// (`e2b_` then hex) accept it; it authenticates exactly as the token does, so it
+/// is as secret as the token. None for a secret of another shape.
+pub fn e2b_api_key(secret: &str) -> Option<String> {
+    let hex = secret.strip_prefix("sl_")?;
+    is_lower_hex(hex).then(|| format!("e2b_{hex}"))
+}
+
+/// The token an E2B-shaped API key stands for (`e2b_<hex>` → `sl_<hex>`); None
+/// when `key` is not of that shape (then it is looked up as given).
+pub fn token_of_e2b_api_key(key: &str) -> Option<String> {
+    let hex = key.strip_prefix("e2b_")?;
+    is_lower_hex(hex).then(|| format!("sl_{hex}"))
+}
+
+fn is_lower_hex(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
 /// A new token for `tenant`: returns the record and the secret (shown once).
 pub fn new_token(tenant: &str, name: Option<String>) -> (TokenRecord, String, String) {
     let secret = format!("sl_{}", random_hex(24));
@@ -158,6 +178,20 @@ mod tests {
             hash_token("abc"),
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
         );
+    }
+
+    #[test]
+    fn a_tokens_e2b_shaped_key_maps_back_to_it_and_nothing_else_does() {
+        let (_, secret, _) = new_token("a", None);
+        let key = e2b_api_key(&secret).unwrap();
+        assert!(key.starts_with("e2b_") && key.len() == secret.len() + 1);
+        assert_eq!(token_of_e2b_api_key(&key).as_deref(), Some(secret.as_str()));
+        for other in [
+            "e2b_", "e2b_XYZ", "e2b_00 ", "sl_00", "e2b_0g", "E2B_00", "e2b_AB",
+        ] {
+            assert_eq!(token_of_e2b_api_key(other), None, "{other}");
+        }
+        assert_eq!(e2b_api_key("tok_00"), None);
     }
 
     #[test]

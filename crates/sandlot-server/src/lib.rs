@@ -35,6 +35,7 @@ pub mod state;
 pub mod store;
 pub mod tarstream;
 pub mod timefmt;
+pub mod usage_history;
 pub mod vfs;
 
 use std::future::IntoFuture;

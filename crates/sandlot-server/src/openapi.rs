@@ -4,14 +4,14 @@
 use std::collections::BTreeMap;
 
 use sandlot_proto::api::{
-    checkpoint as ckpt_api, code as code_api, network as net_api, ports as ports_api,
-    vfs as vfs_api,
+    checkpoint as ckpt_api, code as code_api, metrics as metrics_api, network as net_api,
+    ports as ports_api, vfs as vfs_api,
 };
 use utoipa::{OpenApi, ToSchema};
 
 use crate::routes::{
-    checkpoints, code, exec, files, images, memory, network, ports, sandboxes, secrets, tokens,
-    vfs, volumes,
+    checkpoints, code, exec, files, images, memory, metrics, network, ports, sandboxes, secrets,
+    tokens, vfs, volumes,
 };
 
 /// A bind mount, a tmpfs, a memory store or a collection (the `type` field selects).
@@ -177,7 +177,7 @@ pub struct SecretRefDoc {
     info(title = "Sandlot API", version = "1", description = "Secure, ephemeral sandboxes for AI agents. Errors are `{\"error\": {\"code\", \"message\", \"request_id\"}}`. Over TCP every request needs `Authorization: Bearer TOKEN`; the Unix socket is the operator's. See docs/api.md."),
     paths(
         sandboxes::health, sandboxes::create, sandboxes::list, sandboxes::get_one, sandboxes::delete,
-        sandboxes::set_timeout, sandboxes::pause, sandboxes::resume, sandboxes::events,
+        sandboxes::set_timeout, sandboxes::pause, sandboxes::resume, sandboxes::events, metrics::get,
         checkpoints::create, checkpoints::list, checkpoints::delete, checkpoints::restore,
         checkpoints::fork, checkpoints::diff,
         exec::start, exec::start_ws, exec::list, exec::get_one, exec::output, exec::attach_ws, exec::stdin,
@@ -201,6 +201,7 @@ pub struct SecretRefDoc {
     ),
     components(schemas(CreateSandboxDoc, MountDoc, ResourcesDoc, NetworkDoc, AllowRuleDoc, net_api::NetLog, net_api::NetLogEntry,
         ports_api::PublishPort, ports_api::PublishedPort, ports_api::PortList,
+        metrics_api::MetricsHistory, metrics_api::MetricsSample,
         ckpt_api::CreateCheckpoint, ckpt_api::Checkpoint, ckpt_api::CheckpointList,
         ckpt_api::ForkRequest, ckpt_api::Forked, ckpt_api::Restored, ckpt_api::CheckpointDiff,
         code_api::CreateContextBody, code_api::ContextView, code_api::ContextList, code_api::RunCodeBody,

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use sandlot_guest::client::GuestClient;
+use sandlot_proto::api::metrics::MetricsHistory;
 use sandlot_proto::spec::SandboxSpec;
 use sandlot_runtime::{Instance, RuntimeError};
 use tokio::io::unix::AsyncFd;
@@ -20,6 +21,7 @@ use crate::state::AppState;
 use crate::store::{
     now_ms, Admission, EndReason, KeyReservation, SandboxRecord, SandboxState, UsageRecord,
 };
+use crate::usage_history::{Raw as HistorySample, UsageHistory};
 
 /// How often a live sandbox's cgroup accounting is sampled and saved.
 const USAGE_INTERVAL: Duration = Duration::from_secs(5);
@@ -89,6 +91,17 @@ pub struct SandboxHandle {
     cpu_usec: AtomicU64,
     memory_bytes: AtomicU64,
     memory_peak: AtomicU64,
+    /// CPU and memory over time (`GET .../metrics`), recorded by the owner.
+    history: Mutex<UsageHistory>,
+}
+
+/// Where a handle's usage history begins: now, with the CPU used so far.
+fn history_base(cpu_usec: u64) -> HistorySample {
+    HistorySample {
+        at_ms: now_ms(),
+        cpu_usec,
+        memory_bytes: 0,
+    }
 }
 
 /// `resources.disk` of a recorded spec (the default when it names none).
@@ -142,6 +155,7 @@ impl SandboxHandle {
             cpu_usec: AtomicU64::new(rec.usage.cpu_usec),
             memory_bytes: AtomicU64::new(0),
             memory_peak: AtomicU64::new(rec.usage.memory_peak_bytes),
+            history: Mutex::new(UsageHistory::new(history_base(rec.usage.cpu_usec))),
         }
     }
 
@@ -247,6 +261,9 @@ impl SandboxHandle {
             cpu_usec: AtomicU64::new(self.cpu_usec.load(Ordering::Relaxed)),
             memory_bytes: AtomicU64::new(0),
             memory_peak: AtomicU64::new(self.memory_peak.load(Ordering::Relaxed)),
+            history: Mutex::new(UsageHistory::new(history_base(
+                self.cpu_usec.load(Ordering::Relaxed),
+            ))),
         }
     }
 
@@ -302,6 +319,34 @@ impl SandboxHandle {
             file_bytes_out: c.file_out.load(Ordering::Relaxed),
         };
         (u, self.memory_bytes.load(Ordering::Relaxed))
+    }
+
+    /// Its CPU and memory from `start_ms` to `end_ms` (None: open), with a sample
+    /// taken now when the range reaches the present.
+    pub fn metrics(&self, start_ms: Option<i64>, end_ms: Option<i64>) -> MetricsHistory {
+        let (u, mem) = self.usage();
+        let now = HistorySample {
+            at_ms: now_ms(),
+            cpu_usec: u.cpu_usec,
+            memory_bytes: mem,
+        };
+        let h = self.history.lock().unwrap_or_else(|e| e.into_inner());
+        MetricsHistory {
+            interval_seconds: h.spacing_seconds(USAGE_INTERVAL.as_secs() as u32),
+            samples: h.range(start_ms, end_ms, Some(now)),
+        }
+    }
+
+    /// One usage interval passed: the history may keep this sample.
+    fn record_history(&self, u: &UsageRecord, memory_bytes: u64) {
+        self.history
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .tick(HistorySample {
+                at_ms: now_ms(),
+                cpu_usec: u.cpu_usec,
+                memory_bytes,
+            });
     }
 
     fn sample(&self) {
@@ -938,7 +983,8 @@ pub async fn own(state: Arc<AppState>, h: Arc<SandboxHandle>, adopted: bool) {
             _ = tokio::time::sleep(sleep) => {
                 if last_save.elapsed() >= USAGE_INTERVAL {
                     last_save = Instant::now();
-                    let (u, _) = h.usage();
+                    let (u, mem) = h.usage();
+                    h.record_history(&u, mem);
                     if let Err(e) = state.store.save_usage(&h.id, &u) {
                         tracing::warn!("save usage: {e}");
                     }

@@ -163,6 +163,8 @@ async def test_async_files(aacme, tmp_path):  # type: ignore[no-untyped-def]
         info = await sb.set_timeout("5m")
         assert info.state == "running"
         assert (await sb.usage()).file_bytes_in > 0
+        now = await sb.metrics()  # at least the sample taken now
+        assert now and now[-1].memory_bytes > 0 and now[-1].cpu_seconds > 0
 
 
 async def _first_matching(w, path):  # type: ignore[no-untyped-def]

@@ -7,7 +7,7 @@ import hashlib
 import os
 import threading
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -137,6 +137,26 @@ def test_refresh_usage_and_events(sb):  # type: ignore[no-untyped-def]
     assert info.state == "running" and info.started_at is not None
     kinds = [e.kind for e in sb.events()]
     assert kinds[:2] == ["created", "started"], kinds
+
+
+def test_metrics_keep_cpu_and_memory_over_the_sandboxs_life(sb):  # type: ignore[no-untyped-def]
+    start = datetime.now(timezone.utc)
+    # Busy for a little over one sampling interval (5 s), then a sample is kept.
+    sb.run("timeout 6 sh -c 'while :; do :; done'; true")
+    deadline = time.monotonic() + 30
+    while len(kept := sb.metrics()[:-1]) < 1:  # the last one is taken now
+        assert time.monotonic() < deadline, "no sample kept after 30 s"
+        time.sleep(0.5)
+    m = sb.metrics()
+    assert all(a.at is not None and b.at is not None and a.at < b.at for a, b in zip(m, m[1:])), m
+    assert kept[0].cpu_cores > 0.05 and kept[0].cpu_seconds > 0.3, kept
+    assert all(x.memory_bytes > 0 for x in m), m
+    # A range picks its samples; one before the sandbox existed has none.
+    assert sb.metrics(start=start - timedelta(hours=1), end=start - timedelta(minutes=1)) == []
+    assert sb.metrics(start=datetime.now(timezone.utc) + timedelta(hours=1)) == []
+    with pytest.raises(sandlot.InvalidSpecError) as e:
+        sb.metrics(start=start, end=start - timedelta(seconds=1))
+    assert e.value.field == "start"
 
 
 def test_set_timeout_extends_and_lifetime_ends_it(daemon, acme):  # type: ignore[no-untyped-def]

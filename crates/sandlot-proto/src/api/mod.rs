@@ -10,6 +10,7 @@
 pub mod checkpoint;
 pub mod code;
 pub mod lifecycle;
+pub mod metrics;
 pub mod network;
 pub mod ports;
 pub mod vfs;

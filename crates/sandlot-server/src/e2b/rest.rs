@@ -74,7 +74,9 @@ impl IntoResponse for RestError {
 
 pub(super) type RestResult<T> = Result<T, RestError>;
 
-/// The caller: `X-API-Key` (or `Authorization: Bearer`) is a Sandlot token.
+/// The caller: `X-API-Key` (or `Authorization: Bearer`) is a Sandlot token, or
+/// its E2B-shaped form (`e2b_` and the token's hex digits, which E2B's SDKs that
+/// check a key's shape require).
 pub fn principal(e2b: &E2b, headers: &HeaderMap) -> RestResult<Principal> {
     let key = headers
         .get("x-api-key")
@@ -93,6 +95,7 @@ pub fn principal(e2b: &E2b, headers: &HeaderMap) -> RestResult<Principal> {
             "an API key is required (X-API-Key: a Sandlot token from `sandlot token create`)",
         ));
     };
+    let key = crate::auth::token_of_e2b_api_key(&key).unwrap_or(key);
     let tenant = e2b
         .app
         .store
@@ -669,8 +672,9 @@ async fn refresh(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// One sample, now: CPU is the average since the sandbox started; disk use is
-/// not measured (0).
+/// The sandbox's history of CPU and memory (`usage_history.rs`) in the range
+/// asked (Unix seconds, the end's second included), ending with a sample taken
+/// now when the range reaches the present; disk use is not measured (0).
 async fn metrics(
     State(e2b): State<Arc<E2b>>,
     headers: HeaderMap,
@@ -679,56 +683,45 @@ async fn metrics(
 ) -> RestResult<Json<Value>> {
     let p = principal(&e2b, &headers)?;
     let rec = live_record(&e2b, &p, &id)?;
-    let now = crate::store::now_ms();
-    if !in_range(q.as_deref(), now, rec.started_at.unwrap_or(rec.created_at))? {
+    let (start, end) = crate::routes::metrics::time_range(q.as_deref())?;
+    let Some(h) = e2b.app.handle(&rec.id) else {
         return Ok(Json(json!([])));
-    }
-    let v = view(&e2b.app, &rec);
-    let l = listed_json(&e2b, &rec);
-    let cpus = l["cpuCount"].as_u64().unwrap_or(1).max(1) as f64;
-    let pct = if v.usage.wall_seconds > 0.0 {
-        (v.usage.cpu_seconds / v.usage.wall_seconds / cpus * 100.0).clamp(0.0, 100.0)
-    } else {
-        0.0
     };
+    let m = h.metrics(start, end.map(|e| e.saturating_add(999)));
+    let cpus = listed_json(&e2b, &rec)["cpuCount"]
+        .as_u64()
+        .unwrap_or(1)
+        .max(1);
     let res = &rec.spec["resources"];
-    Ok(Json(json!([{
-        "timestamp": rfc3339(now),
-        "timestampUnix": now / 1000,
-        "cpuCount": l["cpuCount"],
-        "cpuUsedPct": pct,
-        "memUsed": v.usage.memory_bytes,
-        "memTotal": res["memory"].as_u64().unwrap_or(0),
-        "memCache": 0,
-        "diskUsed": 0,
-        "diskTotal": res["disk"].as_u64().unwrap_or(0),
-    }])))
+    let totals = (
+        res["memory"].as_u64().unwrap_or(0),
+        res["disk"].as_u64().unwrap_or(0),
+    );
+    Ok(Json(Value::Array(
+        m.samples
+            .iter()
+            .map(|s| e2b_sample(s, cpus, totals))
+            .collect(),
+    )))
 }
 
-/// Whether the sample taken `now` answers a metrics query's `start`/`end` (Unix
-/// seconds): no samples are kept, so a range that ends before now (beyond the
-/// query's one-second precision) or before the sandbox started is empty.
-fn in_range(q: Option<&str>, now_ms: i64, started_ms: i64) -> RestResult<bool> {
-    let (mut start, mut end) = (None, None);
-    for (k, v) in form_urlencoded::parse(q.unwrap_or_default().as_bytes()) {
-        let n = || {
-            v.parse::<i64>()
-                .map_err(|_| RestError::bad(format!("{k}: {v:?} is not a Unix time in seconds")))
-        };
-        match k.as_ref() {
-            "start" => start = Some(n()?),
-            "end" => end = Some(n()?),
-            _ => {}
-        }
-    }
-    let now = now_ms / 1000;
-    if let (Some(s), Some(e)) = (start, end) {
-        if s > e {
-            return Err(RestError::bad(format!("start ({s}) is after end ({e})")));
-        }
-    }
-    Ok(start.is_none_or(|s| s <= now)
-        && end.is_none_or(|e| e + 1 >= now && e + 1 >= started_ms / 1000))
+/// One sample as E2B's `SandboxMetric`: CPU as a percentage of the sandbox's CPUs.
+fn e2b_sample(
+    s: &sandlot_proto::api::metrics::MetricsSample,
+    cpus: u64,
+    (mem_total, disk_total): (u64, u64),
+) -> Value {
+    json!({
+        "timestamp": s.at,
+        "timestampUnix": s.at_unix_ms / 1000,
+        "cpuCount": cpus,
+        "cpuUsedPct": (s.cpu_cores / cpus as f64 * 100.0).clamp(0.0, 100.0),
+        "memUsed": s.memory_bytes,
+        "memTotal": mem_total,
+        "memCache": 0,
+        "diskUsed": 0,
+        "diskTotal": disk_total,
+    })
 }
 
 /// The sandbox's lifecycle events as log lines.
@@ -819,21 +812,30 @@ mod tests {
     }
 
     #[test]
-    fn a_metrics_range_holds_the_present_sample_only_if_it_reaches_now() {
-        let now = 1_000_000_000_000;
-        let started = now - 60_000;
-        let q = |s: &str| in_range(Some(s), now, started);
-        assert!(q("").unwrap());
-        assert!(q("start=999999990&end=1000000000").unwrap());
-        // Second precision: an end one second before now still holds it.
-        assert!(q("start=999999990&end=999999999").unwrap());
-        assert!(!q("start=999999000&end=999999900").unwrap());
-        assert!(!q("start=1000000100").unwrap());
-        assert!(q("start=10&end=5")
-            .unwrap_err()
-            .message
-            .contains("after end"));
-        assert!(q("start=x").unwrap_err().message.contains("start"));
+    fn a_metric_is_e2b_shaped_with_cpu_as_a_share_of_the_sandboxs_cpus() {
+        let s = sandlot_proto::api::metrics::MetricsSample {
+            at: "2026-01-01T00:00:05Z".into(),
+            at_unix_ms: 1_767_225_605_500,
+            cpu_seconds: 3.0,
+            cpu_cores: 0.5,
+            memory_bytes: 7,
+        };
+        let v = e2b_sample(&s, 2, (8, 9));
+        assert_eq!(v["cpuUsedPct"], json!(25.0));
+        assert_eq!(v["timestampUnix"], json!(1_767_225_605));
+        assert_eq!(
+            (
+                v["memUsed"].clone(),
+                v["memTotal"].clone(),
+                v["diskTotal"].clone()
+            ),
+            (json!(7), json!(8), json!(9))
+        );
+        let busy = sandlot_proto::api::metrics::MetricsSample {
+            cpu_cores: 3.5,
+            ..s
+        };
+        assert_eq!(e2b_sample(&busy, 1, (0, 0))["cpuUsedPct"], json!(100.0));
     }
 
     #[test]

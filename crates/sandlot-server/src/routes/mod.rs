@@ -27,6 +27,7 @@ pub mod exec;
 pub mod files;
 pub mod images;
 pub mod memory;
+pub mod metrics;
 pub mod network;
 pub mod ports;
 pub mod sandboxes;
@@ -95,6 +96,7 @@ fn api_router(
         )
         .route(&format!("{sb}/fork"), post(checkpoints::fork))
         .route(&format!("{sb}/events"), get(sandboxes::events))
+        .route(&format!("{sb}/metrics"), get(metrics::get))
         .route(&format!("{sb}/exec"), post(exec::start))
         .route(&format!("{sb}/exec/ws"), get(exec::start_ws))
         .route(&format!("{sb}/processes"), get(exec::list))

@@ -46,6 +46,9 @@ pub struct NewToken {
     pub view: TokenView,
     /// `sl_...`: the bearer token.
     pub token: String,
+    /// `e2b_...`: the same token in the shape E2B's SDKs expect of an API key
+    /// (`E2B_API_KEY`); the E2B front door accepts either form.
+    pub e2b_api_key: String,
 }
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -113,6 +116,7 @@ pub async fn create(
         StatusCode::CREATED,
         &NewToken {
             view: view(&rec),
+            e2b_api_key: crate::auth::e2b_api_key(&secret).unwrap_or_default(),
             token: secret,
         },
     ))

@@ -330,7 +330,7 @@ fn print_new_token(v: &serde_json::Value, json: bool) {
     } else {
         println!("{}", v["token"].as_str().unwrap_or(""));
         eprintln!(
-            "token {} for tenant {} (shown once; store it now)",
+            "token {} for tenant {} (shown once; store it now; for E2B's SDKs, `e2b_` in place of `sl_` is the same key)",
             v["id"].as_str().unwrap_or(""),
             v["tenant"].as_str().unwrap_or("")
         );
@@ -419,6 +419,9 @@ fn token_in_database(dir: &std::path::Path, t: TokenCmd) -> anyhow::Result<i32> 
             let (rec, secret, hash) = sandlot_server::auth::new_token(&tenant, name);
             store.insert_token(&rec, &hash)?;
             let mut v = view(&rec);
+            if let Some(k) = sandlot_server::auth::e2b_api_key(&secret) {
+                v["e2b_api_key"] = serde_json::Value::String(k);
+            }
             v["token"] = serde_json::Value::String(secret);
             print_new_token(&v, json);
         }

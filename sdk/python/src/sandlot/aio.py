@@ -13,6 +13,7 @@ import os
 import tarfile
 import tempfile
 import uuid
+from datetime import datetime
 from typing import (
     IO,
     Any,
@@ -43,6 +44,7 @@ from .models import (
     Checkpoint,
     ExitStatus,
     FileInfo,
+    MetricsSample,
     OutputChunk,
     ProcessInfo,
     RunResult,
@@ -52,6 +54,7 @@ from .models import (
     Usage,
     WatchEvent,
     decode_chunk,
+    metrics_params,
 )
 
 Data = Union[bytes, bytearray, memoryview, str]
@@ -784,6 +787,11 @@ class AsyncSandbox:
     async def events(self, after: int = 0) -> List[SandboxEvent]:
         r = await self._client.json("GET", f"/v1/sandboxes/{self.id}/events", params={"after": after})
         return [SandboxEvent.from_json(e) for e in r.get("events", [])]
+
+    async def metrics(self, start: Optional[datetime] = None, end: Optional[datetime] = None) -> List[MetricsSample]:
+        """See :meth:`sandlot.Sandbox.metrics`."""
+        r = await self._client.json("GET", f"/v1/sandboxes/{self.id}/metrics", params=metrics_params(start, end))
+        return [MetricsSample.from_json(x) for x in r.get("samples", [])]
 
     # --- checkpoints and forks ------------------------------------------------
 

@@ -330,6 +330,37 @@ class TarResult:
 
 
 @dataclass(frozen=True)
+class MetricsSample:
+    """A running sandbox's CPU and memory at one moment (see :meth:`sandlot.Sandbox.metrics`)."""
+
+    at: Optional[datetime]
+    cpu_seconds: float
+    """CPU time used since the sandbox started."""
+    cpu_cores: float
+    """Cores in use on average since the sample before (1.0 = one core busy)."""
+    memory_bytes: int
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "MetricsSample":
+        return cls(
+            at=parse_time(d.get("at")),
+            cpu_seconds=float(d.get("cpu_seconds", 0.0)),
+            cpu_cores=float(d.get("cpu_cores", 0.0)),
+            memory_bytes=int(d.get("memory_bytes", 0)),
+        )
+
+
+def metrics_params(start: Optional[datetime], end: Optional[datetime]) -> Dict[str, int]:
+    """The query of ``GET .../metrics`` for a range of aware or naive (UTC) datetimes."""
+    out: Dict[str, int] = {}
+    for name, t in (("start_ms", start), ("end_ms", end)):
+        if t is not None:
+            aware = t if t.tzinfo is not None else t.replace(tzinfo=timezone.utc)
+            out[name] = int(aware.timestamp() * 1000)
+    return out
+
+
+@dataclass(frozen=True)
 class SandboxEvent:
     """A lifecycle event: created, started, timeout_set, stopped."""
 

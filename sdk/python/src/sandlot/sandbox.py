@@ -13,6 +13,7 @@ import tempfile
 import threading
 import time
 import uuid
+from datetime import datetime
 from typing import (
     IO,
     Any,
@@ -41,6 +42,7 @@ from .models import (
     Checkpoint,
     ExitStatus,
     FileInfo,
+    MetricsSample,
     OutputChunk,
     ProcessInfo,
     RunResult,
@@ -50,6 +52,7 @@ from .models import (
     Usage,
     WatchEvent,
     decode_chunk,
+    metrics_params,
 )
 
 Data = Union[bytes, bytearray, memoryview, str]
@@ -932,6 +935,15 @@ class Sandbox:
     def events(self, after: int = 0) -> List[SandboxEvent]:
         r = self._client.json("GET", f"/v1/sandboxes/{self.id}/events", params={"after": after})
         return [SandboxEvent.from_json(e) for e in r.get("events", [])]
+
+    def metrics(self, start: Optional[datetime] = None, end: Optional[datetime] = None) -> List[MetricsSample]:
+        """CPU and memory over time, oldest first: a sample every 5 seconds while
+        the sandbox is young (coarser as it ages: the whole life is kept in a
+        bounded history), ending with one taken now when the range reaches the
+        present. Empty while it does not run; a pause or a daemon restart starts a
+        new history."""
+        r = self._client.json("GET", f"/v1/sandboxes/{self.id}/metrics", params=metrics_params(start, end))
+        return [MetricsSample.from_json(x) for x in r.get("samples", [])]
 
     def set_timeout(self, timeout: _spec.Duration) -> SandboxInfo:
         """The sandbox now ends ``timeout`` from now (not past the operator's maximum lifetime)."""
