@@ -1168,13 +1168,13 @@ fn start_again(
     }
 }
 
-/// 409 `checkpoint_damaged`: the files a memory pause kept on tmpfs are gone.
+/// 409 `checkpoint_damaged`: what a memory pause kept is gone or incomplete.
 fn files_lost(id: &str) -> ApiError {
     ApiError::new(
         StatusCode::CONFLICT,
         "checkpoint_damaged",
         format!(
-            "sandbox {id}'s files did not survive a restart of the host (they were kept in memory); it stays paused and can only be deleted"
+            "sandbox {id}'s saved files are gone or incomplete (kept in memory, they do not survive a restart of the host; a fork's copy of them is incomplete when the daemon stopped while making it); it stays paused and can only be deleted"
         ),
     )
 }

@@ -88,11 +88,20 @@ pub fn save(ckpt: &Path, to: &Path, max_bytes: u64) -> Result<Saved, RuntimeErro
 /// Makes checkpoint directory `to` (which must not exist) from `saved`, a copy
 /// [`save`] made: its image files hard-linked (copied across file systems), its
 /// root copied into a new tmpfs at `to/root` as large as the one it was kept
-/// from. Removed with [`kept_root::remove_checkpoint`]. Blocking.
+/// from. Until it is done, `to` holds a marker that keeps a restore from it
+/// (a crash cut it short: `kept_root::kept` says the files are lost). Removed
+/// with [`kept_root::remove_checkpoint`]. Blocking.
 pub fn materialize(saved: &Path, to: &Path) -> Result<(), RuntimeError> {
     fs::create_dir(to).map_err(io_err(format!("create {}", to.display())))?;
     fs::set_permissions(to, fs::Permissions::from_mode(0o700))
         .map_err(io_err(format!("set the mode of {}", to.display())))?;
+    let incomplete = to.join(kept_root::INCOMPLETE);
+    write(&incomplete, "")?;
+    copy_into(saved, to)?;
+    fs::remove_file(&incomplete).map_err(io_err(format!("remove {}", incomplete.display())))
+}
+
+fn copy_into(saved: &Path, to: &Path) -> Result<(), RuntimeError> {
     for e in fs::read_dir(saved).map_err(io_err(format!("read {}", saved.display())))? {
         let e = e.map_err(io_err(format!("read {}", saved.display())))?;
         let m = fs::symlink_metadata(e.path())

@@ -21,6 +21,9 @@ pub(crate) const KEPT_IDS: &str = "root-ids";
 /// [`KEPT_IDS`] once every file is moved, so that a move a crash cut short is
 /// finished by the next restore instead of taken for the old range.
 const KEPT_IDS_NEXT: &str = "root-ids.next";
+/// Present while a checkpoint directory is being made from a copy
+/// (`kept_copy::materialize`): one a crash cut short is never restored.
+pub(crate) const INCOMPLETE: &str = "incomplete";
 
 fn io_err(what: String) -> impl FnOnce(std::io::Error) -> RuntimeError {
     move |source| RuntimeError::Io { what, source }
@@ -65,6 +68,11 @@ pub fn keep(root: &Path, id_base: u32, ckpt: &Path) -> Result<bool, RuntimeError
 /// it kept one. A root it kept that is no longer mounted (the host restarted: a
 /// tmpfs does not survive that) is an error: the sandbox's files are gone.
 pub fn kept(ckpt: &Path) -> Result<Option<(PathBuf, u32)>, RuntimeError> {
+    if !ckpt.is_dir() || ckpt.join(INCOMPLETE).exists() {
+        return Err(RuntimeError::FilesLost(
+            "its checkpoint, whose copy the daemon's stop cut short".into(),
+        ));
+    }
     let Ok(ids) = fs::read_to_string(ckpt.join(KEPT_IDS)) else {
         return Ok(None);
     };
@@ -191,6 +199,18 @@ pub fn remove_checkpoint(ckpt: &Path) -> Result<(), RuntimeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_checkpoint_whose_copy_was_cut_short_or_is_missing_is_never_restored() {
+        let dir = std::env::temp_dir().join(format!("sandlot-cut-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        // Complete and without a kept root: nothing to take back.
+        assert_eq!(kept(&dir).unwrap(), None);
+        fs::write(dir.join(INCOMPLETE), "").unwrap();
+        assert!(matches!(kept(&dir), Err(RuntimeError::FilesLost(_))));
+        fs::remove_dir_all(&dir).unwrap();
+        assert!(matches!(kept(&dir), Err(RuntimeError::FilesLost(_))));
+    }
 
     #[test]
     fn a_kept_root_on_another_file_system_or_unreadable_counts_as_mounted() {
