@@ -8,6 +8,11 @@
 //! * fork from a checkpoint: the same from a checkpoint taken before (the
 //!   sandbox left paused: not on the clock).
 //!
+//! * checkpoint left running: `POST .../checkpoints {leave_running: true}` of the
+//!   sandbox to its answer, with the disk the checkpoint holds (its `size`:
+//!   gVisor's memory image and copied files; a namespace checkpoint's files are
+//!   an image of the store, counted there).
+//!
 //! Each round uses a new sandbox (a gVisor sandbox is restored once at most).
 
 use std::time::{Duration, Instant};
@@ -113,6 +118,25 @@ async fn fork_round(
     r
 }
 
+/// A checkpoint of a new sandbox with an idle shell, left running: how long it
+/// took and the bytes it holds.
+async fn checkpoint_round(c: &Client, isolation: &str) -> anyhow::Result<(Duration, u64)> {
+    let id = parent(c, isolation).await?;
+    let r = async {
+        let t = Instant::now();
+        let cp = c
+            .create_checkpoint(&id, &CreateCheckpoint::default())
+            .await?;
+        let took = t.elapsed();
+        // It ran on: the sandbox answers at once.
+        run_true(c, &id).await?;
+        anyhow::Ok((took, cp.size))
+    }
+    .await;
+    let _ = c.delete_sandbox(&id).await;
+    r
+}
+
 /// The peer: `count` fresh sandboxes created at once, to the first exec of each.
 async fn fresh_round(c: &Client, isolation: &str, count: u32) -> anyhow::Result<Duration> {
     let t = Instant::now();
@@ -150,17 +174,24 @@ pub fn run(a: ForkArgs) -> anyhow::Result<i32> {
         .enable_all()
         .build()?;
     let n = a.count;
+    let mut disk = Vec::new();
     let rows: Vec<Summary> = rt.block_on(async {
         let mut rows = Vec::new();
         for iso in isolations {
             // One round first: page caches and the image store warm.
             fork_round(&c, iso, n, false).await?;
             let (mut live, mut saved, mut fresh) = (Vec::new(), Vec::new(), Vec::new());
+            let (mut kept, mut sizes) = (Vec::new(), Vec::new());
             for _ in 0..a.n {
                 live.push(fork_round(&c, iso, n, false).await?);
                 saved.push(fork_round(&c, iso, n, true).await?);
                 fresh.push(fresh_round(&c, iso, n).await?);
+                let (t, size) = checkpoint_round(&c, iso).await?;
+                kept.push(t);
+                sizes.push(size);
             }
+            sizes.sort_unstable();
+            disk.push((iso, sizes[sizes.len() / 2]));
             rows.push(summarize(
                 &format!("{iso}: fork {n} from live, all answer exec"),
                 live,
@@ -173,6 +204,10 @@ pub fn run(a: ForkArgs) -> anyhow::Result<i32> {
                 &format!("{iso}: {n} fresh sandboxes to first exec"),
                 fresh,
             ));
+            rows.push(summarize(
+                &format!("{iso}: checkpoint left running (idle shell)"),
+                kept,
+            ));
         }
         anyhow::Ok(rows)
     })?;
@@ -182,5 +217,11 @@ pub fn run(a: ForkArgs) -> anyhow::Result<i32> {
         .map(|r| r.name.clone())
         .unwrap_or_default();
     print_table(&rows, &peer);
+    for (iso, bytes) in disk {
+        println!(
+            "{iso}: disk per checkpoint (idle shell), median: {:.1} MiB",
+            bytes as f64 / f64::from(1 << 20)
+        );
+    }
     Ok(0)
 }

@@ -6,6 +6,10 @@
 //! * pause: `POST .../pause` to its answer (gVisor: checkpoint of the kernel,
 //!   memory image summed; namespace: the files committed to an image);
 //! * resume to first exec: `POST .../resume`, then `/bin/true` run in it.
+//!
+//! With `--hold-mib N` the sandbox runs a process holding N MiB of memory it has
+//! written (a Python `bytearray`, every page touched) instead of the idle shell:
+//! what a pause of a working process costs.
 
 use std::time::{Duration, Instant};
 
@@ -22,10 +26,43 @@ pub struct PauseArgs {
     /// `gvisor`, `namespace` or `both`.
     #[arg(long, default_value = "both")]
     pub isolation: String,
+    /// A process holding this many MiB of written memory instead of an idle shell.
+    #[arg(long, default_value_t = 0)]
+    pub hold_mib: u32,
 }
 
-fn body(isolation: &str) -> CreateSandbox {
-    let serde_json::Value::Object(spec) = serde_json::json!({"isolation": isolation}) else {
+/// What runs in the paused sandbox: an idle shell, or a process holding
+/// `hold_mib` MiB of written memory.
+fn workload(hold_mib: u32) -> Vec<String> {
+    if hold_mib == 0 {
+        return ["/bin/sh", "-c", "while :; do sleep 3600; done"]
+            .map(String::from)
+            .to_vec();
+    }
+    let py = format!(
+        "import time\nb = bytearray({hold_mib} << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\n\
+         open('/tmp/held', 'w').write('ok')\nwhile True: time.sleep(3600)"
+    );
+    vec!["python3".into(), "-c".into(), py]
+}
+
+fn label(hold_mib: u32) -> String {
+    if hold_mib == 0 {
+        "idle shell".into()
+    } else {
+        format!("{hold_mib} MiB process")
+    }
+}
+
+/// A sandbox of `isolation` (the default resources; with room for `hold_mib` MiB
+/// beside its own needs when it holds some).
+fn body(isolation: &str, hold_mib: u32) -> CreateSandbox {
+    let mut spec = serde_json::json!({"isolation": isolation});
+    if hold_mib > 0 {
+        spec["resources"] =
+            serde_json::json!({"memory": format!("{}M", 512 + u64::from(hold_mib) * 2)});
+    }
+    let serde_json::Value::Object(spec) = spec else {
         unreachable!("a JSON object")
     };
     CreateSandbox {
@@ -48,11 +85,12 @@ async fn cycles(
     c: &Client,
     isolation: &str,
     n: usize,
+    hold_mib: u32,
 ) -> anyhow::Result<(Vec<Duration>, Vec<Duration>)> {
     let (mut pause, mut resume) = (Vec::with_capacity(n), Vec::with_capacity(n));
     for _ in 0..n {
-        let sb = c.create_sandbox(&body(isolation)).await?;
-        let r = cycle(c, &sb.id).await;
+        let sb = c.create_sandbox(&body(isolation, hold_mib)).await?;
+        let r = cycle(c, &sb.id, hold_mib).await;
         // Paused or not, it goes (a paused one's kept files too).
         c.delete_sandbox(&sb.id).await?;
         let (p, r) = r?;
@@ -62,15 +100,23 @@ async fn cycles(
     Ok((pause, resume))
 }
 
-async fn cycle(c: &Client, id: &str) -> anyhow::Result<(Duration, Duration)> {
-    let shell = ExecBody {
-        argv: ["/bin/sh", "-c", "while :; do sleep 3600; done"]
-            .map(String::from)
-            .to_vec(),
+async fn cycle(c: &Client, id: &str, hold_mib: u32) -> anyhow::Result<(Duration, Duration)> {
+    let work = ExecBody {
+        argv: workload(hold_mib),
         background: true,
         ..Default::default()
     };
-    c.exec(id, &shell).await?;
+    c.exec(id, &work).await?;
+    if hold_mib > 0 {
+        // Until the memory is written.
+        let t = Instant::now();
+        while c.run(id, &["/bin/cat", "/tmp/held"]).await?.stdout != b"ok" {
+            if t.elapsed() > Duration::from_secs(60) {
+                bail!("the {hold_mib} MiB process did not write its memory within 60 s");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
     run_true(c, id).await?;
     let t = Instant::now();
     c.pause_sandbox(id).await?;
@@ -86,7 +132,7 @@ async fn fresh(c: &Client, isolation: &str, n: usize) -> anyhow::Result<Vec<Dura
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
         let t = Instant::now();
-        let sb = c.create_sandbox(&body(isolation)).await?;
+        let sb = c.create_sandbox(&body(isolation, 0)).await?;
         run_true(c, &sb.id).await?;
         out.push(t.elapsed());
         c.delete_sandbox(&sb.id).await?;
@@ -112,9 +158,12 @@ pub fn run(a: PauseArgs) -> anyhow::Result<i32> {
         let mut rows = Vec::new();
         for iso in isolations {
             // One cycle first: page caches and the image store warm.
-            cycles(&c, iso, 1).await?;
-            let (pause, resume) = cycles(&c, iso, a.n).await?;
-            rows.push(summarize(&format!("{iso}: pause (idle shell)"), pause));
+            cycles(&c, iso, 1, a.hold_mib).await?;
+            let (pause, resume) = cycles(&c, iso, a.n, a.hold_mib).await?;
+            rows.push(summarize(
+                &format!("{iso}: pause ({})", label(a.hold_mib)),
+                pause,
+            ));
             rows.push(summarize(&format!("{iso}: resume to first exec"), resume));
             rows.push(summarize(
                 &format!("{iso}: fresh sandbox to first exec"),
