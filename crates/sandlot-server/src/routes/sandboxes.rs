@@ -11,7 +11,7 @@ use axum::Json;
 use sandlot_proto::api::{
     EventList, Health, Sandbox, SandboxEvent, SandboxExit, SandboxList, SetTimeout, Usage,
 };
-use sandlot_proto::spec::SandboxSpec;
+use sandlot_proto::spec::{SandboxSpec, SPEC_KEYS};
 use serde_json::Value;
 
 use super::{from_value, json_status, live, lookup, parse_json, read_limited, JsonBody};
@@ -24,22 +24,6 @@ use crate::state::AppState;
 use crate::store::{now_ms, EndReason, SandboxFilter, SandboxRecord, SandboxState};
 use crate::timefmt::rfc3339;
 
-/// Top-level keys of the create body that are the sandbox spec.
-pub const SPEC_KEYS: &[&str] = &[
-    "image",
-    "rootfs",
-    "mounts",
-    "env",
-    "workdir",
-    "user",
-    "hostname",
-    "resources",
-    "timeout",
-    "network",
-    "volumes",
-    "secrets",
-    "isolation",
-];
 /// Top-level keys of the create body that are not part of the spec.
 pub const EXTRA_KEYS: &[&str] = &[
     "name",
