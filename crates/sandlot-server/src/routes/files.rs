@@ -25,11 +25,14 @@ use super::stream::{channel_body, fallible_channel_body, line};
 use super::{json_status, JsonBody, RequestId};
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
-use crate::services::files::{Listing, ReadRange, SandboxFiles, UploadKind, WriteSpec};
+use crate::services::files::{ReadRange, SandboxFiles, UploadKind, WriteSpec};
 use crate::state::AppState;
 use crate::tarstream::{self, EntryKind, TarReader};
 use crate::timefmt::rfc3339;
 use sandlot_store::Budget;
+
+/// How deep a directory's archive goes.
+const TAR_DEPTH: u32 = 64;
 
 /// Query parameters as a map; unknown names are refused.
 fn query(q: Option<&str>, allowed: &[&str]) -> ApiResult<HashMap<String, String>> {
@@ -378,7 +381,7 @@ pub async fn tar_download(
         budget
             .charge(tarstream::trailer().len() as u64)
             .map_err(too_large)?;
-        let mut listing = list_all(&files, &root).await?;
+        let mut listing = files.list(&root, TAR_DEPTH).await?;
         while let Some(e) = listing.next_entry().await? {
             if let Some((rel, kind)) = tar_entry(&prefix, &e.stat) {
                 budget
@@ -387,7 +390,7 @@ pub async fn tar_download(
             }
         }
     }
-    let mut listing = list_all(&files, &root).await?;
+    let mut listing = files.list(&root, TAR_DEPTH).await?;
     let (tx, mut resp) = fallible_channel_body("application/x-tar");
     let name = root
         .rsplit('/')
@@ -455,11 +458,6 @@ pub async fn tar_download(
         }
     });
     Ok(resp)
-}
-
-/// The whole tree under `root` (64 levels deep), streamed from the agent.
-async fn list_all(files: &SandboxFiles, root: &str) -> ApiResult<Listing> {
-    files.list(root, 64).await
 }
 
 /// The archive path (relative to `prefix`) and kind of a listed entry, or `None`
