@@ -11,9 +11,12 @@
 //!   watch.
 //! * `process.rs`: starting a supervised process (exec, E2B's
 //!   `process.Process/Start`, image builds, template start commands).
+//! * `sandboxes.rs`: the tenant's view of sandboxes (`lookup`, `live`), which
+//!   resume on demand (`autopause::live`) and the other services build on.
 
 pub mod files;
 pub mod process;
+pub mod sandboxes;
 
 use std::time::Duration;
 
