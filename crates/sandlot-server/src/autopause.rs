@@ -281,20 +281,20 @@ fn refused(state: &AppState, h: &SandboxHandle, why: &str) {
 pub(crate) const SETTLE_WAIT: Duration = Duration::from_secs(120);
 pub(crate) const SETTLE_POLL: Duration = Duration::from_millis(50);
 
-/// [`crate::routes::live`], except that a paused sandbox with `auto_resume` is
+/// [`crate::services::sandboxes::live`], except that a paused sandbox with `auto_resume` is
 /// resumed first (and one being paused or resumed is waited for).
 pub async fn live(state: &Arc<AppState>, p: &Principal, id: &str) -> ApiResult<Arc<SandboxHandle>> {
-    let first = match crate::routes::live(state, p, id) {
+    let first = match crate::services::sandboxes::live(state, p, id) {
         Ok(h) => return Ok(h),
         Err(e) if e.code == "invalid_state" => e,
         Err(e) => return Err(e),
     };
-    let rec = crate::routes::lookup(state, p, id)?;
+    let rec = crate::services::sandboxes::lookup(state, p, id)?;
     if !rec.lifecycle.auto_resume {
         return Err(first);
     }
     settle(state, p, &rec.id).await?;
-    crate::routes::live(state, p, &rec.id)
+    crate::services::sandboxes::live(state, p, &rec.id)
 }
 
 /// Resumes sandbox `id` (E2B's envd and code interpreter, whose caller holds its
@@ -332,7 +332,7 @@ pub async fn resume(state: &Arc<AppState>, p: &Principal, id: &str) -> ApiResult
 async fn settle(state: &Arc<AppState>, p: &Principal, id: &str) -> ApiResult<()> {
     let deadline = tokio::time::Instant::now() + SETTLE_WAIT;
     loop {
-        let rec = crate::routes::lookup(state, p, id)?;
+        let rec = crate::services::sandboxes::lookup(state, p, id)?;
         let waiting = match rec.state {
             SandboxState::Running => match state.handle(id) {
                 Some(h) if h.is_pausing() => true,

@@ -691,7 +691,7 @@ async fn run_in(
         tag: Some("build".into()),
         background: false,
     };
-    let entry = crate::routes::exec::start_process(state, &h, &body).await?;
+    let entry = crate::services::process::start(state, &h, &body).await?;
     let mut rx = entry
         .subscribe_from_start(256)
         .await

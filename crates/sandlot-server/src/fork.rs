@@ -41,7 +41,7 @@ pub async fn fork(
             format!("use 1 to {max} (limits.max_fork_count)"),
         ));
     }
-    let parent = crate::routes::lookup(state, p, id)?;
+    let parent = crate::services::sandboxes::lookup(state, p, id)?;
     let busy = Busy::take(&parent.id)?;
     // From a fresh checkpoint: taken for the fork, removed after it.
     let (c, fresh) = match &req.checkpoint {

@@ -31,6 +31,7 @@ pub mod process;
 pub mod request_body;
 pub mod routes;
 pub mod sandbox;
+pub mod services;
 pub mod state;
 pub mod store;
 pub mod tarstream;

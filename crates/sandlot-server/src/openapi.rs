@@ -263,7 +263,8 @@ mod tests {
             .unwrap();
         let mut documented: Vec<&str> = props.keys().map(String::as_str).collect();
         documented.sort();
-        let mut accepted: Vec<&str> = [sandboxes::SPEC_KEYS, sandboxes::EXTRA_KEYS].concat();
+        let mut accepted: Vec<&str> =
+            [sandlot_proto::spec::SPEC_KEYS, sandboxes::EXTRA_KEYS].concat();
         accepted.sort();
         assert_eq!(documented, accepted);
         // And the spec keys are exactly the spec's fields.
@@ -296,7 +297,7 @@ mod tests {
         let v = serde_json::to_value(&spec).unwrap();
         let mut fields: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
         fields.sort();
-        let mut keys = sandboxes::SPEC_KEYS.to_vec();
+        let mut keys = sandlot_proto::spec::SPEC_KEYS.to_vec();
         keys.sort();
         assert_eq!(fields, keys);
         // A secret reference documents exactly its fields.

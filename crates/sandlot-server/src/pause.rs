@@ -93,7 +93,7 @@ pub async fn request(
     p: &crate::auth::Principal,
     id: &str,
 ) -> ApiResult<SandboxRecord> {
-    let rec = crate::routes::lookup(state, p, id)?;
+    let rec = crate::services::sandboxes::lookup(state, p, id)?;
     let Some(h) = state.handle(&rec.id) else {
         return Err(wrong_state_for(
             &rec.id,
@@ -122,7 +122,7 @@ pub async fn request(
     h.request_pause(tx)?;
     rx.await
         .map_err(|_| ApiError::conflict(format!("sandbox {} stopped", rec.id)))??;
-    crate::routes::lookup(state, p, &rec.id)
+    crate::services::sandboxes::lookup(state, p, &rec.id)
 }
 
 /// 429 `quota_exceeded`: `tenant` has `n` sandboxes paused, the cap `max`.
@@ -832,7 +832,7 @@ pub async fn resume(
     if state.is_shutting_down() {
         return Err(ApiError::unavailable("the daemon is shutting down"));
     }
-    let rec = crate::routes::lookup(state, p, id)?;
+    let rec = crate::services::sandboxes::lookup(state, p, id)?;
     if rec.state != SandboxState::Paused {
         return Err(wrong_state_for(
             &rec.id,
@@ -877,7 +877,7 @@ pub(crate) fn begin_resume(
     {
         Ok(true) => Ok(()),
         Ok(false) => {
-            let now = crate::routes::lookup(state, p, &rec.id)?;
+            let now = crate::services::sandboxes::lookup(state, p, &rec.id)?;
             Err(wrong_state_for(
                 &rec.id,
                 now.state,
@@ -915,7 +915,7 @@ pub(crate) async fn resume_begun(
                     "sandbox resumed"
                 )
             });
-            crate::routes::lookup(state, p, &rec.id)
+            crate::services::sandboxes::lookup(state, p, &rec.id)
         }
         Err(e) => {
             span.in_scope(|| tracing::warn!("resume failed: {} ({:?})", e.message, e.internal));

@@ -1,9 +1,9 @@
 //! envd's `filesystem.Filesystem` service, its polled watchers, and the plain
-//! HTTP `GET`/`POST /files` transfers, over the guest agent's file operations
-//! (streamed both ways, parents created, as the user the request names).
+//! HTTP `GET`/`POST /files` transfers, over the daemon's file service
+//! (`services::files`: streamed both ways, parents created, as the user the
+//! request names). This module parses envd's requests and shapes its answers.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use axum::body::Body;
@@ -12,11 +12,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::StreamExt;
-use sandlot_guest::client::{
-    FileKind, FileStat, ListDirRequest, MkdirRequest, ReadFileRequest, RemoveRequest,
-    RenameRequest, StatRequest, WatchEvent, WatchEventKind, WatchRequest, WriteFileRequest,
-};
-use sandlot_store::Budget;
+use sandlot_guest::client::{FileKind, FileStat, WatchEvent, WatchEventKind};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -25,12 +21,13 @@ use super::envd::{access, request_message, Ctx};
 use super::multipart;
 use super::E2b;
 use crate::error::ApiError;
+use crate::services::files::{
+    FileWatch, ReadRange, SandboxFiles, UploadBudget, UploadKind, WriteSpec,
+};
 use crate::timefmt::rfc3339;
 
 /// Events a polled watcher keeps between polls (older ones are dropped).
 const MAX_PENDING_EVENTS: usize = 10_000;
-/// Entries a listing returns at most.
-const MAX_LIST: usize = 100_000;
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(default, rename_all = "camelCase")]
@@ -48,8 +45,9 @@ struct FsRequest {
     watcher_id: String,
 }
 
-fn guest_err(what: &str) -> impl FnOnce(sandlot_guest::client::ClientError) -> ConnectError + '_ {
-    move |e| ConnectError::from(ApiError::from_guest(e, what))
+/// The files of the request's sandbox, as its user.
+fn files(ctx: &Ctx) -> SandboxFiles {
+    SandboxFiles::of_handle(ctx.e2b.app.clone(), ctx.h.clone(), ctx.user.clone())
 }
 
 /// A user id as envd shows owners: the names Sandlot's images define, else the number.
@@ -234,15 +232,7 @@ pub fn fs_events(root: &str, e: &WatchEvent) -> Vec<Value> {
 /// (`isSymlink` stays set) and `symlinkTarget` as an absolute path. A link whose
 /// target is missing stays a symlink.
 async fn link_target(ctx: &Ctx, path: &str, st: &FileStat, entry: &mut Value) {
-    let followed = ctx
-        .h
-        .guest
-        .stat(StatRequest {
-            user: ctx.user.clone(),
-            follow: true,
-            ..StatRequest::new(path)
-        })
-        .await;
+    let followed = files(ctx).stat(path, true).await;
     let Ok(t) = followed else {
         return;
     };
@@ -261,14 +251,7 @@ async fn link_target(ctx: &Ctx, path: &str, st: &FileStat, entry: &mut Value) {
 }
 
 async fn stat(ctx: &Ctx, path: &str) -> Result<FileStat, ConnectError> {
-    ctx.h
-        .guest
-        .stat(StatRequest {
-            user: ctx.user.clone(),
-            ..StatRequest::new(path)
-        })
-        .await
-        .map_err(guest_err(path))
+    Ok(files(ctx).stat(path, false).await?)
 }
 
 /// Unary methods and the watch stream of `filesystem.Filesystem`.
@@ -311,14 +294,7 @@ pub async fn call(
                 Err(e) if e.code == Code::NotFound => {}
                 Err(e) => return Err(e),
             }
-            ctx.h
-                .guest
-                .mkdir(MkdirRequest {
-                    user: ctx.user.clone(),
-                    ..MkdirRequest::new(&p, true)
-                })
-                .await
-                .map_err(guest_err(&p))?;
+            files(&ctx).mkdir(&p, true, None).await?;
             ok(json!({"entry": entry_info(&stat(&ctx, &p).await?)}))
         }
         "Move" => {
@@ -327,42 +303,25 @@ pub async fn call(
             // envd creates the destination's parent directories.
             let parent = to.rsplit_once('/').map(|(d, _)| d).unwrap_or("");
             if !parent.is_empty() {
-                match ctx
-                    .h
-                    .guest
-                    .mkdir(MkdirRequest {
-                        user: ctx.user.clone(),
-                        ..MkdirRequest::new(parent, true)
-                    })
+                match files(&ctx)
+                    .mkdir(parent, true, None)
                     .await
-                    .map_err(guest_err(parent))
+                    .map_err(ConnectError::from)
                 {
                     Ok(()) => {}
                     Err(e) if e.code == Code::AlreadyExists => {}
                     Err(e) => return Err(e),
                 }
             }
-            ctx.h
-                .guest
-                .rename(RenameRequest {
-                    user: ctx.user.clone(),
-                    ..RenameRequest::new(&from, &to)
-                })
-                .await
-                .map_err(guest_err(&from))?;
+            files(&ctx).rename(&from, &to, true).await?;
             ok(json!({"entry": entry_info(&stat(&ctx, &to).await?)}))
         }
         "Remove" => {
             let p = ctx.path(&r.path)?;
-            let r = ctx
-                .h
-                .guest
-                .remove(RemoveRequest {
-                    user: ctx.user.clone(),
-                    ..RemoveRequest::new(&p, true)
-                })
+            let r = files(&ctx)
+                .remove(&p, true)
                 .await
-                .map_err(guest_err(&p));
+                .map_err(ConnectError::from);
             match r {
                 // Like envd (`os.RemoveAll`), removing what is not there succeeds.
                 Err(e) if e.code != Code::NotFound => Err(e),
@@ -372,25 +331,12 @@ pub async fn call(
         "ListDir" => {
             let p = ctx.path(&r.path)?;
             let depth = r.depth.unwrap_or(1).max(1);
-            let mut listing = ctx
-                .h
-                .guest
-                .list_dir_stream(ListDirRequest {
-                    user: ctx.user.clone(),
-                    ..ListDirRequest::new(&p, depth)
-                })
-                .await
-                .map_err(guest_err(&p))?;
-            if listing.stat().kind != FileKind::Dir {
+            let listing = files(&ctx).list(&p, depth).await?;
+            if listing.root().kind != FileKind::Dir {
                 return Err(ConnectError::invalid(format!("{p} is not a directory")));
             }
-            let mut entries = Vec::new();
-            while let Some(e) = listing.next_entry().await.map_err(guest_err(&p))? {
-                if entries.len() >= MAX_LIST {
-                    break;
-                }
-                entries.push(entry_info(&e.stat));
-            }
+            let (entries, _truncated) = listing.collect().await?;
+            let entries: Vec<Value> = entries.iter().map(|e| entry_info(&e.stat)).collect();
             ok(json!({ "entries": entries }))
         }
         "WatchDir" => watch_stream(ctx, r, headers).await,
@@ -420,12 +366,7 @@ pub async fn call(
 
 /// Adds `entry` (the `EntryInfo` of the file as it is now) to events of files
 /// that still exist (`include_entry`); a file gone by then has none.
-async fn with_entries(
-    h: &crate::sandbox::SandboxHandle,
-    user: &Option<String>,
-    root: &str,
-    mut events: Vec<Value>,
-) -> Vec<Value> {
+async fn with_entries(files: &SandboxFiles, root: &str, mut events: Vec<Value>) -> Vec<Value> {
     for ev in &mut events {
         if ev["type"] == "EVENT_TYPE_REMOVE" || ev["type"] == "EVENT_TYPE_RENAME" {
             continue;
@@ -434,34 +375,19 @@ async fn with_entries(
             continue;
         };
         let path = format!("{}/{name}", root.trim_end_matches('/'));
-        let req = StatRequest {
-            user: user.clone(),
-            ..StatRequest::new(&path)
-        };
-        if let Ok(st) = h.guest.stat(req).await {
+        if let Ok(st) = files.stat(&path, false).await {
             ev["entry"] = entry_info(&st);
         }
     }
     events
 }
 
-async fn open_watch(
-    ctx: &Ctx,
-    path: &str,
-    recursive: bool,
-) -> Result<sandlot_guest::client::Watch, ConnectError> {
+async fn open_watch(ctx: &Ctx, path: &str, recursive: bool) -> Result<FileWatch, ConnectError> {
     let st = stat(ctx, path).await?;
     if st.kind != FileKind::Dir {
         return Err(ConnectError::invalid(format!("{path} is not a directory")));
     }
-    ctx.h
-        .guest
-        .watch(WatchRequest {
-            user: ctx.user.clone(),
-            ..WatchRequest::new(path, recursive)
-        })
-        .await
-        .map_err(guest_err(path))
+    Ok(files(ctx).watch(path, recursive).await?)
 }
 
 async fn watch_stream(
@@ -472,15 +398,13 @@ async fn watch_stream(
     let p = ctx.path(&r.path)?;
     let mut w = open_watch(&ctx, &p, r.recursive).await?;
     let include_entry = r.include_entry;
-    let (h, user) = (ctx.h.clone(), ctx.user.clone());
+    let fs = files(&ctx);
     let (tx, resp) = connect::stream_response();
-    let guard = ctx.h.active();
     let period =
         connect::keepalive_interval(headers).unwrap_or(std::time::Duration::from_secs(3600));
     let stop = ctx.e2b.stopping();
     tokio::spawn(async move {
         tokio::pin!(stop);
-        let _guard = guard;
         if !tx.send(&json!({"start": {}})).await {
             return;
         }
@@ -491,7 +415,7 @@ async fn watch_stream(
                     Ok(Some(e)) => {
                         let mut evs = fs_events(&p, &e);
                         if include_entry {
-                            evs = with_entries(&h, &user, &p, evs).await;
+                            evs = with_entries(&fs, &p, evs).await;
                         }
                         for ev in evs {
                             if !tx.send(&json!({"filesystem": ev})).await {
@@ -552,19 +476,17 @@ impl Watchers {
         include_entry: bool,
     ) -> Result<String, ConnectError> {
         let mut w = open_watch(ctx, path, recursive).await?;
-        let (h, user) = (ctx.h.clone(), ctx.user.clone());
+        let fs = files(ctx);
         let events: Arc<Mutex<Vec<Value>>> = Arc::default();
         let ev = events.clone();
         let arrived: Arc<tokio::sync::Notify> = Arc::default();
         let notify = arrived.clone();
-        let guard = ctx.h.active();
         let root = path.to_string();
         let task = tokio::spawn(async move {
-            let _guard = guard;
             while let Ok(Some(e)) = w.next_event().await {
                 let mut evs = fs_events(&root, &e);
                 if include_entry {
-                    evs = with_entries(&h, &user, &root, evs).await;
+                    evs = with_entries(&fs, &root, evs).await;
                 }
                 {
                     let mut q = ev.lock().unwrap_or_else(|e| e.into_inner());
@@ -759,42 +681,20 @@ pub async fn download(
         Ok(p) => p,
         Err(e) => return http_api_error(e),
     };
-    // Bounded like the native read: by the sandbox's disk limit (one byte past it
-    // is asked for, so that a file growing while it is read is cut).
-    let limit = e2b.app.images.limit(Some(ctx.h.disk_limit));
-    let dl = ctx
-        .h
-        .guest
-        .read_file(ReadFileRequest {
-            user: ctx.user.clone(),
-            length: Some(limit.bytes.saturating_add(1)),
-            ..ReadFileRequest::new(&path)
-        })
-        .await
-        .map_err(guest_err(&path));
-    let dl = match dl {
+    // Bounded like the native read, by the sandbox's disk limit.
+    let dl = match files(&ctx).read(&path, ReadRange::Whole).await {
         Ok(d) => d,
-        Err(e) => return http_api_error(e),
+        Err(e) => return http_api_error(e.into()),
     };
     if dl.stat().kind == FileKind::Dir {
         return http_error(StatusCode::BAD_REQUEST, format!("{path} is a directory"));
     }
-    let what = path.clone();
-    if let Err(e) = Budget::new(Some(&limit), &what).charge(dl.stat().size) {
-        return http_error(StatusCode::PAYLOAD_TOO_LARGE, e.to_string());
-    }
-    let guard = ctx.h.active();
-    let counters = ctx.h.counters.clone();
     let stream = async_stream(move |tx| async move {
-        let _guard = guard;
         if gzip {
             let (raw_tx, raw_rx) = tokio::sync::mpsc::channel(4);
-            tokio::join!(
-                crate::routes::files::relay_download(dl, limit, what, counters, raw_tx),
-                deflate(raw_rx, tx)
-            );
+            tokio::join!(dl.relay(raw_tx), deflate(raw_rx, tx));
         } else {
-            crate::routes::files::relay_download(dl, limit, what, counters, tx).await;
+            dl.relay(tx).await;
         }
     });
     let mut resp = Body::from_stream(stream).into_response();
@@ -905,8 +805,7 @@ where
 
 /// One file being written.
 struct Upload {
-    path: String,
-    up: sandlot_guest::client::FileUpload,
+    up: crate::services::files::Upload,
     /// The file's metadata as the answer shows it (keys without the namespace).
     metadata: serde_json::Map<String, Value>,
 }
@@ -916,19 +815,13 @@ async fn open_upload(
     path: &str,
     metadata: &BTreeMap<String, String>,
 ) -> Result<Upload, ConnectError> {
-    let up = ctx
-        .h
-        .guest
-        .write_file(WriteFileRequest {
-            create_parents: true,
-            user: ctx.user.clone(),
+    let up = files(ctx)
+        .write(WriteSpec {
             xattrs: metadata.clone(),
-            ..WriteFileRequest::new(path)
+            ..WriteSpec::new(path)
         })
-        .await
-        .map_err(guest_err(path))?;
+        .await?;
     Ok(Upload {
-        path: path.to_string(),
         up,
         metadata: metadata
             .iter()
@@ -940,29 +833,13 @@ async fn open_upload(
 }
 
 impl Upload {
-    async fn write(&mut self, ctx: &Ctx, total: &mut u64, data: &[u8]) -> Result<(), ConnectError> {
-        let max = ctx.e2b.app.cfg.limits.max_upload.bytes();
-        *total += data.len() as u64;
-        if max > 0 && *total > max {
-            return Err(ConnectError::new(
-                Code::ResourceExhausted,
-                format!(
-                    "upload larger than {} (limits.max_upload)",
-                    sandlot_proto::units::ByteSize(max)
-                ),
-            ));
-        }
-        self.up.write(data).await.map_err(guest_err(&self.path))?;
-        ctx.h
-            .counters
-            .file_in
-            .fetch_add(data.len() as u64, Ordering::Relaxed);
-        Ok(())
+    async fn write(&mut self, budget: &mut UploadBudget, data: &[u8]) -> Result<(), ConnectError> {
+        Ok(self.up.write(budget, data).await?)
     }
 
     async fn finish(self) -> Result<Value, ConnectError> {
-        let path = self.path;
-        self.up.finish().await.map_err(guest_err(&path))?;
+        let path = self.up.path().to_string();
+        self.up.finish().await?;
         let mut v = json!({"name": base_name(&path), "type": "file", "path": path});
         if !self.metadata.is_empty() {
             v["metadata"] = Value::Object(self.metadata);
@@ -1026,9 +903,9 @@ async fn upload_raw(
         path.ok_or_else(|| ConnectError::invalid("path is required for an octet-stream upload"))?;
     let path = ctx.path(&path)?;
     let mut up = open_upload(ctx, &path, metadata).await?;
-    let mut total = 0;
+    let mut budget = files(ctx).upload_budget(UploadKind::Files);
     while let Some(chunk) = body.next().await? {
-        up.write(ctx, &mut total, &chunk).await?;
+        up.write(&mut budget, &chunk).await?;
     }
     Ok(vec![up.finish().await?])
 }
@@ -1043,7 +920,7 @@ async fn upload_multipart(
     let mut r = multipart::Reader::new(boundary);
     let mut cur: Option<Upload> = None;
     let mut written = Vec::new();
-    let mut total = 0u64;
+    let mut budget = files(ctx).upload_budget(UploadKind::Files);
     let mut parts = 0usize;
     loop {
         while let Some(ev) = r.next_event().map_err(ConnectError::invalid)? {
@@ -1066,7 +943,7 @@ async fn upload_multipart(
                 }
                 multipart::Event::Data(d) => {
                     if let Some(u) = cur.as_mut() {
-                        u.write(ctx, &mut total, &d).await?;
+                        u.write(&mut budget, &d).await?;
                     }
                 }
                 multipart::Event::PartEnd => {

@@ -20,7 +20,7 @@ use super::rest::{
 };
 use super::E2b;
 use crate::auth::Principal;
-use crate::routes::lookup;
+use crate::services::sandboxes::lookup;
 use crate::store::{Lifecycle, OnExpiry, SandboxRecord, SandboxState};
 
 /// E2B's default timeout of a resume (`ResumedSandbox.timeout`), in seconds.

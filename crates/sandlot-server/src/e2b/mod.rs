@@ -117,7 +117,7 @@ impl E2bConfig {
                 ));
             };
             for k in o.keys() {
-                if !crate::routes::sandboxes::SPEC_KEYS.contains(&k.as_str()) || k == "timeout" {
+                if !sandlot_proto::spec::SPEC_KEYS.contains(&k.as_str()) || k == "timeout" {
                     return Err(format!(
                         "e2b.templates.{name}.{k}: not a sandbox spec key (use image, rootfs, mounts, env, workdir, user, hostname, resources, network)"
                     ));

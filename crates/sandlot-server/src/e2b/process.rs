@@ -421,7 +421,7 @@ async fn start(ctx: Ctx, req: StartRequest, headers: &HeaderMap) -> Result<Respo
         tag: req.tag.clone(),
         background: false,
     };
-    let entry = crate::routes::exec::start_process(&ctx.e2b.app, &ctx.h, &body).await?;
+    let entry = crate::services::process::start(&ctx.e2b.app, &ctx.h, &body).await?;
     let app = ctx.e2b.app.clone();
     ctx.e2b
         .procs

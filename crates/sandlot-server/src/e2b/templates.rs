@@ -1123,7 +1123,7 @@ pub async fn run_start(
         background,
     };
     if let Some(start) = &cmd.start {
-        crate::routes::exec::start_process(&e2b.app, &h, &exec(start, true, "e2b-start")).await?;
+        crate::services::process::start(&e2b.app, &h, &exec(start, true, "e2b-start")).await?;
     }
     let Some(ready) = &cmd.ready else {
         return Ok(());
@@ -1144,7 +1144,7 @@ pub async fn run_start(
     let ready = format!("( {ready} ) >/dev/null 2>&1");
     loop {
         let entry =
-            crate::routes::exec::start_process(&e2b.app, &h, &exec(&ready, false, "e2b-ready"))
+            crate::services::process::start(&e2b.app, &h, &exec(&ready, false, "e2b-ready"))
                 .await
                 .map_err(|e| not_ready(&format!(": {}", e.message)))?;
         let left = deadline.saturating_duration_since(Instant::now());

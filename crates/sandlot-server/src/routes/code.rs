@@ -18,13 +18,13 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 
 use super::exec::stream_requested;
-use super::sandboxes::parse_duration;
 use super::stream::{held_body, held_channel_body, line};
 use super::{json_status, parse_json, JsonBody, RequestId};
 use crate::auth::Principal;
 use crate::code::{self, Context, ContextParams, Language, RunItem, RunRequest, RunTicket};
 use crate::error::{ApiError, ApiResult};
 use crate::sandbox::SandboxHandle;
+use crate::services::parse_duration;
 use crate::state::AppState;
 
 fn params(b: CreateContextBody) -> ApiResult<ContextParams> {

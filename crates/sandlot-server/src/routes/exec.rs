@@ -12,22 +12,19 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use axum::Json;
 use futures_util::{SinkExt, StreamExt};
-use sandlot_guest::client::{
-    AttachRequest, ExecRequest, ProcessId, ProcessInfo, ProcessStdin, PtySize,
-};
+use sandlot_guest::client::{AttachRequest, ProcessId, ProcessInfo, ProcessStdin};
 use sandlot_proto::api::{
     ExecBody, ProcessList, ProcessView, ResizeBody, SignalBody, StreamEvent, WaitResult,
 };
-use sandlot_proto::units::Seconds;
 use serde_json::Value;
 
-use super::sandboxes::parse_duration;
 use super::stream::{event_json, ndjson_output, Source};
 use super::{json_status, parse_json, JsonBody, RequestId};
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
-use crate::process::{keep_output_of, process_exit, supervise, OutEvent, ProcEntry};
+use crate::process::{keep_output_of, process_exit, OutEvent, ProcEntry};
 use crate::sandbox::SandboxHandle;
+use crate::services::parse_duration;
 use crate::state::AppState;
 use crate::timefmt::rfc3339;
 
@@ -36,76 +33,9 @@ const READER_CAPACITY: usize = 8;
 /// Longest `wait`.
 const MAX_WAIT: Duration = Duration::from_secs(3600);
 
-fn guest_request(b: &ExecBody) -> ApiResult<ExecRequest> {
-    let timeout = match &b.timeout {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(Seconds(parse_duration("timeout", v)?)),
-    };
-    let req = ExecRequest {
-        argv: b.argv.clone(),
-        env: b.env.clone(),
-        cwd: b.cwd.clone(),
-        user: b.user.clone(),
-        pty: b.pty.map(|p| PtySize {
-            rows: p.rows,
-            cols: p.cols,
-        }),
-        timeout,
-        stdin: b.stdin,
-        // Background output never waits for a reader; with stdin the daemon keeps
-        // the channel (stdin lives on it) and drains.
-        detached: b.background && !b.stdin,
-        tag: b.tag.clone(),
-    };
-    req.validate().map_err(|m| match m.split_once(": ") {
-        Some((f, problem)) if !f.contains(' ') => ApiError::invalid(f, problem),
-        _ => ApiError::bad_request(m),
-    })?;
-    Ok(req)
-}
-
 fn pid_of(s: &str) -> ApiResult<u64> {
     s.parse()
         .map_err(|_| ApiError::invalid("pid", format!("{s:?} is not a process id")))
-}
-
-/// Starts a process through the agent and its supervisor.
-pub(crate) async fn start_process(
-    state: &Arc<AppState>,
-    h: &Arc<SandboxHandle>,
-    b: &ExecBody,
-) -> ApiResult<Arc<ProcEntry>> {
-    let req = guest_request(b)?;
-    h.touch();
-    let p = h.guest.exec(req).await.map_err(|e| {
-        use sandlot_guest::client::ErrorCode as C;
-        match e.code() {
-            // The command itself could not be run: the caller's problem (400), not a
-            // missing API resource.
-            Some(C::NotFound | C::PermissionDenied | C::SpawnFailed) => {
-                ApiError::new(StatusCode::BAD_REQUEST, "spawn_failed", e.to_string())
-            }
-            _ => ApiError::from_guest(
-                e,
-                &format!("exec {:?}", b.argv.first().cloned().unwrap_or_default()),
-            ),
-        }
-    })?;
-    h.counters.exec.fetch_add(1, Ordering::Relaxed);
-    state.metrics.exec_total.fetch_add(1, Ordering::Relaxed);
-    let span = tracing::info_span!(parent: &h.span, "process", process = p.id().0);
-    span.in_scope(|| tracing::debug!(argv = ?b.argv, "process started"));
-    Ok(supervise(
-        &h.procs,
-        p,
-        b.argv.clone(),
-        b.tag.clone(),
-        b.background,
-        h.counters.clone(),
-        state.supervisor_settings(),
-        span,
-        h.exit_poll.clone(),
-    ))
 }
 
 /// Whether the query asks for an NDJSON stream (`?stream=ndjson`); any other
@@ -148,7 +78,7 @@ pub async fn start(
 ) -> ApiResult<Response> {
     let stream = stream_requested(q.as_deref())?;
     let h = crate::autopause::live(&state, &p, &id).await?;
-    let entry = start_process(&state, &h, &b).await?;
+    let entry = crate::services::process::start(&state, &h, &b).await?;
     if !stream {
         return Ok(json_status(StatusCode::CREATED, &entry.view()));
     }
@@ -394,7 +324,7 @@ pub async fn start_ws(
         };
         let started = async {
             let b: ExecBody = parse_json(first.as_bytes())?;
-            let entry = start_process(&state, &h, &b).await?;
+            let entry = crate::services::process::start(&state, &h, &b).await?;
             let rx = entry
                 .subscribe_from_start(READER_CAPACITY)
                 .await

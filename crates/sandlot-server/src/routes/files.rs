@@ -1,8 +1,9 @@
-//! Files of a sandbox: streamed read and write (parents created), stat, list,
-//! mkdir, remove, rename, watch, and tar download/upload of a directory.
+//! Files of a sandbox over HTTP: streamed read and write (parents created),
+//! stat, list, mkdir, remove, rename, watch, and tar download/upload of a
+//! directory. The operations are `services::files`; this module parses the
+//! queries and bodies and shapes the answers.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use axum::body::Body;
@@ -11,10 +12,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::Response;
 use axum::Json;
 use futures_util::StreamExt;
-use sandlot_guest::client::{
-    FileKind, FileStat, ListDirRequest, MkdirRequest, ReadFileRequest, RemoveRequest,
-    RenameRequest, StatRequest, WatchEventKind, WatchRequest, WriteFileRequest,
-};
+use sandlot_guest::client::{FileKind, FileStat, WatchEventKind};
 use sandlot_proto::api::{
     DirEntry as ApiDirEntry, DirListing, FileInfo, MkdirBody, RenameBody, TarResult, WatchEvent,
     WriteResult,
@@ -27,14 +25,14 @@ use super::stream::{channel_body, fallible_channel_body, line};
 use super::{json_status, JsonBody, RequestId};
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
-use crate::sandbox::SandboxHandle;
+use crate::services::files::{ReadRange, SandboxFiles, UploadKind, WriteSpec};
 use crate::state::AppState;
 use crate::tarstream::{self, EntryKind, TarReader};
 use crate::timefmt::rfc3339;
 use sandlot_store::Budget;
 
-/// Entries a listing returns at most.
-const MAX_LIST: usize = 100_000;
+/// How deep a directory's archive goes.
+const TAR_DEPTH: u32 = 64;
 
 /// Query parameters as a map; unknown names are refused.
 fn query(q: Option<&str>, allowed: &[&str]) -> ApiResult<HashMap<String, String>> {
@@ -109,10 +107,6 @@ pub fn file_info(s: &FileStat) -> FileInfo {
     }
 }
 
-fn guest_err(path: &str) -> impl FnOnce(sandlot_guest::client::ClientError) -> ApiError + '_ {
-    move |e| ApiError::from_guest(e, path)
-}
-
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/files", tag = "files",
     params(("id" = String, Path), ("path" = String, Query), ("offset" = Option<u64>, Query), ("length" = Option<u64>, Query)),
     responses((status = 200, description = "The file's bytes, streamed", content_type = "application/octet-stream", body = Vec<u8>),
@@ -128,73 +122,20 @@ pub async fn read(
     let m = query(q.as_deref(), &["path", "offset", "length"])?;
     let path = sandbox_path("path", m.get("path"))?;
     let offset = num(&m, "offset")?.unwrap_or(0);
-    let length = num(&m, "length")?.unwrap_or(u64::MAX);
-    let h = crate::autopause::live(&state, &p, &id).await?;
-    let limit = state.images.limit(Some(h.disk_limit));
-    let guard = h.active();
-    // At most one byte past the limit is asked for: a file that grows while it is
-    // read is cut there.
-    let dl = h
-        .guest
-        .read_file(ReadFileRequest {
-            path: path.clone(),
-            offset,
-            length: Some(length.min(limit.bytes.saturating_add(1))),
-            user: None,
-        })
-        .await
-        .map_err(guest_err(&path))?;
-    let size = dl.stat().size;
-    let what = format!("{path} from offset {offset}");
-    let mut budget = Budget::new(Some(&limit), &what);
-    budget
-        .charge(size.saturating_sub(offset).min(length))
-        .map_err(too_large)?;
+    let length = num(&m, "length")?;
+    let files = SandboxFiles::of_tenant(&state, &p, &id).await?;
+    let dl = files
+        .read(&path, ReadRange::From { offset, length })
+        .await?;
     let (tx, mut resp) = fallible_channel_body("application/octet-stream");
     resp.headers_mut()
-        .insert("x-sandlot-file-size", HeaderValue::from(size));
-    let counters = h.counters.clone();
+        .insert("x-sandlot-file-size", HeaderValue::from(dl.stat().size));
     tokio::spawn(async move {
-        let _guard = guard;
-        if let Some(err) = relay_download(dl, limit, what, counters, tx).await {
+        if let Some(err) = dl.relay(tx).await {
             tracing::warn!(request_id = rid.0, "file download cut: {err}");
         }
     });
     Ok(resp)
-}
-
-/// Sends a file's chunks to `tx` within `limit` (counted as the sandbox's file output),
-/// until the end of the file or the client's going away. A read error or a file that
-/// grows past the limit cuts the body (an error item: the client sees a truncated
-/// transfer, never a short file) and is returned. The native and E2B downloads share it.
-pub(crate) async fn relay_download(
-    mut dl: sandlot_guest::client::FileDownload,
-    limit: sandlot_store::SizeLimit,
-    what: String,
-    counters: Arc<crate::sandbox::Counters>,
-    tx: tokio::sync::mpsc::Sender<Result<bytes::Bytes, std::io::Error>>,
-) -> Option<String> {
-    let mut budget = Budget::new(Some(&limit), &what);
-    loop {
-        let err = match dl.chunk().await {
-            Ok(Some(c)) => match budget.charge(c.len() as u64) {
-                Ok(()) => {
-                    counters
-                        .file_out
-                        .fetch_add(c.len() as u64, Ordering::Relaxed);
-                    if tx.send(Ok(c)).await.is_err() {
-                        return None;
-                    }
-                    continue;
-                }
-                Err(e) => e.to_string(),
-            },
-            Ok(None) => return None,
-            Err(e) => e.to_string(),
-        };
-        let _ = tx.send(Err(std::io::Error::other(err.clone()))).await;
-        return Some(err);
-    }
 }
 
 /// 413 `too_large` for a read past its limit.
@@ -221,58 +162,27 @@ pub async fn write(
         .map(|v| parse_mode("mode", &Value::String(v.clone())))
         .transpose()?;
     let append = flag(&m, "append")?;
-    let h = crate::autopause::live(&state, &p, &id).await?;
-    let _guard = h.active();
-    let n = upload(&state, &h, &path, mode, append, body.into_data_stream()).await?;
+    let files = SandboxFiles::of_tenant(&state, &p, &id).await?;
+    let _guard = files.handle().active();
+    let mut up = files
+        .write(WriteSpec {
+            mode,
+            append,
+            ..WriteSpec::new(&path)
+        })
+        .await?;
+    let mut budget = files.upload_budget(UploadKind::Files);
+    let mut body = body.into_data_stream();
+    while let Some(chunk) = body.next().await {
+        let chunk =
+            chunk.map_err(|e| ApiError::bad_request(format!("reading the request body: {e}")))?;
+        up.write(&mut budget, &chunk).await?;
+    }
+    let n = up.finish().await?;
     Ok(json_status(
         StatusCode::CREATED,
         &WriteResult { path, bytes: n },
     ))
-}
-
-async fn upload<S, E>(
-    state: &AppState,
-    h: &Arc<SandboxHandle>,
-    path: &str,
-    mode: Option<u32>,
-    append: bool,
-    mut s: S,
-) -> ApiResult<u64>
-where
-    S: futures_util::Stream<Item = Result<bytes::Bytes, E>> + Unpin,
-    E: std::fmt::Display,
-{
-    let max = state.cfg.limits.max_upload.bytes();
-    let mut up = h
-        .guest
-        .write_file(WriteFileRequest {
-            path: path.to_string(),
-            mode,
-            append,
-            create_parents: true,
-            user: None,
-            xattrs: Default::default(),
-        })
-        .await
-        .map_err(guest_err(path))?;
-    let mut total = 0u64;
-    while let Some(chunk) = s.next().await {
-        let chunk =
-            chunk.map_err(|e| ApiError::bad_request(format!("reading the request body: {e}")))?;
-        total += chunk.len() as u64;
-        if max > 0 && total > max {
-            // Dropping the unfinished upload discards it.
-            return Err(ApiError::too_large(format!(
-                "upload larger than {} (limits.max_upload)",
-                sandlot_proto::units::ByteSize(max)
-            )));
-        }
-        up.write(&chunk).await.map_err(guest_err(path))?;
-        h.counters
-            .file_in
-            .fetch_add(chunk.len() as u64, Ordering::Relaxed);
-    }
-    up.finish().await.map_err(guest_err(path))
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/files/stat", tag = "files",
@@ -286,18 +196,9 @@ pub async fn stat(
 ) -> ApiResult<Json<FileInfo>> {
     let m = query(q.as_deref(), &["path", "follow"])?;
     let path = sandbox_path("path", m.get("path"))?;
-    let h = crate::autopause::live(&state, &p, &id).await?;
-    h.touch();
-    let s = h
-        .guest
-        .stat(StatRequest {
-            path: path.clone(),
-            follow: flag(&m, "follow")?,
-            user: None,
-        })
-        .await
-        .map_err(guest_err(&path))?;
-    Ok(Json(file_info(&s)))
+    let follow = flag(&m, "follow")?;
+    let files = SandboxFiles::of_tenant(&state, &p, &id).await?;
+    Ok(Json(file_info(&files.stat(&path, follow).await?)))
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/files/list", tag = "files",
@@ -315,30 +216,16 @@ pub async fn list(
     if depth == 0 || depth > 64 {
         return Err(ApiError::invalid("depth", "must be between 1 and 64"));
     }
-    let h = crate::autopause::live(&state, &p, &id).await?;
-    h.touch();
-    let mut l = h
-        .guest
-        .list_dir_stream(ListDirRequest {
-            path: path.clone(),
-            depth: depth as u32,
-            user: None,
-        })
-        .await
-        .map_err(guest_err(&path))?;
-    let mut entries = Vec::new();
-    let mut truncated = false;
-    while let Some(e) = l.next_entry().await.map_err(guest_err(&path))? {
-        if entries.len() >= MAX_LIST {
-            truncated = true;
-            break;
-        }
-        entries.push(ApiDirEntry {
+    let files = SandboxFiles::of_tenant(&state, &p, &id).await?;
+    let (entries, truncated) = files.list(&path, depth as u32).await?.collect().await?;
+    let entries = entries
+        .into_iter()
+        .map(|e| ApiDirEntry {
             info: file_info(&e.stat),
             depth: e.depth,
             error: e.error,
-        });
-    }
+        })
+        .collect();
     Ok(Json(DirListing {
         path,
         entries,
@@ -357,17 +244,10 @@ pub async fn mkdir(
 ) -> ApiResult<StatusCode> {
     let path = sandbox_path("path", Some(&b.path))?;
     let mode = b.mode.as_ref().map(|v| parse_mode("mode", v)).transpose()?;
-    let h = crate::autopause::live(&state, &p, &id).await?;
-    h.touch();
-    h.guest
-        .mkdir(MkdirRequest {
-            path: path.clone(),
-            parents: b.parents,
-            mode,
-            user: None,
-        })
-        .await
-        .map_err(guest_err(&path))?;
+    SandboxFiles::of_tenant(&state, &p, &id)
+        .await?
+        .mkdir(&path, b.parents, mode)
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -385,16 +265,11 @@ pub async fn remove(
     if path == "/" {
         return Err(ApiError::invalid("path", "refusing to remove /"));
     }
-    let h = crate::autopause::live(&state, &p, &id).await?;
-    h.touch();
-    h.guest
-        .remove(RemoveRequest {
-            path: path.clone(),
-            recursive: flag(&m, "recursive")?,
-            user: None,
-        })
-        .await
-        .map_err(guest_err(&path))?;
+    let recursive = flag(&m, "recursive")?;
+    SandboxFiles::of_tenant(&state, &p, &id)
+        .await?
+        .remove(&path, recursive)
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -409,17 +284,10 @@ pub async fn rename(
 ) -> ApiResult<StatusCode> {
     let from = sandbox_path("from", Some(&b.from))?;
     let to = sandbox_path("to", Some(&b.to))?;
-    let h = crate::autopause::live(&state, &p, &id).await?;
-    h.touch();
-    h.guest
-        .rename(RenameRequest {
-            from: from.clone(),
-            to,
-            overwrite: b.overwrite,
-            user: None,
-        })
-        .await
-        .map_err(guest_err(&from))?;
+    SandboxFiles::of_tenant(&state, &p, &id)
+        .await?
+        .rename(&from, &to, b.overwrite)
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -435,20 +303,11 @@ pub async fn watch(
 ) -> ApiResult<Response> {
     let m = query(q.as_deref(), &["path", "recursive"])?;
     let path = sandbox_path("path", m.get("path"))?;
-    let h = crate::autopause::live(&state, &p, &id).await?;
-    let guard = h.active();
-    let mut w = h
-        .guest
-        .watch(WatchRequest {
-            path: path.clone(),
-            recursive: flag(&m, "recursive")?,
-            user: None,
-        })
-        .await
-        .map_err(guest_err(&path))?;
+    let recursive = flag(&m, "recursive")?;
+    let files = SandboxFiles::of_tenant(&state, &p, &id).await?;
+    let mut w = files.watch(&path, recursive).await?;
     let (tx, resp) = channel_body("application/x-ndjson");
     tokio::spawn(async move {
-        let _guard = guard;
         loop {
             // A client that goes away ends the watch at once (dropping `w` cancels
             // it in the agent), not at the next event: until then it held an
@@ -495,17 +354,9 @@ pub async fn tar_download(
 ) -> ApiResult<Response> {
     let m = query(q.as_deref(), &["path"])?;
     let root = sandbox_path("path", m.get("path"))?;
-    let h = crate::autopause::live(&state, &p, &id).await?;
-    let guard = h.active();
-    let st = h
-        .guest
-        .stat(StatRequest {
-            path: root.clone(),
-            follow: true,
-            user: None,
-        })
-        .await
-        .map_err(guest_err(&root))?;
+    let files = SandboxFiles::of_tenant(&state, &p, &id).await?;
+    let guard = files.handle().active();
+    let st = files.stat(&root, true).await?;
     if st.kind != FileKind::Dir {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -518,7 +369,7 @@ pub async fn tar_download(
     // bounded by the sandbox's disk limit. It is measured before the answer, so
     // that past the limit the answer is 413 and nothing is sent; what changes
     // meanwhile is counted again while streaming, and cuts the archive.
-    let limit = state.images.limit(Some(h.disk_limit));
+    let limit = files.read_limit();
     let what = format!("the archive of {root}");
     let prefix = if root == "/" {
         "/".to_string()
@@ -530,8 +381,8 @@ pub async fn tar_download(
         budget
             .charge(tarstream::trailer().len() as u64)
             .map_err(too_large)?;
-        let mut listing = list_all(&h, &root).await?;
-        while let Some(e) = listing.next_entry().await.map_err(guest_err(&root))? {
+        let mut listing = files.list(&root, TAR_DEPTH).await?;
+        while let Some(e) = listing.next_entry().await? {
             if let Some((rel, kind)) = tar_entry(&prefix, &e.stat) {
                 budget
                     .charge(entry_bytes(&rel, &kind, &e.stat))
@@ -539,7 +390,7 @@ pub async fn tar_download(
             }
         }
     }
-    let mut listing = list_all(&h, &root).await?;
+    let mut listing = files.list(&root, TAR_DEPTH).await?;
     let (tx, mut resp) = fallible_channel_body("application/x-tar");
     let name = root
         .rsplit('/')
@@ -556,7 +407,7 @@ pub async fn tar_download(
             budget
                 .charge(tarstream::trailer().len() as u64)
                 .map_err(|e| e.to_string())?;
-            while let Some(e) = listing.next_entry().await.map_err(|e| e.to_string())? {
+            while let Some(e) = listing.next_entry().await.map_err(|e| e.message)? {
                 let Some((rel, kind)) = tar_entry(&prefix, &e.stat) else {
                     continue;
                 };
@@ -577,32 +428,19 @@ pub async fn tar_download(
                 // Exactly `size` bytes: a file that changed meanwhile is cut or
                 // zero-padded so that the archive stays well-formed.
                 let mut sent = 0u64;
-                match h
-                    .guest
-                    .read_file(ReadFileRequest {
-                        path: s.path.clone(),
-                        offset: 0,
-                        length: Some(size),
-                        user: None,
-                    })
-                    .await
-                {
+                match files.read_exact(&s.path, size).await {
                     Ok(mut dl) => {
                         while let Some(c) = dl.chunk().await.map_err(|e| e.to_string())? {
-                            let take = (size - sent).min(c.len() as u64) as usize;
-                            if take == 0 {
-                                break;
-                            }
-                            sent += take as u64;
-                            h.counters
-                                .file_out
-                                .fetch_add(take as u64, Ordering::Relaxed);
-                            send(&tx, c.slice(..take)).await?;
+                            sent += c.len() as u64;
+                            send(&tx, c).await?;
                         }
                     }
-                    Err(err) => {
-                        tracing::warn!(request_id = rid.0, "tar: {}: {err}; zero-filled", s.path)
-                    }
+                    Err(err) => tracing::warn!(
+                        request_id = rid.0,
+                        "tar: {}: {}; zero-filled",
+                        s.path,
+                        err.message
+                    ),
                 }
                 while sent < size {
                     let n = (size - sent).min(64 * 1024);
@@ -620,18 +458,6 @@ pub async fn tar_download(
         }
     });
     Ok(resp)
-}
-
-/// The whole tree under `root` (64 levels deep), streamed from the agent.
-async fn list_all(h: &SandboxHandle, root: &str) -> ApiResult<sandlot_guest::client::DirListing> {
-    h.guest
-        .list_dir_stream(ListDirRequest {
-            path: root.to_string(),
-            depth: 64,
-            user: None,
-        })
-        .await
-        .map_err(guest_err(root))
 }
 
 /// The archive path (relative to `prefix`) and kind of a listed entry, or `None`
@@ -682,17 +508,9 @@ pub async fn tar_upload(
 ) -> ApiResult<Response> {
     let m = query(q.as_deref(), &["path"])?;
     let root = sandbox_path("path", m.get("path"))?;
-    let h = crate::autopause::live(&state, &p, &id).await?;
-    let _guard = h.active();
-    h.guest
-        .mkdir(MkdirRequest {
-            path: root.clone(),
-            parents: true,
-            mode: None,
-            user: None,
-        })
-        .await
-        .map_err(guest_err(&root))?;
+    let files = SandboxFiles::of_tenant(&state, &p, &id).await?;
+    let _guard = files.handle().active();
+    files.mkdir(&root, true, None).await?;
     let mut r = TarReader::new(body.into_data_stream());
     let mut res = TarResult {
         path: root.clone(),
@@ -701,7 +519,7 @@ pub async fn tar_upload(
         bytes: 0,
         skipped: Vec::new(),
     };
-    let max = state.cfg.limits.max_upload.bytes();
+    let mut budget = files.upload_budget(UploadKind::Archive);
     loop {
         let e = match r.next_entry().await {
             Ok(Some(e)) => e,
@@ -716,49 +534,27 @@ pub async fn tar_upload(
         };
         match e.kind {
             EntryKind::Dir => {
-                h.guest
-                    .mkdir(MkdirRequest {
-                        path: target.clone(),
-                        parents: true,
-                        mode: Some(e.mode),
-                        user: None,
-                    })
-                    .await
-                    .map_err(guest_err(&target))?;
+                files.mkdir(&target, true, Some(e.mode)).await?;
                 res.dirs += 1;
             }
             EntryKind::File => {
-                let mut up = h
-                    .guest
-                    .write_file(WriteFileRequest {
-                        path: target.clone(),
+                let mut up = files
+                    .write(WriteSpec {
                         mode: Some(e.mode),
-                        append: false,
-                        create_parents: true,
-                        user: None,
-                        xattrs: Default::default(),
+                        ..WriteSpec::new(&target)
                     })
-                    .await
-                    .map_err(guest_err(&target))?;
+                    .await?;
                 loop {
                     match r.next_data().await {
                         Ok(Some(c)) => {
                             res.bytes += c.len() as u64;
-                            if max > 0 && res.bytes > max {
-                                return Err(ApiError::too_large(
-                                    "archive content larger than limits.max_upload",
-                                ));
-                            }
-                            up.write(&c).await.map_err(guest_err(&target))?;
-                            h.counters
-                                .file_in
-                                .fetch_add(c.len() as u64, Ordering::Relaxed);
+                            up.write(&mut budget, &c).await?;
                         }
                         Ok(None) => break,
                         Err(err) => return Err(ApiError::invalid("body", err)),
                     }
                 }
-                up.finish().await.map_err(guest_err(&target))?;
+                up.finish().await?;
                 res.files += 1;
             }
             EntryKind::Symlink(t) => res
@@ -768,7 +564,7 @@ pub async fn tar_upload(
                 .skipped
                 .push(format!("{rel}: entry type {c:?} (not supported)")),
         }
-        h.touch();
+        files.handle().touch();
     }
     Ok(json_status(StatusCode::CREATED, &res))
 }

@@ -2,7 +2,6 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Path, RawQuery, State};
@@ -12,7 +11,7 @@ use axum::Json;
 use sandlot_proto::api::{
     EventList, Health, Sandbox, SandboxEvent, SandboxExit, SandboxList, SetTimeout, Usage,
 };
-use sandlot_proto::spec::SandboxSpec;
+use sandlot_proto::spec::{SandboxSpec, SPEC_KEYS};
 use serde_json::Value;
 
 use super::{from_value, json_status, live, lookup, parse_json, read_limited, JsonBody};
@@ -20,26 +19,11 @@ use crate::auth::Principal;
 use crate::config::fmt_secs;
 use crate::error::{ApiError, ApiResult};
 use crate::sandbox::{self, spec_problem, CreateParams};
+use crate::services::parse_duration;
 use crate::state::AppState;
 use crate::store::{now_ms, EndReason, SandboxFilter, SandboxRecord, SandboxState};
 use crate::timefmt::rfc3339;
 
-/// Top-level keys of the create body that are the sandbox spec.
-pub const SPEC_KEYS: &[&str] = &[
-    "image",
-    "rootfs",
-    "mounts",
-    "env",
-    "workdir",
-    "user",
-    "hostname",
-    "resources",
-    "timeout",
-    "network",
-    "volumes",
-    "secrets",
-    "isolation",
-];
 /// Top-level keys of the create body that are not part of the spec.
 pub const EXTRA_KEYS: &[&str] = &[
     "name",
@@ -62,35 +46,6 @@ pub async fn health(p: Principal) -> Json<Health> {
         version: env!("CARGO_PKG_VERSION").into(),
         tenant: p.scope.unwrap_or_else(|| "*".into()),
     })
-}
-
-/// A duration given as seconds (number) or a string with a unit (`"10m"`).
-pub fn parse_duration(field: &str, v: &Value) -> ApiResult<Duration> {
-    let d = match v {
-        Value::Number(n) => match n.as_f64() {
-            Some(f) if f.is_finite() && (0.0..1e12).contains(&f) => Duration::from_secs_f64(f),
-            _ => {
-                return Err(ApiError::invalid(
-                    field,
-                    format!("{n} is not a valid number of seconds"),
-                ))
-            }
-        },
-        Value::String(s) => s
-            .parse::<sandlot_proto::units::Seconds>()
-            .map_err(|e| ApiError::invalid(field, e))?
-            .duration(),
-        other => {
-            return Err(ApiError::invalid(
-                field,
-                format!("expected seconds or a duration string like \"5m\", got {other}"),
-            ))
-        }
-    };
-    if d.is_zero() {
-        return Err(ApiError::invalid(field, "must be positive"));
-    }
-    Ok(d)
 }
 
 fn check_label(field: &str, k: &str, max: usize) -> ApiResult<()> {
