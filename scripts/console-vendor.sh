@@ -15,6 +15,8 @@ files=(
     "@xterm/xterm/lib/xterm.js:xterm.js"
     "@xterm/xterm/css/xterm.css:xterm.css"
     "@xterm/addon-fit/lib/addon-fit.js:addon-fit.js"
+    "@xterm/xterm/LICENSE:LICENSE-xterm.txt"
+    "@xterm/addon-fit/LICENSE:LICENSE-addon-fit.txt"
 )
 
 scratch="$(mktemp -d)"

@@ -38,6 +38,7 @@ macro_rules! asset {
 
 const JS: &str = "text/javascript; charset=utf-8";
 const CSS: &str = "text/css; charset=utf-8";
+const TEXT: &str = "text/plain; charset=utf-8";
 
 /// Every file the console serves; nothing else under `/ui/` exists.
 const ASSETS: &[Asset] = &[
@@ -56,6 +57,8 @@ const ASSETS: &[Asset] = &[
     asset!("vendor/xterm.js", JS),
     asset!("vendor/addon-fit.js", JS),
     asset!("vendor/xterm.css", CSS),
+    asset!("vendor/LICENSE-xterm.txt", TEXT),
+    asset!("vendor/LICENSE-addon-fit.txt", TEXT),
 ];
 
 /// The routes of the console, for the TCP listener's router.
@@ -124,6 +127,7 @@ mod tests {
                 Some("css") => CSS,
                 Some("html") => "text/html; charset=utf-8",
                 Some("svg") => "image/svg+xml",
+                Some("txt") => TEXT,
                 other => panic!("{}: unexpected extension {other:?}", a.path),
             };
             assert_eq!(a.content_type, want, "{}", a.path);
