@@ -4,7 +4,8 @@ sandbox with a network allow-list and a tag holding markup, type `echo hi` into 
 terminal and read it back, upload a file whose name is markup and see it listed,
 make the sandbox try a connection its policy denies (to a TEST-NET address; the
 proxy refuses it, nothing leaves the host) and see it in the egress log, delete the
-sandbox. Tenant strings must show as text: no element is made from them and no
+sandbox; then create and delete a volume and a secret (whose value must not stay in
+the page). Tenant strings must show as text: no element is made from them and no
 script of theirs runs. Screenshots of the pages at two window sizes, light and
 dark, go to tests/console/screenshots/ (or $SANDLOT_CONSOLE_SCREENSHOTS).
 Needs root (the daemon creates sandboxes), chromium and chromium-driver.
@@ -191,7 +192,7 @@ def no_markup_ran(driver):
     assert driver.find_elements(By.CSS_SELECTOR, "main img") == [], "tenant markup became an element"
 
 
-def test_console_signs_in_runs_a_terminal_moves_files_shows_denied_egress_and_deletes(daemon, browser):
+def test_console_drives_a_sandbox_its_terminal_files_and_egress_log_then_volumes_and_secrets(daemon, browser):
     d = browser
     base = f"http://127.0.0.1:{daemon.port}"
     token = daemon.token("acme")
@@ -289,6 +290,32 @@ def test_console_signs_in_runs_a_terminal_moves_files_shows_denied_egress_and_de
     wait(d, "the sandbox gone from the live list",
          lambda d: not d.find_elements(By.CSS_SELECTOR, f"tr[data-id='{sid}']"), timeout=30)
     assert daemon.operator("ls", "--quiet").split() == []
+
+    # Images, volumes, secrets (names only).
+    click(d, "the images link", "#nav a[href='#/images']")
+    wait(d, "the images page", lambda d: d.find_element(By.ID, "images-list").text)
+    shoot(d, "images")
+    click(d, "the volumes link", "#nav a[href='#/volumes']")
+    form = wait(d, "the volume form", lambda d: d.find_element(By.ID, "volume-form"))
+    form.find_element(By.NAME, "name").send_keys("scratch")
+    form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    wait(d, "the volume listed", lambda d: d.find_elements(By.CSS_SELECTOR, "#volumes-list tr[data-id='scratch']"))
+    click(d, "the volume's delete button", "#volumes-list tr[data-id='scratch'] button.danger")
+    d.switch_to.alert.accept()
+    wait(d, "the volume gone", lambda d: not d.find_elements(By.CSS_SELECTOR, "#volumes-list tr[data-id='scratch']"))
+    click(d, "the secrets link", "#nav a[href='#/secrets']")
+    form = wait(d, "the secret form", lambda d: d.find_element(By.ID, "secret-form"))
+    value = "s3cret-value-typed-once"
+    form.find_element(By.NAME, "name").send_keys("api-key")
+    form.find_element(By.NAME, "value").send_keys(value)
+    form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    wait(d, "the secret listed", lambda d: d.find_elements(By.CSS_SELECTOR, "#secrets-list tr[data-id='api-key']"))
+    assert d.find_element(By.CSS_SELECTOR, "#secret-form input[name=value]").get_attribute("value") == ""
+    assert value not in d.page_source
+    shoot(d, "secrets")
+    click(d, "the secret's delete button", "#secrets-list tr[data-id='api-key'] button.danger")
+    d.switch_to.alert.accept()
+    wait(d, "the secret gone", lambda d: not d.find_elements(By.CSS_SELECTOR, "#secrets-list tr[data-id='api-key']"))
 
     # Nothing the Content-Security-Policy refused, no script error.
     problems = [e for e in d.get_log("browser")

@@ -4,6 +4,9 @@ import { api, token, ApiError } from './api.js';
 import { h, put, field, toast } from './dom.js';
 import { sandboxesPage } from './sandboxes.js';
 import { sandboxPage } from './sandbox.js';
+import { imagesPage, volumesPage, secretsPage } from './store.js';
+
+const PAGES = { '/images': imagesPage, '/volumes': volumesPage, '/secrets': secretsPage };
 
 const main = document.getElementById('main');
 let leave = null; // the current page's clean-up (timers, sockets)
@@ -35,6 +38,8 @@ function signInPage(message) {
 
 async function whoAmI() {
   const health = await api('GET', '/v1/health');
+  put(document.getElementById('nav'), [['#/', 'Sandboxes'], ['#/images', 'Images'], ['#/volumes', 'Volumes'],
+    ['#/secrets', 'Secrets']].map(([href, label]) => h('a', { href }, label)));
   put(document.getElementById('who'),
     h('span', {}, health.tenant === '*' ? 'operator' : `tenant ${health.tenant}`), ' ',
     h('button', { type: 'button', class: 'link', onclick: signOut }, 'Sign out'));
@@ -43,6 +48,7 @@ async function whoAmI() {
 
 function signOut() {
   token.clear();
+  document.getElementById('nav').replaceChildren();
   document.getElementById('who').replaceChildren();
   route();
 }
@@ -56,7 +62,12 @@ async function route() {
   }
   const hash = location.hash.replace(/^#/, '') || '/';
   const m = hash.match(/^\/sandboxes\/([^/]+)$/);
-  leave = m ? sandboxPage(main, decodeURIComponent(m[1])) : sandboxesPage(main);
+  if (m) leave = sandboxPage(main, decodeURIComponent(m[1]));
+  else leave = (Object.hasOwn(PAGES, hash) ? PAGES[hash] : sandboxesPage)(main);
+  for (const a of document.querySelectorAll('#nav a')) {
+    if (a.getAttribute('href') === `#${hash === '/' || m ? '/' : hash}`) a.setAttribute('aria-current', 'page');
+    else a.removeAttribute('aria-current');
+  }
   main.focus({ preventScroll: true });
 }
 
@@ -65,6 +76,7 @@ window.addEventListener('sandlot:signed-out', () => {
   const who = document.getElementById('who');
   if (!who.hasChildNodes()) return; // a sign-in attempt: its form says why
   who.replaceChildren();
+  document.getElementById('nav').replaceChildren();
   toast('Signed out: the token was refused.', 'error');
   route();
 });
