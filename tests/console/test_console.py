@@ -155,11 +155,16 @@ def wait(driver, what, cond, timeout=20):
         lambda d: cond(d), message=what)
 
 
-def click(driver, what, css, timeout=20):
+def click(driver, what, css, timeout=20, by=By.CSS_SELECTOR):
     def go(d):
-        d.find_element(By.CSS_SELECTOR, css).click()
+        d.find_element(by, css).click()
         return True
     wait(driver, what, go, timeout)
+
+
+def action(label: str) -> str:
+    """The XPath of the sandbox page's action button `label`."""
+    return f"//main//span[@class='actions']/button[normalize-space()='{label}']"
 
 
 def shoot(driver, name: str):
@@ -279,6 +284,12 @@ def test_console_drives_a_sandbox_its_terminal_files_and_egress_log_then_volumes
          lambda d: not d.find_elements(By.CSS_SELECTOR, "#egress-log tr.decision-denied"))
     Select(d.find_element(By.CSS_SELECTOR, "#main select[aria-label=Decision]")).select_by_value("")
     shoot(d, "sandbox")
+
+    # Pause and resume from its page.
+    click(d, "the pause button", action("Pause"), by=By.XPATH)
+    wait(d, "the sandbox paused", lambda d: d.find_element(By.CSS_SELECTOR, "#main .bar .state").text == "paused", timeout=60)
+    click(d, "the resume button", action("Resume"), by=By.XPATH, timeout=60)
+    wait(d, "the sandbox running again", lambda d: d.find_element(By.CSS_SELECTOR, "#main .bar .state").text == "running", timeout=60)
 
     # Delete (asks first): cancelling keeps it, accepting deletes it.
     click(d, "the link back", "#main a[href='#/']")
