@@ -29,6 +29,7 @@ from selenium import webdriver
 from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
+from selenium.webdriver.support.expected_conditions import staleness_of
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -244,6 +245,13 @@ def test_console_drives_a_sandbox_its_terminal_files_and_egress_log_then_volumes
     filt.send_keys(sid[-6:])
     wait(d, "the filter keeps the sandbox", lambda d: d.find_elements(By.CSS_SELECTOR, f"tr[data-id='{sid}']"))
     shoot(d, "sandboxes")
+    # The list re-renders every 2 s; a keyboard user's focus stays on the same control.
+    old = d.find_element(By.XPATH, f"//tr[@data-id='{sid}']//button[normalize-space()='Pause']")
+    d.execute_script("arguments[0].focus()", old)
+    WebDriverWait(d, 20).until(staleness_of(old), message="the list re-rendered")
+    focused = d.execute_script(
+        "const a = document.activeElement; return [a.closest('tr') && a.closest('tr').dataset.id, a.textContent]")
+    assert focused == [sid, "Pause"]
 
     # One sandbox: its terminal.
     click(d, "the sandbox's link", f"tr[data-id='{sid}'] a")
@@ -266,6 +274,14 @@ def test_console_drives_a_sandbox_its_terminal_files_and_egress_log_then_volumes
              if r.get_attribute("data-path") == f"/tmp/{MARKUP_FILE}"), None))
         assert listed == MARKUP_FILE
         no_markup_ran(d)
+        # Download it back: the bytes arrive as a file, not as a page.
+        saved = tmp / "downloads"
+        saved.mkdir()
+        d.execute_cdp_cmd("Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(saved)})
+        click(d, "the download button", f"#file-list tr[data-path='/tmp/{MARKUP_FILE}'] button")
+        got = wait(d, "the downloaded file", lambda d: [
+            p.read_text() for p in saved.iterdir() if not p.name.endswith(".crdownload")])
+        assert got == ["uploaded from the console\n"]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
