@@ -306,6 +306,12 @@ def test_console_drives_a_sandbox_its_terminal_files_and_egress_log_then_volumes
     wait(d, "the sandbox paused", lambda d: d.find_element(By.CSS_SELECTOR, "#main .bar .state").text == "paused", timeout=60)
     click(d, "the resume button", action("Resume"), by=By.XPATH, timeout=60)
     wait(d, "the sandbox running again", lambda d: d.find_element(By.CSS_SELECTOR, "#main .bar .state").text == "running", timeout=60)
+    # The pause ended the terminal's shell: it reconnects to a new one.
+    click(d, "the reconnect button", "#open-terminal")
+    wait(d, "a new shell's prompt", lambda d: "[disconnected]" not in " ".join(terminal_rows(d))
+         and any(r.strip() for r in terminal_rows(d)), timeout=30)
+    type_into_terminal(d, "echo again-$((40+2))\n")
+    wait(d, "the new shell answers", lambda d: "again-42" in [r.strip() for r in terminal_rows(d)], timeout=30)
 
     # Delete (asks first): cancelling keeps it, accepting deletes it.
     click(d, "the link back", "#main a[href='#/']")

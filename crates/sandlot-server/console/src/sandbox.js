@@ -18,6 +18,7 @@ export function sandboxPage(main, id) {
   const termBar = h('div', { class: 'bar' });
   const ports = h('div', { id: 'ports' });
   let term = null;
+  let connected = false;
 
   function summary(sb) {
     const s = sb.spec || {};
@@ -43,8 +44,9 @@ export function sandboxPage(main, id) {
       refill(head, h('h1', {}, sb.name ? `${sb.name} (${sb.id})` : sb.id),
         h('span', { class: `state ${sb.state}` }, sb.state), actions(sb));
       put(spec, summary(sb));
-      refill(termBar, h('h2', {}, 'Terminal'), sb.state === 'running' && !term
-        ? h('button', { type: 'button', id: 'open-terminal', onclick: startTerminal }, 'Open terminal') : null);
+      refill(termBar, h('h2', {}, 'Terminal'), sb.state === 'running' && !connected
+        ? h('button', { type: 'button', id: 'open-terminal', onclick: startTerminal }, term ? 'Reconnect' : 'Open terminal')
+        : null);
       if (sb.state === 'stopped') stopped = true;
     } catch (err) {
       put(head, h('h1', {}, id), h('p', { class: 'error' }, err.status === 404 ? 'No such sandbox.' : err.message));
@@ -54,10 +56,15 @@ export function sandboxPage(main, id) {
   }
 
   function startTerminal() {
-    term = openTerminal(termBox, id);
-    cleanups.push(() => term.close());
+    if (term) term.close();
+    connected = true;
+    term = openTerminal(termBox, id, () => {
+      connected = false;
+      if (!stopped) refresh();
+    });
     refresh();
   }
+  cleanups.push(() => { if (term) term.close(); });
 
   function actions(sb) {
     const btn = (label, fn, cls) => h('button', { type: 'button', class: cls, onclick: fn }, label);

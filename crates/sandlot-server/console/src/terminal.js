@@ -5,7 +5,8 @@ import { socket, sandboxPath } from './api.js';
 
 const SHELL = 'if command -v bash >/dev/null 2>&1; then exec bash -l; else exec sh -l; fi';
 
-export function openTerminal(container, id) {
+/** A terminal in `container`; `onEnd` is called once its connection has closed. */
+export function openTerminal(container, id, onEnd = () => {}) {
   container.replaceChildren();
   const term = new window.Terminal({ cursorBlink: true, scrollback: 5000, fontSize: 14 });
   const fit = new window.FitAddon.FitAddon();
@@ -33,7 +34,10 @@ export function openTerminal(container, id) {
     const b = new Uint8Array(ev.data);
     if (b.length > 1) term.write(b.subarray(1));
   };
-  ws.onclose = () => term.write('\r\n[disconnected]\r\n');
+  ws.onclose = () => {
+    term.write('\r\n[disconnected]\r\n');
+    onEnd();
+  };
   term.onData((d) => { if (ws.readyState === WebSocket.OPEN) ws.send(enc.encode(d)); });
   term.onBinary((d) => {
     if (ws.readyState === WebSocket.OPEN) ws.send(Uint8Array.from(d, (c) => c.charCodeAt(0)));
@@ -46,6 +50,7 @@ export function openTerminal(container, id) {
   return {
     close() {
       window.removeEventListener('resize', onResize);
+      ws.onclose = null; // closed on purpose: not an end to report
       ws.close();
       term.dispose();
     },
