@@ -260,6 +260,10 @@ def test_console_drives_a_sandbox_its_terminal_files_and_egress_log_then_volumes
     wait(d, "a shell prompt", lambda d: any(r.strip() for r in terminal_rows(d)), timeout=30)
     type_into_terminal(d, "echo hi\n")
     wait(d, "`hi` read back from the terminal", lambda d: "hi" in [r.strip() for r in terminal_rows(d)], timeout=30)
+    # Process output that is markup is drawn as characters.
+    type_into_terminal(d, "echo '<img src=x onerror=window.__xss=4>' | tr x y\n")
+    wait(d, "the markup output", lambda d: "<img src=y onerror=window.__yss=4>" in [r.strip() for r in terminal_rows(d)])
+    no_markup_ran(d)
 
     # Files: upload one whose name is markup, see it listed as text.
     tmp = Path(tempfile.mkdtemp(prefix="sandlot-console-upload-"))
