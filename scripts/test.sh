@@ -8,6 +8,8 @@ phase() { echo "== test.sh: $1 (at ${SECONDS}s)" >&2; }
 phase "setup"
 bash scripts/setup.sh
 export RUST_BACKTRACE=1
+phase "console vendor check"
+bash scripts/console-vendor.sh --check
 phase "build"
 cargo build --workspace --all-targets
 phase "cargo tests"
@@ -19,6 +21,8 @@ for isolation in namespace gvisor; do
     .venv/bin/python -m pytest -q -p no:cacheprovider sdk/python/tests
   phase "E2B SDK tests ($isolation)"
   SANDLOT_TEST_ISOLATION=$isolation bash tests/e2b/run.sh
+  phase "web console browser test ($isolation)"
+  SANDLOT_TEST_ISOLATION=$isolation bash tests/console/run.sh
 done
 phase "MCP Python SDK tests"
 bash tests/mcp/run.sh

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
+use axum::http::{header, HeaderMap, HeaderValue};
 use sha2::{Digest, Sha256};
 
 use crate::error::ApiError;
@@ -65,7 +66,7 @@ impl FromRequestParts<Arc<AppState>> for Principal {
                     })?;
                 Some(t.trim().to_string())
             }
-            None => None,
+            None => websocket_bearer(&parts.headers),
         };
         if let Some(token) = bearer {
             let tenant = state
@@ -98,6 +99,57 @@ impl FromRequestParts<Arc<AppState>> for Principal {
             Transport::Tcp => Err(ApiError::unauthorized(
                 "a bearer token is required over TCP (Authorization: Bearer TOKEN)",
             )),
+        }
+    }
+}
+
+/// The WebSocket subprotocol that carries a bearer token: a browser cannot set
+/// `Authorization` on a WebSocket, so the web console offers
+/// `sandlot.bearer.TOKEN` beside [`WS_PROTOCOL`], which the server selects.
+pub const WS_BEARER_PREFIX: &str = "sandlot.bearer.";
+/// The subprotocol the API's WebSockets select when the client offers it.
+pub const WS_PROTOCOL: &str = "sandlot.v1";
+
+/// The entries of a request's `Sec-WebSocket-Protocol` headers.
+fn offered_subprotocols(headers: &HeaderMap) -> impl Iterator<Item = &str> {
+    headers
+        .get_all(header::SEC_WEBSOCKET_PROTOCOL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+}
+
+/// A bearer token offered as the subprotocol `sandlot.bearer.TOKEN`, read only on a
+/// WebSocket upgrade request (anywhere else the header means nothing).
+pub fn websocket_bearer(headers: &HeaderMap) -> Option<String> {
+    let upgrade = headers
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
+    if !upgrade {
+        return None;
+    }
+    offered_subprotocols(headers)
+        .find_map(|p| p.strip_prefix(WS_BEARER_PREFIX))
+        .filter(|t| !t.is_empty())
+        .map(str::to_string)
+}
+
+/// Removes a `sandlot.bearer.TOKEN` subprotocol from the headers, keeping the
+/// others: what the ports proxy forwards to a sandbox's application.
+pub fn strip_websocket_bearer(headers: &mut HeaderMap) {
+    if !offered_subprotocols(headers).any(|p| p.starts_with(WS_BEARER_PREFIX)) {
+        return;
+    }
+    let kept: Vec<String> = offered_subprotocols(headers)
+        .filter(|p| !p.starts_with(WS_BEARER_PREFIX) && !p.is_empty())
+        .map(str::to_string)
+        .collect();
+    headers.remove(header::SEC_WEBSOCKET_PROTOCOL);
+    if !kept.is_empty() {
+        if let Ok(v) = HeaderValue::from_str(&kept.join(", ")) {
+            headers.insert(header::SEC_WEBSOCKET_PROTOCOL, v);
         }
     }
 }
@@ -178,6 +230,40 @@ mod tests {
             hash_token("abc"),
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
         );
+    }
+
+    fn ws_headers(protocols: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        h.insert(
+            header::SEC_WEBSOCKET_PROTOCOL,
+            HeaderValue::from_str(protocols).unwrap(),
+        );
+        h
+    }
+
+    #[test]
+    fn websocket_bearer_is_read_from_the_offered_subprotocols_of_an_upgrade_only() {
+        let h = ws_headers("sandlot.v1, sandlot.bearer.sl_abc");
+        assert_eq!(websocket_bearer(&h).as_deref(), Some("sl_abc"));
+        let mut plain = h.clone();
+        plain.remove(header::UPGRADE);
+        assert_eq!(websocket_bearer(&plain), None);
+        assert_eq!(
+            websocket_bearer(&ws_headers("sandlot.v1, sandlot.bearer.")),
+            None
+        );
+        assert_eq!(websocket_bearer(&ws_headers("chat")), None);
+    }
+
+    #[test]
+    fn the_bearer_subprotocol_is_stripped_and_the_others_kept() {
+        let mut h = ws_headers("chat, sandlot.bearer.sl_abc,sandlot.v1");
+        strip_websocket_bearer(&mut h);
+        assert_eq!(h[header::SEC_WEBSOCKET_PROTOCOL], "chat, sandlot.v1");
+        let mut only = ws_headers("sandlot.bearer.sl_abc");
+        strip_websocket_bearer(&mut only);
+        assert!(!only.contains_key(header::SEC_WEBSOCKET_PROTOCOL));
     }
 
     #[test]

@@ -12,6 +12,7 @@ pub mod checkpoint;
 pub mod code;
 pub mod collection_mount;
 pub mod config;
+pub mod console;
 pub mod e2b;
 pub mod error;
 pub mod fork;

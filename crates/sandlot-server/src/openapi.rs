@@ -174,7 +174,7 @@ pub struct SecretRefDoc {
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "Sandlot API", version = "1", description = "Secure, ephemeral sandboxes for AI agents. Errors are `{\"error\": {\"code\", \"message\", \"request_id\"}}`. Over TCP every request needs `Authorization: Bearer TOKEN`; the Unix socket is the operator's. See docs/api.md."),
+    info(title = "Sandlot API", version = "1", description = "Secure, ephemeral sandboxes for AI agents. Errors are `{\"error\": {\"code\", \"message\", \"request_id\"}}`. Over TCP every request needs `Authorization: Bearer TOKEN` (a WebSocket may instead offer the subprotocol `sandlot.bearer.TOKEN` beside `sandlot.v1`, which the server selects); the Unix socket is the operator's. The web console is `/ui/` on the TCP listener. See docs/api.md."),
     paths(
         sandboxes::health, sandboxes::create, sandboxes::list, sandboxes::get_one, sandboxes::delete,
         sandboxes::set_timeout, sandboxes::pause, sandboxes::resume, sandboxes::events, metrics::get,

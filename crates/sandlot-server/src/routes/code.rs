@@ -280,6 +280,7 @@ pub async fn run_ws(
     Ok(ws
         .max_message_size(limit)
         .max_frame_size(limit)
+        .protocols([crate::auth::WS_PROTOCOL])
         .on_upgrade(move |sock| ws_session(sock, h, ctx, rid.0)))
 }
 

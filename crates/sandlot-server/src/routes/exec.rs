@@ -311,47 +311,51 @@ pub async fn start_ws(
     ws: WebSocketUpgrade,
 ) -> ApiResult<Response> {
     let h = crate::autopause::live(&state, &p, &id).await?;
-    Ok(ws.on_upgrade(move |mut sock| async move {
-        let first = match tokio::time::timeout(Duration::from_secs(30), sock.recv()).await {
-            Ok(Some(Ok(Message::Text(t)))) => t,
-            _ => {
-                let e = ApiError::bad_request(
-                    "the first message must be the exec request as JSON text",
-                );
-                let _ = sock.send(ws_error(&e, &rid.0)).await;
-                return;
+    Ok(ws
+        .protocols([crate::auth::WS_PROTOCOL])
+        .on_upgrade(move |mut sock| async move {
+            let first = match tokio::time::timeout(Duration::from_secs(30), sock.recv()).await {
+                Ok(Some(Ok(Message::Text(t)))) => t,
+                _ => {
+                    let e = ApiError::bad_request(
+                        "the first message must be the exec request as JSON text",
+                    );
+                    let _ = sock.send(ws_error(&e, &rid.0)).await;
+                    return;
+                }
+            };
+            let started = async {
+                let b: ExecBody = parse_json(first.as_bytes())?;
+                let entry = crate::services::process::start(&state, &h, &b).await?;
+                let rx = entry
+                    .subscribe_from_start(READER_CAPACITY)
+                    .await
+                    .ok_or_else(|| {
+                        ApiError::internal("a fresh process refused its first reader")
+                    })?;
+                Ok::<_, ApiError>((entry, rx))
             }
-        };
-        let started = async {
-            let b: ExecBody = parse_json(first.as_bytes())?;
-            let entry = crate::services::process::start(&state, &h, &b).await?;
-            let rx = entry
-                .subscribe_from_start(READER_CAPACITY)
-                .await
-                .ok_or_else(|| ApiError::internal("a fresh process refused its first reader"))?;
-            Ok::<_, ApiError>((entry, rx))
-        }
-        .await;
-        match started {
-            Ok((entry, rx)) => {
-                let first = StreamEvent::Started {
-                    process: entry.view(),
-                };
-                ws_session(
-                    sock,
-                    h,
-                    first,
-                    Source::Sup(rx),
-                    StdinTarget::Entry(entry),
-                    rid.0,
-                )
-                .await
+            .await;
+            match started {
+                Ok((entry, rx)) => {
+                    let first = StreamEvent::Started {
+                        process: entry.view(),
+                    };
+                    ws_session(
+                        sock,
+                        h,
+                        first,
+                        Source::Sup(rx),
+                        StdinTarget::Entry(entry),
+                        rid.0,
+                    )
+                    .await
+                }
+                Err(e) => {
+                    let _ = sock.send(ws_error(&e, &rid.0)).await;
+                }
             }
-            Err(e) => {
-                let _ = sock.send(ws_error(&e, &rid.0)).await;
-            }
-        }
-    }))
+        }))
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/processes/{pid}/ws", tag = "processes",
@@ -378,7 +382,9 @@ pub async fn attach_ws(
         (src, Some(e)) => (src, StdinTarget::Entry(e)),
         (src, None) => (src, StdinTarget::Own(None)),
     };
-    Ok(ws.on_upgrade(move |sock| ws_session(sock, h, first, src, stdin, rid.0)))
+    Ok(ws
+        .protocols([crate::auth::WS_PROTOCOL])
+        .on_upgrade(move |sock| ws_session(sock, h, first, src, stdin, rid.0)))
 }
 
 fn ws_error(e: &ApiError, rid: &str) -> Message {

@@ -51,7 +51,13 @@ pub fn router(state: Arc<AppState>, transport: Transport) -> Router {
         )),
         Transport::Unix => None,
     };
-    api_router(state, transport, mcp)
+    let api = api_router(state, transport, mcp.clone());
+    match mcp {
+        // The web console (`crate::console`) is served where its browser signs in
+        // with a token: the TCP listener.
+        Some(_) => crate::console::router().merge(api),
+        None => api,
+    }
 }
 
 fn api_router(

@@ -205,6 +205,7 @@ pub async fn proxy(
     for n in STRIPPED {
         headers.remove(*n);
     }
+    crate::auth::strip_websocket_bearer(&mut headers);
     let hv = |s: &str| HeaderValue::from_str(s).ok();
     if let Some(v) = hv(&format!("localhost:{port}")) {
         headers.insert(header::HOST, v);

@@ -1,0 +1,370 @@
+"""End to end: the web console (`/ui`) in Debian's chromium, headless, driven by
+Selenium against a real `sandlot serve` with a tenant's token: sign in, create a
+sandbox with a network allow-list and a tag holding markup, type `echo hi` into the
+terminal and read it back, upload a file whose name is markup and see it listed,
+make the sandbox try a connection its policy denies (to a TEST-NET address; the
+proxy refuses it, nothing leaves the host) and see it in the egress log, delete the
+sandbox; then create and delete a volume and a secret (whose value must not stay in
+the page). Tenant strings must show as text: no element is made from them and no
+script of theirs runs. Screenshots of the pages at two window sizes, light and
+dark, go to tests/console/screenshots/ (or $SANDLOT_CONSOLE_SCREENSHOTS).
+Needs root (the daemon creates sandboxes), chromium and chromium-driver.
+Run: bash tests/console/run.sh   (SANDLOT_BIN picks the binary; default
+$CARGO_TARGET_DIR/debug/sandlot, else target/debug/sandlot;
+SANDLOT_TEST_ISOLATION the sandbox's isolation).
+"""
+import base64
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.expected_conditions import staleness_of
+from selenium.webdriver.support.ui import Select, WebDriverWait
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+MARKUP_TAG = "<img src=x onerror=window.__xss=1>"
+MARKUP_FILE = "<img src=x onerror=window.__xss=2>.txt"
+SIZES = {"wide": (1280, 900), "narrow": (420, 860)}
+
+
+def sandlot_bin() -> str:
+    b = os.environ.get("SANDLOT_BIN")
+    if b:
+        return b
+    target = os.environ.get("CARGO_TARGET_DIR") or str(ROOT / "target")
+    return str(Path(target) / "debug" / "sandlot")
+
+
+def screenshot_dir() -> Path:
+    d = Path(os.environ.get("SANDLOT_CONSOLE_SCREENSHOTS") or Path(__file__).parent / "screenshots")
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+class Daemon:
+    def __init__(self, tmp: Path):
+        self.socket = tmp / "sandlot.sock"
+        self.port = free_port()
+        self.prefix = f"uit{secrets.token_hex(2)}-"
+        self.log = tmp / "serve.log"
+        self.proc = subprocess.Popen(
+            [
+                sandlot_bin(), "serve",
+                "--data-dir", str(tmp / "data"),
+                "--socket", str(self.socket),
+                "--id-prefix", self.prefix,
+                "--listen", f"127.0.0.1:{self.port}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.log, "w"),
+        )
+        deadline = time.monotonic() + 20
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"sandlot serve exited:\n{self.log.read_text()}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "sandlot serve did not listen in 20 s"
+                time.sleep(0.05)
+
+    def operator(self, *args: str) -> str:
+        return subprocess.run(
+            [sandlot_bin(), *args],
+            env={**os.environ, "SANDLOT_URL": f"unix://{self.socket}", "SANDLOT_TOKEN": ""},
+            check=True, capture_output=True, text=True,
+        ).stdout
+
+    def token(self, tenant: str) -> str:
+        return json.loads(self.operator("token", "create", "--tenant", tenant, "--json"))["token"]
+
+    def stop(self):
+        # Sandboxes outlive the daemon by design: delete every one first.
+        for sid in self.operator("ls", "--quiet").split():
+            self.operator("rm", sid)
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def daemon():
+    if os.geteuid() != 0:
+        pytest.fail("the console's browser test needs root (sandboxes use namespaces and cgroups)")
+    if not Path(sandlot_bin()).exists():
+        pytest.fail(f"no sandlot binary at {sandlot_bin()}: build it (cargo build -p sandlot) or set SANDLOT_BIN")
+    tmp = Path(tempfile.mkdtemp(prefix="sandlot-console-test-"))
+    d = Daemon(tmp)
+    try:
+        yield d
+    finally:
+        d.stop()
+        leftovers = [p.name for p in Path("/run/sandlot/sandboxes").glob(d.prefix + "*")]
+        shutil.rmtree(tmp, ignore_errors=True)
+        assert not leftovers, f"sandboxes left behind: {leftovers}"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    for path in (CHROMIUM, CHROMEDRIVER):
+        if not Path(path).exists():
+            pytest.fail(f"{path} is missing: run scripts/setup.d/80-console.sh (Debian's chromium and chromium-driver)")
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--no-first-run", "--disable-extensions", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--disable-default-apps"):
+        opts.add_argument(arg)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=opts)
+    driver.set_window_size(*SIZES["wide"])
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def wait(driver, what, cond, timeout=20):
+    """Until `cond` answers something true. The console re-renders its live tables,
+    so an element found a moment ago may be gone: that try is simply repeated."""
+    return WebDriverWait(driver, timeout, ignored_exceptions=(StaleElementReferenceException,)).until(
+        lambda d: cond(d), message=what)
+
+
+def click(driver, what, css, timeout=20, by=By.CSS_SELECTOR):
+    def go(d):
+        d.find_element(by, css).click()
+        return True
+    wait(driver, what, go, timeout)
+
+
+def action(label: str) -> str:
+    """The XPath of the sandbox page's action button `label`."""
+    return f"//main//span[@class='actions']/button[normalize-space()='{label}']"
+
+
+def shoot(driver, name: str):
+    """The current page at both window sizes, light and dark."""
+    out = screenshot_dir()
+    for scheme in ("light", "dark"):
+        driver.execute_cdp_cmd("Emulation.setEmulatedMedia",
+                               {"features": [{"name": "prefers-color-scheme", "value": scheme}]})
+        for size, (w, h) in SIZES.items():
+            driver.set_window_size(w, h)
+            time.sleep(0.2)  # a frame for the layout to settle before the picture
+            shot = driver.execute_cdp_cmd("Page.captureScreenshot",
+                                          {"format": "png", "captureBeyondViewport": True})
+            (out / f"{name}-{size}-{scheme}.png").write_bytes(base64.b64decode(shot["data"]))
+    driver.execute_cdp_cmd("Emulation.setEmulatedMedia", {"features": []})
+    driver.set_window_size(*SIZES["wide"])
+
+
+def terminal_rows(driver) -> list[str]:
+    return driver.execute_script(
+        "return [...document.querySelectorAll('#terminal .xterm-rows > div')].map(d => d.textContent)")
+
+
+def type_into_terminal(driver, text: str):
+    driver.find_element(By.CSS_SELECTOR, "#terminal .xterm-helper-textarea").send_keys(text)
+
+
+def no_markup_ran(driver):
+    assert driver.execute_script("return window.__xss") is None, "tenant markup ran as script"
+    assert driver.find_elements(By.CSS_SELECTOR, "main img") == [], "tenant markup became an element"
+
+
+def test_console_drives_a_sandbox_its_terminal_files_and_egress_log_then_volumes_and_secrets(daemon, browser):
+    d = browser
+    base = f"http://127.0.0.1:{daemon.port}"
+    token = daemon.token("acme")
+
+    d.get(f"{base}/ui")
+    assert d.current_url == f"{base}/ui/"
+    field = wait(d, "the sign-in form", lambda d: d.find_element(By.NAME, "token"))
+    shoot(d, "signin")
+    field.send_keys("sl_not_a_token")
+    d.find_element(By.CSS_SELECTOR, "form.signin button[type=submit]").click()
+    wait(d, "a refused token is said so", lambda d: "not valid" in d.find_element(By.CSS_SELECTOR, "form.signin .error").text)
+    field.clear()
+    field.send_keys(token)
+    d.find_element(By.CSS_SELECTOR, "form.signin button[type=submit]").click()
+    wait(d, "the tenant in the header", lambda d: "tenant acme" in d.find_element(By.ID, "who").text)
+    # The token lives in sessionStorage only.
+    assert d.execute_script("return sessionStorage.getItem('sandlot.token')") == token
+    assert d.execute_script("return localStorage.length") == 0
+    assert d.get_cookies() == []
+
+    # Create: an allow-list policy and a tag holding markup.
+    form = d.find_element(By.ID, "create-form")
+    isolation = os.environ.get("SANDLOT_TEST_ISOLATION")
+    if isolation:
+        Select(form.find_element(By.NAME, "isolation")).select_by_value(isolation)
+    form.find_element(By.NAME, "memory").send_keys("256M")
+    form.find_element(By.NAME, "timeout").send_keys("5m")
+    form.find_element(By.NAME, "tags").send_keys(f"note={MARKUP_TAG}")
+    Select(form.find_element(By.NAME, "network")).select_by_value("allow")
+    form.find_element(By.NAME, "allow").send_keys("allowed.test:443")
+    form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    sid, tag_texts = wait(d, "the new sandbox running in the list", lambda d: next(
+        ((r.get_attribute("data-id"), [t.text for t in r.find_elements(By.CSS_SELECTOR, ".tag")])
+         for r in d.find_elements(By.CSS_SELECTOR, "#sandbox-list tr[data-id]")
+         if "running" in r.text), None), timeout=60)
+    assert sid.startswith(daemon.prefix)
+    assert f"note={MARKUP_TAG}" in tag_texts
+    no_markup_ran(d)
+    # The filter hides what does not match and keeps what does.
+    filt = d.find_element(By.CSS_SELECTOR, "#main input[type=search]")
+    filt.send_keys("no-such-sandbox")
+    wait(d, "the filter hides the sandbox", lambda d: not d.find_elements(By.CSS_SELECTOR, f"tr[data-id='{sid}']"))
+    filt.clear()
+    filt.send_keys(sid[-6:])
+    wait(d, "the filter keeps the sandbox", lambda d: d.find_elements(By.CSS_SELECTOR, f"tr[data-id='{sid}']"))
+    shoot(d, "sandboxes")
+    # The list re-renders every 2 s; a keyboard user's focus stays on the same control.
+    old = d.find_element(By.XPATH, f"//tr[@data-id='{sid}']//button[normalize-space()='Pause']")
+    d.execute_script("arguments[0].focus()", old)
+    WebDriverWait(d, 20).until(staleness_of(old), message="the list re-rendered")
+    focused = d.execute_script(
+        "const a = document.activeElement; return [a.closest('tr') && a.closest('tr').dataset.id, a.textContent]")
+    assert focused == [sid, "Pause"]
+
+    # One sandbox: its terminal.
+    click(d, "the sandbox's link", f"tr[data-id='{sid}'] a")
+    click(d, "the open-terminal button", "#open-terminal")
+    wait(d, "the terminal", lambda d: d.find_elements(By.CSS_SELECTOR, "#terminal .xterm-rows > div"))
+    wait(d, "a shell prompt", lambda d: any(r.strip() for r in terminal_rows(d)), timeout=30)
+    type_into_terminal(d, "echo hi\n")
+    wait(d, "`hi` read back from the terminal", lambda d: "hi" in [r.strip() for r in terminal_rows(d)], timeout=30)
+    # Process output that is markup is drawn as characters.
+    type_into_terminal(d, "echo '<img src=x onerror=window.__xss=4>' | tr x y\n")
+    wait(d, "the markup output", lambda d: "<img src=y onerror=window.__yss=4>" in [r.strip() for r in terminal_rows(d)])
+    no_markup_ran(d)
+
+    # Files: upload one whose name is markup, see it listed as text.
+    tmp = Path(tempfile.mkdtemp(prefix="sandlot-console-upload-"))
+    try:
+        local = tmp / MARKUP_FILE
+        local.write_text("uploaded from the console\n")
+        d.find_element(By.NAME, "upload").send_keys(str(local))
+        d.find_element(By.ID, "upload-button").click()
+        listed = wait(d, "the uploaded file listed", lambda d: next(
+            (r.find_element(By.CSS_SELECTOR, ".file-name").text
+             for r in d.find_elements(By.CSS_SELECTOR, "#file-list tr[data-path]")
+             if r.get_attribute("data-path") == f"/tmp/{MARKUP_FILE}"), None))
+        assert listed == MARKUP_FILE
+        no_markup_ran(d)
+        # Download it back: the bytes arrive as a file, not as a page.
+        saved = tmp / "downloads"
+        saved.mkdir()
+        d.execute_cdp_cmd("Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(saved)})
+        click(d, "the download button", f"#file-list tr[data-path='/tmp/{MARKUP_FILE}'] button")
+        got = wait(d, "the downloaded file", lambda d: [
+            p.read_text() for p in saved.iterdir() if not p.name.endswith(".crdownload")])
+        assert got == ["uploaded from the console\n"]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    # A connection the policy denies: an HTTP request for a name not on the
+    # allow-list, dialled at a TEST-NET-1 address. The daemon's proxy reads the
+    # Host, refuses and resets; nothing leaves the host.
+    type_into_terminal(
+        d, "printf 'GET / HTTP/1.0\\r\\nHost: denied.test\\r\\n\\r\\n' >/dev/tcp/192.0.2.1/80; echo tried-$?\n")
+    wait(d, "the attempt made", lambda d: any(r.strip().startswith("tried-") for r in terminal_rows(d)), timeout=30)
+    # And one whose Host is markup: whatever the log records of it stays text.
+    type_into_terminal(
+        d, "printf 'GET / HTTP/1.0\\r\\nHost: %s\\r\\n\\r\\n' '<img src=x onerror=window.__xss=3>' "
+           ">/dev/tcp/192.0.2.1/80; echo again-$?\n")
+    wait(d, "the second attempt made", lambda d: any(r.strip().startswith("again-") for r in terminal_rows(d)), timeout=30)
+    denied = wait(d, "the denied attempt in the egress log", lambda d: next(
+        (r.text for r in d.find_elements(By.CSS_SELECTOR, "#egress-log tr.decision-denied")
+         if "denied.test" in r.text or "192.0.2.1" in r.text), None), timeout=30)
+    assert "denied" in denied
+    wait(d, "both attempts in the egress log", lambda d: len(
+        d.find_elements(By.CSS_SELECTOR, "#egress-log tr.decision-denied")) >= 2, timeout=30)
+    assert "<img src=x onerror=window.__xss=3>" in d.find_element(By.ID, "egress-log").text
+    no_markup_ran(d)
+    Select(d.find_element(By.CSS_SELECTOR, "#main select[aria-label=Decision]")).select_by_value("allowed")
+    wait(d, "the decision filter hides the denied entry",
+         lambda d: not d.find_elements(By.CSS_SELECTOR, "#egress-log tr.decision-denied"))
+    Select(d.find_element(By.CSS_SELECTOR, "#main select[aria-label=Decision]")).select_by_value("")
+    shoot(d, "sandbox")
+
+    # Pause and resume from its page.
+    click(d, "the pause button", action("Pause"), by=By.XPATH)
+    wait(d, "the sandbox paused", lambda d: d.find_element(By.CSS_SELECTOR, "#main .bar .state").text == "paused", timeout=60)
+    click(d, "the resume button", action("Resume"), by=By.XPATH, timeout=60)
+    wait(d, "the sandbox running again", lambda d: d.find_element(By.CSS_SELECTOR, "#main .bar .state").text == "running", timeout=60)
+    # The pause ended the terminal's shell: it reconnects to a new one.
+    click(d, "the reconnect button", "#open-terminal")
+    wait(d, "a new shell's prompt", lambda d: "[disconnected]" not in " ".join(terminal_rows(d))
+         and any(r.strip() for r in terminal_rows(d)), timeout=30)
+    type_into_terminal(d, "echo again-$((40+2))\n")
+    wait(d, "the new shell answers", lambda d: "again-42" in [r.strip() for r in terminal_rows(d)], timeout=30)
+
+    # Delete (asks first): cancelling keeps it, accepting deletes it.
+    click(d, "the link back", "#main a[href='#/']")
+    click(d, "the delete button", f"tr[data-id='{sid}'] button.danger")
+    d.switch_to.alert.dismiss()
+    assert d.find_elements(By.CSS_SELECTOR, f"tr[data-id='{sid}']")
+    click(d, "the delete button", f"tr[data-id='{sid}'] button.danger")
+    d.switch_to.alert.accept()
+    wait(d, "the sandbox gone from the live list",
+         lambda d: not d.find_elements(By.CSS_SELECTOR, f"tr[data-id='{sid}']"), timeout=30)
+    assert daemon.operator("ls", "--quiet").split() == []
+
+    # Images, volumes, secrets (names only).
+    click(d, "the images link", "#nav a[href='#/images']")
+    wait(d, "the images page", lambda d: d.find_element(By.ID, "images-list").text)
+    shoot(d, "images")
+    click(d, "the volumes link", "#nav a[href='#/volumes']")
+    form = wait(d, "the volume form", lambda d: d.find_element(By.ID, "volume-form"))
+    form.find_element(By.NAME, "name").send_keys("scratch")
+    form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    wait(d, "the volume listed", lambda d: d.find_elements(By.CSS_SELECTOR, "#volumes-list tr[data-id='scratch']"))
+    click(d, "the volume's delete button", "#volumes-list tr[data-id='scratch'] button.danger")
+    d.switch_to.alert.accept()
+    wait(d, "the volume gone", lambda d: not d.find_elements(By.CSS_SELECTOR, "#volumes-list tr[data-id='scratch']"))
+    click(d, "the secrets link", "#nav a[href='#/secrets']")
+    form = wait(d, "the secret form", lambda d: d.find_element(By.ID, "secret-form"))
+    value = "s3cret-value-typed-once"
+    form.find_element(By.NAME, "name").send_keys("api-key")
+    form.find_element(By.NAME, "value").send_keys(value)
+    form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    wait(d, "the secret listed", lambda d: d.find_elements(By.CSS_SELECTOR, "#secrets-list tr[data-id='api-key']"))
+    assert d.find_element(By.CSS_SELECTOR, "#secret-form input[name=value]").get_attribute("value") == ""
+    assert value not in d.page_source
+    shoot(d, "secrets")
+    click(d, "the secret's delete button", "#secrets-list tr[data-id='api-key'] button.danger")
+    d.switch_to.alert.accept()
+    wait(d, "the secret gone", lambda d: not d.find_elements(By.CSS_SELECTOR, "#secrets-list tr[data-id='api-key']"))
+
+    # Nothing the Content-Security-Policy refused, no script error.
+    problems = [e for e in d.get_log("browser")
+                if e["level"] == "SEVERE"
+                and not (e["source"] == "network" and "/v1/health" in e["message"] and " 401 " in e["message"])]
+    assert problems == [], problems
