@@ -194,8 +194,9 @@ impl SandboxFiles {
 
     /// Exactly `length` bytes of `path` from its start, unbounded by the disk
     /// limit (the caller bounded them already: a directory archive measured as a
-    /// whole), counted as the sandbox's file output as they are taken.
-    pub async fn read_exact(&self, path: &str, length: u64) -> ApiResult<ExactRead> {
+    /// whole), counted as the sandbox's file output as they are taken. The caller
+    /// holds the sandbox's activity guard. Only the archive route may use it.
+    pub(crate) async fn read_exact(&self, path: &str, length: u64) -> ApiResult<ExactRead> {
         let dl = self
             .h
             .guest
