@@ -14,12 +14,9 @@ $CARGO_TARGET_DIR/debug/sandlot, else target/debug/sandlot;
 SANDLOT_TEST_ISOLATION the sandbox's isolation).
 """
 import base64
-import json
 import os
-import secrets
 import shutil
-import socket
-import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -32,20 +29,14 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.expected_conditions import staleness_of
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
-ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from sandlot_daemon import Daemon, daemon_fixture, require_root_and_binary  # noqa: E402
+
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 MARKUP_TAG = "<img src=x onerror=window.__xss=1>"
 MARKUP_FILE = "<img src=x onerror=window.__xss=2>.txt"
 SIZES = {"wide": (1280, 900), "narrow": (420, 860)}
-
-
-def sandlot_bin() -> str:
-    b = os.environ.get("SANDLOT_BIN")
-    if b:
-        return b
-    target = os.environ.get("CARGO_TARGET_DIR") or str(ROOT / "target")
-    return str(Path(target) / "debug" / "sandlot")
 
 
 def screenshot_dir() -> Path:
@@ -54,79 +45,12 @@ def screenshot_dir() -> Path:
     return d
 
 
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-class Daemon:
-    def __init__(self, tmp: Path):
-        self.socket = tmp / "sandlot.sock"
-        self.port = free_port()
-        self.prefix = f"uit{secrets.token_hex(2)}-"
-        self.log = tmp / "serve.log"
-        self.proc = subprocess.Popen(
-            [
-                sandlot_bin(), "serve",
-                "--data-dir", str(tmp / "data"),
-                "--socket", str(self.socket),
-                "--id-prefix", self.prefix,
-                "--listen", f"127.0.0.1:{self.port}",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=open(self.log, "w"),
-        )
-        deadline = time.monotonic() + 20
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"sandlot serve exited:\n{self.log.read_text()}")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "sandlot serve did not listen in 20 s"
-                time.sleep(0.05)
-
-    def operator(self, *args: str) -> str:
-        return subprocess.run(
-            [sandlot_bin(), *args],
-            env={**os.environ, "SANDLOT_URL": f"unix://{self.socket}", "SANDLOT_TOKEN": ""},
-            check=True, capture_output=True, text=True,
-        ).stdout
-
-    def token(self, tenant: str) -> str:
-        return json.loads(self.operator("token", "create", "--tenant", tenant, "--json"))["token"]
-
-    def stop(self):
-        # Sandboxes outlive the daemon by design: delete every one first.
-        for sid in self.operator("ls", "--quiet").split():
-            self.operator("rm", sid)
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-
 @pytest.fixture(scope="module")
 def daemon():
-    if os.geteuid() != 0:
-        pytest.fail("the console's browser test needs root (sandboxes use namespaces and cgroups)")
-    if not Path(sandlot_bin()).exists():
-        pytest.fail(f"no sandlot binary at {sandlot_bin()}: build it (cargo build -p sandlot) or set SANDLOT_BIN")
-    tmp = Path(tempfile.mkdtemp(prefix="sandlot-console-test-"))
-    d = Daemon(tmp)
-    try:
-        yield d
-    finally:
-        d.stop()
-        leftovers = [p.name for p in Path("/run/sandlot/sandboxes").glob(d.prefix + "*")]
-        shutil.rmtree(tmp, ignore_errors=True)
-        assert not leftovers, f"sandboxes left behind: {leftovers}"
+    why = require_root_and_binary("the console's browser test")
+    if why:
+        pytest.fail(why)
+    yield from daemon_fixture(lambda tmp: Daemon(tmp, "uit"), "console")
 
 
 @pytest.fixture(scope="module")
@@ -200,7 +124,7 @@ def no_markup_ran(driver):
 
 def test_console_drives_a_sandbox_its_terminal_files_and_egress_log_then_volumes_and_secrets(daemon, browser):
     d = browser
-    base = f"http://127.0.0.1:{daemon.port}"
+    base = f"http://127.0.0.1:{daemon.api_port}"
     token = daemon.token("acme")
 
     d.get(f"{base}/ui")

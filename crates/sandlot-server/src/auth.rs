@@ -66,7 +66,7 @@ impl FromRequestParts<Arc<AppState>> for Principal {
                     })?;
                 Some(t.trim().to_string())
             }
-            None => websocket_bearer(&parts.headers),
+            None => websocket_bearer(&parts.method, &parts.headers),
         };
         if let Some(token) = bearer {
             let tenant = state
@@ -110,45 +110,58 @@ pub const WS_BEARER_PREFIX: &str = "sandlot.bearer.";
 /// The subprotocol the API's WebSockets select when the client offers it.
 pub const WS_PROTOCOL: &str = "sandlot.v1";
 
-/// The entries of a request's `Sec-WebSocket-Protocol` headers.
-fn offered_subprotocols(headers: &HeaderMap) -> impl Iterator<Item = &str> {
+/// The entries of a request's `Sec-WebSocket-Protocol` headers (as bytes: a
+/// value that is not text is split and filtered all the same).
+fn offered_subprotocols(headers: &HeaderMap) -> impl Iterator<Item = &[u8]> {
     headers
         .get_all(header::SEC_WEBSOCKET_PROTOCOL)
         .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .map(<[u8]>::trim_ascii)
+}
+
+/// Whether the request is a WebSocket handshake: a GET asking to upgrade its
+/// connection to `websocket`.
+fn is_websocket_upgrade(method: &axum::http::Method, headers: &HeaderMap) -> bool {
+    let has_token = |name: header::HeaderName, token: &str| {
+        headers.get_all(name).iter().any(|v| {
+            v.to_str()
+                .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+        })
+    };
+    method == axum::http::Method::GET
+        && has_token(header::CONNECTION, "upgrade")
+        && has_token(header::UPGRADE, "websocket")
 }
 
 /// A bearer token offered as the subprotocol `sandlot.bearer.TOKEN`, read only on a
-/// WebSocket upgrade request (anywhere else the header means nothing).
-pub fn websocket_bearer(headers: &HeaderMap) -> Option<String> {
-    let upgrade = headers
-        .get(header::UPGRADE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
-    if !upgrade {
+/// WebSocket handshake (anywhere else the header means nothing).
+pub fn websocket_bearer(method: &axum::http::Method, headers: &HeaderMap) -> Option<String> {
+    if !is_websocket_upgrade(method, headers) {
         return None;
     }
     offered_subprotocols(headers)
+        .filter_map(|p| std::str::from_utf8(p).ok())
         .find_map(|p| p.strip_prefix(WS_BEARER_PREFIX))
         .filter(|t| !t.is_empty())
         .map(str::to_string)
 }
 
 /// Removes a `sandlot.bearer.TOKEN` subprotocol from the headers, keeping the
-/// others: what the ports proxy forwards to a sandbox's application.
+/// others: what the ports proxy forwards to a sandbox's application. Read as
+/// bytes, so a header value that is not text hides no token.
 pub fn strip_websocket_bearer(headers: &mut HeaderMap) {
-    if !offered_subprotocols(headers).any(|p| p.starts_with(WS_BEARER_PREFIX)) {
+    let prefix = WS_BEARER_PREFIX.as_bytes();
+    if !offered_subprotocols(headers).any(|p| p.starts_with(prefix)) {
         return;
     }
-    let kept: Vec<String> = offered_subprotocols(headers)
-        .filter(|p| !p.starts_with(WS_BEARER_PREFIX) && !p.is_empty())
-        .map(str::to_string)
+    let kept: Vec<Vec<u8>> = offered_subprotocols(headers)
+        .filter(|p| !p.starts_with(prefix) && !p.is_empty())
+        .map(<[u8]>::to_vec)
         .collect();
     headers.remove(header::SEC_WEBSOCKET_PROTOCOL);
     if !kept.is_empty() {
-        if let Ok(v) = HeaderValue::from_str(&kept.join(", ")) {
+        if let Ok(v) = HeaderValue::from_bytes(&kept.join(&b", "[..])) {
             headers.insert(header::SEC_WEBSOCKET_PROTOCOL, v);
         }
     }
@@ -236,6 +249,10 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
         h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, Upgrade"),
+        );
+        h.insert(
             header::SEC_WEBSOCKET_PROTOCOL,
             HeaderValue::from_str(protocols).unwrap(),
         );
@@ -243,17 +260,22 @@ mod tests {
     }
 
     #[test]
-    fn websocket_bearer_is_read_from_the_offered_subprotocols_of_an_upgrade_only() {
+    fn websocket_bearer_is_read_from_the_offered_subprotocols_of_a_handshake_only() {
+        let get = axum::http::Method::GET;
         let h = ws_headers("sandlot.v1, sandlot.bearer.sl_abc");
-        assert_eq!(websocket_bearer(&h).as_deref(), Some("sl_abc"));
+        assert_eq!(websocket_bearer(&get, &h).as_deref(), Some("sl_abc"));
         let mut plain = h.clone();
         plain.remove(header::UPGRADE);
-        assert_eq!(websocket_bearer(&plain), None);
+        assert_eq!(websocket_bearer(&get, &plain), None);
+        let mut no_connection = h.clone();
+        no_connection.remove(header::CONNECTION);
+        assert_eq!(websocket_bearer(&get, &no_connection), None);
+        assert_eq!(websocket_bearer(&axum::http::Method::POST, &h), None);
         assert_eq!(
-            websocket_bearer(&ws_headers("sandlot.v1, sandlot.bearer.")),
+            websocket_bearer(&get, &ws_headers("sandlot.v1, sandlot.bearer.")),
             None
         );
-        assert_eq!(websocket_bearer(&ws_headers("chat")), None);
+        assert_eq!(websocket_bearer(&get, &ws_headers("chat")), None);
     }
 
     #[test]
@@ -264,6 +286,17 @@ mod tests {
         let mut only = ws_headers("sandlot.bearer.sl_abc");
         strip_websocket_bearer(&mut only);
         assert!(!only.contains_key(header::SEC_WEBSOCKET_PROTOCOL));
+        // A value that is not text hides no token.
+        let mut raw = ws_headers("chat");
+        raw.insert(
+            header::SEC_WEBSOCKET_PROTOCOL,
+            HeaderValue::from_bytes(b"chat, sandlot.bearer.sl_abc, \xe9").unwrap(),
+        );
+        strip_websocket_bearer(&mut raw);
+        assert_eq!(
+            raw[header::SEC_WEBSOCKET_PROTOCOL].as_bytes(),
+            b"chat, \xe9"
+        );
     }
 
     #[test]

@@ -62,7 +62,9 @@ const ASSETS: &[Asset] = &[
     asset!("vendor/LICENSE-addon-fit.txt", TEXT),
 ];
 
-/// The routes of the console, for the TCP listener's router.
+/// The routes of the console, for the TCP listener's router. Every answer under
+/// them (files, 404, the redirect, a 405 for another method) carries the
+/// console's headers.
 pub fn router() -> Router {
     Router::new()
         .route("/ui", get(|| async { Redirect::permanent("/ui/") }))
@@ -71,11 +73,12 @@ pub fn router() -> Router {
             "/ui/{*path}",
             get(|Path(path): Path<String>| async move { serve(&path) }),
         )
+        .layer(axum::middleware::map_response(with_console_headers))
 }
 
-/// The file at `path` under `/ui/`, or 404; both with the console's headers.
+/// The file at `path` under `/ui/`, or 404.
 fn serve(path: &str) -> Response {
-    let mut resp = match ASSETS.iter().find(|a| a.path == path) {
+    match ASSETS.iter().find(|a| a.path == path) {
         Some(a) => (
             [(
                 header::CONTENT_TYPE,
@@ -93,7 +96,11 @@ fn serve(path: &str) -> Response {
             "no such console file\n",
         )
             .into_response(),
-    };
+    }
+}
+
+/// The console's security headers on `resp`.
+async fn with_console_headers(mut resp: Response) -> Response {
     let h = resp.headers_mut();
     h.insert(
         header::CONTENT_SECURITY_POLICY,

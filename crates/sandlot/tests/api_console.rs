@@ -197,6 +197,13 @@ async fn the_console_is_served_without_a_token_with_its_types_and_security_heade
     let a = f.call(Transport::Tcp, Method::GET, "/ui", None, None).await;
     assert_eq!(a.status, StatusCode::PERMANENT_REDIRECT);
     assert_eq!(a.header("location"), "/ui/");
+    assert_console_headers(&a, "/ui");
+    // Another method is refused, with the same headers.
+    let a = f
+        .call(Transport::Tcp, Method::POST, "/ui/src/app.js", None, None)
+        .await;
+    assert_eq!(a.status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_console_headers(&a, "POST /ui/src/app.js");
     for missing in ["/ui/nope.js", "/ui/src/../../Cargo.toml", "/ui/src/"] {
         let a = f
             .call(Transport::Tcp, Method::GET, missing, None, None)
@@ -347,6 +354,18 @@ async fn a_websocket_authenticates_with_the_bearer_subprotocol_which_is_never_ec
         let mut plain = String::new();
         s.read_to_string(&mut plain).unwrap();
         assert!(plain.starts_with("HTTP/1.1 401"), "{plain}");
+        // Nor with `Upgrade: websocket` on a request that is no handshake (a POST,
+        // or without `Connection: upgrade`).
+        for head in [
+            "POST /v1/tokens HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, close\r\nUpgrade: websocket\r\nContent-Length: 0\r\n",
+            "GET /v1/sandboxes HTTP/1.1\r\nHost: x\r\nConnection: close\r\nUpgrade: websocket\r\n",
+        ] {
+            let mut s = TcpStream::connect(addr).unwrap();
+            write!(s, "{head}Sec-WebSocket-Protocol: sandlot.bearer.{tok}\r\n\r\n").unwrap();
+            let mut answer = String::new();
+            s.read_to_string(&mut answer).unwrap();
+            assert!(answer.starts_with("HTTP/1.1 401"), "{head}: {answer}");
+        }
         // Another tenant's token: the sandbox is not found.
         let (st, _, _) = handshake(addr, &path, &format!("sandlot.v1, sandlot.bearer.{oth}"));
         assert!(st.starts_with("HTTP/1.1 404"), "{st}");

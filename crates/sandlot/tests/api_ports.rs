@@ -96,6 +96,14 @@ fn http_and_websocket_proxy_reach_a_loopback_server_in_mode_none_on(isolation: &
         b"",
     );
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    // In a browser the application's documents would be sandboxed: they share
+    // the API's (and the web console's) origin.
+    assert!(
+        r.header("content-security-policy")
+            .is_some_and(|v| v.starts_with("sandbox ") && !v.contains("allow-same-origin")),
+        "{:?}",
+        r.header("content-security-policy")
+    );
     let j = r.json();
     assert_eq!(j["method"], "GET");
     assert_eq!(j["path"], "/some/page?x=1&y=%20z");

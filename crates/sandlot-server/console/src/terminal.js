@@ -5,10 +5,25 @@ import { socket, sandboxPath } from './api.js';
 
 const SHELL = 'if command -v bash >/dev/null 2>&1; then exec bash -l; else exec sh -l; fi';
 
+/** Opens `uri` from the terminal if it is an http(s) address and the user agrees. */
+function openLink(uri) {
+  let u;
+  try { u = new URL(uri); } catch { return; }
+  if (u.protocol !== 'http:' && u.protocol !== 'https:') return;
+  if (window.confirm(`Open ${u.href} (a link printed in the sandbox) in a new tab?`)) {
+    window.open(u.href, '_blank', 'noopener,noreferrer');
+  }
+}
+
 /** A terminal in `container`; `onEnd` is called once its connection has closed. */
 export function openTerminal(container, id, onEnd = () => {}) {
   container.replaceChildren();
-  const term = new window.Terminal({ cursorBlink: true, scrollback: 5000, fontSize: 14 });
+  const term = new window.Terminal({
+    cursorBlink: true, scrollback: 5000, fontSize: 14,
+    // Links a program in the sandbox prints (OSC 8): only http(s), asked first,
+    // opened in a tab that cannot reach this one.
+    linkHandler: { activate: (_event, uri) => openLink(uri) },
+  });
   const fit = new window.FitAddon.FitAddon();
   term.loadAddon(fit);
   term.open(container);

@@ -302,10 +302,29 @@ pub async fn proxy(
     let (mut rp, body) = resp.into_parts();
     rp.version = client_version;
     strip_hop_by_hop(&mut rp.headers, false);
+    confine_to_sandbox_origin(&mut rp.headers);
     rp.extensions.clear();
     rp.extensions.insert(Proxied);
     let body = counted(body, state.clone(), false);
     Ok(Response::from_parts(rp, body))
+}
+
+/// What a sandbox's application answers is served on the API's origin (the web
+/// console's too). So that nothing it sends acts on that origin in a browser,
+/// whatever reaches it (an operator's front proxy adding `Authorization`, an
+/// extension), its documents are sandboxed (an opaque origin: no storage, no
+/// service worker, no script access to the console), and the headers that act
+/// on the whole origin are dropped.
+pub fn confine_to_sandbox_origin(headers: &mut axum::http::HeaderMap) {
+    for name in ["service-worker-allowed", "clear-site-data"] {
+        headers.remove(name);
+    }
+    headers.insert(
+        axum::http::header::CONTENT_SECURITY_POLICY,
+        axum::http::HeaderValue::from_static(
+            "sandbox allow-scripts allow-forms allow-popups allow-modals allow-downloads",
+        ),
+    );
 }
 
 fn bad_gateway(id: &str, port: u16, e: &hyper::Error) -> ApiError {
@@ -394,4 +413,32 @@ pub async fn unpublish(
         .store
         .add_event(&rec.id, "port", &format!("port {port} unpublished"));
     Ok(StatusCode::NO_CONTENT)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_proxied_answer_is_sandboxed_and_cannot_act_on_the_whole_origin() {
+        let mut h = axum::http::HeaderMap::new();
+        for (k, v) in [
+            ("service-worker-allowed", "/"),
+            ("clear-site-data", "\"storage\""),
+            ("content-security-policy", "default-src *"),
+            ("x-app", "kept"),
+        ] {
+            h.insert(k, axum::http::HeaderValue::from_static(v));
+        }
+        confine_to_sandbox_origin(&mut h);
+        assert!(h.get("service-worker-allowed").is_none());
+        assert!(h.get("clear-site-data").is_none());
+        assert_eq!(h.get_all("content-security-policy").iter().count(), 1);
+        let csp = h["content-security-policy"].to_str().unwrap();
+        assert!(
+            csp.starts_with("sandbox ") && !csp.contains("allow-same-origin"),
+            "{csp}"
+        );
+        assert_eq!(h["x-app"], "kept");
+    }
 }
