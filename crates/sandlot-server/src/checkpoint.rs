@@ -99,13 +99,18 @@ pub(crate) struct CopyRead {
 
 impl CopyRead {
     pub(crate) fn take(state: &Arc<AppState>, c: &CheckpointRecord) -> CopyRead {
+        CopyRead::take_id(state, &c.id)
+    }
+
+    /// A read of the copy of checkpoint or snapshot `id`.
+    pub(crate) fn take_id(state: &Arc<AppState>, id: &str) -> CopyRead {
         let mut r = READING.lock().unwrap_or_else(|e| e.into_inner());
         r.get_or_insert_with(Default::default)
-            .entry(c.id.clone())
+            .entry(id.to_string())
             .or_insert((0, None))
             .0 += 1;
         CopyRead {
-            id: c.id.clone(),
+            id: id.to_string(),
             state: state.clone(),
         }
     }
@@ -573,8 +578,9 @@ pub(crate) async fn remove(state: &Arc<AppState>, c: &CheckpointRecord) -> ApiRe
 }
 
 /// Removes what checkpoint `c` holds on the host: its copy, or its image's
-/// lease (the image goes too unless something else holds it). Blocking.
-fn remove_files(state: &AppState, c: &CheckpointRecord) {
+/// lease (the image goes too unless something else holds it); a snapshot's
+/// alike (`snapshot.rs`). Blocking.
+pub(crate) fn remove_files(state: &AppState, c: &CheckpointRecord) {
     if CopyRead::defer_removal(c) {
         return;
     }
@@ -612,19 +618,23 @@ pub fn remove_all_of(state: &AppState, id: &str) {
     };
     // Newest first: a checkpoint's image may be the parent of a later one's.
     for c in all.iter().rev() {
-        if let Err(e) = state.store.remove_checkpoint(&c.id) {
-            tracing::warn!(checkpoint = %c.id, "forget a checkpoint: {e}");
-            continue;
+        match state.store.remove_checkpoint(&c.id) {
+            Ok(true) => remove_files(state, c),
+            // Promoted to a snapshot meanwhile: its files are the snapshot's.
+            Ok(false) => {}
+            Err(e) => tracing::warn!(checkpoint = %c.id, "forget a checkpoint: {e}"),
         }
-        remove_files(state, c);
     }
 }
 
-/// On start: the checkpoints of sandboxes that are stopped (or unknown) are
-/// removed, and so are copies no checkpoint owns (one a crash cut short).
+/// On start: the snapshots a crash left half made are removed
+/// (`snapshot::reconcile`), the checkpoints of sandboxes that are stopped (or
+/// unknown) too, and so are copies no checkpoint or snapshot owns (one a crash
+/// cut short).
 pub async fn reconcile(state: &Arc<AppState>) {
     let st = state.clone();
     let _ = tokio::task::spawn_blocking(move || {
+        let snapshots = crate::snapshot::reconcile(&st);
         let all = match st.store.all_checkpoints() {
             Ok(a) => a,
             Err(e) => {
@@ -632,7 +642,7 @@ pub async fn reconcile(state: &Arc<AppState>) {
                 return;
             }
         };
-        let mut kept = HashSet::new();
+        let mut kept = snapshots;
         for c in all {
             let live = st
                 .store

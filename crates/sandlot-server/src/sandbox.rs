@@ -1215,6 +1215,15 @@ pub async fn reconcile(state: &Arc<AppState>) -> Result<ReconcileReport, crate::
     // A paused sandbox keeps its writable layer and image lease.
     let mut keep = state.live_ids();
     keep.extend(report.paused.iter().cloned());
+    // Checkpoints and snapshots hold their images under their own ids (those
+    // of ended sandboxes and half-made snapshots are removed later, by
+    // `checkpoint::reconcile`, which releases them).
+    if let Ok(all) = state.store.all_checkpoints() {
+        keep.extend(all.into_iter().map(|c| c.id));
+    }
+    if let Ok(all) = state.store.all_snapshots() {
+        keep.extend(all.into_iter().map(|s| s.id));
+    }
     let _ = tokio::task::spawn_blocking(move || images.reconcile(&keep)).await;
     Ok(report)
 }

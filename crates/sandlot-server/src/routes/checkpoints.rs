@@ -18,7 +18,7 @@ use crate::error::ApiResult;
 use crate::state::AppState;
 
 /// A body that may be empty (then `T::default()`).
-async fn optional_body<T: serde::de::DeserializeOwned + Default>(
+pub(super) async fn optional_body<T: serde::de::DeserializeOwned + Default>(
     state: &AppState,
     body: Body,
 ) -> ApiResult<T> {
