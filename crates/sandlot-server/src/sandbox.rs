@@ -1040,7 +1040,7 @@ pub async fn own(state: Arc<AppState>, h: Arc<SandboxHandle>, adopted: bool) {
     let st = state.clone();
     let term = tokio::task::spawn_blocking(move || {
         let term = h2.inst.terminate();
-        images.release(&h2.id);
+        images.release_ended(&h2.id);
         crate::network::release(&st, &h2.id);
         st.collection_mounts.release(&h2.id);
         crate::checkpoint::remove_all_of(&st, &h2.id);

@@ -190,7 +190,22 @@ fn adopt_files(state: &AppState, sn: &str, c: &CheckpointRecord) -> ApiResult<()
     }
 }
 
-/// Gives back what [`adopt_files`] moved (`c` was removed meanwhile). Blocking.
+/// Gives what [`adopt_files`] moved back to checkpoint `c`, which is still
+/// recorded. Blocking.
+fn give_back(state: &AppState, sn: &str, c: &CheckpointRecord) {
+    if c.saved.image.is_some() {
+        if let Err(e) = state.images.store.release(sn) {
+            tracing::warn!(snapshot = sn, "release a snapshot's image: {e}");
+        }
+        return;
+    }
+    let (from, to) = (copy_dir(state, sn), copy_dir(state, &c.id));
+    if let Err(e) = std::fs::rename(&from, &to) {
+        tracing::warn!(snapshot = sn, checkpoint = %c.id, "give a checkpoint its copy back: {e}");
+    }
+}
+
+/// Removes what [`adopt_files`] moved (`c` was removed meanwhile). Blocking.
 fn drop_adopted(state: &AppState, sn: &str, c: &CheckpointRecord) {
     if let Err(e) = std::fs::remove_dir_all(copy_dir(state, sn)) {
         if e.kind() != std::io::ErrorKind::NotFound {
@@ -264,21 +279,32 @@ async fn make(
         .store
         .promote_checkpoint(&s.id, &c.id, c.kind, &c.saved)
         .map_err(ApiError::internal);
+    let gone = matches!(promoted, Ok(Promotion::CheckpointGone));
     if !matches!(promoted, Ok(Promotion::Ready)) {
+        // The checkpoint removed meanwhile left its files to the snapshot, which
+        // removes them; one still there gets them back.
         let (st, sn, c2) = (state.clone(), s.id.clone(), c.clone());
-        let _ = tokio::task::spawn_blocking(move || drop_adopted(&st, &sn, &c2)).await;
+        let _ = tokio::task::spawn_blocking(move || {
+            if gone {
+                drop_adopted(&st, &sn, &c2)
+            } else {
+                give_back(&st, &sn, &c2)
+            }
+        })
+        .await;
     }
-    match promoted? {
-        Promotion::Ready => {}
-        Promotion::CheckpointGone => {
+    match promoted {
+        Ok(Promotion::Ready) => {}
+        Ok(Promotion::CheckpointGone) => {
             return Err(ApiError::conflict(format!(
                 "sandbox {} ended while its snapshot was taken",
                 rec.id
             )))
         }
-        Promotion::SnapshotGone => {
+        Ok(Promotion::SnapshotGone) => {
             return fail(ApiError::internal(format!("snapshot {} lost its row", s.id))).await
         }
+        Err(e) => return fail(e).await,
     }
     if c.saved.image.is_some() {
         // The snapshot holds the image now.

@@ -12,7 +12,7 @@ mod api_support;
 use std::path::{Path, PathBuf};
 
 use api_support::counter::{on, probe, sh, start_counter};
-use api_support::{rt, Daemon};
+use api_support::{eventually, rt, Daemon};
 use sandlot_client::checkpoint::CreateCheckpoint;
 use sandlot_client::snapshot::{CreateSnapshot, StartFromSnapshot};
 
@@ -29,6 +29,13 @@ fn entries(dir: &Path) -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// Images in the daemon's store (the operator sees every one).
+fn image_count(d: &Daemon) -> usize {
+    let (code, v) = d.raw("GET", "/v1/images", "");
+    assert_eq!(code, 200, "{v}");
+    v["images"].as_array().map_or(0, Vec::len)
 }
 
 fn status(e: &sandlot_client::Error) -> Option<u16> {
@@ -87,6 +94,7 @@ fn gvisor_a_sandbox_started_from_a_snapshot_continues_its_processes_after_the_so
 fn namespace_a_snapshot_outlives_its_sandbox_and_a_daemon_restart_and_starts_afresh_on_its_files() {
     let mut d = Daemon::start_isolated(None, "namespace");
     let c = d.client();
+    let images_before = image_count(&d);
     let snap = rt().block_on(async {
         let s = c.create_sandbox(&on("namespace")).await.unwrap();
         sh(&c, &s.id, "echo kept > /tmp/file; sleep 1000 >/dev/null 2>&1 &").await;
@@ -137,6 +145,14 @@ fn namespace_a_snapshot_outlives_its_sandbox_and_a_daemon_restart_and_starts_afr
             .await
             .unwrap_err();
         assert_eq!(status(&e), Some(404), "{e}");
+        // Its image goes once the sandboxes started from it are gone too.
+        c.delete_sandbox(&a.id).await.unwrap();
+        c.delete_sandbox(&b.id).await.unwrap();
+        eventually(20, "the snapshot's image to go", || {
+            let d = &d;
+            async move { image_count(d) == images_before }
+        })
+        .await;
     });
     d.shutdown();
 }

@@ -28,10 +28,12 @@ use crate::auth::Principal;
 use crate::store::SnapshotRecord;
 
 pub fn routes() -> Router<Arc<E2b>> {
+    // Other methods on these paths answer as any call Sandlot lacks (501).
+    let other = super::rest::unsupported;
     Router::new()
-        .route("/sandboxes/{id}/snapshots", post(create))
-        .route("/snapshots", get(list))
-        .route("/templates/{id}", delete(remove))
+        .route("/sandboxes/{id}/snapshots", post(create).fallback(other))
+        .route("/snapshots", get(list).fallback(other))
+        .route("/templates/{id}", delete(remove).fallback(other))
 }
 
 /// E2B's `SnapshotInfo`.
