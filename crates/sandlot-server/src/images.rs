@@ -495,7 +495,10 @@ impl Images {
         match self.store.remove(reference) {
             Ok(_) => {
                 o.remove(reference);
-                tracing::info!(image = reference, "removed a committed image once its last holder let it go");
+                tracing::info!(
+                    image = reference,
+                    "removed a committed image once its last holder let it go"
+                );
             }
             Err(StoreError::InUse { .. }) => {}
             Err(e) => {

@@ -249,13 +249,7 @@ async fn make(
     let size = bytes_of(state, &c);
     let reserved = state
         .store
-        .reserve_snapshot(
-            &s.id,
-            &c.id,
-            fresh,
-            size,
-            quota.max_snapshot_disk.bytes(),
-        )
+        .reserve_snapshot(&s.id, &c.id, fresh, size, quota.max_snapshot_disk.bytes())
         .map_err(ApiError::internal);
     match reserved {
         Ok(SnapshotAdmission::Admitted) => {}
@@ -263,7 +257,11 @@ async fn make(
             return fail(refusal(&rec.tenant, a, &quota)).await
         }
         Ok(SnapshotAdmission::TooMany(_)) => {
-            return fail(ApiError::internal(format!("snapshot {} lost its row", s.id))).await
+            return fail(ApiError::internal(format!(
+                "snapshot {} lost its row",
+                s.id
+            )))
+            .await
         }
         Err(e) => return fail(e).await,
     }
@@ -302,7 +300,11 @@ async fn make(
             )))
         }
         Ok(Promotion::SnapshotGone) => {
-            return fail(ApiError::internal(format!("snapshot {} lost its row", s.id))).await
+            return fail(ApiError::internal(format!(
+                "snapshot {} lost its row",
+                s.id
+            )))
+            .await
         }
         Err(e) => return fail(e).await,
     }
@@ -418,7 +420,8 @@ async fn start_read(
         lifecycle: s.source.lifecycle,
         timeout_ms: remaining,
     };
-    let mut started = crate::fork::fork_from(state, &parent, &as_checkpoint(&s), 1, remaining).await?;
+    let mut started =
+        crate::fork::fork_from(state, &parent, &as_checkpoint(&s), 1, remaining).await?;
     started
         .pop()
         .ok_or_else(|| ApiError::internal(format!("snapshot {id}: no sandbox was started")))

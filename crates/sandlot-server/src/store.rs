@@ -41,8 +41,8 @@ mod snapshot;
 pub use checkpoint::CheckpointRecord;
 use lifecycle::{insert_lifecycle, lifecycle_from_row};
 pub use pause::{BeginPause, PauseRecord, Saved, SavedFile};
-pub use snapshot::{Promotion, SnapshotAdmission, SnapshotRecord, SnapshotSource};
 pub use sandlot_proto::api::lifecycle::{Lifecycle, OnExpiry};
+pub use snapshot::{Promotion, SnapshotAdmission, SnapshotRecord, SnapshotSource};
 
 fn sql(op: &'static str) -> impl FnOnce(rusqlite::Error) -> StoreError {
     move |source| StoreError::Sql { op, source }

@@ -97,7 +97,12 @@ fn namespace_a_snapshot_outlives_its_sandbox_and_a_daemon_restart_and_starts_afr
     let images_before = image_count(&d);
     let snap = rt().block_on(async {
         let s = c.create_sandbox(&on("namespace")).await.unwrap();
-        sh(&c, &s.id, "echo kept > /tmp/file; sleep 1000 >/dev/null 2>&1 &").await;
+        sh(
+            &c,
+            &s.id,
+            "echo kept > /tmp/file; sleep 1000 >/dev/null 2>&1 &",
+        )
+        .await;
         let snap = c.create_snapshot(&s.id, &named("files")).await.unwrap();
         assert!(!snap.memory, "{snap:?}");
         // A paused sandbox is snapshotted too, and stays paused.
@@ -115,12 +120,19 @@ fn namespace_a_snapshot_outlives_its_sandbox_and_a_daemon_restart_and_starts_afr
     d.spawn();
     let c = d.client();
     rt().block_on(async {
-        assert_eq!(c.list_snapshots(None, None).await.unwrap(), vec![snap.clone()]);
+        assert_eq!(
+            c.list_snapshots(None, None).await.unwrap(),
+            vec![snap.clone()]
+        );
         assert_eq!(
             c.list_snapshots(None, Some("files")).await.unwrap().len(),
             1
         );
-        assert!(c.list_snapshots(None, Some("other")).await.unwrap().is_empty());
+        assert!(c
+            .list_snapshots(None, Some("other"))
+            .await
+            .unwrap()
+            .is_empty());
         let a = c
             .start_from_snapshot(&snap.id, &StartFromSnapshot { timeout: Some(60) })
             .await
@@ -294,8 +306,8 @@ fn a_checkpoint_promoted_to_a_snapshot_leaves_its_sandbox_and_a_bad_name_is_refu
 }
 
 #[test]
-fn gvisor_a_delete_of_the_snapshot_during_a_start_from_it_leaves_the_start_whole_and_frees_its_copy()
-{
+fn gvisor_a_delete_of_the_snapshot_during_a_start_from_it_leaves_the_start_whole_and_frees_its_copy(
+) {
     let mut d = Daemon::start_isolated(None, "gvisor");
     let c = d.client();
     rt().block_on(async {

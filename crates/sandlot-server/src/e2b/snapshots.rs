@@ -112,9 +112,9 @@ fn list_query(q: Option<&str>) -> RestResult<ListQuery> {
                     .ok_or_else(|| RestError::bad(format!("limit: use 1 to 100, got {v:?}")))?
             }
             "nextToken" => {
-                out.offset = v
-                    .parse()
-                    .map_err(|_| RestError::bad(format!("nextToken: not a token of this server: {v:?}")))?
+                out.offset = v.parse().map_err(|_| {
+                    RestError::bad(format!("nextToken: not a token of this server: {v:?}"))
+                })?
             }
             _ => {}
         }

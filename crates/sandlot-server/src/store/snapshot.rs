@@ -57,7 +57,9 @@ pub enum SnapshotAdmission {
     /// The tenant holds this many snapshots (those being made included).
     TooMany(u64),
     /// The tenant's snapshots hold this many bytes (reservations included).
-    TooLarge { used: u64 },
+    TooLarge {
+        used: u64,
+    },
 }
 
 /// What [`Store::promote_checkpoint`] did.
@@ -300,10 +302,7 @@ impl Store {
     pub fn remove_ready_snapshot(&self, id: &str) -> Result<bool, StoreError> {
         let c = self.lock();
         let n = c
-            .execute(
-                "DELETE FROM snapshots WHERE id = ?1 AND ready = 1",
-                [id],
-            )
+            .execute("DELETE FROM snapshots WHERE id = ?1 AND ready = 1", [id])
             .map_err(sql("remove snapshot"))?;
         Ok(n == 1)
     }
