@@ -59,14 +59,15 @@ static BUSY: Mutex<Option<HashSet<String>>> = Mutex::new(None);
 pub(crate) struct Busy(String);
 
 impl Busy {
-    /// 409 `invalid_state` while another checkpoint, restore or fork of `id` runs.
+    /// 409 `invalid_state` while another checkpoint, restore, fork or snapshot of
+    /// `id` runs.
     pub(crate) fn take(id: &str) -> ApiResult<Busy> {
         let mut b = BUSY.lock().unwrap_or_else(|e| e.into_inner());
         if !b.get_or_insert_with(HashSet::new).insert(id.to_string()) {
             return Err(ApiError::new(
                 StatusCode::CONFLICT,
                 "invalid_state",
-                format!("sandbox {id}: another checkpoint, restore or fork of it is under way"),
+                format!("sandbox {id}: another checkpoint, restore, fork or snapshot of it is under way"),
             ));
         }
         Ok(Busy(id.to_string()))

@@ -409,3 +409,90 @@ fn gvisor_a_crash_mid_snapshot_leaves_no_half_snapshot_and_no_orphan_copy() {
     });
     d.shutdown();
 }
+
+#[test]
+fn gvisor_a_snapshot_racing_a_fork_or_a_delete_of_its_sandbox_is_whole_or_refused_and_leaves_nothing(
+) {
+    let mut d = Daemon::start_isolated(None, "gvisor");
+    let c = d.client();
+    rt().block_on(async {
+        let s = c.create_sandbox(&on("gvisor")).await.unwrap();
+        sh(&c, &s.id, "echo kept > /tmp/file").await;
+        let none = CreateSnapshot::default();
+        let fork = sandlot_client::checkpoint::ForkRequest::default();
+        let (snap, forked) = tokio::join!(
+            c.create_snapshot(&s.id, &none),
+            c.fork_sandbox(&s.id, &fork)
+        );
+        let refused = |e: &sandlot_client::Error| status(e) == Some(409);
+        assert!(
+            snap.as_ref().is_ok() || snap.as_ref().is_err_and(refused),
+            "{snap:?}"
+        );
+        assert!(
+            forked.as_ref().is_ok() || forked.as_ref().is_err_and(refused),
+            "{forked:?}"
+        );
+        assert!(snap.is_ok() || forked.is_ok(), "one of them runs");
+        eprintln!(
+            "snapshot {:?}, fork {:?}",
+            snap.as_ref().map(|s| &s.id),
+            forked.as_ref().map(|f| f.sandboxes.len())
+        );
+        // A snapshot and a delete of its sandbox at once.
+        let (snap2, deleted) =
+            tokio::join!(c.create_snapshot(&s.id, &none), c.delete_sandbox(&s.id));
+        let deleted_ok = deleted.is_ok()
+            || deleted
+                .as_ref()
+                .is_err_and(|e| matches!(status(e), Some(409)));
+        assert!(deleted_ok, "{deleted:?}");
+        eprintln!(
+            "snapshot {:?}, delete {:?}",
+            snap2.as_ref().map(|s| &s.id),
+            deleted.as_ref().map(|_| ())
+        );
+        if let Err(e) = &snap2 {
+            assert!(matches!(status(e), Some(404 | 409)), "{e}");
+        }
+        // Whatever won: every snapshot listed starts whole, and the disk holds
+        // the copies of listed snapshots and live checkpoints only.
+        let listed = c.list_snapshots(None, None).await.unwrap();
+        for sn in &listed {
+            let from = c
+                .start_from_snapshot(&sn.id, &StartFromSnapshot::default())
+                .await
+                .unwrap();
+            assert_eq!(sh(&c, &from.id, "cat /tmp/file").await, "kept\n");
+            c.delete_sandbox(&from.id).await.unwrap();
+        }
+        if deleted.is_err() {
+            c.delete_sandbox(&s.id).await.unwrap();
+        }
+        if let Ok(f) = &forked {
+            for sb in &f.sandboxes {
+                c.delete_sandbox(&sb.id).await.unwrap();
+            }
+        }
+        let mut want: Vec<String> = listed.iter().map(|s| s.id.clone()).collect();
+        want.sort();
+        eventually(20, "only the listed snapshots' copies to stay", || {
+            let (d, want) = (&d, want.clone());
+            async move {
+                let mut on_disk = entries(&copies(d));
+                on_disk.sort();
+                on_disk == want
+            }
+        })
+        .await;
+        for sn in &listed {
+            c.delete_snapshot(&sn.id).await.unwrap();
+        }
+        assert!(
+            entries(&copies(&d)).is_empty(),
+            "{:?}",
+            entries(&copies(&d))
+        );
+    });
+    d.shutdown();
+}
