@@ -36,7 +36,9 @@ use sandlot_proto::spec::Isolation;
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
 use crate::state::AppState;
-use crate::store::{now_ms, CheckpointRecord, SandboxRecord, SandboxState, Saved};
+use crate::store::{
+    now_ms, CheckpointRecord, CheckpointRefusal, SandboxRecord, SandboxState, Saved,
+};
 
 /// The directory of the daemon's checkpoint copies.
 fn copies(state: &AppState) -> PathBuf {
@@ -276,14 +278,25 @@ fn new_id() -> String {
 /// Records `c`; on refusal its files go (they are nobody's).
 async fn record(state: &Arc<AppState>, c: CheckpointRecord) -> ApiResult<CheckpointRecord> {
     let max = state.cfg.limits.max_checkpoints_per_sandbox.max(1);
+    let quota = state.cfg.quota(&c.tenant);
     let added = state
         .store
-        .add_checkpoint(&c, max)
+        .add_checkpoint(&c, max, quota.max_saved_disk.bytes())
         .map_err(ApiError::internal);
     let refused = match added {
         Ok(Ok(())) => return Ok(c),
-        Ok(Err(Some(n))) => too_many(&c.sandbox_id, n, max),
-        Ok(Err(None)) => ApiError::conflict(format!("sandbox {} stopped", c.sandbox_id)),
+        Ok(Err(CheckpointRefusal::TooMany(n))) => too_many(&c.sandbox_id, n, max),
+        Ok(Err(CheckpointRefusal::Ended)) => {
+            ApiError::conflict(format!("sandbox {} stopped", c.sandbox_id))
+        }
+        Ok(Err(CheckpointRefusal::TooLarge { used })) => ApiError::quota(format!(
+            "tenant {}: its checkpoints and snapshots hold {} of disk, checkpoint {} of {} bytes would pass its quota max_saved_disk of {} (delete one first)",
+            c.tenant,
+            sandlot_proto::units::ByteSize(used),
+            c.id,
+            c.size,
+            quota.max_saved_disk
+        )),
         Err(e) => e,
     };
     let st = state.clone();

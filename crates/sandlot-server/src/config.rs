@@ -35,8 +35,10 @@ pub struct Quota {
     pub max_memory: ByteSize,
     /// Snapshots kept at once (`/v1/snapshots`; those being made count).
     pub max_snapshots: u32,
-    /// Bytes of the host's disk the tenant's snapshots may hold.
-    pub max_snapshot_disk: ByteSize,
+    /// Bytes of the host's disk the tenant's snapshots and checkpoints may
+    /// hold together (a `filesystem` one: its image's layers; a checkpoint of
+    /// one: 0, its image is counted by the image store).
+    pub max_saved_disk: ByteSize,
 }
 
 impl Default for Quota {
@@ -45,7 +47,7 @@ impl Default for Quota {
             max_sandboxes: 100,
             max_memory: ByteSize(64 << 30),
             max_snapshots: 20,
-            max_snapshot_disk: ByteSize(20 << 30),
+            max_saved_disk: ByteSize(20 << 30),
         }
     }
 }

@@ -13,7 +13,7 @@
 //!
 //! A snapshot belongs to its sandbox's tenant (another tenant's id is "not
 //! found"), is counted against the tenant's `max_snapshots` from its admission
-//! and against `max_snapshot_disk` from the moment its bytes are known (both in
+//! and against `max_saved_disk` from the moment its bytes are known (both in
 //! one store commit each: two snapshots at the limit cannot both pass), and is
 //! kept across sandbox ends and daemon restarts until deleted. A sandbox started
 //! from it is a fork of it (`fork.rs`): gVisor continues its processes and
@@ -102,9 +102,9 @@ fn refusal(tenant: &str, a: SnapshotAdmission, q: &crate::config::Quota) -> ApiE
             q.max_snapshots
         )),
         SnapshotAdmission::TooLarge { used } => ApiError::quota(format!(
-            "tenant {tenant}: its snapshots hold {} of disk, this one would pass its quota max_snapshot_disk of {} (delete one first)",
+            "tenant {tenant}: its checkpoints and snapshots hold {} of disk, this snapshot would pass its quota max_saved_disk of {} (delete one first)",
             sandlot_proto::units::ByteSize(used),
-            q.max_snapshot_disk
+            q.max_saved_disk
         )),
         SnapshotAdmission::Admitted => ApiError::internal("a snapshot admitted was refused"),
     }
@@ -143,7 +143,7 @@ pub async fn create(
     };
     let admitted = state
         .store
-        .begin_snapshot(&s, quota.max_snapshots, quota.max_snapshot_disk.bytes())
+        .begin_snapshot(&s, quota.max_snapshots, quota.max_saved_disk.bytes())
         .map_err(ApiError::internal)?;
     if admitted != SnapshotAdmission::Admitted {
         return Err(refusal(&rec.tenant, admitted, &quota));
@@ -249,7 +249,7 @@ async fn make(
     let size = bytes_of(state, &c);
     let reserved = state
         .store
-        .reserve_snapshot(&s.id, &c.id, fresh, size, quota.max_snapshot_disk.bytes())
+        .reserve_snapshot(&s.id, &c.id, fresh, size, quota.max_saved_disk.bytes())
         .map_err(ApiError::internal);
     match reserved {
         Ok(SnapshotAdmission::Admitted) => {}

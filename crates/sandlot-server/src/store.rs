@@ -38,7 +38,7 @@ mod lifecycle;
 mod pause;
 mod snapshot;
 
-pub use checkpoint::CheckpointRecord;
+pub use checkpoint::{CheckpointRecord, CheckpointRefusal};
 use lifecycle::{insert_lifecycle, lifecycle_from_row};
 pub use pause::{BeginPause, PauseRecord, Saved, SavedFile};
 pub use sandlot_proto::api::lifecycle::{Lifecycle, OnExpiry};

@@ -2,10 +2,11 @@
 //! sandbox and a daemon restart; a sandbox started from a gVisor snapshot
 //! continues its processes from their memory, one from a namespace snapshot
 //! gets its files and starts afresh; another tenant's snapshot is not found;
-//! the tenant's count and disk quotas refuse a snapshot past them (two racing
-//! at the limit: one passes) and leave nothing; a delete frees its disk, also
-//! while a start reads it; the state a crash mid-snapshot leaves is cleaned up
-//! at the next start. Needs root (and Debian's `runsc` for the gVisor tests).
+//! the tenant's count and disk quotas refuse a snapshot (or a checkpoint) past
+//! them (two racing at the limit: one passes) and leave nothing; a snapshot
+//! racing a fork or its sandbox's delete is whole or refused; a delete frees its
+//! disk, also while a start reads it; the state a crash mid-snapshot leaves is
+//! cleaned up at the next start. Needs root (and Debian's `runsc` for the gVisor tests).
 
 mod api_support;
 
@@ -207,7 +208,7 @@ fn another_tenants_snapshot_is_not_found() {
 #[test]
 fn snapshots_past_the_tenants_count_or_disk_quota_are_refused_and_leave_nothing() {
     let mut d = Daemon::start_isolated(
-        Some("[quotas]\nmax_snapshots = 1\n[tenants.tiny]\nmax_snapshot_disk = 1\n"),
+        Some("[quotas]\nmax_snapshots = 1\n[tenants.tiny]\nmax_saved_disk = 1\n"),
         "namespace",
     );
     let c = d.tcp(Some(&d.token("acme")));
@@ -249,7 +250,7 @@ fn snapshots_past_the_tenants_count_or_disk_quota_are_refused_and_leave_nothing(
             .await
             .unwrap_err();
         assert_eq!(status(&e), Some(429), "{e}");
-        assert!(e.to_string().contains("max_snapshot_disk"), "{e}");
+        assert!(e.to_string().contains("max_saved_disk"), "{e}");
         assert!(tiny.list_snapshots(None, None).await.unwrap().is_empty());
         assert!(tiny.list_checkpoints(&t.id).await.unwrap().is_empty());
     });
@@ -493,6 +494,30 @@ fn gvisor_a_snapshot_racing_a_fork_or_a_delete_of_its_sandbox_is_whole_or_refuse
             "{:?}",
             entries(&copies(&d))
         );
+    });
+    d.shutdown();
+}
+
+#[test]
+fn gvisor_a_checkpoint_past_the_tenants_saved_disk_quota_is_refused_and_leaves_nothing() {
+    let mut d = Daemon::start_isolated(Some("[quotas]\nmax_saved_disk = \"100K\"\n"), "gvisor");
+    let c = d.client();
+    rt().block_on(async {
+        let s = c.create_sandbox(&on("gvisor")).await.unwrap();
+        let e = c
+            .create_checkpoint(&s.id, &CreateCheckpoint::default())
+            .await
+            .unwrap_err();
+        assert_eq!(status(&e), Some(429), "{e}");
+        assert!(e.to_string().contains("max_saved_disk"), "{e}");
+        assert!(c.list_checkpoints(&s.id).await.unwrap().is_empty());
+        assert!(
+            entries(&copies(&d)).is_empty(),
+            "{:?}",
+            entries(&copies(&d))
+        );
+        // The sandbox runs on.
+        assert_eq!(sh(&c, &s.id, "echo alive").await, "alive\n");
     });
     d.shutdown();
 }

@@ -38,7 +38,7 @@ pub struct Snapshot {
     /// Whether its processes and memory are kept (`kind` is `memory`).
     pub memory: bool,
     /// Bytes it holds on the host's disk, counted against the tenant's
-    /// `max_snapshot_disk` (a `filesystem` snapshot's image: the bytes of its
+    /// `max_saved_disk` (a `filesystem` snapshot's image: the bytes of its
     /// layers).
     pub size: u64,
 }

@@ -111,16 +111,31 @@ fn from_row(r: &Row<'_>) -> rusqlite::Result<Result<SnapshotRecord, StoreError>>
     }))
 }
 
-/// The tenant's snapshot count and bytes, those being made included.
+/// The tenant's snapshot count (those being made included) and the bytes its
+/// snapshots (reservations included) and checkpoints hold.
 fn tenant_use(tx: &rusqlite::Connection, tenant: &str) -> Result<(u64, u64), StoreError> {
-    let (n, bytes): (i64, i64) = tx
+    let n: i64 = tx
         .query_row(
-            "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM snapshots WHERE tenant = ?1",
+            "SELECT COUNT(*) FROM snapshots WHERE tenant = ?1",
             [tenant],
-            |r| Ok((r.get(0)?, r.get(1)?)),
+            |r| r.get(0),
         )
         .map_err(sql("count snapshots"))?;
-    Ok((n.max(0) as u64, bytes.max(0) as u64))
+    Ok((n.max(0) as u64, saved_bytes(tx, tenant)?))
+}
+
+/// Bytes of the daemon's disk `tenant`'s snapshots (reservations included)
+/// and checkpoints hold: what `max_saved_disk` bounds.
+pub(super) fn saved_bytes(tx: &rusqlite::Connection, tenant: &str) -> Result<u64, StoreError> {
+    let bytes: i64 = tx
+        .query_row(
+            "SELECT (SELECT COALESCE(SUM(size), 0) FROM snapshots WHERE tenant = ?1)
+                  + (SELECT COALESCE(SUM(size), 0) FROM checkpoints WHERE tenant = ?1)",
+            [tenant],
+            |r| r.get(0),
+        )
+        .map_err(sql("count saved bytes"))?;
+    Ok(bytes.max(0) as u64)
 }
 
 impl Store {
@@ -193,7 +208,17 @@ impl Store {
             return Ok(SnapshotAdmission::TooMany(0));
         };
         let (_, bytes) = tenant_use(&tx, &tenant)?;
-        let others = bytes.saturating_sub(own.max(0) as u64);
+        // The checkpoint it is promoted from is counted once: as the snapshot.
+        let promoted: i64 = tx
+            .query_row(
+                "SELECT COALESCE(SUM(size), 0) FROM checkpoints WHERE id = ?1",
+                [cp],
+                |r| r.get(0),
+            )
+            .map_err(sql("reserve snapshot"))?;
+        let others = bytes
+            .saturating_sub(own.max(0) as u64)
+            .saturating_sub(promoted.max(0) as u64);
         if others.saturating_add(size) > max_bytes {
             return Ok(SnapshotAdmission::TooLarge { used: others });
         }
@@ -401,7 +426,7 @@ mod tests {
         let s = Store::in_memory().unwrap();
         s.admit_sandbox(&crate::store::pause::tests::rec("a", 1), 10, 1 << 30)
             .unwrap();
-        s.add_checkpoint(&cp("c1"), 5).unwrap().unwrap();
+        s.add_checkpoint(&cp("c1"), 5, 100).unwrap().unwrap();
         s.begin_snapshot(&snap("s1", "t"), 10, 100).unwrap();
         assert!(
             s.snapshot("s1").unwrap().is_none(),
@@ -429,5 +454,31 @@ mod tests {
         assert_eq!(s.snapshots_of(Some("t"), Some("b"), None).unwrap().len(), 0);
         assert!(s.remove_ready_snapshot("s1").unwrap());
         assert!(!s.remove_ready_snapshot("s1").unwrap());
+    }
+
+    #[test]
+    fn checkpoints_and_snapshots_share_the_tenants_disk_quota_and_a_promotion_counts_once() {
+        let s = Store::in_memory().unwrap();
+        s.admit_sandbox(&crate::store::pause::tests::rec("a", 1), 10, 1 << 30)
+            .unwrap();
+        assert_eq!(s.add_checkpoint(&cp("c1"), 5, 15).unwrap(), Ok(()));
+        assert_eq!(
+            s.add_checkpoint(&cp("c2"), 5, 15).unwrap(),
+            Err(crate::store::CheckpointRefusal::TooLarge { used: 10 })
+        );
+        assert_eq!(
+            s.begin_snapshot(&snap("s1", "t"), 10, 15).unwrap(),
+            SnapshotAdmission::Admitted
+        );
+        assert_eq!(
+            s.reserve_snapshot("s1", "c1", false, 10, 15).unwrap(),
+            SnapshotAdmission::Admitted,
+            "the checkpoint it is promoted from is not counted twice"
+        );
+        assert_eq!(
+            s.begin_snapshot(&snap("s2", "t"), 10, 15).unwrap(),
+            SnapshotAdmission::TooLarge { used: 20 },
+            "until the promotion, both hold their bytes"
+        );
     }
 }

@@ -755,7 +755,7 @@ class Snapshot:
     #: or ``"filesystem"`` (namespace backend: files only; processes start afresh).
     kind: str
     #: Bytes of the daemon's disk it holds, counted against the tenant's
-    #: ``max_snapshot_disk``.
+    #: ``max_saved_disk``.
     size: int
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 

@@ -1047,7 +1047,7 @@ class Sandbox:
         is a fresh checkpoint (the sandbox runs on, or stays paused), or
         ``checkpoint``, promoted out of the sandbox. On gVisor it keeps processes
         and memory; on the namespace backend it is files only. Past the tenant's
-        ``max_snapshots`` or ``max_snapshot_disk``:
+        ``max_snapshots`` or ``max_saved_disk``:
         :class:`~sandlot.errors.QuotaExceededError`."""
         body: Dict[str, Any] = {}
         if name is not None:
