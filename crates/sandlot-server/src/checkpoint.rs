@@ -407,7 +407,7 @@ async fn take_memory(
             let _ = std::fs::remove_dir_all(&partial);
             ApiError::internal(format!("rename {}: {e}", partial.display()))
         })?;
-        Ok((saved.bytes, dir_bytes(&whole)))
+        Ok((saved.bytes, dir_allocated(&whole)))
     })
     .await
     .map_err(ApiError::internal)?;
@@ -527,12 +527,24 @@ pub(crate) fn copy_error(e: sandlot_runtime::RuntimeError) -> ApiError {
 /// Bytes of the regular files under `dir` (not following links, not crossing
 /// into another file system's mount).
 fn dir_bytes(dir: &std::path::Path) -> u64 {
+    dir_size(dir, false)
+}
+
+/// Bytes the files under `dir` take on its disk (holes of sparse files and
+/// the extra names of hard links cost nothing): a checkpoint's `size`, which
+/// the tenant's `max_saved_disk` counts.
+fn dir_allocated(dir: &std::path::Path) -> u64 {
+    dir_size(dir, true)
+}
+
+fn dir_size(dir: &std::path::Path, allocated: bool) -> u64 {
     use std::os::unix::fs::MetadataExt;
     let Ok(top) = std::fs::symlink_metadata(dir) else {
         return 0;
     };
     let mut stack = vec![dir.to_path_buf()];
     let mut n = 0u64;
+    let mut seen = HashSet::new();
     while let Some(d) = stack.pop() {
         let Ok(rd) = std::fs::read_dir(&d) else {
             continue;
@@ -552,6 +564,10 @@ fn dir_bytes(dir: &std::path::Path) -> u64 {
                             .saturating_mul(v.f_frsize)
                     })
                     .unwrap_or(0);
+            } else if m.is_file() && allocated {
+                if m.nlink() <= 1 || seen.insert((m.dev(), m.ino())) {
+                    n += m.blocks().saturating_mul(512);
+                }
             } else if m.is_file() {
                 n += m.len();
             }
