@@ -87,7 +87,6 @@ def test_options_a_snapshot_cannot_honour_are_refused_by_name(server):
 def test_a_snapshot_survives_a_daemon_restart(server):
     tmp = Path(tempfile.mkdtemp(prefix="sandlot-e2b-snap-"))
     srv = Server(tmp)
-    srv.data_dir.mkdir(mode=0o700)
     srv.start()
     key = srv.token("e2b-s")
     opts = {"api_key": key, "api_url": srv.url, "sandbox_url": srv.url}
@@ -96,12 +95,14 @@ def test_a_snapshot_survives_a_daemon_restart(server):
         sb.files.write("/tmp/kept.txt", "kept")
         snap = sb.create_snapshot(**opts)
         assert sb.kill() is True
-        srv.stop([])
+        srv.stop(delete_sandboxes=False)
         srv.start()
         new = Sandbox.create(snap.snapshot_id, timeout=60, **opts)
         assert new.files.read("/tmp/kept.txt") == "kept"
         assert new.kill() is True
         assert Sandbox.delete_snapshot(snap.snapshot_id, **opts) is True
     finally:
-        srv.stop([key])
+        srv.stop()
+        leftovers = srv.leftovers()
         shutil.rmtree(tmp, ignore_errors=True)
+        assert not leftovers, leftovers
