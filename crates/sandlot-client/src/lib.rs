@@ -20,6 +20,7 @@ pub mod code;
 mod conn;
 pub mod network;
 pub mod ports;
+pub mod snapshot;
 pub mod stream;
 pub mod vfs;
 

@@ -36,7 +36,9 @@ use sandlot_proto::spec::Isolation;
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
 use crate::state::AppState;
-use crate::store::{now_ms, CheckpointRecord, SandboxRecord, SandboxState, Saved};
+use crate::store::{
+    now_ms, CheckpointRecord, CheckpointRefusal, SandboxRecord, SandboxState, Saved,
+};
 
 /// The directory of the daemon's checkpoint copies.
 fn copies(state: &AppState) -> PathBuf {
@@ -59,14 +61,15 @@ static BUSY: Mutex<Option<HashSet<String>>> = Mutex::new(None);
 pub(crate) struct Busy(String);
 
 impl Busy {
-    /// 409 `invalid_state` while another checkpoint, restore or fork of `id` runs.
+    /// 409 `invalid_state` while another checkpoint, restore, fork or snapshot of
+    /// `id` runs.
     pub(crate) fn take(id: &str) -> ApiResult<Busy> {
         let mut b = BUSY.lock().unwrap_or_else(|e| e.into_inner());
         if !b.get_or_insert_with(HashSet::new).insert(id.to_string()) {
             return Err(ApiError::new(
                 StatusCode::CONFLICT,
                 "invalid_state",
-                format!("sandbox {id}: another checkpoint, restore or fork of it is under way"),
+                format!("sandbox {id}: another checkpoint, restore, fork or snapshot of it is under way"),
             ));
         }
         Ok(Busy(id.to_string()))
@@ -99,13 +102,18 @@ pub(crate) struct CopyRead {
 
 impl CopyRead {
     pub(crate) fn take(state: &Arc<AppState>, c: &CheckpointRecord) -> CopyRead {
+        CopyRead::take_id(state, &c.id)
+    }
+
+    /// A read of the copy of checkpoint or snapshot `id`.
+    pub(crate) fn take_id(state: &Arc<AppState>, id: &str) -> CopyRead {
         let mut r = READING.lock().unwrap_or_else(|e| e.into_inner());
         r.get_or_insert_with(Default::default)
-            .entry(c.id.clone())
+            .entry(id.to_string())
             .or_insert((0, None))
             .0 += 1;
         CopyRead {
-            id: c.id.clone(),
+            id: id.to_string(),
             state: state.clone(),
         }
     }
@@ -270,14 +278,25 @@ fn new_id() -> String {
 /// Records `c`; on refusal its files go (they are nobody's).
 async fn record(state: &Arc<AppState>, c: CheckpointRecord) -> ApiResult<CheckpointRecord> {
     let max = state.cfg.limits.max_checkpoints_per_sandbox.max(1);
+    let quota = state.cfg.quota(&c.tenant);
     let added = state
         .store
-        .add_checkpoint(&c, max)
+        .add_checkpoint(&c, max, quota.max_saved_disk.bytes())
         .map_err(ApiError::internal);
     let refused = match added {
         Ok(Ok(())) => return Ok(c),
-        Ok(Err(Some(n))) => too_many(&c.sandbox_id, n, max),
-        Ok(Err(None)) => ApiError::conflict(format!("sandbox {} stopped", c.sandbox_id)),
+        Ok(Err(CheckpointRefusal::TooMany(n))) => too_many(&c.sandbox_id, n, max),
+        Ok(Err(CheckpointRefusal::Ended)) => {
+            ApiError::conflict(format!("sandbox {} stopped", c.sandbox_id))
+        }
+        Ok(Err(CheckpointRefusal::TooLarge { used })) => ApiError::quota(format!(
+            "tenant {}: its checkpoints and snapshots hold {} of disk, checkpoint {} of {} bytes would pass its quota max_saved_disk of {} (delete one first)",
+            c.tenant,
+            sandlot_proto::units::ByteSize(used),
+            c.id,
+            c.size,
+            quota.max_saved_disk
+        )),
         Err(e) => e,
     };
     let st = state.clone();
@@ -388,7 +407,7 @@ async fn take_memory(
             let _ = std::fs::remove_dir_all(&partial);
             ApiError::internal(format!("rename {}: {e}", partial.display()))
         })?;
-        Ok((saved.bytes, dir_bytes(&whole)))
+        Ok((saved.bytes, dir_allocated(&whole)))
     })
     .await
     .map_err(ApiError::internal)?;
@@ -508,12 +527,24 @@ pub(crate) fn copy_error(e: sandlot_runtime::RuntimeError) -> ApiError {
 /// Bytes of the regular files under `dir` (not following links, not crossing
 /// into another file system's mount).
 fn dir_bytes(dir: &std::path::Path) -> u64 {
+    dir_size(dir, false)
+}
+
+/// Bytes the files under `dir` take on its disk (holes of sparse files and
+/// the extra names of hard links cost nothing): a checkpoint's `size`, which
+/// the tenant's `max_saved_disk` counts.
+fn dir_allocated(dir: &std::path::Path) -> u64 {
+    dir_size(dir, true)
+}
+
+fn dir_size(dir: &std::path::Path, allocated: bool) -> u64 {
     use std::os::unix::fs::MetadataExt;
     let Ok(top) = std::fs::symlink_metadata(dir) else {
         return 0;
     };
     let mut stack = vec![dir.to_path_buf()];
     let mut n = 0u64;
+    let mut seen = HashSet::new();
     while let Some(d) = stack.pop() {
         let Ok(rd) = std::fs::read_dir(&d) else {
             continue;
@@ -533,6 +564,10 @@ fn dir_bytes(dir: &std::path::Path) -> u64 {
                             .saturating_mul(v.f_frsize)
                     })
                     .unwrap_or(0);
+            } else if m.is_file() && allocated {
+                if m.nlink() <= 1 || seen.insert((m.dev(), m.ino())) {
+                    n += m.blocks().saturating_mul(512);
+                }
             } else if m.is_file() {
                 n += m.len();
             }
@@ -573,8 +608,9 @@ pub(crate) async fn remove(state: &Arc<AppState>, c: &CheckpointRecord) -> ApiRe
 }
 
 /// Removes what checkpoint `c` holds on the host: its copy, or its image's
-/// lease (the image goes too unless something else holds it). Blocking.
-fn remove_files(state: &AppState, c: &CheckpointRecord) {
+/// lease (the image goes too unless something else holds it); a snapshot's
+/// alike (`snapshot.rs`). Blocking.
+pub(crate) fn remove_files(state: &AppState, c: &CheckpointRecord) {
     if CopyRead::defer_removal(c) {
         return;
     }
@@ -612,19 +648,23 @@ pub fn remove_all_of(state: &AppState, id: &str) {
     };
     // Newest first: a checkpoint's image may be the parent of a later one's.
     for c in all.iter().rev() {
-        if let Err(e) = state.store.remove_checkpoint(&c.id) {
-            tracing::warn!(checkpoint = %c.id, "forget a checkpoint: {e}");
-            continue;
+        match state.store.remove_checkpoint(&c.id) {
+            Ok(true) => remove_files(state, c),
+            // Promoted to a snapshot meanwhile: its files are the snapshot's.
+            Ok(false) => {}
+            Err(e) => tracing::warn!(checkpoint = %c.id, "forget a checkpoint: {e}"),
         }
-        remove_files(state, c);
     }
 }
 
-/// On start: the checkpoints of sandboxes that are stopped (or unknown) are
-/// removed, and so are copies no checkpoint owns (one a crash cut short).
+/// On start: the snapshots a crash left half made are removed
+/// (`snapshot::reconcile`), the checkpoints of sandboxes that are stopped (or
+/// unknown) too, and so are copies no checkpoint or snapshot owns (one a crash
+/// cut short).
 pub async fn reconcile(state: &Arc<AppState>) {
     let st = state.clone();
     let _ = tokio::task::spawn_blocking(move || {
+        let snapshots = crate::snapshot::reconcile(&st);
         let all = match st.store.all_checkpoints() {
             Ok(a) => a,
             Err(e) => {
@@ -632,7 +672,7 @@ pub async fn reconcile(state: &Arc<AppState>) {
                 return;
             }
         };
-        let mut kept = HashSet::new();
+        let mut kept = snapshots;
         for c in all {
             let live = st
                 .store

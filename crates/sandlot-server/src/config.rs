@@ -33,6 +33,12 @@ pub struct Quota {
     pub max_sandboxes: u32,
     /// Sum of the memory limits of the live sandboxes.
     pub max_memory: ByteSize,
+    /// Snapshots kept at once (`/v1/snapshots`; those being made count).
+    pub max_snapshots: u32,
+    /// Bytes of the host's disk the tenant's snapshots and checkpoints may
+    /// hold together (a `filesystem` one: its image's layers; a checkpoint of
+    /// one: 0, its image is counted by the image store).
+    pub max_saved_disk: ByteSize,
 }
 
 impl Default for Quota {
@@ -40,6 +46,8 @@ impl Default for Quota {
         Quota {
             max_sandboxes: 100,
             max_memory: ByteSize(64 << 30),
+            max_snapshots: 20,
+            max_saved_disk: ByteSize(20 << 30),
         }
     }
 }

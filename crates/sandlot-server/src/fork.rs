@@ -55,7 +55,8 @@ pub async fn fork(
     // checkpoint's copy is read under a lease: neither a delete of the
     // checkpoint nor the sandbox's end removes it under a fork.
     let read = crate::checkpoint::CopyRead::take(state, &c);
-    let r = fork_from(state, &parent, &c, req.count).await;
+    let remaining = remaining_ms(state, &parent, now_ms());
+    let r = fork_from(state, &parent, &c, req.count, remaining).await;
     if fresh {
         // Removed by the fork itself, which holds the sandbox's turn.
         if let Err(e) = crate::checkpoint::remove(state, &c).await {
@@ -117,18 +118,23 @@ fn remaining_ms(state: &AppState, parent: &SandboxRecord, now: i64) -> i64 {
     }
 }
 
-async fn fork_from(
+/// Starts `count` forks of `parent` from checkpoint `c` (whose copy the
+/// caller reads under a [`crate::checkpoint::CopyRead`]), each with
+/// `remaining` ms of lifetime: a fork, or a sandbox started from a snapshot
+/// (`snapshot.rs`, whose `parent` is the one the snapshot keeps).
+pub(crate) async fn fork_from(
     state: &Arc<AppState>,
     parent: &SandboxRecord,
     c: &CheckpointRecord,
     count: u32,
+    remaining: i64,
 ) -> ApiResult<Vec<Sandbox>> {
     let now = now_ms();
     let recs = plan(state, parent, count, now);
     let pause = PauseRecord {
         kind: c.kind,
         paused_at: now,
-        remaining_ms: remaining_ms(state, parent, now),
+        remaining_ms: remaining,
         saved: c.saved.clone(),
     };
     let quota = state.cfg.quota(&parent.tenant);

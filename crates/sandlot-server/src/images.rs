@@ -54,6 +54,11 @@ pub struct Images {
     allowed_host_paths: Vec<PathBuf>,
     /// `images.max_expanded_size`.
     ceiling: u64,
+    /// Images the daemon committed (a pause's, a checkpoint's, a snapshot's)
+    /// whose owner let them go while sandboxes still held them: removed when the
+    /// last of those ends ([`Images::release_ended`]). In memory: a
+    /// daemon restart forgets them.
+    orphans: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 /// The view of the image set a principal of `scope` takes (`None`: the operator).
@@ -154,6 +159,7 @@ impl Images {
             data_dir: data_dir.to_path_buf(),
             allowed_host_paths,
             ceiling: max_expanded_size,
+            orphans: Default::default(),
         })
     }
 
@@ -449,6 +455,56 @@ impl Images {
         }
         if let Err(e) = self.store.release(id) {
             tracing::warn!(sandbox_id = id, "release image lease: {e}");
+        }
+    }
+
+    /// [`Images::release`] for sandbox `id`, which ended: the image it held goes
+    /// too if it is an orphan ([`Images::orphan`]) nothing else holds.
+    pub fn release_ended(&self, id: &str) {
+        let held = self.image_of(id);
+        self.release(id);
+        if let Some(img) = held {
+            self.remove_orphan(&img.to_string());
+        }
+    }
+
+    /// Image `reference`, committed by the daemon and let go by its owner but
+    /// still held by sandboxes: removed once none holds it.
+    pub fn orphan(&self, reference: &str) {
+        self.orphans
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(reference.to_string());
+        self.remove_orphan(reference);
+    }
+
+    /// Removes orphan image `reference` if nothing holds or names it any more.
+    fn remove_orphan(&self, reference: &str) {
+        let mut o = self.orphans.lock().unwrap_or_else(|e| e.into_inner());
+        if !o.contains(reference) {
+            return;
+        }
+        let untagged = self
+            .store
+            .resolve(reference)
+            .is_ok_and(|i| i.tags.is_empty() && i.tenant_tags.is_empty());
+        if !untagged {
+            o.remove(reference);
+            return;
+        }
+        match self.store.remove(reference) {
+            Ok(_) => {
+                o.remove(reference);
+                tracing::info!(
+                    image = reference,
+                    "removed a committed image once its last holder let it go"
+                );
+            }
+            Err(StoreError::InUse { .. }) => {}
+            Err(e) => {
+                o.remove(reference);
+                tracing::debug!(image = reference, "keep a committed image: {e}");
+            }
         }
     }
 

@@ -33,6 +33,7 @@ pub mod request_body;
 pub mod routes;
 pub mod sandbox;
 pub mod services;
+pub mod snapshot;
 pub mod state;
 pub mod store;
 pub mod tarstream;

@@ -11,7 +11,7 @@ use utoipa::{OpenApi, ToSchema};
 
 use crate::routes::{
     checkpoints, code, exec, files, images, memory, metrics, network, ports, sandboxes, secrets,
-    tokens, vfs, volumes,
+    snapshots, tokens, vfs, volumes,
 };
 
 /// A bind mount, a tmpfs, a memory store or a collection (the `type` field selects).
@@ -180,6 +180,7 @@ pub struct SecretRefDoc {
         sandboxes::set_timeout, sandboxes::pause, sandboxes::resume, sandboxes::events, metrics::get,
         checkpoints::create, checkpoints::list, checkpoints::delete, checkpoints::restore,
         checkpoints::fork, checkpoints::diff,
+        snapshots::create, snapshots::list, snapshots::get_one, snapshots::delete, snapshots::start,
         exec::start, exec::start_ws, exec::list, exec::get_one, exec::output, exec::attach_ws, exec::stdin,
         exec::stdin_close, exec::signal, exec::resize, exec::wait,
         code::create, code::list, code::get_one, code::remove, code::restart, code::interrupt,
@@ -220,7 +221,7 @@ pub struct SecretRefDoc {
         vfs_api::SessionLimits, vfs_api::VfsSession, vfs_api::VfsScratch, vfs_api::RunCommand,
         vfs_api::RunResult,
         vfs_api::AuditEntry, vfs_api::AuditList)),
-    tags((name = "sandboxes"), (name = "checkpoints"), (name = "processes"), (name = "code"), (name = "files"), (name = "network"), (name = "ports"), (name = "images"), (name = "volumes"), (name = "secrets"), (name = "tokens"), (name = "memory"), (name = "vfs"), (name = "system")),
+    tags((name = "sandboxes"), (name = "checkpoints"), (name = "snapshots"), (name = "processes"), (name = "code"), (name = "files"), (name = "network"), (name = "ports"), (name = "images"), (name = "volumes"), (name = "secrets"), (name = "tokens"), (name = "memory"), (name = "vfs"), (name = "system")),
     modifiers(&Security),
 )]
 struct ApiDoc;

@@ -1261,6 +1261,9 @@ pub(crate) fn forget_commit(state: &AppState, reference: &str) {
     }
     match state.images.store.remove(reference) {
         Ok(_) => tracing::info!(image = reference, "removed an image a pause committed"),
+        // Sandboxes started from it (forks, sandboxes of a snapshot) hold it:
+        // it goes when the last of them lets it go.
+        Err(sandlot_store::StoreError::InUse { .. }) => state.images.orphan(reference),
         Err(e) => tracing::debug!(image = reference, "keep an image a pause committed: {e}"),
     }
 }

@@ -1040,7 +1040,7 @@ pub async fn own(state: Arc<AppState>, h: Arc<SandboxHandle>, adopted: bool) {
     let st = state.clone();
     let term = tokio::task::spawn_blocking(move || {
         let term = h2.inst.terminate();
-        images.release(&h2.id);
+        images.release_ended(&h2.id);
         crate::network::release(&st, &h2.id);
         st.collection_mounts.release(&h2.id);
         crate::checkpoint::remove_all_of(&st, &h2.id);
@@ -1215,6 +1215,15 @@ pub async fn reconcile(state: &Arc<AppState>) -> Result<ReconcileReport, crate::
     // A paused sandbox keeps its writable layer and image lease.
     let mut keep = state.live_ids();
     keep.extend(report.paused.iter().cloned());
+    // Checkpoints and snapshots hold their images under their own ids (those
+    // of ended sandboxes and half-made snapshots are removed later, by
+    // `checkpoint::reconcile`, which releases them).
+    if let Ok(all) = state.store.all_checkpoints() {
+        keep.extend(all.into_iter().map(|c| c.id));
+    }
+    if let Ok(all) = state.store.all_snapshots() {
+        keep.extend(all.into_iter().map(|s| s.id));
+    }
     let _ = tokio::task::spawn_blocking(move || images.reconcile(&keep)).await;
     Ok(report)
 }

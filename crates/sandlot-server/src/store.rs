@@ -36,11 +36,13 @@ pub enum StoreError {
 mod checkpoint;
 mod lifecycle;
 mod pause;
+mod snapshot;
 
-pub use checkpoint::CheckpointRecord;
+pub use checkpoint::{CheckpointRecord, CheckpointRefusal};
 use lifecycle::{insert_lifecycle, lifecycle_from_row};
 pub use pause::{BeginPause, PauseRecord, Saved, SavedFile};
 pub use sandlot_proto::api::lifecycle::{Lifecycle, OnExpiry};
+pub use snapshot::{Promotion, SnapshotAdmission, SnapshotRecord, SnapshotSource};
 
 fn sql(op: &'static str) -> impl FnOnce(rusqlite::Error) -> StoreError {
     move |source| StoreError::Sql { op, source }
@@ -260,6 +262,21 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     saved TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS checkpoints_sandbox ON checkpoints (sandbox_id, created_at);
+CREATE TABLE IF NOT EXISTS snapshots (
+    id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    name TEXT,
+    sandbox_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    size INTEGER NOT NULL,
+    saved TEXT NOT NULL,
+    source TEXT NOT NULL,
+    ready INTEGER NOT NULL,
+    checkpoint_id TEXT,
+    checkpoint_fresh INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS snapshots_tenant ON snapshots (tenant, created_at);
 CREATE TABLE IF NOT EXISTS checkpoint_heads (
     sandbox_id TEXT PRIMARY KEY,
     checkpoint_id TEXT NOT NULL

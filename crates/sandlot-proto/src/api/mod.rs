@@ -13,6 +13,7 @@ pub mod lifecycle;
 pub mod metrics;
 pub mod network;
 pub mod ports;
+pub mod snapshot;
 pub mod vfs;
 
 use std::collections::BTreeMap;

@@ -21,6 +21,7 @@ pub mod multipart;
 pub mod network;
 pub mod process;
 pub mod rest;
+pub mod snapshots;
 pub mod templates;
 
 use std::collections::{BTreeMap, HashMap};
@@ -275,6 +276,7 @@ pub fn router(e2b: Arc<E2b>) -> Router {
         .merge(code::routes())
         .merge(rest::routes())
         .merge(fork::routes())
+        .merge(snapshots::routes())
         .merge(templates::routes())
         .route(
             "/health",

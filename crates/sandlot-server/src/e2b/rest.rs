@@ -2,9 +2,9 @@
 //! metrics and logs, over the native sandbox code paths (pause, resume and
 //! connect are in `lifecycle.rs`). Errors are E2B's `{"code": STATUS,
 //! "message"}`, which the SDK turns into its typed exceptions; network options
-//! and updates become egress policies (`network.rs`); what Sandlot does not have
-//! (snapshots, template listing and deletion, volumes) answers 501
-//! with a message naming the call.
+//! and updates become egress policies (`network.rs`); a create from a snapshot
+//! is `snapshots.rs`'s; what Sandlot does not have (template listing and
+//! deletion, volumes) answers 501 with a message naming the call.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -129,16 +129,14 @@ pub fn routes() -> Router<Arc<E2b>> {
         .route("/v2/sandboxes/{id}/logs", get(logs_v2))
 }
 
-/// Everything else E2B's API has (snapshots, template listing, volumes,
-/// teams...): a clear 501, never a hang.
+/// Everything else E2B's API has (template listing, volumes, teams...): a
+/// clear 501, never a hang.
 pub async fn unsupported(req: Request) -> RestError {
     let (m, p) = (req.method().clone(), req.uri().path().to_string());
     let what = if p.ends_with("/pause") {
         "pausing sandboxes"
     } else if p.ends_with("/resume") {
         "resuming sandboxes"
-    } else if p.contains("/snapshots") {
-        "snapshots"
     } else if p.starts_with("/templates")
         || p.starts_with("/v2/templates")
         || p.starts_with("/v3/templates")
@@ -221,7 +219,7 @@ pub(super) fn live_record(e2b: &E2b, p: &Principal, id: &str) -> RestResult<Sand
 }
 
 /// Fields of E2B's `NewSandbox`/`NewSandboxV2` that Sandlot cannot honour when set.
-fn refuse_unsupported(body: &Map<String, Value>) -> RestResult<()> {
+pub(super) fn refuse_unsupported(body: &Map<String, Value>) -> RestResult<()> {
     let set = |k: &str| body.get(k).is_some_and(|v| !v.is_null());
     if set("mcp") {
         return Err(RestError::bad(
@@ -338,6 +336,9 @@ async fn create(
     let Value::Object(obj) = v else {
         return Err(RestError::bad("the request body must be a JSON object"));
     };
+    if let Some(s) = super::snapshots::of_create(&e2b, &p, &obj) {
+        return super::snapshots::create_from(&e2b, &p, &s, &obj).await;
+    }
     let (_, native) = native_body(&e2b, &p.tenant, &obj)?;
     // A template built with a start command: its sandboxes start with it.
     let start = native

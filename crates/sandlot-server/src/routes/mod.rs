@@ -32,6 +32,7 @@ pub mod network;
 pub mod ports;
 pub mod sandboxes;
 pub mod secrets;
+pub mod snapshots;
 pub mod stream;
 pub mod tokens;
 pub mod vfs;
@@ -101,6 +102,13 @@ fn api_router(
             get(checkpoints::diff),
         )
         .route(&format!("{sb}/fork"), post(checkpoints::fork))
+        .route(&format!("{sb}/snapshots"), post(snapshots::create))
+        .route("/v1/snapshots", get(snapshots::list))
+        .route(
+            "/v1/snapshots/{sn}",
+            get(snapshots::get_one).delete(snapshots::delete),
+        )
+        .route("/v1/snapshots/{sn}/sandboxes", post(snapshots::start))
         .route(&format!("{sb}/events"), get(sandboxes::events))
         .route(&format!("{sb}/metrics"), get(metrics::get))
         .route(&format!("{sb}/exec"), post(exec::start))

@@ -8,6 +8,17 @@ use super::{insert_event, insert_sandbox, sql, tenant_load, Admission, PauseReco
 use super::{SandboxRecord, SandboxState, Saved, Store, StoreError};
 use sandlot_proto::api::PauseKind;
 
+/// Why [`Store::add_checkpoint`] recorded nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CheckpointRefusal {
+    /// The sandbox holds this many checkpoints already.
+    TooMany(u64),
+    /// The sandbox is ending.
+    Ended,
+    /// The tenant's checkpoints and snapshots hold this many bytes.
+    TooLarge { used: u64 },
+}
+
 /// A checkpoint's row.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CheckpointRecord {
@@ -56,14 +67,17 @@ fn from_row(r: &Row<'_>) -> rusqlite::Result<Result<CheckpointRecord, StoreError
 
 impl Store {
     /// Records checkpoint `cp` if its sandbox has fewer than `max` and is
-    /// neither stopping nor stopped (its end removes its checkpoints); the
+    /// neither stopping nor stopped (its end removes its checkpoints), and its
+    /// tenant's checkpoints and snapshots stay within `max_bytes` with it; the
     /// sandbox's state now comes from it. `Ok(Err(Some(n)))`: it has `n` already;
-    /// `Ok(Err(None))`: it is ending.
+    /// `Ok(Err(None))`: it is ending; [`CheckpointRefusal::TooLarge`]: past the
+    /// tenant's disk quota.
     pub fn add_checkpoint(
         &self,
         cp: &CheckpointRecord,
         max: u32,
-    ) -> Result<Result<(), Option<u64>>, StoreError> {
+        max_bytes: u64,
+    ) -> Result<Result<(), CheckpointRefusal>, StoreError> {
         let mut c = self.lock();
         let tx = c.transaction().map_err(sql("add checkpoint"))?;
         let live: bool = tx
@@ -74,7 +88,7 @@ impl Store {
             )
             .map_err(sql("add checkpoint"))?;
         if !live {
-            return Ok(Err(None));
+            return Ok(Err(CheckpointRefusal::Ended));
         }
         let n: i64 = tx
             .query_row(
@@ -84,7 +98,11 @@ impl Store {
             )
             .map_err(sql("add checkpoint"))?;
         if n as u64 >= u64::from(max) {
-            return Ok(Err(Some(n as u64)));
+            return Ok(Err(CheckpointRefusal::TooMany(n as u64)));
+        }
+        let used = super::snapshot::saved_bytes(&tx, &cp.tenant)?;
+        if used.saturating_add(cp.size) > max_bytes {
+            return Ok(Err(CheckpointRefusal::TooLarge { used }));
         }
         tx.execute(
             &format!(
@@ -288,15 +306,19 @@ mod tests {
     fn a_sandbox_holds_at_most_the_limit_of_checkpoints_and_a_stopped_one_none() {
         let s = Store::in_memory().unwrap();
         s.admit_sandbox(&rec("a", 1), 10, 1 << 30).unwrap();
-        assert_eq!(s.add_checkpoint(&cp("c1", "a", None), 2).unwrap(), Ok(()));
+        assert_eq!(
+            s.add_checkpoint(&cp("c1", "a", None), 2, 100).unwrap(),
+            Ok(())
+        );
         assert_eq!(s.checkpoint_head("a").unwrap().as_deref(), Some("c1"));
         assert_eq!(
-            s.add_checkpoint(&cp("c2", "a", Some("c1")), 2).unwrap(),
+            s.add_checkpoint(&cp("c2", "a", Some("c1")), 2, 100)
+                .unwrap(),
             Ok(())
         );
         assert_eq!(
-            s.add_checkpoint(&cp("c3", "a", None), 2).unwrap(),
-            Err(Some(2))
+            s.add_checkpoint(&cp("c3", "a", None), 2, 100).unwrap(),
+            Err(CheckpointRefusal::TooMany(2))
         );
         let ids: Vec<_> = s
             .checkpoints_of("a")
@@ -314,8 +336,8 @@ mod tests {
         s.mark_stopped("a", crate::store::EndReason::Deleted, (None, None), None, 9)
             .unwrap();
         assert_eq!(
-            s.add_checkpoint(&cp("c4", "a", None), 5).unwrap(),
-            Err(None)
+            s.add_checkpoint(&cp("c4", "a", None), 5, 100).unwrap(),
+            Err(CheckpointRefusal::Ended)
         );
     }
 

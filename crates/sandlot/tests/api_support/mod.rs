@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use sandlot_client::{Client, ListFilter};
 
+pub mod counter;
 pub mod vfs;
 
 pub fn sandlot() -> PathBuf {

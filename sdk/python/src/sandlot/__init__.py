@@ -53,6 +53,7 @@ from .errors import (
 )
 from .models import (
     Checkpoint,
+    Snapshot,
     AuditRecord,
     CollectionInfo,
     ExitStatus,
@@ -142,6 +143,7 @@ __all__ = [
     "default_async_client",
     "SandboxInfo",
     "Checkpoint",
+    "Snapshot",
     "Usage",
     "ProcessInfo",
     "ExitStatus",

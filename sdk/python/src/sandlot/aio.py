@@ -50,6 +50,7 @@ from .models import (
     RunResult,
     SandboxEvent,
     SandboxInfo,
+    Snapshot,
     TarResult,
     Usage,
     WatchEvent,
@@ -838,6 +839,62 @@ class AsyncSandbox:
             body["checkpoint"] = checkpoint.id if isinstance(checkpoint, Checkpoint) else checkpoint
         d = await self._client.json("POST", f"/v1/sandboxes/{self.id}/fork", json=body)
         return [type(self)(SandboxInfo.from_json(s), self._client) for s in d.get("sandboxes", [])]
+
+    async def create_snapshot(
+        self, name: Optional[str] = None, *, checkpoint: Union[str, Checkpoint, None] = None
+    ) -> Snapshot:
+        """See :meth:`sandlot.Sandbox.create_snapshot`."""
+        body: Dict[str, Any] = {}
+        if name is not None:
+            body["name"] = name
+        if checkpoint is not None:
+            body["checkpoint"] = checkpoint.id if isinstance(checkpoint, Checkpoint) else checkpoint
+        d = await self._client.json("POST", f"/v1/sandboxes/{self.id}/snapshots", json=body)
+        return Snapshot.from_json(d)
+
+    @classmethod
+    async def list_snapshots(
+        cls,
+        *,
+        sandbox_id: Optional[str] = None,
+        name: Optional[str] = None,
+        client: Optional[AsyncClient] = None,
+    ) -> List[Snapshot]:
+        """See :meth:`sandlot.Sandbox.list_snapshots`."""
+        c = client or default_async_client()
+        params: Dict[str, str] = {}
+        if sandbox_id is not None:
+            params["sandbox_id"] = sandbox_id
+        if name is not None:
+            params["name"] = name
+        r = await c.json("GET", "/v1/snapshots", params=params)
+        return [Snapshot.from_json(d) for d in r.get("snapshots", [])]
+
+    @classmethod
+    async def delete_snapshot(
+        cls, snapshot: Union[str, Snapshot], *, client: Optional[AsyncClient] = None
+    ) -> None:
+        """See :meth:`sandlot.Sandbox.delete_snapshot`."""
+        c = client or default_async_client()
+        sn = snapshot.id if isinstance(snapshot, Snapshot) else snapshot
+        await c.request("DELETE", f"/v1/snapshots/{sn}")
+
+    @classmethod
+    async def from_snapshot(
+        cls,
+        snapshot: Union[str, Snapshot],
+        *,
+        timeout: Optional[int] = None,
+        client: Optional[AsyncClient] = None,
+    ) -> "AsyncSandbox":
+        """See :meth:`sandlot.Sandbox.from_snapshot`."""
+        c = client or default_async_client()
+        sn = snapshot.id if isinstance(snapshot, Snapshot) else snapshot
+        body: Dict[str, Any] = {}
+        if timeout is not None:
+            body["timeout"] = timeout
+        d = await c.json("POST", f"/v1/snapshots/{sn}/sandboxes", json=body)
+        return cls(SandboxInfo.from_json(d), c)
 
     async def snapshot_filesystem(self, tag: Optional[str] = None) -> Dict[str, Any]:
         """See :meth:`sandlot.Sandbox.snapshot_filesystem`."""

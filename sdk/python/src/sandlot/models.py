@@ -738,3 +738,40 @@ class Checkpoint:
             sandbox_state=d.get("sandbox_state"),
             raw=dict(d),
         )
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A saved state of a sandbox that belongs to its tenant and outlives the
+    sandbox (``POST /v1/sandboxes/{id}/snapshots``): kept after the sandbox ends
+    and across daemon restarts, until deleted."""
+
+    id: str
+    name: Optional[str]
+    #: The sandbox it was taken of (which may have ended since).
+    sandbox_id: str
+    created_at: Optional[datetime]
+    #: ``"memory"`` (gVisor: a sandbox started from it continues its processes)
+    #: or ``"filesystem"`` (namespace backend: files only; processes start afresh).
+    kind: str
+    #: Bytes of the daemon's disk it holds, counted against the tenant's
+    #: ``max_saved_disk``.
+    size: int
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def memory(self) -> bool:
+        """Whether its processes and memory are kept."""
+        return self.kind == "memory"
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "Snapshot":
+        return cls(
+            id=d["id"],
+            name=d.get("name"),
+            sandbox_id=d.get("sandbox_id", ""),
+            created_at=parse_time(d.get("created_at")),
+            kind=d.get("kind", "memory" if d.get("memory") else "filesystem"),
+            size=int(d.get("size", 0)),
+            raw=dict(d),
+        )

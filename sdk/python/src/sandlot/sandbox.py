@@ -48,6 +48,7 @@ from .models import (
     RunResult,
     SandboxEvent,
     SandboxInfo,
+    Snapshot,
     TarResult,
     Usage,
     WatchEvent,
@@ -1036,6 +1037,71 @@ class Sandbox:
             body["checkpoint"] = checkpoint.id if isinstance(checkpoint, Checkpoint) else checkpoint
         d = self._client.json("POST", f"/v1/sandboxes/{self.id}/fork", json=body)
         return [type(self)(SandboxInfo.from_json(s), self._client) for s in d.get("sandboxes", [])]
+
+    def create_snapshot(
+        self, name: Optional[str] = None, *, checkpoint: Union[str, Checkpoint, None] = None
+    ) -> Snapshot:
+        """Saves the sandbox's state as a snapshot of the tenant's and returns it.
+        Unlike a checkpoint it outlives the sandbox (and daemon restarts) until
+        :meth:`delete_snapshot`; :meth:`from_snapshot` starts sandboxes from it. It
+        is a fresh checkpoint (the sandbox runs on, or stays paused), or
+        ``checkpoint``, promoted out of the sandbox. On gVisor it keeps processes
+        and memory; on the namespace backend it is files only. Past the tenant's
+        ``max_snapshots`` or ``max_saved_disk``:
+        :class:`~sandlot.errors.QuotaExceededError`."""
+        body: Dict[str, Any] = {}
+        if name is not None:
+            body["name"] = name
+        if checkpoint is not None:
+            body["checkpoint"] = checkpoint.id if isinstance(checkpoint, Checkpoint) else checkpoint
+        d = self._client.json("POST", f"/v1/sandboxes/{self.id}/snapshots", json=body)
+        return Snapshot.from_json(d)
+
+    @classmethod
+    def list_snapshots(
+        cls,
+        *,
+        sandbox_id: Optional[str] = None,
+        name: Optional[str] = None,
+        client: Optional[Client] = None,
+    ) -> List[Snapshot]:
+        """The caller's snapshots, oldest first (of one sandbox, or of one name)."""
+        c = client or default_client()
+        params: Dict[str, str] = {}
+        if sandbox_id is not None:
+            params["sandbox_id"] = sandbox_id
+        if name is not None:
+            params["name"] = name
+        r = c.json("GET", "/v1/snapshots", params=params)
+        return [Snapshot.from_json(d) for d in r.get("snapshots", [])]
+
+    @classmethod
+    def delete_snapshot(cls, snapshot: Union[str, Snapshot], *, client: Optional[Client] = None) -> None:
+        """Deletes one of the caller's snapshots, freeing its disk (``NotFoundError``
+        if it has none of that id). Sandboxes started from it run on."""
+        c = client or default_client()
+        sn = snapshot.id if isinstance(snapshot, Snapshot) else snapshot
+        c.request("DELETE", f"/v1/snapshots/{sn}")
+
+    @classmethod
+    def from_snapshot(
+        cls,
+        snapshot: Union[str, Snapshot],
+        *,
+        timeout: Optional[int] = None,
+        client: Optional[Client] = None,
+    ) -> "Sandbox":
+        """A new sandbox started from one of the caller's snapshots: on gVisor it
+        continues the snapshot's processes from their memory, on the namespace
+        backend it has its files and starts afresh. ``timeout``: its lifetime in
+        seconds (default: the one the snapshot's sandbox was created with)."""
+        c = client or default_client()
+        sn = snapshot.id if isinstance(snapshot, Snapshot) else snapshot
+        body: Dict[str, Any] = {}
+        if timeout is not None:
+            body["timeout"] = timeout
+        d = c.json("POST", f"/v1/snapshots/{sn}/sandboxes", json=body)
+        return cls(SandboxInfo.from_json(d), c)
 
     def snapshot_filesystem(self, tag: Optional[str] = None) -> Dict[str, Any]:
         """Turns the sandbox's writable layer into a new image whose parent is the

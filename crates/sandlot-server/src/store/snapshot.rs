@@ -1,0 +1,484 @@
+//! The records of snapshots: a tenant's saved sandbox states, kept after their
+//! sandbox ends. A snapshot is admitted `making` (its tenant's count checked),
+//! its bytes are reserved once known (its tenant's disk quota checked), and it
+//! becomes `ready` in the commit that removes the checkpoint it was promoted
+//! from. A start finds the `making` ones a crash cut short (`snapshot.rs`).
+
+use std::collections::BTreeMap;
+
+use rusqlite::{params, OptionalExtension, Row};
+use serde::{Deserialize, Serialize};
+
+use super::{sql, Lifecycle, Saved, Store, StoreError};
+use sandlot_proto::api::PauseKind;
+
+/// What a sandbox started from a snapshot is made of besides the saved state:
+/// the spec and policies its sandbox had.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SnapshotSource {
+    pub spec: serde_json::Value,
+    #[serde(default)]
+    pub tags: BTreeMap<String, String>,
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
+    pub memory_bytes: u64,
+    #[serde(default)]
+    pub idle_timeout_ms: Option<i64>,
+    #[serde(default)]
+    pub lifecycle: Lifecycle,
+    pub timeout_ms: i64,
+}
+
+/// A snapshot's row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SnapshotRecord {
+    pub id: String,
+    pub tenant: String,
+    pub name: Option<String>,
+    /// The sandbox it was taken of.
+    pub sandbox_id: String,
+    pub kind: PauseKind,
+    pub created_at: i64,
+    /// Bytes counted against the tenant's disk quota (reserved while `making`).
+    pub size: u64,
+    pub saved: Saved,
+    pub source: SnapshotSource,
+    /// False while it is being made.
+    pub ready: bool,
+    /// While `making`: the checkpoint it is promoted from, and whether that
+    /// checkpoint was taken for it (then a crash's clean-up removes it too).
+    pub checkpoint: Option<(String, bool)>,
+}
+
+/// What [`Store::begin_snapshot`] and [`Store::reserve_snapshot`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SnapshotAdmission {
+    Admitted,
+    /// The tenant holds this many snapshots (those being made included).
+    TooMany(u64),
+    /// The tenant's snapshots hold this many bytes (reservations included).
+    TooLarge {
+        used: u64,
+    },
+}
+
+/// What [`Store::promote_checkpoint`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Promotion {
+    /// The checkpoint's row is gone and the snapshot is ready.
+    Ready,
+    /// The checkpoint was removed meanwhile (its sandbox ended): nothing changed.
+    CheckpointGone,
+    /// The snapshot's row is gone: nothing changed.
+    SnapshotGone,
+}
+
+const COLS: &str = "id, tenant, name, sandbox_id, kind, created_at, size, saved, source, ready, checkpoint_id, checkpoint_fresh";
+
+fn from_row(r: &Row<'_>) -> rusqlite::Result<Result<SnapshotRecord, StoreError>> {
+    let corrupt = |m: String| StoreError::Corrupt {
+        op: "read snapshot",
+        message: m,
+    };
+    let kind: String = r.get(4)?;
+    let Some(kind) = PauseKind::parse(&kind) else {
+        return Ok(Err(corrupt(format!("kind {kind:?}"))));
+    };
+    let saved: String = r.get(7)?;
+    let saved = match serde_json::from_str(&saved) {
+        Ok(s) => s,
+        Err(e) => return Ok(Err(corrupt(e.to_string()))),
+    };
+    let source: String = r.get(8)?;
+    let source = match serde_json::from_str(&source) {
+        Ok(s) => s,
+        Err(e) => return Ok(Err(corrupt(e.to_string()))),
+    };
+    let cp: Option<String> = r.get(10)?;
+    let fresh: bool = r.get(11)?;
+    Ok(Ok(SnapshotRecord {
+        id: r.get(0)?,
+        tenant: r.get(1)?,
+        name: r.get(2)?,
+        sandbox_id: r.get(3)?,
+        kind,
+        created_at: r.get(5)?,
+        size: r.get::<_, i64>(6)?.max(0) as u64,
+        saved,
+        source,
+        ready: r.get(9)?,
+        checkpoint: cp.map(|c| (c, fresh)),
+    }))
+}
+
+/// The tenant's snapshot count (those being made included) and the bytes its
+/// snapshots (reservations included) and checkpoints hold.
+fn tenant_use(tx: &rusqlite::Connection, tenant: &str) -> Result<(u64, u64), StoreError> {
+    let n: i64 = tx
+        .query_row(
+            "SELECT COUNT(*) FROM snapshots WHERE tenant = ?1",
+            [tenant],
+            |r| r.get(0),
+        )
+        .map_err(sql("count snapshots"))?;
+    Ok((n.max(0) as u64, saved_bytes(tx, tenant)?))
+}
+
+/// Bytes of the daemon's disk `tenant`'s snapshots (reservations included)
+/// and checkpoints hold: what `max_saved_disk` bounds.
+pub(super) fn saved_bytes(tx: &rusqlite::Connection, tenant: &str) -> Result<u64, StoreError> {
+    let bytes: i64 = tx
+        .query_row(
+            "SELECT (SELECT COALESCE(SUM(size), 0) FROM snapshots WHERE tenant = ?1)
+                  + (SELECT COALESCE(SUM(size), 0) FROM checkpoints WHERE tenant = ?1)",
+            [tenant],
+            |r| r.get(0),
+        )
+        .map_err(sql("count saved bytes"))?;
+    Ok(bytes.max(0) as u64)
+}
+
+impl Store {
+    /// Admits snapshot `s` as `making` if its tenant holds fewer than
+    /// `max_count` snapshots and less than `max_bytes` bytes of them.
+    pub fn begin_snapshot(
+        &self,
+        s: &SnapshotRecord,
+        max_count: u32,
+        max_bytes: u64,
+    ) -> Result<SnapshotAdmission, StoreError> {
+        let mut c = self.lock();
+        let tx = c.transaction().map_err(sql("begin snapshot"))?;
+        let (n, bytes) = tenant_use(&tx, &s.tenant)?;
+        if n >= u64::from(max_count) {
+            return Ok(SnapshotAdmission::TooMany(n));
+        }
+        if bytes >= max_bytes {
+            return Ok(SnapshotAdmission::TooLarge { used: bytes });
+        }
+        let (cp, fresh) = match &s.checkpoint {
+            Some((c, f)) => (Some(c.as_str()), *f),
+            None => (None, false),
+        };
+        tx.execute(
+            &format!(
+                "INSERT INTO snapshots ({COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, 0, ?10, ?11)"
+            ),
+            params![
+                s.id,
+                s.tenant,
+                s.name,
+                s.sandbox_id,
+                s.kind.as_str(),
+                s.created_at,
+                s.size as i64,
+                serde_json::to_string(&s.saved).expect("json"),
+                serde_json::to_string(&s.source).expect("json"),
+                cp,
+                fresh,
+            ],
+        )
+        .map_err(sql("begin snapshot"))?;
+        tx.commit().map_err(sql("begin snapshot"))?;
+        Ok(SnapshotAdmission::Admitted)
+    }
+
+    /// Reserves `size` bytes for snapshot `id` (being made from checkpoint
+    /// `cp`, `fresh` if taken for it) if its tenant's snapshots, with every
+    /// other reservation, stay within `max_bytes`.
+    pub fn reserve_snapshot(
+        &self,
+        id: &str,
+        cp: &str,
+        fresh: bool,
+        size: u64,
+        max_bytes: u64,
+    ) -> Result<SnapshotAdmission, StoreError> {
+        let mut c = self.lock();
+        let tx = c.transaction().map_err(sql("reserve snapshot"))?;
+        let tenant: Option<(String, i64)> = tx
+            .query_row(
+                "SELECT tenant, size FROM snapshots WHERE id = ?1 AND ready = 0",
+                [id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()
+            .map_err(sql("reserve snapshot"))?;
+        let Some((tenant, own)) = tenant else {
+            return Ok(SnapshotAdmission::TooMany(0));
+        };
+        let (_, bytes) = tenant_use(&tx, &tenant)?;
+        // The checkpoint it is promoted from is counted once: as the snapshot.
+        let promoted: i64 = tx
+            .query_row(
+                "SELECT COALESCE(SUM(size), 0) FROM checkpoints WHERE id = ?1",
+                [cp],
+                |r| r.get(0),
+            )
+            .map_err(sql("reserve snapshot"))?;
+        let others = bytes
+            .saturating_sub(own.max(0) as u64)
+            .saturating_sub(promoted.max(0) as u64);
+        if others.saturating_add(size) > max_bytes {
+            return Ok(SnapshotAdmission::TooLarge { used: others });
+        }
+        tx.execute(
+            "UPDATE snapshots SET size = ?2, checkpoint_id = ?3, checkpoint_fresh = ?4 WHERE id = ?1",
+            params![id, size as i64, cp, fresh],
+        )
+        .map_err(sql("reserve snapshot"))?;
+        tx.commit().map_err(sql("reserve snapshot"))?;
+        Ok(SnapshotAdmission::Admitted)
+    }
+
+    /// In one commit: removes checkpoint `cp`'s row and makes snapshot `id`
+    /// ready with what the checkpoint saved (`kind`, `saved`).
+    pub fn promote_checkpoint(
+        &self,
+        id: &str,
+        cp: &str,
+        kind: PauseKind,
+        saved: &Saved,
+    ) -> Result<Promotion, StoreError> {
+        let mut c = self.lock();
+        let tx = c.transaction().map_err(sql("promote checkpoint"))?;
+        let n = tx
+            .execute(
+                "UPDATE snapshots SET ready = 1, kind = ?2, saved = ?3, checkpoint_id = NULL, checkpoint_fresh = 0
+                 WHERE id = ?1 AND ready = 0",
+                params![id, kind.as_str(), serde_json::to_string(saved).expect("json")],
+            )
+            .map_err(sql("promote checkpoint"))?;
+        if n != 1 {
+            return Ok(Promotion::SnapshotGone);
+        }
+        let n = tx
+            .execute("DELETE FROM checkpoints WHERE id = ?1", [cp])
+            .map_err(sql("promote checkpoint"))?;
+        if n != 1 {
+            return Ok(Promotion::CheckpointGone);
+        }
+        tx.commit().map_err(sql("promote checkpoint"))?;
+        Ok(Promotion::Ready)
+    }
+
+    /// Ready snapshot `id` (the caller checks whose it is).
+    pub fn snapshot(&self, id: &str) -> Result<Option<SnapshotRecord>, StoreError> {
+        let c = self.lock();
+        c.query_row(
+            &format!("SELECT {COLS} FROM snapshots WHERE id = ?1 AND ready = 1"),
+            [id],
+            from_row,
+        )
+        .optional()
+        .map_err(sql("read snapshot"))?
+        .transpose()
+    }
+
+    /// The ready snapshots of `tenant` (None: every tenant's), oldest first;
+    /// only those of sandbox `sandbox` and named `name` when given.
+    pub fn snapshots_of(
+        &self,
+        tenant: Option<&str>,
+        sandbox: Option<&str>,
+        name: Option<&str>,
+    ) -> Result<Vec<SnapshotRecord>, StoreError> {
+        let c = self.lock();
+        let mut q = c
+            .prepare(&format!(
+                "SELECT {COLS} FROM snapshots WHERE (?1 IS NULL OR tenant = ?1) AND ready = 1
+                 AND (?2 IS NULL OR sandbox_id = ?2) AND (?3 IS NULL OR name = ?3)
+                 ORDER BY created_at, id"
+            ))
+            .map_err(sql("list snapshots"))?;
+        let rows = q
+            .query_map(params![tenant, sandbox, name], from_row)
+            .map_err(sql("list snapshots"))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(sql("list snapshots"))?;
+        rows.into_iter().collect()
+    }
+
+    /// Every snapshot row, being made or ready (the start's clean-up).
+    pub fn all_snapshots(&self) -> Result<Vec<SnapshotRecord>, StoreError> {
+        let c = self.lock();
+        let mut q = c
+            .prepare(&format!("SELECT {COLS} FROM snapshots"))
+            .map_err(sql("list snapshots"))?;
+        let rows = q
+            .query_map([], from_row)
+            .map_err(sql("list snapshots"))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(sql("list snapshots"))?;
+        rows.into_iter().collect()
+    }
+
+    /// Forgets snapshot `id`; true if it was there.
+    pub fn remove_snapshot(&self, id: &str) -> Result<bool, StoreError> {
+        let c = self.lock();
+        let n = c
+            .execute("DELETE FROM snapshots WHERE id = ?1", [id])
+            .map_err(sql("remove snapshot"))?;
+        Ok(n == 1)
+    }
+
+    /// Forgets ready snapshot `id`; true if it was there (a snapshot being
+    /// made is its maker's to remove).
+    pub fn remove_ready_snapshot(&self, id: &str) -> Result<bool, StoreError> {
+        let c = self.lock();
+        let n = c
+            .execute("DELETE FROM snapshots WHERE id = ?1 AND ready = 1", [id])
+            .map_err(sql("remove snapshot"))?;
+        Ok(n == 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::CheckpointRecord;
+
+    fn snap(id: &str, tenant: &str) -> SnapshotRecord {
+        SnapshotRecord {
+            id: id.into(),
+            tenant: tenant.into(),
+            name: Some("n".into()),
+            sandbox_id: "a".into(),
+            kind: PauseKind::Memory,
+            created_at: 1,
+            size: 0,
+            saved: Saved::default(),
+            source: SnapshotSource {
+                spec: serde_json::json!({}),
+                tags: BTreeMap::new(),
+                metadata: BTreeMap::new(),
+                memory_bytes: 1,
+                idle_timeout_ms: None,
+                lifecycle: Lifecycle::default(),
+                timeout_ms: 1000,
+            },
+            ready: false,
+            checkpoint: None,
+        }
+    }
+
+    fn cp(id: &str) -> CheckpointRecord {
+        CheckpointRecord {
+            id: id.into(),
+            sandbox_id: "a".into(),
+            tenant: "t".into(),
+            name: None,
+            parent: None,
+            kind: PauseKind::Memory,
+            created_at: 5,
+            size: 10,
+            saved: Saved::default(),
+        }
+    }
+
+    #[test]
+    fn a_tenant_holds_at_most_its_count_of_snapshots_those_being_made_included() {
+        let s = Store::in_memory().unwrap();
+        assert_eq!(
+            s.begin_snapshot(&snap("s1", "t"), 2, 100).unwrap(),
+            SnapshotAdmission::Admitted
+        );
+        assert_eq!(
+            s.begin_snapshot(&snap("s2", "t"), 2, 100).unwrap(),
+            SnapshotAdmission::Admitted
+        );
+        assert_eq!(
+            s.begin_snapshot(&snap("s3", "t"), 2, 100).unwrap(),
+            SnapshotAdmission::TooMany(2)
+        );
+        assert_eq!(
+            s.begin_snapshot(&snap("s4", "u"), 2, 100).unwrap(),
+            SnapshotAdmission::Admitted,
+            "another tenant's snapshots do not count"
+        );
+    }
+
+    #[test]
+    fn two_reservations_past_the_disk_quota_admit_only_the_first() {
+        let s = Store::in_memory().unwrap();
+        s.begin_snapshot(&snap("s1", "t"), 10, 100).unwrap();
+        s.begin_snapshot(&snap("s2", "t"), 10, 100).unwrap();
+        assert_eq!(
+            s.reserve_snapshot("s1", "c1", true, 60, 100).unwrap(),
+            SnapshotAdmission::Admitted
+        );
+        assert_eq!(
+            s.reserve_snapshot("s2", "c2", true, 60, 100).unwrap(),
+            SnapshotAdmission::TooLarge { used: 60 }
+        );
+        assert_eq!(
+            s.reserve_snapshot("s2", "c2", true, 40, 100).unwrap(),
+            SnapshotAdmission::Admitted
+        );
+        assert_eq!(
+            s.begin_snapshot(&snap("s3", "t"), 10, 100).unwrap(),
+            SnapshotAdmission::TooLarge { used: 100 }
+        );
+    }
+
+    #[test]
+    fn a_promotion_moves_the_checkpoint_into_a_ready_snapshot_of_the_tenant_only() {
+        let s = Store::in_memory().unwrap();
+        s.admit_sandbox(&crate::store::pause::tests::rec("a", 1), 10, 1 << 30)
+            .unwrap();
+        s.add_checkpoint(&cp("c1"), 5, 100).unwrap().unwrap();
+        s.begin_snapshot(&snap("s1", "t"), 10, 100).unwrap();
+        assert!(
+            s.snapshot("s1").unwrap().is_none(),
+            "a snapshot being made is not seen"
+        );
+        assert!(
+            !s.remove_ready_snapshot("s1").unwrap(),
+            "nor removed but by its maker"
+        );
+        assert_eq!(
+            s.promote_checkpoint("s1", "gone", PauseKind::Memory, &Saved::default())
+                .unwrap(),
+            Promotion::CheckpointGone
+        );
+        assert!(s.snapshot("s1").unwrap().is_none());
+        assert_eq!(
+            s.promote_checkpoint("s1", "c1", PauseKind::Memory, &Saved::default())
+                .unwrap(),
+            Promotion::Ready
+        );
+        assert!(s.checkpoint("a", "c1").unwrap().is_none());
+        assert!(s.snapshot("s1").unwrap().is_some_and(|r| r.ready));
+        assert_eq!(s.snapshots_of(Some("t"), None, Some("n")).unwrap().len(), 1);
+        assert_eq!(s.snapshots_of(Some("u"), None, None).unwrap().len(), 0);
+        assert_eq!(s.snapshots_of(Some("t"), Some("b"), None).unwrap().len(), 0);
+        assert!(s.remove_ready_snapshot("s1").unwrap());
+        assert!(!s.remove_ready_snapshot("s1").unwrap());
+    }
+
+    #[test]
+    fn checkpoints_and_snapshots_share_the_tenants_disk_quota_and_a_promotion_counts_once() {
+        let s = Store::in_memory().unwrap();
+        s.admit_sandbox(&crate::store::pause::tests::rec("a", 1), 10, 1 << 30)
+            .unwrap();
+        assert_eq!(s.add_checkpoint(&cp("c1"), 5, 15).unwrap(), Ok(()));
+        assert_eq!(
+            s.add_checkpoint(&cp("c2"), 5, 15).unwrap(),
+            Err(crate::store::CheckpointRefusal::TooLarge { used: 10 })
+        );
+        assert_eq!(
+            s.begin_snapshot(&snap("s1", "t"), 10, 15).unwrap(),
+            SnapshotAdmission::Admitted
+        );
+        assert_eq!(
+            s.reserve_snapshot("s1", "c1", false, 10, 15).unwrap(),
+            SnapshotAdmission::Admitted,
+            "the checkpoint it is promoted from is not counted twice"
+        );
+        assert_eq!(
+            s.begin_snapshot(&snap("s2", "t"), 10, 15).unwrap(),
+            SnapshotAdmission::TooLarge { used: 20 },
+            "until the promotion, both hold their bytes"
+        );
+    }
+}
