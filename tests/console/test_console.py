@@ -184,6 +184,10 @@ def test_console_drives_a_sandbox_its_terminal_files_and_egress_log_then_volumes
     wait(d, "a shell prompt", lambda d: any(r.strip() for r in terminal_rows(d)), timeout=30)
     type_into_terminal(d, "echo hi\n")
     wait(d, "`hi` read back from the terminal", lambda d: "hi" in [r.strip() for r in terminal_rows(d)], timeout=30)
+    # Its CPU and memory over time: a line each, from the metrics history.
+    wait(d, "the usage charts", lambda d: len(d.find_elements(By.CSS_SELECTOR, "#usage svg polyline")) == 2)
+    caption = d.find_element(By.CSS_SELECTOR, "#usage-memory figcaption").text
+    assert caption.startswith("Memory: now ") and "B" in caption, caption
     # Process output that is markup is drawn as characters.
     type_into_terminal(d, "echo '<img src=x onerror=window.__xss=4>' | tr x y\n")
     wait(d, "the markup output", lambda d: "<img src=y onerror=window.__yss=4>" in [r.strip() for r in terminal_rows(d)])

@@ -53,6 +53,7 @@ const ASSETS: &[Asset] = &[
     asset!("src/terminal.js", JS),
     asset!("src/files.js", JS),
     asset!("src/network.js", JS),
+    asset!("src/usage.js", JS),
     asset!("src/store.js", JS),
     asset!("src/style.css", CSS),
     asset!("vendor/xterm.js", JS),

@@ -1,11 +1,12 @@
-// One sandbox: its spec and state, a terminal, its files, its network policy and
-// egress log, its published ports.
+// One sandbox: its spec and state, a terminal, its CPU and memory over time, its
+// files, its network policy and egress log, its published ports.
 import { api, sandboxPath } from './api.js';
 import { h, put, refill, table, toast, field } from './dom.js';
 import { bytes, duration, since, until, time, tagsText } from './format.js';
 import { openTerminal } from './terminal.js';
 import { filesPanel } from './files.js';
 import { networkPanel } from './network.js';
+import { usagePanel } from './usage.js';
 
 export function sandboxPage(main, id) {
   const cleanups = [];
@@ -19,10 +20,12 @@ export function sandboxPage(main, id) {
   const ports = h('div', { id: 'ports' });
   let term = null;
   let connected = false;
+  let memoryLimit = 0;
 
   function summary(sb) {
     const s = sb.spec || {};
     const res = s.resources || {};
+    memoryLimit = Number(res.memory) || 0;
     const rows = [
       ['State', sb.state], ['Image', s.image || 'host'], ['Isolation', s.isolation || 'namespace'],
       ['Tenant', sb.tenant], ['Created', time(sb.created_at)], ['Age', duration(since(sb.created_at))],
@@ -128,6 +131,7 @@ export function sandboxPage(main, id) {
     h('section', { 'aria-label': 'Spec' }, spec,
       h('details', {}, h('summary', {}, 'Full record (JSON)'), record)),
     h('section', { 'aria-label': 'Terminal' }, termBar, termBox),
+    usagePanel(id, cleanups, () => memoryLimit),
     filesPanel(id, cleanups),
     networkPanel(id, cleanups),
     h('section', { 'aria-labelledby': 'ports-h' }, h('h2', { id: 'ports-h' }, 'Published ports'), publish, ports));
