@@ -291,6 +291,36 @@ def test_console_drives_a_sandbox_its_terminal_files_and_egress_log_then_volumes
     d.switch_to.alert.accept()
     wait(d, "the secret gone", lambda d: not d.find_elements(By.CSS_SELECTOR, "#secrets-list tr[data-id='api-key']"))
 
+    # A collection browsed with the virtual shell, and a memory store searched and
+    # read with its history; markup in a document stays text.
+    docs = Path(tempfile.mkdtemp(prefix="sandlot-console-docs-"))
+    try:
+        (docs / "guide.md").write_text("# Guide\nThe rate limit is 40 requests a minute. <img src=x onerror=window.__xss=5>\n")
+        daemon.operator("vfs", "create", "kb", "--from", str(docs), "--tenant", "acme")
+    finally:
+        shutil.rmtree(docs, ignore_errors=True)
+    daemon.native("POST", "/v1/memory", token, {"name": "notes"})
+    daemon.native("POST", "/v1/memory/notes/memories", token,
+                  {"title": "Deploy window", "body": "Deploys happen on Tuesdays.", "tags": ["ops"]})
+    click(d, "the collections link", "#nav a[href='#/collections']")
+    wait(d, "the collection listed", lambda d: d.find_elements(By.XPATH, "//div[@id='collections-list']//td[.='kb']"))
+    Select(d.find_element(By.CSS_SELECTOR, "#collections-list select")).select_by_value("kb")
+    command = wait(d, "the shell's command field", lambda d: d.find_element(By.CSS_SELECTOR, "#vfs-shell input[name=command]"))
+    command.send_keys("grep -r 'rate limit' /\n")
+    wait(d, "the grep's output", lambda d: "40 requests" in d.find_element(By.ID, "vfs-output").text)
+    assert "<img src=x onerror=window.__xss=5>" in d.find_element(By.ID, "vfs-output").text
+    no_markup_ran(d)
+    shoot(d, "collections")
+    click(d, "the memory link", "#nav a[href='#/memory']")
+    wait(d, "the store listed", lambda d: d.find_elements(By.XPATH, "//div[@id='stores-list']//td[.='notes']"))
+    Select(d.find_element(By.CSS_SELECTOR, "#stores-list select")).select_by_value("notes")
+    query = wait(d, "the search field", lambda d: d.find_element(By.CSS_SELECTOR, "#memory-store input[name=query]"))
+    query.send_keys("when do deploys happen\n")
+    click(d, "the hit", "#memory-hits button.link")
+    wait(d, "the memory's text", lambda d: "Deploys happen on Tuesdays." in d.find_element(By.ID, "memory-text").text)
+    wait(d, "its history", lambda d: d.find_elements(By.XPATH, "//div[@id='memory-view']//table//tbody/tr"))
+    shoot(d, "memory")
+
     # Nothing the Content-Security-Policy refused, no script error.
     problems = [e for e in d.get_log("browser")
                 if e["level"] == "SEVERE"

@@ -54,6 +54,7 @@ const ASSETS: &[Asset] = &[
     asset!("src/files.js", JS),
     asset!("src/network.js", JS),
     asset!("src/usage.js", JS),
+    asset!("src/knowledge.js", JS),
     asset!("src/store.js", JS),
     asset!("src/style.css", CSS),
     asset!("vendor/xterm.js", JS),

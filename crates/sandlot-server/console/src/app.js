@@ -5,8 +5,12 @@ import { h, put, field, toast } from './dom.js';
 import { sandboxesPage } from './sandboxes.js';
 import { sandboxPage } from './sandbox.js';
 import { imagesPage, volumesPage, secretsPage } from './store.js';
+import { collectionsPage, memoryPage } from './knowledge.js';
 
-const PAGES = { '/images': imagesPage, '/volumes': volumesPage, '/secrets': secretsPage };
+const PAGES = {
+  '/images': imagesPage, '/volumes': volumesPage, '/secrets': secretsPage,
+  '/collections': collectionsPage, '/memory': memoryPage,
+};
 
 const main = document.getElementById('main');
 let leave = null; // the current page's clean-up (timers, sockets)
@@ -39,7 +43,7 @@ function signInPage(message) {
 async function whoAmI() {
   const health = await api('GET', '/v1/health');
   put(document.getElementById('nav'), [['#/', 'Sandboxes'], ['#/images', 'Images'], ['#/volumes', 'Volumes'],
-    ['#/secrets', 'Secrets']].map(([href, label]) => h('a', { href }, label)));
+    ['#/secrets', 'Secrets'], ['#/collections', 'Collections'], ['#/memory', 'Memory']].map(([href, label]) => h('a', { href }, label)));
   put(document.getElementById('who'),
     h('span', {}, health.tenant === '*' ? 'operator' : `tenant ${health.tenant}`), ' ',
     h('button', { type: 'button', class: 'link', onclick: signOut }, 'Sign out'));
