@@ -5,6 +5,7 @@ restart; a sandbox created from one continues its processes on gVisor and
 starts afresh on its files on the namespace backend."""
 
 import os
+import secrets
 import shutil
 import tempfile
 from pathlib import Path
@@ -75,9 +76,41 @@ def test_options_a_snapshot_cannot_honour_are_refused_by_name(server):
         try:
             with pytest.raises(SandboxException, match="envVars"):
                 Sandbox.create(snap.snapshot_id, envs={"A": "1"}, timeout=30)
+            # A narrower network than the snapshot's is refused, never dropped.
+            with pytest.raises(SandboxException, match="network"):
+                Sandbox.create(snap.snapshot_id, allow_internet_access=False, timeout=30)
+            assert [s.sandbox_id for s in Sandbox.list().next_items()] == [sb.sandbox_id]
             if GVISOR:
                 with pytest.raises(SandboxException, match="memory"):
                     sb.create_snapshot(mode="filesystem")
+        finally:
+            Sandbox.delete_snapshot(snap.snapshot_id)
+    finally:
+        sb.kill()
+
+
+def test_a_snapshot_name_never_shadows_a_template(server):
+    """A snapshot named after a template the key built: a create and a delete by
+    that name reach the template, the snapshot only by its id."""
+    from e2b import Template
+
+    name = f"tpl-{secrets.token_hex(3)}"
+    Template.build(Template().from_base_image().run_cmd("echo built > /tmp/from-template"), name)
+    sb = Sandbox.create(timeout=60)
+    try:
+        sb.files.write("/tmp/from-snapshot", "snap")
+        snap = sb.create_snapshot(name=name)
+        try:
+            fresh = Sandbox.create(name, timeout=30)
+            try:
+                assert fresh.files.read("/tmp/from-template") == "built\n"
+                assert not fresh.files.exists("/tmp/from-snapshot")
+            finally:
+                fresh.kill()
+            # Not the snapshot (templates are not deleted this way: 501).
+            with pytest.raises(SandboxException):
+                Sandbox.delete_snapshot(name)
+            assert snap.snapshot_id in [s.snapshot_id for s in Sandbox.list_snapshots().next_items()]
         finally:
             Sandbox.delete_snapshot(snap.snapshot_id)
     finally:

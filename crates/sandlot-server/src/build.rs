@@ -362,6 +362,7 @@ pub fn host_base(
         .pack_dir(&dir, &mut Budget::new(Some(&limit), "the host base"))
         .map_err(store_error)
         .and_then(|p| {
+            let _committing = state.images.committing();
             store
                 .commit_packed_root(p, &who.commit(&config, "the host image"))
                 .map_err(store_error)
@@ -503,6 +504,7 @@ pub async fn run(
                                 .map_err(store_error)
                         })
                         .and_then(|p| {
+                            let _committing = st.images.committing();
                             store
                                 .commit_packed(&base, p, &w.commit(&base.config, &text))
                                 .map_err(store_error)

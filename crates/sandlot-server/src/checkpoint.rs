@@ -225,8 +225,22 @@ pub fn list(state: &AppState, p: &Principal, id: &str) -> ApiResult<Vec<Checkpoi
     Ok(all.iter().map(view).collect())
 }
 
-/// Takes a checkpoint of the caller's sandbox `id` (running, or paused).
+/// Takes a checkpoint of the caller's sandbox `id` (running, or paused), on a
+/// task of its own: a caller that goes away leaves it whole or not taken, never
+/// the sandbox held half-way.
 pub async fn create(
+    state: &Arc<AppState>,
+    p: &Principal,
+    id: &str,
+    body: &CreateCheckpoint,
+) -> ApiResult<CheckpointRecord> {
+    let (st, p, id, body) = (state.clone(), p.clone(), id.to_string(), body.clone());
+    tokio::spawn(async move { create_attached(&st, &p, &id, &body).await })
+        .await
+        .map_err(ApiError::internal)?
+}
+
+async fn create_attached(
     state: &Arc<AppState>,
     p: &Principal,
     id: &str,
@@ -246,6 +260,20 @@ pub(crate) async fn take(
     name: Option<String>,
     leave_running: bool,
 ) -> ApiResult<CheckpointRecord> {
+    take_as(state, p, rec, new_id(), name, leave_running).await
+}
+
+/// [`take`] under id `cp`, which the caller recorded first (a snapshot's row
+/// names the checkpoint it takes before it is taken, so that a crash meanwhile
+/// leaves nothing the restart cannot find).
+pub(crate) async fn take_as(
+    state: &Arc<AppState>,
+    p: &Principal,
+    rec: &SandboxRecord,
+    cp: String,
+    name: Option<String>,
+    leave_running: bool,
+) -> ApiResult<CheckpointRecord> {
     if state.is_shutting_down() {
         return Err(ApiError::unavailable("the daemon is shutting down"));
     }
@@ -259,8 +287,8 @@ pub(crate) async fn take(
         return Err(too_many(&rec.id, held as u64, max));
     }
     match crate::isolation::of_record(&rec.spec) {
-        Isolation::Gvisor => take_memory(state, p, rec, name, leave_running).await,
-        Isolation::Namespace => take_files(state, p, rec, name, leave_running).await,
+        Isolation::Gvisor => take_memory(state, p, rec, cp, name, leave_running).await,
+        Isolation::Namespace => take_files(state, p, rec, cp, name, leave_running).await,
     }
 }
 
@@ -271,7 +299,7 @@ fn too_many(id: &str, n: u64, max: u32) -> ApiError {
 }
 
 /// A new checkpoint id.
-fn new_id() -> String {
+pub(crate) fn new_id() -> String {
     format!("cp-{}", crate::auth::random_hex(8))
 }
 
@@ -309,6 +337,7 @@ async fn take_memory(
     state: &Arc<AppState>,
     p: &Principal,
     rec: &SandboxRecord,
+    cp: String,
     name: Option<String>,
     leave_running: bool,
 ) -> ApiResult<CheckpointRecord> {
@@ -373,7 +402,6 @@ async fn take_memory(
         }
         Err(e) => return finish(Err(ApiError::internal(e))).await,
     };
-    let cp = new_id();
     let (st, id, cp2) = (state.clone(), rec.id.clone(), cp.clone());
     let copied = tokio::task::spawn_blocking(move || -> ApiResult<(u64, u64)> {
         let from = crate::pause::checkpoint_dir(&st, &id);
@@ -441,10 +469,10 @@ async fn take_files(
     state: &Arc<AppState>,
     p: &Principal,
     rec: &SandboxRecord,
+    cp: String,
     name: Option<String>,
     leave_running: bool,
 ) -> ApiResult<CheckpointRecord> {
-    let cp = new_id();
     let network = crate::pause::saved_network(state, rec);
     let image = match rec.state {
         SandboxState::Running => {
@@ -488,7 +516,9 @@ async fn take_files(
             .map_err(ApiError::internal)?,
         kind: PauseKind::Filesystem,
         created_at: now_ms(),
-        size: 0,
+        // What its commit added to the disk (its layer, packed and unpacked):
+        // counted against the tenant's max_saved_disk.
+        size: state.images.committed_bytes(&image),
         saved: Saved {
             files: Vec::new(),
             image: Some(image),

@@ -59,6 +59,9 @@ pub struct Images {
     /// last of those ends ([`Images::release_ended`]). In memory: a
     /// daemon restart forgets them.
     orphans: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Commits hold it shared; freeing a removed image's layers holds it alone
+    /// (a commit finding an unused layer already unpacked must not lose it).
+    commits: std::sync::RwLock<()>,
 }
 
 /// The view of the image set a principal of `scope` takes (`None`: the operator).
@@ -160,6 +163,7 @@ impl Images {
             allowed_host_paths,
             ceiling: max_expanded_size,
             orphans: Default::default(),
+            commits: Default::default(),
         })
     }
 
@@ -468,6 +472,44 @@ impl Images {
         }
     }
 
+    /// Held while the daemon commits a layer to the store (a pause, a checkpoint,
+    /// a snapshot, a build step): [`Images::remove_committed`] waits for it.
+    pub fn committing(&self) -> std::sync::RwLockReadGuard<'_, ()> {
+        self.commits.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Held while the whole store is pruned (the operator's prune): no commit
+    /// runs meanwhile.
+    pub fn pruning(&self) -> std::sync::RwLockWriteGuard<'_, ()> {
+        self.commits.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Removes image `reference` (an image the daemon committed) and, at once,
+    /// its layers no other image uses, so that the disk it held is free when its
+    /// owner's quota is. Blocking.
+    pub fn remove_committed(&self, reference: &str) -> Result<sandlot_store::Removal, StoreError> {
+        let _alone = self.pruning();
+        let r = self.store.remove(reference)?;
+        if r.image_removed {
+            match self.store.remove_unused_layers(&r.image.layers) {
+                Ok(freed) => tracing::debug!(image = reference, freed, "freed a removed image's layers"),
+                Err(e) => tracing::warn!(image = reference, "free a removed image's layers: {e}"),
+            }
+        }
+        Ok(r)
+    }
+
+    /// Bytes image `reference`'s own (top) layer takes on the disk: its blob and
+    /// its unpacked files. What a commit of a sandbox's files added. Blocking.
+    pub fn committed_bytes(&self, reference: &str) -> u64 {
+        let Some(img) = reference.parse().ok().and_then(|d| self.store.get(&d).ok()) else {
+            return 0;
+        };
+        img.layers.last().map_or(0, |l| {
+            l.blob_size + sandlot_store::dir_size(&self.store.layer_dir(&l.diff_id))
+        })
+    }
+
     /// Image `reference`, committed by the daemon and let go by its owner but
     /// still held by sandboxes: removed once none holds it.
     pub fn orphan(&self, reference: &str) {
@@ -492,7 +534,7 @@ impl Images {
             o.remove(reference);
             return;
         }
-        match self.store.remove(reference) {
+        match self.remove_committed(reference) {
             Ok(_) => {
                 o.remove(reference);
                 tracing::info!(
@@ -637,6 +679,7 @@ impl Images {
             ..Default::default()
         };
         let (packed, took) = self.pack_frozen(id, inst, &upper, &source, disk)?;
+        let _committing = self.committing();
         let img = self
             .store
             .commit_packed(

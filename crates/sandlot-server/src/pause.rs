@@ -1259,7 +1259,7 @@ pub(crate) fn forget_commit(state: &AppState, reference: &str) {
     if !untagged {
         return;
     }
-    match state.images.store.remove(reference) {
+    match state.images.remove_committed(reference) {
         Ok(_) => tracing::info!(image = reference, "removed an image a pause committed"),
         // Sandboxes started from it (forks, sandboxes of a snapshot) hold it:
         // it goes when the last of them lets it go.

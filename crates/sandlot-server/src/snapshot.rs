@@ -110,8 +110,23 @@ fn refusal(tenant: &str, a: SnapshotAdmission, q: &crate::config::Quota) -> ApiE
     }
 }
 
-/// Takes a snapshot of the caller's sandbox `id` (running, or paused).
+/// Takes a snapshot of the caller's sandbox `id` (running, or paused). It runs
+/// to its end on a task of its own: a caller that goes away (a client cut off)
+/// leaves no half-made snapshot, no row counted against the tenant's quota and
+/// no image nothing holds.
 pub async fn create(
+    state: &Arc<AppState>,
+    p: &Principal,
+    id: &str,
+    body: &CreateSnapshot,
+) -> ApiResult<SnapshotRecord> {
+    let (st, p, id, body) = (state.clone(), p.clone(), id.to_string(), body.clone());
+    tokio::spawn(async move { create_attached(&st, &p, &id, &body).await })
+        .await
+        .map_err(ApiError::internal)?
+}
+
+async fn create_attached(
     state: &Arc<AppState>,
     p: &Principal,
     id: &str,
@@ -139,7 +154,12 @@ pub async fn create(
         saved: Saved::default(),
         source: source_of(&rec),
         ready: false,
-        checkpoint: None,
+        // A fresh checkpoint's id is recorded before it is taken: a crash
+        // between the two leaves the restart a name to remove it by.
+        checkpoint: match &body.checkpoint {
+            Some(_) => None,
+            None => Some((crate::checkpoint::new_id(), true)),
+        },
     };
     let admitted = state
         .store
@@ -157,15 +177,11 @@ pub async fn create(
     made
 }
 
-/// Bytes checkpoint `c` holds on the host: its copy, or its image's layers.
+/// Bytes checkpoint `c` holds on the host: its copy, or what its commit added
+/// (its image's own layer, packed and unpacked).
 fn bytes_of(state: &AppState, c: &CheckpointRecord) -> u64 {
-    match c.saved.image.as_deref().and_then(|i| i.parse().ok()) {
-        Some(img) => state
-            .images
-            .store
-            .get(&img)
-            .map(|i| i.layers.iter().map(|l| l.blob_size).sum())
-            .unwrap_or(0),
+    match c.saved.image.as_deref() {
+        Some(img) => state.images.committed_bytes(img),
         None => c.size,
     }
 }
@@ -230,9 +246,13 @@ async fn make(
     mut s: SnapshotRecord,
     cp: Option<&str>,
 ) -> ApiResult<SnapshotRecord> {
-    let (c, fresh) = match cp {
-        Some(cp) => (crate::checkpoint::find(state, p, &rec.id, cp)?.1, false),
-        None => (
+    let (c, fresh) = match (cp, s.checkpoint.clone()) {
+        (Some(cp), _) => (crate::checkpoint::find(state, p, &rec.id, cp)?.1, false),
+        (None, Some((id, _))) => (
+            crate::checkpoint::take_as(state, p, rec, id, None, true).await?,
+            true,
+        ),
+        (None, None) => (
             crate::checkpoint::take(state, p, rec, None, true).await?,
             true,
         ),

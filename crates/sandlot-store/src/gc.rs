@@ -108,6 +108,56 @@ impl ImageStore {
         })
     }
 
+    /// Removes those of `layers` that no image uses any more (with their blobs,
+    /// when nothing else refers to them): what removing one image frees at once,
+    /// without a whole [`prune`](Self::prune). The caller keeps commits out
+    /// meanwhile (a commit that found one of them already unpacked would lose
+    /// it). Answers the bytes freed.
+    pub fn remove_unused_layers(&self, layers: &[crate::LayerInfo]) -> Result<u64, StoreError> {
+        let _l = self.lock()?;
+        let mut freed = 0;
+        for l in layers {
+            let (used, blob_used) = {
+                let db = self.db();
+                let used: bool = db
+                    .query_row(
+                        "SELECT EXISTS(SELECT 1 FROM image_layers WHERE diff_id = ?1)",
+                        [l.diff_id.to_string()],
+                        |r| r.get(0),
+                    )
+                    .map_err(sql("find a layer's images"))?;
+                let blob_used: bool = db
+                    .query_row(
+                        "SELECT EXISTS(SELECT 1 FROM layers WHERE blob = ?1 AND diff_id != ?2)
+                         OR EXISTS(SELECT 1 FROM images WHERE id = ?1)",
+                        params![l.blob.to_string(), l.diff_id.to_string()],
+                        |r| r.get(0),
+                    )
+                    .map_err(sql("find a blob's users"))?;
+                (used, blob_used)
+            };
+            if used {
+                continue;
+            }
+            let dir = self.layer_dir(&l.diff_id);
+            if dir.exists() {
+                freed += dir_size(&dir);
+                fs::remove_dir_all(&dir).map_err(io_at("remove layer", &dir))?;
+            }
+            self.db()
+                .execute("DELETE FROM layers WHERE diff_id = ?1", [l.diff_id.to_string()])
+                .map_err(sql("forget layer"))?;
+            if !blob_used {
+                let bp = self.blob_path(&l.blob);
+                if let Ok(m) = fs::metadata(&bp) {
+                    freed += m.len();
+                    fs::remove_file(&bp).map_err(io_at("remove blob", &bp))?;
+                }
+            }
+        }
+        Ok(freed)
+    }
+
     /// Removes layers that no image uses (leased images keep theirs: a lease is on
     /// an image, and a leased image cannot be removed), blobs nothing refers to,
     /// and stale staging files.

@@ -13,25 +13,11 @@ mod api_support;
 
 use std::path::{Path, PathBuf};
 
-use api_support::counter::{on, probe, sh, start_counter};
+use api_support::counter::{copies, entries, on, probe, sh, start_counter};
 use api_support::{eventually, rt, Daemon};
 use sandlot_client::checkpoint::{CreateCheckpoint, ForkRequest};
 use sandlot_client::SandboxState;
 
-fn copies(d: &Daemon) -> PathBuf {
-    d.data_dir().join("sandbox-checkpoints")
-}
-
-/// Entries of `dir` (none if it is missing).
-fn entries(dir: &Path) -> Vec<String> {
-    std::fs::read_dir(dir)
-        .map(|rd| {
-            rd.flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect()
-        })
-        .unwrap_or_default()
-}
 
 fn mounts_under(dir: &Path) -> Vec<String> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();

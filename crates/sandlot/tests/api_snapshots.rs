@@ -12,25 +12,11 @@ mod api_support;
 
 use std::path::{Path, PathBuf};
 
-use api_support::counter::{on, probe, sh, start_counter};
+use api_support::counter::{copies, entries, on, probe, sh, start_counter};
 use api_support::{eventually, rt, Daemon};
 use sandlot_client::checkpoint::CreateCheckpoint;
 use sandlot_client::snapshot::{CreateSnapshot, StartFromSnapshot};
 
-fn copies(d: &Daemon) -> PathBuf {
-    d.data_dir().join("sandbox-checkpoints")
-}
-
-/// Entries of `dir` (none if it is missing).
-fn entries(dir: &Path) -> Vec<String> {
-    std::fs::read_dir(dir)
-        .map(|rd| {
-            rd.flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect()
-        })
-        .unwrap_or_default()
-}
 
 /// Images in the daemon's store (the operator sees every one).
 fn image_count(d: &Daemon) -> usize {
@@ -518,6 +504,58 @@ fn gvisor_a_checkpoint_past_the_tenants_saved_disk_quota_is_refused_and_leaves_n
         );
         // The sandbox runs on.
         assert_eq!(sh(&c, &s.id, "echo alive").await, "alive\n");
+    });
+    d.shutdown();
+}
+
+/// Bytes under the image store's unpacked layers and blobs.
+fn store_bytes(d: &Daemon) -> u64 {
+    let root = d.data_dir().join("images");
+    ["layers", "blobs"]
+        .iter()
+        .map(|sub| {
+            let mut n = 0;
+            let mut stack = vec![root.join(sub)];
+            while let Some(dir) = stack.pop() {
+                for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                    let m = std::fs::symlink_metadata(e.path()).unwrap();
+                    if m.is_dir() {
+                        stack.push(e.path());
+                    } else {
+                        n += m.len();
+                    }
+                }
+            }
+            n
+        })
+        .sum()
+}
+
+#[test]
+fn namespace_a_snapshot_counts_its_packed_and_unpacked_files_and_its_delete_frees_them() {
+    let mut d = Daemon::start_isolated(None, "namespace");
+    let c = d.client();
+    rt().block_on(async {
+        let s = c.create_sandbox(&on("namespace")).await.unwrap();
+        let before = store_bytes(&d);
+        // 8 MiB that do not compress.
+        sh(&c, &s.id, "head -c 8388608 /dev/urandom > /tmp/big").await;
+        let snap = c.create_snapshot(&s.id, &named("big")).await.unwrap();
+        let grown = store_bytes(&d) - before;
+        // The blob and the unpacked file: both on the disk, both counted.
+        assert!(grown >= 2 * 8_388_608, "the store grew by {grown}");
+        assert!(
+            snap.size >= 2 * 8_388_608 && snap.size <= grown + 1_048_576,
+            "counted {} of {grown}",
+            snap.size
+        );
+        c.delete_sandbox(&s.id).await.unwrap();
+        c.delete_snapshot(&snap.id).await.unwrap();
+        eventually(20, "the snapshot's layer and blob to go", || {
+            let now = store_bytes(&d);
+            async move { now <= before + 1_048_576 }
+        })
+        .await;
     });
     d.shutdown();
 }

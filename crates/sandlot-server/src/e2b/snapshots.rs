@@ -157,7 +157,17 @@ async fn remove(
     Path(id): Path<String>,
 ) -> RestResult<Response> {
     let p = principal(&e2b, &headers)?;
-    let Some(s) = snapshot_named(&e2b, &p, &id) else {
+    // By id; by name only when no template the caller built has that name (its
+    // templates are not deleted this way, and a snapshot's name must not make
+    // this delete something else).
+    let by_id = crate::snapshot::find(&e2b.app, &p, bare_name(&id)).ok();
+    let named = || {
+        super::templates::image_template(&e2b, &p.tenant, &id)
+            .is_none()
+            .then(|| snapshot_named(&e2b, &p, &id))
+            .flatten()
+    };
+    let Some(s) = by_id.or_else(named) else {
         if bare_name(&id).starts_with("sn-") {
             return Err(RestError::new(
                 StatusCode::NOT_FOUND,
@@ -191,11 +201,18 @@ fn snapshot_named(e2b: &E2b, p: &Principal, t: &str) -> Option<SnapshotRecord> {
         .pop()
 }
 
-/// The snapshot an E2B create names as its template, if it names one of the
-/// caller's and no template of the operator's has that name.
+/// The snapshot an E2B create names as its template: by its id always; by its
+/// name only when no template answers to that name (the operator's, or one the
+/// caller built), so a snapshot's name never shadows a template.
 pub fn of_create(e2b: &E2b, p: &Principal, body: &Map<String, Value>) -> Option<SnapshotRecord> {
     let t = body.get("templateID")?.as_str()?;
-    if e2b.cfg.templates.contains_key(bare_name(t)) || e2b.cfg.templates.contains_key(t) {
+    if let Ok(s) = crate::snapshot::find(&e2b.app, p, bare_name(t)) {
+        return Some(s);
+    }
+    let a_template = e2b.cfg.templates.contains_key(bare_name(t))
+        || e2b.cfg.templates.contains_key(t)
+        || super::templates::image_template(e2b, &p.tenant, t).is_some();
+    if a_template {
         return None;
     }
     snapshot_named(e2b, p, t)
@@ -221,6 +238,19 @@ pub async fn create_from(
                 "{k}: a sandbox created from a snapshot has the snapshot's (its {k} cannot be set)"
             )));
         }
+    }
+    // Its network policy is the snapshot's: a request for another one is
+    // refused, never dropped (a narrower policy asked for must not come out
+    // open). The SDK's default, `allow_internet_access: true` and no `network`,
+    // asks for nothing.
+    let narrower = nonempty("network")
+        || ["allow_internet_access", "allowInternetAccess"]
+            .iter()
+            .any(|k| body.get(*k).is_some_and(|v| v != &Value::Bool(true) && !v.is_null()));
+    if narrower {
+        return Err(RestError::bad(
+            "network, allow_internet_access: a sandbox created from a snapshot has the snapshot's network policy; change it once it runs (update_network)",
+        ));
     }
     let lifecycle = super::lifecycle::of_create(body).map_err(RestError::bad)?;
     if !lifecycle.is_default() {

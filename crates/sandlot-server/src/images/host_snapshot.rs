@@ -71,6 +71,7 @@ impl Images {
             host_base: true,
             ..Default::default()
         };
+        let _committing = self.committing();
         let img = self
             .store
             .commit_packed_root(

@@ -249,7 +249,11 @@ pub async fn remove(
 pub async fn prune(State(state): State<Arc<AppState>>, p: Principal) -> ApiResult<Json<PruneView>> {
     operator_only(&p, "pruning images")?;
     let st = state.clone();
-    let r: PruneReport = blocking(move || st.images.store.prune().map_err(store_error)).await?;
+    let r: PruneReport = blocking(move || {
+        let _alone = st.images.pruning();
+        st.images.store.prune().map_err(store_error)
+    })
+    .await?;
     Ok(Json(PruneView {
         layers_removed: r.layers.len(),
         blobs_removed: r.blobs.len(),

@@ -7,9 +7,9 @@
 //!   memory image summed; namespace: the files committed to an image);
 //! * resume to first exec: `POST .../resume`, then `/bin/true` run in it.
 //!
-//! With `--hold-mib N` the sandbox runs a process holding N MiB of memory it has
-//! written (a Python `bytearray`, every page touched) instead of the idle shell:
-//! what a pause of a working process costs.
+//! With `--hold-mib N` the sandbox runs a process holding N MiB of random bytes
+//! in its memory (a Python `bytearray`; nothing compresses) instead of the idle
+//! shell: what a pause of a working process costs.
 
 use std::time::{Duration, Instant};
 
@@ -39,8 +39,9 @@ fn workload(hold_mib: u32) -> Vec<String> {
             .map(String::from)
             .to_vec();
     }
+    // Random bytes: nothing a checkpoint's compression could shrink.
     let py = format!(
-        "import time\nb = bytearray({hold_mib} << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\n\
+        "import os, time\nb = bytearray(os.urandom({hold_mib} << 20))\n\
          open('/tmp/held', 'w').write('ok')\nwhile True: time.sleep(3600)"
     );
     vec!["python3".into(), "-c".into(), py]

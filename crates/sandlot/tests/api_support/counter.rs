@@ -80,3 +80,19 @@ pub async fn probe(c: &Client, id: &str) -> (u64, String) {
         ),
     }
 }
+
+/// Where the daemon keeps checkpoints' and snapshots' copies.
+pub fn copies(d: &super::Daemon) -> std::path::PathBuf {
+    d.data_dir().join("sandbox-checkpoints")
+}
+
+/// Entries of `dir` (none if it is missing).
+pub fn entries(dir: &std::path::Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
