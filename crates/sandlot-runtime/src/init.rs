@@ -55,6 +55,17 @@ fn fail(stage: &str, e: impl std::fmt::Display) -> ! {
 
 /// Entry point of `sandlot __init`. Never returns.
 pub fn main(agent: AgentMain) -> ! {
+    // PID 1 shows the entry it was started as: `__init`, or `__zygote` when the
+    // fork server made it.
+    let entry = std::env::args_os()
+        .nth(1)
+        .map(|a| a.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    main_as(&entry, agent)
+}
+
+/// [`main`] with the entry name PID 1's command line shows (`sandlot ENTRY`).
+pub(crate) fn main_as(entry: &str, agent: AgentMain) -> ! {
     let mut raw = String::new();
     // SAFETY: fd 0 is the plan pipe handed to us by the host; we take ownership.
     let mut plan_in = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fds::PLAN) });
@@ -66,13 +77,13 @@ pub fn main(agent: AgentMain) -> ! {
         Ok(p) => p,
         Err(e) => fail("parse plan", e),
     };
-    match helper(&plan, agent) {
+    match helper(&plan, entry, agent) {
         Ok(()) => sys::exit_now(0),
         Err(e) => fail("start sandbox", e),
     }
 }
 
-fn helper(plan: &SandboxPlan, agent: AgentMain) -> io::Result<()> {
+fn helper(plan: &SandboxPlan, entry: &str, agent: AgentMain) -> io::Result<()> {
     let tr = Trace::new(plan.trace, "helper");
     // Everything this process and its descendants do is accounted to the sandbox.
     for d in &plan.cgroup_dirs {
@@ -99,12 +110,9 @@ fn helper(plan: &SandboxPlan, agent: AgentMain) -> io::Result<()> {
     tr.mark("socket bound");
     // PID 1 inherits this process's argument strings, which sandbox processes can read
     // in `/proc/1/cmdline`: the binary's host path and, from the fork server, its run
-    // directory. They become `sandlot __init` (or `__zygote`, how it was started).
-    let entry = std::env::args_os()
-        .nth(1)
-        .map(|a| a.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    sys::set_cmdline(&["sandlot", &entry])
+    // directory (from `sandlot run`, the CLI's arguments). They become `sandlot
+    // __init` (or `__zygote`, how it was started).
+    sys::set_cmdline(&["sandlot", entry])
         .map_err(|e| io::Error::new(e.kind(), format!("rewrite the command line: {e}")))?;
     let (mine, theirs) = sys::socketpair()?;
     // A prepared network namespace is joined here, as host root, so that PID 1

@@ -47,6 +47,13 @@ pub fn default_sigpipe() -> std::io::Result<()> {
     sys::set_signal_ignored(libc::SIGPIPE, false)
 }
 
+/// The CPU time (user and system) of the children this process has waited for,
+/// and of their waited-for descendants: what a finished command cost, by
+/// difference (benchmarks).
+pub fn reaped_children_cpu() -> std::io::Result<std::time::Duration> {
+    sys::reaped_children_cpu()
+}
+
 /// Errors of the runtime.
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {

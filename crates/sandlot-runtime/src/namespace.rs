@@ -57,6 +57,12 @@ pub struct RuntimeConfig {
     /// CPU weight of the sandboxes' parent cgroup as a whole (see
     /// [`crate::cgroup::CgroupParent::cpu_weight`]). `None`: left alone.
     pub cgroup_cpu_weight: Option<u32>,
+    /// Fork each `__init` helper from the calling process itself, running this
+    /// agent, while that process is single-threaded (see
+    /// [`crate::zygote::fork_helper_here`]), instead of exec'ing `init_exe`. For a
+    /// process that makes one sandbox (`sandlot run`); the exec remains the
+    /// fallback. Without `fork_server`.
+    pub fork_helper_here: Option<crate::init::AgentMain>,
 }
 
 impl RuntimeConfig {
@@ -74,6 +80,7 @@ impl RuntimeConfig {
             run_dir_tmpfs: false,
             default_cpus: None,
             cgroup_cpu_weight: None,
+            fork_helper_here: None,
         }
     }
 }
@@ -317,13 +324,38 @@ impl NamespaceBackend {
         } else {
             None
         };
+        let here = match (forked, self.cfg.fork_helper_here) {
+            (None, Some(agent)) => {
+                let null = fs::File::options()
+                    .write(true)
+                    .open("/dev/null")
+                    .map_err(io_err("open /dev/null"))?;
+                let f = crate::zygote::HelperFds {
+                    plan: plan_r.as_fd(),
+                    status: status_w.as_fd(),
+                    stderr: stderr.as_ref().map_or(null.as_fd(), |s| s.as_fd()),
+                    slot: slot.as_fd(),
+                    alive: alive.as_fd(),
+                    lifeline: lifeline.as_ref().map(|l| l.as_fd()),
+                    netns: netns.as_ref().map(|n| n.as_fd()),
+                    wants_etc_view: false,
+                    host_mounts: plan.mounts.needs_host_mounts(),
+                };
+                crate::zygote::fork_helper_here(&f, agent)
+                    .map_err(io_err("fork the sandbox init helper"))?
+            }
+            _ => None,
+        };
+        if let Some(pid) = here {
+            crate::orphans::protect(pid);
+        }
         tr.mark("helper started");
         // Written after the fork: whether the helper holds the fork server's view.
         plan.etc_view = forked.is_some_and(|(_, view)| view);
         let plan_json = serde_json::to_vec(&*plan).expect("plan serializes");
         let forked = forked.map(|(pid, _)| pid);
         let mut child = None;
-        if forked.is_none() {
+        if forked.is_none() && here.is_none() {
             let mut cmd = Command::new(&self.cfg.init_exe);
             cmd.arg("__init")
                 .env_clear()
@@ -390,14 +422,22 @@ impl NamespaceBackend {
                 break;
             }
         }
-        let helper = match (child.as_mut(), forked) {
-            (Some(c), _) => {
+        let helper = match (child.as_mut(), forked, here) {
+            (Some(c), _, _) => {
                 let st = c.wait();
                 crate::orphans::unprotect(c.id() as i32);
                 st.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string())
             }
-            (None, Some(p)) => format!("pid {p}, forked by the fork server"),
-            (None, None) => "never started".into(),
+            (None, Some(p), _) => format!("pid {p}, forked by the fork server"),
+            (None, None, Some(p)) => {
+                let st = sys::waitpid(p);
+                crate::orphans::unprotect(p);
+                match st {
+                    Ok(st) => describe_wait(st),
+                    Err(e) => e.to_string(),
+                }
+            }
+            (None, None, None) => "never started".into(),
         };
         match (ready, pid, err) {
             (true, Some(pid), _) => Ok(pid),

@@ -629,6 +629,35 @@ pub fn set_cmdline(args: &[&str]) -> io::Result<()> {
     mem.write_all_at(&cmdline_bytes(args, len), start)
 }
 
+/// Empties this process's environment and overwrites the strings it started with
+/// (`env_start` to `env_end`, fields 50 and 51 of `/proc/self/stat`) with zeros, so
+/// neither `getenv` nor `/proc/PID/environ` of it, or of a child forked afterwards,
+/// shows them. Only call from a single-threaded process.
+pub fn clear_environment() -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    // SAFETY: the caller is single-threaded, so no other thread reads `environ`
+    // while glibc clears it.
+    if unsafe { libc::clearenv() } != 0 {
+        return Err(io::Error::other("clearenv failed"));
+    }
+    let st = ProcStat::read(None)?;
+    let (start, end) = (st.field(50)?, st.field(51)?);
+    let len = usize::try_from(end.saturating_sub(start)).map_err(io::Error::other)?;
+    if len == 0 {
+        return Ok(());
+    }
+    let mem = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/proc/self/mem")?;
+    mem.write_all_at(&vec![0u8; len], start)
+}
+
+/// Whether this process runs one thread only (`/proc/self/task` has one entry):
+/// then a `fork` copies no lock that another thread holds.
+pub fn single_threaded() -> bool {
+    std::fs::read_dir("/proc/self/task").is_ok_and(|d| d.take(2).count() == 1)
+}
+
 /// Reads at most `limit` bytes of the regular file `path` resolved inside `root` (as
 /// [`open_in_root`] does). Opened non-blocking and refused unless it is a regular
 /// file, so a FIFO or device an image put there cannot stall or feed the caller.
@@ -1125,6 +1154,21 @@ pub fn set_signal_ignored(sig: libc::c_int, ignore: bool) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// The user and system CPU time of this process's children that it has waited
+/// for, and of their own waited-for descendants (`getrusage(RUSAGE_CHILDREN)`).
+pub fn reaped_children_cpu() -> io::Result<std::time::Duration> {
+    let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: `ru` is a valid, writable `rusage`; the kernel fills it in.
+    cvt(unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, ru.as_mut_ptr()) })?;
+    // SAFETY: getrusage succeeded, so the struct is initialised (it was zeroed too).
+    let ru = unsafe { ru.assume_init() };
+    let tv = |t: libc::timeval| {
+        std::time::Duration::from_secs(t.tv_sec as u64)
+            + std::time::Duration::from_micros(t.tv_usec as u64)
+    };
+    Ok(tv(ru.ru_utime) + tv(ru.ru_stime))
 }
 
 #[cfg(test)]

@@ -281,6 +281,7 @@ fn fork_helper(
             if to_host.is_some_and(|ns| sys::setns_mnt(ns.as_fd()).is_err()) {
                 sys::exit_now(1);
             }
+            let received: Vec<BorrowedFd<'_>> = received.iter().map(|f| f.as_fd()).collect();
             if become_helper(&received, &targets).is_err() {
                 sys::exit_now(1);
             }
@@ -290,9 +291,54 @@ fn fork_helper(
     }
 }
 
+/// Forks the `__init` helper from this process itself, the way the fork server
+/// forks it from its own: for a process that makes one sandbox and then only
+/// serves it (`sandlot run`), where starting a fork server would cost the exec it
+/// saves. The exec of the binary that this replaces loads and relocates it again
+/// (see the module documentation). The child clears its environment and overwrites
+/// the strings it inherited ([`sys::clear_environment`]), so PID 1 holds none of
+/// the caller's environment, as an exec'd helper's cleared one; it then runs
+/// exactly the code an exec'd helper runs, under the name `sandlot __init`.
+///
+/// `Ok(None)`: this process runs more than one thread, so a fork is unsafe; the
+/// caller execs the helper instead. An `/etc` view is never passed (`f` asking
+/// for one is refused the same way): only the fork server has one.
+pub(crate) fn fork_helper_here(f: &HelperFds<'_>, agent: AgentMain) -> io::Result<Option<i32>> {
+    // A helper forked here is in this process's mount namespace, as an exec'd one
+    // would be, so `host_mounts` needs nothing.
+    if f.wants_etc_view || !sys::single_threaded() {
+        return Ok(None);
+    }
+    let mut flags = 0;
+    let mut list = vec![f.plan, f.status, f.stderr, f.slot, f.alive];
+    if let Some(l) = f.lifeline {
+        flags |= HAS_LIFELINE;
+        list.push(l);
+    }
+    if let Some(n) = f.netns {
+        flags |= HAS_NETNS;
+        list.push(n);
+    }
+    let targets = targets(flags);
+    match sys::fork()? {
+        sys::Fork::Child => {
+            // Nothing of the caller's may run in the child: a panic ends it here
+            // instead of unwinding into the caller's code.
+            let _ = std::panic::catch_unwind(|| {
+                if become_helper(&list, &targets).is_err() || sys::clear_environment().is_err() {
+                    sys::exit_now(1);
+                }
+                crate::init::main_as("__init", agent)
+            });
+            sys::exit_now(1)
+        }
+        sys::Fork::Parent(pid) => Ok(Some(pid)),
+    }
+}
+
 /// In the forked child: the descriptors at their numbers, nothing else open, the
 /// signal dispositions of a fresh exec.
-fn become_helper(received: &[OwnedFd], targets: &[i32]) -> io::Result<()> {
+fn become_helper(received: &[BorrowedFd<'_>], targets: &[i32]) -> io::Result<()> {
     sys::set_signal_ignored(libc::SIGCHLD, false)?;
     // First out of the way (received numbers may collide with targets), then in place.
     let moved: Vec<OwnedFd> = received

@@ -114,13 +114,20 @@ fn run_id(
     )
 }
 
+/// The backend of `sandlot run`: its one sandbox's `__init` helper is forked from
+/// this process, which is single-threaded until the sandbox runs, instead of an
+/// exec of the binary (see `RuntimeConfig::fork_helper_here`).
 fn backend() -> anyhow::Result<NamespaceBackend> {
-    backend_with(false)
+    backend_with(false, Some(agent_main))
 }
 
-fn backend_with(fork_server: bool) -> anyhow::Result<NamespaceBackend> {
+fn backend_with(
+    fork_server: bool,
+    fork_helper_here: Option<sandlot_runtime::init::AgentMain>,
+) -> anyhow::Result<NamespaceBackend> {
     let exe = std::env::current_exe().context("find the sandlot binary")?;
     let mut cfg = RuntimeConfig::new(exe);
+    cfg.fork_helper_here = fork_helper_here;
     // The daemon's settings (`runtime.fork_server`, `runtime.cgroup_stock`,
     // `runtime.netns_stock`) for the benchmark's daemon-like contender.
     cfg.fork_server = fork_server;
@@ -187,7 +194,31 @@ impl Drop for Guard {
     }
 }
 
+/// `SANDLOT_TRACE_INIT=1`: the CLI's own phases on stderr, beside the runtime's
+/// (`sandlot-init host`, `helper`, `pid1`, `stop`).
+struct RunTrace(Option<Instant>);
+
+impl RunTrace {
+    fn new() -> RunTrace {
+        RunTrace(
+            std::env::var_os("SANDLOT_TRACE_INIT")
+                .is_some_and(|v| v == "1")
+                .then(Instant::now),
+        )
+    }
+
+    fn mark(&self, what: &str) {
+        if let Some(t) = self.0 {
+            eprintln!(
+                "sandlot-run  cli    +{:>7.3} ms {what}",
+                t.elapsed().as_secs_f64() * 1e3
+            );
+        }
+    }
+}
+
 pub fn run(a: RunArgs) -> anyhow::Result<i32> {
+    let tr = RunTrace::new();
     let spec = build_spec(&a)?;
     let id = run_id(
         a.id.as_deref(),
@@ -201,18 +232,21 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
         image: local_image(&a.data_dir, &spec)?,
         ..Default::default()
     };
+    tr.mark("spec and id");
     let sb: Box<dyn Instance> = match spec.isolation {
-        Isolation::Namespace => Box::new(
-            backend()?
-                .create_instance(&id, &spec, opts)
-                .with_context(|| format!("create sandbox {id}"))?,
-        ),
+        Isolation::Namespace => Box::new({
+            let be = backend()?;
+            tr.mark("backend ready");
+            be.create_instance(&id, &spec, opts)
+                .with_context(|| format!("create sandbox {id}"))?
+        }),
         Isolation::Gvisor => Box::new(
             gvisor_backend()?
                 .create_instance(&id, &spec, opts)
                 .with_context(|| format!("create sandbox {id}"))?,
         ),
     };
+    tr.mark("sandbox created");
     let guard = Guard { sb: Some(sb) };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -225,15 +259,17 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
     let lifetime = spec.timeout.map(|t| t.duration());
     let code = rt.block_on(crate::run_session::session(&socket, &a, lifetime));
     // A blocking read of our stdin may still be pending: do not wait for it.
+    tr.mark("command done");
     rt.shutdown_background();
     drop(guard);
     drop(life_w);
+    tr.mark("sandbox removed");
     code
 }
 
 /// Benchmark helper: create, exec `/bin/true`, wait, terminate; `n` times in-process.
 pub fn bench_in_process(n: usize, fork_server: bool) -> anyhow::Result<Vec<Duration>> {
-    let be = backend_with(fork_server)?;
+    let be = backend_with(fork_server, None)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;

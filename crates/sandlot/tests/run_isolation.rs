@@ -631,3 +631,65 @@ fn pid1_shows_no_host_path() {
     let bin = bin.display().to_string();
     assert!(!out.contains(&bin) && !err.contains(&bin), "{out}\n{err}");
 }
+
+/// `sandlot run` forks the sandbox's helper from itself: nothing of the caller's
+/// environment reaches the sandbox's processes, PID 1 included, whose `environ`
+/// the host reads here (as root) while the command runs. The command's own
+/// environment is the spec's.
+#[test]
+fn the_callers_environment_reaches_no_process_of_the_sandbox() {
+    use std::io::{BufRead, BufReader};
+    require_root();
+    let id = unique_id("callerenv");
+    let marker = "sandlot-caller-secret-7f3a";
+    let mut child = std::process::Command::new(sandlot())
+        .args(["run", "--id", &id, "--", "/bin/sh", "-c"])
+        .arg("env; echo up; read x || :")
+        .env("SANDLOT_TEST_CALLER_SECRET", marker)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn sandlot run");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut inside = String::new();
+    for l in lines.by_ref() {
+        let l = l.unwrap();
+        if l == "up" {
+            break;
+        }
+        inside.push_str(&l);
+        inside.push('\n');
+    }
+    assert!(!inside.contains(marker), "{inside}");
+    // Every process of the sandbox, by its cgroup on the host.
+    let mut pids = Vec::new();
+    for root in ["/sys/fs/cgroup/pids", "/sys/fs/cgroup"] {
+        let procs = std::path::Path::new(root)
+            .join("sandlot")
+            .join(&id)
+            .join("cgroup.procs");
+        if let Ok(t) = std::fs::read_to_string(procs) {
+            pids.extend(t.lines().map(str::to_string));
+            break;
+        }
+    }
+    assert!(pids.len() >= 2, "PID 1 and the shell: {pids:?}");
+    for pid in &pids {
+        for file in ["environ", "cmdline"] {
+            let Ok(bytes) = std::fs::read(format!("/proc/{pid}/{file}")) else {
+                continue;
+            };
+            let text = String::from_utf8_lossy(&bytes);
+            assert!(!text.contains(marker), "/proc/{pid}/{file}: {text}");
+        }
+    }
+    drop(child.stdin.take());
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_no_leftovers(&id);
+}

@@ -40,7 +40,8 @@ pub enum BenchWhat {
     /// namespace backend, against N fresh sandboxes to their first exec. See
     /// docs/benchmarks.md.
     Fork(fork::ForkArgs),
-    /// Create a sandbox, run /bin/true in it, tear it down; n times, against bubblewrap.
+    /// `sandlot run -- /bin/true` and bubblewrap in turn, n pairs: latency, CPU and
+    /// their pairwise ratio; then the runtime's create, exec and teardown in process.
     Runtime {
         /// Iterations per contender.
         #[arg(short, long, default_value_t = 200)]
@@ -102,31 +103,6 @@ pub fn print_table(rows: &[Summary], baseline: &str) {
     }
 }
 
-/// Times `n` runs of a command, failing on the first unsuccessful one.
-fn time_command(n: usize, mut make: impl FnMut() -> Command) -> anyhow::Result<Vec<Duration>> {
-    let mut v = Vec::with_capacity(n);
-    for i in 0..n {
-        let mut c = make();
-        c.stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        let t = Instant::now();
-        let out = c
-            .output()
-            .with_context(|| format!("run {:?}", c.get_program()))?;
-        let d = t.elapsed();
-        if !out.status.success() {
-            bail!(
-                "iteration {i} of {:?} failed: {}",
-                c.get_program(),
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        v.push(d);
-    }
-    Ok(v)
-}
-
 /// The bubblewrap command doing the closest equivalent work: new namespaces (user,
 /// pid, net, ipc, uts, cgroup), read-only /usr, fresh /proc, /dev and /tmp.
 pub fn bwrap_command(argv: &[&str]) -> Command {
@@ -163,6 +139,72 @@ pub fn run(args: BenchArgs) -> anyhow::Result<i32> {
     }
 }
 
+/// One run of a command: its wall time, start to reaped exit, and the CPU time
+/// (user and system) of it and of every process it waited for.
+#[derive(Debug, Clone, Copy)]
+struct Timed {
+    wall: Duration,
+    cpu: Duration,
+}
+
+/// Runs `c` once to its exit; fails if it did not succeed.
+fn time_once(c: &mut Command) -> anyhow::Result<Timed> {
+    c.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let cpu0 = sandlot_runtime::reaped_children_cpu().context("getrusage")?;
+    let t = Instant::now();
+    let out = c
+        .output()
+        .with_context(|| format!("run {:?}", c.get_program()))?;
+    let wall = t.elapsed();
+    let cpu = sandlot_runtime::reaped_children_cpu()
+        .context("getrusage")?
+        .saturating_sub(cpu0);
+    if !out.status.success() {
+        bail!(
+            "{:?} failed: {}",
+            c.get_program(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(Timed { wall, cpu })
+}
+
+/// The median of the pairwise ratios `a[i] / b[i]`: runs taken in turn share the
+/// machine's drift, so their ratio is steadier than a ratio of two medians.
+fn pairwise_median_ratio(a: &[Duration], b: &[Duration]) -> Option<f64> {
+    let mut r: Vec<f64> = a
+        .iter()
+        .zip(b)
+        .filter(|(_, y)| !y.is_zero())
+        .map(|(x, y)| x.as_secs_f64() / y.as_secs_f64())
+        .collect();
+    if r.is_empty() {
+        return None;
+    }
+    r.sort_by(f64::total_cmp);
+    Some(r[(r.len() - 1) / 2])
+}
+
+/// The CLI and bubblewrap in turn, `n` pairs (which goes first alternates too).
+fn alternate_with_bwrap(
+    n: usize,
+    exe: &std::path::Path,
+) -> anyhow::Result<(Vec<Timed>, Vec<Timed>)> {
+    let (mut cli, mut bw) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for i in 0..n {
+        if i % 2 == 0 {
+            cli.push(time_once(&mut sandlot_run(exe))?);
+            bw.push(time_once(&mut bwrap_command(&["/bin/true"]))?);
+        } else {
+            bw.push(time_once(&mut bwrap_command(&["/bin/true"]))?);
+            cli.push(time_once(&mut sandlot_run(exe))?);
+        }
+    }
+    Ok((cli, bw))
+}
+
 fn runtime(n: usize, json: Option<PathBuf>) -> anyhow::Result<i32> {
     if n == 0 {
         bail!("-n must be at least 1");
@@ -172,21 +214,19 @@ fn runtime(n: usize, json: Option<PathBuf>) -> anyhow::Result<i32> {
         "bubblewrap (Debian package bubblewrap) is the benchmark's peer; run scripts/setup.sh",
     )?;
     // Warm up page caches for every contender.
-    time_command(5, || bwrap_command(&["/bin/true"]))?;
-    time_command(5, || sandlot_run(&exe))?;
+    alternate_with_bwrap(5, &exe)?;
     drop(crate::run::bench_in_process(5, false)?);
     drop(crate::run::bench_in_process(5, true)?);
 
-    eprintln!("measuring {n} iterations each ...");
+    eprintln!("measuring {n} iterations each (the CLI and bubblewrap in turn) ...");
+    let (cli, bw) = alternate_with_bwrap(n, &exe)?;
+    let wall = |v: &[Timed]| v.iter().map(|t| t.wall).collect::<Vec<_>>();
+    let cpu = |v: &[Timed]| v.iter().map(|t| t.cpu).collect::<Vec<_>>();
+    let ratio = pairwise_median_ratio(&wall(&cli), &wall(&bw));
+    let cpu_ratio = pairwise_median_ratio(&cpu(&cli), &cpu(&bw));
     let rows = vec![
-        summarize(
-            "bwrap /bin/true",
-            time_command(n, || bwrap_command(&["/bin/true"]))?,
-        ),
-        summarize(
-            "sandlot run /bin/true (CLI)",
-            time_command(n, || sandlot_run(&exe))?,
-        ),
+        summarize("bwrap /bin/true", wall(&bw)),
+        summarize("sandlot run /bin/true (CLI)", wall(&cli)),
         summarize(
             "sandlot runtime, in-process",
             crate::run::bench_in_process(n, false)?,
@@ -197,8 +237,33 @@ fn runtime(n: usize, json: Option<PathBuf>) -> anyhow::Result<i32> {
         ),
     ];
     print_table(&rows, "bwrap /bin/true");
+    let cpu_rows = [
+        summarize("bwrap /bin/true, CPU", cpu(&bw)),
+        summarize("sandlot run /bin/true (CLI), CPU", cpu(&cli)),
+    ];
+    println!();
+    print_table(&cpu_rows, "bwrap /bin/true, CPU");
+    let show = |r: Option<f64>| r.map_or("-".to_string(), |r| format!("{r:.2}x"));
+    println!(
+        "\nCLI / bubblewrap, median of the {n} pairwise ratios: wall {}, CPU {}",
+        show(ratio),
+        show(cpu_ratio)
+    );
     if let Some(p) = json {
-        std::fs::write(&p, serde_json::to_vec_pretty(&rows)?)
+        #[derive(Serialize)]
+        struct Out<'a> {
+            wall: &'a [Summary],
+            cpu: &'a [Summary],
+            cli_over_bwrap_wall: Option<f64>,
+            cli_over_bwrap_cpu: Option<f64>,
+        }
+        let out = Out {
+            wall: &rows,
+            cpu: &cpu_rows,
+            cli_over_bwrap_wall: ratio,
+            cli_over_bwrap_cpu: cpu_ratio,
+        };
+        std::fs::write(&p, serde_json::to_vec_pretty(&out)?)
             .with_context(|| format!("write {}", p.display()))?;
     }
     Ok(0)
@@ -206,7 +271,7 @@ fn runtime(n: usize, json: Option<PathBuf>) -> anyhow::Result<i32> {
 
 fn sandlot_run(exe: &std::path::Path) -> Command {
     let mut c = Command::new(exe);
-    c.args(["run", "--", "/bin/true"]);
+    c.args(["run", "--image", "host", "--", "/bin/true"]);
     c
 }
 
@@ -221,6 +286,22 @@ fn which(prog: &str) -> anyhow::Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pairwise_ratios_take_the_middle_pair() {
+        let ms = |v: &[u64]| {
+            v.iter()
+                .map(|m| Duration::from_millis(*m))
+                .collect::<Vec<_>>()
+        };
+        // Ratios 2, 1, 3: the median is 2, not 6/2 (the ratio of the medians).
+        let r = pairwise_median_ratio(&ms(&[4, 6, 30]), &ms(&[2, 6, 10])).unwrap();
+        assert_eq!(r, 2.0);
+        // An even count takes the lower middle; a zero baseline is left out.
+        let r = pairwise_median_ratio(&ms(&[1, 3, 5]), &ms(&[1, 1, 0])).unwrap();
+        assert_eq!(r, 1.0);
+        assert_eq!(pairwise_median_ratio(&[], &[]), None);
+    }
 
     #[test]
     fn percentiles_use_nearest_rank() {

@@ -1275,16 +1275,20 @@ fn plot(json: &Path, png: &Path) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/bench_plot.py");
     // Debian's interpreter has python3-matplotlib; a `python3` earlier in PATH (a
     // virtualenv, pyenv) may not.
-    let py = ["/usr/bin/python3", "python3"]
-        .into_iter()
-        .find(|p| {
-            Command::new(p)
-                .args(["-c", "import matplotlib"])
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success())
-        })
-        .unwrap_or("python3");
+    let Some(py) = ["/usr/bin/python3", "python3"].into_iter().find(|p| {
+        Command::new(p)
+            .args(["-c", "import matplotlib"])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }) else {
+        eprintln!(
+            "note: no plot: no python3 here imports matplotlib; `apt-get install python3-matplotlib`, then `python3 scripts/bench_plot.py {} {}`",
+            json.display(),
+            png.display()
+        );
+        return;
+    };
     let st = Command::new(py).arg(&script).arg(json).arg(png).status();
     match st {
         Ok(s) if s.success() => eprintln!("wrote {}", png.display()),
