@@ -66,6 +66,12 @@ pub fn main(agent: AgentMain) -> ! {
 
 /// [`main`] with the entry name PID 1's command line shows (`sandlot ENTRY`).
 pub(crate) fn main_as(entry: &str, agent: AgentMain) -> ! {
+    // Whatever the caller blocked (a supervisor blocking SIGCHLD or SIGTERM) would
+    // reach PID 1 and its reaping: the helper starts with no signal blocked,
+    // forked or exec'd alike.
+    if let Err(e) = sys::unblock_all_signals() {
+        fail("unblock signals", e);
+    }
     let mut raw = String::new();
     // SAFETY: fd 0 is the plan pipe handed to us by the host; we take ownership.
     let mut plan_in = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fds::PLAN) });

@@ -616,6 +616,10 @@ pub fn cmdline_bytes(args: &[&str], len: usize) -> Vec<u8> {
 /// Rewrites this process's argument strings in place (what `/proc/PID/cmdline` and
 /// `ps` show for it and for children forked afterwards) to `args`. The area keeps its
 /// size, so `args` is cut if it is longer than the original arguments.
+///
+/// Where it may (host root), the area's end then moves to the
+/// end of `args`, so `/proc/PID/cmdline` is `args` and nothing more: not the
+/// length of the original arguments (a CLI's, with the secrets it was given).
 pub fn set_cmdline(args: &[&str]) -> io::Result<()> {
     use std::os::unix::fs::FileExt;
     let (start, end) = arg_area()?;
@@ -626,7 +630,96 @@ pub fn set_cmdline(args: &[&str]) -> io::Result<()> {
     let mem = std::fs::OpenOptions::new()
         .write(true)
         .open("/proc/self/mem")?;
-    mem.write_all_at(&cmdline_bytes(args, len), start)
+    let bytes = cmdline_bytes(args, len);
+    mem.write_all_at(&bytes, start)?;
+    let used: u64 = args.iter().map(|a| a.len() as u64 + 1).sum();
+    if used < len as u64 {
+        // Refused to a process without the capability: the area then stays,
+        // zero-padded.
+        let _ = set_mm(libc::PR_SET_MM_ARG_END, start + used);
+    }
+    Ok(())
+}
+
+/// The kernel's `struct prctl_mm_map` (`PR_SET_MM_MAP`).
+#[repr(C)]
+struct MmMap {
+    start_code: u64,
+    end_code: u64,
+    start_data: u64,
+    end_data: u64,
+    start_brk: u64,
+    brk: u64,
+    start_stack: u64,
+    arg_start: u64,
+    arg_end: u64,
+    env_start: u64,
+    env_end: u64,
+    auxv: u64,
+    auxv_size: u32,
+    exe_fd: u32,
+}
+
+/// Moves the end of this process's argument area (`PR_SET_MM_ARG_END`) or of
+/// its environment (`PR_SET_MM_ENV_END`) to `addr`: what `/proc/PID/cmdline` and
+/// `environ` show. Through `PR_SET_MM_MAP`, which host root may use without
+/// `CAP_SYS_RESOURCE` (`CAP_SYS_ADMIN` or `CAP_CHECKPOINT_RESTORE` do), the
+/// other fields as they are.
+fn set_mm(what: libc::c_int, addr: u64) -> io::Result<()> {
+    let st = ProcStat::read(None)?;
+    let auxv = std::fs::read("/proc/self/auxv")?;
+    // SAFETY: sbrk(0) only reads the current program break.
+    let brk = unsafe { libc::sbrk(0) } as u64;
+    let mut m = MmMap {
+        start_code: st.field(26)?,
+        end_code: st.field(27)?,
+        start_data: st.field(45)?,
+        end_data: st.field(46)?,
+        start_brk: st.field(47)?,
+        brk,
+        start_stack: st.field(28)?,
+        arg_start: st.field(48)?,
+        arg_end: st.field(49)?,
+        env_start: st.field(50)?,
+        env_end: st.field(51)?,
+        auxv: auxv.as_ptr() as u64,
+        auxv_size: u32::try_from(auxv.len()).map_err(io::Error::other)?,
+        // Keep the executable link as it is.
+        exe_fd: u32::MAX,
+    };
+    match what {
+        libc::PR_SET_MM_ARG_END => m.arg_end = addr,
+        libc::PR_SET_MM_ENV_END => m.env_end = addr,
+        _ => return Err(io::Error::from_raw_os_error(libc::EINVAL)),
+    }
+    // SAFETY: `m` is a valid prctl_mm_map and `auxv` outlives the call; the
+    // kernel checks every address against the process's mappings and only
+    // records them (and copies the auxv bytes); no memory is written.
+    let r = unsafe {
+        libc::prctl(
+            libc::PR_SET_MM,
+            libc::PR_SET_MM_MAP as libc::c_ulong,
+            &m as *const MmMap as libc::c_ulong,
+            std::mem::size_of::<MmMap>() as libc::c_ulong,
+            0 as libc::c_ulong,
+        )
+    };
+    cvt(r).map(drop)
+}
+
+/// Unblocks every signal of this thread (`pthread_sigmask(SIG_SETMASK, {})`).
+pub fn unblock_all_signals() -> io::Result<()> {
+    let mut set = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
+    // SAFETY: `set` is a writable sigset_t that sigemptyset initialises; the mask
+    // call reads it and writes no old mask (null).
+    unsafe {
+        cvt(libc::sigemptyset(set.as_mut_ptr()))?;
+        let r = libc::pthread_sigmask(libc::SIG_SETMASK, set.as_ptr(), std::ptr::null_mut());
+        if r != 0 {
+            return Err(io::Error::from_raw_os_error(r));
+        }
+    }
+    Ok(())
 }
 
 /// Empties this process's environment and overwrites the strings it started with
@@ -649,7 +742,10 @@ pub fn clear_environment() -> io::Result<()> {
     let mem = std::fs::OpenOptions::new()
         .write(true)
         .open("/proc/self/mem")?;
-    mem.write_all_at(&vec![0u8; len], start)
+    mem.write_all_at(&vec![0u8; len], start)?;
+    // Nor its length, where allowed (host root).
+    let _ = set_mm(libc::PR_SET_MM_ENV_END, start);
+    Ok(())
 }
 
 /// Whether this process runs one thread only (`/proc/self/task` has one entry):

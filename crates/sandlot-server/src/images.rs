@@ -492,7 +492,9 @@ impl Images {
         let r = self.store.remove(reference)?;
         if r.image_removed {
             match self.store.remove_unused_layers(&r.image.layers) {
-                Ok(freed) => tracing::debug!(image = reference, freed, "freed a removed image's layers"),
+                Ok(freed) => {
+                    tracing::debug!(image = reference, freed, "freed a removed image's layers")
+                }
                 Err(e) => tracing::warn!(image = reference, "free a removed image's layers: {e}"),
             }
         }

@@ -145,7 +145,10 @@ impl ImageStore {
                 fs::remove_dir_all(&dir).map_err(io_at("remove layer", &dir))?;
             }
             self.db()
-                .execute("DELETE FROM layers WHERE diff_id = ?1", [l.diff_id.to_string()])
+                .execute(
+                    "DELETE FROM layers WHERE diff_id = ?1",
+                    [l.diff_id.to_string()],
+                )
                 .map_err(sql("forget layer"))?;
             if !blob_used {
                 let bp = self.blob_path(&l.blob);

@@ -11,13 +11,12 @@
 
 mod api_support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use api_support::counter::{copies, entries, on, probe, sh, start_counter};
 use api_support::{eventually, rt, Daemon};
 use sandlot_client::checkpoint::{CreateCheckpoint, ForkRequest};
 use sandlot_client::SandboxState;
-
 
 fn mounts_under(dir: &Path) -> Vec<String> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();

@@ -10,13 +10,10 @@
 
 mod api_support;
 
-use std::path::{Path, PathBuf};
-
 use api_support::counter::{copies, entries, on, probe, sh, start_counter};
 use api_support::{eventually, rt, Daemon};
 use sandlot_client::checkpoint::CreateCheckpoint;
 use sandlot_client::snapshot::{CreateSnapshot, StartFromSnapshot};
-
 
 /// Images in the daemon's store (the operator sees every one).
 fn image_count(d: &Daemon) -> usize {

@@ -693,3 +693,57 @@ fn the_callers_environment_reaches_no_process_of_the_sandbox() {
     );
     assert_no_leftovers(&id);
 }
+
+#[test]
+fn pid_1s_command_line_tells_nothing_of_the_callers_arguments_nor_blocks_its_signals() {
+    require_root();
+    // The same command line whatever the length of what `sandlot run` was given
+    // (a secret's length is not shown), and PID 1 blocks no signal even when its
+    // caller blocked some (it would never reap).
+    let mut seen = Vec::new();
+    for n in [8usize, 800] {
+        let id = unique_id("pid1cmd");
+        let secret = "x".repeat(n);
+        let script = r#"
+import signal, subprocess, sys
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD, signal.SIGTERM, signal.SIGUSR1})
+r = subprocess.run(sys.argv[1:], capture_output=True, text=True, timeout=60)
+sys.stdout.write(r.stdout)
+sys.exit(r.returncode)
+"#;
+        let out = std::process::Command::new("python3")
+            .arg("-c")
+            .arg(script)
+            .arg(sandlot())
+            .args(["run", "--id", &id, "--env"])
+            .arg(format!("TOKEN={secret}"))
+            .args(["--", "/bin/sh", "-c"])
+            .arg(
+                "tr '\\0' ' ' </proc/1/cmdline; echo; grep SigBlk /proc/1/status; sleep 0.1 & wait",
+            )
+            .output()
+            .expect("run sandlot run under a caller blocking signals");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{text} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut lines = text.lines();
+        seen.push(lines.next().unwrap_or_default().to_string());
+        assert_eq!(
+            lines
+                .next()
+                .map(str::split_whitespace)
+                .and_then(|mut w| w.nth(1)),
+            Some("0000000000000000"),
+            "{text}"
+        );
+        assert_no_leftovers(&id);
+    }
+    assert_eq!(
+        seen[0], seen[1],
+        "PID 1's command line grew with the caller's arguments"
+    );
+    assert_eq!(seen[0].trim_end(), "sandlot __init");
+}

@@ -246,7 +246,10 @@ pub async fn create_from(
     let narrower = nonempty("network")
         || ["allow_internet_access", "allowInternetAccess"]
             .iter()
-            .any(|k| body.get(*k).is_some_and(|v| v != &Value::Bool(true) && !v.is_null()));
+            .any(|k| {
+                body.get(*k)
+                    .is_some_and(|v| v != &Value::Bool(true) && !v.is_null())
+            });
     if narrower {
         return Err(RestError::bad(
             "network, allow_internet_access: a sandbox created from a snapshot has the snapshot's network policy; change it once it runs (update_network)",
