@@ -15,6 +15,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -207,6 +208,16 @@ def _stop(d: Daemon) -> List[str]:
     return d.leftovers()
 
 
+# Tests that failed in this session: the daemon's log is printed at its end then,
+# so that a failure (a 500 names only its request id) can be read in CI's output.
+_FAILED: "list[str]" = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.failed:
+        _FAILED.append(report.nodeid)
+
+
 @pytest.fixture(scope="session")
 def daemon() -> Iterator[Daemon]:
     d = _start()
@@ -218,8 +229,13 @@ def daemon() -> Iterator[Daemon]:
         raise
     finally:
         left = _stop(d)
-        if left or failed:
-            print(f"\n--- daemon log ({d.dir / 'daemon.log'}) ---\n{d.log()[-20000:]}")
+        if left or failed or _FAILED:
+            # Past pytest's capture: a session fixture's teardown output is shown
+            # only with a failing last test otherwise.
+            print(
+                f"\n--- daemon log ({d.dir / 'daemon.log'}; failed: {_FAILED}) ---\n{d.log()[-20000:]}",
+                file=sys.__stderr__,
+            )
         if not left:
             shutil.rmtree(d.dir, ignore_errors=True)
         assert not left, f"leftovers of this test session's sandboxes on the host: {left}"
