@@ -592,8 +592,7 @@ impl ProcStat {
 
 /// Where this process's argument strings are (`arg_start` and `arg_end`, fields 48
 /// and 49 of `/proc/self/stat`).
-fn arg_area() -> io::Result<(u64, u64)> {
-    let st = ProcStat::read(None)?;
+fn arg_area(st: &ProcStat) -> io::Result<(u64, u64)> {
     Ok((st.field(48)?, st.field(49)?))
 }
 
@@ -622,7 +621,8 @@ pub fn cmdline_bytes(args: &[&str], len: usize) -> Vec<u8> {
 /// length of the original arguments (a CLI's, with the secrets it was given).
 pub fn set_cmdline(args: &[&str]) -> io::Result<()> {
     use std::os::unix::fs::FileExt;
-    let (start, end) = arg_area()?;
+    let st = ProcStat::read(None)?;
+    let (start, end) = arg_area(&st)?;
     let len = usize::try_from(end.saturating_sub(start)).map_err(io::Error::other)?;
     if len == 0 {
         return Ok(());
@@ -636,7 +636,7 @@ pub fn set_cmdline(args: &[&str]) -> io::Result<()> {
     if used < len as u64 {
         // Refused to a process without the capability: the area then stays,
         // zero-padded.
-        let _ = set_mm(libc::PR_SET_MM_ARG_END, start + used);
+        let _ = set_mm(&st, libc::PR_SET_MM_ARG_END, start + used);
     }
     Ok(())
 }
@@ -665,8 +665,8 @@ struct MmMap {
 /// `environ` show. Through `PR_SET_MM_MAP`, which host root may use without
 /// `CAP_SYS_RESOURCE` (`CAP_SYS_ADMIN` or `CAP_CHECKPOINT_RESTORE` do), the
 /// other fields as they are.
-fn set_mm(what: libc::c_int, addr: u64) -> io::Result<()> {
-    let st = ProcStat::read(None)?;
+/// `st` is this process's `/proc/self/stat`, read by the caller.
+fn set_mm(st: &ProcStat, what: libc::c_int, addr: u64) -> io::Result<()> {
     let auxv = std::fs::read("/proc/self/auxv")?;
     // SAFETY: sbrk(0) only reads the current program break.
     let brk = unsafe { libc::sbrk(0) } as u64;
@@ -744,7 +744,7 @@ pub fn clear_environment() -> io::Result<()> {
         .open("/proc/self/mem")?;
     mem.write_all_at(&vec![0u8; len], start)?;
     // Nor its length, where allowed (host root).
-    let _ = set_mm(libc::PR_SET_MM_ENV_END, start);
+    let _ = set_mm(&st, libc::PR_SET_MM_ENV_END, start);
     Ok(())
 }
 
@@ -1304,7 +1304,7 @@ mod tests {
 
     #[test]
     fn the_argument_area_is_found() {
-        let (start, end) = arg_area().unwrap();
+        let (start, end) = arg_area(&ProcStat::read(None).unwrap()).unwrap();
         let mem = std::fs::read(format!("/proc/{}/cmdline", std::process::id())).unwrap();
         assert_eq!((end - start) as usize, mem.len());
     }

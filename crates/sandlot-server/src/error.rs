@@ -189,6 +189,14 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// Runs `work` to its end on a task of its own: a caller that goes away (a client
+/// cut off, its request future dropped) cannot stop it half-way.
+pub async fn to_completion<T: Send + 'static>(
+    work: impl std::future::Future<Output = ApiResult<T>> + Send + 'static,
+) -> ApiResult<T> {
+    tokio::spawn(work).await.map_err(ApiError::internal)?
+}
+
 /// The default error for a status produced outside the handlers (unknown route,
 /// wrong method, body limits of the framework).
 pub fn for_status(status: StatusCode) -> ApiError {

@@ -629,9 +629,8 @@ pub async fn create_idempotent(
 ) -> ApiResult<(SandboxRecord, bool)> {
     let Some(key) = key else {
         let st = state.clone();
-        return tokio::spawn(async move { create(&st, p).await })
+        return crate::error::to_completion(async move { create(&st, p).await })
             .await
-            .map_err(ApiError::internal)?
             .map(|r| (r, false));
     };
     let deadline = Instant::now() + IDEMPOTENT_WAIT;

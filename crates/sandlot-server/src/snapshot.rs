@@ -121,9 +121,7 @@ pub async fn create(
     body: &CreateSnapshot,
 ) -> ApiResult<SnapshotRecord> {
     let (st, p, id, body) = (state.clone(), p.clone(), id.to_string(), body.clone());
-    tokio::spawn(async move { create_attached(&st, &p, &id, &body).await })
-        .await
-        .map_err(ApiError::internal)?
+    crate::error::to_completion(async move { create_attached(&st, &p, &id, &body).await }).await
 }
 
 async fn create_attached(
