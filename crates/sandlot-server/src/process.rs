@@ -247,7 +247,7 @@ pub fn keep_output_of(p: &mut Process, entry: &Arc<ProcEntry>) {
 }
 
 /// The most recent output of a process, bounded by [`TAIL_BUDGET`].
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct Tail {
     events: VecDeque<OutEvent>,
     bytes: usize,
@@ -433,6 +433,7 @@ pub fn supervise(
         tail: Tail::default(),
         dropped_any: background,
         saw_exit: false,
+        kept_serial: None,
         wake_poller,
     };
     tokio::spawn(tracing::Instrument::instrument(sup.run(), span));
@@ -461,6 +462,10 @@ struct Supervisor {
     dropped_any: bool,
     /// The exit came through our channel (so the agent forgets the process).
     saw_exit: bool,
+    /// The serial of the output kept when the exit came (see [`ProcEntry::keep`]):
+    /// kept before the exit is passed on, so that a reader who got the exit and
+    /// re-attaches at once finds it.
+    kept_serial: Option<u64>,
 }
 
 impl Supervisor {
@@ -574,14 +579,6 @@ impl Supervisor {
             }
         }
         drop(consumer);
-        // The exit came through our channel (also when it was among the last events
-        // `release` took), so the agent forgets the process: keep its latest output
-        // for re-attach (from offset 0 too, when nobody read it yet) for a while.
-        // Otherwise the agent keeps it until a reader gets the exit, and that
-        // reader's channel keeps it then (`keep_output_of`).
-        if self.saw_exit {
-            self.entry.keep(std::mem::take(&mut self.tail));
-        }
     }
 
     fn convert(&mut self, ev: ProcessEvent) -> OutEvent {
@@ -591,16 +588,29 @@ impl Supervisor {
                 self.counters.add_stdout(b.len());
                 let ev = OutEvent::Stdout(so - b.len() as u64, b);
                 self.tail.push(&ev);
+                if let Some(serial) = self.kept_serial {
+                    self.entry.keep_more(serial, &ev);
+                }
                 ev
             }
             ProcessEvent::Stderr(b) => {
                 self.counters.add_stderr(b.len());
                 let ev = OutEvent::Stderr(se - b.len() as u64, b);
                 self.tail.push(&ev);
+                if let Some(serial) = self.kept_serial {
+                    self.entry.keep_more(serial, &ev);
+                }
                 ev
             }
             ProcessEvent::Exit(st) => {
                 let x = process_exit(&st, (so, se));
+                // The exit came through our channel (also when it is among the last
+                // events `release` takes), so the agent forgets the process: its
+                // latest output is kept for re-attach (from offset 0 too, when
+                // nobody read it yet) for a while, before anyone learns the exit.
+                // Otherwise the agent keeps it until a reader gets the exit, and
+                // that reader's channel keeps it then (`keep_output_of`).
+                self.kept_serial = self.entry.keep(self.tail.clone());
                 self.entry.set_exit(x);
                 self.saw_exit = true;
                 OutEvent::Exit(x)
