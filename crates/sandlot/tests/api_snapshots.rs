@@ -556,3 +556,49 @@ fn namespace_a_snapshot_counts_its_packed_and_unpacked_files_and_its_delete_free
     });
     d.shutdown();
 }
+
+#[test]
+fn the_cli_creates_lists_inspects_starts_from_and_removes_snapshots() {
+    let mut d = Daemon::start_isolated(None, "namespace");
+    let c = d.client();
+    let id = rt().block_on(async {
+        let s = c.create_sandbox(&on("namespace")).await.unwrap();
+        sh(&c, &s.id, "echo one > /tmp/file").await;
+        s.id
+    });
+    let (code, sn, err) = d.cli(&["snapshot", "create", &id, "--name", "first"]);
+    assert_eq!(code, 0, "{err}");
+    let sn = sn.trim().to_string();
+    assert!(err.contains("files; processes start afresh"), "{err}");
+    let (code, out, err) = d.cli(&["snapshot", "ls", "--sandbox", &id]);
+    assert_eq!(code, 0, "{err}");
+    let row = out.lines().find(|l| l.starts_with(&sn)).expect(&out);
+    assert!(row.contains("first") && row.contains("filesystem"), "{out}");
+    let (code, out, err) = d.cli(&["snapshot", "ls", "-q", "--name", "other"]);
+    assert_eq!((code, out.trim()), (0, ""), "{err}");
+    let (code, out, err) = d.cli(&["snapshot", "inspect", &sn, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        (v["id"].as_str(), v["sandbox_id"].as_str()),
+        (Some(&sn[..]), Some(&id[..]))
+    );
+    let (code, out, err) = d.cli(&["snapshot", "inspect", &sn]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("keeps    files; processes start afresh"),
+        "{out}"
+    );
+    let (code, _, err) = d.cli(&["rm", &id]);
+    assert_eq!(code, 0, "{err}");
+    let (code, from, err) = d.cli(&["snapshot", "start", &sn, "--timeout", "600"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(rt().block_on(sh(&c, from.trim(), "cat /tmp/file")), "one\n");
+    let (code, out, err) = d.cli(&["snapshot", "rm", &sn, "sn-missing"]);
+    assert_eq!(code, 125, "{out}");
+    assert_eq!(out.trim(), sn);
+    assert!(err.contains("not_found"), "{err}");
+    let (code, out, err) = d.cli(&["snapshot", "ls", "-q"]);
+    assert_eq!((code, out.trim()), (0, ""), "{err}");
+    d.shutdown();
+}

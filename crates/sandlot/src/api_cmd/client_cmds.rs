@@ -226,7 +226,7 @@ pub struct PauseArgs {
 }
 
 /// Renders a client error once: message, code and request id.
-fn report(e: &anyhow::Error) -> i32 {
+pub(super) fn report(e: &anyhow::Error) -> i32 {
     match e.downcast_ref::<sandlot_client::Error>() {
         Some(sandlot_client::Error::Api { body, .. }) => {
             let rid = if body.request_id.is_empty() {
@@ -261,6 +261,7 @@ pub fn run(cmd: ApiCommand) -> anyhow::Result<i32> {
             ApiCommand::Resume(a) => pause(a, false).await,
             ApiCommand::Checkpoint(c) => super::checkpoint_cmd::run(c).await,
             ApiCommand::Fork(a) => super::checkpoint_cmd::fork(a).await,
+            ApiCommand::Snapshot(c) => super::snapshot_cmd::run(c).await,
             ApiCommand::Net(n) => super::net_cmd::run(n).await,
             ApiCommand::Port(c) => super::port_cmd::run(c).await,
             _ => unreachable!("dispatched in api_cmd::run"),

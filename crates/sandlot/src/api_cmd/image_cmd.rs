@@ -8,9 +8,8 @@ use anyhow::{bail, Context};
 use bytes::Bytes;
 use serde_json::{json, Value};
 
-use super::client_cmds::Conn;
+use super::client_cmds::{report, Conn};
 use super::render::{human_bytes, table};
-use crate::EXIT_SANDLOT_ERROR;
 
 #[derive(Debug, clap::Subcommand)]
 pub enum ImageCmd {
@@ -335,19 +334,6 @@ fn short(id: &str) -> String {
 fn print_json(v: &Value) -> anyhow::Result<()> {
     println!("{}", serde_json::to_string_pretty(v)?);
     Ok(())
-}
-
-fn report(e: &anyhow::Error) -> i32 {
-    match e.downcast_ref::<sandlot_client::Error>() {
-        Some(sandlot_client::Error::Api { body, .. }) => {
-            eprintln!(
-                "sandlot: {} ({}, request {})",
-                body.message, body.code, body.request_id
-            )
-        }
-        _ => eprintln!("sandlot: {e:#}"),
-    }
-    EXIT_SANDLOT_ERROR
 }
 
 fn block_on(f: impl std::future::Future<Output = anyhow::Result<i32>>) -> anyhow::Result<i32> {

@@ -20,6 +20,7 @@ mod image_cmd;
 mod net_cmd;
 mod port_cmd;
 mod render;
+mod snapshot_cmd;
 mod sparse_out;
 
 /// The daemon and the API client commands.
@@ -63,6 +64,10 @@ pub enum ApiCommand {
     /// New sandboxes that continue from a checkpoint of a sandbox (a fresh one by
     /// default); prints their ids.
     Fork(checkpoint_cmd::ForkArgs),
+    /// Snapshots: saved states of a sandbox that outlive it (create, ls,
+    /// inspect, rm, start).
+    #[command(subcommand)]
+    Snapshot(snapshot_cmd::SnapshotCmd),
     /// Images: ls, inspect, rm, prune, import, export, diff, snapshot.
     #[command(subcommand)]
     Image(image_cmd::ImageCmd),
