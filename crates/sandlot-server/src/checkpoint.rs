@@ -156,7 +156,14 @@ fn end_read(state: &AppState, id: &str) {
 }
 
 impl Drop for CopyRead {
+    /// A read dropped on an async task (an early return) removes a deleted copy
+    /// on a blocking thread: a removal waits for the daemon's image commits.
     fn drop(&mut self) {
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let (st, id) = (self.state.clone(), std::mem::take(&mut self.id));
+            rt.spawn_blocking(move || end_read(&st, &id));
+            return;
+        }
         end_read(&self.state, &self.id);
     }
 }
