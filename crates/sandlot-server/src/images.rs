@@ -157,12 +157,17 @@ impl Images {
                 })?;
             let _ = fs::set_permissions(&p, fs::Permissions::from_mode(0o700));
         }
+        // Orphans recorded before a restart still go with their last holder.
+        let orphans = store.orphans().unwrap_or_else(|e| {
+            tracing::warn!("list the orphan images: {e}");
+            Vec::new()
+        });
         Ok(Images {
             store,
             data_dir: data_dir.to_path_buf(),
             allowed_host_paths,
             ceiling: max_expanded_size,
-            orphans: Default::default(),
+            orphans: std::sync::Mutex::new(orphans.into_iter().collect()),
             commits: Default::default(),
         })
     }
@@ -515,11 +520,37 @@ impl Images {
     /// Image `reference`, committed by the daemon and let go by its owner but
     /// still held by sandboxes: removed once none holds it.
     pub fn orphan(&self, reference: &str) {
+        if let Err(e) = self.store.mark_orphan(reference) {
+            tracing::warn!(image = reference, "record an orphan image: {e}");
+        }
         self.orphans
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(reference.to_string());
         self.remove_orphan(reference);
+    }
+
+    /// Removes the orphan images nothing holds any more (after a restart: their
+    /// holders may have ended while the daemon was down).
+    fn remove_free_orphans(&self) {
+        let all: Vec<String> = self
+            .orphans
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .cloned()
+            .collect();
+        for reference in all {
+            self.remove_orphan(&reference);
+        }
+    }
+
+    /// Forgets that `reference` is an orphan.
+    fn forget_orphan(&self, o: &mut std::collections::HashSet<String>, reference: &str) {
+        o.remove(reference);
+        if let Err(e) = self.store.unmark_orphan(reference) {
+            tracing::warn!(image = reference, "forget an orphan image: {e}");
+        }
     }
 
     /// Removes orphan image `reference` if nothing holds or names it any more.
@@ -533,12 +564,12 @@ impl Images {
             .resolve(reference)
             .is_ok_and(|i| i.tags.is_empty() && i.tenant_tags.is_empty());
         if !untagged {
-            o.remove(reference);
+            self.forget_orphan(&mut o, reference);
             return;
         }
         match self.remove_committed(reference) {
             Ok(_) => {
-                o.remove(reference);
+                self.forget_orphan(&mut o, reference);
                 tracing::info!(
                     image = reference,
                     "removed a committed image once its last holder let it go"
@@ -546,7 +577,7 @@ impl Images {
             }
             Err(StoreError::InUse { .. }) => {}
             Err(e) => {
-                o.remove(reference);
+                self.forget_orphan(&mut o, reference);
                 tracing::debug!(image = reference, "keep a committed image: {e}");
             }
         }
@@ -570,6 +601,7 @@ impl Images {
                 }
             }
         }
+        self.remove_free_orphans();
         // Size-limited volumes whose filesystem is not mounted (host reboot).
         if let Ok(rd) = fs::read_dir(self.data_dir.join("volumes")) {
             for t in rd.flatten() {

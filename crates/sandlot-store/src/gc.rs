@@ -30,6 +30,41 @@ impl ImageStore {
         Ok(())
     }
 
+    /// Records image `reference` as an orphan: its owner let it go while
+    /// holders still lease it, and it goes once the last of them lets it go (the
+    /// record outlives a restart of the daemon).
+    pub fn mark_orphan(&self, reference: &str) -> Result<(), StoreError> {
+        self.db()
+            .execute(
+                "INSERT OR IGNORE INTO orphans(reference) VALUES(?1)",
+                [reference],
+            )
+            .map_err(sql("record orphan"))?;
+        Ok(())
+    }
+
+    /// Forgets that image `reference` is an orphan (it was removed or named).
+    pub fn unmark_orphan(&self, reference: &str) -> Result<(), StoreError> {
+        self.db()
+            .execute("DELETE FROM orphans WHERE reference = ?1", [reference])
+            .map_err(sql("forget orphan"))?;
+        Ok(())
+    }
+
+    /// Every image recorded as an orphan.
+    pub fn orphans(&self) -> Result<Vec<String>, StoreError> {
+        let db = self.db();
+        let mut st = db
+            .prepare("SELECT reference FROM orphans ORDER BY reference")
+            .map_err(sql("list orphans"))?;
+        let rows = st
+            .query_map([], |r| r.get::<_, String>(0))
+            .map_err(sql("list orphans"))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(sql("list orphans"));
+        rows
+    }
+
     /// (holder, image) of every lease.
     pub fn leases(&self) -> Result<Vec<(String, Digest)>, StoreError> {
         let db = self.db();

@@ -366,6 +366,7 @@ CREATE INDEX IF NOT EXISTS image_tags_by_image ON image_tags(image_id);
 CREATE TABLE IF NOT EXISTS leases(holder TEXT PRIMARY KEY, image_id TEXT NOT NULL,
   created_at INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS build_cache(key TEXT PRIMARY KEY, image_id TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS orphans(reference TEXT PRIMARY KEY);
 ";
 
 /// Brings a store of an earlier schema up to date (under the store lock): images

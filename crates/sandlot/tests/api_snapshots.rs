@@ -75,7 +75,8 @@ fn gvisor_a_sandbox_started_from_a_snapshot_continues_its_processes_after_the_so
 }
 
 #[test]
-fn namespace_a_snapshot_outlives_its_sandbox_and_a_daemon_restart_and_starts_afresh_on_its_files() {
+fn namespace_a_snapshot_outlives_its_sandbox_and_a_daemon_restart_and_starts_afresh_on_its_files_and_its_image_goes_with_the_last_of_them(
+) {
     let mut d = Daemon::start_isolated(None, "namespace");
     let c = d.client();
     let images_before = image_count(&d);
@@ -103,7 +104,7 @@ fn namespace_a_snapshot_outlives_its_sandbox_and_a_daemon_restart_and_starts_afr
     d.kill9();
     d.spawn();
     let c = d.client();
-    rt().block_on(async {
+    let (a, b) = rt().block_on(async {
         assert_eq!(
             c.list_snapshots(None, None).await.unwrap(),
             vec![snap.clone()]
@@ -141,9 +142,21 @@ fn namespace_a_snapshot_outlives_its_sandbox_and_a_daemon_restart_and_starts_afr
             .await
             .unwrap_err();
         assert_eq!(status(&e), Some(404), "{e}");
-        // Its image goes once the sandboxes started from it are gone too.
-        c.delete_sandbox(&a.id).await.unwrap();
-        c.delete_sandbox(&b.id).await.unwrap();
+        (a.id, b.id)
+    });
+    // Its image goes once the sandboxes started from it are gone too, also when
+    // the daemon restarted in between.
+    let images_held = image_count(&d);
+    assert!(images_held > images_before, "the sandboxes hold the image");
+    d.kill9();
+    d.spawn();
+    let c = d.client();
+    rt().block_on(async {
+        assert_eq!(image_count(&d), images_held);
+        assert_eq!(sh(&c, &a, "cat /tmp/file").await, "changed\n");
+        c.delete_sandbox(&a).await.unwrap();
+        assert_eq!(image_count(&d), images_held, "b holds it still");
+        c.delete_sandbox(&b).await.unwrap();
         eventually(20, "the snapshot's image to go", || {
             let d = &d;
             async move { image_count(d) == images_before }
