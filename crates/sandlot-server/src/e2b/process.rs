@@ -5,7 +5,6 @@
 //! process ids stay internal.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -23,6 +22,7 @@ use super::envd::{request_message, Ctx};
 use crate::error::ApiError;
 use crate::process::{OutEvent, ProcEntry};
 use crate::routes::stream::Source;
+use crate::services::process;
 
 /// After the exit, output descendants still write is forwarded for this long
 /// before the end event closes the stream.
@@ -290,13 +290,7 @@ pub async fn call(
             let r: ProcessRequest = connect::parse_message(&msg)?;
             let sig = signal_number(r.signal.as_ref().unwrap_or(&Value::Null))?;
             let f = find(&ctx, r.process.as_ref()).await?;
-            ctx.h
-                .guest
-                .signal(ProcessId(f.id()), sig)
-                .await
-                .map_err(|e| {
-                    ConnectError::from(ApiError::from_guest(e, &format!("process {}", f.pid())))
-                })?;
+            process::signal(&ctx.h, f.id(), f.pid(), sig).await?;
             if sig == libc::SIGKILL {
                 gone(&ctx, ProcessId(f.id())).await;
             }
@@ -307,13 +301,7 @@ pub async fn call(
             let f = find(&ctx, r.process.as_ref()).await?;
             if let Some(size) = r.pty.and_then(|p| p.size) {
                 let (rows, cols) = pty_size(size)?;
-                ctx.h
-                    .guest
-                    .resize(ProcessId(f.id()), rows, cols)
-                    .await
-                    .map_err(|e| {
-                        ConnectError::from(ApiError::from_guest(e, &format!("process {}", f.pid())))
-                    })?;
+                process::resize(&ctx.h, f.id(), f.pid(), rows, cols).await?;
             }
             Ok(connect::unary_ok(&json!({})))
         }
@@ -321,16 +309,10 @@ pub async fn call(
             let r: ProcessRequest = connect::parse_message(&msg)?;
             match find(&ctx, r.process.as_ref()).await? {
                 Found::Entry(e) => {
-                    if let Some(mut s) = e.stdin.lock().await.take() {
-                        s.close();
-                    }
-                    e.mark_stdin_closed();
+                    process::close_stdin(&ctx.h, &e).await;
                     Ok(connect::unary_ok(&json!({})))
                 }
-                Found::Agent(i) => Err(ConnectError::new(
-                    Code::FailedPrecondition,
-                    format!("process {} was not started through this daemon: its stdin is not reachable", i.pid),
-                )),
+                Found::Agent(i) => Err(process::stdin_unreachable(i.pid).into()),
             }
         }
         other => Err(ConnectError::new(
@@ -352,36 +334,10 @@ fn pty_size(s: Size) -> Result<(u16, u16), ConnectError> {
 }
 
 async fn write_input(ctx: &Ctx, f: &Found, data: &[u8]) -> Result<(), ConnectError> {
-    let Found::Entry(e) = f else {
-        return Err(ConnectError::new(
-            Code::FailedPrecondition,
-            format!(
-                "process {} was not started through this daemon: its stdin is not reachable",
-                f.pid()
-            ),
-        ));
-    };
-    let mut g = e.stdin.lock().await;
-    let s = g.as_mut().ok_or_else(|| {
-        ConnectError::new(
-            Code::FailedPrecondition,
-            format!(
-                "stdin of process {} is closed (start it with stdin enabled)",
-                e.pid
-            ),
-        )
-    })?;
-    s.write(data).await.map_err(|err| {
-        ConnectError::from(ApiError::from_guest(
-            err,
-            &format!("stdin of process {}", e.pid),
-        ))
-    })?;
-    ctx.h
-        .counters
-        .stdin
-        .fetch_add(data.len() as u64, Ordering::Relaxed);
-    Ok(())
+    match f {
+        Found::Entry(e) => Ok(process::write_stdin(&ctx.h, e, data).await?),
+        Found::Agent(i) => Err(process::stdin_unreachable(i.pid).into()),
+    }
 }
 
 async fn start(ctx: Ctx, req: StartRequest, headers: &HeaderMap) -> Result<Response, ConnectError> {
@@ -421,7 +377,7 @@ async fn start(ctx: Ctx, req: StartRequest, headers: &HeaderMap) -> Result<Respo
         tag: req.tag.clone(),
         background: false,
     };
-    let entry = crate::services::process::start(&ctx.e2b.app, &ctx.h, &body).await?;
+    let entry = process::start(&ctx.e2b.app, &ctx.h, &body).await?;
     let app = ctx.e2b.app.clone();
     ctx.e2b
         .procs
@@ -540,13 +496,7 @@ async fn pump(
 }
 
 async fn list(ctx: &Ctx) -> Result<Response, ConnectError> {
-    let known = ctx.h.procs.lock().unwrap_or_else(|e| e.into_inner()).all();
-    let agent = ctx
-        .h
-        .guest
-        .list_processes()
-        .await
-        .map_err(|e| ConnectError::from(ApiError::from_guest(e, "list processes")))?;
+    let l = process::list(&ctx.h).await?;
     let info = |pid: i32, argv: &[String], tag: &Option<String>, id: u64| {
         let (envs, cwd) = ctx.e2b.procs.get(&ctx.h.id, id);
         let mut config = json!({
@@ -564,18 +514,11 @@ async fn list(ctx: &Ctx) -> Result<Response, ConnectError> {
         p
     };
     let mut out = Vec::new();
-    for e in &known {
-        // The agent's view is authoritative for processes whose exit the daemon
-        // has not learnt yet.
-        let agent_exited = agent.iter().any(|i| i.id.0 == e.id && i.exit.is_some());
-        if e.exit().is_none() && !agent_exited {
-            out.push(info(e.pid, &e.argv, &e.tag, e.id));
-        }
+    for e in l.known.iter().filter(|e| l.running(e)) {
+        out.push(info(e.pid, &e.argv, &e.tag, e.id));
     }
-    for i in &agent {
-        if i.exit.is_none() && !known.iter().any(|e| e.id == i.id.0) {
-            out.push(info(i.pid, &i.argv, &i.tag, i.id.0));
-        }
+    for i in l.others().filter(|i| i.exit.is_none()) {
+        out.push(info(i.pid, &i.argv, &i.tag, i.id.0));
     }
     Ok(connect::unary_ok(&json!({ "processes": out })))
 }

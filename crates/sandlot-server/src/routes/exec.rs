@@ -24,7 +24,7 @@ use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult};
 use crate::process::{keep_output_of, process_exit, OutEvent, ProcEntry};
 use crate::sandbox::SandboxHandle;
-use crate::services::parse_duration;
+use crate::services::{parse_duration, process};
 use crate::state::AppState;
 use crate::timefmt::rfc3339;
 
@@ -78,7 +78,7 @@ pub async fn start(
 ) -> ApiResult<Response> {
     let stream = stream_requested(q.as_deref())?;
     let h = crate::autopause::live(&state, &p, &id).await?;
-    let entry = crate::services::process::start(&state, &h, &b).await?;
+    let entry = process::start(&state, &h, &b).await?;
     if !stream {
         return Ok(json_status(StatusCode::CREATED, &entry.view()));
     }
@@ -127,20 +127,11 @@ pub async fn list(
     Path(id): Path<String>,
 ) -> ApiResult<Json<ProcessList>> {
     let h = crate::autopause::live(&state, &p, &id).await?;
-    let known = h.procs.lock().unwrap_or_else(|e| e.into_inner()).all();
-    let mut out: Vec<ProcessView> = known.iter().map(|e| e.view()).collect();
+    let l = process::list(&h).await?;
+    let mut out: Vec<ProcessView> = l.known.iter().map(|e| e.view()).collect();
     // Processes the agent runs that this daemon did not start (e.g. before a
     // restart of the daemon).
-    let agent = h
-        .guest
-        .list_processes()
-        .await
-        .map_err(|e| ApiError::from_guest(e, "list processes"))?;
-    for i in &agent {
-        if !known.iter().any(|e| e.id == i.id.0) {
-            out.push(info_view(i));
-        }
-    }
+    out.extend(l.others().map(info_view));
     out.sort_by_key(|v| v.id);
     Ok(Json(ProcessList { processes: out }))
 }
@@ -158,13 +149,9 @@ pub async fn get_one(
     if let Some(e) = h.procs.lock().unwrap_or_else(|e| e.into_inner()).get(pid) {
         return Ok(Json(e.view()));
     }
-    let agent = h
-        .guest
-        .list_processes()
-        .await
-        .map_err(|e| ApiError::from_guest(e, "list processes"))?;
-    agent
-        .iter()
+    process::list(&h)
+        .await?
+        .others()
         .find(|i| i.id.0 == pid)
         .map(|i| Json(info_view(i)))
         .ok_or_else(|| ApiError::not_found(format!("no process {pid} in sandbox {}", h.id)))
@@ -326,7 +313,7 @@ pub async fn start_ws(
             };
             let started = async {
                 let b: ExecBody = parse_json(first.as_bytes())?;
-                let entry = crate::services::process::start(&state, &h, &b).await?;
+                let entry = process::start(&state, &h, &b).await?;
                 let rx = entry
                     .subscribe_from_start(READER_CAPACITY)
                     .await
@@ -474,13 +461,13 @@ async fn ws_session(
                     let _ = write_stdin(&h2, &mut stdin, &b).await;
                 }
                 Message::Text(t) => match serde_json::from_str::<WsControl>(t.as_str()) {
-                    Ok(WsControl::StdinClose) => close_stdin(&mut stdin).await,
+                    Ok(WsControl::StdinClose) => close_stdin(&h2, &mut stdin).await,
                     Ok(WsControl::Resize { rows, cols }) => {
-                        let _ = h2.guest.resize(ProcessId(pid), rows, cols).await;
+                        let _ = process::resize(&h2, pid, pid, rows, cols).await;
                     }
                     Ok(WsControl::Signal { signal }) => {
                         if let Ok(n) = parse_signal(&signal) {
-                            let _ = h2.guest.signal(ProcessId(pid), n).await;
+                            let _ = process::signal(&h2, pid, pid, n).await;
                         }
                     }
                     Err(e) => {
@@ -501,36 +488,26 @@ async fn ws_session(
 }
 
 async fn write_stdin(h: &SandboxHandle, t: &mut StdinTarget, data: &[u8]) -> Result<(), ApiError> {
-    let closed = || ApiError::conflict("stdin is closed (or the exec did not ask for stdin)");
     match t {
-        StdinTarget::Entry(e) => {
-            let mut g = e.stdin.lock().await;
-            let s = g.as_mut().ok_or_else(closed)?;
-            s.write(data)
-                .await
-                .map_err(|err| ApiError::from_guest(err, "stdin"))?;
-        }
+        StdinTarget::Entry(e) => process::write_stdin(h, e, data).await,
         StdinTarget::Own(s) => {
-            let s = s.as_mut().ok_or_else(closed)?;
+            let s = s.as_mut().ok_or_else(|| {
+                ApiError::conflict("stdin is closed (or the exec did not ask for stdin)")
+            })?;
             s.write(data)
                 .await
                 .map_err(|err| ApiError::from_guest(err, "stdin"))?;
+            h.counters
+                .stdin
+                .fetch_add(data.len() as u64, Ordering::Relaxed);
+            Ok(())
         }
     }
-    h.counters
-        .stdin
-        .fetch_add(data.len() as u64, Ordering::Relaxed);
-    Ok(())
 }
 
-async fn close_stdin(t: &mut StdinTarget) {
+async fn close_stdin(h: &SandboxHandle, t: &mut StdinTarget) {
     match t {
-        StdinTarget::Entry(e) => {
-            if let Some(mut s) = e.stdin.lock().await.take() {
-                s.close();
-            }
-            e.mark_stdin_closed();
-        }
+        StdinTarget::Entry(e) => process::close_stdin(h, e).await,
         StdinTarget::Own(s) => {
             if let Some(mut s) = s.take() {
                 s.close();
@@ -583,7 +560,7 @@ pub async fn stdin(
         write_stdin(&h, &mut t, &chunk).await?;
     }
     if close {
-        close_stdin(&mut t).await;
+        close_stdin(&h, &mut t).await;
     }
     Ok(StatusCode::NO_CONTENT)
 }
@@ -609,8 +586,7 @@ pub async fn stdin_close(
 ) -> ApiResult<StatusCode> {
     let h = crate::autopause::live(&state, &p, &id).await?;
     let entry = known_entry(&h, pid_of(&pid)?)?;
-    h.touch();
-    close_stdin(&mut StdinTarget::Entry(entry)).await;
+    process::close_stdin(&h, &entry).await;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -681,11 +657,7 @@ pub async fn signal(
     let h = crate::autopause::live(&state, &p, &id).await?;
     let pid = pid_of(&pid)?;
     let sig = parse_signal(&b.signal)?;
-    h.touch();
-    h.guest
-        .signal(ProcessId(pid), sig)
-        .await
-        .map_err(|e| ApiError::from_guest(e, &format!("process {pid}")))?;
+    process::signal(&h, pid, pid, sig).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -700,13 +672,7 @@ pub async fn resize(
 ) -> ApiResult<StatusCode> {
     let h = crate::autopause::live(&state, &p, &id).await?;
     let pid = pid_of(&pid)?;
-    if b.rows == 0 || b.cols == 0 {
-        return Err(ApiError::invalid("rows", "rows and cols must be positive"));
-    }
-    h.guest
-        .resize(ProcessId(pid), b.rows, b.cols)
-        .await
-        .map_err(|e| ApiError::from_guest(e, &format!("process {pid}")))?;
+    process::resize(&h, pid, pid, b.rows, b.cols).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

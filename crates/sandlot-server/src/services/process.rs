@@ -1,15 +1,22 @@
-//! Starting a process in a sandbox: the request checked and turned into the
-//! agent's, the process started through the agent and handed to its supervisor
-//! (`process.rs`), which keeps its output for readers; counted in the sandbox's
-//! and the daemon's exec counters. Callers: the native exec routes (JSON, NDJSON
-//! and WebSocket), E2B's `process.Process/Start`, image build steps and E2B
-//! template start and ready commands.
+//! The processes of a sandbox.
+//!
+//! * Starting one: the request checked and turned into the agent's, the process
+//!   started through the agent and handed to its supervisor (`process.rs`), which
+//!   keeps its output for readers; counted in the sandbox's and the daemon's exec
+//!   counters. Callers: the native exec routes (JSON, NDJSON and WebSocket),
+//!   E2B's `process.Process/Start`, image build steps and E2B template start and
+//!   ready commands.
+//! * Listing them (the daemon's and the agent's others), signals, terminal
+//!   resizes, stdin writes (counted) and closes: the native process routes and
+//!   E2B's `process.Process` methods, which only find the process and shape the
+//!   answer.
 
+use std::fmt::Display;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use axum::http::StatusCode;
-use sandlot_guest::client::{ExecRequest, PtySize};
+use sandlot_guest::client::{ExecRequest, ProcessId, ProcessInfo, PtySize};
 use sandlot_proto::api::ExecBody;
 use sandlot_proto::units::Seconds;
 use serde_json::Value;
@@ -85,6 +92,107 @@ pub async fn start(
         state.supervisor_settings(),
         span,
         h.exit_poll.clone(),
+    ))
+}
+
+/// The processes of a sandbox: those started through this daemon (newest
+/// last) and the agent's others (started before a restart of the daemon), with
+/// what the agent says of the daemon's.
+pub struct Listing {
+    pub known: Vec<Arc<ProcEntry>>,
+    pub agent: Vec<ProcessInfo>,
+}
+
+impl Listing {
+    /// The agent's processes this daemon did not start.
+    pub fn others(&self) -> impl Iterator<Item = &ProcessInfo> {
+        self.agent
+            .iter()
+            .filter(|i| !self.known.iter().any(|e| e.id == i.id.0))
+    }
+
+    /// Whether process `e` runs: the agent's view wins for one whose exit the
+    /// daemon has not learnt yet.
+    pub fn running(&self, e: &ProcEntry) -> bool {
+        e.exit().is_none()
+            && !self
+                .agent
+                .iter()
+                .any(|i| i.id.0 == e.id && i.exit.is_some())
+    }
+}
+
+/// Every process of sandbox `h`.
+pub async fn list(h: &SandboxHandle) -> ApiResult<Listing> {
+    let known = h.procs.lock().unwrap_or_else(|e| e.into_inner()).all();
+    let agent = h
+        .guest
+        .list_processes()
+        .await
+        .map_err(|e| ApiError::from_guest(e, "list processes"))?;
+    Ok(Listing { known, agent })
+}
+
+/// Sends signal `sig` to process `id` (the agent's id) of sandbox `h`; errors
+/// name the process as `shown` (the caller's name for it).
+pub async fn signal(h: &SandboxHandle, id: u64, shown: impl Display, sig: i32) -> ApiResult<()> {
+    h.touch();
+    h.guest
+        .signal(ProcessId(id), sig)
+        .await
+        .map_err(|e| ApiError::from_guest(e, &format!("process {shown}")))
+}
+
+/// Resizes the terminal of process `id` of sandbox `h`.
+pub async fn resize(
+    h: &SandboxHandle,
+    id: u64,
+    shown: impl Display,
+    rows: u16,
+    cols: u16,
+) -> ApiResult<()> {
+    if rows == 0 || cols == 0 {
+        return Err(ApiError::invalid("rows", "rows and cols must be positive"));
+    }
+    h.touch();
+    h.guest
+        .resize(ProcessId(id), rows, cols)
+        .await
+        .map_err(|e| ApiError::from_guest(e, &format!("process {shown}")))
+}
+
+/// Writes `data` to the stdin of process `e` of sandbox `h`; 409 when its stdin
+/// is closed or was never asked for.
+pub async fn write_stdin(h: &SandboxHandle, e: &ProcEntry, data: &[u8]) -> ApiResult<()> {
+    let mut g = e.stdin.lock().await;
+    let s = g.as_mut().ok_or_else(|| {
+        ApiError::conflict(format!(
+            "stdin of process {} is closed (or it was started without stdin)",
+            e.pid
+        ))
+    })?;
+    s.write(data)
+        .await
+        .map_err(|err| ApiError::from_guest(err, &format!("stdin of process {}", e.pid)))?;
+    h.counters
+        .stdin
+        .fetch_add(data.len() as u64, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Closes the stdin of process `e` (nothing if it is closed already).
+pub async fn close_stdin(h: &SandboxHandle, e: &ProcEntry) {
+    h.touch();
+    if let Some(mut s) = e.stdin.lock().await.take() {
+        s.close();
+    }
+    e.mark_stdin_closed();
+}
+
+/// A process not started through this daemon: its stdin is not reachable.
+pub fn stdin_unreachable(pid: i32) -> ApiError {
+    ApiError::conflict(format!(
+        "process {pid} was not started through this daemon: its stdin is not reachable"
     ))
 }
 
