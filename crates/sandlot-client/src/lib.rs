@@ -70,6 +70,12 @@ impl Error {
         }
     }
 
+    /// The API error code as the shared enum; `None` for other errors and for
+    /// a code newer than this client (then [`Error::code`] has its text).
+    pub fn error_code(&self) -> Option<api::ErrorCode> {
+        self.code().and_then(|c| c.parse().ok())
+    }
+
     pub fn status(&self) -> Option<StatusCode> {
         match self {
             Error::Api { status, .. } => Some(*status),

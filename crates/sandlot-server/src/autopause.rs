@@ -18,7 +18,7 @@ use std::time::Duration;
 use serde_json::{Map, Value};
 
 use crate::auth::Principal;
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, ErrorCode};
 use crate::sandbox::SandboxHandle;
 use crate::state::AppState;
 use crate::store::{now_ms, EndReason, Lifecycle, OnExpiry, SandboxState};
@@ -286,7 +286,7 @@ pub(crate) const SETTLE_POLL: Duration = Duration::from_millis(50);
 pub async fn live(state: &Arc<AppState>, p: &Principal, id: &str) -> ApiResult<Arc<SandboxHandle>> {
     let first = match crate::services::sandboxes::live(state, p, id) {
         Ok(h) => return Ok(h),
-        Err(e) if e.code == "invalid_state" => e,
+        Err(e) if e.code == ErrorCode::InvalidState => e,
         Err(e) => return Err(e),
     };
     let rec = crate::services::sandboxes::lookup(state, p, id)?;
@@ -343,7 +343,7 @@ async fn settle(state: &Arc<AppState>, p: &Principal, id: &str) -> ApiResult<()>
             SandboxState::Paused => match resume_once(state, p, id).await {
                 Ok(()) => return Ok(()),
                 // Another call resumed it (or a delete came) meanwhile: look again.
-                Err(e) if e.code == "invalid_state" => true,
+                Err(e) if e.code == ErrorCode::InvalidState => true,
                 Err(e) => return Err(e),
             },
             SandboxState::Pausing | SandboxState::Resuming => true,
@@ -542,7 +542,10 @@ mod tests {
             _ = std::future::ready(()) => {}
         }
         go.send(()).unwrap();
-        assert_eq!(first.await.unwrap().unwrap_err().code, "quota_exceeded");
+        assert_eq!(
+            first.await.unwrap().unwrap_err().code.as_str(),
+            "quota_exceeded"
+        );
         // The next pause's resume runs again, and does not get the old answer.
         let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let r = ran.clone();
@@ -553,7 +556,7 @@ mod tests {
         .await
         .unwrap();
         assert!(ran.load(std::sync::atomic::Ordering::SeqCst));
-        assert_eq!(second.await.unwrap_err().code, "quota_exceeded");
+        assert_eq!(second.await.unwrap_err().code.as_str(), "quota_exceeded");
         assert!(!RESUMES.lock().unwrap().contains_key(ID));
     }
 

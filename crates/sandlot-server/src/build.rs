@@ -27,7 +27,7 @@ use sandlot_store::build::{self, BuildSpec, Step};
 use sandlot_store::{Budget, Commit, ImageConfig, ImageInfo, ImageName};
 use serde_json::{json, Value};
 
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorCode};
 use crate::images::store_error;
 use crate::process::OutEvent;
 use crate::sandbox::{self, CreateParams};
@@ -377,7 +377,7 @@ pub fn host_base(
 fn timed_out(limit: Duration) -> ApiError {
     ApiError::new(
         axum::http::StatusCode::UNPROCESSABLE_ENTITY,
-        "build_failed",
+        ErrorCode::BuildFailed,
         format!(
             "the build took longer than the operator's limit (images.build_timeout = {})",
             crate::config::fmt_secs(limit)
@@ -707,7 +707,7 @@ async fn run_in(
     let sandbox_ended = || {
         ApiError::new(
             axum::http::StatusCode::UNPROCESSABLE_ENTITY,
-            "build_failed",
+            ErrorCode::BuildFailed,
             format!(
                 "{origin} ({}) failed: its sandbox ended before the command did",
                 step.text()
@@ -747,7 +747,7 @@ async fn run_in(
         // `docker build`'s, not a bad request).
         return Err(ApiError::new(
             axum::http::StatusCode::UNPROCESSABLE_ENTITY,
-            "build_failed",
+            ErrorCode::BuildFailed,
             format!(
                 "{origin} ({}) failed: {}",
                 step.text(),

@@ -34,7 +34,7 @@ use sandlot_proto::api::PauseKind;
 use sandlot_proto::spec::Isolation;
 
 use crate::auth::Principal;
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, ErrorCode};
 use crate::state::AppState;
 use crate::store::{
     now_ms, CheckpointRecord, CheckpointRefusal, SandboxRecord, SandboxState, Saved,
@@ -68,7 +68,7 @@ impl Busy {
         if !b.get_or_insert_with(HashSet::new).insert(id.to_string()) {
             return Err(ApiError::new(
                 StatusCode::CONFLICT,
-                "invalid_state",
+                ErrorCode::InvalidState,
                 format!("sandbox {id}: another checkpoint, restore, fork or snapshot of it is under way"),
             ));
         }
@@ -201,7 +201,7 @@ pub fn check_name(name: Option<&str>) -> ApiResult<()> {
 fn refused(id: &str, why: &str) -> ApiError {
     ApiError::new(
         StatusCode::CONFLICT,
-        "checkpoint_refused",
+        ErrorCode::CheckpointRefused,
         format!("sandbox {id} cannot be checkpointed: {why}"),
     )
 }
@@ -552,9 +552,11 @@ async fn take_files(
 /// of something).
 pub(crate) fn copy_error(e: sandlot_runtime::RuntimeError) -> ApiError {
     match e {
-        sandlot_runtime::RuntimeError::PastLimit { .. } => {
-            ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", e.to_string())
-        }
+        sandlot_runtime::RuntimeError::PastLimit { .. } => ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorCode::TooLarge,
+            e.to_string(),
+        ),
         e => ApiError::internal(format!("copy the checkpoint: {e}")).or_exhausted(),
     }
 }
@@ -948,7 +950,10 @@ mod tests {
     #[test]
     fn one_checkpoint_operation_at_a_time_per_sandbox() {
         let a = Busy::take("sb-busy-a").unwrap();
-        assert_eq!(Busy::take("sb-busy-a").err().unwrap().code, "invalid_state");
+        assert_eq!(
+            Busy::take("sb-busy-a").err().unwrap().code.as_str(),
+            "invalid_state"
+        );
         let b = Busy::take("sb-busy-b").unwrap();
         drop(a);
         let _again = Busy::take("sb-busy-a").unwrap();

@@ -13,16 +13,16 @@ use sandlot_guest::client::{ClientError, ErrorCode as GuestCode};
 #[derive(Debug, Clone)]
 pub struct ApiError {
     pub status: StatusCode,
-    pub code: &'static str,
+    pub code: ErrorCode,
     pub message: String,
     pub field: Option<String>,
     pub internal: Option<String>,
 }
 
-pub use sandlot_proto::api::{ApiErrorBody, ErrorEnvelope};
+pub use sandlot_proto::api::{ApiErrorBody, ErrorCode, ErrorEnvelope};
 
 impl ApiError {
-    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
+    pub fn new(status: StatusCode, code: ErrorCode, message: impl Into<String>) -> ApiError {
         ApiError {
             status,
             code,
@@ -33,7 +33,7 @@ impl ApiError {
     }
 
     pub fn bad_request(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message)
+        ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::BadRequest, message)
     }
 
     /// A validation error naming `field`; the message starts with the field.
@@ -45,27 +45,39 @@ impl ApiError {
     }
 
     pub fn not_found(what: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::NOT_FOUND, "not_found", what)
+        ApiError::new(StatusCode::NOT_FOUND, ErrorCode::NotFound, what)
     }
 
     pub fn conflict(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::CONFLICT, "conflict", message)
+        ApiError::new(StatusCode::CONFLICT, ErrorCode::Conflict, message)
     }
 
     pub fn unauthorized(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
+        ApiError::new(StatusCode::UNAUTHORIZED, ErrorCode::Unauthorized, message)
     }
 
     pub fn too_large(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", message)
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorCode::PayloadTooLarge,
+            message,
+        )
     }
 
     pub fn quota(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::TOO_MANY_REQUESTS, "quota_exceeded", message)
+        ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            ErrorCode::QuotaExceeded,
+            message,
+        )
     }
 
     pub fn unavailable(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            ErrorCode::Unavailable,
+            message,
+        )
     }
 
     /// 503 `host_exhausted`: the host ran out of `what` (descriptors, memory, disk)
@@ -73,7 +85,7 @@ impl ApiError {
     pub fn host_exhausted(what: Exhausted) -> ApiError {
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
-            "host_exhausted",
+            ErrorCode::HostExhausted,
             format!("the host is out of {}; try again later", what.noun()),
         )
     }
@@ -98,7 +110,7 @@ impl ApiError {
     pub fn internal(detail: impl std::fmt::Display) -> ApiError {
         let mut e = ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
+            ErrorCode::Internal,
             "internal error",
         );
         e.internal = Some(detail.to_string());
@@ -115,7 +127,7 @@ impl ApiError {
     pub fn body(&self, request_id: &str) -> ErrorEnvelope {
         ErrorEnvelope {
             error: ApiErrorBody {
-                code: self.code.to_string(),
+                code: self.code.as_str().to_string(),
                 message: self.message.clone(),
                 request_id: request_id.to_string(),
                 field: self.field.clone(),
@@ -134,27 +146,31 @@ impl ApiError {
         };
         let s = |status, c| ApiError::new(status, c, full.clone());
         match code {
-            Some(GuestCode::NotFound) => s(StatusCode::NOT_FOUND, "not_found"),
-            Some(GuestCode::NoSuchProcess) => s(StatusCode::NOT_FOUND, "not_found"),
-            Some(GuestCode::PermissionDenied) => s(StatusCode::FORBIDDEN, "permission_denied"),
-            Some(GuestCode::AlreadyExists) => s(StatusCode::CONFLICT, "already_exists"),
-            Some(GuestCode::NotADirectory) => s(StatusCode::CONFLICT, "not_a_directory"),
-            Some(GuestCode::IsADirectory) => s(StatusCode::CONFLICT, "is_a_directory"),
-            Some(GuestCode::DirectoryNotEmpty) => s(StatusCode::CONFLICT, "directory_not_empty"),
-            Some(GuestCode::ProcessExited) => s(StatusCode::CONFLICT, "process_exited"),
-            Some(GuestCode::BadRequest) => s(StatusCode::BAD_REQUEST, "bad_request"),
-            Some(GuestCode::InvalidUser) => s(StatusCode::BAD_REQUEST, "invalid_user"),
-            Some(GuestCode::SpawnFailed) => s(StatusCode::BAD_REQUEST, "spawn_failed"),
-            Some(GuestCode::Limit) => s(StatusCode::TOO_MANY_REQUESTS, "limit"),
-            Some(GuestCode::ShuttingDown) => s(StatusCode::CONFLICT, "conflict"),
+            Some(GuestCode::NotFound) => s(StatusCode::NOT_FOUND, ErrorCode::NotFound),
+            Some(GuestCode::NoSuchProcess) => s(StatusCode::NOT_FOUND, ErrorCode::NotFound),
+            Some(GuestCode::PermissionDenied) => {
+                s(StatusCode::FORBIDDEN, ErrorCode::PermissionDenied)
+            }
+            Some(GuestCode::AlreadyExists) => s(StatusCode::CONFLICT, ErrorCode::AlreadyExists),
+            Some(GuestCode::NotADirectory) => s(StatusCode::CONFLICT, ErrorCode::NotADirectory),
+            Some(GuestCode::IsADirectory) => s(StatusCode::CONFLICT, ErrorCode::IsADirectory),
+            Some(GuestCode::DirectoryNotEmpty) => {
+                s(StatusCode::CONFLICT, ErrorCode::DirectoryNotEmpty)
+            }
+            Some(GuestCode::ProcessExited) => s(StatusCode::CONFLICT, ErrorCode::ProcessExited),
+            Some(GuestCode::BadRequest) => s(StatusCode::BAD_REQUEST, ErrorCode::BadRequest),
+            Some(GuestCode::InvalidUser) => s(StatusCode::BAD_REQUEST, ErrorCode::InvalidUser),
+            Some(GuestCode::SpawnFailed) => s(StatusCode::BAD_REQUEST, ErrorCode::SpawnFailed),
+            Some(GuestCode::Limit) => s(StatusCode::TOO_MANY_REQUESTS, ErrorCode::Limit),
+            Some(GuestCode::ShuttingDown) => s(StatusCode::CONFLICT, ErrorCode::Conflict),
             Some(GuestCode::Io) if msg.contains("No space left") || msg.contains("ENOSPC") => {
                 ApiError::new(
                     StatusCode::INSUFFICIENT_STORAGE,
-                    "no_space",
+                    ErrorCode::NoSpace,
                     format!("{what}: the sandbox's disk is full"),
                 )
             }
-            Some(GuestCode::Io) => s(StatusCode::UNPROCESSABLE_ENTITY, "io"),
+            Some(GuestCode::Io) => s(StatusCode::UNPROCESSABLE_ENTITY, ErrorCode::Io),
             _ => match e {
                 ClientError::Closed(_) | ClientError::Connect { .. } => ApiError::conflict(
                     format!("{what}: the sandbox is not reachable (it is stopping or has stopped)"),
@@ -204,19 +220,19 @@ pub fn for_status(status: StatusCode) -> ApiError {
         StatusCode::NOT_FOUND => ApiError::not_found("no such route"),
         StatusCode::METHOD_NOT_ALLOWED => ApiError::new(
             status,
-            "method_not_allowed",
+            ErrorCode::MethodNotAllowed,
             "method not allowed on this route",
         ),
         StatusCode::PAYLOAD_TOO_LARGE => ApiError::too_large("request body too large"),
         StatusCode::UNSUPPORTED_MEDIA_TYPE => ApiError::new(
             status,
-            "unsupported_media_type",
+            ErrorCode::UnsupportedMediaType,
             "expected Content-Type: application/json",
         ),
         s if s.is_server_error() => ApiError::internal(format!("status {s} without details")),
         s => ApiError::new(
             s,
-            "bad_request",
+            ErrorCode::BadRequest,
             s.canonical_reason().unwrap_or("bad request"),
         ),
     }
@@ -288,6 +304,37 @@ impl Exhausted {
 
 #[cfg(test)]
 mod tests {
+    /// The Python SDK's exception map and the API reference's table of codes
+    /// hold every code the daemon answers, and no other.
+    #[test]
+    fn the_sdks_error_map_and_the_api_reference_name_every_error_code() {
+        let sdk = include_str!("../../../sdk/python/src/sandlot/errors.py");
+        let map = &sdk[sdk.find("_BY_CODE").expect("the SDK's map")..];
+        let map = &map[..map.find('}').expect("its end")];
+        let sdk_codes: std::collections::BTreeSet<&str> = map
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix('"')?.split_once('"'))
+            .map(|(code, _)| code)
+            .collect();
+        let ours: std::collections::BTreeSet<&str> =
+            ErrorCode::ALL.iter().map(|c| c.as_str()).collect();
+        assert_eq!(sdk_codes, ours, "sdk/python/src/sandlot/errors.py _BY_CODE");
+        let doc = include_str!("../../../docs/api.md");
+        let table = &doc[doc.find("| status | code | when |").expect("the table")..];
+        let table = &table[..table.find("\n\n").expect("its end")];
+        for c in ErrorCode::ALL {
+            let row = table
+                .lines()
+                .find(|l| l.contains(&format!("`{}`", c.as_str())))
+                .unwrap_or_else(|| panic!("docs/api.md: no row for `{c}`"));
+            assert!(
+                row.starts_with(&format!("| {} |", c.status())),
+                "docs/api.md: `{c}` is {}: {row}",
+                c.status()
+            );
+        }
+    }
+
     use super::*;
 
     #[derive(Debug, thiserror::Error)]
@@ -334,7 +381,10 @@ mod tests {
     fn an_opaque_500_of_an_exhausted_host_becomes_503_host_exhausted() {
         let e = ApiError::internal("create alive lock: Too many open files (os error 24)")
             .or_exhausted();
-        assert_eq!((e.status.as_u16(), e.code), (503, "host_exhausted"));
+        assert_eq!(
+            (e.status.as_u16(), e.code.as_str()),
+            (503, "host_exhausted")
+        );
         assert_eq!(
             e.message,
             "the host is out of file descriptors; try again later"
@@ -344,8 +394,8 @@ mod tests {
             "the detail is kept for the log"
         );
         let e = ApiError::internal("database is locked").or_exhausted();
-        assert_eq!(e.code, "internal");
+        assert_eq!(e.code.as_str(), "internal");
         let e = ApiError::bad_request("No space left on device").or_exhausted();
-        assert_eq!(e.code, "bad_request", "only 500s are reclassified");
+        assert_eq!(e.code.as_str(), "bad_request", "only 500s are reclassified");
     }
 }

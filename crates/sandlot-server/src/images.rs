@@ -42,7 +42,7 @@ use sandlot_store::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorCode};
 
 mod host_snapshot;
 use host_snapshot::snapshot_source;
@@ -79,7 +79,7 @@ pub fn store_error(e: StoreError) -> ApiError {
     match &e {
         StoreError::Layer(LayerError::TooLarge { .. }) => ApiError::new(
             axum::http::StatusCode::PAYLOAD_TOO_LARGE,
-            "too_large",
+            ErrorCode::TooLarge,
             e.to_string(),
         ),
         StoreError::NotFound(_) => ApiError::not_found(e.to_string()),

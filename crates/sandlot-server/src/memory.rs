@@ -9,7 +9,7 @@
 use axum::http::StatusCode;
 use serde_json::Value;
 
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, ErrorCode};
 
 /// One operation on the memory stores of a tenant, as parsed from the request.
 #[derive(Debug, Clone)]
@@ -133,7 +133,7 @@ pub fn valid_agent_name(name: &str) -> bool {
 fn not_built() -> ApiError {
     ApiError::new(
         StatusCode::NOT_IMPLEMENTED,
-        "not_implemented",
+        ErrorCode::NotImplemented,
         "memory stores are not available: this sandlot was built without the `memory` feature",
     )
 }
@@ -313,9 +313,11 @@ mod enabled {
             // What the work tree holds (a sandbox may have put it there): a file too large
             // or not a regular file, a path through a link. Store-relative paths only.
             StoreError::Tree(t) | StoreError::Git(GitError::Tree(t)) => match t {
-                TreeError::TooLarge { .. } => {
-                    ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", t.to_string())
-                }
+                TreeError::TooLarge { .. } => ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    ErrorCode::TooLarge,
+                    t.to_string(),
+                ),
                 TreeError::NotAFile { .. } => ApiError::bad_request(t.to_string()),
                 TreeError::Io { rel, .. } if t.is_link_on_the_way() => ApiError::invalid(
                     "path",

@@ -33,7 +33,7 @@ use sandlot_runtime::{Backend, Instance, RuntimeError};
 use tokio::sync::oneshot;
 use tracing::Instrument;
 
-use crate::error::{ApiError, ApiResult, Exhausted};
+use crate::error::{ApiError, ApiResult, ErrorCode, Exhausted};
 use crate::sandbox::SandboxHandle;
 use crate::state::AppState;
 use crate::store::{
@@ -50,7 +50,7 @@ const WAKE_TIMEOUT: Duration = Duration::from_secs(10);
 pub fn wrong_state(id: &str, state: SandboxState) -> ApiError {
     ApiError::new(
         StatusCode::CONFLICT,
-        "invalid_state",
+        ErrorCode::InvalidState,
         format!("sandbox {id} is {}", state.as_str()),
     )
 }
@@ -134,7 +134,7 @@ fn paused_cap(tenant: &str, n: u64, max: u32) -> ApiError {
 
 /// The code of [`Outcome::Running`] when an auto-pause for idleness finds,
 /// once new requests wait for it, that one came since it was decided.
-pub const BUSY: &str = "busy";
+pub const BUSY: ErrorCode = ErrorCode::Busy;
 
 /// Pauses `h` (on its owner task). With `while_idle` (an auto-pause for
 /// idleness), it backs out, error [`BUSY`], unless `h` is idle still once the
@@ -231,7 +231,7 @@ async fn pause_memory(
     if let Some(why) = unkept_files(&rec.spec) {
         return Outcome::Running(ApiError::new(
             StatusCode::CONFLICT,
-            "pause_refused",
+            ErrorCode::PauseRefused,
             format!(
                 "sandbox {} cannot be paused: {why}, whose files a gVisor pause does not keep; the sandbox runs on",
                 h.id
@@ -547,7 +547,7 @@ async fn preflight(state: &Arc<AppState>, h: &Arc<SandboxHandle>) -> ApiResult<D
     if let Some(path) = bound.iter().find(|p| !is_context_socket(p)) {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
-            "pause_refused",
+            ErrorCode::PauseRefused,
             format!(
                 "sandbox {} cannot be paused: a program in it listens on the Unix socket {path:?}, bound in its files, which gVisor cannot save (close it, or bind it in /dev/shm or the abstract namespace, and pause again); the sandbox runs on",
                 h.id
@@ -717,7 +717,7 @@ fn checkpoint_error(id: &str, e: &RuntimeError) -> ApiError {
     if lower.contains("socket") || lower.contains("uds") {
         return ApiError::new(
             StatusCode::CONFLICT,
-            "pause_refused",
+            ErrorCode::PauseRefused,
             format!(
                 "sandbox {id} cannot be paused: a program in it has a Unix socket bound in its root filesystem or /tmp, whose host side gVisor cannot save (close it, or bind it elsewhere, and pause again); the sandbox runs on"
             ),
@@ -847,7 +847,7 @@ pub async fn resume(
     if now_ms() >= latest {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
-            "lifetime_exceeded",
+            ErrorCode::LifetimeExceeded,
             format!(
                 "sandbox {} has reached the operator's maximum lifetime ({}s from its creation, until {}): a resume would end it at once, so it stays paused and can only be deleted",
                 rec.id,
@@ -990,7 +990,7 @@ pub(crate) async fn resume_started(
         if let Some(what) = damaged {
             return Err(ApiError::new(
                 StatusCode::CONFLICT,
-                "checkpoint_damaged",
+                ErrorCode::CheckpointDamaged,
                 format!(
                     "sandbox {}'s saved memory image is damaged ({what}); it stays paused and can only be deleted",
                     rec.id
@@ -1172,7 +1172,7 @@ fn start_again(
 fn files_lost(id: &str) -> ApiError {
     ApiError::new(
         StatusCode::CONFLICT,
-        "checkpoint_damaged",
+        ErrorCode::CheckpointDamaged,
         format!(
             "sandbox {id}'s saved files are gone or incomplete (kept in memory, they do not survive a restart of the host; a fork's copy of them is incomplete when the daemon stopped while making it); it stays paused and can only be deleted"
         ),

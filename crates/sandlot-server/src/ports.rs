@@ -27,7 +27,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, ErrorCode};
 use crate::sandbox::SandboxHandle;
 use crate::state::AppState;
 use crate::store::now_ms;
@@ -98,18 +98,18 @@ impl DialError {
         match self {
             DialError::Refused { .. } => ApiError::new(
                 StatusCode::BAD_GATEWAY,
-                "bad_gateway",
+                ErrorCode::BadGateway,
                 format!("sandbox {sandbox}: {self}"),
             ),
             DialError::Timeout { .. } => ApiError::new(
                 StatusCode::GATEWAY_TIMEOUT,
-                "gateway_timeout",
+                ErrorCode::GatewayTimeout,
                 format!("sandbox {sandbox}: {self}"),
             ),
             DialError::Gone => ApiError::conflict(format!("sandbox {sandbox} is stopping")),
             DialError::Io { .. } => ApiError::new(
                 StatusCode::BAD_GATEWAY,
-                "bad_gateway",
+                ErrorCode::BadGateway,
                 format!("sandbox {sandbox}: {self}"),
             ),
         }

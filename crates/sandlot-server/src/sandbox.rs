@@ -14,7 +14,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::{watch, Notify};
 use tracing::Instrument;
 
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, ErrorCode};
 use crate::pool::ClaimSetup;
 use crate::process::ProcTable;
 use crate::state::AppState;
@@ -649,7 +649,7 @@ pub async fn create_idempotent(
         if request_hash != key.request_hash {
             return Err(ApiError::new(
                 axum::http::StatusCode::UNPROCESSABLE_ENTITY,
-                "idempotency_mismatch",
+                ErrorCode::IdempotencyMismatch,
                 format!(
                     "Idempotency-Key {:?} was used for a create with a different body",
                     key.key
@@ -734,7 +734,7 @@ async fn cold_create(
                 Err(api) => api.message,
             };
             span.in_scope(|| tracing::warn!("create failed: {e}"));
-            let shown = if api.code == "internal" {
+            let shown = if api.code == ErrorCode::Internal {
                 "the runtime failed to create the sandbox".to_string()
             } else {
                 api.message.clone()

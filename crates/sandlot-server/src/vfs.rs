@@ -30,7 +30,7 @@ use sandlot_vfs::{
 };
 
 use crate::config::VfsSection;
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, ErrorCode};
 use crate::timefmt::rfc3339;
 
 fn now_ms() -> u64 {
@@ -89,13 +89,16 @@ pub fn ingest_error(e: StoreError, source: Option<SourceLabel<'_>>) -> ApiError 
         StoreError::InvalidName { .. } => ApiError::invalid("name", e.to_string()),
         StoreError::NotFound { name } => ApiError::not_found(format!("no collection {name}")),
         StoreError::NoSuchVersion { .. } => ApiError::not_found(e.to_string()),
-        StoreError::AlreadyExists { .. } => {
-            ApiError::new(StatusCode::CONFLICT, "already_exists", e.to_string())
-        }
+        StoreError::AlreadyExists { .. } => ApiError::new(
+            StatusCode::CONFLICT,
+            ErrorCode::AlreadyExists,
+            e.to_string(),
+        ),
         StoreError::Ingest { name, source: ie } => {
-            let bad = |m: String| ApiError::new(StatusCode::BAD_REQUEST, "bad_request", m);
-            let failed =
-                |m: String| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "ingest_failed", m);
+            let bad = |m: String| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::BadRequest, m);
+            let failed = |m: String| {
+                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, ErrorCode::IngestFailed, m)
+            };
             let at = |p: &Path| SourceLabel::name(source, p);
             let api = match ie {
                 I::BadSpec { reason, .. } => bad(format!("invalid source: {reason}")),
@@ -290,14 +293,14 @@ impl VfsService {
         if self.cfg.allowed_source_paths.is_empty() {
             return Err(ApiError::new(
                 StatusCode::FORBIDDEN,
-                "forbidden",
+                ErrorCode::Forbidden,
                 "source.path: the operator allows no daemon-side sources (vfs.allowed_source_paths); upload a tar archive or a JSONL export instead",
             ));
         }
         let forbidden = || {
             ApiError::new(
                 StatusCode::FORBIDDEN,
-                "forbidden",
+                ErrorCode::Forbidden,
                 format!("source.path: {path} is not under a path the operator allows (vfs.allowed_source_paths)"),
             )
         };
@@ -351,7 +354,7 @@ impl VfsService {
         } else {
             Err(ApiError::new(
                 StatusCode::FORBIDDEN,
-                "forbidden",
+                ErrorCode::Forbidden,
                 format!("source.endpoint: {endpoint} is not an S3 endpoint the operator allows (vfs.allowed_s3_endpoints)"),
             ))
         }

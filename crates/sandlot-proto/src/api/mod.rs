@@ -9,12 +9,15 @@
 
 pub mod checkpoint;
 pub mod code;
+mod error_code;
 pub mod lifecycle;
 pub mod metrics;
 pub mod network;
 pub mod ports;
 pub mod snapshot;
 pub mod vfs;
+
+pub use error_code::{ErrorCode, UnknownErrorCode};
 
 use std::collections::BTreeMap;
 
@@ -502,10 +505,9 @@ pub struct Health {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(ToSchema))]
 pub struct ApiErrorBody {
-    /// Machine-readable: `bad_request`, `unauthorized`, `not_found`, `conflict`,
-    /// `gone`, `payload_too_large`, `quota_exceeded`, `internal`, `unavailable`,
-    /// `host_exhausted` (503: the host ran out of file descriptors, memory or disk
-    /// space; nothing was kept, retry later), ...
+    /// Machine-readable: one of [`ErrorCode`] (text, so that a client meets a
+    /// code newer than itself as text).
+    #[cfg_attr(feature = "openapi", schema(value_type = ErrorCode))]
     pub code: String,
     pub message: String,
     /// Also in the `x-request-id` response header; quote it when reporting a problem.

@@ -19,7 +19,7 @@ use sandlot_proto::api::code::{
 };
 use tokio::sync::{mpsc, Mutex as AsyncMutex, Notify};
 
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, ErrorCode};
 use crate::store::now_ms;
 use crate::timefmt::rfc3339;
 use driver::{describe_end, Driver, DriverLine, DriverSpec, Next, StartError, WriteError};
@@ -820,7 +820,7 @@ fn start_error(e: StartError, lang: Language) -> ApiError {
             match e.code() {
                 Some(C::NotFound | C::SpawnFailed | C::PermissionDenied) => ApiError::new(
                     StatusCode::BAD_REQUEST,
-                    "kernel_unavailable",
+                    ErrorCode::KernelUnavailable,
                     format!(
                         "{} contexts need python3 in the sandbox (with ipykernel for Python): {e}",
                         lang.as_str()
@@ -831,12 +831,12 @@ fn start_error(e: StartError, lang: Language) -> ApiError {
         }
         StartError::Unavailable { .. } | StartError::Ended { .. } => ApiError::new(
             StatusCode::BAD_REQUEST,
-            "kernel_unavailable",
+            ErrorCode::KernelUnavailable,
             driver::bounded(&e.to_string(), 2000),
         ),
         StartError::Timeout(_) => ApiError::new(
             StatusCode::GATEWAY_TIMEOUT,
-            "timeout",
+            ErrorCode::Timeout,
             format!("starting the code context: {e}"),
         ),
         StartError::Io(_) => ApiError::internal(format!("starting the code context: {e}")),

@@ -17,7 +17,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorCode};
 
 /// Frame flag: the payload is compressed (never used here: compression is refused).
 pub const FLAG_COMPRESSED: u8 = 0x01;
@@ -126,11 +126,11 @@ impl ConnectError {
     /// to the Connect code envd would answer with.
     pub fn from_api(e: &ApiError) -> ConnectError {
         let code = match (e.status.as_u16(), e.code) {
-            (_, "already_exists") => Code::AlreadyExists,
-            (_, "not_a_directory" | "is_a_directory") => Code::InvalidArgument,
-            (_, "directory_not_empty") => Code::FailedPrecondition,
-            (_, "process_exited") | (410, _) | (404, _) => Code::NotFound,
-            (_, "no_space") | (413, _) | (429, _) | (507, _) => Code::ResourceExhausted,
+            (_, ErrorCode::AlreadyExists) => Code::AlreadyExists,
+            (_, ErrorCode::NotADirectory | ErrorCode::IsADirectory) => Code::InvalidArgument,
+            (_, ErrorCode::DirectoryNotEmpty) => Code::FailedPrecondition,
+            (_, ErrorCode::ProcessExited) | (410, _) | (404, _) => Code::NotFound,
+            (_, ErrorCode::NoSpace) | (413, _) | (429, _) | (507, _) => Code::ResourceExhausted,
             (400, _) => Code::InvalidArgument,
             (401, _) => Code::Unauthenticated,
             (403, _) => Code::PermissionDenied,
@@ -146,7 +146,7 @@ impl From<ApiError> for ConnectError {
     fn from(e: ApiError) -> ConnectError {
         if e.status.is_server_error() {
             tracing::error!(
-                code = e.code,
+                code = e.code.as_str(),
                 detail = e.internal.as_deref().unwrap_or(""),
                 "envd call failed: {}",
                 e.message
@@ -522,21 +522,33 @@ mod tests {
         let m = |e: ApiError| ConnectError::from_api(&e).code;
         assert_eq!(m(ApiError::not_found("x")), Code::NotFound);
         assert_eq!(
-            m(ApiError::new(StatusCode::CONFLICT, "already_exists", "x")),
+            m(ApiError::new(
+                StatusCode::CONFLICT,
+                ErrorCode::AlreadyExists,
+                "x"
+            )),
             Code::AlreadyExists
         );
         assert_eq!(
-            m(ApiError::new(StatusCode::CONFLICT, "is_a_directory", "x")),
+            m(ApiError::new(
+                StatusCode::CONFLICT,
+                ErrorCode::IsADirectory,
+                "x"
+            )),
             Code::InvalidArgument
         );
         assert_eq!(
-            m(ApiError::new(StatusCode::CONFLICT, "process_exited", "x")),
+            m(ApiError::new(
+                StatusCode::CONFLICT,
+                ErrorCode::ProcessExited,
+                "x"
+            )),
             Code::NotFound
         );
         assert_eq!(
             m(ApiError::new(
                 StatusCode::FORBIDDEN,
-                "permission_denied",
+                ErrorCode::PermissionDenied,
                 "x"
             )),
             Code::PermissionDenied
@@ -545,7 +557,7 @@ mod tests {
         assert_eq!(
             m(ApiError::new(
                 StatusCode::INSUFFICIENT_STORAGE,
-                "no_space",
+                ErrorCode::NoSpace,
                 "x"
             )),
             Code::ResourceExhausted

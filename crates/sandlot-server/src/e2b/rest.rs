@@ -51,7 +51,7 @@ impl From<ApiError> for RestError {
     fn from(e: ApiError) -> RestError {
         if e.status.is_server_error() {
             tracing::error!(
-                code = e.code,
+                code = e.code.as_str(),
                 detail = e.internal.as_deref().unwrap_or(""),
                 "e2b api call failed: {}",
                 e.message

@@ -21,7 +21,7 @@ use serde_json::Value;
 use super::stream::{event_json, ndjson_output, Source};
 use super::{json_status, parse_json, JsonBody, RequestId};
 use crate::auth::Principal;
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, ErrorCode};
 use crate::process::{keep_output_of, process_exit, OutEvent, ProcEntry};
 use crate::sandbox::SandboxHandle;
 use crate::services::{parse_duration, process};
@@ -238,7 +238,7 @@ pub(crate) async fn open_output(
                 }
                 return Err(ApiError::new(
                     StatusCode::GONE,
-                    "gone",
+                    ErrorCode::Gone,
                     format!("process {pid} has exited and its output is no longer retained"),
                 ));
             }

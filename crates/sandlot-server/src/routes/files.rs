@@ -24,7 +24,7 @@ use super::exec::parse_bool;
 use super::stream::{channel_body, fallible_channel_body, line};
 use super::{json_status, JsonBody, RequestId};
 use crate::auth::Principal;
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, ErrorCode};
 use crate::services::files::{ReadRange, SandboxFiles, UploadKind, WriteSpec};
 use crate::state::AppState;
 use crate::tarstream::{self, EntryKind, TarReader};
@@ -360,7 +360,7 @@ pub async fn tar_download(
     if st.kind != FileKind::Dir {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
-            "not_a_directory",
+            ErrorCode::NotADirectory,
             format!("{root} is not a directory"),
         ));
     }

@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{json_status, live, parse_json, read_limited};
 use crate::auth::Principal;
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, ErrorCode};
 use crate::images::{store_error, viewer};
 use crate::state::AppState;
 
@@ -172,7 +172,7 @@ fn operator_only(p: &Principal, what: &str) -> ApiResult<()> {
     if p.scope.is_some() {
         return Err(ApiError::new(
             StatusCode::FORBIDDEN,
-            "forbidden",
+            ErrorCode::Forbidden,
             format!("{what} is for the operator (the daemon's Unix socket)"),
         ));
     }
@@ -754,7 +754,7 @@ pub async fn build(
         Some(t) => Some(state.builds.try_take(t).map_err(|held| {
             ApiError::new(
                 StatusCode::TOO_MANY_REQUESTS,
-                "quota_exceeded",
+                ErrorCode::QuotaExceeded,
                 format!(
                     "tenant {t} runs {held} builds already (images.max_builds_per_tenant = {})",
                     state.builds.cap()

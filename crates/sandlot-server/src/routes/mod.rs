@@ -16,7 +16,7 @@ use serde::de::DeserializeOwned;
 use tracing::Instrument;
 
 use crate::auth::{Principal, Transport};
-use crate::error::{for_status, ApiError, ApiResult, PendingError};
+use crate::error::{for_status, ApiError, ApiResult, ErrorCode, PendingError};
 use crate::state::AppState;
 
 pub use crate::services::sandboxes::{live, lookup};
@@ -263,7 +263,7 @@ async fn metrics(State(state): State<Arc<AppState>>, p: Principal) -> ApiResult<
     if p.scope.is_some() {
         return Err(ApiError::new(
             StatusCode::FORBIDDEN,
-            "permission_denied",
+            ErrorCode::PermissionDenied,
             "/metrics covers every tenant: it is the operator's (the daemon's Unix socket, \
              or the metrics_listen address for a Prometheus scraper)",
         ));
@@ -356,22 +356,22 @@ async fn request_context(
         None => None,
     };
     if let Some(e) = err {
-        state.metrics.error(e.code);
+        state.metrics.error(e.code.as_str());
         span.in_scope(|| {
             if e.status.is_server_error() {
                 tracing::error!(
                     status = e.status.as_u16(),
-                    code = e.code,
+                    code = e.code.as_str(),
                     detail = e.internal.as_deref().unwrap_or(""),
                     "{}",
                     e.message
                 );
             } else if let Some(detail) = &e.internal {
-                tracing::info!(status = e.status.as_u16(), code = e.code, detail = %detail, "{}", e.message);
+                tracing::info!(status = e.status.as_u16(), code = e.code.as_str(), detail = %detail, "{}", e.message);
             } else {
                 // Every answered error has a line with its request id: the id a
                 // client reports finds what the daemon said and why.
-                tracing::info!(status = e.status.as_u16(), code = e.code, "{}", e.message);
+                tracing::info!(status = e.status.as_u16(), code = e.code.as_str(), "{}", e.message);
             }
         });
         let body = serde_json::to_vec(&e.body(&rid)).expect("error bodies serialize");

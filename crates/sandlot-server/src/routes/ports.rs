@@ -18,7 +18,7 @@ use sandlot_proto::api::ports::{PortList, PublishPort, PublishedPort};
 use tracing::Instrument;
 
 use crate::auth::Principal;
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, ErrorCode};
 use crate::ports::{dial, parse_port_segment};
 use crate::routes::{json_status, lookup, JsonBody};
 use crate::state::AppState;
@@ -261,7 +261,7 @@ pub async fn proxy(
         let Some(client_upgrade) = client_upgrade else {
             return Err(ApiError::new(
                 StatusCode::BAD_GATEWAY,
-                "bad_gateway",
+                ErrorCode::BadGateway,
                 format!("port {port} of sandbox {} switched protocols unasked", h.id),
             ));
         };
@@ -330,7 +330,7 @@ pub fn confine_to_sandbox_origin(headers: &mut axum::http::HeaderMap) {
 fn bad_gateway(id: &str, port: u16, e: &hyper::Error) -> ApiError {
     ApiError::new(
         StatusCode::BAD_GATEWAY,
-        "bad_gateway",
+        ErrorCode::BadGateway,
         format!("port {port} of sandbox {id} did not answer HTTP: {e}"),
     )
 }

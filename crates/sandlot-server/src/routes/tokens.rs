@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{json_status, JsonBody};
 use crate::auth::Principal;
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, ErrorCode};
 use crate::state::AppState;
 use crate::store::TokenRecord;
 
@@ -75,7 +75,7 @@ fn operator_only(p: &Principal) -> ApiResult<()> {
         None => Ok(()),
         Some(_) => Err(ApiError::new(
             StatusCode::FORBIDDEN,
-            "permission_denied",
+            ErrorCode::PermissionDenied,
             "tokens are managed by the operator (the daemon's Unix socket, not acting as a tenant)",
         )),
     }

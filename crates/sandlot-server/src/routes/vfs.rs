@@ -17,7 +17,7 @@ use sandlot_proto::api::vfs::{
 
 use super::{json_status, parse_json, read_limited};
 use crate::auth::Principal;
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, ErrorCode};
 use crate::state::AppState;
 use crate::tarstream::{EntryKind, TarReader};
 use crate::vfs::{IngestPlan, VfsService};
@@ -55,7 +55,7 @@ fn body_kind(headers: &HeaderMap) -> ApiResult<BodyKind> {
         }
         other => Err(ApiError::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "unsupported_media_type",
+            ErrorCode::UnsupportedMediaType,
             format!("Content-Type {other}: expected application/json (a daemon-side source), application/x-tar (a directory archive) or application/x-ndjson (a JSONL chunk export)"),
         )),
     }
@@ -316,7 +316,7 @@ pub async fn create(
             if state.vfs.store(&tenant)?.collection(&name).is_ok() {
                 return Err(ApiError::new(
                     StatusCode::CONFLICT,
-                    "already_exists",
+                    ErrorCode::AlreadyExists,
                     format!("collection {name:?} already exists"),
                 ));
             }
@@ -534,7 +534,7 @@ pub async fn run(
         let out = out.map_err(|e| match e {
             E::CommandLimit { .. } => ApiError::new(
                 StatusCode::TOO_MANY_REQUESTS,
-                "limit",
+                ErrorCode::Limit,
                 format!("{e} (vfs.max_commands); open a new session"),
             ),
             E::CommandTooLong { .. } => ApiError::invalid("command", e.to_string()),

@@ -544,7 +544,7 @@ mod tests {
         let whole = ReadPlan::new("/big", ReadRange::Whole, limit(100));
         assert!(whole.check_size(100).is_ok());
         let e = whole.check_size(101).unwrap_err();
-        assert_eq!((e.status.as_u16(), e.code), (413, "too_large"));
+        assert_eq!((e.status.as_u16(), e.code.as_str()), (413, "too_large"));
         assert!(
             e.message.starts_with("/big is larger than"),
             "{}",
@@ -578,7 +578,10 @@ mod tests {
         b.charge(6).unwrap();
         b.charge(4).unwrap();
         let e = b.charge(1).unwrap_err();
-        assert_eq!((e.status.as_u16(), e.code), (413, "payload_too_large"));
+        assert_eq!(
+            (e.status.as_u16(), e.code.as_str()),
+            (413, "payload_too_large")
+        );
         assert!(e.message.contains("(limits.max_upload)"), "{}", e.message);
         let mut a = UploadBudget::new(3, UploadKind::Archive);
         let e = a.charge(4).unwrap_err();

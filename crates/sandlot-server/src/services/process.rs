@@ -22,7 +22,7 @@ use sandlot_proto::units::Seconds;
 use serde_json::Value;
 
 use super::parse_duration;
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, ErrorCode};
 use crate::process::{supervise, ProcEntry};
 use crate::sandbox::SandboxHandle;
 use crate::state::AppState;
@@ -69,9 +69,11 @@ pub async fn start(
         match e.code() {
             // The command itself could not be run: the caller's problem (400), not a
             // missing API resource.
-            Some(C::NotFound | C::PermissionDenied | C::SpawnFailed) => {
-                ApiError::new(StatusCode::BAD_REQUEST, "spawn_failed", e.to_string())
-            }
+            Some(C::NotFound | C::PermissionDenied | C::SpawnFailed) => ApiError::new(
+                StatusCode::BAD_REQUEST,
+                ErrorCode::SpawnFailed,
+                e.to_string(),
+            ),
             _ => ApiError::from_guest(
                 e,
                 &format!("exec {:?}", b.argv.first().cloned().unwrap_or_default()),

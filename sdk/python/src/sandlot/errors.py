@@ -68,12 +68,27 @@ class InvalidUserError(BadRequestError):
     """400 ``invalid_user``: no such user in the sandbox."""
 
 
+class KernelUnavailableError(BadRequestError):
+    """400 ``kernel_unavailable``: a code context's interpreter cannot start in
+    this sandbox (no ``python3``, no ``ipykernel``); the message names what is
+    missing."""
+
+
+class UnsupportedMediaTypeError(BadRequestError):
+    """415 ``unsupported_media_type``: a request body of a type the route does not take."""
+
+
 class AuthError(APIError):
     """401: no, bad or revoked token."""
 
 
 class PermissionDeniedError(APIError):
     """403: a file operation the sandbox user may not do."""
+
+
+class ForbiddenError(PermissionDeniedError):
+    """403 ``forbidden``: what only the operator may do, or a source the operator
+    does not allow."""
 
 
 class NotFoundError(APIError):
@@ -113,6 +128,11 @@ class CheckpointDamagedError(ConflictError):
     what was saved; it stays paused and can only be terminated."""
 
 
+class LifetimeExceededError(ConflictError):
+    """409 ``lifetime_exceeded``: a paused sandbox past the operator's maximum
+    lifetime is not resumed; it can only be deleted."""
+
+
 class NotADirectoryError_(ConflictError):
     """409 ``not_a_directory``."""
 
@@ -140,12 +160,38 @@ class PayloadTooLargeError(APIError):
     (``too_large``; holes of sparse files count)."""
 
 
+class BuildFailedError(APIError):
+    """422 ``build_failed``: an image build failed (a step, or the operator's time limit)."""
+
+
+class IdempotencyMismatchError(APIError):
+    """422 ``idempotency_mismatch``: an ``Idempotency-Key`` already used for a
+    create with another body."""
+
+
+class SandboxIOError(APIError):
+    """422 ``io``: a file operation inside the sandbox failed with an I/O error."""
+
+
 class QuotaExceededError(APIError):
     """429: the tenant's quota (live sandboxes, memory) or a sandbox limit."""
 
 
 class InternalError(APIError):
     """500: opaque; the daemon's log has details under the request id."""
+
+
+class NotImplementedByDaemonError(APIError):
+    """501 ``not_implemented``: a feature this daemon was built without."""
+
+
+class BadGatewayError(APIError):
+    """502 ``bad_gateway``: a sandbox port refused the connection or did not answer HTTP."""
+
+
+class GatewayTimeoutError(APIError, TimeoutError):
+    """504 ``gateway_timeout`` (dialling a sandbox port took too long) or
+    ``timeout`` (a code context's interpreter did not start in time)."""
 
 
 class UnavailableError(APIError):
@@ -214,11 +260,15 @@ class CommandTimeoutError(CommandError, TimeoutError):
     """``run(..., check=True, timeout=...)``: the command ran out of time and was killed."""
 
 
+# Every code the daemon answers (a test of the daemon holds this map to its list).
 _BY_CODE: Dict[str, Type[APIError]] = {
+    "bad_request": BadRequestError,
     "spawn_failed": SpawnError,
     "invalid_user": InvalidUserError,
+    "kernel_unavailable": KernelUnavailableError,
     "unauthorized": AuthError,
     "permission_denied": PermissionDeniedError,
+    "forbidden": ForbiddenError,
     "not_found": NotFoundError,
     "method_not_allowed": MethodNotAllowedError,
     "conflict": ConflictError,
@@ -226,6 +276,8 @@ _BY_CODE: Dict[str, Type[APIError]] = {
     "pause_refused": PauseRefusedError,
     "checkpoint_damaged": CheckpointDamagedError,
     "checkpoint_refused": CheckpointRefusedError,
+    "lifetime_exceeded": LifetimeExceededError,
+    "busy": ConflictError,
     "already_exists": AlreadyExistsError,
     "not_a_directory": NotADirectoryError_,
     "is_a_directory": IsADirectoryError_,
@@ -234,13 +286,21 @@ _BY_CODE: Dict[str, Type[APIError]] = {
     "gone": GoneError,
     "payload_too_large": PayloadTooLargeError,
     "too_large": PayloadTooLargeError,
+    "unsupported_media_type": UnsupportedMediaTypeError,
+    "ingest_failed": IngestError,
+    "build_failed": BuildFailedError,
+    "idempotency_mismatch": IdempotencyMismatchError,
+    "io": SandboxIOError,
     "quota_exceeded": QuotaExceededError,
     "limit": QuotaExceededError,
     "internal": InternalError,
+    "not_implemented": NotImplementedByDaemonError,
+    "bad_gateway": BadGatewayError,
     "unavailable": UnavailableError,
     "host_exhausted": HostExhaustedError,
+    "gateway_timeout": GatewayTimeoutError,
+    "timeout": GatewayTimeoutError,
     "no_space": NoSpaceError,
-    "ingest_failed": IngestError,
 }
 
 _BY_STATUS: Dict[int, Type[APIError]] = {
@@ -251,8 +311,9 @@ _BY_STATUS: Dict[int, Type[APIError]] = {
     405: MethodNotAllowedError,
     409: ConflictError,
     410: GoneError,
-    422: IngestError,
     413: PayloadTooLargeError,
+    415: UnsupportedMediaTypeError,
+    422: IngestError,
     429: QuotaExceededError,
     500: InternalError,
     503: UnavailableError,
