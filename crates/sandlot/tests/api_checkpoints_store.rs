@@ -255,3 +255,40 @@ fn gvisor_a_snapshot_of_a_store_image_sandbox_holds_its_image_across_a_restart_a
     });
     d.shutdown();
 }
+
+/// A writable layer marked incomplete (what a daemon stopped while copying a
+/// checkpoint's layer into it leaves) is never resumed: the sandbox stays
+/// paused, 409 `checkpoint_damaged`, and is deleted whole.
+#[test]
+fn gvisor_a_store_image_sandbox_whose_layer_copy_was_cut_short_is_never_resumed() {
+    let mut d = Daemon::start_isolated(None, "gvisor");
+    let c = d.client();
+    rt().block_on(async {
+        make_image(&c).await;
+        let s = c.create_sandbox(&store_image()).await.unwrap();
+        sh(&c, &s.id, "echo mine > /tmp/file").await;
+        c.pause_sandbox(&s.id).await.unwrap();
+        let rw = d.data_dir().join("rw").join(&s.id);
+        std::fs::write(rw.join("incomplete"), "").unwrap();
+        let e = c.resume_sandbox(&s.id).await.unwrap_err();
+        assert_eq!(
+            (e.status().map(|s| s.as_u16()), e.code()),
+            (Some(409), Some("checkpoint_damaged")),
+            "{e}"
+        );
+        assert!(!e.to_string().contains(d.data_dir().to_str().unwrap()), "{e}");
+        assert_eq!(
+            c.get_sandbox(&s.id).await.unwrap().state,
+            SandboxState::Paused
+        );
+        // Neither is it checkpointed, forked or snapshotted from.
+        let e = c
+            .create_checkpoint(&s.id, &CreateCheckpoint::default())
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Some("checkpoint_damaged"), "{e}");
+        c.delete_sandbox(&s.id).await.unwrap();
+        no_leftovers(&d).await;
+    });
+    d.shutdown();
+}

@@ -234,6 +234,26 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_writable_layer_whose_fill_was_cut_short_is_never_whole() {
+        let dir = std::env::temp_dir().join(format!("sandlot-fill-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let (saved, rw) = (dir.join("saved"), dir.join("rw"));
+        fs::create_dir_all(saved.join(SAVED_LAYER).join("d")).unwrap();
+        fs::write(saved.join(SAVED_LAYER).join("d/f"), "kept").unwrap();
+        for d in ["upper", "work"] {
+            fs::create_dir_all(rw.join(d)).unwrap();
+        }
+        assert!(layer_whole(&rw));
+        fill_layer(&saved, &rw).unwrap();
+        assert!(layer_whole(&rw));
+        assert_eq!(fs::read_to_string(rw.join("upper/d/f")).unwrap(), "kept");
+        // A second fill finds `d` there: it fails, and the layer stays marked.
+        assert!(fill_layer(&saved, &rw).is_err());
+        assert!(!layer_whole(&rw));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn a_saved_root_size_is_two_positive_numbers() {
         assert_eq!(
             parse_size("1048576 256\n"),
