@@ -876,11 +876,13 @@ async fn swap(state: &Arc<AppState>, rec: &SandboxRecord, c: &CheckpointRecord) 
                             ApiError::internal(format!("rename {}: {e}", next.display()))
                         })
                     });
-                if let (Err(_), Some(_)) = (&replaced, layer) {
-                    // Its layer is the checkpoint's, its memory not: never resumed.
-                    st.images.abandon_writable_layer(&id2);
-                }
+                // Its layer stays marked incomplete unless its memory image is
+                // the checkpoint's too: a failure or a crash before leaves a
+                // sandbox that is never resumed (a restore again mends it).
                 replaced?;
+                if layer.is_some() {
+                    st.images.complete_writable_layer(&id2)?;
+                }
                 saved.files = c2.saved.files.clone();
             }
             PauseKind::Filesystem => {

@@ -469,19 +469,20 @@ impl Images {
         Ok(())
     }
 
-    /// Marks sandbox `id`'s writable layer incomplete: no sandbox starts on it
-    /// again (its resume is refused, `checkpoint_damaged`). Blocking.
-    pub fn abandon_writable_layer(&self, id: &str) {
-        if let Err(e) = sandlot_runtime::gvisor::kept_copy::mark_layer_incomplete(&self.rw_dir(id)) {
-            tracing::error!(sandbox_id = id, "mark a writable layer incomplete: {e}");
-        }
+    /// Marks sandbox `id`'s writable layer whole again once what goes with it
+    /// (its memory image) is in place too. Blocking.
+    pub fn complete_writable_layer(&self, id: &str) -> Result<(), ApiError> {
+        sandlot_runtime::gvisor::kept_copy::mark_layer_whole(&self.rw_dir(id))
+            .map_err(ApiError::internal)
     }
 
     /// Replaces paused sandbox `id`'s writable layer by the one checkpoint copy
     /// `saved` keeps: made whole beside it first (a failure leaves the layer as
-    /// it was), then the old one marked incomplete (from here a failure leaves
-    /// no layer a resume would take), unmounted, and the new one moved into its
-    /// place. Blocking.
+    /// it was), then the old one marked incomplete (from here a failure or a
+    /// crash leaves no layer a resume would take), unmounted, and the new one
+    /// moved into its place, marked incomplete until the caller has put the
+    /// memory image that goes with it in place and calls
+    /// [`Images::complete_writable_layer`]. Blocking.
     pub fn replace_writable_layer(
         &self,
         id: &str,
@@ -501,6 +502,8 @@ impl Images {
                 .mode(0o700)
                 .create(&rw)
                 .map_err(io_api("create writable layer"))?;
+            sandlot_runtime::gvisor::kept_copy::mark_layer_incomplete(&staged)
+                .map_err(ApiError::internal)?;
             rustix::mount::mount_move(&staged, &rw).map_err(|e| {
                 ApiError::internal(format!("move the writable layer onto {}: {e}", rw.display()))
             })?;

@@ -176,6 +176,17 @@ pub fn mark_layer_incomplete(rw: &Path) -> Result<(), RuntimeError> {
     write(&rw.join(kept_root::INCOMPLETE), "")
 }
 
+/// Marks writable layer `rw` whole (again). Blocking.
+pub fn mark_layer_whole(rw: &Path) -> Result<(), RuntimeError> {
+    let marker = rw.join(kept_root::INCOMPLETE);
+    match fs::remove_file(&marker) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => {
+            Err(io_err(format!("remove {}", marker.display()))(e))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Whether writable layer `rw` is whole: no copy into it was cut short.
 pub fn layer_whole(rw: &Path) -> bool {
     fs::symlink_metadata(rw.join(kept_root::INCOMPLETE)).is_err()
