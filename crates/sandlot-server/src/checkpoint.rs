@@ -10,8 +10,14 @@
 //!   the sandbox is resumed unless the caller asked to leave it paused. A restore
 //!   or a fork makes a checkpoint directory of a pause from the copy
 //!   (`kept_copy::materialize`: the image's files linked, the root copied into a
-//!   tmpfs of its own) and resumes from it. Only the `host` image's root (a
-//!   tmpfs) is kept: a sandbox of a store image is refused (`checkpoint_refused`).
+//!   tmpfs of its own) and resumes from it. A sandbox of a store image keeps its
+//!   files in its writable layer (`<data>/rw/<id>/upper`, which its pause keeps):
+//!   that is copied too (`kept_copy::save_layer`, whiteouts and opaque
+//!   directories kept), and the checkpoint leases the image under its own id
+//!   (`Saved::layer_image`); a fork gets a writable layer of its own filled from
+//!   the copy (`Images::restore_writable_layer`), a restore in place has its
+//!   layer replaced (`Images::replace_writable_layer`), each marked incomplete
+//!   until whole so that a copy a crash cut short is never resumed.
 //! * namespace (`filesystem`): the sandbox's files are committed to an image of
 //!   the tenant's, as a snapshot is, which the checkpoint leases (holder: its id);
 //!   the sandbox runs on untouched. A restore or a fork starts a sandbox from

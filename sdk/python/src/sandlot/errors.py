@@ -104,8 +104,9 @@ class PauseRefusedError(ConflictError):
 
 
 class CheckpointRefusedError(ConflictError):
-    """409 ``checkpoint_refused``: the sandbox cannot be checkpointed (on gVisor,
-    one of a store image: only the ``host`` image's root is copied)."""
+    """409 ``checkpoint_refused``: the sandbox cannot be checkpointed. Daemons of
+    this version checkpoint every gVisor sandbox, a store image's included, and
+    answer it no more; kept for daemons that refuse a store image's sandbox."""
 
 
 class CheckpointDamagedError(ConflictError):
