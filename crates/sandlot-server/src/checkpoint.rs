@@ -869,7 +869,10 @@ async fn swap(state: &Arc<AppState>, rec: &SandboxRecord, c: &CheckpointRecord) 
                     None => None,
                 };
                 if let Some(size) = layer {
-                    if let Err(e) = st.images.replace_writable_layer(&id2, size, &copy_dir(&st, &c2.id)) {
+                    if let Err(e) =
+                        st.images
+                            .replace_writable_layer(&id2, size, &copy_dir(&st, &c2.id))
+                    {
                         let _ = backend.remove_checkpoint(&next);
                         return Err(e);
                     }

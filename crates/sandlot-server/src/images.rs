@@ -505,7 +505,10 @@ impl Images {
             sandlot_runtime::gvisor::kept_copy::mark_layer_incomplete(&staged)
                 .map_err(ApiError::internal)?;
             rustix::mount::mount_move(&staged, &rw).map_err(|e| {
-                ApiError::internal(format!("move the writable layer onto {}: {e}", rw.display()))
+                ApiError::internal(format!(
+                    "move the writable layer onto {}: {e}",
+                    rw.display()
+                ))
             })?;
             let _ = fs::remove_dir(&staged);
             Ok(())

@@ -111,10 +111,16 @@ fn gvisor_restore_in_place_of_a_store_image_sandbox_brings_back_its_layer_and_me
             at_checkpoint,
             "/tmp/base=base\n/tmp/doomed gone\n/tmp/dir/old gone\n/tmp/dir/new=fresh\n/tmp/file=one\n/tmp/later gone\n"
         );
+        let t0 = std::time::Instant::now();
         let cp = c
             .create_checkpoint(&s.id, &CreateCheckpoint::default())
             .await
             .unwrap();
+        eprintln!(
+            "checkpoint of a running store image sandbox: {:?}, {} bytes",
+            t0.elapsed(),
+            cp.size
+        );
         assert!(cp.memory, "{cp:?}");
         assert!(cp.size >= 2 << 20, "its layer counts: {cp:?}");
         // It runs on; files and memory change after the checkpoint.
@@ -126,7 +132,28 @@ fn gvisor_restore_in_place_of_a_store_image_sandbox_brings_back_its_layer_and_me
         )
         .await;
         assert_eq!(probe(&c, &s.id).await, (3, pid.clone()));
+        // A second checkpoint, left paused: the diff of the two is of the
+        // image under each writable layer.
+        let later = c
+            .create_checkpoint(
+                &s.id,
+                &CreateCheckpoint {
+                    name: None,
+                    leave_running: false,
+                },
+            )
+            .await
+            .unwrap();
+        let diff = c.diff_checkpoints(&s.id, &cp.id, &later.id).await.unwrap();
+        let has = |v: &[String], p: &str| v.iter().any(|x| x == p);
+        assert!(has(&diff.changed, "/tmp/file"), "{diff:?}");
+        assert!(has(&diff.added, "/tmp/later"), "{diff:?}");
+        assert!(has(&diff.added, "/tmp/doomed"), "{diff:?}");
+        assert!(has(&diff.added, "/tmp/dir/old"), "{diff:?}");
+        assert!(!has(&diff.changed, "/tmp/base"), "{diff:?}");
+        let t0 = std::time::Instant::now();
         let r = c.restore_checkpoint(&s.id, &cp.id).await.unwrap();
+        eprintln!("restore in place of a paused store image sandbox: {:?}", t0.elapsed());
         assert_eq!(r.sandbox.state, SandboxState::Running);
         assert_eq!(probe(&c, &s.id).await, (2, pid.clone()));
         assert_eq!(files(&c, &s.id).await, at_checkpoint);
@@ -152,6 +179,7 @@ fn gvisor_forks_of_a_store_image_sandbox_each_write_a_layer_of_their_own() {
         let (n, pid) = probe(&c, &s.id).await;
         assert_eq!(n, 1);
         sh(&c, &s.id, "echo parent > /tmp/file; rm /tmp/doomed").await;
+        let t0 = std::time::Instant::now();
         let f = c
             .fork_sandbox(
                 &s.id,
@@ -162,21 +190,37 @@ fn gvisor_forks_of_a_store_image_sandbox_each_write_a_layer_of_their_own() {
             )
             .await
             .unwrap();
+        eprintln!("fork of 2 of a store image sandbox: {:?}", t0.elapsed());
         let ids: Vec<String> = f.sandboxes.iter().map(|s| s.id.clone()).collect();
         assert_eq!(ids.len(), 2);
         for id in &ids {
             assert_eq!(probe(&c, id).await, (2, pid.clone()), "fork {id}");
             assert_eq!(
-                sh(&c, id, "cat /tmp/file /tmp/base; test -e /tmp/doomed || echo gone").await,
+                sh(
+                    &c,
+                    id,
+                    "cat /tmp/file /tmp/base; test -e /tmp/doomed || echo gone"
+                )
+                .await,
                 "parent\nbase\ngone\n",
                 "fork {id}"
             );
         }
-        sh(&c, &ids[0], "echo mine > /tmp/who; echo changed > /tmp/file").await;
+        sh(
+            &c,
+            &ids[0],
+            "echo mine > /tmp/who; echo changed > /tmp/file",
+        )
+        .await;
         sh(&c, &s.id, "echo later > /tmp/later").await;
         for other in [&ids[1], &s.id] {
             assert_eq!(
-                sh(&c, other, "cat /tmp/who 2>/dev/null || echo none; cat /tmp/file").await,
+                sh(
+                    &c,
+                    other,
+                    "cat /tmp/who 2>/dev/null || echo none; cat /tmp/file"
+                )
+                .await,
                 "none\nparent\n",
                 "{other} sees a fork's write"
             );
@@ -241,7 +285,12 @@ fn gvisor_a_snapshot_of_a_store_image_sandbox_holds_its_image_across_a_restart_a
             .unwrap();
         assert_eq!(probe(&c, &from.id).await, (2, pid), "its memory");
         assert_eq!(
-            sh(&c, &from.id, "cat /tmp/file /tmp/base; test -e /tmp/doomed || echo gone").await,
+            sh(
+                &c,
+                &from.id,
+                "cat /tmp/file /tmp/base; test -e /tmp/doomed || echo gone"
+            )
+            .await,
             "kept\nbase\ngone\n"
         );
         c.delete_sandbox(&from.id).await.unwrap();
@@ -276,7 +325,10 @@ fn gvisor_a_store_image_sandbox_whose_layer_copy_was_cut_short_is_never_resumed(
             (Some(409), Some("checkpoint_damaged")),
             "{e}"
         );
-        assert!(!e.to_string().contains(d.data_dir().to_str().unwrap()), "{e}");
+        assert!(
+            !e.to_string().contains(d.data_dir().to_str().unwrap()),
+            "{e}"
+        );
         assert_eq!(
             c.get_sandbox(&s.id).await.unwrap().state,
             SandboxState::Paused

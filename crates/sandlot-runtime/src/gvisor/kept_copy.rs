@@ -151,7 +151,11 @@ fn copy_into(saved: &Path, to: &Path) -> Result<(), RuntimeError> {
 /// Copies `upper`, the upper directory of a sandbox's writable layer (nothing of
 /// the sandbox runs), into `copy`, a checkpoint's copy [`save`] made, with at
 /// most `max_bytes` of file data. Blocking.
-pub fn save_layer(upper: &Path, copy: &Path, max_bytes: u64) -> Result<tree_copy::Copied, RuntimeError> {
+pub fn save_layer(
+    upper: &Path,
+    copy: &Path,
+    max_bytes: u64,
+) -> Result<tree_copy::Copied, RuntimeError> {
     tree_copy::copy_layer(upper, &copy.join(SAVED_LAYER), Limits::bytes(max_bytes))
 }
 
@@ -167,7 +171,11 @@ pub fn has_layer(saved: &Path) -> bool {
 pub fn fill_layer(saved: &Path, rw: &Path) -> Result<(), RuntimeError> {
     let incomplete = rw.join(kept_root::INCOMPLETE);
     write(&incomplete, "")?;
-    tree_copy::copy_layer(&saved.join(SAVED_LAYER), &rw.join("upper"), Limits::bytes(u64::MAX))?;
+    tree_copy::copy_layer(
+        &saved.join(SAVED_LAYER),
+        &rw.join("upper"),
+        Limits::bytes(u64::MAX),
+    )?;
     fs::remove_file(&incomplete).map_err(io_err(format!("remove {}", incomplete.display())))
 }
 

@@ -113,7 +113,12 @@ pub fn copy_layer(from: &Path, to: &Path, limits: Limits) -> Result<Copied, Runt
     copy_tree_as(from, to, limits, Kind::Layer)
 }
 
-fn copy_tree_as(from: &Path, to: &Path, limits: Limits, kind: Kind) -> Result<Copied, RuntimeError> {
+fn copy_tree_as(
+    from: &Path,
+    to: &Path,
+    limits: Limits,
+    kind: Kind,
+) -> Result<Copied, RuntimeError> {
     let src = open_dir(from)?;
     match std::fs::create_dir(to) {
         Err(e) if e.kind() != io::ErrorKind::AlreadyExists => {
@@ -261,10 +266,19 @@ fn walk(src: OwnedFd, dst: OwnedFd, limits: Limits, kind: Kind) -> Result<Copied
 /// The `user.` extended attributes of regular file `name` in `src` set on its
 /// copy in `dst` (each opened without following a link, and only if it is still
 /// a regular file).
-fn copy_file_xattrs(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, name: &CStr) -> Result<(), RuntimeError> {
+fn copy_file_xattrs(
+    src: BorrowedFd<'_>,
+    dst: BorrowedFd<'_>,
+    name: &CStr,
+) -> Result<(), RuntimeError> {
     let open = |dir: BorrowedFd<'_>| -> Result<OwnedFd, RuntimeError> {
-        let f = sys::openat_nofollow(dir, name, libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY, 0)
-            .map_err(io_err(format!("open {}", shown(name))))?;
+        let f = sys::openat_nofollow(
+            dir,
+            name,
+            libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY,
+            0,
+        )
+        .map_err(io_err(format!("open {}", shown(name))))?;
         let st = sys::fstat(f.as_fd()).map_err(io_err(format!("stat {}", shown(name))))?;
         if st.st_mode & libc::S_IFMT != libc::S_IFREG {
             return Err(io_err(format!("copy {}", shown(name)))(io::Error::other(
@@ -430,7 +444,15 @@ mod tests {
     fn set_xattr(path: &Path, name: &str, value: &[u8]) {
         let (p, n) = (sys::cstr(path).unwrap(), CString::new(name).unwrap());
         // SAFETY: NUL-terminated path and name; `value` is readable for its length.
-        let r = unsafe { libc::lsetxattr(p.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
+        let r = unsafe {
+            libc::lsetxattr(
+                p.as_ptr(),
+                n.as_ptr(),
+                value.as_ptr().cast(),
+                value.len(),
+                0,
+            )
+        };
         assert_eq!(r, 0, "setxattr {name}: {}", io::Error::last_os_error());
     }
 
@@ -438,7 +460,8 @@ mod tests {
         let (p, n) = (sys::cstr(path).unwrap(), CString::new(name).unwrap());
         let mut buf = vec![0u8; 256];
         // SAFETY: NUL-terminated path and name; `buf` is writable for its length.
-        let r = unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+        let r =
+            unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
         usize::try_from(r).ok().map(|n| buf[..n].to_vec())
     }
 
@@ -464,23 +487,37 @@ mod tests {
         // Another device node is no whiteout: left out.
         let null = sys::cstr(&src.join("null")).unwrap();
         // SAFETY: NUL-terminated path; the device number of /dev/null.
-        assert_eq!(unsafe { libc::mknod(null.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) }, 0);
+        assert_eq!(
+            unsafe { libc::mknod(null.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) },
+            0
+        );
         std::os::unix::fs::symlink("/etc", src.join("out")).unwrap();
         let dst = dir.join("dst");
         let out = copy_layer(&src, &dst, Limits::bytes(1 << 20)).unwrap();
         assert_eq!((out.bytes, out.skipped), (3, 1));
         let m = fs::symlink_metadata(dst.join("gone")).unwrap();
-        assert!(std::os::unix::fs::FileTypeExt::is_char_device(&m.file_type()));
+        assert!(std::os::unix::fs::FileTypeExt::is_char_device(
+            &m.file_type()
+        ));
         assert_eq!((m.rdev(), m.uid(), m.gid()), (0, 100_000, 100_000));
-        assert_eq!(get_xattr(&dst.join("opaque"), "user.overlay.opaque"), Some(b"y".to_vec()));
+        assert_eq!(
+            get_xattr(&dst.join("opaque"), "user.overlay.opaque"),
+            Some(b"y".to_vec())
+        );
         assert_eq!(fs::read(dst.join("opaque/f")).unwrap(), b"new");
-        assert_eq!(fs::symlink_metadata(dst.join("opaque/f")).unwrap().uid(), 1000);
+        assert_eq!(
+            fs::symlink_metadata(dst.join("opaque/f")).unwrap().uid(),
+            1000
+        );
         assert!(fs::symlink_metadata(dst.join("null")).is_err());
         assert_eq!(fs::read_link(dst.join("out")).unwrap(), Path::new("/etc"));
         // A plain copy keeps neither.
         let plain = copy_tree(&src, &dir.join("plain"), Limits::bytes(1 << 20)).unwrap();
         assert_eq!(plain.skipped, 2);
-        assert_eq!(get_xattr(&dir.join("plain/opaque"), "user.overlay.opaque"), None);
+        assert_eq!(
+            get_xattr(&dir.join("plain/opaque"), "user.overlay.opaque"),
+            None
+        );
         fs::remove_dir_all(&dir).unwrap();
     }
 
