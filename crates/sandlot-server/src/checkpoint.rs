@@ -408,7 +408,14 @@ async fn take_memory(
         if layered && !st.images.writable_layer_mounted(&id) {
             return Err(crate::pause::files_lost(&id));
         }
-        let used = dir_bytes(&from) + if layered { dir_bytes(&upper) } else { 0 };
+        // A writable layer, a tmpfs of its own, counts by its use (as a kept
+        // root does): holes of its sparse files cost nothing.
+        let used = dir_bytes(&from)
+            + if layered {
+                st.images.writable_layer_bytes(&id)
+            } else {
+                0
+            };
         let _room = crate::pause::claim_disk(
             &root,
             used,

@@ -440,6 +440,18 @@ impl Images {
         is_mount_point(&rw) && sandlot_runtime::gvisor::kept_copy::layer_whole(&rw)
     }
 
+    /// Bytes sandbox `id`'s writable layer holds: what its tmpfs uses (holes of
+    /// sparse files cost nothing).
+    pub fn writable_layer_bytes(&self, id: &str) -> u64 {
+        rustix::fs::statvfs(&self.rw_dir(id))
+            .map(|v| {
+                v.f_blocks
+                    .saturating_sub(v.f_bfree)
+                    .saturating_mul(v.f_frsize)
+            })
+            .unwrap_or(0)
+    }
+
     /// The upper directory of sandbox `id`'s writable layer (its changes to its
     /// image's files, in overlay format).
     pub fn writable_upper(&self, id: &str) -> PathBuf {
