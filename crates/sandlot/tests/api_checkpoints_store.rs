@@ -24,6 +24,11 @@ use serde_json::json;
 
 const IMAGE: &str = "test/py:1";
 
+/// The target of `/tmp/root-link`, the links of `/tmp/h1` and whether `/tmp/h2`
+/// is the same file, and the owner and mode of `/tmp/owned`.
+const ATTRS: &str = "import os; a, b, o = os.stat('/tmp/h1'), os.stat('/tmp/h2'), os.stat('/tmp/owned'); \
+print(os.readlink('/tmp/root-link'), a.st_nlink, a.st_ino == b.st_ino, o.st_uid, o.st_gid, oct(o.st_mode & 0o7777))";
+
 fn mounts_under(dir: &Path) -> Vec<String> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     info.lines()
@@ -104,7 +109,9 @@ fn gvisor_restore_in_place_of_a_store_image_sandbox_brings_back_its_layer_and_me
             &s.id,
             "echo one > /tmp/file; rm /tmp/doomed; rm -r /tmp/dir; mkdir /tmp/dir; \
              echo fresh > /tmp/dir/new; dd if=/dev/urandom of=/tmp/big bs=1M count=2 2>/dev/null; \
-             truncate -s 1T /tmp/sparse; echo end >> /tmp/sparse",
+             truncate -s 1T /tmp/sparse; echo end >> /tmp/sparse; \
+             ln -s / /tmp/root-link; echo h > /tmp/h1; ln /tmp/h1 /tmp/h2; \
+             touch /tmp/owned; chown 1000:1000 /tmp/owned; chmod 640 /tmp/owned",
         )
         .await;
         let at_checkpoint = files(&c, &s.id).await;
@@ -163,6 +170,12 @@ fn gvisor_restore_in_place_of_a_store_image_sandbox_brings_back_its_layer_and_me
         assert_eq!(
             sh(&c, &s.id, "python3 -c \"import os; print(os.stat('/tmp/sparse').st_size)\"; tail -c 4 /tmp/sparse").await,
             "1099511627780\nend\n"
+        );
+        // A link stays a link (never followed into the host's root), hard links
+        // stay one file, owners and modes stay the sandbox's.
+        assert_eq!(
+            sh(&c, &s.id, &format!("python3 -c \"{ATTRS}\"")).await,
+            "/ 2 True 1000 1000 0o640\n"
         );
         // Restored again from the same checkpoint: its copy stayed as it was.
         sh(&c, &s.id, "echo three > /tmp/file").await;
