@@ -6,8 +6,8 @@
 //! `resuming` from what its checkpoint saved: gVisor, a checkpoint directory of
 //! its own made from the checkpoint's copy (its root a tmpfs of its own, never
 //! shared; a store image's sandbox gets a writable layer of its own, a copy of
-//! the checkpoint's, over the image the fork leases); namespace, the checkpoint's image, on which it gets a writable layer
-//! of its own. Then each resumes as a paused sandbox does (`pause.rs`), with a
+//! the checkpoint's, over the image the fork leases); namespace, the
+//! checkpoint's image, on which it gets a writable layer of its own. Then each resumes as a paused sandbox does (`pause.rs`), with a
 //! network slot of its own, the parent's spec and network policy. If one cannot
 //! start, every fork of the request is ended and what it held removed.
 
@@ -141,9 +141,8 @@ pub(crate) async fn fork_from(
     let quota = state.cfg.quota(&parent.tenant);
     // Each namespace fork holds the checkpoint's image from its admission on,
     // as a paused sandbox holds its own: a removal of the checkpoint meanwhile
-    // leaves it.
-    // A gVisor fork of a store image's sandbox holds the image its writable
-    // layer goes over alike.
+    // leaves it. A gVisor fork of a store image's sandbox holds the image its
+    // writable layer goes over alike.
     let image: Option<sandlot_store::Digest> = match c.kind {
         PauseKind::Filesystem => c.saved.image.as_deref().and_then(|i| i.parse().ok()),
         PauseKind::Memory => c.saved.layer_image.as_deref().and_then(|i| i.parse().ok()),

@@ -443,7 +443,7 @@ impl Images {
     /// Bytes sandbox `id`'s writable layer holds: what its tmpfs uses (holes of
     /// sparse files cost nothing).
     pub fn writable_layer_bytes(&self, id: &str) -> u64 {
-        rustix::fs::statvfs(&self.rw_dir(id))
+        rustix::fs::statvfs(self.rw_dir(id))
             .map(|v| {
                 v.f_blocks
                     .saturating_sub(v.f_bfree)

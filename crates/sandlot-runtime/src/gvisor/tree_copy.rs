@@ -487,10 +487,9 @@ mod tests {
         // Another device node is no whiteout: left out.
         let null = sys::cstr(&src.join("null")).unwrap();
         // SAFETY: NUL-terminated path; the device number of /dev/null.
-        assert_eq!(
-            unsafe { libc::mknod(null.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) },
-            0
-        );
+        let made =
+            unsafe { libc::mknod(null.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) };
+        assert_eq!(made, 0);
         std::os::unix::fs::symlink("/etc", src.join("out")).unwrap();
         let dst = dir.join("dst");
         let out = copy_layer(&src, &dst, Limits::bytes(1 << 20)).unwrap();
