@@ -4,8 +4,9 @@
 //! processes of the checkpoint (files the image had and the sandbox deleted stay
 //! deleted, a directory it made again stays opaque), each fork gets a writable
 //! layer of its own, and a snapshot holds its image (a delete of the image is
-//! refused, across a daemon restart) until the snapshot is deleted. Needs root
-//! and Debian's `runsc`.
+//! refused and a prune keeps it, across a daemon restart) until the snapshot is
+//! deleted; a layer whose copy was cut short is never resumed. Needs root and
+//! Debian's `runsc`.
 //!
 //! The store image is a snapshot of a `host` sandbox (`POST
 //! /v1/sandboxes/{id}/snapshot`): its layer over the host's programs, so that
@@ -292,7 +293,11 @@ fn gvisor_a_snapshot_of_a_store_image_sandbox_holds_its_image_across_a_restart_a
             .unwrap_err();
         assert_eq!(e.status().map(|s| s.as_u16()), Some(409), "{e}");
     };
-    rt().block_on(refused(c.clone()));
+    rt().block_on(async {
+        refused(c.clone()).await;
+        // A prune keeps every layer of an image something holds.
+        c.call_json("POST", "/v1/images/prune", None).await.unwrap();
+    });
     d.terminate();
     d.spawn();
     let c = d.client();
