@@ -1079,6 +1079,70 @@ pub fn fchmod(fd: BorrowedFd<'_>, mode: u32) -> io::Result<()> {
     Ok(())
 }
 
+/// `mknodat` of an overlay whiteout (a character device 0:0) relative to an fd,
+/// then its mode set (the umask left out).
+pub fn mknod_whiteout_at(dir: BorrowedFd<'_>, name: &CStr, mode: u32) -> io::Result<()> {
+    // SAFETY: valid fd and C string; device number 0 (a whiteout).
+    cvt(unsafe {
+        libc::mknodat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            libc::S_IFCHR | (mode & 0o7777),
+            0,
+        )
+    })?;
+    // SAFETY: valid fd and C string; the node was just made by this call's caller
+    // in its own directory (not a link: fchmodat follows none here).
+    cvt(unsafe { libc::fchmodat(dir.as_raw_fd(), name.as_ptr(), mode & 0o7777, 0) })?;
+    Ok(())
+}
+
+/// The `user.` extended attributes of `from` set on `to` (both open files or
+/// directories): at most `max_names` names, values of at most 64 KiB each.
+pub fn copy_user_xattrs(
+    from: BorrowedFd<'_>,
+    to: BorrowedFd<'_>,
+    max_names: usize,
+) -> io::Result<usize> {
+    let mut list = vec![0u8; 64 << 10];
+    // SAFETY: valid fd; `list` is writable for its length.
+    let n = unsafe { libc::flistxattr(from.as_raw_fd(), list.as_mut_ptr().cast(), list.len()) };
+    let n = match cvt_size(n) {
+        Ok(n) => n,
+        Err(e) if e.raw_os_error() == Some(libc::ENOTSUP) => return Ok(0),
+        Err(e) => return Err(e),
+    };
+    let mut value = vec![0u8; 64 << 10];
+    let mut copied = 0;
+    for name in list[..n]
+        .split(|b| *b == 0)
+        .filter(|n| n.starts_with(b"user."))
+    {
+        if copied == max_names {
+            return Err(io::Error::other("too many extended attributes"));
+        }
+        let c = CString::new(name).map_err(io::Error::other)?;
+        // SAFETY: valid fd and C string; `value` is writable for its length.
+        let len = unsafe {
+            libc::fgetxattr(
+                from.as_raw_fd(),
+                c.as_ptr(),
+                value.as_mut_ptr().cast(),
+                value.len(),
+            )
+        };
+        let len = cvt_size(len)?;
+        // SAFETY: valid fd and C string; `value[..len]` is initialized.
+        cvt(unsafe { libc::fsetxattr(to.as_raw_fd(), c.as_ptr(), value.as_ptr().cast(), len, 0) })?;
+        copied += 1;
+    }
+    Ok(copied)
+}
+
+fn cvt_size(n: libc::ssize_t) -> io::Result<usize> {
+    usize::try_from(n).map_err(|_| io::Error::last_os_error())
+}
+
 /// `mkdirat` relative to an fd.
 pub fn mkdirat(dir: BorrowedFd<'_>, name: &CStr, mode: libc::mode_t) -> io::Result<()> {
     // SAFETY: valid fd and C string.

@@ -10,8 +10,14 @@
 //!   the sandbox is resumed unless the caller asked to leave it paused. A restore
 //!   or a fork makes a checkpoint directory of a pause from the copy
 //!   (`kept_copy::materialize`: the image's files linked, the root copied into a
-//!   tmpfs of its own) and resumes from it. Only the `host` image's root (a
-//!   tmpfs) is kept: a sandbox of a store image is refused (`checkpoint_refused`).
+//!   tmpfs of its own) and resumes from it. A sandbox of a store image keeps its
+//!   files in its writable layer (`<data>/rw/<id>/upper`, which its pause keeps):
+//!   that is copied too (`kept_copy::save_layer`, whiteouts and opaque
+//!   directories kept), and the checkpoint leases the image under its own id
+//!   (`Saved::layer_image`); a fork gets a writable layer of its own filled from
+//!   the copy (`Images::restore_writable_layer`), a restore in place has its
+//!   layer replaced (`Images::replace_writable_layer`), each marked incomplete
+//!   until whole so that a copy a crash cut short is never resumed.
 //! * namespace (`filesystem`): the sandbox's files are committed to an image of
 //!   the tenant's, as a snapshot is, which the checkpoint leases (holder: its id);
 //!   the sandbox runs on untouched. A restore or a fork starts a sandbox from
@@ -197,15 +203,6 @@ pub fn check_name(name: Option<&str>) -> ApiResult<()> {
     }
 }
 
-/// 409 `checkpoint_refused`: sandbox `id` cannot be checkpointed, `why`.
-fn refused(id: &str, why: &str) -> ApiError {
-    ApiError::new(
-        StatusCode::CONFLICT,
-        ErrorCode::CheckpointRefused,
-        format!("sandbox {id} cannot be checkpointed: {why}"),
-    )
-}
-
 /// Checkpoint `cp` of the caller's sandbox `id`: 404 for either unknown to them.
 pub fn find(
     state: &AppState,
@@ -346,12 +343,9 @@ async fn take_memory(
     name: Option<String>,
     leave_running: bool,
 ) -> ApiResult<CheckpointRecord> {
-    if state.images.image_of(&rec.id).is_some() {
-        return Err(refused(
-            &rec.id,
-            "on gVisor only a sandbox of the host image (a tmpfs root) is checkpointed; its image's writable layer is not copied",
-        ));
-    }
+    // A sandbox of a store image: its writable layer is copied too, and the
+    // image it goes over is leased under the checkpoint's id.
+    let layer_image = state.images.image_of(&rec.id);
     let was_paused = match rec.state {
         SandboxState::Running => false,
         SandboxState::Paused => true,
@@ -407,12 +401,28 @@ async fn take_memory(
         }
         Err(e) => return finish(Err(ApiError::internal(e))).await,
     };
-    let (st, id, cp2) = (state.clone(), rec.id.clone(), cp.clone());
+    let (st, id, cp2, layered) = (
+        state.clone(),
+        rec.id.clone(),
+        cp.clone(),
+        layer_image.is_some(),
+    );
     let copied = tokio::task::spawn_blocking(move || -> ApiResult<(u64, u64)> {
         let from = crate::pause::checkpoint_dir(&st, &id);
         let root = copies(&st);
         crate::pause::make_private_dir(&root).map_err(ApiError::internal)?;
-        let used = dir_bytes(&from);
+        let upper = st.images.writable_upper(&id);
+        if layered && !st.images.writable_layer_mounted(&id) {
+            return Err(crate::pause::files_lost(&id));
+        }
+        // A writable layer, a tmpfs of its own, counts by its use (as a kept
+        // root does): holes of its sparse files cost nothing.
+        let used = dir_bytes(&from)
+            + if layered {
+                st.images.writable_layer_bytes(&id)
+            } else {
+                0
+            };
         let _room = crate::pause::claim_disk(
             &root,
             used,
@@ -422,6 +432,15 @@ async fn take_memory(
         let _ = std::fs::remove_dir_all(&partial);
         // What the copy writes is counted against the room claimed for it.
         let saved = sandlot_runtime::gvisor::kept_copy::save(&from, &partial, used);
+        let saved = saved.and_then(|mut s| {
+            if layered {
+                let left = used.saturating_sub(s.bytes);
+                let c = sandlot_runtime::gvisor::kept_copy::save_layer(&upper, &partial, left)?;
+                s.bytes += c.bytes;
+                s.skipped += c.skipped;
+            }
+            Ok(s)
+        });
         let saved = match saved {
             Ok(s) => s,
             Err(e) => {
@@ -449,6 +468,19 @@ async fn take_memory(
         // The sandbox goes on as before whatever came of its copy.
         Err(e) => return finish(Err(e)).await,
     };
+    if let Some(img) = &layer_image {
+        // Held from before the checkpoint is recorded (a refused record releases
+        // it with its files); a crash in between leaves a lease the restart's
+        // reconcile releases (no checkpoint of that id).
+        if let Err(e) = state.images.store.lease(&cp, img) {
+            let (st, cp2) = (state.clone(), cp.clone());
+            let _ = tokio::task::spawn_blocking(move || {
+                let _ = std::fs::remove_dir_all(copy_dir(&st, &cp2));
+            })
+            .await;
+            return finish(Err(crate::images::store_error(e))).await;
+        }
+    }
     let c = CheckpointRecord {
         id: cp,
         sandbox_id: rec.id.clone(),
@@ -461,6 +493,7 @@ async fn take_memory(
         saved: Saved {
             files: pause.saved.files.clone(),
             image: None,
+            layer_image: layer_image.map(|d| d.to_string()),
             network: pause.saved.network.clone(),
         },
     };
@@ -527,6 +560,7 @@ async fn take_files(
         saved: Saved {
             files: Vec::new(),
             image: Some(image),
+            layer_image: None,
             network: network.filter(|_| rec.state == SandboxState::Running),
         },
     };
@@ -669,6 +703,10 @@ fn remove_files_now(state: &AppState, c: &CheckpointRecord) {
         }
         crate::pause::forget_commit(state, img);
     }
+    if c.saved.layer_image.is_some() {
+        // The image its layer went over: an orphan nothing else holds goes too.
+        state.images.release_ended(&c.id);
+    }
 }
 
 /// Removes every checkpoint of sandbox `id` (it ended). Blocking.
@@ -807,7 +845,7 @@ async fn swap(state: &Arc<AppState>, rec: &SandboxRecord, c: &CheckpointRecord) 
             c.kind.as_str()
         )));
     }
-    let (st, id2, c2) = (state.clone(), rec.id.clone(), c.clone());
+    let (st, id2, c2, rec2) = (state.clone(), rec.id.clone(), c.clone(), rec.clone());
     tokio::task::spawn_blocking(move || -> ApiResult<()> {
         let mut saved = pause.saved.clone();
         let (mut superseded, mut lease) = (None, None);
@@ -831,11 +869,45 @@ async fn swap(state: &Arc<AppState>, rec: &SandboxRecord, c: &CheckpointRecord) 
                     let _ = backend.remove_checkpoint(&next);
                     return Err(copy_error(e));
                 }
-                backend
+                // The checkpoint's writable layer, made whole beside the
+                // sandbox's before either is replaced.
+                let layer = match &c2.saved.layer_image {
+                    Some(img) => {
+                        if st.images.image_of(&id2).map(|d| d.to_string()).as_ref() != Some(img) {
+                            let _ = backend.remove_checkpoint(&next);
+                            return Err(ApiError::internal(format!(
+                                "sandbox {id2}: checkpoint {} is of another image",
+                                c2.id
+                            )));
+                        }
+                        Some(writable_size(&rec2)?)
+                    }
+                    None => None,
+                };
+                if let Some(size) = layer {
+                    if let Err(e) =
+                        st.images
+                            .replace_writable_layer(&id2, size, &copy_dir(&st, &c2.id))
+                    {
+                        let _ = backend.remove_checkpoint(&next);
+                        return Err(e);
+                    }
+                }
+                let replaced = backend
                     .remove_checkpoint(&dir)
-                    .map_err(ApiError::internal)?;
-                std::fs::rename(&next, &dir)
-                    .map_err(|e| ApiError::internal(format!("rename {}: {e}", next.display())))?;
+                    .map_err(ApiError::internal)
+                    .and_then(|()| {
+                        std::fs::rename(&next, &dir).map_err(|e| {
+                            ApiError::internal(format!("rename {}: {e}", next.display()))
+                        })
+                    });
+                // Its layer stays marked incomplete unless its memory image is
+                // the checkpoint's too: a failure or a crash before leaves a
+                // sandbox that is never resumed (a restore again mends it).
+                replaced?;
+                if layer.is_some() {
+                    st.images.complete_writable_layer(&id2)?;
+                }
                 saved.files = c2.saved.files.clone();
             }
             PauseKind::Filesystem => {
@@ -879,6 +951,13 @@ async fn swap(state: &Arc<AppState>, rec: &SandboxRecord, c: &CheckpointRecord) 
     .map_err(ApiError::internal)?
 }
 
+/// The size of sandbox `rec`'s writable layer (its spec's).
+pub(crate) fn writable_size(rec: &SandboxRecord) -> ApiResult<sandlot_proto::spec::TmpfsLimit> {
+    let spec: sandlot_proto::spec::SandboxSpec =
+        serde_json::from_value(rec.spec.clone()).map_err(ApiError::internal)?;
+    Ok(spec.memory_backed().writable)
+}
+
 /// The files that differ between checkpoints `a` and `b` of the caller's
 /// sandbox `id`, by the image diff: of their images (`filesystem`), or of the
 /// roots their copies kept (`memory`). Bounded like an image diff
@@ -907,13 +986,28 @@ pub async fn diff(
             _ => {
                 let what = format!("the diff of checkpoints {} and {}", ca.id, cb.id);
                 let mut budget = sandlot_store::Budget::new(Some(&limit), &what);
+                // The kept root, or the image's layers (bottom first) under the
+                // writable layer the copy kept.
                 let root = |c: &CheckpointRecord| -> Vec<PathBuf> {
-                    let r =
-                        copy_dir(&st, &c.id).join(sandlot_runtime::gvisor::kept_copy::SAVED_ROOT);
+                    let copy = copy_dir(&st, &c.id);
+                    let r = copy.join(sandlot_runtime::gvisor::kept_copy::SAVED_ROOT);
                     if r.is_dir() {
-                        vec![r]
-                    } else {
-                        Vec::new()
+                        return vec![r];
+                    }
+                    let image = c
+                        .saved
+                        .layer_image
+                        .as_deref()
+                        .and_then(|i| i.parse().ok())
+                        .and_then(|d| st.images.store.get(&d).ok());
+                    match image {
+                        Some(img) if sandlot_runtime::gvisor::kept_copy::has_layer(&copy) => {
+                            let mut dirs = st.images.store.layer_dirs(&img);
+                            dirs.reverse();
+                            dirs.push(copy.join(sandlot_runtime::gvisor::kept_copy::SAVED_LAYER));
+                            dirs
+                        }
+                        _ => Vec::new(),
                     }
                 };
                 let ta = sandlot_store::layer::flatten(&root(&ca), &mut budget)

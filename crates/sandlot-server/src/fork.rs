@@ -5,8 +5,9 @@
 //! the tenant's sandbox and memory quotas count every one), as a sandbox
 //! `resuming` from what its checkpoint saved: gVisor, a checkpoint directory of
 //! its own made from the checkpoint's copy (its root a tmpfs of its own, never
-//! shared); namespace, the checkpoint's image, on which it gets a writable layer
-//! of its own. Then each resumes as a paused sandbox does (`pause.rs`), with a
+//! shared; a store image's sandbox gets a writable layer of its own, a copy of
+//! the checkpoint's, over the image the fork leases); namespace, the
+//! checkpoint's image, on which it gets a writable layer of its own. Then each resumes as a paused sandbox does (`pause.rs`), with a
 //! network slot of its own, the parent's spec and network policy. If one cannot
 //! start, every fork of the request is ended and what it held removed.
 
@@ -140,10 +141,11 @@ pub(crate) async fn fork_from(
     let quota = state.cfg.quota(&parent.tenant);
     // Each namespace fork holds the checkpoint's image from its admission on,
     // as a paused sandbox holds its own: a removal of the checkpoint meanwhile
-    // leaves it.
+    // leaves it. A gVisor fork of a store image's sandbox holds the image its
+    // writable layer goes over alike.
     let image: Option<sandlot_store::Digest> = match c.kind {
         PauseKind::Filesystem => c.saved.image.as_deref().and_then(|i| i.parse().ok()),
-        PauseKind::Memory => None,
+        PauseKind::Memory => c.saved.layer_image.as_deref().and_then(|i| i.parse().ok()),
     };
     let unlease = |state: &AppState| {
         for r in &recs {
@@ -216,15 +218,22 @@ async fn start_one(
 ) -> ApiResult<SandboxRecord> {
     if c.kind == PauseKind::Memory {
         let (st, id, cp) = (state.clone(), rec.id.clone(), c.id.clone());
+        let layer = match c.saved.layer_image {
+            Some(_) => Some(crate::checkpoint::writable_size(rec)?),
+            None => None,
+        };
         tokio::task::spawn_blocking(move || -> ApiResult<()> {
             let dir = crate::pause::checkpoint_dir(&st, &id);
+            let copy = crate::checkpoint::copy_dir(&st, &cp);
             crate::pause::make_private_dir(&crate::pause::checkpoints(&st))
                 .map_err(ApiError::internal)?;
-            sandlot_runtime::gvisor::kept_copy::materialize(
-                &crate::checkpoint::copy_dir(&st, &cp),
-                &dir,
-            )
-            .map_err(crate::checkpoint::copy_error)
+            // Its own writable layer, a copy of the checkpoint's: nothing of it
+            // is shared with its siblings or its parent.
+            if let Some(size) = layer {
+                st.images.restore_writable_layer(&id, size, &copy)?;
+            }
+            sandlot_runtime::gvisor::kept_copy::materialize(&copy, &dir)
+                .map_err(crate::checkpoint::copy_error)
         })
         .await
         .map_err(ApiError::internal)??;

@@ -438,9 +438,104 @@ impl Images {
     }
 
     /// Whether sandbox `id`'s writable layer is mounted (a host restart unmounts
-    /// the tmpfs, and what was in it is gone).
+    /// the tmpfs, and what was in it is gone) and whole (no copy into it was cut
+    /// short: `kept_copy::layer_whole`).
     pub fn writable_layer_mounted(&self, id: &str) -> bool {
-        is_mount_point(&self.rw_dir(id))
+        let rw = self.rw_dir(id);
+        is_mount_point(&rw) && sandlot_runtime::gvisor::kept_copy::layer_whole(&rw)
+    }
+
+    /// Bytes sandbox `id`'s writable layer holds: what its tmpfs uses (holes of
+    /// sparse files cost nothing).
+    pub fn writable_layer_bytes(&self, id: &str) -> u64 {
+        rustix::fs::statvfs(self.rw_dir(id))
+            .map(|v| {
+                v.f_blocks
+                    .saturating_sub(v.f_bfree)
+                    .saturating_mul(v.f_frsize)
+            })
+            .unwrap_or(0)
+    }
+
+    /// The upper directory of sandbox `id`'s writable layer (its changes to its
+    /// image's files, in overlay format).
+    pub fn writable_upper(&self, id: &str) -> PathBuf {
+        self.rw_dir(id).join("upper")
+    }
+
+    /// Makes sandbox `id`'s writable layer (a tmpfs of `size`, which must not
+    /// exist yet) from the layer checkpoint copy `saved` keeps. On failure
+    /// nothing of it is left. Blocking.
+    pub fn restore_writable_layer(
+        &self,
+        id: &str,
+        size: sandlot_proto::spec::TmpfsLimit,
+        saved: &Path,
+    ) -> Result<(), ApiError> {
+        let rw = self.rw_dir(id);
+        if rw.exists() {
+            unmount_rw(&rw).map_err(io_api("remove a leftover writable layer"))?;
+        }
+        mount_rw(&rw, size)?;
+        if let Err(e) = sandlot_runtime::gvisor::kept_copy::fill_layer(saved, &rw) {
+            if let Err(e2) = unmount_rw(&rw) {
+                tracing::warn!(sandbox_id = id, "remove a writable layer cut short: {e2}");
+            }
+            return Err(crate::checkpoint::copy_error(e));
+        }
+        Ok(())
+    }
+
+    /// Marks sandbox `id`'s writable layer whole again once what goes with it
+    /// (its memory image) is in place too. Blocking.
+    pub fn complete_writable_layer(&self, id: &str) -> Result<(), ApiError> {
+        sandlot_runtime::gvisor::kept_copy::mark_layer_whole(&self.rw_dir(id))
+            .map_err(ApiError::internal)
+    }
+
+    /// Replaces paused sandbox `id`'s writable layer by the one checkpoint copy
+    /// `saved` keeps: made whole beside it first (a failure leaves the layer as
+    /// it was), then the old one marked incomplete (from here a failure or a
+    /// crash leaves no layer a resume would take), unmounted, and the new one
+    /// moved into its place, marked incomplete until the caller has put the
+    /// memory image that goes with it in place and calls
+    /// [`Images::complete_writable_layer`]. Blocking.
+    pub fn replace_writable_layer(
+        &self,
+        id: &str,
+        size: sandlot_proto::spec::TmpfsLimit,
+        saved: &Path,
+    ) -> Result<(), ApiError> {
+        let next = format!(".next-{id}");
+        self.restore_writable_layer(&next, size, saved)?;
+        let (staged, rw) = (self.rw_dir(&next), self.rw_dir(id));
+        let swapped = (|| -> Result<(), ApiError> {
+            if rw.exists() {
+                sandlot_runtime::gvisor::kept_copy::mark_layer_incomplete(&rw)
+                    .map_err(ApiError::internal)?;
+                unmount_rw(&rw).map_err(io_api("remove the replaced writable layer"))?;
+            }
+            fs::DirBuilder::new()
+                .mode(0o700)
+                .create(&rw)
+                .map_err(io_api("create writable layer"))?;
+            sandlot_runtime::gvisor::kept_copy::mark_layer_incomplete(&staged)
+                .map_err(ApiError::internal)?;
+            rustix::mount::mount_move(&staged, &rw).map_err(|e| {
+                ApiError::internal(format!(
+                    "move the writable layer onto {}: {e}",
+                    rw.display()
+                ))
+            })?;
+            let _ = fs::remove_dir(&staged);
+            Ok(())
+        })();
+        if swapped.is_err() {
+            if let Err(e) = unmount_rw(&staged) {
+                tracing::warn!(sandbox_id = id, "remove a staged writable layer: {e}");
+            }
+        }
+        swapped
     }
 
     /// Removes a sandbox's writable layer and keeps its image lease (a sandbox

@@ -320,6 +320,7 @@ async fn pause_memory(
         saved: Saved {
             files,
             image: None,
+            layer_image: None,
             network,
         },
     };
@@ -387,6 +388,7 @@ async fn pause_filesystem(
         saved: Saved {
             files: Vec::new(),
             image: Some(image),
+            layer_image: None,
             network,
         },
     };
@@ -1169,7 +1171,7 @@ fn start_again(
 }
 
 /// 409 `checkpoint_damaged`: what a memory pause kept is gone or incomplete.
-fn files_lost(id: &str) -> ApiError {
+pub(crate) fn files_lost(id: &str) -> ApiError {
     ApiError::new(
         StatusCode::CONFLICT,
         ErrorCode::CheckpointDamaged,

@@ -4,7 +4,8 @@
 //! the tenant's keeping: a fresh one taken for it (the sandbox runs on, or stays
 //! paused if it was), or one of the sandbox's the caller names. What it saved
 //! moves under the snapshot's id: gVisor (`memory`), the checkpoint's copy
-//! (`<data>/sandbox-checkpoints/<sn-id>/`: the memory image and the kept root);
+//! (`<data>/sandbox-checkpoints/<sn-id>/`: the memory image and the kept root
+//! or the writable layer, whose store image is leased under the snapshot's id);
 //! namespace (`filesystem`, files only), the image its files were committed to,
 //! leased under the snapshot's id. The checkpoint's row goes in the commit that
 //! makes the snapshot ready (`Store::promote_checkpoint`), so a sandbox's end
@@ -197,9 +198,23 @@ fn adopt_files(state: &AppState, sn: &str, c: &CheckpointRecord) -> ApiResult<()
                 .map_err(crate::images::store_error)
         }
         None => {
+            // The image a store image's layer goes over: held by the snapshot
+            // before its copy moves.
+            if let Some(img) = c.saved.layer_image.as_deref() {
+                let digest = img.parse().map_err(ApiError::internal)?;
+                state
+                    .images
+                    .store
+                    .lease(sn, &digest)
+                    .map_err(crate::images::store_error)?;
+            }
             let (from, to) = (copy_dir(state, &c.id), copy_dir(state, sn));
-            std::fs::rename(&from, &to)
-                .map_err(|e| ApiError::internal(format!("rename {}: {e}", from.display())))
+            std::fs::rename(&from, &to).map_err(|e| {
+                if c.saved.layer_image.is_some() {
+                    let _ = state.images.store.release(sn);
+                }
+                ApiError::internal(format!("rename {}: {e}", from.display()))
+            })
         }
     }
 }
@@ -217,6 +232,11 @@ fn give_back(state: &AppState, sn: &str, c: &CheckpointRecord) {
     if let Err(e) = std::fs::rename(&from, &to) {
         tracing::warn!(snapshot = sn, checkpoint = %c.id, "give a checkpoint its copy back: {e}");
     }
+    if c.saved.layer_image.is_some() {
+        if let Err(e) = state.images.store.release(sn) {
+            tracing::warn!(snapshot = sn, "release a snapshot's image: {e}");
+        }
+    }
 }
 
 /// Removes what [`adopt_files`] moved (`c` was removed meanwhile). Blocking.
@@ -231,6 +251,9 @@ fn drop_adopted(state: &AppState, sn: &str, c: &CheckpointRecord) {
             tracing::warn!(snapshot = sn, "release a snapshot's image: {e}");
         }
         crate::pause::forget_commit(state, img);
+    }
+    if c.saved.layer_image.is_some() {
+        state.images.release_ended(sn);
     }
 }
 
@@ -326,7 +349,7 @@ async fn make(
         }
         Err(e) => return fail(e).await,
     }
-    if c.saved.image.is_some() {
+    if c.saved.image.is_some() || c.saved.layer_image.is_some() {
         // The snapshot holds the image now.
         if let Err(e) = state.images.store.release(&c.id) {
             tracing::warn!(checkpoint = %c.id, "release a promoted checkpoint's image: {e}");

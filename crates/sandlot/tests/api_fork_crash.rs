@@ -3,8 +3,9 @@
 //! `resuming`); a paused one resumes into the checkpoint's state, or, if the
 //! daemon died while copying the checkpoint for it, is refused as damaged and
 //! never resumed from the partial copy; deleting them all leaves nothing on the
-//! host: no runsc process, mount, cgroup or checkpoint directory. Needs root
-//! and Debian's `runsc`.
+//! host: no runsc process, mount, cgroup, checkpoint directory or writable
+//! layer. For the `host` image and a store image. Needs root and Debian's
+//! `runsc`.
 
 mod api_support;
 
@@ -23,13 +24,39 @@ async fn sh(c: &Client, id: &str, script: &str) -> String {
 
 #[test]
 fn a_daemon_killed_during_a_fork_leaves_each_fork_running_or_paused_and_nothing_stray() {
+    killed_during_a_fork(false);
+}
+
+/// The same for a sandbox of a store image (a `host` sandbox's snapshot): each
+/// fork's own writable layer is either whole or refused as damaged.
+#[test]
+fn a_daemon_killed_during_a_fork_of_a_store_image_sandbox_leaves_no_fork_on_a_partial_layer() {
+    killed_during_a_fork(true);
+}
+
+fn killed_during_a_fork(store_image: bool) {
     let mut d = Daemon::start_isolated(None, "gvisor");
     let c = d.client();
+    // The `host` sandbox the store image is made of, ended before the fork.
+    let mut maker = None;
     let (parent, cp) = rt().block_on(async {
-        let s = c
-            .create_sandbox(&spec_body(json!({ "isolation": "gvisor" })))
-            .await
-            .unwrap();
+        let mut spec = json!({ "isolation": "gvisor" });
+        if store_image {
+            let h = c.create_sandbox(&spec_body(spec.clone())).await.unwrap();
+            let img = c
+                .call_json(
+                    "POST",
+                    &format!("/v1/sandboxes/{}/snapshot", h.id),
+                    Some(&json!({ "tag": "test/crash:1" })),
+                )
+                .await
+                .unwrap();
+            assert_eq!(img["source"], "snapshot", "{img}");
+            c.delete_sandbox(&h.id).await.unwrap();
+            maker = Some(h.id);
+            spec["image"] = json!("test/crash:1");
+        }
+        let s = c.create_sandbox(&spec_body(spec)).await.unwrap();
         sh(&c, &s.id, "echo from-the-checkpoint > /tmp/kept").await;
         let cp = c
             .create_checkpoint(&s.id, &CreateCheckpoint::default())
@@ -61,7 +88,11 @@ fn a_daemon_killed_during_a_fork_leaves_each_fork_running_or_paused_and_nothing_
             let l = c.list_sandboxes(&all).await.unwrap();
             let r: Vec<String> = l
                 .iter()
-                .filter(|s| s.id != parent && s.state == SandboxState::Resuming)
+                .filter(|s| {
+                    s.id != parent
+                        && Some(&s.id) != maker.as_ref()
+                        && s.state == SandboxState::Resuming
+                })
                 .map(|s| s.id.clone())
                 .collect();
             if !r.is_empty() {
@@ -85,7 +116,7 @@ fn a_daemon_killed_during_a_fork_leaves_each_fork_running_or_paused_and_nothing_
             .await
             .unwrap()
             .into_iter()
-            .filter(|s| s.id != parent)
+            .filter(|s| s.id != parent && Some(&s.id) != maker.as_ref())
             .collect();
         assert_eq!(
             forks.len(),
@@ -154,9 +185,11 @@ fn a_daemon_killed_during_a_fork_leaves_each_fork_running_or_paused_and_nothing_
         eventually(20, "the checkpoint directories to go", || {
             let data = data.clone();
             async move {
-                ["checkpoints", "sandbox-checkpoints"].iter().all(|sub| {
-                    std::fs::read_dir(data.join(sub)).map_or(true, |mut rd| rd.next().is_none())
-                })
+                ["checkpoints", "sandbox-checkpoints", "rw"]
+                    .iter()
+                    .all(|sub| {
+                        std::fs::read_dir(data.join(sub)).map_or(true, |mut rd| rd.next().is_none())
+                    })
             }
         })
         .await;

@@ -67,8 +67,6 @@ error_codes! {
     PauseRefused = "pause_refused", 409;
     /// A saved memory image or checkpoint copy is not what was saved.
     CheckpointDamaged = "checkpoint_damaged", 409;
-    /// The sandbox cannot be checkpointed.
-    CheckpointRefused = "checkpoint_refused", 409;
     /// A paused sandbox past the operator's maximum lifetime: it is not resumed.
     LifetimeExceeded = "lifetime_exceeded", 409;
     /// An automatic pause backed out: the sandbox was in use again.

@@ -12,6 +12,12 @@
 //! a link, keeps holes and hard links, and stops at a bound of bytes, depth and
 //! entries. Only directories, regular files and symbolic links are copied (a
 //! fifo, socket or device node is left out).
+//!
+//! A sandbox of a store image keeps its files in its writable layer (an
+//! overlay's upper directory the daemon owns): [`save_layer`] copies it into the
+//! copy too (its whiteouts and opaque directories kept: `tree_copy::copy_layer`),
+//! and [`fill_layer`] copies it into a new sandbox's writable layer, marked
+//! incomplete until it is whole ([`layer_whole`]).
 
 use std::fs;
 use std::io;
@@ -27,6 +33,8 @@ use crate::{sys, RuntimeError};
 
 /// The kept root's copy in a saved checkpoint (a plain directory).
 pub const SAVED_ROOT: &str = "rootfs";
+/// The writable layer's copy in a saved checkpoint (overlay format).
+pub const SAVED_LAYER: &str = "layer";
 /// The size of the tmpfs the kept root was (`bytes files`, decimal).
 const SAVED_ROOT_SIZE: &str = "rootfs-size";
 
@@ -140,6 +148,58 @@ fn copy_into(saved: &Path, to: &Path) -> Result<(), RuntimeError> {
     write(&to.join(KEPT_IDS), ids.trim())
 }
 
+/// Copies `upper`, the upper directory of a sandbox's writable layer (nothing of
+/// the sandbox runs), into `copy`, a checkpoint's copy [`save`] made, with at
+/// most `max_bytes` of file data. Blocking.
+pub fn save_layer(
+    upper: &Path,
+    copy: &Path,
+    max_bytes: u64,
+) -> Result<tree_copy::Copied, RuntimeError> {
+    tree_copy::copy_layer(upper, &copy.join(SAVED_LAYER), Limits::bytes(max_bytes))
+}
+
+/// Whether checkpoint copy `saved` holds a writable layer.
+pub fn has_layer(saved: &Path) -> bool {
+    fs::symlink_metadata(saved.join(SAVED_LAYER)).is_ok_and(|m| m.is_dir())
+}
+
+/// Copies the writable layer of checkpoint copy `saved` into `rw`, a new
+/// sandbox's empty writable layer (`upper/` and `work/` on a size-limited tmpfs,
+/// which bounds what is written). Until it is whole, `rw` holds a marker that
+/// keeps a sandbox from starting on it ([`layer_whole`]). Blocking.
+pub fn fill_layer(saved: &Path, rw: &Path) -> Result<(), RuntimeError> {
+    let incomplete = rw.join(kept_root::INCOMPLETE);
+    write(&incomplete, "")?;
+    tree_copy::copy_layer(
+        &saved.join(SAVED_LAYER),
+        &rw.join("upper"),
+        Limits::bytes(u64::MAX),
+    )?;
+    fs::remove_file(&incomplete).map_err(io_err(format!("remove {}", incomplete.display())))
+}
+
+/// Marks writable layer `rw` incomplete: no sandbox starts on it any more.
+pub fn mark_layer_incomplete(rw: &Path) -> Result<(), RuntimeError> {
+    write(&rw.join(kept_root::INCOMPLETE), "")
+}
+
+/// Marks writable layer `rw` whole (again). Blocking.
+pub fn mark_layer_whole(rw: &Path) -> Result<(), RuntimeError> {
+    let marker = rw.join(kept_root::INCOMPLETE);
+    match fs::remove_file(&marker) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => {
+            Err(io_err(format!("remove {}", marker.display()))(e))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Whether writable layer `rw` is whole: no copy into it was cut short.
+pub fn layer_whole(rw: &Path) -> bool {
+    fs::symlink_metadata(rw.join(kept_root::INCOMPLETE)).is_err()
+}
+
 fn parse_size(s: &str) -> Option<TmpfsLimit> {
     let mut it = s.split_whitespace().map(str::parse::<u64>);
     let (bytes, files) = (it.next()?.ok()?, it.next()?.ok()?);
@@ -191,6 +251,26 @@ fn copy_file(from: &Path, to: &Path, limits: &Limits, written: u64) -> Result<u6
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_writable_layer_whose_fill_was_cut_short_is_never_whole() {
+        let dir = std::env::temp_dir().join(format!("sandlot-fill-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let (saved, rw) = (dir.join("saved"), dir.join("rw"));
+        fs::create_dir_all(saved.join(SAVED_LAYER).join("d")).unwrap();
+        fs::write(saved.join(SAVED_LAYER).join("d/f"), "kept").unwrap();
+        for d in ["upper", "work"] {
+            fs::create_dir_all(rw.join(d)).unwrap();
+        }
+        assert!(layer_whole(&rw));
+        fill_layer(&saved, &rw).unwrap();
+        assert!(layer_whole(&rw));
+        assert_eq!(fs::read_to_string(rw.join("upper/d/f")).unwrap(), "kept");
+        // A second fill finds `d` there: it fails, and the layer stays marked.
+        assert!(fill_layer(&saved, &rw).is_err());
+        assert!(!layer_whole(&rw));
+        fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn a_saved_root_size_is_two_positive_numbers() {

@@ -13,6 +13,12 @@
 //! walk (an explicit stack, no recursion) against [`Limits::depth`] and
 //! [`Limits::entries`]: past any of them the copy stops with
 //! [`RuntimeError::PastLimit`] and the caller removes what it made.
+//!
+//! [`copy_layer`] copies an overlay's upper directory (a store image's writable
+//! layer): besides, it keeps the overlay's whiteouts (character devices 0:0,
+//! made anew with `mknodat`; any other device node is left out) and the `user.`
+//! extended attributes of directories and files (`user.overlay.opaque` and the
+//! overlay's other attributes, read from and written to open descriptors).
 
 use std::collections::HashMap;
 use std::ffi::{CStr, CString};
@@ -82,10 +88,37 @@ pub fn open_dir(path: &Path) -> Result<OwnedFd, RuntimeError> {
         .map_err(io_err(format!("open {}", path.display())))
 }
 
+/// What a walk takes besides directories, regular files and links.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// Nothing else.
+    Files,
+    /// An overlay's upper layer: whiteouts and `user.` extended attributes too.
+    Layer,
+}
+
+/// Most `user.` extended attributes one entry of a layer carries in its copy.
+const MAX_XATTRS: usize = 64;
+
 /// Copies directory `from` into directory `to` (made, mode 0700 until its
 /// attributes are set, if missing; `to`'s parent is the caller's), within
 /// `limits`. Blocking.
 pub fn copy_tree(from: &Path, to: &Path, limits: Limits) -> Result<Copied, RuntimeError> {
+    copy_tree_as(from, to, limits, Kind::Files)
+}
+
+/// [`copy_tree`] of an overlay's upper directory: its whiteouts and `user.`
+/// extended attributes (opaque directories) kept too. Blocking.
+pub fn copy_layer(from: &Path, to: &Path, limits: Limits) -> Result<Copied, RuntimeError> {
+    copy_tree_as(from, to, limits, Kind::Layer)
+}
+
+fn copy_tree_as(
+    from: &Path,
+    to: &Path,
+    limits: Limits,
+    kind: Kind,
+) -> Result<Copied, RuntimeError> {
     let src = open_dir(from)?;
     match std::fs::create_dir(to) {
         Err(e) if e.kind() != io::ErrorKind::AlreadyExists => {
@@ -94,7 +127,11 @@ pub fn copy_tree(from: &Path, to: &Path, limits: Limits) -> Result<Copied, Runti
         _ => {}
     }
     let dst = open_dir(to)?;
-    copy_tree_fd(src, dst, limits).map_err(|e| match e {
+    if kind == Kind::Layer {
+        sys::copy_user_xattrs(src.as_fd(), dst.as_fd(), MAX_XATTRS)
+            .map_err(io_err(format!("copy the attributes of {}", from.display())))?;
+    }
+    walk(src, dst, limits, kind).map_err(|e| match e {
         RuntimeError::Io { what, source } => RuntimeError::Io {
             what: format!("copy {} to {}: {what}", from.display(), to.display()),
             source,
@@ -126,6 +163,10 @@ impl Frame {
 
 /// The walk of [`copy_tree`], from open directories.
 pub fn copy_tree_fd(src: OwnedFd, dst: OwnedFd, limits: Limits) -> Result<Copied, RuntimeError> {
+    walk(src, dst, limits, Kind::Files)
+}
+
+fn walk(src: OwnedFd, dst: OwnedFd, limits: Limits, kind: Kind) -> Result<Copied, RuntimeError> {
     let mut out = Copied::default();
     let root = dst
         .try_clone()
@@ -173,6 +214,10 @@ pub fn copy_tree_fd(src: OwnedFd, dst: OwnedFd, limits: Limits) -> Result<Copied
                     .map_err(io_err(format!("create {}", shown(&name))))?;
                 let copy = sys::open_dir_nofollow(d, &name)
                     .map_err(io_err(format!("open the copy of {}", shown(&name))))?;
+                if kind == Kind::Layer {
+                    sys::copy_user_xattrs(sub.as_fd(), copy.as_fd(), MAX_XATTRS)
+                        .map_err(io_err(format!("copy the attributes of {}", shown(&name))))?;
+                }
                 let frame = Frame::new(sub, copy, &shown(&name))?;
                 path.push(name);
                 stack.push(frame);
@@ -190,6 +235,9 @@ pub fn copy_tree_fd(src: OwnedFd, dst: OwnedFd, limits: Limits) -> Result<Copied
                 }
                 let n = copy_file_at(s, &name, d, &name, &mut buf, &limits, out.bytes)?;
                 out.bytes += n;
+                if kind == Kind::Layer {
+                    copy_file_xattrs(s, d, &name)?;
+                }
                 if st.st_nlink > 1 {
                     linked.insert(id, joined(&path, &name));
                 }
@@ -202,10 +250,47 @@ pub fn copy_tree_fd(src: OwnedFd, dst: OwnedFd, limits: Limits) -> Result<Copied
                 set_attrs(d, Some(&name), &st)
                     .map_err(io_err(format!("set attributes of {}", shown(&name))))?;
             }
+            libc::S_IFCHR if kind == Kind::Layer && st.st_rdev == 0 => {
+                // An overlay whiteout: a file of the image the sandbox deleted.
+                sys::mknod_whiteout_at(d, &name, st.st_mode)
+                    .map_err(io_err(format!("create whiteout {}", shown(&name))))?;
+                set_attrs(d, Some(&name), &st)
+                    .map_err(io_err(format!("set attributes of {}", shown(&name))))?;
+            }
             _ => out.skipped += 1,
         }
     }
     Ok(out)
+}
+
+/// The `user.` extended attributes of regular file `name` in `src` set on its
+/// copy in `dst` (each opened without following a link, and only if it is still
+/// a regular file).
+fn copy_file_xattrs(
+    src: BorrowedFd<'_>,
+    dst: BorrowedFd<'_>,
+    name: &CStr,
+) -> Result<(), RuntimeError> {
+    let open = |dir: BorrowedFd<'_>| -> Result<OwnedFd, RuntimeError> {
+        let f = sys::openat_nofollow(
+            dir,
+            name,
+            libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY,
+            0,
+        )
+        .map_err(io_err(format!("open {}", shown(name))))?;
+        let st = sys::fstat(f.as_fd()).map_err(io_err(format!("stat {}", shown(name))))?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Err(io_err(format!("copy {}", shown(name)))(io::Error::other(
+                "no longer a regular file",
+            )));
+        }
+        Ok(f)
+    };
+    let (from, to) = (open(src)?, open(dst)?);
+    sys::copy_user_xattrs(from.as_fd(), to.as_fd(), MAX_XATTRS)
+        .map_err(io_err(format!("copy the attributes of {}", shown(name))))?;
+    Ok(())
 }
 
 fn joined(path: &[CString], name: &CStr) -> CString {
@@ -354,6 +439,85 @@ mod tests {
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(dir.join("src")).unwrap();
         dir
+    }
+
+    fn set_xattr(path: &Path, name: &str, value: &[u8]) {
+        let (p, n) = (sys::cstr(path).unwrap(), CString::new(name).unwrap());
+        // SAFETY: NUL-terminated path and name; `value` is readable for its length.
+        let r = unsafe {
+            libc::lsetxattr(
+                p.as_ptr(),
+                n.as_ptr(),
+                value.as_ptr().cast(),
+                value.len(),
+                0,
+            )
+        };
+        assert_eq!(r, 0, "setxattr {name}: {}", io::Error::last_os_error());
+    }
+
+    fn get_xattr(path: &Path, name: &str) -> Option<Vec<u8>> {
+        let (p, n) = (sys::cstr(path).unwrap(), CString::new(name).unwrap());
+        let mut buf = vec![0u8; 256];
+        // SAFETY: NUL-terminated path and name; `buf` is writable for its length.
+        let r =
+            unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+        usize::try_from(r).ok().map(|n| buf[..n].to_vec())
+    }
+
+    #[test]
+    fn a_layer_copy_keeps_whiteouts_opaque_directories_and_owners_and_follows_no_link() {
+        // SAFETY: no arguments.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("SKIPPED: making whiteouts (device nodes) needs root");
+            return;
+        }
+        let dir = scratch("layer");
+        let src = dir.join("src");
+        // A file of the image the sandbox deleted: a whiteout, 0:0.
+        let (gone, cgone) = (src.join("gone"), sys::cstr(&src.join("gone")).unwrap());
+        // SAFETY: NUL-terminated path; device number 0 (a whiteout).
+        assert_eq!(unsafe { libc::mknod(cgone.as_ptr(), libc::S_IFCHR, 0) }, 0);
+        std::os::unix::fs::lchown(&gone, Some(100_000), Some(100_000)).unwrap();
+        // A directory the sandbox removed and made again: opaque.
+        fs::create_dir_all(src.join("opaque")).unwrap();
+        fs::write(src.join("opaque/f"), b"new").unwrap();
+        set_xattr(&src.join("opaque"), "user.overlay.opaque", b"y");
+        std::os::unix::fs::lchown(src.join("opaque/f"), Some(1000), Some(1000)).unwrap();
+        // Another device node is no whiteout: left out.
+        let null = sys::cstr(&src.join("null")).unwrap();
+        // SAFETY: NUL-terminated path; the device number of /dev/null.
+        let made =
+            unsafe { libc::mknod(null.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) };
+        assert_eq!(made, 0);
+        std::os::unix::fs::symlink("/etc", src.join("out")).unwrap();
+        let dst = dir.join("dst");
+        let out = copy_layer(&src, &dst, Limits::bytes(1 << 20)).unwrap();
+        assert_eq!((out.bytes, out.skipped), (3, 1));
+        let m = fs::symlink_metadata(dst.join("gone")).unwrap();
+        assert!(std::os::unix::fs::FileTypeExt::is_char_device(
+            &m.file_type()
+        ));
+        assert_eq!((m.rdev(), m.uid(), m.gid()), (0, 100_000, 100_000));
+        assert_eq!(
+            get_xattr(&dst.join("opaque"), "user.overlay.opaque"),
+            Some(b"y".to_vec())
+        );
+        assert_eq!(fs::read(dst.join("opaque/f")).unwrap(), b"new");
+        assert_eq!(
+            fs::symlink_metadata(dst.join("opaque/f")).unwrap().uid(),
+            1000
+        );
+        assert!(fs::symlink_metadata(dst.join("null")).is_err());
+        assert_eq!(fs::read_link(dst.join("out")).unwrap(), Path::new("/etc"));
+        // A plain copy keeps neither.
+        let plain = copy_tree(&src, &dir.join("plain"), Limits::bytes(1 << 20)).unwrap();
+        assert_eq!(plain.skipped, 2);
+        assert_eq!(
+            get_xattr(&dir.join("plain/opaque"), "user.overlay.opaque"),
+            None
+        );
+        fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -35,7 +35,7 @@ pub(super) async fn optional_body<T: serde::de::DeserializeOwned + Default>(
     responses((status = 201, body = sandlot_proto::api::checkpoint::Checkpoint),
         (status = 400, description = "invalid_request: a bad name", body = crate::error::ErrorEnvelope),
         (status = 404, body = crate::error::ErrorEnvelope),
-        (status = 409, description = "invalid_state: not running or paused, or another checkpoint, restore, fork or snapshot of it is under way; checkpoint_refused: a gVisor sandbox of a store image; pause_refused: gVisor cannot save it as it is", body = crate::error::ErrorEnvelope),
+        (status = 409, description = "invalid_state: not running or paused, or another checkpoint, restore, fork or snapshot of it is under way; checkpoint_damaged: a paused sandbox's saved files are gone or incomplete; pause_refused: gVisor cannot save it as it is", body = crate::error::ErrorEnvelope),
         (status = 413, description = "too_large: the copy of its files is past the disk room claimed for it, or nests past the depth or entry bound", body = crate::error::ErrorEnvelope),
         (status = 429, description = "quota_exceeded: limits.max_checkpoints_per_sandbox, or the tenant's max_saved_disk", body = crate::error::ErrorEnvelope),
         (status = 503, description = "host_exhausted: no disk room for it", body = crate::error::ErrorEnvelope)))]

@@ -21,7 +21,7 @@ use crate::state::AppState;
     responses((status = 201, description = "The snapshot, the tenant's until deleted (it outlives the sandbox)", body = Snapshot),
         (status = 400, description = "invalid_request: a bad name", body = crate::error::ErrorEnvelope),
         (status = 404, description = "no such sandbox, or no such checkpoint of it", body = crate::error::ErrorEnvelope),
-        (status = 409, description = "invalid_state: not running or paused, or another checkpoint, restore, fork or snapshot of it is under way; checkpoint_refused: a gVisor sandbox of a store image; conflict: the sandbox ended meanwhile", body = crate::error::ErrorEnvelope),
+        (status = 409, description = "invalid_state: not running or paused, or another checkpoint, restore, fork or snapshot of it is under way; checkpoint_damaged: a paused sandbox's saved files are gone or incomplete; conflict: the sandbox ended meanwhile", body = crate::error::ErrorEnvelope),
         (status = 413, description = "too_large: the copy of its files is past the disk room claimed for it", body = crate::error::ErrorEnvelope),
         (status = 429, description = "quota_exceeded: the tenant's max_snapshots or max_saved_disk, or limits.max_checkpoints_per_sandbox (a fresh snapshot is taken through a checkpoint)", body = crate::error::ErrorEnvelope),
         (status = 503, description = "host_exhausted: no disk room for it", body = crate::error::ErrorEnvelope)))]

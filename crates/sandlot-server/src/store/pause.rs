@@ -30,6 +30,11 @@ pub struct Saved {
     /// resume starts the sandbox from it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
+    /// The store image a gVisor checkpoint's saved writable layer goes over
+    /// (kind `memory`, a sandbox of a store image): the checkpoint, snapshot or
+    /// fork leases it under its own id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layer_image: Option<String>,
     /// The network policy it had (a `PUT .../network` may have changed the
     /// spec's): its resume gets it again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -365,6 +370,7 @@ pub(super) mod tests {
                     sha256: "ab".into(),
                 }],
                 image: None,
+                layer_image: None,
                 network: None,
             },
         }

@@ -118,11 +118,6 @@ class PauseRefusedError(ConflictError):
     Unix socket bound in its root filesystem or ``/tmp``); it runs on."""
 
 
-class CheckpointRefusedError(ConflictError):
-    """409 ``checkpoint_refused``: the sandbox cannot be checkpointed (on gVisor,
-    one of a store image: only the ``host`` image's root is copied)."""
-
-
 class CheckpointDamagedError(ConflictError):
     """409 ``checkpoint_damaged``: a paused sandbox's saved memory image is not
     what was saved; it stays paused and can only be terminated."""
@@ -275,7 +270,6 @@ _BY_CODE: Dict[str, Type[APIError]] = {
     "invalid_state": InvalidStateError,
     "pause_refused": PauseRefusedError,
     "checkpoint_damaged": CheckpointDamagedError,
-    "checkpoint_refused": CheckpointRefusedError,
     "lifetime_exceeded": LifetimeExceededError,
     "busy": ConflictError,
     "already_exists": AlreadyExistsError,
