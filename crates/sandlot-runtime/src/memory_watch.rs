@@ -11,6 +11,12 @@
 //! * v2: `memory.high` is the line, and `memory.events` (whose `high` counter
 //!   rises while the use is past it) is polled for a change.
 //!
+//! The use compared with the line is the cgroup's use less its file-backed page
+//! cache ([`reclaimable_file`]): the kernel reclaims that cache itself (gVisor's
+//! gofer reading the sandbox's files fills it), and killing a process for it
+//! would kill for memory nobody is short of. gVisor's own memory (a memfd,
+//! `shmem`) is not on the file lists, so all of it counts.
+//!
 //! Either way the wait is bounded ([`MemoryWatch::wait`]), so a notification
 //! that cannot be armed (or is missed) leaves a poll of the usage file.
 
@@ -28,6 +34,10 @@ use crate::sys;
 pub struct WatchPlan {
     /// The cgroup's current memory use.
     pub usage_file: PathBuf,
+    /// Its `memory.stat` (the page cache to leave out, [`reclaimable_file`]).
+    pub stat_file: PathBuf,
+    /// The keys of `memory.stat` that count the file-backed page cache.
+    pub file_keys: [&'static str; 2],
     pub notice: Notice,
 }
 
@@ -46,6 +56,8 @@ pub fn watch_plan(cg: &Cgroup) -> Option<WatchPlan> {
         let d = cg.dir_of("")?;
         Some(WatchPlan {
             usage_file: d.join("memory.current"),
+            stat_file: d.join("memory.stat"),
+            file_keys: ["active_file", "inactive_file"],
             notice: Notice::Events {
                 events: d.join("memory.events"),
             },
@@ -54,6 +66,9 @@ pub fn watch_plan(cg: &Cgroup) -> Option<WatchPlan> {
         let d = cg.dir_of("memory")?;
         Some(WatchPlan {
             usage_file: d.join("memory.usage_in_bytes"),
+            stat_file: d.join("memory.stat"),
+            // Hierarchical: runsc may make cgroups below the sandbox's.
+            file_keys: ["total_active_file", "total_inactive_file"],
             notice: Notice::Threshold {
                 control: d.join("cgroup.event_control"),
             },
@@ -61,11 +76,22 @@ pub fn watch_plan(cg: &Cgroup) -> Option<WatchPlan> {
     }
 }
 
+/// A cgroup's memory use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryReading {
+    /// All of it (what the kernel's threshold and `memory.high` see).
+    pub total: u64,
+    /// Less the file-backed page cache: what is compared with the line.
+    pub counted: u64,
+}
+
 /// A sandbox's memory use against its line.
 #[derive(Debug)]
 pub struct MemoryWatch {
     line: u64,
     usage: File,
+    stat: File,
+    file_keys: [&'static str; 2],
     /// The eventfd (v1) or `memory.events` (v2); `None`: poll only.
     notice: Option<Armed>,
 }
@@ -84,6 +110,7 @@ impl MemoryWatch {
         let plan = watch_plan(cg)
             .ok_or_else(|| io::Error::other("the sandbox's cgroup has no memory controller"))?;
         let usage = File::open(&plan.usage_file)?;
+        let stat = File::open(&plan.stat_file)?;
         let (notice, why_not) = match arm(&plan.notice, &usage, line) {
             Ok(a) => (Some(a), None),
             Err(e) => (None, Some(format!("{}: {e}", plan.notice.what()))),
@@ -92,6 +119,8 @@ impl MemoryWatch {
             MemoryWatch {
                 line,
                 usage,
+                stat,
+                file_keys: plan.file_keys,
                 notice,
             },
             why_not,
@@ -109,17 +138,24 @@ impl MemoryWatch {
     }
 
     /// The cgroup's memory use now (`None` once the cgroup is gone).
-    pub fn usage(&self) -> Option<u64> {
-        let mut f = &self.usage;
-        let mut s = String::new();
-        f.rewind().ok()?;
-        f.read_to_string(&mut s).ok()?;
-        s.trim().parse().ok()
+    pub fn reading(&self) -> Option<MemoryReading> {
+        let read = |mut f: &File| -> Option<String> {
+            let mut s = String::new();
+            f.rewind().ok()?;
+            f.read_to_string(&mut s).ok()?;
+            Some(s)
+        };
+        let total: u64 = read(&self.usage)?.trim().parse().ok()?;
+        let cache = reclaimable_file(&read(&self.stat)?, self.file_keys);
+        Some(MemoryReading {
+            total,
+            counted: total.saturating_sub(cache),
+        })
     }
 
-    /// Whether the use is past the line now.
+    /// Whether the counted use ([`MemoryReading::counted`]) is past the line now.
     pub fn over(&self) -> bool {
-        self.usage().is_some_and(|u| u > self.line)
+        self.reading().is_some_and(|r| r.counted > self.line)
     }
 
     /// Waits for a notification, at most `bound`.
@@ -144,6 +180,16 @@ impl MemoryWatch {
             None => std::thread::sleep(bound),
         }
     }
+}
+
+/// The file-backed page cache a `memory.stat` text counts under `keys` (its
+/// active and inactive file lists), in bytes.
+pub fn reclaimable_file(stat: &str, keys: [&str; 2]) -> u64 {
+    stat.lines()
+        .filter_map(|l| l.split_once(' '))
+        .filter(|(k, _)| keys.contains(k))
+        .filter_map(|(_, v)| v.trim().parse::<u64>().ok())
+        .fold(0u64, u64::saturating_add)
 }
 
 impl Notice {
@@ -176,7 +222,7 @@ fn arm(n: &Notice, usage: &File, line: u64) -> io::Result<Armed> {
 
 #[cfg(test)]
 mod tests {
-    use super::{watch_plan, Notice, WatchPlan};
+    use super::{reclaimable_file, watch_plan, Notice, WatchPlan};
     use crate::cgroup::{Cgroup, CgroupLayout};
     use std::path::PathBuf;
 
@@ -190,6 +236,8 @@ mod tests {
             watch_plan(&cg),
             Some(WatchPlan {
                 usage_file: PathBuf::from("/sys/fs/cgroup/sandlot/sb/memory.current"),
+                stat_file: PathBuf::from("/sys/fs/cgroup/sandlot/sb/memory.stat"),
+                file_keys: ["active_file", "inactive_file"],
                 notice: Notice::Events {
                     events: PathBuf::from("/sys/fs/cgroup/sandlot/sb/memory.events"),
                 },
@@ -210,6 +258,8 @@ mod tests {
             watch_plan(&cg),
             Some(WatchPlan {
                 usage_file: PathBuf::from("/sys/fs/cgroup/memory/sandlot/sb/memory.usage_in_bytes"),
+                stat_file: PathBuf::from("/sys/fs/cgroup/memory/sandlot/sb/memory.stat"),
+                file_keys: ["total_active_file", "total_inactive_file"],
                 notice: Notice::Threshold {
                     control: PathBuf::from("/sys/fs/cgroup/memory/sandlot/sb/cgroup.event_control"),
                 },
@@ -224,5 +274,20 @@ mod tests {
             "sb",
         );
         assert_eq!(watch_plan(&none), None);
+    }
+
+    #[test]
+    fn the_page_cache_on_the_file_lists_is_left_out_and_shmem_counts() {
+        // v1: the sandbox's own and hierarchical keys; only the latter count.
+        let v1 = "cache 900\nshmem 500\nactive_file 1\ninactive_file 2\n\
+                  total_shmem 500\ntotal_active_file 100\ntotal_inactive_file 300\n";
+        assert_eq!(
+            reclaimable_file(v1, ["total_active_file", "total_inactive_file"]),
+            400
+        );
+        // v2: `file` includes shmem (gVisor's memory), the lists do not.
+        let v2 = "anon 10\nfile 900\nshmem 500\nactive_file 150\ninactive_file 250\n";
+        assert_eq!(reclaimable_file(v2, ["active_file", "inactive_file"]), 400);
+        assert_eq!(reclaimable_file("", ["active_file", "inactive_file"]), 0);
     }
 }

@@ -85,6 +85,7 @@ pub fn start(h: &Arc<SandboxHandle>) {
     let (h, span) = (h.clone(), h.span.clone());
     tokio::spawn(
         async move {
+            let mut quiet_until = None;
             loop {
                 tokio::select! {
                     _ = h.stopped() => break,
@@ -92,7 +93,7 @@ pub fn start(h: &Arc<SandboxHandle>) {
                         if asked.is_none() {
                             break;
                         }
-                        let killed = relieve(&h).await;
+                        let killed = relieve(&h, &mut quiet_until).await;
                         if done_tx.send(killed).is_err() {
                             break;
                         }
@@ -105,7 +106,7 @@ pub fn start(h: &Arc<SandboxHandle>) {
 }
 
 /// Has the agent kill the largest process; whether one was killed.
-async fn relieve(h: &SandboxHandle) -> bool {
+async fn relieve(h: &SandboxHandle, quiet_until: &mut Option<Instant>) -> bool {
     match tokio::time::timeout(AGENT_ANSWER, h.guest.relieve_memory()).await {
         Ok(Ok(Some(v))) => {
             h.inst.count_memory_kill();
@@ -117,9 +118,14 @@ async fn relieve(h: &SandboxHandle) -> bool {
             true
         }
         Ok(Ok(None)) => {
-            tracing::warn!(
-                "the sandbox's memory is past its declared limit with no process to kill"
-            );
+            // Memory no process holds (its tmpfs files): said once a minute at
+            // most, however long it lasts.
+            if quiet_until.is_none_or(|t| Instant::now() >= t) {
+                *quiet_until = Some(Instant::now() + Duration::from_secs(60));
+                tracing::warn!(
+                    "the sandbox's memory is past its declared limit with no process to kill"
+                );
+            }
             false
         }
         Ok(Err(e)) => {
@@ -142,46 +148,56 @@ fn watch_loop(
     ask: &tokio::sync::mpsc::Sender<()>,
     done: &std_mpsc::Receiver<bool>,
 ) {
-    let bound = if w.notified() {
-        NOTIFIED_BOUND
-    } else {
-        POLL_BOUND
-    };
     loop {
         if ask.is_closed() {
             return;
         }
-        match w.usage() {
-            None => return,
-            Some(u) if u > w.line() => {
-                if ask.blocking_send(()).is_err() {
-                    return;
-                }
-                let Ok(killed) = done.recv() else { return };
-                match after_request(killed) {
-                    AfterRequest::Settle => {
-                        let until = Instant::now() + SETTLE;
-                        while w.over() && Instant::now() < until {
-                            std::thread::sleep(Duration::from_millis(20));
-                        }
-                    }
-                    AfterRequest::BackOff => std::thread::sleep(NOTHING_TO_KILL_BACKOFF),
-                }
-                continue;
+        let Some(r) = w.reading() else { return };
+        if r.counted > w.line() {
+            if ask.blocking_send(()).is_err() {
+                return;
             }
-            Some(_) => {}
+            let Ok(killed) = done.recv() else { return };
+            match after_request(killed) {
+                AfterRequest::Settle => {
+                    let until = Instant::now() + SETTLE;
+                    while w.over() && Instant::now() < until {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                }
+                AfterRequest::BackOff => std::thread::sleep(NOTHING_TO_KILL_BACKOFF),
+            }
+            continue;
         }
-        w.wait(bound);
+        w.wait(wait_bound(w.notified(), r.total > w.line()));
+    }
+}
+
+/// How long the watcher may sleep: long while the kernel would notify it of a
+/// crossing, short (a poll) when it cannot, or when the whole use is already past
+/// the line (the page cache there; the kernel notifies crossings only).
+pub(crate) fn wait_bound(notified: bool, total_past_line: bool) -> Duration {
+    if notified && !total_past_line {
+        NOTIFIED_BOUND
+    } else {
+        POLL_BOUND
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{after_request, AfterRequest};
+    use super::{after_request, wait_bound, AfterRequest, NOTIFIED_BOUND, POLL_BOUND};
 
     #[test]
     fn a_kill_waits_for_memory_to_return_and_no_kill_backs_off() {
         assert_eq!(after_request(true), AfterRequest::Settle);
         assert_eq!(after_request(false), AfterRequest::BackOff);
+    }
+
+    #[test]
+    fn the_watch_polls_without_a_notification_or_with_the_use_past_the_line() {
+        assert_eq!(wait_bound(true, false), NOTIFIED_BOUND);
+        assert_eq!(wait_bound(true, true), POLL_BOUND);
+        assert_eq!(wait_bound(false, false), POLL_BOUND);
     }
 }
