@@ -121,3 +121,23 @@ fn many_processes_past_the_headroom_end_the_gvisor_sandbox_as_out_of_memory() {
         assert_eq!(s.end_reason.as_deref(), Some("exited"), "{s:?}");
     });
 }
+
+#[test]
+fn a_gvisor_sandbox_taken_back_after_a_daemon_restart_is_still_watched() {
+    let mut d = Daemon::start_isolated(None, "gvisor");
+    let id = block_on_within(120, "create", async {
+        d.client().create_sandbox(&gvisor_256m()).await.unwrap().id
+    });
+    // The next daemon finds the declared limit again from the cgroup's hard one.
+    d.kill9();
+    d.spawn();
+    let c = d.client();
+    block_on_within(180, "gvisor oom after restart", async {
+        let o = c.run(&id, &["python3", "-c", GROW_600M]).await.unwrap();
+        assert_eq!(o.exit.signal, Some(9), "{:?}\n{}", o.exit, d.log());
+        assert_eq!(c.get_sandbox(&id).await.unwrap().state, SandboxState::Running);
+        let after = c.run(&id, &["echo", "alive"]).await.unwrap();
+        assert_eq!(after.exit.code, Some(0));
+        c.delete_sandbox(&id).await.unwrap();
+    });
+}
