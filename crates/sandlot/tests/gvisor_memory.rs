@@ -109,10 +109,17 @@ fn many_processes_past_the_headroom_end_the_gvisor_sandbox_as_out_of_memory() {
     block_on_within(240, "gvisor hard limit", async {
         let sb = c.create_sandbox(&gvisor_256m()).await.unwrap();
         let id = sb.id.as_str();
-        // Eight processes of 120 MB at once: the watcher kills one at a time and
-        // the use passes the hard limit (declared + headroom) first.
-        let many = "for i in $(seq 8); do python3 -c \"x = bytearray(120 << 20)\nfor i in range(0, len(x), 4096): x[i] = 1\nimport time; time.sleep(30)\" & done; wait";
-        let _ = c.run(id, &["sh", "-c", many]).await;
+        // Eight processes of 200 MB, started together once all are up: the
+        // watcher kills one at a time (and waits for its memory to come back
+        // before the next), so the use passes the hard limit (declared + headroom)
+        // first.
+        let grow = "import os, time\nwhile not os.path.exists('/tmp/go'): time.sleep(0.01)\n\
+                    x = bytearray(200 << 20)\nfor i in range(0, len(x), 4096): x[i] = 1\n\
+                    time.sleep(30)";
+        let many = format!(
+            "for i in $(seq 8); do python3 -c \"{grow}\" & done; sleep 2; touch /tmp/go; wait"
+        );
+        let _ = c.run(id, &["sh", "-c", &many]).await;
         api_support::eventually(60, "the sandbox to end", || async {
             c.get_sandbox(id).await.unwrap().state == SandboxState::Stopped
         })
@@ -135,7 +142,10 @@ fn a_gvisor_sandbox_taken_back_after_a_daemon_restart_is_still_watched() {
     block_on_within(180, "gvisor oom after restart", async {
         let o = c.run(&id, &["python3", "-c", GROW_600M]).await.unwrap();
         assert_eq!(o.exit.signal, Some(9), "{:?}\n{}", o.exit, d.log());
-        assert_eq!(c.get_sandbox(&id).await.unwrap().state, SandboxState::Running);
+        assert_eq!(
+            c.get_sandbox(&id).await.unwrap().state,
+            SandboxState::Running
+        );
         let after = c.run(&id, &["echo", "alive"]).await.unwrap();
         assert_eq!(after.exit.code, Some(0));
         c.delete_sandbox(&id).await.unwrap();
