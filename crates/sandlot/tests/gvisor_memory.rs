@@ -64,6 +64,8 @@ fn a_process_past_a_gvisor_sandboxs_memory_limit_is_killed_and_the_sandbox_lives
             "{}",
             d.log()
         );
+        // The kernel told of the crossing (the watch was not left to poll).
+        assert!(!d.log().contains("memory watch polls"), "{}", d.log());
         c.delete_sandbox(id).await.unwrap();
     });
 }
