@@ -705,6 +705,12 @@ pub enum Request {
     /// processes keep running meanwhile. A gVisor checkpoint cannot save a socket
     /// bound to the host, which the agent's are.
     Quiesce {},
+    /// The sandbox's memory use passed its declared limit (a host watcher saw it
+    /// in the sandbox's cgroup): the agent SIGKILLs the sandbox process with the
+    /// largest resident set by its own view of `/proc` (never itself, never PID 1)
+    /// and replies `relieved`, naming it. gVisor has no OOM killer of its own;
+    /// this is it.
+    RelieveMemory {},
 }
 
 /// New process defaults; see [`Request::Configure`].
@@ -742,6 +748,7 @@ impl Request {
             Request::Watch(_) => "watch",
             Request::Configure(_) => "configure",
             Request::Quiesce {} => "quiesce",
+            Request::RelieveMemory {} => "relieve_memory",
         }
     }
 }
@@ -994,8 +1001,20 @@ pub enum Reply {
     Written { bytes: u64 },
     /// The watch is set up; events follow on stream 1.
     Watching,
+    /// `relieve_memory` answered: the process killed (`None`: none was left to
+    /// kill but the agent and PID 1).
+    Relieved { victim: Option<MemoryVictim> },
     /// The request failed. END follows.
     Error(ErrorBody),
+}
+
+/// The process `relieve_memory` killed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryVictim {
+    /// Its pid in the sandbox.
+    pub pid: i32,
+    /// Its resident set when chosen.
+    pub rss_bytes: u64,
 }
 
 #[cfg(test)]

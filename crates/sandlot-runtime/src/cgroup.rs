@@ -181,7 +181,15 @@ pub fn favor_dynamic_modifications() -> Result<FavorDynmods, CgroupError> {
 /// Limits written into a sandbox's cgroup.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct CgroupLimits {
+    /// The hard limit: past it the host kernel's OOM killer acts in the cgroup.
     pub memory_bytes: u64,
+    /// A line below the hard limit that a watcher acts on (a gVisor sandbox's
+    /// declared limit, its hard limit leaving headroom for gVisor's own processes):
+    /// cgroup v2 `memory.high` (reclaim and throttling past it, counted as `high`
+    /// in `memory.events`); v1 has no such file, its watcher uses a usage threshold
+    /// instead (`crate::memory_watch`). `None`: no line.
+    #[serde(default)]
+    pub memory_high: Option<u64>,
     pub pids: u32,
     pub cpus: Option<f64>,
 }
@@ -260,6 +268,9 @@ pub fn limit_writes(
                 ("", "memory.swap.max", "0".to_string()),
                 ("", "pids.max", l.pids.to_string()),
             ];
+            if let Some(h) = l.memory_high {
+                w.push(("", "memory.high", h.min(l.memory_bytes).to_string()));
+            }
             if let Some(q) = quota {
                 w.push(("", "cpu.max", format!("{q} {PERIOD}")));
             }
@@ -417,7 +428,7 @@ impl Cgroup {
         Ok(())
     }
 
-    fn dir_of(&self, ctrl: &str) -> Option<&Path> {
+    pub(crate) fn dir_of(&self, ctrl: &str) -> Option<&Path> {
         self.dirs
             .iter()
             .find(|(c, _)| self.version == 2 || c == ctrl)
@@ -801,12 +812,14 @@ mod tests {
     fn limits_map_to_files() {
         let l = CgroupLimits {
             memory_bytes: 1 << 20,
+            memory_high: None,
             pids: 64,
             cpus: Some(0.5),
         };
         let v2 = limit_writes(&CgroupLayout::V2 { root: "/x".into() }, &l);
         assert!(v2.contains(&("", "cpu.max", "50000 100000".into())));
         assert!(v2.contains(&("", "memory.max", "1048576".into())));
+        assert!(!v2.iter().any(|(_, f, _)| *f == "memory.high"), "{v2:?}");
         let v1 = limit_writes(
             &CgroupLayout::V1 {
                 controllers: vec![],

@@ -194,6 +194,22 @@ pub trait Instance: Send + Sync + fmt::Debug {
     /// (see [`SnapshotSource`]). Blocking.
     fn snapshot_source(&self) -> Result<SnapshotSource, RuntimeError>;
 
+    /// A watch of the sandbox's memory use against its declared limit, for a
+    /// sandbox whose kernel has no OOM killer of its own (gVisor): its cgroup's
+    /// hard limit leaves headroom above the declared one, and the owner has the
+    /// sandbox's agent kill its largest process once the use passes the line
+    /// (`Request::RelieveMemory`), then calls [`Instance::count_memory_kill`].
+    /// `None`: the kernel's OOM killer acts inside the sandbox (namespace backend).
+    /// The second value says why the watch polls (no notification armed).
+    fn memory_watch(
+        &self,
+    ) -> Option<io::Result<(crate::memory_watch::MemoryWatch, Option<String>)>> {
+        None
+    }
+
+    /// Counts a process the agent killed for memory in [`Usage::oom_kills`].
+    fn count_memory_kill(&self) {}
+
     /// Counts a helper process of the host (a collection mount's server) against
     /// the sandbox's resources, so that it also ends with the sandbox.
     fn add_helper(&self, pid: i32) -> io::Result<()>;

@@ -20,6 +20,7 @@ pub mod host_path;
 pub mod hostimage;
 pub mod init;
 mod instance;
+pub mod memory_watch;
 pub mod mounts;
 pub mod namespace;
 pub mod netns;

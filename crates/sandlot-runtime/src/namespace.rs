@@ -788,6 +788,7 @@ impl NamespaceBackend {
             let id_base = self.cfg.id_base + slot * ID_RANGE;
             let limits = CgroupLimits {
                 memory_bytes: spec.resources.memory.bytes(),
+                memory_high: None,
                 pids: spec.resources.pids,
                 cpus: spec.resources.cpus.or(self.cfg.default_cpus),
             };

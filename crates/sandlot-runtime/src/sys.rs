@@ -1331,6 +1331,44 @@ pub fn reaped_children_cpu() -> io::Result<std::time::Duration> {
     Ok(tv(ru.ru_utime) + tv(ru.ru_stime))
 }
 
+/// A new eventfd (close-on-exec, non-blocking), counter 0.
+pub fn eventfd() -> io::Result<OwnedFd> {
+    // SAFETY: eventfd takes no pointers; a non-negative result is a new descriptor
+    // only this call owns.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh descriptor nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Waits up to `timeout_ms` for `events` on `fd`; the events that came (empty on
+/// timeout or an interruption).
+pub fn poll_one(
+    fd: BorrowedFd<'_>,
+    events: libc::c_short,
+    timeout_ms: i32,
+) -> io::Result<libc::c_short> {
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events,
+        revents: 0,
+    };
+    // SAFETY: `p` is one valid pollfd for the call's duration; `fd` is borrowed,
+    // so open throughout.
+    let r = unsafe { libc::poll(&mut p, 1, timeout_ms) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        return if e.kind() == io::ErrorKind::Interrupted {
+            Ok(0)
+        } else {
+            Err(e)
+        };
+    }
+    Ok(if r == 0 { 0 } else { p.revents })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

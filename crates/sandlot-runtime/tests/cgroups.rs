@@ -78,6 +78,7 @@ fn cgroup_v2_files_work_on_a_real_v2_hierarchy() {
     if !controllers.split_whitespace().any(|c| c == "memory") {
         let limits = CgroupLimits {
             memory_bytes: 64 << 20,
+            memory_high: None,
             pids: 64,
             cpus: None,
         };
@@ -218,6 +219,7 @@ fn cgroup_stock_hands_out_fresh_renamed_cgroups_and_leaves_nothing() {
 
     let limits = CgroupLimits {
         memory_bytes: 96 << 20,
+        memory_high: None,
         pids: 77,
         cpus: None,
     };

@@ -21,6 +21,7 @@ pub mod inbound;
 pub mod isolation;
 pub mod mcp;
 pub mod memory;
+pub mod memory_guard;
 pub mod metrics;
 pub mod mount_users;
 pub mod network;

@@ -890,6 +890,7 @@ pub async fn own(state: Arc<AppState>, h: Arc<SandboxHandle>, adopted: bool) {
     if exit_watch.is_none() {
         tracing::warn!("cannot watch the sandbox's PID 1; relying on timeouts");
     }
+    crate::memory_guard::start(&h);
     {
         let hp = h.clone();
         tokio::spawn(

@@ -428,6 +428,10 @@ impl Agent {
                 self.begin_shutdown();
                 Ok(())
             }
+            Request::RelieveMemory {} => {
+                let victim = super::relieve::relieve();
+                self.reply_end(conn, chan, Reply::Relieved { victim })
+            }
             Request::Quiesce {} => {
                 let _ = self.reply_end(conn, chan, Reply::Ok);
                 self.quiesce.notify_one();

@@ -12,6 +12,7 @@ mod keyed_poll;
 mod own_proc;
 mod process;
 mod reap;
+mod relieve;
 mod ring;
 mod spawn;
 mod stdin;

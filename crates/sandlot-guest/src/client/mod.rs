@@ -32,8 +32,8 @@ pub use sandlot_proto::guest::{
 };
 
 use sandlot_proto::guest::{
-    parse_data, parse_eof, parse_window, stream, ConfigureRequest, FrameKind, Reply, Request,
-    ResizeRequest, SignalRequest,
+    parse_data, parse_eof, parse_window, stream, ConfigureRequest, FrameKind, MemoryVictim, Reply,
+    Request, ResizeRequest, SignalRequest,
 };
 
 use crate::wire::{self, Frame, FrameReader};
@@ -814,6 +814,15 @@ impl GuestClient {
     /// socket until it gets `SIGUSR1`. Returns once acknowledged.
     pub async fn quiesce(&self) -> Result<(), ClientError> {
         self.call_ok(Request::Quiesce {}).await
+    }
+
+    /// Asks the agent to kill the sandbox's largest process, its memory being past
+    /// the declared limit ([`Request::RelieveMemory`]); the one it killed.
+    pub async fn relieve_memory(&self) -> Result<Option<MemoryVictim>, ClientError> {
+        match self.call(Request::RelieveMemory {}).await? {
+            Reply::Relieved { victim } => Ok(victim),
+            other => Err(unexpected("relieve_memory", &other)),
+        }
     }
 
     /// Asks the agent to kill every process and stop. Returns once acknowledged.

@@ -453,6 +453,7 @@ mod tests {
     fn the_bundle_runs_the_agent_as_pid_1_with_the_sandbox_limits_and_id_range() {
         let limits = CgroupLimits {
             memory_bytes: 256 << 20,
+            memory_high: None,
             pids: 512,
             cpus: Some(0.5),
         };

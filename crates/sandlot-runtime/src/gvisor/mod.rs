@@ -28,6 +28,7 @@ pub mod bundle;
 pub mod kept_copy;
 mod kept_root;
 pub mod launch;
+pub mod memory;
 pub mod runsc;
 pub mod tree_copy;
 
@@ -38,14 +39,16 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use sandlot_proto::spec::{NetworkMode, SandboxSpec, HOST_IMAGE};
 
-use crate::cgroup::{self, Cgroup, CgroupLayout, CgroupLimits, CgroupParent};
+use crate::cgroup::{self, Cgroup, CgroupLayout, CgroupParent};
 use crate::hostimage::HostFacts;
 use crate::instance::{has_exited, wait_child};
+use crate::memory_watch::MemoryWatch;
 use crate::mounts::{self, PlanInput, RootFs};
 use crate::plan::{agent_setup, sandbox_hostname};
 use crate::{
@@ -230,11 +233,13 @@ impl GvisorBackend {
         owned(dir, None, 0o710)?;
         mount_agent_run(&agent_run)?;
         owned(&agent_run, Some(id_base), 0o700)?;
-        let limits = CgroupLimits {
-            memory_bytes: spec.resources.memory.bytes(),
-            pids: spec.resources.pids,
-            cpus: spec.resources.cpus.or(self.cfg.default_cpus),
-        };
+        // The hard limit leaves headroom above the declared one for gVisor's own
+        // processes; the declared one is the watcher's line (`memory`).
+        let limits = memory::limits(
+            spec.resources.memory.bytes(),
+            spec.resources.pids,
+            spec.resources.cpus.or(self.cfg.default_cpus),
+        );
         let cg = Cgroup::create(&self.layout, &self.cgroup_parent(), id, &limits)?;
         *cgroup = Some(cg.clone());
         let hostname = sandbox_hostname(id, spec);
@@ -348,6 +353,8 @@ impl GvisorBackend {
             mount_points,
             runsc,
             id_base,
+            memory_line: limits.memory_high,
+            memory_kills: AtomicU64::new(0),
         };
         if !in_cgroup(pid, &self.cfg.cgroup_parent, id) {
             return Err(RuntimeError::Init(format!(
@@ -760,12 +767,14 @@ impl Backend for GvisorBackend {
             .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
             .is_some_and(|c| bundle::has_network_path(&c));
         runsc.extend(self.runsc.global_args(&dir.join("state"), networked));
+        let cgroup = self.plan_cgroup(id);
+        let memory_line = hard_memory_limit(&cgroup).and_then(memory::declared_of);
         Ok(Box::new(GvisorInstance {
             id: id.to_string(),
             pid,
             pidfd,
             socket: dir.join("agent").join("agent.sock"),
-            cgroup: self.plan_cgroup(id),
+            cgroup,
             dir,
             hierarchies: self.hierarchies.clone(),
             cgroup_parent: self.cfg.cgroup_parent.clone(),
@@ -774,6 +783,8 @@ impl Backend for GvisorBackend {
             mount_points,
             runsc,
             id_base,
+            memory_line,
+            memory_kills: AtomicU64::new(0),
         }))
     }
 
@@ -880,6 +891,24 @@ pub struct GvisorInstance {
     runsc: Vec<String>,
     /// First host uid/gid of the sandbox's range (root inside).
     id_base: u32,
+    /// The declared memory limit, below the cgroup's hard one: the memory
+    /// watcher's line (`None`: an adopted sandbox whose cgroup no plan made).
+    memory_line: Option<u64>,
+    /// Processes the agent killed for memory ([`Instance::count_memory_kill`]),
+    /// counted with the kernel's OOM kills in [`Instance::usage`].
+    memory_kills: AtomicU64,
+}
+
+/// The hard memory limit written in `cg` (v2 `memory.max`, v1
+/// `memory.limit_in_bytes`).
+fn hard_memory_limit(cg: &Cgroup) -> Option<u64> {
+    let (ctrl, file) = if cg.version == 2 {
+        ("", "memory.max")
+    } else {
+        ("memory", "memory.limit_in_bytes")
+    };
+    let d = cg.dirs.iter().find(|(c, _)| cg.version == 2 || c == ctrl)?;
+    fs::read_to_string(d.1.join(file)).ok()?.trim().parse().ok()
 }
 
 /// The file of a sandbox's directory that keeps its mount points for an owner
@@ -953,7 +982,22 @@ impl Instance for GvisorInstance {
     }
 
     fn usage(&self) -> Option<cgroup::Usage> {
-        self.cgroup.exists().then(|| self.cgroup.usage())
+        self.cgroup.exists().then(|| {
+            let mut u = self.cgroup.usage();
+            u.oom_kills += self.memory_kills.load(Ordering::Relaxed);
+            u
+        })
+    }
+
+    /// gVisor has no OOM killer: the agent kills for it when the use passes the
+    /// declared limit, the cgroup's hard limit leaving headroom above it.
+    fn memory_watch(&self) -> Option<io::Result<(MemoryWatch, Option<String>)>> {
+        let line = self.memory_line?;
+        Some(MemoryWatch::open(&self.cgroup, line))
+    }
+
+    fn count_memory_kill(&self) {
+        self.memory_kills.fetch_add(1, Ordering::Relaxed);
     }
 
     /// gVisor's own network stack holds the sandbox's sockets: no host socket
