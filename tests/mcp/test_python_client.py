@@ -83,7 +83,7 @@ def test_the_python_sdk_uses_the_tools_over_stdio(daemon):
     anyio.run(go)
 
 
-def test_the_python_sdk_calls_every_tool_and_reads_a_file_resource(daemon):
+def test_the_python_sdk_calls_every_tool_and_reads_every_kind_of_resource(daemon):
     """Every tool the server lists is called once with arguments a model would
     send, and each answer is checked: the success paths of the memory tools and
     of snapshot_sandbox included."""
@@ -131,6 +131,10 @@ def test_the_python_sdk_calls_every_tool_and_reads_a_file_resource(daemon):
 
                     sh = await call(s, "vfs_shell", {"collection": "kb", "command": "grep -r 'rate limit' /"})
                     assert "guide.md" in sh and "40 requests" in sh, sh
+                    doc = await s.read_resource("sandlot://collections/kb/guide.md")
+                    assert [c.text for c in doc.contents] == [
+                        "# Guide\nThe rate limit is 40 requests a minute.\n"
+                    ], doc
 
                     made = json.loads(await call(s, "memory_create", {
                         "store": "notes", "title": "Deploy window", "body": "Deploys happen on Tuesdays.",
@@ -145,6 +149,15 @@ def test_the_python_sdk_calls_every_tool_and_reads_a_file_resource(daemon):
                     query = {"store": "notes", "text": "when do deploys happen"}
                     hits = json.loads(await call(s, "memory_search", query))
                     assert [h["path"] for h in hits["hits"]][:1] == [made["path"]], hits
+                    mem = await s.read_resource(f"sandlot://memory/notes/{made['path']}")
+                    assert "Deploys happen on Thursdays." in mem.contents[0].text, mem
+                    assert mem.contents[0].mime_type == "text/markdown", mem
+                    templates = {t.uri_template for t in (await s.list_resource_templates()).resource_templates}
+                    assert templates == {
+                        "sandlot://sandboxes/{sandbox}/files/{+path}",
+                        "sandlot://memory/{store}/{+key}",
+                        "sandlot://collections/{collection}/{+path}",
+                    }, templates
                 finally:
                     for x in (fork, sid):
                         if x:
