@@ -148,6 +148,17 @@ impl Policy {
                 || (self.mode == NetworkMode::Open && self.allow.addresses(ip, port)))
     }
 
+    /// Whether a connection the address rules refuse goes on by the name its first
+    /// bytes gave (the proxy then resolves the name itself): in `allow` mode an
+    /// allowed name; in `open` mode only a name an allow rule names (a name no deny
+    /// rule names does not lift a denied address).
+    pub fn admits_by_name(&self, name: &str, port: u16) -> bool {
+        match self.mode {
+            NetworkMode::Open => self.allow.names(&normalize_name(name), Some(port)),
+            _ => self.allows_name(name, port),
+        }
+    }
+
     /// Whether allow name rules exist: a connection the address rules refuse is
     /// then let through when its SNI or Host names an allowed name (the proxy
     /// resolves that name itself).
@@ -381,6 +392,11 @@ mod tests {
         assert!(p.resolves("api.corp.test") && !p.resolves("www.corp.test"));
         assert!(p.allows_name("api.corp.test", 443));
         assert!(p.has_names(), "an allowed name rescues a denied address");
+        assert!(p.admits_by_name("api.corp.test", 443));
+        assert!(
+            !p.admits_by_name("other.test", 443),
+            "a name no rule names does not lift a denied address"
+        );
         // An allowed address wins over a denied name on it.
         assert!(p.allows_named_addr(ip("203.0.113.5"), 443, "www.corp.test"));
         assert!(!p.allows_named_addr(ip("192.0.2.1"), 443, "www.corp.test"));

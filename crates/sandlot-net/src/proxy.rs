@@ -80,7 +80,7 @@ impl Grant {
         match self {
             Grant::Addr(ip, port, None) => p.allows_addr(*ip, *port),
             Grant::Addr(ip, port, Some(n)) => p.allows_named_addr(*ip, *port, n),
-            Grant::Name(n, port) => p.allows_name(n, *port),
+            Grant::Name(n, port) => p.admits_by_name(n, *port),
         }
     }
 }
@@ -157,8 +157,12 @@ async fn handle(shared: &Shared, sb: Arc<Attached>, mut client: TcpStream) {
             }
         };
         ev.name = Some(name.clone());
-        if !policy.allows_name(&name, port) {
-            ev.reason = format!("no rule allows {name}:{port}");
+        if !policy.admits_by_name(&name, port) {
+            ev.reason = if policy.mode == sandlot_proto::spec::NetworkMode::Open {
+                format!("a deny rule names {oip}:{port}")
+            } else {
+                format!("no rule allows {name}:{port}")
+            };
             reset(&client);
             shared.record(ev);
             return;

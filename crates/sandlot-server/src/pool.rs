@@ -92,6 +92,7 @@ fn template(spec: &SandboxSpec) -> SandboxSpec {
     s.user = SandboxSpec::default().user;
     s.timeout = None;
     s.network.allow.clear();
+    s.network.deny.clear();
     s
 }
 
