@@ -349,7 +349,10 @@ mod tests {
     #[test]
     fn open_mode_refuses_denied_addresses_and_keeps_the_rest() {
         let p = open_denying(
-            vec![cidr("203.0.113.0/24", vec![]), cidr("198.51.100.7", vec![22])],
+            vec![
+                cidr("203.0.113.0/24", vec![]),
+                cidr("198.51.100.7", vec![22]),
+            ],
             vec![],
         );
         assert!(!p.allows_addr(ip("203.0.113.9"), 443));
@@ -365,14 +368,21 @@ mod tests {
         let mut ssh_only = AllowRule::domain("git.test");
         ssh_only.ports = vec![22];
         let p = open_denying(
-            vec![AllowRule::domain("denied.test"), AllowRule::domain("*.wild.test"), ssh_only],
+            vec![
+                AllowRule::domain("denied.test"),
+                AllowRule::domain("*.wild.test"),
+                ssh_only,
+            ],
             vec![],
         );
         assert!(p.screens_names());
         assert!(!p.resolves("denied.test") && !p.resolves("DENIED.test."));
         assert!(!p.resolves("a.wild.test"));
         assert!(p.resolves("wild.test") && p.resolves("other.test"));
-        assert!(p.resolves("git.test"), "denied on one port only: still resolves");
+        assert!(
+            p.resolves("git.test"),
+            "denied on one port only: still resolves"
+        );
         assert!(!p.allows_name("git.test", 22) && p.allows_name("git.test", 443));
         let a = ip("203.0.113.9");
         assert!(!p.allows_named_addr(a, 443, "denied.test"));
@@ -384,8 +394,14 @@ mod tests {
     #[test]
     fn open_mode_allow_rules_win_over_deny_rules() {
         let p = open_denying(
-            vec![cidr("203.0.113.0/24", vec![]), AllowRule::domain("*.corp.test")],
-            vec![cidr("203.0.113.5", vec![]), AllowRule::domain("api.corp.test")],
+            vec![
+                cidr("203.0.113.0/24", vec![]),
+                AllowRule::domain("*.corp.test"),
+            ],
+            vec![
+                cidr("203.0.113.5", vec![]),
+                AllowRule::domain("api.corp.test"),
+            ],
         );
         assert!(p.allows_addr(ip("203.0.113.5"), 443));
         assert!(!p.allows_addr(ip("203.0.113.6"), 443));

@@ -12,15 +12,15 @@ use serde::{Deserialize, Serialize};
 use crate::units::{ByteSize, Seconds};
 
 mod isolation;
-mod network;
 pub mod memory_backed;
+mod network;
 mod secrets;
 pub use isolation::Isolation;
+pub use memory_backed::{MemoryBacked, TmpfsLimit};
 pub use network::{
     check_domain_pattern, AllowRule, Cidr, DenyRule, NetworkMode, NetworkSpec, MAX_ALLOW_RULES,
     MAX_RULE_PORTS,
 };
-pub use memory_backed::{MemoryBacked, TmpfsLimit};
 pub use secrets::{FileMode, SecretRef, SECRET_FILE_MODE};
 
 /// Validation failures of a [`SandboxSpec`]. Each names the offending field.

@@ -176,7 +176,14 @@ fn e2b_network_options_become_egress_policies() {
 fn get_by_host(world: &World, host: &str, path: &str) -> (u16, String) {
     let o = Command::new("ip")
         .args(["netns", "exec", &world.host_ns, "curl", "-sS", "-m", "30"])
-        .args(["-o", "-", "-w", "\n%{http_code}", "-H", &format!("Host: {host}")])
+        .args([
+            "-o",
+            "-",
+            "-w",
+            "\n%{http_code}",
+            "-H",
+            &format!("Host: {host}"),
+        ])
         .arg(format!("http://{HOST_ADDR}:{E2B_PORT}{path}"))
         .output()
         .unwrap();
@@ -215,7 +222,10 @@ fn e2b_deny_list_refuses_what_it_names_and_leaves_the_rest_open() {
             "--resolve denied.test:80:10.99.1.20 http://denied.test/",
         )
         .await;
-        assert_ne!(code, 0, "a denied name resolved by the sandbox itself: {out}");
+        assert_ne!(
+            code, 0,
+            "a denied name resolved by the sandbox itself: {out}"
+        );
         let (code, out) = curl(&c, &id, "http://10.99.1.20/").await;
         assert_eq!(code, 0, "the literal address of a denied name: {out}");
         let (code, out) = curl(&c, &id, "http://a.wild.test/").await;
@@ -273,8 +283,21 @@ async fn serve_8000(world: &World, key: &str, c: &Client, id: &str) {
     .unwrap();
     for _ in 0..100 {
         let o = Command::new("ip")
-            .args(["netns", "exec", &world.host_ns, "curl", "-s", "-o", "/dev/null"])
-            .args(["-w", "%{http_code}", "-H", &format!("Host: 8000-{id}.sandlot.test")])
+            .args([
+                "netns",
+                "exec",
+                &world.host_ns,
+                "curl",
+                "-s",
+                "-o",
+                "/dev/null",
+            ])
+            .args([
+                "-w",
+                "%{http_code}",
+                "-H",
+                &format!("Host: 8000-{id}.sandlot.test"),
+            ])
             .args(["-H", &format!("X-API-Key: {key}")])
             .arg(format!("http://{HOST_ADDR}:{E2B_PORT}/index.html"))
             .output()
@@ -301,13 +324,29 @@ fn e2b_public_traffic_opens_ports_but_never_envd() {
             &key,
             json!({"network": {"allowPublicTraffic": true}}),
         );
-        let private = create(&world, &key, json!({"network": {"allowPublicTraffic": false}}));
+        let private = create(
+            &world,
+            &key,
+            json!({"network": {"allowPublicTraffic": false}}),
+        );
         for id in [&public, &private] {
             serve_8000(&world, &key, &c, id).await;
         }
-        let (st, body) = get_by_host(&world, &format!("8000-{public}.sandlot.test"), "/index.html");
-        assert_eq!((st, body.as_str()), (200, "served\n"), "public, no credential");
-        let (st, body) = get_by_host(&world, &format!("8000-{private}.sandlot.test"), "/index.html");
+        let (st, body) = get_by_host(
+            &world,
+            &format!("8000-{public}.sandlot.test"),
+            "/index.html",
+        );
+        assert_eq!(
+            (st, body.as_str()),
+            (200, "served\n"),
+            "public, no credential"
+        );
+        let (st, body) = get_by_host(
+            &world,
+            &format!("8000-{private}.sandlot.test"),
+            "/index.html",
+        );
         assert_eq!(st, 401, "not public: {body}");
         // Envd by host name still wants the sandbox's access token.
         let (st, body) = get_by_host(&world, &format!("49983-{public}.sandlot.test"), "/health");
@@ -339,7 +378,10 @@ fn public_ports_forbidden_by_the_operator_are_refused_at_create() {
         Some(json!({"network": {"allowPublicTraffic": true}})),
     );
     assert_eq!(st, 400, "{v}");
-    assert!(v["message"].as_str().unwrap().contains("ports.public"), "{v}");
+    assert!(
+        v["message"].as_str().unwrap().contains("ports.public"),
+        "{v}"
+    );
     let c = d.client();
     let native = rt().block_on(async {
         let Value::Object(spec) = json!({"ports": {"public": true}}) else {

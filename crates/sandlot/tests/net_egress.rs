@@ -712,7 +712,10 @@ fn open_policy_with_deny_rules_refuses_what_they_name_on(isolation: &str) {
             json!({"mode": "allow", "deny": [{"domain": "allowed.test"}]}),
         );
         let e = c
-            .create_sandbox(&CreateSandbox { spec, ..Default::default() })
+            .create_sandbox(&CreateSandbox {
+                spec,
+                ..Default::default()
+            })
             .await
             .unwrap_err();
         assert_eq!(e.status().map(|s| s.as_u16()), Some(400), "{e}");
@@ -748,7 +751,10 @@ fn open_policy_with_deny_rules_refuses_what_they_name_on(isolation: &str) {
         let (code, body) = curl(
             &c,
             &id,
-            &format!("--resolve allowed.test:80:{} http://allowed.test/", addr_of("denied.test")),
+            &format!(
+                "--resolve allowed.test:80:{} http://allowed.test/",
+                addr_of("denied.test")
+            ),
         )
         .await;
         assert_ne!(code, 0, "a denied name's Host at another address: {body}");
@@ -761,7 +767,10 @@ fn open_policy_with_deny_rules_refuses_what_they_name_on(isolation: &str) {
         let (code, log, err) = d.cli(&["net", "log", &id, "--denied"]);
         assert_eq!(code, 0, "{err}");
         assert!(log.contains("a deny rule names allowed.test:443"), "{log}");
-        assert!(log.contains(&format!("a deny rule names {}:80", addr_of("a.wild.test"))), "{log}");
+        assert!(
+            log.contains(&format!("a deny rule names {}:80", addr_of("a.wild.test"))),
+            "{log}"
+        );
         c.delete_sandbox(&id).await.unwrap();
     });
     drop(c);

@@ -275,4 +275,3 @@ fn check_rules(field: &str, rules: &[AllowRule]) -> Result<(), SpecError> {
     }
     Ok(())
 }
-

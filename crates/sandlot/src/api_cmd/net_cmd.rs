@@ -63,7 +63,11 @@ pub struct SetArgs {
 fn render_policy(v: &Value) -> String {
     let mut out = format!("mode: {}\n", v["mode"].as_str().unwrap_or("?"));
     for list in ["allow", "deny"] {
-        render_rules(&mut out, list, v[list].as_array().map(Vec::as_slice).unwrap_or_default());
+        render_rules(
+            &mut out,
+            list,
+            v[list].as_array().map(Vec::as_slice).unwrap_or_default(),
+        );
     }
     out
 }
@@ -156,7 +160,11 @@ impl PolicyFlags {
         if self.mode.is_none() && self.allow.is_empty() && self.deny.is_empty() {
             return Ok(None);
         }
-        let implied = if self.deny.is_empty() { "allow" } else { "open" };
+        let implied = if self.deny.is_empty() {
+            "allow"
+        } else {
+            "open"
+        };
         let mode = self.mode.clone().unwrap_or_else(|| implied.into());
         if !self.deny.is_empty() && mode != "open" {
             bail!("--deny needs --network open (not {mode})");
@@ -301,7 +309,11 @@ mod tests {
             allow: vec![],
             deny: vec!["denied.test".into()],
         };
-        assert!(f.to_value().unwrap_err().to_string().contains("--deny needs --network open"));
+        assert!(f
+            .to_value()
+            .unwrap_err()
+            .to_string()
+            .contains("--deny needs --network open"));
         assert_eq!(PolicyFlags::default().to_value().unwrap(), None);
     }
 
