@@ -201,8 +201,8 @@ def test_envd_needs_the_sandboxs_access_token(server, sbx):
 def test_unsupported_calls_fail_with_typed_errors_not_hangs(server, sbx):
     with pytest.raises(SandboxException, match="not found"):
         Sandbox.create(template="no-such-template")
-    with pytest.raises(SandboxException, match="network.denyOut"):
-        Sandbox.create(network={"deny_out": ["192.0.2.1"]})
+    with pytest.raises(SandboxException, match=r"network\.denyOut\[1\]"):
+        Sandbox.create(network={"deny_out": ["192.0.2.1", "192.0.2.1/8"]})
     assert sbx.is_running()
 
 

@@ -986,7 +986,7 @@ mod tests {
             ceiling: NetworkMode::None,
             default: NetworkSpec {
                 mode: NetworkMode::Open,
-                allow: vec![],
+                ..NetworkSpec::default()
             },
             ..Default::default()
         };

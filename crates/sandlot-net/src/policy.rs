@@ -3,14 +3,66 @@
 
 use std::net::IpAddr;
 
-use sandlot_proto::spec::{Cidr, NetworkMode, NetworkSpec};
+use sandlot_proto::spec::{AllowRule, Cidr, NetworkMode, NetworkSpec};
 
 /// A sandbox's network policy, compiled from its [`NetworkSpec`].
+///
+/// In `allow` mode the allow rules are all that is reachable. In `open` mode
+/// everything is reachable but what a deny rule names, unless an allow rule names
+/// it too (an allow rule wins, as in E2B). The operator's [`Ceiling`] is checked
+/// separately and holds whatever these rules say.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Policy {
     pub mode: NetworkMode,
+    allow: Rules,
+    deny: Rules,
+}
+
+/// Name and address rules of one list (allow or deny).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+struct Rules {
     domains: Vec<DomainRule>,
     cidrs: Vec<(Cidr, Vec<u16>)>,
+}
+
+impl Rules {
+    fn compile(rules: &[AllowRule]) -> Rules {
+        let mut out = Rules::default();
+        for r in rules {
+            if let Some(d) = &r.domain {
+                let (wildcard, name) = match d.strip_prefix("*.") {
+                    Some(n) => (true, n),
+                    None => (false, d.as_str()),
+                };
+                out.domains.push(DomainRule {
+                    name: normalize_name(name),
+                    wildcard,
+                    ports: r.ports.clone(),
+                });
+            }
+            if let Some(c) = r.cidr.as_deref().and_then(|c| Cidr::parse(c).ok()) {
+                out.cidrs.push((c, r.ports.clone()));
+            }
+        }
+        out
+    }
+
+    /// A name rule names `name` (normalized) on `port`; `None`: on every port.
+    fn names(&self, name: &str, port: Option<u16>) -> bool {
+        self.domains.iter().any(|d| {
+            d.matches(name)
+                && match port {
+                    Some(p) => port_ok(&d.ports, p),
+                    None => d.ports.is_empty(),
+                }
+        })
+    }
+
+    fn addresses(&self, ip: IpAddr, port: u16) -> bool {
+        self.cidrs
+            .iter()
+            .any(|(c, ports)| c.contains(ip) && port_ok(ports, port))
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,73 +98,78 @@ pub fn normalize_name(name: &str) -> String {
 impl Policy {
     /// Compiles a spec that passed [`NetworkSpec::validate`].
     pub fn compile(spec: &NetworkSpec) -> Policy {
-        let mut domains = Vec::new();
-        let mut cidrs = Vec::new();
-        for r in &spec.allow {
-            if let Some(d) = &r.domain {
-                let (wildcard, name) = match d.strip_prefix("*.") {
-                    Some(n) => (true, n),
-                    None => (false, d.as_str()),
-                };
-                domains.push(DomainRule {
-                    name: normalize_name(name),
-                    wildcard,
-                    ports: r.ports.clone(),
-                });
-            }
-            if let Some(c) = r.cidr.as_deref().and_then(|c| Cidr::parse(c).ok()) {
-                cidrs.push((c, r.ports.clone()));
-            }
-        }
         Policy {
             mode: spec.mode,
-            domains,
-            cidrs,
+            allow: Rules::compile(&spec.allow),
+            deny: Rules::compile(&spec.deny),
         }
     }
 
-    /// Whether the resolver answers queries for `name` (any record type).
+    /// Whether the resolver answers queries for `name` (any record type). In
+    /// `open` mode a name denied on every port gets no answer (unless allowed);
+    /// a name denied on some ports only still resolves.
     pub fn resolves(&self, name: &str) -> bool {
+        let n = normalize_name(name);
         match self.mode {
             NetworkMode::None => false,
-            NetworkMode::Open => true,
-            NetworkMode::Allow => {
-                let n = normalize_name(name);
-                self.domains.iter().any(|d| d.matches(&n))
-            }
+            NetworkMode::Open => !self.deny.names(&n, None) || self.allow.names(&n, None),
+            NetworkMode::Allow => self.allow.domains.iter().any(|d| d.matches(&n)),
         }
     }
 
     /// Whether a TCP connection to `name:port` (name taken from SNI or Host) is allowed.
     pub fn allows_name(&self, name: &str, port: u16) -> bool {
+        let n = normalize_name(name);
         match self.mode {
             NetworkMode::None => false,
-            NetworkMode::Open => true,
-            NetworkMode::Allow => {
-                let n = normalize_name(name);
-                self.domains
-                    .iter()
-                    .any(|d| d.matches(&n) && port_ok(&d.ports, port))
+            NetworkMode::Open => {
+                !self.deny.names(&n, Some(port)) || self.allow.names(&n, Some(port))
             }
+            NetworkMode::Allow => self.allow.names(&n, Some(port)),
         }
     }
 
-    /// Whether a CIDR rule allows a TCP connection to `ip:port` (open mode: any
-    /// address; the off-limits check is separate).
+    /// Whether the address rules allow a TCP connection to `ip:port` (open mode:
+    /// any address no deny rule names; the off-limits check is separate).
     pub fn allows_addr(&self, ip: IpAddr, port: u16) -> bool {
         match self.mode {
             NetworkMode::None => false,
-            NetworkMode::Open => true,
-            NetworkMode::Allow => self
-                .cidrs
-                .iter()
-                .any(|(c, ports)| c.contains(ip) && port_ok(ports, port)),
+            NetworkMode::Open => !self.deny.addresses(ip, port) || self.allow.addresses(ip, port),
+            NetworkMode::Allow => self.allow.addresses(ip, port),
         }
     }
 
-    /// Whether name rules exist (the proxy must then look at SNI or Host).
+    /// Whether a connection to `ip:port` that the address rules allow, and whose
+    /// first bytes named `name`, is allowed: a deny rule for the name refuses it
+    /// unless an allow rule names the name or the address.
+    pub fn allows_named_addr(&self, ip: IpAddr, port: u16, name: &str) -> bool {
+        self.allows_addr(ip, port)
+            && (self.allows_name(name, port)
+                || (self.mode == NetworkMode::Open && self.allow.addresses(ip, port)))
+    }
+
+    /// Whether a connection the address rules refuse goes on by the name its first
+    /// bytes gave (the proxy then resolves the name itself): in `allow` mode an
+    /// allowed name; in `open` mode only a name an allow rule names (a name no deny
+    /// rule names does not lift a denied address).
+    pub fn admits_by_name(&self, name: &str, port: u16) -> bool {
+        match self.mode {
+            NetworkMode::Open => self.allow.names(&normalize_name(name), Some(port)),
+            _ => self.allows_name(name, port),
+        }
+    }
+
+    /// Whether allow name rules exist: a connection the address rules refuse is
+    /// then let through when its SNI or Host names an allowed name (the proxy
+    /// resolves that name itself).
     pub fn has_names(&self) -> bool {
-        !self.domains.is_empty()
+        !self.allow.domains.is_empty()
+    }
+
+    /// Whether deny name rules exist (`open` mode): the proxy reads the name of
+    /// every connection the address rules allow and refuses denied names.
+    pub fn screens_names(&self) -> bool {
+        self.mode == NetworkMode::Open && !self.deny.domains.is_empty()
     }
 }
 
@@ -199,12 +256,12 @@ impl Ceiling {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sandlot_proto::spec::AllowRule;
 
     fn spec(rules: Vec<AllowRule>) -> NetworkSpec {
         NetworkSpec {
             mode: NetworkMode::Allow,
             allow: rules,
+            deny: vec![],
         }
     }
 
@@ -262,8 +319,127 @@ mod tests {
         let open = Policy::compile(&NetworkSpec {
             mode: NetworkMode::Open,
             allow: vec![],
+            deny: vec![],
         });
         assert!(open.resolves("a.test") && open.allows_addr("8.8.8.8".parse().unwrap(), 53));
+    }
+
+    fn cidr(c: &str, ports: Vec<u16>) -> AllowRule {
+        AllowRule {
+            domain: None,
+            cidr: Some(c.into()),
+            ports,
+        }
+    }
+
+    fn open_denying(deny: Vec<AllowRule>, allow: Vec<AllowRule>) -> Policy {
+        let s = NetworkSpec {
+            mode: NetworkMode::Open,
+            allow,
+            deny,
+        };
+        s.validate().unwrap();
+        Policy::compile(&s)
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn open_mode_refuses_denied_addresses_and_keeps_the_rest() {
+        let p = open_denying(
+            vec![
+                cidr("203.0.113.0/24", vec![]),
+                cidr("198.51.100.7", vec![22]),
+            ],
+            vec![],
+        );
+        assert!(!p.allows_addr(ip("203.0.113.9"), 443));
+        assert!(p.allows_addr(ip("203.0.114.9"), 443));
+        assert!(!p.allows_addr(ip("198.51.100.7"), 22), "denied port");
+        assert!(p.allows_addr(ip("198.51.100.7"), 443), "other port");
+        assert!(!p.screens_names() && !p.has_names());
+        assert!(p.resolves("anything.test"));
+    }
+
+    #[test]
+    fn open_mode_denied_names_get_no_answer_and_no_connection() {
+        let mut ssh_only = AllowRule::domain("git.test");
+        ssh_only.ports = vec![22];
+        let p = open_denying(
+            vec![
+                AllowRule::domain("denied.test"),
+                AllowRule::domain("*.wild.test"),
+                ssh_only,
+            ],
+            vec![],
+        );
+        assert!(p.screens_names());
+        assert!(!p.resolves("denied.test") && !p.resolves("DENIED.test."));
+        assert!(!p.resolves("a.wild.test"));
+        assert!(p.resolves("wild.test") && p.resolves("other.test"));
+        assert!(
+            p.resolves("git.test"),
+            "denied on one port only: still resolves"
+        );
+        assert!(!p.allows_name("git.test", 22) && p.allows_name("git.test", 443));
+        let a = ip("203.0.113.9");
+        assert!(!p.allows_named_addr(a, 443, "denied.test"));
+        assert!(!p.allows_named_addr(a, 80, "x.wild.test"));
+        assert!(p.allows_named_addr(a, 443, "other.test"));
+        assert!(p.allows_addr(a, 443), "a literal address carries no name");
+    }
+
+    #[test]
+    fn open_mode_allow_rules_win_over_deny_rules() {
+        let p = open_denying(
+            vec![
+                cidr("203.0.113.0/24", vec![]),
+                AllowRule::domain("*.corp.test"),
+            ],
+            vec![
+                cidr("203.0.113.5", vec![]),
+                AllowRule::domain("api.corp.test"),
+            ],
+        );
+        assert!(p.allows_addr(ip("203.0.113.5"), 443));
+        assert!(!p.allows_addr(ip("203.0.113.6"), 443));
+        assert!(p.resolves("api.corp.test") && !p.resolves("www.corp.test"));
+        assert!(p.allows_name("api.corp.test", 443));
+        assert!(p.has_names(), "an allowed name rescues a denied address");
+        assert!(p.admits_by_name("api.corp.test", 443));
+        assert!(
+            !p.admits_by_name("other.test", 443),
+            "a name no rule names does not lift a denied address"
+        );
+        // An allowed address wins over a denied name on it.
+        assert!(p.allows_named_addr(ip("203.0.113.5"), 443, "www.corp.test"));
+        assert!(!p.allows_named_addr(ip("192.0.2.1"), 443, "www.corp.test"));
+    }
+
+    #[test]
+    fn deny_rules_are_refused_outside_open_mode() {
+        for mode in [NetworkMode::None, NetworkMode::Allow] {
+            let s = NetworkSpec {
+                mode,
+                allow: vec![],
+                deny: vec![cidr("203.0.113.0/24", vec![])],
+            };
+            assert_eq!(s.validate().unwrap_err().field(), "network.deny");
+        }
+        let s = NetworkSpec {
+            mode: NetworkMode::Open,
+            allow: vec![AllowRule::domain("a.test")],
+            deny: vec![],
+        };
+        assert_eq!(s.validate().unwrap_err().field(), "network.allow");
+        let s = NetworkSpec {
+            mode: NetworkMode::Open,
+            allow: vec![],
+            deny: vec![cidr("ok.test", vec![])],
+        };
+        assert_eq!(s.validate().unwrap_err().field(), "network.deny[0].cidr");
     }
 
     #[test]

@@ -2,8 +2,10 @@
 //! by the nftables table; the proxy recovers the address the sandbox dialled
 //! (`SO_ORIGINAL_DST`), then:
 //!
-//! * a CIDR rule (or `open` mode) that covers that address and port: connect there,
-//!   unless the operator's ceiling forbids the address;
+//! * a CIDR rule (or `open` mode, where no deny rule names the address and port):
+//!   connect there, unless the operator's ceiling forbids the address; in `open`
+//!   mode with deny name rules, first read the SNI or `Host` (within
+//!   [`SCREEN_TIMEOUT`]) and refuse a denied name;
 //! * otherwise, with name rules: read the TLS ClientHello's SNI or the HTTP `Host`,
 //!   check the name and port, resolve the name itself and connect to *its* address
 //!   (so dialling an allowed IP with a denied name, forging DNS, or fronting a denied
@@ -26,6 +28,9 @@ use crate::sniff::{self, Sniffed};
 use crate::{now_ms, Attached, AuditEvent, Decision, EventKind, Shared};
 
 const SNIFF_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long an `open` sandbox with deny name rules has to name a server before a
+/// connection goes on unnamed (protocols where the server speaks first wait this).
+pub const SCREEN_TIMEOUT: Duration = Duration::from_secs(1);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub async fn serve(l: TcpListener, shared: Arc<Shared>) {
@@ -65,15 +70,17 @@ pub async fn serve(l: TcpListener, shared: Arc<Shared>) {
 /// How a connection was allowed; re-checked when the policy changes.
 #[derive(Debug, Clone)]
 enum Grant {
-    Addr(IpAddr, u16),
+    /// By address; with the name the first bytes gave, when the proxy read them.
+    Addr(IpAddr, u16, Option<String>),
     Name(String, u16),
 }
 
 impl Grant {
     fn still_allowed(&self, p: &Policy) -> bool {
         match self {
-            Grant::Addr(ip, port) => p.allows_addr(*ip, *port),
-            Grant::Name(n, port) => p.allows_name(n, *port),
+            Grant::Addr(ip, port, None) => p.allows_addr(*ip, *port),
+            Grant::Addr(ip, port, Some(n)) => p.allows_named_addr(*ip, *port, n),
+            Grant::Name(n, port) => p.admits_by_name(n, *port),
         }
     }
 }
@@ -111,11 +118,38 @@ async fn handle(shared: &Shared, sb: Arc<Attached>, mut client: TcpStream) {
             shared.record(ev);
             return;
         }
-        (Grant::Addr(oip, port), vec![SocketAddr::new(oip, port)])
+        let mut named = None;
+        if policy.screens_names() {
+            match read_name(&mut client, &mut first, SCREEN_TIMEOUT).await {
+                Named::Name(n) => {
+                    ev.name = Some(n.clone());
+                    if !policy.allows_named_addr(oip, port, &n) {
+                        ev.reason = format!("a deny rule names {n}:{port}");
+                        reset(&client);
+                        shared.record(ev);
+                        return;
+                    }
+                    named = Some(n);
+                }
+                // No name to check: the address decides (a literal address
+                // reaches a denied name's server).
+                Named::Unnamed(_) => {}
+                Named::Refused(why) => {
+                    ev.reason = why;
+                    reset(&client);
+                    shared.record(ev);
+                    return;
+                }
+            }
+        }
+        (
+            Grant::Addr(oip, port, named),
+            vec![SocketAddr::new(oip, port)],
+        )
     } else if policy.has_names() {
-        let name = match read_name(&mut client, &mut first).await {
-            Ok(n) => n,
-            Err(why) => {
+        let name = match read_name(&mut client, &mut first, SNIFF_TIMEOUT).await {
+            Named::Name(n) => n,
+            Named::Unnamed(why) | Named::Refused(why) => {
                 ev.reason = why;
                 reset(&client);
                 shared.record(ev);
@@ -123,8 +157,12 @@ async fn handle(shared: &Shared, sb: Arc<Attached>, mut client: TcpStream) {
             }
         };
         ev.name = Some(name.clone());
-        if !policy.allows_name(&name, port) {
-            ev.reason = format!("no rule allows {name}:{port}");
+        if !policy.admits_by_name(&name, port) {
+            ev.reason = if policy.mode == sandlot_proto::spec::NetworkMode::Open {
+                format!("a deny rule names {oip}:{port}")
+            } else {
+                format!("no rule allows {name}:{port}")
+            };
             reset(&client);
             shared.record(ev);
             return;
@@ -155,7 +193,11 @@ async fn handle(shared: &Shared, sb: Arc<Attached>, mut client: TcpStream) {
         }
         (Grant::Name(name, port), ok)
     } else {
-        ev.reason = format!("no rule allows {oip}:{port}");
+        ev.reason = if policy.mode == sandlot_proto::spec::NetworkMode::Open {
+            format!("a deny rule names {oip}:{port}")
+        } else {
+            format!("no rule allows {oip}:{port}")
+        };
         reset(&client);
         shared.record(ev);
         return;
@@ -223,32 +265,50 @@ async fn handle(shared: &Shared, sb: Arc<Attached>, mut client: TcpStream) {
     shared.record(ev);
 }
 
-/// Reads until the first bytes name a destination.
-async fn read_name(client: &mut TcpStream, buf: &mut Vec<u8>) -> Result<String, String> {
-    let deadline = tokio::time::Instant::now() + SNIFF_TIMEOUT;
+/// What a connection's first bytes say about its destination.
+enum Named {
+    /// The TLS server name or HTTP `Host`, lowercase.
+    Name(String),
+    /// Nothing names a server (not TLS or HTTP, TLS without SNI, silence until the
+    /// deadline, closed); why.
+    Unnamed(String),
+    /// HTTP that could name two hosts, or the read failed.
+    Refused(String),
+}
+
+/// Reads until the first bytes name a destination, or `wait` has passed.
+async fn read_name(client: &mut TcpStream, buf: &mut Vec<u8>, wait: Duration) -> Named {
+    let deadline = tokio::time::Instant::now() + wait;
     let mut chunk = [0u8; 4096];
     loop {
         match sniff::sniff(buf) {
-            Sniffed::Tls { sni, .. } => return Ok(sni.to_ascii_lowercase()),
+            Sniffed::Tls { sni, .. } => return Named::Name(sni.to_ascii_lowercase()),
             Sniffed::Http { host, header_end } => {
                 *buf = sniff::force_connection_close(buf, header_end);
-                return Ok(host);
+                return Named::Name(host);
             }
-            Sniffed::TlsNoSni => return Err("TLS without a server name (SNI)".into()),
-            Sniffed::BadHttp(why) => return Err(format!("HTTP refused: {why}")),
+            Sniffed::TlsNoSni => return Named::Unnamed("TLS without a server name (SNI)".into()),
+            Sniffed::BadHttp(why) => return Named::Refused(format!("HTTP refused: {why}")),
             Sniffed::Unknown => {
-                return Err("neither TLS with a server name nor HTTP with a Host header".into())
+                return Named::Unnamed(
+                    "neither TLS with a server name nor HTTP with a Host header".into(),
+                )
             }
             Sniffed::NeedMore => {}
         }
         if buf.len() >= sniff::MAX_PEEK {
-            return Err("no server name in the first 16 KiB".into());
+            return Named::Unnamed("no server name in the first 16 KiB".into());
         }
         match tokio::time::timeout_at(deadline, client.read(&mut chunk)).await {
-            Ok(Ok(0)) => return Err("closed before naming a server".into()),
+            Ok(Ok(0)) => return Named::Unnamed("closed before naming a server".into()),
             Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
-            Ok(Err(e)) => return Err(format!("read: {e}")),
-            Err(_) => return Err("sent no TLS ClientHello or HTTP request within 5s".into()),
+            Ok(Err(e)) => return Named::Refused(format!("read: {e}")),
+            Err(_) => {
+                return Named::Unnamed(format!(
+                    "sent no TLS ClientHello or HTTP request within {}s",
+                    wait.as_secs()
+                ))
+            }
         }
     }
 }

@@ -13,9 +13,14 @@ use crate::units::{ByteSize, Seconds};
 
 mod isolation;
 pub mod memory_backed;
+mod network;
 mod secrets;
 pub use isolation::Isolation;
 pub use memory_backed::{MemoryBacked, TmpfsLimit};
+pub use network::{
+    check_domain_pattern, AllowRule, Cidr, DenyRule, NetworkMode, NetworkSpec, MAX_ALLOW_RULES,
+    MAX_RULE_PORTS,
+};
 pub use secrets::{FileMode, SecretRef, SECRET_FILE_MODE};
 
 /// Validation failures of a [`SandboxSpec`]. Each names the offending field.
@@ -75,6 +80,7 @@ pub const SPEC_KEYS: &[&str] = &[
     "resources",
     "timeout",
     "network",
+    "ports",
     "volumes",
     "secrets",
     "isolation",
@@ -110,6 +116,9 @@ pub struct SandboxSpec {
     pub timeout: Option<Seconds>,
     #[serde(default)]
     pub network: NetworkSpec,
+    /// Inbound: whether the sandbox's ports answer without a credential.
+    #[serde(default, skip_serializing_if = "PortsSpec::is_default")]
+    pub ports: PortsSpec,
     /// Named volumes of the daemon, mounted at create.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<VolumeMount>,
@@ -120,6 +129,34 @@ pub struct SandboxSpec {
     /// or `gvisor`.
     #[serde(default, skip_serializing_if = "Isolation::is_namespace")]
     pub isolation: Isolation,
+}
+
+/// Inbound traffic to a sandbox's ports. See `docs/api.md` ("Public ports").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct PortsSpec {
+    /// The sandbox's ports answer host-name URLs (`PORT-ID.DOMAIN`, the E2B front
+    /// door's `[e2b] domain`) without a credential, except
+    /// [`NEVER_PUBLIC_PORTS`]. Default false: such URLs need the sandbox's traffic
+    /// access token or the tenant's key. The operator may forbid it
+    /// (`[ports] allow_public`).
+    #[serde(default)]
+    pub public: bool,
+}
+
+/// Ports that never answer without a credential, public or not: E2B's envd (49983)
+/// and code interpreter (49999) control the sandbox.
+pub const NEVER_PUBLIC_PORTS: &[u16] = &[49983, 49999];
+
+impl PortsSpec {
+    pub fn is_default(&self) -> bool {
+        *self == PortsSpec::default()
+    }
+
+    /// Whether `port` answers without a credential.
+    pub fn is_public(&self, port: u16) -> bool {
+        self.public && !NEVER_PUBLIC_PORTS.contains(&port)
+    }
 }
 
 /// A named volume mounted into a sandbox.
@@ -185,6 +222,7 @@ impl Default for SandboxSpec {
             resources: Resources::default(),
             timeout: None,
             network: NetworkSpec::default(),
+            ports: PortsSpec::default(),
             volumes: Vec::new(),
             secrets: Vec::new(),
             isolation: Isolation::Namespace,
@@ -430,248 +468,6 @@ impl MountSpec {
             target: target.to_string(),
             readonly,
         })
-    }
-}
-
-/// How the sandbox reaches the network. See `docs/networking.md`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-pub struct NetworkSpec {
-    #[serde(default)]
-    pub mode: NetworkMode,
-    /// With `mode: allow`: the destinations the sandbox may reach; everything else
-    /// is refused. Must be empty in the other modes.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub allow: Vec<AllowRule>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum NetworkMode {
-    /// Loopback only.
-    #[default]
-    None,
-    /// Only the destinations listed in `allow` (names and CIDRs, TCP, DNS for the
-    /// allowed names).
-    Allow,
-    /// Outbound TCP to the internet, never the host, the daemon, other sandboxes,
-    /// link-local/metadata addresses, or private ranges the operator did not allow.
-    Open,
-}
-
-impl NetworkMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            NetworkMode::None => "none",
-            NetworkMode::Allow => "allow",
-            NetworkMode::Open => "open",
-        }
-    }
-}
-
-/// One allowed destination: exactly one of `domain` or `cidr`, and optionally the
-/// TCP ports (absent or empty: any port).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AllowRule {
-    /// `api.example.com` (exactly that name) or `*.example.com` (any name below
-    /// `example.com`, not `example.com` itself). Lowercase, no trailing dot.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub domain: Option<String>,
-    /// `203.0.113.0/24` or `2001:db8::/32` (host bits zero); a bare address is a /32
-    /// (/128).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cidr: Option<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub ports: Vec<u16>,
-}
-
-impl AllowRule {
-    /// An allow rule for a domain on any port.
-    pub fn domain(d: &str) -> AllowRule {
-        AllowRule {
-            domain: Some(d.to_string()),
-            cidr: None,
-            ports: Vec::new(),
-        }
-    }
-}
-
-/// Most allow rules in one spec.
-pub const MAX_ALLOW_RULES: usize = 256;
-/// Most ports in one allow rule.
-pub const MAX_RULE_PORTS: usize = 64;
-
-/// A parsed network prefix: address and prefix length, host bits zero.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Cidr {
-    pub addr: std::net::IpAddr,
-    pub len: u8,
-}
-
-impl Cidr {
-    /// Parses `a.b.c.d/n`, `x::y/n`, or a bare address. Host bits must be zero.
-    pub fn parse(s: &str) -> Result<Cidr, String> {
-        let (a, l) = match s.split_once('/') {
-            Some((a, l)) => (a, Some(l)),
-            None => (s, None),
-        };
-        let addr: std::net::IpAddr = a
-            .parse()
-            .map_err(|_| format!("{s:?} is not an IP address or CIDR"))?;
-        let max = if addr.is_ipv4() { 32 } else { 128 };
-        let len = match l {
-            None => max,
-            Some(l) => l
-                .parse::<u8>()
-                .ok()
-                .filter(|n| *n <= max)
-                .ok_or_else(|| format!("{s:?}: prefix length must be 0..={max}"))?,
-        };
-        let c = Cidr { addr, len };
-        if c.network() != addr {
-            return Err(format!(
-                "{s:?} has host bits set (did you mean {}/{len}?)",
-                c.network()
-            ));
-        }
-        Ok(c)
-    }
-
-    fn mask_bits(&self) -> u128 {
-        let width = if self.addr.is_ipv4() { 32 } else { 128 };
-        if self.len == 0 {
-            0
-        } else {
-            (u128::MAX << (width - self.len as u32)) & (u128::MAX >> (128 - width))
-        }
-    }
-
-    fn bits(a: std::net::IpAddr) -> u128 {
-        match a {
-            std::net::IpAddr::V4(v) => u32::from(v) as u128,
-            std::net::IpAddr::V6(v) => u128::from(v),
-        }
-    }
-
-    /// The address with its host bits cleared.
-    pub fn network(&self) -> std::net::IpAddr {
-        let b = Cidr::bits(self.addr) & self.mask_bits();
-        match self.addr {
-            std::net::IpAddr::V4(_) => std::net::IpAddr::V4((b as u32).into()),
-            std::net::IpAddr::V6(_) => std::net::IpAddr::V6(b.into()),
-        }
-    }
-
-    /// Whether `ip` is inside this prefix (an IPv4-mapped IPv6 address counts as IPv4).
-    pub fn contains(&self, ip: std::net::IpAddr) -> bool {
-        let ip = match ip {
-            std::net::IpAddr::V6(v) => v.to_ipv4_mapped().map(std::net::IpAddr::V4).unwrap_or(ip),
-            v4 => v4,
-        };
-        if ip.is_ipv4() != self.addr.is_ipv4() {
-            return false;
-        }
-        Cidr::bits(ip) & self.mask_bits() == Cidr::bits(self.addr)
-    }
-}
-
-impl std::fmt::Display for Cidr {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.addr, self.len)
-    }
-}
-
-/// Checks a domain pattern: `name.tld` or `*.name.tld`. Returns the problem.
-pub fn check_domain_pattern(d: &str) -> Result<(), String> {
-    let (wild, name) = match d.strip_prefix("*.") {
-        Some(rest) => (true, rest),
-        None => (false, d),
-    };
-    if name.is_empty() || name.len() > 253 {
-        return Err(format!("{d:?} must be 1 to 253 characters"));
-    }
-    if name.contains('*') {
-        return Err(format!(
-            "{d:?}: '*' is only allowed as the whole first label (\"*.example.com\")"
-        ));
-    }
-    let labels: Vec<&str> = name.split('.').collect();
-    for l in &labels {
-        if l.is_empty() || l.len() > 63 {
-            return Err(format!(
-                "{d:?}: labels are 1 to 63 characters (no empty label, no trailing dot)"
-            ));
-        }
-        if !l
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
-        {
-            return Err(format!(
-                "{d:?}: use lowercase letters, digits, '-' and '_' in names"
-            ));
-        }
-        if l.starts_with('-') || l.ends_with('-') {
-            return Err(format!("{d:?}: a label may not start or end with '-'"));
-        }
-    }
-    if wild && labels.len() < 2 {
-        return Err(format!(
-            "{d:?}: a wildcard needs at least two labels after \"*.\" (\"*.example.com\", not \"*.com\")"
-        ));
-    }
-    Ok(())
-}
-
-impl NetworkSpec {
-    /// Checks the network section; errors name `network.allow[i].domain` and so on.
-    pub fn validate(&self) -> Result<(), SpecError> {
-        if self.mode != NetworkMode::Allow && !self.allow.is_empty() {
-            return Err(SpecError::new(
-                "network.allow",
-                format!(
-                    "allow rules need mode \"allow\" (mode is {:?})",
-                    self.mode.as_str()
-                ),
-            ));
-        }
-        if self.allow.len() > MAX_ALLOW_RULES {
-            return Err(SpecError::new(
-                "network.allow",
-                format!("at most {MAX_ALLOW_RULES} rules"),
-            ));
-        }
-        for (i, r) in self.allow.iter().enumerate() {
-            let f = |k: &str| format!("network.allow[{i}]{k}");
-            match (&r.domain, &r.cidr) {
-                (Some(_), Some(_)) => {
-                    return Err(SpecError::new(
-                        f(""),
-                        "give either domain or cidr, not both",
-                    ))
-                }
-                (None, None) => return Err(SpecError::new(f(""), "give a domain or a cidr")),
-                (Some(d), None) => {
-                    check_domain_pattern(d).map_err(|p| SpecError::new(f(".domain"), p))?
-                }
-                (None, Some(c)) => {
-                    Cidr::parse(c).map_err(|p| SpecError::new(f(".cidr"), p))?;
-                }
-            }
-            if r.ports.len() > MAX_RULE_PORTS {
-                return Err(SpecError::new(
-                    f(".ports"),
-                    format!("at most {MAX_RULE_PORTS} ports"),
-                ));
-            }
-            if let Some(j) = r.ports.iter().position(|p| *p == 0) {
-                return Err(SpecError::new(
-                    format!("network.allow[{i}].ports[{j}]"),
-                    "port 0 is not a port (1..65535)",
-                ));
-            }
-        }
-        Ok(())
     }
 }
 

@@ -298,7 +298,7 @@ fn apply_policy(state: &AppState, id: &str, n: &NetworkSpec) -> ApiResult<()> {
             id,
             &NetworkSpec {
                 mode: NetworkMode::Allow,
-                allow: vec![],
+                ..NetworkSpec::default()
             },
         )
     } else {

@@ -70,12 +70,30 @@ pub struct ResourcesDoc {
 #[allow(dead_code)]
 pub struct NetworkDoc {
     /// `none` (loopback only, the default unless the operator sets another),
-    /// `allow` (only the `allow` rules), or `open` (the internet, never the host,
-    /// other sandboxes, link-local/metadata or unallowed private ranges).
+    /// `allow` (only the `allow` rules), or `open` (the internet but the `deny`
+    /// rules, never the host, other sandboxes, link-local/metadata or unallowed
+    /// private ranges).
     #[schema(example = "allow")]
     mode: Option<String>,
-    /// With `allow`: the destinations the sandbox may reach.
+    /// With `allow`: the destinations the sandbox may reach. With `open` and
+    /// `deny` rules: exceptions to them (an allow rule wins).
     allow: Option<Vec<AllowRuleDoc>>,
+    /// With `open` only: destinations refused (same shape as allow rules). A
+    /// denied name gets no DNS answer and connections naming it (TLS SNI, HTTP
+    /// `Host`) are reset; its addresses dialled without the name are not stopped.
+    deny: Option<Vec<AllowRuleDoc>>,
+}
+
+/// Inbound: whether the sandbox's ports answer without a credential.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct PortsDoc {
+    /// Host-name URLs (`PORT-ID.DOMAIN`, with the E2B front door's `[e2b] domain`)
+    /// reach the sandbox's ports without a credential, never 49983 (envd) or 49999
+    /// (code interpreter). Default false. 400 naming `ports.public` when the
+    /// operator forbids it (`[ports] allow_public = false`). The native port proxy
+    /// route always needs the key.
+    public: Option<bool>,
 }
 
 /// One allowed destination: exactly one of `domain` or `cidr`.
@@ -114,6 +132,7 @@ pub struct CreateSandboxDoc {
     #[schema(example = "10m")]
     timeout: Option<String>,
     network: Option<NetworkDoc>,
+    ports: Option<PortsDoc>,
     /// Named volumes: `[{"name", "target", "read_only"}]`.
     volumes: Option<Vec<VolumeMountDoc>>,
     /// Named secrets: `[{"name", "env"}]` or `[{"name", "path": "/run/secrets/x"}]`.
@@ -200,7 +219,7 @@ pub struct SecretRefDoc {
         vfs::create, vfs::list, vfs::get_one, vfs::remove, vfs::ingest, vfs::open_session,
         vfs::get_session, vfs::close_session, vfs::run, vfs::audit,
     ),
-    components(schemas(CreateSandboxDoc, MountDoc, ResourcesDoc, NetworkDoc, AllowRuleDoc, net_api::NetLog, net_api::NetLogEntry,
+    components(schemas(CreateSandboxDoc, MountDoc, ResourcesDoc, NetworkDoc, AllowRuleDoc, PortsDoc, net_api::NetLog, net_api::NetLogEntry,
         ports_api::PublishPort, ports_api::PublishedPort, ports_api::PortList,
         metrics_api::MetricsHistory, metrics_api::MetricsSample,
         ckpt_api::CreateCheckpoint, ckpt_api::Checkpoint, ckpt_api::CheckpointList,
@@ -295,6 +314,7 @@ mod tests {
             size: sandlot_proto::units::ByteSize(1 << 20),
         });
         spec.isolation = sandlot_proto::spec::Isolation::Gvisor;
+        spec.ports.public = true;
         let v = serde_json::to_value(&spec).unwrap();
         let mut fields: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
         fields.sort();

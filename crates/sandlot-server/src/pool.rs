@@ -92,6 +92,7 @@ fn template(spec: &SandboxSpec) -> SandboxSpec {
     s.user = SandboxSpec::default().user;
     s.timeout = None;
     s.network.allow.clear();
+    s.network.deny.clear();
     s
 }
 
@@ -697,6 +698,10 @@ mod tests {
         let b = spec(r#"{"network":{"mode":"allow","allow":[{"cidr":"192.0.2.0/24"}]}}"#);
         assert_eq!(shape(&a), shape(&b));
         assert_ne!(shape(&a), shape(&base));
+        // So are an open policy's deny rules.
+        let open = spec(r#"{"network":{"mode":"open"}}"#);
+        let denying = spec(r#"{"network":{"mode":"open","deny":[{"domain":"d.test"}]}}"#);
+        assert_eq!(shape(&open), shape(&denying));
     }
 
     #[test]
@@ -706,6 +711,7 @@ mod tests {
             r#"{"hostname":"x"}"#,
             r#"{"resources":{"memory":"256M"}}"#,
             r#"{"mounts":[{"type":"tmpfs","target":"/data"}]}"#,
+            r#"{"ports":{"public":true}}"#,
         ] {
             assert_ne!(base, shape(&spec(other)), "{other}");
         }

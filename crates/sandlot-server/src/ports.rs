@@ -48,6 +48,10 @@ pub struct PortsConfig {
     pub host_port_max: u16,
     /// Published ports one tenant may have at once (all its sandboxes together).
     pub max_published_per_tenant: u32,
+    /// Whether a sandbox may ask for public ports (`ports.public`: host-name URLs
+    /// reach its ports without a credential). Default true; see
+    /// `docs/threat-model.md` ("Public ports").
+    pub allow_public: bool,
 }
 
 impl Default for PortsConfig {
@@ -57,6 +61,7 @@ impl Default for PortsConfig {
             host_port_min: 40000,
             host_port_max: 44999,
             max_published_per_tenant: 16,
+            allow_public: true,
         }
     }
 }
@@ -72,6 +77,30 @@ impl PortsConfig {
         }
         Ok(())
     }
+}
+
+/// Create-time check of a spec's public ports: 400 naming `ports.public` when the
+/// operator forbids them.
+pub fn admit_public(cfg: &PortsConfig, spec: &sandlot_proto::spec::SandboxSpec) -> ApiResult<()> {
+    if spec.ports.public && !cfg.allow_public {
+        return Err(ApiError::invalid(
+            "ports.public",
+            "the operator does not allow public sandbox ports ([ports] allow_public = false): ports are reached with the sandbox's traffic access token or the API key",
+        ));
+    }
+    Ok(())
+}
+
+/// Whether `port` of a sandbox whose recorded spec is `spec` answers without a
+/// credential: the sandbox asked for it, the operator allows it (checked again on
+/// every request, so forbidding it later takes effect at once), and the port is
+/// not one that controls the sandbox (`NEVER_PUBLIC_PORTS`).
+pub fn is_public(cfg: &PortsConfig, spec: &serde_json::Value, port: u16) -> bool {
+    let ports: sandlot_proto::spec::PortsSpec = spec
+        .get("ports")
+        .and_then(|v| serde_json::from_value(v.clone()).ok())
+        .unwrap_or_default();
+    cfg.allow_public && ports.is_public(port)
 }
 
 /// Why a sandbox port could not be dialled.
@@ -842,6 +871,30 @@ mod tests {
         let e = admit(&cfg, &req(80, None, None)).unwrap_err();
         assert_eq!(e.status, axum::http::StatusCode::CONFLICT);
         assert!(e.message.contains("disabled"), "{}", e.message);
+    }
+
+    #[test]
+    fn public_ports_need_the_sandbox_and_the_operator_and_never_control_ports() {
+        let public = serde_json::json!({"ports": {"public": true}});
+        let private = serde_json::json!({"image": "host"});
+        let allowed = PortsConfig::default();
+        assert!(allowed.allow_public, "allowed by default");
+        assert!(is_public(&allowed, &public, 8000));
+        assert!(!is_public(&allowed, &public, 49983), "envd");
+        assert!(!is_public(&allowed, &public, 49999), "code interpreter");
+        assert!(!is_public(&allowed, &private, 8000));
+        let forbidden = PortsConfig {
+            allow_public: false,
+            ..PortsConfig::default()
+        };
+        assert!(!is_public(&forbidden, &public, 8000));
+        let mut spec = sandlot_proto::spec::SandboxSpec::default();
+        admit_public(&forbidden, &spec).unwrap();
+        spec.ports.public = true;
+        admit_public(&allowed, &spec).unwrap();
+        let e = admit_public(&forbidden, &spec).unwrap_err();
+        assert_eq!(e.status, axum::http::StatusCode::BAD_REQUEST);
+        assert_eq!(e.field.as_deref(), Some("ports.public"));
     }
 
     #[test]

@@ -97,3 +97,42 @@ fn create_latency_allow_vs_none() {
     println!("  allow/none median ratio: {:.2}", ma / mn);
     d.stop(&rt);
 }
+
+/// Benchmark (ignored): HTTP requests through the proxy from an `open` sandbox,
+/// without deny rules and with deny name rules (every connection's `Host` is then
+/// read before the proxy connects). 100 sequential `curl`s each, timed inside the
+/// sandbox; prints the mean per request.
+#[test]
+#[ignore = "benchmark: run with --ignored --nocapture"]
+fn request_latency_open_with_and_without_deny_names() {
+    let world = World::new();
+    let mut d = NetDaemon::start(&world, "");
+    let rt = rt();
+    let c = d.client();
+    rt.block_on(async {
+        for (label, net) in [
+            ("open", json!({"mode": "open"})),
+            (
+                "open + deny names",
+                json!({"mode": "open", "deny": [{"domain": "denied.test"}, {"domain": "*.wild.test"}]}),
+            ),
+        ] {
+            let mut spec = serde_json::Map::new();
+            spec.insert("network".into(), net);
+            let sb = c
+                .create_sandbox(&CreateSandbox { spec, ..Default::default() })
+                .await
+                .unwrap();
+            let script = "curl -s -o /dev/null http://allowed.test/; s=$(date +%s%N); \
+                          for i in $(seq 100); do curl -s -o /dev/null http://allowed.test/ || exit 1; done; \
+                          echo $(( ($(date +%s%N) - s) / 100000 ))";
+            let o = c.run(&sb.id, &["/bin/sh", "-c", script]).await.unwrap();
+            assert_eq!(o.exit.code, Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+            let us: f64 = String::from_utf8_lossy(&o.stdout).trim().parse().unwrap();
+            println!("{label}: {:.2} ms per request (100 sequential curls)", us / 1000.0);
+            c.delete_sandbox(&sb.id).await.unwrap();
+        }
+    });
+    drop(c);
+    d.stop(&rt);
+}

@@ -684,3 +684,96 @@ print(n, round(time.time() - t, 2))
     d.stop(&rt);
     assert_clean(&world, &d);
 }
+
+#[test]
+fn open_policy_with_deny_rules_refuses_what_they_name() {
+    open_policy_with_deny_rules_refuses_what_they_name_on("namespace");
+}
+
+#[test]
+fn open_policy_with_deny_rules_refuses_what_they_name_on_gvisor() {
+    open_policy_with_deny_rules_refuses_what_they_name_on("gvisor");
+}
+
+/// Mode `open` with deny rules, natively: a denied name gets no DNS answer (the
+/// world's DNS server never sees the query) and its TLS SNI is reset at any
+/// address; a denied CIDR is refused; other destinations are reached; the name's
+/// literal address is not stopped (what a name deny does not cover); the host and
+/// private ranges stay off limits; a deny rule in mode `allow` is a 400.
+fn open_policy_with_deny_rules_refuses_what_they_name_on(isolation: &str) {
+    let world = World::new();
+    let mut d = NetDaemon::start(&world, &isolation_config(isolation));
+    let rt = rt();
+    let c = d.client();
+    rt.block_on(async {
+        let mut spec = serde_json::Map::new();
+        spec.insert(
+            "network".into(),
+            json!({"mode": "allow", "deny": [{"domain": "allowed.test"}]}),
+        );
+        let e = c
+            .create_sandbox(&CreateSandbox {
+                spec,
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.status().map(|s| s.as_u16()), Some(400), "{e}");
+        assert!(e.to_string().contains("network.deny"), "{e}");
+
+        let id = create(
+            &c,
+            json!({"mode": "open", "deny": [
+                {"domain": "allowed.test"},
+                {"cidr": addr_of("a.wild.test")},
+            ]}),
+            &world,
+        )
+        .await;
+        let (code, body) = curl(&c, &id, "http://denied.test/").await;
+        assert_eq!(code, 0, "not denied: {body}");
+        assert_eq!(server_of(&body), Some("denied.test"), "{body}");
+        let (code, body) = curl(&c, &id, "https://allowed.test/").await;
+        assert_ne!(code, 0, "a denied name does not resolve: {body}");
+        assert!(
+            !world.log("dns").iter().any(|l| l.contains("allowed.test")),
+            "the denied name's query left the host: {:?}",
+            world.log("dns")
+        );
+        let allowed_ip = addr_of("allowed.test");
+        let (code, body) = curl(
+            &c,
+            &id,
+            &format!("--resolve allowed.test:443:{allowed_ip} https://allowed.test/"),
+        )
+        .await;
+        assert_ne!(code, 0, "a denied name's TLS SNI is reset: {body}");
+        let (code, body) = curl(
+            &c,
+            &id,
+            &format!(
+                "--resolve allowed.test:80:{} http://allowed.test/",
+                addr_of("denied.test")
+            ),
+        )
+        .await;
+        assert_ne!(code, 0, "a denied name's Host at another address: {body}");
+        let (code, body) = curl(&c, &id, &format!("http://{allowed_ip}/")).await;
+        assert_eq!(code, 0, "its literal address carries no name: {body}");
+        let (code, body) = curl(&c, &id, "http://a.wild.test/").await;
+        assert_ne!(code, 0, "a denied CIDR: {body}");
+        let (code, body) = curl(&c, &id, &format!("http://{HOST_ADDR}:7990/v1/health")).await;
+        assert_ne!(code, 0, "the host stays off limits: {body}");
+        let (code, log, err) = d.cli(&["net", "log", &id, "--denied"]);
+        assert_eq!(code, 0, "{err}");
+        assert!(log.contains("a deny rule names allowed.test:443"), "{log}");
+        assert!(
+            log.contains(&format!("a deny rule names {}:80", addr_of("a.wild.test"))),
+            "{log}"
+        );
+        c.delete_sandbox(&id).await.unwrap();
+    });
+    drop(c);
+    d.stop(&rt);
+    assert_clean(&world, &d);
+}

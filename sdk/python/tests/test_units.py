@@ -159,3 +159,21 @@ def test_tar_extraction_refuses_escapes(tmp_path):  # type: ignore[no-untyped-de
         with pytest.raises(ValueError, match="outside"):
             extract_tar(tar_of((evil, b"x")), str(tmp_path / "t"))
     assert not (tmp_path / "escape").exists()
+
+
+def test_deny_rules_mean_open_mode_and_public_ports_are_a_spec_field():
+    assert _spec.network_policy(deny=["203.0.113.0/24", "*.example.test:443"]) == {
+        "mode": "open",
+        "deny": [{"cidr": "203.0.113.0/24"}, {"domain": "*.example.test", "ports": [443]}],
+    }
+    assert _spec.network_policy(deny=["denied.test"], allow=["ok.denied.test"]) == {
+        "mode": "open",
+        "allow": [{"domain": "ok.denied.test"}],
+        "deny": [{"domain": "denied.test"}],
+    }
+    assert _spec.network_policy(allow=["a.test"]) == {"mode": "allow", "allow": [{"domain": "a.test"}]}
+    with pytest.raises(TypeError):
+        _spec.network_policy(deny="a.test")
+    assert _spec.create_body(public_ports=True) == {"ports": {"public": True}}
+    p = sandlot.NetworkPolicy.from_json({"mode": "open", "deny": [{"cidr": "203.0.113.0/24"}]})
+    assert (p.mode, p.allow, p.deny) == ("open", [], [{"cidr": "203.0.113.0/24"}])

@@ -4,7 +4,8 @@
 //! in `E2b-Sandbox-Id`); any other
 //! port goes to Sandlot's port proxy into the sandbox (`routes/ports.rs`), for a
 //! caller holding the sandbox's traffic access token (`e2b-traffic-access-token`)
-//! or its tenant's API key.
+//! or its tenant's API key, or for anyone when the sandbox's ports are public
+//! (`ports.public`, allowed by the operator; never envd's or the interpreter's).
 
 use std::sync::Arc;
 
@@ -100,6 +101,14 @@ async fn to_port(
         }
     } else if h.contains_key("x-api-key") {
         super::rest::principal(e2b, h).map_err(|e| deny(e.status, e.message))?
+    } else if let Some(r) = rec
+        .as_ref()
+        .filter(|r| crate::ports::is_public(&e2b.app.cfg.ports, &r.spec, port))
+    {
+        Principal {
+            scope: Some(r.tenant.clone()),
+            tenant: r.tenant.clone(),
+        }
     } else {
         return Err(deny(
             StatusCode::UNAUTHORIZED,

@@ -2,12 +2,16 @@
 //! `denyOut`, `allowPublicTraffic`) mapped onto Sandlot's egress policies
 //! (`NetworkSpec`, `docs/networking.md`), and back for `get_info`.
 //!
-//! E2B filters by deny and allow lists where an allow entry wins over a deny entry;
-//! Sandlot's policies are allow-lists (`none`, `allow` with rules, `open`). What
-//! maps: everything open (`open`); everything denied except the `allowOut` entries
-//! (`allow` with one rule each: an IP or CIDR is a `cidr` rule, a name a `domain`
-//! rule, `*.example.com` included). Denying some destinations while the rest stays
-//! open has no Sandlot policy and is refused by name.
+//! E2B filters by deny and allow lists where an allow entry wins over a deny entry.
+//! The mapping: everything open (`open`); everything denied (`denyOut` holds
+//! `0.0.0.0/0`, or `allow_internet_access: false`) except the `allowOut` entries
+//! (`allow`, one rule each: an IP or CIDR is a `cidr` rule, a name a `domain` rule,
+//! `*.example.com` included); some destinations denied and the rest open (`open`
+//! with one `deny` rule per `denyOut` entry and the `allowOut` entries as `allow`
+//! rules, which win over the deny rules in that mode too).
+//!
+//! `allowPublicTraffic: true` becomes `ports.public` ([`public_ports`]); absent or
+//! false leaves ports behind the traffic access token or the key.
 
 use serde_json::{json, Map, Value};
 
@@ -37,8 +41,8 @@ fn strings(field: &str, v: Option<&Value>) -> Result<Vec<String>, String> {
     }
 }
 
-/// One `allowOut` entry as an allow rule: an address or CIDR, else a name.
-fn allow_rule(field: &str, s: &str) -> Result<AllowRule, String> {
+/// One `allowOut` or `denyOut` entry as a rule: an address or CIDR, else a name.
+fn rule(field: &str, s: &str) -> Result<AllowRule, String> {
     let looks_numeric = s.contains('/')
         || s.contains(':')
         || s.parse::<std::net::IpAddr>().is_ok()
@@ -90,31 +94,32 @@ pub fn policy(
             return Err(format!("network.{k}: {what} is not supported by Sandlot"));
         }
     }
-    if net.get("allowPublicTraffic") == Some(&Value::Bool(true)) {
-        return Err("network.allowPublicTraffic: sandbox ports are reached only with the tenant's key (Sandlot's port proxy); ask for false".into());
-    }
     let allow = strings("network.allowOut", net.get("allowOut"))?;
     let deny = strings("network.denyOut", net.get("denyOut"))?;
     let deny_all = internet == Some(false) || deny.iter().any(|s| is_all(s));
     if allow.iter().any(|s| is_all(s)) {
         return Ok(Some(open()));
     }
-    if deny_all {
-        let rules = allow
-            .iter()
+    let rules = |field: &str, list: &[String]| {
+        list.iter()
             .enumerate()
-            .map(|(i, s)| allow_rule(&format!("network.allowOut[{i}]"), s))
-            .collect::<Result<Vec<_>, _>>()?;
+            .map(|(i, s)| rule(&format!("{field}[{i}]"), s))
+            .collect::<Result<Vec<_>, _>>()
+    };
+    if deny_all {
         return Ok(Some(NetworkSpec {
             mode: NetworkMode::Allow,
-            allow: rules,
+            allow: rules("network.allowOut", &allow)?,
+            deny: Vec::new(),
         }));
     }
     if !deny.is_empty() {
-        return Err(format!(
-            "network.denyOut: denying {} while other traffic stays open is not supported by Sandlot (its egress policies are allow-lists): deny all traffic ({ALL_TRAFFIC}) and list what the sandbox may reach in allowOut",
-            deny.join(", ")
-        ));
+        // Some destinations denied, the rest open; allowOut entries win.
+        return Ok(Some(NetworkSpec {
+            mode: NetworkMode::Open,
+            allow: rules("network.allowOut", &allow)?,
+            deny: rules("network.denyOut", &deny)?,
+        }));
     }
     if internet == Some(true) || !allow.is_empty() {
         // An allow list without a deny list allows everything, as in E2B.
@@ -123,26 +128,46 @@ pub fn policy(
     Ok(None)
 }
 
-fn open() -> NetworkSpec {
+/// Everything open (E2B's default).
+pub fn open() -> NetworkSpec {
     NetworkSpec {
         mode: NetworkMode::Open,
         allow: Vec::new(),
+        deny: Vec::new(),
     }
+}
+
+/// Whether a create asks for public ports (`network.allowPublicTraffic: true`).
+/// Absent or false: no (ports need the traffic access token or the key).
+pub fn public_ports(network: Option<&Value>) -> Result<bool, String> {
+    match network.and_then(|n| n.get("allowPublicTraffic")) {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => Ok(false),
+        Some(Value::Bool(true)) => Ok(true),
+        Some(other) => Err(format!(
+            "network.allowPublicTraffic: expected true or false, got {other}"
+        )),
+    }
+}
+
+fn entries(rules: &[sandlot_proto::spec::AllowRule]) -> Vec<String> {
+    rules
+        .iter()
+        .filter_map(|r| r.domain.clone().or_else(|| r.cidr.clone()))
+        .collect()
 }
 
 /// `allowInternetAccess` and `network` of `get_info` for a sandbox's policy.
 pub fn describe(n: &NetworkSpec) -> (bool, Value) {
     match n.mode {
-        NetworkMode::Open => (true, json!({"allowOut": [], "denyOut": []})),
+        NetworkMode::Open => (
+            true,
+            json!({"allowOut": entries(&n.allow), "denyOut": entries(&n.deny)}),
+        ),
         NetworkMode::None => (false, json!({"allowOut": [], "denyOut": [ALL_TRAFFIC]})),
-        NetworkMode::Allow => {
-            let allow: Vec<String> = n
-                .allow
-                .iter()
-                .filter_map(|r| r.domain.clone().or_else(|| r.cidr.clone()))
-                .collect();
-            (false, json!({"allowOut": allow, "denyOut": [ALL_TRAFFIC]}))
-        }
+        NetworkMode::Allow => (
+            false,
+            json!({"allowOut": entries(&n.allow), "denyOut": [ALL_TRAFFIC]}),
+        ),
     }
 }
 
@@ -162,6 +187,49 @@ mod tests {
             p(Value::Null, json!({"allowPublicTraffic": false})).unwrap(),
             None
         );
+        assert_eq!(
+            p(Value::Null, json!({"allowPublicTraffic": true})).unwrap(),
+            None
+        );
+    }
+
+    #[test]
+    fn public_traffic_is_an_opt_in_and_absent_means_private() {
+        assert!(!public_ports(None).unwrap());
+        assert!(!public_ports(Some(&json!({}))).unwrap());
+        assert!(!public_ports(Some(&json!({"allowPublicTraffic": false}))).unwrap());
+        assert!(public_ports(Some(&json!({"allowPublicTraffic": true}))).unwrap());
+        let e = public_ports(Some(&json!({"allowPublicTraffic": "yes"}))).unwrap_err();
+        assert!(e.starts_with("network.allowPublicTraffic"), "{e}");
+    }
+
+    #[test]
+    fn deny_list_with_the_rest_open_is_an_open_policy_with_deny_rules() {
+        let n = p(
+            Value::Null,
+            json!({"denyOut": ["8.8.8.8", "10.0.0.0/8", "Denied.TEST", "*.wild.test"],
+                   "allowOut": ["ok.wild.test"], "allowPublicTraffic": true}),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(n.mode, NetworkMode::Open);
+        assert_eq!(n.deny[0].cidr.as_deref(), Some("8.8.8.8"));
+        assert_eq!(n.deny[1].cidr.as_deref(), Some("10.0.0.0/8"));
+        assert_eq!(n.deny[2].domain.as_deref(), Some("denied.test"));
+        assert_eq!(n.deny[3].domain.as_deref(), Some("*.wild.test"));
+        assert_eq!(n.allow[0].domain.as_deref(), Some("ok.wild.test"));
+        n.validate().unwrap();
+        let (i, v) = describe(&n);
+        assert!(i);
+        assert_eq!(
+            v,
+            json!({"allowOut": ["ok.wild.test"],
+                   "denyOut": ["8.8.8.8", "10.0.0.0/8", "denied.test", "*.wild.test"]})
+        );
+        let e = p(Value::Null, json!({"denyOut": ["8.8.8.8", "10.0.0.1/8"]})).unwrap_err();
+        assert!(e.starts_with("network.denyOut[1]"), "{e}");
+        let e = p(Value::Null, json!({"denyOut": ["*.com"]})).unwrap_err();
+        assert!(e.starts_with("network.denyOut[0]"), "{e}");
     }
 
     #[test]
@@ -212,11 +280,6 @@ mod tests {
 
     #[test]
     fn what_has_no_policy_is_refused_by_name() {
-        let e = p(Value::Null, json!({"denyOut": ["8.8.8.8"]})).unwrap_err();
-        assert!(
-            e.starts_with("network.denyOut") && e.contains("8.8.8.8"),
-            "{e}"
-        );
         let e = p(
             Value::Null,
             json!({"denyOut": ["0.0.0.0/0"], "allowOut": ["10.0.0.1/8"]}),
@@ -235,8 +298,6 @@ mod tests {
             let e = p(Value::Null, json!({ k: {"a": 1} })).unwrap_err();
             assert!(e.starts_with(&format!("network.{k}")), "{e}");
         }
-        let e = p(Value::Null, json!({"allowPublicTraffic": true})).unwrap_err();
-        assert!(e.contains("allowPublicTraffic"), "{e}");
     }
 
     #[test]

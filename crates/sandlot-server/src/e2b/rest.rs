@@ -315,6 +315,9 @@ pub fn native_body(
             serde_json::to_value(n).map_err(|e| RestError::bad(e.to_string()))?,
         );
     }
+    if super::network::public_ports(body.get("network")).map_err(RestError::bad)? {
+        out.insert("ports".into(), json!({"public": true}));
+    }
     let lifecycle = super::lifecycle::of_create(body).map_err(RestError::bad)?;
     if !lifecycle.is_default() {
         out.insert("on_timeout".into(), json!(lifecycle.on_timeout.as_str()));
@@ -548,10 +551,7 @@ async fn update_network(
     let n = super::network::policy(b.get("allow_internet_access"), Some(&net))
         .map_err(RestError::bad)?
         // No rules at all: E2B's default, everything allowed.
-        .unwrap_or(sandlot_proto::spec::NetworkSpec {
-            mode: sandlot_proto::spec::NetworkMode::Open,
-            allow: Vec::new(),
-        });
+        .unwrap_or_else(super::network::open);
     if crate::network::current(&e2b.app, &rec.id, &rec.spec).mode
         == sandlot_proto::spec::NetworkMode::None
     {

@@ -166,6 +166,7 @@ pub fn parse_create(state: &AppState, p: &Principal, body: Value) -> ApiResult<C
         .map_err(|e| ApiError::invalid(e.field(), spec_problem(&e)))?;
     crate::isolation::admit(state, &mut spec, isolation_given)?;
     crate::network::admit(state, &mut spec, network_given)?;
+    crate::ports::admit_public(&state.cfg.ports, &spec)?;
     if let Some(c) = spec.resources.cpus {
         let max = state.cfg.runtime.effective_max_cpus();
         if c > max {

@@ -58,13 +58,23 @@ pub struct SetArgs {
     pub json: bool,
 }
 
-/// A policy as `net show` prints it: the mode, then each allowed destination as
-/// `--allow` takes it.
+/// A policy as `net show` prints it: the mode, then each allowed and each denied
+/// destination as `--allow` and `--deny` take them.
 fn render_policy(v: &Value) -> String {
     let mut out = format!("mode: {}\n", v["mode"].as_str().unwrap_or("?"));
-    let rules = v["allow"].as_array().map(Vec::as_slice).unwrap_or_default();
+    for list in ["allow", "deny"] {
+        render_rules(
+            &mut out,
+            list,
+            v[list].as_array().map(Vec::as_slice).unwrap_or_default(),
+        );
+    }
+    out
+}
+
+fn render_rules(out: &mut String, list: &str, rules: &[Value]) {
     if !rules.is_empty() {
-        out.push_str("allow:\n");
+        out.push_str(&format!("{list}:\n"));
     }
     for r in rules {
         let dest = r["domain"].as_str().or(r["cidr"].as_str()).unwrap_or("?");
@@ -78,7 +88,6 @@ fn render_policy(v: &Value) -> String {
             out.push_str(&format!("  {dest}:{}\n", ports.join(",")));
         }
     }
-    out
 }
 
 fn print_policy(v: &Value, json: bool) -> anyhow::Result<()> {
@@ -93,9 +102,14 @@ fn print_policy(v: &Value, json: bool) -> anyhow::Result<()> {
 /// `--network MODE` and `--allow RULE` (shared with `sandlot create`).
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct PolicyFlags {
-    /// Network mode: none (loopback only), allow (only --allow rules), open.
+    /// Network mode: none (loopback only), allow (only --allow rules), open
+    /// (everything but --deny rules).
     #[arg(long = "network", value_name = "MODE")]
     pub mode: Option<String>,
+    /// Deny a destination (same forms as --allow) while the rest stays open.
+    /// Repeatable; implies --network open, where --allow rules win over it.
+    #[arg(long = "deny", value_name = "RULE")]
+    pub deny: Vec<String>,
     /// Allow a destination: DOMAIN, *.DOMAIN or CIDR, optionally with TCP ports
     /// (`api.example.com:443`, `*.example.com`, `203.0.113.0/24:22,80`). Repeatable;
     /// implies --network allow.
@@ -143,21 +157,33 @@ pub fn parse_rule(s: &str) -> anyhow::Result<Value> {
 impl PolicyFlags {
     /// The `network` object these flags ask for, if any.
     pub fn to_value(&self) -> anyhow::Result<Option<Value>> {
-        if self.mode.is_none() && self.allow.is_empty() {
+        if self.mode.is_none() && self.allow.is_empty() && self.deny.is_empty() {
             return Ok(None);
         }
-        let mode = self.mode.clone().unwrap_or_else(|| "allow".into());
-        if !self.allow.is_empty() && mode != "allow" {
-            bail!("--allow needs --network allow (not {mode})");
+        let implied = if self.deny.is_empty() {
+            "allow"
+        } else {
+            "open"
+        };
+        let mode = self.mode.clone().unwrap_or_else(|| implied.into());
+        if !self.deny.is_empty() && mode != "open" {
+            bail!("--deny needs --network open (not {mode})");
         }
-        let rules = self
-            .allow
-            .iter()
-            .map(|r| parse_rule(r))
-            .collect::<anyhow::Result<Vec<_>>>()?;
+        if !self.allow.is_empty() && mode != "allow" && self.deny.is_empty() {
+            bail!("--allow needs --network allow, or --deny rules it wins over (not {mode})");
+        }
+        let parse = |list: &[String]| {
+            list.iter()
+                .map(|r| parse_rule(r))
+                .collect::<anyhow::Result<Vec<_>>>()
+        };
+        let (rules, denied) = (parse(&self.allow)?, parse(&self.deny)?);
         let mut v = json!({ "mode": mode });
         if !rules.is_empty() {
             v["allow"] = Value::Array(rules);
+        }
+        if !denied.is_empty() {
+            v["deny"] = Value::Array(denied);
         }
         Ok(Some(v))
     }
@@ -255,6 +281,7 @@ mod tests {
         let f = PolicyFlags {
             mode: None,
             allow: vec!["a.test".into()],
+            deny: vec![],
         };
         assert_eq!(
             f.to_value().unwrap().unwrap(),
@@ -263,8 +290,30 @@ mod tests {
         let f = PolicyFlags {
             mode: Some("open".into()),
             allow: vec!["a.test".into()],
+            deny: vec![],
         };
         assert!(f.to_value().is_err());
+        // --deny implies open, where --allow rules are its exceptions.
+        let f = PolicyFlags {
+            mode: None,
+            allow: vec!["ok.denied.test".into()],
+            deny: vec!["denied.test".into(), "203.0.113.0/24:22".into()],
+        };
+        assert_eq!(
+            f.to_value().unwrap().unwrap(),
+            json!({"mode": "open", "allow": [{"domain": "ok.denied.test"}],
+                   "deny": [{"domain": "denied.test"}, {"cidr": "203.0.113.0/24", "ports": [22]}]})
+        );
+        let f = PolicyFlags {
+            mode: Some("allow".into()),
+            allow: vec![],
+            deny: vec!["denied.test".into()],
+        };
+        assert!(f
+            .to_value()
+            .unwrap_err()
+            .to_string()
+            .contains("--deny needs --network open"));
         assert_eq!(PolicyFlags::default().to_value().unwrap(), None);
     }
 
@@ -281,6 +330,8 @@ mod tests {
             "mode: allow\nallow:\n  api.example.com:443\n  203.0.113.0/24:22,80\n  *.example.com\n"
         );
         assert_eq!(render_policy(&json!({"mode": "none"})), "mode: none\n");
+        let v = json!({"mode": "open", "deny": [{"domain": "denied.test"}]});
+        assert_eq!(render_policy(&v), "mode: open\ndeny:\n  denied.test\n");
         #[derive(clap::Parser)]
         struct Net {
             #[command(subcommand)]

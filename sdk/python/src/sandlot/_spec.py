@@ -68,6 +68,7 @@ def create_body(
     auto_resume: Optional[bool] = None,
     mounts: Optional[Sequence[Mapping[str, Any]]] = None,
     network: Any = None,
+    public_ports: Optional[bool] = None,
     volumes: Any = None,
     secrets: Any = None,
     name: Optional[str] = None,
@@ -98,6 +99,8 @@ def create_body(
     for k, v in plain.items():
         if v is not None:
             body[k] = v
+    if public_ports is not None:
+        body["ports"] = {"public": bool(public_ports)}
     if env is not None:
         body["env"] = dict(env)
     if tags is not None:
@@ -316,17 +319,27 @@ def allow_rule(rule: Union[str, Mapping[str, Any]]) -> Dict[str, Any]:
 
 
 def network_policy(
-    mode: Optional[str] = None, allow: Optional[Iterable[Union[str, Mapping[str, Any]]]] = None
+    mode: Optional[str] = None,
+    allow: Optional[Iterable[Union[str, Mapping[str, Any]]]] = None,
+    deny: Optional[Iterable[Union[str, Mapping[str, Any]]]] = None,
 ) -> Dict[str, Any]:
-    """A ``network`` body: ``allow`` rules alone mean mode ``allow``."""
-    if isinstance(allow, (str, Mapping)):
-        raise TypeError("allow= is a list of rules, e.g. ['api.example.com:443']")
+    """A ``network`` body: ``allow`` rules alone mean mode ``allow``; ``deny`` rules
+    mean mode ``open`` (everything but them, ``allow`` rules winning over them)."""
+    for name, rules_in in (("allow", allow), ("deny", deny)):
+        if isinstance(rules_in, (str, Mapping)):
+            raise TypeError(f"{name}= is a list of rules, e.g. ['api.example.com:443']")
     rules = [allow_rule(r) for r in allow] if allow is not None else []
+    denied = [allow_rule(r) for r in deny] if deny is not None else []
     if mode is None:
-        if allow is None:
-            raise ValueError("a network policy needs mode= ('none', 'allow', 'open') or allow= rules")
-        mode = "allow"
+        if deny is not None:
+            mode = "open"
+        elif allow is not None:
+            mode = "allow"
+        else:
+            raise ValueError("a network policy needs mode= ('none', 'allow', 'open'), allow= or deny= rules")
     body: Dict[str, Any] = {"mode": mode}
     if rules:
         body["allow"] = rules
+    if denied:
+        body["deny"] = denied
     return body

@@ -647,10 +647,12 @@ class SecretInfo:
 class NetworkPolicy:
     """A sandbox's egress policy: ``mode`` is ``none``, ``allow`` or ``open``; with
     ``allow``, ``allow`` lists the destinations (``{"domain": ..., "ports": [...]}``
-    or ``{"cidr": ...}``)."""
+    or ``{"cidr": ...}``). With ``open``, ``deny`` lists refused destinations (same
+    shape) and ``allow`` the exceptions to them (an allow rule wins)."""
 
     mode: str
     allow: List[Dict[str, Any]]
+    deny: List[Dict[str, Any]] = field(default_factory=list)
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -658,6 +660,7 @@ class NetworkPolicy:
         return cls(
             mode=str(d.get("mode", "none")),
             allow=[dict(r) for r in d.get("allow") or []],
+            deny=[dict(r) for r in d.get("deny") or []],
             raw=dict(d),
         )
 

@@ -41,12 +41,20 @@ class Network:
         """The policy in force."""
         return NetworkPolicy.from_json(self._client.json("GET", self._base))
 
-    def set(self, mode: Optional[str] = None, *, allow: Optional[Iterable[Rule]] = None) -> NetworkPolicy:
+    def set(
+        self,
+        mode: Optional[str] = None,
+        *,
+        allow: Optional[Iterable[Rule]] = None,
+        deny: Optional[Iterable[Rule]] = None,
+    ) -> NetworkPolicy:
         """Replaces the policy while the sandbox runs. ``allow`` rules alone mean mode
-        ``allow``; a rule is a string as the CLI's ``--allow`` takes it
-        (``api.example.com:443``, ``*.example.com``, ``203.0.113.0/24:22,80``) or the
-        API's dict. Above the operator's ceiling is a ``BadRequestError``."""
-        body = _spec.network_policy(mode, allow)
+        ``allow``; ``deny`` rules mean mode ``open`` with those destinations refused
+        (``allow`` rules then win over them); a rule is a string as the CLI's
+        ``--allow`` takes it (``api.example.com:443``, ``*.example.com``,
+        ``203.0.113.0/24:22,80``) or the API's dict. Above the operator's ceiling is
+        a ``BadRequestError``."""
+        body = _spec.network_policy(mode, allow, deny)
         return NetworkPolicy.from_json(self._client.json("PUT", self._base, json=body))
 
     def log(self, *, after: int = 0, limit: Optional[int] = None) -> List[NetworkLogEntry]:
@@ -68,10 +76,14 @@ class AsyncNetwork:
         return NetworkPolicy.from_json(await self._client.json("GET", self._base))
 
     async def set(
-        self, mode: Optional[str] = None, *, allow: Optional[Iterable[Rule]] = None
+        self,
+        mode: Optional[str] = None,
+        *,
+        allow: Optional[Iterable[Rule]] = None,
+        deny: Optional[Iterable[Rule]] = None,
     ) -> NetworkPolicy:
         """See :meth:`Network.set`."""
-        body = _spec.network_policy(mode, allow)
+        body = _spec.network_policy(mode, allow, deny)
         return NetworkPolicy.from_json(await self._client.json("PUT", self._base, json=body))
 
     async def log(self, *, after: int = 0, limit: Optional[int] = None) -> List[NetworkLogEntry]:

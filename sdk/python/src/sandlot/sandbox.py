@@ -816,6 +816,7 @@ class Sandbox:
         auto_resume: Optional[bool] = None,
         mounts: Optional[Sequence[Mapping[str, Any]]] = None,
         network: Any = None,
+        public_ports: Optional[bool] = None,
         volumes: Any = None,
         secrets: Any = None,
         name: Optional[str] = None,
@@ -838,6 +839,11 @@ class Sandbox:
         or lifetime timeout passes instead of ending it (default ``"kill"``);
         ``auto_resume``: exec, file, code and port calls on it while paused
         resume it first (without, they raise ``ConflictError``).
+        ``network``: a mode (``"open"``) or a policy dict, e.g. ``{"mode": "open",
+        "deny": [{"cidr": "203.0.113.0/24"}, {"domain": "*.example.com"}]}``.
+        ``public_ports``: the sandbox's ports answer host-name URLs
+        (``PORT-ID.DOMAIN``) without a credential (never 49983 or 49999); an
+        operator who forbids it answers ``InvalidSpecError`` naming ``ports.public``.
         ``idempotency_key`` (default: a fresh random one) makes the create safe
         to retry: the daemon answers a repeat with the sandbox the first made."""
         c = client or default_client()
@@ -864,6 +870,7 @@ class Sandbox:
             auto_resume=auto_resume,
             mounts=mounts,
             network=network,
+            public_ports=public_ports,
             volumes=volumes,
             secrets=secrets,
             name=name,
