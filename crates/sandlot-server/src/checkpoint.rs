@@ -591,6 +591,22 @@ pub(crate) fn copy_error(e: sandlot_runtime::RuntimeError) -> ApiError {
             ErrorCode::TooLarge,
             e.to_string(),
         ),
+        // A file of the sandbox's the daemon's disk cannot hold as it is (a
+        // sparse file past the file system's largest, more hard links than it
+        // allows): the tenant's doing, said without the host's paths.
+        sandlot_runtime::RuntimeError::Io { ref source, .. }
+            if matches!(source.raw_os_error(), Some(libc::EFBIG | libc::EMLINK)) =>
+        {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                ErrorCode::TooLarge,
+                format!(
+                    "a file of the sandbox cannot be kept as it is ({}): a file larger than the daemon's disk holds, or more hard links to one file than it allows",
+                    std::io::Error::from_raw_os_error(source.raw_os_error().unwrap_or(0))
+                ),
+            )
+            .with_detail(format!("copy the checkpoint: {e}"))
+        }
         e => ApiError::internal(format!("copy the checkpoint: {e}")).or_exhausted(),
     }
 }
@@ -601,12 +617,17 @@ fn dir_bytes(dir: &std::path::Path) -> u64 {
     dir_size(dir, false)
 }
 
-/// Bytes the files under `dir` take on its disk (holes of sparse files and
-/// the extra names of hard links cost nothing): a checkpoint's `size`, which
-/// the tenant's `max_saved_disk` counts.
+/// Bytes the entries under `dir` take on its disk: every entry's blocks
+/// (directories' included) and [`INODE_BYTES`] for its inode (holes of sparse
+/// files and the extra names of hard links cost nothing): a checkpoint's
+/// `size`, which the tenant's `max_saved_disk` counts, so that a tree of
+/// empty directories or files costs what it takes.
 fn dir_allocated(dir: &std::path::Path) -> u64 {
     dir_size(dir, true)
 }
+
+/// What one inode of a checkpoint's copy is counted as (an ext4 inode's size).
+pub(crate) const INODE_BYTES: u64 = 256;
 
 fn dir_size(dir: &std::path::Path, allocated: bool) -> u64 {
     use std::os::unix::fs::MetadataExt;
@@ -624,9 +645,7 @@ fn dir_size(dir: &std::path::Path, allocated: bool) -> u64 {
             let Ok(m) = std::fs::symlink_metadata(e.path()) else {
                 continue;
             };
-            if m.is_dir() && m.dev() == top.dev() {
-                stack.push(e.path());
-            } else if m.is_dir() {
+            if m.is_dir() && m.dev() != top.dev() {
                 // The kept root, a tmpfs of its own: counted by its use.
                 n += rustix::fs::statvfs(e.path())
                     .map(|v| {
@@ -635,12 +654,20 @@ fn dir_size(dir: &std::path::Path, allocated: bool) -> u64 {
                             .saturating_mul(v.f_frsize)
                     })
                     .unwrap_or(0);
-            } else if m.is_file() && allocated {
-                if m.nlink() <= 1 || seen.insert((m.dev(), m.ino())) {
-                    n += m.blocks().saturating_mul(512);
+                continue;
+            }
+            if m.is_dir() {
+                stack.push(e.path());
+            }
+            if !allocated {
+                if m.is_file() {
+                    n += m.len();
                 }
-            } else if m.is_file() {
-                n += m.len();
+                continue;
+            }
+            // An inode once, however many names it has.
+            if m.is_dir() || m.nlink() <= 1 || seen.insert((m.dev(), m.ino())) {
+                n += INODE_BYTES + m.blocks().saturating_mul(512);
             }
         }
     }
@@ -869,8 +896,9 @@ async fn swap(state: &Arc<AppState>, rec: &SandboxRecord, c: &CheckpointRecord) 
                     let _ = backend.remove_checkpoint(&next);
                     return Err(copy_error(e));
                 }
-                // The checkpoint's writable layer, made whole beside the
-                // sandbox's before either is replaced.
+                // The checkpoint's writable layer, copied in place of the
+                // sandbox's: a failure from here leaves the sandbox paused on a
+                // layer marked incomplete, which a restore again mends.
                 let layer = match &c2.saved.layer_image {
                     Some(img) => {
                         if st.images.image_of(&id2).map(|d| d.to_string()).as_ref() != Some(img) {
@@ -1030,6 +1058,26 @@ pub async fn diff(
 
 #[cfg(test)]
 mod tests {
+    /// A tree of empty directories and files costs its inodes and blocks: a
+    /// tenant cannot fill the disk with entries the quota does not see.
+    #[test]
+    fn a_copys_size_counts_every_entry_not_only_file_data() {
+        let dir = std::env::temp_dir().join(format!("sandlot-size-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        for i in 0..200 {
+            std::fs::create_dir_all(dir.join(format!("d{i}/e"))).unwrap();
+            std::fs::write(dir.join(format!("d{i}/f")), b"").unwrap();
+        }
+        std::fs::write(dir.join("one"), b"x").unwrap();
+        std::fs::hard_link(dir.join("one"), dir.join("two")).unwrap();
+        let size = dir_allocated(&dir);
+        let bytes = dir_bytes(&dir);
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(bytes, 2, "plain bytes: the two names of one byte");
+        // 600 entries and one file of two names: at least an inode each.
+        assert!(size >= 601 * INODE_BYTES, "{size}");
+    }
+
     use super::*;
 
     #[test]

@@ -445,14 +445,18 @@ impl Images {
         is_mount_point(&rw) && sandlot_runtime::gvisor::kept_copy::layer_whole(&rw)
     }
 
-    /// Bytes sandbox `id`'s writable layer holds: what its tmpfs uses (holes of
-    /// sparse files cost nothing).
+    /// Bytes a copy of sandbox `id`'s writable layer may take: what its tmpfs
+    /// uses (holes of sparse files cost nothing) and a block for each inode it
+    /// uses (a directory takes a block on the disk the copy goes to).
     pub fn writable_layer_bytes(&self, id: &str) -> u64 {
         rustix::fs::statvfs(self.rw_dir(id))
             .map(|v| {
-                v.f_blocks
+                let blocks = v
+                    .f_blocks
                     .saturating_sub(v.f_bfree)
-                    .saturating_mul(v.f_frsize)
+                    .saturating_mul(v.f_frsize);
+                let inodes = v.f_files.saturating_sub(v.f_ffree).saturating_mul(4096);
+                blocks.saturating_add(inodes)
             })
             .unwrap_or(0)
     }
@@ -494,48 +498,45 @@ impl Images {
     }
 
     /// Replaces paused sandbox `id`'s writable layer by the one checkpoint copy
-    /// `saved` keeps: made whole beside it first (a failure leaves the layer as
-    /// it was), then the old one marked incomplete (from here a failure or a
-    /// crash leaves no layer a resume would take), unmounted, and the new one
-    /// moved into its place, marked incomplete until the caller has put the
-    /// memory image that goes with it in place and calls
-    /// [`Images::complete_writable_layer`]. Blocking.
+    /// `saved` keeps, in place: the old layer is marked incomplete (from here a
+    /// failure or a crash leaves a layer no resume takes, and a restore again
+    /// mends it), unmounted, the bare directory marked incomplete too, a fresh
+    /// tmpfs mounted over it and filled, and the result left marked incomplete
+    /// until the caller has put the memory image that goes with it in place and
+    /// calls [`Images::complete_writable_layer`]. Nothing is moved between
+    /// mounts: a mount move fails under a shared parent mount (systemd makes `/`
+    /// shared). Blocking.
     pub fn replace_writable_layer(
         &self,
         id: &str,
         size: sandlot_proto::spec::TmpfsLimit,
         saved: &Path,
     ) -> Result<(), ApiError> {
-        let next = format!(".next-{id}");
-        self.restore_writable_layer(&next, size, saved)?;
-        let (staged, rw) = (self.rw_dir(&next), self.rw_dir(id));
-        let swapped = (|| -> Result<(), ApiError> {
-            if rw.exists() {
-                sandlot_runtime::gvisor::kept_copy::mark_layer_incomplete(&rw)
-                    .map_err(ApiError::internal)?;
-                unmount_rw(&rw).map_err(io_api("remove the replaced writable layer"))?;
-            }
-            fs::DirBuilder::new()
-                .mode(0o700)
-                .create(&rw)
-                .map_err(io_api("create writable layer"))?;
-            sandlot_runtime::gvisor::kept_copy::mark_layer_incomplete(&staged)
-                .map_err(ApiError::internal)?;
-            rustix::mount::mount_move(&staged, &rw).map_err(|e| {
+        use sandlot_runtime::gvisor::kept_copy;
+        let rw = self.rw_dir(id);
+        if is_mount_point(&rw) {
+            kept_copy::mark_layer_incomplete(&rw).map_err(ApiError::internal)?;
+            rustix::mount::unmount(&rw, rustix::mount::UnmountFlags::DETACH).map_err(|e| {
                 ApiError::internal(format!(
-                    "move the writable layer onto {}: {e}",
+                    "unmount the replaced writable layer {}: {e}",
                     rw.display()
                 ))
             })?;
-            let _ = fs::remove_dir(&staged);
-            Ok(())
-        })();
-        if swapped.is_err() {
-            if let Err(e) = unmount_rw(&staged) {
-                tracing::warn!(sandbox_id = id, "remove a staged writable layer: {e}");
-            }
         }
-        swapped
+        match fs::DirBuilder::new().mode(0o700).create(&rw) {
+            Err(e) if e.kind() != io::ErrorKind::AlreadyExists => {
+                return Err(io_api("create writable layer")(e))
+            }
+            _ => {}
+        }
+        // Under the tmpfs about to be mounted: what a crash before it is whole
+        // leaves.
+        kept_copy::mark_layer_incomplete(&rw).map_err(ApiError::internal)?;
+        mount_tmpfs_rw(&rw, size)?;
+        // The tmpfs carries its own marker while it is filled (and keeps it on
+        // a failure): the sandbox stays on a layer no resume takes.
+        kept_copy::fill_layer(saved, &rw).map_err(crate::checkpoint::copy_error)?;
+        kept_copy::mark_layer_incomplete(&rw).map_err(ApiError::internal)
     }
 
     /// Removes a sandbox's writable layer and keeps its image lease (a sandbox
@@ -1120,11 +1121,17 @@ fn run_tool(cmd: &mut Command, what: &str) -> Result<(), ApiError> {
 /// [`SandboxSpec::memory_backed`] gives (its pages are charged to the sandbox that
 /// writes them, so it never holds more than the sandbox's memory leaves it).
 fn mount_rw(dir: &Path, size: sandlot_proto::spec::TmpfsLimit) -> Result<(), ApiError> {
-    use rustix::mount::{mount, MountFlags};
     fs::DirBuilder::new()
         .mode(0o700)
         .create(dir)
         .map_err(io_api("create writable layer"))?;
+    mount_tmpfs_rw(dir, size)
+}
+
+/// Mounts a writable layer's tmpfs of `size` on existing directory `dir`, with
+/// its `upper` and `work` directories.
+fn mount_tmpfs_rw(dir: &Path, size: sandlot_proto::spec::TmpfsLimit) -> Result<(), ApiError> {
+    use rustix::mount::{mount, MountFlags};
     let opts =
         std::ffi::CString::new(format!("{},mode=0755", size.mount_options())).expect("no NUL");
     mount(

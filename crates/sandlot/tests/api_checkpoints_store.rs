@@ -369,3 +369,51 @@ fn gvisor_a_store_image_sandbox_whose_layer_copy_was_cut_short_is_never_resumed(
     });
     d.shutdown();
 }
+
+/// The daemon's data directory under a shared mount (what systemd makes of
+/// `/`): a restore in place moves no mount (a mount move fails under a shared
+/// parent), so the sandbox comes back whole, twice.
+#[test]
+fn gvisor_a_restore_in_place_under_a_shared_mount_brings_the_sandbox_back() {
+    use std::process::Command;
+    let mut d = Daemon::start_isolated(None, "gvisor");
+    let rw = d.data_dir().join("rw");
+    let mount = |args: &[&str]| {
+        let ok = Command::new("mount").args(args).status().unwrap().success();
+        assert!(ok, "mount {args:?}");
+    };
+    std::fs::create_dir_all(&rw).unwrap();
+    let rw_s = rw.to_str().unwrap().to_string();
+    mount(&["--bind", &rw_s, &rw_s]);
+    // Unmounted however the test ends.
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(rw.clone());
+    mount(&["--make-shared", &rw_s]);
+    let c = d.client();
+    rt().block_on(async {
+        make_image(&c).await;
+        let s = c.create_sandbox(&store_image()).await.unwrap();
+        start_counter(&c, &s.id).await;
+        let (_, pid) = probe(&c, &s.id).await;
+        sh(&c, &s.id, "echo one > /tmp/file").await;
+        let at_checkpoint = files(&c, &s.id).await;
+        let cp = c
+            .create_checkpoint(&s.id, &CreateCheckpoint::default())
+            .await
+            .unwrap();
+        for _ in 0..2 {
+            sh(&c, &s.id, "echo two > /tmp/file; echo later > /tmp/later").await;
+            let r = c.restore_checkpoint(&s.id, &cp.id).await.unwrap();
+            assert_eq!(r.sandbox.state, SandboxState::Running);
+            assert_eq!(probe(&c, &s.id).await, (2, pid.clone()));
+            assert_eq!(files(&c, &s.id).await, at_checkpoint);
+        }
+        c.delete_sandbox(&s.id).await.unwrap();
+    });
+    d.shutdown();
+}
