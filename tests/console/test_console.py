@@ -193,6 +193,24 @@ def test_console_drives_a_sandbox_its_terminal_files_and_egress_log_then_volumes
     wait(d, "the markup output", lambda d: "<img src=y onerror=window.__yss=4>" in [r.strip() for r in terminal_rows(d)])
     no_markup_ran(d)
 
+    # Its processes: one started through the API, its output read again from the
+    # start in the console (markup stays text), then killed from the console.
+    proc = daemon.native("POST", f"/v1/sandboxes/{sid}/exec", token, {
+        "argv": ["sh", "-c", "echo '<img src=x onerror=window.__pss=5>' | tr x y; echo to-stderr >&2; exec sleep 300"],
+        "tag": "console-proc", "background": True,
+    })
+    row = f"#processes tr[data-process='{proc['id']}']"
+    wait(d, "the process listed", lambda d: "console-proc" in d.find_element(By.CSS_SELECTOR, row).text)
+    click(d, "the process's output button", f"{row} button")
+    out = wait(d, "the process's output", lambda d: (lambda t: t if "to-stderr" in t else None)(
+        d.find_element(By.CSS_SELECTOR, "#process-output pre.output").text))
+    assert "<img src=y onerror=window.__pss=5>" in out, out
+    no_markup_ran(d)
+    assert d.execute_script("return window.__pss") is None, "process output ran as script"
+    click(d, "the process's kill button", f"{row} button.danger")
+    wait(d, "the process killed", lambda d: "killed (signal 9)" in d.find_element(By.CSS_SELECTOR, row).text)
+    wait(d, "its output ended", lambda d: "Ended: killed (signal 9)." in d.find_element(By.ID, "process-output").text)
+
     # Files: upload one whose name is markup, see it listed as text.
     tmp = Path(tempfile.mkdtemp(prefix="sandlot-console-upload-"))
     try:

@@ -53,6 +53,7 @@ const ASSETS: &[Asset] = &[
     asset!("src/terminal.js", JS),
     asset!("src/files.js", JS),
     asset!("src/network.js", JS),
+    asset!("src/processes.js", JS),
     asset!("src/usage.js", JS),
     asset!("src/knowledge.js", JS),
     asset!("src/store.js", JS),

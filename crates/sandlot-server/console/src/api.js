@@ -21,7 +21,7 @@ export class ApiError extends Error {
 }
 
 /** Calls the API; answers the parsed JSON (null for 204), or the Response with raw. */
-export async function api(method, path, { json, body, query, raw, headers = {} } = {}) {
+export async function api(method, path, { json, body, query, raw, headers = {}, signal } = {}) {
   const url = new URL(path, location.origin);
   for (const [k, v] of Object.entries(query || {})) {
     for (const one of [v].flat()) if (one !== undefined && one !== '') url.searchParams.append(k, one);
@@ -31,7 +31,7 @@ export async function api(method, path, { json, body, query, raw, headers = {} }
     h['Content-Type'] = 'application/json';
     body = JSON.stringify(json);
   }
-  const r = await fetch(url, { method, headers: h, body, credentials: 'omit', cache: 'no-store' });
+  const r = await fetch(url, { method, headers: h, body, credentials: 'omit', cache: 'no-store', signal });
   if (r.status === 401) {
     token.clear();
     window.dispatchEvent(new Event('sandlot:signed-out'));

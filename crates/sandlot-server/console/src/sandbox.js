@@ -1,5 +1,5 @@
 // One sandbox: its spec and state, a terminal, its CPU and memory over time, its
-// files, its network policy and egress log, its published ports.
+// processes, its files, its network policy and egress log, its published ports.
 import { api, sandboxPath } from './api.js';
 import { h, put, refill, table, toast, field } from './dom.js';
 import { bytes, duration, since, until, time, tagsText } from './format.js';
@@ -7,6 +7,7 @@ import { openTerminal } from './terminal.js';
 import { filesPanel } from './files.js';
 import { networkPanel } from './network.js';
 import { usagePanel } from './usage.js';
+import { processesPanel } from './processes.js';
 
 export function sandboxPage(main, id) {
   const cleanups = [];
@@ -21,11 +22,13 @@ export function sandboxPage(main, id) {
   let term = null;
   let connected = false;
   let memoryLimit = 0;
+  let state = '';
 
   function summary(sb) {
     const s = sb.spec || {};
     const res = s.resources || {};
     memoryLimit = Number(res.memory) || 0;
+    state = sb.state;
     const rows = [
       ['State', sb.state], ['Image', s.image || 'host'], ['Isolation', s.isolation || 'namespace'],
       ['Tenant', sb.tenant], ['Created', time(sb.created_at)], ['Age', duration(since(sb.created_at))],
@@ -132,6 +135,7 @@ export function sandboxPage(main, id) {
       h('details', {}, h('summary', {}, 'Full record (JSON)'), record)),
     h('section', { 'aria-label': 'Terminal' }, termBar, termBox),
     usagePanel(id, cleanups, () => memoryLimit),
+    processesPanel(id, cleanups, () => state),
     filesPanel(id, cleanups),
     networkPanel(id, cleanups),
     h('section', { 'aria-labelledby': 'ports-h' }, h('h2', { id: 'ports-h' }, 'Published ports'), publish, ports));
