@@ -283,8 +283,11 @@ mod tests {
             .unwrap();
         let mut documented: Vec<&str> = props.keys().map(String::as_str).collect();
         documented.sort();
-        let mut accepted: Vec<&str> =
-            [sandlot_proto::spec::SPEC_KEYS, sandboxes::EXTRA_KEYS].concat();
+        let mut accepted: Vec<&str> = [
+            sandlot_proto::spec::SPEC_KEYS,
+            crate::services::create::EXTRA_KEYS,
+        ]
+        .concat();
         accepted.sort();
         assert_eq!(documented, accepted);
         // And the spec keys are exactly the spec's fields.

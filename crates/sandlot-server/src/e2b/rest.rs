@@ -20,8 +20,8 @@ use serde_json::{json, Map, Value};
 use super::{E2b, CLIENT_ID, DEFAULT_TEMPLATE, ENVD_VERSION, TEMPLATE_TAG};
 use crate::auth::Principal;
 use crate::error::ApiError;
-use crate::routes::sandboxes::{self as native, view};
-use crate::routes::{lookup, read_limited, JsonBody};
+use crate::routes::sandboxes::view;
+use crate::routes::{lookup, read_limited};
 use crate::store::{SandboxFilter, SandboxRecord, SandboxState};
 use crate::timefmt::rfc3339;
 
@@ -353,12 +353,12 @@ async fn create(
         .and_then(Value::as_str)
         .unwrap_or("root")
         .to_string();
-    let params = native::parse_create(&e2b.app, &p, native)?;
+    let params = crate::services::create::parse(&e2b.app, &p, native)?;
     let lifetime = params.timeout;
     let rec = crate::sandbox::create(&e2b.app, params).await?;
     if let Some(cmd) = start {
         if let Err(e) = super::templates::run_start(&e2b, &rec.id, &user, &cmd, lifetime).await {
-            let _ = native::delete(State(e2b.app.clone()), p, Path(rec.id)).await;
+            let _ = crate::services::sandboxes::delete(&e2b.app, &p, &rec.id).await;
             return Err(e);
         }
     }
@@ -573,7 +573,7 @@ async fn kill(
     // A paused sandbox is killed too (deleted with what its pause saved), and
     // one being paused or resumed once that is done.
     let rec = super::lifecycle::known_record(&e2b, &p, &id)?;
-    let _ = native::delete(State(e2b.app.clone()), p, Path(rec.id)).await?;
+    crate::services::sandboxes::delete(&e2b.app, &p, &rec.id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -600,7 +600,7 @@ pub(super) async fn json_body(e2b: &E2b, body: Body) -> RestResult<Value> {
     serde_json::from_slice(&bytes).map_err(|e| RestError::bad(format!("invalid JSON body: {e}")))
 }
 
-/// Sets the remaining lifetime through the native handler (same limits).
+/// Sets the remaining lifetime through the sandboxes service (the native limits).
 pub(super) async fn apply_timeout(e2b: &E2b, p: &Principal, id: &str, secs: u64) -> RestResult<()> {
     if secs == 0 {
         // E2B: a zero timeout is the timeout now: a sandbox whose lifecycle
@@ -612,18 +612,10 @@ pub(super) async fn apply_timeout(e2b: &E2b, p: &Principal, id: &str, secs: u64)
                 return Ok(());
             }
         }
-        let _ = native::delete(State(e2b.app.clone()), p.clone(), Path(id.to_string())).await?;
+        crate::services::sandboxes::delete(&e2b.app, p, id).await?;
         return Ok(());
     }
-    let _ = native::set_timeout(
-        State(e2b.app.clone()),
-        p.clone(),
-        Path(id.to_string()),
-        JsonBody(sandlot_proto::api::SetTimeout {
-            timeout: json!(secs),
-        }),
-    )
-    .await?;
+    crate::services::sandboxes::set_timeout(&e2b.app, p, id, std::time::Duration::from_secs(secs))?;
     Ok(())
 }
 

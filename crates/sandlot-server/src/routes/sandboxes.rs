@@ -1,6 +1,5 @@
 //! `/v1/sandboxes`: create, list, inspect, delete, extend the lifetime, events.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::body::Body;
@@ -11,32 +10,16 @@ use axum::Json;
 use sandlot_proto::api::{
     EventList, Health, Sandbox, SandboxEvent, SandboxExit, SandboxList, SetTimeout, Usage,
 };
-use sandlot_proto::spec::{SandboxSpec, SPEC_KEYS};
 use serde_json::Value;
 
-use super::{from_value, json_status, live, lookup, parse_json, read_limited, JsonBody};
+use super::{json_status, lookup, parse_json, read_limited, JsonBody};
 use crate::auth::Principal;
-use crate::config::fmt_secs;
 use crate::error::{ApiError, ApiResult};
-use crate::sandbox::{self, spec_problem, CreateParams};
+use crate::sandbox;
 use crate::services::parse_duration;
 use crate::state::AppState;
-use crate::store::{now_ms, EndReason, SandboxFilter, SandboxRecord, SandboxState};
+use crate::store::{now_ms, SandboxFilter, SandboxRecord, SandboxState};
 use crate::timefmt::rfc3339;
-
-/// Top-level keys of the create body that are not part of the spec.
-pub const EXTRA_KEYS: &[&str] = &[
-    "name",
-    "tags",
-    "metadata",
-    "idle_timeout",
-    "on_idle",
-    "on_timeout",
-    "auto_resume",
-];
-
-const MAX_TAGS: usize = 64;
-const MAX_METADATA_BYTES: usize = 16 * 1024;
 
 #[utoipa::path(get, path = "/v1/health", tag = "system",
     responses((status = 200, body = Health), (status = 401, body = crate::error::ErrorEnvelope)))]
@@ -45,174 +28,6 @@ pub async fn health(p: Principal) -> Json<Health> {
         status: "ok".into(),
         version: env!("CARGO_PKG_VERSION").into(),
         tenant: p.scope.unwrap_or_else(|| "*".into()),
-    })
-}
-
-fn check_label(field: &str, k: &str, max: usize) -> ApiResult<()> {
-    let ok = !k.is_empty()
-        && k.len() <= max
-        && k.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_./:".contains(&b));
-    if ok {
-        Ok(())
-    } else {
-        Err(ApiError::invalid(
-            field,
-            format!("{k:?}: use 1 to {max} letters, digits, '-', '_', '.', '/' or ':'"),
-        ))
-    }
-}
-
-fn string_map(field: &str, v: Value) -> ApiResult<BTreeMap<String, String>> {
-    match v {
-        Value::Null => Ok(BTreeMap::new()),
-        Value::Object(m) => m
-            .into_iter()
-            .map(|(k, v)| match v {
-                Value::String(s) => Ok((k, s)),
-                other => Err(ApiError::invalid(
-                    format!("{field}.{k}"),
-                    format!("values are strings, got {other}"),
-                )),
-            })
-            .collect(),
-        other => Err(ApiError::invalid(
-            field,
-            format!("expected an object of strings, got {other}"),
-        )),
-    }
-}
-
-/// Validates a create body into parameters.
-pub fn parse_create(state: &AppState, p: &Principal, body: Value) -> ApiResult<CreateParams> {
-    let tenant = p.tenant.clone();
-    let Value::Object(mut obj) = body else {
-        return Err(ApiError::bad_request(
-            "the request body must be a JSON object",
-        ));
-    };
-    for k in obj.keys() {
-        if !SPEC_KEYS.contains(&k.as_str()) && !EXTRA_KEYS.contains(&k.as_str()) {
-            return Err(ApiError::invalid(
-                k.clone(),
-                format!(
-                    "unknown field, expected one of {}",
-                    [SPEC_KEYS, EXTRA_KEYS].concat().join(", ")
-                ),
-            ));
-        }
-    }
-    let name = match obj.remove("name") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(n)) => {
-            let ok = !n.is_empty()
-                && n.len() <= 64
-                && n.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
-                && !n.starts_with(&state.cfg.id_prefix);
-            if !ok {
-                return Err(ApiError::invalid(
-                    "name",
-                    format!(
-                        "{n:?}: use 1 to 64 letters, digits, '-', '_' or '.', not starting with the id prefix {:?}",
-                        state.cfg.id_prefix
-                    ),
-                ));
-            }
-            Some(n)
-        }
-        Some(other) => {
-            return Err(ApiError::invalid(
-                "name",
-                format!("expected a string, got {other}"),
-            ))
-        }
-    };
-    let tags = string_map("tags", obj.remove("tags").unwrap_or(Value::Null))?;
-    if tags.len() > MAX_TAGS {
-        return Err(ApiError::invalid(
-            "tags",
-            format!("at most {MAX_TAGS} tags"),
-        ));
-    }
-    for (k, v) in &tags {
-        check_label("tags", k, 64)?;
-        if v.len() > 256 {
-            return Err(ApiError::invalid(
-                format!("tags.{k}"),
-                "values are at most 256 bytes",
-            ));
-        }
-    }
-    let metadata = string_map("metadata", obj.remove("metadata").unwrap_or(Value::Null))?;
-    let size: usize = metadata.iter().map(|(k, v)| k.len() + v.len()).sum();
-    if size > MAX_METADATA_BYTES {
-        return Err(ApiError::invalid(
-            "metadata",
-            format!("at most {MAX_METADATA_BYTES} bytes in all"),
-        ));
-    }
-    let limits = &state.cfg.limits;
-    let idle_timeout = match obj.remove("idle_timeout") {
-        None => limits.default_idle_timeout.map(|s| s.duration()),
-        Some(Value::Null) => None,
-        Some(v) => Some(parse_duration("idle_timeout", &v)?),
-    };
-    let lifecycle = crate::autopause::parse_lifecycle(&mut obj, idle_timeout)?;
-    let network_given = obj.contains_key("network");
-    let isolation_given = obj.contains_key("isolation");
-    let mut spec: SandboxSpec = from_value(Value::Object(obj))?;
-    spec.validate()
-        .map_err(|e| ApiError::invalid(e.field(), spec_problem(&e)))?;
-    crate::isolation::admit(state, &mut spec, isolation_given)?;
-    crate::network::admit(state, &mut spec, network_given)?;
-    crate::ports::admit_public(&state.cfg.ports, &spec)?;
-    if let Some(c) = spec.resources.cpus {
-        let max = state.cfg.runtime.effective_max_cpus();
-        if c > max {
-            return Err(ApiError::invalid(
-                "resources.cpus",
-                format!("{c} cores exceeds the operator's ceiling of {max}"),
-            ));
-        }
-    }
-    let timeout = spec
-        .timeout
-        .map(|t| t.duration())
-        .unwrap_or(limits.default_timeout.duration());
-    let max = limits.max_timeout.duration();
-    if timeout > max {
-        return Err(ApiError::invalid(
-            "timeout",
-            format!(
-                "{} exceeds the operator's maximum lifetime of {}",
-                fmt_secs(timeout),
-                fmt_secs(max)
-            ),
-        ));
-    }
-    if let Some(i) = idle_timeout {
-        if i > max {
-            return Err(ApiError::invalid(
-                "idle_timeout",
-                format!(
-                    "{} exceeds the operator's maximum lifetime of {}",
-                    fmt_secs(i),
-                    fmt_secs(max)
-                ),
-            ));
-        }
-    }
-    Ok(CreateParams {
-        tenant,
-        scope: p.scope.clone(),
-        name,
-        spec,
-        tags,
-        metadata,
-        timeout,
-        idle_timeout,
-        lifecycle,
     })
 }
 
@@ -299,7 +114,7 @@ pub async fn create(
         .get("idempotency-key")
         .map(|k| sandbox::IdempotencyKey::parse(k.as_bytes(), &v))
         .transpose()?;
-    let params = parse_create(&state, &p, v)?;
+    let params = crate::services::create::parse(&state, &p, v)?;
     let (rec, replayed) = sandbox::create_idempotent(&state, params, key).await?;
     let mut resp = json_status(StatusCode::CREATED, &view(&state, &rec));
     if replayed {
@@ -400,54 +215,7 @@ pub async fn delete(
     p: Principal,
     Path(id): Path<String>,
 ) -> ApiResult<Json<Sandbox>> {
-    // A live sandbox is found in memory; the database is read once, for the
-    // final record.
-    let (id, mut h) = match state.handle(&id) {
-        Some(h) if p.sees(&h.tenant) => (id, Some(h)),
-        _ => {
-            let rec = lookup(&state, &p, &id)?;
-            let h = state.handle(&rec.id);
-            (rec.id, h)
-        }
-    };
-    // A resume under way (on demand, or asked) is waited out, then what it
-    // came to is deleted: it never runs on, nor is paused again.
-    let deadline = tokio::time::Instant::now() + crate::autopause::SETTLE_WAIT;
-    loop {
-        if let Some(mut live) = h.take() {
-            loop {
-                live.request_stop(EndReason::Deleted);
-                live.stopped().await;
-                // A pause that failed meanwhile handed the sandbox, running, to
-                // a new handle: stop that one too.
-                match state.handle(&id) {
-                    Some(next) if !Arc::ptr_eq(&next, &live) => live = next,
-                    _ => break,
-                }
-            }
-        }
-        let rec = lookup(&state, &p, &id)?;
-        match rec.state {
-            // A pause that finished meanwhile leaves it paused: delete that.
-            SandboxState::Paused => {
-                crate::pause::discard(&state, &rec, EndReason::Deleted).await?;
-                break;
-            }
-            // Between a resume's record and its handle, or a pause's steps.
-            SandboxState::Resuming | SandboxState::Pausing | SandboxState::Running => {
-                h = state.handle(&id);
-                if h.is_some() {
-                    continue;
-                }
-                if tokio::time::Instant::now() >= deadline {
-                    return Err(crate::pause::wrong_state(&id, rec.state));
-                }
-                tokio::time::sleep(crate::autopause::SETTLE_POLL).await;
-            }
-            _ => break,
-        }
-    }
-    let rec = lookup(&state, &p, &id)?;
+    let rec = crate::services::sandboxes::delete(&state, &p, &id).await?;
     Ok(Json(view(&state, &rec)))
 }
 
@@ -494,27 +262,7 @@ pub async fn set_timeout(
     JsonBody(b): JsonBody<SetTimeout>,
 ) -> ApiResult<Json<Sandbox>> {
     let d = parse_duration("timeout", &b.timeout)?;
-    let h = live(&state, &p, &id)?;
-    let rec = lookup(&state, &p, &h.id)?;
-    let at = now_ms() + d.as_millis() as i64;
-    let max = state.cfg.limits.max_timeout.duration();
-    let latest = rec.created_at + max.as_millis() as i64;
-    if at > latest {
-        return Err(ApiError::invalid(
-            "timeout",
-            format!(
-                "the sandbox would live past the operator's maximum lifetime of {} (until {})",
-                fmt_secs(max),
-                rfc3339(latest)
-            ),
-        ));
-    }
-    state
-        .store
-        .set_expiry(&h.id, at)
-        .map_err(ApiError::internal)?;
-    h.set_expiry(at);
-    h.touch();
+    let rec = crate::services::sandboxes::set_timeout(&state, &p, &id, d)?;
     Ok(Json(view(&state, &rec)))
 }
 

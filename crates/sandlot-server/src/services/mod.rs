@@ -7,13 +7,17 @@
 //! activity (idle timeout), its byte counters, and the daemon's bounds (a read
 //! within the sandbox's disk limit, an upload within `limits.max_upload`).
 //!
+//! * `create.rs`: a create body checked into what `sandbox::create` takes (the
+//!   native create and E2B's).
 //! * `files.rs`: stat, list, read and write (streamed), mkdir, remove, rename,
 //!   watch.
 //! * `process.rs`: starting a supervised process (exec, E2B's
-//!   `process.Process/Start`, image builds, template start commands).
+//!   `process.Process/Start`, image builds, template start commands), listing
+//!   processes, signals, terminal resizes, stdin.
 //! * `sandboxes.rs`: the tenant's view of sandboxes (`lookup`, `live`), which
 //!   resume on demand (`autopause::live`) and the other services build on.
 
+pub mod create;
 pub mod files;
 pub mod process;
 pub mod sandboxes;

@@ -5,10 +5,12 @@
 use std::sync::Arc;
 
 use crate::auth::Principal;
+use crate::config::fmt_secs;
 use crate::error::{ApiError, ApiResult};
 use crate::sandbox::SandboxHandle;
 use crate::state::AppState;
-use crate::store::{SandboxRecord, SandboxState};
+use crate::store::{now_ms, EndReason, SandboxRecord, SandboxState};
+use crate::timefmt::rfc3339;
 
 /// The sandbox record `id` (or, failing that, the live sandbox named `id`), if
 /// the caller may see it. Others' sandboxes are "not found", never "forbidden".
@@ -65,4 +67,91 @@ pub fn live(state: &AppState, p: &Principal, id: &str) -> ApiResult<Arc<SandboxH
             rec.state.as_str()
         ))),
     }
+}
+
+/// Deletes sandbox `id` of the caller's: a running one is stopped, a paused one
+/// discarded with what its pause saved, one being paused or resumed once that
+/// is done (it never runs on). The final record.
+pub async fn delete(state: &Arc<AppState>, p: &Principal, id: &str) -> ApiResult<SandboxRecord> {
+    let id = id.to_string();
+    // A live sandbox is found in memory; the database is read once, for the
+    // final record.
+    let (id, mut h) = match state.handle(&id) {
+        Some(h) if p.sees(&h.tenant) => (id, Some(h)),
+        _ => {
+            let rec = lookup(state, p, &id)?;
+            let h = state.handle(&rec.id);
+            (rec.id, h)
+        }
+    };
+    // A resume under way (on demand, or asked) is waited out, then what it
+    // came to is deleted: it never runs on, nor is paused again.
+    let deadline = tokio::time::Instant::now() + crate::autopause::SETTLE_WAIT;
+    loop {
+        if let Some(mut live) = h.take() {
+            loop {
+                live.request_stop(EndReason::Deleted);
+                live.stopped().await;
+                // A pause that failed meanwhile handed the sandbox, running, to
+                // a new handle: stop that one too.
+                match state.handle(&id) {
+                    Some(next) if !Arc::ptr_eq(&next, &live) => live = next,
+                    _ => break,
+                }
+            }
+        }
+        let rec = lookup(state, p, &id)?;
+        match rec.state {
+            // A pause that finished meanwhile leaves it paused: delete that.
+            SandboxState::Paused => {
+                crate::pause::discard(state, &rec, EndReason::Deleted).await?;
+                break;
+            }
+            // Between a resume's record and its handle, or a pause's steps.
+            SandboxState::Resuming | SandboxState::Pausing | SandboxState::Running => {
+                h = state.handle(&id);
+                if h.is_some() {
+                    continue;
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    return Err(crate::pause::wrong_state(&id, rec.state));
+                }
+                tokio::time::sleep(crate::autopause::SETTLE_POLL).await;
+            }
+            _ => break,
+        }
+    }
+    lookup(state, p, &id)
+}
+
+/// Sets running sandbox `id`'s remaining lifetime to `d`, within the operator's
+/// maximum lifetime from its creation. The record.
+pub fn set_timeout(
+    state: &AppState,
+    p: &Principal,
+    id: &str,
+    d: std::time::Duration,
+) -> ApiResult<SandboxRecord> {
+    let h = live(state, p, id)?;
+    let rec = lookup(state, p, &h.id)?;
+    let at = now_ms() + d.as_millis() as i64;
+    let max = state.cfg.limits.max_timeout.duration();
+    let latest = rec.created_at + max.as_millis() as i64;
+    if at > latest {
+        return Err(ApiError::invalid(
+            "timeout",
+            format!(
+                "the sandbox would live past the operator's maximum lifetime of {} (until {})",
+                fmt_secs(max),
+                rfc3339(latest)
+            ),
+        ));
+    }
+    state
+        .store
+        .set_expiry(&h.id, at)
+        .map_err(ApiError::internal)?;
+    h.set_expiry(at);
+    h.touch();
+    Ok(rec)
 }
