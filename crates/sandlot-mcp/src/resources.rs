@@ -10,10 +10,9 @@
 use base64::Engine;
 use rmcp::model::{ResourceContents, ResourceTemplate};
 use rmcp::ErrorData;
-use sandlot_client::vfs::OpenSession;
 use sandlot_client::{encode_path as enc, Client};
 
-use crate::tools::{read_capped, ToolError, MAX_READ_BYTES, VFS_PRINCIPAL};
+use crate::tools::{read_capped, read_only_session, ToolError, MAX_READ_BYTES};
 
 /// What a resource URI names.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -184,16 +183,8 @@ async fn read_document(
     collection: &str,
     path: &str,
 ) -> Result<ResourceContents, ErrorData> {
-    let open = OpenSession {
-        principal: VFS_PRINCIPAL.into(),
-        groups: Vec::new(),
-        version: None,
-        all_access: false,
-        scratch: false,
-        scratch_max_bytes: None,
-    };
     let s = client
-        .open_vfs_session(collection, &open)
+        .open_vfs_session(collection, &read_only_session())
         .await
         .map_err(|e| read_error(e.into()))?;
     let r = client

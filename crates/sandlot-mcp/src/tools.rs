@@ -518,6 +518,19 @@ async fn run_code(c: &Client, a: args::RunCodeArgs) -> Result<String, ToolError>
 /// documents only. A model cannot choose another (nor groups, nor all access).
 pub const VFS_PRINCIPAL: &str = "mcp";
 
+/// A read-only shell session of a collection, as MCP's principal, at its
+/// current version.
+pub fn read_only_session() -> OpenSession {
+    OpenSession {
+        principal: VFS_PRINCIPAL.into(),
+        groups: Vec::new(),
+        version: None,
+        all_access: false,
+        scratch: false,
+        scratch_max_bytes: None,
+    }
+}
+
 fn known(sessions: &Mutex<HashSet<String>>) -> std::sync::MutexGuard<'_, HashSet<String>> {
     sessions.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -537,17 +550,7 @@ async fn vfs_shell(
         }
         None => {
             let s = c
-                .open_vfs_session(
-                    &a.collection,
-                    &OpenSession {
-                        principal: VFS_PRINCIPAL.into(),
-                        groups: Vec::new(),
-                        version: None,
-                        all_access: false,
-                        scratch: false,
-                        scratch_max_bytes: None,
-                    },
-                )
+                .open_vfs_session(&a.collection, &read_only_session())
                 .await?;
             (s.id, true)
         }
