@@ -10,8 +10,8 @@
 //!
 //! The headroom is lent for a moment, not held: a stretch of use past the line
 //! ([`Episode`]) that [`MAX_KILLS`] kills do not end, that lasts [`OVER_BOUND`],
-//! or that has no process to kill (memory no process holds: files, a memfd in
-//! flight on a socket) ends the sandbox as out of memory, as the host kernel
+//! or that has no process to kill twice, [`RETURN_GRACE`] apart (memory no
+//! process holds: files, a memfd in flight on a socket) ends the sandbox as out of memory, as the host kernel
 //! does past the hard limit: `end_reason` `exited`, SIGKILL, one more OOM kill
 //! counted. So a tenant holds more than its quota counts for seconds at most.
 //!
@@ -33,8 +33,13 @@ const NOTIFIED_BOUND: Duration = Duration::from_secs(1);
 const POLL_BOUND: Duration = Duration::from_millis(100);
 /// After a kill, how long the watcher waits for the killed process's memory to
 /// come back before it may ask for another kill (gVisor returns it within a
-/// fraction of this).
-const SETTLE: Duration = Duration::from_millis(500);
+/// fraction of this; a loaded host is slower, and a kill too many may end the
+/// sandbox).
+const SETTLE: Duration = Duration::from_secs(1);
+/// With nothing to kill, how long the watcher waits for memory of processes
+/// that just ended (killed, or gone on their own) to come back before it ends the
+/// sandbox: gVisor returns it asynchronously, slower on a loaded host.
+const RETURN_GRACE: Duration = Duration::from_secs(2);
 /// After a request the agent did not answer, the wait before the next one.
 const NO_ANSWER_BACKOFF: Duration = Duration::from_secs(1);
 /// How long the agent has to answer.
@@ -46,7 +51,7 @@ const AGENT_ANSWER: Duration = Duration::from_secs(5);
 /// by processes the sandbox starts again.
 pub(crate) const MAX_KILLS: u32 = 3;
 /// The longest stretch past the line before the sandbox ends, whatever the kills:
-/// three kills with their settling take under 2 s; this leaves the agent two
+/// three kills with their settling take under 4 s; this leaves the agent two
 /// unanswered requests ([`AGENT_ANSWER`]).
 pub(crate) const OVER_BOUND: Duration = Duration::from_secs(10);
 /// At most one line per this long says a process was killed; the next one says
@@ -59,6 +64,8 @@ const KILL_LOG_EVERY: Duration = Duration::from_secs(60);
 pub(crate) struct Episode {
     pub since: Instant,
     pub kills: u32,
+    /// Whether the agent already had nothing to kill in it.
+    pub nothing_to_kill: bool,
 }
 
 /// Why the guard ends a sandbox as out of memory.
@@ -116,16 +123,20 @@ pub(crate) enum Relief {
 pub(crate) enum AfterRequest {
     /// A process died: wait until the use is under the line, at most [`SETTLE`].
     Settle,
+    /// Nothing to kill, the first time: wait until the use is under the line, at
+    /// most [`RETURN_GRACE`], then ask again.
+    AwaitReturn,
     /// The agent did not answer: wait [`NO_ANSWER_BACKOFF`] before asking again
     /// ([`OVER_BOUND`] still runs).
     BackOff,
     End(EndWhy),
 }
 
-pub(crate) fn after_request(r: Relief) -> AfterRequest {
+pub(crate) fn after_request(r: Relief, ep: &Episode) -> AfterRequest {
     match r {
         Relief::Killed => AfterRequest::Settle,
         Relief::NoAnswer => AfterRequest::BackOff,
+        Relief::NothingToKill if !ep.nothing_to_kill => AfterRequest::AwaitReturn,
         Relief::NothingToKill => AfterRequest::End(EndWhy::NothingToKill),
     }
 }
@@ -275,6 +286,7 @@ fn watch_loop(
         let ep = episode.get_or_insert(Episode {
             since: now,
             kills: 0,
+            nothing_to_kill: false,
         });
         if let Next::End(why) = next(ep, now) {
             let _ = ask.blocking_send(Ask::End(why));
@@ -284,13 +296,20 @@ fn watch_loop(
             return;
         }
         let Ok(relief) = done.recv() else { return };
-        match after_request(relief) {
+        let wait_under = |bound: Duration| {
+            let until = Instant::now() + bound;
+            while w.over() && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        };
+        match after_request(relief, ep) {
             AfterRequest::Settle => {
                 ep.kills += 1;
-                let until = Instant::now() + SETTLE;
-                while w.over() && Instant::now() < until {
-                    std::thread::sleep(Duration::from_millis(20));
-                }
+                wait_under(SETTLE);
+            }
+            AfterRequest::AwaitReturn => {
+                ep.nothing_to_kill = true;
+                wait_under(RETURN_GRACE);
             }
             AfterRequest::BackOff => std::thread::sleep(NO_ANSWER_BACKOFF),
             AfterRequest::End(why) => {
@@ -321,11 +340,22 @@ mod tests {
     use std::time::{Duration, Instant};
 
     #[test]
-    fn a_kill_waits_for_memory_to_return_and_nothing_to_kill_ends_the_sandbox() {
-        assert_eq!(after_request(Relief::Killed), AfterRequest::Settle);
-        assert_eq!(after_request(Relief::NoAnswer), AfterRequest::BackOff);
+    fn a_kill_waits_for_memory_to_return_and_nothing_to_kill_twice_ends_the_sandbox() {
+        let mut ep = Episode {
+            since: Instant::now(),
+            kills: 1,
+            nothing_to_kill: false,
+        };
+        assert_eq!(after_request(Relief::Killed, &ep), AfterRequest::Settle);
+        assert_eq!(after_request(Relief::NoAnswer, &ep), AfterRequest::BackOff);
+        // The memory of a process just ended may still be coming back.
         assert_eq!(
-            after_request(Relief::NothingToKill),
+            after_request(Relief::NothingToKill, &ep),
+            AfterRequest::AwaitReturn
+        );
+        ep.nothing_to_kill = true;
+        assert_eq!(
+            after_request(Relief::NothingToKill, &ep),
             AfterRequest::End(EndWhy::NothingToKill)
         );
     }
@@ -333,7 +363,11 @@ mod tests {
     #[test]
     fn a_stretch_past_the_line_ends_the_sandbox_after_its_kills_or_its_time() {
         let t0 = Instant::now();
-        let ep = |kills| Episode { since: t0, kills };
+        let ep = |kills| Episode {
+            since: t0,
+            kills,
+            nothing_to_kill: false,
+        };
         assert_eq!(next(&ep(0), t0), Next::Kill);
         assert_eq!(
             next(&ep(MAX_KILLS - 1), t0 + Duration::from_secs(2)),

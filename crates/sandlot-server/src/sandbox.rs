@@ -1029,7 +1029,7 @@ pub async fn own(state: Arc<AppState>, h: Arc<SandboxHandle>, adopted: bool) {
         Some(st) if libc::WIFSIGNALED(st) => (None, Some(libc::WTERMSIG(st))),
         _ => (None, None),
     };
-    if reason == EndReason::Exited {
+    if pid1_exited {
         tracing::warn!(code = ?exit.0, signal = ?exit.1, "the sandbox's PID 1 exited on its own");
     }
     if let Err(e) = state

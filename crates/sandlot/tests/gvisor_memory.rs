@@ -2,7 +2,9 @@
 //! the host cgroup leaves headroom above the declared limit for gVisor's own
 //! processes, a watcher sees the use pass the declared limit, and the sandbox's
 //! agent kills the largest process, as the kernel's OOM killer does on the
-//! namespace backend. Needs root and Debian's `runsc` (scripts/setup.sh).
+//! namespace backend. Memory a kill cannot free (held by no process, or behind
+//! processes started again) ends the sandbox as out of memory instead of staying
+//! in the headroom. Needs root and Debian's `runsc` (scripts/setup.sh).
 
 mod api_support;
 
@@ -194,7 +196,7 @@ fn a_gvisor_sandbox_taken_back_after_a_daemon_restart_is_still_watched() {
     let id = block_on_within(120, "create", async {
         d.client().create_sandbox(&gvisor_256m()).await.unwrap().id
     });
-    // The next daemon finds the declared limit again from the cgroup's hard one.
+    // The next daemon takes the declared limit from the sandbox's record.
     d.kill9();
     d.spawn();
     let c = d.client();
