@@ -194,8 +194,9 @@ pub trait Instance: Send + Sync + fmt::Debug {
     /// (see [`SnapshotSource`]). Blocking.
     fn snapshot_source(&self) -> Result<SnapshotSource, RuntimeError>;
 
-    /// A watch of the sandbox's memory use against its declared limit, for a
-    /// sandbox whose kernel has no OOM killer of its own (gVisor): its cgroup's
+    /// A watch of the sandbox's memory use against its declared limit
+    /// (`declared`, the spec's `resources.memory`: the owner's record, never the
+    /// cgroup's), for a sandbox whose kernel has no OOM killer of its own (gVisor): its cgroup's
     /// hard limit leaves headroom above the declared one, and the owner has the
     /// sandbox's agent kill its largest process once the use passes the line
     /// (`Request::RelieveMemory`), then calls [`Instance::count_memory_kill`].
@@ -203,6 +204,7 @@ pub trait Instance: Send + Sync + fmt::Debug {
     /// The second value says why the watch polls (no notification armed).
     fn memory_watch(
         &self,
+        _declared: u64,
     ) -> Option<io::Result<(crate::memory_watch::MemoryWatch, Option<String>)>> {
         None
     }

@@ -8,8 +8,11 @@
 //! How a crossing is noticed, planned per cgroup version ([`WatchPlan`]):
 //! * v1: a `memory.usage_in_bytes` threshold at the line, registered through
 //!   `cgroup.event_control` with an eventfd the kernel signals on each crossing;
-//! * v2: `memory.high` is the line, and `memory.events` (whose `high` counter
-//!   rises while the use is past it) is polled for a change.
+//! * v2: no file notifies a crossing of an arbitrary line; `memory.events`
+//!   (whose `high` counter rises while the use is past `memory.high`, half way up
+//!   the headroom, see `gvisor::memory`) is polled for a change, so a fast
+//!   allocation is noticed at `memory.high` at the latest, a slow one by the
+//!   watcher's bounded wait.
 //!
 //! The use compared with the line is the cgroup's use less its file-backed page
 //! cache ([`reclaimable_file`]): the kernel reclaims that cache itself (gVisor's

@@ -70,11 +70,12 @@ fn the_watch_sees_a_process_pass_the_line_and_the_use_fall_after_it_ends() {
     );
     assert!(w.notified());
     assert!(!w.over(), "{:?}", w.reading());
-    // A process that allocates 96 MiB (touching it) once told to, in the cgroup.
+    // A process that allocates 48 MiB (touching it; under the 64 MiB hard limit)
+    // once told to, in the cgroup.
     let mut child = Command::new("python3")
         .args([
             "-c",
-            "import sys, time\nsys.stdin.readline()\nx = bytearray(96 << 20)\n\
+            "import sys, time\nsys.stdin.readline()\nx = bytearray(48 << 20)\n\
              for i in range(0, len(x), 4096): x[i] = 1\nprint('held', flush=True)\ntime.sleep(600)",
         ])
         .stdin(Stdio::piped())

@@ -63,6 +63,8 @@ pub struct SandboxHandle {
     /// `resources.disk` of its spec: what a snapshot or copy-out of it may expand
     /// to (see `Images::limit`).
     pub disk_limit: u64,
+    /// `resources.memory` of its spec: the line of its memory guard (gVisor).
+    pub memory_limit: u64,
     pub guest: GuestClient,
     pub inst: Arc<dyn Instance>,
     pub counters: Arc<Counters>,
@@ -112,6 +114,14 @@ fn disk_limit_of(spec: &serde_json::Value) -> u64 {
         .bytes()
 }
 
+/// `resources.memory` of a recorded spec (the default when it names none).
+fn memory_limit_of(spec: &serde_json::Value) -> u64 {
+    spec.pointer("/resources/memory")
+        .and_then(|d| serde_json::from_value::<sandlot_proto::units::ByteSize>(d.clone()).ok())
+        .unwrap_or_else(|| sandlot_proto::spec::Resources::default().memory)
+        .bytes()
+}
+
 /// Keeps a sandbox from going idle while a stream is open.
 pub struct ActiveGuard(Arc<SandboxHandle>);
 
@@ -133,6 +143,7 @@ impl SandboxHandle {
             id: rec.id.clone(),
             tenant: rec.tenant.clone(),
             disk_limit: disk_limit_of(&rec.spec),
+            memory_limit: memory_limit_of(&rec.spec),
             guest,
             inst,
             counters: Arc::new(Counters::from_usage(&rec.usage)),
@@ -239,6 +250,7 @@ impl SandboxHandle {
             id: self.id.clone(),
             tenant: self.tenant.clone(),
             disk_limit: self.disk_limit,
+            memory_limit: self.memory_limit,
             guest,
             inst: self.inst.clone(),
             counters: self.counters.clone(),
@@ -1017,7 +1029,7 @@ pub async fn own(state: Arc<AppState>, h: Arc<SandboxHandle>, adopted: bool) {
         Some(st) if libc::WIFSIGNALED(st) => (None, Some(libc::WTERMSIG(st))),
         _ => (None, None),
     };
-    if reason == EndReason::Exited {
+    if pid1_exited {
         tracing::warn!(code = ?exit.0, signal = ?exit.1, "the sandbox's PID 1 exited on its own");
     }
     if let Err(e) = state

@@ -353,7 +353,6 @@ impl GvisorBackend {
             mount_points,
             runsc,
             id_base,
-            memory_line: limits.memory_high,
             memory_kills: AtomicU64::new(0),
         };
         if !in_cgroup(pid, &self.cfg.cgroup_parent, id) {
@@ -768,7 +767,6 @@ impl Backend for GvisorBackend {
             .is_some_and(|c| bundle::has_network_path(&c));
         runsc.extend(self.runsc.global_args(&dir.join("state"), networked));
         let cgroup = self.plan_cgroup(id);
-        let memory_line = hard_memory_limit(&cgroup).and_then(memory::declared_of);
         Ok(Box::new(GvisorInstance {
             id: id.to_string(),
             pid,
@@ -783,7 +781,6 @@ impl Backend for GvisorBackend {
             mount_points,
             runsc,
             id_base,
-            memory_line,
             memory_kills: AtomicU64::new(0),
         }))
     }
@@ -891,9 +888,6 @@ pub struct GvisorInstance {
     runsc: Vec<String>,
     /// First host uid/gid of the sandbox's range (root inside).
     id_base: u32,
-    /// The declared memory limit, below the cgroup's hard one: the memory
-    /// watcher's line (`None`: an adopted sandbox whose cgroup no plan made).
-    memory_line: Option<u64>,
     /// Processes the agent killed for memory ([`Instance::count_memory_kill`]),
     /// counted with the kernel's OOM kills in [`Instance::usage`].
     memory_kills: AtomicU64,
@@ -990,10 +984,19 @@ impl Instance for GvisorInstance {
     }
 
     /// gVisor has no OOM killer: the agent kills for it when the use passes the
-    /// declared limit, the cgroup's hard limit leaving headroom above it.
-    fn memory_watch(&self) -> Option<io::Result<(MemoryWatch, Option<String>)>> {
-        let line = self.memory_line?;
-        Some(MemoryWatch::open(&self.cgroup, line))
+    /// declared limit, the cgroup's hard limit leaving headroom above it. A
+    /// cgroup without headroom (a sandbox started before the memory guard, taken
+    /// back after a restart) is not watched: the host kernel ends the sandbox at
+    /// its limit, as it did when it started.
+    fn memory_watch(&self, declared: u64) -> Option<io::Result<(MemoryWatch, Option<String>)>> {
+        let hard = hard_memory_limit(&self.cgroup)?;
+        if !memory::leaves_headroom(declared, hard) {
+            return Some(Err(io::Error::other(format!(
+                "its cgroup's hard limit ({hard} bytes) leaves no headroom above its declared \
+                 limit ({declared} bytes): it was started before the memory guard"
+            ))));
+        }
+        Some(MemoryWatch::open(&self.cgroup, declared))
     }
 
     fn count_memory_kill(&self) {
