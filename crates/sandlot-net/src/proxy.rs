@@ -269,14 +269,19 @@ async fn handle(shared: &Shared, sb: Arc<Attached>, mut client: TcpStream) {
 enum Named {
     /// The TLS server name or HTTP `Host`, lowercase.
     Name(String),
-    /// Nothing names a server (not TLS or HTTP, TLS without SNI, silence until the
-    /// deadline, closed); why.
+    /// Nothing names a server (not TLS or HTTP, TLS without SNI, nothing sent
+    /// before the deadline or the close); why.
     Unnamed(String),
-    /// HTTP that could name two hosts, or the read failed.
+    /// An opening the proxy cannot vouch for: HTTP that could name two hosts, a
+    /// TLS or HTTP opening cut short by the deadline, the size bound or a close,
+    /// or the read failed.
     Refused(String),
 }
 
-/// Reads until the first bytes name a destination, or `wait` has passed.
+/// Reads until the first bytes name a destination, or `wait` has passed. Once
+/// bytes that begin a TLS ClientHello or an HTTP request have arrived, only their
+/// name lets the connection go on: running out of time or room, or a close before
+/// the opening is complete, refuses it.
 async fn read_name(client: &mut TcpStream, buf: &mut Vec<u8>, wait: Duration) -> Named {
     let deadline = tokio::time::Instant::now() + wait;
     let mut chunk = [0u8; 4096];
@@ -288,7 +293,7 @@ async fn read_name(client: &mut TcpStream, buf: &mut Vec<u8>, wait: Duration) ->
                 return Named::Name(host);
             }
             Sniffed::TlsNoSni => return Named::Unnamed("TLS without a server name (SNI)".into()),
-            Sniffed::BadHttp(why) => return Named::Refused(format!("HTTP refused: {why}")),
+            Sniffed::Refused(why) => return Named::Refused(format!("refused: {why}")),
             Sniffed::Unknown => {
                 return Named::Unnamed(
                     "neither TLS with a server name nor HTTP with a Host header".into(),
@@ -296,18 +301,24 @@ async fn read_name(client: &mut TcpStream, buf: &mut Vec<u8>, wait: Duration) ->
             }
             Sniffed::NeedMore => {}
         }
-        if buf.len() >= sniff::MAX_PEEK {
-            return Named::Unnamed("no server name in the first 16 KiB".into());
-        }
+        let cut_short = |what: &str| {
+            Named::Refused(format!("a TLS or HTTP opening named no server: {what}"))
+        };
         match tokio::time::timeout_at(deadline, client.read(&mut chunk)).await {
-            Ok(Ok(0)) => return Named::Unnamed("closed before naming a server".into()),
+            Ok(Ok(0)) if buf.is_empty() => {
+                return Named::Unnamed("closed before sending anything".into())
+            }
+            Ok(Ok(0)) => return cut_short("it ended"),
             Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
             Ok(Err(e)) => return Named::Refused(format!("read: {e}")),
-            Err(_) => {
+            Err(_) if buf.is_empty() => {
                 return Named::Unnamed(format!(
-                    "sent no TLS ClientHello or HTTP request within {}s",
+                    "sent nothing within {}s (the server may speak first)",
                     wait.as_secs()
                 ))
+            }
+            Err(_) => {
+                return cut_short(&format!("still incomplete after {}s", wait.as_secs()))
             }
         }
     }
