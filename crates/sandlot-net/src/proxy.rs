@@ -71,16 +71,39 @@ pub async fn serve(l: TcpListener, shared: Arc<Shared>) {
 #[derive(Debug, Clone)]
 enum Grant {
     /// By address; with the name the first bytes gave, when the proxy read them.
-    Addr(IpAddr, u16, Option<String>),
-    Name(String, u16),
+    /// `under` is the policy that admitted it.
+    Addr {
+        ip: IpAddr,
+        port: u16,
+        name: Option<String>,
+        under: Arc<Policy>,
+    },
+    /// By the name its first bytes gave, connected to `ip` (the name's address).
+    Name { name: String, port: u16, ip: IpAddr },
 }
 
 impl Grant {
     fn still_allowed(&self, p: &Policy) -> bool {
         match self {
-            Grant::Addr(ip, port, None) => p.allows_addr(*ip, *port),
-            Grant::Addr(ip, port, Some(n)) => p.allows_named_addr(*ip, *port, n),
-            Grant::Name(n, port) => p.admits_by_name(n, *port),
+            // Never name-checked: a deny name rule it was not screened against
+            // cuts it (it may be talking to that name).
+            Grant::Addr {
+                ip,
+                port,
+                name: None,
+                under,
+            } => p.allows_addr(*ip, *port) && !p.denies_names_beyond(under),
+            Grant::Addr {
+                ip,
+                port,
+                name: Some(n),
+                ..
+            } => p.allows_named_addr(*ip, *port, n),
+            // Still admitted by its name, or now allowed outright by its name and
+            // address (a loosened policy does not cut it).
+            Grant::Name { name, port, ip } => {
+                p.admits_by_name(name, *port) || p.allows_named_addr(*ip, *port, name)
+            }
         }
     }
 }
@@ -111,7 +134,7 @@ async fn handle(shared: &Shared, sb: Arc<Attached>, mut client: TcpStream) {
     let policy = sb.policy();
     let locals = shared.locals.get();
     let mut first = Vec::new();
-    let (grant, targets) = if policy.allows_addr(oip, port) {
+    let (mut grant, targets) = if policy.allows_addr(oip, port) {
         if let Some(why) = shared.ceiling.denies(oip, &locals) {
             ev.reason = format!("{oip} is off limits: {why}");
             reset(&client);
@@ -143,7 +166,12 @@ async fn handle(shared: &Shared, sb: Arc<Attached>, mut client: TcpStream) {
             }
         }
         (
-            Grant::Addr(oip, port, named),
+            Grant::Addr {
+                ip: oip,
+                port,
+                name: named,
+                under: policy.clone(),
+            },
             vec![SocketAddr::new(oip, port)],
         )
     } else if policy.has_names() {
@@ -191,7 +219,14 @@ async fn handle(shared: &Shared, sb: Arc<Attached>, mut client: TcpStream) {
             shared.record(ev);
             return;
         }
-        (Grant::Name(name, port), ok)
+        (
+            Grant::Name {
+                name,
+                port,
+                ip: oip,
+            },
+            ok,
+        )
     } else {
         ev.reason = if policy.mode == sandlot_proto::spec::NetworkMode::Open {
             format!("a deny rule names {oip}:{port}")
@@ -222,6 +257,9 @@ async fn handle(shared: &Shared, sb: Arc<Attached>, mut client: TcpStream) {
         return;
     };
     ev.addr = Some(at.ip());
+    if let Grant::Name { ip, .. } = &mut grant {
+        *ip = at.ip();
+    }
     ev.decision = Decision::Allowed;
     let _ = up.set_nodelay(true);
     let _ = client.set_nodelay(true);
@@ -237,8 +275,8 @@ async fn handle(shared: &Shared, sb: Arc<Attached>, mut client: TcpStream) {
     let relay = relay(client, up, out.clone(), inn.clone(), shared.timeouts);
     tokio::pin!(relay);
     ev.reason = match &grant {
-        Grant::Addr(..) => format!("address rule ({})", policy.mode.as_str()),
-        Grant::Name(n, p) => format!("name rule {n}:{p}"),
+        Grant::Addr { .. } => format!("address rule ({})", policy.mode.as_str()),
+        Grant::Name { name, port, .. } => format!("name rule {name}:{port}"),
     };
     loop {
         tokio::select! {
@@ -540,6 +578,59 @@ mod tests {
             .await
             .expect("the sandbox's side is still open");
         assert_eq!(closed.unwrap_or(0), 0, "the sandbox's side is closed");
+    }
+
+    fn open(deny: &[&str], allow: &[&str]) -> Arc<Policy> {
+        use sandlot_proto::spec::{AllowRule, NetworkMode, NetworkSpec};
+        let s = NetworkSpec {
+            mode: NetworkMode::Open,
+            allow: allow.iter().map(|d| AllowRule::domain(d)).collect(),
+            deny: deny.iter().map(|d| AllowRule::domain(d)).collect(),
+        };
+        s.validate().unwrap();
+        Arc::new(Policy::compile(&s))
+    }
+
+    #[test]
+    fn a_connection_admitted_unnamed_is_cut_by_a_new_deny_name_rule() {
+        let ip: IpAddr = "203.0.113.9".parse().unwrap();
+        let unnamed = |under: Arc<Policy>| Grant::Addr {
+            ip,
+            port: 443,
+            name: None,
+            under,
+        };
+        // Admitted under plain `open`: a deny name rule arrives.
+        let g = unnamed(open(&[], &[]));
+        assert!(g.still_allowed(&open(&[], &[])));
+        assert!(!g.still_allowed(&open(&["denied.test"], &[])));
+        // Admitted unnamed while that rule already held (the server speaks first):
+        // kept while the rules stay, cut when another deny name rule arrives.
+        let g = unnamed(open(&["denied.test"], &[]));
+        assert!(g.still_allowed(&open(&["denied.test"], &[])));
+        assert!(g.still_allowed(&open(&[], &[])));
+        assert!(!g.still_allowed(&open(&["denied.test", "other.test"], &[])));
+        // A named connection is judged by its name.
+        let g = Grant::Addr {
+            ip,
+            port: 443,
+            name: Some("fine.test".into()),
+            under: open(&[], &[]),
+        };
+        assert!(g.still_allowed(&open(&["denied.test"], &[])));
+        assert!(!g.still_allowed(&open(&["fine.test"], &[])));
+    }
+
+    #[test]
+    fn loosening_the_policy_keeps_a_connection_granted_by_name() {
+        let g = Grant::Name {
+            name: "api.corp.test".into(),
+            port: 443,
+            ip: "203.0.113.9".parse().unwrap(),
+        };
+        assert!(g.still_allowed(&open(&["*.corp.test"], &["api.corp.test"])));
+        assert!(g.still_allowed(&open(&[], &[])), "switched to plain open");
+        assert!(!g.still_allowed(&open(&["api.corp.test"], &[])));
     }
 
     #[test]

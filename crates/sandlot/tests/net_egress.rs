@@ -905,3 +905,77 @@ fn a_denied_name_cannot_slip_past_the_name_check() {
     d.stop(&rt);
     assert_clean(&world, &d);
 }
+
+/// Holds one connection to `ADDR:7000` (a server that never answers) and writes
+/// `cut` to /tmp/cut when the proxy ends it.
+const HOLD_ONE_PY: &str = r#"
+import socket, sys
+s = socket.create_connection((sys.argv[1], 7000), timeout=60)
+open('/tmp/held', 'w').write('held\n')
+try:
+    s.recv(1)
+except OSError:
+    pass
+open('/tmp/cut', 'w').write('cut\n')
+"#;
+
+/// A connection opened under plain `open` was never name-checked: adding a deny
+/// name rule cuts it (it may be talking to the denied name).
+#[test]
+fn adding_a_deny_name_rule_cuts_connections_opened_without_a_name() {
+    let world = World::new();
+    let mut d = NetDaemon::start(&world, "");
+    let rt = rt();
+    let c = d.client();
+    rt.block_on(async {
+        let id = create(&c, json!({"mode": "open"}), &world).await;
+        c.write_file_bytes(&id, "/tmp/hold1.py", HOLD_ONE_PY.as_bytes().to_vec())
+            .await
+            .unwrap();
+        let o = sh(
+            &c,
+            &id,
+            &format!(
+                "python3 /tmp/hold1.py {} >/tmp/hold1.log 2>&1 &",
+                addr_of("allowed.test")
+            ),
+        )
+        .await;
+        assert_eq!(o.code, 0, "{}", o.stderr);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let r = sh(&c, &id, "cat /tmp/held /tmp/hold1.log 2>/dev/null").await;
+            if r.stdout.contains("held") {
+                break;
+            }
+            assert!(Instant::now() < deadline, "not connected: {}", r.stdout);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        c.set_network(
+            &id,
+            &json!({"mode": "open", "deny": [{"domain": "allowed.test"}]}),
+        )
+        .await
+        .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let r = sh(&c, &id, "cat /tmp/cut /tmp/hold1.log 2>/dev/null").await;
+            if r.stdout.contains("cut") {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the unnamed connection was kept: {}",
+                r.stdout
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let (code, log, err) = d.cli(&["net", "log", &id]);
+        assert_eq!(code, 0, "{err}");
+        assert!(log.contains("cut: the policy no longer allows it"), "{log}");
+        c.delete_sandbox(&id).await.unwrap();
+    });
+    drop(c);
+    d.stop(&rt);
+    assert_clean(&world, &d);
+}
