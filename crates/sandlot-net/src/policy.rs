@@ -457,11 +457,16 @@ mod tests {
 
     #[test]
     fn ipv4_mapped_ipv6_entries_are_refused_by_name() {
-        for (i, entry) in ["::ffff:203.0.113.5", "::ffff:0:0/96", "::ffff:203.0.113.0/120"]
-            .into_iter()
-            .enumerate()
+        for (i, entry) in [
+            "::ffff:203.0.113.5",
+            "::ffff:0:0/96",
+            "::ffff:203.0.113.0/120",
+        ]
+        .into_iter()
+        .enumerate()
         {
-            let mut deny: Vec<AllowRule> = (0..i).map(|_| cidr("198.51.100.0/24", vec![])).collect();
+            let mut deny: Vec<AllowRule> =
+                (0..i).map(|_| cidr("198.51.100.0/24", vec![])).collect();
             deny.push(cidr(entry, vec![]));
             let s = NetworkSpec {
                 mode: NetworkMode::Open,

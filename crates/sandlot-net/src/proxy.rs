@@ -5,7 +5,9 @@
 //! * a CIDR rule (or `open` mode, where no deny rule names the address and port):
 //!   connect there, unless the operator's ceiling forbids the address; in `open`
 //!   mode with deny name rules, first read the SNI or `Host` (within
-//!   [`SCREEN_TIMEOUT`]) and refuse a denied name;
+//!   [`SCREEN_TIMEOUT`]) and refuse a denied name, or a TLS or HTTP opening that
+//!   does not name its server (only a connection that sends nothing goes on
+//!   unnamed);
 //! * otherwise, with name rules: read the TLS ClientHello's SNI or the HTTP `Host`,
 //!   check the name and port, resolve the name itself and connect to *its* address
 //!   (so dialling an allowed IP with a denied name, forging DNS, or fronting a denied
@@ -13,7 +15,8 @@
 //! * otherwise refuse (connection reset).
 //!
 //! Each attempt is reported with its bytes once it ends. A policy change re-checks
-//! open connections and cuts those no longer allowed.
+//! open connections and cuts those no longer allowed, and those admitted without a
+//! name when a deny name rule they were not screened against arrives.
 
 use std::net::{IpAddr, SocketAddr, SocketAddrV4};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,8 +31,9 @@ use crate::sniff::{self, Sniffed};
 use crate::{now_ms, Attached, AuditEvent, Decision, EventKind, Shared};
 
 const SNIFF_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long an `open` sandbox with deny name rules has to name a server before a
-/// connection goes on unnamed (protocols where the server speaks first wait this).
+/// How long a connection of an `open` sandbox with deny name rules has to name a
+/// server. One that sent nothing by then goes on unnamed (protocols where the
+/// server speaks first wait this); one that began a TLS or HTTP opening is reset.
 pub const SCREEN_TIMEOUT: Duration = Duration::from_secs(1);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -339,9 +343,8 @@ async fn read_name(client: &mut TcpStream, buf: &mut Vec<u8>, wait: Duration) ->
             }
             Sniffed::NeedMore => {}
         }
-        let cut_short = |what: &str| {
-            Named::Refused(format!("a TLS or HTTP opening named no server: {what}"))
-        };
+        let cut_short =
+            |what: &str| Named::Refused(format!("a TLS or HTTP opening named no server: {what}"));
         match tokio::time::timeout_at(deadline, client.read(&mut chunk)).await {
             Ok(Ok(0)) if buf.is_empty() => {
                 return Named::Unnamed("closed before sending anything".into())
@@ -355,9 +358,7 @@ async fn read_name(client: &mut TcpStream, buf: &mut Vec<u8>, wait: Duration) ->
                     wait.as_secs()
                 ))
             }
-            Err(_) => {
-                return cut_short(&format!("still incomplete after {}s", wait.as_secs()))
-            }
+            Err(_) => return cut_short(&format!("still incomplete after {}s", wait.as_secs())),
         }
     }
 }

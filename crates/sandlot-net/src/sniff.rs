@@ -93,9 +93,7 @@ fn sniff_tls(buf: &[u8]) -> Sniffed {
             }
             let n = 4 + ((hs[1] as usize) << 16 | (hs[2] as usize) << 8 | hs[3] as usize);
             if n > MAX_HELLO {
-                return Sniffed::Refused(format!(
-                    "a ClientHello of {n} bytes, larger than 64 KiB"
-                ));
+                return Sniffed::Refused(format!("a ClientHello of {n} bytes, larger than 64 KiB"));
             }
             need = Some(n);
         }
