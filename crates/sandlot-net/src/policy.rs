@@ -106,13 +106,15 @@ impl Policy {
     }
 
     /// Whether the resolver answers queries for `name` (any record type). In
-    /// `open` mode a name denied on every port gets no answer (unless allowed);
-    /// a name denied on some ports only still resolves.
+    /// `open` mode a name denied on every port gets no answer, unless an allow
+    /// rule names it on any port; a name denied on some ports only still resolves.
     pub fn resolves(&self, name: &str) -> bool {
         let n = normalize_name(name);
         match self.mode {
             NetworkMode::None => false,
-            NetworkMode::Open => !self.deny.names(&n, None) || self.allow.names(&n, None),
+            NetworkMode::Open => {
+                !self.deny.names(&n, None) || self.allow.domains.iter().any(|d| d.matches(&n))
+            }
             NetworkMode::Allow => self.allow.domains.iter().any(|d| d.matches(&n)),
         }
     }
@@ -164,6 +166,17 @@ impl Policy {
     /// resolves that name itself).
     pub fn has_names(&self) -> bool {
         !self.allow.domains.is_empty()
+    }
+
+    /// Whether this policy has a deny name rule that `old` lacks: a connection
+    /// `old` admitted without reading its name was never checked against it.
+    pub fn denies_names_beyond(&self, old: &Policy) -> bool {
+        self.screens_names()
+            && self
+                .deny
+                .domains
+                .iter()
+                .any(|d| !old.screens_names() || !old.deny.domains.contains(d))
     }
 
     /// Whether deny name rules exist (`open` mode): the proxy reads the name of
@@ -440,6 +453,43 @@ mod tests {
             deny: vec![cidr("ok.test", vec![])],
         };
         assert_eq!(s.validate().unwrap_err().field(), "network.deny[0].cidr");
+    }
+
+    #[test]
+    fn ipv4_mapped_ipv6_entries_are_refused_by_name() {
+        for (i, entry) in [
+            "::ffff:203.0.113.5",
+            "::ffff:0:0/96",
+            "::ffff:203.0.113.0/120",
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let mut deny: Vec<AllowRule> =
+                (0..i).map(|_| cidr("198.51.100.0/24", vec![])).collect();
+            deny.push(cidr(entry, vec![]));
+            let s = NetworkSpec {
+                mode: NetworkMode::Open,
+                allow: vec![],
+                deny,
+            };
+            let e = s.validate().unwrap_err();
+            assert_eq!(e.field(), format!("network.deny[{i}].cidr"));
+            assert!(e.to_string().contains(entry), "{e}");
+        }
+        assert!(Cidr::parse("2001:db8::/32").is_ok());
+        assert!(Cidr::parse("::/0").is_ok());
+    }
+
+    #[test]
+    fn an_allow_exception_on_some_ports_still_resolves_a_denied_name() {
+        let mut api = AllowRule::domain("api.corp.test");
+        api.ports = vec![443];
+        let p = open_denying(vec![AllowRule::domain("*.corp.test")], vec![api]);
+        assert!(p.resolves("api.corp.test"));
+        assert!(!p.resolves("www.corp.test"));
+        assert!(p.allows_name("api.corp.test", 443));
+        assert!(!p.allows_name("api.corp.test", 80));
     }
 
     #[test]

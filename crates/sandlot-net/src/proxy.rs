@@ -5,7 +5,9 @@
 //! * a CIDR rule (or `open` mode, where no deny rule names the address and port):
 //!   connect there, unless the operator's ceiling forbids the address; in `open`
 //!   mode with deny name rules, first read the SNI or `Host` (within
-//!   [`SCREEN_TIMEOUT`]) and refuse a denied name;
+//!   [`SCREEN_TIMEOUT`]) and refuse a denied name, or a TLS or HTTP opening that
+//!   does not name its server (only a connection that sends nothing goes on
+//!   unnamed);
 //! * otherwise, with name rules: read the TLS ClientHello's SNI or the HTTP `Host`,
 //!   check the name and port, resolve the name itself and connect to *its* address
 //!   (so dialling an allowed IP with a denied name, forging DNS, or fronting a denied
@@ -13,7 +15,8 @@
 //! * otherwise refuse (connection reset).
 //!
 //! Each attempt is reported with its bytes once it ends. A policy change re-checks
-//! open connections and cuts those no longer allowed.
+//! open connections and cuts those no longer allowed, and those admitted without a
+//! name when a deny name rule they were not screened against arrives.
 
 use std::net::{IpAddr, SocketAddr, SocketAddrV4};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,8 +31,9 @@ use crate::sniff::{self, Sniffed};
 use crate::{now_ms, Attached, AuditEvent, Decision, EventKind, Shared};
 
 const SNIFF_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long an `open` sandbox with deny name rules has to name a server before a
-/// connection goes on unnamed (protocols where the server speaks first wait this).
+/// How long a connection of an `open` sandbox with deny name rules has to name a
+/// server. One that sent nothing by then goes on unnamed (protocols where the
+/// server speaks first wait this); one that began a TLS or HTTP opening is reset.
 pub const SCREEN_TIMEOUT: Duration = Duration::from_secs(1);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -71,16 +75,39 @@ pub async fn serve(l: TcpListener, shared: Arc<Shared>) {
 #[derive(Debug, Clone)]
 enum Grant {
     /// By address; with the name the first bytes gave, when the proxy read them.
-    Addr(IpAddr, u16, Option<String>),
-    Name(String, u16),
+    /// `under` is the policy that admitted it.
+    Addr {
+        ip: IpAddr,
+        port: u16,
+        name: Option<String>,
+        under: Arc<Policy>,
+    },
+    /// By the name its first bytes gave, connected to `ip` (the name's address).
+    Name { name: String, port: u16, ip: IpAddr },
 }
 
 impl Grant {
     fn still_allowed(&self, p: &Policy) -> bool {
         match self {
-            Grant::Addr(ip, port, None) => p.allows_addr(*ip, *port),
-            Grant::Addr(ip, port, Some(n)) => p.allows_named_addr(*ip, *port, n),
-            Grant::Name(n, port) => p.admits_by_name(n, *port),
+            // Never name-checked: a deny name rule it was not screened against
+            // cuts it (it may be talking to that name).
+            Grant::Addr {
+                ip,
+                port,
+                name: None,
+                under,
+            } => p.allows_addr(*ip, *port) && !p.denies_names_beyond(under),
+            Grant::Addr {
+                ip,
+                port,
+                name: Some(n),
+                ..
+            } => p.allows_named_addr(*ip, *port, n),
+            // Still admitted by its name, or now allowed outright by its name and
+            // address (a loosened policy does not cut it).
+            Grant::Name { name, port, ip } => {
+                p.admits_by_name(name, *port) || p.allows_named_addr(*ip, *port, name)
+            }
         }
     }
 }
@@ -111,7 +138,7 @@ async fn handle(shared: &Shared, sb: Arc<Attached>, mut client: TcpStream) {
     let policy = sb.policy();
     let locals = shared.locals.get();
     let mut first = Vec::new();
-    let (grant, targets) = if policy.allows_addr(oip, port) {
+    let (mut grant, targets) = if policy.allows_addr(oip, port) {
         if let Some(why) = shared.ceiling.denies(oip, &locals) {
             ev.reason = format!("{oip} is off limits: {why}");
             reset(&client);
@@ -143,7 +170,12 @@ async fn handle(shared: &Shared, sb: Arc<Attached>, mut client: TcpStream) {
             }
         }
         (
-            Grant::Addr(oip, port, named),
+            Grant::Addr {
+                ip: oip,
+                port,
+                name: named,
+                under: policy.clone(),
+            },
             vec![SocketAddr::new(oip, port)],
         )
     } else if policy.has_names() {
@@ -191,7 +223,14 @@ async fn handle(shared: &Shared, sb: Arc<Attached>, mut client: TcpStream) {
             shared.record(ev);
             return;
         }
-        (Grant::Name(name, port), ok)
+        (
+            Grant::Name {
+                name,
+                port,
+                ip: oip,
+            },
+            ok,
+        )
     } else {
         ev.reason = if policy.mode == sandlot_proto::spec::NetworkMode::Open {
             format!("a deny rule names {oip}:{port}")
@@ -222,6 +261,9 @@ async fn handle(shared: &Shared, sb: Arc<Attached>, mut client: TcpStream) {
         return;
     };
     ev.addr = Some(at.ip());
+    if let Grant::Name { ip, .. } = &mut grant {
+        *ip = at.ip();
+    }
     ev.decision = Decision::Allowed;
     let _ = up.set_nodelay(true);
     let _ = client.set_nodelay(true);
@@ -237,8 +279,8 @@ async fn handle(shared: &Shared, sb: Arc<Attached>, mut client: TcpStream) {
     let relay = relay(client, up, out.clone(), inn.clone(), shared.timeouts);
     tokio::pin!(relay);
     ev.reason = match &grant {
-        Grant::Addr(..) => format!("address rule ({})", policy.mode.as_str()),
-        Grant::Name(n, p) => format!("name rule {n}:{p}"),
+        Grant::Addr { .. } => format!("address rule ({})", policy.mode.as_str()),
+        Grant::Name { name, port, .. } => format!("name rule {name}:{port}"),
     };
     loop {
         tokio::select! {
@@ -269,14 +311,19 @@ async fn handle(shared: &Shared, sb: Arc<Attached>, mut client: TcpStream) {
 enum Named {
     /// The TLS server name or HTTP `Host`, lowercase.
     Name(String),
-    /// Nothing names a server (not TLS or HTTP, TLS without SNI, silence until the
-    /// deadline, closed); why.
+    /// Nothing names a server (not TLS or HTTP, TLS without SNI, nothing sent
+    /// before the deadline or the close); why.
     Unnamed(String),
-    /// HTTP that could name two hosts, or the read failed.
+    /// An opening the proxy cannot vouch for: HTTP that could name two hosts, a
+    /// TLS or HTTP opening cut short by the deadline, the size bound or a close,
+    /// or the read failed.
     Refused(String),
 }
 
-/// Reads until the first bytes name a destination, or `wait` has passed.
+/// Reads until the first bytes name a destination, or `wait` has passed. Once
+/// bytes that begin a TLS ClientHello or an HTTP request have arrived, only their
+/// name lets the connection go on: running out of time or room, or a close before
+/// the opening is complete, refuses it.
 async fn read_name(client: &mut TcpStream, buf: &mut Vec<u8>, wait: Duration) -> Named {
     let deadline = tokio::time::Instant::now() + wait;
     let mut chunk = [0u8; 4096];
@@ -288,7 +335,7 @@ async fn read_name(client: &mut TcpStream, buf: &mut Vec<u8>, wait: Duration) ->
                 return Named::Name(host);
             }
             Sniffed::TlsNoSni => return Named::Unnamed("TLS without a server name (SNI)".into()),
-            Sniffed::BadHttp(why) => return Named::Refused(format!("HTTP refused: {why}")),
+            Sniffed::Refused(why) => return Named::Refused(format!("refused: {why}")),
             Sniffed::Unknown => {
                 return Named::Unnamed(
                     "neither TLS with a server name nor HTTP with a Host header".into(),
@@ -296,19 +343,22 @@ async fn read_name(client: &mut TcpStream, buf: &mut Vec<u8>, wait: Duration) ->
             }
             Sniffed::NeedMore => {}
         }
-        if buf.len() >= sniff::MAX_PEEK {
-            return Named::Unnamed("no server name in the first 16 KiB".into());
-        }
+        let cut_short =
+            |what: &str| Named::Refused(format!("a TLS or HTTP opening named no server: {what}"));
         match tokio::time::timeout_at(deadline, client.read(&mut chunk)).await {
-            Ok(Ok(0)) => return Named::Unnamed("closed before naming a server".into()),
+            Ok(Ok(0)) if buf.is_empty() => {
+                return Named::Unnamed("closed before sending anything".into())
+            }
+            Ok(Ok(0)) => return cut_short("it ended"),
             Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
             Ok(Err(e)) => return Named::Refused(format!("read: {e}")),
-            Err(_) => {
+            Err(_) if buf.is_empty() => {
                 return Named::Unnamed(format!(
-                    "sent no TLS ClientHello or HTTP request within {}s",
+                    "sent nothing within {}s (the server may speak first)",
                     wait.as_secs()
                 ))
             }
+            Err(_) => return cut_short(&format!("still incomplete after {}s", wait.as_secs())),
         }
     }
 }
@@ -529,6 +579,59 @@ mod tests {
             .await
             .expect("the sandbox's side is still open");
         assert_eq!(closed.unwrap_or(0), 0, "the sandbox's side is closed");
+    }
+
+    fn open(deny: &[&str], allow: &[&str]) -> Arc<Policy> {
+        use sandlot_proto::spec::{AllowRule, NetworkMode, NetworkSpec};
+        let s = NetworkSpec {
+            mode: NetworkMode::Open,
+            allow: allow.iter().map(|d| AllowRule::domain(d)).collect(),
+            deny: deny.iter().map(|d| AllowRule::domain(d)).collect(),
+        };
+        s.validate().unwrap();
+        Arc::new(Policy::compile(&s))
+    }
+
+    #[test]
+    fn a_connection_admitted_unnamed_is_cut_by_a_new_deny_name_rule() {
+        let ip: IpAddr = "203.0.113.9".parse().unwrap();
+        let unnamed = |under: Arc<Policy>| Grant::Addr {
+            ip,
+            port: 443,
+            name: None,
+            under,
+        };
+        // Admitted under plain `open`: a deny name rule arrives.
+        let g = unnamed(open(&[], &[]));
+        assert!(g.still_allowed(&open(&[], &[])));
+        assert!(!g.still_allowed(&open(&["denied.test"], &[])));
+        // Admitted unnamed while that rule already held (the server speaks first):
+        // kept while the rules stay, cut when another deny name rule arrives.
+        let g = unnamed(open(&["denied.test"], &[]));
+        assert!(g.still_allowed(&open(&["denied.test"], &[])));
+        assert!(g.still_allowed(&open(&[], &[])));
+        assert!(!g.still_allowed(&open(&["denied.test", "other.test"], &[])));
+        // A named connection is judged by its name.
+        let g = Grant::Addr {
+            ip,
+            port: 443,
+            name: Some("fine.test".into()),
+            under: open(&[], &[]),
+        };
+        assert!(g.still_allowed(&open(&["denied.test"], &[])));
+        assert!(!g.still_allowed(&open(&["fine.test"], &[])));
+    }
+
+    #[test]
+    fn loosening_the_policy_keeps_a_connection_granted_by_name() {
+        let g = Grant::Name {
+            name: "api.corp.test".into(),
+            port: 443,
+            ip: "203.0.113.9".parse().unwrap(),
+        };
+        assert!(g.still_allowed(&open(&["*.corp.test"], &["api.corp.test"])));
+        assert!(g.still_allowed(&open(&[], &[])), "switched to plain open");
+        assert!(!g.still_allowed(&open(&["api.corp.test"], &[])));
     }
 
     #[test]

@@ -11,32 +11,32 @@ pub enum Sniffed {
     /// A TLS ClientHello without a server name.
     TlsNoSni,
     /// An HTTP/1 request; `host` without the port. `header_end` is the offset just
-    /// past the header block's final CRLF CRLF.
+    /// past the blank line that ends the header block.
     Http { host: String, header_end: usize },
-    /// An HTTP request the proxy refuses (no Host, `CONNECT`, an absolute URI whose
-    /// host differs from `Host`, several Host headers).
-    BadHttp(String),
+    /// An opening the proxy refuses: HTTP that could name two hosts or none
+    /// (`CONNECT`, an absolute URI whose host differs from `Host`, several or no
+    /// Host headers, a malformed request), a malformed or oversized ClientHello.
+    Refused(String),
     /// Not enough bytes yet.
     NeedMore,
     /// Neither TLS nor HTTP.
     Unknown,
 }
 
-/// Largest prefix the proxy buffers while looking for a name.
+/// Largest HTTP header block the proxy buffers while looking for `Host`.
 pub const MAX_PEEK: usize = 16 * 1024;
+
+/// Largest TLS ClientHello (handshake message) the proxy reads for its SNI.
+pub const MAX_HELLO: usize = 64 * 1024;
 
 /// Parses what the client has sent so far.
 pub fn sniff(buf: &[u8]) -> Sniffed {
-    if buf.is_empty() {
-        return Sniffed::NeedMore;
+    match buf.first() {
+        None => Sniffed::NeedMore,
+        Some(0x16) => sniff_tls(buf),
+        Some(c) if c.is_ascii_uppercase() || *c == b'\r' || *c == b'\n' => sniff_http(buf),
+        Some(_) => Sniffed::Unknown,
     }
-    if buf[0] == 0x16 {
-        return sniff_tls(buf);
-    }
-    if buf[0].is_ascii_uppercase() {
-        return sniff_http(buf);
-    }
-    Sniffed::Unknown
 }
 
 struct Reader<'a> {
@@ -59,130 +59,194 @@ impl<'a> Reader<'a> {
 }
 
 fn sniff_tls(buf: &[u8]) -> Sniffed {
-    // Reassemble the handshake payload from consecutive handshake records.
+    // Reassemble the handshake payload from consecutive handshake records. Once the
+    // first record has begun a ClientHello, anything else is refused: what the proxy
+    // cannot read, it does not pass on unnamed.
     let mut hs = Vec::new();
     let mut i = 0;
     let mut need: Option<usize> = None;
-    while i < buf.len() {
+    loop {
         if buf.len() < i + 5 {
+            // Empty records cannot pad the buffer for ever.
+            if buf.len() > MAX_HELLO + 4 * 1024 {
+                return Sniffed::Refused("TLS records larger than 64 KiB".into());
+            }
             return Sniffed::NeedMore;
         }
         if buf[i] != 0x16 || buf[i + 1] != 3 {
-            return Sniffed::Unknown;
+            return if need.is_some() || i > 0 {
+                Sniffed::Refused("a ClientHello interrupted by another TLS record".into())
+            } else {
+                Sniffed::Unknown
+            };
         }
         let len = (buf[i + 3] as usize) << 8 | buf[i + 4] as usize;
         let end = i + 5 + len;
         hs.extend_from_slice(&buf[i + 5..end.min(buf.len())]);
         if need.is_none() && hs.len() >= 4 {
             if hs[0] != 1 {
-                return Sniffed::Unknown;
+                return if i > 0 {
+                    Sniffed::Refused("a ClientHello interrupted by another message".into())
+                } else {
+                    Sniffed::Unknown
+                };
             }
-            need = Some(4 + ((hs[1] as usize) << 16 | (hs[2] as usize) << 8 | hs[3] as usize));
+            let n = 4 + ((hs[1] as usize) << 16 | (hs[2] as usize) << 8 | hs[3] as usize);
+            if n > MAX_HELLO {
+                return Sniffed::Refused(format!("a ClientHello of {n} bytes, larger than 64 KiB"));
+            }
+            need = Some(n);
         }
         if let Some(n) = need {
             if hs.len() >= n {
-                return parse_client_hello(&hs[4..n]);
+                return match parse_client_hello(&hs[4..n]) {
+                    Some(s) => s,
+                    None => Sniffed::Refused("a malformed ClientHello".into()),
+                };
             }
         }
-        if end > buf.len() {
+        if end >= buf.len() {
+            if buf.len() > MAX_HELLO + 4 * 1024 {
+                return Sniffed::Refused("TLS records larger than 64 KiB".into());
+            }
             return Sniffed::NeedMore;
         }
         i = end;
     }
-    if buf.len() >= MAX_PEEK {
-        return Sniffed::Unknown;
-    }
-    Sniffed::NeedMore
 }
 
-fn parse_client_hello(b: &[u8]) -> Sniffed {
+fn parse_client_hello(b: &[u8]) -> Option<Sniffed> {
     let mut r = Reader { b, i: 0 };
-    let parsed = (|| {
-        r.take(2 + 32)?; // version, random
-        let sid = r.u8()?;
-        r.take(sid)?;
-        let cs = r.u16()?;
-        r.take(cs)?;
-        let comp = r.u8()?;
-        r.take(comp)?;
-        let ext_len = r.u16()?;
-        let exts = r.take(ext_len)?;
-        let mut e = Reader { b: exts, i: 0 };
-        let mut sni = None;
-        let mut ech = false;
-        while e.i < exts.len() {
-            let ty = e.u16()?;
-            let len = e.u16()?;
-            let data = e.take(len)?;
-            match ty {
-                0 => {
-                    let mut d = Reader { b: data, i: 0 };
-                    let list = d.u16()?;
-                    let list = d.take(list)?;
-                    let mut l = Reader { b: list, i: 0 };
-                    while l.i < list.len() {
-                        let kind = l.u8()?;
-                        let n = l.u16()?;
-                        let name = l.take(n)?;
-                        if kind == 0 {
-                            sni = Some(String::from_utf8(name.to_vec()).ok()?);
+    r.take(2 + 32)?; // version, random
+    let sid = r.u8()?;
+    r.take(sid)?;
+    let cs = r.u16()?;
+    r.take(cs)?;
+    let comp = r.u8()?;
+    r.take(comp)?;
+    if r.i == b.len() {
+        // No extensions at all (old clients): no server name.
+        return Some(Sniffed::TlsNoSni);
+    }
+    let ext_len = r.u16()?;
+    let exts = r.take(ext_len)?;
+    let mut e = Reader { b: exts, i: 0 };
+    let mut sni = None;
+    let mut ech = false;
+    while e.i < exts.len() {
+        let ty = e.u16()?;
+        let len = e.u16()?;
+        let data = e.take(len)?;
+        match ty {
+            0 => {
+                if sni.is_some() {
+                    return None; // two server name extensions
+                }
+                let mut d = Reader { b: data, i: 0 };
+                let list = d.u16()?;
+                let list = d.take(list)?;
+                let mut l = Reader { b: list, i: 0 };
+                while l.i < list.len() {
+                    let kind = l.u8()?;
+                    let n = l.u16()?;
+                    let name = l.take(n)?;
+                    if kind == 0 {
+                        if sni.is_some() {
+                            return None; // two host names
                         }
+                        sni = Some(String::from_utf8(name.to_vec()).ok()?);
                     }
                 }
-                0xfe0d => ech = true,
-                _ => {}
             }
+            0xfe0d => ech = true,
+            _ => {}
         }
-        Some((sni, ech))
-    })();
-    match parsed {
-        Some((Some(sni), ech)) => Sniffed::Tls { sni, ech },
-        Some((None, _)) => Sniffed::TlsNoSni,
-        None => Sniffed::Unknown,
     }
+    Some(match sni {
+        Some(sni) => Sniffed::Tls { sni, ech },
+        None => Sniffed::TlsNoSni,
+    })
+}
+
+/// Bytes that mean "not complete yet" for an HTTP opening of `len` bytes.
+fn http_need_more(len: usize) -> Sniffed {
+    if len >= MAX_PEEK {
+        Sniffed::Refused("request headers larger than 16 KiB".into())
+    } else {
+        Sniffed::NeedMore
+    }
+}
+
+/// The offset just past the blank line (`\r\n` or bare `\n`) that ends the header
+/// block starting at `b[0]`.
+fn header_block_end(b: &[u8]) -> Option<usize> {
+    let mut line_start = 0;
+    for (i, c) in b.iter().enumerate() {
+        if *c != b'\n' {
+            continue;
+        }
+        let line = &b[line_start..i];
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if line.is_empty() && line_start > 0 {
+            return Some(i + 1);
+        }
+        line_start = i + 1;
+    }
+    None
 }
 
 fn sniff_http(buf: &[u8]) -> Sniffed {
-    let Some(end) = find(buf, b"\r\n\r\n") else {
-        // A request line must look like one early on.
-        let line_end = find(buf, b"\r\n").unwrap_or(buf.len());
-        if !looks_like_method(&buf[..line_end.min(buf.len())]) {
-            return Sniffed::Unknown;
-        }
-        return if buf.len() >= MAX_PEEK {
-            Sniffed::BadHttp("request headers larger than 16 KiB".into())
-        } else {
-            Sniffed::NeedMore
-        };
+    // Servers skip empty lines before the request line.
+    let Some(start) = buf.iter().position(|c| *c != b'\r' && *c != b'\n') else {
+        return http_need_more(buf.len());
     };
-    let Ok(head) = std::str::from_utf8(&buf[..end]) else {
-        return Sniffed::BadHttp("request headers are not UTF-8".into());
-    };
-    let mut lines = head.split("\r\n");
-    let request = lines.next().unwrap_or("");
-    let mut parts = request.split(' ');
-    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    if !looks_like_method(method.as_bytes())
-        || !parts.next().is_some_and(|v| v.starts_with("HTTP/"))
-    {
+    let b = &buf[start..];
+    // A method (an uppercase word) and a space or tab: from here on, this is an
+    // HTTP request, and one the proxy cannot read is refused, not passed on.
+    let m = b.iter().take_while(|c| c.is_ascii_uppercase()).count();
+    if m == 0 || m > 16 {
         return Sniffed::Unknown;
     }
+    match b.get(m) {
+        None => return http_need_more(buf.len()),
+        Some(b' ' | b'\t') => {}
+        Some(_) => return Sniffed::Unknown,
+    }
+    let Some(end) = header_block_end(b) else {
+        return http_need_more(buf.len());
+    };
+    let Ok(head) = std::str::from_utf8(&b[..end]) else {
+        return Sniffed::Refused("request headers are not UTF-8".into());
+    };
+    let mut lines = head.split('\n').map(|l| l.strip_suffix('\r').unwrap_or(l));
+    let request = lines.next().unwrap_or("");
+    let mut parts = request.split_ascii_whitespace();
+    let (method, target, version) = (parts.next(), parts.next(), parts.next());
+    let (Some(method), Some(target), Some(version)) = (method, target, version) else {
+        return Sniffed::Refused("not an HTTP/1 request line".into());
+    };
+    if parts.next().is_some() || !version.starts_with("HTTP/") {
+        return Sniffed::Refused("not an HTTP/1 request line".into());
+    }
     if method == "CONNECT" {
-        return Sniffed::BadHttp("CONNECT is refused: this is not a forward proxy".into());
+        return Sniffed::Refused("CONNECT is refused: this is not a forward proxy".into());
     }
     let mut host = None;
-    for l in lines {
+    for l in lines.filter(|l| !l.is_empty()) {
+        if l.starts_with([' ', '\t']) {
+            return Sniffed::Refused("a folded header line".into());
+        }
         if let Some((k, v)) = l.split_once(':') {
             if k.trim().eq_ignore_ascii_case("host") {
                 if host.is_some() {
-                    return Sniffed::BadHttp("several Host headers".into());
+                    return Sniffed::Refused("several Host headers".into());
                 }
                 host = Some(strip_port(v.trim()).to_ascii_lowercase());
             }
         }
     }
     let Some(host) = host.filter(|h| !h.is_empty()) else {
-        return Sniffed::BadHttp("no Host header".into());
+        return Sniffed::Refused("no Host header".into());
     };
     // An absolute URI names the host too; both must agree.
     let lower = target.to_ascii_lowercase();
@@ -193,7 +257,7 @@ fn sniff_http(buf: &[u8]) -> Sniffed {
         let auth = rest.split(['/', '?', '#']).next().unwrap_or("");
         let auth = auth.rsplit('@').next().unwrap_or("");
         if strip_port(auth) != host {
-            return Sniffed::BadHttp(format!(
+            return Sniffed::Refused(format!(
                 "the request URI names {:?} but Host is {host:?}",
                 strip_port(auth)
             ));
@@ -201,13 +265,8 @@ fn sniff_http(buf: &[u8]) -> Sniffed {
     }
     Sniffed::Http {
         host,
-        header_end: end + 4,
+        header_end: start + end,
     }
-}
-
-fn looks_like_method(b: &[u8]) -> bool {
-    let m: &[u8] = b.split(|c| *c == b' ').next().unwrap_or(b);
-    !m.is_empty() && m.len() <= 16 && m.iter().all(u8::is_ascii_uppercase)
 }
 
 fn strip_port(h: &str) -> &str {
@@ -220,17 +279,19 @@ fn strip_port(h: &str) -> &str {
     }
 }
 
-fn find(h: &[u8], n: &[u8]) -> Option<usize> {
-    h.windows(n.len()).position(|w| w == n)
-}
-
 /// The first request's header block with every `Connection` header replaced by
 /// `Connection: close`, so that a keep-alive connection cannot carry a second
-/// request for another host (`header_end` from [`Sniffed::Http`]).
+/// request for another host (`header_end` from [`Sniffed::Http`]). Lines are
+/// re-ended with CRLF and empty lines before the request line dropped.
 pub fn force_connection_close(buf: &[u8], header_end: usize) -> Vec<u8> {
-    let head = String::from_utf8_lossy(&buf[..header_end - 4]);
+    let head = String::from_utf8_lossy(&buf[..header_end]);
     let mut out = String::with_capacity(header_end + 20);
-    for (i, l) in head.split("\r\n").enumerate() {
+    for (i, l) in head
+        .split('\n')
+        .map(|l| l.strip_suffix('\r').unwrap_or(l))
+        .filter(|l| !l.is_empty())
+        .enumerate()
+    {
         let is_conn = i > 0
             && l.split_once(':').is_some_and(|(k, _)| {
                 let k = k.trim();
@@ -253,7 +314,18 @@ pub(crate) mod tests {
 
     /// A minimal TLS 1.2/1.3 ClientHello with the given SNI (and ECH if asked).
     pub fn client_hello(sni: Option<&str>, ech: bool) -> Vec<u8> {
+        client_hello_padded(sni, ech, 0)
+    }
+
+    /// A ClientHello with a padding extension of `pad` bytes before the SNI, split
+    /// into records of at most 16 KiB as TLS requires.
+    pub fn client_hello_padded(sni: Option<&str>, ech: bool, pad: usize) -> Vec<u8> {
         let mut exts = Vec::new();
+        if pad > 0 {
+            exts.extend_from_slice(&21u16.to_be_bytes());
+            exts.extend_from_slice(&(pad as u16).to_be_bytes());
+            exts.extend_from_slice(&vec![0; pad]);
+        }
         if let Some(n) = sni {
             let n = n.as_bytes();
             let mut list = vec![0u8];
@@ -278,10 +350,108 @@ pub(crate) mod tests {
         let mut hs = vec![1];
         hs.extend_from_slice(&(body.len() as u32).to_be_bytes()[1..]);
         hs.extend_from_slice(&body);
-        let mut rec = vec![0x16, 3, 1];
-        rec.extend_from_slice(&(hs.len() as u16).to_be_bytes());
-        rec.extend_from_slice(&hs);
+        let mut rec = Vec::new();
+        for part in hs.chunks(16 * 1024) {
+            rec.extend_from_slice(&[0x16, 3, 1]);
+            rec.extend_from_slice(&(part.len() as u16).to_be_bytes());
+            rec.extend_from_slice(part);
+        }
         rec
+    }
+
+    #[test]
+    fn a_client_hello_longer_than_16_kib_is_read_to_its_stated_length() {
+        // The SNI after a large extension, past the first 16 KiB.
+        let ch = client_hello_padded(Some("allowed.test"), false, 17 * 1024);
+        assert!(ch.len() > 17 * 1024);
+        assert_eq!(
+            sniff(&ch),
+            Sniffed::Tls {
+                sni: "allowed.test".into(),
+                ech: false
+            }
+        );
+        for cut in [16 * 1024, 16 * 1024 + 5, 16 * 1024 + 100, ch.len() - 1] {
+            assert_eq!(sniff(&ch[..cut]), Sniffed::NeedMore, "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn a_client_hello_longer_than_64_kib_is_refused() {
+        let mut ch = client_hello(Some("a.test"), false);
+        // The handshake header states 70,000 bytes.
+        ch[6..9].copy_from_slice(&70_000u32.to_be_bytes()[1..]);
+        assert!(matches!(sniff(&ch), Sniffed::Refused(_)));
+        // Empty records cannot grow the buffer without bound either.
+        let mut empty = client_hello(Some("a.test"), false)[..9].to_vec();
+        empty[3..5].copy_from_slice(&4u16.to_be_bytes());
+        while empty.len() <= MAX_HELLO + 4 * 1024 {
+            empty.extend_from_slice(&[0x16, 3, 1, 0, 0]);
+        }
+        assert!(matches!(sniff(&empty), Sniffed::Refused(_)));
+    }
+
+    #[test]
+    fn a_client_hello_interrupted_or_malformed_is_refused() {
+        let ch = client_hello(Some("a.test"), false);
+        let hs = &ch[5..];
+        let mut two = vec![0x16, 3, 1, 0, 10];
+        two.extend_from_slice(&hs[..10]);
+        two.extend_from_slice(&[0x17, 3, 3, 0, 1, 0]);
+        assert!(matches!(sniff(&two), Sniffed::Refused(_)));
+        let mut bad = ch.clone();
+        let last = bad.len() - 1;
+        bad[last] ^= 0xff; // the SNI list no longer adds up
+        bad.truncate(bad.len() - 3);
+        let hs_len = bad.len() - 9;
+        bad[3..5].copy_from_slice(&((hs_len + 4) as u16).to_be_bytes());
+        bad[6..9].copy_from_slice(&(hs_len as u32).to_be_bytes()[1..]);
+        assert!(matches!(sniff(&bad), Sniffed::Refused(_)));
+    }
+
+    #[test]
+    fn bare_lf_and_leading_empty_lines_are_read_as_http() {
+        let r = b"GET / HTTP/1.1\nHost: allowed.test\n\nbody";
+        assert_eq!(
+            sniff(r),
+            Sniffed::Http {
+                host: "allowed.test".into(),
+                header_end: r.len() - 4
+            }
+        );
+        let r = b"\r\n\r\nGET / HTTP/1.1\r\nHost: allowed.test\r\n\r\n";
+        assert!(matches!(sniff(r), Sniffed::Http { host, .. } if host == "allowed.test"));
+        assert_eq!(sniff(b"\r\n"), Sniffed::NeedMore);
+        assert_eq!(sniff(b"\r\nGE"), Sniffed::NeedMore);
+        let r = b"GET\t/\tHTTP/1.1\nHost: allowed.test\r\n\n";
+        assert!(matches!(sniff(r), Sniffed::Http { host, .. } if host == "allowed.test"));
+        // Begun like HTTP but unreadable: refused, not passed on unnamed.
+        assert!(matches!(
+            sniff(b"GET /\r\nHost: allowed.test\r\n\r\n"),
+            Sniffed::Refused(_)
+        ));
+        assert!(matches!(
+            sniff(b"GET / HTTP/1.1\r\nX: y\r\n Host: allowed.test\r\n\r\n"),
+            Sniffed::Refused(_)
+        ));
+        let mut big = b"GET / HTTP/1.1\r\nX: ".to_vec();
+        big.resize(MAX_PEEK, b'a');
+        assert!(matches!(sniff(&big), Sniffed::Refused(_)));
+        // Not HTTP: an uppercase word not followed by a space.
+        assert_eq!(sniff(b"SSH-2.0-OpenSSH_9\r\n"), Sniffed::Unknown);
+    }
+
+    #[test]
+    fn a_bare_lf_request_is_forwarded_with_crlf_and_connection_close() {
+        let r = b"\r\nGET / HTTP/1.1\nHost: a.test\nConnection: keep-alive\n\nrest";
+        let Sniffed::Http { header_end, .. } = sniff(r) else {
+            panic!()
+        };
+        let out = String::from_utf8(force_connection_close(r, header_end)).unwrap();
+        assert_eq!(
+            out,
+            "GET / HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\nrest"
+        );
     }
 
     #[test]
@@ -340,19 +510,19 @@ pub(crate) mod tests {
         assert_eq!(sniff(b"GET / HTTP/1.1\r\nHost: a"), Sniffed::NeedMore);
         assert!(matches!(
             sniff(b"GET / HTTP/1.1\r\n\r\n"),
-            Sniffed::BadHttp(_)
+            Sniffed::Refused(_)
         ));
         assert!(matches!(
             sniff(b"GET / HTTP/1.1\r\nHost: a.test\r\nHost: b.test\r\n\r\n"),
-            Sniffed::BadHttp(_)
+            Sniffed::Refused(_)
         ));
         assert!(matches!(
             sniff(b"CONNECT denied.test:443 HTTP/1.1\r\nHost: denied.test\r\n\r\n"),
-            Sniffed::BadHttp(_)
+            Sniffed::Refused(_)
         ));
         assert!(matches!(
             sniff(b"GET http://denied.test/ HTTP/1.1\r\nHost: allowed.test\r\n\r\n"),
-            Sniffed::BadHttp(_)
+            Sniffed::Refused(_)
         ));
         assert!(matches!(
             sniff(b"GET http://allowed.test:80/x HTTP/1.1\r\nHost: allowed.test\r\n\r\n"),

@@ -777,3 +777,205 @@ fn open_policy_with_deny_rules_refuses_what_they_name_on(isolation: &str) {
     d.stop(&rt);
     assert_clean(&world, &d);
 }
+
+/// Tries to slip a denied name past the proxy's name check at `ADDR` (another
+/// server's address): a request with bare LF line ends, one with leading empty
+/// lines, one paused mid-header, a ClientHello paused after its record header, a
+/// ClientHello longer than 16 KiB with the SNI at its end, and a request cut short
+/// by closing the sending half. Prints `CASE through` when the server answered,
+/// `CASE reset` otherwise.
+const DODGE_PY: &str = r#"
+import socket, ssl, struct, sys, time
+ADDR = sys.argv[1]
+
+def hello(name):
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    i, o = ssl.MemoryBIO(), ssl.MemoryBIO()
+    t = ctx.wrap_bio(i, o, server_hostname=name)
+    try:
+        t.do_handshake()
+    except ssl.SSLWantReadError:
+        pass
+    return o.read()
+
+def padded(rec, pad):
+    # Insert a padding extension first, so the SNI lands past the first 16 KiB.
+    hs = rec[5:]
+    body = hs[4:]
+    i = 2 + 32
+    i += 1 + body[i]
+    i += 2 + struct.unpack('>H', body[i:i + 2])[0]
+    i += 1 + body[i]
+    n = struct.unpack('>H', body[i:i + 2])[0]
+    ext = struct.pack('>HH', 21, pad) + bytes(pad)
+    body = body[:i] + struct.pack('>H', n + len(ext)) + ext + body[i + 2:]
+    hs = b'\x01' + struct.pack('>I', len(body))[1:] + body
+    out = b''
+    for k in range(0, len(hs), 16384):
+        part = hs[k:k + 16384]
+        out += b'\x16\x03\x01' + struct.pack('>H', len(part)) + part
+    return out
+
+def attempt(case, port, parts, half_close=False):
+    s = socket.create_connection((ADDR, port), timeout=8)
+    got = b''
+    try:
+        for p in parts:
+            if p is None:
+                time.sleep(1.5)
+            else:
+                s.sendall(p)
+        if half_close:
+            s.shutdown(socket.SHUT_WR)
+        got = s.recv(4096)
+    except OSError:
+        pass
+    s.close()
+    print(case, 'through' if got else 'reset', flush=True)
+
+req = b'GET / HTTP/1.1\nHost: allowed.test\n\n'
+attempt('bare-lf', 80, [req])
+attempt('leading-crlf', 80, [b'\r\n' + req.replace(b'\n', b'\r\n')])
+attempt('paused-http', 80, [b'GET / HTTP/1.1\r\nHo', None, b'st: allowed.test\r\n\r\n'])
+attempt('half-closed-http', 80, [b'GET / HTTP/1.1\r\nHost: allowed.test\r\n'], half_close=True)
+ch = hello('allowed.test')
+attempt('paused-tls', 443, [ch[:5], None, ch[5:]])
+attempt('large-tls', 443, [padded(ch, 17 * 1024)])
+attempt('plain-http', 80, [b'GET / HTTP/1.1\r\nHost: denied.test\r\n\r\n'])
+"#;
+
+/// Mode `open` with a deny name rule: no opening that begins like TLS or HTTP
+/// reaches a server without its name being read and checked; a name that is not
+/// denied still goes through the same way.
+#[test]
+fn a_denied_name_cannot_slip_past_the_name_check() {
+    let world = World::new();
+    let mut d = NetDaemon::start(&world, "");
+    let rt = rt();
+    let c = d.client();
+    rt.block_on(async {
+        let id = create(
+            &c,
+            json!({"mode": "open", "deny": [{"domain": "allowed.test"}]}),
+            &world,
+        )
+        .await;
+        c.write_file_bytes(&id, "/tmp/dodge.py", DODGE_PY.as_bytes().to_vec())
+            .await
+            .unwrap();
+        let o = sh(
+            &c,
+            &id,
+            &format!("python3 /tmp/dodge.py {}", addr_of("denied.test")),
+        )
+        .await;
+        assert_eq!(o.code, 0, "{}{}", o.stdout, o.stderr);
+        for case in [
+            "bare-lf",
+            "leading-crlf",
+            "paused-http",
+            "half-closed-http",
+            "paused-tls",
+            "large-tls",
+        ] {
+            assert!(
+                o.stdout.contains(&format!("{case} reset\n")),
+                "{case} got through:\n{}",
+                o.stdout
+            );
+        }
+        assert!(
+            o.stdout.contains("plain-http through\n"),
+            "a name no rule denies: {}",
+            o.stdout
+        );
+        assert!(
+            !world
+                .log("http")
+                .iter()
+                .any(|l| l.contains("host=allowed.test")),
+            "a request for the denied name arrived: {:?}",
+            world.log("http")
+        );
+        c.delete_sandbox(&id).await.unwrap();
+    });
+    drop(c);
+    d.stop(&rt);
+    assert_clean(&world, &d);
+}
+
+/// Holds one connection to `ADDR:7000` (a server that never answers) and writes
+/// `cut` to /tmp/cut when the proxy ends it.
+const HOLD_ONE_PY: &str = r#"
+import socket, sys
+s = socket.create_connection((sys.argv[1], 7000), timeout=60)
+open('/tmp/held', 'w').write('held\n')
+try:
+    s.recv(1)
+except OSError:
+    pass
+open('/tmp/cut', 'w').write('cut\n')
+"#;
+
+/// A connection opened under plain `open` was never name-checked: adding a deny
+/// name rule cuts it (it may be talking to the denied name).
+#[test]
+fn adding_a_deny_name_rule_cuts_connections_opened_without_a_name() {
+    let world = World::new();
+    let mut d = NetDaemon::start(&world, "");
+    let rt = rt();
+    let c = d.client();
+    rt.block_on(async {
+        let id = create(&c, json!({"mode": "open"}), &world).await;
+        c.write_file_bytes(&id, "/tmp/hold1.py", HOLD_ONE_PY.as_bytes().to_vec())
+            .await
+            .unwrap();
+        let o = sh(
+            &c,
+            &id,
+            &format!(
+                "python3 /tmp/hold1.py {} >/tmp/hold1.log 2>&1 &",
+                addr_of("allowed.test")
+            ),
+        )
+        .await;
+        assert_eq!(o.code, 0, "{}", o.stderr);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let r = sh(&c, &id, "cat /tmp/held /tmp/hold1.log 2>/dev/null").await;
+            if r.stdout.contains("held") {
+                break;
+            }
+            assert!(Instant::now() < deadline, "not connected: {}", r.stdout);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        c.set_network(
+            &id,
+            &json!({"mode": "open", "deny": [{"domain": "allowed.test"}]}),
+        )
+        .await
+        .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let r = sh(&c, &id, "cat /tmp/cut /tmp/hold1.log 2>/dev/null").await;
+            if r.stdout.contains("cut") {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the unnamed connection was kept: {}",
+                r.stdout
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let (code, log, err) = d.cli(&["net", "log", &id]);
+        assert_eq!(code, 0, "{err}");
+        assert!(log.contains("cut: the policy no longer allows it"), "{log}");
+        c.delete_sandbox(&id).await.unwrap();
+    });
+    drop(c);
+    d.stop(&rt);
+    assert_clean(&world, &d);
+}

@@ -111,6 +111,16 @@ impl Cidr {
                 .filter(|n| *n <= max)
                 .ok_or_else(|| format!("{s:?}: prefix length must be 0..={max}"))?,
         };
+        if let std::net::IpAddr::V6(v6) = addr {
+            // Addresses are compared as IPv4 once unmapped: a mapped entry would
+            // never match anything.
+            if let Some(v4) = v6.to_ipv4_mapped().filter(|_| len >= 96) {
+                return Err(format!(
+                    "{s:?} is an IPv4-mapped IPv6 address: write it as IPv4 ({v4}/{})",
+                    len - 96
+                ));
+            }
+        }
         let c = Cidr { addr, len };
         if c.network() != addr {
             return Err(format!(

@@ -230,6 +230,15 @@ mod tests {
         assert!(e.starts_with("network.denyOut[1]"), "{e}");
         let e = p(Value::Null, json!({"denyOut": ["*.com"]})).unwrap_err();
         assert!(e.starts_with("network.denyOut[0]"), "{e}");
+        let e = p(
+            Value::Null,
+            json!({"denyOut": ["8.8.8.8", "::ffff:203.0.113.5"]}),
+        )
+        .unwrap_err();
+        assert!(
+            e.starts_with("network.denyOut[1]") && e.contains("::ffff:203.0.113.5"),
+            "{e}"
+        );
     }
 
     #[test]
