@@ -1134,12 +1134,21 @@ impl ImageStore {
                 .map_err(sql("list images"))?;
             r
         };
+        // An image removed between the two reads is left out: the list is of
+        // the store as it was, not a failure.
         ids.iter()
-            .map(|i| {
-                self.get(
-                    &i.parse()
-                        .map_err(|e: digest::BadDigest| invalid("image record", e.to_string()))?,
-                )
+            .filter_map(|i| {
+                let id = match i.parse() {
+                    Ok(id) => id,
+                    Err(e) => {
+                        let e: digest::BadDigest = e;
+                        return Some(Err(invalid("image record", e.to_string())));
+                    }
+                };
+                match self.get(&id) {
+                    Err(StoreError::NotFound(_)) => None,
+                    r => Some(r),
+                }
             })
             .collect()
     }
