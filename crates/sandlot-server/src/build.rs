@@ -375,8 +375,7 @@ pub fn host_base(
 
 /// The error of a build that ran past the operator's `images.build_timeout`.
 fn timed_out(limit: Duration) -> ApiError {
-    ApiError::new(
-        axum::http::StatusCode::UNPROCESSABLE_ENTITY,
+    ApiError::of(
         ErrorCode::BuildFailed,
         format!(
             "the build took longer than the operator's limit (images.build_timeout = {})",
@@ -705,8 +704,7 @@ async fn run_in(
     let ended = h.stopped();
     tokio::pin!(ended);
     let sandbox_ended = || {
-        ApiError::new(
-            axum::http::StatusCode::UNPROCESSABLE_ENTITY,
+        ApiError::of(
             ErrorCode::BuildFailed,
             format!(
                 "{origin} ({}) failed: its sandbox ended before the command did",
@@ -745,8 +743,7 @@ async fn run_in(
     if exit.code != Some(0) {
         // The spec was fine: the step's own command failed (a build failure, like
         // `docker build`'s, not a bad request).
-        return Err(ApiError::new(
-            axum::http::StatusCode::UNPROCESSABLE_ENTITY,
+        return Err(ApiError::of(
             ErrorCode::BuildFailed,
             format!(
                 "{origin} ({}) failed: {}",

@@ -34,7 +34,6 @@ use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use axum::http::StatusCode;
 use sandlot_proto::api::checkpoint::{Checkpoint, CheckpointDiff, CreateCheckpoint, Restored};
 use sandlot_proto::api::PauseKind;
 use sandlot_proto::spec::Isolation;
@@ -72,10 +71,7 @@ impl Busy {
     pub(crate) fn take(id: &str) -> ApiResult<Busy> {
         let mut b = BUSY.lock().unwrap_or_else(|e| e.into_inner());
         if !b.get_or_insert_with(HashSet::new).insert(id.to_string()) {
-            return Err(ApiError::new(
-                StatusCode::CONFLICT,
-                ErrorCode::InvalidState,
-                format!("sandbox {id}: another checkpoint, restore, fork or snapshot of it is under way"),
+            return Err(ApiError::of(ErrorCode::InvalidState, format!("sandbox {id}: another checkpoint, restore, fork or snapshot of it is under way"),
             ));
         }
         Ok(Busy(id.to_string()))
@@ -586,10 +582,7 @@ async fn take_files(
 /// of something).
 pub(crate) fn copy_error(e: sandlot_runtime::RuntimeError) -> ApiError {
     match e {
-        sandlot_runtime::RuntimeError::PastLimit { .. } => ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            ErrorCode::TooLarge,
-            e.to_string(),
+        sandlot_runtime::RuntimeError::PastLimit { .. } => ApiError::of(ErrorCode::TooLarge, e.to_string(),
         ),
         // A file of the sandbox's the daemon's disk cannot hold as it is (a
         // sparse file past the file system's largest, more hard links than it
@@ -597,10 +590,7 @@ pub(crate) fn copy_error(e: sandlot_runtime::RuntimeError) -> ApiError {
         sandlot_runtime::RuntimeError::Io { ref source, .. }
             if matches!(source.raw_os_error(), Some(libc::EFBIG | libc::EMLINK)) =>
         {
-            ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                ErrorCode::TooLarge,
-                format!(
+            ApiError::of(ErrorCode::TooLarge, format!(
                     "a file of the sandbox cannot be kept as it is ({}): a file larger than the daemon's disk holds, or more hard links to one file than it allows",
                     std::io::Error::from_raw_os_error(source.raw_os_error().unwrap_or(0))
                 ),

@@ -32,8 +32,15 @@ impl ApiError {
         }
     }
 
+    /// An error of `code`, with the status the code has.
+    pub fn of(code: ErrorCode, message: impl Into<String>) -> ApiError {
+        let status =
+            StatusCode::from_u16(code.status()).expect("every error code has a valid status");
+        ApiError::new(status, code, message)
+    }
+
     pub fn bad_request(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::BadRequest, message)
+        ApiError::of(ErrorCode::BadRequest, message)
     }
 
     /// A validation error naming `field`; the message starts with the field.
@@ -45,46 +52,33 @@ impl ApiError {
     }
 
     pub fn not_found(what: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::NOT_FOUND, ErrorCode::NotFound, what)
+        ApiError::of(ErrorCode::NotFound, what)
     }
 
     pub fn conflict(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::CONFLICT, ErrorCode::Conflict, message)
+        ApiError::of(ErrorCode::Conflict, message)
     }
 
     pub fn unauthorized(message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::UNAUTHORIZED, ErrorCode::Unauthorized, message)
+        ApiError::of(ErrorCode::Unauthorized, message)
     }
 
     pub fn too_large(message: impl Into<String>) -> ApiError {
-        ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            ErrorCode::PayloadTooLarge,
-            message,
-        )
+        ApiError::of(ErrorCode::PayloadTooLarge, message)
     }
 
     pub fn quota(message: impl Into<String>) -> ApiError {
-        ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            ErrorCode::QuotaExceeded,
-            message,
-        )
+        ApiError::of(ErrorCode::QuotaExceeded, message)
     }
 
     pub fn unavailable(message: impl Into<String>) -> ApiError {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            ErrorCode::Unavailable,
-            message,
-        )
+        ApiError::of(ErrorCode::Unavailable, message)
     }
 
     /// 503 `host_exhausted`: the host ran out of `what` (descriptors, memory, disk)
     /// while serving the request; nothing of it was kept, and a retry may succeed.
     pub fn host_exhausted(what: Exhausted) -> ApiError {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
+        ApiError::of(
             ErrorCode::HostExhausted,
             format!("the host is out of {}; try again later", what.noun()),
         )
@@ -108,11 +102,7 @@ impl ApiError {
 
     /// An opaque 500: `detail` goes to the log only.
     pub fn internal(detail: impl std::fmt::Display) -> ApiError {
-        let mut e = ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            ErrorCode::Internal,
-            "internal error",
-        );
+        let mut e = ApiError::of(ErrorCode::Internal, "internal error");
         e.internal = Some(detail.to_string());
         e
     }
@@ -144,33 +134,28 @@ impl ApiError {
         } else {
             format!("{what}: {msg}")
         };
-        let s = |status, c| ApiError::new(status, c, full.clone());
+        let s = |c| ApiError::of(c, full.clone());
         match code {
-            Some(GuestCode::NotFound) => s(StatusCode::NOT_FOUND, ErrorCode::NotFound),
-            Some(GuestCode::NoSuchProcess) => s(StatusCode::NOT_FOUND, ErrorCode::NotFound),
-            Some(GuestCode::PermissionDenied) => {
-                s(StatusCode::FORBIDDEN, ErrorCode::PermissionDenied)
-            }
-            Some(GuestCode::AlreadyExists) => s(StatusCode::CONFLICT, ErrorCode::AlreadyExists),
-            Some(GuestCode::NotADirectory) => s(StatusCode::CONFLICT, ErrorCode::NotADirectory),
-            Some(GuestCode::IsADirectory) => s(StatusCode::CONFLICT, ErrorCode::IsADirectory),
-            Some(GuestCode::DirectoryNotEmpty) => {
-                s(StatusCode::CONFLICT, ErrorCode::DirectoryNotEmpty)
-            }
-            Some(GuestCode::ProcessExited) => s(StatusCode::CONFLICT, ErrorCode::ProcessExited),
-            Some(GuestCode::BadRequest) => s(StatusCode::BAD_REQUEST, ErrorCode::BadRequest),
-            Some(GuestCode::InvalidUser) => s(StatusCode::BAD_REQUEST, ErrorCode::InvalidUser),
-            Some(GuestCode::SpawnFailed) => s(StatusCode::BAD_REQUEST, ErrorCode::SpawnFailed),
-            Some(GuestCode::Limit) => s(StatusCode::TOO_MANY_REQUESTS, ErrorCode::Limit),
-            Some(GuestCode::ShuttingDown) => s(StatusCode::CONFLICT, ErrorCode::Conflict),
+            Some(GuestCode::NotFound) => s(ErrorCode::NotFound),
+            Some(GuestCode::NoSuchProcess) => s(ErrorCode::NotFound),
+            Some(GuestCode::PermissionDenied) => s(ErrorCode::PermissionDenied),
+            Some(GuestCode::AlreadyExists) => s(ErrorCode::AlreadyExists),
+            Some(GuestCode::NotADirectory) => s(ErrorCode::NotADirectory),
+            Some(GuestCode::IsADirectory) => s(ErrorCode::IsADirectory),
+            Some(GuestCode::DirectoryNotEmpty) => s(ErrorCode::DirectoryNotEmpty),
+            Some(GuestCode::ProcessExited) => s(ErrorCode::ProcessExited),
+            Some(GuestCode::BadRequest) => s(ErrorCode::BadRequest),
+            Some(GuestCode::InvalidUser) => s(ErrorCode::InvalidUser),
+            Some(GuestCode::SpawnFailed) => s(ErrorCode::SpawnFailed),
+            Some(GuestCode::Limit) => s(ErrorCode::Limit),
+            Some(GuestCode::ShuttingDown) => s(ErrorCode::Conflict),
             Some(GuestCode::Io) if msg.contains("No space left") || msg.contains("ENOSPC") => {
-                ApiError::new(
-                    StatusCode::INSUFFICIENT_STORAGE,
+                ApiError::of(
                     ErrorCode::NoSpace,
                     format!("{what}: the sandbox's disk is full"),
                 )
             }
-            Some(GuestCode::Io) => s(StatusCode::UNPROCESSABLE_ENTITY, ErrorCode::Io),
+            Some(GuestCode::Io) => s(ErrorCode::Io),
             _ => match e {
                 ClientError::Closed(_) | ClientError::Connect { .. } => ApiError::conflict(
                     format!("{what}: the sandbox is not reachable (it is stopping or has stopped)"),
@@ -218,14 +203,12 @@ pub async fn to_completion<T: Send + 'static>(
 pub fn for_status(status: StatusCode) -> ApiError {
     match status {
         StatusCode::NOT_FOUND => ApiError::not_found("no such route"),
-        StatusCode::METHOD_NOT_ALLOWED => ApiError::new(
-            status,
+        StatusCode::METHOD_NOT_ALLOWED => ApiError::of(
             ErrorCode::MethodNotAllowed,
             "method not allowed on this route",
         ),
         StatusCode::PAYLOAD_TOO_LARGE => ApiError::too_large("request body too large"),
-        StatusCode::UNSUPPORTED_MEDIA_TYPE => ApiError::new(
-            status,
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => ApiError::of(
             ErrorCode::UnsupportedMediaType,
             "expected Content-Type: application/json",
         ),

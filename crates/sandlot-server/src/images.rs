@@ -77,11 +77,9 @@ pub fn viewer(scope: Option<&str>) -> Viewer<'_> {
 /// which name the daemon's paths, are an opaque 500.
 pub fn store_error(e: StoreError) -> ApiError {
     match &e {
-        StoreError::Layer(LayerError::TooLarge { .. }) => ApiError::new(
-            axum::http::StatusCode::PAYLOAD_TOO_LARGE,
-            ErrorCode::TooLarge,
-            e.to_string(),
-        ),
+        StoreError::Layer(LayerError::TooLarge { .. }) => {
+            ApiError::of(ErrorCode::TooLarge, e.to_string())
+        }
         StoreError::NotFound(_) => ApiError::not_found(e.to_string()),
         StoreError::Ambiguous(_) | StoreError::BadName(_) => ApiError::bad_request(e.to_string()),
         StoreError::InUse { .. } => ApiError::conflict(e.to_string()),

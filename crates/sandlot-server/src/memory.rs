@@ -131,8 +131,7 @@ pub fn valid_agent_name(name: &str) -> bool {
 
 #[cfg_attr(feature = "memory", allow(dead_code))]
 fn not_built() -> ApiError {
-    ApiError::new(
-        StatusCode::NOT_IMPLEMENTED,
+    ApiError::of(
         ErrorCode::NotImplemented,
         "memory stores are not available: this sandlot was built without the `memory` feature",
     )
@@ -313,11 +312,7 @@ mod enabled {
             // What the work tree holds (a sandbox may have put it there): a file too large
             // or not a regular file, a path through a link. Store-relative paths only.
             StoreError::Tree(t) | StoreError::Git(GitError::Tree(t)) => match t {
-                TreeError::TooLarge { .. } => ApiError::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    ErrorCode::TooLarge,
-                    t.to_string(),
-                ),
+                TreeError::TooLarge { .. } => ApiError::of(ErrorCode::TooLarge, t.to_string()),
                 TreeError::NotAFile { .. } => ApiError::bad_request(t.to_string()),
                 TreeError::Io { rel, .. } if t.is_link_on_the_way() => ApiError::invalid(
                     "path",

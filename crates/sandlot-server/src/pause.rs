@@ -25,7 +25,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::http::StatusCode;
 use sandlot_guest::client::GuestClient;
 use sandlot_proto::api::PauseKind;
 use sandlot_proto::spec::{Isolation, SandboxSpec};
@@ -48,8 +47,7 @@ const WAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// 409 `invalid_state`: sandbox `id` is in `state`, where this cannot happen.
 pub fn wrong_state(id: &str, state: SandboxState) -> ApiError {
-    ApiError::new(
-        StatusCode::CONFLICT,
+    ApiError::of(
         ErrorCode::InvalidState,
         format!("sandbox {id} is {}", state.as_str()),
     )
@@ -166,8 +164,7 @@ pub async fn pause(state: &Arc<AppState>, h: &Arc<SandboxHandle>, while_idle: bo
         if let Err(e) = state.store.undo_begin_pause(&h.id) {
             tracing::error!("record the pause not done: {e}");
         }
-        return Outcome::Running(ApiError::new(
-            StatusCode::CONFLICT,
+        return Outcome::Running(ApiError::of(
             BUSY,
             format!("sandbox {} is in use again", h.id),
         ));
@@ -229,10 +226,7 @@ async fn pause_memory(
         )));
     };
     if let Some(why) = unkept_files(&rec.spec) {
-        return Outcome::Running(ApiError::new(
-            StatusCode::CONFLICT,
-            ErrorCode::PauseRefused,
-            format!(
+        return Outcome::Running(ApiError::of(ErrorCode::PauseRefused, format!(
                 "sandbox {} cannot be paused: {why}, whose files a gVisor pause does not keep; the sandbox runs on",
                 h.id
             ),
@@ -547,10 +541,7 @@ async fn preflight(state: &Arc<AppState>, h: &Arc<SandboxHandle>) -> ApiResult<D
     let bound = bound_socket_paths(&table);
     // The code contexts' kernels' sockets go with them before the checkpoint.
     if let Some(path) = bound.iter().find(|p| !is_context_socket(p)) {
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            ErrorCode::PauseRefused,
-            format!(
+        return Err(ApiError::of(ErrorCode::PauseRefused, format!(
                 "sandbox {} cannot be paused: a program in it listens on the Unix socket {path:?}, bound in its files, which gVisor cannot save (close it, or bind it in /dev/shm or the abstract namespace, and pause again); the sandbox runs on",
                 h.id
             ),
@@ -717,10 +708,7 @@ fn checkpoint_error(id: &str, e: &RuntimeError) -> ApiError {
         return ApiError::host_exhausted(what).with_detail(text);
     }
     if lower.contains("socket") || lower.contains("uds") {
-        return ApiError::new(
-            StatusCode::CONFLICT,
-            ErrorCode::PauseRefused,
-            format!(
+        return ApiError::of(ErrorCode::PauseRefused, format!(
                 "sandbox {id} cannot be paused: a program in it has a Unix socket bound in its root filesystem or /tmp, whose host side gVisor cannot save (close it, or bind it elsewhere, and pause again); the sandbox runs on"
             ),
         )
@@ -847,10 +835,7 @@ pub async fn resume(
     let max = state.cfg.limits.max_timeout.duration();
     let latest = rec.created_at.saturating_add(max.as_millis() as i64);
     if now_ms() >= latest {
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            ErrorCode::LifetimeExceeded,
-            format!(
+        return Err(ApiError::of(ErrorCode::LifetimeExceeded, format!(
                 "sandbox {} has reached the operator's maximum lifetime ({}s from its creation, until {}): a resume would end it at once, so it stays paused and can only be deleted",
                 rec.id,
                 max.as_secs(),
@@ -990,10 +975,7 @@ pub(crate) async fn resume_started(
             .await
             .map_err(ApiError::internal)?;
         if let Some(what) = damaged {
-            return Err(ApiError::new(
-                StatusCode::CONFLICT,
-                ErrorCode::CheckpointDamaged,
-                format!(
+            return Err(ApiError::of(ErrorCode::CheckpointDamaged, format!(
                     "sandbox {}'s saved memory image is damaged ({what}); it stays paused and can only be deleted",
                     rec.id
                 ),
@@ -1172,10 +1154,7 @@ fn start_again(
 
 /// 409 `checkpoint_damaged`: what a memory pause kept is gone or incomplete.
 pub(crate) fn files_lost(id: &str) -> ApiError {
-    ApiError::new(
-        StatusCode::CONFLICT,
-        ErrorCode::CheckpointDamaged,
-        format!(
+    ApiError::of(ErrorCode::CheckpointDamaged, format!(
             "sandbox {id}'s saved files are gone or incomplete (kept in memory, they do not survive a restart of the host; a fork's copy of them is incomplete when the daemon stopped while making it); it stays paused and can only be deleted"
         ),
     )

@@ -123,24 +123,18 @@ pub enum DialError {
 impl DialError {
     /// The API error of a failed dial (502 nothing listening, 504 timeout, 409 gone).
     pub fn to_api(&self, sandbox: &str) -> ApiError {
-        use axum::http::StatusCode;
         match self {
-            DialError::Refused { .. } => ApiError::new(
-                StatusCode::BAD_GATEWAY,
-                ErrorCode::BadGateway,
-                format!("sandbox {sandbox}: {self}"),
-            ),
-            DialError::Timeout { .. } => ApiError::new(
-                StatusCode::GATEWAY_TIMEOUT,
+            DialError::Refused { .. } => {
+                ApiError::of(ErrorCode::BadGateway, format!("sandbox {sandbox}: {self}"))
+            }
+            DialError::Timeout { .. } => ApiError::of(
                 ErrorCode::GatewayTimeout,
                 format!("sandbox {sandbox}: {self}"),
             ),
             DialError::Gone => ApiError::conflict(format!("sandbox {sandbox} is stopping")),
-            DialError::Io { .. } => ApiError::new(
-                StatusCode::BAD_GATEWAY,
-                ErrorCode::BadGateway,
-                format!("sandbox {sandbox}: {self}"),
-            ),
+            DialError::Io { .. } => {
+                ApiError::of(ErrorCode::BadGateway, format!("sandbox {sandbox}: {self}"))
+            }
         }
     }
 }

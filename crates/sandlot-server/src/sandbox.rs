@@ -659,8 +659,7 @@ pub async fn create_idempotent(
             break;
         };
         if request_hash != key.request_hash {
-            return Err(ApiError::new(
-                axum::http::StatusCode::UNPROCESSABLE_ENTITY,
+            return Err(ApiError::of(
                 ErrorCode::IdempotencyMismatch,
                 format!(
                     "Idempotency-Key {:?} was used for a create with a different body",

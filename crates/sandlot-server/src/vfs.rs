@@ -18,7 +18,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::http::StatusCode;
 use sandlot_proto::api::vfs::{
     AuditEntry, CollectionView, IngestResult, SessionLimits, VfsAcl, VfsScratch, VfsSession,
     VfsSource,
@@ -89,16 +88,10 @@ pub fn ingest_error(e: StoreError, source: Option<SourceLabel<'_>>) -> ApiError 
         StoreError::InvalidName { .. } => ApiError::invalid("name", e.to_string()),
         StoreError::NotFound { name } => ApiError::not_found(format!("no collection {name}")),
         StoreError::NoSuchVersion { .. } => ApiError::not_found(e.to_string()),
-        StoreError::AlreadyExists { .. } => ApiError::new(
-            StatusCode::CONFLICT,
-            ErrorCode::AlreadyExists,
-            e.to_string(),
-        ),
+        StoreError::AlreadyExists { .. } => ApiError::of(ErrorCode::AlreadyExists, e.to_string()),
         StoreError::Ingest { name, source: ie } => {
-            let bad = |m: String| ApiError::new(StatusCode::BAD_REQUEST, ErrorCode::BadRequest, m);
-            let failed = |m: String| {
-                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, ErrorCode::IngestFailed, m)
-            };
+            let bad = |m: String| ApiError::of(ErrorCode::BadRequest, m);
+            let failed = |m: String| ApiError::of(ErrorCode::IngestFailed, m);
             let at = |p: &Path| SourceLabel::name(source, p);
             let api = match ie {
                 I::BadSpec { reason, .. } => bad(format!("invalid source: {reason}")),
@@ -291,17 +284,11 @@ impl VfsService {
             ));
         }
         if self.cfg.allowed_source_paths.is_empty() {
-            return Err(ApiError::new(
-                StatusCode::FORBIDDEN,
-                ErrorCode::Forbidden,
-                "source.path: the operator allows no daemon-side sources (vfs.allowed_source_paths); upload a tar archive or a JSONL export instead",
+            return Err(ApiError::of(ErrorCode::Forbidden, "source.path: the operator allows no daemon-side sources (vfs.allowed_source_paths); upload a tar archive or a JSONL export instead",
             ));
         }
         let forbidden = || {
-            ApiError::new(
-                StatusCode::FORBIDDEN,
-                ErrorCode::Forbidden,
-                format!("source.path: {path} is not under a path the operator allows (vfs.allowed_source_paths)"),
+            ApiError::of(ErrorCode::Forbidden, format!("source.path: {path} is not under a path the operator allows (vfs.allowed_source_paths)"),
             )
         };
         // Lexically under an allowed path first (as configured, or as resolved), then
@@ -352,10 +339,7 @@ impl VfsService {
         {
             Ok(ep)
         } else {
-            Err(ApiError::new(
-                StatusCode::FORBIDDEN,
-                ErrorCode::Forbidden,
-                format!("source.endpoint: {endpoint} is not an S3 endpoint the operator allows (vfs.allowed_s3_endpoints)"),
+            Err(ApiError::of(ErrorCode::Forbidden, format!("source.endpoint: {endpoint} is not an S3 endpoint the operator allows (vfs.allowed_s3_endpoints)"),
             ))
         }
     }
@@ -882,6 +866,7 @@ pub fn ingest_result(r: IngestReport) -> IngestResult {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::http::StatusCode;
 
     fn svc(dir: &Path, cfg: VfsSection) -> VfsService {
         VfsService::new(dir, cfg)

@@ -14,18 +14,9 @@ mod api_support;
 use std::path::Path;
 
 use api_support::counter::{copies, entries, on, probe, sh, start_counter};
-use api_support::{eventually, rt, Daemon};
+use api_support::{eventually, mounts_under, rt, Daemon};
 use sandlot_client::checkpoint::{CreateCheckpoint, ForkRequest};
 use sandlot_client::SandboxState;
-
-fn mounts_under(dir: &Path) -> Vec<String> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    info.lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .filter(|mp| Path::new(mp).starts_with(dir))
-        .map(str::to_string)
-        .collect()
-}
 
 fn keep_running() -> CreateCheckpoint {
     CreateCheckpoint::default()

@@ -14,10 +14,8 @@
 
 mod api_support;
 
-use std::path::Path;
-
 use api_support::counter::{copies, entries, probe, sh, start_counter};
-use api_support::{eventually, rt, spec_body, Daemon};
+use api_support::{eventually, mounts_under, rt, spec_body, Daemon};
 use sandlot_client::checkpoint::{CreateCheckpoint, ForkRequest};
 use sandlot_client::snapshot::{CreateSnapshot, StartFromSnapshot};
 use sandlot_client::{Client, SandboxState};
@@ -29,15 +27,6 @@ const IMAGE: &str = "test/py:1";
 /// is the same file, and the owner and mode of `/tmp/owned`.
 const ATTRS: &str = "import os; a, b, o = os.stat('/tmp/h1'), os.stat('/tmp/h2'), os.stat('/tmp/owned'); \
 print(os.readlink('/tmp/root-link'), a.st_nlink, a.st_ino == b.st_ino, o.st_uid, o.st_gid, oct(o.st_mode & 0o7777))";
-
-fn mounts_under(dir: &Path) -> Vec<String> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    info.lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .filter(|mp| Path::new(mp).starts_with(dir))
-        .map(str::to_string)
-        .collect()
-}
 
 fn store_image() -> sandlot_client::CreateSandbox {
     spec_body(json!({"image": IMAGE, "isolation": "gvisor"}))

@@ -12,7 +12,7 @@ mod img_support;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use api_support::{eventually, leftovers_of, rt, spec_body, Daemon};
+use api_support::{eventually, leftovers_of, mounts_under, rt, spec_body, Daemon};
 use sandlot_client::{Client, ExecBody, SandboxState};
 use serde_json::json;
 
@@ -120,16 +120,6 @@ fn runsc_processes(id: &str) -> Vec<i32> {
 
 fn checkpoint_dir(d: &Daemon, id: &str) -> PathBuf {
     d.data_dir().join("checkpoints").join(id)
-}
-
-/// Mounts under `dir` in the host's mount namespace.
-fn mounts_under(dir: &Path) -> Vec<String> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    info.lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .filter(|mp| Path::new(mp).starts_with(dir))
-        .map(str::to_string)
-        .collect()
 }
 
 /// Asserts a 409 `code` whose message names `state`.

@@ -818,8 +818,7 @@ fn start_error(e: StartError, lang: Language) -> ApiError {
         StartError::Exec(e) => {
             use sandlot_guest::client::ErrorCode as C;
             match e.code() {
-                Some(C::NotFound | C::SpawnFailed | C::PermissionDenied) => ApiError::new(
-                    StatusCode::BAD_REQUEST,
+                Some(C::NotFound | C::SpawnFailed | C::PermissionDenied) => ApiError::of(
                     ErrorCode::KernelUnavailable,
                     format!(
                         "{} contexts need python3 in the sandbox (with ipykernel for Python): {e}",
@@ -829,13 +828,11 @@ fn start_error(e: StartError, lang: Language) -> ApiError {
                 _ => ApiError::from_guest(e, "starting the code context"),
             }
         }
-        StartError::Unavailable { .. } | StartError::Ended { .. } => ApiError::new(
-            StatusCode::BAD_REQUEST,
+        StartError::Unavailable { .. } | StartError::Ended { .. } => ApiError::of(
             ErrorCode::KernelUnavailable,
             driver::bounded(&e.to_string(), 2000),
         ),
-        StartError::Timeout(_) => ApiError::new(
-            StatusCode::GATEWAY_TIMEOUT,
+        StartError::Timeout(_) => ApiError::of(
             ErrorCode::Timeout,
             format!("starting the code context: {e}"),
         ),

@@ -522,44 +522,24 @@ mod tests {
         let m = |e: ApiError| ConnectError::from_api(&e).code;
         assert_eq!(m(ApiError::not_found("x")), Code::NotFound);
         assert_eq!(
-            m(ApiError::new(
-                StatusCode::CONFLICT,
-                ErrorCode::AlreadyExists,
-                "x"
-            )),
+            m(ApiError::of(ErrorCode::AlreadyExists, "x")),
             Code::AlreadyExists
         );
         assert_eq!(
-            m(ApiError::new(
-                StatusCode::CONFLICT,
-                ErrorCode::IsADirectory,
-                "x"
-            )),
+            m(ApiError::of(ErrorCode::IsADirectory, "x")),
             Code::InvalidArgument
         );
         assert_eq!(
-            m(ApiError::new(
-                StatusCode::CONFLICT,
-                ErrorCode::ProcessExited,
-                "x"
-            )),
+            m(ApiError::of(ErrorCode::ProcessExited, "x")),
             Code::NotFound
         );
         assert_eq!(
-            m(ApiError::new(
-                StatusCode::FORBIDDEN,
-                ErrorCode::PermissionDenied,
-                "x"
-            )),
+            m(ApiError::of(ErrorCode::PermissionDenied, "x")),
             Code::PermissionDenied
         );
         assert_eq!(m(ApiError::bad_request("x")), Code::InvalidArgument);
         assert_eq!(
-            m(ApiError::new(
-                StatusCode::INSUFFICIENT_STORAGE,
-                ErrorCode::NoSpace,
-                "x"
-            )),
+            m(ApiError::of(ErrorCode::NoSpace, "x")),
             Code::ResourceExhausted
         );
         assert_eq!(m(ApiError::internal("boom")), Code::Internal);

@@ -236,8 +236,7 @@ pub(crate) async fn open_output(
                 if let Some(r) = kept(pid, e, from) {
                     return Ok(r);
                 }
-                return Err(ApiError::new(
-                    StatusCode::GONE,
+                return Err(ApiError::of(
                     ErrorCode::Gone,
                     format!("process {pid} has exited and its output is no longer retained"),
                 ));

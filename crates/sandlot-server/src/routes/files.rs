@@ -358,8 +358,7 @@ pub async fn tar_download(
     let guard = files.handle().active();
     let st = files.stat(&root, true).await?;
     if st.kind != FileKind::Dir {
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
+        return Err(ApiError::of(
             ErrorCode::NotADirectory,
             format!("{root} is not a directory"),
         ));

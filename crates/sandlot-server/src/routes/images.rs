@@ -170,8 +170,7 @@ fn query(q: Option<String>) -> HashMap<String, String> {
 
 fn operator_only(p: &Principal, what: &str) -> ApiResult<()> {
     if p.scope.is_some() {
-        return Err(ApiError::new(
-            StatusCode::FORBIDDEN,
+        return Err(ApiError::of(
             ErrorCode::Forbidden,
             format!("{what} is for the operator (the daemon's Unix socket)"),
         ));
@@ -752,8 +751,7 @@ pub async fn build(
     // daemon's disk and runs sandboxes. The lease goes with the build's task.
     let lease = match &p.scope {
         Some(t) => Some(state.builds.try_take(t).map_err(|held| {
-            ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
+            ApiError::of(
                 ErrorCode::QuotaExceeded,
                 format!(
                     "tenant {t} runs {held} builds already (images.max_builds_per_tenant = {})",

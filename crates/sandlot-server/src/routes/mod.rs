@@ -261,8 +261,7 @@ async fn openapi_json() -> Response {
 /// acting as a tenant) is refused.
 async fn metrics(State(state): State<Arc<AppState>>, p: Principal) -> ApiResult<Response> {
     if p.scope.is_some() {
-        return Err(ApiError::new(
-            StatusCode::FORBIDDEN,
+        return Err(ApiError::of(
             ErrorCode::PermissionDenied,
             "/metrics covers every tenant: it is the operator's (the daemon's Unix socket, \
              or the metrics_listen address for a Prometheus scraper)",

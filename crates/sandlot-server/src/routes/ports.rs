@@ -259,8 +259,7 @@ pub async fn proxy(
 
     if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
         let Some(client_upgrade) = client_upgrade else {
-            return Err(ApiError::new(
-                StatusCode::BAD_GATEWAY,
+            return Err(ApiError::of(
                 ErrorCode::BadGateway,
                 format!("port {port} of sandbox {} switched protocols unasked", h.id),
             ));
@@ -328,8 +327,7 @@ pub fn confine_to_sandbox_origin(headers: &mut axum::http::HeaderMap) {
 }
 
 fn bad_gateway(id: &str, port: u16, e: &hyper::Error) -> ApiError {
-    ApiError::new(
-        StatusCode::BAD_GATEWAY,
+    ApiError::of(
         ErrorCode::BadGateway,
         format!("port {port} of sandbox {id} did not answer HTTP: {e}"),
     )

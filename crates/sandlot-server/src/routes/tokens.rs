@@ -73,8 +73,7 @@ fn view(t: &TokenRecord) -> TokenView {
 fn operator_only(p: &Principal) -> ApiResult<()> {
     match p.scope {
         None => Ok(()),
-        Some(_) => Err(ApiError::new(
-            StatusCode::FORBIDDEN,
+        Some(_) => Err(ApiError::of(
             ErrorCode::PermissionDenied,
             "tokens are managed by the operator (the daemon's Unix socket, not acting as a tenant)",
         )),

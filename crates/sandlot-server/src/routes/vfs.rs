@@ -53,10 +53,7 @@ fn body_kind(headers: &HeaderMap) -> ApiResult<BodyKind> {
         "application/x-ndjson" | "application/jsonl" | "application/jsonlines" => {
             Ok(BodyKind::Jsonl)
         }
-        other => Err(ApiError::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            ErrorCode::UnsupportedMediaType,
-            format!("Content-Type {other}: expected application/json (a daemon-side source), application/x-tar (a directory archive) or application/x-ndjson (a JSONL chunk export)"),
+        other => Err(ApiError::of(ErrorCode::UnsupportedMediaType, format!("Content-Type {other}: expected application/json (a daemon-side source), application/x-tar (a directory archive) or application/x-ndjson (a JSONL chunk export)"),
         )),
     }
 }
@@ -314,8 +311,7 @@ pub async fn create(
             })?;
             sandlot_vfs::store::validate_name(&name).map_err(crate::vfs::store_error)?;
             if state.vfs.store(&tenant)?.collection(&name).is_ok() {
-                return Err(ApiError::new(
-                    StatusCode::CONFLICT,
+                return Err(ApiError::of(
                     ErrorCode::AlreadyExists,
                     format!("collection {name:?} already exists"),
                 ));
@@ -532,8 +528,7 @@ pub async fn run(
         slot.touch();
         use sandlot_vfs::SessionError as E;
         let out = out.map_err(|e| match e {
-            E::CommandLimit { .. } => ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
+            E::CommandLimit { .. } => ApiError::of(
                 ErrorCode::Limit,
                 format!("{e} (vfs.max_commands); open a new session"),
             ),

@@ -15,7 +15,6 @@ use std::fmt::Display;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use axum::http::StatusCode;
 use sandlot_guest::client::{ExecRequest, ProcessId, ProcessInfo, PtySize};
 use sandlot_proto::api::ExecBody;
 use sandlot_proto::units::Seconds;
@@ -69,11 +68,9 @@ pub async fn start(
         match e.code() {
             // The command itself could not be run: the caller's problem (400), not a
             // missing API resource.
-            Some(C::NotFound | C::PermissionDenied | C::SpawnFailed) => ApiError::new(
-                StatusCode::BAD_REQUEST,
-                ErrorCode::SpawnFailed,
-                e.to_string(),
-            ),
+            Some(C::NotFound | C::PermissionDenied | C::SpawnFailed) => {
+                ApiError::of(ErrorCode::SpawnFailed, e.to_string())
+            }
             _ => ApiError::from_guest(
                 e,
                 &format!("exec {:?}", b.argv.first().cloned().unwrap_or_default()),
@@ -203,6 +200,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use axum::http::StatusCode;
 
     fn body(argv: &[&str]) -> ExecBody {
         ExecBody {

@@ -486,6 +486,16 @@ pub fn block_on_within<F: std::future::Future>(secs: u64, what: &str, f: F) -> F
     })
 }
 
+/// Mounts under `dir` in the host's mount namespace.
+pub fn mounts_under(dir: &std::path::Path) -> Vec<String> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    info.lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|mp| std::path::Path::new(mp).starts_with(dir))
+        .map(str::to_string)
+        .collect()
+}
+
 /// Host traces of the sandboxes whose ids start with `prefix`: run directories
 /// and cgroups (both backends), gVisor's sandbox directories and its sandbox and
 /// gofer processes.
