@@ -29,6 +29,9 @@ pub enum CgroupError {
 /// The v1 controllers Sandlot uses.
 pub const V1_CONTROLLERS: &[&str] = &["memory", "pids", "cpu", "cpuacct", "freezer"];
 
+/// How many polls of a v1 freeze still FREEZING between two brief thaws.
+const V1_FREEZE_THAW_EVERY: u32 = 50;
+
 /// Where the cgroup hierarchies are mounted on this host.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum CgroupLayout {
@@ -468,7 +471,20 @@ impl Cgroup {
         };
         write_file(file.clone(), value)?;
         let deadline = Instant::now() + wait;
+        let mut polls = 0u32;
         while !done() {
+            polls += 1;
+            if self.version == 1 && frozen {
+                // v1's freezer can stay FREEZING when a task was forking or in
+                // the kernel as the freeze began: asking again freezes what has
+                // come along since, and now and then a brief thaw lets a task
+                // stuck in between move on to where it freezes.
+                if polls % V1_FREEZE_THAW_EVERY == 0 {
+                    write_file(file.clone(), "THAWED")?;
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                write_file(file.clone(), value)?;
+            }
             if Instant::now() >= deadline {
                 if frozen {
                     let _ = self.freeze(false, Duration::from_millis(0));

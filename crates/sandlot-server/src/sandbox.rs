@@ -56,6 +56,49 @@ impl Counters {
     }
 }
 
+/// Where a pause asked of a handle's owner waits for it.
+#[derive(Debug)]
+enum PauseSlot {
+    Open(Option<crate::pause::PauseReply>),
+    /// The owner has ended: no pause is taken any more.
+    Closed,
+}
+
+/// Why a pause was not handed to the owner.
+#[derive(Debug, PartialEq)]
+enum PauseRefused {
+    /// Another pause is asked already.
+    Asked,
+    /// The owner has ended.
+    Closed,
+}
+
+impl PauseSlot {
+    fn ask(&mut self, reply: crate::pause::PauseReply) -> Result<(), PauseRefused> {
+        match self {
+            PauseSlot::Open(Some(_)) => Err(PauseRefused::Asked),
+            PauseSlot::Open(slot) => {
+                *slot = Some(reply);
+                Ok(())
+            }
+            PauseSlot::Closed => Err(PauseRefused::Closed),
+        }
+    }
+
+    fn take(&mut self) -> Option<crate::pause::PauseReply> {
+        match self {
+            PauseSlot::Open(slot) => slot.take(),
+            PauseSlot::Closed => None,
+        }
+    }
+
+    /// Closes the slot; a pause still asked is dropped, so its asker hears
+    /// "stopped" instead of waiting forever.
+    fn close(&mut self) {
+        *self = PauseSlot::Closed;
+    }
+}
+
 /// A live sandbox.
 pub struct SandboxHandle {
     pub id: String,
@@ -85,7 +128,7 @@ pub struct SandboxHandle {
     stopping: AtomicBool,
     stop_reason: Mutex<Option<EndReason>>,
     /// A pause asked of the owner, and where it answers (see `pause.rs`).
-    pause_request: Mutex<Option<crate::pause::PauseReply>>,
+    pause_request: Mutex<PauseSlot>,
     /// The owner is pausing it: it takes no new work.
     pausing: AtomicBool,
     wake: Notify,
@@ -159,7 +202,7 @@ impl SandboxHandle {
             active_streams: AtomicUsize::new(0),
             stopping: AtomicBool::new(false),
             stop_reason: Mutex::new(None),
-            pause_request: Mutex::new(None),
+            pause_request: Mutex::new(PauseSlot::Open(None)),
             pausing: AtomicBool::new(false),
             wake: Notify::new(),
             stopped: watch::channel(false).0,
@@ -221,14 +264,25 @@ impl SandboxHandle {
     /// stopping or a pause is under way.
     pub(crate) fn request_pause(&self, reply: crate::pause::PauseReply) -> ApiResult<()> {
         self.check_running()?;
-        let mut r = self.pause_request.lock().unwrap_or_else(|e| e.into_inner());
-        if r.is_some() {
-            return Err(crate::pause::wrong_state(&self.id, SandboxState::Pausing));
+        let asked = self
+            .pause_request
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .ask(reply);
+        match asked {
+            Ok(()) => {
+                self.wake.notify_one();
+                Ok(())
+            }
+            Err(PauseRefused::Asked) => {
+                Err(crate::pause::wrong_state(&self.id, SandboxState::Pausing))
+            }
+            // The owner is gone (the sandbox stopped or paused meanwhile).
+            Err(PauseRefused::Closed) => Err(ApiError::conflict(format!(
+                "sandbox {} is stopping",
+                self.id
+            ))),
         }
-        *r = Some(reply);
-        drop(r);
-        self.wake.notify_one();
-        Ok(())
     }
 
     fn take_pause_request(&self) -> Option<crate::pause::PauseReply> {
@@ -236,6 +290,16 @@ impl SandboxHandle {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take()
+    }
+
+    /// The owner is done with this handle: a pause asked meanwhile (which the
+    /// owner never took) answers "stopped" instead of waiting forever, and
+    /// later ones are refused.
+    fn close_pause_requests(&self) {
+        self.pause_request
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .close();
     }
 
     /// A handle of the same sandbox and instance, talking to its agent through
@@ -266,7 +330,7 @@ impl SandboxHandle {
             active_streams: AtomicUsize::new(0),
             stopping: AtomicBool::new(stop_reason.is_some()),
             stop_reason: Mutex::new(stop_reason),
-            pause_request: Mutex::new(None),
+            pause_request: Mutex::new(PauseSlot::Open(None)),
             pausing: AtomicBool::new(false),
             wake: Notify::new(),
             stopped: watch::channel(false).0,
@@ -891,8 +955,14 @@ pub fn start_owner(state: &Arc<AppState>, h: &Arc<SandboxHandle>, adopted: bool)
 }
 
 /// The owner task: waits for a stop request, a timeout or the exit of PID 1, then
-/// tears the sandbox down and records the outcome.
+/// tears the sandbox down and records the outcome (or hands it on, paused or to
+/// a successor).
 pub async fn own(state: Arc<AppState>, h: Arc<SandboxHandle>, adopted: bool) {
+    own_until_done(state, h.clone(), adopted).await;
+    h.close_pause_requests();
+}
+
+async fn own_until_done(state: Arc<AppState>, h: Arc<SandboxHandle>, adopted: bool) {
     let exit_watch = h.inst.exit_watch().ok().and_then(|fd| {
         // SAFETY: the AsyncFd owns `fd` (the instance's new exit descriptor), so
         // it stays open and unchanged for as long as it is registered.
@@ -1267,6 +1337,25 @@ mod tests {
     use super::*;
     use sandlot_runtime::mounts::MountError;
     use std::path::PathBuf;
+
+    #[test]
+    fn a_pause_asked_as_the_owner_ends_hears_stopped_and_later_ones_are_refused() {
+        let mut slot = PauseSlot::Open(None);
+        let (tx, mut pending) = tokio::sync::oneshot::channel();
+        slot.ask(tx).unwrap();
+        let (tx2, _rx2) = tokio::sync::oneshot::channel();
+        assert_eq!(slot.ask(tx2).unwrap_err(), PauseRefused::Asked);
+        // The owner ends without taking it: its asker is answered, not left
+        // waiting.
+        slot.close();
+        assert!(matches!(
+            pending.try_recv(),
+            Err(tokio::sync::oneshot::error::TryRecvError::Closed)
+        ));
+        let (tx3, _rx3) = tokio::sync::oneshot::channel();
+        assert_eq!(slot.ask(tx3).unwrap_err(), PauseRefused::Closed);
+        assert!(slot.take().is_none());
+    }
 
     #[test]
     fn create_errors_name_the_field_and_never_a_host_path() {

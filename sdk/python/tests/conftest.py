@@ -15,7 +15,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -211,6 +210,14 @@ def _stop(d: Daemon) -> List[str]:
 # Tests that failed in this session: the daemon's log is printed at its end then,
 # so that a failure (a 500 names only its request id) can be read in CI's output.
 _FAILED: "list[str]" = []
+# The daemon's log after a failing session, kept on disk and printed last.
+_DAEMON_LOG: "list[str]" = []
+
+
+def pytest_terminal_summary(terminalreporter) -> None:  # type: ignore[no-untyped-def]
+    for text in _DAEMON_LOG:
+        terminalreporter.write_sep("-", "daemon log")
+        terminalreporter.write_line(text)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -230,13 +237,10 @@ def daemon() -> Iterator[Daemon]:
     finally:
         left = _stop(d)
         if left or failed or _FAILED:
-            # Past pytest's capture: a session fixture's teardown output is shown
-            # only with a failing last test otherwise.
-            print(
-                f"\n--- daemon log ({d.dir / 'daemon.log'}; failed: {_FAILED}) ---\n{d.log()[-20000:]}",
-                file=sys.__stderr__,
-            )
-        if not left:
+            # Shown in the terminal summary: a session fixture's teardown output
+            # is captured (and dropped) by pytest.
+            _DAEMON_LOG.append(f"{d.dir / 'daemon.log'} (failed: {_FAILED})\n{d.log()[-30000:]}")
+        else:
             shutil.rmtree(d.dir, ignore_errors=True)
         assert not left, f"leftovers of this test session's sandboxes on the host: {left}"
 
