@@ -250,12 +250,7 @@ pub trait AuditSink: Send + Sync {
     fn record(&self, ev: AuditEvent);
 }
 
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
+pub use sandlot_proto::clock::now_ms;
 
 /// A sandbox with a slot.
 pub struct Attached {

@@ -111,9 +111,7 @@ pub struct SecretInfo {
     pub created_at: i64,
 }
 
-fn now_ms() -> i64 {
-    crate::store::now_ms()
-}
+use crate::store::now_ms;
 
 /// Directory name of a tenant's volumes and secrets.
 fn tenant_dir(tenant: &str) -> String {

@@ -373,13 +373,7 @@ impl Drop for Checkpointer {
     }
 }
 
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
+pub use sandlot_proto::clock::now_ms;
 
 const SANDBOX_COLS: &str = "s.id, s.tenant, s.name, s.spec, s.tags, s.metadata, s.state, s.end_reason, \
     s.exit_code, s.exit_signal, s.error, s.pid, s.memory_bytes, s.created_at, s.started_at, s.ended_at, \

@@ -33,7 +33,7 @@ use crate::error::{ApiError, ApiResult, ErrorCode};
 use crate::timefmt::rfc3339;
 
 fn now_ms() -> u64 {
-    crate::store::now_ms().max(0) as u64
+    crate::store::now_ms() as u64
 }
 
 /// The error chain of `e`, one line.

@@ -30,6 +30,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
 use rusqlite::{params, Connection, OptionalExtension};
+use sandlot_proto::clock::now_ms;
 use serde::{Deserialize, Serialize};
 
 pub mod build;
@@ -330,13 +331,6 @@ pub struct PruneReport {
     pub layers: Vec<Digest>,
     pub blobs: Vec<Digest>,
     pub bytes: u64,
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
 }
 
 /// The image store.

@@ -184,10 +184,7 @@ pub fn format_utc(ts_ms: u64) -> String {
 
 /// Milliseconds since the Unix epoch.
 pub(crate) fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    sandlot_proto::clock::now_ms() as u64
 }
 
 #[cfg(test)]

@@ -440,17 +440,9 @@ fn mount(
     use sandlot_vfs::fuse;
     let coll = store.collection(name)?;
     let view = coll.view(p)?;
-    // Block SIGINT/SIGTERM in every thread, then wait for them here.
-    // SAFETY: sigset operations on a local, zero-initialised sigset_t; pthread_sigmask
-    // only changes this thread's mask (inherited by the FUSE thread spawned below).
-    let set = unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        set
-    };
+    // SIGINT, SIGTERM and SIGHUP blocked in every thread (the FUSE thread started
+    // below inherits the mask), then taken here.
+    let stop = sandlot_runtime::helper_process::StopSignals::block()?;
     let m = fuse::mount(view.clone(), dir, &fuse::MountOptions { allow_other })?;
     eprintln!(
         "sandlot: mounted {name} v{} for {} at {} ({} documents); Ctrl-C or `umount {}` to stop",
@@ -460,17 +452,8 @@ fn mount(
         view.tree().doc_count(),
         dir.display()
     );
-    loop {
-        if !m.is_alive() {
-            break;
-        }
-        let ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 200_000_000,
-        };
-        // SAFETY: `set` is a valid signal set; a null siginfo pointer is allowed.
-        let sig = unsafe { libc::sigtimedwait(&set, std::ptr::null_mut(), &ts) };
-        if sig > 0 {
+    while m.is_alive() {
+        if stop.wait(std::time::Duration::from_millis(200)).is_some() {
             break;
         }
     }

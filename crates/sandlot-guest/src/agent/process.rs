@@ -8,7 +8,6 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use nix::errno::Errno;
@@ -306,10 +305,7 @@ pub(crate) fn watch_lifeline(agent: Shared, fd: OwnedFd) -> io::Result<JoinHandl
 }
 
 fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    sandlot_proto::clock::now_ms() as u64
 }
 
 /// Outcome of reading a pipe as far as allowed.

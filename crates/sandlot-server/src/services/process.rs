@@ -166,13 +166,13 @@ pub async fn write_stdin(h: &SandboxHandle, e: &ProcEntry, data: &[u8]) -> ApiRe
     let mut g = e.stdin.lock().await;
     let s = g.as_mut().ok_or_else(|| {
         ApiError::conflict(format!(
-            "stdin of process {} is closed (or it was started without stdin)",
-            e.pid
+            "stdin of process {} (pid {}) is closed (or it was started without stdin)",
+            e.id, e.pid
         ))
     })?;
-    s.write(data)
-        .await
-        .map_err(|err| ApiError::from_guest(err, &format!("stdin of process {}", e.pid)))?;
+    s.write(data).await.map_err(|err| {
+        ApiError::from_guest(err, &format!("stdin of process {} (pid {})", e.id, e.pid))
+    })?;
     h.counters
         .stdin
         .fetch_add(data.len() as u64, Ordering::Relaxed);
