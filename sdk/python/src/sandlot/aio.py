@@ -33,7 +33,7 @@ from typing import (
 
 import httpx
 
-from . import _spec, errors
+from . import _output, _spec, errors
 from . import code as _code
 from ._tarsafe import extract_tar
 from .client import AsyncClient, default_async_client
@@ -54,7 +54,6 @@ from .models import (
     TarResult,
     Usage,
     WatchEvent,
-    decode_chunk,
     metrics_params,
 )
 
@@ -179,9 +178,7 @@ class AsyncProcess:
         self._decoders = {k: codecs.getincrementaldecoder("utf-8")("replace") for k in ("stdout", "stderr")}
         self._pipes = {"stdout": _AsyncPipe(), "stderr": _AsyncPipe()}
         self._merged = _AsyncPipe()
-        self._mode: Optional[str] = None
-        self._pending: List[OutputChunk] = []
-        self._offsets = {"stdout": from_offsets[0], "stderr": from_offsets[1]}
+        self._out = _output.OutputState(from_offsets)
         self._exit: Optional[ExitStatus] = info.exit
         self._exited = asyncio.Event()
         self._error: Optional[BaseException] = None
@@ -210,22 +207,15 @@ class AsyncProcess:
         return AsyncOutputStream(self._pipes["stderr"], self._start_split, "stderr")
 
     def _start_split(self) -> None:
-        self._choose("split")
+        self._choose(_output.SPLIT)
         self._ensure_reader()
 
     def _choose(self, mode: str) -> None:
-        if self._mode is None:
-            self._mode = mode
-            for c in self._pending:
-                self._route(c)
-            self._pending.clear()
-        elif self._mode != mode:
-            raise RuntimeError(
-                "a process's output is read either through stdout/stderr or through iter_output(), not both"
-            )
+        for c in self._out.choose(mode):
+            self._route(c)
 
     def _route(self, c: OutputChunk) -> None:
-        if self._mode == "split":
+        if self._out.mode == _output.SPLIT:
             self._pipes[c.stream].feed(c.data)
         else:
             self._merged.feed(c)
@@ -258,7 +248,7 @@ class AsyncProcess:
                         async with self._client.stream(
                             "GET",
                             f"{self._base}/output",
-                            params={"stdout_from": self._offsets["stdout"], "stderr_from": self._offsets["stderr"]},
+                            params=self._out.params(),
                         ) as resp:
                             await self._consume(resp.aiter_lines())
                     else:
@@ -308,39 +298,21 @@ class AsyncProcess:
         async for line in lines:
             if self._closing:
                 return
-            if not line:
-                continue
-            ev = json.loads(line)
-            kind = ev.get("type")
-            if kind in ("stdout", "stderr"):
-                await self._deliver(decode_chunk(ev))
-            elif kind == "exit":
-                self._exit = ExitStatus.from_json(ev.get("exit") or {})
+            ev = self._out.event(line)
+            if isinstance(ev, OutputChunk):
+                await self._deliver(ev)
+            elif isinstance(ev, _output.Exited):
+                self._exit = ev.status
                 self._exited.set()
-            elif kind == "error":
-                raise errors.from_stream_error(ev.get("error") or {})
-            elif kind == "attached":
-                self._offsets["stdout"] = max(self._offsets["stdout"], int(ev.get("stdout_from", 0)))
-                self._offsets["stderr"] = max(self._offsets["stderr"], int(ev.get("stderr_from", 0)))
-            elif kind == "started" and "process" in ev:
-                self.info = ProcessInfo.from_json(ev["process"])
+            elif isinstance(ev, _output.Started):
+                self.info = ev.info
 
     async def _deliver(self, c: OutputChunk) -> None:
-        seen = self._offsets[c.stream]
-        data = c.data
-        if c.offset + len(data) <= seen:
-            return
-        if c.offset < seen:
-            data = data[seen - c.offset :]
-        self._offsets[c.stream] = c.offset + len(c.data)
-        chunk = OutputChunk(stream=c.stream, data=data, offset=c.offset + len(c.data) - len(data))
-        if self._mode is None:
-            self._pending.append(chunk)
-        else:
-            self._route(chunk)
+        if not self._out.hold(c):
+            self._route(c)
         cb = self._callbacks[c.stream]
         if cb is not None:
-            text = self._decoders[c.stream].decode(data)
+            text = self._decoders[c.stream].decode(c.data)
             if text:
                 r = cb(text)
                 if inspect.isawaitable(r):
@@ -409,7 +381,7 @@ class AsyncProcess:
 
     async def iter_output(self) -> AsyncIterator[OutputChunk]:
         """Stdout and stderr chunks in arrival order (instead of ``stdout``/``stderr``)."""
-        self._choose("merged")
+        self._choose(_output.MERGED)
         self._ensure_reader()
         while True:
             c = await self._merged.read_chunk()
@@ -421,7 +393,7 @@ class AsyncProcess:
         """Waits for the exit and the end of both streams; the output not consumed
         yet (after ``iter_output()``, what it has not yielded)."""
         await self.wait()
-        if self._mode == "merged":
+        if self._out.mode == _output.MERGED:
             rest: Dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
             while True:
                 c = await self._merged.read_chunk()

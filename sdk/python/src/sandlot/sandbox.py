@@ -33,6 +33,7 @@ import httpx
 
 from . import _spec, errors
 from . import code as _code
+from . import _output
 from ._tarsafe import extract_tar
 from .client import Client, default_client
 from .image import Image
@@ -52,7 +53,6 @@ from .models import (
     TarResult,
     Usage,
     WatchEvent,
-    decode_chunk,
     metrics_params,
 )
 
@@ -107,7 +107,7 @@ class OutputStream:
         self.name = name
 
     def iter_bytes(self) -> Iterator[bytes]:
-        self._proc._choose("split")
+        self._proc._choose(_output.SPLIT)
         while True:
             b = self._proc._take(self.name)
             if b is None:
@@ -201,9 +201,7 @@ class Process:
         }
         # Output is read either per stream (stdout/stderr) or merged (iter_output);
         # until the first reader chooses, it waits in arrival order.
-        self._mode: Optional[str] = None
-        self._pending: List[OutputChunk] = []
-        self._offsets = {"stdout": from_offsets[0], "stderr": from_offsets[1]}
+        self._out = _output.OutputState(from_offsets)
         self._exit: Optional[ExitStatus] = info.exit
         self._exit_seen = info.exit is not None
         self._ended = False
@@ -256,18 +254,11 @@ class Process:
 
     def _choose(self, mode: str) -> None:
         with self._cv:
-            if self._mode is None:
-                self._mode = mode
-                for c in self._pending:
-                    self._route(c)
-                self._pending.clear()
-            elif self._mode != mode:
-                raise RuntimeError(
-                    "a process's output is read either through stdout/stderr or through iter_output(), not both"
-                )
+            for c in self._out.choose(mode):
+                self._route(c)
 
     def _route(self, c: OutputChunk) -> None:
-        if self._mode == "split":
+        if self._out.mode == _output.SPLIT:
             self._bufs[c.stream].append(c.data)
         else:
             self._bufs["merged"].append(c)
@@ -349,8 +340,7 @@ class Process:
                     # re-attach from our offsets; a stopped sandbox answers 409.
                     self._retry(None)
                 return
-            if line:
-                self._dispatch(json.loads(line))
+            self._dispatch(line)
         except (httpx.TransportError, httpx.StreamError, errors.SandlotError) as e:
             self._close_source()
             if self._closing:
@@ -376,7 +366,7 @@ class Process:
                 self._client.stream(
                     "GET",
                     f"{self._base}/output",
-                    params={"stdout_from": self._offsets["stdout"], "stderr_from": self._offsets["stderr"]},
+                    params=self._out.params(),
                 )
             )
         except BaseException:
@@ -409,44 +399,25 @@ class Process:
             self._ended = True
             self._cv.notify_all()
 
-    def _dispatch(self, ev: Dict[str, Any]) -> None:
-        kind = ev.get("type")
-        if kind in ("stdout", "stderr"):
-            self._deliver(decode_chunk(ev))
-        elif kind == "exit":
-            with self._cv:
-                self._exit = ExitStatus.from_json(ev.get("exit") or {})
+    def _dispatch(self, line: str) -> None:
+        with self._cv:
+            ev = self._out.event(line)
+            if isinstance(ev, OutputChunk):
+                if not self._out.hold(ev):
+                    self._route(ev)
+                self._cv.notify_all()
+            elif isinstance(ev, _output.Exited):
+                self._exit = ev.status
                 self._exit_seen = True
                 self._cv.notify_all()
-        elif kind == "error":
-            raise errors.from_stream_error(ev.get("error") or {})
-        elif kind == "attached":
-            with self._cv:
-                self._offsets["stdout"] = max(self._offsets["stdout"], int(ev.get("stdout_from", 0)))
-                self._offsets["stderr"] = max(self._offsets["stderr"], int(ev.get("stderr_from", 0)))
-        elif kind == "started" and "process" in ev:
-            self.info = ProcessInfo.from_json(ev["process"])
-
-    def _deliver(self, c: OutputChunk) -> None:
-        with self._cv:
-            seen = self._offsets[c.stream]
-            data = c.data
-            if c.offset + len(data) <= seen:
-                return  # already delivered before a re-attach
-            if c.offset < seen:
-                data = data[seen - c.offset :]
-            self._offsets[c.stream] = c.offset + len(c.data)
-            chunk = OutputChunk(stream=c.stream, data=data, offset=c.offset + len(c.data) - len(data))
-            if self._mode is None:
-                self._pending.append(chunk)
-            else:
-                self._route(chunk)
-            self._cv.notify_all()
-        cb = self._callbacks[c.stream]
-        if cb is not None:
-            text = self._decoders[c.stream].decode(data)
-            if text:
-                cb(text)
+            elif isinstance(ev, _output.Started):
+                self.info = ev.info
+        if isinstance(ev, OutputChunk):
+            cb = self._callbacks[ev.stream]
+            if cb is not None:
+                text = self._decoders[ev.stream].decode(ev.data)
+                if text:
+                    cb(text)
 
     def _flush_callback(self, name: str) -> None:
         cb = self._callbacks[name]
@@ -519,7 +490,7 @@ class Process:
 
     def iter_output(self) -> Iterator[OutputChunk]:
         """Stdout and stderr chunks in arrival order (instead of ``stdout``/``stderr``)."""
-        self._choose("merged")
+        self._choose(_output.MERGED)
         while True:
             c = self._take("merged")
             if c is None:
@@ -530,7 +501,7 @@ class Process:
         """Waits for the exit and the end of both streams; the output not consumed
         yet (after ``iter_output()``, what it has not yielded)."""
         self.wait()
-        if self._mode == "merged":
+        if self._out.mode == _output.MERGED:
             rest: Dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
             while True:
                 c = self._take("merged")
