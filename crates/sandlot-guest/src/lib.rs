@@ -1,77 +1,21 @@
-//! The in-sandbox agent and the host-side client of the guest protocol.
+//! The host-side client of the guest protocol, and the framing both of its ends
+//! speak.
 //!
-//! * [`run_agent`] serves the protocol as PID 1 of a sandbox (or as an ordinary
-//!   process, for tests): processes with optional terminals, output retention and
-//!   re-attach, stdin, signals, timeouts, file operations and watches.
-//! * [`client::GuestClient`] speaks it from the host, over any byte stream.
+//! * [`client::GuestClient`] speaks it from the host, over any byte stream, to an
+//!   agent it does not trust (a sandbox's processes may be that agent).
+//! * [`wire`]: frames read and written, shared with the agent (`sandlot-agent`).
 //!
 //! The wire format is specified in `docs/protocol.md`; its types are in
 //! [`sandlot_proto::guest`] (re-exported as [`proto`]).
 
-mod agent;
+#![forbid(unsafe_code)]
+
 pub mod client;
-mod wire;
+pub mod wire;
 
 pub use sandlot_proto::guest as proto;
 
-use std::os::fd::OwnedFd;
-
-/// How the agent runs processes.
-#[derive(Debug)]
-pub struct AgentConfig {
-    /// Base environment of every process; exec requests override and add. `HOME`,
-    /// `USER`, `LOGNAME` (from the user) and `PATH` are set when absent from both.
-    pub env: Vec<(String, String)>,
-    /// `root`, `user`, `UID[:GID]` or a name in the sandbox's `/etc/passwd`.
-    pub default_user: String,
-    /// Default working directory. Absent: the user's home from `/etc/passwd` if it
-    /// exists, else `/`.
-    pub default_cwd: Option<String>,
-    /// Read end of a pipe: on EOF or HUP the agent kills every process and returns.
-    pub lifeline: Option<OwnedFd>,
-    /// Bytes of recent output kept per stream for re-attach (at least 64 KiB). It is
-    /// also how far a process may run ahead of its slowest attached reader.
-    pub output_retention: usize,
-    /// The agent's own `oom_score_adj`, opened read-write by the runtime before the
-    /// agent became non-dumpable (after that neither the agent nor its children may
-    /// open it). With it, every process starts at 0 while the agent keeps its own
-    /// score. Without it, each child writes 0 to its own file, which only works
-    /// where the agent is dumpable.
-    pub oom_score_adj: Option<OwnedFd>,
-}
-
-impl Default for AgentConfig {
-    fn default() -> Self {
-        AgentConfig {
-            env: Vec::new(),
-            default_user: "root".to_string(),
-            default_cwd: None,
-            lifeline: None,
-            output_retention: 1 << 20,
-            oom_score_adj: None,
-        }
-    }
-}
-
-/// Serves forever on `listener` (already bound and listening).
-///
-/// Returns only on a fatal error (of the listener, or of the epoll instance it
-/// waits on its processes' pipes and its watches through), on a `shutdown`
-/// request or when the lifeline closes, after killing every process it started.
-///
-/// As PID 1 of a pid namespace it reaps every child, orphans included. Otherwise it
-/// makes its process a child subreaper and reaps only the processes it started and
-/// orphaned zombies of the sessions it created, so it never steals the exit status of
-/// another child of its host process (tests may run several agents in one process).
-/// It creates a single-threaded runtime on the calling thread.
-pub fn run_agent(
-    listener: std::os::unix::net::UnixListener,
-    config: AgentConfig,
-) -> std::io::Result<()> {
-    agent::run(listener, config)
-}
-
 /// `sandlot-guest VERSION`, as announced in the handshake.
-pub(crate) fn software() -> String {
+pub fn software() -> String {
     concat!("sandlot-guest ", env!("CARGO_PKG_VERSION")).to_string()
 }

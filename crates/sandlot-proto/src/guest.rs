@@ -1,6 +1,6 @@
-//! The guest protocol: framed, versioned messages between the host and the in-sandbox
-//! agent (`sandlot-guest`), over any reliable byte stream (a Unix socket today; vsock
-//! or stdio for other backends). See `docs/protocol.md` for the full specification.
+//! The guest protocol: framed, versioned messages between the host (its client is
+//! `sandlot-guest`) and the in-sandbox agent (`sandlot-agent`), over any reliable
+//! byte stream (a Unix socket today; vsock or stdio for other backends). See `docs/protocol.md` for the full specification.
 //!
 //! This module holds the frame layout (header encoding and validation, binary
 //! payloads of the data-plane frames) and every JSON message. It does no I/O.

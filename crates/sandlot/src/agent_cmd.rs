@@ -63,14 +63,14 @@ fn run(args: Vec<String>) -> Result<(), String> {
     if pid1 {
         confine_pid1().map_err(|e| format!("--pid1: {e}"))?;
     }
-    let cfg = sandlot_guest::AgentConfig {
+    let cfg = sandlot_agent::AgentConfig {
         env: setup.env,
         default_user: setup.default_user,
         default_cwd: setup.default_cwd,
         lifeline,
         ..Default::default()
     };
-    sandlot_guest::run_agent(listener, cfg).map_err(|e| e.to_string())
+    sandlot_agent::run_agent(listener, cfg).map_err(|e| e.to_string())
 }
 
 /// Standard output and error on `/dev/null`. (Not made non-dumpable: gVisor's

@@ -5,6 +5,8 @@
 //! Exit codes: the command's own for `run`; 125 when Sandlot itself fails (bad input,
 //! runtime error); 126/127 when the command cannot be started / is not found.
 
+#![forbid(unsafe_code)]
+
 use clap::{Parser, Subcommand};
 
 mod agent_cmd;

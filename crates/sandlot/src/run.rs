@@ -168,7 +168,7 @@ fn gvisor_backend() -> anyhow::Result<GvisorBackend> {
 
 /// The entry point of the agent inside a sandbox (see `sandlot_runtime::init`).
 pub fn agent_main(start: AgentStart) -> std::io::Result<()> {
-    let cfg = sandlot_guest::AgentConfig {
+    let cfg = sandlot_agent::AgentConfig {
         env: start.setup.env,
         default_user: start.setup.default_user,
         default_cwd: start.setup.default_cwd,
@@ -176,7 +176,7 @@ pub fn agent_main(start: AgentStart) -> std::io::Result<()> {
         oom_score_adj: start.oom_score_adj,
         ..Default::default()
     };
-    sandlot_guest::run_agent(start.listener, cfg)
+    sandlot_agent::run_agent(start.listener, cfg)
 }
 
 /// Removes the sandbox however the run ends.

@@ -8,7 +8,7 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::net::UnixListener;
 use std::process::ExitCode;
 
-use sandlot_guest::{run_agent, AgentConfig};
+use sandlot_agent::{run_agent, AgentConfig};
 
 fn usage() -> ExitCode {
     eprintln!(

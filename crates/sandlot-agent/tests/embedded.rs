@@ -10,8 +10,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{sh, TempDir};
+use sandlot_agent::{run_agent, AgentConfig};
 use sandlot_guest::client::{GuestClient, ProcessEvent};
-use sandlot_guest::{run_agent, AgentConfig};
 
 async fn connect(path: &Path) -> GuestClient {
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -1,11 +1,11 @@
 //! Guest protocol benchmarks, each against a peer run in the same command.
 //!
-//! Run: `cargo bench -p sandlot-guest --bench guest` (release build; the agent runs
+//! Run: `cargo bench -p sandlot-agent --bench guest` (release build; the agent runs
 //! as a child process on a Unix socket, the client in this process).
 //!
 //! On a machine busy with other work, scheduling delays dominate the latencies;
 //! give the benchmark (and the agent it starts) real-time priority instead:
-//! `cargo bench -p sandlot-guest --bench guest --no-run`, then run the printed
+//! `cargo bench -p sandlot-agent --bench guest --no-run`, then run the printed
 //! executable as `chrt -f 20 /path/to/guest-HASH --bench`.
 //!
 //! * exec round trip of `/bin/true` (request -> started -> exit received) vs a plain

@@ -33,8 +33,8 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::Notify;
 use tokio::task::{JoinHandle, LocalSet};
 
-use crate::wire;
 use crate::AgentConfig;
+use sandlot_guest::wire;
 
 pub(crate) use files::FsCreds;
 pub(crate) use process::Proc;

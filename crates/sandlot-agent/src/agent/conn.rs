@@ -17,7 +17,7 @@ use super::{
     spawn_task, Agent, Chan, Conn, OutBuf, Shared, MAX_CHANNELS_PER_CONN, STDIN_WINDOW,
     WRITE_WINDOW,
 };
-use crate::wire::{self, Frame, FrameReader};
+use sandlot_guest::wire::{self, Frame, FrameReader};
 
 /// Reasons to close a connection.
 fn protocol(msg: impl Into<String>) -> ErrorBody {
@@ -35,7 +35,7 @@ where
         let id = a.next_conn;
         a.next_conn += 1;
         let mut out = OutBuf::new();
-        let hello = Hello::current(crate::software(), AGENT_CAPABILITIES);
+        let hello = Hello::current(sandlot_guest::software(), AGENT_CAPABILITIES);
         wire::put_json(&mut out.buf, FrameKind::Hello, 0, "hello", &hello).expect("hello encodes");
         let reader = Rc::new(Notify::new());
         let writer = out.writer.clone();
@@ -199,7 +199,7 @@ impl Agent {
         };
         if !ready {
             let peer = parse_hello(&f)?;
-            let ours = Hello::current(crate::software(), AGENT_CAPABILITIES);
+            let ours = Hello::current(sandlot_guest::software(), AGENT_CAPABILITIES);
             ours.negotiate(&peer)
                 .map_err(|m| ErrorBody::new(ErrorCode::UnsupportedVersion, m))?;
             if let Some(c) = self.conns.get_mut(&conn) {
