@@ -36,20 +36,7 @@ fn now_ms() -> u64 {
     crate::store::now_ms() as u64
 }
 
-/// The error chain of `e`, one line.
-pub fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let m = c.to_string();
-        if !s.contains(&m) {
-            s.push_str(": ");
-            s.push_str(&m);
-        }
-        cur = c.source();
-    }
-    s
-}
+pub use sandlot_vfs::error_chain as chain;
 
 /// The API error of a store error. An ingest error's source is called "the source"
 /// here; [`VfsService::ingest`] names it better (see [`ingest_error`]).

@@ -26,6 +26,8 @@ pub mod glob;
 pub mod index;
 pub mod ingest;
 pub mod manifest;
+#[cfg(feature = "mount-helper")]
+pub mod mount_helper;
 pub mod shell;
 pub mod store;
 
@@ -39,6 +41,21 @@ pub use shell::{Limits, Output, ScratchLimits, ScratchUsage, Session, SessionErr
 pub use store::{
     Collection, CollectionConfig, CollectionInfo, IngestMode, Store, StoreError, Version, View,
 };
+
+/// `e` and its sources, one line (a source already in the text is not repeated).
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let m = c.to_string();
+        if !s.contains(&m) {
+            s.push_str(": ");
+            s.push_str(&m);
+        }
+        cur = c.source();
+    }
+    s
+}
 
 #[cfg(test)]
 mod tests {

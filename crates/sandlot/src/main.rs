@@ -89,9 +89,9 @@ fn main() {
     // The daemon's server of one collection mount (see sandlot_server::collection_mount).
     if std::env::args_os()
         .nth(1)
-        .is_some_and(|a| a == sandlot_server::collection_mount::SERVE_ARG)
+        .is_some_and(|a| a == sandlot_vfs::mount_helper::SERVE_ARG)
     {
-        sandlot_server::collection_mount::serve_main();
+        sandlot_vfs::mount_helper::serve_main();
     }
     // `sandlot run` first, parsed against its own arguments alone.
     if let Some(a) = parse_run_alone(std::env::args_os()) {
