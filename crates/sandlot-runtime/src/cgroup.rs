@@ -29,8 +29,10 @@ pub enum CgroupError {
 /// The v1 controllers Sandlot uses.
 pub const V1_CONTROLLERS: &[&str] = &["memory", "pids", "cpu", "cpuacct", "freezer"];
 
-/// How many polls of a v1 freeze still FREEZING between two brief thaws.
-const V1_FREEZE_THAW_EVERY: u32 = 50;
+/// Polls (200 µs apart) of a v1 freeze still FREEZING between two asks again.
+const V1_FREEZE_ASK_EVERY: u32 = 25;
+/// Asks again between two brief thaws.
+const V1_FREEZE_THAW_EVERY: u32 = 10;
 
 /// Where the cgroup hierarchies are mounted on this host.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -472,28 +474,34 @@ impl Cgroup {
         write_file(file.clone(), value)?;
         let deadline = Instant::now() + wait;
         let mut polls = 0u32;
+        // Nothing half frozen is left behind a failure.
+        let thaw_after = |e: CgroupError| {
+            if frozen {
+                let _ = self.freeze(false, Duration::from_millis(0));
+            }
+            e
+        };
         while !done() {
             polls += 1;
-            if self.version == 1 && frozen {
+            if self.version == 1 && frozen && polls.is_multiple_of(V1_FREEZE_ASK_EVERY) {
                 // v1's freezer can stay FREEZING when a task was forking or in
                 // the kernel as the freeze began: asking again freezes what has
                 // come along since, and now and then a brief thaw lets a task
-                // stuck in between move on to where it freezes.
-                if polls.is_multiple_of(V1_FREEZE_THAW_EVERY) {
-                    write_file(file.clone(), "THAWED")?;
+                // stuck in between move on to where it freezes. Each ask walks
+                // the cgroup's tasks under the kernel's freezer lock, so not on
+                // every poll.
+                if polls.is_multiple_of(V1_FREEZE_ASK_EVERY * V1_FREEZE_THAW_EVERY) {
+                    write_file(file.clone(), "THAWED").map_err(thaw_after)?;
                     std::thread::sleep(Duration::from_millis(10));
                 }
-                write_file(file.clone(), value)?;
+                write_file(file.clone(), value).map_err(thaw_after)?;
             }
             if Instant::now() >= deadline {
-                if frozen {
-                    let _ = self.freeze(false, Duration::from_millis(0));
-                }
-                return Err(CgroupError::Write {
+                return Err(thaw_after(CgroupError::Write {
                     path: file,
                     value: value.to_string(),
                     source: io::Error::new(io::ErrorKind::TimedOut, "the cgroup did not settle"),
-                });
+                }));
             }
             std::thread::sleep(Duration::from_micros(200));
         }

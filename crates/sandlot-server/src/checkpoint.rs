@@ -806,6 +806,18 @@ pub async fn restore(
     id: &str,
     cp: &str,
 ) -> ApiResult<Restored> {
+    // On a task of its own: a caller that goes away mid-way would leave the
+    // sandbox held `resuming`.
+    let (st, p, id, cp) = (state.clone(), p.clone(), id.to_string(), cp.to_string());
+    crate::error::to_completion(async move { restore_attached(&st, &p, &id, &cp).await }).await
+}
+
+async fn restore_attached(
+    state: &Arc<AppState>,
+    p: &Principal,
+    id: &str,
+    cp: &str,
+) -> ApiResult<Restored> {
     if state.is_shutting_down() {
         return Err(ApiError::unavailable("the daemon is shutting down"));
     }

@@ -32,6 +32,18 @@ pub async fn fork(
     id: &str,
     req: &ForkRequest,
 ) -> ApiResult<Forked> {
+    // On a task of its own: a caller that goes away mid-way would leave the
+    // parent held `resuming` and forks half made.
+    let (st, p, id, req) = (state.clone(), p.clone(), id.to_string(), req.clone());
+    crate::error::to_completion(async move { fork_attached(&st, &p, &id, &req).await }).await
+}
+
+async fn fork_attached(
+    state: &Arc<AppState>,
+    p: &Principal,
+    id: &str,
+    req: &ForkRequest,
+) -> ApiResult<Forked> {
     if state.is_shutting_down() {
         return Err(ApiError::unavailable("the daemon is shutting down"));
     }

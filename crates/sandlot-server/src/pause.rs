@@ -118,9 +118,21 @@ pub async fn request(
     }
     let (tx, rx) = oneshot::channel();
     h.request_pause(tx)?;
-    rx.await
-        .map_err(|_| ApiError::conflict(format!("sandbox {} stopped", rec.id)))??;
-    crate::services::sandboxes::lookup(state, p, &rec.id)
+    // The owner (or, as it ends, its handle) answers; unanswered, the record says
+    // what came of the sandbox.
+    let answered = match rx.await {
+        Ok(answer) => answer.map(|_| true)?,
+        Err(_) => false,
+    };
+    let now = crate::services::sandboxes::lookup(state, p, &rec.id)?;
+    if !answered && now.state != SandboxState::Paused {
+        return Err(wrong_state_for(
+            &now.id,
+            now.state,
+            "the pause did not happen",
+        ));
+    }
+    Ok(now)
 }
 
 /// 429 `quota_exceeded`: `tenant` has `n` sandboxes paused, the cap `max`.
@@ -815,6 +827,17 @@ pub fn damage(dir: &Path, files: &[SavedFile]) -> Option<String> {
 /// `lifetime_exceeded` when it has reached `limits.max_timeout` (it stays paused
 /// either way), 429 when the tenant's memory quota has no room for it.
 pub async fn resume(
+    state: &Arc<AppState>,
+    p: &crate::auth::Principal,
+    id: &str,
+) -> ApiResult<SandboxRecord> {
+    // On a task of its own: a caller that goes away between the sandbox's
+    // registration and its owner's start would leave it running without one.
+    let (st, p, id) = (state.clone(), p.clone(), id.to_string());
+    crate::error::to_completion(async move { resume_attached(&st, &p, &id).await }).await
+}
+
+async fn resume_attached(
     state: &Arc<AppState>,
     p: &crate::auth::Principal,
     id: &str,

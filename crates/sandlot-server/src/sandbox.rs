@@ -74,14 +74,18 @@ enum PauseRefused {
 }
 
 impl PauseSlot {
-    fn ask(&mut self, reply: crate::pause::PauseReply) -> Result<(), PauseRefused> {
+    /// Hands `reply` to the owner; refused, it comes back.
+    fn ask(
+        &mut self,
+        reply: crate::pause::PauseReply,
+    ) -> Result<(), (PauseRefused, crate::pause::PauseReply)> {
         match self {
-            PauseSlot::Open(Some(_)) => Err(PauseRefused::Asked),
+            PauseSlot::Open(Some(_)) => Err((PauseRefused::Asked, reply)),
             PauseSlot::Open(slot) => {
                 *slot = Some(reply);
                 Ok(())
             }
-            PauseSlot::Closed => Err(PauseRefused::Closed),
+            PauseSlot::Closed => Err((PauseRefused::Closed, reply)),
         }
     }
 
@@ -92,10 +96,13 @@ impl PauseSlot {
         }
     }
 
-    /// Closes the slot; a pause still asked is dropped, so its asker hears
-    /// "stopped" instead of waiting forever.
-    fn close(&mut self) {
-        *self = PauseSlot::Closed;
+    /// Closes the slot: the pause still asked, which the owner never took (its
+    /// asker is answered by the one closing).
+    fn close(&mut self) -> Option<crate::pause::PauseReply> {
+        match std::mem::replace(self, PauseSlot::Closed) {
+            PauseSlot::Open(left) => left,
+            PauseSlot::Closed => None,
+        }
     }
 }
 
@@ -264,6 +271,14 @@ impl SandboxHandle {
     /// stopping or a pause is under way.
     pub(crate) fn request_pause(&self, reply: crate::pause::PauseReply) -> ApiResult<()> {
         self.check_running()?;
+        self.hand_pause(reply).map_err(|(e, _)| e)
+    }
+
+    /// [`SandboxHandle::request_pause`], giving the reply back when refused.
+    fn hand_pause(
+        &self,
+        reply: crate::pause::PauseReply,
+    ) -> Result<(), (ApiError, crate::pause::PauseReply)> {
         let asked = self
             .pause_request
             .lock()
@@ -274,14 +289,16 @@ impl SandboxHandle {
                 self.wake.notify_one();
                 Ok(())
             }
-            Err(PauseRefused::Asked) => {
-                Err(crate::pause::wrong_state(&self.id, SandboxState::Pausing))
-            }
-            // The owner is gone (the sandbox stopped or paused meanwhile).
-            Err(PauseRefused::Closed) => Err(ApiError::conflict(format!(
-                "sandbox {} is stopping",
-                self.id
-            ))),
+            Err((PauseRefused::Asked, r)) => Err((
+                crate::pause::wrong_state(&self.id, SandboxState::Pausing),
+                r,
+            )),
+            // The owner is gone (the sandbox stopped, paused or was handed on
+            // meanwhile).
+            Err((PauseRefused::Closed, r)) => Err((
+                crate::pause::wrong_state(&self.id, SandboxState::Stopping),
+                r,
+            )),
         }
     }
 
@@ -292,14 +309,43 @@ impl SandboxHandle {
             .take()
     }
 
-    /// The owner is done with this handle: a pause asked meanwhile (which the
-    /// owner never took) answers "stopped" instead of waiting forever, and
+    /// The owner is done with this handle (`end`; None: it failed): a pause
+    /// asked meanwhile, which the owner never took, is answered by how it ended
+    /// (paused: done; handed on: asked of the next handle; stopped: refused), and
     /// later ones are refused.
-    fn close_pause_requests(&self) {
-        self.pause_request
+    fn close_pause_requests(&self, state: &AppState, end: Option<OwnerEnd>) {
+        let left = self
+            .pause_request
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .close();
+        let Some(reply) = left else { return };
+        let answer = match end {
+            Some(OwnerEnd::Paused) => match state.store.pause_of(&self.id) {
+                Ok(Some(p)) => Ok(p.kind),
+                _ => Err(crate::pause::wrong_state(&self.id, SandboxState::Paused)),
+            },
+            Some(OwnerEnd::HandedOn) => match state.handle(&self.id) {
+                Some(next) if !std::ptr::eq(Arc::as_ptr(&next), self) => {
+                    match next.hand_pause(reply) {
+                        Ok(()) => return,
+                        Err((e, reply)) => {
+                            let _ = reply.send(Err(e));
+                            return;
+                        }
+                    }
+                }
+                _ => Err(crate::pause::wrong_state(&self.id, SandboxState::Stopping)),
+            },
+            Some(OwnerEnd::Stopped) => {
+                Err(crate::pause::wrong_state(&self.id, SandboxState::Stopping))
+            }
+            None => Err(ApiError::internal(format!(
+                "the owner task of sandbox {} failed",
+                self.id
+            ))),
+        };
+        let _ = reply.send(answer);
     }
 
     /// A handle of the same sandbox and instance, talking to its agent through
@@ -958,11 +1004,40 @@ pub fn start_owner(state: &Arc<AppState>, h: &Arc<SandboxHandle>, adopted: bool)
 /// tears the sandbox down and records the outcome (or hands it on, paused or to
 /// a successor).
 pub async fn own(state: Arc<AppState>, h: Arc<SandboxHandle>, adopted: bool) {
-    own_until_done(state, h.clone(), adopted).await;
-    h.close_pause_requests();
+    let mut closer = PauseCloser {
+        state: state.clone(),
+        h: h.clone(),
+        end: None,
+    };
+    closer.end = Some(own_until_done(state, h, adopted).await);
 }
 
-async fn own_until_done(state: Arc<AppState>, h: Arc<SandboxHandle>, adopted: bool) {
+/// How an owner task ended.
+#[derive(Debug, Clone, Copy)]
+enum OwnerEnd {
+    /// The sandbox is paused.
+    Paused,
+    /// A successor handle took the sandbox over (a pause that failed).
+    HandedOn,
+    /// The sandbox stopped.
+    Stopped,
+}
+
+/// Closes a handle's pause slot when its owner task ends, however it ends (a
+/// panic included).
+struct PauseCloser {
+    state: Arc<AppState>,
+    h: Arc<SandboxHandle>,
+    end: Option<OwnerEnd>,
+}
+
+impl Drop for PauseCloser {
+    fn drop(&mut self) {
+        self.h.close_pause_requests(&self.state, self.end);
+    }
+}
+
+async fn own_until_done(state: Arc<AppState>, h: Arc<SandboxHandle>, adopted: bool) -> OwnerEnd {
     let exit_watch = h.inst.exit_watch().ok().and_then(|fd| {
         // SAFETY: the AsyncFd owns `fd` (the instance's new exit descriptor), so
         // it stays open and unchanged for as long as it is registered.
@@ -996,7 +1071,7 @@ async fn own_until_done(state: Arc<AppState>, h: Arc<SandboxHandle>, adopted: bo
             match crate::pause::pause(&state, &h, false).await {
                 Outcome::Paused(kind) => {
                     let _ = reply.send(Ok(kind));
-                    return;
+                    return OwnerEnd::Paused;
                 }
                 Outcome::Running(e) => {
                     let _ = reply.send(Err(e));
@@ -1004,7 +1079,7 @@ async fn own_until_done(state: Arc<AppState>, h: Arc<SandboxHandle>, adopted: bo
                 }
                 Outcome::Replaced(e) => {
                     let _ = reply.send(Err(e));
-                    return;
+                    return OwnerEnd::HandedOn;
                 }
                 Outcome::Ended(e) => {
                     let _ = reply.send(Err(e));
@@ -1029,7 +1104,8 @@ async fn own_until_done(state: Arc<AppState>, h: Arc<SandboxHandle>, adopted: bo
         if let Some(e) = crate::autopause::expiry(&clocks, &h.lifecycle) {
             use crate::autopause::Settled;
             match crate::autopause::on_expiry(&state, &h, e).await {
-                Settled::Paused | Settled::Replaced => return,
+                Settled::Paused => return OwnerEnd::Paused,
+                Settled::Replaced => return OwnerEnd::HandedOn,
                 // A request came before the pause began: it runs on.
                 Settled::Busy => continue,
                 // A stop asked meanwhile (a DELETE during the pause) is why it ends.
@@ -1073,6 +1149,8 @@ async fn own_until_done(state: Arc<AppState>, h: Arc<SandboxHandle>, adopted: bo
             }
         }
     };
+    // A pause asked from here on is refused at once, not after the teardown.
+    h.close_pause_requests(&state, Some(OwnerEnd::Stopped));
     h.request_stop(reason);
     tracing::info!(reason = reason.as_str(), adopted, "stopping sandbox");
     if let Err(e) = state.store.mark_stopping(&h.id, reason) {
@@ -1140,6 +1218,7 @@ async fn own_until_done(state: Arc<AppState>, h: Arc<SandboxHandle>, adopted: bo
     }
     drop(cleanup);
     tracing::debug!("sandbox cleaned up");
+    OwnerEnd::Stopped
 }
 
 /// On start: re-adopts sandboxes whose PID 1 survived, records the others as lost,
@@ -1339,22 +1418,20 @@ mod tests {
     use std::path::PathBuf;
 
     #[test]
-    fn a_pause_asked_as_the_owner_ends_hears_stopped_and_later_ones_are_refused() {
+    fn a_pause_asked_as_the_owner_ends_is_given_back_to_answer_and_later_ones_are_refused() {
         let mut slot = PauseSlot::Open(None);
         let (tx, mut pending) = tokio::sync::oneshot::channel();
         slot.ask(tx).unwrap();
         let (tx2, _rx2) = tokio::sync::oneshot::channel();
-        assert_eq!(slot.ask(tx2).unwrap_err(), PauseRefused::Asked);
-        // The owner ends without taking it: its asker is answered, not left
-        // waiting.
-        slot.close();
-        assert!(matches!(
-            pending.try_recv(),
-            Err(tokio::sync::oneshot::error::TryRecvError::Closed)
-        ));
+        assert_eq!(slot.ask(tx2).unwrap_err().0, PauseRefused::Asked);
+        // The owner ends without taking it: the one closing gets it to answer.
+        let left = slot.close().expect("the pause still asked");
+        left.send(Err(ApiError::conflict("stopped"))).unwrap();
+        assert!(pending.try_recv().unwrap().is_err());
         let (tx3, _rx3) = tokio::sync::oneshot::channel();
-        assert_eq!(slot.ask(tx3).unwrap_err(), PauseRefused::Closed);
+        assert_eq!(slot.ask(tx3).unwrap_err().0, PauseRefused::Closed);
         assert!(slot.take().is_none());
+        assert!(slot.close().is_none());
     }
 
     #[test]

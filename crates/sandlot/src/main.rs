@@ -86,7 +86,7 @@ fn main() {
     {
         agent_cmd::main();
     }
-    // The daemon's server of one collection mount (see sandlot_server::collection_mount).
+    // The confined server of one collection mount in a sandbox (sandlot_vfs::mount_helper).
     if std::env::args_os()
         .nth(1)
         .is_some_and(|a| a == sandlot_vfs::mount_helper::SERVE_ARG)
