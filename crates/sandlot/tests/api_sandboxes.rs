@@ -34,10 +34,10 @@ fn lifecycle_filters_and_errors_on(isolation: &str) {
     let d = Daemon::start_isolated(None, isolation);
     let c = d.client();
     rt().block_on(async {
-        let mut req = body(json!({"resources": {"memory": "256M"}, "timeout": "2m"}));
-        req.name = Some("alpha".into());
-        req.tags.insert("user".into(), "u1".into());
-        req.metadata.insert("purpose".into(), "test".into());
+        let req = body(json!({"resources": {"memory": "256M"}, "timeout": "2m"}))
+            .with_name("alpha")
+            .with_tag("user", "u1")
+            .with_metadata("purpose", "test");
         let sb = c.create_sandbox(&req).await.unwrap();
         assert_eq!(sb.state, SandboxState::Running);
         assert!(sb.id.starts_with(&d.prefix));
@@ -52,8 +52,7 @@ fn lifecycle_filters_and_errors_on(isolation: &str) {
             (409, Some("conflict"))
         );
         // Filters.
-        let mut other = CreateSandbox::default();
-        other.tags.insert("user".into(), "u2".into());
+        let other = CreateSandbox::default().with_tag("user", "u2");
         let sb2 = c.create_sandbox(&other).await.unwrap();
         let f = |tags: Vec<(&str, Option<&str>)>| ListFilter {
             tags: tags
@@ -163,10 +162,10 @@ fn lifecycle_filters_and_errors_on(isolation: &str) {
         assert!(m.contains("sandlot_exec_total 1\n"), "{m}");
         // Delete by name: the live sandbox goes; the name then finds nothing.
         let named = c
-            .create_sandbox(&CreateSandbox {
+            .create_sandbox(&CreateSandbox::from(sandlot_client::CreateSandboxRequest {
                 name: Some("beta".into()),
                 ..Default::default()
-            })
+            }))
             .await
             .unwrap();
         let del = c.delete_sandbox("beta").await.unwrap();
@@ -354,10 +353,10 @@ fn lifetime_and_idle_timeouts_are_enforced() {
             .unwrap();
         let ext = c.set_timeout(&extended.id, json!("30s")).await.unwrap();
         assert!(ext.expires_at > extended.expires_at);
-        let idle_req = CreateSandbox {
-            idle_timeout: Some(json!(2)),
+        let idle_req = CreateSandbox::from(sandlot_client::CreateSandboxRequest {
+            idle_timeout: Some(Some(sandlot_proto::units::Seconds::secs(2))),
             ..Default::default()
-        };
+        });
         let idle = c.create_sandbox(&idle_req).await.unwrap();
         let busy = c.create_sandbox(&idle_req).await.unwrap();
         // Activity keeps `busy` alive past its idle timeout.

@@ -117,10 +117,14 @@ impl E2bConfig {
                     "e2b.templates.{name}: expected a table of spec keys"
                 ));
             };
+            let keys = sandlot_proto::api::create::spec_keys();
             for k in o.keys() {
-                if !sandlot_proto::spec::SPEC_KEYS.contains(&k.as_str()) || k == "timeout" {
+                if !keys.contains(&k.as_str()) || k == "timeout" {
+                    let usable: Vec<&str> =
+                        keys.iter().copied().filter(|k| *k != "timeout").collect();
                     return Err(format!(
-                        "e2b.templates.{name}.{k}: not a sandbox spec key (use image, rootfs, mounts, env, workdir, user, hostname, resources, network)"
+                        "e2b.templates.{name}.{k}: not a sandbox spec key (use {})",
+                        usable.join(", ")
                     ));
                 }
             }

@@ -1,0 +1,477 @@
+//! The create body of a sandbox (`POST /v1/sandboxes`): the sandbox spec, every
+//! field optional, plus `name`, `tags`, `metadata`, `idle_timeout` and the
+//! lifecycle. One type for the daemon (which parses it, then resolves what is
+//! absent against the operator's defaults), the Rust client, the E2B front door
+//! (which builds one from its own body) and the OpenAPI document.
+//!
+//! Absence is kept where the daemon needs it: an absent `network`, `isolation`,
+//! `resources.cpus`, `timeout` or `idle_timeout` takes the operator's default,
+//! which a present value (even the spec's default) overrides. `null` means what
+//! it meant before there was a type: absent for the spec's optional fields
+//! (`rootfs`, `workdir`, `hostname`, `timeout`) and the daemon's fields (`name`,
+//! `tags`, `metadata`, `on_idle`, `on_timeout`, `auto_resume`), "no idle
+//! timeout" for `idle_timeout`, and refused for the others.
+
+use std::collections::BTreeMap;
+
+use serde::de::{self, Deserializer, Visitor};
+use serde::{Deserialize, Serialize};
+
+use super::lifecycle::OnExpiry;
+use crate::spec::{
+    Isolation, MountSpec, NetworkSpec, PortsSpec, Resources, SandboxSpec, SecretRef, VolumeMount,
+};
+use crate::units::Seconds;
+
+#[cfg(feature = "openapi")]
+mod doc;
+#[cfg(feature = "openapi")]
+pub use doc::{
+    AllowRuleDoc, MountDoc, NetworkDoc, PortsDoc, ResourcesDoc, SecretRefDoc, VolumeMountDoc,
+};
+
+/// `POST /v1/sandboxes`: the sandbox spec (every field optional) plus `name`,
+/// `tags`, `metadata`, `idle_timeout` and the lifecycle (`on_idle`,
+/// `on_timeout`, `auto_resume`). Unknown fields are refused.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct CreateSandboxRequest {
+    /// `host` (built in, the default).
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[cfg_attr(feature = "openapi", schema(example = "host"))]
+    pub image: Option<String>,
+    /// A host directory used as the root filesystem (read-only lower layer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rootfs: Option<String>,
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Vec<MountDoc>>))]
+    pub mounts: Option<Vec<MountSpec>>,
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub env: Option<BTreeMap<String, String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workdir: Option<String>,
+    /// `root` (default), `user`, or `UID[:GID]`.
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub user: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<ResourcesDoc>))]
+    pub resources: Option<Resources>,
+    /// Lifetime: seconds or `"10m"` (default: the operator's, 5m).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, example = "10m"))]
+    pub timeout: Option<Seconds>,
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<NetworkDoc>))]
+    pub network: Option<NetworkSpec>,
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<PortsDoc>))]
+    pub ports: Option<PortsSpec>,
+    /// Named volumes: `[{"name", "target", "read_only"}]`.
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Vec<VolumeMountDoc>>))]
+    pub volumes: Option<Vec<VolumeMount>>,
+    /// Named secrets: `[{"name", "env"}]` or `[{"name", "path": "/run/secrets/x"}]`.
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Vec<SecretRefDoc>>))]
+    pub secrets: Option<Vec<SecretRef>>,
+    /// `namespace` (Linux namespaces on the host kernel) or `gvisor` (gVisor's
+    /// kernel in user space); default: the operator's (`[isolation] default`).
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, example = "gvisor"))]
+    pub isolation: Option<Isolation>,
+    /// Unique among the tenant's live sandboxes; usable instead of the id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tags: Option<BTreeMap<String, String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<BTreeMap<String, String>>,
+    /// Stop after this long without exec or file activity: seconds or `"2m"`.
+    /// Absent: the operator's default (`limits.default_idle_timeout`); `null`:
+    /// none.
+    #[serde(
+        default,
+        deserialize_with = "nullable",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, example = "2m"))]
+    pub idle_timeout: Option<Option<Seconds>>,
+    /// What the idle timeout does: `kill` (the default) ends the sandbox,
+    /// `pause` pauses it as `POST .../pause` would (needs an `idle_timeout`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, example = "pause"))]
+    pub on_idle: Option<OnExpiry>,
+    /// What the lifetime timeout does: `kill` (the default) or `pause`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, example = "pause"))]
+    pub on_timeout: Option<OnExpiry>,
+    /// Exec, file, code-context and port-proxy calls on the sandbox while it is
+    /// paused resume it first (default false: they answer 409 `invalid_state`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_resume: Option<bool>,
+}
+
+/// A field that may be absent but not `null`: present, it is read as `T` (whose
+/// error names what `null` is not).
+fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
+    T::deserialize(d).map(Some)
+}
+
+/// A field whose absence (`None`) differs from `null` (`Some(None)`).
+fn nullable<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> Result<Option<Option<T>>, D::Error> {
+    Option::<T>::deserialize(d).map(Some)
+}
+
+impl CreateSandboxRequest {
+    /// A request declaring every field of `spec` (none absent).
+    pub fn from_spec(spec: SandboxSpec) -> CreateSandboxRequest {
+        let SandboxSpec {
+            image,
+            rootfs,
+            mounts,
+            env,
+            workdir,
+            user,
+            hostname,
+            resources,
+            timeout,
+            network,
+            ports,
+            volumes,
+            secrets,
+            isolation,
+        } = spec;
+        CreateSandboxRequest {
+            image: Some(image),
+            rootfs,
+            mounts: Some(mounts),
+            env: Some(env),
+            workdir,
+            user: Some(user),
+            hostname,
+            resources: Some(resources),
+            timeout,
+            network: Some(network),
+            ports: Some(ports),
+            volumes: Some(volumes),
+            secrets: Some(secrets),
+            isolation: Some(isolation),
+            ..Default::default()
+        }
+    }
+
+    /// The spec it declares, an absent field at the spec's default (the daemon
+    /// then applies the operator's defaults where [`Self::network`] or
+    /// [`Self::isolation`] is absent).
+    pub fn spec(&self) -> SandboxSpec {
+        let d = SandboxSpec::default();
+        SandboxSpec {
+            image: self.image.clone().unwrap_or(d.image),
+            rootfs: self.rootfs.clone(),
+            mounts: self.mounts.clone().unwrap_or(d.mounts),
+            env: self.env.clone().unwrap_or(d.env),
+            workdir: self.workdir.clone(),
+            user: self.user.clone().unwrap_or(d.user),
+            hostname: self.hostname.clone(),
+            resources: self.resources.clone().unwrap_or(d.resources),
+            timeout: self.timeout,
+            network: self.network.clone().unwrap_or(d.network),
+            ports: self.ports.unwrap_or(d.ports),
+            volumes: self.volumes.clone().unwrap_or(d.volumes),
+            secrets: self.secrets.clone().unwrap_or(d.secrets),
+            isolation: self.isolation.unwrap_or(d.isolation),
+        }
+    }
+
+    /// Every key a create body may have, from the type itself.
+    pub fn keys() -> &'static [&'static str] {
+        fields_of::<CreateSandboxRequest>()
+    }
+}
+
+/// The keys of a sandbox spec (a JSON object), from [`SandboxSpec`] itself.
+pub fn spec_keys() -> &'static [&'static str] {
+    fields_of::<SandboxSpec>()
+}
+
+/// The field names a derived `Deserialize` of a struct hands to its deserializer
+/// (renames applied): what the type accepts, read from the type.
+fn fields_of<'de, T: Deserialize<'de>>() -> &'static [&'static str] {
+    let mut fields: &'static [&'static str] = &[];
+    let _ = T::deserialize(FieldNames {
+        fields: &mut fields,
+    });
+    fields
+}
+
+/// A deserializer that records the fields of the struct asked of it, then fails.
+struct FieldNames<'a> {
+    fields: &'a mut &'static [&'static str],
+}
+
+#[derive(Debug)]
+struct Recorded;
+
+impl std::fmt::Display for Recorded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("field names recorded")
+    }
+}
+
+impl std::error::Error for Recorded {}
+
+impl de::Error for Recorded {
+    fn custom<M: std::fmt::Display>(_: M) -> Self {
+        Recorded
+    }
+}
+
+impl<'de> Deserializer<'de> for FieldNames<'_> {
+    type Error = Recorded;
+
+    fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Recorded> {
+        Err(Recorded)
+    }
+
+    fn deserialize_struct<V: Visitor<'de>>(
+        self,
+        _: &'static str,
+        fields: &'static [&'static str],
+        _: V,
+    ) -> Result<V::Value, Recorded> {
+        *self.fields = fields;
+        Err(Recorded)
+    }
+
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string
+        bytes byte_buf option unit unit_struct newtype_struct seq tuple
+        tuple_struct map enum identifier ignored_any
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::units::ByteSize;
+    use serde_json::json;
+
+    fn parse(v: serde_json::Value) -> Result<CreateSandboxRequest, String> {
+        serde_json::from_value(v).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn the_request_takes_every_spec_key_and_the_daemons_own() {
+        let keys = CreateSandboxRequest::keys();
+        for k in spec_keys() {
+            assert!(
+                keys.contains(k),
+                "the create request lacks the spec key {k}"
+            );
+        }
+        let mut extra: Vec<&str> = keys
+            .iter()
+            .copied()
+            .filter(|k| !spec_keys().contains(k))
+            .collect();
+        extra.sort();
+        assert_eq!(
+            extra,
+            [
+                "auto_resume",
+                "idle_timeout",
+                "metadata",
+                "name",
+                "on_idle",
+                "on_timeout",
+                "tags"
+            ]
+        );
+        assert!(spec_keys().contains(&"network") && spec_keys().contains(&"isolation"));
+    }
+
+    #[test]
+    fn a_spec_goes_through_the_request_unchanged_field_by_field() {
+        // Every field away from its default, so that a field the conversion
+        // forgot shows up as a difference.
+        let mut spec = SandboxSpec {
+            image: "team/app:1".into(),
+            rootfs: Some("/srv/root".into()),
+            workdir: Some("/w".into()),
+            user: "user".into(),
+            hostname: Some("h".into()),
+            timeout: Some(Seconds::secs(9)),
+            isolation: Isolation::Gvisor,
+            ..Default::default()
+        };
+        spec.mounts.push(MountSpec::Tmpfs {
+            target: "/t".into(),
+            size: ByteSize(1 << 20),
+        });
+        spec.env.insert("A".into(), "b".into());
+        spec.resources.cpus = Some(0.5);
+        spec.network.mode = crate::spec::NetworkMode::Open;
+        spec.ports.public = true;
+        spec.volumes.push(VolumeMount {
+            name: "v".into(),
+            target: "/v".into(),
+            read_only: true,
+        });
+        spec.secrets.push(SecretRef {
+            name: "s".into(),
+            env: Some("S".into()),
+            path: None,
+            uid: None,
+            gid: None,
+            mode: None,
+        });
+        let req = CreateSandboxRequest::from_spec(spec.clone());
+        assert_eq!(req.spec(), spec);
+        let v = serde_json::to_value(&req).unwrap();
+        let mut sent: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        sent.sort();
+        let mut keys = spec_keys().to_vec();
+        keys.sort();
+        assert_eq!(sent, keys, "from_spec declares every spec field");
+        assert_eq!(parse(v).unwrap(), req, "and it reads back the same");
+    }
+
+    #[test]
+    fn an_empty_body_is_the_default_spec_with_nothing_declared() {
+        let req = parse(json!({})).unwrap();
+        assert_eq!(req, CreateSandboxRequest::default());
+        assert_eq!(req.spec(), SandboxSpec::default());
+        assert_eq!(serde_json::to_value(&req).unwrap(), json!({}));
+    }
+
+    #[test]
+    fn absent_network_and_isolation_differ_from_present_defaults() {
+        let req = parse(json!({"network": {}, "isolation": "namespace"})).unwrap();
+        assert_eq!(req.network, Some(NetworkSpec::default()));
+        assert_eq!(req.isolation, Some(Isolation::Namespace));
+        let req = parse(json!({"image": "host"})).unwrap();
+        assert_eq!((req.network, req.isolation), (None, None));
+    }
+
+    #[test]
+    fn idle_timeout_absent_null_and_given_are_three_things() {
+        assert_eq!(parse(json!({})).unwrap().idle_timeout, None);
+        assert_eq!(
+            parse(json!({"idle_timeout": null})).unwrap().idle_timeout,
+            Some(None)
+        );
+        assert_eq!(
+            parse(json!({"idle_timeout": "2m"})).unwrap().idle_timeout,
+            Some(Some(Seconds::secs(120)))
+        );
+        // And each is sent as it was given.
+        let req = CreateSandboxRequest {
+            idle_timeout: Some(None),
+            ..Default::default()
+        };
+        assert_eq!(
+            serde_json::to_value(&req).unwrap(),
+            json!({"idle_timeout": null})
+        );
+    }
+
+    #[test]
+    fn null_is_absent_where_it_was_and_refused_where_it_was() {
+        for k in [
+            "rootfs",
+            "workdir",
+            "hostname",
+            "timeout",
+            "name",
+            "tags",
+            "metadata",
+            "on_idle",
+            "on_timeout",
+            "auto_resume",
+        ] {
+            let req = parse(json!({ k: null })).unwrap_or_else(|e| panic!("{k}: null: {e}"));
+            assert_eq!(req, CreateSandboxRequest::default(), "{k}: null is absent");
+        }
+        for k in [
+            "image",
+            "mounts",
+            "env",
+            "user",
+            "resources",
+            "network",
+            "ports",
+            "volumes",
+            "secrets",
+            "isolation",
+        ] {
+            let e = parse(json!({ k: null })).expect_err(k);
+            assert!(e.contains("null"), "{k}: {e}");
+            // As the spec alone refuses it.
+            assert!(
+                serde_json::from_value::<SandboxSpec>(json!({ k: null })).is_err(),
+                "{k}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_unknown_key_is_refused_naming_it_and_the_accepted_ones() {
+        let e = parse(json!({"imgae": "host"})).unwrap_err();
+        assert!(e.contains("`imgae`"), "{e}");
+        for k in CreateSandboxRequest::keys() {
+            assert!(e.contains(&format!("`{k}`")), "{k} is listed: {e}");
+        }
+    }
+
+    #[test]
+    fn a_duplicate_key_in_text_is_refused() {
+        let e =
+            serde_json::from_str::<CreateSandboxRequest>(r#"{"name":"a","name":"b"}"#).unwrap_err();
+        assert!(e.to_string().contains("duplicate field `name`"), "{e}");
+    }
+}
