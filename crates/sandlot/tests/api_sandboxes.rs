@@ -912,3 +912,52 @@ async fn check_cli(c: &sandlot_client::Client, id: &str) {
     let o = c.run(id, &["pwd"]).await.unwrap();
     assert_eq!(String::from_utf8_lossy(&o.stdout), "/work\n");
 }
+
+/// The operator's defaults fill what a create body leaves out, never what it
+/// gives, even when what it gives is the spec's own default: an absent
+/// `network` is the operator's, `{}` is mode `none`, `null` is refused naming
+/// the field; an absent `idle_timeout` is the operator's, `null` is none.
+#[test]
+fn the_operators_defaults_fill_only_what_the_create_body_leaves_out() {
+    let mut d = Daemon::start_isolated(
+        Some(
+            "[network]\nceiling = \"allow\"\npool_size = 0\n\
+             default = { mode = \"allow\", allow = [{ domain = \"example.com\" }] }\n\
+             [limits]\ndefault_idle_timeout = \"10m\"\n",
+        ),
+        "namespace",
+    );
+    let c = d.client();
+    rt().block_on(async {
+        let absent = c.create_sandbox(&CreateSandbox::default()).await.unwrap();
+        assert_eq!(absent.spec["network"]["mode"], "allow", "{}", absent.spec);
+        assert_eq!(
+            absent.spec["network"]["allow"][0]["domain"], "example.com",
+            "{}",
+            absent.spec
+        );
+        assert_eq!(absent.idle_timeout, Some(600.0));
+        let given = c
+            .create_sandbox(&body(json!({"network": {}, "idle_timeout": null})))
+            .await
+            .unwrap();
+        assert_eq!(given.spec["network"]["mode"], "none", "{}", given.spec);
+        assert_eq!(given.idle_timeout, None);
+        for (bad, field) in [
+            (json!({"network": null}), "network"),
+            (json!({"network": {"mode": "open"}}), "network.mode"),
+            (json!({"idle_timeout": 0}), "idle_timeout"),
+        ] {
+            let e = c.create_sandbox(&body(bad.clone())).await.unwrap_err();
+            let sandlot_client::Error::Api { status, body: e } = e else {
+                panic!("{bad}: {e}")
+            };
+            assert_eq!(status.as_u16(), 400, "{bad}: {}", e.message);
+            assert_eq!(e.field.as_deref(), Some(field), "{bad}: {}", e.message);
+        }
+        for sb in [absent, given] {
+            c.delete_sandbox(&sb.id).await.unwrap();
+        }
+    });
+    d.shutdown();
+}
