@@ -35,7 +35,7 @@ pub use doc::{
 /// `on_timeout`, `auto_resume`). Unknown fields are refused.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, remote = "Self")]
 pub struct CreateSandboxRequest {
     /// `host` (built in, the default).
     #[serde(
@@ -154,6 +154,37 @@ pub struct CreateSandboxRequest {
     pub auto_resume: Option<bool>,
 }
 
+impl Serialize for CreateSandboxRequest {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        // The derived (remote) serializer.
+        CreateSandboxRequest::serialize(self, s)
+    }
+}
+
+/// Only a JSON object is read as a request: a derived `Deserialize` would also
+/// read an array as the fields in order.
+impl<'de> Deserialize<'de> for CreateSandboxRequest {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_map(ObjectOnly)
+    }
+}
+
+/// Reads a create request from a map only, with the derived (remote)
+/// deserializer.
+struct ObjectOnly;
+
+impl<'de> Visitor<'de> for ObjectOnly {
+    type Value = CreateSandboxRequest;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON object (the create body)")
+    }
+
+    fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<CreateSandboxRequest, A::Error> {
+        CreateSandboxRequest::deserialize(de::value::MapAccessDeserializer::new(map))
+    }
+}
+
 /// A field that may be absent but not `null`: present, it is read as `T` (whose
 /// error names what `null` is not).
 fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
@@ -230,7 +261,12 @@ impl CreateSandboxRequest {
 
     /// Every key a create body may have, from the type itself.
     pub fn keys() -> &'static [&'static str] {
-        fields_of::<CreateSandboxRequest>()
+        let mut fields: &'static [&'static str] = &[];
+        // The derived (remote) deserializer names them.
+        let _ = CreateSandboxRequest::deserialize(FieldNames {
+            fields: &mut fields,
+        });
+        fields
     }
 }
 
@@ -466,6 +502,27 @@ mod tests {
         for k in CreateSandboxRequest::keys() {
             assert!(e.contains(&format!("`{k}`")), "{k} is listed: {e}");
         }
+    }
+
+    #[test]
+    fn only_an_object_is_a_request() {
+        for v in [
+            json!([]),
+            json!(["host"]),
+            json!("x"),
+            json!(null),
+            json!(1),
+        ] {
+            let e = parse(v.clone()).expect_err("refused");
+            assert!(e.contains("a JSON object"), "{v}: {e}");
+        }
+        assert_eq!(
+            serde_json::from_str::<CreateSandboxRequest>(r#"{"image": "host"}"#)
+                .unwrap()
+                .image
+                .as_deref(),
+            Some("host")
+        );
     }
 
     #[test]

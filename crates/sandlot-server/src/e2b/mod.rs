@@ -395,6 +395,30 @@ pub fn resolve_path(path: &str, user: &str) -> Result<String, String> {
 mod tests {
     use super::*;
 
+    fn with_template(t: Value) -> E2bConfig {
+        let mut c = E2bConfig::default();
+        c.templates.insert("t".into(), t);
+        c
+    }
+
+    #[test]
+    fn a_template_takes_spec_keys_but_the_lifetime_and_the_daemons_own() {
+        let ok = serde_json::json!({"image": "host", "user": "user", "network": {"mode": "none"},
+            "isolation": "namespace", "env": {"A": "b"}});
+        with_template(ok).check().unwrap();
+        for k in ["timeout", "name", "tags", "idle_timeout", "colour"] {
+            let e = with_template(serde_json::json!({ k: null }))
+                .check()
+                .unwrap_err();
+            assert!(e.starts_with(&format!("e2b.templates.t.{k}: ")), "{e}");
+            assert!(e.contains("image, rootfs"), "the spec keys are listed: {e}");
+            assert!(
+                !e.contains("timeout, network"),
+                "timeout is not offered: {e}"
+            );
+        }
+    }
+
     #[test]
     fn paths_resolve_like_envd() {
         assert_eq!(resolve_path("a.txt", "user").unwrap(), "/home/user/a.txt");

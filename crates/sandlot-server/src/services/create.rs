@@ -226,6 +226,26 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_create_body_read_as_the_route_reads_it_keeps_the_last_of_duplicate_keys() {
+        // The route reads the body as a JSON value first (the idempotency key
+        // hashes it), where a repeated key keeps its last value, as before the
+        // request was typed.
+        let v: Value =
+            crate::routes::parse_json(br#"{"name": "a", "network": {}, "name": "b"}"#).unwrap();
+        let r: CreateSandboxRequest = from_value(v).unwrap();
+        assert_eq!(r.name.as_deref(), Some("b"));
+        assert!(r.network.is_some());
+    }
+
+    #[test]
+    fn a_body_that_is_not_an_object_is_refused_by_the_type_too() {
+        for body in [json!([]), json!("x"), json!(null), json!(1)] {
+            let e = refused(body.clone());
+            assert_eq!(e.status, axum::http::StatusCode::BAD_REQUEST, "{body}");
+        }
+    }
+
     /// The keys `create_body` of the Python SDK sends: the `plain` table's and
     /// those it sets as `body["KEY"]`.
     fn python_sdk_create_keys() -> std::collections::BTreeSet<String> {
