@@ -1003,3 +1003,66 @@ async fn timeout(a: TimeoutArgs) -> anyhow::Result<i32> {
     }
     Ok(0)
 }
+
+#[cfg(test)]
+mod create_body_tests {
+    use super::*;
+    use clap::Parser;
+    use sandlot_client::CreateSandboxRequest;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        create: CreateArgs,
+    }
+
+    fn body(spec: Option<&Value>, flags: &[&str]) -> Value {
+        let dir = std::env::temp_dir().join(format!("sandlot-create-body-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join(format!("spec-{}.json", flags.len()));
+        let mut argv = vec!["sandlot".to_string()];
+        if let Some(s) = spec {
+            std::fs::write(&file, s.to_string()).unwrap();
+            argv.extend(["--spec".to_string(), file.display().to_string()]);
+        }
+        argv.extend(flags.iter().map(|f| f.to_string()));
+        let cli = Cli::try_parse_from(argv).unwrap();
+        let b = serde_json::to_value(create_body(&cli.create).unwrap()).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        b
+    }
+
+    #[test]
+    fn the_cli_sends_a_spec_files_fields_with_its_flags_over_them() {
+        let spec = serde_json::json!({"name": "f", "tags": {"a": "1", "n": 2},
+            "metadata": {"m": "x"}, "idle_timeout": "1m", "on_idle": "pause", "image": "host"});
+        let b = body(Some(&spec), &[]);
+        assert_eq!(
+            b,
+            serde_json::json!({"name": "f", "tags": {"a": "1", "n": "2"}, "metadata": {"m": "x"},
+                "idle_timeout": "1m", "on_idle": "pause", "image": "host"})
+        );
+        let b = body(
+            Some(&spec),
+            &[
+                "--name",
+                "g",
+                "--tag",
+                "b=2",
+                "--idle-timeout",
+                "30",
+                "--on-idle",
+                "kill",
+                "--auto-resume",
+            ],
+        );
+        assert_eq!(b["name"], "g");
+        assert_eq!(b["tags"], serde_json::json!({"a": "1", "n": "2", "b": "2"}));
+        assert_eq!(b["idle_timeout"], serde_json::json!(30.0));
+        assert_eq!(b["on_idle"], "kill");
+        assert_eq!(b["auto_resume"], true);
+        // Whatever the CLI sends is a create request the daemon reads.
+        serde_json::from_value::<CreateSandboxRequest>(b).unwrap();
+        assert_eq!(body(None, &[]), serde_json::json!({}));
+    }
+}
