@@ -778,6 +778,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn env_vars_and_metadata_are_objects_of_strings_named_by_key() {
+        let m = string_map("envVars", &json!({"A": "1", "B": "2"})).unwrap();
+        assert_eq!(m.get("B").map(String::as_str), Some("2"));
+        let e = string_map("envVars", &json!({"A": "1", "B": 2})).unwrap_err();
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert!(e.message.starts_with("envVars.B: "), "{}", e.message);
+        let e = string_map("metadata", &json!(["x"])).unwrap_err();
+        assert!(e.message.starts_with("metadata: "), "{}", e.message);
+    }
+
+    #[test]
     fn unsupported_create_fields_are_refused_by_name() {
         let m = |v: Value| refuse_unsupported(v.as_object().unwrap()).map_err(|e| e.message);
         assert!(m(json!({"templateID": "base", "metadata": {}, "envVars": {}})).is_ok());
