@@ -129,4 +129,50 @@ mod tests {
         documented.sort();
         assert_eq!(documented, fields);
     }
+
+    /// The JSON types a property's schema allows (`$ref`: an object).
+    fn types(prop: &serde_json::Value) -> Vec<String> {
+        let of = |t: &serde_json::Value| match t {
+            serde_json::Value::String(s) => vec![s.clone()],
+            serde_json::Value::Array(a) => a
+                .iter()
+                .filter_map(|t| t.as_str().map(str::to_string))
+                .collect(),
+            _ => vec![],
+        };
+        if let Some(alts) = prop.get("oneOf").and_then(|a| a.as_array()) {
+            return alts.iter().flat_map(types).collect();
+        }
+        if prop.get("$ref").is_some() {
+            return vec!["object".into()];
+        }
+        prop.get("type").map(of).unwrap_or_default()
+    }
+
+    #[test]
+    fn create_doc_allows_null_and_numbers_exactly_where_the_daemon_does() {
+        use serde_json::json;
+        let doc: serde_json::Value = serde_json::from_str(&json()).unwrap();
+        let props = &doc["components"]["schemas"]["CreateSandboxRequest"]["properties"];
+        for k in CreateSandboxRequest::keys() {
+            let documented = types(&props[*k]).contains(&"null".to_string());
+            let accepted =
+                serde_json::from_value::<CreateSandboxRequest>(json!({ *k: null })).is_ok();
+            assert_eq!(
+                documented, accepted,
+                "{k}: null documented {documented}, accepted {accepted}"
+            );
+        }
+        for k in ["timeout", "idle_timeout"] {
+            assert!(
+                serde_json::from_value::<CreateSandboxRequest>(json!({ k: 30 })).is_ok(),
+                "{k}: 30"
+            );
+            let t = types(&props[k]);
+            assert!(
+                t.contains(&"number".to_string()) && t.contains(&"string".to_string()),
+                "{k}: {t:?}"
+            );
+        }
+    }
 }

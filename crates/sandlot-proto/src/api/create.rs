@@ -40,87 +40,89 @@ pub struct CreateSandboxRequest {
     /// `host` (built in, the default).
     #[serde(
         default,
-        deserialize_with = "present",
+        deserialize_with = "not_null::image",
         skip_serializing_if = "Option::is_none"
     )]
-    #[cfg_attr(feature = "openapi", schema(example = "host"))]
+    #[cfg_attr(feature = "openapi", schema(nullable = false, example = "host"))]
     pub image: Option<String>,
     /// A host directory used as the root filesystem (read-only lower layer).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rootfs: Option<String>,
     #[serde(
         default,
-        deserialize_with = "present",
+        deserialize_with = "not_null::mounts",
         skip_serializing_if = "Option::is_none"
     )]
-    #[cfg_attr(feature = "openapi", schema(value_type = Option<Vec<MountDoc>>))]
+    #[cfg_attr(feature = "openapi", schema(nullable = false, value_type = Option<Vec<MountDoc>>))]
     pub mounts: Option<Vec<MountSpec>>,
     #[serde(
         default,
-        deserialize_with = "present",
+        deserialize_with = "not_null::env",
         skip_serializing_if = "Option::is_none"
     )]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub env: Option<BTreeMap<String, String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workdir: Option<String>,
     /// `root` (default), `user`, or `UID[:GID]`.
     #[serde(
         default,
-        deserialize_with = "present",
+        deserialize_with = "not_null::user",
         skip_serializing_if = "Option::is_none"
     )]
+    #[cfg_attr(feature = "openapi", schema(nullable = false))]
     pub user: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hostname: Option<String>,
     #[serde(
         default,
-        deserialize_with = "present",
+        deserialize_with = "not_null::resources",
         skip_serializing_if = "Option::is_none"
     )]
-    #[cfg_attr(feature = "openapi", schema(value_type = Option<ResourcesDoc>))]
+    #[cfg_attr(feature = "openapi", schema(nullable = false, value_type = Option<ResourcesDoc>))]
     pub resources: Option<Resources>,
     /// Lifetime: seconds or `"10m"` (default: the operator's, 5m).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, example = "10m"))]
+    #[cfg_attr(feature = "openapi", schema(schema_with = doc::timeout))]
     pub timeout: Option<Seconds>,
     #[serde(
         default,
-        deserialize_with = "present",
+        deserialize_with = "not_null::network",
         skip_serializing_if = "Option::is_none"
     )]
-    #[cfg_attr(feature = "openapi", schema(value_type = Option<NetworkDoc>))]
+    #[cfg_attr(feature = "openapi", schema(nullable = false, value_type = Option<NetworkDoc>))]
     pub network: Option<NetworkSpec>,
     #[serde(
         default,
-        deserialize_with = "present",
+        deserialize_with = "not_null::ports",
         skip_serializing_if = "Option::is_none"
     )]
-    #[cfg_attr(feature = "openapi", schema(value_type = Option<PortsDoc>))]
+    #[cfg_attr(feature = "openapi", schema(nullable = false, value_type = Option<PortsDoc>))]
     pub ports: Option<PortsSpec>,
     /// Named volumes: `[{"name", "target", "read_only"}]`.
     #[serde(
         default,
-        deserialize_with = "present",
+        deserialize_with = "not_null::volumes",
         skip_serializing_if = "Option::is_none"
     )]
-    #[cfg_attr(feature = "openapi", schema(value_type = Option<Vec<VolumeMountDoc>>))]
+    #[cfg_attr(feature = "openapi", schema(nullable = false, value_type = Option<Vec<VolumeMountDoc>>))]
     pub volumes: Option<Vec<VolumeMount>>,
     /// Named secrets: `[{"name", "env"}]` or `[{"name", "path": "/run/secrets/x"}]`.
     #[serde(
         default,
-        deserialize_with = "present",
+        deserialize_with = "not_null::secrets",
         skip_serializing_if = "Option::is_none"
     )]
-    #[cfg_attr(feature = "openapi", schema(value_type = Option<Vec<SecretRefDoc>>))]
+    #[cfg_attr(feature = "openapi", schema(nullable = false, value_type = Option<Vec<SecretRefDoc>>))]
     pub secrets: Option<Vec<SecretRef>>,
     /// `namespace` (Linux namespaces on the host kernel) or `gvisor` (gVisor's
     /// kernel in user space); default: the operator's (`[isolation] default`).
     #[serde(
         default,
-        deserialize_with = "present",
+        deserialize_with = "not_null::isolation",
         skip_serializing_if = "Option::is_none"
     )]
-    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, example = "gvisor"))]
+    #[cfg_attr(feature = "openapi", schema(nullable = false, value_type = Option<String>, example = "gvisor"))]
     pub isolation: Option<Isolation>,
     /// Unique among the tenant's live sandboxes; usable instead of the id.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -137,15 +139,23 @@ pub struct CreateSandboxRequest {
         deserialize_with = "nullable",
         skip_serializing_if = "Option::is_none"
     )]
-    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, example = "2m"))]
+    #[cfg_attr(feature = "openapi", schema(schema_with = doc::idle_timeout))]
     pub idle_timeout: Option<Option<Seconds>>,
     /// What the idle timeout does: `kill` (the default) ends the sandbox,
     /// `pause` pauses it as `POST .../pause` would (needs an `idle_timeout`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "on_expiry",
+        skip_serializing_if = "Option::is_none"
+    )]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, example = "pause"))]
     pub on_idle: Option<OnExpiry>,
     /// What the lifetime timeout does: `kill` (the default) or `pause`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "on_expiry",
+        skip_serializing_if = "Option::is_none"
+    )]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, example = "pause"))]
     pub on_timeout: Option<OnExpiry>,
     /// Exec, file, code-context and port-proxy calls on the sandbox while it is
@@ -185,10 +195,71 @@ impl<'de> Visitor<'de> for ObjectOnly {
     }
 }
 
-/// A field that may be absent but not `null`: present, it is read as `T` (whose
-/// error names what `null` is not).
-fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
-    T::deserialize(d).map(Some)
+/// A field that may be absent but not `null`: present, it is read as `T`;
+/// `null` is refused naming the field (not the Rust type it would have been).
+fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+    field: &'static str,
+) -> Result<Option<T>, D::Error> {
+    match Option::<T>::deserialize(d)? {
+        Some(v) => Ok(Some(v)),
+        None => Err(de::Error::custom(format_args!(
+            "null is not allowed for `{field}`: leave the field out for the default"
+        ))),
+    }
+}
+
+/// One [`present`] per field that refuses `null`, each naming its field.
+macro_rules! not_null {
+    ($($field:ident),* $(,)?) => {
+        mod not_null {
+            use serde::{Deserialize, Deserializer};
+            $(
+                pub(super) fn $field<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+                    d: D,
+                ) -> Result<Option<T>, D::Error> {
+                    super::present(d, stringify!($field))
+                }
+            )*
+        }
+    };
+}
+
+not_null!(image, mounts, env, user, resources, network, ports, volumes, secrets, isolation,);
+
+/// `on_idle` and `on_timeout`: absent or `null` (the default, `kill`), or one
+/// of the strings `"kill"` and `"pause"`; anything else is refused naming them.
+fn on_expiry<'de, D: Deserializer<'de>>(d: D) -> Result<Option<OnExpiry>, D::Error> {
+    d.deserialize_option(OnExpiryVisitor)
+}
+
+struct OnExpiryVisitor;
+
+impl<'de> Visitor<'de> for OnExpiryVisitor {
+    type Value = Option<OnExpiry>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("\"kill\" or \"pause\"")
+    }
+
+    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_str(self)
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+        match OnExpiry::parse(v) {
+            Some(p) => Ok(Some(p)),
+            None => Err(E::invalid_value(de::Unexpected::Str(v), &self)),
+        }
+    }
 }
 
 /// A field whose absence (`None`) differs from `null` (`Some(None)`).
@@ -486,7 +557,15 @@ mod tests {
             "isolation",
         ] {
             let e = parse(json!({ k: null })).expect_err(k);
-            assert!(e.contains("null"), "{k}: {e}");
+            assert!(e.contains("null is not allowed"), "{k}: {e}");
+            assert!(
+                e.contains(&format!("`{k}`")),
+                "{k}: the message names it: {e}"
+            );
+            assert!(
+                !e.contains("struct ") && !e.contains("Spec") && !e.contains("enum "),
+                "{k}: no Rust type is named: {e}"
+            );
             // As the spec alone refuses it.
             assert!(
                 serde_json::from_value::<SandboxSpec>(json!({ k: null })).is_err(),
@@ -526,9 +605,36 @@ mod tests {
     }
 
     #[test]
-    fn a_duplicate_key_in_text_is_refused() {
+    fn the_type_read_straight_from_text_refuses_a_duplicate_key() {
+        // Only when read from text: the daemon's route reads the body as a
+        // JSON value first, where the last of duplicate keys wins (docs/api.md).
         let e =
             serde_json::from_str::<CreateSandboxRequest>(r#"{"name":"a","name":"b"}"#).unwrap_err();
         assert!(e.to_string().contains("duplicate field `name`"), "{e}");
+    }
+
+    #[test]
+    fn on_idle_and_on_timeout_take_only_kill_or_pause_and_name_them() {
+        for k in ["on_idle", "on_timeout"] {
+            for (v, want) in [("kill", OnExpiry::Kill), ("pause", OnExpiry::Pause)] {
+                let r = parse(json!({ k: v })).unwrap();
+                assert_eq!(r.on_idle.or(r.on_timeout), Some(want), "{k}: {v}");
+            }
+            for bad in [
+                json!({"pause": null}),
+                json!({"kill": null}),
+                json!("Pause"),
+                json!("sleep"),
+                json!(1),
+                json!(true),
+                json!(["pause"]),
+            ] {
+                let e = parse(json!({ k: bad.clone() })).expect_err(k);
+                assert!(
+                    e.contains(r#"expected "kill" or "pause""#),
+                    "{k}: {bad}: {e}"
+                );
+            }
+        }
     }
 }

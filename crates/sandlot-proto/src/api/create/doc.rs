@@ -130,3 +130,36 @@ pub struct SecretRefDoc {
     #[schema(value_type = Option<String>, example = "0440")]
     mode: Option<String>,
 }
+
+/// A duration: seconds (a number, 0 or more) or a string with a unit.
+fn duration(description: &str, example: &str) -> utoipa::openapi::schema::Object {
+    use utoipa::openapi::schema::{ObjectBuilder, SchemaType, Type};
+    ObjectBuilder::new()
+        .schema_type(SchemaType::from_iter([
+            Type::Number,
+            Type::String,
+            Type::Null,
+        ]))
+        .description(Some(description))
+        .examples([serde_json::json!(example)])
+        .build()
+}
+
+/// `timeout` of a create body (`null`: absent).
+pub(super) fn timeout() -> utoipa::openapi::schema::Object {
+    duration(
+        "Lifetime: seconds or a string with a unit (`\"10m\"`; units ms, s, m, h). \
+         Absent or `null`: the operator's default (5m unless configured).",
+        "10m",
+    )
+}
+
+/// `idle_timeout` of a create body (`null`: none).
+pub(super) fn idle_timeout() -> utoipa::openapi::schema::Object {
+    duration(
+        "Stop after this long without exec or file activity: seconds or a string \
+         with a unit (`\"2m\"`). Absent: the operator's default \
+         (`limits.default_idle_timeout`); `null`: no idle timeout.",
+        "2m",
+    )
+}
