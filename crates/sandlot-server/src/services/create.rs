@@ -35,8 +35,8 @@ fn check_label(field: &str, k: &str, max: usize) -> ApiResult<()> {
 }
 
 /// Reads a create body (a JSON object) into the typed request, naming the
-/// field of any error (`mounts[2].source`, `tags.x`, an unknown key), then
-/// [`resolve`]s it.
+/// field of any error (`tags.x`, `volumes[0].target`, an unknown key; inside a
+/// mount, the mount: `mounts[2]`), then [`resolve`]s it.
 pub fn parse(state: &AppState, p: &Principal, body: Value) -> ApiResult<CreateParams> {
     if !body.is_object() {
         return Err(ApiError::bad_request(
@@ -189,6 +189,9 @@ mod tests {
             (json!({"auto_resume": "yes"}), "auto_resume"),
             (json!({"image": null}), "image"),
             (json!({"network": null}), "network"),
+            (json!({"resources": null}), "resources"),
+            (json!({"ports": null}), "ports"),
+            (json!({"on_idle": {"pause": null}}), "on_idle"),
             (json!({"network": {"mode": "sideways"}}), "network.mode"),
             (json!({"isolation": "vm"}), "isolation"),
             (json!({"resources": {"memory": "lots"}}), "resources.memory"),
@@ -213,7 +216,11 @@ mod tests {
                 "{body}: field {named:?}, expected {field:?} ({})",
                 e.message
             );
-            assert!(!e.message.contains(" line "), "{body}: {}", e.message);
+            // The message says what is wrong in the API's terms: no Rust type
+            // (`struct NetworkSpec`, `enum MountSpec`) shows through.
+            for rust in ["struct ", "enum ", "Spec", "Request", "OnExpiry"] {
+                assert!(!e.message.contains(rust), "{body}: {}", e.message);
+            }
         }
     }
 
