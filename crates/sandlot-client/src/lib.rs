@@ -94,7 +94,10 @@ impl Error {
 ///     name: Some("worker".into()),
 ///     ..Default::default()
 /// })
-/// .with_spec(serde_json::json!({"resources": {"memory": "1G"}}));
+/// .with_spec(serde_json::Map::from_iter([(
+///     "resources".to_string(),
+///     serde_json::json!({"memory": "1G"}),
+/// )]));
 /// let sent = serde_json::to_value(&body).unwrap();
 /// assert_eq!(sent, serde_json::json!({"name": "worker", "resources": {"memory": "1G"}}));
 /// ```
@@ -117,15 +120,15 @@ impl From<CreateSandboxRequest> for CreateSandbox {
 }
 
 impl CreateSandbox {
-    /// Adds the keys of the JSON object `spec` (over those already set).
+    /// Adds the top-level keys of `spec` (a spec file's object, a body built
+    /// by hand), over those added before.
     ///
-    /// # Panics
-    /// When `spec` is not a JSON object.
-    pub fn with_spec(mut self, spec: serde_json::Value) -> CreateSandbox {
-        let serde_json::Value::Object(m) = spec else {
-            panic!("a spec is a JSON object, not {spec}")
-        };
-        self.spec.extend(m);
+    /// These raw keys override the typed fields of the same name when the body
+    /// is sent, whole: a `"resources"` here replaces the request's `resources`
+    /// (it is not merged into it), and a `"tags"` here replaces those of
+    /// [`Self::with_tag`], whichever was called first.
+    pub fn with_spec(mut self, spec: serde_json::Map<String, serde_json::Value>) -> CreateSandbox {
+        self.spec.extend(spec);
         self
     }
 
@@ -933,7 +936,9 @@ mod create_tests {
             on_idle: Some(OnExpiry::Pause),
             ..Default::default()
         })
-        .with_spec(json!({"image": "team/app:1", "resources": {"memory": "1G"}}))
+        .with_spec(object(
+            json!({"image": "team/app:1", "resources": {"memory": "1G"}}),
+        ))
         .with_tag("user", "u1")
         .with_metadata("purpose", "test");
         let sent = serde_json::to_value(&body).unwrap();
@@ -950,6 +955,29 @@ mod create_tests {
         assert_eq!(
             serde_json::to_value(CreateSandbox::default()).unwrap(),
             json!({})
+        );
+    }
+    fn object(v: serde_json::Value) -> serde_json::Map<String, serde_json::Value> {
+        match v {
+            serde_json::Value::Object(m) => m,
+            other => panic!("not an object: {other}"),
+        }
+    }
+
+    #[test]
+    fn raw_keys_override_the_typed_fields_whole_whichever_came_first() {
+        let body = CreateSandbox::default()
+            .with_tag("a", "1")
+            .with_spec(object(json!({"tags": {"b": "2"}, "env": {"X": "y"}})))
+            .with_tag("c", "3");
+        let request = CreateSandboxRequest {
+            env: Some([("X".to_string(), "typed".to_string())].into()),
+            ..Default::default()
+        };
+        let body = CreateSandbox { request, ..body };
+        assert_eq!(
+            serde_json::to_value(&body).unwrap(),
+            json!({"tags": {"b": "2"}, "env": {"X": "y"}})
         );
     }
 }
