@@ -24,7 +24,6 @@ pub mod snapshot;
 pub mod stream;
 pub mod vfs;
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use bytes::Bytes;
@@ -84,32 +83,95 @@ impl Error {
     }
 }
 
-/// A sandbox to create: the spec (as JSON, e.g. `{"resources": {"memory": "1G"}}`)
-/// plus the daemon-level fields.
-#[derive(Debug, Clone, Default, Serialize)]
+/// A sandbox to create: the typed request ([`CreateSandboxRequest`], the one
+/// type the daemon parses a create body into, so every field it accepts is
+/// here) plus top-level keys as JSON (a spec file passed through, or a body
+/// built by hand), which override the request's fields of the same name.
+///
+/// ```
+/// use sandlot_client::{CreateSandbox, CreateSandboxRequest};
+/// let body = CreateSandbox::from(CreateSandboxRequest {
+///     name: Some("worker".into()),
+///     ..Default::default()
+/// })
+/// .with_spec(serde_json::Map::from_iter([(
+///     "resources".to_string(),
+///     serde_json::json!({"memory": "1G"}),
+/// )]));
+/// let sent = serde_json::to_value(&body).unwrap();
+/// assert_eq!(sent, serde_json::json!({"name": "worker", "resources": {"memory": "1G"}}));
+/// ```
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct CreateSandbox {
-    /// Spec fields (image, rootfs, mounts, env, workdir, user, hostname, resources,
-    /// timeout, network), merged at the top level of the request.
-    #[serde(flatten)]
+    /// The typed fields.
+    pub request: CreateSandboxRequest,
+    /// Top-level keys sent as they are (`{"resources": {"memory": "1G"}}`),
+    /// over the request's.
     pub spec: serde_json::Map<String, serde_json::Value>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub tags: BTreeMap<String, String>,
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub metadata: BTreeMap<String, String>,
-    /// Seconds or a duration string.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub idle_timeout: Option<serde_json::Value>,
-    /// What the idle timeout does (default: kill).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub on_idle: Option<sandlot_proto::api::lifecycle::OnExpiry>,
-    /// What the lifetime timeout does (default: kill).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub on_timeout: Option<sandlot_proto::api::lifecycle::OnExpiry>,
-    /// Calls on it while paused resume it first.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub auto_resume: Option<bool>,
+}
+
+impl From<CreateSandboxRequest> for CreateSandbox {
+    fn from(request: CreateSandboxRequest) -> CreateSandbox {
+        CreateSandbox {
+            request,
+            spec: serde_json::Map::new(),
+        }
+    }
+}
+
+impl CreateSandbox {
+    /// Adds the top-level keys of `spec` (a spec file's object, a body built
+    /// by hand), over those added before.
+    ///
+    /// These raw keys override the typed fields of the same name when the body
+    /// is sent, whole: a `"resources"` here replaces the request's `resources`
+    /// (it is not merged into it), and a `"tags"` here replaces those of
+    /// [`Self::with_tag`], whichever was called first.
+    pub fn with_spec(mut self, spec: serde_json::Map<String, serde_json::Value>) -> CreateSandbox {
+        self.spec.extend(spec);
+        self
+    }
+
+    /// Names the sandbox (unique among the tenant's live ones).
+    pub fn with_name(mut self, name: impl Into<String>) -> CreateSandbox {
+        self.request.name = Some(name.into());
+        self
+    }
+
+    /// Adds the tag `key` = `value`.
+    pub fn with_tag(mut self, key: impl Into<String>, value: impl Into<String>) -> CreateSandbox {
+        let tags = self.request.tags.get_or_insert_with(Default::default);
+        tags.insert(key.into(), value.into());
+        self
+    }
+
+    /// Adds the metadata entry `key` = `value`.
+    pub fn with_metadata(
+        mut self,
+        key: impl Into<String>,
+        value: impl Into<String>,
+    ) -> CreateSandbox {
+        let m = self.request.metadata.get_or_insert_with(Default::default);
+        m.insert(key.into(), value.into());
+        self
+    }
+
+    /// The body sent: the request's fields, then the JSON keys over them.
+    pub fn to_json(&self) -> serde_json::Map<String, serde_json::Value> {
+        let mut body = match serde_json::to_value(&self.request) {
+            Ok(serde_json::Value::Object(m)) => m,
+            // A struct of plain data serializes to an object.
+            _ => serde_json::Map::new(),
+        };
+        body.extend(self.spec.iter().map(|(k, v)| (k.clone(), v.clone())));
+        body
+    }
+}
+
+impl Serialize for CreateSandbox {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.to_json().serialize(s)
+    }
 }
 
 /// Filter of [`Client::list_sandboxes`].
@@ -856,4 +918,66 @@ impl Client {
 /// Where the socket of a local daemon is by default.
 pub fn default_socket() -> PathBuf {
     PathBuf::from("/run/sandlot/sandlot.sock")
+}
+
+#[cfg(test)]
+mod create_tests {
+    use super::*;
+    use sandlot_proto::api::lifecycle::OnExpiry;
+    use sandlot_proto::units::Seconds;
+    use serde_json::json;
+
+    #[test]
+    fn a_create_body_is_the_typed_request_with_json_keys_over_it() {
+        let body = CreateSandbox::from(CreateSandboxRequest {
+            name: Some("a".into()),
+            image: Some("host".into()),
+            idle_timeout: Some(Some(Seconds::secs(2))),
+            on_idle: Some(OnExpiry::Pause),
+            ..Default::default()
+        })
+        .with_spec(object(
+            json!({"image": "team/app:1", "resources": {"memory": "1G"}}),
+        ))
+        .with_tag("user", "u1")
+        .with_metadata("purpose", "test");
+        let sent = serde_json::to_value(&body).unwrap();
+        assert_eq!(
+            sent,
+            json!({"name": "a", "image": "team/app:1", "idle_timeout": 2,
+                "on_idle": "pause", "resources": {"memory": "1G"},
+                "tags": {"user": "u1"}, "metadata": {"purpose": "test"}})
+        );
+        // What is sent is what the daemon parses.
+        let back: CreateSandboxRequest = serde_json::from_value(sent).unwrap();
+        assert_eq!(back.image.as_deref(), Some("team/app:1"));
+        assert_eq!(back.idle_timeout, Some(Some(Seconds::secs(2))));
+        assert_eq!(
+            serde_json::to_value(CreateSandbox::default()).unwrap(),
+            json!({})
+        );
+    }
+    fn object(v: serde_json::Value) -> serde_json::Map<String, serde_json::Value> {
+        match v {
+            serde_json::Value::Object(m) => m,
+            other => panic!("not an object: {other}"),
+        }
+    }
+
+    #[test]
+    fn raw_keys_override_the_typed_fields_whole_whichever_came_first() {
+        let body = CreateSandbox::default()
+            .with_tag("a", "1")
+            .with_spec(object(json!({"tags": {"b": "2"}, "env": {"X": "y"}})))
+            .with_tag("c", "3");
+        let request = CreateSandboxRequest {
+            env: Some([("X".to_string(), "typed".to_string())].into()),
+            ..Default::default()
+        };
+        let body = CreateSandbox { request, ..body };
+        assert_eq!(
+            serde_json::to_value(&body).unwrap(),
+            json!({"tags": {"b": "2"}, "env": {"X": "y"}})
+        );
+    }
 }

@@ -177,9 +177,11 @@ impl CreateSandboxArgs {
             );
         }
         Ok(sandlot_client::CreateSandbox {
+            request: sandlot_client::CreateSandboxRequest {
+                name: self.name.clone(),
+                ..Default::default()
+            },
             spec,
-            name: self.name.clone(),
-            ..Default::default()
         })
     }
 }

@@ -67,25 +67,6 @@ pub mod limits {
     pub const MAX_ENV: usize = 4096;
 }
 
-/// The fields of a [`SandboxSpec`] as keys of a JSON object: the keys of a create
-/// body that are the spec (an E2B template of the operator sets them but `timeout`).
-pub const SPEC_KEYS: &[&str] = &[
-    "image",
-    "rootfs",
-    "mounts",
-    "env",
-    "workdir",
-    "user",
-    "hostname",
-    "resources",
-    "timeout",
-    "network",
-    "ports",
-    "volumes",
-    "secrets",
-    "isolation",
-];
-
 /// A sandbox, as declared at construction.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

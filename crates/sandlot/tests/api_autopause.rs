@@ -17,9 +17,12 @@ use serde_json::json;
 
 fn idle_pausing(isolation: &str, auto_resume: bool) -> CreateSandbox {
     CreateSandbox {
-        idle_timeout: Some(json!(1)),
-        on_idle: Some(OnExpiry::Pause),
-        auto_resume: Some(auto_resume),
+        request: sandlot_client::CreateSandboxRequest {
+            idle_timeout: Some(Some(sandlot_proto::units::Seconds::secs(1))),
+            on_idle: Some(OnExpiry::Pause),
+            auto_resume: Some(auto_resume),
+            ..Default::default()
+        },
         ..spec_body(json!({"isolation": isolation}))
     }
 }
@@ -308,8 +311,11 @@ fn a_lifetime_timeout_with_the_pause_policy_pauses_and_the_resume_gives_the_life
     let c = d.client();
     rt().block_on(async {
         let body = CreateSandbox {
-            on_timeout: Some(OnExpiry::Pause),
-            auto_resume: Some(true),
+            request: sandlot_client::CreateSandboxRequest {
+                on_timeout: Some(OnExpiry::Pause),
+                auto_resume: Some(true),
+                ..Default::default()
+            },
             ..spec_body(json!({"isolation": "namespace", "timeout": 3}))
         };
         let s = c.create_sandbox(&body).await.unwrap();
@@ -443,9 +449,12 @@ fn an_auto_pause_gvisor_refuses_ends_the_sandbox_with_the_reason() {
         // A spec tmpfs mount, whose files a gVisor pause does not keep: the pause
         // is refused, so the idle timeout ends the sandbox as it would have.
         let body = CreateSandbox {
-            idle_timeout: Some(json!(1)),
-            on_idle: Some(OnExpiry::Pause),
-            auto_resume: Some(true),
+            request: sandlot_client::CreateSandboxRequest {
+                idle_timeout: Some(Some(sandlot_proto::units::Seconds::secs(1))),
+                on_idle: Some(OnExpiry::Pause),
+                auto_resume: Some(true),
+                ..Default::default()
+            },
             ..spec_body(
                 json!({"isolation": "gvisor", "mounts": [{"type": "tmpfs", "target": "/scratch"}]}),
             )

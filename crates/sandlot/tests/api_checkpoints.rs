@@ -726,7 +726,10 @@ fn gvisor_a_resume_during_a_checkpoint_or_restore_waits_or_is_refused_and_leaves
     let c = d.client();
     rt().block_on(async {
         let body = sandlot_client::CreateSandbox {
-            auto_resume: Some(true),
+            request: sandlot_client::CreateSandboxRequest {
+                auto_resume: Some(true),
+                ..Default::default()
+            },
             ..on("gvisor")
         };
         let s = c.create_sandbox(&body).await.unwrap();

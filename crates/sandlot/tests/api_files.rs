@@ -221,10 +221,10 @@ fn an_abandoned_watch_ends_with_its_client() {
     let d = Daemon::start(None);
     let c = d.client();
     rt().block_on(async {
-        let body = CreateSandbox {
-            idle_timeout: Some(json!("2s")),
+        let body = CreateSandbox::from(sandlot_client::CreateSandboxRequest {
+            idle_timeout: Some(Some(sandlot_proto::units::Seconds::secs(2))),
             ..Default::default()
-        };
+        });
         let sb = c.create_sandbox(&body).await.unwrap();
         let id = sb.id.as_str();
         let watch = c.watch(id, "/tmp", false).await.unwrap();

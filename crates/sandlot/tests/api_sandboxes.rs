@@ -34,10 +34,10 @@ fn lifecycle_filters_and_errors_on(isolation: &str) {
     let d = Daemon::start_isolated(None, isolation);
     let c = d.client();
     rt().block_on(async {
-        let mut req = body(json!({"resources": {"memory": "256M"}, "timeout": "2m"}));
-        req.name = Some("alpha".into());
-        req.tags.insert("user".into(), "u1".into());
-        req.metadata.insert("purpose".into(), "test".into());
+        let req = body(json!({"resources": {"memory": "256M"}, "timeout": "2m"}))
+            .with_name("alpha")
+            .with_tag("user", "u1")
+            .with_metadata("purpose", "test");
         let sb = c.create_sandbox(&req).await.unwrap();
         assert_eq!(sb.state, SandboxState::Running);
         assert!(sb.id.starts_with(&d.prefix));
@@ -52,8 +52,7 @@ fn lifecycle_filters_and_errors_on(isolation: &str) {
             (409, Some("conflict"))
         );
         // Filters.
-        let mut other = CreateSandbox::default();
-        other.tags.insert("user".into(), "u2".into());
+        let other = CreateSandbox::default().with_tag("user", "u2");
         let sb2 = c.create_sandbox(&other).await.unwrap();
         let f = |tags: Vec<(&str, Option<&str>)>| ListFilter {
             tags: tags
@@ -163,10 +162,10 @@ fn lifecycle_filters_and_errors_on(isolation: &str) {
         assert!(m.contains("sandlot_exec_total 1\n"), "{m}");
         // Delete by name: the live sandbox goes; the name then finds nothing.
         let named = c
-            .create_sandbox(&CreateSandbox {
+            .create_sandbox(&CreateSandbox::from(sandlot_client::CreateSandboxRequest {
                 name: Some("beta".into()),
                 ..Default::default()
-            })
+            }))
             .await
             .unwrap();
         let del = c.delete_sandbox("beta").await.unwrap();
@@ -354,10 +353,10 @@ fn lifetime_and_idle_timeouts_are_enforced() {
             .unwrap();
         let ext = c.set_timeout(&extended.id, json!("30s")).await.unwrap();
         assert!(ext.expires_at > extended.expires_at);
-        let idle_req = CreateSandbox {
-            idle_timeout: Some(json!(2)),
+        let idle_req = CreateSandbox::from(sandlot_client::CreateSandboxRequest {
+            idle_timeout: Some(Some(sandlot_proto::units::Seconds::secs(2))),
             ..Default::default()
-        };
+        });
         let idle = c.create_sandbox(&idle_req).await.unwrap();
         let busy = c.create_sandbox(&idle_req).await.unwrap();
         // Activity keeps `busy` alive past its idle timeout.
@@ -912,4 +911,53 @@ fn a_missing_working_directory_is_made_for_the_sandbox_user() {
 async fn check_cli(c: &sandlot_client::Client, id: &str) {
     let o = c.run(id, &["pwd"]).await.unwrap();
     assert_eq!(String::from_utf8_lossy(&o.stdout), "/work\n");
+}
+
+/// The operator's defaults fill what a create body leaves out, never what it
+/// gives, even when what it gives is the spec's own default: an absent
+/// `network` is the operator's, `{}` is mode `none`, `null` is refused naming
+/// the field; an absent `idle_timeout` is the operator's, `null` is none.
+#[test]
+fn the_operators_defaults_fill_only_what_the_create_body_leaves_out() {
+    let mut d = Daemon::start_isolated(
+        Some(
+            "[network]\nceiling = \"allow\"\npool_size = 0\n\
+             default = { mode = \"allow\", allow = [{ domain = \"example.com\" }] }\n\
+             [limits]\ndefault_idle_timeout = \"10m\"\n",
+        ),
+        "namespace",
+    );
+    let c = d.client();
+    rt().block_on(async {
+        let absent = c.create_sandbox(&CreateSandbox::default()).await.unwrap();
+        assert_eq!(absent.spec["network"]["mode"], "allow", "{}", absent.spec);
+        assert_eq!(
+            absent.spec["network"]["allow"][0]["domain"], "example.com",
+            "{}",
+            absent.spec
+        );
+        assert_eq!(absent.idle_timeout, Some(600.0));
+        let given = c
+            .create_sandbox(&body(json!({"network": {}, "idle_timeout": null})))
+            .await
+            .unwrap();
+        assert_eq!(given.spec["network"]["mode"], "none", "{}", given.spec);
+        assert_eq!(given.idle_timeout, None);
+        for (bad, field) in [
+            (json!({"network": null}), "network"),
+            (json!({"network": {"mode": "open"}}), "network.mode"),
+            (json!({"idle_timeout": 0}), "idle_timeout"),
+        ] {
+            let e = c.create_sandbox(&body(bad.clone())).await.unwrap_err();
+            let sandlot_client::Error::Api { status, body: e } = e else {
+                panic!("{bad}: {e}")
+            };
+            assert_eq!(status.as_u16(), 400, "{bad}: {}", e.message);
+            assert_eq!(e.field.as_deref(), Some(field), "{bad}: {}", e.message);
+        }
+        for sb in [absent, given] {
+            c.delete_sandbox(&sb.id).await.unwrap();
+        }
+    });
+    d.shutdown();
 }

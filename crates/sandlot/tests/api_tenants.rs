@@ -21,10 +21,10 @@ fn tenants_see_and_touch_only_their_own_sandboxes() {
         let sa = a.create_sandbox(&CreateSandbox::default()).await.unwrap();
         assert_eq!(sa.tenant, "alpha");
         let sb = b
-            .create_sandbox(&CreateSandbox {
+            .create_sandbox(&CreateSandbox::from(sandlot_client::CreateSandboxRequest {
                 name: Some("bee".into()),
                 ..Default::default()
-            })
+            }))
             .await
             .unwrap();
         // Listings are per tenant.

@@ -9,6 +9,7 @@
 
 pub mod checkpoint;
 pub mod code;
+pub mod create;
 mod error_code;
 pub mod lifecycle;
 pub mod metrics;
@@ -17,6 +18,7 @@ pub mod ports;
 pub mod snapshot;
 pub mod vfs;
 
+pub use create::CreateSandboxRequest;
 pub use error_code::{ErrorCode, UnknownErrorCode};
 
 use std::collections::BTreeMap;

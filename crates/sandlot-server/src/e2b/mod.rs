@@ -117,10 +117,14 @@ impl E2bConfig {
                     "e2b.templates.{name}: expected a table of spec keys"
                 ));
             };
+            let keys = sandlot_proto::api::create::spec_keys();
             for k in o.keys() {
-                if !sandlot_proto::spec::SPEC_KEYS.contains(&k.as_str()) || k == "timeout" {
+                if !keys.contains(&k.as_str()) || k == "timeout" {
+                    let usable: Vec<&str> =
+                        keys.iter().copied().filter(|k| *k != "timeout").collect();
                     return Err(format!(
-                        "e2b.templates.{name}.{k}: not a sandbox spec key (use image, rootfs, mounts, env, workdir, user, hostname, resources, network)"
+                        "e2b.templates.{name}.{k}: not a sandbox spec key (use {})",
+                        usable.join(", ")
                     ));
                 }
             }
@@ -390,6 +394,30 @@ pub fn resolve_path(path: &str, user: &str) -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn with_template(t: Value) -> E2bConfig {
+        let mut c = E2bConfig::default();
+        c.templates.insert("t".into(), t);
+        c
+    }
+
+    #[test]
+    fn a_template_takes_spec_keys_but_the_lifetime_and_the_daemons_own() {
+        let ok = serde_json::json!({"image": "host", "user": "user", "network": {"mode": "none"},
+            "isolation": "namespace", "env": {"A": "b"}});
+        with_template(ok).check().unwrap();
+        for k in ["timeout", "name", "tags", "idle_timeout", "colour"] {
+            let e = with_template(serde_json::json!({ k: null }))
+                .check()
+                .unwrap_err();
+            assert!(e.starts_with(&format!("e2b.templates.t.{k}: ")), "{e}");
+            assert!(e.contains("image, rootfs"), "the spec keys are listed: {e}");
+            assert!(
+                !e.contains("timeout, network"),
+                "timeout is not offered: {e}"
+            );
+        }
+    }
 
     #[test]
     fn paths_resolve_like_envd() {

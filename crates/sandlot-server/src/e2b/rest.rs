@@ -15,6 +15,8 @@ use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
+use sandlot_proto::api::CreateSandboxRequest;
+use sandlot_proto::spec::PortsSpec;
 use serde_json::{json, Map, Value};
 
 use super::{E2b, CLIENT_ID, DEFAULT_TEMPLATE, ENVD_VERSION, TEMPLATE_TAG};
@@ -247,14 +249,14 @@ pub(super) fn refuse_unsupported(body: &Map<String, Value>) -> RestResult<()> {
     Ok(())
 }
 
-/// Turns an E2B create body into the native create body. The template is the
+/// Turns an E2B create body into the native create request. The template is the
 /// operator's (`[e2b.templates]`) first, else one `tenant` built (an image it
 /// sees by that name).
 pub fn native_body(
     e2b: &E2b,
     tenant: &str,
     body: &Map<String, Value>,
-) -> RestResult<(String, Value)> {
+) -> RestResult<(String, CreateSandboxRequest)> {
     let template = match body.get("templateID") {
         Some(Value::String(s)) if !s.is_empty() => s.clone(),
         None | Some(Value::Null) => DEFAULT_TEMPLATE.to_string(),
@@ -287,44 +289,57 @@ pub fn native_body(
         ));
     };
     refuse_unsupported(body)?;
-    let mut out = tpl.clone();
+    // Spec keys only: checked when the operator's are loaded, and built ones
+    // are made by the daemon.
+    let mut req: CreateSandboxRequest =
+        crate::routes::from_value(Value::Object(tpl.clone())).map_err(RestError::from)?;
     if let Some(envs) = body.get("envVars").filter(|v| !v.is_null()) {
-        let Value::Object(envs) = envs else {
-            return Err(RestError::bad("envVars: expected an object of strings"));
-        };
-        let mut env = match out.remove("env") {
-            Some(Value::Object(m)) => m,
-            _ => Map::new(),
-        };
-        for (k, v) in envs {
-            env.insert(k.clone(), v.clone());
-        }
-        out.insert("env".into(), Value::Object(env));
+        let env = req.env.get_or_insert_with(Default::default);
+        env.extend(string_map("envVars", envs)?);
     }
     if let Some(t) = body.get("timeout").filter(|v| !v.is_null()) {
-        out.insert("timeout".into(), t.clone());
+        let t = serde_json::from_value(t.clone())
+            .map_err(|e| RestError::bad(format!("timeout: {e}")))?;
+        req.timeout = Some(t);
     }
     if let Some(m) = body.get("metadata").filter(|v| !v.is_null()) {
-        out.insert("metadata".into(), m.clone());
+        req.metadata = Some(string_map("metadata", m)?);
     }
     let asked = super::network::policy(body.get("allow_internet_access"), body.get("network"))
         .map_err(RestError::bad)?;
     if let Some(n) = asked {
-        out.insert(
-            "network".into(),
-            serde_json::to_value(n).map_err(|e| RestError::bad(e.to_string()))?,
-        );
+        req.network = Some(n);
     }
     if super::network::public_ports(body.get("network")).map_err(RestError::bad)? {
-        out.insert("ports".into(), json!({"public": true}));
+        req.ports = Some(PortsSpec { public: true });
     }
     let lifecycle = super::lifecycle::of_create(body).map_err(RestError::bad)?;
     if !lifecycle.is_default() {
-        out.insert("on_timeout".into(), json!(lifecycle.on_timeout.as_str()));
-        out.insert("auto_resume".into(), json!(lifecycle.auto_resume));
+        req.on_timeout = Some(lifecycle.on_timeout);
+        req.auto_resume = Some(lifecycle.auto_resume);
     }
-    out.insert("tags".into(), json!({ TEMPLATE_TAG: template }));
-    Ok((template, Value::Object(out)))
+    req.tags = Some(BTreeMap::from([(
+        TEMPLATE_TAG.to_string(),
+        template.clone(),
+    )]));
+    Ok((template, req))
+}
+
+/// An E2B object of strings (`envVars`, `metadata`), naming a bad value's key.
+fn string_map(field: &str, v: &Value) -> RestResult<BTreeMap<String, String>> {
+    let Value::Object(m) = v else {
+        return Err(RestError::bad(format!(
+            "{field}: expected an object of strings, got {v}"
+        )));
+    };
+    m.iter()
+        .map(|(k, v)| match v {
+            Value::String(s) => Ok((k.clone(), s.clone())),
+            other => Err(RestError::bad(format!(
+                "{field}.{k}: values are strings, got {other}"
+            ))),
+        })
+        .collect()
 }
 
 async fn create(
@@ -342,18 +357,14 @@ async fn create(
     if let Some(s) = super::snapshots::of_create(&e2b, &p, &obj) {
         return super::snapshots::create_from(&e2b, &p, &s, &obj).await;
     }
-    let (_, native) = native_body(&e2b, &p.tenant, &obj)?;
+    let (_, req) = native_body(&e2b, &p.tenant, &obj)?;
     // A template built with a start command: its sandboxes start with it.
-    let start = native
-        .get("image")
-        .and_then(Value::as_str)
+    let start = req
+        .image
+        .as_deref()
         .and_then(|i| super::templates::start_of(&e2b, i));
-    let user = native
-        .get("user")
-        .and_then(Value::as_str)
-        .unwrap_or("root")
-        .to_string();
-    let params = crate::services::create::parse(&e2b.app, &p, native)?;
+    let user = req.user.clone().unwrap_or_else(|| "root".to_string());
+    let params = crate::services::create::resolve(&e2b.app, &p, req)?;
     let lifetime = params.timeout;
     let rec = crate::sandbox::create(&e2b.app, params).await?;
     if let Some(cmd) = start {
@@ -765,6 +776,17 @@ pub fn metadata_pairs(q: &str) -> BTreeMap<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn env_vars_and_metadata_are_objects_of_strings_named_by_key() {
+        let m = string_map("envVars", &json!({"A": "1", "B": "2"})).unwrap();
+        assert_eq!(m.get("B").map(String::as_str), Some("2"));
+        let e = string_map("envVars", &json!({"A": "1", "B": 2})).unwrap_err();
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert!(e.message.starts_with("envVars.B: "), "{}", e.message);
+        let e = string_map("metadata", &json!(["x"])).unwrap_err();
+        assert!(e.message.starts_with("metadata: "), "{}", e.message);
+    }
 
     #[test]
     fn unsupported_create_fields_are_refused_by_name() {

@@ -16,7 +16,7 @@ use crate::state::AppState;
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/network", tag = "network",
     params(("id" = String, Path, description = "Sandbox id or name")),
-    responses((status = 200, body = crate::openapi::NetworkDoc),
+    responses((status = 200, body = sandlot_proto::api::create::NetworkDoc),
         (status = 404, body = crate::error::ErrorEnvelope)))]
 pub async fn get_policy(
     State(state): State<Arc<AppState>>,
@@ -29,8 +29,8 @@ pub async fn get_policy(
 
 #[utoipa::path(put, path = "/v1/sandboxes/{id}/network", tag = "network",
     params(("id" = String, Path, description = "Sandbox id or name")),
-    request_body = crate::openapi::NetworkDoc,
-    responses((status = 200, body = crate::openapi::NetworkDoc),
+    request_body = sandlot_proto::api::create::NetworkDoc,
+    responses((status = 200, body = sandlot_proto::api::create::NetworkDoc),
         (status = 400, body = crate::error::ErrorEnvelope),
         (status = 404, body = crate::error::ErrorEnvelope),
         (status = 409, body = crate::error::ErrorEnvelope, description = "stopped, or created with mode none")))]

@@ -96,7 +96,7 @@ pub fn view(state: &AppState, rec: &SandboxRecord) -> Sandbox {
 
 #[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes",
     params(("Idempotency-Key" = Option<String>, Header, description = "Retry-safe create: a repeated request with the same key and body (within 24 h) answers with the sandbox the first one made, header `Idempotent-Replayed: true`, instead of making a second")),
-    request_body(content = crate::openapi::CreateSandboxDoc, description = "The sandbox spec plus name, tags, metadata and idle_timeout"),
+    request_body(content = sandlot_proto::api::CreateSandboxRequest, description = "The sandbox spec plus name, tags, metadata and idle_timeout"),
     responses((status = 201, body = Sandbox), (status = 400, body = crate::error::ErrorEnvelope),
         (status = 409, description = "name taken, or a create with the same Idempotency-Key still running", body = crate::error::ErrorEnvelope),
         (status = 422, description = "Idempotency-Key reused with another body", body = crate::error::ErrorEnvelope),

@@ -1,5 +1,6 @@
 //! The client commands, over the API through `sandlot-client`.
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -284,12 +285,13 @@ pub(crate) fn num_or_str(s: &str) -> Value {
 
 fn create_body(a: &CreateArgs) -> anyhow::Result<CreateSandbox> {
     let mut body = CreateSandbox::default();
+    let (mut tags, mut metadata) = (BTreeMap::new(), BTreeMap::new());
     if let Some(p) = &a.spec {
         let mut m = crate::spec_flags::read_object(p)?;
         if let Some(Value::String(n)) = m.remove("name") {
-            body.name = Some(n);
+            body.request.name = Some(n);
         }
-        for (key, dst) in [("tags", &mut body.tags), ("metadata", &mut body.metadata)] {
+        for (key, dst) in [("tags", &mut tags), ("metadata", &mut metadata)] {
             if let Some(Value::Object(t)) = m.remove(key) {
                 for (k, v) in t {
                     dst.insert(
@@ -301,37 +303,40 @@ fn create_body(a: &CreateArgs) -> anyhow::Result<CreateSandbox> {
                 }
             }
         }
-        if let Some(v) = m.remove("idle_timeout") {
-            body.idle_timeout = Some(v);
-        }
         body.spec = m;
     }
     if a.name.is_some() {
-        body.name = a.name.clone();
+        body.request.name = a.name.clone();
     }
     for t in &a.tags {
         let (k, v) = kv(t, "--tag")?;
-        body.tags.insert(k, v);
+        tags.insert(k, v);
     }
     for t in &a.meta {
         let (k, v) = kv(t, "--meta")?;
-        body.metadata.insert(k, v);
+        metadata.insert(k, v);
     }
     if let Some(t) = &a.idle_timeout {
-        body.idle_timeout = Some(num_or_str(t));
+        body.spec.insert("idle_timeout".into(), num_or_str(t));
+    }
+    if !tags.is_empty() {
+        body.request.tags = Some(tags);
+    }
+    if !metadata.is_empty() {
+        body.request.metadata = Some(metadata);
     }
     // A flag overrides the --spec file's field of the same name.
     if let Some(p) = a.on_idle {
         body.spec.remove("on_idle");
-        body.on_idle = Some(p);
+        body.request.on_idle = Some(p);
     }
     if let Some(p) = a.on_timeout {
         body.spec.remove("on_timeout");
-        body.on_timeout = Some(p);
+        body.request.on_timeout = Some(p);
     }
     if a.auto_resume {
         body.spec.remove("auto_resume");
-        body.auto_resume = Some(true);
+        body.request.auto_resume = Some(true);
     }
     a.spec_flags.apply(&mut body.spec)?;
     for (flags, key, parse) in [
@@ -997,4 +1002,67 @@ async fn timeout(a: TimeoutArgs) -> anyhow::Result<i32> {
         println!("{} expires at {}", s.id, s.expires_at);
     }
     Ok(0)
+}
+
+#[cfg(test)]
+mod create_body_tests {
+    use super::*;
+    use clap::Parser;
+    use sandlot_client::CreateSandboxRequest;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        create: CreateArgs,
+    }
+
+    fn body(spec: Option<&Value>, flags: &[&str]) -> Value {
+        let dir = std::env::temp_dir().join(format!("sandlot-create-body-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join(format!("spec-{}.json", flags.len()));
+        let mut argv = vec!["sandlot".to_string()];
+        if let Some(s) = spec {
+            std::fs::write(&file, s.to_string()).unwrap();
+            argv.extend(["--spec".to_string(), file.display().to_string()]);
+        }
+        argv.extend(flags.iter().map(|f| f.to_string()));
+        let cli = Cli::try_parse_from(argv).unwrap();
+        let b = serde_json::to_value(create_body(&cli.create).unwrap()).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        b
+    }
+
+    #[test]
+    fn the_cli_sends_a_spec_files_fields_with_its_flags_over_them() {
+        let spec = serde_json::json!({"name": "f", "tags": {"a": "1", "n": 2},
+            "metadata": {"m": "x"}, "idle_timeout": "1m", "on_idle": "pause", "image": "host"});
+        let b = body(Some(&spec), &[]);
+        assert_eq!(
+            b,
+            serde_json::json!({"name": "f", "tags": {"a": "1", "n": "2"}, "metadata": {"m": "x"},
+                "idle_timeout": "1m", "on_idle": "pause", "image": "host"})
+        );
+        let b = body(
+            Some(&spec),
+            &[
+                "--name",
+                "g",
+                "--tag",
+                "b=2",
+                "--idle-timeout",
+                "30",
+                "--on-idle",
+                "kill",
+                "--auto-resume",
+            ],
+        );
+        assert_eq!(b["name"], "g");
+        assert_eq!(b["tags"], serde_json::json!({"a": "1", "n": "2", "b": "2"}));
+        assert_eq!(b["idle_timeout"], serde_json::json!(30.0));
+        assert_eq!(b["on_idle"], "kill");
+        assert_eq!(b["auto_resume"], true);
+        // Whatever the CLI sends is a create request the daemon reads.
+        serde_json::from_value::<CreateSandboxRequest>(b).unwrap();
+        assert_eq!(body(None, &[]), serde_json::json!({}));
+    }
 }
