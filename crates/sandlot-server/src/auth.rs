@@ -1,5 +1,7 @@
 //! Who is calling: the operator on the Unix socket (root only, sees every tenant),
-//! or a tenant identified by a bearer token (TCP, or the socket with a token).
+//! the operator by an operator token (TCP: every tenant, short of what stays on
+//! the socket), or a tenant identified by a bearer token (TCP, or the socket with
+//! a token).
 
 use std::io::Read;
 use std::sync::Arc;
@@ -11,7 +13,7 @@ use sha2::{Digest, Sha256};
 
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::store::{now_ms, TokenRecord};
+use crate::store::{now_ms, TokenKind, TokenRecord, OPERATOR_TOKEN_TENANT};
 
 /// The transport a request came in on (set per listener).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,9 +29,64 @@ pub struct Principal {
     pub scope: Option<String>,
     /// The tenant new sandboxes belong to.
     pub tenant: String,
+    /// What admitted the caller.
+    pub credential: Credential,
+}
+
+/// What admitted a caller: what the operator's few socket-only acts check
+/// (`scope` alone says whose sandboxes it sees).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Credential {
+    /// The daemon's Unix socket without a token (root on the host).
+    Socket,
+    /// An operator token (`sandlot token create --operator`), on either listener.
+    OperatorToken,
+    /// A tenant's token, or a sandbox's own access token (E2B's envd and traffic).
+    Tenant,
 }
 
 impl Principal {
+    /// A tenant's principal: sees and creates in `tenant` only.
+    pub fn tenant(tenant: impl Into<String>) -> Principal {
+        let tenant = tenant.into();
+        Principal {
+            scope: Some(tenant.clone()),
+            tenant,
+            credential: Credential::Tenant,
+        }
+    }
+
+    /// The principal a valid token grants, before any tenant header: a tenant
+    /// token its tenant; an operator token every tenant, creating in
+    /// [`DEFAULT_TENANT`] like the socket.
+    pub fn of_token(kind: TokenKind, tenant: &str) -> Principal {
+        match kind {
+            TokenKind::Tenant => Principal::tenant(tenant),
+            TokenKind::Operator => Principal {
+                scope: None,
+                tenant: DEFAULT_TENANT.to_string(),
+                credential: Credential::OperatorToken,
+            },
+        }
+    }
+
+    /// The operator acting as `tenant` (the tenant header): that tenant's view,
+    /// keeping what admitted it.
+    fn acting_as(self, tenant: &str) -> Principal {
+        Principal {
+            scope: Some(tenant.to_string()),
+            tenant: tenant.to_string(),
+            credential: self.credential,
+        }
+    }
+
+    /// Whether the caller came in on the Unix socket without a token: what the
+    /// operator's socket-only acts (minting operator tokens, revoking them,
+    /// pulling and pushing images) require.
+    pub fn is_socket_operator(&self) -> bool {
+        self.scope.is_none() && self.credential == Credential::Socket
+    }
+
     /// Whether the caller may see a sandbox of `tenant`.
     pub fn sees(&self, tenant: &str) -> bool {
         self.scope.as_deref().is_none_or(|s| s == tenant)
@@ -68,41 +125,44 @@ impl FromRequestParts<Arc<AppState>> for Principal {
             }
             None => websocket_bearer(&parts.method, &parts.headers),
         };
-        if let Some(token) = bearer {
-            let tenant = state
-                .store
-                .tenant_of_token(&hash_token(&token))
-                .map_err(ApiError::internal)?
-                .ok_or_else(|| ApiError::unauthorized("invalid or revoked token"))?;
-            return Ok(Principal {
-                scope: Some(tenant.clone()),
-                tenant,
-            });
-        }
-        match transport {
-            Transport::Unix => match parts.headers.get(TENANT_HEADER) {
-                Some(v) => {
-                    let t = v.to_str().unwrap_or_default();
-                    if !crate::config::valid_tenant(t) {
-                        return Err(ApiError::invalid(TENANT_HEADER, crate::config::TENANT_RULE));
-                    }
-                    Ok(Principal {
-                        scope: Some(t.to_string()),
-                        tenant: t.to_string(),
-                    })
+        let operator = match bearer {
+            Some(token) => {
+                let (kind, tenant) = state
+                    .store
+                    .token_grant(&hash_token(&token))
+                    .map_err(ApiError::internal)?
+                    .ok_or_else(|| ApiError::unauthorized("invalid or revoked token"))?;
+                let p = Principal::of_token(kind, &tenant);
+                if p.scope.is_some() {
+                    // A tenant's token: a tenant header changes nothing.
+                    return Ok(p);
                 }
-                None => Ok(Principal {
-                    scope: None,
-                    tenant: DEFAULT_TENANT.to_string(),
-                }),
+                p
+            }
+            None if transport == Transport::Unix => Principal {
+                scope: None,
+                tenant: DEFAULT_TENANT.to_string(),
+                credential: Credential::Socket,
             },
-            Transport::Tcp => Err(ApiError::unauthorized(
-                "a bearer token is required over TCP (Authorization: Bearer TOKEN)",
-            )),
+            None => {
+                return Err(ApiError::unauthorized(
+                    "a bearer token is required over TCP (Authorization: Bearer TOKEN)",
+                ))
+            }
+        };
+        // The operator (the socket, or an operator token) may act as one tenant.
+        match parts.headers.get(TENANT_HEADER) {
+            Some(v) => {
+                let t = v.to_str().unwrap_or_default();
+                if !crate::config::valid_tenant(t) {
+                    return Err(ApiError::invalid(TENANT_HEADER, crate::config::TENANT_RULE));
+                }
+                Ok(operator.acting_as(t))
+            }
+            None => Ok(operator),
         }
     }
 }
-
 /// The WebSocket subprotocol that carries a bearer token: a browser cannot set
 /// `Authorization` on a WebSocket, so the web console offers
 /// `sandlot.bearer.TOKEN` beside [`WS_PROTOCOL`], which the server selects.
@@ -215,9 +275,20 @@ fn is_lower_hex(s: &str) -> bool {
 
 /// A new token for `tenant`: returns the record and the secret (shown once).
 pub fn new_token(tenant: &str, name: Option<String>) -> (TokenRecord, String, String) {
+    minted(TokenKind::Tenant, tenant, name)
+}
+
+/// A new operator token: returns the record and the secret (shown once).
+/// Only the operator on the Unix socket mints one (`routes/tokens.rs`).
+pub fn new_operator_token(name: Option<String>) -> (TokenRecord, String, String) {
+    minted(TokenKind::Operator, OPERATOR_TOKEN_TENANT, name)
+}
+
+fn minted(kind: TokenKind, tenant: &str, name: Option<String>) -> (TokenRecord, String, String) {
     let secret = format!("sl_{}", random_hex(24));
     let rec = TokenRecord {
         id: format!("tok_{}", random_hex(6)),
+        kind,
         tenant: tenant.to_string(),
         name,
         created_at: now_ms(),
@@ -318,12 +389,59 @@ mod tests {
         let op = Principal {
             scope: None,
             tenant: "default".into(),
+            credential: Credential::Socket,
         };
-        let t = Principal {
-            scope: Some("a".into()),
-            tenant: "a".into(),
-        };
+        let t = Principal::tenant("a");
         assert!(op.sees("a") && op.sees("b"));
         assert!(t.sees("a") && !t.sees("b"));
+    }
+
+    #[test]
+    fn an_operator_token_yields_every_tenant_but_not_the_socket() {
+        let p = Principal::of_token(TokenKind::Operator, OPERATOR_TOKEN_TENANT);
+        assert_eq!(p.scope, None);
+        assert!(p.sees("a") && p.sees("b"));
+        assert_eq!(p.tenant, DEFAULT_TENANT);
+        assert_eq!(p.credential, Credential::OperatorToken);
+        assert!(!p.is_socket_operator());
+        // Acting as a tenant narrows it to that tenant, still an operator token.
+        let a = p.acting_as("a");
+        assert_eq!(a.scope.as_deref(), Some("a"));
+        assert!(!a.sees("b"));
+        assert_eq!(a.credential, Credential::OperatorToken);
+    }
+
+    #[test]
+    fn a_tenant_token_yields_its_tenant_whatever_its_records_tenant_says() {
+        // A tenant token's record naming `*` (the operator's mark) grants the
+        // tenant `*`, which sees no other tenant: the kind decides, never the name.
+        let p = Principal::of_token(TokenKind::Tenant, OPERATOR_TOKEN_TENANT);
+        assert_eq!(p.scope.as_deref(), Some("*"));
+        assert!(!p.sees("a"));
+        assert_eq!(p.credential, Credential::Tenant);
+        let acme = Principal::of_token(TokenKind::Tenant, "acme");
+        assert_eq!(acme, Principal::tenant("acme"));
+        assert!(!acme.is_socket_operator());
+    }
+
+    #[test]
+    fn only_the_socket_without_a_tenant_is_the_socket_operator() {
+        let socket = Principal {
+            scope: None,
+            tenant: DEFAULT_TENANT.into(),
+            credential: Credential::Socket,
+        };
+        assert!(socket.is_socket_operator());
+        assert!(!socket.acting_as("a").is_socket_operator());
+    }
+
+    #[test]
+    fn operator_tokens_are_minted_as_the_operators_kind_naming_no_tenant() {
+        let (rec, secret, hash) = new_operator_token(Some("console".into()));
+        assert_eq!(rec.kind, TokenKind::Operator);
+        assert_eq!(rec.tenant, OPERATOR_TOKEN_TENANT);
+        assert!(!crate::config::valid_tenant(&rec.tenant));
+        assert_eq!(hash_token(&secret), hash);
+        assert_eq!(new_token("a", None).0.kind, TokenKind::Tenant);
     }
 }

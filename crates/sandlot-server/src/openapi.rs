@@ -11,7 +11,7 @@ use utoipa::{OpenApi, ToSchema};
 
 use crate::routes::{
     checkpoints, code, exec, files, images, memory, metrics, network, ports, sandboxes, secrets,
-    snapshots, tokens, vfs, volumes,
+    snapshots, tenants, tokens, vfs, volumes,
 };
 
 /// A bind mount, a tmpfs, a memory store or a collection (the `type` field selects).
@@ -212,7 +212,7 @@ pub struct SecretRefDoc {
         images::export, images::diff, images::snapshot, images::pull, images::push, images::build,
         volumes::create, volumes::list, volumes::get_one, volumes::remove,
         secrets::create, secrets::list, secrets::remove,
-        tokens::create, tokens::list, tokens::revoke,
+        tokens::create, tokens::list, tokens::revoke, tenants::list,
         memory::list, memory::create, memory::info, memory::delete, memory::add, memory::get_one,
         memory::edit, memory::remove, memory::move_memory, memory::search, memory::log,
         memory::diff, memory::revert, memory::status, memory::reindex, memory::tool,
@@ -231,7 +231,9 @@ pub struct SecretRefDoc {
         images::PushBody, images::RegistryAuthBody, images::ProgressLine, volumes::CreateVolume,
         volumes::VolumeList, crate::images::Volume, secrets::CreateSecret, secrets::SecretList,
         crate::images::SecretInfo, tokens::CreateToken, tokens::TokenView, tokens::NewToken,
-        tokens::TokenList, memory::CreateMemoryStore, memory::MemoryStoreDoc,
+        tokens::TokenList, sandlot_proto::api::tenants::TenantList,
+        sandlot_proto::api::tenants::Tenant, sandlot_proto::api::tenants::TenantQuota,
+        sandlot_proto::api::tenants::TenantUsage, memory::CreateMemoryStore, memory::MemoryStoreDoc,
         memory::NewMemoryDoc, memory::MemoryPatchDoc, memory::SearchDoc, memory::WriteOutcomeDoc,
         memory::ToolOutputDoc, memory::MoveBody, memory::RevertBody, memory::ReindexBody,
         vfs_api::VfsSource, vfs_api::VfsAcl, vfs_api::VfsAclRule, vfs_api::CreateCollection,

@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod network;
 pub mod ports;
 pub mod snapshot;
+pub mod tenants;
 pub mod vfs;
 
 pub use error_code::{ErrorCode, UnknownErrorCode};

@@ -178,6 +178,22 @@ fn operator_only(p: &Principal, what: &str) -> ApiResult<()> {
     Ok(())
 }
 
+/// Pulls and pushes make the daemon connect to whatever host a request names:
+/// the operator's on the Unix socket only, never an operator token's over TCP
+/// (a stolen token must not turn the daemon's host into its network client).
+fn socket_only(p: &Principal, what: &str) -> ApiResult<()> {
+    operator_only(p, what)?;
+    if !p.is_socket_operator() {
+        return Err(ApiError::of(
+            ErrorCode::Forbidden,
+            format!(
+                "{what} is for the operator on the daemon's Unix socket, not an operator token"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 fn parse_tag(field: &str, t: Option<&String>) -> ApiResult<Option<ImageName>> {
     t.map(|t| ImageName::parse(t).map_err(|e| ApiError::invalid(field, e)))
         .transpose()
@@ -618,7 +634,7 @@ pub async fn pull(
     p: Principal,
     body: Body,
 ) -> ApiResult<Response> {
-    operator_only(&p, "pulling images")?;
+    socket_only(&p, "pulling images")?;
     let bytes = read_limited(body, state.cfg.limits.max_request_body.bytes()).await?;
     let b: PullBody = parse_json(&bytes)?;
     let cfg = registry_config(&state);
@@ -677,7 +693,7 @@ pub async fn push(
     name: String,
     body: Body,
 ) -> ApiResult<Response> {
-    operator_only(&p, "pushing images")?;
+    socket_only(&p, "pushing images")?;
     let bytes = read_limited(body, state.cfg.limits.max_request_body.bytes()).await?;
     let b: PushBody = parse_json(&bytes)?;
     let cfg = registry_config(&state);

@@ -34,6 +34,7 @@ pub mod sandboxes;
 pub mod secrets;
 pub mod snapshots;
 pub mod stream;
+pub mod tenants;
 pub mod tokens;
 pub mod vfs;
 pub mod volumes;
@@ -241,6 +242,7 @@ fn images_router() -> Router<Arc<AppState>> {
         .route("/v1/secrets", post(secrets::create).get(secrets::list))
         .route("/v1/secrets/{name}", delete(secrets::remove))
         .route("/v1/tokens", post(tokens::create).get(tokens::list))
+        .route("/v1/tenants", get(tenants::list))
         .route("/v1/tokens/{id}", delete(tokens::revoke))
 }
 

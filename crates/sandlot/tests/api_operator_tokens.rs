@@ -1,0 +1,263 @@
+//! Operator tokens over TCP: the operator's view of every tenant, short of what
+//! stays on the Unix socket (minting and revoking operator tokens, pulls and
+//! pushes); `GET /v1/tenants` is the operator's; a tenant's token reaches none
+//! of it; a revoked operator token is refused.
+
+mod api_support;
+
+use api_support::{rt, Daemon};
+use sandlot_client::{CreateSandbox, ListFilter};
+
+/// `sandlot token create --operator` through the socket: (id, secret).
+fn operator_token(d: &Daemon) -> (String, String) {
+    let (code, out, err) = d.cli(&[
+        "token",
+        "create",
+        "--operator",
+        "--name",
+        "console",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["kind"], "operator", "{v}");
+    assert!(
+        v.get("e2b_api_key").is_none(),
+        "no E2B key for an operator token: {v}"
+    );
+    (
+        v["id"].as_str().unwrap().to_string(),
+        v["token"].as_str().unwrap().to_string(),
+    )
+}
+
+fn status(e: &sandlot_client::Error) -> Option<u16> {
+    e.status().map(|s| s.as_u16())
+}
+
+#[test]
+fn an_operator_token_over_tcp_sees_every_tenants_sandboxes_and_the_tenants() {
+    let d = Daemon::start(Some("[tenants.gamma]\nmax_sandboxes = 3\n"));
+    let a = d.tcp(Some(&d.token("alpha")));
+    let b = d.tcp(Some(&d.token("beta")));
+    let (_, secret) = operator_token(&d);
+    let op = d.tcp(Some(&secret));
+    rt().block_on(async {
+        let sa = a.create_sandbox(&CreateSandbox::default()).await.unwrap();
+        let sb = b.create_sandbox(&CreateSandbox::default()).await.unwrap();
+        assert_eq!(op.health().await.unwrap().tenant, "*");
+        let mut seen: Vec<String> = op
+            .list_sandboxes(&ListFilter::default())
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|s| s.id)
+            .collect();
+        seen.sort();
+        let mut both = vec![sa.id.clone(), sb.id.clone()];
+        both.sort();
+        assert_eq!(
+            seen, both,
+            "the operator token sees every tenant's sandboxes"
+        );
+        op.get_sandbox(&sb.id).await.unwrap();
+
+        let tenants = op.call_json("GET", "/v1/tenants", None).await.unwrap();
+        let by_name = |n: &str| {
+            tenants["tenants"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|t| t["name"] == n)
+                .unwrap_or_else(|| panic!("{n} missing from {tenants}"))
+                .clone()
+        };
+        let alpha = by_name("alpha");
+        assert_eq!(alpha["usage"]["sandboxes_live"], 1, "{alpha}");
+        assert_eq!(alpha["usage"]["active_tokens"], 1, "{alpha}");
+        assert_eq!(alpha["configured"], false, "{alpha}");
+        let gamma = by_name("gamma");
+        assert_eq!(gamma["configured"], true, "{gamma}");
+        assert_eq!(gamma["quota"]["max_sandboxes"], 3, "{gamma}");
+        assert_eq!(gamma["usage"]["sandboxes_live"], 0, "{gamma}");
+        assert!(
+            !tenants.to_string().contains("\"*\""),
+            "the operator token names no tenant: {tenants}"
+        );
+
+        // The operator token acting as a tenant sees that tenant only.
+        let as_alpha = d.tcp(Some(&secret)).with_tenant(Some("alpha".into()));
+        let only: Vec<String> = as_alpha
+            .list_sandboxes(&ListFilter::default())
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|s| s.id)
+            .collect();
+        assert_eq!(only, vec![sa.id.clone()]);
+        let e = as_alpha.get_sandbox(&sb.id).await.unwrap_err();
+        assert_eq!(status(&e), Some(404), "{e}");
+        let e = as_alpha
+            .call_json("GET", "/v1/tenants", None)
+            .await
+            .unwrap_err();
+        assert_eq!(status(&e), Some(403), "{e}");
+
+        // The attack: a tenant's token lists the tenants, or lists and mints tokens.
+        let e = a.call_json("GET", "/v1/tenants", None).await.unwrap_err();
+        assert_eq!(
+            (status(&e), e.code()),
+            (Some(403), Some("forbidden")),
+            "{e}"
+        );
+        for body in [
+            serde_json::json!({"tenant": "alpha"}),
+            serde_json::json!({"operator": true}),
+        ] {
+            let e = a
+                .call_json("POST", "/v1/tokens", Some(&body))
+                .await
+                .unwrap_err();
+            assert_eq!(status(&e), Some(403), "{body}: {e}");
+        }
+        // A tenant header from a tenant's token changes nothing.
+        let e = a
+            .with_tenant(Some("beta".into()))
+            .get_sandbox(&sb.id)
+            .await
+            .unwrap_err();
+        assert_eq!(status(&e), Some(404), "{e}");
+
+        op.delete_sandbox(&sa.id).await.unwrap();
+        op.delete_sandbox(&sb.id).await.unwrap();
+    });
+}
+
+#[test]
+fn an_operator_token_manages_tenant_tokens_but_never_operator_tokens() {
+    let d = Daemon::start(None);
+    let (op_id, secret) = operator_token(&d);
+    let (other_id, _) = operator_token(&d);
+    let op = d.tcp(Some(&secret));
+    rt().block_on(async {
+        // A tenant token, made and revoked over TCP by the operator token.
+        let made = op
+            .call_json(
+                "POST",
+                "/v1/tokens",
+                Some(&serde_json::json!({"tenant": "alpha", "name": "from the console"})),
+            )
+            .await
+            .unwrap();
+        assert_eq!(made["kind"], "tenant", "{made}");
+        let alpha = d.tcp(Some(made["token"].as_str().unwrap()));
+        assert_eq!(alpha.health().await.unwrap().tenant, "alpha");
+        let listed = op.call_json("GET", "/v1/tokens", None).await.unwrap();
+        let kinds: Vec<(String, String)> = listed["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| {
+                (
+                    t["id"].as_str().unwrap().into(),
+                    t["kind"].as_str().unwrap().into(),
+                )
+            })
+            .collect();
+        assert!(
+            kinds.contains(&(op_id.clone(), "operator".into())),
+            "{listed}"
+        );
+        assert!(
+            kinds.contains(&(made["id"].as_str().unwrap().into(), "tenant".into())),
+            "{listed}"
+        );
+        let id = made["id"].as_str().unwrap();
+        op.call_json("DELETE", &format!("/v1/tokens/{id}"), None)
+            .await
+            .unwrap();
+        let e = alpha.health().await.unwrap_err();
+        assert_eq!(status(&e), Some(401), "{e}");
+
+        // The attack: a stolen operator token makes itself a successor, or
+        // revokes the operator's other tokens.
+        let e = op
+            .call_json(
+                "POST",
+                "/v1/tokens",
+                Some(&serde_json::json!({"operator": true})),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(
+            (status(&e), e.code()),
+            (Some(403), Some("permission_denied")),
+            "{e}"
+        );
+        let e = op
+            .call_json("DELETE", &format!("/v1/tokens/{other_id}"), None)
+            .await
+            .unwrap_err();
+        assert_eq!(status(&e), Some(403), "{e}");
+        // Nor has the daemon connect where it names.
+        let e = op
+            .call_json(
+                "POST",
+                "/v1/images/pull",
+                Some(&serde_json::json!({"reference": "127.0.0.1:9/x:y"})),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(
+            (status(&e), e.code()),
+            (Some(403), Some("forbidden")),
+            "{e}"
+        );
+        // Still only the two operator tokens, both live.
+        let listed = d
+            .client()
+            .call_json("GET", "/v1/tokens", None)
+            .await
+            .unwrap();
+        let live_ops = listed["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|t| t["kind"] == "operator" && t["revoked_at"].is_null())
+            .count();
+        assert_eq!(live_ops, 2, "{listed}");
+    });
+    // The socket revokes it; from then on it is refused.
+    let (code, _, err) = d.cli(&["token", "revoke", &op_id]);
+    assert_eq!(code, 0, "{err}");
+    rt().block_on(async {
+        let e = op.list_sandboxes(&ListFilter::default()).await.unwrap_err();
+        assert_eq!(status(&e), Some(401), "{e}");
+        let e = op.call_json("GET", "/v1/tenants", None).await.unwrap_err();
+        assert_eq!(status(&e), Some(401), "{e}");
+    });
+    let (code, listed, err) = d.cli(&["token", "list"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        listed
+            .lines()
+            .any(|l| l.contains(&op_id) && l.contains("operator") && l.contains("revoked")),
+        "{listed}"
+    );
+}
+
+/// `/mcp`'s tools are an agent's: it takes tenants' tokens only.
+#[test]
+fn mcp_refuses_an_operator_token() {
+    let d = Daemon::start(None);
+    let (_, secret) = operator_token(&d);
+    let (st, body) = api_support::http(
+        d.port,
+        "GET",
+        "/mcp",
+        &[("Authorization", &format!("Bearer {secret}"))],
+        b"",
+    );
+    assert_eq!(st, 403, "{body}");
+    assert!(body.contains("not an operator token"), "{body}");
+}
