@@ -5,7 +5,10 @@ terminal and read it back, upload a file whose name is markup and see it listed,
 make the sandbox try a connection its policy denies (to a TEST-NET address; the
 proxy refuses it, nothing leaves the host) and see it in the egress log, delete the
 sandbox; then create and delete a volume and a secret (whose value must not stay in
-the page). Tenant strings must show as text: no element is made from them and no
+the page). Then the operator's page, signed in with an operator token made on the
+socket: the tenants with their usage, a tenant token created (its secret shown
+once, its markup name as text) and revoked after a confirmation; a tenant's token
+has no such page. Tenant strings must show as text: no element is made from them and no
 script of theirs runs. Screenshots of the pages at two window sizes, light and
 dark, go to tests/console/screenshots/ (or $SANDLOT_CONSOLE_SCREENSHOTS).
 Needs root (the daemon creates sandboxes), chromium and chromium-driver.
@@ -14,11 +17,13 @@ $CARGO_TARGET_DIR/debug/sandlot, else target/debug/sandlot;
 SANDLOT_TEST_ISOLATION the sandbox's isolation).
 """
 import base64
+import json
 import os
 import shutil
 import sys
 import tempfile
 import time
+import urllib.error
 from pathlib import Path
 
 import pytest
@@ -340,6 +345,80 @@ def test_console_drives_a_sandbox_its_terminal_files_and_egress_log_then_volumes
     shoot(d, "memory")
 
     # Nothing the Content-Security-Policy refused, no script error.
+    problems = [e for e in d.get_log("browser")
+                if e["level"] == "SEVERE"
+                and not (e["source"] == "network" and "/v1/health" in e["message"] and " 401 " in e["message"])]
+    assert problems == [], problems
+
+
+def sign_in(d, base: str, token: str):
+    """A fresh tab state signed in with `token`."""
+    d.get(f"{base}/ui/")
+    d.execute_script("sessionStorage.clear()")
+    d.get(f"{base}/ui/#/")
+    d.refresh()
+    field = wait(d, "the sign-in form", lambda d: d.find_element(By.NAME, "token"))
+    field.send_keys(token)
+    d.find_element(By.CSS_SELECTOR, "form.signin button[type=submit]").click()
+
+
+def test_console_operator_page_lists_tenants_and_creates_and_revokes_a_tenant_token(daemon, browser):
+    d = browser
+    base = f"http://127.0.0.1:{daemon.api_port}"
+    tenant = daemon.token("acme")
+    busy = daemon.native("POST", "/v1/sandboxes", tenant, {"resources": {"memory": "128M"}, "timeout": "5m"})
+    made = json.loads(daemon.operator("token", "create", "--operator", "--name", "console-test", "--json"))
+    assert made["kind"] == "operator", made
+
+    # A tenant's token: no operator page in the header.
+    sign_in(d, base, tenant)
+    wait(d, "the tenant in the header", lambda d: "tenant acme" in d.find_element(By.ID, "who").text)
+    assert not d.find_elements(By.CSS_SELECTOR, "#nav a[href='#/operator']")
+
+    # The operator token: the operator page, with every tenant.
+    sign_in(d, base, made["token"])
+    wait(d, "the operator in the header", lambda d: d.find_element(By.ID, "who").text.startswith("operator"))
+    click(d, "the operator link", "#nav a[href='#/operator']")
+    acme = wait(d, "acme in the tenants", lambda d: d.find_element(By.CSS_SELECTOR, "#tenant-list tr[data-id='acme']").text)
+    assert "1 / 100" in acme, acme  # one live sandbox of the default quota
+    wait(d, "the daemon's numbers", lambda d: "Live sandboxes" in d.find_element(By.ID, "daemon-numbers").text)
+    wait(d, "the pools section", lambda d: "No warm pools" in d.find_element(By.ID, "pool-list").text)
+    wait(d, "the daemon's charts", lambda d: len(d.find_elements(By.CSS_SELECTOR, "#daemon-charts svg polyline")) == 2)
+    # The operator's own token is listed, revocable on the socket only.
+    own = d.find_element(By.CSS_SELECTOR, f"#token-list tr[data-id='{made['id']}']")
+    assert "operator" in own.text and not own.find_elements(By.CSS_SELECTOR, "button")
+
+    # Create a tenant token whose name is markup: its secret is shown once.
+    form = d.find_element(By.ID, "token-form")
+    form.find_element(By.NAME, "tenant").send_keys("beta")
+    form.find_element(By.NAME, "name").send_keys(MARKUP_TAG)
+    form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    secret = wait(d, "the new token's secret", lambda d: d.find_element(By.ID, "new-token-secret").get_attribute("value"))
+    assert secret.startswith("sl_"), secret
+    assert daemon.native("GET", "/v1/health", secret)["tenant"] == "beta"
+    row_id = wait(d, "the new token listed", lambda d: next(
+        (r.get_attribute("data-id") for r in d.find_elements(By.CSS_SELECTOR, "#token-list tr[data-id]")
+         if MARKUP_TAG in r.text), None))
+    no_markup_ran(d)
+    shoot(d, "operator")
+    click(d, "the secret's done button", "#new-token button")
+    wait(d, "the secret gone from the page", lambda d: not d.find_elements(By.ID, "new-token-secret"))
+    assert secret not in d.page_source
+
+    # Revoke asks first: cancelling keeps it, accepting revokes it.
+    row = f"#token-list tr[data-id='{row_id}']"
+    click(d, "the revoke button", f"{row} button.danger")
+    d.switch_to.alert.dismiss()
+    assert daemon.native("GET", "/v1/health", secret)["tenant"] == "beta"
+    click(d, "the revoke button", f"{row} button.danger")
+    d.switch_to.alert.accept()
+    wait(d, "the token shown revoked", lambda d: "revoked" in d.find_element(By.CSS_SELECTOR, row).text)
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        daemon.native("GET", "/v1/health", secret)
+    assert refused.value.code == 401
+
+    daemon.native("DELETE", f"/v1/sandboxes/{busy['id']}", tenant)
+    daemon.operator("token", "revoke", made["id"])
     problems = [e for e in d.get_log("browser")
                 if e["level"] == "SEVERE"
                 and not (e["source"] == "network" and "/v1/health" in e["message"] and " 401 " in e["message"])]

@@ -498,7 +498,7 @@ pub struct EventList {
 pub struct Health {
     pub status: String,
     pub version: String,
-    /// The caller's tenant (`*` for the operator on the Unix socket).
+    /// The caller's tenant (`*` for the operator: the Unix socket, or an operator token).
     pub tenant: String,
 }
 

@@ -1,15 +1,16 @@
 // The console's entry: sign-in, the header, and the hash router
-// (#/ the sandboxes, #/sandboxes/ID one sandbox).
+// (#/ the sandboxes, #/sandboxes/ID one sandbox, #/operator the operator's page).
 import { api, token, ApiError } from './api.js';
 import { h, put, field, toast } from './dom.js';
 import { sandboxesPage } from './sandboxes.js';
 import { sandboxPage } from './sandbox.js';
 import { imagesPage, volumesPage, secretsPage } from './store.js';
 import { collectionsPage, memoryPage } from './knowledge.js';
+import { operatorPage } from './operator.js';
 
 const PAGES = {
   '/images': imagesPage, '/volumes': volumesPage, '/secrets': secretsPage,
-  '/collections': collectionsPage, '/memory': memoryPage,
+  '/collections': collectionsPage, '/memory': memoryPage, '/operator': operatorPage,
 };
 
 const main = document.getElementById('main');
@@ -42,10 +43,12 @@ function signInPage(message) {
 
 async function whoAmI() {
   const health = await api('GET', '/v1/health');
+  const operator = health.tenant === '*';
   put(document.getElementById('nav'), [['#/', 'Sandboxes'], ['#/images', 'Images'], ['#/volumes', 'Volumes'],
-    ['#/secrets', 'Secrets'], ['#/collections', 'Collections'], ['#/memory', 'Memory']].map(([href, label]) => h('a', { href }, label)));
+    ['#/secrets', 'Secrets'], ['#/collections', 'Collections'], ['#/memory', 'Memory'],
+    ...(operator ? [['#/operator', 'Operator']] : [])].map(([href, label]) => h('a', { href }, label)));
   put(document.getElementById('who'),
-    h('span', {}, health.tenant === '*' ? 'operator' : `tenant ${health.tenant}`), ' ',
+    h('span', {}, operator ? 'operator' : `tenant ${health.tenant}`), ' ',
     h('button', { type: 'button', class: 'link', onclick: signOut }, 'Sign out'));
   return health;
 }
