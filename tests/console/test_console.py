@@ -8,7 +8,9 @@ sandbox; then create and delete a volume and a secret (whose value must not stay
 the page). Then the operator's page, signed in with an operator token made on the
 socket: the tenants with their usage, a tenant token created (its secret shown
 once, its markup name as text) and revoked after a confirmation; a tenant's token
-has no such page. Tenant strings must show as text: no element is made from them and no
+has no such page. Then two snapshots, one started from the other, shown as a tree on
+the images page and compared with its diff (a path holding markup stays text).
+Tenant strings must show as text: no element is made from them and no
 script of theirs runs. Screenshots of the pages at two window sizes, light and
 dark, go to tests/console/screenshots/ (or $SANDLOT_CONSOLE_SCREENSHOTS).
 Needs root (the daemon creates sandboxes), chromium and chromium-driver.
@@ -24,6 +26,8 @@ import sys
 import tempfile
 import time
 import urllib.error
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -419,6 +423,62 @@ def test_console_operator_page_lists_tenants_and_creates_and_revokes_a_tenant_to
 
     daemon.native("DELETE", f"/v1/sandboxes/{busy['id']}", tenant)
     daemon.operator("token", "revoke", made["id"])
+    problems = [e for e in d.get_log("browser")
+                if e["level"] == "SEVERE"
+                and not (e["source"] == "network" and "/v1/health" in e["message"] and " 401 " in e["message"])]
+    assert problems == [], problems
+
+
+def put_file(daemon, token: str, sid: str, path: str, data: bytes):
+    req = urllib.request.Request(
+        f"{daemon.api_url}/v1/sandboxes/{sid}/files?" + urllib.parse.urlencode({"path": path}),
+        method="PUT", data=data, headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        assert r.status == 201
+
+
+def test_console_images_show_parents_as_a_tree_and_diff_two(daemon, browser):
+    d = browser
+    base = f"http://127.0.0.1:{daemon.api_port}"
+    token = daemon.token("acme")
+    markup_path = "/opt/<img src=x onerror=window.__xss=6>"
+    first = daemon.native("POST", "/v1/sandboxes", token, {"resources": {"memory": "128M"}, "timeout": "5m"})
+    put_file(daemon, token, first["id"], "/opt/one", b"one\n")
+    put_file(daemon, token, first["id"], "/opt/kept", b"kept\n")
+    parent = daemon.native("POST", f"/v1/sandboxes/{first['id']}/snapshot", token, {"tag": "tree:1"})
+    second = daemon.native("POST", "/v1/sandboxes", token,
+                           {"image": parent["id"], "resources": {"memory": "128M"}, "timeout": "5m"})
+    put_file(daemon, token, second["id"], markup_path, b"two\n")
+    put_file(daemon, token, second["id"], "/opt/kept", b"changed\n")
+    daemon.native("DELETE", f"/v1/sandboxes/{second['id']}/files?path=/opt/one", token)
+    child = daemon.native("POST", f"/v1/sandboxes/{second['id']}/snapshot", token, {"tag": "tree:2"})
+    assert child["parent"] == parent["id"], child
+    for sb in (first, second):
+        daemon.native("DELETE", f"/v1/sandboxes/{sb['id']}", token)
+
+    sign_in(d, base, token)
+    wait(d, "the tenant in the header", lambda d: "tenant acme" in d.find_element(By.ID, "who").text)
+    click(d, "the images link", "#nav a[href='#/images']")
+    rows = wait(d, "both snapshots listed", lambda d: (lambda r: r if parent["id"] in r and child["id"] in r else None)(
+        [r.get_attribute("data-id") for r in d.find_elements(By.CSS_SELECTOR, "#images-list tr[data-id]")]))
+    # The child comes right under its parent, one level deeper.
+    assert rows.index(child["id"]) == rows.index(parent["id"]) + 1, rows
+    depth = lambda i: d.find_element(By.CSS_SELECTOR, f"#images-list tr[data-id='{i}']").get_attribute("data-depth")
+    assert (depth(parent["id"]), depth(child["id"])) == ("0", "1")
+
+    button = d.find_element(By.ID, "image-diff-button")
+    assert not button.is_enabled()
+    click(d, "the parent's compare box", f"#images-list tr[data-id='{parent['id']}'] input[name=compare]")
+    click(d, "the child's compare box", f"#images-list tr[data-id='{child['id']}'] input[name=compare]")
+    wait(d, "the diff button enabled", lambda d: d.find_element(By.ID, "image-diff-button").is_enabled())
+    d.find_element(By.ID, "image-diff-button").click()
+    result = wait(d, "the diff", lambda d: d.find_element(By.ID, "image-diff-result"))
+    kind = lambda k: [e.text for e in result.find_elements(By.CSS_SELECTOR, f".diff-{k} li code")]
+    assert markup_path in kind("added"), kind("added")
+    assert "/opt/one" in kind("removed"), kind("removed")
+    assert "/opt/kept" in kind("changed"), kind("changed")
+    no_markup_ran(d)
+    shoot(d, "images-tree")
     problems = [e for e in d.get_log("browser")
                 if e["level"] == "SEVERE"
                 and not (e["source"] == "network" and "/v1/health" in e["message"] and " 401 " in e["message"])]
