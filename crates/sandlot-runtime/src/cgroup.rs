@@ -479,7 +479,7 @@ impl Cgroup {
                 // the kernel as the freeze began: asking again freezes what has
                 // come along since, and now and then a brief thaw lets a task
                 // stuck in between move on to where it freezes.
-                if polls % V1_FREEZE_THAW_EVERY == 0 {
+                if polls.is_multiple_of(V1_FREEZE_THAW_EVERY) {
                     write_file(file.clone(), "THAWED")?;
                     std::thread::sleep(Duration::from_millis(10));
                 }
