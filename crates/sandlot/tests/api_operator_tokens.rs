@@ -261,3 +261,29 @@ fn mcp_refuses_an_operator_token() {
     assert_eq!(st, 403, "{body}");
     assert!(body.contains("not an operator token"), "{body}");
 }
+
+/// `--data-dir` writes the daemon's database directly (root on the host, as the
+/// socket is): an operator token made there is the operator's at once, and is
+/// listed as one.
+#[test]
+fn an_operator_token_written_with_data_dir_is_the_operators() {
+    let d = Daemon::start(None);
+    let o = std::process::Command::new(api_support::sandlot())
+        .args(["token", "create", "--operator", "--json"])
+        .env("SANDLOT_DATA_DIR", d.data_dir())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        (v["kind"].as_str(), v["tenant"].as_str()),
+        (Some("operator"), Some("*")),
+        "{v}"
+    );
+    assert!(v.get("e2b_api_key").is_none(), "{v}");
+    let op = d.tcp(v["token"].as_str());
+    rt().block_on(async {
+        assert_eq!(op.health().await.unwrap().tenant, "*");
+        op.call_json("GET", "/v1/tenants", None).await.unwrap();
+    });
+}
