@@ -356,11 +356,13 @@ def test_console_drives_a_sandbox_its_terminal_files_and_egress_log_then_volumes
 
 
 def sign_in(d, base: str, token: str):
-    """A fresh tab state signed in with `token`."""
-    d.get(f"{base}/ui/")
-    d.execute_script("sessionStorage.clear()")
+    """Signed in with `token`, after signing out of whatever the tab held (with the
+    console's own button, which stops the page's polling first)."""
     d.get(f"{base}/ui/#/")
-    d.refresh()
+    wait(d, "the sign-in form or the header", lambda d: d.find_elements(By.NAME, "token")
+         or d.find_elements(By.CSS_SELECTOR, "#who button"))
+    for out in d.find_elements(By.CSS_SELECTOR, "#who button"):
+        out.click()
     field = wait(d, "the sign-in form", lambda d: d.find_element(By.NAME, "token"))
     field.send_keys(token)
     d.find_element(By.CSS_SELECTOR, "form.signin button[type=submit]").click()
@@ -421,12 +423,15 @@ def test_console_operator_page_lists_tenants_and_creates_and_revokes_a_tenant_to
         daemon.native("GET", "/v1/health", secret)
     assert refused.value.code == 401
 
-    daemon.native("DELETE", f"/v1/sandboxes/{busy['id']}", tenant)
-    daemon.operator("token", "revoke", made["id"])
     problems = [e for e in d.get_log("browser")
                 if e["level"] == "SEVERE"
                 and not (e["source"] == "network" and "/v1/health" in e["message"] and " 401 " in e["message"])]
     assert problems == [], problems
+    # Sign out (the page polls with the token) before the token is revoked.
+    click(d, "sign out", "#who button")
+    wait(d, "the sign-in form", lambda d: d.find_elements(By.NAME, "token"))
+    daemon.native("DELETE", f"/v1/sandboxes/{busy['id']}", tenant)
+    daemon.operator("token", "revoke", made["id"])
 
 
 def put_file(daemon, token: str, sid: str, path: str, data: bytes):
