@@ -246,10 +246,12 @@ fn an_operator_token_manages_tenant_tokens_but_never_operator_tokens() {
     );
 }
 
-/// `/mcp`'s tools are an agent's: it takes tenants' tokens only.
+/// The front doors made for tenants take tenants' tokens only: `/mcp` (its tools
+/// and sessions are an agent's, per tenant) and E2B's API key.
 #[test]
-fn mcp_refuses_an_operator_token() {
-    let d = Daemon::start(None);
+fn mcp_and_the_e2b_front_door_refuse_an_operator_token() {
+    let e2b = api_support::free_port();
+    let d = Daemon::start(Some(&format!("[e2b]\nlisten = \"127.0.0.1:{e2b}\"\n")));
     let (_, secret) = operator_token(&d);
     let (st, body) = api_support::http(
         d.port,
@@ -260,6 +262,16 @@ fn mcp_refuses_an_operator_token() {
     );
     assert_eq!(st, 403, "{body}");
     assert!(body.contains("not an operator token"), "{body}");
+    // E2B's list of sandboxes: a tenant's key works, the operator token does not.
+    let tenant = d.token("acme");
+    for (key, want) in [(tenant.as_str(), 200), (secret.as_str(), 401)] {
+        let (st, body) = api_support::http(e2b, "GET", "/sandboxes", &[("X-API-Key", key)], b"");
+        assert_eq!(st, want, "{body}");
+    }
+    let e2b_shaped = format!("e2b_{}", secret.trim_start_matches("sl_"));
+    let (st, body) =
+        api_support::http(e2b, "GET", "/sandboxes", &[("X-API-Key", &e2b_shaped)], b"");
+    assert_eq!(st, 401, "{body}");
 }
 
 /// `--data-dir` writes the daemon's database directly (root on the host, as the
