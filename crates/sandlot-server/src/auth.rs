@@ -125,44 +125,65 @@ impl FromRequestParts<Arc<AppState>> for Principal {
             }
             None => websocket_bearer(&parts.method, &parts.headers),
         };
-        let operator = match bearer {
-            Some(token) => {
-                let (kind, tenant) = state
+        // The token's grant, looked up when one is presented; a token presented
+        // and not found is refused whatever else the request carries.
+        let grant = match bearer {
+            Some(token) => Some(
+                state
                     .store
                     .token_grant(&hash_token(&token))
                     .map_err(ApiError::internal)?
-                    .ok_or_else(|| ApiError::unauthorized("invalid or revoked token"))?;
-                let p = Principal::of_token(kind, &tenant);
-                if p.scope.is_some() {
-                    // A tenant's token: a tenant header changes nothing.
-                    return Ok(p);
-                }
-                p
-            }
-            None if transport == Transport::Unix => Principal {
-                scope: None,
-                tenant: DEFAULT_TENANT.to_string(),
-                credential: Credential::Socket,
-            },
-            None => {
-                return Err(ApiError::unauthorized(
-                    "a bearer token is required over TCP (Authorization: Bearer TOKEN)",
-                ))
-            }
+                    .ok_or_else(|| ApiError::unauthorized("invalid or revoked token"))?,
+            ),
+            None => None,
         };
-        // The operator (the socket, or an operator token) may act as one tenant.
-        match parts.headers.get(TENANT_HEADER) {
-            Some(v) => {
-                let t = v.to_str().unwrap_or_default();
-                if !crate::config::valid_tenant(t) {
-                    return Err(ApiError::invalid(TENANT_HEADER, crate::config::TENANT_RULE));
-                }
-                Ok(operator.acting_as(t))
-            }
-            None => Ok(operator),
-        }
+        let header = parts
+            .headers
+            .get(TENANT_HEADER)
+            .map(|v| v.to_str().unwrap_or_default());
+        principal_of(transport, grant, header)
     }
 }
+
+/// Who a request is, from its listener, the grant of the token it presented
+/// (kind and tenant) and its tenant header: a tenant token is its tenant
+/// whatever the header says; the operator (the socket without a token, or an
+/// operator token) is every tenant, or the one the header names; TCP without a
+/// token is no one.
+pub fn principal_of(
+    transport: Transport,
+    grant: Option<(TokenKind, String)>,
+    tenant_header: Option<&str>,
+) -> Result<Principal, ApiError> {
+    let operator = match grant {
+        Some((kind, tenant)) => {
+            let p = Principal::of_token(kind, &tenant);
+            if p.scope.is_some() {
+                // A tenant's token: a tenant header changes nothing.
+                return Ok(p);
+            }
+            p
+        }
+        None if transport == Transport::Unix => Principal {
+            scope: None,
+            tenant: DEFAULT_TENANT.to_string(),
+            credential: Credential::Socket,
+        },
+        None => {
+            return Err(ApiError::unauthorized(
+                "a bearer token is required over TCP (Authorization: Bearer TOKEN)",
+            ))
+        }
+    };
+    match tenant_header {
+        Some(t) if !crate::config::valid_tenant(t) => {
+            Err(ApiError::invalid(TENANT_HEADER, crate::config::TENANT_RULE))
+        }
+        Some(t) => Ok(operator.acting_as(t)),
+        None => Ok(operator),
+    }
+}
+
 /// The WebSocket subprotocol that carries a bearer token: a browser cannot set
 /// `Authorization` on a WebSocket, so the web console offers
 /// `sandlot.bearer.TOKEN` beside [`WS_PROTOCOL`], which the server selects.
@@ -422,6 +443,44 @@ mod tests {
         let acme = Principal::of_token(TokenKind::Tenant, "acme");
         assert_eq!(acme, Principal::tenant("acme"));
         assert!(!acme.is_socket_operator());
+    }
+
+    #[test]
+    fn the_principal_follows_the_listener_the_tokens_kind_and_the_tenant_header() {
+        let op = || Some((TokenKind::Operator, OPERATOR_TOKEN_TENANT.to_string()));
+        let acme = || Some((TokenKind::Tenant, "acme".to_string()));
+        // TCP without a token is no one; with a tenant token, its tenant, and a
+        // tenant header from it changes nothing.
+        assert_eq!(
+            principal_of(Transport::Tcp, None, None).unwrap_err().status,
+            axum::http::StatusCode::UNAUTHORIZED
+        );
+        for header in [None, Some("beta"), Some("no/such")] {
+            assert_eq!(
+                principal_of(Transport::Tcp, acme(), header).unwrap(),
+                Principal::tenant("acme"),
+                "{header:?}"
+            );
+        }
+        // An operator token: every tenant, or the one the header names, on
+        // either listener, never the socket's credential.
+        for transport in [Transport::Tcp, Transport::Unix] {
+            let p = principal_of(transport, op(), None).unwrap();
+            assert_eq!((p.scope, p.credential), (None, Credential::OperatorToken));
+            let a = principal_of(transport, op(), Some("beta")).unwrap();
+            assert_eq!(
+                (a.scope.as_deref(), a.credential),
+                (Some("beta"), Credential::OperatorToken)
+            );
+            let bad = principal_of(transport, op(), Some("no/such")).unwrap_err();
+            assert_eq!(bad.field.as_deref(), Some(TENANT_HEADER));
+        }
+        // The socket without a token is the socket's operator.
+        let s = principal_of(Transport::Unix, None, None).unwrap();
+        assert!(s.is_socket_operator());
+        let s = principal_of(Transport::Unix, None, Some("beta")).unwrap();
+        assert_eq!(s.scope.as_deref(), Some("beta"));
+        assert!(!s.is_socket_operator());
     }
 
     #[test]
