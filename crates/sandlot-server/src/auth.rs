@@ -11,9 +11,9 @@ use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, HeaderValue};
 use sha2::{Digest, Sha256};
 
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorCode};
 use crate::state::AppState;
-use crate::store::{now_ms, TokenKind, TokenRecord, OPERATOR_TOKEN_TENANT};
+use crate::store::{now_ms, Grant, TokenKind, TokenRecord, OPERATOR_TOKEN_TENANT};
 
 /// The transport a request came in on (set per listener).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,6 +31,9 @@ pub struct Principal {
     pub tenant: String,
     /// What admitted the caller.
     pub credential: Credential,
+    /// The id of the operator token that admitted the caller (None for the
+    /// socket and for tenants): what a token it mints records as its maker.
+    pub token: Option<String>,
 }
 
 /// What admitted a caller: what the operator's few socket-only acts check
@@ -53,19 +56,21 @@ impl Principal {
             scope: Some(tenant.clone()),
             tenant,
             credential: Credential::Tenant,
+            token: None,
         }
     }
 
     /// The principal a valid token grants, before any tenant header: a tenant
     /// token its tenant; an operator token every tenant, creating in
     /// [`DEFAULT_TENANT`] like the socket.
-    pub fn of_token(kind: TokenKind, tenant: &str) -> Principal {
+    pub fn of_token(kind: TokenKind, tenant: &str, id: &str) -> Principal {
         match kind {
             TokenKind::Tenant => Principal::tenant(tenant),
             TokenKind::Operator => Principal {
                 scope: None,
                 tenant: DEFAULT_TENANT.to_string(),
                 credential: Credential::OperatorToken,
+                token: Some(id.to_string()),
             },
         }
     }
@@ -77,6 +82,7 @@ impl Principal {
             scope: Some(tenant.to_string()),
             tenant: tenant.to_string(),
             credential: self.credential,
+            token: self.token,
         }
     }
 
@@ -87,10 +93,52 @@ impl Principal {
         self.scope.is_none() && self.credential == Credential::Socket
     }
 
+    /// Who made a token this caller mints, as `created_by` records it: the
+    /// minting operator token's id, or `socket`.
+    pub fn minter(&self) -> String {
+        self.token.clone().unwrap_or_else(|| CREATED_BY_SOCKET.to_string())
+    }
+
     /// Whether the caller may see a sandbox of `tenant`.
     pub fn sees(&self, tenant: &str) -> bool {
         self.scope.as_deref().is_none_or(|s| s == tenant)
     }
+}
+
+/// `created_by` of a token minted on the Unix socket.
+pub const CREATED_BY_SOCKET: &str = "socket";
+
+/// The operator's acts (every tenant's view, tokens, tenants, `/metrics`, image
+/// removal): the socket or an operator token, not acting as a tenant. `what`
+/// names the act in the 403 `forbidden`.
+pub fn require_operator(p: &Principal, what: &str) -> Result<(), ApiError> {
+    if p.scope.is_none() {
+        return Ok(());
+    }
+    Err(ApiError::of(
+        ErrorCode::Forbidden,
+        format!(
+            "{what} is for the operator (the daemon's Unix socket or an operator token), \
+             not a tenant nor the operator acting as one"
+        ),
+    ))
+}
+
+/// The acts that stay on the Unix socket (minting and revoking operator tokens,
+/// every write to the shared image namespace, pulls and pushes): what a stolen
+/// operator token must not do, since it would outlive its revocation or turn
+/// the daemon into its network client. 403 `forbidden` otherwise.
+pub fn require_socket(p: &Principal, what: &str) -> Result<(), ApiError> {
+    if p.is_socket_operator() {
+        return Ok(());
+    }
+    Err(ApiError::of(
+        ErrorCode::Forbidden,
+        format!(
+            "{what} is for the operator on the daemon's Unix socket only \
+             (not an operator token, nor acting as a tenant)"
+        ),
+    ))
 }
 
 /// Header with which the operator acts as one tenant on the Unix socket.
@@ -152,12 +200,12 @@ impl FromRequestParts<Arc<AppState>> for Principal {
 /// token is no one.
 pub fn principal_of(
     transport: Transport,
-    grant: Option<(TokenKind, String)>,
+    grant: Option<Grant>,
     tenant_header: Option<&str>,
 ) -> Result<Principal, ApiError> {
     let operator = match grant {
-        Some((kind, tenant)) => {
-            let p = Principal::of_token(kind, &tenant);
+        Some(g) => {
+            let p = Principal::of_token(g.kind, &g.tenant, &g.id);
             if p.scope.is_some() {
                 // A tenant's token: a tenant header changes nothing.
                 return Ok(p);
@@ -168,6 +216,7 @@ pub fn principal_of(
             scope: None,
             tenant: DEFAULT_TENANT.to_string(),
             credential: Credential::Socket,
+            token: None,
         },
         None => {
             return Err(ApiError::unauthorized(
@@ -315,6 +364,7 @@ fn minted(kind: TokenKind, tenant: &str, name: Option<String>) -> (TokenRecord, 
         created_at: now_ms(),
         last_used_at: None,
         revoked_at: None,
+        created_by: None,
     };
     let hash = hash_token(&secret);
     (rec, secret, hash)
@@ -411,6 +461,7 @@ mod tests {
             scope: None,
             tenant: "default".into(),
             credential: Credential::Socket,
+            token: None,
         };
         let t = Principal::tenant("a");
         assert!(op.sees("a") && op.sees("b"));
@@ -419,7 +470,7 @@ mod tests {
 
     #[test]
     fn an_operator_token_yields_every_tenant_but_not_the_socket() {
-        let p = Principal::of_token(TokenKind::Operator, OPERATOR_TOKEN_TENANT);
+        let p = Principal::of_token(TokenKind::Operator, OPERATOR_TOKEN_TENANT, "tok_op");
         assert_eq!(p.scope, None);
         assert!(p.sees("a") && p.sees("b"));
         assert_eq!(p.tenant, DEFAULT_TENANT);
@@ -436,19 +487,24 @@ mod tests {
     fn a_tenant_token_yields_its_tenant_whatever_its_records_tenant_says() {
         // A tenant token's record naming `*` (the operator's mark) grants the
         // tenant `*`, which sees no other tenant: the kind decides, never the name.
-        let p = Principal::of_token(TokenKind::Tenant, OPERATOR_TOKEN_TENANT);
+        let p = Principal::of_token(TokenKind::Tenant, OPERATOR_TOKEN_TENANT, "tok_t");
         assert_eq!(p.scope.as_deref(), Some("*"));
         assert!(!p.sees("a"));
         assert_eq!(p.credential, Credential::Tenant);
-        let acme = Principal::of_token(TokenKind::Tenant, "acme");
+        let acme = Principal::of_token(TokenKind::Tenant, "acme", "tok_a");
         assert_eq!(acme, Principal::tenant("acme"));
         assert!(!acme.is_socket_operator());
     }
 
     #[test]
     fn the_principal_follows_the_listener_the_tokens_kind_and_the_tenant_header() {
-        let op = || Some((TokenKind::Operator, OPERATOR_TOKEN_TENANT.to_string()));
-        let acme = || Some((TokenKind::Tenant, "acme".to_string()));
+        let grant = |kind, tenant: &str| Grant {
+            id: "tok_x".into(),
+            kind,
+            tenant: tenant.into(),
+        };
+        let op = || Some(grant(TokenKind::Operator, OPERATOR_TOKEN_TENANT));
+        let acme = || Some(grant(TokenKind::Tenant, "acme"));
         // TCP without a token is no one; with a tenant token, its tenant, and a
         // tenant header from it changes nothing.
         assert_eq!(
@@ -489,6 +545,7 @@ mod tests {
             scope: None,
             tenant: DEFAULT_TENANT.into(),
             credential: Credential::Socket,
+            token: None,
         };
         assert!(socket.is_socket_operator());
         assert!(!socket.acting_as("a").is_socket_operator());

@@ -46,8 +46,8 @@ pub use pause::{BeginPause, PauseRecord, Saved, SavedFile};
 pub use sandlot_proto::api::lifecycle::{Lifecycle, OnExpiry};
 pub use snapshot::{Promotion, SnapshotAdmission, SnapshotRecord, SnapshotSource};
 pub use tenants::TenantLoad;
-use tokens::add_token_kind;
-pub use tokens::{TokenKind, TokenRecord, OPERATOR_TOKEN_TENANT};
+use tokens::{add_token_created_by, add_token_kind};
+pub use tokens::{Grant, Revoke, TokenKind, TokenRecord, OPERATOR_TOKEN_TENANT};
 
 fn sql(op: &'static str) -> impl FnOnce(rusqlite::Error) -> StoreError {
     move |source| StoreError::Sql { op, source }
@@ -187,7 +187,8 @@ CREATE TABLE IF NOT EXISTS tokens (
     created_at INTEGER NOT NULL,
     last_used_at INTEGER,
     revoked_at INTEGER,
-    kind TEXT NOT NULL DEFAULT 'tenant'
+    kind TEXT NOT NULL DEFAULT 'tenant',
+    created_by TEXT
 );
 CREATE TABLE IF NOT EXISTS sandboxes (
     id TEXT PRIMARY KEY,
@@ -257,6 +258,7 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     saved TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS checkpoints_sandbox ON checkpoints (sandbox_id, created_at);
+CREATE INDEX IF NOT EXISTS checkpoints_tenant ON checkpoints (tenant);
 CREATE TABLE IF NOT EXISTS snapshots (
     id TEXT PRIMARY KEY,
     tenant TEXT NOT NULL,
@@ -509,6 +511,7 @@ impl Store {
             .map_err(sql("enable foreign keys"))?;
         conn.execute_batch(SCHEMA).map_err(sql("create schema"))?;
         add_token_kind(&conn)?;
+        add_token_created_by(&conn)?;
         // The create, exec and delete paths keep their statements prepared (parsing
         // them was a third of the daemon's SQLite time per create).
         conn.set_prepared_statement_cache_capacity(64);

@@ -299,3 +299,137 @@ fn an_operator_token_written_with_data_dir_is_the_operators() {
         op.call_json("GET", "/v1/tenants", None).await.unwrap();
     });
 }
+
+/// Every operator route, as a tenant's token over TCP, an operator token over
+/// TCP and the Unix socket each meet it: the operator's routes admit the
+/// operator token and the socket; the socket's (the shared image namespace,
+/// pulls and pushes, operator tokens) admit the socket only. The requests are
+/// ones the socket answers without lasting effect (no such image, bad body).
+#[test]
+fn each_operator_route_admits_exactly_the_credentials_its_rule_names() {
+    let d = Daemon::start(None);
+    let tenant = d.token("alpha");
+    let (_, op) = operator_token(&d);
+    // (method, path, body, tenant token, operator token, socket)
+    let table: &[(&str, &str, &str, u16, u16, u16)] = &[
+        ("GET", "/v1/tenants", "", 403, 200, 200),
+        ("GET", "/metrics", "", 403, 200, 200),
+        ("GET", "/v1/tokens", "", 403, 200, 200),
+        ("POST", "/v1/tokens", r#"{"tenant":"alpha"}"#, 403, 201, 201),
+        ("POST", "/v1/tokens", r#"{"operator":true}"#, 403, 403, 201),
+        ("DELETE", "/v1/tokens/tok_nosuch", "", 403, 404, 404),
+        ("DELETE", "/v1/images/nosuch:1", "", 403, 403, 404),
+        ("POST", "/v1/images/prune", "", 403, 403, 200),
+        ("POST", "/v1/images/import", "", 403, 403, 400),
+        ("POST", "/v1/images/pull", "{}", 403, 403, 400),
+        ("POST", "/v1/images/nosuch:1/push", "{}", 403, 403, 400),
+        ("POST", "/v1/images/build?tag=shared:1", "", 400, 403, 400),
+        (
+            "POST",
+            "/v1/sandboxes/sb_nosuch/snapshot",
+            r#"{"tag":"shared:1"}"#,
+            404,
+            403,
+            404,
+        ),
+    ];
+    let mut wrong = Vec::new();
+    for &(method, path, body, as_tenant, as_operator_token, as_socket) in table {
+        let ct = if path.contains("import") || path.contains("build") {
+            "application/x-tar"
+        } else {
+            "application/json"
+        };
+        let got = (
+            d.tcp_raw(&tenant, method, path, ct, body.as_bytes()).0,
+            d.tcp_raw(&op, method, path, ct, body.as_bytes()).0,
+            d.raw(method, path, body).0,
+        );
+        if got != (as_tenant, as_operator_token, as_socket) {
+            wrong.push(format!(
+                "{method} {path}: got {got:?}, want {:?}",
+                (as_tenant, as_operator_token, as_socket)
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    // The refusals name the rule, never "operator means the Unix socket".
+    let (_, body) = d.tcp_raw(&op, "POST", "/v1/images/import", "application/x-tar", b"");
+    assert!(body.contains("Unix socket only"), "{body}");
+    assert!(body.contains("forbidden"), "{body}");
+    let (_, body) = d.tcp_raw(&tenant, "GET", "/v1/tenants", "application/json", b"");
+    assert!(body.contains("or an operator token"), "{body}");
+}
+
+/// Tokens record who minted them, and revoking an operator token revokes every
+/// token it minted: a leaked operator token leaves no tenant token behind.
+#[test]
+fn revoking_an_operator_token_revokes_the_tokens_it_minted() {
+    let d = Daemon::start(None);
+    let (op_id, secret) = operator_token(&d);
+    let op = d.tcp(Some(&secret));
+    rt().block_on(async {
+        let made = op
+            .call_json(
+                "POST",
+                "/v1/tokens",
+                Some(&serde_json::json!({"tenant": "alpha"})),
+            )
+            .await
+            .unwrap();
+        assert_eq!(made["created_by"], op_id.as_str(), "{made}");
+        let by_socket = d
+            .client()
+            .call_json(
+                "POST",
+                "/v1/tokens",
+                Some(&serde_json::json!({"tenant": "alpha"})),
+            )
+            .await
+            .unwrap();
+        assert_eq!(by_socket["created_by"], "socket", "{by_socket}");
+        let minted = d.tcp(Some(made["token"].as_str().unwrap()));
+        let kept = d.tcp(Some(by_socket["token"].as_str().unwrap()));
+        assert_eq!(minted.health().await.unwrap().tenant, "alpha");
+
+        d.client()
+            .call_json("DELETE", &format!("/v1/tokens/{op_id}"), None)
+            .await
+            .unwrap();
+        let e = minted.health().await.unwrap_err();
+        assert_eq!(status(&e), Some(401), "{e}");
+        assert_eq!(kept.health().await.unwrap().tenant, "alpha");
+        let listed = d
+            .client()
+            .call_json("GET", "/v1/tokens", None)
+            .await
+            .unwrap();
+        let row = listed["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["id"] == made["id"])
+            .cloned()
+            .unwrap();
+        assert_eq!(row["created_by"], op_id.as_str(), "{row}");
+        assert!(!row["revoked_at"].is_null(), "{row}");
+    });
+}
+
+/// An operator token's builds meet the network ceiling like a tenant's: only
+/// the socket's own builds are above it.
+#[test]
+fn an_operator_token_build_is_held_to_the_network_ceiling() {
+    let d = Daemon::start(Some("[network]\nceiling = \"allow\"\n"));
+    let (_, op) = operator_token(&d);
+    let ctx = api_support::vfs::tar_of(&[("Dockerfile", "FROM scratch\nRUN true\n")]);
+    let (code, body) = d.tcp_raw(
+        &op,
+        "POST",
+        "/v1/images/build?network=true",
+        "application/x-tar",
+        &ctx,
+    );
+    assert_eq!(code, 400, "{body}");
+    assert!(body.contains("above the operator's ceiling"), "{body}");
+}

@@ -16,5 +16,5 @@ use crate::state::AppState;
         (status = 401, body = crate::error::ErrorEnvelope),
         (status = 403, description = "not the operator (a tenant's token, or the operator acting as a tenant)", body = crate::error::ErrorEnvelope)))]
 pub async fn list(State(state): State<Arc<AppState>>, p: Principal) -> ApiResult<Json<TenantList>> {
-    crate::services::tenants::list(&state, &p).map(Json)
+    crate::services::tenants::list(&state, &p).await.map(Json)
 }

@@ -13,11 +13,12 @@ use axum::response::Response;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
+use super::images::blocking;
 use super::{json_status, JsonBody};
 use crate::auth::Principal;
 use crate::error::{ApiError, ApiResult, ErrorCode};
 use crate::state::AppState;
-use crate::store::{TokenKind, TokenRecord};
+use crate::store::{Revoke, TokenKind, TokenRecord};
 
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -49,6 +50,12 @@ pub struct TokenView {
     pub created_at: String,
     pub last_used_at: Option<String>,
     pub revoked_at: Option<String>,
+    /// Who minted it: the minting operator token's id (`tok_...`), or `socket`
+    /// (the Unix socket, or `sandlot token create --data-dir`); null for a
+    /// token made before tokens recorded their maker. Revoking an operator
+    /// token revokes every token it minted.
+    #[schema(example = "socket")]
+    pub created_by: Option<String>,
 }
 
 /// A new token: the view and its secret, shown this once.
@@ -80,32 +87,26 @@ fn view(t: &TokenRecord) -> TokenView {
         created_at: at(t.created_at),
         last_used_at: t.last_used_at.map(at),
         revoked_at: t.revoked_at.map(at),
+        created_by: t.created_by.clone(),
     }
 }
 
 /// Tokens are the operator's: a tenant (a token, or the operator acting as one)
-/// may not make more of them.
+/// may not make more of them. 403 `permission_denied`, as documented for
+/// `/v1/tokens` since before operator tokens.
 fn operator_only(p: &Principal) -> ApiResult<()> {
-    match p.scope {
-        None => Ok(()),
-        Some(_) => Err(ApiError::of(
-            ErrorCode::PermissionDenied,
-            "tokens are managed by the operator (the daemon's Unix socket or an operator token, not acting as a tenant)",
-        )),
-    }
+    crate::auth::require_operator(p, "managing tokens").map_err(permission_denied)
 }
 
 /// Operator tokens are the socket's: an operator token may not mint or revoke
 /// one (a stolen operator token cannot make itself a successor, nor lock out
-/// the operator's other tokens).
+/// the operator's other tokens). 403 `permission_denied`, as documented.
 fn socket_only(p: &Principal, what: &str) -> ApiResult<()> {
-    if p.is_socket_operator() {
-        return Ok(());
-    }
-    Err(ApiError::of(
-        ErrorCode::PermissionDenied,
-        format!("{what} is for the operator on the daemon's Unix socket only"),
-    ))
+    crate::auth::require_socket(p, what).map_err(permission_denied)
+}
+
+fn permission_denied(e: ApiError) -> ApiError {
+    ApiError::of(ErrorCode::PermissionDenied, e.message)
 }
 
 /// What a create body asks for, checked: the kind and the tenant it names.
@@ -157,10 +158,16 @@ pub async fn create(
             crate::auth::new_token(b.tenant.as_deref().unwrap_or_default(), b.name)
         }
     };
+    // Who minted it: revoking that operator token revokes this one too.
+    let rec = TokenRecord {
+        created_by: Some(p.minter()),
+        ..rec
+    };
     state
         .store
         .insert_token(&rec, &hash)
         .map_err(ApiError::internal)?;
+    state.tenants.invalidate();
     tracing::info!(token = %rec.id, kind = rec.kind.as_str(), tenant = %rec.tenant, by = ?p.credential, "token created");
     Ok(json_status(
         StatusCode::CREATED,
@@ -197,17 +204,24 @@ pub async fn revoke(
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
     operator_only(&p)?;
-    let found = state.store.token(&id).map_err(ApiError::internal)?;
-    if found
-        .as_ref()
-        .is_some_and(|t| t.kind == TokenKind::Operator)
-    {
-        socket_only(&p, "revoking an operator token")?;
-    }
-    if !state.store.revoke_token(&id).map_err(ApiError::internal)? {
-        return Err(ApiError::not_found(format!("no active token {id}")));
-    }
-    tracing::info!(token = %id, by = ?p.credential, "token revoked");
+    let st = state.clone();
+    let socket = p.is_socket_operator();
+    let id2 = id.clone();
+    let r = blocking(move || {
+        st.store
+            .revoke_token(&id2, socket)
+            .map_err(ApiError::internal)
+    })
+    .await?;
+    state.tenants.invalidate();
+    let minted = match r {
+        Revoke::Revoked { minted } => minted,
+        Revoke::NotFound => return Err(ApiError::not_found(format!("no active token {id}"))),
+        Revoke::OperatorToken => {
+            return Err(socket_only(&p, "revoking an operator token").unwrap_err());
+        }
+    };
+    tracing::info!(token = %id, minted, by = ?p.credential, "token revoked");
     Ok(StatusCode::NO_CONTENT)
 }
 

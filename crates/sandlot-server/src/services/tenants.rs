@@ -4,13 +4,14 @@
 //! ([`list`]).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use sandlot_proto::api::tenants::{Tenant, TenantList, TenantQuota, TenantUsage};
 
 use crate::auth::Principal;
 use crate::config::ServerConfig;
-use crate::error::{ApiError, ApiResult, ErrorCode};
+use crate::error::{ApiError, ApiResult};
 use crate::state::AppState;
 use crate::store::TenantLoad;
 
@@ -65,15 +66,56 @@ pub fn tenant_list(
     TenantList { tenants }
 }
 
-/// `GET /v1/tenants`: the operator's (the socket or an operator token, not
-/// acting as a tenant); a tenant is refused.
-pub fn list(state: &Arc<AppState>, p: &Principal) -> ApiResult<TenantList> {
-    if p.scope.is_some() {
-        return Err(ApiError::of(
-            ErrorCode::Forbidden,
-            "listing tenants is for the operator (the daemon's Unix socket or an operator token, not acting as a tenant)",
-        ));
+/// How long an answer of `GET /v1/tenants` is served again (the console polls
+/// it every few seconds; each answer scans the store and samples every live
+/// sandbox's cgroup).
+pub const CACHE_FOR: Duration = Duration::from_secs(3);
+
+/// The daemon's last answer of `GET /v1/tenants` and when it was made; a
+/// sandbox registered or unregistered, or a token created or revoked, drops it.
+#[derive(Default)]
+pub struct Cache(Mutex<Option<(Instant, TenantList)>>);
+
+impl Cache {
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<(Instant, TenantList)>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    /// The cached answer if it was made less than [`CACHE_FOR`] before `now`.
+    pub fn fresh_at(&self, now: Instant) -> Option<TenantList> {
+        self.slot()
+            .as_ref()
+            .filter(|(at, _)| now.saturating_duration_since(*at) < CACHE_FOR)
+            .map(|(_, l)| l.clone())
+    }
+
+    pub fn put(&self, at: Instant, l: TenantList) {
+        *self.slot() = Some((at, l));
+    }
+
+    pub fn invalidate(&self) {
+        *self.slot() = None;
+    }
+}
+
+/// `GET /v1/tenants`: the operator's (the socket or an operator token, not
+/// acting as a tenant); a tenant is refused. Made off the async workers (it
+/// holds the store's lock for its scans) and served from [`Cache`] for
+/// [`CACHE_FOR`].
+pub async fn list(state: &Arc<AppState>, p: &Principal) -> ApiResult<TenantList> {
+    crate::auth::require_operator(p, "listing tenants")?;
+    if let Some(l) = state.tenants.fresh_at(Instant::now()) {
+        return Ok(l);
+    }
+    let st = state.clone();
+    let l = tokio::task::spawn_blocking(move || compute(&st))
+        .await
+        .map_err(ApiError::internal)??;
+    state.tenants.put(Instant::now(), l.clone());
+    Ok(l)
+}
+
+fn compute(state: &AppState) -> ApiResult<TenantList> {
     let loads = state.store.tenant_loads().map_err(ApiError::internal)?;
     let mut live: BTreeMap<String, LiveUse> = BTreeMap::new();
     for h in state.all_live() {
@@ -89,6 +131,19 @@ pub fn list(state: &Arc<AppState>, p: &Principal) -> ApiResult<TenantList> {
 mod tests {
     use super::*;
     use crate::config::Quota;
+
+    #[test]
+    fn the_tenant_list_is_served_from_the_cache_for_a_few_seconds_then_made_again() {
+        let c = Cache::default();
+        let t0 = Instant::now();
+        assert_eq!(c.fresh_at(t0), None);
+        let l = TenantList { tenants: vec![] };
+        c.put(t0, l.clone());
+        assert_eq!(c.fresh_at(t0 + Duration::from_secs(1)), Some(l.clone()));
+        assert_eq!(c.fresh_at(t0 + CACHE_FOR), None);
+        c.invalidate();
+        assert_eq!(c.fresh_at(t0), None);
+    }
 
     #[test]
     fn configured_tenants_are_listed_with_their_quota_and_others_with_the_default() {

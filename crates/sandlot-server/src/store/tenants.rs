@@ -100,6 +100,25 @@ mod tests {
     use crate::store::{now_ms, TokenKind, TokenRecord, OPERATOR_TOKEN_TENANT};
 
     #[test]
+    fn the_checkpoints_scan_by_tenant_uses_an_index() {
+        let s = Store::in_memory().unwrap();
+        let plan: Vec<String> = {
+            let c = s.lock();
+            let mut st = c
+                .prepare(
+                    "EXPLAIN QUERY PLAN SELECT tenant, 0, COALESCE(SUM(size), 0) FROM checkpoints GROUP BY tenant",
+                )
+                .unwrap();
+            let rows = st.query_map([], |r| r.get::<_, String>(3)).unwrap();
+            rows.map(Result::unwrap).collect()
+        };
+        assert!(
+            plan.iter().any(|l| l.contains("checkpoints_tenant")),
+            "{plan:?}"
+        );
+    }
+
+    #[test]
     fn tenants_come_from_tokens_and_operator_tokens_name_none() {
         let s = Store::in_memory().unwrap();
         let tok = |id: &str, kind, tenant: &str| TokenRecord {
@@ -110,6 +129,7 @@ mod tests {
             created_at: now_ms(),
             last_used_at: None,
             revoked_at: None,
+            created_by: None,
         };
         s.insert_token(&tok("t1", TokenKind::Tenant, "acme"), "h1")
             .unwrap();
@@ -119,7 +139,7 @@ mod tests {
             .unwrap();
         s.insert_token(&tok("t4", TokenKind::Operator, OPERATOR_TOKEN_TENANT), "h4")
             .unwrap();
-        s.revoke_token("t3").unwrap();
+        s.revoke_token("t3", false).unwrap();
         let loads = s.tenant_loads().unwrap();
         assert_eq!(loads.keys().collect::<Vec<_>>(), ["acme", "beta"]);
         assert_eq!(loads["acme"].active_tokens, 2);

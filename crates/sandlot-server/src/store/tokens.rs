@@ -50,6 +50,28 @@ pub struct TokenRecord {
     pub created_at: i64,
     pub last_used_at: Option<i64>,
     pub revoked_at: Option<i64>,
+    /// Who minted it: the minting operator token's id, or `socket`; None for a
+    /// token made before tokens recorded their maker.
+    pub created_by: Option<String>,
+}
+
+/// What a valid token grants: its id, kind and tenant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    pub id: String,
+    pub kind: TokenKind,
+    pub tenant: String,
+}
+
+/// What a revoke did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Revoke {
+    /// Revoked, with this many tokens it had minted.
+    Revoked { minted: usize },
+    /// No such live token.
+    NotFound,
+    /// A live operator token, and the caller may revoke tenant tokens only.
+    OperatorToken,
 }
 
 impl Store {
@@ -57,8 +79,8 @@ impl Store {
     pub fn insert_token(&self, t: &TokenRecord, hash: &str) -> Result<(), StoreError> {
         self.lock()
             .execute(
-                "INSERT INTO tokens (id, kind, tenant, name, hash, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                params![t.id, t.kind.as_str(), t.tenant, t.name, hash, t.created_at],
+                "INSERT INTO tokens (id, kind, tenant, name, hash, created_at, created_by) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![t.id, t.kind.as_str(), t.tenant, t.name, hash, t.created_at, t.created_by],
             )
             .map_err(sql("insert token"))?;
         Ok(())
@@ -68,7 +90,7 @@ impl Store {
     /// Records its use. The hash is looked up by SQLite's index, never compared
     /// in Rust: what a caller's timing could learn is about the hash of what it
     /// sent, not about a stored secret.
-    pub fn token_grant(&self, hash: &str) -> Result<Option<(TokenKind, String)>, StoreError> {
+    pub fn token_grant(&self, hash: &str) -> Result<Option<Grant>, StoreError> {
         let c = self.lock();
         let row: Option<(String, String, String, Option<i64>)> = c
             .query_row(
@@ -94,7 +116,7 @@ impl Store {
             )
             .map_err(sql("record token use"))?;
         }
-        Ok(Some((kind, tenant)))
+        Ok(Some(Grant { id, kind, tenant }))
     }
 
     /// The tenant of a valid (not revoked) tenant token with this hash: what the
@@ -103,13 +125,13 @@ impl Store {
     pub fn tenant_of_token(&self, hash: &str) -> Result<Option<String>, StoreError> {
         Ok(self
             .token_grant(hash)?
-            .and_then(|(kind, tenant)| (kind == TokenKind::Tenant).then_some(tenant)))
+            .and_then(|g| (g.kind == TokenKind::Tenant).then_some(g.tenant)))
     }
 
     pub fn list_tokens(&self) -> Result<Vec<TokenRecord>, StoreError> {
         let c = self.lock();
         let mut st = c
-            .prepare("SELECT id, kind, tenant, name, created_at, last_used_at, revoked_at FROM tokens ORDER BY created_at, id")
+            .prepare("SELECT id, kind, tenant, name, created_at, last_used_at, revoked_at, created_by FROM tokens ORDER BY created_at, id")
             .map_err(sql("list tokens"))?;
         let rows = st
             .query_map([], |r| {
@@ -124,6 +146,7 @@ impl Store {
                     created_at: r.get(4)?,
                     last_used_at: r.get(5)?,
                     revoked_at: r.get(6)?,
+                    created_by: r.get(7)?,
                 })
             })
             .map_err(sql("list tokens"))?;
@@ -135,17 +158,62 @@ impl Store {
         Ok(self.list_tokens()?.into_iter().find(|t| t.id == id))
     }
 
-    /// Revokes a token by id. Returns false if there is no such live token.
-    pub fn revoke_token(&self, id: &str) -> Result<bool, StoreError> {
-        let n = self
-            .lock()
+    /// Revokes the live token `id` and, in the same transaction, every live
+    /// token it minted (an operator token's tenant tokens): nothing a leaked
+    /// operator token made outlives its revocation. With `operator_tokens`
+    /// false (any caller but the Unix socket), the UPDATE itself spares
+    /// operator tokens, so that no check races the act.
+    pub fn revoke_token(&self, id: &str, operator_tokens: bool) -> Result<Revoke, StoreError> {
+        let mut c = self.lock();
+        let tx = c.transaction().map_err(sql("revoke token"))?;
+        let now = now_ms();
+        let n = tx
             .execute(
-                "UPDATE tokens SET revoked_at = ?1 WHERE id = ?2 AND revoked_at IS NULL",
-                params![now_ms(), id],
+                "UPDATE tokens SET revoked_at = ?1 WHERE id = ?2 AND revoked_at IS NULL \
+                 AND (?3 OR kind = 'tenant')",
+                params![now, id, operator_tokens],
             )
             .map_err(sql("revoke token"))?;
-        Ok(n == 1)
+        if n == 0 {
+            let live_operator: bool = tx
+                .query_row(
+                    "SELECT EXISTS (SELECT 1 FROM tokens WHERE id = ?1 AND revoked_at IS NULL)",
+                    [id],
+                    |r| r.get(0),
+                )
+                .map_err(sql("revoke token"))?;
+            return Ok(if live_operator {
+                Revoke::OperatorToken
+            } else {
+                Revoke::NotFound
+            });
+        }
+        let minted = tx
+            .execute(
+                "UPDATE tokens SET revoked_at = ?1 WHERE created_by = ?2 AND revoked_at IS NULL",
+                params![now, id],
+            )
+            .map_err(sql("revoke the tokens a token minted"))?;
+        tx.commit().map_err(sql("revoke token"))?;
+        Ok(Revoke::Revoked { minted })
     }
+}
+
+/// Adds `tokens.created_by` to a database made before tokens recorded their
+/// maker: its tokens' maker is unknown (NULL).
+pub(super) fn add_token_created_by(c: &Connection) -> Result<(), StoreError> {
+    let has: bool = c
+        .query_row(
+            "SELECT EXISTS (SELECT 1 FROM pragma_table_info('tokens') WHERE name = 'created_by')",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(sql("read the tokens table"))?;
+    if !has {
+        c.execute_batch("ALTER TABLE tokens ADD COLUMN created_by TEXT")
+            .map_err(sql("add tokens.created_by"))?;
+    }
+    Ok(())
 }
 
 /// Adds `tokens.kind` to a database made before operator tokens: its tokens
@@ -178,6 +246,7 @@ mod tests {
             created_at: now_ms(),
             last_used_at: None,
             revoked_at: None,
+            created_by: Some("socket".into()),
         }
     }
 
@@ -189,8 +258,11 @@ mod tests {
         assert_eq!(s.tenant_of_token("h1").unwrap().as_deref(), Some("acme"));
         assert_eq!(s.tenant_of_token("h2").unwrap(), None);
         assert!(s.list_tokens().unwrap()[0].last_used_at.is_some());
-        assert!(s.revoke_token("tok1").unwrap());
-        assert!(!s.revoke_token("tok1").unwrap());
+        assert_eq!(
+            s.revoke_token("tok1", false).unwrap(),
+            Revoke::Revoked { minted: 0 }
+        );
+        assert_eq!(s.revoke_token("tok1", false).unwrap(), Revoke::NotFound);
         assert_eq!(s.tenant_of_token("h1").unwrap(), None);
     }
 
@@ -204,7 +276,11 @@ mod tests {
         .unwrap();
         assert_eq!(
             s.token_grant("hop").unwrap(),
-            Some((TokenKind::Operator, OPERATOR_TOKEN_TENANT.to_string()))
+            Some(Grant {
+                id: "tok_op".into(),
+                kind: TokenKind::Operator,
+                tenant: OPERATOR_TOKEN_TENANT.to_string()
+            })
         );
         // The front doors that take tenants' tokens only do not take it.
         assert_eq!(s.tenant_of_token("hop").unwrap(), None);
@@ -213,8 +289,71 @@ mod tests {
             s.token("tok_op").unwrap().unwrap().kind,
             TokenKind::Operator
         );
-        assert!(s.revoke_token("tok_op").unwrap());
+        assert_eq!(
+            s.revoke_token("tok_op", true).unwrap(),
+            Revoke::Revoked { minted: 0 }
+        );
         assert_eq!(s.token_grant("hop").unwrap(), None);
+    }
+
+    #[test]
+    fn revoking_an_operator_token_revokes_every_token_it_minted() {
+        let s = Store::in_memory().unwrap();
+        s.insert_token(&token("tok_op", TokenKind::Operator, "*"), "hop")
+            .unwrap();
+        let mut minted = token("tok_m", TokenKind::Tenant, "acme");
+        minted.created_by = Some("tok_op".into());
+        s.insert_token(&minted, "hm").unwrap();
+        s.insert_token(&token("tok_s", TokenKind::Tenant, "acme"), "hs")
+            .unwrap();
+        assert_eq!(
+            s.token("tok_m").unwrap().unwrap().created_by.as_deref(),
+            Some("tok_op")
+        );
+        assert_eq!(
+            s.revoke_token("tok_op", true).unwrap(),
+            Revoke::Revoked { minted: 1 }
+        );
+        assert_eq!(s.token_grant("hm").unwrap(), None);
+        // The socket's own tenant token lives on.
+        assert!(s.token_grant("hs").unwrap().is_some());
+    }
+
+    #[test]
+    fn a_revoke_by_other_than_the_socket_spares_operator_tokens_in_its_update() {
+        let s = Store::in_memory().unwrap();
+        s.insert_token(&token("tok_op", TokenKind::Operator, "*"), "hop")
+            .unwrap();
+        assert_eq!(
+            s.revoke_token("tok_op", false).unwrap(),
+            Revoke::OperatorToken
+        );
+        assert!(s.token_grant("hop").unwrap().is_some());
+        assert_eq!(s.revoke_token("tok_none", false).unwrap(), Revoke::NotFound);
+    }
+
+    #[test]
+    fn an_old_database_opened_by_the_store_gets_kind_and_maker_with_every_token_a_tenants() {
+        let dir = std::env::temp_dir().join(format!("sandlot-old-db-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("sandlot.db");
+        {
+            let c = Connection::open(&path).unwrap();
+            c.execute_batch(
+                "CREATE TABLE tokens (id TEXT PRIMARY KEY, tenant TEXT NOT NULL, name TEXT,
+                 hash TEXT NOT NULL UNIQUE, created_at INTEGER NOT NULL, last_used_at INTEGER,
+                 revoked_at INTEGER);
+                 INSERT INTO tokens (id, tenant, hash, created_at) VALUES ('tok_old', 'acme', 'hold', 1);",
+            )
+            .unwrap();
+        }
+        let s = Store::open(&path).unwrap();
+        let t = s.token("tok_old").unwrap().unwrap();
+        assert_eq!(t.kind, TokenKind::Tenant);
+        assert_eq!(t.created_by, None);
+        assert_eq!(s.tenant_of_token("hold").unwrap().as_deref(), Some("acme"));
+        drop(s);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

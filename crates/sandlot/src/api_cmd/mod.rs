@@ -446,7 +446,7 @@ fn token_in_database(dir: &std::path::Path, t: TokenCmd) -> anyhow::Result<i32> 
             json,
             ..
         } => {
-            let (rec, secret, hash) = match tenant {
+            let (mut rec, secret, hash) = match tenant {
                 _ if operator => sandlot_server::auth::new_operator_token(name),
                 Some(tenant) if sandlot_server::config::valid_tenant(&tenant) => {
                     sandlot_server::auth::new_token(&tenant, name)
@@ -457,6 +457,8 @@ fn token_in_database(dir: &std::path::Path, t: TokenCmd) -> anyhow::Result<i32> 
                     sandlot_server::config::TENANT_RULE
                 ),
             };
+            // Written by root on the host, as the socket's would be.
+            rec.created_by = Some(sandlot_server::auth::CREATED_BY_SOCKET.to_string());
             store.insert_token(&rec, &hash)?;
             let mut v = view(&rec);
             if let Some(k) = sandlot_server::auth::e2b_api_key(&secret)
@@ -477,10 +479,16 @@ fn token_in_database(dir: &std::path::Path, t: TokenCmd) -> anyhow::Result<i32> 
             }
         }
         TokenCmd::Revoke { id, .. } => {
-            if !store.revoke_token(&id)? {
-                anyhow::bail!("no active token {id}");
+            // Root on the host, as the socket: any token, with what it minted.
+            match store.revoke_token(&id, true)? {
+                sandlot_server::store::Revoke::Revoked { minted: 0 } => {
+                    eprintln!("revoked {id}")
+                }
+                sandlot_server::store::Revoke::Revoked { minted } => {
+                    eprintln!("revoked {id} and the {minted} tokens it minted")
+                }
+                _ => anyhow::bail!("no active token {id}"),
             }
-            eprintln!("revoked {id}");
         }
     }
     Ok(0)
