@@ -96,7 +96,9 @@ impl Principal {
     /// Who made a token this caller mints, as `created_by` records it: the
     /// minting operator token's id, or `socket`.
     pub fn minter(&self) -> String {
-        self.token.clone().unwrap_or_else(|| CREATED_BY_SOCKET.to_string())
+        self.token
+            .clone()
+            .unwrap_or_else(|| CREATED_BY_SOCKET.to_string())
     }
 
     /// Whether the caller may see a sandbox of `tenant`.

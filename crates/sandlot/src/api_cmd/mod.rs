@@ -436,6 +436,7 @@ fn token_in_database(dir: &std::path::Path, t: TokenCmd) -> anyhow::Result<i32> 
             "created_at": at(t.created_at),
             "last_used_at": t.last_used_at.map(at),
             "revoked_at": t.revoked_at.map(at),
+            "created_by": t.created_by,
         })
     };
     match t {
