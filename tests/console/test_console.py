@@ -380,6 +380,10 @@ def test_console_operator_page_lists_tenants_and_creates_and_revokes_a_tenant_to
     sign_in(d, base, tenant)
     wait(d, "the tenant in the header", lambda d: "tenant acme" in d.find_element(By.ID, "who").text)
     assert not d.find_elements(By.CSS_SELECTOR, "#nav a[href='#/operator']")
+    # Nor does the operator page start for a tenant's token named to it directly.
+    d.get(f"{base}/ui/#/operator")
+    wait(d, "the page refusing a tenant", lambda d: d.find_elements(By.ID, "not-operator"))
+    assert not d.find_elements(By.ID, "tenant-list")
 
     # The operator token: the operator page, with every tenant.
     sign_in(d, base, made["token"])
@@ -406,10 +410,13 @@ def test_console_operator_page_lists_tenants_and_creates_and_revokes_a_tenant_to
         (r.get_attribute("data-id") for r in d.find_elements(By.CSS_SELECTOR, "#token-list tr[data-id]")
          if MARKUP_TAG in r.text), None))
     no_markup_ran(d)
-    shoot(d, "operator")
     click(d, "the secret's done button", "#new-token button")
     wait(d, "the secret gone from the page", lambda d: not d.find_elements(By.ID, "new-token-secret"))
+    # A field's value is a property, not in the page source: read every field's.
+    values = d.execute_script("return Array.from(document.querySelectorAll('input'), (i) => i.value)")
+    assert not any(secret in v for v in values), "the secret is left in a field"
     assert secret not in d.page_source
+    shoot(d, "operator")
 
     # Revoke asks first: cancelling keeps it, accepting revokes it.
     row = f"#token-list tr[data-id='{row_id}']"

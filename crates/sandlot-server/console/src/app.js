@@ -15,6 +15,7 @@ const PAGES = {
 
 const main = document.getElementById('main');
 let leave = null; // the current page's clean-up (timers, sockets)
+let me = null; // `GET /v1/health` of the signed-in token
 
 function signInPage(message) {
   const input = h('input', { type: 'password', autocomplete: 'off', spellcheck: 'false', required: true, name: 'token' });
@@ -43,6 +44,7 @@ function signInPage(message) {
 
 async function whoAmI() {
   const health = await api('GET', '/v1/health');
+  me = health;
   const operator = health.tenant === '*';
   put(document.getElementById('nav'), [['#/', 'Sandboxes'], ['#/images', 'Images'], ['#/volumes', 'Volumes'],
     ['#/secrets', 'Secrets'], ['#/collections', 'Collections'], ['#/memory', 'Memory'],
@@ -55,6 +57,7 @@ async function whoAmI() {
 
 function signOut() {
   token.clear();
+  me = null;
   document.getElementById('nav').replaceChildren();
   document.getElementById('who').replaceChildren();
   route();
@@ -69,7 +72,11 @@ async function route() {
   }
   const hash = location.hash.replace(/^#/, '') || '/';
   const m = hash.match(/^\/sandboxes\/([^/]+)$/);
-  if (m) leave = sandboxPage(main, decodeURIComponent(m[1]));
+  // The operator's page polls the operator's routes: a tenant's token never
+  // starts it (the API would refuse it every few seconds).
+  if (hash === '/operator' && me?.tenant !== '*') {
+    put(main, h('p', { id: 'not-operator', class: 'error' }, 'The operator page is for an operator token.'));
+  } else if (m) leave = sandboxPage(main, decodeURIComponent(m[1]));
   else leave = (Object.hasOwn(PAGES, hash) ? PAGES[hash] : sandboxesPage)(main);
   for (const a of document.querySelectorAll('#nav a')) {
     if (a.getAttribute('href') === `#${hash === '/' || m ? '/' : hash}`) a.setAttribute('aria-current', 'page');
@@ -83,6 +90,7 @@ window.addEventListener('sandlot:signed-out', () => {
   const who = document.getElementById('who');
   if (!who.hasChildNodes()) return; // a sign-in attempt: its form says why
   who.replaceChildren();
+  me = null;
   document.getElementById('nav').replaceChildren();
   toast('Signed out: the token was refused.', 'error');
   route();

@@ -98,7 +98,7 @@ function daemonNumbers(samples) {
 /** The token list with a revoke button on each active tenant token. Operator
     tokens are revoked on the daemon's socket only, so they get none. */
 function tokensTable(tokens, revoke) {
-  return table('Tokens', ['Id', 'Kind', 'Tenant', 'Name', 'Created', 'Last used', 'Status', ''],
+  return table('Tokens', ['Id', 'Kind', 'Tenant', 'Name', 'Created', 'Made by', 'Last used', 'Status', ''],
     tokens.map((t) => {
       let action = '';
       if (!t.revoked_at && t.kind === 'tenant') {
@@ -109,7 +109,7 @@ function tokensTable(tokens, revoke) {
       return {
         attrs: { 'data-id': t.id },
         cells: [h('code', {}, t.id), t.kind, t.kind === 'operator' ? '' : t.tenant, t.name || '',
-          time(t.created_at), t.last_used_at ? time(t.last_used_at) : 'never',
+          time(t.created_at), t.created_by || '', t.last_used_at ? time(t.last_used_at) : 'never',
           t.revoked_at ? `revoked ${time(t.revoked_at)}` : 'active', action],
       };
     }), 'No tokens.');
