@@ -542,6 +542,31 @@ mod tests {
     }
 
     #[test]
+    fn the_operator_rule_admits_the_socket_and_operator_tokens_and_the_socket_rule_the_socket_only()
+    {
+        let socket = principal_of(Transport::Unix, None, None).unwrap();
+        let op = Principal::of_token(TokenKind::Operator, OPERATOR_TOKEN_TENANT, "tok_op");
+        let tenant = Principal::tenant("a");
+        let acting = socket.clone().acting_as("a");
+        let rules = |p: &Principal| {
+            (
+                require_operator(p, "x").is_ok(),
+                require_socket(p, "x").is_ok(),
+            )
+        };
+        assert_eq!(rules(&socket), (true, true));
+        assert_eq!(rules(&op), (true, false));
+        assert_eq!(rules(&tenant), (false, false));
+        assert_eq!(rules(&acting), (false, false));
+        let e = require_socket(&op, "importing images").unwrap_err();
+        assert_eq!(e.code, ErrorCode::Forbidden);
+        assert!(e.message.contains("Unix socket only"), "{}", e.message);
+        // What an operator token mints records it; the socket's, `socket`.
+        assert_eq!(op.minter(), "tok_op");
+        assert_eq!(socket.minter(), CREATED_BY_SOCKET);
+    }
+
+    #[test]
     fn only_the_socket_without_a_tenant_is_the_socket_operator() {
         let socket = Principal {
             scope: None,
