@@ -326,6 +326,7 @@ fn token_row(t: &serde_json::Value) -> Vec<String> {
         s("tenant"),
         s("name"),
         s("created_at"),
+        t["created_by"].as_str().unwrap_or("-").to_string(),
         t["last_used_at"].as_str().unwrap_or("-").to_string(),
         if t["revoked_at"].is_string() {
             "revoked"
@@ -336,12 +337,13 @@ fn token_row(t: &serde_json::Value) -> Vec<String> {
     ]
 }
 
-const TOKEN_COLUMNS: [&str; 7] = [
+const TOKEN_COLUMNS: [&str; 8] = [
     "ID",
     "KIND",
     "TENANT",
     "NAME",
     "CREATED",
+    "MADE BY",
     "LAST USED",
     "STATUS",
 ];
