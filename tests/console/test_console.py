@@ -5,7 +5,12 @@ terminal and read it back, upload a file whose name is markup and see it listed,
 make the sandbox try a connection its policy denies (to a TEST-NET address; the
 proxy refuses it, nothing leaves the host) and see it in the egress log, delete the
 sandbox; then create and delete a volume and a secret (whose value must not stay in
-the page). Tenant strings must show as text: no element is made from them and no
+the page). Then the operator's page, signed in with an operator token made on the
+socket: the tenants with their usage, a tenant token created (its secret shown
+once, its markup name as text) and revoked after a confirmation; a tenant's token
+has no such page. Then two snapshots, one started from the other, shown as a tree on
+the images page and compared with its diff (a path holding markup stays text).
+Tenant strings must show as text: no element is made from them and no
 script of theirs runs. Screenshots of the pages at two window sizes, light and
 dark, go to tests/console/screenshots/ (or $SANDLOT_CONSOLE_SCREENSHOTS).
 Needs root (the daemon creates sandboxes), chromium and chromium-driver.
@@ -14,11 +19,15 @@ $CARGO_TARGET_DIR/debug/sandlot, else target/debug/sandlot;
 SANDLOT_TEST_ISOLATION the sandbox's isolation).
 """
 import base64
+import json
 import os
 import shutil
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -340,6 +349,148 @@ def test_console_drives_a_sandbox_its_terminal_files_and_egress_log_then_volumes
     shoot(d, "memory")
 
     # Nothing the Content-Security-Policy refused, no script error.
+    problems = [e for e in d.get_log("browser")
+                if e["level"] == "SEVERE"
+                and not (e["source"] == "network" and "/v1/health" in e["message"] and " 401 " in e["message"])]
+    assert problems == [], problems
+
+
+def sign_in(d, base: str, token: str):
+    """Signed in with `token`, after signing out of whatever the tab held (with the
+    console's own button, which stops the page's polling first)."""
+    d.get(f"{base}/ui/#/")
+    wait(d, "the sign-in form or the header", lambda d: d.find_elements(By.NAME, "token")
+         or d.find_elements(By.CSS_SELECTOR, "#who button"))
+    for out in d.find_elements(By.CSS_SELECTOR, "#who button"):
+        out.click()
+    field = wait(d, "the sign-in form", lambda d: d.find_element(By.NAME, "token"))
+    field.send_keys(token)
+    d.find_element(By.CSS_SELECTOR, "form.signin button[type=submit]").click()
+
+
+def test_console_operator_page_lists_tenants_and_creates_and_revokes_a_tenant_token(daemon, browser):
+    d = browser
+    base = f"http://127.0.0.1:{daemon.api_port}"
+    tenant = daemon.token("acme")
+    busy = daemon.native("POST", "/v1/sandboxes", tenant, {"resources": {"memory": "128M"}, "timeout": "5m"})
+    made = json.loads(daemon.operator("token", "create", "--operator", "--name", "console-test", "--json"))
+    assert made["kind"] == "operator", made
+
+    # A tenant's token: no operator page in the header.
+    sign_in(d, base, tenant)
+    wait(d, "the tenant in the header", lambda d: "tenant acme" in d.find_element(By.ID, "who").text)
+    assert not d.find_elements(By.CSS_SELECTOR, "#nav a[href='#/operator']")
+    # Nor does the operator page start for a tenant's token named to it directly.
+    d.get(f"{base}/ui/#/operator")
+    wait(d, "the page refusing a tenant", lambda d: d.find_elements(By.ID, "not-operator"))
+    assert not d.find_elements(By.ID, "tenant-list")
+
+    # The operator token: the operator page, with every tenant.
+    sign_in(d, base, made["token"])
+    wait(d, "the operator in the header", lambda d: d.find_element(By.ID, "who").text.startswith("operator"))
+    click(d, "the operator link", "#nav a[href='#/operator']")
+    acme = wait(d, "acme in the tenants", lambda d: d.find_element(By.CSS_SELECTOR, "#tenant-list tr[data-id='acme']").text)
+    assert "1 / 100" in acme, acme  # one live sandbox of the default quota
+    wait(d, "the daemon's numbers", lambda d: "Live sandboxes" in d.find_element(By.ID, "daemon-numbers").text)
+    wait(d, "the pools section", lambda d: "No warm pools" in d.find_element(By.ID, "pool-list").text)
+    wait(d, "the daemon's charts", lambda d: len(d.find_elements(By.CSS_SELECTOR, "#daemon-charts svg polyline")) == 2)
+    # The operator's own token is listed, revocable on the socket only.
+    own = d.find_element(By.CSS_SELECTOR, f"#token-list tr[data-id='{made['id']}']")
+    assert "operator" in own.text and not own.find_elements(By.CSS_SELECTOR, "button")
+
+    # Create a tenant token whose name is markup: its secret is shown once.
+    form = d.find_element(By.ID, "token-form")
+    form.find_element(By.NAME, "tenant").send_keys("beta")
+    form.find_element(By.NAME, "name").send_keys(MARKUP_TAG)
+    form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    secret = wait(d, "the new token's secret", lambda d: d.find_element(By.ID, "new-token-secret").get_attribute("value"))
+    assert secret.startswith("sl_"), secret
+    assert daemon.native("GET", "/v1/health", secret)["tenant"] == "beta"
+    row_id = wait(d, "the new token listed", lambda d: next(
+        (r.get_attribute("data-id") for r in d.find_elements(By.CSS_SELECTOR, "#token-list tr[data-id]")
+         if MARKUP_TAG in r.text), None))
+    no_markup_ran(d)
+    click(d, "the secret's done button", "#new-token button")
+    wait(d, "the secret gone from the page", lambda d: not d.find_elements(By.ID, "new-token-secret"))
+    # A field's value is a property, not in the page source: read every field's.
+    values = d.execute_script("return Array.from(document.querySelectorAll('input'), (i) => i.value)")
+    assert not any(secret in v for v in values), "the secret is left in a field"
+    assert secret not in d.page_source
+    shoot(d, "operator")
+
+    # Revoke asks first: cancelling keeps it, accepting revokes it.
+    row = f"#token-list tr[data-id='{row_id}']"
+    click(d, "the revoke button", f"{row} button.danger")
+    d.switch_to.alert.dismiss()
+    assert daemon.native("GET", "/v1/health", secret)["tenant"] == "beta"
+    click(d, "the revoke button", f"{row} button.danger")
+    d.switch_to.alert.accept()
+    wait(d, "the token shown revoked", lambda d: "revoked" in d.find_element(By.CSS_SELECTOR, row).text)
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        daemon.native("GET", "/v1/health", secret)
+    assert refused.value.code == 401
+
+    problems = [e for e in d.get_log("browser")
+                if e["level"] == "SEVERE"
+                and not (e["source"] == "network" and "/v1/health" in e["message"] and " 401 " in e["message"])]
+    assert problems == [], problems
+    # Sign out (the page polls with the token) before the token is revoked.
+    click(d, "sign out", "#who button")
+    wait(d, "the sign-in form", lambda d: d.find_elements(By.NAME, "token"))
+    daemon.native("DELETE", f"/v1/sandboxes/{busy['id']}", tenant)
+    daemon.operator("token", "revoke", made["id"])
+
+
+def put_file(daemon, token: str, sid: str, path: str, data: bytes):
+    req = urllib.request.Request(
+        f"{daemon.api_url}/v1/sandboxes/{sid}/files?" + urllib.parse.urlencode({"path": path}),
+        method="PUT", data=data, headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        assert r.status == 201
+
+
+def test_console_images_show_parents_as_a_tree_and_diff_two(daemon, browser):
+    d = browser
+    base = f"http://127.0.0.1:{daemon.api_port}"
+    token = daemon.token("acme")
+    markup_path = "/opt/<img src=x onerror=window.__xss=6>"
+    first = daemon.native("POST", "/v1/sandboxes", token, {"resources": {"memory": "128M"}, "timeout": "5m"})
+    put_file(daemon, token, first["id"], "/opt/one", b"one\n")
+    put_file(daemon, token, first["id"], "/opt/kept", b"kept\n")
+    parent = daemon.native("POST", f"/v1/sandboxes/{first['id']}/snapshot", token, {"tag": "tree:1"})
+    second = daemon.native("POST", "/v1/sandboxes", token,
+                           {"image": parent["id"], "resources": {"memory": "128M"}, "timeout": "5m"})
+    put_file(daemon, token, second["id"], markup_path, b"two\n")
+    put_file(daemon, token, second["id"], "/opt/kept", b"changed\n")
+    daemon.native("DELETE", f"/v1/sandboxes/{second['id']}/files?path=/opt/one", token)
+    child = daemon.native("POST", f"/v1/sandboxes/{second['id']}/snapshot", token, {"tag": "tree:2"})
+    assert child["parent"] == parent["id"], child
+    for sb in (first, second):
+        daemon.native("DELETE", f"/v1/sandboxes/{sb['id']}", token)
+
+    sign_in(d, base, token)
+    wait(d, "the tenant in the header", lambda d: "tenant acme" in d.find_element(By.ID, "who").text)
+    click(d, "the images link", "#nav a[href='#/images']")
+    rows = wait(d, "both snapshots listed", lambda d: (lambda r: r if parent["id"] in r and child["id"] in r else None)(
+        [r.get_attribute("data-id") for r in d.find_elements(By.CSS_SELECTOR, "#images-list tr[data-id]")]))
+    # The child comes right under its parent, one level deeper.
+    assert rows.index(child["id"]) == rows.index(parent["id"]) + 1, rows
+    depth = lambda i: d.find_element(By.CSS_SELECTOR, f"#images-list tr[data-id='{i}']").get_attribute("data-depth")
+    assert (depth(parent["id"]), depth(child["id"])) == ("0", "1")
+
+    button = d.find_element(By.ID, "image-diff-button")
+    assert not button.is_enabled()
+    click(d, "the parent's compare box", f"#images-list tr[data-id='{parent['id']}'] input[name=compare]")
+    click(d, "the child's compare box", f"#images-list tr[data-id='{child['id']}'] input[name=compare]")
+    wait(d, "the diff button enabled", lambda d: d.find_element(By.ID, "image-diff-button").is_enabled())
+    d.find_element(By.ID, "image-diff-button").click()
+    result = wait(d, "the diff", lambda d: d.find_element(By.ID, "image-diff-result"))
+    kind = lambda k: [e.text for e in result.find_elements(By.CSS_SELECTOR, f".diff-{k} li code")]
+    assert markup_path in kind("added"), kind("added")
+    assert "/opt/one" in kind("removed"), kind("removed")
+    assert "/opt/kept" in kind("changed"), kind("changed")
+    no_markup_ran(d)
+    shoot(d, "images-tree")
     problems = [e for e in d.get_log("browser")
                 if e["level"] == "SEVERE"
                 and not (e["source"] == "network" and "/v1/health" in e["message"] and " 401 " in e["message"])]

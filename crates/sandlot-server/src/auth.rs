@@ -1,5 +1,7 @@
 //! Who is calling: the operator on the Unix socket (root only, sees every tenant),
-//! or a tenant identified by a bearer token (TCP, or the socket with a token).
+//! the operator by an operator token (TCP: every tenant, short of what stays on
+//! the socket), or a tenant identified by a bearer token (TCP, or the socket with
+//! a token).
 
 use std::io::Read;
 use std::sync::Arc;
@@ -9,9 +11,9 @@ use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, HeaderValue};
 use sha2::{Digest, Sha256};
 
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorCode};
 use crate::state::AppState;
-use crate::store::{now_ms, TokenRecord};
+use crate::store::{now_ms, Grant, TokenKind, TokenRecord, OPERATOR_TOKEN_TENANT};
 
 /// The transport a request came in on (set per listener).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,13 +29,118 @@ pub struct Principal {
     pub scope: Option<String>,
     /// The tenant new sandboxes belong to.
     pub tenant: String,
+    /// What admitted the caller.
+    pub credential: Credential,
+    /// The id of the operator token that admitted the caller (None for the
+    /// socket and for tenants): what a token it mints records as its maker.
+    pub token: Option<String>,
+}
+
+/// What admitted a caller: what the operator's few socket-only acts check
+/// (`scope` alone says whose sandboxes it sees).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Credential {
+    /// The daemon's Unix socket without a token (root on the host).
+    Socket,
+    /// An operator token (`sandlot token create --operator`), on either listener.
+    OperatorToken,
+    /// A tenant's token, or a sandbox's own access token (E2B's envd and traffic).
+    Tenant,
 }
 
 impl Principal {
+    /// A tenant's principal: sees and creates in `tenant` only.
+    pub fn tenant(tenant: impl Into<String>) -> Principal {
+        let tenant = tenant.into();
+        Principal {
+            scope: Some(tenant.clone()),
+            tenant,
+            credential: Credential::Tenant,
+            token: None,
+        }
+    }
+
+    /// The principal a valid token grants, before any tenant header: a tenant
+    /// token its tenant; an operator token every tenant, creating in
+    /// [`DEFAULT_TENANT`] like the socket.
+    pub fn of_token(kind: TokenKind, tenant: &str, id: &str) -> Principal {
+        match kind {
+            TokenKind::Tenant => Principal::tenant(tenant),
+            TokenKind::Operator => Principal {
+                scope: None,
+                tenant: DEFAULT_TENANT.to_string(),
+                credential: Credential::OperatorToken,
+                token: Some(id.to_string()),
+            },
+        }
+    }
+
+    /// The operator acting as `tenant` (the tenant header): that tenant's view,
+    /// keeping what admitted it.
+    fn acting_as(self, tenant: &str) -> Principal {
+        Principal {
+            scope: Some(tenant.to_string()),
+            tenant: tenant.to_string(),
+            credential: self.credential,
+            token: self.token,
+        }
+    }
+
+    /// Whether the caller came in on the Unix socket without a token: what the
+    /// operator's socket-only acts (minting operator tokens, revoking them,
+    /// pulling and pushing images) require.
+    pub fn is_socket_operator(&self) -> bool {
+        self.scope.is_none() && self.credential == Credential::Socket
+    }
+
+    /// Who made a token this caller mints, as `created_by` records it: the
+    /// minting operator token's id, or `socket`.
+    pub fn minter(&self) -> String {
+        self.token
+            .clone()
+            .unwrap_or_else(|| CREATED_BY_SOCKET.to_string())
+    }
+
     /// Whether the caller may see a sandbox of `tenant`.
     pub fn sees(&self, tenant: &str) -> bool {
         self.scope.as_deref().is_none_or(|s| s == tenant)
     }
+}
+
+/// `created_by` of a token minted on the Unix socket.
+pub const CREATED_BY_SOCKET: &str = "socket";
+
+/// The operator's acts (every tenant's view, tokens, tenants, `/metrics`, image
+/// removal): the socket or an operator token, not acting as a tenant. `what`
+/// names the act in the 403 `forbidden`.
+pub fn require_operator(p: &Principal, what: &str) -> Result<(), ApiError> {
+    if p.scope.is_none() {
+        return Ok(());
+    }
+    Err(ApiError::of(
+        ErrorCode::Forbidden,
+        format!(
+            "{what} is for the operator (the daemon's Unix socket or an operator token), \
+             not a tenant nor the operator acting as one"
+        ),
+    ))
+}
+
+/// The acts that stay on the Unix socket (minting and revoking operator tokens,
+/// every write to the shared image namespace, pulls and pushes): what a stolen
+/// operator token must not do, since it would outlive its revocation or turn
+/// the daemon into its network client. 403 `forbidden` otherwise.
+pub fn require_socket(p: &Principal, what: &str) -> Result<(), ApiError> {
+    if p.is_socket_operator() {
+        return Ok(());
+    }
+    Err(ApiError::of(
+        ErrorCode::Forbidden,
+        format!(
+            "{what} is for the operator on the daemon's Unix socket only \
+             (not an operator token, nor acting as a tenant)"
+        ),
+    ))
 }
 
 /// Header with which the operator acts as one tenant on the Unix socket.
@@ -68,38 +175,63 @@ impl FromRequestParts<Arc<AppState>> for Principal {
             }
             None => websocket_bearer(&parts.method, &parts.headers),
         };
-        if let Some(token) = bearer {
-            let tenant = state
-                .store
-                .tenant_of_token(&hash_token(&token))
-                .map_err(ApiError::internal)?
-                .ok_or_else(|| ApiError::unauthorized("invalid or revoked token"))?;
-            return Ok(Principal {
-                scope: Some(tenant.clone()),
-                tenant,
-            });
+        // The token's grant, looked up when one is presented; a token presented
+        // and not found is refused whatever else the request carries.
+        let grant = match bearer {
+            Some(token) => Some(
+                state
+                    .store
+                    .token_grant(&hash_token(&token))
+                    .map_err(ApiError::internal)?
+                    .ok_or_else(|| ApiError::unauthorized("invalid or revoked token"))?,
+            ),
+            None => None,
+        };
+        let header = parts
+            .headers
+            .get(TENANT_HEADER)
+            .map(|v| v.to_str().unwrap_or_default());
+        principal_of(transport, grant, header)
+    }
+}
+
+/// Who a request is, from its listener, the grant of the token it presented
+/// (kind and tenant) and its tenant header: a tenant token is its tenant
+/// whatever the header says; the operator (the socket without a token, or an
+/// operator token) is every tenant, or the one the header names; TCP without a
+/// token is no one.
+pub fn principal_of(
+    transport: Transport,
+    grant: Option<Grant>,
+    tenant_header: Option<&str>,
+) -> Result<Principal, ApiError> {
+    let operator = match grant {
+        Some(g) => {
+            let p = Principal::of_token(g.kind, &g.tenant, &g.id);
+            if p.scope.is_some() {
+                // A tenant's token: a tenant header changes nothing.
+                return Ok(p);
+            }
+            p
         }
-        match transport {
-            Transport::Unix => match parts.headers.get(TENANT_HEADER) {
-                Some(v) => {
-                    let t = v.to_str().unwrap_or_default();
-                    if !crate::config::valid_tenant(t) {
-                        return Err(ApiError::invalid(TENANT_HEADER, crate::config::TENANT_RULE));
-                    }
-                    Ok(Principal {
-                        scope: Some(t.to_string()),
-                        tenant: t.to_string(),
-                    })
-                }
-                None => Ok(Principal {
-                    scope: None,
-                    tenant: DEFAULT_TENANT.to_string(),
-                }),
-            },
-            Transport::Tcp => Err(ApiError::unauthorized(
+        None if transport == Transport::Unix => Principal {
+            scope: None,
+            tenant: DEFAULT_TENANT.to_string(),
+            credential: Credential::Socket,
+            token: None,
+        },
+        None => {
+            return Err(ApiError::unauthorized(
                 "a bearer token is required over TCP (Authorization: Bearer TOKEN)",
-            )),
+            ))
         }
+    };
+    match tenant_header {
+        Some(t) if !crate::config::valid_tenant(t) => {
+            Err(ApiError::invalid(TENANT_HEADER, crate::config::TENANT_RULE))
+        }
+        Some(t) => Ok(operator.acting_as(t)),
+        None => Ok(operator),
     }
 }
 
@@ -215,14 +347,26 @@ fn is_lower_hex(s: &str) -> bool {
 
 /// A new token for `tenant`: returns the record and the secret (shown once).
 pub fn new_token(tenant: &str, name: Option<String>) -> (TokenRecord, String, String) {
+    minted(TokenKind::Tenant, tenant, name)
+}
+
+/// A new operator token: returns the record and the secret (shown once).
+/// Only the operator on the Unix socket mints one (`routes/tokens.rs`).
+pub fn new_operator_token(name: Option<String>) -> (TokenRecord, String, String) {
+    minted(TokenKind::Operator, OPERATOR_TOKEN_TENANT, name)
+}
+
+fn minted(kind: TokenKind, tenant: &str, name: Option<String>) -> (TokenRecord, String, String) {
     let secret = format!("sl_{}", random_hex(24));
     let rec = TokenRecord {
         id: format!("tok_{}", random_hex(6)),
+        kind,
         tenant: tenant.to_string(),
         name,
         created_at: now_ms(),
         last_used_at: None,
         revoked_at: None,
+        created_by: None,
     };
     let hash = hash_token(&secret);
     (rec, secret, hash)
@@ -318,12 +462,129 @@ mod tests {
         let op = Principal {
             scope: None,
             tenant: "default".into(),
+            credential: Credential::Socket,
+            token: None,
         };
-        let t = Principal {
-            scope: Some("a".into()),
-            tenant: "a".into(),
-        };
+        let t = Principal::tenant("a");
         assert!(op.sees("a") && op.sees("b"));
         assert!(t.sees("a") && !t.sees("b"));
+    }
+
+    #[test]
+    fn an_operator_token_yields_every_tenant_but_not_the_socket() {
+        let p = Principal::of_token(TokenKind::Operator, OPERATOR_TOKEN_TENANT, "tok_op");
+        assert_eq!(p.scope, None);
+        assert!(p.sees("a") && p.sees("b"));
+        assert_eq!(p.tenant, DEFAULT_TENANT);
+        assert_eq!(p.credential, Credential::OperatorToken);
+        assert!(!p.is_socket_operator());
+        // Acting as a tenant narrows it to that tenant, still an operator token.
+        let a = p.acting_as("a");
+        assert_eq!(a.scope.as_deref(), Some("a"));
+        assert!(!a.sees("b"));
+        assert_eq!(a.credential, Credential::OperatorToken);
+    }
+
+    #[test]
+    fn a_tenant_token_yields_its_tenant_whatever_its_records_tenant_says() {
+        // A tenant token's record naming `*` (the operator's mark) grants the
+        // tenant `*`, which sees no other tenant: the kind decides, never the name.
+        let p = Principal::of_token(TokenKind::Tenant, OPERATOR_TOKEN_TENANT, "tok_t");
+        assert_eq!(p.scope.as_deref(), Some("*"));
+        assert!(!p.sees("a"));
+        assert_eq!(p.credential, Credential::Tenant);
+        let acme = Principal::of_token(TokenKind::Tenant, "acme", "tok_a");
+        assert_eq!(acme, Principal::tenant("acme"));
+        assert!(!acme.is_socket_operator());
+    }
+
+    #[test]
+    fn the_principal_follows_the_listener_the_tokens_kind_and_the_tenant_header() {
+        let grant = |kind, tenant: &str| Grant {
+            id: "tok_x".into(),
+            kind,
+            tenant: tenant.into(),
+        };
+        let op = || Some(grant(TokenKind::Operator, OPERATOR_TOKEN_TENANT));
+        let acme = || Some(grant(TokenKind::Tenant, "acme"));
+        // TCP without a token is no one; with a tenant token, its tenant, and a
+        // tenant header from it changes nothing.
+        assert_eq!(
+            principal_of(Transport::Tcp, None, None).unwrap_err().status,
+            axum::http::StatusCode::UNAUTHORIZED
+        );
+        for header in [None, Some("beta"), Some("no/such")] {
+            assert_eq!(
+                principal_of(Transport::Tcp, acme(), header).unwrap(),
+                Principal::tenant("acme"),
+                "{header:?}"
+            );
+        }
+        // An operator token: every tenant, or the one the header names, on
+        // either listener, never the socket's credential.
+        for transport in [Transport::Tcp, Transport::Unix] {
+            let p = principal_of(transport, op(), None).unwrap();
+            assert_eq!((p.scope, p.credential), (None, Credential::OperatorToken));
+            let a = principal_of(transport, op(), Some("beta")).unwrap();
+            assert_eq!(
+                (a.scope.as_deref(), a.credential),
+                (Some("beta"), Credential::OperatorToken)
+            );
+            let bad = principal_of(transport, op(), Some("no/such")).unwrap_err();
+            assert_eq!(bad.field.as_deref(), Some(TENANT_HEADER));
+        }
+        // The socket without a token is the socket's operator.
+        let s = principal_of(Transport::Unix, None, None).unwrap();
+        assert!(s.is_socket_operator());
+        let s = principal_of(Transport::Unix, None, Some("beta")).unwrap();
+        assert_eq!(s.scope.as_deref(), Some("beta"));
+        assert!(!s.is_socket_operator());
+    }
+
+    #[test]
+    fn the_operator_rule_admits_the_socket_and_operator_tokens_and_the_socket_rule_the_socket_only()
+    {
+        let socket = principal_of(Transport::Unix, None, None).unwrap();
+        let op = Principal::of_token(TokenKind::Operator, OPERATOR_TOKEN_TENANT, "tok_op");
+        let tenant = Principal::tenant("a");
+        let acting = socket.clone().acting_as("a");
+        let rules = |p: &Principal| {
+            (
+                require_operator(p, "x").is_ok(),
+                require_socket(p, "x").is_ok(),
+            )
+        };
+        assert_eq!(rules(&socket), (true, true));
+        assert_eq!(rules(&op), (true, false));
+        assert_eq!(rules(&tenant), (false, false));
+        assert_eq!(rules(&acting), (false, false));
+        let e = require_socket(&op, "importing images").unwrap_err();
+        assert_eq!(e.code, ErrorCode::Forbidden);
+        assert!(e.message.contains("Unix socket only"), "{}", e.message);
+        // What an operator token mints records it; the socket's, `socket`.
+        assert_eq!(op.minter(), "tok_op");
+        assert_eq!(socket.minter(), CREATED_BY_SOCKET);
+    }
+
+    #[test]
+    fn only_the_socket_without_a_tenant_is_the_socket_operator() {
+        let socket = Principal {
+            scope: None,
+            tenant: DEFAULT_TENANT.into(),
+            credential: Credential::Socket,
+            token: None,
+        };
+        assert!(socket.is_socket_operator());
+        assert!(!socket.acting_as("a").is_socket_operator());
+    }
+
+    #[test]
+    fn operator_tokens_are_minted_as_the_operators_kind_naming_no_tenant() {
+        let (rec, secret, hash) = new_operator_token(Some("console".into()));
+        assert_eq!(rec.kind, TokenKind::Operator);
+        assert_eq!(rec.tenant, OPERATOR_TOKEN_TENANT);
+        assert!(!crate::config::valid_tenant(&rec.tenant));
+        assert_eq!(hash_token(&secret), hash);
+        assert_eq!(new_token("a", None).0.kind, TokenKind::Tenant);
     }
 }

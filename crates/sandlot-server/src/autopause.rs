@@ -287,10 +287,7 @@ pub async fn wake(state: &Arc<AppState>, id: &str) -> ApiResult<()> {
     if !idle || !rec.lifecycle.auto_resume {
         return Ok(());
     }
-    let p = Principal {
-        scope: Some(rec.tenant.clone()),
-        tenant: rec.tenant.clone(),
-    };
+    let p = Principal::tenant(rec.tenant.clone());
     settle(state, &p, &rec.id).await
 }
 

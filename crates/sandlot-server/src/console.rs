@@ -57,6 +57,7 @@ const ASSETS: &[Asset] = &[
     asset!("src/usage.js", JS),
     asset!("src/knowledge.js", JS),
     asset!("src/store.js", JS),
+    asset!("src/operator.js", JS),
     asset!("src/style.css", CSS),
     asset!("vendor/xterm.js", JS),
     asset!("vendor/addon-fit.js", JS),

@@ -193,6 +193,13 @@ pub async fn handle(
     let token_hash = bearer(req.headers())
         .map(|t| hash_token(&t))
         .ok_or_else(|| ApiError::unauthorized("/mcp takes a tenant's bearer token"))?;
+    if p.credential != crate::auth::Credential::Tenant {
+        // Its tools are an agent's: an operator token (every tenant) is refused.
+        return Err(ApiError::of(
+            crate::error::ErrorCode::Forbidden,
+            "/mcp takes a tenant's token, not an operator token",
+        ));
+    }
     let me = Owner {
         token_hash,
         tenant: p.tenant.clone(),

@@ -12,7 +12,7 @@ use utoipa::OpenApi;
 
 use crate::routes::{
     checkpoints, code, exec, files, images, memory, metrics, network, ports, sandboxes, secrets,
-    snapshots, tokens, vfs, volumes,
+    snapshots, tenants, tokens, vfs, volumes,
 };
 
 #[derive(OpenApi)]
@@ -36,7 +36,7 @@ use crate::routes::{
         images::export, images::diff, images::snapshot, images::pull, images::push, images::build,
         volumes::create, volumes::list, volumes::get_one, volumes::remove,
         secrets::create, secrets::list, secrets::remove,
-        tokens::create, tokens::list, tokens::revoke,
+        tokens::create, tokens::list, tokens::revoke, tenants::list,
         memory::list, memory::create, memory::info, memory::delete, memory::add, memory::get_one,
         memory::edit, memory::remove, memory::move_memory, memory::search, memory::log,
         memory::diff, memory::revert, memory::status, memory::reindex, memory::tool,
@@ -55,7 +55,9 @@ use crate::routes::{
         images::PushBody, images::RegistryAuthBody, images::ProgressLine, volumes::CreateVolume,
         volumes::VolumeList, crate::images::Volume, secrets::CreateSecret, secrets::SecretList,
         crate::images::SecretInfo, tokens::CreateToken, tokens::TokenView, tokens::NewToken,
-        tokens::TokenList, memory::CreateMemoryStore, memory::MemoryStoreDoc,
+        tokens::TokenList, sandlot_proto::api::tenants::TenantList,
+        sandlot_proto::api::tenants::Tenant, sandlot_proto::api::tenants::TenantQuota,
+        sandlot_proto::api::tenants::TenantUsage, memory::CreateMemoryStore, memory::MemoryStoreDoc,
         memory::NewMemoryDoc, memory::MemoryPatchDoc, memory::SearchDoc, memory::WriteOutcomeDoc,
         memory::ToolOutputDoc, memory::MoveBody, memory::RevertBody, memory::ReindexBody,
         vfs_api::VfsSource, vfs_api::VfsAcl, vfs_api::VfsAclRule, vfs_api::CreateCollection,

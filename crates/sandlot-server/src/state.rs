@@ -48,6 +48,8 @@ pub struct AppState {
     /// Builds in flight per tenant (`images.max_builds_per_tenant`), the staging of
     /// their contexts included.
     pub builds: Arc<sandlot_net::admission::KeyedCount<String>>,
+    /// The last answer of `GET /v1/tenants` (`services/tenants.rs`).
+    pub tenants: crate::services::tenants::Cache,
 }
 
 /// Counts the host clean-ups that run after a sandbox is recorded as stopped (its
@@ -116,6 +118,7 @@ impl AppState {
         let builds = sandlot_net::admission::KeyedCount::new(cfg.images.max_builds_per_tenant);
         AppState {
             builds,
+            tenants: Default::default(),
             descriptors,
             inbound,
             egress_descriptors,
@@ -144,10 +147,12 @@ impl AppState {
 
     pub fn register(&self, h: Arc<SandboxHandle>) {
         self.live().insert(h.id.clone(), h);
+        self.tenants.invalidate();
     }
 
     pub fn unregister(&self, id: &str) {
         self.live().remove(id);
+        self.tenants.invalidate();
     }
 
     pub fn handle(&self, id: &str) -> Option<Arc<SandboxHandle>> {

@@ -37,12 +37,17 @@ mod checkpoint;
 mod lifecycle;
 mod pause;
 mod snapshot;
+mod tenants;
+mod tokens;
 
 pub use checkpoint::{CheckpointRecord, CheckpointRefusal};
 use lifecycle::{insert_lifecycle, lifecycle_from_row};
 pub use pause::{BeginPause, PauseRecord, Saved, SavedFile};
 pub use sandlot_proto::api::lifecycle::{Lifecycle, OnExpiry};
 pub use snapshot::{Promotion, SnapshotAdmission, SnapshotRecord, SnapshotSource};
+pub use tenants::TenantLoad;
+use tokens::{add_token_created_by, add_token_kind};
+pub use tokens::{Grant, Revoke, TokenKind, TokenRecord, OPERATOR_TOKEN_TENANT};
 
 fn sql(op: &'static str) -> impl FnOnce(rusqlite::Error) -> StoreError {
     move |source| StoreError::Sql { op, source }
@@ -160,17 +165,6 @@ pub struct EventRecord {
     pub message: String,
 }
 
-/// A token as listed (never its secret).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TokenRecord {
-    pub id: String,
-    pub tenant: String,
-    pub name: Option<String>,
-    pub created_at: i64,
-    pub last_used_at: Option<i64>,
-    pub revoked_at: Option<i64>,
-}
-
 /// Filter of a sandbox listing.
 #[derive(Debug, Clone, Default)]
 pub struct SandboxFilter {
@@ -192,7 +186,9 @@ CREATE TABLE IF NOT EXISTS tokens (
     hash TEXT NOT NULL UNIQUE,
     created_at INTEGER NOT NULL,
     last_used_at INTEGER,
-    revoked_at INTEGER
+    revoked_at INTEGER,
+    kind TEXT NOT NULL DEFAULT 'tenant',
+    created_by TEXT
 );
 CREATE TABLE IF NOT EXISTS sandboxes (
     id TEXT PRIMARY KEY,
@@ -262,6 +258,7 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     saved TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS checkpoints_sandbox ON checkpoints (sandbox_id, created_at);
+CREATE INDEX IF NOT EXISTS checkpoints_tenant ON checkpoints (tenant);
 CREATE TABLE IF NOT EXISTS snapshots (
     id TEXT PRIMARY KEY,
     tenant TEXT NOT NULL,
@@ -507,6 +504,8 @@ impl Store {
         conn.pragma_update(None, "foreign_keys", "ON")
             .map_err(sql("enable foreign keys"))?;
         conn.execute_batch(SCHEMA).map_err(sql("create schema"))?;
+        add_token_kind(&conn)?;
+        add_token_created_by(&conn)?;
         // The create, exec and delete paths keep their statements prepared (parsing
         // them was a third of the daemon's SQLite time per create).
         conn.set_prepared_statement_cache_capacity(64);
@@ -518,77 +517,6 @@ impl Store {
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, Connection> {
         self.conn.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    // ---- tokens ----
-
-    /// Stores a token (its sha256 hash only).
-    pub fn insert_token(&self, t: &TokenRecord, hash: &str) -> Result<(), StoreError> {
-        self.lock()
-            .execute(
-                "INSERT INTO tokens (id, tenant, name, hash, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
-                params![t.id, t.tenant, t.name, hash, t.created_at],
-            )
-            .map_err(sql("insert token"))?;
-        Ok(())
-    }
-
-    /// The tenant of a valid (not revoked) token with this hash. Records its use.
-    pub fn tenant_of_token(&self, hash: &str) -> Result<Option<String>, StoreError> {
-        let c = self.lock();
-        let row: Option<(String, String, Option<i64>)> = c
-            .query_row(
-                "SELECT id, tenant, last_used_at FROM tokens WHERE hash = ?1 AND revoked_at IS NULL",
-                [hash],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-            )
-            .optional()
-            .map_err(sql("look up token"))?;
-        let Some((id, tenant, last)) = row else {
-            return Ok(None);
-        };
-        let now = now_ms();
-        // Coarse, so that hot paths do not write on every request.
-        if last.is_none_or(|l| now - l > 60_000) {
-            c.execute(
-                "UPDATE tokens SET last_used_at = ?1 WHERE id = ?2",
-                params![now, id],
-            )
-            .map_err(sql("record token use"))?;
-        }
-        Ok(Some(tenant))
-    }
-
-    pub fn list_tokens(&self) -> Result<Vec<TokenRecord>, StoreError> {
-        let c = self.lock();
-        let mut st = c
-            .prepare("SELECT id, tenant, name, created_at, last_used_at, revoked_at FROM tokens ORDER BY created_at, id")
-            .map_err(sql("list tokens"))?;
-        let rows = st
-            .query_map([], |r| {
-                Ok(TokenRecord {
-                    id: r.get(0)?,
-                    tenant: r.get(1)?,
-                    name: r.get(2)?,
-                    created_at: r.get(3)?,
-                    last_used_at: r.get(4)?,
-                    revoked_at: r.get(5)?,
-                })
-            })
-            .map_err(sql("list tokens"))?;
-        rows.collect::<Result<_, _>>().map_err(sql("list tokens"))
-    }
-
-    /// Revokes a token by id. Returns false if there is no such live token.
-    pub fn revoke_token(&self, id: &str) -> Result<bool, StoreError> {
-        let n = self
-            .lock()
-            .execute(
-                "UPDATE tokens SET revoked_at = ?1 WHERE id = ?2 AND revoked_at IS NULL",
-                params![now_ms(), id],
-            )
-            .map_err(sql("revoke token"))?;
-        Ok(n == 1)
     }
 
     // ---- sandboxes ----
@@ -1065,6 +993,26 @@ mod tests {
         }
     }
 
+    #[test]
+    fn tenant_loads_count_live_and_paused_sandboxes_and_live_memory_only() {
+        let s = Store::in_memory().unwrap();
+        let mut running = rec("r1", "acme", 100);
+        running.state = SandboxState::Running;
+        let mut paused = rec("p1", "acme", 40);
+        paused.state = SandboxState::Paused;
+        let mut stopped = rec("s1", "old", 7);
+        stopped.state = SandboxState::Stopped;
+        for r in [&running, &paused, &stopped, &rec("c1", "acme", 1)] {
+            assert_eq!(s.admit_sandbox(r, 10, 1000).unwrap(), Admission::Admitted);
+        }
+        let loads = s.tenant_loads().unwrap();
+        assert_eq!(loads["acme"].live, 2);
+        assert_eq!(loads["acme"].paused, 1);
+        assert_eq!(loads["acme"].memory_bytes, 101);
+        // A tenant whose sandboxes all ended is still listed, with nothing live.
+        assert_eq!(loads["old"], TenantLoad::default());
+    }
+
     /// A checkpoint (an `fsync` of the database file) ran inside whichever
     /// request's commit filled the write-ahead log. The daemon's connection no
     /// longer checkpoints; a thread with its own connection does.
@@ -1283,26 +1231,6 @@ mod tests {
             .map(|e| e.kind)
             .collect();
         assert_eq!(kinds, ["created"]);
-    }
-
-    #[test]
-    fn tokens_are_found_by_hash_and_revocable() {
-        let s = Store::in_memory().unwrap();
-        let t = TokenRecord {
-            id: "tok1".into(),
-            tenant: "acme".into(),
-            name: Some("ci".into()),
-            created_at: now_ms(),
-            last_used_at: None,
-            revoked_at: None,
-        };
-        s.insert_token(&t, "h1").unwrap();
-        assert_eq!(s.tenant_of_token("h1").unwrap().as_deref(), Some("acme"));
-        assert_eq!(s.tenant_of_token("h2").unwrap(), None);
-        assert!(s.list_tokens().unwrap()[0].last_used_at.is_some());
-        assert!(s.revoke_token("tok1").unwrap());
-        assert!(!s.revoke_token("tok1").unwrap());
-        assert_eq!(s.tenant_of_token("h1").unwrap(), None);
     }
 
     #[test]

@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod network;
 pub mod ports;
 pub mod snapshot;
+pub mod tenants;
 pub mod vfs;
 
 pub use create::CreateSandboxRequest;
@@ -499,7 +500,7 @@ pub struct EventList {
 pub struct Health {
     pub status: String,
     pub version: String,
-    /// The caller's tenant (`*` for the operator on the Unix socket).
+    /// The caller's tenant (`*` for the operator: the Unix socket, or an operator token).
     pub tenant: String,
 }
 

@@ -1,19 +1,21 @@
 // The console's entry: sign-in, the header, and the hash router
-// (#/ the sandboxes, #/sandboxes/ID one sandbox).
+// (#/ the sandboxes, #/sandboxes/ID one sandbox, #/operator the operator's page).
 import { api, token, ApiError } from './api.js';
 import { h, put, field, toast } from './dom.js';
 import { sandboxesPage } from './sandboxes.js';
 import { sandboxPage } from './sandbox.js';
 import { imagesPage, volumesPage, secretsPage } from './store.js';
 import { collectionsPage, memoryPage } from './knowledge.js';
+import { operatorPage } from './operator.js';
 
 const PAGES = {
   '/images': imagesPage, '/volumes': volumesPage, '/secrets': secretsPage,
-  '/collections': collectionsPage, '/memory': memoryPage,
+  '/collections': collectionsPage, '/memory': memoryPage, '/operator': operatorPage,
 };
 
 const main = document.getElementById('main');
 let leave = null; // the current page's clean-up (timers, sockets)
+let me = null; // `GET /v1/health` of the signed-in token
 
 function signInPage(message) {
   const input = h('input', { type: 'password', autocomplete: 'off', spellcheck: 'false', required: true, name: 'token' });
@@ -42,16 +44,20 @@ function signInPage(message) {
 
 async function whoAmI() {
   const health = await api('GET', '/v1/health');
+  me = health;
+  const operator = health.tenant === '*';
   put(document.getElementById('nav'), [['#/', 'Sandboxes'], ['#/images', 'Images'], ['#/volumes', 'Volumes'],
-    ['#/secrets', 'Secrets'], ['#/collections', 'Collections'], ['#/memory', 'Memory']].map(([href, label]) => h('a', { href }, label)));
+    ['#/secrets', 'Secrets'], ['#/collections', 'Collections'], ['#/memory', 'Memory'],
+    ...(operator ? [['#/operator', 'Operator']] : [])].map(([href, label]) => h('a', { href }, label)));
   put(document.getElementById('who'),
-    h('span', {}, health.tenant === '*' ? 'operator' : `tenant ${health.tenant}`), ' ',
+    h('span', {}, operator ? 'operator' : `tenant ${health.tenant}`), ' ',
     h('button', { type: 'button', class: 'link', onclick: signOut }, 'Sign out'));
   return health;
 }
 
 function signOut() {
   token.clear();
+  me = null;
   document.getElementById('nav').replaceChildren();
   document.getElementById('who').replaceChildren();
   route();
@@ -66,7 +72,11 @@ async function route() {
   }
   const hash = location.hash.replace(/^#/, '') || '/';
   const m = hash.match(/^\/sandboxes\/([^/]+)$/);
-  if (m) leave = sandboxPage(main, decodeURIComponent(m[1]));
+  // The operator's page polls the operator's routes: a tenant's token never
+  // starts it (the API would refuse it every few seconds).
+  if (hash === '/operator' && me?.tenant !== '*') {
+    put(main, h('p', { id: 'not-operator', class: 'error' }, 'The operator page is for an operator token.'));
+  } else if (m) leave = sandboxPage(main, decodeURIComponent(m[1]));
   else leave = (Object.hasOwn(PAGES, hash) ? PAGES[hash] : sandboxesPage)(main);
   for (const a of document.querySelectorAll('#nav a')) {
     if (a.getAttribute('href') === `#${hash === '/' || m ? '/' : hash}`) a.setAttribute('aria-current', 'page');
@@ -80,6 +90,7 @@ window.addEventListener('sandlot:signed-out', () => {
   const who = document.getElementById('who');
   if (!who.hasChildNodes()) return; // a sign-in attempt: its form says why
   who.replaceChildren();
+  me = null;
   document.getElementById('nav').replaceChildren();
   toast('Signed out: the token was refused.', 'error');
   route();

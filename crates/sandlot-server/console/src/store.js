@@ -1,4 +1,4 @@
-// The tenant's images (tags, parents), volumes and secrets (names only: the API
+// The tenant's images (a tree of parents, tags, and the diff of two), volumes and secrets (names only: the API
 // never returns a secret's value, and the form clears the one it sent).
 import { api } from './api.js';
 import { h, put, refill, table, field, toast } from './dom.js';
@@ -34,20 +34,120 @@ function listPage(main, { title, load, heads, row, form, empty }) {
   return () => {};
 }
 
+/** The images in tree order, each with its depth under the parent it names:
+    roots first (an image without a parent, or whose parent this token does not
+    see), each followed by its children, oldest first. A parent chain that loops
+    (it cannot in a content-addressed store; the console does not rely on that)
+    ends where it would repeat. */
+export function imageTree(images) {
+  const byId = new Map(images.map((im) => [im.id, im]));
+  const children = new Map();
+  const roots = [];
+  for (const im of images) {
+    if (im.parent && byId.has(im.parent) && im.parent !== im.id) {
+      if (!children.has(im.parent)) children.set(im.parent, []);
+      children.get(im.parent).push(im);
+    } else {
+      roots.push(im);
+    }
+  }
+  const older = (x, y) => String(x.created_at || '').localeCompare(String(y.created_at || '')) || x.id.localeCompare(y.id);
+  const out = [];
+  const seen = new Set();
+  const walk = (im, depth) => {
+    if (seen.has(im.id)) return;
+    seen.add(im.id);
+    out.push({ image: im, depth });
+    for (const c of (children.get(im.id) || []).sort(older)) walk(c, depth + 1);
+  };
+  for (const r of roots.sort(older)) walk(r, 0);
+  for (const im of images) walk(im, 0); // members of a loop, were there one
+  return out;
+}
+
+const DIFF_SHOWN = 500; // paths listed per kind; the count says the rest
+
+/** The diff's answer: the paths `b` adds to, changes in and removes from `a`. */
+function diffView(a, b, d) {
+  const kinds = [['added', 'Added', '+'], ['changed', 'Changed', '~'], ['removed', 'Removed', '-']];
+  return h('div', { id: 'image-diff-result' },
+    h('p', {}, 'What ', h('code', { title: b.id }, imageName(b)), ' adds, changes and removes relative to ',
+      h('code', { title: a.id }, imageName(a)), '.'),
+    kinds.map(([k, label, mark]) => {
+      const paths = d[k] || [];
+      return h('section', { class: `diff-${k}`, 'aria-labelledby': `diff-${k}-h` },
+        h('h3', { id: `diff-${k}-h` }, `${label} (${paths.length})`),
+        paths.length === 0 ? h('p', { class: 'empty' }, 'None.')
+          : h('ul', { class: 'paths' }, paths.slice(0, DIFF_SHOWN).map((p) =>
+            h('li', {}, h('span', { class: 'mark', 'aria-hidden': 'true' }, mark), ' ', h('code', {}, p)))),
+        paths.length > DIFF_SHOWN ? h('p', { class: 'muted' }, `and ${paths.length - DIFF_SHOWN} more`) : null);
+    }));
+}
+
+function imageName(im) {
+  return (im.tags && im.tags[0]) || short(im.id);
+}
+
 export function imagesPage(main) {
+  const selected = []; // at most two images, in the order they were chosen
+  const diffButton = h('button', { type: 'button', id: 'image-diff-button', disabled: true }, 'Diff');
+  const diffHint = h('p', { class: 'muted', id: 'image-diff-hint' }, 'Choose two images in the list to compare them.');
+  const diffOut = h('div', { 'aria-live': 'polite' });
+  function syncDiff() {
+    diffButton.disabled = selected.length !== 2;
+    put(diffHint, selected.length === 2
+      ? ['Compare ', h('code', {}, imageName(selected[0])), ' (before) with ', h('code', {}, imageName(selected[1])), ' (after).']
+      : 'Choose two images in the list to compare them.');
+  }
+  diffButton.addEventListener('click', async () => {
+    if (selected.length !== 2) return;
+    const [a, b] = selected;
+    put(diffOut, h('p', { class: 'muted' }, 'Comparing…'));
+    try {
+      const d = await api('GET', '/v1/images/diff', { query: { a: a.id, b: b.id } });
+      put(diffOut, diffView(a, b, d));
+    } catch (err) {
+      put(diffOut, h('p', { class: 'error', role: 'alert' }, `Diff: ${err.message}`));
+    }
+  });
+  function chooser(im) {
+    const box = h('input', { type: 'checkbox', name: 'compare', 'aria-label': `Compare ${imageName(im)}` });
+    box.checked = selected.some((x) => x.id === im.id);
+    box.addEventListener('change', () => {
+      const i = selected.findIndex((x) => x.id === im.id);
+      if (box.checked && i < 0) {
+        selected.push(im);
+        if (selected.length > 2) {
+          const dropped = selected.shift();
+          const other = document.querySelector(`#images-list tr[data-id="${CSS.escape(dropped.id)}"] input[name=compare]`);
+          if (other) other.checked = false;
+        }
+      } else if (!box.checked && i >= 0) {
+        selected.splice(i, 1);
+      }
+      syncDiff();
+    });
+    return box;
+  }
   return listPage(main, {
     title: 'Images',
     empty: 'No images.',
-    load: async () => (await api('GET', '/v1/images')).images,
-    heads: ['Image', 'Tags', 'Parent', 'Source', 'Owner', 'Size', 'Created'],
-    row: (im) => ({
+    load: async () => imageTree((await api('GET', '/v1/images')).images),
+    heads: ['Compare', 'Image', 'Tags', 'Parent', 'Source', 'Owner', 'Size', 'Created'],
+    row: ({ image: im, depth }) => ({
       text: [im.id, ...(im.tags || []), im.parent, im.source, im.owner].join(' '),
-      attrs: { 'data-id': im.id },
-      cells: [h('code', { title: im.id }, short(im.id)),
+      attrs: { 'data-id': im.id, 'data-depth': depth },
+      cells: [chooser(im),
+        h('span', { class: 'tree', style: `padding-left: ${Math.min(depth, 12) * 1.1}rem` },
+          depth > 0 ? h('span', { class: 'branch', 'aria-hidden': 'true' }, '└ ') : null,
+          h('code', { title: im.id }, short(im.id)),
+          depth > 0 ? h('span', { class: 'sr-only' }, ` (level ${depth + 1}, child of ${short(im.parent)})`) : null),
         h('span', { class: 'tags' }, (im.tags || []).map((t) => h('span', { class: 'tag' }, t))),
         im.parent ? h('code', { title: im.parent }, short(im.parent)) : (im.base || ''),
         im.source || '', im.owner || '', bytes(im.size), time(im.created_at)],
     }),
+    form: () => h('section', { class: 'card', id: 'image-diff', 'aria-labelledby': 'image-diff-h' },
+      h('h2', { id: 'image-diff-h' }, 'Diff of two images'), diffHint, diffButton, diffOut),
   });
 }
 

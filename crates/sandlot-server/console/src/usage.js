@@ -16,13 +16,15 @@ function svg(tag, attrs) {
   return el;
 }
 
-/** One chart: `values` (numbers, one per sample) over `at` (ms), scaled to `max`. */
-function chart(id, label, at, values, max, describe) {
+/** One chart: `values` (numbers, one per sample) over `at` (ms), scaled to `max`
+    (also the operator page's, operator.js). */
+export function chart(id, label, at, values, max, describe) {
   const t0 = at[0];
   const span = Math.max(1, at[at.length - 1] - t0);
+  const single = at.length === 1; // one point: drawn at the right edge
   const top = max > 0 ? max : 1;
   const points = values.map((v, i) => {
-    const x = PAD + ((at[i] - t0) / span) * (W - 2 * PAD);
+    const x = single ? W - PAD : PAD + ((at[i] - t0) / span) * (W - 2 * PAD);
     const y = H - PAD - (Math.min(v, top) / top) * (H - 2 * PAD);
     return `${x.toFixed(1)},${y.toFixed(1)}`;
   });

@@ -88,10 +88,7 @@ async fn to_port(
             ));
         }
         match &rec {
-            Some(r) => Principal {
-                scope: Some(r.tenant.clone()),
-                tenant: r.tenant.clone(),
-            },
+            Some(r) => Principal::tenant(r.tenant.clone()),
             None => {
                 return Err(deny(
                     StatusCode::BAD_GATEWAY,
@@ -105,10 +102,7 @@ async fn to_port(
         .as_ref()
         .filter(|r| crate::ports::is_public(&e2b.app.cfg.ports, &r.spec, port))
     {
-        Principal {
-            scope: Some(r.tenant.clone()),
-            tenant: r.tenant.clone(),
-        }
+        Principal::tenant(r.tenant.clone())
     } else {
         return Err(deny(
             StatusCode::UNAUTHORIZED,

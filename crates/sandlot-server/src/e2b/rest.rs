@@ -104,10 +104,7 @@ pub fn principal(e2b: &E2b, headers: &HeaderMap) -> RestResult<Principal> {
         .tenant_of_token(&crate::auth::hash_token(&key))
         .map_err(ApiError::internal)?
         .ok_or_else(|| RestError::new(StatusCode::UNAUTHORIZED, "invalid or revoked API key"))?;
-    Ok(Principal {
-        scope: Some(tenant.clone()),
-        tenant,
-    })
+    Ok(Principal::tenant(tenant))
 }
 
 /// The REST API's routes (the E2B router adds `/health` and the fallback).

@@ -168,12 +168,20 @@ fn query(q: Option<String>) -> HashMap<String, String> {
         .collect()
 }
 
-fn operator_only(p: &Principal, what: &str) -> ApiResult<()> {
-    if p.scope.is_some() {
-        return Err(ApiError::of(
-            ErrorCode::Forbidden,
-            format!("{what} is for the operator (the daemon's Unix socket)"),
-        ));
+/// Every write to the shared image namespace (the names every tenant falls back
+/// to and warm pools start from) stays on the Unix socket: imports, removals,
+/// prunes, a build or snapshot naming a shared image, pulls and pushes (which
+/// also make the daemon connect to whatever host a request names). A stolen
+/// operator token must leave nothing behind that outlives its revocation.
+fn socket_only(p: &Principal, what: &str) -> ApiResult<()> {
+    crate::auth::require_socket(p, what)
+}
+
+/// A build or snapshot by `p` tagging `tag`: a shared name when `p` is not
+/// acting as a tenant, which only the socket writes.
+fn shared_tag_is_socket_only(p: &Principal, tag: Option<&ImageName>, what: &str) -> ApiResult<()> {
+    if p.scope.is_none() && tag.is_some() {
+        socket_only(p, what)?;
     }
     Ok(())
 }
@@ -183,7 +191,7 @@ fn parse_tag(field: &str, t: Option<&String>) -> ApiResult<Option<ImageName>> {
         .transpose()
 }
 
-async fn blocking<T: Send + 'static>(
+pub(super) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> ApiResult<T> + Send + 'static,
 ) -> ApiResult<T> {
     tokio::task::spawn_blocking(f)
@@ -237,7 +245,7 @@ pub async fn remove(
     p: Principal,
     Path(reference): Path<String>,
 ) -> ApiResult<Json<ImageView>> {
-    operator_only(&p, "removing images")?;
+    socket_only(&p, "removing images")?;
     let st = state.clone();
     let r = blocking(move || st.images.store.remove(&reference).map_err(store_error)).await?;
     Ok(Json(view(&r.image)))
@@ -246,7 +254,7 @@ pub async fn remove(
 #[utoipa::path(post, path = "/v1/images/prune", tag = "images",
     responses((status = 200, body = PruneView)))]
 pub async fn prune(State(state): State<Arc<AppState>>, p: Principal) -> ApiResult<Json<PruneView>> {
-    operator_only(&p, "pruning images")?;
+    socket_only(&p, "pruning images")?;
     let st = state.clone();
     let r: PruneReport = blocking(move || {
         let _alone = st.images.pruning();
@@ -270,7 +278,7 @@ pub async fn import(
     RawQuery(q): RawQuery,
     body: Body,
 ) -> ApiResult<Response> {
-    operator_only(&p, "importing images")?;
+    socket_only(&p, "importing images")?;
     let q = query(q);
     let tag = parse_tag("tag", q.get("tag"))?;
     let tmp = state.images.store.tmp_path("upload");
@@ -420,6 +428,7 @@ pub async fn snapshot(
         parse_json(&bytes)?
     };
     let tag = parse_tag("tag", b.tag.as_ref())?;
+    shared_tag_is_socket_only(&p, tag.as_ref(), "naming a shared image by a snapshot")?;
     let h = live(&state, &p, &id)?;
     h.touch();
     let st = state.clone();
@@ -618,7 +627,7 @@ pub async fn pull(
     p: Principal,
     body: Body,
 ) -> ApiResult<Response> {
-    operator_only(&p, "pulling images")?;
+    socket_only(&p, "pulling images")?;
     let bytes = read_limited(body, state.cfg.limits.max_request_body.bytes()).await?;
     let b: PullBody = parse_json(&bytes)?;
     let cfg = registry_config(&state);
@@ -677,7 +686,7 @@ pub async fn push(
     name: String,
     body: Body,
 ) -> ApiResult<Response> {
-    operator_only(&p, "pushing images")?;
+    socket_only(&p, "pushing images")?;
     let bytes = read_limited(body, state.cfg.limits.max_request_body.bytes()).await?;
     let b: PushBody = parse_json(&bytes)?;
     let cfg = registry_config(&state);
@@ -737,6 +746,7 @@ pub async fn build(
         .cloned()
         .unwrap_or_else(|| "Dockerfile".to_string());
     let tag = parse_tag("tag", q.get("tag"))?;
+    shared_tag_is_socket_only(&p, tag.as_ref(), "naming a shared image by a build")?;
     let network = match q.get("network").map(String::as_str) {
         None | Some("false") | Some("0") => false,
         Some("true") | Some("1") => true,
@@ -747,19 +757,21 @@ pub async fn build(
             ))
         }
     };
-    // A tenant's builds in flight are capped: each stages its context on the
+    // Builds in flight are capped per tenant (an operator token's count as its
+    // default tenant's), the socket's only not: each stages its context on the
     // daemon's disk and runs sandboxes. The lease goes with the build's task.
-    let lease = match &p.scope {
-        Some(t) => Some(state.builds.try_take(t).map_err(|held| {
+    let lease = match p.is_socket_operator() {
+        false => Some(state.builds.try_take(&p.tenant).map_err(|held| {
             ApiError::of(
                 ErrorCode::QuotaExceeded,
                 format!(
-                    "tenant {t} runs {held} builds already (images.max_builds_per_tenant = {})",
+                    "tenant {} runs {held} builds already (images.max_builds_per_tenant = {})",
+                    p.tenant,
                     state.builds.cap()
                 ),
             )
         })?),
-        None => None,
+        true => None,
     };
     // Stage the context tar, extract it, read the spec: all before answering, so
     // a bad spec or context is a plain 400. The tar is no larger than what it may
@@ -781,11 +793,12 @@ pub async fn build(
     })
     .await;
     let _ = tokio::fs::remove_file(&tmp).await;
-    // A tenant's build steps are its sandboxes: the operator's network ceiling
-    // applies to them as to any other (run steps with the network are `open`).
+    // Build steps are sandboxes: the operator's network ceiling applies to them
+    // as to any other (run steps with the network are `open`), but for the
+    // socket's own builds.
     let spec = spec.and_then(|s| {
         let ceiling = state.cfg.network.ceiling;
-        if p.scope.is_some() && s.network && ceiling < sandlot_proto::spec::NetworkMode::Open {
+        if !p.is_socket_operator() && s.network && ceiling < sandlot_proto::spec::NetworkMode::Open {
             return Err(ApiError::invalid(
                 "network",
                 format!(

@@ -34,6 +34,7 @@ pub mod sandboxes;
 pub mod secrets;
 pub mod snapshots;
 pub mod stream;
+pub mod tenants;
 pub mod tokens;
 pub mod vfs;
 pub mod volumes;
@@ -241,6 +242,7 @@ fn images_router() -> Router<Arc<AppState>> {
         .route("/v1/secrets", post(secrets::create).get(secrets::list))
         .route("/v1/secrets/{name}", delete(secrets::remove))
         .route("/v1/tokens", post(tokens::create).get(tokens::list))
+        .route("/v1/tenants", get(tenants::list))
         .route("/v1/tokens/{id}", delete(tokens::revoke))
 }
 
@@ -260,13 +262,10 @@ async fn openapi_json() -> Response {
 /// errors, pools), so they are the operator's: a tenant (a token, or the operator
 /// acting as a tenant) is refused.
 async fn metrics(State(state): State<Arc<AppState>>, p: Principal) -> ApiResult<Response> {
-    if p.scope.is_some() {
-        return Err(ApiError::of(
-            ErrorCode::PermissionDenied,
-            "/metrics covers every tenant: it is the operator's (the daemon's Unix socket, \
-             or the metrics_listen address for a Prometheus scraper)",
-        ));
-    }
+    // 403 `permission_denied`, as documented for `/metrics` (a Prometheus
+    // scraper has the metrics_listen address instead).
+    crate::auth::require_operator(&p, "/metrics (it covers every tenant)")
+        .map_err(|e| ApiError::of(ErrorCode::PermissionDenied, e.message))?;
     Ok(metrics_response(&state))
 }
 

@@ -16,11 +16,13 @@
 //!   processes, signals, terminal resizes, stdin.
 //! * `sandboxes.rs`: the tenant's view of sandboxes (`lookup`, `live`), which
 //!   resume on demand (`autopause::live`) and the other services build on.
+//! * `tenants.rs`: the operator's view of tenants, their quotas and usage.
 
 pub mod create;
 pub mod files;
 pub mod process;
 pub mod sandboxes;
+pub mod tenants;
 
 use std::time::Duration;
 

@@ -127,11 +127,19 @@ pub struct ServeArgs {
 
 #[derive(Debug, clap::Subcommand)]
 pub enum TokenCmd {
-    /// Create a token for a tenant; prints the secret once.
+    /// Create a token for a tenant, or an operator token; prints the secret once.
     Create {
         /// The tenant the token acts as.
+        #[arg(
+            long,
+            required_unless_present = "operator",
+            conflicts_with = "operator"
+        )]
+        tenant: Option<String>,
+        /// An operator token: every tenant, over TCP too (the web console's
+        /// operator page). Only the daemon's Unix socket mints one.
         #[arg(long)]
-        tenant: String,
+        operator: bool,
         /// A label for listings.
         #[arg(long)]
         name: Option<String>,
@@ -314,9 +322,11 @@ fn token_row(t: &serde_json::Value) -> Vec<String> {
     let s = |k: &str| t[k].as_str().unwrap_or("").to_string();
     vec![
         s("id"),
+        s("kind"),
         s("tenant"),
         s("name"),
         s("created_at"),
+        t["created_by"].as_str().unwrap_or("-").to_string(),
         t["last_used_at"].as_str().unwrap_or("-").to_string(),
         if t["revoked_at"].is_string() {
             "revoked"
@@ -327,13 +337,29 @@ fn token_row(t: &serde_json::Value) -> Vec<String> {
     ]
 }
 
-const TOKEN_COLUMNS: [&str; 6] = ["ID", "TENANT", "NAME", "CREATED", "LAST USED", "STATUS"];
+const TOKEN_COLUMNS: [&str; 8] = [
+    "ID",
+    "KIND",
+    "TENANT",
+    "NAME",
+    "CREATED",
+    "MADE BY",
+    "LAST USED",
+    "STATUS",
+];
 
 fn print_new_token(v: &serde_json::Value, json: bool) {
     if json {
         println!("{v}");
     } else {
         println!("{}", v["token"].as_str().unwrap_or(""));
+        if v["kind"] == "operator" {
+            eprintln!(
+                "operator token {} (every tenant; shown once; store it now)",
+                v["id"].as_str().unwrap_or("")
+            );
+            return;
+        }
         eprintln!(
             "token {} for tenant {} (shown once; store it now; for E2B's SDKs, `e2b_` in place of `sl_` is the same key)",
             v["id"].as_str().unwrap_or(""),
@@ -345,15 +371,18 @@ fn print_new_token(v: &serde_json::Value, json: bool) {
 async fn token_through_daemon(c: &sandlot_client::Client, t: TokenCmd) -> anyhow::Result<i32> {
     match t {
         TokenCmd::Create {
-            tenant, name, json, ..
+            tenant,
+            operator,
+            name,
+            json,
+            ..
         } => {
-            let v = c
-                .call_json(
-                    "POST",
-                    "/v1/tokens",
-                    Some(&serde_json::json!({"tenant": tenant, "name": name})),
-                )
-                .await?;
+            let body = if operator {
+                serde_json::json!({"operator": true, "name": name})
+            } else {
+                serde_json::json!({"tenant": tenant, "name": name})
+            };
+            let v = c.call_json("POST", "/v1/tokens", Some(&body)).await?;
             print_new_token(&v, json);
         }
         TokenCmd::List { json, .. } => {
@@ -405,26 +434,39 @@ fn token_in_database(dir: &std::path::Path, t: TokenCmd) -> anyhow::Result<i32> 
     let at = sandlot_server::timefmt::rfc3339;
     let view = |t: &sandlot_server::store::TokenRecord| {
         serde_json::json!({
-            "id": t.id, "tenant": t.tenant, "name": t.name,
+            "id": t.id, "kind": t.kind.as_str(), "tenant": t.tenant, "name": t.name,
             "created_at": at(t.created_at),
             "last_used_at": t.last_used_at.map(at),
             "revoked_at": t.revoked_at.map(at),
+            "created_by": t.created_by,
         })
     };
     match t {
         TokenCmd::Create {
-            tenant, name, json, ..
+            tenant,
+            operator,
+            name,
+            json,
+            ..
         } => {
-            if !sandlot_server::config::valid_tenant(&tenant) {
-                anyhow::bail!(
-                    "--tenant {tenant:?}: {}",
+            let (mut rec, secret, hash) = match tenant {
+                _ if operator => sandlot_server::auth::new_operator_token(name),
+                Some(tenant) if sandlot_server::config::valid_tenant(&tenant) => {
+                    sandlot_server::auth::new_token(&tenant, name)
+                }
+                tenant => anyhow::bail!(
+                    "--tenant {:?}: {}",
+                    tenant.unwrap_or_default(),
                     sandlot_server::config::TENANT_RULE
-                );
-            }
-            let (rec, secret, hash) = sandlot_server::auth::new_token(&tenant, name);
+                ),
+            };
+            // Written by root on the host, as the socket's would be.
+            rec.created_by = Some(sandlot_server::auth::CREATED_BY_SOCKET.to_string());
             store.insert_token(&rec, &hash)?;
             let mut v = view(&rec);
-            if let Some(k) = sandlot_server::auth::e2b_api_key(&secret) {
+            if let Some(k) = sandlot_server::auth::e2b_api_key(&secret)
+                .filter(|_| rec.kind == sandlot_server::store::TokenKind::Tenant)
+            {
                 v["e2b_api_key"] = serde_json::Value::String(k);
             }
             v["token"] = serde_json::Value::String(secret);
@@ -440,10 +482,16 @@ fn token_in_database(dir: &std::path::Path, t: TokenCmd) -> anyhow::Result<i32> 
             }
         }
         TokenCmd::Revoke { id, .. } => {
-            if !store.revoke_token(&id)? {
-                anyhow::bail!("no active token {id}");
+            // Root on the host, as the socket: any token, with what it minted.
+            match store.revoke_token(&id, true)? {
+                sandlot_server::store::Revoke::Revoked { minted: 0 } => {
+                    eprintln!("revoked {id}")
+                }
+                sandlot_server::store::Revoke::Revoked { minted } => {
+                    eprintln!("revoked {id} and the {minted} tokens it minted")
+                }
+                _ => anyhow::bail!("no active token {id}"),
             }
-            eprintln!("revoked {id}");
         }
     }
     Ok(0)

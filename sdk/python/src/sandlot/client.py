@@ -15,12 +15,12 @@ import json
 import os
 import threading
 import weakref
-from typing import Any, AsyncIterator, Dict, Iterator, Optional, Tuple
+from typing import Any, AsyncIterator, Dict, Iterator, List, Optional, Tuple
 
 import httpx
 
 from . import errors
-from .models import SandboxInfo
+from .models import SandboxInfo, TenantInfo
 
 DEFAULT_URL = "unix:///run/sandlot/sandlot.sock"
 __version__ = "0.1.0"
@@ -218,6 +218,12 @@ class Client(_Base):
         """``GET /v1/health``: ``{"status", "version", "tenant"}``."""
         return dict(self.json("GET", "/v1/health"))
 
+    def tenants(self) -> List[TenantInfo]:
+        """``GET /v1/tenants``: every tenant with its quota and usage. The
+        operator's (the Unix socket or an operator token); a tenant's token
+        raises :class:`sandlot.errors.ForbiddenError`."""
+        return [TenantInfo.from_json(t) for t in self.json("GET", "/v1/tenants")["tenants"]]
+
     def get_sandbox(self, id_or_name: str) -> SandboxInfo:
         return SandboxInfo.from_json(self.json("GET", f"/v1/sandboxes/{id_or_name}"))
 
@@ -323,6 +329,10 @@ class AsyncClient(_Base):
 
     async def health(self) -> Dict[str, Any]:
         return dict(await self.json("GET", "/v1/health"))
+
+    async def tenants(self) -> List[TenantInfo]:
+        """``GET /v1/tenants``: see :meth:`Client.tenants`."""
+        return [TenantInfo.from_json(t) for t in (await self.json("GET", "/v1/tenants"))["tenants"]]
 
     async def get_sandbox(self, id_or_name: str) -> SandboxInfo:
         return SandboxInfo.from_json(await self.json("GET", f"/v1/sandboxes/{id_or_name}"))

@@ -350,6 +350,52 @@ class MetricsSample:
         )
 
 
+@dataclass(frozen=True)
+class TenantInfo:
+    """One tenant as the operator sees it (``GET /v1/tenants``, see
+    :meth:`sandlot.Client.tenants`): its quota and what it holds now."""
+
+    name: str
+    configured: bool
+    """Whether the daemon's configuration names it (else the default quota applies)."""
+    max_sandboxes: int
+    max_memory_bytes: int
+    max_snapshots: int
+    max_saved_disk_bytes: int
+    sandboxes_live: int
+    sandboxes_paused: int
+    memory_limit_bytes: int
+    """Sum of its live sandboxes' memory limits (what ``max_memory_bytes`` bounds)."""
+    memory_in_use_bytes: int
+    cpu_seconds: float
+    snapshots: int
+    saved_bytes: int
+    active_tokens: int
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any]) -> "TenantInfo":
+        q = d.get("quota") or {}
+        u = d.get("usage") or {}
+        return cls(
+            name=str(d.get("name", "")),
+            configured=bool(d.get("configured", False)),
+            max_sandboxes=int(q.get("max_sandboxes", 0)),
+            max_memory_bytes=int(q.get("max_memory_bytes", 0)),
+            max_snapshots=int(q.get("max_snapshots", 0)),
+            max_saved_disk_bytes=int(q.get("max_saved_disk_bytes", 0)),
+            sandboxes_live=int(u.get("sandboxes_live", 0)),
+            sandboxes_paused=int(u.get("sandboxes_paused", 0)),
+            memory_limit_bytes=int(u.get("memory_limit_bytes", 0)),
+            memory_in_use_bytes=int(u.get("memory_in_use_bytes", 0)),
+            cpu_seconds=float(u.get("cpu_seconds", 0.0)),
+            snapshots=int(u.get("snapshots", 0)),
+            saved_bytes=int(u.get("saved_bytes", 0)),
+            active_tokens=int(u.get("active_tokens", 0)),
+            raw=dict(d),
+        )
+
+
 def metrics_params(start: Optional[datetime], end: Optional[datetime]) -> Dict[str, int]:
     """The query of ``GET .../metrics`` for a range of aware or naive (UTC) datetimes."""
     out: Dict[str, int] = {}
