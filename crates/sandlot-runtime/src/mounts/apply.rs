@@ -45,6 +45,7 @@ pub fn mount_root(
     mount_root_with(&Kernel, root, at, idmapped_lower)
 }
 
+/// [`mount_root`], making its system calls through `kernel`.
 fn mount_root_with<S: MountSyscalls>(
     kernel: &S,
     root: &RootFs,
@@ -134,6 +135,7 @@ pub fn mount_layers(
     mount_layers_with(&Kernel, root, at, trees, idmapped_rw)
 }
 
+/// [`mount_layers`], making its system calls through `kernel`.
 fn mount_layers_with<S: MountSyscalls>(
     kernel: &S,
     root: &RootFs,
@@ -433,6 +435,7 @@ pub(crate) fn bind_in(
     bind_in_with(&Kernel, r, source, path, readonly, kind, required)
 }
 
+/// [`bind_in`], making its system calls through `kernel`.
 fn bind_in_with<S: MountSyscalls>(
     kernel: &S,
     r: &S::Fd,
@@ -536,6 +539,7 @@ pub fn apply_with_trees(
     apply_ops(&Kernel, root_dir, ops, trees, etc_view)
 }
 
+/// [`apply_with_trees`], making its system calls through `kernel`.
 fn apply_ops<S: MountSyscalls>(
     kernel: &S,
     root_dir: &Path,

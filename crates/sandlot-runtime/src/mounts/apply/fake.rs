@@ -15,6 +15,8 @@ use crate::host_path::HostId;
 /// A descriptor of the fake: what it names. `/...` is a path under the sandbox's
 /// root (`/` the root itself), `host:/...` a host path, `tree:...` a detached mount
 /// tree cloned from what follows; tests name the idmapped trees they hand in.
+/// [`MountSyscalls::fd_path`] gives the name itself, so a recorded `mount(2)` names
+/// its target as a path in the sandbox where the real call has `/proc/self/fd/N`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct FakeFd(pub String);
 
@@ -398,8 +400,10 @@ impl MountSyscalls for FakeKernel {
             data: data.to_vec(),
             mode,
         })?;
-        if let Some(Entry::Dir | Entry::Symlink(_)) = self.entry(&path) {
-            return Err(errno(libc::ELOOP));
+        match self.entry(&path) {
+            Some(Entry::Dir) => return Err(errno(libc::EISDIR)),
+            Some(Entry::Symlink(_)) => return Err(errno(libc::ELOOP)),
+            _ => {}
         }
         self.entries.borrow_mut().remove(&path);
         self.create(&path, Entry::File(data.to_vec()))
