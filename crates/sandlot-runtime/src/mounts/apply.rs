@@ -21,7 +21,7 @@ mod syscalls;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use syscalls::{Kernel, MountSyscalls};
+use syscalls::{Kernel, MountSyscalls};
 
 /// Names of the overlay's working directories inside the root tmpfs.
 const OVL_LOWER: &str = ".sandlot-lower";
