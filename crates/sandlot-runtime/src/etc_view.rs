@@ -123,7 +123,7 @@ fn populate(at: &CString) -> io::Result<Vec<(String, u64, u64)>> {
             mounts::Kind::File
         };
         mounts::bind_in(
-            root.as_fd(),
+            &root,
             Path::new(&host),
             &format!("/{name}"),
             true,

@@ -1,18 +1,27 @@
 //! Applying a [`super::MountPlan`]: the root filesystem ([`mount_root`],
 //! [`mount_layers`]) and the plan's operations ([`apply_with_trees`]), inside the
 //! sandbox's mount namespace. Every path is resolved under the new root with
-//! `openat2(RESOLVE_IN_ROOT)`.
+//! `openat2(RESOLVE_IN_ROOT)`. The system calls go through [`MountSyscalls`]:
+//! [`Kernel`] here, a fake that records them in the unit tests.
 
 use std::ffi::{CStr, CString};
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::path::Path;
 
 use super::{
     apply_err, entry_kind, HostEntry, Kind, MountError, MountOp, RootFs, TmpfsLimit, HOST_ETC_VIEW,
 };
-use crate::host_path::{self, HostId};
+use crate::host_path::HostId;
 use crate::sys;
+
+#[cfg(test)]
+mod fake;
+mod syscalls;
+#[cfg(test)]
+mod tests;
+
+use syscalls::{Kernel, MountSyscalls};
 
 /// Names of the overlay's working directories inside the root tmpfs.
 const OVL_LOWER: &str = ".sandlot-lower";
@@ -33,10 +42,20 @@ pub fn mount_root(
     at: &Path,
     idmapped_lower: Option<OwnedFd>,
 ) -> Result<RootInfo, MountError> {
+    mount_root_with(&Kernel, root, at, idmapped_lower)
+}
+
+/// [`mount_root`], making its system calls through `kernel`.
+fn mount_root_with<S: MountSyscalls>(
+    kernel: &S,
+    root: &RootFs,
+    at: &Path,
+    idmapped_lower: Option<S::Fd>,
+) -> Result<RootInfo, MountError> {
     let at_c = sys::cstr(at).map_err(apply_err("mount root", at.display().to_string()))?;
     match root {
         RootFs::Tmpfs { size } => {
-            mount_scratch(at, &at_c, *size, "mount tmpfs root at")?;
+            mount_scratch(kernel, at, &at_c, *size, "mount tmpfs root at")?;
             Ok(RootInfo { idmapped: false })
         }
         RootFs::Overlay {
@@ -44,29 +63,34 @@ pub fn mount_root(
             lower_id,
             size,
         } => {
-            mount_scratch(at, &at_c, *size, "mount overlay scratch at")?;
+            mount_scratch(kernel, at, &at_c, *size, "mount overlay scratch at")?;
             for d in [OVL_LOWER, OVL_UPPER, OVL_WORK] {
-                std::fs::create_dir(at.join(d)).map_err(apply_err("mkdir", d))?;
+                kernel
+                    .create_dir(&at.join(d))
+                    .map_err(apply_err("mkdir", d))?;
             }
             let lower_at = sys::cstr(&at.join(OVL_LOWER)).map_err(apply_err("lower", OVL_LOWER))?;
             let mut idmapped = false;
             if let Some(fd) = idmapped_lower {
-                idmapped = sys::move_mount_to(fd.as_fd(), &lower_at).is_ok();
+                idmapped = kernel.move_mount_to(&fd, &lower_at).is_ok();
             }
             if !idmapped {
                 // The pinned directory, reached without a link, or nothing.
-                let (src, _) = host_path::reopen(lower, *lower_id)
+                let (src, _) = kernel
+                    .reopen_pinned(lower, *lower_id)
                     .map_err(apply_err("open rootfs", lower.display().to_string()))?;
-                let tree = sys::open_tree_clone_fd(src.as_fd(), true)
+                let tree = kernel
+                    .open_tree_clone_fd(&src, true)
                     .map_err(apply_err("bind rootfs", lower.display().to_string()))?;
-                sys::move_mount_to(tree.as_fd(), &lower_at)
+                kernel
+                    .move_mount_to(&tree, &lower_at)
                     .map_err(apply_err("bind rootfs", lower.display().to_string()))?;
             }
             let opts = format!(
                 "lowerdir={0}/{OVL_LOWER},upperdir={0}/{OVL_UPPER},workdir={0}/{OVL_WORK},userxattr",
                 at.display()
             );
-            mount_overlay(at, &at_c, opts)?;
+            mount_overlay(kernel, at, &at_c, opts)?;
             Ok(RootInfo { idmapped })
         }
         RootFs::Layers { .. } => Err(MountError::Apply {
@@ -79,15 +103,21 @@ pub fn mount_root(
 
 /// Moves an idmapped tree onto `at`, or binds `source` there if there is none.
 /// Returns whether the idmapped tree was used.
-fn attach_tree(tree: Option<OwnedFd>, source: &Path, at: &Path) -> Result<bool, MountError> {
+fn attach_tree<S: MountSyscalls>(
+    kernel: &S,
+    tree: Option<S::Fd>,
+    source: &Path,
+    at: &Path,
+) -> Result<bool, MountError> {
     let at_c = sys::cstr(at).map_err(apply_err("mount point", at.display().to_string()))?;
     if let Some(fd) = tree {
-        if sys::move_mount_to(fd.as_fd(), &at_c).is_ok() {
+        if kernel.move_mount_to(&fd, &at_c).is_ok() {
             return Ok(true);
         }
     }
     let src = sys::cstr(source).map_err(apply_err("bind", source.display().to_string()))?;
-    sys::mount(Some(&src), &at_c, None, libc::MS_BIND | libc::MS_REC, None)
+    kernel
+        .mount(Some(&src), &at_c, None, libc::MS_BIND | libc::MS_REC, None)
         .map_err(apply_err("bind", source.display().to_string()))?;
     Ok(false)
 }
@@ -102,8 +132,19 @@ pub fn mount_layers(
     trees: &mut [Option<OwnedFd>],
     idmapped_rw: bool,
 ) -> Result<RootInfo, MountError> {
+    mount_layers_with(&Kernel, root, at, trees, idmapped_rw)
+}
+
+/// [`mount_layers`], making its system calls through `kernel`.
+fn mount_layers_with<S: MountSyscalls>(
+    kernel: &S,
+    root: &RootFs,
+    at: &Path,
+    trees: &mut [Option<S::Fd>],
+    idmapped_rw: bool,
+) -> Result<RootInfo, MountError> {
     let RootFs::Layers { lowers, rw, size } = root else {
-        return mount_root(root, at, None);
+        return mount_root_with(kernel, root, at, None);
     };
     let at_c = sys::cstr(at).map_err(apply_err("mount root", at.display().to_string()))?;
     // The scratch tmpfs holds the layer mount points (and the writable layer when
@@ -113,22 +154,26 @@ pub fn mount_layers(
     } else {
         *size
     };
-    mount_scratch(at, &at_c, scratch, "mount overlay scratch at")?;
+    mount_scratch(kernel, at, &at_c, scratch, "mount overlay scratch at")?;
     let mut idmapped = true;
     let mut lowerdirs = Vec::new();
     for (i, l) in lowers.iter().enumerate() {
         let name = format!(".sandlot-l{i}");
         let p = at.join(&name);
-        std::fs::create_dir(&p).map_err(apply_err("mkdir", name.clone()))?;
-        idmapped &= attach_tree(trees.get_mut(i).and_then(Option::take), l, &p)?;
+        kernel
+            .create_dir(&p)
+            .map_err(apply_err("mkdir", name.clone()))?;
+        idmapped &= attach_tree(kernel, trees.get_mut(i).and_then(Option::take), l, &p)?;
         lowerdirs.push(p.display().to_string());
     }
     let (upper, work) = match rw {
         Some(dir) => {
             let p = at.join(".sandlot-rw");
-            std::fs::create_dir(&p).map_err(apply_err("mkdir", ".sandlot-rw"))?;
+            kernel
+                .create_dir(&p)
+                .map_err(apply_err("mkdir", ".sandlot-rw"))?;
             let tree = trees.get_mut(lowers.len()).and_then(Option::take);
-            if !attach_tree(tree, dir, &p)? && idmapped_rw {
+            if !attach_tree(kernel, tree, dir, &p)? && idmapped_rw {
                 return Err(MountError::Apply {
                     op: "idmap the writable layer",
                     path: dir.display().to_string(),
@@ -139,7 +184,9 @@ pub fn mount_layers(
         }
         None => {
             for d in [OVL_UPPER, OVL_WORK] {
-                std::fs::create_dir(at.join(d)).map_err(apply_err("mkdir", d))?;
+                kernel
+                    .create_dir(&at.join(d))
+                    .map_err(apply_err("mkdir", d))?;
             }
             (at.join(OVL_UPPER), at.join(OVL_WORK))
         }
@@ -150,12 +197,13 @@ pub fn mount_layers(
         upper.display(),
         work.display()
     );
-    mount_overlay(at, &at_c, opts)?;
+    mount_overlay(kernel, at, &at_c, opts)?;
     Ok(RootInfo { idmapped })
 }
 
 /// The root's tmpfs (the `host` image's root, or an overlay's scratch) at `at`.
 fn mount_scratch(
+    kernel: &impl MountSyscalls,
     at: &Path,
     at_c: &CStr,
     size: TmpfsLimit,
@@ -163,126 +211,153 @@ fn mount_scratch(
 ) -> Result<(), MountError> {
     let opts = CString::new(format!("{},mode=0755", size.mount_options())).expect("no NUL");
     let flags = libc::MS_NOSUID | libc::MS_NODEV;
-    sys::mount(Some(c"sandlot"), at_c, Some(c"tmpfs"), flags, Some(&opts))
+    kernel
+        .mount(Some(c"sandlot"), at_c, Some(c"tmpfs"), flags, Some(&opts))
         .map_err(apply_err(op, at.display().to_string()))
 }
 
 /// The root's overlay at `at`, with `opts` (`lowerdir=...,upperdir=...,...`).
-fn mount_overlay(at: &Path, at_c: &CStr, opts: String) -> Result<(), MountError> {
+fn mount_overlay(
+    kernel: &impl MountSyscalls,
+    at: &Path,
+    at_c: &CStr,
+    opts: String,
+) -> Result<(), MountError> {
     let opts_c = CString::new(opts).map_err(|_| MountError::Apply {
         op: "overlay options",
         path: at.display().to_string(),
         source: io::ErrorKind::InvalidInput.into(),
     })?;
     let flags = libc::MS_NOSUID | libc::MS_NODEV;
-    sys::mount(
-        Some(c"overlay"),
-        at_c,
-        Some(c"overlay"),
-        flags,
-        Some(&opts_c),
-    )
-    .map_err(apply_err("mount overlay at", at.display().to_string()))
+    kernel
+        .mount(
+            Some(c"overlay"),
+            at_c,
+            Some(c"overlay"),
+            flags,
+            Some(&opts_c),
+        )
+        .map_err(apply_err("mount overlay at", at.display().to_string()))
 }
 
 /// Resolves `path` under `root` (RESOLVE_IN_ROOT), creating missing components.
 /// Tries the whole path first; only missing suffixes are walked.
-fn ensure(root: BorrowedFd<'_>, path: &str, kind: Kind) -> io::Result<OwnedFd> {
+fn ensure<S: MountSyscalls>(kernel: &S, root: &S::Fd, path: &str, kind: Kind) -> io::Result<S::Fd> {
     let trimmed = path.trim_end_matches('/');
     let c = CString::new(if trimmed.is_empty() { "/" } else { trimmed })
         .map_err(|_| io::ErrorKind::InvalidInput)?;
-    match sys::open_in_root(root, &c) {
+    match kernel.open_in_root(root, &c) {
         Ok(fd) => return Ok(fd),
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) && !trimmed.is_empty() => {}
         Err(e) => return Err(e),
     }
     let (parent, name) = trimmed.rsplit_once('/').unwrap_or(("", trimmed));
     let pfd = ensure(
+        kernel,
         root,
         if parent.is_empty() { "/" } else { parent },
         Kind::Dir,
     )?;
     let cname = CString::new(name).map_err(|_| io::ErrorKind::InvalidInput)?;
     let made = match kind {
-        Kind::File => sys::touchat(pfd.as_fd(), &cname, 0o644),
-        Kind::Dir => sys::mkdirat(pfd.as_fd(), &cname, 0o755),
+        Kind::File => kernel.touchat(&pfd, &cname, 0o644),
+        Kind::Dir => kernel.mkdirat(&pfd, &cname, 0o755),
     };
     match made {
         Ok(()) => {}
         Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
         Err(e) => return Err(e),
     }
-    sys::open_in_root(root, &c)
+    kernel.open_in_root(root, &c)
 }
 
-fn exists_in_root(root: BorrowedFd<'_>, path: &str) -> bool {
+fn exists_in_root<S: MountSyscalls>(kernel: &S, root: &S::Fd, path: &str) -> bool {
     CString::new(path)
         .ok()
-        .map(|c| sys::open_in_root(root, &c).is_ok())
+        .map(|c| kernel.open_in_root(root, &c).is_ok())
         .unwrap_or(false)
 }
 
-fn remount_readonly(root: BorrowedFd<'_>, path: &str, recursive: bool) -> io::Result<()> {
+fn remount_readonly<S: MountSyscalls>(
+    kernel: &S,
+    root: &S::Fd,
+    path: &str,
+    recursive: bool,
+) -> io::Result<()> {
     let c = CString::new(path).map_err(|_| io::ErrorKind::InvalidInput)?;
-    let fd = sys::open_in_root(root, &c)?;
-    make_readonly(fd.as_fd(), recursive, 0)
+    let fd = kernel.open_in_root(root, &c)?;
+    make_readonly(kernel, &fd, recursive, 0)
 }
 
 /// Makes the mount at `path` and those below it `nosuid` and `nodev` (a writable
 /// volume or store: a set-id program or a device node written there by anyone with
 /// access to it must give nothing).
-fn remount_nosuid(root: BorrowedFd<'_>, path: &str) -> io::Result<()> {
+fn remount_nosuid<S: MountSyscalls>(kernel: &S, root: &S::Fd, path: &str) -> io::Result<()> {
     let c = CString::new(path).map_err(|_| io::ErrorKind::InvalidInput)?;
-    let fd = sys::open_in_root(root, &c)?;
+    let fd = kernel.open_in_root(root, &c)?;
     let set = sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
-    sys::mount_setattr(Some(fd.as_fd()), c"", true, set, None)
+    kernel.mount_setattr(&fd, true, set)
 }
 
 /// Makes the mount at `fd` (and, with `recursive`, those below it) read-only,
 /// `nosuid` and `nodev`, plus the `extra` `MOUNT_ATTR_*` flags.
-fn make_readonly(fd: BorrowedFd<'_>, recursive: bool, extra: u64) -> io::Result<()> {
+fn make_readonly<S: MountSyscalls>(
+    kernel: &S,
+    fd: &S::Fd,
+    recursive: bool,
+    extra: u64,
+) -> io::Result<()> {
     let set = sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV | extra;
-    sys::mount_setattr(Some(fd), c"", recursive, set, None)
+    kernel.mount_setattr(fd, recursive, set)
 }
 
 /// Creates the symlink `path` -> `target` under the root (an existing entry is kept).
-fn symlink_in(
-    r: BorrowedFd<'_>,
-    parents: &mut ParentDir,
+fn symlink_in<S: MountSyscalls>(
+    kernel: &S,
+    r: &S::Fd,
+    parents: &mut ParentDir<S::Fd>,
     path: &str,
     target: &str,
 ) -> Result<(), MountError> {
-    let (pfd, name) = parents.get(r, path).map_err(apply_err("symlink", path))?;
+    let (pfd, name) = parents
+        .get(kernel, r, path)
+        .map_err(apply_err("symlink", path))?;
     let t = CString::new(target).map_err(|_| MountError::Apply {
         op: "symlink",
         path: path.to_string(),
         source: io::ErrorKind::InvalidInput.into(),
     })?;
-    // SAFETY: valid C strings and an fd we own.
-    let rc = unsafe { libc::symlinkat(t.as_ptr(), pfd.as_raw_fd(), name.as_ptr()) };
-    if rc != 0 {
-        let e = io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::EEXIST) {
-            return Err(MountError::Apply {
-                op: "symlink",
-                path: path.to_string(),
-                source: e,
-            });
-        }
+    match kernel.symlinkat(pfd, &name, &t) {
+        Ok(()) => Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => Ok(()),
+        Err(e) => Err(MountError::Apply {
+            op: "symlink",
+            path: path.to_string(),
+            source: e,
+        }),
     }
-    Ok(())
 }
 
 /// The parent directory of the last entry created, kept open for the next entry in
 /// the same directory (the `/etc` and `/dev` entries come in runs): one `openat2`
 /// per directory instead of one per entry. Every mount clears it, since a mount may
 /// cover the directory it holds.
-#[derive(Default)]
-struct ParentDir(Option<(String, OwnedFd)>);
+struct ParentDir<F>(Option<(String, F)>);
 
-impl ParentDir {
+impl<F> Default for ParentDir<F> {
+    fn default() -> Self {
+        ParentDir(None)
+    }
+}
+
+impl<F> ParentDir<F> {
     /// The parent of `path` (resolved in the root, created if missing) and the name.
-    fn get(&mut self, root: BorrowedFd<'_>, path: &str) -> io::Result<(BorrowedFd<'_>, CString)> {
+    fn get<S: MountSyscalls<Fd = F>>(
+        &mut self,
+        kernel: &S,
+        root: &F,
+        path: &str,
+    ) -> io::Result<(&F, CString)> {
         let p = Path::new(path);
         let parent = p.parent().and_then(|p| p.to_str()).unwrap_or("/");
         let name = p
@@ -291,11 +366,11 @@ impl ParentDir {
             .ok_or(io::ErrorKind::InvalidInput)?;
         let name = CString::new(name).map_err(|_| io::ErrorKind::InvalidInput)?;
         if !matches!(&self.0, Some((cached, _)) if cached == parent) {
-            let fd = ensure(root, parent, Kind::Dir)?;
+            let fd = ensure(kernel, root, parent, Kind::Dir)?;
             self.0 = Some((parent.to_string(), fd));
         }
         let (_, fd) = self.0.as_ref().expect("set above");
-        Ok((fd.as_fd(), name))
+        Ok((fd, name))
     }
 
     fn clear(&mut self) {
@@ -307,50 +382,63 @@ impl ParentDir {
 /// existing one. The common case (a new directory in a directory already open) is
 /// `mkdirat`, `openat`, `fchmod` and maybe `fchown`; anything else (an existing
 /// symlink in an image, say) takes the general path through the root.
-fn dir_in(
-    r: BorrowedFd<'_>,
-    parents: &mut ParentDir,
+fn dir_in<S: MountSyscalls>(
+    kernel: &S,
+    r: &S::Fd,
+    parents: &mut ParentDir<S::Fd>,
     path: &str,
     mode: u32,
     uid: u32,
     gid: u32,
 ) -> Result<(), MountError> {
     let mut fast = || -> io::Result<()> {
-        let (pfd, name) = parents.get(r, path)?;
-        match sys::mkdirat(pfd, &name, 0o700) {
+        let (pfd, name) = parents.get(kernel, r, path)?;
+        match kernel.mkdirat(pfd, &name, 0o700) {
             Ok(()) => {}
             Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
             Err(e) => return Err(e),
         }
         // Refuses a symlink (ELOOP) or a non-directory (ENOTDIR): the general path.
-        let dir = sys::open_dir_nofollow(pfd, &name)?;
-        sys::fchmod(dir.as_fd(), mode)?;
+        let dir = kernel.open_dir_nofollow(pfd, &name)?;
+        kernel.fchmod(&dir, mode)?;
         if uid != 0 || gid != 0 {
-            sys::fchown_fd(dir.as_fd(), uid, gid)?;
+            kernel.fchown(&dir, uid, gid)?;
         }
         Ok(())
     };
     if fast().is_ok() {
         return Ok(());
     }
-    let fd = ensure(r, path, Kind::Dir).map_err(apply_err("mkdir", path))?;
-    let p = sys::fd_path(fd.as_fd());
-    std::fs::set_permissions(
-        std::str::from_utf8(p.as_bytes()).unwrap_or_default(),
-        std::os::unix::fs::PermissionsExt::from_mode(mode),
-    )
-    .map_err(apply_err("chmod", path))?;
+    let fd = ensure(kernel, r, path, Kind::Dir).map_err(apply_err("mkdir", path))?;
+    kernel
+        .chmod_fd_path(&fd, mode)
+        .map_err(apply_err("chmod", path))?;
     if uid != 0 || gid != 0 {
-        sys::fchown_fd(fd.as_fd(), uid, gid).map_err(apply_err("chown", path))?;
+        kernel
+            .fchown(&fd, uid, gid)
+            .map_err(apply_err("chown", path))?;
     }
     Ok(())
 }
 
-/// Binds host path `source` at `path` under the root. A detached copy of the source
-/// tree is made read-only before it is attached: three syscalls and no
+/// Binds host path `source` at `path` under the root `r`. A detached copy of the
+/// source tree is made read-only before it is attached: three syscalls and no
 /// /proc/self/fd path lookups. A missing source is skipped unless `required`.
 pub(crate) fn bind_in(
-    r: BorrowedFd<'_>,
+    r: &OwnedFd,
+    source: &Path,
+    path: &str,
+    readonly: bool,
+    kind: Kind,
+    required: bool,
+) -> Result<(), MountError> {
+    bind_in_with(&Kernel, r, source, path, readonly, kind, required)
+}
+
+/// [`bind_in`], making its system calls through `kernel`.
+fn bind_in_with<S: MountSyscalls>(
+    kernel: &S,
+    r: &S::Fd,
     source: &Path,
     path: &str,
     readonly: bool,
@@ -358,7 +446,7 @@ pub(crate) fn bind_in(
     required: bool,
 ) -> Result<(), MountError> {
     let sc = sys::cstr(source).map_err(apply_err("bind", path))?;
-    let tree = match sys::open_tree_clone(&sc) {
+    let tree = match kernel.open_tree_clone(&sc) {
         Ok(fd) => fd,
         Err(_) if !required => return Ok(()),
         Err(e) => {
@@ -369,51 +457,54 @@ pub(crate) fn bind_in(
             })
         }
     };
-    use std::os::unix::fs::FileTypeExt;
-    let device = !readonly
-        && std::fs::metadata(source)
-            .is_ok_and(|m| m.file_type().is_char_device() || m.file_type().is_block_device());
-    attach_bind(r, tree, path, readonly, kind, device)
+    let device = !readonly && kernel.is_device(source);
+    attach_bind(kernel, r, tree, path, readonly, kind, device)
 }
 
 /// Binds the host path `source` the spec named, pinned to the file `id`
 /// ([`crate::host_path`]): opened again without following a link anywhere on the
 /// way, and refused if it is no longer that file (a swap for a link to `/` after
 /// the daemon checked it).
-fn bind_pinned(
-    r: BorrowedFd<'_>,
+fn bind_pinned<S: MountSyscalls>(
+    kernel: &S,
+    r: &S::Fd,
     source: &Path,
     id: HostId,
     path: &str,
     readonly: bool,
     kind: Kind,
 ) -> Result<(), MountError> {
-    let (src, mode) = host_path::reopen(source, id).map_err(|e| MountError::Apply {
-        op: "open bind source",
-        path: source.display().to_string(),
-        source: e,
-    })?;
-    let tree = sys::open_tree_clone_fd(src.as_fd(), true).map_err(|e| MountError::Apply {
-        op: "open bind source",
-        path: source.display().to_string(),
-        source: e,
-    })?;
+    let (src, mode) = kernel
+        .reopen_pinned(source, id)
+        .map_err(|e| MountError::Apply {
+            op: "open bind source",
+            path: source.display().to_string(),
+            source: e,
+        })?;
+    let tree = kernel
+        .open_tree_clone_fd(&src, true)
+        .map_err(|e| MountError::Apply {
+            op: "open bind source",
+            path: source.display().to_string(),
+            source: e,
+        })?;
     let device = matches!(mode & libc::S_IFMT, libc::S_IFCHR | libc::S_IFBLK);
-    attach_bind(r, tree, path, readonly, kind, device)
+    attach_bind(kernel, r, tree, path, readonly, kind, device)
 }
 
 /// Attaches the detached bind `tree` at `path` under the root: read-only, or
 /// writable, `nosuid` and (unless `device`) `nodev`.
-fn attach_bind(
-    r: BorrowedFd<'_>,
-    tree: OwnedFd,
+fn attach_bind<S: MountSyscalls>(
+    kernel: &S,
+    r: &S::Fd,
+    tree: S::Fd,
     path: &str,
     readonly: bool,
     kind: Kind,
     device: bool,
 ) -> Result<(), MountError> {
     if readonly {
-        make_readonly(tree.as_fd(), true, 0).map_err(apply_err("make read-only", path))?;
+        make_readonly(kernel, &tree, true, 0).map_err(apply_err("make read-only", path))?;
     } else {
         // Writable binds are `nosuid`, and `nodev` unless they are a device node
         // themselves (`/dev/null` and the like).
@@ -421,11 +512,14 @@ fn attach_bind(
         if !device {
             set |= sys::MOUNT_ATTR_NODEV;
         }
-        sys::mount_setattr(Some(tree.as_fd()), c"", true, set, None)
+        kernel
+            .mount_setattr(&tree, true, set)
             .map_err(apply_err("make nosuid", path))?;
     }
-    let tgt = ensure(r, path, kind).map_err(apply_err("create bind target", path))?;
-    sys::move_mount_onto(tree.as_fd(), tgt.as_fd()).map_err(apply_err("bind", path))
+    let tgt = ensure(kernel, r, path, kind).map_err(apply_err("create bind target", path))?;
+    kernel
+        .move_mount_onto(&tree, &tgt)
+        .map_err(apply_err("bind", path))
 }
 
 /// Applies `ops` under the root mounted at `root_dir`. Runs as root of the sandbox's
@@ -440,12 +534,24 @@ pub fn apply_with_trees(
     root_dir: &Path,
     ops: &[MountOp],
     trees: &mut [Option<OwnedFd>],
-    mut etc_view: Option<OwnedFd>,
+    etc_view: Option<OwnedFd>,
+) -> Result<(), MountError> {
+    apply_ops(&Kernel, root_dir, ops, trees, etc_view)
+}
+
+/// [`apply_with_trees`], making its system calls through `kernel`.
+fn apply_ops<S: MountSyscalls>(
+    kernel: &S,
+    root_dir: &Path,
+    ops: &[MountOp],
+    trees: &mut [Option<S::Fd>],
+    mut etc_view: Option<S::Fd>,
 ) -> Result<(), MountError> {
     let rc = sys::cstr(root_dir).map_err(apply_err("open root", root_dir.display().to_string()))?;
-    let root = sys::open_path(&rc, false)
+    let root = kernel
+        .open_path(&rc, false)
         .map_err(apply_err("open root", root_dir.display().to_string()))?;
-    let r = root.as_fd();
+    let r = &root;
     let mut parents = ParentDir::default();
     let mut empty = EmptyDir::default();
     // The sandbox user's ids, resolved once for the secret files that need them.
@@ -466,15 +572,18 @@ pub fn apply_with_trees(
                 mode,
                 uid,
                 gid,
-            } => dir_in(r, &mut parents, path, *mode, *uid, *gid)?,
-            MountOp::Symlink { path, target } => symlink_in(r, &mut parents, path, target)?,
+            } => dir_in(kernel, r, &mut parents, path, *mode, *uid, *gid)?,
+            MountOp::Symlink { path, target } => symlink_in(kernel, r, &mut parents, path, target)?,
             MountOp::File {
                 path,
                 contents,
                 mode,
             } => {
-                let (pfd, name) = parents.get(r, path).map_err(apply_err("write", path))?;
-                write_at(pfd, &name, contents.as_bytes(), *mode)
+                let (pfd, name) = parents
+                    .get(kernel, r, path)
+                    .map_err(apply_err("write", path))?;
+                kernel
+                    .write_at(pfd, &name, contents.as_bytes(), *mode)
                     .map_err(apply_err("write", path))?;
             }
             MountOp::SecretFile {
@@ -488,12 +597,16 @@ pub fn apply_with_trees(
                 let (uid, gid) = match (uid, gid) {
                     (Some(u), Some(g)) => (*u, *g),
                     _ => {
-                        let u = sandbox_user.get_or_insert_with(|| resolve_in_root(r, user));
+                        let u =
+                            sandbox_user.get_or_insert_with(|| resolve_in_root(kernel, r, user));
                         (uid.unwrap_or(u.0), gid.unwrap_or(u.1))
                     }
                 };
-                let (pfd, name) = parents.get(r, path).map_err(apply_err("write", path))?;
-                write_owned_at(pfd, &name, contents.0.as_bytes(), *mode, uid, gid)
+                let (pfd, name) = parents
+                    .get(kernel, r, path)
+                    .map_err(apply_err("write", path))?;
+                kernel
+                    .write_owned_at(pfd, &name, contents.0.as_bytes(), *mode, uid, gid)
                     .map_err(apply_err("write", path))?;
             }
             MountOp::Bind {
@@ -504,29 +617,41 @@ pub fn apply_with_trees(
                 required,
                 pinned,
             } => match pinned {
-                Some(id) => bind_pinned(r, source, *id, path, *readonly, *kind)?,
-                None => bind_in(r, source, path, *readonly, *kind, *required)?,
+                Some(id) => bind_pinned(kernel, r, source, *id, path, *readonly, *kind)?,
+                None => bind_in_with(kernel, r, source, path, *readonly, *kind, *required)?,
             },
             MountOp::HostEtc { entries, use_view } => {
                 // The view is attached once; a failed attach falls back to binds.
                 let attached = match etc_view.take().filter(|_| *use_view) {
                     Some(tree) => {
-                        let tgt = ensure(r, HOST_ETC_VIEW, Kind::Dir)
+                        let tgt = ensure(kernel, r, HOST_ETC_VIEW, Kind::Dir)
                             .map_err(apply_err("create view target", HOST_ETC_VIEW))?;
-                        sys::move_mount_onto(tree.as_fd(), tgt.as_fd()).is_ok()
+                        kernel.move_mount_onto(&tree, &tgt).is_ok()
                     }
                     None => false,
                 };
                 for (name, kind) in entries {
                     let path = format!("/etc/{name}");
                     match kind {
-                        HostEntry::Symlink(t) => symlink_in(r, &mut parents, &path, t)?,
-                        _ if attached => {
-                            symlink_in(r, &mut parents, &path, &format!("{HOST_ETC_VIEW}/{name}"))?
-                        }
+                        HostEntry::Symlink(t) => symlink_in(kernel, r, &mut parents, &path, t)?,
+                        _ if attached => symlink_in(
+                            kernel,
+                            r,
+                            &mut parents,
+                            &path,
+                            &format!("{HOST_ETC_VIEW}/{name}"),
+                        )?,
                         HostEntry::Dir | HostEntry::File => {
                             parents.clear();
-                            bind_in(r, Path::new(&path), &path, true, entry_kind(kind), false)?
+                            bind_in_with(
+                                kernel,
+                                r,
+                                Path::new(&path),
+                                &path,
+                                true,
+                                entry_kind(kind),
+                                false,
+                            )?
                         }
                     }
                 }
@@ -537,86 +662,91 @@ pub fn apply_with_trees(
                 mode,
                 noexec,
             } => {
-                let tgt =
-                    ensure(r, path, Kind::Dir).map_err(apply_err("create tmpfs target", path))?;
+                let tgt = ensure(kernel, r, path, Kind::Dir)
+                    .map_err(apply_err("create tmpfs target", path))?;
                 let mut flags = libc::MS_NOSUID | libc::MS_NODEV;
                 if *noexec {
                     flags |= libc::MS_NOEXEC;
                 }
                 let opts = CString::new(format!("{},mode={mode:o}", size.mount_options()))
                     .expect("no NUL");
-                sys::mount(
-                    Some(c"tmpfs"),
-                    &sys::fd_path(tgt.as_fd()),
-                    Some(c"tmpfs"),
-                    flags,
-                    Some(&opts),
-                )
-                .map_err(apply_err("mount tmpfs", path))?;
+                kernel
+                    .mount(
+                        Some(c"tmpfs"),
+                        &kernel.fd_path(&tgt),
+                        Some(c"tmpfs"),
+                        flags,
+                        Some(&opts),
+                    )
+                    .map_err(apply_err("mount tmpfs", path))?;
             }
             MountOp::Proc { path } => {
-                let tgt =
-                    ensure(r, path, Kind::Dir).map_err(apply_err("create proc target", path))?;
+                let tgt = ensure(kernel, r, path, Kind::Dir)
+                    .map_err(apply_err("create proc target", path))?;
                 let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
-                sys::mount(
-                    Some(c"proc"),
-                    &sys::fd_path(tgt.as_fd()),
-                    Some(c"proc"),
-                    flags,
-                    None,
-                )
-                .map_err(apply_err("mount proc", path))?;
+                kernel
+                    .mount(
+                        Some(c"proc"),
+                        &kernel.fd_path(&tgt),
+                        Some(c"proc"),
+                        flags,
+                        None,
+                    )
+                    .map_err(apply_err("mount proc", path))?;
             }
             MountOp::Sysfs { path } => {
-                let tgt =
-                    ensure(r, path, Kind::Dir).map_err(apply_err("create sysfs target", path))?;
+                let tgt = ensure(kernel, r, path, Kind::Dir)
+                    .map_err(apply_err("create sysfs target", path))?;
                 let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC | libc::MS_RDONLY;
                 // Refused when the host's sysfs is not fully visible; /sys then stays empty.
-                let _ = sys::mount(
+                let _ = kernel.mount(
                     Some(c"sysfs"),
-                    &sys::fd_path(tgt.as_fd()),
+                    &kernel.fd_path(&tgt),
                     Some(c"sysfs"),
                     flags,
                     None,
                 );
             }
             MountOp::Devpts { path } => {
-                let tgt =
-                    ensure(r, path, Kind::Dir).map_err(apply_err("create devpts target", path))?;
+                let tgt = ensure(kernel, r, path, Kind::Dir)
+                    .map_err(apply_err("create devpts target", path))?;
                 let flags = libc::MS_NOSUID | libc::MS_NOEXEC;
-                sys::mount(
-                    Some(c"devpts"),
-                    &sys::fd_path(tgt.as_fd()),
-                    Some(c"devpts"),
-                    flags,
-                    Some(c"newinstance,ptmxmode=0666,mode=0620"),
-                )
-                .map_err(apply_err("mount devpts", path))?;
+                kernel
+                    .mount(
+                        Some(c"devpts"),
+                        &kernel.fd_path(&tgt),
+                        Some(c"devpts"),
+                        flags,
+                        Some(c"newinstance,ptmxmode=0666,mode=0620"),
+                    )
+                    .map_err(apply_err("mount devpts", path))?;
             }
             MountOp::MaskFile { path } => {
-                if !exists_in_root(r, path) {
+                if !exists_in_root(kernel, r, path) {
                     continue;
                 }
-                let tgt = ensure(r, path, Kind::File).map_err(apply_err("mask", path))?;
-                let null =
-                    sys::open_in_root(r, c"/dev/null").map_err(apply_err("open", "/dev/null"))?;
-                sys::mount(
-                    Some(&sys::fd_path(null.as_fd())),
-                    &sys::fd_path(tgt.as_fd()),
-                    None,
-                    libc::MS_BIND,
-                    None,
-                )
-                .map_err(apply_err("mask", path))?;
+                let tgt = ensure(kernel, r, path, Kind::File).map_err(apply_err("mask", path))?;
+                let null = kernel
+                    .open_in_root(r, c"/dev/null")
+                    .map_err(apply_err("open", "/dev/null"))?;
+                kernel
+                    .mount(
+                        Some(&kernel.fd_path(&null)),
+                        &kernel.fd_path(&tgt),
+                        None,
+                        libc::MS_BIND,
+                        None,
+                    )
+                    .map_err(apply_err("mask", path))?;
             }
             MountOp::MaskDir { path } => {
-                if !exists_in_root(r, path) {
+                if !exists_in_root(kernel, r, path) {
                     continue;
                 }
-                let tgt = ensure(r, path, Kind::Dir).map_err(apply_err("mask", path))?;
-                match empty.bind(r) {
-                    Ok(tree) => sys::move_mount_onto(tree.as_fd(), tgt.as_fd()),
-                    Err(_) => mask_with_tmpfs(tgt.as_fd()),
+                let tgt = ensure(kernel, r, path, Kind::Dir).map_err(apply_err("mask", path))?;
+                match empty.bind(kernel, r) {
+                    Ok(tree) => kernel.move_mount_onto(&tree, &tgt),
+                    Err(_) => mask_with_tmpfs(kernel, &tgt),
                 }
                 .map_err(apply_err("mask", path))?;
             }
@@ -626,46 +756,51 @@ pub fn apply_with_trees(
                 path,
                 readonly,
             } => {
-                let tgt =
-                    ensure(r, path, Kind::Dir).map_err(apply_err("create volume target", path))?;
+                let tgt = ensure(kernel, r, path, Kind::Dir)
+                    .map_err(apply_err("create volume target", path))?;
                 let tree = trees.get_mut(*index).and_then(Option::take);
-                let moved =
-                    tree.is_some_and(|t| sys::move_mount_onto(t.as_fd(), tgt.as_fd()).is_ok());
+                let moved = tree.is_some_and(|t| kernel.move_mount_onto(&t, &tgt).is_ok());
                 if !moved {
                     // No idmapped tree: a plain bind (files then show as nobody).
                     let sc = sys::cstr(source).map_err(apply_err("bind", path))?;
-                    let src = sys::open_path(&sc, false).map_err(apply_err("open volume", path))?;
-                    sys::mount(
-                        Some(&sys::fd_path(src.as_fd())),
-                        &sys::fd_path(tgt.as_fd()),
-                        None,
-                        libc::MS_BIND | libc::MS_REC,
-                        None,
-                    )
-                    .map_err(apply_err("bind", path))?;
+                    let src = kernel
+                        .open_path(&sc, false)
+                        .map_err(apply_err("open volume", path))?;
+                    kernel
+                        .mount(
+                            Some(&kernel.fd_path(&src)),
+                            &kernel.fd_path(&tgt),
+                            None,
+                            libc::MS_BIND | libc::MS_REC,
+                            None,
+                        )
+                        .map_err(apply_err("bind", path))?;
                 }
                 // Set here, once the tree is in the sandbox's mount namespace: the
                 // helper's detached tree belongs to the host's.
                 if *readonly {
-                    remount_readonly(r, path, true).map_err(apply_err("make read-only", path))?;
+                    remount_readonly(kernel, r, path, true)
+                        .map_err(apply_err("make read-only", path))?;
                 } else {
-                    remount_nosuid(r, path).map_err(apply_err("make nosuid", path))?;
+                    remount_nosuid(kernel, r, path).map_err(apply_err("make nosuid", path))?;
                 }
             }
             MountOp::ReadOnly { path } => {
-                if !exists_in_root(r, path) {
+                if !exists_in_root(kernel, r, path) {
                     continue;
                 }
-                let tgt = ensure(r, path, Kind::Dir).map_err(apply_err("read-only", path))?;
-                let p = sys::fd_path(tgt.as_fd());
-                sys::mount(Some(&p), &p, None, libc::MS_BIND | libc::MS_REC, None)
+                let tgt =
+                    ensure(kernel, r, path, Kind::Dir).map_err(apply_err("read-only", path))?;
+                let p = kernel.fd_path(&tgt);
+                kernel
+                    .mount(Some(&p), &p, None, libc::MS_BIND | libc::MS_REC, None)
                     .map_err(apply_err("read-only bind", path))?;
-                remount_readonly(r, path, true).map_err(apply_err("read-only", path))?;
+                remount_readonly(kernel, r, path, true).map_err(apply_err("read-only", path))?;
             }
         }
     }
     empty
-        .remove()
+        .remove(kernel)
         .map_err(apply_err("remove the mask source", "/dev/.sandlot-mask"))
 }
 
@@ -680,40 +815,48 @@ pub fn apply_with_trees(
 /// it, and no path in the sandbox leads to it but the masks themselves. Until then
 /// only this setup runs in the sandbox. Failing to remove it fails the create: left
 /// in `/dev`, it would let the sandbox's root put entries under every mask.
-#[derive(Default)]
-struct EmptyDir {
+struct EmptyDir<F> {
     /// `/dev`, once the directory is made in it ([`EmptyDir::remove`] must run).
-    dev: Option<OwnedFd>,
+    dev: Option<F>,
     /// The directory, opened once for all masks.
-    dir: Option<OwnedFd>,
+    dir: Option<F>,
 }
 
-impl EmptyDir {
+impl<F> Default for EmptyDir<F> {
+    fn default() -> Self {
+        EmptyDir {
+            dev: None,
+            dir: None,
+        }
+    }
+}
+
+impl<F> EmptyDir<F> {
     const NAME: &'static CStr = c".sandlot-mask";
 
     /// A detached, read-only bind of the empty directory, ready to attach.
-    fn bind(&mut self, r: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    fn bind<S: MountSyscalls<Fd = F>>(&mut self, kernel: &S, r: &F) -> io::Result<F> {
         let dir = match &mut self.dir {
             Some(dir) => dir,
             none => {
                 if self.dev.is_none() {
-                    let dev = ensure(r, "/dev", Kind::Dir)?;
-                    sys::mkdirat(dev.as_fd(), Self::NAME, 0o555)?;
+                    let dev = ensure(kernel, r, "/dev", Kind::Dir)?;
+                    kernel.mkdirat(&dev, Self::NAME, 0o555)?;
                     self.dev = Some(dev);
                 }
                 let dev = self.dev.as_ref().expect("set above");
-                none.insert(sys::open_dir_nofollow(dev.as_fd(), Self::NAME)?)
+                none.insert(kernel.open_dir_nofollow(dev, Self::NAME)?)
             }
         };
-        let tree = sys::open_tree_clone_fd(dir.as_fd(), false)?;
-        make_readonly(tree.as_fd(), false, sys::MOUNT_ATTR_NOEXEC)?;
+        let tree = kernel.open_tree_clone_fd(dir, false)?;
+        make_readonly(kernel, &tree, false, sys::MOUNT_ATTR_NOEXEC)?;
         Ok(tree)
     }
 
     /// Removes the directory from `/dev`; the masks keep it, empty for good.
-    fn remove(self) -> io::Result<()> {
+    fn remove<S: MountSyscalls<Fd = F>>(self, kernel: &S) -> io::Result<()> {
         match self.dev {
-            Some(dev) => sys::rmdirat(dev.as_fd(), Self::NAME),
+            Some(dev) => kernel.rmdirat(&dev, Self::NAME),
             None => Ok(()),
         }
     }
@@ -721,44 +864,27 @@ impl EmptyDir {
 
 /// Masks the directory `tgt` with an empty read-only tmpfs: the fallback when the
 /// kernel refuses [`EmptyDir::bind`] (a detached clone, or making it read-only).
-fn mask_with_tmpfs(tgt: BorrowedFd<'_>) -> io::Result<()> {
+fn mask_with_tmpfs<S: MountSyscalls>(kernel: &S, tgt: &S::Fd) -> io::Result<()> {
     let flags = libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
-    sys::mount(
+    kernel.mount(
         Some(c"tmpfs"),
-        &sys::fd_path(tgt),
+        &kernel.fd_path(tgt),
         Some(c"tmpfs"),
         flags,
         Some(c"size=0"),
     )
 }
 
-fn write_at(dir: BorrowedFd<'_>, name: &CString, data: &[u8], mode: u32) -> io::Result<()> {
-    // SAFETY: valid dir fd and C string; the fd is wrapped right away.
-    let fd = unsafe {
-        libc::openat(
-            dir.as_raw_fd(),
-            name.as_ptr(),
-            libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC | libc::O_CLOEXEC | libc::O_NOFOLLOW,
-            mode as libc::c_uint,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fresh fd.
-    let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-    sys::write_all_fd(fd.as_fd(), data)
-}
-
 /// The uid and primary gid of `user` (a spec's user: `root`, `user`, `UID[:GID]` or a
 /// name) in the `/etc/passwd` and `/etc/group` under `root`, as the agent resolves it
 /// for the processes it starts; root's when it does not resolve (the agent then
 /// refuses to start anything as that user).
-fn resolve_in_root(root: BorrowedFd<'_>, user: &str) -> (u32, u32) {
+fn resolve_in_root<S: MountSyscalls>(kernel: &S, root: &S::Fd, user: &str) -> (u32, u32) {
     /// More than any real account database; an image's files are untrusted.
     const LIMIT: u64 = 4 << 20;
     let read = |p: &CStr| {
-        sys::read_in_root(root, p, LIMIT)
+        kernel
+            .read_in_root(root, p, LIMIT)
             .map(|b| String::from_utf8_lossy(&b).into_owned())
             .unwrap_or_default()
     };
@@ -767,35 +893,4 @@ fn resolve_in_root(root: BorrowedFd<'_>, user: &str) -> (u32, u32) {
     sandlot_proto::users::resolve_user(user, &passwd, &group)
         .map(|u| (u.uid, u.gid))
         .unwrap_or((0, 0))
-}
-
-/// Creates `name` in `dir` with no access for anyone, writes `data`, then sets the
-/// owner and `mode` (in that order: a chown clears set-id bits, and until the chmod
-/// nobody but root could open the file). Refuses an existing file or a link.
-fn write_owned_at(
-    dir: BorrowedFd<'_>,
-    name: &CString,
-    data: &[u8],
-    mode: u32,
-    uid: u32,
-    gid: u32,
-) -> io::Result<()> {
-    // SAFETY: valid dir fd and C string; the fd is wrapped right away.
-    let fd = unsafe {
-        libc::openat(
-            dir.as_raw_fd(),
-            name.as_ptr(),
-            libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW,
-            0 as libc::c_uint,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fresh fd.
-    let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-    sys::write_all_fd(fd.as_fd(), data)?;
-    let file = std::fs::File::from(fd);
-    std::os::unix::fs::fchown(&file, Some(uid), Some(gid))?;
-    file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode & 0o777))
 }
