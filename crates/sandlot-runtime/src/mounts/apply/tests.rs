@@ -660,3 +660,79 @@ fn pinned_bind_clones_the_reopened_file_never_the_path() {
         source: "/dev/kvm".into()
     }));
 }
+
+#[test]
+fn a_parent_opened_before_a_mount_is_opened_again_after_it() {
+    // A descriptor of /etc taken before a tmpfs is mounted on /etc names the
+    // covered directory: files made after the mount must go into the tmpfs.
+    let k = FakeKernel::new(ROOT_DIR).with_dirs(&["/etc"]);
+    let file = |path: &str| MountOp::File {
+        path: path.into(),
+        contents: "x\n".into(),
+        mode: 0o644,
+    };
+    let ops = [
+        file("/etc/a"),
+        MountOp::Tmpfs {
+            path: "/etc".into(),
+            size: TmpfsLimit::of_size(1 << 20),
+            mode: 0o755,
+            noexec: false,
+        },
+        file("/etc/b"),
+    ];
+    run(&k, &ops).unwrap();
+    let opens_of_etc = k
+        .calls()
+        .into_iter()
+        .filter(|c| matches!(c, Call::OpenInRoot { path } if path == "/etc"))
+        .count();
+    assert_eq!(opens_of_etc, 3, "{:?}", k.calls());
+    let mounted_at = k
+        .calls()
+        .iter()
+        .position(|c| matches!(c, Call::Mount { fstype: Some(t), .. } if t == "tmpfs"))
+        .unwrap();
+    let reopened = k
+        .calls()
+        .iter()
+        .rposition(|c| matches!(c, Call::OpenInRoot { path } if path == "/etc"))
+        .unwrap();
+    assert!(reopened > mounted_at, "{:?}", k.calls());
+}
+
+#[test]
+fn a_file_and_a_symlink_are_made_in_their_parent_directory() {
+    let k = FakeKernel::new(ROOT_DIR).with_dirs(&["/etc"]);
+    let ops = [
+        MountOp::File {
+            path: "/etc/hostname".into(),
+            contents: "sb\n".into(),
+            mode: 0o644,
+        },
+        MountOp::Symlink {
+            path: "/etc/mtab".into(),
+            target: "/proc/self/mounts".into(),
+        },
+    ];
+    run(&k, &ops).unwrap();
+    let made: Vec<_> = k
+        .calls()
+        .into_iter()
+        .filter(|c| matches!(c, Call::WriteAt { .. } | Call::Symlinkat { .. }))
+        .collect();
+    assert_eq!(
+        made,
+        [
+            Call::WriteAt {
+                path: "/etc/hostname".into(),
+                data: b"sb\n".to_vec(),
+                mode: 0o644
+            },
+            Call::Symlinkat {
+                path: "/etc/mtab".into(),
+                target: "/proc/self/mounts".into()
+            },
+        ]
+    );
+}
