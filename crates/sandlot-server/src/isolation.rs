@@ -62,12 +62,25 @@ pub fn admit(state: &AppState, spec: &mut SandboxSpec, given: bool) -> ApiResult
         spec.isolation = cfg.default;
     }
     permitted(state, spec.isolation)?;
+    if spec.isolation == Isolation::Gvisor && spec.resources.memory.0 < GVISOR_MIN_MEMORY {
+        return Err(ApiError::invalid(
+            "resources.memory",
+            format!(
+                "{} is too little for a gVisor sandbox: use at least 32M (gVisor's own kernel uses about 16 MiB of it)",
+                spec.resources.memory
+            ),
+        ));
+    }
     state
         .backends
         .get(spec.isolation)
         .map(|_| ())
         .map_err(|why| unavailable(spec.isolation, why))
 }
+
+/// The smallest memory limit a created gVisor sandbox may have: its own kernel,
+/// counted under the limit, takes about 16 MiB.
+const GVISOR_MIN_MEMORY: u64 = 32 << 20;
 
 /// 400 when the operator's `[isolation]` ceiling or minimum rules `isolation`
 /// out. Every create passes here (`sandbox::create`), whatever made its spec: an

@@ -286,6 +286,34 @@ async fn bad_requests_are_4xx_naming_the_problem() {
         .await;
     assert_eq!(st, StatusCode::BAD_REQUEST, "{v}");
     assert_eq!(v["error"]["field"], "resources.memory", "{v}");
+    // gVisor's own kernel counts under the limit: below 32M a gVisor sandbox is
+    // refused naming the field, before the backend is asked (this host's fake
+    // has no gVisor, so 32M goes on to be refused as unavailable instead).
+    let (st, v) = f
+        .call(
+            Method::POST,
+            "/v1/sandboxes",
+            Some(json!({ "isolation": "gvisor", "resources": { "memory": "24M" } })),
+        )
+        .await;
+    assert_eq!(st, StatusCode::BAD_REQUEST, "{v}");
+    assert_eq!(v["error"]["field"], "resources.memory", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("at least 32M"),
+        "{v}"
+    );
+    let (st, v) = f
+        .call(
+            Method::POST,
+            "/v1/sandboxes",
+            Some(json!({ "isolation": "gvisor", "resources": { "memory": "32M" } })),
+        )
+        .await;
+    assert_ne!(v["error"]["field"], "resources.memory", "{st} {v}");
+    assert!(st.is_client_error() || st.is_server_error(), "{st} {v}");
     // No such sandbox, no such route.
     let (st, v) = f.call(Method::GET, "/v1/sandboxes/sb-nope", None).await;
     assert_eq!(
