@@ -206,7 +206,7 @@ pub fn find(
     id: &str,
     cp: &str,
 ) -> ApiResult<(SandboxRecord, CheckpointRecord)> {
-    let rec = crate::routes::lookup(state, p, id)?;
+    let rec = crate::services::sandboxes::lookup(state, p, id)?;
     let c = state
         .store
         .checkpoint(&rec.id, cp)
@@ -217,7 +217,7 @@ pub fn find(
 
 /// The checkpoints of the caller's sandbox `id`, oldest first.
 pub fn list(state: &AppState, p: &Principal, id: &str) -> ApiResult<Vec<Checkpoint>> {
-    let rec = crate::routes::lookup(state, p, id)?;
+    let rec = crate::services::sandboxes::lookup(state, p, id)?;
     let all = state
         .store
         .checkpoints_of(&rec.id)
@@ -245,7 +245,7 @@ async fn create_attached(
     body: &CreateCheckpoint,
 ) -> ApiResult<CheckpointRecord> {
     check_name(body.name.as_deref())?;
-    let rec = crate::routes::lookup(state, p, id)?;
+    let rec = crate::services::sandboxes::lookup(state, p, id)?;
     let _busy = Busy::take(&rec.id)?;
     take(state, p, &rec, body.name.clone(), body.leave_running).await
 }
@@ -352,7 +352,7 @@ async fn take_memory(
     if !was_paused {
         crate::pause::request(state, p, &rec.id).await?;
     }
-    let paused = crate::routes::lookup(state, p, &rec.id)?;
+    let paused = crate::services::sandboxes::lookup(state, p, &rec.id)?;
     if paused.state != SandboxState::Paused {
         return Err(crate::pause::wrong_state(&rec.id, paused.state));
     }
@@ -366,7 +366,7 @@ async fn take_memory(
         .hold_paused(&rec.id)
         .map_err(ApiError::internal)?
     {
-        let now = crate::routes::lookup(state, p, &rec.id)?;
+        let now = crate::services::sandboxes::lookup(state, p, &rec.id)?;
         return Err(crate::pause::wrong_state(&rec.id, now.state));
     }
     let finish = |r: ApiResult<CheckpointRecord>| async move {
@@ -510,7 +510,7 @@ async fn take_files(
     let network = crate::pause::saved_network(state, rec);
     let image = match rec.state {
         SandboxState::Running => {
-            let h = crate::routes::live(state, p, &rec.id)?;
+            let h = crate::services::sandboxes::live(state, p, &rec.id)?;
             let (st, h2, spec, tenant) = (
                 state.clone(),
                 h.clone(),
@@ -831,7 +831,7 @@ async fn restore_attached(
         s => return Err(crate::pause::wrong_state(&rec.id, s)),
     }
     // Held `resuming` from here: no resume, pause or delete of it meanwhile.
-    let rec = crate::routes::lookup(state, p, &rec.id)?;
+    let rec = crate::services::sandboxes::lookup(state, p, &rec.id)?;
     crate::pause::begin_resume(state, p, &rec)?;
     match swap(state, &rec, &c).await {
         Ok(()) => {}
@@ -851,7 +851,7 @@ async fn restore_attached(
     Ok(Restored {
         checkpoint: c.id,
         kind: c.kind,
-        sandbox: crate::routes::sandboxes::view(state, &back),
+        sandbox: crate::services::sandboxes::view(state, &back),
     })
 }
 

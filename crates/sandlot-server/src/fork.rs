@@ -218,7 +218,7 @@ pub(crate) async fn fork_from(
     let started: Vec<SandboxRecord> = results.into_iter().flatten().collect();
     Ok(started
         .iter()
-        .map(|r| crate::routes::sandboxes::view(state, r))
+        .map(|r| crate::services::sandboxes::view(state, r))
         .collect())
 }
 

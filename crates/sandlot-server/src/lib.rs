@@ -7,6 +7,7 @@
 
 pub mod auth;
 pub mod autopause;
+pub mod body;
 pub mod build;
 pub mod checkpoint;
 pub mod code;

@@ -217,7 +217,7 @@ pub async fn handle(
         None if req.method() == Method::POST => {
             // Only an initialize opens a session: the cap applies to it alone.
             let (parts, body) = req.into_parts();
-            let bytes = crate::routes::read_limited(body, front.max_request_body as u64).await?;
+            let bytes = crate::body::read_limited(body, front.max_request_body as u64).await?;
             let initialize = is_initialize(&bytes);
             req = Request::from_parts(parts, Body::from(bytes));
             if initialize {

@@ -240,7 +240,7 @@ mod enabled {
     use serde::Deserialize;
 
     use super::*;
-    use crate::routes::from_value;
+    use crate::body::from_value;
 
     struct Open {
         store: Arc<Store>,

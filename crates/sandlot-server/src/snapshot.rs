@@ -135,7 +135,7 @@ async fn create_attached(
     if state.is_shutting_down() {
         return Err(ApiError::unavailable("the daemon is shutting down"));
     }
-    let rec = crate::routes::lookup(state, p, id)?;
+    let rec = crate::services::sandboxes::lookup(state, p, id)?;
     // No checkpoint, restore or fork of the sandbox meanwhile.
     let _busy = Busy::take(&rec.id)?;
     let quota = state.cfg.quota(&rec.tenant);

@@ -140,12 +140,11 @@ async fn create(
         Err(e) => return e.into_response(),
     };
     // Read only once the caller is known, and no more than any request body.
-    let body = match crate::routes::read_limited(body, e2b.app.cfg.limits.max_request_body.bytes())
-        .await
-    {
-        Ok(b) => b,
-        Err(e) => return plain(e),
-    };
+    let body =
+        match crate::body::read_limited(body, e2b.app.cfg.limits.max_request_body.bytes()).await {
+            Ok(b) => b,
+            Err(e) => return plain(e),
+        };
     let b: CreateBody = if body.is_empty() {
         CreateBody::default()
     } else {
@@ -248,12 +247,11 @@ async fn execute(
         Err(e) => return e.into_response(),
     };
     // Read only once the caller is known, and no more than any request body.
-    let body = match crate::routes::read_limited(body, e2b.app.cfg.limits.max_request_body.bytes())
-        .await
-    {
-        Ok(b) => b,
-        Err(e) => return plain(e),
-    };
+    let body =
+        match crate::body::read_limited(body, e2b.app.cfg.limits.max_request_body.bytes()).await {
+            Ok(b) => b,
+            Err(e) => return plain(e),
+        };
     let b: ExecuteBody = match serde_json::from_slice(&body) {
         Ok(b) => b,
         Err(e) => return (StatusCode::BAD_REQUEST, format!("invalid JSON: {e}")).into_response(),

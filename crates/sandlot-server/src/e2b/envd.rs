@@ -330,7 +330,7 @@ pub async fn request_message(
     streaming: bool,
 ) -> Result<bytes::Bytes, ConnectError> {
     let limit = ctx.e2b.app.cfg.limits.max_request_body.bytes();
-    let bytes = crate::routes::read_limited(body, limit.max(connect::MAX_FRAME as u64))
+    let bytes = crate::body::read_limited(body, limit.max(connect::MAX_FRAME as u64))
         .await
         .map_err(|e| ConnectError::new(Code::ResourceExhausted, e.message))?;
     if streaming {

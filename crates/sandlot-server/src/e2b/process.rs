@@ -21,8 +21,8 @@ use super::connect::{self, b64, unb64, Code, ConnectError, FrameDecoder, StreamS
 use super::envd::{request_message, Ctx};
 use crate::error::ApiError;
 use crate::process::{OutEvent, ProcEntry};
-use crate::routes::stream::Source;
 use crate::services::process;
+use crate::services::process::Source;
 
 /// After the exit, output descendants still write is forwarded for this long
 /// before the end event closes the stream.
@@ -411,7 +411,7 @@ async fn attach(
     headers: &HeaderMap,
 ) -> Result<Response, ConnectError> {
     let f = find(&ctx, req.process.as_ref()).await?;
-    let (_, src) = crate::routes::exec::open_output(&ctx.h, f.id(), (0, 0)).await?;
+    let (_, src) = crate::services::process::open_output(&ctx.h, f.id(), (0, 0)).await?;
     let (tx, resp) = connect::stream_response();
     let keepalive = connect::keepalive_interval(headers);
     let h = ctx.h.clone();

@@ -21,9 +21,9 @@ use serde_json::{json, Map, Value};
 
 use super::{E2b, CLIENT_ID, DEFAULT_TEMPLATE, ENVD_VERSION, TEMPLATE_TAG};
 use crate::auth::Principal;
+use crate::body::read_limited;
 use crate::error::ApiError;
-use crate::routes::sandboxes::view;
-use crate::routes::{lookup, read_limited};
+use crate::services::sandboxes::{lookup, view};
 use crate::store::{SandboxFilter, SandboxRecord, SandboxState};
 use crate::timefmt::rfc3339;
 
@@ -289,7 +289,7 @@ pub fn native_body(
     // Spec keys only: checked when the operator's are loaded, and built ones
     // are made by the daemon.
     let mut req: CreateSandboxRequest =
-        crate::routes::from_value(Value::Object(tpl.clone())).map_err(RestError::from)?;
+        crate::body::from_value(Value::Object(tpl.clone())).map_err(RestError::from)?;
     if let Some(envs) = body.get("envVars").filter(|v| !v.is_null()) {
         let env = req.env.get_or_insert_with(Default::default);
         env.extend(string_map("envVars", envs)?);

@@ -42,8 +42,8 @@ use serde_json::{json, Value};
 
 use super::rest::{principal, RestError};
 use super::E2b;
+use crate::body::read_limited;
 use crate::error::ApiError;
-use crate::routes::read_limited;
 
 mod steps;
 use steps::uploaded;
@@ -655,7 +655,7 @@ async fn receive(
             format!("the build's files together are larger than {limit_name} ({limit} bytes)"),
         ));
     }
-    crate::routes::images::stage_body_within(body, &tmp, left, limit_name, "upload").await?;
+    crate::body::stage_within(body, &tmp, left, limit_name, "upload").await?;
     let mut lim = app.images.limit(None);
     lim.bytes = lim.bytes.saturating_sub(received);
     let (t2, dir) = (tmp.clone(), ctx.join(hash));

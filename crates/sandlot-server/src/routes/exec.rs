@@ -12,24 +12,23 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use axum::Json;
 use futures_util::{SinkExt, StreamExt};
-use sandlot_guest::client::{AttachRequest, ProcessId, ProcessInfo, ProcessStdin};
+use sandlot_guest::client::{ProcessId, ProcessInfo, ProcessStdin};
 use sandlot_proto::api::{
     ExecBody, ProcessList, ProcessView, ResizeBody, SignalBody, StreamEvent, WaitResult,
 };
 use serde_json::Value;
 
-use super::stream::{event_json, ndjson_output, Source};
+use super::stream::{event_json, ndjson_output};
 use super::{json_status, parse_json, JsonBody, RequestId};
 use crate::auth::Principal;
-use crate::error::{ApiError, ApiResult, ErrorCode};
-use crate::process::{keep_output_of, process_exit, OutEvent, ProcEntry};
+use crate::error::{ApiError, ApiResult};
+use crate::process::{process_exit, OutEvent, ProcEntry};
 use crate::sandbox::SandboxHandle;
+use crate::services::process::{open_output, Source, READER_CAPACITY};
 use crate::services::{parse_duration, process};
 use crate::state::AppState;
 use crate::timefmt::rfc3339;
 
-/// Output events buffered between a supervisor and a reader.
-const READER_CAPACITY: usize = 8;
 /// Longest `wait`.
 const MAX_WAIT: Duration = Duration::from_secs(3600);
 
@@ -181,83 +180,6 @@ fn parse_offsets(q: Option<&str>) -> ApiResult<(u64, u64)> {
         }
     }
     Ok((o, e))
-}
-
-/// Opens a reader of process `pid` from the given offsets.
-pub(crate) async fn open_output(
-    h: &Arc<SandboxHandle>,
-    pid: u64,
-    from: (u64, u64),
-) -> ApiResult<(StreamEvent, Source)> {
-    let entry = h.procs.lock().unwrap_or_else(|e| e.into_inner()).get(pid);
-    if let Some(e) = &entry {
-        if from == (0, 0) {
-            if let Some(rx) = e.subscribe_from_start(READER_CAPACITY).await {
-                return Ok((
-                    StreamEvent::Attached {
-                        id: pid,
-                        stdout_from: 0,
-                        stderr_from: 0,
-                    },
-                    Source::Sup(rx),
-                ));
-            }
-        }
-        // Its exit was delivered (so the agent forgot it): the output kept since.
-        if let Some(r) = kept(pid, e, from) {
-            return Ok(r);
-        }
-    }
-    let req = AttachRequest {
-        id: ProcessId(pid),
-        stdout_from: Some(from.0),
-        stderr_from: Some(from.1),
-    };
-    match h.guest.attach_with(req).await {
-        Ok(mut proc_) => {
-            if let Some(e) = &entry {
-                // If the exit reaches this reader, the agent forgets the process.
-                keep_output_of(&mut proc_, e);
-            }
-            let (o, e) = proc_.offsets();
-            Ok((
-                StreamEvent::Attached {
-                    id: pid,
-                    stdout_from: o,
-                    stderr_from: e,
-                },
-                Source::Attached(Box::new(proc_), entry.clone()),
-            ))
-        }
-        Err(err) => {
-            if let Some(e) = entry.as_ref().filter(|e| e.exit().is_some()) {
-                // The agent forgot it (its exit was delivered, maybe meanwhile): the
-                // daemon may still keep the output from these offsets.
-                if let Some(r) = kept(pid, e, from) {
-                    return Ok(r);
-                }
-                return Err(ApiError::of(
-                    ErrorCode::Gone,
-                    format!("process {pid} has exited and its output is no longer retained"),
-                ));
-            }
-            Err(ApiError::from_guest(err, &format!("process {pid}")))
-        }
-    }
-}
-
-/// A reader of the output kept of a process whose exit was delivered, if it still
-/// covers the offsets.
-fn kept(pid: u64, e: &ProcEntry, from: (u64, u64)) -> Option<(StreamEvent, Source)> {
-    let ((o, e), rx) = e.replay_kept(from, READER_CAPACITY)?;
-    Some((
-        StreamEvent::Attached {
-            id: pid,
-            stdout_from: o,
-            stderr_from: e,
-        },
-        Source::Sup(rx),
-    ))
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/processes/{pid}/output", tag = "processes",

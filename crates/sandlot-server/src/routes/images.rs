@@ -17,7 +17,6 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::Bytes;
-use futures_util::StreamExt;
 use sandlot_store::{oci, ImageInfo, ImageName, PruneReport, TreeDiff, Viewer};
 use serde::{Deserialize, Serialize};
 
@@ -782,7 +781,7 @@ pub async fn build(
         n if n > 0 && n <= expanded => (n, "limits.max_upload"),
         _ => (expanded, "images.max_expanded_size"),
     };
-    stage_body_within(body, &tmp, limit, limit_name, "context").await?;
+    crate::body::stage_within(body, &tmp, limit, limit_name, "context").await?;
     let ctx = state.images.store.tmp_path("context");
     let (t2, c2) = (tmp.clone(), ctx.clone());
     let limit = state.images.limit(None);
@@ -859,58 +858,5 @@ pub async fn build(
 /// `limit` > 0 caps its size (`limits.max_upload`); `what` names it in errors
 /// (`upload`, `context`).
 async fn stage_body(body: Body, tmp: &std::path::Path, limit: u64, what: &str) -> ApiResult<()> {
-    stage_body_within(body, tmp, limit, "limits.max_upload", what).await
-}
-
-/// [`stage_body`] under the limit named `limit_name`.
-pub(crate) async fn stage_body_within(
-    body: Body,
-    tmp: &std::path::Path,
-    limit: u64,
-    limit_name: &str,
-    what: &str,
-) -> ApiResult<()> {
-    let mut f = tokio::fs::File::create(tmp)
-        .await
-        .map_err(|e| ApiError::internal(format!("stage {what}: {e}")))?;
-    let mut stream = body.into_data_stream();
-    let mut n = 0u64;
-    let mut failed = None;
-    while let Some(chunk) = stream.next().await {
-        match chunk {
-            Ok(c) => {
-                n += c.len() as u64;
-                if limit > 0 && n > limit {
-                    failed = Some(ApiError::invalid(
-                        what,
-                        format!("larger than {limit_name} ({limit} bytes)"),
-                    ));
-                    break;
-                }
-                if let Err(e) = tokio::io::AsyncWriteExt::write_all(&mut f, &c).await {
-                    failed = Some(ApiError::internal(format!("stage {what}: {e}")));
-                    break;
-                }
-            }
-            Err(e) => {
-                failed = Some(ApiError::bad_request(format!("reading the {what}: {e}")));
-                break;
-            }
-        }
-    }
-    // tokio's File hands writes to a blocking thread: without a flush the last
-    // chunk may not have reached the file when it is read back.
-    if failed.is_none() {
-        if let Err(e) = tokio::io::AsyncWriteExt::flush(&mut f).await {
-            failed = Some(ApiError::internal(format!("stage {what}: {e}")));
-        }
-    }
-    drop(f);
-    match failed {
-        Some(e) => {
-            let _ = tokio::fs::remove_file(tmp).await;
-            Err(e)
-        }
-        None => Ok(()),
-    }
+    crate::body::stage_within(body, tmp, limit, "limits.max_upload", what).await
 }

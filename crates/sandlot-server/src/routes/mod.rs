@@ -4,18 +4,16 @@
 
 use std::sync::Arc;
 
-use axum::body::Body;
-use axum::extract::{DefaultBodyLimit, FromRequest, Request, State};
+use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use bytes::Bytes;
-use serde::de::DeserializeOwned;
 use tracing::Instrument;
 
 use crate::auth::{Principal, Transport};
+pub use crate::body::{from_value, parse_json, read_limited, JsonBody};
 use crate::error::{for_status, ApiError, ApiResult, ErrorCode, PendingError};
 use crate::state::AppState;
 
@@ -385,87 +383,6 @@ async fn request_context(
         resp.headers_mut().insert("x-request-id", v);
     }
     resp
-}
-
-/// A strict JSON body: size-limited (413), parsed with the path of the offending
-/// field in errors (400).
-pub struct JsonBody<T>(pub T);
-
-impl<T: DeserializeOwned> FromRequest<Arc<AppState>> for JsonBody<T> {
-    type Rejection = ApiError;
-
-    async fn from_request(req: Request, state: &Arc<AppState>) -> Result<Self, Self::Rejection> {
-        let bytes =
-            read_limited(req.into_body(), state.cfg.limits.max_request_body.bytes()).await?;
-        parse_json(&bytes).map(JsonBody)
-    }
-}
-
-/// Reads a whole body, failing with 413 past `limit` bytes.
-pub async fn read_limited(body: Body, limit: u64) -> ApiResult<Bytes> {
-    let limited = http_body_util::Limited::new(body, limit as usize);
-    match http_body_util::BodyExt::collect(limited).await {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ApiError::too_large(format!(
-            "request body larger than {} (limits.max_request_body)",
-            sandlot_proto::units::ByteSize(limit)
-        ))),
-        Err(e) => Err(ApiError::bad_request(format!(
-            "reading the request body: {e}"
-        ))),
-    }
-}
-
-/// Parses JSON strictly; errors name the field (`resources.memory`, `argv`).
-pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> ApiResult<T> {
-    if bytes.iter().all(u8::is_ascii_whitespace) {
-        return Err(ApiError::bad_request(
-            "the request body must be a JSON object",
-        ));
-    }
-    let de = &mut serde_json::Deserializer::from_slice(bytes);
-    serde_path_to_error::deserialize(de).map_err(de_error)
-}
-
-/// Deserializes a JSON value strictly, naming the field on errors.
-pub fn from_value<T: DeserializeOwned>(v: serde_json::Value) -> ApiResult<T> {
-    serde_path_to_error::deserialize(v).map_err(de_error)
-}
-
-fn de_error(e: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
-    let path = e.path().to_string();
-    let inner = e.into_inner();
-    let msg = inner.to_string();
-    // Strip serde's " at line 1 column 12" suffix; keep the message.
-    let msg = match msg.rfind(" at line ") {
-        Some(i) => msg[..i].to_string(),
-        None => msg,
-    };
-    if inner.is_syntax() || inner.is_eof() {
-        return ApiError::bad_request(format!("invalid JSON: {msg}"));
-    }
-    let named = named_field(&msg);
-    let field = match named {
-        Some((f, _)) if path == "." => f.to_string(),
-        Some((f, _)) if path == f || path.ends_with(&format!(".{f}")) => path,
-        Some((f, _)) => format!("{path}.{f}"),
-        None if path == "." => "body".to_string(),
-        None => path,
-    };
-    match named {
-        Some((_, true)) => ApiError::invalid(field, "required but missing"),
-        _ => ApiError::invalid(field, msg),
-    }
-}
-
-/// The field a serde message names, and whether it says the field is missing:
-/// "unknown field `x`, expected ..." or "missing field `x`".
-fn named_field(msg: &str) -> Option<(&str, bool)> {
-    let (rest, missing) = match msg.strip_prefix("unknown field `") {
-        Some(r) => (r, false),
-        None => (msg.strip_prefix("missing field `")?, true),
-    };
-    Some((rest.split('`').next()?, missing))
 }
 
 /// A JSON response with a status.

@@ -8,46 +8,14 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use bytes::Bytes;
-use sandlot_guest::client::Process;
 use sandlot_proto::api::StreamEvent;
 use serde::Serialize;
 use tokio::sync::mpsc;
 
 use crate::code::output::Held;
-use crate::error::ApiError;
-use crate::process::{convert_attached, OutEvent};
+use crate::process::OutEvent;
 use crate::sandbox::ActiveGuard;
-
-/// Where a reader's output comes from.
-pub enum Source {
-    /// The process's supervisor (from offset 0, lossless).
-    Sup(mpsc::Receiver<OutEvent>),
-    /// The reader's own agent channel (any offset within what is retained), and the
-    /// daemon's record of the process (to record an exit seen here).
-    Attached(
-        Box<Process>,
-        Option<std::sync::Arc<crate::process::ProcEntry>>,
-    ),
-}
-
-impl Source {
-    pub async fn next(&mut self) -> Result<Option<OutEvent>, ApiError> {
-        match self {
-            Source::Sup(rx) => Ok(rx.recv().await),
-            Source::Attached(p, entry) => match p.next_event().await {
-                Ok(Some(ev)) => {
-                    let ev = convert_attached(p, ev);
-                    if let (OutEvent::Exit(x), Some(e)) = (&ev, entry) {
-                        e.set_exit(*x);
-                    }
-                    Ok(Some(ev))
-                }
-                Ok(None) => Ok(None),
-                Err(e) => Err(ApiError::from_guest(e, &format!("process {}", p.id()))),
-            },
-        }
-    }
-}
+use crate::services::process::Source;
 
 /// The NDJSON (and WebSocket text) form of an output event.
 pub fn event_json(ev: &OutEvent) -> StreamEvent {

@@ -10,9 +10,9 @@ use sandlot_proto::api::CreateSandboxRequest;
 use serde_json::Value;
 
 use crate::auth::Principal;
+use crate::body::from_value;
 use crate::config::fmt_secs;
 use crate::error::{ApiError, ApiResult};
-use crate::routes::from_value;
 use crate::sandbox::{spec_problem, CreateParams};
 use crate::state::AppState;
 
@@ -239,7 +239,7 @@ mod tests {
         // hashes it), where a repeated key keeps its last value, as before the
         // request was typed.
         let v: Value =
-            crate::routes::parse_json(br#"{"name": "a", "network": {}, "name": "b"}"#).unwrap();
+            crate::body::parse_json(br#"{"name": "a", "network": {}, "name": "b"}"#).unwrap();
         let r: CreateSandboxRequest = from_value(v).unwrap();
         assert_eq!(r.name.as_deref(), Some("b"));
         assert!(r.network.is_some());

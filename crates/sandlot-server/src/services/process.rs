@@ -10,19 +10,22 @@
 //!   resizes, stdin writes (counted) and closes: the native process routes and
 //!   E2B's `process.Process` methods, which only find the process and shape the
 //!   answer.
+//! * Reading one's output from any offset (`open_output`): from its supervisor,
+//!   from the agent, or from what the daemon kept after its exit was delivered.
 
 use std::fmt::Display;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use sandlot_guest::client::{ExecRequest, ProcessId, ProcessInfo, PtySize};
-use sandlot_proto::api::ExecBody;
+use sandlot_guest::client::{AttachRequest, ExecRequest, Process, ProcessId, ProcessInfo, PtySize};
+use sandlot_proto::api::{ExecBody, StreamEvent};
 use sandlot_proto::units::Seconds;
 use serde_json::Value;
+use tokio::sync::mpsc;
 
 use super::parse_duration;
 use crate::error::{ApiError, ApiResult, ErrorCode};
-use crate::process::{supervise, ProcEntry};
+use crate::process::{convert_attached, keep_output_of, supervise, OutEvent, ProcEntry};
 use crate::sandbox::SandboxHandle;
 use crate::state::AppState;
 
@@ -192,6 +195,117 @@ pub async fn close_stdin(h: &SandboxHandle, e: &ProcEntry) {
 pub fn stdin_unreachable(pid: i32) -> ApiError {
     ApiError::conflict(format!(
         "process {pid} was not started through this daemon: its stdin is not reachable"
+    ))
+}
+
+/// Output events buffered between a supervisor and a reader.
+pub const READER_CAPACITY: usize = 8;
+
+/// Where a reader's output comes from.
+pub enum Source {
+    /// The process's supervisor (from offset 0, lossless).
+    Sup(mpsc::Receiver<OutEvent>),
+    /// The reader's own agent channel (any offset within what is retained), and the
+    /// daemon's record of the process (to record an exit seen here).
+    Attached(
+        Box<Process>,
+        Option<std::sync::Arc<crate::process::ProcEntry>>,
+    ),
+}
+
+impl Source {
+    pub async fn next(&mut self) -> Result<Option<OutEvent>, ApiError> {
+        match self {
+            Source::Sup(rx) => Ok(rx.recv().await),
+            Source::Attached(p, entry) => match p.next_event().await {
+                Ok(Some(ev)) => {
+                    let ev = convert_attached(p, ev);
+                    if let (OutEvent::Exit(x), Some(e)) = (&ev, entry) {
+                        e.set_exit(*x);
+                    }
+                    Ok(Some(ev))
+                }
+                Ok(None) => Ok(None),
+                Err(e) => Err(ApiError::from_guest(e, &format!("process {}", p.id()))),
+            },
+        }
+    }
+}
+
+/// Opens a reader of process `pid` from the given offsets.
+pub async fn open_output(
+    h: &Arc<SandboxHandle>,
+    pid: u64,
+    from: (u64, u64),
+) -> ApiResult<(StreamEvent, Source)> {
+    let entry = h.procs.lock().unwrap_or_else(|e| e.into_inner()).get(pid);
+    if let Some(e) = &entry {
+        if from == (0, 0) {
+            if let Some(rx) = e.subscribe_from_start(READER_CAPACITY).await {
+                return Ok((
+                    StreamEvent::Attached {
+                        id: pid,
+                        stdout_from: 0,
+                        stderr_from: 0,
+                    },
+                    Source::Sup(rx),
+                ));
+            }
+        }
+        // Its exit was delivered (so the agent forgot it): the output kept since.
+        if let Some(r) = kept(pid, e, from) {
+            return Ok(r);
+        }
+    }
+    let req = AttachRequest {
+        id: ProcessId(pid),
+        stdout_from: Some(from.0),
+        stderr_from: Some(from.1),
+    };
+    match h.guest.attach_with(req).await {
+        Ok(mut proc_) => {
+            if let Some(e) = &entry {
+                // If the exit reaches this reader, the agent forgets the process.
+                keep_output_of(&mut proc_, e);
+            }
+            let (o, e) = proc_.offsets();
+            Ok((
+                StreamEvent::Attached {
+                    id: pid,
+                    stdout_from: o,
+                    stderr_from: e,
+                },
+                Source::Attached(Box::new(proc_), entry.clone()),
+            ))
+        }
+        Err(err) => {
+            if let Some(e) = entry.as_ref().filter(|e| e.exit().is_some()) {
+                // The agent forgot it (its exit was delivered, maybe meanwhile): the
+                // daemon may still keep the output from these offsets.
+                if let Some(r) = kept(pid, e, from) {
+                    return Ok(r);
+                }
+                return Err(ApiError::of(
+                    ErrorCode::Gone,
+                    format!("process {pid} has exited and its output is no longer retained"),
+                ));
+            }
+            Err(ApiError::from_guest(err, &format!("process {pid}")))
+        }
+    }
+}
+
+/// A reader of the output kept of a process whose exit was delivered, if it still
+/// covers the offsets.
+fn kept(pid: u64, e: &ProcEntry, from: (u64, u64)) -> Option<(StreamEvent, Source)> {
+    let ((o, e), rx) = e.replay_kept(from, READER_CAPACITY)?;
+    Some((
+        StreamEvent::Attached {
+            id: pid,
+            stdout_from: o,
+            stderr_from: e,
+        },
+        Source::Sup(rx),
     ))
 }
 

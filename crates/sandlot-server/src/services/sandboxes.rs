@@ -1,8 +1,10 @@
 //! The tenant's view of sandboxes, which every operation on one goes through: a
 //! sandbox by id or name, another tenant's "not found" (never "forbidden"), and
-//! the live handle of a running one.
+//! the live handle of a running one; and the API view of a sandbox (`view`).
 
 use std::sync::Arc;
+
+use sandlot_proto::api::{Sandbox, SandboxExit, Usage};
 
 use crate::auth::Principal;
 use crate::config::fmt_secs;
@@ -154,4 +156,67 @@ pub fn set_timeout(
     h.set_expiry(at);
     h.touch();
     Ok(rec)
+}
+
+/// The API view of a record, with live usage when the sandbox runs.
+pub fn view(state: &AppState, rec: &SandboxRecord) -> Sandbox {
+    let handle = state.handle(&rec.id);
+    let (usage, mem_now, expires) = match &handle {
+        Some(h) => {
+            let (u, m) = h.usage();
+            (u, m, h.expires_at_ms())
+        }
+        None => (rec.usage, 0, rec.expires_at),
+    };
+    let state_now = match &handle {
+        Some(h) if h.is_stopping() => SandboxState::Stopping,
+        Some(h) if h.is_pausing() => SandboxState::Pausing,
+        _ => rec.state,
+    };
+    let pause = match rec.state {
+        SandboxState::Paused | SandboxState::Resuming => {
+            state.store.pause_of(&rec.id).ok().flatten().map(|p| p.kind)
+        }
+        _ => None,
+    };
+    let wall_ms = match rec.started_at {
+        Some(s) => rec.ended_at.unwrap_or_else(now_ms) - s,
+        None => 0,
+    };
+    Sandbox {
+        id: rec.id.clone(),
+        name: rec.name.clone(),
+        tenant: rec.tenant.clone(),
+        state: state_now,
+        spec: rec.spec.clone(),
+        tags: rec.tags.clone(),
+        metadata: rec.metadata.clone(),
+        created_at: rfc3339(rec.created_at),
+        started_at: rec.started_at.map(rfc3339),
+        ended_at: rec.ended_at.map(rfc3339),
+        expires_at: rfc3339(expires),
+        idle_timeout: rec.idle_timeout_ms.map(|ms| ms as f64 / 1000.0),
+        end_reason: rec.end_reason.map(|r| r.as_str().to_string()),
+        exit: (rec.exit_code.is_some() || rec.exit_signal.is_some()).then_some(SandboxExit {
+            code: rec.exit_code,
+            signal: rec.exit_signal,
+        }),
+        error: rec.error.clone(),
+        usage: Usage {
+            cpu_seconds: usage.cpu_usec as f64 / 1e6,
+            memory_bytes: mem_now,
+            memory_peak_bytes: usage.memory_peak_bytes,
+            wall_seconds: wall_ms.max(0) as f64 / 1000.0,
+            exec_count: usage.exec_count,
+            stdin_bytes: usage.stdin_bytes,
+            stdout_bytes: usage.stdout_bytes,
+            stderr_bytes: usage.stderr_bytes,
+            file_bytes_in: usage.file_bytes_in,
+            file_bytes_out: usage.file_bytes_out,
+        },
+        pause,
+        on_idle: rec.lifecycle.on_idle,
+        on_timeout: rec.lifecycle.on_timeout,
+        auto_resume: rec.lifecycle.auto_resume,
+    }
 }
