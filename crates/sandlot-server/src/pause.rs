@@ -1065,7 +1065,7 @@ pub(crate) async fn resume_started(
     rec.expires_at = expires_at;
     // Registered as soon as it is recorded running: a DELETE from now on finds
     // its handle, and its owner, started below, stops it.
-    let h = Arc::new(SandboxHandle::new(inst, guest, &rec));
+    let h = Arc::new(SandboxHandle::new(inst, guest, &rec, &state.code_output));
     state.register(h.clone());
     state.metrics.live_sandboxes.fetch_add(1, Ordering::Relaxed);
     if pause.kind == PauseKind::Memory {

@@ -187,6 +187,7 @@ impl SandboxHandle {
         inst: Arc<dyn Instance>,
         guest: GuestClient,
         rec: &SandboxRecord,
+        code_output: &crate::code::output::TenantPools,
     ) -> SandboxHandle {
         SandboxHandle {
             span: tracing::info_span!(parent: None, "sandbox", sandbox_id = %rec.id, tenant = %rec.tenant),
@@ -198,7 +199,7 @@ impl SandboxHandle {
             inst,
             counters: Arc::new(Counters::from_usage(&rec.usage)),
             procs: Arc::new(Mutex::new(ProcTable::default())),
-            contexts: crate::code::Contexts::default(),
+            contexts: crate::code::Contexts::new(code_output.of(&rec.tenant)),
             exit_poll: Arc::new(Notify::new()),
             expires_at_ms: AtomicI64::new(rec.expires_at),
             idle_timeout_ms: rec.idle_timeout_ms,
@@ -365,7 +366,7 @@ impl SandboxHandle {
             inst: self.inst.clone(),
             counters: self.counters.clone(),
             procs: self.procs.clone(),
-            contexts: crate::code::Contexts::default(),
+            contexts: self.contexts.afresh(),
             exit_poll: Arc::new(Notify::new()),
             expires_at_ms: AtomicI64::new(self.expires_at_ms()),
             idle_timeout_ms: self.idle_timeout_ms,
@@ -689,7 +690,12 @@ pub async fn create(state: &Arc<AppState>, p: CreateParams) -> ApiResult<Sandbox
     rec.state = SandboxState::Running;
     rec.pid = Some(inst.pid());
     rec.started_at = Some(started_at);
-    let h = Arc::new(SandboxHandle::new(Arc::from(inst), guest, &rec));
+    let h = Arc::new(SandboxHandle::new(
+        Arc::from(inst),
+        guest,
+        &rec,
+        &state.code_output,
+    ));
     if let Some(c) = code {
         h.contexts.adopt(c);
     }
@@ -1324,7 +1330,7 @@ pub async fn reconcile(state: &Arc<AppState>) -> Result<ReconcileReport, crate::
                 continue;
             }
         };
-        let h = Arc::new(SandboxHandle::new(inst, guest, &rec));
+        let h = Arc::new(SandboxHandle::new(inst, guest, &rec, &state.code_output));
         // Its code contexts' drivers and kernels belong to no context now: they
         // are ended meanwhile, before any context of it is created.
         h.contexts.end_stale(h.guest.clone(), span.clone());

@@ -50,6 +50,9 @@ pub struct AppState {
     pub builds: Arc<sandlot_net::admission::KeyedCount<String>>,
     /// The last answer of `GET /v1/tenants` (`services/tenants.rs`).
     pub tenants: crate::services::tenants::Cache,
+    /// What the code runs of each tenant's sandboxes hold of the daemon's
+    /// memory at once (`code/output.rs`).
+    pub code_output: crate::code::output::TenantPools,
 }
 
 /// Counts the host clean-ups that run after a sandbox is recorded as stopped (its
@@ -119,6 +122,7 @@ impl AppState {
         AppState {
             builds,
             tenants: Default::default(),
+            code_output: Default::default(),
             descriptors,
             inbound,
             egress_descriptors,

@@ -91,7 +91,7 @@ pub struct ContextParams {
 /// The contexts of one sandbox.
 pub struct Contexts {
     map: Mutex<BTreeMap<String, Arc<Context>>>,
-    /// What its runs hold of the daemon's memory at once.
+    /// What its runs hold of the daemon's memory at once (within its tenant's).
     output: Arc<OutputPool>,
     /// Runs waiting for a context of it.
     waiting: Arc<AtomicUsize>,
@@ -100,18 +100,29 @@ pub struct Contexts {
     sweep: Arc<tokio::sync::RwLock<()>>,
 }
 
-impl Default for Contexts {
-    fn default() -> Contexts {
+impl Contexts {
+    /// No contexts yet; what their runs hold counts against `tenant`'s pool
+    /// too (`AppState::code_output`).
+    pub fn new(tenant: Arc<OutputPool>) -> Contexts {
         Contexts {
             map: Mutex::default(),
-            output: OutputPool::new(output::MAX_SANDBOX_OUTPUT),
+            output: OutputPool::sandbox(tenant),
             waiting: Arc::default(),
             sweep: Arc::default(),
         }
     }
-}
 
-impl Contexts {
+    /// No contexts, under the same tenant's pool as `self` (a sandbox's next
+    /// handle after a pause: its contexts ended with its kernels).
+    pub fn afresh(&self) -> Contexts {
+        let tenant = self
+            .output
+            .within()
+            .cloned()
+            .unwrap_or_else(OutputPool::tenant);
+        Contexts::new(tenant)
+    }
+
     /// Ends the drivers (and kernels) an earlier daemon left in the sandbox
     /// ([`driver::end_stale`]) on a task of its own, so that a slow agent holds
     /// neither the daemon's start nor other sandboxes. Contexts are created
@@ -1052,7 +1063,7 @@ mod tests {
     #[tokio::test]
     async fn contexts_are_created_only_once_the_sweep_of_an_earlier_daemons_drivers_is_done() {
         use futures_util::FutureExt;
-        let c = Contexts::default();
+        let c = Contexts::new(OutputPool::tenant());
         assert_eq!(c.swept().now_or_never(), Some(()));
         let gate = c.hold_for_sweep().unwrap();
         assert_eq!(c.swept().now_or_never(), None);

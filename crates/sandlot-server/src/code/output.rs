@@ -29,6 +29,9 @@ pub const MAX_EXCEPTIONS: usize = 1;
 /// What the runs of one sandbox may hold at once (output produced and not yet
 /// sent or answered); past it their output is cut.
 pub const MAX_SANDBOX_OUTPUT: usize = 96 << 20;
+/// What the runs of all the sandboxes of one tenant may hold at once; past it
+/// their output is cut, whatever each sandbox's own pool has left.
+pub const MAX_TENANT_OUTPUT: usize = 256 << 20;
 /// Counted for each chunk of stream text on top of its text (what holding a
 /// chunk costs: its string, its slot in a list, its event), for each result
 /// and for each of its formats.
@@ -41,6 +44,9 @@ pub const TRUNCATED: &str = "\n[output truncated: the cell wrote more than 8 MiB
 /// The marker ending a run's stream text when its sandbox's runs hold too much.
 pub const SANDBOX_FULL: &str =
     "\n[output truncated: this sandbox's runs hold 96 MiB of output not yet read]\n";
+/// The marker ending a run's stream text when its tenant's runs hold too much.
+pub const TENANT_FULL: &str =
+    "\n[output truncated: the runs of this tenant's sandboxes hold 256 MiB of output not yet read]\n";
 
 /// How deeply a format's JSON may nest.
 pub const MAX_DEPTH: usize = 64;
@@ -337,19 +343,47 @@ pub struct RunOutput {
     pub held: Held,
 }
 
-/// What the runs of one sandbox hold at once, and its cap.
+/// What the runs of one sandbox (or of all a tenant's sandboxes) hold at once,
+/// and its cap. A sandbox's pool lies within its tenant's: bytes taken from it
+/// are taken from both, and fit only if they fit under both caps.
 #[derive(Debug)]
 pub struct OutputPool {
     held: AtomicUsize,
     cap: usize,
+    /// The marker a run's stream text ends with when this pool is full.
+    full: &'static str,
+    /// The pool this one lies within (a sandbox's, its tenant's).
+    within: Option<Arc<OutputPool>>,
 }
 
 impl OutputPool {
+    /// A pool of its own (`cap` bytes), full with [`SANDBOX_FULL`].
     pub fn new(cap: usize) -> Arc<OutputPool> {
+        OutputPool::nested(cap, SANDBOX_FULL, None)
+    }
+
+    /// A tenant's pool: what all its sandboxes' runs hold.
+    pub fn tenant() -> Arc<OutputPool> {
+        OutputPool::nested(MAX_TENANT_OUTPUT, TENANT_FULL, None)
+    }
+
+    /// A sandbox's pool within its tenant's.
+    pub fn sandbox(tenant: Arc<OutputPool>) -> Arc<OutputPool> {
+        OutputPool::nested(MAX_SANDBOX_OUTPUT, SANDBOX_FULL, Some(tenant))
+    }
+
+    fn nested(cap: usize, full: &'static str, within: Option<Arc<OutputPool>>) -> Arc<OutputPool> {
         Arc::new(OutputPool {
             held: AtomicUsize::new(0),
             cap,
+            full,
+            within,
         })
+    }
+
+    /// The pool this one lies within, if any.
+    pub fn within(&self) -> Option<&Arc<OutputPool>> {
+        self.within.as_ref()
     }
 
     /// Bytes held now.
@@ -357,17 +391,62 @@ impl OutputPool {
         self.held.load(Ordering::SeqCst)
     }
 
-    /// Takes `n` bytes if they fit under the cap.
+    /// Takes `n` bytes if they fit under the cap (and under the caps of the
+    /// pools this one lies within).
     pub fn take(self: &Arc<Self>, n: usize) -> Option<Held> {
+        self.take_or_full(n).ok()
+    }
+
+    /// [`OutputPool::take`], or the marker of the pool that had no room.
+    pub fn take_or_full(self: &Arc<Self>, n: usize) -> Result<Held, &'static str> {
+        self.reserve(n)?;
+        Ok(Held {
+            pool: Some(self.clone()),
+            bytes: n,
+        })
+    }
+
+    fn reserve(&self, n: usize) -> Result<(), &'static str> {
         self.held
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |h| {
                 h.checked_add(n).filter(|t| *t <= self.cap)
             })
-            .ok()?;
-        Some(Held {
-            pool: Some(self.clone()),
-            bytes: n,
-        })
+            .map_err(|_| self.full)?;
+        if let Some(outer) = &self.within {
+            if let Err(full) = outer.reserve(n) {
+                self.held.fetch_sub(n, Ordering::SeqCst);
+                return Err(full);
+            }
+        }
+        Ok(())
+    }
+
+    fn release(&self, n: usize) {
+        self.held.fetch_sub(n, Ordering::SeqCst);
+        if let Some(outer) = &self.within {
+            outer.release(n);
+        }
+    }
+}
+
+/// The output pools of the daemon's tenants, each alive while a sandbox of its
+/// tenant is (a sandbox's pool holds its tenant's).
+#[derive(Debug, Default)]
+pub struct TenantPools(
+    std::sync::Mutex<std::collections::HashMap<String, std::sync::Weak<OutputPool>>>,
+);
+
+impl TenantPools {
+    /// The pool of `tenant`'s sandboxes, made if none of them has one now.
+    pub fn of(&self, tenant: &str) -> Arc<OutputPool> {
+        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = map.get(tenant).and_then(std::sync::Weak::upgrade) {
+            return p;
+        }
+        map.retain(|_, w| w.strong_count() > 0);
+        let p = OutputPool::tenant();
+        map.insert(tenant.to_string(), Arc::downgrade(&p));
+        p
     }
 }
 
@@ -402,7 +481,7 @@ impl Held {
 impl Drop for Held {
     fn drop(&mut self) {
         if let Some(p) = &self.pool {
-            p.held.fetch_sub(self.bytes, Ordering::SeqCst);
+            p.release(self.bytes);
         }
     }
 }
@@ -452,8 +531,8 @@ impl Budget {
         }
     }
 
-    /// The part of `text` within the run's stream cap and its sandbox's pool
-    /// (the marker once past either), with what it holds of the pool.
+    /// The part of `text` within the run's stream cap and its sandbox's and
+    /// tenant's pools (the marker once past any), with what it holds of them.
     pub fn stream(&mut self, on: Stream, text: &str) -> Option<(String, Held)> {
         if self.stream_cut || text.is_empty() {
             return None;
@@ -473,11 +552,11 @@ impl Budget {
             keep -= 1;
         }
         // Counted as written: a control character takes six bytes in JSON.
-        let held = match self.pool.take(json_len(&text[..keep]) + overhead) {
-            Some(h) => h,
-            None => {
+        let held = match self.pool.take_or_full(json_len(&text[..keep]) + overhead) {
+            Ok(h) => h,
+            Err(full) => {
                 keep = 0;
-                marker = Some(SANDBOX_FULL);
+                marker = Some(full);
                 Held::default()
             }
         };
@@ -749,6 +828,53 @@ mod tests {
         assert!(pool.held() < 600);
         let big = bundle(&format!(r#"{{"text/plain":"{}"}}"#, "z".repeat(2000)));
         assert!(a.result(&big).is_none());
+    }
+
+    #[test]
+    fn the_tenant_pool_caps_what_the_runs_of_all_its_sandboxes_hold_together() {
+        let tenant = OutputPool::nested(1000, TENANT_FULL, None);
+        let one = OutputPool::nested(800, SANDBOX_FULL, Some(tenant.clone()));
+        let two = OutputPool::nested(800, SANDBOX_FULL, Some(tenant.clone()));
+        let (mut a, mut b) = (Budget::new(one.clone()), Budget::new(two.clone()));
+        let (t, held_a) = a.stream(Stream::Stdout, &"x".repeat(600)).unwrap();
+        assert_eq!(t.len(), 600);
+        assert_eq!((one.held(), tenant.held()), (664, 664));
+        // The other sandbox's own pool has room; its tenant's does not: cut
+        // with the tenant's marker, and nothing is left held anywhere.
+        let (t, held_b) = b.stream(Stream::Stdout, &"y".repeat(600)).unwrap();
+        assert_eq!(t, TENANT_FULL);
+        assert!(b.truncated);
+        drop(held_b);
+        assert_eq!((two.held(), tenant.held()), (0, 664));
+        // A sandbox's own cap still holds within a roomy tenant.
+        let mut c = Budget::new(OutputPool::nested(100, SANDBOX_FULL, Some(tenant.clone())));
+        assert_eq!(
+            c.stream(Stream::Stderr, &"z".repeat(200)).unwrap().0,
+            SANDBOX_FULL
+        );
+        assert_eq!(tenant.held(), 664);
+        // What a run gives back is given back to its tenant too.
+        drop(held_a);
+        assert_eq!((one.held(), tenant.held()), (0, 0));
+        let mut d = Budget::new(two.clone());
+        assert!(d.result(&bundle(r#"{"text/plain":"1"}"#)).is_some());
+    }
+
+    #[test]
+    fn a_tenants_pool_lives_while_a_sandbox_of_it_does_and_is_its_own() {
+        let pools = TenantPools::default();
+        let a = OutputPool::sandbox(pools.of("acme"));
+        let b = OutputPool::sandbox(pools.of("acme"));
+        let other = OutputPool::sandbox(pools.of("globex"));
+        assert!(Arc::ptr_eq(a.within().unwrap(), b.within().unwrap()));
+        assert!(!Arc::ptr_eq(a.within().unwrap(), other.within().unwrap()));
+        let _held = a.take(10).unwrap();
+        assert_eq!(pools.of("acme").held(), 10);
+        assert_eq!(pools.of("globex").held(), 0);
+        drop((a, b, _held));
+        // No sandbox of acme holds its pool: the next is a fresh one.
+        assert_eq!(pools.of("acme").held(), 0);
+        assert_eq!(pools.0.lock().unwrap().len(), 2);
     }
 
     #[test]
