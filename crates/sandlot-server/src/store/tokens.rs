@@ -202,33 +202,28 @@ impl Store {
 /// Adds `tokens.created_by` to a database made before tokens recorded their
 /// maker: its tokens' maker is unknown (NULL).
 pub(super) fn add_token_created_by(c: &Connection) -> Result<(), StoreError> {
-    let has: bool = c
-        .query_row(
-            "SELECT EXISTS (SELECT 1 FROM pragma_table_info('tokens') WHERE name = 'created_by')",
-            [],
-            |r| r.get(0),
-        )
-        .map_err(sql("read the tokens table"))?;
-    if !has {
-        c.execute_batch("ALTER TABLE tokens ADD COLUMN created_by TEXT")
-            .map_err(sql("add tokens.created_by"))?;
-    }
-    Ok(())
+    add_token_column(c, "created_by", "created_by TEXT")
 }
 
 /// Adds `tokens.kind` to a database made before operator tokens: its tokens
 /// are tenants' (the column's default).
 pub(super) fn add_token_kind(c: &Connection) -> Result<(), StoreError> {
+    add_token_column(c, "kind", "kind TEXT NOT NULL DEFAULT 'tenant'")
+}
+
+/// Adds the column `name` (declared as `declaration`) to `tokens` unless the
+/// table has it already.
+fn add_token_column(c: &Connection, name: &str, declaration: &str) -> Result<(), StoreError> {
     let has: bool = c
         .query_row(
-            "SELECT EXISTS (SELECT 1 FROM pragma_table_info('tokens') WHERE name = 'kind')",
-            [],
+            "SELECT EXISTS (SELECT 1 FROM pragma_table_info('tokens') WHERE name = ?1)",
+            [name],
             |r| r.get(0),
         )
         .map_err(sql("read the tokens table"))?;
     if !has {
-        c.execute_batch("ALTER TABLE tokens ADD COLUMN kind TEXT NOT NULL DEFAULT 'tenant'")
-            .map_err(sql("add tokens.kind"))?;
+        c.execute_batch(&format!("ALTER TABLE tokens ADD COLUMN {declaration}"))
+            .map_err(sql("add a column to tokens"))?;
     }
     Ok(())
 }
