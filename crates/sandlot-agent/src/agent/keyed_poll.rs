@@ -431,17 +431,17 @@ mod tests {
     }
 
     fn read(f: &Polled<OwnedFd>, buf: &mut [u8]) -> io::Result<usize> {
-        nix::unistd::read(f.get_ref(), buf).map_err(io::Error::from)
+        Ok(rustix::io::read(f.get_ref(), buf)?)
     }
 
     #[test]
     fn a_pipe_s_input_and_its_end_reach_its_reader_through_the_keyed_epoll() {
         on_agent_loop(async {
             let poll = KeyedPoll::start(Rc::new(Fatal::default())).unwrap();
-            let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+            let (r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).unwrap();
             super::super::set_nonblocking(&r).unwrap();
             let r = poll.register(r).unwrap();
-            nix::unistd::write(&w, b"hi").unwrap();
+            rustix::io::write(&w, b"hi").unwrap();
             let mut buf = [0u8; 8];
             let mut g = within("input", r.readable()).await;
             let n = g.try_io(|f| read(f, &mut buf)).unwrap().unwrap();
@@ -463,7 +463,8 @@ mod tests {
         on_agent_loop(async {
             let poll = KeyedPoll::start(Rc::new(Fatal::default())).unwrap();
             // A descriptor registered, then dropped: its key is released.
-            let (gone, _gone_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+            let (gone, _gone_w) =
+                rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).unwrap();
             let gone = poll.register(gone).unwrap();
             let (index, old_key) = {
                 let slots = poll.slots.borrow();
@@ -472,7 +473,7 @@ mod tests {
             };
             drop(gone);
             // The live descriptor takes the freed slot.
-            let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+            let (r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).unwrap();
             super::super::set_nonblocking(&r).unwrap();
             let live = poll.register(r).unwrap();
             assert_eq!(live.index, index);
@@ -483,8 +484,9 @@ mod tests {
             woken.as_mut().enable();
             // Another pipe's end, dup'd, registered under the released key, and
             // made readable.
-            let (other, other_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
-            let dup = nix::unistd::dup(&other).unwrap();
+            let (other, other_w) =
+                rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).unwrap();
+            let dup = rustix::io::dup(&other).unwrap();
             let mut ev = libc::epoll_event {
                 events: INTEREST,
                 u64: old_key,
@@ -499,7 +501,7 @@ mod tests {
                 )
             };
             assert_eq!(r, 0, "{}", io::Error::last_os_error());
-            nix::unistd::write(&other_w, b"x").unwrap();
+            rustix::io::write(&other_w, b"x").unwrap();
             within("the stale event read", async {
                 while poll.stale.get() == 0 {
                     tokio::task::yield_now().await;
@@ -512,7 +514,7 @@ mod tests {
             let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
             assert!(std::future::Future::poll(woken.as_mut(), &mut cx).is_pending());
             // It still hears its own descriptor.
-            nix::unistd::write(&w, b"live").unwrap();
+            rustix::io::write(&w, b"live").unwrap();
             let mut buf = [0u8; 8];
             let mut g = within("the live input", live.readable()).await;
             let n = g.try_io(|f| read(f, &mut buf)).unwrap().unwrap();
