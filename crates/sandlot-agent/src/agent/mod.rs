@@ -23,7 +23,7 @@ mod workdir;
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -376,7 +376,7 @@ pub(crate) use log;
 pub(crate) type Afd = Rc<keyed_poll::Polled<OwnedFd>>;
 
 /// Types that own the descriptor they expose, so registering them is sound.
-pub(crate) trait OwnsFd: AsRawFd {}
+pub(crate) trait OwnsFd: AsFd + AsRawFd {}
 impl OwnsFd for OwnedFd {}
 impl OwnsFd for watch::InotifyFd {}
 
@@ -593,6 +593,12 @@ async fn main_loop(
 impl AsRawFd for watch::InotifyFd {
     fn as_raw_fd(&self) -> std::os::fd::RawFd {
         self.0.as_raw_fd()
+    }
+}
+
+impl AsFd for watch::InotifyFd {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.0.as_fd()
     }
 }
 
