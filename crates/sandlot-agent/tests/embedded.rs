@@ -95,7 +95,7 @@ async fn closing_the_lifeline_kills_everything_and_returns() {
     common::require_root();
     let dir = TempDir::new("lifeline");
     let sock = dir.join("a.sock");
-    let (rd, wr) = nix::unistd::pipe().unwrap();
+    let (rd, wr) = rustix::pipe::pipe().unwrap();
     let listener = UnixListener::bind(&sock).unwrap();
     let cfg = AgentConfig {
         lifeline: Some(rd),

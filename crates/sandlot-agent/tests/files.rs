@@ -88,7 +88,12 @@ async fn write_read_stat_with_parents_and_modes() {
     assert_eq!(e.code(), Some(ErrorCode::BadRequest), "{e}");
     // A FIFO without a writer must not stall the (single-threaded) agent.
     let fifo = a.dir.join("fifo");
-    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    rustix::fs::mkfifoat(
+        rustix::fs::CWD,
+        &fifo,
+        rustix::fs::Mode::from_raw_mode(0o600),
+    )
+    .unwrap();
     let fifo = fifo.to_string_lossy().into_owned();
     let e = tokio::time::timeout(Duration::from_secs(5), c.read_file_to_vec(&fifo))
         .await

@@ -287,7 +287,12 @@ fn which(p: &str) -> Option<std::path::PathBuf> {
 async fn reattach_after_disconnect_from_start_and_offset() {
     let a = TestAgent::start();
     let fifo = a.dir.join("go");
-    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    rustix::fs::mkfifoat(
+        rustix::fs::CWD,
+        &fifo,
+        rustix::fs::Mode::from_raw_mode(0o600),
+    )
+    .unwrap();
     let id;
     {
         let c1 = a.client().await;

@@ -424,9 +424,9 @@ async fn a_quiesced_agent_listens_again_on_sigusr1_with_its_processes() {
     a.track(&p);
     let id = p.id();
     let usr1 = || {
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(a.pid()),
-            nix::sys::signal::Signal::SIGUSR1,
+        rustix::process::kill_process(
+            rustix::process::Pid::from_raw(a.pid()).unwrap(),
+            rustix::process::Signal::USR1,
         )
         .unwrap()
     };

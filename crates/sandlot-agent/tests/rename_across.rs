@@ -171,12 +171,15 @@ async fn rename_across_filesystems() {
     )
     .unwrap();
     std::os::unix::fs::symlink("sub/file", format!("{d}/tree/link")).unwrap();
-    nix::sys::stat::utimensat(
-        nix::fcntl::AT_FDCWD,
+    let at = |tv_sec| rustix::fs::Timespec { tv_sec, tv_nsec: 0 };
+    rustix::fs::utimensat(
+        rustix::fs::CWD,
         format!("{d}/tree/sub/file").as_str(),
-        &nix::sys::time::TimeSpec::new(1_000_000_000, 0),
-        &nix::sys::time::TimeSpec::new(1_000_000_007, 0),
-        nix::sys::stat::UtimensatFlags::NoFollowSymlink,
+        &rustix::fs::Timestamps {
+            last_access: at(1_000_000_000),
+            last_modification: at(1_000_000_007),
+        },
+        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
     )
     .unwrap();
     std::fs::write(format!("{d}/single"), b"one").unwrap();

@@ -250,7 +250,12 @@ async fn stdin_is_flow_controlled_when_the_process_does_not_read() {
     let a = TestAgent::start();
     let c = a.client().await;
     let fifo = a.dir.join("go");
-    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    rustix::fs::mkfifoat(
+        rustix::fs::CWD,
+        &fifo,
+        rustix::fs::Mode::from_raw_mode(0o600),
+    )
+    .unwrap();
     let mut req = sh(&format!("read x < {}; wc -c", fifo.display()));
     req.stdin = true;
     let mut p = c.exec(req).await.unwrap();

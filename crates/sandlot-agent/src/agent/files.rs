@@ -24,7 +24,8 @@ use sandlot_proto::guest::{
 use super::own_proc::{self, PinnedDir};
 use super::users::User;
 use super::{Agent, Chan};
-use nix::fcntl::OFlag;
+use rustix::fs::OFlags;
+use rustix::process::{Gid, Uid};
 use std::os::fd::AsFd;
 
 /// Switches the calling thread's filesystem credentials.
@@ -36,48 +37,56 @@ pub(crate) struct FsCreds {
     /// uid 0 to switch back (the kernel keeps the permitted capabilities then and
     /// gives the effective ones back with euid 0).
     fsuid: bool,
-    saved_groups: Vec<libc::gid_t>,
+    saved_groups: Vec<Gid>,
 }
 
 /// Sets this thread's supplementary groups only. (glibc's `setgroups` changes every
 /// thread of the process, which would be wrong for an agent embedded in a test
 /// process and needless otherwise.)
-fn set_thread_groups(groups: &[libc::gid_t]) -> io::Result<()> {
-    // SAFETY: the kernel reads `groups.len()` gids from a pointer valid for the call.
-    let r = unsafe { libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) };
-    if r != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+fn set_thread_groups(groups: &[Gid]) -> io::Result<()> {
+    Ok(rustix::thread::set_thread_groups(groups)?)
+}
+
+/// The gids of `groups` as rustix's type.
+fn gids(groups: &[u32]) -> Vec<Gid> {
+    groups.iter().map(|&g| Gid::from_raw_unchecked(g)).collect()
 }
 
 /// This thread's effective uid (`setresuid(-1, euid, -1)`), or gid with `group`:
 /// the raw system call changes the calling thread only (glibc's changes every
 /// thread).
 fn set_thread_effective(id: u32, group: bool) -> io::Result<()> {
-    let nr = if group {
-        libc::SYS_setresgid
+    if group {
+        rustix::thread::set_thread_res_gid(None, Gid::from_raw_unchecked(id), None)?;
     } else {
-        libc::SYS_setresuid
-    };
-    let keep = libc::c_long::from(-1i32);
-    // SAFETY: three integer arguments; no memory is passed.
-    let r = unsafe { libc::syscall(nr, keep, libc::c_long::from(id), keep) };
-    if r != 0 {
-        return Err(io::Error::last_os_error());
+        rustix::thread::set_thread_res_uid(None, Uid::from_raw_unchecked(id), None)?;
     }
     Ok(())
+}
+
+/// `setfsuid(uid)`: this thread's filesystem uid; answers the previous one (or,
+/// where the kernel lacks the call, -1). rustix has no `setfsuid`.
+fn set_fsuid(uid: u32) -> u32 {
+    // SAFETY: an integer argument; no memory is passed. The call cannot fail in a
+    // way it reports: it answers the previous fsuid either way.
+    unsafe { libc::setfsuid(uid) as u32 }
+}
+
+/// `setfsgid(gid)`, as [`set_fsuid`] for the filesystem gid.
+fn set_fsgid(gid: u32) -> u32 {
+    // SAFETY: as in `set_fsuid`.
+    unsafe { libc::setfsgid(gid) as u32 }
 }
 
 /// Gives the thread its identity back when an operation as a user ends.
 enum Restore<'a> {
     Fs {
-        saved_groups: &'a [libc::gid_t],
-        uid: nix::unistd::Uid,
-        gid: nix::unistd::Gid,
+        saved_groups: &'a [Gid],
+        uid: u32,
+        gid: u32,
     },
     Effective {
-        saved_groups: &'a [libc::gid_t],
+        saved_groups: &'a [Gid],
     },
 }
 
@@ -89,8 +98,8 @@ impl Drop for Restore<'_> {
                 uid,
                 gid,
             } => {
-                nix::unistd::setfsuid(*uid);
-                nix::unistd::setfsgid(*gid);
+                set_fsuid(*uid);
+                set_fsgid(*gid);
                 let _ = set_thread_groups(saved_groups);
             }
             Restore::Effective { saved_groups } => {
@@ -113,13 +122,11 @@ impl Drop for Restore<'_> {
 
 impl FsCreds {
     pub fn new() -> FsCreds {
-        let enabled = nix::unistd::geteuid().is_root();
-        let saved_groups = nix::unistd::getgroups()
-            .map(|g| g.into_iter().map(|g| g.as_raw()).collect())
-            .unwrap_or_default();
-        // SAFETY: `setfsuid(-1)` changes nothing and answers the current fsuid, or
-        // -1 where the kernel lacks the call.
-        let fsuid = unsafe { libc::setfsuid(u32::MAX) } != -1;
+        let enabled = rustix::process::geteuid().is_root();
+        let saved_groups = rustix::process::getgroups().unwrap_or_default();
+        // `setfsuid(-1)` changes nothing and answers the current fsuid, or -1 where
+        // the kernel lacks the call.
+        let fsuid = set_fsuid(u32::MAX) != u32::MAX;
         FsCreds {
             enabled,
             fsuid,
@@ -129,7 +136,7 @@ impl FsCreds {
 
     /// Runs `f` with the filesystem identity of `user`.
     pub fn run<T>(&self, user: &User, f: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
-        let me = nix::unistd::geteuid().as_raw();
+        let me = rustix::process::geteuid().as_raw();
         if !self.enabled {
             if user.uid != me {
                 return Err(io::Error::new(
@@ -146,7 +153,7 @@ impl FsCreds {
             return f();
         }
         if !self.fsuid {
-            set_thread_groups(&user.groups)?;
+            set_thread_groups(&gids(&user.groups))?;
             let _restore = Restore::Effective {
                 saved_groups: &self.saved_groups,
             };
@@ -154,9 +161,9 @@ impl FsCreds {
             set_thread_effective(user.uid, false)?;
             return f();
         }
-        set_thread_groups(&user.groups)?;
-        let gid = nix::unistd::setfsgid(nix::unistd::Gid::from_raw(user.gid));
-        let uid = nix::unistd::setfsuid(nix::unistd::Uid::from_raw(user.uid));
+        set_thread_groups(&gids(&user.groups))?;
+        let gid = set_fsgid(user.gid);
+        let uid = set_fsuid(user.uid);
         let _restore = Restore::Fs {
             saved_groups: &self.saved_groups,
             uid,
@@ -433,7 +440,7 @@ impl Agent {
         self.fs
             .run(&user, || {
                 if r.follow {
-                    let f = File::from(own_proc::open(p, OFlag::O_PATH, true)?);
+                    let f = File::from(own_proc::open(p, OFlags::PATH, true)?);
                     return Ok(stat_of_opened(p, &f, &f.metadata()?));
                 }
                 // The entry itself, in its checked parent directory.
@@ -540,7 +547,7 @@ impl Agent {
                 let p = Path::new(&r.path);
                 let mut f = File::from(own_proc::open(
                     p,
-                    OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOCTTY,
+                    OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY,
                     true,
                 )?);
                 let m = f.metadata()?;
@@ -954,14 +961,14 @@ fn rename_in_place(from: &Path, to: &Path, overwrite: bool) -> io::Result<()> {
     if overwrite {
         std::fs::rename(from, to)
     } else {
-        nix::fcntl::renameat2(
-            nix::fcntl::AT_FDCWD,
+        use rustix::fs::CWD;
+        Ok(rustix::fs::renameat_with(
+            CWD,
             from,
-            nix::fcntl::AT_FDCWD,
+            CWD,
             to,
-            nix::fcntl::RenameFlags::RENAME_NOREPLACE,
-        )
-        .map_err(io::Error::from)
+            rustix::fs::RenameFlags::NOREPLACE,
+        )?)
     }
 }
 
@@ -1011,13 +1018,10 @@ fn move_by_copy(
     // swap left both, and with `overwrite` the old destination was gone (found by
     // probing a move out of a read-only mount). `AT_EACCESS` checks as the acting
     // user (its fsuid); a read-only file system answers EROFS.
-    nix::unistd::faccessat(
-        nix::fcntl::AT_FDCWD,
+    access_as_effective(
         &src_entry.dir.path(),
-        nix::unistd::AccessFlags::W_OK | nix::unistd::AccessFlags::X_OK,
-        nix::fcntl::AtFlags::AT_EACCESS,
-    )
-    .map_err(io::Error::from)?;
+        rustix::fs::Access::WRITE_OK | rustix::fs::Access::EXEC_OK,
+    )?;
     let temp = temp_name(to, seed);
     if let Err(e) = copy_tree(src_entry.dir, src_entry.name, &temp, &src, as_root) {
         let _ = remove_tree(&temp);
@@ -1036,6 +1040,19 @@ fn move_by_copy(
             ),
         )
     })
+}
+
+/// `faccessat(AT_FDCWD, path, access, AT_EACCESS)` as glibc does it: where the
+/// kernel has no `faccessat2` (ENOSYS), the check falls back to `faccessat`, which
+/// checks as the real ids.
+fn access_as_effective(path: &Path, access: rustix::fs::Access) -> io::Result<()> {
+    use rustix::fs::{AtFlags, CWD};
+    match rustix::fs::accessat(CWD, path, access, AtFlags::EACCESS) {
+        Err(rustix::io::Errno::NOSYS) => {
+            Ok(rustix::fs::accessat(CWD, path, access, AtFlags::empty())?)
+        }
+        r => Ok(r?),
+    }
 }
 
 fn remove_tree(p: &Path) -> io::Result<()> {
@@ -1077,8 +1094,7 @@ fn copy_tree(
         io::copy(&mut input, &mut output)?;
         output.sync_data()?;
     } else if ft.is_fifo() {
-        nix::unistd::mkfifo(to, nix::sys::stat::Mode::from_bits_truncate(0o600))
-            .map_err(io::Error::from)?;
+        rustix::fs::mkfifoat(rustix::fs::CWD, to, rustix::fs::Mode::from_raw_mode(0o600))?;
     } else {
         return Err(io::Error::new(
             io::ErrorKind::Unsupported,
@@ -1095,13 +1111,15 @@ fn copy_tree(
         // After the owner: chown clears set-id bits.
         std::fs::set_permissions(to, std::fs::Permissions::from_mode(m.mode() & 0o7777))?;
     }
-    let time = |s: i64, ns: i64| nix::sys::time::TimeSpec::new(s, ns);
-    nix::sys::stat::utimensat(
-        nix::fcntl::AT_FDCWD,
+    let time = |tv_sec: i64, tv_nsec: i64| rustix::fs::Timespec { tv_sec, tv_nsec };
+    let times = rustix::fs::Timestamps {
+        last_access: time(m.atime(), m.atime_nsec()),
+        last_modification: time(m.mtime(), m.mtime_nsec()),
+    };
+    Ok(rustix::fs::utimensat(
+        rustix::fs::CWD,
         to,
-        &time(m.atime(), m.atime_nsec()),
-        &time(m.mtime(), m.mtime_nsec()),
-        nix::sys::stat::UtimensatFlags::NoFollowSymlink,
-    )
-    .map_err(io::Error::from)
+        &times,
+        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+    )?)
 }

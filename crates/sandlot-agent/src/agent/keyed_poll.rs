@@ -27,9 +27,10 @@
 
 use std::cell::{Cell, RefCell};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::rc::Rc;
 
+use rustix::event::epoll::{self, EventData, EventFlags};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
@@ -44,17 +45,22 @@ const WRITE: u8 = 2;
 const EVENTS: usize = 32;
 
 /// What every descriptor is watched for (edge-triggered, as the reactor does).
-const INTEREST: u32 = (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET) as u32;
+const INTEREST: EventFlags = EventFlags::IN
+    .union(EventFlags::OUT)
+    .union(EventFlags::RDHUP)
+    .union(EventFlags::ET);
 
 /// The readiness an event's mask gives: readable on input, a hang-up or an
 /// error; writable on room, a hang-up or an error (a write then says which).
 fn readiness(events: u32) -> u8 {
-    let has = |bits: libc::c_int| events & bits as u32 != 0;
+    let events = EventFlags::from_bits_retain(events);
     let mut r = 0;
-    if has(libc::EPOLLIN | libc::EPOLLPRI | libc::EPOLLRDHUP | libc::EPOLLHUP | libc::EPOLLERR) {
+    if events.intersects(
+        EventFlags::IN | EventFlags::PRI | EventFlags::RDHUP | EventFlags::HUP | EventFlags::ERR,
+    ) {
         r |= READ;
     }
-    if has(libc::EPOLLOUT | libc::EPOLLHUP | libc::EPOLLERR) {
+    if events.intersects(EventFlags::OUT | EventFlags::HUP | EventFlags::ERR) {
         r |= WRITE;
     }
     r
@@ -148,13 +154,7 @@ impl KeyedPoll {
 
     /// [`KeyedPoll::start`], with the task reading the events.
     fn start_driven(fatal: Rc<Fatal>) -> io::Result<(Rc<KeyedPoll>, JoinHandle<()>)> {
-        // SAFETY: epoll_create1 takes no pointers.
-        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: epoll_create1 returned a new descriptor that nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let fd = epoll::create(epoll::CreateFlags::CLOEXEC)?;
         let poll = Rc::new(KeyedPoll {
             epoll: super::register(fd, tokio::io::Interest::READABLE)?,
             slots: RefCell::new(Slots::default()),
@@ -167,24 +167,9 @@ impl KeyedPoll {
     /// Watches `t` (non-blocking) for input and room.
     pub fn register<T: OwnsFd>(self: &Rc<Self>, t: T) -> io::Result<Polled<T>> {
         let (index, key) = self.slots.borrow_mut().take();
-        let mut ev = libc::epoll_event {
-            events: INTEREST,
-            u64: key,
-        };
-        // SAFETY: `ev` is valid for the call; both descriptors are open (`t` owns
-        // its own).
-        let r = unsafe {
-            libc::epoll_ctl(
-                self.epoll.as_raw_fd(),
-                libc::EPOLL_CTL_ADD,
-                t.as_raw_fd(),
-                &mut ev,
-            )
-        };
-        if r < 0 {
-            let e = io::Error::last_os_error();
+        if let Err(e) = epoll::add(self.epoll.get_ref(), &t, EventData::new_u64(key), INTEREST) {
             self.slots.borrow_mut().release(index);
-            return Err(e);
+            return Err(e.into());
         }
         Ok(Polled {
             inner: t,
@@ -207,27 +192,25 @@ impl KeyedPoll {
 
     /// Takes the events ready now; how many there were.
     fn read_events(&self) -> io::Result<usize> {
-        let mut events = [libc::epoll_event { events: 0, u64: 0 }; EVENTS];
-        // SAFETY: `events` is valid for EVENTS entries for the call; no timeout.
-        let n = unsafe {
-            libc::epoll_wait(
-                self.epoll.as_raw_fd(),
-                events.as_mut_ptr(),
-                EVENTS as libc::c_int,
-                0,
-            )
+        let none = epoll::Event {
+            flags: EventFlags::empty(),
+            data: EventData::new_u64(0),
         };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let n = n as usize;
+        let mut events = [none; EVENTS];
+        // No timeout: only what is ready now.
+        let now = rustix::event::Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        let n = epoll::wait(self.epoll.get_ref(), &mut events[..], Some(&now))?;
         let mut woken = Vec::new();
         let mut stale = 0u64;
         {
             let mut slots = self.slots.borrow_mut();
-            for ev in &events[..n] {
+            for &ev in &events[..n] {
                 // Copied out: the struct is packed.
-                let (key, mask) = (ev.u64, ev.events);
+                let (data, flags) = (ev.data, ev.flags);
+                let (key, mask) = (data.u64(), flags.bits());
                 match slots.record(key, mask) {
                     Some(n) => woken.push(n),
                     None => stale += 1,
@@ -296,14 +279,14 @@ async fn drive(poll: Rc<KeyedPoll>) -> io::Error {
 }
 
 /// A descriptor registered with the [`KeyedPoll`]; unregistered when dropped.
-pub(crate) struct Polled<T: AsRawFd> {
+pub(crate) struct Polled<T: AsFd + AsRawFd> {
     inner: T,
     index: u32,
     poll: Rc<KeyedPoll>,
 }
 
 /// A readiness [`Polled::readable`] or [`Polled::writable`] found.
-pub(crate) struct ReadyGuard<'a, T: AsRawFd> {
+pub(crate) struct ReadyGuard<'a, T: AsFd + AsRawFd> {
     polled: &'a Polled<T>,
     bit: u8,
 }
@@ -312,7 +295,7 @@ pub(crate) struct ReadyGuard<'a, T: AsRawFd> {
 #[derive(Debug)]
 pub(crate) struct WouldBlock;
 
-impl<T: AsRawFd> Polled<T> {
+impl<T: AsFd + AsRawFd> Polled<T> {
     pub fn get_ref(&self) -> &T {
         &self.inner
     }
@@ -345,7 +328,7 @@ impl<T: AsRawFd> Polled<T> {
     }
 }
 
-impl<T: AsRawFd> ReadyGuard<'_, T> {
+impl<T: AsFd + AsRawFd> ReadyGuard<'_, T> {
     /// Runs `f`; its `WouldBlock` clears the readiness and is `Err(WouldBlock)`.
     pub fn try_io<R>(
         &mut self,
@@ -361,18 +344,10 @@ impl<T: AsRawFd> ReadyGuard<'_, T> {
     }
 }
 
-impl<T: AsRawFd> Drop for Polled<T> {
+impl<T: AsFd + AsRawFd> Drop for Polled<T> {
     fn drop(&mut self) {
-        // SAFETY: EPOLL_CTL_DEL reads no event (a null pointer is allowed); both
-        // descriptors are open (`inner` closes after this).
-        unsafe {
-            libc::epoll_ctl(
-                self.poll.epoll.as_raw_fd(),
-                libc::EPOLL_CTL_DEL,
-                self.inner.as_raw_fd(),
-                std::ptr::null_mut(),
-            );
-        }
+        // Both descriptors are open (`inner` closes after this).
+        let _ = epoll::delete(self.poll.epoll.get_ref(), &self.inner);
         self.poll.slots.borrow_mut().release(self.index);
     }
 }
@@ -385,19 +360,19 @@ mod tests {
     fn a_freed_slot_s_old_key_names_nothing_even_once_the_slot_is_reused() {
         let mut s = Slots::default();
         let (i, old) = s.take();
-        assert!(s.record(old, libc::EPOLLIN as u32).is_some());
+        assert!(s.record(old, EventFlags::IN.bits()).is_some());
         s.release(i);
-        assert!(s.record(old, libc::EPOLLHUP as u32).is_none());
+        assert!(s.record(old, EventFlags::HUP.bits()).is_none());
         let (j, new) = s.take();
         assert_eq!(i, j);
         assert_ne!(old, new);
-        assert!(s.record(old, libc::EPOLLHUP as u32).is_none());
+        assert!(s.record(old, EventFlags::HUP.bits()).is_none());
         // The reused slot starts with no readiness of its former owner.
         assert_eq!(s.named(new).map(|s| s.ready), Some(0));
-        assert!(s.record(new, libc::EPOLLIN as u32).is_some());
+        assert!(s.record(new, EventFlags::IN.bits()).is_some());
         assert_eq!(s.named(new).map(|s| s.ready), Some(READ));
         // A key of a slot never handed out, or an address-like value, names nothing.
-        assert!(s.record(0x5585_2f1e_0b80, libc::EPOLLHUP as u32).is_none());
+        assert!(s.record(0x5585_2f1e_0b80, EventFlags::HUP.bits()).is_none());
         // Freeing twice moves the generation once.
         s.release(j);
         s.release(j);
@@ -406,11 +381,11 @@ mod tests {
 
     #[test]
     fn hang_ups_and_errors_wake_readers_and_writers() {
-        assert_eq!(readiness(libc::EPOLLIN as u32), READ);
-        assert_eq!(readiness(libc::EPOLLOUT as u32), WRITE);
-        assert_eq!(readiness(libc::EPOLLHUP as u32), READ | WRITE);
-        assert_eq!(readiness(libc::EPOLLERR as u32), READ | WRITE);
-        assert_eq!(readiness(libc::EPOLLRDHUP as u32), READ);
+        assert_eq!(readiness(EventFlags::IN.bits()), READ);
+        assert_eq!(readiness(EventFlags::OUT.bits()), WRITE);
+        assert_eq!(readiness(EventFlags::HUP.bits()), READ | WRITE);
+        assert_eq!(readiness(EventFlags::ERR.bits()), READ | WRITE);
+        assert_eq!(readiness(EventFlags::RDHUP.bits()), READ);
         assert_eq!(readiness(0), 0);
     }
 
@@ -431,17 +406,17 @@ mod tests {
     }
 
     fn read(f: &Polled<OwnedFd>, buf: &mut [u8]) -> io::Result<usize> {
-        nix::unistd::read(f.get_ref(), buf).map_err(io::Error::from)
+        Ok(rustix::io::read(f.get_ref(), buf)?)
     }
 
     #[test]
     fn a_pipe_s_input_and_its_end_reach_its_reader_through_the_keyed_epoll() {
         on_agent_loop(async {
             let poll = KeyedPoll::start(Rc::new(Fatal::default())).unwrap();
-            let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+            let (r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).unwrap();
             super::super::set_nonblocking(&r).unwrap();
             let r = poll.register(r).unwrap();
-            nix::unistd::write(&w, b"hi").unwrap();
+            rustix::io::write(&w, b"hi").unwrap();
             let mut buf = [0u8; 8];
             let mut g = within("input", r.readable()).await;
             let n = g.try_io(|f| read(f, &mut buf)).unwrap().unwrap();
@@ -463,7 +438,8 @@ mod tests {
         on_agent_loop(async {
             let poll = KeyedPoll::start(Rc::new(Fatal::default())).unwrap();
             // A descriptor registered, then dropped: its key is released.
-            let (gone, _gone_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+            let (gone, _gone_w) =
+                rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).unwrap();
             let gone = poll.register(gone).unwrap();
             let (index, old_key) = {
                 let slots = poll.slots.borrow();
@@ -472,7 +448,7 @@ mod tests {
             };
             drop(gone);
             // The live descriptor takes the freed slot.
-            let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+            let (r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).unwrap();
             super::super::set_nonblocking(&r).unwrap();
             let live = poll.register(r).unwrap();
             assert_eq!(live.index, index);
@@ -483,23 +459,17 @@ mod tests {
             woken.as_mut().enable();
             // Another pipe's end, dup'd, registered under the released key, and
             // made readable.
-            let (other, other_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
-            let dup = nix::unistd::dup(&other).unwrap();
-            let mut ev = libc::epoll_event {
-                events: INTEREST,
-                u64: old_key,
-            };
-            // SAFETY: `ev` is valid for the call; both descriptors are open.
-            let r = unsafe {
-                libc::epoll_ctl(
-                    poll.epoll.as_raw_fd(),
-                    libc::EPOLL_CTL_ADD,
-                    dup.as_raw_fd(),
-                    &mut ev,
-                )
-            };
-            assert_eq!(r, 0, "{}", io::Error::last_os_error());
-            nix::unistd::write(&other_w, b"x").unwrap();
+            let (other, other_w) =
+                rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).unwrap();
+            let dup = rustix::io::dup(&other).unwrap();
+            epoll::add(
+                poll.epoll.get_ref(),
+                &dup,
+                EventData::new_u64(old_key),
+                INTEREST,
+            )
+            .unwrap();
+            rustix::io::write(&other_w, b"x").unwrap();
             within("the stale event read", async {
                 while poll.stale.get() == 0 {
                     tokio::task::yield_now().await;
@@ -512,20 +482,12 @@ mod tests {
             let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
             assert!(std::future::Future::poll(woken.as_mut(), &mut cx).is_pending());
             // It still hears its own descriptor.
-            nix::unistd::write(&w, b"live").unwrap();
+            rustix::io::write(&w, b"live").unwrap();
             let mut buf = [0u8; 8];
             let mut g = within("the live input", live.readable()).await;
             let n = g.try_io(|f| read(f, &mut buf)).unwrap().unwrap();
             assert_eq!(&buf[..n], b"live");
-            // SAFETY: `dup` is open; EPOLL_CTL_DEL reads no event.
-            unsafe {
-                libc::epoll_ctl(
-                    poll.epoll.as_raw_fd(),
-                    libc::EPOLL_CTL_DEL,
-                    dup.as_raw_fd(),
-                    std::ptr::null_mut(),
-                )
-            };
+            epoll::delete(poll.epoll.get_ref(), &dup).unwrap();
             drop((other, other_w, dup));
         });
     }

@@ -23,7 +23,7 @@ mod workdir;
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -376,7 +376,7 @@ pub(crate) use log;
 pub(crate) type Afd = Rc<keyed_poll::Polled<OwnedFd>>;
 
 /// Types that own the descriptor they expose, so registering them is sound.
-pub(crate) trait OwnsFd: AsRawFd {}
+pub(crate) trait OwnsFd: AsFd + AsRawFd {}
 impl OwnsFd for OwnedFd {}
 impl OwnsFd for watch::InotifyFd {}
 
@@ -388,10 +388,8 @@ pub(crate) fn register<T: OwnsFd>(t: T, interest: tokio::io::Interest) -> io::Re
 }
 
 pub(crate) fn set_nonblocking(fd: &OwnedFd) -> io::Result<()> {
-    use nix::fcntl::{fcntl, FcntlArg, OFlag};
-    let flags = fcntl(fd, FcntlArg::F_GETFL)?;
-    let flags = OFlag::from_bits_retain(flags) | OFlag::O_NONBLOCK;
-    fcntl(fd, FcntlArg::F_SETFL(flags))?;
+    let flags = rustix::fs::fcntl_getfl(fd)?;
+    rustix::fs::fcntl_setfl(fd, flags | rustix::fs::OFlags::NONBLOCK)?;
     Ok(())
 }
 
@@ -460,6 +458,15 @@ pub(crate) fn run(
     local.block_on(&rt, main_loop(listener, config))
 }
 
+/// Sets SIGPIPE's disposition to ignored. (rustix has no signal dispositions.)
+fn ignore_sigpipe() -> io::Result<()> {
+    // SAFETY: setting a signal's disposition to SIG_IGN installs no handler code.
+    if unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) } == libc::SIG_ERR {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 async fn main_loop(
     listener: std::os::unix::net::UnixListener,
     mut config: AgentConfig,
@@ -467,18 +474,12 @@ async fn main_loop(
     use tokio::signal::unix::{signal, SignalKind};
 
     // A peer that vanishes must not kill the agent with SIGPIPE.
-    // SAFETY: setting a signal's disposition to SIG_IGN installs no handler code.
-    unsafe {
-        nix::sys::signal::signal(
-            nix::sys::signal::Signal::SIGPIPE,
-            nix::sys::signal::SigHandler::SigIgn,
-        )
-    }
-    .map_err(io::Error::from)?;
-    let pid1 = nix::unistd::getpid().as_raw() == 1;
+    ignore_sigpipe()?;
+    let pid1 = rustix::process::getpid().is_init();
     if !pid1 {
-        // Orphans of our processes come back to us instead of the host's init.
-        nix::sys::prctl::set_child_subreaper(true).map_err(io::Error::from)?;
+        // Orphans of our processes come back to us instead of the host's init. (The
+        // kernel reads the argument as a flag; rustix passes the pid given, 1 here.)
+        rustix::process::set_child_subreaper(Some(rustix::process::Pid::INIT))?;
     }
     let mut sigchld = signal(SignalKind::child())?;
     // Where to listen again after a quiesce (the bound path).
@@ -591,8 +592,13 @@ async fn main_loop(
 
 impl AsRawFd for watch::InotifyFd {
     fn as_raw_fd(&self) -> std::os::fd::RawFd {
-        use std::os::fd::AsFd;
-        self.0.as_fd().as_raw_fd()
+        self.0.as_raw_fd()
+    }
+}
+
+impl AsFd for watch::InotifyFd {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.0.as_fd()
     }
 }
 

@@ -17,13 +17,13 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
 
-use nix::fcntl::{OFlag, OpenHow, ResolveFlag};
+use rustix::fs::{Mode, OFlags, ResolveFlags, CWD};
 
 /// `Err(PermissionDenied)` when `fd` is the agent's own `/proc/<pid>` directory or
 /// something beneath it (through any of its thread ids).
 pub(crate) fn refuse_own(fd: BorrowedFd<'_>) -> io::Result<()> {
-    let fs = nix::sys::statfs::fstatfs(fd).map_err(io::Error::from)?;
-    if fs.filesystem_type() != nix::sys::statfs::PROC_SUPER_MAGIC {
+    let fs = rustix::fs::fstatfs(fd)?;
+    if fs.f_type != rustix::fs::PROC_SUPER_MAGIC {
         return Ok(());
     }
     let at = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))?;
@@ -56,18 +56,16 @@ fn is_own(pid: u32) -> bool {
 
 /// Opens `path` with `flags` (and `O_NOFOLLOW` unless `follow`), without following
 /// magic links, and refuses the agent's own `/proc` entries.
-pub(crate) fn open(path: &Path, flags: OFlag, follow: bool) -> io::Result<OwnedFd> {
-    let mut flags = flags | OFlag::O_CLOEXEC;
+pub(crate) fn open(path: &Path, flags: OFlags, follow: bool) -> io::Result<OwnedFd> {
+    let mut flags = flags | OFlags::CLOEXEC;
     if !follow {
-        flags |= OFlag::O_NOFOLLOW;
+        flags |= OFlags::NOFOLLOW;
     }
-    let how = OpenHow::new()
-        .flags(flags)
-        .resolve(ResolveFlag::RESOLVE_NO_MAGICLINKS);
-    let fd = match nix::fcntl::openat2(nix::fcntl::AT_FDCWD, path, how) {
+    let fd = match rustix::fs::openat2(CWD, path, flags, Mode::empty(), ResolveFlags::NO_MAGICLINKS)
+    {
         // A kernel without openat2 (gVisor's before 2023): see `open_plain`.
-        Err(nix::errno::Errno::ENOSYS) => open_plain(path, flags)?,
-        r => r.map_err(io::Error::from)?,
+        Err(rustix::io::Errno::NOSYS) => open_plain(path, flags)?,
+        r => r?,
     };
     refuse_own(fd.as_fd())?;
     Ok(fd)
@@ -79,9 +77,8 @@ pub(crate) fn open(path: &Path, flags: OFlag, follow: bool) -> io::Result<OwnedF
 /// no path of its own). A file or directory a magic link leads to has a path the
 /// caller could name, and reaching it through another process's `/proc` entries
 /// takes the same permission over that process as in the kernel itself.
-fn open_plain(path: &Path, flags: OFlag) -> io::Result<OwnedFd> {
-    let fd =
-        nix::fcntl::open(path, flags, nix::sys::stat::Mode::empty()).map_err(io::Error::from)?;
+fn open_plain(path: &Path, flags: OFlags) -> io::Result<OwnedFd> {
+    let fd = rustix::fs::open(path, flags, Mode::empty())?;
     let at = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))?;
     if !at.is_absolute() {
         return Err(io::Error::new(
@@ -103,7 +100,7 @@ impl PinnedDir {
     /// Opens the directory at `path` (following a final symlink only if `follow`).
     pub fn open(path: &Path, follow: bool) -> io::Result<PinnedDir> {
         Ok(PinnedDir {
-            fd: open(path, OFlag::O_PATH | OFlag::O_DIRECTORY, follow)?,
+            fd: open(path, OFlags::PATH | OFlags::DIRECTORY, follow)?,
         })
     }
 
@@ -122,26 +119,24 @@ impl PinnedDir {
 
     /// Subdirectory `name` of this one (not through a symlink).
     pub fn child(&self, name: &std::ffi::OsStr) -> io::Result<PinnedDir> {
-        let fd = nix::fcntl::openat(
+        let fd = rustix::fs::openat(
             self.fd.as_fd(),
             name,
-            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-            nix::sys::stat::Mode::empty(),
-        )
-        .map_err(io::Error::from)?;
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
         refuse_own(fd.as_fd())?;
         Ok(PinnedDir { fd })
     }
 
     /// Regular file `name` of this directory, for reading (not through a symlink).
     pub fn open_file(&self, name: &std::ffi::OsStr) -> io::Result<OwnedFd> {
-        let fd = nix::fcntl::openat(
+        let fd = rustix::fs::openat(
             self.fd.as_fd(),
             name,
-            OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-            nix::sys::stat::Mode::empty(),
-        )
-        .map_err(io::Error::from)?;
+            OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
         refuse_own(fd.as_fd())?;
         Ok(fd)
     }
@@ -174,7 +169,7 @@ mod tests {
     #[test]
     fn own_proc_entries_are_refused_by_every_route() {
         let me = std::process::id();
-        let tid = nix::unistd::gettid().as_raw();
+        let tid = rustix::thread::gettid().as_raw_pid();
         for p in [
             format!("/proc/{me}/maps"),
             "/proc/self/maps".to_string(),
@@ -182,7 +177,7 @@ mod tests {
             format!("/proc/{tid}/environ"),
             format!("/proc/{me}/task/{tid}/maps"),
         ] {
-            let e = open(Path::new(&p), OFlag::O_RDONLY, true).unwrap_err();
+            let e = open(Path::new(&p), OFlags::RDONLY, true).unwrap_err();
             assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{p}");
         }
         // A symlink elsewhere that leads there is checked where it leads.
@@ -191,20 +186,20 @@ mod tests {
         let link = dir.join("maps");
         let _ = std::fs::remove_file(&link);
         std::os::unix::fs::symlink(format!("/proc/{me}/maps"), &link).unwrap();
-        let e = open(&link, OFlag::O_RDONLY, true).unwrap_err();
+        let e = open(&link, OFlags::RDONLY, true).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::PermissionDenied);
         // Magic links are not followed at all (they lead out of procfs).
-        let e = open(Path::new("/proc/self/exe"), OFlag::O_RDONLY, true).unwrap_err();
+        let e = open(Path::new("/proc/self/exe"), OFlags::RDONLY, true).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::ELOOP));
         std::fs::remove_dir_all(&dir).unwrap();
         // Another process's entries and the rest of procfs stay readable.
-        assert!(open(Path::new("/proc/meminfo"), OFlag::O_RDONLY, true).is_ok());
+        assert!(open(Path::new("/proc/meminfo"), OFlags::RDONLY, true).is_ok());
         let mut child = std::process::Command::new("sleep")
             .arg("5")
             .spawn()
             .unwrap();
         let p = format!("/proc/{}/status", child.id());
-        let other = open(Path::new(&p), OFlag::O_RDONLY, true);
+        let other = open(Path::new(&p), OFlags::RDONLY, true);
         child.kill().unwrap();
         child.wait().unwrap();
         assert!(other.is_ok(), "{p}: {other:?}");

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
 use bytes::Bytes;
-use nix::errno::Errno;
+use rustix::io::Errno;
 use sandlot_proto::guest::{
     stream, ConfigureRequest, ErrorBody, ErrorCode, ExecRequest, ExitStatus, ProcessId,
     ProcessInfo, PtySize, Reply, StreamInfo, DATA_CHUNK,
@@ -30,8 +30,6 @@ use super::{
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /// Bytes read from one pipe before yielding to other tasks.
 const READ_BUDGET: usize = 256 * 1024;
-
-nix::ioctl_write_ptr_bad!(ioctl_set_winsize, libc::TIOCSWINSZ, libc::winsize);
 
 /// One output stream (stdout or stderr) of a process.
 pub(crate) struct OutStream {
@@ -271,22 +269,17 @@ fn resolve_program(
 }
 
 pub(crate) fn set_winsize(master: &impl AsFd, size: PtySize) -> io::Result<()> {
-    use std::os::fd::AsRawFd;
-    let ws = libc::winsize {
+    let ws = rustix::termios::Winsize {
         ws_row: size.rows,
         ws_col: size.cols,
         ws_xpixel: 0,
         ws_ypixel: 0,
     };
-    // SAFETY: TIOCSWINSZ reads one winsize from the pointer, which is valid for the
-    // duration of the call; the fd is an open terminal master.
-    unsafe { ioctl_set_winsize(master.as_fd().as_raw_fd(), &ws) }?;
-    Ok(())
+    Ok(rustix::termios::tcsetwinsize(master, ws)?)
 }
 
 pub(crate) fn watch_lifeline(agent: Shared, fd: OwnedFd) -> io::Result<JoinHandle<()>> {
-    use nix::fcntl::{fcntl, FcntlArg, FdFlag};
-    fcntl(&fd, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC))?;
+    rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::CLOEXEC)?;
     set_nonblocking(&fd)?;
     let afd = super::register(fd, tokio::io::Interest::READABLE)?;
     Ok(spawn_task(async move {
@@ -295,7 +288,7 @@ pub(crate) fn watch_lifeline(agent: Shared, fd: OwnedFd) -> io::Result<JoinHandl
             let Ok(mut g) = afd.readable().await else {
                 break;
             };
-            match g.try_io(|f| nix::unistd::read(f.get_ref(), &mut buf).map_err(io::Error::from)) {
+            match g.try_io(|f| rustix::io::read(f.get_ref(), &mut buf).map_err(io::Error::from)) {
                 Ok(Ok(0)) | Ok(Err(_)) => break,
                 Ok(Ok(_)) | Err(_) => continue,
             }
@@ -604,7 +597,7 @@ impl Agent {
             let fd = st.fd.clone().expect("room() checked the fd");
             let buf = self.scratch.get();
             let n = room.min(buf.len());
-            match nix::unistd::read(fd.get_ref(), &mut buf[..n]) {
+            match rustix::io::read(fd.get_ref(), &mut buf[..n]) {
                 Ok(0) => {
                     st.eof = true;
                     break ReadOutcome::Eof;
@@ -617,15 +610,15 @@ impl Agent {
                         break ReadOutcome::Budget;
                     }
                 }
-                Err(Errno::EAGAIN) => {
+                Err(Errno::AGAIN) => {
                     would_block = true;
                     break ReadOutcome::NoRoom;
                 }
-                Err(Errno::EINTR) => continue,
+                Err(Errno::INTR) => continue,
                 Err(e) => {
                     // EIO: the terminal's last slave closed. Anything else: the stream
                     // is unusable; either way it has ended.
-                    if e != Errno::EIO {
+                    if e != Errno::IO {
                         super::log!("reading output of process {id}: {e}");
                     }
                     st.eof = true;
@@ -922,7 +915,8 @@ impl Agent {
             ));
         }
         // SAFETY: kill(2) with a negative pid signals a process group; no memory is
-        // involved. (nix's Signal cannot name real-time signals.)
+        // involved. (rustix's Signal cannot name real-time signals safely, and the
+        // client may send any of 1..=64.)
         let r = unsafe { libc::kill(-p.pid, sig) };
         if r != 0 {
             let e = io::Error::last_os_error();

@@ -2,43 +2,89 @@
 //! started (and orphans of its sessions), so that a host process's other children
 //! are never touched.
 
-use nix::errno::Errno;
-use nix::unistd::Pid;
+use std::io;
+
+use rustix::io::Errno;
+use rustix::process::{Pid, Signal, WaitOptions};
 use sandlot_proto::guest::ExitStatus;
 
 use super::Agent;
 
-/// Raw wait status of one child, decoded. `None`: nothing (more) to reap.
-fn wait_nohang(pid: i32) -> Option<(i32, ExitStatus)> {
-    loop {
-        let mut status: libc::c_int = 0;
-        // SAFETY: waitpid writes one int through a pointer valid for the call.
-        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-        if r > 0 {
-            let es = if libc::WIFEXITED(status) {
-                ExitStatus {
-                    code: Some(libc::WEXITSTATUS(status)),
-                    ..ExitStatus::default()
-                }
-            } else if libc::WIFSIGNALED(status) {
-                ExitStatus {
-                    signal: Some(libc::WTERMSIG(status)),
-                    core_dumped: libc::WCOREDUMP(status),
-                    ..ExitStatus::default()
-                }
-            } else {
-                continue;
-            };
-            return Some((r, es));
-        }
-        if r == 0 {
-            return None;
-        }
-        if Errno::last() == Errno::EINTR {
-            continue;
-        }
-        return None;
+/// A pid as rustix's type: `None` unless positive.
+fn pid_of(raw: i32) -> Option<Pid> {
+    if raw > 0 {
+        Pid::from_raw(raw)
+    } else {
+        None
     }
+}
+
+/// Wait status of one child (`pid`, or any child for -1), decoded. `None`: nothing
+/// (more) to reap.
+fn wait_nohang(pid: i32) -> Option<(i32, ExitStatus)> {
+    // rustix's `waitpid(None)` is waitpid(0), the caller's process group only; any
+    // child is `wait`.
+    let target = match pid {
+        -1 => None,
+        p => Some(pid_of(p)?),
+    };
+    loop {
+        let reaped = match target {
+            None => rustix::process::wait(WaitOptions::NOHANG),
+            Some(p) => rustix::process::waitpid(Some(p), WaitOptions::NOHANG),
+        };
+        let (child, status) = match reaped {
+            Ok(Some(reaped)) => reaped,
+            Ok(None) => return None,
+            Err(Errno::INTR) => continue,
+            Err(_) => return None,
+        };
+        let es = if let Some(code) = status.exit_status() {
+            ExitStatus {
+                code: Some(code),
+                ..ExitStatus::default()
+            }
+        } else if let Some(signal) = status.terminating_signal() {
+            ExitStatus {
+                signal: Some(signal),
+                core_dumped: libc::WCOREDUMP(status.as_raw()),
+                ..ExitStatus::default()
+            }
+        } else {
+            continue;
+        };
+        return Some((child.as_raw_pid(), es));
+    }
+}
+
+/// The pid of a child that has exited, left unreaped (`waitid(P_ALL, WEXITED |
+/// WNOHANG | WNOWAIT)`); `None` when no child has. rustix's `waitid` does not
+/// give the pid.
+fn peek_exited_child() -> io::Result<Option<i32>> {
+    // SAFETY: siginfo_t is plain data, valid when zeroed.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: waitid writes one siginfo_t through a pointer valid for the call.
+    let r = unsafe {
+        libc::waitid(
+            libc::P_ALL,
+            0,
+            &mut info,
+            libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: waitid filled in a SIGCHLD siginfo (or left it zeroed: pid 0).
+    let pid = unsafe { info.si_pid() };
+    Ok((pid != 0).then_some(pid))
+}
+
+/// SIGKILLs every process this one may signal but itself (`kill(-1, SIGKILL)`),
+/// which rustix's `Pid` cannot name.
+fn kill_all_others() {
+    // SAFETY: kill(2) takes no memory; -1 is every process the caller may signal.
+    unsafe { libc::kill(-1, libc::SIGKILL) };
 }
 
 /// Fields after the command name of /proc/PID/stat: (state, ppid, pgrp, session).
@@ -64,12 +110,15 @@ fn all_pids() -> Vec<i32> {
 /// SIGKILLs the process group `pgid` and every process in session `sid`
 /// (descendants that made their own process group included).
 pub(super) fn kill_tree(sid: i32) {
-    let _ = nix::sys::signal::killpg(Pid::from_raw(sid), nix::sys::signal::Signal::SIGKILL);
+    if let Some(pgid) = pid_of(sid) {
+        let _ = rustix::process::kill_process_group(pgid, Signal::KILL);
+    }
     for pid in all_pids() {
         if let Some((_, _, _, s)) = proc_stat(pid) {
             if s == sid {
-                let _ =
-                    nix::sys::signal::kill(Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+                if let Some(pid) = pid_of(pid) {
+                    let _ = rustix::process::kill_process(pid, Signal::KILL);
+                }
             }
         }
     }
@@ -108,16 +157,12 @@ impl Agent {
         // started, so that other children of a host process are never touched.
         // Peek at zombies without reaping them (WNOWAIT); the common case costs one
         // system call.
-        use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
-        let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
         loop {
-            let pid = match waitid(Id::All, flags) {
-                Ok(WaitStatus::StillAlive) | Err(Errno::ECHILD) => return,
-                Ok(st) => match st.pid() {
-                    Some(p) => p.as_raw(),
-                    None => return,
-                },
-                // A status nix cannot decode: look at the children one by one.
+            let pid = match peek_exited_child() {
+                Ok(Some(pid)) => pid,
+                Ok(None) => return,
+                Err(e) if e.raw_os_error() == Some(libc::ECHILD) => return,
+                // Look at the children one by one.
                 Err(_) => break,
             };
             if self.by_pid.contains_key(&pid) {
@@ -152,7 +197,7 @@ impl Agent {
         self.shutting_down = true;
         if self.pid1 {
             // From PID 1 this reaches every other process of the namespace.
-            let _ = nix::sys::signal::kill(Pid::from_raw(-1), nix::sys::signal::Signal::SIGKILL);
+            kill_all_others();
         }
         let sids: Vec<i32> = self
             .procs

@@ -22,11 +22,7 @@ pub(crate) fn choose_victim(procs: &[(i32, u64)], own: i32) -> Option<MemoryVict
 /// Every process of the agent's `/proc` with its resident bytes (`statm`'s second
 /// field, in pages). Processes that end meanwhile are left out.
 fn resident_sets() -> Vec<(i32, u64)> {
-    // SAFETY: sysconf has no preconditions.
-    let page = match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
-        n if n > 0 => n as u64,
-        _ => 4096,
-    };
+    let page = rustix::param::page_size() as u64;
     let Ok(dir) = fs::read_dir("/proc") else {
         return Vec::new();
     };
@@ -47,9 +43,9 @@ pub(crate) fn relieve() -> Option<MemoryVictim> {
     // a few times at most.
     for _ in 0..4 {
         let v = choose_victim(&resident_sets(), own)?;
-        // SAFETY: kill has no memory preconditions; `v.pid` is neither the agent
-        // nor PID 1.
-        if unsafe { libc::kill(v.pid, libc::SIGKILL) } == 0 {
+        // `v.pid` is neither the agent nor PID 1 (so above 1).
+        let pid = rustix::process::Pid::from_raw(v.pid)?;
+        if rustix::process::kill_process(pid, rustix::process::Signal::KILL).is_ok() {
             return Some(v);
         }
     }

@@ -15,11 +15,10 @@
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 
-use nix::errno::Errno;
 use sandlot_proto::guest::{ErrorBody, ErrorCode, PtySize};
 
 use super::process::ExecPlan;
@@ -88,7 +87,8 @@ impl ChildSpec {
     /// parent is suspended until exec or exit).
     unsafe fn run(&self) -> ! {
         let fail = |step: Step| -> ! {
-            let e = Errno::last_raw() as u32;
+            // Reads errno; no allocation.
+            let e = io::Error::last_os_error().raw_os_error().unwrap_or(0) as u32;
             // SAFETY: `failure` points into the suspended parent's frame, which reads
             // it only after this child has exited; _exit skips atexit handlers and
             // stdio flushing, which belong to the parent.
@@ -179,27 +179,89 @@ impl ChildSpec {
     }
 }
 
+/// This thread's signal mask while it blocks every signal; the previous mask is
+/// restored when dropped. (rustix has no signal masks.)
+struct SignalsBlocked {
+    old: libc::sigset_t,
+}
+
+impl SignalsBlocked {
+    fn all() -> io::Result<SignalsBlocked> {
+        let mut all = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
+        let mut old = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
+        // SAFETY: sigfillset initialises the set it is given; pthread_sigmask reads
+        // `all` and fills `old`, both valid for the call.
+        let r = unsafe {
+            libc::sigfillset(all.as_mut_ptr());
+            libc::pthread_sigmask(libc::SIG_SETMASK, all.as_ptr(), old.as_mut_ptr())
+        };
+        if r != 0 {
+            return Err(io::Error::from_raw_os_error(r));
+        }
+        // SAFETY: pthread_sigmask succeeded, so it wrote the previous mask.
+        let old = unsafe { old.assume_init() };
+        Ok(SignalsBlocked { old })
+    }
+}
+
+impl Drop for SignalsBlocked {
+    fn drop(&mut self) {
+        // SAFETY: `old` is a mask pthread_sigmask returned; no old mask is asked for.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &self.old, std::ptr::null_mut()) };
+    }
+}
+
+/// Starts `spec.run()` in a `CLONE_VM | CLONE_VFORK` child on `stack` (its top,
+/// 16-byte aligned); returns once the child has exec'd or exited, with its pid.
+/// (rustix has no `clone` with a function and stack.)
+fn clone_vfork(spec: &ChildSpec, stack: &mut [u8]) -> io::Result<i32> {
+    extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
+        // SAFETY: `arg` is the `ChildSpec` passed to clone below, alive in the
+        // suspended parent's frame until exec or exit.
+        let spec = unsafe { &*arg.cast_const().cast::<ChildSpec>() };
+        // SAFETY: this is the CLONE_VM | CLONE_VFORK child with every pointer of
+        // `spec` valid; it never returns.
+        unsafe { spec.run() }
+    }
+    let end = stack.as_mut_ptr_range().end;
+    let top = end.wrapping_sub(end as usize % 16);
+    // SAFETY: CLONE_VFORK suspends this thread until the child has exec'd or
+    // exited, so the shared memory is not used concurrently; the child runs on
+    // `stack` (which outlives the call), follows the rules in the module
+    // documentation and never returns from `child`.
+    let pid = unsafe {
+        libc::clone(
+            child,
+            top.cast(),
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            std::ptr::from_ref(spec).cast_mut().cast(),
+        )
+    };
+    if pid < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(pid)
+}
+
 /// A descriptor numbered at least 3 (so that dup2 onto 0..2 never aliases).
 fn above_stdio(fd: OwnedFd) -> io::Result<OwnedFd> {
     if fd.as_raw_fd() > 2 {
         return Ok(fd);
     }
-    let dup = nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(3))?;
-    // SAFETY: F_DUPFD_CLOEXEC returned a new descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(dup) })
+    Ok(rustix::io::fcntl_dupfd_cloexec(&fd, 3)?)
 }
 
 fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
-    let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    let (r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
     Ok((above_stdio(r)?, above_stdio(w)?))
 }
 
 /// An input that reads as empty: /dev/null, or an empty pipe if the sandbox has none.
 fn null_input() -> io::Result<OwnedFd> {
-    match nix::fcntl::open(
+    match rustix::fs::open(
         "/dev/null",
-        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_CLOEXEC,
-        nix::sys::stat::Mode::empty(),
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
     ) {
         Ok(fd) => above_stdio(fd),
         Err(_) => Ok(pipe()?.0),
@@ -207,17 +269,17 @@ fn null_input() -> io::Result<OwnedFd> {
 }
 
 pub(crate) fn open_pty(size: PtySize) -> io::Result<(OwnedFd, OwnedFd)> {
-    use nix::fcntl::OFlag;
-    let master = nix::pty::posix_openpt(OFlag::O_RDWR | OFlag::O_NOCTTY | OFlag::O_CLOEXEC)?;
-    nix::pty::grantpt(&master)?;
-    nix::pty::unlockpt(&master)?;
-    let name = nix::pty::ptsname_r(&master)?;
-    // SAFETY: into_raw_fd hands over sole ownership of a valid, open descriptor.
-    let master = unsafe { OwnedFd::from_raw_fd(std::os::fd::IntoRawFd::into_raw_fd(master)) };
-    let slave = nix::fcntl::open(
-        name.as_str(),
-        OFlag::O_RDWR | OFlag::O_NOCTTY | OFlag::O_CLOEXEC,
-        nix::sys::stat::Mode::empty(),
+    use rustix::fs::{Mode, OFlags};
+    use rustix::pty::OpenptFlags;
+    let master =
+        rustix::pty::openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC)?;
+    rustix::pty::grantpt(&master)?;
+    rustix::pty::unlockpt(&master)?;
+    let name = rustix::pty::ptsname(&master, Vec::new())?;
+    let slave = rustix::fs::open(
+        name.as_c_str(),
+        OFlags::RDWR | OFlags::NOCTTY | OFlags::CLOEXEC,
+        Mode::empty(),
     )?;
     super::process::set_winsize(&master, size)?;
     Ok((above_stdio(master)?, above_stdio(slave)?))
@@ -315,10 +377,10 @@ pub(crate) fn spawn(
     oom: &ChildOomScore,
 ) -> Result<Spawned, ErrorBody> {
     let name = &plan.argv[0];
-    let me_root = nix::unistd::geteuid().is_root();
+    let me_root = rustix::process::geteuid().is_root();
     if !me_root
-        && (plan.user.uid != nix::unistd::getuid().as_raw()
-            || plan.user.gid != nix::unistd::getgid().as_raw())
+        && (plan.user.uid != rustix::process::getuid().as_raw()
+            || plan.user.gid != rustix::process::getgid().as_raw())
     {
         return Err(err(
             ErrorCode::PermissionDenied,
@@ -422,48 +484,22 @@ pub(crate) fn spawn(
 
     // Block every signal so that none is handled in the child before it has reset
     // the dispositions; restore right after.
-    let all = nix::sys::signal::SigSet::all();
-    let mut old = nix::sys::signal::SigSet::empty();
-    nix::sys::signal::pthread_sigmask(
-        nix::sys::signal::SigmaskHow::SIG_SETMASK,
-        Some(&all),
-        Some(&mut old),
-    )
-    .map_err(|e| io_err("blocking signals", e.into()))?;
-    let cb: nix::sched::CloneCb<'_> = Box::new(|| {
-        // SAFETY: runs in the CLONE_VM | CLONE_VFORK child; `spec` and everything
-        // it points to live in this (suspended) stack frame until exec or exit.
-        unsafe { spec.run() }
-    });
+    let blocked = SignalsBlocked::all().map_err(|e| io_err("blocking signals", e))?;
     // The child inherits the agent's OOM score at the clone.
     let agent_score = oom.zero_for_child();
-    // SAFETY: CLONE_VFORK suspends this thread until the child has exec'd or
-    // exited, so the shared memory is not used concurrently; the child follows the
-    // rules in the module documentation and never returns from the callback.
-    let res = unsafe {
-        nix::sched::clone(
-            cb,
-            stack,
-            nix::sched::CloneFlags::CLONE_VM | nix::sched::CloneFlags::CLONE_VFORK,
-            Some(libc::SIGCHLD),
-        )
-    };
+    let res = clone_vfork(&spec, stack);
     drop(agent_score);
-    let _ = nix::sys::signal::pthread_sigmask(
-        nix::sys::signal::SigmaskHow::SIG_SETMASK,
-        Some(&old),
-        None,
-    );
+    drop(blocked);
     drop(child_fds);
     let pid = match res {
-        Ok(pid) => pid.as_raw(),
-        Err(Errno::EAGAIN) => {
+        Ok(pid) => pid,
+        Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
             return Err(err(
                 ErrorCode::Limit,
                 format!("exec {name:?}: the process limit is reached (clone: EAGAIN)"),
             ))
         }
-        Err(e) => return Err(io_err("clone", e.into())),
+        Err(e) => return Err(io_err("clone", e)),
     };
 
     // The child has exec'd, or failed and exited, writing why. Read through a
@@ -472,9 +508,9 @@ pub(crate) fn spawn(
     let [step, errno] = unsafe { std::ptr::read_volatile(&failure) };
     if step != 0 {
         // It exited: collect it now, so that nobody else sees this pid.
-        let mut status = 0;
-        // SAFETY: waitpid writes one int through a valid pointer.
-        unsafe { libc::waitpid(pid, &mut status, 0) };
+        if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+            let _ = rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty());
+        }
         let step = Step::from_u32(step);
         let errno = errno as i32;
         let e = io::Error::from_raw_os_error(errno);

@@ -6,7 +6,7 @@ use std::io;
 use std::rc::Rc;
 
 use bytes::Bytes;
-use nix::errno::Errno;
+use rustix::io::Errno;
 use sandlot_proto::guest::stream;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
@@ -88,10 +88,10 @@ impl Agent {
                 return Ok(());
             };
             let (conn, chan) = (*conn, *chan);
-            let n = match nix::unistd::write(si.fd.get_ref(), data) {
+            let n = match rustix::io::write(si.fd.get_ref(), data) {
                 Ok(n) => n,
-                Err(Errno::EINTR) => continue,
-                Err(Errno::EAGAIN) => return Err(io::ErrorKind::WouldBlock.into()),
+                Err(Errno::INTR) => continue,
+                Err(Errno::AGAIN) => return Err(io::ErrorKind::WouldBlock.into()),
                 Err(e) => return Err(e.into()),
             };
             bytes::Buf::advance(data, n);
@@ -126,7 +126,7 @@ impl Agent {
         };
         if si.tty && !broken {
             // A terminal has no half-close: send the EOF character instead.
-            let _ = nix::unistd::write(si.fd.get_ref(), b"\x04");
+            let _ = rustix::io::write(si.fd.get_ref(), b"\x04");
         }
         si.task = None;
         let queued: Vec<(u64, u32, usize)> = si

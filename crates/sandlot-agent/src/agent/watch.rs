@@ -6,13 +6,17 @@
 //! one `overflow` record instead of the agent buffering without bound.
 
 use std::collections::HashMap;
+use std::ffi::OsString;
 use std::io;
+use std::mem::MaybeUninit;
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
 use super::keyed_poll::Polled;
 use bytes::BytesMut;
-use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, InotifyEvent, WatchDescriptor};
+use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
 use sandlot_proto::guest::{
     stream, ErrorBody, ErrorCode, WatchEvent, WatchEventKind, WatchRequest, DATA_CHUNK,
 };
@@ -22,8 +26,58 @@ use tokio::task::JoinHandle;
 use super::users::User;
 use super::{spawn_task, Agent, Chan, Shared};
 
-/// Inotify wrapped for the reactor.
-pub(crate) struct InotifyFd(pub Inotify);
+/// An inotify instance, wrapped for the reactor.
+pub(crate) struct InotifyFd(pub OwnedFd);
+
+/// An inotify watch descriptor.
+type WatchDescriptor = i32;
+
+/// One inotify event, owned.
+struct InotifyEvent {
+    wd: WatchDescriptor,
+    mask: ReadFlags,
+    cookie: u32,
+    name: Option<OsString>,
+}
+
+/// Bytes of inotify events taken per read.
+const EVENT_BUFFER: usize = 4096;
+
+/// A buffer for inotify events, aligned for the kernel's `struct inotify_event`.
+#[repr(C, align(8))]
+struct EventBuffer([MaybeUninit<u8>; EVENT_BUFFER]);
+
+impl InotifyFd {
+    fn add_watch(&self, path: &Path, mask: WatchFlags) -> io::Result<WatchDescriptor> {
+        Ok(inotify::add_watch(&self.0, path, mask)?)
+    }
+
+    fn rm_watch(&self, wd: WatchDescriptor) -> io::Result<()> {
+        Ok(inotify::remove_watch(&self.0, wd)?)
+    }
+
+    /// The events one read returns (`Err(WouldBlock)` when there are none).
+    fn read_events(&self) -> io::Result<Vec<InotifyEvent>> {
+        let mut buf = EventBuffer([MaybeUninit::uninit(); EVENT_BUFFER]);
+        let mut reader = inotify::Reader::new(&self.0, &mut buf.0);
+        let mut events = Vec::new();
+        loop {
+            // The first call reads; the rest take the events that read returned.
+            let ev = reader.next()?;
+            events.push(InotifyEvent {
+                wd: ev.wd(),
+                mask: ev.events(),
+                cookie: ev.cookie(),
+                name: ev
+                    .file_name()
+                    .map(|n| OsString::from_vec(n.to_bytes().to_vec())),
+            });
+            if reader.is_buffer_empty() {
+                return Ok(events);
+            }
+        }
+    }
+}
 
 /// A channel streaming the events of one watch.
 pub(crate) struct WatchStream {
@@ -49,24 +103,24 @@ impl Drop for WatchStream {
     }
 }
 
-fn mask() -> AddWatchFlags {
-    AddWatchFlags::IN_CREATE
-        | AddWatchFlags::IN_MODIFY
-        | AddWatchFlags::IN_ATTRIB
-        | AddWatchFlags::IN_DELETE
-        | AddWatchFlags::IN_MOVED_FROM
-        | AddWatchFlags::IN_MOVED_TO
-        | AddWatchFlags::IN_DELETE_SELF
-        | AddWatchFlags::IN_MOVE_SELF
-        | AddWatchFlags::IN_DONT_FOLLOW
-        | AddWatchFlags::from_bits_retain(libc::IN_EXCL_UNLINK)
+fn mask() -> WatchFlags {
+    WatchFlags::CREATE
+        | WatchFlags::MODIFY
+        | WatchFlags::ATTRIB
+        | WatchFlags::DELETE
+        | WatchFlags::MOVED_FROM
+        | WatchFlags::MOVED_TO
+        | WatchFlags::DELETE_SELF
+        | WatchFlags::MOVE_SELF
+        | WatchFlags::DONT_FOLLOW
+        | WatchFlags::EXCL_UNLINK
 }
 
 /// Adds watches on `dir` and, when `recursive`, every directory below it. With
 /// `report`, records a `create` event for every entry found (for directories that
 /// appeared before their watch was in place).
 fn add_tree(
-    ino: &Inotify,
+    ino: &InotifyFd,
     wds: &mut HashMap<WatchDescriptor, PathBuf>,
     dir: &Path,
     recursive: bool,
@@ -120,8 +174,12 @@ impl Agent {
         }
         let user = super::files::user_for(self, "watch", r.user.as_deref())?;
         let root = PathBuf::from(&r.path);
-        let ino = Inotify::init(InitFlags::IN_CLOEXEC | InitFlags::IN_NONBLOCK)
-            .map_err(|e| ErrorBody::new(ErrorCode::Io, format!("watch: inotify_init: {e}")))?;
+        let ino = inotify::init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK)
+            .map(InotifyFd)
+            .map_err(|e| {
+                let e = io::Error::from(e);
+                ErrorBody::new(ErrorCode::Io, format!("watch: inotify_init: {e}"))
+            })?;
         let mut wds = HashMap::new();
         let recursive = r.recursive;
         self.fs
@@ -134,7 +192,7 @@ impl Agent {
             })?;
         let fd = Rc::new(
             self.keyed_poll()
-                .and_then(|p| p.register(InotifyFd(ino)))
+                .and_then(|p| p.register(ino))
                 .map_err(|e| ErrorBody::new(ErrorCode::Io, format!("watch: {e}")))?,
         );
         let room = Rc::new(Notify::new());
@@ -179,7 +237,7 @@ impl Agent {
         let mut moved_from: Vec<(u32, PathBuf, bool)> = Vec::new();
         for ev in evs {
             let m = ev.mask;
-            if m.contains(AddWatchFlags::IN_Q_OVERFLOW) {
+            if m.contains(ReadFlags::QUEUE_OVERFLOW) {
                 out.push(WatchEvent {
                     kind: WatchEventKind::Overflow,
                     path: None,
@@ -191,38 +249,38 @@ impl Agent {
             let Some(base) = ws.wds.get(&ev.wd).cloned() else {
                 continue;
             };
-            if m.contains(AddWatchFlags::IN_IGNORED) {
+            if m.contains(ReadFlags::IGNORED) {
                 ws.wds.remove(&ev.wd);
                 if base == ws.root {
                     ws.finished = true;
                 }
                 continue;
             }
-            let is_dir = m.contains(AddWatchFlags::IN_ISDIR);
+            let is_dir = m.contains(ReadFlags::ISDIR);
             let path = match &ev.name {
                 Some(n) => base.join(n),
                 None => base.clone(),
             };
-            if m.intersects(AddWatchFlags::IN_DELETE_SELF | AddWatchFlags::IN_MOVE_SELF) {
+            if m.intersects(ReadFlags::DELETE_SELF | ReadFlags::MOVE_SELF) {
                 if base == ws.root {
                     out.push(event(WatchEventKind::Delete, &ws.root, None, is_dir));
                     ws.finished = true;
                 }
                 continue;
             }
-            if m.contains(AddWatchFlags::IN_CREATE) {
+            if m.contains(ReadFlags::CREATE) {
                 out.push(event(WatchEventKind::Create, &path, None, is_dir));
                 if is_dir && ws.recursive {
-                    let (ino, wds) = (&ws.fd.get_ref().0, &mut ws.wds);
+                    let (ino, wds) = (ws.fd.get_ref(), &mut ws.wds);
                     let _ = fs.run(&ws.user, || add_tree(ino, wds, &path, true, Some(&mut out)));
                 }
-            } else if m.intersects(AddWatchFlags::IN_MODIFY | AddWatchFlags::IN_ATTRIB) {
+            } else if m.intersects(ReadFlags::MODIFY | ReadFlags::ATTRIB) {
                 out.push(event(WatchEventKind::Modify, &path, None, is_dir));
-            } else if m.contains(AddWatchFlags::IN_DELETE) {
+            } else if m.contains(ReadFlags::DELETE) {
                 out.push(event(WatchEventKind::Delete, &path, None, is_dir));
-            } else if m.contains(AddWatchFlags::IN_MOVED_FROM) {
+            } else if m.contains(ReadFlags::MOVED_FROM) {
                 moved_from.push((ev.cookie, path, is_dir));
-            } else if m.contains(AddWatchFlags::IN_MOVED_TO) {
+            } else if m.contains(ReadFlags::MOVED_TO) {
                 if let Some(pos) = moved_from.iter().position(|(c, _, _)| *c == ev.cookie) {
                     let (_, from, _) = moved_from.remove(pos);
                     if is_dir {
@@ -237,7 +295,7 @@ impl Agent {
                 } else {
                     out.push(event(WatchEventKind::Create, &path, None, is_dir));
                     if is_dir && ws.recursive {
-                        let (ino, wds) = (&ws.fd.get_ref().0, &mut ws.wds);
+                        let (ino, wds) = (ws.fd.get_ref(), &mut ws.wds);
                         let _ =
                             fs.run(&ws.user, || add_tree(ino, wds, &path, true, Some(&mut out)));
                     }
@@ -254,7 +312,7 @@ impl Agent {
                     .map(|(wd, _)| *wd)
                     .collect();
                 for wd in gone {
-                    let _ = ws.fd.get_ref().0.rm_watch(wd);
+                    let _ = ws.fd.get_ref().rm_watch(wd);
                     ws.wds.remove(&wd);
                 }
             }
@@ -328,7 +386,7 @@ async fn watch_task(
             room.notified().await;
         }
         let mut g = fd.readable().await;
-        let res = g.try_io(|f| f.get_ref().0.read_events().map_err(io::Error::from));
+        let res = g.try_io(|f| f.get_ref().read_events());
         match res {
             Ok(Ok(evs)) => agent.borrow_mut().on_watch_events(conn, chan, evs),
             Ok(Err(e)) => {

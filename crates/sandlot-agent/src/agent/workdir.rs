@@ -10,10 +10,9 @@ use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Component, Path};
 
-use nix::errno::Errno;
-use nix::fcntl::{openat, OFlag};
-use nix::sys::stat::{mkdirat, Mode};
-use nix::unistd::{fchown, Gid, Uid};
+use rustix::fs::{fchown, mkdirat, openat, Mode, OFlags};
+use rustix::io::Errno;
+use rustix::process::{Gid, Uid};
 
 /// Makes `path` (absolute) and every missing directory above it, each created one
 /// 0755 and owned by `uid`:`gid`; existing ones are left as they are (links among
@@ -31,8 +30,8 @@ pub(crate) fn ensure(path: &str, uid: u32, gid: u32) -> io::Result<bool> {
     if p.is_dir() {
         return Ok(false);
     }
-    let dir_flags = OFlag::O_DIRECTORY | OFlag::O_CLOEXEC | OFlag::O_RDONLY;
-    let mut at: OwnedFd = nix::fcntl::open("/", dir_flags, Mode::empty())?;
+    let dir_flags = OFlags::DIRECTORY | OFlags::CLOEXEC | OFlags::RDONLY;
+    let mut at: OwnedFd = rustix::fs::open("/", dir_flags, Mode::empty())?;
     let mut made = false;
     for c in p.components() {
         let name = match c {
@@ -48,13 +47,13 @@ pub(crate) fn ensure(path: &str, uid: u32, gid: u32) -> io::Result<bool> {
         };
         let name = CString::new(name.as_encoded_bytes())
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL byte in the path"))?;
-        let created = match mkdirat(at.as_fd(), name.as_c_str(), Mode::from_bits_truncate(0o755)) {
+        let created = match mkdirat(at.as_fd(), name.as_c_str(), Mode::from_raw_mode(0o755)) {
             Ok(()) => true,
-            Err(Errno::EEXIST) => false,
+            Err(Errno::EXIST) => false,
             Err(e) => return Err(e.into()),
         };
         let flags = if created {
-            dir_flags | OFlag::O_NOFOLLOW
+            dir_flags | OFlags::NOFOLLOW
         } else {
             dir_flags
         };
@@ -62,8 +61,8 @@ pub(crate) fn ensure(path: &str, uid: u32, gid: u32) -> io::Result<bool> {
         if created {
             fchown(
                 next.as_fd(),
-                Some(Uid::from_raw(uid)),
-                Some(Gid::from_raw(gid)),
+                Some(Uid::from_raw_unchecked(uid)),
+                Some(Gid::from_raw_unchecked(gid)),
             )?;
             made = true;
         }
@@ -81,8 +80,8 @@ mod tests {
     fn missing_directories_are_made_and_existing_ones_left_alone() {
         let t = tempfile::tempdir().unwrap();
         let (uid, gid) = (
-            nix::unistd::getuid().as_raw(),
-            nix::unistd::getgid().as_raw(),
+            rustix::process::getuid().as_raw(),
+            rustix::process::getgid().as_raw(),
         );
         std::fs::create_dir(t.path().join("a")).unwrap();
         std::fs::set_permissions(t.path().join("a"), std::fs::Permissions::from_mode(0o700))

@@ -54,10 +54,9 @@ fn main() -> ExitCode {
                     let fd: i32 = v.parse().map_err(|_| {
                         eprintln!("sandlot-guest-agent: --lifeline-fd {v:?}: expected a number");
                     })?;
-                    if nix::fcntl::fcntl(
+                    if rustix::io::fcntl_getfd(
                         // SAFETY: only probes whether the number is an open descriptor.
                         unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) },
-                        nix::fcntl::FcntlArg::F_GETFD,
                     )
                     .is_err()
                     {

@@ -16,7 +16,7 @@ use sandlot_guest::client::{ExecRequest, GuestClient, Output, Process};
 /// for them, as it does as PID 1 of a sandbox.
 pub fn require_root() {
     assert!(
-        nix::unistd::geteuid().is_root(),
+        rustix::process::geteuid().is_root(),
         "privileged test: run as root (the agent starts processes as root and switches users); CI runs as root"
     );
 }
