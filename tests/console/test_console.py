@@ -179,8 +179,12 @@ def test_console_drives_a_sandbox_its_terminal_files_and_egress_log_then_volumes
     wait(d, "the filter keeps the sandbox", lambda d: d.find_elements(By.CSS_SELECTOR, f"tr[data-id='{sid}']"))
     shoot(d, "sandboxes")
     # The list re-renders every 2 s; a keyboard user's focus stays on the same control.
-    old = d.find_element(By.XPATH, f"//tr[@data-id='{sid}']//button[normalize-space()='Pause']")
-    d.execute_script("arguments[0].focus()", old)
+    # Found and focused in one script: a re-render between a lookup and a focus
+    # sent apart would leave the looked-up button stale.
+    old = d.execute_script(
+        "const b = document.evaluate(arguments[0], document, null,"
+        " XPathResult.FIRST_ORDERED_NODE_TYPE, null).singleNodeValue; b.focus(); return b",
+        f"//tr[@data-id='{sid}']//button[normalize-space()='Pause']")
     WebDriverWait(d, 20).until(staleness_of(old), message="the list re-rendered")
     focused = d.execute_script(
         "const a = document.activeElement; return [a.closest('tr') && a.closest('tr').dataset.id, a.textContent]")
@@ -371,14 +375,15 @@ def sign_in(d, base: str, token: str):
 def test_console_operator_page_lists_tenants_and_creates_and_revokes_a_tenant_token(daemon, browser):
     d = browser
     base = f"http://127.0.0.1:{daemon.api_port}"
-    tenant = daemon.token("acme")
+    # A tenant of its own: the other tests' sandboxes of theirs do not count here.
+    tenant = daemon.token("initech")
     busy = daemon.native("POST", "/v1/sandboxes", tenant, {"resources": {"memory": "128M"}, "timeout": "5m"})
     made = json.loads(daemon.operator("token", "create", "--operator", "--name", "console-test", "--json"))
     assert made["kind"] == "operator", made
 
     # A tenant's token: no operator page in the header.
     sign_in(d, base, tenant)
-    wait(d, "the tenant in the header", lambda d: "tenant acme" in d.find_element(By.ID, "who").text)
+    wait(d, "the tenant in the header", lambda d: "tenant initech" in d.find_element(By.ID, "who").text)
     assert not d.find_elements(By.CSS_SELECTOR, "#nav a[href='#/operator']")
     # Nor does the operator page start for a tenant's token named to it directly.
     d.get(f"{base}/ui/#/operator")
@@ -389,8 +394,8 @@ def test_console_operator_page_lists_tenants_and_creates_and_revokes_a_tenant_to
     sign_in(d, base, made["token"])
     wait(d, "the operator in the header", lambda d: d.find_element(By.ID, "who").text.startswith("operator"))
     click(d, "the operator link", "#nav a[href='#/operator']")
-    acme = wait(d, "acme in the tenants", lambda d: d.find_element(By.CSS_SELECTOR, "#tenant-list tr[data-id='acme']").text)
-    assert "1 / 100" in acme, acme  # one live sandbox of the default quota
+    row = wait(d, "initech in the tenants", lambda d: d.find_element(By.CSS_SELECTOR, "#tenant-list tr[data-id='initech']").text)
+    assert "1 / 100" in row, row  # one live sandbox of the default quota
     wait(d, "the daemon's numbers", lambda d: "Live sandboxes" in d.find_element(By.ID, "daemon-numbers").text)
     wait(d, "the pools section", lambda d: "No warm pools" in d.find_element(By.ID, "pool-list").text)
     wait(d, "the daemon's charts", lambda d: len(d.find_elements(By.CSS_SELECTOR, "#daemon-charts svg polyline")) == 2)
