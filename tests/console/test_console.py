@@ -199,7 +199,7 @@ def test_console_drives_a_sandbox_its_terminal_files_and_egress_log_then_volumes
     wait(d, "`hi` read back from the terminal", lambda d: "hi" in [r.strip() for r in terminal_rows(d)], timeout=30)
     # Its CPU and memory over time: a line each, from the metrics history.
     wait(d, "the usage charts", lambda d: len(d.find_elements(By.CSS_SELECTOR, "#usage svg polyline")) == 2)
-    caption = d.find_element(By.CSS_SELECTOR, "#usage-memory figcaption").text
+    caption = wait(d, "the memory chart's caption", lambda d: d.find_element(By.CSS_SELECTOR, "#usage-memory figcaption").text)
     assert caption.startswith("Memory: now ") and "B" in caption, caption
     # Process output that is markup is drawn as characters.
     type_into_terminal(d, "echo '<img src=x onerror=window.__xss=4>' | tr x y\n")
@@ -400,8 +400,11 @@ def test_console_operator_page_lists_tenants_and_creates_and_revokes_a_tenant_to
     wait(d, "the pools section", lambda d: "No warm pools" in d.find_element(By.ID, "pool-list").text)
     wait(d, "the daemon's charts", lambda d: len(d.find_elements(By.CSS_SELECTOR, "#daemon-charts svg polyline")) == 2)
     # The operator's own token is listed, revocable on the socket only.
-    own = d.find_element(By.CSS_SELECTOR, f"#token-list tr[data-id='{made['id']}']")
-    assert "operator" in own.text and not own.find_elements(By.CSS_SELECTOR, "button")
+    def own_row(d):
+        r = d.find_element(By.CSS_SELECTOR, f"#token-list tr[data-id='{made['id']}']")
+        return (r.text, r.find_elements(By.CSS_SELECTOR, "button"))
+    text, buttons = wait(d, "the operator's own token listed", own_row)
+    assert "operator" in text and not buttons, text
 
     # Create a tenant token whose name is markup: its secret is shown once.
     form = d.find_element(By.ID, "token-form")
