@@ -628,6 +628,25 @@ mod tests {
     }
 
     #[test]
+    fn a_page_is_1_to_100_long_and_starts_at_its_token() {
+        assert_eq!(page_query(None).unwrap(), (100, None));
+        let q = |s: &str| page_query(Some(s.into()));
+        assert_eq!(
+            q("limit=7&nextToken=app&teamID=x").unwrap(),
+            (7, Some("app".into()))
+        );
+        assert_eq!(q("nextToken=").unwrap(), (100, None));
+        for bad in ["limit=0", "limit=101", "limit=-1", "limit=x"] {
+            let e = q(bad).unwrap_err();
+            assert!(
+                e.status == StatusCode::BAD_REQUEST && e.message.starts_with("limit: "),
+                "{bad}: {}",
+                e.message
+            );
+        }
+    }
+
+    #[test]
     fn a_template_with_no_image_yet_is_its_newest_build() {
         let own = Own {
             kept: vec![],
