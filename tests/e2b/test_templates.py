@@ -381,6 +381,11 @@ def test_a_tenants_templates_are_listed_shown_and_deleted_and_no_one_elses(serve
     assert delete_templates_template_id.sync_detailed("base", client=mine).status_code == 404
     assert Template.exists(name)
 
+    def image_ids():
+        return {i["id"] for i in server.native("GET", "/v1/images", server.key)["images"]}
+
+    built = [i["id"] for i in server.native("GET", "/v1/images", server.key)["images"] if f"{name}:latest" in i["tags"]]
+    assert len(built) == 1
     sb = Sandbox.create(template=name, timeout=60)
     try:
         r = delete_templates_template_id.sync_detailed(name, client=mine)
@@ -391,10 +396,16 @@ def test_a_tenants_templates_are_listed_shown_and_deleted_and_no_one_elses(serve
         assert name not in {t.template_id for t in get_templates.sync_detailed(client=mine).parsed}
         assert get_templates_template_id.sync_detailed(name, client=mine).status_code == 404
         assert delete_templates_template_id.sync_detailed(name, client=mine).status_code == 404
-        # The sandbox started from it keeps running on its files.
+        # The sandbox started from it keeps running on its files, and holds its image.
         assert sb.commands.run("cat /tmp/from-template").stdout == "kept\n"
+        assert built[0] in image_ids()
     finally:
         sb.kill()
+    # The image goes once its last sandbox has ended.
+    deadline = time.monotonic() + 30
+    while built[0] in image_ids() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert built[0] not in image_ids()
     # None of its names is left; the other tenant's template stays.
     images = server.native("GET", "/v1/images", server.key)["images"]
     assert all(not any(tag.startswith(f"{name}:") for tag in i["tags"]) for i in images)
