@@ -307,3 +307,150 @@ def test_a_request_naming_too_many_tags_is_refused(server):
     assert r.status_code == 400 and "at most 64" in r.json()["message"], r.text
     r = api.post("/templates/tags", json={"target": f"{alias()}:latest", "tags": tags})
     assert r.status_code == 400 and "at most 64" in r.json()["message"], r.text
+
+
+def templates_api(api_key: str):
+    """The official SDK's generated client (its models parse the answers)."""
+    from e2b.api.client_sync import get_api_client
+    from e2b.connection_config import ConnectionConfig
+
+    return get_api_client(ConnectionConfig(api_key=api_key))
+
+
+def test_a_tenants_templates_are_listed_shown_and_deleted_and_no_one_elses(server, tmp_path):
+    from e2b.api.client.api.templates import (
+        delete_templates_template_id,
+        get_templates,
+        get_templates_template_id,
+        get_v2_templates,
+    )
+    from e2b.api.client.models import Template as TemplateModel, TemplateWithBuilds
+
+    name, theirs = alias(), alias()
+    Template.build(
+        Template(file_context_path=str(tmp_path)).from_base_image().run_cmd("echo kept > /tmp/from-template"),
+        name,
+    )
+    Template.build(Template(file_context_path=str(tmp_path)).from_base_image().run_cmd("true"), theirs, api_key=server.key_b)
+    mine, other = templates_api(server.key), templates_api(server.key_b)
+    # A second template of the caller's, known by its build that waits for files.
+    extra = alias()
+    api = httpx.Client(base_url=server.url, headers={"X-API-Key": server.key}, timeout=30)
+    assert api.post("/v3/templates", json={"name": extra}).status_code == 202
+
+    # Listed (v1 and v2), in E2B's shape: the caller's own, never another
+    # tenant's, nor the operator's (public) ones.
+    res = get_templates.sync_detailed(client=mine)
+    assert res.status_code == 200, res.content
+    listed = {t.template_id: t for t in res.parsed}
+    assert all(isinstance(t, TemplateModel) for t in res.parsed)
+    assert name in listed and theirs not in listed, listed.keys()
+    assert "base" not in listed and "rooty" not in listed
+    t = listed[name]
+    assert (t.names, t.aliases, t.public, t.build_status.value) == ([name], [name], False, "ready")
+    assert (t.created_by, t.spawn_count, t.last_spawned_at) == (None, 0, None)
+    assert t.build_count == 1 and t.cpu_count >= 1 and t.memory_mb == 512 and t.envd_version
+    assert theirs in {t.template_id for t in get_templates.sync_detailed(client=other).parsed}
+    pages = get_v2_templates.sync_detailed(client=mine, limit=1)
+    assert pages.status_code == 200 and len(pages.parsed) == 1, pages.content
+    assert pages.headers.get("x-next-token"), pages.headers
+    every, token = [], None
+    while True:
+        page = get_v2_templates.sync_detailed(client=mine, limit=1, next_token=token)
+        every += [t.template_id for t in page.parsed]
+        token = page.headers.get("x-next-token")
+        if not token:
+            break
+    assert every == sorted(listed) and extra in every, every
+    assert listed[extra].build_status.value == "waiting"
+    assert api.delete(f"/templates/{extra}").status_code == 204
+
+    # Shown with its builds; another tenant's, the operator's and unknown ones are 404.
+    res = get_templates_template_id.sync_detailed(name, client=mine)
+    assert res.status_code == 200, res.content
+    shown = TemplateWithBuilds.from_dict(res.parsed.to_dict())
+    assert shown.template_id == name and [b.status.value for b in shown.builds] == ["ready"]
+    assert str(shown.builds[0].build_id) == t.build_id
+    for key, tid in [(server.key, theirs), (server.key, "base"), (server.key, alias()), (server.key_b, name)]:
+        r = httpx.get(f"{server.url}/templates/{tid}", headers={"X-API-Key": key})
+        assert r.status_code == 404 and "not found" in r.json()["message"], (tid, r.text)
+
+    # Another tenant's delete is "not found" and leaves it; so is a delete of
+    # the operator's template.
+    assert delete_templates_template_id.sync_detailed(name, client=other).status_code == 404
+    assert delete_templates_template_id.sync_detailed("base", client=mine).status_code == 404
+    assert Template.exists(name)
+
+    def image_ids():
+        return {i["id"] for i in server.native("GET", "/v1/images", server.key)["images"]}
+
+    built = [i["id"] for i in server.native("GET", "/v1/images", server.key)["images"] if f"{name}:latest" in i["tags"]]
+    assert len(built) == 1
+    sb = Sandbox.create(template=name, timeout=60)
+    try:
+        r = delete_templates_template_id.sync_detailed(name, client=mine)
+        assert r.status_code == 204, r.content
+        assert not Template.exists(name)
+        with pytest.raises(SandboxException, match="not found"):
+            Sandbox.create(template=name, timeout=30)
+        assert name not in {t.template_id for t in get_templates.sync_detailed(client=mine).parsed}
+        assert get_templates_template_id.sync_detailed(name, client=mine).status_code == 404
+        assert delete_templates_template_id.sync_detailed(name, client=mine).status_code == 404
+        # The sandbox started from it keeps running on its files, and holds its image.
+        assert sb.commands.run("cat /tmp/from-template").stdout == "kept\n"
+        assert built[0] in image_ids()
+    finally:
+        sb.kill()
+    # The image goes once its last sandbox has ended.
+    deadline = time.monotonic() + 30
+    while built[0] in image_ids() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert built[0] not in image_ids()
+    # None of its names is left; the other tenant's template stays.
+    images = server.native("GET", "/v1/images", server.key)["images"]
+    assert all(not any(tag.startswith(f"{name}:") for tag in i["tags"]) for i in images)
+    assert Template.exists(theirs, api_key=server.key_b)
+    assert delete_templates_template_id.sync_detailed(theirs, client=other).status_code == 204
+
+
+def test_template_ids_that_are_not_names_are_refused_naming_the_problem(server):
+    api = httpx.Client(base_url=server.url, headers={"X-API-Key": server.key}, timeout=30)
+    for tid, problem in [
+        ("my-app:v1", "without a tag"),
+        ("..%2F..%2Fetc", "repository components"),
+        ("Bad%20Name", "repository components"),
+    ]:
+        for method in ("GET", "DELETE"):
+            r = api.request(method, f"/templates/{tid}")
+            assert r.status_code == 400 and problem in r.json()["message"], (method, tid, r.text)
+    r = api.get("/v2/templates", params={"limit": 0})
+    assert r.status_code == 400 and "limit" in r.json()["message"], r.text
+
+
+def test_a_template_is_not_deleted_while_its_build_runs_and_a_waiting_build_goes_with_it(server, tmp_path):
+    api = httpx.Client(base_url=server.url, headers={"X-API-Key": server.key}, timeout=60)
+    name = alias()
+    info = Template.build_in_background(
+        Template(file_context_path=str(tmp_path)).from_base_image().run_cmd("sleep 4"), name
+    )
+    while Template.get_build_status(info).status.value != "building":
+        time.sleep(0.1)
+    r = api.delete(f"/templates/{name}")
+    assert r.status_code == 409 and "running" in r.json()["message"], r.text
+    listed = {t["templateID"]: t for t in api.get("/templates").json()}
+    assert listed[name]["buildStatus"] == "building", listed.get(name)
+    while Template.get_build_status(info).status.value == "building":
+        time.sleep(0.2)
+    assert Template.get_build_status(info).status.value == "ready"
+    assert api.delete(f"/templates/{name}").status_code == 204
+    assert not Template.exists(name)
+
+    # A build requested and never started is dropped with its template.
+    waiting = alias()
+    r = api.post("/v3/templates", json={"name": waiting})
+    assert r.status_code == 202, r.text
+    build = r.json()["buildID"]
+    assert api.get(f"/templates/{waiting}").json()["buildStatus"] == "waiting"
+    assert api.delete(f"/templates/{waiting}").status_code == 204
+    assert api.get(f"/templates/{waiting}/builds/{build}/status").status_code == 404
+    assert api.get(f"/templates/{waiting}").status_code == 404

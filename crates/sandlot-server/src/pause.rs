@@ -1252,8 +1252,9 @@ fn remove_saved(state: &AppState, id: &str, isolation: Isolation) {
     crate::checkpoint::remove_all_of(state, id);
 }
 
-/// Removes image `reference` that a pause committed, once nothing holds it: not
-/// if it has a tag (the tenant named it) or a sandbox leases it. Blocking.
+/// Removes image `reference` that the daemon committed (a pause, a tenant's
+/// build whose template was deleted), once nothing holds it: not if it has a tag
+/// (someone names it), and after the last sandbox leasing it lets it go. Blocking.
 pub(crate) fn forget_commit(state: &AppState, reference: &str) {
     let untagged = state
         .images
@@ -1264,11 +1265,17 @@ pub(crate) fn forget_commit(state: &AppState, reference: &str) {
         return;
     }
     match state.images.remove_committed(reference) {
-        Ok(_) => tracing::info!(image = reference, "removed an image a pause committed"),
+        Ok(_) => tracing::info!(
+            image = reference,
+            "removed an untagged image the daemon committed"
+        ),
         // Sandboxes started from it (forks, sandboxes of a snapshot) hold it:
         // it goes when the last of them lets it go.
         Err(sandlot_store::StoreError::InUse { .. }) => state.images.orphan(reference),
-        Err(e) => tracing::debug!(image = reference, "keep an image a pause committed: {e}"),
+        Err(e) => tracing::debug!(
+            image = reference,
+            "keep an untagged image the daemon committed: {e}"
+        ),
     }
 }
 

@@ -3,8 +3,8 @@
 //! connect are in `lifecycle.rs`). Errors are E2B's `{"code": STATUS,
 //! "message"}`, which the SDK turns into its typed exceptions; network options
 //! and updates become egress policies (`network.rs`); a create from a snapshot
-//! is `snapshots.rs`'s; what Sandlot does not have (template listing and
-//! deletion, volumes) answers 501 with a message naming the call.
+//! is `snapshots.rs`'s; what Sandlot does not have (template updates,
+//! volumes) answers 501 with a message naming the call.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -128,7 +128,7 @@ pub fn routes() -> Router<Arc<E2b>> {
         .route("/v2/sandboxes/{id}/logs", get(logs_v2))
 }
 
-/// Everything else E2B's API has (template listing, volumes, teams...): a
+/// Everything else E2B's API has (template updates, volumes, teams...): a
 /// clear 501, never a hang.
 pub async fn unsupported(req: Request) -> RestError {
     let (m, p) = (req.method().clone(), req.uri().path().to_string());
@@ -140,7 +140,7 @@ pub async fn unsupported(req: Request) -> RestError {
         || p.starts_with("/v2/templates")
         || p.starts_with("/v3/templates")
     {
-        "this template call (builds, their status and Template.exists are)"
+        "this template call (builds, their status, tags, Template.exists, listing, showing and deleting templates are)"
     } else if p.starts_with("/volumes") {
         "volumes"
     } else if m == Method::GET && p == "/sandboxes/metrics" {

@@ -15,7 +15,7 @@ use axum::body::Body;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use sandlot_proto::api::snapshot::CreateSnapshot;
 use sandlot_proto::api::PauseKind;
@@ -33,7 +33,12 @@ pub fn routes() -> Router<Arc<E2b>> {
     Router::new()
         .route("/sandboxes/{id}/snapshots", post(create).fallback(other))
         .route("/snapshots", get(list).fallback(other))
-        .route("/templates/{id}", delete(remove).fallback(other))
+        .route(
+            "/templates/{id}",
+            get(super::templates::catalog::get_one)
+                .delete(remove)
+                .fallback(other),
+        )
 }
 
 /// E2B's `SnapshotInfo`.
@@ -149,17 +154,17 @@ fn bare_name(t: &str) -> &str {
     t.split(':').next().unwrap_or(t)
 }
 
-/// `DELETE /templates/{id}`: a snapshot of the caller's is deleted (204);
-/// another id is 404 (deleting built templates is not supported: 501).
+/// `DELETE /templates/{id}`: a snapshot of the caller's is deleted (204), else
+/// a template it built (`templates::catalog::delete`: 204, 404 when it has
+/// none of that name).
 async fn remove(
     State(e2b): State<Arc<E2b>>,
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> RestResult<Response> {
     let p = principal(&e2b, &headers)?;
-    // By id; by name only when no template the caller built has that name (its
-    // templates are not deleted this way, and a snapshot's name must not make
-    // this delete something else).
+    // By id; by name only when no template the caller built has that name (a
+    // snapshot's name never shadows a template: the template is deleted).
     let by_id = crate::snapshot::find(&e2b.app, &p, bare_name(&id)).ok();
     let named = || {
         super::templates::image_template(&e2b, &p.tenant, &id)
@@ -174,10 +179,7 @@ async fn remove(
                 format!("snapshot {id:?} was not found"),
             ));
         }
-        return Err(RestError::new(
-            StatusCode::NOT_IMPLEMENTED,
-            format!("deleting templates is not supported by Sandlot's E2B compatibility (DELETE /templates/{id}); snapshots are deleted this way"),
-        ));
+        return super::templates::catalog::delete(&e2b, &p.tenant, &id).await;
     };
     match crate::snapshot::delete(&e2b.app, &p, &s.id).await {
         Ok(()) => Ok(StatusCode::NO_CONTENT.into_response()),

@@ -45,6 +45,7 @@ use super::E2b;
 use crate::body::read_limited;
 use crate::error::ApiError;
 
+pub mod catalog;
 mod steps;
 use steps::uploaded;
 pub use steps::{translate, E2bBuild, E2bStep, Translated};
@@ -94,6 +95,14 @@ fn from_api(e: ApiError) -> RestError {
 pub fn routes() -> Router<Arc<E2b>> {
     Router::new()
         .route("/v3/templates", post(request_build))
+        .route(
+            "/templates",
+            get(catalog::list).fallback(super::rest::unsupported),
+        )
+        .route(
+            "/v2/templates",
+            get(catalog::list_v2).fallback(super::rest::unsupported),
+        )
         .route("/templates/{template}/files/{hash}", get(upload_link))
         .route("/v2/templates/{template}/builds/{build}", post(start_build))
         .route(
