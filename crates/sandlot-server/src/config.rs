@@ -559,6 +559,9 @@ impl ServerConfig {
             if let Err(why) = self.isolation.permits(p.spec.isolation) {
                 return bad(format!("pools[{i}].spec.isolation {why}"));
             }
+            if let Err(why) = crate::isolation::memory_floor(&p.spec) {
+                return bad(format!("pools[{i}].spec.resources.memory {why}"));
+            }
         }
         let iso = &self.isolation;
         if iso.minimum > iso.ceiling {
@@ -796,6 +799,14 @@ max_sandboxes = 3
             (
                 "[isolation]\nminimum = \"gvisor\"\ndefault = \"gvisor\"\n[[pools]]\nspec = { isolation = \"namespace\" }\n",
                 "pools[0].spec.isolation \"namespace\" is below",
+            ),
+            (
+                "[[pools]]\nspec = { isolation = \"gvisor\", resources = { memory = \"16M\" } }\n",
+                "pools[0].spec.resources.memory 16M is too little for a gVisor sandbox",
+            ),
+            (
+                "[isolation]\ndefault = \"gvisor\"\n[[pools]]\nspec = { resources = { memory = \"24M\" } }\n",
+                "at least 32M",
             ),
         ] {
             let e = ServerConfig::from_toml(bad, Path::new("c")).unwrap_err();

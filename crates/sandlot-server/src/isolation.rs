@@ -62,15 +62,7 @@ pub fn admit(state: &AppState, spec: &mut SandboxSpec, given: bool) -> ApiResult
         spec.isolation = cfg.default;
     }
     permitted(state, spec.isolation)?;
-    if spec.isolation == Isolation::Gvisor && spec.resources.memory.0 < GVISOR_MIN_MEMORY {
-        return Err(ApiError::invalid(
-            "resources.memory",
-            format!(
-                "{} is too little for a gVisor sandbox: use at least 32M (gVisor's own kernel uses about 16 MiB of it)",
-                spec.resources.memory
-            ),
-        ));
-    }
+    memory_floor(spec).map_err(|why| ApiError::invalid("resources.memory", why))?;
     state
         .backends
         .get(spec.isolation)
@@ -81,6 +73,18 @@ pub fn admit(state: &AppState, spec: &mut SandboxSpec, given: bool) -> ApiResult
 /// The smallest memory limit a created gVisor sandbox may have: its own kernel,
 /// counted under the limit, takes about 16 MiB.
 const GVISOR_MIN_MEMORY: u64 = 32 << 20;
+
+/// Why `spec`'s `resources.memory` is too little for its isolation, if it is
+/// (a create's spec, a pool's shape).
+pub fn memory_floor(spec: &SandboxSpec) -> Result<(), String> {
+    if spec.isolation == Isolation::Gvisor && spec.resources.memory.0 < GVISOR_MIN_MEMORY {
+        return Err(format!(
+            "{} is too little for a gVisor sandbox: use at least 32M (gVisor's own kernel uses about 16 MiB of it)",
+            spec.resources.memory
+        ));
+    }
+    Ok(())
+}
 
 /// 400 when the operator's `[isolation]` ceiling or minimum rules `isolation`
 /// out. Every create passes here (`sandbox::create`), whatever made its spec: an
