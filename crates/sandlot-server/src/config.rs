@@ -609,14 +609,16 @@ impl ServerConfig {
         }
         // A build step's sandbox: the sizes must make a sandbox (memory at least the
         // minimum, the writable layer within what the memory holds).
-        if let Err(e) =
-            crate::build::step_spec("build-step", false, &self.images, self.isolation.default)
-                .validate()
-        {
+        let step =
+            crate::build::step_spec("build-step", false, &self.images, self.isolation.default);
+        if let Err(e) = step.validate() {
             return bad(format!(
                 "images.build_memory {} and images.build_disk {}: {e}",
                 self.images.build_memory, self.images.build_disk
             ));
+        }
+        if let Err(why) = crate::isolation::memory_floor(&step) {
+            return bad(format!("images.build_memory {why}"));
         }
         if self.runtime.cgroup_cpu_weight > 10_000 {
             return bad(format!(
@@ -637,6 +639,19 @@ impl ServerConfig {
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         if let Err(m) = self.e2b.check() {
             return bad(m);
+        }
+        // An E2B template's sandboxes are of its isolation, else the default.
+        for (name, v) in &self.e2b.templates {
+            if let Ok(mut spec) =
+                serde_json::from_value::<sandlot_proto::spec::SandboxSpec>(v.clone())
+            {
+                if v.get("isolation").is_none() {
+                    spec.isolation = self.isolation.default;
+                }
+                if let Err(why) = crate::isolation::memory_floor(&spec) {
+                    return bad(format!("e2b.templates.{name}.resources.memory {why}"));
+                }
+            }
         }
         if let Err(m) = self.ports.check() {
             return bad(m);
@@ -807,6 +822,14 @@ max_sandboxes = 3
             (
                 "[isolation]\ndefault = \"gvisor\"\n[[pools]]\nspec = { resources = { memory = \"24M\" } }\n",
                 "at least 32M",
+            ),
+            (
+                "[isolation]\ndefault = \"gvisor\"\n[images]\nbuild_memory = \"24M\"\n",
+                "images.build_memory 24M is too little for a gVisor sandbox",
+            ),
+            (
+                "[isolation]\ndefault = \"gvisor\"\n[e2b.templates.tiny]\nresources = { memory = \"16M\" }\n",
+                "e2b.templates.tiny.resources.memory 16M is too little",
             ),
         ] {
             let e = ServerConfig::from_toml(bad, Path::new("c")).unwrap_err();

@@ -243,14 +243,16 @@ impl Builds {
     /// Forgets builds never started within `stale` (their context and lease go),
     /// ends as failed those building for longer whose task is gone (it ended
     /// without ending them), and forgets each tenant's oldest finished ones past
-    /// [`KEEP_FINISHED`].
-    fn sweep(&self, stale: std::time::Duration) {
+    /// [`KEEP_FINISHED`]. The contexts to remove are handed back, for the
+    /// caller to remove outside the lock request handlers take.
+    fn sweep(&self, stale: std::time::Duration) -> Vec<PathBuf> {
+        let mut contexts = Vec::new();
         let mut m = self.lock();
         let mut finished: HashMap<String, Vec<(Instant, String)>> = HashMap::new();
         m.retain(|id, b| {
             let mut b = lock(b);
             if b.phase == Phase::Waiting && b.requested.elapsed() > stale {
-                let _ = std::fs::remove_dir_all(&b.ctx);
+                contexts.push(b.ctx.clone());
                 return false;
             }
             if b.phase == Phase::Building
@@ -263,7 +265,7 @@ impl Builds {
                 b.phase = Phase::Error;
                 b.finished = Some(Instant::now());
                 b.lease = None;
-                let _ = std::fs::remove_dir_all(&b.ctx);
+                contexts.push(b.ctx.clone());
             }
             if let Some(t) = b.finished {
                 finished
@@ -281,6 +283,7 @@ impl Builds {
                 }
             }
         }
+        contexts
     }
 
     fn get(&self, id: &str) -> Option<Arc<Mutex<Build>>> {
@@ -379,7 +382,12 @@ async fn request_build(
         return Err(bad(format!("tags: at most {MAX_TAGS} per request")));
     }
     let (template, names) = template_names(&name, &tags)?;
-    e2b.templates.sweep(e2b.app.cfg.images.build_timeout.0);
+    let stale = e2b.templates.sweep(e2b.app.cfg.images.build_timeout.0);
+    if !stale.is_empty() {
+        tokio::task::spawn_blocking(move || {
+            stale.iter().for_each(|c| drop(std::fs::remove_dir_all(c)))
+        });
+    }
     let lease = e2b.app.builds.try_take(&p.tenant).map_err(|held| {
         RestError::new(
             StatusCode::TOO_MANY_REQUESTS,

@@ -382,7 +382,8 @@ pub async fn get_one(
     let (repo, own) = find(&all, &id).ok_or_else(|| not_found(&raw))?;
     let mut out = template_json(repo, own, s).ok_or_else(|| not_found(&raw))?;
     let builds = builds_json(own, s);
-    let next = (offset + limit < builds.len()).then(|| (offset + limit).to_string());
+    let end = offset.saturating_add(limit);
+    let next = (end < builds.len()).then(|| end.to_string());
     out["builds"] = Value::Array(
         builds
             .into_iter()
@@ -400,12 +401,22 @@ pub async fn get_one(
 pub async fn delete(e2b: &Arc<E2b>, tenant: &str, raw: &str) -> RestResult<Response> {
     let id = template_id(raw).map_err(bad)?;
     let (e2, t, r) = (e2b.clone(), tenant.to_string(), raw.to_string());
-    let images = tokio::task::spawn_blocking(move || remove_blocking(&e2, &t, &id, &r))
+    let removed = tokio::task::spawn_blocking(move || remove_blocking(&e2, &t, &id, &r))
         .await
         .map_err(|e| RestError::from(ApiError::internal(e)))??;
-    // Outside the builds' lock: a removal waits for commits in progress.
+    // Outside the builds' lock (which request handlers take): a removal waits
+    // for commits in progress, and a dropped build's uploaded context may be
+    // large.
     let app = e2b.app.clone();
+    let Removed {
+        images,
+        contexts,
+        failed,
+    } = removed;
     tokio::task::spawn_blocking(move || {
+        for ctx in contexts {
+            let _ = std::fs::remove_dir_all(ctx);
+        }
         for img in images {
             let reference = img.to_string();
             crate::pause::forget_commit(&app, &reference);
@@ -416,18 +427,26 @@ pub async fn delete(e2b: &Arc<E2b>, tenant: &str, raw: &str) -> RestResult<Respo
     })
     .await
     .map_err(|e| RestError::from(ApiError::internal(e)))?;
-    Ok(StatusCode::NO_CONTENT.into_response())
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(StatusCode::NO_CONTENT.into_response()),
+    }
+}
+
+/// What a delete took out under the builds' lock, for the work done after it:
+/// the tenant's images that lost a tag, the contexts of the builds it dropped,
+/// and the store error that stopped it part way (what it had untagged until
+/// then is still cleaned up).
+struct Removed {
+    images: Vec<sandlot_store::Digest>,
+    contexts: Vec<std::path::PathBuf>,
+    failed: Option<RestError>,
 }
 
 /// The checks and the removal of the tags and builds, under the builds' lock
 /// (no build of the template starts or ends meanwhile): the images of the
 /// tenant's own that lost a tag.
-fn remove_blocking(
-    e2b: &E2b,
-    tenant: &str,
-    id: &str,
-    raw: &str,
-) -> RestResult<Vec<sandlot_store::Digest>> {
+fn remove_blocking(e2b: &E2b, tenant: &str, id: &str, raw: &str) -> RestResult<Removed> {
     let store = &e2b.app.images.store;
     let mut builds = e2b.templates.lock();
     // The whole name, else the last component (as a create finds it).
@@ -469,16 +488,22 @@ fn remove_blocking(
     }
     let mut images = Vec::new();
     for (n, img) in tagged.iter().filter(|(n, _)| n.repo == repo) {
-        store
-            .untag(ScopedTag {
-                tenant: Some(tenant),
-                name: n,
-            })
-            .map_err(crate::images::store_error)?;
+        if let Err(e) = store.untag(ScopedTag {
+            tenant: Some(tenant),
+            name: n,
+        }) {
+            // The builds stay remembered; what lost its tag is cleaned up.
+            return Ok(Removed {
+                images,
+                contexts: Vec::new(),
+                failed: Some(crate::images::store_error(e).into()),
+            });
+        }
         if img.owner.as_deref() == Some(tenant) && !images.contains(&img.id) {
             images.push(img.id);
         }
     }
+    let mut contexts = Vec::new();
     // A build that waits for its files ends with its template (a request that
     // had it already finds it ended), its context and place freed.
     for (_, _, b) in guards.iter_mut() {
@@ -489,7 +514,7 @@ fn remove_blocking(
             b.phase = Phase::Error;
             b.finished = Some(std::time::Instant::now());
             b.lease = None;
-            let _ = std::fs::remove_dir_all(&b.ctx);
+            contexts.push(b.ctx.clone());
         }
     }
     let gone: Vec<String> = guards.iter().map(|(k, _, _)| (*k).clone()).collect();
@@ -497,7 +522,11 @@ fn remove_blocking(
     for k in gone {
         builds.remove(&k);
     }
-    Ok(images)
+    Ok(Removed {
+        images,
+        contexts,
+        failed: None,
+    })
 }
 
 #[cfg(test)]

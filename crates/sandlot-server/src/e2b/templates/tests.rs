@@ -62,7 +62,9 @@ fn one_tenants_finished_builds_never_push_out_anothers() {
     for i in 0..KEEP_FINISHED * 4 {
         ended("noisy", format!("noisy-{i}"));
     }
-    builds.sweep(std::time::Duration::from_secs(3600));
+    assert!(builds
+        .sweep(std::time::Duration::from_secs(3600))
+        .is_empty());
     assert!(builds.get("quiet-build").is_some());
     let noisy = builds
         .lock()
@@ -87,9 +89,11 @@ async fn a_build_whose_task_is_gone_is_ended_by_the_sweep_and_a_running_one_is_n
         b.task = Some(task);
         builds.lock().insert(id.into(), Arc::new(Mutex::new(b)));
     }
-    builds.sweep(std::time::Duration::from_secs(1));
+    // The ended build's context is handed back for removal outside the lock.
+    let contexts = builds.sweep(std::time::Duration::from_secs(1));
     let gone = builds.get("gone").unwrap();
     let gone = lock(&gone);
+    assert_eq!(contexts, vec![gone.ctx.clone()]);
     assert_eq!(gone.phase, Phase::Error);
     assert!(gone.finished.is_some() && gone.reason.is_some());
     assert_eq!(lock(&builds.get("running").unwrap()).phase, Phase::Building);
