@@ -4,7 +4,6 @@ ipykernel, matplotlib and pandas on the host (scripts/setup.d/45-code.sh)."""
 
 from __future__ import annotations
 
-import os
 import struct
 import threading
 import time
@@ -66,12 +65,6 @@ def test_callbacks_see_output_as_it_happens_in_order(sb: sandlot.Sandbox) -> Non
     assert (x.stdout, x.stderr, x.status) == (["one\n"], ["two\n"], "error")
 
 
-@pytest.mark.xfail(
-    os.environ.get("SANDLOT_TEST_ISOLATION") == "gvisor",
-    reason="known defect on gVisor: an interrupt may fail to stop a running cell "
-    "(docs/api.md, code contexts)",
-    strict=False,
-)
 def test_contexts_are_separate_and_can_be_interrupted_restarted_and_removed(sb: sandlot.Sandbox) -> None:
     a = sb.create_code_context()
     b = sb.create_code_context("bash", cwd="/tmp")
