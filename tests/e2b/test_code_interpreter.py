@@ -119,7 +119,8 @@ def test_a_dataframe_carries_its_html_and_data(ci):
     ex = ci.run_code("import pandas as pd\npd.DataFrame({'a': [1, 2], 'b': [3.5, 4.5]})")
     r = ex.results[0]
     assert r.is_main_result and "<table" in r.html
-    assert r.data == {"columns": ["a", "b"], "index": [0, 1], "data": [[1, 3.5], [2, 4.5]]}
+    # As E2B's server gives it: each column's values (pandas' orient="list").
+    assert r.data == {"a": [1, 2], "b": [3.5, 4.5]}
 
 
 def test_contexts_keep_their_own_state_and_cwd(ci):
@@ -129,7 +130,8 @@ def test_contexts_keep_their_own_state_and_cwd(ci):
     ci.run_code("v = 'a'", context=a)
     ci.run_code("v = 'b'", context=b)
     assert ci.run_code("import os\n(v, os.getcwd())", context=a).text == "('a', '/tmp')"
-    assert ci.run_code("v", context=b).text == "'b'"
+    # A string's text comes without its quotes, as E2B's server answers it.
+    assert ci.run_code("v", context=b).text == "b"
     assert {c.id for c in ci.list_code_contexts()} >= {a.id, b.id}
     ci.restart_code_context(b)
     assert ci.run_code("'v' in globals()", context=b).text == "False"
@@ -138,7 +140,7 @@ def test_contexts_keep_their_own_state_and_cwd(ci):
 
 
 def test_env_vars_are_set_for_one_run(ci):
-    assert ci.run_code("import os\nos.getenv('FOO')", envs={"FOO": "bar"}).text == "'bar'"
+    assert ci.run_code("import os\nos.getenv('FOO')", envs={"FOO": "bar"}).text == "bar"
     assert ci.run_code("os.getenv('FOO')").text is None
 
 

@@ -428,6 +428,47 @@ fn is_e2b_chart(v: &RawValue) -> bool {
     serde_json::from_str::<ChartHead>(v.get()).is_ok_and(|h| CHART_TYPES.contains(&h.kind.as_str()))
 }
 
+/// `text` without the quotes around it, as E2B's server gives a result's
+/// `text/plain` (the repr of a string, `'abc'`, is `abc`).
+fn unquoted(text: &str) -> &str {
+    let quoted = |q: char| text.starts_with(q) && text.ends_with(q);
+    if quoted('\'') || quoted('"') {
+        text.get(1..text.len().saturating_sub(1)).unwrap_or("")
+    } else {
+        text
+    }
+}
+
+/// A DataFrame's data (`split` orientation: columns, index, rows) as E2B gives
+/// it: each column's name and its values (pandas' `orient="list"`; a column
+/// named twice keeps its last). `None` when the rows do not fit the columns.
+fn by_column(split: &str) -> Option<serde_json::Map<String, Value>> {
+    #[derive(Deserialize)]
+    struct Split {
+        columns: Vec<Value>,
+        data: Vec<Vec<Value>>,
+    }
+    let f: Split = serde_json::from_str(split).ok()?;
+    if f.data.iter().any(|row| row.len() != f.columns.len()) {
+        return None;
+    }
+    let mut values: Vec<Vec<Value>> = vec![Vec::with_capacity(f.data.len()); f.columns.len()];
+    for row in f.data {
+        for (i, v) in row.into_iter().enumerate() {
+            values[i].push(v);
+        }
+    }
+    let mut out = serde_json::Map::new();
+    for (name, column) in f.columns.into_iter().zip(values) {
+        let name = match name {
+            Value::String(s) => s,
+            other => other.to_string(),
+        };
+        out.insert(name, Value::Array(column));
+    }
+    Some(out)
+}
+
 /// Formats E2B has no key for, as a map.
 struct Extra<'a>(Vec<(&'a str, &'a RawValue)>);
 
@@ -465,6 +506,13 @@ impl Serialize for E2bResult<'_> {
                     continue;
                 }
             };
+            if key == "text" {
+                // E2B's server answers a string's repr without its quotes.
+                if let Ok(text) = serde_json::from_str::<String>(v.get()) {
+                    m.serialize_entry(key, unquoted(&text))?;
+                    continue;
+                }
+            }
             if key == "png" || key == "jpeg" {
                 if let Ok(b64) = serde_json::from_str::<String>(v.get()) {
                     m.serialize_entry(key, b64.trim())?;
@@ -476,8 +524,8 @@ impl Serialize for E2bResult<'_> {
         let frame = data.get("application/json").filter(|j| {
             data.contains("text/html") && serde_json::from_str::<FrameKeys>(j.get()).is_ok()
         });
-        if let Some(f) = frame {
-            m.serialize_entry("data", f)?;
+        if let Some(columns) = frame.and_then(|f| by_column(f.get())) {
+            m.serialize_entry("data", &columns)?;
         }
         if !extra.is_empty() {
             m.serialize_entry("extra", &Extra(extra))?;
@@ -510,7 +558,7 @@ mod tests {
         assert_eq!(l["text"], "   a\n0  1");
         assert_eq!(l["html"], "<table/>");
         assert_eq!(l["png"], "iVBO");
-        assert_eq!(l["data"]["columns"], json!(["a"]));
+        assert_eq!(l["data"], json!({"a": [1]}));
         assert_eq!(l["chart"]["type"], "line");
         assert_eq!(l["extra"]["application/vnd.custom"], 1);
         assert_eq!(l["is_main_result"], true);
@@ -522,6 +570,20 @@ mod tests {
         };
         let l: Value = serde_json::from_slice(&line(&E2bResult(&r))).unwrap();
         assert_eq!((l.get("data"), &l["json"]), (None, &json!([1])));
+    }
+
+    #[test]
+    fn a_strings_text_comes_without_its_quotes_and_a_frames_data_by_column() {
+        assert_eq!(unquoted("'bar'"), "bar");
+        assert_eq!(unquoted("\"it's\""), "it's");
+        assert_eq!(unquoted("'"), "");
+        assert_eq!(unquoted("'a\""), "'a\"");
+        assert_eq!(unquoted("42"), "42");
+        let cols =
+            by_column(r#"{"columns": ["a", 1], "index": [0, 1], "data": [[1, "x"], [2, null]]}"#)
+                .unwrap();
+        assert_eq!(Value::Object(cols), json!({"a": [1, 2], "1": ["x", null]}));
+        assert!(by_column(r#"{"columns": ["a"], "index": [0], "data": [[1, 2]]}"#).is_none());
     }
 
     #[test]
