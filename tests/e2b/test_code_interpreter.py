@@ -196,6 +196,12 @@ def test_bash_keeps_its_shell_state(ci):
     ci.run_code("cd /tmp && N=3", language="bash")
     ex = ci.run_code("echo $N $PWD", language="bash")
     assert ex.logs.stdout == ["3 /tmp\n"]
+    # A run's variables hold for that run only: the shell's own come back after.
+    ci.run_code("export KEEP=mine", language="bash")
+    ex = ci.run_code('echo "$KEEP $ONCE"', language="bash", envs={"KEEP": "run", "ONCE": "x y"})
+    assert ex.logs.stdout == ["run x y\n"]
+    ex = ci.run_code('echo "$KEEP ${ONCE-unset}"', language="bash")
+    assert ex.logs.stdout == ["mine unset\n"]
 
 
 def test_an_unknown_language_is_refused_by_name(ci):

@@ -17,10 +17,27 @@
 # directory, are never imported, only the released SDK of the venv.
 #
 #   bash tests/e2b/upstream.sh /path/to/E2B [pytest args...]
+#
+# A checkout of E2B's code-interpreter repository (its python/tests) works the
+# same way: the released `e2b-code-interpreter` of its version with the `e2b` its
+# poetry.lock names (default: the sync, chart and image suites).
+#
+#   bash tests/e2b/upstream.sh /path/to/code-interpreter [pytest args...]
 set -euo pipefail
 [ $# -ge 1 ] || { echo "usage: $0 E2B_CHECKOUT [pytest args...]" >&2; exit 2; }
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-sdk="$(cd "$1/packages/python-sdk" && pwd)"
+if [ -f "$1/python/pyproject.toml" ] && grep -q '^name = "e2b-code-interpreter"' "$1/python/pyproject.toml"; then
+    package=e2b-code-interpreter
+    sdk="$(cd "$1/python" && pwd)"
+    defaults=(tests/sync tests/charts tests/images)
+    # Its own pytest.ini runs pytest-xdist; here the tests run in turn.
+    extra=(-o "addopts=--import-mode=importlib")
+else
+    package=e2b
+    sdk="$(cd "$1/packages/python-sdk" && pwd)"
+    defaults=(tests/sync/sandbox_sync tests/sync/api_sync)
+    extra=()
+fi
 shift
 case "${E2B_UPSTREAM_SDK:-checkout}" in
 pinned)
@@ -30,10 +47,16 @@ pinned)
 checkout)
     version="$(sed -n 's/^version = "\([0-9][0-9.]*\)"$/\1/p' "$sdk/pyproject.toml" | head -n 1)"
     [ -n "$version" ] || { echo "no version = \"X.Y.Z\" in $sdk/pyproject.toml" >&2; exit 2; }
-    venv="$here/.venv-upstream-$version"
-    if ! "$venv/bin/python" -c "from importlib.metadata import version as v; assert v('e2b') == '$version'" 2>/dev/null; then
+    pins=("$package==$version")
+    if [ "$package" = e2b-code-interpreter ]; then
+        # The `e2b` it was released and tested with.
+        e2b_version="$(awk '/^name = "e2b"$/ {getline; gsub(/version = |"/, ""); print; exit}' "$sdk/poetry.lock")"
+        [ -n "$e2b_version" ] && pins+=("e2b==$e2b_version")
+    fi
+    venv="$here/.venv-upstream-$package-$version"
+    if ! "$venv/bin/python" -c "from importlib.metadata import version as v; assert v('$package') == '$version'" 2>/dev/null; then
         python3 -m venv "$venv"
-        "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "e2b==$version" \
+        "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "${pins[@]}" \
             pytest==9.2.0 pytest-asyncio==1.5.0 python-dotenv pytest-dotenv
     fi
     ;;
@@ -43,7 +66,7 @@ esac
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check pytest-timeout
 echo "upstream: e2b $("$venv/bin/python" -c "from importlib.metadata import version; print(version('e2b'))") from $venv" >&2
 bin="${SANDLOT_BIN:-${CARGO_TARGET_DIR:-$here/../../target}/debug/sandlot}"
-[ $# -gt 0 ] || set -- tests/sync/sandbox_sync tests/sync/api_sync
+[ $# -gt 0 ] || set -- "${defaults[@]}"
 
 ns="e2bup$$"
 tmp="$(mktemp -d /tmp/sandlot-e2b-upstream.XXXXXX)"
@@ -85,6 +108,6 @@ e2b_key="$(printf '%s' "$made" | "$venv/bin/python" -c 'import json,sys; print(j
 cd "$sdk"
 nsenter --net="/run/netns/$ns" env E2B_API_URL="http://127.0.0.1:$e2b" E2B_SANDBOX_URL="http://127.0.0.1:$e2b" \
     E2B_API_KEY="$e2b_key" E2B_DOMAIN=sandlot.invalid \
-    "$venv/bin/python" -P -m pytest -p no:cacheprovider -q -o timeout=60 -rfE "$@" || rc=$?
+    "$venv/bin/python" -P -m pytest -p no:cacheprovider -q -o timeout=60 ${extra[@]+"${extra[@]}"} -rfE "$@" || rc=$?
 [ -z "${rc:-}" ] || tail -n 20 "$tmp/serve.log" >&2
 exit "${rc:-0}"

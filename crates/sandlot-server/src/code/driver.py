@@ -715,15 +715,19 @@ class Bash:
         with open(path, "w") as f:
             f.write(code)
             f.write("\n")
-        prefix = ""
-        if env:
-            prefix = "".join("export %s=%s; " % (k, _sh_quote(v)) for k, v in env.items() if _sh_name(k))
+        # The run's variables hold for this cell only: each one's earlier value
+        # (or its absence) comes back after it, as with E2B.
+        prefix = restore = ""
+        for i, (k, v) in enumerate((k, v) for k, v in (env or {}).items() if _sh_name(k)):
+            prefix += "__sl_had%d=${%s+x}; __sl_old%d=${%s-}; export %s=%s; " % (i, k, i, k, k, _sh_quote(v))
+            restore += ('if [ -n "$__sl_had%d" ]; then export %s="$__sl_old%d"; else unset %s; fi; '
+                        "unset __sl_had%d __sl_old%d; " % (i, k, i, k, i, i))
         t = self.token
         # An interrupt (SIGINT to bash and its children) returns from the sourced
         # cell once its foreground command has ended.
-        line = ("%strap 'return 130' INT; . %s </dev/null; __s=$?; trap - INT; "
+        line = ("%strap 'return 130' INT; . %s </dev/null; __s=$?; trap - INT; %s"
                 "printf '\\n%s\\n'; printf '\\n%s\\n' >&2; echo $__s >&%d\n"
-                % (prefix, _sh_quote(path), t, t, self.status_w))
+                % (prefix, _sh_quote(path), restore, t, t, self.status_w))
         try:
             self.proc.stdin.write(line.encode())
             self.proc.stdin.flush()
