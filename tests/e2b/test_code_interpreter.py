@@ -139,6 +139,59 @@ def test_contexts_keep_their_own_state_and_cwd(ci):
     assert a.id not in {c.id for c in ci.list_code_contexts()}
 
 
+def test_default_contexts_are_listed_from_the_start_and_new_ones_after_them(ci):
+    import os
+
+    listed = ci.list_code_contexts()
+    languages = [c.language for c in listed]
+    # Python's default always; JavaScript's where the sandbox has Node (the
+    # `host` image is this machine's /usr).
+    has_node = any(os.path.exists(p) for p in ("/usr/local/bin/node", "/usr/bin/node"))
+    assert languages == (["python", "javascript"] if has_node else ["python"])
+    assert all(c.cwd == "/home/user" for c in listed)
+    # The listed default is the context a run without one uses.
+    python = listed[0]
+    ci.run_code("seen = 7")
+    assert ci.run_code("seen", context=python).text == "7"
+    made = ci.create_code_context()
+    after = ci.list_code_contexts()
+    assert [c.id for c in after].count(python.id) == 1
+    assert after[-1].id == made.id
+
+
+def test_cells_run_as_root_and_a_context_may_work_in_root_home(ci):
+    # As in E2B, whose Jupyter server runs as root: cells may install packages
+    # or write anywhere in the sandbox; the default directory stays the user's.
+    assert ci.run_code("import os\n(os.getuid(), os.getcwd())").text == "(0, '/home/user')"
+    ctx = ci.create_code_context(cwd="/root")
+    assert ctx.cwd == "/root"
+    ex = ci.run_code("open('here', 'w').write('x')\nimport os\nos.path.abspath('here')", context=ctx)
+    assert ex.error is None, ex.error
+    assert ex.text == "/root/here"
+    # Commands keep running as the sandbox's user.
+    assert ci.commands.run("id -u").stdout.strip() == "1000"
+
+
+def test_an_image_shown_or_saved_by_pil_comes_as_a_png_result(ci):
+    make = (
+        "import numpy\nfrom PIL import Image\n"
+        "image = Image.fromarray((numpy.random.rand(16, 24, 3) * 255).astype('uint8'))\n"
+    )
+    ex = ci.run_code(make + "image.show()\nprint('shown')")
+    assert ex.error is None, ex.error
+    assert ex.logs.stdout == ["shown\n"]
+    assert len(ex.results) == 1
+    png = base64.b64decode(ex.results[0].png)
+    assert struct.unpack(">II", png[16:24]) == (24, 16)
+    ex = ci.run_code("image.save('/tmp/saved.png')\nimage.save('/tmp/saved.jpg', 'JPEG')")
+    assert ex.error is None, ex.error
+    assert [bool(r.png) for r in ex.results] == [True, True]
+    assert ci.files.read("/tmp/saved.png", format="bytes")[:8] == b"\x89PNG\r\n\x1a\n"
+    # Saving to a file object is not showing.
+    ex = ci.run_code("import io\nimage.save(io.BytesIO(), 'PNG')")
+    assert ex.error is None and ex.results == []
+
+
 def test_env_vars_are_set_for_one_run(ci):
     assert ci.run_code("import os\nos.getenv('FOO')", envs={"FOO": "bar"}).text == "bar"
     assert ci.run_code("os.getenv('FOO')").text is None

@@ -46,6 +46,21 @@ def test_run_code_keeps_state_and_returns_rich_results(sb: sandlot.Sandbox) -> N
     assert "raise ValueError" in err.error.traceback
 
 
+def test_an_image_pil_shows_is_a_png_result_and_one_it_saves_is_only_a_file(sb: sandlot.Sandbox) -> None:
+    shown = sb.run_code(
+        "import numpy\nfrom PIL import Image\n"
+        "image = Image.fromarray((numpy.random.rand(10, 30, 3) * 255).astype('uint8'))\n"
+        "image.show()"
+    )
+    assert shown.error is None, shown.error
+    pngs = [r.png_bytes for r in shown.results if r.png_bytes]
+    assert len(pngs) == 1 and png_size(pngs[0]) == (30, 10)
+    # Natively a save is only a save (E2B's front door shows it too, as E2B does).
+    saved = sb.run_code("image.save('/tmp/i.png')\nimport os\nos.path.getsize('/tmp/i.png') > 0")
+    assert saved.error is None, saved.error
+    assert [r.text for r in saved.results] == ["True"]
+
+
 def test_callbacks_see_output_as_it_happens_in_order(sb: sandlot.Sandbox) -> None:
     seen: "list[tuple[str, object]]" = []
     x = sb.run_code(

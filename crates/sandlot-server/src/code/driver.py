@@ -182,6 +182,87 @@ __sandlot_cell_flag(FLAG_PATH)
 del __sandlot_cell_flag
 """
 
+# Run in a Python kernel once: there is no display in a sandbox, so PIL's
+# `Image.show()` shows the image as a result of the cell (its desktop viewers
+# report nothing shown without writing a file; the IPython viewer after them
+# displays it), and with
+# SHOW_SAVED an image saved to a path is shown too, as E2B's template does. PIL is
+# patched when a cell first imports it (an import hook), so a kernel that never
+# uses it never loads it.
+PY_IMAGES = r"""
+def __sandlot_images(show_saved):
+    import sys
+
+    def show(self, image, **options):
+        return 0
+
+    def patch_show(m):
+        m.UnixViewer.show = show
+
+    def patch_save(m):
+        import os
+        from IPython.display import display
+        original = m.Image.save
+
+        def save(self, fp, format=None, **params):
+            original(self, fp, format, **params)
+            if isinstance(fp, (str, bytes, os.PathLike)):
+                display(self)
+
+        m.Image.save = save
+
+    patches = {"PIL.ImageShow": patch_show}
+    if show_saved:
+        patches["PIL.Image"] = patch_save
+    for name in list(patches):
+        if name in sys.modules:
+            patches.pop(name)(sys.modules[name])
+
+    class AfterImport:
+        def find_spec(self, name, path=None, target=None):
+            patch = patches.get(name)
+            if patch is None:
+                return None
+            for finder in sys.meta_path:
+                find = getattr(finder, "find_spec", None)
+                if finder is self or find is None:
+                    continue
+                spec = find(name, path, target)
+                if spec is not None:
+                    break
+            else:
+                return None
+            inner = spec.loader
+            if inner is None or not hasattr(inner, "exec_module"):
+                return spec
+            hook = self
+
+            class Loader:
+                def create_module(self, spec):
+                    return inner.create_module(spec)
+
+                def exec_module(self, module):
+                    inner.exec_module(module)
+                    if patches.pop(name, None) is not None:
+                        try:
+                            patch(module)
+                        except Exception:
+                            pass
+                    if not patches and hook in sys.meta_path:
+                        sys.meta_path.remove(hook)
+
+                def __getattr__(self, attr):
+                    return getattr(inner, attr)
+
+            spec.loader = Loader()
+            return spec
+
+    if patches:
+        sys.meta_path.insert(0, AfterImport())
+__sandlot_images(SHOW_SAVED)
+del __sandlot_images
+"""
+
 # The MIME type of a figure's chart data (E2B's `chart`), and its extractor, run
 # in the kernel: what a matplotlib figure shows (its type, title, axis labels,
 # units, ticks, scales and elements), read from its artists when it is
@@ -834,6 +915,7 @@ def start(language, cwd):
                 "--IPKernelApp.quiet=True"]
         k = Kernel(argv, cwd, "python")
         k.silent(PY_SETUP.replace("CHART_SOURCE", repr(CHART_SOURCE)).replace("CHART_MIME", repr(CHART_MIME)))
+        k.silent(PY_IMAGES.replace("SHOW_SAVED", repr(SHOW_SAVED_IMAGES[0])))
         flag = os.path.join(k.dir, "cell-runs")
         fd = os.open(flag, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         os.pwrite(fd, b"0", 0)
@@ -892,9 +974,15 @@ def sweep(context):
         time.sleep(0.05)
 
 
+# Whether a Python kernel shows images saved to a path (set from the driver's
+# configuration before the kernel starts).
+SHOW_SAVED_IMAGES = [False]
+
+
 def main():
     conf = json.loads(sys.stdin.buffer.readline())
     language = conf.get("language", "python")
+    SHOW_SAVED_IMAGES[0] = conf.get("show_saved_images") is True
     context = conf.get("context")
     if isinstance(context, str) and context:
         sweep(context)

@@ -309,6 +309,10 @@ pub struct DriverSpec {
     pub language: String,
     pub cwd: Option<String>,
     pub env: BTreeMap<String, String>,
+    /// Whom the driver and its kernel run as (the sandbox's user when `None`).
+    pub user: Option<String>,
+    /// Whether a Python kernel shows images saved to a path (E2B's convention).
+    pub show_saved_images: bool,
     pub tag: String,
     /// The context's id: the processes its kernels start carry it, and a new
     /// driver ends those an earlier one left.
@@ -321,6 +325,7 @@ impl Driver {
         let req = ExecRequest {
             env: spec.env.clone(),
             cwd: spec.cwd.clone(),
+            user: spec.user.clone(),
             stdin: true,
             tag: Some(spec.tag.clone()),
             ..ExecRequest::new(["python3", "-c", BOOTSTRAP])
@@ -336,7 +341,11 @@ impl Driver {
             stderr_tail: Vec::new(),
         };
         let source = serde_json::to_string(DRIVER_SOURCE).expect("a string serializes");
-        let conf = serde_json::json!({ "language": spec.language, "context": spec.context });
+        let conf = serde_json::json!({
+            "language": spec.language,
+            "context": spec.context,
+            "show_saved_images": spec.show_saved_images,
+        });
         let started = async {
             d.send_line(&source, START_TIMEOUT).await?;
             d.send_line(&conf.to_string(), START_TIMEOUT).await?;

@@ -86,6 +86,44 @@ pub struct ContextParams {
     pub language: Language,
     pub cwd: Option<String>,
     pub env: BTreeMap<String, String>,
+    /// Whom its interpreter runs as: the sandbox's user when `None`.
+    pub user: Option<String>,
+    /// A Python context shows an image saved to a path (`PIL`'s `Image.save`) as a
+    /// result of the cell, as E2B's code interpreter does.
+    pub show_saved_images: bool,
+}
+
+impl ContextParams {
+    /// A context of `language` with everything else the sandbox's own.
+    pub fn of(language: Language) -> ContextParams {
+        ContextParams {
+            language,
+            cwd: None,
+            env: BTreeMap::new(),
+            user: None,
+            show_saved_images: false,
+        }
+    }
+}
+
+/// How a front door's default contexts (`default`, `default-bash`, ...) are made
+/// when a run first names one: everything but the language.
+#[derive(Debug, Clone, Default)]
+pub struct DefaultParams {
+    pub cwd: Option<String>,
+    pub user: Option<String>,
+    pub show_saved_images: bool,
+}
+
+impl DefaultParams {
+    fn of(&self, language: Language) -> ContextParams {
+        ContextParams {
+            cwd: self.cwd.clone(),
+            user: self.user.clone(),
+            show_saved_images: self.show_saved_images,
+            ..ContextParams::of(language)
+        }
+    }
 }
 
 /// The contexts of one sandbox.
@@ -176,8 +214,11 @@ impl Contexts {
         self.map().get(id).cloned()
     }
 
+    /// The contexts, oldest first.
     pub fn all(&self) -> Vec<Arc<Context>> {
-        self.map().values().cloned().collect()
+        let mut all: Vec<_> = self.map().values().cloned().collect();
+        all.sort_by_key(|c| c.seq);
+        all
     }
 
     /// Creates a context and starts its interpreter.
@@ -217,9 +258,15 @@ impl Contexts {
         Ok(ctx)
     }
 
-    /// The context `id`. The default ones are created on first use: `default`
-    /// (Python) and `default-LANGUAGE` (`default-bash`, `default-javascript`).
-    pub async fn get_or_default(&self, guest: &GuestClient, id: &str) -> ApiResult<Arc<Context>> {
+    /// The context `id`. The default ones are created on first use, made as
+    /// `defaults` says: `default` (Python) and `default-LANGUAGE` (`default-bash`,
+    /// `default-javascript`).
+    pub async fn get_or_default(
+        &self,
+        guest: &GuestClient,
+        id: &str,
+        defaults: &DefaultParams,
+    ) -> ApiResult<Arc<Context>> {
         if let Some(c) = self.get(id) {
             return Ok(c);
         }
@@ -228,11 +275,7 @@ impl Contexts {
             Some(l) => l,
             None => return Err(not_found()),
         };
-        let params = ContextParams {
-            language,
-            cwd: None,
-            env: BTreeMap::new(),
-        };
+        let params = defaults.of(language);
         match self.create(guest, Some(id), params).await {
             // Created meanwhile by another request.
             Err(e) if e.status == StatusCode::CONFLICT => self.get(id).ok_or_else(not_found),
@@ -245,11 +288,7 @@ impl Contexts {
     pub async fn prestart(guest: &GuestClient) -> ApiResult<Arc<Context>> {
         let ctx = Arc::new(Context::new(
             DEFAULT_CONTEXT.to_string(),
-            ContextParams {
-                language: Language::Python,
-                cwd: None,
-                env: BTreeMap::new(),
-            },
+            ContextParams::of(Language::Python),
         ));
         {
             let mut r = ctx.runner.lock().await;
@@ -298,6 +337,24 @@ pub fn default_language(id: &str) -> Option<Language> {
     }
     let l = Language::parse(id.strip_prefix("default-")?).ok()?;
     (id == default_context(l)).then_some(l)
+}
+
+/// Where a JavaScript context finds Node (the driver looks on the sandbox's
+/// `PATH`; these are where images put it).
+const NODE_PATHS: [&str; 2] = ["/usr/local/bin/node", "/usr/bin/node"];
+
+/// Whether a sandbox can run a JavaScript context: it has Node. Only decides
+/// whether a listing names the default JavaScript context before its first run;
+/// a run finds out for itself.
+pub async fn runs_javascript(guest: &GuestClient) -> bool {
+    for path in NODE_PATHS {
+        let mut req = sandlot_proto::guest::StatRequest::new(path);
+        req.follow = true;
+        if guest.stat(req).await.is_ok() {
+            return true;
+        }
+    }
+    false
 }
 
 /// The id of the default context of a language.
@@ -393,11 +450,16 @@ struct Runner {
     started_once: bool,
 }
 
+/// The order contexts are made in, across sandboxes.
+static NEXT_SEQ: AtomicU64 = AtomicU64::new(0);
+
 /// One context.
 pub struct Context {
     pub id: String,
     pub params: ContextParams,
     created_at_ms: i64,
+    /// Its place in the order contexts were made in (listings are in it).
+    seq: u64,
     runner: AsyncMutex<Runner>,
     control: Mutex<Control>,
     restarts: AtomicU64,
@@ -437,6 +499,7 @@ impl Context {
             id,
             params,
             created_at_ms: now_ms(),
+            seq: NEXT_SEQ.fetch_add(1, Ordering::Relaxed),
             runner: AsyncMutex::new(Runner::default()),
             control: Mutex::new(Control::default()),
             restarts: AtomicU64::new(0),
@@ -474,6 +537,8 @@ impl Context {
             language: self.params.language.as_str().into(),
             cwd: self.params.cwd.clone(),
             env: self.params.env.clone(),
+            user: self.params.user.clone(),
+            show_saved_images: self.params.show_saved_images,
             tag: format!("{}{}", driver::TAG_PREFIX, self.id),
             context: self.id.clone(),
         }
@@ -1016,6 +1081,40 @@ mod tests {
         let e = Language::parse("cobol").unwrap_err();
         assert_eq!(e.status, StatusCode::BAD_REQUEST);
         assert!(e.message.contains("\"cobol\""), "{}", e.message);
+    }
+
+    #[test]
+    fn contexts_are_listed_in_the_order_they_were_made_whatever_their_ids() {
+        let c = Contexts::new(OutputPool::tenant());
+        for id in ["zeta", "default", "ctx_00", "alpha"] {
+            c.adopt(Arc::new(Context::new(
+                id.into(),
+                ContextParams::of(Language::Python),
+            )));
+        }
+        let ids: Vec<_> = c.all().iter().map(|x| x.id.clone()).collect();
+        assert_eq!(ids, ["zeta", "default", "ctx_00", "alpha"]);
+    }
+
+    #[test]
+    fn a_front_doors_defaults_make_its_default_contexts() {
+        let d = DefaultParams {
+            cwd: Some("/home/user".into()),
+            user: Some("root".into()),
+            show_saved_images: true,
+        };
+        let p = d.of(Language::Bash);
+        assert_eq!(p.language, Language::Bash);
+        assert_eq!(
+            (p.cwd.as_deref(), p.user.as_deref(), p.show_saved_images),
+            (Some("/home/user"), Some("root"), true)
+        );
+        assert!(p.env.is_empty());
+        let native = DefaultParams::default().of(Language::Python);
+        assert_eq!(
+            (native.cwd, native.user, native.show_saved_images),
+            (None, None, false)
+        );
     }
 
     #[test]

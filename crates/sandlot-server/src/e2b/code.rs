@@ -27,7 +27,7 @@ use super::envd::{
 use super::hosts::TRAFFIC_TOKEN_HEADER;
 use super::E2b;
 use crate::code::output::{Held, RunEvent, RunResult};
-use crate::code::{self, Context, ContextParams, Language, RunRequest};
+use crate::code::{self, Context, ContextParams, DefaultParams, Language, RunRequest};
 use crate::error::ApiError;
 use crate::routes::stream::{held_channel_body, line};
 use crate::sandbox::SandboxHandle;
@@ -115,12 +115,31 @@ fn home_of(user: &str) -> String {
     }
 }
 
-fn context_json(c: &Context, user: &str) -> Value {
+/// The user E2B's code interpreter runs its kernels as: its Jupyter server runs as
+/// root, so cells may write anywhere in the sandbox (`pip install`, `/root`).
+const KERNEL_USER: &str = "root";
+
+/// How the code interpreter's contexts are made in a sandbox whose default user is
+/// `user`: as root, in that user's home (E2B's `/home/user`), showing images that
+/// cells save as E2B's template does.
+fn e2b_defaults(user: &str) -> DefaultParams {
+    DefaultParams {
+        cwd: Some(home_of(user)),
+        user: Some(KERNEL_USER.into()),
+        show_saved_images: true,
+    }
+}
+
+fn context_json(id: &str, language: Language, cwd: Option<&str>, user: &str) -> Value {
     json!({
-        "id": c.id,
-        "language": c.params.language.as_str(),
-        "cwd": c.params.cwd.clone().unwrap_or_else(|| home_of(user)),
+        "id": id,
+        "language": language.as_str(),
+        "cwd": cwd.map(String::from).unwrap_or_else(|| home_of(user)),
     })
+}
+
+fn json_of(c: &Context, user: &str) -> Value {
+    context_json(&c.id, c.params.language, c.params.cwd.as_deref(), user)
 }
 
 #[derive(Deserialize, Default)]
@@ -168,14 +187,16 @@ async fn create(
                 .into_response();
         }
     }
+    let defaults = e2b_defaults(&user);
     let params = ContextParams {
-        language,
-        cwd: b.cwd,
-        env: BTreeMap::new(),
+        cwd: b.cwd.or(defaults.cwd),
+        user: defaults.user,
+        show_saved_images: defaults.show_saved_images,
+        ..ContextParams::of(language)
     };
     let _active = h.active();
     match h.contexts.create(&h.guest, None, params).await {
-        Ok(c) => Json(context_json(&c, &user)).into_response(),
+        Ok(c) => Json(json_of(&c, &user)).into_response(),
         Err(e) => plain(e),
     }
 }
@@ -185,12 +206,25 @@ async fn list(State(e2b): State<Arc<E2b>>, headers: HeaderMap) -> Response {
         Ok(x) => x,
         Err(e) => return e.into_response(),
     };
-    let all: Vec<Value> = h
-        .contexts
-        .all()
-        .iter()
-        .map(|c| context_json(c, &user))
-        .collect();
+    // E2B's server starts a Python and a JavaScript context with the sandbox, so
+    // its list has them from the start; here a language's default context starts
+    // at its first run and is listed before as it will be made (the JavaScript one
+    // where the sandbox can run JavaScript).
+    let made = h.contexts.all();
+    let mut all = Vec::new();
+    let _active = h.active();
+    for language in [Language::Python, Language::Javascript] {
+        let id = code::default_context(language);
+        if made.iter().any(|c| c.id == id) {
+            continue;
+        }
+        if language == Language::Javascript && !code::runs_javascript(&h.guest).await {
+            continue;
+        }
+        let cwd = e2b_defaults(&user).cwd;
+        all.push(context_json(&id, language, cwd.as_deref(), &user));
+    }
+    all.extend(made.iter().map(|c| json_of(c, &user)));
     Json(all).into_response()
 }
 
@@ -242,7 +276,7 @@ async fn execute(
     headers: HeaderMap,
     body: axum::body::Body,
 ) -> Response {
-    let (h, _) = match access(&e2b, &headers) {
+    let (h, user) = match access(&e2b, &headers) {
         Ok(x) => x,
         Err(e) => return e.into_response(),
     };
@@ -265,7 +299,11 @@ async fn execute(
         (None, None) => code::default_context(Language::Python),
     };
     let guard = h.active();
-    let ctx = match h.contexts.get_or_default(&h.guest, &ctx_id).await {
+    let ctx = match h
+        .contexts
+        .get_or_default(&h.guest, &ctx_id, &e2b_defaults(&user))
+        .await
+    {
         Ok(c) => c,
         Err(e) => return plain(e),
     };

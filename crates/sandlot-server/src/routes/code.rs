@@ -39,9 +39,9 @@ fn params(b: CreateContextBody) -> ApiResult<ContextParams> {
     }
     check_env(&b.env)?;
     Ok(ContextParams {
-        language,
         cwd: b.cwd,
         env: b.env,
+        ..ContextParams::of(language)
     })
 }
 
@@ -181,7 +181,10 @@ pub(crate) async fn start_run(
     ctx: &str,
     req: RunRequest,
 ) -> ApiResult<(mpsc::Receiver<RunItem>, RunTicket)> {
-    let c = h.contexts.get_or_default(&h.guest, ctx).await?;
+    let c = h
+        .contexts
+        .get_or_default(&h.guest, ctx, &code::DefaultParams::default())
+        .await?;
     h.touch();
     h.contexts
         .spawn_run(c, h.guest.clone(), req, code::oom_probe(h))
