@@ -192,6 +192,22 @@ def test_an_image_shown_or_saved_by_pil_comes_as_a_png_result(ci):
     assert ex.error is None and ex.results == []
 
 
+def test_a_run_its_sandbox_is_killed_during_raises_that_it_was_killed(server):
+    from e2b_code_interpreter import Sandbox
+
+    sb = Sandbox.create(timeout=120)
+    assert sb.run_code("1").text == "1"
+    timer = threading.Timer(1.0, sb.kill)
+    timer.start()
+    try:
+        # The answer is cut, as behind E2B's proxy, never a complete execution.
+        with pytest.raises(TimeoutException, match="killed while the request was in progress"):
+            sb.run_code("import time\ntime.sleep(60)", timeout=90)
+    finally:
+        timer.cancel()
+        sb.kill()
+
+
 def test_env_vars_are_set_for_one_run(ci):
     assert ci.run_code("import os\nos.getenv('FOO')", envs={"FOO": "bar"}).text == "bar"
     assert ci.run_code("os.getenv('FOO')").text is None

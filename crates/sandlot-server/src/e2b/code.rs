@@ -107,6 +107,20 @@ fn plain(e: ApiError) -> Response {
     (e.status, e.message).into_response()
 }
 
+/// A failure of work on a sandbox's interpreter: when the sandbox is ending (it
+/// was killed or timed out meanwhile), what E2B's proxy answers for a sandbox
+/// that is gone, which the SDK raises as a timeout of the sandbox.
+fn failed(h: &SandboxHandle, e: ApiError) -> Response {
+    if h.is_stopping() {
+        return (
+            StatusCode::BAD_GATEWAY,
+            format!("The sandbox {} was not found", h.id),
+        )
+            .into_response();
+    }
+    plain(e)
+}
+
 fn home_of(user: &str) -> String {
     if user == "root" {
         "/root".into()
@@ -197,7 +211,7 @@ async fn create(
     let _active = h.active();
     match h.contexts.create(&h.guest, None, params).await {
         Ok(c) => Json(json_of(&c, &user)).into_response(),
-        Err(e) => plain(e),
+        Err(e) => failed(&h, e),
     }
 }
 
@@ -258,7 +272,7 @@ async fn restart(
     let _active = h.active();
     match c.restart(&h.guest).await {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
-        Err(e) => plain(e),
+        Err(e) => failed(&h, e),
     }
 }
 
@@ -305,7 +319,7 @@ async fn execute(
         .await
     {
         Ok(c) => c,
-        Err(e) => return plain(e),
+        Err(e) => return failed(&h, e),
     };
     let req = RunRequest {
         code: b.code,
@@ -319,9 +333,10 @@ async fn execute(
             .spawn_run(ctx, h.guest.clone(), req, code::oom_probe(&h))
         {
             Ok(x) => x,
-            Err(e) => return plain(e),
+            Err(e) => return failed(&h, e),
         };
     let (tx, resp) = held_channel_body("application/x-ndjson");
+    let sandbox = h.clone();
     tokio::spawn(async move {
         let _guard = guard;
         let mut raised = false;
@@ -337,6 +352,14 @@ async fn execute(
                 }
             };
             let Some(item) = item else { return };
+            // A run its sandbox's end cut short (killed, timed out) is a
+            // connection cut, as behind E2B's proxy: the SDK then finds the
+            // sandbox gone and says it was killed during the request.
+            if ends_with_its_sandbox(&item.event) && sandbox.is_stopping() {
+                let cut = std::io::Error::other("the sandbox ended during the run");
+                let _ = tx.send(Err(cut)).await;
+                return;
+            }
             // The item's share of the pool goes with its last line.
             let mut held = item.held;
             let mut lines = lines_of(item.event, &mut raised).into_iter().peekable();
@@ -345,7 +368,7 @@ async fn execute(
                     None => std::mem::take(&mut held),
                     Some(_) => Held::default(),
                 };
-                if tx.send((l, h)).await.is_err() {
+                if tx.send(Ok((l, h))).await.is_err() {
                     ticket.abandon();
                     return;
                 }
@@ -353,6 +376,17 @@ async fn execute(
         }
     });
     resp
+}
+
+/// Whether a run event is one a run ends with when its interpreter is gone (the
+/// run crashed, or failed).
+fn ends_with_its_sandbox(item: &Result<RunEvent, ApiError>) -> bool {
+    match item {
+        Err(_) => true,
+        Ok(RunEvent::Code(CodeEvent::End { status, .. })) => *status == RunStatus::Crashed,
+        Ok(RunEvent::Code(CodeEvent::Error { .. })) => true,
+        Ok(_) => false,
+    }
 }
 
 fn now_ns() -> i64 {

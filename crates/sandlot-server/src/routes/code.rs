@@ -232,14 +232,14 @@ pub async fn run(
     let (tx, resp) = held_channel_body("application/x-ndjson");
     tokio::spawn(async move {
         let _guard = guard;
-        if tx.send((line(&first), first_held)).await.is_err() {
+        if tx.send(Ok((line(&first), first_held))).await.is_err() {
             return;
         }
         while let Some(item) = rx.recv().await {
             let ev = item
                 .event
                 .unwrap_or_else(|e| event_of_error(&e, &rid.0).into());
-            if tx.send((line(&ev), item.held)).await.is_err() {
+            if tx.send(Ok((line(&ev), item.held))).await.is_err() {
                 return;
             }
         }

@@ -58,15 +58,21 @@ pub fn channel_body(content_type: &'static str) -> (mpsc::Sender<Bytes>, Respons
     (tx, resp)
 }
 
+/// A chunk of a [`held_channel_body`] with its share of the pool, or the error
+/// that cuts the body short (the client sees a transfer that did not complete).
+pub type HeldChunk = Result<(Bytes, Held), std::io::Error>;
+
 /// [`channel_body`] whose chunks each come with what they hold of their
 /// sandbox's output pool: a chunk stays counted until the body asks for the
 /// chunk after it (the connection has taken it), not only until it is queued.
-pub fn held_channel_body(content_type: &'static str) -> (mpsc::Sender<(Bytes, Held)>, Response) {
-    let (tx, rx) = mpsc::channel::<(Bytes, Held)>(4);
+pub fn held_channel_body(content_type: &'static str) -> (mpsc::Sender<HeldChunk>, Response) {
+    let (tx, rx) = mpsc::channel::<HeldChunk>(4);
     let stream = futures_util::stream::unfold((rx, Held::default()), |(mut rx, sent)| async move {
         drop(sent);
-        let (b, held) = rx.recv().await?;
-        Some((Ok::<_, Infallible>(b), (rx, held)))
+        match rx.recv().await? {
+            Ok((b, held)) => Some((Ok(b), (rx, held))),
+            Err(e) => Some((Err(e), (rx, Held::default()))),
+        }
     });
     let resp = (
         [
@@ -173,10 +179,10 @@ mod tests {
     async fn a_chunk_stays_counted_until_the_body_asks_for_the_next() {
         let pool = OutputPool::new(1000);
         let (tx, resp) = held_channel_body("application/x-ndjson");
-        tx.send((Bytes::from_static(b"a\n"), pool.take(100).unwrap()))
+        tx.send(Ok((Bytes::from_static(b"a\n"), pool.take(100).unwrap())))
             .await
             .unwrap();
-        tx.send((Bytes::from_static(b"b\n"), pool.take(10).unwrap()))
+        tx.send(Ok((Bytes::from_static(b"b\n"), pool.take(10).unwrap())))
             .await
             .unwrap();
         drop(tx);
