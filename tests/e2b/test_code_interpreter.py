@@ -2,8 +2,9 @@
 against Sandlot's E2B front door: state across runs, contexts, streaming
 callbacks, rich results (display data, a PNG chart and its chart data, a
 DataFrame's data), the working directory, per-run variables, a timeout that
-stops the cell, a client leaving that stops only its own run, bash, and async.
-Needs python3 with ipykernel, matplotlib and pandas on the host."""
+stops the cell, a client leaving that stops only its own run, bash, javascript
+run by node, and async.
+Needs python3 with ipykernel, matplotlib and pandas, and node, on the host."""
 
 import base64
 import struct
@@ -271,6 +272,26 @@ def test_bash_keeps_its_shell_state(ci):
     assert ex.logs.stdout == ["run x y\n"]
     ex = ci.run_code('echo "$KEEP ${ONCE-unset}"', language="bash")
     assert ex.logs.stdout == ["mine unset\n"]
+
+
+def test_javascript_keeps_state_and_runs_await_imports_errors_and_run_env_in_node(ci):
+    # The host image has node and no Jupyter JavaScript kernel. `js` is javascript.
+    ci.run_code("let n = 40\nfunction add(a, b) { return a + b }", language="javascript")
+    ex = ci.run_code("add(n, 2)", language="js")
+    assert (ex.text, ex.error) == ("42", None)
+    assert ci.run_code("await Promise.resolve('Hello World!')", language="js").text == "Hello World!"
+    ex = ci.run_code("import { readFileSync } from 'fs'\nconsole.log(typeof readFileSync)", language="js")
+    assert ex.logs.stdout == ["function\n"]
+    ex = ci.run_code("missing()", language="js")
+    assert ex.error is not None
+    assert (ex.error.name, ex.error.value) == ("ReferenceError", "missing is not defined")
+    assert ex.error.traceback.startswith("ReferenceError: missing is not defined")
+    assert ci.run_code("process.env.FOO", envs={"FOO": "bar"}, language="js").text == "bar"
+    assert ci.run_code("process.env.FOO || 'default'", language="js").text == "default"
+    # The client leaving interrupts the busy loop; the state stays.
+    with pytest.raises(TimeoutException):
+        ci.run_code("while (true) {}", language="js", timeout=2)
+    assert ci.run_code("n", language="js").text == "40"
 
 
 def test_an_unknown_language_is_refused_by_name(ci):

@@ -1,8 +1,10 @@
 //! Code contexts through the API: state across runs, rich results (a PNG of the
 //! asked size, a DataFrame's data), streaming order, interrupt, timeouts, kernel
 //! crashes and restarts, the output cap, concurrent contexts and their clean-up,
-//! the WebSocket form, the CLI and warm pools with running kernels.
-//! Needs python3 with ipykernel, matplotlib and pandas on the host (`host` image).
+//! the WebSocket form, the CLI, warm pools with running kernels, and javascript
+//! contexts run by node.
+//! Needs python3 with ipykernel, matplotlib and pandas, and node (16 or later,
+//! without a Jupyter JavaScript kernel) on the host (`host` image).
 
 mod api_support;
 
@@ -423,6 +425,235 @@ fn contexts_run_concurrently_apart_and_end_when_deleted() {
     });
 }
 
+fn javascript() -> CreateContextBody {
+    CreateContextBody {
+        language: Some("javascript".into()),
+        ..Default::default()
+    }
+}
+
+/// The events of a streamed run, each as `kind:text`.
+async fn streamed(c: &Client, id: &str, ctx: &str, code: &str) -> Vec<String> {
+    let mut s = c.run_code_stream(id, ctx, &cell(code)).await.unwrap();
+    let mut kinds = Vec::new();
+    while let Some(ev) = s.next_event().await.unwrap() {
+        kinds.push(match ev {
+            CodeEvent::Started { .. } => "started".to_string(),
+            CodeEvent::Stdout { text } => format!("stdout:{text}"),
+            CodeEvent::Stderr { text } => format!("stderr:{text}"),
+            CodeEvent::Result { result } => format!("result:{}", result.data["text/plain"]),
+            CodeEvent::End { status, .. } => format!("end:{status:?}"),
+            other => format!("{other:?}"),
+        });
+    }
+    kinds
+}
+
+#[test]
+fn a_javascript_context_keeps_declarations_and_runs_await_imports_output_errors_and_run_env() {
+    let d = Daemon::start(None);
+    let c = d.client();
+    block_on_within(180, "javascript", async {
+        let sb = c.create_sandbox(&CreateSandbox::default()).await.unwrap();
+        let id = sb.id.as_str();
+        // The host image has node and no Jupyter JavaScript kernel.
+        let js = c.create_context(id, &javascript()).await.unwrap();
+        assert_eq!(js.language, "javascript");
+        // let, const, function and class declared in one cell are there in the next.
+        let x = run(
+            &c,
+            id,
+            &js.id,
+            "let n = 40\nconst two = 2\nfunction add(a, b) { return a + b }\n\
+             class Box { constructor(v) { this.v = v } }",
+        )
+        .await;
+        assert_eq!((x.status, x.results.len()), (RunStatus::Ok, 0), "{x:?}");
+        let x = run(&c, id, &js.id, "add(n, two) + new Box(0).v").await;
+        assert_eq!((value(&x), x.execution_count), ("42".into(), Some(2)));
+        assert_eq!(value(&run(&c, id, &js.id, "n += 1").await), "41");
+        // Top-level await: its value is the result, its declaration stays.
+        let x = run(
+            &c,
+            id,
+            &js.id,
+            "const greeting = await Promise.resolve('Hello World!')\ngreeting",
+        )
+        .await;
+        assert_eq!(value(&x), "'Hello World!'");
+        assert_eq!(value(&run(&c, id, &js.id, "greeting.length").await), "12");
+        // Static imports (indented too), and require.
+        let x = run(
+            &c,
+            id,
+            &js.id,
+            "import { readFileSync } from 'fs'\nimport fs from 'fs'\n  import * as path from 'path'\n\
+             console.log(typeof readFileSync, typeof fs.existsSync, path.join('a', 'b'))",
+        )
+        .await;
+        assert_eq!(
+            (x.stdout.concat(), x.results.len()),
+            ("function function a/b\n".into(), 0)
+        );
+        let x = run(
+            &c,
+            id,
+            &js.id,
+            "require('os').platform() + ' ' + path.basename('/x/y.txt')",
+        )
+        .await;
+        assert_eq!(value(&x), "'linux y.txt'");
+        // Output comes in the order written, before the result.
+        let kinds = streamed(
+            &c,
+            id,
+            &js.id,
+            "console.log('a')\nconsole.error('b')\nprocess.stdout.write('c\\n')\n6 * 7",
+        )
+        .await;
+        assert_eq!(
+            kinds,
+            [
+                "started",
+                "stdout:a\n",
+                "stderr:b\n",
+                "stdout:c\n",
+                "result:\"42\"",
+                "end:Ok"
+            ]
+        );
+        // What a child writes to the real stdout and stderr is the cell's too.
+        let x = run(
+            &c,
+            id,
+            &js.id,
+            "require('child_process').execSync('echo child; echo oops >&2', { stdio: 'inherit' })",
+        )
+        .await;
+        assert_eq!(
+            (x.stdout.concat(), x.stderr.concat()),
+            ("child\n".into(), "oops\n".into())
+        );
+        // An uncaught exception: its name, message and stack; the state stays.
+        let x = run(
+            &c,
+            id,
+            &js.id,
+            "function boom() { return missing + 1 }\nboom()",
+        )
+        .await;
+        assert_eq!(x.status, RunStatus::Error);
+        let e = x.error.unwrap();
+        assert_eq!(
+            (e.name.as_str(), e.value.as_str()),
+            ("ReferenceError", "missing is not defined")
+        );
+        assert!(
+            e.traceback
+                .starts_with("ReferenceError: missing is not defined\n")
+                && e.traceback.contains("at boom"),
+            "{}",
+            e.traceback
+        );
+        let x = run(
+            &c,
+            id,
+            &js.id,
+            "await Promise.reject(new TypeError('no way'))",
+        )
+        .await;
+        let e = x.error.unwrap();
+        assert_eq!((e.name.as_str(), e.value.as_str()), ("TypeError", "no way"));
+        assert_eq!(value(&run(&c, id, &js.id, "n").await), "41");
+        // A run's variables hold for that run only (its children see them too):
+        // each one's earlier value, or its absence, comes back after it.
+        run(&c, id, &js.id, "process.env.KEEP = 'mine'").await;
+        let mut once = cell(
+            "[process.env.KEEP, process.env.ONCE, \
+             require('child_process').execSync('echo $ONCE').toString()]",
+        );
+        once.env = BTreeMap::from([
+            ("KEEP".to_string(), "run".to_string()),
+            ("ONCE".to_string(), "x y".to_string()),
+        ]);
+        let x = c.run_code(id, &js.id, &once).await.unwrap();
+        assert_eq!(value(&x), "[ 'run', 'x y', 'x y\\n' ]");
+        let x = run(&c, id, &js.id, "[process.env.KEEP, 'ONCE' in process.env]").await;
+        assert_eq!(value(&x), "[ 'mine', false ]");
+        c.delete_sandbox(id).await.unwrap();
+    });
+}
+
+#[test]
+fn a_javascript_interrupt_stops_a_busy_loop_or_an_await_keeping_state_and_an_exit_loses_it() {
+    let d = Daemon::start(None);
+    let c = d.client();
+    block_on_within(180, "javascript interrupts", async {
+        let sb = c.create_sandbox(&CreateSandbox::default()).await.unwrap();
+        let id = sb.id.as_str();
+        let js = c.create_context(id, &javascript()).await.unwrap();
+        run(&c, id, &js.id, "let kept = 'yes'").await;
+        for code in [
+            "console.log('spinning')\nwhile (true) {}",
+            "console.log('waiting')\nawait new Promise(() => {})",
+        ] {
+            // A timeout bounds the test if the interrupt does nothing.
+            let mut busy = cell(code);
+            busy.timeout = Some(json!(30));
+            let mut s = c.run_code_stream(id, &js.id, &busy).await.unwrap();
+            assert!(matches!(
+                s.next_event().await.unwrap(),
+                Some(CodeEvent::Started { .. })
+            ));
+            assert!(matches!(
+                s.next_event().await.unwrap(),
+                Some(CodeEvent::Stdout { .. })
+            ));
+            c.interrupt_context(id, &js.id).await.unwrap();
+            let mut end = None;
+            while let Some(ev) = s.next_event().await.unwrap() {
+                if let CodeEvent::End { status, error, .. } = ev {
+                    end = Some((status, error.unwrap().name));
+                }
+            }
+            assert_eq!(
+                end,
+                Some((RunStatus::Error, "KeyboardInterrupt".into())),
+                "{code}"
+            );
+            let x = run(&c, id, &js.id, "kept").await;
+            assert_eq!((value(&x), x.restarted), ("'yes'".into(), false), "{code}");
+        }
+        // An interrupt of the run sent before its cell runs stops it once it does.
+        let mut busy = cell("while (true) {}");
+        busy.timeout = Some(json!(30));
+        let mut ws = c.run_code_ws(id, &js.id, &busy).await.unwrap();
+        assert!(matches!(
+            ws.next_event().await.unwrap(),
+            Some(CodeEvent::Started { .. })
+        ));
+        ws.interrupt().await.unwrap();
+        let mut end = None;
+        while let Some(ev) = ws.next_event().await.unwrap() {
+            if let CodeEvent::End { status, error, .. } = ev {
+                end = Some((status, error.unwrap().name));
+            }
+        }
+        assert_eq!(end, Some((RunStatus::Error, "KeyboardInterrupt".into())));
+        assert_eq!(value(&run(&c, id, &js.id, "kept").await), "'yes'");
+        // A cell that ends node: the interpreter died, the next run starts a new
+        // one without the state.
+        let x = run(&c, id, &js.id, "process.exit(3)").await;
+        assert_eq!(x.status, RunStatus::Crashed, "{x:?}");
+        let e = x.error.unwrap();
+        assert_eq!(e.name, "KernelDied");
+        assert!(e.value.contains("exit code 3"), "{}", e.value);
+        let x = run(&c, id, &js.id, "typeof kept").await;
+        assert_eq!((value(&x), x.restarted), ("'undefined'".into(), true));
+        c.delete_sandbox(id).await.unwrap();
+    });
+}
+
 #[test]
 fn unknown_languages_and_missing_kernels_are_refused_by_name() {
     let d = Daemon::start(None);
@@ -437,10 +668,32 @@ fn unknown_languages_and_missing_kernels_are_refused_by_name() {
         let e = c.create_context(id, &lang("cobol")).await.unwrap_err();
         assert_eq!(e.code(), Some("bad_request"));
         assert!(e.to_string().contains("\"cobol\""), "{e}");
-        let e = c.create_context(id, &lang("javascript")).await.unwrap_err();
+        // javascript with neither a Jupyter kernel nor node (a PATH that finds
+        // python3 only) names both.
+        c.run(
+            id,
+            &[
+                "sh",
+                "-c",
+                "mkdir -p /tmp/nonode && ln -sf \"$(command -v python3)\" /tmp/nonode/python3",
+            ],
+        )
+        .await
+        .unwrap();
+        let e = c
+            .create_context(
+                id,
+                &CreateContextBody {
+                    env: BTreeMap::from([("PATH".to_string(), "/tmp/nonode".to_string())]),
+                    ..lang("javascript")
+                },
+            )
+            .await
+            .unwrap_err();
         assert_eq!(e.code(), Some("kernel_unavailable"));
+        let msg = e.to_string();
         assert!(
-            e.to_string().contains("no Jupyter kernel for javascript"),
+            msg.contains("no Jupyter kernel for javascript") && msg.contains("Node.js"),
             "{e}"
         );
         // A python3 without ipykernel (hidden from it here) is named.

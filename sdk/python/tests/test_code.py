@@ -1,6 +1,6 @@
 """Code contexts end to end: run_code's state, rich results, callbacks, contexts,
 interrupt, timeout and crash restarts, sync and async. Needs python3 with
-ipykernel, matplotlib and pandas on the host (scripts/setup.d/45-code.sh)."""
+ipykernel, matplotlib and pandas, and node, on the host (scripts/setup.d/45-code.sh)."""
 
 from __future__ import annotations
 
@@ -110,6 +110,54 @@ def test_contexts_are_separate_and_can_be_interrupted_restarted_and_removed(sb: 
     with pytest.raises(sandlot.BadRequestError) as e:
         sb.create_code_context("cobol")
     assert "cobol" in str(e.value)
+
+
+def test_a_javascript_context_keeps_state_streams_in_order_and_an_interrupt_keeps_its_state(
+    sb: sandlot.Sandbox,
+) -> None:
+    # The host image has node and no Jupyter JavaScript kernel: node runs the cells.
+    js = sb.create_code_context("javascript")
+    assert js.language == "javascript"
+    sb.run_code(
+        "let n = 20\nconst double = (x) => x * 2\nclass Named { constructor() { this.name = 'kept' } }", context=js
+    )
+    x = sb.run_code("double(n) + 2", context=js)
+    assert (x.text, x.execution_count) == ("42", 2)
+    assert sb.run_code("await Promise.resolve(new Named().name)", context=js).text == "'kept'"
+    assert sb.run_code("import { join } from 'path'\nconsole.log(join('a', 'b'))", context=js).stdout == ["a/b\n"]
+    seen: "list[tuple[str, object]]" = []
+    x = sb.run_code(
+        "console.log('one')\nconsole.error('two')\nnull.x",
+        context=js,
+        on_stdout=lambda t: seen.append(("stdout", t)),
+        on_stderr=lambda t: seen.append(("stderr", t)),
+        on_error=lambda e: seen.append(("error", e.name)),
+    )
+    assert seen == [("stdout", "one\n"), ("stderr", "two\n"), ("error", "TypeError")]
+    assert x.status == "error" and x.error is not None
+    assert x.error.value == "Cannot read properties of null (reading 'x')"
+    assert x.error.traceback.startswith("TypeError: Cannot read properties of null")
+    # A run's variables hold for that run only.
+    assert sb.run_code("process.env.ONCE", context=js, env={"ONCE": "yes"}).text == "'yes'"
+    assert sb.run_code("typeof process.env.ONCE", context=js).text == "'undefined'"
+    # An interrupt from another thread stops a busy loop; the state stays.
+    result: "list[sandlot.Execution]" = []
+    running = threading.Event()
+    cell = "console.log('spinning')\nwhile (true) {}"
+    t = threading.Thread(
+        target=lambda: result.append(sb.run_code(cell, context=js, timeout=60, on_stdout=lambda _: running.set()))
+    )
+    t.start()
+    assert running.wait(30), "the cell never started"
+    sb.interrupt_code(js)
+    t.join(30)
+    assert result and result[0].error is not None and result[0].error.name == "KeyboardInterrupt"
+    assert sb.run_code("n", context=js).text == "20"
+    # A cell that ends node: crashed, and the next run starts without the state.
+    x = sb.run_code("process.exit(4)", context=js)
+    assert x.status == "crashed" and x.error is not None and "exit code 4" in x.error.value
+    after = sb.run_code("typeof n", context=js)
+    assert (after.text, after.restarted) == ("'undefined'", True)
 
 
 def test_an_interrupt_that_comes_before_the_cell_runs_stops_it_once_it_runs(acme: sandlot.Client) -> None:

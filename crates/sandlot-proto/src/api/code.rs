@@ -66,7 +66,7 @@ pub struct RunCodeBody {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, example = "30s"))]
     pub timeout: Option<serde_json::Value>,
-    /// Variables set for this run only (Python and bash contexts).
+    /// Variables set for this run only (Python, bash and javascript contexts).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
 }

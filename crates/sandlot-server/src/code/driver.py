@@ -4,7 +4,8 @@
 # Python, a kernelspec of the language otherwise) and relays between the daemon and
 # the kernel as JSON lines: requests on stdin, events on stdout. The daemon trusts
 # nothing it says (it bounds and parses every line); the caps here only spare the
-# pipe. For bash without a Jupyter kernel it runs one persistent bash itself.
+# pipe. For bash without a Jupyter kernel it runs one persistent bash itself, and
+# for javascript without one a persistent node.
 import json
 import os
 import queue
@@ -28,6 +29,9 @@ HANDLER_DELAY = 0.1
 # ended meanwhile (a second signal while the first one's traceback is being
 # written loses the traceback).
 RESEND_DELAY = 1.0
+# How long node has to take an interrupt from its pipe before it gets SIGINT
+# (its event loop is busy with the cell).
+SIGNAL_DELAY = 0.2
 
 _out_fd = os.dup(1)
 # Whatever a library prints goes to stderr, never into the event stream.
@@ -848,6 +852,431 @@ class Bash:
             pass
 
 
+# The program a javascript context without a Jupyter kernel runs in `node -e`
+# (argv: the events pipe's fd, the requests pipe's fd, the end marker). It
+# speaks JSON lines: requests `{"op": "run", "id", "count", "code", "env"}` and
+# `{"op": "interrupt"}` in, events out, each with the id of the cell it belongs
+# to: `stdout`, `stderr`, `result` (util.inspect of the last expression's
+# value), `exception`, `done`. Only node's own modules: no npm package.
+NODE_SOURCE = r"""
+// Everything in one function: the cells run in this realm's global scope, and
+// nothing of the driver's may be visible there.
+(() => {
+  'use strict';
+  const fs = require('fs');
+  const repl = require('repl');
+  const util = require('util');
+  const { PassThrough } = require('stream');
+  const { StringDecoder } = require('string_decoder');
+  const net = require('net');
+
+  const [eventsArg, requestsArg, token] = process.argv.slice(-3);
+  process.argv.splice(1);
+  // The pipes to the driver, opened again close-on-exec: a process a cell
+  // starts has neither.
+  function own(fd, flags) {
+    try {
+      const mine = fs.openSync(`/proc/self/fd/${fd}`, flags);
+      fs.closeSync(fd);
+      return mine;
+    } catch (e) {
+      return fd;
+    }
+  }
+  const events = own(Number(eventsArg), 'w');
+  const requestsFd = own(Number(requestsArg), 'r');
+
+  function send(ev) {
+    const data = Buffer.from(JSON.stringify(ev) + '\n');
+    let off = 0;
+    while (off < data.length) {
+      try {
+        off += fs.writeSync(events, data, off);
+      } catch (e) {
+        if (e.code !== 'EAGAIN') throw e;
+      }
+    }
+  }
+
+  // The cell running now (null between cells); what it writes is its output.
+  let current = null;
+
+  // process.stdout and process.stderr (console.*, their write()) become the cell's
+  // stream events, in the order written, on the one events pipe: a cell's
+  // output is all read before its end. Children writing to fds 1 and 2 go
+  // through the real pipes, closed by a marker per cell.
+  for (const [name, stream] of [['stdout', process.stdout], ['stderr', process.stderr]]) {
+    const decoder = new StringDecoder('utf8');
+    stream.write = function (chunk, encoding, cb) {
+      if (typeof encoding === 'function') {
+        cb = encoding;
+        encoding = undefined;
+      }
+      const text = typeof chunk === 'string'
+        ? (encoding && encoding !== 'utf8' && encoding !== 'utf-8' ? Buffer.from(chunk, encoding).toString() : chunk)
+        : decoder.write(Buffer.isBuffer(chunk) ? chunk : Buffer.from(chunk.buffer, chunk.byteOffset, chunk.byteLength));
+      if (text) send({ t: name, id: current ? current.id : null, text });
+      if (typeof cb === 'function') process.nextTick(cb);
+      return true;
+    };
+  }
+
+  // Node's REPL evaluator: top-level await, and declarations (let, const, class,
+  // function) that stay for the next cell. Its domain is a stand-in: errors
+  // come to the callback instead of being printed, and uncaught errors of
+  // callbacks a cell left behind reach the process's handlers below.
+  const noDomain = { bind: (f) => f, on() {}, once() {}, emit() {}, add() {}, remove() {}, enter() {}, exit() {} };
+  const server = repl.start({
+    input: new PassThrough(),
+    output: new PassThrough(),
+    prompt: '',
+    terminal: false,
+    useGlobal: true,
+    useColors: false,
+    breakEvalOnSigint: true,
+    domain: noDomain,
+  });
+  server.removeAllListeners('SIGINT');
+
+  // Static imports at the start of a line become `await import()` bindings
+  // (`var`, so that running the cell again works); line numbers stay.
+  const ATTRIBUTES = String.raw`(?:\s*(?:with|assert)\s*(\{[^}]*\}))?[ \t]*;?`;
+  const IMPORT = new RegExp(
+    String.raw`^([ \t]*)import\s+(?:([\w$]+)\s*(?:,\s*)?)?` + // the default binding
+      String.raw`(?:\*\s*as\s+([\w$]+)|\{([^}]*)\})?` + // a namespace, or named bindings
+      String.raw`\s*from\s*(['"][^'"\n]+['"])` + ATTRIBUTES,
+    'gm',
+  );
+  const BARE = new RegExp(String.raw`^([ \t]*)import\s*(['"][^'"\n]+['"])` + ATTRIBUTES, 'gm');
+  function rewriteImports(code) {
+    return code
+      .replace(IMPORT, (all, indent, def, ns, named, spec, attrs) => {
+        if (!def && !ns && named === undefined) return all;
+        const source = attrs ? `await import(${spec}, { with: ${attrs} })` : `await import(${spec})`;
+        if (ns) {
+          return `${indent}var ${ns} = ${source};` + (def ? ` var ${def} = ${ns}.default;` : '');
+        }
+        const fields = [];
+        if (def) fields.push(`default: ${def}`);
+        if (named !== undefined && named.trim()) {
+          fields.push(named.replace(/((?:[\w$]+|'[^']*'|"[^"]*"))\s+as\s+([\w$]+)/g, '$1: $2').replace(/,\s*$/, ''));
+        }
+        return `${indent}var { ${fields.join(', ')} } = ${source};`;
+      })
+      .replace(BARE, (all, indent, spec, attrs) =>
+        `${indent}void (${attrs ? `await import(${spec}, { with: ${attrs} })` : `await import(${spec})`});`);
+  }
+
+  // The frames below the cell's own are the evaluator's and this driver's.
+  const MACHINERY = new RegExp(
+    String.raw`^\s+at (?:sigintHandlersWrap|ContextifyScript\.|Script\.|makeContextifyScript|REPLServer\.` +
+      String.raw`|.*\((?:node:vm|node:repl|node:internal\/vm)[:)])`,
+  );
+  function traceback(err) {
+    if (!(err instanceof Error) && !(err && typeof err.stack === 'string')) return 'Uncaught ' + util.inspect(err);
+    const lines = String(err.stack).split('\n');
+    const cut = lines.findIndex((l) => MACHINERY.test(l));
+    return (cut < 0 ? lines : lines.slice(0, cut)).join('\n');
+  }
+
+  function describe(err) {
+    if (err instanceof repl.Recoverable) err = err.err;
+    if (err && err.code === 'ERR_SCRIPT_EXECUTION_INTERRUPTED') {
+      return { name: 'KeyboardInterrupt', value: 'the cell was interrupted', traceback: '' };
+    }
+    if (err !== null && typeof err === 'object' && typeof err.name === 'string') {
+      return { name: err.name, value: String(err.message === undefined ? '' : err.message), traceback: traceback(err) };
+    }
+    const value = typeof err === 'string' ? err : util.inspect(err);
+    return { name: 'Error', value, traceback: 'Uncaught ' + util.inspect(err) };
+  }
+
+  function finish(cell, err, result) {
+    if (cell.done) return;
+    cell.done = true;
+    // The run's variables held for this cell only.
+    for (const [k, v] of cell.saved) {
+      if (v === undefined) delete process.env[k];
+      else process.env[k] = v;
+    }
+    if (err !== null && err !== undefined) {
+      send({ t: 'exception', id: cell.id, ...describe(err) });
+    } else if (result !== undefined) {
+      let text;
+      try {
+        text = util.inspect(result);
+      } catch (e) {
+        text = '[the value could not be shown: ' + describe(e).value + ']';
+      }
+      send({ t: 'result', id: cell.id, text });
+    }
+    current = null;
+    // Closes what children of the cell wrote to the real fds 1 and 2.
+    fs.writeSync(1, `\n${token}\n`);
+    fs.writeSync(2, `\n${token}\n`);
+    send({ t: 'done', id: cell.id, status: err !== null && err !== undefined ? 'error' : 'ok' });
+  }
+
+  // An interrupt ends the cell now; its promises, if it awaits, are left
+  // to themselves. Between cells it does nothing.
+  function interrupt() {
+    if (current !== null) {
+      const e = new Error('interrupted');
+      e.code = 'ERR_SCRIPT_EXECUTION_INTERRUPTED';
+      finish(current, e);
+    }
+  }
+  // The driver asks on the requests pipe first; a cell that keeps the event
+  // loop busy gets SIGINT instead: the evaluator's watchdog stops it while it
+  // runs synchronously, and this handler takes it otherwise.
+  const onSigint = interrupt;
+  process.on('SIGINT', onSigint);
+  // While the evaluator runs a cell its own watchdog takes SIGINT. With a
+  // SIGINT listener in place vm would also take the listeners away for the run,
+  // and that resets SIGINT to its default over the watchdog's handler: the
+  // signal would end the process. So vm sees none.
+  let evaluating = false;
+  const listenerCount = process.listenerCount;
+  process.listenerCount = function (name, ...rest) {
+    return evaluating && name === 'SIGINT' ? 0 : listenerCount.call(this, name, ...rest);
+  };
+  function run(req) {
+    const cell = { id: req.id, done: false, saved: new Map() };
+    current = cell;
+    for (const [k, v] of Object.entries(req.env || {})) {
+      cell.saved.set(k, process.env[k]);
+      process.env[k] = String(v);
+    }
+    let code;
+    try {
+      code = rewriteImports(String(req.code));
+    } catch (e) {
+      code = String(req.code);
+    }
+    evaluating = true;
+    try {
+      server.eval(code + '\n', server.context, `cell${req.count}`, (err, result) => {
+        // What the cell's callbacks and promises write right after it (its
+        // unhandled rejections too) is still its output.
+        setImmediate(() => finish(cell, err, result));
+      });
+    } catch (e) {
+      finish(cell, e);
+    } finally {
+      evaluating = false;
+      // The evaluator's SIGINT watchdog leaves SIGINT fatal when it stops; the
+      // handler below is put back in place.
+      process.removeListener('SIGINT', onSigint);
+      process.on('SIGINT', onSigint);
+    }
+  }
+
+  // What callbacks left behind by a cell throw is written to stderr, and the
+  // interpreter goes on.
+  process.on('uncaughtException', (err) => {
+    process.stderr.write('Uncaught ' + (err && err.stack ? traceback(err) : util.inspect(err)) + '\n');
+  });
+  process.on('unhandledRejection', (err) => {
+    process.stderr.write('Uncaught (in promise) ' + (err && err.stack ? traceback(err) : util.inspect(err)) + '\n');
+  });
+
+  const requests = new net.Socket({ fd: requestsFd, readable: true, writable: false });
+  let pending = '';
+  requests.setEncoding('utf8');
+  requests.on('data', (chunk) => {
+    pending += chunk;
+    let i;
+    while ((i = pending.indexOf('\n')) >= 0) {
+      const line = pending.slice(0, i);
+      pending = pending.slice(i + 1);
+      let req;
+      try {
+        req = JSON.parse(line);
+      } catch (e) {
+        continue;
+      }
+      if (req.op === 'run') run(req);
+      else if (req.op === 'interrupt') interrupt();
+    }
+  });
+  // The driver is gone.
+  requests.on('end', () => process.exit(0));
+  requests.on('error', () => process.exit(0));
+  send({ t: 'ready', version: process.version });
+})();
+"""
+
+
+class Node:
+    """One persistent node for javascript contexts whose image has no Jupyter
+    JavaScript kernel: NODE_SOURCE evaluates each cell with node's REPL evaluator
+    in one realm, so declarations, imports and `await` behave as in node's REPL.
+    What the cell writes through process.stdout and process.stderr comes on the
+    events pipe, in order, before the cell's end; what its children write to the
+    real stdout and stderr is read up to the cell's end marker, as with Bash."""
+
+    def __init__(self, cwd, node):
+        import secrets
+
+        self.token = "__sandlot_end_%s__" % secrets.token_hex(8)
+        events_r, events_w = os.pipe()
+        requests_r, self.requests = os.pipe()
+        try:
+            self.proc = subprocess.Popen(
+                [node, "-e", NODE_SOURCE, str(events_w), str(requests_r), self.token],
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=(events_w, requests_r),
+            )
+        finally:
+            os.close(events_w)
+            os.close(requests_r)
+        # Events and the output of the real pipes, in the order read.
+        self.q = queue.Queue()
+        threading.Thread(target=self._read_events, args=(events_r,), daemon=True).start()
+        self.count = 0
+        # Orders the writes to node, and guards `expecting` and `interrupted_at`.
+        self.lock = threading.Lock()
+        # A run was read and has not ended; when an interrupt for it was asked.
+        self.expecting = False
+        self.interrupted_at = None
+        self.info = {"implementation": "node", "language_info": {"name": "javascript"}}
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                kind, ev = self.q.get(timeout=0.1)
+            except queue.Empty:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self._fail_start()
+                continue
+            if ev is None:
+                self._fail_start()
+            if ev.get("t") == "ready":
+                self.info["implementation_version"] = str(ev.get("version", ""))
+                return
+
+    def _fail_start(self):
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise KernelDied(None, "node did not start within 60 seconds") from None
+        raise KernelDied(self.proc.returncode, self.proc.stderr.read1(4096).decode("utf-8", "replace"))
+
+    def _read_events(self, fd):
+        with os.fdopen(fd, "rb") as f:
+            for line in f:
+                try:
+                    ev = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(ev, dict):
+                    self.q.put(("event", ev))
+        self.q.put(("event", None))
+
+    def expect_run(self):
+        """A run was read: an interrupt from now on is for it."""
+        with self.lock:
+            self.expecting = True
+            self.interrupted_at = None
+
+    def interrupt(self):
+        # Asked on the requests pipe, after the run's request: node takes it once
+        # the cell leaves the event loop free (it awaits), or once it ended (then
+        # it does nothing). A cell that keeps the loop busy gets SIGINT from
+        # `run`. SIGINT is never the first resort: node's evaluator leaves it
+        # fatal for a moment after each synchronous run.
+        with self.lock:
+            if not self.expecting:
+                return
+            if self.interrupted_at is None:
+                self.interrupted_at = time.monotonic()
+            try:
+                self._write(b'{"op":"interrupt"}\n')
+            except OSError:
+                pass
+
+    def _write(self, data):
+        while data:
+            data = data[os.write(self.requests, data):]
+
+    def _sigint(self):
+        try:
+            os.kill(self.proc.pid, signal.SIGINT)
+        except ProcessLookupError:
+            pass
+
+    def run(self, code, cell, env=None):
+        self.count += 1
+        cid = self.count
+        env = {str(k): str(v) for k, v in (env or {}).items()}
+        req = json.dumps({"op": "run", "id": cid, "count": cid, "code": code, "env": env}) + "\n"
+        try:
+            with self.lock:
+                self._write(req.encode())
+        except BrokenPipeError:
+            raise KernelDied(self.proc.wait(), "") from None
+        marker = ("\n" + self.token + "\n").encode()
+        for name, f in (("stdout", self.proc.stdout), ("stderr", self.proc.stderr)):
+            threading.Thread(target=_read_until, args=(f, marker, name, self.q), daemon=True).start()
+        ended = 0
+        done = None
+        # SIGINTs sent for an interrupt node did not take from the pipe: one after
+        # SIGNAL_DELAY, and one more a second later (the first may have come while
+        # node still compiled the cell, before its evaluator watched for it).
+        signals = 0
+        while done is None or ended < 2:
+            # Checked on every turn: a busy cell may write all the time.
+            with self.lock:
+                asked = self.interrupted_at
+            if done is None and asked is not None and signals < 2:
+                if time.monotonic() - asked >= SIGNAL_DELAY + signals * RESEND_DELAY:
+                    signals += 1
+                    self._sigint()
+            try:
+                kind, item = self.q.get(timeout=0.05)
+            except queue.Empty:
+                if self.proc.poll() is not None:
+                    raise KernelDied(self.proc.returncode, "") from None
+                continue
+            if kind != "event":
+                if item is None:
+                    ended += 1
+                else:
+                    cell.stream(kind, item.decode("utf-8", "replace"))
+                continue
+            if item is None:
+                # The events pipe closed: node is gone.
+                try:
+                    code = self.proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    code = None
+                raise KernelDied(code, "")
+            if item.get("id") != cid:
+                continue
+            t = item.get("t")
+            if t in ("stdout", "stderr"):
+                cell.stream(t, str(item.get("text", "")))
+            elif t == "result":
+                cell.result(True, {"text/plain": str(item.get("text", ""))})
+            elif t == "exception":
+                emit({"t": "exception", "name": str(item.get("name", "")), "value": str(item.get("value", "")),
+                      "traceback": str(item.get("traceback", ""))})
+            elif t == "done":
+                done = item
+                with self.lock:
+                    self.expecting = False
+        return {"count": cid, "status": "ok" if done.get("status") == "ok" else "error"}
+
+    def close(self):
+        try:
+            self.proc.kill()
+        except ProcessLookupError:
+            pass
+
+
 def _read_until(f, marker, name, q):
     buf = b""
     while True:
@@ -939,8 +1368,16 @@ def start(language, cwd):
         return Kernel(spec.argv, cwd, language)
     if language == "bash":
         return Bash(cwd)
-    fatal("MissingKernel", "no Jupyter kernel for %s is installed in this sandbox "
-          "(e.g. ijavascript, or deno's jupyter kernel)" % language)
+    if language == "javascript":
+        import shutil
+
+        node = shutil.which("node") or shutil.which("nodejs")
+        if node is not None:
+            return Node(cwd, node)
+        fatal("MissingKernel", "no Jupyter kernel for javascript is installed in this sandbox, and no node "
+              "either: javascript contexts need Node.js 16 or later (Debian: nodejs) or a Jupyter "
+              "JavaScript kernel (e.g. ijavascript, or deno's jupyter kernel)")
+    fatal("MissingKernel", "no Jupyter kernel for %s is installed in this sandbox" % language)
 
 
 # Every process a context's kernel starts inherits this variable (the context's
@@ -1021,7 +1458,7 @@ def main():
         cell = Cell()
         try:
             env = r.get("env") or {}
-            if isinstance(kernel, Bash):
+            if isinstance(kernel, (Bash, Node)):
                 done = kernel.run(r.get("code", ""), cell, env)
             else:
                 if env and language == "python":
