@@ -153,6 +153,20 @@ def test_a_javascript_context_keeps_state_streams_in_order_and_an_interrupt_keep
     t.join(30)
     assert result and result[0].error is not None and result[0].error.name == "KeyboardInterrupt"
     assert sb.run_code("n", context=js).text == "20"
+    # So does one blocked in a child process (node waits in native code for it).
+    result.clear()
+    running.clear()
+    cell = "console.log('waiting')\nrequire('child_process').execSync('sleep 120')"
+    t = threading.Thread(
+        target=lambda: result.append(sb.run_code(cell, context=js, timeout=60, on_stdout=lambda _: running.set()))
+    )
+    t.start()
+    assert running.wait(30), "the cell never started"
+    started = time.monotonic()
+    sb.interrupt_code(js)
+    t.join(30)
+    assert result and result[0].error is not None and time.monotonic() - started < 20
+    assert sb.run_code("n", context=js).text == "20"
     # A cell that ends node: crashed, and the next run starts without the state.
     x = sb.run_code("process.exit(4)", context=js)
     assert x.status == "crashed" and x.error is not None and "exit code 4" in x.error.value

@@ -1189,10 +1189,12 @@ class Node:
         # `run`. SIGINT is never the first resort: node's evaluator leaves it
         # fatal for a moment after each synchronous run.
         with self.lock:
-            if not self.expecting:
+            # One request per run: a later interrupt of the same run adds
+            # nothing (the SIGINTs of `run` follow the first), and a flood of
+            # them must not fill the pipe and stall this driver on its lock.
+            if not self.expecting or self.interrupted_at is not None:
                 return
-            if self.interrupted_at is None:
-                self.interrupted_at = time.monotonic()
+            self.interrupted_at = time.monotonic()
             try:
                 self._write(b'{"op":"interrupt"}\n')
             except OSError:
@@ -1202,11 +1204,16 @@ class Node:
         while data:
             data = data[os.write(self.requests, data):]
 
-    def _sigint(self):
-        try:
-            os.kill(self.proc.pid, signal.SIGINT)
-        except ProcessLookupError:
-            pass
+    def _sigint(self, children):
+        # With `children`, node's descendants too: a cell blocked in `execSync`
+        # or `spawnSync` waits in native code for its child, which must end
+        # first (as Bash's do). Only on the second SIGINT, so a server an
+        # earlier cell spawned is spared when node alone can stop the cell.
+        for pid in [self.proc.pid] + (_children(self.proc.pid) if children else []):
+            try:
+                os.kill(pid, signal.SIGINT)
+            except ProcessLookupError:
+                pass
 
     def run(self, code, cell, env=None):
         self.count += 1
@@ -1234,7 +1241,7 @@ class Node:
             if done is None and asked is not None and signals < 2:
                 if time.monotonic() - asked >= SIGNAL_DELAY + signals * RESEND_DELAY:
                     signals += 1
-                    self._sigint()
+                    self._sigint(children=signals == 2)
             try:
                 kind, item = self.q.get(timeout=0.05)
             except queue.Empty:
@@ -1339,7 +1346,11 @@ def start(language, cwd):
             if importlib.util.find_spec(pkg) is None:
                 fatal("MissingPackage", "python contexts need the Python package %s (Debian: %s), "
                       "which this sandbox's python3 does not have" % (pkg, deb))
-        argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}",
+        # `-P` (Python 3.11+): the working directory is not searched for the
+        # kernel's own modules while it starts (a `zmq.py` there is not run);
+        # ipykernel puts it on the path for the cells afterwards, as Jupyter does.
+        safe_path = ["-P"] if sys.version_info >= (3, 11) else []
+        argv = [sys.executable] + safe_path + ["-m", "ipykernel_launcher", "-f", "{connection_file}",
                 "--HistoryManager.enabled=False", "--InteractiveShell.colors=NoColor",
                 "--IPKernelApp.quiet=True"]
         k = Kernel(argv, cwd, "python")

@@ -106,26 +106,6 @@ impl ContextParams {
     }
 }
 
-/// How a front door's default contexts (`default`, `default-bash`, ...) are made
-/// when a run first names one: everything but the language.
-#[derive(Debug, Clone, Default)]
-pub struct DefaultParams {
-    pub cwd: Option<String>,
-    pub user: Option<String>,
-    pub show_saved_images: bool,
-}
-
-impl DefaultParams {
-    fn of(&self, language: Language) -> ContextParams {
-        ContextParams {
-            cwd: self.cwd.clone(),
-            user: self.user.clone(),
-            show_saved_images: self.show_saved_images,
-            ..ContextParams::of(language)
-        }
-    }
-}
-
 /// The contexts of one sandbox.
 pub struct Contexts {
     map: Mutex<BTreeMap<String, Arc<Context>>>,
@@ -258,27 +238,34 @@ impl Contexts {
         Ok(ctx)
     }
 
-    /// The context `id`. The default ones are created on first use, made as
-    /// `defaults` says: `default` (Python) and `default-LANGUAGE` (`default-bash`,
-    /// `default-javascript`).
-    pub async fn get_or_default(
+    /// The context `id`. The default ones are created on first use: `default`
+    /// (Python) and `default-LANGUAGE` (`default-bash`, `default-javascript`).
+    pub async fn get_or_default(&self, guest: &GuestClient, id: &str) -> ApiResult<Arc<Context>> {
+        if let Some(c) = self.get(id) {
+            return Ok(c);
+        }
+        match default_language(id) {
+            Some(l) => self.get_or_make(guest, id, ContextParams::of(l)).await,
+            None => Err(ApiError::not_found(format!("no code context {id}"))),
+        }
+    }
+
+    /// The context `id`, made with `params` if there is none (by this call or,
+    /// meanwhile, another).
+    pub async fn get_or_make(
         &self,
         guest: &GuestClient,
         id: &str,
-        defaults: &DefaultParams,
+        params: ContextParams,
     ) -> ApiResult<Arc<Context>> {
         if let Some(c) = self.get(id) {
             return Ok(c);
         }
-        let not_found = || ApiError::not_found(format!("no code context {id}"));
-        let language = match default_language(id) {
-            Some(l) => l,
-            None => return Err(not_found()),
-        };
-        let params = defaults.of(language);
         match self.create(guest, Some(id), params).await {
             // Created meanwhile by another request.
-            Err(e) if e.status == StatusCode::CONFLICT => self.get(id).ok_or_else(not_found),
+            Err(e) if e.status == StatusCode::CONFLICT => self
+                .get(id)
+                .ok_or_else(|| ApiError::not_found(format!("no code context {id}"))),
             r => r,
         }
     }
@@ -1094,27 +1081,6 @@ mod tests {
         }
         let ids: Vec<_> = c.all().iter().map(|x| x.id.clone()).collect();
         assert_eq!(ids, ["zeta", "default", "ctx_00", "alpha"]);
-    }
-
-    #[test]
-    fn a_front_doors_defaults_make_its_default_contexts() {
-        let d = DefaultParams {
-            cwd: Some("/home/user".into()),
-            user: Some("root".into()),
-            show_saved_images: true,
-        };
-        let p = d.of(Language::Bash);
-        assert_eq!(p.language, Language::Bash);
-        assert_eq!(
-            (p.cwd.as_deref(), p.user.as_deref(), p.show_saved_images),
-            (Some("/home/user"), Some("root"), true)
-        );
-        assert!(p.env.is_empty());
-        let native = DefaultParams::default().of(Language::Python);
-        assert_eq!(
-            (native.cwd, native.user, native.show_saved_images),
-            (None, None, false)
-        );
     }
 
     #[test]

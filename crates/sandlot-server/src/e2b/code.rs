@@ -27,7 +27,7 @@ use super::envd::{
 use super::hosts::TRAFFIC_TOKEN_HEADER;
 use super::E2b;
 use crate::code::output::{Held, RunEvent, RunResult};
-use crate::code::{self, Context, ContextParams, DefaultParams, Language, RunRequest};
+use crate::code::{self, Context, ContextParams, Language, RunRequest};
 use crate::error::ApiError;
 use crate::routes::stream::{held_channel_body, line};
 use crate::sandbox::SandboxHandle;
@@ -44,10 +44,7 @@ pub fn routes() -> Router<Arc<E2b>> {
 }
 
 /// Authorizes a code interpreter request for its sandbox.
-fn access(
-    e2b: &Arc<E2b>,
-    headers: &HeaderMap,
-) -> Result<(Arc<SandboxHandle>, String), AccessError> {
+fn access(e2b: &Arc<E2b>, headers: &HeaderMap) -> Result<Arc<SandboxHandle>, AccessError> {
     let err = |status, m: String| AccessError { status, message: m };
     let header = |n: &str| {
         headers
@@ -84,10 +81,7 @@ fn access(
         ));
     }
     match e2b.app.handle(&id) {
-        Some(h) if !h.is_stopping() => {
-            let user = e2b.default_user(&id);
-            Ok((h, user))
-        }
+        Some(h) if !h.is_stopping() => Ok(h),
         _ => Err(err(
             StatusCode::BAD_GATEWAY,
             format!("The sandbox {id} was not found"),
@@ -121,39 +115,68 @@ fn failed(h: &SandboxHandle, e: ApiError) -> Response {
     plain(e)
 }
 
-fn home_of(user: &str) -> String {
-    if user == "root" {
-        "/root".into()
-    } else {
-        format!("/home/{user}")
-    }
-}
-
 /// The user E2B's code interpreter runs its kernels as: its Jupyter server runs as
 /// root, so cells may write anywhere in the sandbox (`pip install`, `/root`).
 const KERNEL_USER: &str = "root";
 
-/// How the code interpreter's contexts are made in a sandbox whose default user is
-/// `user`: as root, in that user's home (E2B's `/home/user`), showing images that
-/// cells save as E2B's template does.
-fn e2b_defaults(user: &str) -> DefaultParams {
-    DefaultParams {
-        cwd: Some(home_of(user)),
+/// The languages whose default context E2B's server starts with the sandbox, in
+/// the order its list names them.
+const LISTED_DEFAULTS: [Language; 2] = [Language::Python, Language::Javascript];
+
+/// The id of the code interpreter's default context of a language. Its own, not
+/// the native API's `default`: made as E2B makes its contexts (below), whatever
+/// the native API or a pool started before.
+fn e2b_default(l: Language) -> String {
+    format!("e2b-{}", code::default_context(l))
+}
+
+/// The language of one of the code interpreter's default context ids.
+fn e2b_default_language(id: &str) -> Option<Language> {
+    code::default_language(id.strip_prefix("e2b-")?)
+}
+
+/// A context as the code interpreter makes it: as root, in `dir` (the sandbox's
+/// start directory unless the caller names one), showing images that cells save,
+/// as E2B's template does.
+fn e2b_params(language: Language, dir: String) -> ContextParams {
+    ContextParams {
+        cwd: Some(dir),
         user: Some(KERNEL_USER.into()),
         show_saved_images: true,
+        ..ContextParams::of(language)
     }
 }
 
-fn context_json(id: &str, language: Language, cwd: Option<&str>, user: &str) -> Value {
-    json!({
-        "id": id,
-        "language": language.as_str(),
-        "cwd": cwd.map(String::from).unwrap_or_else(|| home_of(user)),
-    })
+fn context_json(id: &str, language: Language, cwd: &str) -> Value {
+    json!({"id": id, "language": language.as_str(), "cwd": cwd})
 }
 
-fn json_of(c: &Context, user: &str) -> Value {
-    context_json(&c.id, c.params.language, c.params.cwd.as_deref(), user)
+/// A context as E2B lists it; `dir` is where one made without a `cwd` works.
+fn json_of(c: &Context, dir: &str) -> Value {
+    context_json(
+        &c.id,
+        c.params.language,
+        c.params.cwd.as_deref().unwrap_or(dir),
+    )
+}
+
+/// The context a run names: one that exists, else a default one made on first
+/// use (the code interpreter's as E2B makes them, the native API's as it does).
+async fn context_for(
+    e2b: &E2b,
+    h: &SandboxHandle,
+    id: &str,
+) -> crate::error::ApiResult<Arc<Context>> {
+    if let Some(c) = h.contexts.get(id) {
+        return Ok(c);
+    }
+    match e2b_default_language(id) {
+        Some(l) => {
+            let params = e2b_params(l, e2b.start_dir(&h.id));
+            h.contexts.get_or_make(&h.guest, id, params).await
+        }
+        None => h.contexts.get_or_default(&h.guest, id).await,
+    }
 }
 
 #[derive(Deserialize, Default)]
@@ -168,7 +191,7 @@ async fn create(
     headers: HeaderMap,
     body: axum::body::Body,
 ) -> Response {
-    let (h, user) = match access(&e2b, &headers) {
+    let h = match access(&e2b, &headers) {
         Ok(x) => x,
         Err(e) => return e.into_response(),
     };
@@ -201,44 +224,39 @@ async fn create(
                 .into_response();
         }
     }
-    let defaults = e2b_defaults(&user);
-    let params = ContextParams {
-        cwd: b.cwd.or(defaults.cwd),
-        user: defaults.user,
-        show_saved_images: defaults.show_saved_images,
-        ..ContextParams::of(language)
-    };
+    let params = e2b_params(language, b.cwd.unwrap_or_else(|| e2b.start_dir(&h.id)));
     let _active = h.active();
     match h.contexts.create(&h.guest, None, params).await {
-        Ok(c) => Json(json_of(&c, &user)).into_response(),
+        Ok(c) => Json(json_of(&c, "/")).into_response(),
         Err(e) => failed(&h, e),
     }
 }
 
 async fn list(State(e2b): State<Arc<E2b>>, headers: HeaderMap) -> Response {
-    let (h, user) = match access(&e2b, &headers) {
+    let h = match access(&e2b, &headers) {
         Ok(x) => x,
         Err(e) => return e.into_response(),
     };
-    // E2B's server starts a Python and a JavaScript context with the sandbox, so
-    // its list has them from the start; here a language's default context starts
-    // at its first run and is listed before as it will be made (the JavaScript one
-    // where the sandbox can run JavaScript).
+    // E2B's server starts a Python and a JavaScript context with the sandbox and
+    // lists them first; here a default context starts at its first run and is
+    // listed before as it will be made (the JavaScript one where the sandbox has
+    // Node). Listing is not activity: it neither resumes nor keeps a sandbox up.
+    let dir = e2b.start_dir(&h.id);
     let made = h.contexts.all();
     let mut all = Vec::new();
-    let _active = h.active();
-    for language in [Language::Python, Language::Javascript] {
-        let id = code::default_context(language);
-        if made.iter().any(|c| c.id == id) {
-            continue;
+    let defaults: Vec<String> = LISTED_DEFAULTS.iter().map(|&l| e2b_default(l)).collect();
+    for (&language, id) in LISTED_DEFAULTS.iter().zip(&defaults) {
+        match made.iter().find(|c| &c.id == id) {
+            Some(c) => all.push(json_of(c, &dir)),
+            None if language == Language::Javascript && !code::runs_javascript(&h.guest).await => {}
+            None => all.push(context_json(id, language, &dir)),
         }
-        if language == Language::Javascript && !code::runs_javascript(&h.guest).await {
-            continue;
-        }
-        let cwd = e2b_defaults(&user).cwd;
-        all.push(context_json(&id, language, cwd.as_deref(), &user));
     }
-    all.extend(made.iter().map(|c| json_of(c, &user)));
+    all.extend(
+        made.iter()
+            .filter(|c| !defaults.contains(&c.id))
+            .map(|c| json_of(c, &dir)),
+    );
     Json(all).into_response()
 }
 
@@ -247,12 +265,14 @@ async fn remove(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Response {
-    let (h, _) = match access(&e2b, &headers) {
+    let h = match access(&e2b, &headers) {
         Ok(x) => x,
         Err(e) => return e.into_response(),
     };
     match h.contexts.remove(&h.guest, &id).await {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        // A default context listed but not made yet: nothing to end.
+        Err(_) if e2b_default_language(&id).is_some() => StatusCode::NO_CONTENT.into_response(),
         Err(e) => plain(e),
     }
 }
@@ -262,11 +282,15 @@ async fn restart(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Response {
-    let (h, _) = match access(&e2b, &headers) {
+    let h = match access(&e2b, &headers) {
         Ok(x) => x,
         Err(e) => return e.into_response(),
     };
     let Some(c) = h.contexts.get(&id) else {
+        // A default context listed but not made yet starts afresh anyway.
+        if e2b_default_language(&id).is_some() {
+            return StatusCode::NO_CONTENT.into_response();
+        }
         return (StatusCode::NOT_FOUND, format!("no code context {id}")).into_response();
     };
     let _active = h.active();
@@ -290,7 +314,7 @@ async fn execute(
     headers: HeaderMap,
     body: axum::body::Body,
 ) -> Response {
-    let (h, user) = match access(&e2b, &headers) {
+    let h = match access(&e2b, &headers) {
         Ok(x) => x,
         Err(e) => return e.into_response(),
     };
@@ -307,17 +331,13 @@ async fn execute(
     let ctx_id = match (&b.context_id, &b.language) {
         (Some(c), _) => c.clone(),
         (None, Some(l)) => match Language::parse(l) {
-            Ok(l) => code::default_context(l),
+            Ok(l) => e2b_default(l),
             Err(e) => return plain(e),
         },
-        (None, None) => code::default_context(Language::Python),
+        (None, None) => e2b_default(Language::Python),
     };
     let guard = h.active();
-    let ctx = match h
-        .contexts
-        .get_or_default(&h.guest, &ctx_id, &e2b_defaults(&user))
-        .await
-    {
+    let ctx = match context_for(&e2b, &h, &ctx_id).await {
         Ok(c) => c,
         Err(e) => return failed(&h, e),
     };
@@ -357,7 +377,9 @@ async fn execute(
             // sandbox gone and says it was killed during the request.
             if ends_with_its_sandbox(&item.event) && sandbox.is_stopping() {
                 let cut = std::io::Error::other("the sandbox ended during the run");
-                let _ = tx.send(Err(cut)).await;
+                // Bounded: a client that stops reading does not keep the ended
+                // sandbox's handle.
+                let _ = tokio::time::timeout(CUT_WAIT, tx.send(Err(cut))).await;
                 return;
             }
             // The item's share of the pool goes with its last line.
@@ -377,6 +399,9 @@ async fn execute(
     });
     resp
 }
+
+/// How long the cut of a run whose sandbox ended waits for its client to take it.
+const CUT_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Whether a run event is one a run ends with when its interpreter is gone (the
 /// run crashed, or failed).
@@ -610,6 +635,23 @@ impl Serialize for E2bResult<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_code_interpreters_default_contexts_have_ids_of_their_own() {
+        assert_eq!(e2b_default(Language::Python), "e2b-default");
+        assert_eq!(e2b_default(Language::Javascript), "e2b-default-javascript");
+        for l in [Language::Python, Language::Bash, Language::Javascript] {
+            assert_eq!(e2b_default_language(&e2b_default(l)), Some(l));
+            // The native API's defaults are not the code interpreter's.
+            assert_eq!(e2b_default_language(&code::default_context(l)), None);
+        }
+        assert_eq!(e2b_default_language("e2b-ctx_1"), None);
+        let p = e2b_params(Language::Bash, "/w".into());
+        assert_eq!(
+            (p.cwd.as_deref(), p.user.as_deref(), p.show_saved_images),
+            (Some("/w"), Some("root"), true)
+        );
+    }
 
     #[test]
     fn a_bundle_maps_to_e2b_result_keys() {

@@ -236,6 +236,23 @@ impl E2b {
         crate::auth::hex(&h.finalize())
     }
 
+    /// The directory a sandbox's programs start in ([`start_dir`]).
+    pub fn start_dir(&self, sandbox_id: &str) -> String {
+        let workdir = self
+            .app
+            .store
+            .get_sandbox(sandbox_id)
+            .ok()
+            .flatten()
+            .and_then(|r| {
+                r.spec
+                    .get("workdir")
+                    .and_then(|v| v.as_str())
+                    .map(String::from)
+            });
+        start_dir(workdir.as_deref(), &self.default_user(sandbox_id))
+    }
+
     /// The default user of a sandbox's processes and file operations.
     pub fn default_user(&self, sandbox_id: &str) -> String {
         if let Some(u) = self
@@ -349,6 +366,19 @@ pub fn basic_user(headers: &HeaderMap) -> Result<Option<String>, String> {
     Ok((!user.is_empty()).then_some(user))
 }
 
+/// The directory a sandbox's programs start in when they name none: its spec's
+/// `workdir`, else its default user's home where Sandlot's images define one
+/// (`root`, `user`), else `/` (a template's user may have no home).
+pub fn start_dir(workdir: Option<&str>, user: &str) -> String {
+    if let Some(w) = workdir.filter(|w| w.starts_with('/')) {
+        return w.to_string();
+    }
+    match user {
+        "root" | "0" | "user" | "1000" => home_of(user),
+        _ => "/".to_string(),
+    }
+}
+
 /// The home directory of a user as Sandlot's images define them.
 pub fn home_of(user: &str) -> String {
     match user {
@@ -394,6 +424,18 @@ pub fn resolve_path(path: &str, user: &str) -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn programs_start_in_the_workdir_else_a_home_the_images_define_else_the_root() {
+        assert_eq!(start_dir(Some("/srv/app"), "user"), "/srv/app");
+        assert_eq!(start_dir(None, "user"), "/home/user");
+        assert_eq!(start_dir(None, "1000"), "/home/user");
+        assert_eq!(start_dir(None, "root"), "/root");
+        // A template's user whose home nobody made, or a uid:gid.
+        assert_eq!(start_dir(None, "nobody"), "/");
+        assert_eq!(start_dir(None, "1001:1001"), "/");
+        assert_eq!(start_dir(Some("relative"), "root"), "/root");
+    }
 
     fn with_template(t: Value) -> E2bConfig {
         let mut c = E2bConfig::default();

@@ -181,10 +181,7 @@ pub(crate) async fn start_run(
     ctx: &str,
     req: RunRequest,
 ) -> ApiResult<(mpsc::Receiver<RunItem>, RunTicket)> {
-    let c = h
-        .contexts
-        .get_or_default(&h.guest, ctx, &code::DefaultParams::default())
-        .await?;
+    let c = h.contexts.get_or_default(&h.guest, ctx).await?;
     h.touch();
     h.contexts
         .spawn_run(c, h.guest.clone(), req, code::oom_probe(h))
