@@ -181,27 +181,13 @@ fn a_stream_comes_in_order_and_interrupts_and_timeouts_stop_cells() {
             (ctx.language.as_str(), ctx.state.as_str()),
             ("python", "idle")
         );
-        let mut s = c
-            .run_code_stream(
-                id,
-                &ctx.id,
-                &cell(
-                    "import sys, time\nprint('a')\ntime.sleep(0.2)\nprint('b', file=sys.stderr)\n7",
-                ),
-            )
-            .await
-            .unwrap();
-        let mut kinds = Vec::new();
-        while let Some(ev) = s.next_event().await.unwrap() {
-            kinds.push(match ev {
-                CodeEvent::Started { .. } => "started".to_string(),
-                CodeEvent::Stdout { text } => format!("stdout:{text}"),
-                CodeEvent::Stderr { text } => format!("stderr:{text}"),
-                CodeEvent::Result { result } => format!("result:{}", result.data["text/plain"]),
-                CodeEvent::End { status, .. } => format!("end:{status:?}"),
-                other => format!("{other:?}"),
-            });
-        }
+        let kinds = streamed(
+            &c,
+            id,
+            &ctx.id,
+            "import sys, time\nprint('a')\ntime.sleep(0.2)\nprint('b', file=sys.stderr)\n7",
+        )
+        .await;
         assert_eq!(
             kinds,
             [

@@ -788,11 +788,7 @@ class Bash:
 
     def interrupt(self):
         # The foreground commands of the cell are bash's children.
-        for pid in [self.proc.pid] + _children(self.proc.pid):
-            try:
-                os.kill(pid, signal.SIGINT)
-            except ProcessLookupError:
-                pass
+        _sigint_tree(self.proc.pid, children=True)
 
     def run(self, code, cell, env=None):
         self.count += 1
@@ -1209,11 +1205,7 @@ class Node:
         # or `spawnSync` waits in native code for its child, which must end
         # first (as Bash's do). Only on the second SIGINT, so a server an
         # earlier cell spawned is spared when node alone can stop the cell.
-        for pid in [self.proc.pid] + (_children(self.proc.pid) if children else []):
-            try:
-                os.kill(pid, signal.SIGINT)
-            except ProcessLookupError:
-                pass
+        _sigint_tree(self.proc.pid, children)
 
     def run(self, code, cell, env=None):
         self.count += 1
@@ -1303,6 +1295,15 @@ def _read_until(f, marker, name, q):
         if len(buf) > keep:
             q.put((name, buf[:-keep]))
             buf = buf[-keep:]
+
+
+def _sigint_tree(pid, children):
+    """SIGINT to `pid` and, with `children`, to its descendants."""
+    for p in [pid] + (_children(pid) if children else []):
+        try:
+            os.kill(p, signal.SIGINT)
+        except ProcessLookupError:
+            pass
 
 
 def _children(pid):

@@ -236,20 +236,15 @@ impl E2b {
         crate::auth::hex(&h.finalize())
     }
 
+    /// A text field of a sandbox's recorded spec.
+    fn spec_text(&self, sandbox_id: &str, key: &str) -> Option<String> {
+        let rec = self.app.store.get_sandbox(sandbox_id).ok().flatten()?;
+        rec.spec.get(key).and_then(|v| v.as_str()).map(String::from)
+    }
+
     /// The directory a sandbox's programs start in ([`start_dir`]).
     pub fn start_dir(&self, sandbox_id: &str) -> String {
-        let workdir = self
-            .app
-            .store
-            .get_sandbox(sandbox_id)
-            .ok()
-            .flatten()
-            .and_then(|r| {
-                r.spec
-                    .get("workdir")
-                    .and_then(|v| v.as_str())
-                    .map(String::from)
-            });
+        let workdir = self.spec_text(sandbox_id, "workdir");
         start_dir(workdir.as_deref(), &self.default_user(sandbox_id))
     }
 
@@ -264,17 +259,7 @@ impl E2b {
             return u.clone();
         }
         let u = self
-            .app
-            .store
-            .get_sandbox(sandbox_id)
-            .ok()
-            .flatten()
-            .and_then(|r| {
-                r.spec
-                    .get("user")
-                    .and_then(|v| v.as_str())
-                    .map(String::from)
-            })
+            .spec_text(sandbox_id, "user")
             .unwrap_or_else(|| "root".to_string());
         let mut m = self.users.lock().unwrap_or_else(|e| e.into_inner());
         // Forget sandboxes that are gone, so the cache stays as big as the live set.
