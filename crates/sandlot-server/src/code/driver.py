@@ -1339,7 +1339,7 @@ def _sh_name(k):
     return k.replace("_", "a").isalnum() and not k[0].isdigit()
 
 
-def start(language, cwd):
+def start(language, cwd, show_saved_images=False):
     import importlib.util
 
     if language == "python":
@@ -1355,8 +1355,9 @@ def start(language, cwd):
                 "--HistoryManager.enabled=False", "--InteractiveShell.colors=NoColor",
                 "--IPKernelApp.quiet=True"]
         k = Kernel(argv, cwd, "python")
-        k.silent(PY_SETUP.replace("CHART_SOURCE", repr(CHART_SOURCE)).replace("CHART_MIME", repr(CHART_MIME)))
-        k.silent(PY_IMAGES.replace("SHOW_SAVED", repr(SHOW_SAVED_IMAGES[0])))
+        # One round trip for both set-ups.
+        k.silent(PY_SETUP.replace("CHART_SOURCE", repr(CHART_SOURCE)).replace("CHART_MIME", repr(CHART_MIME))
+                 + PY_IMAGES.replace("SHOW_SAVED", repr(show_saved_images)))
         flag = os.path.join(k.dir, "cell-runs")
         fd = os.open(flag, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         os.pwrite(fd, b"0", 0)
@@ -1423,15 +1424,9 @@ def sweep(context):
         time.sleep(0.05)
 
 
-# Whether a Python kernel shows images saved to a path (set from the driver's
-# configuration before the kernel starts).
-SHOW_SAVED_IMAGES = [False]
-
-
 def main():
     conf = json.loads(sys.stdin.buffer.readline())
     language = conf.get("language", "python")
-    SHOW_SAVED_IMAGES[0] = conf.get("show_saved_images") is True
     context = conf.get("context")
     if isinstance(context, str) and context:
         sweep(context)
@@ -1439,7 +1434,7 @@ def main():
     cwd = os.getcwd()
     requests = queue.Queue()
     try:
-        kernel = start(language, cwd)
+        kernel = start(language, cwd, conf.get("show_saved_images") is True)
     except KernelDied as e:
         emit({"t": "died", **describe_exit(e.code), "detail": e.tail[-1024:]})
         os._exit(4)

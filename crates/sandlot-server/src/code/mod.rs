@@ -241,12 +241,11 @@ impl Contexts {
     /// The context `id`. The default ones are created on first use: `default`
     /// (Python) and `default-LANGUAGE` (`default-bash`, `default-javascript`).
     pub async fn get_or_default(&self, guest: &GuestClient, id: &str) -> ApiResult<Arc<Context>> {
-        if let Some(c) = self.get(id) {
-            return Ok(c);
-        }
         match default_language(id) {
             Some(l) => self.get_or_make(guest, id, ContextParams::of(l)).await,
-            None => Err(ApiError::not_found(format!("no code context {id}"))),
+            None => self
+                .get(id)
+                .ok_or_else(|| ApiError::not_found(format!("no code context {id}"))),
         }
     }
 

@@ -82,10 +82,10 @@ fn access(e2b: &Arc<E2b>, headers: &HeaderMap) -> Result<Arc<SandboxHandle>, Acc
     }
     match e2b.app.handle(&id) {
         Some(h) if !h.is_stopping() => Ok(h),
-        _ => Err(err(
-            StatusCode::BAD_GATEWAY,
-            format!("The sandbox {id} was not found"),
-        )),
+        _ => {
+            let (status, message) = gone(&id);
+            Err(AccessError { status, message })
+        }
     }
 }
 
@@ -106,13 +106,17 @@ fn plain(e: ApiError) -> Response {
 /// that is gone, which the SDK raises as a timeout of the sandbox.
 fn failed(h: &SandboxHandle, e: ApiError) -> Response {
     if h.is_stopping() {
-        return (
-            StatusCode::BAD_GATEWAY,
-            format!("The sandbox {} was not found", h.id),
-        )
-            .into_response();
+        return gone(&h.id).into_response();
     }
     plain(e)
+}
+
+/// What E2B's proxy answers for a sandbox that is not running.
+fn gone(id: &str) -> (StatusCode, String) {
+    (
+        StatusCode::BAD_GATEWAY,
+        format!("The sandbox {id} was not found"),
+    )
 }
 
 /// The user E2B's code interpreter runs its kernels as: its Jupyter server runs as
