@@ -9,7 +9,13 @@ a glance.
 import json
 import sys
 
-import matplotlib
+try:
+    import matplotlib
+except ImportError:
+    sys.exit(
+        "bench_plot.py: no plot: this python3 has no matplotlib; "
+        "`apt-get install python3-matplotlib` (or `pip install matplotlib`), then run it again"
+    )
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402

@@ -32,6 +32,11 @@ pub struct AgentConfig {
     /// score. Without it, each child writes 0 to its own file, which only works
     /// where the agent is dumpable.
     pub oom_score_adj: Option<OwnedFd>,
+    /// A command to start before serving any connection, as
+    /// [`sandlot_proto::guest::FIRST_PROCESS`]; its output is kept from its first
+    /// byte until a client attaches (the process waits when the retention is full),
+    /// and a start that fails is the answer to that attach.
+    pub first_exec: Option<sandlot_proto::guest::ExecRequest>,
 }
 
 impl Default for AgentConfig {
@@ -43,6 +48,7 @@ impl Default for AgentConfig {
             lifeline: None,
             output_retention: 1 << 20,
             oom_score_adj: None,
+            first_exec: None,
         }
     }
 }

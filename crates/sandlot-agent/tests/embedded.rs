@@ -191,3 +191,78 @@ async fn as_pid1_of_a_pid_namespace_it_reaps_everything() {
     };
     assert!(st.success(), "{st:?}");
 }
+
+/// The first command of the agent's config, attached to from its first byte.
+fn first_process() -> sandlot_proto::guest::AttachRequest {
+    sandlot_proto::guest::AttachRequest {
+        id: sandlot_proto::guest::FIRST_PROCESS,
+        stdout_from: Some(0),
+        stderr_from: Some(0),
+    }
+}
+
+#[tokio::test]
+async fn the_first_command_keeps_all_its_output_until_attached_and_a_failed_one_says_why() {
+    common::require_root();
+    let dir = TempDir::new("first");
+    let sock = dir.join("a.sock");
+    let listener = UnixListener::bind(&sock).unwrap();
+    // Four times what the agent retains of a stream nobody reads: it arrives whole
+    // only if the agent held it for the first attach.
+    let cfg = AgentConfig {
+        output_retention: 64 * 1024,
+        first_exec: Some(sh("head -c 262144 /dev/zero; echo done >&2; exit 7")),
+        ..AgentConfig::default()
+    };
+    let agent = std::thread::spawn(move || run_agent(listener, cfg));
+    let c = connect(&sock).await;
+    // Whatever the command could write before anyone attached, it has written.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let out = c
+        .attach_with(first_process())
+        .await
+        .unwrap()
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.stdout.len(), 262_144, "stdout lost bytes");
+    assert!(out.stdout.iter().all(|b| *b == 0));
+    assert_eq!(out.stderr, b"done\n");
+    assert_eq!(out.status.code, Some(7));
+    c.shutdown().await.unwrap();
+    let r = tokio::task::spawn_blocking(move || agent.join().unwrap())
+        .await
+        .unwrap();
+    assert!(r.is_ok(), "{r:?}");
+
+    // A first command that cannot start: attaching to it says why, as an exec would.
+    let sock = dir.join("b.sock");
+    let listener = UnixListener::bind(&sock).unwrap();
+    let cfg = AgentConfig {
+        first_exec: Some(sandlot_proto::guest::ExecRequest::new(["/no/such/program"])),
+        ..AgentConfig::default()
+    };
+    let agent = std::thread::spawn(move || run_agent(listener, cfg));
+    let c = connect(&sock).await;
+    let e = c.attach_with(first_process()).await.unwrap_err();
+    assert_eq!(
+        e.code(),
+        Some(sandlot_proto::guest::ErrorCode::NotFound),
+        "{e}"
+    );
+    assert!(
+        e.to_string().starts_with("exec \"/no/such/program\""),
+        "{e}"
+    );
+    // Any other id is simply unknown.
+    let e = c
+        .attach(sandlot_proto::guest::ProcessId(2), None)
+        .await
+        .unwrap_err();
+    assert!(!e.to_string().contains("/no/such/program"), "{e}");
+    c.shutdown().await.unwrap();
+    let r = tokio::task::spawn_blocking(move || agent.join().unwrap())
+        .await
+        .unwrap();
+    assert!(r.is_ok(), "{r:?}");
+}

@@ -276,6 +276,11 @@ impl Hello {
     }
 }
 
+/// The id of the command an agent starts as it starts, before any connection
+/// (`sandlot run` hands its command over with the sandbox's plan): clients attach
+/// to it from offset 0. Until the first attach its output is kept, never dropped.
+pub const FIRST_PROCESS: ProcessId = ProcessId(1);
+
 /// Agent-assigned identifier of a process, unique for the agent's lifetime.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]

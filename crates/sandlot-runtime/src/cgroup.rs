@@ -383,9 +383,17 @@ impl Cgroup {
                 match fs::create_dir(d) {
                     Ok(()) => {}
                     Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                        fs::create_dir_all(d).map_err(|source| CgroupError::Create {
-                            path: d.clone(),
-                            source,
+                        // The parent first (the usual case: this is the only
+                        // sandbox), then the directory; not the child again first.
+                        let made = match d.parent() {
+                            Some(p) => fs::create_dir_all(p),
+                            None => Ok(()),
+                        };
+                        made.and_then(|()| fs::create_dir(d)).map_err(|source| {
+                            CgroupError::Create {
+                                path: d.clone(),
+                                source,
+                            }
                         })?;
                         new_parent = true;
                     }

@@ -27,6 +27,8 @@ use crate::{mounts, seccomp, security, sys};
 pub struct AgentStart {
     pub listener: UnixListener,
     pub setup: AgentSetup,
+    /// The plan's command to start at once ([`SandboxPlan::first_exec`]).
+    pub first_exec: Option<sandlot_proto::guest::ExecRequest>,
     pub lifeline: Option<OwnedFd>,
     /// PID 1's own `oom_score_adj`, opened read-write while PID 1 still had the
     /// host's ids (once it is the sandbox's root and non-dumpable it may not open
@@ -83,7 +85,22 @@ pub(crate) fn main_as(entry: &str, agent: AgentMain) -> ! {
         Ok(p) => p,
         Err(e) => fail("parse plan", e),
     };
-    match helper(&plan, entry, agent) {
+    run_helper(&plan, entry, agent)
+}
+
+/// [`main_as`] in a helper forked with its plan in memory: the plan pipe (fd 0)
+/// carries nothing and is closed unread.
+pub(crate) fn main_with_plan(plan: &SandboxPlan, entry: &str, agent: AgentMain) -> ! {
+    if let Err(e) = sys::unblock_all_signals() {
+        fail("unblock signals", e);
+    }
+    // SAFETY: fd 0 is the plan pipe handed to us by the host; we take ownership.
+    drop(unsafe { OwnedFd::from_raw_fd(fds::PLAN) });
+    run_helper(plan, entry, agent)
+}
+
+fn run_helper(plan: &SandboxPlan, entry: &str, agent: AgentMain) -> ! {
+    match helper(plan, entry, agent) {
         Ok(()) => sys::exit_now(0),
         Err(e) => fail("start sandbox", e),
     }
@@ -363,6 +380,7 @@ fn pid1(
     agent(AgentStart {
         listener,
         setup: plan.agent.clone(),
+        first_exec: plan.first_exec.clone(),
         lifeline,
         oom_score_adj,
     })

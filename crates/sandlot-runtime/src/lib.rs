@@ -118,6 +118,10 @@ pub struct CreateOptions {
     /// rules. The caller brings `lo` up and sets what else it needs. Required for a
     /// spec whose network mode is not `none`.
     pub netns: Option<OwnedFd>,
+    /// A command for the agent to start as soon as it runs, before any connection
+    /// ([`sandlot_proto::guest::FIRST_PROCESS`]): no exec round trip after the
+    /// create. `sandlot run` hands its command over so.
+    pub first_exec: Option<sandlot_proto::guest::ExecRequest>,
     /// The nameserver written to the `host` image's `/etc/resolv.conf` (with
     /// `netns`).
     pub nameserver: Option<std::net::IpAddr>,

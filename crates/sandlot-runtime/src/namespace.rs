@@ -271,6 +271,7 @@ impl NamespaceBackend {
             root_dir: self.cfg.run_dir.join("root"),
             socket_path: self.sandbox_dir(id).join("agent.sock"),
             agent: agent_setup(&hostname, spec, opts.image.as_ref(), &opts.secrets),
+            first_exec: opts.first_exec.clone(),
             hostname,
             lifeline,
             netns: opts.netns.is_some(),
@@ -341,7 +342,7 @@ impl NamespaceBackend {
                     wants_etc_view: false,
                     host_mounts: plan.mounts.needs_host_mounts(),
                 };
-                crate::zygote::fork_helper_here(&f, agent)
+                crate::zygote::fork_helper_here(&f, plan, agent)
                     .map_err(io_err("fork the sandbox init helper"))?
             }
             _ => None,
@@ -352,7 +353,11 @@ impl NamespaceBackend {
         tr.mark("helper started");
         // Written after the fork: whether the helper holds the fork server's view.
         plan.etc_view = forked.is_some_and(|(_, view)| view);
-        let plan_json = serde_json::to_vec(&*plan).expect("plan serializes");
+        // A helper forked here has the plan in its memory already.
+        let plan_json = match here {
+            Some(_) => Vec::new(),
+            None => serde_json::to_vec(&*plan).expect("plan serializes"),
+        };
         let forked = forked.map(|(pid, _)| pid);
         let mut child = None;
         if forked.is_none() && here.is_none() {
@@ -398,11 +403,13 @@ impl NamespaceBackend {
         }
         drop(lifeline);
         drop(netns);
-        {
+        if here.is_none() {
             let mut w = fs::File::from(plan_w);
             w.write_all(&plan_json).map_err(io_err("send plan"))?;
+            tr.mark("plan sent");
+        } else {
+            drop(plan_w);
         }
-        tr.mark("plan sent");
         let mut pid = None;
         let mut err = None;
         let mut ready = false;
@@ -410,8 +417,14 @@ impl NamespaceBackend {
             let Ok(line) = line else { break };
             match serde_json::from_str::<InitStatus>(&line) {
                 // The helper's `pid` line and PID 1's `ready` line race: wait for both.
-                Ok(InitStatus::Pid { pid: p }) => pid = Some(p),
-                Ok(InitStatus::Ready { .. }) => ready = true,
+                Ok(InitStatus::Pid { pid: p }) => {
+                    tr.mark("pid 1 reported");
+                    pid = Some(p)
+                }
+                Ok(InitStatus::Ready { .. }) => {
+                    tr.mark("pid 1 ready");
+                    ready = true
+                }
                 Ok(InitStatus::Error { message }) => {
                     err = Some(message);
                     break;
@@ -439,6 +452,7 @@ impl NamespaceBackend {
             }
             (None, None, None) => "never started".into(),
         };
+        tr.mark("helper reaped");
         match (ready, pid, err) {
             (true, Some(pid), _) => Ok(pid),
             (_, pid, e) => {

@@ -35,7 +35,7 @@ impl std::fmt::Debug for AgentSetup {
 }
 
 /// What the `__init` helper does, as data.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SandboxPlan {
     pub id: String,
     pub hostname: String,
@@ -49,6 +49,10 @@ pub struct SandboxPlan {
     /// Where the agent listens, on the host.
     pub socket_path: PathBuf,
     pub agent: AgentSetup,
+    /// The command the agent starts as it starts, as
+    /// [`sandlot_proto::guest::FIRST_PROCESS`] (`sandlot run`'s).
+    #[serde(default)]
+    pub first_exec: Option<sandlot_proto::guest::ExecRequest>,
     /// Fd 3 is a pipe whose write end the supervisor holds; the sandbox ends on EOF.
     pub lifeline: bool,
     /// Fd 6 is a prepared network namespace to join instead of creating one.
@@ -123,12 +127,25 @@ impl Trace {
     pub(crate) fn mark(&self, what: &str) {
         if self.on {
             eprintln!(
-                "sandlot-init {} +{:>7.3} ms {what}",
+                "sandlot-init {} +{:>7.3} ms {what} @{:.3}",
                 self.who,
-                self.start.elapsed().as_secs_f64() * 1e3
+                self.start.elapsed().as_secs_f64() * 1e3,
+                monotonic_ms()
             );
         }
     }
+}
+
+/// `CLOCK_MONOTONIC` in milliseconds: the one clock every process of a create
+/// shares, so that their traces line up.
+pub fn monotonic_ms() -> f64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `t` is a valid, writable timespec; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
+    t.tv_sec as f64 * 1e3 + t.tv_nsec as f64 / 1e6
 }
 
 /// The sandbox's hostname: the spec's, or `sandlot-` and the start of its id.

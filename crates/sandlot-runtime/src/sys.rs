@@ -189,6 +189,24 @@ pub fn move_mount_onto(fd: BorrowedFd<'_>, to: BorrowedFd<'_>) -> io::Result<()>
     Ok(())
 }
 
+/// `move_mount(fd, "", dir, name, F_EMPTY_PATH)`: attach a detached tree onto the
+/// entry `name` of the directory `dir`, not following a trailing symlink.
+pub fn move_mount_at(fd: BorrowedFd<'_>, dir: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
+    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 4;
+    // SAFETY: valid C strings; both descriptors are borrowed for the call.
+    cvt_long(unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    })?;
+    Ok(())
+}
+
 /// `renameat2(RENAME_NOREPLACE)`: fails with `EEXIST` instead of replacing `to`.
 pub fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
     let (f, t) = (cstr(from)?, cstr(to)?);
@@ -1158,6 +1176,23 @@ pub fn touchat(dir: BorrowedFd<'_>, name: &CStr, mode: libc::mode_t) -> io::Resu
             dir.as_raw_fd(),
             name.as_ptr(),
             libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+            mode as libc::c_uint,
+        )
+    })?;
+    // SAFETY: fresh fd.
+    drop(unsafe { OwnedFd::from_raw_fd(fd) });
+    Ok(())
+}
+
+/// Creates an empty regular file relative to an fd; `EEXIST` if anything (a link
+/// included) is there already.
+pub fn create_file_at(dir: BorrowedFd<'_>, name: &CStr, mode: libc::mode_t) -> io::Result<()> {
+    // SAFETY: valid fd and C string; the returned fd is closed right away.
+    let fd = cvt(unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW,
             mode as libc::c_uint,
         )
     })?;

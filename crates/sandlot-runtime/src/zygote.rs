@@ -298,12 +298,18 @@ fn fork_helper(
 /// (see the module documentation). The child clears its environment and overwrites
 /// the strings it inherited ([`sys::clear_environment`]), so PID 1 holds none of
 /// the caller's environment, as an exec'd helper's cleared one; it then runs
-/// exactly the code an exec'd helper runs, under the name `sandlot __init`.
+/// exactly the code an exec'd helper runs, under the name `sandlot __init`, with
+/// `plan` as the child's copy of this process's memory holds it instead of read
+/// back from the plan pipe (no serializing, no parsing).
 ///
 /// `Ok(None)`: this process runs more than one thread, so a fork is unsafe; the
 /// caller execs the helper instead. An `/etc` view is never passed (`f` asking
 /// for one is refused the same way): only the fork server has one.
-pub(crate) fn fork_helper_here(f: &HelperFds<'_>, agent: AgentMain) -> io::Result<Option<i32>> {
+pub(crate) fn fork_helper_here(
+    f: &HelperFds<'_>,
+    plan: &crate::plan::SandboxPlan,
+    agent: AgentMain,
+) -> io::Result<Option<i32>> {
     // A helper forked here is in this process's mount namespace, as an exec'd one
     // would be, so `host_mounts` needs nothing.
     if f.wants_etc_view || !sys::single_threaded() {
@@ -328,7 +334,7 @@ pub(crate) fn fork_helper_here(f: &HelperFds<'_>, agent: AgentMain) -> io::Resul
                 if become_helper(&list, &targets).is_err() || sys::clear_environment().is_err() {
                     sys::exit_now(1);
                 }
-                crate::init::main_as("__init", agent)
+                crate::init::main_with_plan(plan, "__init", agent)
             });
             sys::exit_now(1)
         }

@@ -174,6 +174,7 @@ pub fn agent_main(start: AgentStart) -> std::io::Result<()> {
         default_cwd: start.setup.default_cwd,
         lifeline: start.lifeline,
         oom_score_adj: start.oom_score_adj,
+        first_exec: start.first_exec,
         ..Default::default()
     };
     sandlot_agent::run_agent(start.listener, cfg)
@@ -196,7 +197,7 @@ impl Drop for Guard {
 
 /// `SANDLOT_TRACE_INIT=1`: the CLI's own phases on stderr, beside the runtime's
 /// (`sandlot-init host`, `helper`, `pid1`, `stop`).
-struct RunTrace(Option<Instant>);
+pub(crate) struct RunTrace(Option<Instant>);
 
 impl RunTrace {
     fn new() -> RunTrace {
@@ -207,11 +208,12 @@ impl RunTrace {
         )
     }
 
-    fn mark(&self, what: &str) {
+    pub(crate) fn mark(&self, what: &str) {
         if let Some(t) = self.0 {
             eprintln!(
-                "sandlot-run  cli    +{:>7.3} ms {what}",
-                t.elapsed().as_secs_f64() * 1e3
+                "sandlot-run  cli    +{:>7.3} ms {what} @{:.3}",
+                t.elapsed().as_secs_f64() * 1e3,
+                sandlot_runtime::plan::monotonic_ms()
             );
         }
     }
@@ -227,9 +229,14 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
     )?;
     let (life_r, life_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
         .context("create lifeline pipe")?;
+    let request = crate::run_session::command_request(&a);
+    let handed = spec.isolation == Isolation::Namespace;
     let opts = CreateOptions {
         lifeline: Some(life_r),
         image: local_image(&a.data_dir, &spec)?,
+        // The agent starts the command as it starts, while this process is still
+        // hearing that the sandbox is ready and connecting to it.
+        first_exec: handed.then(|| request.clone()),
         ..Default::default()
     };
     tr.mark("spec and id");
@@ -257,7 +264,15 @@ pub fn run(a: RunArgs) -> anyhow::Result<i32> {
         .map(|s| s.agent_socket().to_path_buf())
         .expect("sandbox");
     let lifetime = spec.timeout.map(|t| t.duration());
-    let code = rt.block_on(crate::run_session::session(&socket, &a, lifetime));
+    tr.mark("client runtime started");
+    let start = if handed {
+        crate::run_session::Start::Attach(sandlot_proto::guest::FIRST_PROCESS)
+    } else {
+        crate::run_session::Start::Exec(request)
+    };
+    let code = rt.block_on(crate::run_session::session(
+        &socket, &a, start, lifetime, &tr,
+    ));
     // A blocking read of our stdin may still be pending: do not wait for it.
     tr.mark("command done");
     rt.shutdown_background();

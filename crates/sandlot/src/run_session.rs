@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use sandlot_guest::client::{ClientError, GuestClient, ProcessEvent};
-use sandlot_guest::proto::{ErrorCode, ExecRequest, PtySize};
+use sandlot_guest::proto::{AttachRequest, ErrorCode, ExecRequest, ProcessId, PtySize};
 use tokio::io::AsyncWriteExt;
 use tokio::signal::unix::{signal, SignalKind};
 
@@ -73,30 +73,66 @@ fn spawn_failure(e: &ClientError) -> Option<i32> {
 }
 
 /// Runs the command of `a` in the sandbox whose agent listens on `socket`.
-pub async fn session(
-    socket: &Path,
-    a: &RunArgs,
-    lifetime: Option<Duration>,
-) -> anyhow::Result<i32> {
-    let client = GuestClient::connect(socket)
-        .await
-        .context("connect to the sandbox agent")?;
+/// The request that starts the command of `a`: with its input, and a terminal of
+/// the local window's size for `-t`.
+pub fn command_request(a: &RunArgs) -> ExecRequest {
     let mut req = ExecRequest::new(a.command.clone());
     req.stdin = true;
     if a.tty {
         req.pty = Some(local_window().unwrap_or_default());
     }
-    let mut proc = match client.exec(req).await {
+    req
+}
+
+/// How the session gets to its command.
+pub enum Start {
+    /// Starts it now.
+    Exec(ExecRequest),
+    /// The agent started it as it started ([`sandlot_proto::guest::FIRST_PROCESS`]):
+    /// attach from its first byte.
+    Attach(ProcessId),
+}
+
+pub async fn session(
+    socket: &Path,
+    a: &RunArgs,
+    start: Start,
+    lifetime: Option<Duration>,
+    tr: &crate::run::RunTrace,
+) -> anyhow::Result<i32> {
+    let client = GuestClient::connect(socket)
+        .await
+        .context("connect to the sandbox agent")?;
+    tr.mark("agent connected");
+    let started = match start {
+        Start::Exec(req) => client.exec(req).await,
+        Start::Attach(id) => {
+            client
+                .attach_with(AttachRequest {
+                    id,
+                    stdout_from: Some(0),
+                    stderr_from: Some(0),
+                })
+                .await
+        }
+    };
+    let mut proc = match started {
         Ok(p) => p,
         Err(e) => {
             if let Some(code) = spawn_failure(&e) {
-                eprintln!("sandlot: {e}");
+                // The agent's own words (`exec "x": ...`), whether the command was
+                // started by request or with the sandbox.
+                match &e {
+                    ClientError::Remote { message, .. } => eprintln!("sandlot: {message}"),
+                    _ => eprintln!("sandlot: {e}"),
+                }
                 return Ok(code);
             }
             return Err(e).context("start the command");
         }
     };
     let id = proc.id();
+    tr.mark("command started");
     let _raw = if a.tty { RawMode::enter() } else { None };
 
     // stdin -> process; tokio reads stdin on a blocking thread, which the caller's
@@ -156,7 +192,10 @@ pub async fn session(
                     let _ = err.write_all(&b).await;
                     let _ = err.flush().await;
                 }
-                Some(ProcessEvent::Exit(st)) => status = Some(st),
+                Some(ProcessEvent::Exit(st)) => {
+                    tr.mark("command exited");
+                    status = Some(st)
+                }
                 None => break,
             },
             Some(sig) = sig_rx.recv() => {

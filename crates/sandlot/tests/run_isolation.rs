@@ -74,6 +74,7 @@ fn host_files_outside_mounts_are_unreachable_on(isolation: &[&str]) {
     let script = format!(
         "cat {0}/secret; echo rc=$?; set -- /root/*; [ -e \"$1\" ] && echo $# || echo 0; \
          cat /etc/shadow; echo shadow=$?; for h in /home/*; do echo ${{h#/home/}}; done; touch /usr/sandlot-probe; echo usr=$?; touch /etc/ld.so.cache; echo etc=$?; \
+         touch /etc/ssl/certs/sandlot-probe; echo certs=$?; cat /etc/debian_version; \
          echo ok > /tmp/x && cat /tmp/x",
         secret_dir.display()
     );
@@ -91,6 +92,17 @@ fn host_files_outside_mounts_are_unreachable_on(isolation: &[&str]) {
         out.contains("etc=1"),
         "bound /etc files must be read-only: {out}"
     );
+    // A directory entry one level down (`ssl/certs`) is bound read-only too, and a
+    // bound file reads as the host's.
+    if std::path::Path::new("/etc/ssl/certs").is_dir() {
+        assert!(
+            out.contains("certs=1"),
+            "bound /etc directories must be read-only: {out}"
+        );
+    }
+    if let Ok(v) = std::fs::read_to_string("/etc/debian_version") {
+        assert!(out.contains(v.trim()), "/etc/debian_version: {out}");
+    }
     assert!(
         out.lines().any(|l| l == "user"),
         "only the sandbox's own home: {out}"
@@ -281,10 +293,15 @@ fn bad_input_gets_one_clear_line() {
             "{args:?}: one line: {err}"
         );
     }
-    // A command that does not exist.
+    // A command that does not exist, one that is not executable: the shell's codes,
+    // and the agent's reason on one line.
     let o = run(&unique_id("noexec"), &["--", "/no/such/program"]);
     assert_eq!(o.status.code(), Some(127), "{}", stderr(&o));
     assert!(stderr(&o).contains("/no/such/program"), "{}", stderr(&o));
+    assert!(stderr(&o).starts_with("sandlot: exec "), "{}", stderr(&o));
+    let o = run(&unique_id("noexec"), &["--", "/etc/hostname"]);
+    assert_eq!(o.status.code(), Some(126), "{}", stderr(&o));
+    assert!(stderr(&o).contains("/etc/hostname"), "{}", stderr(&o));
 }
 
 #[test]

@@ -149,6 +149,21 @@ fn stdin_round_trips() {
     assert!(o.stdout == data);
 }
 
+/// The command starts with the sandbox, before the CLI attaches to it: what it
+/// writes at once, several times the agent's retention, still arrives whole.
+#[test]
+fn output_written_before_the_cli_attaches_arrives_whole() {
+    let (code, out, err) = sh(
+        &unique_id("burst-out"),
+        &[],
+        "head -c 6000000 /dev/zero | tr '\\0' x; echo; echo end >&2",
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.len(), 6_000_001);
+    assert!(out.trim_end().bytes().all(|b| b == b'x'));
+    assert_eq!(err, "end\n");
+}
+
 #[test]
 fn exit_codes_and_signals_propagate() {
     assert_eq!(sh(&unique_id("exit3"), &[], "exit 3").0, 3);

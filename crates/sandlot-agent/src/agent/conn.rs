@@ -7,7 +7,7 @@ use std::rc::Rc;
 use bytes::Bytes;
 use sandlot_proto::guest::{
     parse_data, parse_eof, parse_window, stream, ErrorBody, ErrorCode, FrameKind, Hello, ProcessId,
-    PtySize, Reply, Request, AGENT_CAPABILITIES, MAX_WINDOW,
+    PtySize, Reply, Request, AGENT_CAPABILITIES, FIRST_PROCESS, MAX_WINDOW,
 };
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::Notify;
@@ -369,7 +369,15 @@ impl Agent {
             Request::Attach(a) => {
                 let id = a.id.0;
                 match self.procs.get(&id) {
-                    None => Err(no_such(id)),
+                    // The first command that never started answers with its
+                    // reason, word for word what an exec of it would have said.
+                    None => match self.first_failed.clone() {
+                        Some(why) if a.id == FIRST_PROCESS => {
+                            self.out(conn).error(chan, why);
+                            Ok(())
+                        }
+                        _ => Err(no_such(id)),
+                    },
                     Some(p) => {
                         let (pid, pty) = (p.pid, p.master.is_some());
                         let (from, stdin) = self

@@ -28,7 +28,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use sandlot_proto::guest::{ErrorBody, FrameKind, Reply, HEADER_LEN};
+use sandlot_proto::guest::{ErrorBody, FrameKind, Reply, FIRST_PROCESS, HEADER_LEN};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::Notify;
 use tokio::task::{JoinHandle, LocalSet};
@@ -221,6 +221,9 @@ pub(crate) struct Agent {
     pub conns: HashMap<u64, Conn>,
     pub next_conn: u64,
     pub next_proc: u64,
+    /// Why the first command ([`crate::AgentConfig::first_exec`]) did not start: the
+    /// answer to attaching to it.
+    pub first_failed: Option<ErrorBody>,
     pub finished: VecDeque<u64>,
     pub scratch: Scratch,
     /// Stack of the child between clone and exec.
@@ -287,6 +290,7 @@ impl Agent {
             conns: HashMap::new(),
             next_conn: 1,
             next_proc: 1,
+            first_failed: None,
             finished: VecDeque::new(),
             scratch: Scratch::default(),
             stack: vec![0u8; spawn::CHILD_STACK].into_boxed_slice(),
@@ -458,6 +462,20 @@ pub(crate) fn run(
     local.block_on(&rt, main_loop(listener, config))
 }
 
+/// Starts the agent's first command ([`crate::AgentConfig::first_exec`]) as
+/// [`FIRST_PROCESS`]: held until attached, or its failure kept for the attach.
+fn start_first(agent: &mut Agent, req: &sandlot_proto::guest::ExecRequest) {
+    match agent.exec(req) {
+        Ok(id) => {
+            debug_assert_eq!(id, FIRST_PROCESS.0);
+            if let Some(p) = agent.procs.get_mut(&id) {
+                p.held = true;
+            }
+        }
+        Err(e) => agent.first_failed = Some(e),
+    }
+}
+
 /// Sets SIGPIPE's disposition to ignored. (rustix has no signal dispositions.)
 fn ignore_sigpipe() -> io::Result<()> {
     // SAFETY: setting a signal's disposition to SIG_IGN installs no handler code.
@@ -496,6 +514,9 @@ async fn main_loop(
     let agent: Shared = Rc::new(RefCell::new(Agent::new(&mut config, pid1)));
     agent.borrow_mut().me = Rc::downgrade(&agent);
     agent.borrow_mut().ensure_default_cwd();
+    if let Some(req) = config.first_exec.take() {
+        start_first(&mut agent.borrow_mut(), &req);
+    }
     let shutdown = agent.borrow().shutdown.clone();
     let quiesce = agent.borrow().quiesce.clone();
     let fatal = agent.borrow().fatal.clone();

@@ -80,6 +80,10 @@ pub(crate) struct Proc {
     /// Its exit status reached a client.
     pub delivered: bool,
     pub timeout_task: Option<JoinHandle<()>>,
+    /// The agent's first command, not attached to yet: its output is kept from
+    /// offset 0 as if a subscriber stood there
+    /// ([`FIRST_PROCESS`](sandlot_proto::guest::FIRST_PROCESS)).
+    pub held: bool,
 }
 
 impl Proc {
@@ -462,6 +466,7 @@ impl Agent {
             subs: Vec::new(),
             delivered: false,
             timeout_task: None,
+            held: false,
         };
         let shared = self.shared();
         for i in 0..2 {
@@ -521,6 +526,8 @@ impl Agent {
             cursor[i] = from[i].unwrap_or(r.end()).clamp(r.start(), r.end());
         }
         p.subs.push((conn, chan));
+        // From here its subscribers' cursors bound what is kept.
+        p.held = false;
         let stdin_open = p.stdin.as_ref().is_some_and(|s| !s.eof_requested);
         let c = self.conns.get_mut(&conn)?;
         c.chans.insert(
@@ -566,7 +573,8 @@ impl Agent {
         if st.eof || st.fd.is_none() {
             return None;
         }
-        let mut min: Option<u64> = None;
+        // A held process keeps everything from its first byte, as a reader at 0.
+        let mut min: Option<u64> = p.held.then_some(0);
         for (conn, chan) in &p.subs {
             if let Some(Chan::Proc(sub)) = self.conns.get(conn).and_then(|c| c.chans.get(chan)) {
                 min = Some(min.map_or(sub.cursor[i], |m| m.min(sub.cursor[i])));

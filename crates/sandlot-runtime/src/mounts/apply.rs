@@ -461,6 +461,53 @@ fn bind_in_with<S: MountSyscalls>(
     attach_bind(kernel, r, tree, path, readonly, kind, device)
 }
 
+/// Binds the host's `path` read-only at the same path under the root, through the
+/// parent directory `parents` keeps open (the directory it keeps is the parent of
+/// `path`, which a mount at `path` does not cover): a detached copy, its flags, the
+/// target made, the attach; no lookup from the root per entry. An entry the root
+/// has already (an image's) is resolved in the root instead. A host entry that is
+/// gone is skipped.
+fn bind_host_entry<S: MountSyscalls>(
+    kernel: &S,
+    r: &S::Fd,
+    parents: &mut ParentDir<S::Fd>,
+    path: &str,
+    kind: Kind,
+) -> Result<(), MountError> {
+    let sc = CString::new(path).map_err(|_| MountError::Apply {
+        op: "bind",
+        path: path.to_string(),
+        source: io::ErrorKind::InvalidInput.into(),
+    })?;
+    let Ok(tree) = kernel.open_tree_clone(&sc) else {
+        return Ok(());
+    };
+    make_readonly(kernel, &tree, true, 0).map_err(apply_err("make read-only", path))?;
+    let (pfd, name) = parents
+        .get(kernel, r, path)
+        .map_err(apply_err("create bind target", path))?;
+    let made = match kind {
+        Kind::File => kernel.create_file_at(pfd, &name, 0o644),
+        Kind::Dir => kernel.mkdirat(pfd, &name, 0o755),
+    };
+    match made {
+        // Just made, so nothing but this entry is there.
+        Ok(()) => kernel
+            .move_mount_at(&tree, pfd, &name)
+            .map_err(apply_err("bind", path)),
+        // Something of the image's is there (a root with layers): resolved in the
+        // root, as any other bind target.
+        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+            let tgt =
+                ensure(kernel, r, path, kind).map_err(apply_err("create bind target", path))?;
+            kernel
+                .move_mount_onto(&tree, &tgt)
+                .map_err(apply_err("bind", path))
+        }
+        Err(e) => Err(apply_err("create bind target", path)(e)),
+    }
+}
+
 /// Binds the host path `source` the spec named, pinned to the file `id`
 /// ([`crate::host_path`]): opened again without following a link anywhere on the
 /// way, and refused if it is no longer that file (a swap for a link to `/` after
@@ -642,16 +689,7 @@ fn apply_ops<S: MountSyscalls>(
                             &format!("{HOST_ETC_VIEW}/{name}"),
                         )?,
                         HostEntry::Dir | HostEntry::File => {
-                            parents.clear();
-                            bind_in_with(
-                                kernel,
-                                r,
-                                Path::new(&path),
-                                &path,
-                                true,
-                                entry_kind(kind),
-                                false,
-                            )?
+                            bind_host_entry(kernel, r, &mut parents, &path, entry_kind(kind))?
                         }
                     }
                 }

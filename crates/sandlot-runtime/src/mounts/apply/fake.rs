@@ -375,6 +375,15 @@ impl MountSyscalls for FakeKernel {
         }
     }
 
+    fn create_file_at(&self, dir: &FakeFd, name: &CStr, mode: u32) -> io::Result<()> {
+        let path = Self::join(dir, name);
+        self.record(Call::Touchat {
+            path: path.clone(),
+            mode,
+        })?;
+        self.create(&path, Entry::File(Vec::new()))
+    }
+
     fn symlinkat(&self, dir: &FakeFd, name: &CStr, target: &CStr) -> io::Result<()> {
         let path = Self::join(dir, name);
         self.record(Call::Symlinkat {
@@ -498,6 +507,13 @@ impl MountSyscalls for FakeKernel {
         self.record(Call::MoveMountOnto {
             tree: tree.0.clone(),
             target: target.0.clone(),
+        })
+    }
+
+    fn move_mount_at(&self, tree: &FakeFd, dir: &FakeFd, name: &CStr) -> io::Result<()> {
+        self.record(Call::MoveMountOnto {
+            tree: tree.0.clone(),
+            target: Self::join(dir, name),
         })
     }
 

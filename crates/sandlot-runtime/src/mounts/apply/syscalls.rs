@@ -37,6 +37,8 @@ pub(crate) trait MountSyscalls {
     fn mkdirat(&self, dir: &Self::Fd, name: &CStr, mode: u32) -> io::Result<()>;
     /// Creates an empty file `name` in `dir` if there is none.
     fn touchat(&self, dir: &Self::Fd, name: &CStr, mode: u32) -> io::Result<()>;
+    /// Creates an empty file `name` in `dir`; `EEXIST` if anything is there.
+    fn create_file_at(&self, dir: &Self::Fd, name: &CStr, mode: u32) -> io::Result<()>;
     fn symlinkat(&self, dir: &Self::Fd, name: &CStr, target: &CStr) -> io::Result<()>;
     fn rmdirat(&self, dir: &Self::Fd, name: &CStr) -> io::Result<()>;
     /// Creates or truncates the file `name` in `dir` (no symlink followed), with
@@ -76,6 +78,9 @@ pub(crate) trait MountSyscalls {
     fn move_mount_to(&self, tree: &Self::Fd, target: &CStr) -> io::Result<()>;
     /// Attaches the detached tree `tree` onto the directory or file `target`.
     fn move_mount_onto(&self, tree: &Self::Fd, target: &Self::Fd) -> io::Result<()>;
+    /// Attaches the detached tree `tree` onto the entry `name` of the directory `dir`
+    /// (a trailing symlink is not followed).
+    fn move_mount_at(&self, tree: &Self::Fd, dir: &Self::Fd, name: &CStr) -> io::Result<()>;
     /// Sets the `MOUNT_ATTR_*` flags `set` on the mount at `fd` (and, with
     /// `recursive`, those below it).
     fn mount_setattr(&self, fd: &Self::Fd, recursive: bool, set: u64) -> io::Result<()>;
@@ -127,6 +132,10 @@ impl MountSyscalls for Kernel {
 
     fn touchat(&self, dir: &OwnedFd, name: &CStr, mode: u32) -> io::Result<()> {
         sys::touchat(dir.as_fd(), name, mode)
+    }
+
+    fn create_file_at(&self, dir: &OwnedFd, name: &CStr, mode: u32) -> io::Result<()> {
+        sys::create_file_at(dir.as_fd(), name, mode)
     }
 
     fn symlinkat(&self, dir: &OwnedFd, name: &CStr, target: &CStr) -> io::Result<()> {
@@ -230,6 +239,10 @@ impl MountSyscalls for Kernel {
 
     fn move_mount_onto(&self, tree: &OwnedFd, target: &OwnedFd) -> io::Result<()> {
         sys::move_mount_onto(tree.as_fd(), target.as_fd())
+    }
+
+    fn move_mount_at(&self, tree: &OwnedFd, dir: &OwnedFd, name: &CStr) -> io::Result<()> {
+        sys::move_mount_at(tree.as_fd(), dir.as_fd(), name)
     }
 
     fn mount_setattr(&self, fd: &OwnedFd, recursive: bool, set: u64) -> io::Result<()> {

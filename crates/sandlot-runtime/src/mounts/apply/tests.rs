@@ -736,3 +736,86 @@ fn a_file_and_a_symlink_are_made_in_their_parent_directory() {
         ]
     );
 }
+
+#[test]
+fn host_etc_binds_go_through_the_parent_kept_open_not_a_lookup_per_entry() {
+    let k = FakeKernel::new(ROOT_DIR);
+    let op = MountOp::HostEtc {
+        entries: vec![
+            ("hosts".into(), HostEntry::File),
+            ("services".into(), HostEntry::File),
+            ("ssl/certs".into(), HostEntry::Dir),
+            ("ssl/openssl.cnf".into(), HostEntry::File),
+        ],
+        use_view: false,
+    };
+    apply_ops(&k, Path::new(ROOT_DIR), &[op], &mut [], None).unwrap();
+    let attached: Vec<_> = k
+        .mount_calls()
+        .into_iter()
+        .filter(|c| matches!(c, Call::MoveMountOnto { .. }))
+        .collect();
+    assert_eq!(
+        attached,
+        [
+            onto("tree:/etc/hosts", "/etc/hosts"),
+            onto("tree:/etc/services", "/etc/services"),
+            onto("tree:/etc/ssl/certs", "/etc/ssl/certs"),
+            onto("tree:/etc/ssl/openssl.cnf", "/etc/ssl/openssl.cnf"),
+        ]
+    );
+    for ro in ["hosts", "services", "ssl/certs", "ssl/openssl.cnf"] {
+        let tree = format!("tree:/etc/{ro}");
+        assert!(k.mount_calls().contains(&setattr(&tree, true, RO)), "{ro}");
+    }
+    assert_eq!(k.entry("/etc/hosts"), Some(Entry::File(Vec::new())));
+    assert_eq!(k.entry("/etc/ssl/certs"), Some(Entry::Dir));
+    let lookups: Vec<String> = k
+        .calls()
+        .into_iter()
+        .filter_map(|c| match c {
+            Call::OpenInRoot { path } => Some(path),
+            _ => None,
+        })
+        .collect();
+    // Each directory is resolved from the root while it is made, never an entry.
+    assert_eq!(
+        lookups,
+        ["/etc", "/", "/etc", "/etc/ssl", "/etc", "/etc/ssl"],
+        "{lookups:?}"
+    );
+}
+
+#[test]
+fn a_host_etc_entry_the_root_has_already_is_resolved_in_the_root_and_kept() {
+    // An image's own `/etc/hosts` (a root with layers).
+    let k = FakeKernel::new(ROOT_DIR).with_file("/etc/hosts", "image");
+    let op = MountOp::HostEtc {
+        entries: vec![
+            ("hosts".into(), HostEntry::File),
+            ("services".into(), HostEntry::File),
+        ],
+        use_view: false,
+    };
+    apply_ops(&k, Path::new(ROOT_DIR), &[op], &mut [], None).unwrap();
+    // Neither truncated nor replaced: bound over, as before.
+    assert_eq!(k.entry("/etc/hosts"), Some(Entry::File(b"image".to_vec())));
+    let attached: Vec<_> = k
+        .mount_calls()
+        .into_iter()
+        .filter(|c| matches!(c, Call::MoveMountOnto { .. }))
+        .collect();
+    assert_eq!(
+        attached,
+        [
+            onto("tree:/etc/hosts", "/etc/hosts"),
+            onto("tree:/etc/services", "/etc/services"),
+        ]
+    );
+    assert!(k.calls().contains(&Call::OpenInRoot {
+        path: "/etc/hosts".into()
+    }));
+    assert!(!k.calls().contains(&Call::OpenInRoot {
+        path: "/etc/services".into()
+    }));
+}
