@@ -192,6 +192,25 @@ async fn as_pid1_of_a_pid_namespace_it_reaps_everything() {
     assert!(st.success(), "{st:?}");
 }
 
+/// An agent serving `sock` with `cfg` on a thread, and a client of it.
+async fn start(
+    sock: &Path,
+    cfg: AgentConfig,
+) -> (GuestClient, std::thread::JoinHandle<std::io::Result<()>>) {
+    let listener = UnixListener::bind(sock).unwrap();
+    let agent = std::thread::spawn(move || run_agent(listener, cfg));
+    (connect(sock).await, agent)
+}
+
+/// Shuts the agent down through `c` and checks that it returned cleanly.
+async fn stop(c: GuestClient, agent: std::thread::JoinHandle<std::io::Result<()>>) {
+    c.shutdown().await.unwrap();
+    let r = tokio::task::spawn_blocking(move || agent.join().unwrap())
+        .await
+        .unwrap();
+    assert!(r.is_ok(), "{r:?}");
+}
+
 /// The first command of the agent's config, attached to from its first byte.
 fn first_process() -> sandlot_proto::guest::AttachRequest {
     sandlot_proto::guest::AttachRequest {
@@ -205,19 +224,26 @@ fn first_process() -> sandlot_proto::guest::AttachRequest {
 async fn the_first_command_keeps_all_its_output_until_attached_and_a_failed_one_says_why() {
     common::require_root();
     let dir = TempDir::new("first");
-    let sock = dir.join("a.sock");
-    let listener = UnixListener::bind(&sock).unwrap();
     // Four times what the agent retains of a stream nobody reads: it arrives whole
     // only if the agent held it for the first attach.
-    let cfg = AgentConfig {
-        output_retention: 64 * 1024,
-        first_exec: Some(sh("head -c 262144 /dev/zero; echo done >&2; exit 7")),
-        ..AgentConfig::default()
-    };
-    let agent = std::thread::spawn(move || run_agent(listener, cfg));
-    let c = connect(&sock).await;
-    // Whatever the command could write before anyone attached, it has written.
+    let (c, agent) = start(
+        &dir.join("a.sock"),
+        AgentConfig {
+            output_retention: 64 * 1024,
+            first_exec: Some(sh("head -c 262144 /dev/zero; echo done >&2; exit 7")),
+            ..AgentConfig::default()
+        },
+    )
+    .await;
+    // Whatever the command could write before anyone attached, it has written: the
+    // retention and no more, kept from its first byte; the command waits.
     tokio::time::sleep(Duration::from_millis(300)).await;
+    let held = c.list_processes().await.unwrap();
+    assert_eq!(held.len(), 1);
+    assert_eq!(held[0].id, sandlot_proto::guest::FIRST_PROCESS);
+    assert_eq!(held[0].stdout.retained_from, 0);
+    assert_eq!(held[0].stdout.produced, 64 * 1024);
+    assert!(held[0].exit.is_none(), "{held:?}");
     let out = c
         .attach_with(first_process())
         .await
@@ -229,21 +255,40 @@ async fn the_first_command_keeps_all_its_output_until_attached_and_a_failed_one_
     assert!(out.stdout.iter().all(|b| *b == 0));
     assert_eq!(out.stderr, b"done\n");
     assert_eq!(out.status.code, Some(7));
-    c.shutdown().await.unwrap();
-    let r = tokio::task::spawn_blocking(move || agent.join().unwrap())
+    stop(c, agent).await;
+
+    // A client that attaches from now on, not from the first byte, releases a held
+    // command that filled the retention: it runs to its end.
+    let (c, agent) = start(
+        &dir.join("c.sock"),
+        AgentConfig {
+            output_retention: 64 * 1024,
+            first_exec: Some(sh("head -c 262144 /dev/zero; exit 5")),
+            ..AgentConfig::default()
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut p = c
+        .attach(sandlot_proto::guest::FIRST_PROCESS, None)
         .await
         .unwrap();
-    assert!(r.is_ok(), "{r:?}");
+    let st = tokio::time::timeout(Duration::from_secs(10), p.wait())
+        .await
+        .expect("the held command never ran on after a later attach")
+        .unwrap();
+    assert_eq!(st.code, Some(5));
+    stop(c, agent).await;
 
     // A first command that cannot start: attaching to it says why, as an exec would.
-    let sock = dir.join("b.sock");
-    let listener = UnixListener::bind(&sock).unwrap();
-    let cfg = AgentConfig {
-        first_exec: Some(sandlot_proto::guest::ExecRequest::new(["/no/such/program"])),
-        ..AgentConfig::default()
-    };
-    let agent = std::thread::spawn(move || run_agent(listener, cfg));
-    let c = connect(&sock).await;
+    let (c, agent) = start(
+        &dir.join("b.sock"),
+        AgentConfig {
+            first_exec: Some(sandlot_proto::guest::ExecRequest::new(["/no/such/program"])),
+            ..AgentConfig::default()
+        },
+    )
+    .await;
     let e = c.attach_with(first_process()).await.unwrap_err();
     assert_eq!(
         e.code(),
@@ -260,9 +305,14 @@ async fn the_first_command_keeps_all_its_output_until_attached_and_a_failed_one_
         .await
         .unwrap_err();
     assert!(!e.to_string().contains("/no/such/program"), "{e}");
-    c.shutdown().await.unwrap();
-    let r = tokio::task::spawn_blocking(move || agent.join().unwrap())
-        .await
-        .unwrap();
-    assert!(r.is_ok(), "{r:?}");
+    // The next process does not take the first one's id.
+    let mut next = c.exec(sh("true")).await.unwrap();
+    assert_ne!(next.id(), sandlot_proto::guest::FIRST_PROCESS);
+    next.wait().await.unwrap();
+    let e = c.attach_with(first_process()).await.unwrap_err();
+    assert!(
+        e.to_string().starts_with("exec \"/no/such/program\""),
+        "{e}"
+    );
+    stop(c, agent).await;
 }

@@ -153,58 +153,47 @@ pub fn rmdirat(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
     Ok(())
 }
 
-/// `move_mount(fd, "", AT_FDCWD, target, MOVE_MOUNT_F_EMPTY_PATH)`: attach a detached tree.
-pub fn move_mount_to(fd: BorrowedFd<'_>, target: &CStr) -> io::Result<()> {
-    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 4;
-    // SAFETY: both strings are valid; fd is borrowed for the duration of the call.
+const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 4;
+const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
+
+/// `move_mount(fd, "", to_dir, to_path, flags)` of the detached tree `fd`; `to_dir`
+/// is a descriptor number or `AT_FDCWD`.
+fn move_tree(
+    fd: BorrowedFd<'_>,
+    to_dir: RawFd,
+    to_path: &CStr,
+    flags: libc::c_uint,
+) -> io::Result<()> {
+    // SAFETY: valid C strings; `fd` is borrowed for the call and the callers pass a
+    // borrowed descriptor's number or AT_FDCWD as `to_dir`.
     cvt_long(unsafe {
         libc::syscall(
             libc::SYS_move_mount,
             fd.as_raw_fd(),
             c"".as_ptr(),
-            libc::AT_FDCWD,
-            target.as_ptr(),
-            MOVE_MOUNT_F_EMPTY_PATH,
+            to_dir,
+            to_path.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH | flags,
         )
     })?;
     Ok(())
+}
+
+/// `move_mount(fd, "", AT_FDCWD, target, MOVE_MOUNT_F_EMPTY_PATH)`: attach a detached tree.
+pub fn move_mount_to(fd: BorrowedFd<'_>, target: &CStr) -> io::Result<()> {
+    move_tree(fd, libc::AT_FDCWD, target, 0)
 }
 
 /// `move_mount(fd, "", to, "", F_EMPTY_PATH | T_EMPTY_PATH)`: attach a detached tree
 /// onto the directory `to` (an `O_PATH` descriptor, e.g. resolved in the new root).
 pub fn move_mount_onto(fd: BorrowedFd<'_>, to: BorrowedFd<'_>) -> io::Result<()> {
-    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 4;
-    const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
-    // SAFETY: empty C strings; both descriptors are borrowed for the call.
-    cvt_long(unsafe {
-        libc::syscall(
-            libc::SYS_move_mount,
-            fd.as_raw_fd(),
-            c"".as_ptr(),
-            to.as_raw_fd(),
-            c"".as_ptr(),
-            MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
-        )
-    })?;
-    Ok(())
+    move_tree(fd, to.as_raw_fd(), c"", MOVE_MOUNT_T_EMPTY_PATH)
 }
 
 /// `move_mount(fd, "", dir, name, F_EMPTY_PATH)`: attach a detached tree onto the
 /// entry `name` of the directory `dir`, not following a trailing symlink.
 pub fn move_mount_at(fd: BorrowedFd<'_>, dir: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
-    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 4;
-    // SAFETY: valid C strings; both descriptors are borrowed for the call.
-    cvt_long(unsafe {
-        libc::syscall(
-            libc::SYS_move_mount,
-            fd.as_raw_fd(),
-            c"".as_ptr(),
-            dir.as_raw_fd(),
-            name.as_ptr(),
-            MOVE_MOUNT_F_EMPTY_PATH,
-        )
-    })?;
-    Ok(())
+    move_tree(fd, dir.as_raw_fd(), name, 0)
 }
 
 /// `renameat2(RENAME_NOREPLACE)`: fails with `EEXIST` instead of replacing `to`.

@@ -72,7 +72,6 @@ fn spawn_failure(e: &ClientError) -> Option<i32> {
     }
 }
 
-/// Runs the command of `a` in the sandbox whose agent listens on `socket`.
 /// The request that starts the command of `a`: with its input, and a terminal of
 /// the local window's size for `-t`.
 pub fn command_request(a: &RunArgs) -> ExecRequest {
@@ -93,6 +92,9 @@ pub enum Start {
     Attach(ProcessId),
 }
 
+/// Runs the command of `a` in the sandbox whose agent listens on `socket`: starts
+/// it or attaches to it (`start`), streams its input and output, forwards signals
+/// and window changes, and ends it at `lifetime`.
 pub async fn session(
     socket: &Path,
     a: &RunArgs,
@@ -120,12 +122,7 @@ pub async fn session(
         Ok(p) => p,
         Err(e) => {
             if let Some(code) = spawn_failure(&e) {
-                // The agent's own words (`exec "x": ...`), whether the command was
-                // started by request or with the sandbox.
-                match &e {
-                    ClientError::Remote { message, .. } => eprintln!("sandlot: {message}"),
-                    _ => eprintln!("sandlot: {e}"),
-                }
+                eprintln!("sandlot: {e}");
                 return Ok(code);
             }
             return Err(e).context("start the command");

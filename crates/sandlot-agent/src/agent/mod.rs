@@ -467,12 +467,22 @@ pub(crate) fn run(
 fn start_first(agent: &mut Agent, req: &sandlot_proto::guest::ExecRequest) {
     match agent.exec(req) {
         Ok(id) => {
-            debug_assert_eq!(id, FIRST_PROCESS.0);
             if let Some(p) = agent.procs.get_mut(&id) {
                 p.held = true;
             }
+            if id != FIRST_PROCESS.0 {
+                log!("the first command got process id {id}, not {FIRST_PROCESS}");
+            }
         }
-        Err(e) => agent.first_failed = Some(e),
+        Err(mut e) => {
+            // As an exec request's error reads; and its id stays its own, so that
+            // no later process answers for it.
+            if !e.message.starts_with("exec") {
+                e.message = format!("exec: {}", e.message);
+            }
+            agent.first_failed = Some(e);
+            agent.next_proc = agent.next_proc.max(FIRST_PROCESS.0 + 1);
+        }
     }
 }
 

@@ -526,8 +526,11 @@ impl Agent {
             cursor[i] = from[i].unwrap_or(r.end()).clamp(r.start(), r.end());
         }
         p.subs.push((conn, chan));
-        // From here its subscribers' cursors bound what is kept.
-        p.held = false;
+        // From here its subscribers' cursors bound what is kept: a reader that
+        // waited on the held bound (full) may read again whatever this one's cursor.
+        if std::mem::take(&mut p.held) {
+            p.streams.iter().for_each(|s| s.room.notify_one());
+        }
         let stdin_open = p.stdin.as_ref().is_some_and(|s| !s.eof_requested);
         let c = self.conns.get_mut(&conn)?;
         c.chans.insert(

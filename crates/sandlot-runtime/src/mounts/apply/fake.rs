@@ -181,6 +181,15 @@ impl FakeKernel {
         self
     }
 
+    /// Adds a symbolic link under the root (and its parents).
+    pub(super) fn with_symlink(self, path: &str, target: &str) -> FakeKernel {
+        self.add_parents(path);
+        self.entries
+            .borrow_mut()
+            .insert(path.to_string(), Entry::Symlink(target.to_string()));
+        self
+    }
+
     /// Marks a host path as missing.
     pub(super) fn with_host_missing(mut self, path: &str) -> FakeKernel {
         self.host_missing.insert(path.to_string());

@@ -496,11 +496,7 @@ fn host_etc_falls_back_to_readonly_binds_when_attaching_the_view_fails() {
     );
     let view = Some(FakeFd("etc-view".into()));
     apply_ops(&k, Path::new(ROOT_DIR), &[host_etc()], &mut [], view).unwrap();
-    let attached: Vec<_> = k
-        .mount_calls()
-        .into_iter()
-        .filter(|c| matches!(c, Call::MoveMountOnto { .. }))
-        .collect();
+    let attached = attaches(&k);
     assert_eq!(
         attached,
         [
@@ -750,11 +746,7 @@ fn host_etc_binds_go_through_the_parent_kept_open_not_a_lookup_per_entry() {
         use_view: false,
     };
     apply_ops(&k, Path::new(ROOT_DIR), &[op], &mut [], None).unwrap();
-    let attached: Vec<_> = k
-        .mount_calls()
-        .into_iter()
-        .filter(|c| matches!(c, Call::MoveMountOnto { .. }))
-        .collect();
+    let attached = attaches(&k);
     assert_eq!(
         attached,
         [
@@ -800,11 +792,7 @@ fn a_host_etc_entry_the_root_has_already_is_resolved_in_the_root_and_kept() {
     apply_ops(&k, Path::new(ROOT_DIR), &[op], &mut [], None).unwrap();
     // Neither truncated nor replaced: bound over, as before.
     assert_eq!(k.entry("/etc/hosts"), Some(Entry::File(b"image".to_vec())));
-    let attached: Vec<_> = k
-        .mount_calls()
-        .into_iter()
-        .filter(|c| matches!(c, Call::MoveMountOnto { .. }))
-        .collect();
+    let attached = attaches(&k);
     assert_eq!(
         attached,
         [
@@ -818,4 +806,34 @@ fn a_host_etc_entry_the_root_has_already_is_resolved_in_the_root_and_kept() {
     assert!(!k.calls().contains(&Call::OpenInRoot {
         path: "/etc/services".into()
     }));
+}
+
+#[test]
+fn a_link_an_image_put_at_a_host_etc_entry_is_resolved_in_the_root_never_attached_by_name() {
+    // A root with layers whose `/etc/hosts` is a link out of it: the target is
+    // resolved in the root (`RESOLVE_IN_ROOT` in the kernel), never attached onto
+    // the link's name nor created through it.
+    let k = FakeKernel::new(ROOT_DIR).with_symlink("/etc/hosts", "../../../etc/shadow");
+    let op = MountOp::HostEtc {
+        entries: vec![("hosts".into(), HostEntry::File)],
+        use_view: false,
+    };
+    apply_ops(&k, Path::new(ROOT_DIR), &[op], &mut [], None).unwrap();
+    assert_eq!(
+        k.entry("/etc/hosts"),
+        Some(Entry::Symlink("../../../etc/shadow".into()))
+    );
+    assert!(k.calls().contains(&Call::OpenInRoot {
+        path: "/etc/hosts".into()
+    }));
+    let attached = attaches(&k);
+    assert_eq!(attached, [onto("tree:/etc/hosts", "/etc/hosts")]);
+}
+
+/// The attaches of detached trees `k` made, in order.
+fn attaches(k: &FakeKernel) -> Vec<Call> {
+    k.mount_calls()
+        .into_iter()
+        .filter(|c| matches!(c, Call::MoveMountOnto { .. }))
+        .collect()
 }
