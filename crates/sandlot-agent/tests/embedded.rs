@@ -211,6 +211,22 @@ async fn stop(c: GuestClient, agent: std::thread::JoinHandle<std::io::Result<()>
     assert!(r.is_ok(), "{r:?}");
 }
 
+/// Waits until the held first command has filled the retention (64 KiB).
+async fn filled(c: &GuestClient) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let ps = c.list_processes().await.unwrap();
+        if ps.iter().any(|p| p.stdout.produced >= 64 * 1024) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the first command never filled: {ps:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// The first command of the agent's config, attached to from its first byte.
 fn first_process() -> sandlot_proto::guest::AttachRequest {
     sandlot_proto::guest::AttachRequest {
@@ -237,7 +253,8 @@ async fn the_first_command_keeps_all_its_output_until_attached_and_a_failed_one_
     .await;
     // Whatever the command could write before anyone attached, it has written: the
     // retention and no more, kept from its first byte; the command waits.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    filled(&c).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
     let held = c.list_processes().await.unwrap();
     assert_eq!(held.len(), 1);
     assert_eq!(held[0].id, sandlot_proto::guest::FIRST_PROCESS);
@@ -268,7 +285,7 @@ async fn the_first_command_keeps_all_its_output_until_attached_and_a_failed_one_
         },
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    filled(&c).await;
     let mut p = c
         .attach(sandlot_proto::guest::FIRST_PROCESS, None)
         .await
@@ -314,5 +331,23 @@ async fn the_first_command_keeps_all_its_output_until_attached_and_a_failed_one_
         e.to_string().starts_with("exec \"/no/such/program\""),
         "{e}"
     );
+    stop(c, agent).await;
+
+    // A start refused before the spawn (a user the sandbox does not have) reads as
+    // the refused exec of the same request reads.
+    let mut req = sh("true");
+    req.user = Some("no-such-user".into());
+    let (c, agent) = start(
+        &dir.join("d.sock"),
+        AgentConfig {
+            first_exec: Some(req.clone()),
+            ..AgentConfig::default()
+        },
+    )
+    .await;
+    let first = c.attach_with(first_process()).await.unwrap_err();
+    let again = c.exec(req).await.unwrap_err();
+    assert_eq!(first.code(), again.code(), "{first} / {again}");
+    assert_eq!(first.to_string(), again.to_string());
     stop(c, agent).await;
 }

@@ -106,6 +106,11 @@ pub(super) enum Call {
         tree: String,
         target: String,
     },
+    /// Attached onto an entry by its name in a directory kept open.
+    MoveMountAt {
+        tree: String,
+        target: String,
+    },
     MountSetattr {
         mount: String,
         recursive: bool,
@@ -123,6 +128,7 @@ impl Call {
                 | Call::OpenTreeCloneFd { .. }
                 | Call::MoveMountTo { .. }
                 | Call::MoveMountOnto { .. }
+                | Call::MoveMountAt { .. }
                 | Call::MountSetattr { .. }
         )
     }
@@ -520,7 +526,7 @@ impl MountSyscalls for FakeKernel {
     }
 
     fn move_mount_at(&self, tree: &FakeFd, dir: &FakeFd, name: &CStr) -> io::Result<()> {
-        self.record(Call::MoveMountOnto {
+        self.record(Call::MoveMountAt {
             tree: tree.0.clone(),
             target: Self::join(dir, name),
         })

@@ -57,6 +57,14 @@ fn onto(tree: &str, target: &str) -> Call {
     }
 }
 
+/// An attach by name in a parent directory kept open.
+fn at(tree: &str, target: &str) -> Call {
+    Call::MoveMountAt {
+        tree: tree.into(),
+        target: target.into(),
+    }
+}
+
 const RO: u64 = sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
 
 #[test]
@@ -501,8 +509,8 @@ fn host_etc_falls_back_to_readonly_binds_when_attaching_the_view_fails() {
         attached,
         [
             onto("etc-view", HOST_ETC_VIEW),
-            onto("tree:/etc/hosts", "/etc/hosts"),
-            onto("tree:/etc/ssl", "/etc/ssl"),
+            at("tree:/etc/hosts", "/etc/hosts"),
+            at("tree:/etc/ssl", "/etc/ssl"),
         ]
     );
     assert!(k
@@ -750,10 +758,10 @@ fn host_etc_binds_go_through_the_parent_kept_open_not_a_lookup_per_entry() {
     assert_eq!(
         attached,
         [
-            onto("tree:/etc/hosts", "/etc/hosts"),
-            onto("tree:/etc/services", "/etc/services"),
-            onto("tree:/etc/ssl/certs", "/etc/ssl/certs"),
-            onto("tree:/etc/ssl/openssl.cnf", "/etc/ssl/openssl.cnf"),
+            at("tree:/etc/hosts", "/etc/hosts"),
+            at("tree:/etc/services", "/etc/services"),
+            at("tree:/etc/ssl/certs", "/etc/ssl/certs"),
+            at("tree:/etc/ssl/openssl.cnf", "/etc/ssl/openssl.cnf"),
         ]
     );
     for ro in ["hosts", "services", "ssl/certs", "ssl/openssl.cnf"] {
@@ -797,7 +805,7 @@ fn a_host_etc_entry_the_root_has_already_is_resolved_in_the_root_and_kept() {
         attached,
         [
             onto("tree:/etc/hosts", "/etc/hosts"),
-            onto("tree:/etc/services", "/etc/services"),
+            at("tree:/etc/services", "/etc/services"),
         ]
     );
     assert!(k.calls().contains(&Call::OpenInRoot {
@@ -830,10 +838,10 @@ fn a_link_an_image_put_at_a_host_etc_entry_is_resolved_in_the_root_never_attache
     assert_eq!(attached, [onto("tree:/etc/hosts", "/etc/hosts")]);
 }
 
-/// The attaches of detached trees `k` made, in order.
+/// The attaches of detached trees `k` made, in order, by descriptor or by name.
 fn attaches(k: &FakeKernel) -> Vec<Call> {
     k.mount_calls()
         .into_iter()
-        .filter(|c| matches!(c, Call::MoveMountOnto { .. }))
+        .filter(|c| matches!(c, Call::MoveMountOnto { .. } | Call::MoveMountAt { .. }))
         .collect()
 }
