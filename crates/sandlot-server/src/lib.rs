@@ -172,7 +172,9 @@ fn lock_id_prefix(dir: &Path, prefix: &str) -> Result<HostLock, ServerError> {
 
 /// Binds the operator socket: root-only (mode 0600); a stale socket file left by
 /// a killed daemon is replaced, a live one is an error.
-fn bind_socket(path: &Path) -> Result<tokio::net::UnixListener, ServerError> {
+/// Refuses to start beside a daemon that answers on `path`; removes a socket a
+/// dead daemon left.
+fn claim_socket_path(path: &Path) -> Result<(), ServerError> {
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).map_err(io("create", parent))?;
     }
@@ -182,6 +184,13 @@ fn bind_socket(path: &Path) -> Result<tokio::net::UnixListener, ServerError> {
         }
         std::fs::remove_file(path).map_err(io("remove stale socket", path))?;
     }
+    Ok(())
+}
+
+/// Binds the operator socket. It is bound after every TCP listener: a client
+/// (a service manager, a test) that waits for the socket to accept finds the
+/// API, metrics and E2B ports bound too.
+fn bind_socket(path: &Path) -> Result<tokio::net::UnixListener, ServerError> {
     let l = tokio::net::UnixListener::bind(path).map_err(io("bind", path))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
         .map_err(io("chmod", path))?;
@@ -279,7 +288,7 @@ pub async fn serve(
             Err(e) => tracing::warn!("runtime.cgroup_favordynmods: {e}"),
         }
     }
-    let unix = bind_socket(&cfg.socket)?;
+    claim_socket_path(&cfg.socket)?;
     let tcp = match cfg.listen {
         Some(a) => {
             Some(
@@ -321,6 +330,7 @@ pub async fn serve(
             path: PathBuf::from(format!("{:?}", cfg.e2b.listen)),
             source,
         })?;
+    let unix = bind_socket(&cfg.socket)?;
     let gvisor = gvisor_backend(&cfg, &init_exe);
     let backends = isolation::Backends::new(Arc::new(runtime), gvisor);
     let state = Arc::new(AppState::new(cfg, store, backends, images, plan, init_exe));

@@ -6,7 +6,7 @@ mod api_support;
 
 use std::time::Duration;
 
-use api_support::{prefix_lock, rt, spec_body, wait_exit, Daemon};
+use api_support::{free_port, prefix_lock, rt, spec_body, wait_exit, Daemon};
 use sandlot_client::{CreateSandbox, ListFilter, SandboxState};
 
 #[test]
@@ -266,6 +266,35 @@ fn sigterm_while_the_daemon_starts_stops_it_gracefully() {
     };
     assert!(status.success(), "daemon exit: {status}; log:\n{}", d.log());
     assert!(!lock.exists(), "the daemon left {}", lock.display());
+    d.shutdown();
+}
+
+/// A client that waits for the operator socket (a service manager, a script, the
+/// test harnesses) finds every TCP listener bound the moment the socket accepts:
+/// the API, metrics and E2B ports are bound before the socket. Polled every
+/// millisecond over ten starts, so a socket bound first is caught in its window.
+#[test]
+fn once_the_socket_accepts_every_listener_is_bound() {
+    let (metrics, e2b) = (free_port(), free_port());
+    let mut d = Daemon::start(Some(&format!(
+        "metrics_listen = \"127.0.0.1:{metrics}\"\n[e2b]\nlisten = \"127.0.0.1:{e2b}\"\n"
+    )));
+    for start in 0..10 {
+        d.terminate();
+        d.launch();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while std::os::unix::net::UnixStream::connect(&d.socket).is_err() {
+            d.assert_starting(deadline);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        for (what, port) in [("API", d.port), ("metrics", metrics), ("E2B", e2b)] {
+            assert!(
+                std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
+                "start {start}: the socket accepts but the {what} port {port} refuses; log:\n{}",
+                d.log()
+            );
+        }
+    }
     d.shutdown();
 }
 

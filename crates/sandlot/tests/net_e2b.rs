@@ -32,7 +32,9 @@ fn e2b(world: &World, key: &str, method: &str, path: &str, body: Option<Value>) 
         .unwrap();
     let out = String::from_utf8_lossy(&o.stdout).into_owned();
     let (body, code) = out.rsplit_once('\n').expect("curl wrote a status");
-    let v = serde_json::from_str(body).unwrap_or(Value::Null);
+    // Not JSON (curl could not connect, an empty 204): what curl said, for messages.
+    let v = serde_json::from_str(body)
+        .unwrap_or_else(|_| Value::String(format!("{body}{}", String::from_utf8_lossy(&o.stderr))));
     (code.trim().parse().unwrap_or(0), v)
 }
 

@@ -132,8 +132,36 @@ impl Daemon {
         self.dir.join("data")
     }
 
-    /// (Re)starts the process on the same data directory, socket, port and prefix.
+    /// (Re)starts the process on the same data directory, socket, port and prefix,
+    /// and waits for its socket and API port.
     pub fn spawn(&mut self) {
+        self.launch();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if std::os::unix::net::UnixStream::connect(&self.socket).is_ok()
+                && std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok()
+            {
+                return;
+            }
+            self.assert_starting(deadline);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Panics with the log if the process exited or `deadline` passed.
+    pub fn assert_starting(&mut self, deadline: Instant) {
+        if let Some(st) = self.child.as_mut().unwrap().try_wait().unwrap() {
+            panic!("sandlot serve exited with {st}; log:\n{}", self.log());
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the daemon did not start; log:\n{}",
+            self.log()
+        );
+    }
+
+    /// Starts the process as [`Daemon::spawn`] does, without waiting for it.
+    pub fn launch(&mut self) {
         let mut cmd = match (self.oom_score_adj, self.open_file_limit) {
             (None, None) => Command::new(sandlot()),
             // The shell sets its own score and limit and execs the daemon (same pid).
@@ -174,23 +202,6 @@ impl Daemon {
         }
         let child = cmd.spawn().expect("spawn sandlot serve");
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if std::os::unix::net::UnixStream::connect(&self.socket).is_ok()
-                && std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok()
-            {
-                return;
-            }
-            if let Some(st) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!("sandlot serve exited with {st}; log:\n{}", self.log());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the daemon did not start; log:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
     }
 
     pub fn log(&self) -> String {
