@@ -189,22 +189,37 @@ impl AgentRuntime {
 }
 
 /// The program interpreter (`PT_INTERP`) of a 64-bit little-endian ELF file, if it
-/// has one.
-pub fn elf_interpreter(elf: &[u8]) -> Option<PathBuf> {
+/// has one. `read_at(offset, len)` gives the file's bytes there (`None` if it has
+/// fewer): only the header, the program headers and the interpreter's name are
+/// read, never the whole (hundreds of megabytes) binary.
+pub fn elf_interpreter(read_at: impl Fn(u64, usize) -> Option<Vec<u8>>) -> Option<PathBuf> {
     use std::os::unix::ffi::OsStrExt;
-    if elf.get(..6)? != b"\x7fELF\x02\x01" {
+    /// Program headers beyond this are not a binary this daemon runs.
+    const MAX_TABLE: usize = 1 << 20;
+    let head = read_at(0, 64)?;
+    if head.get(..6)? != b"\x7fELF\x02\x01" {
         return None;
     }
-    let u16_at = |o: usize| Some(u16::from_le_bytes(elf.get(o..o + 2)?.try_into().ok()?));
-    let u32_at = |o: usize| Some(u32::from_le_bytes(elf.get(o..o + 4)?.try_into().ok()?));
-    let u64_at =
-        |o: usize| usize::try_from(u64::from_le_bytes(elf.get(o..o + 8)?.try_into().ok()?)).ok();
-    let (phoff, phentsize, phnum) = (u64_at(0x20)?, u16_at(0x36)? as usize, u16_at(0x38)?);
-    for i in 0..phnum as usize {
-        let ph = phoff.checked_add(i.checked_mul(phentsize)?)?;
-        if u32_at(ph)? == 3 {
-            let (off, size) = (u64_at(ph + 8)?, u64_at(ph + 32)?);
-            let raw = elf.get(off..off.checked_add(size)?)?;
+    let u16_at = |b: &[u8], o: usize| Some(u16::from_le_bytes(b.get(o..o + 2)?.try_into().ok()?));
+    let u32_at = |b: &[u8], o: usize| Some(u32::from_le_bytes(b.get(o..o + 4)?.try_into().ok()?));
+    let u64_at = |b: &[u8], o: usize| Some(u64::from_le_bytes(b.get(o..o + 8)?.try_into().ok()?));
+    let (phoff, phentsize, phnum) = (
+        u64_at(&head, 0x20)?,
+        u16_at(&head, 0x36)? as usize,
+        u16_at(&head, 0x38)? as usize,
+    );
+    let table_len = phentsize.checked_mul(phnum)?;
+    if phentsize < 56 || table_len > MAX_TABLE {
+        return None;
+    }
+    let table = read_at(phoff, table_len)?;
+    for ph in table.chunks_exact(phentsize) {
+        if u32_at(ph, 0)? == 3 {
+            let (off, size) = (u64_at(ph, 8)?, usize::try_from(u64_at(ph, 32)?).ok()?);
+            if size > libc::PATH_MAX as usize {
+                return None;
+            }
+            let raw = read_at(off, size)?;
             let name = raw.split(|b| *b == 0).next()?;
             return (!name.is_empty()).then(|| PathBuf::from(std::ffi::OsStr::from_bytes(name)));
         }
@@ -538,10 +553,39 @@ mod tests {
 
     #[test]
     fn the_agent_runs_through_the_hosts_loader_and_library_directories() {
-        let me = std::fs::read("/proc/self/exe").unwrap();
-        let loader = elf_interpreter(&me).expect("a dynamically linked test binary");
+        use std::os::unix::fs::FileExt;
+        let me = std::fs::File::open("/proc/self/exe").unwrap();
+        let reads = std::cell::Cell::new(0);
+        let loader = elf_interpreter(|off, len| {
+            reads.set(reads.get() + len);
+            let mut b = vec![0; len];
+            me.read_exact_at(&mut b, off).ok().map(|_| b)
+        })
+        .expect("a dynamically linked test binary");
         assert!(loader.is_absolute(), "{}", loader.display());
-        assert_eq!(elf_interpreter(b"#!/bin/sh\n"), None);
+        assert!(
+            reads.get() < 8192,
+            "read {} bytes of the binary",
+            reads.get()
+        );
+        let in_memory = |b: Vec<u8>| {
+            move |off: u64, len: usize| {
+                let off = usize::try_from(off).ok()?;
+                b.get(off..off.checked_add(len)?).map(<[u8]>::to_vec)
+            }
+        };
+        assert_eq!(elf_interpreter(in_memory(b"#!/bin/sh\n".to_vec())), None);
+        // A header whose program headers lie past the end, or claim a giant table.
+        let mut past_end = [0u8; 64];
+        past_end[..6].copy_from_slice(b"\x7fELF\x02\x01");
+        past_end[0x20] = 0xff;
+        past_end[0x36] = 56;
+        past_end[0x38] = 1;
+        assert_eq!(elf_interpreter(in_memory(past_end.to_vec())), None);
+        let mut giant = past_end;
+        giant[0x20] = 64;
+        giant[0x38..0x3a].copy_from_slice(&u16::MAX.to_le_bytes());
+        assert_eq!(elf_interpreter(in_memory(giant.to_vec())), None);
         let maps = "7f00-7f01 r-xp 0 08:01 1 /usr/lib/x86_64-linux-gnu/libc.so.6
 7f02-7f03 r-xp 0 08:01 2 /usr/lib/x86_64-linux-gnu/libm.so.6
 7f04-7f05 r-xp 0 08:01 3 /opt/x/libz.so.1.2

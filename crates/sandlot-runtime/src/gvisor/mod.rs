@@ -631,8 +631,13 @@ fn wait_listening_for(
 /// How `sandlot_exe` runs inside a sandbox: through its loader (`PT_INTERP`) and
 /// the directories of the libraries this process, the same binary, runs with.
 fn agent_runtime(sandlot_exe: &Path) -> Result<bundle::AgentRuntime, RuntimeError> {
-    let elf = fs::read(sandlot_exe).map_err(io_err(format!("read {}", sandlot_exe.display())))?;
-    let Some(loader) = bundle::elf_interpreter(&elf) else {
+    use std::os::unix::fs::FileExt;
+    let exe =
+        fs::File::open(sandlot_exe).map_err(io_err(format!("open {}", sandlot_exe.display())))?;
+    let Some(loader) = bundle::elf_interpreter(|off, len| {
+        let mut b = vec![0; len];
+        exe.read_exact_at(&mut b, off).ok().map(|_| b)
+    }) else {
         return Ok(bundle::AgentRuntime::default());
     };
     let loader =

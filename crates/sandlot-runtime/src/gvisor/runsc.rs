@@ -64,19 +64,38 @@ impl Runsc {
     /// the build has it, else ptrace) or a platform name the build must list.
     pub fn probe(configured: &Path, platform: &str) -> Result<Runsc, Unavailable> {
         let path = locate(configured)?;
-        let run = |arg: &str| -> Result<String, Unavailable> {
-            let out = Command::new(&path)
+        // Both at once: each is a Go program's start (tens of milliseconds), and
+        // the daemon answers nothing until they are done.
+        let spawn = |arg: &str| {
+            Command::new(&path)
                 .arg(arg)
                 .stdin(Stdio::null())
-                .output()
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .map_err(|e| Unavailable::DoesNotRun(format!("runsc {arg}: {e}")))
+        };
+        let text = |arg: &str, child: std::process::Child| {
+            let out = child
+                .wait_with_output()
                 .map_err(|e| Unavailable::DoesNotRun(format!("runsc {arg}: {e}")))?;
             let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
             text.push_str(&String::from_utf8_lossy(&out.stderr));
-            Ok(text)
+            Ok::<_, Unavailable>(text)
         };
-        let version = parse_version(&run("--version")?)
+        let version_run = spawn("--version")?;
+        let flags_run = match spawn("flags") {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = text("--version", version_run);
+                return Err(e);
+            }
+        };
+        let version_text = text("--version", version_run);
+        let help = text("flags", flags_run);
+        let version = parse_version(&version_text?)
             .ok_or_else(|| Unavailable::DoesNotRun("runsc --version printed no version".into()))?;
-        let help = run("flags")?;
+        let help = help?;
         let flags = parse_flag_names(&help);
         for (flag, why) in REQUIRED {
             if !flags.contains(*flag) {
