@@ -170,10 +170,8 @@ fn lock_id_prefix(dir: &Path, prefix: &str) -> Result<HostLock, ServerError> {
     }
 }
 
-/// Binds the operator socket: root-only (mode 0600); a stale socket file left by
-/// a killed daemon is replaced, a live one is an error.
-/// Refuses to start beside a daemon that answers on `path`; removes a socket a
-/// dead daemon left.
+/// Refuses to start beside a daemon that answers on `path`; removes a socket file
+/// a killed daemon left.
 fn claim_socket_path(path: &Path) -> Result<(), ServerError> {
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).map_err(io("create", parent))?;
@@ -187,14 +185,27 @@ fn claim_socket_path(path: &Path) -> Result<(), ServerError> {
     Ok(())
 }
 
-/// Binds the operator socket. It is bound after every TCP listener: a client
-/// (a service manager, a test) that waits for the socket to accept finds the
-/// API, metrics and E2B ports bound too.
+/// Binds the operator socket, root-only: its mode is set on the socket before
+/// `bind` makes the file, so the file is 0600 from its first instant, whatever the
+/// umask. It is bound after every TCP listener: a client (a service manager, a
+/// test) that waits for the socket to accept finds the API, metrics and E2B ports
+/// bound too.
 fn bind_socket(path: &Path) -> Result<tokio::net::UnixListener, ServerError> {
-    let l = tokio::net::UnixListener::bind(path).map_err(io("bind", path))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-        .map_err(io("chmod", path))?;
-    Ok(l)
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+    let fd = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+        None,
+    )
+    .map_err(|e| io("create a socket for", path)(e.into()))?;
+    rustix::fs::fchmod(&fd, rustix::fs::Mode::from_raw_mode(0o600))
+        .map_err(|e| io("chmod", path)(e.into()))?;
+    let addr = SocketAddrUnix::new(path).map_err(|e| io("bind", path)(e.into()))?;
+    rustix::net::bind(&fd, &addr).map_err(|e| io("bind", path)(e.into()))?;
+    rustix::net::listen(&fd, 1024).map_err(|e| io("listen on", path)(e.into()))?;
+    tokio::net::UnixListener::from_std(std::os::unix::net::UnixListener::from(fd))
+        .map_err(io("listen on", path))
 }
 
 /// How long a stopping daemon waits for open requests and streams.

@@ -271,19 +271,33 @@ fn sigterm_while_the_daemon_starts_stops_it_gracefully() {
 
 /// A client that waits for the operator socket (a service manager, a script, the
 /// test harnesses) finds every TCP listener bound the moment the socket accepts:
-/// the API, metrics and E2B ports are bound before the socket. Polled every
-/// millisecond over ten starts, so a socket bound first is caught in its window.
+/// the API, metrics and E2B ports are bound before the socket. And the socket file
+/// is root-only (0600) whenever it is seen, even under a umask of 0, which the
+/// daemon inherits here: its mode is set before `bind` makes the file. Polled every
+/// millisecond over ten starts (a socket bound before the E2B port failed at the
+/// second start).
 #[test]
-fn once_the_socket_accepts_every_listener_is_bound() {
+fn the_socket_appears_root_only_and_after_every_listener() {
+    use std::os::unix::fs::PermissionsExt;
     let (metrics, e2b) = (free_port(), free_port());
     let mut d = Daemon::start(Some(&format!(
         "metrics_listen = \"127.0.0.1:{metrics}\"\n[e2b]\nlisten = \"127.0.0.1:{e2b}\"\n"
     )));
+    // This test's own process (nextest runs each test in one): the daemons
+    // launched below inherit it.
+    rustix::process::umask(rustix::fs::Mode::empty());
     for start in 0..10 {
         d.terminate();
         d.launch();
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
         while std::os::unix::net::UnixStream::connect(&d.socket).is_err() {
+            if let Ok(m) = std::fs::symlink_metadata(&d.socket) {
+                let mode = m.permissions().mode() & 0o777;
+                assert_eq!(
+                    mode, 0o600,
+                    "start {start}: the socket was seen with mode {mode:o}"
+                );
+            }
             d.assert_starting(deadline);
             std::thread::sleep(Duration::from_millis(1));
         }

@@ -189,42 +189,60 @@ impl AgentRuntime {
 }
 
 /// The program interpreter (`PT_INTERP`) of a 64-bit little-endian ELF file, if it
-/// has one. `read_at(offset, len)` gives the file's bytes there (`None` if it has
-/// fewer): only the header, the program headers and the interpreter's name are
-/// read, never the whole (hundreds of megabytes) binary.
-pub fn elf_interpreter(read_at: impl Fn(u64, usize) -> Option<Vec<u8>>) -> Option<PathBuf> {
+/// has one. `read_at(offset, len)` gives the file's bytes there (`Ok(None)` if the
+/// file ends before): only the header, the program headers and the interpreter's
+/// name are read, never the whole (hundreds of megabytes) binary. A read error is
+/// an error; a file that is not such an ELF file, or is malformed, has none.
+pub fn elf_interpreter(
+    read_at: impl Fn(u64, usize) -> std::io::Result<Option<Vec<u8>>>,
+) -> std::io::Result<Option<PathBuf>> {
     use std::os::unix::ffi::OsStrExt;
     /// Program headers beyond this are not a binary this daemon runs.
     const MAX_TABLE: usize = 1 << 20;
-    let head = read_at(0, 64)?;
-    if head.get(..6)? != b"\x7fELF\x02\x01" {
-        return None;
-    }
+    /// An ELF64 program header.
+    const PHDR_LEN: usize = 56;
     let u16_at = |b: &[u8], o: usize| Some(u16::from_le_bytes(b.get(o..o + 2)?.try_into().ok()?));
     let u32_at = |b: &[u8], o: usize| Some(u32::from_le_bytes(b.get(o..o + 4)?.try_into().ok()?));
     let u64_at = |b: &[u8], o: usize| Some(u64::from_le_bytes(b.get(o..o + 8)?.try_into().ok()?));
-    let (phoff, phentsize, phnum) = (
-        u64_at(&head, 0x20)?,
-        u16_at(&head, 0x36)? as usize,
-        u16_at(&head, 0x38)? as usize,
-    );
-    let table_len = phentsize.checked_mul(phnum)?;
-    if phentsize < 56 || table_len > MAX_TABLE {
-        return None;
+    let Some(head) = read_at(0, 64)? else {
+        return Ok(None);
+    };
+    if head.get(..6) != Some(b"\x7fELF\x02\x01".as_slice()) {
+        return Ok(None);
     }
-    let table = read_at(phoff, table_len)?;
+    let (Some(phoff), Some(phentsize), Some(phnum)) = (
+        u64_at(&head, 0x20),
+        u16_at(&head, 0x36),
+        u16_at(&head, 0x38),
+    ) else {
+        return Ok(None);
+    };
+    let (phentsize, phnum) = (usize::from(phentsize), usize::from(phnum));
+    let table_len = phentsize * phnum; // at most 65,535 squared: no overflow
+    if phentsize < PHDR_LEN || table_len > MAX_TABLE {
+        return Ok(None);
+    }
+    let Some(table) = read_at(phoff, table_len)? else {
+        return Ok(None);
+    };
     for ph in table.chunks_exact(phentsize) {
-        if u32_at(ph, 0)? == 3 {
-            let (off, size) = (u64_at(ph, 8)?, usize::try_from(u64_at(ph, 32)?).ok()?);
-            if size > libc::PATH_MAX as usize {
-                return None;
-            }
-            let raw = read_at(off, size)?;
-            let name = raw.split(|b| *b == 0).next()?;
-            return (!name.is_empty()).then(|| PathBuf::from(std::ffi::OsStr::from_bytes(name)));
+        if u32_at(ph, 0) != Some(3) {
+            continue;
         }
+        let (Some(off), Some(size)) = (u64_at(ph, 8), u64_at(ph, 32)) else {
+            return Ok(None);
+        };
+        let size = match usize::try_from(size) {
+            Ok(n) if n <= libc::PATH_MAX as usize => n,
+            _ => return Ok(None),
+        };
+        let Some(raw) = read_at(off, size)? else {
+            return Ok(None);
+        };
+        let name = raw.split(|b| *b == 0).next().unwrap_or_default();
+        return Ok((!name.is_empty()).then(|| PathBuf::from(std::ffi::OsStr::from_bytes(name))));
     }
-    None
+    Ok(None)
 }
 
 /// The directories of the shared libraries in a `/proc/PID/maps` text (the
@@ -559,8 +577,9 @@ mod tests {
         let loader = elf_interpreter(|off, len| {
             reads.set(reads.get() + len);
             let mut b = vec![0; len];
-            me.read_exact_at(&mut b, off).ok().map(|_| b)
+            me.read_exact_at(&mut b, off).map(|_| Some(b))
         })
+        .unwrap()
         .expect("a dynamically linked test binary");
         assert!(loader.is_absolute(), "{}", loader.display());
         assert!(
@@ -568,24 +587,54 @@ mod tests {
             "read {} bytes of the binary",
             reads.get()
         );
+        // In memory, with the largest read asked for.
+        let largest = std::cell::Cell::new(0);
         let in_memory = |b: Vec<u8>| {
+            let largest = &largest;
             move |off: u64, len: usize| {
-                let off = usize::try_from(off).ok()?;
-                b.get(off..off.checked_add(len)?).map(<[u8]>::to_vec)
+                largest.set(largest.get().max(len));
+                let off = usize::try_from(off).unwrap();
+                Ok(b.get(off..off + len).map(<[u8]>::to_vec))
             }
         };
-        assert_eq!(elf_interpreter(in_memory(b"#!/bin/sh\n".to_vec())), None);
-        // A header whose program headers lie past the end, or claim a giant table.
-        let mut past_end = [0u8; 64];
-        past_end[..6].copy_from_slice(b"\x7fELF\x02\x01");
-        past_end[0x20] = 0xff;
+        assert_eq!(
+            elf_interpreter(in_memory(b"#!/bin/sh\n".to_vec())).unwrap(),
+            None
+        );
+        let mut header = vec![0u8; 64];
+        header[..6].copy_from_slice(b"\x7fELF\x02\x01");
+        header[0x20] = 64;
+        // Program headers of size 0 (would be an endless walk), past the end, and a
+        // table of 65,535 entries (3.6 MB, never asked for).
+        let mut zero = header.clone();
+        zero[0x38] = 1;
+        assert_eq!(elf_interpreter(in_memory(zero)).unwrap(), None);
+        let mut past_end = header.clone();
         past_end[0x36] = 56;
         past_end[0x38] = 1;
-        assert_eq!(elf_interpreter(in_memory(past_end.to_vec())), None);
-        let mut giant = past_end;
-        giant[0x20] = 64;
+        assert_eq!(elf_interpreter(in_memory(past_end)).unwrap(), None);
+        let mut giant = header.clone();
+        giant[0x36] = 56;
         giant[0x38..0x3a].copy_from_slice(&u16::MAX.to_le_bytes());
-        assert_eq!(elf_interpreter(in_memory(giant.to_vec())), None);
+        giant.resize(64 + 56 * 65_535, 0);
+        assert_eq!(elf_interpreter(in_memory(giant)).unwrap(), None);
+        assert!(largest.get() <= 64, "asked for {} bytes", largest.get());
+        // An interpreter whose name is found through the program header.
+        let mut tiny = header;
+        tiny[0x36] = 56;
+        tiny[0x38] = 1;
+        tiny.resize(64 + 56, 0);
+        tiny[64] = 3; // PT_INTERP
+        tiny[64 + 8] = 120; // at offset 120
+        tiny[64 + 32] = 9; // 9 bytes
+        tiny.extend_from_slice(b"/lib/ld\0\0");
+        assert_eq!(
+            elf_interpreter(in_memory(tiny)).unwrap(),
+            Some(PathBuf::from("/lib/ld"))
+        );
+        // A read error is an error, not "no interpreter".
+        let failing = |_: u64, _: usize| Err(std::io::Error::other("disk gone"));
+        assert!(elf_interpreter(failing).is_err());
         let maps = "7f00-7f01 r-xp 0 08:01 1 /usr/lib/x86_64-linux-gnu/libc.so.6
 7f02-7f03 r-xp 0 08:01 2 /usr/lib/x86_64-linux-gnu/libm.so.6
 7f04-7f05 r-xp 0 08:01 3 /opt/x/libz.so.1.2

@@ -634,10 +634,16 @@ fn agent_runtime(sandlot_exe: &Path) -> Result<bundle::AgentRuntime, RuntimeErro
     use std::os::unix::fs::FileExt;
     let exe =
         fs::File::open(sandlot_exe).map_err(io_err(format!("open {}", sandlot_exe.display())))?;
-    let Some(loader) = bundle::elf_interpreter(|off, len| {
+    let interpreter = bundle::elf_interpreter(|off, len| {
         let mut b = vec![0; len];
-        exe.read_exact_at(&mut b, off).ok().map(|_| b)
-    }) else {
+        match exe.read_exact_at(&mut b, off) {
+            Ok(()) => Ok(Some(b)),
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(None),
+            Err(e) => Err(e),
+        }
+    })
+    .map_err(io_err(format!("read {}", sandlot_exe.display())))?;
+    let Some(loader) = interpreter else {
         return Ok(bundle::AgentRuntime::default());
     };
     let loader =

@@ -65,20 +65,24 @@ impl Runsc {
     pub fn probe(configured: &Path, platform: &str) -> Result<Runsc, Unavailable> {
         let path = locate(configured)?;
         // Both at once: each is a Go program's start (tens of milliseconds), and
-        // the daemon answers nothing until they are done.
+        // the daemon answers nothing until they are done. Each is kept from the
+        // orphan reaper until waited for: one may end while the other is awaited.
         let spawn = |arg: &str| {
-            Command::new(&path)
+            let child = Command::new(&path)
                 .arg(arg)
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .spawn()
-                .map_err(|e| Unavailable::DoesNotRun(format!("runsc {arg}: {e}")))
+                .map_err(|e| Unavailable::DoesNotRun(format!("runsc {arg}: {e}")))?;
+            crate::orphans::protect(child.id() as i32);
+            Ok(child)
         };
         let text = |arg: &str, child: std::process::Child| {
-            let out = child
-                .wait_with_output()
-                .map_err(|e| Unavailable::DoesNotRun(format!("runsc {arg}: {e}")))?;
+            let pid = child.id() as i32;
+            let out = child.wait_with_output();
+            crate::orphans::unprotect(pid);
+            let out = out.map_err(|e| Unavailable::DoesNotRun(format!("runsc {arg}: {e}")))?;
             let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
             text.push_str(&String::from_utf8_lossy(&out.stderr));
             Ok::<_, Unavailable>(text)
