@@ -1,8 +1,8 @@
 //! The sandbox's seccomp filter installed in a forked child, as `compile` builds it
 //! (a search over syscall numbers) against the same policy as one list searched in
 //! order (`compile_as_list`), alternated, 200 of each: median and p10 of the
-//! `prctl` that installs it, and their ratio. The kernel runs the filter once per
-//! system call number at install (its cache of always-allowed calls), so the
+//! `prctl` that installs it, and their ratio. At install the kernel emulates the
+//! filter once per system call number (its cache of always-allowed calls), so the
 //! search shows there. Needs no privilege (`no_new_privs` is set first).
 //!
 //! Run: `cargo bench -p sandlot-runtime --bench seccomp`

@@ -726,9 +726,9 @@ const LEAF_NUMBERS: usize = 4;
 ///
 /// Rules of different numbers never meet (each begins by testing its number), so
 /// grouping them by number, in their order within a number, decides every call as
-/// the list in order would. The search matters at install: the kernel runs the
-/// filter once per system call number to cache the always-allowed ones, and a list
-/// searched in order makes that the longest part of a sandbox's `prctl`.
+/// the list in order would. The search matters at install: the kernel's cache of
+/// always-allowed calls emulates the filter once per system call number, and a
+/// list searched in order makes that the longest part of a sandbox's `prctl`.
 pub fn compile(policy: &Policy) -> Result<Vec<Insn>, SeccompError> {
     let mut numbers: std::collections::BTreeMap<u32, Vec<&Rule>> = Default::default();
     for r in &policy.rules {
@@ -956,24 +956,45 @@ mod tests {
     fn probing_args(policy: &Policy) -> Vec<[u64; 6]> {
         let mut v = vec![[0; 6], [u64::MAX; 6]];
         for r in &policy.rules {
-            for c in &r.checks {
-                let (arg, values): (u8, Vec<u32>) = match *c {
-                    ArgCheck::AnyBits { arg, mask, .. } => {
-                        (arg, vec![mask, mask & mask.wrapping_neg(), !mask])
-                    }
-                    ArgCheck::Equals { arg, value, .. } => (arg, vec![value]),
-                    ArgCheck::NoneOf { arg, allowed, .. } => {
-                        (arg, allowed.iter().map(|a| a.value).collect())
-                    }
-                };
-                for x in values {
-                    for y in [x, x ^ 1, x.wrapping_add(1)] {
-                        let mut a = [0u64; 6];
-                        a[usize::from(arg)] = u64::from(y);
-                        v.push(a);
-                    }
-                }
+            // Per check: its argument and the values that match it or just miss.
+            let per_check: Vec<(usize, Vec<u64>)> = r
+                .checks
+                .iter()
+                .map(|c| {
+                    let (arg, values): (u8, Vec<u32>) = match *c {
+                        ArgCheck::AnyBits { arg, mask, .. } => {
+                            (arg, vec![mask, mask & mask.wrapping_neg(), !mask])
+                        }
+                        ArgCheck::Equals { arg, value, .. } => (arg, vec![value]),
+                        ArgCheck::NoneOf { arg, allowed, .. } => {
+                            (arg, allowed.iter().map(|a| a.value).collect())
+                        }
+                    };
+                    let near = values
+                        .iter()
+                        .flat_map(|&x| [x, x ^ 1, x.wrapping_add(1)])
+                        .map(u64::from)
+                        .collect();
+                    (usize::from(arg), near)
+                })
+                .collect();
+            // Every combination across the rule's checks, so a rule with two
+            // checks is reached past its first (an `AF_NETLINK` socket with a
+            // protocol outside the list).
+            let mut combos = vec![[0u64; 6]];
+            for (arg, values) in &per_check {
+                combos = combos
+                    .iter()
+                    .flat_map(|c| {
+                        values.iter().map(move |&x| {
+                            let mut c = *c;
+                            c[*arg] = x;
+                            c
+                        })
+                    })
+                    .collect();
             }
+            v.extend(combos);
         }
         v
     }
@@ -1050,6 +1071,66 @@ mod tests {
             };
             assert_eq!(run(&p, AUDIT_ARCH, nr, [0; 6]), want, "nr {nr}");
         }
+    }
+
+    /// The kernel takes the long jump as the interpreter does: a filter with one,
+    /// installed in a forked child, refuses an even number and lets an odd one
+    /// through. Needs no privilege (`no_new_privs` comes first).
+    #[test]
+    fn the_kernel_accepts_and_obeys_a_filter_with_a_long_jump() {
+        let rules = (0..600i64)
+            .map(|n| Rule {
+                name: "many",
+                nr: n * 2,
+                checks: vec![],
+                action: Action::Errno(EPERM),
+                why: "test",
+            })
+            .collect();
+        let p = compile(&Policy {
+            rules,
+            default: Action::Allow,
+        })
+        .unwrap();
+        assert!(p.iter().any(|i| i.code == BPF_JA));
+        // getppid (110) is even, getpid (39), write (1) and exit_group (231) odd.
+        assert_eq!((libc::SYS_getppid % 2, libc::SYS_getpid % 2), (0, 1));
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for the two descriptors.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: the child makes raw system calls only (no allocation, no lock)
+        // and ends with `_exit`, so the test harness's other threads cannot matter.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            // SAFETY: as above; `fds[1]` is the pipe's write end.
+            unsafe {
+                let installed = install(&p).is_ok();
+                let ppid = libc::syscall(libc::SYS_getppid);
+                let errno = *libc::__errno_location();
+                let me = libc::syscall(libc::SYS_getpid);
+                let out = [installed as i64, ppid, i64::from(errno), me];
+                libc::write(fds[1], out.as_ptr().cast(), std::mem::size_of_val(&out));
+                libc::_exit(0)
+            }
+        }
+        let mut out = [0i64; 4];
+        // SAFETY: reads into `out`, waits for the child once, closes both ends once.
+        let n = unsafe {
+            libc::close(fds[1]);
+            let n = libc::read(fds[0], out.as_mut_ptr().cast(), std::mem::size_of_val(&out));
+            libc::waitpid(pid, std::ptr::null_mut(), 0);
+            libc::close(fds[0]);
+            n
+        };
+        assert_eq!(n, 32, "the child reported nothing");
+        assert_eq!(out[0], 1, "the kernel refused the filter");
+        assert_eq!(
+            (out[1], out[2]),
+            (-1, i64::from(libc::EPERM)),
+            "getppid got through"
+        );
+        assert_eq!(out[3], i64::from(pid), "getpid was refused");
     }
 
     const DENY: u32 = SECCOMP_RET_ERRNO | libc::EPERM as u32;
