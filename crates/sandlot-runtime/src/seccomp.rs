@@ -1040,10 +1040,9 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_filter_longer_than_a_conditional_jump_reaches_every_rule() {
-        // 600 numbers, each its own deny: subtrees past 255 instructions need the
-        // unconditional jump.
+    /// Every even number below 1,200 refused, the rest allowed: 600 numbers, each
+    /// its own rule, so subtrees past 255 instructions need the unconditional jump.
+    fn even_numbers_refused() -> Vec<Insn> {
         let rules = (0..600i64)
             .map(|n| Rule {
                 name: "many",
@@ -1053,16 +1052,22 @@ mod tests {
                 why: "test",
             })
             .collect();
-        let policy = Policy {
+        let p = compile(&Policy {
             rules,
             default: Action::Allow,
-        };
-        let p = compile(&policy).unwrap();
+        })
+        .unwrap();
         assert!(
             p.iter().any(|i| i.code == BPF_JA),
             "no long jump in {} instructions",
             p.len()
         );
+        p
+    }
+
+    #[test]
+    fn a_filter_longer_than_a_conditional_jump_reaches_every_rule() {
+        let p = even_numbers_refused();
         for nr in 0..1300u32 {
             let want = if nr % 2 == 0 && nr < 1200 {
                 DENY
@@ -1078,21 +1083,7 @@ mod tests {
     /// through. Needs no privilege (`no_new_privs` comes first).
     #[test]
     fn the_kernel_accepts_and_obeys_a_filter_with_a_long_jump() {
-        let rules = (0..600i64)
-            .map(|n| Rule {
-                name: "many",
-                nr: n * 2,
-                checks: vec![],
-                action: Action::Errno(EPERM),
-                why: "test",
-            })
-            .collect();
-        let p = compile(&Policy {
-            rules,
-            default: Action::Allow,
-        })
-        .unwrap();
-        assert!(p.iter().any(|i| i.code == BPF_JA));
+        let p = even_numbers_refused();
         // getppid (110) is even, getpid (39), write (1) and exit_group (231) odd.
         assert_eq!((libc::SYS_getppid % 2, libc::SYS_getpid % 2), (0, 1));
         let mut fds = [0; 2];
