@@ -81,16 +81,32 @@ impl Books {
     }
 }
 
-/// A reserved session slot, given back when dropped (the session it was for is
-/// then recorded, or was not opened).
+/// A reserved session slot: [`Reservation::fulfil`] turns it into the session
+/// it was for, and dropping it unfulfilled gives the slot back (no session was
+/// opened).
 struct Reservation<'a> {
     front: &'a McpFront,
     tenant: String,
+    fulfilled: bool,
+}
+
+impl Reservation<'_> {
+    /// Records session `id` as `owner`'s in the step that gives the reservation
+    /// back: a session is never counted twice, as reserved and as open, by an
+    /// initialize looking at the books in between.
+    fn fulfil(mut self, id: String, owner: Owner) {
+        let mut books = self.front.books();
+        books.unreserve(&self.tenant);
+        books.owners.insert(id, owner);
+        self.fulfilled = true;
+    }
 }
 
 impl Drop for Reservation<'_> {
     fn drop(&mut self) {
-        self.front.books().unreserve(&self.tenant);
+        if !self.fulfilled {
+            self.front.books().unreserve(&self.tenant);
+        }
     }
 }
 
@@ -235,6 +251,7 @@ pub async fn handle(
                 reservation = Some(Reservation {
                     front: &front,
                     tenant: me.tenant.clone(),
+                    fulfilled: false,
                 });
             }
         }
@@ -249,12 +266,12 @@ pub async fn handle(
         .get(SESSION_HEADER)
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
-    if let (Some(_), Some(id)) = (&reservation, opened) {
-        front.books().owners.insert(id, me);
+    // Without a session opened, the reservation's drop gives the slot back.
+    if let (Some(r), Some(id)) = (reservation, opened) {
+        r.fulfil(id, me);
     }
     // An ended session (DELETE, or idle) stays recorded until the next initialize
     // finds rmcp no longer has it: a request naming it meanwhile gets rmcp's 404.
-    drop(reservation);
     let mut resp = resp.map(|b| {
         Body::new(Guarded {
             inner: b,

@@ -1194,7 +1194,7 @@ async fn own_until_done(state: Arc<AppState>, h: Arc<SandboxHandle>, adopted: bo
     // Then the host's side (cgroups, run directory, network slot, image and mount
     // references), off the caller's path; a graceful shutdown waits for it, and the
     // next start's reconcile finishes one a crash interrupted.
-    let cleanup = state.teardowns.begin();
+    let cleanup = state.teardowns.begin(&h.id);
     state.unregister(&h.id);
     state.metrics.live_sandboxes.fetch_sub(1, Ordering::Relaxed);
     state.metrics.stopped(reason.as_str());

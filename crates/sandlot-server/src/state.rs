@@ -55,38 +55,70 @@ pub struct AppState {
     pub code_output: crate::code::output::TenantPools,
 }
 
-/// Counts the host clean-ups that run after a sandbox is recorded as stopped (its
-/// cgroups, run directory, network slot, image and mount references), so that a
-/// graceful shutdown can wait for them. One that a crash interrupts is finished by
-/// the next start's reconcile.
+/// The host clean-ups that run after a sandbox is recorded as stopped (its
+/// cgroups, run directory, network slot, image and mount references), by sandbox,
+/// so that a graceful shutdown can wait for all of them and a request that needs
+/// a stopped sandbox's references gone (the removal of the image it used) for
+/// its own. One that a crash interrupts is finished by the next start's
+/// reconcile.
 #[derive(Default)]
 pub struct Teardowns {
-    pending: std::sync::atomic::AtomicUsize,
-    idle: tokio::sync::Notify,
+    /// Sandbox id → its clean-ups running (one, but counted all the same).
+    running: Mutex<HashMap<String, usize>>,
+    /// Told whenever a clean-up ends.
+    ended: tokio::sync::Notify,
 }
 
 /// One running clean-up; dropping it marks it done.
-pub struct TeardownGuard<'a>(&'a Teardowns);
+pub struct TeardownGuard<'a> {
+    of: &'a Teardowns,
+    id: String,
+}
 
 impl Teardowns {
-    pub fn begin(&self) -> TeardownGuard<'_> {
-        self.pending.fetch_add(1, Ordering::SeqCst);
-        TeardownGuard(self)
+    fn running(&self) -> std::sync::MutexGuard<'_, HashMap<String, usize>> {
+        self.running.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sandbox `id`'s clean-up begins.
+    pub fn begin(&self, id: &str) -> TeardownGuard<'_> {
+        *self.running().entry(id.to_string()).or_default() += 1;
+        TeardownGuard {
+            of: self,
+            id: id.to_string(),
+        }
     }
 
     pub fn pending(&self) -> usize {
-        self.pending.load(Ordering::SeqCst)
+        self.running().values().sum()
     }
 
     /// Waits until no clean-up runs, for at most `timeout`; false if some still do.
     pub async fn wait_idle(&self, timeout: std::time::Duration) -> bool {
+        self.wait_until(timeout, |r| r.is_empty()).await
+    }
+
+    /// Waits until none of sandboxes `ids` is being cleaned up, for at most
+    /// `timeout`; false if one still is. An id that is no sandbox's, or of one
+    /// still running, is not waited for.
+    pub async fn wait_for(&self, ids: &[String], timeout: std::time::Duration) -> bool {
+        self.wait_until(timeout, |r| !ids.iter().any(|id| r.contains_key(id)))
+            .await
+    }
+
+    async fn wait_until(
+        &self,
+        timeout: std::time::Duration,
+        done: impl Fn(&HashMap<String, usize>) -> bool,
+    ) -> bool {
         let wait = async {
             loop {
-                let idle = self.idle.notified();
-                if self.pending() == 0 {
+                // Registered before the check: an end between the two still wakes it.
+                let ended = self.ended.notified();
+                if done(&self.running()) {
                     return;
                 }
-                idle.await;
+                ended.await;
             }
         };
         tokio::time::timeout(timeout, wait).await.is_ok()
@@ -95,9 +127,16 @@ impl Teardowns {
 
 impl Drop for TeardownGuard<'_> {
     fn drop(&mut self) {
-        if self.0.pending.fetch_sub(1, Ordering::SeqCst) == 1 {
-            self.0.idle.notify_waiters();
+        {
+            let mut running = self.of.running();
+            if let Some(n) = running.get_mut(&self.id) {
+                *n -= 1;
+                if *n == 0 {
+                    running.remove(&self.id);
+                }
+            }
         }
+        self.of.ended.notify_waiters();
     }
 }
 
@@ -184,5 +223,55 @@ impl AppState {
 
     pub fn is_shutting_down(&self) -> bool {
         self.shutting_down.load(Ordering::SeqCst)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::Teardowns;
+
+    fn ids(of: &[&str]) -> Vec<String> {
+        of.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[tokio::test]
+    async fn a_wait_for_sandboxes_ends_when_their_clean_ups_do_and_not_before() {
+        let t = Teardowns::default();
+        let a = t.begin("a");
+        let b = t.begin("b");
+        assert_eq!(t.pending(), 2);
+        // Ids with no clean-up running are not waited for.
+        assert!(t.wait_for(&ids(&["c"]), Duration::ZERO).await);
+        assert!(
+            !t.wait_for(&ids(&["a", "c"]), Duration::from_millis(20))
+                .await
+        );
+        let of_a = ids(&["a"]);
+        let waiting = t.wait_for(&of_a, Duration::from_secs(30));
+        let end_a = async {
+            tokio::task::yield_now().await;
+            drop(a);
+        };
+        let (done, ()) = tokio::join!(waiting, end_a);
+        assert!(done, "a's clean-up ended");
+        // b's still runs: the daemon as a whole is not idle.
+        assert_eq!(t.pending(), 1);
+        assert!(!t.wait_idle(Duration::from_millis(20)).await);
+        drop(b);
+        assert!(t.wait_idle(Duration::ZERO).await);
+    }
+
+    #[tokio::test]
+    async fn two_clean_ups_of_one_sandbox_are_both_waited_for() {
+        let t = Teardowns::default();
+        let first = t.begin("a");
+        let second = t.begin("a");
+        drop(first);
+        assert!(!t.wait_for(&ids(&["a"]), Duration::from_millis(20)).await);
+        drop(second);
+        assert!(t.wait_for(&ids(&["a"]), Duration::ZERO).await);
+        assert_eq!(t.pending(), 0);
     }
 }

@@ -122,7 +122,7 @@ impl ImageStore {
         if !holders.is_empty() {
             return Err(StoreError::InUse {
                 image: reference.to_string(),
-                holders: holders.join(", "),
+                holders,
             });
         }
         // The owner is a column of the image's row: it goes with it, so a later

@@ -69,8 +69,9 @@ pub enum StoreError {
     NotFound(String),
     #[error("image reference {0} is ambiguous: give more of the id")]
     Ambiguous(String),
-    #[error("image {image} is in use by {holders}")]
-    InUse { image: String, holders: String },
+    /// `holders`: the sandboxes and snapshots that lease it.
+    #[error("image {image} is in use by {}", .holders.join(", "))]
+    InUse { image: String, holders: Vec<String> },
     #[error(transparent)]
     BadName(#[from] reference::BadName),
     #[error("digest mismatch for {what}: expected {expected}, got {actual}")]

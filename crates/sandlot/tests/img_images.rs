@@ -377,3 +377,43 @@ fn host_snapshot_restores_on(isolation: &str) {
         }
     });
 }
+
+/// An image is removed as soon as the last sandbox using it has been deleted:
+/// the sandbox lets its image go in the clean-up that runs on after its delete
+/// answered, and the removal waits for that clean-up instead of refusing. A
+/// sandbox still running keeps it (409, naming the sandbox).
+#[test]
+fn an_image_goes_at_once_after_the_last_sandbox_using_it_is_deleted() {
+    let mut d = Daemon::start(None);
+    let tmp = d.dir.join("work");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let archive = img_support::base_archive(&tmp, "test/base:1", 1);
+    let c = d.client();
+    for round in 0..8 {
+        let (code, out, err) = d.cli(&["image", "import", archive.to_str().unwrap()]);
+        assert_eq!(code, 0, "round {round}: {out}{err}");
+        rt().block_on(async {
+            let kept = create(&c, json!({"image": "test/base:1"})).await;
+            let gone = create(&c, json!({"image": "test/base:1"})).await;
+            c.delete_sandbox(&gone).await.unwrap();
+            let e = c
+                .call_json("DELETE", "/v1/images/test/base:1", None)
+                .await
+                .unwrap_err();
+            assert_eq!(
+                e.status().map(|s| s.as_u16()),
+                Some(409),
+                "round {round}: {e}"
+            );
+            assert!(
+                e.to_string().contains(&kept) && !e.to_string().contains(&gone),
+                "round {round}: {e}"
+            );
+            c.delete_sandbox(&kept).await.unwrap();
+            c.call_json("DELETE", "/v1/images/test/base:1", None)
+                .await
+                .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        });
+    }
+    d.shutdown();
+}

@@ -17,7 +17,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::Bytes;
-use sandlot_store::{oci, ImageInfo, ImageName, PruneReport, TreeDiff, Viewer};
+use sandlot_store::{oci, ImageInfo, ImageName, PruneReport, StoreError, TreeDiff, Viewer};
 use serde::{Deserialize, Serialize};
 
 use super::{json_status, live, parse_json, read_limited};
@@ -235,18 +235,39 @@ pub async fn inspect(
     Ok(Json(v))
 }
 
+/// How long a removal waits for the clean-ups of stopped sandboxes that still
+/// hold the image.
+const HOLDER_TEARDOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 #[utoipa::path(delete, path = "/v1/images/{reference}", tag = "images",
     params(("reference" = String, Path, description = "A name removes that tag (and the image with its last tag); an id removes the image")),
     responses((status = 200, body = ImageView), (status = 404, body = crate::error::ErrorEnvelope),
-        (status = 409, description = "a live sandbox uses the image", body = crate::error::ErrorEnvelope)))]
+        (status = 409, description = "a sandbox or a snapshot holds the image", body = crate::error::ErrorEnvelope)))]
 pub async fn remove(
     State(state): State<Arc<AppState>>,
     p: Principal,
     Path(reference): Path<String>,
 ) -> ApiResult<Json<ImageView>> {
     socket_only(&p, "removing images")?;
-    let st = state.clone();
-    let r = blocking(move || st.images.store.remove(&reference).map_err(store_error)).await?;
+    let remove = || {
+        let st = state.clone();
+        let reference = reference.clone();
+        blocking(move || Ok(st.images.store.remove(&reference)))
+    };
+    let mut r = remove().await?;
+    // A sandbox whose delete has answered lets its image go in its clean-up,
+    // which runs on after the answer: the removal waits for it instead of
+    // refusing an image that only a sandbox already stopped holds.
+    if let Err(StoreError::InUse { holders, .. }) = &r {
+        if state
+            .teardowns
+            .wait_for(holders, HOLDER_TEARDOWN_WAIT)
+            .await
+        {
+            r = remove().await?;
+        }
+    }
+    let r = r.map_err(store_error)?;
     Ok(Json(view(&r.image)))
 }
 
