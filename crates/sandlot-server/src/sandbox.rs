@@ -1185,16 +1185,23 @@ async fn own_until_done(state: Arc<AppState>, h: Arc<SandboxHandle>, adopted: bo
     if pid1_exited {
         tracing::warn!(code = ?exit.0, signal = ?exit.1, "the sandbox's PID 1 exited on its own");
     }
+    // Then the host's side (cgroups, run directory, network slot, image and mount
+    // references), off the caller's path; a graceful shutdown waits for it, and the
+    // next start's reconcile finishes one a crash interrupted. Counted before the
+    // record says stopped: whoever sees that record and waits for the clean-up
+    // (an image's removal) finds it running.
+    let mut released = vec![h.id.clone()];
+    match state.store.checkpoints_of(&h.id) {
+        Ok(cps) => released.extend(cps.into_iter().map(|c| c.id)),
+        Err(e) => tracing::warn!("list the checkpoints to release: {e}"),
+    }
+    let cleanup = state.teardowns.begin(released);
     if let Err(e) = state
         .store
         .mark_stopped_with_usage(&h.id, &usage, reason, exit, now_ms())
     {
         tracing::error!("record stopped: {e}");
     }
-    // Then the host's side (cgroups, run directory, network slot, image and mount
-    // references), off the caller's path; a graceful shutdown waits for it, and the
-    // next start's reconcile finishes one a crash interrupted.
-    let cleanup = state.teardowns.begin(&h.id);
     state.unregister(&h.id);
     state.metrics.live_sandboxes.fetch_sub(1, Ordering::Relaxed);
     state.metrics.stopped(reason.as_str());

@@ -63,8 +63,13 @@ pub struct AppState {
 /// reconcile.
 #[derive(Default)]
 pub struct Teardowns {
-    /// Sandbox id → its clean-ups running (one, but counted all the same).
+    /// Id (a sandbox's, or one of its checkpoints') → the clean-ups running that
+    /// release it (one, but counted all the same).
     running: Mutex<HashMap<String, usize>>,
+    /// Clean-ups running.
+    pending: std::sync::atomic::AtomicUsize,
+    /// Clean-ups ended since the daemon started.
+    ended_count: std::sync::atomic::AtomicU64,
     /// Told whenever a clean-up ends.
     ended: tokio::sync::Notify,
 }
@@ -72,7 +77,7 @@ pub struct Teardowns {
 /// One running clean-up; dropping it marks it done.
 pub struct TeardownGuard<'a> {
     of: &'a Teardowns,
-    id: String,
+    ids: Vec<String>,
 }
 
 impl Teardowns {
@@ -80,22 +85,38 @@ impl Teardowns {
         self.running.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Sandbox `id`'s clean-up begins.
-    pub fn begin(&self, id: &str) -> TeardownGuard<'_> {
-        *self.running().entry(id.to_string()).or_default() += 1;
-        TeardownGuard {
-            of: self,
-            id: id.to_string(),
+    /// A sandbox's clean-up begins. `ids`: the sandbox's id first, then those of
+    /// what the clean-up releases on its behalf and is known by elsewhere (its
+    /// checkpoints, which hold image leases under their own ids).
+    pub fn begin(&self, ids: Vec<String>) -> TeardownGuard<'_> {
+        let mut running = self.running();
+        for id in &ids {
+            *running.entry(id.clone()).or_default() += 1;
         }
+        self.pending.fetch_add(1, Ordering::SeqCst);
+        TeardownGuard { of: self, ids }
     }
 
+    /// Clean-ups running, one per sandbox.
     pub fn pending(&self) -> usize {
-        self.running().values().sum()
+        self.pending.load(Ordering::SeqCst)
+    }
+
+    /// How many clean-ups have ended: a caller that saw a sandbox's reference
+    /// and finds this changed since knows it may be gone.
+    pub fn ended(&self) -> u64 {
+        self.ended_count.load(Ordering::SeqCst)
+    }
+
+    /// Whether a clean-up running releases one of `ids`.
+    pub fn any_running(&self, ids: &[String]) -> bool {
+        let running = self.running();
+        ids.iter().any(|id| running.contains_key(id))
     }
 
     /// Waits until no clean-up runs, for at most `timeout`; false if some still do.
     pub async fn wait_idle(&self, timeout: std::time::Duration) -> bool {
-        self.wait_until(timeout, |r| r.is_empty()).await
+        self.wait_until(timeout, |_| self.pending() == 0).await
     }
 
     /// Waits until none of sandboxes `ids` is being cleaned up, for at most
@@ -129,12 +150,16 @@ impl Drop for TeardownGuard<'_> {
     fn drop(&mut self) {
         {
             let mut running = self.of.running();
-            if let Some(n) = running.get_mut(&self.id) {
-                *n -= 1;
-                if *n == 0 {
-                    running.remove(&self.id);
+            for id in &self.ids {
+                if let Some(n) = running.get_mut(id) {
+                    *n -= 1;
+                    if *n == 0 {
+                        running.remove(id);
+                    }
                 }
             }
+            self.of.pending.fetch_sub(1, Ordering::SeqCst);
+            self.of.ended_count.fetch_add(1, Ordering::SeqCst);
         }
         self.of.ended.notify_waiters();
     }
@@ -228,6 +253,7 @@ impl AppState {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
     use std::time::Duration;
 
     use super::Teardowns;
@@ -239,23 +265,27 @@ mod tests {
     #[tokio::test]
     async fn a_wait_for_sandboxes_ends_when_their_clean_ups_do_and_not_before() {
         let t = Teardowns::default();
-        let a = t.begin("a");
-        let b = t.begin("b");
-        assert_eq!(t.pending(), 2);
+        let a = t.begin(ids(&["a", "cp-a1"]));
+        let b = t.begin(ids(&["b"]));
+        assert_eq!(t.pending(), 2, "one per sandbox, whatever it releases");
+        assert!(t.any_running(&ids(&["c", "cp-a1"])));
+        assert!(!t.any_running(&ids(&["c"])), "c is no clean-up's");
         // Ids with no clean-up running are not waited for.
         assert!(t.wait_for(&ids(&["c"]), Duration::ZERO).await);
         assert!(
-            !t.wait_for(&ids(&["a", "c"]), Duration::from_millis(20))
+            !t.wait_for(&ids(&["cp-a1"]), Duration::from_millis(20))
                 .await
         );
-        let of_a = ids(&["a"]);
+        let of_a = ids(&["cp-a1"]);
         let waiting = t.wait_for(&of_a, Duration::from_secs(30));
         let end_a = async {
             tokio::task::yield_now().await;
             drop(a);
         };
         let (done, ()) = tokio::join!(waiting, end_a);
-        assert!(done, "a's clean-up ended");
+        assert!(done, "a's clean-up ended, its checkpoint's with it");
+        assert!(!t.any_running(&ids(&["a", "cp-a1"])));
+        assert_eq!(t.ended(), 1);
         // b's still runs: the daemon as a whole is not idle.
         assert_eq!(t.pending(), 1);
         assert!(!t.wait_idle(Duration::from_millis(20)).await);
@@ -266,12 +296,44 @@ mod tests {
     #[tokio::test]
     async fn two_clean_ups_of_one_sandbox_are_both_waited_for() {
         let t = Teardowns::default();
-        let first = t.begin("a");
-        let second = t.begin("a");
+        let first = t.begin(ids(&["a"]));
+        let second = t.begin(ids(&["a"]));
         drop(first);
         assert!(!t.wait_for(&ids(&["a"]), Duration::from_millis(20)).await);
         drop(second);
         assert!(t.wait_for(&ids(&["a"]), Duration::ZERO).await);
         assert_eq!(t.pending(), 0);
+    }
+
+    /// Clean-ups ending on other threads while waiters check and park: no end
+    /// is missed (a missed one would hold a waiter until its 30 s timeout).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn no_end_of_a_clean_up_is_missed_by_a_waiter_on_another_thread() {
+        let t = Arc::new(Teardowns::default());
+        for round in 0..300 {
+            let id = format!("s{round}");
+            let guard_ids = ids(&[&id]);
+            let ender = {
+                let t = t.clone();
+                let (began_tx, began_rx) = std::sync::mpsc::channel();
+                let h = std::thread::spawn(move || {
+                    let g = t.begin(guard_ids);
+                    began_tx.send(()).unwrap();
+                    // Ends at varying points of the waiter's check and park.
+                    for _ in 0..(round % 7) * 50 {
+                        std::hint::spin_loop();
+                    }
+                    drop(g);
+                });
+                began_rx.recv().unwrap();
+                h
+            };
+            assert!(
+                t.wait_for(&ids(&[&id]), Duration::from_secs(30)).await,
+                "round {round}"
+            );
+            ender.join().unwrap();
+        }
+        assert!(t.wait_idle(Duration::ZERO).await);
     }
 }

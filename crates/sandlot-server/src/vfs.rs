@@ -148,8 +148,48 @@ pub struct VfsService {
     cfg: VfsSection,
     stores: Mutex<HashMap<String, Arc<Store>>>,
     sessions: Mutex<HashMap<String, Arc<SessionSlot>>>,
+    /// Tenant → sessions admitted and still opening (their views being built):
+    /// counted with the open ones, always locked after `sessions`.
+    opening: Mutex<HashMap<String, usize>>,
     /// (tenant, collection) with an ingest or removal running.
     busy: Mutex<HashSet<(String, String)>>,
+}
+
+/// A session admitted under `vfs.max_sessions` and still opening: it becomes
+/// the session with [`Opening::record`]; dropped before, it gives its place back
+/// (the session failed to open).
+struct Opening<'a> {
+    svc: &'a VfsService,
+    tenant: String,
+    recorded: bool,
+}
+
+impl Opening<'_> {
+    /// Records `slot` as open in the step that gives the admission back: a
+    /// session is never counted twice, as opening and as open.
+    fn record(mut self, slot: &Arc<SessionSlot>) {
+        let mut sessions = self.svc.sessions();
+        sessions.insert(slot.id.clone(), slot.clone());
+        unreserve(&mut self.svc.opening(), &self.tenant);
+        self.recorded = true;
+    }
+}
+
+impl Drop for Opening<'_> {
+    fn drop(&mut self) {
+        if !self.recorded {
+            unreserve(&mut self.svc.opening(), &self.tenant);
+        }
+    }
+}
+
+fn unreserve(opening: &mut HashMap<String, usize>, tenant: &str) {
+    if let Some(n) = opening.get_mut(tenant) {
+        *n -= 1;
+        if *n == 0 {
+            opening.remove(tenant);
+        }
+    }
 }
 
 /// Marks a collection busy until dropped.
@@ -185,6 +225,7 @@ impl VfsService {
             cfg,
             stores: Mutex::new(HashMap::new()),
             sessions: Mutex::new(HashMap::new()),
+            opening: Mutex::new(HashMap::new()),
             busy: Mutex::new(HashSet::new()),
         }
     }
@@ -195,6 +236,30 @@ impl VfsService {
 
     fn sessions(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<SessionSlot>>> {
         self.sessions.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn opening(&self) -> std::sync::MutexGuard<'_, HashMap<String, usize>> {
+        self.opening.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Admits one more session of `tenant` under `vfs.max_sessions`, counting
+    /// those still opening: concurrent opens never pass the cap together.
+    fn admit_session(&self, tenant: &str) -> ApiResult<Opening<'_>> {
+        let sessions = self.sessions();
+        let mut opening = self.opening();
+        let open = sessions.values().filter(|s| s.tenant == tenant).count()
+            + opening.get(tenant).copied().unwrap_or(0);
+        if open >= self.cfg.max_sessions {
+            return Err(ApiError::quota(format!(
+                "tenant {tenant} has {open} open sessions, the most allowed (vfs.max_sessions)"
+            )));
+        }
+        *opening.entry(tenant.to_string()).or_default() += 1;
+        Ok(Opening {
+            svc: self,
+            tenant: tenant.to_string(),
+            recorded: false,
+        })
     }
 
     fn check_tenant(tenant: &str) -> ApiResult<()> {
@@ -244,6 +309,15 @@ impl VfsService {
 
     fn uploads_dir(&self) -> PathBuf {
         self.root.join("uploads")
+    }
+
+    /// The collections of `tenant` with an ingest or removal running.
+    fn busy_names(&self, tenant: &str) -> Vec<String> {
+        let b = self.busy.lock().unwrap_or_else(|e| e.into_inner());
+        b.iter()
+            .filter(|(t, _)| t == tenant)
+            .map(|(_, n)| n.clone())
+            .collect()
     }
 
     /// Marks `tenant`/`name` busy (409 if an ingest or removal is running).
@@ -441,7 +515,18 @@ impl VfsService {
                 if store.collection(name).is_ok() {
                     return Err(store_error(StoreError::AlreadyExists { name: name.into() }));
                 }
-                if store.list().map_err(store_error)?.len() >= self.cfg.max_collections {
+                // The tenant's collections and those being created (each holds its
+                // name busy, this one's too): concurrent creates never pass the cap
+                // together.
+                let mut names: HashSet<String> = store
+                    .list()
+                    .map_err(store_error)?
+                    .into_iter()
+                    .map(|c| c.name)
+                    .collect();
+                names.extend(self.busy_names(tenant));
+                names.insert(name.to_string());
+                if names.len() > self.cfg.max_collections {
                     return Err(ApiError::quota(format!(
                         "tenant {tenant} has {} collections, the most allowed (vfs.max_collections)",
                         self.cfg.max_collections
@@ -626,16 +711,7 @@ impl VfsService {
         let store = self.store(tenant)?;
         let c = store.collection(collection).map_err(store_error)?;
         self.sweep();
-        let open = self
-            .sessions()
-            .values()
-            .filter(|s| s.tenant == tenant)
-            .count();
-        if open >= self.cfg.max_sessions {
-            return Err(ApiError::quota(format!(
-                "tenant {tenant} has {open} open sessions, the most allowed (vfs.max_sessions)"
-            )));
-        }
+        let admitted = self.admit_session(tenant)?;
         let mut p = Principal::new(principal, groups.iter().cloned());
         p.all_access = all_access;
         let shell = match version {
@@ -664,7 +740,7 @@ impl VfsService {
             last_used_ms: AtomicU64::new(now),
             shell: Mutex::new(shell),
         });
-        self.sessions().insert(slot.id.clone(), slot.clone());
+        admitted.record(&slot);
         Ok(slot)
     }
 
@@ -946,6 +1022,68 @@ mod tests {
         .unwrap();
         assert!(!o.acl.default.public && o.acl.default.groups.is_empty());
         assert_eq!(o.acl.rules[0].acl.groups, vec!["eng".to_string()]);
+    }
+
+    /// A create or an open still in progress counts: the caps hold for requests
+    /// that run at once, not only one after the other.
+    #[test]
+    fn creates_and_opens_in_progress_count_against_the_tenant_caps() {
+        let tmp = std::env::temp_dir().join(format!("vfs-caps-{}", std::process::id()));
+        let docs = tmp.join("docs");
+        std::fs::create_dir_all(&docs).unwrap();
+        std::fs::write(docs.join("a.md"), "alpha").unwrap();
+        let s = svc(
+            &tmp.join("data"),
+            VfsSection {
+                allowed_source_paths: vec![docs.clone()],
+                max_collections: 2,
+                max_sessions: 2,
+                ..Default::default()
+            },
+        );
+        let plan = || IngestPlan {
+            source: Some(
+                s.source(&VfsSource::Dir {
+                    path: docs.display().to_string(),
+                })
+                .unwrap(),
+            ),
+            options: None,
+            staged: None,
+        };
+        s.ingest("t", "kb", plan(), true).unwrap();
+        // Another create of the tenant is running: a third collection is refused.
+        let running = s.begin("t", "other").unwrap();
+        let e = s.ingest("t", "kb2", plan(), true).unwrap_err();
+        assert_eq!(e.status, StatusCode::TOO_MANY_REQUESTS, "{e}");
+        assert!(e.message.contains("vfs.max_collections"), "{e}");
+        // Another tenant's creates are not counted.
+        let theirs = s.begin("u", "x").unwrap();
+        drop(running);
+        s.ingest("t", "kb2", plan(), true).unwrap();
+        drop(theirs);
+
+        let open = || s.open_session("t", "kb", "alice", &[], false, None);
+        let refused = || match open() {
+            Ok(_) => panic!("a session opened past the cap"),
+            Err(e) => e,
+        };
+        let first = open().unwrap();
+        // A second open is building its view: a third is refused meanwhile.
+        let opening = s.admit_session("t").unwrap();
+        let e = refused();
+        assert_eq!(e.status, StatusCode::TOO_MANY_REQUESTS, "{e}");
+        assert!(e.message.contains("2 open sessions"), "{e}");
+        assert!(s
+            .open_session("u", "kb", "alice", &[], false, None)
+            .is_err_and(|e| e.status == StatusCode::NOT_FOUND));
+        // Given back (that open failed), its place is free again; then full.
+        drop(opening);
+        let second = open().unwrap();
+        assert_ne!(first.id, second.id);
+        let e = refused();
+        assert!(e.message.contains("2 open sessions"), "{e}");
+        let _ = std::fs::remove_dir_all(&tmp);
     }
 
     #[test]

@@ -15,10 +15,12 @@ use sandlot_client::api::PauseKind;
 use sandlot_client::{Client, CreateSandbox, ExecBody, SandboxState};
 use serde_json::json;
 
+/// Pauses after 2 s idle: long enough that a loaded machine's stall between a
+/// test's call and its next look does not pause it again in between.
 fn idle_pausing(isolation: &str, auto_resume: bool) -> CreateSandbox {
     CreateSandbox {
         request: sandlot_client::CreateSandboxRequest {
-            idle_timeout: Some(Some(sandlot_proto::units::Seconds::secs(1))),
+            idle_timeout: Some(Some(sandlot_proto::units::Seconds::secs(2))),
             on_idle: Some(OnExpiry::Pause),
             auto_resume: Some(auto_resume),
             ..Default::default()

@@ -37,20 +37,30 @@ fn sigkill_mid_load_loses_nothing_and_leaks_nothing() {
         c.exec(&v[0], &bg).await.unwrap();
         v
     });
-    // Load: creates in flight when the daemon dies.
+    // Load: creates in flight when the daemon dies (once some have answered).
+    let answered = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let load: Vec<_> = (0..8)
         .map(|_| {
             let c = c.clone();
+            let answered = answered.clone();
             r.spawn(async move {
                 let mut n = 0;
                 while c.create_sandbox(&CreateSandbox::default()).await.is_ok() {
                     n += 1;
+                    answered.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 }
                 n
             })
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(400));
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while answered.load(std::sync::atomic::Ordering::SeqCst) < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the load created nothing in 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
     d.kill9();
     let created: i32 = r.block_on(async {
         let mut t = 0;

@@ -347,19 +347,21 @@ fn lifetime_and_idle_timeouts_are_enforced() {
             .create_sandbox(&body(json!({"timeout": "2s"})))
             .await
             .unwrap();
+        // Long enough that a slow create still leaves it time to be extended.
         let extended = c
-            .create_sandbox(&body(json!({"timeout": "2s"})))
+            .create_sandbox(&body(json!({"timeout": "5s"})))
             .await
             .unwrap();
         let ext = c.set_timeout(&extended.id, json!("30s")).await.unwrap();
         assert!(ext.expires_at > extended.expires_at);
         let idle_req = CreateSandbox::from(sandlot_client::CreateSandboxRequest {
-            idle_timeout: Some(Some(sandlot_proto::units::Seconds::secs(2))),
+            idle_timeout: Some(Some(sandlot_proto::units::Seconds::secs(3))),
             ..Default::default()
         });
         let idle = c.create_sandbox(&idle_req).await.unwrap();
         let busy = c.create_sandbox(&idle_req).await.unwrap();
-        // Activity keeps `busy` alive past its idle timeout.
+        // Activity keeps `busy` alive past its idle timeout (a command every
+        // 0.7 s for 4.2 s; a stall of over 2 s would end it).
         for _ in 0..6 {
             c.run(&busy.id, &["true"]).await.unwrap();
             tokio::time::sleep(Duration::from_millis(700)).await;

@@ -254,16 +254,19 @@ pub async fn remove(
         let reference = reference.clone();
         blocking(move || Ok(st.images.store.remove(&reference)))
     };
+    let ended = state.teardowns.ended();
     let mut r = remove().await?;
     // A sandbox whose delete has answered lets its image go in its clean-up,
-    // which runs on after the answer: the removal waits for it instead of
-    // refusing an image that only a sandbox already stopped holds.
+    // which runs on after the answer (its checkpoints' leases too): the removal
+    // waits for the clean-ups running of its holders and asks again (also if
+    // one ended since it asked), so that it is refused only for holders that
+    // stay (a live sandbox, a snapshot).
     if let Err(StoreError::InUse { holders, .. }) = &r {
-        if state
-            .teardowns
-            .wait_for(holders, HOLDER_TEARDOWN_WAIT)
-            .await
-        {
+        if state.teardowns.any_running(holders) || state.teardowns.ended() != ended {
+            state
+                .teardowns
+                .wait_for(holders, HOLDER_TEARDOWN_WAIT)
+                .await;
             r = remove().await?;
         }
     }

@@ -125,12 +125,20 @@ fn tenant_use(tx: &rusqlite::Connection, tenant: &str) -> Result<(u64, u64), Sto
 }
 
 /// Bytes of the daemon's disk `tenant`'s snapshots (reservations included)
-/// and checkpoints hold: what `max_saved_disk` bounds.
+/// and checkpoints hold: what `max_saved_disk` bounds. Each byte once: a
+/// checkpoint a snapshot being made has reserved its size for is the snapshot's
+/// (the two rows become one when it is promoted), and the checkpoints of a
+/// stopped sandbox are not counted (they go in its clean-up, which runs on after
+/// its delete answered, or at the next start).
 pub(super) fn saved_bytes(tx: &rusqlite::Connection, tenant: &str) -> Result<u64, StoreError> {
     let bytes: i64 = tx
         .query_row(
             "SELECT (SELECT COALESCE(SUM(size), 0) FROM snapshots WHERE tenant = ?1)
-                  + (SELECT COALESCE(SUM(size), 0) FROM checkpoints WHERE tenant = ?1)",
+                  + (SELECT COALESCE(SUM(size), 0) FROM checkpoints c WHERE c.tenant = ?1
+                     AND NOT EXISTS (SELECT 1 FROM snapshots n
+                                     WHERE n.tenant = ?1 AND n.ready = 0 AND n.checkpoint_id = c.id)
+                     AND NOT EXISTS (SELECT 1 FROM sandboxes b
+                                     WHERE b.id = c.sandbox_id AND b.state = 'stopped'))",
             [tenant],
             |r| r.get(0),
         )
@@ -208,10 +216,15 @@ impl Store {
             return Ok(SnapshotAdmission::TooMany(0));
         };
         let (_, bytes) = tenant_use(&tx, &tenant)?;
-        // The checkpoint it is promoted from is counted once: as the snapshot.
+        // The checkpoint it is promoted from is counted once: as the snapshot
+        // (`saved_bytes` leaves it out already if this snapshot reserved before).
         let promoted: i64 = tx
             .query_row(
-                "SELECT COALESCE(SUM(size), 0) FROM checkpoints WHERE id = ?1",
+                "SELECT COALESCE(SUM(size), 0) FROM checkpoints c WHERE c.id = ?1
+                 AND NOT EXISTS (SELECT 1 FROM snapshots n
+                                 WHERE n.ready = 0 AND n.checkpoint_id = c.id)
+                 AND NOT EXISTS (SELECT 1 FROM sandboxes b
+                                 WHERE b.id = c.sandbox_id AND b.state = 'stopped')",
                 [cp],
                 |r| r.get(0),
             )
@@ -475,10 +488,49 @@ mod tests {
             SnapshotAdmission::Admitted,
             "the checkpoint it is promoted from is not counted twice"
         );
+        // Between the reservation and the promotion, the checkpoint's bytes are
+        // counted once, as the snapshot's: another checkpoint or snapshot of the
+        // tenant is not refused for a double count meanwhile.
         assert_eq!(
             s.begin_snapshot(&snap("s2", "t"), 10, 15).unwrap(),
-            SnapshotAdmission::TooLarge { used: 20 },
-            "until the promotion, both hold their bytes"
+            SnapshotAdmission::Admitted
+        );
+        assert_eq!(
+            s.begin_snapshot(&snap("s3", "t"), 10, 10).unwrap(),
+            SnapshotAdmission::TooLarge { used: 10 }
+        );
+        assert_eq!(s.add_checkpoint(&cp("c3"), 5, 25).unwrap(), Ok(()));
+        assert_eq!(
+            s.add_checkpoint(&cp("c4"), 5, 25).unwrap(),
+            Err(crate::store::CheckpointRefusal::TooLarge { used: 20 })
+        );
+    }
+
+    /// A deleted sandbox's checkpoints go in its clean-up, after the delete has
+    /// answered: meanwhile they no longer count against the tenant's quota.
+    #[test]
+    fn the_checkpoints_of_a_stopped_sandbox_no_longer_count_against_the_quota() {
+        let s = Store::in_memory().unwrap();
+        s.admit_sandbox(&crate::store::pause::tests::rec("a", 1), 10, 1 << 30)
+            .unwrap();
+        s.admit_sandbox(&crate::store::pause::tests::rec("b", 2), 10, 1 << 30)
+            .unwrap();
+        assert_eq!(s.add_checkpoint(&cp("c1"), 5, 15).unwrap(), Ok(()));
+        let of_b = CheckpointRecord {
+            sandbox_id: "b".into(),
+            ..cp("c2")
+        };
+        assert_eq!(
+            s.add_checkpoint(&of_b, 5, 15).unwrap(),
+            Err(crate::store::CheckpointRefusal::TooLarge { used: 10 })
+        );
+        s.mark_stopped("a", crate::store::EndReason::Deleted, (None, None), None, 9)
+            .unwrap();
+        assert_eq!(s.add_checkpoint(&of_b, 5, 15).unwrap(), Ok(()));
+        assert_eq!(
+            s.begin_snapshot(&snap("s1", "t"), 10, 10).unwrap(),
+            SnapshotAdmission::TooLarge { used: 10 },
+            "the running sandbox's checkpoint still counts"
         );
     }
 }
