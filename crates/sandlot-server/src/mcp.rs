@@ -84,13 +84,13 @@ impl Books {
 /// A reserved session slot: [`Reservation::fulfil`] turns it into the session
 /// it was for, and dropping it unfulfilled gives the slot back (no session was
 /// opened).
-struct Reservation<'a> {
-    front: &'a McpFront,
+struct Reservation {
+    front: Arc<McpFront>,
     tenant: String,
     fulfilled: bool,
 }
 
-impl Reservation<'_> {
+impl Reservation {
     /// Records session `id` as `owner`'s in the step that gives the reservation
     /// back: a session is never counted twice, as reserved and as open, by an
     /// initialize looking at the books in between.
@@ -102,7 +102,7 @@ impl Reservation<'_> {
     }
 }
 
-impl Drop for Reservation<'_> {
+impl Drop for Reservation {
     fn drop(&mut self) {
         if !self.fulfilled {
             self.front.books().unreserve(&self.tenant);
@@ -249,7 +249,7 @@ pub async fn handle(
                 *books.reserved.entry(me.tenant.clone()).or_default() += 1;
                 drop(books);
                 reservation = Some(Reservation {
-                    front: &front,
+                    front: front.clone(),
                     tenant: me.tenant.clone(),
                     fulfilled: false,
                 });
@@ -260,16 +260,43 @@ pub async fn handle(
     let gone = CancellationToken::new();
     req.extensions_mut().insert(front.tenant_calls(&me.tenant));
     req.extensions_mut().insert(ResponseGone(gone.clone()));
-    let resp = front.service.handle(req).await;
-    let opened = resp
-        .headers()
-        .get(SESSION_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
-    // Without a session opened, the reservation's drop gives the slot back.
-    if let (Some(r), Some(id)) = (reservation, opened) {
-        r.fulfil(id, me);
-    }
+    let resp = match reservation {
+        // An initialize runs to its end in a task of its own: a client gone
+        // meanwhile (this future dropped) cannot leave a session rmcp opened but
+        // the books never recorded, uncounted for its whole idle time.
+        Some(r) => {
+            let f = front.clone();
+            tokio::spawn(async move {
+                let resp = f.service.handle(req).await;
+                // Without a session opened, the reservation's drop gives the
+                // slot back.
+                if let Some(id) = opened_session(&resp) {
+                    r.fulfil(id, me);
+                }
+                resp
+            })
+            .await
+            .map_err(ApiError::internal)?
+        }
+        None => {
+            let resp = front.service.handle(req).await;
+            if let (None, Some(id)) = (&session, opened_session(&resp)) {
+                // rmcp opened a session for a request not taken for an
+                // initialize: never left open uncounted.
+                tracing::warn!(
+                    "closing an MCP session opened by a request not seen as an initialize"
+                );
+                let _ = front
+                    .sessions
+                    .close_session(&Arc::<str>::from(id.as_str()))
+                    .await;
+                return Err(ApiError::internal(
+                    "an MCP session was opened outside the cap",
+                ));
+            }
+            resp
+        }
+    };
     // An ended session (DELETE, or idle) stays recorded until the next initialize
     // finds rmcp no longer has it: a request naming it meanwhile gets rmcp's 404.
     let mut resp = resp.map(|b| {
@@ -282,6 +309,14 @@ pub async fn handle(
     // the error middleware leaves them as they are.
     resp.extensions_mut().insert(Proxied);
     Ok(resp)
+}
+
+/// The session an answer of rmcp names (a new one, for an initialize).
+fn opened_session<B>(resp: &http::Response<B>) -> Option<String> {
+    resp.headers()
+        .get(SESSION_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
 }
 
 /// Whether a request body is an `initialize` request (alone or in a batch).

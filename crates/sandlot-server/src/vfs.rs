@@ -1074,9 +1074,12 @@ mod tests {
         let e = refused();
         assert_eq!(e.status, StatusCode::TOO_MANY_REQUESTS, "{e}");
         assert!(e.message.contains("2 open sessions"), "{e}");
-        assert!(s
+        // Another tenant's sessions are counted apart: its own open succeeds.
+        s.ingest("u", "kb", plan(), true).unwrap();
+        let _theirs = s
             .open_session("u", "kb", "alice", &[], false, None)
-            .is_err_and(|e| e.status == StatusCode::NOT_FOUND));
+            .unwrap();
+        let _theirs_opening = s.admit_session("u").unwrap();
         // Given back (that open failed), its place is free again; then full.
         drop(opening);
         let second = open().unwrap();

@@ -274,7 +274,7 @@ fn a_delete_during_a_resume_on_demand_ends_the_sandbox() {
 #[test]
 fn a_resume_past_the_maximum_lifetime_is_refused_and_the_sandbox_stays_paused() {
     let d = Daemon::start(Some(
-        "[limits]\nmax_timeout = \"4s\"\ndefault_timeout = \"4s\"\n",
+        "[limits]\nmax_timeout = \"8s\"\ndefault_timeout = \"8s\"\n",
     ));
     let c = d.client();
     rt().block_on(async {
@@ -285,7 +285,7 @@ fn a_resume_past_the_maximum_lifetime_is_refused_and_the_sandbox_stays_paused() 
         wait_state(&c, &s.id, SandboxState::Paused).await;
         let created = sandlot_server::timefmt::parse_rfc3339(&s.created_at).unwrap();
         eventually(30, "the maximum lifetime to pass", || async {
-            sandlot_server::store::now_ms() > created + 4_000
+            sandlot_server::store::now_ms() > created + 8_000
         })
         .await;
         for e in [

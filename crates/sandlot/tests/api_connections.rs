@@ -89,6 +89,16 @@ async fn idle_connections(
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // Kept means kept: still open and silent a while later (well within the
+    // header timeout).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for s in &silent {
+        let mut buf = [0u8; 64];
+        match s.try_read(&mut buf) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            other => panic!("a kept connection was answered or closed: {other:?}"),
+        }
+    }
     (silent, refused)
 }
 

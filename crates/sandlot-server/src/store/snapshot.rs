@@ -125,20 +125,22 @@ fn tenant_use(tx: &rusqlite::Connection, tenant: &str) -> Result<(u64, u64), Sto
 }
 
 /// Bytes of the daemon's disk `tenant`'s snapshots (reservations included)
-/// and checkpoints hold: what `max_saved_disk` bounds. Each byte once: a
-/// checkpoint a snapshot being made has reserved its size for is the snapshot's
-/// (the two rows become one when it is promoted), and the checkpoints of a
-/// stopped sandbox are not counted (they go in its clean-up, which runs on after
-/// its delete answered, or at the next start).
+/// and checkpoints hold: what `max_saved_disk` bounds. A snapshot being made
+/// from a checkpoint becomes that checkpoint when it is promoted (the files
+/// move, the two rows become one): until then the pair counts once, the larger
+/// of the checkpoint's size and the snapshot's reservation (none yet: the
+/// checkpoint's). A deleted sandbox's checkpoints count until its clean-up has
+/// removed them.
 pub(super) fn saved_bytes(tx: &rusqlite::Connection, tenant: &str) -> Result<u64, StoreError> {
     let bytes: i64 = tx
         .query_row(
-            "SELECT (SELECT COALESCE(SUM(size), 0) FROM snapshots WHERE tenant = ?1)
-                  + (SELECT COALESCE(SUM(size), 0) FROM checkpoints c WHERE c.tenant = ?1
-                     AND NOT EXISTS (SELECT 1 FROM snapshots n
-                                     WHERE n.tenant = ?1 AND n.ready = 0 AND n.checkpoint_id = c.id)
-                     AND NOT EXISTS (SELECT 1 FROM sandboxes b
-                                     WHERE b.id = c.sandbox_id AND b.state = 'stopped'))",
+            "SELECT (SELECT COALESCE(SUM(n.size), 0) FROM snapshots n WHERE n.tenant = ?1
+                     AND NOT (n.ready = 0 AND n.checkpoint_id IS NOT NULL
+                              AND EXISTS (SELECT 1 FROM checkpoints c WHERE c.id = n.checkpoint_id)))
+                  + (SELECT COALESCE(SUM(MAX(c.size,
+                        COALESCE((SELECT MAX(n.size) FROM snapshots n
+                                  WHERE n.ready = 0 AND n.checkpoint_id = c.id), 0))), 0)
+                     FROM checkpoints c WHERE c.tenant = ?1)",
             [tenant],
             |r| r.get(0),
         )
@@ -203,35 +205,36 @@ impl Store {
         max_bytes: u64,
     ) -> Result<SnapshotAdmission, StoreError> {
         let mut c = self.lock();
-        let tx = c.transaction().map_err(sql("reserve snapshot"))?;
-        let tenant: Option<(String, i64)> = tx
+        let mut tx = c.transaction().map_err(sql("reserve snapshot"))?;
+        let tenant: Option<String> = tx
             .query_row(
-                "SELECT tenant, size FROM snapshots WHERE id = ?1 AND ready = 0",
+                "SELECT tenant FROM snapshots WHERE id = ?1 AND ready = 0",
                 [id],
-                |r| Ok((r.get(0)?, r.get(1)?)),
+                |r| r.get(0),
             )
             .optional()
             .map_err(sql("reserve snapshot"))?;
-        let Some((tenant, own)) = tenant else {
+        let Some(tenant) = tenant else {
             return Ok(SnapshotAdmission::TooMany(0));
         };
-        let (_, bytes) = tenant_use(&tx, &tenant)?;
-        // The checkpoint it is promoted from is counted once: as the snapshot
-        // (`saved_bytes` leaves it out already if this snapshot reserved before).
-        let promoted: i64 = tx
-            .query_row(
-                "SELECT COALESCE(SUM(size), 0) FROM checkpoints c WHERE c.id = ?1
-                 AND NOT EXISTS (SELECT 1 FROM snapshots n
-                                 WHERE n.ready = 0 AND n.checkpoint_id = c.id)
-                 AND NOT EXISTS (SELECT 1 FROM sandboxes b
-                                 WHERE b.id = c.sandbox_id AND b.state = 'stopped')",
-                [cp],
-                |r| r.get(0),
-            )
-            .map_err(sql("reserve snapshot"))?;
-        let others = bytes
-            .saturating_sub(own.max(0) as u64)
-            .saturating_sub(promoted.max(0) as u64);
+        // What the tenant holds but this snapshot and the checkpoint it is
+        // promoted from (which it becomes): counted without the two rows, which
+        // the savepoint's rollback then puts back as they were.
+        let others = {
+            let mut without = tx.savepoint().map_err(sql("reserve snapshot"))?;
+            without
+                .execute(
+                    "UPDATE snapshots SET size = 0, checkpoint_id = NULL WHERE id = ?1",
+                    [id],
+                )
+                .map_err(sql("reserve snapshot"))?;
+            without
+                .execute("DELETE FROM checkpoints WHERE id = ?1", [cp])
+                .map_err(sql("reserve snapshot"))?;
+            let others = saved_bytes(&without, &tenant)?;
+            without.rollback().map_err(sql("reserve snapshot"))?;
+            others
+        };
         if others.saturating_add(size) > max_bytes {
             return Ok(SnapshotAdmission::TooLarge { used: others });
         }
@@ -506,31 +509,46 @@ mod tests {
         );
     }
 
-    /// A deleted sandbox's checkpoints go in its clean-up, after the delete has
-    /// answered: meanwhile they no longer count against the tenant's quota.
+    /// A snapshot admitted to be made from a checkpoint taken for it has
+    /// reserved nothing yet: the checkpoint counts with its own size until then,
+    /// and a deleted sandbox's checkpoints count until they are removed.
     #[test]
-    fn the_checkpoints_of_a_stopped_sandbox_no_longer_count_against_the_quota() {
+    fn a_checkpoint_counts_until_its_snapshot_reserves_and_until_it_is_removed() {
         let s = Store::in_memory().unwrap();
         s.admit_sandbox(&crate::store::pause::tests::rec("a", 1), 10, 1 << 30)
             .unwrap();
-        s.admit_sandbox(&crate::store::pause::tests::rec("b", 2), 10, 1 << 30)
-            .unwrap();
-        assert_eq!(s.add_checkpoint(&cp("c1"), 5, 15).unwrap(), Ok(()));
-        let of_b = CheckpointRecord {
-            sandbox_id: "b".into(),
-            ..cp("c2")
+        assert_eq!(s.add_checkpoint(&cp("c1"), 5, 25).unwrap(), Ok(()));
+        let fresh = SnapshotRecord {
+            checkpoint: Some(("c1".into(), true)),
+            ..snap("s1", "t")
         };
+        s.begin_snapshot(&fresh, 10, 25).unwrap();
         assert_eq!(
-            s.add_checkpoint(&of_b, 5, 15).unwrap(),
-            Err(crate::store::CheckpointRefusal::TooLarge { used: 10 })
+            s.add_checkpoint(&cp("c2"), 5, 15).unwrap(),
+            Err(crate::store::CheckpointRefusal::TooLarge { used: 10 }),
+            "c1 counts while its snapshot has reserved nothing"
         );
+        // Reserved larger than the checkpoint: the pair counts as the larger.
+        assert_eq!(
+            s.reserve_snapshot("s1", "c1", true, 12, 25).unwrap(),
+            SnapshotAdmission::Admitted
+        );
+        assert_eq!(
+            s.begin_snapshot(&snap("s2", "t"), 10, 12).unwrap(),
+            SnapshotAdmission::TooLarge { used: 12 }
+        );
+        // The sandbox stopped, its clean-up not yet run: c1 still holds its bytes.
         s.mark_stopped("a", crate::store::EndReason::Deleted, (None, None), None, 9)
             .unwrap();
-        assert_eq!(s.add_checkpoint(&of_b, 5, 15).unwrap(), Ok(()));
         assert_eq!(
-            s.begin_snapshot(&snap("s1", "t"), 10, 10).unwrap(),
-            SnapshotAdmission::TooLarge { used: 10 },
-            "the running sandbox's checkpoint still counts"
+            s.begin_snapshot(&snap("s2", "t"), 10, 12).unwrap(),
+            SnapshotAdmission::TooLarge { used: 12 }
+        );
+        assert!(s.remove_checkpoint("c1").unwrap());
+        assert_eq!(
+            s.begin_snapshot(&snap("s2", "t"), 10, 13).unwrap(),
+            SnapshotAdmission::Admitted,
+            "the snapshot's reservation alone, once its checkpoint is gone"
         );
     }
 }
