@@ -102,15 +102,19 @@ fn forked_pid1_shares_the_binarys_relocated_pages() {
 
     // The fork server exits with the daemon.
     forked.shutdown();
-    std::thread::sleep(std::time::Duration::from_millis(500));
-    for z in zygotes {
+    let outlived = |z: &i32| {
         let alive = std::fs::read_to_string(format!("/proc/{z}/cmdline"))
             .is_ok_and(|c| c.contains("__zygote"));
         let stat = std::fs::read_to_string(format!("/proc/{z}/stat")).unwrap_or_default();
-        assert!(
-            !alive || stat.contains(") Z "),
-            "process {z} outlived the daemon"
-        );
+        alive && !stat.contains(") Z ")
+    };
+    // They exit on their socket's end, once scheduled: polled for, 10 s at most.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while zygotes.iter().any(outlived) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    for z in &zygotes {
+        assert!(!outlived(z), "process {z} outlived the daemon");
     }
 }
 

@@ -370,7 +370,8 @@ async fn bad_requests_are_4xx_naming_the_problem() {
 async fn the_owner_ends_a_sandbox_at_its_timeout_and_when_its_agent_dies() {
     let f = fixture("owner");
     // Lifetime: the owner stops it on its own.
-    let id = f.create(json!({ "timeout": "1s" })).await;
+    // Long enough that a slow create still finds it running for the look below.
+    let id = f.create(json!({ "timeout": "3s" })).await;
     let timed_pid = f.agent_pid(&id).await;
     let deadline = Instant::now() + Duration::from_secs(15);
     let rec = loop {

@@ -415,7 +415,8 @@ fn collection_mount_serves_the_pruned_view_to_real_tools_read_only() {
         let mut short = create_body(json!([
             {"type": "collection", "collection": "docs", "target": "/docs"}
         ]));
-        short.spec.insert("timeout".into(), json!("2s"));
+        // Long enough that a slow create still finds it mounted for the look below.
+        short.spec.insert("timeout".into(), json!("5s"));
         let sb4 = c.create_sandbox(&short).await.unwrap();
         assert_eq!(fuse_mounts_under(&root.join(&sb4.id)).len(), 1);
         wait_stopped(&c, &sb4.id).await;
