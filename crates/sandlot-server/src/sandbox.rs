@@ -1211,13 +1211,12 @@ async fn own_until_done(state: Arc<AppState>, h: Arc<SandboxHandle>, adopted: bo
     let images = state.images.clone();
     let st = state.clone();
     let term = tokio::task::spawn_blocking(move || {
-        // The checkpoints first: they count against the tenant's saved disk
-        // until removed, and nothing of the sandbox needs them any more.
-        crate::checkpoint::remove_all_of(&st, &h2.id);
         let term = h2.inst.terminate();
         images.release_ended(&h2.id);
         crate::network::release(&st, &h2.id);
         st.collection_mounts.release(&h2.id);
+        // Last: removing a committed image may wait for every commit in flight.
+        crate::checkpoint::remove_all_of(&st, &h2.id);
         term
     })
     .await

@@ -136,10 +136,12 @@ pub(super) fn saved_bytes(tx: &rusqlite::Connection, tenant: &str) -> Result<u64
         .query_row(
             "SELECT (SELECT COALESCE(SUM(n.size), 0) FROM snapshots n WHERE n.tenant = ?1
                      AND NOT (n.ready = 0 AND n.checkpoint_id IS NOT NULL
-                              AND EXISTS (SELECT 1 FROM checkpoints c WHERE c.id = n.checkpoint_id)))
+                              AND EXISTS (SELECT 1 FROM checkpoints c
+                                          WHERE c.id = n.checkpoint_id AND c.tenant = ?1)))
                   + (SELECT COALESCE(SUM(MAX(c.size,
                         COALESCE((SELECT MAX(n.size) FROM snapshots n
-                                  WHERE n.ready = 0 AND n.checkpoint_id = c.id), 0))), 0)
+                                  WHERE n.tenant = ?1 AND n.ready = 0 AND n.checkpoint_id = c.id),
+                                 0))), 0)
                      FROM checkpoints c WHERE c.tenant = ?1)",
             [tenant],
             |r| r.get(0),
@@ -532,6 +534,11 @@ mod tests {
         assert_eq!(
             s.reserve_snapshot("s1", "c1", true, 12, 25).unwrap(),
             SnapshotAdmission::Admitted
+        );
+        assert_eq!(
+            s.tenant_loads().unwrap()["t"].saved_bytes,
+            12,
+            "the operator's figure counts as the quota does"
         );
         assert_eq!(
             s.begin_snapshot(&snap("s2", "t"), 10, 12).unwrap(),

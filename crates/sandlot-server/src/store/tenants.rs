@@ -72,10 +72,12 @@ impl Store {
             })
             .map_err(sql("count tenants' snapshots"))?;
         for row in rows {
-            let (tenant, n, bytes) = row.map_err(sql("count tenants' snapshots"))?;
-            let l = out.entry(tenant).or_default();
-            l.snapshots += n.max(0) as u64;
-            l.saved_bytes += bytes.max(0) as u64;
+            let (tenant, n, _) = row.map_err(sql("count tenants' snapshots"))?;
+            out.entry(tenant).or_default().snapshots += n.max(0) as u64;
+        }
+        // As the quota counts them (a snapshot being made and its checkpoint once).
+        for (tenant, l) in out.iter_mut() {
+            l.saved_bytes = super::snapshot::saved_bytes(&c, tenant)?;
         }
         let mut st = c
             .prepare(
