@@ -113,7 +113,10 @@ fn from_row(r: &Row<'_>) -> rusqlite::Result<Result<SnapshotRecord, StoreError>>
 
 /// The tenant's snapshot count (those being made included) and the bytes its
 /// snapshots (reservations included) and checkpoints hold.
-fn tenant_use(tx: &rusqlite::Connection, tenant: &str) -> Result<(u64, u64), StoreError> {
+pub(super) fn tenant_use(
+    tx: &rusqlite::Connection,
+    tenant: &str,
+) -> Result<(u64, u64), StoreError> {
     let n: i64 = tx
         .query_row(
             "SELECT COUNT(*) FROM snapshots WHERE tenant = ?1",

@@ -55,29 +55,21 @@ impl Store {
             l.paused = paused.max(0) as u64;
             l.memory_bytes = mem.max(0) as u64;
         }
+        // Snapshots and saved bytes as the quota counts them (`tenant_use`: a
+        // snapshot being made and its checkpoint once).
         let mut st = c
-            .prepare(
-                "SELECT tenant, COUNT(*), COALESCE(SUM(size), 0) FROM snapshots GROUP BY tenant
-                 UNION ALL
-                 SELECT tenant, 0, COALESCE(SUM(size), 0) FROM checkpoints GROUP BY tenant",
-            )
-            .map_err(sql("count tenants' snapshots"))?;
-        let rows = st
-            .query_map([], |r| {
-                Ok((
-                    r.get::<_, String>(0)?,
-                    r.get::<_, i64>(1)?,
-                    r.get::<_, i64>(2)?,
-                ))
-            })
-            .map_err(sql("count tenants' snapshots"))?;
-        for row in rows {
-            let (tenant, n, _) = row.map_err(sql("count tenants' snapshots"))?;
-            out.entry(tenant).or_default().snapshots += n.max(0) as u64;
-        }
-        // As the quota counts them (a snapshot being made and its checkpoint once).
-        for (tenant, l) in out.iter_mut() {
-            l.saved_bytes = super::snapshot::saved_bytes(&c, tenant)?;
+            .prepare("SELECT tenant FROM snapshots UNION SELECT tenant FROM checkpoints")
+            .map_err(sql("list tenants' snapshots"))?;
+        let saving: Vec<String> = st
+            .query_map([], |r| r.get(0))
+            .map_err(sql("list tenants' snapshots"))?
+            .collect::<Result<_, _>>()
+            .map_err(sql("list tenants' snapshots"))?;
+        for tenant in saving {
+            let (snapshots, saved_bytes) = super::snapshot::tenant_use(&c, &tenant)?;
+            let l = out.entry(tenant).or_default();
+            l.snapshots = snapshots;
+            l.saved_bytes = saved_bytes;
         }
         let mut st = c
             .prepare(
@@ -108,7 +100,7 @@ mod tests {
             let c = s.lock();
             let mut st = c
                 .prepare(
-                    "EXPLAIN QUERY PLAN SELECT tenant, 0, COALESCE(SUM(size), 0) FROM checkpoints GROUP BY tenant",
+                    "EXPLAIN QUERY PLAN SELECT tenant FROM snapshots UNION SELECT tenant FROM checkpoints",
                 )
                 .unwrap();
             let rows = st.query_map([], |r| r.get::<_, String>(3)).unwrap();
