@@ -55,6 +55,11 @@ pub fn reaped_children_cpu() -> std::io::Result<std::time::Duration> {
     sys::reaped_children_cpu()
 }
 
+/// The CPU time (user and system) of this process so far (benchmarks).
+pub fn own_cpu() -> std::io::Result<std::time::Duration> {
+    sys::own_cpu()
+}
+
 /// Errors of the runtime.
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {

@@ -1343,9 +1343,19 @@ pub fn set_signal_ignored(sig: libc::c_int, ignore: bool) -> io::Result<()> {
 /// The user and system CPU time of this process's children that it has waited
 /// for, and of their own waited-for descendants (`getrusage(RUSAGE_CHILDREN)`).
 pub fn reaped_children_cpu() -> io::Result<std::time::Duration> {
+    rusage_cpu(libc::RUSAGE_CHILDREN)
+}
+
+/// The user and system CPU time of this process, all its threads
+/// (`getrusage(RUSAGE_SELF)`).
+pub fn own_cpu() -> io::Result<std::time::Duration> {
+    rusage_cpu(libc::RUSAGE_SELF)
+}
+
+fn rusage_cpu(who: libc::c_int) -> io::Result<std::time::Duration> {
     let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
     // SAFETY: `ru` is a valid, writable `rusage`; the kernel fills it in.
-    cvt(unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, ru.as_mut_ptr()) })?;
+    cvt(unsafe { libc::getrusage(who, ru.as_mut_ptr()) })?;
     // SAFETY: getrusage succeeded, so the struct is initialised (it was zeroed too).
     let ru = unsafe { ru.assume_init() };
     let tv = |t: libc::timeval| {

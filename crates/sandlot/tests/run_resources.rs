@@ -270,3 +270,46 @@ fn concurrent_runs_do_not_interfere() {
         h.join().unwrap();
     }
 }
+
+/// `sandlot bench runtime` times bubblewrap doing a sandbox's isolation work (its
+/// mounts, Sandlot's seccomp filter, its cgroups) beside the CLI and plain
+/// bubblewrap, and leaves none of the cgroups it made for that peer.
+#[test]
+fn the_runtime_benchmark_times_bubblewrap_doing_the_sandboxs_work_and_leaves_no_cgroup() {
+    require_root();
+    let dir = std::env::temp_dir().join(unique_id("bench-runtime"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("runtime.json");
+    let o = Command::new(sandlot())
+        .args(["bench", "runtime", "-n", "2", "--json"])
+        .arg(&json)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    let peer = v["wall"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "bwrap, the sandbox's work")
+        .unwrap_or_else(|| panic!("no bubblewrap peer doing the sandbox's work: {v}"));
+    assert_eq!(peer["n"], 2, "{v}");
+    for k in [
+        "matched_over_bwrap_wall",
+        "cli_over_matched_wall",
+        "cli_over_bwrap_cpu",
+    ] {
+        assert!(v[k].as_f64().is_some_and(|r| r > 0.0), "{k}: {v}");
+    }
+    // v2 (the unified root) and each v1 hierarchy.
+    let roots = std::fs::read_dir("/sys/fs/cgroup")
+        .unwrap()
+        .flatten()
+        .map(|e| e.path());
+    for root in std::iter::once("/sys/fs/cgroup".into()).chain(roots) {
+        let d = root.join("sandlot-bench-peer");
+        assert!(!d.exists(), "leftover cgroup {}", d.display());
+    }
+}

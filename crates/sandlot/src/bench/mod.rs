@@ -10,6 +10,7 @@ use serde::Serialize;
 
 pub mod code;
 pub mod fork;
+mod matched;
 pub mod pause;
 mod peers;
 pub mod platform;
@@ -40,8 +41,10 @@ pub enum BenchWhat {
     /// namespace backend, against N fresh sandboxes to their first exec. See
     /// docs/benchmarks.md.
     Fork(fork::ForkArgs),
-    /// `sandlot run -- /bin/true` and bubblewrap in turn, n pairs: latency, CPU and
-    /// their pairwise ratio; then the runtime's create, exec and teardown in process.
+    /// `sandlot run -- /bin/true`, bubblewrap, and bubblewrap doing the sandbox's
+    /// isolation work (its mounts, seccomp filter, dropped capabilities and
+    /// cgroups) in turn, n rounds: latency, CPU and pairwise ratios; then the
+    /// runtime's create, exec and teardown in process.
     Runtime {
         /// Iterations per contender.
         #[arg(short, long, default_value_t = 200)]
@@ -140,11 +143,18 @@ pub fn run(args: BenchArgs) -> anyhow::Result<i32> {
 }
 
 /// One run of a command: its wall time, start to reaped exit, and the CPU time
-/// (user and system) of it and of every process it waited for.
+/// (user and system) of it, of every process it waited for, and of this
+/// process meanwhile (starting it, waiting for it).
 #[derive(Debug, Clone, Copy)]
 struct Timed {
     wall: Duration,
     cpu: Duration,
+}
+
+/// The CPU time of this process and of the children it has reaped, so far.
+fn cpu_so_far() -> anyhow::Result<Duration> {
+    Ok(sandlot_runtime::own_cpu().context("getrusage")?
+        + sandlot_runtime::reaped_children_cpu().context("getrusage")?)
 }
 
 /// Runs `c` once to its exit; fails if it did not succeed.
@@ -152,15 +162,13 @@ fn time_once(c: &mut Command) -> anyhow::Result<Timed> {
     c.stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
-    let cpu0 = sandlot_runtime::reaped_children_cpu().context("getrusage")?;
+    let cpu0 = cpu_so_far()?;
     let t = Instant::now();
     let out = c
         .output()
         .with_context(|| format!("run {:?}", c.get_program()))?;
     let wall = t.elapsed();
-    let cpu = sandlot_runtime::reaped_children_cpu()
-        .context("getrusage")?
-        .saturating_sub(cpu0);
+    let cpu = cpu_so_far()?.saturating_sub(cpu0);
     if !out.status.success() {
         bail!(
             "{:?} failed: {}",
@@ -187,22 +195,38 @@ fn pairwise_median_ratio(a: &[Duration], b: &[Duration]) -> Option<f64> {
     Some(r[(r.len() - 1) / 2])
 }
 
-/// The CLI and bubblewrap in turn, `n` pairs (which goes first alternates too).
-fn alternate_with_bwrap(
+/// The runs of one contender of the runtime benchmark.
+#[derive(Default)]
+struct Runs(Vec<Timed>);
+
+impl Runs {
+    fn wall(&self) -> Vec<Duration> {
+        self.0.iter().map(|t| t.wall).collect()
+    }
+
+    fn cpu(&self) -> Vec<Duration> {
+        self.0.iter().map(|t| t.cpu).collect()
+    }
+}
+
+/// The CLI, bubblewrap and bubblewrap doing the sandbox's work in turn, `n`
+/// rounds; which goes first rotates.
+fn alternate(
     n: usize,
     exe: &std::path::Path,
-) -> anyhow::Result<(Vec<Timed>, Vec<Timed>)> {
-    let (mut cli, mut bw) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    matched: &mut matched::MatchedBwrap,
+) -> anyhow::Result<(Runs, Runs, Runs)> {
+    let (mut cli, mut bw, mut mb) = (Runs::default(), Runs::default(), Runs::default());
     for i in 0..n {
-        if i % 2 == 0 {
-            cli.push(time_once(&mut sandlot_run(exe))?);
-            bw.push(time_once(&mut bwrap_command(&["/bin/true"]))?);
-        } else {
-            bw.push(time_once(&mut bwrap_command(&["/bin/true"]))?);
-            cli.push(time_once(&mut sandlot_run(exe))?);
+        for k in 0..3 {
+            match (i + k) % 3 {
+                0 => cli.0.push(time_once(&mut sandlot_run(exe))?),
+                1 => bw.0.push(time_once(&mut bwrap_command(&["/bin/true"]))?),
+                _ => mb.0.push(matched.run(&["/bin/true"])?),
+            }
         }
     }
-    Ok((cli, bw))
+    Ok((cli, bw, mb))
 }
 
 fn runtime(n: usize, json: Option<PathBuf>) -> anyhow::Result<i32> {
@@ -213,20 +237,29 @@ fn runtime(n: usize, json: Option<PathBuf>) -> anyhow::Result<i32> {
     which("bwrap").context(
         "bubblewrap (Debian package bubblewrap) is the benchmark's peer; run scripts/setup.sh",
     )?;
+    let mut matched = matched::MatchedBwrap::new()?;
     // Warm up page caches for every contender.
-    alternate_with_bwrap(5, &exe)?;
+    alternate(5, &exe, &mut matched)?;
     drop(crate::run::bench_in_process(5, false)?);
     drop(crate::run::bench_in_process(5, true)?);
 
-    eprintln!("measuring {n} iterations each (the CLI and bubblewrap in turn) ...");
-    let (cli, bw) = alternate_with_bwrap(n, &exe)?;
-    let wall = |v: &[Timed]| v.iter().map(|t| t.wall).collect::<Vec<_>>();
-    let cpu = |v: &[Timed]| v.iter().map(|t| t.cpu).collect::<Vec<_>>();
-    let ratio = pairwise_median_ratio(&wall(&cli), &wall(&bw));
-    let cpu_ratio = pairwise_median_ratio(&cpu(&cli), &cpu(&bw));
+    eprintln!(
+        "measuring {n} rounds (the CLI, bubblewrap, bubblewrap doing the sandbox's work, in turn) ..."
+    );
+    let (cli, bw, mb) = alternate(n, &exe, &mut matched)?;
+    let ratios = Ratios {
+        cli_over_bwrap_wall: pairwise_median_ratio(&cli.wall(), &bw.wall()),
+        cli_over_bwrap_cpu: pairwise_median_ratio(&cli.cpu(), &bw.cpu()),
+        matched_over_bwrap_wall: pairwise_median_ratio(&mb.wall(), &bw.wall()),
+        matched_over_bwrap_cpu: pairwise_median_ratio(&mb.cpu(), &bw.cpu()),
+        cli_over_matched_wall: pairwise_median_ratio(&cli.wall(), &mb.wall()),
+        cli_over_matched_cpu: pairwise_median_ratio(&cli.cpu(), &mb.cpu()),
+    };
+    const MATCHED: &str = "bwrap, the sandbox's work";
     let rows = vec![
-        summarize("bwrap /bin/true", wall(&bw)),
-        summarize("sandlot run /bin/true (CLI)", wall(&cli)),
+        summarize("bwrap /bin/true", bw.wall()),
+        summarize(MATCHED, mb.wall()),
+        summarize("sandlot run /bin/true (CLI)", cli.wall()),
         summarize(
             "sandlot runtime, in-process",
             crate::run::bench_in_process(n, false)?,
@@ -238,35 +271,61 @@ fn runtime(n: usize, json: Option<PathBuf>) -> anyhow::Result<i32> {
     ];
     print_table(&rows, "bwrap /bin/true");
     let cpu_rows = [
-        summarize("bwrap /bin/true, CPU", cpu(&bw)),
-        summarize("sandlot run /bin/true (CLI), CPU", cpu(&cli)),
+        summarize("bwrap /bin/true, CPU", bw.cpu()),
+        summarize(&format!("{MATCHED}, CPU"), mb.cpu()),
+        summarize("sandlot run /bin/true (CLI), CPU", cli.cpu()),
     ];
     println!();
     print_table(&cpu_rows, "bwrap /bin/true, CPU");
     let show = |r: Option<f64>| r.map_or("-".to_string(), |r| format!("{r:.2}x"));
-    println!(
-        "\nCLI / bubblewrap, median of the {n} pairwise ratios: wall {}, CPU {}",
-        show(ratio),
-        show(cpu_ratio)
-    );
+    println!("\nmedians of the {n} pairwise ratios (wall, CPU):");
+    for (what, w, c) in [
+        (
+            "CLI / bubblewrap",
+            ratios.cli_over_bwrap_wall,
+            ratios.cli_over_bwrap_cpu,
+        ),
+        (
+            "bubblewrap doing the sandbox's work / bubblewrap",
+            ratios.matched_over_bwrap_wall,
+            ratios.matched_over_bwrap_cpu,
+        ),
+        (
+            "CLI / bubblewrap doing the sandbox's work",
+            ratios.cli_over_matched_wall,
+            ratios.cli_over_matched_cpu,
+        ),
+    ] {
+        println!("  {what:<50} {:>7} {:>7}", show(w), show(c));
+    }
     if let Some(p) = json {
         #[derive(Serialize)]
         struct Out<'a> {
             wall: &'a [Summary],
             cpu: &'a [Summary],
-            cli_over_bwrap_wall: Option<f64>,
-            cli_over_bwrap_cpu: Option<f64>,
+            #[serde(flatten)]
+            ratios: &'a Ratios,
         }
         let out = Out {
             wall: &rows,
             cpu: &cpu_rows,
-            cli_over_bwrap_wall: ratio,
-            cli_over_bwrap_cpu: cpu_ratio,
+            ratios: &ratios,
         };
         std::fs::write(&p, serde_json::to_vec_pretty(&out)?)
             .with_context(|| format!("write {}", p.display()))?;
     }
     Ok(0)
+}
+
+/// The medians of the pairwise ratios of the runtime benchmark.
+#[derive(Serialize)]
+struct Ratios {
+    cli_over_bwrap_wall: Option<f64>,
+    cli_over_bwrap_cpu: Option<f64>,
+    matched_over_bwrap_wall: Option<f64>,
+    matched_over_bwrap_cpu: Option<f64>,
+    cli_over_matched_wall: Option<f64>,
+    cli_over_matched_cpu: Option<f64>,
 }
 
 fn sandlot_run(exe: &std::path::Path) -> Command {
