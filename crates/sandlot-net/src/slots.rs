@@ -408,6 +408,10 @@ struct PoolInner {
     teardown: Mutex<Option<mpsc::Sender<Slot>>>,
 }
 
+/// How long a claim waits, with every address in use, for slots being torn down
+/// (or built) to give one back.
+pub const EXHAUSTED_WAIT: Duration = Duration::from_secs(5);
+
 /// The pool of pre-built slots.
 #[derive(Clone)]
 pub struct SlotPool {
@@ -673,18 +677,39 @@ impl SlotPool {
         }
     }
 
-    /// Takes a ready slot, or builds one now if the pool is empty.
+    /// Takes a ready slot, or builds one now if the pool is empty. With every
+    /// address of the subnet in use, it waits (at most [`EXHAUSTED_WAIT`]) while
+    /// slots are being torn down or built: a slot released just before gives its
+    /// address back once its teardown ends.
     pub fn claim(&self) -> Result<Slot, NetError> {
         let slot = {
+            let deadline = Instant::now() + EXHAUSTED_WAIT;
             let mut st = self.lock();
-            if st.stopping {
-                return Err(NetError::Stopping);
+            loop {
+                if st.stopping {
+                    return Err(NetError::Stopping);
+                }
+                if let Some(s) = st.ready.pop_front() {
+                    self.inner.cv.notify_all();
+                    return Ok(s);
+                }
+                match self.reserve(&mut st) {
+                    Ok(slot) => break slot,
+                    Err(NetError::Exhausted) if st.busy > 0 => {
+                        let left = deadline.saturating_duration_since(Instant::now());
+                        if left.is_zero() {
+                            return Err(NetError::Exhausted);
+                        }
+                        st = self
+                            .inner
+                            .cv
+                            .wait_timeout(st, left)
+                            .unwrap_or_else(|e| e.into_inner())
+                            .0;
+                    }
+                    Err(e) => return Err(e),
+                }
             }
-            if let Some(s) = st.ready.pop_front() {
-                self.inner.cv.notify_all();
-                return Ok(s);
-            }
-            self.reserve(&mut st)?
         };
         let r = self.build(&slot);
         let mut st = self.lock();

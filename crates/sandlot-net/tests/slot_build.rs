@@ -259,3 +259,39 @@ fn slot_builds_and_teardowns_share_one_kept_netfilter_socket() {
         nft.apply(&t.delete()).expect("delete the nft table");
     })
 }
+
+/// With every address of a small subnet in use, a claim right after a release
+/// waits for that slot's teardown to give its address back instead of failing.
+#[test]
+fn a_claim_at_capacity_gets_the_address_a_release_is_giving_back() {
+    let _cleanup = Cleanup("snslt03");
+    in_private_netns(|| {
+        // A /28: four slots.
+        let (nft, t, pool) = table_and_pool("snslt03", "100.97.2.0/28", 40015);
+        let mut held: Vec<_> = (0..4)
+            .map(|_| pool.claim().expect("build a slot"))
+            .collect();
+        for round in 0..5 {
+            let gone = held.remove(0);
+            let index = gone.index;
+            pool.release(gone);
+            let s = pool.claim().unwrap_or_else(|e| {
+                panic!("round {round}: claim after a release at capacity: {e}")
+            });
+            assert_eq!(s.index, index, "the only free address is the released one");
+            held.push(s);
+        }
+        // Nothing is being torn down or built: a claim at capacity fails at once.
+        let t0 = Instant::now();
+        assert!(matches!(
+            pool.claim(),
+            Err(sandlot_net::NetError::Exhausted)
+        ));
+        assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+        for s in held {
+            pool.release(s);
+        }
+        pool.stop(Duration::from_secs(10));
+        nft.apply(&t.delete()).expect("delete the nft table");
+    })
+}
