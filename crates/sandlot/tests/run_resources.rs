@@ -313,3 +313,127 @@ fn the_runtime_benchmark_times_bubblewrap_doing_the_sandboxs_work_and_leaves_no_
         assert!(!d.exists(), "leftover cgroup {}", d.display());
     }
 }
+
+/// A platform benchmark stopped by SIGTERM in the middle of its work deletes its
+/// private daemon's sandboxes, stops the daemon and leaves nothing behind (a
+/// stopped daemon keeps its sandboxes for its next start, which a private one
+/// never has).
+#[test]
+fn a_platform_benchmark_stopped_midway_leaves_no_sandbox_behind() {
+    use std::io::BufRead;
+    require_root();
+    let out = std::env::temp_dir().join(unique_id("bench-out"));
+    let mut b = Command::new(sandlot())
+        .args(["bench", "platform", "--only", "exec", "--exec-n", "1000000"])
+        .args(["--pool", "1", "--out"])
+        .arg(&out)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let prefix = format!("bp{}-", b.id());
+    let _sweep = SweepPrefixOnFailure(prefix.clone());
+    let mut err = std::io::BufReader::new(b.stderr.take().unwrap());
+    let mut seen = String::new();
+    // The exec section runs in a sandbox of its own, which the bench deletes
+    // only when it ends.
+    loop {
+        let mut line = String::new();
+        assert!(err.read_line(&mut line).unwrap() > 0, "bench ended: {seen}");
+        seen.push_str(&line);
+        if line.starts_with("exec round trip") {
+            break;
+        }
+    }
+    let sandboxes = || -> Vec<String> {
+        std::fs::read_dir("/run/sandlot/sandboxes")
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.starts_with(&prefix))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while sandboxes().is_empty() {
+        assert!(Instant::now() < deadline, "no sandbox of {prefix} ever ran");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let left = sandboxes();
+    rustix::process::kill_process(
+        rustix::process::Pid::from_child(&b),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    let mut rest = String::new();
+    err.read_to_string(&mut rest).unwrap();
+    let st = b.wait().unwrap();
+    assert!(!st.success(), "{seen}{rest}");
+    assert!(rest.contains("terminated (SIGTERM)"), "{seen}{rest}");
+    let _ = std::fs::remove_dir_all(&out);
+    for id in &left {
+        assert_no_leftovers(id);
+    }
+    assert_eq!(sandboxes(), Vec::<String>::new());
+    let daemons = host_processes_matching(&format!("--id-prefix {prefix}"));
+    assert!(
+        daemons.is_empty(),
+        "the private daemon runs on: {daemons:?}"
+    );
+}
+
+/// When a test fails: stops a private daemon a benchmark left running with id
+/// prefix `.0`, then starts and stops a daemon with that prefix, whose start-up
+/// removes every sandbox, cgroup and network slot of the prefix.
+struct SweepPrefixOnFailure(String);
+
+impl Drop for SweepPrefixOnFailure {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        let needle = format!("--id-prefix {}", self.0);
+        let daemons = || host_processes_matching(&needle);
+        for d in daemons() {
+            if let Some(pid) = d
+                .split(':')
+                .next()
+                .and_then(|p| p.parse().ok())
+                .and_then(rustix::process::Pid::from_raw)
+            {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while !daemons().is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let dir = std::env::temp_dir().join(unique_id("sweep"));
+        let sock = dir.join("api.sock");
+        let Ok(mut d) = Command::new(sandlot())
+            .args(["serve", "--data-dir"])
+            .arg(dir.join("data"))
+            .arg("--socket")
+            .arg(&sock)
+            .args(["--id-prefix", &self.0])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+        else {
+            return;
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !sock.exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = rustix::process::kill_process(
+            rustix::process::Pid::from_child(&d),
+            rustix::process::Signal::TERM,
+        );
+        let _ = d.wait();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

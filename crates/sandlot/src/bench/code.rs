@@ -182,7 +182,7 @@ pub fn run(a: CodeArgs) -> anyhow::Result<i32> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let rows: Vec<Summary> = rt.block_on(async {
+    let rows: Vec<Summary> = rt.block_on(super::platform::until_interrupted(async {
         let (total, first) = first_runs(&c, a.n, a.pool.max(1)).await?;
         let cells = following_cells(&c, a.cells).await?;
         let per_call = python_per_call(&c, a.n).await?;
@@ -192,7 +192,7 @@ pub fn run(a: CodeArgs) -> anyhow::Result<i32> {
             summarize("following run_code", cells),
             summarize("fresh sandbox + python3 -c", per_call),
         ])
-    })?;
+    }))?;
     let mut rows = rows;
     rows.push(summarize(
         "host ipykernel round trip",

@@ -175,7 +175,7 @@ pub fn run(a: ForkArgs) -> anyhow::Result<i32> {
         .build()?;
     let n = a.count;
     let mut disk = Vec::new();
-    let rows: Vec<Summary> = rt.block_on(async {
+    let rows: Vec<Summary> = rt.block_on(super::platform::until_interrupted(async {
         let mut rows = Vec::new();
         for iso in isolations {
             // One round first: page caches and the image store warm.
@@ -210,7 +210,7 @@ pub fn run(a: ForkArgs) -> anyhow::Result<i32> {
             ));
         }
         anyhow::Ok(rows)
-    })?;
+    }))?;
     let peer = rows
         .iter()
         .find(|r| r.name.contains("fresh sandboxes"))

@@ -155,7 +155,7 @@ pub fn run(a: PauseArgs) -> anyhow::Result<i32> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let rows: Vec<Summary> = rt.block_on(async {
+    let rows: Vec<Summary> = rt.block_on(super::platform::until_interrupted(async {
         let mut rows = Vec::new();
         for iso in isolations {
             // One cycle first: page caches and the image store warm.
@@ -172,7 +172,7 @@ pub fn run(a: PauseArgs) -> anyhow::Result<i32> {
             ));
         }
         anyhow::Ok(rows)
-    })?;
+    }))?;
     let peer = rows
         .iter()
         .find(|r| r.name.ends_with("fresh sandbox to first exec"))

@@ -12,6 +12,7 @@
 //! Prints Markdown tables, writes `results.json` (summaries and raw samples) and,
 //! when matplotlib is available, `latency.png` (scripts/bench_plot.py).
 
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -145,15 +146,59 @@ pub(super) struct Daemon {
     child: Child,
     dir: PathBuf,
     prefix: String,
+    client: Client,
 }
 
 impl Drop for Daemon {
+    /// Deletes the sandboxes a benchmark that failed or was interrupted left
+    /// (a daemon that stops keeps them running for the next start, which never
+    /// comes for a private one), then stops the daemon and removes its files.
     fn drop(&mut self) {
+        let c = self.client.clone();
+        let deleted = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
+            rt.block_on(async {
+                let left = tokio::time::timeout(
+                    LEFTOVER_WAIT,
+                    c.list_sandboxes(&sandlot_client::ListFilter::default()),
+                )
+                .await
+                .ok()?
+                .ok()?;
+                let ids = left.into_iter().map(|s| s.id).collect::<Vec<_>>();
+                tokio::time::timeout(LEFTOVER_WAIT, delete_all(&c, ids))
+                    .await
+                    .ok()
+            })
+        });
+        let _ = deleted.join();
         if let Some(pid) = rustix::process::Pid::from_raw(self.child.id() as i32) {
             let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
         }
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// How long a private daemon's leftovers may take to list, and to delete.
+const LEFTOVER_WAIT: Duration = Duration::from_secs(30);
+
+/// Runs a benchmark's work until it ends or the benchmark gets SIGINT or SIGTERM;
+/// either way the caller goes on to drop its private daemon, which deletes what
+/// the work left.
+pub(super) async fn until_interrupted<T>(
+    work: impl std::future::Future<Output = anyhow::Result<T>>,
+) -> anyhow::Result<T> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut int = signal(SignalKind::interrupt()).context("handle SIGINT")?;
+    let mut term = signal(SignalKind::terminate()).context("handle SIGTERM")?;
+    tokio::select! {
+        r = work => r,
+        _ = int.recv() => bail!("interrupted (SIGINT): the private daemon's sandboxes are deleted"),
+        _ = term.recv() => bail!("terminated (SIGTERM): the private daemon's sandboxes are deleted"),
     }
 }
 
@@ -205,9 +250,18 @@ pub(super) fn start_daemon_with(
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log)
+        // Its own process group: a terminal's Ctrl-C reaches the benchmark, which
+        // deletes the daemon's sandboxes and then stops it, not the daemon first.
+        .process_group(0)
         .spawn()
         .context("start sandlot serve")?;
-    let mut d = Daemon { child, dir, prefix };
+    let c = Client::new(&format!("unix://{}", sock.display()), None)?;
+    let mut d = Daemon {
+        child,
+        dir,
+        prefix,
+        client: c.clone(),
+    };
     let deadline = Instant::now() + Duration::from_secs(20);
     while std::os::unix::net::UnixStream::connect(&sock).is_err() {
         if let Some(st) = d.child.try_wait()? {
@@ -221,7 +275,6 @@ pub(super) fn start_daemon_with(
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    let c = Client::new(&format!("unix://{}", sock.display()), None)?;
     Ok((d, c))
 }
 
@@ -901,7 +954,7 @@ pub fn run(a: PlatformArgs) -> anyhow::Result<i32> {
         .build()?;
     let (before_left, netns0, links0) = host_objects(&daemon.prefix);
     let _ = before_left;
-    let outcome = rt.block_on(async {
+    let outcome = rt.block_on(until_interrupted(async {
         // Warm up: page cache, the daemon's first connections.
         wait_settled(&c, a.pool).await;
         for _ in 0..5 {
@@ -1046,7 +1099,7 @@ pub fn run(a: PlatformArgs) -> anyhow::Result<i32> {
             });
         }
         anyhow::Ok(())
-    });
+    }));
     // Stop the daemon (it tears its pool down), then look for leftovers.
     let prefix = daemon.prefix.clone();
     drop(daemon);
