@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use api_support::{rt, Daemon};
+use api_support::{free_port, rt, Daemon};
 use base64::Engine;
 use serde_json::{json, Value};
 
@@ -32,14 +32,6 @@ const ISSUER: &str = "sandlot-test-issuer";
 
 fn b64url(b: &[u8]) -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b)
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// The token service: Basic-authenticates `alice`, grants the scopes asked for,

@@ -64,7 +64,35 @@ pub struct Daemon {
     pub open_file_limit: Option<u64>,
 }
 
+/// A loopback port free right now, for a server this test starts. It is drawn
+/// below the kernel's ephemeral range, so that no outgoing connection (the suite
+/// makes thousands) takes it between this check and the server's bind; the draw
+/// is random, so that tests running at once rarely draw the same one.
 pub fn free_port() -> u16 {
+    use std::hash::{BuildHasher, Hasher};
+    let ephemeral_start = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    const LOW: u16 = 10_000;
+    if ephemeral_start > LOW + 1000 {
+        let span = u64::from(ephemeral_start - LOW);
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_nanos(),
+        );
+        let seed = h.finish();
+        for k in 0..span {
+            let port = LOW + ((seed.wrapping_add(k.wrapping_mul(7919))) % span) as u16;
+            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return port;
+            }
+        }
+    }
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
