@@ -386,6 +386,8 @@ struct PoolState {
     stopping: bool,
     /// Slots being built or torn down right now.
     busy: usize,
+    /// Of those, the slots handed to teardown: each gives its index back.
+    releasing: usize,
     last_error: Option<String>,
 }
 
@@ -409,8 +411,8 @@ struct PoolInner {
 }
 
 /// How long a claim waits, with every address in use, for slots being torn down
-/// (or built) to give one back.
-pub const EXHAUSTED_WAIT: Duration = Duration::from_secs(5);
+/// to give one back (a teardown batch takes milliseconds).
+pub const EXHAUSTED_WAIT: Duration = Duration::from_secs(2);
 
 /// The pool of pre-built slots.
 #[derive(Clone)]
@@ -455,6 +457,7 @@ impl SlotPool {
                 counter,
                 stopping: false,
                 busy: 0,
+                releasing: 0,
                 last_error: None,
             }),
             cv: Condvar::new(),
@@ -505,6 +508,7 @@ impl SlotPool {
                             st.used.remove(&slot.index);
                         }
                         st.busy -= batch.len();
+                        st.releasing -= batch.len();
                         p.inner.cv.notify_all();
                     }
                 })
@@ -679,8 +683,9 @@ impl SlotPool {
 
     /// Takes a ready slot, or builds one now if the pool is empty. With every
     /// address of the subnet in use, it waits (at most [`EXHAUSTED_WAIT`]) while
-    /// slots are being torn down or built: a slot released just before gives its
-    /// address back once its teardown ends.
+    /// slots are being torn down: a slot released just before gives its address
+    /// back once its teardown ends. The caller holds the daemon's create permit
+    /// meanwhile, so the wait is short and happens only at capacity.
     pub fn claim(&self) -> Result<Slot, NetError> {
         let slot = {
             let deadline = Instant::now() + EXHAUSTED_WAIT;
@@ -695,7 +700,7 @@ impl SlotPool {
                 }
                 match self.reserve(&mut st) {
                     Ok(slot) => break slot,
-                    Err(NetError::Exhausted) if st.busy > 0 => {
+                    Err(NetError::Exhausted) if st.releasing > 0 => {
                         let left = deadline.saturating_duration_since(Instant::now());
                         if left.is_zero() {
                             return Err(NetError::Exhausted);
@@ -729,6 +734,7 @@ impl SlotPool {
 
     /// Sends a slot already counted busy to the teardown worker.
     fn send(&self, slot: Slot) {
+        self.lock().releasing += 1;
         let tx = self
             .inner
             .teardown
@@ -739,16 +745,22 @@ impl SlotPool {
             Some(tx) => {
                 if let Err(mpsc::SendError(slot)) = tx.send(slot) {
                     self.destroy(&slot);
-                    self.lock().busy -= 1;
-                    self.inner.cv.notify_all();
+                    self.destroyed_here();
                 }
             }
             None => {
                 self.destroy(&slot);
-                self.lock().busy -= 1;
-                self.inner.cv.notify_all();
+                self.destroyed_here();
             }
         }
+    }
+
+    /// Counts a slot destroyed on this thread (no teardown worker) as done.
+    fn destroyed_here(&self) {
+        let mut st = self.lock();
+        st.busy -= 1;
+        st.releasing -= 1;
+        self.inner.cv.notify_all();
     }
 
     /// Number of ready slots.

@@ -48,6 +48,16 @@ pub fn default_sigpipe() -> std::io::Result<()> {
     sys::set_signal_ignored(libc::SIGPIPE, false)
 }
 
+/// Gives `SIGINT`, `SIGTERM` and `SIGHUP` their default action back (ending the
+/// process), whatever handled them before: a benchmark cleaning up after a first
+/// Ctrl-C ends at once on a second one.
+pub fn default_stop_signals() -> std::io::Result<()> {
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        sys::set_signal_ignored(sig, false)?;
+    }
+    Ok(())
+}
+
 /// The CPU time (user and system) of the children this process has waited for,
 /// and of their waited-for descendants: what a finished command cost, by
 /// difference (benchmarks).

@@ -323,65 +323,128 @@ fn a_platform_benchmark_stopped_midway_leaves_no_sandbox_behind() {
     use std::io::BufRead;
     require_root();
     let out = std::env::temp_dir().join(unique_id("bench-out"));
+    // No pool: the only sandbox the daemon lists is the exec section's own, which
+    // the benchmark deletes only when that section ends.
     let mut b = Command::new(sandlot())
         .args(["bench", "platform", "--only", "exec", "--exec-n", "1000000"])
-        .args(["--pool", "1", "--out"])
+        .args(["--pool", "0", "--out"])
         .arg(&out)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let prefix = format!("bp{}-", b.id());
+    let pid = b.id();
+    let prefix = format!("bp{pid}-");
+    let socket = std::env::temp_dir().join(format!("sandlot-bench-{pid}/api.sock"));
     let _sweep = SweepPrefixOnFailure(prefix.clone());
-    let mut err = std::io::BufReader::new(b.stderr.take().unwrap());
-    let mut seen = String::new();
-    // The exec section runs in a sandbox of its own, which the bench deletes
-    // only when it ends.
-    loop {
-        let mut line = String::new();
-        assert!(err.read_line(&mut line).unwrap() > 0, "bench ended: {seen}");
-        seen.push_str(&line);
-        if line.starts_with("exec round trip") {
-            break;
-        }
-    }
-    let sandboxes = || -> Vec<String> {
-        std::fs::read_dir("/run/sandlot/sandboxes")
-            .map(|rd| {
-                rd.flatten()
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .filter(|n| n.starts_with(&prefix))
-                    .collect()
-            })
-            .unwrap_or_default()
+    let lines = {
+        let err = std::io::BufReader::new(b.stderr.take().unwrap());
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for l in err.lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        rx
     };
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while sandboxes().is_empty() {
-        assert!(Instant::now() < deadline, "no sandbox of {prefix} ever ran");
+    let mut bench = KillOnDrop::new(b);
+    let mut seen = String::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut live = Vec::new();
+    while live.is_empty() {
+        assert!(Instant::now() < deadline, "no sandbox to exec in: {seen}");
+        while let Ok(l) = lines.try_recv() {
+            seen.push_str(&l);
+            seen.push('\n');
+        }
+        if seen.contains("exec round trip") {
+            live = live_sandboxes(&socket);
+        }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let left = sandboxes();
+    let mut b = bench.0.take().unwrap();
     rustix::process::kill_process(
         rustix::process::Pid::from_child(&b),
         rustix::process::Signal::TERM,
     )
     .unwrap();
-    let mut rest = String::new();
-    err.read_to_string(&mut rest).unwrap();
-    let st = b.wait().unwrap();
-    assert!(!st.success(), "{seen}{rest}");
-    assert!(rest.contains("terminated (SIGTERM)"), "{seen}{rest}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let st = loop {
+        if let Some(st) = b.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = b.kill();
+            let _ = b.wait();
+            panic!("the benchmark did not end within 60 s of SIGTERM: {seen}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    for l in lines.try_iter() {
+        seen.push_str(&l);
+        seen.push('\n');
+    }
+    assert!(!st.success(), "{seen}");
+    assert!(seen.contains("stopped by SIGTERM"), "{seen}");
     let _ = std::fs::remove_dir_all(&out);
-    for id in &left {
+    for id in &live {
+        assert!(id.starts_with(&prefix), "{id}");
         assert_no_leftovers(id);
     }
-    assert_eq!(sandboxes(), Vec::<String>::new());
     let daemons = host_processes_matching(&format!("--id-prefix {prefix}"));
     assert!(
         daemons.is_empty(),
         "the private daemon runs on: {daemons:?}"
     );
+}
+
+/// The ids of the live sandboxes a daemon lists on its Unix socket (none if it
+/// does not answer).
+fn live_sandboxes(socket: &std::path::Path) -> Vec<String> {
+    use std::io::Write;
+    let Ok(mut s) = std::os::unix::net::UnixStream::connect(socket) else {
+        return Vec::new();
+    };
+    let mut answer = String::new();
+    if s.write_all(b"GET /v1/sandboxes HTTP/1.0\r\nHost: sandlot\r\n\r\n")
+        .is_err()
+        || s.read_to_string(&mut answer).is_err()
+    {
+        return Vec::new();
+    }
+    let Some((_, body)) = answer.split_once("\r\n\r\n") else {
+        return Vec::new();
+    };
+    let v: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
+    v["sandboxes"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|s| s["id"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A child process killed (and reaped) if it still runs when this is dropped.
+struct KillOnDrop(Option<std::process::Child>);
+
+impl KillOnDrop {
+    fn new(c: std::process::Child) -> KillOnDrop {
+        KillOnDrop(Some(c))
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
 }
 
 /// When a test fails: stops a private daemon a benchmark left running with id

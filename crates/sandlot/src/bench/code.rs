@@ -178,11 +178,12 @@ pub fn run(a: CodeArgs) -> anyhow::Result<i32> {
         "[[pools]]\nname = \"code\"\nsize = {}\ncode_context = true\n",
         a.pool.max(1)
     );
-    let (_daemon, c) = super::platform::start_daemon_with(true, &pools)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let rows: Vec<Summary> = rt.block_on(super::platform::until_interrupted(async {
+    let mut stop = super::platform::StopSignals::catch(&rt)?;
+    let (_daemon, c) = super::platform::start_daemon_with(true, &pools)?;
+    let rows: Vec<Summary> = rt.block_on(stop.until_stopped(async {
         let (total, first) = first_runs(&c, a.n, a.pool.max(1)).await?;
         let cells = following_cells(&c, a.cells).await?;
         let per_call = python_per_call(&c, a.n).await?;

@@ -169,13 +169,14 @@ pub fn run(a: ForkArgs) -> anyhow::Result<i32> {
     if a.n == 0 || a.count == 0 {
         bail!("--n and --count must be at least 1");
     }
-    let (_daemon, c) = super::platform::start_daemon_with(true, "")?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
+    let mut stop = super::platform::StopSignals::catch(&rt)?;
+    let (_daemon, c) = super::platform::start_daemon_with(true, "")?;
     let n = a.count;
     let mut disk = Vec::new();
-    let rows: Vec<Summary> = rt.block_on(super::platform::until_interrupted(async {
+    let rows: Vec<Summary> = rt.block_on(stop.until_stopped(async {
         let mut rows = Vec::new();
         for iso in isolations {
             // One round first: page caches and the image store warm.

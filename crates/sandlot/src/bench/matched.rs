@@ -45,6 +45,19 @@ impl MatchedBwrap {
         let layout = CgroupLayout::detect().context("find the cgroup hierarchies")?;
         let own = std::fs::read_to_string("/proc/self/cgroup").context("read /proc/self/cgroup")?;
         let home = own_cgroup(&layout, &own)?;
+        // The process comes back here after each run: it must be where it is now
+        // (in a container without a cgroup namespace, `/proc/self/cgroup` names
+        // paths the mounts do not show).
+        let me = std::process::id().to_string();
+        for (_, d) in &home.dirs {
+            let procs = std::fs::read_to_string(d.join("cgroup.procs")).unwrap_or_default();
+            if !procs.lines().any(|l| l.trim() == me) {
+                bail!(
+                    "the bubblewrap peer needs this process's own cgroups: {} does not list it",
+                    d.display()
+                );
+            }
+        }
         let prog = sandlot_runtime::seccomp::compile(&sandlot_runtime::seccomp::default_policy())
             .context("compile the sandbox's seccomp filter")?;
         let filter = prog
@@ -81,28 +94,42 @@ impl MatchedBwrap {
     }
 
     /// One run of `argv` to its exit: its cgroup made, this process moved in so
-    /// that bubblewrap is born inside and moved back after, the cgroup and its
-    /// parent removed; all in the timed span. The CPU is this process's own
-    /// (the cgroup work, the spawn) and bubblewrap's.
+    /// that bubblewrap is born inside (as Sandlot's helper joins a sandbox's),
+    /// the cgroup and its parent removed, all timed; this process's move back
+    /// out, which a sandbox has no counterpart of, is not. The CPU is this
+    /// process's own (the cgroup work, the spawn) and bubblewrap's.
     pub fn run(&mut self, argv: &[&str]) -> anyhow::Result<Timed> {
         self.runs += 1;
         let name = format!("run-{}-{}", std::process::id(), self.runs);
         let parent = CgroupParent::named(PARENT);
         let cpu0 = super::cpu_so_far()?;
         let t = Instant::now();
-        let cg = Cgroup::create(&self.layout, &parent, &name, &self.limits)
-            .with_context(|| format!("create cgroup {PARENT}/{name}"))?;
+        let cg = match Cgroup::create(&self.layout, &parent, &name, &self.limits) {
+            Ok(cg) => cg,
+            Err(e) => {
+                // A parent made on the way goes too.
+                Cgroup::plan(&self.layout, PARENT, &name).remove_parent_if_empty();
+                return Err(e).with_context(|| format!("create cgroup {PARENT}/{name}"));
+            }
+        };
         let ran = self.run_in(&cg, argv);
+        let (back_cpu0, back_t) = (super::cpu_so_far()?, Instant::now());
         let back = self
             .home
             .attach(0)
             .context("move the benchmark back to its own cgroups");
+        let (back_wall, back_cpu) = (
+            back_t.elapsed(),
+            super::cpu_so_far()?.saturating_sub(back_cpu0),
+        );
         let removed = cg
             .remove(Duration::from_secs(5))
             .with_context(|| format!("remove cgroup {PARENT}/{name}"));
         cg.remove_parent_if_empty();
-        let wall = t.elapsed();
-        let cpu = super::cpu_so_far()?.saturating_sub(cpu0);
+        let wall = t.elapsed().saturating_sub(back_wall);
+        let cpu = super::cpu_so_far()?
+            .saturating_sub(cpu0)
+            .saturating_sub(back_cpu);
         ran?;
         back?;
         removed?;
@@ -113,7 +140,10 @@ impl MatchedBwrap {
         cg.attach(0).context("join the run's cgroup")?;
         // bubblewrap reads the filter from a descriptor to its end: a pipe whose
         // write end is closed before the spawn (the filter is far below a pipe's
-        // buffer) and whose read end is inherited.
+        // buffer) and whose read end is inherited. Its close-on-exec flag is
+        // cleared here, not in the child (this crate has no `unsafe` for a
+        // pre-exec hook): the benchmark spawns from one thread, so no other child
+        // is started while it is clear, and it is closed right after.
         let (r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
             .context("create the filter's pipe")?;
         std::fs::File::from(w)
@@ -138,19 +168,28 @@ impl MatchedBwrap {
     }
 }
 
-/// Removes the run cgroups a killed benchmark left (those still holding a
-/// process stay), and their parent once empty.
+/// Removes the run cgroups a killed benchmark left (`run-PID-N` whose PID is
+/// gone; a running benchmark's stay), and their parent once empty.
 fn sweep(layout: &CgroupLayout) {
     for (_, parent) in Cgroup::plan(layout, PARENT, "").dirs {
         if let Ok(rd) = std::fs::read_dir(&parent) {
             for e in rd.flatten() {
-                if e.file_name().to_string_lossy().starts_with("run-") {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if run_of_a_gone_process(&name, |pid| Path::new(&format!("/proc/{pid}")).exists()) {
                     let _ = std::fs::remove_dir(e.path());
                 }
             }
         }
         let _ = std::fs::remove_dir(&parent);
     }
+}
+
+/// Whether cgroup `name` is a run cgroup (`run-PID-N`) of a process that is gone.
+fn run_of_a_gone_process(name: &str, alive: impl Fn(u32) -> bool) -> bool {
+    name.strip_prefix("run-")
+        .and_then(|r| r.split_once('-'))
+        .and_then(|(pid, _)| pid.parse::<u32>().ok())
+        .is_some_and(|pid| !alive(pid))
 }
 
 /// bubblewrap's arguments before the command, for the `host` image's top-level
@@ -278,6 +317,16 @@ mod tests {
         let pos = |x: &str| a.iter().position(|y| y == x).unwrap();
         assert!(pos("/usr") < pos("/etc/ld.so.cache"));
         assert!(pos("/etc/ld.so.cache") < pos("/dev"));
+    }
+
+    #[test]
+    fn only_run_cgroups_of_gone_processes_are_swept() {
+        let alive = |pid| pid == 42;
+        assert!(run_of_a_gone_process("run-7-3", alive));
+        assert!(!run_of_a_gone_process("run-42-3", alive));
+        assert!(!run_of_a_gone_process("run-x-3", alive));
+        assert!(!run_of_a_gone_process("sandbox-7-3", alive));
+        assert!(!run_of_a_gone_process("run-7", alive));
     }
 
     #[test]

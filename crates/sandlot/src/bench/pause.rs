@@ -151,11 +151,12 @@ pub fn run(a: PauseArgs) -> anyhow::Result<i32> {
     if a.n == 0 {
         bail!("--n must be at least 1");
     }
-    let (_daemon, c) = super::platform::start_daemon_with(true, "")?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let rows: Vec<Summary> = rt.block_on(super::platform::until_interrupted(async {
+    let mut stop = super::platform::StopSignals::catch(&rt)?;
+    let (_daemon, c) = super::platform::start_daemon_with(true, "")?;
+    let rows: Vec<Summary> = rt.block_on(stop.until_stopped(async {
         let mut rows = Vec::new();
         for iso in isolations {
             // One cycle first: page caches and the image store warm.

@@ -152,53 +152,119 @@ pub(super) struct Daemon {
 impl Drop for Daemon {
     /// Deletes the sandboxes a benchmark that failed or was interrupted left
     /// (a daemon that stops keeps them running for the next start, which never
-    /// comes for a private one), then stops the daemon and removes its files.
+    /// comes for a private one), then stops the daemon (SIGKILL after
+    /// [`DAEMON_STOP_WAIT`]) and removes its files. A second SIGINT, SIGTERM or
+    /// SIGHUP meanwhile ends the benchmark at once.
     fn drop(&mut self) {
+        if let Err(e) = sandlot_runtime::default_stop_signals() {
+            eprintln!("sandlot: restore the default action of stop signals: {e}");
+        }
         let c = self.client.clone();
-        let deleted = std::thread::spawn(move || {
+        let deleted = std::thread::spawn(move || -> Result<(), String> {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
-                .ok()?;
-            rt.block_on(async {
-                let left = tokio::time::timeout(
-                    LEFTOVER_WAIT,
-                    c.list_sandboxes(&sandlot_client::ListFilter::default()),
-                )
-                .await
-                .ok()?
-                .ok()?;
-                let ids = left.into_iter().map(|s| s.id).collect::<Vec<_>>();
-                tokio::time::timeout(LEFTOVER_WAIT, delete_all(&c, ids))
-                    .await
-                    .ok()
-            })
+                .map_err(|e| e.to_string())?;
+            rt.block_on(delete_leftovers(&c))
         });
-        let _ = deleted.join();
-        if let Some(pid) = rustix::process::Pid::from_raw(self.child.id() as i32) {
+        match deleted.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(why)) => eprintln!(
+                "sandlot: the private daemon's sandboxes may outlive it ({why}); a daemon started with --id-prefix {} removes them",
+                self.prefix
+            ),
+            Err(_) => eprintln!("sandlot: deleting the private daemon's sandboxes failed"),
+        }
+        let pid = rustix::process::Pid::from_raw(self.child.id() as i32);
+        if let Some(pid) = pid {
             let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
         }
-        let _ = self.child.wait();
+        let deadline = Instant::now() + DAEMON_STOP_WAIT;
+        while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if matches!(self.child.try_wait(), Ok(None)) {
+            eprintln!(
+                "sandlot: the private daemon did not stop within {DAEMON_STOP_WAIT:?}: killed"
+            );
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// How long a private daemon may take to stop once its sandboxes are deleted.
+const DAEMON_STOP_WAIT: Duration = Duration::from_secs(30);
+
+/// Deletes every live sandbox of a private daemon, listing again until none is
+/// left (tasks of a run that ended may still have been creating some), at most
+/// [`LEFTOVER_WAIT`].
+async fn delete_leftovers(c: &Client) -> Result<(), String> {
+    let deadline = tokio::time::Instant::now() + LEFTOVER_WAIT;
+    loop {
+        let left = tokio::time::timeout_at(
+            deadline,
+            c.list_sandboxes(&sandlot_client::ListFilter::default()),
+        )
+        .await
+        .map_err(|_| format!("listing them took over {LEFTOVER_WAIT:?}"))?
+        .map_err(|e| format!("list them: {e}"))?;
+        if left.is_empty() {
+            return Ok(());
+        }
+        let ids = left.into_iter().map(|s| s.id).collect::<Vec<_>>();
+        tokio::time::timeout_at(deadline, delete_all(c, ids))
+            .await
+            .map_err(|_| format!("deleting them took over {LEFTOVER_WAIT:?}"))?;
     }
 }
 
 /// How long a private daemon's leftovers may take to list, and to delete.
 const LEFTOVER_WAIT: Duration = Duration::from_secs(30);
 
-/// Runs a benchmark's work until it ends or the benchmark gets SIGINT or SIGTERM;
-/// either way the caller goes on to drop its private daemon, which deletes what
-/// the work left.
-pub(super) async fn until_interrupted<T>(
-    work: impl std::future::Future<Output = anyhow::Result<T>>,
-) -> anyhow::Result<T> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut int = signal(SignalKind::interrupt()).context("handle SIGINT")?;
-    let mut term = signal(SignalKind::terminate()).context("handle SIGTERM")?;
-    tokio::select! {
-        r = work => r,
-        _ = int.recv() => bail!("interrupted (SIGINT): the private daemon's sandboxes are deleted"),
-        _ = term.recv() => bail!("terminated (SIGTERM): the private daemon's sandboxes are deleted"),
+/// SIGINT, SIGTERM and SIGHUP, caught from the moment this is made (before the
+/// private daemon starts), for [`StopSignals::until_stopped`].
+pub(super) struct StopSignals(Vec<(&'static str, tokio::signal::unix::Signal)>);
+
+impl StopSignals {
+    /// Installs the handlers (in `rt`'s context); from here on those signals no
+    /// longer end the process: they end the work under [`Self::until_stopped`].
+    pub(super) fn catch(rt: &tokio::runtime::Runtime) -> anyhow::Result<StopSignals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let _in_rt = rt.enter();
+        let mut v = Vec::new();
+        for (name, kind) in [
+            ("SIGINT", SignalKind::interrupt()),
+            ("SIGTERM", SignalKind::terminate()),
+            ("SIGHUP", SignalKind::hangup()),
+        ] {
+            v.push((
+                name,
+                signal(kind).with_context(|| format!("handle {name}"))?,
+            ));
+        }
+        Ok(StopSignals(v))
+    }
+
+    /// Runs a benchmark's work until it ends or one of the signals comes (also
+    /// one that came while the daemon started); either way the caller goes on to
+    /// drop its private daemon, which deletes what the work left. The caller
+    /// shuts its runtime down first, so that no task of the work creates more.
+    pub(super) async fn until_stopped<T>(
+        &mut self,
+        work: impl std::future::Future<Output = anyhow::Result<T>>,
+    ) -> anyhow::Result<T> {
+        let [(a, int), (b, term), (c, hup)] = &mut self.0[..] else {
+            unreachable!("three signals")
+        };
+        let stopped_by = tokio::select! {
+            r = work => return r,
+            _ = int.recv() => *a,
+            _ = term.recv() => *b,
+            _ = hup.recv() => *c,
+        };
+        bail!("stopped by {stopped_by}: the private daemon's sandboxes are deleted")
     }
 }
 
@@ -947,14 +1013,15 @@ pub fn run(a: PlatformArgs) -> anyhow::Result<i32> {
     };
     let ticks_at_start = cpu_ticks();
     let pool_max = a.pool_max.unwrap_or(a.pool).max(a.pool);
-    let (daemon, c) = start_daemon(a.pool, pool_max, a.fork_server, &a.isolation)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
+    let mut stop = StopSignals::catch(&rt)?;
+    let (daemon, c) = start_daemon(a.pool, pool_max, a.fork_server, &a.isolation)?;
     let (before_left, netns0, links0) = host_objects(&daemon.prefix);
     let _ = before_left;
-    let outcome = rt.block_on(until_interrupted(async {
+    let outcome = rt.block_on(stop.until_stopped(async {
         // Warm up: page cache, the daemon's first connections.
         wait_settled(&c, a.pool).await;
         for _ in 0..5 {
@@ -1100,7 +1167,10 @@ pub fn run(a: PlatformArgs) -> anyhow::Result<i32> {
         }
         anyhow::Ok(())
     }));
-    // Stop the daemon (it tears its pool down), then look for leftovers.
+    // No task of the work goes on creating sandboxes (the churn's and density's
+    // workers of a run that stopped midway); then stop the daemon (it tears its
+    // pool down, and deletes whatever else is left), then look for leftovers.
+    rt.shutdown_timeout(Duration::from_secs(10));
     let prefix = daemon.prefix.clone();
     drop(daemon);
     outcome?;
