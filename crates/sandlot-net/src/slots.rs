@@ -411,7 +411,7 @@ struct PoolInner {
 }
 
 /// How long a claim waits, with every address in use, for slots being torn down
-/// to give one back (a teardown batch takes milliseconds).
+/// or built (each takes milliseconds) to give one back.
 pub const EXHAUSTED_WAIT: Duration = Duration::from_secs(2);
 
 /// The pool of pre-built slots.
@@ -683,8 +683,9 @@ impl SlotPool {
 
     /// Takes a ready slot, or builds one now if the pool is empty. With every
     /// address of the subnet in use, it waits (at most [`EXHAUSTED_WAIT`]) while
-    /// slots are being torn down: a slot released just before gives its address
-    /// back once its teardown ends. The caller holds the daemon's create permit
+    /// slots are being torn down or built: a slot released just before gives its
+    /// address back once its teardown ends, and the builder may have taken that
+    /// address for a ready slot. A cold create holds the daemon's create permit
     /// meanwhile, so the wait is short and happens only at capacity.
     pub fn claim(&self) -> Result<Slot, NetError> {
         let slot = {
@@ -700,7 +701,7 @@ impl SlotPool {
                 }
                 match self.reserve(&mut st) {
                     Ok(slot) => break slot,
-                    Err(NetError::Exhausted) if st.releasing > 0 => {
+                    Err(NetError::Exhausted) if st.busy > 0 => {
                         let left = deadline.saturating_duration_since(Instant::now());
                         if left.is_zero() {
                             return Err(NetError::Exhausted);

@@ -48,14 +48,15 @@ pub fn default_sigpipe() -> std::io::Result<()> {
     sys::set_signal_ignored(libc::SIGPIPE, false)
 }
 
-/// Gives `SIGINT`, `SIGTERM` and `SIGHUP` their default action back (ending the
-/// process), whatever handled them before: a benchmark cleaning up after a first
-/// Ctrl-C ends at once on a second one.
-pub fn default_stop_signals() -> std::io::Result<()> {
-    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-        sys::set_signal_ignored(sig, false)?;
-    }
-    Ok(())
+/// Whether signal `sig` is ignored by this process (`SIGHUP` under `nohup`).
+pub fn signal_ignored(sig: i32) -> std::io::Result<bool> {
+    sys::signal_ignored(sig)
+}
+
+/// Gives signal `sig` its default action back, whatever handled it before: a
+/// benchmark cleaning up after a first Ctrl-C ends at once on a second one.
+pub fn default_signal_action(sig: i32) -> std::io::Result<()> {
+    sys::set_signal_ignored(sig, false)
 }
 
 /// The CPU time (user and system) of the children this process has waited for,

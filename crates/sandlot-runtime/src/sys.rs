@@ -1330,6 +1330,16 @@ pub fn close_range(first: u32, last: u32) -> io::Result<()> {
     Ok(())
 }
 
+/// Whether the disposition of `sig` is to ignore it (as `nohup` leaves `SIGHUP`).
+pub fn signal_ignored(sig: libc::c_int) -> io::Result<bool> {
+    let mut old = std::mem::MaybeUninit::<libc::sigaction>::zeroed();
+    // SAFETY: a null new action only reads the current one into `old`, a valid,
+    // writable `sigaction`.
+    cvt(unsafe { libc::sigaction(sig, std::ptr::null(), old.as_mut_ptr()) })?;
+    // SAFETY: sigaction succeeded and filled `old` (it was zeroed too).
+    Ok(unsafe { old.assume_init() }.sa_sigaction == libc::SIG_IGN)
+}
+
 /// Sets the disposition of `sig` to ignore (`ignore`) or the default.
 pub fn set_signal_ignored(sig: libc::c_int, ignore: bool) -> io::Result<()> {
     let h = if ignore { libc::SIG_IGN } else { libc::SIG_DFL };

@@ -408,6 +408,9 @@ fn live_sandboxes(socket: &std::path::Path) -> Vec<String> {
     let Ok(mut s) = std::os::unix::net::UnixStream::connect(socket) else {
         return Vec::new();
     };
+    if s.set_read_timeout(Some(Duration::from_secs(5))).is_err() {
+        return Vec::new();
+    }
     let mut answer = String::new();
     if s.write_all(b"GET /v1/sandboxes HTTP/1.0\r\nHost: sandlot\r\n\r\n")
         .is_err()

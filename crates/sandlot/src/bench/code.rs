@@ -181,7 +181,7 @@ pub fn run(a: CodeArgs) -> anyhow::Result<i32> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let mut stop = super::platform::StopSignals::catch(&rt)?;
+    let stop = super::platform::StopSignals::catch(&rt)?;
     let (_daemon, c) = super::platform::start_daemon_with(true, &pools)?;
     let rows: Vec<Summary> = rt.block_on(stop.until_stopped(async {
         let (total, first) = first_runs(&c, a.n, a.pool.max(1)).await?;

@@ -172,7 +172,7 @@ pub fn run(a: ForkArgs) -> anyhow::Result<i32> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let mut stop = super::platform::StopSignals::catch(&rt)?;
+    let stop = super::platform::StopSignals::catch(&rt)?;
     let (_daemon, c) = super::platform::start_daemon_with(true, "")?;
     let n = a.count;
     let mut disk = Vec::new();

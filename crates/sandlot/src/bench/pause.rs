@@ -154,7 +154,7 @@ pub fn run(a: PauseArgs) -> anyhow::Result<i32> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let mut stop = super::platform::StopSignals::catch(&rt)?;
+    let stop = super::platform::StopSignals::catch(&rt)?;
     let (_daemon, c) = super::platform::start_daemon_with(true, "")?;
     let rows: Vec<Summary> = rt.block_on(stop.until_stopped(async {
         let mut rows = Vec::new();

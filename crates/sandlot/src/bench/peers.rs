@@ -24,6 +24,9 @@ pub(super) fn host_command(argv: &[&str]) -> Command {
 pub(super) fn host_spawn(argv: &[&str], n: usize) -> anyhow::Result<Vec<Duration>> {
     (0..n)
         .map(|_| {
+            if super::platform::STOP_REQUESTED.load(std::sync::atomic::Ordering::SeqCst) {
+                bail!("stopped");
+            }
             let t = Instant::now();
             let out = host_command(argv)
                 .stdin(Stdio::null())

@@ -153,11 +153,12 @@ impl Drop for Daemon {
     /// Deletes the sandboxes a benchmark that failed or was interrupted left
     /// (a daemon that stops keeps them running for the next start, which never
     /// comes for a private one), then stops the daemon (SIGKILL after
-    /// [`DAEMON_STOP_WAIT`]) and removes its files. A second SIGINT, SIGTERM or
-    /// SIGHUP meanwhile ends the benchmark at once.
+    /// [`DAEMON_STOP_WAIT`]) and removes its files. A daemon that exited already
+    /// (it failed to start) is neither asked nor signalled.
     fn drop(&mut self) {
-        if let Err(e) = sandlot_runtime::default_stop_signals() {
-            eprintln!("sandlot: restore the default action of stop signals: {e}");
+        if !matches!(self.child.try_wait(), Ok(None)) {
+            let _ = std::fs::remove_dir_all(&self.dir);
+            return;
         }
         let c = self.client.clone();
         let deleted = std::thread::spawn(move || -> Result<(), String> {
@@ -202,7 +203,10 @@ const DAEMON_STOP_WAIT: Duration = Duration::from_secs(30);
 /// [`LEFTOVER_WAIT`].
 async fn delete_leftovers(c: &Client) -> Result<(), String> {
     let deadline = tokio::time::Instant::now() + LEFTOVER_WAIT;
-    loop {
+    // A create the daemon was still admitting when the run stopped shows up only
+    // once admitted: done after two empty lists a little apart.
+    let mut empty = 0;
+    while empty < 2 {
         let left = tokio::time::timeout_at(
             deadline,
             c.list_sandboxes(&sandlot_client::ListFilter::default()),
@@ -211,21 +215,51 @@ async fn delete_leftovers(c: &Client) -> Result<(), String> {
         .map_err(|_| format!("listing them took over {LEFTOVER_WAIT:?}"))?
         .map_err(|e| format!("list them: {e}"))?;
         if left.is_empty() {
-            return Ok(());
+            empty += 1;
+        } else {
+            empty = 0;
+            let ids = left.into_iter().map(|s| s.id).collect::<Vec<_>>();
+            tokio::time::timeout_at(deadline, delete_all(c, ids))
+                .await
+                .map_err(|_| format!("deleting them took over {LEFTOVER_WAIT:?}"))?;
         }
-        let ids = left.into_iter().map(|s| s.id).collect::<Vec<_>>();
-        tokio::time::timeout_at(deadline, delete_all(c, ids))
-            .await
-            .map_err(|_| format!("deleting them took over {LEFTOVER_WAIT:?}"))?;
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    Ok(())
 }
 
 /// How long a private daemon's leftovers may take to list, and to delete.
 const LEFTOVER_WAIT: Duration = Duration::from_secs(30);
 
-/// SIGINT, SIGTERM and SIGHUP, caught from the moment this is made (before the
-/// private daemon starts), for [`StopSignals::until_stopped`].
-pub(super) struct StopSignals(Vec<(&'static str, tokio::signal::unix::Signal)>);
+/// Set once a stop signal ends a benchmark's work: loops on blocking threads
+/// (the host's own spawns) end early instead of running past the runtime's
+/// shutdown.
+pub(super) static STOP_REQUESTED: AtomicBool = AtomicBool::new(false);
+
+/// SIGINT, SIGTERM and SIGHUP (those not ignored, as `nohup` leaves SIGHUP),
+/// caught from the moment this is made (before the private daemon starts) until
+/// it is dropped, which gives them their default action back.
+pub(super) struct StopSignals([Option<CaughtSignal>; 3]);
+
+/// One signal [`StopSignals`] catches.
+struct CaughtSignal {
+    name: &'static str,
+    number: i32,
+    stream: tokio::signal::unix::Signal,
+}
+
+impl CaughtSignal {
+    /// Its next arrival; never, for a signal not caught.
+    async fn next(s: &mut Option<CaughtSignal>) -> &'static str {
+        match s {
+            Some(c) => {
+                c.stream.recv().await;
+                c.name
+            }
+            None => std::future::pending().await,
+        }
+    }
+}
 
 impl StopSignals {
     /// Installs the handlers (in `rt`'s context); from here on those signals no
@@ -233,38 +267,56 @@ impl StopSignals {
     pub(super) fn catch(rt: &tokio::runtime::Runtime) -> anyhow::Result<StopSignals> {
         use tokio::signal::unix::{signal, SignalKind};
         let _in_rt = rt.enter();
-        let mut v = Vec::new();
-        for (name, kind) in [
-            ("SIGINT", SignalKind::interrupt()),
-            ("SIGTERM", SignalKind::terminate()),
-            ("SIGHUP", SignalKind::hangup()),
-        ] {
-            v.push((
+        let catch = |name: &'static str, kind: SignalKind| -> anyhow::Result<_> {
+            let number = kind.as_raw_value();
+            if sandlot_runtime::signal_ignored(number)
+                .with_context(|| format!("read the action of {name}"))?
+            {
+                return Ok(None);
+            }
+            let stream = signal(kind).with_context(|| format!("handle {name}"))?;
+            Ok(Some(CaughtSignal {
                 name,
-                signal(kind).with_context(|| format!("handle {name}"))?,
-            ));
-        }
-        Ok(StopSignals(v))
+                number,
+                stream,
+            }))
+        };
+        Ok(StopSignals([
+            catch("SIGINT", SignalKind::interrupt())?,
+            catch("SIGTERM", SignalKind::terminate())?,
+            catch("SIGHUP", SignalKind::hangup())?,
+        ]))
     }
 
     /// Runs a benchmark's work until it ends or one of the signals comes (also
-    /// one that came while the daemon started); either way the caller goes on to
-    /// drop its private daemon, which deletes what the work left. The caller
-    /// shuts its runtime down first, so that no task of the work creates more.
+    /// one that came while the daemon started), then gives the signals their
+    /// default action back, so that a second one during the clean-up ends the
+    /// benchmark at once. Either way the caller goes on to drop its private
+    /// daemon, which deletes what the work left; the caller shuts its runtime
+    /// down first, so that no task of the work creates more.
     pub(super) async fn until_stopped<T>(
-        &mut self,
+        mut self,
         work: impl std::future::Future<Output = anyhow::Result<T>>,
     ) -> anyhow::Result<T> {
-        let [(a, int), (b, term), (c, hup)] = &mut self.0[..] else {
-            unreachable!("three signals")
-        };
+        let [a, b, c] = &mut self.0;
         let stopped_by = tokio::select! {
             r = work => return r,
-            _ = int.recv() => *a,
-            _ = term.recv() => *b,
-            _ = hup.recv() => *c,
+            name = CaughtSignal::next(a) => name,
+            name = CaughtSignal::next(b) => name,
+            name = CaughtSignal::next(c) => name,
         };
+        STOP_REQUESTED.store(true, Ordering::SeqCst);
         bail!("stopped by {stopped_by}: the private daemon's sandboxes are deleted")
+    }
+}
+
+impl Drop for StopSignals {
+    fn drop(&mut self) {
+        for c in self.0.iter().flatten() {
+            if let Err(e) = sandlot_runtime::default_signal_action(c.number) {
+                eprintln!("sandlot: give {} its default action back: {e}", c.name);
+            }
+        }
     }
 }
 
@@ -1017,7 +1069,7 @@ pub fn run(a: PlatformArgs) -> anyhow::Result<i32> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let mut stop = StopSignals::catch(&rt)?;
+    let stop = StopSignals::catch(&rt)?;
     let (daemon, c) = start_daemon(a.pool, pool_max, a.fork_server, &a.isolation)?;
     let (before_left, netns0, links0) = host_objects(&daemon.prefix);
     let _ = before_left;
