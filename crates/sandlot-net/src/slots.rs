@@ -386,8 +386,6 @@ struct PoolState {
     stopping: bool,
     /// Slots being built or torn down right now.
     busy: usize,
-    /// Of those, the slots handed to teardown: each gives its index back.
-    releasing: usize,
     last_error: Option<String>,
 }
 
@@ -457,7 +455,6 @@ impl SlotPool {
                 counter,
                 stopping: false,
                 busy: 0,
-                releasing: 0,
                 last_error: None,
             }),
             cv: Condvar::new(),
@@ -508,7 +505,6 @@ impl SlotPool {
                             st.used.remove(&slot.index);
                         }
                         st.busy -= batch.len();
-                        st.releasing -= batch.len();
                         p.inner.cv.notify_all();
                     }
                 })
@@ -735,7 +731,6 @@ impl SlotPool {
 
     /// Sends a slot already counted busy to the teardown worker.
     fn send(&self, slot: Slot) {
-        self.lock().releasing += 1;
         let tx = self
             .inner
             .teardown
@@ -760,7 +755,6 @@ impl SlotPool {
     fn destroyed_here(&self) {
         let mut st = self.lock();
         st.busy -= 1;
-        st.releasing -= 1;
         self.inner.cv.notify_all();
     }
 
