@@ -304,7 +304,10 @@ impl Images {
         self.pin_host_paths(spec)?;
         let image = self.spec_image(viewer, spec)?.map(|i| i.id);
         for (i, v) in spec.volumes.iter().enumerate() {
-            if !self.volume_dir(tenant, &v.name).join("meta.json").is_file() {
+            let meta = self
+                .volume_dir(tenant, &v.name)
+                .map(|d| d.join("meta.json"));
+            if !meta.is_some_and(|m| m.is_file()) {
                 return Err(ApiError::invalid(
                     format!("volumes[{i}].name"),
                     format!("no volume {:?}", v.name),
@@ -312,7 +315,10 @@ impl Images {
             }
         }
         for (i, s) in spec.secrets.iter().enumerate() {
-            if !self.secret_path(tenant, &s.name).is_file() {
+            if !self
+                .secret_path(tenant, &s.name)
+                .is_some_and(|p| p.is_file())
+            {
                 return Err(ApiError::invalid(
                     format!("secrets[{i}].name"),
                     format!("no secret {:?}", s.name),
@@ -364,12 +370,12 @@ impl Images {
         let r = (|| {
             for (i, v) in spec.volumes.iter().enumerate() {
                 let vol = self.volume_dir(tenant, &v.name);
-                if !vol.join("meta.json").is_file() {
+                let Some(vol) = vol.filter(|d| d.join("meta.json").is_file()) else {
                     return Err(ApiError::invalid(
                         format!("volumes[{i}].name"),
                         format!("no volume {:?}", v.name),
                     ));
-                }
+                };
                 self.ensure_volume_mounted(&vol)?;
                 opts.volumes.push(SharedDir {
                     source: vol.join("data"),
@@ -822,11 +828,16 @@ impl Images {
 
     // ---- volumes ----
 
-    fn volume_dir(&self, tenant: &str, name: &str) -> PathBuf {
-        self.data_dir
-            .join("volumes")
-            .join(tenant_dir(tenant))
-            .join(name)
+    /// The directory of `tenant`'s volume `name`; `None` for a name that is not a
+    /// valid one (a request's name is never joined to a host path unchecked: a
+    /// `..` or a `/` in it would reach another tenant's volumes).
+    fn volume_dir(&self, tenant: &str, name: &str) -> Option<PathBuf> {
+        valid_object_name(name).then(|| {
+            self.data_dir
+                .join("volumes")
+                .join(tenant_dir(tenant))
+                .join(name)
+        })
     }
 
     pub fn create_volume(
@@ -835,18 +846,17 @@ impl Images {
         name: &str,
         size_limit: Option<u64>,
     ) -> Result<Volume, ApiError> {
-        if !valid_object_name(name) {
+        let Some(dir) = self.volume_dir(tenant, name) else {
             return Err(ApiError::invalid(
                 "name",
                 format!("{name:?}: use 1 to 64 letters, digits, '-', '_' or '.'"),
             ));
-        }
+        };
         if let Some(s) = size_limit {
             if s < 8 << 20 {
                 return Err(ApiError::invalid("size_limit", "at least 8M"));
             }
         }
-        let dir = self.volume_dir(tenant, name);
         if dir.exists() {
             return Err(ApiError::conflict(format!("volume {name} exists")));
         }
@@ -938,7 +948,7 @@ impl Images {
     }
 
     pub fn get_volume(&self, tenant: &str, name: &str) -> Option<Volume> {
-        let b = fs::read(self.volume_dir(tenant, name).join("meta.json")).ok()?;
+        let b = fs::read(self.volume_dir(tenant, name)?.join("meta.json")).ok()?;
         serde_json::from_slice(&b).ok()
     }
 
@@ -958,7 +968,9 @@ impl Images {
                 users.join(", ")
             )));
         }
-        let dir = self.volume_dir(tenant, name);
+        let dir = self
+            .volume_dir(tenant, name)
+            .ok_or_else(|| ApiError::not_found(format!("no volume {name}")))?;
         let data = dir.join("data");
         if is_mount_point(&data) {
             run_tool(Command::new("umount").arg(&data), "umount")?;
@@ -969,11 +981,15 @@ impl Images {
 
     // ---- secrets ----
 
-    fn secret_path(&self, tenant: &str, name: &str) -> PathBuf {
-        self.data_dir
-            .join("secrets")
-            .join(tenant_dir(tenant))
-            .join(name)
+    /// The file of `tenant`'s secret `name`; `None` for a name that is not a
+    /// valid one (never joined to a host path unchecked).
+    fn secret_path(&self, tenant: &str, name: &str) -> Option<PathBuf> {
+        valid_object_name(name).then(|| {
+            self.data_dir
+                .join("secrets")
+                .join(tenant_dir(tenant))
+                .join(name)
+        })
     }
 
     pub fn create_secret(
@@ -982,19 +998,18 @@ impl Images {
         name: &str,
         value: &str,
     ) -> Result<SecretInfo, ApiError> {
-        if !valid_object_name(name) {
+        let Some(p) = self.secret_path(tenant, name) else {
             return Err(ApiError::invalid(
                 "name",
                 format!("{name:?}: use 1 to 64 letters, digits, '-', '_' or '.'"),
             ));
-        }
+        };
         if value.len() > 64 << 10 {
             return Err(ApiError::invalid("value", "at most 64K"));
         }
         if value.contains('\0') {
             return Err(ApiError::invalid("value", "contains a NUL byte"));
         }
-        let p = self.secret_path(tenant, name);
         let parent = p.parent().expect("has parent");
         fs::DirBuilder::new()
             .recursive(true)
@@ -1029,7 +1044,10 @@ impl Images {
     }
 
     fn secret_value(&self, tenant: &str, name: &str) -> io::Result<String> {
-        fs::read_to_string(self.secret_path(tenant, name))
+        let p = self.secret_path(tenant, name).ok_or_else(|| {
+            io::Error::new(io::ErrorKind::NotFound, format!("no secret {name:?}"))
+        })?;
+        fs::read_to_string(p)
     }
 
     pub fn list_secrets(&self, scope: Option<&str>) -> Vec<SecretInfo> {
@@ -1070,11 +1088,10 @@ impl Images {
     }
 
     pub fn remove_secret(&self, tenant: &str, name: &str) -> Result<(), ApiError> {
-        if !valid_object_name(name) {
-            return Err(ApiError::not_found(format!("no secret {name}")));
-        }
-        fs::remove_file(self.secret_path(tenant, name))
-            .map_err(|_| ApiError::not_found(format!("no secret {name}")))
+        let p = self
+            .secret_path(tenant, name)
+            .ok_or_else(|| ApiError::not_found(format!("no secret {name}")))?;
+        fs::remove_file(p).map_err(|_| ApiError::not_found(format!("no secret {name}")))
     }
 
     /// Image id a sandbox was created from (its lease).

@@ -19,6 +19,14 @@ use std::sync::Arc;
 /// records and sparse maps together.
 pub const MAX_ENTRY_METADATA: u64 = 1 << 20;
 
+/// What the GNU sparse entries of one archive may expand to, together. A sparse
+/// entry's holes read as zeros, and its 512-byte header may say they span
+/// exabytes: reading such an entry through (as every entry's rest is) would spin
+/// for ever. 1 TiB is 16 times the default `images.max_expanded_size`, which
+/// bounds the layers the store packs itself, holes included; reading through that
+/// much takes about a minute of CPU.
+pub const MAX_SPARSE_EXPANSION: u64 = 1 << 40;
+
 #[derive(Debug, Default)]
 struct Gate {
     /// Looking for the next entry: reads count.
@@ -76,6 +84,7 @@ where
     configure(&mut ar);
     gate.armed.store(true, Ordering::Relaxed);
     let mut entries = ar.entries().map_err(&io_error)?;
+    let mut sparse = 0u64;
     loop {
         gate.read.store(0, Ordering::Relaxed);
         gate.armed.store(true, Ordering::Relaxed);
@@ -84,6 +93,18 @@ where
         };
         let mut e = e.map_err(&io_error)?;
         gate.armed.store(false, Ordering::Relaxed);
+        if e.header().entry_type().is_gnu_sparse() {
+            sparse = sparse.saturating_add(e.size());
+            if sparse > MAX_SPARSE_EXPANSION {
+                return Err(io_error(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "the archive's sparse entries expand to more than {} GiB",
+                        MAX_SPARSE_EXPANSION >> 30
+                    ),
+                )));
+            }
+        }
         each(&mut e)?;
         io::copy(&mut e, &mut io::sink()).map_err(&io_error)?;
     }
@@ -136,6 +157,53 @@ mod tests {
         .unwrap_err();
         assert!(err.to_string().contains("larger than 1024 KiB"), "{err}");
         assert!(seen.is_empty(), "{seen:?}");
+    }
+
+    /// An archive of one GNU sparse entry with no data: a hole of `hole` bytes.
+    fn sparse_archive(hole: u64) -> Vec<u8> {
+        let mut h = tar::Header::new_gnu();
+        h.as_gnu_mut().unwrap().name[..1].copy_from_slice(b"s");
+        h.set_entry_type(tar::EntryType::GNUSparse);
+        h.set_size(0);
+        h.set_mode(0o644);
+        let g = h.as_gnu_mut().unwrap();
+        g.set_real_size(hole);
+        g.sparse[0].set_offset(hole);
+        g.sparse[0].set_length(0);
+        h.set_cksum();
+        let mut out = h.as_bytes().to_vec();
+        out.extend(std::iter::repeat_n(0u8, 1024));
+        out
+    }
+
+    #[test]
+    fn a_sparse_entry_expanding_to_exabytes_is_refused_before_it_is_read() {
+        let mut seen = 0;
+        let err = for_each_entry(
+            &sparse_archive(1 << 62)[..],
+            |_| {},
+            |e| e,
+            |_| {
+                seen += 1;
+                Ok(())
+            },
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("sparse entries expand"), "{err}");
+        assert_eq!(seen, 0);
+        // A hole of a mebibyte is read through as before.
+        let mut sizes = Vec::new();
+        for_each_entry(
+            &sparse_archive(1 << 20)[..],
+            |_| {},
+            |e| e,
+            |e| {
+                sizes.push(e.size());
+                Ok(())
+            },
+        )
+        .unwrap();
+        assert_eq!(sizes, [1 << 20]);
     }
 
     #[test]

@@ -731,3 +731,76 @@ fn create_flags_mount_volumes_and_inject_secrets() {
         "{err}"
     );
 }
+
+/// A volume or secret name in a request path is checked before it names a host
+/// path: a tenant cannot read or delete another tenant's volume (or secret) by
+/// a name with an encoded `/` and `..`, nor reach into its own volume's files.
+#[test]
+fn a_tenant_cannot_reach_another_tenants_volume_or_secret_through_a_crafted_name() {
+    let d = Daemon::start(None);
+    let (alice, bob) = (d.token("alice"), d.token("bob"));
+    let req = |token: &str, method: &str, path: &str, body: serde_json::Value| {
+        let body = if body.is_null() {
+            String::new()
+        } else {
+            body.to_string()
+        };
+        d.tcp_raw(token, method, path, "application/json", body.as_bytes())
+    };
+    for (token, name) in [(&alice, "mine"), (&bob, "db")] {
+        let (st, b) = req(token, "POST", "/v1/volumes", json!({"name": name}));
+        assert_eq!(st, 201, "{b}");
+    }
+    let (st, b) = req(
+        &bob,
+        "POST",
+        "/v1/secrets",
+        json!({"name": "key", "value": "v"}),
+    );
+    assert_eq!(st, 201, "{b}");
+    let (st, b) = req(
+        &alice,
+        "POST",
+        "/v1/secrets",
+        json!({"name": "own", "value": "v"}),
+    );
+    assert_eq!(st, 201, "{b}");
+    for name in [
+        "..%2Fbob%2Fdb",
+        "%2E%2E%2Fbob%2Fdb",
+        "mine%2F..%2F..%2Fbob%2Fdb",
+        "mine%2Fdata",
+        "..",
+    ] {
+        for method in ["GET", "DELETE"] {
+            let (st, b) = req(&alice, method, &format!("/v1/volumes/{name}"), json!(null));
+            assert_eq!(st, 404, "{method} /v1/volumes/{name}: {b}");
+        }
+    }
+    for name in ["..%2Fbob%2Fkey", "%2E%2E%2Fbob%2Fkey"] {
+        let (st, b) = req(
+            &alice,
+            "DELETE",
+            &format!("/v1/secrets/{name}"),
+            json!(null),
+        );
+        assert_eq!(st, 404, "DELETE /v1/secrets/{name}: {b}");
+    }
+    // Bob's volume and secret are whole, and the names are still refused at create.
+    let (st, b) = req(&bob, "GET", "/v1/volumes/db", json!(null));
+    assert_eq!(st, 200, "{b}");
+    let (st, b) = req(&bob, "GET", "/v1/secrets", json!(null));
+    assert_eq!(st, 200, "{b}");
+    assert!(b.contains("\"key\""), "{b}");
+    let (st, b) = req(&alice, "POST", "/v1/volumes", json!({"name": "../bob/x"}));
+    assert_eq!(st, 400, "{b}");
+    for (token, path) in [
+        (&alice, "/v1/volumes/mine"),
+        (&bob, "/v1/volumes/db"),
+        (&alice, "/v1/secrets/own"),
+        (&bob, "/v1/secrets/key"),
+    ] {
+        let (st, b) = req(token, "DELETE", path, json!(null));
+        assert!(st == 200 || st == 204, "DELETE {path}: {st} {b}");
+    }
+}

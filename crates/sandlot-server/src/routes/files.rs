@@ -519,6 +519,7 @@ pub async fn tar_upload(
         skipped: Vec::new(),
     };
     let mut budget = files.upload_budget(UploadKind::Archive);
+    let mut skipped = Skipped::default();
     loop {
         let e = match r.next_entry().await {
             Ok(Some(e)) => e,
@@ -556,14 +557,95 @@ pub async fn tar_upload(
                 up.finish().await?;
                 res.files += 1;
             }
-            EntryKind::Symlink(t) => res
-                .skipped
-                .push(format!("{rel}: symbolic link to {t} (not supported)")),
-            EntryKind::Other(c) => res
-                .skipped
-                .push(format!("{rel}: entry type {c:?} (not supported)")),
+            EntryKind::Symlink(t) => skipped.note(|| {
+                format!(
+                    "{}: symbolic link to {} (not supported)",
+                    shortened(&rel),
+                    shortened(&t)
+                )
+            }),
+            EntryKind::Other(c) => {
+                skipped.note(|| format!("{}: entry type {c:?} (not supported)", shortened(&rel)))
+            }
         }
         files.handle().touch();
     }
+    res.skipped = skipped.into_lines();
     Ok(json_status(StatusCode::CREATED, &res))
+}
+
+/// The entries of a tar upload that were not extracted, as the answer lists
+/// them: the first [`SKIPPED_LISTED`], then how many more (an archive of
+/// endless links would otherwise grow the daemon's memory with every header).
+#[derive(Default)]
+struct Skipped {
+    lines: Vec<String>,
+    more: u64,
+}
+
+/// How many skipped entries an answer names one by one.
+const SKIPPED_LISTED: usize = 100;
+
+impl Skipped {
+    fn note(&mut self, line: impl FnOnce() -> String) {
+        if self.lines.len() < SKIPPED_LISTED {
+            self.lines.push(line());
+        } else {
+            self.more += 1;
+        }
+    }
+
+    fn into_lines(mut self) -> Vec<String> {
+        if self.more > 0 {
+            self.lines
+                .push(format!("... and {} more entries not extracted", self.more));
+        }
+        self.lines
+    }
+}
+
+/// A name from an archive as a skipped line shows it: at most 256 bytes (a tar
+/// header may carry a name of a megabyte).
+fn shortened(s: &str) -> std::borrow::Cow<'_, str> {
+    const MAX: usize = 256;
+    if s.len() <= MAX {
+        return s.into();
+    }
+    let mut end = MAX;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &s[..end]).into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tar_upload_lists_at_most_a_hundred_skipped_entries_and_counts_the_rest() {
+        let mut s = Skipped::default();
+        for i in 0..100_000 {
+            s.note(|| format!("l{i}: symbolic link"));
+        }
+        let lines = s.into_lines();
+        assert_eq!(lines.len(), SKIPPED_LISTED + 1);
+        assert_eq!(lines[0], "l0: symbolic link");
+        assert_eq!(
+            lines[SKIPPED_LISTED],
+            "... and 99900 more entries not extracted"
+        );
+        let mut few = Skipped::default();
+        few.note(|| "a".into());
+        assert_eq!(few.into_lines(), ["a"]);
+    }
+
+    #[test]
+    fn skipped_names_are_cut_on_a_character_boundary() {
+        assert_eq!(shortened("short"), "short");
+        let long = "é".repeat(1000);
+        let s = shortened(&long);
+        assert!(s.len() <= 256 + 3 && s.ends_with("..."), "{}", s.len());
+        assert!(s.trim_end_matches("...").chars().all(|c| c == 'é'));
+    }
 }
