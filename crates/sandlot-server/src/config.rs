@@ -715,6 +715,18 @@ pub fn valid_tenant(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
 }
 
+/// A tenant's name as one component of a host path: the name itself, or for one
+/// that could not be a component (`.`, `..`, a leading dot) `~` and its bytes in
+/// hex, which no valid name spells (valid names have no `~`), so two tenants never
+/// share a directory.
+pub fn tenant_path_component(tenant: &str) -> String {
+    if valid_tenant(tenant) && !tenant.starts_with('.') {
+        tenant.to_string()
+    } else {
+        format!("~{}", crate::auth::hex(tenant.as_bytes()))
+    }
+}
+
 /// `90s`, `5m`, `2h` (whole units when exact).
 pub fn fmt_secs(d: Duration) -> String {
     let s = d.as_secs();
@@ -733,6 +745,21 @@ pub fn fmt_secs(d: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tenants_never_share_a_path_component() {
+        let names = [".", "..", ".x", "_", "a", "~2e", "a/b", ""];
+        let parts: Vec<String> = names.iter().map(|n| tenant_path_component(n)).collect();
+        let mut uniq = parts.clone();
+        uniq.sort();
+        uniq.dedup();
+        assert_eq!(uniq.len(), parts.len(), "{parts:?}");
+        assert_eq!(tenant_path_component("acme"), "acme");
+        assert_eq!(tenant_path_component(".."), "~2e2e");
+        assert!(parts
+            .iter()
+            .all(|p| !p.is_empty() && !p.contains('/') && p != "." && p != ".."));
+    }
 
     #[test]
     fn unknown_keys_warn_and_known_keys_apply() {

@@ -115,11 +115,7 @@ use crate::store::now_ms;
 
 /// Directory name of a tenant's volumes and secrets.
 fn tenant_dir(tenant: &str) -> String {
-    if crate::config::valid_tenant(tenant) && !tenant.starts_with('.') {
-        tenant.to_string()
-    } else {
-        "_".to_string()
-    }
+    crate::config::tenant_path_component(tenant)
 }
 
 fn io_api(what: &str) -> impl FnOnce(io::Error) -> ApiError + '_ {

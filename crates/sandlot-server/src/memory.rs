@@ -363,12 +363,7 @@ mod enabled {
         fn tenant_dir(&self, tenant: &str) -> PathBuf {
             // Tenant names are validated at the edge (config, header, tokens); this keeps a
             // path component even for an odd one.
-            let t = if crate::config::valid_tenant(tenant) && !tenant.starts_with('.') {
-                tenant
-            } else {
-                "_"
-            };
-            self.root.join(t)
+            self.root.join(crate::config::tenant_path_component(tenant))
         }
 
         fn dir(&self, tenant: &str, name: &str) -> ApiResult<PathBuf> {

@@ -359,7 +359,7 @@ async fn create(
     let start = req
         .image
         .as_deref()
-        .and_then(|i| super::templates::start_of(&e2b, i));
+        .and_then(|i| super::templates::start_of(&e2b, &p.tenant, i));
     let user = req.user.clone().unwrap_or_else(|| "root".to_string());
     let params = crate::services::create::resolve(&e2b.app, &p, req)?;
     let lifetime = params.timeout;

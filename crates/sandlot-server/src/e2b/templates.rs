@@ -1017,7 +1017,7 @@ async fn run(
         Ok(img) => {
             let app = e2b.app.clone();
             tokio::task::spawn_blocking(move || {
-                save_start(&app.cfg.data_dir, &img, &start)?;
+                save_start(&app.cfg.data_dir, &tenant, &img.id, &start)?;
                 tag_as(&app, &tenant, &img, &names).map_err(crate::images::store_error)?;
                 Ok::<_, ApiError>(img)
             })
@@ -1067,7 +1067,9 @@ async fn run(
 }
 
 /// The start and ready commands of a template (E2B's `set_start_cmd`,
-/// `set_ready_cmd`), kept beside the image: `<data>/e2b-templates/<id>.json`.
+/// `set_ready_cmd`), kept per tenant beside the image:
+/// `<data>/e2b-templates/t-<tenant in hex>/<id>.json`. Per tenant: a build with
+/// no steps yields its base image itself, which other tenants may use too.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, Deserialize)]
 pub struct StartCmd {
     pub start: Option<String>,
@@ -1078,17 +1080,28 @@ pub struct StartCmd {
 /// (less when the sandbox's lifetime is shorter).
 const READY_WAIT: Duration = Duration::from_secs(60);
 
-fn start_file(data_dir: &Path, image: &sandlot_store::Digest) -> PathBuf {
-    let id = image.to_string();
+/// The directory of `tenant`'s start commands (its name in hex: any tenant name
+/// gives a directory of its own).
+fn start_dir(data_dir: &Path, tenant: &str) -> PathBuf {
     data_dir
         .join("e2b-templates")
-        .join(format!("{}.json", id.trim_start_matches("sha256:")))
+        .join(format!("t-{}", crate::auth::hex(tenant.as_bytes())))
 }
 
-/// Records the template's start commands for `img` (none: removes an earlier
-/// build's), written whole or not at all.
-fn save_start(data_dir: &Path, img: &ImageInfo, start: &StartCmd) -> Result<(), ApiError> {
-    let path = start_file(data_dir, &img.id);
+fn start_file(data_dir: &Path, tenant: &str, image: &sandlot_store::Digest) -> PathBuf {
+    let id = image.to_string();
+    start_dir(data_dir, tenant).join(format!("{}.json", id.trim_start_matches("sha256:")))
+}
+
+/// Records `tenant`'s template start commands for `img` (none: removes an
+/// earlier build's), written whole or not at all.
+fn save_start(
+    data_dir: &Path,
+    tenant: &str,
+    img: &sandlot_store::Digest,
+    start: &StartCmd,
+) -> Result<(), ApiError> {
+    let path = start_file(data_dir, tenant, img);
     if start == &StartCmd::default() {
         return match std::fs::remove_file(&path) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(ApiError::internal(format!(
@@ -1098,7 +1111,7 @@ fn save_start(data_dir: &Path, img: &ImageInfo, start: &StartCmd) -> Result<(), 
             _ => Ok(()),
         };
     }
-    let dir = data_dir.join("e2b-templates");
+    let dir = start_dir(data_dir, tenant);
     std::fs::create_dir_all(&dir)
         .map_err(|e| ApiError::internal(format!("create {}: {e}", dir.display())))?;
     let tmp = path.with_extension("tmp");
@@ -1108,10 +1121,15 @@ fn save_start(data_dir: &Path, img: &ImageInfo, start: &StartCmd) -> Result<(), 
         .map_err(|e| ApiError::internal(format!("write {}: {e}", path.display())))
 }
 
-/// The start commands of the image a sandbox spec names by id (`sha256:...`).
-pub fn start_of(e2b: &E2b, image: &str) -> Option<StartCmd> {
+/// The start commands `tenant`'s template builds set for the image a sandbox
+/// spec names by id (`sha256:...`).
+pub fn start_of(e2b: &E2b, tenant: &str, image: &str) -> Option<StartCmd> {
+    read_start(&e2b.app.cfg.data_dir, tenant, image)
+}
+
+fn read_start(data_dir: &Path, tenant: &str, image: &str) -> Option<StartCmd> {
     let id: sandlot_store::Digest = image.parse().ok()?;
-    let bytes = std::fs::read(start_file(&e2b.app.cfg.data_dir, &id)).ok()?;
+    let bytes = std::fs::read(start_file(data_dir, tenant, &id)).ok()?;
     serde_json::from_slice(&bytes).ok()
 }
 

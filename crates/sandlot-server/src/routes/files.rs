@@ -578,7 +578,7 @@ pub async fn tar_upload(
 /// them: the first [`SKIPPED_LISTED`], then how many more (an archive of
 /// endless links would otherwise grow the daemon's memory with every header).
 #[derive(Default)]
-struct Skipped {
+pub(super) struct Skipped {
     lines: Vec<String>,
     more: u64,
 }
@@ -587,7 +587,7 @@ struct Skipped {
 const SKIPPED_LISTED: usize = 100;
 
 impl Skipped {
-    fn note(&mut self, line: impl FnOnce() -> String) {
+    pub(super) fn note(&mut self, line: impl FnOnce() -> String) {
         if self.lines.len() < SKIPPED_LISTED {
             self.lines.push(line());
         } else {
@@ -595,7 +595,7 @@ impl Skipped {
         }
     }
 
-    fn into_lines(mut self) -> Vec<String> {
+    pub(super) fn into_lines(mut self) -> Vec<String> {
         if self.more > 0 {
             self.lines
                 .push(format!("... and {} more entries not extracted", self.more));
@@ -606,7 +606,7 @@ impl Skipped {
 
 /// A name from an archive as a skipped line shows it: at most 256 bytes (a tar
 /// header may carry a name of a megabyte).
-fn shortened(s: &str) -> std::borrow::Cow<'_, str> {
+pub(super) fn shortened(s: &str) -> std::borrow::Cow<'_, str> {
     const MAX: usize = 256;
     if s.len() <= MAX {
         return s.into();

@@ -358,16 +358,16 @@ async fn request_context(
                 tracing::error!(
                     status = e.status.as_u16(),
                     code = e.code.as_str(),
-                    detail = e.internal.as_deref().unwrap_or(""),
+                    detail = %one_line(e.internal.as_deref().unwrap_or("")),
                     "{}",
-                    e.message
+                    one_line(&e.message)
                 );
             } else if let Some(detail) = &e.internal {
-                tracing::info!(status = e.status.as_u16(), code = e.code.as_str(), detail = %detail, "{}", e.message);
+                tracing::info!(status = e.status.as_u16(), code = e.code.as_str(), detail = %one_line(detail), "{}", one_line(&e.message));
             } else {
                 // Every answered error has a line with its request id: the id a
                 // client reports finds what the daemon said and why.
-                tracing::info!(status = e.status.as_u16(), code = e.code.as_str(), "{}", e.message);
+                tracing::info!(status = e.status.as_u16(), code = e.code.as_str(), "{}", one_line(&e.message));
             }
         });
         let body = serde_json::to_vec(&e.body(&rid)).expect("error bodies serialize");
@@ -388,4 +388,37 @@ async fn request_context(
 /// A JSON response with a status.
 pub fn json_status<T: serde::Serialize>(status: StatusCode, v: &T) -> Response {
     (status, axum::Json(v)).into_response()
+}
+
+/// `s` with its control characters escaped (`\n` as the two characters `\` `n`):
+/// an error message may carry a request's decoded path segment, and a text log
+/// line must stay one line (a `%0A` in a path would otherwise write a line of
+/// its own choosing into the daemon's log).
+fn one_line(s: &str) -> std::borrow::Cow<'_, str> {
+    if !s.chars().any(char::is_control) {
+        return s.into();
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out.into()
+}
+
+#[cfg(test)]
+mod one_line_tests {
+    use super::one_line;
+
+    #[test]
+    fn an_error_logged_from_a_request_stays_on_one_line() {
+        assert_eq!(one_line("no sandbox x"), "no sandbox x");
+        let forged = one_line("no sandbox x\nINFO forged line\r\u{1b}[2J");
+        assert!(!forged.contains(['\n', '\r', '\u{1b}']), "{forged}");
+        assert_eq!(forged, "no sandbox x\\nINFO forged line\\r\\u{1b}[2J");
+        assert_eq!(one_line("é ü"), "é ü");
+    }
 }

