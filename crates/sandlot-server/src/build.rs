@@ -158,7 +158,7 @@ pub fn extract_context_from<R: Read>(
         // names the daemon's staging path: the tenant is told the entry, the log
         // has the rest.
         e.unpack_in(dir).map_err(|err| {
-            tracing::info!(entry = %p.display(), "build context entry not unpacked: {err}");
+            tracing::info!(entry = %crate::routes::one_line(&p.display().to_string()), "build context entry not unpacked: {}", crate::routes::one_line(&err.to_string()));
             ApiError::bad_request(format!(
                 "build context entry {} cannot be unpacked ({UNPACK_HINT})",
                 p.display()

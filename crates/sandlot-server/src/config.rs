@@ -519,6 +519,16 @@ impl ServerConfig {
         if self.limits.max_request_body.0 < 4096 {
             return bad("limits.max_request_body must be at least 4K".into());
         }
+        // What the store's layers may expand to must stay within what an archive's
+        // sparse entries may (their holes are read through on unpack).
+        let sparse = sandlot_store::tar_bound::MAX_SPARSE_EXPANSION;
+        if self.images.max_expanded_size.0 > sparse {
+            return bad(format!(
+                "images.max_expanded_size {} is over the maximum of {}",
+                self.images.max_expanded_size,
+                ByteSize(sparse)
+            ));
+        }
         let p = &self.id_prefix;
         if p.is_empty()
             || p.len() > 24
@@ -727,6 +737,24 @@ pub fn tenant_path_component(tenant: &str) -> String {
     }
 }
 
+/// The tenant whose directory is `component` ([`tenant_path_component`]'s inverse).
+pub fn tenant_of_path_component(component: &str) -> String {
+    let decoded = component.strip_prefix('~').and_then(|h| {
+        (h.len() % 2 == 0)
+            .then(|| {
+                (0..h.len())
+                    .step_by(2)
+                    .map(|i| u8::from_str_radix(h.get(i..i + 2)?, 16).ok())
+                    .collect::<Option<Vec<u8>>>()
+            })
+            .flatten()
+    });
+    match decoded {
+        Some(b) => String::from_utf8_lossy(&b).into_owned(),
+        None => component.to_string(),
+    }
+}
+
 /// `90s`, `5m`, `2h` (whole units when exact).
 pub fn fmt_secs(d: Duration) -> String {
     let s = d.as_secs();
@@ -756,6 +784,9 @@ mod tests {
         assert_eq!(uniq.len(), parts.len(), "{parts:?}");
         assert_eq!(tenant_path_component("acme"), "acme");
         assert_eq!(tenant_path_component(".."), "~2e2e");
+        for n in names {
+            assert_eq!(tenant_of_path_component(&tenant_path_component(n)), n);
+        }
         assert!(parts
             .iter()
             .all(|p| !p.is_empty() && !p.contains('/') && p != "." && p != ".."));

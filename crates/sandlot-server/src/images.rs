@@ -1053,7 +1053,10 @@ impl Images {
             None => fs::read_dir(&base)
                 .map(|rd| {
                     rd.flatten()
-                        .map(|e| (e.file_name().to_string_lossy().into_owned(), e.path()))
+                        .map(|e| {
+                            let dir = e.file_name().to_string_lossy().into_owned();
+                            (crate::config::tenant_of_path_component(&dir), e.path())
+                        })
                         .collect()
                 })
                 .unwrap_or_default(),

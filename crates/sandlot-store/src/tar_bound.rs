@@ -191,7 +191,7 @@ mod tests {
         .unwrap_err();
         assert!(err.to_string().contains("sparse entries expand"), "{err}");
         assert_eq!(seen, 0);
-        // A hole of a mebibyte is read through as before.
+        // A hole of a mebibyte is read through.
         let mut sizes = Vec::new();
         for_each_entry(
             &sparse_archive(1 << 20)[..],

@@ -459,7 +459,8 @@ pub struct TarResult {
     pub files: u64,
     pub dirs: u64,
     pub bytes: u64,
-    /// Entries not extracted (links, devices), with why.
+    /// Entries not extracted (links, devices), with why: the first 100, each
+    /// name cut to 256 bytes, then a line saying how many more.
     pub skipped: Vec<String>,
 }
 

@@ -93,9 +93,9 @@ fn access(e2b: &Arc<E2b>, headers: &HeaderMap) -> Result<Arc<SandboxHandle>, Acc
 fn plain(e: ApiError) -> Response {
     if e.status.is_server_error() {
         tracing::error!(
-            detail = e.internal.as_deref().unwrap_or(""),
+            detail = %crate::routes::one_line(e.internal.as_deref().unwrap_or("")),
             "e2b code interpreter: {}",
-            e.message
+            crate::routes::one_line(&e.message)
         );
     }
     (e.status, e.message).into_response()

@@ -147,9 +147,9 @@ impl From<ApiError> for ConnectError {
         if e.status.is_server_error() {
             tracing::error!(
                 code = e.code.as_str(),
-                detail = e.internal.as_deref().unwrap_or(""),
+                detail = %crate::routes::one_line(e.internal.as_deref().unwrap_or("")),
                 "envd call failed: {}",
-                e.message
+                crate::routes::one_line(&e.message)
             );
         }
         ConnectError::from_api(&e)

@@ -188,6 +188,7 @@ impl E2b {
                 k
             }
         };
+        templates::move_unowned_start_files(&app);
         Ok(Arc::new(E2b {
             app,
             cfg: cfg.with_base(),

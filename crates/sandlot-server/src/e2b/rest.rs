@@ -54,9 +54,9 @@ impl From<ApiError> for RestError {
         if e.status.is_server_error() {
             tracing::error!(
                 code = e.code.as_str(),
-                detail = e.internal.as_deref().unwrap_or(""),
+                detail = %crate::routes::one_line(e.internal.as_deref().unwrap_or("")),
                 "e2b api call failed: {}",
-                e.message
+                crate::routes::one_line(&e.message)
             );
         }
         // A quota is E2B's rate limit / concurrency limit: 429.

@@ -1093,6 +1093,47 @@ fn start_file(data_dir: &Path, tenant: &str, image: &sandlot_store::Digest) -> P
     start_dir(data_dir, tenant).join(format!("{}.json", id.trim_start_matches("sha256:")))
 }
 
+/// Start commands kept by image id alone (`e2b-templates/<id>.json`, as an
+/// earlier daemon kept them) go to the tenant that owns the image, the one that
+/// built it; those of an image no tenant owns (an operator's, which any tenant
+/// may build from without steps) or that is gone are removed: whose they were
+/// cannot be told, and read by image alone they would start in every tenant's
+/// sandboxes.
+pub fn move_unowned_start_files(app: &crate::AppState) {
+    let dir = app.cfg.data_dir.join("e2b-templates");
+    let Ok(rd) = std::fs::read_dir(&dir) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(hex) = name.strip_suffix(".json") else {
+            continue;
+        };
+        if !e.file_type().is_ok_and(|t| t.is_file()) {
+            continue;
+        }
+        let owner = format!("sha256:{hex}")
+            .parse::<sandlot_store::Digest>()
+            .ok()
+            .and_then(|d| Some((app.images.store.get(&d).ok()?.owner?, d)));
+        let moved = owner.and_then(|(tenant, d)| {
+            let to = start_file(&app.cfg.data_dir, &tenant, &d);
+            let parent = to.parent()?;
+            std::fs::create_dir_all(parent).ok()?;
+            std::fs::rename(e.path(), &to).ok().map(|()| tenant)
+        });
+        match moved {
+            Some(tenant) => {
+                tracing::info!(image = %hex, %tenant, "e2b start commands moved to the tenant that built the image")
+            }
+            None => {
+                let _ = std::fs::remove_file(e.path());
+                tracing::warn!(image = %hex, "e2b start commands of an image no tenant owns removed (rebuild the template to set them again)");
+            }
+        }
+    }
+}
+
 /// Records `tenant`'s template start commands for `img` (none: removes an
 /// earlier build's), written whole or not at all.
 fn save_start(

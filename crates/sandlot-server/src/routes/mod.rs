@@ -394,7 +394,7 @@ pub fn json_status<T: serde::Serialize>(status: StatusCode, v: &T) -> Response {
 /// an error message may carry a request's decoded path segment, and a text log
 /// line must stay one line (a `%0A` in a path would otherwise write a line of
 /// its own choosing into the daemon's log).
-fn one_line(s: &str) -> std::borrow::Cow<'_, str> {
+pub(crate) fn one_line(s: &str) -> std::borrow::Cow<'_, str> {
     if !s.chars().any(char::is_control) {
         return s.into();
     }
