@@ -698,16 +698,7 @@ impl SlotPool {
                 match self.reserve(&mut st) {
                     Ok(slot) => break slot,
                     Err(NetError::Exhausted) if st.busy > 0 => {
-                        let left = deadline.saturating_duration_since(Instant::now());
-                        if left.is_zero() {
-                            return Err(NetError::Exhausted);
-                        }
-                        st = self
-                            .inner
-                            .cv
-                            .wait_timeout(st, left)
-                            .unwrap_or_else(|e| e.into_inner())
-                            .0;
+                        st = self.wait_until(st, deadline).ok_or(NetError::Exhausted)?;
                     }
                     Err(e) => return Err(e),
                 }
@@ -768,18 +759,32 @@ impl SlotPool {
         let deadline = Instant::now() + timeout;
         let mut st = self.lock();
         while st.ready.len() < n {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return false;
+            match self.wait_until(st, deadline) {
+                Some(next) => st = next,
+                None => return false,
             }
-            st = self
-                .inner
+        }
+        true
+    }
+
+    /// Waits for the pool's state to change, at most until `deadline`; `None`
+    /// once it has passed.
+    fn wait_until<'a>(
+        &self,
+        st: std::sync::MutexGuard<'a, PoolState>,
+        deadline: Instant,
+    ) -> Option<std::sync::MutexGuard<'a, PoolState>> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return None;
+        }
+        Some(
+            self.inner
                 .cv
                 .wait_timeout(st, left)
                 .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
-        true
+                .0,
+        )
     }
 
     /// Stops building, deletes the ready slots and waits (bounded) for pending
@@ -797,20 +802,14 @@ impl SlotPool {
         let deadline = Instant::now() + timeout;
         let mut st = self.lock();
         while st.busy > 0 {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                tracing::warn!(
-                    pending = st.busy,
-                    "network slots still being built or torn down"
-                );
-                break;
+            let pending = st.busy;
+            match self.wait_until(st, deadline) {
+                Some(next) => st = next,
+                None => {
+                    tracing::warn!(pending, "network slots still being built or torn down");
+                    break;
+                }
             }
-            st = self
-                .inner
-                .cv
-                .wait_timeout(st, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
         }
     }
 

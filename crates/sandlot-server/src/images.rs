@@ -824,16 +824,18 @@ impl Images {
 
     // ---- volumes ----
 
-    /// The directory of `tenant`'s volume `name`; `None` for a name that is not a
-    /// valid one (a request's name is never joined to a host path unchecked: a
-    /// `..` or a `/` in it would reach another tenant's volumes).
+    /// `data_dir/KIND/TENANT/NAME`, the place of `tenant`'s volume or secret
+    /// `name`; `None` for a name that is not a valid one (a request's name is
+    /// never joined to a host path unchecked: a `..` or a `/` in it would reach
+    /// another tenant's objects).
+    fn tenant_object(&self, kind: &str, tenant: &str, name: &str) -> Option<PathBuf> {
+        valid_object_name(name)
+            .then(|| self.data_dir.join(kind).join(tenant_dir(tenant)).join(name))
+    }
+
+    /// The directory of `tenant`'s volume `name` (see [`Self::tenant_object`]).
     fn volume_dir(&self, tenant: &str, name: &str) -> Option<PathBuf> {
-        valid_object_name(name).then(|| {
-            self.data_dir
-                .join("volumes")
-                .join(tenant_dir(tenant))
-                .join(name)
-        })
+        self.tenant_object("volumes", tenant, name)
     }
 
     pub fn create_volume(
@@ -977,15 +979,9 @@ impl Images {
 
     // ---- secrets ----
 
-    /// The file of `tenant`'s secret `name`; `None` for a name that is not a
-    /// valid one (never joined to a host path unchecked).
+    /// The file of `tenant`'s secret `name` (see [`Self::tenant_object`]).
     fn secret_path(&self, tenant: &str, name: &str) -> Option<PathBuf> {
-        valid_object_name(name).then(|| {
-            self.data_dir
-                .join("secrets")
-                .join(tenant_dir(tenant))
-                .join(name)
-        })
+        self.tenant_object("secrets", tenant, name)
     }
 
     pub fn create_secret(
