@@ -558,3 +558,57 @@ fn a_flood_of_watched_changes_leaves_the_agent_answering_commands_on(isolation: 
         },
     );
 }
+
+/// A tenant uploads a tar of thousands of link entries, each naming a target of a
+/// kilobyte: the answer lists the first 100, each cut short, and counts the rest
+/// (held whole, however many came, they would grow the daemon's memory).
+#[test]
+fn a_tar_of_endless_links_is_answered_with_a_bounded_list() {
+    let d = Daemon::start(None);
+    let token = d.token("acme");
+    let (st, b) = d.tcp_raw(&token, "POST", "/v1/sandboxes", "application/json", b"{}");
+    assert_eq!(st, 201, "{b}");
+    let id = serde_json::from_str::<serde_json::Value>(&b).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut tar = tar::Builder::new(Vec::new());
+    let target = "t".repeat(1000);
+    for i in 0..2000 {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Symlink);
+        h.set_size(0);
+        tar.append_link(&mut h, format!("l{i}"), &target).unwrap();
+    }
+    let mut h = tar::Header::new_gnu();
+    h.set_size(2);
+    h.set_mode(0o644);
+    tar.append_data(&mut h, "f", &b"hi"[..]).unwrap();
+    let body = tar.into_inner().unwrap();
+    let (st, b) = d.tcp_raw(
+        &token,
+        "PUT",
+        &format!("/v1/sandboxes/{id}/files/tar?path=/tmp/up"),
+        "application/x-tar",
+        &body,
+    );
+    assert_eq!(st, 201, "{b}");
+    let v: serde_json::Value = serde_json::from_str(&b).unwrap();
+    assert_eq!(v["files"], 1, "{v}");
+    let skipped = v["skipped"].as_array().unwrap();
+    assert_eq!(skipped.len(), 101, "{}", skipped.len());
+    assert_eq!(skipped[100], "... and 1900 more entries not extracted");
+    assert!(
+        skipped.iter().all(|l| l.as_str().unwrap().len() < 400),
+        "{}",
+        skipped[0]
+    );
+    let (st, b) = d.tcp_raw(
+        &token,
+        "DELETE",
+        &format!("/v1/sandboxes/{id}"),
+        "application/json",
+        b"",
+    );
+    assert_eq!(st, 200, "{b}");
+}
