@@ -32,9 +32,14 @@ fn listening(addr: &str) -> bool {
 
 /// The host port ranges these tests publish in. They lie below the kernel's
 /// ephemeral range (32768 and up by default), so no listener that another test
-/// bound to port 0 can hold one of them.
+/// bound to port 0 can hold one of them, and inside the ports that
+/// `api_support::free_port` never draws for other tests' servers.
 const PUBLISH_RANGE: (u16, u16) = (31100, 31199);
 const CLI_RANGE: (u16, u16) = (31200, 31299);
+const _: () = assert!(
+    *api_support::PUBLISHING_TESTS_PORTS.start() <= PUBLISH_RANGE.0
+        && CLI_RANGE.1 <= *api_support::PUBLISHING_TESTS_PORTS.end()
+);
 
 /// A port of `range` on 127.0.0.1 that nothing listens on now, other than `not`.
 fn free_port(range: (u16, u16), not: &[u16]) -> u16 {

@@ -64,10 +64,16 @@ pub struct Daemon {
     pub open_file_limit: Option<u64>,
 }
 
+/// Loopback ports that tests publishing sandbox ports on fixed host ranges own
+/// (`api_ports.rs`): `free_port` never draws from them, so no other test's server
+/// listens there while those tests count the listeners in their ranges.
+pub const PUBLISHING_TESTS_PORTS: std::ops::RangeInclusive<u16> = 31_000..=31_999;
+
 /// A loopback port free right now, for a server this test starts. It is drawn
 /// below the kernel's ephemeral range, so that no outgoing connection (the suite
-/// makes thousands) takes it between this check and the server's bind; the draw
-/// is random, so that tests running at once rarely draw the same one.
+/// makes thousands) takes it between this check and the server's bind, and
+/// outside `PUBLISHING_TESTS_PORTS`; the draw is random, so that tests running at
+/// once rarely draw the same one.
 pub fn free_port() -> u16 {
     use std::hash::{BuildHasher, Hasher};
     let ephemeral_start = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
@@ -88,6 +94,9 @@ pub fn free_port() -> u16 {
         let seed = h.finish();
         for k in 0..span {
             let port = LOW + ((seed.wrapping_add(k.wrapping_mul(7919))) % span) as u16;
+            if PUBLISHING_TESTS_PORTS.contains(&port) {
+                continue;
+            }
             if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
                 return port;
             }
