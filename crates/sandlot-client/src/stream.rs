@@ -13,6 +13,9 @@ use crate::api::{ApiErrorBody, ErrorEnvelope, ProcessExit, StreamEvent, WatchEve
 use crate::conn::{dial, RespBody, Target};
 use crate::{Error, RunOutput};
 
+/// Largest stdin message a stream sends.
+const STDIN_MESSAGE: usize = 64 * 1024;
+
 /// The error of a non-2xx response.
 pub async fn error_of(resp: http::Response<RespBody>) -> Error {
     let status = resp.status();
@@ -290,11 +293,16 @@ impl WsSession {
             .map_err(|e| Error::Transport(e.to_string()))
     }
 
+    /// Sends `data` to the process's stdin, in messages of at most 64 KiB (the
+    /// daemon takes no message larger than a request body, 1 MiB by default).
     pub async fn write_stdin(&mut self, data: &[u8]) -> Result<(), Error> {
-        self.ws
-            .send(Message::Binary(Bytes::copy_from_slice(data)))
-            .await
-            .map_err(|e| Error::Transport(e.to_string()))
+        for chunk in data.chunks(STDIN_MESSAGE) {
+            self.ws
+                .send(Message::Binary(Bytes::copy_from_slice(chunk)))
+                .await
+                .map_err(|e| Error::Transport(e.to_string()))?;
+        }
+        Ok(())
     }
 
     pub async fn close_stdin(&mut self) -> Result<(), Error> {

@@ -122,18 +122,28 @@ pub fn formerr(query: &[u8]) -> Option<Vec<u8>> {
     Some(r)
 }
 
-/// A recursive query for `name`/`qtype`.
-pub fn build_query(id: u16, name: &str, qtype: u16) -> Vec<u8> {
+/// A recursive query for `name`/`qtype`; a name whose labels a DNS question
+/// cannot carry as they are (empty, over 63 bytes, over 255 in all) is refused,
+/// never cut to fit.
+pub fn build_query(id: u16, name: &str, qtype: u16) -> Result<Vec<u8>, WireError> {
     let mut q = id.to_be_bytes().to_vec();
     q.extend_from_slice(&[0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0]);
-    for l in name.split('.').filter(|l| !l.is_empty()) {
-        q.push(l.len() as u8);
+    let name = name.strip_suffix('.').unwrap_or(name);
+    if name.is_empty() || name.len() > 253 {
+        return Err(WireError::BadName);
+    }
+    for l in name.split('.') {
+        let len = u8::try_from(l.len()).map_err(|_| WireError::BadName)?;
+        if len == 0 || len > 63 {
+            return Err(WireError::BadName);
+        }
+        q.push(len);
         q.extend_from_slice(l.as_bytes());
     }
     q.push(0);
     q.extend_from_slice(&qtype.to_be_bytes());
     q.extend_from_slice(&1u16.to_be_bytes());
-    q
+    Ok(q)
 }
 
 /// Skips a possibly compressed name; returns the offset after it.
@@ -150,18 +160,25 @@ fn skip_name(b: &[u8], mut i: usize) -> Option<usize> {
     }
 }
 
-/// The response code and the A records of an answer to query `id`.
-pub fn parse_a_answer(b: &[u8], id: u16) -> Option<(u8, Vec<Ipv4Addr>)> {
-    if b.len() < 12 || u16::from_be_bytes([b[0], b[1]]) != id || b[2] & 0x80 == 0 {
+/// The response code and the A records of an answer to `query` (from
+/// [`build_query`]): its id and its question (the name compared without regard to
+/// case) must be the query's, or it answers something else.
+pub fn parse_a_answer(b: &[u8], query: &[u8]) -> Option<(u8, Vec<Ipv4Addr>)> {
+    if b.len() < 12 || query.len() < 12 || b[..2] != query[..2] || b[2] & 0x80 == 0 {
         return None;
     }
     let code = b[3] & 0x0f;
     let qd = u16::from_be_bytes([b[4], b[5]]);
     let an = u16::from_be_bytes([b[6], b[7]]);
-    let mut i = 12;
-    for _ in 0..qd {
-        i = skip_name(b, i)? + 4;
+    let question = &query[12..];
+    if qd != 1
+        || !b
+            .get(12..12 + question.len())?
+            .eq_ignore_ascii_case(question)
+    {
+        return None;
     }
+    let mut i = 12 + question.len();
     let mut out = Vec::new();
     for _ in 0..an {
         i = skip_name(b, i)?;
@@ -202,7 +219,7 @@ mod tests {
 
     #[test]
     fn queries_round_trip() {
-        let q = build_query(0x1234, "Allowed.Test", qtype::A);
+        let q = build_query(0x1234, "Allowed.Test", qtype::A).unwrap();
         let p = parse_query(&q).unwrap();
         assert_eq!(p.id, 0x1234);
         assert_eq!(p.name, "allowed.test");
@@ -213,35 +230,35 @@ mod tests {
 
     #[test]
     fn refusals_echo_the_question() {
-        let q = build_query(7, "denied.test", qtype::TXT);
+        let q = build_query(7, "denied.test", qtype::TXT).unwrap();
         let p = parse_query(&q).unwrap();
         let r = empty_response(&q, &p, rcode::NXDOMAIN);
         assert_eq!(&r[..2], &[0, 7]);
         assert_eq!(r[3] & 0x0f, rcode::NXDOMAIN);
         assert_eq!(r[2] & 0x80, 0x80);
         assert_eq!(&r[12..], &q[12..]);
-        assert_eq!(parse_a_answer(&r, 7), Some((rcode::NXDOMAIN, vec![])));
+        assert_eq!(parse_a_answer(&r, &q), Some((rcode::NXDOMAIN, vec![])));
     }
 
     #[test]
     fn malformed_queries_are_rejected() {
         assert_eq!(parse_query(&[0; 5]), Err(WireError::Short));
-        let mut q = build_query(1, "a.test", 1);
+        let mut q = build_query(1, "a.test", 1).unwrap();
         q[2] |= 0x80;
         assert_eq!(parse_query(&q), Err(WireError::NotQuery));
-        let mut q = build_query(1, "a.test", 1);
+        let mut q = build_query(1, "a.test", 1).unwrap();
         q[5] = 2;
         assert_eq!(parse_query(&q), Err(WireError::Questions(2)));
-        let mut q = build_query(1, "a.test", 1);
+        let mut q = build_query(1, "a.test", 1).unwrap();
         q[12] = 0xc0;
         assert_eq!(parse_query(&q), Err(WireError::BadName));
-        let q = build_query(1, "a.test", 1);
+        let q = build_query(1, "a.test", 1).unwrap();
         assert_eq!(parse_query(&q[..q.len() - 2]), Err(WireError::BadName));
     }
 
     #[test]
     fn a_records_are_read_through_compression() {
-        let q = build_query(9, "x.test", qtype::A);
+        let q = build_query(9, "x.test", qtype::A).unwrap();
         let mut r = q.clone();
         r[2] = 0x81;
         r[3] = 0x80;
@@ -251,12 +268,42 @@ mod tests {
             r.extend_from_slice(&ip);
         }
         assert_eq!(
-            parse_a_answer(&r, 9),
+            parse_a_answer(&r, &q),
             Some((
                 0,
                 vec![Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 2)]
             ))
         );
-        assert_eq!(parse_a_answer(&r, 10), None);
+        let mut other_id = q.clone();
+        other_id[1] = 10;
+        assert_eq!(parse_a_answer(&r, &other_id), None);
+        // The same answer to a query for another name is no answer to it.
+        let y = build_query(9, "y.test", qtype::A).unwrap();
+        assert_eq!(parse_a_answer(&r, &y), None);
+        // The name's case is not compared (resolvers may echo it changed).
+        let upper = build_query(9, "X.TEST", qtype::A).unwrap();
+        assert_eq!(parse_a_answer(&r, &upper).map(|a| a.1.len()), Some(2));
+    }
+
+    #[test]
+    fn a_name_a_question_cannot_carry_is_refused_not_cut() {
+        // A 260-byte label would have been written with the length byte 4,
+        // turning the rest of the label into a question of its own.
+        let forged = format!("evil{}.wild.test", "x".repeat(256));
+        assert_eq!(build_query(1, &forged, qtype::A), Err(WireError::BadName));
+        assert_eq!(
+            build_query(1, &format!("{}.test", "a".repeat(64)), qtype::A),
+            Err(WireError::BadName)
+        );
+        assert_eq!(build_query(1, "a..test", qtype::A), Err(WireError::BadName));
+        assert_eq!(build_query(1, "", qtype::A), Err(WireError::BadName));
+        let long = ["a".repeat(63).as_str(); 4].join(".");
+        assert_eq!(build_query(1, &long, qtype::A), Err(WireError::BadName));
+        // 63-byte labels and a trailing dot are fine.
+        let q = build_query(1, &format!("{}.test.", "a".repeat(63)), qtype::A).unwrap();
+        assert_eq!(
+            parse_query(&q).unwrap().name,
+            format!("{}.test", "a".repeat(63))
+        );
     }
 }

@@ -89,6 +89,49 @@ fn port_ok(ports: &[u16], port: u16) -> bool {
     ports.is_empty() || ports.contains(&port)
 }
 
+/// Why `name` (a TLS server name or HTTP `Host`, one trailing dot allowed) is not
+/// a host name the proxy resolves or matches against rules: it must be at most
+/// 253 bytes of labels of 1 to 63 letters, digits, `-` or `_`. Anything else
+/// (control bytes, a label longer than a DNS length byte can say, spaces) could
+/// ask the resolver for another name than the one the rules matched.
+pub fn host_name_problem(name: &str) -> Option<String> {
+    let n = name.strip_suffix('.').unwrap_or(name);
+    let shown = || {
+        let cut: String = n.chars().take(64).collect();
+        let more = if cut.len() < n.len() { "..." } else { "" };
+        format!("{cut:?}{more}")
+    };
+    if n.is_empty() {
+        return Some("an empty server name".into());
+    }
+    if n.len() > 253 {
+        return Some(format!(
+            "a server name of {} bytes (at most 253): {}",
+            n.len(),
+            shown()
+        ));
+    }
+    for label in n.split('.') {
+        if label.is_empty() || label.len() > 63 {
+            return Some(format!(
+                "a server name with a label of {} bytes (1 to 63): {}",
+                label.len(),
+                shown()
+            ));
+        }
+        if !label
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            return Some(format!(
+                "a server name that is not a host name (letters, digits, '-', '_'): {}",
+                shown()
+            ));
+        }
+    }
+    None
+}
+
 /// Lowercases a DNS name and strips one trailing dot.
 pub fn normalize_name(name: &str) -> String {
     let n = name.strip_suffix('.').unwrap_or(name);
@@ -214,7 +257,11 @@ pub const ALWAYS_DENIED: &[&str] = &[
     "::1/128",
     "fe80::/10",
     "ff00::/8",
+    // Cloud metadata and agent endpoints outside link-local: AWS's IPv6 one,
+    // Azure's WireServer, Alibaba Cloud's metadata server.
     "fd00:ec2::254/128",
+    "168.63.129.16/32",
+    "100.100.100.200/32",
 ];
 
 /// Private ranges, reachable only when the operator lists them in `allow_private`.
@@ -507,6 +554,10 @@ mod tests {
         assert!(d("127.0.0.1").is_some());
         assert!(d("::ffff:127.0.0.1").is_some());
         assert!(d("fd00:ec2::254").is_some());
+        assert!(d("168.63.129.16").is_some(), "Azure's WireServer");
+        assert!(d("168.63.129.17").is_none());
+        // Even where the operator allows 100.64/10, which holds it.
+        assert!(d("100.100.100.200").is_some(), "Alibaba Cloud's metadata");
         assert!(d("100.96.0.6").is_some(), "another sandbox");
         // Even where the operator allows 100.64/10: another daemon's automatic subnet.
         assert!(d("100.97.0.2").is_some(), "another daemon's sandbox");

@@ -273,7 +273,10 @@ async fn handle(shared: &Shared, sb: Arc<Attached>, mut client: TcpStream) {
         shared.record(ev);
         return;
     }
+    // The sniffed opening (up to 64 KiB and its spare room) is not kept for the
+    // connection's life.
     let out = Arc::new(AtomicU64::new(first.len() as u64));
+    drop(first);
     let inn = Arc::new(AtomicU64::new(0));
     let mut gen = sb.generation.subscribe();
     let relay = relay(client, up, out.clone(), inn.clone(), shared.timeouts);

@@ -216,15 +216,24 @@ pub async fn forward(upstream: &[SocketAddr], query: &[u8]) -> Option<Vec<u8>> {
 
 /// The A records of `name`, asked of the upstream resolvers.
 pub async fn resolve_a(upstream: &[SocketAddr], name: &str) -> Result<Vec<Ipv4Addr>, String> {
-    let id: u16 = (now_ms() as u16) ^ (std::process::id() as u16).rotate_left(7);
-    let q = dns::build_query(id, name, qtype::A);
+    let q = dns::build_query(query_id(), name, qtype::A)
+        .map_err(|_| format!("{name:?} cannot be asked of a resolver"))?;
     let r = forward(upstream, &q)
         .await
         .ok_or_else(|| format!("no upstream resolver answered for {name}"))?;
-    match dns::parse_a_answer(&r, id) {
+    match dns::parse_a_answer(&r, &q) {
         Some((0, v)) if !v.is_empty() => Ok(v),
         Some((0, _)) => Err(format!("{name} has no IPv4 address")),
         Some((c, _)) => Err(format!("resolving {name}: rcode {c}")),
         None => Err(format!("resolving {name}: malformed answer")),
     }
+}
+
+/// A query id no one off the path can predict (from the standard library's
+/// randomly keyed hasher, fed the time).
+fn query_id() -> u16 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_i64(now_ms());
+    h.finish() as u16
 }

@@ -34,7 +34,7 @@ pub fn sniff(buf: &[u8]) -> Sniffed {
     match buf.first() {
         None => Sniffed::NeedMore,
         Some(0x16) => sniff_tls(buf),
-        Some(c) if c.is_ascii_uppercase() || *c == b'\r' || *c == b'\n' => sniff_http(buf),
+        Some(c) if c.is_ascii_alphabetic() || *c == b'\r' || *c == b'\n' => sniff_http(buf),
         Some(_) => Sniffed::Unknown,
     }
 }
@@ -154,7 +154,7 @@ fn parse_client_hello(b: &[u8]) -> Option<Sniffed> {
                         if sni.is_some() {
                             return None; // two host names
                         }
-                        sni = Some(String::from_utf8(name.to_vec()).ok()?);
+                        sni = Some(String::from_utf8_lossy(name).into_owned());
                     }
                 }
             }
@@ -163,7 +163,10 @@ fn parse_client_hello(b: &[u8]) -> Option<Sniffed> {
         }
     }
     Some(match sni {
-        Some(sni) => Sniffed::Tls { sni, ech },
+        Some(sni) => match crate::policy::host_name_problem(&sni) {
+            None => Sniffed::Tls { sni, ech },
+            Some(why) => Sniffed::Refused(why),
+        },
         None => Sniffed::TlsNoSni,
     })
 }
@@ -203,7 +206,10 @@ fn sniff_http(buf: &[u8]) -> Sniffed {
     let b = &buf[start..];
     // A method (an uppercase word) and a space or tab: from here on, this is an
     // HTTP request, and one the proxy cannot read is refused, not passed on.
-    let m = b.iter().take_while(|c| c.is_ascii_uppercase()).count();
+    // Servers that take methods in any case exist too: a word with lowercase
+    // letters begins an HTTP request when its line ends in an HTTP version (so
+    // that lowercase text protocols, `get key` and the like, stay unnamed).
+    let m = b.iter().take_while(|c| c.is_ascii_alphabetic()).count();
     if m == 0 || m > 16 {
         return Sniffed::Unknown;
     }
@@ -211,6 +217,20 @@ fn sniff_http(buf: &[u8]) -> Sniffed {
         None => return http_need_more(buf.len()),
         Some(b' ' | b'\t') => {}
         Some(_) => return Sniffed::Unknown,
+    }
+    if !b[..m].iter().all(u8::is_ascii_uppercase) {
+        let Some(eol) = b.iter().position(|c| *c == b'\n') else {
+            return if buf.len() >= MAX_PEEK {
+                Sniffed::Unknown
+            } else {
+                Sniffed::NeedMore
+            };
+        };
+        let line = b[..eol].strip_suffix(b"\r").unwrap_or(&b[..eol]);
+        let last = line.rsplit(|c| *c == b' ' || *c == b'\t').next();
+        if !last.is_some_and(|w| w.len() >= 5 && w[..5].eq_ignore_ascii_case(b"HTTP/")) {
+            return Sniffed::Unknown;
+        }
     }
     let Some(end) = header_block_end(b) else {
         return http_need_more(buf.len());
@@ -225,10 +245,10 @@ fn sniff_http(buf: &[u8]) -> Sniffed {
     let (Some(method), Some(target), Some(version)) = (method, target, version) else {
         return Sniffed::Refused("not an HTTP/1 request line".into());
     };
-    if parts.next().is_some() || !version.starts_with("HTTP/") {
+    if parts.next().is_some() || !version.to_ascii_uppercase().starts_with("HTTP/") {
         return Sniffed::Refused("not an HTTP/1 request line".into());
     }
-    if method == "CONNECT" {
+    if method.eq_ignore_ascii_case("CONNECT") {
         return Sniffed::Refused("CONNECT is refused: this is not a forward proxy".into());
     }
     let mut host = None;
@@ -248,12 +268,21 @@ fn sniff_http(buf: &[u8]) -> Sniffed {
     let Some(host) = host.filter(|h| !h.is_empty()) else {
         return Sniffed::Refused("no Host header".into());
     };
-    // An absolute URI names the host too; both must agree.
+    let v6_literal = host.parse::<std::net::Ipv6Addr>().is_ok();
+    if let Some(why) = crate::policy::host_name_problem(&host).filter(|_| !v6_literal) {
+        return Sniffed::Refused(format!("Host: {why}"));
+    }
+    // An absolute URI (of any scheme: servers take the host from `ws://` as
+    // from `http://`) names the host too; both must agree.
     let lower = target.to_ascii_lowercase();
-    if let Some(rest) = lower
-        .strip_prefix("http://")
-        .or_else(|| lower.strip_prefix("https://"))
-    {
+    let scheme_end = lower.find("://").filter(|&i| {
+        i > 0
+            && lower[..i].starts_with(|c: char| c.is_ascii_alphabetic())
+            && lower[..i]
+                .bytes()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'+' | b'-' | b'.'))
+    });
+    if let Some(rest) = scheme_end.map(|i| &lower[i + 3..]) {
         let auth = rest.split(['/', '?', '#']).next().unwrap_or("");
         let auth = auth.rsplit('@').next().unwrap_or("");
         if strip_port(auth) != host {
@@ -536,6 +565,92 @@ pub(crate) mod tests {
                 header_end: v6.len()
             }
         );
+    }
+
+    #[test]
+    fn a_server_name_that_is_not_a_host_name_is_refused() {
+        // A label longer than a DNS length byte can say: asked as it was, the
+        // rest of the label became a question for another name.
+        let forged = format!(
+            "evil\x03com\x00\x00\x01\x00\x01{}.wild.test",
+            "x".repeat(247)
+        );
+        for bad in [
+            forged.as_str(),
+            "a\x1b[2Jb.test",
+            "a b.test",
+            "a..test",
+            &format!("{}.test", "a".repeat(64)),
+            &["a".repeat(63).as_str(); 5].join("."),
+        ] {
+            assert!(
+                matches!(sniff(&client_hello(Some(bad), false)), Sniffed::Refused(_)),
+                "SNI {bad:?}"
+            );
+            let req = format!("GET / HTTP/1.1\r\nHost: {bad}\r\n\r\n");
+            assert!(
+                matches!(sniff(req.as_bytes()), Sniffed::Refused(_)),
+                "Host {bad:?}"
+            );
+        }
+        // Not UTF-8: refused too, not read as some other name.
+        let mut ch = client_hello(Some("a\u{e9}.test"), false);
+        let at = ch
+            .windows(2)
+            .position(|w| w == "\u{e9}".as_bytes())
+            .unwrap();
+        ch[at] = 0xff;
+        assert!(matches!(sniff(&ch), Sniffed::Refused(_)));
+        // Host names with underscores, digits and a trailing dot are fine.
+        assert_eq!(
+            sniff(&client_hello(Some("_srv.a-1.test."), false)),
+            Sniffed::Tls {
+                sni: "_srv.a-1.test.".into(),
+                ech: false
+            }
+        );
+    }
+
+    #[test]
+    fn an_absolute_uri_of_any_scheme_must_name_the_host() {
+        for target in [
+            "ws://denied.test/",
+            "WSS://denied.test:443/x",
+            "ftp://u@denied.test/",
+        ] {
+            let req = format!("GET {target} HTTP/1.1\r\nHost: allowed.test\r\n\r\n");
+            assert!(
+                matches!(sniff(req.as_bytes()), Sniffed::Refused(_)),
+                "{target}"
+            );
+        }
+        let ok = b"GET ws://allowed.test/ HTTP/1.1\r\nHost: allowed.test\r\n\r\n";
+        assert!(matches!(sniff(ok), Sniffed::Http { .. }));
+        // A path that merely contains "://" is not an absolute URI.
+        let path = b"GET /r?u=http://x.test HTTP/1.1\r\nHost: allowed.test\r\n\r\n";
+        assert!(matches!(sniff(path), Sniffed::Http { .. }));
+    }
+
+    #[test]
+    fn a_lowercase_method_is_read_as_http_when_its_line_ends_in_a_version() {
+        let r = b"get / HTTP/1.1\r\nHost: Denied.Test\r\n\r\n";
+        assert_eq!(
+            sniff(r),
+            Sniffed::Http {
+                host: "denied.test".into(),
+                header_end: r.len()
+            }
+        );
+        let r = b"Get / http/1.1\r\nHost: denied.test\r\n\r\n";
+        assert!(matches!(sniff(r), Sniffed::Http { .. }));
+        assert!(matches!(
+            sniff(b"connect denied.test:443 HTTP/1.1\r\nHost: denied.test\r\n\r\n"),
+            Sniffed::Refused(_)
+        ));
+        // Lowercase text protocols stay unnamed.
+        assert_eq!(sniff(b"get key\r\n"), Sniffed::Unknown);
+        assert_eq!(sniff(b"set key 0 0 1\r\nx\r\n"), Sniffed::Unknown);
+        assert_eq!(sniff(b"get / HTTP/1."), Sniffed::NeedMore);
     }
 
     #[test]

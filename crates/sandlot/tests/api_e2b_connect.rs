@@ -52,6 +52,25 @@ impl Front {
     }
 }
 
+impl Front {
+    /// A unary call of envd's `filesystem.Filesystem` (`application/json`).
+    fn filesystem(&self, method: &str, body: &Value) -> (u16, Value) {
+        let (st, b) = http(
+            self.port,
+            "POST",
+            &format!("/filesystem.Filesystem/{method}"),
+            &[
+                ("X-API-Key", &self.key),
+                ("E2b-Sandbox-Id", &self.sandbox),
+                ("X-Access-Token", &self.access),
+                ("Content-Type", "application/json"),
+            ],
+            &serde_json::to_vec(body).unwrap(),
+        );
+        (st, serde_json::from_str(&b).unwrap_or(Value::String(b)))
+    }
+}
+
 fn start(config_port: u16) -> (Daemon, Front) {
     let d = Daemon::start(Some(&format!(
         "[e2b]\nlisten = \"127.0.0.1:{config_port}\"\n"
@@ -156,4 +175,29 @@ fn a_compressed_frame_is_unimplemented() {
     assert_eq!(st, 200, "{body}");
     let e = stream_error(&body).unwrap_or_else(|| panic!("{body}"));
     assert_eq!(e["code"], "unimplemented", "{e}");
+}
+
+/// Polled watchers (`CreateWatcher`) each keep a task and its events in the
+/// daemon until removed: a sandbox has at most 16 at once, the next is refused
+/// naming the bound, and removing one makes room.
+#[test]
+fn a_sandbox_keeps_a_bounded_number_of_polled_watchers() {
+    let (_d, f) = start(api_support::free_port());
+    let mut ids = Vec::new();
+    for _ in 0..16 {
+        let (st, v) = f.filesystem("CreateWatcher", &json!({"path": "/tmp"}));
+        assert_eq!(st, 200, "{v}");
+        ids.push(v["watcherId"].as_str().unwrap().to_string());
+    }
+    let (st, v) = f.filesystem("CreateWatcher", &json!({"path": "/tmp"}));
+    assert_eq!(
+        (st, v["code"].as_str()),
+        (429, Some("resource_exhausted")),
+        "{v}"
+    );
+    assert!(v["message"].as_str().unwrap().contains("remove one"), "{v}");
+    let (st, v) = f.filesystem("RemoveWatcher", &json!({"watcherId": ids[0]}));
+    assert_eq!(st, 200, "{v}");
+    let (st, v) = f.filesystem("CreateWatcher", &json!({"path": "/tmp"}));
+    assert_eq!(st, 200, "{v}");
 }

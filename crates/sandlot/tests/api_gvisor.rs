@@ -443,6 +443,91 @@ fn a_gvisor_sandbox_runs_a_store_image_and_its_snapshot_has_its_writes() {
     d.shutdown();
 }
 
+/// The attack: an image whose `/tmp` is a link to a host path (made in a namespace
+/// sandbox and saved as a snapshot). `runsc` resolves a bind's source on the host,
+/// so binding the root's `/tmp` by path would mount the host directory the link
+/// names into a gVisor sandbox. Such an image is refused on gVisor, naming the
+/// problem, and leaves nothing behind; on the namespace backend the link is
+/// followed inside the root only.
+#[test]
+fn an_images_tmp_link_never_binds_a_host_directory_into_a_gvisor_sandbox() {
+    // A host directory the link names, and which the image has too (so that the
+    // plan's `/tmp` step, following the link inside the root, finds it).
+    let marker =
+        std::path::PathBuf::from(format!("/var/tmp/sandlot-tmp-link-{}", std::process::id()));
+    std::fs::create_dir_all(&marker).unwrap();
+    std::fs::write(marker.join("host-secret"), "host\n").unwrap();
+    struct Gone(std::path::PathBuf);
+    impl Drop for Gone {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _gone = Gone(marker.clone());
+    let mut d = Daemon::start(None);
+    let tmp = d.dir.join("work");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let archive = img_support::base_archive(&tmp, "test/base:1", 1);
+    let (code, out, err) = d.cli(&["image", "import", archive.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    let c = d.client();
+    rt().block_on(async {
+        let ns = |image: &str| spec_body(json!({"image": image}));
+        let a = c.create_sandbox(&ns("test/base:1")).await.unwrap().id;
+        let link = format!(
+            "mkdir -p {m} && rm -rf /tmp && ln -s {m} /tmp && ls -ld /tmp",
+            m = marker.display()
+        );
+        let o = c.run(&a, &["/bin/sh", "-c", &link]).await.unwrap();
+        assert_eq!(
+            o.exit.code,
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        c.call_json(
+            "POST",
+            &format!("/v1/sandboxes/{a}/snapshot"),
+            Some(&json!({"tag": "test/tmplink:1"})),
+        )
+        .await
+        .unwrap();
+        c.delete_sandbox(&a).await.unwrap();
+
+        let e = c
+            .create_sandbox(&spec_body(
+                json!({"image": "test/tmplink:1", "isolation": "gvisor"}),
+            ))
+            .await
+            .unwrap_err();
+        assert_eq!(e.status().map(|s| s.as_u16()), Some(400), "{e}");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("/tmp") && msg.contains("symbolic link"),
+            "{msg}"
+        );
+        assert!(!msg.contains(&marker.display().to_string()), "{msg}");
+        eventually(10, "the refused sandbox's traces to go", || {
+            let p = d.prefix.clone();
+            async move { leftovers_of(&p).is_empty() }
+        })
+        .await;
+
+        // The namespace backend follows the link inside the root, never to the host.
+        let b = c.create_sandbox(&ns("test/tmplink:1")).await.unwrap().id;
+        let o = c.run(&b, &["/bin/sh", "-c", "ls -A /tmp/"]).await.unwrap();
+        assert_eq!(
+            o.exit.code,
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(!String::from_utf8_lossy(&o.stdout).contains("host-secret"));
+        c.delete_sandbox(&b).await.unwrap();
+    });
+    d.shutdown();
+}
+
 /// An operator who requires gVisor (`[isolation] minimum = "gvisor"`) gets it for
 /// every sandbox: a create asking for less is refused naming the minimum, one naming
 /// nothing runs on gVisor, and so do the sandboxes of an image build's steps.

@@ -906,6 +906,99 @@ fn a_denied_name_cannot_slip_past_the_name_check() {
     assert_clean(&world, &d);
 }
 
+/// Opens a connection to `ADDR` naming a server under `*.wild.test` whose first
+/// label is 262 bytes: written into a DNS question with its length cut to a byte
+/// (6), it asks for `denied.test` and carries the rest as trailing bytes, which
+/// resolvers such as BIND (and this world's) ignore.
+const SMUGGLE_PY: &str = r#"
+import socket, struct, sys
+ADDR = sys.argv[1]
+label = b'denied' + b'\x04test\x00' + struct.pack('>HH', 1, 1)
+label += b'x' * (262 - len(label))
+name = label + b'.wild.test'
+
+def client_hello(n):
+    sni = struct.pack('>BH', 0, len(n)) + n
+    sni = struct.pack('>H', len(sni)) + sni
+    exts = struct.pack('>HH', 0, len(sni)) + sni
+    body = b'\x03\x03' + bytes(32) + b'\x00' + b'\x00\x02\x13\x01' + b'\x01\x00'
+    body += struct.pack('>H', len(exts)) + exts
+    hs = b'\x01' + struct.pack('>I', len(body))[1:] + body
+    return b'\x16\x03\x01' + struct.pack('>H', len(hs)) + hs
+
+def attempt(case, port, data):
+    s = socket.create_connection((ADDR, port), timeout=8)
+    got = b''
+    try:
+        s.sendall(data)
+        got = s.recv(4096)
+    except OSError:
+        pass
+    s.close()
+    print(case, 'through' if got else 'reset', flush=True)
+
+attempt('http', 80, b'GET / HTTP/1.1\r\nHost: ' + name + b'\r\n\r\n')
+attempt('tls', 443, client_hello(name))
+"#;
+
+/// A server name that a DNS question cannot carry as it is (a label longer than
+/// 63 bytes) under an allowed wildcard neither reaches the server another
+/// question in its bytes names nor is asked of the resolver.
+#[test]
+fn a_server_name_smuggling_another_question_reaches_nothing() {
+    let world = World::new();
+    let mut d = NetDaemon::start(&world, "");
+    let rt = rt();
+    let c = d.client();
+    rt.block_on(async {
+        let id = create(
+            &c,
+            json!({"mode": "allow", "allow": [{"domain": "*.wild.test"}]}),
+            &world,
+        )
+        .await;
+        c.write_file_bytes(&id, "/tmp/smuggle.py", SMUGGLE_PY.as_bytes().to_vec())
+            .await
+            .unwrap();
+        let o = sh(
+            &c,
+            &id,
+            &format!("python3 /tmp/smuggle.py {}", addr_of("denied.test")),
+        )
+        .await;
+        assert_eq!(o.code, 0, "{}{}", o.stdout, o.stderr);
+        for case in ["http", "tls"] {
+            assert!(
+                o.stdout.contains(&format!("{case} reset\n")),
+                "{case} got through:\n{}\n{}",
+                o.stdout,
+                d.log()
+            );
+        }
+        let dns = world.log("dns");
+        assert!(
+            !dns.iter().any(|l| l.starts_with("denied.test")),
+            "the smuggled question was asked: {dns:?}"
+        );
+        let http = world.log("http");
+        assert!(
+            !http.iter().any(|l| l.contains(" denied.test ")),
+            "a request reached denied.test's server: {http:?}"
+        );
+        // Both refusals are in the audit log, with the name shown escaped.
+        let log = c.network_log(&id, None, None).await.unwrap().entries;
+        let refused = log
+            .iter()
+            .filter(|e| e.reason.contains("a server name of 272 bytes"))
+            .count();
+        assert_eq!(refused, 2, "{log:?}");
+        c.delete_sandbox(&id).await.unwrap();
+    });
+    drop(c);
+    d.stop(&rt);
+    assert_clean(&world, &d);
+}
+
 /// Holds one connection to `ADDR:7000` (a server that never answers) and writes
 /// `cut` to /tmp/cut when the proxy ends it.
 const HOLD_ONE_PY: &str = r#"

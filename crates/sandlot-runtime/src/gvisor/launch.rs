@@ -58,6 +58,23 @@ pub(crate) const PLAN_FD: i32 = 3;
 pub(crate) const NETNS_FD: i32 = 4;
 /// The id range's lock (an open file holding an exclusive `flock`).
 pub(crate) const SLOT_FD: i32 = 5;
+/// The launcher's exit status when the root's `/tmp` is not a directory of its
+/// own (a symbolic link, say): the bundle binds it by path, and `runsc` resolves
+/// a bind's source on the host, where a link in the image would lead.
+pub(crate) const TMP_NOT_A_DIRECTORY: i32 = 3;
+
+/// The builder found the root's `/tmp` to be no directory (see
+/// [`TMP_NOT_A_DIRECTORY`]).
+#[derive(Debug)]
+struct TmpNotADirectory;
+
+impl std::fmt::Display for TmpNotADirectory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the root's /tmp is not a directory (a symbolic link?)")
+    }
+}
+
+impl std::error::Error for TmpNotADirectory {}
 
 /// Runs the helper; never returns (it execs `runsc` or exits 125).
 pub fn main() -> ! {
@@ -66,7 +83,10 @@ pub fn main() -> ! {
         Err(e) => e,
     };
     eprintln!("sandlot {LAUNCH_ARG}: {err}");
-    std::process::exit(125)
+    let tmp = err
+        .get_ref()
+        .is_some_and(|e| e.downcast_ref::<TmpNotADirectory>().is_some());
+    std::process::exit(if tmp { TMP_NOT_A_DIRECTORY } else { 125 })
 }
 
 fn read_plan() -> io::Result<LaunchPlan> {
@@ -171,7 +191,10 @@ fn build_root(plan: &LaunchPlan) -> io::Result<OwnedFd> {
                 Ok(()) => sys::exit_now(0),
                 Err(e) => {
                     eprintln!("sandlot {LAUNCH_ARG}: build the root: {e}");
-                    sys::exit_now(1)
+                    let tmp = e
+                        .get_ref()
+                        .is_some_and(|e| e.downcast_ref::<TmpNotADirectory>().is_some());
+                    sys::exit_now(if tmp { TMP_NOT_A_DIRECTORY } else { 1 })
                 }
             }
         }
@@ -192,6 +215,9 @@ fn build_root(plan: &LaunchPlan) -> io::Result<OwnedFd> {
     // The builder exits once this end closes.
     drop(mine);
     let status = sys::waitpid(pid)?;
+    if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == TMP_NOT_A_DIRECTORY {
+        return Err(io::Error::other(TmpNotADirectory));
+    }
     let ns = ns?;
     if status != 0 {
         return Err(io::Error::other(format!(
@@ -217,6 +243,19 @@ fn builder(plan: &LaunchPlan, sock: BorrowedFd<'_>) -> io::Result<()> {
     }
     mounts::apply_with_trees(&plan.root_dir, &plan.mounts.ops, &mut trees, None)
         .map_err(io::Error::other)?;
+    // The bundle binds `<root>/tmp` over gVisor's own /tmp, and `runsc` mounts a
+    // bind's source as a host path: a link there (made in an image, followed by
+    // the plan only inside the root) would lead it to a host directory.
+    if super::bundle::plan_has_tmp(&plan.mounts) {
+        let root = std::fs::File::open(&plan.root_dir).map_err(ctx("open the root"))?;
+        match sys::open_dir_nofollow(root.as_fd(), c"tmp") {
+            Ok(_) => {}
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP | libc::ENOTDIR)) => {
+                return Err(io::Error::other(TmpNotADirectory))
+            }
+            Err(e) => return Err(ctx("open the root's /tmp")(e)),
+        }
+    }
     sys::send_with_fd(sock, b'd', None)?;
     // Alive until the launcher holds the mount namespace.
     let _ = sys::recv_with_fd(sock);

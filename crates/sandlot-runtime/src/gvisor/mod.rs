@@ -470,6 +470,16 @@ impl GvisorBackend {
         };
         match status {
             Some(s) if s.success() => {}
+            Some(s) if s.code() == Some(launch::TMP_NOT_A_DIRECTORY) => {
+                return Err(RuntimeError::Spec(
+                    sandlot_proto::spec::SpecError::Invalid {
+                        field: "image".into(),
+                        problem: "its /tmp is a symbolic link or not a directory, which a \
+                                  gVisor sandbox cannot use: make /tmp a directory in the image"
+                            .into(),
+                    },
+                ));
+            }
             Some(s) => {
                 return Err(RuntimeError::Init(format!(
                     "runsc run failed ({s}): {}",
@@ -597,6 +607,26 @@ fn wait_listening(socket: &Path, pidfd: &OwnedFd) -> Result<(), RuntimeError> {
     wait_listening_for(socket, pidfd, AGENT_TIMEOUT)
 }
 
+/// Whether the agent's socket at `socket` takes a connection. The socket is
+/// opened without following a link and connected to through that descriptor: the
+/// sandbox can write the socket's directory (a restored sandbox's processes run
+/// before its agent listens again), and a link it put there is never followed to a
+/// host socket.
+fn agent_listens(socket: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    let Ok(path) = sys::cstr(socket) else {
+        return false;
+    };
+    let Ok(fd) = sys::open_path(&path, true) else {
+        return false;
+    };
+    let f = fs::File::from(fd);
+    if !f.metadata().is_ok_and(|m| m.file_type().is_socket()) {
+        return false;
+    }
+    std::os::unix::net::UnixStream::connect(format!("/proc/self/fd/{}", f.as_raw_fd())).is_ok()
+}
+
 /// [`wait_listening`] for at most `timeout`.
 fn wait_listening_for(
     socket: &Path,
@@ -605,7 +635,7 @@ fn wait_listening_for(
 ) -> Result<(), RuntimeError> {
     let deadline = Instant::now() + timeout;
     loop {
-        if std::os::unix::net::UnixStream::connect(socket).is_ok() {
+        if agent_listens(socket) {
             return Ok(());
         }
         let mut pfd = libc::pollfd {

@@ -28,6 +28,15 @@ use crate::timefmt::rfc3339;
 
 /// Events a polled watcher keeps between polls (older ones are dropped).
 const MAX_PENDING_EVENTS: usize = 10_000;
+/// Bytes of events (as JSON) a polled watcher keeps between polls (older ones are
+/// dropped): a sandbox renaming long names in a loop fills the daemon's memory
+/// no further.
+const MAX_PENDING_BYTES: usize = 1 << 20;
+/// Files (parts) of one multipart upload: each is opened in the sandbox and
+/// listed in the answer, empty or not.
+const MAX_UPLOAD_PARTS: usize = 10_000;
+/// Polled watchers one sandbox may have at once.
+pub const MAX_WATCHERS_PER_SANDBOX: usize = 16;
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(default, rename_all = "camelCase")]
@@ -448,7 +457,7 @@ async fn watch_stream(
 
 struct Watcher {
     sandbox: String,
-    events: Arc<Mutex<Vec<Value>>>,
+    events: Arc<Mutex<PendingEvents>>,
     /// Told when events arrive.
     arrived: Arc<tokio::sync::Notify>,
     task: tokio::task::AbortHandle,
@@ -460,6 +469,36 @@ struct Watcher {
 const POLL_GRACE: std::time::Duration = std::time::Duration::from_millis(150);
 /// How long a poll waits after events for more of them.
 const POLL_SETTLE: std::time::Duration = std::time::Duration::from_millis(30);
+
+/// A polled watcher's events since the last poll, oldest first, at most
+/// [`MAX_PENDING_EVENTS`] and [`MAX_PENDING_BYTES`] of them (the oldest are
+/// dropped to keep within both).
+#[derive(Default)]
+struct PendingEvents {
+    events: std::collections::VecDeque<(Value, usize)>,
+    bytes: usize,
+}
+
+impl PendingEvents {
+    fn extend(&mut self, evs: Vec<Value>) {
+        for e in evs {
+            let size = e.to_string().len();
+            self.bytes += size;
+            self.events.push_back((e, size));
+            while self.events.len() > MAX_PENDING_EVENTS || self.bytes > MAX_PENDING_BYTES {
+                match self.events.pop_front() {
+                    Some((_, n)) => self.bytes -= n,
+                    None => break,
+                }
+            }
+        }
+    }
+
+    fn take(&mut self) -> Vec<Value> {
+        self.bytes = 0;
+        self.events.drain(..).map(|(e, _)| e).collect()
+    }
+}
 
 /// Watchers polled with `GetWatcherEvents` (the sync SDK's `watch_dir`).
 #[derive(Default)]
@@ -475,9 +514,24 @@ impl Watchers {
         recursive: bool,
         include_entry: bool,
     ) -> Result<String, ConnectError> {
+        let too_many = |m: &HashMap<String, Watcher>| {
+            let n = m.values().filter(|w| w.sandbox == ctx.h.id).count();
+            (n >= MAX_WATCHERS_PER_SANDBOX).then(|| {
+                ConnectError::new(
+                    Code::ResourceExhausted,
+                    format!(
+                        "sandbox {} has {n} watchers, the most it may have: remove one first",
+                        ctx.h.id
+                    ),
+                )
+            })
+        };
+        if let Some(e) = too_many(&self.m.lock().unwrap_or_else(|e| e.into_inner())) {
+            return Err(e);
+        }
         let mut w = open_watch(ctx, path, recursive).await?;
         let fs = files(ctx);
-        let events: Arc<Mutex<Vec<Value>>> = Arc::default();
+        let events: Arc<Mutex<PendingEvents>> = Arc::default();
         let ev = events.clone();
         let arrived: Arc<tokio::sync::Notify> = Arc::default();
         let notify = arrived.clone();
@@ -488,14 +542,7 @@ impl Watchers {
                 if include_entry {
                     evs = with_entries(&fs, &root, evs).await;
                 }
-                {
-                    let mut q = ev.lock().unwrap_or_else(|e| e.into_inner());
-                    q.extend(evs);
-                    if q.len() > MAX_PENDING_EVENTS {
-                        let n = q.len() - MAX_PENDING_EVENTS;
-                        q.drain(..n);
-                    }
-                }
+                ev.lock().unwrap_or_else(|e| e.into_inner()).extend(evs);
                 notify.notify_waiters();
             }
         });
@@ -510,6 +557,11 @@ impl Watchers {
             }
             live
         });
+        // Another create of the sandbox's may have taken the last place meanwhile.
+        if let Some(e) = too_many(&m) {
+            task.abort();
+            return Err(e);
+        }
         m.insert(
             id.clone(),
             Watcher {
@@ -535,7 +587,7 @@ impl Watchers {
                 .ok_or_else(|| ConnectError::not_found(format!("watcher {id} not found")))?;
             (w.events.clone(), w.arrived.clone())
         };
-        let take = || std::mem::take(&mut *events.lock().unwrap_or_else(|e| e.into_inner()));
+        let take = || events.lock().unwrap_or_else(|e| e.into_inner()).take();
         let deadline = tokio::time::Instant::now() + POLL_GRACE;
         let mut out = Vec::new();
         loop {
@@ -927,6 +979,14 @@ async fn upload_multipart(
             match ev {
                 multipart::Event::Part { filename, .. } => {
                     parts += 1;
+                    if parts > MAX_UPLOAD_PARTS {
+                        return Err(ConnectError::new(
+                            Code::ResourceExhausted,
+                            format!(
+                                "a multipart upload of more than {MAX_UPLOAD_PARTS} files: send them in several"
+                            ),
+                        ));
+                    }
                     // With `path`, the SDK sends exactly one file; otherwise each part
                     // names its file.
                     let target = match (&path, filename) {
@@ -975,6 +1035,29 @@ async fn upload_multipart(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_watchers_pending_events_are_bounded_in_count_and_bytes() {
+        let mut q = PendingEvents::default();
+        // Long names: the byte bound holds long before the count bound.
+        let long = "n".repeat(4096);
+        for i in 0..2000 {
+            q.extend(vec![json!({"name": format!("{long}{i}"), "type": 1})]);
+        }
+        assert!(q.bytes <= MAX_PENDING_BYTES, "{}", q.bytes);
+        let kept = q.take();
+        assert!(kept.len() < 300, "{}", kept.len());
+        // The newest are the ones kept.
+        assert_eq!(kept.last().unwrap()["name"], format!("{long}1999"));
+        assert_eq!((q.bytes, q.take().len()), (0, 0));
+        // Short names: the count bound.
+        for i in 0..(MAX_PENDING_EVENTS + 5) {
+            q.extend(vec![json!({"name": i.to_string()})]);
+        }
+        let kept = q.take();
+        assert_eq!(kept.len(), MAX_PENDING_EVENTS);
+        assert_eq!(kept[0]["name"], "5");
+    }
 
     fn st(path: &str, kind: FileKind, mode: u32) -> FileStat {
         FileStat {

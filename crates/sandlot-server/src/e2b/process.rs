@@ -103,37 +103,73 @@ struct StreamInputRequest {
 }
 
 /// What E2B shows of a process that the daemon does not keep: its environment
-/// and working directory, by (sandbox, daemon process id).
+/// and working directory, by sandbox and daemon process id. `List` shows running
+/// processes only, so an entry lives while its process runs; a sandbox's entries
+/// hold at most [`META_BYTES_PER_SANDBOX`] (a process started past that lists
+/// with no environment), and a sandbox's are forgotten once it is gone.
 #[derive(Default)]
 pub struct ProcMeta {
-    m: Mutex<HashMap<(String, u64), EnvAndCwd>>,
+    m: Mutex<HashMap<String, SandboxMeta>>,
 }
+
+/// Bytes of environment and working directory kept per sandbox.
+pub const META_BYTES_PER_SANDBOX: usize = 1 << 20;
 
 type EnvAndCwd = (BTreeMap<String, String>, Option<String>);
 
+#[derive(Default)]
+struct SandboxMeta {
+    procs: BTreeMap<u64, (EnvAndCwd, usize)>,
+    bytes: usize,
+}
+
 impl ProcMeta {
+    /// Keeps `envs` and `cwd` of process `id` of `sandbox`. `running` says which
+    /// of the sandbox's processes still run, `live` which sandboxes still are.
     fn insert(
         &self,
         sandbox: &str,
         id: u64,
         envs: BTreeMap<String, String>,
         cwd: Option<String>,
+        running: impl Fn(u64) -> bool,
         live: impl Fn(&str) -> bool,
     ) {
+        let size = envs.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
+            + cwd.as_ref().map_or(0, String::len);
         let mut m = self.m.lock().unwrap_or_else(|e| e.into_inner());
-        if m.len() >= 10_000 {
-            m.retain(|(sb, _), _| live(sb));
+        if !m.contains_key(sandbox) && m.len() >= 1024 {
+            m.retain(|sb, _| live(sb));
         }
-        m.insert((sandbox.to_string(), id), (envs, cwd));
+        let sb = m.entry(sandbox.to_string()).or_default();
+        if sb.bytes + size > META_BYTES_PER_SANDBOX {
+            sb.procs.retain(|p, _| running(*p));
+            sb.bytes = sb.procs.values().map(|(_, n)| n).sum();
+        }
+        if sb.bytes + size <= META_BYTES_PER_SANDBOX {
+            sb.bytes += size;
+            sb.procs.insert(id, ((envs, cwd), size));
+        }
     }
 
     fn get(&self, sandbox: &str, id: u64) -> EnvAndCwd {
         self.m
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .get(&(sandbox.to_string(), id))
-            .cloned()
+            .get(sandbox)
+            .and_then(|sb| sb.procs.get(&id))
+            .map(|(meta, _)| meta.clone())
             .unwrap_or_default()
+    }
+
+    /// Bytes kept for `sandbox`.
+    #[cfg(test)]
+    fn bytes_of(&self, sandbox: &str) -> usize {
+        self.m
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(sandbox)
+            .map_or(0, |sb| sb.bytes)
     }
 }
 
@@ -379,9 +415,11 @@ async fn start(ctx: Ctx, req: StartRequest, headers: &HeaderMap) -> Result<Respo
     };
     let entry = process::start(&ctx.e2b.app, &ctx.h, &body).await?;
     let app = ctx.e2b.app.clone();
+    let table = ctx.h.procs.lock().unwrap_or_else(|e| e.into_inner()).all();
+    let running = |id: u64| table.iter().any(|e| e.id == id && e.exit().is_none());
     ctx.e2b
         .procs
-        .insert(&ctx.h.id, entry.id, cfg.envs, cwd, |sb| {
+        .insert(&ctx.h.id, entry.id, cfg.envs, cwd, running, |sb| {
             app.handle(sb).is_some()
         });
     let rx = entry
@@ -595,6 +633,47 @@ mod tests {
             stdout_end: 0,
             stderr_end: 0,
         }
+    }
+
+    #[test]
+    fn process_metadata_is_bounded_per_sandbox_and_kept_only_while_it_runs() {
+        let meta = ProcMeta::default();
+        let big = |i: u64| {
+            let mut env = BTreeMap::new();
+            env.insert(format!("V{i}"), "x".repeat(60 * 1024));
+            env
+        };
+        // A tenant starting processes that keep running: the sandbox's share
+        // stops at the bound; later processes list without an environment.
+        for id in 0..100 {
+            meta.insert("sb-a", id, big(id), Some("/w".into()), |_| true, |_| true);
+        }
+        assert!(meta.bytes_of("sb-a") <= META_BYTES_PER_SANDBOX);
+        assert_eq!(meta.get("sb-a", 0).1.as_deref(), Some("/w"));
+        assert!(meta.get("sb-a", 99).0.is_empty());
+        // Once those processes have ended, their entries make room.
+        for id in 100..200 {
+            meta.insert("sb-a", id, big(id), None, |p| p >= 100, |_| true);
+        }
+        assert!(meta.bytes_of("sb-a") <= META_BYTES_PER_SANDBOX);
+        assert!(meta.get("sb-a", 0).0.is_empty());
+        assert!(!meta.get("sb-a", 100).0.is_empty());
+        // Another sandbox has its own share.
+        meta.insert("sb-b", 1, big(1), None, |_| true, |_| true);
+        assert!(!meta.get("sb-b", 1).0.is_empty());
+        // Gone sandboxes are forgotten when the map grows.
+        for n in 0..1100 {
+            meta.insert(
+                &format!("gone-{n}"),
+                1,
+                BTreeMap::new(),
+                None,
+                |_| true,
+                |sb| !sb.starts_with("gone-"),
+            );
+        }
+        assert!(meta.m.lock().unwrap().len() <= 1025);
+        assert!(!meta.get("sb-b", 1).0.is_empty());
     }
 
     #[test]

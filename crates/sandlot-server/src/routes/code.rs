@@ -275,11 +275,7 @@ pub async fn run_ws(
     ws: WebSocketUpgrade,
 ) -> ApiResult<Response> {
     let h = crate::autopause::live(&state, &p, &id).await?;
-    // The run request is a message: no larger than any request body.
-    let limit = usize::try_from(state.cfg.limits.max_request_body.bytes()).unwrap_or(usize::MAX);
-    Ok(ws
-        .max_message_size(limit)
-        .max_frame_size(limit)
+    Ok(super::bounded_ws(ws, &state)
         .protocols([crate::auth::WS_PROTOCOL])
         .on_upgrade(move |sock| ws_session(sock, h, ctx, rid.0)))
 }

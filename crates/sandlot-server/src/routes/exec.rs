@@ -219,7 +219,7 @@ pub async fn start_ws(
     ws: WebSocketUpgrade,
 ) -> ApiResult<Response> {
     let h = crate::autopause::live(&state, &p, &id).await?;
-    Ok(ws
+    Ok(super::bounded_ws(ws, &state)
         .protocols([crate::auth::WS_PROTOCOL])
         .on_upgrade(move |mut sock| async move {
             let first = match tokio::time::timeout(Duration::from_secs(30), sock.recv()).await {
@@ -290,7 +290,7 @@ pub async fn attach_ws(
         (src, Some(e)) => (src, StdinTarget::Entry(e)),
         (src, None) => (src, StdinTarget::Own(None)),
     };
-    Ok(ws
+    Ok(super::bounded_ws(ws, &state)
         .protocols([crate::auth::WS_PROTOCOL])
         .on_upgrade(move |sock| ws_session(sock, h, first, src, stdin, rid.0)))
 }

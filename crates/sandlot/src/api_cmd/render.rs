@@ -1,9 +1,37 @@
 //! Human output: aligned tables and durations.
 
-/// Prints a table with a header row, columns padded to their widest cell.
+/// `cell` as it may be shown on a terminal: control characters (escape
+/// sequences, carriage returns, newlines) and bidirectional overrides written as
+/// `\u{..}`. Cells carry what tenants and sandboxes wrote (names, server names
+/// from a sandbox's traffic, reasons quoting them), which must not move the
+/// cursor, rewrite earlier lines or talk to the terminal.
+pub fn printable(cell: &str) -> std::borrow::Cow<'_, str> {
+    let unsafe_char =
+        |c: char| c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+    if !cell.chars().any(unsafe_char) {
+        return cell.into();
+    }
+    cell.chars()
+        .map(|c| {
+            if unsafe_char(c) {
+                format!("\\u{{{:x}}}", c as u32)
+            } else {
+                c.to_string()
+            }
+        })
+        .collect::<String>()
+        .into()
+}
+
+/// Prints a table with a header row, columns padded to their widest cell; each
+/// cell as [`printable`] shows it.
 pub fn table(header: &[&str], rows: &[Vec<String>]) {
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| r.iter().map(|c| printable(c).into_owned()).collect())
+        .collect();
     let mut w: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for r in rows {
+    for r in &rows {
         for (i, c) in r.iter().enumerate() {
             if i < w.len() {
                 w[i] = w[i].max(c.chars().count());
@@ -22,7 +50,7 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) {
         println!("{}", s.trim_end());
     };
     line(header.to_vec());
-    for r in rows {
+    for r in &rows {
         line(r.iter().map(String::as_str).collect());
     }
 }
@@ -84,5 +112,16 @@ mod tests {
         assert_eq!(human_bytes((1 << 30) + 1), "1.0G");
         assert_eq!(human_bytes((1 << 20) - 100), "1.0M");
         assert_eq!(human_bytes(3 << 40), "3T");
+    }
+
+    #[test]
+    fn cells_never_carry_terminal_controls() {
+        assert_eq!(printable("a.test"), "a.test");
+        assert_eq!(printable("caf\u{e9}.test"), "caf\u{e9}.test");
+        assert_eq!(
+            printable("a\x1b]52;c;Zm9v\x07b\r\nc"),
+            "a\\u{1b}]52;c;Zm9v\\u{7}b\\u{d}\\u{a}c"
+        );
+        assert_eq!(printable("x\u{202e}gpj.exe"), "x\\u{202e}gpj.exe");
     }
 }
