@@ -170,6 +170,11 @@ pub fn parse_a_answer(b: &[u8], query: &[u8]) -> Option<(u8, Vec<Ipv4Addr>)> {
     let code = b[3] & 0x0f;
     let qd = u16::from_be_bytes([b[4], b[5]]);
     let an = u16::from_be_bytes([b[6], b[7]]);
+    // Some servers leave the question out of an error answer (REFUSED, FORMERR):
+    // its code is still what the lookup got.
+    if qd == 0 && code != 0 && an == 0 {
+        return Some((code, Vec::new()));
+    }
     let question = &query[12..];
     if qd != 1
         || !b
@@ -283,6 +288,15 @@ mod tests {
         // The name's case is not compared (resolvers may echo it changed).
         let upper = build_query(9, "X.TEST", qtype::A).unwrap();
         assert_eq!(parse_a_answer(&r, &upper).map(|a| a.1.len()), Some(2));
+        // An error answer without its question still gives its code; a success
+        // without one answers nothing asked.
+        let mut refused = r[..12].to_vec();
+        refused[3] = 0x85;
+        refused[5] = 0;
+        refused[7] = 0;
+        assert_eq!(parse_a_answer(&refused, &q), Some((5, vec![])));
+        refused[3] = 0x80;
+        assert_eq!(parse_a_answer(&refused, &q), None);
     }
 
     #[test]

@@ -204,24 +204,26 @@ fn sniff_http(buf: &[u8]) -> Sniffed {
         return http_need_more(buf.len());
     };
     let b = &buf[start..];
-    // A method (an uppercase word) and a space or tab: from here on, this is an
-    // HTTP request, and one the proxy cannot read is refused, not passed on.
-    // Servers that take methods in any case exist too: a word with lowercase
-    // letters begins an HTTP request when its line ends in an HTTP version (so
-    // that lowercase text protocols, `get key` and the like, stay unnamed).
-    let m = b.iter().take_while(|c| c.is_ascii_alphabetic()).count();
-    if m == 0 || m > 16 {
-        return Sniffed::Unknown;
-    }
+    // A method (an uppercase word of at most 16 letters) and a space or tab: from
+    // here on, this is an HTTP request, and one the proxy cannot read is refused,
+    // not passed on. Servers take other methods too (any token: `get`, `M-SEARCH`,
+    // a long one): such a word begins an HTTP request when its line ends in an HTTP
+    // version, so that text protocols (`get key`) stay unnamed; a token or a line
+    // still open at the 16 KiB bound is refused, as it could be a request line.
+    let is_tchar = |c: &u8| c.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(c);
+    let too_long = || Sniffed::Refused("a request line longer than 16 KiB".into());
+    let m = b.iter().take_while(|c| is_tchar(c)).count();
     match b.get(m) {
-        None => return http_need_more(buf.len()),
+        None if buf.len() >= MAX_PEEK => return too_long(),
+        None => return Sniffed::NeedMore,
         Some(b' ' | b'\t') => {}
         Some(_) => return Sniffed::Unknown,
     }
-    if !b[..m].iter().all(u8::is_ascii_uppercase) {
+    let plain = m <= 16 && b[..m].iter().all(u8::is_ascii_uppercase);
+    if !plain {
         let Some(eol) = b.iter().position(|c| *c == b'\n') else {
             return if buf.len() >= MAX_PEEK {
-                Sniffed::Unknown
+                too_long()
             } else {
                 Sniffed::NeedMore
             };
@@ -261,7 +263,24 @@ fn sniff_http(buf: &[u8]) -> Sniffed {
                 if host.is_some() {
                     return Sniffed::Refused("several Host headers".into());
                 }
-                host = Some(strip_port(v.trim()).to_ascii_lowercase());
+                let v = v.trim();
+                // An IPv6 literal is `[address]` and an optional port, nothing else.
+                if let Some(rest) = v.strip_prefix('[') {
+                    let literal = rest.split_once(']').is_some_and(|(a, port)| {
+                        a.parse::<std::net::Ipv6Addr>().is_ok()
+                            && (port.is_empty()
+                                || port.strip_prefix(':').is_some_and(|p| {
+                                    !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit())
+                                }))
+                    });
+                    if !literal {
+                        return Sniffed::Refused(format!(
+                            "Host: {:?} is no IPv6 literal",
+                            v.chars().take(64).collect::<String>()
+                        ));
+                    }
+                }
+                host = Some(strip_port(v).to_ascii_lowercase());
             }
         }
     }
@@ -557,6 +576,13 @@ pub(crate) mod tests {
             sniff(b"GET http://allowed.test:80/x HTTP/1.1\r\nHost: allowed.test\r\n\r\n"),
             Sniffed::Http { .. }
         ));
+        for bad in ["[::1]\x1bjunk", "[::1]:8x", "[nonsense]", "[::1"] {
+            let r = format!("GET / HTTP/1.1\r\nHost: {bad}\r\n\r\n");
+            assert!(
+                matches!(sniff(r.as_bytes()), Sniffed::Refused(_)),
+                "{bad:?}"
+            );
+        }
         let v6 = b"GET / HTTP/1.1\r\nHost: [::1]:80\r\n\r\n";
         assert_eq!(
             sniff(v6),
@@ -651,6 +677,22 @@ pub(crate) mod tests {
         assert_eq!(sniff(b"get key\r\n"), Sniffed::Unknown);
         assert_eq!(sniff(b"set key 0 0 1\r\nx\r\n"), Sniffed::Unknown);
         assert_eq!(sniff(b"get / HTTP/1."), Sniffed::NeedMore);
+        // Any token is a method to some server: a long one, one with a dash.
+        let long = format!(
+            "{} / HTTP/1.1\r\nHost: denied.test\r\n\r\n",
+            "GET".repeat(10)
+        );
+        assert!(matches!(sniff(long.as_bytes()), Sniffed::Http { .. }));
+        let r = b"M-SEARCH * HTTP/1.1\r\nHost: denied.test\r\n\r\n";
+        assert!(matches!(sniff(r), Sniffed::Http { .. }));
+        // A request line that has not ended at the bound could be one: refused,
+        // never passed on unnamed.
+        let open_line = format!("get /{}", "a".repeat(MAX_PEEK));
+        assert!(matches!(sniff(open_line.as_bytes()), Sniffed::Refused(_)));
+        let open_token = "g".repeat(MAX_PEEK + 1);
+        assert!(matches!(sniff(open_token.as_bytes()), Sniffed::Refused(_)));
+        // Bytes that are no token stay unnamed at once.
+        assert_eq!(sniff(b"get\x00key"), Sniffed::Unknown);
     }
 
     #[test]

@@ -168,6 +168,10 @@ fn helper(plan: &SandboxPlan, entry: &str, agent: AgentMain) -> io::Result<()> {
         sys::Fork::Child => {
             drop(mine);
             if let Err(e) = become_pid1(plan, theirs.as_fd(), listener, agent) {
+                if let Some(refused) = InitStatus::refusal_of(&e) {
+                    status(&refused);
+                    sys::exit_now(1);
+                }
                 fail("sandbox init", e);
             }
             sys::exit_now(0);

@@ -90,6 +90,10 @@ pub enum RuntimeError {
     Mount(#[from] mounts::MountError),
     #[error("sandbox init failed: {0}")]
     Init(String),
+    /// The sandbox's own files (its image, its writable layer) make its root
+    /// impossible to build: `path` is inside the sandbox.
+    #[error("{path} in the sandbox {problem}")]
+    Refused { path: String, problem: String },
     #[error("sandbox {0} is gone")]
     Gone(String),
     #[error("processes of sandbox {0} did not die")]

@@ -293,11 +293,43 @@ pub enum MountError {
         path: String,
         source: io::Error,
     },
+    /// The sandbox's own files (its image, its writable layer) make step `op` at
+    /// `path` (a path inside the sandbox, never a host path) impossible: a link
+    /// that loops, a file where a directory must be. The tenant's to mend.
+    #[error("{path} in the sandbox {problem}")]
+    InRoot {
+        op: &'static str,
+        path: String,
+        problem: &'static str,
+    },
 }
 
 fn apply_err(op: &'static str, path: impl Into<String>) -> impl FnOnce(io::Error) -> MountError {
     let path = path.into();
     move |source| MountError::Apply { op, path, source }
+}
+
+/// What an error of a step on sandbox path `path` says of the sandbox's own
+/// files, if it is theirs to answer for (see [`MountError::InRoot`]).
+pub fn in_root_problem(e: &io::Error) -> Option<&'static str> {
+    Some(match e.raw_os_error()? {
+        libc::ELOOP => "is a symbolic link where none may be, or a loop of links",
+        libc::ENOTDIR => "is reached through a file where a directory must be, or is no directory",
+        libc::EISDIR => "is a directory where a file must be",
+        libc::ENOENT => "leads through a symbolic link to nothing",
+        libc::ENAMETOOLONG => "resolves through symbolic links to a name too long",
+        _ => return None,
+    })
+}
+
+/// [`apply_err`] for a step on a path inside the sandbox that its own files can
+/// make impossible: [`MountError::InRoot`] for those errors, `Apply` otherwise.
+fn in_root_err(op: &'static str, path: impl Into<String>) -> impl FnOnce(io::Error) -> MountError {
+    let path = path.into();
+    move |source| match in_root_problem(&source) {
+        Some(problem) => MountError::InRoot { op, path, problem },
+        None => MountError::Apply { op, path, source },
+    }
 }
 
 /// Inputs of the plan besides the spec.

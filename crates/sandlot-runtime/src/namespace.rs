@@ -412,6 +412,7 @@ impl NamespaceBackend {
         }
         let mut pid = None;
         let mut err = None;
+        let mut refused = None;
         let mut ready = false;
         for line in BufReader::new(fs::File::from(status_r)).lines() {
             let Ok(line) = line else { break };
@@ -427,6 +428,10 @@ impl NamespaceBackend {
                 }
                 Ok(InitStatus::Error { message }) => {
                     err = Some(message);
+                    break;
+                }
+                Ok(InitStatus::Refused { path, problem }) => {
+                    refused = Some(RuntimeError::Refused { path, problem });
                     break;
                 }
                 Err(_) => {}
@@ -467,6 +472,9 @@ impl NamespaceBackend {
                             "killed after reporting nothing".into()
                         }
                     };
+                }
+                if let Some(r) = refused {
+                    return Err(r);
                 }
                 Err(RuntimeError::Init(e.unwrap_or_else(|| {
                     format!(

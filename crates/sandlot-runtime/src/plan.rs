@@ -100,6 +100,26 @@ pub enum InitStatus {
     Error {
         message: String,
     },
+    /// The sandbox's own files make its root impossible to build
+    /// ([`crate::mounts::MountError::InRoot`]): `path` inside the sandbox.
+    Refused {
+        path: String,
+        problem: String,
+    },
+}
+
+impl InitStatus {
+    /// The status that reports `e`: [`InitStatus::Refused`] when it carries a
+    /// [`crate::mounts::MountError::InRoot`], else `None`.
+    pub(crate) fn refusal_of(e: &std::io::Error) -> Option<InitStatus> {
+        match e.get_ref()?.downcast_ref::<crate::mounts::MountError>()? {
+            crate::mounts::MountError::InRoot { path, problem, .. } => Some(InitStatus::Refused {
+                path: path.clone(),
+                problem: problem.to_string(),
+            }),
+            _ => None,
+        }
+    }
 }
 
 /// Per-phase timing printed to stderr when `SANDLOT_TRACE_INIT=1` (see

@@ -1315,6 +1315,15 @@ pub fn dup2(from: RawFd, to: RawFd) -> io::Result<()> {
     Ok(())
 }
 
+/// Sets `FD_CLOEXEC` on descriptor `fd` (one this process was given by number).
+pub fn set_cloexec(fd: RawFd) -> io::Result<()> {
+    // SAFETY: fcntl on a descriptor number takes no pointers; an invalid one is EBADF.
+    let flags = cvt(unsafe { libc::fcntl(fd, libc::F_GETFD) })?;
+    // SAFETY: as above.
+    cvt(unsafe { libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC) })?;
+    Ok(())
+}
+
 /// `fcntl(F_DUPFD_CLOEXEC, min)`: a copy of `fd` numbered at least `min`.
 pub fn dup_above(fd: BorrowedFd<'_>, min: RawFd) -> io::Result<OwnedFd> {
     // SAFETY: no pointers; the returned fd is new and owned by us.

@@ -1169,6 +1169,11 @@ fn start_again(
             Err(match (&e, crate::error::Exhausted::in_error(&e)) {
                 (RuntimeError::FilesLost(_), _) => files_lost(id).with_detail(&e),
                 (_, Some(what)) => ApiError::host_exhausted(what).with_detail(&e),
+                // What the sandbox made of its own files: the tenant's to read.
+                (RuntimeError::Refused { path, problem }, _) => ApiError::of(
+                    ErrorCode::InvalidState,
+                    format!("sandbox {id} cannot start again: {path} in the sandbox {problem}"),
+                ),
                 _ => ApiError::internal(format!("start the paused sandbox again: {e}")),
             })
         }

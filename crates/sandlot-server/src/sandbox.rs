@@ -988,6 +988,14 @@ fn create_error(e: &RuntimeError) -> ApiError {
         RuntimeError::Mount(MountError::MissingRootfs { .. }) => {
             ApiError::invalid("rootfs", "is not a directory on the host")
         }
+        // The image's own files (a link at a path the sandbox needs): the path is
+        // the sandbox's, never the host's.
+        RuntimeError::Refused { path, problem } => {
+            ApiError::invalid("image", format!("{path} in the sandbox {problem}"))
+        }
+        RuntimeError::Mount(MountError::InRoot { path, problem, .. }) => {
+            ApiError::invalid("image", format!("{path} in the sandbox {problem}"))
+        }
         RuntimeError::Exhausted(what) => {
             ApiError::unavailable(format!("no free {what} on this host"))
         }
@@ -1481,5 +1489,19 @@ mod tests {
                 "the log has the path"
             );
         }
+        // The image's own files: 400 on `image`, naming the path in the sandbox.
+        let e = create_error(&RuntimeError::Refused {
+            path: "/tmp".into(),
+            problem: "is a symbolic link where none may be, or a loop of links".into(),
+        });
+        assert_eq!(
+            (e.status.as_u16(), e.field.as_deref()),
+            (400, Some("image"))
+        );
+        assert!(
+            e.message.contains("/tmp in the sandbox is a symbolic link"),
+            "{}",
+            e.message
+        );
     }
 }

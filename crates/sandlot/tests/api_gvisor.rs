@@ -448,7 +448,7 @@ fn a_gvisor_sandbox_runs_a_store_image_and_its_snapshot_has_its_writes() {
 /// so binding the root's `/tmp` by path would mount the host directory the link
 /// names into a gVisor sandbox. Such an image is refused on gVisor, naming the
 /// problem, and leaves nothing behind; on the namespace backend the link is
-/// followed inside the root only.
+/// followed inside the root only. A `/tmp` that loops is refused on both.
 #[test]
 fn an_images_tmp_link_never_binds_a_host_directory_into_a_gvisor_sandbox() {
     // A host directory the link names, and which the image has too (so that the
@@ -523,7 +523,49 @@ fn an_images_tmp_link_never_binds_a_host_directory_into_a_gvisor_sandbox() {
             String::from_utf8_lossy(&o.stderr)
         );
         assert!(!String::from_utf8_lossy(&o.stdout).contains("host-secret"));
+        // A `/tmp` that is a loop of links is the image's problem on both
+        // backends: 400 on `image` naming `/tmp` in the sandbox, never a 500.
+        let o = c
+            .run(&b, &["/bin/sh", "-c", "rm -f /tmp && ln -s /tmp/x /tmp"])
+            .await
+            .unwrap();
+        assert_eq!(
+            o.exit.code,
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        c.call_json(
+            "POST",
+            &format!("/v1/sandboxes/{b}/snapshot"),
+            Some(&json!({"tag": "test/tmploop:1"})),
+        )
+        .await
+        .unwrap();
         c.delete_sandbox(&b).await.unwrap();
+        for isolation in ["namespace", "gvisor"] {
+            let e = c
+                .create_sandbox(&spec_body(
+                    json!({"image": "test/tmploop:1", "isolation": isolation}),
+                ))
+                .await
+                .unwrap_err();
+            assert_eq!(
+                e.status().map(|s| s.as_u16()),
+                Some(400),
+                "{isolation}: {e}"
+            );
+            let msg = e.to_string();
+            assert!(
+                msg.contains("/tmp in the sandbox is a symbolic link"),
+                "{isolation}: {msg}"
+            );
+        }
+        eventually(10, "the refused sandboxes' traces to go", || {
+            let p = d.prefix.clone();
+            async move { leftovers_of(&p).is_empty() }
+        })
+        .await;
     });
     d.shutdown();
 }

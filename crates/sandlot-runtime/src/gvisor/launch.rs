@@ -48,6 +48,7 @@ use std::os::unix::process::CommandExt;
 use super::bundle::LaunchPlan;
 use crate::init::{recv_idmapped, send_idmapped, write_id_maps};
 use crate::mounts::{self, RootFs};
+use crate::plan::InitStatus;
 use crate::sys;
 
 /// The hidden argument that selects this entry.
@@ -58,23 +59,10 @@ pub(crate) const PLAN_FD: i32 = 3;
 pub(crate) const NETNS_FD: i32 = 4;
 /// The id range's lock (an open file holding an exclusive `flock`).
 pub(crate) const SLOT_FD: i32 = 5;
-/// The launcher's exit status when the root's `/tmp` is not a directory of its
-/// own (a symbolic link, say): the bundle binds it by path, and `runsc` resolves
-/// a bind's source on the host, where a link in the image would lead.
-pub(crate) const TMP_NOT_A_DIRECTORY: i32 = 3;
-
-/// The builder found the root's `/tmp` to be no directory (see
-/// [`TMP_NOT_A_DIRECTORY`]).
-#[derive(Debug)]
-struct TmpNotADirectory;
-
-impl std::fmt::Display for TmpNotADirectory {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("the root's /tmp is not a directory (a symbolic link?)")
-    }
-}
-
-impl std::error::Error for TmpNotADirectory {}
+/// Where the builder reports that the sandbox's own files make its root
+/// impossible to build (an [`InitStatus::Refused`] line); closed on exec, so
+/// `runsc` never has it.
+pub(crate) const REFUSAL_FD: i32 = 6;
 
 /// Runs the helper; never returns (it execs `runsc` or exits 125).
 pub fn main() -> ! {
@@ -83,10 +71,7 @@ pub fn main() -> ! {
         Err(e) => e,
     };
     eprintln!("sandlot {LAUNCH_ARG}: {err}");
-    let tmp = err
-        .get_ref()
-        .is_some_and(|e| e.downcast_ref::<TmpNotADirectory>().is_some());
-    std::process::exit(if tmp { TMP_NOT_A_DIRECTORY } else { 125 })
+    std::process::exit(125)
 }
 
 fn read_plan() -> io::Result<LaunchPlan> {
@@ -104,6 +89,8 @@ fn ctx(what: &str) -> impl FnOnce(io::Error) -> io::Error {
 }
 
 fn launch(plan: &LaunchPlan) -> io::Result<std::convert::Infallible> {
+    // The builder (a clone, not an exec) keeps the refusal pipe; `runsc` must not.
+    sys::set_cloexec(REFUSAL_FD).map_err(ctx("keep the refusal pipe from runsc"))?;
     keep_id_range(plan).map_err(ctx("keep the id range"))?;
     sys::unshare_mount_ns().map_err(ctx("unshare the mount namespace"))?;
     // Mounts and unmounts of the host still reach this namespace (a writable
@@ -191,10 +178,15 @@ fn build_root(plan: &LaunchPlan) -> io::Result<OwnedFd> {
                 Ok(()) => sys::exit_now(0),
                 Err(e) => {
                     eprintln!("sandlot {LAUNCH_ARG}: build the root: {e}");
-                    let tmp = e
-                        .get_ref()
-                        .is_some_and(|e| e.downcast_ref::<TmpNotADirectory>().is_some());
-                    sys::exit_now(if tmp { TMP_NOT_A_DIRECTORY } else { 1 })
+                    if let Some(refused) = InitStatus::refusal_of(&e) {
+                        // SAFETY: the backend passed the refusal pipe as fd 6; the
+                        // builder only borrows it, once, before it exits.
+                        let fd = unsafe { BorrowedFd::borrow_raw(REFUSAL_FD) };
+                        let mut line = serde_json::to_vec(&refused).unwrap_or_default();
+                        line.push(b'\n');
+                        let _ = sys::write_all_fd(fd, &line);
+                    }
+                    sys::exit_now(1)
                 }
             }
         }
@@ -215,9 +207,6 @@ fn build_root(plan: &LaunchPlan) -> io::Result<OwnedFd> {
     // The builder exits once this end closes.
     drop(mine);
     let status = sys::waitpid(pid)?;
-    if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == TMP_NOT_A_DIRECTORY {
-        return Err(io::Error::other(TmpNotADirectory));
-    }
     let ns = ns?;
     if status != 0 {
         return Err(io::Error::other(format!(
@@ -251,7 +240,12 @@ fn builder(plan: &LaunchPlan, sock: BorrowedFd<'_>) -> io::Result<()> {
         match sys::open_dir_nofollow(root.as_fd(), c"tmp") {
             Ok(_) => {}
             Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP | libc::ENOTDIR)) => {
-                return Err(io::Error::other(TmpNotADirectory))
+                return Err(io::Error::other(mounts::MountError::InRoot {
+                    op: "bind /tmp",
+                    path: "/tmp".into(),
+                    problem: "is a symbolic link or no directory, which a gVisor sandbox cannot \
+                              use: /tmp must be a directory",
+                }))
             }
             Err(e) => return Err(ctx("open the root's /tmp")(e)),
         }

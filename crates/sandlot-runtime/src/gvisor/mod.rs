@@ -406,18 +406,20 @@ impl GvisorBackend {
     ) -> Result<Option<OwnedFd>, RuntimeError> {
         let (stdin_r, stdin_w) = sys::pipe().map_err(io_err("pipe"))?;
         let (plan_r, plan_w) = sys::pipe().map_err(io_err("pipe"))?;
+        let (refusal_r, refusal_w) = sys::pipe().map_err(io_err("pipe"))?;
         let log_path = dir.join("runsc.log");
         let log = fs::File::create(&log_path)
             .map_err(io_err(format!("create {}", log_path.display())))?;
         let netns = opts.netns.take();
         // (source, target) pairs; a fixed array so that the pre-exec hook allocates nothing.
-        let inherit: [(RawFd, RawFd); 3] = [
+        let inherit: [(RawFd, RawFd); 4] = [
             (plan_r.as_raw_fd(), launch::PLAN_FD),
             (
                 netns.as_ref().map_or(-1, |n| n.as_raw_fd()),
                 launch::NETNS_FD,
             ),
             (slot_lock.as_raw_fd(), launch::SLOT_FD),
+            (refusal_w.as_raw_fd(), launch::REFUSAL_FD),
         ];
         let mut cmd = Command::new(&self.cfg.sandlot_exe);
         cmd.arg(launch::LAUNCH_ARG)
@@ -434,7 +436,7 @@ impl GvisorBackend {
         // the targets' range so that one dup2 cannot clobber another's source.
         unsafe {
             cmd.pre_exec(move || {
-                let mut moved = [-1; 3];
+                let mut moved = [-1; 4];
                 for (i, (src, _)) in inherit.iter().enumerate() {
                     if *src >= 0 {
                         moved[i] = libc::fcntl(*src, libc::F_DUPFD_CLOEXEC, 100);
@@ -458,7 +460,7 @@ impl GvisorBackend {
         )))?;
         crate::orphans::protect(child.id() as i32);
         // The keeper the launcher forks holds the range's lock from here.
-        drop((plan_r, netns, slot_lock));
+        drop((plan_r, netns, slot_lock, refusal_w));
         // The launcher reads the plan to its end before it does anything.
         let sent = fs::File::from(plan_w).write_all(&serde_json::to_vec(plan).expect("json"));
         let status = wait_timeout(&mut child, RUNSC_TIMEOUT);
@@ -468,18 +470,14 @@ impl GvisorBackend {
             let tail: Vec<&str> = text.lines().rev().take(8).collect();
             tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
         };
+        // The sandbox's own files made its root impossible: the builder said which.
+        if status.is_some_and(|s| !s.success()) {
+            if let Some(r) = read_refusal(refusal_r) {
+                return Err(r);
+            }
+        }
         match status {
             Some(s) if s.success() => {}
-            Some(s) if s.code() == Some(launch::TMP_NOT_A_DIRECTORY) => {
-                return Err(RuntimeError::Spec(
-                    sandlot_proto::spec::SpecError::Invalid {
-                        field: "image".into(),
-                        problem: "its /tmp is a symbolic link or not a directory, which a \
-                                  gVisor sandbox cannot use: make /tmp a directory in the image"
-                            .into(),
-                    },
-                ));
-            }
             Some(s) => {
                 return Err(RuntimeError::Init(format!(
                     "runsc run failed ({s}): {}",
@@ -502,6 +500,28 @@ impl GvisorBackend {
             .map_err(io_err("send the agent its setup"))?;
         // A daemon's sandbox outlives the daemon: its agent's input ends now.
         Ok(opts.lifeline.is_some().then_some(stdin_w))
+    }
+}
+
+/// The refusal the launcher's builder wrote (an [`InitStatus::Refused`] line),
+/// once every writer has exited. Read without blocking: a writer still alive
+/// (none should be) cannot hold the create.
+fn read_refusal(r: OwnedFd) -> Option<RuntimeError> {
+    use std::io::Read;
+    // SAFETY: fcntl on a descriptor this function owns; no pointers.
+    unsafe {
+        let flags = libc::fcntl(r.as_raw_fd(), libc::F_GETFL);
+        if flags < 0 || libc::fcntl(r.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) < 0 {
+            return None;
+        }
+    }
+    let mut line = Vec::new();
+    let _ = fs::File::from(r).take(64 * 1024).read_to_end(&mut line);
+    match serde_json::from_slice::<crate::plan::InitStatus>(line.trim_ascii_end()) {
+        Ok(crate::plan::InitStatus::Refused { path, problem }) => {
+            Some(RuntimeError::Refused { path, problem })
+        }
+        _ => None,
     }
 }
 

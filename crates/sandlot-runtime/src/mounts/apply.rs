@@ -10,7 +10,8 @@ use std::os::fd::OwnedFd;
 use std::path::Path;
 
 use super::{
-    apply_err, entry_kind, HostEntry, Kind, MountError, MountOp, RootFs, TmpfsLimit, HOST_ETC_VIEW,
+    apply_err, entry_kind, in_root_err, HostEntry, Kind, MountError, MountOp, RootFs, TmpfsLimit,
+    HOST_ETC_VIEW,
 };
 use crate::host_path::HostId;
 use crate::sys;
@@ -321,7 +322,7 @@ fn symlink_in<S: MountSyscalls>(
 ) -> Result<(), MountError> {
     let (pfd, name) = parents
         .get(kernel, r, path)
-        .map_err(apply_err("symlink", path))?;
+        .map_err(in_root_err("symlink", path))?;
     let t = CString::new(target).map_err(|_| MountError::Apply {
         op: "symlink",
         path: path.to_string(),
@@ -409,14 +410,14 @@ fn dir_in<S: MountSyscalls>(
     if fast().is_ok() {
         return Ok(());
     }
-    let fd = ensure(kernel, r, path, Kind::Dir).map_err(apply_err("mkdir", path))?;
+    let fd = ensure(kernel, r, path, Kind::Dir).map_err(in_root_err("mkdir", path))?;
     kernel
         .chmod_fd_path(&fd, mode)
-        .map_err(apply_err("chmod", path))?;
+        .map_err(in_root_err("chmod", path))?;
     if uid != 0 || gid != 0 {
         kernel
             .fchown(&fd, uid, gid)
-            .map_err(apply_err("chown", path))?;
+            .map_err(in_root_err("chown", path))?;
     }
     Ok(())
 }
@@ -485,7 +486,7 @@ fn bind_host_entry<S: MountSyscalls>(
     make_readonly(kernel, &tree, true, 0).map_err(apply_err("make read-only", path))?;
     let (pfd, name) = parents
         .get(kernel, r, path)
-        .map_err(apply_err("create bind target", path))?;
+        .map_err(in_root_err("create bind target", path))?;
     let made = match kind {
         Kind::File => kernel.create_file_at(pfd, &name, 0o644),
         Kind::Dir => kernel.mkdirat(pfd, &name, 0o755),
@@ -494,17 +495,17 @@ fn bind_host_entry<S: MountSyscalls>(
         // Just made, so nothing but this entry is there.
         Ok(()) => kernel
             .move_mount_at(&tree, pfd, &name)
-            .map_err(apply_err("bind", path)),
+            .map_err(in_root_err("bind", path)),
         // Something of the image's is there (a root with layers): resolved in the
         // root, as any other bind target.
         Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
             let tgt =
-                ensure(kernel, r, path, kind).map_err(apply_err("create bind target", path))?;
+                ensure(kernel, r, path, kind).map_err(in_root_err("create bind target", path))?;
             kernel
                 .move_mount_onto(&tree, &tgt)
-                .map_err(apply_err("bind", path))
+                .map_err(in_root_err("bind", path))
         }
-        Err(e) => Err(apply_err("create bind target", path)(e)),
+        Err(e) => Err(in_root_err("create bind target", path)(e)),
     }
 }
 
@@ -563,10 +564,10 @@ fn attach_bind<S: MountSyscalls>(
             .mount_setattr(&tree, true, set)
             .map_err(apply_err("make nosuid", path))?;
     }
-    let tgt = ensure(kernel, r, path, kind).map_err(apply_err("create bind target", path))?;
+    let tgt = ensure(kernel, r, path, kind).map_err(in_root_err("create bind target", path))?;
     kernel
         .move_mount_onto(&tree, &tgt)
-        .map_err(apply_err("bind", path))
+        .map_err(in_root_err("bind", path))
 }
 
 /// Applies `ops` under the root mounted at `root_dir`. Runs as root of the sandbox's
@@ -628,10 +629,10 @@ fn apply_ops<S: MountSyscalls>(
             } => {
                 let (pfd, name) = parents
                     .get(kernel, r, path)
-                    .map_err(apply_err("write", path))?;
+                    .map_err(in_root_err("write", path))?;
                 kernel
                     .write_at(pfd, &name, contents.as_bytes(), *mode)
-                    .map_err(apply_err("write", path))?;
+                    .map_err(in_root_err("write", path))?;
             }
             MountOp::SecretFile {
                 path,
@@ -651,10 +652,10 @@ fn apply_ops<S: MountSyscalls>(
                 };
                 let (pfd, name) = parents
                     .get(kernel, r, path)
-                    .map_err(apply_err("write", path))?;
+                    .map_err(in_root_err("write", path))?;
                 kernel
                     .write_owned_at(pfd, &name, contents.0.as_bytes(), *mode, uid, gid)
-                    .map_err(apply_err("write", path))?;
+                    .map_err(in_root_err("write", path))?;
             }
             MountOp::Bind {
                 source,
@@ -672,7 +673,7 @@ fn apply_ops<S: MountSyscalls>(
                 let attached = match etc_view.take().filter(|_| *use_view) {
                     Some(tree) => {
                         let tgt = ensure(kernel, r, HOST_ETC_VIEW, Kind::Dir)
-                            .map_err(apply_err("create view target", HOST_ETC_VIEW))?;
+                            .map_err(in_root_err("create view target", HOST_ETC_VIEW))?;
                         kernel.move_mount_onto(&tree, &tgt).is_ok()
                     }
                     None => false,
@@ -701,7 +702,7 @@ fn apply_ops<S: MountSyscalls>(
                 noexec,
             } => {
                 let tgt = ensure(kernel, r, path, Kind::Dir)
-                    .map_err(apply_err("create tmpfs target", path))?;
+                    .map_err(in_root_err("create tmpfs target", path))?;
                 let mut flags = libc::MS_NOSUID | libc::MS_NODEV;
                 if *noexec {
                     flags |= libc::MS_NOEXEC;
@@ -720,7 +721,7 @@ fn apply_ops<S: MountSyscalls>(
             }
             MountOp::Proc { path } => {
                 let tgt = ensure(kernel, r, path, Kind::Dir)
-                    .map_err(apply_err("create proc target", path))?;
+                    .map_err(in_root_err("create proc target", path))?;
                 let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
                 kernel
                     .mount(
@@ -734,7 +735,7 @@ fn apply_ops<S: MountSyscalls>(
             }
             MountOp::Sysfs { path } => {
                 let tgt = ensure(kernel, r, path, Kind::Dir)
-                    .map_err(apply_err("create sysfs target", path))?;
+                    .map_err(in_root_err("create sysfs target", path))?;
                 let flags = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC | libc::MS_RDONLY;
                 // Refused when the host's sysfs is not fully visible; /sys then stays empty.
                 let _ = kernel.mount(
@@ -747,7 +748,7 @@ fn apply_ops<S: MountSyscalls>(
             }
             MountOp::Devpts { path } => {
                 let tgt = ensure(kernel, r, path, Kind::Dir)
-                    .map_err(apply_err("create devpts target", path))?;
+                    .map_err(in_root_err("create devpts target", path))?;
                 let flags = libc::MS_NOSUID | libc::MS_NOEXEC;
                 kernel
                     .mount(
@@ -763,7 +764,7 @@ fn apply_ops<S: MountSyscalls>(
                 if !exists_in_root(kernel, r, path) {
                     continue;
                 }
-                let tgt = ensure(kernel, r, path, Kind::File).map_err(apply_err("mask", path))?;
+                let tgt = ensure(kernel, r, path, Kind::File).map_err(in_root_err("mask", path))?;
                 let null = kernel
                     .open_in_root(r, c"/dev/null")
                     .map_err(apply_err("open", "/dev/null"))?;
@@ -775,18 +776,18 @@ fn apply_ops<S: MountSyscalls>(
                         libc::MS_BIND,
                         None,
                     )
-                    .map_err(apply_err("mask", path))?;
+                    .map_err(in_root_err("mask", path))?;
             }
             MountOp::MaskDir { path } => {
                 if !exists_in_root(kernel, r, path) {
                     continue;
                 }
-                let tgt = ensure(kernel, r, path, Kind::Dir).map_err(apply_err("mask", path))?;
+                let tgt = ensure(kernel, r, path, Kind::Dir).map_err(in_root_err("mask", path))?;
                 match empty.bind(kernel, r) {
                     Ok(tree) => kernel.move_mount_onto(&tree, &tgt),
                     Err(_) => mask_with_tmpfs(kernel, &tgt),
                 }
-                .map_err(apply_err("mask", path))?;
+                .map_err(in_root_err("mask", path))?;
             }
             MountOp::IdmappedBind {
                 index,
@@ -795,7 +796,7 @@ fn apply_ops<S: MountSyscalls>(
                 readonly,
             } => {
                 let tgt = ensure(kernel, r, path, Kind::Dir)
-                    .map_err(apply_err("create volume target", path))?;
+                    .map_err(in_root_err("create volume target", path))?;
                 let tree = trees.get_mut(*index).and_then(Option::take);
                 let moved = tree.is_some_and(|t| kernel.move_mount_onto(&t, &tgt).is_ok());
                 if !moved {
@@ -812,7 +813,7 @@ fn apply_ops<S: MountSyscalls>(
                             libc::MS_BIND | libc::MS_REC,
                             None,
                         )
-                        .map_err(apply_err("bind", path))?;
+                        .map_err(in_root_err("bind", path))?;
                 }
                 // Set here, once the tree is in the sandbox's mount namespace: the
                 // helper's detached tree belongs to the host's.

@@ -463,6 +463,18 @@ struct Watcher {
     task: tokio::task::AbortHandle,
 }
 
+impl Watcher {
+    fn ended_and_drained(&self) -> bool {
+        self.task.is_finished()
+            && self
+                .events
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .events
+                .is_empty()
+    }
+}
+
 /// How long a poll that finds no events waits for events still on their way from
 /// the sandbox (a file written just before the poll: envd, in the sandbox, has it
 /// at once; here the event crosses the guest connection).
@@ -514,7 +526,10 @@ impl Watchers {
         recursive: bool,
         include_entry: bool,
     ) -> Result<String, ConnectError> {
-        let too_many = |m: &HashMap<String, Watcher>| {
+        let too_many = |m: &mut HashMap<String, Watcher>| {
+            // A watch that has ended (its directory removed, the agent's watch
+            // closed) and whose events were all polled holds no place.
+            m.retain(|_, w| !w.ended_and_drained());
             let n = m.values().filter(|w| w.sandbox == ctx.h.id).count();
             (n >= MAX_WATCHERS_PER_SANDBOX).then(|| {
                 ConnectError::new(
@@ -526,7 +541,7 @@ impl Watchers {
                 )
             })
         };
-        if let Some(e) = too_many(&self.m.lock().unwrap_or_else(|e| e.into_inner())) {
+        if let Some(e) = too_many(&mut self.m.lock().unwrap_or_else(|e| e.into_inner())) {
             return Err(e);
         }
         let mut w = open_watch(ctx, path, recursive).await?;
@@ -558,7 +573,7 @@ impl Watchers {
             live
         });
         // Another create of the sandbox's may have taken the last place meanwhile.
-        if let Some(e) = too_many(&m) {
+        if let Some(e) = too_many(&mut m) {
             task.abort();
             return Err(e);
         }

@@ -105,8 +105,9 @@ struct StreamInputRequest {
 /// What E2B shows of a process that the daemon does not keep: its environment
 /// and working directory, by sandbox and daemon process id. `List` shows running
 /// processes only, so an entry lives while its process runs; a sandbox's entries
-/// hold at most [`META_BYTES_PER_SANDBOX`] (a process started past that lists
-/// with no environment), and a sandbox's are forgotten once it is gone.
+/// hold at most [`META_BYTES_PER_SANDBOX`] (each counting 128 bytes besides its
+/// text; a process started past that lists with no environment), and the entries
+/// of sandboxes that are gone are dropped when another sandbox starts its first.
 #[derive(Default)]
 pub struct ProcMeta {
     m: Mutex<HashMap<String, SandboxMeta>>,
@@ -114,6 +115,8 @@ pub struct ProcMeta {
 
 /// Bytes of environment and working directory kept per sandbox.
 pub const META_BYTES_PER_SANDBOX: usize = 1 << 20;
+/// What one entry counts besides its text.
+const ENTRY_OVERHEAD: usize = 128;
 
 type EnvAndCwd = (BTreeMap<String, String>, Option<String>);
 
@@ -135,10 +138,13 @@ impl ProcMeta {
         running: impl Fn(u64) -> bool,
         live: impl Fn(&str) -> bool,
     ) {
-        let size = envs.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
+        // Each entry counts its keeping too, so that empty ones are bounded.
+        let size = ENTRY_OVERHEAD
+            + envs.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
             + cwd.as_ref().map_or(0, String::len);
         let mut m = self.m.lock().unwrap_or_else(|e| e.into_inner());
-        if !m.contains_key(sandbox) && m.len() >= 1024 {
+        if !m.contains_key(sandbox) {
+            // A sandbox's first process: those of sandboxes that are gone go.
             m.retain(|sb, _| live(sb));
         }
         let sb = m.entry(sandbox.to_string()).or_default();
@@ -661,18 +667,23 @@ mod tests {
         // Another sandbox has its own share.
         meta.insert("sb-b", 1, big(1), None, |_| true, |_| true);
         assert!(!meta.get("sb-b", 1).0.is_empty());
-        // Gone sandboxes are forgotten when the map grows.
-        for n in 0..1100 {
-            meta.insert(
-                &format!("gone-{n}"),
-                1,
-                BTreeMap::new(),
-                None,
-                |_| true,
-                |sb| !sb.starts_with("gone-"),
-            );
+        // Empty entries count too: a sandbox cannot keep unbounded many.
+        for id in 0..9_000 {
+            meta.insert("sb-c", id, BTreeMap::new(), None, |_| true, |_| true);
         }
-        assert!(meta.m.lock().unwrap().len() <= 1025);
+        assert!(meta.bytes_of("sb-c") <= META_BYTES_PER_SANDBOX);
+        assert!(meta.m.lock().unwrap()["sb-c"].procs.len() <= META_BYTES_PER_SANDBOX / 128);
+        // Gone sandboxes are forgotten when another starts its first process.
+        meta.insert(
+            "sb-d",
+            1,
+            big(1),
+            None,
+            |_| true,
+            |sb| sb == "sb-b" || sb == "sb-d",
+        );
+        assert_eq!(meta.bytes_of("sb-a"), 0);
+        assert_eq!(meta.bytes_of("sb-c"), 0);
         assert!(!meta.get("sb-b", 1).0.is_empty());
     }
 

@@ -390,20 +390,23 @@ pub fn json_status<T: serde::Serialize>(status: StatusCode, v: &T) -> Response {
     (status, axum::Json(v)).into_response()
 }
 
-/// `s` with its control characters escaped (`\n` as the two characters `\` `n`):
-/// an error message may carry a request's decoded path segment, and a text log
-/// line must stay one line (a `%0A` in a path would otherwise write a line of
 /// A WebSocket upgrade whose messages (a run or exec request, a chunk of stdin)
-/// and frames are no larger than a request body (`limits.max_request_body`):
-/// the daemon buffers a message whole before it reads it.
+/// and frames are no larger than a request body (`limits.max_request_body`), or
+/// 64 KiB where that is smaller (the Rust client's stdin messages): the daemon
+/// buffers a message whole before it reads it.
 pub(crate) fn bounded_ws(
     ws: axum::extract::ws::WebSocketUpgrade,
     state: &AppState,
 ) -> axum::extract::ws::WebSocketUpgrade {
-    let limit = usize::try_from(state.cfg.limits.max_request_body.bytes()).unwrap_or(usize::MAX);
+    let limit = usize::try_from(state.cfg.limits.max_request_body.bytes())
+        .unwrap_or(usize::MAX)
+        .max(64 * 1024);
     ws.max_message_size(limit).max_frame_size(limit)
 }
 
+/// `s` with its control characters escaped (`\n` as the two characters `\` `n`):
+/// an error message may carry a request's decoded path segment, and a text log
+/// line must stay one line (a `%0A` in a path would otherwise write a line of
 /// its own choosing into the daemon's log).
 pub(crate) fn one_line(s: &str) -> std::borrow::Cow<'_, str> {
     if !s.chars().any(char::is_control) {

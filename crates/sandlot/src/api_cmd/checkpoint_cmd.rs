@@ -158,7 +158,8 @@ pub async fn run(cmd: CheckpointCmd) -> anyhow::Result<i32> {
             } else {
                 for (mark, paths) in [("+", &d.added), ("~", &d.changed), ("-", &d.removed)] {
                     for p in paths {
-                        println!("{mark} /{}", p.trim_start_matches('/'));
+                        let p = super::render::printable(p.trim_start_matches('/'));
+                        println!("{mark} /{p}");
                     }
                 }
             }

@@ -497,7 +497,7 @@ fn print_sandbox(s: &Sandbox) {
     ));
     lines.push(("spec", s.spec.to_string()));
     for (k, v) in lines {
-        println!("{:<13} {v}", format!("{k}:"));
+        println!("{:<13} {}", format!("{k}:"), super::render::printable(&v));
     }
 }
 

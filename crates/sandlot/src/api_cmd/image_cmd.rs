@@ -583,7 +583,10 @@ async fn image(cmd: ImageCmd) -> anyhow::Result<i32> {
             }
             for (k, sign) in [("added", "A"), ("changed", "C"), ("removed", "D")] {
                 for p in v[k].as_array().into_iter().flatten() {
-                    println!("{sign} {}", p.as_str().unwrap_or_default());
+                    println!(
+                        "{sign} {}",
+                        super::render::printable(p.as_str().unwrap_or_default())
+                    );
                 }
             }
         }

@@ -845,3 +845,32 @@ fn attaches(k: &FakeKernel) -> Vec<Call> {
         .filter(|c| matches!(c, Call::MoveMountOnto { .. } | Call::MoveMountAt { .. }))
         .collect()
 }
+
+#[test]
+fn a_link_loop_in_the_image_is_the_images_problem_and_a_host_refusal_is_not() {
+    let dir = MountOp::Dir {
+        path: "/tmp".into(),
+        mode: 0o1777,
+        uid: 0,
+        gid: 0,
+    };
+    // `/tmp` a loop of links: the fast path and the walk in the root both meet ELOOP.
+    let k = FakeKernel::new(ROOT_DIR).fail(libc::ELOOP, |c| {
+        matches!(c, Call::OpenDirNofollow { .. } | Call::OpenInRoot { .. })
+    });
+    match run(&k, std::slice::from_ref(&dir)).unwrap_err() {
+        MountError::InRoot { op, path, problem } => {
+            assert_eq!((op, path.as_str()), ("mkdir", "/tmp"));
+            assert!(problem.contains("symbolic link"), "{problem}");
+        }
+        other => panic!("not the image's problem: {other:?}"),
+    }
+    // The same step refused by the kernel for want of rights is the daemon's.
+    let k = FakeKernel::new(ROOT_DIR).fail(libc::EPERM, |c| {
+        matches!(c, Call::OpenDirNofollow { .. } | Call::OpenInRoot { .. })
+    });
+    assert_eq!(
+        apply_error(run(&k, &[dir]).unwrap_err()),
+        ("mkdir", "/tmp".into(), Some(libc::EPERM))
+    );
+}
