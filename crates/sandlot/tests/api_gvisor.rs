@@ -443,6 +443,26 @@ fn a_gvisor_sandbox_runs_a_store_image_and_its_snapshot_has_its_writes() {
     d.shutdown();
 }
 
+/// Runs `script` in sandbox `id` (it must succeed), saves the sandbox as image
+/// `tag` and deletes it.
+async fn save_as(c: &sandlot_client::Client, id: &str, script: &str, tag: &str) {
+    let o = c.run(id, &["/bin/sh", "-c", script]).await.unwrap();
+    assert_eq!(
+        o.exit.code,
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    c.call_json(
+        "POST",
+        &format!("/v1/sandboxes/{id}/snapshot"),
+        Some(&json!({ "tag": tag })),
+    )
+    .await
+    .unwrap();
+    c.delete_sandbox(id).await.unwrap();
+}
+
 /// The attack: an image whose `/tmp` is a link to a host path (made in a namespace
 /// sandbox and saved as a snapshot). `runsc` resolves a bind's source on the host,
 /// so binding the root's `/tmp` by path would mount the host directory the link
@@ -478,21 +498,7 @@ fn an_images_tmp_link_never_binds_a_host_directory_into_a_gvisor_sandbox() {
             "mkdir -p {m} && rm -rf /tmp && ln -s {m} /tmp && ls -ld /tmp",
             m = marker.display()
         );
-        let o = c.run(&a, &["/bin/sh", "-c", &link]).await.unwrap();
-        assert_eq!(
-            o.exit.code,
-            Some(0),
-            "{}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        c.call_json(
-            "POST",
-            &format!("/v1/sandboxes/{a}/snapshot"),
-            Some(&json!({"tag": "test/tmplink:1"})),
-        )
-        .await
-        .unwrap();
-        c.delete_sandbox(&a).await.unwrap();
+        save_as(&c, &a, &link, "test/tmplink:1").await;
 
         let e = c
             .create_sandbox(&spec_body(
@@ -525,24 +531,7 @@ fn an_images_tmp_link_never_binds_a_host_directory_into_a_gvisor_sandbox() {
         assert!(!String::from_utf8_lossy(&o.stdout).contains("host-secret"));
         // A `/tmp` that is a loop of links is the image's problem on both
         // backends: 400 on `image` naming `/tmp` in the sandbox, never a 500.
-        let o = c
-            .run(&b, &["/bin/sh", "-c", "rm -f /tmp && ln -s /tmp/x /tmp"])
-            .await
-            .unwrap();
-        assert_eq!(
-            o.exit.code,
-            Some(0),
-            "{}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        c.call_json(
-            "POST",
-            &format!("/v1/sandboxes/{b}/snapshot"),
-            Some(&json!({"tag": "test/tmploop:1"})),
-        )
-        .await
-        .unwrap();
-        c.delete_sandbox(&b).await.unwrap();
+        save_as(&c, &b, "rm -f /tmp && ln -s /tmp/x /tmp", "test/tmploop:1").await;
         for isolation in ["namespace", "gvisor"] {
             let e = c
                 .create_sandbox(&spec_body(

@@ -86,6 +86,16 @@ print('rcode', r[3] & 15, 'answers', struct.unpack('>H', r[6:8])[0])
     format!("{}{}", o.stdout, o.stderr)
 }
 
+/// Runs the Python `script` in sandbox `id` with `arg`; its exit code must be 0.
+async fn python(c: &Client, id: &str, script: &str, arg: &str) -> Out {
+    c.write_file_bytes(id, "/tmp/script.py", script.as_bytes().to_vec())
+        .await
+        .unwrap();
+    let o = sh(c, id, &format!("python3 /tmp/script.py {arg}")).await;
+    assert_eq!(o.code, 0, "{}{}", o.stdout, o.stderr);
+    o
+}
+
 /// The `[isolation]` section giving sandboxes `isolation` by default.
 fn isolation_config(isolation: &str) -> String {
     format!("[isolation]\ndefault = \"{isolation}\"\n")
@@ -862,16 +872,7 @@ fn a_denied_name_cannot_slip_past_the_name_check() {
             &world,
         )
         .await;
-        c.write_file_bytes(&id, "/tmp/dodge.py", DODGE_PY.as_bytes().to_vec())
-            .await
-            .unwrap();
-        let o = sh(
-            &c,
-            &id,
-            &format!("python3 /tmp/dodge.py {}", addr_of("denied.test")),
-        )
-        .await;
-        assert_eq!(o.code, 0, "{}{}", o.stdout, o.stderr);
+        let o = python(&c, &id, DODGE_PY, addr_of("denied.test")).await;
         for case in [
             "bare-lf",
             "leading-crlf",
@@ -957,16 +958,7 @@ fn a_server_name_smuggling_another_question_reaches_nothing() {
             &world,
         )
         .await;
-        c.write_file_bytes(&id, "/tmp/smuggle.py", SMUGGLE_PY.as_bytes().to_vec())
-            .await
-            .unwrap();
-        let o = sh(
-            &c,
-            &id,
-            &format!("python3 /tmp/smuggle.py {}", addr_of("denied.test")),
-        )
-        .await;
-        assert_eq!(o.code, 0, "{}{}", o.stdout, o.stderr);
+        let o = python(&c, &id, SMUGGLE_PY, addr_of("denied.test")).await;
         for case in ["http", "tls"] {
             assert!(
                 o.stdout.contains(&format!("{case} reset\n")),
