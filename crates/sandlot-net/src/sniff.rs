@@ -34,7 +34,7 @@ pub fn sniff(buf: &[u8]) -> Sniffed {
     match buf.first() {
         None => Sniffed::NeedMore,
         Some(0x16) => sniff_tls(buf),
-        Some(c) if c.is_ascii_alphabetic() || *c == b'\r' || *c == b'\n' => sniff_http(buf),
+        Some(c) if c.is_ascii_alphabetic() || is_http_space(*c) => sniff_http(buf),
         Some(_) => Sniffed::Unknown,
     }
 }
@@ -198,9 +198,15 @@ fn header_block_end(b: &[u8]) -> Option<usize> {
     None
 }
 
+/// What some server takes for space in a request line (Python's `http.server`
+/// splits it on any whitespace, vertical tab and form feed included).
+fn is_http_space(c: u8) -> bool {
+    matches!(c, b' ' | b'\t' | b'\r' | b'\n' | 0x0b | 0x0c)
+}
+
 fn sniff_http(buf: &[u8]) -> Sniffed {
-    // Servers skip empty lines before the request line.
-    let Some(start) = buf.iter().position(|c| *c != b'\r' && *c != b'\n') else {
+    // Servers skip empty lines (some, any whitespace) before the request line.
+    let Some(start) = buf.iter().position(|c| !is_http_space(*c)) else {
         return http_need_more(buf.len());
     };
     let b = &buf[start..];
@@ -216,10 +222,11 @@ fn sniff_http(buf: &[u8]) -> Sniffed {
     match b.get(m) {
         None if buf.len() >= MAX_PEEK => return too_long(),
         None => return Sniffed::NeedMore,
-        Some(b' ' | b'\t') => {}
+        Some(b' ' | b'\t' | 0x0b | 0x0c) => {}
         Some(_) => return Sniffed::Unknown,
     }
-    let plain = m <= 16 && b[..m].iter().all(u8::is_ascii_uppercase);
+    let plain =
+        m <= 16 && b[..m].iter().all(u8::is_ascii_uppercase) && matches!(b[m], b' ' | b'\t');
     if !plain {
         let Some(eol) = b.iter().position(|c| *c == b'\n') else {
             return if buf.len() >= MAX_PEEK {
@@ -229,7 +236,9 @@ fn sniff_http(buf: &[u8]) -> Sniffed {
             };
         };
         let line = b[..eol].strip_suffix(b"\r").unwrap_or(&b[..eol]);
-        let last = line.rsplit(|c| *c == b' ' || *c == b'\t').next();
+        let last = line
+            .rsplit(|c| matches!(c, b' ' | b'\t' | 0x0b | 0x0c))
+            .next();
         if !last.is_some_and(|w| w.len() >= 5 && w[..5].eq_ignore_ascii_case(b"HTTP/")) {
             return Sniffed::Unknown;
         }
@@ -693,6 +702,12 @@ pub(crate) mod tests {
         assert!(matches!(sniff(open_token.as_bytes()), Sniffed::Refused(_)));
         // Bytes that are no token stay unnamed at once.
         assert_eq!(sniff(b"get\x00key"), Sniffed::Unknown);
+        // Separators and leading space some servers take: read as HTTP, and a
+        // request line the proxy cannot parse as servers do is refused.
+        let vt = b"GET\x0b/\x0bHTTP/1.1\r\nHost: denied.test\r\n\r\n";
+        assert!(matches!(sniff(vt), Sniffed::Refused(_)));
+        let r = b" GET / HTTP/1.1\r\nHost: Denied.Test\r\n\r\n";
+        assert!(matches!(sniff(r), Sniffed::Http { ref host, .. } if host == "denied.test"));
     }
 
     #[test]

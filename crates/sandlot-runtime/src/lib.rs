@@ -93,7 +93,12 @@ pub enum RuntimeError {
     /// The sandbox's own files (its image, its writable layer) make its root
     /// impossible to build: `path` is inside the sandbox.
     #[error("{path} in the sandbox {problem}")]
-    Refused { path: String, problem: String },
+    Refused {
+        path: String,
+        problem: String,
+        /// The step and what the kernel said, for the daemon's log.
+        detail: String,
+    },
     #[error("sandbox {0} is gone")]
     Gone(String),
     #[error("processes of sandbox {0} did not die")]

@@ -301,6 +301,9 @@ pub enum MountError {
         op: &'static str,
         path: String,
         problem: &'static str,
+        /// What the kernel said (for the daemon's log).
+        #[source]
+        source: io::Error,
     },
 }
 
@@ -317,7 +320,7 @@ pub fn in_root_problem(e: &io::Error) -> Option<&'static str> {
         libc::ENOTDIR => "is reached through a file where a directory must be, or is no directory",
         libc::EISDIR => "is a directory where a file must be",
         libc::ENOENT => "leads through a symbolic link to nothing",
-        libc::ENAMETOOLONG => "resolves through symbolic links to a name too long",
+        libc::ENAMETOOLONG => "has a name too long (a part over 255 bytes, or over 4096 in all)",
         _ => return None,
     })
 }
@@ -327,7 +330,12 @@ pub fn in_root_problem(e: &io::Error) -> Option<&'static str> {
 fn in_root_err(op: &'static str, path: impl Into<String>) -> impl FnOnce(io::Error) -> MountError {
     let path = path.into();
     move |source| match in_root_problem(&source) {
-        Some(problem) => MountError::InRoot { op, path, problem },
+        Some(problem) => MountError::InRoot {
+            op,
+            path,
+            problem,
+            source,
+        },
         None => MountError::Apply { op, path, source },
     }
 }

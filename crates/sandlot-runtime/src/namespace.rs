@@ -430,8 +430,16 @@ impl NamespaceBackend {
                     err = Some(message);
                     break;
                 }
-                Ok(InitStatus::Refused { path, problem }) => {
-                    refused = Some(RuntimeError::Refused { path, problem });
+                Ok(InitStatus::Refused {
+                    path,
+                    problem,
+                    detail,
+                }) => {
+                    refused = Some(RuntimeError::Refused {
+                        path,
+                        problem,
+                        detail,
+                    });
                     break;
                 }
                 Err(_) => {}

@@ -105,6 +105,9 @@ pub enum InitStatus {
     Refused {
         path: String,
         problem: String,
+        /// The step and what the kernel said, for the daemon's log.
+        #[serde(default)]
+        detail: String,
     },
 }
 
@@ -113,9 +116,15 @@ impl InitStatus {
     /// [`crate::mounts::MountError::InRoot`], else `None`.
     pub(crate) fn refusal_of(e: &std::io::Error) -> Option<InitStatus> {
         match e.get_ref()?.downcast_ref::<crate::mounts::MountError>()? {
-            crate::mounts::MountError::InRoot { path, problem, .. } => Some(InitStatus::Refused {
+            crate::mounts::MountError::InRoot {
+                op,
+                path,
+                problem,
+                source,
+            } => Some(InitStatus::Refused {
                 path: path.clone(),
                 problem: problem.to_string(),
+                detail: format!("{op} {path}: {source}"),
             }),
             _ => None,
         }

@@ -153,6 +153,13 @@ pub fn rmdirat(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
     Ok(())
 }
 
+/// `unlinkat(dir, name, 0)`: removes a file or a link (never follows it).
+pub fn unlinkat(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
+    // SAFETY: valid fd and C string.
+    cvt(unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), 0) })?;
+    Ok(())
+}
+
 const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 4;
 const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
 

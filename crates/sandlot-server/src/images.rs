@@ -92,6 +92,9 @@ pub fn store_error(e: StoreError) -> ApiError {
     }
 }
 
+/// The largest `size_limit` of a volume.
+pub const MAX_VOLUME_SIZE: u64 = 8 << 40;
+
 /// A named volume.
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Volume {
@@ -853,6 +856,11 @@ impl Images {
         if let Some(s) = size_limit {
             if s < 8 << 20 {
                 return Err(ApiError::invalid("size_limit", "at least 8M"));
+            }
+            // The volume is an ext4 filesystem in a sparse file, whose size the
+            // data directory's filesystem must allow (16T less a block on ext4).
+            if s > MAX_VOLUME_SIZE {
+                return Err(ApiError::invalid("size_limit", "at most 8T"));
             }
         }
         if dir.exists() {

@@ -1166,14 +1166,23 @@ fn start_again(
                 // Found before `runsc restore` ran: nothing changed.
                 restored.store(false, Ordering::SeqCst);
             }
+            // What the sandbox made of its own files: the tenant's to read (its
+            // text never read for signs of the host's exhaustion).
+            if let RuntimeError::Refused {
+                path,
+                problem,
+                detail,
+            } = &e
+            {
+                return Err(ApiError::of(
+                    ErrorCode::InvalidState,
+                    format!("sandbox {id} cannot start again: {path} in the sandbox {problem}"),
+                )
+                .with_detail(detail));
+            }
             Err(match (&e, crate::error::Exhausted::in_error(&e)) {
                 (RuntimeError::FilesLost(_), _) => files_lost(id).with_detail(&e),
                 (_, Some(what)) => ApiError::host_exhausted(what).with_detail(&e),
-                // What the sandbox made of its own files: the tenant's to read.
-                (RuntimeError::Refused { path, problem }, _) => ApiError::of(
-                    ErrorCode::InvalidState,
-                    format!("sandbox {id} cannot start again: {path} in the sandbox {problem}"),
-                ),
                 _ => ApiError::internal(format!("start the paused sandbox again: {e}")),
             })
         }

@@ -860,7 +860,7 @@ async fn cold_create(
                 Ok(e) => e.to_string(),
                 Err(api) => api.message,
             };
-            span.in_scope(|| tracing::warn!("create failed: {e}"));
+            span.in_scope(|| tracing::warn!("create failed: {}", crate::routes::one_line(&e)));
             let shown = if api.code == ErrorCode::Internal {
                 "the runtime failed to create the sandbox".to_string()
             } else {
@@ -976,6 +976,20 @@ async fn teardown_failed(state: &Arc<AppState>, inst: Box<dyn Instance>, id: &st
 /// included, is an opaque 500.
 fn create_error(e: &RuntimeError) -> ApiError {
     use sandlot_runtime::mounts::MountError;
+    // The image's own files (a link at a path the sandbox needs): the path is the
+    // sandbox's, never the host's, and its text is the tenant's (never read for
+    // signs of the host's exhaustion).
+    match e {
+        RuntimeError::Refused {
+            path,
+            problem,
+            detail,
+        } => return refused(path, problem).with_detail(detail),
+        RuntimeError::Mount(m @ MountError::InRoot { path, problem, .. }) => {
+            return refused(path, problem).with_detail(m)
+        }
+        _ => {}
+    }
     if let Some(what) = crate::error::Exhausted::in_error(e) {
         return ApiError::host_exhausted(what).with_detail(e);
     }
@@ -988,19 +1002,22 @@ fn create_error(e: &RuntimeError) -> ApiError {
         RuntimeError::Mount(MountError::MissingRootfs { .. }) => {
             ApiError::invalid("rootfs", "is not a directory on the host")
         }
-        // The image's own files (a link at a path the sandbox needs): the path is
-        // the sandbox's, never the host's.
-        RuntimeError::Refused { path, problem } => {
-            ApiError::invalid("image", format!("{path} in the sandbox {problem}"))
-        }
-        RuntimeError::Mount(MountError::InRoot { path, problem, .. }) => {
-            ApiError::invalid("image", format!("{path} in the sandbox {problem}"))
-        }
         RuntimeError::Exhausted(what) => {
             ApiError::unavailable(format!("no free {what} on this host"))
         }
         other => ApiError::internal(other),
     }
+}
+
+/// 400 for a path inside the sandbox that its own files (or its secrets) make
+/// impossible: on `secrets` for a secret file, else on `image`.
+fn refused(path: &str, problem: impl std::fmt::Display) -> ApiError {
+    let field = if path.starts_with(sandlot_runtime::mounts::SECRETS_DIR) {
+        "secrets"
+    } else {
+        "image"
+    };
+    ApiError::invalid(field, format!("{path} in the sandbox {problem}"))
 }
 
 pub fn spec_problem(e: &sandlot_proto::spec::SpecError) -> String {
@@ -1493,9 +1510,30 @@ mod tests {
         let e = create_error(&RuntimeError::Refused {
             path: "/tmp".into(),
             problem: "is a symbolic link where none may be, or a loop of links".into(),
+            detail: "mkdir /tmp: Too many levels of symbolic links (os error 40)".into(),
         });
         assert_eq!(
             (e.status.as_u16(), e.field.as_deref()),
+            (400, Some("image"))
+        );
+        let s = create_error(&RuntimeError::Refused {
+            path: "/run/secrets/big".into(),
+            problem: "does not fit".into(),
+            detail: String::new(),
+        });
+        assert_eq!(
+            (s.status.as_u16(), s.field.as_deref()),
+            (400, Some("secrets"))
+        );
+        // A path the tenant chose that reads like the host's exhaustion is still
+        // the tenant's 400.
+        let s = create_error(&RuntimeError::Refused {
+            path: "/etc/hostname/No space left on device".into(),
+            problem: "is reached through a file where a directory must be".into(),
+            detail: String::new(),
+        });
+        assert_eq!(
+            (s.status.as_u16(), s.field.as_deref()),
             (400, Some("image"))
         );
         assert!(

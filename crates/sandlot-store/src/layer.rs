@@ -775,7 +775,17 @@ fn pack_dir<W: Write>(
         let rel = rel.clone();
         let r = rel.join(&n);
         let p = root.join(&r);
-        let md = fs::symlink_metadata(&p).map_err(io_at("stat", &p))?;
+        let md = fs::symlink_metadata(&p).map_err(|e| {
+            if e.raw_os_error() == Some(libc::ENAMETOOLONG) {
+                // The sandbox's tree, not the host: named by its path in the layer.
+                let shown: String = r.to_string_lossy().chars().take(200).collect();
+                return LayerError::BadEntry {
+                    path: format!("{shown}..."),
+                    problem: "its path is too long to pack (nested past PATH_MAX)".into(),
+                };
+            }
+            io_at("stat", &p)(e)
+        })?;
         if !walk.includes(&md) || walk.is_stub(&r, &md)? {
             continue;
         }

@@ -104,6 +104,13 @@ fn volumes_persist_and_host_mounts_follow_the_policy() {
             }
         }
 
+        // A size past what the volume's sparse file may be: 400 naming the bound.
+        let e = c
+            .call_json("POST", "/v1/volumes", Some(&json!({"name": "huge", "size_limit": "9T"})))
+            .await
+            .unwrap_err();
+        assert_eq!(e.status().unwrap().as_u16(), 400, "{e}");
+        assert!(e.to_string().contains("at most 8T"), "{e}");
         // Size-limited volume: the filesystem is that size.
         c.call_json("POST", "/v1/volumes", Some(&json!({"name": "small", "size_limit": "16M"}))).await.unwrap();
         let s = c
@@ -318,6 +325,29 @@ fn secrets_are_injected_and_never_leak() {
             .unwrap_err();
         assert_eq!(bad.status().unwrap().as_u16(), 400);
         responses.push(bad.to_string());
+        // Secret files that together do not fit in /run/secrets (1 MiB): the
+        // spec's problem, 400 on `secrets` naming the file, never the host's disk.
+        let big = "s".repeat(64 << 10);
+        c.call_json("POST", "/v1/secrets", Some(&json!({"name": "big", "value": big})))
+            .await
+            .unwrap();
+        let files: Vec<_> = (0..20)
+            .map(|i| json!({"name": "big", "path": format!("/run/secrets/big{i}")}))
+            .collect();
+        let full = c
+            .call_json("POST", "/v1/sandboxes", Some(&json!({"secrets": files})))
+            .await
+            .unwrap_err();
+        assert_eq!(full.status().unwrap().as_u16(), 400, "{full}");
+        match &full {
+            sandlot_client::Error::Api { body, .. } => {
+                assert_eq!(body.field.as_deref(), Some("secrets"), "{full}");
+                assert!(body.message.contains("/run/secrets/big") && body.message.contains("does not fit"), "{full}");
+            }
+            other => panic!("{other}"),
+        }
+        responses.push(full.to_string());
+        c.call_json("DELETE", "/v1/secrets/big", None).await.unwrap();
         c.delete_sandbox(&id).await.unwrap();
         c.call_json("DELETE", "/v1/secrets/cli-secret", None).await.unwrap();
     });

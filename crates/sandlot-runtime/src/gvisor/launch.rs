@@ -38,7 +38,9 @@
 //! Descriptors: 0 the agent's standard input (its setup line, then its lifeline
 //! or end of file), 1 and 2 where `runsc` (and the sandbox's PID 1) write, 3 the
 //! plan (JSON, read to its end), 4 the network namespace of a network slot, 5 the
-//! lock of the sandbox's id range (kept by the keeper only).
+//! lock of the sandbox's id range (kept by the keeper only), 6 where the builder
+//! reports a root the sandbox's own files make impossible (closed on exec: never
+//! `runsc`'s).
 
 use std::ffi::CString;
 use std::io::{self, Read};
@@ -245,6 +247,7 @@ fn builder(plan: &LaunchPlan, sock: BorrowedFd<'_>) -> io::Result<()> {
                     path: "/tmp".into(),
                     problem: "is a symbolic link or no directory, which a gVisor sandbox cannot \
                               use: /tmp must be a directory",
+                    source: e,
                 }))
             }
             Err(e) => return Err(ctx("open the root's /tmp")(e)),

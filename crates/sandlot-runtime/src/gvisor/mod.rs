@@ -518,9 +518,15 @@ fn read_refusal(r: OwnedFd) -> Option<RuntimeError> {
     let mut line = Vec::new();
     let _ = fs::File::from(r).take(64 * 1024).read_to_end(&mut line);
     match serde_json::from_slice::<crate::plan::InitStatus>(line.trim_ascii_end()) {
-        Ok(crate::plan::InitStatus::Refused { path, problem }) => {
-            Some(RuntimeError::Refused { path, problem })
-        }
+        Ok(crate::plan::InitStatus::Refused {
+            path,
+            problem,
+            detail,
+        }) => Some(RuntimeError::Refused {
+            path,
+            problem,
+            detail,
+        }),
         _ => None,
     }
 }

@@ -413,11 +413,11 @@ fn dir_in<S: MountSyscalls>(
     let fd = ensure(kernel, r, path, Kind::Dir).map_err(in_root_err("mkdir", path))?;
     kernel
         .chmod_fd_path(&fd, mode)
-        .map_err(in_root_err("chmod", path))?;
+        .map_err(apply_err("chmod", path))?;
     if uid != 0 || gid != 0 {
         kernel
             .fchown(&fd, uid, gid)
-            .map_err(in_root_err("chown", path))?;
+            .map_err(apply_err("chown", path))?;
     }
     Ok(())
 }
@@ -495,7 +495,7 @@ fn bind_host_entry<S: MountSyscalls>(
         // Just made, so nothing but this entry is there.
         Ok(()) => kernel
             .move_mount_at(&tree, pfd, &name)
-            .map_err(in_root_err("bind", path)),
+            .map_err(apply_err("bind", path)),
         // Something of the image's is there (a root with layers): resolved in the
         // root, as any other bind target.
         Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
@@ -503,7 +503,7 @@ fn bind_host_entry<S: MountSyscalls>(
                 ensure(kernel, r, path, kind).map_err(in_root_err("create bind target", path))?;
             kernel
                 .move_mount_onto(&tree, &tgt)
-                .map_err(in_root_err("bind", path))
+                .map_err(apply_err("bind", path))
         }
         Err(e) => Err(in_root_err("create bind target", path)(e)),
     }
@@ -567,7 +567,7 @@ fn attach_bind<S: MountSyscalls>(
     let tgt = ensure(kernel, r, path, kind).map_err(in_root_err("create bind target", path))?;
     kernel
         .move_mount_onto(&tree, &tgt)
-        .map_err(in_root_err("bind", path))
+        .map_err(apply_err("bind", path))
 }
 
 /// Applies `ops` under the root mounted at `root_dir`. Runs as root of the sandbox's
@@ -630,9 +630,17 @@ fn apply_ops<S: MountSyscalls>(
                 let (pfd, name) = parents
                     .get(kernel, r, path)
                     .map_err(in_root_err("write", path))?;
-                kernel
-                    .write_at(pfd, &name, contents.as_bytes(), *mode)
-                    .map_err(in_root_err("write", path))?;
+                // The runtime's own file (`/etc/hosts`, `/etc/resolv.conf`...)
+                // takes the place of a link the image has there (a distribution's
+                // `/etc/resolv.conf` into `/run`): the link is removed, never
+                // followed, then the file written.
+                let written = match kernel.write_at(pfd, &name, contents.as_bytes(), *mode) {
+                    Err(e) if e.raw_os_error() == Some(libc::ELOOP) => kernel
+                        .unlinkat(pfd, &name)
+                        .and_then(|()| kernel.write_at(pfd, &name, contents.as_bytes(), *mode)),
+                    other => other,
+                };
+                written.map_err(in_root_err("write", path))?;
             }
             MountOp::SecretFile {
                 path,
@@ -655,7 +663,18 @@ fn apply_ops<S: MountSyscalls>(
                     .map_err(in_root_err("write", path))?;
                 kernel
                     .write_owned_at(pfd, &name, contents.0.as_bytes(), *mode, uid, gid)
-                    .map_err(in_root_err("write", path))?;
+                    .map_err(|e| match e.raw_os_error() {
+                        // The spec's secrets, not the host's disk.
+                        Some(libc::ENOSPC) => MountError::InRoot {
+                            op: "write",
+                            path: path.clone(),
+                            problem: "does not fit: a sandbox's secret files share \
+                                      /run/secrets, a tmpfs of 1 MiB by default in which \
+                                      each file takes at least 4 KiB",
+                            source: e,
+                        },
+                        _ => in_root_err("write", path)(e),
+                    })?;
             }
             MountOp::Bind {
                 source,
@@ -764,7 +783,7 @@ fn apply_ops<S: MountSyscalls>(
                 if !exists_in_root(kernel, r, path) {
                     continue;
                 }
-                let tgt = ensure(kernel, r, path, Kind::File).map_err(in_root_err("mask", path))?;
+                let tgt = ensure(kernel, r, path, Kind::File).map_err(apply_err("mask", path))?;
                 let null = kernel
                     .open_in_root(r, c"/dev/null")
                     .map_err(apply_err("open", "/dev/null"))?;
@@ -776,18 +795,18 @@ fn apply_ops<S: MountSyscalls>(
                         libc::MS_BIND,
                         None,
                     )
-                    .map_err(in_root_err("mask", path))?;
+                    .map_err(apply_err("mask", path))?;
             }
             MountOp::MaskDir { path } => {
                 if !exists_in_root(kernel, r, path) {
                     continue;
                 }
-                let tgt = ensure(kernel, r, path, Kind::Dir).map_err(in_root_err("mask", path))?;
+                let tgt = ensure(kernel, r, path, Kind::Dir).map_err(apply_err("mask", path))?;
                 match empty.bind(kernel, r) {
                     Ok(tree) => kernel.move_mount_onto(&tree, &tgt),
                     Err(_) => mask_with_tmpfs(kernel, &tgt),
                 }
-                .map_err(in_root_err("mask", path))?;
+                .map_err(apply_err("mask", path))?;
             }
             MountOp::IdmappedBind {
                 index,
@@ -813,7 +832,7 @@ fn apply_ops<S: MountSyscalls>(
                             libc::MS_BIND | libc::MS_REC,
                             None,
                         )
-                        .map_err(in_root_err("bind", path))?;
+                        .map_err(apply_err("bind", path))?;
                 }
                 // Set here, once the tree is in the sandbox's mount namespace: the
                 // helper's detached tree belongs to the host's.

@@ -529,7 +529,7 @@ impl Watchers {
         let too_many = |m: &mut HashMap<String, Watcher>| {
             // A watch that has ended (its directory removed, the agent's watch
             // closed) and whose events were all polled holds no place.
-            m.retain(|_, w| !w.ended_and_drained());
+            m.retain(|_, w| w.sandbox != ctx.h.id || !w.ended_and_drained());
             let n = m.values().filter(|w| w.sandbox == ctx.h.id).count();
             (n >= MAX_WATCHERS_PER_SANDBOX).then(|| {
                 ConnectError::new(

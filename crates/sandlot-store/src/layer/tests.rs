@@ -477,6 +477,37 @@ fn a_tree_nested_thousands_deep_is_packed_without_overflowing_the_stack() {
     assert_eq!(n, 1500);
 }
 
+/// A tree nested past PATH_MAX (made one directory at a time, as a sandbox can)
+/// is the sandbox's: refused naming its path in the layer, never the host's.
+#[test]
+fn a_tree_nested_past_path_max_is_refused_as_the_layers_entry() {
+    let t = tempfile::tempdir().unwrap();
+    // 25 directories of 200 bytes, each made from inside the one before.
+    let name = "d".repeat(200);
+    let made = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "cd \"$1\" && for i in $(seq 25); do mkdir {name} && cd -P {name} || exit 1; done"
+        ))
+        .arg("sh")
+        .arg(t.path())
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let e = pack(t.path(), Vec::new(), &mut Budget::unlimited()).unwrap_err();
+    assert!(matches!(e, LayerError::BadEntry { .. }), "{e}");
+    assert!(e.to_string().contains("too long to pack"), "{e}");
+    assert!(
+        !e.to_string().contains(&t.path().display().to_string()),
+        "{e}"
+    );
+    // Removing it takes the same descent.
+    let _ = std::process::Command::new("rm")
+        .arg("-rf")
+        .arg(t.path())
+        .status();
+}
+
 #[test]
 fn packing_past_the_limit_is_refused_naming_it() {
     let t = tempfile::tempdir().unwrap();

@@ -59,6 +59,9 @@ pub(super) enum Call {
     Rmdirat {
         path: String,
     },
+    Unlinkat {
+        path: String,
+    },
     WriteAt {
         path: String,
         data: Vec<u8>,
@@ -414,6 +417,19 @@ impl MountSyscalls for FakeKernel {
         match self.entries.borrow_mut().remove(&path) {
             Some(Entry::Dir) => Ok(()),
             _ => Err(errno(libc::ENOENT)),
+        }
+    }
+
+    fn unlinkat(&self, dir: &FakeFd, name: &CStr) -> io::Result<()> {
+        let path = Self::join(dir, name);
+        self.record(Call::Unlinkat { path: path.clone() })?;
+        match self.entry(&path) {
+            Some(Entry::Dir) => Err(errno(libc::EISDIR)),
+            Some(_) => {
+                self.entries.borrow_mut().remove(&path);
+                Ok(())
+            }
+            None => Err(errno(libc::ENOENT)),
         }
     }
 

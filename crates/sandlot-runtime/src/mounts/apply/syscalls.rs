@@ -41,6 +41,8 @@ pub(crate) trait MountSyscalls {
     fn create_file_at(&self, dir: &Self::Fd, name: &CStr, mode: u32) -> io::Result<()>;
     fn symlinkat(&self, dir: &Self::Fd, name: &CStr, target: &CStr) -> io::Result<()>;
     fn rmdirat(&self, dir: &Self::Fd, name: &CStr) -> io::Result<()>;
+    /// Removes the link or file `name` in `dir` (never what a link names).
+    fn unlinkat(&self, dir: &Self::Fd, name: &CStr) -> io::Result<()>;
     /// Creates or truncates the file `name` in `dir` (no symlink followed), with
     /// `mode` if it is new, and writes `data`.
     fn write_at(&self, dir: &Self::Fd, name: &CStr, data: &[u8], mode: u32) -> io::Result<()>;
@@ -149,6 +151,10 @@ impl MountSyscalls for Kernel {
 
     fn rmdirat(&self, dir: &OwnedFd, name: &CStr) -> io::Result<()> {
         sys::rmdirat(dir.as_fd(), name)
+    }
+
+    fn unlinkat(&self, dir: &OwnedFd, name: &CStr) -> io::Result<()> {
+        sys::unlinkat(dir.as_fd(), name)
     }
 
     fn write_at(&self, dir: &OwnedFd, name: &CStr, data: &[u8], mode: u32) -> io::Result<()> {

@@ -859,7 +859,9 @@ fn a_link_loop_in_the_image_is_the_images_problem_and_a_host_refusal_is_not() {
         matches!(c, Call::OpenDirNofollow { .. } | Call::OpenInRoot { .. })
     });
     match run(&k, std::slice::from_ref(&dir)).unwrap_err() {
-        MountError::InRoot { op, path, problem } => {
+        MountError::InRoot {
+            op, path, problem, ..
+        } => {
             assert_eq!((op, path.as_str()), ("mkdir", "/tmp"));
             assert!(problem.contains("symbolic link"), "{problem}");
         }
@@ -873,4 +875,37 @@ fn a_link_loop_in_the_image_is_the_images_problem_and_a_host_refusal_is_not() {
         apply_error(run(&k, &[dir]).unwrap_err()),
         ("mkdir", "/tmp".into(), Some(libc::EPERM))
     );
+}
+
+#[test]
+fn the_runtimes_file_replaces_a_link_the_image_has_there_never_writing_through_it() {
+    let k = FakeKernel::new(ROOT_DIR)
+        .with_dirs(&["/etc", "/run"])
+        .with_symlink("/etc/resolv.conf", "../run/elsewhere/resolv.conf");
+    let ops = [MountOp::File {
+        path: "/etc/resolv.conf".into(),
+        contents: "nameserver 10.0.0.1\n".into(),
+        mode: 0o644,
+    }];
+    run(&k, &ops).unwrap();
+    assert!(k.calls().contains(&Call::Unlinkat {
+        path: "/etc/resolv.conf".into()
+    }));
+    assert_eq!(
+        k.entry("/etc/resolv.conf"),
+        Some(Entry::File(b"nameserver 10.0.0.1\n".to_vec()))
+    );
+    assert!(k.entry("/run/elsewhere/resolv.conf").is_none());
+    // A directory there is the image's to mend: a 400 naming the path.
+    let k = FakeKernel::new(ROOT_DIR).with_dirs(&["/etc", "/etc/resolv.conf"]);
+    match run(&k, &ops).unwrap_err() {
+        MountError::InRoot { path, problem, .. } => {
+            assert_eq!(path, "/etc/resolv.conf");
+            assert!(
+                problem.contains("a directory where a file must be"),
+                "{problem}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
 }
