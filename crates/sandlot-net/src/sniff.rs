@@ -34,7 +34,7 @@ pub fn sniff(buf: &[u8]) -> Sniffed {
     match buf.first() {
         None => Sniffed::NeedMore,
         Some(0x16) => sniff_tls(buf),
-        Some(c) if c.is_ascii_alphabetic() || is_http_space(*c) => sniff_http(buf),
+        Some(c) if is_tchar(*c) || is_http_space(*c) => sniff_http(buf),
         Some(_) => Sniffed::Unknown,
     }
 }
@@ -198,10 +198,19 @@ fn header_block_end(b: &[u8]) -> Option<usize> {
     None
 }
 
-/// What some server takes for space in a request line (Python's `http.server`
-/// splits it on any whitespace, vertical tab and form feed included).
+/// What some server takes for space in a request line: Python's `http.server`
+/// splits it with `str.split()` on Latin-1 text, so vertical tab, form feed,
+/// the separators `0x1c`-`0x1f`, `0x85` and `0xa0` too.
 fn is_http_space(c: u8) -> bool {
-    matches!(c, b' ' | b'\t' | b'\r' | b'\n' | 0x0b | 0x0c)
+    matches!(
+        c,
+        b' ' | b'\t' | b'\r' | b'\n' | 0x0b | 0x0c | 0x1c..=0x1f | 0x85 | 0xa0
+    )
+}
+
+/// A token character (RFC 9110): what a method is made of.
+fn is_tchar(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&c)
 }
 
 fn sniff_http(buf: &[u8]) -> Sniffed {
@@ -216,13 +225,12 @@ fn sniff_http(buf: &[u8]) -> Sniffed {
     // a long one): such a word begins an HTTP request when its line ends in an HTTP
     // version, so that text protocols (`get key`) stay unnamed; a token or a line
     // still open at the 16 KiB bound is refused, as it could be a request line.
-    let is_tchar = |c: &u8| c.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(c);
     let too_long = || Sniffed::Refused("a request line longer than 16 KiB".into());
-    let m = b.iter().take_while(|c| is_tchar(c)).count();
+    let m = b.iter().take_while(|c| is_tchar(**c)).count();
     match b.get(m) {
         None if buf.len() >= MAX_PEEK => return too_long(),
         None => return Sniffed::NeedMore,
-        Some(b' ' | b'\t' | 0x0b | 0x0c) => {}
+        Some(c) if is_http_space(*c) && !matches!(c, b'\r' | b'\n') => {}
         Some(_) => return Sniffed::Unknown,
     }
     let plain =
@@ -236,9 +244,7 @@ fn sniff_http(buf: &[u8]) -> Sniffed {
             };
         };
         let line = b[..eol].strip_suffix(b"\r").unwrap_or(&b[..eol]);
-        let last = line
-            .rsplit(|c| matches!(c, b' ' | b'\t' | 0x0b | 0x0c))
-            .next();
+        let last = line.rsplit(|c| is_http_space(*c)).next();
         if !last.is_some_and(|w| w.len() >= 5 && w[..5].eq_ignore_ascii_case(b"HTTP/")) {
             return Sniffed::Unknown;
         }
@@ -246,7 +252,18 @@ fn sniff_http(buf: &[u8]) -> Sniffed {
     let Some(end) = header_block_end(b) else {
         return http_need_more(buf.len());
     };
-    let Ok(head) = std::str::from_utf8(&b[..end]) else {
+    // A CR not ending a line, or a NUL: some servers end a line there (Python's
+    // parser splits on a bare CR), so one header line here could be two there.
+    let head_bytes = &b[..end];
+    if head_bytes.contains(&0)
+        || head_bytes
+            .iter()
+            .enumerate()
+            .any(|(i, c)| *c == b'\r' && head_bytes.get(i + 1) != Some(&b'\n'))
+    {
+        return Sniffed::Refused("a bare CR or a NUL in the request headers".into());
+    }
+    let Ok(head) = std::str::from_utf8(head_bytes) else {
         return Sniffed::Refused("request headers are not UTF-8".into());
     };
     let mut lines = head.split('\n').map(|l| l.strip_suffix('\r').unwrap_or(l));
@@ -708,6 +725,29 @@ pub(crate) mod tests {
         assert!(matches!(sniff(vt), Sniffed::Refused(_)));
         let r = b" GET / HTTP/1.1\r\nHost: Denied.Test\r\n\r\n";
         assert!(matches!(sniff(r), Sniffed::Http { ref host, .. } if host == "denied.test"));
+        for sep in [b'\x1c', b'\x1f', 0x85, 0xa0] {
+            let mut r = b"GET".to_vec();
+            r.push(sep);
+            r.extend_from_slice(b"/ HTTP/1.1\r\nHost: denied.test\r\n\r\n");
+            assert!(matches!(sniff(&r), Sniffed::Refused(_)), "{sep:#x}");
+            let mut lead = vec![sep];
+            lead.extend_from_slice(b"GET / HTTP/1.1\r\nHost: denied.test\r\n\r\n");
+            assert!(
+                !matches!(sniff(&lead), Sniffed::Unknown),
+                "leading {sep:#x}"
+            );
+        }
+        // A method that starts with a digit is a token too.
+        let r = b"1X / HTTP/1.1\r\nHost: denied.test\r\n\r\n";
+        assert!(matches!(sniff(r), Sniffed::Http { .. }));
+        // A bare CR could end a header line at the server: refused.
+        let r = b"GET / HTTP/1.1\r\nX: a\rHost: denied.test\r\nHost: allowed.test\r\n\r\n";
+        assert!(matches!(sniff(r), Sniffed::Refused(_)));
+        let r = b"GET / HTTP/1.1\r\nX: a\0b\r\nHost: allowed.test\r\n\r\n";
+        assert!(matches!(sniff(r), Sniffed::Refused(_)));
+        // Binary protocols whose first byte is a token character stay unnamed.
+        assert_eq!(sniff(b"A\x01\x00\x00\xd4\x07"), Sniffed::Unknown);
+        assert_eq!(sniff(b"*1\r\n$4\r\nPING\r\n"), Sniffed::Unknown);
     }
 
     #[test]

@@ -1161,8 +1161,11 @@ fn start_again(
         }
         Err(e) => {
             release(state);
-            tracing::warn!("start the paused sandbox again: {e}");
-            if matches!(e, RuntimeError::FilesLost(_)) {
+            tracing::warn!(
+                "start the paused sandbox again: {}",
+                crate::routes::one_line(&e.to_string())
+            );
+            if matches!(e, RuntimeError::FilesLost(_) | RuntimeError::Refused { .. }) {
                 // Found before `runsc restore` ran: nothing changed.
                 restored.store(false, Ordering::SeqCst);
             }

@@ -985,9 +985,14 @@ fn create_error(e: &RuntimeError) -> ApiError {
             problem,
             detail,
         } => return refused(path, problem).with_detail(detail),
-        RuntimeError::Mount(m @ MountError::InRoot { path, problem, .. }) => {
-            return refused(path, problem).with_detail(m)
-        }
+        RuntimeError::Mount(
+            m @ MountError::InRoot {
+                path,
+                problem,
+                source,
+                ..
+            },
+        ) => return refused(path, problem).with_detail(format!("{m}: {source}")),
         _ => {}
     }
     if let Some(what) = crate::error::Exhausted::in_error(e) {
@@ -1012,7 +1017,7 @@ fn create_error(e: &RuntimeError) -> ApiError {
 /// 400 for a path inside the sandbox that its own files (or its secrets) make
 /// impossible: on `secrets` for a secret file, else on `image`.
 fn refused(path: &str, problem: impl std::fmt::Display) -> ApiError {
-    let field = if path.starts_with(sandlot_runtime::mounts::SECRETS_DIR) {
+    let field = if path.starts_with(&format!("{}/", sandlot_runtime::mounts::SECRETS_DIR)) {
         "secrets"
     } else {
         "image"

@@ -778,9 +778,13 @@ fn pack_dir<W: Write>(
         let md = fs::symlink_metadata(&p).map_err(|e| {
             if e.raw_os_error() == Some(libc::ENAMETOOLONG) {
                 // The sandbox's tree, not the host: named by its path in the layer.
-                let shown: String = r.to_string_lossy().chars().take(200).collect();
+                let full = r.to_string_lossy();
+                let mut shown: String = full.chars().take(200).collect();
+                if shown.len() < full.len() {
+                    shown.push_str("...");
+                }
                 return LayerError::BadEntry {
-                    path: format!("{shown}..."),
+                    path: shown,
                     problem: "its path is too long to pack (nested past PATH_MAX)".into(),
                 };
             }
@@ -949,6 +953,24 @@ fn merge_dir(
     rel: &Path,
     budget: &mut Budget,
 ) -> Result<(), LayerError> {
+    // Directories still to read, one open at a time: a tree nested thousands deep
+    // neither recurses (a daemon thread's stack) nor holds a descriptor a level.
+    let mut dirs = vec![rel.to_path_buf()];
+    while let Some(rel) = dirs.pop() {
+        merge_entries(tree, root, &rel, budget, &mut dirs)?;
+    }
+    Ok(())
+}
+
+/// Merges the entries of directory `rel` into `tree`; its subdirectories go to
+/// `dirs`.
+fn merge_entries(
+    tree: &mut BTreeMap<String, TreeEntry>,
+    root: &Path,
+    rel: &Path,
+    budget: &mut Budget,
+    dirs: &mut Vec<PathBuf>,
+) -> Result<(), LayerError> {
     let abs = root.join(rel);
     let rd = fs::read_dir(&abs).map_err(io_at("read dir", &abs))?;
     for e in rd {
@@ -992,7 +1014,7 @@ fn merge_dir(
             },
         );
         if is_dir {
-            merge_dir(tree, root, &r, budget)?;
+            dirs.push(r);
         }
     }
     Ok(())

@@ -559,6 +559,68 @@ fn an_images_tmp_link_never_binds_a_host_directory_into_a_gvisor_sandbox() {
     d.shutdown();
 }
 
+/// A FIFO an image has where the runtime writes its own file (`/etc/hostname`):
+/// opened for writing, it would wait for a reader for ever and hold the create
+/// (and a create slot every tenant shares). It is replaced on both backends.
+#[test]
+fn a_fifo_in_an_image_at_a_runtime_file_is_replaced_not_waited_on() {
+    let mut d = Daemon::start(None);
+    let tmp = d.dir.join("work");
+    let root = tmp.join("rootfs");
+    img_support::mini_rootfs(&root);
+    let fifo = tmp.join("fifo");
+    std::fs::create_dir_all(fifo.join("etc")).unwrap();
+    let made = std::process::Command::new("mkfifo")
+        .arg(fifo.join("etc/hostname"))
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let cfg = sandlot_store::ImageConfig {
+        env: vec!["PATH=/usr/bin:/bin".into()],
+        workdir: None,
+        user: None,
+        entrypoint: vec![],
+        cmd: vec!["/bin/sh".into()],
+        host_base: false,
+    };
+    let archive = tmp.join("fifo.tar");
+    img_support::archive_of(&tmp, &[root, fifo], &cfg, "test/fifo:1", &archive);
+    let (code, out, err) = d.cli(&["image", "import", archive.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    let c = d.client();
+    rt().block_on(async {
+        for isolation in ["namespace", "gvisor"] {
+            let body = spec_body(json!({"image": "test/fifo:1", "isolation": isolation}));
+            let id =
+                tokio::time::timeout(std::time::Duration::from_secs(60), c.create_sandbox(&body))
+                    .await
+                    .expect("the create waited on the FIFO")
+                    .unwrap()
+                    .id;
+            let o = c
+                .run(
+                    &id,
+                    &[
+                        "/bin/sh",
+                        "-c",
+                        "test -f /etc/hostname && cat /etc/hostname",
+                    ],
+                )
+                .await
+                .unwrap();
+            assert_eq!(
+                o.exit.code,
+                Some(0),
+                "{isolation}: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+            assert!(!o.stdout.is_empty(), "{isolation}");
+            c.delete_sandbox(&id).await.unwrap();
+        }
+    });
+    d.shutdown();
+}
+
 /// An operator who requires gVisor (`[isolation] minimum = "gvisor"`) gets it for
 /// every sandbox: a create asking for less is refused naming the minimum, one naming
 /// nothing runs on gVisor, and so do the sandboxes of an image build's steps.

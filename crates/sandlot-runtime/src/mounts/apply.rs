@@ -630,12 +630,11 @@ fn apply_ops<S: MountSyscalls>(
                 let (pfd, name) = parents
                     .get(kernel, r, path)
                     .map_err(in_root_err("write", path))?;
-                // The runtime's own file (`/etc/hosts`, `/etc/resolv.conf`...)
-                // takes the place of a link the image has there (a distribution's
-                // `/etc/resolv.conf` into `/run`): the link is removed, never
-                // followed, then the file written.
+                // The runtime's own file (`/etc/hosts`, `/etc/hostname`...) takes
+                // the place of a link or a FIFO the image has there: it is removed,
+                // never followed or waited on, then the file written.
                 let written = match kernel.write_at(pfd, &name, contents.as_bytes(), *mode) {
-                    Err(e) if e.raw_os_error() == Some(libc::ELOOP) => kernel
+                    Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP | libc::ENXIO)) => kernel
                         .unlinkat(pfd, &name)
                         .and_then(|()| kernel.write_at(pfd, &name, contents.as_bytes(), *mode)),
                     other => other,
@@ -669,8 +668,8 @@ fn apply_ops<S: MountSyscalls>(
                             op: "write",
                             path: path.clone(),
                             problem: "does not fit: a sandbox's secret files share \
-                                      /run/secrets, a tmpfs of 1 MiB by default in which \
-                                      each file takes at least 4 KiB",
+                                      /run/secrets, a tmpfs of 1 MiB in which each file \
+                                      takes at least 4 KiB",
                             source: e,
                         },
                         _ => in_root_err("write", path)(e),

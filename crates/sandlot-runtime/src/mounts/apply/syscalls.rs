@@ -44,7 +44,8 @@ pub(crate) trait MountSyscalls {
     /// Removes the link or file `name` in `dir` (never what a link names).
     fn unlinkat(&self, dir: &Self::Fd, name: &CStr) -> io::Result<()>;
     /// Creates or truncates the file `name` in `dir` (no symlink followed), with
-    /// `mode` if it is new, and writes `data`.
+    /// `mode` if it is new, and writes `data`. `ELOOP` for a link there, `ENXIO`
+    /// for anything else that is no regular file (a FIFO), never waiting on it.
     fn write_at(&self, dir: &Self::Fd, name: &CStr, data: &[u8], mode: u32) -> io::Result<()>;
     /// Creates `name` in `dir` with no access for anyone, writes `data`, then sets
     /// the owner and `mode` (in that order: a chown clears set-id bits, and until the
@@ -158,12 +159,19 @@ impl MountSyscalls for Kernel {
     }
 
     fn write_at(&self, dir: &OwnedFd, name: &CStr, data: &[u8], mode: u32) -> io::Result<()> {
+        // Non-blocking: a FIFO (or socket) the image has there is ENXIO at once,
+        // never an open that waits for a reader.
         // SAFETY: valid dir fd and C string; the fd is wrapped right away.
         let fd = unsafe {
             libc::openat(
                 dir.as_raw_fd(),
                 name.as_ptr(),
-                libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+                libc::O_CREAT
+                    | libc::O_WRONLY
+                    | libc::O_TRUNC
+                    | libc::O_CLOEXEC
+                    | libc::O_NOFOLLOW
+                    | libc::O_NONBLOCK,
                 mode as libc::c_uint,
             )
         };
@@ -172,7 +180,11 @@ impl MountSyscalls for Kernel {
         }
         // SAFETY: fresh fd.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        sys::write_all_fd(fd.as_fd(), data)
+        let file = std::fs::File::from(fd);
+        if !file.metadata()?.is_file() {
+            return Err(io::Error::from_raw_os_error(libc::ENXIO));
+        }
+        sys::write_all_fd(file.as_fd(), data)
     }
 
     fn write_owned_at(
