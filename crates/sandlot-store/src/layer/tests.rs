@@ -477,6 +477,24 @@ fn a_tree_nested_thousands_deep_is_packed_without_overflowing_the_stack() {
     assert_eq!(n, 1500);
 }
 
+/// Merging layers for a diff walks a tree thousands deep without recursion (as
+/// packing does) and without a descriptor held per level.
+#[test]
+fn a_tree_nested_thousands_deep_is_merged_without_overflowing_the_stack() {
+    let t = tempfile::tempdir().unwrap();
+    let mut p = t.path().to_path_buf();
+    for _ in 0..1500 {
+        p.push("a");
+    }
+    fs::create_dir_all(&p).unwrap();
+    let tree = flatten(&[t.path().to_path_buf()], &mut Budget::unlimited()).unwrap();
+    assert_eq!(tree.len(), 1500);
+    assert!(
+        tree.keys().any(|k| k.len() == 2 * 1500),
+        "the deepest is there"
+    );
+}
+
 /// A tree nested past PATH_MAX (made one directory at a time, as a sandbox can)
 /// is the sandbox's: refused naming its path in the layer, never the host's.
 #[test]
