@@ -133,11 +133,10 @@ pub fn build_query(id: u16, name: &str, qtype: u16) -> Result<Vec<u8>, WireError
         return Err(WireError::BadName);
     }
     for l in name.split('.') {
-        let len = u8::try_from(l.len()).map_err(|_| WireError::BadName)?;
-        if len == 0 || len > 63 {
+        if l.is_empty() || l.len() > 63 {
             return Err(WireError::BadName);
         }
-        q.push(len);
+        q.push(l.len() as u8);
         q.extend_from_slice(l.as_bytes());
     }
     q.push(0);

@@ -42,10 +42,7 @@ pub type AgentMain = fn(AgentStart) -> io::Result<()>;
 fn status(s: &InitStatus) {
     // SAFETY: fd 1 is the status pipe for the helper's whole life; borrowing it here
     // does not close it.
-    let fd = unsafe { BorrowedFd::borrow_raw(fds::STATUS) };
-    let mut line = serde_json::to_vec(s).unwrap_or_default();
-    line.push(b'\n');
-    let _ = sys::write_all_fd(fd, &line);
+    s.write_line(unsafe { BorrowedFd::borrow_raw(fds::STATUS) });
 }
 
 fn fail(stage: &str, e: impl std::fmt::Display) -> ! {

@@ -430,16 +430,8 @@ impl NamespaceBackend {
                     err = Some(message);
                     break;
                 }
-                Ok(InitStatus::Refused {
-                    path,
-                    problem,
-                    detail,
-                }) => {
-                    refused = Some(RuntimeError::Refused {
-                        path,
-                        problem,
-                        detail,
-                    });
+                Ok(r @ InitStatus::Refused { .. }) => {
+                    refused = r.into_refusal();
                     break;
                 }
                 Err(_) => {}

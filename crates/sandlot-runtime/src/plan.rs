@@ -112,6 +112,31 @@ pub enum InitStatus {
 }
 
 impl InitStatus {
+    /// Writes the status as one JSON line to `fd` (a status or refusal pipe);
+    /// a failed write is not reported (the reader sees the writer's exit).
+    pub(crate) fn write_line(&self, fd: std::os::fd::BorrowedFd<'_>) {
+        let mut line = serde_json::to_vec(self).unwrap_or_default();
+        line.push(b'\n');
+        let _ = crate::sys::write_all_fd(fd, &line);
+    }
+
+    /// The runtime error a [`InitStatus::Refused`] reports; `None` for any
+    /// other status.
+    pub(crate) fn into_refusal(self) -> Option<crate::RuntimeError> {
+        match self {
+            InitStatus::Refused {
+                path,
+                problem,
+                detail,
+            } => Some(crate::RuntimeError::Refused {
+                path,
+                problem,
+                detail,
+            }),
+            _ => None,
+        }
+    }
+
     /// The status that reports `e`: [`InitStatus::Refused`] when it carries a
     /// [`crate::mounts::MountError::InRoot`], else `None`.
     pub(crate) fn refusal_of(e: &std::io::Error) -> Option<InitStatus> {

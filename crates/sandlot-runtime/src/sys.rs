@@ -1331,6 +1331,15 @@ pub fn set_cloexec(fd: RawFd) -> io::Result<()> {
     Ok(())
 }
 
+/// Sets `O_NONBLOCK` on `fd`.
+pub fn set_nonblocking(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: fcntl on a borrowed, open descriptor; no pointers.
+    let flags = cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) })?;
+    // SAFETY: as above.
+    cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) })?;
+    Ok(())
+}
+
 /// `fcntl(F_DUPFD_CLOEXEC, min)`: a copy of `fd` numbered at least `min`.
 pub fn dup_above(fd: BorrowedFd<'_>, min: RawFd) -> io::Result<OwnedFd> {
     // SAFETY: no pointers; the returned fd is new and owned by us.

@@ -1171,15 +1171,10 @@ fn start_again(
             }
             // What the sandbox made of its own files: the tenant's to read (its
             // text never read for signs of the host's exhaustion).
-            if let RuntimeError::Refused {
-                path,
-                problem,
-                detail,
-            } = &e
-            {
+            if let RuntimeError::Refused { detail, .. } = &e {
                 return Err(ApiError::of(
                     ErrorCode::InvalidState,
-                    format!("sandbox {id} cannot start again: {path} in the sandbox {problem}"),
+                    format!("sandbox {id} cannot start again: {e}"),
                 )
                 .with_detail(detail));
             }

@@ -391,17 +391,23 @@ fn a_gvisor_sandbox_cannot_fill_the_hosts_run_through_the_agents_directory() {
     d.shutdown();
 }
 
-/// A store image on gVisor: its layers and config, a size-limited writable layer
-/// the host can snapshot (gVisor's writes reach the host's directory, no cache of
-/// its own in between), and a new gVisor sandbox started from the snapshot.
-#[test]
-fn a_gvisor_sandbox_runs_a_store_image_and_its_snapshot_has_its_writes() {
-    let mut d = Daemon::start(None);
+/// A daemon with the test's store image `test/base:1` imported.
+fn daemon_with_base_image() -> Daemon {
+    let d = Daemon::start(None);
     let tmp = d.dir.join("work");
     std::fs::create_dir_all(&tmp).unwrap();
     let archive = img_support::base_archive(&tmp, "test/base:1", 1);
     let (code, out, err) = d.cli(&["image", "import", archive.to_str().unwrap()]);
     assert_eq!(code, 0, "{out}{err}");
+    d
+}
+
+/// A store image on gVisor: its layers and config, a size-limited writable layer
+/// the host can snapshot (gVisor's writes reach the host's directory, no cache of
+/// its own in between), and a new gVisor sandbox started from the snapshot.
+#[test]
+fn a_gvisor_sandbox_runs_a_store_image_and_its_snapshot_has_its_writes() {
+    let mut d = daemon_with_base_image();
     let c = d.client();
     rt().block_on(async {
         let body = |image: &str| spec_body(json!({"image": image, "isolation": "gvisor", "resources": {"disk": "4M"}}));
@@ -484,12 +490,7 @@ fn an_images_tmp_link_never_binds_a_host_directory_into_a_gvisor_sandbox() {
         }
     }
     let _gone = Gone(marker.clone());
-    let mut d = Daemon::start(None);
-    let tmp = d.dir.join("work");
-    std::fs::create_dir_all(&tmp).unwrap();
-    let archive = img_support::base_archive(&tmp, "test/base:1", 1);
-    let (code, out, err) = d.cli(&["image", "import", archive.to_str().unwrap()]);
-    assert_eq!(code, 0, "{out}{err}");
+    let mut d = daemon_with_base_image();
     let c = d.client();
     rt().block_on(async {
         let ns = |image: &str| spec_body(json!({"image": image}));

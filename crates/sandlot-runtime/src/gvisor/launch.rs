@@ -183,10 +183,7 @@ fn build_root(plan: &LaunchPlan) -> io::Result<OwnedFd> {
                     if let Some(refused) = InitStatus::refusal_of(&e) {
                         // SAFETY: the backend passed the refusal pipe as fd 6; the
                         // builder only borrows it, once, before it exits.
-                        let fd = unsafe { BorrowedFd::borrow_raw(REFUSAL_FD) };
-                        let mut line = serde_json::to_vec(&refused).unwrap_or_default();
-                        line.push(b'\n');
-                        let _ = sys::write_all_fd(fd, &line);
+                        refused.write_line(unsafe { BorrowedFd::borrow_raw(REFUSAL_FD) });
                     }
                     sys::exit_now(1)
                 }

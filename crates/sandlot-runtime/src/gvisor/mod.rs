@@ -508,27 +508,12 @@ impl GvisorBackend {
 /// (none should be) cannot hold the create.
 fn read_refusal(r: OwnedFd) -> Option<RuntimeError> {
     use std::io::Read;
-    // SAFETY: fcntl on a descriptor this function owns; no pointers.
-    unsafe {
-        let flags = libc::fcntl(r.as_raw_fd(), libc::F_GETFL);
-        if flags < 0 || libc::fcntl(r.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) < 0 {
-            return None;
-        }
-    }
+    sys::set_nonblocking(r.as_fd()).ok()?;
     let mut line = Vec::new();
     let _ = fs::File::from(r).take(64 * 1024).read_to_end(&mut line);
-    match serde_json::from_slice::<crate::plan::InitStatus>(line.trim_ascii_end()) {
-        Ok(crate::plan::InitStatus::Refused {
-            path,
-            problem,
-            detail,
-        }) => Some(RuntimeError::Refused {
-            path,
-            problem,
-            detail,
-        }),
-        _ => None,
-    }
+    serde_json::from_slice::<crate::plan::InitStatus>(line.trim_ascii_end())
+        .ok()?
+        .into_refusal()
 }
 
 /// What the gVisor backend refuses before doing anything.

@@ -421,8 +421,16 @@ async fn start(ctx: Ctx, req: StartRequest, headers: &HeaderMap) -> Result<Respo
     };
     let entry = process::start(&ctx.e2b.app, &ctx.h, &body).await?;
     let app = ctx.e2b.app.clone();
-    let table = ctx.h.procs.lock().unwrap_or_else(|e| e.into_inner()).all();
-    let running = |id: u64| table.iter().any(|e| e.id == id && e.exit().is_none());
+    // Asked only when the sandbox's share is full (the process table's lock is
+    // never held while the metadata's is taken elsewhere).
+    let running = |id: u64| {
+        ctx.h
+            .procs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+            .is_some_and(|e| e.exit().is_none())
+    };
     ctx.e2b
         .procs
         .insert(&ctx.h.id, entry.id, cfg.envs, cwd, running, |sb| {
